@@ -1,0 +1,1 @@
+"""The ``miles-nemogym`` command line: one subcommand module per feature."""

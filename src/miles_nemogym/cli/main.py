@@ -1,0 +1,29 @@
+"""Entry point of the ``miles-nemogym`` command: registers each feature's subcommand.
+
+Subcommand modules import their heavy dependencies (datasets, the scan) inside the
+command bodies, so ``miles-nemogym --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="miles-nemogym",
+    help="Train Miles agents on NeMo-Gym environments: convert data, serve and check "
+    "the environment, scan it, and run the smoke test.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """miles-nemogym command line."""
+
+
+# Registration: each feature module exposes `register(app)`.
+# (kept as explicit imports so a missing module is an import error, not a silent gap)
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,79 @@
+"""Read files shipped inside the pinned ``nemo-gym`` wheel without installing it.
+
+nemo-gym ships five real SWE-bench Verified rows and five real ``/run`` results for
+``mini_swe_agent_2``. They are the ground truth for the request and response shapes,
+so the tests, the converter's examples and ``smoke`` read them from the wheel itself
+(downloaded once with pip, cached outside the repository) instead of a committed copy
+that could drift from the server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from miles_nemogym.pins import NEMO_GYM_VERSION
+
+EXAMPLES_MEMBER = "responses_api_agents/mini_swe_agent_2/data/example.jsonl"
+ROLLOUTS_MEMBER = "responses_api_agents/mini_swe_agent_2/data/example_rollouts.jsonl"
+
+
+def cache_dir() -> Path:
+    """``$MILES_NEMOGYM_CACHE``, else ``$XDG_CACHE_HOME/miles-nemogym`` or ``~/.cache/...``."""
+    explicit = os.environ.get("MILES_NEMOGYM_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "miles-nemogym"
+
+
+def wheel_path(version: str = NEMO_GYM_VERSION) -> Path:
+    """The cached wheel, downloaded with pip on first use."""
+    target_dir = cache_dir() / "wheels"
+    target = target_dir / f"nemo_gym-{version}-py3-none-any.whl"
+    if target.exists():
+        return target
+    target_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target_dir) as tmp:
+        command = [
+            sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+            "--ignore-requires-python", "--disable-pip-version-check",
+            f"nemo-gym=={version}", "-d", tmp,
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        downloaded = Path(tmp) / target.name
+        if done.returncode != 0 or not downloaded.exists():
+            raise RuntimeError(
+                f"could not download nemo-gym=={version} with pip (exit {done.returncode}): "
+                f"{done.stderr.strip()[-500:]}"
+            )
+        # Rename within one folder is atomic: a concurrent reader never sees half a wheel.
+        shutil.move(str(downloaded), str(target))
+    return target
+
+
+def read_member(member: str, version: str = NEMO_GYM_VERSION) -> bytes:
+    with zipfile.ZipFile(wheel_path(version)) as wheel:
+        return wheel.read(member)
+
+
+def _jsonl(member: str) -> list[dict[str, Any]]:
+    text = read_member(member).decode("utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def example_rows() -> list[dict[str, Any]]:
+    """The five SWE-bench Verified rows nemo-gym ships for ``mini_swe_agent_2``."""
+    return _jsonl(EXAMPLES_MEMBER)
+
+
+def example_rollouts() -> list[dict[str, Any]]:
+    """The five real ``/run`` results nemo-gym ships for ``mini_swe_agent_2``."""
+    return _jsonl(ROLLOUTS_MEMBER)

@@ -1,0 +1,96 @@
+"""The policy URL the NeMo-Gym server dials: Miles' session URL made reachable.
+
+Miles hands the agent function ``base_url = http://<session_server_ip>:<port>/sessions/<id>``
+(CONTRACTS.md §1). The NeMo-Gym harness needs the OpenAI-compatible base, which is that
+URL plus ``/v1``, and it runs on another host in a real deployment. With Miles'
+``--session-server-ip 0.0.0.0`` the host part is the wildcard address, which no remote
+peer can dial, so it is replaced by:
+
+1. ``MILES_ROUTER_EXTERNAL_HOST`` when set (the upstream example's variable), else
+2. the local address the kernel would use to reach the NeMo-Gym host (a UDP ``connect``
+   sends nothing; it only asks the routing table), decided once per Gym host and logged.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+from functools import lru_cache
+from urllib.parse import urlsplit, urlunsplit
+
+logger = logging.getLogger(__name__)
+
+class PolicyUrlError(ValueError):
+    """The session URL Miles passed cannot become a policy URL."""
+
+
+def is_wildcard(host: str | None) -> bool:
+    return host is None or host.strip("[]") in {"0.0.0.0", "::", ""}
+
+
+def is_loopback(host: str | None) -> bool:
+    if host is None:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _format_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+@lru_cache(maxsize=64)
+def routable_local_address(target_host: str, target_port: int = 80) -> str:
+    """The local address that routes to ``target_host``; logged once per target."""
+    if is_loopback(target_host):
+        address = "127.0.0.1"
+    else:
+        try:
+            infos = socket.getaddrinfo(target_host, target_port, type=socket.SOCK_DGRAM)
+            family, _, _, _, sockaddr = infos[0]
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                probe.connect(sockaddr)
+                address = str(probe.getsockname()[0])
+        except OSError as error:
+            raise PolicyUrlError(
+                f"the session server listens on a wildcard address and the local address that "
+                f"routes to the NeMo-Gym host {target_host!r} could not be found ({error}); set "
+                f"MILES_ROUTER_EXTERNAL_HOST to an address of this node that the Gym host can dial"
+            ) from None
+    logger.info(
+        "session server listens on a wildcard address; the NeMo-Gym server at %s will dial "
+        "policy URLs on %s (set MILES_ROUTER_EXTERNAL_HOST to override)",
+        target_host,
+        address,
+    )
+    return address
+
+
+def policy_base_url(session_url: str, gym_url: str, external_host: str | None = None) -> str:
+    """``session_url`` + ``/v1`` with its host made dialable from the Gym server.
+
+    ``external_host`` (``MILES_ROUTER_EXTERNAL_HOST``) replaces the host whatever it is,
+    as upstream does; otherwise only a wildcard host is replaced.
+    """
+    parts = urlsplit(session_url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise PolicyUrlError(
+            f"base_url {session_url!r} is not an http(s) URL; Miles passes "
+            "http://<session_server_ip>:<port>/sessions/<session_id>"
+        )
+    host = parts.hostname or ""
+    if external_host:
+        host = external_host
+    elif is_wildcard(host):
+        gym = urlsplit(gym_url)
+        host = routable_local_address(gym.hostname or "localhost", gym.port or 80)
+    netloc = _format_host(host) + (f":{parts.port}" if parts.port else "")
+    path = parts.path.rstrip("/")
+    if not path.endswith("/v1"):
+        path += "/v1"
+    return urlunsplit((parts.scheme, netloc, path, "", ""))

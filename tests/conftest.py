@@ -1,0 +1,21 @@
+"""Shared test fixtures."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from miles_nemogym import gym_wheel
+
+
+@pytest.fixture(scope="session")
+def gym_example_rows() -> list[dict[str, Any]]:
+    """The five real SWE-bench Verified rows from the pinned nemo-gym wheel."""
+    return gym_wheel.example_rows()
+
+
+@pytest.fixture(scope="session")
+def gym_example_rollouts() -> list[dict[str, Any]]:
+    """The five real /run results from the pinned nemo-gym wheel."""
+    return gym_wheel.example_rollouts()
