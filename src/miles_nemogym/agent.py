@@ -1,0 +1,128 @@
+"""Miles agent function: one NeMo-Gym ``mini_swe_agent_2`` episode per sample.
+
+Contract (Miles ``agentic_tool_call.generate``, CONTRACTS.md §1):
+
+    --custom-generate-function-path miles.rollout.generate_hub.agentic_tool_call.generate
+    --custom-agent-function-path    miles_nemogym.agent.run
+
+Miles awaits ``run(base_url=..., prompt=..., request_kwargs=..., metadata=...)`` once per
+sample, keyword arguments only. ``base_url`` is the sample's session on Miles' session
+server (``http://<ip>:<port>/sessions/<id>``); the NeMo-Gym harness talks to the policy
+only through ``<base_url>/v1``, so every model call of the episode is recorded by Miles
+(token ids, logprobs, loss masks). ``prompt`` is not sent: the harness builds its own
+prompt from the task instance in ``metadata``.
+
+The returned dict is merged into every output sample's ``metadata``:
+
+- ``reward``: the server's reward when it is a valid measurement, else 0.0;
+- ``eval_report``: the server's result metadata (SWE-bench report, or its error);
+- ``nemogym``: the episode record (``outcome.EpisodeRecord``): status, failure kind,
+  ``mask_sample``, attempts, timings, test counts, turns.
+
+This function never returns ``None`` and never raises for a failed episode: a failure is
+recorded on the sample (``mask_sample`` true) so the reward hook, the group filter and
+the rollout metrics can set it aside visibly. ``asyncio.CancelledError`` propagates.
+``abort(args)`` stops every in-flight episode of the process (over-sampling abort).
+
+Importing this module must stay cheap: no torch, sglang, ray, datasets or Miles.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from miles_nemogym import failure_kinds as fk
+from miles_nemogym.episodes import abort_all, run_episode
+from miles_nemogym.mapping import RequestBuildError, build_run_body
+from miles_nemogym.outcome import Outcome, failure
+from miles_nemogym.policy_url import PolicyUrlError, policy_base_url
+from miles_nemogym.settings import SettingsError, get_settings
+
+logger = logging.getLogger(__name__)
+
+# Configuration errors repeat on every sample; each distinct message is logged once.
+_logged_config_errors: set[str] = set()
+_CONFIG_KINDS = frozenset({fk.INVALID_CONFIG, fk.AGENT_REQUEST_FAILED})
+
+
+async def run(
+    base_url: str,
+    prompt: Any = None,
+    request_kwargs: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """Run one NeMo-Gym episode for one Miles sample; see the module docstring."""
+    instance_id = metadata.get("instance_id") if isinstance(metadata, Mapping) else None
+    api_key: str | None = None
+    try:
+        settings = get_settings()
+        api_key = settings.policy_api_key.get_secret_value() if settings.policy_api_key else None
+        body = build_run_body(
+            metadata,
+            request_kwargs,
+            policy_base_url=policy_base_url(base_url, settings.gym_url, settings.external_host),
+            policy_api_key=api_key,
+        )
+    except SettingsError as error:
+        outcome = failure(fk.INVALID_CONFIG, str(error), instance_id=instance_id)
+    except (RequestBuildError, PolicyUrlError) as error:
+        outcome = failure(fk.INVALID_REQUEST, str(error), instance_id=instance_id)
+    else:
+        outcome = await run_episode(body, settings)
+    outcome.record.episode_id = uuid.uuid4().hex
+    if api_key:
+        # A server error message could echo the request; the key never leaves this function.
+        outcome = Outcome.model_validate(redact(outcome.model_dump(), api_key))
+    _log(outcome)
+    return outcome.to_metadata()
+
+
+async def abort(args: Any = None) -> None:
+    """Miles' over-sampling abort hook: stop every in-flight ``/run`` of this process.
+
+    Returns at once; each stopped ``run`` returns a ``cancelled`` outcome. The server-side
+    episodes cannot be cancelled over the API (NeMo-Gym has no cancel endpoint); closing
+    their connections is all a client can do, and their sandboxes expire by TTL.
+    """
+    stopped = abort_all()
+    logger.info("abort: stopped %d in-flight NeMo-Gym episode(s)", stopped)
+
+
+def _log(outcome: Outcome) -> None:
+    record = outcome.record
+    if record.status == "ok":
+        return
+    kind = record.failure_kind or "?"
+    if kind in _CONFIG_KINDS or kind == fk.INVALID_REQUEST:
+        message = record.failure_reason or kind
+        if message in _logged_config_errors:
+            return
+        _logged_config_errors.add(message)
+        hint = ""
+        if record.http_status == 422:
+            hint = " — is NEMO_GYM_URL a mini_swe_agent_2 server from nemo-gym >= 0.6?"
+        logger.error("NeMo-Gym /run cannot run (%s): %s%s [logged once]", kind, message, hint)
+        return
+    logger.warning(
+        "NeMo-Gym episode failed: instance=%s kind=%s elapsed=%.1fs attempts=%d reason=%s",
+        record.instance_id,
+        kind,
+        record.elapsed_s,
+        record.attempts,
+        record.failure_reason,
+    )
+
+
+def redact(value: Any, secret: str) -> Any:
+    """``value`` with every occurrence of ``secret`` in its strings replaced."""
+    if isinstance(value, str):
+        return value.replace(secret, "***") if secret in value else value
+    if isinstance(value, dict):
+        return {key: redact(item, secret) for key, item in value.items()}
+    if isinstance(value, list):
+        return [redact(item, secret) for item in value]
+    return value

@@ -1,0 +1,92 @@
+"""The process's in-flight NeMo-Gym episodes: run one, or abort them all.
+
+Miles' over-sampling abort stops generation and then calls the agent module's
+``abort(args)`` so external episodes stop too (CONTRACTS.md §1). NeMo-Gym has no cancel
+endpoint; what a client can do is stop waiting and close the connection (the server's
+sandbox is reclaimed by its provider's TTL). Each episode therefore runs its HTTP call in
+an inner task registered here, and ``abort_all`` cancels those tasks, from any thread,
+while the callers' own tasks receive a ``cancelled`` outcome instead of an exception.
+
+A cancellation of the caller's task (Miles cancelling the rollout) is different: it is
+propagated unchanged after the inner request is closed, as asyncio's contract requires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from miles_nemogym import failure_kinds as fk
+from miles_nemogym.client import get_client
+from miles_nemogym.outcome import Outcome, failure
+from miles_nemogym.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _InFlight:
+    task: asyncio.Task[Outcome]
+    loop: asyncio.AbstractEventLoop
+
+
+_lock = threading.Lock()
+_in_flight: set[_InFlight] = set()
+
+
+def in_flight_count() -> int:
+    with _lock:
+        return len(_in_flight)
+
+
+async def run_episode(body: dict[str, Any], settings: Settings) -> Outcome:
+    """POST one episode to ``/run`` and classify it; see the module docstring on cancellation."""
+    client = await get_client(settings)
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(client.post_run(settings.run_url, body, settings))
+    entry = _InFlight(task, loop)
+    with _lock:
+        _in_flight.add(entry)
+    try:
+        try:
+            # wait() does not cancel the inner task when we are cancelled, so the two
+            # kinds of cancellation stay distinguishable.
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            task.cancel()
+            await asyncio.wait({task})
+            raise
+    finally:
+        with _lock:
+            _in_flight.discard(entry)
+
+    instance_id = body.get("instance_id")
+    if task.cancelled():
+        return failure(fk.CANCELLED, "stopped by abort()", instance_id=instance_id)
+    error = task.exception()
+    if error is not None:
+        logger.error("miles-nemogym client error for %s", instance_id, exc_info=error)
+        return failure(fk.CLIENT_ERROR, f"{type(error).__name__}: {error}", instance_id=instance_id)
+    outcome = task.result()
+    if outcome.record.instance_id is None:
+        outcome.record.instance_id = instance_id
+    return outcome
+
+
+def abort_all() -> int:
+    """Cancel every in-flight episode of this process; returns how many were stopped."""
+    with _lock:
+        entries = list(_in_flight)
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    for entry in entries:
+        if entry.loop is running:
+            entry.task.cancel()
+        elif not entry.loop.is_closed():
+            entry.loop.call_soon_threadsafe(entry.task.cancel)
+    return len(entries)

@@ -1,0 +1,177 @@
+"""Build the ``/run`` body from what Miles hands the agent function (CONTRACTS.md §1 → §5).
+
+Pure functions: Miles' ``metadata`` (the converter's task instance plus Miles'
+bookkeeping) and ``request_kwargs`` (the trainer's sampling parameters, already renamed
+to OpenAI/SGLang names) in; a JSON-ready body out. The scan and the agent share this one
+builder, so a golden scan sends exactly what training will send.
+
+Sampling: the server forwards ``temperature``, ``top_p`` and ``max_output_tokens`` as
+typed fields, and everything else only through ``metadata.extra_body`` (merged into
+every chat-completions request of the episode). Every sampling key the trainer set
+therefore goes somewhere; dropping one would let the policy sample differently from
+what the trainer was told, silently skewing the logprobs GRPO trains on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from miles_nemogym.protocol import ResponsesCreateParams, RunRequest
+
+# Keys Miles adds to sample.metadata for its own bookkeeping (agentic_tool_call.py).
+MILES_BOOKKEEPING_KEYS = frozenset({"max_seq_len", "session_server_id", "session_server_instance_id"})
+
+# Keys this plugin returns and Miles merges back into sample.metadata. A sample that is
+# retried or re-rolled carries them; they must never be sent as task fields.
+PLUGIN_RESULT_KEYS = frozenset({"reward", "eval_report", "nemogym", "agent_metrics"})
+
+# Routing and secrets come from the plugin, never from a data row.
+ROUTING_KEYS = frozenset({"policy_base_url", "policy_api_key"})
+
+NOT_SENT_KEYS = MILES_BOOKKEEPING_KEYS | PLUGIN_RESULT_KEYS | ROUTING_KEYS
+
+# Trainer keys with a typed home in responses_create_params.
+_TYPED_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "max_tokens": "max_output_tokens"}
+
+
+class RequestBuildError(ValueError):
+    """The task row or sampling parameters cannot form a body the server accepts."""
+
+
+def _json_object(text: str, where: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise RequestBuildError(f"{where} must be a JSON object encoded as a string: {error}") from None
+    if not isinstance(value, dict):
+        raise RequestBuildError(f"{where} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _check_json_value(key: str, value: Any) -> None:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        raise RequestBuildError(
+            f"request_kwargs[{key!r}] = {value!r} cannot be sent as JSON; pass numbers, strings, "
+            "booleans or lists of them"
+        ) from None
+
+
+def split_sampling(request_kwargs: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split Miles' sampling parameters into typed fields and ``extra_body`` keys.
+
+    ``None`` values mean "not set" in Miles and are dropped; every other key is kept.
+    """
+    typed: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in (request_kwargs or {}).items():
+        if value is None:
+            continue
+        _check_json_value(key, value)
+        if key in _TYPED_SAMPLING:
+            if isinstance(value, float) and not math.isfinite(value):
+                raise RequestBuildError(f"request_kwargs[{key!r}] must be finite, got {value!r}")
+            typed[_TYPED_SAMPLING[key]] = value
+        else:
+            extra[key] = value
+    return typed, extra
+
+
+def responses_create_params(
+    row_params: Mapping[str, Any] | None, request_kwargs: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """Merge a row's own ``responses_create_params`` with the trainer's sampling.
+
+    The trainer wins on every key it sets, including inside ``extra_body``; keys only
+    the row sets (``chat_template_kwargs``, ``tool_choice``, ...) are kept.
+    """
+    if row_params is not None and not isinstance(row_params, Mapping):
+        raise RequestBuildError(
+            "metadata['responses_create_params'] must be an object (NeMo-Gym's row format), "
+            f"got {type(row_params).__name__}"
+        )
+    params: dict[str, Any] = dict(row_params or {})
+    params.setdefault("input", [])
+    typed, extra = split_sampling(request_kwargs)
+    params.update(typed)
+
+    row_metadata = params.get("metadata") or {}
+    if not isinstance(row_metadata, Mapping):
+        raise RequestBuildError("metadata['responses_create_params']['metadata'] must be a dict[str, str]")
+    metadata = dict(row_metadata)
+    # A row may carry extra_body as an object; the server only takes it as a JSON string.
+    if extra or isinstance(metadata.get("extra_body"), Mapping):
+        merged = _row_extra_body(metadata.get("extra_body"))
+        merged.update(extra)
+        metadata["extra_body"] = json.dumps(merged, sort_keys=True)
+    if metadata:
+        params["metadata"] = metadata
+
+    try:
+        model = ResponsesCreateParams.model_validate(params)
+    except ValidationError as error:
+        raise RequestBuildError(_describe(error, "responses_create_params")) from None
+    return model.model_dump(exclude_none=True)
+
+
+def _row_extra_body(raw: Any) -> dict[str, Any]:
+    where = "metadata['responses_create_params']['metadata']['extra_body']"
+    if raw is None:
+        return {}
+    if isinstance(raw, str):
+        return _json_object(raw, where)
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    raise RequestBuildError(f"{where} must be a JSON object encoded as a string")
+
+
+def _describe(error: ValidationError, prefix: str) -> str:
+    problems = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in (prefix, *item["loc"]))
+        if item["type"] == "extra_forbidden":
+            problems.append(f"{where}: the NeMo-Gym server rejects this key; remove it from the task row")
+        else:
+            problems.append(f"{where}: {item['msg']}")
+    return "; ".join(problems)
+
+
+def build_run_body(
+    metadata: Mapping[str, Any] | None,
+    request_kwargs: Mapping[str, Any] | None,
+    *,
+    policy_base_url: str | None,
+    policy_api_key: str | None = None,
+) -> dict[str, Any]:
+    """The JSON body of ``POST /run`` for one episode. ``metadata`` is not mutated.
+
+    ``policy_base_url`` None leaves routing to the server's configured model (scan mode).
+    """
+    if not metadata:
+        raise RequestBuildError(
+            "sample metadata is empty: the task instance (instance_id, repo, base_commit, ...) "
+            "must be in each prompt row's 'metadata'; convert the data with `miles-nemogym convert`"
+        )
+    body = {key: value for key, value in metadata.items() if key not in NOT_SENT_KEYS}
+    body["responses_create_params"] = responses_create_params(
+        metadata.get("responses_create_params"), request_kwargs
+    )
+    if policy_base_url is not None:
+        body["policy_base_url"] = policy_base_url
+    if policy_api_key:
+        body["policy_api_key"] = policy_api_key
+    try:
+        RunRequest.model_validate(body)
+    except ValidationError as error:
+        raise RequestBuildError(_describe(error, "metadata")) from None
+    try:
+        json.dumps(body, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise RequestBuildError(f"the task row in metadata cannot be sent as JSON: {error}") from None
+    return body

@@ -1,0 +1,105 @@
+"""Per-rollout ``nemogym/*`` metrics (CONTRACTS.md §4).
+
+``--custom-rollout-log-function-path miles_nemogym.metrics.log_rollout``
+
+Miles calls ``log_rollout(rollout_id, args, samples, rollout_extra_metrics, rollout_time)``
+synchronously with the rollout's flat sample list. We compute what a SWE-bench RL run
+needs to be watched by (resolve rate, infrastructure failure rate per kind, patch-applied
+rate, FAIL_TO_PASS progress, episode time and turns), log it through Miles' tracking
+(wandb / tensorboard / ... as configured) and return False so Miles' own rollout logging
+still runs.
+
+Rates are over distinct episodes (``episode_id``), quality rates over valid episodes
+only: a resolve rate diluted by crashed containers would read as a policy regression.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from typing import Any
+
+from miles_nemogym.failure_kinds import metric_label
+from miles_nemogym.samples import episodes, flatten, record_of
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "nemogym/"
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def compute_metrics(samples: Any) -> dict[str, float]:
+    """``nemogym/*`` metrics of one rollout's samples. Pure; no Miles needed."""
+    flat = list(flatten(samples))
+    records = episodes(flat)
+    metrics: dict[str, float] = {
+        "samples": float(len(flat)),
+        "samples_without_record": float(sum(1 for s in flat if record_of(s) is None)),
+        "episodes": float(len(records)),
+    }
+    if not records:
+        return {PREFIX + key: value for key, value in metrics.items()}
+
+    valid = [r for r in records if not r.get("mask_sample")]
+    failed = len(records) - len(valid)
+    metrics["failure_rate"] = failed / len(records)
+    kinds = Counter(
+        metric_label(str(r.get("failure_kind") or "unknown")) for r in records if r.get("mask_sample")
+    )
+    for kind, count in sorted(kinds.items()):
+        metrics[f"failure_rate/{kind}"] = count / len(records)
+
+    if valid:
+        metrics["resolve_rate"] = sum(1 for r in valid if r.get("resolved")) / len(valid)
+        metrics["patch_applied_rate"] = sum(1 for r in valid if r.get("patch_applied")) / len(valid)
+        fractions = []
+        for record in valid:
+            f2p = record.get("fail_to_pass")
+            if isinstance(f2p, dict) and (f2p.get("passed", 0) + f2p.get("failed", 0)):
+                fractions.append(f2p.get("passed", 0) / (f2p.get("passed", 0) + f2p.get("failed", 0)))
+        optional = {
+            "fail_to_pass_fraction_mean": _mean(fractions),
+            "turns_mean": _mean([float(r["turns"]) for r in valid if r.get("turns") is not None]),
+            "tool_calls_mean": _mean(
+                [float(r["tool_calls"]) for r in valid if r.get("tool_calls") is not None]
+            ),
+        }
+        metrics.update({key: value for key, value in optional.items() if value is not None})
+
+    times = [float(r["elapsed_s"]) for r in records if r.get("elapsed_s") is not None]
+    if times:
+        metrics["episode_time_p50"] = _percentile(times, 50)
+        metrics["episode_time_p95"] = _percentile(times, 95)
+        metrics["episode_time_max"] = max(times)
+    return {PREFIX + key: value for key, value in metrics.items()}
+
+
+def log_rollout(
+    rollout_id: int,
+    args: Any,
+    samples: Any,
+    rollout_extra_metrics: Any = None,
+    rollout_time: float | None = None,
+) -> bool:
+    """Miles rollout log function: log ``nemogym/*`` metrics; returns False (Miles logs too)."""
+    metrics: dict[str, Any] = dict(compute_metrics(samples))
+    try:
+        from miles.utils.metric_utils import compute_rollout_step
+        from miles.utils.tracking_utils import tracking
+    except ImportError:
+        logger.info("rollout %s nemogym metrics (Miles tracking not importable): %s", rollout_id, metrics)
+        return False
+    metrics["rollout/step"] = compute_rollout_step(args, rollout_id)
+    tracking.log(args, metrics, step_key="rollout/step")
+    return False
