@@ -1,0 +1,251 @@
+"""``miles-nemogym convert``: SWE-bench-family dataset → Miles prompt JSONL (issue 3).
+
+A thin layer over :mod:`miles_nemogym.data`: parses flags into
+:class:`~miles_nemogym.data.ConvertOptions`, shows a progress bar and a summary table,
+and maps failures to exit codes (0 written, 1 nothing written because of the data or
+the input, 2 bad flags). ``miles_nemogym.data`` (and with it ``datasets``/``pyarrow``)
+is imported inside the command so ``miles-nemogym --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from miles_nemogym.data import ConvertOptions, ConvertReport
+
+HELP = """Convert SWE-bench Verified / Lite / full / SWE-Gym rows into Miles prompt JSONL.
+
+Each output line is {"prompt": [{"role": "user", "content": problem_statement}],
+"metadata": {every instance field, "subset", "split"}}; point Miles' --prompt-data at it
+with --input-key prompt --metadata-key metadata.
+"""
+
+
+class Subset(str, Enum):
+    verified = "verified"
+    gym = "gym"
+
+
+class OnError(str, Enum):
+    fail = "fail"
+    skip = "skip"
+
+
+def _print_summary(console: Console, report: ConvertReport, options: ConvertOptions) -> None:
+    counts = Table(title=f"convert: {report.source} ({report.source_kind})", title_justify="left")
+    counts.add_column("rows")
+    counts.add_column("count", justify="right")
+    counts.add_row("read", str(report.rows_read))
+    if report.committed:
+        counts.add_row(f"written → {options.output}", str(report.written))
+        if options.holdout:
+            counts.add_row(f"held out → {options.holdout_output}", str(report.holdout_written))
+    else:
+        counts.add_row("written (conversion failed, no file touched)", "0")
+    for reason, count in sorted(report.skipped.items(), key=lambda item: (-item[1], item[0])):
+        counts.add_row(f"skipped: {reason}", str(count))
+    console.print(counts)
+
+    repos = sorted(
+        set(report.written_by_repo) | set(report.holdout_by_repo) | set(report.not_gradeable_by_repo),
+        key=lambda repo: (-report.written_by_repo[repo], repo),
+    )
+    if repos and report.committed:
+        by_repo = Table(title="per repo", title_justify="left")
+        by_repo.add_column("repo")
+        by_repo.add_column("written", justify="right")
+        if options.holdout:
+            by_repo.add_column("held out", justify="right")
+        if options.gradeable_only:
+            by_repo.add_column("dropped: not gradeable", justify="right")
+        for repo in repos:
+            cells = [repo, str(report.written_by_repo[repo])]
+            if options.holdout:
+                cells.append(str(report.holdout_by_repo[repo]))
+            if options.gradeable_only:
+                cells.append(str(report.not_gradeable_by_repo[repo]))
+            by_repo.add_row(*cells)
+        console.print(by_repo)
+
+    if report.problems:
+        more = report.problem_count - len(report.problems)
+        console.print(f"[bold]bad rows[/bold] ({report.problem_count}):", highlight=False)
+        for problem in report.problems:
+            console.print(f"  {problem}", highlight=False, markup=False)
+        if more > 0:
+            console.print(f"  … and {more} more", highlight=False)
+    if report.duplicates:
+        console.print(
+            f"[bold]duplicate instance_ids[/bold] ({report.skipped['duplicate instance_id']}, first kept):",
+            highlight=False,
+        )
+        for duplicate in report.duplicates:
+            console.print(f"  {duplicate}", highlight=False, markup=False)
+    notes = [f"subset: {report.subset_rule}"]
+    if report.overridden_rows:
+        notes.append(f"{report.overridden_rows} row(s) had their own subset/split replaced by the flags")
+    if report.not_gradeable_by_repo:
+        dropped = ", ".join(
+            f"{repo} ({count})" for repo, count in sorted(report.not_gradeable_by_repo.items())
+        )
+        notes.append(f"dropped as not gradeable by swebench {report.swebench_version}: {dropped}")
+    if report.seed is not None:
+        notes.append(f"shuffled with seed {report.seed} (pass --seed {report.seed} to repeat)")
+    if options.holdout and not options.shuffle:
+        notes.append("the holdout is the first selected rows in input order; add --shuffle for a random one")
+    if report.stopped_early:
+        notes.append("stopped reading once --limit (and --holdout) were filled")
+    if report.missing_instance_ids:
+        shown = ", ".join(report.missing_instance_ids[:10])
+        notes.append(
+            f"{len(report.missing_instance_ids)} id(s) from --instance-ids not in the input: {shown}"
+        )
+    if report.unmatched_repos:
+        notes.append(f"--repos matched no row for: {', '.join(report.unmatched_repos)}")
+    for note in notes:
+        console.print(f"note: {note}", highlight=False, markup=False)
+
+
+def convert_command(
+    input: Annotated[
+        str,
+        typer.Option(
+            "--input",
+            "-i",
+            help="Dataset id (princeton-nlp/SWE-bench_Verified), a folder, or a .jsonl/.json/.parquet file.",
+        ),
+    ],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Output JSONL (written atomically).")],
+    split: Annotated[
+        str | None,
+        typer.Option(
+            help="Split to load (folders, dataset ids) and to record in metadata. Default: the row's "
+            "own, else test for SWE-bench sets, train for SWE-Gym.",
+        ),
+    ] = None,
+    subset: Annotated[
+        Subset | None,
+        typer.Option(
+            help="Override the subset: verified = official SWE-bench images, gym = SWE-Gym images. "
+            "Default: the row's own, else inferred from the dataset name.",
+        ),
+    ] = None,
+    on_error: Annotated[
+        OnError, typer.Option(help="fail: stop, write nothing; skip: write the good rows.")
+    ] = OnError.fail,
+    gradeable_only: Annotated[
+        bool,
+        typer.Option("--gradeable-only", help="Keep only rows the installed swebench package can grade."),
+    ] = False,
+    repos: Annotated[
+        list[str] | None, typer.Option("--repos", help="Keep only these repos (repeat or comma-separate).")
+    ] = None,
+    exclude_repos: Annotated[
+        list[str] | None, typer.Option("--exclude-repos", help="Drop these repos (repeat or comma-separate).")
+    ] = None,
+    instance_ids: Annotated[
+        Path | None,
+        typer.Option("--instance-ids", help="File with one instance_id per line: keep only those."),
+    ] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="Write at most N rows to --output.")] = None,
+    shuffle: Annotated[
+        bool, typer.Option("--shuffle", help="Shuffle the selected rows (spools to disk, not memory).")
+    ] = False,
+    seed: Annotated[int | None, typer.Option(help="Seed for --shuffle (default: random, printed).")] = None,
+    holdout: Annotated[
+        int, typer.Option(min=0, help="Write N selected rows to --holdout-output instead (disjoint).")
+    ] = 0,
+    holdout_output: Annotated[
+        Path | None, typer.Option("--holdout-output", help="Where the --holdout rows go.")
+    ] = None,
+    drop_fields: Annotated[
+        list[str] | None,
+        typer.Option("--drop-fields", help="Leave these fields out of metadata (never required ones)."),
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+) -> None:
+    from pydantic import ValidationError
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from miles_nemogym.data import (
+        ConvertError,
+        ConvertOptions,
+        SourceError,
+        SwebenchMissingError,
+        convert,
+    )
+
+    out = Console()
+    err = Console(stderr=True)
+    try:
+        options = ConvertOptions(
+            input=input,
+            output=output,
+            split=split,
+            subset=subset.value if subset else None,
+            on_error=on_error.value,
+            gradeable_only=gradeable_only,
+            repos=tuple(repos or ()),
+            exclude_repos=tuple(exclude_repos or ()),
+            instance_ids=instance_ids,
+            limit=limit,
+            shuffle=shuffle,
+            seed=seed,
+            holdout=holdout,
+            holdout_output=holdout_output,
+            drop_fields=tuple(drop_fields or ()),
+        )
+    except ValidationError as error:
+        for item in error.errors(include_url=False):
+            where = ".".join(str(part) for part in item["loc"])
+            message = str(item["msg"]).removeprefix("Value error, ")
+            err.print(f"error: {where + ': ' if where else ''}{message}", highlight=False, markup=False)
+        raise typer.Exit(2) from None
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("converting"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("rows"),
+        TimeElapsedColumn(),
+        console=err,
+        disable=quiet,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("convert", total=None)
+
+        def progress(done: int, total: int | None) -> None:
+            bar.update(task, completed=done, total=total)
+
+        try:
+            report = convert(options, progress=progress)
+        except ConvertError as error:
+            bar.stop()
+            _print_summary(err, error.report, options)
+            err.print(f"error: {error}", highlight=False, markup=False)
+            raise typer.Exit(1) from None
+        except (SourceError, SwebenchMissingError, ValueError) as error:
+            bar.stop()
+            err.print(f"error: {error}", highlight=False, markup=False)
+            raise typer.Exit(1) from None
+    _print_summary(out, report, options)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``convert`` to the root command."""
+    app.command("convert", help=HELP)(convert_command)

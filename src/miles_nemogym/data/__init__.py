@@ -1,0 +1,64 @@
+"""Convert SWE-bench-family task rows into Miles prompt rows (``miles-nemogym convert``).
+
+Public API (issue 3; the CLI is a thin layer over it):
+
+- :func:`convert` + :class:`ConvertOptions` → :class:`ConvertReport`: the whole file
+  conversion, streaming and atomic; raises :class:`ConvertError` with nothing written.
+- :func:`convert_row`: one row in Python, same rules; raises :class:`RowInvalidError`.
+- :func:`validate_instance`, :class:`SweBenchInstance`, :data:`REQUIRED_FIELDS`: the checks.
+- :func:`to_prompt_row`, :func:`infer_kind`, :func:`resolve_routing`: the pure mapping.
+- :func:`open_source`: stream raw rows from a file, folder or dataset id.
+- :func:`load_grade_tables`: what the installed ``swebench`` can grade.
+"""
+
+from miles_nemogym.data.convert import (
+    ConvertError,
+    ConvertOptions,
+    ConvertReport,
+    RowInvalidError,
+    RowProblem,
+    convert,
+    convert_row,
+    encode_row,
+)
+from miles_nemogym.data.gradeable import GradeTables, SwebenchMissingError, load_grade_tables
+from miles_nemogym.data.rows import DatasetKind, Routing, infer_kind, resolve_routing, to_prompt_row
+from miles_nemogym.data.schema import (
+    REQUIRED_FIELDS,
+    SUBSETS,
+    FieldProblem,
+    SweBenchInstance,
+    validate_instance,
+)
+from miles_nemogym.data.select import Selection, read_instance_ids
+from miles_nemogym.data.sources import RawRow, RowSource, SourceError, open_source
+
+__all__ = [
+    "REQUIRED_FIELDS",
+    "SUBSETS",
+    "ConvertError",
+    "ConvertOptions",
+    "ConvertReport",
+    "DatasetKind",
+    "FieldProblem",
+    "GradeTables",
+    "RawRow",
+    "Routing",
+    "RowInvalidError",
+    "RowProblem",
+    "RowSource",
+    "Selection",
+    "SourceError",
+    "SweBenchInstance",
+    "SwebenchMissingError",
+    "convert",
+    "convert_row",
+    "encode_row",
+    "infer_kind",
+    "load_grade_tables",
+    "open_source",
+    "read_instance_ids",
+    "resolve_routing",
+    "to_prompt_row",
+    "validate_instance",
+]

@@ -1,0 +1,412 @@
+"""Convert a SWE-bench-family dataset into Miles prompt JSONL, streaming and atomically.
+
+The orchestration behind ``miles-nemogym convert`` (issue 3). Reads rows with
+:mod:`~miles_nemogym.data.sources`, checks them with :mod:`~miles_nemogym.data.schema`,
+decides subset/split and maps them with :mod:`~miles_nemogym.data.rows`, selects with
+:mod:`~miles_nemogym.data.select`, and writes through :mod:`~miles_nemogym.data.atomic`.
+
+Memory: one row at a time plus the set of instance ids seen (duplicates are kept once),
+about 100 bytes per row. ``--shuffle`` also keeps one 8-byte file offset per selected
+row and a permutation of them (~50 bytes per row in all), and spools the converted rows
+to a temporary file next to the output (disk: one extra copy of the output).
+Without ``--shuffle``, reading stops as soon as ``--holdout`` and ``--limit`` are filled.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import random
+import secrets
+import tempfile
+from array import array
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from miles_nemogym.data.atomic import AtomicFile
+from miles_nemogym.data.gradeable import load_grade_tables
+from miles_nemogym.data.rows import DatasetKind, Routing, infer_kind, resolve_routing, to_prompt_row
+from miles_nemogym.data.schema import NEVER_DROPPED, SUBSETS, FieldProblem, validate_instance
+from miles_nemogym.data.select import Selection, read_instance_ids, split_names
+from miles_nemogym.data.sources import RawRow, open_source
+
+MAX_LISTED_PROBLEMS = 50
+PROGRESS_EVERY = 200
+DUPLICATE = "duplicate instance_id"
+
+
+class ConvertOptions(BaseModel):
+    """Everything ``convert`` needs; the CLI flags map one to one."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: str = Field(min_length=1)
+    output: Path
+    split: str | None = None
+    subset: Literal["verified", "gym"] | None = None
+    on_error: Literal["fail", "skip"] = "fail"
+    gradeable_only: bool = False
+    repos: tuple[str, ...] = ()
+    exclude_repos: tuple[str, ...] = ()
+    instance_ids: Path | None = None
+    limit: int | None = Field(default=None, ge=1)
+    shuffle: bool = False
+    seed: int | None = None
+    holdout: int = Field(default=0, ge=0)
+    holdout_output: Path | None = None
+    drop_fields: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ConvertOptions:
+        if self.holdout and self.holdout_output is None:
+            raise ValueError("--holdout N needs --holdout-output FILE (where the held-out rows go)")
+        if self.holdout_output is not None and not self.holdout:
+            raise ValueError("--holdout-output needs --holdout N (how many rows to hold out)")
+        if self.seed is not None and not self.shuffle:
+            raise ValueError("--seed only applies with --shuffle; add --shuffle or drop --seed")
+        outputs = [self.output] + ([self.holdout_output] if self.holdout_output else [])
+        resolved = [path.expanduser().resolve() for path in outputs]
+        if len(set(resolved)) != len(resolved):
+            raise ValueError("--holdout-output must differ from --output (the two files are disjoint)")
+        input_path = Path(self.input).expanduser()
+        if input_path.exists() and input_path.resolve() in resolved:
+            raise ValueError("--output must differ from --input (the input is read while writing)")
+        protected = sorted(split_names(self.drop_fields) & NEVER_DROPPED)
+        if protected:
+            raise ValueError(
+                f"--drop-fields cannot drop {', '.join(protected)}: the server and grader need "
+                f"them (required: {', '.join(sorted(NEVER_DROPPED))})"
+            )
+        both = split_names(self.repos) & split_names(self.exclude_repos)
+        if both:
+            raise ValueError(f"repos both in --repos and --exclude-repos: {', '.join(sorted(both))}")
+        return self
+
+
+@dataclass(frozen=True)
+class RowProblem:
+    """A row that was refused: where it is, its instance id if any, and why."""
+
+    where: str
+    instance_id: str | None
+    reasons: tuple[str, ...]
+
+    def __str__(self) -> str:
+        who = f" [{self.instance_id}]" if self.instance_id else ""
+        return f"{self.where}{who}: {'; '.join(self.reasons)}"
+
+
+@dataclass
+class ConvertReport:
+    """What happened, for the summary table and for Python callers."""
+
+    source: str = ""
+    source_kind: str = ""
+    subset_rule: str = ""
+    rows_read: int = 0
+    written: int = 0
+    holdout_written: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    written_by_repo: Counter[str] = field(default_factory=Counter)
+    holdout_by_repo: Counter[str] = field(default_factory=Counter)
+    not_gradeable_by_repo: Counter[str] = field(default_factory=Counter)
+    problems: list[RowProblem] = field(default_factory=list)
+    problem_count: int = 0
+    duplicates: list[RowProblem] = field(default_factory=list)
+    overridden_rows: int = 0
+    missing_instance_ids: list[str] = field(default_factory=list)
+    unmatched_repos: list[str] = field(default_factory=list)
+    seed: int | None = None
+    stopped_early: bool = False
+    swebench_version: str | None = None
+    committed: bool = False
+
+
+class ConvertError(RuntimeError):
+    """Nothing was written; ``report`` says why (bad rows with ``--on-error fail``, no rows...)."""
+
+    def __init__(self, message: str, report: ConvertReport) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+class RowInvalidError(ValueError):
+    """:func:`convert_row` refused a row; ``problems`` lists every broken rule."""
+
+    def __init__(self, problems: list[FieldProblem]) -> None:
+        super().__init__("; ".join(str(problem) for problem in problems))
+        self.problems = problems
+
+
+def _json_default(value: Any) -> Any:
+    # Parquet/Arrow timestamp columns (``created_at`` in some exports) arrive as datetimes.
+    if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
+
+
+def encode_row(row: Mapping[str, Any]) -> bytes:
+    """One output line (UTF-8 JSON + newline); raises ``ValueError`` for NaN or non-JSON values."""
+    try:
+        text = json.dumps(row, ensure_ascii=False, allow_nan=False, default=_json_default)
+    except TypeError as error:
+        raise ValueError(str(error)) from None
+    return text.encode("utf-8") + b"\n"
+
+
+def _prepare(
+    data: Mapping[str, Any], routing: Routing, drop_fields: frozenset[str]
+) -> tuple[dict[str, Any], Any, bool] | list[FieldProblem]:
+    instance = validate_instance(data)
+    if isinstance(instance, list):
+        return instance
+    decided = resolve_routing(data, routing)
+    if isinstance(decided, list):
+        return decided
+    subset, split, overrode = decided
+    return (
+        to_prompt_row(data, instance, subset=subset, split=split, drop_fields=drop_fields),
+        instance,
+        overrode,
+    )
+
+
+def convert_row(
+    row: Mapping[str, Any],
+    *,
+    subset: str | None = None,
+    split: str | None = None,
+    dataset_name: str = "",
+    drop_fields: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Convert one task row in Python (same rules as the CLI); raises :class:`RowInvalidError`."""
+    if subset is not None and subset not in SUBSETS:
+        raise RowInvalidError([FieldProblem("subset", "bad_value", f"must be one of {', '.join(SUBSETS)}")])
+    protected = set(drop_fields) & NEVER_DROPPED
+    if protected:
+        raise ValueError(f"cannot drop required fields: {', '.join(sorted(protected))}")
+    routing = Routing(subset, split, infer_kind(dataset_name) if dataset_name else DatasetKind(None, None))
+    prepared = _prepare(row, routing, frozenset(drop_fields))
+    if isinstance(prepared, list):
+        raise RowInvalidError(prepared)
+    return prepared[0]
+
+
+class _Spool:
+    """Converted lines on disk with their offsets, so ``--shuffle`` never holds rows in memory."""
+
+    def __init__(self, near: Path) -> None:
+        near.parent.mkdir(parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(dir=near.parent, prefix=f".{near.name}.", suffix=".spool.tmp")
+        self.path = Path(temp)
+        self._writer: BinaryIO = os.fdopen(fd, "wb", buffering=1 << 20)
+        self._ends = array("q")
+        self._repos: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def add(self, line: bytes, repo: str) -> None:
+        self._writer.write(line)
+        self._ends.append((self._ends[-1] if self._ends else 0) + len(line))
+        self._repos.append(repo)
+
+    def lines(self, order: list[int]) -> Iterator[tuple[bytes, str]]:
+        """The lines at ``order`` positions, in that order (random reads, page-cache fast)."""
+        self._writer.flush()
+        with self.path.open("rb") as reader:
+            for position in order:
+                start = self._ends[position - 1] if position else 0
+                reader.seek(start)
+                yield reader.read(self._ends[position] - start), self._repos[position]
+
+    def discard(self) -> None:
+        self._writer.close()
+        self.path.unlink(missing_ok=True)
+
+
+def _record_problem(report: ConvertReport, raw: RawRow, problems: list[str], key: str) -> None:
+    report.problem_count += 1
+    report.skipped[key] += 1
+    if len(report.problems) < MAX_LISTED_PROBLEMS:
+        instance_id = raw.data.get("instance_id") if raw.data else None
+        report.problems.append(
+            RowProblem(raw.where(), instance_id if isinstance(instance_id, str) else None, tuple(problems))
+        )
+
+
+def convert(
+    options: ConvertOptions, progress: Callable[[int, int | None], None] | None = None
+) -> ConvertReport:
+    """Run the conversion; returns the report, or raises :class:`ConvertError` with nothing written.
+
+    Also raises :class:`~miles_nemogym.data.sources.SourceError` (unreadable input),
+    :class:`~miles_nemogym.data.gradeable.SwebenchMissingError` and ``ValueError`` (an
+    unreadable ``--instance-ids`` file). ``progress(rows_read, total_or_None)`` is called
+    every few hundred rows.
+    """
+    inferred = infer_kind(options.input)
+    split_to_load = options.split or inferred.split or "test"
+    routing = Routing(options.subset, options.split, inferred, fallback_split=split_to_load)
+    grade_tables = load_grade_tables() if options.gradeable_only else None
+    wanted_repos = split_names(options.repos)
+    selection = Selection(
+        repos=wanted_repos,
+        exclude_repos=split_names(options.exclude_repos),
+        instance_ids=read_instance_ids(options.instance_ids) if options.instance_ids else None,
+        grade_tables=grade_tables,
+    )
+    drop_fields = split_names(options.drop_fields)
+    source = open_source(options.input, split_to_load)
+    report = ConvertReport(source=source.name, source_kind=source.kind)
+    report.swebench_version = grade_tables.swebench_version if grade_tables else None
+    report.subset_rule = (
+        f"--subset {options.subset}"
+        if options.subset
+        else "row's own subset, else "
+        + (f"'{inferred.subset}' (from the dataset name)" if inferred.subset else "refused (pass --subset)")
+    )
+    if options.shuffle:
+        report.seed = options.seed if options.seed is not None else secrets.randbelow(2**31)
+
+    output = AtomicFile(options.output.expanduser())
+    holdout = AtomicFile(options.holdout_output.expanduser()) if options.holdout_output else None
+    spool = _Spool(options.output.expanduser()) if options.shuffle else None
+    seen_ids: set[str] = set()
+    seen_repos: set[str] = set()
+    found_ids: set[str] = set()
+    failing = False
+    try:
+        for raw in source:
+            report.rows_read += 1
+            if progress is not None and report.rows_read % PROGRESS_EVERY == 0:
+                progress(report.rows_read, source.total)
+            if raw.data is None:
+                _record_problem(report, raw, [raw.error or "unreadable"], "invalid: unreadable row")
+                failing = options.on_error == "fail"
+                continue
+            prepared = _prepare(raw.data, routing, drop_fields)
+            if isinstance(prepared, list):
+                first = prepared[0]
+                _record_problem(
+                    report,
+                    raw,
+                    [str(problem) for problem in prepared],
+                    f"invalid: {first.field} {first.rule}",
+                )
+                failing = options.on_error == "fail"
+                continue
+            row, instance, overrode = prepared
+            if instance.instance_id in seen_ids:
+                report.skipped[DUPLICATE] += 1
+                if len(report.duplicates) < MAX_LISTED_PROBLEMS:
+                    report.duplicates.append(
+                        RowProblem(raw.where(), instance.instance_id, ("kept the first",))
+                    )
+                continue
+            seen_ids.add(instance.instance_id)
+            seen_repos.add(instance.repo)
+            if selection.instance_ids is not None and instance.instance_id in selection.instance_ids:
+                found_ids.add(instance.instance_id)
+            reason = selection.reason_to_drop(instance)
+            if reason is not None:
+                report.skipped[reason] += 1
+                if grade_tables is not None and reason.startswith("not gradeable"):
+                    report.not_gradeable_by_repo[instance.repo] += 1
+                continue
+            try:
+                line = encode_row(row)
+            except ValueError as error:
+                _record_problem(report, raw, [f"cannot be written as JSON: {error}"], "invalid: not JSON")
+                failing = options.on_error == "fail"
+                continue
+            report.overridden_rows += overrode
+            if failing:
+                continue  # keep validating to report every bad row; nothing will be written
+            if spool is not None:
+                spool.add(line, instance.repo)
+            elif holdout is not None and report.holdout_written < options.holdout:
+                holdout.write(line)
+                report.holdout_written += 1
+                report.holdout_by_repo[instance.repo] += 1
+            elif options.limit is None or report.written < options.limit:
+                output.write(line)
+                report.written += 1
+                report.written_by_repo[instance.repo] += 1
+            if (
+                spool is None
+                and options.limit is not None
+                and report.written >= options.limit
+                and report.holdout_written >= options.holdout
+            ):
+                report.stopped_early = True
+                break
+        if progress is not None:
+            progress(report.rows_read, source.total)
+
+        if selection.instance_ids is not None and not report.stopped_early:
+            report.missing_instance_ids = sorted(selection.instance_ids - found_ids)
+        if wanted_repos and not report.stopped_early:
+            report.unmatched_repos = sorted(wanted_repos - seen_repos)
+        if failing:
+            raise ConvertError(
+                f"{report.problem_count} bad row(s); nothing written (--on-error skip writes the good rows)",
+                report,
+            )
+        if spool is not None:
+            _write_shuffled(spool, options, report, output, holdout)
+        if options.holdout and report.holdout_written < options.holdout:
+            raise ConvertError(
+                f"only {report.holdout_written} selected row(s), fewer than --holdout {options.holdout}; "
+                "nothing written",
+                report,
+            )
+        if report.written == 0:
+            raise ConvertError(
+                "no rows to write"
+                + (" (all selected rows went to the holdout)" if report.holdout_written else "")
+                + "; nothing written — see the skip reasons",
+                report,
+            )
+        if holdout is not None:
+            holdout.commit()
+        output.commit()
+        report.committed = True
+        return report
+    finally:
+        output.discard()
+        if holdout is not None:
+            holdout.discard()
+        if spool is not None:
+            spool.discard()
+
+
+def _write_shuffled(
+    spool: _Spool,
+    options: ConvertOptions,
+    report: ConvertReport,
+    output: AtomicFile,
+    holdout: AtomicFile | None,
+) -> None:
+    order = list(range(len(spool)))
+    random.Random(report.seed).shuffle(order)
+    held = order[: options.holdout]
+    rest = order[options.holdout :]
+    kept = rest if options.limit is None else rest[: options.limit]
+    if len(rest) > len(kept):
+        report.skipped["beyond --limit"] += len(rest) - len(kept)
+    if holdout is not None:
+        for line, repo in spool.lines(held):
+            holdout.write(line)
+            report.holdout_written += 1
+            report.holdout_by_repo[repo] += 1
+    for line, repo in spool.lines(kept):
+        output.write(line)
+        report.written += 1
+        report.written_by_repo[repo] += 1

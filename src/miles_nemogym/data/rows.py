@@ -1,0 +1,143 @@
+"""Map one validated SWE-bench task row to one Miles prompt row, and decide its subset/split.
+
+Serves CONTRACTS.md §1 and §5. Miles reads ``prompt`` (``--input-key prompt``; a
+messages list, because its TITO session path needs one) and hands ``metadata``
+(``--metadata-key metadata``) to the agent function, which sends it as the ``/run``
+body: so ``metadata`` is the whole task instance plus ``subset`` (which picks the task
+image on the server) and ``split`` (recorded).
+
+Subset/split rule (documented in the README, one rule for both keys):
+an explicit ``--subset`` / ``--split`` wins; otherwise the row's own value (NeMo-Gym's
+example rows carry both); otherwise what the dataset's name says (SWE-bench, Lite and
+Verified → ``verified``/``test``; SWE-Gym → ``gym``/``train``); a row whose subset is
+still unknown is refused, because a wrong subset runs the agent in the wrong image.
+
+Pure functions: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import Any
+
+from miles_nemogym.data.schema import SUBSETS, FieldProblem, SweBenchInstance
+
+# Normalised dataset names (lower case, '_'/' '/'.' → '-') and what they imply.
+_KNOWN_NAMES: dict[str, tuple[str, str]] = {
+    "swe-bench": ("verified", "test"),
+    "swe-bench-lite": ("verified", "test"),
+    "swe-bench-verified": ("verified", "test"),
+    "swe-gym": ("gym", "train"),
+    "swe-gym-lite": ("gym", "train"),
+}
+# A file stem may carry the split and shard: "swe-bench-verified-test-00000-of-00001".
+_SPLIT_SUFFIX = re.compile(r"-(test|train|dev|validation)(-.*)?$")
+
+
+@dataclass(frozen=True)
+class DatasetKind:
+    """What a dataset's name says about its rows (both None when the name is not known)."""
+
+    subset: str | None
+    split: str | None
+
+
+def _normalise(name: str) -> str:
+    name = name.lower()
+    # Hugging Face cache folders look like "datasets--princeton-nlp--SWE-bench_Verified".
+    if "--" in name:
+        name = name.rsplit("--", 1)[-1]
+    name = name.rsplit("/", 1)[-1]
+    return re.sub(r"[_ .]+", "-", name).strip("-")
+
+
+def _lookup(name: str) -> DatasetKind | None:
+    normalised = _normalise(name)
+    for candidate in (normalised, _SPLIT_SUFFIX.sub("", normalised)):
+        if candidate in _KNOWN_NAMES:
+            subset, split = _KNOWN_NAMES[candidate]
+            return DatasetKind(subset, split)
+    return None
+
+
+def infer_kind(source: str) -> DatasetKind:
+    """Subset and default split implied by a hub id (``princeton-nlp/SWE-bench_Lite``) or a path.
+
+    For a path, the file stem is tried first, then each parent folder, nearest first.
+    """
+    found = _lookup(source)
+    if found is None and ("/" in source or "\\" in source or "." in source):
+        path = PurePath(source)
+        for part in [path.stem, *(parent.name for parent in path.parents)]:
+            if part and (found := _lookup(part)) is not None:
+                break
+    return found or DatasetKind(None, None)
+
+
+@dataclass(frozen=True)
+class Routing:
+    """The caller's choices for ``subset``/``split``; ``None`` fields defer to row, then name."""
+
+    explicit_subset: str | None
+    explicit_split: str | None
+    inferred: DatasetKind
+    fallback_split: str = "test"
+
+
+def resolve_routing(row: Mapping[str, Any], routing: Routing) -> tuple[str, str, bool] | list[FieldProblem]:
+    """``(subset, split, overrode_row)`` for one row, or why it has no usable subset."""
+    row_subset = row.get("subset")
+    row_split = row.get("split")
+    subset = routing.explicit_subset or row_subset or routing.inferred.subset
+    split = routing.explicit_split or row_split or routing.inferred.split or routing.fallback_split
+    if subset is None:
+        return [
+            FieldProblem(
+                "subset",
+                "missing",
+                "is unknown: the row has none and the dataset name does not say; pass "
+                "--subset verified (official SWE-bench images) or --subset gym (SWE-Gym images)",
+            )
+        ]
+    if not isinstance(subset, str) or subset not in SUBSETS:
+        return [
+            FieldProblem(
+                "subset",
+                "bad_value",
+                f"is {subset!r}, not one of {', '.join(SUBSETS)} (the server picks the task "
+                "image by it); pass --subset to override the row's value",
+            )
+        ]
+    if not isinstance(split, str) or not split:
+        return [FieldProblem("split", "wrong_type", f"must be a non-empty string (got {split!r})")]
+    overrode = (routing.explicit_subset is not None and row_subset not in (None, subset)) or (
+        routing.explicit_split is not None and row_split not in (None, split)
+    )
+    return subset, split, overrode
+
+
+def to_prompt_row(
+    row: Mapping[str, Any],
+    instance: SweBenchInstance,
+    *,
+    subset: str,
+    split: str,
+    drop_fields: Collection[str] = (),
+) -> dict[str, Any]:
+    """The Miles prompt row: ``{"prompt": [user message], "metadata": {instance…, subset, split}}``.
+
+    ``row`` is the raw row (every field kept, in order, minus ``drop_fields``);
+    ``instance`` supplies the decoded ``FAIL_TO_PASS``/``PASS_TO_PASS`` lists.
+    """
+    metadata = {key: value for key, value in row.items() if key not in drop_fields}
+    metadata["FAIL_TO_PASS"] = instance.FAIL_TO_PASS
+    metadata["PASS_TO_PASS"] = instance.PASS_TO_PASS
+    metadata["subset"] = subset
+    metadata["split"] = split
+    return {
+        "prompt": [{"role": "user", "content": instance.problem_statement}],
+        "metadata": metadata,
+    }

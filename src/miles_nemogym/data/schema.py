@@ -1,0 +1,139 @@
+"""What a SWE-bench task row must hold before it may become a Miles prompt row.
+
+Serves CONTRACTS.md §5/§6: the ``/run`` body is the task instance itself, and the
+SWE-bench grader (``make_test_spec`` → ``get_eval_report``) reads ``instance_id``,
+``repo``, ``version``, ``base_commit``, ``test_patch``, ``FAIL_TO_PASS`` and
+``PASS_TO_PASS``; the agent's prompt is ``problem_statement``; golden scans apply
+``patch``. A row missing one of them, or holding the wrong type, would cost a paid
+episode that can only score 0 — so it is refused here, before training starts.
+
+Pure: a mapping in, a validated :class:`SweBenchInstance` or a list of
+:class:`FieldProblem` out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError
+from pydantic_core import PydanticCustomError
+
+REQUIRED_FIELDS: tuple[str, ...] = (
+    "instance_id",
+    "repo",
+    "base_commit",
+    "problem_statement",
+    "version",
+    "patch",
+    "test_patch",
+    "FAIL_TO_PASS",
+    "PASS_TO_PASS",
+)
+"""Fields every row must carry (the server, the grader and golden scans read them)."""
+
+ROUTING_FIELDS: tuple[str, ...] = ("subset", "split")
+"""Fields the converter sets on every output row (the server picks the image by subset)."""
+
+SUBSETS: tuple[str, ...] = ("verified", "gym")
+"""``verified`` → official SWE-bench images; ``gym`` → SWE-Gym images (CONTRACTS.md §5)."""
+
+NEVER_DROPPED: frozenset[str] = frozenset(REQUIRED_FIELDS + ROUTING_FIELDS)
+
+
+def _decode_test_list(value: Any) -> Any:
+    # The HF parquet of SWE-bench stores these lists as JSON-encoded strings; the
+    # server and grader accept both, but one shape in the output keeps consumers simple.
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as error:
+            raise PydanticCustomError(
+                "test_list_json",
+                "is a string but not a JSON list of test names ({error})",
+                {"error": str(error)},
+            ) from None
+    return value
+
+
+TestList = Annotated[list[StrictStr], BeforeValidator(_decode_test_list)]
+NonEmptyStr = Annotated[StrictStr, Field(min_length=1)]
+
+
+class SweBenchInstance(BaseModel):
+    """The typed view of one task row; unknown fields are ignored here and kept by the mapper."""
+
+    model_config = ConfigDict(strict=True, frozen=True, extra="ignore")
+
+    instance_id: NonEmptyStr
+    repo: Annotated[StrictStr, Field(pattern=r"^[^/\s]+/[^/\s]+$")]
+    base_commit: NonEmptyStr
+    problem_statement: NonEmptyStr
+    version: NonEmptyStr
+    patch: StrictStr
+    test_patch: NonEmptyStr
+    FAIL_TO_PASS: Annotated[TestList, Field(min_length=1)]
+    PASS_TO_PASS: TestList
+    environment_setup_commit: StrictStr | None = None
+    hints_text: StrictStr | None = None
+    subset: StrictStr | None = None
+    split: StrictStr | None = None
+    responses_create_params: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class FieldProblem:
+    """One broken rule on one field. ``rule`` is a short, stable name for counting."""
+
+    field: str
+    rule: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+_HINTS = {
+    "version": "quote it in the source data (SWE-bench versions are strings: '0.20' is not 0.2)",
+    "FAIL_TO_PASS": "give a list of test names, or a string holding a JSON list of them",
+    "PASS_TO_PASS": "give a list of test names (may be empty), or a string holding a JSON list",
+    "repo": "use the GitHub 'owner/name' form, e.g. 'django/django'",
+    "responses_create_params": 'NeMo-Gym rows carry an object here, e.g. {"input": []}',
+}
+
+
+def _rule(error_type: str) -> str:
+    if error_type == "missing":
+        return "missing"
+    if error_type.endswith("_type") or error_type == "is_instance_of":
+        return "wrong_type"
+    return "bad_value"
+
+
+def _describe(error: Mapping[str, Any]) -> FieldProblem:
+    loc = error.get("loc", ())
+    field = str(loc[0]) if loc else "<row>"
+    where = field + "".join(f"[{part}]" for part in loc[1:])
+    rule = _rule(str(error.get("type", "")))
+    if rule == "missing":
+        message = "is missing (the server and the SWE-bench grader need it)"
+    else:
+        got = error.get("input")
+        shown = repr(got) if not isinstance(got, str) or len(got) <= 40 else repr(got[:40] + "…")
+        message = f"{error.get('msg', 'is invalid')} (got {type(got).__name__} {shown})"
+        if where != field:
+            message = f"{where}: {message}"
+    hint = _HINTS.get(field)
+    if hint:
+        message = f"{message}; {hint}"
+    return FieldProblem(field=field, rule=rule, message=message)
+
+
+def validate_instance(row: Mapping[str, Any]) -> SweBenchInstance | list[FieldProblem]:
+    """Check one row; returns the typed instance, or every problem found (never raises)."""
+    try:
+        return SweBenchInstance.model_validate(row)
+    except ValidationError as error:
+        return [_describe(item) for item in error.errors(include_url=False)]

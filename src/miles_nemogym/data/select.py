@@ -1,0 +1,62 @@
+"""Which valid rows go to the output: repo filters, an id list, and ``--gradeable-only``.
+
+Serves issue 3's selection flags. Pure: :meth:`Selection.reason_to_drop` decides one
+row from its typed instance; :func:`read_instance_ids` is the one helper that reads a file.
+``--limit``, ``--shuffle`` and ``--holdout`` act on the stream of selected rows and
+live in :mod:`miles_nemogym.data.convert`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from miles_nemogym.data.gradeable import GradeTables
+from miles_nemogym.data.schema import SweBenchInstance
+
+NOT_IN_REPOS = "not in --repos"
+IN_EXCLUDED_REPOS = "in --exclude-repos"
+NOT_IN_INSTANCE_IDS = "not in --instance-ids"
+NOT_GRADEABLE = "not gradeable"
+
+
+def split_names(values: Iterable[str]) -> frozenset[str]:
+    """``["a,b", " c "]`` → ``{"a", "b", "c"}``: flags accept repeats and commas."""
+    return frozenset(part.strip() for value in values for part in value.split(",") if part.strip())
+
+
+def read_instance_ids(path: Path) -> frozenset[str]:
+    """One instance id per line; blank lines and ``#`` comments are ignored."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ValueError(f"--instance-ids {path}: cannot read it ({error.strerror or error})") from None
+    ids = frozenset(stripped for line in text.splitlines() if (stripped := line.split("#", 1)[0].strip()))
+    if not ids:
+        raise ValueError(f"--instance-ids {path}: holds no instance ids (one per line expected)")
+    return ids
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Row filters; an empty ``repos`` and a ``None`` id set mean "no restriction"."""
+
+    repos: frozenset[str] = frozenset()
+    exclude_repos: frozenset[str] = frozenset()
+    instance_ids: frozenset[str] | None = None
+    grade_tables: GradeTables | None = None
+
+    def reason_to_drop(self, instance: SweBenchInstance) -> str | None:
+        """The skip reason for a row, or ``None`` to keep it. Reasons are stable names."""
+        if self.repos and instance.repo not in self.repos:
+            return NOT_IN_REPOS
+        if instance.repo in self.exclude_repos:
+            return IN_EXCLUDED_REPOS
+        if self.instance_ids is not None and instance.instance_id not in self.instance_ids:
+            return NOT_IN_INSTANCE_IDS
+        if self.grade_tables is not None:
+            why = self.grade_tables.why_not_gradeable(instance.repo, instance.version)
+            if why is not None:
+                return f"{NOT_GRADEABLE}: {why}"
+        return None

@@ -1,0 +1,221 @@
+"""Read task rows one at a time from a dataset id, a local folder, or a JSONL/JSON/parquet file.
+
+The converter's only input edge. Every reader streams: memory holds one row (parquet:
+one record batch of at most ``PARQUET_BATCH_ROWS`` rows) no matter how long the file is.
+
+- ``.jsonl``/``.ndjson``: binary line reader + ``json.loads`` (fastest measured; a bad
+  line is one bad row, the rest still read).
+- ``.json``: a JSON array of objects or a sequence of objects (what ``datasets``'
+  ``to_json`` writes), decoded incrementally from 1 MiB chunks.
+- ``.parquet``: ``pyarrow.parquet.ParquetFile.iter_batches``.
+- a folder or a hub id (``princeton-nlp/SWE-bench_Verified``):
+  ``datasets.load_dataset(..., split=..., streaming=True)``, which understands hub
+  layouts and split file names (``data/test-00000-of-00001.parquet``).
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+PARQUET_BATCH_ROWS = 256
+_JSON_CHUNK = 1 << 20
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+LOCAL_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
+
+
+class SourceError(RuntimeError):
+    """The input cannot be read at all (not a per-row problem)."""
+
+
+@dataclass(frozen=True)
+class RawRow:
+    """One input row: ``data`` when it decoded to a JSON object, else ``error``."""
+
+    index: int
+    line: int | None
+    data: dict[str, Any] | None
+    error: str | None = None
+
+    def where(self) -> str:
+        return f"row {self.index + 1}" + (f" (line {self.line})" if self.line is not None else "")
+
+
+class RowSource:
+    """An input opened for streaming. ``total`` is the row count when known cheaply."""
+
+    def __init__(self, name: str, kind: str, total: int | None, rows: Iterator[RawRow]) -> None:
+        self.name = name
+        self.kind = kind
+        self.total = total
+        self._rows = rows
+
+    def __iter__(self) -> Iterator[RawRow]:
+        return self._rows
+
+
+def _jsonl_rows(path: Path) -> Iterator[RawRow]:
+    index = 0
+    with path.open("rb") as handle:
+        for line_number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
+                yield RawRow(index, line_number, None, f"not valid JSON: {error}")
+            else:
+                if isinstance(value, dict):
+                    yield RawRow(index, line_number, value)
+                else:
+                    yield RawRow(index, line_number, None, f"not a JSON object (got {type(value).__name__})")
+            index += 1
+
+
+class _ChunkedText:
+    """A growing text window over a UTF-8 file, for incremental ``raw_decode``."""
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self._handle = handle
+        self._decoder = codecs.getincrementaldecoder("utf-8-sig")()
+        self.text = ""
+        self.pos = 0
+        self.eof = False
+
+    def more(self, at_least: int = _JSON_CHUNK) -> None:
+        raw = self._handle.read(max(at_least, _JSON_CHUNK))
+        self.eof = not raw
+        self.text = self.text[self.pos :] + self._decoder.decode(raw, final=self.eof)
+        self.pos = 0
+
+    def skip_space(self) -> bool:
+        """Advance past whitespace; False at end of input."""
+        while True:
+            while self.pos < len(self.text) and self.text[self.pos] in " \t\r\n":
+                self.pos += 1
+            if self.pos < len(self.text):
+                return True
+            if self.eof:
+                return False
+            self.more()
+
+
+def _json_rows(path: Path) -> Iterator[RawRow]:
+    decoder = json.JSONDecoder()
+    index = 0
+    with path.open("rb") as handle:
+        window = _ChunkedText(handle)
+        window.more()
+        if not window.skip_space():
+            return
+        in_array = window.text[window.pos] == "["
+        if in_array:
+            window.pos += 1
+        while window.skip_space():
+            char = window.text[window.pos]
+            if in_array and char == "]":
+                window.pos += 1
+                if window.skip_space():
+                    raise SourceError(f"{path}: unexpected data after the closing ']' of the JSON array")
+                return
+            if in_array and char == ",":
+                window.pos += 1
+                continue
+            try:
+                value, end = decoder.raw_decode(window.text, window.pos)
+            except json.JSONDecodeError as error:
+                if not window.eof:
+                    window.more(at_least=2 * len(window.text))
+                    continue
+                raise SourceError(
+                    f"{path}: not valid JSON after {index} rows ({error.msg}); nothing past that "
+                    "point can be read — fix the file or export it as JSONL (one object per line)"
+                ) from None
+            window.pos = end
+            if isinstance(value, dict):
+                yield RawRow(index, None, value)
+            else:
+                yield RawRow(index, None, None, f"not a JSON object (got {type(value).__name__})")
+            index += 1
+        if in_array:
+            raise SourceError(f"{path}: the JSON array is not closed (file truncated?)")
+
+
+def _parquet_source(path: Path) -> RowSource:
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except Exception as error:
+        raise SourceError(f"{path}: not a readable parquet file ({error})") from None
+
+    def rows() -> Iterator[RawRow]:
+        index = 0
+        with parquet:
+            for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+                for value in batch.to_pylist():
+                    yield RawRow(index, None, value)
+                    index += 1
+
+    return RowSource(str(path), "parquet", parquet.metadata.num_rows, rows())
+
+
+def _datasets_source(spec: str, split: str, *, local: bool) -> RowSource:
+    import datasets
+
+    try:
+        dataset = datasets.load_dataset(spec, split=split, streaming=True)
+    except ValueError as error:
+        if "split" in str(error).lower():
+            raise SourceError(
+                f"{spec}: no split {split!r} ({error}); pass --split with one of them"
+            ) from None
+        raise SourceError(f"{spec}: cannot load it with datasets.load_dataset ({error})") from None
+    except Exception as error:
+        where = "the folder" if local else "the dataset hub"
+        hint = (
+            ""
+            if local
+            else "; without access to the hub, download it elsewhere and pass the folder or a "
+            "parquet/JSONL file"
+        )
+        raise SourceError(
+            f"{spec}: cannot load it from {where} ({type(error).__name__}: {error}){hint}"
+        ) from None
+    total: int | None = None
+    info_splits = getattr(getattr(dataset, "info", None), "splits", None)
+    if info_splits and split in info_splits and info_splits[split].num_examples:
+        total = int(info_splits[split].num_examples)
+
+    def rows() -> Iterator[RawRow]:
+        for index, value in enumerate(dataset):
+            yield RawRow(index, None, dict(value))
+
+    return RowSource(spec, "folder" if local else "hub", total, rows())
+
+
+def open_source(spec: str, split: str) -> RowSource:
+    """Open ``spec`` for streaming; ``split`` is used for folders and hub ids only."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return _datasets_source(str(path), split, local=True)
+    if path.is_file():
+        suffix = path.suffix.lower()
+        if suffix in (".jsonl", ".ndjson"):
+            return RowSource(str(path), "jsonl", None, _jsonl_rows(path))
+        if suffix == ".json":
+            return RowSource(str(path), "json", None, _json_rows(path))
+        if suffix == ".parquet":
+            return _parquet_source(path)
+        raise SourceError(
+            f"{path}: unsupported file type {suffix or '(none)'!r}; use "
+            f"{', '.join(LOCAL_SUFFIXES)}, a folder of them, or a dataset id"
+        )
+    if path.suffix.lower() in LOCAL_SUFFIXES or spec.startswith((".", "/", "~")) or not _HUB_ID.match(spec):
+        raise SourceError(f"{spec}: no such file or folder")
+    return _datasets_source(spec, split, local=False)
