@@ -54,6 +54,8 @@ def _json_object(text: str, where: str) -> dict[str, Any]:
 
 
 def _check_json_value(key: str, value: Any) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RequestBuildError(f"request_kwargs[{key!r}] must be finite, got {value!r}")
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError):
@@ -75,8 +77,6 @@ def split_sampling(request_kwargs: Mapping[str, Any] | None) -> tuple[dict[str, 
             continue
         _check_json_value(key, value)
         if key in _TYPED_SAMPLING:
-            if isinstance(value, float) and not math.isfinite(value):
-                raise RequestBuildError(f"request_kwargs[{key!r}] must be finite, got {value!r}")
             typed[_TYPED_SAMPLING[key]] = value
         else:
             extra[key] = value
@@ -159,9 +159,7 @@ def build_run_body(
             "must be in each prompt row's 'metadata'; convert the data with `miles-nemogym convert`"
         )
     body = {key: value for key, value in metadata.items() if key not in NOT_SENT_KEYS}
-    body["responses_create_params"] = responses_create_params(
-        metadata.get("responses_create_params"), request_kwargs
-    )
+    body["responses_create_params"] = responses_create_params(metadata.get("responses_create_params"), request_kwargs)
     if policy_base_url is not None:
         body["policy_base_url"] = policy_base_url
     if policy_api_key:

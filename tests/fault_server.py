@@ -1,0 +1,124 @@
+"""A loopback ``/run`` server that injects faults, for the client's fault matrix.
+
+It answers with the real response shapes shipped in the nemo-gym wheel, and records
+every request it receives so tests can assert how many episodes were started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass
+class FaultServer:
+    """``mode``: ok | hold | 500 | 422 | nonjson | error_metadata | echo_key_error."""
+
+    result: dict[str, Any]
+    mode: str = "ok"
+    hold_s: float = 0.0
+    port: int = field(default_factory=free_port)
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    in_flight: int = 0
+    peak_in_flight: int = 0
+    disconnects: int = 0
+    peers: set[tuple[str, int]] = field(default_factory=set)
+    _runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _run(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.bodies.append(body)
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        if peer:
+            self.peers.add(tuple(peer[:2]))
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            waited = 0.0
+            while waited < self.hold_s:
+                await asyncio.sleep(0.05)
+                waited += 0.05
+                if request.transport is None or request.transport.is_closing():
+                    self.disconnects += 1
+                    return web.Response(status=499)
+        finally:
+            self.in_flight -= 1
+        if self.mode == "500":
+            return web.Response(status=500, text="Internal Server Error")
+        if self.mode == "422":
+            detail = [{"loc": ["body", "responses_create_params", "top_k"], "msg": "Extra inputs are not permitted"}]
+            return web.json_response({"detail": detail}, status=422)
+        if self.mode == "nonjson":
+            return web.Response(status=200, text="<html>proxy error</html>", content_type="text/html")
+        if self.mode == "error_metadata":
+            return web.json_response(
+                {**self.result, "reward": 0.0, "metadata": {"error": "eval script failed", "traceback": "Tb..."}}
+            )
+        if self.mode == "echo_key_error":
+            key = body.get("policy_api_key", "")
+            return web.json_response(
+                {**self.result, "reward": 0.0, "metadata": {"error": f"auth failed for {key}", "traceback": key}}
+            )
+        return web.json_response({**self.result, "instance_id": body.get("instance_id")})
+
+    async def start(self) -> FaultServer:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/run", self._run)
+        self._runner = web.AppRunner(app, handler_cancellation=False)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port, backlog=2048).start()
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+class ResetAfterBodyServer:
+    """Reads a whole ``/run`` request, then resets the connection (RST) without answering."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.requests = 0
+        self._server: asyncio.AbstractServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.decode("latin-1").split("\r\n"):
+            if line.lower().startswith("content-length:"):
+                length = int(line.split(":", 1)[1])
+        await reader.readexactly(length)
+        self.requests += 1
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    async def start(self) -> ResetAfterBodyServer:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        return self
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()

@@ -1,0 +1,303 @@
+"""The agent function against a real loopback HTTP server: the fault matrix of issue 2.
+
+Each test names the rule it protects. The server records every request, so "never
+re-sent" is asserted as "the server saw exactly one request".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+from tests.fault_server import FaultServer, ResetAfterBodyServer, free_port
+from tests.miles_standin import Sample, agentic_generate
+
+from miles_nemogym import agent, client, episodes
+
+SESSION = "http://127.0.0.1:39999/sessions/s-1"
+
+
+@pytest.fixture
+def sympy_row(gym_example_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(row for row in gym_example_rows if row["instance_id"].startswith("sympy"))
+
+
+@pytest.fixture
+def sympy_result(gym_example_rollouts: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(r for r in gym_example_rollouts if r["instance_id"].startswith("sympy"))
+
+
+@pytest.fixture(autouse=True)
+def fast_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_GYM_RETRY_BACKOFF", "0.05")
+    monkeypatch.setenv("NEMO_GYM_RETRY_BACKOFF_MAX", "0.2")
+    monkeypatch.setenv("NEMO_GYM_CONNECT_TIMEOUT", "2")
+    monkeypatch.delenv("NEMO_GYM_POLICY_API_KEY", raising=False)
+    monkeypatch.delenv("MILES_ROUTER_EXTERNAL_HOST", raising=False)
+
+
+@pytest.fixture
+async def server(sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    srv = await FaultServer(result=sympy_result).start()
+    monkeypatch.setenv("NEMO_GYM_URL", srv.url)
+    yield srv
+    await client.close_client()
+    await srv.stop()
+
+
+async def call(metadata: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    return await agent.run(
+        base_url=kwargs.pop("base_url", SESSION),
+        prompt=[{"role": "user", "content": "x"}],
+        request_kwargs=kwargs.pop("request_kwargs", {"temperature": 1.0, "top_p": 1.0, "max_tokens": 64}),
+        metadata=metadata,
+    )
+
+
+async def test_graded_episode_is_a_valid_measurement(server: FaultServer, sympy_row: dict[str, Any]) -> None:
+    out = await call(sympy_row)
+    record = out["nemogym"]
+    assert record["status"] == "ok" and record["mask_sample"] is False
+    assert record["attempts"] == 1 and record["http_status"] == 200
+    assert out["eval_report"]["eval_report"][sympy_row["instance_id"]]["tests_status"]
+    assert record["turns"] > 0 and record["tool_calls"] > 0
+    assert len(server.bodies) == 1
+    assert server.bodies[0]["policy_base_url"] == SESSION + "/v1"
+
+
+async def test_server_down_then_up_is_retried_into_one_episode(
+    sympy_row: dict[str, Any], sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port()
+    monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("NEMO_GYM_RETRY_ATTEMPTS", "50")
+    srv = FaultServer(result=sympy_result, port=port)
+    task = asyncio.create_task(call(sympy_row))
+    await asyncio.sleep(0.6)  # several refused connects happen meanwhile
+    assert not task.done()
+    await srv.start()
+    try:
+        out = await asyncio.wait_for(task, 10)
+    finally:
+        await client.close_client()
+        await srv.stop()
+    assert out["nemogym"]["status"] == "ok"
+    assert out["nemogym"]["attempts"] > 1
+    assert len(srv.bodies) == 1
+
+
+async def test_server_down_for_good_is_unreachable_after_the_budget(
+    sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("NEMO_GYM_RETRY_ATTEMPTS", "3")
+    out = await call(sympy_row)
+    await client.close_client()
+    record = out["nemogym"]
+    assert record["failure_kind"] == "transport_unreachable"
+    assert record["mask_sample"] is True and out["reward"] == 0.0
+    assert record["attempts"] == 3
+
+
+async def test_reset_after_body_is_a_peer_drop_never_resent(
+    sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    srv = await ResetAfterBodyServer().start()
+    monkeypatch.setenv("NEMO_GYM_URL", srv.url)
+    monkeypatch.setenv("NEMO_GYM_RETRY_ATTEMPTS", "5")
+    try:
+        out = await call(sympy_row)
+    finally:
+        await client.close_client()
+        await srv.stop()
+    assert out["nemogym"]["failure_kind"] == "transport_peer_drop"
+    assert out["nemogym"]["mask_sample"] is True
+    assert out["nemogym"]["attempts"] == 1
+    assert srv.requests == 1
+
+
+@pytest.mark.parametrize(
+    ("mode", "kind", "status"),
+    [
+        ("500", "agent_run_error", 500),
+        ("422", "agent_request_failed", 422),
+        ("nonjson", "agent_run_error", 200),
+        ("error_metadata", "agent_run_error", 200),
+    ],
+)
+async def test_server_failures_are_masked_and_not_resent(
+    server: FaultServer, sympy_row: dict[str, Any], mode: str, kind: str, status: int
+) -> None:
+    server.mode = mode
+    out = await call(sympy_row)
+    record = out["nemogym"]
+    assert record["status"] == "failed" and record["mask_sample"] is True
+    assert record["failure_kind"] == kind and record["http_status"] == status
+    assert out["reward"] == 0.0
+    assert len(server.bodies) == 1
+
+
+async def test_422_is_logged_once_with_a_hint(
+    server: FaultServer, sympy_row: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    server.mode = "422"
+    agent._logged_config_errors.clear()
+    with caplog.at_level(logging.WARNING, logger="miles_nemogym"):
+        for _ in range(5):
+            await call(sympy_row)
+    lines = [r.getMessage() for r in caplog.records if "422" in r.getMessage()]
+    assert len(lines) == 1
+    assert "mini_swe_agent_2" in lines[0] and "top_k" in lines[0]
+
+
+async def test_deadline_exceeded_is_agent_timeout(
+    server: FaultServer, sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "0.4")
+    server.hold_s = 5
+    out = await asyncio.wait_for(call(sympy_row), 5)
+    assert out["nemogym"]["failure_kind"] == "agent_timeout"
+    assert out["nemogym"]["mask_sample"] is True
+    assert len(server.bodies) == 1
+
+
+async def test_cancellation_propagates_and_closes_the_request(server: FaultServer, sympy_row: dict[str, Any]) -> None:
+    server.hold_s = 30
+    task = asyncio.create_task(call(sympy_row))
+    while not server.bodies:
+        await asyncio.sleep(0.02)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(40):  # the server notices the closed connection within its 50 ms poll
+        if server.disconnects:
+            break
+        await asyncio.sleep(0.05)
+    assert server.disconnects == 1
+    assert episodes.in_flight_count() == 0
+
+
+async def test_abort_stops_50_in_flight_runs_promptly(server: FaultServer, sympy_row: dict[str, Any]) -> None:
+    server.hold_s = 60
+    tasks = [asyncio.create_task(call(sympy_row)) for _ in range(50)]
+    while server.in_flight < 50:
+        await asyncio.sleep(0.02)
+    assert episodes.in_flight_count() == 50
+    await asyncio.wait_for(agent.abort(None), 1)
+    results = await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    assert all(r["nemogym"]["failure_kind"] == "cancelled" for r in results)
+    assert all(r["nemogym"]["mask_sample"] for r in results)
+    assert episodes.in_flight_count() == 0
+    assert len(server.bodies) == 50
+
+
+async def test_300_concurrent_runs_share_one_pool_without_queueing(
+    server: FaultServer, sympy_row: dict[str, Any]
+) -> None:
+    server.hold_s = 1.0
+    results = await asyncio.gather(*(call(sympy_row) for _ in range(300)))
+    assert all(r["nemogym"]["status"] == "ok" for r in results)
+    assert server.peak_in_flight == 300  # nothing waited behind a pool limit
+    assert len(client._clients[asyncio.get_running_loop()]) == 1
+    # Keep-alive: a second wave reuses the first wave's connections.
+    first_peers = set(server.peers)
+    await asyncio.gather(*(call(sympy_row) for _ in range(50)))
+    assert server.peers == first_peers
+
+
+async def test_external_host_rewrites_the_policy_url(
+    server: FaultServer, sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MILES_ROUTER_EXTERNAL_HOST", "trainer-7.cluster")
+    await call(sympy_row, base_url="http://0.0.0.0:30010/sessions/abc")
+    assert server.bodies[-1]["policy_base_url"] == "http://trainer-7.cluster:30010/sessions/abc/v1"
+
+
+async def test_wildcard_session_host_becomes_the_route_to_the_gym_host(
+    server: FaultServer, sympy_row: dict[str, Any]
+) -> None:
+    await call(sympy_row, base_url="http://0.0.0.0:30010/sessions/abc")
+    assert server.bodies[-1]["policy_base_url"] == "http://127.0.0.1:30010/sessions/abc/v1"
+
+
+async def test_api_key_reaches_the_server_but_never_the_sample_or_logs(
+    server: FaultServer,
+    sympy_row: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    secret = "sk-test-SECRET-4242"
+    monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", secret)
+    server.mode = "echo_key_error"
+    with caplog.at_level(logging.DEBUG):
+        out = await call(sympy_row)
+    assert server.bodies[-1]["policy_api_key"] == secret
+    assert secret not in repr(out)
+    assert "***" in out["nemogym"]["failure_reason"]
+    assert secret not in caplog.text
+    assert out["nemogym"]["mask_sample"] is True
+
+
+async def test_miles_calling_convention(server: FaultServer, sympy_row: dict[str, Any]) -> None:
+    sample = Sample(prompt=[{"role": "user", "content": "fix"}], metadata=dict(sympy_row))
+    out = await agentic_generate(
+        "miles_nemogym.agent.run",
+        sample,
+        session_url=SESSION,
+        sampling_params={"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 512, "top_k": 20,
+                         "sampling_seed": 3, "min_p": None},
+    )  # fmt: skip
+    body = server.bodies[-1]
+    for key in ("max_seq_len", "session_server_id", "session_server_instance_id"):
+        assert key not in body  # Miles' bookkeeping is not task data
+    rcp = body["responses_create_params"]
+    assert (rcp["temperature"], rcp["top_p"], rcp["max_output_tokens"]) == (0.7, 0.9, 512)
+    assert rcp["metadata"]["extra_body"] == '{"seed": 3, "top_k": 20}'
+    assert out.metadata["reward"] == 0.0 and out.metadata["nemogym"]["status"] == "ok"
+    assert out.metadata["instance_id"] == sympy_row["instance_id"]
+
+
+async def test_a_rerolled_sample_does_not_send_previous_results(server: FaultServer, sympy_row: dict[str, Any]) -> None:
+    first = await call(sympy_row)
+    await call({**sympy_row, **first})
+    assert not {"reward", "eval_report", "nemogym"} & set(server.bodies[-1])
+
+
+async def test_bad_task_row_is_recorded_not_sent(server: FaultServer, sympy_row: dict[str, Any]) -> None:
+    row = {k: v for k, v in sympy_row.items() if k != "instance_id"}
+    out = await call(row)
+    assert out["nemogym"]["failure_kind"] == "miles_nemogym:invalid_request"
+    assert "instance_id" in out["nemogym"]["failure_reason"]
+    assert server.bodies == []
+
+
+async def test_bad_configuration_is_recorded_with_the_variable_name(
+    server: FaultServer, sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "1h")
+    out = await call(sympy_row)
+    assert out["nemogym"]["failure_kind"] == "miles_nemogym:invalid_config"
+    assert "NEMO_GYM_RUN_TIMEOUT" in out["nemogym"]["failure_reason"]
+    assert server.bodies == []
+
+
+def test_a_new_event_loop_gets_its_own_session(
+    sympy_row: dict[str, Any], sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Miles may run several loops over a process's life; a session never crosses loops."""
+
+    async def once() -> bool:
+        srv = await FaultServer(result=sympy_result).start()
+        monkeypatch.setenv("NEMO_GYM_URL", srv.url)
+        try:
+            out = await call(sympy_row)
+            (pool,) = client._clients[asyncio.get_running_loop()].values()
+            assert out["nemogym"]["status"] == "ok"
+            return pool._loop is asyncio.get_running_loop()
+        finally:
+            await srv.stop()
+
+    assert asyncio.run(once())
+    assert asyncio.run(once())

@@ -1,0 +1,124 @@
+"""Reward hook, group filter and rollout metrics on Miles-shaped samples."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from tests.miles_standin import Sample, Status
+
+from miles_nemogym import filters, metrics, reward
+from miles_nemogym.outcome import classify_http, failure
+
+
+def sample_from(outcome_meta: dict[str, Any], status: Status = Status.COMPLETED, **extra: Any) -> Sample:
+    return Sample(metadata={"instance_id": "x", **outcome_meta, **extra}, status=status)
+
+
+@pytest.fixture
+def graded(gym_example_rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Agent-function results for the five real rollouts, with distinct episode ids."""
+    out = []
+    for i, result in enumerate(gym_example_rollouts):
+        outcome = classify_http(200, json.dumps(result).encode())
+        outcome.record.episode_id = f"e{i}"
+        outcome.record.elapsed_s = float(10 * (i + 1))
+        out.append(outcome.to_metadata())
+    return out
+
+
+def masked(kind: str = "transport_peer_drop", episode: str = "f1") -> dict[str, Any]:
+    outcome = failure(kind, "x")
+    outcome.record.episode_id = episode
+    outcome.record.elapsed_s = 5.0
+    return outcome.to_metadata()
+
+
+async def test_reward_single_and_batch_in_order(graded: list[dict[str, Any]]) -> None:
+    samples = [sample_from(m) for m in graded]
+    assert await reward.reward_func(None, samples) == [m["reward"] for m in graded]
+    assert await reward.reward_func(None, samples[0]) == graded[0]["reward"]
+    assert await reward.reward_func(None, []) == []
+
+
+async def test_masked_sample_scores_zero_even_with_a_reward() -> None:
+    meta = masked()
+    meta["reward"] = 1.0
+    assert await reward.reward_func(None, sample_from(meta)) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"), [(None, "missing_reward"), ("1.0", "non_numeric_reward"), (math.inf, "non_finite_reward")]
+)
+async def test_missing_or_invalid_reward_is_zero_and_counted(value: Any, problem: str) -> None:
+    before = reward.problems[problem]
+    meta = {"reward": value} if value is not None else {}
+    assert await reward.reward_func(None, Sample(metadata=meta)) == 0.0
+    assert reward.problems[problem] == before + 1
+
+
+async def test_partial_credit_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    def meta(f2p: tuple[int, int], p2p: tuple[int, int], resolved: bool = False, r: float = 0.0) -> Sample:
+        record = {"mask_sample": False, "resolved": resolved,
+                  "fail_to_pass": {"passed": f2p[0], "failed": f2p[1]},
+                  "pass_to_pass": {"passed": p2p[0], "failed": p2p[1]}}  # fmt: skip
+        return Sample(metadata={"reward": r, "nemogym": record})
+
+    cases = [meta((1, 3), (10, 0)), meta((1, 3), (9, 1)), meta((4, 0), (10, 0), True, 1.0), meta((0, 0), (3, 0))]
+    assert await reward.reward_func(None, cases) == [0.0, 0.0, 1.0, 0.0]  # binary default
+    monkeypatch.setenv("NEMO_GYM_REWARD_MODE", "partial")
+    assert await reward.reward_func(None, cases) == [0.25, 0.0, 1.0, 0.0]
+
+
+def test_filter_keeps_a_group_of_valid_episodes(graded: list[dict[str, Any]]) -> None:
+    out = filters.check_episode_group(None, [sample_from(m) for m in graded])
+    assert (out.keep, out.reason) == (True, None)
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        (sample_from(masked("agent_run_error")), "nemogym_agent_run_error"),
+        (sample_from(masked("miles_nemogym:invalid_request")), "nemogym_miles_nemogym_invalid_request"),
+        (Sample(metadata={"instance_id": "x"}), "nemogym_missing_record"),
+        (sample_from({}, status=Status.ABORTED), "group_has_aborted"),
+    ],
+)
+def test_filter_drops_a_group_with_one_bad_sample(graded: list[dict[str, Any]], bad: Sample, reason: str) -> None:
+    group = [sample_from(m) for m in graded[:3]] + [bad]
+    out = filters.check_episode_group(None, group)
+    assert (out.keep, out.reason) == (False, reason)
+    # Miles v2 passes a list of per-sample lists: same verdict.
+    nested = filters.check_episode_group(None, [[s] for s in group])
+    assert (nested.keep, nested.reason) == (False, reason)
+
+
+def test_metrics_over_distinct_episodes(graded: list[dict[str, Any]]) -> None:
+    samples = [sample_from(m) for m in graded]
+    samples.append(sample_from(graded[0]))  # one episode split into two samples
+    samples.append(sample_from(masked("agent_run_error", "f1")))
+    samples.append(sample_from(masked("transport_peer_drop", "f2")))
+    samples.append(Sample(metadata={}))
+    m = metrics.compute_metrics(samples)
+    assert m["nemogym/samples"] == 9 and m["nemogym/episodes"] == 7
+    assert m["nemogym/samples_without_record"] == 1
+    assert m["nemogym/failure_rate"] == pytest.approx(2 / 7)
+    assert m["nemogym/failure_rate/agent_run_error"] == pytest.approx(1 / 7)
+    assert m["nemogym/resolve_rate"] == pytest.approx(1 / 5)  # over valid episodes only
+    assert 0 < m["nemogym/patch_applied_rate"] <= 1
+    assert 0 < m["nemogym/fail_to_pass_fraction_mean"] <= 1
+    assert m["nemogym/episode_time_max"] == 50.0
+    assert m["nemogym/episode_time_p50"] == 20.0  # nearest rank 4 of 5,5,10,20,30,40,50
+    assert m["nemogym/turns_mean"] > 1
+
+
+def test_log_rollout_without_miles_returns_false(graded: list[dict[str, Any]]) -> None:
+    assert metrics.log_rollout(3, None, [sample_from(m) for m in graded], {}, 1.0) is False
+
+
+def test_metrics_on_empty_rollout() -> None:
+    assert metrics.compute_metrics([]) == {
+        "nemogym/samples": 0.0, "nemogym/samples_without_record": 0.0, "nemogym/episodes": 0.0,
+    }  # fmt: skip

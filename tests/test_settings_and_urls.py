@@ -1,0 +1,81 @@
+"""Settings validation and the policy URL rewrite."""
+
+from __future__ import annotations
+
+import pytest
+
+from miles_nemogym.policy_url import PolicyUrlError, policy_base_url, routable_local_address
+from miles_nemogym.settings import RewardMode, SettingsError, get_settings
+
+
+def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("NEMO_GYM_URL", "NEMO_GYM_RUN_TIMEOUT", "NEMO_GYM_REWARD_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    s = get_settings()
+    assert s.run_url == "http://localhost:12000/run"
+    assert s.run_timeout_s == 3600 and s.reward_mode is RewardMode.binary
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "needle"),
+    [
+        ("NEMO_GYM_URL", "gym-host:12000", "http(s) URL"),
+        ("NEMO_GYM_URL", "http://gym:12000/run", "'/run' is appended"),
+        ("NEMO_GYM_RUN_TIMEOUT", "1h", "NEMO_GYM_RUN_TIMEOUT='1h'"),
+        ("NEMO_GYM_RUN_TIMEOUT", "-5", "greater than 0"),
+        ("NEMO_GYM_MAX_CONCURRENCY", "0", "NEMO_GYM_MAX_CONCURRENCY"),
+        ("NEMO_GYM_REWARD_MODE", "dense", "'binary' or 'partial'"),
+    ],
+)
+def test_bad_values_name_the_variable(monkeypatch: pytest.MonkeyPatch, var: str, value: str, needle: str) -> None:
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SettingsError) as info:
+        get_settings()
+    assert var in str(info.value) and needle in str(info.value)
+
+
+def test_api_key_is_hidden_in_errors_and_repr(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", "sk-hidden-123")
+    assert "sk-hidden-123" not in repr(get_settings())
+    monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "x")
+    with pytest.raises(SettingsError) as info:
+        get_settings()
+    assert "sk-hidden-123" not in str(info.value)
+
+
+def test_settings_follow_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_GYM_URL", "http://a:1/")
+    assert get_settings().gym_url == "http://a:1"
+    monkeypatch.setenv("NEMO_GYM_URL", "http://b:2")
+    assert get_settings().gym_url == "http://b:2"
+
+
+@pytest.mark.parametrize(
+    ("session", "external", "expected"),
+    [
+        ("http://10.1.2.3:30010/sessions/a", None, "http://10.1.2.3:30010/sessions/a/v1"),
+        ("http://10.1.2.3:30010/sessions/a/", None, "http://10.1.2.3:30010/sessions/a/v1"),
+        ("http://10.1.2.3:30010/sessions/a", "node7", "http://node7:30010/sessions/a/v1"),
+        ("http://0.0.0.0:30010/sessions/a", None, "http://127.0.0.1:30010/sessions/a/v1"),
+        ("http://[::]:30010/sessions/a", None, "http://127.0.0.1:30010/sessions/a/v1"),
+        ("http://0.0.0.0:30010/sessions/a", "fd00::7", "http://[fd00::7]:30010/sessions/a/v1"),
+    ],
+)
+def test_policy_base_url(session: str, external: str | None, expected: str) -> None:
+    assert policy_base_url(session, "http://127.0.0.1:12000", external) == expected
+
+
+def test_wildcard_resolves_to_the_route_towards_a_remote_gym_host() -> None:
+    # 192.0.2.0/24 is TEST-NET-1: a UDP connect only consults the routing table, nothing is sent.
+    try:
+        address = routable_local_address("192.0.2.10", 12000)
+    except PolicyUrlError:
+        pytest.fail("this machine has a default route; the probe should find a source address")
+    assert address not in ("0.0.0.0", "127.0.0.1")
+    url = policy_base_url("http://0.0.0.0:1/sessions/a", "http://192.0.2.10:12000")
+    assert url == f"http://{address}:1/sessions/a/v1"
+
+
+def test_not_a_url_is_refused() -> None:
+    with pytest.raises(PolicyUrlError, match="/sessions/<session_id>"):
+        policy_base_url("sessions/a", "http://127.0.0.1:12000")
