@@ -1,0 +1,18 @@
+"""GRPO on SWE-bench with Miles and NeMo-Gym's mini_swe_agent_2 (4-GPU recipe).
+
+    NEMO_GYM_URL=http://<gym-host>:12000 python examples/swebench_grpo/run.py
+    python examples/swebench_grpo/run.py --config examples/swebench_grpo/recipe.yaml --dry-run
+    python examples/swebench_grpo/run.py --num-rollout 100 --mode debug_rollout_only
+
+All logic lives in ``miles_nemogym.launcher`` (installed with ``pip install
+'miles-nemogym[train]'``); see README.md next to this file.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from miles_nemogym.launcher.run import main
+
+if __name__ == "__main__":
+    sys.exit(main())

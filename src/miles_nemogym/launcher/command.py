@@ -1,0 +1,262 @@
+"""Recipe -> the exact Miles training command and job environment (pure: no I/O).
+
+Every flag below is one Miles' ``train.py`` accepts: Miles' own are registered in
+``miles/utils/arguments.py`` (``--max-seq-len`` and ``--custom-agent-function-path`` by
+``agentic_tool_call.generate``'s ``add_arguments``), ``--sglang-*`` are SGLang server
+arguments under Miles' prefix, the parallelism/optimizer ones are Megatron-LM's. The
+rollout chain is this package's hooks, named by dotted path: they are imported from the
+installed package, never through a ``PYTHONPATH`` entry pointing at example files.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from miles_nemogym.launcher.config import LauncherConfig
+from miles_nemogym.launcher.families import Parsers
+from miles_nemogym.settings import ENV_VARS
+
+GENERATE_FUNCTION = "miles.rollout.generate_hub.agentic_tool_call.generate"
+AGENT_FUNCTION = "miles_nemogym.agent.run"
+REWARD_FUNCTION = "miles_nemogym.reward.reward_func"
+GROUP_FILTER = "miles_nemogym.filters.check_episode_group"
+ROLLOUT_LOG_FUNCTION = "miles_nemogym.metrics.log_rollout"
+
+HOOKS: tuple[tuple[str, str], ...] = (
+    ("--custom-agent-function-path", AGENT_FUNCTION),
+    ("--custom-rm-path", REWARD_FUNCTION),
+    ("--dynamic-sampling-filter-path", GROUP_FILTER),
+    ("--custom-rollout-log-function-path", ROLLOUT_LOG_FUNCTION),
+)
+"""This package's hooks, each with the Miles flag that loads it."""
+
+ROLLOUT_REFACTOR_ENV = "MILES_EXPERIMENTAL_ROLLOUT_REFACTOR"
+"""Selects the class-based rollout (which registers the agentic flags) in Miles checkouts
+before 2026-08-13 (radixark/miles afd088cb6); later ones use it by default and ignore it."""
+
+FORWARDED_ENV: tuple[str, ...] = (
+    *ENV_VARS,
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "NCCL_DEBUG",
+    "HF_HOME",
+    "HF_ENDPOINT",
+    "HF_TOKEN",
+    "WANDB_API_KEY",
+)
+"""Variables passed on from the launcher's environment when set: Ray workers only see the
+job's runtime environment, not the shell the launcher ran in."""
+
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
+HIDDEN = "<hidden>"
+
+
+@dataclass(frozen=True)
+class MilesInstall:
+    """Where Miles is and the Megatron model arguments of the recipe's model."""
+
+    root: Path
+    model_args: tuple[str, ...]
+    """``scripts/models/<megatron_model_type>.py``'s arguments, one token each."""
+
+    @property
+    def train_script(self) -> Path:
+        return self.root / "train.py"
+
+    @property
+    def convert_script(self) -> Path:
+        return self.root / "tools" / "convert_hf_to_torch_dist.py"
+
+
+@dataclass(frozen=True)
+class Job:
+    """What is submitted: the entry point's argv and the job's environment variables."""
+
+    argv: list[str]
+    env: dict[str, str]
+    secret_names: frozenset[str] = field(default_factory=frozenset)
+
+    def display_env(self) -> dict[str, str]:
+        """The environment with every secret's value replaced by ``<hidden>``."""
+        return {name: (HIDDEN if name in self.secret_names else value) for name, value in self.env.items()}
+
+
+def is_secret(name: str) -> bool:
+    return bool(_SECRET_NAME.search(name))
+
+
+def _flag(name: str, value: object) -> list[str]:
+    return [name, str(value)]
+
+
+def train_args(config: LauncherConfig, parsers: Parsers) -> list[str]:
+    """Miles' flags for the recipe, each at most once, in upstream's grouping."""
+    args: list[str] = []
+    # checkpoints
+    args += _flag("--hf-checkpoint", config.hf_checkpoint)
+    args += _flag("--ref-load", config.resolved_ref_load)
+    args += _flag("--save", config.resolved_save_dir)
+    args += _flag("--save-interval", config.save_interval)
+    # data and rollout
+    args += _flag("--prompt-data", config.prompt_data)
+    args += _flag("--input-key", "prompt")
+    args += _flag("--metadata-key", "metadata")
+    args += ["--rollout-shuffle"]
+    args += _flag("--num-rollout", config.num_rollout)
+    args += _flag("--rollout-batch-size", config.rollout_batch_size)
+    args += _flag("--n-samples-per-prompt", config.n_samples_per_prompt)
+    args += _flag("--rollout-temperature", config.rollout_temperature)
+    args += _flag("--rollout-top-p", config.rollout_top_p)
+    args += _flag("--rollout-max-response-len", config.rollout_max_response_len)
+    args += _flag("--max-seq-len", config.max_seq_len)
+    args += _flag("--global-batch-size", config.resolved_global_batch_size)
+    args += ["--balance-data"]
+    # GRPO
+    args += _flag("--advantage-estimator", "grpo")
+    args += ["--use-kl-loss"]
+    args += _flag("--kl-loss-coef", config.kl_loss_coef)
+    args += _flag("--kl-loss-type", config.kl_loss_type)
+    args += _flag("--entropy-coef", config.entropy_coef)
+    args += _flag("--eps-clip", config.eps_clip)
+    args += _flag("--eps-clip-high", config.eps_clip_high)
+    # optimizer (Megatron-LM)
+    args += _flag("--optimizer", "adam")
+    args += _flag("--lr", config.lr)
+    args += _flag("--lr-decay-style", "constant")
+    args += _flag("--weight-decay", config.weight_decay)
+    args += _flag("--adam-beta1", config.adam_beta1)
+    args += _flag("--adam-beta2", config.adam_beta2)
+    # parallelism and memory (Megatron-LM)
+    args += _flag("--tensor-model-parallel-size", config.tensor_parallel)
+    args += _flag("--pipeline-model-parallel-size", config.pipeline_parallel)
+    args += _flag("--context-parallel-size", config.context_parallel)
+    args += _flag("--expert-model-parallel-size", 1)
+    args += _flag("--expert-tensor-parallel-size", 1)
+    args += _flag("--recompute-granularity", "full")
+    args += _flag("--recompute-method", "uniform")
+    args += _flag("--recompute-num-layers", 1)
+    args += ["--use-dynamic-batch-size"]
+    args += _flag("--max-tokens-per-gpu", config.max_seq_len)
+    # SGLang engines
+    args += _flag("--rollout-num-gpus-per-engine", config.rollout_gpus_per_engine)
+    args += _flag("--sglang-mem-fraction-static", config.sglang_mem_fraction_static)
+    if parsers.reasoning_parser is not None:
+        args += _flag("--sglang-reasoning-parser", parsers.reasoning_parser)
+    args += _flag("--sglang-tool-call-parser", parsers.tool_call_parser)
+    # the agentic rollout chain
+    args += _flag("--custom-generate-function-path", GENERATE_FUNCTION)
+    for flag, path in HOOKS:
+        args += _flag(flag, path)
+    args += ["--use-session-server", *(["v2"] if config.session_server_version == "v2" else [])]
+    args += _flag("--session-server-ip", config.session_server_ip)
+    args += _flag("--session-server-port", config.session_server_port)
+    args += _flag("--tito-model", parsers.tito_model)
+    # model numerics (as upstream's launchers)
+    args += _flag("--attention-dropout", 0.0)
+    args += _flag("--hidden-dropout", 0.0)
+    args += ["--accumulate-allreduce-grads-in-fp32", "--attention-softmax-in-fp32"]
+    args += _flag("--attention-backend", "flash")
+    # cluster layout
+    if config.colocate:
+        args += ["--colocate"]
+    else:
+        args += _flag("--rollout-num-gpus", config.rollout_num_gpus)
+    args += _flag("--actor-num-nodes", config.num_nodes)
+    args += _flag("--actor-num-gpus-per-node", config.actor_gpus)
+    # Miles assumes 8 GPUs per node unless told (engine placement, port allocation).
+    args += _flag("--num-gpus-per-node", config.gpus_per_node)
+    if config.wandb_project:
+        args += ["--use-wandb", *_flag("--wandb-project", config.wandb_project)]
+        if config.wandb_group:
+            args += _flag("--wandb-group", config.wandb_group)
+    if config.mode == "debug_rollout_only":
+        args += ["--debug-rollout-only"]
+    return args + _checked_extra_args(args, config.extra_args)
+
+
+class DuplicateFlagError(ValueError):
+    """An ``extra_args`` flag that the recipe already sets."""
+
+
+def _checked_extra_args(args: list[str], extra: list[str]) -> list[str]:
+    set_flags = {token for token in args if token.startswith("--")}
+    for token in extra:
+        name = token.split("=", 1)[0]
+        if name in set_flags:
+            raise DuplicateFlagError(
+                f"extra_args sets {name}, which the recipe already sets; change the recipe's "
+                f"setting instead (e.g. --{name[2:]} on the launcher) so each flag appears once"
+            )
+    return list(extra)
+
+
+def job_environment(config: LauncherConfig, miles: MilesInstall, environ: Mapping[str, str]) -> Job:
+    """The job's environment; ``environ`` is the launcher's (for forwarded variables)."""
+    env: dict[str, str] = {}
+    for name in FORWARDED_ENV:
+        value = environ.get(name)
+        if value:
+            env[name] = value
+    pythonpath = [str(miles.root), str(config.megatron_path)]
+    if environ.get("PYTHONPATH"):
+        pythonpath += [part for part in environ["PYTHONPATH"].split(":") if part]
+    env.update(
+        {
+            "PYTHONUNBUFFERED": "1",
+            # Megatron's overlap of communication and computation needs a single queue.
+            "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+            "MASTER_ADDR": config.master_addr,
+            "no_proxy": ",".join(dict.fromkeys(["127.0.0.1", "localhost", config.master_addr])),
+            "PYTHONPATH": ":".join(dict.fromkeys(pythonpath)),
+            ROLLOUT_REFACTOR_ENV: "1",
+            "NEMO_GYM_URL": config.nemo_gym_url,
+        }
+    )
+    if config.router_external_host:
+        env["MILES_ROUTER_EXTERNAL_HOST"] = config.router_external_host
+    env.update(config.extra_env)
+    secrets = frozenset(name for name in env if is_secret(name))
+    return Job(argv=[], env=env, secret_names=secrets)
+
+
+def build_job(config: LauncherConfig, parsers: Parsers, miles: MilesInstall, environ: Mapping[str, str]) -> Job:
+    """The whole job: ``python3 <miles>/train.py <model args> <recipe flags>`` and its env."""
+    base = job_environment(config, miles, environ)
+    argv = ["python3", str(miles.train_script), *miles.model_args, *train_args(config, parsers)]
+    return Job(argv=argv, env=base.env, secret_names=base.secret_names)
+
+
+def convert_command(config: LauncherConfig, miles: MilesInstall) -> list[str]:
+    """HF -> torch_dist conversion with Miles' tool, on this node's GPUs."""
+    return [
+        "torchrun",
+        "--nproc-per-node",
+        str(config.gpus_per_node),
+        str(miles.convert_script),
+        *miles.model_args,
+        "--hf-checkpoint",
+        config.hf_checkpoint,
+        "--save",
+        str(config.resolved_ref_load),
+    ]
+
+
+def shell_lines(argv: list[str]) -> str:
+    """``argv`` quoted for a POSIX shell, one ``--flag value`` per continued line."""
+    words = [shlex.quote(word) for word in argv]
+    out = words[:1]
+    for word in words[1:]:
+        out.append((" \\\n    " if word.startswith("--") else " ") + word)
+    return "".join(out)
+
+
+def render(job: Job) -> str:
+    """The job as text a user can read and re-run: env lines, then the command (secrets hidden)."""
+    lines = ["# environment of the job"]
+    lines += [f"{name}={shlex.quote(value)}" for name, value in sorted(job.display_env().items())]
+    lines += ["# command", shell_lines(job.argv)]
+    return "\n".join(lines)

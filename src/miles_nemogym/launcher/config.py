@@ -1,0 +1,274 @@
+"""The launcher's typed recipe: every value the training command is built from.
+
+The defaults reproduce the smoke scale validated upstream on 4 GPUs (Miles'
+``examples/experimental/nemo-gym/run.py``): Qwen3-4B-Instruct-2507, TP 2, colocated,
+GRPO with a low-variance KL of 0.01 and asymmetric clipping 0.2/0.28, 16k sequences,
+4k responses, 3 rollouts of 2 prompts x 4 samples. Values come from, in increasing
+precedence: these defaults (some read from the environment, as upstream), a YAML recipe
+(``--config recipe.yaml``), then command-line flags. Unknown keys are errors, so a typo
+in a recipe cannot silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from miles_nemogym.settings import Settings
+
+
+class ConfigError(ValueError):
+    """The recipe is invalid; the message names each field and the fix."""
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(name, "").strip()
+    return value or None
+
+
+_LEGACY_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
+
+
+class LauncherConfig(BaseModel):
+    """The recipe. Field names are the YAML keys; ``--field-name`` are the CLI flags."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True)
+
+    # --- what to run -----------------------------------------------------------------------
+    mode: Literal["normal", "debug_rollout_only"] = "normal"
+    """``debug_rollout_only``: rollouts without training (Miles' --debug-rollout-only)."""
+    skip_prepare: bool = False
+    """Do not convert the HF checkpoint to torch_dist (the target must then exist)."""
+
+    # --- model -----------------------------------------------------------------------------
+    hf_checkpoint: str = "Qwen/Qwen3-4B-Instruct-2507"
+    """HF id or local folder: the policy, its tokenizer and the conversion source."""
+    megatron_model_type: str = "qwen3-4B-Instruct-2507"
+    """Name of the model's argument script in Miles' ``scripts/models/`` (without .py)."""
+    model_family: str | None = None
+    """Family in ``miles_nemogym.launcher.families``; guessed from ``hf_checkpoint`` if unset."""
+    tito_model: str | None = None
+    """Override the family's Miles --tito-model."""
+    reasoning_parser: str | None = None
+    """Override the family's SGLang reasoning parser (``none`` for no parser)."""
+    tool_call_parser: str | None = None
+    """Override the family's SGLang tool-call parser."""
+
+    # --- paths -----------------------------------------------------------------------------
+    base_dir: Path = Path("/root")
+    """Where the converted checkpoint and the run's saves go by default."""
+    ref_load: Path | None = None
+    """torch_dist checkpoint (default ``<base_dir>/<model name>_torch_dist``)."""
+    save_dir: Path | None = None
+    """Where training saves (default ``<base_dir>/<model name>_nemogym``)."""
+    prompt_data: Path = Path("/root/swe_verified.jsonl")
+    """Miles prompt data (``miles-nemogym convert`` output): JSONL or parquet."""
+    miles_root: Path | None = None
+    """Miles checkout (holding train.py); default: where the importable ``miles`` package lives."""
+    megatron_path: Path = Path("/root/Megatron-LM")
+    """Megatron-LM checkout, put on the job's PYTHONPATH as Miles' launchers do."""
+
+    # --- cluster ---------------------------------------------------------------------------
+    num_nodes: int = Field(default=1, ge=1)
+    gpus_per_node: int = Field(default=4, ge=1)
+    colocate: bool = True
+    """Training and rollout share the GPUs (Miles --colocate)."""
+    actor_gpus_per_node: int | None = Field(default=None, ge=1)
+    """GPUs per node for training when not colocated (default: all of them)."""
+    rollout_num_gpus: int | None = Field(default=None, ge=1)
+    """GPUs for the SGLang engines when not colocated (required then)."""
+    rollout_gpus_per_engine: int = Field(default=1, ge=1)
+    tensor_parallel: int = Field(default=2, ge=1)
+    pipeline_parallel: int = Field(default=1, ge=1)
+    context_parallel: int = Field(default=1, ge=1)
+    sglang_mem_fraction_static: float = Field(default=0.7, gt=0, le=1)
+    ray_address: str | None = Field(default_factory=lambda: _env("RAY_ADDRESS"))
+    """Ray job-submission address of an existing cluster (e.g. http://head:8265); if unset,
+    a local head is used or started."""
+    master_addr: str = Field(default_factory=lambda: _env("MASTER_ADDR") or "127.0.0.1")
+    """Address of this node for the Ray head and torch.distributed."""
+    keep_ray: bool = False
+    """Leave a Ray head this launcher started running after the job."""
+
+    # --- rollout and batch -----------------------------------------------------------------
+    num_rollout: int = Field(default=3, ge=1)
+    rollout_batch_size: int = Field(default=2, ge=1)
+    n_samples_per_prompt: int = Field(default=4, ge=1)
+    global_batch_size: int | None = Field(default=None, ge=1)
+    """Default: rollout_batch_size x n_samples_per_prompt (one optimizer step per rollout)."""
+    max_seq_len: int = Field(default=16384, ge=1)
+    rollout_max_response_len: int = Field(default=4096, ge=1)
+    rollout_temperature: float = Field(default=0.8, ge=0)
+    rollout_top_p: float = Field(default=1.0, gt=0, le=1)
+    save_interval: int = Field(default=1000, ge=1)
+
+    # --- GRPO ------------------------------------------------------------------------------
+    kl_loss_coef: float = Field(default=0.01, ge=0)
+    kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
+    entropy_coef: float = Field(default=0.0, ge=0)
+    eps_clip: float = Field(default=0.2, gt=0)
+    eps_clip_high: float = Field(default=0.28, gt=0)
+    lr: float = Field(default=1e-6, gt=0)
+    weight_decay: float = Field(default=0.1, ge=0)
+    adam_beta1: float = Field(default=0.9, gt=0, lt=1)
+    adam_beta2: float = Field(default=0.98, gt=0, lt=1)
+
+    # --- session server and NeMo-Gym -------------------------------------------------------
+    session_server_ip: str = "0.0.0.0"
+    """Where Miles' session server listens; 0.0.0.0 lets the Gym host dial in on any interface."""
+    session_server_port: int = Field(default=30000, ge=1, le=65535)
+    session_server_version: Literal["v1", "v2"] = "v1"
+    nemo_gym_url: str = Field(default_factory=lambda: _env("NEMO_GYM_URL") or "http://localhost:12000")
+    router_external_host: str | None = Field(default_factory=lambda: _env("MILES_ROUTER_EXTERNAL_HOST"))
+    """Address of the trainer the Gym host can dial (MILES_ROUTER_EXTERNAL_HOST)."""
+
+    # --- tracking --------------------------------------------------------------------------
+    wandb_project: str | None = None
+    """Log to Weights & Biases (the key is read from WANDB_API_KEY, never put on a command line)."""
+    wandb_group: str | None = None
+
+    # --- escape hatches --------------------------------------------------------------------
+    extra_args: list[str] = Field(default_factory=list)
+    """More Miles flags, appended verbatim; a flag the recipe already sets is refused."""
+    extra_env: dict[str, str] = Field(default_factory=dict)
+    """More environment variables for the job."""
+
+    @field_validator("nemo_gym_url")
+    @classmethod
+    def _check_gym_url(cls, value: str) -> str:
+        # One definition of a valid Gym URL: the plugin's settings.
+        # (other variables' errors are the settings check's business, not this field's)
+        try:
+            return Settings.model_validate({"NEMO_GYM_URL": value}).gym_url
+        except ValidationError as error:
+            for item in error.errors():
+                if item["loc"] and item["loc"][0] == "NEMO_GYM_URL":
+                    raise ValueError(str(item["msg"]).removeprefix("Value error, ")) from None
+            return value.strip().rstrip("/")
+
+    @field_validator("reasoning_parser", "tito_model", "tool_call_parser", "model_family")
+    @classmethod
+    def _strip(cls, value: str | None) -> str | None:
+        return value.strip() or None if value is not None else None
+
+    @field_validator("extra_env")
+    @classmethod
+    def _no_legacy_rollout(cls, value: dict[str, str]) -> dict[str, str]:
+        if _LEGACY_ENV in value:
+            raise ValueError(f"{_LEGACY_ENV} selects Miles' legacy rollout, which has no agentic flags; remove it")
+        return value
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> LauncherConfig:
+        problems: list[str] = []
+        if self.rollout_max_response_len > self.max_seq_len:
+            problems.append(
+                f"rollout_max_response_len ({self.rollout_max_response_len}) exceeds max_seq_len "
+                f"({self.max_seq_len}); lower it or raise max_seq_len"
+            )
+        if self.eps_clip_high < self.eps_clip:
+            problems.append(f"eps_clip_high ({self.eps_clip_high}) is below eps_clip ({self.eps_clip})")
+        if self.colocate:
+            if self.actor_gpus_per_node not in (None, self.gpus_per_node):
+                problems.append("actor_gpus_per_node must equal gpus_per_node when colocate is on")
+        elif self.rollout_num_gpus is None:
+            problems.append("with colocate off, set rollout_num_gpus (GPUs for the SGLang engines)")
+        else:
+            needed = self.actor_gpus * self.num_nodes + self.rollout_num_gpus
+            available = self.gpus_per_node * self.num_nodes
+            if needed > available:
+                problems.append(
+                    f"actor_gpus_per_node x num_nodes + rollout_num_gpus = {needed} GPUs, but the "
+                    f"cluster has gpus_per_node x num_nodes = {available}"
+                )
+        model_parallel = self.tensor_parallel * self.pipeline_parallel * self.context_parallel
+        if (self.actor_gpus * self.num_nodes) % model_parallel:
+            problems.append(
+                f"training GPUs ({self.actor_gpus * self.num_nodes}) are not a multiple of "
+                f"tensor_parallel x pipeline_parallel x context_parallel ({model_parallel})"
+            )
+        if self.rollout_gpus_per_engine > self.gpus_per_node * self.num_nodes:
+            problems.append("rollout_gpus_per_engine exceeds the cluster's GPUs")
+        samples = self.rollout_batch_size * self.n_samples_per_prompt
+        if self.global_batch_size is not None and self.global_batch_size != samples:
+            # Miles asserts one optimizer step per rollout unless dynamic batch sizing is on.
+            problems.append(
+                f"global_batch_size ({self.global_batch_size}) must equal rollout_batch_size x "
+                f"n_samples_per_prompt ({samples}); leave it unset to use that"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    # --- derived values --------------------------------------------------------------------
+
+    @property
+    def model_name(self) -> str:
+        return self.hf_checkpoint.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def actor_gpus(self) -> int:
+        return self.actor_gpus_per_node or self.gpus_per_node
+
+    @property
+    def resolved_ref_load(self) -> Path:
+        return self.ref_load or self.base_dir / f"{self.model_name}_torch_dist"
+
+    @property
+    def resolved_save_dir(self) -> Path:
+        return self.save_dir or self.base_dir / f"{self.model_name}_nemogym"
+
+    @property
+    def resolved_global_batch_size(self) -> int:
+        return self.global_batch_size or self.rollout_batch_size * self.n_samples_per_prompt
+
+
+def describe_error(error: ValidationError, source: str = "recipe") -> str:
+    """A ``ValidationError`` as one line per field: ``--flag / key: problem``."""
+    lines = []
+    for item in error.errors():
+        loc = [str(part) for part in item["loc"]]
+        if loc:
+            key = loc[0]
+            where = f"--{key.replace('_', '-')} / {source} key {'.'.join(loc)!r}"
+        else:
+            where = source
+        message = str(item["msg"]).removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown setting (see `examples/swebench_grpo/run.py --help` for the valid ones)"
+        lines.append(f"{where}: {message}")
+    return "invalid launcher configuration:\n  " + "\n  ".join(lines)
+
+
+def load_config(yaml_values: dict[str, Any] | None, cli_values: dict[str, Any]) -> LauncherConfig:
+    """Defaults < YAML < CLI, validated once; raises ``ConfigError`` naming every bad field."""
+    merged: dict[str, Any] = {**(yaml_values or {}), **cli_values}
+    try:
+        return LauncherConfig.model_validate(merged)
+    except ValidationError as error:
+        raise ConfigError(describe_error(error)) from None
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """The mapping in a YAML recipe file; raises ``ConfigError`` with the fix."""
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover - pyyaml ships with the [cli] extra
+        raise ConfigError("--config needs PyYAML: pip install 'miles-nemogym[cli]'") from None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"--config {path}: cannot read it ({error.strerror or error})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"--config {path}: not valid YAML ({error})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: expected a mapping of settings, got {type(data).__name__}")
+    # YAML spellings with dashes are accepted: they read like the flags.
+    return {str(key).replace("-", "_"): value for key, value in data.items()}

@@ -1,0 +1,380 @@
+"""Checks run before the launcher spends GPU time; each failure comes with its fix.
+
+Everything here runs on the launching node in seconds: Miles and Megatron present, the
+rollout hooks importable, enough GPUs, the prompt data shaped like the converter's
+output, the checkpoint where it is expected, the session server's port free, and the
+NeMo-Gym server ready for the trainer's policy URL (``miles_nemogym.doctor``). It also
+refuses ``MILES_USE_LEGACY_ROLLOUT_V1=1``: Miles' legacy rollout never registers the
+agentic flags, so ``train.py`` would die with "unrecognized arguments" after the cluster
+has started.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import subprocess
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from miles_nemogym import doctor
+from miles_nemogym.doctor import CheckResult, Status
+from miles_nemogym.launcher.command import HOOKS
+from miles_nemogym.launcher.config import LauncherConfig
+
+LEGACY_ROLLOUT_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
+
+INSTANCE_FIELDS: tuple[str, ...] = (
+    "instance_id",
+    "repo",
+    "base_commit",
+    "problem_statement",
+    "version",
+    "test_patch",
+    "FAIL_TO_PASS",
+    "PASS_TO_PASS",
+)
+"""What the NeMo-Gym server and the SWE-bench grader read from each row's metadata."""
+
+ROWS_CHECKED = 5
+
+HOOK_PATHS: tuple[str, ...] = tuple(hook for _, hook in HOOKS)
+
+GpuCounter = Callable[[Mapping[str, str]], "tuple[int | None, str]"]
+"""``count(environ) -> (number of visible GPUs or None, how it was counted)``."""
+
+
+# --- Miles, Megatron, hooks --------------------------------------------------------------
+
+
+def check_legacy_rollout(environ: Mapping[str, str]) -> CheckResult:
+    name = "Miles rollout path"
+    value = environ.get(LEGACY_ROLLOUT_ENV, "").strip()
+    if value in ("", "0"):
+        return CheckResult(name, Status.passed, "class-based (agentic) rollout")
+    return CheckResult(
+        name,
+        Status.failed,
+        f"{LEGACY_ROLLOUT_ENV}={value!r} selects Miles' legacy rollout, which does not register "
+        "--custom-agent-function-path or --max-seq-len: train.py would stop with "
+        "'unrecognized arguments'",
+        f"unset {LEGACY_ROLLOUT_ENV} (or set it to 0) before launching",
+    )
+
+
+def locate_miles(configured: Path | None) -> Path | None:
+    """The Miles checkout: the configured one, else the importable package's parent."""
+    if configured is not None:
+        return configured
+    try:
+        spec = importlib.util.find_spec("miles")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))).resolve().parent
+
+
+def check_miles(root: Path | None, config: LauncherConfig) -> CheckResult:
+    name = "Miles"
+    if root is None:
+        return CheckResult(
+            name,
+            Status.failed,
+            "the 'miles' package is not importable",
+            "install Miles from its repository (git clone https://github.com/radixark/miles && "
+            "pip install -e miles) in this environment, or pass --miles-root <checkout>",
+        )
+    missing = [
+        path
+        for path in (
+            root / "train.py",
+            root / "miles" / "rollout" / "generate_hub" / "agentic_tool_call.py",
+            root / "scripts" / "models" / f"{config.megatron_model_type}.py",
+        )
+        if not path.is_file()
+    ]
+    if not missing:
+        return CheckResult(name, Status.passed, f"checkout at {root}")
+    first = missing[0]
+    if first.name == "train.py":
+        fix = (
+            "Miles must be a repository checkout (pip install -e <checkout>), not a bare package; "
+            "or pass --miles-root <checkout>"
+        )
+    elif first.name == "agentic_tool_call.py":
+        fix = "update Miles: this checkout predates the agentic tool-call rollout the recipe needs"
+    else:
+        fix = (
+            f"pass --megatron-model-type with the name of a file in {root / 'scripts' / 'models'} "
+            "(without .py) that matches --hf-checkpoint"
+        )
+    return CheckResult(name, Status.failed, f"{root}: missing {', '.join(map(str, missing))}", fix)
+
+
+def check_megatron(config: LauncherConfig) -> CheckResult:
+    name = "Megatron-LM"
+    if config.megatron_path.is_dir():
+        return CheckResult(name, Status.passed, f"checkout at {config.megatron_path}")
+    try:
+        installed = importlib.util.find_spec("megatron") is not None
+    except (ImportError, ValueError):
+        installed = False
+    if installed:
+        return CheckResult(name, Status.passed, "the 'megatron' package is importable")
+    return CheckResult(
+        name,
+        Status.failed,
+        f"no checkout at {config.megatron_path} and no importable 'megatron' package",
+        "pass --megatron-path <Megatron-LM checkout> (Miles' docker image has it at /root/Megatron-LM)",
+    )
+
+
+def check_hooks(paths: Sequence[str]) -> CheckResult:
+    """Each dotted path imports and names a callable (Miles would fail late otherwise)."""
+    name = "rollout hooks"
+    for path in paths:
+        module_name, _, attribute = path.rpartition(".")
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as error:
+            return CheckResult(
+                name,
+                Status.failed,
+                f"{path}: importing {module_name} failed ({type(error).__name__}: {error})",
+                "install miles-nemogym in the training environment (pip install miles-nemogym) "
+                "with the same version as this launcher",
+            )
+        if not callable(getattr(module, attribute, None)):
+            return CheckResult(
+                name,
+                Status.failed,
+                f"{path}: {module_name} has no callable {attribute!r}",
+                "reinstall miles-nemogym: the installed copy does not match this launcher",
+            )
+    return CheckResult(name, Status.passed, ", ".join(paths))
+
+
+# --- GPUs --------------------------------------------------------------------------------
+
+
+def count_gpus(environ: Mapping[str, str]) -> tuple[int | None, str]:
+    """Visible GPUs: ``nvidia-smi`` (limited by CUDA_VISIBLE_DEVICES), else torch if installed."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    limit = None if visible is None else len([part for part in visible.split(",") if part.strip()])
+    smi = shutil.which("nvidia-smi", path=environ.get("PATH"))
+    if smi is not None:
+        try:
+            done = subprocess.run(
+                [smi, "--query-gpu=index", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return None, f"nvidia-smi failed to run ({error})"
+        if done.returncode != 0:
+            reason = (done.stderr or done.stdout).strip().splitlines()
+            return None, f"nvidia-smi exited {done.returncode}: {reason[0] if reason else 'no output'}"
+        found = len([line for line in done.stdout.splitlines() if line.strip()])
+        count = found if limit is None else min(found, limit)
+        note = "" if limit is None else f", CUDA_VISIBLE_DEVICES={visible}"
+        return count, f"nvidia-smi lists {found}{note}"
+    if importlib.util.find_spec("torch") is not None:
+        torch: Any = importlib.import_module("torch")  # optional: never a dependency
+        return int(torch.cuda.device_count()), "torch.cuda.device_count()"
+    return None, "nvidia-smi is not on PATH and torch is not installed"
+
+
+def check_gpus(config: LauncherConfig, environ: Mapping[str, str], counter: GpuCounter) -> CheckResult:
+    name = "GPUs"
+    count, how = counter(environ)
+    if count is None:
+        return CheckResult(
+            name,
+            Status.failed,
+            f"cannot count GPUs: {how}",
+            "run on a GPU node with the NVIDIA driver installed (nvidia-smi must work)",
+        )
+    if count < config.gpus_per_node:
+        return CheckResult(
+            name,
+            Status.failed,
+            f"{count} visible ({how}), the recipe needs {config.gpus_per_node} per node",
+            f"run on a node with {config.gpus_per_node} GPUs, free or expose them "
+            "(CUDA_VISIBLE_DEVICES), or lower --gpus-per-node (and --tensor-parallel to match)",
+        )
+    return CheckResult(name, Status.passed, f"{count} visible ({how}); {config.gpus_per_node} used")
+
+
+# --- data and checkpoint -----------------------------------------------------------------
+
+
+class _DataError(ValueError):
+    pass
+
+
+def _first_rows(path: Path, count: int) -> list[Any]:
+    if path.suffix == ".jsonl":
+        rows: list[Any] = []
+        with path.open(encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except ValueError as error:
+                    raise _DataError(f"line {number} is not JSON ({error})") from None
+                if len(rows) >= count:
+                    break
+        return rows
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise _DataError("reading parquet needs pyarrow (pip install pyarrow)") from None
+        batches = pq.ParquetFile(path).iter_batches(batch_size=count)
+        first = next(iter(batches), None)
+        return [] if first is None else list(first.to_pylist())
+    raise _DataError("Miles reads prompt data from .jsonl or .parquet files only")
+
+
+def check_prompt_data(config: LauncherConfig) -> CheckResult:
+    name = "prompt data"
+    path = config.prompt_data
+    convert = (
+        "convert SWE-bench with `miles-nemogym convert --input princeton-nlp/SWE-bench_Verified "
+        f"--output {path}` and pass that file as --prompt-data"
+    )
+    if not path.is_file():
+        return CheckResult(name, Status.failed, f"{path} does not exist", convert)
+    try:
+        rows = _first_rows(path, ROWS_CHECKED)
+    except (OSError, _DataError) as error:
+        return CheckResult(name, Status.failed, f"{path}: {error}", convert)
+    if not rows:
+        return CheckResult(name, Status.failed, f"{path} has no rows", convert)
+    for number, row in enumerate(rows, start=1):
+        problem = _row_problem(row)
+        if problem is not None:
+            return CheckResult(name, Status.failed, f"{path} row {number}: {problem}", convert)
+    return CheckResult(name, Status.passed, f"{path}: first {len(rows)} row(s) carry prompt and instance")
+
+
+def _row_problem(row: Any) -> str | None:
+    if not isinstance(row, dict):
+        return "is not a JSON object"
+    prompt = row.get("prompt")
+    if not isinstance(prompt, list) or not prompt or not all(isinstance(m, dict) for m in prompt):
+        return "'prompt' must be a non-empty list of chat messages (Miles' TITO session needs one)"
+    metadata = row.get("metadata")
+    if not isinstance(metadata, dict):
+        return "'metadata' (the SWE-bench instance) is missing or not an object"
+    missing = [field for field in INSTANCE_FIELDS if metadata.get(field) in (None, "")]
+    if missing:
+        instance = metadata.get("instance_id", "?")
+        return f"instance {instance} lacks {', '.join(missing)} in 'metadata'"
+    return None
+
+
+def check_checkpoint(config: LauncherConfig) -> CheckResult:
+    name = "torch_dist checkpoint"
+    target = config.resolved_ref_load
+    tracker = target / "latest_checkpointed_iteration.txt"
+    if tracker.is_file():
+        return CheckResult(name, Status.passed, f"{target} exists")
+    if config.skip_prepare:
+        return CheckResult(
+            name,
+            Status.failed,
+            f"{target} holds no converted checkpoint ({tracker.name} missing) and --skip-prepare is set",
+            "drop --skip-prepare so the launcher converts --hf-checkpoint, or pass --ref-load <torch_dist dir>",
+        )
+    return CheckResult(name, Status.passed, f"{target} will be converted from {config.hf_checkpoint}")
+
+
+# --- network -----------------------------------------------------------------------------
+
+
+def check_session_port(config: LauncherConfig) -> CheckResult:
+    name = "session server port"
+    port = config.session_server_port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as error:
+            return CheckResult(
+                name,
+                Status.failed,
+                f"port {port} cannot be bound on this node ({error.strerror or error})",
+                "stop what holds it (a previous run's session server?) or pass --session-server-port <free port>",
+            )
+    return CheckResult(name, Status.passed, f"port {port} is free")
+
+
+def check_cluster(config: LauncherConfig) -> CheckResult:
+    name = "Ray cluster"
+    if config.num_nodes > 1 and not config.ray_address:
+        return CheckResult(
+            name,
+            Status.failed,
+            f"--num-nodes {config.num_nodes} needs a running multi-node Ray cluster",
+            "start it (`ray start --head --num-gpus N` here, `ray start --address <head>:6379 "
+            "--num-gpus N` on each worker) and set RAY_ADDRESS=http://<head>:8265 (or --ray-address)",
+        )
+    where = config.ray_address or "a local head (reused if running, else started)"
+    return CheckResult(name, Status.passed, f"{config.num_nodes} node(s) via {where}")
+
+
+@contextmanager
+def plugin_environment(config: LauncherConfig) -> Iterator[None]:
+    """The plugin's variables as the job will see them, for the doctor's settings read."""
+    wanted = {"NEMO_GYM_URL": config.nemo_gym_url, "MILES_ROUTER_EXTERNAL_HOST": config.router_external_host}
+    saved = {name: os.environ.get(name) for name in wanted}
+    try:
+        for name, value in wanted.items():
+            if value:
+                os.environ[name] = value
+            else:
+                os.environ.pop(name, None)
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+
+def run_preflight(
+    config: LauncherConfig,
+    *,
+    environ: Mapping[str, str],
+    miles_root: Path | None,
+    hook_paths: Sequence[str] = HOOK_PATHS,
+    gpu_counter: GpuCounter = count_gpus,
+    fetch: doctor.Fetcher = doctor.fetch_json,
+    gym_timeout_s: float = doctor.DEFAULT_TIMEOUT_S,
+) -> list[CheckResult]:
+    """Every launcher check, then the doctor's; nothing is started or written."""
+    results = [
+        check_legacy_rollout(environ),
+        check_miles(miles_root, config),
+        check_megatron(config),
+        check_hooks(hook_paths),
+        check_gpus(config, environ, gpu_counter),
+        check_prompt_data(config),
+        check_checkpoint(config),
+        check_session_port(config),
+        check_cluster(config),
+    ]
+    with plugin_environment(config):
+        results += doctor.run_checks(session_host=config.session_server_ip, timeout_s=gym_timeout_s, fetch=fetch)
+    return results

@@ -1,0 +1,360 @@
+"""The launcher's entry point: recipe -> preflight -> checkpoint -> Ray -> job -> exit code.
+
+``examples/swebench_grpo/run.py`` calls ``main``. Order matters: nothing heavy starts
+until the recipe is valid and every preflight check passed, and ``--dry-run`` stops after
+printing the exact command and environment (nothing started, nothing written).
+
+The side effects (conversion, Ray, job submission) sit behind ``Actions`` so the
+orchestration is testable without GPUs, Ray or Miles; ``RayActions`` is the real one.
+Submission goes through Ray's job-submission client rather than ``ray job submit
+--runtime-env-json ...``, so secrets in the job environment never appear in a process
+list or a log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shlex
+import subprocess
+import sys
+import time
+import types
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, get_args, get_origin
+
+from miles_nemogym.doctor import CheckResult, Status
+from miles_nemogym.launcher import command as cmd
+from miles_nemogym.launcher import preflight
+from miles_nemogym.launcher.config import ConfigError, LauncherConfig, load_config, read_yaml
+from miles_nemogym.launcher.families import Parsers, UnknownFamilyError, resolve
+
+EXIT_OK = 0
+EXIT_JOB_FAILED = 1
+EXIT_USAGE = 2
+"""Bad recipe or a failed preflight: nothing was started."""
+EXIT_INTERRUPTED = 130
+
+RAY_DASHBOARD_PORT = 8265
+
+Preflight = Callable[..., list[CheckResult]]
+"""``run_preflight``'s shape: ``(config, *, environ, miles_root) -> results``."""
+
+# --- command line ------------------------------------------------------------------------
+
+_ALIASES: dict[str, tuple[str, ...]] = {"hf_checkpoint": ("--model",)}
+
+
+def _is_bool(annotation: Any) -> bool:
+    return annotation is bool
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """One flag per recipe field (``--field-name``), plus --config and --dry-run.
+
+    Flags default to "not given" so only what the user typed overrides the YAML.
+    """
+    parser = argparse.ArgumentParser(
+        prog="examples/swebench_grpo/run.py",
+        description="GRPO on SWE-bench with Miles and NeMo-Gym's mini_swe_agent_2. Values: "
+        "defaults < --config YAML < flags.",
+        argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument("--config", type=Path, help="YAML recipe; keys are the flag names below")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=False,
+        help="print the exact command and job environment, then exit 0 (nothing started)",
+    )
+    for name, field in LauncherConfig.model_fields.items():
+        flags = (f"--{name.replace('_', '-')}", *_ALIASES.get(name, ()))
+        help_text = (field.description or "").replace("%", "%%")
+        if field.default_factory is None and field.default not in (None, False, [], {}):
+            help_text += f" [default: {field.default}]"
+        annotation = field.annotation
+        if _is_bool(annotation):
+            parser.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, help=help_text)
+        elif name == "extra_args":
+            parser.add_argument(
+                *flags,
+                dest=name,
+                action="append",
+                metavar="'--flag value ...'",
+                help=help_text + " (shell-split; repeatable)",
+            )
+        elif name == "extra_env":
+            parser.add_argument(*flags, "--env", dest=name, action="append", metavar="NAME=VALUE", help=help_text)
+        else:
+            metavar = None
+            if get_origin(annotation) is not None and not isinstance(annotation, types.UnionType):
+                choices = get_args(annotation)
+                if choices and all(isinstance(choice, str) for choice in choices):
+                    metavar = "{" + ",".join(choices) + "}"
+            parser.add_argument(*flags, dest=name, metavar=metavar, help=help_text)
+    return parser
+
+
+def parse_cli(argv: Sequence[str]) -> tuple[dict[str, Any], Path | None, bool]:
+    """``(field values given on the command line, --config path, --dry-run)``."""
+    namespace = vars(build_parser().parse_args(list(argv)))
+    config_path = namespace.pop("config", None)
+    dry_run = bool(namespace.pop("dry_run", False))
+    if "extra_args" in namespace:
+        namespace["extra_args"] = [token for chunk in namespace["extra_args"] for token in shlex.split(chunk)]
+    if "extra_env" in namespace:
+        pairs = {}
+        for item in namespace["extra_env"]:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise ConfigError(f"--env {item!r}: expected NAME=VALUE")
+            pairs[key] = value
+        namespace["extra_env"] = pairs
+    for name, value in list(namespace.items()):
+        # "none" on the command line clears an optional value.
+        if isinstance(value, str) and value.lower() == "none" and name != "reasoning_parser":
+            namespace[name] = None
+    return namespace, config_path, dry_run
+
+
+def load(argv: Sequence[str]) -> tuple[LauncherConfig, Parsers, bool]:
+    """Recipe and parsers from the command line (and YAML); raises ``ConfigError``."""
+    cli_values, config_path, dry_run = parse_cli(argv)
+    yaml_values = read_yaml(config_path) if config_path is not None else None
+    config = load_config(yaml_values, cli_values)
+    try:
+        parsers = resolve(
+            config.hf_checkpoint,
+            family=config.model_family,
+            tito_model=config.tito_model,
+            reasoning_parser=config.reasoning_parser,
+            tool_call_parser=config.tool_call_parser,
+        )
+    except UnknownFamilyError as error:
+        raise ConfigError(str(error)) from None
+    return config, parsers, dry_run
+
+
+# --- Miles' model arguments --------------------------------------------------------------
+
+
+class ModelArgsError(RuntimeError):
+    pass
+
+
+def load_model_args(miles_root: Path, model_type: str) -> tuple[str, ...]:
+    """Megatron model arguments from Miles' ``scripts/models/<type>.py``, via Miles' own loader."""
+    loader_path = miles_root / "miles" / "utils" / "external_utils" / "model_args_utils.py"
+    spec = importlib.util.spec_from_file_location("_miles_model_args_utils", loader_path)
+    if spec is None or spec.loader is None or not loader_path.is_file():
+        raise ModelArgsError(f"{loader_path} not found: this Miles checkout is too old or incomplete")
+    module = importlib.util.module_from_spec(spec)
+    # The loader registers itself under its own name for the model scripts it imports.
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        text = module.load_model_args(model_type)
+    except Exception as error:
+        raise ModelArgsError(
+            f"loading scripts/models/{model_type}.py from {miles_root} failed ({type(error).__name__}: {error})"
+        ) from None
+    return tuple(shlex.split(str(text)))
+
+
+# --- side effects ------------------------------------------------------------------------
+
+
+class Actions(Protocol):
+    """What the launcher does to the world; every method may block."""
+
+    def convert(self, argv: list[str], env: Mapping[str, str]) -> int: ...
+
+    def ray_reachable(self, address: str) -> bool: ...
+
+    def start_ray_head(self, config: LauncherConfig) -> None: ...
+
+    def stop_ray_head(self) -> None: ...
+
+    def submit(self, job: cmd.Job, address: str, submission_id: str) -> int: ...
+
+
+class RayActions:
+    """The real thing: subprocesses and Ray's job-submission client (``ray[default]``)."""
+
+    def convert(self, argv: list[str], env: Mapping[str, str]) -> int:
+        return subprocess.run(argv, env=dict(env), check=False).returncode
+
+    def ray_reachable(self, address: str) -> bool:
+        url = address.rstrip("/") + "/api/version"
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(url, timeout=3) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def start_ray_head(self, config: LauncherConfig) -> None:
+        argv = [
+            "ray",
+            "start",
+            "--head",
+            "--node-ip-address",
+            config.master_addr,
+            "--num-gpus",
+            str(config.gpus_per_node),
+            "--disable-usage-stats",
+        ]
+        print("+ " + shlex.join(argv), flush=True)
+        subprocess.run(argv, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def stop_ray_head(self) -> None:
+        subprocess.run(["ray", "stop"], check=False)
+
+    def submit(self, job: cmd.Job, address: str, submission_id: str) -> int:
+        import asyncio
+
+        from ray.job_submission import JobStatus, JobSubmissionClient
+
+        client = JobSubmissionClient(address)
+        client.submit_job(
+            entrypoint=shlex.join(job.argv),
+            runtime_env={"env_vars": job.env},
+            submission_id=submission_id,
+        )
+        print(f"submitted Ray job {submission_id} to {address}; streaming its logs", flush=True)
+
+        async def tail() -> None:
+            async for chunk in client.tail_job_logs(submission_id):
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+
+        try:
+            asyncio.run(tail())
+            status = client.get_job_status(submission_id)
+            while not status.is_terminal():
+                time.sleep(2)
+                status = client.get_job_status(submission_id)
+        except KeyboardInterrupt:
+            print(f"\ninterrupted: stopping Ray job {submission_id}", flush=True)
+            client.stop_job(submission_id)
+            return EXIT_INTERRUPTED
+        print(f"Ray job {submission_id}: {status}", flush=True)
+        return EXIT_OK if status == JobStatus.SUCCEEDED else EXIT_JOB_FAILED
+
+
+# --- orchestration -----------------------------------------------------------------------
+
+
+def _print_results(results: list[CheckResult]) -> None:
+    from miles_nemogym.cli.doctor import render
+
+    render(results)
+
+
+def _ray_address(config: LauncherConfig) -> str:
+    return config.ray_address or f"http://{config.master_addr}:{RAY_DASHBOARD_PORT}"
+
+
+def _placeholder_install(config: LauncherConfig) -> cmd.MilesInstall:
+    """For a dry run without Miles: names what would be filled in."""
+    return cmd.MilesInstall(
+        root=config.miles_root or Path("<miles checkout>"),
+        model_args=(f"<arguments of scripts/models/{config.megatron_model_type}.py>",),
+    )
+
+
+def execute(
+    config: LauncherConfig,
+    parsers: Parsers,
+    *,
+    dry_run: bool,
+    environ: Mapping[str, str],
+    actions: Actions,
+    checks: Preflight = preflight.run_preflight,
+    miles_root: Path | None = None,
+) -> int:
+    """Run the recipe; returns the process exit code."""
+    root = miles_root if miles_root is not None else preflight.locate_miles(config.miles_root)
+    try:
+        install = (
+            cmd.MilesInstall(root, load_model_args(root, config.megatron_model_type)) if root is not None else None
+        )
+    except ModelArgsError as error:
+        if not dry_run:
+            print(f"error: {error}", file=sys.stderr)
+            return EXIT_USAGE
+        print(f"note: {error}", file=sys.stderr)
+        install = None
+    try:
+        job = cmd.build_job(config, parsers, install or _placeholder_install(config), environ)
+    except cmd.DuplicateFlagError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+
+    if dry_run:
+        print(f"# model family {parsers.family}: --tito-model {parsers.tito_model}")
+        if install is None:
+            print("# Miles not usable here: its checkout and model arguments are shown as placeholders")
+        print(cmd.render(job))
+        if not config.skip_prepare:
+            print("# checkpoint conversion when the torch_dist target is missing")
+            print(shlex.join(cmd.convert_command(config, install or _placeholder_install(config))))
+        print(f"# Ray job submission address: {_ray_address(config)}")
+        return EXIT_OK
+
+    results: list[CheckResult] = checks(config, environ=environ, miles_root=root)
+    _print_results(results)
+    if any(result.status is not Status.passed for result in results) or install is None:
+        print("preflight failed: nothing was started", file=sys.stderr)
+        return EXIT_USAGE
+
+    if not config.skip_prepare:
+        tracker = config.resolved_ref_load / "latest_checkpointed_iteration.txt"
+        if tracker.is_file():
+            print(f"checkpoint {config.resolved_ref_load} exists; conversion skipped", flush=True)
+        else:
+            argv = cmd.convert_command(config, install)
+            print("+ " + shlex.join(argv), flush=True)
+            code = actions.convert(argv, {**environ, "PYTHONPATH": job.env["PYTHONPATH"]})
+            if code != 0:
+                print(f"error: checkpoint conversion exited {code}", file=sys.stderr)
+                return EXIT_JOB_FAILED
+
+    address = _ray_address(config)
+    started_head = False
+    if not actions.ray_reachable(address):
+        if config.ray_address:
+            print(
+                f"error: no Ray cluster answers at {address}; start it or unset RAY_ADDRESS",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        actions.start_ray_head(config)
+        started_head = True
+        deadline = time.monotonic() + 60
+        while not actions.ray_reachable(address):
+            if time.monotonic() > deadline:
+                print(f"error: the Ray head started but {address} does not answer", file=sys.stderr)
+                actions.stop_ray_head()
+                return EXIT_JOB_FAILED
+            time.sleep(1)
+    submission_id = f"miles-nemogym-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        return actions.submit(job, address, submission_id)
+    finally:
+        if started_head and not config.keep_ray:
+            actions.stop_ray_head()
+
+
+def main(argv: Sequence[str] | None = None, *, actions: Actions | None = None) -> int:
+    """Parse the recipe and run it; returns the exit code (2: bad recipe or failed preflight)."""
+    try:
+        config, parsers, dry_run = load(sys.argv[1:] if argv is None else argv)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    return execute(config, parsers, dry_run=dry_run, environ=os.environ, actions=actions or RayActions())
