@@ -85,9 +85,7 @@ class GymClient:
         while True:
             attempt += 1
             remaining = deadline - self._loop.time()
-            timeout = aiohttp.ClientTimeout(
-                total=max(remaining, 0.001), sock_connect=settings.connect_timeout_s
-            )
+            timeout = aiohttp.ClientTimeout(total=max(remaining, 0.001), sock_connect=settings.connect_timeout_s)
             retry_kind: str | None = None
             try:
                 async with self._session.post(url, data=payload, headers=headers, timeout=timeout) as resp:
@@ -128,9 +126,7 @@ def _backoff(attempt: int, settings: Settings) -> float:
 
 # Keyed by loop, then by pool settings: a client is never shared across loops, and a
 # settings change gets a new pool without breaking requests in flight on the old one.
-_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_PoolKey, GymClient]] = (
-    weakref.WeakKeyDictionary()
-)
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_PoolKey, GymClient]] = weakref.WeakKeyDictionary()
 
 
 async def get_client(settings: Settings) -> GymClient:

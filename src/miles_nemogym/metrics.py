@@ -54,9 +54,7 @@ def compute_metrics(samples: Any) -> dict[str, float]:
     valid = [r for r in records if not r.get("mask_sample")]
     failed = len(records) - len(valid)
     metrics["failure_rate"] = failed / len(records)
-    kinds = Counter(
-        metric_label(str(r.get("failure_kind") or "unknown")) for r in records if r.get("mask_sample")
-    )
+    kinds = Counter(metric_label(str(r.get("failure_kind") or "unknown")) for r in records if r.get("mask_sample"))
     for kind, count in sorted(kinds.items()):
         metrics[f"failure_rate/{kind}"] = count / len(records)
 
@@ -71,9 +69,7 @@ def compute_metrics(samples: Any) -> dict[str, float]:
         optional = {
             "fail_to_pass_fraction_mean": _mean(fractions),
             "turns_mean": _mean([float(r["turns"]) for r in valid if r.get("turns") is not None]),
-            "tool_calls_mean": _mean(
-                [float(r["tool_calls"]) for r in valid if r.get("tool_calls") is not None]
-            ),
+            "tool_calls_mean": _mean([float(r["tool_calls"]) for r in valid if r.get("tool_calls") is not None]),
         }
         metrics.update({key: value for key, value in optional.items() if value is not None})
 

@@ -183,8 +183,7 @@ def classify_run_response(response: RunResponse, *, http_status: int = 200) -> O
     if report is None:
         return failed(
             response.failure_kind or fk.AGENT_RUN_ERROR,
-            "the server's result has no SWE-bench eval report for this instance, so its reward "
-            "cannot be trusted",
+            "the server's result has no SWE-bench eval report for this instance, so its reward cannot be trusted",
         )
     tests = report.get("tests_status") or {}
     record = EpisodeRecord(

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 logger = logging.getLogger(__name__)
 
+
 class PolicyUrlError(ValueError):
     """The session URL Miles passed cannot become a policy URL."""
 
