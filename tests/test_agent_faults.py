@@ -11,10 +11,10 @@ import logging
 from typing import Any
 
 import pytest
-from tests.fault_server import FaultServer, ResetAfterBodyServer, free_port
-from tests.miles_standin import Sample, agentic_generate
 
 from miles_nemogym import agent, client, episodes
+from tests.fault_server import FaultServer, ResetAfterBodyServer, free_port
+from tests.miles_standin import Sample, agentic_generate
 
 SESSION = "http://127.0.0.1:39999/sessions/s-1"
 

@@ -7,10 +7,10 @@ import math
 from typing import Any
 
 import pytest
-from tests.miles_standin import Sample, Status
 
 from miles_nemogym import filters, metrics, reward
 from miles_nemogym.outcome import classify_http, failure
+from tests.miles_standin import Sample, Status
 
 
 def sample_from(outcome_meta: dict[str, Any], status: Status = Status.COMPLETED, **extra: Any) -> Sample:
@@ -122,3 +122,53 @@ def test_metrics_on_empty_rollout() -> None:
     assert metrics.compute_metrics([]) == {
         "nemogym/samples": 0.0, "nemogym/samples_without_record": 0.0, "nemogym/episodes": 0.0,
     }  # fmt: skip
+
+
+def _install_fake_miles(monkeypatch: pytest.MonkeyPatch, modules: dict[str, dict[str, Any]]) -> None:
+    """Put minimal modules named like Miles' into sys.modules (Miles is not installable here)."""
+    import sys
+    import types
+
+    for name in ("miles", "miles.rollout", "miles.rollout.filter_hub", "miles.utils", *modules):
+        module = types.ModuleType(name)
+        for attr, value in modules.get(name, {}).items():
+            setattr(module, attr, value)
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+def test_filter_returns_miles_type_when_miles_is_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dataclasses import dataclass
+
+    @dataclass
+    class DynamicFilterOutput:
+        keep: bool
+        reason: str | None = None
+
+    _install_fake_miles(
+        monkeypatch, {"miles.rollout.filter_hub.base_types": {"DynamicFilterOutput": DynamicFilterOutput}}
+    )
+    filters._output_type.cache_clear()
+    try:
+        out = filters.check_episode_group(None, [Sample(metadata={})])
+        assert isinstance(out, DynamicFilterOutput) and out.reason == "nemogym_missing_record"
+    finally:
+        filters._output_type.cache_clear()
+
+
+def test_log_rollout_logs_through_miles_tracking(monkeypatch: pytest.MonkeyPatch, graded: list[dict[str, Any]]) -> None:
+    import types
+
+    calls: list[tuple[Any, dict[str, Any], str]] = []
+    tracking = types.SimpleNamespace(log=lambda args, d, step_key: calls.append((args, dict(d), step_key)))
+    _install_fake_miles(
+        monkeypatch,
+        {
+            "miles.utils.tracking_utils": {"tracking": tracking},
+            "miles.utils.metric_utils": {"compute_rollout_step": lambda args, rollout_id: rollout_id * 10},
+        },
+    )
+    args = object()
+    assert metrics.log_rollout(7, args, [sample_from(m) for m in graded], {}, 2.0) is False
+    ((got_args, logged, step_key),) = calls
+    assert got_args is args and step_key == "rollout/step" and logged["rollout/step"] == 70
+    assert logged["nemogym/resolve_rate"] == pytest.approx(0.2)
