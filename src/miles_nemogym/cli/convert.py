@@ -92,9 +92,7 @@ def _print_summary(console: Console, report: ConvertReport, options: ConvertOpti
     if report.overridden_rows:
         notes.append(f"{report.overridden_rows} row(s) had their own subset/split replaced by the flags")
     if report.not_gradeable_by_repo:
-        dropped = ", ".join(
-            f"{repo} ({count})" for repo, count in sorted(report.not_gradeable_by_repo.items())
-        )
+        dropped = ", ".join(f"{repo} ({count})" for repo, count in sorted(report.not_gradeable_by_repo.items()))
         notes.append(f"dropped as not gradeable by swebench {report.swebench_version}: {dropped}")
     if report.seed is not None:
         notes.append(f"shuffled with seed {report.seed} (pass --seed {report.seed} to repeat)")
@@ -104,9 +102,7 @@ def _print_summary(console: Console, report: ConvertReport, options: ConvertOpti
         notes.append("stopped reading once --limit (and --holdout) were filled")
     if report.missing_instance_ids:
         shown = ", ".join(report.missing_instance_ids[:10])
-        notes.append(
-            f"{len(report.missing_instance_ids)} id(s) from --instance-ids not in the input: {shown}"
-        )
+        notes.append(f"{len(report.missing_instance_ids)} id(s) from --instance-ids not in the input: {shown}")
     if report.unmatched_repos:
         notes.append(f"--repos matched no row for: {', '.join(report.unmatched_repos)}")
     for note in notes:
@@ -189,8 +185,8 @@ def convert_command(
         convert,
     )
 
-    out = Console()
-    err = Console(stderr=True)
+    out = Console(soft_wrap=True)
+    err = Console(stderr=True, soft_wrap=True)
     try:
         options = ConvertOptions(
             input=input,

@@ -24,6 +24,9 @@ def _root() -> None:
 
 # Registration: each feature module exposes `register(app)`.
 # (kept as explicit imports so a missing module is an import error, not a silent gap)
+from miles_nemogym.cli import convert as _convert  # noqa: E402
+
+_convert.register(app)
 
 if __name__ == "__main__":
     app()

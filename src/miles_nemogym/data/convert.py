@@ -241,9 +241,7 @@ def _record_problem(report: ConvertReport, raw: RawRow, problems: list[str], key
         )
 
 
-def convert(
-    options: ConvertOptions, progress: Callable[[int, int | None], None] | None = None
-) -> ConvertReport:
+def convert(options: ConvertOptions, progress: Callable[[int, int | None], None] | None = None) -> ConvertReport:
     """Run the conversion; returns the report, or raises :class:`ConvertError` with nothing written.
 
     Also raises :class:`~miles_nemogym.data.sources.SourceError` (unreadable input),
@@ -306,9 +304,7 @@ def convert(
             if instance.instance_id in seen_ids:
                 report.skipped[DUPLICATE] += 1
                 if len(report.duplicates) < MAX_LISTED_PROBLEMS:
-                    report.duplicates.append(
-                        RowProblem(raw.where(), instance.instance_id, ("kept the first",))
-                    )
+                    report.duplicates.append(RowProblem(raw.where(), instance.instance_id, ("kept the first",)))
                 continue
             seen_ids.add(instance.instance_id)
             seen_repos.add(instance.repo)

@@ -172,21 +172,16 @@ def _datasets_source(spec: str, split: str, *, local: bool) -> RowSource:
         dataset = datasets.load_dataset(spec, split=split, streaming=True)
     except ValueError as error:
         if "split" in str(error).lower():
-            raise SourceError(
-                f"{spec}: no split {split!r} ({error}); pass --split with one of them"
-            ) from None
+            raise SourceError(f"{spec}: no split {split!r} ({error}); pass --split with one of them") from None
         raise SourceError(f"{spec}: cannot load it with datasets.load_dataset ({error})") from None
     except Exception as error:
         where = "the folder" if local else "the dataset hub"
         hint = (
             ""
             if local
-            else "; without access to the hub, download it elsewhere and pass the folder or a "
-            "parquet/JSONL file"
+            else "; without access to the hub, download it elsewhere and pass the folder or a parquet/JSONL file"
         )
-        raise SourceError(
-            f"{spec}: cannot load it from {where} ({type(error).__name__}: {error}){hint}"
-        ) from None
+        raise SourceError(f"{spec}: cannot load it from {where} ({type(error).__name__}: {error}){hint}") from None
     total: int | None = None
     info_splits = getattr(getattr(dataset, "info", None), "splits", None)
     if info_splits and split in info_splits and info_splits[split].num_examples:
