@@ -1,0 +1,58 @@
+"""Smoke test of bench/agent_bench.py: a tiny run end to end, so the benchmark cannot rot.
+
+It starts the real loopback server process and runs every client in both scenarios;
+it asserts the report's shape and that every measurement is a positive number, never
+a timing bound (timings on a shared machine are noise).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "agent_bench.py"
+CLIENTS = ("a", "b", "c", "d")
+N, BURST = 24, 12
+
+
+def test_agent_bench_quick_run_reports_every_client_and_scenario(tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--n", str(N), "--concurrency", "6",
+         "--burst", str(BURST), "--hold", "0.3", "--warmup", "2", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+
+    assert set(report["results"]) == {"saturation", "burst"}
+    for scenario in ("saturation", "burst"):
+        summaries = report["results"][scenario]
+        assert set(summaries) == set(CLIENTS), scenario
+        for client, summary in summaries.items():
+            where = f"{scenario}/{client}"
+            assert summary["errors"] == 0, where
+            for key in ("calls_per_s", "wall_s", "client_cpu_per_call_ms", "server_peak_in_flight"):
+                assert summary[key] > 0, f"{where}: {key}={summary[key]}"
+            assert summary["worst_stall_max_s"] >= 0, where
+
+    runs = report["runs"]
+    assert {(run["scenario"], run["client"]) for run in runs} == {
+        (scenario, client) for scenario in ("saturation", "burst") for client in CLIENTS
+    }
+    for run in runs:
+        expected = N if run["scenario"] == "saturation" else BURST
+        # Every call came back as a decoded result, and the server saw every one of them.
+        assert run["ok"] == expected, run
+        assert run["server_served"] == expected, run
+
+    assert [goal["goal"] for goal in report["goals"]] == [
+        "saturation a/b >= 0.8",
+        "saturation a/c >= 3",
+        "burst wall(a) <= 1.2 x wall(b)",
+        "burst worst stall of a <= 1 s",
+    ]
+    assert all(goal["value"] > 0 for goal in report["goals"])
+    assert report["server"]["body_bytes"] > 1000
