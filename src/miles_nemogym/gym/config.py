@@ -1,0 +1,219 @@
+"""The ``mini_swe_agent_2`` server config, composed by NeMo-Gym's own config parser.
+
+The server reads its whole config from ``NEMO_GYM_CONFIG_DICT`` (YAML). ``gym env
+start`` builds that from ``config_paths`` (agent yaml + one sandbox provider yaml +
+model yaml) and overrides, through ``nemo_gym.global_config``'s parser, which does
+more than a merge (``_inherit_from``/``_delete_key`` swaps, legacy aliases, defaults,
+validation). Re-implementing it would drift, so ``compose_config_yaml`` runs that
+parser inside the server venv and only the overrides are ours:
+
+- the three shipped config files of the chosen provider (GYM_ON_CPU.md, "Config");
+- the serve options: host, port, concurrency, step limit and timeouts, golden mode;
+- the user's provider options (a YAML file), merged over the provider's own block;
+- placeholder policy settings: every ``/run`` carries its own ``policy_base_url``,
+  so the configured model server is never contacted, but the entry must exist;
+- for ``local``, what a plain host needs: a per-episode temporary workspace
+  (``cwd: ""``), no conda activation, no user switch, workspaces in the server's folder.
+
+Interpolations such as ``${oc.env:DAYTONA_API_KEY}`` are left unresolved, so provider
+secrets are read by the server process from its environment and never written here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv
+
+SERVER_NAME = "mini_swe_agent_2"
+"""The top-level config key of the agent server (also ``NEMO_GYM_CONFIG_PATH``)."""
+
+SandboxName = Literal["docker", "daytona", "apptainer", "enroot", "ecs_fargate", "opensandbox", "local"]
+SANDBOXES: tuple[str, ...] = get_args(SandboxName)
+
+AGENT_CONFIG = Path("responses_api_agents/mini_swe_agent_2/configs/mini_swe_agent_2.yaml")
+MODEL_CONFIG = Path("responses_api_models/vllm_model/configs/vllm_model.yaml")
+
+# Never dialled: each /run names its own policy endpoint. Port 9 (discard) on loopback,
+# so a /run that forgot policy_base_url fails fast instead of reaching something real.
+PLACEHOLDER_POLICY_URL = "http://127.0.0.1:9/v1"
+
+# What the local provider needs on a plain host (GYM_ON_CPU.md): `cwd: ""` gives each
+# episode its own temporary workspace instead of creating /testbed on the host; the
+# local provider refuses any `user`; there is no conda to activate.
+LOCAL_ENVIRONMENT_KWARGS: dict[str, Any] = {
+    "cwd": "",
+    "activate_conda": False,
+    "user": None,
+    "conda_env": "testbed",
+}
+
+
+def provider_config_path(sandbox: str) -> Path:
+    """The provider config nemo-gym ships, relative to site-packages."""
+    return Path("nemo_gym/sandbox/providers") / sandbox / "configs" / f"{sandbox}.yaml"
+
+
+class ServeOptions(BaseModel):
+    """What ``miles-nemogym serve`` (and the test fixtures) can choose about the server."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sandbox: SandboxName = "local"
+    host: str = "127.0.0.1"
+    port: int = Field(default=0, ge=0, le=65535, description="0 picks a free port")
+    concurrency: int = Field(default=16, ge=1, description="episodes run at once")
+    step_limit: int = Field(default=250, ge=1, description="model calls per episode")
+    step_timeout: int = Field(default=600, ge=1, description="seconds per bash command")
+    eval_timeout: int = Field(default=1800, ge=1, description="seconds for grading")
+    golden: bool = Field(default=False, description="apply the gold patch, no model calls")
+    policy_model_name: str = Field(default="policy", min_length=1)
+    provider_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="merged over the provider's shipped block `sandbox.<provider>`",
+    )
+
+    @field_validator("host")
+    @classmethod
+    def _host_not_empty(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("host must not be empty; use 127.0.0.1 (this machine) or 0.0.0.0 (all interfaces)")
+        return value.strip()
+
+
+def load_provider_options(path: Path) -> dict[str, Any]:
+    """Provider options from a YAML file: the mapping that goes under ``sandbox.<provider>``.
+
+    A file whose only top-level key is ``sandbox`` is taken as a whole ``sandbox:``
+    block (e.g. copied from a nemo-gym provider config) and its inner mapping is used.
+    """
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise GymEnvironmentError(f"--provider-config {path}: cannot read it ({exc})") from exc
+    except yaml.YAMLError as exc:
+        raise GymEnvironmentError(f"--provider-config {path}: not valid YAML ({exc})") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise GymEnvironmentError(
+            f"--provider-config {path}: expected a mapping of provider options "
+            f"(e.g. `exec: {{default_timeout_s: 300}}`), got {type(data).__name__}"
+        )
+    return data
+
+
+def _provider_block(options: ServeOptions) -> dict[str, Any]:
+    """The ``sandbox`` overrides: user options, then what ``local`` needs on the host."""
+    given = options.provider_options
+    if set(given) == {"sandbox"} and isinstance(given["sandbox"], dict):
+        block: dict[str, Any] = dict(given["sandbox"])
+        unknown = sorted(set(block) - {options.sandbox, "default_metadata"})
+        if unknown:
+            raise GymEnvironmentError(
+                f"provider options: the `sandbox` block names {unknown}, but the server runs the "
+                f"{options.sandbox!r} provider; put its options under `sandbox.{options.sandbox}`"
+            )
+    else:
+        block = {options.sandbox: dict(given)} if given else {}
+    return block
+
+
+def overrides(options: ServeOptions, port: int, state_dir: Path) -> dict[str, Any]:
+    """Our layer over the shipped configs (merged last, so it wins)."""
+    if port <= 0:
+        raise GymEnvironmentError(f"overrides need a concrete port, got {port}")
+    agent: dict[str, Any] = {
+        "host": options.host,
+        "port": port,
+        "concurrency": options.concurrency,
+        "step_limit": options.step_limit,
+        "step_timeout": options.step_timeout,
+        "eval_timeout": options.eval_timeout,
+        "run_golden": options.golden,
+    }
+    sandbox = _provider_block(options)
+    if options.sandbox == "local":
+        agent["sandbox_environment_kwargs"] = dict(LOCAL_ENVIRONMENT_KWARGS)
+        local = dict(sandbox.get("local") or {})
+        local.setdefault("workspace_root", str(state_dir / "workspaces"))
+        sandbox["local"] = local
+    result: dict[str, Any] = {
+        "policy_base_url": PLACEHOLDER_POLICY_URL,
+        "policy_api_key": "unused",
+        "policy_model_name": options.policy_model_name,
+        "results_dir": str(state_dir / "results"),
+        "cache_dir": str(state_dir / "cache"),
+        SERVER_NAME: {"responses_api_agents": {SERVER_NAME: agent}},
+    }
+    if sandbox:
+        result["sandbox"] = sandbox
+    return result
+
+
+def config_paths(options: ServeOptions, site_packages: Path) -> list[Path]:
+    """The shipped configs, in nemo-gym's merge order (later wins)."""
+    paths = [
+        site_packages / AGENT_CONFIG,
+        site_packages / provider_config_path(options.sandbox),
+        site_packages / MODEL_CONFIG,
+    ]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise GymEnvironmentError(f"the server venv lacks nemo-gym's config files: {missing}")
+    return paths
+
+
+# Runs inside the server venv: nemo-gym's own parser, offline (no port probing, no
+# exporters), no CLI and no env.yaml, so only what we pass in shapes the result.
+_COMPOSER = """
+import json, sys
+from omegaconf import OmegaConf
+from nemo_gym.global_config import GlobalConfigDictParser, GlobalConfigDictParserConfig
+payload = json.loads(sys.stdin.read())
+parsed = GlobalConfigDictParser().parse(
+    GlobalConfigDictParserConfig(
+        initial_global_config_dict=OmegaConf.create(payload),
+        skip_load_from_cli=True,
+        skip_load_from_dotenv=True,
+        offline=True,
+    )
+)
+print("\\n" + json.dumps({"yaml": OmegaConf.to_yaml(parsed)}))
+"""
+
+
+def compose_config_yaml(options: ServeOptions, venv: GymVenv, port: int, state_dir: Path) -> str:
+    """The ``NEMO_GYM_CONFIG_DICT`` value for these options (nemo-gym's parser, in ``venv``)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    payload = overrides(options, port, state_dir)
+    payload["config_paths"] = [str(p) for p in config_paths(options, venv.site_packages)]
+    done = subprocess.run(
+        [str(venv.python), "-c", _COMPOSER],
+        input=json.dumps(payload),
+        capture_output=True,
+        text=True,
+        cwd=state_dir,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise GymEnvironmentError(
+            f"nemo-gym rejected the server config for sandbox {options.sandbox!r}:\n{done.stderr.strip()[-3000:]}"
+        )
+    last = done.stdout.strip().splitlines()[-1]
+    composed: str = json.loads(last)["yaml"]
+    return composed
+
+
+def agent_section(config_yaml: str) -> dict[str, Any]:
+    """The agent server's own block of a composed config (for checks and messages)."""
+    data = yaml.safe_load(config_yaml)
+    section: dict[str, Any] = data[SERVER_NAME]["responses_api_agents"][SERVER_NAME]
+    return section

@@ -1,0 +1,329 @@
+"""Start and stop the real NeMo-Gym ``mini_swe_agent_2`` server as a child process.
+
+One class serves ``miles-nemogym serve``, ``smoke`` and the integration test fixtures,
+so the tests exercise what users run. It follows GYM_ON_CPU.md ("Start and stop"):
+``app.py`` runs from the server venv with the composed config in
+``NEMO_GYM_CONFIG_DICT``, starts its own local Ray, and answers HTTP after ~20 s.
+
+Side effects stay in the server's state folder (log, results, temp files, Ray's
+session, and for the ``local`` sandbox also HOME/XDG/git config, because episode
+commands and the SWE-bench eval script run on the host and write ``git config
+--global``). Container providers keep the user's HOME so their CLIs find registry
+credentials. Ray binds loopback only and sends no usage stats.
+
+Stopping never leaves orphans: the server runs in its own process group (SIGTERM,
+then SIGKILL, to the group), and on Linux every process still carrying this server's
+marker variable in its environment (Ray daemons and workers inherit it) is killed too.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+
+from miles_nemogym.gym.config import SERVER_NAME, ServeOptions, compose_config_yaml
+from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, ensure_gym_venv
+from miles_nemogym.policy_url import is_wildcard
+
+MARKER_ENV = "MILES_NEMOGYM_GYM_SERVER_ID"
+"""Set in the server's environment; inherited by Ray, so stragglers can be found."""
+
+# Variables of the caller that would redirect the server or its Ray elsewhere.
+_DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "RAY_ADDRESS", "NEMO_GYM_CONFIG_DICT")
+
+# Unix socket paths (Ray's session sockets live under RAY_TMPDIR) must stay below
+# ~107 bytes; Ray adds ~70, so a longer state folder gets a short temp folder instead.
+_MAX_RAY_TMPDIR = 36
+
+
+class GymServerError(GymEnvironmentError):
+    """The server did not start, or died; the message carries its log tail."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS reports free on ``host`` right now."""
+    bind_host = "127.0.0.1" if is_wildcard(host) else host
+    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.bind((bind_host, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def connect_host(host: str) -> str:
+    """Where a client on this machine reaches a server bound to ``host``."""
+    if host.strip("[]") in {"0.0.0.0", ""}:
+        return "127.0.0.1"
+    if host.strip("[]") == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _pids_with_marker(marker: str) -> list[int]:
+    """Processes (Linux ``/proc``) whose environment carries ``MARKER_ENV=marker``."""
+    needle = f"{MARKER_ENV}={marker}".encode()
+    found: list[int] = []
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return found
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+    return found
+
+
+def _kill(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+class GymServer:
+    """The ``mini_swe_agent_2`` server as a context manager.
+
+    >>> with GymServer(ServeOptions(sandbox="local", concurrency=2)) as server:
+    ...     print(server.url)  # http://127.0.0.1:<port>
+
+    ``state_dir`` (default: a new temp folder) holds ``server.log``, ``results/``,
+    the per-episode workspaces and temp files; it is kept after stop for inspection.
+    """
+
+    def __init__(
+        self,
+        options: ServeOptions | None = None,
+        *,
+        state_dir: Path | None = None,
+        venv: GymVenv | None = None,
+        progress: Progress | None = None,
+        start_timeout: float = 240.0,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.options = options or ServeOptions()
+        self._given_state_dir = state_dir
+        self._venv = venv
+        self._progress = progress
+        self.start_timeout = start_timeout
+        self._extra_env = dict(extra_env or {})
+        self._process: subprocess.Popen[bytes] | None = None
+        self._marker = uuid.uuid4().hex
+        self._short_tmp: Path | None = None
+        self._lock = threading.Lock()
+        self.state_dir: Path | None = None
+        self.port: int | None = None
+        self.config_yaml: str | None = None
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def url(self) -> str:
+        """``http://<host>:<port>`` as a client on this machine dials it."""
+        if self.port is None:
+            raise GymServerError("the server is not started")
+        return f"http://{connect_host(self.options.host)}:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        if self.state_dir is None:
+            raise GymServerError("the server is not started")
+        return self.state_dir / "server.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    @property
+    def venv(self) -> GymVenv:
+        if self._venv is None:
+            raise GymServerError("the server is not started")
+        return self._venv
+
+    def is_running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except (OSError, GymServerError):
+            return "(no server log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    # ------------------------------------------------------------------ start
+
+    def _environment(self, state: Path, config_yaml: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
+        tmp = state / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        ray_tmp = state / "ray"
+        if len(str(ray_tmp)) > _MAX_RAY_TMPDIR:
+            self._short_tmp = Path(tempfile.mkdtemp(prefix="mng-ray-", dir="/tmp"))
+            ray_tmp = self._short_tmp
+        ray_tmp.mkdir(parents=True, exist_ok=True)
+        env.update(
+            {
+                "NEMO_GYM_CONFIG_DICT": config_yaml,
+                "NEMO_GYM_CONFIG_PATH": SERVER_NAME,
+                "PYTHONPATH": str(self.venv.agent_dir),
+                "PYTHONUNBUFFERED": "1",
+                MARKER_ENV: self._marker,
+                # Ray: loopback only, no auth tokens to manage, no usage report, own temp.
+                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+                "RAY_AUTH_MODE": "disabled",
+                "RAY_USAGE_STATS_ENABLED": "0",
+                "RAY_TMPDIR": str(ray_tmp),
+                "TMPDIR": str(tmp),
+                "TEMP": str(tmp),
+                "TMP": str(tmp),
+                "MSWEA_SILENT_STARTUP": "1",
+                "MSWEA_GLOBAL_CONFIG_DIR": str(state / "mswea"),
+                # litellm would otherwise fetch its model price map from the internet.
+                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                # Nothing at run time may install packages behind the user's back.
+                "PIP_NO_INDEX": "1",
+            }
+        )
+        if self.options.sandbox == "local":
+            home = state / "home"
+            for sub in ("", ".config", ".cache", ".local/share", ".local/state"):
+                (home / sub).mkdir(parents=True, exist_ok=True)
+            env.update(
+                {
+                    "HOME": str(home),
+                    "GIT_CONFIG_GLOBAL": str(home / ".gitconfig"),
+                    "XDG_CONFIG_HOME": str(home / ".config"),
+                    "XDG_CACHE_HOME": str(home / ".cache"),
+                    "XDG_DATA_HOME": str(home / ".local/share"),
+                    "XDG_STATE_HOME": str(home / ".local/state"),
+                }
+            )
+        env.update(self._extra_env)
+        return env
+
+    def start(self) -> GymServer:
+        """Build/reuse the venv, compose the config, start, and wait until it answers."""
+        with self._lock:
+            if self._process is not None:
+                raise GymServerError("this GymServer is already started")
+            if self._venv is None:
+                self._venv = ensure_gym_venv(self.options.sandbox, progress=self._progress)
+            state = self._given_state_dir or Path(tempfile.mkdtemp(prefix="miles-nemogym-gym-"))
+            state = state.resolve()
+            state.mkdir(parents=True, exist_ok=True)
+            self.state_dir = state
+            self.port = self.options.port or free_port(self.options.host)
+            self.config_yaml = compose_config_yaml(self.options, self._venv, self.port, state)
+            env = self._environment(state, self.config_yaml)
+            app = self._venv.agent_dir / "app.py"
+            with self.log_path.open("ab") as log:
+                self._process = subprocess.Popen(
+                    [str(self._venv.python), str(app)],
+                    cwd=state,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    # Own process group: Ctrl-C in a terminal does not reach it
+                    # directly, and stop() can signal it and its Ray as one.
+                    start_new_session=True,
+                )
+            _LIVE.add(self)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        probe = f"{self.url}/openapi.json"
+        while True:
+            if not self.is_running():
+                code = self._process.returncode if self._process else None
+                raise GymServerError(
+                    f"the NeMo-Gym server exited during start (exit {code}); log {self.log_path}:\n{self.log_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(probe, timeout=5):
+                    return
+            except urllib.error.HTTPError:
+                return  # any HTTP answer means it is serving
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise GymServerError(
+                    f"the NeMo-Gym server did not answer on {self.url} within {self.start_timeout:.0f} s; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
+            time.sleep(0.5)
+
+    # ------------------------------------------------------------------ stop
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM the server's process group, SIGKILL what is left; idempotent."""
+        with self._lock:
+            process = self._process
+            if process is None:
+                return
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=timeout)
+            # The leader may be gone while Ray daemons in its group or elsewhere live on.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=5)
+            for _ in range(20):
+                stragglers = _pids_with_marker(self._marker)
+                if not stragglers:
+                    break
+                _kill(stragglers, signal.SIGKILL)
+                time.sleep(0.25)
+            if self._short_tmp is not None:
+                shutil.rmtree(self._short_tmp, ignore_errors=True)
+                self._short_tmp = None
+            _LIVE.discard(self)
+
+    def __enter__(self) -> GymServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def leftover_pids(self) -> list[int]:
+        """Processes of this server still alive (empty after ``stop``)."""
+        return _pids_with_marker(self._marker)
+
+
+_LIVE: set[GymServer] = set()
+
+
+@atexit.register
+def _stop_all() -> None:
+    """A caller that forgot ``stop`` (or crashed) still leaves no server behind."""
+    for server in list(_LIVE):
+        with contextlib.suppress(Exception):
+            server.stop(timeout=5)

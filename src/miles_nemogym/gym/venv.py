@@ -1,0 +1,385 @@
+"""The NeMo-Gym server's own Python 3.13 virtual environment, built once and cached.
+
+nemo-gym needs Python 3.13 while the trainer side of this package runs on 3.10+, so the
+server gets its own venv, keyed by the versions in ``miles_nemogym.pins``. The recipe is
+the one recorded in GYM_ON_CPU.md: nemo-gym's own ``Requires-Dist`` list (read from the
+pinned wheel, so it cannot drift from it) plus mini-swe-agent and swebench at their
+pins, then nemo-gym itself with ``--no-deps --ignore-requires-python`` (it declares
+``>=3.13.14``; 3.13.0 runs it).
+
+A venv cannot be moved after it is built (pip writes absolute paths into its scripts),
+so "build elsewhere, then rename" is done with a symlink: the venv is built in a
+uniquely named folder next to its final name, checked, and only then published by
+atomically replacing the symlink ``<key>``. A crash leaves an unpublished folder that
+the next build removes, never a half venv that looks ready. A file lock keeps two
+processes (say, two pytest runs) from building the same venv at once.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from miles_nemogym import gym_wheel
+from miles_nemogym.pins import GYM_PYTHON, MINI_SWE_AGENT_VERSION, NEMO_GYM_VERSION, SWEBENCH_VERSION
+
+GYM_PYTHON_ENV = "MILES_NEMOGYM_GYM_PYTHON"
+"""Names the Python 3.13 interpreter explicitly (skips the search)."""
+
+RECIPE_REVISION = 1
+"""Bumped when the build recipe changes, so old cached venvs are not reused."""
+
+READY_MARKER = "miles-nemogym-venv.json"
+AGENT_RELATIVE_DIR = Path("responses_api_agents") / "mini_swe_agent_2"
+
+# The SDK each provider imports at run time, from nemo-gym's `sandbox` extra. The
+# docker, apptainer, enroot and local providers drive CLIs or subprocesses and need none.
+PROVIDER_SDKS: dict[str, tuple[str, ...]] = {
+    "daytona": ("daytona",),
+    "opensandbox": ("opensandbox",),
+    "ecs_fargate": ("boto3",),
+}
+
+Progress = Callable[[str], None]
+
+
+class GymEnvironmentError(RuntimeError):
+    """The NeMo-Gym server environment could not be found, built or started."""
+
+
+class GymPythonNotFoundError(GymEnvironmentError):
+    """No working Python 3.13 interpreter on this machine."""
+
+
+class GymVenvBuildError(GymEnvironmentError):
+    """Building the server venv failed (the pip output tail is in the message)."""
+
+
+@dataclass(frozen=True)
+class GymVenv:
+    """A ready server venv."""
+
+    path: Path
+    python: Path
+    site_packages: Path
+
+    @property
+    def agent_dir(self) -> Path:
+        """The installed ``mini_swe_agent_2`` server folder (holds ``app.py``)."""
+        return self.site_packages / AGENT_RELATIVE_DIR
+
+
+# ----------------------------------------------------------------------------- interpreter
+
+
+def _probe(candidate: Path) -> str | None:
+    """``None`` when ``candidate`` is a working Python 3.13 with venv support, else why not."""
+    code = "import sys, venv, ensurepip; print('%d.%d' % sys.version_info[:2])"
+    try:
+        done = subprocess.run([str(candidate), "-c", code], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"does not run ({exc.__class__.__name__}: {exc})"
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()
+        return f"exits {done.returncode}: {tail[-1] if tail else 'no output'}"
+    version = done.stdout.strip()
+    if version != GYM_PYTHON:
+        return f"is Python {version}, not {GYM_PYTHON}"
+    return None
+
+
+def _pyenv_candidates(root: Path) -> list[Path]:
+    versions = root / "versions"
+    if not versions.is_dir():
+        return []
+    found = [p / "bin" / f"python{GYM_PYTHON}" for p in versions.glob(f"{GYM_PYTHON}*")]
+    # Newest patch release first: "3.13.10" must sort after "3.13.9".
+    found.sort(key=lambda p: [int(n) for n in re.findall(r"\d+", p.parent.parent.name)], reverse=True)
+    return [p for p in found if p.exists()]
+
+
+def gym_python_candidates(environ: Mapping[str, str] | None = None) -> list[Path]:
+    """Where a Python 3.13 is looked for, in order (without the explicit env var)."""
+    env = os.environ if environ is None else environ
+    name = f"python{GYM_PYTHON}"
+    candidates: list[Path] = []
+    on_path = shutil.which(name, path=env.get("PATH", ""))
+    if on_path:
+        candidates.append(Path(on_path))
+    roots = [Path(env["PYENV_ROOT"])] if env.get("PYENV_ROOT") else []
+    if env.get("HOME"):
+        roots.append(Path(env["HOME"]) / ".pyenv")
+    for root in roots:
+        candidates.extend(_pyenv_candidates(root))
+    candidates.extend(Path(d) / name for d in ("/usr/local/bin", "/usr/bin", "/opt/homebrew/bin"))
+    unique: list[Path] = []
+    for path in candidates:
+        if path not in unique and (path == candidates[0] or path.exists()):
+            unique.append(path)
+    return unique
+
+
+def find_gym_python(environ: Mapping[str, str] | None = None) -> Path:
+    """A working Python 3.13: ``$MILES_NEMOGYM_GYM_PYTHON``, else the first that runs.
+
+    pyenv shims answer to ``python3.13`` even when that version is not selected and
+    then fail, so every candidate is actually run before it is trusted.
+    """
+    env = os.environ if environ is None else environ
+    explicit = env.get(GYM_PYTHON_ENV)
+    if explicit:
+        path = Path(explicit).expanduser()
+        problem = _probe(path)
+        if problem:
+            raise GymPythonNotFoundError(
+                f"{GYM_PYTHON_ENV}={explicit} {problem}. Point it at a Python {GYM_PYTHON} "
+                f"interpreter that has the venv module, or unset it to search the machine."
+            )
+        return path
+    tried: list[str] = []
+    for candidate in gym_python_candidates(env):
+        problem = _probe(candidate)
+        if problem is None:
+            return candidate
+        tried.append(f"  {candidate}: {problem}")
+    looked = "\n".join(tried) if tried else "  (no python3.13 on PATH, in pyenv or in /usr/bin)"
+    raise GymPythonNotFoundError(
+        f"NeMo-Gym {NEMO_GYM_VERSION} needs Python {GYM_PYTHON} for its server, and none was found:\n"
+        f"{looked}\n"
+        f"Install one, e.g. `pyenv install {GYM_PYTHON}`, `uv python install {GYM_PYTHON}`, or your "
+        f"OS packages python{GYM_PYTHON} and python{GYM_PYTHON}-venv; or set {GYM_PYTHON_ENV} to its path."
+    )
+
+
+# ----------------------------------------------------------------------------- recipe
+
+
+def _requires_dist() -> list[tuple[str, str | None]]:
+    """(requirement, extra or None) for every ``Requires-Dist`` of the pinned wheel."""
+    member = f"nemo_gym-{NEMO_GYM_VERSION}.dist-info/METADATA"
+    # METADATA is an email-style header block (with folded multi-line fields such as
+    # License) followed by the README; the stdlib header parser reads it correctly.
+    headers = email.parser.HeaderParser().parsestr(gym_wheel.read_member(member).decode("utf-8"))
+    found: list[tuple[str, str | None]] = []
+    for value in headers.get_all("Requires-Dist") or []:
+        requirement = str(value).strip()
+        extra = re.search(r"""extra\s*==\s*["']([^"']+)["']""", requirement)
+        found.append((requirement, extra.group(1) if extra else None))
+    return found
+
+
+def _distribution_name(requirement: str) -> str:
+    match = re.match(r"[A-Za-z0-9._-]+", requirement)
+    return (match.group(0) if match else requirement).lower().replace("_", "-")
+
+
+def provider_requirements(sandbox: str) -> list[str]:
+    """The SDK requirements ``sandbox`` needs beyond the base venv (specs from the wheel)."""
+    wanted = set(PROVIDER_SDKS.get(sandbox, ()))
+    specs = [
+        req.split(";", 1)[0].strip()
+        for req, extra in _requires_dist()
+        if extra == "sandbox" and _distribution_name(req) in wanted
+    ]
+    if len(specs) != len(wanted):
+        raise GymEnvironmentError(
+            f"nemo-gym {NEMO_GYM_VERSION}'s `sandbox` extra does not list {sorted(wanted)} "
+            f"for provider {sandbox!r}; this package's PROVIDER_SDKS table is out of date."
+        )
+    return specs
+
+
+def requirements(sandbox: str = "local") -> list[str]:
+    """Everything installed before nemo-gym itself (which goes in with ``--no-deps``)."""
+    base = [req for req, extra in _requires_dist() if extra is None]
+    pinned = [
+        f"mini-swe-agent=={MINI_SWE_AGENT_VERSION}",
+        f"swebench=={SWEBENCH_VERSION}",
+        # Imported by the sandbox layer on every provider, but listed only in an extra.
+        "tenacity>=9.1.4",
+    ]
+    return base + pinned + provider_requirements(sandbox)
+
+
+def venv_key(sandbox: str = "local") -> str:
+    """The cache folder name: every pinned version and the provider SDKs it carries."""
+    key = (
+        f"py{GYM_PYTHON}-nemo-gym{NEMO_GYM_VERSION}-mini-swe-agent{MINI_SWE_AGENT_VERSION}"
+        f"-swebench{SWEBENCH_VERSION}-r{RECIPE_REVISION}"
+    )
+    sdks = PROVIDER_SDKS.get(sandbox)
+    return key + ("+" + "+".join(sdks) if sdks else "")
+
+
+def gym_venv_root() -> Path:
+    return gym_wheel.cache_dir() / "gym-venv"
+
+
+# ----------------------------------------------------------------------------- build
+
+
+def _load_ready(link: Path) -> GymVenv | None:
+    marker = link / READY_MARKER
+    if not marker.is_file():
+        return None
+    try:
+        data = json.loads(marker.read_text())
+        venv = GymVenv(
+            path=link,
+            python=link / "bin" / "python",
+            site_packages=link / data["site_packages"],
+        )
+    except (OSError, ValueError, KeyError):
+        return None
+    if not venv.python.exists() or not (venv.agent_dir / "app.py").is_file():
+        return None
+    return venv
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _clean_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # The caller's interpreter settings must not leak into the 3.13 build.
+    for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PIP_NO_INDEX", "PIP_REQUIRE_VIRTUALENV"):
+        env.pop(name, None)
+    return env
+
+
+def _run(command: Sequence[str], progress: Progress, what: str) -> None:
+    """Run a build step, streaming its output lines to ``progress``."""
+    tail: list[str] = []
+    with subprocess.Popen(
+        list(command),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_clean_env(),
+        bufsize=1,
+    ) as proc:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.rstrip()
+            if line:
+                tail = [*tail[-39:], line]
+                progress(line)
+        code = proc.wait()
+    if code != 0:
+        shown = "\n".join(tail)
+        raise GymVenvBuildError(f"{what} failed (exit {code}); last output:\n{shown}")
+
+
+def _build(python: Path, target: Path, sandbox: str, progress: Progress) -> None:
+    progress(f"creating the NeMo-Gym server venv with {python}")
+    _run([str(python), "-m", "venv", str(target)], progress, "python -m venv")
+    venv_python = target / "bin" / "python"
+    pip = [str(venv_python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
+    reqs = requirements(sandbox)
+    progress(f"installing {len(reqs)} requirements of nemo-gym {NEMO_GYM_VERSION} (takes minutes)")
+    _run([*pip, *reqs], progress, "pip install of nemo-gym's requirements")
+    wheel = gym_wheel.wheel_path()
+    progress(f"installing {wheel.name} (--no-deps --ignore-requires-python)")
+    _run([*pip, "--no-deps", "--ignore-requires-python", str(wheel)], progress, "pip install of nemo-gym")
+    # Prove the server's imports work before publishing the venv as ready.
+    check = (
+        "import json, sysconfig, nemo_gym, minisweagent, swebench, ray; "
+        "print(json.dumps({'site_packages': sysconfig.get_path('purelib')}))"
+    )
+    done = subprocess.run(
+        [str(venv_python), "-c", check], capture_output=True, text=True, env=_clean_env(), check=False
+    )
+    if done.returncode != 0:
+        raise GymVenvBuildError(f"the built venv cannot import the server: {done.stderr.strip()[-2000:]}")
+    site = json.loads(done.stdout.strip().splitlines()[-1])["site_packages"]
+    # Relative, so it holds through the published symlink as well as the build folder.
+    marker = {
+        "site_packages": os.path.relpath(site, target),
+        "python": str(python),
+        "nemo_gym": NEMO_GYM_VERSION,
+        "mini_swe_agent": MINI_SWE_AGENT_VERSION,
+        "swebench": SWEBENCH_VERSION,
+        "requirements": reqs,
+    }
+    (target / READY_MARKER).write_text(json.dumps(marker, indent=2))
+
+
+def _publish(root: Path, build_dir: Path, key: str) -> None:
+    link = root / key
+    staged = root / f"{key}.link-{os.getpid()}"
+    if staged.is_symlink() or staged.exists():
+        staged.unlink()
+    staged.symlink_to(build_dir.name)
+    if link.exists() and not link.is_symlink():
+        shutil.rmtree(link)  # an unmarked real folder under our name is debris
+    os.replace(staged, link)
+
+
+def _remove_debris(root: Path, key: str) -> None:
+    """Unpublished build folders of ``key`` (a crash, or a replaced build)."""
+    link = root / key
+    current = os.readlink(link) if link.is_symlink() else None
+    for path in root.glob(f"{key}.build-*"):
+        if path.name != current:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _print_progress(line: str) -> None:
+    print(f"[gym-venv] {line}", file=sys.stderr, flush=True)
+
+
+def ensure_gym_venv(
+    sandbox: str = "local",
+    progress: Progress | None = None,
+    python: Path | None = None,
+) -> GymVenv:
+    """The ready server venv for ``sandbox``; builds it (minutes) on first use.
+
+    ``progress`` receives one line per build step and pip output line (default: stderr).
+    ``python`` overrides the interpreter search.
+    """
+    report = progress or _print_progress
+    root = gym_venv_root()
+    key = venv_key(sandbox)
+    link = root / key
+    ready = _load_ready(link)
+    if ready:
+        return ready
+    with _locked(root / f"{key}.lock"):
+        ready = _load_ready(link)  # another process may have built it while we waited
+        if ready:
+            return ready
+        interpreter = python or find_gym_python()
+        _remove_debris(root, key)
+        build_dir = Path(tempfile.mkdtemp(dir=root, prefix=f"{key}.build-"))
+        try:
+            _build(interpreter, build_dir, sandbox, report)
+        except BaseException:
+            shutil.rmtree(build_dir, ignore_errors=True)
+            raise
+        _publish(root, build_dir, key)
+        _remove_debris(root, key)
+    ready = _load_ready(link)
+    if ready is None:
+        raise GymVenvBuildError(f"the venv built at {build_dir} is not usable through {link}")
+    report(f"NeMo-Gym server venv ready: {link}")
+    return ready

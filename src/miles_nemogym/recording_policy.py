@@ -1,0 +1,377 @@
+"""A scripted, recording OpenAI-compatible policy served at Miles' session URL shape.
+
+In training, the NeMo-Gym harness calls Miles' session server
+(``http://<ip>:<port>/sessions/<id>/v1/chat/completions``), which records the
+exchange and forwards it to SGLang (CONTRACTS.md §1, §5). CI and ``miles-nemogym
+smoke`` cannot run Miles (not on PyPI, needs a GPU engine), so this server stands in
+for both on loopback:
+
+- it serves ``POST /sessions/<id>/v1/chat/completions`` and records every request,
+  per session: path, headers (whether ``Authorization`` came and its value, kept out of
+  ``repr``), and the JSON body — the trainer-visible proof of what the harness sent;
+- it answers like a policy that drives mini-swe-agent 2.1.0 through its ``bash`` tool
+  (OpenAI ``tool_calls``, ``finish_reason: tool_calls``, ``usage``, as litellm parses
+  them): ``look_around_turns`` harmless commands, then one whose output starts with
+  ``COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`` followed by the patch (``git diff``), which
+  ends the episode (GYM_ON_CPU.md, "What an episode does");
+- ``delay`` slows every answer; ``slow`` holds answers until ``release()`` or stop,
+  for abort tests; both can also be set per session.
+
+Usable as an async context manager inside a running loop (``async with``) or, for
+sync code and pytest session fixtures next to ``GymServer``, as a sync context
+manager that runs its own loop in a background thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from aiohttp import web
+
+SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+DEFAULT_LOOK_AROUND = ("pwd", "ls -la")
+
+SCRIPTED_PATCH_FILE = "miles_nemogym_scripted.txt"
+SCRIPTED_PATCH = (
+    f"diff --git a/{SCRIPTED_PATCH_FILE} b/{SCRIPTED_PATCH_FILE}\n"
+    "new file mode 100644\n"
+    "--- /dev/null\n"
+    f"+++ b/{SCRIPTED_PATCH_FILE}\n"
+    "@@ -0,0 +1 @@\n"
+    "+written by the miles-nemogym scripted policy\n"
+)
+"""A patch that applies to any repository (it adds one file), so a submission is never
+empty. ``git diff`` would submit nothing: the ``local`` sandbox's workspace is an empty
+folder and a container's /testbed is unchanged by a policy that only looks around."""
+
+# Must exit 0: mini-swe-agent only accepts a submission from a successful command.
+DEFAULT_SUBMIT_COMMAND = f"echo {SUBMIT_MARKER}; cat <<'MILES_NEMOGYM_PATCH'\n{SCRIPTED_PATCH}MILES_NEMOGYM_PATCH"
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request the policy received."""
+
+    session_id: str | None
+    method: str
+    path: str
+    headers: dict[str, str]
+    """All headers except ``Authorization`` (see ``authorization``)."""
+    body: Any
+    """The parsed JSON body, or the raw text when it was not JSON."""
+    received_at: float
+    authorization: str | None = field(default=None, repr=False)
+    """The ``Authorization`` header as sent (a secret: never printed by ``repr``)."""
+
+    @property
+    def has_authorization(self) -> bool:
+        return self.authorization is not None
+
+    @property
+    def is_chat_completion(self) -> bool:
+        return self.method == "POST" and self.path.endswith("/v1/chat/completions")
+
+
+@dataclass(frozen=True)
+class Script:
+    """How the policy answers in one session."""
+
+    look_around_turns: int = 2
+    look_around_commands: tuple[str, ...] = DEFAULT_LOOK_AROUND
+    submit_command: str = DEFAULT_SUBMIT_COMMAND
+    delay: float = 0.0
+    """Seconds to wait before each answer."""
+    slow: bool = False
+    """Hold every answer until ``RecordingPolicy.release()`` (or stop)."""
+
+    def command_for_turn(self, turn: int) -> str:
+        if turn < self.look_around_turns and self.look_around_commands:
+            return self.look_around_commands[turn % len(self.look_around_commands)]
+        return self.submit_command
+
+
+def _estimate_tokens(value: Any) -> int:
+    """A rough, deterministic token count (4 characters per token) for ``usage``."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return max(1, len(text) // 4)
+
+
+def _tool_name_and_argument(body: Mapping[str, Any]) -> tuple[str, str]:
+    """The bash tool's name and its command argument, as the request declared them."""
+    for tool in body.get("tools") or []:
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if not isinstance(function, Mapping):
+            continue
+        parameters = function.get("parameters") or {}
+        required = parameters.get("required") or list((parameters.get("properties") or {}).keys())
+        if required:
+            return str(function.get("name", "bash")), str(required[0])
+    return "bash", "command"
+
+
+def chat_completion(body: Mapping[str, Any], command: str, turn: int) -> dict[str, Any]:
+    """An OpenAI chat.completion answering with one bash tool call running ``command``."""
+    name, argument = _tool_name_and_argument(body)
+    content = f"THOUGHT: step {turn + 1} of the scripted policy."
+    tool_call = {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps({argument: command})},
+    }
+    prompt_tokens = _estimate_tokens(body.get("messages", []))
+    completion_tokens = _estimate_tokens(content) + _estimate_tokens(tool_call["function"])
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": str(body.get("model", "policy")),
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content, "tool_calls": [tool_call]},
+                "finish_reason": "tool_calls",
+                "logprobs": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+def _error(status: int, message: str) -> web.Response:
+    payload = {"error": {"message": message, "type": "invalid_request_error", "code": status}}
+    return web.json_response(payload, status=status)
+
+
+class RecordingPolicy:
+    """The loopback policy server. ``session_url()`` gives Miles' ``base_url`` shape."""
+
+    def __init__(
+        self,
+        *,
+        look_around_turns: int = 2,
+        delay: float = 0.0,
+        slow: bool = False,
+        look_around_commands: tuple[str, ...] = DEFAULT_LOOK_AROUND,
+        submit_command: str = DEFAULT_SUBMIT_COMMAND,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        if look_around_turns < 0:
+            raise ValueError(f"look_around_turns must be >= 0, got {look_around_turns}")
+        if delay < 0:
+            raise ValueError(f"delay must be >= 0 seconds, got {delay}")
+        self.default_script = Script(
+            look_around_turns=look_around_turns,
+            look_around_commands=tuple(look_around_commands),
+            submit_command=submit_command,
+            delay=delay,
+            slow=slow,
+        )
+        self.host = host
+        self._requested_port = port
+        self._port: int | None = None
+        self._scripts: dict[str, Script] = {}
+        self._records: list[RecordedRequest] = []
+        self._lock = threading.Lock()
+        self._runner: web.AppRunner | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._release: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ addresses
+
+    @property
+    def url(self) -> str:
+        if self._port is None:
+            raise RuntimeError("the recording policy is not started")
+        return f"http://{self.host}:{self._port}"
+
+    def session_url(self, session_id: str | None = None) -> str:
+        """Miles' ``base_url`` for a session (no ``/v1``); a new id when none is given."""
+        sid = session_id or uuid.uuid4().hex
+        if "/" in sid:
+            raise ValueError(f"session id must not contain '/': {sid!r}")
+        return f"{self.url}/sessions/{sid}"
+
+    @staticmethod
+    def session_id_of(session_url: str) -> str:
+        return session_url.rstrip("/").removesuffix("/v1").rsplit("/sessions/", 1)[1]
+
+    # ------------------------------------------------------------------ scripting
+
+    def configure_session(self, session_id: str, **changes: Any) -> None:
+        """Change one session's script, e.g. ``configure_session(sid, slow=True)``."""
+        with self._lock:
+            current = self._scripts.get(session_id, self.default_script)
+            self._scripts[session_id] = Script(**{**current.__dict__, **changes})
+
+    def script_for(self, session_id: str) -> Script:
+        with self._lock:
+            return self._scripts.get(session_id, self.default_script)
+
+    def release(self) -> None:
+        """Let every held (``slow``) answer through, now and from now on."""
+        if self._loop is not None and self._release is not None:
+            self._loop.call_soon_threadsafe(self._release.set)
+
+    # ------------------------------------------------------------------ records
+
+    def requests(self, session_id: str | None = None) -> list[RecordedRequest]:
+        """Recorded requests (all, or one session's), in arrival order."""
+        with self._lock:
+            return [r for r in self._records if session_id is None or r.session_id == session_id]
+
+    def chat_requests(self, session_id: str) -> list[RecordedRequest]:
+        return [r for r in self.requests(session_id) if r.is_chat_completion]
+
+    def sessions(self) -> list[str]:
+        with self._lock:
+            seen: dict[str, None] = {}
+            for r in self._records:
+                if r.session_id is not None:
+                    seen.setdefault(r.session_id)
+            return list(seen)
+
+    def _record(self, request: web.Request, body: Any) -> RecordedRequest:
+        headers = {k: v for k, v in request.headers.items() if k.lower() != "authorization"}
+        record = RecordedRequest(
+            session_id=request.match_info.get("session_id"),
+            method=request.method,
+            path=request.path,
+            headers=headers,
+            body=body,
+            received_at=time.time(),
+            authorization=request.headers.get("Authorization"),
+        )
+        with self._lock:
+            self._records.append(record)
+        return record
+
+    # ------------------------------------------------------------------ handlers
+
+    async def _read_body(self, request: web.Request) -> Any:
+        text = await request.text()
+        try:
+            return json.loads(text) if text else None
+        except json.JSONDecodeError:
+            return text
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        body = await self._read_body(request)
+        record = self._record(request, body)
+        sid = record.session_id or ""
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return _error(400, "body must be a JSON object with a `messages` list")
+        if body.get("stream"):
+            return _error(400, "the recording policy does not stream; the harness never asks to")
+        turn = len(self.chat_requests(sid)) - 1
+        script = self.script_for(sid)
+        if script.delay:
+            await asyncio.sleep(script.delay)
+        if script.slow and self._release is not None:
+            await self._release.wait()
+        return web.json_response(chat_completion(body, script.command_for_turn(turn), turn))
+
+    async def _other(self, request: web.Request) -> web.Response:
+        self._record(request, await self._read_body(request))
+        served = "POST /sessions/<id>/v1/chat/completions"
+        return _error(404, f"the recording policy serves only {served}, not {request.method} {request.path}")
+
+    def _app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/sessions/{session_id}/v1/chat/completions", self._chat)
+        app.router.add_route("*", "/sessions/{session_id}/{tail:.*}", self._other)
+        app.router.add_route("*", "/{tail:.*}", self._other)
+        return app
+
+    # ------------------------------------------------------------------ async lifecycle
+
+    async def start(self) -> RecordingPolicy:
+        if self._runner is not None:
+            raise RuntimeError("the recording policy is already started")
+        self._loop = asyncio.get_running_loop()
+        self._release = asyncio.Event()
+        runner = web.AppRunner(self._app(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self._requested_port)
+        await site.start()
+        self._runner = runner
+        self._port = int(runner.addresses[0][1])
+        return self
+
+    async def stop(self) -> None:
+        if self._release is not None:
+            self._release.set()  # held answers complete instead of hanging the shutdown
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> RecordingPolicy:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ thread lifecycle
+
+    def start_in_thread(self, timeout: float = 30.0) -> RecordingPolicy:
+        """Serve from a background thread with its own event loop (for sync callers)."""
+        ready = threading.Event()
+        failure: list[BaseException] = []
+        loop = asyncio.new_event_loop()
+
+        def serve() -> None:
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self.start())
+            except BaseException as exc:
+                failure.append(exc)
+                ready.set()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self.stop())
+            loop.close()
+
+        self._thread = threading.Thread(target=serve, name="recording-policy", daemon=True)
+        self._thread.start()
+        if not ready.wait(timeout):
+            raise RuntimeError("the recording policy did not start in time")
+        if failure:
+            raise failure[0]
+        return self
+
+    def stop_thread(self, timeout: float = 30.0) -> None:
+        if self._thread is None or self._loop is None:
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout)
+        self._thread = None
+
+    def __enter__(self) -> RecordingPolicy:
+        return self.start_in_thread()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop_thread()
