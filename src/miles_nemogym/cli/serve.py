@@ -1,0 +1,163 @@
+"""``miles-nemogym serve``: the NeMo-Gym environment side in one command.
+
+Builds (first run, minutes) or reuses the pinned server venv, composes the
+``mini_swe_agent_2`` config for the chosen sandbox provider, starts the server, prints
+the ``NEMO_GYM_URL`` the trainer side exports, and runs until Ctrl-C or SIGTERM, then
+stops the server and its Ray. Issue 5, "miles-nemogym serve".
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+SANDBOX_HELP = (
+    "Sandbox provider: docker, daytona, apptainer, enroot, ecs_fargate, opensandbox (containers; what "
+    "SWE-bench grading needs) or local (host subprocesses, no isolation, cannot resolve instances)."
+)
+
+
+def _reachable_address() -> str:
+    """This machine's address on its default route (a UDP connect sends no packet)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: only consults the routing table
+            return str(probe.getsockname()[0])
+    except OSError:
+        return socket.gethostname()
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def serve(
+    sandbox: Annotated[str, typer.Option("--sandbox", help=SANDBOX_HELP)] = "docker",
+    host: Annotated[
+        str, typer.Option("--host", help="Address to bind; 0.0.0.0 lets trainers on other machines connect.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to bind; 0 picks a free one.")] = 12000,
+    concurrency: Annotated[int, typer.Option("--concurrency", help="Episodes the server runs at once.")] = 16,
+    golden: Annotated[
+        bool, typer.Option("--golden", help="Golden mode: apply each instance's gold patch, no model calls.")
+    ] = False,
+    provider_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--provider-config",
+            help="YAML file of provider options, merged over nemo-gym's own `sandbox.<provider>` block.",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
+    step_limit: Annotated[int, typer.Option("--step-limit", help="Model calls per episode.")] = 250,
+    step_timeout: Annotated[int, typer.Option("--step-timeout", help="Seconds per bash command.")] = 600,
+    eval_timeout: Annotated[int, typer.Option("--eval-timeout", help="Seconds for SWE-bench grading.")] = 1800,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--state-dir", help="Folder for the server log, results and temp files (default: a new temp folder)."
+        ),
+    ] = None,
+    start_timeout: Annotated[
+        float, typer.Option("--start-timeout", help="Seconds to wait for the server to answer.")
+    ] = 300.0,
+) -> None:
+    """Run the real NeMo-Gym mini_swe_agent_2 server for training or evaluation."""
+    from pydantic import ValidationError
+    from rich.console import Console
+
+    from miles_nemogym.gym.config import ServeOptions, load_provider_options
+    from miles_nemogym.gym.server import GymServer
+    from miles_nemogym.gym.venv import GymEnvironmentError
+
+    console = Console(stderr=True)
+    try:
+        options = ServeOptions.model_validate(
+            {
+                "sandbox": sandbox,
+                "host": host,
+                "port": port,
+                "concurrency": concurrency,
+                "step_limit": step_limit,
+                "step_timeout": step_timeout,
+                "eval_timeout": eval_timeout,
+                "golden": golden,
+                "provider_options": load_provider_options(provider_config) if provider_config else {},
+            }
+        )
+    except ValidationError as exc:
+        for error in exc.errors():
+            field = "--" + "-".join(str(p) for p in error["loc"]).replace("_", "-")
+            console.print(f"[red]error:[/red] {field}: {error['msg']}")
+        raise typer.Exit(2) from None
+    except GymEnvironmentError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+    if options.sandbox == "local":
+        console.print(
+            "[yellow]--sandbox local runs the agent's commands on this host without isolation, and "
+            "grading without the task containers cannot resolve instances (reward 0.0). Use a container "
+            "provider (e.g. --sandbox docker on a Docker host) for real training.[/yellow]"
+        )
+    if options.golden:
+        console.print("[yellow]golden mode: no model calls; each /run applies the instance's gold patch.[/yellow]")
+
+    with console.status("preparing the NeMo-Gym server environment...") as status:
+
+        def progress(line: str) -> None:
+            # pip's per-package lines as the spinner text; stage lines also stay on screen.
+            status.update(f"[dim]{line[:150]}[/dim]")
+            if not line.startswith(" "):
+                console.log(line[:200], markup=False, highlight=False)
+
+        server = GymServer(options, state_dir=state_dir, progress=progress, start_timeout=start_timeout)
+        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        # A shell may start us with SIGINT ignored (background jobs); Ctrl-C must still stop us.
+        previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            status.update(
+                f"starting NeMo-Gym {options.sandbox} server on {options.host}:{options.port or 'a free port'}"
+            )
+            started = time.monotonic()
+            server.start()
+        except GymEnvironmentError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            server.stop()
+            console.print("interrupted; nothing left running.")
+            raise typer.Exit(130) from None
+
+    try:
+        gym_url = server.url
+        if options.host.strip("[]") in {"0.0.0.0", "::"}:
+            gym_url = f"http://{_reachable_address()}:{server.port}"
+        console.print(
+            f"[green]NeMo-Gym mini_swe_agent_2 is serving[/green] ({options.sandbox} sandbox, concurrency "
+            f"{options.concurrency}, ready in {time.monotonic() - started:.0f} s).\n"
+            f"On the training node:\n\n    export NEMO_GYM_URL={gym_url}\n\n"
+            f"log: {server.log_path}\nresults: {server.state_dir}/results\nPress Ctrl-C to stop."
+        )
+        while server.is_running():
+            time.sleep(1.0)
+        console.print(f"[red]the server exited unexpectedly[/red]; log {server.log_path}:\n{server.log_tail()}")
+        raise typer.Exit(1)
+    except KeyboardInterrupt:
+        console.print("stopping the server and its Ray...")
+    finally:
+        server.stop()
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
+    console.print("stopped.")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
