@@ -30,18 +30,6 @@ from miles_nemogym.launcher.config import LauncherConfig
 
 LEGACY_ROLLOUT_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
 
-INSTANCE_FIELDS: tuple[str, ...] = (
-    "instance_id",
-    "repo",
-    "base_commit",
-    "problem_statement",
-    "version",
-    "test_patch",
-    "FAIL_TO_PASS",
-    "PASS_TO_PASS",
-)
-"""What the NeMo-Gym server and the SWE-bench grader read from each row's metadata."""
-
 ROWS_CHECKED = 5
 
 HOOK_PATHS: tuple[str, ...] = tuple(hook for _, hook in HOOKS)
@@ -277,10 +265,13 @@ def _row_problem(row: Any) -> str | None:
     metadata = row.get("metadata")
     if not isinstance(metadata, dict):
         return "'metadata' (the SWE-bench instance) is missing or not an object"
-    missing = [field for field in INSTANCE_FIELDS if metadata.get(field) in (None, "")]
-    if missing:
+    # The converter's own rules: what the server and the SWE-bench grader read.
+    from miles_nemogym.data.schema import validate_instance
+
+    checked = validate_instance(metadata)
+    if isinstance(checked, list):
         instance = metadata.get("instance_id", "?")
-        return f"instance {instance} lacks {', '.join(missing)} in 'metadata'"
+        return f"instance {instance}: metadata." + "; metadata.".join(map(str, checked))
     return None
 
 

@@ -1,0 +1,347 @@
+"""``miles-nemogym doctor`` / ``miles_nemogym.doctor.run_checks`` (issue 4).
+
+The Gym server is stood in for by a real loopback HTTP server serving an OpenAPI
+document shaped like the one FastAPI generates for nemo-gym's ``mini_swe_agent_2`` app
+(``$ref`` to a component schema, optional fields as ``anyOf``). Host checks that need a
+*remote* Gym server use an in-memory fetcher: what they test is the address logic, and
+no test here leaves the loopback interface.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from miles_nemogym import doctor
+from miles_nemogym.cli.main import app
+from miles_nemogym.doctor import CheckResult, FetchError, Status, fetch_json, run_body_fields, run_checks
+from miles_nemogym.settings import ENV_VARS
+
+
+def openapi_document(*, with_policy_field: bool = True, with_run: bool = True) -> dict[str, Any]:
+    properties: dict[str, Any] = {
+        "responses_create_params": {"$ref": "#/components/schemas/ResponsesCreateParams"},
+        "instance_id": {"anyOf": [{"type": "string"}, {"type": "null"}], "title": "Instance Id"},
+    }
+    if with_policy_field:
+        properties["policy_base_url"] = {"anyOf": [{"type": "string"}, {"type": "null"}]}
+        properties["policy_api_key"] = {"anyOf": [{"type": "string"}, {"type": "null"}]}
+    paths: dict[str, Any] = {
+        "/v1/responses": {"post": {"responses": {"200": {"description": "ok"}}}},
+        "/aggregate_metrics": {"post": {"responses": {"200": {"description": "ok"}}}},
+    }
+    if with_run:
+        paths["/run"] = {
+            "post": {
+                "summary": "Run With Rollout Context",
+                "requestBody": {
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/MiniSWEAgentRunRequest"}}
+                    },
+                    "required": True,
+                },
+                "responses": {"200": {"description": "Successful Response"}},
+            }
+        }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "FastAPI", "version": "0.1.0"},
+        "paths": paths,
+        "components": {
+            "schemas": {
+                "MiniSWEAgentRunRequest": {
+                    "additionalProperties": True,
+                    "properties": properties,
+                    "required": ["responses_create_params"],
+                    "title": "MiniSWEAgentRunRequest",
+                    "type": "object",
+                },
+                "ResponsesCreateParams": {"type": "object", "properties": {"input": {}}},
+            }
+        },
+    }
+
+
+class GymStandIn:
+    """A loopback HTTP server whose ``/openapi.json`` answer the test sets."""
+
+    def __init__(self) -> None:
+        self.status = 200
+        self.body: bytes = json.dumps(openapi_document()).encode()
+        self.requests: list[str] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer.requests.append(self.path)
+                if self.path != "/openapi.json":
+                    self.send_error(404)
+                    return
+                self.send_response(outer.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(outer.body)))
+                self.end_headers()
+                self.wfile.write(outer.body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+
+    def serve(self, document: Any) -> None:
+        self.body = json.dumps(document).encode()
+
+
+@pytest.fixture
+def gym() -> Iterator[GymStandIn]:
+    stand_in = GymStandIn()
+    stand_in.thread.start()
+    try:
+        yield stand_in
+    finally:
+        stand_in.server.shutdown()
+        stand_in.server.server_close()
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def by_name(results: list[CheckResult]) -> dict[str, CheckResult]:
+    return {result.name: result for result in results}
+
+
+def statuses(results: list[CheckResult]) -> list[Status]:
+    return [result.status for result in results]
+
+
+# --- against the loopback server ---------------------------------------------------------
+
+
+def test_all_checks_pass_against_a_server_taking_policy_base_url(
+    gym: GymStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_URL", gym.url)
+    results = run_checks(timeout_s=5)
+    assert statuses(results) == [Status.passed] * 4, results
+    assert doctor.all_passed(results)
+    assert gym.requests == ["/openapi.json"]
+    field = by_name(results)["/run accepts policy_base_url"]
+    assert "MiniSWEAgentRunRequest" in field.detail
+
+
+def test_server_without_policy_base_url_fails_with_upgrade_fix(
+    gym: GymStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gym.serve(openapi_document(with_policy_field=False))
+    monkeypatch.setenv("NEMO_GYM_URL", gym.url)
+    results = run_checks()
+    check = by_name(results)["/run accepts policy_base_url"]
+    assert check.status is Status.failed
+    assert "no policy_base_url" in check.detail and "ignore" in check.detail
+    assert check.fix is not None and "nemo-gym 0.7.0" in check.fix
+    assert not doctor.all_passed(results)
+
+
+def test_server_without_run_endpoint_is_named_as_the_wrong_server(
+    gym: GymStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gym.serve(openapi_document(with_run=False))
+    monkeypatch.setenv("NEMO_GYM_URL", gym.url)
+    check = by_name(run_checks())["/run accepts policy_base_url"]
+    assert check.status is Status.failed
+    assert "no POST /run" in check.detail
+    assert check.fix is not None and "mini_swe_agent_2" in check.fix
+
+
+def test_wrong_port_is_unreachable_and_dependent_check_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")
+    results = by_name(run_checks(timeout_s=5))
+    reach = results["NeMo-Gym answers"]
+    assert reach.status is Status.failed
+    assert "connection refused" in reach.detail
+    assert reach.fix is not None and "NEMO_GYM_URL" in reach.fix
+    assert results["/run accepts policy_base_url"].status is Status.skipped
+
+
+def test_http_error_names_the_agent_server_port(gym: GymStandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    gym.status = 500
+    monkeypatch.setenv("NEMO_GYM_URL", gym.url)
+    reach = by_name(run_checks())["NeMo-Gym answers"]
+    assert reach.status is Status.failed
+    assert "HTTP 500" in reach.detail
+    assert reach.fix is not None and "agent server" in reach.fix
+
+
+def test_non_json_answer_is_not_a_gym_server(gym: GymStandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    gym.body = b"<html>hello</html>"
+    monkeypatch.setenv("NEMO_GYM_URL", gym.url)
+    reach = by_name(run_checks())["NeMo-Gym answers"]
+    assert reach.status is Status.failed
+    assert "not JSON" in reach.detail
+
+
+def test_silent_server_times_out_promptly() -> None:
+    # Accepts connections (kernel backlog) but never answers.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+        port = listener.getsockname()[1]
+        with pytest.raises(FetchError) as caught:
+            fetch_json(f"http://127.0.0.1:{port}/openapi.json", 0.5)
+    assert caught.value.kind == "timeout"
+
+
+def test_bad_settings_fail_first_and_skip_the_rest(gym: GymStandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_GYM_URL", gym.url)
+    monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "1h")
+    monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", "sk-do-not-print")
+    results = run_checks()
+    assert statuses(results) == [Status.failed, Status.skipped, Status.skipped, Status.skipped]
+    assert "NEMO_GYM_RUN_TIMEOUT" in results[0].detail
+    assert results[0].fix is not None
+    assert gym.requests == []
+    assert all("sk-do-not-print" not in (r.detail + (r.fix or "")) for r in results)
+
+
+def test_url_ending_in_run_is_a_settings_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_GYM_URL", "http://127.0.0.1:12000/run")
+    first = run_checks()[0]
+    assert first.status is Status.failed and "NEMO_GYM_URL" in first.detail
+
+
+# --- the policy host ---------------------------------------------------------------------
+
+
+def served(document: dict[str, Any]) -> doctor.Fetcher:
+    def fetch(url: str, timeout_s: float) -> Any:
+        assert url.endswith("/openapi.json") and timeout_s > 0
+        return copy.deepcopy(document)
+
+    return fetch
+
+
+REMOTE_GYM = "http://192.0.2.10:12000"  # TEST-NET-1: never dialled, the fetcher is in memory
+
+
+@pytest.mark.parametrize(
+    ("session_host", "external_host", "passes", "expected_host"),
+    [
+        ("127.0.0.1", None, False, "127.0.0.1"),
+        ("localhost", None, False, "localhost"),
+        ("10.0.0.5", None, True, "10.0.0.5"),
+        ("0.0.0.0", "127.0.0.1", False, "127.0.0.1"),
+        ("0.0.0.0", "0.0.0.0", False, "0.0.0.0"),
+        ("127.0.0.1", "10.0.0.7", True, "10.0.0.7"),
+    ],
+)
+def test_policy_host_against_a_remote_gym(
+    monkeypatch: pytest.MonkeyPatch,
+    session_host: str,
+    external_host: str | None,
+    passes: bool,
+    expected_host: str,
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_URL", REMOTE_GYM)
+    if external_host is not None:
+        monkeypatch.setenv("MILES_ROUTER_EXTERNAL_HOST", external_host)
+    results = run_checks(session_host=session_host, fetch=served(openapi_document()))
+    check = by_name(results)["policy host dialable from the Gym host"]
+    assert check.ok is passes, check
+    assert expected_host in check.detail
+    if not passes:
+        assert check.fix is not None and "MILES_ROUTER_EXTERNAL_HOST" in check.fix
+        assert "192.0.2.10" in check.detail
+
+
+def test_loopback_policy_host_is_fine_when_gym_is_local(gym: GymStandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_GYM_URL", gym.url)
+    check = by_name(run_checks(session_host="127.0.0.1"))["policy host dialable from the Gym host"]
+    assert check.ok
+    assert "this machine" in check.detail
+
+
+# --- the schema reader -------------------------------------------------------------------
+
+
+def test_body_schema_reached_through_allof_and_nested_refs() -> None:
+    document = openapi_document(with_policy_field=False)
+    schemas = document["components"]["schemas"]
+    schemas["Base"] = {"properties": {"policy_base_url": {"type": "string"}}}
+    schemas["Alias"] = {"$ref": "#/components/schemas/Run2"}
+    schemas["Run2"] = {"allOf": [{"$ref": "#/components/schemas/Base"}], "title": "Run2"}
+    document["paths"]["/run"]["post"]["requestBody"]["content"]["application/json"]["schema"] = {
+        "$ref": "#/components/schemas/Alias"
+    }
+    name, fields = run_body_fields(document)
+    assert name == "Alias"
+    assert "policy_base_url" in fields
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ({"openapi": "3.1.0"}, "not an OpenAPI schema"),
+        ({"paths": {"/run": {"post": {}}}}, "no JSON request body"),
+        (
+            {
+                "paths": {
+                    "/run": {"post": {"requestBody": {"content": {"application/json": {"schema": {"$ref": "#/x"}}}}}}
+                }
+            },
+            "does not resolve",
+        ),
+        (
+            {
+                "paths": {
+                    "/run": {"post": {"requestBody": {"content": {"application/json": {"schema": {"$ref": "#/a"}}}}}}
+                },
+                "a": {"$ref": "#/a"},
+            },
+            "does not end",
+        ),
+    ],
+)
+def test_malformed_schemas_are_reported(document: dict[str, Any], message: str) -> None:
+    with pytest.raises(doctor.SchemaError, match=message):
+        run_body_fields(document)
+
+
+# --- the command -------------------------------------------------------------------------
+
+
+def test_cli_exit_codes_and_fixes(gym: GymStandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_GYM_URL", gym.url)
+    runner = CliRunner()
+    ok = runner.invoke(app, ["doctor", "--timeout", "5"])
+    assert ok.exit_code == 0, ok.output
+    assert "all checks passed" in ok.output
+    gym.serve(openapi_document(with_policy_field=False))
+    bad = runner.invoke(app, ["doctor"])
+    assert bad.exit_code == 1
+    assert "FAIL" in bad.output and "fix:" in bad.output and "policy_base_url" in bad.output
+
+
+def test_cli_session_host_option_reaches_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")
+    result = CliRunner().invoke(app, ["doctor", "--session-host", "10.9.8.7", "--timeout", "2"])
+    assert result.exit_code == 1
+    assert "10.9.8.7" in result.output

@@ -1,0 +1,138 @@
+"""The launcher's recipe: defaults, YAML + CLI precedence, errors (issue 6)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from miles_nemogym.launcher.config import ConfigError, LauncherConfig, load_config, read_yaml
+from miles_nemogym.launcher.run import load, parse_cli
+
+EXAMPLE_RECIPE = Path(__file__).resolve().parents[1] / "examples" / "swebench_grpo" / "recipe.yaml"
+
+
+@pytest.fixture(autouse=True)
+def no_env_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("NEMO_GYM_URL", "MILES_ROUTER_EXTERNAL_HOST", "RAY_ADDRESS", "MASTER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_are_the_smoke_scale() -> None:
+    config = LauncherConfig()
+    assert config.hf_checkpoint == "Qwen/Qwen3-4B-Instruct-2507"
+    assert (config.gpus_per_node, config.tensor_parallel, config.colocate) == (4, 2, True)
+    assert (config.kl_loss_coef, config.eps_clip, config.eps_clip_high) == (0.01, 0.2, 0.28)
+    assert (config.max_seq_len, config.rollout_max_response_len) == (16384, 4096)
+    assert (config.num_rollout, config.rollout_batch_size, config.n_samples_per_prompt) == (3, 2, 4)
+    assert config.resolved_global_batch_size == 8
+    assert config.nemo_gym_url == "http://localhost:12000"
+    assert config.resolved_ref_load == Path("/root/Qwen3-4B-Instruct-2507_torch_dist")
+
+
+def test_environment_supplies_gym_url_external_host_and_ray_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_GYM_URL", "http://gym-host:12000/")
+    monkeypatch.setenv("MILES_ROUTER_EXTERNAL_HOST", "10.0.0.3")
+    monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")
+    config = LauncherConfig()
+    assert config.nemo_gym_url == "http://gym-host:12000"
+    assert config.router_external_host == "10.0.0.3"
+    assert config.ray_address == "http://head:8265"
+
+
+def test_cli_beats_yaml_beats_env_beats_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_GYM_URL", "http://from-env:1")
+    recipe = write(
+        tmp_path,
+        "num_rollout: 50\nlr: 3.0e-6\nnemo-gym-url: http://from-yaml:2\ncolocate: true\nrollout_temperature: 0.6\n",
+    )
+    argv = ["--config", str(recipe), "--num-rollout", "100", "--no-colocate"]
+    config, parsers, dry_run = load([*argv, "--rollout-num-gpus", "2", "--actor-gpus-per-node", "2"])
+    assert config.num_rollout == 100  # CLI over YAML
+    assert config.lr == 3.0e-6  # YAML over default
+    assert config.nemo_gym_url == "http://from-yaml:2"  # YAML over environment
+    assert config.colocate is False  # CLI switch over YAML
+    assert config.rollout_temperature == 0.6
+    assert config.kl_loss_coef == 0.01  # default
+    assert parsers.tito_model == "qwen3"
+    assert dry_run is False
+
+
+def test_model_alias_and_family_detection_from_cli() -> None:
+    config, parsers, _ = load(["--model", "zai-org/GLM-4.7-Flash", "--megatron-model-type", "glm4.7-flash"])
+    assert config.hf_checkpoint == "zai-org/GLM-4.7-Flash"
+    assert (parsers.tito_model, parsers.reasoning_parser, parsers.tool_call_parser) == ("glm47", "glm45", "glm47")
+
+
+def test_unknown_family_is_a_config_error_naming_the_flags() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load(["--model", "meta-llama/Llama-3.1-8B-Instruct"])
+    message = str(caught.value)
+    for flag in ("--model-family", "--tito-model", "--reasoning-parser", "--tool-call-parser"):
+        assert flag in message
+
+
+def test_env_and_extra_args_flags() -> None:
+    values, config_path, dry_run = parse_cli(
+        ["--env", "A=1", "--env", "B=x=y", "--extra-args", "--foo 1", "--extra-args", "--bar 'a b'", "--dry-run"]
+    )
+    assert values["extra_env"] == {"A": "1", "B": "x=y"}
+    assert values["extra_args"] == ["--foo", "1", "--bar", "a b"]
+    assert config_path is None and dry_run is True
+    with pytest.raises(ConfigError, match="NAME=VALUE"):
+        parse_cli(["--env", "novalue"])
+
+
+def test_only_given_flags_override() -> None:
+    values, _, _ = parse_cli(["--num-rollout", "7"])
+    assert values == {"num_rollout": "7"}
+
+
+@pytest.mark.parametrize(
+    ("values", "fragment"),
+    [
+        ({"num_rollout": 0}, "--num-rollout / recipe key 'num_rollout'"),
+        ({"num_rollotu": 5}, "'num_rollotu': unknown setting"),
+        ({"mode": "train"}, "--mode"),
+        ({"nemo_gym_url": "gym:12000"}, "http(s) URL"),
+        ({"nemo_gym_url": "http://gym:12000/run"}, "'/run' is appended"),
+        ({"rollout_max_response_len": 20000}, "exceeds max_seq_len"),
+        ({"eps_clip_high": 0.1}, "below eps_clip"),
+        ({"global_batch_size": 6}, "must equal rollout_batch_size x n_samples_per_prompt (8)"),
+        ({"tensor_parallel": 3}, "not a multiple of tensor_parallel"),
+        ({"colocate": False}, "set rollout_num_gpus"),
+        ({"colocate": False, "rollout_num_gpus": 4}, "cluster has gpus_per_node x num_nodes = 4"),
+        ({"colocate": True, "actor_gpus_per_node": 2}, "must equal gpus_per_node when colocate"),
+        ({"extra_env": {"MILES_USE_LEGACY_ROLLOUT_V1": "1"}}, "legacy rollout"),
+    ],
+)
+def test_invalid_recipes_name_the_field_and_the_fix(values: dict[str, object], fragment: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, values)
+    assert fragment in str(caught.value)
+
+
+def test_yaml_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        read_yaml(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        read_yaml(write(tmp_path, "a: [1,\n"))
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        read_yaml(write(tmp_path, "- 1\n- 2\n"))
+    assert read_yaml(write(tmp_path, "")) == {}
+
+
+def test_example_recipe_is_valid_and_matches_the_defaults_it_restates() -> None:
+    values = read_yaml(EXAMPLE_RECIPE)
+    config = load_config(values, {})
+    defaults = LauncherConfig()
+    for key in values:
+        if key in {"nemo_gym_url", "prompt_data", "num_rollout"}:
+            continue  # the example changes these on purpose
+        assert getattr(config, key) == getattr(defaults, key), key

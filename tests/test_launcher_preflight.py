@@ -1,0 +1,299 @@
+"""Every launcher preflight failure, with its fix (issue 6). No GPU, Ray or Miles needed:
+GPUs are counted by a stand-in ``nvidia-smi`` script on PATH, Miles is a stand-in
+checkout, the Gym server a loopback HTTP server."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from miles_nemogym.data import to_prompt_row, validate_instance
+from miles_nemogym.doctor import CheckResult, Status
+from miles_nemogym.launcher import preflight
+from miles_nemogym.launcher.config import LauncherConfig
+from miles_nemogym.settings import ENV_VARS
+from tests.test_doctor import GymStandIn, openapi_document
+from tests.test_launcher_support import MODEL_TYPE, make_miles_checkout
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (*ENV_VARS, "RAY_ADDRESS", "MASTER_ADDR", preflight.LEGACY_ROLLOUT_ENV):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def gym() -> Iterator[GymStandIn]:
+    stand_in = GymStandIn()
+    stand_in.thread.start()
+    try:
+        yield stand_in
+    finally:
+        stand_in.server.shutdown()
+        stand_in.server.server_close()
+
+
+def prompt_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for row in rows:
+        instance = validate_instance(row)
+        assert not isinstance(instance, list), instance
+        out.append(to_prompt_row(row, instance, subset="verified", split="test"))
+    return out
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def fake_nvidia_smi(folder: Path, script: str) -> dict[str, str]:
+    folder.mkdir(exist_ok=True)
+    tool = folder / "nvidia-smi"
+    tool.write_text("#!/bin/sh\n" + script)
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    return {"PATH": str(folder)}
+
+
+def gpus(count: int) -> str:
+    return "".join(f"echo {index}\n" for index in range(count))
+
+
+@pytest.fixture
+def good(tmp_path: Path, gym_example_rows: list[dict[str, Any]], gym: GymStandIn) -> dict[str, Any]:
+    """A setting where every check passes; each test breaks one thing."""
+    miles = make_miles_checkout(tmp_path / "miles")
+    megatron = tmp_path / "Megatron-LM"
+    megatron.mkdir()
+    data = write_jsonl(tmp_path / "train.jsonl", prompt_rows(gym_example_rows))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = LauncherConfig(
+        prompt_data=data,
+        megatron_path=megatron,
+        base_dir=tmp_path,
+        nemo_gym_url=gym.url,
+        session_server_port=port,
+    )
+    environ = fake_nvidia_smi(tmp_path / "bin", gpus(4))
+    return {"config": config, "miles": miles, "environ": environ, "tmp": tmp_path, "gym": gym}
+
+
+def run(setting: Mapping[str, Any], **changes: Any) -> dict[str, CheckResult]:
+    config = setting["config"].model_copy(update=changes.pop("config", {}))
+    results = preflight.run_preflight(
+        config,
+        environ=changes.pop("environ", setting["environ"]),
+        miles_root=changes.pop("miles_root", setting["miles"]),
+        **changes,
+    )
+    assert len({result.name for result in results}) == len(results)
+    return {result.name: result for result in results}
+
+
+def only_failure(results: dict[str, CheckResult]) -> CheckResult:
+    failed = [result for result in results.values() if result.status is not Status.passed]
+    assert len(failed) == 1, failed
+    (result,) = failed
+    assert result.fix, result
+    return result
+
+
+def test_everything_passes_in_the_good_setting(good: dict[str, Any]) -> None:
+    results = run(good)
+    assert all(result.ok for result in results.values()), [r for r in results.values() if not r.ok]
+    assert "4 visible" in results["GPUs"].detail
+    # The real hooks of this package import and are callable.
+    assert "miles_nemogym.agent.run" in results["rollout hooks"].detail
+    assert good["gym"].requests == ["/openapi.json"]
+
+
+@pytest.mark.parametrize("value", ["1", "true"])
+def test_legacy_rollout_env_is_refused(good: dict[str, Any], value: str) -> None:
+    failure = only_failure(run(good, environ={**good["environ"], preflight.LEGACY_ROLLOUT_ENV: value}))
+    assert failure.name == "Miles rollout path"
+    assert "unrecognized arguments" in failure.detail
+    assert failure.fix is not None and "unset MILES_USE_LEGACY_ROLLOUT_V1" in failure.fix
+
+
+def test_legacy_rollout_env_zero_is_fine(good: dict[str, Any]) -> None:
+    results = run(good, environ={**good["environ"], preflight.LEGACY_ROLLOUT_ENV: "0"})
+    assert results["Miles rollout path"].ok
+
+
+def test_miles_not_importable(good: dict[str, Any]) -> None:
+    failure = only_failure(run(good, miles_root=None))
+    assert failure.name == "Miles" and "not importable" in failure.detail
+    assert failure.fix is not None and "pip install -e" in failure.fix
+
+
+@pytest.mark.parametrize(
+    ("remove", "fix_fragment"),
+    [
+        ("train.py", "repository checkout"),
+        ("miles/rollout/generate_hub/agentic_tool_call.py", "update Miles"),
+        (f"scripts/models/{MODEL_TYPE}.py", "--megatron-model-type"),
+    ],
+)
+def test_miles_checkout_incomplete(good: dict[str, Any], remove: str, fix_fragment: str) -> None:
+    (good["miles"] / remove).unlink()
+    failure = only_failure(run(good))
+    assert failure.name == "Miles" and remove.rsplit("/", 1)[-1] in failure.detail
+    assert failure.fix is not None and fix_fragment in failure.fix
+
+
+def test_megatron_missing(good: dict[str, Any]) -> None:
+    failure = only_failure(run(good, config={"megatron_path": good["tmp"] / "nowhere"}))
+    assert failure.name == "Megatron-LM"
+    assert failure.fix is not None and "--megatron-path" in failure.fix
+
+
+@pytest.mark.parametrize(
+    ("path", "fragment"),
+    [
+        ("miles_nemogym.no_such_module.run", "importing miles_nemogym.no_such_module failed"),
+        ("miles_nemogym.agent.no_such_function", "has no callable 'no_such_function'"),
+    ],
+)
+def test_hook_not_importable(good: dict[str, Any], path: str, fragment: str) -> None:
+    failure = only_failure(run(good, hook_paths=("miles_nemogym.agent.run", path)))
+    assert failure.name == "rollout hooks" and fragment in failure.detail
+
+
+def test_too_few_gpus(good: dict[str, Any]) -> None:
+    environ = fake_nvidia_smi(good["tmp"] / "bin2", gpus(2))
+    failure = only_failure(run(good, environ=environ))
+    assert failure.name == "GPUs" and "2 visible" in failure.detail and "needs 4" in failure.detail
+    assert failure.fix is not None and "--gpus-per-node" in failure.fix
+
+
+def test_cuda_visible_devices_limits_the_count(good: dict[str, Any]) -> None:
+    environ = {**fake_nvidia_smi(good["tmp"] / "bin3", gpus(8)), "CUDA_VISIBLE_DEVICES": "0,1,2"}
+    failure = only_failure(run(good, environ=environ))
+    assert "3 visible" in failure.detail and "CUDA_VISIBLE_DEVICES=0,1,2" in failure.detail
+
+
+def test_nvidia_smi_failing(good: dict[str, Any]) -> None:
+    environ = fake_nvidia_smi(good["tmp"] / "bin4", "echo 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    failure = only_failure(run(good, environ=environ))
+    assert "exited 9" in failure.detail and "NVIDIA-SMI has failed" in failure.detail
+
+
+def test_no_gpu_tooling(good: dict[str, Any]) -> None:
+    empty = good["tmp"] / "empty-bin"
+    empty.mkdir()
+    failure = only_failure(run(good, environ={"PATH": str(empty)}))
+    assert "nvidia-smi is not on PATH and torch is not installed" in failure.detail
+    assert failure.fix is not None and "GPU node" in failure.fix
+
+
+def data_failure(good: dict[str, Any], path: Path) -> CheckResult:
+    failure = only_failure(run(good, config={"prompt_data": path}))
+    assert failure.name == "prompt data"
+    assert failure.fix is not None and "miles-nemogym convert" in failure.fix
+    return failure
+
+
+def test_prompt_data_missing(good: dict[str, Any]) -> None:
+    assert "does not exist" in data_failure(good, good["tmp"] / "nope.jsonl").detail
+
+
+def test_prompt_data_wrong_format(good: dict[str, Any]) -> None:
+    path = good["tmp"] / "data.json"
+    path.write_text("[]")
+    assert ".jsonl or .parquet" in data_failure(good, path).detail
+
+
+def test_prompt_data_bad_json_line(good: dict[str, Any]) -> None:
+    path = good["tmp"] / "bad.jsonl"
+    path.write_text('{"prompt": []}\n{not json\n')
+    detail = data_failure(good, path).detail
+    assert "line 2 is not JSON" in detail
+
+
+def test_prompt_data_empty(good: dict[str, Any]) -> None:
+    path = good["tmp"] / "empty.jsonl"
+    path.write_text("\n")
+    assert "has no rows" in data_failure(good, path).detail
+
+
+def test_raw_swebench_rows_are_not_prompt_rows(good: dict[str, Any], gym_example_rows: list[dict[str, Any]]) -> None:
+    detail = data_failure(good, write_jsonl(good["tmp"] / "raw.jsonl", gym_example_rows)).detail
+    assert "row 1" in detail and "'prompt' must be a non-empty list" in detail
+
+
+def test_prompt_row_missing_instance_fields(good: dict[str, Any], gym_example_rows: list[dict[str, Any]]) -> None:
+    rows = prompt_rows(gym_example_rows)
+    del rows[2]["metadata"]["base_commit"]
+    rows[2]["metadata"]["FAIL_TO_PASS"] = []
+    detail = data_failure(good, write_jsonl(good["tmp"] / "partial.jsonl", rows)).detail
+    instance = rows[2]["metadata"]["instance_id"]
+    assert f"row 3: instance {instance}" in detail
+    assert "metadata.base_commit" in detail and "metadata.FAIL_TO_PASS" in detail
+
+
+def test_prompt_row_without_metadata(good: dict[str, Any]) -> None:
+    path = write_jsonl(good["tmp"] / "nometa.jsonl", [{"prompt": [{"role": "user", "content": "x"}]}])
+    assert "'metadata'" in data_failure(good, path).detail
+
+
+def test_parquet_prompt_data_is_read(good: dict[str, Any], gym_example_rows: list[dict[str, Any]]) -> None:
+    path = good["tmp"] / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(prompt_rows(gym_example_rows)), path)
+    assert run(good, config={"prompt_data": path})["prompt data"].ok
+
+
+def test_skip_prepare_without_checkpoint(good: dict[str, Any]) -> None:
+    failure = only_failure(run(good, config={"skip_prepare": True}))
+    assert failure.name == "torch_dist checkpoint" and "--skip-prepare" in failure.detail
+    target = good["config"].resolved_ref_load
+    target.mkdir(parents=True)
+    (target / "latest_checkpointed_iteration.txt").write_text("release")
+    assert run(good, config={"skip_prepare": True})["torch_dist checkpoint"].ok
+
+
+def test_session_port_taken(good: dict[str, Any]) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        failure = only_failure(run(good, config={"session_server_port": port}))
+    assert failure.name == "session server port" and str(port) in failure.detail
+    assert failure.fix is not None and "--session-server-port" in failure.fix
+
+
+def test_multi_node_needs_a_cluster(good: dict[str, Any]) -> None:
+    failure = only_failure(run(good, config={"num_nodes": 2}))
+    assert failure.name == "Ray cluster"
+    assert failure.fix is not None and "RAY_ADDRESS" in failure.fix
+    assert run(good, config={"num_nodes": 2, "ray_address": "http://head:8265"})["Ray cluster"].ok
+
+
+def test_gym_checks_use_the_recipe_url_and_restore_the_environment(
+    good: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_URL", "http://127.0.0.1:9")  # what the shell had: not the recipe's
+    good["gym"].serve(openapi_document(with_policy_field=False))
+    failure = only_failure(run(good))
+    assert failure.name == "/run accepts policy_base_url"
+    assert os.environ["NEMO_GYM_URL"] == "http://127.0.0.1:9"
+    assert good["gym"].requests == ["/openapi.json"]
+
+
+def test_gym_unreachable(good: dict[str, Any]) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    results = run(good, config={"nemo_gym_url": f"http://127.0.0.1:{port}"})
+    assert results["NeMo-Gym answers"].status is Status.failed
+    assert results["/run accepts policy_base_url"].status is Status.skipped

@@ -1,0 +1,224 @@
+"""``examples/swebench_grpo/run.py``: --dry-run and the orchestration order (issue 6).
+
+The side effects (conversion, Ray, job submission) need GPUs and Ray; here they are
+replaced by a recorder that implements the launcher's ``Actions`` interface, so what is
+tested is the order and the conditions: nothing starts before preflight passed, the
+conversion runs only when its target is missing, a Ray head is started only when none
+answers and is stopped afterwards, the job's exit code is the launcher's.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from miles_nemogym.doctor import CheckResult, Status
+from miles_nemogym.launcher import command as cmd
+from miles_nemogym.launcher import run
+from miles_nemogym.launcher.config import LauncherConfig
+from miles_nemogym.launcher.families import resolve
+from tests.test_launcher_support import MODEL_ARGS, make_miles_checkout
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "swebench_grpo" / "run.py"
+
+
+class Recorder:
+    """Records what the launcher asks for; the Ray dashboard 'answers' per ``ray_up``."""
+
+    def __init__(self, *, ray_up: bool = True, job_exit: int = 0, convert_exit: int = 0) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.ray_up = ray_up
+        self.job_exit = job_exit
+        self.convert_exit = convert_exit
+        self.job: cmd.Job | None = None
+
+    def convert(self, argv: list[str], env: Mapping[str, str]) -> int:
+        self.calls.append(("convert", argv))
+        return self.convert_exit
+
+    def ray_reachable(self, address: str) -> bool:
+        self.calls.append(("ray_reachable", address))
+        return self.ray_up
+
+    def start_ray_head(self, config: LauncherConfig) -> None:
+        self.calls.append(("start_ray_head", config.gpus_per_node))
+        self.ray_up = True
+
+    def stop_ray_head(self) -> None:
+        self.calls.append(("stop_ray_head", None))
+
+    def submit(self, job: cmd.Job, address: str, submission_id: str) -> int:
+        self.calls.append(("submit", address))
+        self.job = job
+        return self.job_exit
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.calls]
+
+
+class Refuses(Recorder):
+    def convert(self, argv: list[str], env: Mapping[str, str]) -> int:
+        raise AssertionError("a dry run must not convert")
+
+    def ray_reachable(self, address: str) -> bool:
+        raise AssertionError("a dry run must not touch Ray")
+
+    def start_ray_head(self, config: LauncherConfig) -> None:
+        raise AssertionError("a dry run must not start Ray")
+
+    def submit(self, job: cmd.Job, address: str, submission_id: str) -> int:
+        raise AssertionError("a dry run must not submit")
+
+
+def passing(*_: Any, **__: Any) -> list[CheckResult]:
+    return [CheckResult("stand-in", Status.passed, "ok")]
+
+
+def failing(*_: Any, **__: Any) -> list[CheckResult]:
+    return [CheckResult("stand-in", Status.failed, "broken", "repair it")]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("NEMO_GYM_URL", "MILES_ROUTER_EXTERNAL_HOST", "RAY_ADDRESS", "MASTER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def execute(tmp_path: Path, actions: Recorder, *, checks: Any = passing, **fields: Any) -> tuple[int, LauncherConfig]:
+    config = LauncherConfig(base_dir=tmp_path, **fields)
+    parsers = resolve(config.hf_checkpoint)
+    miles = make_miles_checkout(tmp_path / "miles")
+    code = run.execute(config, parsers, dry_run=False, environ={}, actions=actions, checks=checks, miles_root=miles)
+    return code, config
+
+
+# --- dry run -----------------------------------------------------------------------------
+
+
+def test_dry_run_prints_command_and_env_and_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    miles = make_miles_checkout(tmp_path / "miles")
+    monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", "sk-never-shown")
+    code = run.main(
+        ["--dry-run", "--miles-root", str(miles), "--num-rollout", "100", "--nemo-gym-url", "http://gym:12000"],
+        actions=Refuses(),
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "sk-never-shown" not in out
+    assert "NEMO_GYM_POLICY_API_KEY='<hidden>'" in out
+    assert "MILES_EXPERIMENTAL_ROLLOUT_REFACTOR=1" in out
+    assert "NEMO_GYM_URL=http://gym:12000" in out
+    assert f"python3 {miles}/train.py" in out
+    assert "--num-rollout 100" in out
+    assert " ".join(MODEL_ARGS[:2]) in out  # the model script's arguments, loaded from the checkout
+    assert "--custom-agent-function-path miles_nemogym.agent.run" in out
+    assert "convert_hf_to_torch_dist.py" in out  # the conversion that would run
+    assert not list(tmp_path.glob("*_torch_dist"))
+
+
+def test_dry_run_without_miles_shows_placeholders(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code = run.main(["--dry-run", "--miles-root", str(tmp_path / "absent")], actions=Refuses())
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "<arguments of scripts/models/qwen3-4B-Instruct-2507.py>" in captured.out
+    assert "Miles not usable here" in captured.out
+
+
+def test_example_script_runs_as_a_file() -> None:
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--dry-run", "--model", "zai-org/GLM-4.7-Flash", "--skip-prepare"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--tito-model glm47" in done.stdout
+    assert "--sglang-tool-call-parser glm47" in done.stdout
+    assert "convert_hf_to_torch_dist" not in done.stdout
+
+
+def test_bad_recipe_exits_2_with_the_field_named(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run.main(["--dry-run", "--eps-clip", "-1"], actions=Refuses()) == 2
+    assert "--eps-clip" in capsys.readouterr().err
+
+
+def test_duplicate_extra_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run.main(["--dry-run", "--extra-args", "--lr 1"], actions=Refuses()) == 2
+    assert "--lr" in capsys.readouterr().err
+
+
+# --- orchestration -----------------------------------------------------------------------
+
+
+def test_failed_preflight_starts_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    actions = Recorder()
+    code, _ = execute(tmp_path, actions, checks=failing)
+    assert code == 2
+    assert actions.calls == []
+    out = capsys.readouterr().out
+    assert "broken" in out and "repair it" in out
+
+
+def test_converts_then_starts_ray_then_submits_then_stops_ray(tmp_path: Path) -> None:
+    actions = Recorder(ray_up=False, job_exit=0)
+    code, config = execute(tmp_path, actions)
+    assert code == 0
+    assert actions.names() == [
+        "convert",
+        "ray_reachable",
+        "start_ray_head",
+        "ray_reachable",
+        "submit",
+        "stop_ray_head",
+    ]
+    convert_argv = actions.calls[0][1]
+    assert convert_argv[-2:] == ["--save", str(config.resolved_ref_load)]
+    assert actions.job is not None and actions.job.env["MILES_EXPERIMENTAL_ROLLOUT_REFACTOR"] == "1"
+
+
+def test_existing_checkpoint_and_cluster_are_reused(tmp_path: Path) -> None:
+    target = tmp_path / "Qwen3-4B-Instruct-2507_torch_dist"
+    target.mkdir()
+    (target / "latest_checkpointed_iteration.txt").write_text("release")
+    actions = Recorder(ray_up=True, job_exit=1)
+    code, _ = execute(tmp_path, actions)
+    assert code == 1  # the job's result
+    assert actions.names() == ["ray_reachable", "submit"]
+
+
+def test_skip_prepare_skips_conversion(tmp_path: Path) -> None:
+    actions = Recorder()
+    execute(tmp_path, actions, skip_prepare=True)
+    assert "convert" not in actions.names()
+
+
+def test_failed_conversion_stops_before_ray(tmp_path: Path) -> None:
+    actions = Recorder(convert_exit=3)
+    code, _ = execute(tmp_path, actions)
+    assert code == 1
+    assert actions.names() == ["convert"]
+
+
+def test_given_ray_address_that_does_not_answer_is_an_error(tmp_path: Path) -> None:
+    actions = Recorder(ray_up=False)
+    code, _ = execute(tmp_path, actions, skip_prepare=True, ray_address="http://head:8265")
+    assert code == 2
+    assert actions.names() == ["ray_reachable"]
+    assert actions.calls[0][1] == "http://head:8265"
+
+
+def test_keep_ray_leaves_the_head_running(tmp_path: Path) -> None:
+    actions = Recorder(ray_up=False)
+    execute(tmp_path, actions, skip_prepare=True, keep_ray=True)
+    assert "start_ray_head" in actions.names()
+    assert "stop_ray_head" not in actions.names()
