@@ -27,9 +27,9 @@ def _root() -> None:
 from miles_nemogym.cli import convert as _convert  # noqa: E402
 
 _convert.register(app)
-from miles_nemogym.cli import doctor as _doctor  # noqa: E402
+from miles_nemogym.cli import scan as _scan  # noqa: E402
 
-_doctor.register(app)
+_scan.register(app)
 from miles_nemogym.cli import serve as _serve  # noqa: E402
 
 _serve.register(app)

@@ -1,0 +1,24 @@
+#!/usr/bin/env python3
+"""Golden (or API-policy) scan of a NeMo-Gym server, runnable as a file.
+
+    python scripts/golden_scan.py --input data/verified.jsonl --golden --output golden.jsonl
+
+The same command and code as ``miles-nemogym scan`` (``miles_nemogym.cli.scan``); run
+``python scripts/golden_scan.py --help`` for the flags and exit codes. Works from a
+checkout without installing the package (its ``src/`` is put on the path), as long as
+the package's dependencies are installed.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+try:
+    from miles_nemogym.cli.scan import main
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+    from miles_nemogym.cli.scan import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""``miles-nemogym scan``: golden and API-policy scans of a NeMo-Gym server (issue 4).
+
+Flags map one to one onto ``miles_nemogym.scan.ScanConfig``; the work is done by
+``miles_nemogym.scan.execute`` (also behind ``scripts/golden_scan.py``). The policy API
+key is read only from ``NEMO_GYM_POLICY_API_KEY``: a flag would put it in shell history
+and process lists.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+EPILOG = (
+    "Exit codes: 0 every instance passed (reward 1.0) with no infrastructure failure; "
+    "1 some instance failed or hit an infrastructure failure; 2 the scan could not start "
+    "(bad flags, settings or input file, unreachable server) and sent nothing; "
+    "130 stopped by Ctrl-C (finished results kept, summary printed)."
+)
+
+
+def scan(
+    input_path: Annotated[
+        Path,
+        typer.Option(
+            "--input",
+            "-i",
+            help="Task rows: converter output ({prompt, metadata}) or raw SWE-bench / NeMo-Gym rows, "
+            "as JSON Lines or .parquet.",
+        ),
+    ],
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Results JSONL, one line appended (and flushed) per finished instance."),
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Skip the instances already in --output and finish the rest.")
+    ] = False,
+    golden: Annotated[
+        bool,
+        typer.Option(
+            "--golden",
+            help="The server runs with run_golden: true; every reward must be 1.0, each other one is "
+            "reported with its reason.",
+        ),
+    ] = False,
+    policy_base_url: Annotated[
+        str | None,
+        typer.Option(
+            "--policy-base-url",
+            help="API-policy mode: the OpenAI-compatible endpoint (ending in /v1) that drives each "
+            "episode, sent as the /run body's policy_base_url. Its key comes only from the environment "
+            "variable NEMO_GYM_POLICY_API_KEY. Absent: the server's configured model.",
+        ),
+    ] = None,
+    gym_url: Annotated[
+        str | None,
+        typer.Option("--gym-url", help="The mini_swe_agent_2 server's base URL (default: NEMO_GYM_URL)."),
+    ] = None,
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", min=1, help="Scan at most this many instances (after --instance-ids)."),
+    ] = None,
+    instance_ids: Annotated[
+        str | None,
+        typer.Option("--instance-ids", help="A file with one instance id per line, or a comma-separated list."),
+    ] = None,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, help="Episodes in flight at once.")] = 4,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout",
+            min=0.001,
+            help="Whole-episode deadline in seconds, queueing on the server included (default: "
+            "NEMO_GYM_RUN_TIMEOUT, 3600).",
+        ),
+    ] = None,
+    temperature: Annotated[
+        float | None,
+        typer.Option("--temperature", help="Sampling temperature sent to the policy."),
+    ] = None,
+    top_p: Annotated[
+        float | None,
+        typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling top_p sent to the policy."),
+    ] = None,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option("--max-tokens", min=1, help="Most tokens per model call (max_output_tokens)."),
+    ] = None,
+    subset: Annotated[
+        str | None,
+        typer.Option(
+            "--subset",
+            help="For raw rows without one: verified (SWE-bench images) or gym (SWE-Gym images).",
+        ),
+    ] = None,
+    split: Annotated[
+        str | None,
+        typer.Option("--split", help="For raw rows without one (recorded only; default test)."),
+    ] = None,
+    allow_unresolved: Annotated[
+        bool,
+        typer.Option(
+            "--allow-unresolved",
+            help="API-policy scans: exit 0 when every episode was graded, whatever its reward "
+            "(infrastructure failures still exit 1).",
+        ),
+    ] = False,
+) -> None:
+    """Run SWE-bench instances through a NeMo-Gym server exactly as training will, and report."""
+    from pydantic import ValidationError
+    from rich.console import Console
+
+    from miles_nemogym.scan import ScanConfig, execute
+    from miles_nemogym.scan.inputs import InputError
+    from miles_nemogym.scan.selection import parse_instance_ids
+
+    err = Console(stderr=True)
+    try:
+        config = ScanConfig(
+            input_path=input_path,
+            output_path=output,
+            resume=resume,
+            golden=golden,
+            limit=limit,
+            instance_ids=tuple(parse_instance_ids(instance_ids)) if instance_ids is not None else None,
+            concurrency=concurrency,
+            timeout_s=timeout,
+            gym_url=gym_url,
+            policy_base_url=policy_base_url,
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=max_tokens,
+            subset=subset,
+            split=split,
+            allow_unresolved=allow_unresolved,
+        )
+    except InputError as error:
+        err.print(f"scan cannot start: {error}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, item['loc']))}: {item['msg']}" for item in error.errors())
+        err.print(f"scan cannot start: {problems}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    raise typer.Exit(execute(config))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("scan", epilog=EPILOG)(scan)
+
+
+def main() -> None:
+    """Run ``scan`` as a stand-alone program (``scripts/golden_scan.py``)."""
+    standalone = typer.Typer(add_completion=False)
+    standalone.command(epilog=EPILOG)(scan)
+    standalone()

@@ -1,0 +1,113 @@
+"""What one scan is asked to do, and the plugin ``Settings`` it runs with.
+
+The scan runs episodes through the agent function's own client, which reads its limits
+from ``Settings``. It starts from the environment (``NEMO_GYM_URL``, retry settings,
+``NEMO_GYM_POLICY_API_KEY``, ...) and overrides what the flags set — ``--gym-url``,
+``--timeout`` (the whole-episode deadline) and ``--concurrency`` (which also sizes the
+connection pool) — re-validating the result, so a flag is checked like the variable.
+
+The policy API key is never a flag (flags land in shell history and process lists): it
+comes only from ``NEMO_GYM_POLICY_API_KEY``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from miles_nemogym.scan.results import Mode
+from miles_nemogym.settings import Settings, SettingsError, get_settings
+
+API_KEY_ENV = "NEMO_GYM_POLICY_API_KEY"
+
+
+class ScanConfig(BaseModel):
+    """A scan's parameters (the CLI flags, one field each)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input_path: Path
+    output_path: Path | None = None
+    resume: bool = False
+    golden: bool = False
+    limit: int | None = Field(default=None, ge=1)
+    instance_ids: tuple[str, ...] | None = None
+    concurrency: int = Field(default=4, ge=1)
+    timeout_s: float | None = Field(default=None, gt=0)
+    """Whole-episode deadline; ``None`` keeps ``NEMO_GYM_RUN_TIMEOUT``."""
+    gym_url: str | None = None
+    """``None`` keeps ``NEMO_GYM_URL``."""
+    policy_base_url: str | None = None
+    temperature: float | None = None
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    subset: str | None = None
+    split: str | None = None
+    allow_unresolved: bool = False
+    """Exit 0 even when graded episodes scored below 1.0 (API-policy scans: a model that
+    fails a task is not a broken server); infrastructure failures still exit 1."""
+
+    @field_validator("policy_base_url")
+    @classmethod
+    def _check_policy_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = value.strip().rstrip("/")
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(
+                "--policy-base-url must be an http(s) URL of an OpenAI-compatible API, "
+                "such as https://host/v1 (the server appends /chat/completions)"
+            )
+        return value
+
+    @property
+    def mode(self) -> Mode:
+        if self.golden:
+            return "golden"
+        return "policy" if self.policy_base_url else "server"
+
+    def request_kwargs(self) -> dict[str, Any]:
+        """The sampling flags under Miles' ``request_kwargs`` names (what the trainer sends)."""
+        kwargs = {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens}
+        return {key: value for key, value in kwargs.items() if value is not None}
+
+
+def usage_problems(config: ScanConfig) -> list[str]:
+    """Flag combinations that cannot mean what the user wants."""
+    problems = []
+    if config.golden and config.policy_base_url:
+        problems.append(
+            "--golden with --policy-base-url: a golden server applies the gold patches and never "
+            "calls a model; drop --policy-base-url (golden) or --golden (API-policy scan)"
+        )
+    if config.golden and config.allow_unresolved:
+        problems.append("--golden with --allow-unresolved: a golden scan expects every reward to be 1.0")
+    if config.resume and config.output_path is None:
+        problems.append("--resume needs --output (the results file to continue)")
+    return problems
+
+
+def scan_settings(config: ScanConfig) -> Settings:
+    """The environment's settings with this scan's overrides; raises ``SettingsError``."""
+    values = get_settings().model_dump(by_alias=True)
+    values["NEMO_GYM_MAX_CONCURRENCY"] = config.concurrency
+    if config.gym_url is not None:
+        values["NEMO_GYM_URL"] = config.gym_url
+    if config.timeout_s is not None:
+        values["NEMO_GYM_RUN_TIMEOUT"] = config.timeout_s
+    try:
+        return Settings.model_validate(values)
+    except ValidationError as error:
+        # Errors are located by alias, i.e. the environment variable's name.
+        flags = {
+            "NEMO_GYM_URL": "--gym-url / NEMO_GYM_URL",
+            "NEMO_GYM_RUN_TIMEOUT": "--timeout",
+            "NEMO_GYM_MAX_CONCURRENCY": "--concurrency",
+        }
+        problems = []
+        for item in error.errors():
+            name = str(item["loc"][0]) if item["loc"] else "?"
+            problems.append(f"{flags.get(name, name)}: {item['msg']}")
+        raise SettingsError("invalid scan configuration: " + "; ".join(problems)) from None

@@ -1,0 +1,111 @@
+"""Run a scan as a program: signals, logging, error printing and the exit code.
+
+Shared by ``miles-nemogym scan`` and ``scripts/golden_scan.py``.
+
+Exit codes: 0 every selected instance passed (reward 1.0; with ``--allow-unresolved``:
+every episode was graded) and no infrastructure failure; 1 some instance failed or hit
+an infrastructure failure; 2 the scan could not start (flags, settings, input file,
+results file, unreachable server) — no episode was sent; 130 stopped by Ctrl-C (or
+SIGTERM): in-flight episodes cancelled, finished results kept in ``--output``, summary
+printed. A second Ctrl-C aborts at once (results already written are still kept).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from rich.console import Console
+from rich.markup import escape
+
+from miles_nemogym.scan.config import API_KEY_ENV, ScanConfig
+from miles_nemogym.scan.runner import EXIT_USAGE, ScanResult, ScanUsageError, run_scan
+from miles_nemogym.settings import get_settings
+
+
+class _RedactingFilter(logging.Filter):
+    """Replaces the policy API key in every log record (defence in depth: nothing is
+    known to log it, but a library error message could quote a request)."""
+
+    def __init__(self, secret: str) -> None:
+        super().__init__()
+        self._secret = secret
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if self._secret in message:
+            record.msg, record.args = message.replace(self._secret, "***"), None
+        if record.exc_info and record.exc_info[1] is not None and self._secret in str(record.exc_info[1]):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _install_logging(err: Console) -> logging.Handler:
+    handler = logging.StreamHandler(err.file)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    try:
+        key = get_settings().policy_api_key
+    except Exception:  # reported by the scan itself, with its fix
+        key = None
+    if key is not None:
+        handler.addFilter(_RedactingFilter(key.get_secret_value()))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    if root.level == logging.NOTSET or root.level > logging.WARNING:
+        root.setLevel(logging.WARNING)
+    return handler
+
+
+async def _main(config: ScanConfig, console: Console, err: Console) -> ScanResult:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed: list[signal.Signals] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not stop.is_set():
+            err.print(
+                f"[yellow]{sig.name}: stopping — cancelling in-flight episodes, keeping finished results "
+                "(press Ctrl-C again to abort at once)[/]"
+            )
+            stop.set()
+        # Back to the default: a second Ctrl-C raises KeyboardInterrupt immediately.
+        loop.remove_signal_handler(sig)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, on_signal, sig)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass  # not the main thread, or no signal support: Ctrl-C then aborts at once
+    try:
+        return await run_scan(config, console=console, stop=stop)
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+
+def execute(config: ScanConfig, *, console: Console | None = None, err: Console | None = None) -> int:
+    """Run the scan and return its exit code (see the module docstring)."""
+    console = console or Console(width=None if sys.stdout.isatty() else 200)
+    err = err or Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+    handler = _install_logging(err)
+    try:
+        result = asyncio.run(_main(config, console, err))
+    except ScanUsageError as error:
+        err.print(f"[red]scan cannot start:[/] {escape(str(error))}", soft_wrap=True, highlight=False)
+        return EXIT_USAGE
+    finally:
+        logging.getLogger().removeHandler(handler)
+    if result.interrupted:
+        err.print(
+            f"interrupted: {len(result.results)} of {len(result.selected)} instance(s) have results"
+            + (f" in {config.output_path}; rerun with --resume to finish" if config.output_path else ""),
+            soft_wrap=True,
+            highlight=False,
+        )
+    return result.exit_code
+
+
+__all__ = ["API_KEY_ENV", "execute"]

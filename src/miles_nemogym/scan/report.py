@@ -1,0 +1,225 @@
+"""What a scan shows: the live progress, one line per finished instance, the final summary.
+
+On a terminal a rich progress bar shows done/total, passed, failed, infrastructure
+failures, elapsed time and ETA, with each finished instance printed above it. When the
+output is a file or a pipe (a scan of hours under ``nohup``), there is no bar: the same
+counts are printed as a status line every ``STATUS_EVERY`` instances or
+``STATUS_INTERVAL_S`` seconds, so the log still answers "how far along is it".
+
+The summary counts every selected instance that has a result, including those an
+earlier run wrote to the results file (``--resume``), so a resumed scan ends with the
+verdict on the whole selection.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from types import TracebackType
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from miles_nemogym.scan.results import ResultLine
+from miles_nemogym.scan.verdict import Verdict
+
+STATUS_EVERY = 10
+STATUS_INTERVAL_S = 60.0
+
+_LABELS = {Verdict.passed: "[green]PASS [/]", Verdict.failed: "[red]FAIL [/]", Verdict.infra: "[yellow]INFRA[/]"}
+
+
+@dataclass
+class Counts:
+    passed: int = 0
+    failed: int = 0
+    infra: int = 0
+    seconds: list[float] = field(default_factory=list)
+
+    def add(self, result: ResultLine) -> None:
+        setattr(self, result.verdict.value, getattr(self, result.verdict.value) + 1)
+        self.seconds.append(result.seconds)
+
+    @property
+    def done(self) -> int:
+        return self.passed + self.failed + self.infra
+
+    @property
+    def mean_s(self) -> float | None:
+        return sum(self.seconds) / len(self.seconds) if self.seconds else None
+
+    @property
+    def p95_s(self) -> float | None:
+        """Nearest-rank 95th percentile: a time some episode actually took."""
+        if not self.seconds:
+            return None
+        ordered = sorted(self.seconds)
+        return ordered[max(math.ceil(0.95 * len(ordered)) - 1, 0)]
+
+
+def reward_text(reward: float) -> str:
+    """``1.0``, ``0.0``, ``0.25``: enough digits to tell a partial reward from a binary one."""
+    return str(round(reward, 4))
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(int(seconds), 0)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+class ScanProgress:
+    """Live progress of one scan (a context manager around the run)."""
+
+    def __init__(self, console: Console, total: int, already_done: Iterable[ResultLine]) -> None:
+        self.console = console
+        self.total = total
+        self.counts = Counts()
+        for result in already_done:
+            self.counts.add(result)
+        self._started_with = self.counts.done
+        self._started = time.monotonic()
+        self._last_status = self._started
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+        if console.is_terminal:
+            self._progress = Progress(
+                TextColumn("[bold]scan"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.description}"),
+                TextColumn("elapsed"),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=console,
+            )
+            self._task = self._progress.add_task(self._counts_text(), total=total, completed=self.counts.done)
+
+    def __enter__(self) -> ScanProgress:
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def _counts_text(self) -> str:
+        return (
+            f"[green]passed {self.counts.passed}[/] [red]failed {self.counts.failed}[/] "
+            f"[yellow]infra {self.counts.infra}[/]"
+        )
+
+    def status_line(self) -> str:
+        """done/total, the three counts, elapsed and ETA, as one plain line."""
+        elapsed = time.monotonic() - self._started
+        ran = self.counts.done - self._started_with
+        remaining = self.total - self.counts.done
+        eta = _clock(elapsed / ran * remaining) if ran else "?"
+        return (
+            f"progress {self.counts.done}/{self.total}: passed {self.counts.passed}, failed "
+            f"{self.counts.failed}, infra failures {self.counts.infra}; elapsed {_clock(elapsed)}, ETA {eta}"
+        )
+
+    def finished(self, result: ResultLine) -> None:
+        """Count one finished instance and print its line."""
+        self.counts.add(result)
+        kind = "-" if result.verdict is Verdict.passed else (result.failure_kind or "unresolved")
+        width = len(str(self.total))
+        line = (
+            f"\\[{self.counts.done:>{width}}/{self.total}] {_LABELS[result.verdict]} "
+            f"{escape(result.instance_id)}  reward {reward_text(result.reward)}  {escape(kind)}  "
+            f"{result.seconds:.1f}s"
+        )
+        if result.reason:
+            reason = result.reason.removeprefix(f"{kind}: ")
+            line += f"  [dim]{escape(reason)}[/]"
+        self.console.print(line, soft_wrap=True, highlight=False)
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, advance=1, description=self._counts_text())
+            return
+        now = time.monotonic()
+        if self.counts.done % STATUS_EVERY == 0 or now - self._last_status >= STATUS_INTERVAL_S:
+            self._last_status = now
+            self.console.print(self.status_line(), soft_wrap=True, highlight=False)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def render_summary(
+    console: Console,
+    results: list[ResultLine],
+    *,
+    selected: int,
+    earlier: int,
+    golden: bool,
+    interrupted: bool,
+) -> None:
+    """The per-repo and overall table, then every instance that did not pass, with its reason."""
+    by_repo: dict[str, Counts] = {}
+    overall = Counts()
+    for result in results:
+        by_repo.setdefault(result.repo, Counts()).add(result)
+        overall.add(result)
+
+    table = Table(title="NeMo-Gym scan summary", title_justify="left")
+    table.add_column("repo", no_wrap=True)
+    for name in ("instances", "passed", "failed", "infra failures", "mean s", "p95 s"):
+        table.add_column(name, justify="right", no_wrap=True)
+
+    def row(name: str, counts: Counts, style: str | None = None) -> None:
+        table.add_row(
+            name,
+            str(counts.done),
+            str(counts.passed),
+            str(counts.failed),
+            str(counts.infra),
+            _seconds(counts.mean_s),
+            _seconds(counts.p95_s),
+            style=style,
+        )
+
+    for repo in sorted(by_repo):
+        row(repo, by_repo[repo])
+    table.add_section()
+    row("overall", overall, style="bold")
+    console.print(table)
+
+    notes = []
+    if earlier:
+        notes.append(f"{earlier} result(s) from an earlier run of this results file (--resume)")
+    not_run = selected - overall.done
+    if not_run:
+        why = " (interrupted)" if interrupted else ""
+        notes.append(f"{not_run} of {selected} selected instance(s) not run{why}")
+    for note in notes:
+        console.print(note, soft_wrap=True, highlight=False)
+
+    shown = (
+        [r for r in results if r.verdict is not Verdict.passed]
+        if golden
+        else [r for r in results if r.verdict is Verdict.infra]
+    )
+    if shown:
+        title = "not 1.0 (golden mode expects 1.0 everywhere)" if golden else "infrastructure failures"
+        console.print(f"[bold]{len(shown)} instance(s) {title}:[/]", highlight=False)
+        for result in sorted(shown, key=lambda item: item.instance_id):
+            console.print(
+                f"  {escape(result.instance_id)}  reward {reward_text(result.reward)}  {escape(result.reason or '?')}",
+                soft_wrap=True,
+                highlight=False,
+            )

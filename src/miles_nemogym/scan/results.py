@@ -1,0 +1,102 @@
+"""The scan's results file: one JSON line per finished instance, appended and flushed.
+
+A full Verified scan is hours of paid episodes, so the file is the scan's memory: each
+line is written (flushed and fsynced) the moment its instance finishes, a crash loses at
+most the instances still in flight, and ``--resume`` skips every instance that already
+has a line. Instances stopped by Ctrl-C get no line, so a resumed scan runs them again.
+
+A crash can leave a torn last line; reading ignores it (that instance runs again) and
+the next writer cuts it off before appending. A malformed line anywhere else means the file
+is not a scan results file, and is refused rather than overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from miles_nemogym.scan.inputs import InputError
+from miles_nemogym.scan.verdict import Verdict
+
+Mode = Literal["golden", "policy", "server"]
+"""``golden``: the server applies gold patches (every reward must be 1.0); ``policy``:
+episodes driven by ``--policy-base-url``; ``server``: the server's configured model."""
+
+
+class ResultLine(BaseModel):
+    """One line of the results file. Unknown keys are kept (newer writers)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    instance_id: str
+    repo: str = "?"
+    verdict: Verdict
+    reward: float
+    seconds: float = 0.0
+    failure_kind: str | None = None
+    reason: str | None = None
+    mode: Mode | None = None
+    finished_at: str | None = None
+    nemogym: dict[str, Any] = Field(default_factory=dict)
+    """The episode record, exactly as the agent function stores it on a sample."""
+    eval_report: dict[str, Any] = Field(default_factory=dict)
+    """The server's result metadata: the SWE-bench report, or its error and traceback."""
+
+
+def read_results(path: Path) -> dict[str, ResultLine]:
+    """The lines already in ``path`` by instance id (empty when the file does not exist)."""
+    if not path.exists():
+        return {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"--output {path}: cannot read the results file ({error})") from None
+    lines = text.split("\n")
+    results: dict[str, ResultLine] = {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            result = ResultLine.model_validate_json(line)
+        except ValidationError as error:
+            torn_tail = number == len(lines) and not text.endswith("\n")
+            if torn_tail:
+                continue  # the write a crash interrupted; that instance runs again
+            first = error.errors()[0]
+            raise InputError(
+                f"--output {path}:{number}: not a scan result line ({first['msg']}); give a new "
+                "--output file or the one an earlier scan wrote"
+            ) from None
+        results[result.instance_id] = result  # a later line wins
+    return results
+
+
+class ResultsWriter:
+    """Appends one line per finished instance, durably, before the next one is reported."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            data = path.read_bytes()
+            if data and not data.endswith(b"\n"):
+                # Drop the torn line a crash left (``read_results`` ignored it too), so
+                # the file stays one valid result per line.
+                with path.open("r+b") as handle:
+                    handle.truncate(data.rfind(b"\n") + 1)
+        self._file: IO[str] = path.open("a", encoding="utf-8")
+
+    def write(self, result: ResultLine) -> None:
+        if result.finished_at is None:
+            result.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self._file.write(json.dumps(result.model_dump(mode="json"), sort_keys=True) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()

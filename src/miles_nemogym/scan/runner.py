@@ -1,0 +1,239 @@
+"""Run a scan: every selected instance through the agent function's own request path.
+
+Each episode is built by ``mapping.build_run_body`` and sent by ``episodes.run_episode``
+(the pooled client with delivery-safe retries) and classified by ``outcome`` — the exact
+path ``miles_nemogym.agent.run`` takes, so a scan that passes vouches for training. The
+only differences are the routing: ``policy_base_url`` is ``--policy-base-url`` (or
+absent: the server's configured model) instead of a Miles session, and the API key is
+sent only with ``--policy-base-url`` (without it the server's own model is used, and a
+key meant for an external API must not go there).
+
+Everything that can be wrong before an episode starts (flags, settings, input rows,
+results file, server reachability) raises ``ScanUsageError`` first; after that,
+instances run at most ``--concurrency`` at a time and each result is appended to the
+results file as it finishes. ``stop`` (set by Ctrl-C) cancels the in-flight episodes;
+what finished is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+
+from miles_nemogym.agent import redact
+from miles_nemogym.client import close_client
+from miles_nemogym.episodes import run_episode
+from miles_nemogym.mapping import RequestBuildError, build_run_body
+from miles_nemogym.outcome import Outcome
+from miles_nemogym.scan.config import ScanConfig, scan_settings, usage_problems
+from miles_nemogym.scan.inputs import InputError, ScanTask, load_tasks
+from miles_nemogym.scan.preflight import ServerUnreachable, check_server
+from miles_nemogym.scan.report import ScanProgress, render_summary
+from miles_nemogym.scan.results import ResultLine, ResultsWriter, read_results
+from miles_nemogym.scan.selection import select
+from miles_nemogym.scan.verdict import Verdict, kind_of, reason_of, verdict_of
+from miles_nemogym.settings import Settings, SettingsError
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+"""128 + SIGINT, the shell's convention for a run stopped by Ctrl-C."""
+
+
+class ScanUsageError(ValueError):
+    """The scan cannot start (exit 2); raised before any episode was sent."""
+
+
+@dataclass
+class ScanResult:
+    """The outcome of one scan over the selected instances."""
+
+    config: ScanConfig
+    selected: list[ScanTask]
+    results: list[ResultLine]
+    """One per selected instance that has a result, earlier runs' included, in input order."""
+    earlier: int
+    interrupted: bool
+
+    @property
+    def not_passed(self) -> list[ResultLine]:
+        return [result for result in self.results if result.verdict is not Verdict.passed]
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        verdicts = {result.verdict for result in self.results}
+        if Verdict.infra in verdicts or len(self.results) < len(self.selected):
+            return EXIT_FAILED
+        if Verdict.failed in verdicts and not self.config.allow_unresolved:
+            return EXIT_FAILED
+        return EXIT_OK
+
+
+@dataclass
+class _Prepared:
+    settings: Settings
+    selected: list[ScanTask]
+    bodies: dict[str, dict[str, Any]]
+    earlier: dict[str, ResultLine]
+    api_key: str | None
+
+
+def _prepare(config: ScanConfig) -> _Prepared:
+    problems = usage_problems(config)
+    if problems:
+        raise ScanUsageError("; ".join(problems))
+    try:
+        settings = scan_settings(config)
+        tasks = load_tasks(config.input_path, subset=config.subset, split=config.split, golden=config.golden)
+        selected = select(tasks, list(config.instance_ids) if config.instance_ids else None, config.limit)
+        earlier = read_results(config.output_path) if config.output_path else {}
+    except (SettingsError, InputError) as error:
+        raise ScanUsageError(str(error)) from None
+    if earlier and not config.resume:
+        raise ScanUsageError(
+            f"--output {config.output_path} already holds {len(earlier)} result(s); pass --resume to "
+            "continue that scan (finished instances are skipped) or choose a new --output file"
+        )
+    wanted = {task.instance_id for task in selected}
+    earlier = {key: value for key, value in earlier.items() if key in wanted}
+
+    api_key = None
+    if config.policy_base_url and settings.policy_api_key is not None:
+        api_key = settings.policy_api_key.get_secret_value()
+    bodies = {}
+    for task in selected:
+        if task.instance_id in earlier:
+            continue
+        try:
+            bodies[task.instance_id] = build_run_body(
+                task.metadata,
+                config.request_kwargs(),
+                policy_base_url=config.policy_base_url,
+                policy_api_key=api_key,
+            )
+        except RequestBuildError as error:
+            message = str(error)
+            if api_key:
+                message = message.replace(api_key, "***")
+            raise ScanUsageError(f"{task.where}: instance {task.instance_id}: {message}") from None
+    return _Prepared(settings, selected, bodies, earlier, api_key)
+
+
+def _result_line(task: ScanTask, outcome: Outcome, seconds: float, config: ScanConfig) -> ResultLine:
+    return ResultLine(
+        instance_id=task.instance_id,
+        repo=task.repo,
+        verdict=verdict_of(outcome),
+        reward=outcome.reward,
+        seconds=round(seconds, 3),
+        failure_kind=None if verdict_of(outcome) is Verdict.passed else kind_of(outcome),
+        reason=reason_of(outcome),
+        mode=config.mode,
+        nemogym=outcome.record.model_dump(mode="json"),
+        eval_report=outcome.eval_report,
+    )
+
+
+async def run_scan(
+    config: ScanConfig,
+    *,
+    console: Console | None = None,
+    stop: asyncio.Event | None = None,
+) -> ScanResult:
+    """Run the scan ``config`` describes and print its progress and summary on ``console``.
+
+    Raises ``ScanUsageError`` (before any episode) when it cannot start. Setting ``stop``
+    cancels the in-flight episodes and returns with ``interrupted`` set; cancelling the
+    caller's task does the same and then propagates the cancellation.
+    """
+    console = console or Console()
+    prepared = _prepare(config)
+    if prepared.bodies:
+        try:
+            await check_server(prepared.settings.gym_url, prepared.settings.connect_timeout_s)
+        except ServerUnreachable as error:
+            raise ScanUsageError(str(error)) from None
+
+    finished: dict[str, ResultLine] = dict(prepared.earlier)
+    writer = ResultsWriter(config.output_path) if config.output_path else None
+    semaphore = asyncio.Semaphore(config.concurrency)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    progress = ScanProgress(console, len(prepared.selected), prepared.earlier.values())
+    console.print(
+        f"scan: {len(prepared.bodies)} of {len(prepared.selected)} selected instance(s) to run on "
+        f"{prepared.settings.run_url} — mode {config.mode}, concurrency {config.concurrency}, "
+        f"episode timeout {prepared.settings.run_timeout_s:g}s",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if prepared.earlier:
+        console.print(
+            f"resuming: {len(prepared.earlier)} of {len(prepared.selected)} instance(s) already in "
+            f"{config.output_path}",
+            highlight=False,
+        )
+
+    async def one(task: ScanTask) -> None:
+        async with semaphore:
+            if stop.is_set():
+                return
+            started = loop.time()
+            outcome = await run_episode(prepared.bodies[task.instance_id], prepared.settings)
+            seconds = loop.time() - started
+        outcome.record.episode_id = uuid.uuid4().hex  # as the agent function does
+        if prepared.api_key:
+            # A server error message could echo the request; the key never leaves the body.
+            outcome = Outcome.model_validate(redact(outcome.model_dump(), prepared.api_key))
+        result = _result_line(task, outcome, seconds, config)
+        if writer is not None:
+            writer.write(result)  # before it is reported: what was shown is on disk
+        finished[task.instance_id] = result
+        progress.finished(result)
+
+    episodes = [asyncio.ensure_future(one(task)) for task in prepared.selected if task.instance_id in prepared.bodies]
+    interrupted = False
+    everything: asyncio.Future[list[None]] | None = None
+    try:
+        with progress:
+            if episodes:
+                everything = asyncio.gather(*episodes)
+                stopper: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+                waiters: set[asyncio.Future[Any]] = {everything, stopper}
+                try:
+                    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    stopper.cancel()
+                if everything.done():
+                    everything.result()  # a failure to write the results file ends the scan
+                else:
+                    interrupted = True
+    finally:
+        for episode in episodes:
+            episode.cancel()
+        if episodes:
+            # Cancelled episodes close their connections; none of them writes a line.
+            await asyncio.wait(episodes)
+        if everything is not None and everything.done() and not everything.cancelled():
+            everything.exception()  # retrieved: reported above or superseded by the cancellation
+        if writer is not None:
+            writer.close()
+        await close_client()
+
+    results = [finished[task.instance_id] for task in prepared.selected if task.instance_id in finished]
+    render_summary(
+        console,
+        results,
+        selected=len(prepared.selected),
+        earlier=len(prepared.earlier),
+        golden=config.golden,
+        interrupted=interrupted,
+    )
+    return ScanResult(config, prepared.selected, results, len(prepared.earlier), interrupted)

@@ -1,0 +1,49 @@
+"""Which of the input's instances a scan runs: ``--instance-ids``, then ``--limit``.
+
+``--resume`` is applied after this (by the runner), so a resumed ``--limit 10`` scan
+completes the same ten instances instead of moving on to ten new ones.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from miles_nemogym.scan.inputs import InputError, ScanTask
+
+
+def parse_instance_ids(value: str) -> list[str]:
+    """``value`` is a file (one id per line; ``#`` comments, commas and blanks allowed) or a
+    comma-separated list of ids."""
+    path = Path(value).expanduser()
+    if path.is_file():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise InputError(f"--instance-ids {value}: cannot read the file ({error})") from None
+        text = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
+    else:
+        text = value
+    ids = [item for item in re.split(r"[\s,]+", text) if item]
+    if not ids:
+        raise InputError(f"--instance-ids {value!r}: no instance ids given")
+    return list(dict.fromkeys(ids))
+
+
+def select(tasks: list[ScanTask], instance_ids: list[str] | None, limit: int | None) -> list[ScanTask]:
+    """The tasks to scan, in input order. Unknown ids are an error: a typo would otherwise
+    shrink the scan silently."""
+    selected = tasks
+    if instance_ids is not None:
+        wanted = set(instance_ids)
+        known = {task.instance_id for task in tasks}
+        missing = [item for item in instance_ids if item not in known]
+        if missing:
+            shown = ", ".join(missing[:10]) + (f" (+{len(missing) - 10} more)" if len(missing) > 10 else "")
+            raise InputError(f"--instance-ids: not in the input file: {shown}")
+        selected = [task for task in tasks if task.instance_id in wanted]
+    if limit is not None:
+        if limit < 1:
+            raise InputError(f"--limit {limit}: must be at least 1")
+        selected = selected[:limit]
+    return selected

@@ -1,0 +1,375 @@
+"""``miles-nemogym scan`` end to end against a loopback server answering real ``/run`` results.
+
+Each test drives the CLI (typer's CliRunner, in-process) against ``FakeGym`` and checks
+what the user relies on: exit codes, the reasons a golden scan reports, infrastructure
+failure counting, the results file and ``--resume``, the per-repo summary, secrets, and
+that the scan sends exactly what the agent function sends.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from miles_nemogym import agent, client
+from miles_nemogym.cli.main import app
+from miles_nemogym.mapping import build_run_body
+from tests.test_scan_fakegym import FakeGym, converter_rows, write_jsonl
+
+SKLEARN = "scikit-learn__scikit-learn-14141"
+DJANGO = "django__django-10973"
+PYLINT = "pylint-dev__pylint-4551"
+SPHINX = "sphinx-doc__sphinx-8595"
+SYMPY = "sympy__sympy-20916"
+SECRET = "sk-test-5f3c9a1e7b2d4c6f8a0b"
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("NEMO_GYM_URL", "NEMO_GYM_POLICY_API_KEY", "NEMO_GYM_RUN_TIMEOUT", "NEMO_GYM_MAX_CONCURRENCY"):
+        monkeypatch.delenv(name, raising=False)
+    # An unreachable server must be reported at once, not after the client's backoff.
+    monkeypatch.setenv("NEMO_GYM_RETRY_BACKOFF", "0.01")
+
+
+@pytest.fixture
+def fake_gym(gym_example_rollouts: list[dict[str, Any]]) -> Iterator[FakeGym]:
+    gym = FakeGym(gym_example_rollouts).start()
+    yield gym
+    gym.stop()
+
+
+@pytest.fixture
+def input_file(tmp_path: Path, gym_example_rows: list[dict[str, Any]]) -> Path:
+    return write_jsonl(tmp_path / "verified.jsonl", converter_rows(gym_example_rows))
+
+
+def scan(*args: str) -> Any:
+    return CliRunner().invoke(app, ["scan", *args], catch_exceptions=False)
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_golden_scan_reports_each_non_passing_instance_with_its_reason(
+    fake_gym: FakeGym, input_file: Path, tmp_path: Path, gym_example_rollouts: list[dict[str, Any]]
+) -> None:
+    out = tmp_path / "results.jsonl"
+    result = scan("--input", str(input_file), "--golden", "--gym-url", fake_gym.url, "--output", str(out))
+
+    assert result.exit_code == 1, result.output
+    assert sorted(fake_gym.received_ids()) == sorted([SKLEARN, DJANGO, PYLINT, SPHINX, SYMPY])
+    # The reasons come from the real SWE-bench reports the server returned.
+    failing = {
+        row["instance_id"]: row["metadata"]["eval_report"][row["instance_id"]]["tests_status"]["FAIL_TO_PASS"][
+            "failure"
+        ]
+        for row in gym_example_rollouts
+    }
+    listed = result.output.split("not 1.0 (golden mode expects 1.0 everywhere):", 1)[1]
+    for instance_id in (DJANGO, PYLINT, SPHINX, SYMPY):
+        line = next(text for text in listed.splitlines() if instance_id in text)
+        assert "tests failing: FAIL_TO_PASS" in line
+        assert failing[instance_id][0] in line
+    assert SKLEARN not in listed
+    assert "PASS_TO_PASS 1/1 failing: test_requires_partial" in listed  # sympy's broken pass-to-pass test
+
+    by_id = {row["instance_id"]: row for row in lines(out)}
+    assert set(by_id) == {SKLEARN, DJANGO, PYLINT, SPHINX, SYMPY}
+    assert by_id[SKLEARN]["verdict"] == "passed" and by_id[SKLEARN]["reward"] == 1.0
+    assert by_id[SKLEARN]["reason"] is None
+    assert {by_id[i]["verdict"] for i in (DJANGO, PYLINT, SPHINX, SYMPY)} == {"failed"}
+    assert by_id[SPHINX]["nemogym"]["resolved"] is False
+    assert by_id[SPHINX]["mode"] == "golden"
+
+
+def test_golden_scan_names_a_patch_that_did_not_apply(
+    fake_gym: FakeGym, input_file: Path, gym_example_rollouts: list[dict[str, Any]]
+) -> None:
+    report = fake_gym.rollouts[SKLEARN]["metadata"]["eval_report"][SKLEARN]
+    report.update(patch_successfully_applied=False, resolved=False)
+    fake_gym.rollouts[SKLEARN]["reward"] = 0.0
+
+    result = scan("--input", str(input_file), "--golden", "--gym-url", fake_gym.url, "--instance-ids", SKLEARN)
+
+    assert result.exit_code == 1
+    assert "the patch did not apply (patch_successfully_applied=false)" in result.output
+
+
+def test_exit_0_when_every_golden_instance_scores_1(fake_gym: FakeGym, input_file: Path) -> None:
+    result = scan("--input", str(input_file), "--golden", "--gym-url", fake_gym.url, "--instance-ids", SKLEARN)
+
+    assert result.exit_code == 0, result.output
+    assert fake_gym.received_ids() == [SKLEARN]
+    assert "not 1.0" not in result.output
+
+
+def test_infra_failures_are_counted_apart_from_failed_instances(
+    fake_gym: FakeGym, input_file: Path, tmp_path: Path
+) -> None:
+    fake_gym.behaviour = {DJANGO: "500", PYLINT: "error"}
+    out = tmp_path / "results.jsonl"
+    result = scan(
+        "--input", str(input_file), "--gym-url", fake_gym.url, "--output", str(out), "--allow-unresolved"
+    )  # fmt: skip
+
+    # Unresolved instances are allowed here, infrastructure failures never are.
+    assert result.exit_code == 1, result.output
+    by_id = {row["instance_id"]: row for row in lines(out)}
+    assert by_id[DJANGO]["verdict"] == "infra"
+    assert by_id[DJANGO]["failure_kind"] == "agent_run_error"
+    assert "HTTP 500" in by_id[DJANGO]["reason"]
+    assert by_id[PYLINT]["verdict"] == "infra"
+    assert "Failed to build eval script: no network" in by_id[PYLINT]["reason"]
+    assert by_id[PYLINT]["eval_report"]["traceback"].startswith("Traceback")
+    assert by_id[PYLINT]["nemogym"]["mask_sample"] is True
+    overall = next(line for line in result.output.splitlines() if "overall" in line)
+    assert [int(cell) for cell in overall.replace("│", " ").split()[1:5]] == [5, 1, 2, 2]
+    assert "2 instance(s) infrastructure failures" in result.output
+
+
+def test_allow_unresolved_exits_0_when_every_episode_was_graded(fake_gym: FakeGym, input_file: Path) -> None:
+    plain = scan("--input", str(input_file), "--gym-url", fake_gym.url)
+    allowed = scan("--input", str(input_file), "--gym-url", fake_gym.url, "--allow-unresolved")
+
+    assert plain.exit_code == 1
+    assert allowed.exit_code == 0, allowed.output
+
+
+def test_summary_has_one_row_per_repo_with_counts_and_times(fake_gym: FakeGym, input_file: Path) -> None:
+    fake_gym.behaviour = {DJANGO: "500"}
+    result = scan("--input", str(input_file), "--gym-url", fake_gym.url)
+
+    rows = {}
+    for line in result.output.splitlines():
+        cells = line.replace("│", " ").split()
+        if len(cells) == 7 and cells[1].isdigit():
+            rows[cells[0]] = cells[1:]
+    assert rows["django/django"][:4] == ["1", "0", "0", "1"]
+    assert rows["scikit-learn/scikit-learn"][:4] == ["1", "1", "0", "0"]
+    assert rows["sympy/sympy"][:4] == ["1", "0", "1", "0"]
+    assert rows["overall"][:4] == ["5", "1", "3", "1"]
+    for cells in rows.values():
+        assert float(cells[4]) >= 0 and float(cells[5]) >= 0  # mean s, p95 s
+
+
+def test_resume_skips_finished_instances_and_summarises_the_whole_selection(
+    fake_gym: FakeGym, input_file: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "results.jsonl"
+    first = scan("--input", str(input_file), "--gym-url", fake_gym.url, "--output", str(out), "--limit", "2")
+    assert first.exit_code == 1
+    done_first = [row["instance_id"] for row in lines(out)]
+    assert len(done_first) == 2
+
+    again = scan("--input", str(input_file), "--gym-url", fake_gym.url, "--output", str(out))
+    assert again.exit_code == 2, "an existing results file is never appended to without --resume"
+    assert "--resume" in again.output
+
+    resumed = scan("--input", str(input_file), "--gym-url", fake_gym.url, "--output", str(out), "--resume")
+    received = fake_gym.received_ids()
+    assert len(received) == 5  # 2 + 3: no instance ran twice
+    assert sorted(received[2:]) == sorted(set(received) - set(done_first))
+    assert sorted(row["instance_id"] for row in lines(out)) == sorted(received)
+    assert "2 result(s) from an earlier run" in resumed.output
+    overall = next(line for line in resumed.output.splitlines() if "overall" in line)
+    assert overall.replace("│", " ").split()[1] == "5"
+
+    nothing_left = scan("--input", str(input_file), "--gym-url", fake_gym.url, "--output", str(out), "--resume")
+    assert len(fake_gym.received_ids()) == 5
+    assert nothing_left.exit_code == 1  # the verdict on the whole selection is unchanged
+
+
+def test_resume_runs_again_an_instance_whose_line_was_torn_by_a_crash(
+    fake_gym: FakeGym, input_file: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "results.jsonl"
+    scan("--input", str(input_file), "--gym-url", fake_gym.url, "--output", str(out), "--limit", "2")
+    text = out.read_text()
+    torn_id = json.loads(text.splitlines()[1])["instance_id"]
+    out.write_text(text[: len(text) - 40])  # the second line cut mid-write
+
+    scan("--input", str(input_file), "--gym-url", fake_gym.url, "--output", str(out), "--resume", "--limit", "2")
+
+    assert fake_gym.received_ids().count(torn_id) == 2
+    assert [row["instance_id"] for row in lines(out)][-1] == torn_id
+
+
+@pytest.mark.parametrize(
+    ("problem", "expected"),
+    [
+        ("unreachable", "cannot reach"),
+        ("not_a_gym", "does not offer POST /run"),
+        ("bad_json", "not a JSON object"),
+        ("missing_input", "no such input file"),
+        ("golden_and_policy", "--golden with --policy-base-url"),
+        ("unknown_id", "not in the input file: nope__nope-1"),
+        ("bad_row", "instance_id must be a non-empty string"),
+        ("bad_results_file", "not a scan result line"),
+        ("bad_gym_url", "--gym-url"),
+    ],
+)
+def test_exit_2_before_any_episode_when_the_scan_cannot_start(
+    problem: str,
+    expected: str,
+    input_file: Path,
+    tmp_path: Path,
+    gym_example_rollouts: list[dict[str, Any]],
+) -> None:
+    gym = FakeGym(
+        gym_example_rollouts, openapi={"paths": {"/v1/responses": {"post": {}}}} if problem == "not_a_gym" else None
+    )
+    gym.start()
+    try:
+        url = f"http://127.0.0.1:{closed_port()}" if problem == "unreachable" else gym.url
+        args = ["--input", str(input_file), "--gym-url", url, "--output", str(tmp_path / "out.jsonl")]
+        if problem == "bad_json":
+            input_file.write_text(input_file.read_text() + "{not json\n")
+        if problem == "missing_input":
+            args[1] = str(tmp_path / "missing.jsonl")
+        if problem == "golden_and_policy":
+            args += ["--golden", "--policy-base-url", "http://127.0.0.1:9/v1"]
+        if problem == "unknown_id":
+            args += ["--instance-ids", f"{SKLEARN},nope__nope-1"]
+        if problem == "bad_row":
+            input_file.write_text(
+                input_file.read_text() + json.dumps({"prompt": "x", "metadata": {"instance_id": 7}}) + "\n"
+            )
+        if problem == "bad_results_file":
+            (tmp_path / "out.jsonl").write_text("instance,reward\nfoo,1\n")
+            args += ["--resume"]
+        if problem == "bad_gym_url":
+            args[3] = "ftp://127.0.0.1:1"
+
+        result = scan(*args)
+
+        assert result.exit_code == 2, result.output
+        assert expected in result.output
+        assert gym.received_ids() == []
+        if problem != "bad_results_file":
+            assert not (tmp_path / "out.jsonl").exists() or not (tmp_path / "out.jsonl").read_text()
+    finally:
+        gym.stop()
+
+
+def test_raw_rows_need_a_subset_and_are_sent_like_converted_rows(
+    fake_gym: FakeGym, tmp_path: Path, gym_example_rows: list[dict[str, Any]]
+) -> None:
+    raw = []
+    for row in gym_example_rows:
+        plain = {key: value for key, value in row.items() if key not in ("subset", "split", "responses_create_params")}
+        # The HF parquet's shape: test lists as JSON strings.
+        plain["FAIL_TO_PASS"] = json.dumps(row["FAIL_TO_PASS"])
+        plain["PASS_TO_PASS"] = json.dumps(row["PASS_TO_PASS"])
+        raw.append(plain)
+    raw_file = write_jsonl(tmp_path / "raw.jsonl", raw)
+
+    refused = scan("--input", str(raw_file), "--gym-url", fake_gym.url)
+    assert refused.exit_code == 2
+    assert "--subset verified" in refused.output
+    assert fake_gym.received_ids() == []
+
+    mixed = write_jsonl(tmp_path / "mixed.jsonl", raw[:2] + converter_rows(gym_example_rows[2:]))
+    result = scan("--input", str(mixed), "--gym-url", fake_gym.url, "--subset", "verified", "--allow-unresolved")
+    assert result.exit_code == 0, result.output
+    bodies = {body["instance_id"]: body for body in fake_gym.bodies}
+    for row in gym_example_rows[:2]:
+        body = bodies[row["instance_id"]]
+        assert body["FAIL_TO_PASS"] == row["FAIL_TO_PASS"] and isinstance(body["FAIL_TO_PASS"], list)
+        assert body["subset"] == "verified" and body["split"] == "test"
+    for row in gym_example_rows[2:]:
+        assert bodies[row["instance_id"]]["subset"] == row["subset"]
+
+
+async def test_scan_sends_exactly_what_the_agent_function_sends(
+    fake_gym: FakeGym, input_file: Path, gym_example_rows: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    monkeypatch.setenv("NEMO_GYM_URL", fake_gym.url)
+    monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", SECRET)
+    session = "http://10.1.2.3:30000/sessions/abc"
+    row = next(row for row in gym_example_rows if row["instance_id"] == SYMPY)
+    request_kwargs = {"temperature": 0.7, "top_p": 0.9, "max_tokens": 512}
+    await agent.run(base_url=session, prompt=None, request_kwargs=request_kwargs, metadata=row)
+    await client.close_client()
+    agent_body = fake_gym.bodies[-1]
+
+    def run_cli() -> Any:
+        return scan(
+            "--input", str(input_file), "--instance-ids", SYMPY, "--policy-base-url", f"{session}/v1",
+            "--temperature", "0.7", "--top-p", "0.9", "--max-tokens", "512",
+        )  # fmt: skip
+
+    await asyncio.to_thread(run_cli)
+    scan_body = fake_gym.bodies[-1]
+
+    assert scan_body == agent_body
+    assert scan_body == build_run_body(row, request_kwargs, policy_base_url=f"{session}/v1", policy_api_key=SECRET)
+    params = scan_body["responses_create_params"]
+    assert (params["temperature"], params["top_p"], params["max_output_tokens"]) == (0.7, 0.9, 512)
+
+
+def test_api_key_reaches_the_server_but_never_the_output(
+    fake_gym: FakeGym, input_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", SECRET)
+    fake_gym.behaviour = {DJANGO: "echo_key", PYLINT: "echo_key"}
+    out = tmp_path / "results.jsonl"
+    result = scan(
+        "--input", str(input_file), "--gym-url", fake_gym.url, "--output", str(out),
+        "--policy-base-url", "http://127.0.0.1:9/v1",
+    )  # fmt: skip
+
+    assert result.exit_code == 1
+    assert {body.get("policy_api_key") for body in fake_gym.bodies} == {SECRET}
+    assert {body.get("policy_base_url") for body in fake_gym.bodies} == {"http://127.0.0.1:9/v1"}
+    text = out.read_text()
+    assert "policy rejected api key ***" in text  # the echoed key was there, and was redacted
+    assert SECRET not in text
+    assert SECRET not in result.stdout
+    assert SECRET not in result.stderr
+    assert "policy rejected api key ***" in result.output
+
+
+def test_api_key_is_not_sent_to_the_servers_own_model(
+    fake_gym: FakeGym, input_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", SECRET)
+    result = scan("--input", str(input_file), "--golden", "--gym-url", fake_gym.url, "--instance-ids", SKLEARN)
+
+    assert result.exit_code == 0
+    assert "policy_api_key" not in fake_gym.bodies[0]
+    assert "policy_base_url" not in fake_gym.bodies[0]
+
+
+def test_timeout_and_concurrency_flags_override_the_environment(
+    fake_gym: FakeGym, input_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "3600")
+    fake_gym.behaviour = {SYMPY: "hold"}  # never released: only the scan's --timeout ends it
+    out = tmp_path / "results.jsonl"
+    result = scan(
+        "--input", str(input_file), "--gym-url", fake_gym.url, "--output", str(out), "--timeout", "1",
+        "--instance-ids", f"{SYMPY},{SKLEARN}", "--concurrency", "1",
+    )  # fmt: skip
+
+    assert result.exit_code == 1
+    by_id = {row["instance_id"]: row for row in lines(out)}
+    assert by_id[SYMPY]["verdict"] == "infra"
+    assert by_id[SYMPY]["failure_kind"] == "agent_timeout"
+    assert "1s" in by_id[SYMPY]["reason"]
+    assert by_id[SKLEARN]["verdict"] == "passed"

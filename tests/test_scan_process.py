@@ -1,0 +1,107 @@
+"""The scan as a process: results reach the disk while other episodes are still in flight,
+and Ctrl-C stops cleanly (in-flight episodes cancelled, finished results kept, summary
+printed, exit 130). Runs ``scripts/golden_scan.py`` as a file, as users do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_scan_fakegym import FakeGym, converter_rows, write_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "golden_scan.py"
+QUICK = ["scikit-learn__scikit-learn-14141", "sympy__sympy-20916"]
+HELD = ["django__django-10973", "pylint-dev__pylint-4551", "sphinx-doc__sphinx-8595"]
+
+
+@pytest.fixture
+def fake_gym(gym_example_rollouts: list[dict[str, Any]]) -> Iterator[FakeGym]:
+    gym = FakeGym(gym_example_rollouts).start()
+    gym.behaviour = dict.fromkeys(HELD, "hold")
+    yield gym
+    gym.stop()
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def result_ids(path: Path) -> list[str]:
+    if not path.exists():
+        return []
+    return [json.loads(line)["instance_id"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def start_scan(tmp_path: Path, rows: list[dict[str, Any]], gym: FakeGym, *extra: str) -> subprocess.Popen[str]:
+    input_file = write_jsonl(tmp_path / "in.jsonl", converter_rows(rows))
+    env = {key: value for key, value in os.environ.items() if not key.startswith("NEMO_GYM_")}
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--input", str(input_file), "--golden", "--gym-url", gym.url,
+         "--output", str(tmp_path / "results.jsonl"), "--concurrency", "5", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )  # fmt: skip
+
+
+def test_each_result_is_on_disk_while_other_episodes_are_in_flight(
+    tmp_path: Path, fake_gym: FakeGym, gym_example_rows: list[dict[str, Any]]
+) -> None:
+    out = tmp_path / "results.jsonl"
+    process = start_scan(tmp_path, gym_example_rows, fake_gym)
+    try:
+        wait_for(lambda: len(result_ids(out)) == len(QUICK), "the quick instances' lines")
+        # Read while the three held episodes are still open on the server.
+        assert fake_gym.held_now() == set(HELD)
+        assert sorted(result_ids(out)) == sorted(QUICK)
+        fake_gym.release.set()
+        stdout, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 1, stderr  # four golden instances are not 1.0
+    assert sorted(result_ids(out)) == sorted(QUICK + HELD)
+    assert "overall" in stdout
+
+
+def test_ctrl_c_cancels_in_flight_episodes_keeps_results_and_prints_the_summary(
+    tmp_path: Path, fake_gym: FakeGym, gym_example_rows: list[dict[str, Any]]
+) -> None:
+    out = tmp_path / "results.jsonl"
+    process = start_scan(tmp_path, gym_example_rows, fake_gym)
+    try:
+        wait_for(lambda: len(result_ids(out)) == len(QUICK) and fake_gym.held_now() == set(HELD), "in-flight state")
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=30)  # generous: "returns promptly"
+    finally:
+        process.kill()
+
+    assert process.returncode == 130, stderr
+    assert sorted(result_ids(out)) == sorted(QUICK), "finished results kept, cancelled ones not written"
+    overall = next(line for line in stdout.splitlines() if "overall" in line)
+    assert overall.replace("│", " ").split()[1] == "2"
+    assert "3 of 5 selected instance(s) not run (interrupted)" in stdout
+    assert "--resume" in stderr
+    # The client closed the held requests instead of leaving them open.
+    wait_for(lambda: sorted(fake_gym.disconnected) == sorted(HELD), "the server to see the disconnects", 10)
+
+    # Resuming runs exactly the three cancelled instances.
+    fake_gym.release.set()
+    resumed = start_scan(tmp_path, gym_example_rows, fake_gym, "--resume")
+    resumed.communicate(timeout=60)
+    assert sorted(fake_gym.received_ids()) == sorted(QUICK + HELD + HELD)
+    assert sorted(result_ids(out)) == sorted(QUICK + HELD)
