@@ -27,6 +27,9 @@ def _root() -> None:
 from miles_nemogym.cli import convert as _convert  # noqa: E402
 
 _convert.register(app)
+from miles_nemogym.cli import doctor as _doctor  # noqa: E402
+
+_doctor.register(app)
 from miles_nemogym.cli import scan as _scan  # noqa: E402
 
 _scan.register(app)
