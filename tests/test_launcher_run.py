@@ -222,3 +222,23 @@ def test_keep_ray_leaves_the_head_running(tmp_path: Path) -> None:
     execute(tmp_path, actions, skip_prepare=True, keep_ray=True)
     assert "start_ray_head" in actions.names()
     assert "stop_ray_head" not in actions.names()
+
+
+def test_unloadable_model_arguments_stop_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = LauncherConfig(base_dir=tmp_path, megatron_model_type="no-such-model")
+    miles = make_miles_checkout(tmp_path / "miles")
+    actions = Recorder()
+    code = run.execute(
+        config,
+        resolve(config.hf_checkpoint),
+        dry_run=False,
+        environ={},
+        actions=actions,
+        checks=passing,
+        miles_root=miles,
+    )
+    assert code == 2
+    assert actions.calls == []
+    assert "no-such-model" in capsys.readouterr().err

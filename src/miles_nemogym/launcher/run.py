@@ -284,11 +284,13 @@ def execute(
             cmd.MilesInstall(root, load_model_args(root, config.megatron_model_type)) if root is not None else None
         )
     except ModelArgsError as error:
-        if not dry_run:
-            print(f"error: {error}", file=sys.stderr)
-            return EXIT_USAGE
-        print(f"note: {error}", file=sys.stderr)
+        # Preflight names the missing piece with its fix; this message is the fallback.
+        load_error: str | None = str(error)
         install = None
+    else:
+        load_error = None if install is not None else "the 'miles' package is not importable"
+    if load_error is not None and dry_run:
+        print(f"note: {load_error}", file=sys.stderr)
     try:
         job = cmd.build_job(config, parsers, install or _placeholder_install(config), environ)
     except cmd.DuplicateFlagError as error:
@@ -309,6 +311,8 @@ def execute(
     results: list[CheckResult] = checks(config, environ=environ, miles_root=root)
     _print_results(results)
     if any(result.status is not Status.passed for result in results) or install is None:
+        if install is None and load_error is not None:
+            print(f"error: {load_error}", file=sys.stderr)
         print("preflight failed: nothing was started", file=sys.stderr)
         return EXIT_USAGE
 
@@ -357,4 +361,8 @@ def main(argv: Sequence[str] | None = None, *, actions: Actions | None = None) -
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    return execute(config, parsers, dry_run=dry_run, environ=os.environ, actions=actions or RayActions())
+    try:
+        return execute(config, parsers, dry_run=dry_run, environ=os.environ, actions=actions or RayActions())
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
