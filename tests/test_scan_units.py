@@ -1,0 +1,206 @@
+"""The scan's pure parts: input detection, selection, the results file, verdicts, statistics,
+progress lines, and the ``golden_scan`` function the integration tests call."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from miles_nemogym.outcome import classify_run_response
+from miles_nemogym.protocol import RunResponse
+from miles_nemogym.scan import EXIT_FAILED, Verdict, golden_scan
+from miles_nemogym.scan.inputs import InputError, load_tasks
+from miles_nemogym.scan.report import Counts, ScanProgress
+from miles_nemogym.scan.results import ResultLine, ResultsWriter, read_results
+from miles_nemogym.scan.selection import parse_instance_ids, select
+from miles_nemogym.scan.verdict import reason_of, verdict_of
+from tests.test_scan_fakegym import FakeGym, converter_rows, write_jsonl
+
+SKLEARN = "scikit-learn__scikit-learn-14141"
+
+
+@pytest.fixture
+def fake_gym(gym_example_rollouts: list[dict[str, Any]]) -> Iterator[FakeGym]:
+    gym = FakeGym(gym_example_rollouts).start()
+    yield gym
+    gym.stop()
+
+
+def result(instance_id: str, verdict: Verdict = Verdict.passed, seconds: float = 1.0) -> ResultLine:
+    return ResultLine(
+        instance_id=instance_id, verdict=verdict, reward=1.0 if verdict is Verdict.passed else 0.0, seconds=seconds
+    )
+
+
+def test_converter_and_raw_rows_are_detected_per_row(tmp_path: Path, gym_example_rows: list[dict[str, Any]]) -> None:
+    raw = copy.deepcopy(gym_example_rows[0])
+    raw["PASS_TO_PASS"] = json.dumps(raw["PASS_TO_PASS"])
+    path = write_jsonl(tmp_path / "mixed.jsonl", [raw, *converter_rows(gym_example_rows[1:])])
+
+    tasks = load_tasks(path)
+
+    assert [task.instance_id for task in tasks] == [row["instance_id"] for row in gym_example_rows]
+    assert tasks[0].metadata["PASS_TO_PASS"] == gym_example_rows[0]["PASS_TO_PASS"]
+    assert tasks[1].metadata == gym_example_rows[1]  # the converter's metadata, as the agent gets it
+    assert tasks[1].repo == gym_example_rows[1]["repo"]
+    assert tasks[1].where == f"{path}:2"
+
+
+def test_parquet_input_with_json_encoded_test_lists(tmp_path: Path, gym_example_rows: list[dict[str, Any]]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [
+        {key: json.dumps(value) if key in ("FAIL_TO_PASS", "PASS_TO_PASS") else value for key, value in row.items()}
+        for row in gym_example_rows
+        for row in [{k: v for k, v in row.items() if k != "responses_create_params"}]
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "test-00000-of-00001.parquet")
+
+    tasks = load_tasks(tmp_path / "test-00000-of-00001.parquet")
+
+    assert [task.metadata["FAIL_TO_PASS"] for task in tasks] == [row["FAIL_TO_PASS"] for row in gym_example_rows]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "golden", "message"),
+    [
+        (lambda rows: [*rows, rows[0]], False, "repeats"),
+        (lambda rows: [{**rows[0], "patch": ""}], True, "no gold 'patch'"),
+        (lambda rows: [{**rows[0], "FAIL_TO_PASS": "[broken"}], False, "not a JSON list"),
+        (lambda rows: [{**rows[0], "responses_create_params": {"input": [], "top_k": 5}}], False, "top_k"),
+        (lambda rows: [{"prompt": "x"}], False, "no 'instance_id'"),
+        (lambda rows: [], False, "holds no task rows"),
+    ],
+)
+def test_bad_rows_are_refused_with_their_line(
+    tmp_path: Path, gym_example_rows: list[dict[str, Any]], mutate: Any, golden: bool, message: str
+) -> None:
+    path = write_jsonl(tmp_path / "rows.jsonl", mutate(copy.deepcopy(gym_example_rows)))
+    with pytest.raises(InputError, match=re.escape(message)):
+        load_tasks(path, golden=golden)
+
+
+def test_instance_ids_from_a_file_or_a_list_then_limit(tmp_path: Path, gym_example_rows: list[dict[str, Any]]) -> None:
+    tasks = load_tasks(write_jsonl(tmp_path / "rows.jsonl", gym_example_rows))
+    ids = [task.instance_id for task in tasks]
+    listing = tmp_path / "ids.txt"
+    listing.write_text(f"# wanted\n{ids[3]}\n\n{ids[1]}  # a comment\n{ids[4]}\n")
+
+    assert parse_instance_ids(str(listing)) == [ids[3], ids[1], ids[4]]
+    assert parse_instance_ids(f"{ids[0]}, {ids[2]}") == [ids[0], ids[2]]
+    chosen = select(tasks, parse_instance_ids(str(listing)), limit=2)
+    assert [task.instance_id for task in chosen] == [ids[1], ids[3]]  # input order, then the limit
+    with pytest.raises(InputError, match="nope"):
+        select(tasks, ["nope"], None)
+    with pytest.raises(InputError, match="no instance ids"):
+        parse_instance_ids(" , ")
+
+
+def test_results_file_survives_a_torn_last_line_and_refuses_a_foreign_file(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    writer = ResultsWriter(path)
+    writer.write(result("a"))
+    writer.write(result("b", Verdict.infra))
+    writer.close()
+    assert set(read_results(path)) == {"a", "b"}
+    assert path.read_text().count("\n") == 2  # each line is complete on disk when write() returns
+
+    path.write_text(path.read_text() + '{"instance_id": "c", "verd')
+    assert set(read_results(path)) == {"a", "b"}
+    writer = ResultsWriter(path)
+    writer.write(result("d"))
+    writer.close()
+    assert set(read_results(path)) == {"a", "b", "d"}
+    assert all(json.loads(line) for line in path.read_text().splitlines())
+
+    (tmp_path / "foreign.jsonl").write_text('{"x": 1}\n{"instance_id": "a"}\n')
+    with pytest.raises(InputError, match=r"foreign\.jsonl:1"):
+        read_results(tmp_path / "foreign.jsonl")
+
+
+def test_p95_is_a_time_some_episode_took() -> None:
+    counts = Counts()
+    for seconds in range(1, 21):
+        counts.add(result(f"i{seconds}", seconds=float(seconds)))
+    assert counts.p95_s == 19.0
+    assert counts.mean_s == 10.5
+    one = Counts()
+    one.add(result("x", seconds=7.0))
+    assert one.p95_s == 7.0
+    assert Counts().p95_s is None
+
+
+def test_verdicts_and_reasons_follow_the_agents_classification(gym_example_rollouts: list[dict[str, Any]]) -> None:
+    by_id = {row["instance_id"]: row for row in gym_example_rollouts}
+    passed = classify_run_response(RunResponse.model_validate(by_id[SKLEARN]))
+    assert verdict_of(passed) is Verdict.passed and reason_of(passed) is None
+
+    unapplied = copy.deepcopy(by_id[SKLEARN])
+    unapplied["reward"] = 0.0
+    unapplied["metadata"]["eval_report"][SKLEARN].update(patch_successfully_applied=False, resolved=False)
+    outcome = classify_run_response(RunResponse.model_validate(unapplied))
+    assert verdict_of(outcome) is Verdict.failed
+    assert reason_of(outcome) == "the patch did not apply (patch_successfully_applied=false)"
+
+    pylint = classify_run_response(RunResponse.model_validate(by_id["pylint-dev__pylint-4551"]))
+    pylint_reason = reason_of(pylint) or ""
+    assert "FAIL_TO_PASS 10/10 failing" in pylint_reason
+    assert "(+7 more)" in pylint_reason
+
+    masked = copy.deepcopy(by_id[SKLEARN])
+    masked.update(mask_sample=True, failure_kind="provider_oom_killed", failure_reason="sandbox OOM")
+    outcome = classify_run_response(RunResponse.model_validate(masked))
+    assert verdict_of(outcome) is Verdict.infra  # even with reward 1.0: not a measurement
+    assert reason_of(outcome) == "provider_oom_killed: sandbox OOM"
+
+
+def test_without_a_terminal_a_status_line_gives_done_counts_elapsed_and_eta() -> None:
+    buffer = io.StringIO()
+    progress = ScanProgress(Console(file=buffer, width=200), total=12, already_done=[result("old")])
+    with progress:
+        for number in range(9):
+            progress.finished(result(f"i{number}", Verdict.failed if number == 4 else Verdict.passed))
+    lines = buffer.getvalue().splitlines()
+    assert lines[0].startswith("[ 2/12] PASS  i0  reward 1.0  -  1.0s")
+    assert "FAIL  i4  reward 0.0  unresolved" in lines[4]
+    assert lines[-1].startswith("progress 10/12: passed 9, failed 1, infra failures 0; elapsed 0:00:0")
+    assert "ETA 0:00:0" in lines[-1]
+
+
+def test_on_a_terminal_the_live_bar_shows_the_counts() -> None:
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=200, force_terminal=True, color_system=None)
+    progress = ScanProgress(console, total=3, already_done=[])
+    with progress:
+        progress.finished(result("a"))
+        progress.finished(result("b", Verdict.infra))
+    text = buffer.getvalue()
+    assert "2/3" in text
+    assert "passed 1 failed 0 infra 1" in text
+    assert "ETA" in text
+
+
+def test_golden_scan_function_for_integration_tests(
+    fake_gym: FakeGym, tmp_path: Path, gym_example_rows: list[dict[str, Any]]
+) -> None:
+    path = write_jsonl(tmp_path / "rows.jsonl", gym_example_rows)
+    buffer = io.StringIO()
+
+    scanned = golden_scan(path, fake_gym.url, output_path=tmp_path / "out.jsonl", console=Console(file=buffer))
+
+    assert scanned.exit_code == EXIT_FAILED
+    assert len(scanned.results) == 5
+    assert {item.instance_id for item in scanned.not_passed} == {row["instance_id"] for row in gym_example_rows} - {
+        SKLEARN
+    }
+    assert all(item.reason and "tests failing" in item.reason for item in scanned.not_passed)
+    assert "overall" in buffer.getvalue()
