@@ -139,6 +139,9 @@ def overrides(options: ServeOptions, port: int, state_dir: Path) -> dict[str, An
         "run_golden": options.golden,
     }
     sandbox = _provider_block(options)
+    # nemo-gym ships no config file for some providers (apptainer): the agent's
+    # `sandbox_provider: sandbox` must still resolve, to the provider's defaults.
+    sandbox.setdefault(options.sandbox, {})
     if options.sandbox == "local":
         agent["sandbox_environment_kwargs"] = dict(LOCAL_ENVIRONMENT_KWARGS)
         local = dict(sandbox.get("local") or {})
@@ -152,18 +155,17 @@ def overrides(options: ServeOptions, port: int, state_dir: Path) -> dict[str, An
         "cache_dir": str(state_dir / "cache"),
         SERVER_NAME: {"responses_api_agents": {SERVER_NAME: agent}},
     }
-    if sandbox:
-        result["sandbox"] = sandbox
+    result["sandbox"] = sandbox
     return result
 
 
 def config_paths(options: ServeOptions, site_packages: Path) -> list[Path]:
-    """The shipped configs, in nemo-gym's merge order (later wins)."""
-    paths = [
-        site_packages / AGENT_CONFIG,
-        site_packages / provider_config_path(options.sandbox),
-        site_packages / MODEL_CONFIG,
-    ]
+    """The shipped configs, in nemo-gym's merge order (later wins).
+
+    The provider's file is used when nemo-gym ships one (all but apptainer in 0.7.0).
+    """
+    provider = site_packages / provider_config_path(options.sandbox)
+    paths = [site_packages / AGENT_CONFIG, *([provider] if provider.is_file() else []), site_packages / MODEL_CONFIG]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise GymEnvironmentError(f"the server venv lacks nemo-gym's config files: {missing}")

@@ -51,6 +51,9 @@ PROVIDER_SDKS: dict[str, tuple[str, ...]] = {
     "ecs_fargate": ("boto3",),
 }
 
+# Searched after PATH and pyenv (OS packages, Homebrew).
+SYSTEM_DIRS: tuple[str, ...] = ("/usr/local/bin", "/usr/bin", "/opt/homebrew/bin")
+
 Progress = Callable[[str], None]
 
 
@@ -122,10 +125,10 @@ def gym_python_candidates(environ: Mapping[str, str] | None = None) -> list[Path
         roots.append(Path(env["HOME"]) / ".pyenv")
     for root in roots:
         candidates.extend(_pyenv_candidates(root))
-    candidates.extend(Path(d) / name for d in ("/usr/local/bin", "/usr/bin", "/opt/homebrew/bin"))
+    candidates.extend(Path(d) / name for d in SYSTEM_DIRS)
     unique: list[Path] = []
     for path in candidates:
-        if path not in unique and (path == candidates[0] or path.exists()):
+        if path not in unique and path.exists():
             unique.append(path)
     return unique
 
