@@ -156,6 +156,23 @@ def test_verdicts_and_reasons_follow_the_agents_classification(gym_example_rollo
     assert "FAIL_TO_PASS 10/10 failing" in pylint_reason
     assert "(+7 more)" in pylint_reason
 
+    crashed = copy.deepcopy(by_id[SKLEARN])
+    crashed.update(
+        reward=0.0,
+        metadata={
+            # The real server's shape when the eval script cannot be built offline (Ray-wrapped).
+            "error": '\x1b[36mray::runner_ray_remote()\x1b[39m (pid=1, ip=127.0.0.1)\n  File "x.py", line 3\n'
+            "requests.exceptions.ConnectionError: Failed to resolve 'raw.githubusercontent.com'\n",
+            "traceback": "Traceback ...",
+        },
+    )
+    outcome = classify_run_response(RunResponse.model_validate(crashed))
+    assert verdict_of(outcome) is Verdict.infra
+    assert reason_of(outcome) == (
+        "agent_run_error: server error: requests.exceptions.ConnectionError: "
+        "Failed to resolve 'raw.githubusercontent.com'"
+    )
+
     masked = copy.deepcopy(by_id[SKLEARN])
     masked.update(mask_sample=True, failure_kind="provider_oom_killed", failure_reason="sandbox OOM")
     outcome = classify_run_response(RunResponse.model_validate(masked))
