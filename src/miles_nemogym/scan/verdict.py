@@ -70,7 +70,9 @@ def reason_of(outcome: Outcome) -> str | None:
         record = outcome.record
         kind = record.failure_kind or "unknown"
         error = _last_error_line(outcome.eval_report)
-        if error is not None:
+        # Only where the classifier quoted the error itself; a server's own
+        # failure_reason (a masked sample) already says what failed.
+        if error is not None and (record.failure_reason or "").startswith("server error:"):
             return short_reason(f"{kind}: server error: {error}")
         return _ANSI.sub("", f"{kind}: {record.failure_reason or 'no reason given'}")
     return graded_reason(outcome)
