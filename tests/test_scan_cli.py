@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from miles_nemogym import agent, client
 from miles_nemogym.cli.main import app
 from miles_nemogym.mapping import build_run_body
-from tests.test_scan_fakegym import FakeGym, converter_rows, write_jsonl
+from tests.test_scan_fakegym import FakeGym, converter_rows, openapi_document, write_jsonl
 
 SKLEARN = "scikit-learn__scikit-learn-14141"
 DJANGO = "django__django-10973"
@@ -229,9 +229,7 @@ def test_exit_2_before_any_episode_when_the_scan_cannot_start(
     tmp_path: Path,
     gym_example_rollouts: list[dict[str, Any]],
 ) -> None:
-    gym = FakeGym(
-        gym_example_rollouts, openapi={"paths": {"/v1/responses": {"post": {}}}} if problem == "not_a_gym" else None
-    )
+    gym = FakeGym(gym_example_rollouts, openapi=openapi_document(with_run=False) if problem == "not_a_gym" else None)
     gym.start()
     try:
         url = f"http://127.0.0.1:{closed_port()}" if problem == "unreachable" else gym.url
@@ -261,6 +259,22 @@ def test_exit_2_before_any_episode_when_the_scan_cannot_start(
         assert gym.received_ids() == []
         if problem != "bad_results_file":
             assert not (tmp_path / "out.jsonl").exists() or not (tmp_path / "out.jsonl").read_text()
+    finally:
+        gym.stop()
+
+
+def test_policy_scan_refuses_a_server_that_would_ignore_policy_base_url(
+    tmp_path: Path, input_file: Path, gym_example_rollouts: list[dict[str, Any]]
+) -> None:
+    gym = FakeGym(gym_example_rollouts, openapi=openapi_document(with_policy_field=False)).start()
+    try:
+        policy = scan("--input", str(input_file), "--gym-url", gym.url, "--policy-base-url", "http://10.0.0.5:8000/v1")
+        assert policy.exit_code == 2
+        assert "declares no policy_base_url" in policy.output
+        assert gym.received_ids() == []
+        # A golden scan never sends policy_base_url, so the same server is fine for it.
+        golden = scan("--input", str(input_file), "--gym-url", gym.url, "--golden", "--instance-ids", SKLEARN)
+        assert golden.exit_code == 0, golden.output
     finally:
         gym.stop()
 

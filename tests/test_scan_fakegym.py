@@ -23,13 +23,32 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-OPENAPI = {
-    "openapi": "3.1.0",
-    "paths": {
-        "/run": {"post": {"requestBody": {"content": {"application/json": {"schema": {}}}}}},
-        "/v1/responses": {"post": {}},
-    },
-}
+
+def openapi_document(*, with_policy_field: bool = True, with_run: bool = True) -> dict[str, Any]:
+    """The FastAPI schema of the agent server, reduced to what the scan reads."""
+    properties: dict[str, Any] = {
+        "responses_create_params": {"$ref": "#/components/schemas/ResponsesCreateParams"},
+    }
+    if with_policy_field:
+        properties["policy_base_url"] = {"anyOf": [{"type": "string"}, {"type": "null"}]}
+        properties["policy_api_key"] = {"anyOf": [{"type": "string"}, {"type": "null"}]}
+    paths: dict[str, Any] = {"/v1/responses": {"post": {}}}
+    if with_run:
+        body = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/MiniSWEAgentRunRequest"}}}}
+        paths["/run"] = {"post": {"requestBody": body}}
+    return {
+        "openapi": "3.1.0",
+        "paths": paths,
+        "components": {
+            "schemas": {
+                "MiniSWEAgentRunRequest": {"additionalProperties": True, "properties": properties, "type": "object"},
+                "ResponsesCreateParams": {"type": "object", "properties": {"input": {}}},
+            }
+        },
+    }
+
+
+OPENAPI = openapi_document()
 
 
 class FakeGym:

@@ -2,9 +2,11 @@
 
 A scan of 500 instances against a wrong URL would otherwise record 500 transport
 failures (each after the client's retries) instead of one clear error. The server is a
-FastAPI app, so its ``/openapi.json`` answers in milliseconds and lists ``POST /run``.
-``miles-nemogym doctor`` checks more (the ``policy_base_url`` field, routability); this
-check is only what a scan cannot start without.
+FastAPI app, so its ``/openapi.json`` answers in milliseconds and describes ``POST /run``.
+An API-policy scan also needs ``/run`` to declare ``policy_base_url``: the body model keeps
+unknown keys, so an older server would accept the field, ignore it and run every episode
+on its own model — a scan that "passes" without ever calling the policy. The schema is
+read with ``miles_nemogym.doctor.run_body_fields``, the same reading ``doctor`` uses.
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ import json
 
 import aiohttp
 
-
-class ServerUnreachable(RuntimeError):
-    """The server did not answer, or is not a NeMo-Gym agent server; the message says which."""
+from miles_nemogym.doctor import SchemaError, run_body_fields
 
 
-async def check_server(gym_url: str, timeout_s: float) -> None:
-    """Raise ``ServerUnreachable`` unless ``GET <gym_url>/openapi.json`` lists ``POST /run``."""
+class ServerCheckError(RuntimeError):
+    """The server did not answer, or cannot run this scan; the message says why and the fix."""
+
+
+async def check_server(gym_url: str, timeout_s: float, *, needs_policy_field: bool = False) -> None:
+    """Raise ``ServerCheckError`` unless ``<gym_url>/openapi.json`` describes a usable ``POST /run``."""
     url = f"{gym_url}/openapi.json"
     try:
         async with (
@@ -30,25 +34,30 @@ async def check_server(gym_url: str, timeout_s: float) -> None:
             status = response.status
             raw = await response.read()
     except asyncio.TimeoutError:
-        raise ServerUnreachable(
+        raise ServerCheckError(
             f"{url} did not answer within {timeout_s:g}s; is the NeMo-Gym server up and is "
             "NEMO_GYM_URL (or --gym-url) its address?"
         ) from None
     except aiohttp.ClientError as error:
-        raise ServerUnreachable(
+        raise ServerCheckError(
             f"cannot reach {url} ({error}); start the NeMo-Gym server or fix NEMO_GYM_URL (or --gym-url)"
         ) from None
     if status != 200:
-        raise ServerUnreachable(
+        raise ServerCheckError(
             f"{url} answered HTTP {status}; NEMO_GYM_URL must be the mini_swe_agent_2 agent server's "
             "base URL (its /openapi.json lists POST /run)"
         )
     try:
-        paths = json.loads(raw).get("paths") or {}
-    except (ValueError, AttributeError):
-        paths = {}
-    if not isinstance(paths, dict) or "post" not in (paths.get("/run") or {}):
-        raise ServerUnreachable(
-            f"{gym_url} answers but does not offer POST /run; NEMO_GYM_URL must be the "
+        name, fields = run_body_fields(json.loads(raw))
+    except (ValueError, SchemaError) as error:
+        raise ServerCheckError(
+            f"{gym_url} answers but does not offer POST /run ({error}); NEMO_GYM_URL must be the "
             "mini_swe_agent_2 agent server, not the head server or a model server"
+        ) from None
+    if needs_policy_field and "policy_base_url" not in fields:
+        raise ServerCheckError(
+            f"{gym_url}: POST /run's body ({name}) declares no policy_base_url, so this server would "
+            "ignore --policy-base-url and run every episode on its own configured model; upgrade it "
+            "to the pinned nemo-gym (miles_nemogym.pins.NEMO_GYM_VERSION) or scan without "
+            "--policy-base-url"
         )

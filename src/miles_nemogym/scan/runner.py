@@ -31,7 +31,7 @@ from miles_nemogym.mapping import RequestBuildError, build_run_body
 from miles_nemogym.outcome import Outcome
 from miles_nemogym.scan.config import ScanConfig, scan_settings, usage_problems
 from miles_nemogym.scan.inputs import InputError, ScanTask, load_tasks
-from miles_nemogym.scan.preflight import ServerUnreachable, check_server
+from miles_nemogym.scan.preflight import ServerCheckError, check_server
 from miles_nemogym.scan.report import ScanProgress, render_summary
 from miles_nemogym.scan.results import ResultLine, ResultsWriter, read_results
 from miles_nemogym.scan.selection import select
@@ -157,8 +157,12 @@ async def run_scan(
     prepared = _prepare(config)
     if prepared.bodies:
         try:
-            await check_server(prepared.settings.gym_url, prepared.settings.connect_timeout_s)
-        except ServerUnreachable as error:
+            await check_server(
+                prepared.settings.gym_url,
+                prepared.settings.connect_timeout_s,
+                needs_policy_field=config.policy_base_url is not None,
+            )
+        except ServerCheckError as error:
             raise ScanUsageError(str(error)) from None
 
     finished: dict[str, ResultLine] = dict(prepared.earlier)
