@@ -188,6 +188,12 @@ def test_resume_skips_finished_instances_and_summarises_the_whole_selection(
     overall = next(line for line in resumed.output.splitlines() if "overall" in line)
     assert overall.replace("│", " ").split()[1] == "5"
 
+    other_mode = scan(
+        "--input", str(input_file), "--gym-url", fake_gym.url, "--output", str(out), "--resume", "--golden"
+    )
+    assert other_mode.exit_code == 2
+    assert "holds server results and this is a golden scan" in other_mode.output
+
     nothing_left = scan("--input", str(input_file), "--gym-url", fake_gym.url, "--output", str(out), "--resume")
     assert len(fake_gym.received_ids()) == 5
     assert nothing_left.exit_code == 1  # the verdict on the whole selection is unchanged

@@ -103,6 +103,12 @@ def _prepare(config: ScanConfig) -> _Prepared:
         )
     wanted = {task.instance_id for task in selected}
     earlier = {key: value for key, value in earlier.items() if key in wanted}
+    other_modes = sorted({str(line.mode) for line in earlier.values() if line.mode not in (None, config.mode)})
+    if other_modes:
+        raise ScanUsageError(
+            f"--output {config.output_path} holds {', '.join(other_modes)} results and this is a "
+            f"{config.mode} scan; one summary cannot mix them: choose a new --output file"
+        )
 
     api_key = None
     if config.policy_base_url and settings.policy_api_key is not None:
