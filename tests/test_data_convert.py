@@ -143,6 +143,17 @@ def test_local_dataset_folder_goes_through_load_dataset(tmp_path: Path, rows: li
         run(tmp_path, folder, split="dev", output=tmp_path / "dev.jsonl")
 
 
+def test_folder_that_breaks_mid_stream_is_a_source_error(tmp_path: Path, rows: list[dict[str, Any]]) -> None:
+    folder = tmp_path / "SWE-bench_Lite"
+    folder.mkdir()
+    write_jsonl(folder / "test-a.jsonl", rows[:3])
+    write_jsonl(folder / "test-b.jsonl", [dict(row, FAIL_TO_PASS={"not": "a list"}) for row in rows[3:]])
+    output = tmp_path / "out.jsonl"
+    with pytest.raises(SourceError, match="reading failed after 3 rows"):
+        run(tmp_path, folder, output=output, on_error="skip")
+    assert not output.exists()
+
+
 def test_unknown_inputs_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match="no such file"):
         run(tmp_path, tmp_path / "missing.parquet")

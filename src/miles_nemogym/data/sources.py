@@ -150,14 +150,23 @@ def _parquet_source(path: Path) -> RowSource:
     import pyarrow.parquet as pq
 
     try:
-        parquet = pq.ParquetFile(path)
+        # pre_buffer would cache every column chunk read so far (RSS grew with the file);
+        # unbuffered, threadless reads keep memory at about one row group.
+        parquet = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
     except Exception as error:
         raise SourceError(f"{path}: not a readable parquet file ({error})") from None
 
     def rows() -> Iterator[RawRow]:
         index = 0
         with parquet:
-            for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+            batches = parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, use_threads=False)
+            while True:
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+                except Exception as error:
+                    raise SourceError(f"{path}: unreadable after {index} rows ({error})") from None
                 for value in batch.to_pylist():
                     yield RawRow(index, None, value)
                     index += 1
@@ -188,8 +197,19 @@ def _datasets_source(spec: str, split: str, *, local: bool) -> RowSource:
         total = int(info_splits[split].num_examples)
 
     def rows() -> Iterator[RawRow]:
-        for index, value in enumerate(dataset):
+        index = 0
+        values = iter(dataset)
+        while True:
+            try:
+                value = next(values)
+            except StopIteration:
+                return
+            except Exception as error:  # datasets raises many kinds (casting, network, files)
+                raise SourceError(
+                    f"{spec}: reading failed after {index} rows ({type(error).__name__}: {error})"
+                ) from None
             yield RawRow(index, None, dict(value))
+            index += 1
 
     return RowSource(spec, "folder" if local else "hub", total, rows())
 
