@@ -93,6 +93,21 @@ def test_bad_flags_exit_2(tmp_path: Path, jsonl: Path, flags: list[str], message
     assert not output.exists()
 
 
+def test_output_under_a_file_exits_1(tmp_path: Path, jsonl: Path) -> None:
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("x")
+    result = invoke("-i", jsonl, "-o", blocker / "out.jsonl")
+    assert result.exit_code == 1
+    assert "error:" in result.stderr and str(blocker) in result.stderr
+    assert blocker.read_text() == "x"
+
+
+def test_output_that_is_a_folder_exits_2(tmp_path: Path, jsonl: Path) -> None:
+    result = invoke("-i", jsonl, "-o", tmp_path)
+    assert result.exit_code == 2
+    assert "is a folder" in result.stderr
+
+
 def test_missing_input_exits_1(tmp_path: Path) -> None:
     result = invoke("-i", tmp_path / "nope.jsonl", "-o", tmp_path / "out.jsonl")
     assert result.exit_code == 1

@@ -239,6 +239,10 @@ def convert_command(
             bar.stop()
             err.print(f"error: {error}", highlight=False, markup=False)
             raise typer.Exit(1) from None
+        except OSError as error:  # e.g. the output folder is not writable
+            bar.stop()
+            err.print(f"error: {error.filename or ''}: {error.strerror or error}", highlight=False, markup=False)
+            raise typer.Exit(1) from None
     _print_summary(out, report, options)
 
 

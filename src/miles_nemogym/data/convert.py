@@ -71,6 +71,9 @@ class ConvertOptions(BaseModel):
         if self.seed is not None and not self.shuffle:
             raise ValueError("--seed only applies with --shuffle; add --shuffle or drop --seed")
         outputs = [self.output] + ([self.holdout_output] if self.holdout_output else [])
+        for path in outputs:
+            if path.expanduser().is_dir():
+                raise ValueError(f"{path} is a folder; --output/--holdout-output name a file")
         resolved = [path.expanduser().resolve() for path in outputs]
         if len(set(resolved)) != len(resolved):
             raise ValueError("--holdout-output must differ from --output (the two files are disjoint)")
