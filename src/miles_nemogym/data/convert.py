@@ -19,6 +19,7 @@ import json
 import os
 import random
 import secrets
+import sys
 import tempfile
 from array import array
 from collections import Counter
@@ -32,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from miles_nemogym.data.atomic import AtomicFile
 from miles_nemogym.data.gradeable import load_grade_tables
 from miles_nemogym.data.rows import DatasetKind, Routing, infer_kind, resolve_routing, to_prompt_row
-from miles_nemogym.data.schema import NEVER_DROPPED, SUBSETS, FieldProblem, validate_instance
+from miles_nemogym.data.schema import NEVER_DROPPED, SUBSETS, FieldProblem, SweBenchInstance, validate_instance
 from miles_nemogym.data.select import Selection, read_instance_ids, split_names
 from miles_nemogym.data.sources import RawRow, open_source
 
@@ -170,7 +171,7 @@ def encode_row(row: Mapping[str, Any]) -> bytes:
 
 def _prepare(
     data: Mapping[str, Any], routing: Routing, drop_fields: frozenset[str]
-) -> tuple[dict[str, Any], Any, bool] | list[FieldProblem]:
+) -> tuple[dict[str, Any], SweBenchInstance, bool] | list[FieldProblem]:
     instance = validate_instance(data)
     if isinstance(instance, list):
         return instance
@@ -223,7 +224,7 @@ class _Spool:
     def add(self, line: bytes, repo: str) -> None:
         self._writer.write(line)
         self._ends.append((self._ends[-1] if self._ends else 0) + len(line))
-        self._repos.append(repo)
+        self._repos.append(sys.intern(repo))  # one string per repo, not per row
 
     def lines(self, order: list[int]) -> Iterator[tuple[bytes, str]]:
         """The lines at ``order`` positions, in that order (random reads, page-cache fast)."""
