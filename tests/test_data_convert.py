@@ -128,6 +128,13 @@ def test_broken_json_array_is_a_source_error(tmp_path: Path, rows: list[dict[str
     assert not output.exists()
 
 
+def test_json_file_that_is_not_utf8_is_a_source_error(tmp_path: Path) -> None:
+    source = tmp_path / "latin1.json"
+    source.write_bytes('[{"problem_statement": "caf\u00e9"}]'.encode("latin-1"))
+    with pytest.raises(SourceError, match="not UTF-8"):
+        run(tmp_path, source, on_error="skip")
+
+
 def test_local_dataset_folder_goes_through_load_dataset(tmp_path: Path, rows: list[dict[str, Any]]) -> None:
     folder = tmp_path / "SWE-bench_Verified"
     write_parquet(folder / "data" / "test-00000-of-00001.parquet", hf_shaped(rows[:3]))

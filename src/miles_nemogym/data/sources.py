@@ -90,7 +90,11 @@ class _ChunkedText:
     def more(self, at_least: int = _JSON_CHUNK) -> None:
         raw = self._handle.read(max(at_least, _JSON_CHUNK))
         self.eof = not raw
-        self.text = self.text[self.pos :] + self._decoder.decode(raw, final=self.eof)
+        try:
+            decoded = self._decoder.decode(raw, final=self.eof)
+        except UnicodeDecodeError as error:
+            raise SourceError(f"{self._handle.name}: not UTF-8 text ({error.reason})") from None
+        self.text = self.text[self.pos :] + decoded
         self.pos = 0
 
     def skip_space(self) -> bool:
