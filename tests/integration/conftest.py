@@ -1,0 +1,78 @@
+"""Fixtures that run the real NeMo-Gym ``mini_swe_agent_2`` server (issue 5).
+
+``gym_server`` and ``gym_golden_server`` start once per test run, on first use, with
+the ``local`` sandbox (this machine has no Docker) and stop at the end of the run,
+with their Ray. The first run on a machine builds the server's Python 3.13 venv
+(minutes, progress on stderr). A machine without Python 3.13 fails these tests with
+the message saying how to install one: they are never skipped.
+
+``recording_policy`` stands in for Miles' session server + SGLang: a loopback
+OpenAI-compatible server at ``/sessions/<id>/v1/chat/completions`` that records
+what the harness sends and answers as a scripted bash-tool policy.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from miles_nemogym.gym.config import ServeOptions
+from miles_nemogym.gym.server import GymServer
+from miles_nemogym.gym.venv import GymPythonNotFoundError
+from miles_nemogym.recording_policy import RecordingPolicy
+
+# Small bounds: a scripted episode needs 3 model calls; grading on the host is seconds.
+INTEGRATION_OPTIONS = {
+    "sandbox": "local",
+    "concurrency": 4,
+    "step_limit": 10,
+    "step_timeout": 120,
+    "eval_timeout": 600,
+}
+
+
+def _progress(line: str) -> None:
+    # Straight to the terminal: pytest captures fixture output, and a silent
+    # multi-minute venv build looks like a hang in CI logs.
+    if not line.startswith(" "):
+        print(f"[gym-venv] {line}", file=sys.__stderr__, flush=True)
+
+
+def _serve(options: ServeOptions, state_dir: Path) -> Iterator[GymServer]:
+    server = GymServer(options, state_dir=state_dir, progress=_progress)
+    try:
+        server.start()
+    except GymPythonNotFoundError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def gym_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GymServer]:
+    """The real server (local sandbox, normal mode); ``.url`` is its base URL."""
+    yield from _serve(ServeOptions.model_validate(INTEGRATION_OPTIONS), tmp_path_factory.mktemp("gym-server"))
+
+
+@pytest.fixture(scope="session")
+def gym_golden_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GymServer]:
+    """The real server in golden mode (applies gold patches, never calls a model)."""
+    options = ServeOptions.model_validate({**INTEGRATION_OPTIONS, "golden": True})
+    yield from _serve(options, tmp_path_factory.mktemp("gym-golden-server"))
+
+
+@pytest.fixture
+def recording_policy() -> Iterator[RecordingPolicy]:
+    """A scripted policy (2 look-around turns, then submit) in a background thread.
+
+    Usable from sync and async tests. ``session_url(id)`` is Miles' ``base_url``;
+    ``chat_requests(id)`` what that session received; ``configure_session(id,
+    delay=..., slow=True)`` and ``release()`` slow it down for abort tests.
+    """
+    with RecordingPolicy(look_around_turns=2) as policy:
+        yield policy

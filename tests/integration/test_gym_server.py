@@ -1,0 +1,190 @@
+"""The real NeMo-Gym server, driven with raw ``/run`` requests (issue 5).
+
+These prove the fixtures and the facts the plugin builds on (GYM_ON_CPU.md,
+CONTRACTS.md §5): each ``/run`` reaches the policy at its own session URL with the
+trainer's sampling parameters, graded episodes carry ``eval_report.tests_status``, the
+django row comes back as ``{error, traceback}``, golden mode makes no model call, and
+the server and its Ray leave nothing behind when stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import urllib.request
+from typing import Any
+
+import aiohttp
+import pytest
+
+from miles_nemogym.gym.config import ServeOptions
+from miles_nemogym.gym.server import GymServer, GymServerError, free_port
+from miles_nemogym.recording_policy import SCRIPTED_PATCH, RecordingPolicy
+
+pytestmark = pytest.mark.integration
+
+SYMPY = "sympy__sympy-20916"
+DJANGO = "django__django-10973"
+SPHINX = "sphinx-doc__sphinx-8595"
+SKLEARN = "scikit-learn__scikit-learn-14141"
+
+SAMPLING = {"temperature": 0.7, "top_p": 0.9, "max_output_tokens": 512}
+EXTRA_BODY = {"top_k": 20, "seed": 7}
+API_KEY = "sk-integration-key"
+
+
+def run_body(rows: list[dict[str, Any]], instance_id: str, session_url: str) -> dict[str, Any]:
+    """A real example row, pointed at one recording-policy session, with trainer params."""
+    (row,) = [r for r in rows if r["instance_id"] == instance_id]
+    body = dict(row)
+    body["policy_base_url"] = session_url + "/v1"
+    body["policy_api_key"] = API_KEY
+    body["responses_create_params"] = {
+        "input": [],
+        **SAMPLING,
+        "metadata": {"extra_body": json.dumps(EXTRA_BODY)},
+    }
+    return body
+
+
+async def post_run(server: GymServer, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as client,
+        client.post(f"{server.url}/run", json=body) as response,
+    ):
+        return response.status, await response.json()
+
+
+def assert_trainer_params_reached(policy: RecordingPolicy, session_id: str) -> None:
+    requests = policy.chat_requests(session_id)
+    assert len(requests) >= 2, f"session {session_id} got {len(requests)} chat requests"
+    for request in requests:
+        assert request.path == f"/sessions/{session_id}/v1/chat/completions"
+        assert request.authorization == f"Bearer {API_KEY}"
+        body = request.body
+        assert body["temperature"] == SAMPLING["temperature"]
+        assert body["top_p"] == SAMPLING["top_p"]
+        assert body["max_tokens"] == SAMPLING["max_output_tokens"]
+        assert body["top_k"] == EXTRA_BODY["top_k"]
+        assert body["seed"] == EXTRA_BODY["seed"]
+        assert body["parallel_tool_calls"] is True
+        assert [tool["function"]["name"] for tool in body["tools"]] == ["bash"]
+        assert not body.get("stream")
+
+
+def assert_graded(result: dict[str, Any], instance_id: str) -> None:
+    metadata = result["metadata"]
+    assert "error" not in metadata, metadata.get("error")
+    report = metadata["eval_report"][instance_id]
+    assert set(report["tests_status"]) >= {"FAIL_TO_PASS", "PASS_TO_PASS"}
+    # The reward is the grader's verdict, whatever it is on this host.
+    assert result["reward"] == (1.0 if report["resolved"] else 0.0)
+    # What the scripted policy submitted is what was graded.
+    assert metadata["model_patch"] == SCRIPTED_PATCH
+
+
+def test_openapi_lists_run(gym_server: GymServer) -> None:
+    with urllib.request.urlopen(f"{gym_server.url}/openapi.json", timeout=30) as response:
+        paths = json.load(response)["paths"]
+    assert "/run" in paths
+    assert "post" in paths["/run"]
+
+
+async def test_sympy_run_reaches_its_session_with_the_trainer_params(
+    gym_server: GymServer, recording_policy: RecordingPolicy, gym_example_rows: list[dict[str, Any]]
+) -> None:
+    session = "sympy-session"
+    status, result = await post_run(
+        gym_server, run_body(gym_example_rows, SYMPY, recording_policy.session_url(session))
+    )
+    assert status == 200
+    assert result["instance_id"] == SYMPY
+    assert_trainer_params_reached(recording_policy, session)
+    assert_graded(result, SYMPY)
+    # The trajectory holds the scripted bash calls, in order.
+    calls = [item for item in result["response"]["output"] if item.get("type") == "function_call"]
+    assert len(calls) == len(recording_policy.chat_requests(session))
+    assert recording_policy.sessions() == [session]
+
+
+async def test_concurrent_runs_stay_on_their_own_sessions(
+    gym_server: GymServer, recording_policy: RecordingPolicy, gym_example_rows: list[dict[str, Any]]
+) -> None:
+    sessions = {SPHINX: "sphinx-session", SKLEARN: "sklearn-session"}
+    results = await asyncio.gather(
+        *(
+            post_run(gym_server, run_body(gym_example_rows, iid, recording_policy.session_url(sid)))
+            for iid, sid in sessions.items()
+        )
+    )
+    for (status, result), (iid, sid) in zip(results, sessions.items(), strict=True):
+        assert status == 200
+        assert result["instance_id"] == iid
+        assert_trainer_params_reached(recording_policy, sid)
+        assert_graded(result, iid)
+    assert sorted(recording_policy.sessions()) == sorted(sessions.values())
+
+
+async def test_django_row_comes_back_as_error_and_traceback(
+    gym_server: GymServer, recording_policy: RecordingPolicy, gym_example_rows: list[dict[str, Any]]
+) -> None:
+    # Building django's eval script needs the network here (GYM_ON_CPU.md): the server
+    # still answers 200, with reward 0.0 and {error, traceback} instead of a report.
+    status, result = await post_run(
+        gym_server, run_body(gym_example_rows, DJANGO, recording_policy.session_url("django-session"))
+    )
+    assert status == 200
+    assert result["reward"] == 0.0
+    metadata = result["metadata"]
+    assert set(metadata) == {"error", "traceback"}
+    assert metadata["error"]
+    assert "Traceback" in metadata["traceback"]
+    assert result["response"]["output"] == []
+
+
+async def test_golden_mode_makes_no_model_call(
+    gym_golden_server: GymServer, recording_policy: RecordingPolicy, gym_example_rows: list[dict[str, Any]]
+) -> None:
+    session = "golden-session"
+    status, result = await post_run(
+        gym_golden_server, run_body(gym_example_rows, SYMPY, recording_policy.session_url(session))
+    )
+    assert status == 200
+    assert result["instance_id"] == SYMPY
+    assert recording_policy.requests(session) == []
+    # What was graded is the instance's gold patch (it cannot apply on this host: no repo).
+    (row,) = [r for r in gym_example_rows if r["instance_id"] == SYMPY]
+    metadata = result["metadata"]
+    assert metadata["model_patch"] == row["patch"]
+    report = metadata["eval_report"][SYMPY]
+    assert result["reward"] == (1.0 if report["resolved"] else 0.0)
+
+
+def test_stop_leaves_no_process_and_frees_the_port(tmp_path_factory: pytest.TempPathFactory) -> None:
+    server = GymServer(ServeOptions(sandbox="local", concurrency=1), state_dir=tmp_path_factory.mktemp("gym-stop"))
+    with server:
+        assert server.leftover_pids(), "the running server and its Ray carry the marker"
+        port = server.port
+    assert not server.is_running()
+    assert server.leftover_pids() == []
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", port)) != 0
+    server.stop()  # idempotent
+
+
+def test_a_server_that_cannot_bind_fails_with_its_log(tmp_path_factory: pytest.TempPathFactory) -> None:
+    port = free_port()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        server = GymServer(
+            ServeOptions(sandbox="local", port=port), state_dir=tmp_path_factory.mktemp("gym-busy"), start_timeout=120
+        )
+        with pytest.raises(GymServerError) as caught:
+            server.start()
+    message = str(caught.value)
+    assert "exited during start" in message or "did not answer" in message
+    assert str(server.log_path) in message
+    assert server.leftover_pids() == []
