@@ -7,7 +7,8 @@ every episode was graded) and no infrastructure failure; 1 some instance failed 
 an infrastructure failure; 2 the scan could not start (flags, settings, input file,
 results file, unreachable server) — no episode was sent; 130 stopped by Ctrl-C (or
 SIGTERM): in-flight episodes cancelled, finished results kept in ``--output``, summary
-printed. A second Ctrl-C aborts at once (results already written are still kept).
+printed. A second Ctrl-C while it stops aborts at once (exit 1, "Aborted!"); the lines
+already written are kept either way.
 """
 
 from __future__ import annotations
