@@ -90,6 +90,13 @@ class LauncherConfig(BaseModel):
     a local head is used or started."""
     master_addr: str = Field(default_factory=lambda: _env("MASTER_ADDR") or "127.0.0.1")
     """Address of this node for the Ray head and torch.distributed."""
+    ray_port: int = Field(default=6379, ge=1, le=65535)
+    """GCS port of a Ray head the launcher starts (workers join ``<master_addr>:<ray_port>``)."""
+    ray_dashboard_port: int = Field(default=8265, ge=1, le=65535)
+    """Job-submission (dashboard) port of the local Ray head, reused or started."""
+    ray_start_args: list[str] = Field(default_factory=list)
+    """More ``ray start --head`` arguments, e.g. other agent ports when another Ray already
+    runs on this node (a NeMo-Gym server on the same machine starts its own)."""
     keep_ray: bool = False
     """Leave a Ray head this launcher started running after the job."""
 

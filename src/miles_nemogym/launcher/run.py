@@ -17,6 +17,7 @@ import argparse
 import importlib.util
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -38,8 +39,6 @@ EXIT_JOB_FAILED = 1
 EXIT_USAGE = 2
 """Bad recipe or a failed preflight: nothing was started."""
 EXIT_INTERRUPTED = 130
-
-RAY_DASHBOARD_PORT = 8265
 
 Preflight = Callable[..., list[CheckResult]]
 """``run_preflight``'s shape: ``(config, *, environ, miles_root) -> results``."""
@@ -79,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         annotation = field.annotation
         if _is_bool(annotation):
             parser.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, help=help_text)
-        elif name == "extra_args":
+        elif name in ("extra_args", "ray_start_args"):
             parser.add_argument(
                 *flags,
                 dest=name,
@@ -104,8 +103,9 @@ def parse_cli(argv: Sequence[str]) -> tuple[dict[str, Any], Path | None, bool]:
     namespace = vars(build_parser().parse_args(list(argv)))
     config_path = namespace.pop("config", None)
     dry_run = bool(namespace.pop("dry_run", False))
-    if "extra_args" in namespace:
-        namespace["extra_args"] = [token for chunk in namespace["extra_args"] for token in shlex.split(chunk)]
+    for name in ("extra_args", "ray_start_args"):
+        if name in namespace:
+            namespace[name] = [token for chunk in namespace[name] for token in shlex.split(chunk)]
     if "extra_env" in namespace:
         pairs = {}
         for item in namespace["extra_env"]:
@@ -197,22 +197,42 @@ class RayActions:
         except (urllib.error.URLError, OSError):
             return False
 
+    def __init__(self) -> None:
+        self._head: subprocess.Popen[bytes] | None = None
+
     def start_ray_head(self, config: LauncherConfig) -> None:
+        # --block keeps `ray start` in the foreground as the parent of the head's processes,
+        # so stopping it stops exactly this head: `ray stop` would stop every Ray on the
+        # node, a NeMo-Gym server's own included.
         argv = [
             "ray",
             "start",
             "--head",
+            "--block",
             "--node-ip-address",
             config.master_addr,
+            "--port",
+            str(config.ray_port),
+            "--dashboard-port",
+            str(config.ray_dashboard_port),
             "--num-gpus",
             str(config.gpus_per_node),
             "--disable-usage-stats",
+            *config.ray_start_args,
         ]
         print("+ " + shlex.join(argv), flush=True)
-        subprocess.run(argv, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self._head = subprocess.Popen(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
 
     def stop_ray_head(self) -> None:
-        subprocess.run(["ray", "stop"], check=False)
+        head, self._head = self._head, None
+        if head is None or head.poll() is not None:
+            return
+        head.send_signal(signal.SIGTERM)
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
 
     def submit(self, job: cmd.Job, address: str, submission_id: str) -> int:
         import asyncio
@@ -220,11 +240,21 @@ class RayActions:
         from ray.job_submission import JobStatus, JobSubmissionClient
 
         client = JobSubmissionClient(address)
-        client.submit_job(
-            entrypoint=shlex.join(job.argv),
-            runtime_env={"env_vars": job.env},
-            submission_id=submission_id,
-        )
+        # A fresh head answers on its dashboard before its job agent is up, and refuses
+        # submissions ("No available agent") for a few seconds: retry only that.
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                client.submit_job(
+                    entrypoint=shlex.join(job.argv),
+                    runtime_env={"env_vars": job.env},
+                    submission_id=submission_id,
+                )
+                break
+            except RuntimeError as error:
+                if "No available agent" not in str(error) or time.monotonic() > deadline:
+                    raise
+                time.sleep(2)
         print(f"submitted Ray job {submission_id} to {address}; streaming its logs", flush=True)
 
         async def tail() -> None:
@@ -256,7 +286,7 @@ def _print_results(results: list[CheckResult]) -> None:
 
 
 def _ray_address(config: LauncherConfig) -> str:
-    return config.ray_address or f"http://{config.master_addr}:{RAY_DASHBOARD_PORT}"
+    return config.ray_address or f"http://{config.master_addr}:{config.ray_dashboard_port}"
 
 
 def _placeholder_install(config: LauncherConfig) -> cmd.MilesInstall:

@@ -1,0 +1,85 @@
+"""The launcher's Ray side for real: head start and stop, job submission, logs, exit code.
+
+Needs ``ray[default]`` (the ``train`` extra), which the test extra does not install; run
+it in an environment that has Ray. The head uses its own ports and temp folder and
+binds the node address only; stopping it must leave no process behind (the launcher
+stops only the head it started, never every Ray on the node).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray.job_submission", reason="needs ray[default] (pip install 'miles-nemogym[train]')")
+
+from miles_nemogym.launcher import command as cmd
+from miles_nemogym.launcher.config import LauncherConfig
+from miles_nemogym.launcher.run import RayActions
+from tests.test_doctor import free_port
+
+JOB_CODE = (
+    "import os, sys; print('job sees', os.environ['NEMO_GYM_URL'], len(os.environ['NEMO_GYM_POLICY_API_KEY'])); "
+    "sys.exit(int(sys.argv[1]))"
+)
+
+
+@pytest.fixture
+def head(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[RayActions, str]]:
+    # Ray's socket paths must stay under 108 bytes: pytest's tmp_path is too deep.
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rl-", dir="/tmp"))
+    monkeypatch.setenv("RAY_TMPDIR", str(ray_tmp))
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    # Every port the head opens is free-picked: another Ray (a NeMo-Gym server's) may run here.
+    ports = [
+        f"--{name}={free_port()}"
+        for name in (
+            "dashboard-agent-listen-port",
+            "dashboard-agent-grpc-port",
+            "metrics-export-port",
+            "runtime-env-agent-port",
+            "node-manager-port",
+            "object-manager-port",
+            "ray-client-server-port",
+        )
+    ]
+    config = LauncherConfig(
+        master_addr="127.0.0.1",
+        ray_port=free_port(),
+        ray_dashboard_port=free_port(),
+        ray_start_args=[*ports, "--min-worker-port=42000", "--max-worker-port=42999", "--num-cpus=2"],
+    )
+    address = f"http://127.0.0.1:{config.ray_dashboard_port}"
+    actions = RayActions()
+    assert not actions.ray_reachable(address)
+    actions.start_ray_head(config)
+    try:
+        deadline = time.monotonic() + 120
+        while not actions.ray_reachable(address):
+            assert time.monotonic() < deadline, "the Ray head never answered"
+            time.sleep(1)
+        yield actions, address
+    finally:
+        actions.stop_ray_head()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert not actions.ray_reachable(address)
+
+
+@pytest.mark.timeout(600)
+def test_jobs_run_with_their_environment_and_exit_codes(
+    head: tuple[RayActions, str], capfd: pytest.CaptureFixture[str]
+) -> None:
+    actions, address = head
+    env = {"NEMO_GYM_URL": "http://gym:12000", "NEMO_GYM_POLICY_API_KEY": "sk-123456"}
+    for job_exit, launcher_exit in ((0, 0), (3, 1)):
+        job = cmd.Job(["python3", "-c", JOB_CODE, str(job_exit)], env, frozenset({"NEMO_GYM_POLICY_API_KEY"}))
+        assert actions.submit(job, address, f"test-{job_exit}-{os.getpid()}-{time.time_ns()}") == launcher_exit
+        out = capfd.readouterr().out
+        assert "job sees http://gym:12000 9" in out  # the runtime env reached the job, logs streamed
+        assert "sk-123456" not in out
