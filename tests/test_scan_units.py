@@ -221,3 +221,20 @@ def test_golden_scan_function_for_integration_tests(
     }
     assert all(item.reason and "tests failing" in item.reason for item in scanned.not_passed)
     assert "overall" in buffer.getvalue()
+
+
+def test_log_lines_written_during_a_scan_never_carry_the_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+
+    from miles_nemogym.scan.entry import _install_logging
+
+    secret = "sk-log-test-0123456789"
+    monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", secret)
+    buffer = io.StringIO()
+    handler = _install_logging(Console(file=buffer))
+    try:
+        logging.getLogger("aiohttp.client").error("request to %s failed: key=%s", "http://x/v1", secret)
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert "request to http://x/v1 failed: key=***" in buffer.getvalue()
+    assert secret not in buffer.getvalue()
