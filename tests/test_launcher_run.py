@@ -186,7 +186,7 @@ def test_converts_then_starts_ray_then_submits_then_stops_ray(tmp_path: Path) ->
     assert actions.job is not None and actions.job.env["MILES_EXPERIMENTAL_ROLLOUT_REFACTOR"] == "1"
 
 
-def test_existing_checkpoint_and_cluster_are_reused(tmp_path: Path) -> None:
+def test_existing_checkpoint_and_cluster_are_reused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "Qwen3-4B-Instruct-2507_torch_dist"
     target.mkdir()
     (target / "latest_checkpointed_iteration.txt").write_text("release")
@@ -194,6 +194,7 @@ def test_existing_checkpoint_and_cluster_are_reused(tmp_path: Path) -> None:
     code, _ = execute(tmp_path, actions)
     assert code == 1  # the job's result
     assert actions.names() == ["ray_reachable", "submit"]
+    assert "a Ray cluster already answers at http://127.0.0.1:8265" in capsys.readouterr().out
 
 
 def test_skip_prepare_skips_conversion(tmp_path: Path) -> None:

@@ -360,7 +360,15 @@ def execute(
 
     address = _ray_address(config)
     started_head = False
-    if not actions.ray_reachable(address):
+    reachable = actions.ray_reachable(address)
+    if reachable and not config.ray_address:
+        # Could be a previous run's head, or the Ray of a NeMo-Gym server on this node.
+        print(
+            f"a Ray cluster already answers at {address}: submitting to it (stop it, or set "
+            "RAY_ADDRESS / --ray-dashboard-port to choose another)",
+            flush=True,
+        )
+    if not reachable:
         if config.ray_address:
             print(
                 f"error: no Ray cluster answers at {address}; start it or unset RAY_ADDRESS",
