@@ -104,7 +104,7 @@ def test_only_given_flags_override() -> None:
         ({"nemo_gym_url": "http://gym:12000/run"}, "'/run' is appended"),
         ({"rollout_max_response_len": 20000}, "exceeds max_seq_len"),
         ({"eps_clip_high": 0.1}, "below eps_clip"),
-        ({"global_batch_size": 6}, "must equal rollout_batch_size x n_samples_per_prompt (8)"),
+        ({"global_batch_size": 6}, "must divide rollout_batch_size x n_samples_per_prompt (8)"),
         ({"tensor_parallel": 3}, "not a multiple of tensor_parallel"),
         ({"colocate": False}, "set rollout_num_gpus"),
         ({"colocate": False, "rollout_num_gpus": 4}, "cluster has gpus_per_node x num_nodes = 4"),
@@ -116,6 +116,10 @@ def test_invalid_recipes_name_the_field_and_the_fix(values: dict[str, object], f
     with pytest.raises(ConfigError) as caught:
         load_config(None, values)
     assert fragment in str(caught.value)
+
+
+def test_global_batch_may_split_a_rollout_into_steps() -> None:
+    assert load_config(None, {"global_batch_size": 4}).resolved_global_batch_size == 4
 
 
 def test_yaml_errors(tmp_path: Path) -> None:

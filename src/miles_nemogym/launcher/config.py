@@ -105,7 +105,8 @@ class LauncherConfig(BaseModel):
     rollout_batch_size: int = Field(default=2, ge=1)
     n_samples_per_prompt: int = Field(default=4, ge=1)
     global_batch_size: int | None = Field(default=None, ge=1)
-    """Default: rollout_batch_size x n_samples_per_prompt (one optimizer step per rollout)."""
+    """Default: rollout_batch_size x n_samples_per_prompt (one optimizer step per rollout);
+    a divisor of it gives several steps per rollout."""
     max_seq_len: int = Field(default=16384, ge=1)
     rollout_max_response_len: int = Field(default=4096, ge=1)
     rollout_temperature: float = Field(default=0.8, ge=0)
@@ -200,11 +201,12 @@ class LauncherConfig(BaseModel):
         if self.rollout_gpus_per_engine > self.gpus_per_node * self.num_nodes:
             problems.append("rollout_gpus_per_engine exceeds the cluster's GPUs")
         samples = self.rollout_batch_size * self.n_samples_per_prompt
-        if self.global_batch_size is not None and self.global_batch_size != samples:
-            # Miles asserts one optimizer step per rollout unless dynamic batch sizing is on.
+        if self.global_batch_size is not None and samples % self.global_batch_size:
+            # Miles trims each rollout to a multiple of the global batch: paid episodes lost.
             problems.append(
-                f"global_batch_size ({self.global_batch_size}) must equal rollout_batch_size x "
-                f"n_samples_per_prompt ({samples}); leave it unset to use that"
+                f"global_batch_size ({self.global_batch_size}) must divide rollout_batch_size x "
+                f"n_samples_per_prompt ({samples}), or Miles drops the remainder of every rollout; "
+                "leave it unset for one optimizer step per rollout"
             )
         if problems:
             raise ValueError("; ".join(problems))
