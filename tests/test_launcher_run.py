@@ -243,3 +243,12 @@ def test_unloadable_model_arguments_stop_before_anything_starts(
     assert code == 2
     assert actions.calls == []
     assert "no-such-model" in capsys.readouterr().err
+
+
+def test_preflight_only_stops_after_the_checks(tmp_path: Path) -> None:
+    actions = Recorder()
+    code, _ = execute(tmp_path, actions, preflight_only=True)
+    assert code == 0
+    assert actions.calls == []
+    code, _ = execute(tmp_path / "second", actions, checks=failing, preflight_only=True)
+    assert code == 2

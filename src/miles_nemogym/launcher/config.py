@@ -40,6 +40,8 @@ class LauncherConfig(BaseModel):
     # --- what to run -----------------------------------------------------------------------
     mode: Literal["normal", "debug_rollout_only"] = "normal"
     """``debug_rollout_only``: rollouts without training (Miles' --debug-rollout-only)."""
+    preflight_only: bool = False
+    """Run the preflight checks and exit (0 when all pass, 2 otherwise); nothing started."""
     skip_prepare: bool = False
     """Do not convert the HF checkpoint to torch_dist (the target must then exist)."""
 

@@ -345,6 +345,9 @@ def execute(
             print(f"error: {load_error}", file=sys.stderr)
         print("preflight failed: nothing was started", file=sys.stderr)
         return EXIT_USAGE
+    if config.preflight_only:
+        print("preflight passed (--preflight-only: nothing started)", flush=True)
+        return EXIT_OK
 
     if not config.skip_prepare:
         tracker = config.resolved_ref_load / "latest_checkpointed_iteration.txt"
