@@ -51,7 +51,7 @@ def test_server_error_metadata_is_a_masked_failure(gym_example_rollouts: list[di
     outcome = classify_http(200, encode(crashed))
     assert outcome.record.mask_sample and outcome.record.status == "failed"
     assert outcome.record.failure_kind == "agent_run_error"
-    assert outcome.record.failure_reason == "server error: boom line2"
+    assert outcome.record.failure_reason == "server error: line2"  # the exception line
     assert outcome.eval_report == crashed["metadata"]
 
 
@@ -97,3 +97,18 @@ def test_http_failures(status: int, body: bytes, kind: str, needle: str) -> None
 def test_reasons_are_bounded() -> None:
     outcome = classify_http(500, b"x" * 10_000)
     assert len(outcome.record.failure_reason or "") <= 300
+
+
+def test_a_ray_wrapped_server_error_is_reduced_to_its_exception_line(
+    gym_example_rollouts: list[dict[str, Any]],
+) -> None:
+    error = (
+        "\x1b[36mray::runner_ray_remote()\x1b[39m (pid=1, ip=127.0.0.1)\n"
+        + '  File "x.py", line 1, in f\n' * 40
+        + "requests.exceptions.ConnectionError: Failed to resolve 'raw.githubusercontent.com'\n"
+    )
+    crashed = {**gym_example_rollouts[0], "reward": 0.0, "metadata": {"error": error, "traceback": "T"}}
+    reason = classify_http(200, encode(crashed)).record.failure_reason
+    assert reason == (
+        "server error: requests.exceptions.ConnectionError: Failed to resolve 'raw.githubusercontent.com'"
+    )

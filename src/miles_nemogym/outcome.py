@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
@@ -78,10 +79,24 @@ class Outcome(BaseModel):
         }
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def short_reason(text: str) -> str:
-    """One line, bounded: reasons go into sample metadata and log lines."""
-    line = " ".join(str(text).split())
+    """One line, bounded, no terminal colour codes: reasons go into sample metadata and logs."""
+    line = " ".join(_ANSI.sub("", str(text)).split())
     return line if len(line) <= REASON_MAX_CHARS else line[: REASON_MAX_CHARS - 1] + "…"
+
+
+def error_summary(error: object) -> str:
+    """The exception line of a crashed episode's ``metadata.error``.
+
+    The real server's errors are Ray-wrapped: colour codes, the remote task's name and a
+    traceback come first, and what failed (e.g. ``ConnectionError: ... Failed to resolve
+    'raw.githubusercontent.com'``) is the last line, which a head-truncated reason loses.
+    """
+    lines = [line.strip() for line in _ANSI.sub("", str(error)).splitlines() if line.strip()]
+    return lines[-1] if lines else "no error text"
 
 
 def failure(
@@ -176,7 +191,7 @@ def classify_run_response(response: RunResponse, *, http_status: int = 200) -> O
             response.failure_reason or "the server marked the sample as not a valid measurement",
         )
     if "error" in metadata:
-        return failed(response.failure_kind or fk.AGENT_RUN_ERROR, f"server error: {metadata['error']}")
+        return failed(response.failure_kind or fk.AGENT_RUN_ERROR, f"server error: {error_summary(metadata['error'])}")
     if not math.isfinite(response.reward):
         return failed(fk.AGENT_RUN_ERROR, f"the server's reward is not finite ({response.reward})")
     report = instance_report(metadata, instance_id)

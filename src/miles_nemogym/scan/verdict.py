@@ -10,14 +10,12 @@ infrastructure failure the failure kind and the server's error.
 
 from __future__ import annotations
 
-import re
 from enum import Enum
 from typing import Any
 
 from miles_nemogym.outcome import Outcome, instance_report, short_reason
 
 _MAX_TEST_NAMES = 3
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 class Verdict(str, Enum):
@@ -68,28 +66,9 @@ def reason_of(outcome: Outcome) -> str | None:
         return None
     if verdict is Verdict.infra:
         record = outcome.record
-        kind = record.failure_kind or "unknown"
-        error = _last_error_line(outcome.eval_report)
-        # Only where the classifier quoted the error itself; a server's own
-        # failure_reason (a masked sample) already says what failed.
-        if error is not None and (record.failure_reason or "").startswith("server error:"):
-            return short_reason(f"{kind}: server error: {error}")
-        return _ANSI.sub("", f"{kind}: {record.failure_reason or 'no reason given'}")
+        # The classifier already reduced a crashed episode's error to its exception line.
+        return short_reason(f"{record.failure_kind or 'unknown'}: {record.failure_reason or 'no reason given'}")
     return graded_reason(outcome)
-
-
-def _last_error_line(eval_report: dict[str, Any]) -> str | None:
-    """The exception line of a crashed episode's ``{error, traceback}`` metadata.
-
-    A Ray-wrapped error starts with colour codes, the remote task's name and a
-    traceback; what failed (e.g. ``ConnectionError: ... Failed to resolve
-    'raw.githubusercontent.com'``) is its last line, which a head-truncated reason cuts.
-    """
-    error = eval_report.get("error")
-    if not isinstance(error, str):
-        return None
-    lines = [line.strip() for line in _ANSI.sub("", error).splitlines() if line.strip()]
-    return lines[-1] if lines else None
 
 
 def kind_of(outcome: Outcome) -> str:
