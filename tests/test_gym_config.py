@@ -332,3 +332,23 @@ def test_the_callers_python_settings_do_not_reach_the_build(monkeypatch: pytest.
     env = gym_venv._clean_env()
     assert "PYTHONPATH" not in env
     assert "PIP_NO_INDEX" not in env
+
+
+# ----------------------------------------------------------------------------- serve command
+
+
+def test_serve_refuses_bad_options_before_building_anything(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from miles_nemogym.cli.main import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["serve", "--sandbox", "kubernetes", "--concurrency", "0"])
+    assert result.exit_code == 2
+    assert "--sandbox" in result.output
+    assert "--concurrency" in result.output
+    listed = tmp_path / "provider.yaml"
+    listed.write_text("- not\n- a mapping\n")
+    result = runner.invoke(app, ["serve", "--provider-config", str(listed)])
+    assert result.exit_code == 2
+    assert "expected a mapping" in result.output

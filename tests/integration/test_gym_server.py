@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
+import subprocess
+import sys
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -188,3 +192,42 @@ def test_a_server_that_cannot_bind_fails_with_its_log(tmp_path_factory: pytest.T
     assert "exited during start" in message or "did not answer" in message
     assert str(server.log_path) in message
     assert server.leftover_pids() == []
+
+
+def _pids_with_env(entry: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if entry.encode() in (proc / "environ").read_bytes().split(b"\0"):
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_serve_command_prints_the_url_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
+    state = tmp_path / "serve-state"
+    port = free_port()
+    command = [sys.executable, "-m", "miles_nemogym.cli.main", "serve", "--sandbox", "local"]
+    command += ["--port", str(port), "--concurrency", "1", "--state-dir", str(state)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert process.stdout is not None
+        seen: list[str] = []
+        for line in process.stdout:
+            seen.append(line)
+            if "export NEMO_GYM_URL=" in line:
+                break
+        assert f"export NEMO_GYM_URL=http://127.0.0.1:{port}" in "".join(seen), "".join(seen)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/openapi.json", timeout=30) as response:
+            assert "/run" in json.load(response)["paths"]
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, rest
+    assert "stopped." in rest
+    assert _pids_with_env(f"TMPDIR={state.resolve()}/tmp") == []
+    assert (state / "server.log").is_file()
