@@ -45,9 +45,11 @@ MARKER_ENV = "MILES_NEMOGYM_GYM_SERVER_ID"
 # Variables of the caller that would redirect the server or its Ray elsewhere.
 _DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "RAY_ADDRESS", "NEMO_GYM_CONFIG_DICT")
 
-# Unix socket paths (Ray's session sockets live under RAY_TMPDIR) must stay below
-# ~107 bytes; Ray adds ~70, so a longer state folder gets a short temp folder instead.
-_MAX_RAY_TMPDIR = 36
+# Unix socket paths must stay below ~107 bytes. Ray puts its session sockets ~70 bytes
+# below RAY_TMPDIR, and multiprocessing's forkserver (Ray's dashboard) its socket below
+# TMPDIR; past the limit the dashboard fails only after a 60 s timeout. A longer state
+# folder (pytest's tmp_path) therefore gets a short temp folder, removed on stop.
+_MAX_SOCKET_BASE = 32
 
 
 class GymServerError(GymEnvironmentError):
@@ -168,12 +170,12 @@ class GymServer:
 
     def _environment(self, state: Path, config_yaml: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
-        tmp = state / "tmp"
+        base = state
+        if len(str(state)) > _MAX_SOCKET_BASE:
+            self._short_tmp = Path(tempfile.mkdtemp(prefix="mng-", dir="/tmp"))
+            base = self._short_tmp
+        tmp, ray_tmp = base / "tmp", base / "ray"
         tmp.mkdir(parents=True, exist_ok=True)
-        ray_tmp = state / "ray"
-        if len(str(ray_tmp)) > _MAX_RAY_TMPDIR:
-            self._short_tmp = Path(tempfile.mkdtemp(prefix="mng-ray-", dir="/tmp"))
-            ray_tmp = self._short_tmp
         ray_tmp.mkdir(parents=True, exist_ok=True)
         env.update(
             {
@@ -222,7 +224,7 @@ class GymServer:
                 raise GymServerError("this GymServer is already started")
             if self._venv is None:
                 self._venv = ensure_gym_venv(self.options.sandbox, progress=self._progress)
-            state = self._given_state_dir or Path(tempfile.mkdtemp(prefix="miles-nemogym-gym-"))
+            state = self._given_state_dir or Path(tempfile.mkdtemp(prefix="mng-gym-"))
             state = state.resolve()
             state.mkdir(parents=True, exist_ok=True)
             self.state_dir = state
