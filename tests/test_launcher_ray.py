@@ -1,7 +1,6 @@
 """The launcher's Ray side for real: head start and stop, job submission, logs, exit code.
 
-Needs ``ray[default]`` (the ``train`` extra), which the test extra does not install; run
-it in an environment that has Ray. The head uses its own ports and temp folder and
+Needs ``ray[default]``, which the test extra installs. The head uses its own ports and temp folder and
 binds the node address only; stopping it must leave no process behind (the launcher
 stops only the head it started, never every Ray on the node).
 """
@@ -17,12 +16,20 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("ray.job_submission", reason="needs ray[default] (pip install 'miles-nemogym[train]')")
-
 from miles_nemogym.launcher import command as cmd
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.launcher.run import RayActions
-from tests.test_doctor import free_port
+from tests.test_doctor import free_port as any_free_port
+
+WORKER_PORTS = range(42000, 43000)
+
+
+def free_port() -> int:
+    """A free port outside the workers' range, which Ray refuses to share with a component."""
+    while (port := any_free_port()) in WORKER_PORTS:
+        pass
+    return port
+
 
 JOB_CODE = (
     "import os, sys; print('job sees', os.environ['NEMO_GYM_URL'], len(os.environ['NEMO_GYM_POLICY_API_KEY'])); "
@@ -53,7 +60,12 @@ def head(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[RayActions, str]]:
         master_addr="127.0.0.1",
         ray_port=free_port(),
         ray_dashboard_port=free_port(),
-        ray_start_args=[*ports, "--min-worker-port=42000", "--max-worker-port=42999", "--num-cpus=2"],
+        ray_start_args=[
+            *ports,
+            f"--min-worker-port={WORKER_PORTS.start}",
+            f"--max-worker-port={WORKER_PORTS.stop - 1}",
+            "--num-cpus=2",
+        ],
     )
     address = f"http://127.0.0.1:{config.ray_dashboard_port}"
     actions = RayActions()

@@ -182,6 +182,12 @@ class Actions(Protocol):
     def submit(self, job: cmd.Job, address: str, submission_id: str) -> int: ...
 
 
+def _ray_cli() -> str:
+    """The ``ray`` command of the Ray this interpreter imports (its venv may not be on PATH)."""
+    beside = Path(sys.executable).with_name("ray")
+    return str(beside) if beside.exists() else "ray"
+
+
 class RayActions:
     """The real thing: subprocesses and Ray's job-submission client (``ray[default]``)."""
 
@@ -205,7 +211,7 @@ class RayActions:
         # so stopping it stops exactly this head: `ray stop` would stop every Ray on the
         # node, a NeMo-Gym server's own included.
         argv = [
-            "ray",
+            _ray_cli(),
             "start",
             "--head",
             "--block",
