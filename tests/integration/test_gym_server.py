@@ -111,6 +111,9 @@ async def test_sympy_run_reaches_its_session_with_the_trainer_params(
     calls = [item for item in result["response"]["output"] if item.get("type") == "function_call"]
     assert len(calls) == len(recording_policy.chat_requests(session))
     assert recording_policy.sessions() == [session]
+    # The server keeps each result (and the trajectory) under the fixture's results folder.
+    saved = gym_server.results_dir / "verified" / "policy" / SYMPY / f"{SYMPY}.json"
+    assert json.loads(saved.read_text())["metadata"] == result["metadata"]
 
 
 async def test_concurrent_runs_stay_on_their_own_sessions(

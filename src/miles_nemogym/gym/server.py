@@ -147,6 +147,14 @@ class GymServer:
         return self.state_dir / "server.log"
 
     @property
+    def results_dir(self) -> Path:
+        """Where the server writes each episode's trajectory and result
+        (``<subset>/<policy model name>/<instance_id>/``)."""
+        if self.state_dir is None:
+            raise GymServerError("the server is not started")
+        return self.state_dir / "results"
+
+    @property
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
 
