@@ -199,3 +199,12 @@ def test_encode_row_utf8_datetimes_and_nan() -> None:
         encode_row({"x": float("nan")})
     with pytest.raises(ValueError, match="set"):
         encode_row({"x": {1, 2}})
+
+
+def test_routing_keys_and_secrets_in_a_row_never_reach_the_output(gym_example_rows: list[dict[str, Any]]) -> None:
+    from miles_nemogym.data import convert_row
+
+    row = {**gym_example_rows[0], "policy_api_key": "sk-in-data", "policy_base_url": "http://x/v1"}
+    out = convert_row(row, subset="verified", split="test")
+    assert "policy_api_key" not in out["metadata"] and "policy_base_url" not in out["metadata"]
+    assert "sk-in-data" not in json.dumps(out)

@@ -24,6 +24,7 @@ from pathlib import PurePath
 from typing import Any
 
 from miles_nemogym.data.schema import SUBSETS, FieldProblem, SweBenchInstance
+from miles_nemogym.mapping import ROUTING_KEYS
 
 # Normalised dataset names (lower case, '_'/' '/'.' → '-') and what they imply.
 _KNOWN_NAMES: dict[str, tuple[str, str]] = {
@@ -129,10 +130,13 @@ def to_prompt_row(
 ) -> dict[str, Any]:
     """The Miles prompt row: ``{"prompt": [user message], "metadata": {instance…, subset, split}}``.
 
-    ``row`` is the raw row (every field kept, in order, minus ``drop_fields``);
+    ``row`` is the raw row (every field kept, in order, minus ``drop_fields`` and the
+    routing keys ``policy_base_url`` / ``policy_api_key``);
     ``instance`` supplies the decoded ``FAIL_TO_PASS``/``PASS_TO_PASS`` lists.
     """
-    metadata = {key: value for key, value in row.items() if key not in drop_fields}
+    # Routing and secrets come from the trainer's environment, never from data: a key
+    # copied from a row would sit in the output file in clear.
+    metadata = {key: value for key, value in row.items() if key not in drop_fields and key not in ROUTING_KEYS}
     metadata["FAIL_TO_PASS"] = instance.FAIL_TO_PASS
     metadata["PASS_TO_PASS"] = instance.PASS_TO_PASS
     metadata["subset"] = subset
