@@ -33,8 +33,13 @@ Python process with a fresh event loop, after a short warm-up against ``/warm/ru
 The server's CPU use is measured during every run and reported, so a server-bound
 result shows up as such.
 
-    python bench/agent_bench.py            # full run, a few minutes
+    python bench/agent_bench.py            # full run, ~6 minutes
     python bench/agent_bench.py --quick    # scaled down sanity run, ~30 s
+
+On a shared machine, give the run priority (``nice -n -10 python bench/...``, as root):
+every process of the run inherits it, and the report records the niceness. Beside the
+wall-clock ratio, the report gives a/b in calls per client-CPU-second, which other load
+barely moves.
 
 Prints a table and writes a JSON report to bench/reports/.
 """
@@ -69,6 +74,7 @@ CLIENTS = {
     "c": "httpx client per call (upstream example)",
     "d": "pooled httpx client (Harbor connector)",
 }
+BASELINES = frozenset("cd")  # the upstream approaches, far slower than a and b
 SHORT = {"a": "a agent.run", "b": "b aiohttp", "c": "c httpx/call", "d": "d httpx pool"}
 SCENARIOS = ("saturation", "burst")
 TICK_S = 0.05
@@ -322,6 +328,7 @@ async def measure(spec: dict[str, Any]) -> dict[str, Any]:
         "server_cpu_s": server_cpu,
         "server_cpu_util": server_cpu / wall,
         "client_cpu_per_call_ms": 1000 * cpu / n,
+        "calls_per_cpu_s": n / cpu if cpu > 0 else float("inf"),
         "rss_base_mb": rss_base / 2**20,
         "rss_in_flight_delta_mb": (max(in_flight_rss) - rss_base) / 2**20,
         "rss_in_flight_per_episode_kb": (max(in_flight_rss) - rss_base) / 1024 / n,
@@ -411,7 +418,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     keys = [
         "calls_per_s", "wall_s", "worst_stall_s", "ticks_over_100ms", "client_cpu_per_call_ms",
         "rss_in_flight_per_episode_kb", "rss_in_flight_delta_mb", "rss_peak_delta_mb",
-        "server_cpu_util", "client_cpu_util", "server_peak_in_flight",
+        "server_cpu_util", "client_cpu_util", "server_peak_in_flight", "calls_per_cpu_s",
     ]  # fmt: skip
     summary = {key: median_of(runs, key) for key in keys}
     summary["worst_stall_max_s"] = max(run["worst_stall_s"] for run in runs)
@@ -425,7 +432,12 @@ def evaluate_goals(results: dict[str, dict[str, dict[str, Any]]]) -> list[dict[s
     sat = results.get("saturation", {})
     if {"a", "b"} <= sat.keys():
         ratio = sat["a"]["calls_per_s"] / sat["b"]["calls_per_s"]
-        goals.append({"goal": "saturation a/b >= 0.8", "value": ratio, "met": ratio >= 0.8})
+        # Cross-check that a shared machine's noise cannot fake: the same ratio in calls per
+        # second of client CPU (both clients are CPU-bound when the server is not).
+        cpu_ratio = sat["a"]["calls_per_cpu_s"] / sat["b"]["calls_per_cpu_s"]
+        goals.append(
+            {"goal": "saturation a/b >= 0.8", "value": ratio, "met": ratio >= 0.8, "per_cpu_second": cpu_ratio}
+        )
     if {"a", "c"} <= sat.keys():
         ratio = sat["a"]["calls_per_s"] / sat["c"]["calls_per_s"]
         goals.append({"goal": "saturation a/c >= 3", "value": ratio, "met": ratio >= 3})
@@ -449,7 +461,7 @@ def print_tables(report: dict[str, Any]) -> None:
         cfg = config[scenario]
         title = (
             f"{scenario}: {cfg['n']} calls, concurrency {cfg['concurrency']}, hold {cfg['hold_s']:g} s, "
-            f"median of {cfg['repeats']}"
+            f"median of {cfg['repeats']} (c, d: {cfg['baseline_repeats']})"
         )
         table = Table(title=title)
         for column in ("client", "calls/s", "wall s", "worst stall s", "CPU ms/call",
@@ -476,10 +488,11 @@ def print_tables(report: dict[str, Any]) -> None:
         "requests the server held at once."
     )
     goals = Table(title="goals")
-    for column in ("goal", "measured", "met"):
+    for column in ("goal", "measured", "met", "note"):
         goals.add_column(column)
     for goal in report["goals"]:
-        goals.add_row(goal["goal"], f"{goal['value']:.2f}", "yes" if goal["met"] else "[bold red]NO[/]")
+        note = f"per client CPU second: {goal['per_cpu_second']:.2f}" if "per_cpu_second" in goal else ""
+        goals.add_row(goal["goal"], f"{goal['value']:.2f}", "yes" if goal["met"] else "[bold red]NO[/]", note)
     console.print(goals)
 
 
@@ -496,6 +509,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--hold", type=float, help="burst: seconds each call is held (default 10; quick 2)")
     parser.add_argument("--repeats", type=int, help="saturation repeats (default 3; quick 1)")
     parser.add_argument("--burst-repeats", type=int, help="burst repeats (default 1)")
+    parser.add_argument(
+        "--baseline-repeats", type=int, default=1,
+        help="saturation repeats of the slow baselines c and d (default 1: at 10-50x below a, noise "
+        "cannot change a goal, and c alone takes minutes per repeat)",
+    )  # fmt: skip
     parser.add_argument("--warmup", type=int, default=8, help="warm-up calls per run (default 8)")
     parser.add_argument("--body", choices=("smallest", "median", "largest"), default="median",
                         help="which of the five real rollouts the server answers with")  # fmt: skip
@@ -536,8 +554,20 @@ def main(argv: list[str] | None = None) -> int:
 
     rollout, body = choose_body(args.body)
     scenario_config = {
-        "saturation": {"n": args.n, "concurrency": args.concurrency, "hold_s": 0.0, "repeats": args.repeats},
-        "burst": {"n": args.burst, "concurrency": args.burst, "hold_s": args.hold, "repeats": args.burst_repeats},
+        "saturation": {
+            "n": args.n,
+            "concurrency": args.concurrency,
+            "hold_s": 0.0,
+            "repeats": args.repeats,
+            "baseline_repeats": min(args.baseline_repeats, args.repeats),
+        },
+        "burst": {
+            "n": args.burst,
+            "concurrency": args.burst,
+            "hold_s": args.hold,
+            "repeats": args.burst_repeats,
+            "baseline_repeats": args.burst_repeats,
+        },
     }
     report: dict[str, Any] = {
         "benchmark": "agent_bench",
@@ -553,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
             "loadavg_start": os.getloadavg(),
             "rlimit_nofile": fd_limit,
             "event_loop": "asyncio default (no uvloop)",
+            "niceness": os.getpriority(os.PRIO_PROCESS, 0),
         },
         "server": {
             "kind": "aiohttp.web, separate process",
@@ -577,6 +608,8 @@ def main(argv: list[str] | None = None) -> int:
                 for repeat in range(cfg["repeats"]):
                     order = args.clients[repeat % len(args.clients) :] + args.clients[: repeat % len(args.clients)]
                     for kind in order:
+                        if kind in BASELINES and repeat >= cfg["baseline_repeats"]:
+                            continue
                         spec = {
                             "client": kind, "scenario": scenario, "n": cfg["n"],
                             "concurrency": cfg["concurrency"], "base": server.base, "warmup": args.warmup,
