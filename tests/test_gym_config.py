@@ -352,3 +352,52 @@ def test_serve_refuses_bad_options_before_building_anything(tmp_path: Path) -> N
     result = runner.invoke(app, ["serve", "--provider-config", str(listed)])
     assert result.exit_code == 2
     assert "expected a mapping" in result.output
+
+
+# ----------------------------------------------------------------------------- venv publication
+
+
+def _fake_build(calls: list[Path], fail: bool = False) -> Any:
+    """Stands in for the pip build: lays out what a ready venv has, or fails halfway."""
+
+    def build(python: Path, target: Path, sandbox: str, progress: Any) -> None:
+        calls.append(target)
+        (target / "bin").mkdir(parents=True)
+        (target / "bin" / "python").write_text("")
+        if fail:
+            raise gym_venv.GymVenvBuildError("pip install failed (exit 1)")
+        site = target / "lib" / "site-packages"
+        (site / gym_venv.AGENT_RELATIVE_DIR).mkdir(parents=True)
+        (site / gym_venv.AGENT_RELATIVE_DIR / "app.py").write_text("")
+        (target / gym_venv.READY_MARKER).write_text('{"site_packages": "lib/site-packages"}')
+
+    return build
+
+
+def test_a_venv_is_published_once_and_debris_is_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MILES_NEMOGYM_CACHE", str(tmp_path))
+    root = gym_venv.gym_venv_root()
+    debris = root / f"{venv_key()}.build-crashed"
+    (debris / "bin").mkdir(parents=True)  # a build killed halfway, never published
+    calls: list[Path] = []
+    monkeypatch.setattr(gym_venv, "_build", _fake_build(calls))
+    ready = gym_venv.ensure_gym_venv("local", progress=lambda line: None, python=Path("/bin/true"))
+    assert ready.path == root / venv_key()
+    assert ready.path.is_symlink()
+    assert (ready.agent_dir / "app.py").is_file()
+    assert not debris.exists()
+    again = gym_venv.ensure_gym_venv("local", progress=lambda line: None, python=Path("/bin/true"))
+    assert again == ready
+    assert len(calls) == 1
+
+
+def test_a_failed_build_leaves_nothing_that_looks_ready(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MILES_NEMOGYM_CACHE", str(tmp_path))
+    calls: list[Path] = []
+    monkeypatch.setattr(gym_venv, "_build", _fake_build(calls, fail=True))
+    with pytest.raises(gym_venv.GymVenvBuildError, match="pip install failed"):
+        gym_venv.ensure_gym_venv("local", progress=lambda line: None, python=Path("/bin/true"))
+    root = gym_venv.gym_venv_root()
+    assert not (root / venv_key()).exists()
+    assert not calls[0].exists()
+    assert list(root.glob("*.build-*")) == []
