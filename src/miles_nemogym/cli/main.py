@@ -22,20 +22,12 @@ def _root() -> None:
     """miles-nemogym command line."""
 
 
-# Registration: each feature module exposes `register(app)`.
-# (kept as explicit imports so a missing module is an import error, not a silent gap)
-from miles_nemogym.cli import convert as _convert  # noqa: E402
+# Each feature module exposes `register(app)`; explicit imports, so a missing module is an
+# import error rather than a silently absent subcommand.
+from miles_nemogym.cli import convert, doctor, scan, serve, smoke  # noqa: E402
 
-_convert.register(app)
-from miles_nemogym.cli import doctor as _doctor  # noqa: E402
-
-_doctor.register(app)
-from miles_nemogym.cli import scan as _scan  # noqa: E402
-
-_scan.register(app)
-from miles_nemogym.cli import serve as _serve  # noqa: E402
-
-_serve.register(app)
+for _feature in (convert, doctor, scan, serve, smoke):
+    _feature.register(app)
 
 if __name__ == "__main__":
     app()

@@ -1,0 +1,144 @@
+"""``miles-nemogym smoke``: the whole chain on a laptop, no GPU and no Docker (issue 5).
+
+It wires the real pieces exactly as training does, with two stand-ins for what a laptop
+lacks: the NeMo-Gym server runs with the ``local`` sandbox provider (host
+subprocesses instead of task containers), and ``RecordingPolicy`` stands in for Miles'
+session server + SGLang (unless ``--policy-base-url`` points at a real model).
+
+1. the five SWE-bench Verified rows nemo-gym ships are converted by our converter;
+2. ``miles-nemogym serve --sandbox local`` starts the real ``mini_swe_agent_2`` server;
+3. each row goes through ``miles_nemogym.agent.run`` with Miles' calling convention, one
+   session URL per episode, all episodes at once;
+4. a table shows each episode's verdict as the trainer would store it.
+
+Without task containers grading cannot resolve an instance (reward 0.0 is expected), and
+two of the rows (django, pylint) need network to build their eval scripts; those come
+back visibly set aside, which is the behaviour the smoke run demonstrates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from miles_nemogym import agent, gym_wheel
+from miles_nemogym.client import close_client
+from miles_nemogym.data import convert_row
+from miles_nemogym.gym.config import ServeOptions
+from miles_nemogym.gym.server import GymServer
+from miles_nemogym.recording_policy import RecordingPolicy
+
+# What Miles' rollout would pass as request_kwargs (already renamed to OpenAI names).
+SMOKE_SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 1024, "top_k": 50, "seed": 1234}
+
+
+@dataclass
+class SmokeEpisode:
+    """One row's result: what the agent function returned, plus what the policy saw."""
+
+    instance_id: str
+    repo: str
+    result: dict[str, Any]
+    policy_requests: int | None
+    """Chat requests the recording policy received on this episode's session (None with a real endpoint)."""
+
+    @property
+    def record(self) -> dict[str, Any]:
+        record: dict[str, Any] = self.result.get("nemogym") or {}
+        return record
+
+
+@dataclass
+class SmokeReport:
+    episodes: list[SmokeEpisode] = field(default_factory=list)
+    data_path: Path | None = None
+    results_dir: Path | None = None
+    server_log: Path | None = None
+
+    @property
+    def chain_worked(self) -> bool:
+        """Every episode came back with a record, and at least one is a valid measurement."""
+        if not self.episodes or any(not e.record for e in self.episodes):
+            return False
+        return any(not e.record.get("mask_sample") for e in self.episodes)
+
+
+def prepare_rows(limit: int | None, data_path: Path) -> list[dict[str, Any]]:
+    """nemo-gym's example rows as Miles prompt rows, written where the user can see them."""
+    rows = [convert_row(row) for row in gym_wheel.example_rows()][:limit]
+    data_path.parent.mkdir(parents=True, exist_ok=True)
+    data_path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return rows
+
+
+async def run_rows(
+    rows: Sequence[dict[str, Any]], session_urls: Sequence[str], sampling: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Every row through ``agent.run`` at once, as Miles' ``agentic_tool_call`` calls it."""
+    try:
+        return list(
+            await asyncio.gather(
+                *(
+                    agent.run(
+                        base_url=url,
+                        prompt=row["prompt"],
+                        request_kwargs=dict(sampling),
+                        metadata=dict(row["metadata"]),
+                    )
+                    for row, url in zip(rows, session_urls, strict=True)
+                )
+            )
+        )
+    finally:
+        await close_client()
+
+
+def run_smoke(
+    *,
+    state_dir: Path,
+    limit: int | None = None,
+    policy_base_url: str | None = None,
+    step_limit: int = 10,
+    concurrency: int = 5,
+    progress: Callable[[str], None] | None = None,
+) -> SmokeReport:
+    """Start the server, run the rows, stop everything; the server's files stay in ``state_dir``."""
+    say = progress or (lambda _line: None)
+    data_path = state_dir / "smoke_prompts.jsonl"
+    report = SmokeReport(data_path=data_path)
+    rows = prepare_rows(limit, data_path)
+    say(f"converted {len(rows)} SWE-bench Verified rows -> {data_path}")
+    options = ServeOptions(sandbox="local", port=0, concurrency=concurrency, step_limit=step_limit)
+    say("starting the NeMo-Gym mini_swe_agent_2 server (sandbox: local)")
+    with GymServer(options, state_dir=state_dir / "gym", progress=say) as server:
+        report.results_dir, report.server_log = server.results_dir, server.log_path
+        say(f"server ready at {server.url}")
+        previous_url = os.environ.get("NEMO_GYM_URL")
+        os.environ["NEMO_GYM_URL"] = server.url
+        try:
+            if policy_base_url is None:
+                with RecordingPolicy(look_around_turns=2) as policy:
+                    urls = [policy.session_url() for _ in rows]
+                    say(f"running {len(rows)} episodes against the scripted recording policy")
+                    results = asyncio.run(run_rows(rows, urls, SMOKE_SAMPLING))
+                    counts: list[int | None] = [
+                        len(policy.chat_requests(RecordingPolicy.session_id_of(url))) for url in urls
+                    ]
+            else:
+                say(f"running {len(rows)} episodes against {policy_base_url}")
+                results = asyncio.run(run_rows(rows, [policy_base_url] * len(rows), SMOKE_SAMPLING))
+                counts = [None] * len(rows)
+        finally:
+            if previous_url is None:
+                os.environ.pop("NEMO_GYM_URL", None)
+            else:
+                os.environ["NEMO_GYM_URL"] = previous_url
+    for row, result, count in zip(rows, results, counts, strict=True):
+        meta = row["metadata"]
+        report.episodes.append(SmokeEpisode(meta["instance_id"], meta["repo"], result, count))
+    return report
