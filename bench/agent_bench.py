@@ -307,6 +307,7 @@ async def measure(spec: dict[str, Any]) -> dict[str, Any]:
     await close()
 
     lags = [lag for _, lag, _ in ticks]
+    worst_at = max(ticks, key=lambda tick: tick[1])[0] - started if ticks else 0.0
     first_t = first_done.get("t", float("inf"))
     in_flight_rss = [rss for t, _, rss in ticks if t < first_t] + [first_done.get("rss", rss_base)]
     peak_rss = max([rss for _, _, rss in ticks] + [rss_base])
@@ -321,6 +322,9 @@ async def measure(spec: dict[str, Any]) -> dict[str, Any]:
         "wall_s": wall,
         "calls_per_s": n / wall,
         "worst_stall_s": max(lags, default=0.0),
+        # When the worst tick ended, from the start of the run: near 0 means while starting
+        # the calls, near the hold time means while the answers came back.
+        "worst_stall_at_s": worst_at,
         "ticks": len(lags),
         "ticks_over_100ms": sum(1 for lag in lags if lag > 0.1),
         "client_cpu_s": cpu,
@@ -476,7 +480,7 @@ def print_tables(report: dict[str, Any]) -> None:
                 f"{summary['client_cpu_per_call_ms']:.3f}",
                 f"{summary['rss_in_flight_per_episode_kb']:.1f}",
                 f"{100 * summary['server_cpu_util']:.0f}%",
-                f"{summary['server_peak_in_flight']:.0f}",
+                f"{summary['server_peak_in_flight']:.0f}" if cfg["hold_s"] > 0 else "-",
                 str(summary["errors"]),
             )
         console.print(table)
@@ -485,7 +489,7 @@ def print_tables(report: dict[str, Any]) -> None:
         "worst stall: longest extra delay of a 50 ms ticker in the client's loop (max over repeats); "
         "CPU ms/call: client process CPU; RSS KB/episode: client RSS growth while all calls are in "
         "flight, per call; server CPU: share of one core used by the server; server peak: most "
-        "requests the server held at once."
+        "requests the server held at once (burst only)."
     )
     goals = Table(title="goals")
     for column in ("goal", "measured", "met", "note"):
@@ -624,7 +628,8 @@ def main(argv: list[str] | None = None) -> int:
                         runs[kind].append(result)
                         print(
                             f"{scenario:<10} {kind} rep {repeat}: {result['calls_per_s']:8.0f} calls/s  "
-                            f"wall {result['wall_s']:6.2f} s  stall {result['worst_stall_s']:.3f} s  "
+                            f"wall {result['wall_s']:6.2f} s  stall {result['worst_stall_s']:.3f} s "
+                            f"(at {result['worst_stall_at_s']:.1f} s)  "
                             f"errors {result['errors']}  server CPU {result['server_cpu_util']:.0%}",
                             flush=True,
                         )
