@@ -8,6 +8,9 @@ import pytest
 
 from miles_nemogym import gym_wheel
 
+# Fixtures shared by several test modules.
+pytest_plugins = ["tests.openapi_standin"]
+
 
 @pytest.fixture(scope="session")
 def gym_example_rows() -> list[dict[str, Any]]:

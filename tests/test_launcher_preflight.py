@@ -8,7 +8,7 @@ import json
 import os
 import socket
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from miles_nemogym.doctor import CheckResult, Status
 from miles_nemogym.launcher import preflight
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.settings import ENV_VARS
-from tests.test_doctor import GymStandIn, openapi_document
+from tests.openapi_standin import GymStandIn, openapi_document
 from tests.test_launcher_support import MODEL_TYPE, make_miles_checkout
 
 
@@ -29,17 +29,6 @@ from tests.test_launcher_support import MODEL_TYPE, make_miles_checkout
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in (*ENV_VARS, "RAY_ADDRESS", "MASTER_ADDR", preflight.LEGACY_ROLLOUT_ENV):
         monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture
-def gym() -> Iterator[GymStandIn]:
-    stand_in = GymStandIn()
-    stand_in.thread.start()
-    try:
-        yield stand_in
-    finally:
-        stand_in.server.shutdown()
-        stand_in.server.server_close()
 
 
 def prompt_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
