@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from typing import Any
 
 import pytest
@@ -301,3 +302,24 @@ def test_a_new_event_loop_gets_its_own_session(
 
     assert asyncio.run(once())
     assert asyncio.run(once())
+
+
+async def test_a_malformed_session_url_is_recorded_not_raised(server: FaultServer, sympy_row: dict[str, Any]) -> None:
+    out = await call(sympy_row, base_url="http://127.0.0.1:notaport/sessions/x")
+    assert out["nemogym"]["failure_kind"] == "miles_nemogym:invalid_request"
+    assert server.bodies == []
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Task.cancelling() tells the two apart from 3.11 on")
+async def test_a_caller_cancelled_during_abort_still_sees_its_cancellation(
+    server: FaultServer, sympy_row: dict[str, Any]
+) -> None:
+    server.hold_s = 30
+    task = asyncio.create_task(call(sympy_row))
+    while not server.bodies:
+        await asyncio.sleep(0.02)
+    episodes.abort_all()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert episodes.in_flight_count() == 0

@@ -133,3 +133,32 @@ def test_missing_instance_id_is_named(row: dict[str, Any]) -> None:
 def test_scan_mode_leaves_routing_to_the_server(row: dict[str, Any]) -> None:
     body = build_run_body(row, {}, policy_base_url=None)
     assert "policy_base_url" not in body and "policy_api_key" not in body
+
+
+def test_the_json_check_accepts_exactly_what_json_dumps_accepts() -> None:
+    """build_run_body checks sendability without serializing; it must agree with json.dumps."""
+    import enum
+    import json as std_json
+
+    from miles_nemogym.mapping import _json_problem_or_cycle
+
+    class Str(str):
+        pass
+
+    class Color(enum.IntEnum):
+        RED = 1
+
+    circular: list[Any] = []
+    circular.append(circular)
+    values: list[Any] = [
+        1, 1.5, "s", None, True, float("nan"), float("inf"), -float("inf"), [1, [2, {"a": float("nan")}]],
+        (1, 2), {1, 2}, b"x", {1.5: "k"}, {float("nan"): 1}, {True: 1}, {None: 1}, {(1, 2): 1},
+        Str("sub"), Color.RED, {"a": {"b": [object()]}}, circular, {"k": Str("v")}, [], {},
+    ]  # fmt: skip
+    for value in values:
+        try:
+            std_json.dumps(value, allow_nan=False)
+            accepted = True
+        except (TypeError, ValueError, RecursionError):
+            accepted = False
+        assert (_json_problem_or_cycle(value) is None) == accepted, value

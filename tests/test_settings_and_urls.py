@@ -79,3 +79,9 @@ def test_wildcard_resolves_to_the_route_towards_a_remote_gym_host() -> None:
 def test_not_a_url_is_refused() -> None:
     with pytest.raises(PolicyUrlError, match="/sessions/<session_id>"):
         policy_base_url("sessions/a", "http://127.0.0.1:12000")
+
+
+@pytest.mark.parametrize("session", ["http://h:abc/sessions/a", "http://h:99999/sessions/a", "http://[::1/sessions/a"])
+def test_a_malformed_session_url_is_a_policy_url_error(session: str) -> None:
+    with pytest.raises(PolicyUrlError, match="malformed"):
+        policy_base_url(session, "http://127.0.0.1:12000")

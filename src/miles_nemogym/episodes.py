@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 class _InFlight:
     task: asyncio.Task[Outcome]
     loop: asyncio.AbstractEventLoop
+    aborted: bool = False
 
 
 _lock = threading.Lock()
@@ -50,30 +51,32 @@ async def run_episode(body: dict[str, Any], settings: Settings) -> Outcome:
     entry = _InFlight(task, loop)
     with _lock:
         _in_flight.add(entry)
+    instance_id = body.get("instance_id")
     try:
-        try:
-            # wait() does not cancel the inner task when we are cancelled, so the two
-            # kinds of cancellation stay distinguishable.
-            await asyncio.wait({task})
-        except asyncio.CancelledError:
-            task.cancel()
-            await asyncio.wait({task})
+        outcome = await task
+    except asyncio.CancelledError:
+        # Awaiting the inner task means a cancellation of the caller cancels it too and
+        # arrives here only once the request is closed. Only abort()'s own cancellation
+        # becomes an outcome; the caller's always propagates.
+        if not (entry.aborted and task.cancelled()) or _caller_cancelled():
             raise
+        return failure(fk.CANCELLED, "stopped by abort()", instance_id=instance_id)
+    except Exception as error:
+        logger.error("miles-nemogym client error for %s", instance_id, exc_info=error)
+        return failure(fk.CLIENT_ERROR, f"{type(error).__name__}: {error}", instance_id=instance_id)
     finally:
         with _lock:
             _in_flight.discard(entry)
-
-    instance_id = body.get("instance_id")
-    if task.cancelled():
-        return failure(fk.CANCELLED, "stopped by abort()", instance_id=instance_id)
-    error = task.exception()
-    if error is not None:
-        logger.error("miles-nemogym client error for %s", instance_id, exc_info=error)
-        return failure(fk.CLIENT_ERROR, f"{type(error).__name__}: {error}", instance_id=instance_id)
-    outcome = task.result()
     if outcome.record.instance_id is None:
         outcome.record.instance_id = instance_id
     return outcome
+
+
+def _caller_cancelled() -> bool:
+    """Whether the running task itself was asked to cancel (Python 3.11+ can tell)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return bool(cancelling()) if cancelling is not None else False
 
 
 def abort_all() -> int:
@@ -85,6 +88,7 @@ def abort_all() -> int:
     except RuntimeError:
         running = None
     for entry in entries:
+        entry.aborted = True
         if entry.loop is running:
             entry.task.cancel()
         elif not entry.loop.is_closed():

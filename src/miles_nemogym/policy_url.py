@@ -72,25 +72,35 @@ def routable_local_address(target_host: str, target_port: int = 80) -> str:
     return address
 
 
-def policy_base_url(session_url: str, gym_url: str, external_host: str | None = None) -> str:
-    """``session_url`` + ``/v1`` with its host made dialable from the Gym server.
-
-    ``external_host`` (``MILES_ROUTER_EXTERNAL_HOST``) replaces the host whatever it is,
-    as upstream does; otherwise only a wildcard host is replaced.
-    """
-    parts = urlsplit(session_url.strip())
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise PolicyUrlError(
-            f"base_url {session_url!r} is not an http(s) URL; Miles passes "
-            "http://<session_server_ip>:<port>/sessions/<session_id>"
-        )
+@lru_cache(maxsize=256)
+def _dialable_netloc(netloc: str, gym_url: str, external_host: str | None) -> str:
+    """The session URL's netloc made dialable; one parse per session server, not per sample."""
+    parts = urlsplit(f"//{netloc}")
     host = parts.hostname or ""
     if external_host:
         host = external_host
     elif is_wildcard(host):
         gym = urlsplit(gym_url)
         host = routable_local_address(gym.hostname or "localhost", gym.port or 80)
-    netloc = _format_host(host) + (f":{parts.port}" if parts.port else "")
+    return _format_host(host) + (f":{parts.port}" if parts.port else "")
+
+
+def policy_base_url(session_url: str, gym_url: str, external_host: str | None = None) -> str:
+    """``session_url`` + ``/v1`` with its host made dialable from the Gym server.
+
+    ``external_host`` (``MILES_ROUTER_EXTERNAL_HOST``) replaces the host whatever it is,
+    as upstream does; otherwise only a wildcard host is replaced.
+    """
+    expected = "Miles passes http://<session_server_ip>:<port>/sessions/<session_id>"
+    try:
+        parts = urlsplit(session_url.strip())
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise PolicyUrlError(f"base_url {session_url!r} is not an http(s) URL; {expected}")
+        netloc = _dialable_netloc(parts.netloc, gym_url, external_host)
+    except PolicyUrlError:
+        raise
+    except ValueError as error:  # urlsplit's own: a bad port, an unclosed IPv6 bracket
+        raise PolicyUrlError(f"base_url {session_url!r} is malformed ({error}); {expected}") from None
     path = parts.path.rstrip("/")
     if not path.endswith("/v1"):
         path += "/v1"
