@@ -60,6 +60,14 @@ async def run_sample(row: dict[str, Any], session_url: str) -> Sample:
     )
 
 
+async def first_policy_call(policy: RecordingPolicy, session: str, timeout_s: float = 120) -> None:
+    """Wait until the real episode has called the policy on ``session``."""
+    deadline = time.monotonic() + timeout_s
+    while not policy.chat_requests(session):
+        assert time.monotonic() < deadline, "the episode never called the policy"
+        await asyncio.sleep(0.1)
+
+
 async def test_three_real_episodes_at_once_each_on_its_own_session(
     gym_env: GymServer, recording_policy: RecordingPolicy, prompt_rows: dict[str, dict[str, Any]]
 ) -> None:
@@ -121,10 +129,7 @@ async def test_abort_returns_promptly_while_a_real_episode_waits_on_the_policy(
     recording_policy.configure_session(session, slow=True)
     task = asyncio.create_task(run_sample(prompt_rows[GRADED_OFFLINE[0]], url))
     try:
-        deadline = time.monotonic() + 120
-        while not recording_policy.chat_requests(session):
-            assert time.monotonic() < deadline, "the episode never called the policy"
-            await asyncio.sleep(0.1)
+        await first_policy_call(recording_policy, session)
         started = time.monotonic()
         await agent.abort(None)
         sample = await asyncio.wait_for(task, 5)
@@ -150,10 +155,7 @@ async def test_server_killed_mid_episode_is_a_transport_failure_never_resent(
         policy.configure_session(session, slow=True)
         task = asyncio.create_task(run_sample(prompt_rows[GRADED_OFFLINE[0]], url))
         try:
-            deadline = time.monotonic() + 120
-            while not policy.chat_requests(session):
-                assert time.monotonic() < deadline, "the episode never called the policy"
-                await asyncio.sleep(0.1)
+            await first_policy_call(policy, session)
             assert server.pid is not None
             os.killpg(server.pid, signal.SIGKILL)
             sample = await asyncio.wait_for(task, 30)
