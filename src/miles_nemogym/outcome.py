@@ -16,12 +16,13 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym.protocol import RunResponse
+from miles_nemogym.protocol import OutputItem, RunResponse
 
 REASON_MAX_CHARS = 300
 
@@ -124,7 +125,7 @@ def failure(
     )
 
 
-def count_turns(output: list[dict[str, Any]]) -> tuple[int, int]:
+def count_turns(output: Sequence[OutputItem]) -> tuple[int, int]:
     """(model turns, tool calls) in a Responses ``output`` list.
 
     One model turn produces a run of items (message, reasoning, function_call...) that
@@ -134,7 +135,7 @@ def count_turns(output: list[dict[str, Any]]) -> tuple[int, int]:
     tool_calls = 0
     in_turn = False
     for item in output:
-        kind = item.get("type")
+        kind = item.type
         if kind == "function_call_output":
             in_turn = False
             continue

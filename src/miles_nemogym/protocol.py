@@ -8,7 +8,7 @@ server keeps unknown top-level keys and hands the whole body to the harness).
 
 The response side is lenient: the server answers HTTP 200 even when the episode failed,
 and older or newer servers may add or omit diagnostic fields. Only what the plugin
-reads is typed; everything else is kept.
+reads is parsed; everything else is ignored.
 """
 
 from __future__ import annotations
@@ -78,18 +78,32 @@ class RunRequest(BaseModel):
     split: str | None = None
 
 
+class OutputItem(BaseModel):
+    """One item of the trajectory; only its type is read (to count turns and tool calls)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: str | None = None
+
+
 class ResponseObject(BaseModel):
     """The part of the Responses object in a ``/run`` result that the plugin reads."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="ignore")
 
-    output: list[dict[str, Any]] = Field(default_factory=list)
+    output: list[OutputItem] = Field(default_factory=list)
 
 
 class RunResponse(BaseModel):
-    """A ``/run`` result (nemo-gym's ``BaseVerifyResponse`` + ``mini_swe_agent_2``'s fields)."""
+    """A ``/run`` result (nemo-gym's ``BaseVerifyResponse`` + ``mini_swe_agent_2``'s fields).
 
-    model_config = ConfigDict(extra="allow")
+    Unread parts (the echoed prompt, the trajectory's contents) are ignored rather than
+    kept: they are most of a result's bytes, and building Python objects for them that
+    are dropped at once measurably taxes the garbage collector of the rollout loop
+    (bench/agent_bench.py). The trajectory itself stays in the server's results folder.
+    """
+
+    model_config = ConfigDict(extra="ignore")
 
     reward: float
     instance_id: str | None = None
