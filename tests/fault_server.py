@@ -63,6 +63,10 @@ class FaultServer:
         if self.mode == "422":
             detail = [{"loc": ["body", "responses_create_params", "top_k"], "msg": "Extra inputs are not permitted"}]
             return web.json_response({"detail": detail}, status=422)
+        if self.mode == "echo_key_422":
+            # FastAPI echoes the offending input; placed so that the 300-char reason cut splits the key.
+            detail = [{"msg": "x" * 238, "input": {"policy_api_key": body.get("policy_api_key", "")}}]
+            return web.json_response({"detail": detail}, status=422)
         if self.mode == "nonjson":
             return web.Response(status=200, text="<html>proxy error</html>", content_type="text/html")
         if self.mode == "error_metadata":

@@ -323,3 +323,38 @@ async def test_a_caller_cancelled_during_abort_still_sees_its_cancellation(
     with pytest.raises(asyncio.CancelledError):
         await task
     assert episodes.in_flight_count() == 0
+
+
+async def test_an_echoed_key_is_removed_before_any_truncation(
+    server: FaultServer,
+    sympy_row: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    secret = "sk-SECRET-0123456789abcdefghij"
+    monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", secret)
+    server.mode = "echo_key_422"
+    agent._logged_config_errors.clear()
+    with caplog.at_level(logging.DEBUG):
+        out = await call(sympy_row)
+    assert out["nemogym"]["failure_kind"] == "agent_request_failed"
+    # No piece of the key either: the reason is cut at 300 characters right inside it.
+    assert "SECRET" not in repr(out) and "SECRET" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"instance_id": 123},
+        {"instance_id": ["a"]},
+        {"responses_create_params": {"input": [], "metadata": {"extra_body": {"x": {1, 2}}}}},
+        {"responses_create_params": {"input": [], "metadata": {"extra_body": {1: "a", "b": 2}}}},
+        {"responses_create_params": {"input": [], "metadata": {"extra_body": {"min_p": float("nan")}}}},
+    ],
+)
+async def test_odd_rows_built_in_python_are_recorded_not_raised(
+    server: FaultServer, sympy_row: dict[str, Any], change: dict[str, Any]
+) -> None:
+    out = await call({**sympy_row, **change})
+    assert out["nemogym"]["failure_kind"] == "miles_nemogym:invalid_request", out["nemogym"]
+    assert server.bodies == []

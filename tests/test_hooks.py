@@ -25,6 +25,7 @@ def graded(gym_example_rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
         outcome = classify_http(200, json.dumps(result).encode())
         outcome.record.episode_id = f"e{i}"
         outcome.record.elapsed_s = float(10 * (i + 1))
+        outcome.record.attempts = 1
         out.append(outcome.to_metadata())
     return out
 
@@ -33,6 +34,7 @@ def masked(kind: str = "transport_peer_drop", episode: str = "f1") -> dict[str, 
     outcome = failure(kind, "x")
     outcome.record.episode_id = episode
     outcome.record.elapsed_s = 5.0
+    outcome.record.attempts = 1
     return outcome.to_metadata()
 
 
@@ -101,16 +103,20 @@ def test_metrics_over_distinct_episodes(graded: list[dict[str, Any]]) -> None:
     samples.append(sample_from(masked("agent_run_error", "f1")))
     samples.append(sample_from(masked("transport_peer_drop", "f2")))
     samples.append(Sample(metadata={}))
+    never_sent = failure("miles_nemogym:invalid_request", "bad row").to_metadata()
+    never_sent["nemogym"]["episode_id"] = "f3"
+    samples.append(sample_from(never_sent))
     m = metrics.compute_metrics(samples)
-    assert m["nemogym/samples"] == 9 and m["nemogym/episodes"] == 7
+    assert m["nemogym/samples"] == 10 and m["nemogym/episodes"] == 8
     assert m["nemogym/samples_without_record"] == 1
-    assert m["nemogym/failure_rate"] == pytest.approx(2 / 7)
-    assert m["nemogym/failure_rate/agent_run_error"] == pytest.approx(1 / 7)
+    assert m["nemogym/failure_rate"] == pytest.approx(3 / 8)
+    assert m["nemogym/failure_rate/agent_run_error"] == pytest.approx(1 / 8)
     assert m["nemogym/resolve_rate"] == pytest.approx(1 / 5)  # over valid episodes only
     assert 0 < m["nemogym/patch_applied_rate"] <= 1
     assert 0 < m["nemogym/fail_to_pass_fraction_mean"] <= 1
     assert m["nemogym/episode_time_max"] == 50.0
-    assert m["nemogym/episode_time_p50"] == 20.0  # nearest rank 4 of 5,5,10,20,30,40,50
+    # nearest rank 4 of 5,5,10,20,30,40,50: the never-sent row has no duration to count
+    assert m["nemogym/episode_time_p50"] == 20.0
     assert m["nemogym/turns_mean"] > 1
 
 

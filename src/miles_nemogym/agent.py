@@ -56,7 +56,8 @@ async def run(
     **kwargs: Any,
 ) -> dict[str, Any]:
     """Run one NeMo-Gym episode for one Miles sample; see the module docstring."""
-    instance_id = metadata.get("instance_id") if isinstance(metadata, Mapping) else None
+    raw_id = metadata.get("instance_id") if isinstance(metadata, Mapping) else None
+    instance_id = None if raw_id is None else str(raw_id)
     api_key: str | None = None
     try:
         settings = get_settings()
@@ -71,6 +72,9 @@ async def run(
         outcome = failure(fk.INVALID_CONFIG, str(error), instance_id=instance_id)
     except (RequestBuildError, PolicyUrlError) as error:
         outcome = failure(fk.INVALID_REQUEST, str(error), instance_id=instance_id)
+    except Exception as error:  # a defect here must still leave a record on the sample
+        logger.exception("miles-nemogym could not build the /run request for %s", instance_id)
+        outcome = failure(fk.CLIENT_ERROR, f"{type(error).__name__}: {error}", instance_id=instance_id)
     else:
         outcome = await run_episode(body, settings)
     outcome.record.episode_id = uuid.uuid4().hex

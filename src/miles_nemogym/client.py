@@ -95,13 +95,15 @@ class GymClient:
             timeout = aiohttp.ClientTimeout(total=max(remaining, 0.001), sock_connect=settings.connect_timeout_s)
             retry_kind: str | None = None
             try:
-                async with self._session.post(url, data=payload, headers=headers, timeout=timeout) as resp:
-                    raw = await resp.read()
+                async with self._session.post(
+                    url, data=payload, headers=headers, timeout=timeout, allow_redirects=False
+                ) as resp:
+                    raw = scrub(await resp.read(), settings)
                     outcome = classify_http(resp.status, raw)
             except aiohttp.ConnectionTimeoutError as error:
-                retry_kind, reason = fk.TRANSPORT_TIMEOUT, f"connect timeout: {error}"
+                retry_kind, reason = fk.TRANSPORT_TIMEOUT, f"connect timeout: {_text(error, settings)}"
             except aiohttp.ClientConnectorError as error:
-                retry_kind, reason = fk.TRANSPORT_UNREACHABLE, f"cannot connect: {error.os_error}"
+                retry_kind, reason = fk.TRANSPORT_UNREACHABLE, f"cannot connect: {_text(error.os_error, settings)}"
             except asyncio.TimeoutError:
                 outcome = failure(
                     fk.AGENT_TIMEOUT,
@@ -110,7 +112,7 @@ class GymClient:
             except (aiohttp.ClientError, OSError) as error:
                 # Disconnects, resets, payload and protocol errors: the request may have
                 # reached the server and started an episode.
-                outcome = failure(fk.TRANSPORT_PEER_DROP, f"{type(error).__name__}: {error}")
+                outcome = failure(fk.TRANSPORT_PEER_DROP, f"{type(error).__name__}: {_text(error, settings)}")
 
             if retry_kind is not None:
                 delay = _backoff(attempt, settings)
@@ -123,6 +125,21 @@ class GymClient:
             outcome.record.attempts = attempt
             outcome.record.elapsed_s = round(self._loop.time() - started, 3)
             return outcome
+
+
+def scrub(raw: bytes, settings: Settings) -> bytes:
+    """``raw`` with the policy API key removed, before anything quotes or truncates it
+    (a key cut in half by truncation would no longer match a later redaction)."""
+    if settings.policy_api_key is None:
+        return raw
+    key = settings.policy_api_key.get_secret_value()
+    for form in {key, json.dumps(key)[1:-1]}:
+        raw = raw.replace(form.encode(), b"***")
+    return raw
+
+
+def _text(error: object, settings: Settings) -> str:
+    return scrub(str(error).encode(), settings).decode("utf-8", "replace")
 
 
 def _backoff(attempt: int, settings: Settings) -> float:

@@ -151,7 +151,12 @@ def responses_create_params(
     if extra or isinstance(metadata.get("extra_body"), Mapping):
         merged = _row_extra_body(metadata.get("extra_body"))
         merged.update(extra)
-        metadata["extra_body"] = json.dumps(merged, sort_keys=True)
+        try:
+            metadata["extra_body"] = json.dumps(merged, sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise RequestBuildError(
+                f"responses_create_params.metadata.extra_body cannot be sent as JSON: {error}"
+            ) from None
     if metadata:
         params["metadata"] = metadata
 

@@ -73,7 +73,8 @@ def compute_metrics(samples: Any) -> dict[str, float]:
         }
         metrics.update({key: value for key, value in optional.items() if value is not None})
 
-    times = [float(r["elapsed_s"]) for r in records if r.get("elapsed_s") is not None]
+    # Only episodes that were sent have a duration; a row rejected before sending has none.
+    times = [float(r["elapsed_s"]) for r in records if r.get("attempts") and r.get("elapsed_s") is not None]
     if times:
         metrics["episode_time_p50"] = _percentile(times, 50)
         metrics["episode_time_p95"] = _percentile(times, 95)

@@ -170,7 +170,8 @@ def instance_report(metadata: dict[str, Any] | None, instance_id: str | None) ->
 def classify_run_response(response: RunResponse, *, http_status: int = 200) -> Outcome:
     """Verdict on a ``/run`` result that parsed."""
     metadata = response.metadata or {}
-    instance_id = response.instance_id or metadata.get("instance_id")
+    raw_id = response.instance_id or metadata.get("instance_id")
+    instance_id = None if raw_id is None else str(raw_id)
     output = response.response.output if response.response else []
     turns, tool_calls = count_turns(output)
 
