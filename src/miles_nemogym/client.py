@@ -66,7 +66,6 @@ class GymClient:
             connector=connector,
             # Per-request timeouts are set in post_run; no session-wide total.
             timeout=aiohttp.ClientTimeout(total=None),
-            json_serialize=json.dumps,
             raise_for_status=False,
         )
 

@@ -39,21 +39,6 @@ INVALID_CONFIG: Final = "miles_nemogym:invalid_config"
 # A defect in this plugin surfaced while running the episode (logged with its traceback).
 CLIENT_ERROR: Final = "miles_nemogym:client_error"
 
-CLIENT_KINDS: Final = frozenset(
-    {
-        TRANSPORT_UNREACHABLE,
-        TRANSPORT_PEER_DROP,
-        TRANSPORT_TIMEOUT,
-        AGENT_RUN_ERROR,
-        AGENT_REQUEST_FAILED,
-        AGENT_TIMEOUT,
-        CANCELLED,
-        INVALID_REQUEST,
-        INVALID_CONFIG,
-        CLIENT_ERROR,
-    }
-)
-
 
 def metric_label(kind: str) -> str:
     """``kind`` as a metric/filter-reason suffix (``:`` is not safe in every backend)."""
