@@ -58,5 +58,8 @@ def drop_reason(samples: Any) -> str | None:
 
 def check_episode_group(args: Any, samples: Any, **kwargs: Any) -> Any:
     """Miles filter: keep the group unless an episode in it is not a valid measurement."""
-    reason = drop_reason(samples)
+    try:
+        reason = drop_reason(samples)
+    except Exception:  # unreadable samples are not a valid measurement; never crash the rollout
+        reason = "nemogym_unreadable_record"
     return _output_type()(keep=reason is None, reason=reason)

@@ -1,16 +1,34 @@
-"""What may be shown of a secret: URLs with their password hidden.
+"""What may be shown of a secret: URLs with their password hidden, server text without the API key.
 
-Every URL the package prints, logs or records goes through ``redact_url`` so that
-credentials written into ``NEMO_GYM_URL`` or a session URL never reach a log or a file.
+Every URL the package prints, logs or records goes through ``redact_url`` (or, inside
+free text, ``redact_urls``) so that credentials written into ``NEMO_GYM_URL`` or a
+session URL never reach a log or a file.
+
+The policy API key is sent to the NeMo-Gym server, which may echo it back in an error
+(FastAPI's 422 quotes the offending input). ``KeyScrubber`` removes it from text that
+came from outside (server answers, transport error messages) before anything parses,
+quotes or truncates it: a key cut in half by truncation no longer matches a later
+search, and a key used as a JSON object key survives any walk over values only.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+from functools import lru_cache
 from urllib.parse import urlsplit, urlunsplit
+
+logger = logging.getLogger(__name__)
 
 REDACTED = "***"
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")
+# A URL's user-info inside free text (an error message quoting a URL).
+_USERINFO_IN_TEXT = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^\s/?#@:'\"]*):[^\s/?#@'\"]*@")
+
+MIN_SECRET_CHARS = 8
+"""A shorter key (local servers often take ``EMPTY``) cannot be told apart from ordinary
+text, so replacing it would rewrite words and numbers of the answer; it is treated as
+non-secret (with one warning) instead."""
 
 
 def redact_url(url: str) -> str:
@@ -25,3 +43,62 @@ def redact_url(url: str) -> str:
     user = parts.username or ""
     host = parts.netloc.rpartition("@")[2]
     return urlunsplit(parts._replace(netloc=f"{user}:{REDACTED}@{host}"))
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@`` URL in it hidden."""
+    return _USERINFO_IN_TEXT.sub(rf"\1\2:{REDACTED}@", text) if "@" in text else text
+
+
+def _hex(value: int, width: int) -> bytes:
+    """``value`` in hex as a regex accepting either letter case."""
+    return "".join(f"[{d.lower()}{d.upper()}]" if d.isalpha() else d for d in f"{value:0{width}x}").encode()
+
+
+def _char_forms(char: str) -> bytes:
+    """A regex matching ``char`` as a server may echo it in JSON, URL or nested-JSON text:
+    literal, after backslashes (``\\/``), ``\\uXXXX`` in either case, ``%XX``.
+
+    Every alternative starts with a literal byte so the regex engine can skip ahead to
+    candidates: scrubbing a real 84 KB result must cost well under a millisecond."""
+    literal = re.escape(char.encode("utf-8"))
+    escaped = [literal]
+    code = ord(char)
+    if code <= 0xFFFF:
+        escaped.append(b"u" + _hex(code, 4))
+    forms = [literal, b"\\\\\\\\*(?:" + b"|".join(escaped) + b")"]
+    if code < 0x80:
+        forms.append(b"%" + _hex(code, 2))
+    return b"(?:" + b"|".join(forms) + b")"
+
+
+class KeyScrubber:
+    """Removes one secret, in every encoding a server may echo, from outside text."""
+
+    def __init__(self, secret: str) -> None:
+        self._plain = secret.encode("utf-8")
+        self._pattern = re.compile(b"".join(_char_forms(char) for char in secret))
+
+    def scrub(self, raw: bytes) -> bytes:
+        """``raw`` with every encoding of the secret replaced by ``***``."""
+        if self._plain in raw:
+            raw = raw.replace(self._plain, REDACTED.encode())
+        return self._pattern.sub(REDACTED.encode(), raw)
+
+    def scrub_text(self, text: str) -> str:
+        return self.scrub(text.encode("utf-8", "backslashreplace")).decode("utf-8", "replace")
+
+
+@lru_cache(maxsize=8)
+def key_scrubber(secret: str | None) -> KeyScrubber | None:
+    """The scrubber for ``secret``, or None when there is nothing text redaction can protect."""
+    if not secret:
+        return None
+    if len(secret) < MIN_SECRET_CHARS:
+        logger.warning(
+            "NEMO_GYM_POLICY_API_KEY is shorter than %d characters: it is treated as non-secret "
+            "and not redacted from server answers (use a real key if it must stay private)",
+            MIN_SECRET_CHARS,
+        )
+        return None
+    return KeyScrubber(secret)
