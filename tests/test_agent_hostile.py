@@ -11,6 +11,9 @@ import gzip
 import json
 import logging
 import math
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -483,3 +486,21 @@ def test_log_rollout_survives_corrupted_records() -> None:
     assert values["nemogym/turns_mean"] == 4.0
     assert values["nemogym/corrupt_fields"] == 4.0  # "12s", "1", nan, "x"
     assert metrics.log_rollout(1, None, samples) is False
+
+
+# --- 18: the pool at interpreter exit -------------------------------------------------------------------
+
+
+def test_the_pool_is_closed_at_exit_of_a_miles_style_daemon_loop() -> None:
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-X", "dev", "-m", "tests.support.daemon_loop_episodes", "20"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ok"] * 20
+    assert "Unclosed" not in done.stderr, done.stderr
