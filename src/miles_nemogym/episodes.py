@@ -9,10 +9,10 @@ while the callers' own tasks receive a ``cancelled`` outcome instead of an excep
 
 A cancellation of the caller's task (Miles cancelling the rollout) is different: it is
 propagated unchanged after the inner request is closed, as asyncio's contract requires.
-The two are told apart by where the cancellation lands: the caller waits for the inner
-task with ``asyncio.wait``, which returns normally when ``abort`` cancels the inner task
-and raises only when the caller itself is cancelled (this works on Python 3.10, which has
-no ``Task.cancelling``).
+The two are told apart by where the cancellation lands: the caller waits on a future the
+inner task resolves when it ends, so ``abort`` cancelling the inner task resumes the
+caller normally, and only the caller's own cancellation raises there (this works on
+Python 3.10, which has no ``Task.cancelling``).
 """
 
 from __future__ import annotations
@@ -62,11 +62,11 @@ async def run_episode(body: dict[str, Any], settings: Settings) -> Outcome:
     instance_id = body.get("instance_id")
     try:
         try:
-            await asyncio.wait((task,))
+            await _ended(task)
         except asyncio.CancelledError:
             # The caller's own cancellation: close the request, then propagate it.
             task.cancel()
-            await asyncio.wait((task,))
+            await _ended(task)
             raise
         if task.cancelled():
             outcome = failure(fk.CANCELLED, _stopped_reason(progress), instance_id=instance_id)
@@ -84,6 +84,22 @@ async def run_episode(body: dict[str, Any], settings: Settings) -> Outcome:
     if outcome.record.instance_id is None:
         outcome.record.instance_id = instance_id
     return outcome
+
+
+def _ended(task: asyncio.Task[Outcome]) -> asyncio.Future[None]:
+    """A future resolved when ``task`` ends, however it ends; cancelling it leaves ``task``
+    running (``asyncio.wait`` for one task, without its per-call set and closure)."""
+    ended: asyncio.Future[None] = task.get_loop().create_future()
+
+    def resolve(_: asyncio.Task[Outcome]) -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    if task.done():
+        ended.set_result(None)
+    else:
+        task.add_done_callback(resolve)
+    return ended
 
 
 def _stopped_reason(progress: Progress) -> str:
