@@ -93,6 +93,25 @@ async def test_a_key_used_as_an_object_key_in_the_result_is_redacted(
     assert_no_key_fragment(json.dumps(out))
 
 
+@pytest.mark.parametrize(
+    "encoded",
+    [
+        KEY,
+        KEY.replace("/", "\\/"),  # JSON with escaped slashes
+        "".join(f"\\u{ord(c):04X}" for c in KEY),  # every character escaped, upper-case hex
+        KEY[:5] + "".join(f"\\u{ord(c):04x}" for c in KEY[5:9]) + KEY[9:],  # mixed
+        json.dumps(json.dumps(KEY))[3:-3],  # JSON inside a JSON string: \\\/
+        KEY.replace("/", "%2F").replace("+", "%2b"),  # URL-encoded
+    ],
+)
+def test_the_scrubber_removes_every_encoding_and_nothing_else(encoded: str) -> None:
+    scrubber = redaction.key_scrubber(KEY)
+    assert scrubber is not None
+    assert scrubber.scrub(f'{{"{encoded}": "a {encoded} b"}}'.encode()) == b'{"***": "a *** b"}'
+    untouched = json.dumps({"near": KEY[:-1], "other": "sk-live\\/SECRET", "u": "\\u0073k"}).encode()
+    assert scrubber.scrub(untouched) == untouched
+
+
 @pytest.mark.parametrize("short_key", ["ok", "1", "0", "EMPTY"])
 async def test_a_short_key_is_sent_not_redacted_and_never_fails_the_sample(
     server: FaultServer,

@@ -72,17 +72,34 @@ def _char_forms(char: str) -> bytes:
     return b"(?:" + b"|".join(forms) + b")"
 
 
+_UNICODE_ESCAPE = re.compile(rb"\\u([0-9a-fA-F]{4})")
+_PERCENT_ESCAPE = re.compile(rb"%([0-9a-fA-F]{2})")
+
+
 class KeyScrubber:
     """Removes one secret, in every encoding a server may echo, from outside text."""
 
     def __init__(self, secret: str) -> None:
         self._plain = secret.encode("utf-8")
         self._pattern = re.compile(b"".join(_char_forms(char) for char in secret))
+        self._codes = frozenset(ord(char) for char in secret)
+
+    def _has_escaped_char(self, raw: bytes) -> bool:
+        """Whether one of the secret's characters appears as a \\uXXXX or %XX escape."""
+        # Patterns with a literal prefix: the engine jumps between candidates at C speed
+        # (an alternation of the escapes themselves scans every position, ~1 ms per result).
+        for introducer, pattern in ((b"\\u", _UNICODE_ESCAPE), (b"%", _PERCENT_ESCAPE)):
+            if introducer in raw and any(int(m.group(1), 16) in self._codes for m in pattern.finditer(raw)):
+                return True
+        return False
 
     def scrub(self, raw: bytes) -> bytes:
         """``raw`` with every encoding of the secret replaced by ``***``."""
-        if self._plain in raw:
-            raw = raw.replace(self._plain, REDACTED.encode())
+        # The full pattern costs ~0.5 ms on a real 84 KB result. It can only match where
+        # the secret is spelled out, maybe with backslashes in between (\/), or where one
+        # of its characters is escaped as \uXXXX/%XX: both are checked first (~0.15 ms).
+        if self._plain not in raw.replace(b"\\", b"") and not self._has_escaped_char(raw):
+            return raw
         return self._pattern.sub(REDACTED.encode(), raw)
 
     def scrub_text(self, text: str) -> str:
