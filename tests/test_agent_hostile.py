@@ -93,6 +93,25 @@ async def test_a_key_used_as_an_object_key_in_the_result_is_redacted(
     assert_no_key_fragment(json.dumps(out))
 
 
+@pytest.mark.parametrize("answer", ['{"reward": 1.0, "failure_kind": 5, "note": "%s"}', '{"reward": "%s"'])
+async def test_an_undecodable_result_holding_the_key_is_scrubbed(
+    server: FaultServer,
+    sympy_row: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    answer: str,
+) -> None:
+    """A 200 answer is scrubbed only in the parts kept; one that does not parse is
+    scrubbed whole before its error is quoted."""
+    monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", KEY)
+    server.respond = lambda body: json_answer(answer % KEY.replace("/", "\\/"))
+    with caplog.at_level(logging.DEBUG):
+        out = await call(sympy_row)
+    assert out["nemogym"]["failure_kind"] == "agent_run_error"
+    assert "undecodable /run result" in out["nemogym"]["failure_reason"]
+    assert_no_key_fragment(repr(out), caplog.text)
+
+
 @pytest.mark.parametrize(
     "encoded",
     [

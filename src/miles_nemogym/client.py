@@ -184,7 +184,14 @@ async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> bytes | int:
 
 
 def _classify(status: int, raw: bytes, instance_id: str | None, settings: Settings) -> Outcome:
-    return classify_http(status, scrub(raw, settings), instance_id=instance_id, reward_range=settings.reward_range)
+    scrubber = key_scrubber(settings.policy_api_key.get_secret_value() if settings.policy_api_key else None)
+    return classify_http(
+        status,
+        raw,
+        instance_id=instance_id,
+        reward_range=settings.reward_range,
+        scrub=None if scrubber is None else scrubber.scrub,
+    )
 
 
 def scrub(raw: bytes, settings: Settings) -> bytes:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+import pydantic_core
 from pydantic import BaseModel, Field, ValidationError
 
 from miles_nemogym import failure_kinds as fk
@@ -304,15 +305,43 @@ def _error_detail(body: bytes) -> str:
     return json.dumps(detail)[: REASON_MAX_CHARS * 2]
 
 
+def _scrub_kept(response: RunResponse, scrub: Callable[[bytes], bytes]) -> RunResponse | None:
+    """``response`` with ``scrub`` applied to every part the verdict keeps or quotes.
+
+    A parsed result has its JSON escapes decoded, so the parts kept (a few KB) are
+    re-encoded and scrubbed rather than the whole body (~100 KB, mostly the trajectory,
+    which is counted and dropped). None when they cannot be re-encoded (odd text)."""
+    kept = {
+        "reward": response.reward,
+        "instance_id": response.instance_id,
+        "metadata": response.metadata,
+        "failure_kind": response.failure_kind,
+        "failure_reason": response.failure_reason,
+    }
+    try:
+        encoded = pydantic_core.to_json(kept, inf_nan_mode="constants")
+    except pydantic_core.PydanticSerializationError:
+        return None
+    clean = scrub(encoded)
+    if clean == encoded:
+        return response
+    return response.model_copy(update=pydantic_core.from_json(clean, allow_inf_nan=True))
+
+
 def classify_http(
     status: int,
     body: bytes,
     *,
     instance_id: str | None = None,
     reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE,
+    scrub: Callable[[bytes], bytes] | None = None,
 ) -> Outcome:
     """Verdict on any HTTP answer from ``/run``: status code first, then the body.
-    ``instance_id`` and ``reward_range``: see ``classify_run_response``."""
+
+    ``instance_id`` and ``reward_range``: see ``classify_run_response``. ``scrub`` removes
+    a secret from outside text; it is applied before anything is parsed, quoted or cut."""
+    if scrub is not None and status != 200:
+        body = scrub(body)
     if status >= 500:
         return failure(fk.AGENT_RUN_ERROR, f"HTTP {status}: {_error_detail(body)}", http_status=status)
     if status >= 400:
@@ -322,6 +351,8 @@ def classify_http(
     try:
         response = RunResponse.model_validate_json(body)
     except ValidationError as error:
+        if scrub is not None and scrub(body) != body:  # what is quoted below might hold it
+            return classify_http(status, scrub(body), instance_id=instance_id, reward_range=reward_range)
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "body"
         return failure(
@@ -329,4 +360,9 @@ def classify_http(
             f"undecodable /run result ({where}: {first['msg']}); is NEMO_GYM_URL a mini_swe_agent_2 server?",
             http_status=status,
         )
+    if scrub is not None:
+        scrubbed = _scrub_kept(response, scrub)
+        if scrubbed is None:  # scrub the whole answer instead, then read it again
+            return classify_http(status, scrub(body), instance_id=instance_id, reward_range=reward_range)
+        response = scrubbed
     return classify_run_response(response, http_status=status, sent_instance_id=instance_id, reward_range=reward_range)
