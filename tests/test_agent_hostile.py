@@ -279,7 +279,7 @@ async def test_an_oversized_plain_answer_is_refused_by_its_length(
     monkeypatch.setenv("NEMO_GYM_MAX_RESULT_BYTES", "2048")
     server.respond = lambda body: json_answer('{"reward": 1.0, "pad": "' + "x" * 5000 + '"}')
     out = await call(sympy_row)
-    assert "more than 5" in out["nemogym"]["failure_reason"]  # the size read, ~5,025 bytes
+    assert "at least 5" in out["nemogym"]["failure_reason"]  # its Content-Length, ~5,025 bytes
     assert "NEMO_GYM_MAX_RESULT_BYTES=2048" in out["nemogym"]["failure_reason"]
 
 

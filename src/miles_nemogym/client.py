@@ -132,7 +132,7 @@ class GymClient:
                         outcome = failure(
                             fk.AGENT_RUN_ERROR,
                             f"the /run answer exceeds NEMO_GYM_MAX_RESULT_BYTES={settings.max_result_bytes} "
-                            f"(more than {raw} bytes decoded); not read further",
+                            f"(at least {raw} bytes decoded); not read further",
                             http_status=resp.status,
                         )
                     elif len(raw) > OFF_LOOP_BYTES:

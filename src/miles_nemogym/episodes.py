@@ -37,7 +37,6 @@ class _InFlight:
     task: asyncio.Task[Outcome]
     loop: asyncio.AbstractEventLoop
     progress: Progress = field(default_factory=Progress)
-    aborted: bool = False
 
 
 _lock = threading.Lock()
@@ -125,7 +124,6 @@ def abort_all() -> Counter[str]:
         running = None
     states: Counter[str] = Counter()
     for entry in entries:
-        entry.aborted = True
         progress = entry.progress
         states[NOT_DELIVERED if progress.attempts == 0 or progress.in_backoff else AWAITING_RESULT] += 1
         if entry.loop is running:
