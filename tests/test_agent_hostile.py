@@ -13,6 +13,7 @@ import logging
 import math
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -283,25 +284,30 @@ async def test_an_oversized_plain_answer_is_refused_by_its_length(
     assert "NEMO_GYM_MAX_RESULT_BYTES=2048" in out["nemogym"]["failure_reason"]
 
 
-async def test_a_large_valid_answer_is_classified_off_the_loop_without_stalling_it(
-    server: FaultServer, sympy_row: dict[str, Any], sympy_result: dict[str, Any]
+async def test_a_large_answer_is_classified_in_a_worker_thread(
+    server: FaultServer, sympy_row: dict[str, Any], sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Where the work runs, not how long the loop stalls: a stall bound is a timing test
+    that fails on a loaded machine (the stall itself is measured by bench/agent_bench.py)."""
+    threads: list[str] = []
+    real = client._classify
+
+    def spy(*args: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return real(*args)
+
+    monkeypatch.setattr(client, "_classify", spy)
     items = [{"type": "function_call", "arguments": "x" * 40}, {"type": "function_call_output"}] * 150_000
-    big = graded(sympy_result, response={**sympy_result["response"], "output": items})
-    text = json.dumps(big)
-    assert len(text) > 2 * client.OFF_LOOP_BYTES
-    server.respond = lambda body: json_answer(text)
-    loop = asyncio.get_running_loop()
-    worst = 0.0
-    task = asyncio.ensure_future(call(sympy_row))
-    last = loop.time()
-    while not task.done():
-        await asyncio.sleep(0.005)
-        worst, last = max(worst, loop.time() - last), loop.time()
-    out = task.result()
+    big = json.dumps(graded(sympy_result, response={**sympy_result["response"], "output": items}))
+    assert len(big) > 2 * client.OFF_LOOP_BYTES
+    server.respond = lambda body: json_answer(big)
+    out = await call(sympy_row)
     assert out["nemogym"]["status"] == "ok"
     assert out["nemogym"]["turns"] == 150_000 and out["nemogym"]["tool_calls"] == 150_000
-    assert worst < 0.5
+    server.respond = None
+    assert (await call(sympy_row))["nemogym"]["status"] == "ok"  # a real-size answer
+    main = threading.current_thread().name
+    assert threads[0] != main and threads[1] == main
 
 
 # --- 9: settings that cannot work -------------------------------------------------------------
