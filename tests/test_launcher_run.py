@@ -152,6 +152,22 @@ def test_bad_recipe_exits_2_with_the_field_named(capsys: pytest.CaptureFixture[s
     assert "--eps-clip" in capsys.readouterr().err
 
 
+def test_unreadable_config_and_unbalanced_extra_args_exit_2_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_bytes("num_rollout: 5\n".encode("utf-16"))
+    assert run.main(["--dry-run", "--config", str(recipe)], actions=Refuses()) == 2
+    assert capsys.readouterr().err == (
+        f"error: --config {recipe}: not UTF-8 text (a binary file, or saved as UTF-16?); "
+        "save the recipe as UTF-8 YAML\n"
+    )
+    assert run.main(["--dry-run", "--extra-args", '--wandb-group "x'], actions=Refuses()) == 2
+    err = capsys.readouterr().err
+    assert "cannot split it as shell words (No closing quotation)" in err
+    assert "Traceback" not in err
+
+
 def test_duplicate_extra_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert run.main(["--dry-run", "--extra-args", "--lr 1"], actions=Refuses()) == 2
     assert "--lr" in capsys.readouterr().err

@@ -105,7 +105,17 @@ def parse_cli(argv: Sequence[str]) -> tuple[dict[str, Any], Path | None, bool]:
     dry_run = bool(namespace.pop("dry_run", False))
     for name in ("extra_args", "ray_start_args"):
         if name in namespace:
-            namespace[name] = [token for chunk in namespace[name] for token in shlex.split(chunk)]
+            tokens: list[str] = []
+            for chunk in namespace[name]:
+                try:
+                    tokens += shlex.split(chunk)
+                except ValueError as error:  # e.g. "No closing quotation"
+                    flag = "--" + name.replace("_", "-")
+                    raise ConfigError(
+                        f"{flag} {chunk!r}: cannot split it as shell words ({error}); close the quote, "
+                        f"e.g. {flag} '--flag \"a b\"'"
+                    ) from None
+            namespace[name] = tokens
     if "extra_env" in namespace:
         pairs = {}
         for item in namespace["extra_env"]:
