@@ -124,6 +124,23 @@ def test_dry_run_prints_command_and_env_and_starts_nothing(
     assert not list(tmp_path.glob("*_torch_dist"))
 
 
+def test_dry_run_hides_url_passwords_but_the_job_gets_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    miles = make_miles_checkout(tmp_path / "miles")
+    monkeypatch.setenv("NEMO_GYM_URL", "http://trainer:gym-pass-123@gym:12000")
+    monkeypatch.setenv("RAY_ADDRESS", "http://ray:ray-pass-456@head:8265")
+    code = run.main(["--dry-run", "--miles-root", str(miles)], actions=Refuses())
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "gym-pass-123" not in out and "ray-pass-456" not in out
+    assert "NEMO_GYM_URL='http://trainer:***@gym:12000'" in out
+    assert "# Ray job submission address: http://ray:***@head:8265" in out
+    config, parsers, _ = run.load(["--miles-root", str(miles)])
+    job = cmd.build_job(config, parsers, cmd.MilesInstall(miles, MODEL_ARGS), {})
+    assert job.env["NEMO_GYM_URL"] == "http://trainer:gym-pass-123@gym:12000"
+
+
 def test_dry_run_without_miles_shows_placeholders(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code = run.main(["--dry-run", "--miles-root", str(tmp_path / "absent")], actions=Refuses())
     captured = capsys.readouterr()

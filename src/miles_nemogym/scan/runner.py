@@ -29,6 +29,7 @@ from miles_nemogym.client import close_client
 from miles_nemogym.episodes import run_episode
 from miles_nemogym.mapping import RequestBuildError, build_run_body
 from miles_nemogym.outcome import Outcome
+from miles_nemogym.redaction import redact_url
 from miles_nemogym.scan.config import ScanConfig, scan_settings, usage_problems
 from miles_nemogym.scan.inputs import InputError, ScanTask, load_tasks
 from miles_nemogym.scan.preflight import ServerCheckError, check_server
@@ -179,7 +180,7 @@ async def run_scan(
     progress = ScanProgress(console, len(prepared.selected), prepared.earlier.values())
     console.print(
         f"scan: {len(prepared.bodies)} of {len(prepared.selected)} selected instance(s) to run on "
-        f"{prepared.settings.run_url} — mode {config.mode}, concurrency {config.concurrency}, "
+        f"{redact_url(prepared.settings.run_url)} — mode {config.mode}, concurrency {config.concurrency}, "
         f"episode timeout {prepared.settings.run_timeout_s:g}s",
         highlight=False,
         soft_wrap=True,
