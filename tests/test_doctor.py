@@ -360,3 +360,10 @@ def test_a_url_password_is_never_shown(gym: GymStandIn, monkeypatch: pytest.Monk
     assert result.exit_code == 0, result.output
     assert "s3cret-pass" not in result.output
     assert "PASS settings: NeMo-Gym server http://user:***@127.0.0.1" in result.output
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "0", "-1"])
+def test_a_timeout_that_is_not_a_sane_number_of_seconds_is_a_usage_error(value: str) -> None:
+    result = CliRunner().invoke(app, ["doctor", "--timeout", value])
+    assert result.exit_code == 2
+    assert "Invalid value for '--timeout'" in result.output
