@@ -1,4 +1,4 @@
-"""``miles-nemogym doctor`` / ``miles_nemogym.doctor.run_checks`` (issue 4).
+"""``miles-nemogym doctor`` / ``miles_nemogym.doctor.run_checks``.
 
 The Gym server is stood in for by a real loopback HTTP server serving an OpenAPI
 document shaped like the one FastAPI generates for nemo-gym's ``mini_swe_agent_2`` app

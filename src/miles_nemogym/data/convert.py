@@ -1,6 +1,6 @@
 """Convert a SWE-bench-family dataset into Miles prompt JSONL, streaming and atomically.
 
-The orchestration behind ``miles-nemogym convert`` (issue 3). Reads rows with
+The orchestration behind ``miles-nemogym convert``. Reads rows with
 :mod:`~miles_nemogym.data.sources`, checks them with :mod:`~miles_nemogym.data.schema`,
 decides subset/split and maps them with :mod:`~miles_nemogym.data.rows`, selects with
 :mod:`~miles_nemogym.data.select`, and writes through :mod:`~miles_nemogym.data.atomic`.
