@@ -367,3 +367,11 @@ def test_a_timeout_that_is_not_a_sane_number_of_seconds_is_a_usage_error(value: 
     result = CliRunner().invoke(app, ["doctor", "--timeout", value])
     assert result.exit_code == 2
     assert "Invalid value for '--timeout'" in result.output
+
+
+def test_a_bad_url_with_a_password_is_quoted_with_the_password_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_GYM_URL", "http://user:s3cret-pass@gym:12000/run")
+    settings = by_name(run_checks())["settings"]
+    assert settings.status is Status.failed
+    assert "s3cret-pass" not in settings.detail
+    assert "http://user:***@gym:12000/run" in settings.detail

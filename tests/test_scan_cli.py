@@ -442,3 +442,13 @@ def test_output_in_a_folder_that_cannot_be_written_exits_2(fake_gym: FakeGym, in
     under_a_file = scan("--input", str(input_file), "--gym-url", fake_gym.url, "--output", str(blocker / "r.jsonl"))
     assert under_a_file.exit_code == 2
     assert "cannot create or open the results file" in under_a_file.output
+
+
+def test_a_bad_gym_url_with_a_password_is_quoted_with_the_password_hidden(
+    input_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_URL", "http://user:s3cret-pass@gym:12000/run")
+    result = scan("--input", str(input_file))
+    assert result.exit_code == 2
+    assert "s3cret-pass" not in result.output
+    assert "http://user:***@gym:12000/run" in " ".join(result.output.split())

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 from miles_nemogym import pins
 from miles_nemogym.policy_url import PolicyUrlError, is_loopback, is_wildcard, policy_base_url
-from miles_nemogym.redaction import redact_url
+from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.settings import Settings, SettingsError, get_settings
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -243,7 +243,7 @@ def _check_settings() -> tuple[CheckResult, Settings | None]:
             CheckResult(
                 _CHECK_SETTINGS,
                 Status.failed,
-                str(error),
+                redact_urls(str(error)),  # the message quotes the bad value
                 "set each variable named above to the form it expects, or unset it to use the default",
             ),
             None,

@@ -25,3 +25,11 @@ def redact_url(url: str) -> str:
     user = parts.username or ""
     host = parts.netloc.rpartition("@")[2]
     return urlunsplit(parts._replace(netloc=f"{user}:{REDACTED}@{host}"))
+
+
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
+def redact_urls(text: str) -> str:
+    """``text`` (an error message that may quote a setting) with every URL's password hidden."""
+    return _URL_IN_TEXT.sub(lambda match: redact_url(match.group(0)), text)

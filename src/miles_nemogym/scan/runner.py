@@ -29,7 +29,7 @@ from miles_nemogym.client import close_client
 from miles_nemogym.episodes import run_episode
 from miles_nemogym.mapping import RequestBuildError, build_run_body
 from miles_nemogym.outcome import Outcome
-from miles_nemogym.redaction import redact_url
+from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.scan.config import ScanConfig, scan_settings, usage_problems
 from miles_nemogym.scan.inputs import InputError, ScanTask, load_tasks
 from miles_nemogym.scan.preflight import ServerCheckError, check_server
@@ -103,7 +103,7 @@ def _prepare(config: ScanConfig) -> _Prepared:
         selected = select(tasks, list(config.instance_ids) if config.instance_ids else None, config.limit)
         lock = ResultsLock(config.output_path) if config.output_path else None
     except (SettingsError, InputError) as error:
-        raise ScanUsageError(str(error)) from None
+        raise ScanUsageError(redact_urls(str(error))) from None  # a settings error quotes the bad URL
     try:
         return _prepare_locked(config, settings, tasks, selected, lock)
     except BaseException:
