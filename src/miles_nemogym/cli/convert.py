@@ -1,4 +1,4 @@
-"""``miles-nemogym convert``: SWE-bench-family dataset → Miles prompt JSONL (issue 3).
+"""``miles-nemogym convert``: SWE-bench-family dataset → Miles prompt JSONL.
 
 A thin layer over :mod:`miles_nemogym.data`: parses flags into
 :class:`~miles_nemogym.data.ConvertOptions`, shows a progress bar and a summary table,
@@ -9,7 +9,6 @@ is imported inside the command so ``miles-nemogym --help`` stays fast.
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -17,8 +16,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from miles_nemogym.cli.options import InstanceIds, choice, metavar, subset_option
+
 if TYPE_CHECKING:
     from miles_nemogym.data import ConvertOptions, ConvertReport
+
+ON_ERROR = ("fail", "skip")
 
 HELP = """Convert SWE-bench Verified / Lite / full / SWE-Gym rows into Miles prompt JSONL.
 
@@ -26,16 +29,6 @@ Each output line is {"prompt": [{"role": "user", "content": problem_statement}],
 "metadata": {every instance field, "subset", "split"}}; point Miles' --prompt-data at it
 with --input-key prompt --metadata-key metadata.
 """
-
-
-class Subset(str, Enum):
-    verified = "verified"
-    gym = "gym"
-
-
-class OnError(str, Enum):
-    fail = "fail"
-    skip = "skip"
 
 
 def _print_summary(console: Console, report: ConvertReport, options: ConvertOptions) -> None:
@@ -127,15 +120,20 @@ def convert_command(
         ),
     ] = None,
     subset: Annotated[
-        Subset | None,
-        typer.Option(
-            help="Override the subset: verified = official SWE-bench images, gym = SWE-Gym images. "
-            "Default: the row's own, else inferred from the dataset name.",
+        str | None,
+        subset_option(
+            "Override the subset: verified = official SWE-bench images, gym = SWE-Gym images. "
+            "Default: the row's own, else inferred from the dataset name."
         ),
     ] = None,
     on_error: Annotated[
-        OnError, typer.Option(help="fail: stop, write nothing; skip: write the good rows.")
-    ] = OnError.fail,
+        str,
+        typer.Option(
+            metavar=metavar(ON_ERROR),
+            callback=choice(ON_ERROR),
+            help="fail: stop, write nothing; skip: write the good rows.",
+        ),
+    ] = "fail",
     gradeable_only: Annotated[
         bool,
         typer.Option("--gradeable-only", help="Keep only rows the installed swebench package can grade."),
@@ -146,10 +144,7 @@ def convert_command(
     exclude_repos: Annotated[
         list[str] | None, typer.Option("--exclude-repos", help="Drop these repos (repeat or comma-separate).")
     ] = None,
-    instance_ids: Annotated[
-        Path | None,
-        typer.Option("--instance-ids", help="File with one instance_id per line: keep only those."),
-    ] = None,
+    instance_ids: InstanceIds = None,
     limit: Annotated[int | None, typer.Option(min=1, help="Write at most N rows to --output.")] = None,
     shuffle: Annotated[
         bool, typer.Option("--shuffle", help="Shuffle the selected rows (spools to disk, not memory).")
@@ -184,6 +179,8 @@ def convert_command(
         SwebenchMissingError,
         convert,
     )
+    from miles_nemogym.scan.inputs import InputError
+    from miles_nemogym.scan.selection import parse_instance_ids
 
     out = Console(soft_wrap=True)
     err = Console(stderr=True, soft_wrap=True)
@@ -192,12 +189,12 @@ def convert_command(
             input=input,
             output=output,
             split=split,
-            subset=subset.value if subset else None,
-            on_error=on_error.value,
+            subset=subset,
+            on_error=on_error,
             gradeable_only=gradeable_only,
             repos=tuple(repos or ()),
             exclude_repos=tuple(exclude_repos or ()),
-            instance_ids=instance_ids,
+            instance_ids=tuple(parse_instance_ids(instance_ids)) if instance_ids is not None else None,
             limit=limit,
             shuffle=shuffle,
             seed=seed,
@@ -205,6 +202,9 @@ def convert_command(
             holdout_output=holdout_output,
             drop_fields=tuple(drop_fields or ()),
         )
+    except InputError as error:
+        err.print(f"error: {error}", highlight=False, markup=False)
+        raise typer.Exit(2) from None
     except ValidationError as error:
         for item in error.errors(include_url=False):
             where = ".".join(str(part) for part in item["loc"])
