@@ -30,7 +30,8 @@ def _failed(instance_id: str, repo: str, kind: str, reason: str) -> SmokeEpisode
 
 def _graded(instance_id: str, repo: str) -> SmokeEpisode:
     record = {"status": "ok", "failure_kind": None, "failure_reason": None, "mask_sample": False, "turns": 3,
-              "tool_calls": 3, "patch_applied": True, "fail_to_pass": {"passed": 0, "failed": 1}, "elapsed_s": 36.7}  # fmt: skip
+              "tool_calls": 3, "patch_applied": True, "fail_to_pass": {"passed": 0, "failed": 1},
+              "elapsed_s": 36.7}  # fmt: skip
     return SmokeEpisode(instance_id, repo, {"reward": 0.0, "nemogym": record}, 3)
 
 
@@ -82,9 +83,7 @@ def test_rewards_read_like_the_readme() -> None:
 
 
 def test_one_line_per_finished_episode() -> None:
-    assert episode_line(EPISODES[0]) == (
-        "[red]✗[/red] django__django-10973  set aside: agent_run_error (no network, expected), 34 s"
-    )
+    assert episode_line(EPISODES[0]) == ("[red]✗[/red] django__django-10973  set aside: no network (expected), 34 s")
     assert episode_line(EPISODES[2]) == "[green]✓[/green] sphinx-doc__sphinx-8595  graded: 3 turns, reward 0.0, 37 s"
     assert episode_line(EPISODES[3]).endswith("set aside: agent_timeout, 34 s")
 

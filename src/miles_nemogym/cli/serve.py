@@ -47,9 +47,7 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def serve(
-    sandbox: Annotated[
-        str, typer.Option("--sandbox", metavar=metavar(SANDBOXES), help=SANDBOX_HELP)
-    ] = "docker",
+    sandbox: Annotated[str, typer.Option("--sandbox", metavar=metavar(SANDBOXES), help=SANDBOX_HELP)] = "docker",
     host: Annotated[
         str, typer.Option("--host", help="Address to bind; 0.0.0.0 lets trainers on other machines connect.")
     ] = "127.0.0.1",

@@ -70,18 +70,18 @@ def smoke(
     from miles_nemogym.cli.progress import step_display
     from miles_nemogym.cli.smoke_view import LEGEND, build_table, episode_line, report_json
     from miles_nemogym.gym.venv import GymEnvironmentError
-    from miles_nemogym.smoke import OFFLINE_REASON, SmokeEpisode, expected_offline, run_smoke
+    from miles_nemogym.smoke import SmokeEpisode, expected_offline, run_smoke
 
     # Logs and CI capture have no terminal width: lay out for 80 columns there too.
     console = Console() if sys.stdout.isatty() else Console(width=80)
     folder = state_dir or Path(tempfile.mkdtemp(prefix="miles-nemogym-smoke-"))
     rows = gym_wheel.example_rows()[:limit]
     offline = [rows[i]["instance_id"] for i in expected_offline([row["repo"] for row in rows])]
-    console.print(f"smoke: {len(rows)} SWE-bench Verified rows through the real NeMo-Gym server (sandbox: local)")
+    console.print(f"smoke: {len(rows)} SWE-bench Verified rows through the real NeMo-Gym server", highlight=False)
     if offline:
         console.print(
-            f"expected here: {' and '.join(offline)} come back set aside without network access "
-            f"({OFFLINE_REASON.removeprefix('expected without network: ')}).",
+            f"expected here: without network, {' and '.join(offline)} come back set aside: their "
+            "eval scripts download test requirements from GitHub.",
             highlight=False,
         )
     counts = {"running": 0, "done": 0}

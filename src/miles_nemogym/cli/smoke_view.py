@@ -104,9 +104,8 @@ def episode_line(episode: SmokeEpisode) -> str:
     seconds = record.get("elapsed_s")
     took = f", {seconds:.0f} s" if isinstance(seconds, (int, float)) else ""
     if _set_aside(episode):
-        kind = record.get("failure_kind") or "no episode record"
-        why = " (no network, expected)" if is_offline_failure(record) else ""
-        return f"[red]✗[/red] {episode.instance_id}  set aside: {kind}{why}{took}"
+        kind = "no network (expected)" if is_offline_failure(record) else record.get("failure_kind") or "no record"
+        return f"[red]✗[/red] {episode.instance_id}  set aside: {kind}{took}"
     return (
         f"[green]✓[/green] {episode.instance_id}  graded: {record.get('turns', '-')} turns, "
         f"reward {reward_text(episode.result.get('reward'))}{took}"
