@@ -43,8 +43,7 @@ def test_help_is_plain_text_with_the_whole_precedence() -> None:
     assert "``" not in text
     assert (
         "defaults < environment (NEMO_GYM_URL, MILES_ROUTER_EXTERNAL_HOST, RAY_ADDRESS, MASTER_ADDR) "
-        "< --config YAML < flags"
-        in " ".join(text.split())
+        "< --config YAML < flags" in " ".join(text.split())
     )
     for title in GROUPS:
         assert f"\n{title}:\n" in text

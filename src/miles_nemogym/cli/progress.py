@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 RESERVED = 14  # spinner, elapsed time and the gaps between columns
@@ -39,23 +40,24 @@ def step_display(console: Console) -> Iterator[Callable[[str], None]]:
         def finish_step() -> None:
             if current:
                 step, started = current.pop()
-                console.print(
-                    f"[green]✓[/green] {step} [dim]({time.monotonic() - started:.0f} s)[/dim]", highlight=False
-                )
+                took = time.monotonic() - started
+                # A step that took no time is a fact, not work: no duration to show.
+                suffix = f" [dim]({took:.0f} s)[/dim]" if took >= 1 else ""
+                console.print(f"[green]✓[/green] {escape(step)}{suffix}", highlight=False)
 
         def progress(line: str) -> None:
             room = max(console.width - RESERVED, 20)
             if line.startswith(" "):
                 step = current[-1][0] if current else ""
                 shown = _short(step, room // 2)
-                bar.update(task, description=shown, detail=_short(line.strip(), room - len(shown)))
+                bar.update(task, description=escape(shown), detail=escape(_short(line.strip(), room - len(shown))))
                 return
             finish_step()
             if line.startswith("note:"):
                 console.print(line, highlight=False, markup=False)
                 return
             current.append((line, time.monotonic()))
-            bar.reset(task, description=_short(line, room), detail="")
+            bar.reset(task, description=escape(_short(line, room)), detail="")
 
         try:
             yield progress

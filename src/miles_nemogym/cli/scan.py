@@ -134,7 +134,10 @@ def scan(
         err.print(f"scan cannot start: {error}", markup=False, highlight=False)
         raise typer.Exit(2) from None
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, item['loc']))}: {item['msg']}" for item in error.errors())
+        problems = "; ".join(
+            f"{'.'.join(map(str, item['loc']))}: {str(item['msg']).removeprefix('Value error, ')}"
+            for item in error.errors()
+        )
         err.print(f"scan cannot start: {problems}", markup=False, highlight=False)
         raise typer.Exit(2) from None
     raise typer.Exit(execute(config))
@@ -146,6 +149,6 @@ def register(app: typer.Typer) -> None:
 
 def main() -> None:
     """Run ``scan`` as a stand-alone program (``scripts/golden_scan.py``)."""
-    standalone = typer.Typer(add_completion=False)
+    standalone = typer.Typer(add_completion=False, rich_markup_mode=None)
     standalone.command(epilog=EPILOG)(scan)
     standalone()

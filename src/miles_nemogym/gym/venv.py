@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -318,7 +319,8 @@ def _build(python: Path, target: Path, sandbox: str, progress: Progress) -> None
     key = target.name.partition(".build-")[0]
     log_path = target.parent / f"{key}.build.log"
     log_path.unlink(missing_ok=True)  # one build's log, not every attempt's
-    progress(f"creating the server environment with {python} (pip log: {log_path})")
+    progress(f"note: pip's full log: {log_path}")
+    progress(f"creating the venv with {python}")
     _run([str(python), "-m", "venv", str(target)], progress, "python -m venv", log_path=log_path)
     venv_python = target / "bin" / "python"
     pip = [str(venv_python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
@@ -422,9 +424,8 @@ def ensure_gym_venv(
         if ready:
             return ready
         interpreter = python or find_gym_python()
-        report(
-            f"first run: building the NeMo-Gym server environment under {root} with {interpreter} (2-5 minutes, once)"
-        )
+        report("first run: building the NeMo-Gym server environment (2-5 minutes, once)")
+        started = time.monotonic()
         _remove_debris(root, key)
         build_dir = Path(tempfile.mkdtemp(dir=root, prefix=f"{key}.build-"))
         try:
@@ -437,5 +438,5 @@ def ensure_gym_venv(
     ready = _load_ready(link)
     if ready is None:
         raise GymVenvBuildError(f"the venv built at {build_dir} is not usable through {link}")
-    report(f"NeMo-Gym server environment ready: {link}")
+    report(f"NeMo-Gym server environment ready (built in {time.monotonic() - started:.0f} s): {link}")
     return ready
