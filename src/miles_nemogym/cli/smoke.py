@@ -75,7 +75,11 @@ def smoke(
     # Logs and CI capture have no terminal width: lay out for 80 columns there too.
     console = Console() if sys.stdout.isatty() else Console(width=80)
     folder = state_dir or Path(tempfile.mkdtemp(prefix="miles-nemogym-smoke-"))
-    rows = gym_wheel.example_rows()[:limit]
+    try:
+        rows = gym_wheel.example_rows()[:limit]
+    except (OSError, RuntimeError) as error:  # the pinned wheel could not be downloaded or read
+        console.print(f"[red]cannot read the example rows nemo-gym ships:[/red] {error}", highlight=False)
+        raise typer.Exit(2) from None
     offline = [rows[i]["instance_id"] for i in expected_offline([row["repo"] for row in rows])]
     console.print(f"smoke: {len(rows)} SWE-bench Verified rows through the real NeMo-Gym server", highlight=False)
     if offline:

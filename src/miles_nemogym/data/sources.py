@@ -198,7 +198,7 @@ def hub_unreachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> str | None:
         return None  # offline mode reads the local cache only
     endpoint = os.environ.get("HF_ENDPOINT", "").strip() or "https://huggingface.co"
     try:
-        with urllib.request.urlopen(endpoint, timeout=timeout_s):
+        with urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout_s):
             return None
     except urllib.error.HTTPError:
         return None  # any HTTP answer: the hub is there
