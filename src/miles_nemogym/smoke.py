@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -118,7 +119,10 @@ async def run_rows(
             metadata=dict(row["metadata"]),
         )
         if on_done is not None:
-            on_done(index, result)
+            try:
+                on_done(index, result)
+            except Exception:  # a display problem must not lose the episode's result
+                logging.getLogger(__name__).exception("smoke: reporting %s failed", row["metadata"]["instance_id"])
         return result
 
     try:
