@@ -296,7 +296,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     try:
         import yaml
     except ImportError:  # pragma: no cover - pyyaml ships with the [cli] extra
-        raise ConfigError("--config needs PyYAML: pip install 'miles-nemogym[cli]'") from None
+        raise ConfigError("--config needs PyYAML: pip install -e '.[cli]' in the miles-nemogym clone") from None
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
