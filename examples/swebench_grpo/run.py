@@ -4,8 +4,8 @@
     python examples/swebench_grpo/run.py --config examples/swebench_grpo/recipe.yaml --dry-run
     python examples/swebench_grpo/run.py --num-rollout 100 --mode debug_rollout_only
 
-All logic lives in ``miles_nemogym.launcher`` (installed with ``pip install
-'miles-nemogym[train]'``); see README.md next to this file.
+All logic lives in ``miles_nemogym.launcher`` (installed from the clone with ``pip
+install -e '.[train]'``); see README.md next to this file.
 """
 
 from __future__ import annotations

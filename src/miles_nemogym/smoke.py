@@ -1,4 +1,4 @@
-"""``miles-nemogym smoke``: the whole chain on a laptop, no GPU and no Docker (issue 5).
+"""``miles-nemogym smoke``: the whole chain on a laptop, no GPU and no Docker.
 
 It wires the real pieces exactly as training does, with two stand-ins for what a laptop
 lacks: the NeMo-Gym server runs with the ``local`` sandbox provider (host
@@ -9,7 +9,8 @@ session server + SGLang (unless ``--policy-base-url`` points at a real model).
 2. ``miles-nemogym serve --sandbox local`` starts the real ``mini_swe_agent_2`` server;
 3. each row goes through ``miles_nemogym.agent.run`` with Miles' calling convention, one
    session URL per episode, all episodes at once;
-4. a table shows each episode's verdict as the trainer would store it.
+4. each episode is reported as it finishes, then a table shows every verdict as the
+   trainer would store it.
 
 Without task containers grading cannot resolve an instance (reward 0.0 is expected), and
 two of the rows (django, pylint) need network to build their eval scripts; those come
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,10 +33,31 @@ from miles_nemogym.client import close_client
 from miles_nemogym.data import convert_row
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer
+from miles_nemogym.gym.venv import ensure_gym_venv
 from miles_nemogym.recording_policy import RecordingPolicy
 
 # What Miles' rollout would pass as request_kwargs (already renamed to OpenAI names).
 SMOKE_SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 1024, "top_k": 50, "seed": 1234}
+
+NEEDS_NETWORK_REPOS = frozenset({"django/django", "pylint-dev/pylint"})
+"""Repos whose SWE-bench eval script (swebench 4.1.0) downloads test requirements from
+GitHub while it is built: without network those episodes are set aside."""
+
+OFFLINE_REASON = (
+    "expected without network: the eval script downloads test requirements from GitHub "
+    "(raw.githubusercontent.com); the episode is set aside, not scored"
+)
+
+
+def expected_offline(repos: Sequence[str]) -> list[int]:
+    """Positions of the rows that need network to be graded."""
+    return [i for i, repo in enumerate(repos) if repo in NEEDS_NETWORK_REPOS]
+
+
+def is_offline_failure(record: dict[str, Any]) -> bool:
+    """A set-aside episode whose reason is GitHub being unreachable from the grader."""
+    reason = str(record.get("failure_reason") or "")
+    return bool(record.get("mask_sample")) and "ConnectionError" in reason and "githubusercontent" in reason
 
 
 @dataclass
@@ -76,26 +99,57 @@ def prepare_rows(limit: int | None, data_path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+EpisodeDone = Callable[[int, dict[str, Any]], None]
+"""Called with (row position, agent result) as each episode finishes."""
+
+
 async def run_rows(
-    rows: Sequence[dict[str, Any]], session_urls: Sequence[str], sampling: dict[str, Any]
+    rows: Sequence[dict[str, Any]],
+    session_urls: Sequence[str],
+    sampling: dict[str, Any],
+    on_done: EpisodeDone | None = None,
 ) -> list[dict[str, Any]]:
     """Every row through ``agent.run`` at once, as Miles' ``agentic_tool_call`` calls it."""
+
+    async def one(index: int, row: dict[str, Any], url: str) -> dict[str, Any]:
+        result = await agent.run(
+            base_url=url,
+            prompt=row["prompt"],
+            request_kwargs=dict(sampling),
+            metadata=dict(row["metadata"]),
+        )
+        if on_done is not None:
+            try:
+                on_done(index, result)
+            except Exception:  # a display problem must not lose the episode's result
+                logging.getLogger(__name__).exception("smoke: reporting %s failed", row["metadata"]["instance_id"])
+        return result
+
     try:
         return list(
             await asyncio.gather(
-                *(
-                    agent.run(
-                        base_url=url,
-                        prompt=row["prompt"],
-                        request_kwargs=dict(sampling),
-                        metadata=dict(row["metadata"]),
-                    )
-                    for row, url in zip(rows, session_urls, strict=True)
-                )
+                *(one(i, row, url) for i, (row, url) in enumerate(zip(rows, session_urls, strict=True)))
             )
         )
     finally:
         await close_client()
+
+
+def finished(
+    rows: Sequence[dict[str, Any]],
+    calls: Callable[[int], int | None] | None,
+    on_episode: Callable[[SmokeEpisode], None] | None,
+) -> EpisodeDone | None:
+    """``run_rows``' callback that hands ``on_episode`` each finished episode."""
+    if on_episode is None:
+        return None
+    report = on_episode
+
+    def done(index: int, result: dict[str, Any]) -> None:
+        meta = rows[index]["metadata"]
+        report(SmokeEpisode(meta["instance_id"], meta["repo"], result, calls(index) if calls else None))
+
+    return done
 
 
 def run_smoke(
@@ -106,16 +160,24 @@ def run_smoke(
     step_limit: int = 10,
     concurrency: int = 5,
     progress: Callable[[str], None] | None = None,
+    on_episode: Callable[[SmokeEpisode], None] | None = None,
+    on_running: Callable[[int], None] | None = None,
 ) -> SmokeReport:
-    """Start the server, run the rows, stop everything; the server's files stay in ``state_dir``."""
+    """Start the server, run the rows, stop everything; the server's files stay in ``state_dir``.
+
+    ``progress`` gets the preparation steps (and the build's indented detail lines),
+    ``on_running`` the number of episodes about to run, ``on_episode`` each episode as
+    it finishes.
+    """
     say = progress or (lambda _line: None)
     data_path = state_dir / "smoke_prompts.jsonl"
     report = SmokeReport(data_path=data_path)
     rows = prepare_rows(limit, data_path)
     say(f"converted {len(rows)} SWE-bench Verified rows -> {data_path}")
     options = ServeOptions(sandbox="local", port=0, concurrency=concurrency, step_limit=step_limit)
+    venv = ensure_gym_venv(options.sandbox, progress=say)
     say("starting the NeMo-Gym mini_swe_agent_2 server (sandbox: local)")
-    with GymServer(options, state_dir=state_dir / "gym", progress=say) as server:
+    with GymServer(options, state_dir=state_dir / "gym", venv=venv, progress=say) as server:
         report.results_dir, report.server_log = server.results_dir, server.log_path
         say(f"server ready at {server.url}")
         previous_url = os.environ.get("NEMO_GYM_URL")
@@ -124,14 +186,21 @@ def run_smoke(
             if policy_base_url is None:
                 with RecordingPolicy(look_around_turns=2) as policy:
                     urls = [policy.session_url() for _ in rows]
+
+                    def calls(index: int) -> int | None:
+                        return len(policy.chat_requests(RecordingPolicy.session_id_of(urls[index])))
+
                     say(f"running {len(rows)} episodes against the scripted recording policy")
-                    results = asyncio.run(run_rows(rows, urls, SMOKE_SAMPLING))
-                    counts: list[int | None] = [
-                        len(policy.chat_requests(RecordingPolicy.session_id_of(url))) for url in urls
-                    ]
+                    if on_running:
+                        on_running(len(rows))
+                    results = asyncio.run(run_rows(rows, urls, SMOKE_SAMPLING, finished(rows, calls, on_episode)))
+                    counts: list[int | None] = [calls(i) for i in range(len(rows))]
             else:
                 say(f"running {len(rows)} episodes against {policy_base_url}")
-                results = asyncio.run(run_rows(rows, [policy_base_url] * len(rows), SMOKE_SAMPLING))
+                if on_running:
+                    on_running(len(rows))
+                urls = [policy_base_url] * len(rows)
+                results = asyncio.run(run_rows(rows, urls, SMOKE_SAMPLING, finished(rows, None, on_episode)))
                 counts = [None] * len(rows)
         finally:
             if previous_url is None:

@@ -210,4 +210,8 @@ def test_smoke_runs_the_whole_chain(tmp_path: Path) -> None:
         assert iid in result.output
     assert "set aside" in result.output  # django and pylint need network to grade here
     assert "cannot resolve instances" in result.output
+    # Said up front and once, short, as a footnote; never the raw ConnectionError the agent logs.
+    assert "expected here: without network, django__django-10973 and pylint-dev__pylint-4551" in result.output
+    assert result.output.count("[1] agent_run_error: expected without network") == 1
+    assert "ConnectionError" not in result.output
     assert any((tmp_path / "smoke" / "gym" / "results").rglob("*.json"))

@@ -1,4 +1,4 @@
-"""``miles-nemogym convert``: SWE-bench-family dataset → Miles prompt JSONL (issue 3).
+"""``miles-nemogym convert``: SWE-bench-family dataset → Miles prompt JSONL.
 
 A thin layer over :mod:`miles_nemogym.data`: parses flags into
 :class:`~miles_nemogym.data.ConvertOptions`, shows a progress bar and a summary table,
@@ -10,7 +10,6 @@ is imported inside the command so ``miles-nemogym --help`` stays fast.
 from __future__ import annotations
 
 import signal
-from enum import Enum
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any
@@ -19,8 +18,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from miles_nemogym.cli.options import InstanceIds, choice, metavar, subset_option
+
 if TYPE_CHECKING:
     from miles_nemogym.data import ConvertOptions, ConvertReport
+
+ON_ERROR = ("fail", "skip")
 
 HELP = """Convert SWE-bench Verified / Lite / full / SWE-Gym rows into Miles prompt JSONL.
 
@@ -36,14 +39,14 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-class Subset(str, Enum):
-    verified = "verified"
-    gym = "gym"
+def _instance_ids(value: str | None) -> Path | tuple[str, ...] | None:
+    """A file stays a path (so an output onto it is refused); a list becomes its ids."""
+    from miles_nemogym.data.select import parse_instance_ids
 
-
-class OnError(str, Enum):
-    fail = "fail"
-    skip = "skip"
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    return path if path.is_file() else tuple(parse_instance_ids(value))
 
 
 def _print_summary(console: Console, report: ConvertReport, options: ConvertOptions) -> None:
@@ -137,15 +140,20 @@ def convert_command(
         ),
     ] = None,
     subset: Annotated[
-        Subset | None,
-        typer.Option(
-            help="Override the subset: verified = official SWE-bench images, gym = SWE-Gym images. "
-            "Default: the row's own, else inferred from the dataset name.",
+        str | None,
+        subset_option(
+            "Override the subset: verified = official SWE-bench images, gym = SWE-Gym images. "
+            "Default: the row's own, else inferred from the dataset name."
         ),
     ] = None,
     on_error: Annotated[
-        OnError, typer.Option(help="fail: stop, write nothing; skip: write the good rows.")
-    ] = OnError.fail,
+        str,
+        typer.Option(
+            metavar=metavar(ON_ERROR),
+            callback=choice(ON_ERROR),
+            help="fail: stop, write nothing; skip: write the good rows.",
+        ),
+    ] = "fail",
     gradeable_only: Annotated[
         bool,
         typer.Option("--gradeable-only", help="Keep only rows the installed swebench package can grade."),
@@ -156,10 +164,7 @@ def convert_command(
     exclude_repos: Annotated[
         list[str] | None, typer.Option("--exclude-repos", help="Drop these repos (repeat or comma-separate).")
     ] = None,
-    instance_ids: Annotated[
-        Path | None,
-        typer.Option("--instance-ids", help="File with one instance_id per line: keep only those."),
-    ] = None,
+    instance_ids: InstanceIds = None,
     limit: Annotated[int | None, typer.Option(min=1, help="Write at most N rows to --output.")] = None,
     shuffle: Annotated[
         bool, typer.Option("--shuffle", help="Shuffle the selected rows (spools to disk, not memory).")
@@ -202,12 +207,12 @@ def convert_command(
             input=input,
             output=output,
             split=split,
-            subset=subset.value if subset else None,
-            on_error=on_error.value,
+            subset=subset,
+            on_error=on_error,
             gradeable_only=gradeable_only,
             repos=tuple(repos or ()),
             exclude_repos=tuple(exclude_repos or ()),
-            instance_ids=instance_ids,
+            instance_ids=_instance_ids(instance_ids),
             limit=limit,
             shuffle=shuffle,
             seed=seed,
@@ -220,6 +225,9 @@ def convert_command(
             where = ".".join(str(part) for part in item["loc"])
             message = str(item["msg"]).removeprefix("Value error, ")
             err.print(f"error: {where + ': ' if where else ''}{message}", highlight=False, markup=False)
+        raise typer.Exit(2) from None
+    except ValueError as error:  # InputError, or --instance-ids that holds no id
+        err.print(f"error: {error}", highlight=False, markup=False)
         raise typer.Exit(2) from None
 
     with Progress(

@@ -5,10 +5,12 @@ Exit code 0 only when every check passes, 1 otherwise, so scripts can gate on it
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
 
+from miles_nemogym.cli.options import GymUrl
 from miles_nemogym.doctor import DEFAULT_TIMEOUT_S, CheckResult, Status
 
 
@@ -35,6 +37,7 @@ def render(results: list[CheckResult], console: object | None = None) -> None:
 
 
 def doctor(
+    gym_url: GymUrl = None,
     session_host: Annotated[
         str | None,
         typer.Option(
@@ -50,6 +53,9 @@ def doctor(
     """Check in seconds that NeMo-Gym is reachable and will use the trainer's policy URL."""
     from miles_nemogym.doctor import all_passed, run_checks
 
+    if gym_url is not None:
+        # The checks read the plugin's settings from the environment, as the trainer does.
+        os.environ["NEMO_GYM_URL"] = gym_url
     results = run_checks(session_host=session_host, timeout_s=timeout)
     render(results)
     raise typer.Exit(0 if all_passed(results) else 1)

@@ -6,27 +6,47 @@ command bodies, so ``miles-nemogym --help`` stays fast.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 app = typer.Typer(
     name="miles-nemogym",
     help="Train Miles agents on NeMo-Gym environments: convert data, serve and check "
     "the environment, scan it, and run the smoke test.",
-    no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,
 )
 
 
-@app.callback()
-def _root() -> None:
+def _show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"miles-nemogym {version('miles-nemogym')}")
+        raise typer.Exit(0)
+
+
+@app.callback(invoke_without_command=True)
+def _root(
+    ctx: typer.Context,
+    show_version: Annotated[
+        bool,
+        typer.Option("--version", callback=_show_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
     """miles-nemogym command line."""
+    if ctx.invoked_subcommand is None:
+        # Bare `miles-nemogym` is a request for help, as with git or pip: show it, exit 0.
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
 
 
 # Each feature module exposes `register(app)`; explicit imports, so a missing module is an
 # import error rather than a silently absent subcommand.
-from miles_nemogym.cli import convert, doctor, scan, serve, smoke  # noqa: E402
+from miles_nemogym.cli import convert, doctor, examples, scan, serve, smoke  # noqa: E402
 
-for _feature in (convert, doctor, scan, serve, smoke):
+for _feature in (convert, doctor, examples, scan, serve, smoke):
     _feature.register(app)
 
 if __name__ == "__main__":

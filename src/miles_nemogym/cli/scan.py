@@ -1,4 +1,4 @@
-"""``miles-nemogym scan``: golden and API-policy scans of a NeMo-Gym server (issue 4).
+"""``miles-nemogym scan``: golden and API-policy scans of a NeMo-Gym server.
 
 Flags map one to one onto ``miles_nemogym.scan.ScanConfig``; the work is done by
 ``miles_nemogym.scan.execute`` (also behind ``scripts/golden_scan.py``). The policy API
@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from miles_nemogym.cli.options import GymUrl, InstanceIds, subset_option
 
 EPILOG = (
     "Exit codes: 0 every instance passed (reward 1.0) with no infrastructure failure; "
@@ -55,18 +57,12 @@ def scan(
             "variable NEMO_GYM_POLICY_API_KEY. Absent: the server's configured model.",
         ),
     ] = None,
-    gym_url: Annotated[
-        str | None,
-        typer.Option("--gym-url", help="The mini_swe_agent_2 server's base URL (default: NEMO_GYM_URL)."),
-    ] = None,
+    gym_url: GymUrl = None,
     limit: Annotated[
         int | None,
         typer.Option("--limit", min=1, help="Scan at most this many instances (after --instance-ids)."),
     ] = None,
-    instance_ids: Annotated[
-        str | None,
-        typer.Option("--instance-ids", help="A file with one instance id per line, or a comma-separated list."),
-    ] = None,
+    instance_ids: InstanceIds = None,
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, help="Episodes in flight at once.")] = 4,
     timeout: Annotated[
         float | None,
@@ -91,10 +87,7 @@ def scan(
     ] = None,
     subset: Annotated[
         str | None,
-        typer.Option(
-            "--subset",
-            help="For raw rows without one: verified (SWE-bench images) or gym (SWE-Gym images).",
-        ),
+        subset_option("For raw rows without one: verified (SWE-bench images) or gym (SWE-Gym images)."),
     ] = None,
     split: Annotated[
         str | None,
@@ -141,7 +134,10 @@ def scan(
         err.print(f"scan cannot start: {error}", markup=False, highlight=False)
         raise typer.Exit(2) from None
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, item['loc']))}: {item['msg']}" for item in error.errors())
+        problems = "; ".join(
+            f"{'.'.join(map(str, item['loc']))}: {str(item['msg']).removeprefix('Value error, ')}"
+            for item in error.errors()
+        )
         err.print(f"scan cannot start: {problems}", markup=False, highlight=False)
         raise typer.Exit(2) from None
     raise typer.Exit(execute(config))
@@ -153,6 +149,6 @@ def register(app: typer.Typer) -> None:
 
 def main() -> None:
     """Run ``scan`` as a stand-alone program (``scripts/golden_scan.py``)."""
-    standalone = typer.Typer(add_completion=False)
+    standalone = typer.Typer(add_completion=False, rich_markup_mode=None)
     standalone.command(epilog=EPILOG)(scan)
     standalone()

@@ -3,7 +3,7 @@
 Builds (first run, minutes) or reuses the pinned server venv, composes the
 ``mini_swe_agent_2`` config for the chosen sandbox provider, starts the server, prints
 the ``NEMO_GYM_URL`` the trainer side exports, and runs until Ctrl-C or SIGTERM, then
-stops the server and its Ray. Issue 5, "miles-nemogym serve".
+stops the server and its Ray.
 """
 
 from __future__ import annotations
@@ -18,10 +18,19 @@ from typing import Annotated
 
 import typer
 
+from miles_nemogym.cli.options import SANDBOXES, metavar
+
 SANDBOX_HELP = (
-    "Sandbox provider: docker, daytona, apptainer, enroot, ecs_fargate, opensandbox (containers; what "
-    "SWE-bench grading needs) or local (host subprocesses, no isolation, cannot resolve instances)."
+    "Sandbox provider: a container one (what SWE-bench grading needs), or local (host subprocesses, "
+    "no isolation, cannot resolve instances)."
 )
+
+HELP = """Run the real NeMo-Gym mini_swe_agent_2 server for training or evaluation.
+
+The first run builds the server's Python 3.13 environment (2-5 minutes, once; pip's log is
+kept next to it) under ~/.cache/miles-nemogym/gym-venv, or $MILES_NEMOGYM_CACHE. The
+interpreter is found on PATH, in pyenv or /usr/bin, or named by MILES_NEMOGYM_GYM_PYTHON.
+"""
 
 
 def _reachable_address() -> str:
@@ -39,7 +48,7 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def serve(
-    sandbox: Annotated[str, typer.Option("--sandbox", help=SANDBOX_HELP)] = "docker",
+    sandbox: Annotated[str, typer.Option("--sandbox", metavar=metavar(SANDBOXES), help=SANDBOX_HELP)] = "docker",
     host: Annotated[
         str, typer.Option("--host", help="Address to bind; 0.0.0.0 lets trainers on other machines connect.")
     ] = "127.0.0.1",
@@ -70,13 +79,13 @@ def serve(
         float, typer.Option("--start-timeout", help="Seconds to wait for the server to answer.")
     ] = 300.0,
 ) -> None:
-    """Run the real NeMo-Gym mini_swe_agent_2 server for training or evaluation."""
     from pydantic import ValidationError
     from rich.console import Console
 
+    from miles_nemogym.cli.progress import step_display
     from miles_nemogym.gym.config import ServeOptions, load_provider_options
     from miles_nemogym.gym.server import GymServer
-    from miles_nemogym.gym.venv import GymEnvironmentError
+    from miles_nemogym.gym.venv import GymEnvironmentError, ensure_gym_venv
 
     console = Console(stderr=True)
     if not (math.isfinite(start_timeout) and start_timeout > 0):
@@ -117,31 +126,29 @@ def serve(
     if options.golden:
         console.print("[yellow]golden mode: no model calls; each /run applies the instance's gold patch.[/yellow]")
 
-    with console.status("preparing the NeMo-Gym server environment...") as status:
-
-        def progress(line: str) -> None:
-            # pip's per-package lines as the spinner text; stage lines also stay on screen.
-            status.update(f"[dim]{line[:150]}[/dim]")
-            if not line.startswith(" "):
-                console.log(line[:200], markup=False, highlight=False)
-
-        server = GymServer(options, state_dir=state_dir, progress=progress, start_timeout=start_timeout)
-        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-        # A shell may start us with SIGINT ignored (background jobs); Ctrl-C must still stop us.
-        previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
-        try:
-            status.update(
-                f"starting NeMo-Gym {options.sandbox} server on {options.host}:{options.port or 'a free port'}"
-            )
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    # A shell may start us with SIGINT ignored (background jobs); Ctrl-C must still stop us.
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    server: GymServer | None = None
+    try:
+        with step_display(console) as progress:
+            venv = ensure_gym_venv(options.sandbox, progress=progress)
+            progress(f"starting NeMo-Gym {options.sandbox} server on {options.host}:{options.port or 'a free port'}")
+            server = GymServer(options, state_dir=state_dir, venv=venv, progress=progress, start_timeout=start_timeout)
             started = time.monotonic()
             server.start()
-        except GymEnvironmentError as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(1) from None
-        except KeyboardInterrupt:
+    except GymEnvironmentError as exc:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        if server is not None:
             server.stop()
-            console.print("interrupted; nothing left running.")
-            raise typer.Exit(130) from None
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
+        console.print("interrupted; nothing left running.")
+        raise typer.Exit(130) from None
 
     try:
         gym_url = server.url
@@ -167,4 +174,4 @@ def serve(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("serve")(serve)
+    app.command("serve", help=HELP)(serve)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -11,11 +15,34 @@ import typer
 
 EXPLANATION = (
     "This run used the 'local' sandbox: commands ran on this machine, not in the SWE-bench task "
-    "containers, so grading cannot resolve instances (reward 0.0 is expected) and rows whose eval "
-    "scripts need network (django, pylint) come back set aside with their failure kind. For the real "
+    "containers, so grading cannot resolve instances (reward 0.0 is expected). For the real "
     "thing, run `miles-nemogym serve --sandbox docker` on a Docker host (NeMo-Gym's docker provider), "
     "check it with `miles-nemogym scan --golden`, then train with examples/swebench_grpo/run.py."
 )
+
+HELP = """Run the five SWE-bench Verified rows nemo-gym ships through the real NeMo-Gym server and
+the agent function, exactly as Miles calls it (no GPU, no Docker).
+
+The first run builds the server's Python 3.13 environment (2-5 minutes, once; pip's log is
+kept next to it) under ~/.cache/miles-nemogym/gym-venv, or $MILES_NEMOGYM_CACHE. The
+interpreter is found on PATH, in pyenv or /usr/bin, or named by MILES_NEMOGYM_GYM_PYTHON.
+"""
+
+
+@contextmanager
+def _quiet_episode_warnings() -> Iterator[None]:
+    """The agent logs each failed episode as a WARNING for trainers; here the table shows
+    every one of them with its reason, so the raw lines would only repeat it, unexplained."""
+    logger = logging.getLogger("miles_nemogym")
+    handler = logging.NullHandler()
+    previous = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = previous
 
 
 def smoke(
@@ -32,57 +59,79 @@ def smoke(
     state_dir: Annotated[
         Path | None, typer.Option("--state-dir", help="Where the server's log and trajectories go (kept).")
     ] = None,
+    json_path: Annotated[
+        Path | None,
+        typer.Option("--json", help="Also write the result as JSON to this file (one object, every episode)."),
+    ] = None,
 ) -> None:
-    """Run the shipped SWE-bench Verified examples through the real NeMo-Gym server and the agent function."""
     from rich.console import Console
-    from rich.table import Table
 
+    from miles_nemogym import gym_wheel
+    from miles_nemogym.cli.progress import step_display
+    from miles_nemogym.cli.smoke_view import LEGEND, build_table, episode_line, report_json
     from miles_nemogym.gym.venv import GymEnvironmentError
-    from miles_nemogym.smoke import run_smoke
+    from miles_nemogym.smoke import SmokeEpisode, expected_offline, run_smoke
 
-    # Logs and CI capture have no terminal width; the table needs room for its columns.
-    console = Console() if sys.stdout.isatty() else Console(width=180)
+    # Logs and CI capture have no terminal width: lay out for 80 columns there too.
+    console = Console() if sys.stdout.isatty() else Console(width=80)
     folder = state_dir or Path(tempfile.mkdtemp(prefix="miles-nemogym-smoke-"))
     try:
-        report = run_smoke(
-            state_dir=folder,
-            limit=limit,
-            policy_base_url=policy_base_url,
-            step_limit=step_limit,
-            progress=lambda line: console.print(f"[dim]{line}[/dim]", highlight=False),
+        rows = gym_wheel.example_rows()[:limit]
+    except (OSError, RuntimeError) as error:  # the pinned wheel could not be downloaded or read
+        console.print(f"[red]cannot read the example rows nemo-gym ships:[/red] {error}", highlight=False)
+        raise typer.Exit(2) from None
+    offline = [rows[i]["instance_id"] for i in expected_offline([row["repo"] for row in rows])]
+    console.print(f"smoke: {len(rows)} SWE-bench Verified rows through the real NeMo-Gym server", highlight=False)
+    if offline:
+        console.print(
+            f"expected here: without network, {' and '.join(offline)} come back set aside: their "
+            "eval scripts download test requirements from GitHub.",
+            highlight=False,
         )
+    counts = {"running": 0, "done": 0}
+    try:
+        with step_display(console) as progress, _quiet_episode_warnings():
+
+            def running(count: int) -> None:
+                counts["running"] = count
+                progress(f"  {count} running, 0 done")
+
+            def finished(episode: SmokeEpisode) -> None:
+                counts["running"] -= 1
+                counts["done"] += 1
+                console.print(episode_line(episode), highlight=False)
+                progress(f"  {counts['running']} running, {counts['done']} done")
+
+            report = run_smoke(
+                state_dir=folder,
+                limit=limit,
+                policy_base_url=policy_base_url,
+                step_limit=step_limit,
+                progress=progress,
+                on_episode=finished,
+                on_running=running,
+            )
     except GymEnvironmentError as error:
-        console.print(f"[red]cannot start the NeMo-Gym server:[/red] {error}")
+        console.print(f"[red]cannot start the NeMo-Gym server:[/red] {error}", highlight=False)
         raise typer.Exit(2) from None
 
-    table = Table(title="smoke: one row per episode, as the trainer stores it")
-    for column in ("instance", "status", "policy calls", "turns", "tool calls", "patch applied", "F2P pass/fail",
-                   "reward", "failure kind", "reason"):  # fmt: skip
-        table.add_column(column, overflow="fold")
-    for episode in report.episodes:
-        record = episode.record
-        f2p = record.get("fail_to_pass") or {}
-        table.add_row(
-            episode.instance_id,
-            ("[green]ok[/green]" if record.get("status") == "ok" else "[red]set aside[/red]"),
-            "-" if episode.policy_requests is None else str(episode.policy_requests),
-            str(record.get("turns", "-")),
-            str(record.get("tool_calls", "-")),
-            str(record.get("patch_applied", "-")),
-            f"{f2p.get('passed', '-')}/{f2p.get('failed', '-')}" if f2p else "-",
-            f"{episode.result.get('reward', 0.0):g}",
-            record.get("failure_kind") or "-",
-            (record.get("failure_reason") or "")[:120],
-        )
+    table, notes = build_table(report.episodes)
     console.print(table)
-    console.print(f"prompt data: {report.data_path}")
-    console.print(f"trajectories and results: {report.results_dir}")
-    console.print(f"server log: {report.server_log}")
-    console.print(EXPLANATION)
+    for number, text in enumerate(notes.texts, 1):
+        console.print(f"[{number}] {text}", highlight=False, markup=False)
+    console.print(LEGEND, highlight=False)
+    console.print(f"prompt data: {report.data_path}", highlight=False)
+    console.print(f"trajectories and results: {report.results_dir}", highlight=False)
+    console.print(f"server log: {report.server_log}", highlight=False)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report_json(report), indent=2) + "\n", encoding="utf-8")
+        console.print(f"json: {json_path}", highlight=False)
+    console.print(EXPLANATION, highlight=False)
     if not report.chain_worked:
         console.print("[red]the chain did not work: no episode came back as a valid measurement[/red]")
         raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
-    app.command("smoke")(smoke)
+    app.command("smoke", help=HELP)(smoke)

@@ -55,7 +55,8 @@ class ConvertOptions(BaseModel):
     gradeable_only: bool = False
     repos: tuple[str, ...] = ()
     exclude_repos: tuple[str, ...] = ()
-    instance_ids: Path | None = None
+    instance_ids: Path | tuple[str, ...] | None = None
+    """A file of ids (one per line), or the ids themselves."""
     limit: int | None = Field(default=None, ge=1)
     shuffle: bool = False
     seed: int | None = None
@@ -80,7 +81,7 @@ class ConvertOptions(BaseModel):
         if len(set(resolved)) != len(resolved):
             raise ValueError("--holdout-output must differ from --output (the two files are disjoint)")
         inputs = {"--input": Path(self.input).expanduser()}
-        if self.instance_ids is not None:
+        if isinstance(self.instance_ids, Path):  # a file of ids (a tuple is ids given inline)
             inputs["--instance-ids"] = self.instance_ids.expanduser()
         for flag, path in inputs.items():
             if any(_same_file(path, output) for output in resolved):
@@ -301,19 +302,25 @@ def convert(options: ConvertOptions, progress: Callable[[int, int | None], None]
     selection = Selection(
         repos=wanted_repos,
         exclude_repos=split_names(options.exclude_repos),
-        instance_ids=read_instance_ids(options.instance_ids) if options.instance_ids else None,
+        instance_ids=(
+            read_instance_ids(options.instance_ids)
+            if isinstance(options.instance_ids, Path)
+            else frozenset(options.instance_ids)
+            if options.instance_ids
+            else None
+        ),
         grade_tables=grade_tables,
     )
     drop_fields = split_names(options.drop_fields)
     source = open_source(options.input, split_to_load)
     report = ConvertReport(source=source.name, source_kind=source.kind)
     report.swebench_version = grade_tables.swebench_version if grade_tables else None
-    report.subset_rule = (
-        f"--subset {options.subset}"
-        if options.subset
-        else "row's own subset, else "
-        + (f"'{inferred.subset}' (from the dataset name)" if inferred.subset else "refused (pass --subset)")
-    )
+    if options.subset:
+        report.subset_rule = f"--subset {options.subset}, for every row"
+    elif inferred.subset:
+        report.subset_rule = f"each row's own; '{inferred.subset}' (from the dataset name) for rows without one"
+    else:
+        report.subset_rule = "each row's own (a row without one is refused; --subset sets one for every row)"
     if options.shuffle:
         report.seed = options.seed if options.seed is not None else secrets.randbelow(2**31)
 

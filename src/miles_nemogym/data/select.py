@@ -8,6 +8,7 @@ live in :mod:`miles_nemogym.data.convert`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,15 +28,33 @@ def split_names(values: Iterable[str]) -> frozenset[str]:
 
 
 def read_instance_ids(path: Path) -> frozenset[str]:
-    """One instance id per line; blank lines and ``#`` comments are ignored."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise ValueError(f"--instance-ids {path}: cannot read it ({error.strerror or error})") from None
-    ids = frozenset(stripped for line in text.splitlines() if (stripped := line.split("#", 1)[0].strip()))
+    """The ids in a file: one per line (commas and blanks also separate), ``#`` starts a comment."""
+    ids = _ids_in_file(path)
     if not ids:
         raise ValueError(f"--instance-ids {path}: holds no instance ids (one per line expected)")
+    return frozenset(ids)
+
+
+def parse_instance_ids(value: str) -> list[str]:
+    """``--instance-ids`` as every command takes it: a file of ids (as ``read_instance_ids``)
+    or a comma-separated list; in the order given, each once."""
+    path = Path(value).expanduser()
+    ids = _ids_in_file(path) if path.is_file() else _split_ids(value)
+    if not ids:
+        raise ValueError(f"--instance-ids {value!r}: no instance ids given")
     return ids
+
+
+def _ids_in_file(path: Path) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"--instance-ids {path}: cannot read the file ({error})") from None
+    return _split_ids("\n".join(line.split("#", 1)[0] for line in text.splitlines()))
+
+
+def _split_ids(text: str) -> list[str]:
+    return list(dict.fromkeys(item for item in re.split(r"[\s,]+", text) if item))
 
 
 @dataclass(frozen=True)

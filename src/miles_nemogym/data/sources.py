@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import codecs
 import json
+import os
 import re
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,7 +181,37 @@ def _parquet_source(path: Path) -> RowSource:
     return RowSource(str(path), "parquet", parquet.metadata.num_rows, rows())
 
 
+HUB_PROBE_TIMEOUT_S = 5.0
+_HUB_HINT = "; without access to the hub, download it elsewhere and pass the folder or a parquet/JSONL file"
+
+
+def hub_unreachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> str | None:
+    """Why the dataset hub (``$HF_ENDPOINT``) cannot be reached, or None when it answers.
+
+    Checked before ``datasets`` is asked: its client retries an unreachable hub for
+    half a minute, logging each attempt, before failing with the same outcome.
+    """
+    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or os.environ.get("HF_DATASETS_OFFLINE", "") not in (
+        "",
+        "0",
+    ):
+        return None  # offline mode reads the local cache only
+    endpoint = os.environ.get("HF_ENDPOINT", "").strip() or "https://huggingface.co"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout_s):
+            return None
+    except urllib.error.HTTPError:
+        return None  # any HTTP answer: the hub is there
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        return f"{endpoint} does not answer: {reason}"
+
+
 def _datasets_source(spec: str, split: str, *, local: bool) -> RowSource:
+    if not local:
+        problem = hub_unreachable()
+        if problem is not None:
+            raise SourceError(f"{spec}: cannot load it from the dataset hub ({problem}){_HUB_HINT}")
     import datasets
 
     try:
@@ -189,11 +222,7 @@ def _datasets_source(spec: str, split: str, *, local: bool) -> RowSource:
         raise SourceError(f"{spec}: cannot load it with datasets.load_dataset ({error})") from None
     except Exception as error:
         where = "the folder" if local else "the dataset hub"
-        hint = (
-            ""
-            if local
-            else "; without access to the hub, download it elsewhere and pass the folder or a parquet/JSONL file"
-        )
+        hint = "" if local else _HUB_HINT
         raise SourceError(f"{spec}: cannot load it from {where} ({type(error).__name__}: {error}){hint}") from None
     total: int | None = None
     info_splits = getattr(getattr(dataset, "info", None), "splits", None)

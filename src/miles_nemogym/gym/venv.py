@@ -2,7 +2,7 @@
 
 nemo-gym needs Python 3.13 while the trainer side of this package runs on 3.10+, so the
 server gets its own venv, keyed by the versions in ``miles_nemogym.pins``. The recipe is
-the one recorded in GYM_ON_CPU.md: nemo-gym's own ``Requires-Dist`` list (read from the
+this: nemo-gym's own ``Requires-Dist`` list (read from the
 pinned wheel, so it cannot drift from it) plus mini-swe-agent and swebench at their
 pins, then nemo-gym itself with ``--no-deps --ignore-requires-python`` (it declares
 ``>=3.13.14``; 3.13.0 runs it).
@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -76,6 +77,8 @@ class GymVenv:
     path: Path
     python: Path
     site_packages: Path
+    built_with: str = ""
+    """The Python 3.13 interpreter the venv was created from (empty when unrecorded)."""
 
     @property
     def agent_dir(self) -> Path:
@@ -242,6 +245,7 @@ def _load_ready(link: Path) -> GymVenv | None:
             path=link,
             python=link / "bin" / "python",
             site_packages=link / data["site_packages"],
+            built_with=str(data.get("python", "")),
         )
     except (OSError, ValueError, KeyError):
         return None
@@ -269,40 +273,69 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def _run(command: Sequence[str], progress: Progress, what: str) -> None:
-    """Run a build step, streaming its output lines to ``progress``."""
+def build_log_path(what: str) -> Path:
+    """Where ``_run`` keeps a step's full output when the caller names no log file."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", what).strip("-").lower() or "build"
+    return gym_wheel.cache_dir() / "logs" / f"{slug}.log"
+
+
+def _run(command: Sequence[str], progress: Progress, what: str, *, log_path: Path | None = None) -> None:
+    """Run a build step; its full output goes to ``log_path`` (appended), not the terminal.
+
+    ``progress`` gets each output line indented by two spaces: a detail a display may
+    show transiently (pip's "Collecting ..."), never a step of its own. On failure the
+    error names the log and carries its last lines. Any environment this package
+    builds (the server's here, test environments elsewhere) runs pip through this.
+    """
+    log_file = log_path or build_log_path(what)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
     tail: list[str] = []
-    with subprocess.Popen(
-        list(command),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=_clean_env(),
-        bufsize=1,
-    ) as proc:
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            line = raw.rstrip()
-            if line:
-                tail = [*tail[-39:], line]
-                progress(line)
-        code = proc.wait()
+    with log_file.open("a", encoding="utf-8") as log:
+        log.write(f"$ {' '.join(command)}\n")
+        log.flush()
+        with subprocess.Popen(
+            list(command),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=_clean_env(),
+            bufsize=1,
+        ) as proc:
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                log.write(raw)
+                line = raw.rstrip()
+                if line:
+                    tail = [*tail[-29:], line]
+                    progress("  " + line.strip())
+            code = proc.wait()
+        log.write(f"[exit {code}]\n")
     if code != 0:
         shown = "\n".join(tail)
-        raise GymVenvBuildError(f"{what} failed (exit {code}); last output:\n{shown}")
+        raise GymVenvBuildError(f"{what} failed (exit {code}); full log: {log_file}\nlast lines:\n{shown}")
 
 
 def _build(python: Path, target: Path, sandbox: str, progress: Progress) -> None:
-    progress(f"creating the NeMo-Gym server venv with {python}")
-    _run([str(python), "-m", "venv", str(target)], progress, "python -m venv")
+    key = target.name.partition(".build-")[0]
+    log_path = target.parent / f"{key}.build.log"
+    log_path.unlink(missing_ok=True)  # one build's log, not every attempt's
+    progress(f"note: pip's full log: {log_path}")
+    progress(f"creating the venv with {python}")
+    _run([str(python), "-m", "venv", str(target)], progress, "python -m venv", log_path=log_path)
     venv_python = target / "bin" / "python"
     pip = [str(venv_python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
     reqs = requirements(sandbox)
     progress(f"installing {len(reqs)} requirements of nemo-gym {NEMO_GYM_VERSION} (takes minutes)")
-    _run([*pip, *reqs], progress, "pip install of nemo-gym's requirements")
+    _run([*pip, *reqs], progress, "pip install of nemo-gym's requirements", log_path=log_path)
     wheel = gym_wheel.wheel_path()
-    progress(f"installing {wheel.name} (--no-deps --ignore-requires-python)")
-    _run([*pip, "--no-deps", "--ignore-requires-python", str(wheel)], progress, "pip install of nemo-gym")
+    progress(f"installing {wheel.name}")
+    _run(
+        [*pip, "--no-deps", "--ignore-requires-python", str(wheel)],
+        progress,
+        "pip install of nemo-gym",
+        log_path=log_path,
+    )
+    progress("checking that the server imports")
     # Prove the server's imports work before publishing the venv as ready.
     check = (
         "import json, sysconfig, nemo_gym, minisweagent, swebench, ray; "
@@ -347,7 +380,22 @@ def _remove_debris(root: Path, key: str) -> None:
 
 
 def _print_progress(line: str) -> None:
-    print(f"[gym-venv] {line}", file=sys.stderr, flush=True)
+    if not line.startswith(" "):  # steps only; pip's own lines are in the build log
+        print(f"[gym-venv] {line}", file=sys.stderr, flush=True)
+
+
+def _check_explicit_python(ready: GymVenv, report: Progress) -> None:
+    """``$MILES_NEMOGYM_GYM_PYTHON`` is checked even when a cached venv makes it unneeded:
+    a wrong value must not pass silently today and fail on the next rebuild."""
+    explicit = os.environ.get(GYM_PYTHON_ENV)
+    if not explicit:
+        return
+    chosen = find_gym_python()  # raises, naming the variable, when it is not a Python 3.13
+    if ready.built_with and Path(ready.built_with).resolve() != chosen.resolve():
+        report(
+            f"note: the cached server environment was built with {ready.built_with}, not "
+            f"{GYM_PYTHON_ENV}={explicit}; remove {ready.path} to rebuild it with that interpreter"
+        )
 
 
 def ensure_gym_venv(
@@ -357,8 +405,9 @@ def ensure_gym_venv(
 ) -> GymVenv:
     """The ready server venv for ``sandbox``; builds it (minutes) on first use.
 
-    ``progress`` receives one line per build step and pip output line (default: stderr).
-    ``python`` overrides the interpreter search.
+    ``progress`` receives one unindented line per build step and pip's output as
+    indented detail lines (default: steps on stderr); pip's full output is kept in
+    ``<cache>/gym-venv/<key>.build.log``. ``python`` overrides the interpreter search.
     """
     report = progress or _print_progress
     root = gym_venv_root()
@@ -366,12 +415,17 @@ def ensure_gym_venv(
     link = root / key
     ready = _load_ready(link)
     if ready:
+        if python is None:
+            _check_explicit_python(ready, report)
+        report(f"using the cached NeMo-Gym server environment {link} (Python: {ready.built_with or 'unrecorded'})")
         return ready
     with _locked(root / f"{key}.lock"):
         ready = _load_ready(link)  # another process may have built it while we waited
         if ready:
             return ready
         interpreter = python or find_gym_python()
+        report("first run: building the NeMo-Gym server environment (2-5 minutes, once)")
+        started = time.monotonic()
         _remove_debris(root, key)
         build_dir = Path(tempfile.mkdtemp(dir=root, prefix=f"{key}.build-"))
         try:
@@ -384,5 +438,5 @@ def ensure_gym_venv(
     ready = _load_ready(link)
     if ready is None:
         raise GymVenvBuildError(f"the venv built at {build_dir} is not usable through {link}")
-    report(f"NeMo-Gym server venv ready: {link}")
+    report(f"NeMo-Gym server environment ready (built in {time.monotonic() - started:.0f} s): {link}")
     return ready

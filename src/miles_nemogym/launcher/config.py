@@ -94,7 +94,9 @@ class LauncherConfig(BaseModel):
 
     # --- cluster ---------------------------------------------------------------------------
     num_nodes: int = Field(default=1, ge=1)
+    """Nodes in the cluster (Miles --actor-num-nodes); more than 1 needs a running Ray cluster (RAY_ADDRESS)."""
     gpus_per_node: int = Field(default=4, ge=1)
+    """GPUs on each node (Miles --num-gpus-per-node)."""
     colocate: bool = True
     """Training and rollout share the GPUs (Miles --colocate)."""
     actor_gpus_per_node: int | None = Field(default=None, ge=1)
@@ -102,10 +104,15 @@ class LauncherConfig(BaseModel):
     rollout_num_gpus: int | None = Field(default=None, ge=1)
     """GPUs for the SGLang engines when not colocated (required then)."""
     rollout_gpus_per_engine: int = Field(default=1, ge=1)
+    """GPUs per SGLang engine (Miles --rollout-num-gpus-per-engine)."""
     tensor_parallel: int = Field(default=2, ge=1)
+    """Megatron tensor-model parallel size for training."""
     pipeline_parallel: int = Field(default=1, ge=1)
+    """Megatron pipeline-model parallel size for training."""
     context_parallel: int = Field(default=1, ge=1)
+    """Megatron context parallel size for training."""
     sglang_mem_fraction_static: float = Field(default=0.7, gt=0, le=1)
+    """Fraction of GPU memory SGLang reserves for weights and KV cache (0-1]."""
     ray_address: str | None = Field(default_factory=lambda: _env("RAY_ADDRESS"))
     """Ray job-submission address of an existing cluster (e.g. http://head:8265); if unset,
     a local head is used or started."""
@@ -123,34 +130,54 @@ class LauncherConfig(BaseModel):
 
     # --- rollout and batch -----------------------------------------------------------------
     num_rollout: int = Field(default=3, ge=1)
+    """Rollout steps to run (Miles --num-rollout)."""
     rollout_batch_size: int = Field(default=2, ge=1)
+    """Prompts per rollout (Miles --rollout-batch-size)."""
     n_samples_per_prompt: int = Field(default=4, ge=1)
+    """Episodes per prompt: the GRPO group size (Miles --n-samples-per-prompt)."""
     global_batch_size: int | None = Field(default=None, ge=1)
     """Default: rollout_batch_size x n_samples_per_prompt (one optimizer step per rollout);
     a divisor of it gives several steps per rollout."""
     max_seq_len: int = Field(default=16384, ge=1)
+    """Longest sequence in tokens, prompt and response (Miles --max-seq-len, --max-tokens-per-gpu)."""
     rollout_max_response_len: int = Field(default=4096, ge=1)
+    """Most tokens per model call in an episode (Miles --rollout-max-response-len)."""
     rollout_temperature: float = Field(default=0.8, ge=0)
+    """Sampling temperature of the policy during rollouts."""
     rollout_top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling top_p of the policy during rollouts, in (0, 1]."""
     save_interval: int = Field(default=1000, ge=1)
+    """Save a checkpoint every N rollout steps."""
 
     # --- GRPO ------------------------------------------------------------------------------
     kl_loss_coef: float = Field(default=0.01, ge=0)
+    """Weight of the KL loss against the reference model."""
     kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
+    """KL estimator: k1, k2, k3 or low_var_kl."""
     entropy_coef: float = Field(default=0.0, ge=0)
+    """Weight of the entropy bonus."""
     eps_clip: float = Field(default=0.2, gt=0)
+    """PPO clip range below 1 (ratio floor 1 - eps_clip)."""
     eps_clip_high: float = Field(default=0.28, gt=0)
+    """PPO clip range above 1 (ratio ceiling 1 + eps_clip_high); at least eps_clip."""
     lr: float = Field(default=1e-6, gt=0)
+    """Adam learning rate."""
     weight_decay: float = Field(default=0.1, ge=0)
+    """Adam weight decay."""
     adam_beta1: float = Field(default=0.9, gt=0, lt=1)
+    """Adam beta1, in (0, 1)."""
     adam_beta2: float = Field(default=0.98, gt=0, lt=1)
+    """Adam beta2, in (0, 1)."""
 
     # --- session server and NeMo-Gym -------------------------------------------------------
     session_server_ip: str = "0.0.0.0"
     """Where Miles' session server listens; 0.0.0.0 lets the Gym host dial in on any interface."""
     session_server_port: int = Field(default=30000, ge=1, le=65535)
+    """Port of Miles' session server, which the Gym server dials for every model call."""
     session_server_version: Literal["v1", "v2"] = "v1"
+    """Miles' session server protocol: v1, or v2."""
     nemo_gym_url: str = Field(default_factory=lambda: _env("NEMO_GYM_URL") or "http://localhost:12000")
+    """Base URL of the NeMo-Gym mini_swe_agent_2 server (default: NEMO_GYM_URL, else http://localhost:12000)."""
     router_external_host: str | None = Field(default_factory=lambda: _env("MILES_ROUTER_EXTERNAL_HOST"))
     """Address of the trainer the Gym host can dial (MILES_ROUTER_EXTERNAL_HOST)."""
 
@@ -158,6 +185,7 @@ class LauncherConfig(BaseModel):
     wandb_project: str | None = None
     """Log to Weights & Biases (the key is read from WANDB_API_KEY, never put on a command line)."""
     wandb_group: str | None = None
+    """Weights & Biases run group (with wandb_project)."""
 
     # --- escape hatches --------------------------------------------------------------------
     extra_args: list[str] = Field(default_factory=list)
@@ -295,7 +323,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     try:
         import yaml
     except ImportError:  # pragma: no cover - pyyaml ships with the [cli] extra
-        raise ConfigError("--config needs PyYAML: pip install 'miles-nemogym[cli]'") from None
+        raise ConfigError("--config needs PyYAML: pip install -e '.[cli]' in the miles-nemogym clone") from None
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:

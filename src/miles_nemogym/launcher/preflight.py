@@ -136,7 +136,7 @@ def check_hooks(paths: Sequence[str]) -> CheckResult:
                 name,
                 Status.failed,
                 f"{path}: importing {module_name} failed ({type(error).__name__}: {error})",
-                "install miles-nemogym in the training environment (pip install miles-nemogym) "
+                "install miles-nemogym in the training environment (pip install -e '.[train]' from its clone) "
                 "with the same version as this launcher",
             )
         if not callable(getattr(module, attribute, None)):

@@ -53,34 +53,78 @@ def _is_bool(annotation: Any) -> bool:
     return annotation is bool
 
 
+GROUPS: dict[str, tuple[str, ...]] = {
+    "run": ("mode", "preflight_only", "skip_prepare"),
+    "model": (
+        "hf_checkpoint", "megatron_model_type", "model_family", "tito_model", "reasoning_parser",
+        "tool_call_parser", "base_dir", "ref_load", "save_dir", "save_interval",
+    ),
+    "data": ("prompt_data",),
+    "rollout": (
+        "num_rollout", "rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len",
+        "rollout_temperature", "rollout_top_p", "rollout_gpus_per_engine", "sglang_mem_fraction_static",
+    ),
+    "training": (
+        "global_batch_size", "max_seq_len", "kl_loss_coef", "kl_loss_type", "entropy_coef", "eps_clip",
+        "eps_clip_high", "lr", "weight_decay", "adam_beta1", "adam_beta2", "tensor_parallel",
+        "pipeline_parallel", "context_parallel", "miles_root", "megatron_path", "wandb_project",
+        "wandb_group", "extra_args", "extra_env",
+    ),
+    "cluster": (
+        "num_nodes", "gpus_per_node", "colocate", "actor_gpus_per_node", "rollout_num_gpus", "ray_address",
+        "master_addr", "ray_port", "ray_dashboard_port", "ray_start_args", "keep_ray",
+    ),
+    "NeMo-Gym": (
+        "nemo_gym_url", "router_external_host", "session_server_ip", "session_server_port",
+        "session_server_version",
+    ),
+}  # fmt: skip
+"""Each recipe field's section in ``--help`` (every field is in exactly one)."""
+
+DESCRIPTION = (
+    "GRPO on SWE-bench with Miles and NeMo-Gym's mini_swe_agent_2. Values, later wins: defaults < "
+    "environment (NEMO_GYM_URL, MILES_ROUTER_EXTERNAL_HOST, RAY_ADDRESS, MASTER_ADDR) < --config "
+    "YAML < flags."
+)
+
+
+def _plain(text: str) -> str:
+    """A docstring's reStructuredText literals as plain text, and ``%`` safe for argparse."""
+    return text.replace("``", "").replace("%", "%%")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """One flag per recipe field (``--field-name``), plus --config and --dry-run.
+    """One flag per recipe field (``--field-name``), plus --config and --dry-run, grouped by topic.
 
     Flags default to "not given" so only what the user typed overrides the YAML.
     """
     parser = argparse.ArgumentParser(
         prog="examples/swebench_grpo/run.py",
-        description="GRPO on SWE-bench with Miles and NeMo-Gym's mini_swe_agent_2. Values: "
-        "defaults < --config YAML < flags.",
+        usage="%(prog)s [--config FILE] [--dry-run | --preflight-only] [FLAG VALUE ...]",
+        description=DESCRIPTION,
         argument_default=argparse.SUPPRESS,
     )
-    parser.add_argument("--config", type=Path, help="YAML recipe; keys are the flag names below")
-    parser.add_argument(
+    sections = {title: parser.add_argument_group(title) for title in GROUPS}
+    section_of = {name: sections[title] for title, names in GROUPS.items() for name in names}
+    run = sections["run"]
+    run.add_argument("--config", type=Path, metavar="FILE", help="YAML recipe; keys are the flag names below")
+    run.add_argument(
         "--dry-run",
         action="store_true",
         default=False,
         help="print the exact command and job environment, then exit 0 (nothing started)",
     )
     for name, field in LauncherConfig.model_fields.items():
+        group = section_of[name]
         flags = (f"--{name.replace('_', '-')}", *_ALIASES.get(name, ()))
-        help_text = (field.description or "").replace("%", "%%")
+        help_text = _plain(field.description or "")
         if field.default_factory is None and field.default not in (None, False, [], {}):
             help_text += f" [default: {field.default}]"
         annotation = field.annotation
         if _is_bool(annotation):
-            parser.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, help=help_text)
+            group.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, help=help_text)
         elif name in ("extra_args", "ray_start_args"):
-            parser.add_argument(
+            group.add_argument(
                 *flags,
                 dest=name,
                 action="append",
@@ -88,14 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
                 help=help_text + " (shell-split; repeatable)",
             )
         elif name == "extra_env":
-            parser.add_argument(*flags, "--env", dest=name, action="append", metavar="NAME=VALUE", help=help_text)
+            group.add_argument(*flags, "--env", dest=name, action="append", metavar="NAME=VALUE", help=help_text)
         else:
-            metavar = None
+            metavar = "VALUE"
             if get_origin(annotation) is not None and not isinstance(annotation, types.UnionType):
                 choices = get_args(annotation)
                 if choices and all(isinstance(choice, str) for choice in choices):
                     metavar = "{" + ",".join(choices) + "}"
-            parser.add_argument(*flags, dest=name, metavar=metavar, help=help_text)
+            group.add_argument(*flags, dest=name, metavar=metavar, help=help_text)
     return parser
 
 
@@ -336,8 +380,6 @@ def execute(
         install = None
     else:
         load_error = None if install is not None else "the 'miles' package is not importable"
-    if load_error is not None and dry_run:
-        print(f"note: {load_error}", file=sys.stderr)
     try:
         job = cmd.build_job(config, parsers, install or _placeholder_install(config), environ)
     except cmd.DuplicateFlagError as error:
@@ -347,7 +389,7 @@ def execute(
     if dry_run:
         print(f"# model family {parsers.family}: --tito-model {parsers.tito_model}")
         if install is None:
-            print("# Miles not usable here: its checkout and model arguments are shown as placeholders")
+            print(f"# Miles not usable here ({load_error}): its checkout and model arguments are placeholders")
         print(cmd.render(job))
         if not config.skip_prepare:
             print("# checkpoint conversion when the torch_dist target is missing")

@@ -50,7 +50,9 @@ def _rows(path: Path) -> Iterator[tuple[str, Any]]:
         try:
             import pyarrow.parquet as pq
         except ImportError:  # pragma: no cover - the [cli] extra installs pyarrow
-            raise InputError(f"{path}: reading parquet needs pyarrow; pip install 'miles-nemogym[cli]'") from None
+            raise InputError(
+                f"{path}: reading parquet needs pyarrow; pip install -e '.[cli]' in the miles-nemogym clone"
+            ) from None
         try:
             table = pq.read_table(path)
         except Exception as error:  # pyarrow raises many types for a bad file

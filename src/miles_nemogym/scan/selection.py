@@ -6,28 +6,16 @@ completes the same ten instances instead of moving on to ten new ones.
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
+from miles_nemogym.data.select import parse_instance_ids as _parse_instance_ids
 from miles_nemogym.scan.inputs import InputError, ScanTask
 
 
 def parse_instance_ids(value: str) -> list[str]:
-    """``value`` is a file (one id per line; ``#`` comments, commas and blanks allowed) or a
-    comma-separated list of ids."""
-    path = Path(value).expanduser()
-    if path.is_file():
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise InputError(f"--instance-ids {value}: cannot read the file ({error})") from None
-        text = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
-    else:
-        text = value
-    ids = [item for item in re.split(r"[\s,]+", text) if item]
-    if not ids:
-        raise InputError(f"--instance-ids {value!r}: no instance ids given")
-    return list(dict.fromkeys(ids))
+    """``--instance-ids`` in the grammar every command shares (``data.select.parse_instance_ids``)."""
+    try:
+        return _parse_instance_ids(value)
+    except ValueError as error:
+        raise InputError(str(error)) from None
 
 
 def select(tasks: list[ScanTask], instance_ids: list[str] | None, limit: int | None) -> list[ScanTask]:

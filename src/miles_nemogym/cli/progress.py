@@ -1,0 +1,65 @@
+"""One progress display for long preparation steps (the server's first-run build, its start).
+
+The build reports unindented lines as steps and indented lines as details (pip's own
+output, whose full text is in the build log). On a terminal this shows one line: a
+spinner, the current step, its latest detail, and the step's elapsed time; each
+finished step is left above it with its duration. In a log file (no terminal) only
+the step lines appear, once each.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+RESERVED = 14  # spinner, elapsed time and the gaps between columns
+
+
+def _short(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+@contextmanager
+def step_display(console: Console) -> Iterator[Callable[[str], None]]:
+    """A ``progress(line)`` callback that drives the display until the block ends."""
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TextColumn("[dim]{task.fields[detail]}[/dim]"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("preparing", detail="")
+        current: list[tuple[str, float]] = []
+
+        def finish_step() -> None:
+            if current:
+                step, started = current.pop()
+                took = time.monotonic() - started
+                # A step that took no time is a fact, not work: no duration to show.
+                suffix = f" [dim]({took:.0f} s)[/dim]" if took >= 1 else ""
+                console.print(f"[green]✓[/green] {escape(step)}{suffix}", highlight=False)
+
+        def progress(line: str) -> None:
+            room = max(console.width - RESERVED, 20)
+            if line.startswith(" "):
+                step = current[-1][0] if current else ""
+                shown = _short(step, room // 2)
+                bar.update(task, description=escape(shown), detail=escape(_short(line.strip(), room - len(shown))))
+                return
+            finish_step()
+            if line.startswith("note:"):
+                console.print(line, highlight=False, markup=False)
+                return
+            current.append((line, time.monotonic()))
+            bar.reset(task, description=escape(_short(line, room)), detail="")
+
+        try:
+            yield progress
+        finally:
+            finish_step()

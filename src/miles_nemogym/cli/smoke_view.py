@@ -1,0 +1,136 @@
+"""How a smoke run reads: one line per finished episode, the verdict table, its JSON.
+
+Pure functions of the episodes, so the layout is tested without a server. The table is
+designed for 80 columns: short cells only (an instance id never wraps), and every
+reason in full as a numbered footnote under it. Episodes set aside only because the
+grader has no network share one short footnote instead of a raw ConnectionError.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich import box
+from rich.table import Table
+
+from miles_nemogym.smoke import OFFLINE_REASON, SmokeEpisode, SmokeReport, is_offline_failure
+
+LEGEND = (
+    "turns: agent turns in the trajectory the server returned (- when none came back); "
+    "calls: requests the policy answered; F2P: FAIL_TO_PASS tests passed/failed."
+)
+
+
+def reward_text(value: Any) -> str:
+    """``0.0``, ``1.0``, ``0.33``: one decimal unless the value needs two."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return "-"
+    return f"{value:.1f}" if round(value, 1) == round(value, 2) else f"{value:.2f}"
+
+
+def _patch(value: Any) -> str:
+    return {True: "yes", False: "no"}.get(value, "-") if isinstance(value, bool) else "-"
+
+
+def _set_aside(episode: SmokeEpisode) -> bool:
+    return episode.record.get("status") != "ok"
+
+
+@dataclass(frozen=True)
+class Footnotes:
+    """The numbered reasons under the table, and which episode points at which."""
+
+    numbers: tuple[int | None, ...]
+    texts: tuple[str, ...]
+
+
+def footnotes(episodes: Sequence[SmokeEpisode]) -> Footnotes:
+    """One note per distinct reason (offline failures share one), numbered in row order."""
+    texts: list[str] = []
+    numbers: list[int | None] = []
+    for episode in episodes:
+        record = episode.record
+        if not _set_aside(episode):
+            numbers.append(None)
+            continue
+        kind = record.get("failure_kind") or "no episode record"
+        reason = (
+            OFFLINE_REASON if is_offline_failure(record) else str(record.get("failure_reason") or "no reason given")
+        )
+        text = f"{kind}: {reason}"
+        if text not in texts:
+            texts.append(text)
+        numbers.append(texts.index(text) + 1)
+    return Footnotes(tuple(numbers), tuple(texts))
+
+
+def build_table(episodes: Sequence[SmokeEpisode]) -> tuple[Table, Footnotes]:
+    """The verdict table (fits 80 columns) and its footnotes."""
+    notes = footnotes(episodes)
+    width = max([len("instance"), *(len(e.instance_id) for e in episodes)])
+    table = Table(
+        title="smoke: one row per episode, as the trainer stores it",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 0),
+        pad_edge=False,
+    )
+    table.add_column("instance", no_wrap=True, min_width=width)
+    table.add_column("verdict", no_wrap=True)
+    for name in ("turns", "calls", "patch", "F2P", "reward"):
+        table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
+    for episode, number in zip(episodes, notes.numbers, strict=True):
+        record = episode.record
+        f2p = record.get("fail_to_pass") or {}
+        aside = _set_aside(episode)
+        table.add_row(
+            episode.instance_id,
+            f"[red]set aside[/red] [{number}]" if aside else "[green]ok[/green]",
+            "-" if aside else str(record.get("turns", "-")),
+            "-" if episode.policy_requests is None else str(episode.policy_requests),
+            _patch(record.get("patch_applied")),
+            f"{f2p.get('passed', '-')}/{f2p.get('failed', '-')}" if f2p else "-",
+            reward_text(episode.result.get("reward")),
+        )
+    return table, notes
+
+
+def episode_line(episode: SmokeEpisode) -> str:
+    """The line printed as one episode finishes (rich markup)."""
+    record = episode.record
+    seconds = record.get("elapsed_s")
+    took = f", {seconds:.0f} s" if isinstance(seconds, (int, float)) else ""
+    if _set_aside(episode):
+        kind = "no network (expected)" if is_offline_failure(record) else record.get("failure_kind") or "no record"
+        return f"[red]✗[/red] {episode.instance_id}  set aside: {kind}{took}"
+    return (
+        f"[green]✓[/green] {episode.instance_id}  graded: {record.get('turns', '-')} turns, "
+        f"reward {reward_text(episode.result.get('reward'))}{took}"
+    )
+
+
+def report_json(report: SmokeReport) -> dict[str, Any]:
+    """The run as one JSON document (``--json FILE``), for scripts."""
+    notes = footnotes(report.episodes)
+    return {
+        "chain_worked": report.chain_worked,
+        "prompt_data": str(report.data_path) if report.data_path else None,
+        "results_dir": str(report.results_dir) if report.results_dir else None,
+        "server_log": str(report.server_log) if report.server_log else None,
+        "episodes": [
+            {
+                "instance_id": episode.instance_id,
+                "repo": episode.repo,
+                "verdict": "set aside" if _set_aside(episode) else "ok",
+                "expected_offline": is_offline_failure(episode.record),
+                "note": notes.texts[number - 1] if number else None,
+                "reward": episode.result.get("reward"),
+                "policy_calls": episode.policy_requests,
+                "nemogym": episode.record,
+            }
+            for episode, number in zip(report.episodes, notes.numbers, strict=True)
+        ],
+    }

@@ -1,0 +1,41 @@
+"""A dataset id without a reachable hub fails in seconds, with the converter's usual message."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from miles_nemogym.cli.main import app
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port  # closed once the socket is: connecting is refused at once
+
+
+def test_hub_id_without_a_reachable_hub_fails_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    started = time.monotonic()
+    result = CliRunner().invoke(
+        app, ["convert", "--input", "princeton-nlp/SWE-bench_Verified", "--output", str(tmp_path / "o.jsonl")]
+    )
+    elapsed = time.monotonic() - started
+    assert result.exit_code == 1
+    message = " ".join(result.output.split())
+    assert message.startswith(
+        f"error: princeton-nlp/SWE-bench_Verified: cannot load it from the dataset hub ({endpoint} does not answer:"
+    )
+    assert message.endswith(
+        "without access to the hub, download it elsewhere and pass the folder or a parquet/JSONL file"
+    )
+    assert elapsed < 5
+    assert not (tmp_path / "o.jsonl").exists()

@@ -1,0 +1,116 @@
+"""The smoke run's table, per-episode lines and JSON, from episodes shaped as the real run returns them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from typer.testing import CliRunner
+
+from miles_nemogym.cli.main import app
+from miles_nemogym.cli.smoke_view import build_table, episode_line, report_json, reward_text
+from miles_nemogym.smoke import OFFLINE_REASON, SmokeEpisode, SmokeReport, expected_offline
+
+# The failure reason the agent records for django/pylint without network (as a real smoke run returned it).
+OFFLINE = (
+    "server error: requests.exceptions.ConnectionError: HTTPSConnectionPool(host='raw.githubusercontent.com', "
+    "port=443): Max retries exceeded with url: /django/django/419a78300f7cd27611196e1e464d50fd0385ff27/tests/"
+    "requirements/py3.txt (Caused by NameResolutionError(\"HTTPSConnection(host='raw.githubuserc…"
+)
+TIMEOUT = "no answer within NEMO_GYM_RUN_TIMEOUT=3600 s " + "with a long explanation " * 8
+
+
+def _failed(instance_id: str, repo: str, kind: str, reason: str) -> SmokeEpisode:
+    record = {"status": "failed", "failure_kind": kind, "failure_reason": reason, "mask_sample": True,
+              "turns": 0, "tool_calls": 0, "patch_applied": None, "fail_to_pass": None, "elapsed_s": 34.3}  # fmt: skip
+    return SmokeEpisode(instance_id, repo, {"reward": 0.0, "nemogym": record}, 3)
+
+
+def _graded(instance_id: str, repo: str) -> SmokeEpisode:
+    record = {"status": "ok", "failure_kind": None, "failure_reason": None, "mask_sample": False, "turns": 3,
+              "tool_calls": 3, "patch_applied": True, "fail_to_pass": {"passed": 0, "failed": 1},
+              "elapsed_s": 36.7}  # fmt: skip
+    return SmokeEpisode(instance_id, repo, {"reward": 0.0, "nemogym": record}, 3)
+
+
+EPISODES = [
+    _failed("django__django-10973", "django/django", "agent_run_error", OFFLINE),
+    _failed("pylint-dev__pylint-4551", "pylint-dev/pylint", "agent_run_error", OFFLINE.replace("django", "pylint")),
+    _graded("sphinx-doc__sphinx-8595", "sphinx-doc/sphinx"),
+    _failed("sympy__sympy-20916", "sympy/sympy", "agent_timeout", TIMEOUT),
+    _graded("scikit-learn__scikit-learn-14141", "scikit-learn/scikit-learn"),
+]
+
+
+def _render(width: int = 80) -> str:
+    console = Console(width=width, record=True, color_system=None)
+    table, _notes = build_table(EPISODES)
+    console.print(table)
+    return console.export_text()
+
+
+def test_the_table_fits_80_columns_and_no_instance_id_wraps() -> None:
+    text = _render(80)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    for episode in EPISODES:
+        rows = [line for line in lines if episode.instance_id in line]
+        assert len(rows) == 1, f"{episode.instance_id} is not whole on one line:\n{text}"
+
+
+def test_cells_are_short_and_consistent() -> None:
+    lines = _render().splitlines()
+    django = next(line for line in lines if "django__django-10973" in line).split()
+    # instance, verdict "set aside [1]", turns "-" (no trajectory came back), calls 3, patch, F2P, reward 0.0
+    assert django[1:] == ["set", "aside", "[1]", "-", "3", "-", "-", "0.0"]
+    sphinx = next(line for line in lines if "sphinx-doc__sphinx-8595" in line).split()
+    assert sphinx[1:] == ["ok", "3", "3", "yes", "0/1", "0.0"]
+    assert "None" not in "\n".join(lines)
+
+
+def test_reasons_are_numbered_footnotes_in_full_and_offline_ones_share_one() -> None:
+    _table, notes = build_table(EPISODES)
+    assert notes.numbers == (1, 1, None, 2, None)
+    assert notes.texts == (f"agent_run_error: {OFFLINE_REASON}", f"agent_timeout: {TIMEOUT}")
+
+
+def test_rewards_read_like_the_readme() -> None:
+    assert [reward_text(v) for v in (0, 0.0, 1, 0.5, 1 / 3, None, float("nan"))] == [
+        "0.0", "0.0", "1.0", "0.5", "0.33", "-", "-"
+    ]  # fmt: skip
+
+
+def test_one_line_per_finished_episode() -> None:
+    assert episode_line(EPISODES[0]) == ("[red]✗[/red] django__django-10973  set aside: no network (expected), 34 s")
+    assert episode_line(EPISODES[2]) == "[green]✓[/green] sphinx-doc__sphinx-8595  graded: 3 turns, reward 0.0, 37 s"
+    assert episode_line(EPISODES[3]).endswith("set aside: agent_timeout, 34 s")
+
+
+def test_json_report_holds_every_episode_with_its_note(tmp_path: Path) -> None:
+    report = SmokeReport(episodes=list(EPISODES), data_path=tmp_path / "p.jsonl")
+    document: dict[str, Any] = json.loads(json.dumps(report_json(report)))
+    assert document["chain_worked"] is True
+    assert [e["verdict"] for e in document["episodes"]] == ["set aside", "set aside", "ok", "set aside", "ok"]
+    assert [e["expected_offline"] for e in document["episodes"]] == [True, True, False, False, False]
+    assert document["episodes"][3]["note"] == f"agent_timeout: {TIMEOUT}"
+    assert document["episodes"][2]["nemogym"]["fail_to_pass"] == {"passed": 0, "failed": 1}
+    assert document["prompt_data"] == str(tmp_path / "p.jsonl")
+
+
+def test_the_rows_expected_offline_are_django_and_pylint(gym_example_rows: list[dict[str, Any]]) -> None:
+    positions = expected_offline([row["repo"] for row in gym_example_rows])
+    assert sorted(gym_example_rows[i]["instance_id"] for i in positions) == [
+        "django__django-10973",
+        "pylint-dev__pylint-4551",
+    ]
+
+
+def test_smoke_help_names_the_build_cache_and_interpreter() -> None:
+    for command in ("smoke", "serve"):
+        result = CliRunner().invoke(app, [command, "--help"], terminal_width=200)
+        assert result.exit_code == 0
+        for phrase in ("first run builds", "~/.cache/miles-nemogym", "MILES_NEMOGYM_CACHE", "MILES_NEMOGYM_GYM_PYTHON"):
+            assert phrase in result.output, (command, phrase)
+    assert "--json" in CliRunner().invoke(app, ["smoke", "--help"]).output
