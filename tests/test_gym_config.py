@@ -1,4 +1,4 @@
-"""The NeMo-Gym server's config and venv recipe (issue 5, ``serve``).
+"""The NeMo-Gym server's config and venv recipe (``serve``).
 
 Unit tests cover our layer: the overrides, provider options, the interpreter search
 and the recipe read from the wheel. The composition tests (marked ``integration``:

@@ -1,4 +1,4 @@
-"""Importing the hooks must not pull in heavy or trainer-only packages (issue 2)."""
+"""Importing the hooks must not pull in heavy or trainer-only packages."""
 
 from __future__ import annotations
 

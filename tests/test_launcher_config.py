@@ -1,4 +1,4 @@
-"""The launcher's recipe: defaults, YAML + CLI precedence, errors (issue 6)."""
+"""The launcher's recipe: defaults, YAML + CLI precedence, errors."""
 
 from __future__ import annotations
 

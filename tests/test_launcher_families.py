@@ -1,4 +1,4 @@
-"""Model family -> --tito-model and SGLang parsers (issue 6)."""
+"""Model family -> --tito-model and SGLang parsers."""
 
 from __future__ import annotations
 

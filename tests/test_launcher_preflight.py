@@ -1,4 +1,4 @@
-"""Every launcher preflight failure, with its fix (issue 6). No GPU, Ray or Miles needed:
+"""Every launcher preflight failure, with its fix. No GPU, Ray or Miles needed:
 GPUs are counted by a stand-in ``nvidia-smi`` script on PATH, Miles is a stand-in
 checkout, the Gym server a loopback HTTP server."""
 

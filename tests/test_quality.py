@@ -1,4 +1,4 @@
-"""The package stays ruff-clean and mypy --strict clean (issue 2: typed public API)."""
+"""The package stays ruff-clean and mypy --strict clean (a typed public API)."""
 
 from __future__ import annotations
 

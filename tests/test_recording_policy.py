@@ -1,7 +1,7 @@
 """The recording policy: Miles' session URL shape, per-session records, scripted answers.
 
 Against the real loopback server with an aiohttp client. The request bodies are the
-shape mini-swe-agent 2.1.0 sends through litellm (GYM_ON_CPU.md, "What an episode
+shape mini-swe-agent 2.1.0 sends through litellm (docs/upstream.md, "What an episode
 does"): model, messages, ``tools=[bash]``, ``parallel_tool_calls``, sampling params.
 """
 

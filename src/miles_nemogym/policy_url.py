@@ -1,7 +1,7 @@
 """The policy URL the NeMo-Gym server dials: Miles' session URL made reachable.
 
 Miles hands the agent function ``base_url = http://<session_server_ip>:<port>/sessions/<id>``
-(CONTRACTS.md §1). The NeMo-Gym harness needs the OpenAI-compatible base, which is that
+(Miles ``agentic_tool_call.py``; docs/upstream.md). The NeMo-Gym harness needs the OpenAI-compatible base, which is that
 URL plus ``/v1``, and it runs on another host in a real deployment. With Miles'
 ``--session-server-ip 0.0.0.0`` the host part is the wildcard address, which no remote
 peer can dial, so it is replaced by:

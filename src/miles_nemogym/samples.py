@@ -1,4 +1,4 @@
-"""Reading Miles ``Sample`` objects without importing Miles (CONTRACTS.md §2-4).
+"""Reading Miles ``Sample`` objects without importing Miles (Miles ``miles/utils/types.py``; docs/upstream.md).
 
 The reward hook, the group filter and the rollout metrics all receive Miles samples,
 and all must work in tests and tools where Miles is not installed. They read samples

@@ -1,7 +1,7 @@
-"""The real NeMo-Gym server, driven with raw ``/run`` requests (issue 5).
+"""The real NeMo-Gym server, driven with raw ``/run`` requests.
 
-These prove the fixtures and the facts the plugin builds on (GYM_ON_CPU.md,
-CONTRACTS.md §5): each ``/run`` reaches the policy at its own session URL with the
+These prove the fixtures and the facts the plugin builds on (docs/upstream.md,
+NeMo-Gym): each ``/run`` reaches the policy at its own session URL with the
 trainer's sampling parameters, graded episodes carry ``eval_report.tests_status``, the
 django row comes back as ``{error, traceback}``, golden mode makes no model call, and
 the server and its Ray leave nothing behind when stopped.
@@ -137,7 +137,7 @@ async def test_concurrent_runs_stay_on_their_own_sessions(
 async def test_django_row_comes_back_as_error_and_traceback(
     gym_server: GymServer, recording_policy: RecordingPolicy, gym_example_rows: list[dict[str, Any]]
 ) -> None:
-    # Building django's eval script needs the network here (GYM_ON_CPU.md): the server
+    # Building django's eval script needs the network here (docs/upstream.md): the server
     # still answers 200, with reward 0.0 and {error, traceback} instead of a report.
     status, result = await post_run(
         gym_server, run_body(gym_example_rows, DJANGO, recording_policy.session_url("django-session"))

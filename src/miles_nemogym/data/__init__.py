@@ -1,6 +1,6 @@
 """Convert SWE-bench-family task rows into Miles prompt rows (``miles-nemogym convert``).
 
-Public API (issue 3; the CLI is a thin layer over it):
+Public API (the CLI is a thin layer over it):
 
 - :func:`convert` + :class:`ConvertOptions` → :class:`ConvertReport`: the whole file
   conversion, streaming and atomic; raises :class:`ConvertError` with nothing written.

@@ -1,6 +1,6 @@
 """Can the installed ``swebench`` package grade a task row? (``--gradeable-only``)
 
-Serves CONTRACTS.md §6: the server grades every episode with
+Why (docs/upstream.md, NeMo-Gym): the server grades every episode with
 ``swebench.harness.test_spec.test_spec.make_test_spec`` and then
 ``swebench.harness.grading.get_eval_report``. Those index three tables by the row's
 ``repo`` (and ``version``): ``MAP_REPO_VERSION_TO_SPECS[repo][version]``,

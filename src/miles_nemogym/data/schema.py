@@ -1,6 +1,6 @@
 """What a SWE-bench task row must hold before it may become a Miles prompt row.
 
-Serves CONTRACTS.md §5/§6: the ``/run`` body is the task instance itself, and the
+Why (docs/upstream.md, NeMo-Gym): the ``/run`` body is the task instance itself, and the
 SWE-bench grader (``make_test_spec`` → ``get_eval_report``) reads ``instance_id``,
 ``repo``, ``version``, ``base_commit``, ``test_patch``, ``FAIL_TO_PASS`` and
 ``PASS_TO_PASS``; the agent's prompt is ``problem_statement``; golden scans apply
@@ -38,7 +38,7 @@ ROUTING_FIELDS: tuple[str, ...] = ("subset", "split")
 """Fields the converter sets on every output row (the server picks the image by subset)."""
 
 SUBSETS: tuple[str, ...] = ("verified", "gym")
-"""``verified`` → official SWE-bench images; ``gym`` → SWE-Gym images (CONTRACTS.md §5)."""
+"""``verified`` → official SWE-bench images; ``gym`` → SWE-Gym images (nemo-gym's ``mini_swe_agent_2`` picks the image by it)."""
 
 NEVER_DROPPED: frozenset[str] = frozenset(REQUIRED_FIELDS + ROUTING_FIELDS)
 

@@ -1,6 +1,6 @@
 """Which valid rows go to the output: repo filters, an id list, and ``--gradeable-only``.
 
-Serves issue 3's selection flags. Pure: :meth:`Selection.reason_to_drop` decides one
+The converter's selection flags. Pure: :meth:`Selection.reason_to_drop` decides one
 row from its typed instance; :func:`read_instance_ids` is the one helper that reads a file.
 ``--limit``, ``--shuffle`` and ``--holdout`` act on the stream of selected rows and
 live in :mod:`miles_nemogym.data.convert`.

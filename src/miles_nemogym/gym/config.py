@@ -7,7 +7,7 @@ more than a merge (``_inherit_from``/``_delete_key`` swaps, legacy aliases, defa
 validation). Re-implementing it would drift, so ``compose_config_yaml`` runs that
 parser inside the server venv and only the overrides are ours:
 
-- the three shipped config files of the chosen provider (GYM_ON_CPU.md, "Config");
+- the three shipped config files of the chosen provider (docs/upstream.md, NeMo-Gym);
 - the serve options: host, port, concurrency, step limit and timeouts, golden mode;
 - the user's provider options (a YAML file), merged over the provider's own block;
 - placeholder policy settings: every ``/run`` carries its own ``policy_base_url``,
@@ -44,7 +44,7 @@ MODEL_CONFIG = Path("responses_api_models/vllm_model/configs/vllm_model.yaml")
 # so a /run that forgot policy_base_url fails fast instead of reaching something real.
 PLACEHOLDER_POLICY_URL = "http://127.0.0.1:9/v1"
 
-# What the local provider needs on a plain host (GYM_ON_CPU.md): `cwd: ""` gives each
+# What the local provider needs on a plain host (docs/upstream.md, NeMo-Gym): `cwd: ""` gives each
 # episode its own temporary workspace instead of creating /testbed on the host; the
 # local provider refuses any `user`; there is no conda to activate.
 LOCAL_ENVIRONMENT_KWARGS: dict[str, Any] = {

@@ -1,7 +1,7 @@
 """Start and stop the real NeMo-Gym ``mini_swe_agent_2`` server as a child process.
 
 One class serves ``miles-nemogym serve``, ``smoke`` and the integration test fixtures,
-so the tests exercise what users run. It follows GYM_ON_CPU.md ("Start and stop"):
+so the tests exercise what users run. It follows how nemo-gym starts and stops its servers (docs/upstream.md, NeMo-Gym):
 ``app.py`` runs from the server venv with the composed config in
 ``NEMO_GYM_CONFIG_DICT``, starts its own local Ray, and answers HTTP after ~20 s.
 
