@@ -1,4 +1,6 @@
-"""Wire models of NeMo-Gym's ``mini_swe_agent_2`` ``POST /run`` (nemo-gym 0.7.0 ``responses_api_agents/mini_swe_agent_2/app.py``; docs/upstream.md).
+"""Wire models of NeMo-Gym's ``mini_swe_agent_2`` ``POST /run``.
+
+Defined by nemo-gym 0.7.0 ``responses_api_agents/mini_swe_agent_2/app.py`` (docs/upstream.md).
 
 The request side is strict where the server is strict: the server validates
 ``responses_create_params`` against a model that forbids unknown keys and answers 422

@@ -1,4 +1,6 @@
-"""Miles reward hook: ``--custom-rm-path miles_nemogym.reward.reward_func`` (Miles ``miles/rollout/rm_hub/__init__.py``; docs/upstream.md).
+"""Miles reward hook: ``--custom-rm-path miles_nemogym.reward.reward_func``.
+
+Called by Miles ``miles/rollout/rm_hub/__init__.py`` (docs/upstream.md).
 
 Miles calls ``await reward_func(args, sample)`` for one sample (returns a float) or
 ``await reward_func(args, [samples])`` for a batch (returns floats in the same order;

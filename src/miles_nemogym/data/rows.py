@@ -1,6 +1,7 @@
 """Map one validated SWE-bench task row to one Miles prompt row, and decide its subset/split.
 
-Shapes: Miles' prompt data and NeMo-Gym's ``/run`` body (docs/upstream.md). Miles reads ``prompt`` (``--input-key prompt``; a
+Shapes: Miles' prompt data and NeMo-Gym's ``/run`` body (docs/upstream.md).
+Miles reads ``prompt`` (``--input-key prompt``; a
 messages list, because its TITO session path needs one) and hands ``metadata``
 (``--metadata-key metadata``) to the agent function, which sends it as the ``/run``
 body: so ``metadata`` is the whole task instance plus ``subset`` (which picks the task

@@ -38,7 +38,7 @@ ROUTING_FIELDS: tuple[str, ...] = ("subset", "split")
 """Fields the converter sets on every output row (the server picks the image by subset)."""
 
 SUBSETS: tuple[str, ...] = ("verified", "gym")
-"""``verified`` → official SWE-bench images; ``gym`` → SWE-Gym images (nemo-gym's ``mini_swe_agent_2`` picks the image by it)."""
+"""``verified`` → official SWE-bench images; ``gym`` → SWE-Gym images (``mini_swe_agent_2`` picks by it)."""
 
 NEVER_DROPPED: frozenset[str] = frozenset(REQUIRED_FIELDS + ROUTING_FIELDS)
 
