@@ -94,12 +94,13 @@ async def test_server_down_for_good_is_unreachable_after_the_budget(
 ) -> None:
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("NEMO_GYM_RETRY_ATTEMPTS", "3")
+    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "1")  # the circuit waits this long first
     out = await call(sympy_row)
     await client.close_client()
     record = out["nemogym"]
     assert record["failure_kind"] == "transport_unreachable"
     assert record["mask_sample"] is True and out["reward"] == 0.0
-    assert record["attempts"] == 3
+    assert record["attempts"] == 3  # one delivery's budget; the circuit then only probes
 
 
 async def test_reset_after_body_is_a_peer_drop_never_resent(

@@ -36,6 +36,7 @@ from typing import Any
 
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episodes import abort_all, run_episode
+from miles_nemogym.ledger import ledger
 from miles_nemogym.mapping import RequestBuildError, build_run_body
 from miles_nemogym.outcome import Outcome, failure
 from miles_nemogym.policy_url import PolicyUrlError, policy_base_url
@@ -82,6 +83,9 @@ async def run(
         # A server error message could echo the request; the key never leaves this function.
         outcome = Outcome.model_validate(redact(outcome.model_dump(), api_key))
     _log(outcome)
+    record = outcome.record
+    # The ledger sees every episode, also those whose sample Miles returns without this dict.
+    ledger.record_episode((record.failure_kind or fk.AGENT_RUN_ERROR) if record.mask_sample else None)
     return outcome.to_metadata()
 
 

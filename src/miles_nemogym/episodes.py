@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym.client import get_client
+from miles_nemogym.circuit import circuit
+from miles_nemogym.client import GymClient, get_client
+from miles_nemogym.ledger import ledger
 from miles_nemogym.outcome import Outcome, failure
 from miles_nemogym.settings import Settings
 
@@ -47,7 +49,7 @@ async def run_episode(body: dict[str, Any], settings: Settings) -> Outcome:
     """POST one episode to ``/run`` and classify it; see the module docstring on cancellation."""
     client = await get_client(settings)
     loop = asyncio.get_running_loop()
-    task = loop.create_task(client.post_run(settings.run_url, body, settings))
+    task = loop.create_task(_deliver(client, body, settings))
     entry = _InFlight(task, loop)
     with _lock:
         _in_flight.add(entry)
@@ -70,6 +72,40 @@ async def run_episode(body: dict[str, Any], settings: Settings) -> Outcome:
     if outcome.record.instance_id is None:
         outcome.record.instance_id = instance_id
     return outcome
+
+
+# Failures that certainly never reached the server: safe to send again once it answers.
+_UNDELIVERED = frozenset({fk.TRANSPORT_UNREACHABLE, fk.TRANSPORT_TIMEOUT})
+
+
+async def _deliver(client: GymClient, body: dict[str, Any], settings: Settings) -> Outcome:
+    """``/run`` through the process's circuit: an undeliverable request opens it, waits
+    for the server, and is sent again (it never arrived); see ``circuit.py``."""
+    waited = 0.0
+    attempts = 0
+    try:
+        while True:
+            reachable, seconds = await circuit.wait()
+            waited += seconds
+            if not reachable:
+                outcome = failure(
+                    fk.TRANSPORT_UNREACHABLE,
+                    f"the NeMo-Gym server stayed unreachable past NEMO_GYM_OUTAGE_TIMEOUT="
+                    f"{settings.outage_timeout_s:g}s (this episode waited {waited:.0f}s)",
+                )
+                outcome.record.attempts = attempts
+                return outcome
+            outcome = await client.post_run(settings.run_url, body, settings)
+            attempts += outcome.record.attempts
+            if outcome.record.failure_kind in _UNDELIVERED and outcome.record.http_status is None:
+                circuit.trip(settings.gym_url, settings.outage_timeout_s)
+                continue
+            circuit.delivered()
+            outcome.record.attempts = attempts
+            return outcome
+    finally:
+        if waited:
+            ledger.add_outage_wait(waited)
 
 
 def _caller_cancelled() -> bool:

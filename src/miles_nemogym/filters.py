@@ -3,16 +3,22 @@
 ``--dynamic-sampling-filter-path miles_nemogym.filters.check_episode_group``
 
 GRPO normalises each sample's reward against its prompt group. A sample whose episode
-failed for infrastructure reasons scores 0.0 that says nothing about the policy, and it
-would still enter the group's baseline (``remove_sample`` zeroes only the loss), so the
-whole group is dropped instead. Miles takes only one filter path, so this filter also
-does what Miles' ``check_no_aborted`` does (a group with an ABORTED sample is dropped),
-and replaces it in the recipe.
+failed for infrastructure reasons scores 0.0 that says nothing about the policy. A group
+with such samples is kept when at least ``NEMO_GYM_MIN_VALID_PER_GROUP`` of its episodes
+are valid (clamped to ``--n-samples-per-prompt``): ``salvage.reward_post_process`` then
+trains it over the valid episodes alone and gives the failed ones zero loss. Otherwise
+(or with ``NEMO_GYM_MIN_VALID_PER_GROUP=0``) the group is dropped. Miles takes only one
+filter path, so this filter also does what Miles' ``check_no_aborted`` does (a group with
+an ABORTED sample is dropped: Miles could not assemble that sample), and replaces it in
+the recipe.
 
-A group is kept only when every sample carries a valid episode record. Drop reasons are
-low-cardinality and become Miles metrics ``rollout/dynamic_filter/drop_<reason>``:
-``group_has_aborted``, ``nemogym_<failure_kind>``, and ``nemogym_missing_record`` (the
-agent function never returned for a sample, e.g. its task was cancelled).
+Drop reasons are low-cardinality and become Miles metrics
+``rollout/dynamic_filter/drop_<reason>``: ``group_has_aborted``, ``nemogym_<failure_kind>``,
+and ``nemogym_missing_record`` (the agent function never returned for a sample, e.g. its
+task was cancelled).
+
+This is also where the run stops when the server cannot produce episodes: an exception
+from the dynamic filter is the one that propagates out of Miles' rollout (``run_stop.py``).
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from miles_nemogym.failure_kinds import metric_label
-from miles_nemogym.samples import flatten, is_aborted, record_of
+from miles_nemogym import run_stop
+from miles_nemogym.ledger import ledger
+from miles_nemogym.salvage import group_verdict
+from miles_nemogym.settings import get_settings
 
 
 @dataclass
@@ -42,21 +50,18 @@ def _output_type() -> Any:
     return DynamicFilterOutput
 
 
-def drop_reason(samples: Any) -> str | None:
-    """Why the group must be dropped, or None to keep it. Pure."""
-    group = list(flatten(samples))
-    if any(is_aborted(sample) for sample in group):
-        return "group_has_aborted"
-    for sample in group:
-        record = record_of(sample)
-        if record is None:
-            return "nemogym_missing_record"
-        if record.get("mask_sample"):
-            return "nemogym_" + metric_label(str(record.get("failure_kind") or "unknown"))
-    return None
+def drop_reason(samples: Any, min_valid: int = 0, group_size: int | None = None) -> str | None:
+    """Why the group must be dropped, or None to keep it. Pure; ``min_valid=0`` drops
+    a group on any failed episode."""
+    return group_verdict(samples, min_valid, group_size)[0]
 
 
 def check_episode_group(args: Any, samples: Any, **kwargs: Any) -> Any:
-    """Miles filter: keep the group unless an episode in it is not a valid measurement."""
-    reason = drop_reason(samples)
+    """Miles filter: keep the group when it can be trained; raise ``RunStopped`` when the
+    run must stop (see the module docstring)."""
+    settings = get_settings()
+    run_stop.check(settings)
+    group_size = getattr(args, "n_samples_per_prompt", None)
+    reason, salvaged = group_verdict(samples, settings.min_valid_per_group, group_size)
+    ledger.record_group(kept=reason is None, salvaged=salvaged)
     return _output_type()(keep=reason is None, reason=reason)

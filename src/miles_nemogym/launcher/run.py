@@ -329,7 +329,7 @@ def execute(
         print(f"note: {load_error}", file=sys.stderr)
     try:
         job = cmd.build_job(config, parsers, install or _placeholder_install(config), environ)
-    except cmd.DuplicateFlagError as error:
+    except (cmd.DuplicateFlagError, cmd.GroupSettingError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
 
