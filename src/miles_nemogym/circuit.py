@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 WARN_EVERY_S = 60.0
 PROBE_BACKOFF_S = 0.5
 PROBE_BACKOFF_MAX_S = 15.0
+RECHECK_S = 10.0
 
 
 class Circuit:
@@ -104,12 +105,16 @@ class Circuit:
                     event = self._wakeups.get(loop)
                     if event is None or event.is_set():
                         event = self._wakeups[loop] = asyncio.Event()
-                    start_probe = not self._probing
-                    self._probing = True
-                if start_probe:
-                    # Kept referenced: the loop holds only a weak reference to its tasks.
-                    self._probe_task = loop.create_task(self._probe_loop())
-                await event.wait()
+                    probe_task = self._probe_task
+                    if self._probing and (probe_task is None or probe_task.done() or probe_task.get_loop().is_closed()):
+                        self._probing = False  # its loop went away without running its cleanup
+                    if not self._probing:
+                        self._probing = True
+                        # Kept referenced: the loop holds only a weak reference to its tasks.
+                        self._probe_task = loop.create_task(self._probe_loop())
+                # Woken by the probe; the timeout re-checks that a probe still runs somewhere.
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(event.wait(), RECHECK_S)
         finally:
             with self._lock:
                 self._waiting -= 1
