@@ -117,10 +117,26 @@ def _tool_name_and_argument(body: Mapping[str, Any]) -> tuple[str, str]:
     return "bash", "command"
 
 
+def thought(turn: int) -> str:
+    """The assistant text before each scripted tool call."""
+    return f"THOUGHT: step {turn + 1} of the scripted policy."
+
+
+def qwen_tool_call_text(command: str, turn: int, tool: str = "bash", argument: str = "command") -> str:
+    """The same scripted turn as a Qwen3 model writes it (for a real engine's tool-call parser).
+
+    Miles' mock SGLang engine returns raw completion text and parses ``<tool_call>`` blocks
+    into OpenAI ``tool_calls`` as SGLang's qwen25 parser does; a real Qwen3 ends its turn
+    with ``<|im_end|>``.
+    """
+    call = json.dumps({"name": tool, "arguments": {argument: command}})
+    return f"{thought(turn)}\n<tool_call>\n{call}\n</tool_call><|im_end|>"
+
+
 def chat_completion(body: Mapping[str, Any], command: str, turn: int) -> dict[str, Any]:
     """An OpenAI chat.completion answering with one bash tool call running ``command``."""
     name, argument = _tool_name_and_argument(body)
-    content = f"THOUGHT: step {turn + 1} of the scripted policy."
+    content = thought(turn)
     tool_call = {
         "id": f"call_{uuid.uuid4().hex[:24]}",
         "type": "function",
