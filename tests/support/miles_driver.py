@@ -70,12 +70,14 @@ from miles.rollout.session.server import SessionServer  # noqa: E402
 from miles.router.router import MilesRouter  # noqa: E402
 from miles.utils.arguments import parse_args  # noqa: E402
 from miles.utils.http_utils import find_available_port, init_http_client  # noqa: E402
-from miles.utils.misc import SingletonMeta  # noqa: E402
+from miles.utils.misc import SingletonMeta, load_function  # noqa: E402
 from miles.utils.test_utils.mock_sglang_server import MockSGLangServer, ProcessResult  # noqa: E402
 from miles.utils.test_utils.uvicorn_thread_server import UvicornThreadServer  # noqa: E402
 from miles.utils.tracking_utils import tracking  # noqa: E402
 
+from miles_nemogym.circuit import circuit  # noqa: E402
 from miles_nemogym.launcher.command import GENERATE_FUNCTION, HOOKS  # noqa: E402
+from miles_nemogym.ledger import ledger  # noqa: E402
 from miles_nemogym.recording_policy import Script, qwen_tool_call_text  # noqa: E402
 
 ROLLOUT_FUNCTION = "miles.rollout.inference_rollout.inference_rollout_common.InferenceRolloutFn"
@@ -230,6 +232,7 @@ HOOK_NAMES = {
     "--custom-rm-path": "reward",
     "--dynamic-sampling-filter-path": "dynamic_filter",
     "--custom-rollout-log-function-path": "rollout_log",
+    "--custom-reward-post-process-path": "reward_post_process",
 }
 
 
@@ -318,6 +321,9 @@ def _argv(request: dict[str, Any], tokenizer: Path, data: str, router_port: int)
 
 def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[str, Any]:
     RECORDER.__init__()  # type: ignore[misc]
+    # Each step is a fresh run: the process's circuit and episode ledger start clean.
+    circuit.reset()
+    ledger.reset()
     script = Script(look_around_turns=int(request.get("look_around_turns", 1)))
     policy_calls = [0]
 
@@ -388,7 +394,9 @@ def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[st
             reply["metrics"] = _json_safe(output.metrics)
             flat, metadata = postprocess_rollout_data(args, output.samples, train_parallel_config=None)
             log_rollout_data(0, args, flat, output.metrics, time.monotonic() - started)
-            train = convert_samples_to_train_data(args, flat, metadata, None, None)
+            # As Miles' RolloutManager loads it (miles/ray/rollout/rollout_manager.py).
+            post_process = load_function(args.custom_reward_post_process_path)
+            train = convert_samples_to_train_data(args, flat, metadata, None, post_process)
             keys = ("rewards", "raw_reward", "loss_masks", "response_lengths", "truncated", "rollout_ids")
             reply["train_data"] = {key: _json_safe(train.get(key)) for key in keys}
         reply["hooks"] = RECORDER.calls

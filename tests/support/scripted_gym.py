@@ -1,0 +1,42 @@
+"""A loopback ``/run`` server whose answers follow a script, for group-level tests.
+
+``tests.fault_server.FaultServer`` answers every episode of an instance alike; a test of
+GRPO over a group needs episodes of one prompt with different rewards and some failed
+after their policy calls (so Miles still returns a sample carrying our record). Here
+the k-th ``/run`` of an instance gets the k-th entry of its script.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from tests.fault_server import FaultServer, _call_policy
+
+ERROR = "error"
+"""Script entry: the server's ``{error, traceback}`` result (``agent_run_error``, masked)."""
+
+
+@dataclass
+class ScriptedGym(FaultServer):
+    """Per instance, a list of answers: a reward (the graded ``result`` with that reward)
+    or ``ERROR``; each ``/run`` first makes ``policy_calls`` model calls, as an episode does."""
+
+    scripts: dict[str, list[float | str]] = field(default_factory=dict)
+    _seen: dict[str, int] = field(default_factory=dict)
+
+    async def _run(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.bodies.append(body)
+        instance = str(body.get("instance_id"))
+        k = self._seen.get(instance, 0)
+        self._seen[instance] = k + 1
+        script = self.scripts.get(instance) or [float(self.result.get("reward", 0.0))]
+        answer = script[k % len(script)]
+        for turn in range(self.policy_calls):
+            await _call_policy(body, turn)
+        if answer == ERROR:
+            metadata = {"error": "eval script failed", "traceback": "Traceback ..."}
+            return web.json_response({**self.result, "reward": 0.0, "metadata": metadata, "instance_id": instance})
+        return web.json_response({**self.result, "reward": float(answer), "instance_id": instance})
