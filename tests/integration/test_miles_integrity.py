@@ -21,7 +21,7 @@ import pytest
 from miles_nemogym.data import convert_row
 from tests.fault_server import FaultServer, free_port
 from tests.support.miles_harness import MilesDriver, StepResult
-from tests.support.scripted_gym import ERROR, ScriptedGym
+from tests.support.scripted_gym import ERROR, HOLD, ScriptedGym
 from tests.support.threaded import serving_in_thread
 
 pytestmark = pytest.mark.integration
@@ -134,6 +134,42 @@ def test_an_episode_failing_before_its_first_policy_call_is_counted(
     assert tracked["nemogym/failure_rate/agent_run_error"] == 0.5
     assert tracked["nemogym/failure_rate"] == 0.5
     assert tracked["nemogym/groups_dropped"] == 1.0
+
+
+def test_over_sampled_episodes_aborted_at_step_end_are_cancelled_not_failures(
+    miles_driver: MilesDriver, rows: list[dict[str, Any]], graded: dict[str, Any]
+) -> None:
+    fast, slow = rows[0], rows[1]
+    gym = ScriptedGym(result=graded, policy_calls=1, scripts={slow["metadata"]["instance_id"]: [HOLD]})
+    with serving_in_thread(gym):
+        result = miles_driver.step(
+            gym_url=gym.url, rows=[fast, slow], n_prompts=1, n_samples=2,
+            extra_argv=["--over-sampling-batch-size", "2"],
+        )  # fmt: skip
+        disconnects = gym.disconnects
+    result.check()
+    assert {s["metadata"]["instance_id"] for s in result.samples} == {fast["metadata"]["instance_id"]}
+    assert disconnects == 2  # Miles' abort reached our abort(): both held /runs were closed
+    tracked = result.tracked("rollout/step")
+    assert tracked["nemogym/episodes"] == 2.0 and tracked["nemogym/episodes_cancelled"] == 2.0
+    assert "nemogym/failure_rate/cancelled" not in tracked and tracked["nemogym/failure_rate"] == 0.0
+
+
+def test_a_server_failing_everything_stops_the_step_after_the_failure_streak(
+    miles_driver: MilesDriver, rows: list[dict[str, Any]], graded: dict[str, Any]
+) -> None:
+    gym = FaultServer(result=graded, mode="500")
+    with serving_in_thread(gym):
+        result = miles_driver.step(
+            gym_url=gym.url, rows=rows[:2], n_prompts=2, n_samples=2,
+            env={"NEMO_GYM_MAX_FAILURE_STREAK": "6"}, time_limit_s=120,
+        )  # fmt: skip
+    assert result.finished, "Miles' rollout kept drawing prompts instead of stopping"
+    error = result.error or ""
+    assert error.startswith("RunStopped: ") and "NEMO_GYM_MAX_FAILURE_STREAK=6" in error
+    assert "agent_run_error x" in error
+    # Stopped at the first group verdict after the 6th failure: a handful of groups, not an epoch.
+    assert 6 <= len(gym.bodies) <= 6 + 4
 
 
 OUTAGE_S = 20.0

@@ -8,6 +8,7 @@ the k-th ``/run`` of an instance gets the k-th entry of its script.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -16,12 +17,14 @@ from tests.fault_server import FaultServer, _call_policy
 
 ERROR = "error"
 """Script entry: the server's ``{error, traceback}`` result (``agent_run_error``, masked)."""
+HOLD = "hold"
+"""Script entry: after the policy calls, no answer until the client hangs up (at most 120 s)."""
 
 
 @dataclass
 class ScriptedGym(FaultServer):
     """Per instance, a list of answers: a reward (the graded ``result`` with that reward)
-    or ``ERROR``; each ``/run`` first makes ``policy_calls`` model calls, as an episode does."""
+    , ``ERROR`` or ``HOLD``; each ``/run`` first makes ``policy_calls`` model calls, as an episode does."""
 
     scripts: dict[str, list[float | str]] = field(default_factory=dict)
     _seen: dict[str, int] = field(default_factory=dict)
@@ -36,6 +39,12 @@ class ScriptedGym(FaultServer):
         answer = script[k % len(script)]
         for turn in range(self.policy_calls):
             await _call_policy(body, turn)
+        if answer == HOLD:
+            for _ in range(2400):
+                if request.transport is None or request.transport.is_closing():
+                    self.disconnects += 1
+                    return web.Response(status=499)
+                await asyncio.sleep(0.05)
         if answer == ERROR:
             metadata = {"error": "eval script failed", "traceback": "Traceback ..."}
             return web.json_response({**self.result, "reward": 0.0, "metadata": metadata, "instance_id": instance})
