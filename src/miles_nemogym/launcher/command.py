@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from miles_nemogym import salvage
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.launcher.families import Parsers
 from miles_nemogym.settings import ENV_VARS
@@ -25,7 +26,7 @@ AGENT_FUNCTION = "miles_nemogym.agent.run"
 REWARD_FUNCTION = "miles_nemogym.reward.reward_func"
 GROUP_FILTER = "miles_nemogym.filters.check_episode_group"
 ROLLOUT_LOG_FUNCTION = "miles_nemogym.metrics.log_rollout"
-REWARD_POST_PROCESS = "miles_nemogym.salvage.reward_post_process"
+REWARD_POST_PROCESS = salvage.HOOK_PATH
 
 HOOKS: tuple[tuple[str, str], ...] = (
     ("--custom-agent-function-path", AGENT_FUNCTION),
