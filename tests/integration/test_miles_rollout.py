@@ -53,17 +53,16 @@ def real_train_steps(
     miles_driver: MilesDriver, gym_server: GymServer, rows: dict[str, dict[str, Any]]
 ) -> Iterator[dict[str, StepResult]]:
     """One train step per session server version over the real Gym server (2 prompts x 2)."""
-    steps: dict[str, StepResult] = {}
 
     class Lazy(dict[str, StepResult]):
         def __missing__(self, version: str) -> StepResult:
-            steps[version] = miles_driver.step(
+            self[version] = miles_driver.step(
                 gym_url=gym_server.url,
                 rows=[rows[iid] for iid in REAL_ROWS],
                 session_server=version,
                 env={"NEMO_GYM_POLICY_API_KEY": "sk-miles-e2e"},
             ).check()
-            return steps[version]
+            return self[version]
 
     yield Lazy()
 
@@ -110,7 +109,10 @@ def test_train_step_over_the_real_gym_server(real_train_steps: dict[str, StepRes
     assert tracked["nemogym/episodes"] == 4.0 and tracked["nemogym/samples"] == 4.0
     assert tracked["nemogym/failure_rate"] == 0.0
     assert tracked["nemogym/resolve_rate"] == sum(s["reward"] for s in result.samples) / 4
-    assert "rollout/raw_reward" in tracked  # Miles' own metrics went to the same tracking call path
+    # Miles' own rollout logging ran after ours (log_rollout returns False), to the same tracking.
+    assert tracked["rollout/truncated_ratio"] == 0.0
+    # The session server's TITO check saw no token mismatch over the real episodes.
+    assert tracked[f"rollout/tito_session_mismatch_rate/{version}"] == 0.0
 
 
 def test_train_data_as_the_trainer_sees_it(real_train_steps: dict[str, StepResult]) -> None:

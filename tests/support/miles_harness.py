@@ -15,7 +15,8 @@ driver per test session; a step over the real Gym server takes ~20-40 s)::
         time_limit_s=300,                # past it: result.finished is False, driver restarted
     )
     result.finished, result.error         # did Miles' step return; its exception if it raised
-    result.groups                         # train: kept groups, each a list of sample dicts
+    result.groups                         # train: kept groups, each a flat list of sample dicts
+    result.raw["samples"]                 # ... as Miles nests them (v2: a list per episode)
     result.samples                        # flat: status, reward, tokens, response_length,
                                           #   loss_mask, rollout_log_probs, remove_sample, metadata
     result.eval["swe"]                    # eval: rewards, truncated, samples
@@ -71,7 +72,8 @@ class StepResult:
 
     @property
     def groups(self) -> list[list[dict[str, Any]]]:
-        return list(self.raw.get("samples") or [])
+        """Kept groups, each flat (under v2 Miles nests each episode's samples in a list)."""
+        return [_flat(group) for group in self.raw.get("samples") or []]
 
     @property
     def samples(self) -> list[dict[str, Any]]:
