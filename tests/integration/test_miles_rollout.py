@@ -14,6 +14,8 @@ episode does) for exact rewards and faults.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -232,3 +234,32 @@ def test_episode_failing_before_its_first_policy_call_comes_back_aborted_and_its
     assert len(kept) == 2 and {SYMPY} not in kept and {SKLEARN} in kept
     assert all(s["status"] == "completed" and s["metadata"]["nemogym"]["status"] == "ok" for s in result.samples)
     assert [body["instance_id"] for body in server.bodies].count(SYMPY) == 2  # never run twice
+
+
+def test_how_miles_calls_the_agent_reaches_the_gym_request(
+    miles_driver: MilesDriver, rows: dict[str, dict[str, Any]], results: dict[str, dict[str, Any]]
+) -> None:
+    """Miles' sampling flags arrive in the /run request; its bookkeeping keys do not."""
+    server = FaultServer(result=results[SKLEARN], policy_calls=1)
+    sampling = ["--rollout-temperature", "0.7", "--rollout-top-p", "0.9", "--rollout-top-k", "20"]
+    with serving_in_thread(server):
+        result = miles_driver.step(
+            gym_url=server.url,
+            rows=[rows[SKLEARN]],
+            n_prompts=1,
+            env={**FAST_ENV, "NEMO_GYM_POLICY_API_KEY": "sk-miles-convention"},
+            extra_argv=[*sampling, "--max-seq-len", "8192"],
+        ).check()
+
+    assert len(server.bodies) == 2
+    for body in server.bodies:
+        assert not {"max_seq_len", "session_server_id", "session_server_instance_id"} & set(body)
+        rcp = body["responses_create_params"]
+        assert (rcp["temperature"], rcp["top_p"], rcp["max_output_tokens"]) == (0.7, 0.9, 1024)
+        assert json.loads(rcp["metadata"]["extra_body"])["top_k"] == 20
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/sessions/[0-9a-f]+/v1", body["policy_base_url"])
+        assert body["policy_api_key"] == "sk-miles-convention"
+    # Miles adds its bookkeeping to the metadata it passes (max_seq_len, session_server_id).
+    for call in result.hook_calls("agent"):
+        assert {"max_seq_len", "session_server_id", "instance_id"} <= set(call["metadata_keys"])
+    assert all(s["metadata"]["nemogym"]["status"] == "ok" for s in result.samples)
