@@ -22,7 +22,7 @@ driver per test session; a step over the real Gym server takes ~20-40 s)::
     result.eval["swe"]                    # eval: rewards, truncated, samples
     result.metrics                        # the rollout function's own metrics
     result.hook_calls("dynamic_filter")   # how Miles called our hooks: agent, reward,
-                                          #   dynamic_filter, rollout_log (with their results)
+                                          #   dynamic_filter, rollout_log, abort (with results)
     result.tracked("rollout/step")        # what reached Miles' tracking.log, merged per step key
     result.train_data                     # Miles' convert_samples_to_train_data: rewards,
                                           #   raw_reward, loss_masks, response_lengths, ...
@@ -96,7 +96,7 @@ class StepResult:
         return int(self.raw.get("policy_calls") or 0)
 
     def hook_calls(self, hook: str) -> list[dict[str, Any]]:
-        """Each call Miles made to our hook ``hook`` (agent, reward, dynamic_filter, rollout_log)."""
+        """Each call Miles made to our hook ``hook`` (agent, reward, dynamic_filter, rollout_log, abort)."""
         return list((self.raw.get("hooks") or {}).get(hook, []))
 
     def tracked(self, step_key: str) -> dict[str, Any]:
