@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym.episodes import abort_all, run_episode
+from miles_nemogym.episodes import AWAITING_RESULT, NOT_DELIVERED, abort_all, run_episode
 from miles_nemogym.ledger import ledger
 from miles_nemogym.mapping import RequestBuildError, build_run_body
 from miles_nemogym.outcome import Outcome, failure
@@ -62,8 +62,7 @@ async def run(
 ) -> dict[str, Any]:
     """Run one NeMo-Gym episode for one Miles sample; see the module docstring."""
     raw_id = metadata.get("instance_id") if isinstance(metadata, Mapping) else None
-    instance_id = None if raw_id is None else str(raw_id)
-    api_key: str | None = None
+    instance_id = None if raw_id is None else _printable(str(raw_id))
     mode = RewardMode.binary
     try:
         settings = get_settings()
@@ -85,9 +84,8 @@ async def run(
     else:
         outcome = await run_episode(body, settings)
     outcome.record.episode_id = uuid.uuid4().hex
-    if api_key:
-        # A server error message could echo the request; the key never leaves this function.
-        outcome = Outcome.model_validate(redact(outcome.model_dump(), api_key))
+    # The API key was scrubbed from the server's answer as it arrived (client.scrub); our
+    # own fields never hold it.
     _log(outcome)
     record = outcome.record
     # The ledger sees every episode, also those whose sample Miles returns without this dict.
@@ -102,10 +100,17 @@ async def abort(args: Any = None) -> None:
 
     Returns at once; each stopped ``run`` returns a ``cancelled`` outcome. The server-side
     episodes cannot be cancelled over the API (NeMo-Gym has no cancel endpoint); closing
-    their connections is all a client can do, and their sandboxes expire by TTL.
+    their connections is all a client can do, and their sandboxes expire by TTL. One log
+    line per abort, however many episodes it stops.
     """
-    stopped = abort_all()
-    logger.info("abort: stopped %d in-flight NeMo-Gym episode(s)", stopped)
+    states = abort_all()
+    logger.info(
+        "abort: stopped %d in-flight NeMo-Gym episode(s): %d sent and awaiting their result "
+        "(the server may finish them), %d not yet delivered; each is recorded as cancelled",
+        sum(states.values()),
+        states[AWAITING_RESULT],
+        states[NOT_DELIVERED],
+    )
 
 
 def _log(outcome: Outcome) -> None:
@@ -113,6 +118,9 @@ def _log(outcome: Outcome) -> None:
     if record.status == "ok":
         return
     kind = record.failure_kind or "?"
+    if kind == fk.CANCELLED:  # abort() logs one line for all of them
+        logger.debug("NeMo-Gym episode cancelled: instance=%s %s", record.instance_id, record.failure_reason)
+        return
     if kind in _CONFIG_KINDS or kind == fk.INVALID_REQUEST:
         message = record.failure_reason or kind
         if message in _logged_config_errors:
@@ -133,12 +141,8 @@ def _log(outcome: Outcome) -> None:
     )
 
 
-def redact(value: Any, secret: str) -> Any:
-    """``value`` with every occurrence of ``secret`` in its strings replaced."""
-    if isinstance(value, str):
-        return value.replace(secret, "***") if secret in value else value
-    if isinstance(value, dict):
-        return {key: redact(item, secret) for key, item in value.items()}
-    if isinstance(value, list):
-        return [redact(item, secret) for item in value]
-    return value
+def _printable(text: str) -> str:
+    """``text`` safe to log and serialize: a lone surrogate is shown escaped."""
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

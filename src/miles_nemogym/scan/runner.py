@@ -24,7 +24,6 @@ from typing import Any
 
 from rich.console import Console
 
-from miles_nemogym.agent import redact
 from miles_nemogym.client import close_client
 from miles_nemogym.episodes import run_episode
 from miles_nemogym.mapping import RequestBuildError, build_run_body
@@ -199,9 +198,7 @@ async def run_scan(
             outcome = await run_episode(prepared.bodies[task.instance_id], prepared.settings)
             seconds = loop.time() - started
         outcome.record.episode_id = uuid.uuid4().hex  # as the agent function does
-        if prepared.api_key:
-            # A server error message could echo the request; the key never leaves the body.
-            outcome = Outcome.model_validate(redact(outcome.model_dump(), prepared.api_key))
+        # The API key was scrubbed from the server's answer as it arrived (client.scrub).
         result = _result_line(task, outcome, seconds, config)
         if writer is not None:
             writer.write(result)  # before it is reported: what was shown is on disk
