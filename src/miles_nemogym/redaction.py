@@ -22,8 +22,6 @@ logger = logging.getLogger(__name__)
 
 REDACTED = "***"
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")
-# A URL's user-info inside free text (an error message quoting a URL).
-_USERINFO_IN_TEXT = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)([^\s/?#@:'\"]*):[^\s/?#@'\"]*@")
 
 MIN_SECRET_CHARS = 8
 """A shorter key (local servers often take ``EMPTY``) cannot be told apart from ordinary
@@ -45,9 +43,14 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:{REDACTED}@{host}"))
 
 
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+
+
 def redact_urls(text: str) -> str:
-    """``text`` with the password of every ``scheme://user:password@`` URL in it hidden."""
-    return _USERINFO_IN_TEXT.sub(rf"\1\2:{REDACTED}@", text) if "@" in text else text
+    """``text`` (an error message that may quote a setting) with every URL's password hidden."""
+    if "@" not in text:  # the common case, on the hot path of every failure reason
+        return text
+    return _URL_IN_TEXT.sub(lambda match: redact_url(match.group(0)), text)
 
 
 def _hex(value: int, width: int) -> bytes:

@@ -1,1 +1,1 @@
-"""Helpers shared by several test modules (not tests themselves)."""
+"""Helpers shared by several test modules (servers, fixtures); not tests themselves."""
