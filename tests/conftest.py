@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -10,6 +11,19 @@ from miles_nemogym import gym_wheel
 
 # Fixtures shared by several test modules.
 pytest_plugins = ["tests.openapi_standin"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_run_state() -> Iterator[None]:
+    """Each test starts with the process's circuit closed and an empty ledger."""
+    from miles_nemogym.circuit import circuit
+    from miles_nemogym.ledger import ledger
+
+    circuit.reset()
+    ledger.reset()
+    yield
+    circuit.reset()
+    ledger.reset()
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 from aiohttp import web
+
+EARLY_ERRORS = frozenset({"500", "422", "echo_key_422", "nonjson"})
 
 
 def free_port() -> int:
@@ -39,6 +42,13 @@ class FaultServer:
     peak_in_flight: int = 0
     disconnects: int = 0
     peers: set[tuple[str, int]] = field(default_factory=set)
+    results_by_instance: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Answer an instance with its own real result (else ``result``), as the real server would."""
+    fault_instances: frozenset[str] | None = None
+    """When set, ``mode`` applies only to these instances; the others get ``ok``."""
+    policy_calls: int = 0
+    """Chat completions to make on the request's ``policy_base_url`` before answering, as an
+    episode does: Miles' session server only turns a session with model calls into a sample."""
     _runner: web.AppRunner | None = None
 
     @property
@@ -53,7 +63,13 @@ class FaultServer:
             self.peers.add(tuple(peer[:2]))
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        instance = str(body.get("instance_id"))
+        result = self.results_by_instance.get(instance, self.result)
+        mode = self.mode if self.fault_instances is None or instance in self.fault_instances else "ok"
         try:
+            # An error answer comes before any episode work: no model call.
+            for turn in range(0 if mode in EARLY_ERRORS else self.policy_calls):
+                await _call_policy(body, turn)
             waited = 0.0
             while waited < self.hold_s:
                 await asyncio.sleep(0.05)
@@ -65,27 +81,27 @@ class FaultServer:
             self.in_flight -= 1
         if self.respond is not None:
             return self.respond(body)
-        if self.mode == "500":
+        if mode == "500":
             return web.Response(status=500, text="Internal Server Error")
-        if self.mode == "422":
+        if mode == "422":
             detail = [{"loc": ["body", "responses_create_params", "top_k"], "msg": "Extra inputs are not permitted"}]
             return web.json_response({"detail": detail}, status=422)
-        if self.mode == "echo_key_422":
+        if mode == "echo_key_422":
             # FastAPI echoes the offending input; placed so that the 300-char reason cut splits the key.
             detail = [{"msg": "x" * 238, "input": {"policy_api_key": body.get("policy_api_key", "")}}]
             return web.json_response({"detail": detail}, status=422)
-        if self.mode == "nonjson":
+        if mode == "nonjson":
             return web.Response(status=200, text="<html>proxy error</html>", content_type="text/html")
-        if self.mode == "error_metadata":
+        if mode == "error_metadata":
             return web.json_response(
-                {**self.result, "reward": 0.0, "metadata": {"error": "eval script failed", "traceback": "Tb..."}}
+                {**result, "reward": 0.0, "metadata": {"error": "eval script failed", "traceback": "Tb..."}}
             )
-        if self.mode == "echo_key_error":
+        if mode == "echo_key_error":
             key = body.get("policy_api_key", "")
             return web.json_response(
-                {**self.result, "reward": 0.0, "metadata": {"error": f"auth failed for {key}", "traceback": key}}
+                {**result, "reward": 0.0, "metadata": {"error": f"auth failed for {key}", "traceback": key}}
             )
-        return web.json_response({**self.result, "instance_id": body.get("instance_id")})
+        return web.json_response({**result, "instance_id": body.get("instance_id")})
 
     async def start(self) -> FaultServer:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -99,6 +115,43 @@ class FaultServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+# mini-swe-agent 2.1.0's one tool, as the harness declares it to the policy.
+BASH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Execute a bash command",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string", "description": "The bash command to execute"}},
+            "required": ["command"],
+        },
+    },
+}
+
+
+async def _call_policy(body: dict[str, Any], turn: int) -> None:
+    """One chat completion on the episode's policy, as the NeMo-Gym harness makes it."""
+    params = body.get("responses_create_params") or {}
+    chat = {
+        "model": params.get("model") or "policy",
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": f"Fault-server turn {turn + 1} for {body.get('instance_id')}."},
+        ],
+        "tools": [BASH_TOOL],
+    }
+    headers = {"Authorization": f"Bearer {body['policy_api_key']}"} if body.get("policy_api_key") else {}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            str(body["policy_base_url"]).rstrip("/") + "/chat/completions", json=chat, headers=headers
+        ) as response,
+    ):
+        response.raise_for_status()
+        await response.read()
 
 
 class ResetAfterBodyServer:

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import agent, client, episodes
+from miles_nemogym import agent, client, episodes, reward
 from tests.fault_server import FaultServer, ResetAfterBodyServer, free_port
-from tests.miles_standin import Sample, agentic_generate
+from tests.support.results import partially_passing
+from tests.support.samples import Sample
 
 SESSION = "http://127.0.0.1:39999/sessions/s-1"
 
@@ -93,12 +94,13 @@ async def test_server_down_for_good_is_unreachable_after_the_budget(
 ) -> None:
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("NEMO_GYM_RETRY_ATTEMPTS", "3")
+    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "1")  # the circuit waits this long first
     out = await call(sympy_row)
     await client.close_client()
     record = out["nemogym"]
     assert record["failure_kind"] == "transport_unreachable"
     assert record["mask_sample"] is True and out["reward"] == 0.0
-    assert record["attempts"] == 3
+    assert record["attempts"] == 3  # one delivery's budget; the circuit then only probes
 
 
 async def test_reset_after_body_is_a_peer_drop_never_resent(
@@ -240,25 +242,6 @@ async def test_api_key_reaches_the_server_but_never_the_sample_or_logs(
     assert out["nemogym"]["mask_sample"] is True
 
 
-async def test_miles_calling_convention(server: FaultServer, sympy_row: dict[str, Any]) -> None:
-    sample = Sample(prompt=[{"role": "user", "content": "fix"}], metadata=dict(sympy_row))
-    out = await agentic_generate(
-        "miles_nemogym.agent.run",
-        sample,
-        session_url=SESSION,
-        sampling_params={"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 512, "top_k": 20,
-                         "sampling_seed": 3, "min_p": None},
-    )  # fmt: skip
-    body = server.bodies[-1]
-    for key in ("max_seq_len", "session_server_id", "session_server_instance_id"):
-        assert key not in body  # Miles' bookkeeping is not task data
-    rcp = body["responses_create_params"]
-    assert (rcp["temperature"], rcp["top_p"], rcp["max_output_tokens"]) == (0.7, 0.9, 512)
-    assert rcp["metadata"]["extra_body"] == '{"seed": 3, "top_k": 20}'
-    assert out.metadata["reward"] == 0.0 and out.metadata["nemogym"]["status"] == "ok"
-    assert out.metadata["instance_id"] == sympy_row["instance_id"]
-
-
 async def test_a_rerolled_sample_does_not_send_previous_results(server: FaultServer, sympy_row: dict[str, Any]) -> None:
     first = await call(sympy_row)
     await call({**sympy_row, **first})
@@ -356,3 +339,29 @@ async def test_odd_rows_built_in_python_are_recorded_not_raised(
     out = await call({**sympy_row, **change})
     assert out["nemogym"]["failure_kind"] == "miles_nemogym:invalid_request", out["nemogym"]
     assert server.bodies == []
+
+
+@pytest.mark.parametrize(("mode", "expected"), [("binary", 0.0), ("partial", 0.4)])
+async def test_returned_reward_is_final_in_each_reward_mode(
+    gym_example_rows: list[dict[str, Any]],
+    gym_example_rollouts: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    expected: float,
+) -> None:
+    """Under session server v2 Miles takes ``reward`` from this dict and never calls the
+    reward hook, so the dict must carry the hook's score: 4 of 10 FAIL_TO_PASS -> 0.4."""
+    row = next(r for r in gym_example_rows if r["instance_id"].startswith("pylint"))
+    result = partially_passing(next(r for r in gym_example_rollouts if r["instance_id"] == row["instance_id"]), 4)
+    srv = await FaultServer(result=result).start()
+    monkeypatch.setenv("NEMO_GYM_URL", srv.url)
+    monkeypatch.setenv("NEMO_GYM_REWARD_MODE", mode)
+    try:
+        out = await call(row)
+    finally:
+        await client.close_client()
+        await srv.stop()
+    assert out["nemogym"]["server_reward"] == 0.0
+    assert out["nemogym"]["fail_to_pass"] == {"passed": 4, "failed": 6}
+    assert out["reward"] == expected
+    assert await reward.reward_func(None, Sample(metadata=out)) == expected

@@ -22,8 +22,8 @@ from aiohttp import web
 
 from miles_nemogym import agent, client, episodes, failure_kinds, metrics, redaction, reward
 from tests.fault_server import FaultServer
-from tests.miles_standin import Sample
 from tests.support.agent_fixtures import call, fast_env, server, sympy_result, sympy_row
+from tests.support.samples import Sample
 
 __all__ = ["fast_env", "server", "sympy_result", "sympy_row"]  # fixtures used by name
 

@@ -10,7 +10,7 @@ import pytest
 
 from miles_nemogym import filters, metrics, reward
 from miles_nemogym.outcome import classify_http, failure
-from tests.miles_standin import Sample, Status
+from tests.support.samples import Sample, Status
 
 
 def sample_from(outcome_meta: dict[str, Any], status: Status = Status.COMPLETED, **extra: Any) -> Sample:
@@ -88,7 +88,10 @@ def test_filter_keeps_a_group_of_valid_episodes(graded: list[dict[str, Any]]) ->
         (sample_from({}, status=Status.ABORTED), "group_has_aborted"),
     ],
 )
-def test_filter_drops_a_group_with_one_bad_sample(graded: list[dict[str, Any]], bad: Sample, reason: str) -> None:
+def test_filter_drops_a_group_with_one_bad_sample(
+    graded: list[dict[str, Any]], bad: Sample, reason: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_MIN_VALID_PER_GROUP", "0")  # drop on any failure (salvage: test_integrity)
     group = [sample_from(m) for m in graded[:3]] + [bad]
     out = filters.check_episode_group(None, group)
     assert (out.keep, out.reason) == (False, reason)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,7 @@ KNOWN_FLAGS = {
     "--custom-rm-path": "A:2319",
     "--dynamic-sampling-filter-path": "A:624",
     "--custom-rollout-log-function-path": "A:739",
+    "--custom-reward-post-process-path": "A:2329",
     "--use-session-server": "A:2521",
     "--session-server-ip": "A:2533",
     "--session-server-port": "A:2539",
@@ -169,6 +171,8 @@ def test_the_whole_hook_chain_is_wired_by_dotted_path() -> None:
     assert one(flags, "--custom-rm-path") == "miles_nemogym.reward.reward_func"
     assert one(flags, "--dynamic-sampling-filter-path") == "miles_nemogym.filters.check_episode_group"
     assert one(flags, "--custom-rollout-log-function-path") == "miles_nemogym.metrics.log_rollout"
+    # The filter keeps partly failed groups; this hook trains them over their valid episodes.
+    assert one(flags, "--custom-reward-post-process-path") == "miles_nemogym.salvage.reward_post_process"
     # Upstream's filter would drop our groups' bookkeeping: only ours is given.
     assert "check_no_aborted" not in " ".join(build(LauncherConfig()).argv)
 
@@ -180,6 +184,34 @@ def test_every_flag_is_one_miles_registers_and_appears_once() -> None:
     assert not unknown, f"flags without a known Miles/Megatron/SGLang source: {sorted(unknown)}"
     non_colocated = recipe_flags(build(LauncherConfig(colocate=False, actor_gpus_per_node=2, rollout_num_gpus=2)))
     assert not set(non_colocated) - set(KNOWN_FLAGS)
+
+
+@pytest.mark.parametrize(
+    ("n_samples", "environ", "message"),
+    [
+        (1, {}, "NEMO_GYM_MIN_VALID_PER_GROUP=2 (the default) exceeds n_samples_per_prompt=1"),
+        (4, {"NEMO_GYM_MIN_VALID_PER_GROUP": "5"}, "NEMO_GYM_MIN_VALID_PER_GROUP=5 exceeds n_samples_per_prompt=4"),
+        (4, {"NEMO_GYM_MIN_VALID_PER_GROUP": "two"}, "NEMO_GYM_MIN_VALID_PER_GROUP='two': expected a whole number"),
+        (4, {"NEMO_GYM_MIN_VALID_PER_GROUP": "-1"}, "NEMO_GYM_MIN_VALID_PER_GROUP=-1: must be 0 or more"),
+    ],
+)
+def test_launcher_refuses_a_min_valid_per_group_no_group_can_meet(
+    n_samples: int, environ: dict[str, str], message: str
+) -> None:
+    config = LauncherConfig(n_samples_per_prompt=n_samples, rollout_batch_size=8)
+    with pytest.raises(cmd.GroupSettingError, match=re.escape(message)):
+        build(config, environ)
+
+
+@pytest.mark.parametrize(("n_samples", "value"), [(1, "0"), (1, "1"), (4, "4"), (4, "0"), (2, "")])
+def test_launcher_accepts_and_forwards_a_min_valid_per_group_that_can_be_met(n_samples: int, value: str) -> None:
+    environ = {"NEMO_GYM_MIN_VALID_PER_GROUP": value} if value else {}
+    config = LauncherConfig(n_samples_per_prompt=n_samples, rollout_batch_size=8)
+    job = build(config, environ)
+    assert job.env.get("NEMO_GYM_MIN_VALID_PER_GROUP") == (value or None)
+    # Set in the recipe's extra env, it is checked too.
+    with pytest.raises(cmd.GroupSettingError):
+        build(config.model_copy(update={"extra_env": {"NEMO_GYM_MIN_VALID_PER_GROUP": str(n_samples + 1)}}))
 
 
 OVERRIDES: dict[str, Any] = {

@@ -7,6 +7,7 @@ never pulls in the others' dependencies:
 - ``miles_nemogym.reward.reward_func``     -> ``--custom-rm-path``
 - ``miles_nemogym.filters.check_episode_group`` -> ``--dynamic-sampling-filter-path``
 - ``miles_nemogym.metrics.log_rollout``    -> ``--custom-rollout-log-function-path``
+- ``miles_nemogym.salvage.reward_post_process`` -> ``--custom-reward-post-process-path``
 
 This module stays empty of imports on purpose: it is imported before every hook.
 """

@@ -1,6 +1,6 @@
 """Miles agent function: one NeMo-Gym ``mini_swe_agent_2`` episode per sample.
 
-Contract (Miles ``agentic_tool_call.generate``, CONTRACTS.md §1):
+Contract (Miles ``miles/rollout/generate_hub/agentic_tool_call.py``; docs/upstream.md):
 
     --custom-generate-function-path miles.rollout.generate_hub.agentic_tool_call.generate
     --custom-agent-function-path    miles_nemogym.agent.run
@@ -14,7 +14,10 @@ prompt from the task instance in ``metadata``.
 
 The returned dict is merged into every output sample's ``metadata``:
 
-- ``reward``: the server's reward when it is a valid measurement, else 0.0;
+- ``reward``: the final reward, as the reward hook would score it (``NEMO_GYM_REWARD_MODE``
+  applied; 0.0 for a failed episode). Under Miles' session server v2 this value becomes
+  ``sample.reward`` and the reward hook is never called (Miles scores only samples whose
+  reward is None), so it must already be final; the hook then agrees with it (v1);
 - ``eval_report``: the server's result metadata (SWE-bench report, or its error);
 - ``nemogym``: the episode record (``outcome.EpisodeRecord``): status, failure kind,
   ``mask_sample``, attempts, timings, test counts, turns.
@@ -36,10 +39,12 @@ from typing import Any
 
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episodes import AWAITING_RESULT, NOT_DELIVERED, abort_all, run_episode
+from miles_nemogym.ledger import ledger
 from miles_nemogym.mapping import RequestBuildError, build_run_body
 from miles_nemogym.outcome import Outcome, failure
 from miles_nemogym.policy_url import PolicyUrlError, policy_base_url
-from miles_nemogym.settings import SettingsError, get_settings
+from miles_nemogym.reward import score
+from miles_nemogym.settings import RewardMode, SettingsError, get_settings
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +63,10 @@ async def run(
     """Run one NeMo-Gym episode for one Miles sample; see the module docstring."""
     raw_id = metadata.get("instance_id") if isinstance(metadata, Mapping) else None
     instance_id = None if raw_id is None else _printable(str(raw_id))
+    mode = RewardMode.binary
     try:
         settings = get_settings()
+        mode = settings.reward_mode
         api_key = settings.policy_api_key.get_secret_value() if settings.policy_api_key else None
         body = build_run_body(
             metadata,
@@ -80,7 +87,12 @@ async def run(
     # The API key was scrubbed from the server's answer as it arrived (client.scrub); our
     # own fields never hold it.
     _log(outcome)
-    return outcome.to_metadata()
+    record = outcome.record
+    # The ledger sees every episode, also those whose sample Miles returns without this dict.
+    ledger.record_episode((record.failure_kind or fk.AGENT_RUN_ERROR) if record.mask_sample else None)
+    result = outcome.to_metadata()
+    result["reward"], _ = score(result, mode)
+    return result
 
 
 async def abort(args: Any = None) -> None:

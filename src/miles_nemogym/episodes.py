@@ -1,11 +1,14 @@
 """The process's in-flight NeMo-Gym episodes: run one, or abort them all.
 
 Miles' over-sampling abort stops generation and then calls the agent module's
-``abort(args)`` so external episodes stop too (CONTRACTS.md §1). NeMo-Gym has no cancel
+``abort(args)`` so external episodes stop too (``call_agent_abort_hook`` in Miles'
+``miles/utils/misc.py``, radixark/miles 31f1ca9). NeMo-Gym has no cancel
 endpoint; what a client can do is stop waiting and close the connection (the server's
 sandbox is reclaimed by its provider's TTL). Each episode therefore runs its HTTP call in
 an inner task registered here, and ``abort_all`` cancels those tasks, from any thread,
 while the callers' own tasks receive a ``cancelled`` outcome instead of an exception.
+The inner task also holds the wait on the server's circuit (``circuit.py``), so an
+episode waiting out an outage is aborted like one in flight.
 
 A cancellation of the caller's task (Miles cancelling the rollout) is different: it is
 propagated unchanged after the inner request is closed, as asyncio's contract requires.
@@ -25,7 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym.client import Progress, get_client
+from miles_nemogym.circuit import circuit
+from miles_nemogym.client import GymClient, Progress, get_client
+from miles_nemogym.ledger import ledger
 from miles_nemogym.outcome import Outcome, failure
 from miles_nemogym.settings import Settings
 
@@ -54,7 +59,7 @@ async def run_episode(body: dict[str, Any], settings: Settings) -> Outcome:
     loop = asyncio.get_running_loop()
     started = loop.time()
     progress = Progress()
-    task = loop.create_task(client.post_run(settings.run_url, body, settings, progress))
+    task = loop.create_task(_deliver(client, body, settings, progress))
     entry = _InFlight(task, loop, progress)
     with _lock:
         _in_flight.add(entry)
@@ -83,6 +88,42 @@ async def run_episode(body: dict[str, Any], settings: Settings) -> Outcome:
     if outcome.record.instance_id is None:
         outcome.record.instance_id = instance_id
     return outcome
+
+
+# Failures that certainly never reached the server: safe to send again once it answers.
+_UNDELIVERED = frozenset({fk.TRANSPORT_UNREACHABLE, fk.TRANSPORT_TIMEOUT})
+
+
+async def _deliver(client: GymClient, body: dict[str, Any], settings: Settings, progress: Progress) -> Outcome:
+    """``/run`` through the process's circuit: an undeliverable request opens it, waits
+    for the server, and is sent again (it never arrived); see ``circuit.py``."""
+    waited = 0.0
+    attempts = 0
+    try:
+        while True:
+            if circuit.is_open or circuit.stop_error() is not None:
+                progress.in_backoff = True  # waiting: nothing of this try was delivered
+            reachable, seconds = await circuit.wait()
+            waited += seconds
+            if not reachable:
+                outcome = failure(
+                    fk.TRANSPORT_UNREACHABLE,
+                    f"the NeMo-Gym server stayed unreachable past NEMO_GYM_OUTAGE_TIMEOUT="
+                    f"{settings.outage_timeout_s:g}s (this episode waited {waited:.0f}s)",
+                )
+                outcome.record.attempts = attempts
+                return outcome
+            outcome = await client.post_run(settings.run_url, body, settings, progress)
+            attempts += outcome.record.attempts
+            if outcome.record.failure_kind in _UNDELIVERED and outcome.record.http_status is None:
+                circuit.trip(settings.gym_url, settings.outage_timeout_s)
+                continue
+            circuit.delivered()
+            outcome.record.attempts = attempts
+            return outcome
+    finally:
+        if waited:
+            ledger.add_outage_wait(waited)
 
 
 def _ended(task: asyncio.Task[Outcome]) -> asyncio.Future[None]:

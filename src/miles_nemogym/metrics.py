@@ -12,6 +12,13 @@ still runs.
 Rates are over distinct episodes (``episode_id``), quality rates over valid episodes
 only: a resolve rate diluted by crashed containers would read as a policy regression.
 
+``episodes``, ``failure_rate`` and ``failure_rate/<kind>`` come from the process's
+ledger (``ledger.py``) when it saw episodes: it counts every train episode the agent
+function finished since the last log, also those in dropped groups and those whose sample
+Miles returned without our record (a failure before the first policy call). Episodes
+stopped by ``abort()`` (Miles' end-of-step abort of over-sampled episodes) are
+``episodes_cancelled``, neither episodes nor failures.
+
 A field of the wrong type in a record (a corrupted or hand-edited sample) is left out of
 the statistic it feeds and counted in ``nemogym/corrupt_fields``; this hook never raises.
 """
@@ -24,6 +31,8 @@ from collections import Counter
 from typing import Any
 
 from miles_nemogym.failure_kinds import metric_label
+from miles_nemogym.ledger import Tally, ledger
+from miles_nemogym.salvage import zero_loss_samples
 from miles_nemogym.samples import episodes, flatten, record_of
 
 logger = logging.getLogger(__name__)
@@ -106,6 +115,38 @@ def compute_metrics(samples: Any) -> dict[str, float]:
     return {PREFIX + key: value for key, value in metrics.items()}
 
 
+def ledger_metrics(tally: Tally) -> dict[str, float]:
+    """``nemogym/*`` metrics of one period of the ledger. Pure."""
+    metrics: dict[str, float] = {
+        "episodes": float(tally.episodes),
+        "episodes_cancelled": float(tally.cancelled),
+        "groups_salvaged": float(tally.groups_salvaged),
+        "groups_dropped": float(tally.groups_dropped),
+        "outage_wait_s": round(tally.outage_wait_s, 3),
+    }
+    if tally.episodes:
+        metrics["failure_rate"] = sum(tally.failures.values()) / tally.episodes
+        for kind, count in sorted(tally.failures.items()):
+            metrics[f"failure_rate/{metric_label(kind)}"] = count / tally.episodes
+    return {PREFIX + key: value for key, value in metrics.items()}
+
+
+def rollout_metrics(samples: Any, tally: Tally) -> dict[str, float]:
+    """What ``log_rollout`` logs: sample metrics, with episode counts from the ledger. Pure."""
+    metrics = compute_metrics(samples)
+    metrics[PREFIX + "samples_zero_loss"] = float(zero_loss_samples(samples))
+    if tally.episodes or tally.cancelled:
+        # The samples' counts miss dropped groups and record-less samples: replace them.
+        for key in [k for k in metrics if k.startswith(PREFIX + "failure_rate")]:
+            del metrics[key]
+        metrics.update(ledger_metrics(tally))
+    else:
+        rest = ledger_metrics(tally)
+        for key in ("groups_salvaged", "groups_dropped", "outage_wait_s"):
+            metrics[PREFIX + key] = rest[PREFIX + key]
+    return metrics
+
+
 def log_rollout(
     rollout_id: int,
     args: Any,
@@ -114,11 +155,12 @@ def log_rollout(
     rollout_time: float | None = None,
 ) -> bool:
     """Miles rollout log function: log ``nemogym/*`` metrics; returns False (Miles logs too)."""
+    tally = ledger.drain()
     try:
-        metrics: dict[str, Any] = dict(compute_metrics(samples))
-    except Exception:  # never fail Miles' rollout logging over our metrics
-        logger.exception("rollout %s: nemogym metrics could not be computed", rollout_id)
-        return False
+        metrics: dict[str, Any] = dict(rollout_metrics(samples, tally))
+    except Exception:  # never fail Miles' rollout logging over our metrics; the ledger's still count
+        logger.exception("rollout %s: nemogym sample metrics could not be computed", rollout_id)
+        metrics = dict(ledger_metrics(tally))
     try:
         from miles.utils.metric_utils import compute_rollout_step
         from miles.utils.tracking_utils import tracking

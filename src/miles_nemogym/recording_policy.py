@@ -2,9 +2,10 @@
 
 In training, the NeMo-Gym harness calls Miles' session server
 (``http://<ip>:<port>/sessions/<id>/v1/chat/completions``), which records the
-exchange and forwards it to SGLang (CONTRACTS.md §1, §5). CI and ``miles-nemogym
-smoke`` cannot run Miles (not on PyPI, needs a GPU engine), so this server stands in
-for both on loopback:
+exchange and forwards it to SGLang (docs/upstream.md). ``miles-nemogym smoke`` and the
+tests that drive an episode without Miles use this server instead, on loopback (the
+Miles tests run Miles' own session server and mock engine, with the same ``Script``
+rendered as Qwen tool-call text by ``qwen_tool_call_text``):
 
 - it serves ``POST /sessions/<id>/v1/chat/completions`` and records every request,
   per session: path, headers (whether ``Authorization`` came and its value, kept out of
@@ -13,7 +14,7 @@ for both on loopback:
   (OpenAI ``tool_calls``, ``finish_reason: tool_calls``, ``usage``, as litellm parses
   them): ``look_around_turns`` harmless commands, then one whose output starts with
   ``COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`` followed by the patch (``git diff``), which
-  ends the episode (GYM_ON_CPU.md, "What an episode does");
+  ends the episode (mini-swe-agent 2.1.0's submission rule);
 - ``delay`` slows every answer; ``slow`` holds answers until ``release()`` or stop,
   for abort tests; both can also be set per session.
 
@@ -117,10 +118,26 @@ def _tool_name_and_argument(body: Mapping[str, Any]) -> tuple[str, str]:
     return "bash", "command"
 
 
+def thought(turn: int) -> str:
+    """The assistant text before each scripted tool call."""
+    return f"THOUGHT: step {turn + 1} of the scripted policy."
+
+
+def qwen_tool_call_text(command: str, turn: int, tool: str = "bash", argument: str = "command") -> str:
+    """The same scripted turn as a Qwen3 model writes it (for a real engine's tool-call parser).
+
+    Miles' mock SGLang engine returns raw completion text and parses ``<tool_call>`` blocks
+    into OpenAI ``tool_calls`` as SGLang's qwen25 parser does; a real Qwen3 ends its turn
+    with ``<|im_end|>``.
+    """
+    call = json.dumps({"name": tool, "arguments": {argument: command}})
+    return f"{thought(turn)}\n<tool_call>\n{call}\n</tool_call><|im_end|>"
+
+
 def chat_completion(body: Mapping[str, Any], command: str, turn: int) -> dict[str, Any]:
     """An OpenAI chat.completion answering with one bash tool call running ``command``."""
     name, argument = _tool_name_and_argument(body)
-    content = f"THOUGHT: step {turn + 1} of the scripted policy."
+    content = thought(turn)
     tool_call = {
         "id": f"call_{uuid.uuid4().hex[:24]}",
         "type": "function",

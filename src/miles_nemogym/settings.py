@@ -82,6 +82,17 @@ class Settings(BaseSettings):
     """Largest decoded ``/run`` result accepted. Real results are ~100 KB; the cap stops a
     compressed or runaway answer from exhausting the rollout process's memory."""
 
+    min_valid_per_group: int = Field(default=2, ge=0, alias="NEMO_GYM_MIN_VALID_PER_GROUP")
+    """Valid episodes a prompt group needs to be trained when some of its episodes failed
+    (GRPO over the valid ones; the failed ones get zero loss). Clamped to the group's size;
+    0 drops a group on any failure."""
+
+    outage_timeout_s: float = Field(default=900.0, gt=0, alias="NEMO_GYM_OUTAGE_TIMEOUT", allow_inf_nan=False)
+    """Seconds episodes wait for an unreachable server before failing and stopping the run."""
+
+    max_failure_streak: int = Field(default=64, ge=0, alias="NEMO_GYM_MAX_FAILURE_STREAK")
+    """Consecutive failed episodes, with no valid one between, that stop the run (0: never)."""
+
     @field_validator("gym_url")
     @classmethod
     def _check_url(cls, value: str) -> str:

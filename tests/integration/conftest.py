@@ -1,4 +1,4 @@
-"""Fixtures that run the real NeMo-Gym ``mini_swe_agent_2`` server (issue 5).
+"""Fixtures that run the real NeMo-Gym ``mini_swe_agent_2`` server and Miles' own rollout.
 
 ``gym_server`` and ``gym_golden_server`` start once per test run, on first use, with
 the ``local`` sandbox (this machine has no Docker) and stop at the end of the run,
@@ -6,7 +6,10 @@ with their Ray. The first run on a machine builds the server's Python 3.13 venv
 (minutes, progress on stderr). A machine without Python 3.13 fails these tests with
 the message saying how to install one: they are never skipped.
 
-``recording_policy`` stands in for Miles' session server + SGLang: a loopback
+``miles_driver`` runs Miles' own rollout step (``tests/support/miles_harness.py``).
+
+``recording_policy`` stands in for Miles' session server + SGLang where an episode is
+driven without Miles: a loopback
 OpenAI-compatible server at ``/sessions/<id>/v1/chat/completions`` that records
 what the harness sends and answers as a scripted bash-tool policy.
 """
@@ -21,8 +24,10 @@ import pytest
 
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer
-from miles_nemogym.gym.venv import GymPythonNotFoundError
+from miles_nemogym.gym.venv import GymEnvironmentError, GymPythonNotFoundError
 from miles_nemogym.recording_policy import RecordingPolicy
+from miles_nemogym.testing.miles_env import MilesEnvironmentError, ensure_miles_env
+from tests.support.miles_harness import MilesDriver
 
 # Small bounds: a scripted episode needs 3 model calls; grading on the host is seconds.
 INTEGRATION_OPTIONS = {
@@ -76,3 +81,28 @@ def recording_policy() -> Iterator[RecordingPolicy]:
     """
     with RecordingPolicy(look_around_turns=2) as policy:
         yield policy
+
+
+@pytest.fixture(scope="session")
+def miles_driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MilesDriver]:
+    """One Miles driver process for the whole test session (Miles' imports take ~40 s).
+
+    Builds the Miles venv and fetches the Miles source on first use (minutes, progress on
+    stderr; ``MILES_SRC`` names a checkout or .tar.gz, else the pinned commit is cloned).
+    Never skipped: a machine that cannot build it fails with the reason.
+    """
+    try:
+        env = ensure_miles_env(progress=_miles_progress)
+    except (MilesEnvironmentError, GymEnvironmentError) as exc:
+        pytest.fail(str(exc), pytrace=False)
+    driver = MilesDriver(env, log_path=tmp_path_factory.mktemp("miles-driver") / "driver.log")
+    print(f"[miles-driver] log: {driver.log_path}", file=sys.__stderr__, flush=True)
+    try:
+        yield driver
+    finally:
+        driver.close()
+
+
+def _miles_progress(line: str) -> None:
+    if not line.startswith(" "):
+        print(f"[miles-env] {line}", file=sys.__stderr__, flush=True)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from miles_nemogym import salvage
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.launcher.families import Parsers
 from miles_nemogym.redaction import redact_url
@@ -26,12 +27,15 @@ AGENT_FUNCTION = "miles_nemogym.agent.run"
 REWARD_FUNCTION = "miles_nemogym.reward.reward_func"
 GROUP_FILTER = "miles_nemogym.filters.check_episode_group"
 ROLLOUT_LOG_FUNCTION = "miles_nemogym.metrics.log_rollout"
+REWARD_POST_PROCESS = salvage.HOOK_PATH
 
 HOOKS: tuple[tuple[str, str], ...] = (
     ("--custom-agent-function-path", AGENT_FUNCTION),
     ("--custom-rm-path", REWARD_FUNCTION),
     ("--dynamic-sampling-filter-path", GROUP_FILTER),
     ("--custom-rollout-log-function-path", ROLLOUT_LOG_FUNCTION),
+    # Trains a partly failed group over its valid episodes (the filter keeps such groups).
+    ("--custom-reward-post-process-path", REWARD_POST_PROCESS),
 )
 """This package's hooks, each with the Miles flag that loads it."""
 
@@ -183,6 +187,34 @@ class DuplicateFlagError(ValueError):
     """An ``extra_args`` flag that the recipe already sets."""
 
 
+class GroupSettingError(ValueError):
+    """``NEMO_GYM_MIN_VALID_PER_GROUP`` can never be met with this recipe's group size."""
+
+
+MIN_VALID_ENV = "NEMO_GYM_MIN_VALID_PER_GROUP"
+
+
+def check_min_valid(env: Mapping[str, str], n_samples_per_prompt: int) -> None:
+    """Refuse a minimum of valid episodes per group that no group can reach: Miles'
+    rollout loop would then drop every group that has a failure, or every group."""
+    raw = env.get(MIN_VALID_ENV, "").strip()
+    try:
+        min_valid = int(raw) if raw else 2
+    except ValueError:
+        raise GroupSettingError(
+            f"{MIN_VALID_ENV}={raw!r}: expected a whole number such as 2 (0 drops a group on any failure)"
+        ) from None
+    if min_valid < 0:
+        raise GroupSettingError(f"{MIN_VALID_ENV}={min_valid}: must be 0 or more")
+    if min_valid > n_samples_per_prompt:
+        given = raw if raw else f"{min_valid} (the default)"
+        raise GroupSettingError(
+            f"{MIN_VALID_ENV}={given} exceeds n_samples_per_prompt={n_samples_per_prompt}: a group with a "
+            f"failed episode could never be kept; set it to at most {n_samples_per_prompt} (0 drops a group on "
+            "any failure) or raise n_samples_per_prompt (GRPO needs at least 2)"
+        )
+
+
 def _checked_extra_args(args: list[str], extra: list[str]) -> list[str]:
     set_flags = {token for token in args if token.startswith("--")}
     for token in extra:
@@ -227,6 +259,7 @@ def job_environment(config: LauncherConfig, miles: MilesInstall, environ: Mappin
 def build_job(config: LauncherConfig, parsers: Parsers, miles: MilesInstall, environ: Mapping[str, str]) -> Job:
     """The whole job: ``python3 <miles>/train.py <model args> <recipe flags>`` and its env."""
     base = job_environment(config, miles, environ)
+    check_min_valid(base.env, config.n_samples_per_prompt)
     argv = ["python3", str(miles.train_script), *miles.model_args, *train_args(config, parsers)]
     return Job(argv=argv, env=base.env, secret_names=base.secret_names)
 

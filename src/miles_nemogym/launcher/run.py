@@ -382,7 +382,7 @@ def execute(
         load_error = None if install is not None else "the 'miles' package is not importable"
     try:
         job = cmd.build_job(config, parsers, install or _placeholder_install(config), environ)
-    except cmd.DuplicateFlagError as error:
+    except (cmd.DuplicateFlagError, cmd.GroupSettingError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
 

