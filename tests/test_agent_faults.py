@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import agent, client, episodes
+from miles_nemogym import agent, client, episodes, reward
 from tests.fault_server import FaultServer, ResetAfterBodyServer, free_port
 from tests.miles_standin import Sample, agentic_generate
+from tests.support.results import partially_passing
 
 SESSION = "http://127.0.0.1:39999/sessions/s-1"
 
@@ -359,3 +360,29 @@ async def test_odd_rows_built_in_python_are_recorded_not_raised(
     out = await call({**sympy_row, **change})
     assert out["nemogym"]["failure_kind"] == "miles_nemogym:invalid_request", out["nemogym"]
     assert server.bodies == []
+
+
+@pytest.mark.parametrize(("mode", "expected"), [("binary", 0.0), ("partial", 0.4)])
+async def test_returned_reward_is_final_in_each_reward_mode(
+    gym_example_rows: list[dict[str, Any]],
+    gym_example_rollouts: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    expected: float,
+) -> None:
+    """Under session server v2 Miles takes ``reward`` from this dict and never calls the
+    reward hook, so the dict must carry the hook's score: 4 of 10 FAIL_TO_PASS -> 0.4."""
+    row = next(r for r in gym_example_rows if r["instance_id"].startswith("pylint"))
+    result = partially_passing(next(r for r in gym_example_rollouts if r["instance_id"] == row["instance_id"]), 4)
+    srv = await FaultServer(result=result).start()
+    monkeypatch.setenv("NEMO_GYM_URL", srv.url)
+    monkeypatch.setenv("NEMO_GYM_REWARD_MODE", mode)
+    try:
+        out = await call(row)
+    finally:
+        await client.close_client()
+        await srv.stop()
+    assert out["nemogym"]["server_reward"] == 0.0
+    assert out["nemogym"]["fail_to_pass"] == {"passed": 4, "failed": 6}
+    assert out["reward"] == expected
+    assert await reward.reward_func(None, Sample(metadata=out)) == expected

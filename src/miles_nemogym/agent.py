@@ -14,7 +14,10 @@ prompt from the task instance in ``metadata``.
 
 The returned dict is merged into every output sample's ``metadata``:
 
-- ``reward``: the server's reward when it is a valid measurement, else 0.0;
+- ``reward``: the final reward, as the reward hook would score it (``NEMO_GYM_REWARD_MODE``
+  applied; 0.0 for a failed episode). Under Miles' session server v2 this value becomes
+  ``sample.reward`` and the reward hook is never called (Miles scores only samples whose
+  reward is None), so it must already be final; the hook then agrees with it (v1);
 - ``eval_report``: the server's result metadata (SWE-bench report, or its error);
 - ``nemogym``: the episode record (``outcome.EpisodeRecord``): status, failure kind,
   ``mask_sample``, attempts, timings, test counts, turns.
@@ -40,7 +43,8 @@ from miles_nemogym.ledger import ledger
 from miles_nemogym.mapping import RequestBuildError, build_run_body
 from miles_nemogym.outcome import Outcome, failure
 from miles_nemogym.policy_url import PolicyUrlError, policy_base_url
-from miles_nemogym.settings import SettingsError, get_settings
+from miles_nemogym.reward import score
+from miles_nemogym.settings import RewardMode, SettingsError, get_settings
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +64,10 @@ async def run(
     raw_id = metadata.get("instance_id") if isinstance(metadata, Mapping) else None
     instance_id = None if raw_id is None else str(raw_id)
     api_key: str | None = None
+    mode = RewardMode.binary
     try:
         settings = get_settings()
+        mode = settings.reward_mode
         api_key = settings.policy_api_key.get_secret_value() if settings.policy_api_key else None
         body = build_run_body(
             metadata,
@@ -86,7 +92,9 @@ async def run(
     record = outcome.record
     # The ledger sees every episode, also those whose sample Miles returns without this dict.
     ledger.record_episode((record.failure_kind or fk.AGENT_RUN_ERROR) if record.mask_sample else None)
-    return outcome.to_metadata()
+    result = outcome.to_metadata()
+    result["reward"], _ = score(result, mode)
+    return result
 
 
 async def abort(args: Any = None) -> None:

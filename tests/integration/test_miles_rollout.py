@@ -1,0 +1,232 @@
+"""Miles' own rollout step (pinned commit, CPU) with this package's hooks.
+
+Each test runs a real Miles train or eval rollout step through the harness in
+``tests/support/miles_harness.py``: Miles' ``InferenceRolloutFn`` ->
+``agentic_tool_call.generate`` -> ``miles_nemogym.agent.run`` -> a NeMo-Gym ``/run``
+server -> Miles' session server (v1 or v2, TITO) -> Miles' router and mock SGLang engine
+with the scripted tool-call policy; then Miles' rollout logging and
+``convert_samples_to_train_data``, as ``miles/ray/rollout/rollout_manager.py`` does.
+
+The Gym side is the real ``mini_swe_agent_2`` server (local sandbox) for the normal
+path, and ``tests/fault_server.py`` (real result shapes; it calls the policy as an
+episode does) for exact rewards and faults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from miles_nemogym.data import convert_row
+from miles_nemogym.gym.server import GymServer
+from tests.fault_server import FaultServer
+from tests.support.miles_harness import MilesDriver, StepResult
+from tests.support.results import partially_passing
+from tests.support.threaded import serving_in_thread
+
+pytestmark = pytest.mark.integration
+
+REAL_ROWS = ("sympy__sympy-20916", "sphinx-doc__sphinx-8595")
+SYMPY, SKLEARN, PYLINT = "sympy__sympy-20916", "scikit-learn__scikit-learn-14141", "pylint-dev__pylint-4551"
+SPHINX = "sphinx-doc__sphinx-8595"
+# The first group fails; Miles draws over_sampling_batch_size (2) more prompts, so four
+# rows keep the faulted instance from coming round again in the same step.
+FAULT_ROWS = (SYMPY, SKLEARN, PYLINT, SPHINX)
+FAST_ENV = {"NEMO_GYM_RETRY_ATTEMPTS": "1", "NEMO_GYM_RUN_TIMEOUT": "600"}
+
+
+@pytest.fixture(scope="module")
+def rows(gym_example_rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The wheel's Verified rows as our converter writes them for Miles' --prompt-data."""
+    return {row["instance_id"]: convert_row(row) for row in gym_example_rows}
+
+
+@pytest.fixture(scope="module")
+def results(gym_example_rollouts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {result["instance_id"]: result for result in gym_example_rollouts}
+
+
+@pytest.fixture(scope="module")
+def real_train_steps(
+    miles_driver: MilesDriver, gym_server: GymServer, rows: dict[str, dict[str, Any]]
+) -> Iterator[dict[str, StepResult]]:
+    """One train step per session server version over the real Gym server (2 prompts x 2)."""
+    steps: dict[str, StepResult] = {}
+
+    class Lazy(dict[str, StepResult]):
+        def __missing__(self, version: str) -> StepResult:
+            steps[version] = miles_driver.step(
+                gym_url=gym_server.url,
+                rows=[rows[iid] for iid in REAL_ROWS],
+                session_server=version,
+                env={"NEMO_GYM_POLICY_API_KEY": "sk-miles-e2e"},
+            ).check()
+            return steps[version]
+
+    yield Lazy()
+
+
+def _instances(result: StepResult) -> list[set[str]]:
+    return [{s["metadata"]["instance_id"] for s in group} for group in result.groups]
+
+
+def _by_instance(result: StepResult) -> dict[str, list[float]]:
+    rewards: dict[str, list[float]] = {}
+    for sample in result.samples:
+        rewards.setdefault(sample["metadata"]["instance_id"], []).append(sample["reward"])
+    return rewards
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_train_step_over_the_real_gym_server(real_train_steps: dict[str, StepResult], version: str) -> None:
+    result = real_train_steps[version]
+
+    assert [len(group) for group in result.groups] == [2, 2]
+    assert sorted(_instances(result), key=str) == [{iid} for iid in sorted(REAL_ROWS)]
+    for sample in result.samples:
+        record = sample["metadata"]["nemogym"]
+        assert sample["status"] == "completed"
+        assert record["status"] == "ok" and record["mask_sample"] is False and record["attempts"] == 1
+        assert sample["tokens"] > sample["response_length"] > 0
+        assert sample["rollout_log_probs"] == sample["response_length"] == len(sample["loss_mask"])
+        # The policy's turns train, the tool output between them does not.
+        assert 0 in sample["loss_mask"] and sample["loss_mask"][0] == 1 and sample["loss_mask"][-1] == 1
+        assert sample["reward"] == sample["metadata"]["reward"]
+        assert "policy_api_key" not in str(sample["metadata"]) and "sk-miles-e2e" not in str(sample["metadata"])
+    # One look-around command, then the submission: two model calls per episode.
+    assert result.policy_calls == 8
+
+    # Miles called our filter once per group and our log function once, with what it kept.
+    assert [call["result"]["keep"] for call in result.hook_calls("dynamic_filter")] == [True, True]
+    assert [(c["n_samples"], c["result"]) for c in result.hook_calls("rollout_log")] == [(4, False)]
+    assert len(result.hook_calls("agent")) == 4
+    # v1 scores in the reward hook; v2 takes the agent's reward and never calls the hook.
+    scored = sum(call["n_samples"] for call in result.hook_calls("reward"))
+    assert scored == (4 if version == "v1" else 0)
+
+    tracked = result.tracked("rollout/step")
+    assert tracked["nemogym/episodes"] == 4.0 and tracked["nemogym/samples"] == 4.0
+    assert tracked["nemogym/failure_rate"] == 0.0
+    assert tracked["nemogym/resolve_rate"] == sum(s["reward"] for s in result.samples) / 4
+    assert "rollout/raw_reward" in tracked  # Miles' own metrics went to the same tracking call path
+
+
+def test_train_data_as_the_trainer_sees_it(real_train_steps: dict[str, StepResult]) -> None:
+    for version in ("v1", "v2"):
+        result = real_train_steps[version]
+        train = result.train_data
+        assert train["raw_reward"] == [s["reward"] for s in result.samples]
+        assert train["loss_masks"] == [s["loss_mask"] for s in result.samples]
+        assert train["response_lengths"] == [s["response_length"] for s in result.samples]
+        assert train["truncated"] == [0, 0, 0, 0]
+        # GRPO: each reward minus its group's mean (both samples of a group score alike here).
+        assert train["rewards"] == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_v1_and_v2_give_the_same_rewards_over_the_real_server(real_train_steps: dict[str, StepResult]) -> None:
+    assert (
+        _by_instance(real_train_steps["v1"])
+        == _by_instance(real_train_steps["v2"])
+        == {
+            SYMPY: [0.0, 0.0],
+            "sphinx-doc__sphinx-8595": [0.0, 0.0],
+        }
+    )
+
+
+def test_eval_step_goes_through_the_same_hooks(
+    miles_driver: MilesDriver, gym_server: GymServer, rows: dict[str, dict[str, Any]]
+) -> None:
+    result = miles_driver.step(
+        gym_url=gym_server.url, rows=[rows[iid] for iid in REAL_ROWS], n_samples=1, mode="eval"
+    ).check()
+
+    swe = result.eval["swe"]
+    assert [s["metadata"]["instance_id"] for s in swe["samples"]] == list(REAL_ROWS)
+    for sample in swe["samples"]:
+        assert sample["status"] == "completed" and sample["metadata"]["nemogym"]["status"] == "ok"
+    assert swe["rewards"] == [s["metadata"]["reward"] for s in swe["samples"]]
+    assert sum(call["n_samples"] for call in result.hook_calls("reward")) == 2
+    assert len(result.hook_calls("agent")) == 2
+    tracked = result.tracked("eval/step")
+    assert tracked["eval/swe"] == sum(swe["rewards"]) / 2
+    assert tracked["eval/swe-none_reward_ratio"] == 0.0
+
+
+@pytest.mark.parametrize("mode", ["partial", "binary"])
+def test_v1_and_v2_give_the_same_final_rewards_in_each_reward_mode(
+    miles_driver: MilesDriver, rows: dict[str, dict[str, Any]], results: dict[str, dict[str, Any]], mode: str
+) -> None:
+    answers = {**results, PYLINT: partially_passing(results[PYLINT], 4)}  # 4 of 10 FAIL_TO_PASS pass
+    expected = {SKLEARN: [1.0, 1.0], PYLINT: [0.4, 0.4] if mode == "partial" else [0.0, 0.0]}
+    server = FaultServer(result=results[SKLEARN], results_by_instance=answers, policy_calls=1)
+    with serving_in_thread(server):
+        steps = {
+            version: miles_driver.step(
+                gym_url=server.url,
+                rows=[rows[SKLEARN], rows[PYLINT]],
+                session_server=version,
+                env={**FAST_ENV, "NEMO_GYM_REWARD_MODE": mode},
+            ).check()
+            for version in ("v1", "v2")
+        }
+    for version, result in steps.items():
+        assert _by_instance(result) == expected, version
+        assert result.train_data["raw_reward"] == [s["reward"] for s in result.samples]
+    assert len(server.bodies) == 8  # 2 steps x 4 episodes, none run twice
+
+
+def test_masked_episode_group_is_dropped_and_replaced(
+    miles_driver: MilesDriver, rows: dict[str, dict[str, Any]], results: dict[str, dict[str, Any]]
+) -> None:
+    server = FaultServer(
+        result=results[SYMPY],
+        results_by_instance=results,
+        mode="error_metadata",
+        fault_instances=frozenset({SYMPY}),
+        policy_calls=1,
+    )
+    with serving_in_thread(server):
+        result = miles_driver.step(gym_url=server.url, rows=[rows[iid] for iid in FAULT_ROWS], env=FAST_ENV).check()
+
+    # Miles drew more prompts for the dropped group; the kept samples are all valid.
+    kept = _instances(result)
+    assert len(kept) == 2 and {SYMPY} not in kept and {SKLEARN} in kept
+    assert all(s["metadata"]["nemogym"]["mask_sample"] is False for s in result.samples)
+    filtered = [(c["result"]["keep"], c["result"]["reason"]) for c in result.hook_calls("dynamic_filter")]
+    assert [f for f in filtered if not f[0]] == [(False, "nemogym_agent_run_error")]
+    assert result.metrics["rollout/dynamic_filter/drop_nemogym_agent_run_error"] == 1
+    masked = [c["result"] for c in result.hook_calls("agent") if c["result"]["nemogym"]["instance_id"] == SYMPY]
+    assert [(m["reward"], m["nemogym"]["mask_sample"]) for m in masked] == [(0.0, True), (0.0, True)]
+    assert sorted(result.train_data["raw_reward"]) == [0.0, 0.0, 1.0, 1.0]
+    assert [body["instance_id"] for body in server.bodies].count(SYMPY) == 2  # never run twice
+
+
+def test_episode_failing_before_its_first_policy_call_comes_back_aborted_and_its_group_is_dropped(
+    miles_driver: MilesDriver, rows: dict[str, dict[str, Any]], results: dict[str, dict[str, Any]]
+) -> None:
+    server = FaultServer(
+        result=results[SYMPY],
+        results_by_instance=results,
+        mode="500",
+        fault_instances=frozenset({SYMPY}),
+        policy_calls=1,
+    )
+    with serving_in_thread(server):
+        result = miles_driver.step(gym_url=server.url, rows=[rows[iid] for iid in FAULT_ROWS], env=FAST_ENV).check()
+
+    # Our agent returned a masked record, but with no model call recorded Miles returns
+    # the input sample ABORTED without it; the group filter drops that group visibly.
+    failed = [
+        c["result"]["nemogym"] for c in result.hook_calls("agent") if c["result"]["nemogym"]["instance_id"] == SYMPY
+    ]
+    assert [(r["failure_kind"], r["mask_sample"], r["attempts"]) for r in failed] == [("agent_run_error", True, 1)] * 2
+    filtered = [(c["result"]["keep"], c["result"]["reason"]) for c in result.hook_calls("dynamic_filter")]
+    assert [f for f in filtered if not f[0]] == [(False, "group_has_aborted")]
+    assert result.metrics["rollout/dynamic_filter/drop_group_has_aborted"] == 1
+    kept = _instances(result)
+    assert len(kept) == 2 and {SYMPY} not in kept and {SKLEARN} in kept
+    assert all(s["status"] == "completed" and s["metadata"]["nemogym"]["status"] == "ok" for s in result.samples)
+    assert [body["instance_id"] for body in server.bodies].count(SYMPY) == 2  # never run twice
