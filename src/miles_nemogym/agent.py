@@ -22,6 +22,10 @@ The returned dict is merged into every output sample's ``metadata``:
 - ``nemogym``: the episode record (``outcome.EpisodeRecord``): status, failure kind,
   ``mask_sample``, attempts, timings, test counts, turns.
 
+With ``NEMO_GYM_EPISODE_DIR`` set, every episode (failed ones too) is also queued to the
+episode store (``episode_store.py``) with the ``/run`` answer as received; eval episodes
+are told apart by the marks Miles' eval config puts in ``metadata`` (``roles.py``).
+
 This function never returns ``None`` and never raises for a failed episode: a failure is
 recorded on the sample (``mask_sample`` true) so the reward hook, the group filter and
 the rollout metrics can set it aside visibly. ``asyncio.CancelledError`` propagates.
@@ -38,12 +42,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from miles_nemogym import failure_kinds as fk
+from miles_nemogym.episode_store import entry_for, get_store, session_id
 from miles_nemogym.episodes import abort_all, run_episode
 from miles_nemogym.ledger import ledger
 from miles_nemogym.mapping import RequestBuildError, build_run_body
 from miles_nemogym.outcome import Outcome, failure
 from miles_nemogym.policy_url import PolicyUrlError, policy_base_url
 from miles_nemogym.reward import score
+from miles_nemogym.roles import ledger_role, role_of
 from miles_nemogym.settings import RewardMode, SettingsError, get_settings
 
 logger = logging.getLogger(__name__)
@@ -65,9 +71,11 @@ async def run(
     instance_id = None if raw_id is None else str(raw_id)
     api_key: str | None = None
     mode = RewardMode.binary
+    episode_dir: str | None = None
     try:
         settings = get_settings()
         mode = settings.reward_mode
+        episode_dir = settings.episode_dir
         api_key = settings.policy_api_key.get_secret_value() if settings.policy_api_key else None
         body = build_run_body(
             metadata,
@@ -87,14 +95,47 @@ async def run(
     outcome.record.episode_id = uuid.uuid4().hex
     if api_key:
         # A server error message could echo the request; the key never leaves this function.
+        raw, raw_is_json = outcome.answer  # already scrubbed by the client
         outcome = Outcome.model_validate(redact(outcome.model_dump(), api_key))
+        outcome.with_answer(raw, is_json=raw_is_json)
     _log(outcome)
     record = outcome.record
+    role, eval_set = role_of(metadata)
     # The ledger sees every episode, also those whose sample Miles returns without this dict.
-    ledger.record_episode((record.failure_kind or fk.AGENT_RUN_ERROR) if record.mask_sample else None)
+    ledger.record_episode(
+        (record.failure_kind or fk.AGENT_RUN_ERROR) if record.mask_sample else None, ledger_role(role, eval_set)
+    )
     result = outcome.to_metadata()
     result["reward"], _ = score(result, mode)
+    if episode_dir:
+        _store(episode_dir, outcome, result, role, eval_set, base_url, metadata)
     return result
+
+
+def _store(
+    directory: str,
+    outcome: Outcome,
+    result: dict[str, Any],
+    role: str,
+    eval_set: str | None,
+    base_url: str,
+    metadata: Mapping[str, Any] | None,
+) -> None:
+    """Hand the episode to the episode store; a store problem never fails the sample."""
+    try:
+        repo = metadata.get("repo") if isinstance(metadata, Mapping) else None
+        entry = entry_for(
+            record=result["nemogym"],
+            reward=float(result["reward"]),
+            role=role,
+            eval_set=eval_set,
+            session=session_id(base_url) if isinstance(base_url, str) else None,
+            repo=repo if isinstance(repo, str) else None,
+        )
+        raw, raw_is_json = outcome.answer
+        get_store(directory).add(role, entry, raw, raw_is_json)
+    except Exception:
+        logger.warning("episode store: could not queue episode %s", outcome.record.episode_id, exc_info=True)
 
 
 async def abort(args: Any = None) -> None:

@@ -99,6 +99,7 @@ class GymClient:
                 ) as resp:
                     raw = scrub(await resp.read(), settings)
                     outcome = classify_http(resp.status, raw)
+                    outcome.with_answer(raw, is_json=outcome.answer[1])
             except aiohttp.ConnectionTimeoutError as error:
                 retry_kind, reason = fk.TRANSPORT_TIMEOUT, f"connect timeout: {_text(error, settings)}"
             except aiohttp.ClientConnectorError as error:

@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError
 
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.protocol import OutputItem, RunResponse
@@ -70,6 +70,19 @@ class Outcome(BaseModel):
     reward: float
     eval_report: dict[str, Any] = Field(default_factory=dict)
     record: EpisodeRecord
+    _answer: bytes | None = PrivateAttr(default=None)
+    """The ``/run`` answer as received (API key scrubbed), for the episode store only."""
+    _answer_is_json: bool = PrivateAttr(default=False)
+
+    def with_answer(self, raw: bytes | None, *, is_json: bool) -> Outcome:
+        """``self`` carrying the raw answer (not part of the sample's metadata)."""
+        self._answer, self._answer_is_json = raw, is_json
+        return self
+
+    @property
+    def answer(self) -> tuple[bytes | None, bool]:
+        """(the raw ``/run`` answer or None, whether it parsed as a JSON result)."""
+        return self._answer, self._answer_is_json
 
     def to_metadata(self) -> dict[str, Any]:
         """The dict returned to Miles and merged into ``sample.metadata``."""
@@ -247,4 +260,6 @@ def classify_http(status: int, body: bytes) -> Outcome:
             f"undecodable /run result ({where}: {first['msg']}); is NEMO_GYM_URL a mini_swe_agent_2 server?",
             http_status=status,
         )
-    return classify_run_response(response, http_status=status)
+    outcome = classify_run_response(response, http_status=status)
+    outcome._answer_is_json = True
+    return outcome
