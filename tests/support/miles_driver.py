@@ -232,6 +232,7 @@ HOOK_NAMES = {
     "--custom-rm-path": "reward",
     "--dynamic-sampling-filter-path": "dynamic_filter",
     "--custom-rollout-log-function-path": "rollout_log",
+    "--custom-eval-rollout-log-function-path": "eval_log",
     "--custom-reward-post-process-path": "reward_post_process",
 }
 

@@ -21,7 +21,7 @@ driver per test session; a step over the real Gym server takes ~20-40 s)::
     result.eval["swe"]                    # eval: rewards, truncated, samples
     result.metrics                        # the rollout function's own metrics
     result.hook_calls("dynamic_filter")   # how Miles called our hooks: agent, reward,
-                                          #   dynamic_filter, rollout_log (with their results)
+                                          #   dynamic_filter, rollout_log, eval_log (with results)
     result.tracked("rollout/step")        # what reached Miles' tracking.log, merged per step key
     result.train_data                     # Miles' convert_samples_to_train_data: rewards,
                                           #   raw_reward, loss_masks, response_lengths, ...
