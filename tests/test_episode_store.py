@@ -73,7 +73,7 @@ def _make_file(path: Path) -> Path:
 def _full_disk_folder(folder: Path) -> Path:
     """A store folder whose pending train file is /dev/full (every write: ENOSPC)."""
     (folder / "train").mkdir(parents=True)
-    os.symlink("/dev/full", folder / "train" / f"pending-{os.getpid()}.jsonl.gz")
+    os.symlink("/dev/full", folder / "train" / f"pending-{os.getpid()}.jsonl")
     return folder
 
 
@@ -199,15 +199,25 @@ async def test_full_disk_is_a_warning_not_a_failed_sample(
 
 
 def test_a_line_cut_by_a_crash_loses_only_that_line(tmp_path: Path) -> None:
-    path = tmp_path / "train" / "step-000001.jsonl.gz"
+    path = tmp_path / "train" / f"pending-{os.getpid()}.jsonl"
     path.parent.mkdir()
-    members = [
-        episode_store.gzip_member(episode_store.encode_line({"episode_id": str(i)}, None, False)) for i in range(3)
-    ]
-    path.write_bytes(members[0] + members[1] + members[2][: len(members[2]) // 2])
+    lines = [episode_store.encode_line({"episode_id": str(i)}, None, False) for i in range(3)]
+    path.write_bytes(lines[0] + lines[1] + lines[2][: len(lines[2]) // 2])
     store = load(tmp_path)
-    assert [e.episode_id for e in store.episodes] == ["0", "1"]
+    assert [(e.episode_id, e.step) for e in store.episodes] == [("0", None), ("1", None)]
     assert store.cut_files == [str(path)]
+
+
+def test_a_crash_while_compressing_a_step_loses_nothing(tmp_path: Path) -> None:
+    # The step's plain file was renamed, its compressed copy half written: read the plain one.
+    folder = tmp_path / "train"
+    folder.mkdir()
+    lines = [episode_store.encode_line({"episode_id": str(i)}, None, False) for i in range(3)]
+    (folder / "step-000002.jsonl").write_bytes(b"".join(lines))
+    episode_store.compress_into(folder / "step-000002.jsonl", folder / "step-000002.jsonl.gz")
+    gz = (folder / "step-000002.jsonl.gz").read_bytes()
+    (folder / "step-000002.jsonl.gz").write_bytes(gz[: len(gz) // 2])
+    assert [(e.episode_id, e.step) for e in load(tmp_path).episodes] == [("0", 2), ("1", 2), ("2", 2)]
 
 
 def test_backlog_past_the_bound_keeps_the_record_without_the_answer(

@@ -51,19 +51,22 @@ def test_masked_episodes_are_set_aside_not_counted_as_policy_failures() -> None:
         sample("y", "y4", kind="transport_peer_drop", repo="c/d"),
         # z: 3 valid, none resolved; one episode split into two samples (session server v2).
         sample("z", "z1"), sample("z", "z1"), sample("z", "z2"), sample("z", "z3"),
+        # w: its only episode crashed: no measurement, short of k, not a 0 in pass@1.
+        sample("w", "w1", kind="agent_run_error"),
     ]  # fmt: skip
     got = eval_set_metrics("verified", samples, k=3)
-    assert got[P + "samples"] == 12.0
-    assert got[P + "episodes"] == 11.0
+    assert got[P + "samples"] == 13.0
+    assert got[P + "episodes"] == 12.0
     assert got[P + "episodes_valid"] == 9.0
-    assert got[P + "episodes_masked"] == 2.0
-    assert got[P + "masked_fraction"] == pytest.approx(2 / 11)
-    assert got[P + "masked/agent_run_error"] == 1.0 and got[P + "masked/transport_peer_drop"] == 1.0
+    assert got[P + "episodes_masked"] == 3.0
+    assert got[P + "masked_fraction"] == pytest.approx(3 / 12)
+    assert got[P + "instances"] == 4.0
+    assert got[P + "masked/agent_run_error"] == 2.0 and got[P + "masked/transport_peer_drop"] == 1.0
     # pass@1 per instance over valid episodes: x 1/4, y 2/2, z 0/3.
     assert got[P + "pass@1"] == pytest.approx((0.25 + 1.0 + 0.0) / 3)
-    # pass@3 over instances with >= 3 valid episodes (x, z); y is short of k.
+    # pass@3 over instances with >= 3 valid episodes (x, z); y and w are short of k.
     assert got[P + "pass@3"] == pytest.approx((pass_at_k(4, 1, 3) + 0.0) / 2)
-    assert got[P + "instances_short_of_k"] == 1.0
+    assert got[P + "instances_short_of_k"] == 2.0
     assert got[P + "resolve_rate"] == pytest.approx(3 / 9)
     assert got[P + "patch_applied_rate"] == 1.0
     assert got[P + "fail_to_pass_fraction_mean"] == pytest.approx(3 / 9)

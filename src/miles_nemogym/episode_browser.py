@@ -18,7 +18,7 @@ from miles_nemogym.episode_store import ROLES, read_lines
 OUTPUT_MAX_CHARS = 600
 """A command's output is trimmed to this in ``--show`` (head and tail kept)."""
 
-_STEP = re.compile(r"step-(\d+)\.jsonl\.gz$")
+_STEP = re.compile(r"step-(\d+)\.jsonl(?:\.gz)?$")
 
 
 @dataclass
@@ -65,13 +65,19 @@ def load(directory: Path) -> Store:
         folder = directory / role
         if not folder.is_dir():
             continue
-        for path in sorted(folder.glob("*.jsonl.gz")):
+        seen: set[str] = set()
+        # A step's .jsonl is a batch still being compressed (or left by a crash): read both.
+        for path in sorted([*folder.glob("*.jsonl.gz"), *folder.glob("*.jsonl")]):
             match = _STEP.search(path.name)
             step = int(match.group(1)) if match else None
             entries, cut = read_lines(path)
             if cut:
                 store.cut_files.append(str(path))
-            store.episodes.extend(Episode(entry, step, role) for entry in entries)
+            for entry in entries:
+                episode_id = str(entry.get("episode_id"))
+                if episode_id not in seen:  # a crash between compressing and removing a batch
+                    seen.add(episode_id)
+                    store.episodes.append(Episode(entry, step, role))
     store.episodes.sort(
         key=lambda e: (e.role, e.step if e.step is not None else 1 << 60, e.entry.get("finished_at", 0))
     )

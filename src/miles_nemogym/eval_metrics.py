@@ -81,11 +81,13 @@ def eval_set_metrics(name: str, samples: Any, k: int, tally: Tally | None = None
     by_instance: dict[str, list[bool]] = defaultdict(list)
     for record, _ in valid:
         by_instance[str(record.get("instance_id"))].append(bool(record.get("resolved")))
-    metrics["instances"] = float(len(by_instance))
+    # An instance whose episodes all failed has no measurement: it is short of k, not a 0.
+    instances = {str(r.get("instance_id")) for r, _ in episodes}
+    metrics["instances"] = float(len(instances))
     if by_instance:
         metrics["pass@1"] = sum(sum(v) / len(v) for v in by_instance.values()) / len(by_instance)
     full = {iid: v for iid, v in by_instance.items() if len(v) >= k}
-    metrics["instances_short_of_k"] = float(len(by_instance) - len(full))
+    metrics["instances_short_of_k"] = float(len(instances) - len(full))
     if full and k > 1:
         metrics[f"pass@{k}"] = sum(pass_at_k(len(v), sum(v), k) for v in full.values()) / len(full)
 

@@ -55,7 +55,7 @@ def episodes(
         typer.echo(f"wrote {html_out} ({len(chosen)} episodes)")
         return
     if not store.episodes:
-        typer.echo(f"no episodes in {directory} (expected train/ and eval/ folders of *.jsonl.gz)")
+        typer.echo(f"no episodes in {directory} (expected train/ and eval/ folders of *.jsonl.gz files)")
         return
     typer.echo(table_text(step_rows(chosen)))
     if instance is not None or kind is not None or step is not None:
