@@ -325,7 +325,7 @@ th{background:#f2f2f2}td.num{text-align:right}
 details{border:1px solid #ddd;border-radius:4px;margin:4px 0;padding:4px 8px}
 summary{cursor:pointer}pre{background:#f7f7f7;padding:6px;white-space:pre-wrap;word-break:break-all;margin:4px 0}
 .resolved{color:#2ca02c;font-weight:600}.unresolved{color:#555}.failed{color:#d62728;font-weight:600}
-.chart{display:inline-block;vertical-align:top;margin-right:24px}.legend span{margin-right:12px}
+.chart{display:inline-block;vertical-align:top;margin:0 24px 20px 0}.legend span{margin-right:12px}
 """
 
 
@@ -406,13 +406,17 @@ def _table_html(rows: list[StepRow]) -> str:
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
 def _episode_html(episode: Episode) -> str:
     css = "resolved" if episode.kind == "resolved" else "unresolved" if episode.kind == "unresolved" else "failed"
     eval_set = f"/{episode.entry.get('eval_set')}" if episode.entry.get("eval_set") else ""
     summary = (
         f"{episode.role}{html.escape(eval_set)} step {step_label(episode.step)} · "
         f"<b>{html.escape(episode.instance_id)}</b> · <span class={css}>{html.escape(episode.kind)}</span> · "
-        f"reward {episode.entry.get('reward')} · turns {episode.record.get('turns')} · "
+        f"reward {episode.entry.get('reward')} · turns {_or_dash(episode.record.get('turns'))} · "
         f"<code>{html.escape(episode.episode_id[:12])}</code>"
     )
     return f"<details><summary>{summary}</summary><pre>{html.escape(show_text(episode))}</pre></details>"
