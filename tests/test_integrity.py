@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import agent, client, filters, metrics, run_stop
+from miles_nemogym import agent, client, filters, metrics, run_stop, salvage
 from miles_nemogym import circuit as circuit_module
 from miles_nemogym.circuit import circuit
 from miles_nemogym.ledger import Ledger, ledger
@@ -38,8 +38,11 @@ def masked(episode: str, kind: str = "agent_run_error") -> Sample:
 
 
 class Args:
-    def __init__(self, n_samples_per_prompt: int) -> None:
+    """The Miles arguments the filter reads, with the post-process hook wired as the launcher does."""
+
+    def __init__(self, n_samples_per_prompt: int, post_process: str | None = salvage.HOOK_PATH) -> None:
         self.n_samples_per_prompt = n_samples_per_prompt
+        self.custom_reward_post_process_path = post_process
 
 
 # -- part 1: which groups are kept -------------------------------------------------------
@@ -51,6 +54,14 @@ def test_one_failed_episode_among_four_is_salvaged_by_default() -> None:
     assert (out.keep, out.reason) == (True, None)
     tally = ledger.drain()
     assert (tally.groups_salvaged, tally.groups_dropped) == (1, 0)
+
+
+def test_without_the_post_process_hook_partly_failed_groups_are_dropped(caplog: pytest.LogCaptureFixture) -> None:
+    # Miles would otherwise normalise the failed episode's 0.0 into the group.
+    group = [valid("a"), valid("b"), masked("c"), valid("d")]
+    out = filters.check_episode_group(Args(4, post_process=None), group)
+    assert (out.keep, out.reason) == (False, "nemogym_agent_run_error")
+    assert filters.check_episode_group(Args(4, post_process=None), group[:2]).keep is True
 
 
 def test_min_valid_zero_drops_on_any_failure(monkeypatch: pytest.MonkeyPatch) -> None:

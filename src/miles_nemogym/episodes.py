@@ -1,11 +1,14 @@
 """The process's in-flight NeMo-Gym episodes: run one, or abort them all.
 
 Miles' over-sampling abort stops generation and then calls the agent module's
-``abort(args)`` so external episodes stop too (CONTRACTS.md §1). NeMo-Gym has no cancel
+``abort(args)`` so external episodes stop too (``call_agent_abort_hook`` in Miles'
+``miles/utils/misc.py``, radixark/miles 31f1ca9). NeMo-Gym has no cancel
 endpoint; what a client can do is stop waiting and close the connection (the server's
 sandbox is reclaimed by its provider's TTL). Each episode therefore runs its HTTP call in
 an inner task registered here, and ``abort_all`` cancels those tasks, from any thread,
 while the callers' own tasks receive a ``cancelled`` outcome instead of an exception.
+The inner task also holds the wait on the server's circuit (``circuit.py``), so an
+episode waiting out an outage is aborted like one in flight.
 
 A cancellation of the caller's task (Miles cancelling the rollout) is different: it is
 propagated unchanged after the inner request is closed, as asyncio's contract requires.

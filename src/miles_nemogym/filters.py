@@ -1,12 +1,16 @@
-"""Miles dynamic sampling filter for NeMo-Gym groups (CONTRACTS.md §3).
+"""Miles dynamic sampling filter for NeMo-Gym groups.
 
-``--dynamic-sampling-filter-path miles_nemogym.filters.check_episode_group``
+``--dynamic-sampling-filter-path miles_nemogym.filters.check_episode_group``: Miles calls
+``check_episode_group(args, group)`` once per finished prompt group in
+``generate_rollout_async`` (``miles/rollout/inference_rollout/inference_rollout_train.py``,
+radixark/miles 31f1ca9) and draws a new prompt for every group it drops.
 
 GRPO normalises each sample's reward against its prompt group. A sample whose episode
 failed for infrastructure reasons scores 0.0 that says nothing about the policy. A group
 with such samples is kept when at least ``NEMO_GYM_MIN_VALID_PER_GROUP`` of its episodes
-are valid (clamped to ``--n-samples-per-prompt``): ``salvage.reward_post_process`` then
-trains it over the valid episodes alone and gives the failed ones zero loss. Otherwise
+are valid (clamped to ``--n-samples-per-prompt``) and Miles loads
+``salvage.reward_post_process`` (``--custom-reward-post-process-path``), which trains it
+over the valid episodes alone and gives the failed ones zero loss. Otherwise
 (or with ``NEMO_GYM_MIN_VALID_PER_GROUP=0``) the group is dropped. Miles takes only one
 filter path, so this filter also does what Miles' ``check_no_aborted`` does (a group with
 an ABORTED sample is dropped: Miles could not assemble that sample), and replaces it in
@@ -23,14 +27,20 @@ from the dynamic filter is the one that propagates out of Miles' rollout (``run_
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 from miles_nemogym import run_stop
 from miles_nemogym.ledger import ledger
-from miles_nemogym.salvage import group_verdict
+from miles_nemogym.salvage import HOOK_PATH, group_verdict
 from miles_nemogym.settings import get_settings
+
+logger = logging.getLogger(__name__)
+
+REWARD_POST_PROCESS = HOOK_PATH
+_warned: list[bool] = []
 
 
 @dataclass
@@ -56,12 +66,30 @@ def drop_reason(samples: Any, min_valid: int = 0, group_size: int | None = None)
     return group_verdict(samples, min_valid, group_size)[0]
 
 
+def salvage_wired(args: Any) -> bool:
+    """Whether Miles will train a kept, partly failed group over its valid episodes.
+
+    Without our reward post-process hook Miles would normalise the failed episodes' 0.0
+    into the group (a silent zero), so the filter then drops such groups, and says so once.
+    """
+    wired = getattr(args, "custom_reward_post_process_path", None) == REWARD_POST_PROCESS
+    if not wired and not _warned:
+        _warned.append(True)
+        logger.warning(
+            "partly failed groups are dropped: --custom-reward-post-process-path is not %s, which trains "
+            "them over their valid episodes (NEMO_GYM_MIN_VALID_PER_GROUP needs it)",
+            REWARD_POST_PROCESS,
+        )
+    return wired
+
+
 def check_episode_group(args: Any, samples: Any, **kwargs: Any) -> Any:
     """Miles filter: keep the group when it can be trained; raise ``RunStopped`` when the
     run must stop (see the module docstring)."""
     settings = get_settings()
     run_stop.check(settings)
     group_size = getattr(args, "n_samples_per_prompt", None)
-    reason, salvaged = group_verdict(samples, settings.min_valid_per_group, group_size)
+    min_valid = settings.min_valid_per_group if salvage_wired(args) else 0
+    reason, salvaged = group_verdict(samples, min_valid, group_size)
     ledger.record_group(kept=reason is None, salvaged=salvaged)
     return _output_type()(keep=reason is None, reason=reason)

@@ -9,6 +9,7 @@ the k-th ``/run`` of an instance gets the k-th entry of its script.
 from __future__ import annotations
 
 import asyncio
+import random
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -27,7 +28,15 @@ class ScriptedGym(FaultServer):
     , ``ERROR`` or ``HOLD``; each ``/run`` first makes ``policy_calls`` model calls, as an episode does."""
 
     scripts: dict[str, list[float | str]] = field(default_factory=dict)
+    fail_rate: float = 0.0
+    """For instances without a script: the chance an episode fails after its policy calls;
+    the others score 0.0 or 1.0 at random (seeded by ``seed``)."""
+    seed: int = 0
     _seen: dict[str, int] = field(default_factory=dict)
+    _rng: random.Random = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
 
     async def _run(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -35,8 +44,11 @@ class ScriptedGym(FaultServer):
         instance = str(body.get("instance_id"))
         k = self._seen.get(instance, 0)
         self._seen[instance] = k + 1
-        script = self.scripts.get(instance) or [float(self.result.get("reward", 0.0))]
-        answer = script[k % len(script)]
+        script = self.scripts.get(instance)
+        if script:
+            answer = script[k % len(script)]
+        else:
+            answer = ERROR if self._rng.random() < self.fail_rate else float(self._rng.random() < 0.5)
         for turn in range(self.policy_calls):
             await _call_policy(body, turn)
         if answer == HOLD:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from miles_nemogym import salvage
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.launcher.families import Parsers
 from miles_nemogym.roles import eval_overrides
@@ -30,7 +31,7 @@ REWARD_FUNCTION = "miles_nemogym.reward.reward_func"
 GROUP_FILTER = "miles_nemogym.filters.check_episode_group"
 ROLLOUT_LOG_FUNCTION = "miles_nemogym.metrics.log_rollout"
 EVAL_LOG_FUNCTION = "miles_nemogym.metrics.log_eval"
-REWARD_POST_PROCESS = "miles_nemogym.salvage.reward_post_process"
+REWARD_POST_PROCESS = salvage.HOOK_PATH
 
 HOOKS: tuple[tuple[str, str], ...] = (
     ("--custom-agent-function-path", AGENT_FUNCTION),

@@ -1,0 +1,126 @@
+"""Yield benchmark: trained samples per paid episode, dropping vs salvaging partly failed groups.
+
+Each measurement is one of Miles' real train rollout steps (``tests/support/miles_harness.py``:
+Miles' ``InferenceRolloutFn``, session server, router and mock engine, this package's hooks as
+the launcher wires them, then Miles' ``convert_samples_to_train_data`` with our reward
+post-process hook). The Gym side is a loopback server whose episodes call the policy once and
+then fail with probability p (the server's ``{error, traceback}`` result: a failure after the
+policy's first call, which Miles returns as a sample with our record), else score 0 or 1.
+
+    paid episodes   every /run the server received (dropped groups and over-sampling included)
+    trained samples samples Miles trains with a non-zero loss
+    yield           trained samples / paid episodes
+
+``drop`` is ``NEMO_GYM_MIN_VALID_PER_GROUP=0`` (a group with any failure is dropped and Miles
+draws another prompt), ``salvage`` the default 2.
+
+    python bench/yield_bench.py                 # p = 0, 5, 10, 20 %; 8 prompts x 4 samples
+    python bench/yield_bench.py --rates 0.1 --prompts 4
+
+Needs the Miles venv the integration tests build (MILES_SRC names the pinned Miles source).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from miles_nemogym import gym_wheel  # noqa: E402
+from miles_nemogym.data import convert_row  # noqa: E402
+from miles_nemogym.testing.miles_env import ensure_miles_env  # noqa: E402
+from tests.support.miles_harness import MilesDriver  # noqa: E402
+from tests.support.scripted_gym import ScriptedGym  # noqa: E402
+from tests.support.threaded import serving_in_thread  # noqa: E402
+
+MODES = {"drop": "0", "salvage": "2"}
+
+
+def prompt_rows(count: int) -> list[dict[str, Any]]:
+    """``count`` distinct prompts: the wheel's rows under distinct instance ids."""
+    base = [convert_row(row) for row in gym_wheel.example_rows()]
+    rows = []
+    for i in range(count):
+        row = json.loads(json.dumps(base[i % len(base)]))
+        row["metadata"]["instance_id"] = f"{row['metadata']['instance_id']}--{i}"
+        rows.append(row)
+    return rows
+
+
+def measure(
+    driver: MilesDriver, rows: list[dict[str, Any]], *, rate: float, mode: str, prompts: int, samples: int, seed: int
+) -> dict[str, Any]:
+    result_doc = next(r for r in gym_wheel.example_rollouts() if r["instance_id"].startswith("sympy"))
+    gym = ScriptedGym(result=result_doc, policy_calls=1, fail_rate=rate, seed=seed)
+    with serving_in_thread(gym):
+        step = driver.step(
+            gym_url=gym.url, rows=rows, n_prompts=prompts, n_samples=samples,
+            env={"NEMO_GYM_MIN_VALID_PER_GROUP": MODES[mode]}, time_limit_s=900,
+        )  # fmt: skip
+        paid = len(gym.bodies)
+    step.check()
+    masks = step.train_data["loss_masks"]
+    trained = sum(1 for mask in masks if any(mask))
+    tracked = step.tracked("rollout/step")
+    return {
+        "rate": rate,
+        "mode": mode,
+        "paid_episodes": paid,
+        "trained_samples": trained,
+        "yield": trained / paid if paid else 0.0,
+        "groups_dropped": tracked.get("nemogym/groups_dropped"),
+        "groups_salvaged": tracked.get("nemogym/groups_salvaged"),
+        "step_s": round(step.elapsed_s, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rates", type=float, nargs="+", default=[0.0, 0.05, 0.10, 0.20])
+    parser.add_argument("--prompts", type=int, default=8, help="--rollout-batch-size")
+    parser.add_argument("--samples", type=int, default=4, help="--n-samples-per-prompt")
+    parser.add_argument("--seeds", type=int, default=3, help="steps per (rate, mode), each with its own failure draw")
+    options = parser.parse_args()
+
+    env = ensure_miles_env(progress=lambda line: print(f"[miles-env] {line}", file=sys.stderr))
+    log = Path(tempfile.mkdtemp(prefix="yield-bench-")) / "driver.log"
+    driver = MilesDriver(env, log_path=log)
+    rows = prompt_rows(max(64, options.prompts * 8))
+    results = []
+    try:
+        for rate in options.rates:
+            for mode in MODES:
+                for seed in range(1, options.seeds + 1):
+                    row = measure(driver, rows, rate=rate, mode=mode, prompts=options.prompts,
+                                  samples=options.samples, seed=seed)  # fmt: skip
+                    results.append(row)
+                    print(json.dumps(row), flush=True)
+    finally:
+        driver.close()
+    n = options.samples
+    print(f"\n{options.prompts} prompts x {n} samples per step, {options.seeds} Miles train steps per cell")
+    print("| failure rate | drop: paid | trained | yield | salvage: paid | trained | yield |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for rate in options.rates:
+        cells = []
+        for mode in MODES:
+            rows_of = [r for r in results if r["rate"] == rate and r["mode"] == mode]
+            paid = sum(r["paid_episodes"] for r in rows_of)
+            trained = sum(r["trained_samples"] for r in rows_of)
+            cells.append(f"{paid} | {trained} | {trained / paid:.2f}")
+        print(f"| {rate:.0%} | {cells[0]} | {cells[1]} |")
+    report = ROOT / "bench" / "reports" / f"yield_bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(json.dumps({"options": vars(options), "results": results}, indent=2))
+    print(f"report: {report}")
+
+
+if __name__ == "__main__":
+    main()
