@@ -15,8 +15,8 @@ import pytest
 
 from miles_nemogym import agent, client, episodes, reward
 from tests.fault_server import FaultServer, ResetAfterBodyServer, free_port
-from tests.miles_standin import Sample, agentic_generate
 from tests.support.results import partially_passing
+from tests.support.samples import Sample
 
 SESSION = "http://127.0.0.1:39999/sessions/s-1"
 
@@ -241,25 +241,6 @@ async def test_api_key_reaches_the_server_but_never_the_sample_or_logs(
     assert "***" in out["nemogym"]["failure_reason"]
     assert secret not in caplog.text
     assert out["nemogym"]["mask_sample"] is True
-
-
-async def test_miles_calling_convention(server: FaultServer, sympy_row: dict[str, Any]) -> None:
-    sample = Sample(prompt=[{"role": "user", "content": "fix"}], metadata=dict(sympy_row))
-    out = await agentic_generate(
-        "miles_nemogym.agent.run",
-        sample,
-        session_url=SESSION,
-        sampling_params={"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 512, "top_k": 20,
-                         "sampling_seed": 3, "min_p": None},
-    )  # fmt: skip
-    body = server.bodies[-1]
-    for key in ("max_seq_len", "session_server_id", "session_server_instance_id"):
-        assert key not in body  # Miles' bookkeeping is not task data
-    rcp = body["responses_create_params"]
-    assert (rcp["temperature"], rcp["top_p"], rcp["max_output_tokens"]) == (0.7, 0.9, 512)
-    assert rcp["metadata"]["extra_body"] == '{"seed": 3, "top_k": 20}'
-    assert out.metadata["reward"] == 0.0 and out.metadata["nemogym"]["status"] == "ok"
-    assert out.metadata["instance_id"] == sympy_row["instance_id"]
 
 
 async def test_a_rerolled_sample_does_not_send_previous_results(server: FaultServer, sympy_row: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ from miles_nemogym import metrics
 from miles_nemogym.eval_metrics import eval_set_metrics, pass_at_k
 from miles_nemogym.ledger import Tally, ledger
 from miles_nemogym.roles import ledger_role
-from tests.miles_standin import Sample
+from tests.support.samples import Sample
 
 P = "nemogym-eval/verified/"
 

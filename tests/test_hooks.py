@@ -10,7 +10,7 @@ import pytest
 
 from miles_nemogym import filters, metrics, reward
 from miles_nemogym.outcome import classify_http, failure
-from tests.miles_standin import Sample, Status
+from tests.support.samples import Sample, Status
 
 
 def sample_from(outcome_meta: dict[str, Any], status: Status = Status.COMPLETED, **extra: Any) -> Sample:

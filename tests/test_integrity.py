@@ -21,7 +21,7 @@ from miles_nemogym.ledger import Ledger, ledger
 from miles_nemogym.outcome import failure
 from miles_nemogym.settings import get_settings
 from tests.fault_server import FaultServer, free_port
-from tests.miles_standin import Sample, Status
+from tests.support.samples import Sample, Status
 
 SESSION = "http://127.0.0.1:39999/sessions/s-1"
 

@@ -1,6 +1,6 @@
 """Miles agent function: one NeMo-Gym ``mini_swe_agent_2`` episode per sample.
 
-Contract (Miles ``agentic_tool_call.generate``, CONTRACTS.md §1):
+Contract (Miles ``miles/rollout/generate_hub/agentic_tool_call.py``; docs/upstream.md):
 
     --custom-generate-function-path miles.rollout.generate_hub.agentic_tool_call.generate
     --custom-agent-function-path    miles_nemogym.agent.run

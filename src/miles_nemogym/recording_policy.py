@@ -2,9 +2,10 @@
 
 In training, the NeMo-Gym harness calls Miles' session server
 (``http://<ip>:<port>/sessions/<id>/v1/chat/completions``), which records the
-exchange and forwards it to SGLang (CONTRACTS.md §1, §5). CI and ``miles-nemogym
-smoke`` cannot run Miles (not on PyPI, needs a GPU engine), so this server stands in
-for both on loopback:
+exchange and forwards it to SGLang (docs/upstream.md). ``miles-nemogym smoke`` and the
+tests that drive an episode without Miles use this server instead, on loopback (the
+Miles tests run Miles' own session server and mock engine, with the same ``Script``
+rendered as Qwen tool-call text by ``qwen_tool_call_text``):
 
 - it serves ``POST /sessions/<id>/v1/chat/completions`` and records every request,
   per session: path, headers (whether ``Authorization`` came and its value, kept out of
@@ -13,7 +14,7 @@ for both on loopback:
   (OpenAI ``tool_calls``, ``finish_reason: tool_calls``, ``usage``, as litellm parses
   them): ``look_around_turns`` harmless commands, then one whose output starts with
   ``COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`` followed by the patch (``git diff``), which
-  ends the episode (GYM_ON_CPU.md, "What an episode does");
+  ends the episode (mini-swe-agent 2.1.0's submission rule);
 - ``delay`` slows every answer; ``slow`` holds answers until ``release()`` or stop,
   for abort tests; both can also be set per session.
 

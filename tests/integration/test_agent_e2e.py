@@ -3,7 +3,8 @@
 Every test here runs the real ``mini_swe_agent_2`` server (nemo-gym 0.7.0, local sandbox)
 on the five real SWE-bench Verified rows from its wheel, converted by our converter. The
 policy is the recording policy at Miles' session URL shape; the agent function is called
-through the Miles stand-in exactly as ``agentic_tool_call.generate`` calls it.
+directly with the arguments Miles passes (Miles' own rollout around the same hooks is
+tested in ``test_miles_rollout.py``).
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ from miles_nemogym.gym.server import GymServer, free_port
 from miles_nemogym.recording_policy import RecordingPolicy
 from miles_nemogym.scan import golden_scan
 from tests.integration.conftest import INTEGRATION_OPTIONS
-from tests.miles_standin import Sample, agentic_generate
+from tests.support.samples import Sample
 
 pytestmark = pytest.mark.integration
 
 GRADED_OFFLINE = ("sympy__sympy-20916", "sphinx-doc__sphinx-8595", "scikit-learn__scikit-learn-14141")
 DJANGO = "django__django-10973"
-# Miles' rollout sampling params, before agentic_tool_call renames them.
-MILES_SAMPLING = {"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 512, "top_k": 20, "sampling_seed": 7}
+# Miles' rollout sampling params as agentic_tool_call hands them to the agent function
+# (renamed to chat-completion names; checked against Miles in test_miles_rollout.py).
+REQUEST_KWARGS = {"temperature": 0.7, "top_p": 0.9, "max_tokens": 512, "top_k": 20, "seed": 7}
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +56,10 @@ def gym_env(gym_server: GymServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 
 
 async def run_sample(row: dict[str, Any], session_url: str) -> Sample:
-    sample = Sample(prompt=row["prompt"], metadata=dict(row["metadata"]))
-    return await agentic_generate(
-        "miles_nemogym.agent.run", sample, session_url=session_url, sampling_params=MILES_SAMPLING
-    )
+    """One episode through the agent function; its dict merged into the row's metadata (v1)."""
+    metadata = dict(row["metadata"])
+    out = await agent.run(base_url=session_url, prompt=row["prompt"], request_kwargs=REQUEST_KWARGS, metadata=metadata)
+    return Sample(prompt=row["prompt"], metadata={**metadata, **out})
 
 
 async def first_policy_call(policy: RecordingPolicy, session: str, timeout_s: float = 120) -> None:

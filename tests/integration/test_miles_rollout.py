@@ -14,6 +14,8 @@ episode does) for exact rewards and faults.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -53,17 +55,16 @@ def real_train_steps(
     miles_driver: MilesDriver, gym_server: GymServer, rows: dict[str, dict[str, Any]]
 ) -> Iterator[dict[str, StepResult]]:
     """One train step per session server version over the real Gym server (2 prompts x 2)."""
-    steps: dict[str, StepResult] = {}
 
     class Lazy(dict[str, StepResult]):
         def __missing__(self, version: str) -> StepResult:
-            steps[version] = miles_driver.step(
+            self[version] = miles_driver.step(
                 gym_url=gym_server.url,
                 rows=[rows[iid] for iid in REAL_ROWS],
                 session_server=version,
                 env={"NEMO_GYM_POLICY_API_KEY": "sk-miles-e2e"},
             ).check()
-            return steps[version]
+            return self[version]
 
     yield Lazy()
 
@@ -102,6 +103,8 @@ def test_train_step_over_the_real_gym_server(real_train_steps: dict[str, StepRes
     assert [call["result"]["keep"] for call in result.hook_calls("dynamic_filter")] == [True, True]
     assert [(c["n_samples"], c["result"]) for c in result.hook_calls("rollout_log")] == [(4, False)]
     assert len(result.hook_calls("agent")) == 4
+    # Miles ends every train rollout by aborting what is left, and calls agent.abort then.
+    assert len(result.hook_calls("abort")) == 1
     # v1 scores in the reward hook; v2 takes the agent's reward and never calls the hook.
     scored = sum(call["n_samples"] for call in result.hook_calls("reward"))
     assert scored == (4 if version == "v1" else 0)
@@ -110,7 +113,10 @@ def test_train_step_over_the_real_gym_server(real_train_steps: dict[str, StepRes
     assert tracked["nemogym/episodes"] == 4.0 and tracked["nemogym/samples"] == 4.0
     assert tracked["nemogym/failure_rate"] == 0.0
     assert tracked["nemogym/resolve_rate"] == sum(s["reward"] for s in result.samples) / 4
-    assert "rollout/raw_reward" in tracked  # Miles' own metrics went to the same tracking call path
+    # Miles' own rollout logging ran after ours (log_rollout returns False), to the same tracking.
+    assert tracked["rollout/truncated_ratio"] == 0.0
+    # The session server's TITO check saw no token mismatch over the real episodes.
+    assert tracked[f"rollout/tito_session_mismatch_rate/{version}"] == 0.0
 
 
 def test_train_data_as_the_trainer_sees_it(real_train_steps: dict[str, StepResult]) -> None:
@@ -198,6 +204,11 @@ def test_masked_episode_group_is_dropped_and_replaced(
     filtered = [(c["result"]["keep"], c["result"]["reason"]) for c in result.hook_calls("dynamic_filter")]
     assert [f for f in filtered if not f[0]] == [(False, "nemogym_agent_run_error")]
     assert result.metrics["rollout/dynamic_filter/drop_nemogym_agent_run_error"] == 1
+    # Miles logs the drop; our log function only ever sees the kept samples, so the failed
+    # episodes are absent from nemogym/* (known gap: the drop metric is what shows them).
+    tracked = result.tracked("rollout/step")
+    assert tracked["rollout/dynamic_filter/drop_nemogym_agent_run_error"] == 1
+    assert tracked["nemogym/failure_rate"] == 0.0 and tracked["nemogym/episodes"] == 4.0
     masked = [c["result"] for c in result.hook_calls("agent") if c["result"]["nemogym"]["instance_id"] == SYMPY]
     assert [(m["reward"], m["nemogym"]["mask_sample"]) for m in masked] == [(0.0, True), (0.0, True)]
     assert sorted(result.train_data["raw_reward"]) == [0.0, 0.0, 1.0, 1.0]
@@ -230,3 +241,32 @@ def test_episode_failing_before_its_first_policy_call_comes_back_aborted_and_its
     assert len(kept) == 2 and {SYMPY} not in kept and {SKLEARN} in kept
     assert all(s["status"] == "completed" and s["metadata"]["nemogym"]["status"] == "ok" for s in result.samples)
     assert [body["instance_id"] for body in server.bodies].count(SYMPY) == 2  # never run twice
+
+
+def test_how_miles_calls_the_agent_reaches_the_gym_request(
+    miles_driver: MilesDriver, rows: dict[str, dict[str, Any]], results: dict[str, dict[str, Any]]
+) -> None:
+    """Miles' sampling flags arrive in the /run request; its bookkeeping keys do not."""
+    server = FaultServer(result=results[SKLEARN], policy_calls=1)
+    sampling = ["--rollout-temperature", "0.7", "--rollout-top-p", "0.9", "--rollout-top-k", "20"]
+    with serving_in_thread(server):
+        result = miles_driver.step(
+            gym_url=server.url,
+            rows=[rows[SKLEARN]],
+            n_prompts=1,
+            env={**FAST_ENV, "NEMO_GYM_POLICY_API_KEY": "sk-miles-convention"},
+            extra_argv=[*sampling, "--max-seq-len", "8192"],
+        ).check()
+
+    assert len(server.bodies) == 2
+    for body in server.bodies:
+        assert not {"max_seq_len", "session_server_id", "session_server_instance_id"} & set(body)
+        rcp = body["responses_create_params"]
+        assert (rcp["temperature"], rcp["top_p"], rcp["max_output_tokens"]) == (0.7, 0.9, 1024)
+        assert json.loads(rcp["metadata"]["extra_body"])["top_k"] == 20
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/sessions/[0-9a-f]+/v1", body["policy_base_url"])
+        assert body["policy_api_key"] == "sk-miles-convention"
+    # Miles adds its bookkeeping to the metadata it passes (max_seq_len, session_server_id).
+    for call in result.hook_calls("agent"):
+        assert {"max_seq_len", "session_server_id", "instance_id"} <= set(call["metadata_keys"])
+    assert all(s["metadata"]["nemogym"]["status"] == "ok" for s in result.samples)

@@ -353,6 +353,8 @@ def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[st
         SingletonMeta.clear_all_instances()
         for flag, path in HOOKS:
             _spy(path, HOOK_NAMES[flag])
+        # Miles calls a sibling `abort` of the agent function when it aborts a rollout.
+        _spy(dict(HOOKS)["--custom-agent-function-path"].rpartition(".")[0] + ".abort", "abort")
 
         engine = MockSGLangServer(model_name=str(tokenizer), process_fn=policy, host="127.0.0.1", port=0)
         engine.start()

@@ -16,13 +16,14 @@ driver per test session; a step over the real Gym server takes ~20-40 s)::
         time_limit_s=300,                # past it: result.finished is False, driver restarted
     )
     result.finished, result.error         # did Miles' step return; its exception if it raised
-    result.groups                         # train: kept groups, each a list of sample dicts
+    result.groups                         # train: kept groups, each a flat list of sample dicts
+    result.raw["samples"]                 # ... as Miles nests them (v2: a list per episode)
     result.samples                        # flat: status, reward, tokens, response_length,
                                           #   loss_mask, rollout_log_probs, remove_sample, metadata
     result.eval["swe"]                    # eval: rewards, truncated, samples
     result.metrics                        # the rollout function's own metrics
     result.hook_calls("dynamic_filter")   # how Miles called our hooks: agent, reward,
-                                          #   dynamic_filter, rollout_log, eval_log (with results)
+                                          #   dynamic_filter, rollout_log, eval_log, abort (with results)
     result.tracked("rollout/step")        # what reached Miles' tracking.log, merged per step key
     result.train_data                     # Miles' convert_samples_to_train_data: rewards,
                                           #   raw_reward, loss_masks, response_lengths, ...
@@ -72,7 +73,8 @@ class StepResult:
 
     @property
     def groups(self) -> list[list[dict[str, Any]]]:
-        return list(self.raw.get("samples") or [])
+        """Kept groups, each flat (under v2 Miles nests each episode's samples in a list)."""
+        return [_flat(group) for group in self.raw.get("samples") or []]
 
     @property
     def samples(self) -> list[dict[str, Any]]:
@@ -95,7 +97,7 @@ class StepResult:
         return int(self.raw.get("policy_calls") or 0)
 
     def hook_calls(self, hook: str) -> list[dict[str, Any]]:
-        """Each call Miles made to our hook ``hook`` (agent, reward, dynamic_filter, rollout_log)."""
+        """Each call Miles made to our hook ``hook`` (agent, reward, dynamic_filter, rollout_log, abort)."""
         return list((self.raw.get("hooks") or {}).get(hook, []))
 
     def tracked(self, step_key: str) -> dict[str, Any]:
