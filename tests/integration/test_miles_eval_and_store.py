@@ -115,7 +115,7 @@ def test_real_train_and_eval_steps_are_stored_by_role_and_step(
     store = tmp_path / "episodes"
     env = {"NEMO_GYM_EPISODE_DIR": str(store), "NEMO_GYM_POLICY_API_KEY": "sk-store-e2e"}
     train_rows = [rows[SYMPY], rows[SPHINX]]
-    miles_driver.step(gym_url=gym_server.url, rows=train_rows, n_samples=2, env=env, rollout_id=3).check()
+    train = miles_driver.step(gym_url=gym_server.url, rows=train_rows, n_samples=2, env=env, rollout_id=3).check()
     data, flags = _eval_data(tmp_path, [rows[SPHINX]], k=2)
     result = miles_driver.step(
         gym_url=gym_server.url, data_file=data, n_samples=2, mode="eval", env=env, extra_argv=flags, rollout_id=3
@@ -123,21 +123,32 @@ def test_real_train_and_eval_steps_are_stored_by_role_and_step(
     assert result.tracked("eval/step")[E + "episodes"] == 2.0
 
     stored = load(store).episodes
-    train = [e for e in stored if e.role == "train"]
-    evals = [e for e in stored if e.role == "eval"]
+    by_role = {role: [e for e in stored if e.role == role] for role in ("train", "eval")}
     assert {e.step for e in stored} == {3}
-    assert sorted(e.instance_id for e in train) == sorted([SYMPY, SPHINX] * 2)
-    assert [e.instance_id for e in evals] == [SPHINX, SPHINX]
-    # n samples of one instance are kept apart: own episode, own Miles session, own trajectory.
+    assert sorted(e.instance_id for e in by_role["train"]) == sorted([SYMPY, SPHINX] * 2)
+    assert [e.instance_id for e in by_role["eval"]] == [SPHINX, SPHINX]
+    # Every episode the agent function returned to Miles is stored, with the same record,
+    # whatever its outcome (the real server can crash an episode: it is stored as failed).
+    for step, role in ((train, "train"), (result, "eval")):
+        returned = {c["result"]["nemogym"]["episode_id"]: c["result"]["nemogym"] for c in step.hook_calls("agent")}
+        assert {e.episode_id: e.record for e in by_role[role]} == returned
+    # n samples of one instance are kept apart: own episode, own Miles session, own answer.
     assert len({e.episode_id for e in stored}) == len({e.entry["session_id"] for e in stored}) == 6
     for episode in stored:
-        assert episode.record["status"] == "ok"
-        assert episode.entry["answer"]["response"]["output"]  # the trajectory as the server sent it
-        assert episode.entry["answer"]["instance_id"] == episode.instance_id
+        answer = episode.entry["answer"]
+        if episode.record["status"] == "ok":
+            assert answer["response"]["output"]  # the trajectory as the server sent it
+            assert answer["instance_id"] == episode.instance_id
+        else:  # a graded-looking answer with the server's error, kept as received
+            assert episode.kind == "agent_run_error" and "error" in answer["metadata"]
     assert b"sk-store-e2e" not in b"".join(p.read_bytes() for p in store.rglob("*.gz"))
 
     table = CliRunner().invoke(app, ["episodes", str(store)]).output.splitlines()
-    assert [line.split()[:4] for line in table[1:]] == [["eval", "3", "2", "2"], ["train", "3", "4", "4"]]
+    valid = {role: sum(1 for e in by_role[role] if e.record["status"] == "ok") for role in by_role}
+    assert [line.split()[:4] for line in table[1:]] == [
+        ["eval", "3", "2", str(valid["eval"])],
+        ["train", "3", "4", str(valid["train"])],
+    ]
     page = tmp_path / "episodes.html"
     assert CliRunner().invoke(app, ["episodes", str(store), "--html", str(page)]).exit_code == 0
     assert page.read_text().count("<details>") == 6
