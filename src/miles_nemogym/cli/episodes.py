@@ -27,12 +27,12 @@ def episodes(
     from miles_nemogym.episode_browser import (
         episode_list_text,
         load,
-        render_html,
         select,
         show_text,
         step_rows,
         table_text,
     )
+    from miles_nemogym.episode_page import render_html
 
     if not directory.is_dir():
         typer.echo(f"error: {directory} is not a folder; give the episode store (NEMO_GYM_EPISODE_DIR)", err=True)
