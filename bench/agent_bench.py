@@ -361,7 +361,7 @@ async def measure(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _folder_mb(folder: str) -> float:
-    return sum(f.stat().st_size for f in Path(folder).rglob("*.jsonl.gz")) / 2**20
+    return sum(f.stat().st_size for f in Path(folder).rglob("*.jsonl*")) / 2**20
 
 
 def worker_main(spec_json: str) -> None:
