@@ -239,7 +239,9 @@ async def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """Warm up, then run ``n`` calls at ``concurrency`` with a stall ticker alongside."""
     from miles_nemogym import gym_wheel
 
-    rows = gym_wheel.example_rows()
+    # The row of the rollout the server answers with: the agent refuses a result for
+    # another instance than the one it sent.
+    rows = [row for row in gym_wheel.example_rows() if row["instance_id"] == spec["instance_id"]]
     kind, n, concurrency = spec["client"], spec["n"], spec["concurrency"]
     loop = asyncio.get_running_loop()
 
@@ -647,7 +649,7 @@ def main(argv: list[str] | None = None) -> int:
                         spec = {
                             "client": kind, "scenario": scenario, "n": cfg["n"],
                             "concurrency": cfg["concurrency"], "base": server.base, "warmup": args.warmup,
-                            "server_pids": server.pids,
+                            "server_pids": server.pids, "instance_id": rollout["instance_id"],
                             "episode_dir": tempfile.mkdtemp(dir=tmp) if args.episode_store else None,
                         }  # fmt: skip
                         result = run_worker(spec, timeout=max(600.0, 20 * cfg["hold_s"] + cfg["n"]))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,10 +27,14 @@ def free_port() -> int:
 
 @dataclass
 class FaultServer:
-    """``mode``: ok | hold | 500 | 422 | nonjson | error_metadata | echo_key_error."""
+    """``mode``: ok | hold | 500 | 422 | nonjson | error_metadata | echo_key_error.
+
+    ``respond``, when set, builds the answer from the request body instead (any shape,
+    headers or encoding a test needs)."""
 
     result: dict[str, Any]
     mode: str = "ok"
+    respond: Callable[[dict[str, Any]], web.Response] | None = None
     hold_s: float = 0.0
     port: int = field(default_factory=free_port)
     bodies: list[dict[str, Any]] = field(default_factory=list)
@@ -74,6 +79,8 @@ class FaultServer:
                     return web.Response(status=499)
         finally:
             self.in_flight -= 1
+        if self.respond is not None:
+            return self.respond(body)
         if mode == "500":
             return web.Response(status=500, text="Internal Server Error")
         if mode == "422":

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from typing import Any
 
 import pytest
@@ -293,7 +292,6 @@ async def test_a_malformed_session_url_is_recorded_not_raised(server: FaultServe
     assert server.bodies == []
 
 
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="Task.cancelling() tells the two apart from 3.11 on")
 async def test_a_caller_cancelled_during_abort_still_sees_its_cancellation(
     server: FaultServer, sympy_row: dict[str, Any]
 ) -> None:

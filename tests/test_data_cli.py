@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import signal
+import stat
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -123,3 +128,127 @@ def test_gradeable_only_without_swebench_exits_1_with_the_install_command(
     result = invoke("-i", jsonl, "-o", tmp_path / "out.jsonl", "--gradeable-only")
     assert result.exit_code == 1
     assert "pip install 'swebench==4.1.0'" in result.stderr
+
+
+# --- outputs that must not be replaced, inputs that must not be overwritten ----------------
+
+
+def test_output_that_is_a_symlink_exits_2_and_the_link_and_its_target_stay(tmp_path: Path, jsonl: Path) -> None:
+    target = tmp_path / "kept.jsonl"
+    target.write_text("keep me\n")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(target)
+    result = invoke("-i", jsonl, "-o", link)
+    assert result.exit_code == 2, result.output
+    message = " ".join(result.stderr.split())
+    assert f"{link} is a symbolic link; the output would replace the link itself" in message
+    assert f"give its target ({target}) or a new path" in message
+    assert link.is_symlink() and target.read_text() == "keep me\n"
+    holdout = invoke("-i", jsonl, "-o", tmp_path / "out.jsonl", "--holdout", "1", "--holdout-output", link)
+    assert holdout.exit_code == 2 and "is a symbolic link" in holdout.stderr
+    assert link.is_symlink() and not (tmp_path / "out.jsonl").exists()
+
+
+def test_output_that_is_a_pipe_exits_2_and_stays_a_pipe(tmp_path: Path, jsonl: Path) -> None:
+    # A named pipe stands in for /dev/null, which a root run of the old code replaced by a file.
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    result = invoke("-i", jsonl, "-o", pipe)
+    assert result.exit_code == 2, result.output
+    assert "is not a regular file (a device, pipe or socket)" in " ".join(result.stderr.split())
+    assert stat.S_ISFIFO(pipe.stat().st_mode)
+
+
+def test_output_onto_the_instance_ids_file_exits_2_and_leaves_it(tmp_path: Path, jsonl: Path) -> None:
+    ids = tmp_path / "ids.txt"
+    ids.write_text("astropy__astropy-12907\n")
+    result = invoke("-i", jsonl, "-o", ids, "--instance-ids", ids)
+    assert result.exit_code == 2, result.output
+    assert f"must differ from --instance-ids ({ids})" in " ".join(result.stderr.split())
+    assert ids.read_text() == "astropy__astropy-12907\n"
+    hard_link = tmp_path / "input-again.jsonl"
+    os.link(jsonl, hard_link)  # the same file under another name
+    before = jsonl.read_bytes()
+    again = invoke("-i", jsonl, "-o", hard_link)
+    assert again.exit_code == 2 and "must differ from --input" in again.stderr
+    assert jsonl.read_bytes() == before
+
+
+def test_a_lone_surrogate_in_a_bad_rows_id_is_printed_escaped(
+    tmp_path: Path, gym_example_rows: list[dict[str, Any]]
+) -> None:
+    bad = dict(gym_example_rows[1], instance_id="bad\udcff")
+    del bad["test_patch"]
+    source = tmp_path / "rows.jsonl"
+    source.write_text(json.dumps(gym_example_rows[0]) + "\n" + json.dumps(bad) + "\n", encoding="utf-8")
+    output = tmp_path / "out.jsonl"
+    result = invoke("-i", source, "-o", output, "--on-error", "skip", "--quiet")
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert result.exit_code == 0, result.output
+    assert "row 2 (line 2) [bad\\udcff]: " in result.stdout
+    assert len(output.read_text().splitlines()) == 1
+
+
+# --- interrupted by a signal -------------------------------------------------------------
+
+# The real CLI in a child process, its reader slowed so a signal lands mid-conversion.
+SLOW_CONVERT = """
+import importlib, sys, time
+from miles_nemogym.data.sources import RowSource
+
+convert_module = importlib.import_module("miles_nemogym.data.convert")
+
+opened = convert_module.open_source
+
+def slow_source(spec, split):
+    source = opened(spec, split)
+    def rows():
+        for row in source:
+            time.sleep(0.05)
+            yield row
+    return RowSource(source.name, source.kind, source.total, rows())
+
+convert_module.open_source = slow_source
+from miles_nemogym.cli.main import app
+sys.argv = ["miles-nemogym", *sys.argv[1:]]
+app()
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_convert_leaves_no_temporary_file_or_spool(
+    tmp_path: Path, gym_example_rows: list[dict[str, Any]], signum: signal.Signals
+) -> None:
+    source = tmp_path / "many.jsonl"
+    with source.open("w", encoding="utf-8") as handle:
+        for number in range(400):
+            row = gym_example_rows[number % len(gym_example_rows)]
+            handle.write(json.dumps(dict(row, instance_id=f"{row['instance_id']}-{number}")) + "\n")
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    existing = out_dir / "train.jsonl"
+    existing.write_text("the previous conversion\n")
+    child = subprocess.Popen(
+        [sys.executable, "-c", SLOW_CONVERT, "convert", "-i", str(source), "-o", str(existing),
+         "--shuffle", "--holdout", "5", "--holdout-output", str(out_dir / "eval.jsonl"), "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(out_dir.glob(".*.tmp"))) < 3:  # output, holdout and the shuffle spool
+            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+            time.sleep(0.05)
+        time.sleep(0.5)  # rows are being spooled
+        child.send_signal(signum)
+        _, stderr = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 130, stderr
+    assert "interrupted: nothing written, no file touched" in stderr
+    assert "Traceback" not in stderr
+    assert sorted(path.name for path in out_dir.iterdir()) == ["train.jsonl"]
+    assert existing.read_text() == "the previous conversion\n"

@@ -1,4 +1,4 @@
-"""``miles-nemogym doctor`` / ``miles_nemogym.doctor.run_checks`` (issue 4).
+"""``miles-nemogym doctor`` / ``miles_nemogym.doctor.run_checks``.
 
 The Gym server is stood in for by a real loopback HTTP server serving an OpenAPI
 document shaped like the one FastAPI generates for nemo-gym's ``mini_swe_agent_2`` app
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import socket
+import time
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from miles_nemogym.cli.main import app
 from miles_nemogym.doctor import CheckResult, FetchError, Status, fetch_json, run_body_fields, run_checks
 from miles_nemogym.settings import ENV_VARS
 from tests.openapi_standin import GymStandIn, openapi_document
+from tests.support.odd_http import OddServer
 
 
 @pytest.fixture(autouse=True)
@@ -255,3 +257,121 @@ def test_cli_session_host_option_reaches_the_check(monkeypatch: pytest.MonkeyPat
     result = CliRunner().invoke(app, ["doctor", "--session-host", "10.9.8.7", "--timeout", "2"])
     assert result.exit_code == 1
     assert "10.9.8.7" in result.output
+
+
+# --- hostile and broken servers: a bounded check and one clear FAIL line ----------------
+
+
+def _with_body_schema(schema: Any, **schemas: Any) -> dict[str, Any]:
+    document = openapi_document()
+    document["paths"]["/run"]["post"]["requestBody"]["content"]["application/json"]["schema"] = schema
+    document["components"]["schemas"].update(schemas)
+    return document
+
+
+def _deep_allof(depth: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"properties": {"policy_base_url": {}}}
+    for _ in range(depth):
+        schema = {"allOf": [schema]}
+    return schema
+
+
+SELF = {"$ref": "#/components/schemas/Loop"}
+ODD_DOCUMENTS = [
+    ({"paths": {"/run": "x"}}, "the document's '/run' entry is a str, not an object"),
+    ({"paths": {"/run": {"post": 5}}}, "POST /run is a int, not an object"),
+    ({"paths": {"/run": {"post": {"requestBody": []}}}}, "POST /run's requestBody is a list, not an object"),
+    (_with_body_schema({"properties": 5}), "the /run body schema's 'properties' is a int, not an object"),
+    (_with_body_schema({"allOf": {"a": 1}}), "the /run body schema's 'allOf' is a dict, not a list"),
+    (_with_body_schema({"allOf": ["x"]}), "the /run body schema holds a str where a schema object belongs"),
+    (_with_body_schema({"$ref": "http://elsewhere/x"}), "points outside the document ('http://elsewhere/x')"),
+    # Old code: 2^16 recursive visits of the same schema (over a minute at 100 % CPU).
+    (_with_body_schema(SELF, Loop={"allOf": [SELF, SELF, SELF]}), None),
+    (_with_body_schema(_deep_allof(100_000)), "spans over 10000 schema objects"),
+]
+
+
+@pytest.mark.parametrize(("document", "message"), ODD_DOCUMENTS)
+def test_odd_openapi_documents_end_fast_with_a_schema_error_or_an_answer(document: Any, message: str | None) -> None:
+    started = time.monotonic()
+    if message is None:
+        assert run_body_fields(document) == ("Loop", set())  # a cycle is read once and ends
+    else:
+        with pytest.raises(doctor.SchemaError) as caught:
+            run_body_fields(document)
+        assert message in str(caught.value)
+    assert time.monotonic() - started < 1.0
+
+
+def test_a_self_including_allof_is_a_fail_line_not_a_hang(gym: GymStandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    gym.serve(_with_body_schema(SELF, Loop={"allOf": [SELF, SELF, SELF]}))
+    monkeypatch.setenv("NEMO_GYM_URL", gym.url)
+    started = time.monotonic()
+    result = CliRunner().invoke(app, ["doctor", "--timeout", "2"])
+    assert time.monotonic() - started < 3
+    assert result.exit_code == 1
+    output = " ".join(result.output.split())  # rich wraps long lines
+    assert "FAIL /run accepts policy_base_url: the /run body (Loop) has no policy_base_url field" in output
+
+
+def test_json_nested_too_deeply_is_a_fail_line(gym: GymStandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    gym.body = b'{"paths": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    monkeypatch.setenv("NEMO_GYM_URL", gym.url)
+    result = CliRunner().invoke(app, ["doctor"])
+    assert result.exit_code == 1
+    output = " ".join(result.output.split())
+    assert "FAIL NeMo-Gym answers: GET " in output
+    assert "the answer is JSON nested too deeply to be an OpenAPI document" in output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_the_timeout_bounds_the_whole_answer_not_each_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    trickle = OddServer("trickle", interval_s=0.2)  # one byte every 0.2 s: no single read ever waits 2 s
+    try:
+        monkeypatch.setenv("NEMO_GYM_URL", trickle.url)
+        started = time.monotonic()
+        result = CliRunner().invoke(app, ["doctor", "--timeout", "2"])
+        took = time.monotonic() - started
+    finally:
+        trickle.close()
+    assert result.exit_code == 1
+    assert 2 <= took < 4
+    assert "no complete answer within 2 s" in " ".join(result.output.split())
+
+
+def test_a_redirect_to_another_server_is_not_followed(gym: GymStandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    redirect = OddServer("redirect", location=f"{gym.url}/openapi.json")
+    try:
+        monkeypatch.setenv("NEMO_GYM_URL", redirect.url)
+        reach = by_name(run_checks(timeout_s=5))["NeMo-Gym answers"]
+    finally:
+        redirect.close()
+    assert reach.status is Status.failed
+    assert (
+        reach.detail == f"GET {redirect.url}/openapi.json: HTTP 302 redirect to {gym.url}/openapi.json (not followed)"
+    )
+    assert reach.fix is not None and "a redirect is not followed" in reach.fix
+    assert gym.requests == []  # the healthy server behind the redirect was never asked
+
+
+def test_a_url_password_is_never_shown(gym: GymStandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_GYM_URL", gym.url.replace("http://", "http://user:s3cret-pass@"))
+    result = CliRunner().invoke(app, ["doctor"])
+    assert result.exit_code == 0, result.output
+    assert "s3cret-pass" not in result.output
+    assert "PASS settings: NeMo-Gym server http://user:***@127.0.0.1" in result.output
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "0", "-1"])
+def test_a_timeout_that_is_not_a_sane_number_of_seconds_is_a_usage_error(value: str) -> None:
+    result = CliRunner().invoke(app, ["doctor", "--timeout", value])
+    assert result.exit_code == 2
+    assert "Invalid value for '--timeout'" in result.output
+
+
+def test_a_bad_url_with_a_password_is_quoted_with_the_password_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_GYM_URL", "http://user:s3cret-pass@gym:12000/run")
+    settings = by_name(run_checks())["settings"]
+    assert settings.status is Status.failed
+    assert "s3cret-pass" not in settings.detail
+    assert "http://user:***@gym:12000/run" in settings.detail

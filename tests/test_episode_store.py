@@ -97,6 +97,7 @@ async def test_train_and_eval_episodes_are_filed_by_role_and_step(
         await client.close_client()
         await srv.stop()
 
+    _flush(store_dir)  # the log functions wait for the rename; compression follows
     assert _files(store_dir) == [
         "eval/step-000003.jsonl.gz",
         "train/step-000003.jsonl.gz",
@@ -136,6 +137,22 @@ async def test_failed_episode_is_saved_with_what_came_back(
     assert episode.kind == out["nemogym"]["failure_kind"] == "agent_run_error"
     assert episode.entry["record"]["http_status"] == 500
     assert isinstance(episode.entry["answer"], dict) and set(episode.entry["answer"]) == {"text"}
+
+
+async def test_an_answer_echoing_the_api_key_is_stored_without_it(
+    store_dir: Path, sympy_row: dict[str, Any], sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    srv = await _serve(sympy_result, monkeypatch, mode="echo_key_error")
+    try:
+        await _run(sympy_row)
+    finally:
+        await client.close_client()
+        await srv.stop()
+    _flush(store_dir)
+    (episode,) = load(store_dir).episodes
+    assert episode.entry["answer"]["metadata"]["error"] == "auth failed for ***"
+    assert episode.entry["answer"]["response"]["output"] == sympy_result["response"]["output"]
+    assert KEY.encode() not in _all_bytes(store_dir)
 
 
 async def test_unreachable_server_episode_is_saved_without_an_answer(

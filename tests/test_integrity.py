@@ -22,6 +22,7 @@ from miles_nemogym.outcome import failure
 from miles_nemogym.settings import get_settings
 from tests.fault_server import FaultServer, free_port
 from tests.support.samples import Sample, Status
+from tests.support.scripted_gym import result_for
 
 SESSION = "http://127.0.0.1:39999/sessions/s-1"
 
@@ -207,7 +208,8 @@ async def test_outage_mid_step_waits_and_sends_each_episode_once(
     monkeypatch.setattr(circuit_module, "WARN_EVERY_S", 0.3)
     port = free_port()
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{port}")
-    server = FaultServer(result=result, port=port)
+    answers = {row["instance_id"]: result_for(result, row["instance_id"]) for row in rows}
+    server = FaultServer(result=result, port=port, results_by_instance=answers)
     caplog.set_level(logging.WARNING, logger="miles_nemogym.circuit")
     tasks = [asyncio.create_task(call(row)) for row in rows]
     await asyncio.sleep(1.5)  # the server is down: every episode opened or met the circuit

@@ -110,6 +110,11 @@ def test_only_given_flags_override() -> None:
         ({"colocate": False, "rollout_num_gpus": 4}, "cluster has gpus_per_node x num_nodes = 4"),
         ({"colocate": True, "actor_gpus_per_node": 2}, "must equal gpus_per_node when colocate"),
         ({"extra_env": {"MILES_USE_LEGACY_ROLLOUT_V1": "1"}}, "legacy rollout"),
+        ({"rollout_temperature": float("inf")}, "'rollout_temperature': Input should be a finite number"),
+        ({"lr": float("nan")}, "'lr': Input should be a finite number"),
+        ({"num_rollout": True}, "'num_rollout': expected a number, got the boolean true"),
+        ({"global_batch_size": False}, "'global_batch_size': expected a number, got the boolean false"),
+        ({"rollout_top_p": True}, "'rollout_top_p': expected a number, got the boolean true"),
     ],
 )
 def test_invalid_recipes_name_the_field_and_the_fix(values: dict[str, object], fragment: str) -> None:
@@ -130,6 +135,44 @@ def test_yaml_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="expected a mapping"):
         read_yaml(write(tmp_path, "- 1\n- 2\n"))
     assert read_yaml(write(tmp_path, "")) == {}
+
+
+def test_yaml_infinity_and_booleans_in_number_fields_are_refused(tmp_path: Path) -> None:
+    values = read_yaml(write(tmp_path, "rollout_temperature: .inf\nnum_rollout: true\ncolocate: true\n"))
+    with pytest.raises(ConfigError) as caught:
+        load_config(values, {})
+    message = str(caught.value)
+    assert "--rollout-temperature / recipe key 'rollout_temperature': Input should be a finite number" in message
+    assert "--num-rollout / recipe key 'num_rollout': expected a number, got the boolean true" in message
+    assert "colocate" not in message  # a real boolean setting still takes true
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "num_rollout: 5\n".encode("utf-16"),  # with its byte-order mark, as Windows editors save it
+        bytes(range(256)),
+    ],
+    ids=["utf-16", "binary"],
+)
+def test_a_recipe_that_is_not_utf8_text_is_named_with_the_fix(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError) as caught:
+        read_yaml(path)
+    assert str(caught.value) == (
+        f"--config {path}: not UTF-8 text (a binary file, or saved as UTF-16?); save the recipe as UTF-8 YAML"
+    )
+
+
+def test_unbalanced_quote_in_extra_args_is_a_config_error() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_cli(["--extra-args", "--wandb-group 'unclosed"])
+    assert str(caught.value).startswith(
+        '--extra-args "--wandb-group \'unclosed": cannot split it as shell words (No closing quotation)'
+    )
+    with pytest.raises(ConfigError, match="--ray-start-args"):
+        parse_cli(["--ray-start-args", '--resources "{'])
 
 
 def test_example_recipe_is_valid_and_matches_the_defaults_it_restates() -> None:

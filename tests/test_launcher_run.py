@@ -142,6 +142,23 @@ def test_dry_run_shows_the_eval_and_episode_store_wiring(tmp_path: Path, capsys:
     assert "# episode store: off" in capsys.readouterr().out
 
 
+def test_dry_run_hides_url_passwords_but_the_job_gets_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    miles = make_miles_checkout(tmp_path / "miles")
+    monkeypatch.setenv("NEMO_GYM_URL", "http://trainer:gym-pass-123@gym:12000")
+    monkeypatch.setenv("RAY_ADDRESS", "http://ray:ray-pass-456@head:8265")
+    code = run.main(["--dry-run", "--miles-root", str(miles)], actions=Refuses())
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "gym-pass-123" not in out and "ray-pass-456" not in out
+    assert "NEMO_GYM_URL='http://trainer:***@gym:12000'" in out
+    assert "# Ray job submission address: http://ray:***@head:8265" in out
+    config, parsers, _ = run.load(["--miles-root", str(miles)])
+    job = cmd.build_job(config, parsers, cmd.MilesInstall(miles, MODEL_ARGS), {})
+    assert job.env["NEMO_GYM_URL"] == "http://trainer:gym-pass-123@gym:12000"
+
+
 def test_dry_run_without_miles_shows_placeholders(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code = run.main(["--dry-run", "--miles-root", str(tmp_path / "absent")], actions=Refuses())
     captured = capsys.readouterr()
@@ -168,6 +185,22 @@ def test_example_script_runs_as_a_file() -> None:
 def test_bad_recipe_exits_2_with_the_field_named(capsys: pytest.CaptureFixture[str]) -> None:
     assert run.main(["--dry-run", "--eps-clip", "-1"], actions=Refuses()) == 2
     assert "--eps-clip" in capsys.readouterr().err
+
+
+def test_unreadable_config_and_unbalanced_extra_args_exit_2_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_bytes("num_rollout: 5\n".encode("utf-16"))
+    assert run.main(["--dry-run", "--config", str(recipe)], actions=Refuses()) == 2
+    assert capsys.readouterr().err == (
+        f"error: --config {recipe}: not UTF-8 text (a binary file, or saved as UTF-16?); "
+        "save the recipe as UTF-8 YAML\n"
+    )
+    assert run.main(["--dry-run", "--extra-args", '--wandb-group "x'], actions=Refuses()) == 2
+    err = capsys.readouterr().err
+    assert "cannot split it as shell words (No closing quotation)" in err
+    assert "Traceback" not in err
 
 
 def test_duplicate_extra_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

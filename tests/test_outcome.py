@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from miles_nemogym.outcome import classify_http, count_turns
-from miles_nemogym.protocol import OutputItem
 
 
 def encode(value: Any) -> bytes:
@@ -44,7 +43,7 @@ def test_turns_are_runs_of_model_items() -> None:
         {"type": "function_call"}, {"type": "function_call_output"},
         {"type": "message"},
     ]  # fmt: skip
-    assert count_turns([OutputItem.model_validate(item) for item in output]) == (3, 3)
+    assert count_turns(output) == (3, 3)  # type: ignore[arg-type]
 
 
 def test_server_error_metadata_is_a_masked_failure(gym_example_rollouts: list[dict[str, Any]]) -> None:

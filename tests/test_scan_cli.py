@@ -9,6 +9,7 @@ that the scan sends exactly what the agent function sends.
 from __future__ import annotations
 
 import json
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -264,7 +265,7 @@ def test_exit_2_before_any_episode_when_the_scan_cannot_start(
         assert expected in result.output
         assert gym.received_ids() == []
         if problem != "bad_results_file":
-            assert not (tmp_path / "out.jsonl").exists() or not (tmp_path / "out.jsonl").read_text()
+            assert not (tmp_path / "out.jsonl").exists()  # a scan that could not start leaves no file
     finally:
         gym.stop()
 
@@ -393,3 +394,61 @@ def test_timeout_and_concurrency_flags_override_the_environment(
     assert by_id[SYMPY]["failure_kind"] == "agent_timeout"
     assert "1s" in by_id[SYMPY]["reason"]
     assert by_id[SKLEARN]["verdict"] == "passed"
+
+
+def test_a_results_file_from_another_input_is_refused(
+    fake_gym: FakeGym, input_file: Path, tmp_path: Path, gym_example_rows: list[dict[str, Any]]
+) -> None:
+    out = tmp_path / "results.jsonl"
+    first = scan("--input", str(input_file), "--gym-url", fake_gym.url, "--output", str(out), "--limit", "2")
+    assert first.exit_code == 1
+    done = sorted(row["instance_id"] for row in lines(out))
+    before = out.read_text()
+
+    others = [dict(row, instance_id=f"other__repo-{number}") for number, row in enumerate(gym_example_rows)]
+    other_input = write_jsonl(tmp_path / "other.jsonl", converter_rows(others))
+    other = scan("--input", str(other_input), "--gym-url", fake_gym.url, "--output", str(out), "--resume")
+    assert other.exit_code == 2
+    assert (
+        f"--output {out} holds results for 2 instance(s) that --input {other_input} does not hold "
+        f"(e.g. {', '.join(done)}): it is another input's results file"
+    ) in " ".join(other.output.split())
+
+    edited = [dict(row, problem_statement=row["problem_statement"] + " (edited)") for row in gym_example_rows]
+    edited_input = write_jsonl(tmp_path / "edited.jsonl", converter_rows(edited))
+    changed = scan("--input", str(edited_input), "--gym-url", fake_gym.url, "--output", str(out), "--resume")
+    assert changed.exit_code == 2
+    assert "2 instance(s) whose task rows differ from --input's" in " ".join(changed.output.split())
+
+    assert len(fake_gym.received_ids()) == 2  # neither refused scan sent anything
+    assert out.read_text() == before
+
+
+def test_output_in_a_folder_that_cannot_be_written_exits_2(fake_gym: FakeGym, input_file: Path, tmp_path: Path) -> None:
+    if os.geteuid() == 0:  # root writes through file modes; sysfs refuses new files to everyone
+        folder = Path("/sys")
+    else:
+        folder = tmp_path / "read-only"
+        folder.mkdir()
+        folder.chmod(0o555)
+    out = folder / "results.jsonl"
+    result = scan("--input", str(input_file), "--gym-url", fake_gym.url, "--output", str(out))
+    assert result.exit_code == 2
+    message = " ".join(result.output.split())
+    assert f"--output {out}: cannot create or open the results file (Permission denied)" in message
+    assert fake_gym.received_ids() == []
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    under_a_file = scan("--input", str(input_file), "--gym-url", fake_gym.url, "--output", str(blocker / "r.jsonl"))
+    assert under_a_file.exit_code == 2
+    assert "cannot create or open the results file" in under_a_file.output
+
+
+def test_a_bad_gym_url_with_a_password_is_quoted_with_the_password_hidden(
+    input_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_URL", "http://user:s3cret-pass@gym:12000/run")
+    result = scan("--input", str(input_file))
+    assert result.exit_code == 2
+    assert "s3cret-pass" not in result.output
+    assert "http://user:***@gym:12000/run" in " ".join(result.output.split())

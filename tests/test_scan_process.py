@@ -105,3 +105,32 @@ def test_ctrl_c_cancels_in_flight_episodes_keeps_results_and_prints_the_summary(
     resumed.communicate(timeout=60)
     assert sorted(fake_gym.received_ids()) == sorted(QUICK + HELD + HELD)
     assert sorted(result_ids(out)) == sorted(QUICK + HELD)
+
+
+def test_a_second_scan_on_the_same_results_file_refuses_and_sends_nothing(
+    tmp_path: Path, fake_gym: FakeGym, gym_example_rows: list[dict[str, Any]]
+) -> None:
+    out = tmp_path / "results.jsonl"
+    first = start_scan(tmp_path, gym_example_rows, fake_gym)
+    try:
+        wait_for(lambda: fake_gym.held_now() == set(HELD), "the first scan's held episodes")
+        second = subprocess.run(
+            [sys.executable, str(SCRIPT), "--input", str(tmp_path / "in.jsonl"), "--golden",
+             "--gym-url", fake_gym.url, "--output", str(out), "--resume"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={key: value for key, value in os.environ.items() if not key.startswith("NEMO_GYM_")},
+        )  # fmt: skip
+        assert second.returncode == 2, second.stderr
+        assert f"--output {out}: another scan is writing this results file (it holds the file's lock)" in " ".join(
+            second.stderr.split()
+        )
+        fake_gym.release.set()
+        first.communicate(timeout=60)
+    finally:
+        first.kill()
+    assert first.returncode == 1
+    received = fake_gym.received_ids()
+    assert sorted(received) == sorted(QUICK + HELD)  # each instance sent once, by the first scan
+    assert sorted(result_ids(out)) == sorted(QUICK + HELD)

@@ -43,11 +43,12 @@ from typing import Any
 
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode_store import entry_for, get_store, session_id
-from miles_nemogym.episodes import abort_all, run_episode
+from miles_nemogym.episodes import AWAITING_RESULT, NOT_DELIVERED, abort_all, run_episode
 from miles_nemogym.ledger import ledger
 from miles_nemogym.mapping import RequestBuildError, build_run_body
 from miles_nemogym.outcome import Outcome, failure
 from miles_nemogym.policy_url import PolicyUrlError, policy_base_url
+from miles_nemogym.redaction import KeyScrubber, key_scrubber
 from miles_nemogym.reward import score
 from miles_nemogym.roles import ledger_role, role_of
 from miles_nemogym.settings import RewardMode, SettingsError, get_settings
@@ -68,15 +69,16 @@ async def run(
 ) -> dict[str, Any]:
     """Run one NeMo-Gym episode for one Miles sample; see the module docstring."""
     raw_id = metadata.get("instance_id") if isinstance(metadata, Mapping) else None
-    instance_id = None if raw_id is None else str(raw_id)
-    api_key: str | None = None
+    instance_id = None if raw_id is None else _printable(str(raw_id))
     mode = RewardMode.binary
     episode_dir: str | None = None
+    scrubber: KeyScrubber | None = None
     try:
         settings = get_settings()
         mode = settings.reward_mode
-        episode_dir = settings.episode_dir
         api_key = settings.policy_api_key.get_secret_value() if settings.policy_api_key else None
+        episode_dir = settings.episode_dir
+        scrubber = key_scrubber(api_key)
         body = build_run_body(
             metadata,
             request_kwargs,
@@ -93,11 +95,8 @@ async def run(
     else:
         outcome = await run_episode(body, settings)
     outcome.record.episode_id = uuid.uuid4().hex
-    if api_key:
-        # A server error message could echo the request; the key never leaves this function.
-        raw, raw_is_json = outcome.answer  # already scrubbed by the client
-        outcome = Outcome.model_validate(redact(outcome.model_dump(), api_key))
-        outcome.with_answer(raw, is_json=raw_is_json)
+    # The API key was scrubbed from the server's answer as it arrived (client.scrub); our
+    # own fields never hold it. The raw answer kept for the store is scrubbed by the store.
     _log(outcome)
     record = outcome.record
     role, eval_set = role_of(metadata)
@@ -108,7 +107,7 @@ async def run(
     result = outcome.to_metadata()
     result["reward"], _ = score(result, mode)
     if episode_dir:
-        _store(episode_dir, outcome, result, role, eval_set, base_url, metadata)
+        _store(episode_dir, outcome, result, role, eval_set, base_url, metadata, scrubber)
     return result
 
 
@@ -120,6 +119,7 @@ def _store(
     eval_set: str | None,
     base_url: str,
     metadata: Mapping[str, Any] | None,
+    scrubber: KeyScrubber | None,
 ) -> None:
     """Hand the episode to the episode store; a store problem never fails the sample."""
     try:
@@ -133,7 +133,7 @@ def _store(
             repo=repo if isinstance(repo, str) else None,
         )
         raw, raw_is_json = outcome.answer
-        get_store(directory).add(role, entry, raw, raw_is_json)
+        get_store(directory).add(role, entry, raw, raw_is_json, scrub=None if scrubber is None else scrubber.scrub)
     except Exception:
         logger.warning("episode store: could not queue episode %s", outcome.record.episode_id, exc_info=True)
 
@@ -143,10 +143,17 @@ async def abort(args: Any = None) -> None:
 
     Returns at once; each stopped ``run`` returns a ``cancelled`` outcome. The server-side
     episodes cannot be cancelled over the API (NeMo-Gym has no cancel endpoint); closing
-    their connections is all a client can do, and their sandboxes expire by TTL.
+    their connections is all a client can do, and their sandboxes expire by TTL. One log
+    line per abort, however many episodes it stops.
     """
-    stopped = abort_all()
-    logger.info("abort: stopped %d in-flight NeMo-Gym episode(s)", stopped)
+    states = abort_all()
+    logger.info(
+        "abort: stopped %d in-flight NeMo-Gym episode(s): %d sent and awaiting their result "
+        "(the server may finish them), %d not yet delivered; each is recorded as cancelled",
+        sum(states.values()),
+        states[AWAITING_RESULT],
+        states[NOT_DELIVERED],
+    )
 
 
 def _log(outcome: Outcome) -> None:
@@ -154,6 +161,9 @@ def _log(outcome: Outcome) -> None:
     if record.status == "ok":
         return
     kind = record.failure_kind or "?"
+    if kind == fk.CANCELLED:  # abort() logs one line for all of them
+        logger.debug("NeMo-Gym episode cancelled: instance=%s %s", record.instance_id, record.failure_reason)
+        return
     if kind in _CONFIG_KINDS or kind == fk.INVALID_REQUEST:
         message = record.failure_reason or kind
         if message in _logged_config_errors:
@@ -174,12 +184,8 @@ def _log(outcome: Outcome) -> None:
     )
 
 
-def redact(value: Any, secret: str) -> Any:
-    """``value`` with every occurrence of ``secret`` in its strings replaced."""
-    if isinstance(value, str):
-        return value.replace(secret, "***") if secret in value else value
-    if isinstance(value, dict):
-        return {key: redact(item, secret) for key, item in value.items()}
-    if isinstance(value, list):
-        return [redact(item, secret) for item in value]
-    return value
+def _printable(text: str) -> str:
+    """``text`` safe to log and serialize: a lone surrogate is shown escaped."""
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

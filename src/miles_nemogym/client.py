@@ -17,23 +17,29 @@ second paid episode against the same Miles session): a request is retried only w
 certainly never reached the server (connection refused or unreachable, connect
 timeout). Anything that may have been delivered (reset, disconnect, timeout while
 waiting for the answer, any HTTP status) is classified and returned, never re-sent.
+
+Answers are read as untrusted: the decoded body is capped (``NEMO_GYM_MAX_RESULT_BYTES``;
+a small gzip body can inflate to gigabytes), the policy API key is scrubbed from it before
+anything parses or quotes it, and a large body is classified off the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import atexit
 import logging
 import random
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import pydantic_core
 
 from miles_nemogym import failure_kinds as fk
+from miles_nemogym.mapping import RequestBuildError, encode_body
 from miles_nemogym.outcome import Outcome, classify_http, failure
+from miles_nemogym.redaction import key_scrubber
 from miles_nemogym.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -42,6 +48,23 @@ logger = logging.getLogger(__name__)
 # a connection the server is closing at that instant fails after the request may have
 # left, which is a masked sample we could have avoided.
 KEEPALIVE_S = 15.0
+
+# Bodies above this are classified in a worker thread (real results are ~100 KB and take
+# well under a millisecond on the loop; a runaway one of 100 MB took seconds).
+OFF_LOOP_BYTES = 4 * 1024 * 1024
+
+# How long interpreter exit waits for the pools to close on their loops.
+EXIT_CLOSE_TIMEOUT_S = 5.0
+
+
+@dataclass
+class Progress:
+    """Where one ``post_run`` is, for ``abort``'s report and a cancelled episode's record."""
+
+    attempts: int = 0
+    """Attempts started: 0 means nothing was sent."""
+    in_backoff: bool = False
+    """Waiting to retry a request that certainly never reached the server."""
 
 
 @dataclass(frozen=True)
@@ -76,20 +99,27 @@ class GymClient:
     async def close(self) -> None:
         await self._session.close()
 
-    async def post_run(self, url: str, body: dict[str, Any], settings: Settings) -> Outcome:
+    async def post_run(
+        self, url: str, body: dict[str, Any], settings: Settings, progress: Progress | None = None
+    ) -> Outcome:
         """Send one episode and classify the answer. Never raises for transport or HTTP
         failures (they become a failed ``Outcome``); ``CancelledError`` propagates."""
         if asyncio.get_running_loop() is not self._loop:
             raise RuntimeError("GymClient used from an event loop it was not created in")
-        # pydantic-core's encoder: ~3x faster than json.dumps on a task row; build_run_body
-        # has already checked the body holds only finite JSON values.
-        payload = pydantic_core.to_json(body)
+        progress = progress if progress is not None else Progress()
+        try:
+            payload = encode_body(body)
+        except RequestBuildError as error:
+            return failure(fk.INVALID_REQUEST, str(error))
+        instance_id = body.get("instance_id")
+        instance_id = instance_id if isinstance(instance_id, str) else None
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         started = self._loop.time()
         deadline = started + settings.run_timeout_s
         attempt = 0
         while True:
             attempt += 1
+            progress.attempts, progress.in_backoff = attempt, False
             remaining = deadline - self._loop.time()
             timeout = aiohttp.ClientTimeout(total=max(remaining, 0.001), sock_connect=settings.connect_timeout_s)
             retry_kind: str | None = None
@@ -97,9 +127,22 @@ class GymClient:
                 async with self._session.post(
                     url, data=payload, headers=headers, timeout=timeout, allow_redirects=False
                 ) as resp:
-                    raw = scrub(await resp.read(), settings)
-                    outcome = classify_http(resp.status, raw)
-                    outcome.with_answer(raw, is_json=outcome.answer[1])
+                    raw = await _read_capped(resp, settings.max_result_bytes)
+                    if isinstance(raw, int):
+                        outcome = failure(
+                            fk.AGENT_RUN_ERROR,
+                            f"the /run answer exceeds NEMO_GYM_MAX_RESULT_BYTES={settings.max_result_bytes} "
+                            f"(at least {raw} bytes decoded); not read further",
+                            http_status=resp.status,
+                        )
+                    elif len(raw) > OFF_LOOP_BYTES:
+                        outcome = await self._loop.run_in_executor(
+                            None, _classify, resp.status, raw, instance_id, settings
+                        )
+                    else:
+                        outcome = _classify(resp.status, raw, instance_id, settings)
+                    if not isinstance(raw, int):  # kept for the episode store (scrubbed there)
+                        outcome.with_answer(raw, is_json=outcome.answer[1])
             except aiohttp.ConnectionTimeoutError as error:
                 retry_kind, reason = fk.TRANSPORT_TIMEOUT, f"connect timeout: {_text(error, settings)}"
             except aiohttp.ClientConnectorError as error:
@@ -120,6 +163,7 @@ class GymClient:
                     outcome = failure(retry_kind, f"{reason} (after {attempt} attempts)")
                 else:
                     logger.debug("/run not delivered (%s); retry %d in %.1fs", reason, attempt, delay)
+                    progress.in_backoff = True
                     await asyncio.sleep(delay)
                     continue
             outcome.record.attempts = attempt
@@ -127,19 +171,40 @@ class GymClient:
             return outcome
 
 
+async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> bytes | int:
+    """The decoded body, or the byte count at which it passed ``cap``."""
+    if resp.content_length is not None and resp.content_length > cap and not resp.headers.get("Content-Encoding"):
+        return resp.content_length
+    chunks = []
+    size = 0
+    async for chunk in resp.content.iter_any():
+        size += len(chunk)
+        if size > cap:
+            return size
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _classify(status: int, raw: bytes, instance_id: str | None, settings: Settings) -> Outcome:
+    scrubber = key_scrubber(settings.policy_api_key.get_secret_value() if settings.policy_api_key else None)
+    return classify_http(
+        status,
+        raw,
+        instance_id=instance_id,
+        reward_range=settings.reward_range,
+        scrub=None if scrubber is None else scrubber.scrub,
+    )
+
+
 def scrub(raw: bytes, settings: Settings) -> bytes:
-    """``raw`` with the policy API key removed, before anything quotes or truncates it
-    (a key cut in half by truncation would no longer match a later redaction)."""
-    if settings.policy_api_key is None:
-        return raw
-    key = settings.policy_api_key.get_secret_value()
-    for form in {key, json.dumps(key)[1:-1]}:
-        raw = raw.replace(form.encode(), b"***")
-    return raw
+    """``raw`` with the policy API key removed, in any encoding a server may echo, before
+    anything parses, quotes or truncates it (see ``redaction.KeyScrubber``)."""
+    scrubber = key_scrubber(settings.policy_api_key.get_secret_value() if settings.policy_api_key else None)
+    return raw if scrubber is None else scrubber.scrub(raw)
 
 
 def _text(error: object, settings: Settings) -> str:
-    return scrub(str(error).encode(), settings).decode("utf-8", "replace")
+    return scrub(str(error).encode("utf-8", "backslashreplace"), settings).decode("utf-8", "replace")
 
 
 def _backoff(attempt: int, settings: Settings) -> float:
@@ -161,6 +226,7 @@ async def get_client(settings: Settings) -> GymClient:
     client = pools.get(key)
     if client is None or client.closed:
         client = pools[key] = GymClient(settings)
+        _register_exit_close()
     return client
 
 
@@ -168,3 +234,38 @@ async def close_client() -> None:
     """Close this loop's clients (tests and CLI shutdown; Miles never needs to)."""
     for client in _clients.pop(asyncio.get_running_loop(), {}).values():
         await client.close()
+
+
+_exit_registered = threading.Event()
+
+
+def _register_exit_close() -> None:
+    if not _exit_registered.is_set():
+        _exit_registered.set()
+        atexit.register(close_at_exit)
+
+
+async def _close_all(clients: list[GymClient]) -> None:
+    for client in clients:
+        await client.close()
+
+
+def close_at_exit() -> None:
+    """Close every loop's pools at interpreter exit, on their own loops.
+
+    Miles runs its rollout loop forever on a daemon thread (``miles/utils/async_utils.py``
+    at commit 31f1ca9), so nothing else ever closes them and aiohttp would report each
+    pooled connection as "Unclosed connector" at exit.
+    """
+    for loop, pools in list(_clients.items()):
+        clients = [client for client in pools.values() if not client.closed]
+        if not clients or loop.is_closed():
+            continue
+        try:
+            if loop.is_running():
+                future = asyncio.run_coroutine_threadsafe(_close_all(clients), loop)
+                future.result(timeout=EXIT_CLOSE_TIMEOUT_S)
+            else:
+                loop.run_until_complete(_close_all(clients))
+        except Exception as error:  # exit must go on; the warning is all that is lost
+            logger.debug("could not close the NeMo-Gym connection pool at exit: %r", error)

@@ -38,6 +38,7 @@ import queue
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,7 @@ class _Entry:
     entry: dict[str, Any]
     answer: bytes | None
     answer_is_json: bool
+    scrub: Callable[[bytes], bytes] | None = None
 
 
 @dataclass
@@ -118,8 +120,16 @@ class EpisodeStore:
 
     # ------------------------------------------------------------------ any thread
 
-    def add(self, role: str, entry: dict[str, Any], answer: bytes | None, answer_is_json: bool) -> None:
-        """Queue one finished episode; never blocks, never raises."""
+    def add(
+        self,
+        role: str,
+        entry: dict[str, Any],
+        answer: bytes | None,
+        answer_is_json: bool,
+        scrub: Callable[[bytes], bytes] | None = None,
+    ) -> None:
+        """Queue one finished episode; never blocks, never raises. ``scrub`` removes the
+        policy API key from the raw answer, on the writer thread (~0.2 ms per 84 KB)."""
         size = len(answer) if answer else 0
         with self._lock:
             if size and self._pending_bytes + size > MAX_PENDING_BYTES:
@@ -127,7 +137,7 @@ class EpisodeStore:
                 entry = {**entry, "answer_dropped": "the store's writer was behind; raw answer not kept"}
                 answer, size = None, 0
             self._pending_bytes += size
-        self._queue.put(_Entry(role, entry, answer, answer_is_json))
+        self._queue.put(_Entry(role, entry, answer, answer_is_json, scrub))
 
     def seal(self, role: str, step: int, timeout_s: float = 30.0) -> None:
         """Tie every episode of ``role`` queued so far to rollout ``step`` (waits for the writer)."""
@@ -182,7 +192,10 @@ class EpisodeStore:
         for role in {item.role for item in items}:
             mine = [item for item in items if item.role == role]
             try:
-                data = b"".join(encode_line(i.entry, i.answer, i.answer_is_json) for i in mine)
+                data = b"".join(
+                    encode_line(i.entry, i.scrub(i.answer) if i.scrub and i.answer else i.answer, i.answer_is_json)
+                    for i in mine
+                )
                 path = pending_file(self.directory, role)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

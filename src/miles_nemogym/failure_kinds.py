@@ -14,7 +14,11 @@ masked and whether the request could be retried are decided by the classifier
 
 from __future__ import annotations
 
+import logging
+import re
 from typing import Final
+
+logger = logging.getLogger(__name__)
 
 # The server could not be reached at all: the request certainly never arrived.
 TRANSPORT_UNREACHABLE: Final = "transport_unreachable"
@@ -40,6 +44,70 @@ INVALID_CONFIG: Final = "miles_nemogym:invalid_config"
 CLIENT_ERROR: Final = "miles_nemogym:client_error"
 
 
+# NeMo-Gym's registered names (``nemo_gym/failure_kinds.py`` in nemo-gym 0.7.0) that this
+# client does not produce itself but a server may send.
+SERVER_KINDS: Final = frozenset(
+    {
+        "transport_local_resource",
+        "agent_command_not_allowed",
+        "judge_failed",
+        "judge_unparseable",
+        "verifier_error",
+        "provider_unavailable",
+        "provider_quota_exhausted",
+        "provider_oom_killed",
+        "session_lost",
+        "session_expired",
+        "session_release_failed",
+        "kill_shaped",
+        "shutdown",
+        "persistence_failed",
+        "cohort_incomplete",
+    }
+)
+KNOWN_KINDS: Final = SERVER_KINDS | {
+    TRANSPORT_UNREACHABLE,
+    TRANSPORT_PEER_DROP,
+    TRANSPORT_TIMEOUT,
+    AGENT_RUN_ERROR,
+    AGENT_REQUEST_FAILED,
+    AGENT_TIMEOUT,
+    CANCELLED,
+    INVALID_REQUEST,
+    INVALID_CONFIG,
+    CLIENT_ERROR,
+}
+
+# NeMo-Gym's name rule: ``<domain>_<condition>``, optionally namespaced ``<server>:<kind>``.
+_NAME = re.compile(r"[a-z][a-z0-9_]*(?::[a-z][a-z0-9_]*)?")
+NAME_MAX_CHARS = 64
+_warned_unknown: set[str] = set()
+
+
+def is_valid_name(kind: str) -> bool:
+    """Whether ``kind`` is a short identifier fit for a record, a log line and a metric key."""
+    return len(kind) <= NAME_MAX_CHARS and _NAME.fullmatch(kind) is not None
+
+
+def check_server_kind(kind: str) -> bool:
+    """Whether a ``failure_kind`` sent by the server can be recorded as is.
+
+    Like NeMo-Gym's ``validate_failure_kind``, an unregistered but well-formed name is
+    kept and warned about once; anything else (long, multi-line, odd characters) is not.
+    """
+    if kind in KNOWN_KINDS:
+        return True
+    if not is_valid_name(kind):
+        return False
+    if kind not in _warned_unknown and len(_warned_unknown) < 1000:
+        _warned_unknown.add(kind)
+        logger.warning("the NeMo-Gym server sent an unregistered failure_kind %r; recorded as is (reported once)", kind)
+    return True
+
+
 def metric_label(kind: str) -> str:
-    """``kind`` as a metric/filter-reason suffix (``:`` is not safe in every backend)."""
-    return kind.replace(":", "_")
+    """``kind`` as a metric/filter-reason suffix (``:`` is not safe in every backend).
+
+    A name that is not a short identifier (a corrupted record) becomes ``unrecognized``
+    rather than an unbounded metric key."""
+    return kind.replace(":", "_") if is_valid_name(kind) else "unrecognized"

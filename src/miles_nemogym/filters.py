@@ -87,9 +87,12 @@ def check_episode_group(args: Any, samples: Any, **kwargs: Any) -> Any:
     """Miles filter: keep the group when it can be trained; raise ``RunStopped`` when the
     run must stop (see the module docstring)."""
     settings = get_settings()
-    run_stop.check(settings)
+    run_stop.check(settings)  # the one exception meant to leave this hook
     group_size = getattr(args, "n_samples_per_prompt", None)
     min_valid = settings.min_valid_per_group if salvage_wired(args) else 0
-    reason, salvaged = group_verdict(samples, min_valid, group_size)
+    try:
+        reason, salvaged = group_verdict(samples, min_valid, group_size)
+    except Exception:  # unreadable samples are not a valid measurement; never crash the rollout
+        reason, salvaged = "nemogym_unreadable_record", False
     ledger.record_group(kept=reason is None, salvaged=salvaged)
     return _output_type()(keep=reason is None, reason=reason)

@@ -19,6 +19,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import pydantic_core
 from pydantic import ValidationError
 
 from miles_nemogym.protocol import ResponsesCreateParams, RunRequest
@@ -114,6 +115,11 @@ def split_sampling(request_kwargs: Mapping[str, Any] | None) -> tuple[dict[str, 
 
     ``None`` values mean "not set" in Miles and are dropped; every other key is kept.
     """
+    if request_kwargs is not None and not isinstance(request_kwargs, Mapping):
+        raise RequestBuildError(
+            f"request_kwargs must be a dict of sampling parameters (Miles' sampling_params), "
+            f"got {type(request_kwargs).__name__}"
+        )
     typed: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     for key, value in (request_kwargs or {}).items():
@@ -149,9 +155,12 @@ def responses_create_params(
     if not isinstance(row_metadata, Mapping):
         raise RequestBuildError("metadata['responses_create_params']['metadata'] must be a dict[str, str]")
     metadata = dict(row_metadata)
-    # A row may carry extra_body as an object; the server only takes it as a JSON string.
+    # The row's extra_body is checked whether or not the trainer adds keys to it: a row
+    # must not be sent or refused depending on the trainer's flags. A row may carry it as
+    # an object; the server only takes it as a JSON string.
+    row_extra = _row_extra_body(metadata.get("extra_body"))
     if extra or isinstance(metadata.get("extra_body"), Mapping):
-        merged = _row_extra_body(metadata.get("extra_body"))
+        merged = row_extra
         merged.update(extra)
         try:
             metadata["extra_body"] = json.dumps(merged, sort_keys=True, allow_nan=False)
@@ -202,6 +211,11 @@ def build_run_body(
 
     ``policy_base_url`` None leaves routing to the server's configured model (scan mode).
     """
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise RequestBuildError(
+            f"sample metadata must be a dict holding the task instance (instance_id, repo, ...), "
+            f"got {type(metadata).__name__}; convert the data with `miles-nemogym convert`"
+        )
     if not metadata:
         raise RequestBuildError(
             "sample metadata is empty: the task instance (instance_id, repo, base_commit, ...) "
@@ -224,3 +238,41 @@ def build_run_body(
                 f"the task row in metadata cannot be sent as JSON: metadata[{key!r}] holds {problem}"
             )
     return body
+
+
+def encode_body(body: Mapping[str, Any]) -> bytes:
+    """The ``/run`` body as JSON bytes; ``RequestBuildError`` names a field that cannot be.
+
+    pydantic-core's encoder is ~3x faster than ``json.dumps`` on a task row, and
+    ``build_run_body`` has already checked the values; what is left to fail here is text
+    that is not valid Unicode (a lone surrogate from a Python-built row).
+    """
+    try:
+        return pydantic_core.to_json(body)
+    except pydantic_core.PydanticSerializationError:
+        where = _unencodable(body, "metadata") or "metadata"
+        raise RequestBuildError(
+            f"{where} holds text that is not valid Unicode (a lone surrogate such as '\\udc80'); "
+            "fix the task row's encoding"
+        ) from None
+
+
+def _unencodable(value: Any, where: str) -> str | None:
+    """The path of the first string in ``value`` that UTF-8 cannot encode."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            found = _unencodable(key, f"{where} (a key)") or _unencodable(item, f"{where}[{key!r}]")
+            if found:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = _unencodable(item, f"{where}[{index}]")
+            if found:
+                return found
+    return None

@@ -19,6 +19,9 @@ function finished since the last log, also those in dropped groups and those who
 Miles returned without our record (a failure before the first policy call). Episodes
 stopped by ``abort()`` (Miles' end-of-step abort of over-sampled episodes) are
 ``episodes_cancelled``, neither episodes nor failures.
+
+A field of the wrong type in a record (a corrupted or hand-edited sample) is left out of
+the statistic it feeds and counted in ``nemogym/corrupt_fields``; this hook never raises.
 """
 
 from __future__ import annotations
@@ -52,6 +55,28 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+class _Reader:
+    """Reads numeric record fields, counting the ones of the wrong type."""
+
+    def __init__(self) -> None:
+        self.corrupt = 0
+
+    def number(self, record: dict[str, Any], key: str) -> float | None:
+        value = record.get(key)
+        if value is None:
+            return None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+            return float(value)
+        self.corrupt += 1
+        return None
+
+    def fraction(self, counts: Any) -> float | None:
+        if not isinstance(counts, dict):
+            return None
+        passed, failed = self.number(counts, "passed") or 0.0, self.number(counts, "failed") or 0.0
+        return passed / (passed + failed) if passed + failed else None
+
+
 def compute_metrics(samples: Any) -> dict[str, float]:
     """``nemogym/*`` metrics of one rollout's samples. Pure; no Miles needed."""
     flat = list(flatten(samples))
@@ -64,6 +89,7 @@ def compute_metrics(samples: Any) -> dict[str, float]:
     if not records:
         return {PREFIX + key: value for key, value in metrics.items()}
 
+    read = _Reader()
     valid = [r for r in records if not r.get("mask_sample")]
     failed = len(records) - len(valid)
     metrics["failure_rate"] = failed / len(records)
@@ -74,24 +100,22 @@ def compute_metrics(samples: Any) -> dict[str, float]:
     if valid:
         metrics["resolve_rate"] = sum(1 for r in valid if r.get("resolved")) / len(valid)
         metrics["patch_applied_rate"] = sum(1 for r in valid if r.get("patch_applied")) / len(valid)
-        fractions = []
-        for record in valid:
-            f2p = record.get("fail_to_pass")
-            if isinstance(f2p, dict) and (f2p.get("passed", 0) + f2p.get("failed", 0)):
-                fractions.append(f2p.get("passed", 0) / (f2p.get("passed", 0) + f2p.get("failed", 0)))
+        fractions = [f for f in (read.fraction(r.get("fail_to_pass")) for r in valid) if f is not None]
         optional = {
             "fail_to_pass_fraction_mean": _mean(fractions),
-            "turns_mean": _mean([float(r["turns"]) for r in valid if r.get("turns") is not None]),
-            "tool_calls_mean": _mean([float(r["tool_calls"]) for r in valid if r.get("tool_calls") is not None]),
+            "turns_mean": _mean([n for n in (read.number(r, "turns") for r in valid) if n is not None]),
+            "tool_calls_mean": _mean([n for n in (read.number(r, "tool_calls") for r in valid) if n is not None]),
         }
         metrics.update({key: value for key, value in optional.items() if value is not None})
 
     # Only episodes that were sent have a duration; a row rejected before sending has none.
-    times = [float(r["elapsed_s"]) for r in records if r.get("attempts") and r.get("elapsed_s") is not None]
+    times = [t for t in (read.number(r, "elapsed_s") for r in records if read.number(r, "attempts")) if t is not None]
     if times:
         metrics["episode_time_p50"] = _percentile(times, 50)
         metrics["episode_time_p95"] = _percentile(times, 95)
         metrics["episode_time_max"] = max(times)
+    if read.corrupt:
+        metrics["corrupt_fields"] = float(read.corrupt)
     return {PREFIX + key: value for key, value in metrics.items()}
 
 
@@ -135,8 +159,13 @@ def log_rollout(
     rollout_time: float | None = None,
 ) -> bool:
     """Miles rollout log function: log ``nemogym/*`` metrics; returns False (Miles logs too)."""
-    metrics: dict[str, Any] = dict(rollout_metrics(samples, ledger.drain()))
-    seal_all(TRAIN, int(rollout_id))
+    tally = ledger.drain()
+    try:
+        metrics: dict[str, Any] = dict(rollout_metrics(samples, tally))
+    except Exception:  # never fail Miles' rollout logging over our metrics; the ledger's still count
+        logger.exception("rollout %s: nemogym sample metrics could not be computed", rollout_id)
+        metrics = dict(ledger_metrics(tally))
+    _seal(TRAIN, rollout_id)
     try:
         from miles.utils.metric_utils import compute_rollout_step
         from miles.utils.tracking_utils import tracking
@@ -146,6 +175,14 @@ def log_rollout(
     metrics["rollout/step"] = compute_rollout_step(args, rollout_id)
     tracking.log(args, metrics, step_key="rollout/step")
     return False
+
+
+def _seal(role: str, rollout_id: Any) -> None:
+    """File ``role``'s stored episodes under this step; the store never fails a log call."""
+    try:
+        seal_all(role, int(rollout_id))
+    except Exception:
+        logger.warning("episode store: could not file %s episodes under step %s", role, rollout_id, exc_info=True)
 
 
 def eval_k(args: Any, name: str) -> int:
@@ -165,8 +202,11 @@ def log_eval(rollout_id: int, args: Any, data: Any, extra_metrics: Any = None) -
     for name, result in (data or {}).items():
         samples = result.get("samples") if isinstance(result, dict) else None
         tally = ledger.drain(ledger_role(EVAL, str(name)))
-        metrics.update(eval_set_metrics(str(name), samples or [], eval_k(args, str(name)), tally))
-    seal_all(EVAL, int(rollout_id))
+        try:
+            metrics.update(eval_set_metrics(str(name), samples or [], eval_k(args, str(name)), tally))
+        except Exception:  # never fail Miles' eval logging over our metrics
+            logger.exception("eval %s: nemogym-eval/%s metrics could not be computed", rollout_id, name)
+    _seal(EVAL, rollout_id)
     try:
         from miles.utils.metric_utils import compute_rollout_step
         from miles.utils.tracking_utils import tracking

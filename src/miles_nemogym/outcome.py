@@ -16,15 +16,18 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+import pydantic_core
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError
 
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.protocol import OutputItem, RunResponse
+from miles_nemogym.redaction import redact_urls
 
 REASON_MAX_CHARS = 300
+DEFAULT_REWARD_RANGE = (0.0, 1.0)
 
 
 class TestCounts(BaseModel):
@@ -97,8 +100,9 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def short_reason(text: str) -> str:
-    """One line, bounded, no terminal colour codes: reasons go into sample metadata and logs."""
-    line = " ".join(_ANSI.sub("", str(text)).split())
+    """One line, bounded, no terminal colour codes, no URL password: reasons go into sample
+    metadata and logs."""
+    line = " ".join(redact_urls(_ANSI.sub("", str(text))).split())
     return line if len(line) <= REASON_MAX_CHARS else line[: REASON_MAX_CHARS - 1] + "…"
 
 
@@ -148,7 +152,7 @@ def count_turns(output: Sequence[OutputItem]) -> tuple[int, int]:
     tool_calls = 0
     in_turn = False
     for item in output:
-        kind = item.type
+        kind = item.get("type")
         if kind == "function_call_output":
             in_turn = False
             continue
@@ -169,24 +173,85 @@ def _test_counts(status: Any) -> TestCounts | None:
     )
 
 
+def same_instance(a: str, b: str) -> bool:
+    """Whether two instance ids name one instance (nemo-gym lowercases the ids it reports)."""
+    return a == b or a.casefold() == b.casefold()
+
+
 def instance_report(metadata: dict[str, Any] | None, instance_id: str | None) -> dict[str, Any] | None:
-    """The SWE-bench report of this instance inside the server's metadata, if graded."""
+    """The SWE-bench report of this instance inside the server's metadata, if graded.
+
+    With no ``instance_id`` to look for, a lone report is taken as the episode's."""
     if not metadata or not isinstance(metadata.get("eval_report"), dict):
         return None
     reports: dict[str, Any] = metadata["eval_report"]
-    report = reports.get(instance_id) if instance_id else None
-    if report is None and len(reports) == 1:
-        report = next(iter(reports.values()))
+    if instance_id is None:
+        report = next(iter(reports.values())) if len(reports) == 1 else None
+    else:
+        report = reports.get(instance_id)
+        if report is None:
+            report = next((v for k, v in reports.items() if isinstance(k, str) and same_instance(k, instance_id)), None)
     return report if isinstance(report, dict) else None
 
 
-def classify_run_response(response: RunResponse, *, http_status: int = 200) -> Outcome:
-    """Verdict on a ``/run`` result that parsed."""
-    metadata = response.metadata or {}
+def shown(value: Any, limit: int = 60) -> str:
+    """A bounded, one-line ``repr`` of a value the server sent, for a failure reason."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer too long to print
+        text = f"<{type(value).__name__} too long to show>"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def check_reward(value: Any, reward_range: tuple[float, float]) -> tuple[float | None, str | None]:
+    """(the reward as a finite float or None, what is wrong with it or None)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None, f"the server's reward is not a number ({shown(value)})"
+    try:
+        number = float(value)
+    except OverflowError:  # a JSON integer beyond float range
+        return None, f"the server's reward is not finite ({shown(value)})"
+    if not math.isfinite(number):
+        return None, f"the server's reward is not finite ({number})"
+    low, high = reward_range
+    if not low <= number <= high:
+        return number, f"the server's reward {number:g} is outside NEMO_GYM_REWARD_RANGE={low:g},{high:g}"
+    return number, None
+
+
+def finite_json(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by its name ("nan", "inf"): records
+    must serialize as strict JSON, and a lenient parser lets ``NaN`` or ``1e999`` in."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, dict):
+        return {key: finite_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [finite_json(item) for item in value]
+    return value
+
+
+def classify_run_response(
+    response: RunResponse,
+    *,
+    http_status: int = 200,
+    sent_instance_id: str | None = None,
+    reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE,
+) -> Outcome:
+    """Verdict on a ``/run`` result that parsed.
+
+    ``sent_instance_id``: the instance the request was for; a result for another one is
+    not this episode's measurement. ``reward_range``: the valid server rewards."""
+    metadata = finite_json(response.metadata or {})
     raw_id = response.instance_id or metadata.get("instance_id")
-    instance_id = None if raw_id is None else str(raw_id)
+    reported_id = None if raw_id is None else str(raw_id)
+    instance_id = sent_instance_id if sent_instance_id is not None else reported_id
     output = response.response.output if response.response else []
     turns, tool_calls = count_turns(output)
+    server_reward, reward_problem = check_reward(response.reward, reward_range)
+    server_kind = response.failure_kind
+    if server_kind is not None and not fk.check_server_kind(server_kind):
+        server_kind = None
 
     def failed(kind: str, reason: str) -> Outcome:
         outcome = failure(
@@ -195,34 +260,45 @@ def classify_run_response(response: RunResponse, *, http_status: int = 200) -> O
             instance_id=instance_id,
             http_status=http_status,
             eval_report=metadata,
-            server_reward=response.reward,
+            server_reward=server_reward,
         )
         outcome.record.turns, outcome.record.tool_calls = turns, tool_calls
         return outcome
 
+    if response.failure_kind is not None and server_kind is None:
+        return failed(
+            fk.AGENT_RUN_ERROR,
+            f"the server sent an invalid failure_kind {shown(short_reason(response.failure_kind))} "
+            f"(not a known kind or a short identifier); its reason: {response.failure_reason or 'none'}",
+        )
     if response.mask_sample:
         return failed(
-            response.failure_kind or fk.AGENT_RUN_ERROR,
+            server_kind or fk.AGENT_RUN_ERROR,
             response.failure_reason or "the server marked the sample as not a valid measurement",
         )
     if "error" in metadata:
-        return failed(response.failure_kind or fk.AGENT_RUN_ERROR, f"server error: {error_summary(metadata['error'])}")
-    if not math.isfinite(response.reward):
-        return failed(fk.AGENT_RUN_ERROR, f"the server's reward is not finite ({response.reward})")
+        return failed(server_kind or fk.AGENT_RUN_ERROR, f"server error: {error_summary(metadata['error'])}")
+    if sent_instance_id is not None and reported_id is not None and not same_instance(reported_id, sent_instance_id):
+        return failed(
+            fk.AGENT_RUN_ERROR,
+            f"the result is for instance {shown(reported_id)}, not for {sent_instance_id!r} that was sent",
+        )
+    if reward_problem is not None:
+        return failed(fk.AGENT_RUN_ERROR, reward_problem)
     report = instance_report(metadata, instance_id)
     if report is None:
         return failed(
-            response.failure_kind or fk.AGENT_RUN_ERROR,
+            server_kind or fk.AGENT_RUN_ERROR,
             "the server's result has no SWE-bench eval report for this instance, so its reward cannot be trusted",
         )
     tests = report.get("tests_status") or {}
     record = EpisodeRecord(
         status="ok",
-        failure_kind=response.failure_kind,
+        failure_kind=server_kind,
         failure_reason=short_reason(response.failure_reason) if response.failure_reason else None,
         http_status=http_status,
         instance_id=instance_id,
-        server_reward=response.reward,
+        server_reward=server_reward,
         resolved=bool(report.get("resolved", False)),
         patch_applied=bool(report.get("patch_successfully_applied", False)),
         fail_to_pass=_test_counts(tests.get("FAIL_TO_PASS")),
@@ -230,7 +306,7 @@ def classify_run_response(response: RunResponse, *, http_status: int = 200) -> O
         turns=turns,
         tool_calls=tool_calls,
     )
-    return Outcome(reward=float(response.reward), eval_report=metadata, record=record)
+    return Outcome(reward=server_reward or 0.0, eval_report=metadata, record=record)
 
 
 def _error_detail(body: bytes) -> str:
@@ -242,8 +318,43 @@ def _error_detail(body: bytes) -> str:
     return json.dumps(detail)[: REASON_MAX_CHARS * 2]
 
 
-def classify_http(status: int, body: bytes) -> Outcome:
-    """Verdict on any HTTP answer from ``/run``: status code first, then the body."""
+def _scrub_kept(response: RunResponse, scrub: Callable[[bytes], bytes]) -> RunResponse | None:
+    """``response`` with ``scrub`` applied to every part the verdict keeps or quotes.
+
+    A parsed result has its JSON escapes decoded, so the parts kept (a few KB) are
+    re-encoded and scrubbed rather than the whole body (~100 KB, mostly the trajectory,
+    which is counted and dropped). None when they cannot be re-encoded (odd text)."""
+    kept = {
+        "reward": response.reward,
+        "instance_id": response.instance_id,
+        "metadata": response.metadata,
+        "failure_kind": response.failure_kind,
+        "failure_reason": response.failure_reason,
+    }
+    try:
+        encoded = pydantic_core.to_json(kept, inf_nan_mode="constants")
+    except pydantic_core.PydanticSerializationError:
+        return None
+    clean = scrub(encoded)
+    if clean == encoded:
+        return response
+    return response.model_copy(update=pydantic_core.from_json(clean, allow_inf_nan=True))
+
+
+def classify_http(
+    status: int,
+    body: bytes,
+    *,
+    instance_id: str | None = None,
+    reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE,
+    scrub: Callable[[bytes], bytes] | None = None,
+) -> Outcome:
+    """Verdict on any HTTP answer from ``/run``: status code first, then the body.
+
+    ``instance_id`` and ``reward_range``: see ``classify_run_response``. ``scrub`` removes
+    a secret from outside text; it is applied before anything is parsed, quoted or cut."""
+    if scrub is not None and status != 200:
+        body = scrub(body)
     if status >= 500:
         return failure(fk.AGENT_RUN_ERROR, f"HTTP {status}: {_error_detail(body)}", http_status=status)
     if status >= 400:
@@ -253,6 +364,8 @@ def classify_http(status: int, body: bytes) -> Outcome:
     try:
         response = RunResponse.model_validate_json(body)
     except ValidationError as error:
+        if scrub is not None and scrub(body) != body:  # what is quoted below might hold it
+            return classify_http(status, scrub(body), instance_id=instance_id, reward_range=reward_range)
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "body"
         return failure(
@@ -260,6 +373,13 @@ def classify_http(status: int, body: bytes) -> Outcome:
             f"undecodable /run result ({where}: {first['msg']}); is NEMO_GYM_URL a mini_swe_agent_2 server?",
             http_status=status,
         )
-    outcome = classify_run_response(response, http_status=status)
+    if scrub is not None:
+        scrubbed = _scrub_kept(response, scrub)
+        if scrubbed is None:  # scrub the whole answer instead, then read it again
+            return classify_http(status, scrub(body), instance_id=instance_id, reward_range=reward_range)
+        response = scrubbed
+    outcome = classify_run_response(
+        response, http_status=status, sent_instance_id=instance_id, reward_range=reward_range
+    )
     outcome._answer_is_json = True
     return outcome

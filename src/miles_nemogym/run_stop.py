@@ -55,6 +55,6 @@ def check(settings: Settings) -> None:
     reason = stop_reason(settings)
     if reason is None:
         return
-    stopped = abort_all()
+    stopped = sum(abort_all().values())
     logger.error("%s (stopped %d in-flight episode(s))", reason, stopped)
     raise RunStopped(reason)

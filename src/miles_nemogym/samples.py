@@ -49,7 +49,7 @@ def episodes(samples: Iterable[Any]) -> list[dict[str, Any]]:
         if record is None:
             continue
         episode_id = record.get("episode_id")
-        if episode_id is not None:
+        if isinstance(episode_id, str):  # anything else is a corrupted record: its own episode
             if episode_id in seen:
                 continue
             seen.add(episode_id)

@@ -106,7 +106,8 @@ def test_eval_step_logs_nemogym_eval_with_masked_episodes_set_aside(
     assert sorted(e.instance_id for e in stored) == sorted([SKLEARN, PYLINT, SYMPY] * 2)
     assert len({e.episode_id for e in stored}) == len({e.entry["session_id"] for e in stored}) == 6
     assert sorted(e.kind for e in stored if e.instance_id == SYMPY) == ["agent_run_error"] * 2
-    assert [p.name for p in (store / "eval").iterdir()] == ["step-000007.jsonl.gz"]
+    # Filed under the step (compression of the step's file may still be under way).
+    assert {p.name.removesuffix(".gz") for p in (store / "eval").iterdir()} == {"step-000007.jsonl"}
 
 
 def test_real_train_and_eval_steps_are_stored_by_role_and_step(
@@ -141,7 +142,7 @@ def test_real_train_and_eval_steps_are_stored_by_role_and_step(
             assert answer["instance_id"] == episode.instance_id
         else:  # a graded-looking answer with the server's error, kept as received
             assert episode.kind == "agent_run_error" and "error" in answer["metadata"]
-    assert b"sk-store-e2e" not in b"".join(p.read_bytes() for p in store.rglob("*.gz"))
+    assert "sk-store-e2e" not in json.dumps([e.entry for e in stored])
 
     table = CliRunner().invoke(app, ["episodes", str(store)]).output.splitlines()
     valid = {role: sum(1 for e in by_role[role] if e.record["status"] == "ok") for role in by_role}

@@ -39,6 +39,12 @@ def graded(gym_example_rollouts: list[dict[str, Any]]) -> dict[str, Any]:
     return next(r for r in gym_example_rollouts if r["instance_id"].startswith("sympy"))
 
 
+@pytest.fixture(scope="module")
+def results(gym_example_rollouts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each real row's own real result, as the server answers the instance it was sent."""
+    return {r["instance_id"]: r for r in gym_example_rollouts}
+
+
 def grpo(rewards: list[float]) -> list[float]:
     """GRPO's normalised rewards of one group (centred, unbiased std, Miles' 1e-6)."""
     mean = statistics.fmean(rewards)
@@ -117,13 +123,17 @@ def test_min_valid_zero_drops_the_partly_failed_group_instead(
 
 
 def test_an_episode_failing_before_its_first_policy_call_is_counted(
-    miles_driver: MilesDriver, rows: list[dict[str, Any]], graded: dict[str, Any]
+    miles_driver: MilesDriver, rows: list[dict[str, Any]], graded: dict[str, Any], results: dict[str, dict[str, Any]]
 ) -> None:
     # The server answers HTTP 500 at once for one task: no model call, so Miles returns
     # those samples ABORTED without our record, and their group is dropped.
     broken, clean = rows[0], rows[1]
     gym = FaultServer(
-        result=graded, mode="500", policy_calls=1, fault_instances=frozenset({broken["metadata"]["instance_id"]})
+        result=graded,
+        results_by_instance=results,
+        mode="500",
+        policy_calls=1,
+        fault_instances=frozenset({broken["metadata"]["instance_id"]}),
     )
     with serving_in_thread(gym):
         result = miles_driver.step(gym_url=gym.url, rows=[broken, clean], n_prompts=1, n_samples=2)
@@ -179,10 +189,10 @@ the time on a shared 2-core machine."""
 
 
 def test_server_down_mid_step_the_step_completes_when_it_returns(
-    miles_driver: MilesDriver, rows: list[dict[str, Any]], graded: dict[str, Any]
+    miles_driver: MilesDriver, rows: list[dict[str, Any]], graded: dict[str, Any], results: dict[str, dict[str, Any]]
 ) -> None:
     port = free_port()
-    gym = FaultServer(result=graded, policy_calls=1, port=port)
+    gym = FaultServer(result=graded, results_by_instance=results, policy_calls=1, port=port)
     outcome: dict[str, StepResult] = {}
 
     def run_step() -> None:

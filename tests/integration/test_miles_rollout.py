@@ -204,11 +204,14 @@ def test_masked_episode_group_is_dropped_and_replaced(
     filtered = [(c["result"]["keep"], c["result"]["reason"]) for c in result.hook_calls("dynamic_filter")]
     assert [f for f in filtered if not f[0]] == [(False, "nemogym_agent_run_error")]
     assert result.metrics["rollout/dynamic_filter/drop_nemogym_agent_run_error"] == 1
-    # Miles logs the drop; our log function only ever sees the kept samples, so the failed
-    # episodes are absent from nemogym/* (known gap: the drop metric is what shows them).
+    # Miles logs the drop; our log function only sees the kept samples, but it reports the
+    # episodes from the agent's ledger, so the dropped group's failures are counted.
     tracked = result.tracked("rollout/step")
     assert tracked["rollout/dynamic_filter/drop_nemogym_agent_run_error"] == 1
-    assert tracked["nemogym/failure_rate"] == 0.0 and tracked["nemogym/episodes"] == 4.0
+    episodes = tracked["nemogym/episodes"]
+    assert episodes + tracked["nemogym/episodes_cancelled"] == len(server.bodies)
+    assert tracked["nemogym/failure_rate/agent_run_error"] == 2 / episodes == tracked["nemogym/failure_rate"]
+    assert tracked["nemogym/groups_dropped"] == 1.0
     masked = [c["result"] for c in result.hook_calls("agent") if c["result"]["nemogym"]["instance_id"] == SYMPY]
     assert [(m["reward"], m["nemogym"]["mask_sample"]) for m in masked] == [(0.0, True), (0.0, True)]
     assert sorted(result.train_data["raw_reward"]) == [0.0, 0.0, 1.0, 1.0]

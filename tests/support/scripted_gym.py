@@ -11,10 +11,23 @@ from __future__ import annotations
 import asyncio
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
 from tests.fault_server import FaultServer, _call_policy
+
+
+def result_for(result: dict[str, Any], instance: str) -> dict[str, Any]:
+    """A real ``/run`` result answered for ``instance``: its SWE-bench report keyed by it,
+    as the server grades the instance it was sent (the client checks the two match)."""
+    metadata = dict(result.get("metadata") or {})
+    reports = metadata.get("eval_report")
+    if isinstance(reports, dict) and reports:
+        metadata["eval_report"] = {instance: next(iter(reports.values()))}
+    metadata["instance_id"] = instance
+    return {**result, "metadata": metadata, "instance_id": instance}
+
 
 ERROR = "error"
 """Script entry: the server's ``{error, traceback}`` result (``agent_run_error``, masked)."""
@@ -51,6 +64,7 @@ class ScriptedGym(FaultServer):
             answer = ERROR if self._rng.random() < self.fail_rate else float(self._rng.random() < 0.5)
         for turn in range(self.policy_calls):
             await _call_policy(body, turn)
+        result = result_for(self.result, instance)
         if answer == HOLD:
             for _ in range(2400):
                 if request.transport is None or request.transport.is_closing():
@@ -59,5 +73,5 @@ class ScriptedGym(FaultServer):
                 await asyncio.sleep(0.05)
         if answer == ERROR:
             metadata = {"error": "eval script failed", "traceback": "Traceback ..."}
-            return web.json_response({**self.result, "reward": 0.0, "metadata": metadata, "instance_id": instance})
-        return web.json_response({**self.result, "reward": float(answer), "instance_id": instance})
+            return web.json_response({**result, "reward": 0.0, "metadata": metadata})
+        return web.json_response({**result, "reward": float(answer)})

@@ -9,9 +9,11 @@ is imported inside the command so ``miles-nemogym --help`` stays fast.
 
 from __future__ import annotations
 
+import signal
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -28,6 +30,12 @@ with --input-key prompt --metadata-key metadata.
 """
 
 
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    # SIGTERM (a job scheduler, `kill`) unwinds like Ctrl-C, so the converter's cleanup runs
+    # and no temporary output or shuffle spool is left behind.
+    raise KeyboardInterrupt
+
+
 class Subset(str, Enum):
     verified = "verified"
     gym = "gym"
@@ -39,6 +47,8 @@ class OnError(str, Enum):
 
 
 def _print_summary(console: Console, report: ConvertReport, options: ConvertOptions) -> None:
+    from miles_nemogym.data.convert import printable
+
     counts = Table(title=f"convert: {report.source} ({report.source_kind})", title_justify="left")
     counts.add_column("rows")
     counts.add_column("count", justify="right")
@@ -66,7 +76,7 @@ def _print_summary(console: Console, report: ConvertReport, options: ConvertOpti
         if options.gradeable_only:
             by_repo.add_column("dropped: not gradeable", justify="right")
         for repo in repos:
-            cells = [repo, str(report.written_by_repo[repo])]
+            cells = [printable(repo), str(report.written_by_repo[repo])]
             if options.holdout:
                 cells.append(str(report.holdout_by_repo[repo]))
             if options.gradeable_only:
@@ -106,7 +116,7 @@ def _print_summary(console: Console, report: ConvertReport, options: ConvertOpti
     if report.unmatched_repos:
         notes.append(f"--repos matched no row for: {', '.join(report.unmatched_repos)}")
     for note in notes:
-        console.print(f"note: {note}", highlight=False, markup=False)
+        console.print(f"note: {printable(note)}", highlight=False, markup=False)
 
 
 def convert_command(
@@ -229,7 +239,15 @@ def convert_command(
             bar.update(task, completed=done, total=total)
 
         try:
+            previous: Any = signal.signal(signal.SIGTERM, _raise_interrupt)
+        except ValueError:  # not the main thread: signals stay as they are
+            previous = None
+        try:
             report = convert(options, progress=progress)
+        except KeyboardInterrupt:
+            bar.stop()
+            err.print("interrupted: nothing written, no file touched", highlight=False, markup=False)
+            raise typer.Exit(130) from None
         except ConvertError as error:
             bar.stop()
             _print_summary(err, error.report, options)
@@ -243,6 +261,9 @@ def convert_command(
             bar.stop()
             err.print(f"error: {error.filename or ''}: {error.strerror or error}", highlight=False, markup=False)
             raise typer.Exit(1) from None
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
     _print_summary(out, report, options)
 
 

@@ -44,7 +44,7 @@ def doctor(
         ),
     ] = None,
     timeout: Annotated[
-        float, typer.Option("--timeout", min=0.1, help="Seconds to wait for the Gym server.")
+        float, typer.Option("--timeout", min=0.1, max=600, help="Seconds to wait for the Gym server.")
     ] = DEFAULT_TIMEOUT_S,
 ) -> None:
     """Check in seconds that NeMo-Gym is reachable and will use the trainer's policy URL."""

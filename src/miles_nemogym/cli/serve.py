@@ -8,6 +8,7 @@ stops the server and its Ray. Issue 5, "miles-nemogym serve".
 
 from __future__ import annotations
 
+import math
 import signal
 import socket
 import time
@@ -78,6 +79,12 @@ def serve(
     from miles_nemogym.gym.venv import GymEnvironmentError
 
     console = Console(stderr=True)
+    if not (math.isfinite(start_timeout) and start_timeout > 0):
+        console.print(
+            f"[red]error:[/red] --start-timeout: {start_timeout:g} is not a positive number of seconds; "
+            "give how long to wait for the server to answer, e.g. --start-timeout 300"
+        )
+        raise typer.Exit(2)
     try:
         options = ServeOptions.model_validate(
             {

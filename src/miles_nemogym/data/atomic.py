@@ -1,8 +1,8 @@
 """Write a file so that its path holds either the old content or the complete new one.
 
-The converter's output edge (issue 3: "a crash never leaves a half file at the output
-path"). Bytes go to a temporary file in the same folder (so the final rename never
-crosses file systems), which is flushed, fsynced and ``os.replace``d over the target
+The converter's output edge: a crash never leaves a half file at the output path.
+Bytes go to a temporary file in the same folder (so the final rename never crosses
+file systems), which is flushed, fsynced and ``os.replace``d over the target
 only on :meth:`AtomicFile.commit`; :meth:`AtomicFile.discard` (or leaving the ``with``
 block by an exception) removes it and leaves any existing file untouched.
 """

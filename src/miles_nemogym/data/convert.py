@@ -1,6 +1,6 @@
 """Convert a SWE-bench-family dataset into Miles prompt JSONL, streaming and atomically.
 
-The orchestration behind ``miles-nemogym convert`` (issue 3). Reads rows with
+The orchestration behind ``miles-nemogym convert``. Reads rows with
 :mod:`~miles_nemogym.data.sources`, checks them with :mod:`~miles_nemogym.data.schema`,
 decides subset/split and maps them with :mod:`~miles_nemogym.data.rows`, selects with
 :mod:`~miles_nemogym.data.select`, and writes through :mod:`~miles_nemogym.data.atomic`.
@@ -73,14 +73,21 @@ class ConvertOptions(BaseModel):
             raise ValueError("--seed only applies with --shuffle; add --shuffle or drop --seed")
         outputs = [self.output] + ([self.holdout_output] if self.holdout_output else [])
         for path in outputs:
-            if path.expanduser().is_dir():
-                raise ValueError(f"{path} is a folder; --output/--holdout-output name a file")
+            problem = _output_problem(path.expanduser())
+            if problem:
+                raise ValueError(f"{path} {problem}")
         resolved = [path.expanduser().resolve() for path in outputs]
         if len(set(resolved)) != len(resolved):
             raise ValueError("--holdout-output must differ from --output (the two files are disjoint)")
-        input_path = Path(self.input).expanduser()
-        if input_path.exists() and input_path.resolve() in resolved:
-            raise ValueError("--output must differ from --input (the input is read while writing)")
+        inputs = {"--input": Path(self.input).expanduser()}
+        if self.instance_ids is not None:
+            inputs["--instance-ids"] = self.instance_ids.expanduser()
+        for flag, path in inputs.items():
+            if any(_same_file(path, output) for output in resolved):
+                raise ValueError(
+                    f"--output/--holdout-output must differ from {flag} ({path}): it is read, and the "
+                    "output replaces its file; choose another output path"
+                )
         protected = sorted(split_names(self.drop_fields) & NEVER_DROPPED)
         if protected:
             raise ValueError(
@@ -93,6 +100,34 @@ class ConvertOptions(BaseModel):
         return self
 
 
+def _output_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be an output: the atomic rename would replace a link or a device."""
+    if path.is_symlink():
+        return (
+            "is a symbolic link; the output would replace the link itself, not write through it: "
+            f"give its target ({path.resolve()}) or a new path"
+        )
+    if path.is_dir():
+        return "is a folder; --output/--holdout-output name a file"
+    if path.exists() and not path.is_file():
+        return "is not a regular file (a device, pipe or socket), which the output would replace; give a file path"
+    return None
+
+
+def _same_file(path: Path, other: Path) -> bool:
+    if path.resolve() == other.resolve():
+        return True
+    try:
+        return os.path.samefile(path, other)  # hard links
+    except OSError:  # one of them does not exist yet
+        return False
+
+
+def printable(text: str) -> str:
+    """``text`` safe for any terminal: a lone surrogate (JSON allows ``\\udcff``) as its escape."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 @dataclass(frozen=True)
 class RowProblem:
     """A row that was refused: where it is, its instance id if any, and why."""
@@ -103,7 +138,7 @@ class RowProblem:
 
     def __str__(self) -> str:
         who = f" [{self.instance_id}]" if self.instance_id else ""
-        return f"{self.where}{who}: {'; '.join(self.reasons)}"
+        return printable(f"{self.where}{who}: {'; '.join(self.reasons)}")
 
 
 @dataclass

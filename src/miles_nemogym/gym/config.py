@@ -94,9 +94,14 @@ def load_provider_options(path: Path) -> dict[str, Any]:
     block (e.g. copied from a nemo-gym provider config) and its inner mapping is used.
     """
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise GymEnvironmentError(f"--provider-config {path}: cannot read it ({exc})") from exc
+    except UnicodeDecodeError:
+        raise GymEnvironmentError(
+            f"--provider-config {path}: not UTF-8 text (a binary file, or saved as UTF-16?); "
+            "give a YAML file saved as UTF-8"
+        ) from None
     except yaml.YAMLError as exc:
         raise GymEnvironmentError(f"--provider-config {path}: not valid YAML ({exc})") from exc
     if data is None:

@@ -22,6 +22,7 @@ from typing import Any
 from miles_nemogym import salvage
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.launcher.families import Parsers
+from miles_nemogym.redaction import redact_url
 from miles_nemogym.roles import eval_overrides
 from miles_nemogym.settings import ENV_VARS
 
@@ -92,8 +93,8 @@ class Job:
     secret_names: frozenset[str] = field(default_factory=frozenset)
 
     def display_env(self) -> dict[str, str]:
-        """The environment with every secret's value replaced by ``<hidden>``."""
-        return {name: (HIDDEN if name in self.secret_names else value) for name, value in self.env.items()}
+        """The environment with every secret's value replaced by ``<hidden>`` and URL passwords by ``***``."""
+        return {name: (HIDDEN if name in self.secret_names else redact_url(value)) for name, value in self.env.items()}
 
 
 def is_secret(name: str) -> bool:
@@ -336,8 +337,9 @@ def shell_lines(argv: list[str]) -> str:
 
 
 def render(job: Job) -> str:
-    """The job as text a user can read and re-run: env lines, then the command (secrets hidden)."""
+    """The job as text a user can read and re-run: env lines, then the command (secrets and URL
+    passwords hidden: the job itself gets the real values)."""
     lines = ["# environment of the job"]
     lines += [f"{name}={shlex.quote(value)}" for name, value in sorted(job.display_env().items())]
-    lines += ["# command", shell_lines(job.argv)]
+    lines += ["# command", shell_lines([redact_url(word) for word in job.argv])]
     return "\n".join(lines)

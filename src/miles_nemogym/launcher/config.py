@@ -12,10 +12,19 @@ in a recipe cannot silently fall back to a default.
 from __future__ import annotations
 
 import os
+import types
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from miles_nemogym.settings import Settings
 
@@ -32,10 +41,20 @@ def _env(name: str) -> str | None:
 _LEGACY_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
 
 
+def _is_number(annotation: Any) -> bool:
+    """``int``/``float`` fields, optional or not (pydantic would take ``true`` as 1 there)."""
+    if annotation in (int, float):
+        return True
+    if get_origin(annotation) in (Union, types.UnionType):
+        return any(_is_number(arg) for arg in get_args(annotation))
+    return False
+
+
 class LauncherConfig(BaseModel):
     """The recipe. Field names are the YAML keys; ``--field-name`` are the CLI flags."""
 
-    model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True)
+    # No inf/NaN: ``rollout_temperature: .inf`` in YAML is a typo, never a setting.
+    model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True, allow_inf_nan=False)
 
     # --- what to run -----------------------------------------------------------------------
     mode: Literal["normal", "debug_rollout_only"] = "normal"
@@ -168,6 +187,14 @@ class LauncherConfig(BaseModel):
     """More Miles flags, appended verbatim; a flag the recipe already sets is refused."""
     extra_env: dict[str, str] = Field(default_factory=dict)
     """More environment variables for the job."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # YAML's ``num_rollout: true`` would otherwise become 1 rollout without a word.
+        if isinstance(value, bool) and info.field_name and _is_number(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
+        return value
 
     @field_validator("nemo_gym_url")
     @classmethod
@@ -306,6 +333,10 @@ def read_yaml(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError(f"--config {path}: cannot read it ({error.strerror or error})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(
+            f"--config {path}: not UTF-8 text (a binary file, or saved as UTF-16?); save the recipe as UTF-8 YAML"
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:

@@ -34,6 +34,7 @@ from miles_nemogym.launcher import command as cmd
 from miles_nemogym.launcher import preflight
 from miles_nemogym.launcher.config import ConfigError, LauncherConfig, load_config, read_yaml
 from miles_nemogym.launcher.families import Parsers, UnknownFamilyError, resolve
+from miles_nemogym.redaction import redact_url
 
 EXIT_OK = 0
 EXIT_JOB_FAILED = 1
@@ -106,7 +107,17 @@ def parse_cli(argv: Sequence[str]) -> tuple[dict[str, Any], Path | None, bool]:
     dry_run = bool(namespace.pop("dry_run", False))
     for name in ("extra_args", "ray_start_args"):
         if name in namespace:
-            namespace[name] = [token for chunk in namespace[name] for token in shlex.split(chunk)]
+            tokens: list[str] = []
+            for chunk in namespace[name]:
+                try:
+                    tokens += shlex.split(chunk)
+                except ValueError as error:  # e.g. "No closing quotation"
+                    flag = "--" + name.replace("_", "-")
+                    raise ConfigError(
+                        f"{flag} {chunk!r}: cannot split it as shell words ({error}); close the quote, "
+                        f"e.g. {flag} '--flag \"a b\"'"
+                    ) from None
+            namespace[name] = tokens
     if "extra_env" in namespace:
         pairs = {}
         for item in namespace["extra_env"]:
@@ -262,7 +273,7 @@ class RayActions:
                 if "No available agent" not in str(error) or time.monotonic() > deadline:
                     raise
                 time.sleep(2)
-        print(f"submitted Ray job {submission_id} to {address}; streaming its logs", flush=True)
+        print(f"submitted Ray job {submission_id} to {redact_url(address)}; streaming its logs", flush=True)
 
         async def tail() -> None:
             async for chunk in client.tail_job_logs(submission_id):
@@ -350,8 +361,12 @@ def execute(
         )
         if not config.skip_prepare:
             print("# checkpoint conversion when the torch_dist target is missing")
-            print(shlex.join(cmd.convert_command(config, install or _placeholder_install(config))))
-        print(f"# Ray job submission address: {_ray_address(config)}")
+            print(
+                shlex.join(
+                    redact_url(word) for word in cmd.convert_command(config, install or _placeholder_install(config))
+                )
+            )
+        print(f"# Ray job submission address: {redact_url(_ray_address(config))}")
         return EXIT_OK
 
     results: list[CheckResult] = checks(config, environ=environ, miles_root=root)
@@ -383,14 +398,14 @@ def execute(
     if reachable and not config.ray_address:
         # Could be a previous run's head, or the Ray of a NeMo-Gym server on this node.
         print(
-            f"a Ray cluster already answers at {address}: submitting to it (stop it, or set "
+            f"a Ray cluster already answers at {redact_url(address)}: submitting to it (stop it, or set "
             "RAY_ADDRESS / --ray-dashboard-port to choose another)",
             flush=True,
         )
     if not reachable:
         if config.ray_address:
             print(
-                f"error: no Ray cluster answers at {address}; start it or unset RAY_ADDRESS",
+                f"error: no Ray cluster answers at {redact_url(address)}; start it or unset RAY_ADDRESS",
                 file=sys.stderr,
             )
             return EXIT_USAGE
@@ -399,7 +414,7 @@ def execute(
         deadline = time.monotonic() + 60
         while not actions.ray_reachable(address):
             if time.monotonic() > deadline:
-                print(f"error: the Ray head started but {address} does not answer", file=sys.stderr)
+                print(f"error: the Ray head started but {redact_url(address)} does not answer", file=sys.stderr)
                 actions.stop_ray_head()
                 return EXIT_JOB_FAILED
             time.sleep(1)

@@ -1,4 +1,4 @@
-"""Golden and API-policy scans: check a NeMo-Gym server before any GPU time is spent (issue 4).
+"""Golden and API-policy scans: check a NeMo-Gym server before any GPU time is spent.
 
 A scan runs SWE-bench instances through the server with exactly the request builder,
 client and classification the Miles agent function uses, and reports per instance and

@@ -1,6 +1,5 @@
 """Read the task rows a scan runs: converter output or raw SWE-bench / NeMo-Gym rows.
 
-Serves issue 4 ("Input: converter output or raw SWE-bench JSONL") and CONTRACTS.md §5/§6.
 The agent function sends ``sample.metadata`` — the converter's ``metadata`` object — as
 the ``/run`` body; a scan must send the same thing, so each row is turned into that
 object here:

@@ -11,12 +11,8 @@ read with ``miles_nemogym.doctor.run_body_fields``, the same reading ``doctor`` 
 
 from __future__ import annotations
 
-import asyncio
-import json
-
-import aiohttp
-
-from miles_nemogym.doctor import SchemaError, run_body_fields
+from miles_nemogym.doctor import FetchError, SchemaError, fetch_json_async, run_body_fields
+from miles_nemogym.redaction import redact_url
 
 
 class ServerCheckError(RuntimeError):
@@ -24,39 +20,43 @@ class ServerCheckError(RuntimeError):
 
 
 async def check_server(gym_url: str, timeout_s: float, *, needs_policy_field: bool = False) -> None:
-    """Raise ``ServerCheckError`` unless ``<gym_url>/openapi.json`` describes a usable ``POST /run``."""
+    """Raise ``ServerCheckError`` unless ``<gym_url>/openapi.json`` describes a usable ``POST /run``.
+
+    Fetched as ``doctor`` fetches it: one deadline for the whole answer, no redirects, a size cap.
+    """
     url = f"{gym_url}/openapi.json"
+    shown, base = redact_url(url), redact_url(gym_url)
     try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session,
-            session.get(url) as response,
-        ):
-            status = response.status
-            raw = await response.read()
-    except asyncio.TimeoutError:
+        document = await fetch_json_async(url, timeout_s)
+    except FetchError as error:
+        if error.kind == "timeout":
+            raise ServerCheckError(
+                f"{shown} did not answer within {timeout_s:g}s; is the NeMo-Gym server up and is "
+                "NEMO_GYM_URL (or --gym-url) its address?"
+            ) from None
+        if error.kind in ("http", "redirect"):
+            raise ServerCheckError(
+                f"{shown} answered {error}; NEMO_GYM_URL must be the mini_swe_agent_2 agent server's "
+                "own base URL (its /openapi.json lists POST /run)"
+            ) from None
+        if error.kind in ("not-json", "too-large"):
+            raise ServerCheckError(
+                f"{base} answers but does not offer POST /run ({error}); NEMO_GYM_URL must be the "
+                "mini_swe_agent_2 agent server, not the head server or a model server"
+            ) from None
         raise ServerCheckError(
-            f"{url} did not answer within {timeout_s:g}s; is the NeMo-Gym server up and is "
-            "NEMO_GYM_URL (or --gym-url) its address?"
+            f"cannot reach {shown} ({error}); start the NeMo-Gym server or fix NEMO_GYM_URL (or --gym-url)"
         ) from None
-    except aiohttp.ClientError as error:
-        raise ServerCheckError(
-            f"cannot reach {url} ({error}); start the NeMo-Gym server or fix NEMO_GYM_URL (or --gym-url)"
-        ) from None
-    if status != 200:
-        raise ServerCheckError(
-            f"{url} answered HTTP {status}; NEMO_GYM_URL must be the mini_swe_agent_2 agent server's "
-            "base URL (its /openapi.json lists POST /run)"
-        )
     try:
-        name, fields = run_body_fields(json.loads(raw))
-    except (ValueError, SchemaError) as error:
+        name, fields = run_body_fields(document)
+    except SchemaError as error:
         raise ServerCheckError(
-            f"{gym_url} answers but does not offer POST /run ({error}); NEMO_GYM_URL must be the "
+            f"{base} answers but does not offer POST /run ({error}); NEMO_GYM_URL must be the "
             "mini_swe_agent_2 agent server, not the head server or a model server"
         ) from None
     if needs_policy_field and "policy_base_url" not in fields:
         raise ServerCheckError(
-            f"{gym_url}: POST /run's body ({name}) declares no policy_base_url, so this server would "
+            f"{base}: POST /run's body ({name}) declares no policy_base_url, so this server would "
             "ignore --policy-base-url and run every episode on its own configured model; upgrade it "
             "to the pinned nemo-gym (miles_nemogym.pins.NEMO_GYM_VERSION) or scan without "
             "--policy-base-url"

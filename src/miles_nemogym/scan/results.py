@@ -8,10 +8,18 @@ has a line. Instances stopped by Ctrl-C get no line, so a resumed scan runs them
 A crash can leave a torn last line; reading ignores it (that instance runs again) and
 the next writer cuts it off before appending. A malformed line anywhere else means the file
 is not a scan results file, and is refused rather than overwritten.
+
+One scan at a time per file: :class:`ResultsLock` holds an advisory ``flock`` on it for
+the scan's life, so a second scan on the same file refuses instead of re-running (and
+paying for) the instances the first one has in flight. Each line also carries the
+digest of the task row it ran (``task_sha256``), so a resumed scan can tell a results
+file written from another input.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 from datetime import datetime, timezone
@@ -42,10 +50,58 @@ class ResultLine(BaseModel):
     reason: str | None = None
     mode: Mode | None = None
     finished_at: str | None = None
+    task_sha256: str | None = None
+    """:func:`task_digest` of the row this instance ran from (absent in older files)."""
     nemogym: dict[str, Any] = Field(default_factory=dict)
     """The episode record, exactly as the agent function stores it on a sample."""
     eval_report: dict[str, Any] = Field(default_factory=dict)
     """The server's result metadata: the SWE-bench report, or its error and traceback."""
+
+
+def task_digest(metadata: dict[str, Any]) -> str:
+    """A stable digest of one task row (the ``/run`` body's source), key order ignored."""
+    text = json.dumps(metadata, sort_keys=True, ensure_ascii=True, default=str)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+class ResultsLock:
+    """An exclusive advisory lock on the results file, held from before it is read until the scan ends.
+
+    Raises ``InputError`` when another scan holds it, or when the file cannot be created
+    (a read-only folder): both before any episode is sent. A file this lock created and
+    nothing was written to is removed on release, so a scan that could not start leaves
+    nothing behind.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._created = not path.exists()
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError as error:
+            raise InputError(
+                f"--output {path}: cannot create or open the results file ({error.strerror or error}); "
+                "choose a file in a folder you can write to"
+            ) from None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._fd)
+            raise InputError(
+                f"--output {path}: another scan is writing this results file (it holds the file's "
+                "lock); wait for it to finish, or give this scan another --output file"
+            ) from None
+
+    def release(self) -> None:
+        if self._fd < 0:
+            return
+        try:
+            if self._created and os.fstat(self._fd).st_size == 0:
+                self.path.unlink(missing_ok=True)
+        finally:
+            os.close(self._fd)  # closing the descriptor releases the lock
+            self._fd = -1
 
 
 def read_results(path: Path) -> dict[str, ResultLine]:

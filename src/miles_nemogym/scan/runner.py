@@ -24,16 +24,16 @@ from typing import Any
 
 from rich.console import Console
 
-from miles_nemogym.agent import redact
 from miles_nemogym.client import close_client
 from miles_nemogym.episodes import run_episode
 from miles_nemogym.mapping import RequestBuildError, build_run_body
 from miles_nemogym.outcome import Outcome
+from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.scan.config import ScanConfig, scan_settings, usage_problems
 from miles_nemogym.scan.inputs import InputError, ScanTask, load_tasks
 from miles_nemogym.scan.preflight import ServerCheckError, check_server
 from miles_nemogym.scan.report import ScanProgress, render_summary
-from miles_nemogym.scan.results import ResultLine, ResultsWriter, read_results
+from miles_nemogym.scan.results import ResultLine, ResultsLock, ResultsWriter, read_results, task_digest
 from miles_nemogym.scan.selection import select
 from miles_nemogym.scan.verdict import Verdict, kind_of, reason_of, verdict_of
 from miles_nemogym.settings import Settings, SettingsError
@@ -83,9 +83,16 @@ class _Prepared:
     bodies: dict[str, dict[str, Any]]
     earlier: dict[str, ResultLine]
     api_key: str | None
+    digests: dict[str, str]
+    lock: ResultsLock | None
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
 
 
 def _prepare(config: ScanConfig) -> _Prepared:
+    """Everything checked before the first episode; the results file is locked on return."""
     problems = usage_problems(config)
     if problems:
         raise ScanUsageError("; ".join(problems))
@@ -93,22 +100,64 @@ def _prepare(config: ScanConfig) -> _Prepared:
         settings = scan_settings(config)
         tasks = load_tasks(config.input_path, subset=config.subset, split=config.split, golden=config.golden)
         selected = select(tasks, list(config.instance_ids) if config.instance_ids else None, config.limit)
-        earlier = read_results(config.output_path) if config.output_path else {}
+        lock = ResultsLock(config.output_path) if config.output_path else None
     except (SettingsError, InputError) as error:
+        raise ScanUsageError(redact_urls(str(error))) from None  # a settings error quotes the bad URL
+    try:
+        return _prepare_locked(config, settings, tasks, selected, lock)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _foreign_results(config: ScanConfig, earlier: dict[str, ResultLine], digests: dict[str, str]) -> str | None:
+    """Why ``earlier`` (the results file) was not written from this scan's input, if it was not."""
+    absent = sorted(key for key in earlier if key not in digests)
+    changed = sorted(
+        key for key, line in earlier.items() if key in digests and line.task_sha256 not in (None, digests[key])
+    )
+    if not absent and not changed:
+        return None
+    what = (
+        f"{len(absent)} instance(s) that --input {config.input_path} does not hold (e.g. {', '.join(absent[:3])})"
+        if absent
+        else f"{len(changed)} instance(s) whose task rows differ from --input's (e.g. {', '.join(changed[:3])})"
+    )
+    return (
+        f"--output {config.output_path} holds results for {what}: it is another input's results file, "
+        "and one summary cannot mix them; choose a new --output file (or resume with the input it came from)"
+    )
+
+
+def _prepare_locked(
+    config: ScanConfig,
+    settings: Settings,
+    tasks: list[ScanTask],
+    selected: list[ScanTask],
+    lock: ResultsLock | None,
+) -> _Prepared:
+    try:
+        earlier = read_results(config.output_path) if config.output_path else {}
+    except InputError as error:
         raise ScanUsageError(str(error)) from None
+    digests = {task.instance_id: task_digest(task.metadata) for task in tasks}
     if earlier and not config.resume:
         raise ScanUsageError(
             f"--output {config.output_path} already holds {len(earlier)} result(s); pass --resume to "
             "continue that scan (finished instances are skipped) or choose a new --output file"
         )
-    wanted = {task.instance_id for task in selected}
-    earlier = {key: value for key, value in earlier.items() if key in wanted}
     other_modes = sorted({str(line.mode) for line in earlier.values() if line.mode not in (None, config.mode)})
     if other_modes:
         raise ScanUsageError(
             f"--output {config.output_path} holds {', '.join(other_modes)} results and this is a "
             f"{config.mode} scan; one summary cannot mix them: choose a new --output file"
         )
+    foreign = _foreign_results(config, earlier, digests)
+    if foreign:
+        raise ScanUsageError(foreign)
+    wanted = {task.instance_id for task in selected}
+    earlier = {key: value for key, value in earlier.items() if key in wanted}
 
     api_key = None
     if config.policy_base_url and settings.policy_api_key is not None:
@@ -129,11 +178,12 @@ def _prepare(config: ScanConfig) -> _Prepared:
             if api_key:
                 message = message.replace(api_key, "***")
             raise ScanUsageError(f"{task.where}: instance {task.instance_id}: {message}") from None
-    return _Prepared(settings, selected, bodies, earlier, api_key)
+    return _Prepared(settings, selected, bodies, earlier, api_key, digests, lock)
 
 
-def _result_line(task: ScanTask, outcome: Outcome, seconds: float, config: ScanConfig) -> ResultLine:
+def _result_line(task: ScanTask, outcome: Outcome, seconds: float, config: ScanConfig, digest: str) -> ResultLine:
     return ResultLine(
+        task_sha256=digest,
         instance_id=task.instance_id,
         repo=task.repo,
         verdict=verdict_of(outcome),
@@ -161,6 +211,13 @@ async def run_scan(
     """
     console = console or Console()
     prepared = _prepare(config)
+    try:
+        return await _run_prepared(config, prepared, console, stop or asyncio.Event())
+    finally:
+        prepared.release()  # after the writer closed: the results file is complete
+
+
+async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Console, stop: asyncio.Event) -> ScanResult:
     if prepared.bodies:
         try:
             await check_server(
@@ -174,12 +231,11 @@ async def run_scan(
     finished: dict[str, ResultLine] = dict(prepared.earlier)
     writer = ResultsWriter(config.output_path) if config.output_path else None
     semaphore = asyncio.Semaphore(config.concurrency)
-    stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     progress = ScanProgress(console, len(prepared.selected), prepared.earlier.values())
     console.print(
         f"scan: {len(prepared.bodies)} of {len(prepared.selected)} selected instance(s) to run on "
-        f"{prepared.settings.run_url} — mode {config.mode}, concurrency {config.concurrency}, "
+        f"{redact_url(prepared.settings.run_url)} — mode {config.mode}, concurrency {config.concurrency}, "
         f"episode timeout {prepared.settings.run_timeout_s:g}s",
         highlight=False,
         soft_wrap=True,
@@ -199,10 +255,8 @@ async def run_scan(
             outcome = await run_episode(prepared.bodies[task.instance_id], prepared.settings)
             seconds = loop.time() - started
         outcome.record.episode_id = uuid.uuid4().hex  # as the agent function does
-        if prepared.api_key:
-            # A server error message could echo the request; the key never leaves the body.
-            outcome = Outcome.model_validate(redact(outcome.model_dump(), prepared.api_key))
-        result = _result_line(task, outcome, seconds, config)
+        # The API key was scrubbed from the server's answer as it arrived (client.scrub).
+        result = _result_line(task, outcome, seconds, config, prepared.digests[task.instance_id])
         if writer is not None:
             writer.write(result)  # before it is reported: what was shown is on disk
         finished[task.instance_id] = result

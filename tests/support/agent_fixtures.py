@@ -1,0 +1,58 @@
+"""Fixtures for driving ``agent.run`` against a loopback fault server.
+
+Import the fixtures by name into a test module (pytest finds them in its namespace).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from miles_nemogym import agent, client
+from tests.fault_server import FaultServer
+
+SESSION = "http://127.0.0.1:39999/sessions/s-1"
+
+
+@pytest.fixture
+def sympy_row(gym_example_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(row for row in gym_example_rows if row["instance_id"].startswith("sympy"))
+
+
+@pytest.fixture
+def sympy_result(gym_example_rollouts: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(r for r in gym_example_rollouts if r["instance_id"].startswith("sympy"))
+
+
+@pytest.fixture
+def fast_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Short retry budgets, no key, no external host: each test sets what it needs."""
+    monkeypatch.setenv("NEMO_GYM_RETRY_BACKOFF", "0.05")
+    monkeypatch.setenv("NEMO_GYM_RETRY_BACKOFF_MAX", "0.2")
+    monkeypatch.setenv("NEMO_GYM_CONNECT_TIMEOUT", "2")
+    for name in ("NEMO_GYM_POLICY_API_KEY", "MILES_ROUTER_EXTERNAL_HOST", "NEMO_GYM_REWARD_RANGE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("NEMO_GYM_MAX_RESULT_BYTES", raising=False)
+
+
+@pytest.fixture
+async def server(
+    sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch, fast_env: None
+) -> AsyncIterator[FaultServer]:
+    srv = await FaultServer(result=sympy_result).start()
+    monkeypatch.setenv("NEMO_GYM_URL", srv.url)
+    yield srv
+    await client.close_client()
+    await srv.stop()
+
+
+async def call(metadata: Any, **kwargs: Any) -> dict[str, Any]:
+    """``agent.run`` as Miles calls it, with overridable ``base_url`` and ``request_kwargs``."""
+    return await agent.run(
+        base_url=kwargs.pop("base_url", SESSION),
+        prompt=[{"role": "user", "content": "x"}],
+        request_kwargs=kwargs.pop("request_kwargs", {"temperature": 1.0, "top_p": 1.0, "max_tokens": 64}),
+        metadata=metadata,
+    )
