@@ -249,6 +249,9 @@ async def measure(spec: dict[str, Any]) -> dict[str, Any]:
     # the pool stays (the agent's is keyed by pool settings, not by URL).
     target = {"base": spec["base"] + "/warm"}
     os.environ["NEMO_GYM_URL"] = target["base"]
+    store_dir = spec.get("episode_dir")
+    if store_dir and kind == "a":
+        os.environ["NEMO_GYM_EPISODE_DIR"] = store_dir  # the warm-up episodes are stored too
     call, close = await make_client(kind, target, rows, max(n, spec["warmup"]))
     await asyncio.gather(*(call(i) for i in range(spec["warmup"])))
     target["base"] = spec["base"]
@@ -307,6 +310,22 @@ async def measure(spec: dict[str, Any]) -> dict[str, Any]:
     stop.set()
     await tick_task
     await close()
+    store: dict[str, Any] = {}
+    if store_dir and kind == "a":
+        # The store writes on its own thread while calls run; this is what is left at the end.
+        from miles_nemogym.episode_store import get_store
+
+        flush_started = time.monotonic()
+        episode_store = get_store(store_dir)
+        await asyncio.to_thread(episode_store.flush, 600.0)
+        store_mb = await asyncio.to_thread(_folder_mb, store_dir)
+        store = {
+            "store_flush_after_s": time.monotonic() - flush_started,
+            "store_lines": episode_store.lines_written,
+            "store_answers_dropped": episode_store.answers_dropped,
+            "store_write_errors": episode_store.write_errors,
+            "store_mb": store_mb,
+        }
 
     lags = [lag for _, lag, _ in ticks]
     worst_at = max(ticks, key=lambda tick: tick[1])[0] - started if ticks else 0.0
@@ -339,7 +358,12 @@ async def measure(spec: dict[str, Any]) -> dict[str, Any]:
         "rss_in_flight_delta_mb": (max(in_flight_rss) - rss_base) / 2**20,
         "rss_in_flight_per_episode_kb": (max(in_flight_rss) - rss_base) / 1024 / n,
         "rss_peak_delta_mb": (peak_rss - rss_base) / 2**20,
+        **store,
     }
+
+
+def _folder_mb(folder: str) -> float:
+    return sum(f.stat().st_size for f in Path(folder).rglob("*.jsonl*")) / 2**20
 
 
 def worker_main(spec_json: str) -> None:
@@ -525,6 +549,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="which of the five real rollouts the server answers with")  # fmt: skip
     parser.add_argument("--server-workers", type=int, default=1, help="server processes (SO_REUSEPORT)")
     parser.add_argument("--out", type=Path, help="report path (default bench/reports/agent_bench-<time>.json)")
+    parser.add_argument(
+        "--episode-store", action="store_true",
+        help="client a with the episode store on (NEMO_GYM_EPISODE_DIR in a temporary folder): every "
+        "episode's answer compressed to disk on the store's thread",
+    )  # fmt: skip
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     quick = args.quick
@@ -598,6 +627,7 @@ def main(argv: list[str] | None = None) -> int:
             "body_bytes": len(body),
         },
         "clients": CLIENTS,
+        "episode_store": bool(args.episode_store),
         "config": {s: scenario_config[s] for s in args.scenario_list},
         "runs": [],
         "results": {},
@@ -620,6 +650,7 @@ def main(argv: list[str] | None = None) -> int:
                             "client": kind, "scenario": scenario, "n": cfg["n"],
                             "concurrency": cfg["concurrency"], "base": server.base, "warmup": args.warmup,
                             "server_pids": server.pids, "instance_id": rollout["instance_id"],
+                            "episode_dir": tempfile.mkdtemp(dir=tmp) if args.episode_store else None,
                         }  # fmt: skip
                         result = run_worker(spec, timeout=max(600.0, 20 * cfg["hold_s"] + cfg["n"]))
                         stats = server.stats()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import shlex
 from pathlib import Path
@@ -71,6 +73,15 @@ KNOWN_FLAGS = {
     "--custom-rm-path": "A:2319",
     "--dynamic-sampling-filter-path": "A:624",
     "--custom-rollout-log-function-path": "A:739",
+    "--custom-eval-rollout-log-function-path": "A:749",
+    "--eval-config": "A:1203",
+    "--eval-prompt-data": "A:1192",
+    "--eval-interval": "A:1189",
+    "--n-samples-per-eval-prompt": "A:1224",
+    "--log-passrate": "A:1949",
+    "--eval-temperature": "A:1229",
+    "--eval-top-p": "A:1230",
+    "--eval-max-response-len": "A:1232",
     "--custom-reward-post-process-path": "A:2329",
     "--use-session-server": "A:2521",
     "--session-server-ip": "A:2533",
@@ -178,7 +189,15 @@ def test_the_whole_hook_chain_is_wired_by_dotted_path() -> None:
 
 
 def test_every_flag_is_one_miles_registers_and_appears_once() -> None:
-    config = LauncherConfig(wandb_project="p", wandb_group="g", mode="debug_rollout_only")
+    config = LauncherConfig(
+        wandb_project="p",
+        wandb_group="g",
+        mode="debug_rollout_only",
+        eval_data=Path("/data/holdout.jsonl"),
+        eval_temperature=0.6,
+        eval_top_p=0.95,
+        eval_max_response_len=2048,
+    )
     flags = recipe_flags(build(config))  # flag_values asserts no repeats
     unknown = set(flags) - set(KNOWN_FLAGS)
     assert not unknown, f"flags without a known Miles/Megatron/SGLang source: {sorted(unknown)}"
@@ -393,3 +412,43 @@ def test_parsers_object_is_what_the_command_uses() -> None:
     assert one(flags, "--tito-model") == "default"
     assert one(flags, "--sglang-tool-call-parser") == "hermes"
     assert "--sglang-reasoning-parser" not in flags
+
+
+def test_eval_wiring_marks_eval_samples_through_miles_eval_config() -> None:
+    config = LauncherConfig(
+        eval_data=Path("/data/holdout.jsonl"), eval_name="verified", eval_interval=10, eval_samples_per_prompt=8
+    )
+    flags = recipe_flags(build(config))
+    assert one(flags, "--custom-eval-rollout-log-function-path") == "miles_nemogym.metrics.log_eval"
+    assert flags["--eval-prompt-data"] == ["verified", "/data/holdout.jsonl"]
+    assert one(flags, "--eval-interval") == "10"
+    assert one(flags, "--n-samples-per-eval-prompt") == "8"
+    assert flags["--log-passrate"] == []
+    assert "--eval-temperature" not in flags  # Miles falls back to --rollout-temperature
+    encoded = one(flags, "--eval-config")
+    assert encoded.startswith("base64:")
+    assert json.loads(base64.b64decode(encoded.removeprefix("base64:"))) == {
+        "eval": {
+            "datasets": [
+                {
+                    "name": "verified",
+                    "path": "/data/holdout.jsonl",
+                    "n_samples_per_eval_prompt": 8,
+                    "metadata_overrides": {"nemogym_role": "eval", "nemogym_eval_set": "verified"},
+                }
+            ]
+        }
+    }
+    without = recipe_flags(build(LauncherConfig()))
+    assert not any(flag.startswith("--eval") for flag in without) and "--log-passrate" not in without
+
+
+def test_episode_store_is_on_by_default_under_the_save_folder() -> None:
+    default = build(LauncherConfig(save_dir=Path("/runs/a")))
+    assert default.env["NEMO_GYM_EPISODE_DIR"] == "/runs/a/episodes"
+    chosen = build(LauncherConfig(episode_dir=Path("/fast/ep")), {"NEMO_GYM_EPISODE_DIR": "/from/env"})
+    assert chosen.env["NEMO_GYM_EPISODE_DIR"] == "/fast/ep"
+    from_env = build(LauncherConfig(save_dir=Path("/runs/a")), {"NEMO_GYM_EPISODE_DIR": "/from/env"})
+    assert from_env.env["NEMO_GYM_EPISODE_DIR"] == "/from/env"
+    off = build(LauncherConfig(store_episodes=False), {"NEMO_GYM_EPISODE_DIR": "/from/env"})
+    assert "NEMO_GYM_EPISODE_DIR" not in off.env

@@ -124,6 +124,24 @@ def test_dry_run_prints_command_and_env_and_starts_nothing(
     assert not list(tmp_path.glob("*_torch_dist"))
 
 
+def test_dry_run_shows_the_eval_and_episode_store_wiring(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    miles = make_miles_checkout(tmp_path / "miles")
+    argv = ["--dry-run", "--miles-root", str(miles), "--save-dir", "/runs/r1", "--eval-data", "/data/holdout.jsonl",
+            "--eval-name", "verified", "--eval-interval", "10", "--eval-samples-per-prompt", "8",
+            "--eval-temperature", "0.6"]  # fmt: skip
+    assert run.main(argv, actions=Refuses()) == 0
+    out = capsys.readouterr().out
+    assert "NEMO_GYM_EPISODE_DIR=/runs/r1/episodes" in out
+    assert "# episode store: /runs/r1/episodes (browse: miles-nemogym episodes /runs/r1/episodes)" in out
+    for line in ("--eval-prompt-data verified /data/holdout.jsonl", "--eval-interval 10",
+                 "--n-samples-per-eval-prompt 8", "--eval-temperature 0.6", "--log-passrate",
+                 "--custom-eval-rollout-log-function-path miles_nemogym.metrics.log_eval"):  # fmt: skip
+        assert line in out
+    assert '"metadata_overrides": {"nemogym_eval_set": "verified", "nemogym_role": "eval"}' in out
+    assert run.main(["--dry-run", "--miles-root", str(miles), "--no-store-episodes"], actions=Refuses()) == 0
+    assert "# episode store: off" in capsys.readouterr().out
+
+
 def test_dry_run_hides_url_passwords_but_the_job_gets_them(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

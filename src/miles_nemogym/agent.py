@@ -22,6 +22,10 @@ The returned dict is merged into every output sample's ``metadata``:
 - ``nemogym``: the episode record (``outcome.EpisodeRecord``): status, failure kind,
   ``mask_sample``, attempts, timings, test counts, turns.
 
+With ``NEMO_GYM_EPISODE_DIR`` set, every episode (failed ones too) is also queued to the
+episode store (``episode_store.py``) with the ``/run`` answer as received; eval episodes
+are told apart by the marks Miles' eval config puts in ``metadata`` (``roles.py``).
+
 This function never returns ``None`` and never raises for a failed episode: a failure is
 recorded on the sample (``mask_sample`` true) so the reward hook, the group filter and
 the rollout metrics can set it aside visibly. ``asyncio.CancelledError`` propagates.
@@ -38,12 +42,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from miles_nemogym import failure_kinds as fk
+from miles_nemogym.episode_store import entry_for, get_store, session_id
 from miles_nemogym.episodes import AWAITING_RESULT, NOT_DELIVERED, abort_all, run_episode
 from miles_nemogym.ledger import ledger
 from miles_nemogym.mapping import RequestBuildError, build_run_body
 from miles_nemogym.outcome import Outcome, failure
 from miles_nemogym.policy_url import PolicyUrlError, policy_base_url
+from miles_nemogym.redaction import KeyScrubber, key_scrubber
 from miles_nemogym.reward import score
+from miles_nemogym.roles import ledger_role, role_of
 from miles_nemogym.settings import RewardMode, SettingsError, get_settings
 
 logger = logging.getLogger(__name__)
@@ -64,10 +71,14 @@ async def run(
     raw_id = metadata.get("instance_id") if isinstance(metadata, Mapping) else None
     instance_id = None if raw_id is None else _printable(str(raw_id))
     mode = RewardMode.binary
+    episode_dir: str | None = None
+    scrubber: KeyScrubber | None = None
     try:
         settings = get_settings()
         mode = settings.reward_mode
         api_key = settings.policy_api_key.get_secret_value() if settings.policy_api_key else None
+        episode_dir = settings.episode_dir
+        scrubber = key_scrubber(api_key)
         body = build_run_body(
             metadata,
             request_kwargs,
@@ -85,14 +96,46 @@ async def run(
         outcome = await run_episode(body, settings)
     outcome.record.episode_id = uuid.uuid4().hex
     # The API key was scrubbed from the server's answer as it arrived (client.scrub); our
-    # own fields never hold it.
+    # own fields never hold it. The raw answer kept for the store is scrubbed by the store.
     _log(outcome)
     record = outcome.record
+    role, eval_set = role_of(metadata)
     # The ledger sees every episode, also those whose sample Miles returns without this dict.
-    ledger.record_episode((record.failure_kind or fk.AGENT_RUN_ERROR) if record.mask_sample else None)
+    ledger.record_episode(
+        (record.failure_kind or fk.AGENT_RUN_ERROR) if record.mask_sample else None, ledger_role(role, eval_set)
+    )
     result = outcome.to_metadata()
     result["reward"], _ = score(result, mode)
+    if episode_dir:
+        _store(episode_dir, outcome, result, role, eval_set, base_url, metadata, scrubber)
     return result
+
+
+def _store(
+    directory: str,
+    outcome: Outcome,
+    result: dict[str, Any],
+    role: str,
+    eval_set: str | None,
+    base_url: str,
+    metadata: Mapping[str, Any] | None,
+    scrubber: KeyScrubber | None,
+) -> None:
+    """Hand the episode to the episode store; a store problem never fails the sample."""
+    try:
+        repo = metadata.get("repo") if isinstance(metadata, Mapping) else None
+        entry = entry_for(
+            record=result["nemogym"],
+            reward=float(result["reward"]),
+            role=role,
+            eval_set=eval_set,
+            session=session_id(base_url) if isinstance(base_url, str) else None,
+            repo=repo if isinstance(repo, str) else None,
+        )
+        raw, raw_is_json = outcome.answer
+        get_store(directory).add(role, entry, raw, raw_is_json, scrub=None if scrubber is None else scrubber.scrub)
+    except Exception:
+        logger.warning("episode store: could not queue episode %s", outcome.record.episode_id, exc_info=True)
 
 
 async def abort(args: Any = None) -> None:

@@ -141,6 +141,8 @@ class GymClient:
                         )
                     else:
                         outcome = _classify(resp.status, raw, instance_id, settings)
+                    if not isinstance(raw, int):  # kept for the episode store (scrubbed there)
+                        outcome.with_answer(raw, is_json=outcome.answer[1])
             except aiohttp.ConnectionTimeoutError as error:
                 retry_kind, reason = fk.TRANSPORT_TIMEOUT, f"connect timeout: {_text(error, settings)}"
             except aiohttp.ClientConnectorError as error:

@@ -23,6 +23,7 @@ import pydantic_core
 from pydantic import ValidationError
 
 from miles_nemogym.protocol import ResponsesCreateParams, RunRequest
+from miles_nemogym.roles import KEYS as ROLE_KEYS
 
 # Keys Miles adds to sample.metadata for its own bookkeeping (agentic_tool_call.py).
 MILES_BOOKKEEPING_KEYS = frozenset({"max_seq_len", "session_server_id", "session_server_instance_id"})
@@ -34,7 +35,8 @@ PLUGIN_RESULT_KEYS = frozenset({"reward", "eval_report", "nemogym", "agent_metri
 # Routing and secrets come from the plugin, never from a data row.
 ROUTING_KEYS = frozenset({"policy_base_url", "policy_api_key"})
 
-NOT_SENT_KEYS = MILES_BOOKKEEPING_KEYS | PLUGIN_RESULT_KEYS | ROUTING_KEYS
+# The train/eval marks of Miles' eval config are ours (roles.py), not the task's.
+NOT_SENT_KEYS = MILES_BOOKKEEPING_KEYS | PLUGIN_RESULT_KEYS | ROUTING_KEYS | ROLE_KEYS
 
 # Trainer keys with a typed home in responses_create_params.
 _TYPED_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "max_tokens": "max_output_tokens"}

@@ -1,6 +1,7 @@
 """Per-rollout ``nemogym/*`` metrics (CONTRACTS.md §4).
 
 ``--custom-rollout-log-function-path miles_nemogym.metrics.log_rollout``
+``--custom-eval-rollout-log-function-path miles_nemogym.metrics.log_eval``
 
 Miles calls ``log_rollout(rollout_id, args, samples, rollout_extra_metrics, rollout_time)``
 synchronously with the rollout's flat sample list. We compute what a SWE-bench RL run
@@ -30,8 +31,11 @@ import math
 from collections import Counter
 from typing import Any
 
+from miles_nemogym.episode_store import seal_all
+from miles_nemogym.eval_metrics import eval_set_metrics
 from miles_nemogym.failure_kinds import metric_label
 from miles_nemogym.ledger import Tally, ledger
+from miles_nemogym.roles import EVAL, TRAIN, ledger_role
 from miles_nemogym.salvage import zero_loss_samples
 from miles_nemogym.samples import episodes, flatten, record_of
 
@@ -161,6 +165,7 @@ def log_rollout(
     except Exception:  # never fail Miles' rollout logging over our metrics; the ledger's still count
         logger.exception("rollout %s: nemogym sample metrics could not be computed", rollout_id)
         metrics = dict(ledger_metrics(tally))
+    _seal(TRAIN, rollout_id)
     try:
         from miles.utils.metric_utils import compute_rollout_step
         from miles.utils.tracking_utils import tracking
@@ -169,4 +174,45 @@ def log_rollout(
         return False
     metrics["rollout/step"] = compute_rollout_step(args, rollout_id)
     tracking.log(args, metrics, step_key="rollout/step")
+    return False
+
+
+def _seal(role: str, rollout_id: Any) -> None:
+    """File ``role``'s stored episodes under this step; the store never fails a log call."""
+    try:
+        seal_all(role, int(rollout_id))
+    except Exception:
+        logger.warning("episode store: could not file %s episodes under step %s", role, rollout_id, exc_info=True)
+
+
+def eval_k(args: Any, name: str) -> int:
+    """The number of samples per prompt of eval set ``name`` (its config, else the flag)."""
+    for dataset in getattr(args, "eval_datasets", None) or []:
+        if getattr(dataset, "name", None) == name and getattr(dataset, "n_samples_per_eval_prompt", None):
+            return int(dataset.n_samples_per_eval_prompt)
+    return int(getattr(args, "n_samples_per_eval_prompt", None) or 1)
+
+
+def log_eval(rollout_id: int, args: Any, data: Any, extra_metrics: Any = None) -> bool:
+    """Miles eval log function (``--custom-eval-rollout-log-function-path``): log
+    ``nemogym-eval/<set>/*`` (``eval_metrics.py``) for each eval set, file the eval
+    episodes under this step in the episode store, and return False so Miles' own
+    ``eval/*`` logging still runs."""
+    metrics: dict[str, Any] = {}
+    for name, result in (data or {}).items():
+        samples = result.get("samples") if isinstance(result, dict) else None
+        tally = ledger.drain(ledger_role(EVAL, str(name)))
+        try:
+            metrics.update(eval_set_metrics(str(name), samples or [], eval_k(args, str(name)), tally))
+        except Exception:  # never fail Miles' eval logging over our metrics
+            logger.exception("eval %s: nemogym-eval/%s metrics could not be computed", rollout_id, name)
+    _seal(EVAL, rollout_id)
+    try:
+        from miles.utils.metric_utils import compute_rollout_step
+        from miles.utils.tracking_utils import tracking
+    except ImportError:
+        logger.info("eval %s nemogym metrics (Miles tracking not importable): %s", rollout_id, metrics)
+        return False
+    metrics["eval/step"] = compute_rollout_step(args, rollout_id)
+    tracking.log(args, metrics, step_key="eval/step")
     return False

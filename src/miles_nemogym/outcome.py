@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import pydantic_core
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError
 
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.protocol import OutputItem, RunResponse
@@ -73,6 +73,19 @@ class Outcome(BaseModel):
     reward: float
     eval_report: dict[str, Any] = Field(default_factory=dict)
     record: EpisodeRecord
+    _answer: bytes | None = PrivateAttr(default=None)
+    """The ``/run`` answer as received (API key scrubbed), for the episode store only."""
+    _answer_is_json: bool = PrivateAttr(default=False)
+
+    def with_answer(self, raw: bytes | None, *, is_json: bool) -> Outcome:
+        """``self`` carrying the raw answer (not part of the sample's metadata)."""
+        self._answer, self._answer_is_json = raw, is_json
+        return self
+
+    @property
+    def answer(self) -> tuple[bytes | None, bool]:
+        """(the raw ``/run`` answer or None, whether it parsed as a JSON result)."""
+        return self._answer, self._answer_is_json
 
     def to_metadata(self) -> dict[str, Any]:
         """The dict returned to Miles and merged into ``sample.metadata``."""
@@ -365,4 +378,8 @@ def classify_http(
         if scrubbed is None:  # scrub the whole answer instead, then read it again
             return classify_http(status, scrub(body), instance_id=instance_id, reward_range=reward_range)
         response = scrubbed
-    return classify_run_response(response, http_status=status, sent_instance_id=instance_id, reward_range=reward_range)
+    outcome = classify_run_response(
+        response, http_status=status, sent_instance_id=instance_id, reward_range=reward_range
+    )
+    outcome._answer_is_json = True
+    return outcome

@@ -93,6 +93,10 @@ class Settings(BaseSettings):
     max_failure_streak: int = Field(default=64, ge=0, alias="NEMO_GYM_MAX_FAILURE_STREAK")
     """Consecutive failed episodes, with no valid one between, that stop the run (0: never)."""
 
+    episode_dir: str | None = Field(default=None, alias="NEMO_GYM_EPISODE_DIR")
+    """Folder of the episode store (every episode's answer and record, per step and
+    role; ``episode_store.py``). Unset: no store."""
+
     @field_validator("gym_url")
     @classmethod
     def _check_url(cls, value: str) -> str:
@@ -120,7 +124,7 @@ class Settings(BaseSettings):
     def reward_range(self) -> tuple[float, float]:
         return _parse_range(self.reward_range_text)
 
-    @field_validator("external_host", "policy_api_key", mode="before")
+    @field_validator("external_host", "policy_api_key", "episode_dir", mode="before")
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
         if isinstance(value, str) and not value.strip():

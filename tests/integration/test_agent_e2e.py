@@ -1,4 +1,4 @@
-"""The plugin against the real NeMo-Gym server (issue 5): agent, filter, abort, scan, doctor, smoke.
+"""The plugin against the real NeMo-Gym server: agent, filter, abort, scan, doctor, smoke.
 
 Every test here runs the real ``mini_swe_agent_2`` server (nemo-gym 0.7.0, local sandbox)
 on the five real SWE-bench Verified rows from its wheel, converted by our converter. The

@@ -273,3 +273,22 @@ def test_how_miles_calls_the_agent_reaches_the_gym_request(
     for call in result.hook_calls("agent"):
         assert {"max_seq_len", "session_server_id", "instance_id"} <= set(call["metadata_keys"])
     assert all(s["metadata"]["nemogym"]["status"] == "ok" for s in result.samples)
+
+
+def test_a_step_that_overruns_its_time_limit_reports_not_finished_and_the_next_step_runs(
+    miles_driver: MilesDriver, rows: dict[str, dict[str, Any]], results: dict[str, dict[str, Any]]
+) -> None:
+    """The harness never hangs a test: an overrunning step is cut and the driver restarted.
+
+    (Last in this file: the restart costs Miles' import time once more.)
+    """
+    holding = FaultServer(result=results[SKLEARN], hold_s=300)
+    with serving_in_thread(holding):
+        stuck = miles_driver.step(gym_url=holding.url, rows=[rows[SKLEARN]], n_prompts=1, env=FAST_ENV, time_limit_s=45)
+    assert (stuck.finished, stuck.raw) == (False, {})
+    assert 45 <= stuck.elapsed_s < 60
+
+    server = FaultServer(result=results[SKLEARN], policy_calls=1)
+    with serving_in_thread(server):
+        result = miles_driver.step(gym_url=server.url, rows=[rows[SKLEARN]], n_prompts=1, env=FAST_ENV).check()
+    assert [s["reward"] for s in result.samples] == [1.0, 1.0]

@@ -232,6 +232,7 @@ HOOK_NAMES = {
     "--custom-rm-path": "reward",
     "--dynamic-sampling-filter-path": "dynamic_filter",
     "--custom-rollout-log-function-path": "rollout_log",
+    "--custom-eval-rollout-log-function-path": "eval_log",
     "--custom-reward-post-process-path": "reward_post_process",
 }
 
@@ -325,6 +326,7 @@ def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[st
     circuit.reset()
     ledger.reset()
     script = Script(look_around_turns=int(request.get("look_around_turns", 1)))
+    rollout_id = int(request.get("rollout_id", 0))
     policy_calls = [0]
 
     def policy(prompt_text: str) -> ProcessResult:
@@ -377,7 +379,7 @@ def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[st
         )
         reply: dict[str, Any] = {"finished": True}
         if request.get("mode") == "eval":
-            output = call_rollout_function(rollout_fn, RolloutFnEvalInput(rollout_id=0))
+            output = call_rollout_function(rollout_fn, RolloutFnEvalInput(rollout_id=rollout_id))
             reply["rollout_s"] = time.monotonic() - started
             reply["eval"] = {
                 name: {
@@ -388,14 +390,14 @@ def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[st
                 for name, result in output.data.items()
             }
             reply["metrics"] = _json_safe(output.metrics)
-            log_eval_rollout_data(0, args, output.data, copy.copy(output.metrics))
+            log_eval_rollout_data(rollout_id, args, output.data, copy.copy(output.metrics))
         else:
-            output = call_rollout_function(rollout_fn, RolloutFnTrainInput(rollout_id=0))
+            output = call_rollout_function(rollout_fn, RolloutFnTrainInput(rollout_id=rollout_id))
             reply["rollout_s"] = time.monotonic() - started
             reply["samples"] = _nested(output.samples)
             reply["metrics"] = _json_safe(output.metrics)
             flat, metadata = postprocess_rollout_data(args, output.samples, train_parallel_config=None)
-            log_rollout_data(0, args, flat, output.metrics, time.monotonic() - started)
+            log_rollout_data(rollout_id, args, flat, output.metrics, time.monotonic() - started)
             # As Miles' RolloutManager loads it (miles/ray/rollout/rollout_manager.py).
             post_process = load_function(args.custom_reward_post_process_path)
             train = convert_samples_to_train_data(args, flat, metadata, None, post_process)

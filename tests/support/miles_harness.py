@@ -12,6 +12,7 @@ driver per test session; a step over the real Gym server takes ~20-40 s)::
         env={"NEMO_GYM_REWARD_MODE": "partial"},   # NEMO_GYM_* for the agent function
         extra_argv=["--max-seq-len", "4096"],      # any further Miles flags
         look_around_turns=1,             # scripted policy: N harmless commands, then submit
+        rollout_id=0,                    # the step's rollout_id (Miles gives it to the log functions)
         time_limit_s=300,                # past it: result.finished is False, driver restarted
     )
     result.finished, result.error         # did Miles' step return; its exception if it raised
@@ -22,7 +23,7 @@ driver per test session; a step over the real Gym server takes ~20-40 s)::
     result.eval["swe"]                    # eval: rewards, truncated, samples
     result.metrics                        # the rollout function's own metrics
     result.hook_calls("dynamic_filter")   # how Miles called our hooks: agent, reward,
-                                          #   dynamic_filter, rollout_log, abort (with results)
+                                          #   dynamic_filter, rollout_log, eval_log, abort (with results)
     result.tracked("rollout/step")        # what reached Miles' tracking.log, merged per step key
     result.train_data                     # Miles' convert_samples_to_train_data: rewards,
                                           #   raw_reward, loss_masks, response_lengths, ...
@@ -193,6 +194,7 @@ class MilesDriver:
         env: dict[str, str] | None = None,
         extra_argv: Sequence[str] = (),
         look_around_turns: int = 1,
+        rollout_id: int = 0,
         time_limit_s: float = 300.0,
     ) -> StepResult:
         """Run one Miles rollout step; see the module docstring."""
@@ -217,6 +219,7 @@ class MilesDriver:
             "env": dict(env or {}),
             "extra_argv": list(extra_argv),
             "look_around_turns": look_around_turns,
+            "rollout_id": rollout_id,
         }
         with self.log_path.open("a") as log:
             log.write(f"\n===== step {self._next_id}: {mode} {session_server} over {gym_url}\n")

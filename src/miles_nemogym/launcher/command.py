@@ -10,16 +10,20 @@ installed package, never through a ``PYTHONPATH`` entry pointing at example file
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from miles_nemogym import salvage
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.launcher.families import Parsers
 from miles_nemogym.redaction import redact_url
+from miles_nemogym.roles import eval_overrides
 from miles_nemogym.settings import ENV_VARS
 
 GENERATE_FUNCTION = "miles.rollout.generate_hub.agentic_tool_call.generate"
@@ -27,6 +31,7 @@ AGENT_FUNCTION = "miles_nemogym.agent.run"
 REWARD_FUNCTION = "miles_nemogym.reward.reward_func"
 GROUP_FILTER = "miles_nemogym.filters.check_episode_group"
 ROLLOUT_LOG_FUNCTION = "miles_nemogym.metrics.log_rollout"
+EVAL_LOG_FUNCTION = "miles_nemogym.metrics.log_eval"
 REWARD_POST_PROCESS = salvage.HOOK_PATH
 
 HOOKS: tuple[tuple[str, str], ...] = (
@@ -34,6 +39,8 @@ HOOKS: tuple[tuple[str, str], ...] = (
     ("--custom-rm-path", REWARD_FUNCTION),
     ("--dynamic-sampling-filter-path", GROUP_FILTER),
     ("--custom-rollout-log-function-path", ROLLOUT_LOG_FUNCTION),
+    # nemogym-eval/<set>/* (masked episodes set aside); Miles' own eval/* still logged.
+    ("--custom-eval-rollout-log-function-path", EVAL_LOG_FUNCTION),
     # Trains a partly failed group over its valid episodes (the filter keeps such groups).
     ("--custom-reward-post-process-path", REWARD_POST_PROCESS),
 )
@@ -180,7 +187,42 @@ def train_args(config: LauncherConfig, parsers: Parsers) -> list[str]:
             args += _flag("--wandb-group", config.wandb_group)
     if config.mode == "debug_rollout_only":
         args += ["--debug-rollout-only"]
+    args += eval_args(config)
     return args + _checked_extra_args(args, config.extra_args)
+
+
+def eval_config_document(config: LauncherConfig) -> dict[str, Any]:
+    """Miles' ``--eval-config`` document for the held-out set (``miles/utils/eval_config.py``):
+    its ``metadata_overrides`` mark each eval sample with its role and set name, which is
+    how the agent function, the ledger and the episode store tell eval from train."""
+    assert config.eval_data is not None
+    dataset: dict[str, Any] = {
+        "name": config.eval_name,
+        "path": str(config.eval_data),
+        "n_samples_per_eval_prompt": config.eval_samples_per_prompt,
+        "metadata_overrides": eval_overrides(config.eval_name),
+    }
+    return {"eval": {"datasets": [dataset]}}
+
+
+def eval_args(config: LauncherConfig) -> list[str]:
+    """Miles' eval flags for the recipe's held-out set; none without ``eval_data``."""
+    if config.eval_data is None:
+        return []
+    document = json.dumps(eval_config_document(config), sort_keys=True)  # JSON is YAML to OmegaConf
+    args = ["--eval-config", "base64:" + base64.b64encode(document.encode()).decode()]
+    # Overridden by --eval-config in Miles; kept so the dry run shows the set by name.
+    args += ["--eval-prompt-data", config.eval_name, str(config.eval_data)]
+    args += _flag("--eval-interval", config.eval_interval)
+    args += _flag("--n-samples-per-eval-prompt", config.eval_samples_per_prompt)
+    args += ["--log-passrate"]
+    if config.eval_temperature is not None:
+        args += _flag("--eval-temperature", config.eval_temperature)
+    if config.eval_top_p is not None:
+        args += _flag("--eval-top-p", config.eval_top_p)
+    if config.eval_max_response_len is not None:
+        args += _flag("--eval-max-response-len", config.eval_max_response_len)
+    return args
 
 
 class DuplicateFlagError(ValueError):
@@ -192,6 +234,7 @@ class GroupSettingError(ValueError):
 
 
 MIN_VALID_ENV = "NEMO_GYM_MIN_VALID_PER_GROUP"
+EPISODE_DIR_ENV = "NEMO_GYM_EPISODE_DIR"
 
 
 def check_min_valid(env: Mapping[str, str], n_samples_per_prompt: int) -> None:
@@ -251,6 +294,11 @@ def job_environment(config: LauncherConfig, miles: MilesInstall, environ: Mappin
     )
     if config.router_external_host:
         env["MILES_ROUTER_EXTERNAL_HOST"] = config.router_external_host
+    episode_dir = config.resolved_episode_dir
+    if episode_dir is None:
+        env.pop(EPISODE_DIR_ENV, None)
+    elif config.episode_dir is not None or EPISODE_DIR_ENV not in env:
+        env[EPISODE_DIR_ENV] = str(episode_dir)  # the flag, else the caller's variable, else the default
     env.update(config.extra_env)
     secrets = frozenset(name for name in env if is_secret(name))
     return Job(argv=[], env=env, secret_names=secrets)

@@ -149,6 +149,29 @@ class LauncherConfig(BaseModel):
     save_interval: int = Field(default=1000, ge=1)
     """Save a checkpoint every N rollout steps."""
 
+    # --- held-out evaluation ---------------------------------------------------------------
+    eval_data: Path | None = None
+    """Held-out prompt data (e.g. ``miles-nemogym convert --holdout-output``); unset: no eval."""
+    eval_name: str = Field(default="held_out", pattern=r"^[A-Za-z0-9_.-]+$")
+    """The eval set's name in metrics (``eval/<name>``, ``nemogym-eval/<name>/*``)."""
+    eval_interval: int = Field(default=5, ge=1)
+    """Evaluate every N rollouts (and once before training, as Miles does)."""
+    eval_samples_per_prompt: int = Field(default=4, ge=1)
+    """Episodes per held-out instance: the k of pass@k."""
+    eval_temperature: float | None = Field(default=None, ge=0)
+    """Sampling temperature of eval episodes (default: rollout_temperature)."""
+    eval_top_p: float | None = Field(default=None, gt=0, le=1)
+    """top-p of eval episodes (default: rollout_top_p)."""
+    eval_max_response_len: int | None = Field(default=None, ge=1)
+    """Tokens per model turn in eval episodes (default: rollout_max_response_len)."""
+
+    # --- episode store ---------------------------------------------------------------------
+    store_episodes: bool = True
+    """Save every episode (its /run answer and record) per step and role; browse with
+    ``miles-nemogym episodes``."""
+    episode_dir: Path | None = None
+    """Where episodes are saved (NEMO_GYM_EPISODE_DIR; default ``<save_dir>/episodes``)."""
+
     # --- GRPO ------------------------------------------------------------------------------
     kl_loss_coef: float = Field(default=0.01, ge=0)
     """Weight of the KL loss against the reference model."""
@@ -265,6 +288,10 @@ class LauncherConfig(BaseModel):
                 f"n_samples_per_prompt ({samples}), or Miles drops the remainder of every rollout; "
                 "leave it unset for one optimizer step per rollout"
             )
+        if self.eval_max_response_len is not None and self.eval_max_response_len > self.max_seq_len:
+            problems.append(
+                f"eval_max_response_len ({self.eval_max_response_len}) exceeds max_seq_len ({self.max_seq_len})"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -286,6 +313,12 @@ class LauncherConfig(BaseModel):
     @property
     def resolved_save_dir(self) -> Path:
         return self.save_dir or self.base_dir / f"{self.model_name}_nemogym"
+
+    @property
+    def resolved_episode_dir(self) -> Path | None:
+        if not self.store_episodes:
+            return None
+        return self.episode_dir or self.resolved_save_dir / "episodes"
 
     @property
     def resolved_global_batch_size(self) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import shlex
 import signal
@@ -391,6 +392,15 @@ def execute(
         if install is None:
             print(f"# Miles not usable here ({load_error}): its checkout and model arguments are placeholders")
         print(cmd.render(job))
+        if config.eval_data is not None:
+            print("# --eval-config above, decoded (Miles' eval config; its metadata_overrides mark eval episodes):")
+            print("#   " + json.dumps(cmd.eval_config_document(config), sort_keys=True))
+        episode_dir = job.env.get(cmd.EPISODE_DIR_ENV)
+        print(
+            f"# episode store: {episode_dir} (browse: miles-nemogym episodes {episode_dir})"
+            if episode_dir
+            else "# episode store: off"
+        )
         if not config.skip_prepare:
             print("# checkpoint conversion when the torch_dist target is missing")
             print(

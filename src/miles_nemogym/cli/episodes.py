@@ -1,0 +1,67 @@
+"""``miles-nemogym episodes DIR``: browse an episode store (``NEMO_GYM_EPISODE_DIR``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def episodes(
+    directory: Annotated[
+        Path, typer.Argument(help="The episode store folder (NEMO_GYM_EPISODE_DIR, or the launcher's --episode-dir).")
+    ],
+    show: Annotated[
+        str | None, typer.Option("--show", help="Render one episode (id, or a unique prefix) turn by turn.")
+    ] = None,
+    instance: Annotated[str | None, typer.Option("--instance", help="Only episodes of this instance_id.")] = None,
+    kind: Annotated[
+        str | None,
+        typer.Option("--kind", help="Only episodes with this verdict: resolved, unresolved, or a failure kind."),
+    ] = None,
+    step: Annotated[int | None, typer.Option("--step", help="Only episodes of this rollout step.")] = None,
+    html_out: Annotated[Path | None, typer.Option("--html", help="Write one self-contained HTML page here.")] = None,
+) -> None:
+    """A table per rollout step; with a filter, one line per episode; --show one episode; --html a page."""
+    from miles_nemogym.episode_browser import (
+        episode_list_text,
+        load,
+        select,
+        show_text,
+        step_rows,
+        table_text,
+    )
+    from miles_nemogym.episode_page import render_html
+
+    if not directory.is_dir():
+        typer.echo(f"error: {directory} is not a folder; give the episode store (NEMO_GYM_EPISODE_DIR)", err=True)
+        raise typer.Exit(2)
+    store = load(directory)
+    for path in store.cut_files:
+        typer.echo(f"warning: {path} ends in a line cut by a crash; its whole lines are shown", err=True)
+    chosen = select(store.episodes, instance=instance, kind=kind, step=step)
+    if show is not None:
+        matches = [e for e in store.episodes if e.episode_id.startswith(show)]
+        if len(matches) != 1:
+            found = "no episode" if not matches else f"{len(matches)} episodes"
+            typer.echo(f"error: --show {show}: {found} with that id; list them with --instance/--kind/--step", err=True)
+            raise typer.Exit(2)
+        typer.echo(show_text(matches[0]))
+        return
+    if html_out is not None:
+        store.episodes = chosen
+        html_out.write_text(render_html(store, f"Episodes in {directory}"), encoding="utf-8")
+        typer.echo(f"wrote {html_out} ({len(chosen)} episodes)")
+        return
+    if not store.episodes:
+        typer.echo(f"no episodes in {directory} (expected train/ and eval/ folders of *.jsonl.gz files)")
+        return
+    typer.echo(table_text(step_rows(chosen)))
+    if instance is not None or kind is not None or step is not None:
+        typer.echo("")
+        typer.echo(episode_list_text(chosen))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("episodes")(episodes)

@@ -1,0 +1,137 @@
+"""``miles-nemogym episodes --html``: one self-contained page (no scripts, no network) with
+the per-step table, bar charts per role (resolve rate, failed episodes by kind, per step)
+and every episode as a collapsed line that expands to its ``--show`` text. Pure.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from miles_nemogym.episode_browser import Episode, StepRow, Store, fmt, show_text, step_label, step_rows
+from miles_nemogym.episode_store import ROLES
+
+_KIND_COLOURS = ["#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+
+_CSS = """
+body{font:14px system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
+h1{font-size:22px}h2{font-size:17px;margin-top:28px}
+table{border-collapse:collapse;margin:8px 0}th,td{border:1px solid #ccc;padding:4px 8px;text-align:left}
+th{background:#f2f2f2}td.num{text-align:right}
+details{border:1px solid #ddd;border-radius:4px;margin:4px 0;padding:4px 8px}
+summary{cursor:pointer}pre{background:#f7f7f7;padding:6px;white-space:pre-wrap;word-break:break-all;margin:4px 0}
+.resolved{color:#2ca02c;font-weight:600}.unresolved{color:#555}.failed{color:#d62728;font-weight:600}
+.chart{display:inline-block;vertical-align:top;margin:0 24px 20px 0}.legend span{margin-right:12px}
+"""
+
+
+def _bar_chart(title: str, labels: list[str], series: list[tuple[str, str, list[float]]], y_max: float) -> str:
+    """An inline SVG bar chart: one group of bars per label, one bar per series."""
+    width, height, left, bottom = 520, 220, 40, 30
+    plot_w, plot_h = width - left - 10, height - bottom - 24
+    group_w = plot_w / max(1, len(labels))
+    bar_w = max(2.0, group_w * 0.8 / max(1, len(series)))
+    parts = [f'<svg width="{width}" height="{height}" role="img" aria-label="{html.escape(title)}">']
+    parts.append(f'<text x="{left}" y="14" font-size="13" font-weight="600">{html.escape(title)}</text>')
+    base = height - bottom
+    parts.append(f'<line x1="{left}" y1="{base}" x2="{width - 10}" y2="{base}" stroke="#888"/>')
+    for tick in (0.0, 0.5, 1.0):
+        y = base - tick * plot_h
+        parts.append(f'<text x="{left - 4}" y="{y + 4:.1f}" font-size="10" text-anchor="end">{tick * y_max:g}</text>')
+        parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - 10}" y2="{y:.1f}" stroke="#eee"/>')
+    for i, label in enumerate(labels):
+        x0 = left + i * group_w + group_w * 0.1
+        for j, (name, colour, values) in enumerate(series):
+            value = values[i]
+            h = 0 if y_max <= 0 else value / y_max * plot_h
+            parts.append(
+                f'<rect x="{x0 + j * bar_w:.1f}" y="{base - h:.1f}" width="{bar_w - 1:.1f}" height="{h:.1f}" '
+                f'fill="{colour}"><title>{html.escape(name)} step {html.escape(label)}: {value:g}</title></rect>'
+            )
+        parts.append(
+            f'<text x="{left + (i + 0.5) * group_w:.1f}" y="{base + 14}" font-size="10" '
+            f'text-anchor="middle">{html.escape(label)}</text>'
+        )
+    parts.append("</svg>")
+    legend = "".join(
+        f'<span><svg width="10" height="10"><rect width="10" height="10" fill="{c}"/></svg> {html.escape(n)}</span>'
+        for n, c, _ in series
+    )
+    return f'<div class="chart">{"".join(parts)}<div class="legend">{legend}</div></div>'
+
+
+def _charts(rows: list[StepRow]) -> str:
+    out = []
+    for role in ROLES:
+        role_rows = [r for r in rows if r.role == role]
+        if not role_rows:
+            continue
+        labels = [step_label(r.step) for r in role_rows]
+        rates = [r.resolve_rate or 0.0 for r in role_rows]
+        out.append(
+            _bar_chart(
+                f"{role}: resolve rate (valid episodes) per step", labels, [("resolve rate", "#2ca02c", rates)], 1.0
+            )
+        )
+        kinds = sorted({k for r in role_rows for k in r.failures})
+        series = [
+            (kind, _KIND_COLOURS[i % len(_KIND_COLOURS)], [float(r.failures.get(kind, 0)) for r in role_rows])
+            for i, kind in enumerate(kinds)
+        ]
+        top = max([v for _, _, values in series for v in values], default=0.0)
+        if not series:
+            series = [("no failures", "#cccccc", [0.0] * len(role_rows))]
+        out.append(_bar_chart(f"{role}: failed episodes by kind per step", labels, series, max(1.0, top)))
+    return "".join(out)
+
+
+def _table_html(rows: list[StepRow]) -> str:
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in ("role", "step", "episodes", "valid", "resolve rate", "failures by kind", "mean turns", "mean time s")
+    )
+    body = []
+    for r in rows:
+        failures = ", ".join(f"{k} {c}" for k, c in sorted(r.failures.items())) or "-"
+        body.append(
+            f"<tr><td>{r.role}</td><td>{step_label(r.step)}</td><td class=num>{r.episodes}</td>"
+            f"<td class=num>{r.valid}</td><td class=num>{fmt(r.resolve_rate, '{:.1%}')}</td>"
+            f"<td>{html.escape(failures)}</td><td class=num>{fmt(r.turns_mean, '{:.1f}')}</td>"
+            f"<td class=num>{fmt(r.time_mean_s, '{:.1f}')}</td></tr>"
+        )
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _episode_html(episode: Episode) -> str:
+    css = "resolved" if episode.kind == "resolved" else "unresolved" if episode.kind == "unresolved" else "failed"
+    eval_set = f"/{episode.entry.get('eval_set')}" if episode.entry.get("eval_set") else ""
+    summary = (
+        f"{episode.role}{html.escape(eval_set)} step {step_label(episode.step)} · "
+        f"<b>{html.escape(episode.instance_id)}</b> · <span class={css}>{html.escape(episode.kind)}</span> · "
+        f"reward {episode.entry.get('reward')} · turns {_or_dash(episode.record.get('turns'))} · "
+        f"<code>{html.escape(episode.episode_id[:12])}</code>"
+    )
+    return f"<details><summary>{summary}</summary><pre>{html.escape(show_text(episode))}</pre></details>"
+
+
+def render_html(store: Store, title: str) -> str:
+    """One self-contained page: per-step table, charts, every episode expandable."""
+    rows = step_rows(store.episodes)
+    cut = (
+        f"<p class=failed>Files cut by a crash (whole lines shown): {html.escape(', '.join(store.cut_files))}</p>"
+        if store.cut_files
+        else ""
+    )
+    episodes = "".join(_episode_html(e) for e in store.episodes)
+    return (
+        f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)}</title>"
+        f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"
+        f"<p>{len(store.episodes)} episodes. Resolve rate is over valid episodes; failed (masked) episodes "
+        f"are counted by kind and are not policy failures.</p>{cut}"
+        f"<h2>Per step</h2>{_table_html(rows)}<h2>Charts</h2>{_charts(rows)}"
+        f"<h2>Episodes</h2>{episodes}</body></html>"
+    )

@@ -1,0 +1,76 @@
+"""Where the tests find Miles' source (MILES_SRC or the pinned clone), and the env's cache key."""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from miles_nemogym.pins import MILES_COMMIT
+from miles_nemogym.testing import miles_env
+from miles_nemogym.testing.miles_env import MilesEnvironmentError, miles_source, venv_key
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("MILES_NEMOGYM_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def fake_miles(root: Path) -> Path:
+    (root / "miles" / "rollout").mkdir(parents=True)
+    (root / "miles" / "__init__.py").write_text("")
+    return root
+
+
+def test_a_checkout_is_used_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = fake_miles(tmp_path / "miles-checkout")
+    monkeypatch.setenv("MILES_SRC", str(tree))
+    assert miles_source(progress=lambda _: None) == tree.resolve()
+
+
+def test_an_archive_is_extracted_once_into_the_cache(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tree = fake_miles(tmp_path / "miles-31f1ca96")
+    archive = tmp_path / "miles.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tree, arcname="miles-31f1ca96")
+    monkeypatch.setenv("MILES_SRC", str(archive))
+    lines: list[str] = []
+    first = miles_source(progress=lines.append)
+    second = miles_source(progress=lines.append)
+    assert first == second and first.name == "miles-31f1ca96" and (first / "miles" / "rollout").is_dir()
+    assert first.is_relative_to(cache / "miles-src")
+    assert sum(line.startswith("extracting") for line in lines) == 1
+
+
+@pytest.mark.parametrize("make", ["empty_dir", "text_file", "archive_without_miles"])
+def test_a_wrong_miles_src_names_the_variable_and_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make: str
+) -> None:
+    target = tmp_path / "x"
+    if make == "empty_dir":
+        target.mkdir()
+    elif make == "text_file":
+        target.write_text("not an archive")
+    else:
+        target = tmp_path / "x.tar.gz"
+        (tmp_path / "other").mkdir()
+        with tarfile.open(target, "w:gz") as tar:
+            tar.add(tmp_path / "other", arcname="other")
+    monkeypatch.setenv("MILES_SRC", str(target))
+    with pytest.raises(MilesEnvironmentError, match=r"MILES_SRC=.*(checkout|\.tar\.gz)"):
+        miles_source(progress=lambda _: None)
+
+
+def test_without_miles_src_or_git_the_message_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MILES_SRC", raising=False)
+    monkeypatch.setattr(miles_env.shutil, "which", lambda name: None)
+    with pytest.raises(MilesEnvironmentError, match=r"set MILES_SRC .* or install git .* 31f1ca961a94"):
+        miles_source(progress=lambda _: None)
+
+
+def test_the_env_is_keyed_by_every_pin() -> None:
+    assert venv_key() == f"py3.11-miles{MILES_COMMIT[:12]}-torch2.13.0-sglang0.5.22-transformers5.12.1-r1"
