@@ -25,7 +25,7 @@ from miles_nemogym.cli.main import app
 from miles_nemogym.launcher import run as launcher
 from miles_nemogym.metrics import compute_metrics
 from miles_nemogym.settings import ENV_VARS
-from tests.miles_standin import Sample
+from tests.support.samples import Sample
 from tests.test_scan_fakegym import FakeGym, converter_rows, write_jsonl  # the scan tests' /run stand-in
 
 API_KEY = "sk-e2e-policy-key-7f3a9c2d41"
