@@ -74,6 +74,7 @@ def test_no_channel_shows_the_api_key_or_a_url_password(
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NEMO_GYM_RETRY_BACKOFF", "0.01")
     monkeypatch.setenv("NEMO_GYM_RETRY_ATTEMPTS", "1")
+    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "1")  # the server-down episode waits this long, then fails
     monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", API_KEY)
     gym_url = with_password(gym.url, GYM_PASSWORD)
     monkeypatch.setenv("NEMO_GYM_URL", gym_url)

@@ -75,9 +75,13 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "num_nodes", "gpus_per_node", "colocate", "actor_gpus_per_node", "rollout_num_gpus", "ray_address",
         "master_addr", "ray_port", "ray_dashboard_port", "ray_start_args", "keep_ray",
     ),
+    "eval": (
+        "eval_data", "eval_name", "eval_interval", "eval_samples_per_prompt", "eval_temperature", "eval_top_p",
+        "eval_max_response_len",
+    ),
     "NeMo-Gym": (
         "nemo_gym_url", "router_external_host", "session_server_ip", "session_server_port",
-        "session_server_version",
+        "session_server_version", "store_episodes", "episode_dir",
     ),
 }  # fmt: skip
 """Each recipe field's section in ``--help`` (every field is in exactly one)."""
