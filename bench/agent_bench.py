@@ -1,6 +1,6 @@
 """Benchmark of the Miles agent function against the upstream approach and the practical limit.
 
-Issue 7: a rollout step opens hundreds of ``/run`` requests at once, each held for the
+A rollout step opens hundreds of ``/run`` requests at once, each held for the
 whole episode, in the same event loop as Miles' session server. The client must never
 be the bottleneck. This script measures, side by side in one invocation:
 
@@ -527,9 +527,7 @@ def print_tables(report: dict[str, Any]) -> None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="Benchmark miles_nemogym.agent.run against the upstream approaches (issue 7)."
-    )
+    parser = argparse.ArgumentParser(description="Benchmark miles_nemogym.agent.run against the upstream approaches.")
     parser.add_argument("--quick", action="store_true", help="scaled-down sanity run (~30 s)")
     parser.add_argument("--clients", default="abcd", help="which clients to run (default abcd)")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="saturation,burst")

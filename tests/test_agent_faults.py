@@ -1,4 +1,4 @@
-"""The agent function against a real loopback HTTP server: the fault matrix of issue 2.
+"""The agent function against a real loopback HTTP server: the fault matrix.
 
 Each test names the rule it protects. The server records every request, so "never
 re-sent" is asserted as "the server saw exactly one request".

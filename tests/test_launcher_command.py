@@ -1,4 +1,4 @@
-"""The Miles command and job environment the launcher builds (issue 6)."""
+"""The Miles command and job environment the launcher builds."""
 
 from __future__ import annotations
 

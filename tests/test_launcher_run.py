@@ -1,4 +1,4 @@
-"""``examples/swebench_grpo/run.py``: --dry-run and the orchestration order (issue 6).
+"""``examples/swebench_grpo/run.py``: --dry-run and the orchestration order.
 
 The side effects (conversion, Ray, job submission) need GPUs and Ray; here they are
 replaced by a recorder that implements the launcher's ``Actions`` interface, so what is

@@ -1,4 +1,4 @@
-"""Build the ``/run`` body from what Miles hands the agent function (CONTRACTS.md §1 → §5).
+"""Build the ``/run`` body from what Miles hands the agent function.
 
 Pure functions: Miles' ``metadata`` (the converter's task instance plus Miles'
 bookkeeping) and ``request_kwargs`` (the trainer's sampling parameters, already renamed

@@ -1,4 +1,4 @@
-"""Per-rollout ``nemogym/*`` metrics (CONTRACTS.md §4).
+"""Per-rollout ``nemogym/*`` metrics (Miles ``miles/ray/rollout/metrics.py``; docs/upstream.md).
 
 ``--custom-rollout-log-function-path miles_nemogym.metrics.log_rollout``
 ``--custom-eval-rollout-log-function-path miles_nemogym.metrics.log_eval``
