@@ -166,15 +166,20 @@ def log_rollout(
         logger.exception("rollout %s: nemogym sample metrics could not be computed", rollout_id)
         metrics = dict(ledger_metrics(tally))
     _seal(TRAIN, rollout_id)
+    _track(args, rollout_id, metrics, "rollout/step")
+    return False
+
+
+def _track(args: Any, rollout_id: Any, metrics: dict[str, Any], step_key: str) -> None:
+    """Log ``metrics`` through Miles' tracking at ``step_key`` (just logged where Miles is absent)."""
     try:
         from miles.utils.metric_utils import compute_rollout_step
         from miles.utils.tracking_utils import tracking
     except ImportError:
-        logger.info("rollout %s nemogym metrics (Miles tracking not importable): %s", rollout_id, metrics)
-        return False
-    metrics["rollout/step"] = compute_rollout_step(args, rollout_id)
-    tracking.log(args, metrics, step_key="rollout/step")
-    return False
+        logger.info("%s %s nemogym metrics (Miles tracking not importable): %s", step_key, rollout_id, metrics)
+        return
+    metrics[step_key] = compute_rollout_step(args, rollout_id)
+    tracking.log(args, metrics, step_key=step_key)
 
 
 def _seal(role: str, rollout_id: Any) -> None:
@@ -207,12 +212,5 @@ def log_eval(rollout_id: int, args: Any, data: Any, extra_metrics: Any = None) -
         except Exception:  # never fail Miles' eval logging over our metrics
             logger.exception("eval %s: nemogym-eval/%s metrics could not be computed", rollout_id, name)
     _seal(EVAL, rollout_id)
-    try:
-        from miles.utils.metric_utils import compute_rollout_step
-        from miles.utils.tracking_utils import tracking
-    except ImportError:
-        logger.info("eval %s nemogym metrics (Miles tracking not importable): %s", rollout_id, metrics)
-        return False
-    metrics["eval/step"] = compute_rollout_step(args, rollout_id)
-    tracking.log(args, metrics, step_key="eval/step")
+    _track(args, rollout_id, metrics, "eval/step")
     return False

@@ -398,6 +398,24 @@ def _check_explicit_python(ready: GymVenv, report: Progress) -> None:
         )
 
 
+def build_and_publish(root: Path, key: str, build: Callable[[Path], None]) -> Path:
+    """Run ``build`` into a fresh folder under ``root`` and publish it as ``root/key``.
+
+    Call it holding the key's lock: a failed or interrupted build leaves nothing that looks
+    ready, and the debris of earlier ones is removed. Returns the built folder.
+    """
+    _remove_debris(root, key)
+    build_dir = Path(tempfile.mkdtemp(dir=root, prefix=f"{key}.build-"))
+    try:
+        build(build_dir)
+    except BaseException:
+        shutil.rmtree(build_dir, ignore_errors=True)
+        raise
+    _publish(root, build_dir, key)
+    _remove_debris(root, key)
+    return build_dir
+
+
 def ensure_gym_venv(
     sandbox: str = "local",
     progress: Progress | None = None,
@@ -426,15 +444,7 @@ def ensure_gym_venv(
         interpreter = python or find_gym_python()
         report("first run: building the NeMo-Gym server environment (2-5 minutes, once)")
         started = time.monotonic()
-        _remove_debris(root, key)
-        build_dir = Path(tempfile.mkdtemp(dir=root, prefix=f"{key}.build-"))
-        try:
-            _build(interpreter, build_dir, sandbox, report)
-        except BaseException:
-            shutil.rmtree(build_dir, ignore_errors=True)
-            raise
-        _publish(root, build_dir, key)
-        _remove_debris(root, key)
+        build_dir = build_and_publish(root, key, lambda target: _build(interpreter, target, sandbox, report))
     ready = _load_ready(link)
     if ready is None:
         raise GymVenvBuildError(f"the venv built at {build_dir} is not usable through {link}")

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from miles_nemogym import gym_wheel
-from miles_nemogym.gym.venv import GymVenvBuildError, Progress, _locked, _publish, _remove_debris, _run
+from miles_nemogym.gym.venv import GymVenvBuildError, Progress, _locked, _run, build_and_publish
 from miles_nemogym.pins import (
     MILES_COMMIT,
     MILES_PYTHON,
@@ -274,15 +274,7 @@ def ensure_miles_env(progress: Progress | None = None) -> MilesEnv:
             python = _ready_python(link)  # another process may have built it while we waited
             if python is None:
                 interpreter = find_miles_python()
-                _remove_debris(root, key)
-                build_dir = Path(tempfile.mkdtemp(dir=root, prefix=f"{key}.build-"))
-                try:
-                    _build(interpreter, build_dir, report)
-                except BaseException:
-                    shutil.rmtree(build_dir, ignore_errors=True)
-                    raise
-                _publish(root, build_dir, key)
-                _remove_debris(root, key)
+                build_dir = build_and_publish(root, key, lambda target: _build(interpreter, target, report))
                 python = _ready_python(link)
                 if python is None:
                     raise MilesEnvironmentError(f"the Miles venv built at {build_dir} is not usable via {link}")
