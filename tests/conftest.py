@@ -36,3 +36,15 @@ def gym_example_rows() -> list[dict[str, Any]]:
 def gym_example_rollouts() -> list[dict[str, Any]]:
     """The five real /run results from the pinned nemo-gym wheel."""
     return gym_wheel.example_rollouts()
+
+
+@pytest.fixture
+def sympy_row(gym_example_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The real sympy row: its eval script builds offline, so it grades on the local sandbox."""
+    return next(row for row in gym_example_rows if row["instance_id"].startswith("sympy"))
+
+
+@pytest.fixture
+def sympy_result(gym_example_rollouts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The real /run result the wheel ships for the sympy row."""
+    return next(r for r in gym_example_rollouts if r["instance_id"].startswith("sympy"))

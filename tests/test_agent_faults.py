@@ -20,16 +20,6 @@ from tests.support.samples import Sample
 SESSION = "http://127.0.0.1:39999/sessions/s-1"
 
 
-@pytest.fixture
-def sympy_row(gym_example_rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return next(row for row in gym_example_rows if row["instance_id"].startswith("sympy"))
-
-
-@pytest.fixture
-def sympy_result(gym_example_rollouts: list[dict[str, Any]]) -> dict[str, Any]:
-    return next(r for r in gym_example_rollouts if r["instance_id"].startswith("sympy"))
-
-
 @pytest.fixture(autouse=True)
 def fast_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NEMO_GYM_RETRY_BACKOFF", "0.05")

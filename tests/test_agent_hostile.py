@@ -22,10 +22,10 @@ from aiohttp import web
 
 from miles_nemogym import agent, client, episodes, failure_kinds, metrics, redaction, reward
 from tests.fault_server import FaultServer
-from tests.support.agent_fixtures import call, fast_env, server, sympy_result, sympy_row
+from tests.support.agent_fixtures import call, fast_env, server
 from tests.support.samples import Sample
 
-__all__ = ["fast_env", "server", "sympy_result", "sympy_row"]  # fixtures used by name
+__all__ = ["fast_env", "server"]  # fixtures used by name
 
 KEY = "sk-live/SECRET+0123456789/abcdef"  # slashes: JSON encoders may escape them as \/
 INVALID_REQUEST = "miles_nemogym:invalid_request"

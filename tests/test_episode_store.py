@@ -24,16 +24,6 @@ KEY = "sk-secret-episode-store-key"
 
 
 @pytest.fixture
-def sympy_row(gym_example_rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return next(row for row in gym_example_rows if row["instance_id"].startswith("sympy"))
-
-
-@pytest.fixture
-def sympy_result(gym_example_rollouts: list[dict[str, Any]]) -> dict[str, Any]:
-    return next(r for r in gym_example_rollouts if r["instance_id"].startswith("sympy"))
-
-
-@pytest.fixture
 def store_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "episodes"
     monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(folder))
