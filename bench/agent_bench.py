@@ -133,7 +133,7 @@ def miles_calls(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
 
 def equivalent_bodies(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The /run bodies the agent function sends for these rows (policy URL set per call)."""
-    from miles_nemogym.mapping import build_run_body
+    from miles_nemogym.episode.request import build_run_body
 
     calls = miles_calls(rows, len(rows))
     return [build_run_body(call["metadata"], call["request_kwargs"], policy_base_url="placeholder") for call in calls]
@@ -166,7 +166,7 @@ async def make_client(kind: str, target: dict[str, str], rows: list[dict[str, An
             return True
 
         async def close_a() -> None:
-            from miles_nemogym.client import close_client
+            from miles_nemogym.episode.client import close_client
 
             await close_client()
 
@@ -237,7 +237,7 @@ async def make_client(kind: str, target: dict[str, str], rows: list[dict[str, An
 
 async def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """Warm up, then run ``n`` calls at ``concurrency`` with a stall ticker alongside."""
-    from miles_nemogym import gym_wheel
+    from miles_nemogym.gym import wheel as gym_wheel
 
     # The row of the rollout the server answers with: the agent refuses a result for
     # another instance than the one it sent.
@@ -313,7 +313,7 @@ async def measure(spec: dict[str, Any]) -> dict[str, Any]:
     store: dict[str, Any] = {}
     if store_dir and kind == "a":
         # The store writes on its own thread while calls run; this is what is left at the end.
-        from miles_nemogym.episode_store import get_store
+        from miles_nemogym.store.writer import get_store
 
         flush_started = time.monotonic()
         episode_store = get_store(store_dir)
@@ -431,7 +431,7 @@ def run_worker(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
 
 
 def choose_body(which: str) -> tuple[dict[str, Any], bytes]:
-    from miles_nemogym import gym_wheel
+    from miles_nemogym.gym import wheel as gym_wheel
 
     rollouts = gym_wheel.example_rollouts()
     encoded = [json.dumps(rollout).encode() for rollout in rollouts]

@@ -33,8 +33,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from miles_nemogym import gym_wheel  # noqa: E402
 from miles_nemogym.data import convert_row  # noqa: E402
+from miles_nemogym.gym import wheel as gym_wheel  # noqa: E402
 from miles_nemogym.testing.miles_env import ensure_miles_env  # noqa: E402
 from tests.support.miles_harness import MilesDriver  # noqa: E402
 from tests.support.scripted_gym import ScriptedGym  # noqa: E402

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import gym_wheel
+from miles_nemogym.gym import wheel as gym_wheel
 
 # Fixtures shared by several test modules.
 pytest_plugins = ["tests.openapi_standin"]
@@ -16,8 +16,8 @@ pytest_plugins = ["tests.openapi_standin"]
 @pytest.fixture(autouse=True)
 def fresh_run_state() -> Iterator[None]:
     """Each test starts with the process's circuit closed and an empty ledger."""
-    from miles_nemogym.circuit import circuit
-    from miles_nemogym.ledger import ledger
+    from miles_nemogym.episode.circuit import circuit
+    from miles_nemogym.rollout.ledger import ledger
 
     circuit.reset()
     ledger.reset()

@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from miles_nemogym import agent, client, episodes, failure_kinds, metrics, redaction, reward
+from miles_nemogym import agent, failure_kinds, metrics, redaction, reward
+from miles_nemogym.episode import client
+from miles_nemogym.episode import in_flight as episodes
 from tests.fault_server import FaultServer
 from tests.support.agent_fixtures import call, fast_env, server
 from tests.support.samples import Sample

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from miles_nemogym import gym_wheel
 from miles_nemogym.cli.main import app
+from miles_nemogym.gym import wheel as gym_wheel
 
 COMMANDS = ("convert", "doctor", "examples", "scan", "serve", "smoke")
 

@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import agent, client, episode_store, metrics
-from miles_nemogym.episode_browser import load
-from miles_nemogym.roles import eval_overrides
+from miles_nemogym import agent, metrics
+from miles_nemogym.episode import client
+from miles_nemogym.rollout.roles import eval_overrides
+from miles_nemogym.store import writer as episode_store
+from miles_nemogym.store.browser import load
 from tests.fault_server import FaultServer
 
 SESSION = "http://127.0.0.1:39999/sessions/s-7"

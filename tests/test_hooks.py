@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from miles_nemogym import filters, metrics, reward
-from miles_nemogym.outcome import classify_http, failure
+from miles_nemogym.episode.classify import classify_http, failure
 from tests.support.samples import Sample, Status
 
 

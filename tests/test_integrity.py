@@ -14,11 +14,13 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import agent, client, filters, metrics, run_stop, salvage
-from miles_nemogym import circuit as circuit_module
-from miles_nemogym.circuit import circuit
-from miles_nemogym.ledger import Ledger, ledger
-from miles_nemogym.outcome import failure
+from miles_nemogym import agent, filters, metrics, salvage
+from miles_nemogym.episode import circuit as circuit_module
+from miles_nemogym.episode import client
+from miles_nemogym.episode.circuit import circuit
+from miles_nemogym.episode.classify import failure
+from miles_nemogym.rollout import run_stop
+from miles_nemogym.rollout.ledger import Ledger, ledger
 from miles_nemogym.settings import get_settings
 from tests.fault_server import FaultServer, free_port
 from tests.support.samples import Sample, Status
@@ -210,7 +212,7 @@ async def test_outage_mid_step_waits_and_sends_each_episode_once(
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{port}")
     answers = {row["instance_id"]: result_for(result, row["instance_id"]) for row in rows}
     server = FaultServer(result=result, port=port, results_by_instance=answers)
-    caplog.set_level(logging.WARNING, logger="miles_nemogym.circuit")
+    caplog.set_level(logging.WARNING, logger="miles_nemogym.episode.circuit")
     tasks = [asyncio.create_task(call(row)) for row in rows]
     await asyncio.sleep(1.5)  # the server is down: every episode opened or met the circuit
     assert circuit.is_open and circuit.waiting() == len(rows)

@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from miles_nemogym import agent, client
+from miles_nemogym import agent
 from miles_nemogym.cli.main import app
-from miles_nemogym.mapping import build_run_body
+from miles_nemogym.episode import client
+from miles_nemogym.episode.request import build_run_body
 from tests.test_scan_fakegym import FakeGym, converter_rows, openapi_document, write_jsonl
 
 SKLEARN = "scikit-learn__scikit-learn-14141"

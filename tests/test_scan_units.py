@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from miles_nemogym.outcome import classify_run_response
-from miles_nemogym.protocol import RunResponse
+from miles_nemogym.episode.classify import classify_run_response
+from miles_nemogym.episode.protocol import RunResponse
 from miles_nemogym.scan import EXIT_FAILED, Verdict, golden_scan
 from miles_nemogym.scan.inputs import InputError, load_tasks
 from miles_nemogym.scan.report import Counts, ScanProgress

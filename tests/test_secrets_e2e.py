@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from miles_nemogym import smoke
 from miles_nemogym.cli.main import app
 from miles_nemogym.launcher import run as launcher
 from miles_nemogym.metrics import compute_metrics
 from miles_nemogym.settings import ENV_VARS
+from miles_nemogym.testing import smoke
 from tests.support.samples import Sample
 from tests.test_scan_fakegym import FakeGym, converter_rows, write_jsonl  # the scan tests' /run stand-in
 

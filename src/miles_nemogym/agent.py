@@ -23,8 +23,8 @@ The returned dict is merged into every output sample's ``metadata``:
   ``mask_sample``, attempts, timings, test counts, turns.
 
 With ``NEMO_GYM_EPISODE_DIR`` set, every episode (failed ones too) is also queued to the
-episode store (``episode_store.py``) with the ``/run`` answer as received; eval episodes
-are told apart by the marks Miles' eval config puts in ``metadata`` (``roles.py``).
+episode store (``store/writer.py``) with the ``/run`` answer as received; eval episodes
+are told apart by the marks Miles' eval config puts in ``metadata`` (``rollout/roles.py``).
 
 This function never returns ``None`` and never raises for a failed episode: a failure is
 recorded on the sample (``mask_sample`` true) so the reward hook, the group filter and
@@ -42,16 +42,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym.episode_store import entry_for, get_store, session_id
-from miles_nemogym.episodes import AWAITING_RESULT, NOT_DELIVERED, abort_all, run_episode
-from miles_nemogym.ledger import ledger
-from miles_nemogym.mapping import RequestBuildError, build_run_body
-from miles_nemogym.outcome import Outcome, failure
-from miles_nemogym.policy_url import PolicyUrlError, policy_base_url
+from miles_nemogym.episode.classify import Outcome, failure
+from miles_nemogym.episode.in_flight import AWAITING_RESULT, NOT_DELIVERED, abort_all, run_episode
+from miles_nemogym.episode.policy_url import PolicyUrlError, policy_base_url
+from miles_nemogym.episode.request import RequestBuildError, build_run_body
 from miles_nemogym.redaction import KeyScrubber, key_scrubber
 from miles_nemogym.reward import score
-from miles_nemogym.roles import ledger_role, role_of
+from miles_nemogym.rollout.ledger import ledger
+from miles_nemogym.rollout.roles import ledger_role, role_of
 from miles_nemogym.settings import RewardMode, SettingsError, get_settings
+from miles_nemogym.store.writer import entry_for, get_store, session_id
 
 logger = logging.getLogger(__name__)
 

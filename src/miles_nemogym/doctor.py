@@ -32,7 +32,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from miles_nemogym import pins
-from miles_nemogym.policy_url import PolicyUrlError, is_loopback, is_wildcard, policy_base_url
+from miles_nemogym.episode.policy_url import PolicyUrlError, is_loopback, is_wildcard, policy_base_url
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.settings import Settings, SettingsError, get_settings
 

@@ -9,7 +9,7 @@ asks, only for what happens before a request exists.
 
 As in NeMo-Gym, a name says what went wrong and nothing else: whether the reward is
 masked and whether the request could be retried are decided by the classifier
-(``outcome.py``) and the client (``client.py``), per occurrence.
+(``episode/classify.py``) and the client (``episode/client.py``), per occurrence.
 """
 
 from __future__ import annotations

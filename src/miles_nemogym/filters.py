@@ -22,7 +22,7 @@ and ``nemogym_missing_record`` (the agent function never returned for a sample, 
 task was cancelled).
 
 This is also where the run stops when the server cannot produce episodes: an exception
-from the dynamic filter is the one that propagates out of Miles' rollout (``run_stop.py``).
+from the dynamic filter is the one that propagates out of Miles' rollout (``rollout/run_stop.py``).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from miles_nemogym import run_stop
-from miles_nemogym.ledger import ledger
+from miles_nemogym.rollout import run_stop
+from miles_nemogym.rollout.ledger import ledger
 from miles_nemogym.salvage import HOOK_PATH, group_verdict
 from miles_nemogym.settings import get_settings
 

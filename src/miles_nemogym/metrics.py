@@ -14,7 +14,7 @@ Rates are over distinct episodes (``episode_id``), quality rates over valid epis
 only: a resolve rate diluted by crashed containers would read as a policy regression.
 
 ``episodes``, ``failure_rate`` and ``failure_rate/<kind>`` come from the process's
-ledger (``ledger.py``) when it saw episodes: it counts every train episode the agent
+ledger (``rollout/ledger.py``) when it saw episodes: it counts every train episode the agent
 function finished since the last log, also those in dropped groups and those whose sample
 Miles returned without our record (a failure before the first policy call). Episodes
 stopped by ``abort()`` (Miles' end-of-step abort of over-sampled episodes) are
@@ -31,13 +31,13 @@ import math
 from collections import Counter
 from typing import Any
 
-from miles_nemogym.episode_store import seal_all
-from miles_nemogym.eval_metrics import eval_set_metrics
 from miles_nemogym.failure_kinds import metric_label
-from miles_nemogym.ledger import Tally, ledger
-from miles_nemogym.roles import EVAL, TRAIN, ledger_role
+from miles_nemogym.rollout.ledger import Tally, ledger
+from miles_nemogym.rollout.pass_at_k import eval_set_metrics
+from miles_nemogym.rollout.roles import EVAL, TRAIN, ledger_role
+from miles_nemogym.rollout.samples import episodes, flatten, record_of
 from miles_nemogym.salvage import zero_loss_samples
-from miles_nemogym.samples import episodes, flatten, record_of
+from miles_nemogym.store.writer import seal_all
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ def eval_k(args: Any, name: str) -> int:
 
 def log_eval(rollout_id: int, args: Any, data: Any, extra_metrics: Any = None) -> bool:
     """Miles eval log function (``--custom-eval-rollout-log-function-path``): log
-    ``nemogym-eval/<set>/*`` (``eval_metrics.py``) for each eval set, file the eval
+    ``nemogym-eval/<set>/*`` (``rollout/pass_at_k.py``) for each eval set, file the eval
     episodes under this step in the episode store, and return False so Miles' own
     ``eval/*`` logging still runs."""
     metrics: dict[str, Any] = {}

@@ -29,7 +29,7 @@ import math
 from collections import Counter
 from typing import Any
 
-from miles_nemogym.samples import metadata_of
+from miles_nemogym.rollout.samples import metadata_of
 from miles_nemogym.settings import RewardMode, SettingsError, get_settings
 
 logger = logging.getLogger(__name__)

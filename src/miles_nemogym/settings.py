@@ -95,7 +95,7 @@ class Settings(BaseSettings):
 
     episode_dir: str | None = Field(default=None, alias="NEMO_GYM_EPISODE_DIR")
     """Folder of the episode store (every episode's answer and record, per step and
-    role; ``episode_store.py``). Unset: no store."""
+    role; ``store/writer.py``). Unset: no store."""
 
     @field_validator("gym_url")
     @classmethod

@@ -25,8 +25,8 @@ import pytest
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer
 from miles_nemogym.gym.venv import GymEnvironmentError, GymPythonNotFoundError
-from miles_nemogym.recording_policy import RecordingPolicy
 from miles_nemogym.testing.miles_env import MilesEnvironmentError, ensure_miles_env
+from miles_nemogym.testing.recording_policy import RecordingPolicy
 from tests.support.miles_harness import MilesDriver
 
 # Small bounds: a scripted episode needs 3 model calls; grading on the host is seconds.

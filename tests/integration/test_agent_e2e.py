@@ -21,14 +21,15 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from miles_nemogym import agent, client, filters
+from miles_nemogym import agent, filters
 from miles_nemogym.cli.main import app
 from miles_nemogym.data import convert_row
 from miles_nemogym.doctor import all_passed, run_checks
+from miles_nemogym.episode import client
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer, free_port
-from miles_nemogym.recording_policy import RecordingPolicy
 from miles_nemogym.scan import golden_scan
+from miles_nemogym.testing.recording_policy import RecordingPolicy
 from tests.integration.conftest import INTEGRATION_OPTIONS
 from tests.support.samples import Sample
 

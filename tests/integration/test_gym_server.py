@@ -24,7 +24,7 @@ import pytest
 
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer, GymServerError, free_port
-from miles_nemogym.recording_policy import SCRIPTED_PATCH, RecordingPolicy
+from miles_nemogym.testing.recording_policy import SCRIPTED_PATCH, RecordingPolicy
 
 pytestmark = pytest.mark.integration
 

@@ -18,10 +18,10 @@ from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
 from miles_nemogym.data import convert_row
-from miles_nemogym.episode_browser import load
 from miles_nemogym.gym.server import GymServer
 from miles_nemogym.launcher.command import eval_args
 from miles_nemogym.launcher.config import LauncherConfig
+from miles_nemogym.store.browser import load
 from tests.fault_server import FaultServer
 from tests.support.miles_harness import MilesDriver
 from tests.support.threaded import serving_in_thread

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import agent, client
+from miles_nemogym import agent
+from miles_nemogym.episode import client
 from tests.fault_server import FaultServer
 
 SESSION = "http://127.0.0.1:39999/sessions/s-1"

@@ -14,7 +14,8 @@ import os
 import sys
 import threading
 
-from miles_nemogym import agent, gym_wheel
+from miles_nemogym import agent
+from miles_nemogym.gym import wheel as gym_wheel
 from tests.fault_server import FaultServer
 
 

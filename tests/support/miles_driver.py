@@ -75,10 +75,10 @@ from miles.utils.test_utils.mock_sglang_server import MockSGLangServer, ProcessR
 from miles.utils.test_utils.uvicorn_thread_server import UvicornThreadServer  # noqa: E402
 from miles.utils.tracking_utils import tracking  # noqa: E402
 
-from miles_nemogym.circuit import circuit  # noqa: E402
+from miles_nemogym.episode.circuit import circuit  # noqa: E402
 from miles_nemogym.launcher.command import GENERATE_FUNCTION, HOOKS  # noqa: E402
-from miles_nemogym.ledger import ledger  # noqa: E402
-from miles_nemogym.recording_policy import Script, qwen_tool_call_text  # noqa: E402
+from miles_nemogym.rollout.ledger import ledger  # noqa: E402
+from miles_nemogym.testing.recording_policy import Script, qwen_tool_call_text  # noqa: E402
 
 ROLLOUT_FUNCTION = "miles.rollout.inference_rollout.inference_rollout_common.InferenceRolloutFn"
 TOKENIZER_FORMAT = 1

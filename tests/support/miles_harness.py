@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from miles_nemogym import gym_wheel
+from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.testing.miles_env import MilesEnv
 
 DRIVER = Path(__file__).with_name("miles_driver.py")

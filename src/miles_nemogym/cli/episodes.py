@@ -24,7 +24,7 @@ def episodes(
     html_out: Annotated[Path | None, typer.Option("--html", help="Write one self-contained HTML page here.")] = None,
 ) -> None:
     """A table per rollout step; with a filter, one line per episode; --show one episode; --html a page."""
-    from miles_nemogym.episode_browser import (
+    from miles_nemogym.store.browser import (
         episode_list_text,
         load,
         select,
@@ -32,7 +32,7 @@ def episodes(
         step_rows,
         table_text,
     )
-    from miles_nemogym.episode_page import render_html
+    from miles_nemogym.store.page import render_html
 
     if not directory.is_dir():
         typer.echo(f"error: {directory} is not a folder; give the episode store (NEMO_GYM_EPISODE_DIR)", err=True)

@@ -24,7 +24,7 @@ def examples(
         Path | None, typer.Option("--output", "-o", help="Where to write the rows (default: standard output).")
     ] = None,
 ) -> None:
-    from miles_nemogym import gym_wheel
+    from miles_nemogym.gym import wheel as gym_wheel
     from miles_nemogym.pins import NEMO_GYM_VERSION
 
     try:

@@ -66,11 +66,11 @@ def smoke(
 ) -> None:
     from rich.console import Console
 
-    from miles_nemogym import gym_wheel
     from miles_nemogym.cli.progress import step_display
     from miles_nemogym.cli.smoke_view import LEGEND, build_table, episode_line, report_json
+    from miles_nemogym.gym import wheel as gym_wheel
     from miles_nemogym.gym.venv import GymEnvironmentError
-    from miles_nemogym.smoke import SmokeEpisode, expected_offline, run_smoke
+    from miles_nemogym.testing.smoke import SmokeEpisode, expected_offline, run_smoke
 
     # Logs and CI capture have no terminal width: lay out for 80 columns there too.
     console = Console() if sys.stdout.isatty() else Console(width=80)

@@ -25,7 +25,7 @@ from pathlib import PurePath
 from typing import Any
 
 from miles_nemogym.data.schema import SUBSETS, FieldProblem, SweBenchInstance
-from miles_nemogym.mapping import ROUTING_KEYS
+from miles_nemogym.episode.request import ROUTING_KEYS
 
 # Normalised dataset names (lower case, '_'/' '/'.' → '-') and what they imply.
 _KNOWN_NAMES: dict[str, tuple[str, str]] = {

@@ -35,9 +35,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
+from miles_nemogym.episode.policy_url import is_wildcard
 from miles_nemogym.gym.config import SERVER_NAME, ServeOptions, compose_config_yaml
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, ensure_gym_venv
-from miles_nemogym.policy_url import is_wildcard
 
 MARKER_ENV = "MILES_NEMOGYM_GYM_SERVER_ID"
 """Set in the server's environment; inherited by Ray, so stragglers can be found."""

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from miles_nemogym import gym_wheel
+from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.pins import GYM_PYTHON, MINI_SWE_AGENT_VERSION, NEMO_GYM_VERSION, SWEBENCH_VERSION
 
 GYM_PYTHON_ENV = "MILES_NEMOGYM_GYM_PYTHON"

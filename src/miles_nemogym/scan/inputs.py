@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from miles_nemogym.mapping import RequestBuildError, build_run_body
+from miles_nemogym.episode.request import RequestBuildError, build_run_body
 
 SUBSETS = ("verified", "gym")
 _TEST_LISTS = ("FAIL_TO_PASS", "PASS_TO_PASS")

@@ -24,10 +24,10 @@ from typing import Any
 
 from rich.console import Console
 
-from miles_nemogym.client import close_client
-from miles_nemogym.episodes import run_episode
-from miles_nemogym.mapping import RequestBuildError, build_run_body
-from miles_nemogym.outcome import Outcome
+from miles_nemogym.episode.classify import Outcome
+from miles_nemogym.episode.client import close_client
+from miles_nemogym.episode.in_flight import run_episode
+from miles_nemogym.episode.request import RequestBuildError, build_run_body
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.scan.config import ScanConfig, scan_settings, usage_problems
 from miles_nemogym.scan.inputs import InputError, ScanTask, load_tasks

@@ -1,6 +1,6 @@
 """One scanned instance's verdict: passed, failed, or an infrastructure failure — and why.
 
-The classification is the agent function's (``miles_nemogym.outcome``): an episode whose
+The classification is the agent function's (``miles_nemogym.episode.classify``): an episode whose
 record says ``status: failed`` (``mask_sample`` true) is an infrastructure failure, i.e.
 not a measurement of the task; a graded episode passed when its reward is 1.0 and failed
 otherwise. The reason says what a user must look at: for a graded failure the
@@ -13,7 +13,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from miles_nemogym.outcome import Outcome, instance_report, short_reason
+from miles_nemogym.episode.classify import Outcome, instance_report, short_reason
 
 _MAX_TEST_NAMES = 3
 

@@ -30,7 +30,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from miles_nemogym import gym_wheel
+from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.venv import GymVenvBuildError, Progress, _locked, _run, build_and_publish
 from miles_nemogym.pins import (
     MILES_COMMIT,

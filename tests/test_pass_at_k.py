@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from miles_nemogym import metrics
-from miles_nemogym.eval_metrics import eval_set_metrics, pass_at_k
-from miles_nemogym.ledger import Tally, ledger
-from miles_nemogym.roles import ledger_role
+from miles_nemogym.rollout.ledger import Tally, ledger
+from miles_nemogym.rollout.pass_at_k import eval_set_metrics, pass_at_k
+from miles_nemogym.rollout.roles import ledger_role
 from tests.support.samples import Sample
 
 P = "nemogym-eval/verified/"

@@ -28,13 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from miles_nemogym import agent, gym_wheel
-from miles_nemogym.client import close_client
+from miles_nemogym import agent
 from miles_nemogym.data import convert_row
+from miles_nemogym.episode.client import close_client
+from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer
 from miles_nemogym.gym.venv import ensure_gym_venv
-from miles_nemogym.recording_policy import RecordingPolicy
+from miles_nemogym.testing.recording_policy import RecordingPolicy
 
 # What Miles' rollout would pass as request_kwargs (already renamed to OpenAI names).
 SMOKE_SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 1024, "top_k": 50, "seed": 1234}

@@ -1,4 +1,4 @@
-"""Classification of /run answers (outcome.py), on the real results nemo-gym ships."""
+"""Classification of /run answers (episode/classify.py), on the real results nemo-gym ships."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym.outcome import classify_http, count_turns
+from miles_nemogym.episode.classify import classify_http, count_turns
 
 
 def encode(value: Any) -> bytes:

@@ -7,7 +7,7 @@ endpoint; what a client can do is stop waiting and close the connection (the ser
 sandbox is reclaimed by its provider's TTL). Each episode therefore runs its HTTP call in
 an inner task registered here, and ``abort_all`` cancels those tasks, from any thread,
 while the callers' own tasks receive a ``cancelled`` outcome instead of an exception.
-The inner task also holds the wait on the server's circuit (``circuit.py``), so an
+The inner task also holds the wait on the server's circuit (``episode/circuit.py``), so an
 episode waiting out an outage is aborted like one in flight.
 
 A cancellation of the caller's task (Miles cancelling the rollout) is different: it is
@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym.circuit import circuit
-from miles_nemogym.client import GymClient, Progress, get_client
-from miles_nemogym.ledger import ledger
-from miles_nemogym.outcome import Outcome, failure
+from miles_nemogym.episode.circuit import circuit
+from miles_nemogym.episode.classify import Outcome, failure
+from miles_nemogym.episode.client import GymClient, Progress, get_client
+from miles_nemogym.rollout.ledger import ledger
 from miles_nemogym.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ _UNDELIVERED = frozenset({fk.TRANSPORT_UNREACHABLE, fk.TRANSPORT_TIMEOUT})
 
 async def _deliver(client: GymClient, body: dict[str, Any], settings: Settings, progress: Progress) -> Outcome:
     """``/run`` through the process's circuit: an undeliverable request opens it, waits
-    for the server, and is sent again (it never arrived); see ``circuit.py``."""
+    for the server, and is sent again (it never arrived); see ``episode/circuit.py``."""
     waited = 0.0
     attempts = 0
     try:

@@ -1,5 +1,5 @@
-"""Read an episode store (``episode_store.py``) and show it as text: a table per step, a
-list of episodes, one episode turn by turn (the HTML page is ``episode_page.py``). Pure
+"""Read an episode store (``store/writer.py``) and show it as text: a table per step, a
+list of episodes, one episode turn by turn (the HTML page is ``store/page.py``). Pure
 functions over loaded entries, except ``load``; the CLI (``cli/episodes.py``) prints.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from miles_nemogym.episode_store import ROLES, read_lines
+from miles_nemogym.store.writer import ROLES, read_lines
 
 OUTPUT_MAX_CHARS = 600
 """A command's output is trimmed to this in ``--show`` (head and tail kept)."""

@@ -8,8 +8,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from miles_nemogym.episode_browser import Episode, StepRow, Store, fmt, show_text, step_label, step_rows
-from miles_nemogym.episode_store import ROLES
+from miles_nemogym.store.browser import Episode, StepRow, Store, fmt, show_text, step_label, step_rows
+from miles_nemogym.store.writer import ROLES
 
 _KIND_COLOURS = ["#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 

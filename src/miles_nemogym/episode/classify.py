@@ -23,7 +23,7 @@ import pydantic_core
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym.protocol import OutputItem, RunResponse
+from miles_nemogym.episode.protocol import OutputItem, RunResponse
 from miles_nemogym.redaction import redact_urls
 
 REASON_MAX_CHARS = 300

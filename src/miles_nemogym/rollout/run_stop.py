@@ -8,7 +8,7 @@ inference_rollout_train.py``, radixark/miles 31f1ca9): an exception from it ends
 rollout and the run. The group filter therefore calls ``check()`` first.
 
 Two conditions stop the run: the server stayed unreachable for longer than
-``NEMO_GYM_OUTAGE_TIMEOUT`` (``circuit.py``), or ``NEMO_GYM_MAX_FAILURE_STREAK``
+``NEMO_GYM_OUTAGE_TIMEOUT`` (``episode/circuit.py``), or ``NEMO_GYM_MAX_FAILURE_STREAK``
 episodes in a row failed with no valid one between them (a server that answers but
 fails everything). Before raising, this process's in-flight episodes are stopped:
 Miles' own end-of-step abort does not run on this path.
@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import logging
 
-from miles_nemogym.circuit import circuit
-from miles_nemogym.episodes import abort_all
-from miles_nemogym.ledger import ledger
+from miles_nemogym.episode.circuit import circuit
+from miles_nemogym.episode.in_flight import abort_all
 from miles_nemogym.redaction import redact_url
+from miles_nemogym.rollout.ledger import ledger
 from miles_nemogym.settings import Settings
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Rules of the /run request builder (mapping.py)."""
+"""Rules of the /run request builder (episode/request.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym.mapping import RequestBuildError, build_run_body, responses_create_params
+from miles_nemogym.episode.request import RequestBuildError, build_run_body, responses_create_params
 
 POLICY = "http://10.0.0.5:30010/sessions/s1/v1"
 ALL_MILES_KEYS = {
@@ -140,7 +140,7 @@ def test_the_json_check_accepts_exactly_what_json_dumps_accepts() -> None:
     import enum
     import json as std_json
 
-    from miles_nemogym.mapping import _json_problem_or_cycle
+    from miles_nemogym.episode.request import _json_problem_or_cycle
 
     class Str(str):
         pass

@@ -37,8 +37,8 @@ from typing import Any
 import aiohttp
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym.mapping import RequestBuildError, encode_body
-from miles_nemogym.outcome import Outcome, classify_http, failure
+from miles_nemogym.episode.classify import Outcome, classify_http, failure
+from miles_nemogym.episode.request import RequestBuildError, encode_body
 from miles_nemogym.redaction import key_scrubber
 from miles_nemogym.settings import Settings
 

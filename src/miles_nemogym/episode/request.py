@@ -22,8 +22,8 @@ from typing import Any
 import pydantic_core
 from pydantic import ValidationError
 
-from miles_nemogym.protocol import ResponsesCreateParams, RunRequest
-from miles_nemogym.roles import KEYS as ROLE_KEYS
+from miles_nemogym.episode.protocol import ResponsesCreateParams, RunRequest
+from miles_nemogym.rollout.roles import KEYS as ROLE_KEYS
 
 # Keys Miles adds to sample.metadata for its own bookkeeping (agentic_tool_call.py).
 MILES_BOOKKEEPING_KEYS = frozenset({"max_seq_len", "session_server_id", "session_server_instance_id"})
@@ -35,7 +35,7 @@ PLUGIN_RESULT_KEYS = frozenset({"reward", "eval_report", "nemogym", "agent_metri
 # Routing and secrets come from the plugin, never from a data row.
 ROUTING_KEYS = frozenset({"policy_base_url", "policy_api_key"})
 
-# The train/eval marks of Miles' eval config are ours (roles.py), not the task's.
+# The train/eval marks of Miles' eval config are ours (rollout/roles.py), not the task's.
 NOT_SENT_KEYS = MILES_BOOKKEEPING_KEYS | PLUGIN_RESULT_KEYS | ROUTING_KEYS | ROLE_KEYS
 
 # Trainer keys with a typed home in responses_create_params.

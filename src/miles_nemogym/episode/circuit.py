@@ -11,7 +11,7 @@ sent; none was delivered before, so none runs twice.
 
 After ``NEMO_GYM_OUTAGE_TIMEOUT`` the circuit gives up: the waiting episodes fail as
 ``transport_unreachable`` and ``stop_error()`` returns the error that the group filter
-raises to stop the run (see ``run_stop.py``).
+raises to stop the run (see ``rollout/run_stop.py``).
 
 Thread-safe: episodes may wait on several event loops; each loop has its own wake-up.
 """

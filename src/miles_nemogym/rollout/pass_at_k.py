@@ -16,8 +16,8 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from miles_nemogym.failure_kinds import metric_label
-from miles_nemogym.ledger import Tally
-from miles_nemogym.samples import flatten, metadata_of, record_of
+from miles_nemogym.rollout.ledger import Tally
+from miles_nemogym.rollout.samples import flatten, metadata_of, record_of
 
 PREFIX = "nemogym-eval/"
 

@@ -1,0 +1,1 @@
+"""What the Miles hooks share across a rollout step: reading samples, the episode ledger, roles, the run stop."""
