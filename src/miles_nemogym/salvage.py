@@ -34,13 +34,7 @@ HOOK_PATH = "miles_nemogym.salvage.reward_post_process"
 def is_masked(sample: Any) -> bool:
     """Whether the sample's episode is not a valid measurement (our record says so)."""
     record = record_of(sample)
-    return bool(record and record.get("mask_sample"))
-
-
-def _episode_key(sample: Any, position: int) -> object:
-    record = record_of(sample) or {}
-    episode_id = record.get("episode_id")
-    return episode_id if episode_id is not None else ("sample", position)
+    return record is not None and record.mask_sample
 
 
 def effective_min_valid(min_valid: int, group_size: int) -> int:
@@ -65,9 +59,9 @@ def group_verdict(samples: Any, min_valid: int, group_size: int | None = None) -
         record = record_of(sample)
         if record is None:
             return "nemogym_missing_record", False
-        key = _episode_key(sample, position)
-        if record.get("mask_sample"):
-            failed.setdefault(key, metric_label(str(record.get("failure_kind") or "unknown")))
+        key = record.episode_id if record.episode_id is not None else ("sample", position)
+        if record.mask_sample:
+            failed.setdefault(key, metric_label(record.failure_kind or "unknown"))
         else:
             valid.add(key)
     if not failed:

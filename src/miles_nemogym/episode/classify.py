@@ -17,54 +17,18 @@ import json
 import math
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import pydantic_core
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError
 
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.protocol import OutputItem, RunResponse
+from miles_nemogym.episode.record import EVAL_REPORT_KEY, RECORD_KEY, REWARD_KEY, EpisodeRecord, TestCounts
 from miles_nemogym.redaction import redact_urls
 
 REASON_MAX_CHARS = 300
 DEFAULT_REWARD_RANGE = (0.0, 1.0)
-
-
-class TestCounts(BaseModel):
-    """Passing and failing tests of one SWE-bench category."""
-
-    __test__ = False  # not a pytest test class
-    passed: int = 0
-    failed: int = 0
-
-    @property
-    def fraction(self) -> float | None:
-        total = self.passed + self.failed
-        return self.passed / total if total else None
-
-
-class EpisodeRecord(BaseModel):
-    """``metadata["nemogym"]`` on every sample: what happened to its episode."""
-
-    status: Literal["ok", "failed"]
-    episode_id: str | None = None
-    """One id per ``/run`` call. Miles may split one episode into several samples, each
-    carrying this record; metrics count episodes by it."""
-    failure_kind: str | None = None
-    failure_reason: str | None = None
-    mask_sample: bool = False
-    http_status: int | None = None
-    attempts: int = 0
-    elapsed_s: float = 0.0
-    instance_id: str | None = None
-    server_reward: float | None = None
-    """The reward the server sent, kept for diagnosis even when it is not used."""
-    resolved: bool | None = None
-    patch_applied: bool | None = None
-    fail_to_pass: TestCounts | None = None
-    pass_to_pass: TestCounts | None = None
-    turns: int | None = None
-    tool_calls: int | None = None
 
 
 class Outcome(BaseModel):
@@ -74,7 +38,7 @@ class Outcome(BaseModel):
     eval_report: dict[str, Any] = Field(default_factory=dict)
     record: EpisodeRecord
     _answer: bytes | None = PrivateAttr(default=None)
-    """The ``/run`` answer as received (API key scrubbed), for the episode store only."""
+    """The ``/run`` answer as received, for the episode store only (which scrubs the key)."""
     _answer_is_json: bool = PrivateAttr(default=False)
 
     def with_answer(self, raw: bytes | None, *, is_json: bool) -> Outcome:
@@ -90,9 +54,9 @@ class Outcome(BaseModel):
     def to_metadata(self) -> dict[str, Any]:
         """The dict returned to Miles and merged into ``sample.metadata``."""
         return {
-            "reward": self.reward,
-            "eval_report": self.eval_report,
-            "nemogym": self.record.model_dump(mode="json"),
+            REWARD_KEY: self.reward,
+            EVAL_REPORT_KEY: self.eval_report,
+            RECORD_KEY: self.record.model_dump(mode="json"),
         }
 
 
