@@ -21,24 +21,28 @@ import sys
 from rich.console import Console
 from rich.markup import escape
 
+from miles_nemogym.episode.run import scrubber_for
+from miles_nemogym.redaction import KeyScrubber
 from miles_nemogym.scan.config import API_KEY_ENV, ScanConfig
 from miles_nemogym.scan.runner import EXIT_USAGE, ScanResult, ScanUsageError, run_scan
 from miles_nemogym.settings import get_settings
 
 
 class _RedactingFilter(logging.Filter):
-    """Replaces the policy API key in every log record (defence in depth: nothing is
+    """Removes the policy API key from every log record (defence in depth: nothing is
     known to log it, but a library error message could quote a request)."""
 
-    def __init__(self, secret: str) -> None:
+    def __init__(self, scrubber: KeyScrubber) -> None:
         super().__init__()
-        self._secret = secret
+        self._scrubber = scrubber
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        if self._secret in message:
-            record.msg, record.args = message.replace(self._secret, "***"), None
-        if record.exc_info and record.exc_info[1] is not None and self._secret in str(record.exc_info[1]):
+        clean = self._scrubber.scrub_text(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None and self._scrubber.scrub_text(str(error)) != str(error):
             record.exc_info, record.exc_text = None, None
         return True
 
@@ -47,11 +51,11 @@ def _install_logging(err: Console) -> logging.Handler:
     handler = logging.StreamHandler(err.file)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     try:
-        key = get_settings().policy_api_key
+        scrubber = scrubber_for(get_settings())
     except Exception:  # reported by the scan itself, with its fix
-        key = None
-    if key is not None:
-        handler.addFilter(_RedactingFilter(key.get_secret_value()))
+        scrubber = None
+    if scrubber is not None:
+        handler.addFilter(_RedactingFilter(scrubber))
     root = logging.getLogger()
     root.addHandler(handler)
     if root.level == logging.NOTSET or root.level > logging.WARNING:
