@@ -103,7 +103,7 @@ def test_status_and_mask_sample_are_never_guessed_valid(
 ) -> None:
     read = read_record({"nemogym": fields})
     assert read.record is not None
-    assert (read.record.status, read.record.mask_sample, read.unreadable) == (status, masked, unreadable)
+    assert (read.record.status, read.record.mask_sample, read.unreadable) == (status, masked, frozenset(unreadable))
 
 
 def test_a_failed_outcome_reads_back_masked_with_its_kind() -> None:
