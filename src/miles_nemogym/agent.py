@@ -1,13 +1,10 @@
-"""Miles agent function: one NeMo-Gym ``mini_swe_agent_2`` episode per sample.
-
-    --custom-agent-function-path miles_nemogym.agent.run    (Miles agentic_tool_call.py)
+"""Miles agent function (``--custom-agent-function-path miles_nemogym.agent.run``; Miles agentic_tool_call.py).
 
     async def run(*, base_url, prompt, request_kwargs, metadata) -> {"reward", "eval_report", "nemogym"}
-    async def abort(args) -> None     # Miles' over-sampling abort: stop every in-flight episode
+    async def abort(args) -> None   # Miles' over-sampling abort: stop every in-flight episode
 
-``run`` never returns None and never raises for a failed episode: the failure is recorded on
-the sample (``nemogym.mask_sample``); ``asyncio.CancelledError`` propagates. See
-docs/episode-pipeline.md. Importing this module must stay cheap (no torch, sglang, ray, Miles).
+A failed episode is recorded on the sample (``nemogym.mask_sample``), never raised; see
+docs/episode-pipeline.md. Importing this module stays cheap (no torch, sglang, ray, Miles).
 """
 
 from __future__ import annotations
@@ -95,10 +92,8 @@ def _store(
 
 
 async def abort(args: Any = None) -> None:
-    """Miles' over-sampling abort hook: stop every in-flight ``/run`` of this process.
-
-    Returns at once; each stopped ``run`` returns a ``cancelled`` outcome (NeMo-Gym has no
-    cancel endpoint: the connection is closed and the sandbox expires by TTL)."""
+    """Miles' over-sampling abort hook: stop every in-flight ``/run`` of this process at once;
+    each stopped ``run`` returns a ``cancelled`` outcome (the server's sandbox expires by TTL)."""
     states = abort_all()
     logger.info(
         "abort: stopped %d in-flight NeMo-Gym episode(s): %d sent and awaiting their result "

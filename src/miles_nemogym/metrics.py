@@ -167,10 +167,8 @@ def eval_k(args: Any, name: str) -> int:
 
 
 def log_eval(rollout_id: int, args: Any, data: Any, extra_metrics: Any = None) -> bool:
-    """Miles eval log function (``--custom-eval-rollout-log-function-path``): log
-    ``nemogym-eval/<set>/*`` (``rollout/pass_at_k.py``) for each eval set, file the eval
-    episodes under this step in the episode store, and return False so Miles' own
-    ``eval/*`` logging still runs."""
+    """Miles eval log function: log ``nemogym-eval/<set>/*`` for each eval set, file the eval
+    episodes under this step in the episode store; returns False (Miles logs ``eval/*`` too)."""
     metrics: dict[str, Any] = {}
     for name, result in (data or {}).items():
         samples = result.get("samples") if isinstance(result, dict) else None

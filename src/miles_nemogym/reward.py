@@ -30,11 +30,8 @@ def score(metadata: dict[str, Any], mode: RewardMode = RewardMode.binary) -> tup
 
 
 def score_record(reward: Any, read: RecordRead, mode: RewardMode) -> tuple[float, str | None]:
-    """(reward, problem) for a stored reward and the episode's record.
-
-    A masked episode scores 0.0; a missing or non-finite reward 0.0 with a problem; in
-    partial mode an unresolved episode earns its FAIL_TO_PASS fraction (0.0 when a
-    PASS_TO_PASS test fails), and its own reward when its test counts are unreadable."""
+    """(reward, problem) for a stored reward and the episode's record, by the rules in
+    docs/episode-pipeline.md ("Reward"); ``problem`` is None when the reward is sound."""
     record = read.record
     if record is not None and record.mask_sample:
         return 0.0, None

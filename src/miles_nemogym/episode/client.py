@@ -31,8 +31,8 @@ logger = logging.getLogger(__name__)
 # left, which is a masked sample we could have avoided.
 KEEPALIVE_S = 15.0
 
-# Bodies above this are classified in a worker thread (real results are ~100 KB and take
-# well under a millisecond on the loop; a runaway one of 100 MB took seconds).
+# Bodies above this are classified in a worker thread: a real result (about 100 KB) is
+# classified quickly on the loop, a runaway one of 100 MB would stall it for seconds.
 OFF_LOOP_BYTES = 4 * 1024 * 1024
 
 # How long interpreter exit waits for the pools to close on their loops.
@@ -230,12 +230,9 @@ async def _close_all(clients: list[GymClient]) -> None:
 
 
 def close_at_exit() -> None:
-    """Close every loop's pools at interpreter exit, on their own loops.
-
-    Miles runs its rollout loop forever on a daemon thread (``miles/utils/async_utils.py``
-    at commit 31f1ca9), so nothing else ever closes them and aiohttp would report each
-    pooled connection as "Unclosed connector" at exit.
-    """
+    """Close every loop's pools at interpreter exit, on their own loops: Miles runs its loop
+    forever on a daemon thread (``miles/utils/async_utils.py`` at 31f1ca9), so nothing else
+    closes them and aiohttp would report "Unclosed connector"."""
     for loop, pools in list(_clients.items()):
         clients = [client for client in pools.values() if not client.closed]
         if not clients or loop.is_closed():

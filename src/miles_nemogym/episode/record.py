@@ -75,12 +75,9 @@ _STATUSES = ("ok", "failed")
 
 
 def read_record(metadata: Any) -> RecordRead:
-    """The typed record in a sample's metadata, or why there is none. Never raises.
-
-    Fields are read strictly (``"1"`` is not an int); a wrong field is named in
-    ``unreadable`` and read as its default, except that a record whose ``mask_sample`` is
-    not a bool is set aside, and a missing ``status`` follows ``mask_sample``.
-    """
+    """The typed record in a sample's metadata, or why there is none; never raises. A wrong
+    field is named in ``unreadable`` and read as its default; a non-bool ``mask_sample``
+    sets the record aside (docs/episode-pipeline.md)."""
     raw = metadata.get(RECORD_KEY) if isinstance(metadata, Mapping) else None
     if raw is None:
         return RecordRead(None, "missing_record")

@@ -1,11 +1,7 @@
 """``nemogym-eval/<set>/*``: what a held-out eval run measured, with infrastructure set aside.
 
-Miles' own ``eval/<set>`` averages every sample's reward, so an episode that crashed on
-the Gym side (reward 0.0, masked) reads as a wrong answer. Here only valid episodes
-count: pass@1 and pass@k are over them, grouped by ``instance_id`` (Miles' eval
-``index`` is a running counter, and under session server v2 one episode may give several
-samples, so samples are first reduced to distinct episodes). Masked episodes are counted
-by kind, so it stays visible how many were set aside. Pure functions.
+pass@1 and pass@k over valid episodes only, grouped by ``instance_id``; masked episodes are
+counted by kind (docs/episode-pipeline.md). Pure functions.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""Run a scan as a program: signals, logging, error printing and the exit code.
+"""Run a scan as a program (``miles-nemogym scan``, ``scripts/golden_scan.py``): signals, logging, exit code.
 
-Shared by ``miles-nemogym scan`` and ``scripts/golden_scan.py``.
-
-Exit codes: 0 every selected instance passed (reward 1.0; with ``--allow-unresolved``:
-every episode was graded) and no infrastructure failure; 1 some instance failed or hit
-an infrastructure failure; 2 the scan could not start (flags, settings, input file,
-results file, unreachable server) — no episode was sent; 130 stopped by Ctrl-C (or
-SIGTERM): in-flight episodes cancelled, finished results kept in ``--output``, summary
-printed. A second Ctrl-C while it stops aborts at once (exit 1, "Aborted!"); the lines
-already written are kept either way.
+Exit 0: every instance passed (``--allow-unresolved``: was graded); 1: an instance failed
+or hit an infrastructure failure; 2: the scan could not start (nothing sent); 130: stopped
+by Ctrl-C or SIGTERM, finished results kept. A second Ctrl-C aborts at once (exit 1).
 """
 
 from __future__ import annotations

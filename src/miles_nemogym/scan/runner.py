@@ -1,13 +1,8 @@
 """Run a scan: every selected instance through ``episode.run.run_episode``, the agent function's own path.
 
-Routing differs from training: ``policy_base_url`` is ``--policy-base-url`` (or absent: the
-server's configured model) and the API key is sent only with ``--policy-base-url``.
-
-Everything that can be wrong before an episode starts (flags, settings, input rows,
-results file, server reachability) raises ``ScanUsageError`` first; after that,
-instances run at most ``--concurrency`` at a time and each result is appended to the
-results file as it finishes. ``stop`` (set by Ctrl-C) cancels the in-flight episodes;
-what finished is kept.
+``policy_base_url`` is ``--policy-base-url`` (or absent: the server's own model), the API key
+is sent only with it. Whatever is wrong before an episode starts raises ``ScanUsageError``;
+then results are appended as episodes finish, and ``stop`` (Ctrl-C) keeps what finished.
 """
 
 from __future__ import annotations
@@ -184,12 +179,9 @@ async def run_scan(
     console: Console | None = None,
     stop: asyncio.Event | None = None,
 ) -> ScanResult:
-    """Run the scan ``config`` describes and print its progress and summary on ``console``.
-
-    Raises ``ScanUsageError`` (before any episode) when it cannot start. Setting ``stop``
-    cancels the in-flight episodes and returns with ``interrupted`` set; cancelling the
-    caller's task does the same and then propagates the cancellation.
-    """
+    """Run the scan ``config`` describes, printing progress and summary; ``ScanUsageError``
+    (before any episode) when it cannot start. ``stop`` cancels in-flight episodes and
+    returns ``interrupted``; cancelling the caller does the same, then propagates."""
     console = console or Console()
     prepared = _prepare(config)
     try:
