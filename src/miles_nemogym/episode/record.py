@@ -78,7 +78,11 @@ def read_record(metadata: Any) -> RecordRead:
     """The typed record in a sample's metadata, or why there is none; never raises. A wrong
     field is named in ``unreadable`` and read as its default; a non-bool ``mask_sample``
     sets the record aside (docs/episode-pipeline.md)."""
-    raw = metadata.get(RECORD_KEY) if isinstance(metadata, Mapping) else None
+    return parse_record(metadata.get(RECORD_KEY) if isinstance(metadata, Mapping) else None)
+
+
+def parse_record(raw: Any) -> RecordRead:
+    """``read_record`` for the record itself (as the episode store keeps it)."""
     if raw is None:
         return RecordRead(None, "missing_record")
     if not isinstance(raw, Mapping):

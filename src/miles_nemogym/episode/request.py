@@ -15,6 +15,7 @@ import pydantic_core
 from pydantic import ValidationError
 
 from miles_nemogym.episode.protocol import ResponsesCreateParams, RunRequest
+from miles_nemogym.episode.record import EVAL_REPORT_KEY, RECORD_KEY, REWARD_KEY
 from miles_nemogym.rollout.roles import KEYS as ROLE_KEYS
 
 # Keys Miles adds to sample.metadata for its own bookkeeping (agentic_tool_call.py).
@@ -22,7 +23,7 @@ MILES_BOOKKEEPING_KEYS = frozenset({"max_seq_len", "session_server_id", "session
 
 # Keys this plugin returns and Miles merges back into sample.metadata. A sample that is
 # retried or re-rolled carries them; they must never be sent as task fields.
-PLUGIN_RESULT_KEYS = frozenset({"reward", "eval_report", "nemogym", "agent_metrics"})
+PLUGIN_RESULT_KEYS = frozenset({REWARD_KEY, EVAL_REPORT_KEY, RECORD_KEY, "agent_metrics"})
 
 # Routing and secrets come from the plugin, never from a data row.
 ROUTING_KEYS = frozenset({"policy_base_url", "policy_api_key"})
