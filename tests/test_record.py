@@ -10,7 +10,7 @@ import pytest
 
 from miles_nemogym import metrics, reward
 from miles_nemogym.episode.classify import Outcome, classify_http, failure
-from miles_nemogym.episode.record import EpisodeRecord, RecordRead, TestCounts, read_record
+from miles_nemogym.episode.record import EpisodeRecord, RecordRead, TestCounts, parse_record, read_record
 from miles_nemogym.settings import RewardMode
 from tests.support.samples import Sample
 
@@ -116,3 +116,12 @@ def test_a_failed_outcome_reads_back_masked_with_its_kind() -> None:
         "reset",
     )
     assert reward.score_record(1.0, read, RewardMode.partial) == (0.0, None)
+
+
+def test_a_bare_record_reads_like_one_on_a_sample() -> None:
+    bare = {"status": "ok", "attempts": "1", "mask_sample": False}
+    assert (
+        parse_record(bare)
+        == read_record({"nemogym": bare})
+        == RecordRead(EpisodeRecord(status="ok"), None, frozenset({"attempts"}))
+    )
