@@ -83,7 +83,7 @@ def failure_of(error: Exception, instance_id: str | None, scrubber: KeyScrubber 
     elif isinstance(error, (RequestBuildError, PolicyUrlError)):
         kind, reason = fk.INVALID_REQUEST, str(error)
     else:
-        logger.exception("miles-nemogym client error for %s", instance_id, exc_info=error)
+        logger.error("miles-nemogym client error for %s", instance_id, exc_info=error)
         kind, reason = fk.CLIENT_ERROR, f"{type(error).__name__}: {error}"
     return failure(kind, reason if scrubber is None else scrubber.scrub_text(reason))
 
