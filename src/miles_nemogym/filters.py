@@ -40,12 +40,6 @@ def _output_type() -> Any:
     return DynamicFilterOutput
 
 
-def drop_reason(samples: Any, min_valid: int = 0, group_size: int | None = None) -> str | None:
-    """Why the group must be dropped, or None to keep it. Pure; ``min_valid=0`` drops
-    a group on any failed episode."""
-    return group_verdict(samples, min_valid, group_size)[0]
-
-
 def salvage_wired(args: Any) -> bool:
     """Whether Miles will train a kept, partly failed group over its valid episodes; without
     our post-process hook the failed episodes' 0.0 would train, so such groups are dropped."""
