@@ -357,3 +357,47 @@ async def test_returned_reward_is_final_in_each_reward_mode(
     assert out["nemogym"]["fail_to_pass"] == {"passed": 4, "failed": 6}
     assert out["reward"] == expected
     assert await reward.reward_func(None, Sample(metadata=out)) == expected
+
+
+# --- one episode function: every path ends in the same finish step ------------------------------------
+
+
+async def test_every_path_finishes_with_an_episode_id_and_the_task_instance(
+    server: FaultServer, sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    graded = await call(sympy_row)
+    bad_route = await call(sympy_row, base_url="http://127.0.0.1:notaport/sessions/x")
+    monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens
+    monkeypatch.setenv("NEMO_GYM_RETRY_ATTEMPTS", "1")
+    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "0.2")
+    undelivered = await call(sympy_row)
+    monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "1h")
+    bad_settings = await call(sympy_row)
+    outs = [graded, bad_route, undelivered, bad_settings]
+    kinds = [out["nemogym"]["failure_kind"] for out in outs]
+    assert kinds == [None, "miles_nemogym:invalid_request", "transport_unreachable", "miles_nemogym:invalid_config"]
+    assert [out["nemogym"]["instance_id"] for out in outs] == [sympy_row["instance_id"]] * 4
+    ids = [out["nemogym"]["episode_id"] for out in outs]
+    assert len(set(ids)) == 4 and all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+
+
+class _ExplodingRow(dict[str, Any]):
+    """A task row whose items cannot be read: a defect on our side, not a bad row."""
+
+    def items(self) -> Any:
+        raise RuntimeError("boom while reading the row")
+
+
+async def test_a_defect_is_one_client_error_record_never_a_raise(
+    server: FaultServer, sympy_row: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.ERROR, logger="miles_nemogym"):
+        out = await call(_ExplodingRow(sympy_row))
+    record = out["nemogym"]
+    assert (record["failure_kind"], record["failure_reason"]) == (
+        "miles_nemogym:client_error",
+        "RuntimeError: boom while reading the row",
+    )
+    assert record["mask_sample"] is True and record["instance_id"] == sympy_row["instance_id"]
+    assert out["reward"] == 0.0 and server.bodies == []
+    assert f"miles-nemogym client error for {sympy_row['instance_id']}" in caplog.text

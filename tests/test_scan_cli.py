@@ -228,6 +228,7 @@ def test_resume_runs_again_an_instance_whose_line_was_torn_by_a_crash(
         ("bad_row", "instance_id must be a non-empty string"),
         ("bad_results_file", "not a scan result line"),
         ("bad_gym_url", "--gym-url"),
+        ("bad_sampling", "the sampling flags cannot be sent: request_kwargs['temperature'] must be finite, got nan"),
     ],
 )
 def test_exit_2_before_any_episode_when_the_scan_cannot_start(
@@ -259,6 +260,8 @@ def test_exit_2_before_any_episode_when_the_scan_cannot_start(
             args += ["--resume"]
         if problem == "bad_gym_url":
             args[3] = "ftp://127.0.0.1:1"
+        if problem == "bad_sampling":
+            args += ["--temperature", "nan"]
 
         result = scan(*args)
 

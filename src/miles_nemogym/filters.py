@@ -1,28 +1,8 @@
-"""Miles dynamic sampling filter for NeMo-Gym groups.
+"""Miles dynamic sampling filter: ``--dynamic-sampling-filter-path miles_nemogym.filters.check_episode_group``.
 
-``--dynamic-sampling-filter-path miles_nemogym.filters.check_episode_group``: Miles calls
-``check_episode_group(args, group)`` once per finished prompt group in
-``generate_rollout_async`` (``miles/rollout/inference_rollout/inference_rollout_train.py``,
-radixark/miles 31f1ca9) and draws a new prompt for every group it drops.
-
-GRPO normalises each sample's reward against its prompt group. A sample whose episode
-failed for infrastructure reasons scores 0.0 that says nothing about the policy. A group
-with such samples is kept when at least ``NEMO_GYM_MIN_VALID_PER_GROUP`` of its episodes
-are valid (clamped to ``--n-samples-per-prompt``) and Miles loads
-``salvage.reward_post_process`` (``--custom-reward-post-process-path``), which trains it
-over the valid episodes alone and gives the failed ones zero loss. Otherwise
-(or with ``NEMO_GYM_MIN_VALID_PER_GROUP=0``) the group is dropped. Miles takes only one
-filter path, so this filter also does what Miles' ``check_no_aborted`` does (a group with
-an ABORTED sample is dropped: Miles could not assemble that sample), and replaces it in
-the recipe.
-
-Drop reasons are low-cardinality and become Miles metrics
-``rollout/dynamic_filter/drop_<reason>``: ``group_has_aborted``, ``nemogym_<failure_kind>``,
-and ``nemogym_missing_record`` (the agent function never returned for a sample, e.g. its
-task was cancelled).
-
-This is also where the run stops when the server cannot produce episodes: an exception
-from the dynamic filter is the one that propagates out of Miles' rollout (``rollout/run_stop.py``).
+``check_episode_group(args, group)`` is called once per finished prompt group (Miles
+``inference_rollout_train.py``): it keeps a group that can be trained, drops the rest with a
+reason, and raises ``RunStopped`` when the server cannot produce episodes. Why: docs/episode-pipeline.md.
 """
 
 from __future__ import annotations
@@ -60,18 +40,9 @@ def _output_type() -> Any:
     return DynamicFilterOutput
 
 
-def drop_reason(samples: Any, min_valid: int = 0, group_size: int | None = None) -> str | None:
-    """Why the group must be dropped, or None to keep it. Pure; ``min_valid=0`` drops
-    a group on any failed episode."""
-    return group_verdict(samples, min_valid, group_size)[0]
-
-
 def salvage_wired(args: Any) -> bool:
-    """Whether Miles will train a kept, partly failed group over its valid episodes.
-
-    Without our reward post-process hook Miles would normalise the failed episodes' 0.0
-    into the group (a silent zero), so the filter then drops such groups, and says so once.
-    """
+    """Whether Miles will train a kept, partly failed group over its valid episodes; without
+    our post-process hook the failed episodes' 0.0 would train, so such groups are dropped."""
     wired = getattr(args, "custom_reward_post_process_path", None) == REWARD_POST_PROCESS
     if not wired and not _warned:
         _warned.append(True)

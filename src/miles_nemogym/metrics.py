@@ -1,27 +1,9 @@
-"""Per-rollout ``nemogym/*`` metrics (Miles ``miles/ray/rollout/metrics.py``; docs/upstream.md).
+"""Miles rollout and eval log functions: ``nemogym/*`` and ``nemogym-eval/<set>/*`` metrics.
 
-``--custom-rollout-log-function-path miles_nemogym.metrics.log_rollout``
-``--custom-eval-rollout-log-function-path miles_nemogym.metrics.log_eval``
-
-Miles calls ``log_rollout(rollout_id, args, samples, rollout_extra_metrics, rollout_time)``
-synchronously with the rollout's flat sample list. We compute what a SWE-bench RL run
-needs to be watched by (resolve rate, infrastructure failure rate per kind, patch-applied
-rate, FAIL_TO_PASS progress, episode time and turns), log it through Miles' tracking
-(wandb / tensorboard / ... as configured) and return False so Miles' own rollout logging
-still runs.
-
-Rates are over distinct episodes (``episode_id``), quality rates over valid episodes
-only: a resolve rate diluted by crashed containers would read as a policy regression.
-
-``episodes``, ``failure_rate`` and ``failure_rate/<kind>`` come from the process's
-ledger (``rollout/ledger.py``) when it saw episodes: it counts every train episode the agent
-function finished since the last log, also those in dropped groups and those whose sample
-Miles returned without our record (a failure before the first policy call). Episodes
-stopped by ``abort()`` (Miles' end-of-step abort of over-sampled episodes) are
-``episodes_cancelled``, neither episodes nor failures.
-
-A field of the wrong type in a record (a corrupted or hand-edited sample) is left out of
-the statistic it feeds and counted in ``nemogym/corrupt_fields``; this hook never raises.
+``--custom-rollout-log-function-path miles_nemogym.metrics.log_rollout`` and
+``--custom-eval-rollout-log-function-path miles_nemogym.metrics.log_eval`` (Miles
+``miles/ray/rollout/metrics.py``). Rates are over distinct episodes, quality rates over
+valid ones; what each metric means and why is in docs/episode-pipeline.md.
 """
 
 from __future__ import annotations
@@ -55,67 +37,53 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-class _Reader:
-    """Reads numeric record fields, counting the ones of the wrong type."""
-
-    def __init__(self) -> None:
-        self.corrupt = 0
-
-    def number(self, record: dict[str, Any], key: str) -> float | None:
-        value = record.get(key)
-        if value is None:
-            return None
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
-            return float(value)
-        self.corrupt += 1
-        return None
-
-    def fraction(self, counts: Any) -> float | None:
-        if not isinstance(counts, dict):
-            return None
-        passed, failed = self.number(counts, "passed") or 0.0, self.number(counts, "failed") or 0.0
-        return passed / (passed + failed) if passed + failed else None
+# Record fields the metrics measure: one that is unreadable is left out of its statistic
+# and counted in ``corrupt_fields`` (``episode_id`` only tells episodes apart).
+_MEASURED = frozenset(
+    {"mask_sample", "failure_kind", "resolved", "patch_applied", "fail_to_pass", "turns", "tool_calls", "attempts"}
+    | {"elapsed_s"}
+)
 
 
 def compute_metrics(samples: Any) -> dict[str, float]:
     """``nemogym/*`` metrics of one rollout's samples. Pure; no Miles needed."""
     flat = list(flatten(samples))
-    records = episodes(flat)
+    found = episodes(flat)
     metrics: dict[str, float] = {
         "samples": float(len(flat)),
         "samples_without_record": float(sum(1 for s in flat if record_of(s) is None)),
-        "episodes": float(len(records)),
+        "episodes": float(len(found)),
     }
-    if not records:
+    if not found:
         return {PREFIX + key: value for key, value in metrics.items()}
 
-    read = _Reader()
-    valid = [r for r in records if not r.get("mask_sample")]
-    failed = len(records) - len(valid)
-    metrics["failure_rate"] = failed / len(records)
-    kinds = Counter(metric_label(str(r.get("failure_kind") or "unknown")) for r in records if r.get("mask_sample"))
+    records = [episode.record for episode in found]
+    valid = [r for r in records if not r.mask_sample]
+    metrics["failure_rate"] = (len(records) - len(valid)) / len(records)
+    kinds = Counter(metric_label(r.failure_kind or "unknown") for r in records if r.mask_sample)
     for kind, count in sorted(kinds.items()):
         metrics[f"failure_rate/{kind}"] = count / len(records)
 
     if valid:
-        metrics["resolve_rate"] = sum(1 for r in valid if r.get("resolved")) / len(valid)
-        metrics["patch_applied_rate"] = sum(1 for r in valid if r.get("patch_applied")) / len(valid)
-        fractions = [f for f in (read.fraction(r.get("fail_to_pass")) for r in valid) if f is not None]
+        metrics["resolve_rate"] = sum(1 for r in valid if r.resolved) / len(valid)
+        metrics["patch_applied_rate"] = sum(1 for r in valid if r.patch_applied) / len(valid)
+        fractions = [r.fail_to_pass.fraction for r in valid if r.fail_to_pass is not None]
         optional = {
-            "fail_to_pass_fraction_mean": _mean(fractions),
-            "turns_mean": _mean([n for n in (read.number(r, "turns") for r in valid) if n is not None]),
-            "tool_calls_mean": _mean([n for n in (read.number(r, "tool_calls") for r in valid) if n is not None]),
+            "fail_to_pass_fraction_mean": _mean([f for f in fractions if f is not None]),
+            "turns_mean": _mean([float(r.turns) for r in valid if r.turns is not None]),
+            "tool_calls_mean": _mean([float(r.tool_calls) for r in valid if r.tool_calls is not None]),
         }
         metrics.update({key: value for key, value in optional.items() if value is not None})
 
     # Only episodes that were sent have a duration; a row rejected before sending has none.
-    times = [t for t in (read.number(r, "elapsed_s") for r in records if read.number(r, "attempts")) if t is not None]
+    times = [r.elapsed_s for r in records if r.attempts and "elapsed_s" in r.model_fields_set]
     if times:
         metrics["episode_time_p50"] = _percentile(times, 50)
         metrics["episode_time_p95"] = _percentile(times, 95)
         metrics["episode_time_max"] = max(times)
-    if read.corrupt:
-        metrics["corrupt_fields"] = float(read.corrupt)
+    corrupt = sum(len(episode.unreadable & _MEASURED) for episode in found)
+    if corrupt:
+        metrics["corrupt_fields"] = float(corrupt)
     return {PREFIX + key: value for key, value in metrics.items()}
 
 
@@ -199,10 +167,8 @@ def eval_k(args: Any, name: str) -> int:
 
 
 def log_eval(rollout_id: int, args: Any, data: Any, extra_metrics: Any = None) -> bool:
-    """Miles eval log function (``--custom-eval-rollout-log-function-path``): log
-    ``nemogym-eval/<set>/*`` (``rollout/pass_at_k.py``) for each eval set, file the eval
-    episodes under this step in the episode store, and return False so Miles' own
-    ``eval/*`` logging still runs."""
+    """Miles eval log function: log ``nemogym-eval/<set>/*`` for each eval set, file the eval
+    episodes under this step in the episode store; returns False (Miles logs ``eval/*`` too)."""
     metrics: dict[str, Any] = {}
     for name, result in (data or {}).items():
         samples = result.get("samples") if isinstance(result, dict) else None

@@ -1,21 +1,8 @@
 """Train a prompt group over its valid episodes when some of its episodes failed.
 
-Dropping every group with a failed episode throws away (1-(1-p)^n) of the paid
-episodes at per-episode failure rate p. A group keeps a GRPO signal as long as enough
-valid episodes remain, so the group filter keeps it when at least
-``NEMO_GYM_MIN_VALID_PER_GROUP`` episodes are valid, and Miles' reward post-process hook
-
-    --custom-reward-post-process-path miles_nemogym.salvage.reward_post_process
-
-trains it exactly as a group made of the valid episodes only: their normalised rewards
-come from Miles' own normalisation (``_post_process_rewards`` in
-``miles/ray/rollout/train_data_conversion.py``, radixark/miles 31f1ca9) applied to the
-valid subset of each group, and every sample of a failed episode gets
-``remove_sample = True`` (zero loss) and a normalised reward of exactly 0. Imputing a
-reward for the failed ones instead would shift the group's mean and std.
-
-Under Miles' session server v2 one episode may be several samples sharing one
-``rollout_id``; they share one record, so they are marked, and normalised, together.
+``--custom-reward-post-process-path miles_nemogym.salvage.reward_post_process``: Miles'
+own normalisation over each group's valid samples; failed episodes get zero loss and a
+normalised reward of 0 (docs/episode-pipeline.md).
 """
 
 from __future__ import annotations
@@ -34,13 +21,7 @@ HOOK_PATH = "miles_nemogym.salvage.reward_post_process"
 def is_masked(sample: Any) -> bool:
     """Whether the sample's episode is not a valid measurement (our record says so)."""
     record = record_of(sample)
-    return bool(record and record.get("mask_sample"))
-
-
-def _episode_key(sample: Any, position: int) -> object:
-    record = record_of(sample) or {}
-    episode_id = record.get("episode_id")
-    return episode_id if episode_id is not None else ("sample", position)
+    return record is not None and record.mask_sample
 
 
 def effective_min_valid(min_valid: int, group_size: int) -> int:
@@ -50,10 +31,7 @@ def effective_min_valid(min_valid: int, group_size: int) -> int:
 
 def group_verdict(samples: Any, min_valid: int, group_size: int | None = None) -> tuple[str | None, bool]:
     """(drop reason or None to keep, whether a kept group holds failed episodes). Pure.
-
-    ``group_size`` is the number of episodes the group was meant to have (Miles'
-    ``--n-samples-per-prompt``); by default, the episodes seen.
-    """
+    ``group_size``: the episodes the group was meant to have (default: those seen)."""
     group = list(flatten(samples))
     # An ABORTED sample carries no reward or logprobs next to the others: Miles could not
     # assemble it, so the group cannot be trained as it is.
@@ -65,9 +43,9 @@ def group_verdict(samples: Any, min_valid: int, group_size: int | None = None) -
         record = record_of(sample)
         if record is None:
             return "nemogym_missing_record", False
-        key = _episode_key(sample, position)
-        if record.get("mask_sample"):
-            failed.setdefault(key, metric_label(str(record.get("failure_kind") or "unknown")))
+        key = record.episode_id if record.episode_id is not None else ("sample", position)
+        if record.mask_sample:
+            failed.setdefault(key, metric_label(record.failure_kind or "unknown"))
         else:
             valid.add(key)
     if not failed:
@@ -95,12 +73,8 @@ def _miles_post_process() -> Callable[..., tuple[list[float], list[float]]]:
 
 def reward_post_process(args: Any, samples: Any) -> tuple[list[float], list[float]]:
     """Miles reward post-process hook: (raw rewards, normalised rewards), one per sample.
-
-    Samples of failed episodes get ``remove_sample = True``, raw reward 0.0 and a
-    normalised reward of 0.0; each group's valid samples are normalised by Miles over
-    the valid samples of that group alone. Without failed samples this is exactly
-    Miles' default post-processing.
-    """
+    Failed episodes: ``remove_sample``, 0.0 and 0.0; each group's valid samples normalised
+    by Miles over themselves alone. Without failed samples: exactly Miles' default."""
     flat = list(flatten(samples))
     miles_post_process = _miles_post_process()
     masked = [is_masked(sample) for sample in flat]

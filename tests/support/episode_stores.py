@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from miles_nemogym.episode.record import EpisodeRecord
 from miles_nemogym.store.writer import EpisodeStore, entry_for
 
 
@@ -36,7 +37,7 @@ def build_store(folder: Path, results: list[dict[str, Any]]) -> dict[str, list[s
     ids: dict[str, list[str]] = {"train": [], "eval": [], "pending": []}
 
     def add(role: str, result: dict[str, Any], episode_id: str, failed: str | None = None) -> None:
-        record = record_of_result(result, episode_id, failed=failed)
+        record = EpisodeRecord.model_validate(record_of_result(result, episode_id, failed=failed))
         entry = entry_for(record=record, reward=0.0 if failed else float(result["reward"]), role=role,
                           eval_set="verified" if role == "eval" else None, session=f"s-{episode_id}",
                           repo=result["instance_id"].split("__")[0])  # fmt: skip

@@ -31,12 +31,17 @@ def reward_text(value: Any) -> str:
     return f"{value:.1f}" if round(value, 1) == round(value, 2) else f"{value:.2f}"
 
 
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
 def _patch(value: Any) -> str:
     return {True: "yes", False: "no"}.get(value, "-") if isinstance(value, bool) else "-"
 
 
 def _set_aside(episode: SmokeEpisode) -> bool:
-    return episode.record.get("status") != "ok"
+    record = episode.record
+    return record is None or record.status != "ok"
 
 
 @dataclass(frozen=True)
@@ -56,9 +61,11 @@ def footnotes(episodes: Sequence[SmokeEpisode]) -> Footnotes:
         if not _set_aside(episode):
             numbers.append(None)
             continue
-        kind = record.get("failure_kind") or "no episode record"
+        kind = (record.failure_kind if record else None) or "no episode record"
         reason = (
-            OFFLINE_REASON if is_offline_failure(record) else str(record.get("failure_reason") or "no reason given")
+            OFFLINE_REASON
+            if is_offline_failure(record)
+            else ((record.failure_reason if record else None) or "no reason given")
         )
         text = f"{kind}: {reason}"
         if text not in texts:
@@ -84,15 +91,15 @@ def build_table(episodes: Sequence[SmokeEpisode]) -> tuple[Table, Footnotes]:
         table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
     for episode, number in zip(episodes, notes.numbers, strict=True):
         record = episode.record
-        f2p = record.get("fail_to_pass") or {}
+        f2p = record.fail_to_pass if record else None
         aside = _set_aside(episode)
         table.add_row(
             episode.instance_id,
             f"[red]set aside[/red] [{number}]" if aside else "[green]ok[/green]",
-            "-" if aside else str(record.get("turns", "-")),
+            "-" if aside else _count(record.turns if record else None),
             "-" if episode.policy_requests is None else str(episode.policy_requests),
-            _patch(record.get("patch_applied")),
-            f"{f2p.get('passed', '-')}/{f2p.get('failed', '-')}" if f2p else "-",
+            _patch(record.patch_applied if record else None),
+            f"{f2p.passed}/{f2p.failed}" if f2p else "-",
             reward_text(episode.result.get("reward")),
         )
     return table, notes
@@ -101,13 +108,14 @@ def build_table(episodes: Sequence[SmokeEpisode]) -> tuple[Table, Footnotes]:
 def episode_line(episode: SmokeEpisode) -> str:
     """The line printed as one episode finishes (rich markup)."""
     record = episode.record
-    seconds = record.get("elapsed_s")
-    took = f", {seconds:.0f} s" if isinstance(seconds, (int, float)) else ""
-    if _set_aside(episode):
-        kind = "no network (expected)" if is_offline_failure(record) else record.get("failure_kind") or "no record"
+    took = f", {record.elapsed_s:.0f} s" if record else ""
+    if record is None or _set_aside(episode):
+        kind = (record.failure_kind if record else None) or "no record"
+        if is_offline_failure(record):
+            kind = "no network (expected)"
         return f"[red]✗[/red] {episode.instance_id}  set aside: {kind}{took}"
     return (
-        f"[green]✓[/green] {episode.instance_id}  graded: {record.get('turns', '-')} turns, "
+        f"[green]✓[/green] {episode.instance_id}  graded: {_count(record.turns)} turns, "
         f"reward {reward_text(episode.result.get('reward'))}{took}"
     )
 
@@ -129,7 +137,7 @@ def report_json(report: SmokeReport) -> dict[str, Any]:
                 "note": notes.texts[number - 1] if number else None,
                 "reward": episode.result.get("reward"),
                 "policy_calls": episode.policy_requests,
-                "nemogym": episode.record,
+                "nemogym": episode.record.model_dump(mode="json") if episode.record else {},
             }
             for episode, number in zip(report.episodes, notes.numbers, strict=True)
         ],

@@ -1,1 +1,3 @@
-"""One NeMo-Gym episode: build the ``/run`` request, send it, classify the answer into the record."""
+"""The ``/run`` pipeline: ``run.run_episode`` builds one episode's request (``request``), sends
+it (``in_flight``, ``circuit``, ``client``), classifies the answer (``classify``) and finishes
+the record (``record``) that the hooks read back."""

@@ -1,19 +1,8 @@
 """One process-wide circuit for the NeMo-Gym server: episodes wait out an outage.
 
-Without it, a server that is down makes every episode fail fast; Miles drops their
-groups and draws new prompts, so the epoch drains into nothing while the GPUs idle.
-With it, the first undeliverable ``/run`` opens the circuit; episodes then wait (no
-``/run`` is sent, no new prompt is consumed), a single probe task checks the server
-with backoff — a TCP connection, never ``/run``, which would start a paid episode — and
-a warning every minute says how long the server has been unreachable and how many
-episodes wait. When the probe connects, the circuit closes and the waiting episodes are
-sent; none was delivered before, so none runs twice.
-
-After ``NEMO_GYM_OUTAGE_TIMEOUT`` the circuit gives up: the waiting episodes fail as
-``transport_unreachable`` and ``stop_error()`` returns the error that the group filter
-raises to stop the run (see ``rollout/run_stop.py``).
-
-Thread-safe: episodes may wait on several event loops; each loop has its own wake-up.
+Closed: send. Open (after an undeliverable ``/run``): wait while one task probes the server
+with a TCP connection. Given up (after ``NEMO_GYM_OUTAGE_TIMEOUT``): fail, and
+``stop_error()`` stops the run. Thread-safe; why: docs/episode-pipeline.md.
 """
 
 from __future__ import annotations

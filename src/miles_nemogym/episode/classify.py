@@ -1,13 +1,7 @@
-"""Classify what came back from ``/run`` into the record Miles stores on the sample.
+"""Classify what came back from ``/run`` into the episode's verdict (``Outcome``).
 
-The server answers HTTP 200 whether the episode was graded or crashed, and a crashed
-episode carries ``reward: 0.0`` — indistinguishable from a policy that failed the task
-unless the body is read closely. Training on that zero would punish the policy for the
-infrastructure, so every path here ends in an explicit verdict: either a valid
-measurement (``mask_sample`` false, the server's reward) or a failure with a
-``failure_kind`` from ``failure_kinds.py`` and ``mask_sample`` true (reward 0.0, and the
-group filter sets the group aside).
-
+The server answers HTTP 200 also for a crashed episode, with ``reward: 0.0``; every path
+here ends in a valid measurement or a named, masked failure (docs/episode-pipeline.md).
 Pure functions over bytes and parsed models; the client does the I/O.
 """
 
@@ -17,54 +11,18 @@ import json
 import math
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import pydantic_core
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError
 
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.protocol import OutputItem, RunResponse
+from miles_nemogym.episode.record import EVAL_REPORT_KEY, RECORD_KEY, REWARD_KEY, EpisodeRecord, TestCounts
 from miles_nemogym.redaction import redact_urls
 
 REASON_MAX_CHARS = 300
 DEFAULT_REWARD_RANGE = (0.0, 1.0)
-
-
-class TestCounts(BaseModel):
-    """Passing and failing tests of one SWE-bench category."""
-
-    __test__ = False  # not a pytest test class
-    passed: int = 0
-    failed: int = 0
-
-    @property
-    def fraction(self) -> float | None:
-        total = self.passed + self.failed
-        return self.passed / total if total else None
-
-
-class EpisodeRecord(BaseModel):
-    """``metadata["nemogym"]`` on every sample: what happened to its episode."""
-
-    status: Literal["ok", "failed"]
-    episode_id: str | None = None
-    """One id per ``/run`` call. Miles may split one episode into several samples, each
-    carrying this record; metrics count episodes by it."""
-    failure_kind: str | None = None
-    failure_reason: str | None = None
-    mask_sample: bool = False
-    http_status: int | None = None
-    attempts: int = 0
-    elapsed_s: float = 0.0
-    instance_id: str | None = None
-    server_reward: float | None = None
-    """The reward the server sent, kept for diagnosis even when it is not used."""
-    resolved: bool | None = None
-    patch_applied: bool | None = None
-    fail_to_pass: TestCounts | None = None
-    pass_to_pass: TestCounts | None = None
-    turns: int | None = None
-    tool_calls: int | None = None
 
 
 class Outcome(BaseModel):
@@ -74,7 +32,7 @@ class Outcome(BaseModel):
     eval_report: dict[str, Any] = Field(default_factory=dict)
     record: EpisodeRecord
     _answer: bytes | None = PrivateAttr(default=None)
-    """The ``/run`` answer as received (API key scrubbed), for the episode store only."""
+    """The ``/run`` answer as received, for the episode store only (which scrubs the key)."""
     _answer_is_json: bool = PrivateAttr(default=False)
 
     def with_answer(self, raw: bytes | None, *, is_json: bool) -> Outcome:
@@ -90,9 +48,9 @@ class Outcome(BaseModel):
     def to_metadata(self) -> dict[str, Any]:
         """The dict returned to Miles and merged into ``sample.metadata``."""
         return {
-            "reward": self.reward,
-            "eval_report": self.eval_report,
-            "nemogym": self.record.model_dump(mode="json"),
+            REWARD_KEY: self.reward,
+            EVAL_REPORT_KEY: self.eval_report,
+            RECORD_KEY: self.record.model_dump(mode="json"),
         }
 
 
@@ -107,12 +65,8 @@ def short_reason(text: str) -> str:
 
 
 def error_summary(error: object) -> str:
-    """The exception line of a crashed episode's ``metadata.error``.
-
-    The real server's errors are Ray-wrapped: colour codes, the remote task's name and a
-    traceback come first, and what failed (e.g. ``ConnectionError: ... Failed to resolve
-    'raw.githubusercontent.com'``) is the last line, which a head-truncated reason loses.
-    """
+    """The exception line of a crashed episode's ``metadata.error``: the last line, since
+    the real server's errors are Ray-wrapped (colour codes and a traceback come first)."""
     lines = [line.strip() for line in _ANSI.sub("", str(error)).splitlines() if line.strip()]
     return lines[-1] if lines else "no error text"
 
@@ -143,11 +97,8 @@ def failure(
 
 
 def count_turns(output: Sequence[OutputItem]) -> tuple[int, int]:
-    """(model turns, tool calls) in a Responses ``output`` list.
-
-    One model turn produces a run of items (message, reasoning, function_call...) that
-    ends where the harness answers with ``function_call_output``.
-    """
+    """(model turns, tool calls) in a Responses ``output`` list: a turn is a run of items
+    (message, reasoning, function_call...) ending where ``function_call_output`` answers it."""
     turns = 0
     tool_calls = 0
     in_turn = False
@@ -238,10 +189,8 @@ def classify_run_response(
     sent_instance_id: str | None = None,
     reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE,
 ) -> Outcome:
-    """Verdict on a ``/run`` result that parsed.
-
-    ``sent_instance_id``: the instance the request was for; a result for another one is
-    not this episode's measurement. ``reward_range``: the valid server rewards."""
+    """Verdict on a ``/run`` result that parsed; a result for another instance than
+    ``sent_instance_id`` or a reward outside ``reward_range`` is not a measurement."""
     metadata = finite_json(response.metadata or {})
     raw_id = response.instance_id or metadata.get("instance_id")
     reported_id = None if raw_id is None else str(raw_id)
@@ -319,11 +268,8 @@ def _error_detail(body: bytes) -> str:
 
 
 def _scrub_kept(response: RunResponse, scrub: Callable[[bytes], bytes]) -> RunResponse | None:
-    """``response`` with ``scrub`` applied to every part the verdict keeps or quotes.
-
-    A parsed result has its JSON escapes decoded, so the parts kept (a few KB) are
-    re-encoded and scrubbed rather than the whole body (~100 KB, mostly the trajectory,
-    which is counted and dropped). None when they cannot be re-encoded (odd text)."""
+    """``response`` with ``scrub`` applied to the parts the verdict keeps or quotes (re-encoded,
+    since parsing decoded their escapes); None when they cannot be re-encoded."""
     kept = {
         "reward": response.reward,
         "instance_id": response.instance_id,
@@ -349,10 +295,8 @@ def classify_http(
     reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE,
     scrub: Callable[[bytes], bytes] | None = None,
 ) -> Outcome:
-    """Verdict on any HTTP answer from ``/run``: status code first, then the body.
-
-    ``instance_id`` and ``reward_range``: see ``classify_run_response``. ``scrub`` removes
-    a secret from outside text; it is applied before anything is parsed, quoted or cut."""
+    """Verdict on any HTTP answer from ``/run``: status code first, then the body. ``scrub``
+    (the API key's) is applied before anything is parsed, quoted or cut."""
     if scrub is not None and status != 200:
         body = scrub(body)
     if status >= 500:

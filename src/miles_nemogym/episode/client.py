@@ -1,26 +1,8 @@
 """The HTTP client for NeMo-Gym's ``POST /run``: one pooled aiohttp session per event loop.
 
-A rollout step opens hundreds of ``/run`` requests at once and each stays open for the
-whole episode (minutes), in the event loop Miles also uses for its session server.
-Measured with ``bench/agent_bench.py`` on a 2-core machine (1,000 requests held 10 s;
-4,000 quick calls at concurrency 256): one ``aiohttp.ClientSession`` finished the burst
-in ~11 s with loop stalls under 0.5 s and costs ~0.5 ms CPU per call; one pooled
-``httpx.AsyncClient`` configured as Miles' Harbor connector finished in ~13 s but costs
-~5 ms CPU per call (httpcore re-checks every pooled connection on each request), so it
-saturates near 190 calls/s against ~2,000; a new httpx client per call (the upstream
-example) took 40 s and stalled the loop 28 s. Hence aiohttp: one session and one
-``TCPConnector`` per loop, with the pool as large as the configured concurrency so no
-episode waits silently behind a pool limit.
-
-Retries follow one rule, because ``/run`` is not idempotent (a re-sent request starts a
-second paid episode against the same Miles session): a request is retried only when it
-certainly never reached the server (connection refused or unreachable, connect
-timeout). Anything that may have been delivered (reset, disconnect, timeout while
-waiting for the answer, any HTTP status) is classified and returned, never re-sent.
-
-Answers are read as untrusted: the decoded body is capped (``NEMO_GYM_MAX_RESULT_BYTES``;
-a small gzip body can inflate to gigabytes), the policy API key is scrubbed from it before
-anything parses or quotes it, and a large body is classified off the event loop.
+``/run`` is not idempotent, so a request is retried only when it certainly never reached
+the server; answers are read as untrusted (size capped, API key scrubbed before parsing).
+Why aiohttp, and the retry rule: docs/episode-pipeline.md.
 """
 
 from __future__ import annotations
@@ -31,6 +13,7 @@ import logging
 import random
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +22,6 @@ import aiohttp
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.classify import Outcome, classify_http, failure
 from miles_nemogym.episode.request import RequestBuildError, encode_body
-from miles_nemogym.redaction import key_scrubber
 from miles_nemogym.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -49,12 +31,16 @@ logger = logging.getLogger(__name__)
 # left, which is a masked sample we could have avoided.
 KEEPALIVE_S = 15.0
 
-# Bodies above this are classified in a worker thread (real results are ~100 KB and take
-# well under a millisecond on the loop; a runaway one of 100 MB took seconds).
+# Bodies above this are classified in a worker thread: a real result (about 100 KB) is
+# classified quickly on the loop, a runaway one of 100 MB would stall it for seconds.
 OFF_LOOP_BYTES = 4 * 1024 * 1024
 
 # How long interpreter exit waits for the pools to close on their loops.
 EXIT_CLOSE_TIMEOUT_S = 5.0
+
+
+Scrub = Callable[[bytes], bytes]
+"""Removes the policy API key from text that came from outside (``redaction.KeyScrubber``)."""
 
 
 @dataclass
@@ -100,10 +86,18 @@ class GymClient:
         await self._session.close()
 
     async def post_run(
-        self, url: str, body: dict[str, Any], settings: Settings, progress: Progress | None = None
+        self,
+        url: str,
+        body: dict[str, Any],
+        settings: Settings,
+        progress: Progress | None = None,
+        *,
+        instance_id: str | None = None,
+        scrub: Scrub | None = None,
     ) -> Outcome:
-        """Send one episode and classify the answer. Never raises for transport or HTTP
-        failures (they become a failed ``Outcome``); ``CancelledError`` propagates."""
+        """Send one episode and classify the answer for ``instance_id``; ``scrub`` removes the
+        API key from outside text. Never raises for transport or HTTP failures (they become
+        a failed ``Outcome``); ``CancelledError`` propagates."""
         if asyncio.get_running_loop() is not self._loop:
             raise RuntimeError("GymClient used from an event loop it was not created in")
         progress = progress if progress is not None else Progress()
@@ -111,8 +105,6 @@ class GymClient:
             payload = encode_body(body)
         except RequestBuildError as error:
             return failure(fk.INVALID_REQUEST, str(error))
-        instance_id = body.get("instance_id")
-        instance_id = instance_id if isinstance(instance_id, str) else None
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         started = self._loop.time()
         deadline = started + settings.run_timeout_s
@@ -137,16 +129,16 @@ class GymClient:
                         )
                     elif len(raw) > OFF_LOOP_BYTES:
                         outcome = await self._loop.run_in_executor(
-                            None, _classify, resp.status, raw, instance_id, settings
+                            None, _classify, resp.status, raw, instance_id, settings, scrub
                         )
                     else:
-                        outcome = _classify(resp.status, raw, instance_id, settings)
+                        outcome = _classify(resp.status, raw, instance_id, settings, scrub)
                     if not isinstance(raw, int):  # kept for the episode store (scrubbed there)
                         outcome.with_answer(raw, is_json=outcome.answer[1])
             except aiohttp.ConnectionTimeoutError as error:
-                retry_kind, reason = fk.TRANSPORT_TIMEOUT, f"connect timeout: {_text(error, settings)}"
+                retry_kind, reason = fk.TRANSPORT_TIMEOUT, f"connect timeout: {_text(error, scrub)}"
             except aiohttp.ClientConnectorError as error:
-                retry_kind, reason = fk.TRANSPORT_UNREACHABLE, f"cannot connect: {_text(error.os_error, settings)}"
+                retry_kind, reason = fk.TRANSPORT_UNREACHABLE, f"cannot connect: {_text(error.os_error, scrub)}"
             except asyncio.TimeoutError:
                 outcome = failure(
                     fk.AGENT_TIMEOUT,
@@ -155,7 +147,7 @@ class GymClient:
             except (aiohttp.ClientError, OSError) as error:
                 # Disconnects, resets, payload and protocol errors: the request may have
                 # reached the server and started an episode.
-                outcome = failure(fk.TRANSPORT_PEER_DROP, f"{type(error).__name__}: {_text(error, settings)}")
+                outcome = failure(fk.TRANSPORT_PEER_DROP, f"{type(error).__name__}: {_text(error, scrub)}")
 
             if retry_kind is not None:
                 delay = _backoff(attempt, settings)
@@ -185,26 +177,13 @@ async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> bytes | int:
     return b"".join(chunks)
 
 
-def _classify(status: int, raw: bytes, instance_id: str | None, settings: Settings) -> Outcome:
-    scrubber = key_scrubber(settings.policy_api_key.get_secret_value() if settings.policy_api_key else None)
-    return classify_http(
-        status,
-        raw,
-        instance_id=instance_id,
-        reward_range=settings.reward_range,
-        scrub=None if scrubber is None else scrubber.scrub,
-    )
+def _classify(status: int, raw: bytes, instance_id: str | None, settings: Settings, scrub: Scrub | None) -> Outcome:
+    return classify_http(status, raw, instance_id=instance_id, reward_range=settings.reward_range, scrub=scrub)
 
 
-def scrub(raw: bytes, settings: Settings) -> bytes:
-    """``raw`` with the policy API key removed, in any encoding a server may echo, before
-    anything parses, quotes or truncates it (see ``redaction.KeyScrubber``)."""
-    scrubber = key_scrubber(settings.policy_api_key.get_secret_value() if settings.policy_api_key else None)
-    return raw if scrubber is None else scrubber.scrub(raw)
-
-
-def _text(error: object, settings: Settings) -> str:
-    return scrub(str(error).encode("utf-8", "backslashreplace"), settings).decode("utf-8", "replace")
+def _text(error: object, scrub: Scrub | None) -> str:
+    text = str(error)
+    return text if scrub is None else scrub(text.encode("utf-8", "backslashreplace")).decode("utf-8", "replace")
 
 
 def _backoff(attempt: int, settings: Settings) -> float:
@@ -251,12 +230,9 @@ async def _close_all(clients: list[GymClient]) -> None:
 
 
 def close_at_exit() -> None:
-    """Close every loop's pools at interpreter exit, on their own loops.
-
-    Miles runs its rollout loop forever on a daemon thread (``miles/utils/async_utils.py``
-    at commit 31f1ca9), so nothing else ever closes them and aiohttp would report each
-    pooled connection as "Unclosed connector" at exit.
-    """
+    """Close every loop's pools at interpreter exit, on their own loops: Miles runs its loop
+    forever on a daemon thread (``miles/utils/async_utils.py`` at 31f1ca9), so nothing else
+    closes them and aiohttp would report "Unclosed connector"."""
     for loop, pools in list(_clients.items()):
         clients = [client for client in pools.values() if not client.closed]
         if not clients or loop.is_closed():

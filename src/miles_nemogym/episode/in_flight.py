@@ -1,27 +1,14 @@
-"""The process's in-flight NeMo-Gym episodes: run one, or abort them all.
+"""The process's in-flight NeMo-Gym episodes: send one through the circuit, or abort them all.
 
-Miles' over-sampling abort stops generation and then calls the agent module's
-``abort(args)`` so external episodes stop too (``call_agent_abort_hook`` in Miles'
-``miles/utils/misc.py``, radixark/miles 31f1ca9). NeMo-Gym has no cancel
-endpoint; what a client can do is stop waiting and close the connection (the server's
-sandbox is reclaimed by its provider's TTL). Each episode therefore runs its HTTP call in
-an inner task registered here, and ``abort_all`` cancels those tasks, from any thread,
-while the callers' own tasks receive a ``cancelled`` outcome instead of an exception.
-The inner task also holds the wait on the server's circuit (``episode/circuit.py``), so an
-episode waiting out an outage is aborted like one in flight.
-
-A cancellation of the caller's task (Miles cancelling the rollout) is different: it is
-propagated unchanged after the inner request is closed, as asyncio's contract requires.
-The two are told apart by where the cancellation lands: the caller waits on a future the
-inner task resolves when it ends, so ``abort`` cancelling the inner task resumes the
-caller normally, and only the caller's own cancellation raises there (this works on
-Python 3.10, which has no ``Task.cancelling``).
+Each ``/run`` runs in an inner task registered here so that ``abort_all`` (Miles'
+over-sampling abort, from any thread) can stop it while its caller gets a ``cancelled``
+outcome; a cancellation of the caller's own task propagates. How the two are told apart
+(also on Python 3.10): docs/episode-pipeline.md.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -30,11 +17,9 @@ from typing import Any
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.circuit import circuit
 from miles_nemogym.episode.classify import Outcome, failure
-from miles_nemogym.episode.client import GymClient, Progress, get_client
+from miles_nemogym.episode.client import GymClient, Progress, Scrub, get_client
 from miles_nemogym.rollout.ledger import ledger
 from miles_nemogym.settings import Settings
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -49,21 +34,22 @@ _in_flight: set[_InFlight] = set()
 
 
 def in_flight_count() -> int:
+    """How many episodes of this process are in flight (none may be left behind)."""
     with _lock:
         return len(_in_flight)
 
 
-async def run_episode(body: dict[str, Any], settings: Settings) -> Outcome:
-    """POST one episode to ``/run`` and classify it; see the module docstring on cancellation."""
+async def send(body: dict[str, Any], settings: Settings, *, instance_id: str | None, scrub: Scrub | None) -> Outcome:
+    """POST one episode and classify it; ``abort_all`` turns it into a ``cancelled`` outcome.
+    Raises what the request raised (a defect); the caller's cancellation propagates."""
     client = await get_client(settings)
     loop = asyncio.get_running_loop()
     started = loop.time()
     progress = Progress()
-    task = loop.create_task(_deliver(client, body, settings, progress))
+    task = loop.create_task(_deliver(client, body, settings, progress, instance_id, scrub))
     entry = _InFlight(task, loop, progress)
     with _lock:
         _in_flight.add(entry)
-    instance_id = body.get("instance_id")
     try:
         try:
             await _ended(task)
@@ -73,28 +59,28 @@ async def run_episode(body: dict[str, Any], settings: Settings) -> Outcome:
             await _ended(task)
             raise
         if task.cancelled():
-            outcome = failure(fk.CANCELLED, _stopped_reason(progress), instance_id=instance_id)
+            outcome = failure(fk.CANCELLED, _stopped_reason(progress))
             outcome.record.attempts = progress.attempts
             outcome.record.elapsed_s = round(loop.time() - started, 3)
             return outcome
-        error = task.exception()
-        if error is not None:
-            logger.error("miles-nemogym client error for %s", instance_id, exc_info=error)
-            return failure(fk.CLIENT_ERROR, f"{type(error).__name__}: {error}", instance_id=instance_id)
-        outcome = task.result()
+        return task.result()
     finally:
         with _lock:
             _in_flight.discard(entry)
-    if outcome.record.instance_id is None:
-        outcome.record.instance_id = instance_id
-    return outcome
 
 
 # Failures that certainly never reached the server: safe to send again once it answers.
 _UNDELIVERED = frozenset({fk.TRANSPORT_UNREACHABLE, fk.TRANSPORT_TIMEOUT})
 
 
-async def _deliver(client: GymClient, body: dict[str, Any], settings: Settings, progress: Progress) -> Outcome:
+async def _deliver(
+    client: GymClient,
+    body: dict[str, Any],
+    settings: Settings,
+    progress: Progress,
+    instance_id: str | None,
+    scrub: Scrub | None,
+) -> Outcome:
     """``/run`` through the process's circuit: an undeliverable request opens it, waits
     for the server, and is sent again (it never arrived); see ``episode/circuit.py``."""
     waited = 0.0
@@ -113,7 +99,9 @@ async def _deliver(client: GymClient, body: dict[str, Any], settings: Settings, 
                 )
                 outcome.record.attempts = attempts
                 return outcome
-            outcome = await client.post_run(settings.run_url, body, settings, progress)
+            outcome = await client.post_run(
+                settings.run_url, body, settings, progress, instance_id=instance_id, scrub=scrub
+            )
             attempts += outcome.record.attempts
             if outcome.record.failure_kind in _UNDELIVERED and outcome.record.http_status is None:
                 circuit.trip(settings.gym_url, settings.outage_timeout_s)

@@ -1,14 +1,8 @@
-"""The policy URL the NeMo-Gym server dials: Miles' session URL made reachable.
+"""The policy URL the NeMo-Gym server dials: Miles' session URL + ``/v1``, made reachable.
 
-Miles hands the agent function ``base_url = http://<session_server_ip>:<port>/sessions/<id>``
-(Miles ``agentic_tool_call.py``; docs/upstream.md). The NeMo-Gym harness needs the OpenAI-compatible base, which is that
-URL plus ``/v1``, and it runs on another host in a real deployment. With Miles'
-``--session-server-ip 0.0.0.0`` the host part is the wildcard address, which no remote
-peer can dial, so it is replaced by:
-
-1. ``MILES_ROUTER_EXTERNAL_HOST`` when set (the upstream example's variable), else
-2. the local address the kernel would use to reach the NeMo-Gym host (a UDP ``connect``
-   sends nothing; it only asks the routing table), decided once per Gym host and logged.
+A wildcard host (Miles' ``--session-server-ip 0.0.0.0``) is replaced by
+``MILES_ROUTER_EXTERNAL_HOST``, else by the local address the kernel would use to reach the
+NeMo-Gym host (a UDP ``connect`` sends nothing), decided once per Gym host and logged.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Wire models of NeMo-Gym's ``mini_swe_agent_2`` ``POST /run``.
 
-Defined by nemo-gym 0.7.0 ``responses_api_agents/mini_swe_agent_2/app.py`` (docs/upstream.md).
-
-The request side is strict where the server is strict: the server validates
-``responses_create_params`` against a model that forbids unknown keys and answers 422
-for the whole episode, so we validate the same way before sending and fail with a
-message that names the key. The instance fields at the top level are free-form (the
-server keeps unknown top-level keys and hands the whole body to the harness).
-
-The response side is lenient: the server answers HTTP 200 even when the episode failed,
-and older or newer servers may add or omit diagnostic fields. Only what the plugin
-reads is parsed; everything else is ignored.
+Defined by nemo-gym 0.7.0 ``responses_api_agents/mini_swe_agent_2/app.py``. The request
+side is strict where the server is strict (it answers 422 for an unknown
+``responses_create_params`` key); the response side parses only what the classifier reads.
 """
 
 from __future__ import annotations
@@ -23,11 +15,8 @@ from typing_extensions import TypedDict
 
 class ResponsesCreateParams(BaseModel):
     """The ``responses_create_params`` the server accepts (nemo-gym's
-    ``NeMoGymResponseCreateParamsNonStreaming``; ``extra="forbid"`` there too).
-
-    The fields ``mini_swe_agent_2`` actually uses are typed; the rest of the server's
-    schema is accepted untyped, so a task row carrying one is still sent as written.
-    """
+    ``NeMoGymResponseCreateParamsNonStreaming``, ``extra="forbid"``): the fields
+    ``mini_swe_agent_2`` uses typed, the rest of the server's schema untyped."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -84,8 +73,8 @@ class RunRequest(BaseModel):
 class OutputItem(TypedDict, total=False):
     """One item of the trajectory; only its type is read (to count turns and tool calls).
 
-    A TypedDict, not a model: a dict per item validates ~7x faster than a model instance,
-    which matters for a runaway trajectory of a million items (bench/agent_bench.py)."""
+    A TypedDict, not a model: a dict per item validates much faster than a model instance,
+    which matters for a runaway trajectory of a million items."""
 
     type: str | None
 
@@ -100,12 +89,8 @@ class ResponseObject(BaseModel):
 
 class RunResponse(BaseModel):
     """A ``/run`` result (nemo-gym's ``BaseVerifyResponse`` + ``mini_swe_agent_2``'s fields).
-
-    Unread parts (the echoed prompt, the trajectory's contents) are ignored rather than
-    kept: they are most of a result's bytes, and building Python objects for them that
-    are dropped at once measurably taxes the garbage collector of the rollout loop
-    (bench/agent_bench.py). The trajectory itself stays in the server's results folder.
-    """
+    Unread parts (the echoed prompt, the trajectory's contents: most of the bytes) are not
+    built into objects, which would tax the rollout loop's garbage collector."""
 
     model_config = ConfigDict(extra="ignore")
 

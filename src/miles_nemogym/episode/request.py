@@ -1,15 +1,7 @@
-"""Build the ``/run`` body from what Miles hands the agent function.
+"""Build the ``/run`` body from what Miles hands the agent function. Pure functions.
 
-Pure functions: Miles' ``metadata`` (the converter's task instance plus Miles'
-bookkeeping) and ``request_kwargs`` (the trainer's sampling parameters, already renamed
-to OpenAI/SGLang names) in; a JSON-ready body out. The scan and the agent share this one
-builder, so a golden scan sends exactly what training will send.
-
-Sampling: the server forwards ``temperature``, ``top_p`` and ``max_output_tokens`` as
-typed fields, and everything else only through ``metadata.extra_body`` (merged into
-every chat-completions request of the episode). Every sampling key the trainer set
-therefore goes somewhere; dropping one would let the policy sample differently from
-what the trainer was told, silently skewing the logprobs GRPO trains on.
+Every sampling key the trainer sets goes somewhere: ``temperature``, ``top_p`` and
+``max_output_tokens`` typed, the rest in ``metadata.extra_body`` (docs/episode-pipeline.md).
 """
 
 from __future__ import annotations
@@ -23,6 +15,7 @@ import pydantic_core
 from pydantic import ValidationError
 
 from miles_nemogym.episode.protocol import ResponsesCreateParams, RunRequest
+from miles_nemogym.episode.record import EVAL_REPORT_KEY, RECORD_KEY, REWARD_KEY
 from miles_nemogym.rollout.roles import KEYS as ROLE_KEYS
 
 # Keys Miles adds to sample.metadata for its own bookkeeping (agentic_tool_call.py).
@@ -30,7 +23,7 @@ MILES_BOOKKEEPING_KEYS = frozenset({"max_seq_len", "session_server_id", "session
 
 # Keys this plugin returns and Miles merges back into sample.metadata. A sample that is
 # retried or re-rolled carries them; they must never be sent as task fields.
-PLUGIN_RESULT_KEYS = frozenset({"reward", "eval_report", "nemogym", "agent_metrics"})
+PLUGIN_RESULT_KEYS = frozenset({REWARD_KEY, EVAL_REPORT_KEY, RECORD_KEY, "agent_metrics"})
 
 # Routing and secrets come from the plugin, never from a data row.
 ROUTING_KEYS = frozenset({"policy_base_url", "policy_api_key"})
@@ -60,13 +53,8 @@ _JSON_SCALARS = (str, int, type(None))  # bool is an int
 
 
 def _json_problem(value: Any) -> str | None:
-    """What stops ``json.dumps(value, allow_nan=False)`` from succeeding, or None.
-
-    Accepts exactly what that call accepts (dict keys may be str, int, float, bool or
-    None) without building the string: on the agent's per-sample path a walk of a task
-    row costs a few microseconds where serializing it costs tens (bench/agent_bench.py).
-    Raises ``RecursionError`` on a circular value.
-    """
+    """What stops ``json.dumps(value, allow_nan=False)`` from succeeding, or None; a walk,
+    cheaper than serializing on the per-sample path. Raises ``RecursionError`` on a cycle."""
     if isinstance(value, _JSON_SCALARS):
         return None
     if isinstance(value, float):
@@ -136,11 +124,8 @@ def split_sampling(request_kwargs: Mapping[str, Any] | None) -> tuple[dict[str, 
 def responses_create_params(
     row_params: Mapping[str, Any] | None, request_kwargs: Mapping[str, Any] | None
 ) -> dict[str, Any]:
-    """Merge a row's own ``responses_create_params`` with the trainer's sampling.
-
-    The trainer wins on every key it sets, including inside ``extra_body``; keys only
-    the row sets (``chat_template_kwargs``, ``tool_choice``, ...) are kept.
-    """
+    """Merge a row's own ``responses_create_params`` with the trainer's sampling: the trainer
+    wins on every key it sets (also inside ``extra_body``); keys only the row sets are kept."""
     if row_params is not None and not isinstance(row_params, Mapping):
         raise RequestBuildError(
             "metadata['responses_create_params'] must be an object (NeMo-Gym's row format), "
@@ -241,12 +226,8 @@ def build_run_body(
 
 
 def encode_body(body: Mapping[str, Any]) -> bytes:
-    """The ``/run`` body as JSON bytes; ``RequestBuildError`` names a field that cannot be.
-
-    pydantic-core's encoder is ~3x faster than ``json.dumps`` on a task row, and
-    ``build_run_body`` has already checked the values; what is left to fail here is text
-    that is not valid Unicode (a lone surrogate from a Python-built row).
-    """
+    """The ``/run`` body as JSON bytes (pydantic-core's encoder); ``RequestBuildError`` names
+    a field that cannot be (text that is not valid Unicode: ``build_run_body`` checked the rest)."""
     try:
         return pydantic_core.to_json(body)
     except pydantic_core.PydanticSerializationError:

@@ -1,14 +1,8 @@
-"""Process-local ledger of finished episodes and group verdicts, read by the rollout log.
+"""Process-local ledger of finished episodes and group verdicts, drained by the log functions.
 
-Miles returns a sample whose episode failed before its first policy call as ABORTED
-without our record, and its rollout log function only sees the groups the filter kept:
-counted from samples, failures vanish. So the agent function writes every finished
-episode here, the group filter every verdict, and ``metrics.log_rollout`` drains it once
-per rollout. Counts are kept per role (``"train"`` today; eval can get its own role
-without touching the callers' code). Thread-safe: Miles may run rollouts in threads.
-
-The ledger also keeps the run-wide failure streak (consecutive failed episodes with no
-valid one between them), which is not reset by a drain.
+Counted from samples, failures vanish (Miles drops record-less ABORTED samples and dropped
+groups), so the agent function and the filter write here. Thread-safe. It also keeps the
+run-wide failure streak, which a drain does not reset.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """``nemogym-eval/<set>/*``: what a held-out eval run measured, with infrastructure set aside.
 
-Miles' own ``eval/<set>`` averages every sample's reward, so an episode that crashed on
-the Gym side (reward 0.0, masked) reads as a wrong answer. Here only valid episodes
-count: pass@1 and pass@k are over them, grouped by ``instance_id`` (Miles' eval
-``index`` is a running counter, and under session server v2 one episode may give several
-samples, so samples are first reduced to distinct episodes). Masked episodes are counted
-by kind, so it stays visible how many were set aside. Pure functions.
+pass@1 and pass@k over valid episodes only, grouped by ``instance_id``; masked episodes are
+counted by kind (docs/episode-pipeline.md). Pure functions.
 """
 
 from __future__ import annotations
@@ -17,7 +13,7 @@ from typing import Any
 
 from miles_nemogym.failure_kinds import metric_label
 from miles_nemogym.rollout.ledger import Tally
-from miles_nemogym.rollout.samples import flatten, metadata_of, record_of
+from miles_nemogym.rollout.samples import episodes, flatten
 
 PREFIX = "nemogym-eval/"
 
@@ -32,22 +28,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def _episodes_with_repo(samples: Any) -> list[tuple[dict[str, Any], str | None]]:
-    """Distinct episode records of ``samples`` with the task's repo, in sample order."""
-    seen: set[str] = set()
-    out = []
-    for sample in flatten(samples):
-        record = record_of(sample)
-        if record is None:
-            continue
-        episode_id = record.get("episode_id")
-        if episode_id is not None:
-            if episode_id in seen:
-                continue
-            seen.add(episode_id)
-        repo = metadata_of(sample).get("repo")
-        out.append((record, repo if isinstance(repo, str) else None))
-    return out
+def _repo_of(metadata: dict[str, Any]) -> str | None:
+    repo = metadata.get("repo")
+    return repo if isinstance(repo, str) else None
 
 
 def _repo_label(repo: str) -> str:
@@ -58,11 +41,10 @@ def eval_set_metrics(name: str, samples: Any, k: int, tally: Tally | None = None
     """``nemogym-eval/<name>/*`` of one eval set's samples; ``tally`` is the ledger's count
     of the set's episodes (it also sees episodes Miles returned without our record)."""
     flat = list(flatten(samples))
-    episodes = _episodes_with_repo(flat)
-    valid = [(r, repo) for r, repo in episodes if not r.get("mask_sample")]
-    masked = [r for r, _ in episodes if r.get("mask_sample")]
-    kinds: Counter[str] = Counter(str(r.get("failure_kind") or "unknown") for r in masked)
-    total = len(episodes)
+    found = [(e.record, _repo_of(e.metadata)) for e in episodes(flat)]
+    valid = [(r, repo) for r, repo in found if not r.mask_sample]
+    kinds: Counter[str] = Counter(r.failure_kind or "unknown" for r, _ in found if r.mask_sample)
+    total = len(found)
     if tally is not None and tally.episodes >= total:
         # The ledger saw every finished episode; the samples may lack the record-less ones.
         kinds = Counter(tally.failures)
@@ -80,9 +62,9 @@ def eval_set_metrics(name: str, samples: Any, k: int, tally: Tally | None = None
 
     by_instance: dict[str, list[bool]] = defaultdict(list)
     for record, _ in valid:
-        by_instance[str(record.get("instance_id"))].append(bool(record.get("resolved")))
+        by_instance[str(record.instance_id)].append(bool(record.resolved))
     # An instance whose episodes all failed has no measurement: it is short of k, not a 0.
-    instances = {str(r.get("instance_id")) for r, _ in episodes}
+    instances = {str(r.instance_id) for r, _ in found}
     metrics["instances"] = float(len(instances))
     if by_instance:
         metrics["pass@1"] = sum(sum(v) / len(v) for v in by_instance.values()) / len(by_instance)
@@ -93,19 +75,15 @@ def eval_set_metrics(name: str, samples: Any, k: int, tally: Tally | None = None
 
     if valid:
         records = [r for r, _ in valid]
-        metrics["resolve_rate"] = sum(1 for r in records if r.get("resolved")) / len(records)
-        metrics["patch_applied_rate"] = sum(1 for r in records if r.get("patch_applied")) / len(records)
-        fractions = []
-        for record in records:
-            f2p = record.get("fail_to_pass")
-            if isinstance(f2p, dict) and (f2p.get("passed", 0) + f2p.get("failed", 0)):
-                fractions.append(f2p.get("passed", 0) / (f2p.get("passed", 0) + f2p.get("failed", 0)))
+        metrics["resolve_rate"] = sum(1 for r in records if r.resolved) / len(records)
+        metrics["patch_applied_rate"] = sum(1 for r in records if r.patch_applied) / len(records)
+        fractions = [f for f in (r.fail_to_pass.fraction for r in records if r.fail_to_pass) if f is not None]
         if fractions:
             metrics["fail_to_pass_fraction_mean"] = sum(fractions) / len(fractions)
         per_repo: dict[str, list[bool]] = defaultdict(list)
         for record, repo in valid:
             if repo:
-                per_repo[repo].append(bool(record.get("resolved")))
+                per_repo[repo].append(bool(record.resolved))
         for repo, resolved in sorted(per_repo.items()):
             metrics[f"resolve_rate/{_repo_label(repo)}"] = sum(resolved) / len(resolved)
     return {f"{PREFIX}{name}/{key}": value for key, value in metrics.items()}

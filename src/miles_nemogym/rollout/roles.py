@@ -1,11 +1,8 @@
 """Which kind of episode a sample is: a training episode or one of a held-out eval set.
 
-Miles gives the agent function only ``base_url``, ``prompt``, ``request_kwargs`` and
-``metadata``, and its ``--eval-prompt-data`` adds nothing to the metadata, so an eval
-episode looks like a train one. Miles' ``--eval-config`` YAML can add keys to every
-sample of an eval set (``metadata_overrides``, ``miles/utils/eval_config.py`` at commit
-31f1ca9); the launcher writes one that sets the two keys below, and everything that keeps
-train and eval apart (the ledger, the episode store, ``metrics.log_eval``) reads them here.
+Miles' ``--eval-config`` adds ``metadata_overrides`` to every eval sample (Miles
+``miles/utils/eval_config.py`` at commit 31f1ca9); the launcher sets the two keys below,
+and the ledger, the episode store and ``metrics.log_eval`` read them here.
 """
 
 from __future__ import annotations

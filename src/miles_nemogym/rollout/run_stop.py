@@ -1,17 +1,9 @@
 """Stop the training run when the NeMo-Gym server cannot produce episodes.
 
-Miles swallows the agent function's exceptions (``agentic_tool_call.generate`` logs
-them and returns an ABORTED sample), so raising there would only drop groups while
-Miles draws new prompts forever. The dynamic filter is called outside any ``try`` in
-Miles' ``generate_rollout_async`` (``miles/rollout/inference_rollout/
-inference_rollout_train.py``, radixark/miles 31f1ca9): an exception from it ends the
-rollout and the run. The group filter therefore calls ``check()`` first.
-
-Two conditions stop the run: the server stayed unreachable for longer than
-``NEMO_GYM_OUTAGE_TIMEOUT`` (``episode/circuit.py``), or ``NEMO_GYM_MAX_FAILURE_STREAK``
-episodes in a row failed with no valid one between them (a server that answers but
-fails everything). Before raising, this process's in-flight episodes are stopped:
-Miles' own end-of-step abort does not run on this path.
+The group filter calls ``check()`` first: its exception is the one that leaves Miles'
+rollout (Miles ``inference_rollout_train.py``). It raises after an outage past
+``NEMO_GYM_OUTAGE_TIMEOUT`` or ``NEMO_GYM_MAX_FAILURE_STREAK`` failures in a row, having
+stopped this process's in-flight episodes (docs/episode-pipeline.md).
 """
 
 from __future__ import annotations

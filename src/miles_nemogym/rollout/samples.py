@@ -1,16 +1,17 @@
-"""Reading Miles ``Sample`` objects without importing Miles (Miles ``miles/utils/types.py``; docs/upstream.md).
+"""Reading Miles ``Sample`` objects without importing Miles (Miles ``miles/utils/types.py``).
 
-The reward hook, the group filter and the rollout metrics all receive Miles samples,
-and all must work in tests and tools where Miles is not installed. They read samples
-through these accessors, which rely only on the attributes of Miles' ``Sample``
-dataclass (``metadata``, ``status``) and accept the nested lists Miles passes when one
-prompt yields several samples.
+The hooks receive Miles samples and must also work where Miles is not installed: they
+use only ``Sample.metadata`` and ``Sample.status``, accept the nested lists Miles passes
+when one prompt yields several samples, and read the record with ``read_record``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
+
+from miles_nemogym.episode.record import EpisodeRecord, RecordRead, read_record
 
 
 def flatten(samples: Any) -> Iterator[Any]:
@@ -27,10 +28,14 @@ def metadata_of(sample: Any) -> dict[str, Any]:
     return metadata if isinstance(metadata, dict) else {}
 
 
-def record_of(sample: Any) -> dict[str, Any] | None:
-    """The ``nemogym`` episode record the agent function wrote, if any."""
-    record = metadata_of(sample).get("nemogym")
-    return record if isinstance(record, dict) else None
+def read_sample(sample: Any) -> RecordRead:
+    """The episode record the agent function wrote on ``sample``, as read."""
+    return read_record(metadata_of(sample))
+
+
+def record_of(sample: Any) -> EpisodeRecord | None:
+    """The episode record the agent function wrote on ``sample``, if any."""
+    return read_sample(sample).record
 
 
 def is_aborted(sample: Any) -> bool:
@@ -40,18 +45,30 @@ def is_aborted(sample: Any) -> bool:
     return isinstance(name, str) and name.lower() == "aborted"
 
 
-def episodes(samples: Iterable[Any]) -> list[dict[str, Any]]:
-    """The distinct episode records among ``samples`` (one episode may span samples)."""
+@dataclass(frozen=True)
+class Episode:
+    """One distinct episode among a rollout's samples."""
+
+    record: EpisodeRecord
+    unreadable: frozenset[str]
+    """Record fields of a wrong type or value (see ``read_record``)."""
+    metadata: dict[str, Any]
+    """The metadata of its first sample (the task row: ``repo``, ...)."""
+
+
+def episodes(samples: Iterable[Any]) -> list[Episode]:
+    """The distinct episodes among ``samples`` (one episode may span samples), in order;
+    a record without a readable ``episode_id`` is an episode of its own."""
     seen: set[str] = set()
-    records = []
+    out = []
     for sample in samples:
-        record = record_of(sample)
-        if record is None:
+        read = read_sample(sample)
+        if read.record is None:
             continue
-        episode_id = record.get("episode_id")
-        if isinstance(episode_id, str):  # anything else is a corrupted record: its own episode
+        episode_id = read.record.episode_id
+        if episode_id is not None:
             if episode_id in seen:
                 continue
             seen.add(episode_id)
-        records.append(record)
-    return records
+        out.append(Episode(read.record, read.unreadable, metadata_of(sample)))
+    return out

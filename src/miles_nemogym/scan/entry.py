@@ -1,14 +1,8 @@
-"""Run a scan as a program: signals, logging, error printing and the exit code.
+"""Run a scan as a program (``miles-nemogym scan``, ``scripts/golden_scan.py``): signals, logging, exit code.
 
-Shared by ``miles-nemogym scan`` and ``scripts/golden_scan.py``.
-
-Exit codes: 0 every selected instance passed (reward 1.0; with ``--allow-unresolved``:
-every episode was graded) and no infrastructure failure; 1 some instance failed or hit
-an infrastructure failure; 2 the scan could not start (flags, settings, input file,
-results file, unreachable server) — no episode was sent; 130 stopped by Ctrl-C (or
-SIGTERM): in-flight episodes cancelled, finished results kept in ``--output``, summary
-printed. A second Ctrl-C while it stops aborts at once (exit 1, "Aborted!"); the lines
-already written are kept either way.
+Exit 0: every instance passed (``--allow-unresolved``: was graded); 1: an instance failed
+or hit an infrastructure failure; 2: the scan could not start (nothing sent); 130: stopped
+by Ctrl-C or SIGTERM, finished results kept. A second Ctrl-C aborts at once (exit 1).
 """
 
 from __future__ import annotations
@@ -21,24 +15,28 @@ import sys
 from rich.console import Console
 from rich.markup import escape
 
+from miles_nemogym.episode.run import scrubber_for
+from miles_nemogym.redaction import KeyScrubber
 from miles_nemogym.scan.config import API_KEY_ENV, ScanConfig
 from miles_nemogym.scan.runner import EXIT_USAGE, ScanResult, ScanUsageError, run_scan
 from miles_nemogym.settings import get_settings
 
 
 class _RedactingFilter(logging.Filter):
-    """Replaces the policy API key in every log record (defence in depth: nothing is
+    """Removes the policy API key from every log record (defence in depth: nothing is
     known to log it, but a library error message could quote a request)."""
 
-    def __init__(self, secret: str) -> None:
+    def __init__(self, scrubber: KeyScrubber) -> None:
         super().__init__()
-        self._secret = secret
+        self._scrubber = scrubber
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        if self._secret in message:
-            record.msg, record.args = message.replace(self._secret, "***"), None
-        if record.exc_info and record.exc_info[1] is not None and self._secret in str(record.exc_info[1]):
+        clean = self._scrubber.scrub_text(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None and self._scrubber.scrub_text(str(error)) != str(error):
             record.exc_info, record.exc_text = None, None
         return True
 
@@ -47,11 +45,11 @@ def _install_logging(err: Console) -> logging.Handler:
     handler = logging.StreamHandler(err.file)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     try:
-        key = get_settings().policy_api_key
+        scrubber = scrubber_for(get_settings())
     except Exception:  # reported by the scan itself, with its fix
-        key = None
-    if key is not None:
-        handler.addFilter(_RedactingFilter(key.get_secret_value()))
+        scrubber = None
+    if scrubber is not None:
+        handler.addFilter(_RedactingFilter(scrubber))
     root = logging.getLogger()
     root.addHandler(handler)
     if root.level == logging.NOTSET or root.level > logging.WARNING:

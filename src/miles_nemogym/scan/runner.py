@@ -1,24 +1,13 @@
-"""Run a scan: every selected instance through the agent function's own request path.
+"""Run a scan: every selected instance through ``episode.run.run_episode``, the agent function's own path.
 
-Each episode is built by ``mapping.build_run_body`` and sent by ``episodes.run_episode``
-(the pooled client with delivery-safe retries) and classified by ``outcome`` — the exact
-path ``miles_nemogym.agent.run`` takes, so a scan that passes vouches for training. The
-only differences are the routing: ``policy_base_url`` is ``--policy-base-url`` (or
-absent: the server's configured model) instead of a Miles session, and the API key is
-sent only with ``--policy-base-url`` (without it the server's own model is used, and a
-key meant for an external API must not go there).
-
-Everything that can be wrong before an episode starts (flags, settings, input rows,
-results file, server reachability) raises ``ScanUsageError`` first; after that,
-instances run at most ``--concurrency`` at a time and each result is appended to the
-results file as it finishes. ``stop`` (set by Ctrl-C) cancels the in-flight episodes;
-what finished is kept.
+``policy_base_url`` is ``--policy-base-url`` (or absent: the server's own model), the API key
+is sent only with it. Whatever is wrong before an episode starts raises ``ScanUsageError``;
+then results are appended as episodes finish, and ``stop`` (Ctrl-C) keeps what finished.
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,8 +15,8 @@ from rich.console import Console
 
 from miles_nemogym.episode.classify import Outcome
 from miles_nemogym.episode.client import close_client
-from miles_nemogym.episode.in_flight import run_episode
-from miles_nemogym.episode.request import RequestBuildError, build_run_body
+from miles_nemogym.episode.request import RequestBuildError, responses_create_params
+from miles_nemogym.episode.run import run_episode
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.scan.config import ScanConfig, scan_settings, usage_problems
 from miles_nemogym.scan.inputs import InputError, ScanTask, load_tasks
@@ -80,9 +69,9 @@ class ScanResult:
 class _Prepared:
     settings: Settings
     selected: list[ScanTask]
-    bodies: dict[str, dict[str, Any]]
+    pending: list[ScanTask]
+    """The selected instances without a result yet: the ones this scan runs."""
     earlier: dict[str, ResultLine]
-    api_key: str | None
     digests: dict[str, str]
     lock: ResultsLock | None
 
@@ -159,26 +148,13 @@ def _prepare_locked(
     wanted = {task.instance_id for task in selected}
     earlier = {key: value for key, value in earlier.items() if key in wanted}
 
-    api_key = None
-    if config.policy_base_url and settings.policy_api_key is not None:
-        api_key = settings.policy_api_key.get_secret_value()
-    bodies = {}
-    for task in selected:
-        if task.instance_id in earlier:
-            continue
-        try:
-            bodies[task.instance_id] = build_run_body(
-                task.metadata,
-                config.request_kwargs(),
-                policy_base_url=config.policy_base_url,
-                policy_api_key=api_key,
-            )
-        except RequestBuildError as error:
-            message = str(error)
-            if api_key:
-                message = message.replace(api_key, "***")
-            raise ScanUsageError(f"{task.where}: instance {task.instance_id}: {message}") from None
-    return _Prepared(settings, selected, bodies, earlier, api_key, digests, lock)
+    try:
+        # Each row was checked when it was loaded; the sampling flags are checked once here.
+        responses_create_params(None, config.request_kwargs())
+    except RequestBuildError as error:
+        raise ScanUsageError(f"the sampling flags cannot be sent: {error}") from None
+    pending = [task for task in selected if task.instance_id not in earlier]
+    return _Prepared(settings, selected, pending, earlier, digests, lock)
 
 
 def _result_line(task: ScanTask, outcome: Outcome, seconds: float, config: ScanConfig, digest: str) -> ResultLine:
@@ -203,12 +179,9 @@ async def run_scan(
     console: Console | None = None,
     stop: asyncio.Event | None = None,
 ) -> ScanResult:
-    """Run the scan ``config`` describes and print its progress and summary on ``console``.
-
-    Raises ``ScanUsageError`` (before any episode) when it cannot start. Setting ``stop``
-    cancels the in-flight episodes and returns with ``interrupted`` set; cancelling the
-    caller's task does the same and then propagates the cancellation.
-    """
+    """Run the scan ``config`` describes, printing progress and summary; ``ScanUsageError``
+    (before any episode) when it cannot start. ``stop`` cancels in-flight episodes and
+    returns ``interrupted``; cancelling the caller does the same, then propagates."""
     console = console or Console()
     prepared = _prepare(config)
     try:
@@ -218,7 +191,7 @@ async def run_scan(
 
 
 async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Console, stop: asyncio.Event) -> ScanResult:
-    if prepared.bodies:
+    if prepared.pending:
         try:
             await check_server(
                 prepared.settings.gym_url,
@@ -234,7 +207,7 @@ async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Consol
     loop = asyncio.get_running_loop()
     progress = ScanProgress(console, len(prepared.selected), prepared.earlier.values())
     console.print(
-        f"scan: {len(prepared.bodies)} of {len(prepared.selected)} selected instance(s) to run on "
+        f"scan: {len(prepared.pending)} of {len(prepared.selected)} selected instance(s) to run on "
         f"{redact_url(prepared.settings.run_url)} — mode {config.mode}, concurrency {config.concurrency}, "
         f"episode timeout {prepared.settings.run_timeout_s:g}s",
         highlight=False,
@@ -252,17 +225,21 @@ async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Consol
             if stop.is_set():
                 return
             started = loop.time()
-            outcome = await run_episode(prepared.bodies[task.instance_id], prepared.settings)
+            outcome = await run_episode(
+                task.metadata,
+                config.request_kwargs(),
+                prepared.settings,
+                policy_base_url=config.policy_base_url,
+                send_api_key=config.policy_base_url is not None,
+            )
             seconds = loop.time() - started
-        outcome.record.episode_id = uuid.uuid4().hex  # as the agent function does
-        # The API key was scrubbed from the server's answer as it arrived (client.scrub).
         result = _result_line(task, outcome, seconds, config, prepared.digests[task.instance_id])
         if writer is not None:
             writer.write(result)  # before it is reported: what was shown is on disk
         finished[task.instance_id] = result
         progress.finished(result)
 
-    episodes = [asyncio.ensure_future(one(task)) for task in prepared.selected if task.instance_id in prepared.bodies]
+    episodes = [asyncio.ensure_future(one(task)) for task in prepared.pending]
     interrupted = False
     everything: asyncio.Future[list[None]] | None = None
     try:

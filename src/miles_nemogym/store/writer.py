@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from miles_nemogym.episode.record import EpisodeRecord
+
 logger = logging.getLogger(__name__)
 
 ROLES = ("train", "eval")
@@ -288,7 +290,7 @@ def session_id(base_url: str) -> str | None:
 
 def entry_for(
     *,
-    record: dict[str, Any],
+    record: EpisodeRecord,
     reward: float,
     role: str,
     eval_set: str | None,
@@ -297,15 +299,15 @@ def entry_for(
 ) -> dict[str, Any]:
     """The store's fields for one episode (the raw answer is added by the writer). Pure."""
     return {
-        "episode_id": record.get("episode_id"),
-        "instance_id": record.get("instance_id"),
+        "episode_id": record.episode_id,
+        "instance_id": record.instance_id,
         "repo": repo,
         "role": role,
         "eval_set": eval_set,
         "session_id": session,
         "finished_at": round(time.time(), 3),
         "reward": reward,
-        "record": record,
+        "record": record.model_dump(mode="json"),
     }
 
 

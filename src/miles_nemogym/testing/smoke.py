@@ -31,6 +31,7 @@ from typing import Any
 from miles_nemogym import agent
 from miles_nemogym.data import convert_row
 from miles_nemogym.episode.client import close_client
+from miles_nemogym.episode.record import EpisodeRecord, read_record
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer
@@ -55,10 +56,12 @@ def expected_offline(repos: Sequence[str]) -> list[int]:
     return [i for i, repo in enumerate(repos) if repo in NEEDS_NETWORK_REPOS]
 
 
-def is_offline_failure(record: dict[str, Any]) -> bool:
+def is_offline_failure(record: EpisodeRecord | None) -> bool:
     """A set-aside episode whose reason is GitHub being unreachable from the grader."""
-    reason = str(record.get("failure_reason") or "")
-    return bool(record.get("mask_sample")) and "ConnectionError" in reason and "githubusercontent" in reason
+    if record is None or not record.mask_sample:
+        return False
+    reason = record.failure_reason or ""
+    return "ConnectionError" in reason and "githubusercontent" in reason
 
 
 @dataclass
@@ -72,9 +75,9 @@ class SmokeEpisode:
     """Chat requests the recording policy received on this episode's session (None with a real endpoint)."""
 
     @property
-    def record(self) -> dict[str, Any]:
-        record: dict[str, Any] = self.result.get("nemogym") or {}
-        return record
+    def record(self) -> EpisodeRecord | None:
+        """The episode record in the agent function's result, if it holds one."""
+        return read_record(self.result).record
 
 
 @dataclass
@@ -87,9 +90,10 @@ class SmokeReport:
     @property
     def chain_worked(self) -> bool:
         """Every episode came back with a record, and at least one is a valid measurement."""
-        if not self.episodes or any(not e.record for e in self.episodes):
+        records = [episode.record for episode in self.episodes]
+        if not records or any(record is None for record in records):
             return False
-        return any(not e.record.get("mask_sample") for e in self.episodes)
+        return any(record is not None and not record.mask_sample for record in records)
 
 
 def prepare_rows(limit: int | None, data_path: Path) -> list[dict[str, Any]]:
