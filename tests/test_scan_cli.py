@@ -219,7 +219,7 @@ def test_resume_runs_again_an_instance_whose_line_was_torn_by_a_crash(
 @pytest.mark.parametrize(
     ("problem", "expected"),
     [
-        ("unreachable", "cannot reach"),
+        ("unreachable", "openapi.json: connection refused (nothing listens on that port); start the server"),
         ("not_a_gym", "does not offer POST /run"),
         ("bad_json", "not a JSON object"),
         ("missing_input", "no such input file"),

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from miles_nemogym.scan.preflight import ServerCheckError, check_server
+from miles_nemogym.server_probe import ServerCheckError, check_server
 from tests.openapi_standin import GymStandIn, openapi_document
 from tests.support.odd_http import OddServer
 
@@ -27,7 +27,7 @@ def test_a_trickling_server_is_cut_off_at_the_deadline() -> None:
     finally:
         trickle.close()
     assert 1.5 <= took < 3
-    assert message.startswith(f"{trickle.url}/openapi.json did not answer within 1.5s")
+    assert message.startswith(f"GET {trickle.url}/openapi.json: no complete answer within 1.5 s; start the server")
 
 
 def test_a_redirect_is_refused_and_not_followed(gym: GymStandIn) -> None:
@@ -37,7 +37,7 @@ def test_a_redirect_is_refused_and_not_followed(gym: GymStandIn) -> None:
     finally:
         redirect.close()
     assert message.startswith(
-        f"{redirect.url}/openapi.json answered HTTP 302 redirect to {gym.url}/openapi.json (not followed); "
+        f"GET {redirect.url}/openapi.json: HTTP 302 redirect to {gym.url}/openapi.json (not followed); "
     )
     assert gym.requests == []
 
@@ -63,4 +63,4 @@ def test_a_url_password_is_hidden_in_the_error() -> None:
     finally:
         trickle.close()
     assert "hunter22" not in message
-    assert message.startswith(trickle.url.replace("http://", "http://user:***@"))
+    assert message.startswith("GET " + trickle.url.replace("http://", "http://user:***@"))

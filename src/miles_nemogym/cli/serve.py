@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import signal
-import socket
 import time
 from pathlib import Path
 from types import FrameType
@@ -31,16 +30,6 @@ The first run builds the server's Python 3.13 environment (2-5 minutes, once; pi
 kept next to it) under ~/.cache/miles-nemogym/gym-venv, or $MILES_NEMOGYM_CACHE. The
 interpreter is found on PATH, in pyenv or /usr/bin, or named by MILES_NEMOGYM_GYM_PYTHON.
 """
-
-
-def _reachable_address() -> str:
-    """This machine's address on its default route (a UDP connect sends no packet)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: only consults the routing table
-            return str(probe.getsockname()[0])
-    except OSError:
-        return socket.gethostname()
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -151,9 +140,7 @@ def serve(
         raise typer.Exit(130) from None
 
     try:
-        gym_url = server.url
-        if options.host.strip("[]") in {"0.0.0.0", "::"}:
-            gym_url = f"http://{_reachable_address()}:{server.port}"
+        gym_url = server.advertised_url
         console.print(
             f"[green]NeMo-Gym mini_swe_agent_2 is serving[/green] ({options.sandbox} sandbox, concurrency "
             f"{options.concurrency}, ready in {time.monotonic() - started:.0f} s).\n"

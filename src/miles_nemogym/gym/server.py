@@ -35,9 +35,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
-from miles_nemogym.episode.policy_url import is_wildcard
 from miles_nemogym.gym.config import SERVER_NAME, ServeOptions, compose_config_yaml
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, ensure_gym_venv
+from miles_nemogym.hosts import bracket, connect_host, is_wildcard
 
 MARKER_ENV = "MILES_NEMOGYM_GYM_SERVER_ID"
 """Set in the server's environment; inherited by Ray, so stragglers can be found."""
@@ -66,13 +66,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def connect_host(host: str) -> str:
-    """Where a client on this machine reaches a server bound to ``host``."""
-    if host.strip("[]") in {"0.0.0.0", ""}:
-        return "127.0.0.1"
-    if host.strip("[]") == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+def default_route_address() -> str:
+    """This machine's address on its default route (a UDP connect sends no packet)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: only consults the routing table
+            return str(probe.getsockname()[0])
+    except OSError:
+        return socket.gethostname()
 
 
 def _pids_with_marker(marker: str) -> list[int]:
@@ -139,6 +140,14 @@ class GymServer:
         if self.port is None:
             raise GymServerError("the server is not started")
         return f"http://{connect_host(self.options.host)}:{self.port}"
+
+    @property
+    def advertised_url(self) -> str:
+        """The ``NEMO_GYM_URL`` to give trainers: :attr:`url`, or this machine's routed address
+        when the server listens on every interface."""
+        if not is_wildcard(self.options.host) or self.port is None:
+            return self.url
+        return f"http://{bracket(default_route_address())}:{self.port}"
 
     @property
     def log_path(self) -> Path:

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from miles_nemogym import doctor
+from miles_nemogym import doctor, server_probe
 from miles_nemogym.doctor import CheckResult, Status
 from miles_nemogym.launcher.command import HOOKS
 from miles_nemogym.launcher.config import LauncherConfig
@@ -351,7 +351,7 @@ def run_preflight(
     miles_root: Path | None,
     hook_paths: Sequence[str] = HOOK_PATHS,
     gpu_counter: GpuCounter = count_gpus,
-    fetch: doctor.Fetcher = doctor.fetch_json,
+    fetch: server_probe.Fetcher = server_probe.fetch_json,
     gym_timeout_s: float = doctor.DEFAULT_TIMEOUT_S,
 ) -> list[CheckResult]:
     """Every launcher check, then the doctor's; nothing is started or written."""

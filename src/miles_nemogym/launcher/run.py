@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, get_args, get_origin
 
-from miles_nemogym.doctor import CheckResult, Status
+from miles_nemogym.doctor import CheckResult, Status, report
 from miles_nemogym.launcher import command as cmd
 from miles_nemogym.launcher import preflight
 from miles_nemogym.launcher.config import ConfigError, LauncherConfig, load_config, read_yaml
@@ -346,9 +346,7 @@ class RayActions:
 
 
 def _print_results(results: list[CheckResult]) -> None:
-    from miles_nemogym.cli.doctor import render
-
-    render(results)
+    print("\n".join(report(results)), flush=True)
 
 
 def _ray_address(config: LauncherConfig) -> str:
