@@ -199,6 +199,7 @@ def convert_command(
         SwebenchMissingError,
         convert,
     )
+    from miles_nemogym.validation import problems
 
     out = Console(soft_wrap=True)
     err = Console(stderr=True, soft_wrap=True)
@@ -221,10 +222,8 @@ def convert_command(
             drop_fields=tuple(drop_fields or ()),
         )
     except ValidationError as error:
-        for item in error.errors(include_url=False):
-            where = ".".join(str(part) for part in item["loc"])
-            message = str(item["msg"]).removeprefix("Value error, ")
-            err.print(f"error: {where + ': ' if where else ''}{message}", highlight=False, markup=False)
+        for line in problems(error):
+            err.print(f"error: {line}", highlight=False, markup=False)
         raise typer.Exit(2) from None
     except ValueError as error:  # InputError, or --instance-ids that holds no id
         err.print(f"error: {error}", highlight=False, markup=False)

@@ -109,6 +109,7 @@ def scan(
     from miles_nemogym.scan import ScanConfig, execute
     from miles_nemogym.scan.inputs import InputError
     from miles_nemogym.scan.selection import parse_instance_ids
+    from miles_nemogym.validation import describe
 
     err = Console(stderr=True)
     try:
@@ -134,11 +135,7 @@ def scan(
         err.print(f"scan cannot start: {error}", markup=False, highlight=False)
         raise typer.Exit(2) from None
     except ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(map(str, item['loc']))}: {str(item['msg']).removeprefix('Value error, ')}"
-            for item in error.errors()
-        )
-        err.print(f"scan cannot start: {problems}", markup=False, highlight=False)
+        err.print(f"scan cannot start: {describe(error)}", markup=False, highlight=False)
         raise typer.Exit(2) from None
     raise typer.Exit(execute(config))
 

@@ -70,11 +70,13 @@ def serve(
 ) -> None:
     from pydantic import ValidationError
     from rich.console import Console
+    from rich.markup import escape
 
     from miles_nemogym.cli.progress import step_display
     from miles_nemogym.gym.config import ServeOptions, load_provider_options
     from miles_nemogym.gym.server import GymServer
     from miles_nemogym.gym.venv import GymEnvironmentError, ensure_gym_venv
+    from miles_nemogym.validation import as_flag, problems
 
     console = Console(stderr=True)
     if not (math.isfinite(start_timeout) and start_timeout > 0):
@@ -98,9 +100,8 @@ def serve(
             }
         )
     except ValidationError as exc:
-        for error in exc.errors():
-            field = "--" + "-".join(str(p) for p in error["loc"]).replace("_", "-")
-            console.print(f"[red]error:[/red] {field}: {error['msg']}")
+        for line in problems(exc, as_flag):
+            console.print(f"[red]error:[/red] {escape(line)}")
         raise typer.Exit(2) from None
     except GymEnvironmentError as exc:
         console.print(f"[red]error:[/red] {exc}")

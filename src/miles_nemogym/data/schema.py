@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
+
+from miles_nemogym import validation
 
 REQUIRED_FIELDS: tuple[str, ...] = (
     "instance_id",
@@ -112,17 +114,17 @@ def _rule(error_type: str) -> str:
     return "bad_value"
 
 
-def _describe(error: Mapping[str, Any]) -> FieldProblem:
-    loc = error.get("loc", ())
+def _describe(error: ErrorDetails) -> FieldProblem:
+    loc = error["loc"]
     field = str(loc[0]) if loc else "<row>"
     where = field + "".join(f"[{part}]" for part in loc[1:])
-    rule = _rule(str(error.get("type", "")))
+    rule = _rule(error["type"])
     if rule == "missing":
         message = "is missing (the server and the SWE-bench grader need it)"
     else:
-        got = error.get("input")
+        got = error["input"]
         shown = repr(got) if not isinstance(got, str) or len(got) <= 40 else repr(got[:40] + "…")
-        message = f"{error.get('msg', 'is invalid')} (got {type(got).__name__} {shown})"
+        message = f"{validation.message(error)} (got {type(got).__name__} {shown})"
         if where != field:
             message = f"{where}: {message}"
     hint = _HINTS.get(field)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import types
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -27,6 +28,7 @@ from pydantic import (
 )
 
 from miles_nemogym.settings import Settings
+from miles_nemogym.validation import describe
 
 
 class ConfigError(ValueError):
@@ -327,19 +329,13 @@ class LauncherConfig(BaseModel):
 
 def describe_error(error: ValidationError, source: str = "recipe") -> str:
     """A ``ValidationError`` as one line per field: ``--flag / key: problem``."""
-    lines = []
-    for item in error.errors():
-        loc = [str(part) for part in item["loc"]]
-        if loc:
-            key = loc[0]
-            where = f"--{key.replace('_', '-')} / {source} key {'.'.join(loc)!r}"
-        else:
-            where = source
-        message = str(item["msg"]).removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
-            message = "unknown setting (see `examples/swebench_grpo/run.py --help` for the valid ones)"
-        lines.append(f"{where}: {message}")
-    return "invalid launcher configuration:\n  " + "\n  ".join(lines)
+
+    def label(loc: Sequence[int | str]) -> str:
+        path = ".".join(str(part) for part in loc)
+        return f"--{str(loc[0]).replace('_', '-')} / {source} key {path!r}" if loc else source
+
+    unknown = "unknown setting (see `examples/swebench_grpo/run.py --help` for the valid ones)"
+    return "invalid launcher configuration:\n  " + describe(error, label=label, unknown_key=unknown, separator="\n  ")
 
 
 def load_config(yaml_values: dict[str, Any] | None, cli_values: dict[str, Any]) -> LauncherConfig:

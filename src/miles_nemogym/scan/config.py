@@ -12,6 +12,7 @@ comes only from ``NEMO_GYM_POLICY_API_KEY``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from miles_nemogym.scan.results import Mode
 from miles_nemogym.settings import Settings, SettingsError, get_settings
+from miles_nemogym.validation import describe
 
 API_KEY_ENV = "NEMO_GYM_POLICY_API_KEY"
 
@@ -106,8 +108,9 @@ def scan_settings(config: ScanConfig) -> Settings:
             "NEMO_GYM_RUN_TIMEOUT": "--timeout",
             "NEMO_GYM_MAX_CONCURRENCY": "--concurrency",
         }
-        problems = []
-        for item in error.errors():
-            name = str(item["loc"][0]) if item["loc"] else "?"
-            problems.append(f"{flags.get(name, name)}: {item['msg']}")
-        raise SettingsError("invalid scan configuration: " + "; ".join(problems)) from None
+
+        def label(loc: Sequence[int | str]) -> str:
+            name = str(loc[0]) if loc else "?"
+            return flags.get(name, name)
+
+        raise SettingsError("invalid scan configuration: " + describe(error, label=label)) from None
