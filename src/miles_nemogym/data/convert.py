@@ -33,7 +33,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from miles_nemogym.data.atomic import AtomicFile
 from miles_nemogym.data.gradeable import load_grade_tables
 from miles_nemogym.data.rows import DatasetKind, Routing, infer_kind, resolve_routing, to_prompt_row
-from miles_nemogym.data.schema import NEVER_DROPPED, SUBSETS, FieldProblem, SweBenchInstance, validate_instance
+from miles_nemogym.data.schema import (
+    NEVER_DROPPED,
+    SUBSETS,
+    FieldProblem,
+    Subset,
+    SweBenchInstance,
+    validate_instance,
+)
 from miles_nemogym.data.select import Selection, read_instance_ids, split_names
 from miles_nemogym.data.sources import RawRow, open_source
 
@@ -50,7 +57,7 @@ class ConvertOptions(BaseModel):
     input: str = Field(min_length=1)
     output: Path
     split: str | None = None
-    subset: Literal["verified", "gym"] | None = None
+    subset: Subset | None = None
     on_error: Literal["fail", "skip"] = "fail"
     gradeable_only: bool = False
     repos: tuple[str, ...] = ()

@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, TypeAdapter, ValidationError
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from miles_nemogym import validation
@@ -39,8 +39,11 @@ REQUIRED_FIELDS: tuple[str, ...] = (
 ROUTING_FIELDS: tuple[str, ...] = ("subset", "split")
 """Fields the converter sets on every output row (the server picks the image by subset)."""
 
-SUBSETS: tuple[str, ...] = ("verified", "gym")
+Subset = Literal["verified", "gym"]
 """``verified`` → official SWE-bench images; ``gym`` → SWE-Gym images (``mini_swe_agent_2`` picks by it)."""
+SUBSETS: tuple[str, ...] = get_args(Subset)
+
+TEST_LIST_FIELDS: tuple[str, ...] = ("FAIL_TO_PASS", "PASS_TO_PASS")
 
 NEVER_DROPPED: frozenset[str] = frozenset(REQUIRED_FIELDS + ROUTING_FIELDS)
 
@@ -114,8 +117,8 @@ def _rule(error_type: str) -> str:
     return "bad_value"
 
 
-def _describe(error: ErrorDetails) -> FieldProblem:
-    loc = error["loc"]
+def _describe(error: ErrorDetails, field: str | None = None) -> FieldProblem:
+    loc = (field, *error["loc"]) if field else error["loc"]
     field = str(loc[0]) if loc else "<row>"
     where = field + "".join(f"[{part}]" for part in loc[1:])
     rule = _rule(error["type"])
@@ -131,6 +134,18 @@ def _describe(error: ErrorDetails) -> FieldProblem:
     if hint:
         message = f"{message}; {hint}"
     return FieldProblem(field=field, rule=rule, message=message)
+
+
+_TEST_LIST: TypeAdapter[list[str]] = TypeAdapter(TestList)
+
+
+def decode_test_list(field: str, value: Any) -> list[str]:
+    """A ``FAIL_TO_PASS``/``PASS_TO_PASS`` value as a list (JSON strings decoded, as the converter
+    writes it); ``ValueError`` names the field and the fix."""
+    try:
+        return _TEST_LIST.validate_python(value, strict=True)
+    except ValidationError as error:
+        raise ValueError(str(_describe(error.errors(include_url=False)[0], field))) from None
 
 
 def validate_instance(row: Mapping[str, Any]) -> SweBenchInstance | list[FieldProblem]:

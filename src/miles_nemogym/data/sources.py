@@ -48,6 +48,10 @@ class RawRow:
     def where(self) -> str:
         return f"row {self.index + 1}" + (f" (line {self.line})" if self.line is not None else "")
 
+    def location(self, name: str) -> str:
+        """``<name>:<line>`` (text files) or ``<name> row <n>``, for messages that lead with the file."""
+        return f"{name}:{self.line}" if self.line is not None else f"{name} row {self.index + 1}"
+
 
 class RowSource:
     """An input opened for streaming. ``total`` is the row count when known cheaply."""
@@ -247,23 +251,28 @@ def _datasets_source(spec: str, split: str, *, local: bool) -> RowSource:
     return RowSource(spec, "folder" if local else "hub", total, rows())
 
 
+def open_file(path: Path) -> RowSource:
+    """Open one local JSONL/JSON/parquet file for streaming (the scan and the launcher read only files)."""
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        return RowSource(str(path), "jsonl", None, _jsonl_rows(path))
+    if suffix == ".json":
+        return RowSource(str(path), "json", None, _json_rows(path))
+    if suffix == ".parquet":
+        return _parquet_source(path)
+    raise SourceError(
+        f"{path}: unsupported file type {suffix or '(none)'!r}; use "
+        f"{', '.join(LOCAL_SUFFIXES)}, a folder of them, or a dataset id"
+    )
+
+
 def open_source(spec: str, split: str) -> RowSource:
     """Open ``spec`` for streaming; ``split`` is used for folders and hub ids only."""
     path = Path(spec).expanduser()
     if path.is_dir():
         return _datasets_source(str(path), split, local=True)
     if path.is_file():
-        suffix = path.suffix.lower()
-        if suffix in (".jsonl", ".ndjson"):
-            return RowSource(str(path), "jsonl", None, _jsonl_rows(path))
-        if suffix == ".json":
-            return RowSource(str(path), "json", None, _json_rows(path))
-        if suffix == ".parquet":
-            return _parquet_source(path)
-        raise SourceError(
-            f"{path}: unsupported file type {suffix or '(none)'!r}; use "
-            f"{', '.join(LOCAL_SUFFIXES)}, a folder of them, or a dataset id"
-        )
+        return open_file(path)
     if path.suffix.lower() in LOCAL_SUFFIXES or spec.startswith((".", "/", "~")) or not _HUB_ID.match(spec):
         raise SourceError(f"{spec}: no such file or folder")
     return _datasets_source(spec, split, local=False)

@@ -1,0 +1,48 @@
+"""One row reader: the converter, the scan and the launcher's data check read a file the same way and say the same."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from miles_nemogym.data import open_source
+from miles_nemogym.data.schema import decode_test_list
+from miles_nemogym.launcher.config import LauncherConfig
+from miles_nemogym.launcher.preflight import check_prompt_data
+from miles_nemogym.scan.inputs import InputError, load_tasks
+
+
+def _file(tmp_path: Path, second_line: str) -> Path:
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"instance_id": "a__b-1"}\n\n' + second_line + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        ("[1, 2]", "not a JSON object (got list)"),
+        ("{oops", "not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+    ],
+)
+def test_a_bad_line_reads_the_same_everywhere(tmp_path: Path, line: str, error: str) -> None:
+    path = _file(tmp_path, line)
+    rows = list(open_source(str(path), "test"))
+    assert [(row.index, row.line, row.error) for row in rows] == [(0, 1, None), (1, 3, error)]
+
+    with pytest.raises(InputError) as scan:
+        load_tasks(path, subset="verified")
+    assert str(scan.value).startswith(f"{path}:3: {error}; ")
+
+    launcher = check_prompt_data(LauncherConfig(prompt_data=path, megatron_path=tmp_path))
+    assert launcher.detail == f"{path}: row 2 (line 3): {error}"
+
+
+def test_fail_to_pass_is_decoded_once_for_converter_and_scan() -> None:
+    assert decode_test_list("FAIL_TO_PASS", '["t1", "t2"]') == ["t1", "t2"]
+    assert decode_test_list("PASS_TO_PASS", []) == []
+    with pytest.raises(ValueError, match=r"^FAIL_TO_PASS: is a string but not a JSON list of test names"):
+        decode_test_list("FAIL_TO_PASS", "[broken")
+    with pytest.raises(ValueError, match=r"^PASS_TO_PASS: Input should be a valid list \(got int 3\); give a list"):
+        decode_test_list("PASS_TO_PASS", 3)
