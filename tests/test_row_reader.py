@@ -1,16 +1,20 @@
-"""One row reader: the converter, the scan and the launcher's data check read a file the same way and say the same."""
+"""One row reader and one --instance-ids grammar: convert, scan and the launcher read inputs alike."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from miles_nemogym.data import open_source
+from miles_nemogym.data import ConvertOptions, convert, open_source
 from miles_nemogym.data.schema import decode_test_list
+from miles_nemogym.data.select import instance_ids_option, parse_instance_ids
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.launcher.preflight import check_prompt_data
 from miles_nemogym.scan.inputs import InputError, load_tasks
+from miles_nemogym.scan.selection import select
 
 
 def _file(tmp_path: Path, second_line: str) -> Path:
@@ -46,3 +50,31 @@ def test_fail_to_pass_is_decoded_once_for_converter_and_scan() -> None:
         decode_test_list("FAIL_TO_PASS", "[broken")
     with pytest.raises(ValueError, match=r"^PASS_TO_PASS: Input should be a valid list \(got int 3\); give a list"):
         decode_test_list("PASS_TO_PASS", 3)
+
+
+def test_convert_and_scan_read_one_instance_ids_grammar(tmp_path: Path, gym_example_rows: list[dict[str, Any]]) -> None:
+    rows = [{**row, "subset": "verified", "split": "test"} for row in gym_example_rows]
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    wanted = tmp_path / "ids.txt"
+    wanted.write_text(
+        f"# eval set\n{rows[3]['instance_id']}, {rows[1]['instance_id']}  # two\n\n{rows[1]['instance_id']}\n"
+    )
+    assert parse_instance_ids(str(wanted)) == [rows[3]["instance_id"], rows[1]["instance_id"]]
+    option = instance_ids_option(str(wanted))
+    assert option == wanted
+
+    output = tmp_path / "out.jsonl"
+    convert(ConvertOptions(input=str(source), output=output, instance_ids=option))
+    converted = [json.loads(line)["metadata"]["instance_id"] for line in output.read_text().splitlines()]
+    scanned = [task.instance_id for task in select(load_tasks(source), parse_instance_ids(str(wanted)), None)]
+    assert converted == scanned == [rows[1]["instance_id"], rows[3]["instance_id"]]
+
+    empty = tmp_path / "empty.txt"
+    empty.write_text("# none\n")
+    message = f"--instance-ids {empty}: holds no instance ids (one per line expected)"
+    with pytest.raises(ValueError) as scan:
+        parse_instance_ids(str(empty))
+    with pytest.raises(ValueError) as converter:
+        convert(ConvertOptions(input=str(source), output=output, instance_ids=instance_ids_option(str(empty))))
+    assert str(scan.value) == str(converter.value) == message

@@ -39,16 +39,6 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def _instance_ids(value: str | None) -> Path | tuple[str, ...] | None:
-    """A file stays a path (so an output onto it is refused); a list becomes its ids."""
-    from miles_nemogym.data.select import parse_instance_ids
-
-    if value is None:
-        return None
-    path = Path(value).expanduser()
-    return path if path.is_file() else tuple(parse_instance_ids(value))
-
-
 def _print_summary(console: Console, report: ConvertReport, options: ConvertOptions) -> None:
     from miles_nemogym.data.convert import printable
 
@@ -199,6 +189,7 @@ def convert_command(
         SwebenchMissingError,
         convert,
     )
+    from miles_nemogym.data.select import instance_ids_option
     from miles_nemogym.validation import problems
 
     out = Console(soft_wrap=True)
@@ -213,7 +204,7 @@ def convert_command(
             gradeable_only=gradeable_only,
             repos=tuple(repos or ()),
             exclude_repos=tuple(exclude_repos or ()),
-            instance_ids=_instance_ids(instance_ids),
+            instance_ids=instance_ids_option(instance_ids),
             limit=limit,
             shuffle=shuffle,
             seed=seed,
