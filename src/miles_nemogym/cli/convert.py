@@ -40,7 +40,7 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def _print_summary(console: Console, report: ConvertReport, options: ConvertOptions) -> None:
-    from miles_nemogym.data.convert import printable
+    from miles_nemogym.data.convert import printable, summary_notes
 
     counts = Table(title=f"convert: {report.source} ({report.source_kind})", title_justify="left")
     counts.add_column("rows")
@@ -91,23 +91,7 @@ def _print_summary(console: Console, report: ConvertReport, options: ConvertOpti
         )
         for duplicate in report.duplicates:
             console.print(f"  {duplicate}", highlight=False, markup=False)
-    notes = [f"subset: {report.subset_rule}"]
-    if report.overridden_rows:
-        notes.append(f"{report.overridden_rows} row(s) had their own subset/split replaced by the flags")
-    if report.not_gradeable_by_repo:
-        dropped = ", ".join(f"{repo} ({count})" for repo, count in sorted(report.not_gradeable_by_repo.items()))
-        notes.append(f"dropped as not gradeable by swebench {report.swebench_version}: {dropped}")
-    if report.seed is not None:
-        notes.append(f"shuffled with seed {report.seed} (pass --seed {report.seed} to repeat)")
-    if options.holdout and not options.shuffle:
-        notes.append("the holdout is the first selected rows in input order; add --shuffle for a random one")
-    if report.stopped_early:
-        notes.append("stopped reading once --limit (and --holdout) were filled")
-    if report.missing_instance_ids:
-        shown = ", ".join(report.missing_instance_ids[:10])
-        notes.append(f"{len(report.missing_instance_ids)} id(s) from --instance-ids not in the input: {shown}")
-    if report.unmatched_repos:
-        notes.append(f"--repos matched no row for: {', '.join(report.unmatched_repos)}")
+    notes = summary_notes(report, options)
     for note in notes:
         console.print(f"note: {printable(note)}", highlight=False, markup=False)
 

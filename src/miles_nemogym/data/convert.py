@@ -191,6 +191,28 @@ class RowInvalidError(ValueError):
         self.problems = problems
 
 
+def summary_notes(report: ConvertReport, options: ConvertOptions) -> list[str]:
+    """What a reader of the summary should know beyond the counts (the CLI prints them as ``note:``)."""
+    notes = [f"subset: {report.subset_rule}"]
+    if report.overridden_rows:
+        notes.append(f"{report.overridden_rows} row(s) had their own subset/split replaced by the flags")
+    if report.not_gradeable_by_repo:
+        dropped = ", ".join(f"{repo} ({count})" for repo, count in sorted(report.not_gradeable_by_repo.items()))
+        notes.append(f"dropped as not gradeable by swebench {report.swebench_version}: {dropped}")
+    if report.seed is not None:
+        notes.append(f"shuffled with seed {report.seed} (pass --seed {report.seed} to repeat)")
+    if options.holdout and not options.shuffle:
+        notes.append("the holdout is the first selected rows in input order; add --shuffle for a random one")
+    if report.stopped_early:
+        notes.append("stopped reading once --limit (and --holdout) were filled")
+    if report.missing_instance_ids:
+        shown = ", ".join(report.missing_instance_ids[:10])
+        notes.append(f"{len(report.missing_instance_ids)} id(s) from --instance-ids not in the input: {shown}")
+    if report.unmatched_repos:
+        notes.append(f"--repos matched no row for: {', '.join(report.unmatched_repos)}")
+    return notes
+
+
 def _json_default(value: Any) -> Any:
     # Parquet/Arrow timestamp columns (``created_at`` in some exports) arrive as datetimes.
     if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):

@@ -66,6 +66,12 @@ class RowSource:
         return self._rows
 
 
+def _decoded_row(index: int, line: int | None, value: Any) -> RawRow:
+    if isinstance(value, dict):
+        return RawRow(index, line, value)
+    return RawRow(index, line, None, f"not a JSON object (got {type(value).__name__})")
+
+
 def _jsonl_rows(path: Path) -> Iterator[RawRow]:
     index = 0
     with path.open("rb") as handle:
@@ -77,10 +83,7 @@ def _jsonl_rows(path: Path) -> Iterator[RawRow]:
             except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
                 yield RawRow(index, line_number, None, f"not valid JSON: {error}")
             else:
-                if isinstance(value, dict):
-                    yield RawRow(index, line_number, value)
-                else:
-                    yield RawRow(index, line_number, None, f"not a JSON object (got {type(value).__name__})")
+                yield _decoded_row(index, line_number, value)
             index += 1
 
 
@@ -148,10 +151,7 @@ def _json_rows(path: Path) -> Iterator[RawRow]:
                     "point can be read — fix the file or export it as JSONL (one object per line)"
                 ) from None
             window.pos = end
-            if isinstance(value, dict):
-                yield RawRow(index, None, value)
-            else:
-                yield RawRow(index, None, None, f"not a JSON object (got {type(value).__name__})")
+            yield _decoded_row(index, None, value)
             index += 1
         if in_array:
             raise SourceError(f"{path}: the JSON array is not closed (file truncated?)")
