@@ -231,7 +231,7 @@ def load_model_args(miles_root: Path, model_type: str) -> tuple[str, ...]:
 class Actions(Protocol):
     """What the launcher does to the world; every method may block."""
 
-    def convert(self, argv: list[str], env: Mapping[str, str]) -> int: ...
+    def convert_checkpoint(self, argv: list[str], env: Mapping[str, str]) -> int: ...
 
     def ray_reachable(self, address: str) -> bool: ...
 
@@ -251,7 +251,7 @@ def _ray_cli() -> str:
 class RayActions:
     """The real thing: subprocesses and Ray's job-submission client (``ray[default]``)."""
 
-    def convert(self, argv: list[str], env: Mapping[str, str]) -> int:
+    def convert_checkpoint(self, argv: list[str], env: Mapping[str, str]) -> int:
         return subprocess.run(argv, env=dict(env), check=False).returncode
 
     def ray_reachable(self, address: str) -> bool:
@@ -407,7 +407,7 @@ def execute(
             print("# checkpoint conversion when the torch_dist target is missing")
             print(
                 shlex.join(
-                    redact_url(word) for word in cmd.convert_command(config, install or _placeholder_install(config))
+                    redact_url(word) for word in cmd.checkpoint_command(config, install or _placeholder_install(config))
                 )
             )
         print(f"# Ray job submission address: {redact_url(_ray_address(config))}")
@@ -429,9 +429,9 @@ def execute(
         if tracker.is_file():
             print(f"checkpoint {config.resolved_ref_load} exists; conversion skipped", flush=True)
         else:
-            argv = cmd.convert_command(config, install)
+            argv = cmd.checkpoint_command(config, install)
             print("+ " + shlex.join(argv), flush=True)
-            code = actions.convert(argv, {**environ, "PYTHONPATH": job.env["PYTHONPATH"]})
+            code = actions.convert_checkpoint(argv, {**environ, "PYTHONPATH": job.env["PYTHONPATH"]})
             if code != 0:
                 print(f"error: checkpoint conversion exited {code}", file=sys.stderr)
                 return EXIT_JOB_FAILED
