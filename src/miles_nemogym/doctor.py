@@ -1,22 +1,9 @@
-"""Fast preflight of a NeMo-Gym deployment: would the agent function's ``/run`` calls work?
+"""Fast checks of a NeMo-Gym deployment: would the agent function's ``/run`` calls work?
 
-Serves ``miles-nemogym doctor`` and the launcher's preflight. In seconds, before any GPU time is spent, it checks that:
-
-1. the plugin's environment variables are valid (``miles_nemogym.settings``);
-2. ``NEMO_GYM_URL`` answers;
-3. the server's ``POST /run`` declares ``policy_base_url`` in its request body. The body
-   model keeps unknown keys, so an older server would accept the field *and ignore it*,
-   silently sending every episode to its own configured model instead of the trainer —
-   only the server's OpenAPI schema (it is a FastAPI app) tells the two apart;
-4. the policy host the agent function would send is dialable from the Gym host: not a
-   wildcard or loopback address when the server runs on another machine.
-
-``run_checks`` holds the logic; the only I/O is the ``fetch`` callable it is given
-(default: ``fetch_json``, one deadline for the whole answer, no redirects, a size cap)
-and the settings read from the environment, so the launcher can reuse it and tests can
-point it anywhere. Whatever the server sends, each check ends as one PASS/FAIL line:
-a hostile or broken OpenAPI document is a ``SchemaError``, never a crash or a hang.
-URLs are shown with their password hidden (``redaction.redact_url``).
+Settings valid, server answers, ``/run`` takes ``policy_base_url`` (one probe,
+:mod:`miles_nemogym.server_probe`), policy host dialable from the Gym host. Serves
+``miles-nemogym doctor`` and the launcher; each check ends as one PASS/FAIL/SKIP line.
+The checks and why: docs/data-and-checks.md.
 """
 
 from __future__ import annotations

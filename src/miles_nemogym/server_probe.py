@@ -32,7 +32,7 @@ Fetcher = Callable[[str, float], Any]
 
 
 MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
-"""An OpenAPI document larger than this is not a NeMo-Gym server's (theirs are ~100 KB)."""
+"""An OpenAPI document larger than this is not a NeMo-Gym server's."""
 MAX_SCHEMA_NODES = 10_000
 """Most schema objects read while collecting ``/run``'s fields (``$ref``/``allOf`` walk)."""
 MAX_REF_HOPS = 64
@@ -49,12 +49,8 @@ def parse_json(body: bytes) -> Any:
 
 
 async def fetch_json_async(url: str, timeout_s: float) -> Any:
-    """GET ``url`` and parse its JSON body, all of it within ``timeout_s``.
-
-    The deadline covers connecting, the headers and the whole body (a server trickling
-    bytes cannot stretch it), redirects are not followed (a redirect to another server
-    must not pass for this one), and a body over ``MAX_DOCUMENT_BYTES`` is refused.
-    """
+    """GET ``url`` and parse its JSON body: one deadline for connect, headers and the whole
+    body, no redirects, at most ``MAX_DOCUMENT_BYTES``; raises ``FetchError``."""
     import aiohttp
 
     try:

@@ -1,10 +1,8 @@
 """``miles-nemogym convert``: SWE-bench-family dataset → Miles prompt JSONL.
 
-A thin layer over :mod:`miles_nemogym.data`: parses flags into
-:class:`~miles_nemogym.data.ConvertOptions`, shows a progress bar and a summary table,
-and maps failures to exit codes (0 written, 1 nothing written because of the data or
-the input, 2 bad flags). ``miles_nemogym.data`` (and with it ``datasets``/``pyarrow``)
-is imported inside the command so ``miles-nemogym --help`` stays fast.
+Parses flags into :class:`~miles_nemogym.data.ConvertOptions`, shows progress and the
+summary, maps failures to exit codes (0 written, 1 nothing written, 2 bad flags).
+``miles_nemogym.data`` is imported inside the command so ``--help`` stays fast.
 """
 
 from __future__ import annotations

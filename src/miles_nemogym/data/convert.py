@@ -1,15 +1,8 @@
 """Convert a SWE-bench-family dataset into Miles prompt JSONL, streaming and atomically.
 
-The orchestration behind ``miles-nemogym convert``. Reads rows with
-:mod:`~miles_nemogym.data.sources`, checks them with :mod:`~miles_nemogym.data.schema`,
-decides subset/split and maps them with :mod:`~miles_nemogym.data.rows`, selects with
-:mod:`~miles_nemogym.data.select`, and writes through :mod:`~miles_nemogym.data.atomic`.
-
-Memory: one row at a time plus the set of instance ids seen (duplicates are kept once),
-about 100 bytes per row. ``--shuffle`` also keeps one 8-byte file offset per selected
-row and a permutation of them (~50 bytes per row in all), and spools the converted rows
-to a temporary file next to the output (disk: one extra copy of the output).
-Without ``--shuffle``, reading stops as soon as ``--holdout`` and ``--limit`` are filled.
+Reads rows with :mod:`.sources`, checks them with :mod:`.schema`, routes and maps them
+with :mod:`.rows`, selects with :mod:`.select` and writes through :mod:`.atomic`.
+Memory and shuffle design: docs/data-and-checks.md.
 """
 
 from __future__ import annotations
@@ -223,10 +216,7 @@ def _json_default(value: Any) -> Any:
 def encode_row(row: Mapping[str, Any]) -> bytes:
     """One output line (JSON + newline); raises ``ValueError`` for NaN or non-JSON values.
 
-    ASCII-escaped: valid UTF-8 for every reader, and the stdlib's ASCII encoder is ~40%
-    faster than its UTF-8 one, which matters because encoding is the converter's
-    largest per-row cost.
-    """
+    ASCII-escaped: valid UTF-8 for every reader, and the faster of the stdlib's encoders."""
     try:
         text = json.dumps(row, allow_nan=False, default=_json_default)
     except TypeError as error:
@@ -318,11 +308,8 @@ def _record_problem(report: ConvertReport, raw: RawRow, problems: list[str], key
 def convert(options: ConvertOptions, progress: Callable[[int, int | None], None] | None = None) -> ConvertReport:
     """Run the conversion; returns the report, or raises :class:`ConvertError` with nothing written.
 
-    Also raises :class:`~miles_nemogym.data.sources.SourceError` (unreadable input),
-    :class:`~miles_nemogym.data.gradeable.SwebenchMissingError` and ``ValueError`` (an
-    unreadable ``--instance-ids`` file). ``progress(rows_read, total_or_None)`` is called
-    every few hundred rows.
-    """
+    Also raises ``SourceError``, ``SwebenchMissingError`` and ``ValueError`` (bad ``--instance-ids``);
+    ``progress(rows_read, total_or_None)`` is called every few hundred rows."""
     inferred = infer_kind(options.input)
     split_to_load = options.split or inferred.split or "test"
     routing = Routing(options.subset, options.split, inferred, fallback_split=split_to_load)

@@ -1,14 +1,8 @@
 """What a SWE-bench task row must hold before it may become a Miles prompt row.
 
-Why (docs/upstream.md, NeMo-Gym): the ``/run`` body is the task instance itself, and the
-SWE-bench grader (``make_test_spec`` → ``get_eval_report``) reads ``instance_id``,
-``repo``, ``version``, ``base_commit``, ``test_patch``, ``FAIL_TO_PASS`` and
-``PASS_TO_PASS``; the agent's prompt is ``problem_statement``; golden scans apply
-``patch``. A row missing one of them, or holding the wrong type, would cost a paid
-episode that can only score 0 — so it is refused here, before training starts.
-
-Pure: a mapping in, a validated :class:`SweBenchInstance` or a list of
-:class:`FieldProblem` out.
+A row missing what the server and the SWE-bench grader read would cost a paid episode
+that can only score 0, so it is refused here (docs/data-and-checks.md). Pure: a mapping
+in, a :class:`SweBenchInstance` or a list of :class:`FieldProblem` out.
 """
 
 from __future__ import annotations

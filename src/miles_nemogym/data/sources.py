@@ -1,16 +1,8 @@
 """Read task rows one at a time from a dataset id, a local folder, or a JSONL/JSON/parquet file.
 
-The converter's only input edge. Every reader streams: memory holds one row (parquet:
-one record batch of at most ``PARQUET_BATCH_ROWS`` rows) no matter how long the file is.
-
-- ``.jsonl``/``.ndjson``: binary line reader + ``json.loads`` (fastest measured; a bad
-  line is one bad row, the rest still read).
-- ``.json``: a JSON array of objects or a sequence of objects (what ``datasets``'
-  ``to_json`` writes), decoded incrementally from 1 MiB chunks.
-- ``.parquet``: ``pyarrow.parquet.ParquetFile.iter_batches``.
-- a folder or a hub id (``princeton-nlp/SWE-bench_Verified``):
-  ``datasets.load_dataset(..., split=..., streaming=True)``, which understands hub
-  layouts and split file names (``data/test-00000-of-00001.parquet``).
+The one row reader: the converter, the scan and the launcher's data check read through it.
+Every reader streams (one row, or one parquet batch, in memory); the readers and why:
+docs/data-and-checks.md.
 """
 
 from __future__ import annotations
@@ -26,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-PARQUET_BATCH_ROWS = 64  # measured: as fast as 256 and ~20 MiB lower peak RSS
+PARQUET_BATCH_ROWS = 64  # as fast as larger batches, with a lower peak RSS (README, "Benchmark: converter")
 _JSON_CHUNK = 1 << 20
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 LOCAL_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")

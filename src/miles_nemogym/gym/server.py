@@ -1,19 +1,8 @@
 """Start and stop the real NeMo-Gym ``mini_swe_agent_2`` server as a child process.
 
-One class serves ``miles-nemogym serve``, ``smoke`` and the integration test fixtures,
-so the tests exercise what users run. It follows how nemo-gym starts and stops its servers (docs/upstream.md, NeMo-Gym):
-``app.py`` runs from the server venv with the composed config in
-``NEMO_GYM_CONFIG_DICT``, starts its own local Ray, and answers HTTP after ~20 s.
-
-Side effects stay in the server's state folder (log, results, temp files, Ray's
-session, and for the ``local`` sandbox also HOME/XDG/git config, because episode
-commands and the SWE-bench eval script run on the host and write ``git config
---global``). Container providers keep the user's HOME so their CLIs find registry
-credentials. Ray binds loopback only and sends no usage stats.
-
-Stopping never leaves orphans: the server runs in its own process group (SIGTERM,
-then SIGKILL, to the group), and on Linux every process still carrying this server's
-marker variable in its environment (Ray daemons and workers inherit it) is killed too.
+One class for ``serve``, ``smoke`` and the integration tests. Side effects stay in the
+state folder; stopping leaves no orphans (process group, then marker variable). Why:
+docs/data-and-checks.md, "Running the server".
 """
 
 from __future__ import annotations
@@ -99,14 +88,10 @@ def _kill(pids: list[int], sig: signal.Signals) -> None:
 
 
 class GymServer:
-    """The ``mini_swe_agent_2`` server as a context manager.
+    """The ``mini_swe_agent_2`` server as a context manager (``with GymServer(options) as server``).
 
-    >>> with GymServer(ServeOptions(sandbox="local", concurrency=2)) as server:
-    ...     print(server.url)  # http://127.0.0.1:<port>
-
-    ``state_dir`` (default: a new temp folder) holds ``server.log``, ``results/``,
-    the per-episode workspaces and temp files; it is kept after stop for inspection.
-    """
+    ``state_dir`` (default: a new temp folder) holds the log, results, workspaces and temp
+    files; it is kept after stop for inspection."""
 
     def __init__(
         self,

@@ -1,19 +1,8 @@
 """Read the task rows a scan runs: converter output or raw SWE-bench / NeMo-Gym rows.
 
-The agent function sends ``sample.metadata`` — the converter's ``metadata`` object — as
-the ``/run`` body; a scan must send the same thing, so each row is turned into that
-object here:
-
-- a converter row ``{"prompt": ..., "metadata": {instance_id, ...}}`` → its ``metadata``;
-- a raw row with ``instance_id`` at the top level (SWE-bench JSONL/parquet, NeMo-Gym's
-  ``example.jsonl``) → the row itself, with ``FAIL_TO_PASS``/``PASS_TO_PASS`` JSON strings
-  decoded to lists (as the converter does) and ``subset``/``split`` filled from the
-  ``--subset``/``--split`` flags when the row has none. The server reads both fields
-  unconditionally (a body without ``subset`` is an HTTP 500 for every episode), so a raw
-  row without a subset and without the flag is refused before any episode starts.
-
-The kind is detected per row, so a file mixing both is fine. Every problem is reported
-with its line (or row) number and the fix.
+Each row becomes the ``metadata`` the agent function would send as the ``/run`` body,
+read through :func:`miles_nemogym.data.sources.open_file` and checked by the request
+builder; every problem names its line, the field and the fix (docs/data-and-checks.md).
 """
 
 from __future__ import annotations
