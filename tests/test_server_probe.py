@@ -1,4 +1,4 @@
-"""The scan's server check against hostile or broken servers: bounded, no redirects, one clear error."""
+"""The server probe as the scan uses it, against hostile or broken servers: bounded, no redirects, one clear error."""
 
 from __future__ import annotations
 
