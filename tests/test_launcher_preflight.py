@@ -18,7 +18,7 @@ import pytest
 
 from miles_nemogym.data import to_prompt_row, validate_instance
 from miles_nemogym.doctor import CheckResult, Status
-from miles_nemogym.launcher import preflight
+from miles_nemogym.launcher import checks as preflight
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.settings import ENV_VARS
 from tests.openapi_standin import GymStandIn, openapi_document

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any, Protocol, get_args, get_origin
 
 from miles_nemogym.doctor import CheckResult, Status, report
+from miles_nemogym.launcher import checks as launch_checks
 from miles_nemogym.launcher import command as cmd
-from miles_nemogym.launcher import preflight
 from miles_nemogym.launcher.config import ConfigError, LauncherConfig, load_config, read_yaml
 from miles_nemogym.launcher.families import Parsers, UnknownFamilyError, resolve
 from miles_nemogym.redaction import redact_url
@@ -368,11 +368,11 @@ def execute(
     dry_run: bool,
     environ: Mapping[str, str],
     actions: Actions,
-    checks: Preflight = preflight.run_preflight,
+    checks: Preflight = launch_checks.run_preflight,
     miles_root: Path | None = None,
 ) -> int:
     """Run the recipe; returns the process exit code."""
-    root = miles_root if miles_root is not None else preflight.locate_miles(config.miles_root)
+    root = miles_root if miles_root is not None else launch_checks.locate_miles(config.miles_root)
     try:
         install = (
             cmd.MilesInstall(root, load_model_args(root, config.megatron_model_type)) if root is not None else None
