@@ -376,3 +376,19 @@ def test_a_bad_url_with_a_password_is_quoted_with_the_password_hidden(monkeypatc
     assert settings.status is Status.failed
     assert "s3cret-pass" not in settings.detail
     assert "http://user:***@gym:12000/run" in settings.detail
+
+
+def test_report_is_the_plain_text_both_the_cli_and_the_launcher_print() -> None:
+    results = [
+        CheckResult("settings", Status.passed, "ok"),
+        CheckResult("NeMo-Gym answers", Status.failed, "GET http://h:1/openapi.json: connection refused", "start it"),
+        CheckResult("/run accepts policy_base_url", Status.skipped, "needs the server's answer"),
+    ]
+    assert doctor.report(results) == [
+        "PASS settings: ok",
+        "FAIL NeMo-Gym answers: GET http://h:1/openapi.json: connection refused",
+        "     fix: start it",
+        "SKIP /run accepts policy_base_url: needs the server's answer",
+        "1 check(s) failed",
+    ]
+    assert doctor.report(results[:1]) == ["PASS settings: ok", "all checks passed"]
