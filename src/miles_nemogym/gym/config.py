@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv
+from miles_nemogym.yaml_file import YamlFileError, read_mapping
 
 SERVER_NAME = "mini_swe_agent_2"
 """The top-level config key of the agent server (also ``NEMO_GYM_CONFIG_PATH``)."""
@@ -80,24 +81,14 @@ def load_provider_options(path: Path) -> dict[str, Any]:
     block (e.g. copied from a nemo-gym provider config) and its inner mapping is used.
     """
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise GymEnvironmentError(f"--provider-config {path}: cannot read it ({exc})") from exc
-    except UnicodeDecodeError:
-        raise GymEnvironmentError(
-            f"--provider-config {path}: not UTF-8 text (a binary file, or saved as UTF-16?); "
-            "give a YAML file saved as UTF-8"
-        ) from None
-    except yaml.YAMLError as exc:
-        raise GymEnvironmentError(f"--provider-config {path}: not valid YAML ({exc})") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise GymEnvironmentError(
-            f"--provider-config {path}: expected a mapping of provider options "
-            f"(e.g. `exec: {{default_timeout_s: 300}}`), got {type(data).__name__}"
+        return read_mapping(
+            path,
+            "--provider-config",
+            utf8_fix="give a YAML file saved as UTF-8",
+            expected="a mapping of provider options (e.g. `exec: {default_timeout_s: 300}`)",
         )
-    return data
+    except YamlFileError as error:
+        raise GymEnvironmentError(str(error)) from None
 
 
 def _provider_block(options: ServeOptions) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from pydantic import (
 
 from miles_nemogym.settings import Settings
 from miles_nemogym.validation import describe
+from miles_nemogym.yaml_file import YamlFileError, read_mapping
 
 
 class ConfigError(ValueError):
@@ -350,24 +351,10 @@ def load_config(yaml_values: dict[str, Any] | None, cli_values: dict[str, Any]) 
 def read_yaml(path: Path) -> dict[str, Any]:
     """The mapping in a YAML recipe file; raises ``ConfigError`` with the fix."""
     try:
-        import yaml
-    except ImportError:  # pragma: no cover - pyyaml ships with the [cli] extra
-        raise ConfigError("--config needs PyYAML: pip install -e '.[cli]' in the miles-nemogym clone") from None
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise ConfigError(f"--config {path}: cannot read it ({error.strerror or error})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(
-            f"--config {path}: not UTF-8 text (a binary file, or saved as UTF-16?); save the recipe as UTF-8 YAML"
-        ) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise ConfigError(f"--config {path}: not valid YAML ({error})") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"--config {path}: expected a mapping of settings, got {type(data).__name__}")
+        data = read_mapping(
+            path, "--config", utf8_fix="save the recipe as UTF-8 YAML", expected="a mapping of settings"
+        )
+    except YamlFileError as error:
+        raise ConfigError(str(error)) from None
     # YAML spellings with dashes are accepted: they read like the flags.
     return {str(key).replace("-", "_"): value for key, value in data.items()}
