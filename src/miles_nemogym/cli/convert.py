@@ -7,16 +7,15 @@ summary, maps failures to exit codes (0 written, 1 nothing written, 2 bad flags)
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
-from types import FrameType
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from miles_nemogym.cli.options import InstanceIds, choice, metavar, subset_option
+from miles_nemogym.cli.signals import interrupt_on_sigterm
 
 if TYPE_CHECKING:
     from miles_nemogym.data import ConvertOptions, ConvertReport
@@ -29,12 +28,6 @@ Each output line is {"prompt": [{"role": "user", "content": problem_statement}],
 "metadata": {every instance field, "subset", "split"}}; point Miles' --prompt-data at it
 with --input-key prompt --metadata-key metadata.
 """
-
-
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    # SIGTERM (a job scheduler, `kill`) unwinds like Ctrl-C, so the converter's cleanup runs
-    # and no temporary output or shuffle spool is left behind.
-    raise KeyboardInterrupt
 
 
 def _print_summary(console: Console, report: ConvertReport, options: ConvertOptions) -> None:
@@ -218,32 +211,26 @@ def convert_command(
         def progress(done: int, total: int | None) -> None:
             bar.update(task, completed=done, total=total)
 
-        try:
-            previous: Any = signal.signal(signal.SIGTERM, _raise_interrupt)
-        except ValueError:  # not the main thread: signals stay as they are
-            previous = None
-        try:
-            report = convert(options, progress=progress)
-        except KeyboardInterrupt:
-            bar.stop()
-            err.print("interrupted: nothing written, no file touched", highlight=False, markup=False)
-            raise typer.Exit(130) from None
-        except ConvertError as error:
-            bar.stop()
-            _print_summary(err, error.report, options)
-            err.print(f"error: {error}", highlight=False, markup=False)
-            raise typer.Exit(1) from None
-        except (SourceError, SwebenchMissingError, ValueError) as error:
-            bar.stop()
-            err.print(f"error: {error}", highlight=False, markup=False)
-            raise typer.Exit(1) from None
-        except OSError as error:  # e.g. the output folder is not writable
-            bar.stop()
-            err.print(f"error: {error.filename or ''}: {error.strerror or error}", highlight=False, markup=False)
-            raise typer.Exit(1) from None
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+        with interrupt_on_sigterm():
+            try:
+                report = convert(options, progress=progress)
+            except KeyboardInterrupt:
+                bar.stop()
+                err.print("interrupted: nothing written, no file touched", highlight=False, markup=False)
+                raise typer.Exit(130) from None
+            except ConvertError as error:
+                bar.stop()
+                _print_summary(err, error.report, options)
+                err.print(f"error: {error}", highlight=False, markup=False)
+                raise typer.Exit(1) from None
+            except (SourceError, SwebenchMissingError, ValueError) as error:
+                bar.stop()
+                err.print(f"error: {error}", highlight=False, markup=False)
+                raise typer.Exit(1) from None
+            except OSError as error:  # e.g. the output folder is not writable
+                bar.stop()
+                err.print(f"error: {error.filename or ''}: {error.strerror or error}", highlight=False, markup=False)
+                raise typer.Exit(1) from None
     _print_summary(out, report, options)
 
 
