@@ -64,3 +64,31 @@ def test_a_url_password_is_hidden_in_the_error() -> None:
         trickle.close()
     assert "hunter22" not in message
     assert message.startswith("GET " + trickle.url.replace("http://", "http://user:***@"))
+
+
+@pytest.mark.parametrize("problem", ["no_run", "no_policy_field", "http_500", "not_json"])
+def test_doctor_and_the_scan_say_the_same_about_one_server(
+    gym: GymStandIn, monkeypatch: pytest.MonkeyPatch, problem: str
+) -> None:
+    from miles_nemogym.doctor import Status, run_checks
+    from miles_nemogym.settings import ENV_VARS
+
+    for name in ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    if problem == "no_run":
+        gym.serve(openapi_document(with_run=False))
+    elif problem == "no_policy_field":
+        gym.serve(openapi_document(with_policy_field=False))
+    elif problem == "http_500":
+        gym.status = 500
+    else:
+        gym.body = b"<html>hello</html>"
+    monkeypatch.setenv("NEMO_GYM_URL", gym.url)
+    failed = [result for result in run_checks() if result.status is Status.failed]
+    assert len(failed) == 1, failed
+    doctor_says = f"{failed[0].detail}; {failed[0].fix}"
+    scan_says = check(gym.url)
+    if problem == "no_policy_field":
+        assert scan_says == f"{doctor_says}, or scan without --policy-base-url"
+    else:
+        assert scan_says == doctor_says

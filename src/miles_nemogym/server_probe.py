@@ -183,11 +183,11 @@ def run_body_fields(openapi: Any) -> tuple[str, set[str]]:
 # --- what a failure means ----------------------------------------------------------------
 
 WRONG_SERVER_FIX = (
-    "NEMO_GYM_URL (or --gym-url) must be the mini_swe_agent_2 agent server's own address (the port "
+    "NEMO_GYM_URL must be the mini_swe_agent_2 agent server's own address (the port "
     "in its config, e.g. 12000; its /openapi.json lists POST /run), not the Gym head server or a model server"
 )
 _FIXES = {
-    "redirect": "NEMO_GYM_URL (or --gym-url) must be the mini_swe_agent_2 server's own address: a redirect "
+    "redirect": "NEMO_GYM_URL must be the mini_swe_agent_2 server's own address: a redirect "
     "is not followed, since the trainer's /run calls are not either",
     "http": WRONG_SERVER_FIX,
     "not-json": WRONG_SERVER_FIX,
@@ -196,7 +196,7 @@ _FIXES = {
 }
 _UNREACHABLE_FIX = (
     "start the server (`miles-nemogym serve`, or `gym env start` with the mini_swe_agent_2 config) "
-    "and set NEMO_GYM_URL (or --gym-url) to its http://host:port; check that no firewall blocks "
+    "and set NEMO_GYM_URL to its http://host:port; check that no firewall blocks "
     "that port from this machine"
 )
 NO_POLICY_FIELD_FIX = (
