@@ -252,3 +252,15 @@ def test_a_signal_during_convert_leaves_no_temporary_file_or_spool(
     assert "Traceback" not in stderr
     assert sorted(path.name for path in out_dir.iterdir()) == ["train.jsonl"]
     assert existing.read_text() == "the previous conversion\n"
+
+
+def test_sigterm_is_an_interrupt_only_inside_a_command_and_handlers_come_back() -> None:
+    import signal
+
+    from miles_nemogym.cli.signals import interrupt_on_sigterm
+
+    term, sigint = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt), interrupt_on_sigterm(ctrl_c=True):
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        signal.raise_signal(signal.SIGTERM)
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == (term, sigint)

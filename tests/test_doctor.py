@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from miles_nemogym import doctor
+from miles_nemogym import doctor, server_probe
 from miles_nemogym.cli.main import app
-from miles_nemogym.doctor import CheckResult, FetchError, Status, fetch_json, run_body_fields, run_checks
+from miles_nemogym.doctor import CheckResult, Status, run_checks
+from miles_nemogym.server_probe import FetchError, fetch_json, run_body_fields
 from miles_nemogym.settings import ENV_VARS
 from tests.openapi_standin import GymStandIn, openapi_document
 from tests.support.odd_http import OddServer
@@ -143,7 +144,7 @@ def test_url_ending_in_run_is_a_settings_error(monkeypatch: pytest.MonkeyPatch) 
 # --- the policy host ---------------------------------------------------------------------
 
 
-def served(document: dict[str, Any]) -> doctor.Fetcher:
+def served(document: dict[str, Any]) -> server_probe.Fetcher:
     def fetch(url: str, timeout_s: float) -> Any:
         assert url.endswith("/openapi.json") and timeout_s > 0
         return copy.deepcopy(document)
@@ -233,7 +234,7 @@ def test_body_schema_reached_through_allof_and_nested_refs() -> None:
     ],
 )
 def test_malformed_schemas_are_reported(document: dict[str, Any], message: str) -> None:
-    with pytest.raises(doctor.SchemaError, match=message):
+    with pytest.raises(server_probe.SchemaError, match=message):
         run_body_fields(document)
 
 
@@ -297,7 +298,7 @@ def test_odd_openapi_documents_end_fast_with_a_schema_error_or_an_answer(documen
     if message is None:
         assert run_body_fields(document) == ("Loop", set())  # a cycle is read once and ends
     else:
-        with pytest.raises(doctor.SchemaError) as caught:
+        with pytest.raises(server_probe.SchemaError) as caught:
             run_body_fields(document)
         assert message in str(caught.value)
     assert time.monotonic() - started < 1.0
@@ -311,7 +312,7 @@ def test_a_self_including_allof_is_a_fail_line_not_a_hang(gym: GymStandIn, monke
     assert time.monotonic() - started < 3
     assert result.exit_code == 1
     output = " ".join(result.output.split())  # rich wraps long lines
-    assert "FAIL /run accepts policy_base_url: the /run body (Loop) has no policy_base_url field" in output
+    assert f"FAIL /run accepts policy_base_url: {gym.url}: the /run body (Loop) declares no policy_base_url" in output
 
 
 def test_json_nested_too_deeply_is_a_fail_line(gym: GymStandIn, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -375,3 +376,19 @@ def test_a_bad_url_with_a_password_is_quoted_with_the_password_hidden(monkeypatc
     assert settings.status is Status.failed
     assert "s3cret-pass" not in settings.detail
     assert "http://user:***@gym:12000/run" in settings.detail
+
+
+def test_report_is_the_plain_text_both_the_cli_and_the_launcher_print() -> None:
+    results = [
+        CheckResult("settings", Status.passed, "ok"),
+        CheckResult("NeMo-Gym answers", Status.failed, "GET http://h:1/openapi.json: connection refused", "start it"),
+        CheckResult("/run accepts policy_base_url", Status.skipped, "needs the server's answer"),
+    ]
+    assert doctor.report(results) == [
+        "PASS settings: ok",
+        "FAIL NeMo-Gym answers: GET http://h:1/openapi.json: connection refused",
+        "     fix: start it",
+        "SKIP /run accepts policy_base_url: needs the server's answer",
+        "1 check(s) failed",
+    ]
+    assert doctor.report(results[:1]) == ["PASS settings: ok", "all checks passed"]

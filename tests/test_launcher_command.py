@@ -393,9 +393,9 @@ def test_render_is_the_exact_command_and_hides_secrets() -> None:
         assert shlex.split(value) == [job.display_env()[name]]
 
 
-def test_convert_command_uses_the_node_gpus_and_target() -> None:
+def test_checkpoint_command_uses_the_node_gpus_and_target() -> None:
     config = LauncherConfig(ref_load=Path("/ckpt/ref"))
-    argv = cmd.convert_command(config, MILES)
+    argv = cmd.checkpoint_command(config, MILES)
     assert argv[:3] == ["torchrun", "--nproc-per-node", "4"]
     assert argv[3] == "/opt/miles/tools/convert_hf_to_torch_dist.py"
     assert tuple(argv[4 : 4 + len(MODEL_ARGS)]) == MODEL_ARGS

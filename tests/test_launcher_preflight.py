@@ -18,7 +18,7 @@ import pytest
 
 from miles_nemogym.data import to_prompt_row, validate_instance
 from miles_nemogym.doctor import CheckResult, Status
-from miles_nemogym.launcher import preflight
+from miles_nemogym.launcher import checks as preflight
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.settings import ENV_VARS
 from tests.openapi_standin import GymStandIn, openapi_document
@@ -207,7 +207,7 @@ def test_prompt_data_bad_json_line(good: dict[str, Any]) -> None:
     path = good["tmp"] / "bad.jsonl"
     path.write_text('{"prompt": []}\n{not json\n')
     detail = data_failure(good, path).detail
-    assert "line 2 is not JSON" in detail
+    assert "row 2 (line 2): not valid JSON: Expecting property name" in detail
 
 
 def test_prompt_data_empty(good: dict[str, Any]) -> None:

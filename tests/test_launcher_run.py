@@ -38,7 +38,7 @@ class Recorder:
         self.convert_exit = convert_exit
         self.job: cmd.Job | None = None
 
-    def convert(self, argv: list[str], env: Mapping[str, str]) -> int:
+    def convert_checkpoint(self, argv: list[str], env: Mapping[str, str]) -> int:
         self.calls.append(("convert", argv))
         return self.convert_exit
 
@@ -63,7 +63,7 @@ class Recorder:
 
 
 class Refuses(Recorder):
-    def convert(self, argv: list[str], env: Mapping[str, str]) -> int:
+    def convert_checkpoint(self, argv: list[str], env: Mapping[str, str]) -> int:
         raise AssertionError("a dry run must not convert")
 
     def ray_reachable(self, address: str) -> bool:

@@ -219,9 +219,9 @@ def test_resume_runs_again_an_instance_whose_line_was_torn_by_a_crash(
 @pytest.mark.parametrize(
     ("problem", "expected"),
     [
-        ("unreachable", "cannot reach"),
+        ("unreachable", "openapi.json: connection refused (nothing listens on that port); start the server"),
         ("not_a_gym", "does not offer POST /run"),
-        ("bad_json", "not a JSON object"),
+        ("bad_json", "verified.jsonl:6: not valid JSON: Expecting property name enclosed in double quotes"),
         ("missing_input", "no such input file"),
         ("golden_and_policy", "--golden with --policy-base-url"),
         ("unknown_id", "not in the input file: nope__nope-1"),

@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from miles_nemogym.data.select import parse_instance_ids
 from miles_nemogym.episode.classify import classify_run_response
 from miles_nemogym.episode.protocol import RunResponse
 from miles_nemogym.scan import EXIT_FAILED, Verdict, golden_scan
 from miles_nemogym.scan.inputs import InputError, load_tasks
 from miles_nemogym.scan.report import Counts, ScanProgress
 from miles_nemogym.scan.results import ResultLine, ResultsWriter, read_results
-from miles_nemogym.scan.selection import parse_instance_ids, select
+from miles_nemogym.scan.selection import select
 from miles_nemogym.scan.verdict import reason_of, verdict_of
 from tests.test_scan_fakegym import FakeGym, converter_rows, write_jsonl
 
@@ -101,7 +102,7 @@ def test_instance_ids_from_a_file_or_a_list_then_limit(tmp_path: Path, gym_examp
     assert [task.instance_id for task in chosen] == [ids[1], ids[3]]  # input order, then the limit
     with pytest.raises(InputError, match="nope"):
         select(tasks, ["nope"], None)
-    with pytest.raises(InputError, match="no instance ids"):
+    with pytest.raises(ValueError, match=r"^--instance-ids ' , ': no instance ids given$"):
         parse_instance_ids(" , ")
 
 

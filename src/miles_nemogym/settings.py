@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from enum import Enum
 from urllib.parse import urlsplit
 
@@ -22,6 +23,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from miles_nemogym.redaction import redact_url
+from miles_nemogym.validation import describe
 
 
 class RewardMode(str, Enum):
@@ -156,16 +158,17 @@ ENV_VARS: tuple[str, ...] = tuple(
 _cache: dict[tuple[str | None, ...], Settings] = {}
 
 
+def _env_label(loc: Sequence[int | str]) -> str:
+    name = str(loc[0]) if loc else "?"
+    field = Settings.model_fields.get(name)
+    var = field.alias if field is not None and field.alias else name
+    secret = var == "NEMO_GYM_POLICY_API_KEY"
+    given = "<hidden>" if secret else redact_url(os.environ.get(var, "<unset>"))
+    return f"{var}={given!r}"
+
+
 def _describe(error: ValidationError) -> str:
-    lines = []
-    for item in error.errors():
-        name = str(item["loc"][0]) if item["loc"] else "?"
-        field = Settings.model_fields.get(name)
-        var = field.alias if field is not None and field.alias else name
-        secret = var == "NEMO_GYM_POLICY_API_KEY"
-        given = "<hidden>" if secret else redact_url(os.environ.get(var, "<unset>"))
-        lines.append(f"{var}={given!r}: {item['msg']}")
-    return "invalid miles-nemogym configuration: " + "; ".join(lines)
+    return "invalid miles-nemogym configuration: " + describe(error, label=_env_label)
 
 
 def get_settings() -> Settings:

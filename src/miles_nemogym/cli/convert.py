@@ -1,24 +1,21 @@
 """``miles-nemogym convert``: SWE-bench-family dataset → Miles prompt JSONL.
 
-A thin layer over :mod:`miles_nemogym.data`: parses flags into
-:class:`~miles_nemogym.data.ConvertOptions`, shows a progress bar and a summary table,
-and maps failures to exit codes (0 written, 1 nothing written because of the data or
-the input, 2 bad flags). ``miles_nemogym.data`` (and with it ``datasets``/``pyarrow``)
-is imported inside the command so ``miles-nemogym --help`` stays fast.
+Parses flags into :class:`~miles_nemogym.data.ConvertOptions`, shows progress and the
+summary, maps failures to exit codes (0 written, 1 nothing written, 2 bad flags).
+``miles_nemogym.data`` is imported inside the command so ``--help`` stays fast.
 """
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
-from types import FrameType
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from miles_nemogym.cli.options import InstanceIds, choice, metavar, subset_option
+from miles_nemogym.cli.signals import interrupt_on_sigterm
 
 if TYPE_CHECKING:
     from miles_nemogym.data import ConvertOptions, ConvertReport
@@ -33,24 +30,8 @@ with --input-key prompt --metadata-key metadata.
 """
 
 
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    # SIGTERM (a job scheduler, `kill`) unwinds like Ctrl-C, so the converter's cleanup runs
-    # and no temporary output or shuffle spool is left behind.
-    raise KeyboardInterrupt
-
-
-def _instance_ids(value: str | None) -> Path | tuple[str, ...] | None:
-    """A file stays a path (so an output onto it is refused); a list becomes its ids."""
-    from miles_nemogym.data.select import parse_instance_ids
-
-    if value is None:
-        return None
-    path = Path(value).expanduser()
-    return path if path.is_file() else tuple(parse_instance_ids(value))
-
-
 def _print_summary(console: Console, report: ConvertReport, options: ConvertOptions) -> None:
-    from miles_nemogym.data.convert import printable
+    from miles_nemogym.data.convert import printable, summary_notes
 
     counts = Table(title=f"convert: {report.source} ({report.source_kind})", title_justify="left")
     counts.add_column("rows")
@@ -101,23 +82,7 @@ def _print_summary(console: Console, report: ConvertReport, options: ConvertOpti
         )
         for duplicate in report.duplicates:
             console.print(f"  {duplicate}", highlight=False, markup=False)
-    notes = [f"subset: {report.subset_rule}"]
-    if report.overridden_rows:
-        notes.append(f"{report.overridden_rows} row(s) had their own subset/split replaced by the flags")
-    if report.not_gradeable_by_repo:
-        dropped = ", ".join(f"{repo} ({count})" for repo, count in sorted(report.not_gradeable_by_repo.items()))
-        notes.append(f"dropped as not gradeable by swebench {report.swebench_version}: {dropped}")
-    if report.seed is not None:
-        notes.append(f"shuffled with seed {report.seed} (pass --seed {report.seed} to repeat)")
-    if options.holdout and not options.shuffle:
-        notes.append("the holdout is the first selected rows in input order; add --shuffle for a random one")
-    if report.stopped_early:
-        notes.append("stopped reading once --limit (and --holdout) were filled")
-    if report.missing_instance_ids:
-        shown = ", ".join(report.missing_instance_ids[:10])
-        notes.append(f"{len(report.missing_instance_ids)} id(s) from --instance-ids not in the input: {shown}")
-    if report.unmatched_repos:
-        notes.append(f"--repos matched no row for: {', '.join(report.unmatched_repos)}")
+    notes = summary_notes(report, options)
     for note in notes:
         console.print(f"note: {printable(note)}", highlight=False, markup=False)
 
@@ -199,6 +164,8 @@ def convert_command(
         SwebenchMissingError,
         convert,
     )
+    from miles_nemogym.data.select import instance_ids_option
+    from miles_nemogym.validation import problems
 
     out = Console(soft_wrap=True)
     err = Console(stderr=True, soft_wrap=True)
@@ -212,7 +179,7 @@ def convert_command(
             gradeable_only=gradeable_only,
             repos=tuple(repos or ()),
             exclude_repos=tuple(exclude_repos or ()),
-            instance_ids=_instance_ids(instance_ids),
+            instance_ids=instance_ids_option(instance_ids),
             limit=limit,
             shuffle=shuffle,
             seed=seed,
@@ -221,10 +188,8 @@ def convert_command(
             drop_fields=tuple(drop_fields or ()),
         )
     except ValidationError as error:
-        for item in error.errors(include_url=False):
-            where = ".".join(str(part) for part in item["loc"])
-            message = str(item["msg"]).removeprefix("Value error, ")
-            err.print(f"error: {where + ': ' if where else ''}{message}", highlight=False, markup=False)
+        for line in problems(error):
+            err.print(f"error: {line}", highlight=False, markup=False)
         raise typer.Exit(2) from None
     except ValueError as error:  # InputError, or --instance-ids that holds no id
         err.print(f"error: {error}", highlight=False, markup=False)
@@ -246,32 +211,26 @@ def convert_command(
         def progress(done: int, total: int | None) -> None:
             bar.update(task, completed=done, total=total)
 
-        try:
-            previous: Any = signal.signal(signal.SIGTERM, _raise_interrupt)
-        except ValueError:  # not the main thread: signals stay as they are
-            previous = None
-        try:
-            report = convert(options, progress=progress)
-        except KeyboardInterrupt:
-            bar.stop()
-            err.print("interrupted: nothing written, no file touched", highlight=False, markup=False)
-            raise typer.Exit(130) from None
-        except ConvertError as error:
-            bar.stop()
-            _print_summary(err, error.report, options)
-            err.print(f"error: {error}", highlight=False, markup=False)
-            raise typer.Exit(1) from None
-        except (SourceError, SwebenchMissingError, ValueError) as error:
-            bar.stop()
-            err.print(f"error: {error}", highlight=False, markup=False)
-            raise typer.Exit(1) from None
-        except OSError as error:  # e.g. the output folder is not writable
-            bar.stop()
-            err.print(f"error: {error.filename or ''}: {error.strerror or error}", highlight=False, markup=False)
-            raise typer.Exit(1) from None
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+        with interrupt_on_sigterm():
+            try:
+                report = convert(options, progress=progress)
+            except KeyboardInterrupt:
+                bar.stop()
+                err.print("interrupted: nothing written, no file touched", highlight=False, markup=False)
+                raise typer.Exit(130) from None
+            except ConvertError as error:
+                bar.stop()
+                _print_summary(err, error.report, options)
+                err.print(f"error: {error}", highlight=False, markup=False)
+                raise typer.Exit(1) from None
+            except (SourceError, SwebenchMissingError, ValueError) as error:
+                bar.stop()
+                err.print(f"error: {error}", highlight=False, markup=False)
+                raise typer.Exit(1) from None
+            except OSError as error:  # e.g. the output folder is not writable
+                bar.stop()
+                err.print(f"error: {error.filename or ''}: {error.strerror or error}", highlight=False, markup=False)
+                raise typer.Exit(1) from None
     _print_summary(out, report, options)
 
 

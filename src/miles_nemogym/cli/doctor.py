@@ -1,7 +1,4 @@
-"""``miles-nemogym doctor``: the fast NeMo-Gym preflight (``miles_nemogym.doctor``) on a terminal.
-
-Exit code 0 only when every check passes, 1 otherwise, so scripts can gate on it.
-"""
+"""``miles-nemogym doctor``: :mod:`miles_nemogym.doctor`'s checks on a terminal; exit 0 only when all pass."""
 
 from __future__ import annotations
 
@@ -11,29 +8,23 @@ from typing import Annotated
 import typer
 
 from miles_nemogym.cli.options import GymUrl
-from miles_nemogym.doctor import DEFAULT_TIMEOUT_S, CheckResult, Status
+from miles_nemogym.doctor import DEFAULT_TIMEOUT_S, CheckResult
+
+_COLOURS = {"PASS": "green", "FAIL": "red", "SKIP": "yellow"}
 
 
-def render(results: list[CheckResult], console: object | None = None) -> None:
-    """Print each check, and under each failure its fix."""
+def render(results: list[CheckResult]) -> None:
+    """Print :func:`miles_nemogym.doctor.report`, its marks in colour."""
     from rich.console import Console
     from rich.markup import escape
 
-    out = console if isinstance(console, Console) else Console()
-    marks = {
-        Status.passed: "[green]PASS[/]",
-        Status.failed: "[red]FAIL[/]",
-        Status.skipped: "[yellow]SKIP[/]",
-    }
-    for result in results:
-        out.print(f"{marks[result.status]} {escape(result.name)}: {escape(result.detail)}")
-        if result.fix and not result.ok:
-            out.print(f"     [bold]fix:[/] {escape(result.fix)}")
-    failed = sum(result.status is Status.failed for result in results)
-    if failed:
-        out.print(f"[red]{failed} check(s) failed[/]")
-    elif all(result.ok for result in results):
-        out.print("[green]all checks passed[/]")
+    from miles_nemogym.doctor import report
+
+    out = Console()
+    for line in report(results):
+        mark, _, rest = line.partition(" ")
+        colour = _COLOURS.get(mark)
+        out.print(f"[{colour}]{mark}[/] {escape(rest)}" if colour else escape(line))
 
 
 def doctor(

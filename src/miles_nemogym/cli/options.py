@@ -7,9 +7,9 @@ from typing import Annotated, Any, get_args
 
 import typer
 
+from miles_nemogym.data.schema import SUBSETS
 from miles_nemogym.gym.config import SandboxName
 
-SUBSETS: tuple[str, ...] = ("verified", "gym")
 SANDBOXES: tuple[str, ...] = get_args(SandboxName)
 
 INSTANCE_IDS_HELP = (

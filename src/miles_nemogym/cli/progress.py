@@ -1,10 +1,7 @@
 """One progress display for long preparation steps (the server's first-run build, its start).
 
-The build reports unindented lines as steps and indented lines as details (pip's own
-output, whose full text is in the build log). On a terminal this shows one line: a
-spinner, the current step, its latest detail, and the step's elapsed time; each
-finished step is left above it with its duration. In a log file (no terminal) only
-the step lines appear, once each.
+Unindented lines are steps, indented ones details: a terminal shows one live line and
+each finished step with its duration; a log file gets the step lines only.
 """
 
 from __future__ import annotations

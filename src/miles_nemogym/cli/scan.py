@@ -106,9 +106,9 @@ def scan(
     from pydantic import ValidationError
     from rich.console import Console
 
+    from miles_nemogym.data.select import parse_instance_ids
     from miles_nemogym.scan import ScanConfig, execute
-    from miles_nemogym.scan.inputs import InputError
-    from miles_nemogym.scan.selection import parse_instance_ids
+    from miles_nemogym.validation import describe
 
     err = Console(stderr=True)
     try:
@@ -130,15 +130,11 @@ def scan(
             split=split,
             allow_unresolved=allow_unresolved,
         )
-    except InputError as error:
-        err.print(f"scan cannot start: {error}", markup=False, highlight=False)
-        raise typer.Exit(2) from None
     except ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(map(str, item['loc']))}: {str(item['msg']).removeprefix('Value error, ')}"
-            for item in error.errors()
-        )
-        err.print(f"scan cannot start: {problems}", markup=False, highlight=False)
+        err.print(f"scan cannot start: {describe(error)}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    except ValueError as error:  # --instance-ids that cannot be read or holds no id
+        err.print(f"scan cannot start: {error}", markup=False, highlight=False)
         raise typer.Exit(2) from None
     raise typer.Exit(execute(config))
 

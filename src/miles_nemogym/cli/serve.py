@@ -9,16 +9,14 @@ stops the server and its Ray.
 from __future__ import annotations
 
 import math
-import signal
-import socket
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Annotated
 
 import typer
 
 from miles_nemogym.cli.options import SANDBOXES, metavar
+from miles_nemogym.cli.signals import interrupt_on_sigterm
 
 SANDBOX_HELP = (
     "Sandbox provider: a container one (what SWE-bench grading needs), or local (host subprocesses, "
@@ -31,20 +29,6 @@ The first run builds the server's Python 3.13 environment (2-5 minutes, once; pi
 kept next to it) under ~/.cache/miles-nemogym/gym-venv, or $MILES_NEMOGYM_CACHE. The
 interpreter is found on PATH, in pyenv or /usr/bin, or named by MILES_NEMOGYM_GYM_PYTHON.
 """
-
-
-def _reachable_address() -> str:
-    """This machine's address on its default route (a UDP connect sends no packet)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: only consults the routing table
-            return str(probe.getsockname()[0])
-    except OSError:
-        return socket.gethostname()
-
-
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
 
 
 def serve(
@@ -81,11 +65,13 @@ def serve(
 ) -> None:
     from pydantic import ValidationError
     from rich.console import Console
+    from rich.markup import escape
 
     from miles_nemogym.cli.progress import step_display
     from miles_nemogym.gym.config import ServeOptions, load_provider_options
     from miles_nemogym.gym.server import GymServer
     from miles_nemogym.gym.venv import GymEnvironmentError, ensure_gym_venv
+    from miles_nemogym.validation import as_flag, problems
 
     console = Console(stderr=True)
     if not (math.isfinite(start_timeout) and start_timeout > 0):
@@ -109,9 +95,8 @@ def serve(
             }
         )
     except ValidationError as exc:
-        for error in exc.errors():
-            field = "--" + "-".join(str(p) for p in error["loc"]).replace("_", "-")
-            console.print(f"[red]error:[/red] {field}: {error['msg']}")
+        for line in problems(exc, as_flag):
+            console.print(f"[red]error:[/red] {escape(line)}")
         raise typer.Exit(2) from None
     except GymEnvironmentError as exc:
         console.print(f"[red]error:[/red] {exc}")
@@ -126,50 +111,44 @@ def serve(
     if options.golden:
         console.print("[yellow]golden mode: no model calls; each /run applies the instance's gold patch.[/yellow]")
 
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    # A shell may start us with SIGINT ignored (background jobs); Ctrl-C must still stop us.
-    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
-    server: GymServer | None = None
-    try:
-        with step_display(console) as progress:
-            venv = ensure_gym_venv(options.sandbox, progress=progress)
-            progress(f"starting NeMo-Gym {options.sandbox} server on {options.host}:{options.port or 'a free port'}")
-            server = GymServer(options, state_dir=state_dir, venv=venv, progress=progress, start_timeout=start_timeout)
-            started = time.monotonic()
-            server.start()
-    except GymEnvironmentError as exc:
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGINT, previous_int)
-        console.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        if server is not None:
-            server.stop()
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGINT, previous_int)
-        console.print("interrupted; nothing left running.")
-        raise typer.Exit(130) from None
+    with interrupt_on_sigterm(ctrl_c=True):
+        server: GymServer | None = None
+        try:
+            with step_display(console) as progress:
+                venv = ensure_gym_venv(options.sandbox, progress=progress)
+                progress(
+                    f"starting NeMo-Gym {options.sandbox} server on {options.host}:{options.port or 'a free port'}"
+                )
+                server = GymServer(
+                    options, state_dir=state_dir, venv=venv, progress=progress, start_timeout=start_timeout
+                )
+                started = time.monotonic()
+                server.start()
+        except GymEnvironmentError as exc:
+            console.print(f"[red]error:[/red] {exc}", highlight=False)
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            if server is not None:
+                server.stop()
+            console.print("interrupted; nothing left running.")
+            raise typer.Exit(130) from None
 
-    try:
-        gym_url = server.url
-        if options.host.strip("[]") in {"0.0.0.0", "::"}:
-            gym_url = f"http://{_reachable_address()}:{server.port}"
-        console.print(
-            f"[green]NeMo-Gym mini_swe_agent_2 is serving[/green] ({options.sandbox} sandbox, concurrency "
-            f"{options.concurrency}, ready in {time.monotonic() - started:.0f} s).\n"
-            f"On the training node:\n\n    export NEMO_GYM_URL={gym_url}\n\n"
-            f"log: {server.log_path}\nresults: {server.state_dir}/results\nPress Ctrl-C to stop."
-        )
-        while server.is_running():
-            time.sleep(1.0)
-        console.print(f"[red]the server exited unexpectedly[/red]; log {server.log_path}:\n{server.log_tail()}")
-        raise typer.Exit(1)
-    except KeyboardInterrupt:
-        console.print("stopping the server and its Ray...")
-    finally:
-        server.stop()
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGINT, previous_int)
+        try:
+            gym_url = server.advertised_url
+            console.print(
+                f"[green]NeMo-Gym mini_swe_agent_2 is serving[/green] ({options.sandbox} sandbox, concurrency "
+                f"{options.concurrency}, ready in {time.monotonic() - started:.0f} s).\n"
+                f"On the training node:\n\n    export NEMO_GYM_URL={gym_url}\n\n"
+                f"log: {server.log_path}\nresults: {server.state_dir}/results\nPress Ctrl-C to stop."
+            )
+            while server.is_running():
+                time.sleep(1.0)
+            console.print(f"[red]the server exited unexpectedly[/red]; log {server.log_path}:\n{server.log_tail()}")
+            raise typer.Exit(1)
+        except KeyboardInterrupt:
+            console.print("stopping the server and its Ray...")
+        finally:
+            server.stop()
     console.print("stopped.")
 
 

@@ -1,14 +1,8 @@
-"""Convert SWE-bench-family task rows into Miles prompt rows (``miles-nemogym convert``).
+"""Convert SWE-bench-family task rows into Miles prompt rows: the public Python API.
 
-Public API (the CLI is a thin layer over it):
-
-- :func:`convert` + :class:`ConvertOptions` → :class:`ConvertReport`: the whole file
-  conversion, streaming and atomic; raises :class:`ConvertError` with nothing written.
-- :func:`convert_row`: one row in Python, same rules; raises :class:`RowInvalidError`.
-- :func:`validate_instance`, :class:`SweBenchInstance`, :data:`REQUIRED_FIELDS`: the checks.
-- :func:`to_prompt_row`, :func:`infer_kind`, :func:`resolve_routing`: the pure mapping.
-- :func:`open_source`: stream raw rows from a file, folder or dataset id.
-- :func:`load_grade_tables`: what the installed ``swebench`` can grade.
+:func:`convert` with :class:`ConvertOptions` (whole files, streaming, atomic), :func:`convert_row`
+(one row), :func:`validate_instance` and :func:`to_prompt_row` (the pure checks and mapping),
+:func:`open_source` (stream raw rows), :func:`load_grade_tables` (what ``swebench`` can grade).
 """
 
 from miles_nemogym.data.convert import (

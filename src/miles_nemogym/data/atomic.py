@@ -1,10 +1,7 @@
 """Write a file so that its path holds either the old content or the complete new one.
 
-The converter's output edge: a crash never leaves a half file at the output path.
-Bytes go to a temporary file in the same folder (so the final rename never crosses
-file systems), which is flushed, fsynced and ``os.replace``d over the target
-only on :meth:`AtomicFile.commit`; :meth:`AtomicFile.discard` (or leaving the ``with``
-block by an exception) removes it and leaves any existing file untouched.
+The converter's output edge: a temporary file in the same folder, ``os.replace``d over
+the target only on :meth:`AtomicFile.commit` (docs/data-and-checks.md).
 """
 
 from __future__ import annotations

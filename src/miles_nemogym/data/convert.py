@@ -1,15 +1,8 @@
 """Convert a SWE-bench-family dataset into Miles prompt JSONL, streaming and atomically.
 
-The orchestration behind ``miles-nemogym convert``. Reads rows with
-:mod:`~miles_nemogym.data.sources`, checks them with :mod:`~miles_nemogym.data.schema`,
-decides subset/split and maps them with :mod:`~miles_nemogym.data.rows`, selects with
-:mod:`~miles_nemogym.data.select`, and writes through :mod:`~miles_nemogym.data.atomic`.
-
-Memory: one row at a time plus the set of instance ids seen (duplicates are kept once),
-about 100 bytes per row. ``--shuffle`` also keeps one 8-byte file offset per selected
-row and a permutation of them (~50 bytes per row in all), and spools the converted rows
-to a temporary file next to the output (disk: one extra copy of the output).
-Without ``--shuffle``, reading stops as soon as ``--holdout`` and ``--limit`` are filled.
+Reads rows with :mod:`.sources`, checks them with :mod:`.schema`, routes and maps them
+with :mod:`.rows`, selects with :mod:`.select` and writes through :mod:`.atomic`.
+Memory and shuffle design: docs/data-and-checks.md.
 """
 
 from __future__ import annotations
@@ -33,7 +26,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from miles_nemogym.data.atomic import AtomicFile
 from miles_nemogym.data.gradeable import load_grade_tables
 from miles_nemogym.data.rows import DatasetKind, Routing, infer_kind, resolve_routing, to_prompt_row
-from miles_nemogym.data.schema import NEVER_DROPPED, SUBSETS, FieldProblem, SweBenchInstance, validate_instance
+from miles_nemogym.data.schema import (
+    NEVER_DROPPED,
+    SUBSETS,
+    FieldProblem,
+    Subset,
+    SweBenchInstance,
+    validate_instance,
+)
 from miles_nemogym.data.select import Selection, read_instance_ids, split_names
 from miles_nemogym.data.sources import RawRow, open_source
 
@@ -50,7 +50,7 @@ class ConvertOptions(BaseModel):
     input: str = Field(min_length=1)
     output: Path
     split: str | None = None
-    subset: Literal["verified", "gym"] | None = None
+    subset: Subset | None = None
     on_error: Literal["fail", "skip"] = "fail"
     gradeable_only: bool = False
     repos: tuple[str, ...] = ()
@@ -184,6 +184,28 @@ class RowInvalidError(ValueError):
         self.problems = problems
 
 
+def summary_notes(report: ConvertReport, options: ConvertOptions) -> list[str]:
+    """What a reader of the summary should know beyond the counts (the CLI prints them as ``note:``)."""
+    notes = [f"subset: {report.subset_rule}"]
+    if report.overridden_rows:
+        notes.append(f"{report.overridden_rows} row(s) had their own subset/split replaced by the flags")
+    if report.not_gradeable_by_repo:
+        dropped = ", ".join(f"{repo} ({count})" for repo, count in sorted(report.not_gradeable_by_repo.items()))
+        notes.append(f"dropped as not gradeable by swebench {report.swebench_version}: {dropped}")
+    if report.seed is not None:
+        notes.append(f"shuffled with seed {report.seed} (pass --seed {report.seed} to repeat)")
+    if options.holdout and not options.shuffle:
+        notes.append("the holdout is the first selected rows in input order; add --shuffle for a random one")
+    if report.stopped_early:
+        notes.append("stopped reading once --limit (and --holdout) were filled")
+    if report.missing_instance_ids:
+        shown = ", ".join(report.missing_instance_ids[:10])
+        notes.append(f"{len(report.missing_instance_ids)} id(s) from --instance-ids not in the input: {shown}")
+    if report.unmatched_repos:
+        notes.append(f"--repos matched no row for: {', '.join(report.unmatched_repos)}")
+    return notes
+
+
 def _json_default(value: Any) -> Any:
     # Parquet/Arrow timestamp columns (``created_at`` in some exports) arrive as datetimes.
     if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
@@ -194,10 +216,7 @@ def _json_default(value: Any) -> Any:
 def encode_row(row: Mapping[str, Any]) -> bytes:
     """One output line (JSON + newline); raises ``ValueError`` for NaN or non-JSON values.
 
-    ASCII-escaped: valid UTF-8 for every reader, and the stdlib's ASCII encoder is ~40%
-    faster than its UTF-8 one, which matters because encoding is the converter's
-    largest per-row cost.
-    """
+    ASCII-escaped: valid UTF-8 for every reader, and the faster of the stdlib's encoders."""
     try:
         text = json.dumps(row, allow_nan=False, default=_json_default)
     except TypeError as error:
@@ -289,11 +308,8 @@ def _record_problem(report: ConvertReport, raw: RawRow, problems: list[str], key
 def convert(options: ConvertOptions, progress: Callable[[int, int | None], None] | None = None) -> ConvertReport:
     """Run the conversion; returns the report, or raises :class:`ConvertError` with nothing written.
 
-    Also raises :class:`~miles_nemogym.data.sources.SourceError` (unreadable input),
-    :class:`~miles_nemogym.data.gradeable.SwebenchMissingError` and ``ValueError`` (an
-    unreadable ``--instance-ids`` file). ``progress(rows_read, total_or_None)`` is called
-    every few hundred rows.
-    """
+    Also raises ``SourceError``, ``SwebenchMissingError`` and ``ValueError`` (bad ``--instance-ids``);
+    ``progress(rows_read, total_or_None)`` is called every few hundred rows."""
     inferred = infer_kind(options.input)
     split_to_load = options.split or inferred.split or "test"
     routing = Routing(options.subset, options.split, inferred, fallback_split=split_to_load)

@@ -1,16 +1,7 @@
-"""Can the installed ``swebench`` package grade a task row? (``--gradeable-only``)
+"""Can the installed ``swebench`` grade a task row? (``--gradeable-only``)
 
-Why (docs/upstream.md, NeMo-Gym): the server grades every episode with
-``swebench.harness.test_spec.test_spec.make_test_spec`` and then
-``swebench.harness.grading.get_eval_report``. Those index three tables by the row's
-``repo`` (and ``version``): ``MAP_REPO_VERSION_TO_SPECS[repo][version]``,
-``MAP_REPO_TO_EXT[repo]`` and ``MAP_REPO_TO_PARSER[repo]``. A row missing from any of
-them raises ``KeyError`` at grading time and scores 0 after a full, paid episode (the
-known SWE-Gym limitation, e.g. ``getmoto/moto`` with swebench 4.1.0).
-
-We look the keys up instead of calling ``make_test_spec``: for Python repos that
-function downloads ``requirements.txt``/``environment.yml`` from GitHub, which would
-make the filter need the network and take seconds per row.
+Looks up the repo/version tables the grader indexes instead of calling ``make_test_spec``
+(which needs the network); why: docs/data-and-checks.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """Map one validated SWE-bench task row to one Miles prompt row, and decide its subset/split.
 
-Shapes: Miles' prompt data and NeMo-Gym's ``/run`` body (docs/upstream.md).
-Miles reads ``prompt`` (``--input-key prompt``; a
-messages list, because its TITO session path needs one) and hands ``metadata``
-(``--metadata-key metadata``) to the agent function, which sends it as the ``/run``
-body: so ``metadata`` is the whole task instance plus ``subset`` (which picks the task
-image on the server) and ``split`` (recorded).
-
-Subset/split rule (documented in the README, one rule for both keys):
-an explicit ``--subset`` / ``--split`` wins; otherwise the row's own value (NeMo-Gym's
-example rows carry both); otherwise what the dataset's name says (SWE-bench, Lite and
-Verified → ``verified``/``test``; SWE-Gym → ``gym``/``train``); a row whose subset is
-still unknown is refused, because a wrong subset runs the agent in the wrong image.
-
-Pure functions: no I/O.
+The prompt row shape and the subset/split rule (flag, then row, then dataset name) are
+explained in docs/data-and-checks.md. Pure functions: no I/O.
 """
 
 from __future__ import annotations
@@ -131,10 +119,8 @@ def to_prompt_row(
 ) -> dict[str, Any]:
     """The Miles prompt row: ``{"prompt": [user message], "metadata": {instance…, subset, split}}``.
 
-    ``row`` is the raw row (every field kept, in order, minus ``drop_fields`` and the
-    routing keys ``policy_base_url`` / ``policy_api_key``);
-    ``instance`` supplies the decoded ``FAIL_TO_PASS``/``PASS_TO_PASS`` lists.
-    """
+    ``row`` gives every field in order (minus ``drop_fields`` and the routing keys);
+    ``instance`` gives the decoded test lists."""
     # Routing and secrets come from the trainer's environment, never from data: a key
     # copied from a row would sit in the output file in clear.
     metadata = {key: value for key, value in row.items() if key not in drop_fields and key not in ROUTING_KEYS}

@@ -1,14 +1,8 @@
 """What a SWE-bench task row must hold before it may become a Miles prompt row.
 
-Why (docs/upstream.md, NeMo-Gym): the ``/run`` body is the task instance itself, and the
-SWE-bench grader (``make_test_spec`` → ``get_eval_report``) reads ``instance_id``,
-``repo``, ``version``, ``base_commit``, ``test_patch``, ``FAIL_TO_PASS`` and
-``PASS_TO_PASS``; the agent's prompt is ``problem_statement``; golden scans apply
-``patch``. A row missing one of them, or holding the wrong type, would cost a paid
-episode that can only score 0 — so it is refused here, before training starts.
-
-Pure: a mapping in, a validated :class:`SweBenchInstance` or a list of
-:class:`FieldProblem` out.
+A row missing what the server and the SWE-bench grader read would cost a paid episode
+that can only score 0, so it is refused here (docs/data-and-checks.md). Pure: a mapping
+in, a :class:`SweBenchInstance` or a list of :class:`FieldProblem` out.
 """
 
 from __future__ import annotations
@@ -16,10 +10,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, TypeAdapter, ValidationError
+from pydantic_core import ErrorDetails, PydanticCustomError
+
+from miles_nemogym import validation
 
 REQUIRED_FIELDS: tuple[str, ...] = (
     "instance_id",
@@ -37,8 +33,11 @@ REQUIRED_FIELDS: tuple[str, ...] = (
 ROUTING_FIELDS: tuple[str, ...] = ("subset", "split")
 """Fields the converter sets on every output row (the server picks the image by subset)."""
 
-SUBSETS: tuple[str, ...] = ("verified", "gym")
+Subset = Literal["verified", "gym"]
 """``verified`` → official SWE-bench images; ``gym`` → SWE-Gym images (``mini_swe_agent_2`` picks by it)."""
+SUBSETS: tuple[str, ...] = get_args(Subset)
+
+TEST_LIST_FIELDS: tuple[str, ...] = ("FAIL_TO_PASS", "PASS_TO_PASS")
 
 NEVER_DROPPED: frozenset[str] = frozenset(REQUIRED_FIELDS + ROUTING_FIELDS)
 
@@ -112,23 +111,35 @@ def _rule(error_type: str) -> str:
     return "bad_value"
 
 
-def _describe(error: Mapping[str, Any]) -> FieldProblem:
-    loc = error.get("loc", ())
+def _describe(error: ErrorDetails, field: str | None = None) -> FieldProblem:
+    loc = (field, *error["loc"]) if field else error["loc"]
     field = str(loc[0]) if loc else "<row>"
     where = field + "".join(f"[{part}]" for part in loc[1:])
-    rule = _rule(str(error.get("type", "")))
+    rule = _rule(error["type"])
     if rule == "missing":
         message = "is missing (the server and the SWE-bench grader need it)"
     else:
-        got = error.get("input")
+        got = error["input"]
         shown = repr(got) if not isinstance(got, str) or len(got) <= 40 else repr(got[:40] + "…")
-        message = f"{error.get('msg', 'is invalid')} (got {type(got).__name__} {shown})"
+        message = f"{validation.message(error)} (got {type(got).__name__} {shown})"
         if where != field:
             message = f"{where}: {message}"
     hint = _HINTS.get(field)
     if hint:
         message = f"{message}; {hint}"
     return FieldProblem(field=field, rule=rule, message=message)
+
+
+_TEST_LIST: TypeAdapter[list[str]] = TypeAdapter(TestList)
+
+
+def decode_test_list(field: str, value: Any) -> list[str]:
+    """A ``FAIL_TO_PASS``/``PASS_TO_PASS`` value as a list (JSON strings decoded, as the converter
+    writes it); ``ValueError`` names the field and the fix."""
+    try:
+        return _TEST_LIST.validate_python(value, strict=True)
+    except ValidationError as error:
+        raise ValueError(str(_describe(error.errors(include_url=False)[0], field))) from None
 
 
 def validate_instance(row: Mapping[str, Any]) -> SweBenchInstance | list[FieldProblem]:

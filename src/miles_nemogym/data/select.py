@@ -29,19 +29,34 @@ def split_names(values: Iterable[str]) -> frozenset[str]:
 
 def read_instance_ids(path: Path) -> frozenset[str]:
     """The ids in a file: one per line (commas and blanks also separate), ``#`` starts a comment."""
-    ids = _ids_in_file(path)
-    if not ids:
-        raise ValueError(f"--instance-ids {path}: holds no instance ids (one per line expected)")
-    return frozenset(ids)
+    return frozenset(_file_ids(path))
 
 
 def parse_instance_ids(value: str) -> list[str]:
     """``--instance-ids`` as every command takes it: a file of ids (as ``read_instance_ids``)
-    or a comma-separated list; in the order given, each once."""
+    or a comma-separated list; in the order given, each once. ``ValueError`` when it holds none."""
     path = Path(value).expanduser()
-    ids = _ids_in_file(path) if path.is_file() else _split_ids(value)
+    if path.is_file():
+        return _file_ids(path)
+    ids = _split_ids(value)
     if not ids:
         raise ValueError(f"--instance-ids {value!r}: no instance ids given")
+    return ids
+
+
+def instance_ids_option(value: str | None) -> Path | tuple[str, ...] | None:
+    """``--instance-ids`` for ``convert``: a file stays a path (so an output onto it is refused),
+    a list becomes its ids."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    return path if path.is_file() else tuple(parse_instance_ids(value))
+
+
+def _file_ids(path: Path) -> list[str]:
+    ids = _ids_in_file(path)
+    if not ids:
+        raise ValueError(f"--instance-ids {path}: holds no instance ids (one per line expected)")
     return ids
 
 

@@ -1,16 +1,8 @@
 """Read task rows one at a time from a dataset id, a local folder, or a JSONL/JSON/parquet file.
 
-The converter's only input edge. Every reader streams: memory holds one row (parquet:
-one record batch of at most ``PARQUET_BATCH_ROWS`` rows) no matter how long the file is.
-
-- ``.jsonl``/``.ndjson``: binary line reader + ``json.loads`` (fastest measured; a bad
-  line is one bad row, the rest still read).
-- ``.json``: a JSON array of objects or a sequence of objects (what ``datasets``'
-  ``to_json`` writes), decoded incrementally from 1 MiB chunks.
-- ``.parquet``: ``pyarrow.parquet.ParquetFile.iter_batches``.
-- a folder or a hub id (``princeton-nlp/SWE-bench_Verified``):
-  ``datasets.load_dataset(..., split=..., streaming=True)``, which understands hub
-  layouts and split file names (``data/test-00000-of-00001.parquet``).
+The one row reader: the converter, the scan and the launcher's data check read through it.
+Every reader streams (one row, or one parquet batch, in memory); the readers and why:
+docs/data-and-checks.md.
 """
 
 from __future__ import annotations
@@ -26,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-PARQUET_BATCH_ROWS = 64  # measured: as fast as 256 and ~20 MiB lower peak RSS
+PARQUET_BATCH_ROWS = 64  # as fast as larger batches, with a lower peak RSS (README, "Benchmark: converter")
 _JSON_CHUNK = 1 << 20
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 LOCAL_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
@@ -48,6 +40,10 @@ class RawRow:
     def where(self) -> str:
         return f"row {self.index + 1}" + (f" (line {self.line})" if self.line is not None else "")
 
+    def location(self, name: str) -> str:
+        """``<name>:<line>`` (text files) or ``<name> row <n>``, for messages that lead with the file."""
+        return f"{name}:{self.line}" if self.line is not None else f"{name} row {self.index + 1}"
+
 
 class RowSource:
     """An input opened for streaming. ``total`` is the row count when known cheaply."""
@@ -62,6 +58,12 @@ class RowSource:
         return self._rows
 
 
+def _decoded_row(index: int, line: int | None, value: Any) -> RawRow:
+    if isinstance(value, dict):
+        return RawRow(index, line, value)
+    return RawRow(index, line, None, f"not a JSON object (got {type(value).__name__})")
+
+
 def _jsonl_rows(path: Path) -> Iterator[RawRow]:
     index = 0
     with path.open("rb") as handle:
@@ -73,10 +75,7 @@ def _jsonl_rows(path: Path) -> Iterator[RawRow]:
             except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
                 yield RawRow(index, line_number, None, f"not valid JSON: {error}")
             else:
-                if isinstance(value, dict):
-                    yield RawRow(index, line_number, value)
-                else:
-                    yield RawRow(index, line_number, None, f"not a JSON object (got {type(value).__name__})")
+                yield _decoded_row(index, line_number, value)
             index += 1
 
 
@@ -144,10 +143,7 @@ def _json_rows(path: Path) -> Iterator[RawRow]:
                     "point can be read — fix the file or export it as JSONL (one object per line)"
                 ) from None
             window.pos = end
-            if isinstance(value, dict):
-                yield RawRow(index, None, value)
-            else:
-                yield RawRow(index, None, None, f"not a JSON object (got {type(value).__name__})")
+            yield _decoded_row(index, None, value)
             index += 1
         if in_array:
             raise SourceError(f"{path}: the JSON array is not closed (file truncated?)")
@@ -247,23 +243,28 @@ def _datasets_source(spec: str, split: str, *, local: bool) -> RowSource:
     return RowSource(spec, "folder" if local else "hub", total, rows())
 
 
+def open_file(path: Path) -> RowSource:
+    """Open one local JSONL/JSON/parquet file for streaming (the scan and the launcher read only files)."""
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        return RowSource(str(path), "jsonl", None, _jsonl_rows(path))
+    if suffix == ".json":
+        return RowSource(str(path), "json", None, _json_rows(path))
+    if suffix == ".parquet":
+        return _parquet_source(path)
+    raise SourceError(
+        f"{path}: unsupported file type {suffix or '(none)'!r}; use "
+        f"{', '.join(LOCAL_SUFFIXES)}, a folder of them, or a dataset id"
+    )
+
+
 def open_source(spec: str, split: str) -> RowSource:
     """Open ``spec`` for streaming; ``split`` is used for folders and hub ids only."""
     path = Path(spec).expanduser()
     if path.is_dir():
         return _datasets_source(str(path), split, local=True)
     if path.is_file():
-        suffix = path.suffix.lower()
-        if suffix in (".jsonl", ".ndjson"):
-            return RowSource(str(path), "jsonl", None, _jsonl_rows(path))
-        if suffix == ".json":
-            return RowSource(str(path), "json", None, _json_rows(path))
-        if suffix == ".parquet":
-            return _parquet_source(path)
-        raise SourceError(
-            f"{path}: unsupported file type {suffix or '(none)'!r}; use "
-            f"{', '.join(LOCAL_SUFFIXES)}, a folder of them, or a dataset id"
-        )
+        return open_file(path)
     if path.suffix.lower() in LOCAL_SUFFIXES or spec.startswith((".", "/", "~")) or not _HUB_ID.match(spec):
         raise SourceError(f"{spec}: no such file or folder")
     return _datasets_source(spec, split, local=False)

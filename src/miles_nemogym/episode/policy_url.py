@@ -7,12 +7,12 @@ NeMo-Gym host (a UDP ``connect`` sends nothing), decided once per Gym host and l
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import socket
 from functools import lru_cache
 from urllib.parse import urlsplit, urlunsplit
 
+from miles_nemogym.hosts import bracket, is_loopback, is_wildcard
 from miles_nemogym.redaction import redact_url
 
 logger = logging.getLogger(__name__)
@@ -20,25 +20,6 @@ logger = logging.getLogger(__name__)
 
 class PolicyUrlError(ValueError):
     """The session URL Miles passed cannot become a policy URL."""
-
-
-def is_wildcard(host: str | None) -> bool:
-    return host is None or host.strip("[]") in {"0.0.0.0", "::", ""}
-
-
-def is_loopback(host: str | None) -> bool:
-    if host is None:
-        return False
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def _format_host(host: str) -> str:
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 @lru_cache(maxsize=64)
@@ -78,7 +59,7 @@ def _dialable_netloc(netloc: str, gym_url: str, external_host: str | None) -> st
     elif is_wildcard(host):
         gym = urlsplit(gym_url)
         host = routable_local_address(gym.hostname or "localhost", gym.port or 80)
-    return _format_host(host) + (f":{parts.port}" if parts.port else "")
+    return bracket(host) + (f":{parts.port}" if parts.port else "")
 
 
 def policy_base_url(session_url: str, gym_url: str, external_host: str | None = None) -> str:

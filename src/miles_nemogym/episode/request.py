@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from miles_nemogym.episode.protocol import ResponsesCreateParams, RunRequest
 from miles_nemogym.episode.record import EVAL_REPORT_KEY, RECORD_KEY, REWARD_KEY
 from miles_nemogym.rollout.roles import KEYS as ROLE_KEYS
+from miles_nemogym.validation import describe
 
 # Keys Miles adds to sample.metadata for its own bookkeeping (agentic_tool_call.py).
 MILES_BOOKKEEPING_KEYS = frozenset({"max_seq_len", "session_server_id", "session_server_instance_id"})
@@ -159,7 +160,7 @@ def responses_create_params(
     try:
         model = ResponsesCreateParams.model_validate(params)
     except ValidationError as error:
-        raise RequestBuildError(_describe(error, "responses_create_params")) from None
+        raise RequestBuildError(describe(error, "responses_create_params", unknown_key=_UNKNOWN_KEY)) from None
     return model.model_dump(exclude_none=True)
 
 
@@ -174,15 +175,7 @@ def _row_extra_body(raw: Any) -> dict[str, Any]:
     raise RequestBuildError(f"{where} must be a JSON object encoded as a string")
 
 
-def _describe(error: ValidationError, prefix: str) -> str:
-    problems = []
-    for item in error.errors():
-        where = ".".join(str(part) for part in (prefix, *item["loc"]))
-        if item["type"] == "extra_forbidden":
-            problems.append(f"{where}: the NeMo-Gym server rejects this key; remove it from the task row")
-        else:
-            problems.append(f"{where}: {item['msg']}")
-    return "; ".join(problems)
+_UNKNOWN_KEY = "the NeMo-Gym server rejects this key; remove it from the task row"
 
 
 def build_run_body(
@@ -215,7 +208,7 @@ def build_run_body(
     try:
         RunRequest.model_validate(body)
     except ValidationError as error:
-        raise RequestBuildError(_describe(error, "metadata")) from None
+        raise RequestBuildError(describe(error, "metadata", unknown_key=_UNKNOWN_KEY)) from None
     for key, value in body.items():
         problem = _json_problem_or_cycle(value)
         if problem:

@@ -1,22 +1,8 @@
 """The ``mini_swe_agent_2`` server config, composed by NeMo-Gym's own config parser.
 
-The server reads its whole config from ``NEMO_GYM_CONFIG_DICT`` (YAML). ``gym env
-start`` builds that from ``config_paths`` (agent yaml + one sandbox provider yaml +
-model yaml) and overrides, through ``nemo_gym.global_config``'s parser, which does
-more than a merge (``_inherit_from``/``_delete_key`` swaps, legacy aliases, defaults,
-validation). Re-implementing it would drift, so ``compose_config_yaml`` runs that
-parser inside the server venv and only the overrides are ours:
-
-- the three shipped config files of the chosen provider (docs/upstream.md, NeMo-Gym);
-- the serve options: host, port, concurrency, step limit and timeouts, golden mode;
-- the user's provider options (a YAML file), merged over the provider's own block;
-- placeholder policy settings: every ``/run`` carries its own ``policy_base_url``,
-  so the configured model server is never contacted, but the entry must exist;
-- for ``local``, what a plain host needs: a per-episode temporary workspace
-  (``cwd: ""``), no conda activation, no user switch, workspaces in the server's folder.
-
-Interpolations such as ``${oc.env:DAYTONA_API_KEY}`` are left unresolved, so provider
-secrets are read by the server process from its environment and never written here.
+Only the overrides are ours (serve options, provider options, a placeholder policy, the
+``local`` host settings); provider secrets stay unresolved interpolations. Why:
+docs/data-and-checks.md, "Running the server".
 """
 
 from __future__ import annotations
@@ -30,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv
+from miles_nemogym.yaml_file import YamlFileError, read_mapping
 
 SERVER_NAME = "mini_swe_agent_2"
 """The top-level config key of the agent server (also ``NEMO_GYM_CONFIG_PATH``)."""
@@ -94,24 +81,14 @@ def load_provider_options(path: Path) -> dict[str, Any]:
     block (e.g. copied from a nemo-gym provider config) and its inner mapping is used.
     """
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise GymEnvironmentError(f"--provider-config {path}: cannot read it ({exc})") from exc
-    except UnicodeDecodeError:
-        raise GymEnvironmentError(
-            f"--provider-config {path}: not UTF-8 text (a binary file, or saved as UTF-16?); "
-            "give a YAML file saved as UTF-8"
-        ) from None
-    except yaml.YAMLError as exc:
-        raise GymEnvironmentError(f"--provider-config {path}: not valid YAML ({exc})") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise GymEnvironmentError(
-            f"--provider-config {path}: expected a mapping of provider options "
-            f"(e.g. `exec: {{default_timeout_s: 300}}`), got {type(data).__name__}"
+        return read_mapping(
+            path,
+            "--provider-config",
+            utf8_fix="give a YAML file saved as UTF-8",
+            expected="a mapping of provider options (e.g. `exec: {default_timeout_s: 300}`)",
         )
-    return data
+    except YamlFileError as error:
+        raise GymEnvironmentError(str(error)) from None
 
 
 def _provider_block(options: ServeOptions) -> dict[str, Any]:

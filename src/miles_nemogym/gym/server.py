@@ -1,19 +1,8 @@
 """Start and stop the real NeMo-Gym ``mini_swe_agent_2`` server as a child process.
 
-One class serves ``miles-nemogym serve``, ``smoke`` and the integration test fixtures,
-so the tests exercise what users run. It follows how nemo-gym starts and stops its servers (docs/upstream.md, NeMo-Gym):
-``app.py`` runs from the server venv with the composed config in
-``NEMO_GYM_CONFIG_DICT``, starts its own local Ray, and answers HTTP after ~20 s.
-
-Side effects stay in the server's state folder (log, results, temp files, Ray's
-session, and for the ``local`` sandbox also HOME/XDG/git config, because episode
-commands and the SWE-bench eval script run on the host and write ``git config
---global``). Container providers keep the user's HOME so their CLIs find registry
-credentials. Ray binds loopback only and sends no usage stats.
-
-Stopping never leaves orphans: the server runs in its own process group (SIGTERM,
-then SIGKILL, to the group), and on Linux every process still carrying this server's
-marker variable in its environment (Ray daemons and workers inherit it) is killed too.
+One class for ``serve``, ``smoke`` and the integration tests. Side effects stay in the
+state folder; stopping leaves no orphans (process group, then marker variable). Why:
+docs/data-and-checks.md, "Running the server".
 """
 
 from __future__ import annotations
@@ -35,9 +24,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
-from miles_nemogym.episode.policy_url import is_wildcard
 from miles_nemogym.gym.config import SERVER_NAME, ServeOptions, compose_config_yaml
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, ensure_gym_venv
+from miles_nemogym.hosts import bracket, connect_host, is_wildcard
 
 MARKER_ENV = "MILES_NEMOGYM_GYM_SERVER_ID"
 """Set in the server's environment; inherited by Ray, so stragglers can be found."""
@@ -66,13 +55,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def connect_host(host: str) -> str:
-    """Where a client on this machine reaches a server bound to ``host``."""
-    if host.strip("[]") in {"0.0.0.0", ""}:
-        return "127.0.0.1"
-    if host.strip("[]") == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+def default_route_address() -> str:
+    """This machine's address on its default route (a UDP connect sends no packet)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: only consults the routing table
+            return str(probe.getsockname()[0])
+    except OSError:
+        return socket.gethostname()
 
 
 def _pids_with_marker(marker: str) -> list[int]:
@@ -98,14 +88,10 @@ def _kill(pids: list[int], sig: signal.Signals) -> None:
 
 
 class GymServer:
-    """The ``mini_swe_agent_2`` server as a context manager.
+    """The ``mini_swe_agent_2`` server as a context manager (``with GymServer(options) as server``).
 
-    >>> with GymServer(ServeOptions(sandbox="local", concurrency=2)) as server:
-    ...     print(server.url)  # http://127.0.0.1:<port>
-
-    ``state_dir`` (default: a new temp folder) holds ``server.log``, ``results/``,
-    the per-episode workspaces and temp files; it is kept after stop for inspection.
-    """
+    ``state_dir`` (default: a new temp folder) holds the log, results, workspaces and temp
+    files; it is kept after stop for inspection."""
 
     def __init__(
         self,
@@ -139,6 +125,14 @@ class GymServer:
         if self.port is None:
             raise GymServerError("the server is not started")
         return f"http://{connect_host(self.options.host)}:{self.port}"
+
+    @property
+    def advertised_url(self) -> str:
+        """The ``NEMO_GYM_URL`` to give trainers: :attr:`url`, or this machine's routed address
+        when the server listens on every interface."""
+        if not is_wildcard(self.options.host) or self.port is None:
+            return self.url
+        return f"http://{bracket(default_route_address())}:{self.port}"
 
     @property
     def log_path(self) -> Path:

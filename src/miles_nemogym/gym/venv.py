@@ -1,18 +1,7 @@
 """The NeMo-Gym server's own Python 3.13 virtual environment, built once and cached.
 
-nemo-gym needs Python 3.13 while the trainer side of this package runs on 3.10+, so the
-server gets its own venv, keyed by the versions in ``miles_nemogym.pins``. The recipe is
-this: nemo-gym's own ``Requires-Dist`` list (read from the
-pinned wheel, so it cannot drift from it) plus mini-swe-agent and swebench at their
-pins, then nemo-gym itself with ``--no-deps --ignore-requires-python`` (it declares
-``>=3.13.14``; 3.13.0 runs it).
-
-A venv cannot be moved after it is built (pip writes absolute paths into its scripts),
-so "build elsewhere, then rename" is done with a symlink: the venv is built in a
-uniquely named folder next to its final name, checked, and only then published by
-atomically replacing the symlink ``<key>``. A crash leaves an unpublished folder that
-the next build removes, never a half venv that looks ready. A file lock keeps two
-processes (say, two pytest runs) from building the same venv at once.
+Keyed by ``miles_nemogym.pins``; built aside, checked, then published by an atomic
+symlink swap under a file lock. The recipe and why: docs/data-and-checks.md.
 """
 
 from __future__ import annotations
@@ -282,11 +271,8 @@ def build_log_path(what: str) -> Path:
 def _run(command: Sequence[str], progress: Progress, what: str, *, log_path: Path | None = None) -> None:
     """Run a build step; its full output goes to ``log_path`` (appended), not the terminal.
 
-    ``progress`` gets each output line indented by two spaces: a detail a display may
-    show transiently (pip's "Collecting ..."), never a step of its own. On failure the
-    error names the log and carries its last lines. Any environment this package
-    builds (the server's here, test environments elsewhere) runs pip through this.
-    """
+    ``progress`` gets each output line indented (a detail, never a step); a failure names
+    the log and carries its last lines. Every environment this package builds runs pip here."""
     log_file = log_path or build_log_path(what)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     tail: list[str] = []
@@ -423,10 +409,8 @@ def ensure_gym_venv(
 ) -> GymVenv:
     """The ready server venv for ``sandbox``; builds it (minutes) on first use.
 
-    ``progress`` receives one unindented line per build step and pip's output as
-    indented detail lines (default: steps on stderr); pip's full output is kept in
-    ``<cache>/gym-venv/<key>.build.log``. ``python`` overrides the interpreter search.
-    """
+    ``progress`` gets build steps and pip's output as indented details (full output in
+    ``<cache>/gym-venv/<key>.build.log``); ``python`` overrides the interpreter search."""
     report = progress or _print_progress
     root = gym_venv_root()
     key = venv_key(sandbox)

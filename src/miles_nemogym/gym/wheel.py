@@ -1,10 +1,7 @@
 """Read files shipped inside the pinned ``nemo-gym`` wheel without installing it.
 
-nemo-gym ships five real SWE-bench Verified rows and five real ``/run`` results for
-``mini_swe_agent_2``. They are the ground truth for the request and response shapes,
-so the tests, the converter's examples and ``smoke`` read them from the wheel itself
-(downloaded once with pip, cached outside the repository) instead of a committed copy
-that could drift from the server.
+Its example rows and ``/run`` results are the ground truth for request and answer
+shapes, so tests, examples and ``smoke`` read them from the wheel, never from a copy.
 """
 
 from __future__ import annotations

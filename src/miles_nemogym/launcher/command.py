@@ -80,7 +80,7 @@ class MilesInstall:
         return self.root / "train.py"
 
     @property
-    def convert_script(self) -> Path:
+    def checkpoint_script(self) -> Path:
         return self.root / "tools" / "convert_hf_to_torch_dist.py"
 
 
@@ -312,13 +312,13 @@ def build_job(config: LauncherConfig, parsers: Parsers, miles: MilesInstall, env
     return Job(argv=argv, env=base.env, secret_names=base.secret_names)
 
 
-def convert_command(config: LauncherConfig, miles: MilesInstall) -> list[str]:
+def checkpoint_command(config: LauncherConfig, miles: MilesInstall) -> list[str]:
     """HF -> torch_dist conversion with Miles' tool, on this node's GPUs."""
     return [
         "torchrun",
         "--nproc-per-node",
         str(config.gpus_per_node),
-        str(miles.convert_script),
+        str(miles.checkpoint_script),
         *miles.model_args,
         "--hf-checkpoint",
         config.hf_checkpoint,

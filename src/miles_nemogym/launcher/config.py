@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import types
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -27,6 +28,8 @@ from pydantic import (
 )
 
 from miles_nemogym.settings import Settings
+from miles_nemogym.validation import describe
+from miles_nemogym.yaml_file import YamlFileError, read_mapping
 
 
 class ConfigError(ValueError):
@@ -327,19 +330,13 @@ class LauncherConfig(BaseModel):
 
 def describe_error(error: ValidationError, source: str = "recipe") -> str:
     """A ``ValidationError`` as one line per field: ``--flag / key: problem``."""
-    lines = []
-    for item in error.errors():
-        loc = [str(part) for part in item["loc"]]
-        if loc:
-            key = loc[0]
-            where = f"--{key.replace('_', '-')} / {source} key {'.'.join(loc)!r}"
-        else:
-            where = source
-        message = str(item["msg"]).removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
-            message = "unknown setting (see `examples/swebench_grpo/run.py --help` for the valid ones)"
-        lines.append(f"{where}: {message}")
-    return "invalid launcher configuration:\n  " + "\n  ".join(lines)
+
+    def label(loc: Sequence[int | str]) -> str:
+        path = ".".join(str(part) for part in loc)
+        return f"--{str(loc[0]).replace('_', '-')} / {source} key {path!r}" if loc else source
+
+    unknown = "unknown setting (see `examples/swebench_grpo/run.py --help` for the valid ones)"
+    return "invalid launcher configuration:\n  " + describe(error, label=label, unknown_key=unknown, separator="\n  ")
 
 
 def load_config(yaml_values: dict[str, Any] | None, cli_values: dict[str, Any]) -> LauncherConfig:
@@ -354,24 +351,10 @@ def load_config(yaml_values: dict[str, Any] | None, cli_values: dict[str, Any]) 
 def read_yaml(path: Path) -> dict[str, Any]:
     """The mapping in a YAML recipe file; raises ``ConfigError`` with the fix."""
     try:
-        import yaml
-    except ImportError:  # pragma: no cover - pyyaml ships with the [cli] extra
-        raise ConfigError("--config needs PyYAML: pip install -e '.[cli]' in the miles-nemogym clone") from None
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise ConfigError(f"--config {path}: cannot read it ({error.strerror or error})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(
-            f"--config {path}: not UTF-8 text (a binary file, or saved as UTF-16?); save the recipe as UTF-8 YAML"
-        ) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise ConfigError(f"--config {path}: not valid YAML ({error})") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"--config {path}: expected a mapping of settings, got {type(data).__name__}")
+        data = read_mapping(
+            path, "--config", utf8_fix="save the recipe as UTF-8 YAML", expected="a mapping of settings"
+        )
+    except YamlFileError as error:
+        raise ConfigError(str(error)) from None
     # YAML spellings with dashes are accepted: they read like the flags.
     return {str(key).replace("-", "_"): value for key, value in data.items()}

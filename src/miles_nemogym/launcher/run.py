@@ -29,9 +29,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, get_args, get_origin
 
-from miles_nemogym.doctor import CheckResult, Status
+from miles_nemogym.doctor import CheckResult, Status, report
+from miles_nemogym.launcher import checks as launch_checks
 from miles_nemogym.launcher import command as cmd
-from miles_nemogym.launcher import preflight
 from miles_nemogym.launcher.config import ConfigError, LauncherConfig, load_config, read_yaml
 from miles_nemogym.launcher.families import Parsers, UnknownFamilyError, resolve
 from miles_nemogym.redaction import redact_url
@@ -231,7 +231,7 @@ def load_model_args(miles_root: Path, model_type: str) -> tuple[str, ...]:
 class Actions(Protocol):
     """What the launcher does to the world; every method may block."""
 
-    def convert(self, argv: list[str], env: Mapping[str, str]) -> int: ...
+    def convert_checkpoint(self, argv: list[str], env: Mapping[str, str]) -> int: ...
 
     def ray_reachable(self, address: str) -> bool: ...
 
@@ -251,7 +251,7 @@ def _ray_cli() -> str:
 class RayActions:
     """The real thing: subprocesses and Ray's job-submission client (``ray[default]``)."""
 
-    def convert(self, argv: list[str], env: Mapping[str, str]) -> int:
+    def convert_checkpoint(self, argv: list[str], env: Mapping[str, str]) -> int:
         return subprocess.run(argv, env=dict(env), check=False).returncode
 
     def ray_reachable(self, address: str) -> bool:
@@ -346,9 +346,7 @@ class RayActions:
 
 
 def _print_results(results: list[CheckResult]) -> None:
-    from miles_nemogym.cli.doctor import render
-
-    render(results)
+    print("\n".join(report(results)), flush=True)
 
 
 def _ray_address(config: LauncherConfig) -> str:
@@ -370,11 +368,11 @@ def execute(
     dry_run: bool,
     environ: Mapping[str, str],
     actions: Actions,
-    checks: Preflight = preflight.run_preflight,
+    checks: Preflight = launch_checks.run_preflight,
     miles_root: Path | None = None,
 ) -> int:
     """Run the recipe; returns the process exit code."""
-    root = miles_root if miles_root is not None else preflight.locate_miles(config.miles_root)
+    root = miles_root if miles_root is not None else launch_checks.locate_miles(config.miles_root)
     try:
         install = (
             cmd.MilesInstall(root, load_model_args(root, config.megatron_model_type)) if root is not None else None
@@ -409,7 +407,7 @@ def execute(
             print("# checkpoint conversion when the torch_dist target is missing")
             print(
                 shlex.join(
-                    redact_url(word) for word in cmd.convert_command(config, install or _placeholder_install(config))
+                    redact_url(word) for word in cmd.checkpoint_command(config, install or _placeholder_install(config))
                 )
             )
         print(f"# Ray job submission address: {redact_url(_ray_address(config))}")
@@ -431,9 +429,9 @@ def execute(
         if tracker.is_file():
             print(f"checkpoint {config.resolved_ref_load} exists; conversion skipped", flush=True)
         else:
-            argv = cmd.convert_command(config, install)
+            argv = cmd.checkpoint_command(config, install)
             print("+ " + shlex.join(argv), flush=True)
-            code = actions.convert(argv, {**environ, "PYTHONPATH": job.env["PYTHONPATH"]})
+            code = actions.convert_checkpoint(argv, {**environ, "PYTHONPATH": job.env["PYTHONPATH"]})
             if code != 0:
                 print(f"error: checkpoint conversion exited {code}", file=sys.stderr)
                 return EXIT_JOB_FAILED

@@ -1,17 +1,13 @@
 """What one scan is asked to do, and the plugin ``Settings`` it runs with.
 
-The scan runs episodes through the agent function's own client, which reads its limits
-from ``Settings``. It starts from the environment (``NEMO_GYM_URL``, retry settings,
-``NEMO_GYM_POLICY_API_KEY``, ...) and overrides what the flags set — ``--gym-url``,
-``--timeout`` (the whole-episode deadline) and ``--concurrency`` (which also sizes the
-connection pool) — re-validating the result, so a flag is checked like the variable.
-
-The policy API key is never a flag (flags land in shell history and process lists): it
-comes only from ``NEMO_GYM_POLICY_API_KEY``.
+The environment's settings with the flags' overrides (``--gym-url``, ``--timeout``,
+``--concurrency``), re-validated so a flag is checked like its variable. The policy API
+key is never a flag (shell history, process lists): only ``NEMO_GYM_POLICY_API_KEY``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from miles_nemogym.scan.results import Mode
 from miles_nemogym.settings import Settings, SettingsError, get_settings
+from miles_nemogym.validation import describe
 
 API_KEY_ENV = "NEMO_GYM_POLICY_API_KEY"
 
@@ -106,8 +103,9 @@ def scan_settings(config: ScanConfig) -> Settings:
             "NEMO_GYM_RUN_TIMEOUT": "--timeout",
             "NEMO_GYM_MAX_CONCURRENCY": "--concurrency",
         }
-        problems = []
-        for item in error.errors():
-            name = str(item["loc"][0]) if item["loc"] else "?"
-            problems.append(f"{flags.get(name, name)}: {item['msg']}")
-        raise SettingsError("invalid scan configuration: " + "; ".join(problems)) from None
+
+        def label(loc: Sequence[int | str]) -> str:
+            name = str(loc[0]) if loc else "?"
+            return flags.get(name, name)
+
+        raise SettingsError("invalid scan configuration: " + describe(error, label=label)) from None

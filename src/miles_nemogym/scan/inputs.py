@@ -1,33 +1,20 @@
 """Read the task rows a scan runs: converter output or raw SWE-bench / NeMo-Gym rows.
 
-The agent function sends ``sample.metadata`` — the converter's ``metadata`` object — as
-the ``/run`` body; a scan must send the same thing, so each row is turned into that
-object here:
-
-- a converter row ``{"prompt": ..., "metadata": {instance_id, ...}}`` → its ``metadata``;
-- a raw row with ``instance_id`` at the top level (SWE-bench JSONL/parquet, NeMo-Gym's
-  ``example.jsonl``) → the row itself, with ``FAIL_TO_PASS``/``PASS_TO_PASS`` JSON strings
-  decoded to lists (as the converter does) and ``subset``/``split`` filled from the
-  ``--subset``/``--split`` flags when the row has none. The server reads both fields
-  unconditionally (a body without ``subset`` is an HTTP 500 for every episode), so a raw
-  row without a subset and without the flag is refused before any episode starts.
-
-The kind is detected per row, so a file mixing both is fine. Every problem is reported
-with its line (or row) number and the fix.
+Each row becomes the ``metadata`` the agent function would send as the ``/run`` body,
+read through :func:`miles_nemogym.data.sources.open_file` and checked by the request
+builder; every problem names its line, the field and the fix (docs/data-and-checks.md).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from miles_nemogym.data.schema import SUBSETS, TEST_LIST_FIELDS, decode_test_list
+from miles_nemogym.data.sources import SourceError, open_file
 from miles_nemogym.episode.request import RequestBuildError, build_run_body
-
-SUBSETS = ("verified", "gym")
-_TEST_LISTS = ("FAIL_TO_PASS", "PASS_TO_PASS")
 
 
 class InputError(ValueError):
@@ -46,39 +33,19 @@ class ScanTask:
 
 
 def _rows(path: Path) -> Iterator[tuple[str, Any]]:
-    if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:  # pragma: no cover - the [cli] extra installs pyarrow
-            raise InputError(
-                f"{path}: reading parquet needs pyarrow; pip install -e '.[cli]' in the miles-nemogym clone"
-            ) from None
-        try:
-            table = pq.read_table(path)
-        except Exception as error:  # pyarrow raises many types for a bad file
-            raise InputError(f"{path}: not a readable parquet file ({error})") from None
-        for number, row in enumerate(table.to_pylist(), start=1):
-            yield f"{path} row {number}", row
-        return
+    """``(where, row)`` for each row, read by the converter's reader (:func:`data.sources.open_file`)."""
     try:
-        handle = path.open(encoding="utf-8")
+        for raw in open_file(path):
+            where = raw.location(str(path))
+            if raw.error is not None:
+                raise InputError(
+                    f"{where}: {raw.error}; the input must be JSON Lines (one task row per line), JSON or .parquet"
+                )
+            yield where, raw.data
+    except SourceError as error:
+        raise InputError(str(error)) from None
     except OSError as error:
-        raise InputError(f"{path}: cannot open the input file ({error.strerror})") from None
-    with handle:
-        try:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{number}"
-                try:
-                    yield where, json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise InputError(
-                        f"{where}: not a JSON object ({error.msg}); the input must be JSON Lines "
-                        "(one task row per line) or .parquet"
-                    ) from None
-        except UnicodeDecodeError:
-            raise InputError(f"{path}: not UTF-8 text; the input must be JSON Lines or .parquet") from None
+        raise InputError(f"{path}: cannot open the input file ({error.strerror or error})") from None
 
 
 def _task_metadata(row: Any, where: str) -> dict[str, Any]:
@@ -97,17 +64,12 @@ def _task_metadata(row: Any, where: str) -> dict[str, Any]:
 
 
 def _normalise(metadata: dict[str, Any], where: str, subset: str | None, split: str | None) -> None:
-    for name in _TEST_LISTS:
-        value = metadata.get(name)
-        if isinstance(value, str):
+    for name in TEST_LIST_FIELDS:
+        if name in metadata:
             try:
-                metadata[name] = json.loads(value)
-            except json.JSONDecodeError:
-                raise InputError(f"{where}: {name} is a string but not a JSON list of test names") from None
-        if name in metadata and not (
-            isinstance(metadata[name], list) and all(isinstance(item, str) for item in metadata[name])
-        ):
-            raise InputError(f"{where}: {name} must be a list of test names (or its JSON encoding)")
+                metadata[name] = decode_test_list(name, metadata[name])
+            except ValueError as error:
+                raise InputError(f"{where}: {error}") from None
     if not metadata.get("subset"):
         if subset is None:
             raise InputError(

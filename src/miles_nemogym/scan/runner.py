@@ -20,11 +20,11 @@ from miles_nemogym.episode.run import run_episode
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.scan.config import ScanConfig, scan_settings, usage_problems
 from miles_nemogym.scan.inputs import InputError, ScanTask, load_tasks
-from miles_nemogym.scan.preflight import ServerCheckError, check_server
 from miles_nemogym.scan.report import ScanProgress, render_summary
 from miles_nemogym.scan.results import ResultLine, ResultsLock, ResultsWriter, read_results, task_digest
 from miles_nemogym.scan.selection import select
 from miles_nemogym.scan.verdict import Verdict, kind_of, reason_of, verdict_of
+from miles_nemogym.server_probe import ServerCheckError, check_server
 from miles_nemogym.settings import Settings, SettingsError
 
 EXIT_OK = 0

@@ -6,16 +6,7 @@ completes the same ten instances instead of moving on to ten new ones.
 
 from __future__ import annotations
 
-from miles_nemogym.data.select import parse_instance_ids as _parse_instance_ids
 from miles_nemogym.scan.inputs import InputError, ScanTask
-
-
-def parse_instance_ids(value: str) -> list[str]:
-    """``--instance-ids`` in the grammar every command shares (``data.select.parse_instance_ids``)."""
-    try:
-        return _parse_instance_ids(value)
-    except ValueError as error:
-        raise InputError(str(error)) from None
 
 
 def select(tasks: list[ScanTask], instance_ids: list[str] | None, limit: int | None) -> list[ScanTask]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
+import itertools
 import os
 import shutil
 import socket
@@ -23,7 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from miles_nemogym import doctor
+from miles_nemogym import doctor, server_probe
+from miles_nemogym.data.sources import SourceError, open_file
 from miles_nemogym.doctor import CheckResult, Status
 from miles_nemogym.launcher.command import HOOKS
 from miles_nemogym.launcher.config import LauncherConfig
@@ -210,28 +211,18 @@ class _DataError(ValueError):
 
 
 def _first_rows(path: Path, count: int) -> list[Any]:
-    if path.suffix == ".jsonl":
-        rows: list[Any] = []
-        with path.open(encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except ValueError as error:
-                    raise _DataError(f"line {number} is not JSON ({error})") from None
-                if len(rows) >= count:
-                    break
-        return rows
-    if path.suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise _DataError("reading parquet needs pyarrow (pip install pyarrow)") from None
-        batches = pq.ParquetFile(path).iter_batches(batch_size=count)
-        first = next(iter(batches), None)
-        return [] if first is None else list(first.to_pylist())
-    raise _DataError("Miles reads prompt data from .jsonl or .parquet files only")
+    """The first ``count`` rows, read by the converter's reader (:func:`data.sources.open_file`)."""
+    if path.suffix not in (".jsonl", ".parquet"):
+        raise _DataError("Miles reads prompt data from .jsonl or .parquet files only")
+    rows: list[Any] = []
+    try:
+        for raw in itertools.islice(open_file(path), count):
+            if raw.error is not None:
+                raise _DataError(f"{raw.where()}: {raw.error}")
+            rows.append(raw.data)
+    except SourceError as error:
+        raise _DataError(str(error)) from None
+    return rows
 
 
 def check_prompt_data(config: LauncherConfig) -> CheckResult:
@@ -351,7 +342,7 @@ def run_preflight(
     miles_root: Path | None,
     hook_paths: Sequence[str] = HOOK_PATHS,
     gpu_counter: GpuCounter = count_gpus,
-    fetch: doctor.Fetcher = doctor.fetch_json,
+    fetch: server_probe.Fetcher = server_probe.fetch_json,
     gym_timeout_s: float = doctor.DEFAULT_TIMEOUT_S,
 ) -> list[CheckResult]:
     """Every launcher check, then the doctor's; nothing is started or written."""

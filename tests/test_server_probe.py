@@ -1,4 +1,4 @@
-"""The scan's server check against hostile or broken servers: bounded, no redirects, one clear error."""
+"""The server probe as the scan uses it, against hostile or broken servers: bounded, no redirects, one clear error."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from miles_nemogym.scan.preflight import ServerCheckError, check_server
+from miles_nemogym.server_probe import ServerCheckError, check_server
 from tests.openapi_standin import GymStandIn, openapi_document
 from tests.support.odd_http import OddServer
 
@@ -27,7 +27,7 @@ def test_a_trickling_server_is_cut_off_at_the_deadline() -> None:
     finally:
         trickle.close()
     assert 1.5 <= took < 3
-    assert message.startswith(f"{trickle.url}/openapi.json did not answer within 1.5s")
+    assert message.startswith(f"GET {trickle.url}/openapi.json: no complete answer within 1.5 s; start the server")
 
 
 def test_a_redirect_is_refused_and_not_followed(gym: GymStandIn) -> None:
@@ -37,7 +37,7 @@ def test_a_redirect_is_refused_and_not_followed(gym: GymStandIn) -> None:
     finally:
         redirect.close()
     assert message.startswith(
-        f"{redirect.url}/openapi.json answered HTTP 302 redirect to {gym.url}/openapi.json (not followed); "
+        f"GET {redirect.url}/openapi.json: HTTP 302 redirect to {gym.url}/openapi.json (not followed); "
     )
     assert gym.requests == []
 
@@ -63,4 +63,32 @@ def test_a_url_password_is_hidden_in_the_error() -> None:
     finally:
         trickle.close()
     assert "hunter22" not in message
-    assert message.startswith(trickle.url.replace("http://", "http://user:***@"))
+    assert message.startswith("GET " + trickle.url.replace("http://", "http://user:***@"))
+
+
+@pytest.mark.parametrize("problem", ["no_run", "no_policy_field", "http_500", "not_json"])
+def test_doctor_and_the_scan_say_the_same_about_one_server(
+    gym: GymStandIn, monkeypatch: pytest.MonkeyPatch, problem: str
+) -> None:
+    from miles_nemogym.doctor import Status, run_checks
+    from miles_nemogym.settings import ENV_VARS
+
+    for name in ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    if problem == "no_run":
+        gym.serve(openapi_document(with_run=False))
+    elif problem == "no_policy_field":
+        gym.serve(openapi_document(with_policy_field=False))
+    elif problem == "http_500":
+        gym.status = 500
+    else:
+        gym.body = b"<html>hello</html>"
+    monkeypatch.setenv("NEMO_GYM_URL", gym.url)
+    failed = [result for result in run_checks() if result.status is Status.failed]
+    assert len(failed) == 1, failed
+    doctor_says = f"{failed[0].detail}; {failed[0].fix}"
+    scan_says = check(gym.url)
+    if problem == "no_policy_field":
+        assert scan_says == f"{doctor_says}, or scan without --policy-base-url"
+    else:
+        assert scan_says == doctor_says

@@ -1,0 +1,291 @@
+"""Is a URL a ``mini_swe_agent_2`` server whose ``POST /run`` takes ``policy_base_url``?
+
+The one server check behind ``doctor``, the launcher's checks and ``scan``: fetch
+``/openapi.json`` (one deadline for the whole answer, no redirects, a size cap), read
+``POST /run``'s body fields with a bounded schema walk, and say what a failure means and
+how to fix it. Why each guard exists: docs/data-and-checks.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from miles_nemogym import pins
+from miles_nemogym.redaction import redact_url
+
+
+class FetchError(Exception):
+    """The URL could not be fetched as JSON; ``kind`` says why in one word."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+Fetcher = Callable[[str, float], Any]
+"""``fetch(url, timeout_s) -> parsed JSON``; raises ``FetchError``."""
+
+
+MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+"""An OpenAPI document larger than this is not a NeMo-Gym server's."""
+MAX_SCHEMA_NODES = 10_000
+"""Most schema objects read while collecting ``/run``'s fields (``$ref``/``allOf`` walk)."""
+MAX_REF_HOPS = 64
+
+
+def parse_json(body: bytes) -> Any:
+    """``body`` as JSON; raises ``FetchError("not-json")`` (also for absurd nesting)."""
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise FetchError("not-json", "the answer is not JSON") from None
+    except RecursionError:
+        raise FetchError("not-json", "the answer is JSON nested too deeply to be an OpenAPI document") from None
+
+
+async def fetch_json_async(url: str, timeout_s: float) -> Any:
+    """GET ``url`` and parse its JSON body: one deadline for connect, headers and the whole
+    body, no redirects, at most ``MAX_DOCUMENT_BYTES``; raises ``FetchError``."""
+    import aiohttp
+
+    try:
+        async with (
+            # trust_env=False: proxies from the environment would turn "unreachable" into a proxy's page.
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s), trust_env=False) as session,
+            session.get(url, allow_redirects=False, headers={"Accept": "application/json"}) as response,
+        ):
+            if 300 <= response.status < 400:
+                target = redact_url(response.headers.get("Location", "?"))
+                raise FetchError("redirect", f"HTTP {response.status} redirect to {target} (not followed)")
+            if response.status != 200:
+                raise FetchError("http", f"HTTP {response.status} {response.reason or ''}".rstrip())
+            body = bytearray()
+            async for chunk in response.content.iter_any():
+                body += chunk
+                if len(body) > MAX_DOCUMENT_BYTES:
+                    raise FetchError(
+                        "too-large",
+                        f"the answer is over {MAX_DOCUMENT_BYTES // (1024 * 1024)} MB, not an OpenAPI document",
+                    )
+    except (asyncio.TimeoutError, TimeoutError):
+        raise FetchError("timeout", f"no complete answer within {timeout_s:g} s") from None
+    except aiohttp.ClientConnectorError as error:
+        if isinstance(error.os_error, socket.gaierror):
+            raise FetchError("dns", f"host name does not resolve ({error.os_error})") from None
+        if isinstance(error.os_error, ConnectionRefusedError):
+            raise FetchError("refused", "connection refused (nothing listens on that port)") from None
+        raise FetchError("connect", str(error.os_error)) from None
+    except (aiohttp.ClientError, OSError, ValueError) as error:
+        raise FetchError("connect", f"{type(error).__name__}: {error}") from None
+    return parse_json(bytes(body))
+
+
+def fetch_json(url: str, timeout_s: float) -> Any:
+    """Blocking :func:`fetch_json_async` (doctor and the launcher run outside an event loop)."""
+    return asyncio.run(fetch_json_async(url, timeout_s))
+
+
+# --- the OpenAPI schema ------------------------------------------------------------------
+
+
+class SchemaError(ValueError):
+    """The OpenAPI document does not describe a usable ``POST /run``."""
+
+
+def _lookup(document: Mapping[str, Any], ref: str) -> Any:
+    target: Any = document
+    for part in ref[2:].split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if not isinstance(target, Mapping) or part not in target:
+            raise SchemaError(f"the /run body schema's $ref {ref!r} does not resolve")
+        target = target[part]
+    return target
+
+
+def _resolve(document: Mapping[str, Any], schema: Any) -> Mapping[str, Any]:
+    """Follow local ``$ref`` pointers (``#/components/schemas/X``) to a schema object."""
+    seen: set[str] = set()
+    while True:
+        if not isinstance(schema, Mapping):
+            raise SchemaError(f"the /run body schema holds a {type(schema).__name__} where a schema object belongs")
+        ref = schema.get("$ref")
+        if ref is None:
+            return schema
+        if not isinstance(ref, str) or not ref.startswith("#/"):
+            raise SchemaError(f"the /run body schema points outside the document ({str(ref)[:80]!r})")
+        if ref in seen or len(seen) >= MAX_REF_HOPS:
+            raise SchemaError("the /run body schema's $ref chain does not end")
+        seen.add(ref)
+        schema = _lookup(document, ref)
+
+
+def _properties(document: Mapping[str, Any], schema: Mapping[str, Any]) -> set[str]:
+    """Property names of a schema, through ``allOf`` (how subclassed models may render).
+
+    Iterative, each schema object read once: an ``allOf`` that includes itself, or a
+    document nested thousands deep, ends with a clear ``SchemaError`` in milliseconds.
+    """
+    names: set[str] = set()
+    pending: list[Any] = [schema]
+    visited: set[int] = set()
+    while pending:
+        node = _resolve(document, pending.pop())
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        if len(visited) > MAX_SCHEMA_NODES:
+            raise SchemaError(f"the /run body schema spans over {MAX_SCHEMA_NODES} schema objects")
+        properties = node.get("properties") or {}
+        if not isinstance(properties, Mapping):
+            raise SchemaError(f"the /run body schema's 'properties' is a {type(properties).__name__}, not an object")
+        names.update(str(name) for name in properties)
+        parts = node.get("allOf") or []
+        if not isinstance(parts, list):
+            raise SchemaError(f"the /run body schema's 'allOf' is a {type(parts).__name__}, not a list")
+        pending.extend(parts)
+    return names
+
+
+def _object(value: Any, what: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SchemaError(f"{what} is a {type(value).__name__}, not an object")
+    return value
+
+
+def run_body_fields(openapi: Any) -> tuple[str, set[str]]:
+    """The name of ``POST /run``'s JSON body schema and the fields it declares.
+
+    Raises only ``SchemaError``, whatever the document holds.
+    """
+    if not isinstance(openapi, Mapping) or not isinstance(openapi.get("paths"), Mapping):
+        raise SchemaError("the document is not an OpenAPI schema (no 'paths')")
+    post = _object(openapi["paths"].get("/run"), "the document's '/run' entry").get("post")
+    if post is None:
+        raise SchemaError("the server has no POST /run")
+    operation = _object(post, "POST /run")
+    content = _object(_object(operation.get("requestBody"), "POST /run's requestBody").get("content"), "its content")
+    media = _object(content.get("application/json"), "its application/json entry")
+    if "schema" not in media:
+        raise SchemaError("POST /run declares no JSON request body")
+    raw = media["schema"]
+    name = str(raw.get("$ref", "")).rsplit("/", 1)[-1] if isinstance(raw, Mapping) else ""
+    schema = _resolve(openapi, raw)
+    return name or str(schema.get("title", "<inline>"))[:80], _properties(openapi, schema)
+
+
+# --- what a failure means ----------------------------------------------------------------
+
+WRONG_SERVER_FIX = (
+    "NEMO_GYM_URL must be the mini_swe_agent_2 agent server's own address (the port "
+    "in its config, e.g. 12000; its /openapi.json lists POST /run), not the Gym head server or a model server"
+)
+_FIXES = {
+    "redirect": "NEMO_GYM_URL must be the mini_swe_agent_2 server's own address: a redirect "
+    "is not followed, since the trainer's /run calls are not either",
+    "http": WRONG_SERVER_FIX,
+    "not-json": WRONG_SERVER_FIX,
+    "too-large": WRONG_SERVER_FIX,
+    "schema": WRONG_SERVER_FIX,
+}
+_UNREACHABLE_FIX = (
+    "start the server (`miles-nemogym serve`, or `gym env start` with the mini_swe_agent_2 config) "
+    "and set NEMO_GYM_URL to its http://host:port; check that no firewall blocks "
+    "that port from this machine"
+)
+NO_POLICY_FIELD_FIX = (
+    f"run nemo-gym {pins.NEMO_GYM_VERSION} (the version this package is tested with) or any release "
+    "whose mini_swe_agent_2 /run takes policy_base_url"
+)
+
+
+@dataclass(frozen=True)
+class ServerProblem:
+    """Why the server cannot take the trainer's episodes: what was seen, and the fix."""
+
+    stage: str
+    """``fetch`` (no usable answer), ``schema`` (no ``POST /run``) or ``policy-field``."""
+    detail: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.detail}; {self.fix}"
+
+
+@dataclass(frozen=True)
+class RunEndpoint:
+    """``POST /run`` as the server's OpenAPI document declares it."""
+
+    body_name: str
+    fields: frozenset[str]
+
+    @property
+    def takes_policy_url(self) -> bool:
+        return "policy_base_url" in self.fields
+
+
+def fetch_problem(gym_url: str, error: FetchError) -> ServerProblem:
+    """What a failed ``/openapi.json`` fetch means (URLs shown with their password hidden)."""
+    detail = f"GET {redact_url(gym_url)}/openapi.json: {error}"
+    return ServerProblem("fetch", detail, _FIXES.get(error.kind, _UNREACHABLE_FIX))
+
+
+def read_run_endpoint(gym_url: str, document: Any) -> RunEndpoint | ServerProblem:
+    """``POST /run``'s body from a fetched document, or why the document has none."""
+    try:
+        name, fields = run_body_fields(document)
+    except SchemaError as error:
+        detail = f"{redact_url(gym_url)} answers but does not offer POST /run ({error})"
+        return ServerProblem("schema", detail, _FIXES["schema"])
+    return RunEndpoint(name, frozenset(fields))
+
+
+def policy_field_problem(gym_url: str, endpoint: RunEndpoint) -> ServerProblem | None:
+    """None when ``/run`` declares ``policy_base_url``; else why an older server would mislead."""
+    if endpoint.takes_policy_url:
+        return None
+    return ServerProblem(
+        "policy-field",
+        f"{redact_url(gym_url)}: the /run body ({endpoint.body_name}) declares no policy_base_url, so this "
+        "server would ignore the trainer's policy URL and run every episode on its own configured model",
+        NO_POLICY_FIELD_FIX,
+    )
+
+
+def probe(gym_url: str, timeout_s: float, fetch: Fetcher = fetch_json) -> RunEndpoint | ServerProblem:
+    """Fetch and read ``<gym_url>/openapi.json`` (blocking; ``fetch`` is replaceable for tests)."""
+    try:
+        document = fetch(f"{gym_url}/openapi.json", timeout_s)
+    except FetchError as error:
+        return fetch_problem(gym_url, error)
+    return read_run_endpoint(gym_url, document)
+
+
+async def probe_async(gym_url: str, timeout_s: float) -> RunEndpoint | ServerProblem:
+    """:func:`probe` inside a running event loop (the scan)."""
+    try:
+        document = await fetch_json_async(f"{gym_url}/openapi.json", timeout_s)
+    except FetchError as error:
+        return fetch_problem(gym_url, error)
+    return read_run_endpoint(gym_url, document)
+
+
+class ServerCheckError(RuntimeError):
+    """The server did not answer, or cannot run this scan; the message says why and the fix."""
+
+
+async def check_server(gym_url: str, timeout_s: float, *, needs_policy_field: bool = False) -> None:
+    """Raise ``ServerCheckError`` unless ``gym_url`` serves a usable ``POST /run`` (the scan's gate)."""
+    found = await probe_async(gym_url, timeout_s)
+    if isinstance(found, RunEndpoint):
+        problem = policy_field_problem(gym_url, found) if needs_policy_field else None
+        if problem is None:
+            return
+        raise ServerCheckError(f"{problem}, or scan without --policy-base-url")
+    raise ServerCheckError(str(found))
