@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 from miles_nemogym import pins
 from miles_nemogym.episode.policy_url import PolicyUrlError, is_loopback, is_wildcard, policy_base_url
+from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.settings import Settings, SettingsError, get_settings
 
@@ -62,7 +63,7 @@ class CheckResult:
         return self.status is Status.passed
 
 
-class FetchError(Exception):
+class FetchError(MilesNemoGymError, Exception):
     """The URL could not be fetched as JSON; ``kind`` says why in one word."""
 
     def __init__(self, kind: str, message: str) -> None:
@@ -140,7 +141,7 @@ def fetch_json(url: str, timeout_s: float) -> Any:
 # --- the OpenAPI schema ------------------------------------------------------------------
 
 
-class SchemaError(ValueError):
+class SchemaError(MilesNemoGymError, ValueError):
     """The OpenAPI document does not describe a usable ``POST /run``."""
 
 

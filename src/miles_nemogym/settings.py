@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.redaction import redact_url
 
 
@@ -33,7 +34,7 @@ class RewardMode(str, Enum):
     """Fraction of FAIL_TO_PASS tests passing, when every PASS_TO_PASS test passes."""
 
 
-class SettingsError(ValueError):
+class SettingsError(MilesNemoGymError, ValueError):
     """A configuration value is missing or malformed; the message names the fix."""
 
 

@@ -23,6 +23,7 @@ import pydantic_core
 from pydantic import ValidationError
 
 from miles_nemogym.episode.protocol import ResponsesCreateParams, RunRequest
+from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.rollout.roles import KEYS as ROLE_KEYS
 
 # Keys Miles adds to sample.metadata for its own bookkeeping (agentic_tool_call.py).
@@ -42,7 +43,7 @@ NOT_SENT_KEYS = MILES_BOOKKEEPING_KEYS | PLUGIN_RESULT_KEYS | ROUTING_KEYS | ROL
 _TYPED_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "max_tokens": "max_output_tokens"}
 
 
-class RequestBuildError(ValueError):
+class RequestBuildError(MilesNemoGymError, ValueError):
     """The task row or sampling parameters cannot form a body the server accepts."""
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from miles_nemogym import salvage
+from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.launcher.families import Parsers
 from miles_nemogym.redaction import redact_url
@@ -225,11 +226,11 @@ def eval_args(config: LauncherConfig) -> list[str]:
     return args
 
 
-class DuplicateFlagError(ValueError):
+class DuplicateFlagError(MilesNemoGymError, ValueError):
     """An ``extra_args`` flag that the recipe already sets."""
 
 
-class GroupSettingError(ValueError):
+class GroupSettingError(MilesNemoGymError, ValueError):
     """``NEMO_GYM_MIN_VALID_PER_GROUP`` can never be met with this recipe's group size."""
 
 

@@ -26,10 +26,11 @@ from pydantic import (
     model_validator,
 )
 
+from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.settings import Settings
 
 
-class ConfigError(ValueError):
+class ConfigError(MilesNemoGymError, ValueError):
     """The recipe is invalid; the message names each field and the fix."""
 
 

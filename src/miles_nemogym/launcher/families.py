@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from miles_nemogym.errors import MilesNemoGymError
+
 
 @dataclass(frozen=True)
 class ModelFamily:
@@ -49,7 +51,7 @@ BY_NAME: dict[str, ModelFamily] = {family.name: family for family in FAMILIES}
 OVERRIDE_FLAGS = "--model-family, or all of --tito-model, --reasoning-parser and --tool-call-parser"
 
 
-class UnknownFamilyError(ValueError):
+class UnknownFamilyError(MilesNemoGymError, ValueError):
     """The model family cannot be told; the message names the override flags."""
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from miles_nemogym import doctor
 from miles_nemogym.doctor import CheckResult, Status
+from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.launcher.command import HOOKS
 from miles_nemogym.launcher.config import LauncherConfig
 
@@ -205,7 +206,7 @@ def check_gpus(config: LauncherConfig, environ: Mapping[str, str], counter: GpuC
 # --- data and checkpoint -----------------------------------------------------------------
 
 
-class _DataError(ValueError):
+class _DataError(MilesNemoGymError, ValueError):
     pass
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol, get_args, get_origin
 
 from miles_nemogym.doctor import CheckResult, Status
+from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.launcher import command as cmd
 from miles_nemogym.launcher import preflight
 from miles_nemogym.launcher.config import ConfigError, LauncherConfig, load_config, read_yaml
@@ -202,7 +203,7 @@ def load(argv: Sequence[str]) -> tuple[LauncherConfig, Parsers, bool]:
 # --- Miles' model arguments --------------------------------------------------------------
 
 
-class ModelArgsError(RuntimeError):
+class ModelArgsError(MilesNemoGymError, RuntimeError):
     pass
 
 

@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from miles_nemogym.episode.request import RequestBuildError, build_run_body
+from miles_nemogym.errors import MilesNemoGymError
 
 SUBSETS = ("verified", "gym")
 _TEST_LISTS = ("FAIL_TO_PASS", "PASS_TO_PASS")
 
 
-class InputError(ValueError):
+class InputError(MilesNemoGymError, ValueError):
     """The input file cannot be scanned; the message names the row, the field and the fix."""
 
 

@@ -12,10 +12,11 @@ read with ``miles_nemogym.doctor.run_body_fields``, the same reading ``doctor`` 
 from __future__ import annotations
 
 from miles_nemogym.doctor import FetchError, SchemaError, fetch_json_async, run_body_fields
+from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.redaction import redact_url
 
 
-class ServerCheckError(RuntimeError):
+class ServerCheckError(MilesNemoGymError, RuntimeError):
     """The server did not answer, or cannot run this scan; the message says why and the fix."""
 
 

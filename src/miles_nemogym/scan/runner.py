@@ -28,6 +28,7 @@ from miles_nemogym.episode.classify import Outcome
 from miles_nemogym.episode.client import close_client
 from miles_nemogym.episode.in_flight import run_episode
 from miles_nemogym.episode.request import RequestBuildError, build_run_body
+from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.scan.config import ScanConfig, scan_settings, usage_problems
 from miles_nemogym.scan.inputs import InputError, ScanTask, load_tasks
@@ -45,7 +46,7 @@ EXIT_INTERRUPTED = 130
 """128 + SIGINT, the shell's convention for a run stopped by Ctrl-C."""
 
 
-class ScanUsageError(ValueError):
+class ScanUsageError(MilesNemoGymError, ValueError):
     """The scan cannot start (exit 2); raised before any episode was sent."""
 
 

@@ -30,6 +30,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.venv import GymVenvBuildError, Progress, _locked, _run, build_and_publish
 from miles_nemogym.pins import (
@@ -89,7 +90,7 @@ REQUIREMENTS: tuple[str, ...] = (
 )
 
 
-class MilesEnvironmentError(RuntimeError):
+class MilesEnvironmentError(MilesNemoGymError, RuntimeError):
     """The Miles source or environment could not be found or built."""
 
 
