@@ -50,7 +50,7 @@ from miles_nemogym.redaction import KeyScrubber, key_scrubber
 from miles_nemogym.reward import score
 from miles_nemogym.rollout.ledger import ledger
 from miles_nemogym.rollout.roles import ledger_role, role_of
-from miles_nemogym.settings import RewardMode, SettingsError, get_settings
+from miles_nemogym.settings import RewardMode, Settings, SettingsError, get_settings
 from miles_nemogym.store.writer import entry_for, get_store, session_id
 
 logger = logging.getLogger(__name__)
@@ -68,13 +68,24 @@ async def run(
     **kwargs: Any,
 ) -> dict[str, Any]:
     """Run one NeMo-Gym episode for one Miles sample; see the module docstring."""
+    return await run_with_settings(None, base_url=base_url, request_kwargs=request_kwargs, metadata=metadata)
+
+
+async def run_with_settings(
+    settings: Settings | None,
+    *,
+    base_url: str,
+    request_kwargs: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``run`` with ``settings`` given by its caller (smoke); ``None`` reads the process's (``get_settings``)."""
     raw_id = metadata.get("instance_id") if isinstance(metadata, Mapping) else None
     instance_id = None if raw_id is None else _printable(str(raw_id))
     mode = RewardMode.binary
     episode_dir: str | None = None
     scrubber: KeyScrubber | None = None
     try:
-        settings = get_settings()
+        settings = get_settings() if settings is None else settings
         mode = settings.reward_mode
         api_key = settings.policy_api_key.get_secret_value() if settings.policy_api_key else None
         episode_dir = settings.episode_dir

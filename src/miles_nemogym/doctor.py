@@ -13,7 +13,7 @@ Serves ``miles-nemogym doctor`` and the launcher's preflight. In seconds, before
 
 ``run_checks`` holds the logic; the only I/O is the ``fetch`` callable it is given
 (default: ``fetch_json``, one deadline for the whole answer, no redirects, a size cap)
-and the settings read from the environment, so the launcher can reuse it and tests can
+and the environment it reads the settings from, so the launcher can reuse it and tests can
 point it anywhere. Whatever the server sends, each check ends as one PASS/FAIL line:
 a hostile or broken OpenAPI document is a ``SchemaError``, never a crash or a hang.
 URLs are shown with their password hidden (``redaction.redact_url``).
@@ -35,7 +35,7 @@ from miles_nemogym import pins
 from miles_nemogym.episode.policy_url import PolicyUrlError, is_loopback, is_wildcard, policy_base_url
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.redaction import redact_url, redact_urls
-from miles_nemogym.settings import Settings, SettingsError, get_settings
+from miles_nemogym.settings import Settings, SettingsError
 
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_SESSION_HOST = "0.0.0.0"
@@ -236,9 +236,9 @@ _CHECK_POLICY_FIELD = "/run accepts policy_base_url"
 _CHECK_POLICY_HOST = "policy host dialable from the Gym host"
 
 
-def _check_settings() -> tuple[CheckResult, Settings | None]:
+def _check_settings(environ: Mapping[str, str]) -> tuple[CheckResult, Settings | None]:
     try:
-        settings = get_settings()
+        settings = Settings.from_env(environ)
     except SettingsError as error:
         return (
             CheckResult(
@@ -249,7 +249,7 @@ def _check_settings() -> tuple[CheckResult, Settings | None]:
             ),
             None,
         )
-    note = "" if "NEMO_GYM_URL" in os.environ else " (NEMO_GYM_URL unset: the default)"
+    note = "" if "NEMO_GYM_URL" in environ else " (NEMO_GYM_URL unset: the default)"
     return (
         CheckResult(_CHECK_SETTINGS, Status.passed, f"NeMo-Gym server {redact_url(settings.gym_url)}{note}"),
         settings,
@@ -357,15 +357,16 @@ def run_checks(
     session_host: str | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     fetch: Fetcher = fetch_json,
+    environ: Mapping[str, str] | None = None,
 ) -> list[CheckResult]:
     """Every doctor check, in order; a check whose prerequisite failed is ``skipped``.
 
     ``session_host`` is the ``--session-server-ip`` the trainer will use (default
-    ``0.0.0.0``, the recipe's). Settings come from the environment (``get_settings``).
+    ``0.0.0.0``, the recipe's); the settings are read from ``environ`` (default: this process's).
     """
     host = (session_host or DEFAULT_SESSION_HOST).strip()
     results: list[CheckResult] = []
-    settings_result, settings = _check_settings()
+    settings_result, settings = _check_settings(os.environ if environ is None else environ)
     results.append(settings_result)
     if settings is None:
         reason = "needs valid settings"

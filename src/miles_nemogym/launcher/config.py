@@ -229,14 +229,10 @@ class LauncherConfig(BaseModel):
     @classmethod
     def _check_gym_url(cls, value: str) -> str:
         # One definition of a valid Gym URL: the plugin's settings.
-        # (other variables' errors are the settings check's business, not this field's)
         try:
             return Settings.model_validate({"NEMO_GYM_URL": value}).gym_url
         except ValidationError as error:
-            for item in error.errors():
-                if item["loc"] and item["loc"][0] == "NEMO_GYM_URL":
-                    raise ValueError(str(item["msg"]).removeprefix("Value error, ")) from None
-            return value.strip().rstrip("/")
+            raise ValueError(str(error.errors()[0]["msg"]).removeprefix("Value error, ")) from None
 
     @field_validator("reasoning_parser", "tito_model", "tool_call_parser", "model_family")
     @classmethod

@@ -14,12 +14,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import os
 import shutil
 import socket
 import subprocess
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -325,24 +323,13 @@ def check_cluster(config: LauncherConfig) -> CheckResult:
     return CheckResult(name, Status.passed, f"{config.num_nodes} node(s) via {where}")
 
 
-@contextmanager
-def plugin_environment(config: LauncherConfig) -> Iterator[None]:
-    """The plugin's variables as the job will see them, for the doctor's settings read."""
-    wanted = {"NEMO_GYM_URL": config.nemo_gym_url, "MILES_ROUTER_EXTERNAL_HOST": config.router_external_host}
-    saved = {name: os.environ.get(name) for name in wanted}
-    try:
-        for name, value in wanted.items():
-            if value:
-                os.environ[name] = value
-            else:
-                os.environ.pop(name, None)
-        yield
-    finally:
-        for name, old in saved.items():
-            if old is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = old
+def plugin_environment(config: LauncherConfig, environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` with the recipe's Gym URL and external host, as the job will see them."""
+    env = {**environ, "NEMO_GYM_URL": config.nemo_gym_url}
+    env.pop("MILES_ROUTER_EXTERNAL_HOST", None)
+    if config.router_external_host:
+        env["MILES_ROUTER_EXTERNAL_HOST"] = config.router_external_host
+    return env
 
 
 def run_preflight(
@@ -367,6 +354,10 @@ def run_preflight(
         check_session_port(config),
         check_cluster(config),
     ]
-    with plugin_environment(config):
-        results += doctor.run_checks(session_host=config.session_server_ip, timeout_s=gym_timeout_s, fetch=fetch)
+    results += doctor.run_checks(
+        session_host=config.session_server_ip,
+        timeout_s=gym_timeout_s,
+        fetch=fetch,
+        environ=plugin_environment(config, environ),
+    )
     return results

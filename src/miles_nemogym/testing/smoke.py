@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer
 from miles_nemogym.gym.venv import ensure_gym_venv
+from miles_nemogym.settings import Settings
 from miles_nemogym.testing.recording_policy import RecordingPolicy
 
 # What Miles' rollout would pass as request_kwargs (already renamed to OpenAI names).
@@ -108,16 +108,14 @@ async def run_rows(
     rows: Sequence[dict[str, Any]],
     session_urls: Sequence[str],
     sampling: dict[str, Any],
+    settings: Settings,
     on_done: EpisodeDone | None = None,
 ) -> list[dict[str, Any]]:
-    """Every row through ``agent.run`` at once, as Miles' ``agentic_tool_call`` calls it."""
+    """Every row through the agent function at once, as Miles' ``agentic_tool_call`` calls it."""
 
     async def one(index: int, row: dict[str, Any], url: str) -> dict[str, Any]:
-        result = await agent.run(
-            base_url=url,
-            prompt=row["prompt"],
-            request_kwargs=dict(sampling),
-            metadata=dict(row["metadata"]),
+        result = await agent.run_with_settings(
+            settings, base_url=url, request_kwargs=dict(sampling), metadata=dict(row["metadata"])
         )
         if on_done is not None:
             try:
@@ -168,9 +166,11 @@ def run_smoke(
 
     ``progress`` gets the preparation steps (and the build's indented detail lines),
     ``on_running`` the number of episodes about to run, ``on_episode`` each episode as
-    it finishes.
+    it finishes. Raises ``SettingsError`` (before anything starts) when the environment's
+    plugin variables are invalid.
     """
     say = progress or (lambda _line: None)
+    base_settings = Settings.from_env()
     data_path = state_dir / "smoke_prompts.jsonl"
     report = SmokeReport(data_path=data_path)
     rows = prepare_rows(limit, data_path)
@@ -181,33 +181,27 @@ def run_smoke(
     with GymServer(options, state_dir=state_dir / "gym", venv=venv, progress=say) as server:
         report.results_dir, report.server_log = server.results_dir, server.log_path
         say(f"server ready at {server.url}")
-        previous_url = os.environ.get("NEMO_GYM_URL")
-        os.environ["NEMO_GYM_URL"] = server.url
-        try:
-            if policy_base_url is None:
-                with RecordingPolicy(look_around_turns=2) as policy:
-                    urls = [policy.session_url() for _ in rows]
+        settings = base_settings.with_overrides(gym_url=server.url)
+        if policy_base_url is None:
+            with RecordingPolicy(look_around_turns=2) as policy:
+                urls = [policy.session_url() for _ in rows]
 
-                    def calls(index: int) -> int | None:
-                        return len(policy.chat_requests(RecordingPolicy.session_id_of(urls[index])))
+                def calls(index: int) -> int | None:
+                    return len(policy.chat_requests(RecordingPolicy.session_id_of(urls[index])))
 
-                    say(f"running {len(rows)} episodes against the scripted recording policy")
-                    if on_running:
-                        on_running(len(rows))
-                    results = asyncio.run(run_rows(rows, urls, SMOKE_SAMPLING, finished(rows, calls, on_episode)))
-                    counts: list[int | None] = [calls(i) for i in range(len(rows))]
-            else:
-                say(f"running {len(rows)} episodes against {policy_base_url}")
+                say(f"running {len(rows)} episodes against the scripted recording policy")
                 if on_running:
                     on_running(len(rows))
-                urls = [policy_base_url] * len(rows)
-                results = asyncio.run(run_rows(rows, urls, SMOKE_SAMPLING, finished(rows, None, on_episode)))
-                counts = [None] * len(rows)
-        finally:
-            if previous_url is None:
-                os.environ.pop("NEMO_GYM_URL", None)
-            else:
-                os.environ["NEMO_GYM_URL"] = previous_url
+                done = finished(rows, calls, on_episode)
+                results = asyncio.run(run_rows(rows, urls, SMOKE_SAMPLING, settings, done))
+                counts: list[int | None] = [calls(i) for i in range(len(rows))]
+        else:
+            say(f"running {len(rows)} episodes against {policy_base_url}")
+            if on_running:
+                on_running(len(rows))
+            urls = [policy_base_url] * len(rows)
+            results = asyncio.run(run_rows(rows, urls, SMOKE_SAMPLING, settings, finished(rows, None, on_episode)))
+            counts = [None] * len(rows)
     for row, result, count in zip(rows, results, counts, strict=True):
         meta = row["metadata"]
         report.episodes.append(SmokeEpisode(meta["instance_id"], meta["repo"], result, count))
