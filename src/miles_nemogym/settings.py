@@ -134,10 +134,8 @@ class Settings(BaseModel):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """Validate the plugin's variables in ``environ`` (default: this process's environment).
-
-        Raises ``SettingsError`` naming each bad variable and the value given (a secret hidden).
-        """
+        """The plugin's variables in ``environ`` (default: this process's environment), validated;
+        ``SettingsError`` names each bad variable and its value (a secret hidden)."""
         source = os.environ if environ is None else environ
         given = {name: source[name] for name in ENV_VARS if name in source}
         try:
@@ -146,10 +144,8 @@ class Settings(BaseModel):
             raise SettingsError("invalid miles-nemogym configuration: " + _describe(error, given)) from None
 
     def with_overrides(self, labels: Mapping[str, str] | None = None, **changes: Any) -> Settings:
-        """These settings with ``changes`` (field names) applied, validated like the variables.
-
-        Raises ``SettingsError``; ``labels`` names a field in it (default: its variable), e.g. a CLI flag.
-        """
+        """These settings with ``changes`` (by field name) applied and validated like the variables;
+        in a ``SettingsError``, ``labels`` names a field (e.g. by its CLI flag) instead of its variable."""
         values = self.model_dump(by_alias=True)
         aliased = {_alias(name): value for name, value in changes.items()}
         try:
@@ -201,11 +197,8 @@ _current: tuple[tuple[str | None, ...], Settings] | None = None
 
 
 def get_settings() -> Settings:
-    """This process's settings (the hooks' boundary): read from its environment on first use,
-    and again only if one of the plugin's variables has changed since (tests change them).
-
-    Raises ``SettingsError`` when a variable is invalid.
-    """
+    """This process's settings, for the hooks: read from the environment on first use and again
+    only if a plugin variable changed since (tests change them); raises ``SettingsError``."""
     global _current
     key = tuple(os.environ.get(name) for name in ENV_VARS)
     if _current is None or _current[0] != key:

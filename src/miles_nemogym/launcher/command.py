@@ -1,11 +1,7 @@
 """Recipe -> the exact Miles training command and job environment (pure: no I/O).
 
-Every flag below is one Miles' ``train.py`` accepts: Miles' own are registered in
-``miles/utils/arguments.py`` (``--max-seq-len`` and ``--custom-agent-function-path`` by
-``agentic_tool_call.generate``'s ``add_arguments``), ``--sglang-*`` are SGLang server
-arguments under Miles' prefix, the parallelism/optimizer ones are Megatron-LM's. The
-rollout chain is this package's hooks, named by dotted path: they are imported from the
-installed package, never through a ``PYTHONPATH`` entry pointing at example files.
+Each flag is one Miles' ``train.py`` accepts, and each hook is named by its installed
+dotted path; where every flag is registered in Miles: docs/launcher.md.
 """
 
 from __future__ import annotations

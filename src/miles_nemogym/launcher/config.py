@@ -1,12 +1,8 @@
 """The launcher's typed recipe: every value the training command is built from.
 
-The defaults reproduce the smoke scale validated upstream on 4 GPUs (Miles'
-``examples/experimental/nemo-gym/run.py``): Qwen3-4B-Instruct-2507, TP 2, colocated,
-GRPO with a low-variance KL of 0.01 and asymmetric clipping 0.2/0.28, 16k sequences,
-4k responses, 3 rollouts of 2 prompts x 4 samples. Values come from, in increasing
-precedence: these defaults (some read from the environment, as upstream), a YAML recipe
-(``--config recipe.yaml``), then command-line flags. Unknown keys are errors, so a typo
-in a recipe cannot silently fall back to a default.
+Defaults (upstream's 4-GPU smoke scale), then a YAML recipe, then flags; unknown keys
+are errors. Each field's docstring is its ``--help`` text; the defaults' origin is in
+docs/launcher.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """Checks run before the launcher spends GPU time; each failure comes with its fix.
 
-Everything here runs on the launching node in seconds: Miles and Megatron present, the
-rollout hooks importable, enough GPUs, the prompt data shaped like the converter's
-output, the checkpoint where it is expected, the session server's port free, and the
-NeMo-Gym server ready for the trainer's policy URL (``miles_nemogym.doctor``). It also
-refuses ``MILES_USE_LEGACY_ROLLOUT_V1=1``: Miles' legacy rollout never registers the
-agentic flags, so ``train.py`` would die with "unrecognized arguments" after the cluster
-has started.
+In seconds on the launching node: Miles, Megatron, the hooks, GPUs, prompt data,
+checkpoint, session port, cluster, then the doctor's NeMo-Gym checks (docs/launcher.md).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """What one scan is asked to do, and the plugin ``Settings`` it runs with.
 
-The scan runs episodes through the agent function's own client, which reads its limits
-from ``Settings``. It starts from the environment (``NEMO_GYM_URL``, retry settings,
-``NEMO_GYM_POLICY_API_KEY``, ...) and overrides what the flags set — ``--gym-url``,
-``--timeout`` (the whole-episode deadline) and ``--concurrency`` (which also sizes the
-connection pool) — re-validating the result, so a flag is checked like the variable.
-
-The policy API key is never a flag (flags land in shell history and process lists): it
-comes only from ``NEMO_GYM_POLICY_API_KEY``.
+The environment's settings with the flags ``--gym-url``, ``--timeout`` and
+``--concurrency`` applied and validated like the variables. The policy API key is never
+a flag (flags land in shell history and process lists): only ``NEMO_GYM_POLICY_API_KEY``.
 """
 
 from __future__ import annotations

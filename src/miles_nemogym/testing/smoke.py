@@ -1,20 +1,9 @@
 """``miles-nemogym smoke``: the whole chain on a laptop, no GPU and no Docker.
 
-It wires the real pieces exactly as training does, with two stand-ins for what a laptop
-lacks: the NeMo-Gym server runs with the ``local`` sandbox provider (host
-subprocesses instead of task containers), and ``RecordingPolicy`` stands in for Miles'
-session server + SGLang (unless ``--policy-base-url`` points at a real model).
-
-1. the five SWE-bench Verified rows nemo-gym ships are converted by our converter;
-2. ``miles-nemogym serve --sandbox local`` starts the real ``mini_swe_agent_2`` server;
-3. each row goes through ``miles_nemogym.agent.run`` with Miles' calling convention, one
-   session URL per episode, all episodes at once;
-4. each episode is reported as it finishes, then a table shows every verdict as the
-   trainer would store it.
-
-Without task containers grading cannot resolve an instance (reward 0.0 is expected), and
-two of the rows (django, pylint) need network to build their eval scripts; those come
-back visibly set aside, which is the behaviour the smoke run demonstrates.
+The real converter, ``mini_swe_agent_2`` server (``local`` sandbox) and agent function,
+with ``RecordingPolicy`` for Miles' session server + SGLang unless ``--policy-base-url``
+is given. Offline, grading resolves nothing and two rows come back set aside by design
+(docs/launcher.md, "The chain without a GPU").
 """
 
 from __future__ import annotations
@@ -163,12 +152,8 @@ def run_smoke(
     on_running: Callable[[int], None] | None = None,
 ) -> SmokeReport:
     """Start the server, run the rows, stop everything; the server's files stay in ``state_dir``.
-
-    ``progress`` gets the preparation steps (and the build's indented detail lines),
-    ``on_running`` the number of episodes about to run, ``on_episode`` each episode as
-    it finishes. Raises ``SettingsError`` (before anything starts) when the environment's
-    plugin variables are invalid.
-    """
+    Callbacks: ``progress`` (preparation steps), ``on_running`` (episode count), ``on_episode``
+    (each as it finishes). Raises ``SettingsError`` before starting when the variables are invalid."""
     say = progress or (lambda _line: None)
     base_settings = Settings.from_env()
     data_path = state_dir / "smoke_prompts.jsonl"
