@@ -175,3 +175,40 @@ def test_the_doctor_flag_overrides_the_variable_without_setting_it(shell_env: di
     assert "NeMo-Gym server http://127.0.0.1:7005" in done.output
     assert "GET http://127.0.0.1:7005/openapi.json" in done.output
     assert environment() == shell_env
+
+
+def test_the_preflight_checks_the_plugin_variables_the_job_will_get(
+    shell_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def refused(url: str, timeout_s: float) -> Any:
+        raise doctor.FetchError("connect", "refused")
+
+    def settings_check(**recipe: Any) -> doctor.CheckResult:
+        config = LauncherConfig(prompt_data=tmp_path / "absent.jsonl", base_dir=tmp_path, **recipe)
+        checks = preflight.run_preflight(
+            config,
+            environ=dict(os.environ),
+            miles_root=None,
+            hook_paths=(),
+            gpu_counter=lambda env: (8, "stub"),
+            fetch=refused,
+        )
+        return next(check for check in checks if check.name == "settings")
+
+    bad_extra = settings_check(nemo_gym_url="http://127.0.0.1:7006", extra_env={"NEMO_GYM_RUN_TIMEOUT": "1h"})
+    assert bad_extra.status is doctor.Status.failed
+    assert "NEMO_GYM_RUN_TIMEOUT='1h'" in bad_extra.detail
+    monkeypatch.setenv("NEMO_GYM_MAX_CONCURRENCY", "")  # empty: not forwarded, so the job uses the default
+    assert settings_check(nemo_gym_url="http://127.0.0.1:7006").status is doctor.Status.passed
+    recipe = LauncherConfig(prompt_data=tmp_path / "absent.jsonl", base_dir=tmp_path, nemo_gym_url="http://gym:1")
+    shell = {
+        "NEMO_GYM_URL": SHELL_URL,
+        "MILES_ROUTER_EXTERNAL_HOST": "shell-host",
+        "PATH": "/bin",
+        "NEMO_GYM_RETRY_ATTEMPTS": "",
+    }
+    assert preflight.plugin_environment(recipe, shell) == {
+        "NEMO_GYM_URL": "http://gym:1",  # the recipe's, not the shell's
+        "MILES_ROUTER_EXTERNAL_HOST": "shell-host",  # forwarded: Ray workers see only the job's environment
+        "NEMO_GYM_EPISODE_DIR": str(recipe.resolved_episode_dir),
+    }

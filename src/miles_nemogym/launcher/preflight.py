@@ -19,8 +19,9 @@ from typing import Any
 from miles_nemogym import doctor
 from miles_nemogym.doctor import CheckResult, Status
 from miles_nemogym.errors import MilesNemoGymError
-from miles_nemogym.launcher.command import HOOKS
+from miles_nemogym.launcher.command import HOOKS, MilesInstall, job_environment
 from miles_nemogym.launcher.config import LauncherConfig
+from miles_nemogym.settings import ENV_VARS
 
 LEGACY_ROLLOUT_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
 
@@ -319,12 +320,10 @@ def check_cluster(config: LauncherConfig) -> CheckResult:
 
 
 def plugin_environment(config: LauncherConfig, environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` with the recipe's Gym URL and external host, as the job will see them."""
-    env = {**environ, "NEMO_GYM_URL": config.nemo_gym_url}
-    env.pop("MILES_ROUTER_EXTERNAL_HOST", None)
-    if config.router_external_host:
-        env["MILES_ROUTER_EXTERNAL_HOST"] = config.router_external_host
-    return env
+    """The plugin's variables exactly as the job will see them (``command.job_environment``:
+    forwarded from ``environ``, the recipe's Gym URL and external host, its ``extra_env``)."""
+    job = job_environment(config, MilesInstall(root=Path(), model_args=()), environ)
+    return {name: value for name, value in job.env.items() if name in ENV_VARS}
 
 
 def run_preflight(
