@@ -139,7 +139,7 @@ class Settings(BaseModel):
         source = os.environ if environ is None else environ
         given = {name: source[name] for name in ENV_VARS if name in source}
         try:
-            return Settings.model_validate(given)
+            return cls.model_validate(given)
         except ValidationError as error:
             raise SettingsError("invalid miles-nemogym configuration: " + _describe(error, given)) from None
 
@@ -149,7 +149,7 @@ class Settings(BaseModel):
         values = self.model_dump(by_alias=True)
         aliased = {_alias(name): value for name, value in changes.items()}
         try:
-            return Settings.model_validate({**values, **aliased})
+            return type(self).model_validate({**values, **aliased})
         except ValidationError as error:
             named = {_alias(name): label for name, label in (labels or {}).items()}
             raise SettingsError("invalid miles-nemogym configuration: " + _describe(error, aliased, named)) from None
