@@ -51,7 +51,6 @@ class RecordedRequest:
     """All headers except ``Authorization`` (see ``authorization``)."""
     body: Any
     """The parsed JSON body, or the raw text when it was not JSON."""
-    received_at: float
     authorization: str | None = field(default=None, repr=False)
     """The ``Authorization`` header as sent (a secret: never printed by ``repr``)."""
 
@@ -248,7 +247,6 @@ class RecordingPolicy:
             path=request.path,
             headers=headers,
             body=body,
-            received_at=time.time(),
             authorization=request.headers.get("Authorization"),
         )
         with self._lock:
