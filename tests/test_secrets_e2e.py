@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from miles_nemogym.cli.main import app
 from miles_nemogym.launcher import run as launcher
 from miles_nemogym.metrics import compute_metrics
-from miles_nemogym.settings import ENV_VARS
+from miles_nemogym.settings import ENV_VARS, Settings
 from miles_nemogym.testing import smoke
 from tests.support.samples import Sample
 from tests.test_scan_fakegym import FakeGym, converter_rows, write_jsonl  # the scan tests' /run stand-in
@@ -100,9 +100,9 @@ def test_no_channel_shows_the_api_key_or_a_url_password(
 
     # 2. Smoke-style episodes through agent.run, as Miles calls it, session URLs with a password.
     session = with_password("http://127.0.0.1:30000/sessions/s1", SESSION_PASSWORD)
-    records = asyncio.run(smoke.run_rows(rows, [session] * len(rows), {"temperature": 0.7}))
+    records = asyncio.run(smoke.run_rows(rows, [session] * len(rows), {"temperature": 0.7}, Settings.from_env()))
     monkeypatch.setenv("NEMO_GYM_URL", with_password(f"http://127.0.0.1:{closed_port()}", GYM_PASSWORD))
-    records += asyncio.run(smoke.run_rows(rows[:1], [session], {}))
+    records += asyncio.run(smoke.run_rows(rows[:1], [session], {}, Settings.from_env()))
     kinds = [record["nemogym"]["failure_kind"] for record in records]
     assert kinds[-1] == "transport_unreachable" and "agent_run_error" in kinds
     found += leaks("agent.run records", json.dumps(records))

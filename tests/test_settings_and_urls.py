@@ -5,13 +5,11 @@ from __future__ import annotations
 import pytest
 
 from miles_nemogym.episode.policy_url import PolicyUrlError, policy_base_url, routable_local_address
-from miles_nemogym.settings import RewardMode, SettingsError, get_settings
+from miles_nemogym.settings import RewardMode, Settings, SettingsError, get_settings
 
 
-def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("NEMO_GYM_URL", "NEMO_GYM_RUN_TIMEOUT", "NEMO_GYM_REWARD_MODE"):
-        monkeypatch.delenv(name, raising=False)
-    s = get_settings()
+def test_defaults() -> None:
+    s = Settings.from_env({})
     assert s.run_url == "http://localhost:12000/run"
     assert s.run_timeout_s == 3600 and s.reward_mode is RewardMode.binary
 
@@ -28,26 +26,50 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     ],
 )
 def test_bad_values_name_the_variable(monkeypatch: pytest.MonkeyPatch, var: str, value: str, needle: str) -> None:
-    monkeypatch.setenv(var, value)
     with pytest.raises(SettingsError) as info:
-        get_settings()
+        Settings.from_env({var: value})
     assert var in str(info.value) and needle in str(info.value)
-
-
-def test_api_key_is_hidden_in_errors_and_repr(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", "sk-hidden-123")
-    assert "sk-hidden-123" not in repr(get_settings())
-    monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "x")
-    with pytest.raises(SettingsError) as info:
+    monkeypatch.setenv(var, value)  # the hooks' read of the process environment says the same
+    with pytest.raises(SettingsError) as from_process:
         get_settings()
+    assert str(from_process.value) == str(info.value)
+
+
+def test_api_key_is_hidden_in_errors_and_repr() -> None:
+    key = {"NEMO_GYM_POLICY_API_KEY": "sk-hidden-123"}
+    assert "sk-hidden-123" not in repr(Settings.from_env(key))
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({**key, "NEMO_GYM_RUN_TIMEOUT": "x"})
     assert "sk-hidden-123" not in str(info.value)
+    with pytest.raises(SettingsError) as bad_key:
+        Settings.from_env({"NEMO_GYM_POLICY_API_KEY": 7})  # type: ignore[dict-item]
+    assert "NEMO_GYM_POLICY_API_KEY='<hidden>'" in str(bad_key.value)
 
 
-def test_settings_follow_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_process_settings_are_read_again_only_when_a_variable_changes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NEMO_GYM_URL", "http://a:1/")
-    assert get_settings().gym_url == "http://a:1"
+    first = get_settings()
+    assert first.gym_url == "http://a:1"
+    monkeypatch.setenv("UNRELATED_VARIABLE", "x")
+    assert get_settings() is first  # the hooks' boundary: one read while the variables stay
     monkeypatch.setenv("NEMO_GYM_URL", "http://b:2")
     assert get_settings().gym_url == "http://b:2"
+
+
+def test_overrides_are_validated_like_the_variables() -> None:
+    base = Settings.from_env({"NEMO_GYM_RUN_TIMEOUT": "60", "NEMO_GYM_POLICY_API_KEY": "sk-1"})
+    changed = base.with_overrides(gym_url="http://gym:7/", max_concurrency=3)
+    assert (changed.gym_url, changed.max_concurrency, changed.run_timeout_s) == ("http://gym:7", 3, 60.0)
+    assert changed.policy_api_key is not None and changed.policy_api_key.get_secret_value() == "sk-1"
+    assert base.gym_url == "http://localhost:12000"  # the original is unchanged (frozen)
+    with pytest.raises(SettingsError) as info:
+        base.with_overrides(gym_url="http://gym:7/run")
+    assert "NEMO_GYM_URL='http://gym:7/run'" in str(info.value) and "'/run' is appended" in str(info.value)
+    with pytest.raises(SettingsError) as labelled:
+        base.with_overrides(labels={"run_timeout_s": "--timeout"}, run_timeout_s=-1)
+    assert str(labelled.value) == "invalid miles-nemogym configuration: --timeout: Input should be greater than 0"
+    with pytest.raises(TypeError, match="no field 'gym'"):
+        base.with_overrides(gym="http://x:1")
 
 
 @pytest.mark.parametrize(

@@ -66,7 +66,7 @@ def test_callers_name_the_field_their_way(monkeypatch: pytest.MonkeyPatch, tmp_p
     )
     with pytest.raises(SettingsError) as scan:
         scan_settings(ScanConfig(input_path=tmp_path, gym_url="ftp://x"))
-    assert str(scan.value).startswith("invalid scan configuration: --gym-url / NEMO_GYM_URL: ")
+    assert str(scan.value).startswith("invalid miles-nemogym configuration: --gym-url / NEMO_GYM_URL: ")
     monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "1h")
     with pytest.raises(SettingsError) as settings:
         get_settings()

@@ -40,9 +40,20 @@ async def run(
     **kwargs: Any,
 ) -> dict[str, Any]:
     """Run one NeMo-Gym episode for one Miles sample; see the module docstring."""
+    return await run_with_settings(None, base_url=base_url, request_kwargs=request_kwargs, metadata=metadata)
+
+
+async def run_with_settings(
+    given: Settings | None,
+    *,
+    base_url: str,
+    request_kwargs: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``run`` with settings passed by our own callers (smoke); None reads the process's once."""
     settings: Settings | None = None
     try:
-        settings = get_settings()
+        settings = get_settings() if given is None else given
         route = policy_base_url(base_url, settings.gym_url, settings.external_host)
     except Exception as error:  # a bad setting or session URL still leaves a record on the sample
         outcome = not_started(error, metadata)

@@ -9,6 +9,7 @@ The checks and why: docs/data-and-checks.md.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from urllib.parse import urlsplit
@@ -24,7 +25,7 @@ from miles_nemogym.server_probe import (
     policy_field_problem,
     probe,
 )
-from miles_nemogym.settings import Settings, SettingsError, get_settings
+from miles_nemogym.settings import Settings, SettingsError
 
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_SESSION_HOST = "0.0.0.0"
@@ -60,9 +61,9 @@ _CHECK_POLICY_FIELD = "/run accepts policy_base_url"
 _CHECK_POLICY_HOST = "policy host dialable from the Gym host"
 
 
-def _check_settings() -> tuple[CheckResult, Settings | None]:
+def _check_settings(environ: Mapping[str, str]) -> tuple[CheckResult, Settings | None]:
     try:
-        settings = get_settings()
+        settings = Settings.from_env(environ)
     except SettingsError as error:
         return (
             CheckResult(
@@ -73,7 +74,7 @@ def _check_settings() -> tuple[CheckResult, Settings | None]:
             ),
             None,
         )
-    note = "" if "NEMO_GYM_URL" in os.environ else " (NEMO_GYM_URL unset: the default)"
+    note = "" if "NEMO_GYM_URL" in environ else " (NEMO_GYM_URL unset: the default)"
     return (
         CheckResult(_CHECK_SETTINGS, Status.passed, f"NeMo-Gym server {redact_url(settings.gym_url)}{note}"),
         settings,
@@ -145,15 +146,16 @@ def run_checks(
     session_host: str | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     fetch: Fetcher = fetch_json,
+    environ: Mapping[str, str] | None = None,
 ) -> list[CheckResult]:
     """Every doctor check, in order; a check whose prerequisite failed is ``skipped``.
 
     ``session_host`` is the ``--session-server-ip`` the trainer will use (default
-    ``0.0.0.0``, the recipe's). Settings come from the environment (``get_settings``).
+    ``0.0.0.0``, the recipe's); the settings are read from ``environ`` (default: this process's).
     """
     host = (session_host or DEFAULT_SESSION_HOST).strip()
     results: list[CheckResult] = []
-    settings_result, settings = _check_settings()
+    settings_result, settings = _check_settings(os.environ if environ is None else environ)
     results.append(settings_result)
     if settings is None:
         reason = "needs valid settings"

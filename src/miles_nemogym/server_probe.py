@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from miles_nemogym import pins
+from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.redaction import redact_url
 
 
-class FetchError(Exception):
+class FetchError(MilesNemoGymError, Exception):
     """The URL could not be fetched as JSON; ``kind`` says why in one word."""
 
     def __init__(self, kind: str, message: str) -> None:
@@ -93,7 +94,7 @@ def fetch_json(url: str, timeout_s: float) -> Any:
 # --- the OpenAPI schema ------------------------------------------------------------------
 
 
-class SchemaError(ValueError):
+class SchemaError(MilesNemoGymError, ValueError):
     """The OpenAPI document does not describe a usable ``POST /run``."""
 
 
@@ -276,7 +277,7 @@ async def probe_async(gym_url: str, timeout_s: float) -> RunEndpoint | ServerPro
     return read_run_endpoint(gym_url, document)
 
 
-class ServerCheckError(RuntimeError):
+class ServerCheckError(MilesNemoGymError, RuntimeError):
     """The server did not answer, or cannot run this scan; the message says why and the fix."""
 
 

@@ -1,27 +1,23 @@
 """Every environment variable the plugin reads, validated in one place.
 
-Miles loads our hooks by dotted path and gives them no configuration object, so the
-hooks are configured through the environment of the rollout process (and of the Ray job
-the launcher submits). Reading each variable ad hoc would let a typo such as
-``NEMO_GYM_RUN_TIMEOUT=1h`` silently fall back to a default; here a bad value fails
-with a message naming the variable and the form it expects.
-
-Settings are cached per distinct environment, so a process that changes its environment
-(tests, a launcher that sets variables late) always sees the values in force, while the
-hot path (one call per episode) pays for validation only once.
+Miles gives our hooks no configuration object, so they read the rollout process's
+environment once (``get_settings``) and pass the ``Settings`` down; everything else
+(smoke, launcher, doctor, scan) builds its own with ``from_env``/``with_overrides``.
+A bad value fails with a message naming the variable and the form it expects.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from enum import Enum
+from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.redaction import redact_url
 from miles_nemogym.validation import describe
 
@@ -35,14 +31,14 @@ class RewardMode(str, Enum):
     """Fraction of FAIL_TO_PASS tests passing, when every PASS_TO_PASS test passes."""
 
 
-class SettingsError(ValueError):
+class SettingsError(MilesNemoGymError, ValueError):
     """A configuration value is missing or malformed; the message names the fix."""
 
 
-class Settings(BaseSettings):
-    """The plugin's configuration, read from environment variables (names below)."""
+class Settings(BaseModel):
+    """The plugin's configuration; each field's alias is the environment variable it comes from."""
 
-    model_config = SettingsConfigDict(env_prefix="", case_sensitive=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
     gym_url: str = Field(default="http://localhost:12000", alias="NEMO_GYM_URL")
     """Base URL of the NeMo-Gym ``mini_swe_agent_2`` server (``/run`` is appended)."""
@@ -78,7 +74,7 @@ class Settings(BaseSettings):
     reward_range_text: str = Field(default="0,1", alias="NEMO_GYM_REWARD_RANGE")
     """Inclusive range of a valid server reward, as ``low,high``; ``mini_swe_agent_2``
     rewards are 0.0 or 1.0. A reward outside it is not a measurement: the sample is masked.
-    (A string, parsed by ``reward_range``: pydantic-settings would read a tuple as JSON.)"""
+    (A string, parsed by ``reward_range``, so the variable's form is the one shown.)"""
 
     max_result_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, alias="NEMO_GYM_MAX_RESULT_BYTES")
     """Largest decoded ``/run`` result accepted. Real results are ~100 KB; the cap stops a
@@ -137,6 +133,28 @@ class Settings(BaseSettings):
     def run_url(self) -> str:
         return f"{self.gym_url}/run"
 
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """The plugin's variables in ``environ`` (default: this process's environment), validated;
+        ``SettingsError`` names each bad variable and its value (a secret hidden)."""
+        source = os.environ if environ is None else environ
+        given = {name: source[name] for name in ENV_VARS if name in source}
+        try:
+            return cls.model_validate(given)
+        except ValidationError as error:
+            raise SettingsError("invalid miles-nemogym configuration: " + _describe(error, given)) from None
+
+    def with_overrides(self, labels: Mapping[str, str] | None = None, **changes: Any) -> Settings:
+        """These settings with ``changes`` (by field name) applied and validated like the variables;
+        in a ``SettingsError``, ``labels`` names a field (e.g. by its CLI flag) instead of its variable."""
+        values = self.model_dump(by_alias=True)
+        aliased = {_alias(name): value for name, value in changes.items()}
+        try:
+            return type(self).model_validate({**values, **aliased})
+        except ValidationError as error:
+            named = {_alias(name): label for name, label in (labels or {}).items()}
+            raise SettingsError("invalid miles-nemogym configuration: " + _describe(error, aliased, named)) from None
+
 
 def _parse_range(text: str) -> tuple[float, float]:
     expected = "expected two finite numbers 'low,high' with low <= high, such as 0,1"
@@ -154,35 +172,35 @@ def _parse_range(text: str) -> tuple[float, float]:
 ENV_VARS: tuple[str, ...] = tuple(
     str(field.alias) for field in Settings.model_fields.values() if field.alias is not None
 )
+_SECRET_VARS = frozenset({"NEMO_GYM_POLICY_API_KEY"})
 
-_cache: dict[tuple[str | None, ...], Settings] = {}
 
-
-def _env_label(loc: Sequence[int | str]) -> str:
-    name = str(loc[0]) if loc else "?"
+def _alias(name: str) -> str:
     field = Settings.model_fields.get(name)
-    var = field.alias if field is not None and field.alias else name
-    secret = var == "NEMO_GYM_POLICY_API_KEY"
-    given = "<hidden>" if secret else redact_url(os.environ.get(var, "<unset>"))
-    return f"{var}={given!r}"
+    if field is None or field.alias is None:
+        raise TypeError(f"Settings has no field {name!r}")
+    return field.alias
 
 
-def _describe(error: ValidationError) -> str:
-    return "invalid miles-nemogym configuration: " + describe(error, label=_env_label)
+def _describe(error: ValidationError, given: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> str:
+    def label(loc: Sequence[int | str]) -> str:
+        var = str(loc[0]) if loc else "?"  # located by alias: the variable's name
+        if labels and var in labels:
+            return labels[var]
+        shown = "<hidden>" if var in _SECRET_VARS else redact_url(str(given.get(var, "<unset>")))
+        return f"{var}={shown!r}"
+
+    return describe(error, label=label)
+
+
+_current: tuple[tuple[str | None, ...], Settings] | None = None
 
 
 def get_settings() -> Settings:
-    """The settings for the current environment; raises ``SettingsError`` when invalid."""
+    """This process's settings, for the hooks: read from the environment on first use and again
+    only if a plugin variable changed since (tests change them); raises ``SettingsError``."""
+    global _current
     key = tuple(os.environ.get(name) for name in ENV_VARS)
-    settings = _cache.get(key)
-    if settings is None:
-        try:
-            settings = Settings()
-        except ValidationError as error:
-            raise SettingsError(_describe(error)) from None
-        except ValueError as error:  # pydantic-settings' own errors (a value it failed to decode)
-            raise SettingsError(f"invalid miles-nemogym configuration: {error}") from None
-        if len(_cache) > 64:
-            _cache.clear()
-        _cache[key] = settings
-    return settings
+    if _current is None or _current[0] != key:
+        _current = (key, Settings.from_env())
+    return _current[1]

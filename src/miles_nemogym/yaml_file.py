@@ -9,8 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from miles_nemogym.errors import MilesNemoGymError
 
-class YamlFileError(ValueError):
+
+class YamlFileError(MilesNemoGymError, ValueError):
     """The file cannot be used; the message names the flag, the file and the fix."""
 
 

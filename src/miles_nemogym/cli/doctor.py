@@ -44,10 +44,9 @@ def doctor(
     """Check in seconds that NeMo-Gym is reachable and will use the trainer's policy URL."""
     from miles_nemogym.doctor import all_passed, run_checks
 
-    if gym_url is not None:
-        # The checks read the plugin's settings from the environment, as the trainer does.
-        os.environ["NEMO_GYM_URL"] = gym_url
-    results = run_checks(session_host=session_host, timeout_s=timeout)
+    # The checks read the plugin's variables as the trainer would, the flag in place of NEMO_GYM_URL.
+    environ = dict(os.environ) if gym_url is None else {**os.environ, "NEMO_GYM_URL": gym_url}
+    results = run_checks(session_host=session_host, timeout_s=timeout, environ=environ)
     render(results)
     raise typer.Exit(0 if all_passed(results) else 1)
 

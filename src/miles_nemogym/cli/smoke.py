@@ -70,6 +70,7 @@ def smoke(
     from miles_nemogym.cli.smoke_view import LEGEND, build_table, episode_line, report_json
     from miles_nemogym.gym import wheel as gym_wheel
     from miles_nemogym.gym.venv import GymEnvironmentError
+    from miles_nemogym.settings import SettingsError
     from miles_nemogym.testing.smoke import SmokeEpisode, expected_offline, run_smoke
 
     # Logs and CI capture have no terminal width: lay out for 80 columns there too.
@@ -113,6 +114,9 @@ def smoke(
             )
     except GymEnvironmentError as error:
         console.print(f"[red]cannot start the NeMo-Gym server:[/red] {error}", highlight=False)
+        raise typer.Exit(2) from None
+    except SettingsError as error:
+        console.print(str(error), style="red", highlight=False, markup=False)
         raise typer.Exit(2) from None
 
     table, notes = build_table(report.episodes)

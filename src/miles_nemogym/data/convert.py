@@ -36,6 +36,7 @@ from miles_nemogym.data.schema import (
 )
 from miles_nemogym.data.select import Selection, read_instance_ids, split_names
 from miles_nemogym.data.sources import RawRow, open_source
+from miles_nemogym.errors import MilesNemoGymError
 
 MAX_LISTED_PROBLEMS = 50
 PROGRESS_EVERY = 200
@@ -168,7 +169,7 @@ class ConvertReport:
     committed: bool = False
 
 
-class ConvertError(RuntimeError):
+class ConvertError(MilesNemoGymError, RuntimeError):
     """Nothing was written; ``report`` says why (bad rows with ``--on-error fail``, no rows...)."""
 
     def __init__(self, message: str, report: ConvertReport) -> None:
@@ -176,7 +177,7 @@ class ConvertError(RuntimeError):
         self.report = report
 
 
-class RowInvalidError(ValueError):
+class RowInvalidError(MilesNemoGymError, ValueError):
     """:func:`convert_row` refused a row; ``problems`` lists every broken rule."""
 
     def __init__(self, problems: list[FieldProblem]) -> None:

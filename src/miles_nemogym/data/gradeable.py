@@ -10,12 +10,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.pins import SWEBENCH_VERSION
 
 INSTALL_COMMAND = f"pip install 'swebench=={SWEBENCH_VERSION}'"
 
 
-class SwebenchMissingError(RuntimeError):
+class SwebenchMissingError(MilesNemoGymError, RuntimeError):
     """``--gradeable-only`` was asked for but ``swebench`` is not importable."""
 
 

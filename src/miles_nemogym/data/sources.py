@@ -18,13 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from miles_nemogym.errors import MilesNemoGymError
+
 PARQUET_BATCH_ROWS = 64  # as fast as larger batches, with a lower peak RSS (README, "Benchmark: converter")
 _JSON_CHUNK = 1 << 20
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 LOCAL_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
 
 
-class SourceError(RuntimeError):
+class SourceError(MilesNemoGymError, RuntimeError):
     """The input cannot be read at all (not a per-row problem)."""
 
 

@@ -12,13 +12,14 @@ import socket
 from functools import lru_cache
 from urllib.parse import urlsplit, urlunsplit
 
+from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.hosts import bracket, is_loopback, is_wildcard
 from miles_nemogym.redaction import redact_url
 
 logger = logging.getLogger(__name__)
 
 
-class PolicyUrlError(ValueError):
+class PolicyUrlError(MilesNemoGymError, ValueError):
     """The session URL Miles passed cannot become a policy URL."""
 
 

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from miles_nemogym.episode.protocol import ResponsesCreateParams, RunRequest
 from miles_nemogym.episode.record import EVAL_REPORT_KEY, RECORD_KEY, REWARD_KEY
+from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.rollout.roles import KEYS as ROLE_KEYS
 from miles_nemogym.validation import describe
 
@@ -36,7 +37,7 @@ NOT_SENT_KEYS = MILES_BOOKKEEPING_KEYS | PLUGIN_RESULT_KEYS | ROUTING_KEYS | ROL
 _TYPED_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "max_tokens": "max_output_tokens"}
 
 
-class RequestBuildError(ValueError):
+class RequestBuildError(MilesNemoGymError, ValueError):
     """The task row or sampling parameters cannot form a body the server accepts."""
 
 

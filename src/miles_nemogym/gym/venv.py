@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.pins import GYM_PYTHON, MINI_SWE_AGENT_VERSION, NEMO_GYM_VERSION, SWEBENCH_VERSION
 
@@ -47,7 +48,7 @@ SYSTEM_DIRS: tuple[str, ...] = ("/usr/local/bin", "/usr/bin", "/opt/homebrew/bin
 Progress = Callable[[str], None]
 
 
-class GymEnvironmentError(RuntimeError):
+class GymEnvironmentError(MilesNemoGymError, RuntimeError):
     """The NeMo-Gym server environment could not be found, built or started."""
 
 

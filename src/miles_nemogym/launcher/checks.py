@@ -1,12 +1,7 @@
 """Checks run before the launcher spends GPU time; each failure comes with its fix.
 
-Everything here runs on the launching node in seconds: Miles and Megatron present, the
-rollout hooks importable, enough GPUs, the prompt data shaped like the converter's
-output, the checkpoint where it is expected, the session server's port free, and the
-NeMo-Gym server ready for the trainer's policy URL (``miles_nemogym.doctor``). It also
-refuses ``MILES_USE_LEGACY_ROLLOUT_V1=1``: Miles' legacy rollout never registers the
-agentic flags, so ``train.py`` would die with "unrecognized arguments" after the cluster
-has started.
+In seconds on the launching node: Miles, Megatron, the hooks, GPUs, prompt data,
+checkpoint, session port, cluster, then the doctor's NeMo-Gym checks (docs/launcher.md).
 """
 
 from __future__ import annotations
@@ -14,20 +9,20 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import itertools
-import os
 import shutil
 import socket
 import subprocess
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from miles_nemogym import doctor, server_probe
 from miles_nemogym.data.sources import SourceError, open_file
 from miles_nemogym.doctor import CheckResult, Status
-from miles_nemogym.launcher.command import HOOKS
+from miles_nemogym.errors import MilesNemoGymError
+from miles_nemogym.launcher.command import HOOKS, MilesInstall, job_environment
 from miles_nemogym.launcher.config import LauncherConfig
+from miles_nemogym.settings import ENV_VARS
 
 LEGACY_ROLLOUT_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
 
@@ -206,7 +201,7 @@ def check_gpus(config: LauncherConfig, environ: Mapping[str, str], counter: GpuC
 # --- data and checkpoint -----------------------------------------------------------------
 
 
-class _DataError(ValueError):
+class _DataError(MilesNemoGymError, ValueError):
     pass
 
 
@@ -315,24 +310,11 @@ def check_cluster(config: LauncherConfig) -> CheckResult:
     return CheckResult(name, Status.passed, f"{config.num_nodes} node(s) via {where}")
 
 
-@contextmanager
-def plugin_environment(config: LauncherConfig) -> Iterator[None]:
-    """The plugin's variables as the job will see them, for the doctor's settings read."""
-    wanted = {"NEMO_GYM_URL": config.nemo_gym_url, "MILES_ROUTER_EXTERNAL_HOST": config.router_external_host}
-    saved = {name: os.environ.get(name) for name in wanted}
-    try:
-        for name, value in wanted.items():
-            if value:
-                os.environ[name] = value
-            else:
-                os.environ.pop(name, None)
-        yield
-    finally:
-        for name, old in saved.items():
-            if old is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = old
+def plugin_environment(config: LauncherConfig, environ: Mapping[str, str]) -> dict[str, str]:
+    """The plugin's variables exactly as the job will see them (``command.job_environment``:
+    forwarded from ``environ``, the recipe's Gym URL and external host, its ``extra_env``)."""
+    job = job_environment(config, MilesInstall(root=Path(), model_args=()), environ)
+    return {name: value for name, value in job.env.items() if name in ENV_VARS}
 
 
 def run_preflight(
@@ -357,6 +339,10 @@ def run_preflight(
         check_session_port(config),
         check_cluster(config),
     ]
-    with plugin_environment(config):
-        results += doctor.run_checks(session_host=config.session_server_ip, timeout_s=gym_timeout_s, fetch=fetch)
+    results += doctor.run_checks(
+        session_host=config.session_server_ip,
+        timeout_s=gym_timeout_s,
+        fetch=fetch,
+        environ=plugin_environment(config, environ),
+    )
     return results

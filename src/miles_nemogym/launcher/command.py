@@ -1,11 +1,7 @@
 """Recipe -> the exact Miles training command and job environment (pure: no I/O).
 
-Every flag below is one Miles' ``train.py`` accepts: Miles' own are registered in
-``miles/utils/arguments.py`` (``--max-seq-len`` and ``--custom-agent-function-path`` by
-``agentic_tool_call.generate``'s ``add_arguments``), ``--sglang-*`` are SGLang server
-arguments under Miles' prefix, the parallelism/optimizer ones are Megatron-LM's. The
-rollout chain is this package's hooks, named by dotted path: they are imported from the
-installed package, never through a ``PYTHONPATH`` entry pointing at example files.
+Each flag is one Miles' ``train.py`` accepts, and each hook is named by its installed
+dotted path; where every flag is registered in Miles: docs/launcher.md.
 """
 
 from __future__ import annotations
@@ -20,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from miles_nemogym import salvage
+from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.launcher.families import Parsers
 from miles_nemogym.redaction import redact_url
@@ -225,11 +222,11 @@ def eval_args(config: LauncherConfig) -> list[str]:
     return args
 
 
-class DuplicateFlagError(ValueError):
+class DuplicateFlagError(MilesNemoGymError, ValueError):
     """An ``extra_args`` flag that the recipe already sets."""
 
 
-class GroupSettingError(ValueError):
+class GroupSettingError(MilesNemoGymError, ValueError):
     """``NEMO_GYM_MIN_VALID_PER_GROUP`` can never be met with this recipe's group size."""
 
 

@@ -1,12 +1,8 @@
 """The launcher's typed recipe: every value the training command is built from.
 
-The defaults reproduce the smoke scale validated upstream on 4 GPUs (Miles'
-``examples/experimental/nemo-gym/run.py``): Qwen3-4B-Instruct-2507, TP 2, colocated,
-GRPO with a low-variance KL of 0.01 and asymmetric clipping 0.2/0.28, 16k sequences,
-4k responses, 3 rollouts of 2 prompts x 4 samples. Values come from, in increasing
-precedence: these defaults (some read from the environment, as upstream), a YAML recipe
-(``--config recipe.yaml``), then command-line flags. Unknown keys are errors, so a typo
-in a recipe cannot silently fall back to a default.
+Defaults (upstream's 4-GPU smoke scale), then a YAML recipe, then flags; unknown keys
+are errors. Each field's docstring is its ``--help`` text; the defaults' origin is in
+docs/launcher.md.
 """
 
 from __future__ import annotations
@@ -27,12 +23,13 @@ from pydantic import (
     model_validator,
 )
 
+from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.settings import Settings
 from miles_nemogym.validation import describe
 from miles_nemogym.yaml_file import YamlFileError, read_mapping
 
 
-class ConfigError(ValueError):
+class ConfigError(MilesNemoGymError, ValueError):
     """The recipe is invalid; the message names each field and the fix."""
 
 
@@ -231,14 +228,10 @@ class LauncherConfig(BaseModel):
     @classmethod
     def _check_gym_url(cls, value: str) -> str:
         # One definition of a valid Gym URL: the plugin's settings.
-        # (other variables' errors are the settings check's business, not this field's)
         try:
             return Settings.model_validate({"NEMO_GYM_URL": value}).gym_url
         except ValidationError as error:
-            for item in error.errors():
-                if item["loc"] and item["loc"][0] == "NEMO_GYM_URL":
-                    raise ValueError(str(item["msg"]).removeprefix("Value error, ")) from None
-            return value.strip().rstrip("/")
+            raise ValueError(str(error.errors()[0]["msg"]).removeprefix("Value error, ")) from None
 
     @field_validator("reasoning_parser", "tito_model", "tool_call_parser", "model_family")
     @classmethod

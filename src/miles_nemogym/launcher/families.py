@@ -1,19 +1,15 @@
 """Model family -> Miles ``--tito-model`` and the SGLang parsers that family needs.
 
-Miles' session server re-renders the conversation with the ``--tito-model`` family's
-fixed chat template, and SGLang must split the engine's text into reasoning, content and
-tool calls the same way the template renders them back; a missing parser is the likely
-cause of the Qwen3 TITO mismatch reported upstream (Miles#3113). Miles binds the parsers
-to each TITO family (``miles/utils/chat_template_utils/tito_tokenizer.py``, class
-attributes ``reasoning_parser`` / ``tool_call_parser``) but only asserts them in its
-verification tools, so a training command must pass them itself: this table holds those
-bindings. Families Miles binds no tool-call parser to are left out on purpose.
+Miles binds the parsers to each TITO family but does not pass them to SGLang itself, so
+the training command must (docs/launcher.md, "Model families and parsers").
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from miles_nemogym.errors import MilesNemoGymError
 
 
 @dataclass(frozen=True)
@@ -49,7 +45,7 @@ BY_NAME: dict[str, ModelFamily] = {family.name: family for family in FAMILIES}
 OVERRIDE_FLAGS = "--model-family, or all of --tito-model, --reasoning-parser and --tool-call-parser"
 
 
-class UnknownFamilyError(ValueError):
+class UnknownFamilyError(MilesNemoGymError, ValueError):
     """The model family cannot be told; the message names the override flags."""
 
 
@@ -81,9 +77,7 @@ def resolve(
     tool_call_parser: str | None = None,
 ) -> Parsers:
     """Family values with per-value overrides; ``reasoning_parser="none"`` means no parser.
-
-    Without a known family, every one of the three values must be given explicitly.
-    """
+    Without a known family, all three values must be given."""
     known = ", ".join(BY_NAME)
     if family is not None:
         chosen = BY_NAME.get(family.lower())

@@ -1,14 +1,8 @@
 """The launcher's entry point: recipe -> preflight -> checkpoint -> Ray -> job -> exit code.
 
-``examples/swebench_grpo/run.py`` calls ``main``. Order matters: nothing heavy starts
-until the recipe is valid and every preflight check passed, and ``--dry-run`` stops after
-printing the exact command and environment (nothing started, nothing written).
-
-The side effects (conversion, Ray, job submission) sit behind ``Actions`` so the
-orchestration is testable without GPUs, Ray or Miles; ``RayActions`` is the real one.
-Submission goes through Ray's job-submission client rather than ``ray job submit
---runtime-env-json ...``, so secrets in the job environment never appear in a process
-list or a log.
+Nothing heavy starts until the recipe is valid and every check passed; ``--dry-run``
+prints the command and environment and stops. Side effects sit behind ``Actions``
+(``RayActions`` is the real one); why this order: docs/launcher.md.
 """
 
 from __future__ import annotations
@@ -30,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol, get_args, get_origin
 
 from miles_nemogym.doctor import CheckResult, Status, report
+from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.launcher import checks as launch_checks
 from miles_nemogym.launcher import command as cmd
 from miles_nemogym.launcher.config import ConfigError, LauncherConfig, load_config, read_yaml
@@ -99,10 +94,8 @@ def _plain(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """One flag per recipe field (``--field-name``), plus --config and --dry-run, grouped by topic.
-
-    Flags default to "not given" so only what the user typed overrides the YAML.
-    """
+    """One flag per recipe field (``--field-name``), plus --config and --dry-run, grouped by topic;
+    flags default to "not given" so only what the user typed overrides the YAML."""
     parser = argparse.ArgumentParser(
         prog="examples/swebench_grpo/run.py",
         usage="%(prog)s [--config FILE] [--dry-run | --preflight-only] [FLAG VALUE ...]",
@@ -202,7 +195,7 @@ def load(argv: Sequence[str]) -> tuple[LauncherConfig, Parsers, bool]:
 # --- Miles' model arguments --------------------------------------------------------------
 
 
-class ModelArgsError(RuntimeError):
+class ModelArgsError(MilesNemoGymError, RuntimeError):
     pass
 
 

@@ -12,6 +12,7 @@ import logging
 
 from miles_nemogym.episode.circuit import circuit
 from miles_nemogym.episode.in_flight import abort_all
+from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.redaction import redact_url
 from miles_nemogym.rollout.ledger import ledger
 from miles_nemogym.settings import Settings
@@ -19,7 +20,7 @@ from miles_nemogym.settings import Settings
 logger = logging.getLogger(__name__)
 
 
-class RunStopped(RuntimeError):
+class RunStopped(MilesNemoGymError, RuntimeError):
     """The run cannot go on: the message says why and what to do."""
 
 

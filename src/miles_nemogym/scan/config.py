@@ -1,21 +1,19 @@
 """What one scan is asked to do, and the plugin ``Settings`` it runs with.
 
-The environment's settings with the flags' overrides (``--gym-url``, ``--timeout``,
-``--concurrency``), re-validated so a flag is checked like its variable. The policy API
-key is never a flag (shell history, process lists): only ``NEMO_GYM_POLICY_API_KEY``.
+The environment's settings with the flags ``--gym-url``, ``--timeout`` and
+``--concurrency`` applied and validated like the variables. The policy API key is never
+a flag (flags land in shell history and process lists): only ``NEMO_GYM_POLICY_API_KEY``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from miles_nemogym.scan.results import Mode
-from miles_nemogym.settings import Settings, SettingsError, get_settings
-from miles_nemogym.validation import describe
+from miles_nemogym.settings import Settings
 
 API_KEY_ENV = "NEMO_GYM_POLICY_API_KEY"
 
@@ -86,26 +84,15 @@ def usage_problems(config: ScanConfig) -> list[str]:
     return problems
 
 
-def scan_settings(config: ScanConfig) -> Settings:
-    """The environment's settings with this scan's overrides; raises ``SettingsError``."""
-    values = get_settings().model_dump(by_alias=True)
-    values["NEMO_GYM_MAX_CONCURRENCY"] = config.concurrency
+def scan_settings(config: ScanConfig, base: Settings | None = None) -> Settings:
+    """``base`` (default: read from the environment) with this scan's flags; raises ``SettingsError``."""
+    changes: dict[str, object] = {"max_concurrency": config.concurrency}
     if config.gym_url is not None:
-        values["NEMO_GYM_URL"] = config.gym_url
+        changes["gym_url"] = config.gym_url
     if config.timeout_s is not None:
-        values["NEMO_GYM_RUN_TIMEOUT"] = config.timeout_s
-    try:
-        return Settings.model_validate(values)
-    except ValidationError as error:
-        # Errors are located by alias, i.e. the environment variable's name.
-        flags = {
-            "NEMO_GYM_URL": "--gym-url / NEMO_GYM_URL",
-            "NEMO_GYM_RUN_TIMEOUT": "--timeout",
-            "NEMO_GYM_MAX_CONCURRENCY": "--concurrency",
-        }
+        changes["run_timeout_s"] = config.timeout_s
+    settings = Settings.from_env() if base is None else base
+    return settings.with_overrides(labels=_FLAGS, **changes)
 
-        def label(loc: Sequence[int | str]) -> str:
-            name = str(loc[0]) if loc else "?"
-            return flags.get(name, name)
 
-        raise SettingsError("invalid scan configuration: " + describe(error, label=label)) from None
+_FLAGS = {"gym_url": "--gym-url / NEMO_GYM_URL", "run_timeout_s": "--timeout", "max_concurrency": "--concurrency"}

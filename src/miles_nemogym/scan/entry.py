@@ -19,7 +19,7 @@ from miles_nemogym.episode.run import scrubber_for
 from miles_nemogym.redaction import KeyScrubber
 from miles_nemogym.scan.config import API_KEY_ENV, ScanConfig
 from miles_nemogym.scan.runner import EXIT_USAGE, ScanResult, ScanUsageError, run_scan
-from miles_nemogym.settings import get_settings
+from miles_nemogym.settings import Settings
 
 
 class _RedactingFilter(logging.Filter):
@@ -45,7 +45,7 @@ def _install_logging(err: Console) -> logging.Handler:
     handler = logging.StreamHandler(err.file)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     try:
-        scrubber = scrubber_for(get_settings())
+        scrubber = scrubber_for(Settings.from_env())
     except Exception:  # reported by the scan itself, with its fix
         scrubber = None
     if scrubber is not None:

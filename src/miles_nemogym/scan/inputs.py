@@ -15,9 +15,10 @@ from typing import Any
 from miles_nemogym.data.schema import SUBSETS, TEST_LIST_FIELDS, decode_test_list
 from miles_nemogym.data.sources import SourceError, open_file
 from miles_nemogym.episode.request import RequestBuildError, build_run_body
+from miles_nemogym.errors import MilesNemoGymError
 
 
-class InputError(ValueError):
+class InputError(MilesNemoGymError, ValueError):
     """The input file cannot be scanned; the message names the row, the field and the fix."""
 
 

@@ -17,6 +17,7 @@ from miles_nemogym.episode.classify import Outcome
 from miles_nemogym.episode.client import close_client
 from miles_nemogym.episode.request import RequestBuildError, responses_create_params
 from miles_nemogym.episode.run import run_episode
+from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.scan.config import ScanConfig, scan_settings, usage_problems
 from miles_nemogym.scan.inputs import InputError, ScanTask, load_tasks
@@ -34,7 +35,7 @@ EXIT_INTERRUPTED = 130
 """128 + SIGINT, the shell's convention for a run stopped by Ctrl-C."""
 
 
-class ScanUsageError(ValueError):
+class ScanUsageError(MilesNemoGymError, ValueError):
     """The scan cannot start (exit 2); raised before any episode was sent."""
 
 

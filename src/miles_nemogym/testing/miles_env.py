@@ -1,20 +1,9 @@
-"""The pinned Miles source and a Python environment that runs its rollout on CPU.
+"""The pinned Miles source and a cached Python environment that runs its rollout on CPU.
 
-Miles is not on PyPI, and its rollout side (rollout function, ``agentic_tool_call``,
-session server, router, mock SGLang engine) needs no GPU. The tests run Miles' own
-rollout step against this package's hooks in a cached venv built here:
-
-- the source: ``$MILES_SRC`` (a checkout, or a ``.tar.gz`` of one, extracted once into
-  the cache), else a ``git clone`` of Miles at ``pins.MILES_COMMIT``. It is put on
-  ``PYTHONPATH``, never installed or copied into this repository;
-- the venv: Python 3.11 with Miles' rollout dependencies at the pins, built once and
-  published atomically under a key made of the pins (same machinery as the NeMo-Gym
-  server's venv in ``miles_nemogym.gym.venv``). This package is installed into it for
-  its dependencies; the driver puts the checkout's own ``src`` first on ``sys.path``,
-  so the code under test is always the working tree.
-
-``python -m miles_nemogym.testing.miles_env`` builds both and prints the interpreter
-and ``PYTHONPATH`` to use, so a developer can reuse the same environment by hand.
+The source comes from ``$MILES_SRC`` (a checkout or ``.tar.gz``) or a clone at
+``pins.MILES_COMMIT``, put on ``PYTHONPATH``, never installed; the venv is built once
+per pin set (docs/upstream.md, "How the tests run Miles on CPU").
+``python -m miles_nemogym.testing.miles_env`` prints the interpreter and ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -30,6 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.venv import GymVenvBuildError, Progress, _locked, _run, build_and_publish
 from miles_nemogym.pins import (
@@ -89,7 +79,7 @@ REQUIREMENTS: tuple[str, ...] = (
 )
 
 
-class MilesEnvironmentError(RuntimeError):
+class MilesEnvironmentError(MilesNemoGymError, RuntimeError):
     """The Miles source or environment could not be found or built."""
 
 

@@ -1,26 +1,9 @@
 """A scripted, recording OpenAI-compatible policy served at Miles' session URL shape.
 
-In training, the NeMo-Gym harness calls Miles' session server
-(``http://<ip>:<port>/sessions/<id>/v1/chat/completions``), which records the
-exchange and forwards it to SGLang (docs/upstream.md). ``miles-nemogym smoke`` and the
-tests that drive an episode without Miles use this server instead, on loopback (the
-Miles tests run Miles' own session server and mock engine, with the same ``Script``
-rendered as Qwen tool-call text by ``qwen_tool_call_text``):
-
-- it serves ``POST /sessions/<id>/v1/chat/completions`` and records every request,
-  per session: path, headers (whether ``Authorization`` came and its value, kept out of
-  ``repr``), and the JSON body — the trainer-visible proof of what the harness sent;
-- it answers like a policy that drives mini-swe-agent 2.1.0 through its ``bash`` tool
-  (OpenAI ``tool_calls``, ``finish_reason: tool_calls``, ``usage``, as litellm parses
-  them): ``look_around_turns`` harmless commands, then one whose output starts with
-  ``COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`` followed by the patch (``git diff``), which
-  ends the episode (mini-swe-agent 2.1.0's submission rule);
-- ``delay`` slows every answer; ``slow`` holds answers until ``release()`` or stop,
-  for abort tests; both can also be set per session.
-
-Usable as an async context manager inside a running loop (``async with``) or, for
-sync code and pytest session fixtures next to ``GymServer``, as a sync context
-manager that runs its own loop in a background thread.
+Stands in for Miles' session server + SGLang in the smoke run and the tests that drive
+an episode without Miles: records every request per session and answers like a policy
+driving mini-swe-agent 2.1.0 through its ``bash`` tool until it submits a patch
+(docs/launcher.md, "The chain without a GPU"). Async or sync context manager.
 """
 
 from __future__ import annotations
@@ -68,7 +51,6 @@ class RecordedRequest:
     """All headers except ``Authorization`` (see ``authorization``)."""
     body: Any
     """The parsed JSON body, or the raw text when it was not JSON."""
-    received_at: float
     authorization: str | None = field(default=None, repr=False)
     """The ``Authorization`` header as sent (a secret: never printed by ``repr``)."""
 
@@ -124,12 +106,8 @@ def thought(turn: int) -> str:
 
 
 def qwen_tool_call_text(command: str, turn: int, tool: str = "bash", argument: str = "command") -> str:
-    """The same scripted turn as a Qwen3 model writes it (for a real engine's tool-call parser).
-
-    Miles' mock SGLang engine returns raw completion text and parses ``<tool_call>`` blocks
-    into OpenAI ``tool_calls`` as SGLang's qwen25 parser does; a real Qwen3 ends its turn
-    with ``<|im_end|>``.
-    """
+    """The same scripted turn as raw Qwen3 completion text (``<tool_call>`` block, ``<|im_end|>``),
+    for Miles' mock SGLang engine, which parses it as SGLang's qwen25 parser does."""
     call = json.dumps({"name": tool, "arguments": {argument: command}})
     return f"{thought(turn)}\n<tool_call>\n{call}\n</tool_call><|im_end|>"
 
@@ -269,7 +247,6 @@ class RecordingPolicy:
             path=request.path,
             headers=headers,
             body=body,
-            received_at=time.time(),
             authorization=request.headers.get("Authorization"),
         )
         with self._lock:

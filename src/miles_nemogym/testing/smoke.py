@@ -1,20 +1,9 @@
 """``miles-nemogym smoke``: the whole chain on a laptop, no GPU and no Docker.
 
-It wires the real pieces exactly as training does, with two stand-ins for what a laptop
-lacks: the NeMo-Gym server runs with the ``local`` sandbox provider (host
-subprocesses instead of task containers), and ``RecordingPolicy`` stands in for Miles'
-session server + SGLang (unless ``--policy-base-url`` points at a real model).
-
-1. the five SWE-bench Verified rows nemo-gym ships are converted by our converter;
-2. ``miles-nemogym serve --sandbox local`` starts the real ``mini_swe_agent_2`` server;
-3. each row goes through ``miles_nemogym.agent.run`` with Miles' calling convention, one
-   session URL per episode, all episodes at once;
-4. each episode is reported as it finishes, then a table shows every verdict as the
-   trainer would store it.
-
-Without task containers grading cannot resolve an instance (reward 0.0 is expected), and
-two of the rows (django, pylint) need network to build their eval scripts; those come
-back visibly set aside, which is the behaviour the smoke run demonstrates.
+The real converter, ``mini_swe_agent_2`` server (``local`` sandbox) and agent function,
+with ``RecordingPolicy`` for Miles' session server + SGLang unless ``--policy-base-url``
+is given. Offline, grading resolves nothing and two rows come back set aside by design
+(docs/launcher.md, "The chain without a GPU").
 """
 
 from __future__ import annotations
@@ -22,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +24,7 @@ from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer
 from miles_nemogym.gym.venv import ensure_gym_venv
+from miles_nemogym.settings import Settings
 from miles_nemogym.testing.recording_policy import RecordingPolicy
 
 # What Miles' rollout would pass as request_kwargs (already renamed to OpenAI names).
@@ -112,16 +101,14 @@ async def run_rows(
     rows: Sequence[dict[str, Any]],
     session_urls: Sequence[str],
     sampling: dict[str, Any],
+    settings: Settings,
     on_done: EpisodeDone | None = None,
 ) -> list[dict[str, Any]]:
-    """Every row through ``agent.run`` at once, as Miles' ``agentic_tool_call`` calls it."""
+    """Every row through the agent function at once, as Miles' ``agentic_tool_call`` calls it."""
 
     async def one(index: int, row: dict[str, Any], url: str) -> dict[str, Any]:
-        result = await agent.run(
-            base_url=url,
-            prompt=row["prompt"],
-            request_kwargs=dict(sampling),
-            metadata=dict(row["metadata"]),
+        result = await agent.run_with_settings(
+            settings, base_url=url, request_kwargs=dict(sampling), metadata=dict(row["metadata"])
         )
         if on_done is not None:
             try:
@@ -169,12 +156,10 @@ def run_smoke(
     on_running: Callable[[int], None] | None = None,
 ) -> SmokeReport:
     """Start the server, run the rows, stop everything; the server's files stay in ``state_dir``.
-
-    ``progress`` gets the preparation steps (and the build's indented detail lines),
-    ``on_running`` the number of episodes about to run, ``on_episode`` each episode as
-    it finishes.
-    """
+    Callbacks: ``progress`` (preparation steps), ``on_running`` (episode count), ``on_episode``
+    (each as it finishes). Raises ``SettingsError`` before starting when the variables are invalid."""
     say = progress or (lambda _line: None)
+    base_settings = Settings.from_env()
     data_path = state_dir / "smoke_prompts.jsonl"
     report = SmokeReport(data_path=data_path)
     rows = prepare_rows(limit, data_path)
@@ -185,33 +170,27 @@ def run_smoke(
     with GymServer(options, state_dir=state_dir / "gym", venv=venv, progress=say) as server:
         report.results_dir, report.server_log = server.results_dir, server.log_path
         say(f"server ready at {server.url}")
-        previous_url = os.environ.get("NEMO_GYM_URL")
-        os.environ["NEMO_GYM_URL"] = server.url
-        try:
-            if policy_base_url is None:
-                with RecordingPolicy(look_around_turns=2) as policy:
-                    urls = [policy.session_url() for _ in rows]
+        settings = base_settings.with_overrides(gym_url=server.url)
+        if policy_base_url is None:
+            with RecordingPolicy(look_around_turns=2) as policy:
+                urls = [policy.session_url() for _ in rows]
 
-                    def calls(index: int) -> int | None:
-                        return len(policy.chat_requests(RecordingPolicy.session_id_of(urls[index])))
+                def calls(index: int) -> int | None:
+                    return len(policy.chat_requests(RecordingPolicy.session_id_of(urls[index])))
 
-                    say(f"running {len(rows)} episodes against the scripted recording policy")
-                    if on_running:
-                        on_running(len(rows))
-                    results = asyncio.run(run_rows(rows, urls, SMOKE_SAMPLING, finished(rows, calls, on_episode)))
-                    counts: list[int | None] = [calls(i) for i in range(len(rows))]
-            else:
-                say(f"running {len(rows)} episodes against {policy_base_url}")
+                say(f"running {len(rows)} episodes against the scripted recording policy")
                 if on_running:
                     on_running(len(rows))
-                urls = [policy_base_url] * len(rows)
-                results = asyncio.run(run_rows(rows, urls, SMOKE_SAMPLING, finished(rows, None, on_episode)))
-                counts = [None] * len(rows)
-        finally:
-            if previous_url is None:
-                os.environ.pop("NEMO_GYM_URL", None)
-            else:
-                os.environ["NEMO_GYM_URL"] = previous_url
+                done = finished(rows, calls, on_episode)
+                results = asyncio.run(run_rows(rows, urls, SMOKE_SAMPLING, settings, done))
+                counts: list[int | None] = [calls(i) for i in range(len(rows))]
+        else:
+            say(f"running {len(rows)} episodes against {policy_base_url}")
+            if on_running:
+                on_running(len(rows))
+            urls = [policy_base_url] * len(rows)
+            results = asyncio.run(run_rows(rows, urls, SMOKE_SAMPLING, settings, finished(rows, None, on_episode)))
+            counts = [None] * len(rows)
     for row, result, count in zip(rows, results, counts, strict=True):
         meta = row["metadata"]
         report.episodes.append(SmokeEpisode(meta["instance_id"], meta["repo"], result, count))
