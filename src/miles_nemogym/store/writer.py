@@ -9,6 +9,7 @@ this way: docs/episode-store.md.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gzip
 import json
 import logging
@@ -71,6 +72,15 @@ def write_all(fd: int, buffers: list[bytes]) -> None:
             first += 1
         if written:  # a short write ended inside this buffer
             views[first] = views[first][written:]
+
+
+def _start_writeback(fd: int) -> None:
+    """Start writing the file's dirty pages to disk and drop its written-back ones from the
+    page cache: recycled pages cost the kernel a fraction of fresh ones per byte, and the
+    episodes reach the disk within a batch or two. A hint: failures are ignored."""
+    if hasattr(os, "posix_fadvise"):
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def compress_into(source: Path, target: Path, chunk: int = 1 << 20) -> None:
@@ -226,6 +236,7 @@ class EpisodeStore:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
                 try:
                     write_all(fd, parts)
+                    _start_writeback(fd)
                 finally:
                     os.close(fd)
                 self.lines_written += len(mine)
