@@ -33,7 +33,7 @@ FLUSH_BYTES = 16 * 1024 * 1024
 """Queued answers that wake the writer before the interval ends."""
 COMPRESS_LEVEL = 1
 """zlib level 1: ~4x smaller on trajectories at a fraction of level 6's CPU."""
-_IOV_MAX = 1024
+_IOV_MAX = 1024  # buffers per writev on Linux
 
 
 def step_file(directory: Path, role: str, step: int) -> Path:
