@@ -9,6 +9,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -256,3 +258,35 @@ def test_a_step_logged_twice_keeps_both_batches(tmp_path: Path) -> None:
 def test_session_id_is_the_miles_session() -> None:
     assert episode_store.session_id("http://10.0.0.1:3000/sessions/abc-1") == "abc-1"
     assert episode_store.session_id("http://10.0.0.1:3000/") is None
+
+
+def test_write_all_writes_more_buffers_than_one_writev_takes(tmp_path: Path) -> None:
+    buffers = [f"{i:05d}".encode() * (i % 7) for i in range(2500)]  # > IOV_MAX, empty ones too
+    path = tmp_path / "out"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        episode_store.write_all(fd, buffers)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"".join(buffers)
+
+
+_KILLED_WRITER = """
+import json, os, signal, sys, time
+from pathlib import Path
+from miles_nemogym.store.writer import EpisodeStore, FLUSH_INTERVAL_S
+store = EpisodeStore(Path(sys.argv[1]))
+for i in range(40):
+    store.add("train", {"episode_id": f"e{i}"}, json.dumps({"reward": 1.0, "pad": "x" * 84000}).encode(), True)
+time.sleep(FLUSH_INTERVAL_S + 1.0)
+os.kill(os.getpid(), signal.SIGKILL)  # no atexit, no flush: a crashed rollout process
+"""
+
+
+def test_episodes_older_than_the_flush_interval_survive_a_killed_process(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(tmp_path)], timeout=60, check=False)
+    assert done.returncode == -9
+    store = load(tmp_path)
+    assert [e.episode_id for e in store.episodes] == [f"e{i}" for i in range(40)]
+    assert store.episodes[0].step is None and store.episodes[39].entry["answer"]["pad"] == "x" * 84000
+    assert store.cut_files == []

@@ -6,6 +6,7 @@ and every episode as a collapsed line that expands to its ``--show`` text. Pure.
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from typing import Any
 
 from miles_nemogym.store.browser import Episode, StepRow, Store, fmt, show_text, step_label, step_rows
@@ -19,38 +20,55 @@ h1{font-size:22px}h2{font-size:17px;margin-top:28px}
 table{border-collapse:collapse;margin:8px 0}th,td{border:1px solid #ccc;padding:4px 8px;text-align:left}
 th{background:#f2f2f2}td.num{text-align:right}
 details{border:1px solid #ddd;border-radius:4px;margin:4px 0;padding:4px 8px}
-summary{cursor:pointer}pre{background:#f7f7f7;padding:6px;white-space:pre-wrap;word-break:break-all;margin:4px 0}
+summary{cursor:pointer}pre{background:#f7f7f7;padding:6px;white-space:pre-wrap;overflow-wrap:anywhere;margin:4px 0}
 .resolved{color:#2ca02c;font-weight:600}.unresolved{color:#555}.failed{color:#d62728;font-weight:600}
 .chart{display:inline-block;vertical-align:top;margin:0 24px 20px 0}.legend span{margin-right:12px}
 """
 
 
-def _bar_chart(title: str, labels: list[str], series: list[tuple[str, str, list[float]]], y_max: float) -> str:
-    """An inline SVG bar chart: one group of bars per label, one bar per series."""
-    width, height, left, bottom = 520, 220, 40, 30
-    plot_w, plot_h = width - left - 10, height - bottom - 24
+def _bar_chart(
+    title: str,
+    labels: list[str],
+    series: list[tuple[str, str, list[float | None]]],
+    y_max: float,
+    value_text: Callable[[float], str],
+    integer_axis: bool = False,
+) -> str:
+    """An inline SVG bar chart: one group of bars per label, one bar per series, each bar
+    labelled with its value; a None value (nothing to show) leaves a gap marked ``-``."""
+    width, height, left, bottom, top = 520, 220, 40, 30, 34
+    plot_w, plot_h = width - left - 10, height - bottom - top
     group_w = plot_w / max(1, len(labels))
-    bar_w = max(2.0, group_w * 0.8 / max(1, len(series)))
+    bar_w = min(48.0, max(3.0, group_w * 0.8 / max(1, len(series))))
+    base = height - bottom
     parts = [f'<svg width="{width}" height="{height}" role="img" aria-label="{html.escape(title)}">']
     parts.append(f'<text x="{left}" y="14" font-size="13" font-weight="600">{html.escape(title)}</text>')
-    base = height - bottom
     parts.append(f'<line x1="{left}" y1="{base}" x2="{width - 10}" y2="{base}" stroke="#888"/>')
-    for tick in (0.0, 0.5, 1.0):
-        y = base - tick * plot_h
-        parts.append(f'<text x="{left - 4}" y="{y + 4:.1f}" font-size="10" text-anchor="end">{tick * y_max:g}</text>')
+    ticks = sorted({0.0, float(round(y_max / 2)), y_max}) if integer_axis else [0.0, y_max / 2, y_max]
+    for tick in ticks:
+        y = base - (tick / y_max if y_max > 0 else 0) * plot_h
+        parts.append(f'<text x="{left - 4}" y="{y + 4:.1f}" font-size="10" text-anchor="end">{value_text(tick)}</text>')
         parts.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - 10}" y2="{y:.1f}" stroke="#eee"/>')
     for i, label in enumerate(labels):
-        x0 = left + i * group_w + group_w * 0.1
+        centre = left + (i + 0.5) * group_w
+        x0 = centre - bar_w * len(series) / 2
         for j, (name, colour, values) in enumerate(series):
             value = values[i]
-            h = 0 if y_max <= 0 else value / y_max * plot_h
+            x = x0 + j * bar_w
+            shown = "-" if value is None else value_text(value)
+            h = 0.0 if value is None or y_max <= 0 else value / y_max * plot_h
+            tip = f"{html.escape(name)} step {html.escape(label)}: {shown}"
+            if h > 0:
+                parts.append(
+                    f'<rect x="{x:.1f}" y="{base - h:.1f}" width="{bar_w - 2:.1f}" height="{h:.1f}" '
+                    f'fill="{colour}"><title>{tip}</title></rect>'
+                )
             parts.append(
-                f'<rect x="{x0 + j * bar_w:.1f}" y="{base - h:.1f}" width="{bar_w - 1:.1f}" height="{h:.1f}" '
-                f'fill="{colour}"><title>{html.escape(name)} step {html.escape(label)}: {value:g}</title></rect>'
+                f'<text x="{x + (bar_w - 2) / 2:.1f}" y="{base - h - 3:.1f}" font-size="10" '
+                f'text-anchor="middle">{shown}</text>'
             )
         parts.append(
-            f'<text x="{left + (i + 0.5) * group_w:.1f}" y="{base + 14}" font-size="10" '
-            f'text-anchor="middle">{html.escape(label)}</text>'
+            f'<text x="{centre:.1f}" y="{base + 14}" font-size="10" text-anchor="middle">{html.escape(label)}</text>'
         )
     parts.append("</svg>")
     legend = "".join(
@@ -67,21 +85,24 @@ def _charts(rows: list[StepRow]) -> str:
         if not role_rows:
             continue
         labels = [step_label(r.step) for r in role_rows]
-        rates = [r.resolve_rate or 0.0 for r in role_rows]
+        rates: list[float | None] = [r.resolve_rate for r in role_rows]
         out.append(
             _bar_chart(
-                f"{role}: resolve rate (valid episodes) per step", labels, [("resolve rate", "#2ca02c", rates)], 1.0
+                f"{role}: resolve rate (valid episodes) per step",
+                labels,
+                [("resolve rate", "#2ca02c", rates)],
+                1.0,
+                lambda v: f"{v:.0%}",
             )
         )
         kinds = sorted({k for r in role_rows for k in r.failures})
-        series = [
+        series: list[tuple[str, str, list[float | None]]] = [
             (kind, _KIND_COLOURS[i % len(_KIND_COLOURS)], [float(r.failures.get(kind, 0)) for r in role_rows])
             for i, kind in enumerate(kinds)
         ]
-        top = max([v for _, _, values in series for v in values], default=0.0)
-        if not series:
-            series = [("no failures", "#cccccc", [0.0] * len(role_rows))]
-        out.append(_bar_chart(f"{role}: failed episodes by kind per step", labels, series, max(1.0, top)))
+        top = max([v for _, _, values in series for v in values if v is not None], default=0.0)
+        title = f"{role}: failed episodes by kind per step" + ("" if series else " (none failed)")
+        out.append(_bar_chart(title, labels, series, max(1.0, top), lambda v: f"{v:g}", integer_axis=True))
     return "".join(out)
 
 

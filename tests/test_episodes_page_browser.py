@@ -1,0 +1,177 @@
+"""The ``--html`` page as a person sees it, rendered by a real headless Chromium.
+
+Runs whenever a Chromium binary is on PATH (Debian's ``chromium``; ``.ci/run`` installs
+it). A measuring script is added to a copy of the page (the page itself has none) and
+its findings are read back from ``--dump-dom``: the table's rows, each chart's size and
+bars, what an expanded episode shows, and every resource the page loaded.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shutil
+import struct
+import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from miles_nemogym.cli.main import app
+from tests.support.episode_stores import build_store
+
+CHROMIUM = next(
+    (path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))), None
+)
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install chromium)")
+
+WIDTH, HEIGHT = 1280, 1800
+
+# Runs at the load event, when every resource the page asked for has been fetched.
+_MEASURE = """<script>
+addEventListener('load', () => {
+  const box = e => { const r = e.getBoundingClientRect(); return [Math.round(r.width), Math.round(r.height)]; };
+  const first = document.querySelector('details');
+  const seen = {
+    rows: [...document.querySelectorAll('table tr')].map(tr => [...tr.cells].map(c => c.innerText.trim())),
+    charts: [...document.querySelectorAll('div.chart > svg')].map(svg => ({
+      label: svg.getAttribute('aria-label'), box: box(svg),
+      bars: [...svg.querySelectorAll('rect')].map(r => ({box: box(r), fill: getComputedStyle(r).fill})),
+      values: [...svg.querySelectorAll('text')].map(t => t.textContent.replace(/\\s+/g, ' ').trim()),
+    })),
+    summaries: [...document.querySelectorAll('details > summary')].map(s => s.innerText.trim()),
+    closed: [box(first), first.querySelector('pre').checkVisibility()],
+    overflow: document.documentElement.scrollWidth - innerWidth,
+  };
+  first.open = true;
+  seen.opened = [box(first), first.querySelector('pre').checkVisibility()];
+  seen.openedText = first.querySelector('pre').innerText;
+  seen.resources = performance.getEntriesByType('resource').map(e => e.name);
+  document.body.setAttribute('data-seen', JSON.stringify(seen));
+});
+</script></body>"""
+
+
+def chromium(tmp_path: Path, url: str, *args: str) -> str:
+    """Chromium's stdout for ``url``, headless, with a throw-away profile."""
+    done = subprocess.run(
+        [CHROMIUM or "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--disable-background-networking", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}",
+         f"--window-size={WIDTH},{HEIGHT}", *args, url],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def seen_in(tmp_path: Path, page: Path, extra_html: str = "") -> dict[str, Any]:
+    """What the measuring script found in a copy of ``page`` (plus ``extra_html``)."""
+    probe = tmp_path / f"probe-{page.name}"
+    probe.write_text(page.read_text().replace("</body>", extra_html + _MEASURE), encoding="utf-8")
+    dom = chromium(tmp_path, probe.as_uri(), "--dump-dom", "--virtual-time-budget=5000")
+    match = re.search(r'data-seen="([^"]*)"', dom)
+    assert match, "the measuring script did not run: " + dom[:500]
+    seen: dict[str, Any] = json.loads(html.unescape(match.group(1)))
+    return seen
+
+
+@pytest.fixture
+def page(tmp_path: Path, gym_example_rollouts: list[dict[str, Any]]) -> Path:
+    build_store(tmp_path / "ep", gym_example_rollouts)
+    out = tmp_path / "episodes.html"
+    result = CliRunner().invoke(app, ["episodes", str(tmp_path / "ep"), "--html", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture
+def pixel_server() -> Iterator[tuple[str, list[str]]]:
+    """A loopback HTTP server that answers any GET with an image and logs the paths."""
+    hits: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            body = b"<svg xmlns='http://www.w3.org/2000/svg' width='1' height='1'/>"
+            self.send_response(200)
+            self.send_header("Content-Type", "image/svg+xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", hits
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_page_shows_table_charts_and_expandable_episodes(
+    page: Path, tmp_path: Path, gym_example_rollouts: list[dict[str, Any]]
+) -> None:
+    seen = seen_in(tmp_path, page)
+    n = len(gym_example_rollouts)
+    resolved = sum(1 for r in gym_example_rollouts if r["reward"] == 1.0)
+    assert seen["rows"] == [
+        ["role", "step", "episodes", "valid", "resolve rate", "failures by kind", "mean turns", "mean time s"],
+        ["eval", "1", "2", "2", "100.0%", "-", "3.0", "30.0"],
+        ["train", "1", str(n + 1), str(n), f"{resolved / n:.1%}", "agent_run_error 1", "3.0",
+         f"{(30.0 * n + 2.0) / (n + 1):.1f}"],
+        ["train", "pending", "1", "1", "0.0%", "-", "3.0", "30.0"],
+    ]  # fmt: skip
+    charts = {chart["label"]: chart for chart in seen["charts"]}
+    assert list(charts) == [
+        "train: resolve rate (valid episodes) per step",
+        "train: failed episodes by kind per step",
+        "eval: resolve rate (valid episodes) per step",
+        "eval: failed episodes by kind per step (none failed)",
+    ]
+    assert all(chart["box"] == [520, 220] for chart in charts.values())
+    # Bars a person sees: non-zero size, in the series' colour, labelled with their value.
+    train_rate = charts["train: resolve rate (valid episodes) per step"]
+    (bar,) = train_rate["bars"]  # step 1; the pending step's 0% has no bar, only its label
+    assert bar["fill"] == "rgb(44, 160, 44)" and bar["box"][0] > 0 and bar["box"][1] == round(resolved / n * 156)
+    assert train_rate["values"][-4:] == [f"{resolved / n:.0%}", "1", "0%", "pending"]
+    (failed,) = charts["train: failed episodes by kind per step"]["bars"]
+    assert failed["fill"] == "rgb(214, 39, 40)" and failed["box"][1] == 156  # 1 of at most 1
+    assert charts["eval: resolve rate (valid episodes) per step"]["bars"][0]["box"][1] == 156  # 100%
+    assert charts["eval: failed episodes by kind per step (none failed)"]["bars"] == []
+    # Every episode is one collapsed line; opened, it shows the --show view.
+    assert len(seen["summaries"]) == 9
+    assert seen["summaries"][0].startswith("eval/verified step 1 · " + gym_example_rollouts[0]["instance_id"])
+    (closed_w, closed_h), closed_visible = seen["closed"]
+    (opened_w, opened_h), opened_visible = seen["opened"]
+    assert closed_visible is False and opened_visible is True
+    assert closed_w == opened_w > 1000 and closed_h < 40 and opened_h > 1000  # one line, then the whole episode
+    assert seen["openedText"].startswith("episode eval0   instance " + gym_example_rollouts[0]["instance_id"])
+    assert "--- turn 1\nthought:" in seen["openedText"] and "--- test report" in seen["openedText"]
+    assert seen["overflow"] == 0  # nothing wider than the window
+    assert seen["resources"] == []  # self-contained: not one request
+
+
+def test_the_resource_check_sees_a_request_when_there_is_one(
+    page: Path, tmp_path: Path, pixel_server: tuple[str, list[str]]
+) -> None:
+    base, hits = pixel_server
+    seen = seen_in(tmp_path, page, f'<img src="{base}/pixel.svg" alt="">')
+    assert seen["resources"] == [f"{base}/pixel.svg"] and hits == ["/pixel.svg"]
+
+
+def test_screenshot_of_the_page(page: Path, tmp_path: Path) -> None:
+    shot = tmp_path / "episodes.png"
+    chromium(tmp_path, page.as_uri(), f"--screenshot={shot}")
+    header = shot.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", header[16:24]) == (WIDTH, HEIGHT)
