@@ -10,7 +10,7 @@ import pytest
 from miles_nemogym.gym import wheel as gym_wheel
 
 # Fixtures shared by several test modules.
-pytest_plugins = ["tests.openapi_standin"]
+pytest_plugins = ["tests.support.openapi", "tests.support.fake_gym"]
 
 
 @pytest.fixture(autouse=True)

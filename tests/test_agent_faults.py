@@ -15,7 +15,8 @@ import pytest
 from miles_nemogym import agent, reward
 from miles_nemogym.episode import client
 from miles_nemogym.episode import in_flight as episodes
-from tests.fault_server import FaultServer, ResetAfterBodyServer, free_port
+from tests.support.fault_server import FaultServer, ResetAfterBodyServer
+from tests.support.ports import free_port
 from tests.support.results import partially_passing
 from tests.support.samples import Sample
 

@@ -23,8 +23,8 @@ from aiohttp import web
 from miles_nemogym import agent, failure_kinds, metrics, redaction, reward
 from miles_nemogym.episode import client
 from miles_nemogym.episode import in_flight as episodes
-from tests.fault_server import FaultServer
 from tests.support.agent_fixtures import call, fast_env, server
+from tests.support.fault_server import FaultServer
 from tests.support.samples import Sample
 
 __all__ = ["fast_env", "server"]  # fixtures used by name
@@ -467,7 +467,7 @@ async def test_the_callers_cancellation_propagates_even_with_an_abort(
 async def test_abort_while_retrying_counts_the_episode_as_not_delivered(
     sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch, fast_env: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from tests.fault_server import free_port
+    from tests.support.ports import free_port
 
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens
     monkeypatch.setenv("NEMO_GYM_RETRY_ATTEMPTS", "100")

@@ -1,6 +1,6 @@
 """The episode store: every episode the agent function runs, on disk by role and step.
 
-The agent runs against a real loopback ``/run`` server (``tests/fault_server.py``) with
+The agent runs against a real loopback ``/run`` server (``tests/support/fault_server.py``) with
 the wheel's real results; the log functions tie pending episodes to their step.
 """
 
@@ -19,7 +19,7 @@ from miles_nemogym.episode import client
 from miles_nemogym.rollout.roles import eval_overrides
 from miles_nemogym.store import writer as episode_store
 from miles_nemogym.store.browser import load
-from tests.fault_server import FaultServer
+from tests.support.fault_server import FaultServer
 
 SESSION = "http://127.0.0.1:39999/sessions/s-7"
 KEY = "sk-secret-episode-store-key"

@@ -22,7 +22,8 @@ from miles_nemogym.episode.classify import failure
 from miles_nemogym.rollout import run_stop
 from miles_nemogym.rollout.ledger import Ledger, ledger
 from miles_nemogym.settings import get_settings
-from tests.fault_server import FaultServer, free_port
+from tests.support.fault_server import FaultServer
+from tests.support.ports import free_port
 from tests.support.samples import Sample, Status
 from tests.support.scripted_gym import result_for
 

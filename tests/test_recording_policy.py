@@ -24,19 +24,7 @@ from miles_nemogym.testing.recording_policy import (
     SUBMIT_MARKER,
     RecordingPolicy,
 )
-
-BASH_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "bash",
-        "description": "Execute a bash command",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string"}},
-            "required": ["command"],
-        },
-    },
-}
+from tests.support.mini_swe_agent import BASH_TOOL
 
 
 def harness_body(**extra: Any) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from miles_nemogym.gym.server import GymServer
 from miles_nemogym.launcher.command import eval_args
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.store.browser import load
-from tests.fault_server import FaultServer
+from tests.support.fault_server import FaultServer
 from tests.support.miles_harness import MilesDriver
 from tests.support.threaded import serving_in_thread
 

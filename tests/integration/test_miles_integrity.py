@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from miles_nemogym.data import convert_row
-from tests.fault_server import FaultServer, free_port
+from tests.support.fault_server import FaultServer
 from tests.support.miles_harness import MilesDriver, StepResult
+from tests.support.ports import free_port
 from tests.support.scripted_gym import ERROR, HOLD, ScriptedGym
 from tests.support.threaded import serving_in_thread
 

@@ -8,7 +8,7 @@ with the scripted tool-call policy; then Miles' rollout logging and
 ``convert_samples_to_train_data``, as ``miles/ray/rollout/rollout_manager.py`` does.
 
 The Gym side is the real ``mini_swe_agent_2`` server (local sandbox) for the normal
-path, and ``tests/fault_server.py`` (real result shapes; it calls the policy as an
+path, and ``tests/support/fault_server.py`` (real result shapes; it calls the policy as an
 episode does) for exact rewards and faults.
 """
 
@@ -23,7 +23,7 @@ import pytest
 
 from miles_nemogym.data import convert_row
 from miles_nemogym.gym.server import GymServer
-from tests.fault_server import FaultServer
+from tests.support.fault_server import FaultServer
 from tests.support.miles_harness import MilesDriver, StepResult
 from tests.support.results import partially_passing
 from tests.support.threaded import serving_in_thread

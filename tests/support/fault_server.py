@@ -13,16 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
+from tests.support.mini_swe_agent import call_policy
+from tests.support.ports import free_port
+
 EARLY_ERRORS = frozenset({"500", "422", "echo_key_422", "nonjson"})
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass
@@ -69,7 +65,7 @@ class FaultServer:
         try:
             # An error answer comes before any episode work: no model call.
             for turn in range(0 if mode in EARLY_ERRORS else self.policy_calls):
-                await _call_policy(body, turn)
+                await call_policy(body, turn)
             waited = 0.0
             while waited < self.hold_s:
                 await asyncio.sleep(0.05)
@@ -115,43 +111,6 @@ class FaultServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-
-
-# mini-swe-agent 2.1.0's one tool, as the harness declares it to the policy.
-BASH_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "bash",
-        "description": "Execute a bash command",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string", "description": "The bash command to execute"}},
-            "required": ["command"],
-        },
-    },
-}
-
-
-async def _call_policy(body: dict[str, Any], turn: int) -> None:
-    """One chat completion on the episode's policy, as the NeMo-Gym harness makes it."""
-    params = body.get("responses_create_params") or {}
-    chat = {
-        "model": params.get("model") or "policy",
-        "messages": [
-            {"role": "system", "content": "You are a helpful assistant."},
-            {"role": "user", "content": f"Fault-server turn {turn + 1} for {body.get('instance_id')}."},
-        ],
-        "tools": [BASH_TOOL],
-    }
-    headers = {"Authorization": f"Bearer {body['policy_api_key']}"} if body.get("policy_api_key") else {}
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(
-            str(body["policy_base_url"]).rstrip("/") + "/chat/completions", json=chat, headers=headers
-        ) as response,
-    ):
-        response.raise_for_status()
-        await response.read()
 
 
 class ResetAfterBodyServer:
