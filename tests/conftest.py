@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -24,6 +24,18 @@ def fresh_run_state() -> Iterator[None]:
     yield
     circuit.reset()
     ledger.reset()
+
+
+@pytest.fixture(autouse=True)
+async def gym_pools_closed() -> AsyncIterator[None]:
+    """The ``/run`` connection pools a test opened on its event loop are closed when it ends.
+
+    Else aiohttp reports each one as "Unclosed client session" when the process exits.
+    """
+    yield
+    from miles_nemogym.episode.client import close_client
+
+    await close_client()
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from miles_nemogym import agent, failure_kinds, metrics, redaction, reward
+from miles_nemogym import agent, metrics, redaction, reward
 from miles_nemogym.episode import client
 from miles_nemogym.episode import in_flight as episodes
 from tests.support.agent_fixtures import call, fast_env, server
@@ -68,11 +68,11 @@ async def test_an_escaped_echo_cut_by_truncation_leaks_no_piece_of_the_key(
     }[form]
     # Placed so that the 300-character reason cut falls inside the echoed key.
     server.respond = lambda body: json_answer(
-        '{"detail": [{"msg": "' + "x" * 250 + '", "input": "' + encoded + '"}]}', 422
+        '{"detail": [{"msg": "' + f"{form} echo ".ljust(250, "x") + '", "input": "' + encoded + '"}]}', 422
     )
-    agent._logged_config_errors.clear()
     with caplog.at_level(logging.DEBUG):
         out = await call(sympy_row)
+    assert caplog.text.count(f"{form} echo ") == 1  # logged (once per distinct message), so checked
     assert server.bodies[-1]["policy_api_key"] == KEY
     assert out["nemogym"]["failure_kind"] == "agent_request_failed"
     assert "***" in out["nemogym"]["failure_reason"]
@@ -142,8 +142,8 @@ async def test_a_short_key_is_sent_not_redacted_and_never_fails_the_sample(
     caplog: pytest.LogCaptureFixture,
     short_key: str,
 ) -> None:
+    # Warned once per key per process; no other test uses these keys.
     monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", short_key)
-    redaction.key_scrubber.cache_clear()
     with caplog.at_level(logging.WARNING):
         first = await call(sympy_row)
         second = await call(sympy_row)
@@ -162,7 +162,6 @@ async def test_a_short_key_is_sent_not_redacted_and_never_fails_the_sample(
 async def test_credentials_in_urls_never_reach_reasons_or_logs(
     server: FaultServer, sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    agent._logged_config_errors.clear()
     with caplog.at_level(logging.DEBUG):
         bad_session = await call(sympy_row, base_url="http://miles:sessionpw@127.0.0.1:notaport/sessions/x")
         monkeypatch.setenv("NEMO_GYM_URL", "http://gym:gympw@127.0.0.1:99999")
@@ -171,6 +170,7 @@ async def test_credentials_in_urls_never_reach_reasons_or_logs(
     assert "miles:***@" in bad_session["nemogym"]["failure_reason"]
     assert bad_gym["nemogym"]["failure_kind"] == "miles_nemogym:invalid_config"
     assert "gym:***@" in bad_gym["nemogym"]["failure_reason"]
+    assert "miles:***@" in caplog.text and "gym:***@" in caplog.text  # both logged, so both checked
     assert "sessionpw" not in json.dumps([bad_session, bad_gym]) + caplog.text
     assert "gympw" not in json.dumps([bad_session, bad_gym]) + caplog.text
     assert server.bodies == []
@@ -292,13 +292,13 @@ async def test_a_large_answer_is_classified_in_a_worker_thread(
     """Where the work runs, not how long the loop stalls: a stall bound is a timing test
     that fails on a loaded machine (the stall itself is measured by bench/agent_bench.py)."""
     threads: list[str] = []
-    real = client._classify
+    real = client.classify_http
 
-    def spy(*args: Any) -> Any:
+    def spy(*args: Any, **kwargs: Any) -> Any:
         threads.append(threading.current_thread().name)
-        return real(*args)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(client, "_classify", spy)
+    monkeypatch.setattr(client, "classify_http", spy)
     items = [{"type": "function_call", "arguments": "x" * 40}, {"type": "function_call_output"}] * 150_000
     big = json.dumps(graded(sympy_result, response={**sympy_result["response"], "output": items}))
     assert len(big) > 2 * client.OFF_LOOP_BYTES
@@ -408,10 +408,10 @@ async def test_an_invalid_server_failure_kind_is_not_recorded_verbatim(
 async def test_a_well_formed_unregistered_kind_is_kept_and_warned_once(
     server: FaultServer, sympy_row: dict[str, Any], sympy_result: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
+    # Warned once per process: no other test uses this kind.
     server.respond = lambda body: web.json_response(
         graded(sympy_result, mask_sample=True, failure_kind="swe:eval_image_missing")
     )
-    failure_kinds._warned_unknown.discard("swe:eval_image_missing")
     with caplog.at_level(logging.WARNING):
         outs = [await call(sympy_row) for _ in range(3)]
     assert [o["nemogym"]["failure_kind"] for o in outs] == ["swe:eval_image_missing"] * 3

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -145,23 +149,27 @@ def _install_fake_miles(monkeypatch: pytest.MonkeyPatch, modules: dict[str, dict
         monkeypatch.setitem(sys.modules, name, module)
 
 
-def test_filter_returns_miles_type_when_miles_is_importable(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dataclasses import dataclass
-
-    @dataclass
-    class DynamicFilterOutput:
-        keep: bool
-        reason: str | None = None
-
-    _install_fake_miles(
-        monkeypatch, {"miles.rollout.filter_hub.base_types": {"DynamicFilterOutput": DynamicFilterOutput}}
+def test_filter_returns_miles_type_when_miles_is_importable(tmp_path: Path) -> None:
+    """In a fresh interpreter where ``miles`` imports (a stand-in package), as Miles loads the hook."""
+    hub = tmp_path / "miles" / "rollout" / "filter_hub"
+    hub.mkdir(parents=True)
+    for package in (hub.parents[1], hub.parent, hub):
+        (package / "__init__.py").write_text("")
+    (hub / "base_types.py").write_text(
+        "from dataclasses import dataclass\n\n\n@dataclass\nclass DynamicFilterOutput:\n"
+        "    keep: bool\n    reason: str | None = None\n"
     )
-    filters._output_type.cache_clear()
-    try:
-        out = filters.check_episode_group(None, [Sample(metadata={})])
-        assert isinstance(out, DynamicFilterOutput) and out.reason == "nemogym_missing_record"
-    finally:
-        filters._output_type.cache_clear()
+    script = (
+        "from miles_nemogym import filters\n"
+        "from tests.support.samples import Sample\n"
+        "out = filters.check_episode_group(None, [Sample(metadata={})])\n"
+        "print(type(out).__module__, type(out).__name__, out.keep, out.reason)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    expected = ["miles.rollout.filter_hub.base_types", "DynamicFilterOutput", "False", "nemogym_missing_record"]
+    assert done.stdout.split() == expected
 
 
 def test_log_rollout_logs_through_miles_tracking(monkeypatch: pytest.MonkeyPatch, graded: list[dict[str, Any]]) -> None:

@@ -42,6 +42,9 @@ class FaultServer:
     """Answer an instance with its own real result (else ``result``), as the real server would."""
     fault_instances: frozenset[str] | None = None
     """When set, ``mode`` applies only to these instances; the others get ``ok``."""
+    error_note: str = ""
+    """Starts the 422 modes' error message: the agent logs each distinct configuration error
+    once per process, so a test that counts log lines gives its own note."""
     policy_calls: int = 0
     """Chat completions to make on the request's ``policy_base_url`` before answering, as an
     episode does: Miles' session server only turns a session with model calls into a sample."""
@@ -80,11 +83,13 @@ class FaultServer:
         if mode == "500":
             return web.Response(status=500, text="Internal Server Error")
         if mode == "422":
-            detail = [{"loc": ["body", "responses_create_params", "top_k"], "msg": "Extra inputs are not permitted"}]
-            return web.json_response({"detail": detail}, status=422)
+            where = ["body", "responses_create_params", "top_k"]
+            msg = f"{self.error_note}Extra inputs are not permitted"
+            return web.json_response({"detail": [{"loc": where, "msg": msg}]}, status=422)
         if mode == "echo_key_422":
             # FastAPI echoes the offending input; placed so that the 300-char reason cut splits the key.
-            detail = [{"msg": "x" * 238, "input": {"policy_api_key": body.get("policy_api_key", "")}}]
+            echoed: dict[str, Any] = {"policy_api_key": body.get("policy_api_key", "")}
+            detail = [{"msg": self.error_note.ljust(238, "x"), "input": echoed}]
             return web.json_response({"detail": detail}, status=422)
         if mode == "nonjson":
             return web.Response(status=200, text="<html>proxy error</html>", content_type="text/html")
