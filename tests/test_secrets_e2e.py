@@ -81,7 +81,7 @@ def test_no_channel_shows_the_api_key_or_a_url_password(
          "--policy-base-url", "http://127.0.0.1:9/v1"],
     )  # fmt: skip
     assert scanned.exit_code == 1, scanned.output  # the echo and the 500 are infrastructure failures
-    assert any(body.get("policy_api_key") == API_KEY for body in fake_gym.bodies)  # it did reach the server
+    assert [body.get("policy_api_key") for body in fake_gym.bodies] == [API_KEY] * len(rows)  # it did reach the server
     found += leaks("scan output", scanned.output)
     found += leaks("scan results file", results.read_text())
     assert len(results.read_text().splitlines()) == len(rows)
