@@ -17,7 +17,6 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
-from miles_nemogym.data import convert_row
 from miles_nemogym.gym.server import GymServer
 from miles_nemogym.launcher.command import eval_args
 from miles_nemogym.launcher.config import LauncherConfig
@@ -32,16 +31,6 @@ SYMPY, SKLEARN, PYLINT = "sympy__sympy-20916", "scikit-learn__scikit-learn-14141
 SPHINX = "sphinx-doc__sphinx-8595"
 FAST_ENV = {"NEMO_GYM_RETRY_ATTEMPTS": "1", "NEMO_GYM_RUN_TIMEOUT": "600"}
 E = "nemogym-eval/swe/"
-
-
-@pytest.fixture(scope="module")
-def rows(gym_example_rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {row["instance_id"]: convert_row(row) for row in gym_example_rows}
-
-
-@pytest.fixture(scope="module")
-def results(gym_example_rollouts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {result["instance_id"]: result for result in gym_example_rollouts}
 
 
 def _eval_data(folder: Path, rows: list[dict[str, Any]], k: int) -> tuple[Path, list[str]]:

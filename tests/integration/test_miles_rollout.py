@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym.data import convert_row
 from miles_nemogym.gym.server import GymServer
 from tests.support.fault_server import FaultServer
 from tests.support.miles_harness import MilesDriver, StepResult
@@ -37,17 +36,6 @@ SPHINX = "sphinx-doc__sphinx-8595"
 # rows keep the faulted instance from coming round again in the same step.
 FAULT_ROWS = (SYMPY, SKLEARN, PYLINT, SPHINX)
 FAST_ENV = {"NEMO_GYM_RETRY_ATTEMPTS": "1", "NEMO_GYM_RUN_TIMEOUT": "600"}
-
-
-@pytest.fixture(scope="module")
-def rows(gym_example_rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The wheel's Verified rows as our converter writes them for Miles' --prompt-data."""
-    return {row["instance_id"]: convert_row(row) for row in gym_example_rows}
-
-
-@pytest.fixture(scope="module")
-def results(gym_example_rollouts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {result["instance_id"]: result for result in gym_example_rollouts}
 
 
 @pytest.fixture(scope="module")
