@@ -159,42 +159,34 @@ async def test_unreachable_server_episode_is_saved_without_an_answer(
     assert episode.kind == "transport_unreachable" and episode.entry["answer"] is None
 
 
-async def test_store_folder_that_cannot_be_created_is_a_warning_not_a_failed_sample(
+@pytest.mark.parametrize(
+    ("broken", "logged"),
+    [
+        # A regular file where the folder should be: every mkdir fails (as on a read-only mount).
+        ("not_a_folder", "not saved"),
+        # /dev/full answers every write with ENOSPC: the store's folder is a file there.
+        ("full_disk", "No space left on device"),
+    ],
+)
+async def test_a_store_that_cannot_write_is_a_warning_not_a_failed_sample(
     fault_gym: FaultServer,
     tmp_path: Path,
     sympy_row: dict[str, Any],
     sympy_result: dict[str, Any],
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
+    broken: str,
+    logged: str,
 ) -> None:
-    # A regular file where the folder should be: every mkdir fails (as on a read-only mount).
-    folder = _make_file(tmp_path / "not-a-folder")
-    monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(folder))
-    out = await _run(sympy_row)
-    store = episode_store.get_store(str(folder))
-    store.flush()
-    assert out["nemogym"]["status"] == "ok" and out["reward"] == sympy_result["reward"]
-    assert store.write_errors == 1 and "not saved" in caplog.text
-
-
-async def test_full_disk_is_a_warning_not_a_failed_sample(
-    fault_gym: FaultServer,
-    tmp_path: Path,
-    sympy_row: dict[str, Any],
-    sympy_result: dict[str, Any],
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    # /dev/full answers every write with ENOSPC: the store's folder is a file there.
-    folder = _full_disk_folder(tmp_path / "full")
+    folder = _make_file(tmp_path / "not-a-folder") if broken == "not_a_folder" else _full_disk_folder(tmp_path / "full")
     monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(folder))
     monkeypatch.delenv("NEMO_GYM_POLICY_API_KEY", raising=False)
     out = await _run(sympy_row)
     store = episode_store.get_store(str(folder))
     store.flush()
-    assert out["nemogym"]["status"] == "ok"
-    assert store.write_errors == 1 and store.lines_written == 0
-    assert "No space left on device" in caplog.text
+    assert out["nemogym"]["status"] == "ok" and out["reward"] == sympy_result["reward"]
+    assert (store.write_errors, store.lines_written) == (1, 0)
+    assert logged in caplog.text
 
 
 def test_a_line_cut_by_a_crash_loses_only_that_line(tmp_path: Path) -> None:

@@ -46,13 +46,7 @@ def test_eval_step_logs_nemogym_eval_with_masked_episodes_set_aside(
 ) -> None:
     # SKLEARN resolves, PYLINT does not, every SYMPY episode crashes on the Gym side.
     data, flags = _eval_data(tmp_path, [rows[SKLEARN], rows[PYLINT], rows[SYMPY]], k=2)
-    server = FaultServer(
-        result=results[SKLEARN],
-        results_by_instance=results,
-        mode="error_metadata",
-        fault_instances=frozenset({SYMPY}),
-        policy_calls=1,
-    )
+    server = FaultServer.with_fault(results, SYMPY, "error_metadata")
     store = tmp_path / "episodes"
     with serving_in_thread(server):
         result = miles_driver.step(

@@ -118,21 +118,12 @@ def test_min_valid_zero_drops_the_partly_failed_group_instead(
 
 
 def test_an_episode_failing_before_its_first_policy_call_is_counted(
-    miles_driver: MilesDriver,
-    row_list: list[dict[str, Any]],
-    graded: dict[str, Any],
-    results: dict[str, dict[str, Any]],
+    miles_driver: MilesDriver, row_list: list[dict[str, Any]], results: dict[str, dict[str, Any]]
 ) -> None:
     # The server answers HTTP 500 at once for one task: no model call, so Miles returns
     # those samples ABORTED without our record, and their group is dropped.
     broken, clean = row_list[0], row_list[1]
-    gym = FaultServer(
-        result=graded,
-        results_by_instance=results,
-        mode="500",
-        policy_calls=1,
-        fault_instances=frozenset({broken["metadata"]["instance_id"]}),
-    )
+    gym = FaultServer.with_fault(results, broken["metadata"]["instance_id"], "500")
     with serving_in_thread(gym):
         result = miles_driver.step(gym_url=gym.url, rows=[broken, clean], n_prompts=1, n_samples=2)
     result.check()

@@ -175,13 +175,7 @@ def test_v1_and_v2_give_the_same_final_rewards_in_each_reward_mode(
 def test_masked_episode_group_is_dropped_and_replaced(
     miles_driver: MilesDriver, rows: dict[str, dict[str, Any]], results: dict[str, dict[str, Any]]
 ) -> None:
-    server = FaultServer(
-        result=results[SYMPY],
-        results_by_instance=results,
-        mode="error_metadata",
-        fault_instances=frozenset({SYMPY}),
-        policy_calls=1,
-    )
+    server = FaultServer.with_fault(results, SYMPY, "error_metadata")
     with serving_in_thread(server):
         result = miles_driver.step(gym_url=server.url, rows=[rows[iid] for iid in FAULT_ROWS], env=FAST_ENV).check()
 
@@ -209,13 +203,7 @@ def test_masked_episode_group_is_dropped_and_replaced(
 def test_episode_failing_before_its_first_policy_call_comes_back_aborted_and_its_group_is_dropped(
     miles_driver: MilesDriver, rows: dict[str, dict[str, Any]], results: dict[str, dict[str, Any]]
 ) -> None:
-    server = FaultServer(
-        result=results[SYMPY],
-        results_by_instance=results,
-        mode="500",
-        fault_instances=frozenset({SYMPY}),
-        policy_calls=1,
-    )
+    server = FaultServer.with_fault(results, SYMPY, "500")
     with serving_in_thread(server):
         result = miles_driver.step(gym_url=server.url, rows=[rows[iid] for iid in FAULT_ROWS], env=FAST_ENV).check()
 

@@ -50,6 +50,18 @@ class FaultServer:
     episode does: Miles' session server only turns a session with model calls into a sample."""
     _runner: web.AppRunner | None = None
 
+    @classmethod
+    def with_fault(cls, results: dict[str, dict[str, Any]], instance_id: str, mode: str) -> FaultServer:
+        """Each instance gets its own real result from ``results`` (by id), except ``instance_id``,
+        which gets ``mode``; each episode first makes one policy call, as a real one does."""
+        return cls(
+            result=results[instance_id],
+            results_by_instance=results,
+            mode=mode,
+            fault_instances=frozenset({instance_id}),
+            policy_calls=1,
+        )
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
