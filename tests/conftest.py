@@ -9,7 +9,7 @@ import pytest
 
 from miles_nemogym.gym import wheel as gym_wheel
 
-# Fixtures shared by several test modules.
+# `gym` (an /openapi.json stand-in) and `fake_gym` (the scan's /run stand-in) for every module.
 pytest_plugins = ["tests.support.openapi", "tests.support.fake_gym"]
 
 
