@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -36,6 +37,14 @@ async def gym_pools_closed() -> AsyncIterator[None]:
     from miles_nemogym.episode.client import close_client
 
     await close_client()
+
+
+@pytest.fixture
+def swebench_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``import swebench`` raises ImportError, as where the optional dependency is not installed."""
+    for name in [m for m in sys.modules if m == "swebench" or m.startswith("swebench.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "swebench", None)
 
 
 @pytest.fixture(scope="session")
