@@ -25,12 +25,15 @@ __all__ = ["fast_env", "server"]  # fixtures used by name
 pytestmark = pytest.mark.usefixtures("fast_env")
 
 
-async def test_graded_episode_is_a_valid_measurement(server: FaultServer, sympy_row: dict[str, Any]) -> None:
+async def test_graded_episode_is_a_valid_measurement(
+    server: FaultServer, sympy_row: dict[str, Any], sympy_result: dict[str, Any]
+) -> None:
     out = await call(sympy_row)
     record = out["nemogym"]
     assert record["status"] == "ok" and record["mask_sample"] is False
     assert record["attempts"] == 1 and record["http_status"] == 200
-    assert out["eval_report"]["eval_report"][sympy_row["instance_id"]]["tests_status"]
+    assert out["eval_report"] == sympy_result["metadata"]  # the SWE-bench report, as the server sent it
+    assert out["reward"] == sympy_result["reward"] == 0.0
     assert record["turns"] == 22 and record["tool_calls"] == 60  # the real sympy episode's
     assert len(server.bodies) == 1
     assert server.bodies[0]["policy_base_url"] == SESSION + "/v1"
