@@ -1,7 +1,7 @@
 """The /run pipeline against hostile or careless input: odd rows, bad settings, servers
 that echo the key, lie about the instance, send absurd rewards or huge answers.
 
-Each test is one case of the hardening list; it fails if its protection is removed.
+Each test is one protection; it fails if that protection is removed.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def assert_no_key_fragment(*texts: str) -> None:
         assert not found, found
 
 
-# --- 1, 2, 7: the API key --------------------------------------------------------------
+# --- the API key ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("form", ["slash", "unicode", "nested"])
@@ -156,7 +156,7 @@ async def test_a_short_key_is_sent_not_redacted_and_never_fails_the_sample(
     assert short_key not in warnings[0].replace("NEMO_GYM", "")
 
 
-# --- 4: URL credentials ------------------------------------------------------------------
+# --- URL credentials --------------------------------------------------------------------------
 
 
 async def test_credentials_in_urls_never_reach_reasons_or_logs(
@@ -184,7 +184,7 @@ async def test_a_server_echoing_a_url_with_a_password_is_redacted(
     assert out["nemogym"]["failure_reason"] == "HTTP 502: upstream http://admin:***@10.0.0.5:8000/v1 down"
 
 
-# --- 5: the server's reward and instance ------------------------------------------------
+# --- the server's reward and instance ---------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -256,7 +256,7 @@ async def test_the_instance_id_is_compared_case_insensitively(
     assert out["nemogym"]["instance_id"] == upper
 
 
-# --- 6: size of the answer ------------------------------------------------------------------
+# --- size of the answer -----------------------------------------------------------------------
 
 
 async def test_a_gzip_bomb_is_refused_at_the_cap_without_reading_it_all(
@@ -312,7 +312,7 @@ async def test_a_large_answer_is_classified_in_a_worker_thread(
     assert threads[0] != main and threads[1] == main
 
 
-# --- 9: settings that cannot work -------------------------------------------------------------
+# --- settings that cannot work ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -337,7 +337,7 @@ async def test_unusable_settings_are_invalid_config_before_any_request(
     assert server.bodies == []
 
 
-# --- 10: odd arguments from Python ---------------------------------------------------------------
+# --- odd arguments from Python ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -385,7 +385,7 @@ async def test_a_bad_row_extra_body_is_refused_whatever_the_trainer_passes(
     assert server.bodies == []
 
 
-# --- 11: the server's failure_kind ---------------------------------------------------------------
+# --- the server's failure_kind ----------------------------------------------------------------
 
 
 async def test_an_invalid_server_failure_kind_is_not_recorded_verbatim(
@@ -418,7 +418,7 @@ async def test_a_well_formed_unregistered_kind_is_kept_and_warned_once(
     assert sum("unregistered failure_kind" in r.getMessage() for r in caplog.records) == 1
 
 
-# --- 8, 17: abort and cancellation ------------------------------------------------------------------
+# --- abort and cancellation -------------------------------------------------------------------
 
 
 async def test_an_abort_logs_one_line_and_records_what_was_sent(
@@ -483,7 +483,7 @@ async def test_abort_while_retrying_counts_the_episode_as_not_delivered(
     assert out["nemogym"]["failure_reason"] == "stopped by abort() before the request reached the server"
 
 
-# --- 16: the hooks never raise ------------------------------------------------------------------------
+# --- the hooks never raise --------------------------------------------------------------------
 
 
 async def test_the_reward_hook_scores_under_bad_settings(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -534,7 +534,7 @@ def test_log_rollout_survives_corrupted_records() -> None:
     assert metrics.log_rollout(1, None, samples) is False
 
 
-# --- 18: the pool at interpreter exit -------------------------------------------------------------------
+# --- the pool at interpreter exit -------------------------------------------------------------
 
 
 def test_the_pool_is_closed_at_exit_of_a_miles_style_daemon_loop() -> None:

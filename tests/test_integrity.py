@@ -48,7 +48,7 @@ class Args:
         self.custom_reward_post_process_path = post_process
 
 
-# -- part 1: which groups are kept -------------------------------------------------------
+# -- which groups are kept ---------------------------------------------------------------------
 
 
 def test_one_failed_episode_among_four_is_salvaged_by_default() -> None:
@@ -117,7 +117,7 @@ def test_a_sample_miles_could_not_assemble_still_drops_its_group(bad: Sample, re
     assert (out.keep, out.reason) == (False, reason)
 
 
-# -- part 3: the ledger and what log_rollout reports --------------------------------------
+# -- the ledger and what log_rollout reports ---------------------------------------------------
 
 
 def test_ledger_counts_every_episode_and_keeps_cancelled_apart() -> None:
@@ -171,7 +171,7 @@ def test_log_metrics_count_failures_that_left_no_record_on_a_sample() -> None:
     assert m["nemogym/outage_wait_s"] == 0.0
 
 
-# -- part 2: outages and the run stop, against loopback servers ---------------------------
+# -- outages and the run stop, against loopback servers ----------------------------------------
 
 
 @pytest.fixture(autouse=True)
