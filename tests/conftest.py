@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import sys
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 
 from miles_nemogym.gym import wheel as gym_wheel
 
-# Fixtures shared by several test modules.
-pytest_plugins = ["tests.openapi_standin"]
+# `gym` (an /openapi.json stand-in) and `fake_gym` (the scan's /run stand-in) for every module.
+pytest_plugins = ["tests.support.openapi", "tests.support.fake_gym"]
 
 
 @pytest.fixture(autouse=True)
@@ -24,6 +25,26 @@ def fresh_run_state() -> Iterator[None]:
     yield
     circuit.reset()
     ledger.reset()
+
+
+@pytest.fixture(autouse=True)
+async def gym_pools_closed() -> AsyncIterator[None]:
+    """The ``/run`` connection pools a test opened on its event loop are closed when it ends.
+
+    Else aiohttp reports each one as "Unclosed client session" when the process exits.
+    """
+    yield
+    from miles_nemogym.episode.client import close_client
+
+    await close_client()
+
+
+@pytest.fixture
+def swebench_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``import swebench`` raises ImportError, as where the optional dependency is not installed."""
+    for name in [m for m in sys.modules if m == "swebench" or m.startswith("swebench.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "swebench", None)
 
 
 @pytest.fixture(scope="session")

@@ -15,47 +15,26 @@ import pytest
 from miles_nemogym import agent, reward
 from miles_nemogym.episode import client
 from miles_nemogym.episode import in_flight as episodes
-from tests.fault_server import FaultServer, ResetAfterBodyServer, free_port
+from tests.support.agent_fixtures import SESSION, call, fast_env, server
+from tests.support.fault_server import FaultServer, ResetAfterBodyServer
+from tests.support.ports import free_port
 from tests.support.results import partially_passing
 from tests.support.samples import Sample
 
-SESSION = "http://127.0.0.1:39999/sessions/s-1"
+__all__ = ["fast_env", "server"]  # fixtures used by name
+pytestmark = pytest.mark.usefixtures("fast_env")
 
 
-@pytest.fixture(autouse=True)
-def fast_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NEMO_GYM_RETRY_BACKOFF", "0.05")
-    monkeypatch.setenv("NEMO_GYM_RETRY_BACKOFF_MAX", "0.2")
-    monkeypatch.setenv("NEMO_GYM_CONNECT_TIMEOUT", "2")
-    monkeypatch.delenv("NEMO_GYM_POLICY_API_KEY", raising=False)
-    monkeypatch.delenv("MILES_ROUTER_EXTERNAL_HOST", raising=False)
-
-
-@pytest.fixture
-async def server(sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    srv = await FaultServer(result=sympy_result).start()
-    monkeypatch.setenv("NEMO_GYM_URL", srv.url)
-    yield srv
-    await client.close_client()
-    await srv.stop()
-
-
-async def call(metadata: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-    return await agent.run(
-        base_url=kwargs.pop("base_url", SESSION),
-        prompt=[{"role": "user", "content": "x"}],
-        request_kwargs=kwargs.pop("request_kwargs", {"temperature": 1.0, "top_p": 1.0, "max_tokens": 64}),
-        metadata=metadata,
-    )
-
-
-async def test_graded_episode_is_a_valid_measurement(server: FaultServer, sympy_row: dict[str, Any]) -> None:
+async def test_graded_episode_is_a_valid_measurement(
+    server: FaultServer, sympy_row: dict[str, Any], sympy_result: dict[str, Any]
+) -> None:
     out = await call(sympy_row)
     record = out["nemogym"]
     assert record["status"] == "ok" and record["mask_sample"] is False
     assert record["attempts"] == 1 and record["http_status"] == 200
-    assert out["eval_report"]["eval_report"][sympy_row["instance_id"]]["tests_status"]
-    assert record["turns"] > 0 and record["tool_calls"] > 0
+    assert out["eval_report"] == sympy_result["metadata"]  # the SWE-bench report, as the server sent it
+    assert out["reward"] == sympy_result["reward"] == 0.0
+    assert record["turns"] == 22 and record["tool_calls"] == 60  # the real sympy episode's
     assert len(server.bodies) == 1
     assert server.bodies[0]["policy_base_url"] == SESSION + "/v1"
 
@@ -137,7 +116,7 @@ async def test_422_is_logged_once_with_a_hint(
     server: FaultServer, sympy_row: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     server.mode = "422"
-    agent._logged_config_errors.clear()
+    server.error_note = "logged-once test: "
     with caplog.at_level(logging.WARNING, logger="miles_nemogym"):
         for _ in range(5):
             await call(sympy_row)
@@ -194,7 +173,7 @@ async def test_300_concurrent_runs_share_one_pool_without_queueing(
     results = await asyncio.gather(*(call(sympy_row) for _ in range(300)))
     assert all(r["nemogym"]["status"] == "ok" for r in results)
     assert server.peak_in_flight == 300  # nothing waited behind a pool limit
-    assert len(client._clients[asyncio.get_running_loop()]) == 1
+    assert client.open_pools() == 1
     # Keep-alive: a second wave reuses the first wave's connections.
     first_peers = set(server.peers)
     await asyncio.gather(*(call(sympy_row) for _ in range(50)))
@@ -263,19 +242,25 @@ def test_a_new_event_loop_gets_its_own_session(
 ) -> None:
     """Miles may run several loops over a process's life; a session never crosses loops."""
 
-    async def once() -> bool:
+    async def once() -> None:
         srv = await FaultServer(result=sympy_result).start()
         monkeypatch.setenv("NEMO_GYM_URL", srv.url)
         try:
+            assert client.open_pools() == 0  # the other loop's open pool is not this loop's
             out = await call(sympy_row)
-            (pool,) = client._clients[asyncio.get_running_loop()].values()
             assert out["nemogym"]["status"] == "ok"
-            return pool._loop is asyncio.get_running_loop()
+            assert client.open_pools() == 1
         finally:
             await srv.stop()
 
-    assert asyncio.run(once())
-    assert asyncio.run(once())
+    first, second = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        first.run_until_complete(once())
+        second.run_until_complete(once())  # while the first loop's pool is still open
+    finally:
+        for loop in (first, second):
+            loop.run_until_complete(client.close_client())
+            loop.close()
 
 
 async def test_a_malformed_session_url_is_recorded_not_raised(server: FaultServer, sympy_row: dict[str, Any]) -> None:
@@ -307,10 +292,11 @@ async def test_an_echoed_key_is_removed_before_any_truncation(
     secret = "sk-SECRET-0123456789abcdefghij"
     monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", secret)
     server.mode = "echo_key_422"
-    agent._logged_config_errors.clear()
+    server.error_note = "echoed-key test: "
     with caplog.at_level(logging.DEBUG):
         out = await call(sympy_row)
     assert out["nemogym"]["failure_kind"] == "agent_request_failed"
+    assert caplog.text.count("echoed-key test: ") == 1  # logged, so the log is checked too
     # No piece of the key either: the reason is cut at 300 characters right inside it.
     assert "SECRET" not in repr(out) and "SECRET" not in caplog.text
 

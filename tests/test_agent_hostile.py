@@ -1,7 +1,7 @@
 """The /run pipeline against hostile or careless input: odd rows, bad settings, servers
 that echo the key, lie about the instance, send absurd rewards or huge answers.
 
-Each test is one case of the hardening list; it fails if its protection is removed.
+Each test is one protection; it fails if that protection is removed.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from miles_nemogym import agent, failure_kinds, metrics, redaction, reward
+from miles_nemogym import agent, metrics, redaction, reward
 from miles_nemogym.episode import client
 from miles_nemogym.episode import in_flight as episodes
-from tests.fault_server import FaultServer
 from tests.support.agent_fixtures import call, fast_env, server
+from tests.support.fault_server import FaultServer
 from tests.support.samples import Sample
 
 __all__ = ["fast_env", "server"]  # fixtures used by name
@@ -49,7 +49,7 @@ def assert_no_key_fragment(*texts: str) -> None:
         assert not found, found
 
 
-# --- 1, 2, 7: the API key --------------------------------------------------------------
+# --- the API key ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("form", ["slash", "unicode", "nested"])
@@ -68,11 +68,11 @@ async def test_an_escaped_echo_cut_by_truncation_leaks_no_piece_of_the_key(
     }[form]
     # Placed so that the 300-character reason cut falls inside the echoed key.
     server.respond = lambda body: json_answer(
-        '{"detail": [{"msg": "' + "x" * 250 + '", "input": "' + encoded + '"}]}', 422
+        '{"detail": [{"msg": "' + f"{form} echo ".ljust(250, "x") + '", "input": "' + encoded + '"}]}', 422
     )
-    agent._logged_config_errors.clear()
     with caplog.at_level(logging.DEBUG):
         out = await call(sympy_row)
+    assert caplog.text.count(f"{form} echo ") == 1  # logged (once per distinct message), so checked
     assert server.bodies[-1]["policy_api_key"] == KEY
     assert out["nemogym"]["failure_kind"] == "agent_request_failed"
     assert "***" in out["nemogym"]["failure_reason"]
@@ -142,8 +142,8 @@ async def test_a_short_key_is_sent_not_redacted_and_never_fails_the_sample(
     caplog: pytest.LogCaptureFixture,
     short_key: str,
 ) -> None:
+    # Warned once per key per process; no other test uses these keys.
     monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", short_key)
-    redaction.key_scrubber.cache_clear()
     with caplog.at_level(logging.WARNING):
         first = await call(sympy_row)
         second = await call(sympy_row)
@@ -156,13 +156,12 @@ async def test_a_short_key_is_sent_not_redacted_and_never_fails_the_sample(
     assert short_key not in warnings[0].replace("NEMO_GYM", "")
 
 
-# --- 4: URL credentials ------------------------------------------------------------------
+# --- URL credentials --------------------------------------------------------------------------
 
 
 async def test_credentials_in_urls_never_reach_reasons_or_logs(
     server: FaultServer, sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    agent._logged_config_errors.clear()
     with caplog.at_level(logging.DEBUG):
         bad_session = await call(sympy_row, base_url="http://miles:sessionpw@127.0.0.1:notaport/sessions/x")
         monkeypatch.setenv("NEMO_GYM_URL", "http://gym:gympw@127.0.0.1:99999")
@@ -171,6 +170,7 @@ async def test_credentials_in_urls_never_reach_reasons_or_logs(
     assert "miles:***@" in bad_session["nemogym"]["failure_reason"]
     assert bad_gym["nemogym"]["failure_kind"] == "miles_nemogym:invalid_config"
     assert "gym:***@" in bad_gym["nemogym"]["failure_reason"]
+    assert "miles:***@" in caplog.text and "gym:***@" in caplog.text  # both logged, so both checked
     assert "sessionpw" not in json.dumps([bad_session, bad_gym]) + caplog.text
     assert "gympw" not in json.dumps([bad_session, bad_gym]) + caplog.text
     assert server.bodies == []
@@ -184,7 +184,7 @@ async def test_a_server_echoing_a_url_with_a_password_is_redacted(
     assert out["nemogym"]["failure_reason"] == "HTTP 502: upstream http://admin:***@10.0.0.5:8000/v1 down"
 
 
-# --- 5: the server's reward and instance ------------------------------------------------
+# --- the server's reward and instance ---------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -256,7 +256,7 @@ async def test_the_instance_id_is_compared_case_insensitively(
     assert out["nemogym"]["instance_id"] == upper
 
 
-# --- 6: size of the answer ------------------------------------------------------------------
+# --- size of the answer -----------------------------------------------------------------------
 
 
 async def test_a_gzip_bomb_is_refused_at_the_cap_without_reading_it_all(
@@ -292,13 +292,13 @@ async def test_a_large_answer_is_classified_in_a_worker_thread(
     """Where the work runs, not how long the loop stalls: a stall bound is a timing test
     that fails on a loaded machine (the stall itself is measured by bench/agent_bench.py)."""
     threads: list[str] = []
-    real = client._classify
+    real = client.classify_http
 
-    def spy(*args: Any) -> Any:
+    def spy(*args: Any, **kwargs: Any) -> Any:
         threads.append(threading.current_thread().name)
-        return real(*args)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(client, "_classify", spy)
+    monkeypatch.setattr(client, "classify_http", spy)
     items = [{"type": "function_call", "arguments": "x" * 40}, {"type": "function_call_output"}] * 150_000
     big = json.dumps(graded(sympy_result, response={**sympy_result["response"], "output": items}))
     assert len(big) > 2 * client.OFF_LOOP_BYTES
@@ -312,7 +312,7 @@ async def test_a_large_answer_is_classified_in_a_worker_thread(
     assert threads[0] != main and threads[1] == main
 
 
-# --- 9: settings that cannot work -------------------------------------------------------------
+# --- settings that cannot work ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -337,7 +337,7 @@ async def test_unusable_settings_are_invalid_config_before_any_request(
     assert server.bodies == []
 
 
-# --- 10: odd arguments from Python ---------------------------------------------------------------
+# --- odd arguments from Python ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -385,7 +385,7 @@ async def test_a_bad_row_extra_body_is_refused_whatever_the_trainer_passes(
     assert server.bodies == []
 
 
-# --- 11: the server's failure_kind ---------------------------------------------------------------
+# --- the server's failure_kind ----------------------------------------------------------------
 
 
 async def test_an_invalid_server_failure_kind_is_not_recorded_verbatim(
@@ -408,17 +408,17 @@ async def test_an_invalid_server_failure_kind_is_not_recorded_verbatim(
 async def test_a_well_formed_unregistered_kind_is_kept_and_warned_once(
     server: FaultServer, sympy_row: dict[str, Any], sympy_result: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
+    # Warned once per process: no other test uses this kind.
     server.respond = lambda body: web.json_response(
         graded(sympy_result, mask_sample=True, failure_kind="swe:eval_image_missing")
     )
-    failure_kinds._warned_unknown.discard("swe:eval_image_missing")
     with caplog.at_level(logging.WARNING):
         outs = [await call(sympy_row) for _ in range(3)]
     assert [o["nemogym"]["failure_kind"] for o in outs] == ["swe:eval_image_missing"] * 3
     assert sum("unregistered failure_kind" in r.getMessage() for r in caplog.records) == 1
 
 
-# --- 8, 17: abort and cancellation ------------------------------------------------------------------
+# --- abort and cancellation -------------------------------------------------------------------
 
 
 async def test_an_abort_logs_one_line_and_records_what_was_sent(
@@ -467,7 +467,7 @@ async def test_the_callers_cancellation_propagates_even_with_an_abort(
 async def test_abort_while_retrying_counts_the_episode_as_not_delivered(
     sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch, fast_env: None, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from tests.fault_server import free_port
+    from tests.support.ports import free_port
 
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens
     monkeypatch.setenv("NEMO_GYM_RETRY_ATTEMPTS", "100")
@@ -483,7 +483,7 @@ async def test_abort_while_retrying_counts_the_episode_as_not_delivered(
     assert out["nemogym"]["failure_reason"] == "stopped by abort() before the request reached the server"
 
 
-# --- 16: the hooks never raise ------------------------------------------------------------------------
+# --- the hooks never raise --------------------------------------------------------------------
 
 
 async def test_the_reward_hook_scores_under_bad_settings(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -534,7 +534,7 @@ def test_log_rollout_survives_corrupted_records() -> None:
     assert metrics.log_rollout(1, None, samples) is False
 
 
-# --- 18: the pool at interpreter exit -------------------------------------------------------------------
+# --- the pool at interpreter exit -------------------------------------------------------------
 
 
 def test_the_pool_is_closed_at_exit_of_a_miles_style_daemon_loop() -> None:

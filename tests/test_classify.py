@@ -16,6 +16,7 @@ def encode(value: Any) -> bytes:
 
 def test_the_five_real_results_are_valid_measurements(gym_example_rollouts: list[dict[str, Any]]) -> None:
     assert len(gym_example_rollouts) == 5
+    turns: dict[str, int | None] = {}
     for result in gym_example_rollouts:
         outcome = classify_http(200, encode(result))
         record = outcome.record
@@ -30,8 +31,13 @@ def test_the_five_real_results_are_valid_measurements(gym_example_rollouts: list
         assert record.fail_to_pass.failed == len(tests["FAIL_TO_PASS"]["failure"])
         assert record.pass_to_pass.passed == len(tests["PASS_TO_PASS"]["success"])
         calls = sum(1 for item in result["response"]["output"] if item["type"] == "function_call")
-        assert record.tool_calls == calls and record.turns is not None and 0 < record.turns <= calls + 50
+        assert record.tool_calls == calls
+        turns[result["instance_id"]] = record.turns
         assert outcome.eval_report == result["metadata"]
+    assert turns == {  # runs of model items in each real episode's output
+        "scikit-learn__scikit-learn-14141": 5, "pylint-dev__pylint-4551": 5, "django__django-10973": 10,
+        "sphinx-doc__sphinx-8595": 20, "sympy__sympy-20916": 22,
+    }  # fmt: skip
     resolved = [r for r in gym_example_rollouts if r["reward"] == 1.0]
     assert [r["instance_id"] for r in resolved] == ["scikit-learn__scikit-learn-14141"]
 

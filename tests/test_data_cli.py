@@ -120,11 +120,8 @@ def test_missing_input_exits_1(tmp_path: Path) -> None:
 
 
 def test_gradeable_only_without_swebench_exits_1_with_the_install_command(
-    tmp_path: Path, jsonl: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, jsonl: Path, swebench_missing: None
 ) -> None:
-    for name in [m for m in sys.modules if m == "swebench" or m.startswith("swebench.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "swebench", None)
     result = invoke("-i", jsonl, "-o", tmp_path / "out.jsonl", "--gradeable-only")
     assert result.exit_code == 1
     assert "pip install 'swebench==4.1.0'" in result.stderr

@@ -6,7 +6,6 @@ import copy
 import json
 import os
 import stat
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -403,11 +402,8 @@ def test_gradeable_only_uses_the_real_swebench_tables(tmp_path: Path, rows: list
 
 
 def test_gradeable_only_without_swebench_names_the_install_command(
-    tmp_path: Path, jsonl: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, jsonl: Path, swebench_missing: None
 ) -> None:
-    for name in [m for m in sys.modules if m == "swebench" or m.startswith("swebench.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "swebench", None)  # makes `import swebench` raise ImportError
     output = tmp_path / "out.jsonl"
     with pytest.raises(SwebenchMissingError, match=r"pip install 'swebench==4\.1\.0'"):
         run(tmp_path, jsonl, gradeable_only=True, output=output)

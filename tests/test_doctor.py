@@ -22,20 +22,15 @@ from miles_nemogym.cli.main import app
 from miles_nemogym.doctor import CheckResult, Status, run_checks
 from miles_nemogym.server_probe import FetchError, fetch_json, run_body_fields
 from miles_nemogym.settings import ENV_VARS
-from tests.openapi_standin import GymStandIn, openapi_document
 from tests.support.odd_http import OddServer
+from tests.support.openapi import GymStandIn, openapi_document
+from tests.support.ports import free_port
 
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ENV_VARS:
         monkeypatch.delenv(name, raising=False)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def by_name(results: list[CheckResult]) -> dict[str, CheckResult]:

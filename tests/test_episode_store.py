@@ -1,6 +1,6 @@
 """The episode store: every episode the agent function runs, on disk by role and step.
 
-The agent runs against a real loopback ``/run`` server (``tests/fault_server.py``) with
+The agent runs against a real loopback ``/run`` server (``tests/support/fault_server.py``) with
 the wheel's real results; the log functions tie pending episodes to their step.
 """
 
@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from miles_nemogym.episode import client
 from miles_nemogym.rollout.roles import eval_overrides
 from miles_nemogym.store import writer as episode_store
 from miles_nemogym.store.browser import load
-from tests.fault_server import FaultServer
+from tests.support.fault_server import FaultServer
 
 SESSION = "http://127.0.0.1:39999/sessions/s-7"
 KEY = "sk-secret-episode-store-key"
@@ -37,10 +38,13 @@ def store_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return folder
 
 
-async def _serve(result: dict[str, Any], monkeypatch: pytest.MonkeyPatch, mode: str = "ok") -> FaultServer:
-    srv = await FaultServer(result=result, mode=mode).start()
+@pytest.fixture
+async def fault_gym(sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FaultServer]:
+    """A ``/run`` server answering the real sympy result (a test may set its ``mode``); NEMO_GYM_URL names it."""
+    srv = await FaultServer(result=sympy_result).start()
     monkeypatch.setenv("NEMO_GYM_URL", srv.url)
-    return srv
+    yield srv
+    await srv.stop()
 
 
 async def _run(metadata: dict[str, Any], session: str = SESSION) -> dict[str, Any]:
@@ -76,20 +80,17 @@ def _flush(folder: Path) -> None:
 
 
 async def test_train_and_eval_episodes_are_filed_by_role_and_step(
-    store_dir: Path, sympy_row: dict[str, Any], sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    fault_gym: FaultServer,
+    store_dir: Path,
+    sympy_row: dict[str, Any],
+    sympy_result: dict[str, Any],
 ) -> None:
-    srv = await _serve(sympy_result, monkeypatch)
-    try:
-        train = [await _run(sympy_row, f"http://127.0.0.1:1/sessions/t{i}") for i in range(2)]
-        metrics.log_rollout(3, None, [])
-        evals = [
-            await _run({**sympy_row, **eval_overrides("verified")}, f"http://127.0.0.1:1/sessions/e{i}")
-            for i in range(2)
-        ]
-        metrics.log_eval(3, None, {"verified": {"samples": [], "rewards": []}})
-    finally:
-        await client.close_client()
-        await srv.stop()
+    train = [await _run(sympy_row, f"http://127.0.0.1:1/sessions/t{i}") for i in range(2)]
+    metrics.log_rollout(3, None, [])
+    evals = [
+        await _run({**sympy_row, **eval_overrides("verified")}, f"http://127.0.0.1:1/sessions/e{i}") for i in range(2)
+    ]
+    metrics.log_eval(3, None, {"verified": {"samples": [], "rewards": []}})
 
     _flush(store_dir)  # the log functions wait for the rename; compression follows
     assert _files(store_dir) == [
@@ -97,7 +98,7 @@ async def test_train_and_eval_episodes_are_filed_by_role_and_step(
         "train/step-000003.jsonl.gz",
     ]
     # The role marks are ours: they never reach the Gym server.
-    assert all("nemogym_role" not in body and "nemogym_eval_set" not in body for body in srv.bodies)
+    assert all("nemogym_role" not in body and "nemogym_eval_set" not in body for body in fault_gym.bodies)
     store = load(store_dir)
     by_role = {role: [e for e in store.episodes if e.role == role] for role in ("train", "eval")}
     assert [e.entry["session_id"] for e in by_role["train"]] == ["t0", "t1"]
@@ -117,14 +118,12 @@ async def test_train_and_eval_episodes_are_filed_by_role_and_step(
 
 
 async def test_failed_episode_is_saved_with_what_came_back(
-    store_dir: Path, sympy_row: dict[str, Any], sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    fault_gym: FaultServer,
+    store_dir: Path,
+    sympy_row: dict[str, Any],
 ) -> None:
-    srv = await _serve(sympy_result, monkeypatch, mode="500")
-    try:
-        out = await _run(sympy_row)
-    finally:
-        await client.close_client()
-        await srv.stop()
+    fault_gym.mode = "500"
+    out = await _run(sympy_row)
     _flush(store_dir)
     (episode,) = load(store_dir).episodes
     assert episode.step is None  # not yet tied to a step: still findable
@@ -134,14 +133,13 @@ async def test_failed_episode_is_saved_with_what_came_back(
 
 
 async def test_an_answer_echoing_the_api_key_is_stored_without_it(
-    store_dir: Path, sympy_row: dict[str, Any], sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    fault_gym: FaultServer,
+    store_dir: Path,
+    sympy_row: dict[str, Any],
+    sympy_result: dict[str, Any],
 ) -> None:
-    srv = await _serve(sympy_result, monkeypatch, mode="echo_key_error")
-    try:
-        await _run(sympy_row)
-    finally:
-        await client.close_client()
-        await srv.stop()
+    fault_gym.mode = "echo_key_error"
+    await _run(sympy_row)
     _flush(store_dir)
     (episode,) = load(store_dir).episodes
     assert episode.entry["answer"]["metadata"]["error"] == "auth failed for ***"
@@ -163,50 +161,34 @@ async def test_unreachable_server_episode_is_saved_without_an_answer(
     assert episode.kind == "transport_unreachable" and episode.entry["answer"] is None
 
 
-async def test_store_folder_that_cannot_be_created_is_a_warning_not_a_failed_sample(
+@pytest.mark.parametrize(
+    ("broken", "logged"),
+    [
+        # A regular file where the folder should be: every mkdir fails (as on a read-only mount).
+        ("not_a_folder", "not saved"),
+        # /dev/full answers every write with ENOSPC: the store's folder is a file there.
+        ("full_disk", "No space left on device"),
+    ],
+)
+async def test_a_store_that_cannot_write_is_a_warning_not_a_failed_sample(
+    fault_gym: FaultServer,
     tmp_path: Path,
     sympy_row: dict[str, Any],
     sympy_result: dict[str, Any],
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
+    broken: str,
+    logged: str,
 ) -> None:
-    # A regular file where the folder should be: every mkdir fails (as on a read-only mount).
-    folder = _make_file(tmp_path / "not-a-folder")
+    folder = _make_file(tmp_path / "not-a-folder") if broken == "not_a_folder" else _full_disk_folder(tmp_path / "full")
     monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(folder))
-    srv = await _serve(sympy_result, monkeypatch)
-    try:
-        out = await _run(sympy_row)
-    finally:
-        await client.close_client()
-        await srv.stop()
+    monkeypatch.delenv("NEMO_GYM_POLICY_API_KEY", raising=False)
+    out = await _run(sympy_row)
     store = episode_store.get_store(str(folder))
     store.flush()
     assert out["nemogym"]["status"] == "ok" and out["reward"] == sympy_result["reward"]
-    assert store.write_errors == 1 and "not saved" in caplog.text
-
-
-async def test_full_disk_is_a_warning_not_a_failed_sample(
-    tmp_path: Path,
-    sympy_row: dict[str, Any],
-    sympy_result: dict[str, Any],
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    # /dev/full answers every write with ENOSPC: the store's folder is a file there.
-    folder = _full_disk_folder(tmp_path / "full")
-    monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(folder))
-    monkeypatch.delenv("NEMO_GYM_POLICY_API_KEY", raising=False)
-    srv = await _serve(sympy_result, monkeypatch)
-    try:
-        out = await _run(sympy_row)
-    finally:
-        await client.close_client()
-        await srv.stop()
-    store = episode_store.get_store(str(folder))
-    store.flush()
-    assert out["nemogym"]["status"] == "ok"
-    assert store.write_errors == 1 and store.lines_written == 0
-    assert "No space left on device" in caplog.text
+    assert (store.write_errors, store.lines_written) == (1, 0)
+    assert logged in caplog.text
 
 
 def test_a_line_cut_by_a_crash_loses_only_that_line(tmp_path: Path) -> None:

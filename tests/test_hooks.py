@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -115,12 +119,14 @@ def test_metrics_over_distinct_episodes(graded: list[dict[str, Any]]) -> None:
     assert m["nemogym/failure_rate"] == pytest.approx(3 / 8)
     assert m["nemogym/failure_rate/agent_run_error"] == pytest.approx(1 / 8)
     assert m["nemogym/resolve_rate"] == pytest.approx(1 / 5)  # over valid episodes only
-    assert 0 < m["nemogym/patch_applied_rate"] <= 1
-    assert 0 < m["nemogym/fail_to_pass_fraction_mean"] <= 1
+    assert m["nemogym/patch_applied_rate"] == 1.0  # the five real patches all applied
+    assert m["nemogym/fail_to_pass_fraction_mean"] == pytest.approx(1 / 5)  # scikit-learn's 1 of 1; the rest 0
     assert m["nemogym/episode_time_max"] == 50.0
     # nearest rank 4 of 5,5,10,20,30,40,50: the never-sent row has no duration to count
     assert m["nemogym/episode_time_p50"] == 20.0
-    assert m["nemogym/turns_mean"] > 1
+    assert m["nemogym/episode_time_p95"] == 50.0
+    assert m["nemogym/turns_mean"] == pytest.approx((5 + 5 + 10 + 20 + 22) / 5)  # the five real episodes
+    assert m["nemogym/tool_calls_mean"] == pytest.approx((8 + 6 + 24 + 31 + 60) / 5)
 
 
 def test_log_rollout_without_miles_returns_false(graded: list[dict[str, Any]]) -> None:
@@ -145,23 +151,27 @@ def _install_fake_miles(monkeypatch: pytest.MonkeyPatch, modules: dict[str, dict
         monkeypatch.setitem(sys.modules, name, module)
 
 
-def test_filter_returns_miles_type_when_miles_is_importable(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dataclasses import dataclass
-
-    @dataclass
-    class DynamicFilterOutput:
-        keep: bool
-        reason: str | None = None
-
-    _install_fake_miles(
-        monkeypatch, {"miles.rollout.filter_hub.base_types": {"DynamicFilterOutput": DynamicFilterOutput}}
+def test_filter_returns_miles_type_when_miles_is_importable(tmp_path: Path) -> None:
+    """In a fresh interpreter where ``miles`` imports (a stand-in package), as Miles loads the hook."""
+    hub = tmp_path / "miles" / "rollout" / "filter_hub"
+    hub.mkdir(parents=True)
+    for package in (hub.parents[1], hub.parent, hub):
+        (package / "__init__.py").write_text("")
+    (hub / "base_types.py").write_text(
+        "from dataclasses import dataclass\n\n\n@dataclass\nclass DynamicFilterOutput:\n"
+        "    keep: bool\n    reason: str | None = None\n"
     )
-    filters._output_type.cache_clear()
-    try:
-        out = filters.check_episode_group(None, [Sample(metadata={})])
-        assert isinstance(out, DynamicFilterOutput) and out.reason == "nemogym_missing_record"
-    finally:
-        filters._output_type.cache_clear()
+    script = (
+        "from miles_nemogym import filters\n"
+        "from tests.support.samples import Sample\n"
+        "out = filters.check_episode_group(None, [Sample(metadata={})])\n"
+        "print(type(out).__module__, type(out).__name__, out.keep, out.reason)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    expected = ["miles.rollout.filter_hub.base_types", "DynamicFilterOutput", "False", "nemogym_missing_record"]
+    assert done.stdout.split() == expected
 
 
 def test_log_rollout_logs_through_miles_tracking(monkeypatch: pytest.MonkeyPatch, graded: list[dict[str, Any]]) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 
@@ -10,17 +9,11 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
-
-
-def _closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port  # closed once the socket is: connecting is refused at once
+from tests.support.ports import free_port
 
 
 def test_hub_id_without_a_reachable_hub_fails_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens: refused at once
     monkeypatch.setenv("HF_ENDPOINT", endpoint)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)

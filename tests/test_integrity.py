@@ -22,11 +22,11 @@ from miles_nemogym.episode.classify import failure
 from miles_nemogym.rollout import run_stop
 from miles_nemogym.rollout.ledger import Ledger, ledger
 from miles_nemogym.settings import get_settings
-from tests.fault_server import FaultServer, free_port
+from tests.support.agent_fixtures import call
+from tests.support.fault_server import FaultServer
+from tests.support.ports import free_port
 from tests.support.samples import Sample, Status
 from tests.support.scripted_gym import result_for
-
-SESSION = "http://127.0.0.1:39999/sessions/s-1"
 
 
 def valid(episode: str, reward: float = 1.0) -> Sample:
@@ -48,7 +48,7 @@ class Args:
         self.custom_reward_post_process_path = post_process
 
 
-# -- part 1: which groups are kept -------------------------------------------------------
+# -- which groups are kept ---------------------------------------------------------------------
 
 
 def test_one_failed_episode_among_four_is_salvaged_by_default() -> None:
@@ -117,7 +117,7 @@ def test_a_sample_miles_could_not_assemble_still_drops_its_group(bad: Sample, re
     assert (out.keep, out.reason) == (False, reason)
 
 
-# -- part 3: the ledger and what log_rollout reports --------------------------------------
+# -- the ledger and what log_rollout reports ---------------------------------------------------
 
 
 def test_ledger_counts_every_episode_and_keeps_cancelled_apart() -> None:
@@ -171,7 +171,7 @@ def test_log_metrics_count_failures_that_left_no_record_on_a_sample() -> None:
     assert m["nemogym/outage_wait_s"] == 0.0
 
 
-# -- part 2: outages and the run stop, against loopback servers ---------------------------
+# -- outages and the run stop, against loopback servers ----------------------------------------
 
 
 @pytest.fixture(autouse=True)
@@ -190,28 +190,17 @@ def rows(gym_example_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [dict(gym_example_rows[i % len(gym_example_rows)], instance_id=f"task-{i}") for i in range(6)]
 
 
-@pytest.fixture
-def result(gym_example_rollouts: list[dict[str, Any]]) -> dict[str, Any]:
-    return next(r for r in gym_example_rollouts if r["instance_id"].startswith("sympy"))
-
-
-async def call(metadata: dict[str, Any]) -> dict[str, Any]:
-    return await agent.run(
-        base_url=SESSION, prompt=None, request_kwargs={"temperature": 1.0, "max_tokens": 64}, metadata=metadata
-    )
-
-
 async def test_outage_mid_step_waits_and_sends_each_episode_once(
     rows: list[dict[str, Any]],
-    result: dict[str, Any],
+    sympy_result: dict[str, Any],
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setattr(circuit_module, "WARN_EVERY_S", 0.3)
     port = free_port()
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{port}")
-    answers = {row["instance_id"]: result_for(result, row["instance_id"]) for row in rows}
-    server = FaultServer(result=result, port=port, results_by_instance=answers)
+    answers = {row["instance_id"]: result_for(sympy_result, row["instance_id"]) for row in rows}
+    server = FaultServer(result=sympy_result, port=port, results_by_instance=answers)
     caplog.set_level(logging.WARNING, logger="miles_nemogym.episode.circuit")
     tasks = [asyncio.create_task(call(row)) for row in rows]
     await asyncio.sleep(1.5)  # the server is down: every episode opened or met the circuit
@@ -277,11 +266,11 @@ async def test_server_down_for_good_fails_waiting_episodes_and_the_filter_stops_
 
 
 async def test_failure_streak_stops_the_run_after_stopping_in_flight_episodes(
-    rows: list[dict[str, Any]], result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    rows: list[dict[str, Any]], sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("NEMO_GYM_MAX_FAILURE_STREAK", "3")
-    holding = await FaultServer(result=result, mode="hold", hold_s=30).start()
-    failing = await FaultServer(result=result, mode="500").start()
+    holding = await FaultServer(result=sympy_result, mode="hold", hold_s=30).start()
+    failing = await FaultServer(result=sympy_result, mode="500").start()
     try:
         monkeypatch.setenv("NEMO_GYM_URL", holding.url)
         in_flight = asyncio.create_task(call(rows[0]))

@@ -14,7 +14,7 @@ import pytest
 from miles_nemogym.launcher import command as cmd
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.launcher.families import Parsers, resolve
-from tests.test_launcher_support import MODEL_ARGS, flag_values
+from tests.support.miles_checkout import MODEL_ARGS, flag_values
 
 MILES = cmd.MilesInstall(root=Path("/opt/miles"), model_args=MODEL_ARGS)
 

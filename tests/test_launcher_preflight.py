@@ -21,8 +21,9 @@ from miles_nemogym.doctor import CheckResult, Status
 from miles_nemogym.launcher import checks as preflight
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.settings import ENV_VARS
-from tests.openapi_standin import GymStandIn, openapi_document
-from tests.test_launcher_support import MODEL_TYPE, make_miles_checkout
+from tests.support.miles_checkout import MODEL_TYPE, make_miles_checkout
+from tests.support.openapi import GymStandIn, openapi_document
+from tests.support.ports import free_port
 
 
 @pytest.fixture(autouse=True)
@@ -64,9 +65,7 @@ def good(tmp_path: Path, gym_example_rows: list[dict[str, Any]], gym: GymStandIn
     megatron = tmp_path / "Megatron-LM"
     megatron.mkdir()
     data = write_jsonl(tmp_path / "train.jsonl", prompt_rows(gym_example_rows))
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     config = LauncherConfig(
         prompt_data=data,
         megatron_path=megatron,
@@ -280,9 +279,7 @@ def test_gym_checks_use_the_recipe_url_and_restore_the_environment(
 
 
 def test_gym_unreachable(good: dict[str, Any]) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     results = run(good, config={"nemo_gym_url": f"http://127.0.0.1:{port}"})
     assert results["NeMo-Gym answers"].status is Status.failed
     assert results["/run accepts policy_base_url"].status is Status.skipped

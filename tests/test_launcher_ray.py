@@ -19,7 +19,7 @@ import pytest
 from miles_nemogym.launcher import command as cmd
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.launcher.run import RayActions
-from tests.test_doctor import free_port as any_free_port
+from tests.support.ports import free_port as any_free_port
 
 WORKER_PORTS = range(42000, 43000)
 

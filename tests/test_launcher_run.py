@@ -22,7 +22,7 @@ from miles_nemogym.launcher import command as cmd
 from miles_nemogym.launcher import run
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.launcher.families import resolve
-from tests.test_launcher_support import MODEL_ARGS, make_miles_checkout
+from tests.support.miles_checkout import MODEL_ARGS, make_miles_checkout
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "swebench_grpo" / "run.py"

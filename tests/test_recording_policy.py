@@ -24,19 +24,7 @@ from miles_nemogym.testing.recording_policy import (
     SUBMIT_MARKER,
     RecordingPolicy,
 )
-
-BASH_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "bash",
-        "description": "Execute a bash command",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string"}},
-            "required": ["command"],
-        },
-    },
-}
+from tests.support.mini_swe_agent import BASH_TOOL
 
 
 def harness_body(**extra: Any) -> dict[str, Any]:
@@ -83,8 +71,11 @@ async def test_answers_are_openai_tool_calls_with_usage() -> None:
     assert choice["message"]["role"] == "assistant"
     assert choice["message"]["tool_calls"][0]["id"].startswith("call_")
     usage = answer["usage"]
-    assert usage["prompt_tokens"] > 0
-    assert usage["completion_tokens"] > 0
+    message = choice["message"]
+    # Its documented estimate: 4 characters of JSON (or text) a token.
+    assert usage["prompt_tokens"] == len(json.dumps(harness_body()["messages"])) // 4
+    completion = len(message["content"]) // 4 + len(json.dumps(message["tool_calls"][0]["function"])) // 4
+    assert usage["completion_tokens"] == completion
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
 
 

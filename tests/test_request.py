@@ -135,12 +135,10 @@ def test_scan_mode_leaves_routing_to_the_server(row: dict[str, Any]) -> None:
     assert "policy_base_url" not in body and "policy_api_key" not in body
 
 
-def test_the_json_check_accepts_exactly_what_json_dumps_accepts() -> None:
+def test_the_json_check_accepts_exactly_what_json_dumps_accepts(row: dict[str, Any]) -> None:
     """build_run_body checks sendability without serializing; it must agree with json.dumps."""
     import enum
     import json as std_json
-
-    from miles_nemogym.episode.request import _json_problem_or_cycle
 
     class Str(str):
         pass
@@ -161,4 +159,10 @@ def test_the_json_check_accepts_exactly_what_json_dumps_accepts() -> None:
             accepted = True
         except (TypeError, ValueError, RecursionError):
             accepted = False
-        assert (_json_problem_or_cycle(value) is None) == accepted, value
+        try:
+            build_run_body({**row, "task_field": value}, {}, policy_base_url=POLICY)
+            sent = True
+        except RequestBuildError as error:
+            assert "metadata['task_field']" in str(error)
+            sent = False
+        assert sent == accepted, value

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,10 @@ from miles_nemogym import agent
 from miles_nemogym.cli.main import app
 from miles_nemogym.episode import client
 from miles_nemogym.episode.request import build_run_body
-from tests.test_scan_fakegym import FakeGym, converter_rows, openapi_document, write_jsonl
+from tests.support.fake_gym import FakeGym
+from tests.support.openapi import openapi_document
+from tests.support.ports import free_port
+from tests.support.prompt_rows import converter_rows, write_jsonl
 
 SKLEARN = "scikit-learn__scikit-learn-14141"
 DJANGO = "django__django-10973"
@@ -41,13 +42,6 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def fake_gym(gym_example_rollouts: list[dict[str, Any]]) -> Iterator[FakeGym]:
-    gym = FakeGym(gym_example_rollouts).start()
-    yield gym
-    gym.stop()
-
-
-@pytest.fixture
 def input_file(tmp_path: Path, gym_example_rows: list[dict[str, Any]]) -> Path:
     return write_jsonl(tmp_path / "verified.jsonl", converter_rows(gym_example_rows))
 
@@ -58,12 +52,6 @@ def scan(*args: str) -> Any:
 
 def lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_golden_scan_reports_each_non_passing_instance_with_its_reason(
@@ -241,7 +229,7 @@ def test_exit_2_before_any_episode_when_the_scan_cannot_start(
     gym = FakeGym(gym_example_rollouts, openapi=openapi_document(with_run=False) if problem == "not_a_gym" else None)
     gym.start()
     try:
-        url = f"http://127.0.0.1:{closed_port()}" if problem == "unreachable" else gym.url
+        url = f"http://127.0.0.1:{free_port()}" if problem == "unreachable" else gym.url
         args = ["--input", str(input_file), "--gym-url", url, "--output", str(tmp_path / "out.jsonl")]
         if problem == "bad_json":
             input_file.write_text(input_file.read_text() + "{not json\n")

@@ -11,13 +11,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.test_scan_fakegym import FakeGym, converter_rows, write_jsonl
+from tests.support.fake_gym import FakeGym
+from tests.support.prompt_rows import converter_rows, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "golden_scan.py"
@@ -26,11 +27,10 @@ HELD = ["django__django-10973", "pylint-dev__pylint-4551", "sphinx-doc__sphinx-8
 
 
 @pytest.fixture
-def fake_gym(gym_example_rollouts: list[dict[str, Any]]) -> Iterator[FakeGym]:
-    gym = FakeGym(gym_example_rollouts).start()
-    gym.behaviour = dict.fromkeys(HELD, "hold")
-    yield gym
-    gym.stop()
+def fake_gym(fake_gym: FakeGym) -> FakeGym:
+    """The shared stand-in, holding the ``HELD`` episodes until the test releases them."""
+    fake_gym.behaviour = dict.fromkeys(HELD, "hold")
+    return fake_gym
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:

@@ -7,7 +7,6 @@ import copy
 import io
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +22,10 @@ from miles_nemogym.scan.report import Counts, ScanProgress
 from miles_nemogym.scan.results import ResultLine, ResultsWriter, read_results
 from miles_nemogym.scan.selection import select
 from miles_nemogym.scan.verdict import reason_of, verdict_of
-from tests.test_scan_fakegym import FakeGym, converter_rows, write_jsonl
+from tests.support.fake_gym import FakeGym
+from tests.support.prompt_rows import converter_rows, write_jsonl
 
 SKLEARN = "scikit-learn__scikit-learn-14141"
-
-
-@pytest.fixture
-def fake_gym(gym_example_rollouts: list[dict[str, Any]]) -> Iterator[FakeGym]:
-    gym = FakeGym(gym_example_rollouts).start()
-    yield gym
-    gym.stop()
 
 
 def result(instance_id: str, verdict: Verdict = Verdict.passed, seconds: float = 1.0) -> ResultLine:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +24,10 @@ from miles_nemogym.launcher import run as launcher
 from miles_nemogym.metrics import compute_metrics
 from miles_nemogym.settings import ENV_VARS, Settings
 from miles_nemogym.testing import smoke
+from tests.support.fake_gym import FakeGym
+from tests.support.ports import free_port as closed_port
+from tests.support.prompt_rows import converter_rows, write_jsonl
 from tests.support.samples import Sample
-from tests.test_scan_fakegym import FakeGym, converter_rows, write_jsonl  # the scan tests' /run stand-in
 
 API_KEY = "sk-e2e-policy-key-7f3a9c2d41"
 GYM_PASSWORD = "gym-pass-5b8e1d"
@@ -49,21 +50,8 @@ class NothingStarts:
         raise AssertionError(f"a dry run must not {name}")
 
 
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@pytest.fixture
-def gym(gym_example_rollouts: list[dict[str, Any]]) -> Any:
-    server = FakeGym(gym_example_rollouts).start()
-    yield server
-    server.stop()
-
-
 def test_no_channel_shows_the_api_key_or_a_url_password(
-    gym: FakeGym,
+    fake_gym: FakeGym,
     gym_example_rows: list[dict[str, Any]],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -76,12 +64,12 @@ def test_no_channel_shows_the_api_key_or_a_url_password(
     monkeypatch.setenv("NEMO_GYM_RETRY_ATTEMPTS", "1")
     monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "1")  # the server-down episode waits this long, then fails
     monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", API_KEY)
-    gym_url = with_password(gym.url, GYM_PASSWORD)
+    gym_url = with_password(fake_gym.url, GYM_PASSWORD)
     monkeypatch.setenv("NEMO_GYM_URL", gym_url)
     caplog.set_level(logging.DEBUG)
     rows = converter_rows(gym_example_rows)
     ids = [row["metadata"]["instance_id"] for row in rows]
-    gym.behaviour = {ids[0]: "echo_key", ids[1]: "500", ids[2]: "error"}
+    fake_gym.behaviour = {ids[0]: "echo_key", ids[1]: "500", ids[2]: "error"}
     found: list[str] = []
 
     # 1. A scan in API-policy mode: the key is sent, and one answer echoes it.
@@ -93,7 +81,7 @@ def test_no_channel_shows_the_api_key_or_a_url_password(
          "--policy-base-url", "http://127.0.0.1:9/v1"],
     )  # fmt: skip
     assert scanned.exit_code == 1, scanned.output  # the echo and the 500 are infrastructure failures
-    assert any(body.get("policy_api_key") == API_KEY for body in gym.bodies)  # it did reach the server
+    assert [body.get("policy_api_key") for body in fake_gym.bodies] == [API_KEY] * len(rows)  # it did reach the server
     found += leaks("scan output", scanned.output)
     found += leaks("scan results file", results.read_text())
     assert len(results.read_text().splitlines()) == len(rows)

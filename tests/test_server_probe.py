@@ -8,8 +8,8 @@ import time
 import pytest
 
 from miles_nemogym.server_probe import ServerCheckError, check_server
-from tests.openapi_standin import GymStandIn, openapi_document
 from tests.support.odd_http import OddServer
+from tests.support.openapi import GymStandIn, openapi_document
 
 
 def check(url: str, timeout_s: float = 5.0) -> str:

@@ -23,7 +23,7 @@ from miles_nemogym.launcher import checks as launch_checks
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.settings import SettingsError
 from miles_nemogym.testing import smoke
-from tests.fault_server import FaultServer
+from tests.support.fault_server import FaultServer
 from tests.support.threaded import serving_in_thread
 
 SHELL_URL = "http://127.0.0.1:9"

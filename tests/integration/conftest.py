@@ -8,6 +8,9 @@ the message saying how to install one: they are never skipped.
 
 ``miles_driver`` runs Miles' own rollout step (``tests/support/miles_harness.py``).
 
+``rows`` and ``results`` are the wheel's five Verified rows (as our converter writes them
+for Miles' ``--prompt-data``) and their real ``/run`` results, by instance id.
+
 ``recording_policy`` stands in for Miles' session server + SGLang where an episode is
 driven without Miles: a loopback
 OpenAI-compatible server at ``/sessions/<id>/v1/chat/completions`` that records
@@ -19,9 +22,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from miles_nemogym.data import convert_row
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer
 from miles_nemogym.gym.venv import GymEnvironmentError, GymPythonNotFoundError
@@ -106,3 +111,15 @@ def miles_driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MilesDriv
 def _miles_progress(line: str) -> None:
     if not line.startswith(" "):
         print(f"[miles-env] {line}", file=sys.__stderr__, flush=True)
+
+
+@pytest.fixture(scope="session")
+def rows(gym_example_rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The wheel's Verified rows as our converter writes them, by instance id."""
+    return {row["instance_id"]: convert_row(row) for row in gym_example_rows}
+
+
+@pytest.fixture(scope="session")
+def results(gym_example_rollouts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each row's real ``/run`` result, as the server answers the instance it was sent, by instance id."""
+    return {result["instance_id"]: result for result in gym_example_rollouts}

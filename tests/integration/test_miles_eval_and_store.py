@@ -17,12 +17,11 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
-from miles_nemogym.data import convert_row
 from miles_nemogym.gym.server import GymServer
 from miles_nemogym.launcher.command import eval_args
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.store.browser import load
-from tests.fault_server import FaultServer
+from tests.support.fault_server import FaultServer
 from tests.support.miles_harness import MilesDriver
 from tests.support.threaded import serving_in_thread
 
@@ -32,16 +31,6 @@ SYMPY, SKLEARN, PYLINT = "sympy__sympy-20916", "scikit-learn__scikit-learn-14141
 SPHINX = "sphinx-doc__sphinx-8595"
 FAST_ENV = {"NEMO_GYM_RETRY_ATTEMPTS": "1", "NEMO_GYM_RUN_TIMEOUT": "600"}
 E = "nemogym-eval/swe/"
-
-
-@pytest.fixture(scope="module")
-def rows(gym_example_rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {row["instance_id"]: convert_row(row) for row in gym_example_rows}
-
-
-@pytest.fixture(scope="module")
-def results(gym_example_rollouts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {result["instance_id"]: result for result in gym_example_rollouts}
 
 
 def _eval_data(folder: Path, rows: list[dict[str, Any]], k: int) -> tuple[Path, list[str]]:
@@ -57,13 +46,7 @@ def test_eval_step_logs_nemogym_eval_with_masked_episodes_set_aside(
 ) -> None:
     # SKLEARN resolves, PYLINT does not, every SYMPY episode crashes on the Gym side.
     data, flags = _eval_data(tmp_path, [rows[SKLEARN], rows[PYLINT], rows[SYMPY]], k=2)
-    server = FaultServer(
-        result=results[SKLEARN],
-        results_by_instance=results,
-        mode="error_metadata",
-        fault_instances=frozenset({SYMPY}),
-        policy_calls=1,
-    )
+    server = FaultServer.with_fault(results, SYMPY, "error_metadata")
     store = tmp_path / "episodes"
     with serving_in_thread(server):
         result = miles_driver.step(

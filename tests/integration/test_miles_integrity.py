@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym.data import convert_row
-from tests.fault_server import FaultServer, free_port
+from tests.support.fault_server import FaultServer
 from tests.support.miles_harness import MilesDriver, StepResult
+from tests.support.ports import free_port
 from tests.support.scripted_gym import ERROR, HOLD, ScriptedGym
 from tests.support.threaded import serving_in_thread
 
@@ -30,19 +30,14 @@ FAST_RETRY = {"NEMO_GYM_RETRY_ATTEMPTS": "2", "NEMO_GYM_RETRY_BACKOFF": "0.2", "
 
 
 @pytest.fixture(scope="module")
-def rows(gym_example_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [convert_row(row) for row in gym_example_rows]
+def row_list(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The converted rows in the wheel's order."""
+    return list(rows.values())
 
 
 @pytest.fixture(scope="module")
 def graded(gym_example_rollouts: list[dict[str, Any]]) -> dict[str, Any]:
     return next(r for r in gym_example_rollouts if r["instance_id"].startswith("sympy"))
-
-
-@pytest.fixture(scope="module")
-def results(gym_example_rollouts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each real row's own real result, as the server answers the instance it was sent."""
-    return {r["instance_id"]: r for r in gym_example_rollouts}
 
 
 def grpo(rewards: list[float]) -> list[float]:
@@ -59,12 +54,12 @@ def episode_of(sample: dict[str, Any]) -> str:
 @pytest.mark.parametrize(("session_server", "policy_calls"), [("v1", 1), ("v2", 2)])
 def test_a_group_with_one_failed_episode_among_four_trains_as_grpo_over_the_other_three(
     miles_driver: MilesDriver,
-    rows: list[dict[str, Any]],
+    row_list: list[dict[str, Any]],
     graded: dict[str, Any],
     session_server: str,
     policy_calls: int,
 ) -> None:
-    row = rows[0]
+    row = row_list[0]
     instance = row["metadata"]["instance_id"]
     gym = ScriptedGym(result=graded, policy_calls=policy_calls, scripts={instance: [1.0, ERROR, 0.0, 0.5]})
     with serving_in_thread(gym):
@@ -105,9 +100,9 @@ def test_a_group_with_one_failed_episode_among_four_trains_as_grpo_over_the_othe
 
 
 def test_min_valid_zero_drops_the_partly_failed_group_instead(
-    miles_driver: MilesDriver, rows: list[dict[str, Any]], graded: dict[str, Any]
+    miles_driver: MilesDriver, row_list: list[dict[str, Any]], graded: dict[str, Any]
 ) -> None:
-    failing, clean = rows[0], rows[1]
+    failing, clean = row_list[0], row_list[1]
     scripts = {failing["metadata"]["instance_id"]: [1.0, ERROR, 0.0, 0.5]}
     gym = ScriptedGym(result=graded, policy_calls=1, scripts=scripts)
     with serving_in_thread(gym):
@@ -123,18 +118,12 @@ def test_min_valid_zero_drops_the_partly_failed_group_instead(
 
 
 def test_an_episode_failing_before_its_first_policy_call_is_counted(
-    miles_driver: MilesDriver, rows: list[dict[str, Any]], graded: dict[str, Any], results: dict[str, dict[str, Any]]
+    miles_driver: MilesDriver, row_list: list[dict[str, Any]], results: dict[str, dict[str, Any]]
 ) -> None:
     # The server answers HTTP 500 at once for one task: no model call, so Miles returns
     # those samples ABORTED without our record, and their group is dropped.
-    broken, clean = rows[0], rows[1]
-    gym = FaultServer(
-        result=graded,
-        results_by_instance=results,
-        mode="500",
-        policy_calls=1,
-        fault_instances=frozenset({broken["metadata"]["instance_id"]}),
-    )
+    broken, clean = row_list[0], row_list[1]
+    gym = FaultServer.with_fault(results, broken["metadata"]["instance_id"], "500")
     with serving_in_thread(gym):
         result = miles_driver.step(gym_url=gym.url, rows=[broken, clean], n_prompts=1, n_samples=2)
     result.check()
@@ -147,9 +136,9 @@ def test_an_episode_failing_before_its_first_policy_call_is_counted(
 
 
 def test_over_sampled_episodes_aborted_at_step_end_are_cancelled_not_failures(
-    miles_driver: MilesDriver, rows: list[dict[str, Any]], graded: dict[str, Any]
+    miles_driver: MilesDriver, row_list: list[dict[str, Any]], graded: dict[str, Any]
 ) -> None:
-    fast, slow = rows[0], rows[1]
+    fast, slow = row_list[0], row_list[1]
     gym = ScriptedGym(result=graded, policy_calls=1, scripts={slow["metadata"]["instance_id"]: [HOLD]})
     with serving_in_thread(gym):
         result = miles_driver.step(
@@ -166,12 +155,12 @@ def test_over_sampled_episodes_aborted_at_step_end_are_cancelled_not_failures(
 
 
 def test_a_server_failing_everything_stops_the_step_after_the_failure_streak(
-    miles_driver: MilesDriver, rows: list[dict[str, Any]], graded: dict[str, Any]
+    miles_driver: MilesDriver, row_list: list[dict[str, Any]], graded: dict[str, Any]
 ) -> None:
     gym = FaultServer(result=graded, mode="500")
     with serving_in_thread(gym):
         result = miles_driver.step(
-            gym_url=gym.url, rows=rows[:2], n_prompts=2, n_samples=2,
+            gym_url=gym.url, rows=row_list[:2], n_prompts=2, n_samples=2,
             env={"NEMO_GYM_MAX_FAILURE_STREAK": "6"}, time_limit_s=120,
         )  # fmt: skip
     assert result.finished, "Miles' rollout kept drawing prompts instead of stopping"
@@ -189,7 +178,10 @@ the time on a shared 2-core machine."""
 
 
 def test_server_down_mid_step_the_step_completes_when_it_returns(
-    miles_driver: MilesDriver, rows: list[dict[str, Any]], graded: dict[str, Any], results: dict[str, dict[str, Any]]
+    miles_driver: MilesDriver,
+    row_list: list[dict[str, Any]],
+    graded: dict[str, Any],
+    results: dict[str, dict[str, Any]],
 ) -> None:
     port = free_port()
     gym = FaultServer(result=graded, results_by_instance=results, policy_calls=1, port=port)
@@ -197,7 +189,7 @@ def test_server_down_mid_step_the_step_completes_when_it_returns(
 
     def run_step() -> None:
         outcome["step"] = miles_driver.step(
-            gym_url=f"http://127.0.0.1:{port}", rows=rows[:2], n_prompts=2, n_samples=2,
+            gym_url=f"http://127.0.0.1:{port}", rows=row_list[:2], n_prompts=2, n_samples=2,
             env=FAST_RETRY, time_limit_s=300,
         )  # fmt: skip
 
@@ -221,11 +213,11 @@ def test_server_down_mid_step_the_step_completes_when_it_returns(
 
 
 def test_server_down_for_good_stops_the_step_with_one_clear_error(
-    miles_driver: MilesDriver, rows: list[dict[str, Any]]
+    miles_driver: MilesDriver, row_list: list[dict[str, Any]]
 ) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     result = miles_driver.step(
-        gym_url=url, rows=rows[:2], n_prompts=2, n_samples=2,
+        gym_url=url, rows=row_list[:2], n_prompts=2, n_samples=2,
         env={**FAST_RETRY, "NEMO_GYM_OUTAGE_TIMEOUT": "8"}, time_limit_s=180,
     )  # fmt: skip
     assert result.finished, "Miles' rollout kept spinning instead of stopping"

@@ -8,7 +8,7 @@ with the scripted tool-call policy; then Miles' rollout logging and
 ``convert_samples_to_train_data``, as ``miles/ray/rollout/rollout_manager.py`` does.
 
 The Gym side is the real ``mini_swe_agent_2`` server (local sandbox) for the normal
-path, and ``tests/fault_server.py`` (real result shapes; it calls the policy as an
+path, and ``tests/support/fault_server.py`` (real result shapes; it calls the policy as an
 episode does) for exact rewards and faults.
 """
 
@@ -21,9 +21,8 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym.data import convert_row
 from miles_nemogym.gym.server import GymServer
-from tests.fault_server import FaultServer
+from tests.support.fault_server import FaultServer
 from tests.support.miles_harness import MilesDriver, StepResult
 from tests.support.results import partially_passing
 from tests.support.threaded import serving_in_thread
@@ -37,17 +36,6 @@ SPHINX = "sphinx-doc__sphinx-8595"
 # rows keep the faulted instance from coming round again in the same step.
 FAULT_ROWS = (SYMPY, SKLEARN, PYLINT, SPHINX)
 FAST_ENV = {"NEMO_GYM_RETRY_ATTEMPTS": "1", "NEMO_GYM_RUN_TIMEOUT": "600"}
-
-
-@pytest.fixture(scope="module")
-def rows(gym_example_rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The wheel's Verified rows as our converter writes them for Miles' --prompt-data."""
-    return {row["instance_id"]: convert_row(row) for row in gym_example_rows}
-
-
-@pytest.fixture(scope="module")
-def results(gym_example_rollouts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {result["instance_id"]: result for result in gym_example_rollouts}
 
 
 @pytest.fixture(scope="module")
@@ -187,13 +175,7 @@ def test_v1_and_v2_give_the_same_final_rewards_in_each_reward_mode(
 def test_masked_episode_group_is_dropped_and_replaced(
     miles_driver: MilesDriver, rows: dict[str, dict[str, Any]], results: dict[str, dict[str, Any]]
 ) -> None:
-    server = FaultServer(
-        result=results[SYMPY],
-        results_by_instance=results,
-        mode="error_metadata",
-        fault_instances=frozenset({SYMPY}),
-        policy_calls=1,
-    )
+    server = FaultServer.with_fault(results, SYMPY, "error_metadata")
     with serving_in_thread(server):
         result = miles_driver.step(gym_url=server.url, rows=[rows[iid] for iid in FAULT_ROWS], env=FAST_ENV).check()
 
@@ -221,13 +203,7 @@ def test_masked_episode_group_is_dropped_and_replaced(
 def test_episode_failing_before_its_first_policy_call_comes_back_aborted_and_its_group_is_dropped(
     miles_driver: MilesDriver, rows: dict[str, dict[str, Any]], results: dict[str, dict[str, Any]]
 ) -> None:
-    server = FaultServer(
-        result=results[SYMPY],
-        results_by_instance=results,
-        mode="500",
-        fault_instances=frozenset({SYMPY}),
-        policy_calls=1,
-    )
+    server = FaultServer.with_fault(results, SYMPY, "500")
     with serving_in_thread(server):
         result = miles_driver.step(gym_url=server.url, rows=[rows[iid] for iid in FAULT_ROWS], env=FAST_ENV).check()
 

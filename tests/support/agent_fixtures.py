@@ -12,7 +12,7 @@ import pytest
 
 from miles_nemogym import agent
 from miles_nemogym.episode import client
-from tests.fault_server import FaultServer
+from tests.support.fault_server import FaultServer
 
 SESSION = "http://127.0.0.1:39999/sessions/s-1"
 

@@ -16,7 +16,7 @@ import threading
 
 from miles_nemogym import agent
 from miles_nemogym.gym import wheel as gym_wheel
-from tests.fault_server import FaultServer
+from tests.support.fault_server import FaultServer
 
 
 def main() -> None:

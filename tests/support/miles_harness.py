@@ -4,7 +4,7 @@ How to use (the ``miles_driver`` fixture in ``tests/integration/conftest.py`` gi
 driver per test session; a step over the real Gym server takes ~20-40 s)::
 
     result = miles_driver.step(
-        gym_url=gym_server.url,          # a NeMo-Gym /run server (real, or tests/fault_server.py)
+        gym_url=gym_server.url,          # a NeMo-Gym /run server (real, or tests/support/fault_server.py)
         rows=[convert_row(r) for r in gym_example_rows[:2]],   # --prompt-data rows
         n_prompts=2, n_samples=2,        # --rollout-batch-size, --n-samples-per-prompt
         session_server="v1",             # or "v2" (Miles' --use-session-server v2)

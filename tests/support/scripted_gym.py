@@ -1,6 +1,6 @@
 """A loopback ``/run`` server whose answers follow a script, for group-level tests.
 
-``tests.fault_server.FaultServer`` answers every episode of an instance alike; a test of
+``tests.support.fault_server.FaultServer`` answers every episode of an instance alike; a test of
 GRPO over a group needs episodes of one prompt with different rewards and some failed
 after their policy calls (so Miles still returns a sample carrying our record). Here
 the k-th ``/run`` of an instance gets the k-th entry of its script.
@@ -15,7 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.fault_server import FaultServer, _call_policy
+from tests.support.fault_server import FaultServer
+from tests.support.mini_swe_agent import call_policy
 
 
 def result_for(result: dict[str, Any], instance: str) -> dict[str, Any]:
@@ -63,7 +64,7 @@ class ScriptedGym(FaultServer):
         else:
             answer = ERROR if self._rng.random() < self.fail_rate else float(self._rng.random() < 0.5)
         for turn in range(self.policy_calls):
-            await _call_policy(body, turn)
+            await call_policy(body, turn)
         result = result_for(self.result, instance)
         if answer == HOLD:
             for _ in range(2400):

@@ -1,4 +1,4 @@
-"""Run an async loopback server (e.g. ``tests.fault_server.FaultServer``) from sync tests.
+"""Run an async loopback server (e.g. ``tests.support.fault_server.FaultServer``) from sync tests.
 
 The Miles driver is a separate process, so a Gym stand-in it calls must keep serving
 while the test blocks on the step: it gets its own event loop in a daemon thread.

@@ -245,3 +245,8 @@ def close_at_exit() -> None:
                 loop.run_until_complete(_close_all(clients))
         except Exception as error:  # exit must go on; the warning is all that is lost
             logger.debug("could not close the NeMo-Gym connection pool at exit: %r", error)
+
+
+def open_pools() -> int:
+    """How many open ``/run`` connection pools this event loop holds (one per pool settings)."""
+    return sum(not pool.closed for pool in _clients.get(asyncio.get_running_loop(), {}).values())

@@ -13,16 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
+from tests.support.mini_swe_agent import call_policy
+from tests.support.ports import free_port
+
 EARLY_ERRORS = frozenset({"500", "422", "echo_key_422", "nonjson"})
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass
@@ -46,10 +42,25 @@ class FaultServer:
     """Answer an instance with its own real result (else ``result``), as the real server would."""
     fault_instances: frozenset[str] | None = None
     """When set, ``mode`` applies only to these instances; the others get ``ok``."""
+    error_note: str = ""
+    """Starts the 422 modes' error message: the agent logs each distinct configuration error
+    once per process, so a test that counts log lines gives its own note."""
     policy_calls: int = 0
     """Chat completions to make on the request's ``policy_base_url`` before answering, as an
     episode does: Miles' session server only turns a session with model calls into a sample."""
     _runner: web.AppRunner | None = None
+
+    @classmethod
+    def with_fault(cls, results: dict[str, dict[str, Any]], instance_id: str, mode: str) -> FaultServer:
+        """Each instance gets its own real result from ``results`` (by id), except ``instance_id``,
+        which gets ``mode``; each episode first makes one policy call, as a real one does."""
+        return cls(
+            result=results[instance_id],
+            results_by_instance=results,
+            mode=mode,
+            fault_instances=frozenset({instance_id}),
+            policy_calls=1,
+        )
 
     @property
     def url(self) -> str:
@@ -69,7 +80,7 @@ class FaultServer:
         try:
             # An error answer comes before any episode work: no model call.
             for turn in range(0 if mode in EARLY_ERRORS else self.policy_calls):
-                await _call_policy(body, turn)
+                await call_policy(body, turn)
             waited = 0.0
             while waited < self.hold_s:
                 await asyncio.sleep(0.05)
@@ -84,11 +95,13 @@ class FaultServer:
         if mode == "500":
             return web.Response(status=500, text="Internal Server Error")
         if mode == "422":
-            detail = [{"loc": ["body", "responses_create_params", "top_k"], "msg": "Extra inputs are not permitted"}]
-            return web.json_response({"detail": detail}, status=422)
+            where = ["body", "responses_create_params", "top_k"]
+            msg = f"{self.error_note}Extra inputs are not permitted"
+            return web.json_response({"detail": [{"loc": where, "msg": msg}]}, status=422)
         if mode == "echo_key_422":
             # FastAPI echoes the offending input; placed so that the 300-char reason cut splits the key.
-            detail = [{"msg": "x" * 238, "input": {"policy_api_key": body.get("policy_api_key", "")}}]
+            echoed: dict[str, Any] = {"policy_api_key": body.get("policy_api_key", "")}
+            detail = [{"msg": self.error_note.ljust(238, "x"), "input": echoed}]
             return web.json_response({"detail": detail}, status=422)
         if mode == "nonjson":
             return web.Response(status=200, text="<html>proxy error</html>", content_type="text/html")
@@ -115,43 +128,6 @@ class FaultServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-
-
-# mini-swe-agent 2.1.0's one tool, as the harness declares it to the policy.
-BASH_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "bash",
-        "description": "Execute a bash command",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string", "description": "The bash command to execute"}},
-            "required": ["command"],
-        },
-    },
-}
-
-
-async def _call_policy(body: dict[str, Any], turn: int) -> None:
-    """One chat completion on the episode's policy, as the NeMo-Gym harness makes it."""
-    params = body.get("responses_create_params") or {}
-    chat = {
-        "model": params.get("model") or "policy",
-        "messages": [
-            {"role": "system", "content": "You are a helpful assistant."},
-            {"role": "user", "content": f"Fault-server turn {turn + 1} for {body.get('instance_id')}."},
-        ],
-        "tools": [BASH_TOOL],
-    }
-    headers = {"Authorization": f"Bearer {body['policy_api_key']}"} if body.get("policy_api_key") else {}
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(
-            str(body["policy_base_url"]).rstrip("/") + "/chat/completions", json=chat, headers=headers
-        ) as response,
-    ):
-        response.raise_for_status()
-        await response.read()
 
 
 class ResetAfterBodyServer:

@@ -1,4 +1,4 @@
-"""A loopback stand-in for a NeMo-Gym server's FastAPI ``/openapi.json`` (doctor and preflight tests).
+"""A NeMo-Gym server's FastAPI ``/openapi.json``, and a loopback stand-in serving it.
 
 The document is shaped like the one FastAPI generates for nemo-gym's ``mini_swe_agent_2``
 app (``$ref`` to a component schema, optional fields as ``anyOf``). Registered as a pytest
@@ -17,6 +17,7 @@ import pytest
 
 
 def openapi_document(*, with_policy_field: bool = True, with_run: bool = True) -> dict[str, Any]:
+    """The agent server's schema; without the routing fields (older nemo-gym) or without ``POST /run``."""
     properties: dict[str, Any] = {
         "responses_create_params": {"$ref": "#/components/schemas/ResponsesCreateParams"},
         "instance_id": {"anyOf": [{"type": "string"}, {"type": "null"}], "title": "Instance Id"},
@@ -94,6 +95,7 @@ class GymStandIn:
 
 @pytest.fixture
 def gym() -> Iterator[GymStandIn]:
+    """A started ``GymStandIn`` serving ``openapi_document()``; stopped after the test."""
     stand_in = GymStandIn()
     stand_in.thread.start()
     try:
