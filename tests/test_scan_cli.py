@@ -216,6 +216,7 @@ def test_resume_runs_again_an_instance_whose_line_was_torn_by_a_crash(
         ("bad_row", "instance_id must be a non-empty string"),
         ("bad_results_file", "not a scan result line"),
         ("bad_gym_url", "--gym-url"),
+        ("bad_row_params", "verified.jsonl:6: instance nope__bad-1: "),
         ("bad_sampling", "the sampling flags cannot be sent: request_kwargs['temperature'] must be finite, got nan"),
     ],
 )
@@ -250,6 +251,11 @@ def test_exit_2_before_any_episode_when_the_scan_cannot_start(
             args[3] = "ftp://127.0.0.1:1"
         if problem == "bad_sampling":
             args += ["--temperature", "nan"]
+        if problem == "bad_row_params":  # a row whose /run body cannot be built
+            row = {**json.loads(input_file.read_text().splitlines()[0])}
+            row["metadata"] = {**row["metadata"], "instance_id": "nope__bad-1"}
+            row["metadata"]["responses_create_params"] = {"input": [], "top_k": 5}
+            input_file.write_text(input_file.read_text() + json.dumps(row) + "\n")
 
         result = scan(*args)
 

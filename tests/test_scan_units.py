@@ -70,7 +70,6 @@ def test_parquet_input_with_json_encoded_test_lists(tmp_path: Path, gym_example_
         (lambda rows: [*rows, rows[0]], False, "repeats"),
         (lambda rows: [{**rows[0], "patch": ""}], True, "no gold 'patch'"),
         (lambda rows: [{**rows[0], "FAIL_TO_PASS": "[broken"}], False, "not a JSON list"),
-        (lambda rows: [{**rows[0], "responses_create_params": {"input": [], "top_k": 5}}], False, "top_k"),
         (lambda rows: [{"prompt": "x"}], False, "no 'instance_id'"),
         (lambda rows: [], False, "holds no task rows"),
     ],

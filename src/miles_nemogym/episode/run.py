@@ -13,7 +13,6 @@ from typing import Any
 
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.classify import Outcome, failure
-from miles_nemogym.episode.client import Scrub
 from miles_nemogym.episode.in_flight import send
 from miles_nemogym.episode.policy_url import PolicyUrlError
 from miles_nemogym.episode.request import RequestBuildError, build_run_body
@@ -42,6 +41,25 @@ def instance_id_of(metadata: Any) -> str | None:
     return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def build_body(
+    metadata: Mapping[str, Any] | None,
+    request_kwargs: Mapping[str, Any] | None,
+    settings: Settings,
+    *,
+    policy_base_url: str | None,
+    send_api_key: bool = True,
+) -> dict[str, Any]:
+    """The ``/run`` body for one task row; raises ``RequestBuildError`` naming the bad field.
+    ``policy_base_url`` None lets the server use its own model; ``send_api_key`` False keeps
+    the key from going with the request."""
+    return build_run_body(
+        metadata,
+        request_kwargs,
+        policy_base_url=policy_base_url,
+        policy_api_key=api_key_of(settings) if send_api_key else None,
+    )
+
+
 async def run_episode(
     metadata: Mapping[str, Any] | None,
     request_kwargs: Mapping[str, Any] | None,
@@ -51,19 +69,25 @@ async def run_episode(
     send_api_key: bool = True,
 ) -> Outcome:
     """One ``/run`` episode for one task row, as a finished ``Outcome``; never raises for a
-    failed episode (``CancelledError`` propagates). ``policy_base_url`` None lets the server
-    use its own model; ``send_api_key`` False keeps the key from going with the request."""
-    instance_id = instance_id_of(metadata)
-    scrubber = scrubber_for(settings)
-    scrub: Scrub | None = None if scrubber is None else scrubber.scrub
+    failed episode (``CancelledError`` propagates). Arguments as for ``build_body``."""
     try:
-        body = build_run_body(
-            metadata,
-            request_kwargs,
-            policy_base_url=policy_base_url,
-            policy_api_key=api_key_of(settings) if send_api_key else None,
+        body = build_body(
+            metadata, request_kwargs, settings, policy_base_url=policy_base_url, send_api_key=send_api_key
         )
-        outcome = await send(body, settings, instance_id=instance_id, scrub=scrub)
+    except Exception as error:
+        instance_id = instance_id_of(metadata)
+        return finish(failure_of(error, instance_id, scrubber_for(settings)), instance_id)
+    return await run_body(body, settings)
+
+
+async def run_body(body: dict[str, Any], settings: Settings) -> Outcome:
+    """Send a body made by ``build_body``, classify the answer and finish the record."""
+    instance_id = instance_id_of(body)
+    scrubber = scrubber_for(settings)
+    try:
+        outcome = await send(
+            body, settings, instance_id=instance_id, scrub=None if scrubber is None else scrubber.scrub
+        )
     except Exception as error:
         outcome = failure_of(error, instance_id, scrubber)
     return finish(outcome, instance_id)

@@ -14,7 +14,6 @@ from typing import Any
 
 from miles_nemogym.data.schema import SUBSETS, TEST_LIST_FIELDS, decode_test_list
 from miles_nemogym.data.sources import SourceError, open_file
-from miles_nemogym.episode.request import RequestBuildError, build_run_body
 from miles_nemogym.errors import MilesNemoGymError
 
 
@@ -99,7 +98,7 @@ def load_tasks(
     split: str | None = None,
     golden: bool = False,
 ) -> list[ScanTask]:
-    """Every task row of ``path``, each already checked against the request builder.
+    """Every task row of ``path`` (its ``/run`` body is built and checked by the scan before any episode).
 
     Raises ``InputError`` for the first bad row, an empty file or a repeated instance id.
     """
@@ -126,12 +125,6 @@ def load_tasks(
                 f"{where}: instance {instance_id} has no gold 'patch'; a golden scan applies it, so "
                 "every row needs the SWE-bench 'patch' field"
             )
-        try:
-            # The same check the agent function runs: a row that cannot form a body fails
-            # here, before any episode starts, instead of as a masked episode later.
-            build_run_body(metadata, None, policy_base_url=None)
-        except RequestBuildError as error:
-            raise InputError(f"{where}: instance {instance_id}: {error}") from None
         tasks.append(ScanTask(instance_id, _repo_of(metadata, instance_id), metadata, where))
     if not tasks:
         raise InputError(f"{path}: the input file holds no task rows")

@@ -16,7 +16,7 @@ from rich.console import Console
 from miles_nemogym.episode.classify import Outcome
 from miles_nemogym.episode.client import close_client
 from miles_nemogym.episode.request import RequestBuildError, responses_create_params
-from miles_nemogym.episode.run import run_episode
+from miles_nemogym.episode.run import build_body, run_body
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.scan.config import ScanConfig, scan_settings, usage_problems
@@ -75,6 +75,8 @@ class _Prepared:
     earlier: dict[str, ResultLine]
     digests: dict[str, str]
     lock: ResultsLock | None
+    bodies: dict[str, dict[str, Any]]
+    """Each pending instance's ``/run`` body, built once before the first episode."""
 
     def release(self) -> None:
         if self.lock is not None:
@@ -150,12 +152,23 @@ def _prepare_locked(
     earlier = {key: value for key, value in earlier.items() if key in wanted}
 
     try:
-        # Each row was checked when it was loaded; the sampling flags are checked once here.
         responses_create_params(None, config.request_kwargs())
     except RequestBuildError as error:
         raise ScanUsageError(f"the sampling flags cannot be sent: {error}") from None
     pending = [task for task in selected if task.instance_id not in earlier]
-    return _Prepared(settings, selected, pending, earlier, digests, lock)
+    bodies = {}
+    for task in pending:  # a row that cannot form a body fails now, not as a masked episode later
+        try:
+            bodies[task.instance_id] = build_body(
+                task.metadata,
+                config.request_kwargs(),
+                settings,
+                policy_base_url=config.policy_base_url,
+                send_api_key=config.policy_base_url is not None,
+            )
+        except RequestBuildError as error:
+            raise ScanUsageError(f"{task.where}: instance {task.instance_id}: {error}") from None
+    return _Prepared(settings, selected, pending, earlier, digests, lock, bodies)
 
 
 def _result_line(task: ScanTask, outcome: Outcome, seconds: float, config: ScanConfig, digest: str) -> ResultLine:
@@ -226,13 +239,7 @@ async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Consol
             if stop.is_set():
                 return
             started = loop.time()
-            outcome = await run_episode(
-                task.metadata,
-                config.request_kwargs(),
-                prepared.settings,
-                policy_base_url=config.policy_base_url,
-                send_api_key=config.policy_base_url is not None,
-            )
+            outcome = await run_body(prepared.bodies[task.instance_id], prepared.settings)
             seconds = loop.time() - started
         result = _result_line(task, outcome, seconds, config, prepared.digests[task.instance_id])
         if writer is not None:
