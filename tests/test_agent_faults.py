@@ -149,20 +149,24 @@ async def test_cancellation_propagates_and_closes_the_request(server: FaultServe
             break
         await asyncio.sleep(0.05)
     assert server.disconnects == 1
-    assert episodes.in_flight_count() == 0
+    assert sum(episodes.abort_all().values()) == 0  # nothing left in flight to stop
 
 
-async def test_abort_stops_50_in_flight_runs_promptly(server: FaultServer, sympy_row: dict[str, Any]) -> None:
+async def test_abort_stops_50_in_flight_runs_promptly(
+    server: FaultServer, sympy_row: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
     server.hold_s = 60
     tasks = [asyncio.create_task(call(sympy_row)) for _ in range(50)]
     while server.in_flight < 50:
         await asyncio.sleep(0.02)
-    assert episodes.in_flight_count() == 50
-    await asyncio.wait_for(agent.abort(None), 1)
+    with caplog.at_level(logging.INFO, logger="miles_nemogym.agent"):
+        await asyncio.wait_for(agent.abort(None), 1)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("abort:")]
+    assert line.startswith("abort: stopped 50 in-flight NeMo-Gym episode(s): 50 sent and awaiting their result"), line
     results = await asyncio.wait_for(asyncio.gather(*tasks), 5)
     assert all(r["nemogym"]["failure_kind"] == "cancelled" for r in results)
     assert all(r["nemogym"]["mask_sample"] for r in results)
-    assert episodes.in_flight_count() == 0
+    assert sum(episodes.abort_all().values()) == 0  # nothing left in flight to stop
     assert len(server.bodies) == 50
 
 
@@ -280,7 +284,7 @@ async def test_a_caller_cancelled_during_abort_still_sees_its_cancellation(
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert episodes.in_flight_count() == 0
+    assert sum(episodes.abort_all().values()) == 0  # nothing left in flight to stop
 
 
 async def test_an_echoed_key_is_removed_before_any_truncation(

@@ -24,7 +24,6 @@ from miles_nemogym.gym.config import (
     SANDBOXES,
     SERVER_NAME,
     ServeOptions,
-    agent_section,
     compose_config_yaml,
     load_provider_options,
     overrides,
@@ -302,7 +301,7 @@ def test_provider_options_merge_over_the_shipped_block(server_venv: gym_venv.Gym
 @pytest.mark.integration
 def test_golden_flag_reaches_the_composed_config(server_venv: gym_venv.GymVenv, tmp_path: Path) -> None:
     text = compose_config_yaml(ServeOptions(golden=True), server_venv, 23456, tmp_path)
-    assert agent_section(text)["run_golden"] is True
+    assert _agent(yaml.safe_load(text))["run_golden"] is True
 
 
 def test_a_failing_composer_reports_its_stderr(tmp_path: Path) -> None:

@@ -170,12 +170,14 @@ async def test_golden_mode_makes_no_model_call(
 
 
 def test_stop_leaves_no_process_and_frees_the_port(tmp_path_factory: pytest.TempPathFactory) -> None:
-    server = GymServer(ServeOptions(sandbox="local", concurrency=1), state_dir=tmp_path_factory.mktemp("gym-stop"))
+    state = tmp_path_factory.mktemp("gym-stop")
+    server = GymServer(ServeOptions(sandbox="local", concurrency=1), state_dir=state)
+    # The server's config (in its environment, inherited by Ray) names the state folder.
     with server:
-        assert server.leftover_pids(), "the running server and its Ray carry the marker"
+        assert _pids_whose_environment_mentions(str(state.resolve())), "the running server and its Ray"
         port = server.port
     assert not server.is_running()
-    assert server.leftover_pids() == []
+    assert _pids_whose_environment_mentions(str(state.resolve())) == []
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", port)) != 0
     server.stop()  # idempotent
@@ -186,15 +188,14 @@ def test_a_server_that_cannot_bind_fails_with_its_log(tmp_path_factory: pytest.T
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", port))
         squatter.listen()
-        server = GymServer(
-            ServeOptions(sandbox="local", port=port), state_dir=tmp_path_factory.mktemp("gym-busy"), start_timeout=120
-        )
+        state = tmp_path_factory.mktemp("gym-busy")
+        server = GymServer(ServeOptions(sandbox="local", port=port), state_dir=state, start_timeout=120)
         with pytest.raises(GymServerError) as caught:
             server.start()
     message = str(caught.value)
     assert "exited during start" in message or "did not answer" in message
     assert str(server.log_path) in message
-    assert server.leftover_pids() == []
+    assert _pids_whose_environment_mentions(str(state.resolve())) == []
 
 
 def _pids_whose_environment_mentions(text: str) -> list[int]:

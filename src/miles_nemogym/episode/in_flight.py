@@ -33,12 +33,6 @@ _lock = threading.Lock()
 _in_flight: set[_InFlight] = set()
 
 
-def in_flight_count() -> int:
-    """How many episodes of this process are in flight (none may be left behind)."""
-    with _lock:
-        return len(_in_flight)
-
-
 async def send(body: dict[str, Any], settings: Settings, *, instance_id: str | None, scrub: Scrub | None) -> Outcome:
     """POST one episode and classify it; ``abort_all`` turns it into a ``cancelled`` outcome.
     Raises what the request raised (a defect); the caller's cancellation propagates."""

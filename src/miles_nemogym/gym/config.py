@@ -12,7 +12,6 @@ import subprocess
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv
@@ -194,10 +193,3 @@ def compose_config_yaml(options: ServeOptions, venv: GymVenv, port: int, state_d
     last = done.stdout.strip().splitlines()[-1]
     composed: str = json.loads(last)["yaml"]
     return composed
-
-
-def agent_section(config_yaml: str) -> dict[str, Any]:
-    """The agent server's own block of a composed config (for checks and messages)."""
-    data = yaml.safe_load(config_yaml)
-    section: dict[str, Any] = data[SERVER_NAME]["responses_api_agents"][SERVER_NAME]
-    return section

@@ -317,10 +317,6 @@ class GymServer:
     ) -> None:
         self.stop()
 
-    def leftover_pids(self) -> list[int]:
-        """Processes of this server still alive (empty after ``stop``)."""
-        return _pids_with_marker(self._marker)
-
 
 _LIVE: set[GymServer] = set()
 
