@@ -1,0 +1,76 @@
+"""The repository explains itself: its documents point at files and tests that exist, and
+nothing points outside it (to notes that are not in the repository, or to issue numbers)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "miles_nemogym"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+
+
+def _test_functions() -> set[str]:
+    names: set[str] = set()
+    for path in (ROOT / "tests").rglob("*.py"):
+        names.update(re.findall(r"^(?:async )?def (test_\w+)", path.read_text(), re.M))
+    return names
+
+
+def test_every_test_upstream_md_names_as_proof_exists() -> None:
+    defined = _test_functions()
+    rows = [line for line in (ROOT / "docs" / "upstream.md").read_text().splitlines() if line.startswith("| ")]
+    proofs = [cell for row in rows for cell in [row.rstrip(" |").rsplit(" | ", 1)[-1]]]
+    named = {name for cell in proofs for name in re.findall(r"\b(test_\w+)\b(?!\.py|/)", cell)}
+    assert len(named) >= 20  # the tables are read: each behaviour row names its test
+    assert sorted(named - defined) == []
+    files = {path for cell in proofs for path in re.findall(r"(tests/[\w/]+\.py)", cell)}
+    assert sorted(path for path in files if not (ROOT / path).is_file()) == []
+
+
+def test_every_file_the_documents_point_to_exists() -> None:
+    missing = []
+    for doc in [ROOT / "README.md", *DOCS]:
+        text = doc.read_text()
+        # examples/ paths that are not ours are Miles' (e.g. its examples/experimental/ folder).
+        ours = r"(?:tests|docs|bench|scripts|src|examples/swebench_grpo)/"
+        for path in re.findall(r"(?<![\w/.])(" + ours + r"[\w/.-]+\.(?:py|md))", text):
+            if not (ROOT / path).is_file():
+                missing.append(f"{doc.name}: {path}")
+        for link in re.findall(r"\]\((?!https?:)([^)#]+)", text):
+            if not (doc.parent / link).exists():
+                missing.append(f"{doc.name}: ({link})")
+    assert missing == []
+
+
+def test_the_architecture_module_map_names_modules_that_exist() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    modules = set(re.findall(r"`((?:[a-z_]+/)?[a-z_]+\.py)`", text))
+    assert len(modules) >= 40
+    assert sorted(m for m in modules if not (PACKAGE / m).is_file() and not (ROOT / m).is_file()) == []
+    in_picture = set(re.findall(r"\s((?:[a-z_]+/)?[a-z_]+\.py)\b", text.split("## Module map")[0]))
+    assert sorted(m for m in in_picture if not (PACKAGE / m).is_file()) == []
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert sorted(p for p in packages if f"`{p}/`" not in text) == []  # every sub-package is on the map
+
+
+def test_nothing_points_outside_the_repository() -> None:
+    outside = re.compile(
+        "|".join(
+            ["CONTRACTS" + r"\.md", "GYM_ON" + "_CPU", "MILES_ON" + "_CPU", r"\.\./shared", r"\bissue" + r" #?\d+"]
+        ),
+        re.I,
+    )
+    found = []
+    for folder in ("src", "tests", "docs", "bench", "scripts", "examples"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix in {".py", ".md", ".yaml", ".toml"} and path.is_file():
+                for number, line in enumerate(path.read_text().splitlines(), 1):
+                    if outside.search(line):
+                        found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:100]}")
+    for path in (ROOT / "README.md", ROOT / "pyproject.toml", ROOT / ".ci" / "run"):
+        found += [
+            f"{path.name}: {line.strip()[:100]}" for line in path.read_text().splitlines() if outside.search(line)
+        ]
+    assert found == []
