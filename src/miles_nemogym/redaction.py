@@ -1,14 +1,8 @@
 """What may be shown of a secret: URLs with their password hidden, server text without the API key.
 
-Every URL the package prints, logs or records goes through ``redact_url`` (or, inside
-free text, ``redact_urls``) so that credentials written into ``NEMO_GYM_URL`` or a
-session URL never reach a log or a file.
-
-The policy API key is sent to the NeMo-Gym server, which may echo it back in an error
-(FastAPI's 422 quotes the offending input). ``KeyScrubber`` removes it from text that
-came from outside (server answers, transport error messages) before anything parses,
-quotes or truncates it: a key cut in half by truncation no longer matches a later
-search, and a key used as a JSON object key survives any walk over values only.
+``redact_url`` / ``redact_urls`` hide URL passwords wherever a URL is printed, logged or
+recorded. ``KeyScrubber`` removes the policy API key, in every encoding a server may echo
+it, from outside text before anything parses, quotes or cuts it (docs/episode-pipeline.md).
 """
 
 from __future__ import annotations
@@ -63,7 +57,7 @@ def _char_forms(char: str) -> bytes:
     literal, after backslashes (``\\/``), ``\\uXXXX`` in either case, ``%XX``.
 
     Every alternative starts with a literal byte so the regex engine can skip ahead to
-    candidates: scrubbing a real 84 KB result must cost well under a millisecond."""
+    candidates (a scrub runs on every answer)."""
     literal = re.escape(char.encode("utf-8"))
     escaped = [literal]
     code = ord(char)
@@ -90,7 +84,7 @@ class KeyScrubber:
     def _has_escaped_char(self, raw: bytes) -> bool:
         """Whether one of the secret's characters appears as a \\uXXXX or %XX escape."""
         # Patterns with a literal prefix: the engine jumps between candidates at C speed
-        # (an alternation of the escapes themselves scans every position, ~1 ms per result).
+        # (an alternation of the escapes themselves would scan every position).
         for introducer, pattern in ((b"\\u", _UNICODE_ESCAPE), (b"%", _PERCENT_ESCAPE)):
             if introducer in raw and any(int(m.group(1), 16) in self._codes for m in pattern.finditer(raw)):
                 return True
@@ -98,9 +92,9 @@ class KeyScrubber:
 
     def scrub(self, raw: bytes) -> bytes:
         """``raw`` with every encoding of the secret replaced by ``***``."""
-        # The full pattern costs ~0.5 ms on a real 84 KB result. It can only match where
-        # the secret is spelled out, maybe with backslashes in between (\/), or where one
-        # of its characters is escaped as \uXXXX/%XX: both are checked first (~0.15 ms).
+        # The full pattern is the slow part. It can only match where the secret is spelled
+        # out, maybe with backslashes in between (\/), or where one of its characters is
+        # escaped as \uXXXX/%XX: both are checked first, far more cheaply.
         if self._plain not in raw.replace(b"\\", b"") and not self._has_escaped_char(raw):
             return raw
         return self._pattern.sub(REDACTED.encode(), raw)

@@ -1,18 +1,8 @@
 """Golden and API-policy scans: check a NeMo-Gym server before any GPU time is spent.
 
-A scan runs SWE-bench instances through the server with exactly the request builder,
-client and classification the Miles agent function uses, and reports per instance and
-per repo. Golden mode (server with ``run_golden: true``) expects every reward to be
-1.0; API-policy mode (``policy_base_url``) drives whole episodes with a real model.
-
-Public API:
-
-- ``ScanConfig``: the scan's parameters (the CLI flags);
-- ``run_scan(config, console=..., stop=...) -> ScanResult`` (async): run it, print
-  progress and summary; ``ScanUsageError`` before any episode when it cannot start;
-- ``execute(config) -> int``: the same as a program (signals, exit code) — what
-  ``miles-nemogym scan`` and ``scripts/golden_scan.py`` call;
-- ``golden_scan(input_path, gym_url, ...) -> ScanResult``: a golden scan from plain code.
+Each instance runs through the agent function's own episode path (``episode/run.py``).
+Public API: ``ScanConfig``, ``run_scan`` (async), ``execute`` (as a program: what
+``miles-nemogym scan`` and ``scripts/golden_scan.py`` call), ``golden_scan``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""What a scan shows: the live progress, one line per finished instance, the final summary.
+"""What a scan shows: live progress, one line per finished instance, the final summary.
 
-On a terminal a rich progress bar shows done/total, passed, failed, infrastructure
-failures, elapsed time and ETA, with each finished instance printed above it. When the
-output is a file or a pipe (a scan of hours under ``nohup``), there is no bar: the same
-counts are printed as a status line every ``STATUS_EVERY`` instances or
-``STATUS_INTERVAL_S`` seconds, so the log still answers "how far along is it".
-
-The summary counts every selected instance that has a result, including those an
-earlier run wrote to the results file (``--resume``), so a resumed scan ends with the
-verdict on the whole selection.
+A progress bar on a terminal; in a file or pipe a status line every ``STATUS_EVERY``
+instances or ``STATUS_INTERVAL_S`` seconds. The summary covers the whole selection,
+``--resume``'d results included.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
-"""The scan's results file: one JSON line per finished instance, appended and flushed.
+"""The scan's results file: one JSON line per finished instance, appended, flushed and fsynced.
 
-A full Verified scan is hours of paid episodes, so the file is the scan's memory: each
-line is written (flushed and fsynced) the moment its instance finishes, a crash loses at
-most the instances still in flight, and ``--resume`` skips every instance that already
-has a line. Instances stopped by Ctrl-C get no line, so a resumed scan runs them again.
-
-A crash can leave a torn last line; reading ignores it (that instance runs again) and
-the next writer cuts it off before appending. A malformed line anywhere else means the file
-is not a scan results file, and is refused rather than overwritten.
-
-One scan at a time per file: :class:`ResultsLock` holds an advisory ``flock`` on it for
-the scan's life, so a second scan on the same file refuses instead of re-running (and
-paying for) the instances the first one has in flight. Each line also carries the
-digest of the task row it ran (``task_sha256``), so a resumed scan can tell a results
-file written from another input.
+The file is the scan's memory (``--resume`` skips instances that have a line); a torn
+last line is ignored and cut off, a malformed line elsewhere refuses the file, and
+``ResultsLock`` keeps a second scan off it. Why: docs/data-and-checks.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """One scanned instance's verdict: passed, failed, or an infrastructure failure — and why.
 
-The classification is the agent function's (``miles_nemogym.episode.classify``): an episode whose
-record says ``status: failed`` (``mask_sample`` true) is an infrastructure failure, i.e.
-not a measurement of the task; a graded episode passed when its reward is 1.0 and failed
-otherwise. The reason says what a user must look at: for a graded failure the
-SWE-bench report (``patch_successfully_applied``, the failing tests), for an
-infrastructure failure the failure kind and the server's error.
+The classification is the agent function's: a masked record is infrastructure, a graded
+episode passed at reward 1.0. The reason points at what to look at (the SWE-bench report,
+or the failure kind and the server's error).
 """
 
 from __future__ import annotations
