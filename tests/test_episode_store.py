@@ -242,17 +242,6 @@ def test_session_id_is_the_miles_session() -> None:
     assert episode_store.session_id("http://10.0.0.1:3000/") is None
 
 
-def test_write_all_writes_more_buffers_than_one_writev_takes(tmp_path: Path) -> None:
-    buffers = [f"{i:05d}".encode() * (i % 7) for i in range(2500)]  # > IOV_MAX, empty ones too
-    path = tmp_path / "out"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        episode_store.write_all(fd, buffers)
-    finally:
-        os.close(fd)
-    assert path.read_bytes() == b"".join(buffers)
-
-
 _KILLED_WRITER = """
 import json, os, signal, sys, time
 from pathlib import Path
