@@ -328,11 +328,13 @@ def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[st
     script = Script(look_around_turns=int(request.get("look_around_turns", 1)))
     rollout_id = int(request.get("rollout_id", 0))
     policy_calls = [0]
+    policy_turns: list[int] = []
 
     def policy(prompt_text: str) -> ProcessResult:
         # The rendered chat ends with the generation prompt; earlier assistant turns are the past.
         turn = max(0, prompt_text.count("<|im_start|>assistant") - 1)
         policy_calls[0] += 1
+        policy_turns.append(turn)
         return ProcessResult(text=qwen_tool_call_text(script.command_for_turn(turn), turn), finish_reason="stop")
 
     data = request.get("data_file")
@@ -406,6 +408,7 @@ def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[st
         reply["hooks"] = RECORDER.calls
         reply["tracking"] = RECORDER.tracking
         reply["policy_calls"] = policy_calls[0]
+        reply["policy_turns"] = policy_turns
         return reply
     finally:
         for server in reversed(servers):
