@@ -9,8 +9,6 @@ answers and is stopped afterwards, the job's exit code is the launcher's.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,10 +20,10 @@ from miles_nemogym.launcher import command as cmd
 from miles_nemogym.launcher import run
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.launcher.families import resolve
+from tests.support.launcher_script import run_launcher
 from tests.support.miles_checkout import MODEL_ARGS, make_miles_checkout
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "swebench_grpo" / "run.py"
 
 
 class Recorder:
@@ -168,14 +166,7 @@ def test_dry_run_without_miles_shows_placeholders(capsys: pytest.CaptureFixture[
 
 
 def test_example_script_runs_as_a_file() -> None:
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--dry-run", "--model", "zai-org/GLM-4.7-Flash", "--skip-prepare"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-        check=False,
-    )
+    done = run_launcher("--dry-run", "--model", "zai-org/GLM-4.7-Flash", "--skip-prepare")
     assert done.returncode == 0, done.stderr
     assert "--tito-model glm47" in done.stdout
     assert "--sglang-tool-call-parser glm47" in done.stdout

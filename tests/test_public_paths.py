@@ -12,16 +12,15 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.launcher_script import run_launcher
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-LAUNCHER = ROOT / "examples" / "swebench_grpo" / "run.py"
 
 _PATH = r"miles_nemogym(?:\.\w+)+"
 _FLAG_PATH = re.compile(rf"(--[a-z][a-z-]*-path)\s+({_PATH})")
@@ -62,14 +61,7 @@ def flag_paths(text: str) -> set[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def dry_run_command() -> str:
-    done = subprocess.run(
-        [sys.executable, str(LAUNCHER), "--dry-run", "--miles-root", str(ROOT / "no-miles-here")],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-        check=False,
-    )
+    done = run_launcher("--dry-run", "--miles-root", str(ROOT / "no-miles-here"))
     assert done.returncode == 0, done.stderr
     return done.stdout
 

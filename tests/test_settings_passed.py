@@ -149,14 +149,7 @@ def test_concurrent_preflights_check_their_own_recipe_url_and_leave_the_environm
             nemo_gym_url=url,
             router_external_host="trainer-node",
         )
-        return launch_checks.run_preflight(
-            config,
-            environ=dict(os.environ),
-            miles_root=None,
-            hook_paths=(),
-            gpu_counter=lambda env: (8, "stub"),
-            fetch=fetch,
-        )
+        return preflight(config, fetch)
 
     with environ_watched(shell_env) as changes:
         results = run_concurrently([lambda url=url: one(url) for url in urls])
@@ -177,6 +170,18 @@ def test_the_doctor_flag_overrides_the_variable_without_setting_it(shell_env: di
     assert environment() == shell_env
 
 
+def preflight(config: LauncherConfig, fetch: Any) -> list[doctor.CheckResult]:
+    """The launcher's checks with this shell's environment, 8 GPUs and no Miles checkout."""
+    return launch_checks.run_preflight(
+        config,
+        environ=dict(os.environ),
+        miles_root=None,
+        hook_paths=(),
+        gpu_counter=lambda env: (8, "stub"),
+        fetch=fetch,
+    )
+
+
 def test_the_preflight_checks_the_plugin_variables_the_job_will_get(
     shell_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -185,14 +190,7 @@ def test_the_preflight_checks_the_plugin_variables_the_job_will_get(
 
     def settings_check(**recipe: Any) -> doctor.CheckResult:
         config = LauncherConfig(prompt_data=tmp_path / "absent.jsonl", base_dir=tmp_path, **recipe)
-        checks = launch_checks.run_preflight(
-            config,
-            environ=dict(os.environ),
-            miles_root=None,
-            hook_paths=(),
-            gpu_counter=lambda env: (8, "stub"),
-            fetch=refused,
-        )
+        checks = preflight(config, refused)
         return next(check for check in checks if check.name == "settings")
 
     bad_extra = settings_check(nemo_gym_url="http://127.0.0.1:7006", extra_env={"NEMO_GYM_RUN_TIMEOUT": "1h"})
