@@ -23,8 +23,6 @@ from miles_nemogym.launcher.families import resolve
 from tests.support.launcher_script import run_launcher
 from tests.support.miles_checkout import MODEL_ARGS, make_miles_checkout
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 class Recorder:
     """Records what the launcher asks for; the Ray dashboard 'answers' per ``ray_up``."""
