@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 from pathlib import Path
@@ -71,12 +72,11 @@ def test_a_file_system_without_direct_io_gets_buffered_appends(tmp_path: Path, m
         appender.close()
 
 
-def refusing_direct(real_pwrite: Any, appender: Appender) -> Any:
-    """``os.pwrite`` that refuses the appender's direct descriptor, as a file system may."""
-    direct_fd = appender._direct
+def refusing_direct(real_pwrite: Any) -> Any:
+    """``os.pwrite`` that refuses descriptors opened with ``O_DIRECT``, as a file system may."""
 
     def pwrite(fd: int, data: Any, offset: int) -> int:
-        if fd == direct_fd:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
             raise OSError(22, "Invalid argument")
         return int(real_pwrite(fd, data, offset))
 
@@ -95,7 +95,7 @@ def test_direct_writes_refused_midway_fall_back_without_losing_a_byte(
     try:
         for number, batch in enumerate(batches(3)):
             if number == 5:
-                monkeypatch.setattr(os, "pwrite", refusing_direct(os.pwrite, appender))
+                monkeypatch.setattr(os, "pwrite", refusing_direct(os.pwrite))
             appender.write(batch)
             expected += b"".join(batch)
             assert path.read_bytes() == expected
