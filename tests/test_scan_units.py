@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from miles_nemogym.data.select import parse_instance_ids
+from miles_nemogym.data.select import InstanceIdsError, parse_instance_ids
 from miles_nemogym.episode.classify import classify_run_response
 from miles_nemogym.episode.protocol import RunResponse
 from miles_nemogym.scan import EXIT_FAILED, Verdict, golden_scan
@@ -94,7 +94,7 @@ def test_instance_ids_from_a_file_or_a_list_then_limit(tmp_path: Path, gym_examp
     assert [task.instance_id for task in chosen] == [ids[1], ids[3]]  # input order, then the limit
     with pytest.raises(InputError, match="nope"):
         select(tasks, ["nope"], None)
-    with pytest.raises(ValueError, match=r"^--instance-ids ' , ': no instance ids given$"):
+    with pytest.raises(InstanceIdsError, match=r"^--instance-ids ' , ': no instance ids given$"):
         parse_instance_ids(" , ")
 
 

@@ -15,6 +15,12 @@ from pathlib import Path
 
 from miles_nemogym.data.gradeable import GradeTables
 from miles_nemogym.data.schema import SweBenchInstance
+from miles_nemogym.errors import MilesNemoGymError
+
+
+class InstanceIdsError(MilesNemoGymError, ValueError):
+    """An ``--instance-ids`` value (list or file) that names no usable id; the message says which."""
+
 
 NOT_IN_REPOS = "not in --repos"
 IN_EXCLUDED_REPOS = "in --exclude-repos"
@@ -40,7 +46,7 @@ def parse_instance_ids(value: str) -> list[str]:
         return _file_ids(path)
     ids = _split_ids(value)
     if not ids:
-        raise ValueError(f"--instance-ids {value!r}: no instance ids given")
+        raise InstanceIdsError(f"--instance-ids {value!r}: no instance ids given")
     return ids
 
 
@@ -56,7 +62,7 @@ def instance_ids_option(value: str | None) -> Path | tuple[str, ...] | None:
 def _file_ids(path: Path) -> list[str]:
     ids = _ids_in_file(path)
     if not ids:
-        raise ValueError(f"--instance-ids {path}: holds no instance ids (one per line expected)")
+        raise InstanceIdsError(f"--instance-ids {path}: holds no instance ids (one per line expected)")
     return ids
 
 
@@ -64,7 +70,7 @@ def _ids_in_file(path: Path) -> list[str]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
-        raise ValueError(f"--instance-ids {path}: cannot read the file ({error})") from None
+        raise InstanceIdsError(f"--instance-ids {path}: cannot read the file ({error})") from None
     return _split_ids("\n".join(line.split("#", 1)[0] for line in text.splitlines()))
 
 
