@@ -70,6 +70,20 @@ def gym_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GymServer]:
 
 
 @pytest.fixture(scope="session")
+def gym_server_one_at_a_time(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GymServer]:
+    """The real server running one episode at a time, for GRPO groups (n episodes of one task).
+
+    nemo-gym 0.7.0's ``mini_swe_agent_2`` writes each request's config to
+    ``_configs/<instance_id>.sandbox.yaml`` and its Ray task reads it back later (``app.py``,
+    ``run`` and ``_run_mini_swe_v2``), so two concurrent episodes of one instance can read
+    the file while the other rewrites it and crash (README, "Known upstream issues"). One
+    episode at a time (the server's ``concurrency``) keeps these tests about our hooks.
+    """
+    options = ServeOptions.model_validate({**INTEGRATION_OPTIONS, "concurrency": 1})
+    yield from _serve(options, tmp_path_factory.mktemp("gym-server-serial"))
+
+
+@pytest.fixture(scope="session")
 def gym_golden_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GymServer]:
     """The real server in golden mode (applies gold patches, never calls a model)."""
     options = ServeOptions.model_validate({**INTEGRATION_OPTIONS, "golden": True})
