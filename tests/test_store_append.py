@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym.store.append import BLOCK, Appender, write_all
+from miles_nemogym.store.append import BLOCK, CHUNK, Appender, write_all
 
 
 def batches(seed: int) -> list[list[bytes]]:
@@ -113,3 +113,34 @@ def test_write_all_writes_more_buffers_than_one_writev_takes(tmp_path: Path) -> 
     finally:
         os.close(fd)
     assert path.read_bytes() == b"".join(buffers)
+
+
+@pytest.mark.parametrize("allowed_direct_writes", [0, 1, 2, 3])
+def test_a_refusal_inside_a_batch_larger_than_the_chunk_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, allowed_direct_writes: int
+) -> None:
+    path = tmp_path / "pending.jsonl"
+    path.write_bytes(b"z" * (BLOCK + 7))  # a partial block the first chunk starts with
+    appender = Appender(path)
+    if not appender.direct:
+        appender.close()
+        pytest.skip("this file system refuses O_DIRECT at open; the buffered path is tested above")
+    real_pwrite, direct_writes = os.pwrite, []
+
+    def pwrite(fd: int, data: Any, offset: int) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            if len(direct_writes) == allowed_direct_writes:
+                raise OSError(22, "Invalid argument")
+            direct_writes.append(offset)
+        return int(real_pwrite(fd, data, offset))
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    rng = random.Random(allowed_direct_writes)
+    batch = [rng.randbytes(size) for size in (84_000, CHUNK - 3, 17, CHUNK + BLOCK, 84_000)]
+    try:
+        appender.write(batch)
+        appender.write([b"after\n"])
+    finally:
+        appender.close()
+    assert len(direct_writes) == allowed_direct_writes  # the refusal came where it was meant to
+    assert path.read_bytes() == b"z" * (BLOCK + 7) + b"".join(batch) + b"after\n"

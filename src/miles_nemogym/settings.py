@@ -193,14 +193,26 @@ def _describe(error: ValidationError, given: Mapping[str, Any], labels: Mapping[
     return describe(error, label=label)
 
 
-_current: tuple[tuple[str | None, ...], Settings] | None = None
+_current: tuple[tuple[object, ...], Settings] | None = None
+_ENCODED_VARS: tuple[object, ...] = (
+    tuple(map(os.environ.encodekey, ENV_VARS)) if hasattr(os.environ, "encodekey") else ()
+)
+
+
+def _environment_key() -> tuple[object, ...]:
+    """The plugin variables' current values, cheaply: this runs on every episode, and
+    ``os.environ.get`` encodes each name and decodes each value in Python."""
+    raw = getattr(os.environ, "_data", None)  # CPython's encoded mapping behind os.environ
+    if isinstance(raw, dict) and _ENCODED_VARS:
+        return tuple(map(raw.get, _ENCODED_VARS))
+    return tuple(os.environ.get(name) for name in ENV_VARS)
 
 
 def get_settings() -> Settings:
     """This process's settings, for the hooks: read from the environment on first use and again
     only if a plugin variable changed since (tests change them); raises ``SettingsError``."""
     global _current
-    key = tuple(os.environ.get(name) for name in ENV_VARS)
+    key = _environment_key()
     if _current is None or _current[0] != key:
         _current = (key, Settings.from_env())
     return _current[1]

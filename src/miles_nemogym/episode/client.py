@@ -165,8 +165,10 @@ class GymClient:
 
 async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> bytes | int:
     """The decoded body, or the byte count at which it passed ``cap``."""
-    if resp.content_length is not None and resp.content_length > cap and not resp.headers.get("Content-Encoding"):
-        return resp.content_length
+    if resp.content_length is not None and not resp.headers.get("Content-Encoding"):
+        if resp.content_length > cap:
+            return resp.content_length
+        return await resp.read()  # its length is known and allowed: one read, not a chunk loop
     chunks = []
     size = 0
     async for chunk in resp.content.iter_any():

@@ -17,6 +17,8 @@ from pathlib import Path
 
 BLOCK = 4096
 """Alignment of offsets, lengths and memory for ``O_DIRECT`` (covers 512- and 4096-byte devices)."""
+CHUNK = 4 * 1024 * 1024
+"""Bytes copied per direct write: a batch streams through one reused chunk of this size."""
 _IOV_MAX = 1024  # buffers per writev on Linux
 
 
@@ -72,42 +74,61 @@ class Appender:
             write_all(self._fd, buffers)
             _drop_cached(self._fd)
             return
-        total = len(self._tail) + sum(len(b) for b in buffers)
-        view = memoryview(self._room(total))
-        position = 0
-        for part in (self._tail, *buffers):
-            view[position : position + len(part)] = part
-            position += len(part)
-        whole = total - total % BLOCK
-        refused = False
+        view = memoryview(self._room())
         try:
-            _pwrite_all(self._direct, view, self._base, whole)
+            refused = self._stream(view, buffers, self._direct, self._plain)
+        finally:
+            view.release()
+        if refused is not None:  # after all: from now on every write is buffered
+            self._close_direct()
+            write_all(self._fd, refused)
+
+    def _stream(self, view: memoryview, buffers: list[bytes], direct: int, plain: int) -> list[bytes] | None:
+        """Copy the tail and ``buffers`` through the chunk, writing whole blocks direct; returns
+        what the file does not hold yet if a direct write is refused, else None."""
+        fill = len(self._tail)
+        view[:fill] = self._tail
+        in_file = fill  # bytes at the start of the chunk that the file holds already
+        for index, part in enumerate(buffers):
+            data = memoryview(part)
+            while data:
+                n = min(CHUNK - fill, len(data))
+                view[fill : fill + n] = data[:n]
+                fill, data = fill + n, data[n:]
+                if fill < CHUNK:
+                    continue
+                if not self._write_direct(direct, view, CHUNK):
+                    return [bytes(view[in_file:fill]), bytes(data), *buffers[index + 1 :]]
+                self._base += CHUNK
+                fill = in_file = 0
+        whole = fill - fill % BLOCK
+        if whole and not self._write_direct(direct, view, whole):
+            return [bytes(view[in_file:fill])]
+        self._tail = bytes(view[whole:fill])
+        _pwrite_all(plain, memoryview(self._tail), self._base + whole, len(self._tail))
+        self._base += whole
+        return None
+
+    def _write_direct(self, direct: int, view: memoryview, length: int) -> bool:
+        """Write ``view[:length]`` (whole blocks) at the tail's block; False if refused."""
+        try:
+            _pwrite_all(direct, view, self._base, length)
         except OSError as error:
             if error.errno != errno.EINVAL:
                 raise
-            refused = True
-        if refused:  # after all: from now on every write is buffered
-            rest = bytes(view[len(self._tail) : total])  # the tail is in the file already
-            view.release()
-            self._close_direct()
-            write_all(self._fd, [rest])
-            return
-        self._tail = bytes(view[whole:total])
-        view.release()
-        _pwrite_all(self._plain, memoryview(self._tail), self._base + whole, len(self._tail))
-        self._base += whole
+            return False
+        return True
 
     def close(self) -> None:
         self._close_direct()
         with contextlib.suppress(OSError):
             os.close(self._fd)
 
-    def _room(self, size: int) -> mmap.mmap:
-        """An anonymous mapping (page-aligned, as ``O_DIRECT`` needs) of at least ``size`` bytes."""
-        if self._buffer is None or len(self._buffer) < size:
-            if self._buffer is not None:
-                self._buffer.close()
-            self._buffer = mmap.mmap(-1, max(size - size % BLOCK + BLOCK, 1 << 20))
+    def _room(self) -> mmap.mmap:
+        """The chunk every batch is copied through: page-aligned, as ``O_DIRECT`` needs, and
+        private and reused, so its pages are faulted in once."""
+        if self._buffer is None:
+            self._buffer = mmap.mmap(-1, CHUNK, flags=mmap.MAP_PRIVATE)
         return self._buffer
 
     def _close_direct(self) -> None:
