@@ -43,7 +43,10 @@ class Outcome(BaseModel):
     @property
     def answer(self) -> tuple[bytes | None, bool]:
         """(the raw ``/run`` answer or None, whether it parsed as a JSON result)."""
-        return self._answer, self._answer_is_json
+        # Read from pydantic's private-attribute store directly: ``self._answer`` goes
+        # through BaseModel.__getattr__ (~1.5 µs each), and this runs for every episode.
+        private = self.__pydantic_private__ or {}
+        return private.get("_answer"), bool(private.get("_answer_is_json"))
 
     def to_metadata(self) -> dict[str, Any]:
         """The dict returned to Miles and merged into ``sample.metadata``."""

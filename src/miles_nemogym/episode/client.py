@@ -53,12 +53,8 @@ class Progress:
     """Waiting to retry a request that certainly never reached the server."""
 
 
-@dataclass(frozen=True)
-class _PoolKey:
-    """The settings a connection pool is built from."""
-
-    limit: int
-    connect_timeout_s: float
+_PoolKey = tuple[int, float]
+"""The settings a connection pool is built from: (connection limit, connect timeout)."""
 
 
 class GymClient:
@@ -202,8 +198,10 @@ _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[_PoolKey, Gy
 async def get_client(settings: Settings) -> GymClient:
     """This loop's client for these pool settings, created on first use."""
     loop = asyncio.get_running_loop()
-    pools = _clients.setdefault(loop, {})
-    key = _PoolKey(settings.max_concurrency, settings.connect_timeout_s)
+    pools = _clients.get(loop)
+    if pools is None:
+        pools = _clients.setdefault(loop, {})
+    key = (settings.max_concurrency, settings.connect_timeout_s)
     client = pools.get(key)
     if client is None or client.closed:
         client = pools[key] = GymClient(settings)

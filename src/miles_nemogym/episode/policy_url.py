@@ -72,16 +72,15 @@ def policy_base_url(session_url: str, gym_url: str, external_host: str | None = 
     expected = "Miles passes http://<session_server_ip>:<port>/sessions/<session_id>"
     if not isinstance(session_url, str):
         raise PolicyUrlError(f"base_url must be a string, got {type(session_url).__name__}; {expected}")
-    shown = redact_url(session_url)
     try:
         parts = urlsplit(session_url.strip())
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise PolicyUrlError(f"base_url {shown!r} is not an http(s) URL; {expected}")
+            raise PolicyUrlError(f"base_url {redact_url(session_url)!r} is not an http(s) URL; {expected}")
         netloc = _dialable_netloc(parts.netloc, gym_url, external_host)
     except PolicyUrlError:
         raise
     except ValueError as error:  # urlsplit's own: a bad port, an unclosed IPv6 bracket
-        raise PolicyUrlError(f"base_url {shown!r} is malformed ({error}); {expected}") from None
+        raise PolicyUrlError(f"base_url {redact_url(session_url)!r} is malformed ({error}); {expected}") from None
     path = parts.path.rstrip("/")
     if not path.endswith("/v1"):
         path += "/v1"
