@@ -286,6 +286,32 @@ async def test_an_oversized_plain_answer_is_refused_by_its_length(
     assert "NEMO_GYM_MAX_RESULT_BYTES=2048" in out["nemogym"]["failure_reason"]
 
 
+def chunked_answer(text: str) -> web.Response:
+    """An answer without a Content-Length: its size is known only as it is read."""
+    response = json_answer(text)
+    response.enable_chunked_encoding()
+    return response
+
+
+async def test_an_oversized_chunked_answer_is_refused_while_it_is_read(
+    server: FaultServer, sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_MAX_RESULT_BYTES", "2048")
+    server.respond = lambda body: chunked_answer('{"reward": 1.0, "pad": "' + "x" * 5000 + '"}')
+    out = await call(sympy_row)
+    assert (out["nemogym"]["failure_kind"], out["nemogym"]["mask_sample"]) == ("agent_run_error", True)
+    assert "NEMO_GYM_MAX_RESULT_BYTES=2048" in out["nemogym"]["failure_reason"]
+
+
+async def test_a_chunked_answer_within_the_cap_is_read_whole(
+    server: FaultServer, sympy_row: dict[str, Any], sympy_result: dict[str, Any]
+) -> None:
+    server.respond = lambda body: chunked_answer(json.dumps(sympy_result))
+    out = await call(sympy_row)
+    assert out["nemogym"]["status"] == "ok"
+    assert out["reward"] == sympy_result["reward"]
+
+
 async def test_a_large_answer_is_classified_in_a_worker_thread(
     server: FaultServer, sympy_row: dict[str, Any], sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
