@@ -14,6 +14,7 @@ import math
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -276,16 +277,6 @@ async def test_a_gzip_bomb_is_refused_at_the_cap_without_reading_it_all(
     assert len(server.bodies) == 1
 
 
-async def test_an_oversized_plain_answer_is_refused_by_its_length(
-    server: FaultServer, sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("NEMO_GYM_MAX_RESULT_BYTES", "2048")
-    server.respond = lambda body: json_answer('{"reward": 1.0, "pad": "' + "x" * 5000 + '"}')
-    out = await call(sympy_row)
-    assert "at least 5" in out["nemogym"]["failure_reason"]  # its Content-Length, ~5,025 bytes
-    assert "NEMO_GYM_MAX_RESULT_BYTES=2048" in out["nemogym"]["failure_reason"]
-
-
 def chunked_answer(text: str) -> web.Response:
     """An answer without a Content-Length: its size is known only as it is read."""
     response = json_answer(text)
@@ -293,13 +284,22 @@ def chunked_answer(text: str) -> web.Response:
     return response
 
 
-async def test_an_oversized_chunked_answer_is_refused_while_it_is_read(
-    server: FaultServer, sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("framing", "at_least"),
+    [(json_answer, "at least 5"), (chunked_answer, "at least ")],  # by its Content-Length (~5,025) / as read
+)
+async def test_an_oversized_plain_answer_is_refused(
+    server: FaultServer,
+    sympy_row: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    framing: Callable[[str], web.Response],
+    at_least: str,
 ) -> None:
     monkeypatch.setenv("NEMO_GYM_MAX_RESULT_BYTES", "2048")
-    server.respond = lambda body: chunked_answer('{"reward": 1.0, "pad": "' + "x" * 5000 + '"}')
+    server.respond = lambda body: framing('{"reward": 1.0, "pad": "' + "x" * 5000 + '"}')
     out = await call(sympy_row)
     assert (out["nemogym"]["failure_kind"], out["nemogym"]["mask_sample"]) == ("agent_run_error", True)
+    assert at_least in out["nemogym"]["failure_reason"]
     assert "NEMO_GYM_MAX_RESULT_BYTES=2048" in out["nemogym"]["failure_reason"]
 
 
