@@ -72,12 +72,16 @@ def test_a_file_system_without_direct_io_gets_buffered_appends(tmp_path: Path, m
         appender.close()
 
 
-def refusing_direct(real_pwrite: Any) -> Any:
-    """``os.pwrite`` that refuses descriptors opened with ``O_DIRECT``, as a file system may."""
+def refusing_direct(real_pwrite: Any, allowed: int = 0, accepted: list[int] | None = None) -> Any:
+    """``os.pwrite`` that refuses descriptors opened with ``O_DIRECT``, as a file system may,
+    after ``allowed`` direct writes (their offsets go to ``accepted``)."""
+    accepted = [] if accepted is None else accepted
 
     def pwrite(fd: int, data: Any, offset: int) -> int:
         if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
-            raise OSError(22, "Invalid argument")
+            if len(accepted) == allowed:
+                raise OSError(22, "Invalid argument")
+            accepted.append(offset)
         return int(real_pwrite(fd, data, offset))
 
     return pwrite
@@ -125,16 +129,8 @@ def test_a_refusal_inside_a_batch_larger_than_the_chunk_loses_nothing(
     if not appender.direct:
         appender.close()
         pytest.skip("this file system refuses O_DIRECT at open; the buffered path is tested above")
-    real_pwrite, direct_writes = os.pwrite, []
-
-    def pwrite(fd: int, data: Any, offset: int) -> int:
-        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
-            if len(direct_writes) == allowed_direct_writes:
-                raise OSError(22, "Invalid argument")
-            direct_writes.append(offset)
-        return int(real_pwrite(fd, data, offset))
-
-    monkeypatch.setattr(os, "pwrite", pwrite)
+    direct_writes: list[int] = []
+    monkeypatch.setattr(os, "pwrite", refusing_direct(os.pwrite, allowed_direct_writes, direct_writes))
     rng = random.Random(allowed_direct_writes)
     batch = [rng.randbytes(size) for size in (84_000, CHUNK - 3, 17, CHUNK + BLOCK, 84_000)]
     try:
