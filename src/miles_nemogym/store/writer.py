@@ -83,7 +83,7 @@ def compress_into(source: Path, target: Path, chunk: int = 1 << 20) -> None:
 
 
 class _Entry(NamedTuple):
-    """One queued episode: only bytes and flags, so the collector skips the queue."""
+    """One queued episode: bytes, flags and the scrubber, no containers for the collector to walk."""
 
     role: str
     head: bytes
