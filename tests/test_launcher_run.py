@@ -155,6 +155,24 @@ def test_dry_run_hides_url_passwords_but_the_job_gets_them(
     assert job.env["NEMO_GYM_URL"] == "http://trainer:gym-pass-123@gym:12000"
 
 
+def test_relative_paths_reach_the_job_resolved_and_it_runs_here(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    miles = make_miles_checkout(tmp_path / "miles")
+    here = tmp_path / "launched from"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    argv = ["--dry-run", "--miles-root", str(miles), "--prompt-data", "train.jsonl", "--episode-dir", "eps"]
+    assert run.main(argv, actions=Refuses()) == 0
+    out = capsys.readouterr().out
+    assert f"NEMO_GYM_EPISODE_DIR='{here}/eps'" in out
+    assert f"--prompt-data '{here}/train.jsonl'" in out
+    assert f"\ncd '{here}'\npython3 {miles}/train.py" in out
+    actions = Recorder()
+    execute(tmp_path / "run", actions, skip_prepare=True)
+    assert actions.job is not None and actions.job.cwd == here
+
+
 def test_dry_run_without_miles_shows_placeholders(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code = run.main(["--dry-run", "--miles-root", str(tmp_path / "absent")], actions=Refuses())
     captured = capsys.readouterr()

@@ -224,6 +224,20 @@ class LauncherConfig(BaseModel):
             raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
         return value
 
+    @field_validator("base_dir", "ref_load", "save_dir", "prompt_data", "miles_root", "megatron_path", "eval_data",
+                     "episode_dir")  # fmt: skip
+    @classmethod
+    def _absolute(cls, value: Path | None) -> Path | None:
+        # The job runs on Ray, maybe in another folder: relative paths mean the launcher's folder.
+        return None if value is None else value.absolute()
+
+    @field_validator("hf_checkpoint")
+    @classmethod
+    def _absolute_if_local(cls, value: str) -> str:
+        # A local folder (as transformers resolves it, from this folder), else an HF id as given.
+        path = Path(value)
+        return str(path.absolute()) if not path.is_absolute() and path.exists() else value
+
     @field_validator("nemo_gym_url")
     @classmethod
     def _check_gym_url(cls, value: str) -> str:

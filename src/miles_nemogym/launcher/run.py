@@ -305,7 +305,7 @@ class RayActions:
         while True:
             try:
                 client.submit_job(
-                    entrypoint=shlex.join(job.argv),
+                    entrypoint=cmd.entrypoint(job),
                     runtime_env={"env_vars": job.env},
                     submission_id=submission_id,
                 )
@@ -377,7 +377,7 @@ def execute(
     else:
         load_error = None if install is not None else "the 'miles' package is not importable"
     try:
-        job = cmd.build_job(config, parsers, install or _placeholder_install(config), environ)
+        job = cmd.build_job(config, parsers, install or _placeholder_install(config), environ, cwd=Path.cwd())
     except (cmd.DuplicateFlagError, cmd.GroupSettingError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
