@@ -446,3 +446,12 @@ def test_https_to_a_plain_http_server_says_to_use_http(gym: GymStandIn, monkeypa
     assert "the TLS handshake failed" in reach.detail
     assert reach.fix is not None and reach.fix.startswith("use http://")
 
+
+def test_the_settings_line_says_where_the_gym_url_came_from(gym: GymStandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert by_name(run_checks(fetch=served(openapi_document())))["settings"].detail == (
+        "NeMo-Gym server http://localhost:12000 (from the default: NEMO_GYM_URL is unset)"
+    )
+    monkeypatch.setenv("NEMO_GYM_URL", gym.url)
+    assert by_name(run_checks())["settings"].detail == f"NeMo-Gym server {gym.url} (from NEMO_GYM_URL)"
+    result = CliRunner().invoke(app, ["doctor", "--gym-url", gym.url])
+    assert f"PASS settings: NeMo-Gym server {gym.url} (from --gym-url)" in " ".join(result.output.split())

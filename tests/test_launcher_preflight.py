@@ -105,6 +105,7 @@ def test_everything_passes_in_the_good_setting(good: dict[str, Any]) -> None:
     # The real hooks of this package import and are callable.
     assert "miles_nemogym.agent.run" in results["rollout hooks"].detail
     assert good["gym"].requests == ["/openapi.json"]
+    assert results["settings"].detail == f"NeMo-Gym server {good['gym'].url} (from the recipe)"
 
 
 @pytest.mark.parametrize("value", ["1", "true"])

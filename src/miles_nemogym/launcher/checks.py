@@ -423,5 +423,6 @@ def run_preflight(
         timeout_s=gym_timeout_s,
         fetch=fetch,
         environ=plugin_environment(config, environ),
+        gym_url_origin=config.gym_url_origin,
     )
     return results
