@@ -266,6 +266,25 @@ def check_eval_data(config: LauncherConfig) -> CheckResult:
     return _check_data(name, "--eval-data", path, fix)
 
 
+def _row_problem(row: Any) -> str | None:
+    if not isinstance(row, dict):
+        return "is not a JSON object"
+    prompt = row.get("prompt")
+    if not isinstance(prompt, list) or not prompt or not all(isinstance(m, dict) for m in prompt):
+        return "'prompt' must be a non-empty list of chat messages (Miles' TITO session needs one)"
+    metadata = row.get("metadata")
+    if not isinstance(metadata, dict):
+        return "'metadata' (the SWE-bench instance) is missing or not an object"
+    # The converter's own rules: what the server and the SWE-bench grader read.
+    from miles_nemogym.data.schema import validate_instance
+
+    checked = validate_instance(metadata)
+    if isinstance(checked, list):
+        instance = metadata.get("instance_id", "?")
+        return f"instance {instance}: metadata." + "; metadata.".join(map(str, checked))
+    return None
+
+
 def _folder_problem(folder: Path) -> str | None:
     """Why episodes could not be written under ``folder``, by doing what the store does
     (create the missing folders, write a file) and undoing it; None when that works."""
@@ -317,25 +336,6 @@ def check_episode_dir(config: LauncherConfig, environ: Mapping[str, str]) -> Che
             "pass --episode-dir <a folder this user can write> (created if missing), or --no-store-episodes",
         )
     return CheckResult(name, Status.passed, f"{folder} is writable")
-
-
-def _row_problem(row: Any) -> str | None:
-    if not isinstance(row, dict):
-        return "is not a JSON object"
-    prompt = row.get("prompt")
-    if not isinstance(prompt, list) or not prompt or not all(isinstance(m, dict) for m in prompt):
-        return "'prompt' must be a non-empty list of chat messages (Miles' TITO session needs one)"
-    metadata = row.get("metadata")
-    if not isinstance(metadata, dict):
-        return "'metadata' (the SWE-bench instance) is missing or not an object"
-    # The converter's own rules: what the server and the SWE-bench grader read.
-    from miles_nemogym.data.schema import validate_instance
-
-    checked = validate_instance(metadata)
-    if isinstance(checked, list):
-        instance = metadata.get("instance_id", "?")
-        return f"instance {instance}: metadata." + "; metadata.".join(map(str, checked))
-    return None
 
 
 def check_checkpoint(config: LauncherConfig) -> CheckResult:
