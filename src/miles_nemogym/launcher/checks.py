@@ -300,7 +300,12 @@ def _folder_problem(folder: Path) -> str | None:
     try:
         for part in reversed(missing):
             doing = f"cannot create {part}"
-            part.mkdir()
+            try:
+                part.mkdir()
+            except FileExistsError:
+                if part.is_dir():
+                    continue  # made meanwhile by someone else: theirs to keep
+                raise
             created.append(part)
         doing = f"cannot write a file in {folder}"
         handle, probe = tempfile.mkstemp(prefix=".preflight-", dir=folder)

@@ -250,7 +250,7 @@ class LauncherConfig(BaseModel):
     def _absolute_if_local(cls, value: str) -> str:
         # A local folder (as transformers resolves it, from this folder), else an HF id as given.
         path = Path(value)
-        return str(path.absolute()) if not path.is_absolute() and path.exists() else value
+        return str(path.absolute()) if value and not path.is_absolute() and path.exists() else value
 
     @field_validator("nemo_gym_url")
     @classmethod
