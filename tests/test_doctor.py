@@ -10,8 +10,13 @@ no test here leaves the loopback interface.
 from __future__ import annotations
 
 import copy
+import os
 import socket
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +30,7 @@ from miles_nemogym.settings import ENV_VARS
 from tests.support.odd_http import OddServer
 from tests.support.openapi import GymStandIn, openapi_document
 from tests.support.ports import free_port
+from tests.support.tls import Certificates, make_certificates
 
 
 @pytest.fixture(autouse=True)
@@ -387,3 +393,65 @@ def test_report_is_the_plain_text_both_the_cli_and_the_launcher_print() -> None:
         "1 check(s) failed",
     ]
     assert doctor.report(results[:1]) == ["PASS settings: ok", "all checks passed"]
+
+
+# --- TLS -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tls_gym(tmp_path: Path) -> Iterator[tuple[GymStandIn, Certificates]]:
+    """The stand-in served over https with a certificate from a CA nobody here trusts yet."""
+    certificates = make_certificates(tmp_path / "tls")
+    stand_in = GymStandIn()
+    stand_in.server.socket = certificates.server_context().wrap_socket(stand_in.server.socket, server_side=True)
+    stand_in.url = stand_in.url.replace("http://", "https://")
+    stand_in.thread.start()
+    try:
+        yield stand_in, certificates
+    finally:
+        stand_in.server.shutdown()
+        stand_in.server.server_close()
+
+
+def test_an_untrusted_certificate_is_named_with_its_fix(
+    tls_gym: tuple[GymStandIn, Certificates], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gym, certificates = tls_gym
+    monkeypatch.setenv("NEMO_GYM_URL", gym.url)
+    reach = by_name(run_checks(timeout_s=5))["NeMo-Gym answers"]
+    assert reach.status is Status.failed
+    assert reach.detail == (
+        f"GET {gym.url}/openapi.json: the server's TLS certificate failed verification "
+        "(unable to get local issuer certificate)"
+    )
+    assert reach.fix is not None and "SSL_CERT_FILE" in reach.fix and "http://" in reach.fix
+    assert "start the server" not in reach.fix
+    # The fix works: a process that trusts the CA passes every check.
+    done = subprocess.run(
+        [sys.executable, "-c", "from miles_nemogym.cli.main import app; app()", "doctor", "--timeout", "10"],
+        env={**os.environ, "SSL_CERT_FILE": str(certificates.ca)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "all checks passed" in done.stdout
+
+
+def test_https_to_a_plain_http_server_says_to_use_http(gym: GymStandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_GYM_URL", gym.url.replace("http://", "https://"))
+    reach = by_name(run_checks(timeout_s=5))["NeMo-Gym answers"]
+    assert reach.status is Status.failed
+    assert "the TLS handshake failed" in reach.detail
+    assert reach.fix is not None and reach.fix.startswith("use http://")
+
+
+def test_the_settings_line_says_where_the_gym_url_came_from(gym: GymStandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert by_name(run_checks(fetch=served(openapi_document())))["settings"].detail == (
+        "NeMo-Gym server http://localhost:12000 (from the default: NEMO_GYM_URL is unset)"
+    )
+    monkeypatch.setenv("NEMO_GYM_URL", gym.url)
+    assert by_name(run_checks())["settings"].detail == f"NeMo-Gym server {gym.url} (from NEMO_GYM_URL)"
+    result = CliRunner().invoke(app, ["doctor", "--gym-url", gym.url])
+    assert f"PASS settings: NeMo-Gym server {gym.url} (from --gym-url)" in " ".join(result.output.split())

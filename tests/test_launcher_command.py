@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from miles_nemogym.launcher import command as cmd
-from miles_nemogym.launcher.config import LauncherConfig
+from miles_nemogym.launcher.config import LauncherConfig, load_config
 from miles_nemogym.launcher.families import Parsers, resolve
 from tests.support.miles_checkout import MODEL_ARGS, flag_values
 
@@ -452,3 +452,33 @@ def test_episode_store_is_on_by_default_under_the_save_folder() -> None:
     assert from_env.env["NEMO_GYM_EPISODE_DIR"] == "/from/env"
     off = build(LauncherConfig(store_episodes=False), {"NEMO_GYM_EPISODE_DIR": "/from/env"})
     assert "NEMO_GYM_EPISODE_DIR" not in off.env
+
+
+def test_every_path_handed_to_the_job_is_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The job runs wherever Ray runs it: a relative path must already mean the launcher's folder.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models" / "Qwen3-4B-Instruct-2507").mkdir(parents=True)
+    cli = {"hf_checkpoint": "models/Qwen3-4B-Instruct-2507", "prompt_data": "data/train.jsonl",
+           "eval_data": "data/holdout.jsonl", "base_dir": "work", "save_dir": "runs/r1",
+           "episode_dir": "eps", "megatron_path": "Megatron-LM"}  # fmt: skip
+    job = build(load_config(None, cli))
+    flags = recipe_flags(job)
+    assert one(flags, "--hf-checkpoint") == f"{tmp_path}/models/Qwen3-4B-Instruct-2507"
+    assert one(flags, "--prompt-data") == f"{tmp_path}/data/train.jsonl"
+    assert one(flags, "--save") == f"{tmp_path}/runs/r1"
+    assert one(flags, "--ref-load") == f"{tmp_path}/work/Qwen3-4B-Instruct-2507_torch_dist"
+    assert flags["--eval-prompt-data"] == ["held_out", f"{tmp_path}/data/holdout.jsonl"]
+    (document,) = json.loads(base64.b64decode(one(flags, "--eval-config").removeprefix("base64:")))["eval"]["datasets"]
+    assert document["path"] == f"{tmp_path}/data/holdout.jsonl"
+    assert job.env["NEMO_GYM_EPISODE_DIR"] == f"{tmp_path}/eps"
+    assert f"{tmp_path}/Megatron-LM" in job.env["PYTHONPATH"].split(":")
+    from_env = build(load_config(None, {"save_dir": "/runs/a"}), {"NEMO_GYM_EPISODE_DIR": "from/env"})
+    assert from_env.env["NEMO_GYM_EPISODE_DIR"] == f"{tmp_path}/from/env"
+    hub = build(load_config(None, {}))  # not a local folder: an HF id, as given
+    assert one(recipe_flags(hub), "--hf-checkpoint") == "Qwen/Qwen3-4B-Instruct-2507"
+
+
+def test_the_job_runs_in_the_launchers_folder(tmp_path: Path) -> None:
+    job = cmd.build_job(LauncherConfig(), resolve("Qwen/Qwen3-4B-Instruct-2507"), MILES, {}, cwd=tmp_path / "my run")
+    assert cmd.entrypoint(job) == f"cd '{tmp_path}/my run' && {shlex.join(job.argv)}"
+    assert f"\ncd '{tmp_path}/my run'\npython3 /opt/miles/train.py" in cmd.render(job)

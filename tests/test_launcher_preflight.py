@@ -24,6 +24,7 @@ from miles_nemogym.settings import ENV_VARS
 from tests.support.miles_checkout import MODEL_TYPE, make_miles_checkout
 from tests.support.openapi import GymStandIn, openapi_document
 from tests.support.ports import free_port
+from tests.support.unprivileged import run_python_unprivileged
 
 
 @pytest.fixture(autouse=True)
@@ -104,6 +105,7 @@ def test_everything_passes_in_the_good_setting(good: dict[str, Any]) -> None:
     # The real hooks of this package import and are callable.
     assert "miles_nemogym.agent.run" in results["rollout hooks"].detail
     assert good["gym"].requests == ["/openapi.json"]
+    assert results["settings"].detail == f"NeMo-Gym server {good['gym'].url} (from the recipe)"
 
 
 @pytest.mark.parametrize("value", ["1", "true"])
@@ -283,3 +285,88 @@ def test_gym_unreachable(good: dict[str, Any]) -> None:
     results = run(good, config={"nemo_gym_url": f"http://127.0.0.1:{port}"})
     assert results["NeMo-Gym answers"].status is Status.failed
     assert results["/run accepts policy_base_url"].status is Status.skipped
+
+
+# --- held-out data and the episode folder -------------------------------------------------
+
+
+def eval_failure(good: dict[str, Any], path: Path) -> CheckResult:
+    failure = only_failure(run(good, config={"eval_data": path}))
+    assert failure.name == "eval data"
+    assert failure.detail.startswith(f"--eval-data {path}")
+    assert failure.fix is not None and "--holdout-output" in failure.fix and "--eval-data" in failure.fix
+    return failure
+
+
+def test_eval_data_is_checked_like_prompt_data(good: dict[str, Any]) -> None:
+    tmp = good["tmp"]
+    assert run(good)["eval data"].detail == "no --eval-data: no held-out evaluation"
+    assert run(good, config={"eval_data": good["config"].prompt_data})["eval data"].ok
+    assert "does not exist" in eval_failure(good, tmp / "holdout.jsonl").detail
+    (tmp / "empty.jsonl").write_bytes(b"")
+    assert "has no rows" in eval_failure(good, tmp / "empty.jsonl").detail
+    (tmp / "binary.jsonl").write_bytes(bytes(range(256)) * 4)
+    assert "not valid JSON" in eval_failure(good, tmp / "binary.jsonl").detail
+    (tmp / "folder.jsonl").mkdir()
+    assert "is a folder, not a file" in eval_failure(good, tmp / "folder.jsonl").detail
+    assert "is not a regular file" in eval_failure(good, Path("/dev/null")).detail
+
+
+def folder_failure(good: dict[str, Any], path: Path, **changes: Any) -> CheckResult:
+    failure = only_failure(run(good, config={"episode_dir": path}, **changes))
+    assert failure.name == "episode store folder"
+    assert failure.fix is not None and "--episode-dir" in failure.fix and "--no-store-episodes" in failure.fix
+    return failure
+
+
+def test_episode_folder_is_created_writable_and_left_as_found(good: dict[str, Any]) -> None:
+    default = good["config"].resolved_episode_dir
+    assert not default.parent.exists()
+    assert run(good)["episode store folder"].detail == f"{default} is writable"
+    assert not default.parent.exists()  # the probe removed what it made
+    existing = good["tmp"] / "episodes"
+    existing.mkdir()
+    assert run(good, config={"episode_dir": existing})["episode store folder"].ok
+    assert list(existing.iterdir()) == []
+    assert run(good, config={"store_episodes": False})["episode store folder"].detail.startswith("off")
+
+
+def test_episode_folder_that_cannot_be_one_is_refused(good: dict[str, Any]) -> None:
+    a_file = good["tmp"] / "a-file"
+    a_file.write_text("x")
+    assert folder_failure(good, a_file).detail == f"--episode-dir {a_file}: {a_file} is a file"
+    under = a_file / "episodes"
+    assert folder_failure(good, under).detail == f"--episode-dir {under}: {a_file}, on its path, is a file"
+    assert folder_failure(good, Path("/dev/null")).detail == "--episode-dir /dev/null: /dev/null is not a folder"
+    # /proc takes no new folders, whoever asks.
+    proc = Path("/proc/miles-nemogym-preflight/episodes")
+    assert "cannot create /proc/miles-nemogym-preflight" in folder_failure(good, proc).detail
+
+
+def test_episode_folder_from_the_environment_is_named_as_such(
+    good: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (good["tmp"] / "a-file").write_text("x")
+    monkeypatch.chdir(good["tmp"])
+    environ = {**good["environ"], "NEMO_GYM_EPISODE_DIR": "a-file"}  # relative: the launcher's folder
+    failure = only_failure(run(good, environ=environ))
+    assert failure.detail.startswith(f"NEMO_GYM_EPISODE_DIR {good['tmp'] / 'a-file'}: ")
+
+
+def test_episode_folder_without_write_permission_is_refused(good: dict[str, Any]) -> None:
+    read_only = good["tmp"] / "read-only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    code = (
+        "from pathlib import Path\n"
+        "from miles_nemogym.launcher.checks import check_episode_dir\n"
+        "from miles_nemogym.launcher.config import LauncherConfig\n"
+        "print(check_episode_dir(LauncherConfig(episode_dir=Path('read-only/run1')), {}).detail)\n"
+    )
+    try:
+        done = run_python_unprivileged(code, cwd=good["tmp"])
+    finally:
+        read_only.chmod(0o755)
+    assert done.returncode == 0, done.stderr
+    wanted = read_only / "run1"
+    assert done.stdout.strip() == f"--episode-dir {wanted}: cannot create {wanted} (Permission denied)"

@@ -33,12 +33,12 @@ def free_port() -> int:
 
 JOB_CODE = (
     "import os, sys; print('job sees', os.environ['NEMO_GYM_URL'], len(os.environ['NEMO_GYM_POLICY_API_KEY'])); "
-    "sys.exit(int(sys.argv[1]))"
+    "print('job runs in', os.getcwd()); sys.exit(int(sys.argv[1]))"
 )
 
 
 @pytest.fixture
-def head(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[RayActions, str]]:
+def head(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[tuple[RayActions, str]]:
     # Ray's socket paths must stay under 108 bytes: pytest's tmp_path is too deep.
     ray_tmp = Path(tempfile.mkdtemp(prefix="rl-", dir="/tmp"))
     monkeypatch.setenv("RAY_TMPDIR", str(ray_tmp))
@@ -70,7 +70,12 @@ def head(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[RayActions, str]]:
     address = f"http://127.0.0.1:{config.ray_dashboard_port}"
     actions = RayActions()
     assert not actions.ray_reachable(address)
-    actions.start_ray_head(config)
+    # Started in a folder of its own, as a head reused from an earlier shell would be.
+    started_in = tmp_path / "head started here"
+    started_in.mkdir()
+    with monkeypatch.context() as scope:
+        scope.chdir(started_in)
+        actions.start_ray_head(config)
     try:
         deadline = time.monotonic() + 120
         while not actions.ray_reachable(address):
@@ -84,14 +89,18 @@ def head(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[RayActions, str]]:
 
 
 @pytest.mark.timeout(600)
-def test_jobs_run_with_their_environment_and_exit_codes(
-    head: tuple[RayActions, str], capfd: pytest.CaptureFixture[str]
+def test_jobs_run_with_their_environment_and_exit_codes_in_the_launchers_folder(
+    head: tuple[RayActions, str], capfd: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     actions, address = head
+    launched_in = tmp_path / "launched from here"
+    launched_in.mkdir()
     env = {"NEMO_GYM_URL": "http://gym:12000", "NEMO_GYM_POLICY_API_KEY": "sk-123456"}
     for job_exit, launcher_exit in ((0, 0), (3, 1)):
-        job = cmd.Job(["python3", "-c", JOB_CODE, str(job_exit)], env, frozenset({"NEMO_GYM_POLICY_API_KEY"}))
+        argv = ["python3", "-c", JOB_CODE, str(job_exit)]
+        job = cmd.Job(argv, env, frozenset({"NEMO_GYM_POLICY_API_KEY"}), cwd=launched_in)
         assert actions.submit(job, address, f"test-{job_exit}-{os.getpid()}-{time.time_ns()}") == launcher_exit
         out = capfd.readouterr().out
         assert "job sees http://gym:12000 9" in out  # the runtime env reached the job, logs streamed
+        assert f"job runs in {launched_in}\n" in out  # not the folder the head was started in
         assert "sk-123456" not in out

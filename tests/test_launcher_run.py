@@ -155,6 +155,47 @@ def test_dry_run_hides_url_passwords_but_the_job_gets_them(
     assert job.env["NEMO_GYM_URL"] == "http://trainer:gym-pass-123@gym:12000"
 
 
+def test_dry_run_says_which_gym_url_it_uses_and_where_it_came_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    miles = make_miles_checkout(tmp_path / "miles")
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("nemo_gym_url: http://from-recipe:12000\n")
+
+    def origin_line(*argv: str) -> str:
+        assert run.main(["--dry-run", "--miles-root", str(miles), *argv], actions=Refuses()) == 0
+        (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("# NeMo-Gym server:")]
+        return line
+
+    assert origin_line() == "# NeMo-Gym server: http://localhost:12000 (from the default)"
+    monkeypatch.setenv("NEMO_GYM_URL", "http://user:pw-789@from-env:12000")
+    assert origin_line() == "# NeMo-Gym server: http://user:***@from-env:12000 (from NEMO_GYM_URL in the environment)"
+    assert origin_line("--config", str(recipe)) == (
+        "# NeMo-Gym server: http://from-recipe:12000 (from nemo_gym_url in the --config recipe)"
+    )
+    assert origin_line("--config", str(recipe), "--nemo-gym-url", "http://flag:1") == (
+        "# NeMo-Gym server: http://flag:1 (from --nemo-gym-url)"
+    )
+
+
+def test_relative_paths_reach_the_job_resolved_and_it_runs_here(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    miles = make_miles_checkout(tmp_path / "miles")
+    here = tmp_path / "launched from"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    argv = ["--dry-run", "--miles-root", str(miles), "--prompt-data", "train.jsonl", "--episode-dir", "eps"]
+    assert run.main(argv, actions=Refuses()) == 0
+    out = capsys.readouterr().out
+    assert f"NEMO_GYM_EPISODE_DIR='{here}/eps'" in out
+    assert f"--prompt-data '{here}/train.jsonl'" in out
+    assert f"\ncd '{here}'\npython3 {miles}/train.py" in out
+    actions = Recorder()
+    execute(tmp_path / "run", actions, skip_prepare=True)
+    assert actions.job is not None and actions.job.cwd == here
+
+
 def test_dry_run_without_miles_shows_placeholders(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code = run.main(["--dry-run", "--miles-root", str(tmp_path / "absent")], actions=Refuses())
     captured = capsys.readouterr()

@@ -40,7 +40,7 @@ def test_a_bad_line_reads_the_same_everywhere(tmp_path: Path, line: str, error: 
     assert str(scan.value).startswith(f"{path}:3: {error}; ")
 
     launcher = check_prompt_data(LauncherConfig(prompt_data=path, megatron_path=tmp_path))
-    assert launcher.detail == f"{path}: row 2 (line 3): {error}"
+    assert launcher.detail == f"--prompt-data {path}: row 2 (line 3): {error}"
 
 
 def test_fail_to_pass_is_decoded_once_for_converter_and_scan() -> None:

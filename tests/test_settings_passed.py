@@ -158,7 +158,7 @@ def test_concurrent_preflights_check_their_own_recipe_url_and_leave_the_environm
     assert fetched == {f"{url}/openapi.json": SHELL_URL for url in urls}
     for url, checks in zip(urls, results, strict=True):
         by_name = {check.name: check for check in checks}
-        assert by_name["settings"].detail == f"NeMo-Gym server {url}"
+        assert by_name["settings"].detail == f"NeMo-Gym server {url} (from the recipe)"
         assert "trainer-node" in by_name["policy host dialable from the Gym host"].detail
 
 

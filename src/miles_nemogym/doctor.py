@@ -61,7 +61,7 @@ _CHECK_POLICY_FIELD = "/run accepts policy_base_url"
 _CHECK_POLICY_HOST = "policy host dialable from the Gym host"
 
 
-def _check_settings(environ: Mapping[str, str]) -> tuple[CheckResult, Settings | None]:
+def _check_settings(environ: Mapping[str, str], gym_url_origin: str | None) -> tuple[CheckResult, Settings | None]:
     try:
         settings = Settings.from_env(environ)
     except SettingsError as error:
@@ -74,7 +74,9 @@ def _check_settings(environ: Mapping[str, str]) -> tuple[CheckResult, Settings |
             ),
             None,
         )
-    note = "" if "NEMO_GYM_URL" in environ else " (NEMO_GYM_URL unset: the default)"
+    if gym_url_origin is None:
+        gym_url_origin = "NEMO_GYM_URL" if "NEMO_GYM_URL" in environ else "the default: NEMO_GYM_URL is unset"
+    note = f" (from {gym_url_origin})"
     return (
         CheckResult(_CHECK_SETTINGS, Status.passed, f"NeMo-Gym server {redact_url(settings.gym_url)}{note}"),
         settings,
@@ -147,15 +149,17 @@ def run_checks(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     fetch: Fetcher = fetch_json,
     environ: Mapping[str, str] | None = None,
+    gym_url_origin: str | None = None,
 ) -> list[CheckResult]:
     """Every doctor check, in order; a check whose prerequisite failed is ``skipped``.
 
     ``session_host`` is the ``--session-server-ip`` the trainer will use (default
-    ``0.0.0.0``, the recipe's); the settings are read from ``environ`` (default: this process's).
+    ``0.0.0.0``, the recipe's); the settings are read from ``environ`` (default: this process's);
+    ``gym_url_origin`` says where its NEMO_GYM_URL came from (default: the environment or the default).
     """
     host = (session_host or DEFAULT_SESSION_HOST).strip()
     results: list[CheckResult] = []
-    settings_result, settings = _check_settings(os.environ if environ is None else environ)
+    settings_result, settings = _check_settings(os.environ if environ is None else environ, gym_url_origin)
     results.append(settings_result)
     if settings is None:
         reason = "needs valid settings"

@@ -75,6 +75,11 @@ async def fetch_json_async(url: str, timeout_s: float) -> Any:
                     )
     except (asyncio.TimeoutError, TimeoutError):
         raise FetchError("timeout", f"no complete answer within {timeout_s:g} s") from None
+    except aiohttp.ClientConnectorCertificateError as error:
+        reason = getattr(error.certificate_error, "verify_message", "") or str(error.certificate_error)
+        raise FetchError("certificate", f"the server's TLS certificate failed verification ({reason})") from None
+    except aiohttp.ClientSSLError as error:
+        raise FetchError("tls", f"the TLS handshake failed ({error.os_error})") from None
     except aiohttp.ClientConnectorError as error:
         if isinstance(error.os_error, socket.gaierror):
             raise FetchError("dns", f"host name does not resolve ({error.os_error})") from None
@@ -194,6 +199,10 @@ _FIXES = {
     "not-json": WRONG_SERVER_FIX,
     "too-large": WRONG_SERVER_FIX,
     "schema": WRONG_SERVER_FIX,
+    "certificate": "make this machine trust the server's certificate: set SSL_CERT_FILE to a PEM file holding "
+    "the CA that signed it (or add that CA to the system's trust store), and name the host the certificate "
+    "is issued for; or use http:// if the server does not serve TLS",
+    "tls": "use http:// if the server does not serve TLS (https:// only for a server that does)",
 }
 _UNREACHABLE_FIX = (
     "start the server (`miles-nemogym serve`, or `gym env start` with the mini_swe_agent_2 config) "

@@ -46,7 +46,8 @@ def doctor(
 
     # The checks read the plugin's variables as the trainer would, the flag in place of NEMO_GYM_URL.
     environ = dict(os.environ) if gym_url is None else {**os.environ, "NEMO_GYM_URL": gym_url}
-    results = run_checks(session_host=session_host, timeout_s=timeout, environ=environ)
+    origin = None if gym_url is None else "--gym-url"
+    results = run_checks(session_host=session_host, timeout_s=timeout, environ=environ, gym_url_origin=origin)
     render(results)
     raise typer.Exit(0 if all_passed(results) else 1)
 

@@ -1,17 +1,20 @@
 """Checks run before the launcher spends GPU time; each failure comes with its fix.
 
-In seconds on the launching node: Miles, Megatron, the hooks, GPUs, prompt data,
-checkpoint, session port, cluster, then the doctor's NeMo-Gym checks (docs/launcher.md).
+In seconds on the launching node: Miles, Megatron, the hooks, GPUs, prompt and eval data,
+the episode folder, checkpoint, session port, cluster, then the doctor's NeMo-Gym checks (docs/launcher.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import itertools
+import os
 import shutil
 import socket
 import subprocess
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,7 @@ from miles_nemogym import doctor, server_probe
 from miles_nemogym.data.sources import SourceError, open_file
 from miles_nemogym.doctor import CheckResult, Status
 from miles_nemogym.errors import MilesNemoGymError
-from miles_nemogym.launcher.command import HOOKS, MilesInstall, job_environment
+from miles_nemogym.launcher.command import EPISODE_DIR_ENV, HOOKS, MilesInstall, job_environment, job_episode_dir
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.settings import ENV_VARS
 
@@ -220,26 +223,47 @@ def _first_rows(path: Path, count: int) -> list[Any]:
     return rows
 
 
-def check_prompt_data(config: LauncherConfig) -> CheckResult:
-    name = "prompt data"
-    path = config.prompt_data
-    convert = (
-        "convert SWE-bench with `miles-nemogym convert --input princeton-nlp/SWE-bench_Verified "
-        f"--output {path}` and pass that file as --prompt-data"
-    )
+_CONVERT = "miles-nemogym convert --input princeton-nlp/SWE-bench_Verified"
+
+
+def _check_data(name: str, flag: str, path: Path, fix: str) -> CheckResult:
+    """A file of prompt rows as Miles reads them: its first rows carry a prompt and an instance."""
+    if path.is_dir():
+        return CheckResult(name, Status.failed, f"{flag} {path} is a folder, not a file", fix)
+    if not path.exists():
+        return CheckResult(name, Status.failed, f"{flag} {path} does not exist", fix)
     if not path.is_file():
-        return CheckResult(name, Status.failed, f"{path} does not exist", convert)
+        return CheckResult(name, Status.failed, f"{flag} {path} is not a regular file", fix)
     try:
         rows = _first_rows(path, ROWS_CHECKED)
     except (OSError, _DataError) as error:
-        return CheckResult(name, Status.failed, f"{path}: {error}", convert)
+        return CheckResult(name, Status.failed, f"{flag} {path}: {error}", fix)
     if not rows:
-        return CheckResult(name, Status.failed, f"{path} has no rows", convert)
+        return CheckResult(name, Status.failed, f"{flag} {path} has no rows", fix)
     for number, row in enumerate(rows, start=1):
         problem = _row_problem(row)
         if problem is not None:
-            return CheckResult(name, Status.failed, f"{path} row {number}: {problem}", convert)
+            return CheckResult(name, Status.failed, f"{flag} {path} row {number}: {problem}", fix)
     return CheckResult(name, Status.passed, f"{path}: first {len(rows)} row(s) carry prompt and instance")
+
+
+def check_prompt_data(config: LauncherConfig) -> CheckResult:
+    path = config.prompt_data
+    fix = f"convert SWE-bench with `{_CONVERT} --output {path}` and pass that file as --prompt-data"
+    return _check_data("prompt data", "--prompt-data", path, fix)
+
+
+def check_eval_data(config: LauncherConfig) -> CheckResult:
+    """Miles evaluates before the first training step: a bad held-out file fails once the cluster runs."""
+    name = "eval data"
+    path = config.eval_data
+    if path is None:
+        return CheckResult(name, Status.passed, "no --eval-data: no held-out evaluation")
+    fix = (
+        f"write a held-out set with `{_CONVERT} --output <train.jsonl> --holdout N --holdout-output {path}` "
+        "and pass that file as --eval-data, or leave --eval-data unset to train without evaluation"
+    )
+    return _check_data(name, "--eval-data", path, fix)
 
 
 def _row_problem(row: Any) -> str | None:
@@ -259,6 +283,64 @@ def _row_problem(row: Any) -> str | None:
         instance = metadata.get("instance_id", "?")
         return f"instance {instance}: metadata." + "; metadata.".join(map(str, checked))
     return None
+
+
+def _folder_problem(folder: Path) -> str | None:
+    """Why episodes could not be written under ``folder``, by doing what the store does
+    (create the missing folders, write a file) and undoing it; None when that works."""
+    missing: list[Path] = []
+    existing = folder
+    while not existing.exists() and not existing.is_symlink():
+        missing.append(existing)
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "a file" if existing.is_file() else "not a folder"
+        return f"{existing} is {what}" if existing == folder else f"{existing}, on its path, is {what}"
+    created: list[Path] = []
+    try:
+        for part in reversed(missing):
+            doing = f"cannot create {part}"
+            try:
+                part.mkdir()
+            except FileExistsError:
+                if part.is_dir():
+                    continue  # made meanwhile by someone else: theirs to keep
+                raise
+            created.append(part)
+        doing = f"cannot write a file in {folder}"
+        handle, probe = tempfile.mkstemp(prefix=".preflight-", dir=folder)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as error:
+        return f"{doing} ({error.strerror or error})"
+    finally:
+        for part in reversed(created):
+            with contextlib.suppress(OSError):
+                part.rmdir()
+    return None
+
+
+def check_episode_dir(config: LauncherConfig, environ: Mapping[str, str]) -> CheckResult:
+    """The store warns once in a worker log and saves nothing when it cannot write: refuse it here."""
+    name = "episode store folder"
+    folder = job_episode_dir(config, environ)
+    if folder is None:
+        return CheckResult(name, Status.passed, "off (--no-store-episodes)")
+    problem = _folder_problem(folder)
+    if problem is not None:
+        if config.episode_dir is not None:
+            given = "--episode-dir"
+        elif environ.get(EPISODE_DIR_ENV, "").strip():
+            given = EPISODE_DIR_ENV
+        else:
+            given = "<--save-dir>/episodes"
+        return CheckResult(
+            name,
+            Status.failed,
+            f"{given} {folder}: {problem}",
+            "pass --episode-dir <a folder this user can write> (created if missing), or --no-store-episodes",
+        )
+    return CheckResult(name, Status.passed, f"{folder} is writable")
 
 
 def check_checkpoint(config: LauncherConfig) -> CheckResult:
@@ -335,6 +417,8 @@ def run_preflight(
         check_hooks(hook_paths),
         check_gpus(config, environ, gpu_counter),
         check_prompt_data(config),
+        check_eval_data(config),
+        check_episode_dir(config, environ),
         check_checkpoint(config),
         check_session_port(config),
         check_cluster(config),
@@ -344,5 +428,6 @@ def run_preflight(
         timeout_s=gym_timeout_s,
         fetch=fetch,
         environ=plugin_environment(config, environ),
+        gym_url_origin=config.gym_url_origin,
     )
     return results

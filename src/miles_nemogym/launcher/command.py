@@ -88,6 +88,8 @@ class Job:
     argv: list[str]
     env: dict[str, str]
     secret_names: frozenset[str] = field(default_factory=frozenset)
+    cwd: Path | None = None
+    """The folder the job runs in (the launcher's), whatever folder the Ray head was started in."""
 
     def display_env(self) -> dict[str, str]:
         """The environment with every secret's value replaced by ``<hidden>`` and URL passwords by ``***``."""
@@ -267,6 +269,17 @@ def _checked_extra_args(args: list[str], extra: list[str]) -> list[str]:
     return list(extra)
 
 
+def job_episode_dir(config: LauncherConfig, environ: Mapping[str, str]) -> Path | None:
+    """Where the job's episodes go: the recipe's folder, else the caller's NEMO_GYM_EPISODE_DIR,
+    else ``<save_dir>/episodes``; absolute (relative to this folder); None when the store is off."""
+    if config.resolved_episode_dir is None:
+        return None
+    given = environ.get(EPISODE_DIR_ENV, "").strip()
+    if config.episode_dir is None and given:
+        return Path(given).absolute()
+    return config.resolved_episode_dir
+
+
 def job_environment(config: LauncherConfig, miles: MilesInstall, environ: Mapping[str, str]) -> Job:
     """The job's environment; ``environ`` is the launcher's (for forwarded variables)."""
     env: dict[str, str] = {}
@@ -291,22 +304,33 @@ def job_environment(config: LauncherConfig, miles: MilesInstall, environ: Mappin
     )
     if config.router_external_host:
         env["MILES_ROUTER_EXTERNAL_HOST"] = config.router_external_host
-    episode_dir = config.resolved_episode_dir
-    if episode_dir is None:
-        env.pop(EPISODE_DIR_ENV, None)
-    elif config.episode_dir is not None or EPISODE_DIR_ENV not in env:
-        env[EPISODE_DIR_ENV] = str(episode_dir)  # the flag, else the caller's variable, else the default
+    episode_dir = job_episode_dir(config, environ)
+    env.pop(EPISODE_DIR_ENV, None)
+    if episode_dir is not None:
+        env[EPISODE_DIR_ENV] = str(episode_dir)
     env.update(config.extra_env)
     secrets = frozenset(name for name in env if is_secret(name))
     return Job(argv=[], env=env, secret_names=secrets)
 
 
-def build_job(config: LauncherConfig, parsers: Parsers, miles: MilesInstall, environ: Mapping[str, str]) -> Job:
-    """The whole job: ``python3 <miles>/train.py <model args> <recipe flags>`` and its env."""
+def build_job(
+    config: LauncherConfig,
+    parsers: Parsers,
+    miles: MilesInstall,
+    environ: Mapping[str, str],
+    cwd: Path | None = None,
+) -> Job:
+    """The whole job: ``python3 <miles>/train.py <model args> <recipe flags>``, its env, run in ``cwd``."""
     base = job_environment(config, miles, environ)
     check_min_valid(base.env, config.n_samples_per_prompt)
     argv = ["python3", str(miles.train_script), *miles.model_args, *train_args(config, parsers)]
-    return Job(argv=argv, env=base.env, secret_names=base.secret_names)
+    return Job(argv=argv, env=base.env, secret_names=base.secret_names, cwd=cwd)
+
+
+def entrypoint(job: Job) -> str:
+    """The job as one shell command (Ray runs entrypoints with a shell), in ``job.cwd`` if set."""
+    command = shlex.join(job.argv)
+    return command if job.cwd is None else f"cd {shlex.quote(str(job.cwd))} && {command}"
 
 
 def checkpoint_command(config: LauncherConfig, miles: MilesInstall) -> list[str]:
@@ -338,5 +362,8 @@ def render(job: Job) -> str:
     passwords hidden: the job itself gets the real values)."""
     lines = ["# environment of the job"]
     lines += [f"{name}={shlex.quote(value)}" for name, value in sorted(job.display_env().items())]
-    lines += ["# command", shell_lines([redact_url(word) for word in job.argv])]
+    lines += ["# command"]
+    if job.cwd is not None:
+        lines += [f"cd {shlex.quote(str(job.cwd))}"]
+    lines += [shell_lines([redact_url(word) for word in job.argv])]
     return "\n".join(lines)

@@ -17,6 +17,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -216,6 +217,19 @@ class LauncherConfig(BaseModel):
     extra_env: dict[str, str] = Field(default_factory=dict)
     """More environment variables for the job."""
 
+    _gym_url_origin: str = PrivateAttr(default="")
+
+    def model_post_init(self, context: Any, /) -> None:
+        if "nemo_gym_url" in self.model_fields_set:
+            self._gym_url_origin = "the recipe"
+        else:  # the default factory read the environment just now
+            self._gym_url_origin = "NEMO_GYM_URL in the environment" if _env("NEMO_GYM_URL") else "the default"
+
+    @property
+    def gym_url_origin(self) -> str:
+        """Where ``nemo_gym_url`` came from: the flag, the YAML recipe, NEMO_GYM_URL or the default."""
+        return self._gym_url_origin
+
     @field_validator("*", mode="before")
     @classmethod
     def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
@@ -223,6 +237,20 @@ class LauncherConfig(BaseModel):
         if isinstance(value, bool) and info.field_name and _is_number(cls.model_fields[info.field_name].annotation):
             raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
         return value
+
+    @field_validator("base_dir", "ref_load", "save_dir", "prompt_data", "miles_root", "megatron_path", "eval_data",
+                     "episode_dir")  # fmt: skip
+    @classmethod
+    def _absolute(cls, value: Path | None) -> Path | None:
+        # The job runs on Ray, maybe in another folder: relative paths mean the launcher's folder.
+        return None if value is None else value.absolute()
+
+    @field_validator("hf_checkpoint")
+    @classmethod
+    def _absolute_if_local(cls, value: str) -> str:
+        # A local folder (as transformers resolves it, from this folder), else an HF id as given.
+        path = Path(value)
+        return str(path.absolute()) if value and not path.is_absolute() and path.exists() else value
 
     @field_validator("nemo_gym_url")
     @classmethod
@@ -336,9 +364,14 @@ def load_config(yaml_values: dict[str, Any] | None, cli_values: dict[str, Any]) 
     """Defaults < YAML < CLI, validated once; raises ``ConfigError`` naming every bad field."""
     merged: dict[str, Any] = {**(yaml_values or {}), **cli_values}
     try:
-        return LauncherConfig.model_validate(merged)
+        config = LauncherConfig.model_validate(merged)
     except ValidationError as error:
         raise ConfigError(describe_error(error)) from None
+    if "nemo_gym_url" in cli_values:
+        config._gym_url_origin = "--nemo-gym-url"
+    elif "nemo_gym_url" in merged:
+        config._gym_url_origin = "nemo_gym_url in the --config recipe"
+    return config
 
 
 def read_yaml(path: Path) -> dict[str, Any]:

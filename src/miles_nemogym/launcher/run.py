@@ -305,7 +305,7 @@ class RayActions:
         while True:
             try:
                 client.submit_job(
-                    entrypoint=shlex.join(job.argv),
+                    entrypoint=cmd.entrypoint(job),
                     runtime_env={"env_vars": job.env},
                     submission_id=submission_id,
                 )
@@ -377,7 +377,7 @@ def execute(
     else:
         load_error = None if install is not None else "the 'miles' package is not importable"
     try:
-        job = cmd.build_job(config, parsers, install or _placeholder_install(config), environ)
+        job = cmd.build_job(config, parsers, install or _placeholder_install(config), environ, cwd=Path.cwd())
     except (cmd.DuplicateFlagError, cmd.GroupSettingError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -387,6 +387,7 @@ def execute(
         if install is None:
             print(f"# Miles not usable here ({load_error}): its checkout and model arguments are placeholders")
         print(cmd.render(job))
+        print(f"# NeMo-Gym server: {redact_url(config.nemo_gym_url)} (from {config.gym_url_origin})")
         if config.eval_data is not None:
             print("# --eval-config above, decoded (Miles' eval config; its metadata_overrides mark eval episodes):")
             print("#   " + json.dumps(cmd.eval_config_document(config), sort_keys=True))
