@@ -205,6 +205,8 @@ def test_screenshot_of_the_page(page: Path, tmp_path: Path) -> None:
 
 
 def test_crafted_store_content_runs_and_loads_nothing(tmp_path: Path, pixel_server: tuple[str, list[str]]) -> None:
+    from miles_nemogym.store.page import INLINE_CHARS
+
     base, hits = pixel_server
 
     def payload(field: str) -> str:
@@ -266,10 +268,10 @@ def test_crafted_store_content_runs_and_loads_nothing(tmp_path: Path, pixel_serv
     # The patch: its start shown, the rest of its 3.8 MB behind a closed "show all" (200,000
     # characters of it on the page).
     patch_start = opened.split("--- patch\n", 1)[1].split("show all (", 1)[0]
-    assert patch_start.startswith(payload("patch") + "+line 0\n") and len(patch_start.strip()) <= 2_000
+    assert patch_start.startswith(payload("patch") + "+line 0\n") and len(patch_start.strip()) <= INLINE_CHARS
     (closed, summary), *_ = seen["more"]
     more = int(summary.removeprefix("show all (").removesuffix(" more characters)").replace(",", ""))
-    assert closed is False and len(patch) - 2_000 <= more < len(patch) - 1_500
+    assert closed is False and len(patch) - INLINE_CHARS <= more < len(patch) - INLINE_CHARS * 3 // 4
     assert payload("reason") in seen["texts"][2] and payload("answer") in seen["texts"][2]
     assert len(seen["allTexts"][1]) - len(opened) > 190_000
     assert seen["overflow"] == 0

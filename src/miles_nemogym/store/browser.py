@@ -411,8 +411,8 @@ def _missing_answer(episode: Episode) -> str | None:
 
 def episode_parts(episode: Episode) -> list[str | LongText]:
     """One episode as the views show it, top to bottom: header, failure, each turn (thought,
-    commands, outputs), the submitted patch, the test report; every store value made
-    ``printable``. A set-aside episode shows its failure reason whole and what its record
+    commands, outputs), the submitted patch, the test report, as stored: a view makes what it
+    shows ``printable``. A set-aside episode shows its failure reason whole and what its record
     counted (HTTP status, policy turns, tool calls); "-" is a count the record lacks."""
     record, answer = episode.record, episode.entry.get("answer")
     parts: list[str | LongText] = [
@@ -444,12 +444,14 @@ def episode_parts(episode: Episode) -> list[str | LongText]:
     parts += ["", "--- patch", LongText(patch) if patch else f"(no patch: {missing})" if missing else "(no patch)"]
     report = [f"(no test report: {missing})"] if missing else report_lines(report_of(answer, episode.instance_id))
     parts += ["", "--- test report", *report]
-    return [printable(p) if isinstance(p, str) else LongText(printable(p.text), p.show_limit) for p in parts]
+    return parts
 
 
 def show_text(episode: Episode) -> str:
     """One episode, readably (``episode_parts``), long outputs and thoughts trimmed."""
-    return "\n".join(
-        p if isinstance(p, str) else p.text if p.show_limit is None else trim(p.text, p.show_limit)
-        for p in episode_parts(episode)
+    return printable(
+        "\n".join(
+            p if isinstance(p, str) else p.text if p.show_limit is None else trim(p.text, p.show_limit)
+            for p in episode_parts(episode)
+        )
     )

@@ -27,7 +27,7 @@ from miles_nemogym.store.browser import (
 )
 from miles_nemogym.store.writer import ROLES
 
-INLINE_CHARS = 2_000
+INLINE_CHARS = 1_000
 """A long part of an episode shows this much (cut at a line or word end when near)."""
 BLOCK_MAX_CHARS = 200_000
 """At most this much of one part is on the page (the rest is counted, the store has it)."""
@@ -153,34 +153,29 @@ def _table_html(rows: list[StepRow]) -> str:
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
-def _long_html(part: LongText) -> tuple[str, str]:
-    """(the part's text shown at once, the collapsed "show all" of the rest) as HTML."""
-    head, rest = split_head(part.text, INLINE_CHARS)
-    if not rest:
-        return html.escape(head), ""
-    left_out = max(0, len(part.text) - BLOCK_MAX_CHARS)
-    kept = html.escape(rest[: len(rest) - left_out])
-    note = f"\n[{left_out:,} more characters are not on this page; the store file has them]" if left_out else ""
-    summary = f"show all ({len(rest):,} more characters)"
-    more = f"<details class=more><summary>{summary}</summary><pre>{kept}{note}</pre></details>"
-    return html.escape(head), more
-
-
 def _body_html(parts: list[str | LongText]) -> str:
-    """An episode's parts as ``<pre>`` blocks, each long part's rest collapsed after its start."""
+    """An episode's parts as ``<pre>`` blocks; a long part's start ends its block and the rest
+    follows collapsed (cleaned and escaped per block: an episode has hundreds of parts)."""
     out: list[str] = []
     lines: list[str] = []
     for part in parts:
         if isinstance(part, str):
-            lines.append(html.escape(part))
+            lines.append(part)
             continue
-        shown, more = _long_html(part)
-        lines.append(shown)
-        if more:
-            out += [f"<pre>{chr(10).join(lines)}</pre>", more]
-            lines = []
+        head, rest = split_head(part.text, INLINE_CHARS)
+        lines.append(head)
+        if not rest:
+            continue
+        left_out = max(0, len(part.text) - BLOCK_MAX_CHARS)
+        note = f"\n[{left_out:,} more characters are not on this page; the store file has them]" if left_out else ""
+        out += [
+            f"<pre>{_text(chr(10).join(lines))}</pre>",
+            f"<details class=more><summary>show all ({len(rest):,} more characters)</summary>"
+            f"<pre>{_text(rest[: len(rest) - left_out])}{note}</pre></details>",
+        ]
+        lines = []
     if lines:
-        out.append(f"<pre>{chr(10).join(lines)}</pre>")
+        out.append(f"<pre>{_text(chr(10).join(lines))}</pre>")
     return "".join(out)
 
 
