@@ -76,7 +76,9 @@ def test_filters_list_the_matching_episodes(store: Path, gym_example_rollouts: l
     assert _listed(invoke(store, "--kind", "agent_run_error").output) == ["crash0"]
     assert gym_example_rollouts[0]["reward"] == 1.0  # the wheel's first result is resolved
     assert _listed(invoke(store, "--kind", "resolved", "--instance", first).output) == ["eval0", "eval1", "train0"]
-    assert _listed(invoke(store, "--kind", "unresolved", "--instance", first).output) == []
+    none = CliRunner().invoke(app, ["episodes", str(store), "--kind", "unresolved", "--instance", first])
+    assert none.exit_code == 0 and none.stdout == ""
+    assert none.stderr == f"no episodes match --instance {first} --kind unresolved (of 9 in {store})\n"
 
 
 def _listed(output: str) -> list[str]:

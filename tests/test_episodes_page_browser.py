@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
 from tests.support.episode_stores import build_store
+from tests.support.hostile_store import entry, run_answer, write_step
 
 CHROMIUM = next(
     (path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))), None
@@ -37,7 +38,8 @@ WIDTH, HEIGHT = 1280, 1800
 _MEASURE = """<script>
 addEventListener('load', () => {
   const box = e => { const r = e.getBoundingClientRect(); return [Math.round(r.width), Math.round(r.height)]; };
-  const first = document.querySelector('details');
+  const first = document.querySelector('body > details');
+  const body = first.querySelector('div.episode');
   const seen = {
     rows: [...document.querySelectorAll('table tr')].map(tr => [...tr.cells].map(c => c.innerText.trim())),
     charts: [...document.querySelectorAll('div.chart > svg')].map(svg => ({
@@ -45,13 +47,36 @@ addEventListener('load', () => {
       bars: [...svg.querySelectorAll('rect')].map(r => ({box: box(r), fill: getComputedStyle(r).fill})),
       values: [...svg.querySelectorAll('text')].map(t => t.textContent.replace(/\\s+/g, ' ').trim()),
     })),
-    summaries: [...document.querySelectorAll('details > summary')].map(s => s.innerText.trim()),
-    closed: [box(first), first.querySelector('pre').checkVisibility()],
+    summaries: [...document.querySelectorAll('body > details > summary')].map(s => s.innerText.trim()),
+    closed: [box(first), body.checkVisibility()],
     overflow: document.documentElement.scrollWidth - innerWidth,
   };
   first.open = true;
-  seen.opened = [box(first), first.querySelector('pre').checkVisibility()];
-  seen.openedText = first.querySelector('pre').innerText;
+  seen.opened = [box(first), body.checkVisibility()];
+  seen.openedText = body.innerText;
+  seen.resources = performance.getEntriesByType('resource').map(e => e.name);
+  document.body.setAttribute('data-seen', JSON.stringify(seen));
+});
+</script></body>"""
+
+# For a page of crafted episodes: did anything in it run or load, and what does a person see
+# of each episode when it is opened (its long parts' "show all" still closed), then opened?
+_MEASURE_CRAFTED = """<script>
+addEventListener('load', () => {
+  const episodes = [...document.querySelectorAll('body > details')];
+  episodes.forEach(d => { d.open = true; });
+  const seen = {
+    pwned: document.documentElement.dataset.pwned || null,
+    title: document.title,
+    active: [...document.querySelectorAll('script, img, iframe, object, embed, meta, link, [onload], [onerror]')]
+      .map(e => e.tagName),
+    summaries: episodes.map(d => d.querySelector('summary').innerText.trim()),
+    texts: episodes.map(d => (d.querySelector('div.episode') || d).innerText),
+    more: [...document.querySelectorAll('details.more')].map(d => [d.open, d.querySelector('summary').innerText]),
+    overflow: document.documentElement.scrollWidth - innerWidth,
+  };
+  document.querySelectorAll('details.more').forEach(d => { d.open = true; });
+  seen.allTexts = episodes.map(d => (d.querySelector('div.episode') || d).innerText);
   seen.resources = performance.getEntriesByType('resource').map(e => e.name);
   document.body.setAttribute('data-seen', JSON.stringify(seen));
 });
@@ -70,10 +95,12 @@ def chromium(tmp_path: Path, url: str, *args: str) -> str:
     return done.stdout
 
 
-def seen_in(tmp_path: Path, page: Path, extra_html: str = "") -> dict[str, Any]:
-    """What the measuring script found in a copy of ``page`` (plus ``extra_html``)."""
+def seen_in(tmp_path: Path, page: Path, extra_html: str = "", measure: str = _MEASURE) -> dict[str, Any]:
+    """What the ``measure`` script found in a copy of ``page`` (plus ``extra_html``)."""
     probe = tmp_path / f"probe-{page.name}"
-    probe.write_text(page.read_text().replace("</body>", extra_html + _MEASURE), encoding="utf-8")
+    text = page.read_text()
+    assert text.count("</body>") == 1
+    probe.write_text(text.replace("</body>", extra_html + measure), encoding="utf-8")
     dom = chromium(tmp_path, probe.as_uri(), "--dump-dom", "--virtual-time-budget=5000")
     match = re.search(r'data-seen="([^"]*)"', dom)
     assert match, "the measuring script did not run: " + dom[:500]
@@ -175,3 +202,76 @@ def test_screenshot_of_the_page(page: Path, tmp_path: Path) -> None:
     header = shot.read_bytes()[:24]
     assert header[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", header[16:24]) == (WIDTH, HEIGHT)
+
+
+def test_crafted_store_content_runs_and_loads_nothing(tmp_path: Path, pixel_server: tuple[str, list[str]]) -> None:
+    from miles_nemogym.store.page import INLINE_CHARS
+
+    base, hits = pixel_server
+
+    def payload(field: str) -> str:
+        """Markup that, if the page let it through, loads ``/<field>.png`` or marks the page."""
+        mark = f"document.documentElement.dataset.pwned='{field}'"
+        return (
+            f'<img src="{base}/{field}.png" onload="{mark}"><script>{mark}</script>'
+            f'<svg onload="{mark}"></svg><meta http-equiv="refresh" content="0;url={base}/{field}-refresh">'
+        )
+
+    answer = run_answer(
+        [
+            {"type": "message", "content": [{"text": payload("thought")}]},
+            {"type": "function_call", "arguments": {"command": payload("command")}},
+            {"type": "function_call_output", "output": payload("output")},
+        ],
+        patch=(patch := payload("patch") + "".join(f"+line {i}\n" for i in range(300_000))),
+        report={"resolved": payload("resolved"), "tests_status": {"FAIL_TO_PASS": {"failure": [payload("test")]}}},
+        instance=payload("instance"),
+    )
+    crafted = entry(
+        "crafted" + payload("id"),
+        answer,
+        instance_id=payload("instance"),
+        eval_set=payload("set"),
+        session_id=payload("session"),
+        reward=payload("reward"),
+        record={"turns": payload("turns"), "elapsed_s": payload("time"), "attempts": payload("n")},
+    )
+    masked = entry(
+        "masked",
+        {"text": payload("answer")},
+        reward=0.0,
+        record={
+            "mask_sample": True,
+            "failure_kind": payload("kind"),
+            "failure_reason": payload("reason"),
+            "tool_calls": payload("calls"),
+        },
+    )
+    store = tmp_path / "<svg onload=document.documentElement.dataset.pwned=1>"  # the folder's name is in the title
+    write_step(store, "train", 1, [crafted, masked, '{"episode_id": "cut by a cr'])  # also named as a cut file
+    write_step(store, "eval", 1, [{**crafted, "episode_id": "eval"}])
+    page = tmp_path / "page.html"
+    result = CliRunner().invoke(app, ["episodes", str(store), "--html", str(page)])
+    assert result.exit_code == 0, result.output
+
+    seen = seen_in(tmp_path, page, measure=_MEASURE_CRAFTED)
+    assert seen["pwned"] is None and hits == [] and seen["resources"] == []
+    assert seen["active"] == ["META", "SCRIPT"]  # the page's charset and the measuring script
+    assert seen["title"] == f"Episodes in {store}"
+    # Each summary field is cut at 200 characters; the opened episode has them whole.
+    assert seen["summaries"][1].startswith(f"train/{payload('set')[:199]}… step 1 · {payload('instance')[:199]}… ")
+    assert f" · resolved · reward {payload('reward')[:199]}… · turns " in seen["summaries"][1]
+    assert seen["summaries"][2].startswith(f"train step 1 · repo__x-1 · {payload('kind')[:199]}… · reward 0.0")
+    opened = seen["texts"][1]
+    for field in ("instance", "session", "reward", "turns", "thought", "command", "output"):
+        assert payload(field) in opened, field
+    # The patch: its start shown, the rest of its 3.8 MB behind a closed "show all" (200,000
+    # characters of it on the page).
+    patch_start = opened.split("--- patch\n", 1)[1].split("show all (", 1)[0]
+    assert patch_start.startswith(payload("patch") + "+line 0\n") and len(patch_start.strip()) <= INLINE_CHARS
+    (closed, summary), *_ = seen["more"]
+    more = int(summary.removeprefix("show all (").removesuffix(" more characters)").replace(",", ""))
+    assert closed is False and len(patch) - INLINE_CHARS <= more < len(patch) - INLINE_CHARS * 3 // 4
+    assert payload("reason") in seen["texts"][2] and payload("answer") in seen["texts"][2]
+    assert len(seen["allTexts"][1]) - len(opened) > 190_000
+    assert seen["overflow"] == 0

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import stat
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -21,12 +24,18 @@ def episodes(
         typer.Option("--kind", help="Only episodes with this verdict: resolved, unresolved, or a failure kind."),
     ] = None,
     step: Annotated[int | None, typer.Option("--step", help="Only episodes of this rollout step.")] = None,
-    html_out: Annotated[Path | None, typer.Option("--html", help="Write one self-contained HTML page here.")] = None,
+    html_out: Annotated[
+        Path | None,
+        typer.Option("--html", help="Write one self-contained HTML page here (a new or regular file outside DIR)."),
+    ] = None,
 ) -> None:
-    """A table per rollout step; with a filter, one line per episode; --show one episode; --html a page."""
+    """A table per rollout step; with a filter, one line per episode; --show one episode; --html a page.
+
+    A filter that matches nothing says so on stderr and exits 0 (no table, no page)."""
     from miles_nemogym.store.browser import (
         episode_list_text,
         load,
+        printable,
         select,
         show_text,
         step_rows,
@@ -37,30 +46,93 @@ def episodes(
     if not directory.is_dir():
         typer.echo(f"error: {directory} is not a folder; give the episode store (NEMO_GYM_EPISODE_DIR)", err=True)
         raise typer.Exit(2)
-    store = load(directory)
+    if html_out is not None:
+        _check_page_target(html_out, directory)
+    try:
+        store = load(directory)
+    except OSError as error:
+        typer.echo(f"error: cannot read the episode store: {printable(str(error))}", err=True)
+        raise typer.Exit(1) from None
     for path in store.cut_files:
-        typer.echo(f"warning: {path} ends in a line cut by a crash; its whole lines are shown", err=True)
-    chosen = select(store.episodes, instance=instance, kind=kind, step=step)
+        typer.echo(f"warning: {printable(path)} ends in a line cut by a crash; its whole lines are shown", err=True)
     if show is not None:
-        matches = [e for e in store.episodes if e.episode_id.startswith(show)]
+        matches = [e for e in store.episodes if e.episode_id == show] or [
+            e for e in store.episodes if e.episode_id.startswith(show)
+        ]
         if len(matches) != 1:
             found = "no episode" if not matches else f"{len(matches)} episodes"
             typer.echo(f"error: --show {show}: {found} with that id; list them with --instance/--kind/--step", err=True)
             raise typer.Exit(2)
         typer.echo(show_text(matches[0]))
         return
-    if html_out is not None:
-        store.episodes = chosen
-        html_out.write_text(render_html(store, f"Episodes in {directory}"), encoding="utf-8")
-        typer.echo(f"wrote {html_out} ({len(chosen)} episodes)")
-        return
     if not store.episodes:
         typer.echo(f"no episodes in {directory} (expected train/ and eval/ folders of *.jsonl.gz files)")
+        return
+    chosen = select(store.episodes, instance=instance, kind=kind, step=step)
+    if not chosen:
+        given = {"--instance": instance, "--kind": kind, "--step": step}
+        filters = " ".join(f"{name} {value}" for name, value in given.items() if value is not None)
+        typer.echo(f"no episodes match {filters} (of {len(store.episodes)} in {directory})", err=True)
+        return
+    if html_out is not None:
+        store.episodes = chosen
+        _write_page(html_out, render_html(store, f"Episodes in {directory}"))
+        typer.echo(f"wrote {html_out} ({len(chosen)} episodes)")
         return
     typer.echo(table_text(step_rows(chosen)))
     if instance is not None or kind is not None or step is not None:
         typer.echo("")
         typer.echo(episode_list_text(chosen))
+
+
+def _refuse(message: str) -> typer.Exit:
+    typer.echo(f"error: --html {message}", err=True)
+    return typer.Exit(2)
+
+
+def _check_page_target(out: Path, store: Path) -> None:
+    """Refuse a page target in a missing folder, inside the store, a symlink (never followed
+    nor replaced), a folder or other non-regular file, or a file without write permission."""
+    parent = out.parent
+    if not parent.is_dir():
+        raise _refuse(f"{out}: the folder {parent} does not exist; create it or give another path")
+    real_store = Path(os.path.realpath(store))
+    real_out = Path(os.path.realpath(parent)) / out.name
+    if real_out == real_store or real_store in real_out.parents:
+        raise _refuse(f"{out} is inside the episode store {store}; write the page outside it")
+    try:
+        mode = out.lstat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as error:
+        raise _refuse(f"{out}: {error.strerror}") from None
+    if mode is not None and stat.S_ISLNK(mode):
+        raise _refuse(f"{out} is a symbolic link; give the path of a regular file")
+    if mode is not None and stat.S_ISDIR(mode):
+        raise _refuse(f"{out} is a folder; give a file path such as {out / 'episodes.html'}")
+    if mode is not None and not stat.S_ISREG(mode):
+        raise _refuse(f"{out} is not a regular file (a device, pipe or socket); give a file path")
+    if mode is not None and not mode & 0o222:
+        raise _refuse(f"{out} is read-only; give another path or make it writable")
+
+
+def _write_page(out: Path, page: str) -> None:
+    """Write ``page`` to a new file next to ``out`` and rename it over ``out``: a reader of
+    ``out`` sees the old page or the new one, never half of one, and a link put at ``out``
+    meanwhile is replaced, never written through."""
+    temporary: str | None = None
+    try:
+        descriptor, temporary = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(descriptor, 0o666 & ~umask)  # mkstemp's 0600, widened as a new file would be
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(page)
+        os.replace(temporary, out)
+    except OSError as error:
+        if temporary is not None:
+            Path(temporary).unlink(missing_ok=True)
+        raise _refuse(f"{out}: cannot write the page: {error.strerror or error}") from None
 
 
 def register(app: typer.Typer) -> None:

@@ -96,6 +96,43 @@ def select(
     ]
 
 
+# ----------------------------------------------------------------------------- views
+# Everything below reads store values as untrusted: any field may be missing, of another
+# type, or hold terminal control sequences; a view shows what it can and never raises.
+
+_INF = float("inf")
+
+_TERMINAL_SEQUENCE = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"  # CSI: cursor moves, colours, screen clear
+    # OSC (title, clipboard), DCS, SOS, PM, APC: the string up to its terminator
+    r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x00-\x1f\x7f-\x9f]*(?:\x07|\x1b\\|\x9c)?"
+    r"|\x1b[ -/]*[0-~]?"  # any other escape (character sets, full reset)
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"  # any other C0 or C1 control: newline and tab stay
+)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` without terminal control sequences or other control characters (newline and
+    tab kept, CRLF read as a newline): store content cannot move the cursor, clear the
+    screen, set the title or write the clipboard of whoever reads it."""
+    if not _CONTROL.search(text):
+        return text
+    return _TERMINAL_SEQUENCE.sub("", text.replace("\r\n", "\n"))
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a finite number, or None (a store field of the wrong type)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if -_INF < value < _INF else None
+
+
+def _mean(values: list[float | None]) -> float | None:
+    numbers = [v for v in values if v is not None]
+    return sum(numbers) / len(numbers) if numbers else None
+
+
 @dataclass
 class StepRow:
     """One line of the per-step table."""
@@ -115,15 +152,14 @@ class StepRow:
 
 
 def step_rows(episodes: list[Episode]) -> list[StepRow]:
-    """Per (role, step): episodes, resolve rate over valid ones, failures by kind, turns, time."""
+    """Per (role, step): episodes, resolve rate over valid ones, failures by kind, turns, time
+    (a number of the wrong type counts as missing)."""
     groups: dict[tuple[str, int | None], list[Episode]] = {}
     for episode in episodes:
         groups.setdefault((episode.role, episode.step), []).append(episode)
     rows = []
     for (role, step), members in groups.items():
         valid = [e for e in members if not e.record.get("mask_sample")]
-        turns = [float(e.record["turns"]) for e in valid if e.record.get("turns") is not None]
-        times = [float(e.record["elapsed_s"]) for e in members if e.record.get("attempts")]
         rows.append(
             StepRow(
                 role=role,
@@ -132,8 +168,8 @@ def step_rows(episodes: list[Episode]) -> list[StepRow]:
                 valid=len(valid),
                 resolved=sum(1 for e in valid if e.record.get("resolved")),
                 failures=Counter(e.kind for e in members if e.record.get("mask_sample")),
-                turns_mean=sum(turns) / len(turns) if turns else None,
-                time_mean_s=sum(times) / len(times) if times else None,
+                turns_mean=_mean([_number(e.record.get("turns")) for e in valid]),
+                time_mean_s=_mean([_number(e.record.get("elapsed_s")) for e in members if e.record.get("attempts")]),
             )
         )
     return rows
@@ -160,7 +196,7 @@ def table_text(rows: list[StepRow]) -> str:
                 str(row.episodes),
                 str(row.valid),
                 fmt(row.resolve_rate, "{:.1%}"),
-                failures,
+                printable(failures),
                 fmt(row.turns_mean, "{:.1f}"),
                 fmt(row.time_mean_s, "{:.1f}"),
             )
@@ -171,27 +207,65 @@ def table_text(rows: list[StepRow]) -> str:
     )
 
 
+def _eval_set(episode: Episode) -> str:
+    eval_set = episode.entry.get("eval_set")
+    return f"/{eval_set}" if eval_set else ""
+
+
 def episode_list_text(episodes: list[Episode]) -> str:
     """One line per episode: id, role, step, instance, verdict, reward, turns."""
     lines = []
     for e in episodes:
-        eval_set = f"/{e.entry.get('eval_set')}" if e.entry.get("eval_set") else ""
         lines.append(
-            f"{e.episode_id}  {e.role}{eval_set}  step {step_label(e.step)}  {e.instance_id}  {e.kind}  "
+            f"{e.episode_id}  {e.role}{_eval_set(e)}  step {step_label(e.step)}  {e.instance_id}  {e.kind}  "
             f"reward {e.entry.get('reward')}  turns {e.record.get('turns')}"
         )
-    return "\n".join(lines)
+    return printable("\n".join(lines))
 
 
 # ----------------------------------------------------------------------------- one episode
 
 
+def _cut_head(text: str, size: int) -> str:
+    """At most ``size`` characters from the start, ending at a line end, else a word end,
+    when one is in the last quarter."""
+    head = text[:size]
+    if len(text) <= size:
+        return head
+    for separator in ("\n", " "):
+        end = head.rfind(separator)
+        if end >= size * 3 // 4:
+            return head[: end + 1]
+    return head
+
+
+def _cut_tail(text: str, size: int) -> str:
+    """At most ``size`` characters from the end, starting at a line start, else a word
+    start, when one is in the first quarter."""
+    if len(text) <= size:
+        return text
+    tail = text[len(text) - size :]
+    for separator in ("\n", " "):
+        start = tail.find(separator)
+        if 0 <= start <= size // 4:
+            return tail[start + 1 :]
+    return tail
+
+
 def trim(text: str, limit: int = OUTPUT_MAX_CHARS) -> str:
-    """``text`` cut in the middle to at most ``limit`` characters, saying how much was cut."""
+    """``text`` cut in the middle to at most ``limit`` characters (at word ends when it can),
+    saying how much was cut."""
     if len(text) <= limit:
         return text
-    half = limit // 2
-    return f"{text[:half]}\n… [{len(text) - limit} characters cut] …\n{text[-half:]}"
+    head, tail = _cut_head(text, limit // 2), _cut_tail(text, limit // 2)
+    return f"{head}\n… [{len(text) - len(head) - len(tail)} characters cut] …\n{tail}"
+
+
+def split_head(text: str, size: int) -> tuple[str, str]:
+    """(the first ``size`` characters or fewer, ending at a line or word end when one is near;
+    the rest)."""
+    head = _cut_head(text, size)
+    return head, text[len(head) :]
 
 
 @dataclass
@@ -201,15 +275,34 @@ class Turn:
     outputs: list[str] = field(default_factory=list)
 
 
+def _text_of(value: Any) -> str:
+    """The text in a Responses content value: a string, or a list of parts (``{"text": ...}``
+    or strings); anything else as JSON."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts = []
+        for part in value:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            elif isinstance(part, dict) and isinstance(part.get("output"), str):
+                texts.append(part["output"])
+            elif part is not None:
+                texts.append(_json(part))
+        return "\n".join(texts)
+    return _json(value)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=repr)
+
+
 def _message_text(item: dict[str, Any]) -> str:
-    parts = []
-    for content in item.get("content") or []:
-        if isinstance(content, dict) and isinstance(content.get("text"), str):
-            parts.append(content["text"])
-    for summary in item.get("summary") or []:
-        if isinstance(summary, dict) and isinstance(summary.get("text"), str):
-            parts.append(summary["text"])
-    return "\n".join(parts)
+    return "\n".join(text for text in (_text_of(item.get("content")), _text_of(item.get("summary"))) if text)
 
 
 def _command(arguments: Any) -> str:
@@ -222,25 +315,24 @@ def _command(arguments: Any) -> str:
     command = arguments.get("command") if isinstance(arguments, dict) else None
     if isinstance(command, str):
         return command
-    return json.dumps(arguments)
+    return _json(arguments)
 
 
 def turns_of(answer: Any) -> list[Turn]:
     """The episode's turns from the ``/run`` answer's Responses ``output``: a turn is the
-    model's items up to the harness's ``function_call_output`` answers."""
+    model's items up to the harness's ``function_call_output`` answers. An item of an
+    unexpected shape is shown as its JSON."""
     response = answer.get("response") if isinstance(answer, dict) else None
     output = response.get("output") if isinstance(response, dict) else None
     turns: list[Turn] = []
     current: Turn | None = None
-    for item in output or []:
-        if not isinstance(item, dict):
-            continue
-        kind = item.get("type")
+    for item in output if isinstance(output, list) else []:
+        kind = item.get("type") if isinstance(item, dict) else None
         if kind == "function_call_output":
             if current is None:
                 current = Turn()
                 turns.append(current)
-            current.outputs.append(str(item.get("output") or ""))
+            current.outputs.append(_text_of(item.get("output")))
             continue
         if current is None or current.outputs:
             current = Turn()
@@ -248,24 +340,31 @@ def turns_of(answer: Any) -> list[Turn]:
         if kind == "function_call":
             current.commands.append(_command(item.get("arguments")))
         else:
-            text = _message_text(item)
+            text = _message_text(item) if isinstance(item, dict) else _json(item)
             current.thought = f"{current.thought}\n{text}".strip() if current.thought else text
     return turns
 
 
-def patch_of(answer: Any) -> str | None:
+def _metadata(answer: Any) -> dict[str, Any]:
     metadata = answer.get("metadata") if isinstance(answer, dict) else None
-    patch = metadata.get("model_patch") if isinstance(metadata, dict) else None
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def patch_of(answer: Any) -> str | None:
+    patch = _metadata(answer).get("model_patch")
     return patch if isinstance(patch, str) else None
 
 
 def report_of(answer: Any, instance_id: str) -> dict[str, Any] | None:
-    metadata = answer.get("metadata") if isinstance(answer, dict) else None
-    reports = metadata.get("eval_report") if isinstance(metadata, dict) else None
+    reports = _metadata(answer).get("eval_report")
     if not isinstance(reports, dict):
         return None
     report = reports.get(instance_id) or (next(iter(reports.values())) if len(reports) == 1 else None)
     return report if isinstance(report, dict) else None
+
+
+def _names(value: Any) -> list[str]:
+    return [str(name) for name in value] if isinstance(value, list) else []
 
 
 def report_lines(report: dict[str, Any] | None) -> list[str]:
@@ -274,39 +373,85 @@ def report_lines(report: dict[str, Any] | None) -> list[str]:
     lines = [
         f"resolved: {report.get('resolved')}   patch applied: {report.get('patch_successfully_applied')}",
     ]
-    tests = report.get("tests_status") or {}
+    tests = report.get("tests_status")
     for category in ("FAIL_TO_PASS", "PASS_TO_PASS"):
-        status = tests.get(category) or {}
-        passed, failed = status.get("success") or [], status.get("failure") or []
+        status = tests.get(category) if isinstance(tests, dict) else None
+        status = status if isinstance(status, dict) else {}
+        passed, failed = _names(status.get("success")), _names(status.get("failure"))
         lines.append(f"{category}: {len(passed)} passed, {len(failed)} failed")
         lines.extend(f"  FAILED {name}" for name in failed[:20])
     return lines
 
 
-def show_text(episode: Episode) -> str:
-    """One episode, readably: header, each turn (thought, command, output trimmed), the
-    submitted patch, the test report; a failed one also its failure and what came back."""
+@dataclass(frozen=True)
+class LongText:
+    """A part of an episode's view that can be any size (a thought, command, output, patch):
+    ``--show`` trims it to ``show_limit`` characters (None: whole); the page collapses it."""
+
+    text: str
+    show_limit: int | None = None
+
+
+def or_dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _missing_answer(episode: Episode) -> str | None:
+    """Why the episode has no ``/run`` result to show, or None when it has one."""
+    answer = episode.entry.get("answer")
+    if isinstance(answer, dict):
+        return "no /run result came back" if set(answer) == {"text"} else None
+    if answer is None:
+        dropped = episode.entry.get("answer_dropped")
+        if dropped:
+            return f"the answer was not kept: {dropped}"
+        return "nothing came back" if episode.record.get("mask_sample") else "no answer was stored"
+    return "the stored answer is not a /run result"
+
+
+def episode_parts(episode: Episode) -> list[str | LongText]:
+    """One episode as the views show it, top to bottom: header, failure, each turn (thought,
+    commands, outputs), the submitted patch, the test report, as stored: a view makes what it
+    shows ``printable``. A set-aside episode shows its failure reason whole and what its record
+    counted (HTTP status, policy turns, tool calls); "-" is a count the record lacks."""
     record, answer = episode.record, episode.entry.get("answer")
-    out = [
-        f"episode {episode.episode_id}   instance {episode.instance_id}   {episode.role}"
-        + (f"/{episode.entry.get('eval_set')}" if episode.entry.get("eval_set") else "")
-        + f"   step {step_label(episode.step)}   session {episode.entry.get('session_id')}",
-        f"verdict: {episode.kind}   reward {episode.entry.get('reward')}   turns {record.get('turns')}   "
-        f"time {record.get('elapsed_s')} s   attempts {record.get('attempts')}",
+    parts: list[str | LongText] = [
+        f"episode {episode.episode_id}   instance {episode.instance_id}   {episode.role}{_eval_set(episode)}"
+        f"   step {step_label(episode.step)}   session {episode.entry.get('session_id')}",
+        f"verdict: {episode.kind}   reward {episode.entry.get('reward')}   turns {or_dash(record.get('turns'))}   "
+        f"tool calls {or_dash(record.get('tool_calls'))}   time {or_dash(record.get('elapsed_s'))} s   "
+        f"attempts {or_dash(record.get('attempts'))}",
     ]
     if record.get("mask_sample"):
-        out.append(f"failure: {record.get('failure_kind')}: {record.get('failure_reason')}")
-    if isinstance(answer, dict) and set(answer) == {"text"}:
-        out += ["", "answer (not a /run result):", trim(str(answer["text"]))]
+        parts += [
+            f"set aside, not trained on   HTTP status {or_dash(record.get('http_status'))}",
+            LongText(f"failure: {record.get('failure_kind')}: {record.get('failure_reason')}"),
+        ]
+    missing = _missing_answer(episode)
+    if isinstance(answer, dict) and missing:
+        parts += ["", "answer (not a /run result):", LongText(_text_of(answer["text"]), 4 * OUTPUT_MAX_CHARS)]
+    elif answer is not None and missing:
+        parts += ["", "answer (not a /run result):", LongText(_json(answer), 4 * OUTPUT_MAX_CHARS)]
     for number, turn in enumerate(turns_of(answer), 1):
-        out += ["", f"--- turn {number}"]
+        parts += ["", f"--- turn {number}"]
         if turn.thought:
-            out += ["thought:", trim(turn.thought, 2000)]
+            parts += ["thought:", LongText(turn.thought, 2000)]
         for command in turn.commands:
-            out += ["command:", "  $ " + command]
+            parts += ["command:", LongText("  $ " + command)]
         for output in turn.outputs:
-            out += ["output:", trim(output)]
+            parts += ["output:", LongText(output, OUTPUT_MAX_CHARS)]
     patch = patch_of(answer)
-    out += ["", "--- patch", patch if patch else "(no patch)"]
-    out += ["", "--- test report", *report_lines(report_of(answer, episode.instance_id))]
-    return "\n".join(out)
+    parts += ["", "--- patch", LongText(patch) if patch else f"(no patch: {missing})" if missing else "(no patch)"]
+    report = [f"(no test report: {missing})"] if missing else report_lines(report_of(answer, episode.instance_id))
+    parts += ["", "--- test report", *report]
+    return parts
+
+
+def show_text(episode: Episode) -> str:
+    """One episode, readably (``episode_parts``), long outputs and thoughts trimmed."""
+    return printable(
+        "\n".join(
+            p if isinstance(p, str) else p.text if p.show_limit is None else trim(p.text, p.show_limit)
+            for p in episode_parts(episode)
+        )
+    )

@@ -1,6 +1,9 @@
 """``miles-nemogym episodes --html``: one self-contained page (no scripts, no network) with
 the per-step table, bar charts per role (resolve rate, failed episodes by kind, per step)
-and every episode as a collapsed line that expands to its ``--show`` text. Pure.
+and every episode as a collapsed line that expands to its ``--show`` view. Every value from
+the store is escaped; a long thought, command, output or patch shows its first
+``INLINE_CHARS`` and keeps the rest, up to ``BLOCK_MAX_CHARS``, behind a collapsed "show
+all". Pure.
 """
 
 from __future__ import annotations
@@ -9,8 +12,26 @@ import html
 from collections.abc import Callable
 from typing import Any
 
-from miles_nemogym.store.browser import Episode, StepRow, Store, fmt, show_text, step_label, step_rows
+from miles_nemogym.store.browser import (
+    Episode,
+    LongText,
+    StepRow,
+    Store,
+    episode_parts,
+    fmt,
+    or_dash,
+    printable,
+    split_head,
+    step_label,
+    step_rows,
+)
 from miles_nemogym.store.writer import ROLES
+
+INLINE_CHARS = 1_000
+"""A long part of an episode shows this much (cut at a line or word end when near)."""
+BLOCK_MAX_CHARS = 200_000
+"""At most this much of one part is on the page (the rest is counted, the store has it)."""
+_SUMMARY_FIELD_CHARS = 200
 
 _KIND_COLOURS = ["#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 
@@ -20,7 +41,8 @@ h1{font-size:22px}h2{font-size:17px;margin-top:28px}
 table{border-collapse:collapse;margin:8px 0}th,td{border:1px solid #ccc;padding:4px 8px;text-align:left}
 th{background:#f2f2f2}td.num{text-align:right}
 details{border:1px solid #ddd;border-radius:4px;margin:4px 0;padding:4px 8px}
-summary{cursor:pointer}pre{background:#f7f7f7;padding:6px;white-space:pre-wrap;overflow-wrap:anywhere;margin:4px 0}
+summary{cursor:pointer}details.more{border:0;padding:0 0 0 8px}
+pre{background:#f7f7f7;padding:6px;white-space:pre-wrap;overflow-wrap:anywhere;margin:4px 0}
 .resolved{color:#2ca02c;font-weight:600}.unresolved{color:#555}.failed{color:#d62728;font-weight:600}
 .chart{display:inline-block;vertical-align:top;margin:0 24px 20px 0}.legend span{margin-right:12px}
 """
@@ -57,7 +79,7 @@ def _bar_chart(
             x = x0 + j * bar_w
             shown = "-" if value is None else value_text(value)
             h = 0.0 if value is None or y_max <= 0 else value / y_max * plot_h
-            tip = f"{html.escape(name)} step {html.escape(label)}: {shown}"
+            tip = f"{_text(name)} step {_text(label)}: {shown}"
             if h > 0:
                 parts.append(
                     f'<rect x="{x:.1f}" y="{base - h:.1f}" width="{bar_w - 2:.1f}" height="{h:.1f}" '
@@ -72,7 +94,7 @@ def _bar_chart(
         )
     parts.append("</svg>")
     legend = "".join(
-        f'<span><svg width="10" height="10"><rect width="10" height="10" fill="{c}"/></svg> {html.escape(n)}</span>'
+        f'<span><svg width="10" height="10"><rect width="10" height="10" fill="{c}"/></svg> {_text(n)}</span>'
         for n, c, _ in series
     )
     return f'<div class="chart">{"".join(parts)}<div class="legend">{legend}</div></div>'
@@ -106,6 +128,14 @@ def _charts(rows: list[StepRow]) -> str:
     return "".join(out)
 
 
+def _text(value: Any, limit: int | None = None) -> str:
+    """A store value as page text: printable, escaped, at most ``limit`` characters."""
+    text = printable(str(value))
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return html.escape(text)
+
+
 def _table_html(rows: list[StepRow]) -> str:
     head = "".join(
         f"<th>{h}</th>"
@@ -115,42 +145,67 @@ def _table_html(rows: list[StepRow]) -> str:
     for r in rows:
         failures = ", ".join(f"{k} {c}" for k, c in sorted(r.failures.items())) or "-"
         body.append(
-            f"<tr><td>{r.role}</td><td>{step_label(r.step)}</td><td class=num>{r.episodes}</td>"
+            f"<tr><td>{_text(r.role)}</td><td>{step_label(r.step)}</td><td class=num>{r.episodes}</td>"
             f"<td class=num>{r.valid}</td><td class=num>{fmt(r.resolve_rate, '{:.1%}')}</td>"
-            f"<td>{html.escape(failures)}</td><td class=num>{fmt(r.turns_mean, '{:.1f}')}</td>"
+            f"<td>{_text(failures)}</td><td class=num>{fmt(r.turns_mean, '{:.1f}')}</td>"
             f"<td class=num>{fmt(r.time_mean_s, '{:.1f}')}</td></tr>"
         )
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
-def _or_dash(value: Any) -> str:
-    return "-" if value is None else str(value)
+def _body_html(parts: list[str | LongText]) -> str:
+    """An episode's parts as ``<pre>`` blocks; a long part's start ends its block and the rest
+    follows collapsed (cleaned and escaped per block: an episode has hundreds of parts)."""
+    out: list[str] = []
+    lines: list[str] = []
+    for part in parts:
+        if isinstance(part, str):
+            lines.append(part)
+            continue
+        head, rest = split_head(part.text, INLINE_CHARS)
+        lines.append(head)
+        if not rest:
+            continue
+        left_out = max(0, len(part.text) - BLOCK_MAX_CHARS)
+        note = f"\n[{left_out:,} more characters are not on this page; the store file has them]" if left_out else ""
+        out += [
+            f"<pre>{_text(chr(10).join(lines))}</pre>",
+            f"<details class=more><summary>show all ({len(rest):,} more characters)</summary>"
+            f"<pre>{_text(rest[: len(rest) - left_out])}{note}</pre></details>",
+        ]
+        lines = []
+    if lines:
+        out.append(f"<pre>{_text(chr(10).join(lines))}</pre>")
+    return "".join(out)
 
 
 def _episode_html(episode: Episode) -> str:
     css = "resolved" if episode.kind == "resolved" else "unresolved" if episode.kind == "unresolved" else "failed"
-    eval_set = f"/{episode.entry.get('eval_set')}" if episode.entry.get("eval_set") else ""
+    eval_set = episode.entry.get("eval_set")
+    limit = _SUMMARY_FIELD_CHARS
     summary = (
-        f"{episode.role}{html.escape(eval_set)} step {step_label(episode.step)} · "
-        f"<b>{html.escape(episode.instance_id)}</b> · <span class={css}>{html.escape(episode.kind)}</span> · "
-        f"reward {episode.entry.get('reward')} · turns {_or_dash(episode.record.get('turns'))} · "
-        f"<code>{html.escape(episode.episode_id[:12])}</code>"
+        f"{_text(episode.role)}{'/' + _text(eval_set, limit) if eval_set else ''} step {step_label(episode.step)} · "
+        f"<b>{_text(episode.instance_id, limit)}</b> · <span class={css}>{_text(episode.kind, limit)}</span> · "
+        f"reward {_text(episode.entry.get('reward'), limit)} · "
+        f"turns {_text(or_dash(episode.record.get('turns')), limit)} · "
+        f"<code>{_text(episode.episode_id[:12])}</code>"
     )
-    return f"<details><summary>{summary}</summary><pre>{html.escape(show_text(episode))}</pre></details>"
+    body = _body_html(episode_parts(episode))
+    return f"<details><summary>{summary}</summary><div class=episode>{body}</div></details>"
 
 
 def render_html(store: Store, title: str) -> str:
     """One self-contained page: per-step table, charts, every episode expandable."""
     rows = step_rows(store.episodes)
     cut = (
-        f"<p class=failed>Files cut by a crash (whole lines shown): {html.escape(', '.join(store.cut_files))}</p>"
+        f"<p class=failed>Files cut by a crash (whole lines shown): {_text(', '.join(store.cut_files))}</p>"
         if store.cut_files
         else ""
     )
     episodes = "".join(_episode_html(e) for e in store.episodes)
     return (
-        f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)}</title>"
-        f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"
+        f"<!doctype html><html><head><meta charset=utf-8><title>{_text(title)}</title>"
+        f"<style>{_CSS}</style></head><body><h1>{_text(title)}</h1>"
         f"<p>{len(store.episodes)} episodes. Resolve rate is over valid episodes; failed (masked) episodes "
         f"are counted by kind and are not policy failures.</p>{cut}"
         f"<h2>Per step</h2>{_table_html(rows)}<h2>Charts</h2>{_charts(rows)}"
