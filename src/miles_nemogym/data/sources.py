@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 
 from miles_nemogym.errors import MilesNemoGymError
 
-PARQUET_BATCH_ROWS = 64  # as fast as larger batches, with a lower peak RSS (README, "Benchmark: converter")
+PARQUET_BATCH_ROWS = 64  # as fast as larger batches, with a lower peak RSS (bench/README.md, "Converter")
 _JSON_CHUNK = 1 << 20
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 LOCAL_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
