@@ -33,15 +33,11 @@ def test_a_slow_tier_runs_only_when_the_run_names_it(markexpr: str, marks: set[s
     assert left_out(markexpr, marks) is expected
 
 
-def collected(*args: str) -> list[str]:
+def test_the_unit_tier_collects_no_slow_test() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args, *SLOW_FILES],
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", "not integration",
+         *SLOW_FILES],
         cwd=ROOT, capture_output=True, text=True, check=False,
     )  # fmt: skip
-    return [line for line in done.stdout.splitlines() if "::" in line]
-
-
-def test_the_unit_tier_collects_no_slow_test_and_a_plain_run_collects_them_all() -> None:
-    assert collected("-m", "not integration") == []
-    everything = collected()
-    assert {test.split("::")[0] for test in everything} == set(SLOW_FILES)
+    assert "no tests collected" in done.stdout, done.stdout[-2000:]
+    assert "deselected" in done.stdout  # the files were read, and every test in them left out
