@@ -12,6 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.bench  # a slow tier: left out of `-m "not integration"` (tests/support/tiers.py)
+
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "agent_bench.py"
 CLIENTS = ("a", "b", "c", "d")
 N, BURST = 24, 12

@@ -26,6 +26,14 @@ from miles_nemogym.data import (
 NEMO_GYM_KEYS = ("responses_create_params", "subset", "split")
 
 
+@pytest.fixture
+def datasets_cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`datasets` keeps its lock files in this test's folder, not in the user's ~/.cache/huggingface."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
+
+
 def hf_shaped(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows as the HF parquet holds them: no NeMo-Gym keys, test lists as JSON strings."""
     shaped = []
@@ -134,6 +142,7 @@ def test_json_file_that_is_not_utf8_is_a_source_error(tmp_path: Path) -> None:
         run(tmp_path, source, on_error="skip")
 
 
+@pytest.mark.usefixtures("datasets_cache_in_tmp")
 def test_local_dataset_folder_goes_through_load_dataset(tmp_path: Path, rows: list[dict[str, Any]]) -> None:
     folder = tmp_path / "SWE-bench_Verified"
     write_parquet(folder / "data" / "test-00000-of-00001.parquet", hf_shaped(rows[:3]))
@@ -149,6 +158,7 @@ def test_local_dataset_folder_goes_through_load_dataset(tmp_path: Path, rows: li
         run(tmp_path, folder, split="dev", output=tmp_path / "dev.jsonl")
 
 
+@pytest.mark.usefixtures("datasets_cache_in_tmp")
 def test_folder_that_breaks_mid_stream_is_a_source_error(tmp_path: Path, rows: list[dict[str, Any]]) -> None:
     folder = tmp_path / "SWE-bench_Lite"
     folder.mkdir()

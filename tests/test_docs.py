@@ -9,6 +9,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "miles_nemogym"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
+# Every document a reader is sent to: README's links lead to each of these.
+DOCUMENTS = [ROOT / "README.md", *DOCS, ROOT / "bench" / "README.md", ROOT / "examples" / "swebench_grpo" / "README.md"]
 
 
 def _test_functions() -> set[str]:
@@ -31,16 +33,16 @@ def test_every_test_upstream_md_names_as_proof_exists() -> None:
 
 def test_every_file_the_documents_point_to_exists() -> None:
     missing = []
-    for doc in [ROOT / "README.md", *DOCS]:
+    for doc in DOCUMENTS:
         text = doc.read_text()
         # examples/ paths that are not ours are Miles' (e.g. its examples/experimental/ folder).
         ours = r"(?:tests|docs|bench|scripts|src|examples/swebench_grpo)/"
         for path in re.findall(r"(?<![\w/.])(" + ours + r"[\w/.-]+\.(?:py|md))", text):
             if not (ROOT / path).is_file():
-                missing.append(f"{doc.name}: {path}")
+                missing.append(f"{doc.relative_to(ROOT)}: {path}")
         for link in re.findall(r"\]\((?!https?:)([^)#]+)", text):
             if not (doc.parent / link).exists():
-                missing.append(f"{doc.name}: ({link})")
+                missing.append(f"{doc.relative_to(ROOT)}: ({link})")
     assert missing == []
 
 
@@ -74,3 +76,10 @@ def test_nothing_points_outside_the_repository() -> None:
             f"{path.name}: {line.strip()[:100]}" for line in path.read_text().splitlines() if outside.search(line)
         ]
     assert found == []
+
+
+def test_the_readme_is_short_and_links_every_document() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300  # a newcomer reads it to the end; the rest lives in docs/
+    linked = {(ROOT / link).resolve() for link in re.findall(r"\]\((?!https?:)([^)#]+)", readme)}
+    assert sorted(str(doc.relative_to(ROOT)) for doc in DOCUMENTS[1:] if doc.resolve() not in linked) == []

@@ -21,6 +21,8 @@ from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.launcher.run import RayActions
 from tests.support.ports import free_port as any_free_port
 
+pytestmark = pytest.mark.ray  # a slow tier: left out of `-m "not integration"` (tests/support/tiers.py)
+
 WORKER_PORTS = range(42000, 43000)
 
 

@@ -1,10 +1,10 @@
-"""Every dotted path README.md documents and the launcher passes to Miles resolves the way Miles loads it.
+"""Every dotted path the documents name and the launcher passes to Miles resolves the way Miles loads it.
 
 Miles ``miles/utils/misc.py`` (radixark/miles 31f1ca9): ``load_function(path)`` is
 ``importlib.import_module(module)`` + ``getattr``; ``call_agent_abort_hook`` loads
 ``<agent module>.abort`` beside ``--custom-agent-function-path`` and silently skips a
-missing one. The paths are parsed from README.md and from the launcher's ``--dry-run``
-command, so a path added to either is covered without editing this test.
+missing one. The paths are parsed from README.md, docs/ and the launcher's ``--dry-run``
+command, so a path added to any of them is covered without editing this test.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from tests.support.launcher_script import run_launcher
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCUMENTS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 _PATH = r"miles_nemogym(?:\.\w+)+"
 _FLAG_PATH = re.compile(rf"(--[a-z][a-z-]*-path)\s+({_PATH})")
@@ -47,8 +48,8 @@ def resolve(path: str) -> Any:
     return load_function(path)
 
 
-def readme_paths() -> set[str]:
-    text = README.read_text(encoding="utf-8")
+def documented_paths() -> set[str]:
+    text = "\n".join(doc.read_text(encoding="utf-8") for doc in DOCUMENTS)
     paths = {match.rstrip(".") for match in re.findall(_PATH, text)}
     for module, names in _IMPORT.findall(text):
         paths |= {f"{module}.{name.strip()}" for name in names.split(",") if name.strip()}
@@ -66,8 +67,8 @@ def dry_run_command() -> str:
     return done.stdout
 
 
-def test_every_path_readme_documents_resolves() -> None:
-    paths = readme_paths()
+def test_every_path_the_documents_name_resolves() -> None:
+    paths = documented_paths()
     assert {"miles_nemogym.agent.run", "miles_nemogym.data.convert_row", "miles_nemogym.doctor.run_checks"} <= paths
     unresolved = []
     for path in sorted(paths):

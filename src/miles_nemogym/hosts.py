@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import ipaddress
 
-WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 """Bind addresses meaning "every interface"; no peer can dial them."""
 
 
-def unbracket(host: str) -> str:
+def _unbracket(host: str) -> str:
     """``[::1]`` → ``::1``; other hosts unchanged."""
     return host.strip("[]")
 
@@ -24,7 +24,7 @@ def bracket(host: str) -> str:
 
 def is_wildcard(host: str | None) -> bool:
     """True for a missing host or an "every interface" address."""
-    return host is None or unbracket(host) in WILDCARD_HOSTS
+    return host is None or _unbracket(host) in _WILDCARD_HOSTS
 
 
 def is_loopback(host: str | None) -> bool:
@@ -34,7 +34,7 @@ def is_loopback(host: str | None) -> bool:
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(unbracket(host)).is_loopback
+        return ipaddress.ip_address(_unbracket(host)).is_loopback
     except ValueError:
         return False
 
@@ -42,5 +42,5 @@ def is_loopback(host: str | None) -> bool:
 def connect_host(host: str) -> str:
     """Where a client on this machine reaches a server bound to ``host`` (URL form)."""
     if is_wildcard(host):
-        return "[::1]" if unbracket(host) == "::" else "127.0.0.1"
+        return "[::1]" if _unbracket(host) == "::" else "127.0.0.1"
     return bracket(host)

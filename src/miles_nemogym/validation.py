@@ -16,7 +16,7 @@ Loc = Sequence[int | str]
 Label = Callable[[Loc], str]
 
 
-def dotted(prefix: str = "") -> Label:
+def _dotted(prefix: str = "") -> Label:
     """Name a field by its dotted path, under ``prefix`` when given (``metadata.repo``)."""
 
     def label(loc: Loc) -> str:
@@ -40,7 +40,7 @@ def message(item: ErrorDetails, *, unknown_key: str | None = None) -> str:
 
 def problems(error: ValidationError, label: Label | None = None, *, unknown_key: str | None = None) -> list[str]:
     """One ``<field>: <problem>`` line per error (just ``<problem>`` when the field has no name)."""
-    name = label or dotted()
+    name = label or _dotted()
     lines = []
     for item in error.errors(include_url=False):
         field = name(item["loc"])
@@ -58,4 +58,4 @@ def describe(
     separator: str = "; ",
 ) -> str:
     """:func:`problems` in one string; ``prefix`` names the fields' parent unless ``label`` is given."""
-    return separator.join(problems(error, label or dotted(prefix), unknown_key=unknown_key))
+    return separator.join(problems(error, label or _dotted(prefix), unknown_key=unknown_key))

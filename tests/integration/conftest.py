@@ -76,7 +76,7 @@ def gym_server_one_at_a_time(tmp_path_factory: pytest.TempPathFactory) -> Iterat
     nemo-gym 0.7.0's ``mini_swe_agent_2`` writes each request's config to
     ``_configs/<instance_id>.sandbox.yaml`` and its Ray task reads it back later (``app.py``,
     ``run`` and ``_run_mini_swe_v2``), so two concurrent episodes of one instance can read
-    the file while the other rewrites it and crash (README, "Known upstream issues"). One
+    the file while the other rewrites it and crash (docs/upstream.md, "Known upstream issues"). One
     episode at a time (the server's ``concurrency``) keeps these tests about our hooks.
     """
     options = ServeOptions.model_validate({**INTEGRATION_OPTIONS, "concurrency": 1})

@@ -20,9 +20,9 @@ from miles_nemogym.cli.signals import interrupt_on_sigterm
 if TYPE_CHECKING:
     from miles_nemogym.data import ConvertOptions, ConvertReport
 
-ON_ERROR = ("fail", "skip")
+_ON_ERROR = ("fail", "skip")
 
-HELP = """Convert SWE-bench Verified / Lite / full / SWE-Gym rows into Miles prompt JSONL.
+_HELP = """Convert SWE-bench Verified / Lite / full / SWE-Gym rows into Miles prompt JSONL.
 
 Each output line is {"prompt": [{"role": "user", "content": problem_statement}],
 "metadata": {every instance field, "subset", "split"}}; point Miles' --prompt-data at it
@@ -87,7 +87,7 @@ def _print_summary(console: Console, report: ConvertReport, options: ConvertOpti
         console.print(f"note: {printable(note)}", highlight=False, markup=False)
 
 
-def convert_command(
+def _convert_command(
     input: Annotated[
         str,
         typer.Option(
@@ -114,8 +114,8 @@ def convert_command(
     on_error: Annotated[
         str,
         typer.Option(
-            metavar=metavar(ON_ERROR),
-            callback=choice(ON_ERROR),
+            metavar=metavar(_ON_ERROR),
+            callback=choice(_ON_ERROR),
             help="fail: stop, write nothing; skip: write the good rows.",
         ),
     ] = "fail",
@@ -236,4 +236,4 @@ def convert_command(
 
 def register(app: typer.Typer) -> None:
     """Add ``convert`` to the root command."""
-    app.command("convert", help=HELP)(convert_command)
+    app.command("convert", help=_HELP)(_convert_command)

@@ -13,7 +13,7 @@ from miles_nemogym.doctor import DEFAULT_TIMEOUT_S, CheckResult
 _COLOURS = {"PASS": "green", "FAIL": "red", "SKIP": "yellow"}
 
 
-def render(results: list[CheckResult]) -> None:
+def _render(results: list[CheckResult]) -> None:
     """Print :func:`miles_nemogym.doctor.report`, its marks in colour."""
     from rich.console import Console
     from rich.markup import escape
@@ -27,7 +27,7 @@ def render(results: list[CheckResult]) -> None:
         out.print(f"[{colour}]{mark}[/] {escape(rest)}" if colour else escape(line))
 
 
-def doctor(
+def _doctor(
     gym_url: GymUrl = None,
     session_host: Annotated[
         str | None,
@@ -48,9 +48,9 @@ def doctor(
     environ = dict(os.environ) if gym_url is None else {**os.environ, "NEMO_GYM_URL": gym_url}
     origin = None if gym_url is None else "--gym-url"
     results = run_checks(session_host=session_host, timeout_s=timeout, environ=environ, gym_url_origin=origin)
-    render(results)
+    _render(results)
     raise typer.Exit(0 if all_passed(results) else 1)
 
 
 def register(app: typer.Typer) -> None:
-    app.command(name="doctor")(doctor)
+    app.command(name="doctor")(_doctor)

@@ -13,13 +13,13 @@ from typing import Annotated
 
 import typer
 
-HELP = """Write the five SWE-bench Verified rows nemo-gym ships (raw rows, one JSON object per
+_HELP = """Write the five SWE-bench Verified rows nemo-gym ships (raw rows, one JSON object per
 line) to --output, or to standard output. Try the converter on them offline:
 miles-nemogym convert --input examples.jsonl --output prompts.jsonl
 """
 
 
-def examples(
+def _examples(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Where to write the rows (default: standard output).")
     ] = None,
@@ -45,4 +45,4 @@ def examples(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("examples", help=HELP)(examples)
+    app.command("examples", help=_HELP)(_examples)

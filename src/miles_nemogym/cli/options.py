@@ -12,7 +12,7 @@ from miles_nemogym.gym.config import SandboxName
 
 SANDBOXES: tuple[str, ...] = get_args(SandboxName)
 
-INSTANCE_IDS_HELP = (
+_INSTANCE_IDS_HELP = (
     "Keep only these instances: a file with one id per line (# starts a comment), or a comma-separated list of ids."
 )
 
@@ -36,7 +36,7 @@ GymUrl = Annotated[
     str | None,
     typer.Option("--gym-url", help="The mini_swe_agent_2 server's base URL (default: NEMO_GYM_URL)."),
 ]
-InstanceIds = Annotated[str | None, typer.Option("--instance-ids", metavar="FILE|ID,ID", help=INSTANCE_IDS_HELP)]
+InstanceIds = Annotated[str | None, typer.Option("--instance-ids", metavar="FILE|ID,ID", help=_INSTANCE_IDS_HELP)]
 
 
 def subset_option(help: str) -> Any:

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-RESERVED = 14  # spinner, elapsed time and the gaps between columns
+_RESERVED = 14  # spinner, elapsed time and the gaps between columns
 
 
 def _short(text: str, width: int) -> str:
@@ -43,7 +43,7 @@ def step_display(console: Console) -> Iterator[Callable[[str], None]]:
                 console.print(f"[green]✓[/green] {escape(step)}{suffix}", highlight=False)
 
         def progress(line: str) -> None:
-            room = max(console.width - RESERVED, 20)
+            room = max(console.width - _RESERVED, 20)
             if line.startswith(" "):
                 step = current[-1][0] if current else ""
                 shown = _short(step, room // 2)

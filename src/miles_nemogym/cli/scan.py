@@ -15,7 +15,7 @@ import typer
 
 from miles_nemogym.cli.options import GymUrl, InstanceIds, subset_option
 
-EPILOG = (
+_EPILOG = (
     "Exit codes: 0 every instance passed (reward 1.0) with no infrastructure failure; "
     "1 some instance failed or hit an infrastructure failure; 2 the scan could not start "
     "(bad flags, settings or input file, unreachable server) and sent nothing; "
@@ -23,7 +23,7 @@ EPILOG = (
 )
 
 
-def scan(
+def _scan(
     input_path: Annotated[
         Path,
         typer.Option(
@@ -140,11 +140,11 @@ def scan(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("scan", epilog=EPILOG)(scan)
+    app.command("scan", epilog=_EPILOG)(_scan)
 
 
 def main() -> None:
     """Run ``scan`` as a stand-alone program (``scripts/golden_scan.py``)."""
     standalone = typer.Typer(add_completion=False, rich_markup_mode=None)
-    standalone.command(epilog=EPILOG)(scan)
+    standalone.command("scan", epilog=_EPILOG)(_scan)
     standalone()

@@ -13,14 +13,14 @@ from typing import Annotated
 
 import typer
 
-EXPLANATION = (
+_EXPLANATION = (
     "This run used the 'local' sandbox: commands ran on this machine, not in the SWE-bench task "
     "containers, so grading cannot resolve instances (reward 0.0 is expected). For the real "
     "thing, run `miles-nemogym serve --sandbox docker` on a Docker host (NeMo-Gym's docker provider), "
     "check it with `miles-nemogym scan --golden`, then train with examples/swebench_grpo/run.py."
 )
 
-HELP = """Run the five SWE-bench Verified rows nemo-gym ships through the real NeMo-Gym server and
+_HELP = """Run the five SWE-bench Verified rows nemo-gym ships through the real NeMo-Gym server and
 the agent function, exactly as Miles calls it (no GPU, no Docker).
 
 The first run builds the server's Python 3.13 environment (2-5 minutes, once; pip's log is
@@ -45,7 +45,7 @@ def _quiet_episode_warnings() -> Iterator[None]:
         logger.propagate = previous
 
 
-def smoke(
+def _smoke(
     policy_base_url: Annotated[
         str | None,
         typer.Option(
@@ -131,11 +131,11 @@ def smoke(
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report_json(report), indent=2) + "\n", encoding="utf-8")
         console.print(f"json: {json_path}", highlight=False)
-    console.print(EXPLANATION, highlight=False)
+    console.print(_EXPLANATION, highlight=False)
     if not report.chain_worked:
         console.print("[red]the chain did not work: no episode came back as a valid measurement[/red]")
         raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
-    app.command("smoke", help=HELP)(smoke)
+    app.command("smoke", help=_HELP)(_smoke)

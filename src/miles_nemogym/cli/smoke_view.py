@@ -52,7 +52,7 @@ class Footnotes:
     texts: tuple[str, ...]
 
 
-def footnotes(episodes: Sequence[SmokeEpisode]) -> Footnotes:
+def _footnotes(episodes: Sequence[SmokeEpisode]) -> Footnotes:
     """One note per distinct reason (offline failures share one), numbered in row order."""
     texts: list[str] = []
     numbers: list[int | None] = []
@@ -76,7 +76,7 @@ def footnotes(episodes: Sequence[SmokeEpisode]) -> Footnotes:
 
 def build_table(episodes: Sequence[SmokeEpisode]) -> tuple[Table, Footnotes]:
     """The verdict table (fits 80 columns) and its footnotes."""
-    notes = footnotes(episodes)
+    notes = _footnotes(episodes)
     width = max([len("instance"), *(len(e.instance_id) for e in episodes)])
     table = Table(
         title="smoke: one row per episode, as the trainer stores it",
@@ -122,7 +122,7 @@ def episode_line(episode: SmokeEpisode) -> str:
 
 def report_json(report: SmokeReport) -> dict[str, Any]:
     """The run as one JSON document (``--json FILE``), for scripts."""
-    notes = footnotes(report.episodes)
+    notes = _footnotes(report.episodes)
     return {
         "chain_worked": report.chain_worked,
         "prompt_data": str(report.data_path) if report.data_path else None,

@@ -38,9 +38,9 @@ from miles_nemogym.data.select import Selection, read_instance_ids, split_names
 from miles_nemogym.data.sources import RawRow, open_source
 from miles_nemogym.errors import MilesNemoGymError
 
-MAX_LISTED_PROBLEMS = 50
-PROGRESS_EVERY = 200
-DUPLICATE = "duplicate instance_id"
+_MAX_LISTED_PROBLEMS = 50
+_PROGRESS_EVERY = 200
+_DUPLICATE = "duplicate instance_id"
 
 
 class ConvertOptions(BaseModel):
@@ -299,7 +299,7 @@ class _Spool:
 def _record_problem(report: ConvertReport, raw: RawRow, problems: list[str], key: str) -> None:
     report.problem_count += 1
     report.skipped[key] += 1
-    if len(report.problems) < MAX_LISTED_PROBLEMS:
+    if len(report.problems) < _MAX_LISTED_PROBLEMS:
         instance_id = raw.data.get("instance_id") if raw.data else None
         report.problems.append(
             RowProblem(raw.where(), instance_id if isinstance(instance_id, str) else None, tuple(problems))
@@ -351,7 +351,7 @@ def convert(options: ConvertOptions, progress: Callable[[int, int | None], None]
     try:
         for raw in source:
             report.rows_read += 1
-            if progress is not None and report.rows_read % PROGRESS_EVERY == 0:
+            if progress is not None and report.rows_read % _PROGRESS_EVERY == 0:
                 progress(report.rows_read, source.total)
             if raw.data is None:
                 _record_problem(report, raw, [raw.error or "unreadable"], "invalid: unreadable row")
@@ -370,8 +370,8 @@ def convert(options: ConvertOptions, progress: Callable[[int, int | None], None]
                 continue
             row, instance, overrode = prepared
             if instance.instance_id in seen_ids:
-                report.skipped[DUPLICATE] += 1
-                if len(report.duplicates) < MAX_LISTED_PROBLEMS:
+                report.skipped[_DUPLICATE] += 1
+                if len(report.duplicates) < _MAX_LISTED_PROBLEMS:
                     report.duplicates.append(RowProblem(raw.where(), instance.instance_id, ("kept the first",)))
                 continue
             seen_ids.add(instance.instance_id)

@@ -13,7 +13,7 @@ from typing import Any
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.pins import SWEBENCH_VERSION
 
-INSTALL_COMMAND = f"pip install 'swebench=={SWEBENCH_VERSION}'"
+_INSTALL_COMMAND = f"pip install 'swebench=={SWEBENCH_VERSION}'"
 
 
 class SwebenchMissingError(MilesNemoGymError, RuntimeError):
@@ -50,7 +50,7 @@ def load_grade_tables() -> GradeTables:
     except ImportError as error:
         raise SwebenchMissingError(
             f"--gradeable-only needs the swebench package the server grades with ({error}); "
-            f"install it with: {INSTALL_COMMAND}"
+            f"install it with: {_INSTALL_COMMAND}"
         ) from None
     specs: Mapping[str, Mapping[Any, Any]] = MAP_REPO_VERSION_TO_SPECS
     return GradeTables(

@@ -30,7 +30,7 @@ REQUIRED_FIELDS: tuple[str, ...] = (
 )
 """Fields every row must carry (the server, the grader and golden scans read them)."""
 
-ROUTING_FIELDS: tuple[str, ...] = ("subset", "split")
+_ROUTING_FIELDS: tuple[str, ...] = ("subset", "split")
 """Fields the converter sets on every output row (the server picks the image by subset)."""
 
 Subset = Literal["verified", "gym"]
@@ -39,7 +39,7 @@ SUBSETS: tuple[str, ...] = get_args(Subset)
 
 TEST_LIST_FIELDS: tuple[str, ...] = ("FAIL_TO_PASS", "PASS_TO_PASS")
 
-NEVER_DROPPED: frozenset[str] = frozenset(REQUIRED_FIELDS + ROUTING_FIELDS)
+NEVER_DROPPED: frozenset[str] = frozenset(REQUIRED_FIELDS + _ROUTING_FIELDS)
 
 
 def _decode_test_list(value: Any) -> Any:
@@ -57,8 +57,8 @@ def _decode_test_list(value: Any) -> Any:
     return value
 
 
-TestList = Annotated[list[StrictStr], BeforeValidator(_decode_test_list)]
-NonEmptyStr = Annotated[StrictStr, Field(min_length=1)]
+_TestList = Annotated[list[StrictStr], BeforeValidator(_decode_test_list)]
+_NonEmptyStr = Annotated[StrictStr, Field(min_length=1)]
 
 
 class SweBenchInstance(BaseModel):
@@ -66,15 +66,15 @@ class SweBenchInstance(BaseModel):
 
     model_config = ConfigDict(strict=True, frozen=True, extra="ignore")
 
-    instance_id: NonEmptyStr
+    instance_id: _NonEmptyStr
     repo: Annotated[StrictStr, Field(pattern=r"^[^/\s]+/[^/\s]+$")]
-    base_commit: NonEmptyStr
-    problem_statement: NonEmptyStr
-    version: NonEmptyStr
+    base_commit: _NonEmptyStr
+    problem_statement: _NonEmptyStr
+    version: _NonEmptyStr
     patch: StrictStr
-    test_patch: NonEmptyStr
-    FAIL_TO_PASS: Annotated[TestList, Field(min_length=1)]
-    PASS_TO_PASS: TestList
+    test_patch: _NonEmptyStr
+    FAIL_TO_PASS: Annotated[_TestList, Field(min_length=1)]
+    PASS_TO_PASS: _TestList
     environment_setup_commit: StrictStr | None = None
     hints_text: StrictStr | None = None
     subset: StrictStr | None = None
@@ -130,7 +130,7 @@ def _describe(error: ErrorDetails, field: str | None = None) -> FieldProblem:
     return FieldProblem(field=field, rule=rule, message=message)
 
 
-_TEST_LIST: TypeAdapter[list[str]] = TypeAdapter(TestList)
+_TEST_LIST: TypeAdapter[list[str]] = TypeAdapter(_TestList)
 
 
 def decode_test_list(field: str, value: Any) -> list[str]:

@@ -22,10 +22,10 @@ class InstanceIdsError(MilesNemoGymError, ValueError):
     """An ``--instance-ids`` value (list or file) that names no usable id; the message says which."""
 
 
-NOT_IN_REPOS = "not in --repos"
-IN_EXCLUDED_REPOS = "in --exclude-repos"
-NOT_IN_INSTANCE_IDS = "not in --instance-ids"
-NOT_GRADEABLE = "not gradeable"
+_NOT_IN_REPOS = "not in --repos"
+_IN_EXCLUDED_REPOS = "in --exclude-repos"
+_NOT_IN_INSTANCE_IDS = "not in --instance-ids"
+_NOT_GRADEABLE = "not gradeable"
 
 
 def split_names(values: Iterable[str]) -> frozenset[str]:
@@ -90,13 +90,13 @@ class Selection:
     def reason_to_drop(self, instance: SweBenchInstance) -> str | None:
         """The skip reason for a row, or ``None`` to keep it. Reasons are stable names."""
         if self.repos and instance.repo not in self.repos:
-            return NOT_IN_REPOS
+            return _NOT_IN_REPOS
         if instance.repo in self.exclude_repos:
-            return IN_EXCLUDED_REPOS
+            return _IN_EXCLUDED_REPOS
         if self.instance_ids is not None and instance.instance_id not in self.instance_ids:
-            return NOT_IN_INSTANCE_IDS
+            return _NOT_IN_INSTANCE_IDS
         if self.grade_tables is not None:
             why = self.grade_tables.why_not_gradeable(instance.repo, instance.version)
             if why is not None:
-                return f"{NOT_GRADEABLE}: {why}"
+                return f"{_NOT_GRADEABLE}: {why}"
         return None

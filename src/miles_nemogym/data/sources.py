@@ -20,10 +20,10 @@ from typing import Any, BinaryIO
 
 from miles_nemogym.errors import MilesNemoGymError
 
-PARQUET_BATCH_ROWS = 64  # as fast as larger batches, with a lower peak RSS (README, "Benchmark: converter")
+_PARQUET_BATCH_ROWS = 64  # as fast as larger batches, with a lower peak RSS (bench/README.md, "Converter")
 _JSON_CHUNK = 1 << 20
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-LOCAL_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
+_LOCAL_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet")
 
 
 class SourceError(MilesNemoGymError, RuntimeError):
@@ -164,7 +164,7 @@ def _parquet_source(path: Path) -> RowSource:
     def rows() -> Iterator[RawRow]:
         index = 0
         with parquet:
-            batches = parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, use_threads=False)
+            batches = parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, use_threads=False)
             while True:
                 try:
                     batch = next(batches)
@@ -179,11 +179,11 @@ def _parquet_source(path: Path) -> RowSource:
     return RowSource(str(path), "parquet", parquet.metadata.num_rows, rows())
 
 
-HUB_PROBE_TIMEOUT_S = 5.0
+_HUB_PROBE_TIMEOUT_S = 5.0
 _HUB_HINT = "; without access to the hub, download it elsewhere and pass the folder or a parquet/JSONL file"
 
 
-def hub_unreachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> str | None:
+def _hub_unreachable(timeout_s: float = _HUB_PROBE_TIMEOUT_S) -> str | None:
     """Why the dataset hub (``$HF_ENDPOINT``) cannot be reached, or None when it answers.
 
     Checked before ``datasets`` is asked: its client retries an unreachable hub for
@@ -207,7 +207,7 @@ def hub_unreachable(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> str | None:
 
 def _datasets_source(spec: str, split: str, *, local: bool) -> RowSource:
     if not local:
-        problem = hub_unreachable()
+        problem = _hub_unreachable()
         if problem is not None:
             raise SourceError(f"{spec}: cannot load it from the dataset hub ({problem}){_HUB_HINT}")
     import datasets
@@ -256,7 +256,7 @@ def open_file(path: Path) -> RowSource:
         return _parquet_source(path)
     raise SourceError(
         f"{path}: unsupported file type {suffix or '(none)'!r}; use "
-        f"{', '.join(LOCAL_SUFFIXES)}, a folder of them, or a dataset id"
+        f"{', '.join(_LOCAL_SUFFIXES)}, a folder of them, or a dataset id"
     )
 
 
@@ -267,6 +267,6 @@ def open_source(spec: str, split: str) -> RowSource:
         return _datasets_source(str(path), split, local=True)
     if path.is_file():
         return open_file(path)
-    if path.suffix.lower() in LOCAL_SUFFIXES or spec.startswith((".", "/", "~")) or not _HUB_ID.match(spec):
+    if path.suffix.lower() in _LOCAL_SUFFIXES or spec.startswith((".", "/", "~")) or not _HUB_ID.match(spec):
         raise SourceError(f"{spec}: no such file or folder")
     return _datasets_source(spec, split, local=False)

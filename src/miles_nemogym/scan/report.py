@@ -1,7 +1,7 @@
 """What a scan shows: live progress, one line per finished instance, the final summary.
 
-A progress bar on a terminal; in a file or pipe a status line every ``STATUS_EVERY``
-instances or ``STATUS_INTERVAL_S`` seconds. The summary covers the whole selection,
+A progress bar on a terminal; in a file or pipe a status line every ``_STATUS_EVERY``
+instances or ``_STATUS_INTERVAL_S`` seconds. The summary covers the whole selection,
 ``--resume``'d results included.
 """
 
@@ -29,8 +29,8 @@ from rich.table import Table
 from miles_nemogym.scan.results import ResultLine
 from miles_nemogym.scan.verdict import Verdict
 
-STATUS_EVERY = 10
-STATUS_INTERVAL_S = 60.0
+_STATUS_EVERY = 10
+_STATUS_INTERVAL_S = 60.0
 
 _LABELS = {Verdict.passed: "[green]PASS [/]", Verdict.failed: "[red]FAIL [/]", Verdict.infra: "[yellow]INFRA[/]"}
 
@@ -63,7 +63,7 @@ class Counts:
         return ordered[max(math.ceil(0.95 * len(ordered)) - 1, 0)]
 
 
-def reward_text(reward: float) -> str:
+def _reward_text(reward: float) -> str:
     """``1.0``, ``0.0``, ``0.25``: enough digits to tell a partial reward from a binary one."""
     return str(round(reward, 4))
 
@@ -134,7 +134,7 @@ class ScanProgress:
         width = len(str(self.total))
         line = (
             f"\\[{self.counts.done:>{width}}/{self.total}] {_LABELS[result.verdict]} "
-            f"{escape(result.instance_id)}  reward {reward_text(result.reward)}  {escape(kind)}  "
+            f"{escape(result.instance_id)}  reward {_reward_text(result.reward)}  {escape(kind)}  "
             f"{result.seconds:.1f}s"
         )
         if result.reason:
@@ -145,7 +145,7 @@ class ScanProgress:
             self._progress.update(self._task, advance=1, description=self._counts_text())
             return
         now = time.monotonic()
-        if self.counts.done % STATUS_EVERY == 0 or now - self._last_status >= STATUS_INTERVAL_S:
+        if self.counts.done % _STATUS_EVERY == 0 or now - self._last_status >= _STATUS_INTERVAL_S:
             self._last_status = now
             self.console.print(self.status_line(), soft_wrap=True, highlight=False)
 
@@ -213,7 +213,7 @@ def render_summary(
         console.print(f"[bold]{len(shown)} instance(s) {title}:[/]", highlight=False)
         for result in sorted(shown, key=lambda item: item.instance_id):
             console.print(
-                f"  {escape(result.instance_id)}  reward {reward_text(result.reward)}  {escape(result.reason or '?')}",
+                f"  {escape(result.instance_id)}  reward {_reward_text(result.reward)}  {escape(result.reason or '?')}",
                 soft_wrap=True,
                 highlight=False,
             )

@@ -40,7 +40,7 @@ def _failing(report: dict[str, Any], category: str) -> str | None:
     return f"{category} {len(failing)}/{total} failing: {names}{more}"
 
 
-def graded_reason(outcome: Outcome) -> str:
+def _graded_reason(outcome: Outcome) -> str:
     """Why a graded episode did not score 1.0, from its SWE-bench report."""
     record = outcome.record
     report = instance_report(outcome.eval_report, record.instance_id) or {}
@@ -65,7 +65,7 @@ def reason_of(outcome: Outcome) -> str | None:
         record = outcome.record
         # The classifier already reduced a crashed episode's error to its exception line.
         return short_reason(f"{record.failure_kind or 'unknown'}: {record.failure_reason or 'no reason given'}")
-    return graded_reason(outcome)
+    return _graded_reason(outcome)
 
 
 def kind_of(outcome: Outcome) -> str:

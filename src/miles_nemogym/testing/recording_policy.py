@@ -21,14 +21,14 @@ from typing import Any
 from aiohttp import web
 
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-DEFAULT_LOOK_AROUND = ("pwd", "ls -la")
+_DEFAULT_LOOK_AROUND = ("pwd", "ls -la")
 
-SCRIPTED_PATCH_FILE = "miles_nemogym_scripted.txt"
+_SCRIPTED_PATCH_FILE = "miles_nemogym_scripted.txt"
 SCRIPTED_PATCH = (
-    f"diff --git a/{SCRIPTED_PATCH_FILE} b/{SCRIPTED_PATCH_FILE}\n"
+    f"diff --git a/{_SCRIPTED_PATCH_FILE} b/{_SCRIPTED_PATCH_FILE}\n"
     "new file mode 100644\n"
     "--- /dev/null\n"
-    f"+++ b/{SCRIPTED_PATCH_FILE}\n"
+    f"+++ b/{_SCRIPTED_PATCH_FILE}\n"
     "@@ -0,0 +1 @@\n"
     "+written by the miles-nemogym scripted policy\n"
 )
@@ -37,7 +37,7 @@ empty. ``git diff`` would submit nothing: the ``local`` sandbox's workspace is a
 folder and a container's /testbed is unchanged by a policy that only looks around."""
 
 # Must exit 0: mini-swe-agent only accepts a submission from a successful command.
-DEFAULT_SUBMIT_COMMAND = f"echo {SUBMIT_MARKER}; cat <<'MILES_NEMOGYM_PATCH'\n{SCRIPTED_PATCH}MILES_NEMOGYM_PATCH"
+_DEFAULT_SUBMIT_COMMAND = f"echo {SUBMIT_MARKER}; cat <<'MILES_NEMOGYM_PATCH'\n{SCRIPTED_PATCH}MILES_NEMOGYM_PATCH"
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,8 @@ class Script:
     """How the policy answers in one session."""
 
     look_around_turns: int = 2
-    look_around_commands: tuple[str, ...] = DEFAULT_LOOK_AROUND
-    submit_command: str = DEFAULT_SUBMIT_COMMAND
+    look_around_commands: tuple[str, ...] = _DEFAULT_LOOK_AROUND
+    submit_command: str = _DEFAULT_SUBMIT_COMMAND
     delay: float = 0.0
     """Seconds to wait before each answer."""
     slow: bool = False
@@ -100,7 +100,7 @@ def _tool_name_and_argument(body: Mapping[str, Any]) -> tuple[str, str]:
     return "bash", "command"
 
 
-def thought(turn: int) -> str:
+def _thought(turn: int) -> str:
     """The assistant text before each scripted tool call."""
     return f"THOUGHT: step {turn + 1} of the scripted policy."
 
@@ -109,13 +109,13 @@ def qwen_tool_call_text(command: str, turn: int, tool: str = "bash", argument: s
     """The same scripted turn as raw Qwen3 completion text (``<tool_call>`` block, ``<|im_end|>``),
     for Miles' mock SGLang engine, which parses it as SGLang's qwen25 parser does."""
     call = json.dumps({"name": tool, "arguments": {argument: command}})
-    return f"{thought(turn)}\n<tool_call>\n{call}\n</tool_call><|im_end|>"
+    return f"{_thought(turn)}\n<tool_call>\n{call}\n</tool_call><|im_end|>"
 
 
-def chat_completion(body: Mapping[str, Any], command: str, turn: int) -> dict[str, Any]:
+def _chat_completion(body: Mapping[str, Any], command: str, turn: int) -> dict[str, Any]:
     """An OpenAI chat.completion answering with one bash tool call running ``command``."""
     name, argument = _tool_name_and_argument(body)
-    content = thought(turn)
+    content = _thought(turn)
     tool_call = {
         "id": f"call_{uuid.uuid4().hex[:24]}",
         "type": "function",
@@ -158,8 +158,8 @@ class RecordingPolicy:
         look_around_turns: int = 2,
         delay: float = 0.0,
         slow: bool = False,
-        look_around_commands: tuple[str, ...] = DEFAULT_LOOK_AROUND,
-        submit_command: str = DEFAULT_SUBMIT_COMMAND,
+        look_around_commands: tuple[str, ...] = _DEFAULT_LOOK_AROUND,
+        submit_command: str = _DEFAULT_SUBMIT_COMMAND,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -276,7 +276,7 @@ class RecordingPolicy:
             await asyncio.sleep(script.delay)
         if script.slow and self._release is not None:
             await self._release.wait()
-        return web.json_response(chat_completion(body, script.command_for_turn(turn), turn))
+        return web.json_response(_chat_completion(body, script.command_for_turn(turn), turn))
 
     async def _other(self, request: web.Request) -> web.Response:
         self._record(request, await self._read_body(request))

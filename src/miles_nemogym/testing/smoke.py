@@ -28,9 +28,9 @@ from miles_nemogym.settings import Settings
 from miles_nemogym.testing.recording_policy import RecordingPolicy
 
 # What Miles' rollout would pass as request_kwargs (already renamed to OpenAI names).
-SMOKE_SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 1024, "top_k": 50, "seed": 1234}
+_SMOKE_SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 1024, "top_k": 50, "seed": 1234}
 
-NEEDS_NETWORK_REPOS = frozenset({"django/django", "pylint-dev/pylint"})
+_NEEDS_NETWORK_REPOS = frozenset({"django/django", "pylint-dev/pylint"})
 """Repos whose SWE-bench eval script (swebench 4.1.0) downloads test requirements from
 GitHub while it is built: without network those episodes are set aside."""
 
@@ -42,7 +42,7 @@ OFFLINE_REASON = (
 
 def expected_offline(repos: Sequence[str]) -> list[int]:
     """Positions of the rows that need network to be graded."""
-    return [i for i, repo in enumerate(repos) if repo in NEEDS_NETWORK_REPOS]
+    return [i for i, repo in enumerate(repos) if repo in _NEEDS_NETWORK_REPOS]
 
 
 def is_offline_failure(record: EpisodeRecord | None) -> bool:
@@ -85,7 +85,7 @@ class SmokeReport:
         return any(record is not None and not record.mask_sample for record in records)
 
 
-def prepare_rows(limit: int | None, data_path: Path) -> list[dict[str, Any]]:
+def _prepare_rows(limit: int | None, data_path: Path) -> list[dict[str, Any]]:
     """nemo-gym's example rows as Miles prompt rows, written where the user can see them."""
     rows = [convert_row(row) for row in gym_wheel.example_rows()][:limit]
     data_path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,7 +127,7 @@ async def run_rows(
         await close_client()
 
 
-def finished(
+def _finished(
     rows: Sequence[dict[str, Any]],
     calls: Callable[[int], int | None] | None,
     on_episode: Callable[[SmokeEpisode], None] | None,
@@ -162,7 +162,7 @@ def run_smoke(
     base_settings = Settings.from_env()
     data_path = state_dir / "smoke_prompts.jsonl"
     report = SmokeReport(data_path=data_path)
-    rows = prepare_rows(limit, data_path)
+    rows = _prepare_rows(limit, data_path)
     say(f"converted {len(rows)} SWE-bench Verified rows -> {data_path}")
     options = ServeOptions(sandbox="local", port=0, concurrency=concurrency, step_limit=step_limit)
     venv = ensure_gym_venv(options.sandbox, progress=say)
@@ -181,15 +181,15 @@ def run_smoke(
                 say(f"running {len(rows)} episodes against the scripted recording policy")
                 if on_running:
                     on_running(len(rows))
-                done = finished(rows, calls, on_episode)
-                results = asyncio.run(run_rows(rows, urls, SMOKE_SAMPLING, settings, done))
+                done = _finished(rows, calls, on_episode)
+                results = asyncio.run(run_rows(rows, urls, _SMOKE_SAMPLING, settings, done))
                 counts: list[int | None] = [calls(i) for i in range(len(rows))]
         else:
             say(f"running {len(rows)} episodes against {policy_base_url}")
             if on_running:
                 on_running(len(rows))
             urls = [policy_base_url] * len(rows)
-            results = asyncio.run(run_rows(rows, urls, SMOKE_SAMPLING, settings, finished(rows, None, on_episode)))
+            results = asyncio.run(run_rows(rows, urls, _SMOKE_SAMPLING, settings, _finished(rows, None, on_episode)))
             counts = [None] * len(rows)
     for row, result, count in zip(rows, results, counts, strict=True):
         meta = row["metadata"]
