@@ -21,12 +21,14 @@ from miles_nemogym.gym.config import (
     LOCAL_ENVIRONMENT_KWARGS,
     MODEL_CONFIG,
     PLACEHOLDER_POLICY_URL,
+    RAY_HEAD_KEY,
     SANDBOXES,
     SERVER_NAME,
     ServeOptions,
     compose_config_yaml,
     load_provider_options,
     overrides,
+    planned_config,
     provider_config_path,
 )
 from miles_nemogym.gym.venv import (
@@ -129,6 +131,29 @@ def test_overrides_need_a_concrete_port(tmp_path: Path) -> None:
 def test_bad_serve_options_name_the_field(field: str, value: Any) -> None:
     with pytest.raises(ValueError, match=field):
         ServeOptions.model_validate({field: value})
+
+
+@pytest.mark.parametrize("address", ["10.0.0.1:6379", "head.cluster:6379", "[::1]:6379"])
+def test_a_ray_address_joins_that_cluster(tmp_path: Path, address: str) -> None:
+    options = ServeOptions(ray_address=f" {address} ")
+    assert overrides(options, 2000, tmp_path)[RAY_HEAD_KEY] == address
+    assert RAY_HEAD_KEY not in overrides(ServeOptions(), 2000, tmp_path)  # a private Ray otherwise
+
+
+@pytest.mark.parametrize(
+    ("address", "says"),
+    [
+        ("ray://10.0.0.1:10001", "Ray Client"),
+        ("http://10.0.0.1:8265", "Ray Client"),
+        ("10.0.0.1", "not host:port"),
+        ("10.0.0.1:0", "not host:port"),
+        (":6379", "not host:port"),
+        ("auto", "not host:port"),
+    ],
+)
+def test_a_ray_address_must_be_host_and_port(address: str, says: str) -> None:
+    with pytest.raises(ValueError, match=rf"ray_address(.|\n)*{says}"):
+        ServeOptions(ray_address=address)
 
 
 def test_provider_options_file(tmp_path: Path) -> None:
@@ -253,11 +278,24 @@ def _shipped_provider_block(venv: gym_venv.GymVenv, sandbox: str) -> dict[str, A
     return block
 
 
+def _assert_within(part: Any, whole: Any, path: str) -> None:
+    """Every leaf of ``part`` is in ``whole`` with the same value."""
+    if isinstance(part, dict):
+        assert isinstance(whole, dict), path
+        for key, value in part.items():
+            assert key in whole, f"{path}.{key}"
+            _assert_within(value, whole[key], f"{path}.{key}")
+    else:
+        assert part == whole, path
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("sandbox", SANDBOXES)
 def test_nemo_gym_composes_each_provider(sandbox: str, server_venv: gym_venv.GymVenv, tmp_path: Path) -> None:
-    options = ServeOptions(sandbox=sandbox, concurrency=3, step_limit=9)  # type: ignore[arg-type]
+    options = ServeOptions(sandbox=sandbox, concurrency=3, step_limit=9, ray_address="10.0.0.1:6379")  # type: ignore[arg-type]
     composed = yaml.safe_load(compose_config_yaml(options, server_venv, 23456, tmp_path))
+    # What `serve --dry-run` prints (from the wheel, no venv) is what nemo-gym's parser makes of it.
+    _assert_within(planned_config(options, 23456, tmp_path), composed, "")
     agent = _agent(composed)
     assert (agent["port"], agent["concurrency"], agent["step_limit"]) == (23456, 3, 9)
     assert agent["sandbox_provider"] == "sandbox"

@@ -1,0 +1,69 @@
+"""The checks ``serve --ray-address`` runs on a cluster before starting the server.
+
+The probe itself (joining a real cluster, one check task per node) runs in
+tests/integration/test_ray_cluster.py; here, what each probe answer means.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from miles_nemogym.gym.cluster import check_cluster, cluster_problems
+from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv
+from tests.support.ports import free_port
+
+VENV = GymVenv(path=Path("/opt/gym"), python=Path("/opt/gym/bin/python"), site_packages=Path("/opt/gym/lib"))
+STATE = Path("/shared/state")
+
+
+def _node(**changes: Any) -> dict[str, Any]:
+    node = {"id": "a1b2c3d4e5f6a7b8", "address": "10.0.0.2", "cpus": 8.0, "python": "3.13.0", "ray": "2.60.0"}
+    return {**node, "gym_python": True, "state_dir": True, **changes}
+
+
+def _report(*nodes: dict[str, Any]) -> dict[str, Any]:
+    return {"python": "3.13.0", "ray": "2.60.0", "nodes": list(nodes)}
+
+
+def test_a_cluster_of_matching_nodes_passes() -> None:
+    assert cluster_problems(_report(_node(), _node(id="ffff", cpus=0.0)), VENV, STATE) == []
+
+
+def test_a_cluster_that_refuses_the_server_says_how_to_start_one_it_accepts() -> None:
+    report = {"python": "3.13.0", "ray": "2.60.0", "error": "RuntimeError: Version mismatch: ... Ray: 2.49.0"}
+    (problem,) = cluster_problems(report, VENV, STATE)
+    assert "Version mismatch" in problem
+    assert "/opt/gym/bin/ray start --head --port PORT" in problem
+    assert "/opt/gym/bin/ray start --address HEAD:PORT" in problem
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"ray": "2.49.0"}, "runs Ray 2.49.0, the server environment 2.60.0; start it from /opt/gym/bin/ray"),
+        ({"python": "3.12.4"}, "runs Python 3.12.4, the server environment 3.13.0"),
+        ({"gym_python": False}, "has no /opt/gym/bin/python: episodes run in the server environment"),
+        ({"state_dir": False}, "cannot see /shared/state"),
+        ({"error": "the check task did not run within 120 s"}, "the check task did not run within 120 s"),
+    ],
+)
+def test_each_node_problem_is_named_with_its_node(change: dict[str, Any], says: str) -> None:
+    problems = cluster_problems(_report(_node(), _node(id="0123456789abcdef00", **change)), VENV, STATE)
+    assert len(problems) == 1
+    assert problems[0].startswith("node 0123456789ab (10.0.0.2)")
+    assert says in problems[0]
+
+
+def test_a_cluster_without_cpu_for_an_episode_is_refused() -> None:
+    (problem,) = cluster_problems(_report(_node(cpus=0.0)), VENV, STATE)
+    assert "no node has 0.25 CPU" in problem
+
+
+def test_an_address_where_nothing_listens_is_refused_before_any_probe(tmp_path: Path) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    # The venv does not exist: the check must fail on the address, not on running the probe.
+    with pytest.raises(GymEnvironmentError, match=rf"--ray-address {address}: cannot connect"):
+        check_cluster(address, VENV, tmp_path, env={})
