@@ -191,7 +191,14 @@ def test_recipe_is_the_wheels_requirements_plus_the_pins() -> None:
 
 
 @pytest.mark.parametrize(
-    ("sandbox", "sdk"), [("daytona", "daytona"), ("opensandbox", "opensandbox"), ("ecs_fargate", "boto3")]
+    ("sandbox", "sdk"),
+    [
+        ("daytona", "daytona"),
+        ("e2b", "e2b"),
+        ("opensandbox", "opensandbox"),
+        ("openshell", "openshell"),  # from nemo-gym's `openshell` extra, not `sandbox`
+        ("ecs_fargate", "boto3"),
+    ],
 )
 def test_sdk_providers_get_their_sdk_and_their_own_venv(sandbox: str, sdk: str) -> None:
     reqs = requirements(sandbox)
