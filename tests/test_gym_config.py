@@ -8,7 +8,6 @@ shipped configs of every provider and check that the result is what the server g
 
 from __future__ import annotations
 
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,7 @@ from miles_nemogym.gym.venv import (
     venv_key,
 )
 from miles_nemogym.pins import MINI_SWE_AGENT_VERSION, NEMO_GYM_VERSION, SWEBENCH_VERSION
+from tests.support.scripts import shell_script
 
 # ----------------------------------------------------------------------------- overrides
 
@@ -216,13 +216,6 @@ def test_venv_key_names_every_pin() -> None:
 # ----------------------------------------------------------------------------- interpreter
 
 
-def _script(path: Path, body: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"#!/bin/sh\n{body}\n")
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return path
-
-
 @pytest.fixture
 def no_system_python(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gym_venv, "SYSTEM_DIRS", ())
@@ -235,7 +228,7 @@ def test_explicit_interpreter_that_does_not_exist(tmp_path: Path) -> None:
 
 
 def test_explicit_interpreter_of_the_wrong_version(tmp_path: Path) -> None:
-    fake = _script(tmp_path / "python", "echo 3.11")
+    fake = shell_script(tmp_path / "python", "echo 3.11")
     with pytest.raises(GymPythonNotFoundError, match=r"is Python 3\.11, not 3\.13"):
         find_gym_python({GYM_PYTHON_ENV: str(fake)})
 
@@ -250,16 +243,16 @@ def test_no_interpreter_says_how_to_install_one(tmp_path: Path, no_system_python
 
 
 def test_a_failing_pyenv_shim_is_skipped_for_a_working_pyenv_version(tmp_path: Path, no_system_python: None) -> None:
-    shim = _script(tmp_path / "shims" / "python3.13", "echo 'pyenv: python3.13: command not found' >&2; exit 127")
-    old = _script(tmp_path / "pyenv" / "versions" / "3.13.9" / "bin" / "python3.13", "echo 3.13")
-    new = _script(tmp_path / "pyenv" / "versions" / "3.13.10" / "bin" / "python3.13", "echo 3.13")
+    shim = shell_script(tmp_path / "shims" / "python3.13", "echo 'pyenv: python3.13: command not found' >&2; exit 127")
+    old = shell_script(tmp_path / "pyenv" / "versions" / "3.13.9" / "bin" / "python3.13", "echo 3.13")
+    new = shell_script(tmp_path / "pyenv" / "versions" / "3.13.10" / "bin" / "python3.13", "echo 3.13")
     env = {"PATH": str(shim.parent), "PYENV_ROOT": str(tmp_path / "pyenv"), "HOME": str(tmp_path / "home")}
     assert gym_python_candidates(env) == [shim, new, old]
     assert find_gym_python(env) == new
 
 
 def test_the_failures_are_listed_per_candidate(tmp_path: Path, no_system_python: None) -> None:
-    shim = _script(tmp_path / "shims" / "python3.13", "echo 'pyenv: no such version' >&2; exit 127")
+    shim = shell_script(tmp_path / "shims" / "python3.13", "echo 'pyenv: no such version' >&2; exit 127")
     with pytest.raises(GymPythonNotFoundError) as caught:
         find_gym_python({"PATH": str(shim.parent), "HOME": str(tmp_path)})
     assert f"{shim}: exits 127: pyenv: no such version" in str(caught.value)
@@ -355,7 +348,7 @@ def test_a_failing_composer_reports_its_stderr(tmp_path: Path) -> None:
     for relative in (AGENT_CONFIG, MODEL_CONFIG):
         (site / relative).parent.mkdir(parents=True, exist_ok=True)
         (site / relative).write_text("{}\n")
-    python = _script(
+    python = shell_script(
         tmp_path / "venv" / "bin" / "python", "echo 'ConfigError: bad merge at sandbox.docker' >&2; exit 3"
     )
     broken = gym_venv.GymVenv(path=tmp_path / "venv", python=python, site_packages=site)

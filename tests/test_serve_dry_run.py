@@ -8,7 +8,6 @@ and a stand-in Python 3.13 for the interpreter search.
 from __future__ import annotations
 
 import os
-import stat
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -20,15 +19,9 @@ from typer.testing import CliRunner, Result
 from miles_nemogym.cli.main import app
 from miles_nemogym.gym.config import AGENT_CONFIG, SANDBOXES, SERVER_NAME, provider_config_path
 from miles_nemogym.gym.wheel import wheel_path
+from tests.support.scripts import shell_script
 
 _PROVIDER_VARIABLES = ("DAYTONA_", "E2B_", "AWS_", "OPENSANDBOX_", "OPENSHELL_", "ENROOT_", "NEMO_GYM_")
-
-
-def _executable(path: Path, body: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"#!/bin/sh\n{body}\n")
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return path
 
 
 @pytest.fixture
@@ -46,7 +39,7 @@ def bare_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("PATH", str(tmp_path / "bin"))
     monkeypatch.setenv("COLUMNS", "1000")  # one line per item on stderr
-    monkeypatch.setenv("MILES_NEMOGYM_GYM_PYTHON", str(_executable(tmp_path / "py313" / "python3.13", "echo 3.13")))
+    monkeypatch.setenv("MILES_NEMOGYM_GYM_PYTHON", str(shell_script(tmp_path / "py313" / "python3.13", "echo 3.13")))
     return cache
 
 
@@ -149,10 +142,10 @@ def test_aws_credentials_from_a_credentials_file(
 
 
 def test_docker_needs_its_daemon_not_just_the_cli(bare_host: Path, tmp_path: Path) -> None:
-    docker = _executable(tmp_path / "bin" / "docker", "echo 'Cannot connect to the Docker daemon' >&2; exit 1")
+    docker = shell_script(tmp_path / "bin" / "docker", "echo 'Cannot connect to the Docker daemon' >&2; exit 1")
     result, _, missing = _dry_run("docker")
     assert missing == [f"a running Docker daemon ({docker} version: Cannot connect to the Docker daemon)"]
-    _executable(docker, "echo 28.2.2")
+    shell_script(docker, "echo 28.2.2")
     result, _, missing = _dry_run("docker")
     assert (result.exit_code, missing) == (0, [])
 

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import socket
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -26,6 +23,7 @@ from miles_nemogym.gym.server import GymServer, GymServerError, free_port
 from miles_nemogym.testing.recording_policy import RecordingPolicy
 from tests.support.gym_runs import API_KEY, EXTRA_BODY, SAMPLING, assert_graded, post_run, run_body
 from tests.support.ray_cluster import pids_with_environment
+from tests.support.serve_process import serving
 
 pytestmark = pytest.mark.integration
 
@@ -119,7 +117,7 @@ async def test_golden_mode_makes_no_model_call(
 ) -> None:
     session = "golden-session"
     status, result = await post_run(
-        gym_golden_server, run_body(gym_example_rows, SYMPY, recording_policy.session_url(session))
+        gym_golden_server.url, run_body(gym_example_rows, SYMPY, recording_policy.session_url(session))
     )
     assert status == 200
     assert result["instance_id"] == SYMPY
@@ -164,25 +162,13 @@ def test_a_server_that_cannot_bind_fails_with_its_log(tmp_path_factory: pytest.T
 def test_serve_command_prints_the_url_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
     state = tmp_path / "serve-state"
     port = free_port()
-    command = [sys.executable, "-m", "miles_nemogym.cli.main", "serve", "--sandbox", "local"]
-    command += ["--port", str(port), "--concurrency", "1", "--state-dir", str(state)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert process.stdout is not None
-        seen: list[str] = []
-        for line in process.stdout:
-            seen.append(line)
-            if "export NEMO_GYM_URL=" in line:
-                break
-        assert f"export NEMO_GYM_URL=http://127.0.0.1:{port}" in "".join(seen), "".join(seen)
+    arguments = ["--sandbox", "local", "--port", str(port), "--concurrency", "1", "--state-dir", str(state)]
+    with serving(*arguments) as serve:
+        assert f"export NEMO_GYM_URL=http://127.0.0.1:{port}" in serve.printed, serve.printed
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/openapi.json", timeout=30) as response:
             assert "/run" in json.load(response)["paths"]
-        process.send_signal(signal.SIGTERM)
-        rest, _ = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 0, rest
+        rest = serve.stop()
+    assert serve.process.returncode == 0, rest
     assert "stopped." in rest
     # The server's config (in its environment, inherited by Ray) names the state folder.
     assert pids_with_environment(str(state.resolve())) == []
