@@ -8,6 +8,7 @@ and a stand-in Python 3.13 for the interpreter search.
 from __future__ import annotations
 
 import os
+import socket
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typer.testing import CliRunner, Result
 from miles_nemogym.cli.main import app
 from miles_nemogym.gym.config import AGENT_CONFIG, SANDBOXES, SERVER_NAME, provider_config_path
 from miles_nemogym.gym.wheel import wheel_path
+from tests.support.ports import free_port
 from tests.support.scripts import shell_script
 
 _PROVIDER_VARIABLES = ("DAYTONA_", "E2B_", "AWS_", "OPENSANDBOX_", "OPENSHELL_", "ENROOT_", "NEMO_GYM_")
@@ -161,10 +163,30 @@ def test_no_python_to_build_the_server_environment_is_missing(
 
 
 def test_the_ray_address_reaches_the_config(bare_host: Path) -> None:
-    result, config, _ = _dry_run("local", "--ray-address", "10.0.0.5:6379")
-    assert result.exit_code == 0
-    assert config["ray_head_node_address"] == "10.0.0.5:6379"
-    assert "Ray: joins 10.0.0.5:6379" in result.stderr
+    with socket.socket() as head:  # where a cluster's head would listen
+        head.bind(("127.0.0.1", 0))
+        head.listen()
+        address = f"127.0.0.1:{head.getsockname()[1]}"
+        result, config, missing = _dry_run("local", "--ray-address", address)
+    assert (result.exit_code, missing) == (0, [])
+    assert config["ray_head_node_address"] == address
+    assert f"Ray: joins {address}" in result.stderr
+
+
+def test_a_ray_address_where_nothing_listens_is_missing(bare_host: Path) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    result, _, missing = _dry_run("local", "--ray-address", address)
+    assert result.exit_code == 1
+    assert missing == [f"a Ray cluster at {address} (cannot connect: Connection refused)"]
+
+
+def test_provider_options_for_another_provider_exit_2_with_the_fix(bare_host: Path, tmp_path: Path) -> None:
+    options = tmp_path / "provider.yaml"
+    options.write_text("sandbox:\n  daytona: {}\n")
+    result = CliRunner().invoke(app, ["serve", "--sandbox", "docker", "--dry-run", "--provider-config", str(options)])
+    assert result.exit_code == 2
+    assert "put its options under `sandbox.docker`" in result.stderr
+    assert result.stdout == ""
 
 
 def test_agent_config_comes_from_the_wheel(bare_host: Path) -> None:

@@ -130,7 +130,12 @@ def serve(
         raise typer.Exit(2) from None
 
     if dry_run:
-        raise typer.Exit(_dry_run(options, state_dir, console))
+        try:
+            code = _dry_run(options, state_dir, console)
+        except GymEnvironmentError as exc:
+            console.print(f"[red]error:[/red] {escape(str(exc))}")
+            raise typer.Exit(2) from None
+        raise typer.Exit(code)
     if options.sandbox == "local":
         console.print(
             "[yellow]--sandbox local runs the agent's commands on this host without isolation, and "
@@ -196,6 +201,7 @@ def _dry_run(options: ServeOptions, state_dir: Path | None, console: Console) ->
     from rich.markup import escape
 
     from miles_nemogym.gym import providers
+    from miles_nemogym.gym.cluster import unreachable
     from miles_nemogym.gym.config import planned_config
     from miles_nemogym.gym.server import free_port
     from miles_nemogym.gym.venv import READY_MARKER, GymEnvironmentError, find_gym_python, gym_venv_root, venv_key
@@ -216,7 +222,11 @@ def _dry_run(options: ServeOptions, state_dir: Path | None, console: Console) ->
         except GymEnvironmentError as exc:
             missing.append(str(exc).splitlines()[0])
     if options.ray_address:
-        console.print(f"Ray: joins {options.ray_address} (each node is checked when serve starts)", highlight=False)
+        refused = unreachable(options.ray_address)
+        if refused:
+            missing.append(f"a Ray cluster at {options.ray_address} (cannot connect: {refused})")
+        else:
+            console.print(f"Ray: joins {options.ray_address} (each node is checked when serve starts)", highlight=False)
     if not missing:
         console.print(f"[green]nothing missing for the {options.sandbox} sandbox.[/green]")
         return 0

@@ -77,7 +77,7 @@ class ClusterNode:
     cpus: float
 
 
-def _reachable(address: str, timeout: float) -> str | None:
+def unreachable(address: str, timeout: float = 10.0) -> str | None:
     """``None`` when a TCP connection to ``host:port`` opens, else why not."""
     host, _, port = address.rpartition(":")
     try:
@@ -135,10 +135,10 @@ def check_cluster(
 ) -> list[ClusterNode]:
     """The cluster's live nodes, once every one can run this server's episodes; else an error
     naming each problem and its fix. Connects as the server will; starts nothing that outlives it."""
-    unreachable = _reachable(address, timeout=10)
-    if unreachable:
+    refused = unreachable(address)
+    if refused:
         raise GymEnvironmentError(
-            f"--ray-address {address}: cannot connect ({unreachable}). Give the address `ray start --head` "
+            f"--ray-address {address}: cannot connect ({refused}). Give the address `ray start --head` "
             "printed on the head node, reachable from this machine."
         )
     try:
