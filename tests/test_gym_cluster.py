@@ -6,14 +6,18 @@ tests/integration/test_ray_cluster.py; here, what each probe answer means.
 
 from __future__ import annotations
 
+import json
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from miles_nemogym.gym.cluster import check_cluster, cluster_problems
+from miles_nemogym.gym.cluster import ClusterNode, check_cluster, cluster_problems
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv
 from tests.support.ports import free_port
+from tests.support.scripts import shell_script
 
 VENV = GymVenv(path=Path("/opt/gym"), python=Path("/opt/gym/bin/python"), site_packages=Path("/opt/gym/lib"))
 STATE = Path("/shared/state")
@@ -67,3 +71,39 @@ def test_an_address_where_nothing_listens_is_refused_before_any_probe(tmp_path: 
     # The venv does not exist: the check must fail on the address, not on running the probe.
     with pytest.raises(GymEnvironmentError, match=rf"--ray-address {address}: cannot connect"):
         check_cluster(address, VENV, tmp_path, env={})
+
+
+@pytest.fixture
+def head_address() -> Iterator[str]:
+    """A listening loopback port, standing in for a head's GCS port (the probe is faked)."""
+    with socket.socket() as head:
+        head.bind(("127.0.0.1", 0))
+        head.listen()
+        yield f"127.0.0.1:{head.getsockname()[1]}"
+
+
+def _venv_answering(tmp_path: Path, script: str) -> GymVenv:
+    python = shell_script(tmp_path / "venv" / "bin" / "python", script)
+    return GymVenv(path=tmp_path / "venv", python=python, site_packages=tmp_path / "venv" / "lib")
+
+
+def test_the_probes_answer_decides(tmp_path: Path, head_address: str) -> None:
+    nodes = [_node(), _node(id="0123456789abcdef00", ray="2.49.0")]
+    answer = json.dumps({"python": "3.13.0", "ray": "2.60.0", "nodes": nodes})
+    venv = _venv_answering(tmp_path, f"cat > /dev/null; echo 'ray noise'; echo '{answer}'")
+    with pytest.raises(GymEnvironmentError) as caught:
+        check_cluster(head_address, venv, tmp_path, env={})
+    assert str(caught.value).splitlines() == [
+        f"--ray-address {head_address}: the cluster cannot run this server's episodes:",
+        f"  - node 0123456789ab (10.0.0.2) runs Ray 2.49.0, the server environment 2.60.0; "
+        f"start it from {tmp_path / 'venv'}/bin/ray",
+    ]
+    good = json.dumps({"python": "3.13.0", "ray": "2.60.0", "nodes": [_node()]})
+    venv = _venv_answering(tmp_path, f"cat > /dev/null; echo '{good}'")
+    assert check_cluster(head_address, venv, tmp_path, env={}) == [ClusterNode("a1b2c3d4e5f6a7b8", "10.0.0.2", 8.0)]
+
+
+def test_a_probe_that_crashes_is_reported_with_its_stderr(tmp_path: Path, head_address: str) -> None:
+    venv = _venv_answering(tmp_path, "echo 'ModuleNotFoundError: No module named ray' >&2; exit 1")
+    with pytest.raises(GymEnvironmentError, match=r"the cluster check failed \(exit 1\):\nModuleNotFoundError"):
+        check_cluster(head_address, venv, tmp_path, env={})
