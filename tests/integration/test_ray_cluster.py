@@ -35,8 +35,6 @@ def test_serve_spreads_episodes_over_a_running_cluster_and_leaves_it_running(
     with RayCluster(venv) as cluster:
         cluster.start_head(num_cpus=1)
         cluster.add_node(num_cpus=1, resources={"episode_node": 1})
-        nodes = cluster.state()["nodes"]
-        (second,) = [node["id"] for node in nodes if "episode_node" in node["resources"]]
 
         port = free_port()
         arguments = ["--sandbox", "local", "--port", str(port), "--concurrency", str(len(INSTANCES))]
@@ -62,11 +60,13 @@ def test_serve_spreads_episodes_over_a_running_cluster_and_leaves_it_running(
         assert serve.process.returncode == 0, rest
         assert "the Ray cluster keeps running" in rest
 
+        # Stopping serve ended its job, not the cluster: its daemons run, both nodes are alive.
+        daemons = cluster.daemons()
+        assert (daemons.count("gcs_server"), daemons.count("raylet")) == (1, 2), daemons
         state = cluster.state()
+        alive = [node for node in state["nodes"] if node["state"] == "ALIVE"]
+        assert len(alive) == 2, state["nodes"]
+        (second,) = [node["id"] for node in alive if "episode_node" in node["resources"]]
         episode_tasks = [task for task in state["tasks"] if task["name"] == EPISODE_TASK]
         assert [task["state"] for task in episode_tasks] == ["FINISHED"] * len(INSTANCES), episode_tasks
         assert second in {task["node_id"] for task in episode_tasks}, (second, episode_tasks)
-        # Stopping serve ended its job, not the cluster.
-        assert sorted(node["id"] for node in state["nodes"] if node["state"] == "ALIVE") == sorted(
-            node["id"] for node in nodes
-        )

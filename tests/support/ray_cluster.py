@@ -72,25 +72,37 @@ class RayCluster:
         self.dashboard_url = ""
         self._processes: list[subprocess.Popen[bytes]] = []
 
-    def _environment(self) -> dict[str, str]:
+    def _environment(self, label: str) -> dict[str, str]:
         dropped = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "RAY_ADDRESS")
         env = {k: v for k, v in os.environ.items() if k not in dropped}
         home = self.base / "home"
         home.mkdir(exist_ok=True)
         env.update(_EPISODE_ENV)
-        env.update({"HOME": str(home), "RAY_TMPDIR": str(self.base), MARKER: self.marker})
+        env.update({"HOME": str(home), "RAY_TMPDIR": str(self.base), MARKER: f"{self.marker}-{label}"})
         return env
 
-    def _start(self, name: str, arguments: list[str]) -> None:
+    def _start(self, name: str, arguments: list[str], attempts: int = 3) -> None:
+        """``ray start`` for one node; retried, because Ray gives a new node a fixed 30 s to register
+        with the head, which a loaded machine can miss (the failed attempt's processes are ended)."""
+        problem = ""
+        for attempt in range(1, attempts + 1):
+            label = f"{name}-{attempt}"
+            problem = self._try_start(label, arguments)
+            if not problem:
+                return
+            self._end(f"{MARKER}={self.marker}-{label}")
+        raise RuntimeError(problem)
+
+    def _try_start(self, label: str, arguments: list[str]) -> str:
         command = [str(self.venv.path / "bin" / "ray"), "start", "--block", "--disable-usage-stats"]
         command += ["--node-ip-address", "127.0.0.1", "--temp-dir", str(self.base), *arguments]
         for flag in _NODE_PORTS:
             command += [flag, str(free_port())]
-        log_path = self.base / f"{name}.log"
+        log_path = self.base / f"{label}.log"
         with log_path.open("ab") as log:
             process = subprocess.Popen(
                 command,
-                env=self._environment(),
+                env=self._environment(label),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -100,10 +112,9 @@ class RayCluster:
         deadline = time.monotonic() + self.start_timeout
         while "Ray runtime started" not in log_path.read_text(errors="replace"):
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"ray start ({name}) did not come up:\n{log_path.read_text(errors='replace')[-3000:]}"
-                )
+                return f"ray start ({label}) did not come up:\n{log_path.read_text(errors='replace')[-3000:]}"
             time.sleep(0.5)
+        return ""
 
     def start_head(self, num_cpus: int) -> None:
         port, dashboard = free_port(), free_port()
@@ -140,12 +151,31 @@ class RayCluster:
             [str(self.venv.python), "-c", script, self.dashboard_url],
             capture_output=True,
             text=True,
-            env=self._environment(),
+            env=self._environment("query"),
             timeout=180,
             check=True,
         )
         state: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
         return state
+
+    def daemons(self) -> list[str]:
+        """The names (``/proc/<pid>/comm``) of this cluster's running processes, sorted."""
+        names = []
+        for pid in pids_with_environment(f"{MARKER}={self.marker}"):
+            with contextlib.suppress(OSError):
+                names.append(Path(f"/proc/{pid}/comm").read_text().strip())
+        return sorted(names)
+
+    def _end(self, marker: str) -> None:
+        """SIGKILL every process whose environment carries ``marker``, until none is left."""
+        for _ in range(40):
+            left = pids_with_environment(marker)
+            if not left:
+                return
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.25)
 
     def stop(self) -> None:
         for process in self._processes:
@@ -154,14 +184,7 @@ class RayCluster:
         for process in self._processes:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=30)
-        for _ in range(40):
-            left = pids_with_environment(f"{MARKER}={self.marker}")
-            if not left:
-                break
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.25)
+        self._end(f"{MARKER}={self.marker}")
         shutil.rmtree(self.base, ignore_errors=True)
 
     def __enter__(self) -> RayCluster:
