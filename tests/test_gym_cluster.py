@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from miles_nemogym.gym.cluster import ClusterNode, check_cluster, cluster_problems
+from miles_nemogym.gym.providers import node_binaries
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv
 from tests.support.ports import free_port
 from tests.support.scripts import shell_script
@@ -107,3 +108,27 @@ def test_a_probe_that_crashes_is_reported_with_its_stderr(tmp_path: Path, head_a
     venv = _venv_answering(tmp_path, "echo 'ModuleNotFoundError: No module named ray' >&2; exit 1")
     with pytest.raises(GymEnvironmentError, match=r"the cluster check failed \(exit 1\):\nModuleNotFoundError"):
         check_cluster(head_address, venv, tmp_path, env={})
+
+
+def test_a_node_without_the_sandbox_cli_is_named() -> None:
+    (problem,) = cluster_problems(
+        _report(_node(), _node(id="0123456789abcdef00", missing_binaries=["docker"])), VENV, STATE
+    )
+    assert problem == (
+        "node 0123456789ab (10.0.0.2) has no `docker` on PATH: the sandbox provider runs it where the episode runs"
+    )
+
+
+@pytest.mark.parametrize(
+    ("sandbox", "block", "binaries"),
+    [
+        ("docker", {}, ["docker"]),
+        ("enroot", {}, ["enroot"]),
+        ("apptainer", {}, ["apptainer"]),
+        ("apptainer", {"bin_path": "/opt/apptainer/bin"}, []),
+        ("daytona", {}, []),
+        ("local", {}, []),
+    ],
+)
+def test_which_cli_every_node_needs(sandbox: str, block: dict[str, Any], binaries: list[str]) -> None:
+    assert node_binaries(sandbox, {"sandbox": {sandbox: block}}) == binaries

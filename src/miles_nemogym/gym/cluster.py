@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,9 +37,10 @@ except Exception as exc:
     sys.exit(0)
 
 @ray.remote(num_cpus=0)
-def look(python, folder):
-    import os, sys, ray
+def look(python, folder, binaries):
+    import os, shutil, sys, ray
     return {
+        "missing_binaries": [name for name in binaries if shutil.which(name) is None],
         "python": "%d.%d.%d" % sys.version_info[:3],
         "ray": ray.__version__,
         "gym_python": os.access(python, os.X_OK),
@@ -49,7 +50,7 @@ def look(python, folder):
 nodes = [n for n in ray.nodes() if n["Alive"]]
 refs = [
     look.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
-        sys.executable, payload["state_dir"]
+        sys.executable, payload["state_dir"], payload["binaries"]
     )
     for n in nodes
 ]
@@ -115,6 +116,8 @@ def cluster_problems(report: Mapping[str, Any], venv: GymVenv, state_dir: Path) 
                 f"{name} has no {venv.python}: episodes run in the server environment, which must be "
                 "at the same path on every node (copy it, or build it there with the same cache folder)"
             )
+        for binary in node.get("missing_binaries", []):
+            problems.append(f"{name} has no `{binary}` on PATH: the sandbox provider runs it where the episode runs")
         if not node["state_dir"]:
             problems.append(
                 f"{name} cannot see {state_dir}: episodes there read the request's config and write "
@@ -131,10 +134,12 @@ def check_cluster(
     state_dir: Path,
     env: Mapping[str, str],
     *,
+    binaries: Sequence[str] = (),
     timeout: float = 120.0,
 ) -> list[ClusterNode]:
     """The cluster's live nodes, once every one can run this server's episodes; else an error
-    naming each problem and its fix. Connects as the server will; starts nothing that outlives it."""
+    naming each problem and its fix. ``binaries`` must be on every node's PATH (the sandbox's CLI).
+    Connects as the server will; starts nothing that outlives it."""
     refused = unreachable(address)
     if refused:
         raise GymEnvironmentError(
@@ -144,7 +149,9 @@ def check_cluster(
     try:
         done = subprocess.run(
             [str(venv.python), "-c", _PROBE],
-            input=json.dumps({"address": address, "state_dir": str(state_dir), "timeout": timeout}),
+            input=json.dumps(
+                {"address": address, "state_dir": str(state_dir), "binaries": list(binaries), "timeout": timeout}
+            ),
             capture_output=True,
             text=True,
             cwd=state_dir,

@@ -70,6 +70,14 @@ def _required_variables(block: dict[str, Any], sandbox: str, environ: Mapping[st
     return missing
 
 
+def node_binaries(sandbox: str, config: dict[str, Any]) -> list[str]:
+    """The CLI ``sandbox`` runs on whichever node runs an episode (none for SDK providers, local,
+    or an apptainer given by ``bin_path``)."""
+    block = (config.get("sandbox") or {}).get(sandbox) or {}
+    name = _BINARIES.get(sandbox)
+    return [name] if name and not (sandbox == "apptainer" and block.get("bin_path")) else []
+
+
 def _binary(sandbox: str, block: dict[str, Any], which: Which) -> list[str]:
     if sandbox == "local":
         shell = str(block.get("shell") or "/bin/bash")

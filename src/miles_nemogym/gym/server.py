@@ -27,6 +27,7 @@ from types import TracebackType
 
 from miles_nemogym.gym.cluster import ClusterNode, check_cluster
 from miles_nemogym.gym.config import SERVER_NAME, ServeOptions, compose_config_yaml
+from miles_nemogym.gym.providers import node_binaries
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, ensure_gym_venv
 from miles_nemogym.hosts import bracket, connect_host, is_wildcard
 
@@ -240,10 +241,15 @@ class GymServer:
             self.config_yaml = compose_config_yaml(self.options, self._venv, self.port, state)
             env = self._environment(state, self.config_yaml)
             if self.options.ray_address:
+                import yaml
+
                 if self._progress:
                     self._progress(f"checking the Ray cluster at {self.options.ray_address}")
                 try:
-                    self.cluster_nodes = check_cluster(self.options.ray_address, self._venv, state, env)
+                    binaries = node_binaries(self.options.sandbox, yaml.safe_load(self.config_yaml))
+                    self.cluster_nodes = check_cluster(
+                        self.options.ray_address, self._venv, state, env, binaries=binaries
+                    )
                 except BaseException:
                     self._remove_short_tmp()
                     raise
