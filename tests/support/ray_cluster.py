@@ -71,6 +71,7 @@ class RayCluster:
         self.address = ""
         self.dashboard_url = ""
         self._processes: list[subprocess.Popen[bytes]] = []
+        self._nodes = 0
 
     def _environment(self, label: str) -> dict[str, str]:
         dropped = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "RAY_ADDRESS")
@@ -130,8 +131,9 @@ class RayCluster:
         self.dashboard_url = f"http://127.0.0.1:{dashboard}"
 
     def add_node(self, num_cpus: int, resources: dict[str, float]) -> None:
+        self._nodes += 1
         self._start(
-            f"node{len(self._processes)}",
+            f"node{self._nodes}",
             ["--address", self.address, "--num-cpus", str(num_cpus), "--resources", json.dumps(resources)],
         )
 
