@@ -47,7 +47,8 @@ def test_choices_are_shown() -> None:
     assert "--subset [verified|gym]" in invoke("scan", "--help").output
     assert "--subset [verified|gym]" in invoke("convert", "--help").output
     assert (
-        "--sandbox [docker|daytona|apptainer|enroot|ecs_fargate|opensandbox|local]" in invoke("serve", "--help").output
+        "--sandbox [docker|daytona|e2b|ecs_fargate|opensandbox|openshell|enroot|apptainer|local]"
+        in invoke("serve", "--help").output
     )
 
 

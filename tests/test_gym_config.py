@@ -8,7 +8,6 @@ shipped configs of every provider and check that the result is what the server g
 
 from __future__ import annotations
 
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +20,14 @@ from miles_nemogym.gym.config import (
     LOCAL_ENVIRONMENT_KWARGS,
     MODEL_CONFIG,
     PLACEHOLDER_POLICY_URL,
+    RAY_HEAD_KEY,
     SANDBOXES,
     SERVER_NAME,
     ServeOptions,
     compose_config_yaml,
     load_provider_options,
     overrides,
+    planned_config,
     provider_config_path,
 )
 from miles_nemogym.gym.venv import (
@@ -39,6 +40,7 @@ from miles_nemogym.gym.venv import (
     venv_key,
 )
 from miles_nemogym.pins import MINI_SWE_AGENT_VERSION, NEMO_GYM_VERSION, SWEBENCH_VERSION
+from tests.support.scripts import shell_script
 
 # ----------------------------------------------------------------------------- overrides
 
@@ -131,6 +133,29 @@ def test_bad_serve_options_name_the_field(field: str, value: Any) -> None:
         ServeOptions.model_validate({field: value})
 
 
+@pytest.mark.parametrize("address", ["10.0.0.1:6379", "head.cluster:6379", "[::1]:6379"])
+def test_a_ray_address_joins_that_cluster(tmp_path: Path, address: str) -> None:
+    options = ServeOptions(ray_address=f" {address} ")
+    assert overrides(options, 2000, tmp_path)[RAY_HEAD_KEY] == address
+    assert RAY_HEAD_KEY not in overrides(ServeOptions(), 2000, tmp_path)  # a private Ray otherwise
+
+
+@pytest.mark.parametrize(
+    ("address", "says"),
+    [
+        ("ray://10.0.0.1:10001", "Ray Client"),
+        ("http://10.0.0.1:8265", "Ray Client"),
+        ("10.0.0.1", "not host:port"),
+        ("10.0.0.1:0", "not host:port"),
+        (":6379", "not host:port"),
+        ("auto", "not host:port"),
+    ],
+)
+def test_a_ray_address_must_be_host_and_port(address: str, says: str) -> None:
+    with pytest.raises(ValueError, match=rf"ray_address(.|\n)*{says}"):
+        ServeOptions(ray_address=address)
+
+
 def test_provider_options_file(tmp_path: Path) -> None:
     good = tmp_path / "provider.yaml"
     good.write_text("exec:\n  default_timeout_s: 300\n")
@@ -166,7 +191,14 @@ def test_recipe_is_the_wheels_requirements_plus_the_pins() -> None:
 
 
 @pytest.mark.parametrize(
-    ("sandbox", "sdk"), [("daytona", "daytona"), ("opensandbox", "opensandbox"), ("ecs_fargate", "boto3")]
+    ("sandbox", "sdk"),
+    [
+        ("daytona", "daytona"),
+        ("e2b", "e2b"),
+        ("opensandbox", "opensandbox"),
+        ("openshell", "openshell"),  # from nemo-gym's `openshell` extra, not `sandbox`
+        ("ecs_fargate", "boto3"),
+    ],
 )
 def test_sdk_providers_get_their_sdk_and_their_own_venv(sandbox: str, sdk: str) -> None:
     reqs = requirements(sandbox)
@@ -184,13 +216,6 @@ def test_venv_key_names_every_pin() -> None:
 # ----------------------------------------------------------------------------- interpreter
 
 
-def _script(path: Path, body: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"#!/bin/sh\n{body}\n")
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return path
-
-
 @pytest.fixture
 def no_system_python(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gym_venv, "SYSTEM_DIRS", ())
@@ -203,7 +228,7 @@ def test_explicit_interpreter_that_does_not_exist(tmp_path: Path) -> None:
 
 
 def test_explicit_interpreter_of_the_wrong_version(tmp_path: Path) -> None:
-    fake = _script(tmp_path / "python", "echo 3.11")
+    fake = shell_script(tmp_path / "python", "echo 3.11")
     with pytest.raises(GymPythonNotFoundError, match=r"is Python 3\.11, not 3\.13"):
         find_gym_python({GYM_PYTHON_ENV: str(fake)})
 
@@ -218,16 +243,16 @@ def test_no_interpreter_says_how_to_install_one(tmp_path: Path, no_system_python
 
 
 def test_a_failing_pyenv_shim_is_skipped_for_a_working_pyenv_version(tmp_path: Path, no_system_python: None) -> None:
-    shim = _script(tmp_path / "shims" / "python3.13", "echo 'pyenv: python3.13: command not found' >&2; exit 127")
-    old = _script(tmp_path / "pyenv" / "versions" / "3.13.9" / "bin" / "python3.13", "echo 3.13")
-    new = _script(tmp_path / "pyenv" / "versions" / "3.13.10" / "bin" / "python3.13", "echo 3.13")
+    shim = shell_script(tmp_path / "shims" / "python3.13", "echo 'pyenv: python3.13: command not found' >&2; exit 127")
+    old = shell_script(tmp_path / "pyenv" / "versions" / "3.13.9" / "bin" / "python3.13", "echo 3.13")
+    new = shell_script(tmp_path / "pyenv" / "versions" / "3.13.10" / "bin" / "python3.13", "echo 3.13")
     env = {"PATH": str(shim.parent), "PYENV_ROOT": str(tmp_path / "pyenv"), "HOME": str(tmp_path / "home")}
     assert gym_python_candidates(env) == [shim, new, old]
     assert find_gym_python(env) == new
 
 
 def test_the_failures_are_listed_per_candidate(tmp_path: Path, no_system_python: None) -> None:
-    shim = _script(tmp_path / "shims" / "python3.13", "echo 'pyenv: no such version' >&2; exit 127")
+    shim = shell_script(tmp_path / "shims" / "python3.13", "echo 'pyenv: no such version' >&2; exit 127")
     with pytest.raises(GymPythonNotFoundError) as caught:
         find_gym_python({"PATH": str(shim.parent), "HOME": str(tmp_path)})
     assert f"{shim}: exits 127: pyenv: no such version" in str(caught.value)
@@ -253,11 +278,24 @@ def _shipped_provider_block(venv: gym_venv.GymVenv, sandbox: str) -> dict[str, A
     return block
 
 
+def _assert_within(part: Any, whole: Any, path: str) -> None:
+    """Every leaf of ``part`` is in ``whole`` with the same value."""
+    if isinstance(part, dict):
+        assert isinstance(whole, dict), path
+        for key, value in part.items():
+            assert key in whole, f"{path}.{key}"
+            _assert_within(value, whole[key], f"{path}.{key}")
+    else:
+        assert part == whole, path
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("sandbox", SANDBOXES)
 def test_nemo_gym_composes_each_provider(sandbox: str, server_venv: gym_venv.GymVenv, tmp_path: Path) -> None:
-    options = ServeOptions(sandbox=sandbox, concurrency=3, step_limit=9)  # type: ignore[arg-type]
+    options = ServeOptions(sandbox=sandbox, concurrency=3, step_limit=9, ray_address="10.0.0.1:6379")  # type: ignore[arg-type]
     composed = yaml.safe_load(compose_config_yaml(options, server_venv, 23456, tmp_path))
+    # What `serve --dry-run` prints (from the wheel, no venv) is what nemo-gym's parser makes of it.
+    _assert_within(planned_config(options, 23456, tmp_path), composed, "")
     agent = _agent(composed)
     assert (agent["port"], agent["concurrency"], agent["step_limit"]) == (23456, 3, 9)
     assert agent["sandbox_provider"] == "sandbox"
@@ -310,7 +348,7 @@ def test_a_failing_composer_reports_its_stderr(tmp_path: Path) -> None:
     for relative in (AGENT_CONFIG, MODEL_CONFIG):
         (site / relative).parent.mkdir(parents=True, exist_ok=True)
         (site / relative).write_text("{}\n")
-    python = _script(
+    python = shell_script(
         tmp_path / "venv" / "bin" / "python", "echo 'ConfigError: bad merge at sandbox.docker' >&2; exit 3"
     )
     broken = gym_venv.GymVenv(path=tmp_path / "venv", python=python, site_packages=site)

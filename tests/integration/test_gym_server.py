@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import socket
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer, GymServerError, free_port
-from miles_nemogym.testing.recording_policy import SCRIPTED_PATCH, RecordingPolicy
+from miles_nemogym.testing.recording_policy import RecordingPolicy
+from tests.support.gym_runs import API_KEY, EXTRA_BODY, SAMPLING, assert_graded, post_run, run_body
+from tests.support.ray_cluster import pids_with_environment
+from tests.support.serve_process import serving
 
 pytestmark = pytest.mark.integration
 
@@ -32,33 +31,6 @@ SYMPY = "sympy__sympy-20916"
 DJANGO = "django__django-10973"
 SPHINX = "sphinx-doc__sphinx-8595"
 SKLEARN = "scikit-learn__scikit-learn-14141"
-
-SAMPLING = {"temperature": 0.7, "top_p": 0.9, "max_output_tokens": 512}
-EXTRA_BODY = {"top_k": 20, "seed": 7}
-API_KEY = "sk-integration-key"
-
-
-def run_body(rows: list[dict[str, Any]], instance_id: str, session_url: str) -> dict[str, Any]:
-    """A real example row, pointed at one recording-policy session, with trainer params."""
-    (row,) = [r for r in rows if r["instance_id"] == instance_id]
-    body = dict(row)
-    body["policy_base_url"] = session_url + "/v1"
-    body["policy_api_key"] = API_KEY
-    body["responses_create_params"] = {
-        "input": [],
-        **SAMPLING,
-        "metadata": {"extra_body": json.dumps(EXTRA_BODY)},
-    }
-    return body
-
-
-async def post_run(server: GymServer, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    timeout = aiohttp.ClientTimeout(total=600)
-    async with (
-        aiohttp.ClientSession(timeout=timeout) as client,
-        client.post(f"{server.url}/run", json=body) as response,
-    ):
-        return response.status, await response.json()
 
 
 def assert_trainer_params_reached(policy: RecordingPolicy, session_id: str) -> None:
@@ -78,17 +50,6 @@ def assert_trainer_params_reached(policy: RecordingPolicy, session_id: str) -> N
         assert not body.get("stream")
 
 
-def assert_graded(result: dict[str, Any], instance_id: str) -> None:
-    metadata = result["metadata"]
-    assert "error" not in metadata, metadata.get("error")
-    report = metadata["eval_report"][instance_id]
-    assert set(report["tests_status"]) >= {"FAIL_TO_PASS", "PASS_TO_PASS"}
-    # The reward is the grader's verdict, whatever it is on this host.
-    assert result["reward"] == (1.0 if report["resolved"] else 0.0)
-    # What the scripted policy submitted is what was graded.
-    assert metadata["model_patch"] == SCRIPTED_PATCH
-
-
 def test_openapi_lists_run(gym_server: GymServer) -> None:
     with urllib.request.urlopen(f"{gym_server.url}/openapi.json", timeout=30) as response:
         paths = json.load(response)["paths"]
@@ -101,7 +62,7 @@ async def test_sympy_run_reaches_its_session_with_the_trainer_params(
 ) -> None:
     session = "sympy-session"
     status, result = await post_run(
-        gym_server, run_body(gym_example_rows, SYMPY, recording_policy.session_url(session))
+        gym_server.url, run_body(gym_example_rows, SYMPY, recording_policy.session_url(session))
     )
     assert status == 200
     assert result["instance_id"] == SYMPY
@@ -122,7 +83,7 @@ async def test_concurrent_runs_stay_on_their_own_sessions(
     sessions = {SPHINX: "sphinx-session", SKLEARN: "sklearn-session"}
     results = await asyncio.gather(
         *(
-            post_run(gym_server, run_body(gym_example_rows, iid, recording_policy.session_url(sid)))
+            post_run(gym_server.url, run_body(gym_example_rows, iid, recording_policy.session_url(sid)))
             for iid, sid in sessions.items()
         )
     )
@@ -140,7 +101,7 @@ async def test_django_row_comes_back_as_error_and_traceback(
     # Building django's eval script needs the network here (docs/upstream.md): the server
     # still answers 200, with reward 0.0 and {error, traceback} instead of a report.
     status, result = await post_run(
-        gym_server, run_body(gym_example_rows, DJANGO, recording_policy.session_url("django-session"))
+        gym_server.url, run_body(gym_example_rows, DJANGO, recording_policy.session_url("django-session"))
     )
     assert status == 200
     assert result["reward"] == 0.0
@@ -156,7 +117,7 @@ async def test_golden_mode_makes_no_model_call(
 ) -> None:
     session = "golden-session"
     status, result = await post_run(
-        gym_golden_server, run_body(gym_example_rows, SYMPY, recording_policy.session_url(session))
+        gym_golden_server.url, run_body(gym_example_rows, SYMPY, recording_policy.session_url(session))
     )
     assert status == 200
     assert result["instance_id"] == SYMPY
@@ -174,10 +135,10 @@ def test_stop_leaves_no_process_and_frees_the_port(tmp_path_factory: pytest.Temp
     server = GymServer(ServeOptions(sandbox="local", concurrency=1), state_dir=state)
     # The server's config (in its environment, inherited by Ray) names the state folder.
     with server:
-        assert _pids_whose_environment_mentions(str(state.resolve())), "the running server and its Ray"
+        assert pids_with_environment(str(state.resolve())), "the running server and its Ray"
         port = server.port
     assert not server.is_running()
-    assert _pids_whose_environment_mentions(str(state.resolve())) == []
+    assert pids_with_environment(str(state.resolve())) == []
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", port)) != 0
     server.stop()  # idempotent
@@ -195,44 +156,20 @@ def test_a_server_that_cannot_bind_fails_with_its_log(tmp_path_factory: pytest.T
     message = str(caught.value)
     assert "exited during start" in message or "did not answer" in message
     assert str(server.log_path) in message
-    assert _pids_whose_environment_mentions(str(state.resolve())) == []
-
-
-def _pids_whose_environment_mentions(text: str) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if text.encode() in (proc / "environ").read_bytes():
-                    found.append(int(proc.name))
-            except OSError:
-                continue
-    return found
+    assert pids_with_environment(str(state.resolve())) == []
 
 
 def test_serve_command_prints_the_url_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
     state = tmp_path / "serve-state"
     port = free_port()
-    command = [sys.executable, "-m", "miles_nemogym.cli.main", "serve", "--sandbox", "local"]
-    command += ["--port", str(port), "--concurrency", "1", "--state-dir", str(state)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert process.stdout is not None
-        seen: list[str] = []
-        for line in process.stdout:
-            seen.append(line)
-            if "export NEMO_GYM_URL=" in line:
-                break
-        assert f"export NEMO_GYM_URL=http://127.0.0.1:{port}" in "".join(seen), "".join(seen)
+    arguments = ["--sandbox", "local", "--port", str(port), "--concurrency", "1", "--state-dir", str(state)]
+    with serving(*arguments) as serve:
+        assert f"export NEMO_GYM_URL=http://127.0.0.1:{port}" in serve.printed, serve.printed
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/openapi.json", timeout=30) as response:
             assert "/run" in json.load(response)["paths"]
-        process.send_signal(signal.SIGTERM)
-        rest, _ = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 0, rest
+        rest = serve.stop()
+    assert serve.process.returncode == 0, rest
     assert "stopped." in rest
     # The server's config (in its environment, inherited by Ray) names the state folder.
-    assert _pids_whose_environment_mentions(str(state.resolve())) == []
+    assert pids_with_environment(str(state.resolve())) == []
     assert (state / "server.log").is_file()

@@ -15,13 +15,20 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv
+from miles_nemogym.gym.wheel import read_member
 from miles_nemogym.yaml_file import YamlFileError, read_mapping
 
 SERVER_NAME = "mini_swe_agent_2"
 """The top-level config key of the agent server (also ``NEMO_GYM_CONFIG_PATH``)."""
 
-SandboxName = Literal["docker", "daytona", "apptainer", "enroot", "ecs_fargate", "opensandbox", "local"]
+# Every provider nemo-gym 0.7.0 registers (`nemo_gym/sandbox/providers/registry.py`).
+SandboxName = Literal[
+    "docker", "daytona", "e2b", "ecs_fargate", "opensandbox", "openshell", "enroot", "apptainer", "local"
+]
 SANDBOXES: tuple[str, ...] = get_args(SandboxName)
+
+RAY_HEAD_KEY = "ray_head_node_address"
+"""nemo-gym's config key: set, the server joins that Ray cluster instead of starting its own."""
 
 AGENT_CONFIG = Path("responses_api_agents/mini_swe_agent_2/configs/mini_swe_agent_2.yaml")
 MODEL_CONFIG = Path("responses_api_models/vllm_model/configs/vllm_model.yaml")
@@ -64,6 +71,24 @@ class ServeOptions(BaseModel):
         default_factory=dict,
         description="merged over the provider's shipped block `sandbox.<provider>`",
     )
+    ray_address: str | None = Field(default=None, description="host:port of a running Ray cluster to join")
+
+    @field_validator("ray_address")
+    @classmethod
+    def _ray_address_is_host_port(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = value.strip()
+        if "://" in value:
+            raise ValueError(
+                f"{value!r}: give the cluster's GCS address as host:port (what `ray start --head` prints); "
+                "a Ray Client (ray://) or dashboard URL cannot run the server's tasks, and serve must run "
+                "on a node of the cluster"
+            )
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{value!r} is not host:port; give the head node's GCS address, e.g. 10.0.0.1:6379")
+        return value
 
     @field_validator("host")
     @classmethod
@@ -137,7 +162,36 @@ def overrides(options: ServeOptions, port: int, state_dir: Path) -> dict[str, An
         SERVER_NAME: {"responses_api_agents": {SERVER_NAME: agent}},
     }
     result["sandbox"] = sandbox
+    if options.ray_address:
+        result[RAY_HEAD_KEY] = options.ray_address
     return result
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` deep-merged into ``base`` (mappings merge, everything else replaces)."""
+    result = dict(base)
+    for key, value in over.items():
+        old = result.get(key)
+        result[key] = _merged(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+    return result
+
+
+def planned_config(options: ServeOptions, port: int, state_dir: Path) -> dict[str, Any]:
+    """The config ``serve`` hands nemo-gym, from the wheel alone (no server venv): the shipped
+    agent, provider and model configs merged in nemo-gym's order, then :func:`overrides`.
+
+    nemo-gym's parser adds only its own run-time defaults (head server, port ranges) on top;
+    the integration tests check that every key here comes out of it unchanged."""
+    import yaml
+
+    merged: dict[str, Any] = {}
+    for member in (AGENT_CONFIG, provider_config_path(options.sandbox), MODEL_CONFIG):
+        try:
+            shipped = yaml.safe_load(read_member(member.as_posix()))
+        except KeyError:  # no config file for this provider (apptainer)
+            continue
+        merged = _merged(merged, shipped or {})
+    return _merged(merged, overrides(options, port, state_dir))
 
 
 def config_paths(options: ServeOptions, site_packages: Path) -> list[Path]:

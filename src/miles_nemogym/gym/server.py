@@ -2,7 +2,8 @@
 
 One class for ``serve``, ``smoke`` and the integration tests. Side effects stay in the
 state folder; stopping leaves no orphans (process group, then marker variable). Why:
-docs/data-and-checks.md, "Running the server".
+docs/data-and-checks.md, "Running the server". With ``ray_address`` the server joins that
+cluster (checked first) and stopping leaves the cluster running: docs/scale-out.md.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
+from miles_nemogym.gym.cluster import ClusterNode, check_cluster
 from miles_nemogym.gym.config import SERVER_NAME, ServeOptions, compose_config_yaml
+from miles_nemogym.gym.providers import node_binaries
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, ensure_gym_venv
 from miles_nemogym.hosts import bracket, connect_host, is_wildcard
 
@@ -116,6 +119,8 @@ class GymServer:
         self.state_dir: Path | None = None
         self.port: int | None = None
         self.config_yaml: str | None = None
+        self.cluster_nodes: list[ClusterNode] = []
+        """The joined cluster's nodes (``ray_address``), as checked at start."""
 
     # ------------------------------------------------------------------ properties
 
@@ -186,9 +191,9 @@ class GymServer:
                 "PYTHONPATH": str(self.venv.agent_dir),
                 "PYTHONUNBUFFERED": "1",
                 MARKER_ENV: self._marker,
-                # Ray: loopback only, no auth tokens to manage, no usage report, own temp.
+                # Ray: no usage report, own temp; a private Ray is on loopback with no
+                # auth tokens to manage (a joined cluster keeps the caller's RAY_AUTH_MODE).
                 "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-                "RAY_AUTH_MODE": "disabled",
                 "RAY_USAGE_STATS_ENABLED": "0",
                 "RAY_TMPDIR": str(ray_tmp),
                 "TMPDIR": str(tmp),
@@ -202,6 +207,8 @@ class GymServer:
                 "PIP_NO_INDEX": "1",
             }
         )
+        if not self.options.ray_address:
+            env["RAY_AUTH_MODE"] = "disabled"
         if self.options.sandbox == "local":
             home = state / "home"
             for sub in ("", ".config", ".cache", ".local/share", ".local/state"):
@@ -233,6 +240,19 @@ class GymServer:
             self.port = self.options.port or free_port(self.options.host)
             self.config_yaml = compose_config_yaml(self.options, self._venv, self.port, state)
             env = self._environment(state, self.config_yaml)
+            if self.options.ray_address:
+                import yaml
+
+                if self._progress:
+                    self._progress(f"checking the Ray cluster at {self.options.ray_address}")
+                try:
+                    binaries = node_binaries(self.options.sandbox, yaml.safe_load(self.config_yaml))
+                    self.cluster_nodes = check_cluster(
+                        self.options.ray_address, self._venv, state, env, binaries=binaries
+                    )
+                except BaseException:
+                    self._remove_short_tmp()
+                    raise
             app = self._venv.agent_dir / "app.py"
             with self.log_path.open("ab") as log:
                 self._process = subprocess.Popen(
@@ -301,10 +321,13 @@ class GymServer:
                     break
                 _kill(stragglers, signal.SIGKILL)
                 time.sleep(0.25)
-            if self._short_tmp is not None:
-                shutil.rmtree(self._short_tmp, ignore_errors=True)
-                self._short_tmp = None
+            self._remove_short_tmp()
             _LIVE.discard(self)
+
+    def _remove_short_tmp(self) -> None:
+        if self._short_tmp is not None:
+            shutil.rmtree(self._short_tmp, ignore_errors=True)
+            self._short_tmp = None
 
     def __enter__(self) -> GymServer:
         return self.start()

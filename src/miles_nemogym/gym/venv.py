@@ -34,13 +34,17 @@ RECIPE_REVISION = 1
 READY_MARKER = "miles-nemogym-venv.json"
 AGENT_RELATIVE_DIR = Path("responses_api_agents") / "mini_swe_agent_2"
 
-# The SDK each provider imports at run time, from nemo-gym's `sandbox` extra. The
-# docker, apptainer, enroot and local providers drive CLIs or subprocesses and need none.
+# The SDK each provider imports at run time, from nemo-gym's `sandbox` extra (openshell's
+# from its own `openshell` extra). The docker, apptainer, enroot and local providers drive
+# CLIs or subprocesses and need none.
 PROVIDER_SDKS: dict[str, tuple[str, ...]] = {
     "daytona": ("daytona",),
+    "e2b": ("e2b",),
     "opensandbox": ("opensandbox",),
+    "openshell": ("openshell",),
     "ecs_fargate": ("boto3",),
 }
+_SDK_EXTRAS = ("sandbox", "openshell")
 
 # Searched after PATH and pyenv (OS packages, Homebrew).
 SYSTEM_DIRS: tuple[str, ...] = ("/usr/local/bin", "/usr/bin", "/opt/homebrew/bin")
@@ -186,7 +190,7 @@ def provider_requirements(sandbox: str) -> list[str]:
     specs = [
         req.split(";", 1)[0].strip()
         for req, extra in _requires_dist()
-        if extra == "sandbox" and _distribution_name(req) in wanted
+        if extra in _SDK_EXTRAS and _distribution_name(req) in wanted
     ]
     if len(specs) != len(wanted):
         raise GymEnvironmentError(

@@ -1,0 +1,42 @@
+"""``miles-nemogym serve`` as a child process, read until it prints the ``NEMO_GYM_URL`` line."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+
+@dataclass
+class Serving:
+    process: subprocess.Popen[str]
+    printed: str
+    """What serve printed up to and including its ``export NEMO_GYM_URL=`` line."""
+
+    def stop(self) -> str:
+        """SIGTERM, as Ctrl-C or a job scheduler would; returns what serve printed after ``printed``."""
+        self.process.send_signal(signal.SIGTERM)
+        rest, _ = self.process.communicate(timeout=120)
+        return rest
+
+
+@contextmanager
+def serving(*arguments: str) -> Iterator[Serving]:
+    """``serve ARGUMENTS`` started and ready (or exited: ``printed`` says why); killed on exit if still running."""
+    command = [sys.executable, "-m", "miles_nemogym.cli.main", "serve", *arguments]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert process.stdout is not None
+        seen: list[str] = []
+        for line in process.stdout:
+            seen.append(line)
+            if "export NEMO_GYM_URL=" in line:
+                break
+        yield Serving(process, "".join(seen))
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

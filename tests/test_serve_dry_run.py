@@ -1,0 +1,198 @@
+"""``serve --sandbox P --dry-run``: the composed config and exactly what P lacks, nothing started.
+
+Each test runs on a bare host it controls: no provider variables, an empty PATH, HOME and
+the package cache in its temporary folder (the wheel linked in, the server venv absent)
+and a stand-in Python 3.13 for the interpreter search.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.testing import CliRunner, Result
+
+from miles_nemogym.cli.main import app
+from miles_nemogym.gym.config import AGENT_CONFIG, SANDBOXES, SERVER_NAME, provider_config_path
+from miles_nemogym.gym.wheel import wheel_path
+from tests.support.ports import free_port
+from tests.support.scripts import shell_script
+
+_PROVIDER_VARIABLES = ("DAYTONA_", "E2B_", "AWS_", "OPENSANDBOX_", "OPENSHELL_", "ENROOT_", "NEMO_GYM_")
+
+
+@pytest.fixture
+def bare_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Returns the cache folder; PATH is ``tmp_path/bin`` (empty)."""
+    wheel = wheel_path()
+    for name in list(os.environ):
+        if name.startswith(_PROVIDER_VARIABLES):
+            monkeypatch.delenv(name)
+    cache = tmp_path / "cache"
+    (cache / "wheels").mkdir(parents=True)
+    (cache / "wheels" / wheel.name).symlink_to(wheel)
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("MILES_NEMOGYM_CACHE", str(cache))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per item on stderr
+    monkeypatch.setenv("MILES_NEMOGYM_GYM_PYTHON", str(shell_script(tmp_path / "py313" / "python3.13", "echo 3.13")))
+    return cache
+
+
+def _dry_run(sandbox: str, *extra: str) -> tuple[Result, dict[str, Any], list[str]]:
+    result = CliRunner().invoke(app, ["serve", "--sandbox", sandbox, "--port", "23456", "--dry-run", *extra])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    config = yaml.safe_load(result.stdout)
+    missing = [line[4:] for line in result.stderr.splitlines() if line.startswith("  - ")]
+    return result, config, missing
+
+
+def _shipped(sandbox: str) -> dict[str, Any]:
+    with zipfile.ZipFile(wheel_path()) as wheel:
+        try:
+            text = wheel.read(provider_config_path(sandbox).as_posix())
+        except KeyError:
+            return {}
+    block: dict[str, Any] = yaml.safe_load(text)["sandbox"][sandbox]
+    return block
+
+
+def _env_line(name: str, path: str) -> str:
+    return f"{name} (environment variable read by {path}; or set {path} in --provider-config)"
+
+
+MISSING_ON_A_BARE_HOST = {
+    "docker": ["docker binary on PATH (the docker provider runs it)"],
+    "daytona": [_env_line("DAYTONA_API_KEY", "sandbox.daytona.connection.api_key")],
+    "e2b": [
+        "E2B_API_KEY (environment variable; or sandbox.e2b.connection.api_key, or connection.api_headers "
+        "for a gateway, in --provider-config)"
+    ],
+    "ecs_fargate": [
+        _env_line("AWS_REGION", "sandbox.ecs_fargate.region"),
+        "AWS credentials (AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or ~/.aws/credentials; "
+        "an EC2 instance role also works, which a dry run cannot see)",
+    ],
+    "opensandbox": [_env_line("OPENSANDBOX_API_KEY", "sandbox.opensandbox.connection.api_key")],
+    "openshell": [],
+    "enroot": ["enroot binary on PATH (the enroot provider runs it)"],
+    "apptainer": ["apptainer binary on PATH (the apptainer provider runs it)"],
+    "local": [],
+}
+
+
+def test_every_provider_nemo_gym_registers_is_covered() -> None:
+    assert sorted(MISSING_ON_A_BARE_HOST) == sorted(SANDBOXES)
+
+
+@pytest.mark.parametrize("sandbox", SANDBOXES)
+def test_dry_run_prints_the_config_and_exactly_what_is_missing(sandbox: str, bare_host: Path) -> None:
+    result, config, missing = _dry_run(sandbox)
+    assert missing == MISSING_ON_A_BARE_HOST[sandbox], result.stderr
+    assert result.exit_code == (1 if missing else 0)
+    agent = config[SERVER_NAME]["responses_api_agents"][SERVER_NAME]
+    assert (agent["port"], agent["sandbox_provider"]) == (23456, "sandbox")
+    assert agent["step_limit"] == 250  # from serve's options, not the shipped agent config
+    shipped = _shipped(sandbox)
+    if sandbox == "local":
+        shipped["workspace_root"] = "<state-dir>/workspaces"
+    assert config["sandbox"][sandbox] == shipped
+    assert config["results_dir"] == "<state-dir>/results"
+    assert "ray_head_node_address" not in config
+    # Nothing was built or started: the server venv folder does not even exist.
+    assert not (bare_host / "gym-venv").exists()
+
+
+def test_what_the_host_provides_is_not_missing_and_no_secret_is_printed(
+    bare_host: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DAYTONA_API_KEY", "dtn-env-secret-value")
+    result, config, missing = _dry_run("daytona")
+    assert (result.exit_code, missing) == (0, [])
+    assert "dtn-env-secret-value" not in result.output
+    assert config["sandbox"]["daytona"]["connection"]["api_key"] == "${oc.env:DAYTONA_API_KEY}"
+
+
+def test_a_key_given_in_provider_options_counts_and_is_hidden(bare_host: Path, tmp_path: Path) -> None:
+    options = tmp_path / "e2b.yaml"
+    options.write_text("connection:\n  api_key: e2b-literal-secret\n  api_headers: {Authorization: Bearer tok-9}\n")
+    result, config, missing = _dry_run("e2b", "--provider-config", str(options))
+    assert (result.exit_code, missing) == (0, [])
+    assert "e2b-literal-secret" not in result.output
+    assert "tok-9" not in result.output
+    connection = config["sandbox"]["e2b"]["connection"]
+    assert connection["api_key"] == "***"
+    assert connection["api_headers"] == {"Authorization": "***"}
+    assert connection["request_timeout_s"] == _shipped("e2b")["connection"]["request_timeout_s"]
+
+
+def test_aws_credentials_from_a_credentials_file(
+    bare_host: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_REGION", "us-west-2")
+    credentials = tmp_path / "home" / ".aws" / "credentials"
+    credentials.parent.mkdir(parents=True)
+    credentials.write_text("[default]\naws_access_key_id = AKIAEXAMPLE\n")
+    result, _, missing = _dry_run("ecs_fargate")
+    assert (result.exit_code, missing) == (0, [])
+
+
+def test_docker_needs_its_daemon_not_just_the_cli(bare_host: Path, tmp_path: Path) -> None:
+    docker = shell_script(tmp_path / "bin" / "docker", "echo 'Cannot connect to the Docker daemon' >&2; exit 1")
+    result, _, missing = _dry_run("docker")
+    assert missing == [f"a running Docker daemon ({docker} version: Cannot connect to the Docker daemon)"]
+    shell_script(docker, "echo 28.2.2")
+    result, _, missing = _dry_run("docker")
+    assert (result.exit_code, missing) == (0, [])
+
+
+def test_no_python_to_build_the_server_environment_is_missing(
+    bare_host: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MILES_NEMOGYM_GYM_PYTHON", str(tmp_path / "nowhere" / "python3.13"))
+    result, _, missing = _dry_run("local")
+    assert result.exit_code == 1
+    assert len(missing) == 1
+    assert missing[0].startswith(f"MILES_NEMOGYM_GYM_PYTHON={tmp_path / 'nowhere' / 'python3.13'} does not run")
+
+
+def test_the_ray_address_reaches_the_config(bare_host: Path) -> None:
+    with socket.socket() as head:  # where a cluster's head would listen
+        head.bind(("127.0.0.1", 0))
+        head.listen()
+        address = f"127.0.0.1:{head.getsockname()[1]}"
+        result, config, missing = _dry_run("local", "--ray-address", address)
+    assert (result.exit_code, missing) == (0, [])
+    assert config["ray_head_node_address"] == address
+    assert f"Ray: joins {address}" in result.stderr
+
+
+def test_a_ray_address_where_nothing_listens_is_missing(bare_host: Path) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    result, _, missing = _dry_run("local", "--ray-address", address)
+    assert result.exit_code == 1
+    assert missing == [f"a Ray cluster at {address} (cannot connect: Connection refused)"]
+
+
+def test_provider_options_for_another_provider_exit_2_with_the_fix(bare_host: Path, tmp_path: Path) -> None:
+    options = tmp_path / "provider.yaml"
+    options.write_text("sandbox:\n  daytona: {}\n")
+    result = CliRunner().invoke(app, ["serve", "--sandbox", "docker", "--dry-run", "--provider-config", str(options)])
+    assert result.exit_code == 2
+    assert "put its options under `sandbox.docker`" in result.stderr
+    assert result.stdout == ""
+
+
+def test_agent_config_comes_from_the_wheel(bare_host: Path) -> None:
+    with zipfile.ZipFile(wheel_path()) as wheel:
+        shipped = yaml.safe_load(wheel.read(AGENT_CONFIG.as_posix()))[SERVER_NAME]["responses_api_agents"][SERVER_NAME]
+    _, config, _ = _dry_run("docker")
+    agent = config[SERVER_NAME]["responses_api_agents"][SERVER_NAME]
+    assert agent["sandbox_spec"] == shipped["sandbox_spec"]
+    assert agent["sandbox_environment_kwargs"] == shipped["sandbox_environment_kwargs"]
