@@ -68,7 +68,9 @@ def test_a_wrong_miles_src_names_the_variable_and_the_fix(
 def test_without_miles_src_or_git_the_message_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MILES_SRC", raising=False)
     monkeypatch.setattr(miles_env.shutil, "which", lambda name: None)
-    with pytest.raises(MilesEnvironmentError, match=r"set MILES_SRC .* or install git .* 31f1ca961a94"):
+    with pytest.raises(
+        MilesEnvironmentError, match=r"set MILES_SRC to a checkout or a \.tar\.gz of .* at 31f1ca961a94, or install git"
+    ):
         miles_source(progress=lambda _: None)
 
 
