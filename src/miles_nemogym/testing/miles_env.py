@@ -103,7 +103,8 @@ class MilesEnv:
 
 
 def _report(line: str) -> None:
-    print(f"[miles-env] {line}", file=sys.stderr, flush=True)
+    if not line.startswith(" "):  # steps only; a tool's own output is in its build log
+        print(f"[miles-env] {line}", file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------- source
