@@ -246,7 +246,7 @@ def megatron_source(progress: Progress | None = None) -> Path:
 # ----------------------------------------------------------------------------- venv
 
 
-def find_miles_python() -> Path:
+def _find_miles_python() -> Path:
     """A Python 3.11: ``$MILES_NEMOGYM_MILES_PYTHON``, this interpreter, PATH, then pyenv."""
     explicit = os.environ.get(_MILES_PYTHON_ENV)
     if explicit:
@@ -317,7 +317,7 @@ def ensure_miles_env(progress: Progress | None = None) -> MilesEnv:
         with _locked(root / f"{key}.lock"):
             python = _ready_python(link)  # another process may have built it while we waited
             if python is None:
-                interpreter = find_miles_python()
+                interpreter = _find_miles_python()
                 build_dir = build_and_publish(root, key, lambda target: _build(interpreter, target, report))
                 python = _ready_python(link)
                 if python is None:
