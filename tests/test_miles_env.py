@@ -9,7 +9,7 @@ import pytest
 
 from miles_nemogym.pins import MILES_COMMIT
 from miles_nemogym.testing import miles_env
-from miles_nemogym.testing.miles_env import MilesEnvironmentError, miles_source, venv_key
+from miles_nemogym.testing.miles_env import MilesEnvironmentError, megatron_source, miles_source, venv_key
 
 
 @pytest.fixture(autouse=True)
@@ -68,9 +68,35 @@ def test_a_wrong_miles_src_names_the_variable_and_the_fix(
 def test_without_miles_src_or_git_the_message_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MILES_SRC", raising=False)
     monkeypatch.setattr(miles_env.shutil, "which", lambda name: None)
-    with pytest.raises(MilesEnvironmentError, match=r"set MILES_SRC .* or install git .* 31f1ca961a94"):
+    with pytest.raises(
+        MilesEnvironmentError, match=r"set MILES_SRC to a checkout or a \.tar\.gz of .* at 31f1ca961a94, or install git"
+    ):
         miles_source(progress=lambda _: None)
 
 
 def test_the_env_is_keyed_by_every_pin() -> None:
     assert venv_key() == f"py3.11-miles{MILES_COMMIT[:12]}-torch2.13.0-sglang0.5.22-transformers5.12.1-r1"
+
+
+def megatron_archive(tmp_path: Path, folders: tuple[str, ...]) -> Path:
+    tree = tmp_path / "megatron-lm-2e64d788b67f"
+    for folder in folders:
+        (tree / folder).mkdir(parents=True)
+    archive = tmp_path / "megatron.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tree, arcname=tree.name)
+    return archive
+
+
+def test_a_megatron_archive_is_used_with_its_miles_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEGATRON_SRC", str(megatron_archive(tmp_path, ("megatron/training", "miles_megatron_plugins"))))
+    tree = megatron_source(progress=lambda _: None)
+    assert tree.name == "megatron-lm-2e64d788b67f" and (tree / "miles_megatron_plugins").is_dir()
+
+
+def test_a_megatron_tree_without_miles_plugins_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEGATRON_SRC", str(megatron_archive(tmp_path, ("megatron/training",))))
+    with pytest.raises(
+        MilesEnvironmentError, match=r"MEGATRON_SRC=.* \(no megatron/training and miles_megatron_plugins"
+    ):
+        megatron_source(progress=lambda _: None)

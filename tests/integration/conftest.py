@@ -29,10 +29,10 @@ import pytest
 from miles_nemogym.data import convert_row
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer
-from miles_nemogym.gym.venv import GymEnvironmentError, GymPythonNotFoundError
-from miles_nemogym.testing.miles_env import MilesEnvironmentError, ensure_miles_env
+from miles_nemogym.gym.venv import GymPythonNotFoundError
+from miles_nemogym.testing.miles_env import ensure_miles_env
 from miles_nemogym.testing.recording_policy import RecordingPolicy
-from tests.support.miles_harness import MilesDriver
+from tests.support.miles_harness import MilesDriver, env_or_fail
 
 # Small bounds: a scripted episode needs 3 model calls; grading on the host is seconds.
 INTEGRATION_OPTIONS = {
@@ -103,17 +103,14 @@ def recording_policy() -> Iterator[RecordingPolicy]:
 
 
 @pytest.fixture(scope="session")
-def miles_driver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MilesDriver]:
+def miles_driver(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MilesDriver]:
     """One Miles driver process for the whole test session (Miles' imports take ~40 s).
 
     Builds the Miles venv and fetches the Miles source on first use (minutes, progress on
     stderr; ``MILES_SRC`` names a checkout or .tar.gz, else the pinned commit is cloned).
-    Never skipped: a machine that cannot build it fails with the reason.
+    Never skipped: a machine that cannot build it prints the reason once and fails each test.
     """
-    try:
-        env = ensure_miles_env(progress=_miles_progress)
-    except (MilesEnvironmentError, GymEnvironmentError) as exc:
-        pytest.fail(str(exc), pytrace=False)
+    env = env_or_fail(request, "miles-env", lambda: ensure_miles_env(progress=_miles_progress))
     driver = MilesDriver(env, log_path=tmp_path_factory.mktemp("miles-driver") / "driver.log")
     print(f"[miles-driver] log: {driver.log_path}", file=sys.__stderr__, flush=True)
     try:

@@ -31,6 +31,12 @@ driver per test session; a step over the real Gym server takes ~20-40 s)::
 Miles runs in its own venv (``miles_nemogym.testing.miles_env``), in a long-lived
 subprocess (``tests/support/miles_driver.py``) because importing Miles takes ~40 s; the
 two talk JSON lines over a pipe. The driver's own output goes to ``log_path``.
+
+Session fixtures get their environment through ``env_or_fail(request, "miles-env",
+ensure_miles_env)``: a machine that cannot have it (no ``MILES_SRC`` and no GitHub access,
+say) gets the reason and the fix once per test session on the terminal, and each test that
+needs it one short error. ``parse_with_miles`` runs Miles' own argument parser (with
+Megatron-LM's) on ``train.py`` argvs (``tests/support/megatron_args.py``).
 """
 
 from __future__ import annotations
@@ -41,18 +47,74 @@ import os
 import queue
 import signal
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from miles_nemogym.gym import wheel as gym_wheel
-from miles_nemogym.testing.miles_env import MilesEnv
+from miles_nemogym.gym.venv import GymEnvironmentError
+from miles_nemogym.testing.miles_env import MilesEnv, MilesEnvironmentError
 
 DRIVER = Path(__file__).with_name("miles_driver.py")
+ARGS_CHECKER = Path(__file__).with_name("megatron_args.py")
 STARTUP_LIMIT_S = 600.0
+
+_UNAVAILABLE: set[str] = set()
+"""The environments this test session could not have (each said once on the terminal)."""
+
+
+def say(config: pytest.Config, line: str) -> None:
+    """``line`` on the terminal now, even from inside a fixture (pytest captures its output)."""
+    capture = config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        print(line, file=sys.stderr, flush=True)
+
+
+def env_or_fail(request: pytest.FixtureRequest, name: str, build: Callable[[], MilesEnv]) -> MilesEnv:
+    """``build()`` for a session fixture. When it fails, the reason and its fix are printed once
+    per test session as ``[name] ...`` on the terminal and not tried again; each test that needs
+    it fails with one short line pointing there (no traceback, nothing printed twice)."""
+    if name not in _UNAVAILABLE:
+        try:
+            return build()
+        except (MilesEnvironmentError, GymEnvironmentError) as exc:
+            reason = str(exc)
+        _UNAVAILABLE.add(name)
+        say(request.config, f"[{name}] unavailable for this test session: {reason}")
+    # Raised outside the except block: no "During handling of the above exception" chain.
+    raise pytest.fail.Exception(
+        f"{name} unavailable: the [{name}] line printed on the terminal says why and how to fix it", pytrace=False
+    )
+
+
+def parse_with_miles(env: MilesEnv, request: dict[str, Any], log_path: Path, time_limit_s: float = 600.0) -> Any:
+    """Miles' ``parse_args`` on each case of ``request`` (see ``megatron_args.py``), in the Miles
+    venv ``env`` (with Megatron-LM: ``ensure_megatron_env``); its output goes to ``log_path``."""
+    environ = dict(os.environ)
+    environ["PYTHONPATH"] = env.pythonpath()
+    environ.pop("VIRTUAL_ENV", None)
+    environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    with log_path.open("a") as log:
+        done = subprocess.run(
+            [str(env.python), str(ARGS_CHECKER)],
+            input=json.dumps(request),
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=environ,
+            timeout=time_limit_s,
+            check=False,
+        )
+    if done.returncode != 0 or not done.stdout.strip():
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-40:])
+        raise MilesDriverError(f"Miles' argument check exited {done.returncode}; its log ({log_path}):\n{tail}")
+    return json.loads(done.stdout)
 
 
 class MilesDriverError(RuntimeError):

@@ -2,7 +2,8 @@
 
 The source comes from ``$MILES_SRC`` (a checkout or ``.tar.gz``) or a clone at
 ``pins.MILES_COMMIT``, put on ``PYTHONPATH``, never installed; the venv is built once
-per pin set (docs/upstream.md, "How the tests run Miles on CPU").
+per pin set (docs/upstream.md, "How the tests run Miles on CPU"). Megatron-LM, for Miles'
+argument parser, comes the same way from ``$MEGATRON_SRC`` or ``pins.MEGATRON_COMMIT``.
 ``python -m miles_nemogym.testing.miles_env`` prints the interpreter and ``PYTHONPATH``.
 """
 
@@ -23,6 +24,8 @@ from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.venv import GymVenvBuildError, Progress, _locked, _run, build_and_publish
 from miles_nemogym.pins import (
+    MEGATRON_COMMIT,
+    MEGATRON_REPOSITORY,
     MILES_COMMIT,
     MILES_PYTHON,
     MILES_REPOSITORY,
@@ -33,6 +36,7 @@ from miles_nemogym.pins import (
 )
 
 _MILES_SRC_ENV = "MILES_SRC"
+_MEGATRON_SRC_ENV = "MEGATRON_SRC"
 _MILES_PYTHON_ENV = "MILES_NEMOGYM_MILES_PYTHON"
 """Names the Python 3.11 interpreter explicitly (skips the search)."""
 
@@ -89,36 +93,67 @@ class MilesEnv:
 
     python: Path
     source: Path
+    extra_paths: tuple[Path, ...] = ()
+    """Further trees on ``PYTHONPATH`` after Miles' (Megatron-LM's, ``ensure_megatron_env``)."""
 
     def pythonpath(self) -> str:
         """``PYTHONPATH`` for a process that tests this checkout against Miles."""
-        return os.pathsep.join([str(_REPO_ROOT / "src"), str(_REPO_ROOT), str(self.source)])
+        paths = [_REPO_ROOT / "src", _REPO_ROOT, self.source, *self.extra_paths]
+        return os.pathsep.join(str(path) for path in paths)
 
 
 def _report(line: str) -> None:
-    print(f"[miles-env] {line}", file=sys.stderr, flush=True)
+    if not line.startswith(" "):  # steps only; a tool's own output is in its build log
+        print(f"[miles-env] {line}", file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------- source
 
 
-def _is_miles_tree(path: Path) -> bool:
-    return (path / "miles" / "rollout").is_dir()
+@dataclass(frozen=True)
+class _Source:
+    """A pinned source tree the tests import from: where it comes from and how to tell it."""
+
+    label: str
+    env_var: str
+    repository: str
+    commit: str
+    markers: tuple[str, ...]
+    """Folders a tree of it holds at its top."""
+
+    def holds(self, path: Path) -> bool:
+        return all((path / marker).is_dir() for marker in self.markers)
+
+    def fix(self) -> str:
+        return (
+            f"set {self.env_var} to a checkout or a .tar.gz of {self.repository} at {self.commit[:12]}, "
+            f"or give this machine access to {self.repository}"
+        )
 
 
-def _tree_in(folder: Path) -> Path | None:
-    """``folder`` itself, or its only subfolder, when it holds Miles' ``miles/`` package."""
-    if _is_miles_tree(folder):
+_MILES = _Source("Miles", _MILES_SRC_ENV, MILES_REPOSITORY, MILES_COMMIT, ("miles/rollout",))
+_MEGATRON = _Source(
+    "Megatron-LM",
+    _MEGATRON_SRC_ENV,
+    MEGATRON_REPOSITORY,
+    MEGATRON_COMMIT,
+    ("megatron/training", "miles_megatron_plugins"),
+)
+
+
+def _tree_in(folder: Path, source: _Source) -> Path | None:
+    """``folder`` itself, or its only subfolder, when it holds the source's tree."""
+    if source.holds(folder):
         return folder
     children = [p for p in folder.iterdir() if p.is_dir()] if folder.is_dir() else []
-    return children[0] if len(children) == 1 and _is_miles_tree(children[0]) else None
+    return children[0] if len(children) == 1 and source.holds(children[0]) else None
 
 
-def _extract(archive: Path, root: Path, progress: Progress) -> Path:
+def _extract(archive: Path, root: Path, progress: Progress, source: _Source) -> Path:
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()[:16]
     target = root / f"tar-{digest}"
     with _locked(root / f"tar-{digest}.lock"):
-        if target.is_dir() and (tree := _tree_in(target)):
+        if target.is_dir() and (tree := _tree_in(target, source)):
             return tree
         progress(f"extracting {archive} into {target}")
         staging = Path(tempfile.mkdtemp(dir=root, prefix=f"tar-{digest}.part-"))
@@ -128,65 +163,84 @@ def _extract(archive: Path, root: Path, progress: Progress) -> Path:
                     tar.extractall(staging, filter="data")
                 else:
                     tar.extractall(staging)
-            if _tree_in(staging) is None:
+            if _tree_in(staging, source) is None:
                 raise MilesEnvironmentError(
-                    f"{_MILES_SRC_ENV}={archive} holds no Miles tree (no miles/rollout/ at its top or in "
-                    f"its one top-level folder); point it at a .tar.gz of a Miles checkout."
+                    f"{source.env_var}={archive} holds no {source.label} tree (no {' and '.join(source.markers)} "
+                    f"at its top or in its one top-level folder); point it at a .tar.gz of a {source.label} checkout."
                 )
             os.replace(staging, target)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-    tree = _tree_in(target)
+    tree = _tree_in(target, source)
     assert tree is not None
     return tree
 
 
-def _clone(root: Path, progress: Progress) -> Path:
-    target = root / f"git-{MILES_COMMIT[:12]}"
-    with _locked(root / f"git-{MILES_COMMIT[:12]}.lock"):
-        if _is_miles_tree(target):
+def _clone(root: Path, progress: Progress, source: _Source) -> Path:
+    name = f"git-{source.commit[:12]}"
+    target = root / name
+    with _locked(root / f"{name}.lock"):
+        if source.holds(target):
             return target
         git = shutil.which("git")
         if git is None:
             raise MilesEnvironmentError(
-                f"no Miles source: set {_MILES_SRC_ENV} to a Miles checkout or a .tar.gz of one, or install "
-                f"git so the tests can clone {MILES_REPOSITORY} at {MILES_COMMIT[:12]}."
+                f"no {source.label} source: set {source.env_var} to a checkout or a .tar.gz of {source.repository} "
+                f"at {source.commit[:12]}, or install git so the tests can clone it."
             )
-        staging = Path(tempfile.mkdtemp(dir=root, prefix=f"git-{MILES_COMMIT[:12]}.part-"))
-        progress(f"cloning {MILES_REPOSITORY} at {MILES_COMMIT[:12]} (set {_MILES_SRC_ENV} to skip)")
+        staging = Path(tempfile.mkdtemp(dir=root, prefix=f"{name}.part-"))
+        progress(f"cloning {source.repository} at {source.commit[:12]} (set {source.env_var} to skip)")
         try:
-            _run([git, "clone", "--quiet", "--filter=blob:none", MILES_REPOSITORY, str(staging)], progress, "git clone")
-            _run([git, "-C", str(staging), "checkout", "--quiet", MILES_COMMIT], progress, "git checkout")
+            _run(
+                [git, "clone", "--quiet", "--filter=blob:none", source.repository, str(staging)], progress, "git clone"
+            )
+            _run([git, "-C", str(staging), "checkout", "--quiet", source.commit], progress, "git checkout")
             os.replace(staging, target)
-        except BaseException:
+        except GymVenvBuildError as error:
+            # One line, without the chained traceback: a machine without network sees this in every test.
+            git_said = str(error).strip().splitlines()[-1].strip()
+            raise MilesEnvironmentError(
+                f"no {source.label} source: cloning {source.repository} failed ({git_said}); {source.fix()}."
+            ) from None
+        finally:
             shutil.rmtree(staging, ignore_errors=True)
-            raise
     return target
+
+
+def _source(source: _Source, progress: Progress | None) -> Path:
+    report = progress or _report
+    root = gym_wheel.cache_dir() / f"{source.label.lower()}-src"
+    root.mkdir(parents=True, exist_ok=True)
+    explicit = os.environ.get(source.env_var)
+    if explicit:
+        path = Path(explicit).expanduser().resolve()
+        if path.is_dir():
+            tree = _tree_in(path, source)
+            if tree is None:
+                raise MilesEnvironmentError(
+                    f"{source.env_var}={explicit} is not a {source.label} checkout "
+                    f"(no {' and '.join(source.markers)} inside)."
+                )
+            return tree
+        if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
+            return _extract(path, root, report, source)
+        raise MilesEnvironmentError(
+            f"{source.env_var}={explicit} is neither a folder nor a .tar.gz file; point it at a {source.label} "
+            f"checkout or an archive of one, or unset it to clone {source.commit[:12]}."
+        )
+    return _clone(root, report, source)
 
 
 def miles_source(progress: Progress | None = None) -> Path:
     """The Miles tree to import: ``$MILES_SRC`` (folder or .tar.gz), else a clone at the pin."""
-    report = progress or _report
-    root = gym_wheel.cache_dir() / "miles-src"
-    root.mkdir(parents=True, exist_ok=True)
-    explicit = os.environ.get(_MILES_SRC_ENV)
-    if explicit:
-        path = Path(explicit).expanduser().resolve()
-        if path.is_dir():
-            tree = _tree_in(path)
-            if tree is None:
-                raise MilesEnvironmentError(
-                    f"{_MILES_SRC_ENV}={explicit} is not a Miles checkout (no miles/rollout/ inside)."
-                )
-            return tree
-        if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
-            return _extract(path, root, report)
-        raise MilesEnvironmentError(
-            f"{_MILES_SRC_ENV}={explicit} is neither a folder nor a .tar.gz file; point it at a Miles "
-            f"checkout or an archive of one, or unset it to clone {MILES_COMMIT[:12]}."
-        )
-    return _clone(root, report)
+    return _source(_MILES, progress)
+
+
+def megatron_source(progress: Progress | None = None) -> Path:
+    """The Megatron-LM tree (``megatron/`` and ``miles_megatron_plugins/``): ``$MEGATRON_SRC``
+    (folder or .tar.gz), else a clone at ``pins.MEGATRON_COMMIT``."""
+    return _source(_MEGATRON, progress)
 
 
 # ----------------------------------------------------------------------------- venv
@@ -270,6 +324,38 @@ def ensure_miles_env(progress: Progress | None = None) -> MilesEnv:
                     raise MilesEnvironmentError(f"the Miles venv built at {build_dir} is not usable via {link}")
                 report(f"Miles venv ready: {link}")
     return MilesEnv(python=python, source=source)
+
+
+# ----------------------------------------------------------------------------- Megatron-LM
+
+_MEGATRON_EXTRAS: tuple[str, ...] = ("six",)
+"""What ``megatron.training``'s argument parser imports beyond the Miles environment."""
+_EXTRAS_REVISION = 1
+
+
+def _install_extras(python: Path, target: Path, progress: Progress) -> None:
+    progress(f"installing {', '.join(_MEGATRON_EXTRAS)} for Megatron-LM into {target}")
+    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--no-deps"]
+    _run([*pip, "--target", str(target), *_MEGATRON_EXTRAS], progress, "pip install of Megatron's extras")
+    (target / _READY_MARKER).write_text(json.dumps({"requirements": list(_MEGATRON_EXTRAS)}, indent=2))
+
+
+def ensure_megatron_env(progress: Progress | None = None) -> MilesEnv:
+    """The Miles environment with Megatron-LM on ``PYTHONPATH``: its tree (``$MEGATRON_SRC`` or a
+    clone at the pin) and ``_MEGATRON_EXTRAS`` installed with ``pip --target`` into a small folder
+    keyed by the Miles venv (seconds, once), so the 3 GB venv is not rebuilt for them."""
+    report = progress or _report
+    env = ensure_miles_env(report)
+    megatron = megatron_source(report)
+    root = gym_wheel.cache_dir() / "megatron-extras"
+    root.mkdir(parents=True, exist_ok=True)
+    key = f"{venv_key()}-x{_EXTRAS_REVISION}"
+    extras = root / key
+    if not (extras / _READY_MARKER).is_file():
+        with _locked(root / f"{key}.lock"):
+            if not (extras / _READY_MARKER).is_file():
+                build_and_publish(root, key, lambda target: _install_extras(env.python, target, report))
+    return MilesEnv(python=env.python, source=env.source, extra_paths=(megatron, extras))
 
 
 def main() -> None:

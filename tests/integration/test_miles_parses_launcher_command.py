@@ -1,0 +1,239 @@
+"""Miles' own argument parser accepts the launcher's training command.
+
+For every model family the launcher knows, and with the eval, episode-store, W&B, session
+server v2, separate-GPUs and rollout-only settings, the argv ``launcher.command.build_job``
+builds goes through Miles' ``parse_args`` (Miles' flags registered on Megatron-LM's parser),
+``miles_validate_args`` and Megatron-LM's ``validate_args``, with the job's environment, as
+``train.py`` runs them before any GPU work: Miles at ``pins.MILES_COMMIT``, Megatron-LM at
+``pins.MEGATRON_COMMIT``, on CPU (``tests/support/megatron_args.py``). Two differences from
+a GPU node, both stated there: the GPU's architecture is answered as Hopper, and the one
+tool-call parser name Miles binds that PyPI's SGLang lacks is registered. Stand-ins: the
+checkpoint is a folder with Qwen3-4B-Instruct-2507's ``config.json`` and an offline Qwen3
+tokenizer (no weights), ``--ref-load`` an empty folder. One Miles process parses every case
+(~10 s of imports, then ~1 s a case).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from miles_nemogym.gym import wheel as gym_wheel
+from miles_nemogym.launcher import command as cmd
+from miles_nemogym.launcher.config import LauncherConfig
+from miles_nemogym.launcher.families import FAMILIES, Parsers, resolve
+from miles_nemogym.launcher.run import load_model_args
+from miles_nemogym.testing.miles_env import MilesEnv, ensure_megatron_env, ensure_miles_env
+from tests.support.miles_harness import env_or_fail, parse_with_miles, say
+
+pytestmark = pytest.mark.integration
+
+MODEL_TYPE = "qwen3-4B-Instruct-2507"
+CHECKPOINT_NAME = "Qwen3-4B-Instruct-2507"
+"""The default recipe's model; its family (qwen3) is told from this folder name."""
+
+# Qwen3-4B-Instruct-2507's Megatron arguments as Miles' scripts/models/qwen3-4B-Instruct-2507.py
+# gives them at the pinned commit (qwen3-4B.py with rotary base 5,000,000). Used when the Miles
+# tree has no scripts/models (a trimmed snapshot); a full checkout's own script is used instead.
+QWEN3_4B_MODEL_ARGS = (
+    *("--swiglu", "--num-layers", "36", "--hidden-size", "2560", "--ffn-hidden-size", "9728"),
+    *("--num-attention-heads", "32", "--group-query-attention", "--num-query-groups", "8"),
+    *("--use-rotary-position-embeddings", "--disable-bias-linear", "--normalization", "RMSNorm"),
+    *("--norm-epsilon", "1e-6", "--rotary-base", "5000000", "--vocab-size", "151936"),
+    *("--kv-channels", "128", "--qk-layernorm"),
+)
+# Its config.json values that Miles checks against those arguments (hf_validate_args).
+QWEN3_4B_CONFIG = {
+    "hidden_size": 2560,
+    "intermediate_size": 9728,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "rope_theta": 5000000,
+    "max_position_embeddings": 262144,
+    "tie_word_embeddings": True,
+}
+REPORTED = [
+    "tito_model",
+    "sglang_reasoning_parser",
+    "sglang_tool_call_parser",
+    "custom_generate_function_path",
+    "custom_agent_function_path",
+    "custom_rm_path",
+    "dynamic_sampling_filter_path",
+    "custom_rollout_log_function_path",
+    "custom_eval_rollout_log_function_path",
+    "custom_reward_post_process_path",
+    "use_session_server",
+    "tensor_model_parallel_size",
+    "num_layers",
+    "hidden_size",
+    "rotary_base",
+    "world_size",
+    "colocate",
+    "rollout_num_gpus",
+    "eval_datasets",
+    "eval_interval",
+    "use_wandb",
+    "wandb_group",
+    "debug_rollout_only",
+]
+
+
+def recipes(work: Path) -> dict[str, LauncherConfig]:
+    """Each case's recipe; every path in it exists under ``work``."""
+    prompts = work / "train.jsonl"
+    held_out = work / "held_out.jsonl"
+    for path in (prompts, held_out):
+        path.write_text(json.dumps({"prompt": "fix it", "metadata": {"instance_id": "x__y-1"}}) + "\n")
+    (work / "ref").mkdir(exist_ok=True)
+    base = {
+        "hf_checkpoint": str(work / CHECKPOINT_NAME),
+        "ref_load": work / "ref",
+        "save_dir": work / "save",
+        "prompt_data": prompts,
+    }
+    cases = {"default": LauncherConfig.model_validate(base)}
+    for family in FAMILIES:
+        cases[f"family-{family.name}"] = LauncherConfig.model_validate({**base, "model_family": family.name})
+    cases["eval-store-wandb-v2-separate-gpus"] = LauncherConfig.model_validate(
+        {
+            **base,
+            "eval_data": held_out,
+            "eval_name": "verified_held_out",
+            "eval_samples_per_prompt": 3,
+            "eval_interval": 2,
+            "eval_temperature": 0.6,
+            "eval_top_p": 0.95,
+            "eval_max_response_len": 2048,
+            "episode_dir": work / "episodes",
+            "wandb_project": "swe-grpo",
+            "wandb_group": "nemogym",
+            "session_server_version": "v2",
+            "colocate": False,
+            "actor_gpus_per_node": 2,
+            "rollout_num_gpus": 2,
+        }
+    )
+    cases["debug-rollout-only"] = LauncherConfig.model_validate({**base, "mode": "debug_rollout_only"})
+    # The control: a flag Miles does not know must come back rejected, with argparse's words.
+    cases["unknown-flag"] = LauncherConfig.model_validate({**base, "extra_args": ["--not-a-miles-flag", "1"]})
+    return cases
+
+
+def model_args(miles_tree: Path) -> tuple[str, ...]:
+    if (miles_tree / "scripts" / "models" / f"{MODEL_TYPE}.py").is_file():
+        return load_model_args(miles_tree, MODEL_TYPE)  # the launcher's own loader, Miles' own script
+    return QWEN3_4B_MODEL_ARGS
+
+
+def parsers_of(config: LauncherConfig) -> Parsers:
+    return resolve(config.hf_checkpoint, family=config.model_family)
+
+
+@pytest.fixture(scope="module")
+def megatron_env(request: pytest.FixtureRequest) -> MilesEnv:
+    env_or_fail(request, "miles-env", lambda: ensure_miles_env(progress=lambda line: _progress(request, line)))
+    return env_or_fail(request, "megatron", lambda: ensure_megatron_env(progress=lambda line: _progress(request, line)))
+
+
+def _progress(request: pytest.FixtureRequest, line: str) -> None:
+    if not line.startswith(" "):
+        say(request.config, f"[miles-env] {line}")
+
+
+@pytest.fixture(scope="module")
+def parsed(
+    megatron_env: MilesEnv, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[dict[str, LauncherConfig], dict[str, cmd.Job], Any]:
+    """Every case's recipe, job, and what Miles' parser made of the job (one Miles process)."""
+    work = tmp_path_factory.mktemp("miles-args")
+    configs = recipes(work)
+    miles = cmd.MilesInstall(root=megatron_env.source, model_args=model_args(megatron_env.source))
+    jobs = {name: cmd.build_job(config, parsers_of(config), miles, environ={}) for name, config in configs.items()}
+    request = {
+        "checkpoint": str(work / CHECKPOINT_NAME),
+        "tokenizer_cache": str(gym_wheel.cache_dir() / "miles-tokenizer"),
+        "config": QWEN3_4B_CONFIG,
+        "report": REPORTED,
+        "cases": [
+            {
+                "name": name,
+                "argv": job.argv[2:],  # python3 <miles>/train.py
+                "env": {key: value for key, value in job.env.items() if key != "PYTHONPATH"},
+            }
+            for name, job in jobs.items()
+        ],
+    }
+    reply = parse_with_miles(megatron_env, request, log_path=work / "parse.log")
+    return configs, jobs, reply
+
+
+ACCEPTED = ["default", *(f"family-{family.name}" for family in FAMILIES)]
+ACCEPTED += ["eval-store-wandb-v2-separate-gpus", "debug-rollout-only"]
+
+
+@pytest.mark.parametrize("case", ACCEPTED)
+def test_miles_accepts_the_launchers_command(
+    case: str, parsed: tuple[dict[str, LauncherConfig], dict[str, cmd.Job], Any]
+) -> None:
+    configs, jobs, reply = parsed
+    result = reply["results"][case]
+    assert result["ok"], f"Miles rejected the launcher's command ({case}): {result['error']}"
+    values = result["values"]
+    parsers = parsers_of(configs[case])
+    assert values["tito_model"] == parsers.tito_model
+    assert values["sglang_tool_call_parser"] == parsers.tool_call_parser
+    assert values["sglang_reasoning_parser"] == parsers.reasoning_parser
+    # ... and they are the parsers Miles binds to that --tito-model family.
+    assert values["tito_bound_parsers"] == [parsers.reasoning_parser, parsers.tool_call_parser]
+    assert values["custom_generate_function_path"] == cmd.GENERATE_FUNCTION
+    for flag, path in cmd.HOOKS:
+        assert values[flag.removeprefix("--").replace("-", "_")] == path
+    assert (values["num_layers"], values["hidden_size"], values["rotary_base"]) == (36, 2560, 5000000)
+    assert values["tensor_model_parallel_size"] == 2
+    assert jobs[case].env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"  # Megatron's check with TP > 1 passed on it
+
+
+def test_the_eval_store_and_layout_settings_reach_miles_as_meant(
+    parsed: tuple[dict[str, LauncherConfig], dict[str, cmd.Job], Any],
+) -> None:
+    configs, jobs, reply = parsed
+    results = reply["results"]
+    case = "eval-store-wandb-v2-separate-gpus"
+    values = results[case]["values"]
+    (dataset,) = values["eval_datasets"]
+    assert dataset["name"] == "verified_held_out" and dataset["n_samples_per_eval_prompt"] == 3
+    assert (
+        dataset["metadata_overrides"]
+        == cmd.eval_config_document(configs[case])["eval"]["datasets"][0]["metadata_overrides"]
+    )
+    assert values["eval_interval"] == 2
+    assert values["use_session_server"] == "v2"
+    assert (values["colocate"], values["rollout_num_gpus"], values["world_size"]) == (False, 2, 2)
+    assert values["use_wandb"] and values["wandb_group"] == "nemogym"
+    assert jobs[case].env[cmd.EPISODE_DIR_ENV] == str(configs[case].episode_dir)
+    assert results["debug-rollout-only"]["values"]["debug_rollout_only"] is True
+    assert results["default"]["values"]["eval_datasets"] in ([], None)
+
+
+def test_a_flag_miles_does_not_know_is_rejected(
+    parsed: tuple[dict[str, LauncherConfig], dict[str, cmd.Job], Any],
+) -> None:
+    _, _, reply = parsed
+    result = reply["results"]["unknown-flag"]
+    assert not result["ok"]
+    assert "unrecognized arguments: --not-a-miles-flag" in result["error"]
+
+
+def test_only_the_kimi_parser_name_is_missing_from_pypis_sglang(
+    parsed: tuple[dict[str, LauncherConfig], dict[str, cmd.Job], Any],
+) -> None:
+    """The parser names registered for the check are exactly those PyPI's SGLang 0.5.22 lacks
+    (Miles' images use its sglang-miles branch): a new one is a new difference to look at."""
+    _, _, reply = parsed
+    assert reply["added_tool_call_parsers"] == ["kimi_k2_raw_id"]
