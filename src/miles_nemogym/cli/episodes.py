@@ -7,6 +7,9 @@ from typing import Annotated
 
 import typer
 
+_PROBLEMS_SHOWN = 20
+"""Unreadable lines or files listed one by one; past it, counted."""
+
 
 def episodes(
     directory: Annotated[
@@ -24,22 +27,18 @@ def episodes(
     html_out: Annotated[Path | None, typer.Option("--html", help="Write one self-contained HTML page here.")] = None,
 ) -> None:
     """A table per rollout step; with a filter, one line per episode; --show one episode; --html a page."""
-    from miles_nemogym.store.browser import (
-        episode_list_text,
-        load,
-        select,
-        show_text,
-        step_rows,
-        table_text,
-    )
+    from miles_nemogym.store.browser import episode_list_text, select, show_text, step_rows, table_text
     from miles_nemogym.store.page import render_html
+    from miles_nemogym.store.reader import load
 
     if not directory.is_dir():
         typer.echo(f"error: {directory} is not a folder; give the episode store (NEMO_GYM_EPISODE_DIR)", err=True)
         raise typer.Exit(2)
-    store = load(directory)
-    for path in store.cut_files:
-        typer.echo(f"warning: {path} ends in a line cut by a crash; its whole lines are shown", err=True)
+    store = load(directory)  # without answers: the table reads no trajectories
+    for problem in store.problems[:_PROBLEMS_SHOWN]:
+        typer.echo(f"warning: skipped {problem}", err=True)
+    if len(store.problems) > _PROBLEMS_SHOWN:
+        typer.echo(f"warning: skipped {len(store.problems) - _PROBLEMS_SHOWN} more unreadable lines or files", err=True)
     chosen = select(store.episodes, instance=instance, kind=kind, step=step)
     if show is not None:
         matches = [e for e in store.episodes if e.episode_id.startswith(show)]
@@ -47,12 +46,15 @@ def episodes(
             found = "no episode" if not matches else f"{len(matches)} episodes"
             typer.echo(f"error: --show {show}: {found} with that id; list them with --instance/--kind/--step", err=True)
             raise typer.Exit(2)
-        typer.echo(show_text(matches[0]))
+        (match,) = matches
+        full = load(directory, answers=True, steps={match.step}).episodes
+        typer.echo(show_text(next((e for e in full if e.episode_id == match.episode_id), match)))
         return
     if html_out is not None:
-        store.episodes = chosen
+        store = load(directory, answers=True, steps={e.step for e in chosen})
+        store.episodes = select(store.episodes, instance=instance, kind=kind, step=step)
         html_out.write_text(render_html(store, f"Episodes in {directory}"), encoding="utf-8")
-        typer.echo(f"wrote {html_out} ({len(chosen)} episodes)")
+        typer.echo(f"wrote {html_out} ({len(store.episodes)} episodes)")
         return
     if not store.episodes:
         typer.echo(f"no episodes in {directory} (expected train/ and eval/ folders of *.jsonl.gz files)")

@@ -1,91 +1,24 @@
-"""Read an episode store (``store/writer.py``) and show it as text: a table per step, a
-list of episodes, one episode turn by turn (the HTML page is ``store/page.py``). Pure
-functions over loaded entries, except ``load``; the CLI (``cli/episodes.py``) prints.
+"""Show an episode store as text: a table per step, a list of episodes, one episode turn by
+turn (reading is ``store/reader.py``, the HTML page ``store/page.py``). Pure functions over
+loaded episodes; the CLI (``cli/episodes.py``) prints.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from miles_nemogym.store.writer import ROLES, read_lines
+from miles_nemogym.store.reader import StoredEpisode
 
 OUTPUT_MAX_CHARS = 600
 """A command's output is trimmed to this in ``--show`` (head and tail kept)."""
 
-_STEP = re.compile(r"step-(\d+)\.jsonl(?:\.gz)?$")
-
-
-@dataclass
-class Episode:
-    """One stored episode with where it was found."""
-
-    entry: dict[str, Any]
-    step: int | None
-    """The rollout step; None for an episode not yet tied to a step (pending file)."""
-    role: str
-
-    @property
-    def record(self) -> dict[str, Any]:
-        record = self.entry.get("record")
-        return record if isinstance(record, dict) else {}
-
-    @property
-    def episode_id(self) -> str:
-        return str(self.entry.get("episode_id") or "")
-
-    @property
-    def instance_id(self) -> str:
-        return str(self.entry.get("instance_id") or self.record.get("instance_id") or "")
-
-    @property
-    def kind(self) -> str:
-        """``resolved``, ``unresolved``, or the failure kind of a masked episode."""
-        if self.record.get("mask_sample"):
-            return str(self.record.get("failure_kind") or "failed")
-        return "resolved" if self.record.get("resolved") else "unresolved"
-
-
-@dataclass
-class Store:
-    episodes: list[Episode] = field(default_factory=list)
-    cut_files: list[str] = field(default_factory=list)
-    """Files whose tail was cut (a crash while writing); their whole lines are loaded."""
-
-
-def load(directory: Path) -> Store:
-    """Every episode under ``directory``, ordered by role, step, then finish time."""
-    store = Store()
-    for role in ROLES:
-        folder = directory / role
-        if not folder.is_dir():
-            continue
-        seen: set[str] = set()
-        # A step's .jsonl is a batch still being compressed (or left by a crash): read both.
-        for path in sorted([*folder.glob("*.jsonl.gz"), *folder.glob("*.jsonl")]):
-            match = _STEP.search(path.name)
-            step = int(match.group(1)) if match else None
-            entries, cut = read_lines(path)
-            if cut:
-                store.cut_files.append(str(path))
-            for entry in entries:
-                episode_id = str(entry.get("episode_id"))
-                if episode_id not in seen:  # a crash between compressing and removing a batch
-                    seen.add(episode_id)
-                    store.episodes.append(Episode(entry, step, role))
-    store.episodes.sort(
-        key=lambda e: (e.role, e.step if e.step is not None else 1 << 60, e.entry.get("finished_at", 0))
-    )
-    return store
-
 
 def select(
-    episodes: list[Episode], *, instance: str | None = None, kind: str | None = None, step: int | None = None
-) -> list[Episode]:
+    episodes: list[StoredEpisode], *, instance: str | None = None, kind: str | None = None, step: int | None = None
+) -> list[StoredEpisode]:
     """The episodes matching every given filter."""
     return [
         e
@@ -114,9 +47,9 @@ class StepRow:
         return self.resolved / self.valid if self.valid else None
 
 
-def step_rows(episodes: list[Episode]) -> list[StepRow]:
+def step_rows(episodes: list[StoredEpisode]) -> list[StepRow]:
     """Per (role, step): episodes, resolve rate over valid ones, failures by kind, turns, time."""
-    groups: dict[tuple[str, int | None], list[Episode]] = {}
+    groups: dict[tuple[str, int | None], list[StoredEpisode]] = {}
     for episode in episodes:
         groups.setdefault((episode.role, episode.step), []).append(episode)
     rows = []
@@ -171,7 +104,7 @@ def table_text(rows: list[StepRow]) -> str:
     )
 
 
-def episode_list_text(episodes: list[Episode]) -> str:
+def episode_list_text(episodes: list[StoredEpisode]) -> str:
     """One line per episode: id, role, step, instance, verdict, reward, turns."""
     lines = []
     for e in episodes:
@@ -283,7 +216,7 @@ def report_lines(report: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def show_text(episode: Episode) -> str:
+def show_text(episode: StoredEpisode) -> str:
     """One episode, readably: header, each turn (thought, command, output trimmed), the
     submitted patch, the test report; a failed one also its failure and what came back."""
     record, answer = episode.record, episode.entry.get("answer")

@@ -9,7 +9,8 @@ import html
 from collections.abc import Callable
 from typing import Any
 
-from miles_nemogym.store.browser import Episode, StepRow, Store, fmt, show_text, step_label, step_rows
+from miles_nemogym.store.browser import StepRow, fmt, show_text, step_label, step_rows
+from miles_nemogym.store.reader import Store, StoredEpisode
 from miles_nemogym.store.writer import ROLES
 
 _KIND_COLOURS = ["#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
@@ -127,7 +128,7 @@ def _or_dash(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def _episode_html(episode: Episode) -> str:
+def _episode_html(episode: StoredEpisode) -> str:
     css = "resolved" if episode.kind == "resolved" else "unresolved" if episode.kind == "unresolved" else "failed"
     eval_set = f"/{episode.entry.get('eval_set')}" if episode.entry.get("eval_set") else ""
     summary = (
@@ -143,8 +144,8 @@ def render_html(store: Store, title: str) -> str:
     """One self-contained page: per-step table, charts, every episode expandable."""
     rows = step_rows(store.episodes)
     cut = (
-        f"<p class=failed>Files cut by a crash (whole lines shown): {html.escape(', '.join(store.cut_files))}</p>"
-        if store.cut_files
+        f"<p class=failed>Skipped, unreadable: {html.escape('; '.join(map(str, store.problems)))}</p>"
+        if store.problems
         else ""
     )
     episodes = "".join(_episode_html(e) for e in store.episodes)
