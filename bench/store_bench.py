@@ -7,6 +7,7 @@ fresh process as a user runs it:
 
   table   ``miles-nemogym episodes DIR``: wall time and peak RSS. Goal: <= 3 s, <= 300 MB.
   html    ``miles-nemogym episodes DIR --step S --html OUT`` (one step): wall time. Goal: <= 10 s.
+  baseline  with ``--baseline-src``: the table as another checkout's code makes it, side by side.
   zcat    reading every byte of every step's file once (gunzip, line split), the baseline
           the table's time compares with: what a reader that parses no answer still pays
           when it reads them.
@@ -89,9 +90,10 @@ def write_store(folder: Path, episodes: int, steps: int, size: int) -> dict[str,
     }
 
 
-def timed(argv: list[str]) -> tuple[float, float, str]:
-    """(wall seconds, peak RSS MB, stdout) of one fresh process running this tree's code."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+def timed(argv: list[str], src: Path = ROOT / "src") -> tuple[float, float, float, str]:
+    """(wall seconds, CPU seconds, peak RSS MB, stdout) of one fresh process running the
+    package in ``src`` (CPU: what other load on the machine barely moves)."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
     with tempfile.TemporaryFile("w+") as out:
         started = time.monotonic()
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
@@ -101,7 +103,7 @@ def timed(argv: list[str]) -> tuple[float, float, str]:
         text = out.read()
     if status != 0:
         raise SystemExit(f"{argv} failed: {text}")
-    return wall, usage.ru_maxrss / 1024, text
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, text
 
 
 def zcat(folder: Path) -> float:
@@ -119,18 +121,28 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--answer-kb", type=float, default=84)
     parser.add_argument("--keep", type=Path, help="Write the store here and keep it (default: a temporary folder).")
+    parser.add_argument(
+        "--baseline-src", type=Path,
+        help="Also run the table with the package in this src folder (another checkout), side by side.",
+    )  # fmt: skip
     args = parser.parse_args()
     report: dict[str, Any] = {"episodes": args.episodes, "steps": args.steps, "answer_kb": args.answer_kb}
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.keep or Path(tmp) / "episodes"
         report.update(write_store(folder, args.episodes, args.steps, int(args.answer_kb * 1000)))
         cli = [sys.executable, "-m", "miles_nemogym.cli.main", "episodes", str(folder)]
-        wall, rss, out = timed(cli)
-        report.update(table_s=wall, table_peak_rss_mb=rss, table_lines=len(out.splitlines()))
+        wall, cpu, rss, out = timed(cli)
+        report.update(table_s=wall, table_cpu_s=cpu, table_peak_rss_mb=rss, table_lines=len(out.splitlines()))
+        if args.baseline_src:
+            wall, cpu, rss, _ = timed(cli, args.baseline_src)
+            report.update(baseline_table_s=wall, baseline_table_cpu_s=cpu, baseline_table_peak_rss_mb=rss)
         step = args.steps // 2 or 1
-        wall, rss, out = timed([*cli, "--step", str(step), "--html", str(Path(tmp) / "page.html")])
+        wall, cpu, rss, out = timed([*cli, "--step", str(step), "--html", str(Path(tmp) / "page.html")])
         report.update(
-            html_one_step_s=wall, html_peak_rss_mb=rss, html_page_mb=(Path(tmp) / "page.html").stat().st_size / 1e6
+            html_one_step_cpu_s=cpu,
+            html_one_step_s=wall,
+            html_peak_rss_mb=rss,
+            html_page_mb=(Path(tmp) / "page.html").stat().st_size / 1e6,
         )
         report["zcat_every_answer_s"] = zcat(folder)
     report["load_average_1m"] = os.getloadavg()[0]

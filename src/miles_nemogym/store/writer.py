@@ -46,6 +46,9 @@ logger = logging.getLogger(__name__)
 ROLES = ("train", "eval")
 MAX_PENDING_BYTES = 256 * 1024 * 1024
 """Raw answers queued for the writer, at most; past it an episode is kept without its answer."""
+_MAX_HEADS_BYTES = 32 * 1024 * 1024
+"""Heads held per file until its seal, at most; past it the step gets no ``.heads`` file (the
+reader then reads the whole file)."""
 _COMPRESS_LEVEL = 1  # zlib level 1: ~4x smaller on trajectories at a fraction of level 6's CPU
 _FILE_MODE = 0o600  # owner-only; the umask can take bits away, never add them
 _DIR_MODE = 0o700
@@ -107,7 +110,8 @@ class _File:
     file_id: str
     fd: int | None
     size: int = 0
-    heads: list[bytes] = field(default_factory=list)
+    heads: list[bytes] | None = field(default_factory=list)
+    heads_bytes: int = 0
 
     @property
     def name(self) -> str:
@@ -215,6 +219,9 @@ class EpisodeStore:
                 try:
                     if item.role:
                         self._seal(item)
+                except Exception as error:  # the store must never take the rollout down
+                    self.write_errors += 1
+                    self._warn(f"seal {type(error).__name__}", f"sealing step {item.step} failed: {error}")
                 finally:
                     item.done.set()
 
@@ -234,7 +241,11 @@ class EpisodeStore:
                 _cut_back(file)  # never append after a partial line
                 raise
             file.size += len(line)
-            file.heads.append(item.head + b"\n")
+            if file.heads is not None:
+                file.heads.append(item.head + b"\n")
+                file.heads_bytes += len(item.head) + 1
+                if file.heads_bytes > _MAX_HEADS_BYTES:  # never sealed? memory stays bounded
+                    file.heads = None
             self.lines_written += 1
         except Exception as error:  # the store must never take the rollout down
             self.write_errors += 1
@@ -285,7 +296,8 @@ class EpisodeStore:
                     continue
                 os.rename(file.name, stem + ".jsonl", src_dir_fd=role.dir_fd, dst_dir_fd=role.dir_fd)
                 sealed.append(stem)
-                _write_new(role.dir_fd, stem + ".heads", file.heads)
+                if file.heads is not None:
+                    _write_new(role.dir_fd, stem + ".heads", [b"".join(file.heads)])
             except OSError as error:
                 self.write_errors += 1
                 self._warn(f"seal {error.errno}", f"could not seal {file.name} as step {request.step}: {error}")
