@@ -354,7 +354,7 @@ def _lines(*entries: Any) -> bytes:
 def test_a_bad_line_hides_no_later_line_and_is_named(tmp_path: Path) -> None:
     path = tmp_path / "train" / "step-000001.jsonl"
     path.parent.mkdir()
-    good = {"episode_id": "g0", "record": {"turns": 3}}
+    good = {"episode_id": "g0", "record": {"turns": 3, "resolved": True}}
     path.write_bytes(
         _lines(
             good,
@@ -362,15 +362,23 @@ def test_a_bad_line_hides_no_later_line_and_is_named(tmp_path: Path) -> None:
             {**good, "episode_id": "g1"},
             [1, 2, 3],  # a JSON array
             {"episode_id": "bad-time", "finished_at": "yesterday"},
-            {"episode_id": "bad-turns", "record": {"turns": "three"}},
+            {"episode_id": "bad-turns", "record": {"turns": "three", "resolved": True}},
             {"episode_id": "bad-record", "record": [1]},
             {**good, "episode_id": "g2"},
         )
     )
     store = load(tmp_path)
-    assert [e.episode_id for e in store.episodes] == ["g0", "g1", "g2"]
+    # A line that is not an episode is skipped; a field of the wrong type is shown as missing.
+    assert [e.episode_id for e in store.episodes] == ["g0", "g1", "bad-time", "bad-turns", "bad-record", "g2"]
+    by_id = {e.episode_id: e for e in store.episodes}
+    assert "finished_at" not in by_id["bad-time"].entry
+    assert by_id["bad-turns"].record == {"resolved": True} and by_id["bad-record"].record == {}
     assert [(p.path, p.line) for p in store.problems] == [(str(path), line) for line in (2, 4, 5, 6, 7)]
-    assert "finished_at" in store.problems[2].reason and "record.turns" in store.problems[3].reason
+    assert [p.reason.split(": ")[1].split(" ")[0] for p in store.problems[2:]] == [
+        "finished_at",
+        "record.turns",
+        "record",
+    ]
 
 
 def test_what_is_not_a_readable_store_file_is_skipped_and_named(tmp_path: Path) -> None:

@@ -184,13 +184,21 @@ def _entries(paths: list[Path], answers: bool, problems: list[Problem]) -> Itera
             try:
                 _Head.model_validate(entry)
             except ValidationError as error:
-                first = error.errors()[0]
-                where = ".".join(str(part) for part in first["loc"])
-                problems.append(Problem(str(path), number, f"{where}: {first['msg']}, skipped"))
-                continue
+                wrong = [_drop(entry, item["loc"]) + f" ({item['msg']})" for item in error.errors()]
+                problems.append(Problem(str(path), number, f"wrong type, shown as missing: {'; '.join(wrong)}"))
             if not answers:
                 entry.pop("answer", None)
             yield entry
+
+
+def _drop(entry: dict[str, Any], where: tuple[int | str, ...]) -> str:
+    """Remove the field at ``where`` from ``entry``; its dotted name."""
+    parent: Any = entry
+    for key in where[:-1]:
+        parent = parent.get(key) if isinstance(parent, dict) else None
+    if isinstance(parent, dict):
+        parent.pop(where[-1], None)
+    return ".".join(map(str, where))
 
 
 def _lines(path: Path, problems: list[Problem]) -> Iterator[tuple[int, bytes]]:
