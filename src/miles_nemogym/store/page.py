@@ -144,7 +144,7 @@ def render_html(store: Store, title: str) -> str:
     """One self-contained page: per-step table, charts, every episode expandable."""
     rows = step_rows(store.episodes)
     cut = (
-        f"<p class=failed>Skipped, unreadable: {html.escape('; '.join(map(str, store.problems)))}</p>"
+        f"<p class=failed>Unreadable or odd lines or files: {html.escape('; '.join(map(str, store.problems)))}</p>"
         if store.problems
         else ""
     )

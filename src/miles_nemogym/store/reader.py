@@ -30,7 +30,7 @@ _NAME = re.compile(r"(?P<stem>(?:step-(?P<step>\d+)|pending)(?:-[\w-]*)?)(?P<ext
 
 @dataclass(frozen=True)
 class Problem:
-    """Something the reader skipped: a file, or one line of it (``line`` counts from 1)."""
+    """Something the reader skipped or found odd: a file, or one line of it (``line`` counts from 1)."""
 
     path: str
     line: int | None
@@ -74,7 +74,7 @@ class StoredEpisode:
 class Store:
     episodes: list[StoredEpisode] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
-    """What was skipped, in the order found."""
+    """What was skipped or found odd, in the order found."""
 
 
 class _Record(BaseModel):
@@ -124,7 +124,7 @@ def load(directory: Path, *, answers: bool = False, steps: Collection[int | None
             step = None if match is None or match["step"] is None else int(match["step"])
             data = [found[ext] for ext in (".jsonl.gz", ".jsonl") if ext in found]
             if not data:
-                store.problems.append(Problem(str(found[".heads"]), None, "heads without their episodes file, skipped"))
+                store.problems.append(Problem(str(found[".heads"]), None, "skipped: heads without their episodes file"))
                 continue
             sources = [found[".heads"]] if ".heads" in found and not answers else data
             seen: set[str] = set()  # a crash between compressing and removing the plain file
@@ -135,23 +135,26 @@ def load(directory: Path, *, answers: bool = False, steps: Collection[int | None
                         continue
                     seen.add(episode_id)
                 store.episodes.append(StoredEpisode(entry, step, role))
-    store.episodes.sort(
-        key=lambda e: (e.role, 1 << 60 if e.step is None else e.step, e.entry.get("finished_at") or 0.0)
-    )
+    store.episodes.sort(key=lambda e: (e.role, 1 << 60 if e.step is None else e.step, _time(e.entry)))
     return store
+
+
+def _time(entry: dict[str, Any]) -> float:
+    finished = entry.get("finished_at")
+    return float(finished) if isinstance(finished, int | float) and not isinstance(finished, bool) else 0.0
 
 
 def _files(folder: Path, problems: list[Problem]) -> list[Path]:
     """The regular files in ``folder`` by name, reporting what is not one (links are not followed)."""
     try:
         if not stat.S_ISDIR(folder.lstat().st_mode):
-            problems.append(Problem(str(folder), None, "not a folder (or a link), skipped"))
+            problems.append(Problem(str(folder), None, "skipped: not a folder (or a link)"))
             return []
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except FileNotFoundError:
         return []
     except OSError as error:
-        problems.append(Problem(str(folder), None, f"cannot be listed: {error}"))
+        problems.append(Problem(str(folder), None, f"skipped: cannot be listed: {error}"))
         return []
     files = []
     for entry in entries:
@@ -164,7 +167,7 @@ def _files(folder: Path, problems: list[Problem]) -> list[Path]:
         if regular:
             files.append(Path(entry.path))
         elif _NAME.fullmatch(entry.name):
-            problems.append(Problem(entry.path, None, "not a regular file (a folder or a link), skipped"))
+            problems.append(Problem(entry.path, None, "skipped: not a regular file (a folder or a link)"))
     return files
 
 
@@ -176,29 +179,19 @@ def _entries(paths: list[Path], answers: bool, problems: list[Problem]) -> Itera
             try:
                 entry = json.loads(line)
             except ValueError:
-                problems.append(Problem(str(path), number, "not a whole JSON line (cut by a crash?), skipped"))
+                problems.append(Problem(str(path), number, "skipped: not a whole JSON line (cut by a crash?)"))
                 continue
             if not isinstance(entry, dict):
-                problems.append(Problem(str(path), number, f"a JSON {type(entry).__name__}, not an object, skipped"))
+                problems.append(Problem(str(path), number, f"skipped: a JSON {type(entry).__name__}, not an object"))
                 continue
             try:
                 _Head.model_validate(entry)
-            except ValidationError as error:
-                wrong = [_drop(entry, item["loc"]) + f" ({item['msg']})" for item in error.errors()]
-                problems.append(Problem(str(path), number, f"wrong type, shown as missing: {'; '.join(wrong)}"))
+            except ValidationError as error:  # kept: the views show what they can of it
+                wrong = "; ".join(f"{'.'.join(map(str, item['loc']))} ({item['msg']})" for item in error.errors())
+                problems.append(Problem(str(path), number, f"kept, with a field of the wrong type: {wrong}"))
             if not answers:
                 entry.pop("answer", None)
             yield entry
-
-
-def _drop(entry: dict[str, Any], where: tuple[int | str, ...]) -> str:
-    """Remove the field at ``where`` from ``entry``; its dotted name."""
-    parent: Any = entry
-    for key in where[:-1]:
-        parent = parent.get(key) if isinstance(parent, dict) else None
-    if isinstance(parent, dict):
-        parent.pop(where[-1], None)
-    return ".".join(map(str, where))
 
 
 def _lines(path: Path, problems: list[Problem]) -> Iterator[tuple[int, bytes]]:
@@ -209,10 +202,10 @@ def _lines(path: Path, problems: list[Problem]) -> Iterator[tuple[int, bytes]]:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         with open(fd, "rb") as raw:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
-                problems.append(Problem(str(path), None, "not a regular file, skipped"))
+                problems.append(Problem(str(path), None, "skipped: not a regular file"))
                 return
             handle = gzip.GzipFile(fileobj=raw) if path.name.endswith(".gz") else raw
             for number, line in enumerate(handle, 1):
                 yield number, line
     except (OSError, EOFError, zlib.error) as error:
-        problems.append(Problem(str(path), number + 1, f"unreadable from here on ({error})"))
+        problems.append(Problem(str(path), number + 1, f"skipped from here on: unreadable ({error})"))
