@@ -127,10 +127,6 @@ class _Role:
     files: list[_File] = field(default_factory=list)
 
 
-class _Refused(OSError):
-    """A path the store will not write through (a symbolic link it did not make)."""
-
-
 class EpisodeStore:
     """One folder's store for this process: ``add`` queues, one writer thread writes."""
 
@@ -327,7 +323,7 @@ def _open_no_link(name: str, flags: int, mode: int, dir_fd: int, shown: Path) ->
         except OSError:
             link = False
         if link:
-            raise _Refused(
+            raise OSError(
                 error.errno,
                 f"{shown / name} is a symbolic link the store did not make, and the store writes "
                 "through no link: remove it, or point NEMO_GYM_EPISODE_DIR at a real folder",
