@@ -17,15 +17,17 @@ pytest_plugins = ["tests.support.openapi", "tests.support.fake_gym", "tests.supp
 
 @pytest.fixture(autouse=True)
 def fresh_run_state() -> Iterator[None]:
-    """Each test starts with the process's circuit closed and an empty ledger."""
+    """Each test starts with the process's circuit closed, an empty ledger and no episode store."""
     from miles_nemogym.episode.circuit import circuit
     from miles_nemogym.rollout.ledger import ledger
+    from miles_nemogym.store import writer as episode_store
 
     circuit.reset()
     ledger.reset()
     yield
     circuit.reset()
     ledger.reset()
+    episode_store.reset()
 
 
 @pytest.fixture(autouse=True)

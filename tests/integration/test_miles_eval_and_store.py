@@ -10,6 +10,7 @@ and what the store holds on disk.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from miles_nemogym.cli.main import app
 from miles_nemogym.gym.server import GymServer
 from miles_nemogym.launcher.command import eval_args
 from miles_nemogym.launcher.config import LauncherConfig
-from miles_nemogym.store.browser import load
+from miles_nemogym.store.reader import load
 from tests.support.fault_server import FaultServer
 from tests.support.miles_harness import MilesDriver
 from tests.support.threaded import serving_in_thread
@@ -84,13 +85,14 @@ def test_eval_step_logs_nemogym_eval_with_masked_episodes_set_aside(
     assert tracked[E + "resolve_rate/pylint-dev__pylint"] == 0.0
 
     # Every eval episode, the crashed ones too, is in the store under step 7.
-    stored = load(store).episodes
+    stored = load(store, answers=True).episodes
     assert {(e.role, e.step, e.entry["eval_set"]) for e in stored} == {("eval", 7, "swe")}
     assert sorted(e.instance_id for e in stored) == sorted([SKLEARN, PYLINT, SYMPY] * 2)
     assert len({e.episode_id for e in stored}) == len({e.entry["session_id"] for e in stored}) == 6
     assert sorted(e.kind for e in stored if e.instance_id == SYMPY) == ["agent_run_error"] * 2
     # Filed under the step (compression of the step's file may still be under way).
-    assert {p.name.removesuffix(".gz") for p in (store / "eval").iterdir()} == {"step-000007.jsonl"}
+    names = {p.name for p in (store / "eval").iterdir()}
+    assert names and all(re.fullmatch(r"step-000007-[\w-]+\.(jsonl|jsonl\.gz|heads)", name) for name in names)
 
 
 def test_real_train_and_eval_steps_are_stored_by_role_and_step(
@@ -114,7 +116,7 @@ def test_real_train_and_eval_steps_are_stored_by_role_and_step(
     ).check()
     assert result.tracked("eval/step")[E + "episodes"] == 2.0
 
-    stored = load(store).episodes
+    stored = load(store, answers=True).episodes
     by_role = {role: [e for e in stored if e.role == role] for role in ("train", "eval")}
     assert {e.step for e in stored} == {3}
     assert sorted(e.instance_id for e in by_role["train"]) == sorted([SYMPY, SPHINX] * 2)

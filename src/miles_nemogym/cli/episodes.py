@@ -10,6 +10,9 @@ from typing import Annotated
 
 import typer
 
+_PROBLEMS_SHOWN = 20
+"""Unreadable or odd lines or files listed one by one; past it, counted."""
+
 
 def episodes(
     directory: Annotated[
@@ -34,7 +37,6 @@ def episodes(
     A filter that matches nothing says so on stderr and exits 0 (no table, no page)."""
     from miles_nemogym.store.browser import (
         episode_list_text,
-        load,
         printable,
         select,
         show_text,
@@ -42,47 +44,59 @@ def episodes(
         table_text,
     )
     from miles_nemogym.store.page import render_html
+    from miles_nemogym.store.reader import load
 
     if not directory.is_dir():
         typer.echo(f"error: {directory} is not a folder; give the episode store (NEMO_GYM_EPISODE_DIR)", err=True)
         raise typer.Exit(2)
     if html_out is not None:
         _check_page_target(html_out, directory)
+    store = load(directory)  # without answers: the table reads no trajectories
+    skipped = list(store.problems)
     try:
-        store = load(directory)
-    except OSError as error:
-        typer.echo(f"error: cannot read the episode store: {printable(str(error))}", err=True)
-        raise typer.Exit(1) from None
-    for path in store.cut_files:
-        typer.echo(f"warning: {printable(path)} ends in a line cut by a crash; its whole lines are shown", err=True)
-    if show is not None:
-        matches = [e for e in store.episodes if e.episode_id == show] or [
-            e for e in store.episodes if e.episode_id.startswith(show)
-        ]
-        if len(matches) != 1:
-            found = "no episode" if not matches else f"{len(matches)} episodes"
-            typer.echo(f"error: --show {show}: {found} with that id; list them with --instance/--kind/--step", err=True)
-            raise typer.Exit(2)
-        typer.echo(show_text(matches[0]))
-        return
-    if not store.episodes:
-        typer.echo(f"no episodes in {directory} (expected train/ and eval/ folders of *.jsonl.gz files)")
-        return
-    chosen = select(store.episodes, instance=instance, kind=kind, step=step)
-    if not chosen:
-        given = {"--instance": instance, "--kind": kind, "--step": step}
-        filters = " ".join(f"{name} {value}" for name, value in given.items() if value is not None)
-        typer.echo(f"no episodes match {filters} (of {len(store.episodes)} in {directory})", err=True)
-        return
-    if html_out is not None:
-        store.episodes = chosen
-        _write_page(html_out, render_html(store, f"Episodes in {directory}"))
-        typer.echo(f"wrote {html_out} ({len(chosen)} episodes)")
-        return
-    typer.echo(table_text(step_rows(chosen)))
-    if instance is not None or kind is not None or step is not None:
-        typer.echo("")
-        typer.echo(episode_list_text(chosen))
+        if show is not None:
+            matches = [e for e in store.episodes if e.episode_id == show] or [
+                e for e in store.episodes if e.episode_id.startswith(show)
+            ]
+            if len(matches) != 1:
+                found = "no episode" if not matches else f"{len(matches)} episodes"
+                typer.echo(
+                    f"error: --show {show}: {found} with that id; list them with --instance/--kind/--step", err=True
+                )
+                raise typer.Exit(2)
+            full = load(directory, answers=True, steps={matches[0].step})
+            skipped += [problem for problem in full.problems if problem not in skipped]
+            typer.echo(show_text(next((e for e in full.episodes if e.episode_id == matches[0].episode_id), matches[0])))
+            return
+        if not store.episodes:
+            typer.echo(f"no episodes in {directory} (expected train/ and eval/ folders of *.jsonl.gz files)")
+            return
+        chosen = select(store.episodes, instance=instance, kind=kind, step=step)
+        if not chosen:
+            given = {"--instance": instance, "--kind": kind, "--step": step}
+            filters = " ".join(f"{name} {value}" for name, value in given.items() if value is not None)
+            typer.echo(f"no episodes match {filters} (of {len(store.episodes)} in {directory})", err=True)
+            return
+        if html_out is not None:
+            store = load(directory, answers=True, steps={e.step for e in chosen})
+            skipped += [problem for problem in store.problems if problem not in skipped]
+            store.episodes = select(store.episodes, instance=instance, kind=kind, step=step)
+            _write_page(html_out, render_html(store, f"Episodes in {directory}"))
+            typer.echo(f"wrote {html_out} ({len(store.episodes)} episodes)")
+            return
+        typer.echo(table_text(step_rows(chosen)))
+        if instance is not None or kind is not None or step is not None:
+            typer.echo("")
+            typer.echo(episode_list_text(chosen))
+    finally:  # after what was asked for, so it is the last thing read
+        _warn_skipped([printable(str(problem)) for problem in skipped])
+
+
+def _warn_skipped(problems: list[str]) -> None:
+    for problem in problems[:_PROBLEMS_SHOWN]:
+        typer.echo(f"warning: {problem}", err=True)
+    if len(problems) > _PROBLEMS_SHOWN:
+        typer.echo(f"warning: {len(problems) - _PROBLEMS_SHOWN} more unreadable or odd lines or files", err=True)
 
 
 def _refuse(message: str) -> typer.Exit:

@@ -1,1 +1,2 @@
-"""The episode store: every episode on disk (writer), read back as text (browser) or one HTML page (page)."""
+"""The episode store: every episode on disk (writer), read back (reader), shown as text
+(browser) or as one HTML page (page)."""

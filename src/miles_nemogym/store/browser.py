@@ -9,83 +9,17 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from miles_nemogym.store.writer import ROLES, read_lines
+from miles_nemogym.store.reader import StoredEpisode
 
 OUTPUT_MAX_CHARS = 600
 """A command's output is trimmed to this in ``--show`` (head and tail kept)."""
 
-_STEP = re.compile(r"step-(\d+)\.jsonl(?:\.gz)?$")
-
-
-@dataclass
-class Episode:
-    """One stored episode with where it was found."""
-
-    entry: dict[str, Any]
-    step: int | None
-    """The rollout step; None for an episode not yet tied to a step (pending file)."""
-    role: str
-
-    @property
-    def record(self) -> dict[str, Any]:
-        record = self.entry.get("record")
-        return record if isinstance(record, dict) else {}
-
-    @property
-    def episode_id(self) -> str:
-        return str(self.entry.get("episode_id") or "")
-
-    @property
-    def instance_id(self) -> str:
-        return str(self.entry.get("instance_id") or self.record.get("instance_id") or "")
-
-    @property
-    def kind(self) -> str:
-        """``resolved``, ``unresolved``, or the failure kind of a masked episode."""
-        if self.record.get("mask_sample"):
-            return str(self.record.get("failure_kind") or "failed")
-        return "resolved" if self.record.get("resolved") else "unresolved"
-
-
-@dataclass
-class Store:
-    episodes: list[Episode] = field(default_factory=list)
-    cut_files: list[str] = field(default_factory=list)
-    """Files whose tail was cut (a crash while writing); their whole lines are loaded."""
-
-
-def load(directory: Path) -> Store:
-    """Every episode under ``directory``, ordered by role, step, then finish time."""
-    store = Store()
-    for role in ROLES:
-        folder = directory / role
-        if not folder.is_dir():
-            continue
-        seen: set[str] = set()
-        # A step's .jsonl is a batch still being compressed (or left by a crash): read both.
-        for path in sorted([*folder.glob("*.jsonl.gz"), *folder.glob("*.jsonl")]):
-            match = _STEP.search(path.name)
-            step = int(match.group(1)) if match else None
-            entries, cut = read_lines(path)
-            if cut:
-                store.cut_files.append(str(path))
-            for entry in entries:
-                episode_id = str(entry.get("episode_id"))
-                if episode_id not in seen:  # a crash between compressing and removing a batch
-                    seen.add(episode_id)
-                    store.episodes.append(Episode(entry, step, role))
-    store.episodes.sort(
-        key=lambda e: (e.role, e.step if e.step is not None else 1 << 60, e.entry.get("finished_at", 0))
-    )
-    return store
-
 
 def select(
-    episodes: list[Episode], *, instance: str | None = None, kind: str | None = None, step: int | None = None
-) -> list[Episode]:
+    episodes: list[StoredEpisode], *, instance: str | None = None, kind: str | None = None, step: int | None = None
+) -> list[StoredEpisode]:
     """The episodes matching every given filter."""
     return [
         e
@@ -151,10 +85,10 @@ class StepRow:
         return self.resolved / self.valid if self.valid else None
 
 
-def step_rows(episodes: list[Episode]) -> list[StepRow]:
+def step_rows(episodes: list[StoredEpisode]) -> list[StepRow]:
     """Per (role, step): episodes, resolve rate over valid ones, failures by kind, turns, time
     (a number of the wrong type counts as missing)."""
-    groups: dict[tuple[str, int | None], list[Episode]] = {}
+    groups: dict[tuple[str, int | None], list[StoredEpisode]] = {}
     for episode in episodes:
         groups.setdefault((episode.role, episode.step), []).append(episode)
     rows = []
@@ -207,12 +141,12 @@ def table_text(rows: list[StepRow]) -> str:
     )
 
 
-def _eval_set(episode: Episode) -> str:
+def _eval_set(episode: StoredEpisode) -> str:
     eval_set = episode.entry.get("eval_set")
     return f"/{eval_set}" if eval_set else ""
 
 
-def episode_list_text(episodes: list[Episode]) -> str:
+def episode_list_text(episodes: list[StoredEpisode]) -> str:
     """One line per episode: id, role, step, instance, verdict, reward, turns."""
     lines = []
     for e in episodes:
@@ -396,7 +330,7 @@ def or_dash(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def _missing_answer(episode: Episode) -> str | None:
+def _missing_answer(episode: StoredEpisode) -> str | None:
     """Why the episode has no ``/run`` result to show, or None when it has one."""
     answer = episode.entry.get("answer")
     if isinstance(answer, dict):
@@ -409,7 +343,7 @@ def _missing_answer(episode: Episode) -> str | None:
     return "the stored answer is not a /run result"
 
 
-def episode_parts(episode: Episode) -> list[str | LongText]:
+def episode_parts(episode: StoredEpisode) -> list[str | LongText]:
     """One episode as the views show it, top to bottom: header, failure, each turn (thought,
     commands, outputs), the submitted patch, the test report, as stored: a view makes what it
     shows ``printable``. A set-aside episode shows its failure reason whole and what its record
@@ -447,7 +381,7 @@ def episode_parts(episode: Episode) -> list[str | LongText]:
     return parts
 
 
-def show_text(episode: Episode) -> str:
+def show_text(episode: StoredEpisode) -> str:
     """One episode, readably (``episode_parts``), long outputs and thoughts trimmed."""
     return printable(
         "\n".join(

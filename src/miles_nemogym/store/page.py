@@ -13,10 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from miles_nemogym.store.browser import (
-    Episode,
     LongText,
     StepRow,
-    Store,
     episode_parts,
     fmt,
     or_dash,
@@ -25,6 +23,7 @@ from miles_nemogym.store.browser import (
     step_label,
     step_rows,
 )
+from miles_nemogym.store.reader import Store, StoredEpisode
 from miles_nemogym.store.writer import ROLES
 
 INLINE_CHARS = 1_000
@@ -179,7 +178,7 @@ def _body_html(parts: list[str | LongText]) -> str:
     return "".join(out)
 
 
-def _episode_html(episode: Episode) -> str:
+def _episode_html(episode: StoredEpisode) -> str:
     css = "resolved" if episode.kind == "resolved" else "unresolved" if episode.kind == "unresolved" else "failed"
     eval_set = episode.entry.get("eval_set")
     limit = _SUMMARY_FIELD_CHARS
@@ -198,8 +197,8 @@ def render_html(store: Store, title: str) -> str:
     """One self-contained page: per-step table, charts, every episode expandable."""
     rows = step_rows(store.episodes)
     cut = (
-        f"<p class=failed>Files cut by a crash (whole lines shown): {_text(', '.join(store.cut_files))}</p>"
-        if store.cut_files
+        f"<p class=failed>Unreadable or odd lines or files: {_text('; '.join(map(str, store.problems)))}</p>"
+        if store.problems
         else ""
     )
     episodes = "".join(_episode_html(e) for e in store.episodes)

@@ -1,22 +1,26 @@
-"""The episode store: every episode the agent function ran, on disk, findable by step and role.
+"""The episode store's writing side: every episode the agent function ran, on disk by role and step.
 
-Episodes are appended, as they finish, to ``<role>/pending-<pid>.jsonl`` by one writer
-thread; the step's log function (``seal``) renames that file to ``<role>/step-N.jsonl``
-and compresses it to ``step-N.jsonl.gz``. Layout, crash behaviour and why it is written
-this way: docs/episode-store.md.
+Each store (one per folder per process) has one writer thread that appends each episode as
+one JSON line to a file only it created, ``<role>/pending-<file id>.jsonl``. Sealing a step
+renames those files to ``step-N-<file id>.jsonl``, writes their heads (the lines without the
+answer) to a new ``.heads`` file, then compresses each into a new ``.jsonl.gz`` and removes the
+plain one. Layout, crash behaviour, permissions and symlinks: docs/episode-store.md.
 """
 
 from __future__ import annotations
 
 import atexit
-import gzip
+import contextlib
 import json
 import logging
 import os
+import queue
+import secrets
+import stat
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -24,66 +28,61 @@ from typing import Any, NamedTuple
 import pydantic_core
 
 from miles_nemogym.episode.record import EpisodeRecord
-from miles_nemogym.store.append import Appender
+from miles_nemogym.log_once import log_once
+
+__all__ = [
+    "MAX_PENDING_BYTES",
+    "ROLES",
+    "EpisodeStore",
+    "entry_for",
+    "get_store",
+    "reset",
+    "seal_all",
+    "session_id",
+]
 
 logger = logging.getLogger(__name__)
 
 ROLES = ("train", "eval")
 MAX_PENDING_BYTES = 256 * 1024 * 1024
-"""Raw answers held for the writer, at most; past it an episode is kept without its answer."""
-FLUSH_INTERVAL_S = 0.25
-"""The writer wakes at most this long after an episode is queued (one write per wake)."""
-FLUSH_BYTES = 16 * 1024 * 1024
-"""Queued answers that wake the writer before the interval ends."""
-COMPRESS_LEVEL = 1
-"""zlib level 1: ~4x smaller on trajectories at a fraction of level 6's CPU."""
+"""Raw answers queued for the writer, at most; past it an episode is kept without its answer."""
+_MAX_HEADS_BYTES = 32 * 1024 * 1024
+"""Heads held per file until its seal, at most; past it the step gets no ``.heads`` file (the
+reader then reads the whole file)."""
+_COMPRESS_LEVEL = 1  # zlib level 1: ~4x smaller on trajectories at a fraction of level 6's CPU
+_FILE_MODE = 0o600  # owner-only; the umask can take bits away, never add them
+_DIR_MODE = 0o700
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def step_file(directory: Path, role: str, step: int) -> Path:
-    """The step's compressed file (its plain ``.jsonl`` exists while it is compressed)."""
-    return directory / role / f"step-{step:06d}.jsonl.gz"
+def _encode_head(entry: dict[str, Any]) -> bytes:
+    """``entry`` as one compact JSON object (pydantic-core takes the record model as it is;
+    non-finite numbers become null, so the line stays strict JSON)."""
+    return pydantic_core.to_json(entry, inf_nan_mode="null")
 
 
-def pending_file(directory: Path, role: str) -> Path:
-    """Where this process appends ``role``'s episodes not yet tied to a step."""
-    return directory / role / f"pending-{os.getpid()}.jsonl"
-
-
-def entry_head(entry: dict[str, Any]) -> bytes:
-    """The start of ``entry``'s store line, up to where the raw answer goes."""
-    # pydantic-core's encoder: several times faster than json's, and it takes the record
-    # model as it is; non-finite numbers become null, so the line stays strict JSON.
-    return pydantic_core.to_json(entry, inf_nan_mode="null")[:-1] + b',"answer":'
-
-
-def line_parts(head: bytes, answer: bytes | None, answer_is_json: bool) -> list[bytes]:
-    """One store line as buffers: the answer inlined after ``head``, not copied."""
+def _line(head: bytes, answer: bytes | None, answer_is_json: bool) -> bytes:
+    """One store line: ``head``'s fields, then ``answer`` (last, so a line reads head first)."""
     if answer is None:
-        return [head, b"null}\n"]
+        value = b"null"
+    elif answer_is_json and b"\n" not in answer and b"\r" not in answer:
+        value = answer  # inlined byte for byte
+    else:
+        value = _one_line(answer, answer_is_json)
+    return head[:-1] + (b',"answer":' if head != b"{}" else b'"answer":') + value + b"}\n"
+
+
+def _one_line(answer: bytes, answer_is_json: bool) -> bytes:
+    """A JSON answer with line breaks re-encoded compactly; anything else as ``{"text": ...}``."""
     if answer_is_json:
-        return [head, answer, b"}\n"]
-    return [head, json.dumps({"text": answer.decode("utf-8", "replace")}).encode(), b"}\n"]
-
-
-def encode_line(entry: dict[str, Any], answer: bytes | None, answer_is_json: bool) -> bytes:
-    """One store line (``line_parts`` joined)."""
-    return b"".join(line_parts(entry_head(entry), answer, answer_is_json))
-
-
-def compress_into(source: Path, target: Path, chunk: int = 1 << 20) -> None:
-    """Append ``source`` to ``target`` as one gzip member and fsync it (concatenated
-    members are one valid gzip file, so a step logged twice keeps both batches)."""
-    compressor = zlib.compressobj(COMPRESS_LEVEL, zlib.DEFLATED, 31)
-    with source.open("rb") as src, target.open("ab") as dst:
-        while block := src.read(chunk):
-            dst.write(compressor.compress(block))
-        dst.write(compressor.flush())
-        dst.flush()
-        os.fsync(dst.fileno())
+        with contextlib.suppress(ValueError):
+            return json.dumps(json.loads(answer), separators=(",", ":")).encode()
+    return json.dumps({"text": answer.decode("utf-8", "replace")}).encode()
 
 
 class _Entry(NamedTuple):
-    """One queued episode: bytes, flags and the scrubber, no containers for the collector to walk."""
+    """One queued episode: its encoded head, the raw answer and the scrubber to apply."""
 
     role: str
     head: bytes
@@ -93,8 +92,8 @@ class _Entry(NamedTuple):
 
 
 @dataclass
-class _Seal:
-    """Tie ``role``'s pending episodes to ``step``; an empty role only marks a flush."""
+class _Request:
+    """A seal of ``role``'s pending files under ``step``, or (``role`` empty) a flush."""
 
     role: str
     step: int
@@ -104,21 +103,46 @@ class _Seal:
 _STOP = object()
 
 
+@dataclass
+class _File:
+    """One file this writer created and appends to; ``heads`` are its lines' heads, in order."""
+
+    file_id: str
+    fd: int | None
+    size: int = 0
+    heads: list[bytes] | None = field(default_factory=list)
+    heads_bytes: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"pending-{self.file_id}.jsonl"
+
+
+@dataclass
+class _Role:
+    """A role's folder (opened without following links) and its files not yet sealed."""
+
+    dir_fd: int
+    path: Path
+    files: list[_File] = field(default_factory=list)
+
+
 class EpisodeStore:
-    """One folder's store and its writer thread: ``add`` queues, the thread writes in batches."""
+    """One folder's store for this process: ``add`` queues, one writer thread writes."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self._lock = threading.Lock()
-        self._items: list[_Entry | _Seal | object] = []
-        self._pending_bytes = 0
-        self._has_items = threading.Event()  # something is queued
-        self._urgent = threading.Event()  # write now: a seal, a flush, or FLUSH_BYTES queued
+        self.writer_id = f"{os.getpid()}-{secrets.token_hex(4)}"
+        """In every file name this writer creates: a restarted process (same pid or not) never
+        appends to a file an earlier one left."""
         self.answers_dropped = 0
         self.lines_written = 0
         self.write_errors = 0
-        self._warned: set[str] = set()
-        self._appenders: dict[str, Appender] = {}  # used by the writer thread only
+        self._queue: queue.SimpleQueue[_Entry | _Request | object] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._pending_bytes = 0
+        self._files_made = 0
+        self._roles: dict[str, _Role] = {}  # the writer thread's only
         self._thread = threading.Thread(target=self._work, name="nemogym-episode-store", daemon=True)
         self._thread.start()
 
@@ -135,164 +159,235 @@ class EpisodeStore:
         """Queue one finished episode; never blocks, never raises. ``scrub`` (removing the
         policy API key from the raw answer) runs on the writer thread."""
         try:
-            # Encoded here, not by the writer: a queue of bytes holds nothing the garbage
-            # collector has to walk, and the record may change once this returns.
-            head = entry_head(entry)
-            if not self._queue(_Entry(role, head, answer, answer_is_json, scrub)):
-                dropped = {**entry, "answer_dropped": "the store's writer was behind; raw answer not kept"}
-                self._queue(_Entry(role, entry_head(dropped), None, False, None))
+            head = _encode_head(entry)  # now: the record may change once this returns
+            size = len(answer) if answer else 0
+            with self._lock:
+                dropped = size > 0 and self._pending_bytes + size > MAX_PENDING_BYTES
+                if dropped:
+                    self.answers_dropped += 1
+                else:
+                    self._pending_bytes += size
+            if dropped:
+                head = _encode_head({**entry, "answer_dropped": "the store's writer was behind; raw answer not kept"})
+                answer = None
+            self._queue.put(_Entry(role, head, answer, answer_is_json, scrub))
         except Exception as error:  # an entry that cannot be encoded: the sample is unaffected
             self.write_errors += 1
-            self._warn(type(error).__name__, f"episode store: an episode could not be encoded ({error})")
-
-    def _queue(self, item: _Entry) -> bool:
-        """Queue ``item``; False (nothing queued) if its answer would pass the backlog bound."""
-        size = len(item.answer) if item.answer else 0
-        with self._lock:
-            if size and self._pending_bytes + size > MAX_PENDING_BYTES:
-                self.answers_dropped += 1
-                return False
-            self._pending_bytes += size
-            self._items.append(item)
-            # Checked under the lock the writer clears them under: Event.set costs a
-            # Condition round trip, and this runs on the event loop for every episode.
-            if not self._has_items.is_set():
-                self._has_items.set()
-            if self._pending_bytes >= FLUSH_BYTES and not self._urgent.is_set():
-                self._urgent.set()
-        return True
+            self._warn(type(error).__name__, f"an episode could not be encoded ({error})")
 
     def seal(self, role: str, step: int, timeout_s: float = 30.0) -> None:
-        """Tie every episode of ``role`` queued so far to rollout ``step`` (waits for the rename)."""
-        if not self._request(_Seal(role, step), timeout_s):
+        """File every episode of ``role`` queued so far under rollout ``step``; waits until
+        they are renamed (compression follows on the writer thread)."""
+        if not self._request(_Request(role, step), timeout_s):
             logger.warning("episode store: sealing %s step %d is still running after %.0fs", role, step, timeout_s)
 
     def flush(self, timeout_s: float = 30.0) -> None:
-        """Wait until everything queued so far is on disk (tests; shutdown)."""
-        self._request(_Seal("", -1), timeout_s)
+        """Wait until everything queued so far is written (and sealed steps compressed)."""
+        self._request(_Request("", -1), timeout_s)
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Write what is queued and stop the writer thread."""
+        """Write what is queued and stop the writer thread; its files stay pending."""
         self.flush(timeout_s)
-        self._put_urgent(_STOP)
+        self._queue.put(_STOP)
         self._thread.join(timeout_s)
 
-    def _request(self, request: _Seal, timeout_s: float) -> bool:
+    def _request(self, request: _Request, timeout_s: float) -> bool:
         if not self._thread.is_alive():
             return True
-        self._put_urgent(request)
+        self._queue.put(request)
         return request.done.wait(timeout_s)
-
-    def _put_urgent(self, item: object) -> None:
-        with self._lock:
-            self._items.append(item)
-            self._has_items.set()
-            self._urgent.set()
 
     # ------------------------------------------------------------------ writer thread
 
     def _work(self) -> None:
         while True:
-            self._has_items.wait()
-            # Let a batch gather: one writev per role per wake instead of one per episode,
-            # and the event loop's thread is not interrupted for each answer.
-            self._urgent.wait(FLUSH_INTERVAL_S)
-            with self._lock:
-                items, self._items = self._items, []
-                self._has_items.clear()
-                self._urgent.clear()
-            entries: list[_Entry] = []
-            for item in items:
-                if isinstance(item, _Entry):
-                    entries.append(item)
-                    continue
-                self._guarded(self._write, entries)  # what came before a seal is filed first
-                entries = []
-                if item is _STOP:
-                    for role in list(self._appenders):
-                        self._close_appender(role)
-                    return
-                if isinstance(item, _Seal):
-                    if item.role:
-                        self._guarded(self._seal, item)
-                    item.done.set()
-            self._guarded(self._write, entries)
-
-    def _guarded(self, action: Callable[[Any], None], argument: Any) -> None:
-        try:
-            action(argument)
-        except Exception as error:  # the store must never take the rollout down
-            self._warn(type(error).__name__, f"episode store: {type(error).__name__}: {error}")
-            if isinstance(argument, _Seal):
-                argument.done.set()
-
-    def _write(self, items: list[_Entry]) -> None:
-        if not items:
-            return
-        with self._lock:
-            self._pending_bytes -= sum(len(item.answer) for item in items if item.answer)
-        for role in {item.role for item in items}:
-            mine = [item for item in items if item.role == role]
-            try:
-                parts: list[bytes] = []
-                for i in mine:
-                    answer = i.scrub(i.answer) if i.scrub and i.answer else i.answer
-                    parts += line_parts(i.head, answer, i.answer_is_json)
-                self._appender(role).write(parts)
-                self.lines_written += len(mine)
-            except (OSError, ValueError) as error:
-                self._close_appender(role)  # reopened (and its file re-read) on the next batch
-                self.write_errors += len(mine)
-                self._warn(
-                    type(error).__name__ + str(getattr(error, "errno", "")),
-                    f"episode store: {len(mine)} episode(s) not saved in {self.directory} ({error}); "
-                    "training goes on, the samples are unaffected",
-                )
-
-    def _seal(self, item: _Seal) -> None:
-        """File the role's pending episodes under the step, then compress them; the caller
-        (the log function) waits only for the rename."""
-        self._close_appender(item.role)  # the pending file is renamed; the next batch opens a new one
-        source = pending_file(self.directory, item.role)
-        target = step_file(self.directory, item.role, item.step)
-        plain = target.with_suffix("")  # step-N.jsonl
-        try:
-            if not source.exists():
+            item = self._queue.get()
+            if item is _STOP:
+                for role in self._roles.values():
+                    for file in role.files:
+                        _close(file)
+                    os.close(role.dir_fd)
+                self._roles.clear()
                 return
-            if plain.exists():  # a batch of this step not yet compressed (a crash, a re-log)
-                compress_into(plain, target)
-                plain.unlink()
-            source.rename(plain)
-        except OSError as error:
-            self.write_errors += 1
-            self._warn("seal" + str(error.errno), f"episode store: could not file {source} as {plain.name}: {error}")
-            return
-        finally:
-            item.done.set()
+            if isinstance(item, _Entry):
+                self._write(item)
+            elif isinstance(item, _Request):
+                try:
+                    if item.role:
+                        self._seal(item)
+                except Exception as error:  # the store must never take the rollout down
+                    self.write_errors += 1
+                    self._warn(f"seal {type(error).__name__}", f"sealing step {item.step} failed: {error}")
+                finally:
+                    item.done.set()
+
+    def _write(self, item: _Entry) -> None:
+        if item.answer:
+            with self._lock:
+                self._pending_bytes -= len(item.answer)
         try:
-            compress_into(plain, target)
-            plain.unlink()
-        except OSError as error:
+            answer = item.scrub(item.answer) if item.scrub and item.answer else item.answer
+            line = _line(item.head, answer, item.answer_is_json)
+            role = self._role(item.role)
+            file = self._open_file(role)
+            assert file.fd is not None
+            try:
+                _write_all(file.fd, line)
+            except OSError:
+                _cut_back(file)  # never append after a partial line
+                raise
+            file.size += len(line)
+            if file.heads is not None:
+                file.heads.append(item.head + b"\n")
+                file.heads_bytes += len(item.head) + 1
+                if file.heads_bytes > _MAX_HEADS_BYTES:  # never sealed? memory stays bounded
+                    file.heads = None
+            self.lines_written += 1
+        except Exception as error:  # the store must never take the rollout down
             self.write_errors += 1
-            self._warn("gzip" + str(error.errno), f"episode store: {plain} left uncompressed: {error}")
+            self._warn(
+                f"write {type(error).__name__} {getattr(error, 'errno', '')}",
+                f"an episode was not saved in {self.directory} ({error}); training goes on, the samples are unaffected",
+            )
 
-    def _appender(self, role: str) -> Appender:
-        appender = self._appenders.get(role)
-        if appender is None:
-            path = pending_file(self.directory, role)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            appender = self._appenders[role] = Appender(path)
-        return appender
+    def _role(self, name: str) -> _Role:
+        role = self._roles.get(name)
+        if role is not None:
+            return role
+        # The folder the user named is followed like any path they give; inside it, nothing is.
+        self.directory.mkdir(mode=_DIR_MODE, parents=True, exist_ok=True)
+        top = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, _DIR_MODE, dir_fd=top)
+            fd = _open_no_link(name, _DIR, 0, top, self.directory)
+            role = self._roles[name] = _Role(fd, self.directory / name)
+        finally:
+            os.close(top)
+        return role
 
-    def _close_appender(self, role: str) -> None:
-        appender = self._appenders.pop(role, None)
-        if appender is not None:
-            appender.close()
+    def _open_file(self, role: _Role) -> _File:
+        if role.files and role.files[-1].fd is not None:
+            return role.files[-1]
+        self._files_made += 1
+        file = _File(f"{self.writer_id}-{self._files_made}", None)
+        file.fd = _open_no_link(file.name, _NEW_FILE | os.O_APPEND, _FILE_MODE, role.dir_fd, role.path)
+        role.files.append(file)
+        return file
+
+    def _seal(self, request: _Request) -> None:
+        """Rename the role's pending files to the step's names and write their heads; then
+        (the caller released) compress each into a new file and remove the plain one."""
+        role = self._roles.get(request.role)
+        if role is None:
+            return
+        files, role.files = role.files, []
+        sealed: list[str] = []
+        for file in files:
+            _close(file)
+            stem = f"step-{request.step:06d}-{file.file_id}"
+            try:
+                if not file.size:
+                    os.unlink(file.name, dir_fd=role.dir_fd)
+                    continue
+                os.rename(file.name, stem + ".jsonl", src_dir_fd=role.dir_fd, dst_dir_fd=role.dir_fd)
+                sealed.append(stem)
+                if file.heads is not None:
+                    _write_new(role.dir_fd, stem + ".heads", [b"".join(file.heads)])
+            except OSError as error:
+                self.write_errors += 1
+                self._warn(f"seal {error.errno}", f"could not seal {file.name} as step {request.step}: {error}")
+        _fsync(role.dir_fd)
+        request.done.set()  # the log function goes on; the episodes are filed under the step
+        for stem in sealed:
+            try:
+                with _opened(os.open(stem + ".jsonl", os.O_RDONLY | os.O_NOFOLLOW, dir_fd=role.dir_fd)) as source:
+                    _write_new(role.dir_fd, stem + ".jsonl.gz", _gzip(source))
+                _fsync(role.dir_fd)
+                os.unlink(stem + ".jsonl", dir_fd=role.dir_fd)
+            except OSError as error:
+                self.write_errors += 1
+                self._warn(f"gzip {error.errno}", f"{stem}.jsonl left uncompressed (readable as it is): {error}")
 
     def _warn(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            logger.warning("%s [logged once]", message)
+        log_once(logger, logging.WARNING, f"episode store {self.directory} {key}", "episode store: %s", message)
+
+
+def _open_no_link(name: str, flags: int, mode: int, dir_fd: int, shown: Path) -> int:
+    """``os.open`` of ``name`` in ``dir_fd`` that refuses a symbolic link with a clear error."""
+    try:
+        return os.open(name, flags, mode, dir_fd=dir_fd)
+    except OSError as error:
+        try:
+            link = stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+        except OSError:
+            link = False
+        if link:
+            raise OSError(
+                error.errno,
+                f"{shown / name} is a symbolic link the store did not make, and the store writes "
+                "through no link: remove it, or point NEMO_GYM_EPISODE_DIR at a real folder",
+            ) from None
+        raise
+
+
+def _close(file: _File) -> None:
+    if file.fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(file.fd)
+        file.fd = None
+
+
+def _cut_back(file: _File) -> None:
+    """After a failed write: cut the file back to its last whole line, else stop using it."""
+    assert file.fd is not None
+    try:
+        os.ftruncate(file.fd, file.size)
+    except OSError:
+        _close(file)  # its tail may hold a partial line: the next episode starts a new file
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+@contextlib.contextmanager
+def _opened(fd: int) -> Iterator[int]:
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _gzip(fd: int, chunk: int = 1 << 20) -> Iterator[bytes]:
+    """The file behind ``fd`` as one gzip stream, chunk by chunk."""
+    compressor = zlib.compressobj(_COMPRESS_LEVEL, zlib.DEFLATED, 31)
+    while block := os.read(fd, chunk):
+        yield compressor.compress(block)
+    yield compressor.flush()
+
+
+def _write_new(dir_fd: int, name: str, chunks: Iterable[bytes]) -> None:
+    """Write ``name`` as a new file: under a temporary name, fsynced, then renamed."""
+    temporary = f".{name}.tmp-{secrets.token_hex(4)}"
+    fd = os.open(temporary, _NEW_FILE, _FILE_MODE, dir_fd=dir_fd)
+    try:
+        with _opened(fd):
+            for chunk in chunks:
+                _write_all(fd, chunk)
+            os.fsync(fd)
+        os.rename(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary, dir_fd=dir_fd)
+        raise
+
+
+def _fsync(dir_fd: int) -> None:
+    with contextlib.suppress(OSError):  # some file systems refuse fsync on a folder
+        os.fsync(dir_fd)
 
 
 _stores: dict[str, EpisodeStore] = {}
@@ -317,11 +412,13 @@ def seal_all(role: str, step: int) -> None:
 
 
 @atexit.register
-def _close_all() -> None:
+def reset(timeout_s: float = 10.0) -> None:
+    """Close every store of this process (what is queued is written) and forget them."""
     with _stores_lock:
         stores = list(_stores.values())
+        _stores.clear()
     for store in stores:
-        store.close(timeout_s=10.0)
+        store.close(timeout_s)
 
 
 def session_id(base_url: str) -> str | None:
@@ -351,19 +448,3 @@ def entry_for(
         "reward": reward,
         "record": record,
     }
-
-
-def read_lines(path: Path) -> tuple[list[dict[str, Any]], bool]:
-    """(the entries of one store file, plain or gzip, whether its tail was cut by a crash)."""
-    entries: list[dict[str, Any]] = []
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rb") as handle:
-            for line in handle:
-                try:
-                    entries.append(json.loads(line))
-                except ValueError:
-                    return entries, True
-    except (EOFError, gzip.BadGzipFile, zlib.error):
-        return entries, True
-    return entries, False

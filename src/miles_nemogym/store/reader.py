@@ -1,0 +1,211 @@
+"""Read an episode store back (``store/writer.py`` writes it): each episode with its role and
+step, and what could not be read and where. Never raises over what is on disk.
+
+Without ``answers`` a sealed file is read from its ``.heads`` file (the lines without the
+``/run`` answer), so the summary table reads no trajectories.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import stat
+import zlib
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from miles_nemogym.store.writer import ROLES
+
+__all__ = ["Problem", "Store", "StoredEpisode", "load"]
+
+# step-000005-<file id>.jsonl.gz (older stores: step-000005.jsonl.gz), pending-<file id>.jsonl
+_NAME = re.compile(r"(?P<stem>(?:step-(?P<step>\d+)|pending)(?:-[\w-]*)?)(?P<ext>\.heads|\.jsonl|\.jsonl\.gz)")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something the reader skipped or found odd: a file, or one line of it (``line`` counts from 1)."""
+
+    path: str
+    line: int | None
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}{'' if self.line is None else f':{self.line}'}: {self.reason}"
+
+
+@dataclass
+class StoredEpisode:
+    """One episode as stored (``entry``: the line's fields; ``answer`` only when loaded)."""
+
+    entry: dict[str, Any]
+    step: int | None
+    """The rollout step; None for an episode not yet tied to a step (pending file)."""
+    role: str
+
+    @property
+    def record(self) -> dict[str, Any]:
+        record = self.entry.get("record")
+        return record if isinstance(record, dict) else {}
+
+    @property
+    def episode_id(self) -> str:
+        return str(self.entry.get("episode_id") or "")
+
+    @property
+    def instance_id(self) -> str:
+        return str(self.entry.get("instance_id") or self.record.get("instance_id") or "")
+
+    @property
+    def kind(self) -> str:
+        """``resolved``, ``unresolved``, or the failure kind of a masked episode."""
+        if self.record.get("mask_sample"):
+            return str(self.record.get("failure_kind") or "failed")
+        return "resolved" if self.record.get("resolved") else "unresolved"
+
+
+@dataclass
+class Store:
+    episodes: list[StoredEpisode] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    """What was skipped or found odd, in the order found."""
+
+
+class _Record(BaseModel):
+    """The record's fields the views read, with the types they need."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    status: str | None = None
+    instance_id: str | None = None
+    mask_sample: bool | None = None
+    resolved: bool | None = None
+    failure_kind: str | None = None
+    failure_reason: str | None = None
+    attempts: int | None = None
+    elapsed_s: float | None = None
+    turns: int | None = None
+
+
+class _Head(BaseModel):
+    """A store line's fields, other than the answer, with the types the views need."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    episode_id: str | None = None
+    instance_id: str | None = None
+    eval_set: str | None = None
+    session_id: str | None = None
+    finished_at: float | None = None
+    reward: float | None = None
+    record: _Record | None = None
+
+
+def load(directory: Path, *, answers: bool = False, steps: Collection[int | None] | None = None) -> Store:
+    """The episodes under ``directory`` (of ``steps`` only, if given; None stands for pending),
+    ordered by role, step, then finish time; with ``answers``, each with its ``/run`` answer."""
+    store = Store()
+    for role in ROLES:
+        folder = directory / role
+        groups: dict[str, dict[str, Path]] = {}
+        for path in _files(folder, store.problems):
+            match = _NAME.fullmatch(path.name)
+            if match is None:
+                continue
+            step = None if match["step"] is None else int(match["step"])
+            if steps is None or step in steps:
+                groups.setdefault(match["stem"], {})[match["ext"]] = path
+        for stem, found in groups.items():
+            match = _NAME.fullmatch(stem + ".jsonl")
+            step = None if match is None or match["step"] is None else int(match["step"])
+            data = [found[ext] for ext in (".jsonl.gz", ".jsonl") if ext in found]
+            if not data:
+                store.problems.append(Problem(str(found[".heads"]), None, "skipped: heads without their episodes file"))
+                continue
+            sources = [found[".heads"]] if ".heads" in found and not answers else data
+            seen: set[str] = set()  # a crash between compressing and removing the plain file
+            for entry in _entries(sources, answers, store.problems):
+                episode_id = entry.get("episode_id")
+                if isinstance(episode_id, str) and episode_id:
+                    if episode_id in seen:
+                        continue
+                    seen.add(episode_id)
+                store.episodes.append(StoredEpisode(entry, step, role))
+    store.episodes.sort(key=lambda e: (e.role, 1 << 60 if e.step is None else e.step, _time(e.entry)))
+    return store
+
+
+def _time(entry: dict[str, Any]) -> float:
+    finished = entry.get("finished_at")
+    return float(finished) if isinstance(finished, int | float) and not isinstance(finished, bool) else 0.0
+
+
+def _files(folder: Path, problems: list[Problem]) -> list[Path]:
+    """The regular files in ``folder`` by name, reporting what is not one (links are not followed)."""
+    try:
+        if not stat.S_ISDIR(folder.lstat().st_mode):
+            problems.append(Problem(str(folder), None, "skipped: not a folder (or a link)"))
+            return []
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    except OSError as error:
+        problems.append(Problem(str(folder), None, f"skipped: cannot be listed: {error}"))
+        return []
+    files = []
+    for entry in entries:
+        if entry.name.startswith("."):  # the writer's temporary files
+            continue
+        try:
+            regular = entry.is_file(follow_symlinks=False)
+        except OSError:
+            regular = False
+        if regular:
+            files.append(Path(entry.path))
+        elif _NAME.fullmatch(entry.name):
+            problems.append(Problem(entry.path, None, "skipped: not a regular file (a folder or a link)"))
+    return files
+
+
+def _entries(paths: list[Path], answers: bool, problems: list[Problem]) -> Iterator[dict[str, Any]]:
+    for path in paths:
+        for number, line in _lines(path, problems):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                problems.append(Problem(str(path), number, "skipped: not a whole JSON line (cut by a crash?)"))
+                continue
+            if not isinstance(entry, dict):
+                problems.append(Problem(str(path), number, f"skipped: a JSON {type(entry).__name__}, not an object"))
+                continue
+            try:
+                _Head.model_validate(entry)
+            except ValidationError as error:  # kept: the views show what they can of it
+                wrong = "; ".join(f"{'.'.join(map(str, item['loc']))} ({item['msg']})" for item in error.errors())
+                problems.append(Problem(str(path), number, f"kept, with a field of the wrong type: {wrong}"))
+            if not answers:
+                entry.pop("answer", None)
+            yield entry
+
+
+def _lines(path: Path, problems: list[Problem]) -> Iterator[tuple[int, bytes]]:
+    """``path``'s lines, numbered from 1, gunzipped if it ends in ``.gz``; a damaged or cut
+    gzip stream ends the file with a problem, keeping the lines before it."""
+    number = 0
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with open(fd, "rb") as raw:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                problems.append(Problem(str(path), None, "skipped: not a regular file"))
+                return
+            handle = gzip.GzipFile(fileobj=raw) if path.name.endswith(".gz") else raw
+            for number, line in enumerate(handle, 1):
+                yield number, line
+    except (OSError, EOFError, zlib.error) as error:
+        problems.append(Problem(str(path), number + 1, f"skipped from here on: unreadable ({error})"))
