@@ -14,10 +14,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 logger = logging.getLogger(__name__)
 
-REDACTED = "***"
+_REDACTED = "***"
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")
 
-MIN_SECRET_CHARS = 8
+_MIN_SECRET_CHARS = 8
 """A shorter key (local servers often take ``EMPTY``) cannot be told apart from ordinary
 text, so replacing it would rewrite words and numbers of the answer; it is treated as
 non-secret (with one warning) instead."""
@@ -29,12 +29,12 @@ def redact_url(url: str) -> str:
         parts = urlsplit(url)
         password = parts.password
     except ValueError:  # unparseable (e.g. a bad port): hide the whole user-info
-        return _USERINFO.sub(rf"\1{REDACTED}@", url)
+        return _USERINFO.sub(rf"\1{_REDACTED}@", url)
     if password is None:
         return url
     user = parts.username or ""
     host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:{REDACTED}@{host}"))
+    return urlunsplit(parts._replace(netloc=f"{user}:{_REDACTED}@{host}"))
 
 
 _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
@@ -97,7 +97,7 @@ class KeyScrubber:
         # escaped as \uXXXX/%XX: both are checked first, far more cheaply.
         if self._plain not in raw.replace(b"\\", b"") and not self._has_escaped_char(raw):
             return raw
-        return self._pattern.sub(REDACTED.encode(), raw)
+        return self._pattern.sub(_REDACTED.encode(), raw)
 
     def scrub_text(self, text: str) -> str:
         return self.scrub(text.encode("utf-8", "backslashreplace")).decode("utf-8", "replace")
@@ -108,11 +108,11 @@ def key_scrubber(secret: str | None) -> KeyScrubber | None:
     """The scrubber for ``secret``, or None when there is nothing text redaction can protect."""
     if not secret:
         return None
-    if len(secret) < MIN_SECRET_CHARS:
+    if len(secret) < _MIN_SECRET_CHARS:
         logger.warning(
             "NEMO_GYM_POLICY_API_KEY is shorter than %d characters: it is treated as non-secret "
             "and not redacted from server answers (use a real key if it must stay private)",
-            MIN_SECRET_CHARS,
+            _MIN_SECRET_CHARS,
         )
         return None
     return KeyScrubber(secret)

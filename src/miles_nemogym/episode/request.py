@@ -1,37 +1,62 @@
-"""Build the ``/run`` body from what Miles hands the agent function. Pure functions.
+"""The ``/run`` body of one episode, built once from what Miles hands the agent function.
 
-Every sampling key the trainer sets goes somewhere: ``temperature``, ``top_p`` and
-``max_output_tokens`` typed, the rest in ``metadata.extra_body`` (docs/episode-pipeline.md).
+The task row, the trainer's sampling (every key goes somewhere: ``temperature``, ``top_p``
+and ``max_output_tokens`` typed, the rest in ``metadata.extra_body``) and the policy URL the
+Gym host dials (Miles' session URL + ``/v1``, a wildcard host made dialable), validated as
+the server validates it and encoded once (docs/episode-pipeline.md).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
+import socket
 from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pydantic_core
 from pydantic import ValidationError
 
 from miles_nemogym.episode.protocol import ResponsesCreateParams, RunRequest
-from miles_nemogym.episode.record import EVAL_REPORT_KEY, RECORD_KEY, REWARD_KEY
+from miles_nemogym.episode.record import EVAL_REPORT_KEY, RECORD_KEY, REWARD_KEY, ROLE_KEYS
 from miles_nemogym.errors import MilesNemoGymError
-from miles_nemogym.rollout.roles import KEYS as ROLE_KEYS
+from miles_nemogym.hosts import bracket, is_loopback, is_wildcard
+from miles_nemogym.log_once import log_once
+from miles_nemogym.redaction import redact_url
+from miles_nemogym.settings import Settings
 from miles_nemogym.validation import describe
 
+__all__ = [
+    "ROUTING_KEYS",
+    "PolicyUrlError",
+    "RequestBuildError",
+    "RunBody",
+    "build_body",
+    "build_run_body",
+    "instance_id_of",
+    "policy_base_url",
+    "responses_create_params",
+    "routable_local_address",
+]
+
+logger = logging.getLogger(__name__)
+
 # Keys Miles adds to sample.metadata for its own bookkeeping (agentic_tool_call.py).
-MILES_BOOKKEEPING_KEYS = frozenset({"max_seq_len", "session_server_id", "session_server_instance_id"})
+_MILES_BOOKKEEPING_KEYS = frozenset({"max_seq_len", "session_server_id", "session_server_instance_id"})
 
 # Keys this plugin returns and Miles merges back into sample.metadata. A sample that is
 # retried or re-rolled carries them; they must never be sent as task fields.
-PLUGIN_RESULT_KEYS = frozenset({REWARD_KEY, EVAL_REPORT_KEY, RECORD_KEY, "agent_metrics"})
+_PLUGIN_RESULT_KEYS = frozenset({REWARD_KEY, EVAL_REPORT_KEY, RECORD_KEY, "agent_metrics"})
 
 # Routing and secrets come from the plugin, never from a data row.
 ROUTING_KEYS = frozenset({"policy_base_url", "policy_api_key"})
 
-# The train/eval marks of Miles' eval config are ours (rollout/roles.py), not the task's.
-NOT_SENT_KEYS = MILES_BOOKKEEPING_KEYS | PLUGIN_RESULT_KEYS | ROUTING_KEYS | ROLE_KEYS
+# The train/eval marks of Miles' eval config are ours (episode/record.py), not the task's.
+_NOT_SENT_KEYS = _MILES_BOOKKEEPING_KEYS | _PLUGIN_RESULT_KEYS | ROUTING_KEYS | ROLE_KEYS
 
 # Trainer keys with a typed home in responses_create_params.
 _TYPED_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "max_tokens": "max_output_tokens"}
@@ -100,7 +125,7 @@ def _check_json_value(key: str, value: Any) -> None:
         )
 
 
-def split_sampling(request_kwargs: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+def _split_sampling(request_kwargs: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Split Miles' sampling parameters into typed fields and ``extra_body`` keys.
 
     ``None`` values mean "not set" in Miles and are dropped; every other key is kept.
@@ -135,7 +160,7 @@ def responses_create_params(
         )
     params: dict[str, Any] = dict(row_params or {})
     params.setdefault("input", [])
-    typed, extra = split_sampling(request_kwargs)
+    typed, extra = _split_sampling(request_kwargs)
     params.update(typed)
 
     row_metadata = params.get("metadata") or {}
@@ -200,7 +225,7 @@ def build_run_body(
             "sample metadata is empty: the task instance (instance_id, repo, base_commit, ...) "
             "must be in each prompt row's 'metadata'; convert the data with `miles-nemogym convert`"
         )
-    body = {key: value for key, value in metadata.items() if key not in NOT_SENT_KEYS}
+    body = {key: value for key, value in metadata.items() if key not in _NOT_SENT_KEYS}
     body["responses_create_params"] = responses_create_params(metadata.get("responses_create_params"), request_kwargs)
     if policy_base_url is not None:
         body["policy_base_url"] = policy_base_url
@@ -219,7 +244,7 @@ def build_run_body(
     return body
 
 
-def encode_body(body: Mapping[str, Any]) -> bytes:
+def _encode(body: Mapping[str, Any]) -> bytes:
     """The ``/run`` body as JSON bytes (pydantic-core's encoder); ``RequestBuildError`` names
     a field that cannot be (text that is not valid Unicode: ``build_run_body`` checked the rest)."""
     try:
@@ -251,3 +276,113 @@ def _unencodable(value: Any, where: str) -> str | None:
             if found:
                 return found
     return None
+
+
+# -- the policy URL the Gym host dials ----------------------------------------------------
+
+
+class PolicyUrlError(MilesNemoGymError, ValueError):
+    """The session URL Miles passed cannot become a policy URL."""
+
+
+@lru_cache(maxsize=64)
+def routable_local_address(target_host: str, target_port: int = 80) -> str:
+    """The local address that routes to ``target_host``; logged once per target."""
+    if is_loopback(target_host):
+        address = "127.0.0.1"
+    else:
+        try:
+            infos = socket.getaddrinfo(target_host, target_port, type=socket.SOCK_DGRAM)
+            family, _, _, _, sockaddr = infos[0]
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                probe.connect(sockaddr)
+                address = str(probe.getsockname()[0])
+        except OSError as error:
+            raise PolicyUrlError(
+                f"the session server listens on a wildcard address and the local address that "
+                f"routes to the NeMo-Gym host {target_host!r} could not be found ({error}); set "
+                f"MILES_ROUTER_EXTERNAL_HOST to an address of this node that the Gym host can dial"
+            ) from None
+    log_once(
+        logger,
+        logging.INFO,
+        f"policy address {target_host} {address}",
+        "session server listens on a wildcard address; the NeMo-Gym server at %s will dial "
+        "policy URLs on %s (set MILES_ROUTER_EXTERNAL_HOST to override)",
+        target_host,
+        address,
+    )
+    return address
+
+
+@lru_cache(maxsize=256)
+def _dialable_netloc(netloc: str, gym_url: str, external_host: str | None) -> str:
+    """The session URL's netloc made dialable; one parse per session server, not per sample."""
+    parts = urlsplit(f"//{netloc}")
+    host = parts.hostname or ""
+    if external_host:
+        host = external_host
+    elif is_wildcard(host):
+        gym = urlsplit(gym_url)
+        host = routable_local_address(gym.hostname or "localhost", gym.port or 80)
+    return bracket(host) + (f":{parts.port}" if parts.port else "")
+
+
+def policy_base_url(session_url: str, gym_url: str, external_host: str | None = None) -> str:
+    """``session_url`` + ``/v1`` with its host made dialable from the Gym server.
+
+    ``external_host`` (``MILES_ROUTER_EXTERNAL_HOST``) replaces the host whatever it is,
+    as upstream does; otherwise only a wildcard host is replaced.
+    """
+    expected = "Miles passes http://<session_server_ip>:<port>/sessions/<session_id>"
+    if not isinstance(session_url, str):
+        raise PolicyUrlError(f"base_url must be a string, got {type(session_url).__name__}; {expected}")
+    try:
+        parts = urlsplit(session_url.strip())
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise PolicyUrlError(f"base_url {redact_url(session_url)!r} is not an http(s) URL; {expected}")
+        netloc = _dialable_netloc(parts.netloc, gym_url, external_host)
+    except PolicyUrlError:
+        raise
+    except ValueError as error:  # urlsplit's own: a bad port, an unclosed IPv6 bracket
+        raise PolicyUrlError(f"base_url {redact_url(session_url)!r} is malformed ({error}); {expected}") from None
+    path = parts.path.rstrip("/")
+    if not path.endswith("/v1"):
+        path += "/v1"
+    return urlunsplit((parts.scheme, netloc, path, "", ""))
+
+
+# -- one episode's body --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunBody:
+    """One episode's ``/run`` body, encoded once; the same bytes go out on every send."""
+
+    payload: bytes
+    instance_id: str | None
+
+
+def instance_id_of(metadata: Any) -> str | None:
+    """The task's ``instance_id`` as the record keeps it: text, a lone surrogate escaped."""
+    raw = metadata.get("instance_id") if isinstance(metadata, Mapping) else None
+    if raw is None:
+        return None
+    text = str(raw)
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def build_body(
+    metadata: Mapping[str, Any] | None,
+    request_kwargs: Mapping[str, Any] | None,
+    settings: Settings,
+    *,
+    policy_base_url: str | None,
+    send_api_key: bool = True,
+) -> RunBody:
+    """The encoded ``/run`` body for one task row; raises ``RequestBuildError`` naming the bad
+    field. ``policy_base_url`` None lets the server use its own model; ``send_api_key`` False
+    keeps the key (``NEMO_GYM_POLICY_API_KEY``) from going with the request."""
+    key = settings.policy_api_key.get_secret_value() if settings.policy_api_key and send_api_key else None
+    body = build_run_body(metadata, request_kwargs, policy_base_url=policy_base_url, policy_api_key=key)
+    return RunBody(_encode(body), instance_id_of(body))

@@ -1,52 +1,61 @@
-"""Classify what came back from ``/run`` into the episode's verdict (``Outcome``).
+"""What came back from ``/run`` (or went wrong before it), as the episode's ``Outcome``.
 
 The server answers HTTP 200 also for a crashed episode, with ``reward: 0.0``; every path
 here ends in a valid measurement or a named, masked failure (docs/episode-pipeline.md).
-Pure functions over bytes and parsed models; the client does the I/O.
+``finish`` is the last step of every episode. Pure functions over bytes and parsed models.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
+import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic_core
-from pydantic import BaseModel, Field, PrivateAttr, ValidationError
+from pydantic import ValidationError
 
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.protocol import OutputItem, RunResponse
 from miles_nemogym.episode.record import EVAL_REPORT_KEY, RECORD_KEY, REWARD_KEY, EpisodeRecord, TestCounts
-from miles_nemogym.redaction import redact_urls
+from miles_nemogym.episode.request import PolicyUrlError, RequestBuildError
+from miles_nemogym.redaction import KeyScrubber, redact_urls
+from miles_nemogym.settings import SettingsError
 
-REASON_MAX_CHARS = 300
-DEFAULT_REWARD_RANGE = (0.0, 1.0)
+__all__ = [
+    "Outcome",
+    "classify_http",
+    "classify_run_response",
+    "failure",
+    "failure_of",
+    "finish",
+    "instance_report",
+    "short_reason",
+]
+
+logger = logging.getLogger(__name__)
+
+_REASON_MAX_CHARS = 300
+_DEFAULT_REWARD_RANGE = (0.0, 1.0)
 
 
-class Outcome(BaseModel):
-    """The agent function's verdict on one episode."""
+@dataclass
+class Outcome:
+    """One finished (or failed) episode: what the agent function returns, and what it keeps."""
 
     reward: float
-    eval_report: dict[str, Any] = Field(default_factory=dict)
     record: EpisodeRecord
-    _answer: bytes | None = PrivateAttr(default=None)
+    eval_report: dict[str, Any] = field(default_factory=dict)
+    answer: bytes | None = None
     """The ``/run`` answer as received, for the episode store only (which scrubs the key)."""
-    _answer_is_json: bool = PrivateAttr(default=False)
-
-    def with_answer(self, raw: bytes | None, *, is_json: bool) -> Outcome:
-        """``self`` carrying the raw answer (not part of the sample's metadata)."""
-        self._answer, self._answer_is_json = raw, is_json
-        return self
-
-    @property
-    def answer(self) -> tuple[bytes | None, bool]:
-        """(the raw ``/run`` answer or None, whether it parsed as a JSON result)."""
-        # Read from pydantic's private-attribute store directly: ``self._answer`` goes
-        # through BaseModel.__getattr__ (~1.5 µs each), and this runs for every episode.
-        private = self.__pydantic_private__ or {}
-        return private.get("_answer"), bool(private.get("_answer_is_json"))
+    answer_is_json: bool = False
+    """Whether ``answer`` parsed as a ``/run`` result."""
+    outage_wait_s: float = 0.0
+    """Seconds this episode waited for an unreachable server (charged to its role's tally)."""
 
     def to_metadata(self) -> dict[str, Any]:
         """The dict returned to Miles and merged into ``sample.metadata``."""
@@ -64,10 +73,10 @@ def short_reason(text: str) -> str:
     """One line, bounded, no terminal colour codes, no URL password: reasons go into sample
     metadata and logs."""
     line = " ".join(redact_urls(_ANSI.sub("", str(text))).split())
-    return line if len(line) <= REASON_MAX_CHARS else line[: REASON_MAX_CHARS - 1] + "…"
+    return line if len(line) <= _REASON_MAX_CHARS else line[: _REASON_MAX_CHARS - 1] + "…"
 
 
-def error_summary(error: object) -> str:
+def _error_summary(error: object) -> str:
     """The exception line of a crashed episode's ``metadata.error``: the last line, since
     the real server's errors are Ray-wrapped (colour codes and a traceback come first)."""
     lines = [line.strip() for line in _ANSI.sub("", str(error)).splitlines() if line.strip()]
@@ -99,7 +108,7 @@ def failure(
     )
 
 
-def count_turns(output: Sequence[OutputItem]) -> tuple[int, int]:
+def _count_turns(output: Sequence[OutputItem]) -> tuple[int, int]:
     """(model turns, tool calls) in a Responses ``output`` list: a turn is a run of items
     (message, reasoning, function_call...) ending where ``function_call_output`` answers it."""
     turns = 0
@@ -127,7 +136,7 @@ def _test_counts(status: Any) -> TestCounts | None:
     )
 
 
-def same_instance(a: str, b: str) -> bool:
+def _same_instance(a: str, b: str) -> bool:
     """Whether two instance ids name one instance (nemo-gym lowercases the ids it reports)."""
     return a == b or a.casefold() == b.casefold()
 
@@ -144,11 +153,13 @@ def instance_report(metadata: dict[str, Any] | None, instance_id: str | None) ->
     else:
         report = reports.get(instance_id)
         if report is None:
-            report = next((v for k, v in reports.items() if isinstance(k, str) and same_instance(k, instance_id)), None)
+            report = next(
+                (v for k, v in reports.items() if isinstance(k, str) and _same_instance(k, instance_id)), None
+            )
     return report if isinstance(report, dict) else None
 
 
-def shown(value: Any, limit: int = 60) -> str:
+def _shown(value: Any, limit: int = 60) -> str:
     """A bounded, one-line ``repr`` of a value the server sent, for a failure reason."""
     try:
         text = repr(value)
@@ -157,14 +168,14 @@ def shown(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def check_reward(value: Any, reward_range: tuple[float, float]) -> tuple[float | None, str | None]:
+def _check_reward(value: Any, reward_range: tuple[float, float]) -> tuple[float | None, str | None]:
     """(the reward as a finite float or None, what is wrong with it or None)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None, f"the server's reward is not a number ({shown(value)})"
+        return None, f"the server's reward is not a number ({_shown(value)})"
     try:
         number = float(value)
     except OverflowError:  # a JSON integer beyond float range
-        return None, f"the server's reward is not finite ({shown(value)})"
+        return None, f"the server's reward is not finite ({_shown(value)})"
     if not math.isfinite(number):
         return None, f"the server's reward is not finite ({number})"
     low, high = reward_range
@@ -173,15 +184,15 @@ def check_reward(value: Any, reward_range: tuple[float, float]) -> tuple[float |
     return number, None
 
 
-def finite_json(value: Any) -> Any:
+def _finite_json(value: Any) -> Any:
     """``value`` with every non-finite float replaced by its name ("nan", "inf"): records
     must serialize as strict JSON, and a lenient parser lets ``NaN`` or ``1e999`` in."""
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
     if isinstance(value, dict):
-        return {key: finite_json(item) for key, item in value.items()}
+        return {key: _finite_json(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [finite_json(item) for item in value]
+        return [_finite_json(item) for item in value]
     return value
 
 
@@ -190,17 +201,17 @@ def classify_run_response(
     *,
     http_status: int = 200,
     sent_instance_id: str | None = None,
-    reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE,
+    reward_range: tuple[float, float] = _DEFAULT_REWARD_RANGE,
 ) -> Outcome:
     """Verdict on a ``/run`` result that parsed; a result for another instance than
     ``sent_instance_id`` or a reward outside ``reward_range`` is not a measurement."""
-    metadata = finite_json(response.metadata or {})
+    metadata = _finite_json(response.metadata or {})
     raw_id = response.instance_id or metadata.get("instance_id")
     reported_id = None if raw_id is None else str(raw_id)
     instance_id = sent_instance_id if sent_instance_id is not None else reported_id
     output = response.response.output if response.response else []
-    turns, tool_calls = count_turns(output)
-    server_reward, reward_problem = check_reward(response.reward, reward_range)
+    turns, tool_calls = _count_turns(output)
+    server_reward, reward_problem = _check_reward(response.reward, reward_range)
     server_kind = response.failure_kind
     if server_kind is not None and not fk.check_server_kind(server_kind):
         server_kind = None
@@ -220,7 +231,7 @@ def classify_run_response(
     if response.failure_kind is not None and server_kind is None:
         return failed(
             fk.AGENT_RUN_ERROR,
-            f"the server sent an invalid failure_kind {shown(short_reason(response.failure_kind))} "
+            f"the server sent an invalid failure_kind {_shown(short_reason(response.failure_kind))} "
             f"(not a known kind or a short identifier); its reason: {response.failure_reason or 'none'}",
         )
     if response.mask_sample:
@@ -229,11 +240,11 @@ def classify_run_response(
             response.failure_reason or "the server marked the sample as not a valid measurement",
         )
     if "error" in metadata:
-        return failed(server_kind or fk.AGENT_RUN_ERROR, f"server error: {error_summary(metadata['error'])}")
-    if sent_instance_id is not None and reported_id is not None and not same_instance(reported_id, sent_instance_id):
+        return failed(server_kind or fk.AGENT_RUN_ERROR, f"server error: {_error_summary(metadata['error'])}")
+    if sent_instance_id is not None and reported_id is not None and not _same_instance(reported_id, sent_instance_id):
         return failed(
             fk.AGENT_RUN_ERROR,
-            f"the result is for instance {shown(reported_id)}, not for {sent_instance_id!r} that was sent",
+            f"the result is for instance {_shown(reported_id)}, not for {sent_instance_id!r} that was sent",
         )
     if reward_problem is not None:
         return failed(fk.AGENT_RUN_ERROR, reward_problem)
@@ -265,9 +276,9 @@ def _error_detail(body: bytes) -> str:
     try:
         parsed = json.loads(body)
     except (ValueError, UnicodeDecodeError):
-        return body[:REASON_MAX_CHARS].decode("utf-8", "replace")
+        return body[:_REASON_MAX_CHARS].decode("utf-8", "replace")
     detail = parsed.get("detail", parsed) if isinstance(parsed, dict) else parsed
-    return json.dumps(detail)[: REASON_MAX_CHARS * 2]
+    return json.dumps(detail)[: _REASON_MAX_CHARS * 2]
 
 
 def _scrub_kept(response: RunResponse, scrub: Callable[[bytes], bytes]) -> RunResponse | None:
@@ -295,7 +306,7 @@ def classify_http(
     body: bytes,
     *,
     instance_id: str | None = None,
-    reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE,
+    reward_range: tuple[float, float] = _DEFAULT_REWARD_RANGE,
     scrub: Callable[[bytes], bytes] | None = None,
 ) -> Outcome:
     """Verdict on any HTTP answer from ``/run``: status code first, then the body. ``scrub``
@@ -328,5 +339,26 @@ def classify_http(
     outcome = classify_run_response(
         response, http_status=status, sent_instance_id=instance_id, reward_range=reward_range
     )
-    outcome._answer_is_json = True
+    outcome.answer_is_json = True
+    return outcome
+
+
+def failure_of(error: Exception, instance_id: str | None, scrubber: KeyScrubber | None = None) -> Outcome:
+    """The failed ``Outcome`` for an exception raised on our side: a bad setting or request,
+    else a defect (``client_error``, logged with its traceback)."""
+    if isinstance(error, SettingsError):
+        kind, reason = fk.INVALID_CONFIG, str(error)
+    elif isinstance(error, (RequestBuildError, PolicyUrlError)):
+        kind, reason = fk.INVALID_REQUEST, str(error)
+    else:
+        logger.error("miles-nemogym client error for %s", instance_id, exc_info=error)
+        kind, reason = fk.CLIENT_ERROR, f"{type(error).__name__}: {error}"
+    return failure(kind, reason if scrubber is None else scrubber.scrub_text(reason))
+
+
+def finish(outcome: Outcome, instance_id: str | None) -> Outcome:
+    """The last step of every episode: its own ``episode_id`` and the task's ``instance_id``."""
+    outcome.record.episode_id = uuid.uuid4().hex
+    if outcome.record.instance_id is None:
+        outcome.record.instance_id = instance_id
     return outcome
