@@ -27,9 +27,10 @@ __all__ = ["Circuit", "circuit"]
 logger = logging.getLogger(__name__)
 
 _WARN_EVERY_S = 60.0
-_PROBE_BACKOFF_S = 0.25
-_PROBE_BACKOFF_MAX_S = 1.0
-"""The probe's delay doubles up to this: a server that is up part of the time is caught."""
+_PROBE_BACKOFF_S = 0.125
+_PROBE_BACKOFF_MAX_S = 0.5
+"""The probe's delay doubles up to this (jittered down to half): a server that listens for half a
+second at a time is caught in that half second."""
 _RECHECK_S = 10.0
 
 
