@@ -100,7 +100,7 @@ def test_filter_drops_a_group_with_one_bad_sample(
     group = [sample_from(m) for m in graded[:3]] + [bad]
     out = filters.check_episode_group(None, group)
     assert (out.keep, out.reason) == (False, reason)
-    # Miles v2 passes a list of per-sample lists: same verdict.
+    # Miles v2 passes a list of per-sample lists: same decision.
     nested = filters.check_episode_group(None, [[s] for s in group])
     assert (nested.keep, nested.reason) == (False, reason)
 

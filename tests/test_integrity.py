@@ -1,4 +1,4 @@
-"""Training-run integrity without Miles: group salvage verdicts, the episode ledger,
+"""Training-run integrity without Miles: which groups are kept, dropped or salvaged, the episode ledger,
 the server circuit and the run stop, against real loopback servers.
 
 The same behaviours through Miles' real rollout step are in

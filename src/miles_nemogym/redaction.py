@@ -12,6 +12,8 @@ import re
 from functools import lru_cache
 from urllib.parse import urlsplit, urlunsplit
 
+__all__ = ["KeyScrubber", "key_scrubber", "redact_url", "redact_urls"]
+
 logger = logging.getLogger(__name__)
 
 _REDACTED = "***"

@@ -16,6 +16,8 @@ from miles_nemogym.episode.record import REWARD_KEY, EpisodeRecord, RecordRead, 
 from miles_nemogym.log_once import log_once
 from miles_nemogym.settings import RewardMode, SettingsError, get_settings
 
+__all__ = ["partial_credit", "problems", "reward_func", "score", "score_record"]
+
 logger = logging.getLogger(__name__)
 
 problems: Counter[str] = Counter()

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.redaction import redact_url
 
-__all__ = ["Circuit", "circuit"]
+__all__ = ["circuit"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ second at a time is caught in that half second."""
 _RECHECK_S = 10.0
 
 
-class Circuit:
+class _Circuit:
     """Closed (send), open (wait and probe) or given up (fail, stop the run)."""
 
     def __init__(self) -> None:
@@ -238,5 +238,5 @@ async def _connect(url: str, timeout_s: float) -> str | None:
     return None
 
 
-circuit = Circuit()
+circuit = _Circuit()
 """The process's circuit for the NeMo-Gym server."""

@@ -203,7 +203,7 @@ def classify_run_response(
     sent_instance_id: str | None = None,
     reward_range: tuple[float, float] = _DEFAULT_REWARD_RANGE,
 ) -> Outcome:
-    """Verdict on a ``/run`` result that parsed; a result for another instance than
+    """The ``Outcome`` of a ``/run`` result that parsed; a result for another instance than
     ``sent_instance_id`` or a reward outside ``reward_range`` is not a measurement."""
     metadata = _finite_json(response.metadata or {})
     raw_id = response.instance_id or metadata.get("instance_id")
@@ -282,7 +282,7 @@ def _error_detail(body: bytes) -> str:
 
 
 def _scrub_kept(response: RunResponse, scrub: Callable[[bytes], bytes]) -> RunResponse | None:
-    """``response`` with ``scrub`` applied to the parts the verdict keeps or quotes (re-encoded,
+    """``response`` with ``scrub`` applied to the parts the outcome keeps or quotes (re-encoded,
     since parsing decoded their escapes); None when they cannot be re-encoded."""
     kept = {
         "reward": response.reward,
@@ -309,7 +309,7 @@ def classify_http(
     reward_range: tuple[float, float] = _DEFAULT_REWARD_RANGE,
     scrub: Callable[[bytes], bytes] | None = None,
 ) -> Outcome:
-    """Verdict on any HTTP answer from ``/run``: status code first, then the body. ``scrub``
+    """The ``Outcome`` of any HTTP answer from ``/run``: status code first, then the body. ``scrub``
     (the API key's) is applied before anything is parsed, quoted or cut."""
     if scrub is not None and status != 200:
         body = scrub(body)

@@ -15,6 +15,28 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+__all__ = [
+    "EVAL",
+    "EVAL_REPORT_KEY",
+    "RECORD_KEY",
+    "REWARD_KEY",
+    "ROLE_KEYS",
+    "TRAIN",
+    "EpisodeRecord",
+    "RecordRead",
+    "SampledEpisode",
+    "TestCounts",
+    "distinct_episodes",
+    "eval_overrides",
+    "flatten",
+    "is_aborted",
+    "metadata_of",
+    "parse_record",
+    "read_record",
+    "record_of",
+    "role_of",
+]
+
 RECORD_KEY = "nemogym"
 """The ``sample.metadata`` key holding the record."""
 REWARD_KEY = "reward"
