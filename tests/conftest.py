@@ -16,7 +16,7 @@ pytest_plugins = ["tests.support.openapi", "tests.support.fake_gym"]
 
 def _reset_process_state() -> None:
     """Every piece of process-wide state the package keeps, back to a fresh process's."""
-    from miles_nemogym import log_once, settings
+    from miles_nemogym import log_once, reward, settings
     from miles_nemogym.episode.circuit import circuit
     from miles_nemogym.episode.request import routable_local_address
     from miles_nemogym.rollout.ledger import ledger
@@ -27,6 +27,7 @@ def _reset_process_state() -> None:
     log_once.reset()
     settings.reset()
     routable_local_address.cache_clear()
+    reward.problems.clear()
     if hasattr(writer, "reset"):  # the episode store's registry of open stores
         writer.reset()
 
@@ -34,8 +35,8 @@ def _reset_process_state() -> None:
 @pytest.fixture(autouse=True)
 async def fresh_process_state() -> AsyncIterator[None]:
     """Each test starts as in a fresh process (circuit closed, empty ledger, nothing logged
-    once, settings re-read, no store open) and leaves no ``/run`` connection pool open on its
-    event loop (else aiohttp reports "Unclosed client session" at exit)."""
+    once, no reward problems counted, settings re-read, no store open) and leaves no ``/run``
+    connection pool open on its event loop (else aiohttp reports "Unclosed client session")."""
     from miles_nemogym.episode.send import close_client
 
     _reset_process_state()

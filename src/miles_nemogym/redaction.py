@@ -12,6 +12,8 @@ import re
 from functools import lru_cache
 from urllib.parse import urlsplit, urlunsplit
 
+from miles_nemogym.log_once import log_once
+
 __all__ = ["KeyScrubber", "key_scrubber", "redact_url", "redact_urls"]
 
 logger = logging.getLogger(__name__)
@@ -111,7 +113,10 @@ def key_scrubber(secret: str | None) -> KeyScrubber | None:
     if not secret:
         return None
     if len(secret) < _MIN_SECRET_CHARS:
-        logger.warning(
+        log_once(
+            logger,
+            logging.WARNING,
+            "short policy API key",
             "NEMO_GYM_POLICY_API_KEY is shorter than %d characters: it is treated as non-secret "
             "and not redacted from server answers (use a real key if it must stay private)",
             _MIN_SECRET_CHARS,
