@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 _REASON_MAX_CHARS = 300
 _DEFAULT_REWARD_RANGE = (0.0, 1.0)
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
 
 @dataclass
 class Outcome:
@@ -66,134 +68,75 @@ class Outcome:
         }
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
-def short_reason(text: str) -> str:
-    """One line, bounded, no terminal colour codes, no URL password: reasons go into sample
-    metadata and logs."""
-    line = " ".join(redact_urls(_ANSI.sub("", str(text))).split())
-    return line if len(line) <= _REASON_MAX_CHARS else line[: _REASON_MAX_CHARS - 1] + "…"
-
-
-def _error_summary(error: object) -> str:
-    """The exception line of a crashed episode's ``metadata.error``: the last line, since
-    the real server's errors are Ray-wrapped (colour codes and a traceback come first)."""
-    lines = [line.strip() for line in _ANSI.sub("", str(error)).splitlines() if line.strip()]
-    return lines[-1] if lines else "no error text"
-
-
-def failure(
-    kind: str,
-    reason: str,
+def classify_http(
+    status: int,
+    body: bytes,
     *,
     instance_id: str | None = None,
-    http_status: int | None = None,
-    eval_report: dict[str, Any] | None = None,
-    server_reward: float | None = None,
+    reward_range: tuple[float, float] = _DEFAULT_REWARD_RANGE,
+    scrub: Callable[[bytes], bytes] | None = None,
 ) -> Outcome:
-    """A failed episode: reward 0.0, masked, named."""
-    return Outcome(
-        reward=0.0,
-        eval_report=eval_report or {},
-        record=EpisodeRecord(
-            status="failed",
-            failure_kind=kind,
-            failure_reason=short_reason(reason),
-            mask_sample=True,
-            http_status=http_status,
-            instance_id=instance_id,
-            server_reward=server_reward,
-        ),
-    )
-
-
-def _count_turns(output: Sequence[OutputItem]) -> tuple[int, int]:
-    """(model turns, tool calls) in a Responses ``output`` list: a turn is a run of items
-    (message, reasoning, function_call...) ending where ``function_call_output`` answers it."""
-    turns = 0
-    tool_calls = 0
-    in_turn = False
-    for item in output:
-        kind = item.get("type")
-        if kind == "function_call_output":
-            in_turn = False
-            continue
-        if kind == "function_call":
-            tool_calls += 1
-        if not in_turn:
-            turns += 1
-            in_turn = True
-    return turns, tool_calls
-
-
-def _test_counts(status: Any) -> TestCounts | None:
-    if not isinstance(status, dict):
-        return None
-    return TestCounts(
-        passed=len(status.get("success") or []),
-        failed=len(status.get("failure") or []),
-    )
-
-
-def _same_instance(a: str, b: str) -> bool:
-    """Whether two instance ids name one instance (nemo-gym lowercases the ids it reports)."""
-    return a == b or a.casefold() == b.casefold()
-
-
-def instance_report(metadata: dict[str, Any] | None, instance_id: str | None) -> dict[str, Any] | None:
-    """The SWE-bench report of this instance inside the server's metadata, if graded.
-
-    With no ``instance_id`` to look for, a lone report is taken as the episode's."""
-    if not metadata or not isinstance(metadata.get("eval_report"), dict):
-        return None
-    reports: dict[str, Any] = metadata["eval_report"]
-    if instance_id is None:
-        report = next(iter(reports.values())) if len(reports) == 1 else None
-    else:
-        report = reports.get(instance_id)
-        if report is None:
-            report = next(
-                (v for k, v in reports.items() if isinstance(k, str) and _same_instance(k, instance_id)), None
-            )
-    return report if isinstance(report, dict) else None
-
-
-def _shown(value: Any, limit: int = 60) -> str:
-    """A bounded, one-line ``repr`` of a value the server sent, for a failure reason."""
+    """The ``Outcome`` of any HTTP answer from ``/run``: status code first, then the body. ``scrub``
+    (the API key's) is applied before anything is parsed, quoted or cut."""
+    if scrub is not None and status != 200:
+        body = scrub(body)
+    if status >= 500:
+        return failure(fk.AGENT_RUN_ERROR, f"HTTP {status}: {_error_detail(body)}", http_status=status)
+    if status >= 400:
+        return failure(fk.AGENT_REQUEST_FAILED, f"HTTP {status}: {_error_detail(body)}", http_status=status)
+    if status != 200:
+        return failure(fk.AGENT_RUN_ERROR, f"unexpected HTTP {status} from /run", http_status=status)
     try:
-        text = repr(value)
-    except ValueError:  # an integer too long to print
-        text = f"<{type(value).__name__} too long to show>"
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+        response = RunResponse.model_validate_json(body)
+    except ValidationError as error:
+        if scrub is not None and scrub(body) != body:  # what is quoted below might hold it
+            return classify_http(status, scrub(body), instance_id=instance_id, reward_range=reward_range)
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "body"
+        return failure(
+            fk.AGENT_RUN_ERROR,
+            f"undecodable /run result ({where}: {first['msg']}); is NEMO_GYM_URL a mini_swe_agent_2 server?",
+            http_status=status,
+        )
+    if scrub is not None:
+        scrubbed = _scrub_kept(response, scrub)
+        if scrubbed is None:  # scrub the whole answer instead, then read it again
+            return classify_http(status, scrub(body), instance_id=instance_id, reward_range=reward_range)
+        response = scrubbed
+    outcome = classify_run_response(
+        response, http_status=status, sent_instance_id=instance_id, reward_range=reward_range
+    )
+    outcome.answer_is_json = True
+    return outcome
 
 
-def _check_reward(value: Any, reward_range: tuple[float, float]) -> tuple[float | None, str | None]:
-    """(the reward as a finite float or None, what is wrong with it or None)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None, f"the server's reward is not a number ({_shown(value)})"
+def _scrub_kept(response: RunResponse, scrub: Callable[[bytes], bytes]) -> RunResponse | None:
+    """``response`` with ``scrub`` applied to the parts the outcome keeps or quotes (re-encoded,
+    since parsing decoded their escapes); None when they cannot be re-encoded."""
+    kept = {
+        "reward": response.reward,
+        "instance_id": response.instance_id,
+        "metadata": response.metadata,
+        "failure_kind": response.failure_kind,
+        "failure_reason": response.failure_reason,
+    }
     try:
-        number = float(value)
-    except OverflowError:  # a JSON integer beyond float range
-        return None, f"the server's reward is not finite ({_shown(value)})"
-    if not math.isfinite(number):
-        return None, f"the server's reward is not finite ({number})"
-    low, high = reward_range
-    if not low <= number <= high:
-        return number, f"the server's reward {number:g} is outside NEMO_GYM_REWARD_RANGE={low:g},{high:g}"
-    return number, None
+        encoded = pydantic_core.to_json(kept, inf_nan_mode="constants")
+    except pydantic_core.PydanticSerializationError:
+        return None
+    clean = scrub(encoded)
+    if clean == encoded:
+        return response
+    return response.model_copy(update=pydantic_core.from_json(clean, allow_inf_nan=True))
 
 
-def _finite_json(value: Any) -> Any:
-    """``value`` with every non-finite float replaced by its name ("nan", "inf"): records
-    must serialize as strict JSON, and a lenient parser lets ``NaN`` or ``1e999`` in."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, dict):
-        return {key: _finite_json(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_finite_json(item) for item in value]
-    return value
+def _error_detail(body: bytes) -> str:
+    try:
+        parsed = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return body[:_REASON_MAX_CHARS].decode("utf-8", "replace")
+    detail = parsed.get("detail", parsed) if isinstance(parsed, dict) else parsed
+    return json.dumps(detail)[: _REASON_MAX_CHARS * 2]
 
 
 def classify_run_response(
@@ -272,75 +215,29 @@ def classify_run_response(
     return Outcome(reward=server_reward or 0.0, eval_report=metadata, record=record)
 
 
-def _error_detail(body: bytes) -> str:
-    try:
-        parsed = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return body[:_REASON_MAX_CHARS].decode("utf-8", "replace")
-    detail = parsed.get("detail", parsed) if isinstance(parsed, dict) else parsed
-    return json.dumps(detail)[: _REASON_MAX_CHARS * 2]
-
-
-def _scrub_kept(response: RunResponse, scrub: Callable[[bytes], bytes]) -> RunResponse | None:
-    """``response`` with ``scrub`` applied to the parts the outcome keeps or quotes (re-encoded,
-    since parsing decoded their escapes); None when they cannot be re-encoded."""
-    kept = {
-        "reward": response.reward,
-        "instance_id": response.instance_id,
-        "metadata": response.metadata,
-        "failure_kind": response.failure_kind,
-        "failure_reason": response.failure_reason,
-    }
-    try:
-        encoded = pydantic_core.to_json(kept, inf_nan_mode="constants")
-    except pydantic_core.PydanticSerializationError:
-        return None
-    clean = scrub(encoded)
-    if clean == encoded:
-        return response
-    return response.model_copy(update=pydantic_core.from_json(clean, allow_inf_nan=True))
-
-
-def classify_http(
-    status: int,
-    body: bytes,
+def failure(
+    kind: str,
+    reason: str,
     *,
     instance_id: str | None = None,
-    reward_range: tuple[float, float] = _DEFAULT_REWARD_RANGE,
-    scrub: Callable[[bytes], bytes] | None = None,
+    http_status: int | None = None,
+    eval_report: dict[str, Any] | None = None,
+    server_reward: float | None = None,
 ) -> Outcome:
-    """The ``Outcome`` of any HTTP answer from ``/run``: status code first, then the body. ``scrub``
-    (the API key's) is applied before anything is parsed, quoted or cut."""
-    if scrub is not None and status != 200:
-        body = scrub(body)
-    if status >= 500:
-        return failure(fk.AGENT_RUN_ERROR, f"HTTP {status}: {_error_detail(body)}", http_status=status)
-    if status >= 400:
-        return failure(fk.AGENT_REQUEST_FAILED, f"HTTP {status}: {_error_detail(body)}", http_status=status)
-    if status != 200:
-        return failure(fk.AGENT_RUN_ERROR, f"unexpected HTTP {status} from /run", http_status=status)
-    try:
-        response = RunResponse.model_validate_json(body)
-    except ValidationError as error:
-        if scrub is not None and scrub(body) != body:  # what is quoted below might hold it
-            return classify_http(status, scrub(body), instance_id=instance_id, reward_range=reward_range)
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "body"
-        return failure(
-            fk.AGENT_RUN_ERROR,
-            f"undecodable /run result ({where}: {first['msg']}); is NEMO_GYM_URL a mini_swe_agent_2 server?",
-            http_status=status,
-        )
-    if scrub is not None:
-        scrubbed = _scrub_kept(response, scrub)
-        if scrubbed is None:  # scrub the whole answer instead, then read it again
-            return classify_http(status, scrub(body), instance_id=instance_id, reward_range=reward_range)
-        response = scrubbed
-    outcome = classify_run_response(
-        response, http_status=status, sent_instance_id=instance_id, reward_range=reward_range
+    """A failed episode: reward 0.0, masked, named."""
+    return Outcome(
+        reward=0.0,
+        eval_report=eval_report or {},
+        record=EpisodeRecord(
+            status="failed",
+            failure_kind=kind,
+            failure_reason=short_reason(reason),
+            mask_sample=True,
+            http_status=http_status,
+            instance_id=instance_id,
+            server_reward=server_reward,
+        ),
     )
-    outcome.answer_is_json = True
-    return outcome
 
 
 def failure_of(error: Exception, instance_id: str | None, scrubber: KeyScrubber | None = None) -> Outcome:
@@ -362,3 +259,105 @@ def finish(outcome: Outcome, instance_id: str | None) -> Outcome:
     if outcome.record.instance_id is None:
         outcome.record.instance_id = instance_id
     return outcome
+
+
+def short_reason(text: str) -> str:
+    """One line, bounded, no terminal colour codes, no URL password: reasons go into sample
+    metadata and logs."""
+    line = " ".join(redact_urls(_ANSI.sub("", str(text))).split())
+    return line if len(line) <= _REASON_MAX_CHARS else line[: _REASON_MAX_CHARS - 1] + "…"
+
+
+def instance_report(metadata: dict[str, Any] | None, instance_id: str | None) -> dict[str, Any] | None:
+    """The SWE-bench report of this instance inside the server's metadata, if graded.
+
+    With no ``instance_id`` to look for, a lone report is taken as the episode's."""
+    if not metadata or not isinstance(metadata.get("eval_report"), dict):
+        return None
+    reports: dict[str, Any] = metadata["eval_report"]
+    if instance_id is None:
+        report = next(iter(reports.values())) if len(reports) == 1 else None
+    else:
+        report = reports.get(instance_id)
+        if report is None:
+            report = next(
+                (v for k, v in reports.items() if isinstance(k, str) and _same_instance(k, instance_id)), None
+            )
+    return report if isinstance(report, dict) else None
+
+
+def _error_summary(error: object) -> str:
+    """The exception line of a crashed episode's ``metadata.error``: the last line, since
+    the real server's errors are Ray-wrapped (colour codes and a traceback come first)."""
+    lines = [line.strip() for line in _ANSI.sub("", str(error)).splitlines() if line.strip()]
+    return lines[-1] if lines else "no error text"
+
+
+def _count_turns(output: Sequence[OutputItem]) -> tuple[int, int]:
+    """(model turns, tool calls) in a Responses ``output`` list: a turn is a run of items
+    (message, reasoning, function_call...) ending where ``function_call_output`` answers it."""
+    turns = 0
+    tool_calls = 0
+    in_turn = False
+    for item in output:
+        kind = item.get("type")
+        if kind == "function_call_output":
+            in_turn = False
+            continue
+        if kind == "function_call":
+            tool_calls += 1
+        if not in_turn:
+            turns += 1
+            in_turn = True
+    return turns, tool_calls
+
+
+def _test_counts(status: Any) -> TestCounts | None:
+    if not isinstance(status, dict):
+        return None
+    return TestCounts(
+        passed=len(status.get("success") or []),
+        failed=len(status.get("failure") or []),
+    )
+
+
+def _same_instance(a: str, b: str) -> bool:
+    """Whether two instance ids name one instance (nemo-gym lowercases the ids it reports)."""
+    return a == b or a.casefold() == b.casefold()
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """A bounded, one-line ``repr`` of a value the server sent, for a failure reason."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer too long to print
+        text = f"<{type(value).__name__} too long to show>"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _check_reward(value: Any, reward_range: tuple[float, float]) -> tuple[float | None, str | None]:
+    """(the reward as a finite float or None, what is wrong with it or None)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None, f"the server's reward is not a number ({_shown(value)})"
+    try:
+        number = float(value)
+    except OverflowError:  # a JSON integer beyond float range
+        return None, f"the server's reward is not finite ({_shown(value)})"
+    if not math.isfinite(number):
+        return None, f"the server's reward is not finite ({number})"
+    low, high = reward_range
+    if not low <= number <= high:
+        return number, f"the server's reward {number:g} is outside NEMO_GYM_REWARD_RANGE={low:g},{high:g}"
+    return number, None
+
+
+def _finite_json(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by its name ("nan", "inf"): records
+    must serialize as strict JSON, and a lenient parser lets ``NaN`` or ``1e999`` in."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, dict):
+        return {key: _finite_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite_json(item) for item in value]
+    return value
