@@ -66,7 +66,7 @@ async def test_a_flapping_server_gets_every_episode_once(
     every 2 s: the probe must still catch a window before NEMO_GYM_OUTAGE_TIMEOUT."""
     server = GradingServer(sympy_result)
     monkeypatch.setenv("NEMO_GYM_URL", server.url)
-    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "11")
+    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "15")
     tasks = rows(sympy_row, 8)
     pending = asyncio.gather(*(call(row) for row in tasks))
     try:
