@@ -166,7 +166,7 @@ async def make_client(kind: str, target: dict[str, str], rows: list[dict[str, An
             return True
 
         async def close_a() -> None:
-            from miles_nemogym.episode.client import close_client
+            from miles_nemogym.episode.send import close_client
 
             await close_client()
 

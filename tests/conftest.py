@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -15,31 +15,34 @@ from miles_nemogym.gym import wheel as gym_wheel
 pytest_plugins = ["tests.support.openapi", "tests.support.fake_gym", "tests.support.tiers"]
 
 
-@pytest.fixture(autouse=True)
-def fresh_run_state() -> Iterator[None]:
-    """Each test starts with the process's circuit closed, an empty ledger and no episode store."""
+def _reset_process_state() -> None:
+    """Every piece of process-wide state the package keeps, back to a fresh process's."""
+    from miles_nemogym import log_once, reward, settings
     from miles_nemogym.episode.circuit import circuit
+    from miles_nemogym.episode.request import routable_local_address
     from miles_nemogym.rollout.ledger import ledger
-    from miles_nemogym.store import writer as episode_store
+    from miles_nemogym.store import writer
 
     circuit.reset()
     ledger.reset()
-    yield
-    circuit.reset()
-    ledger.reset()
-    episode_store.reset()
+    log_once.reset()
+    settings.reset()
+    routable_local_address.cache_clear()
+    reward.problems.clear()
+    writer.reset()  # the episode store's registry of open stores
 
 
 @pytest.fixture(autouse=True)
-async def gym_pools_closed() -> AsyncIterator[None]:
-    """The ``/run`` connection pools a test opened on its event loop are closed when it ends.
+async def fresh_process_state() -> AsyncIterator[None]:
+    """Each test starts as in a fresh process (circuit closed, empty ledger, nothing logged
+    once, no reward problems counted, settings re-read, no store open) and leaves no ``/run``
+    connection pool open on its event loop (else aiohttp reports "Unclosed client session")."""
+    from miles_nemogym.episode.send import close_client
 
-    Else aiohttp reports each one as "Unclosed client session" when the process exits.
-    """
+    _reset_process_state()
     yield
-    from miles_nemogym.episode.client import close_client
-
     await close_client()
+    _reset_process_state()
 
 
 @pytest.fixture

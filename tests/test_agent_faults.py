@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 
 from miles_nemogym import agent, reward
-from miles_nemogym.episode import client
-from miles_nemogym.episode import in_flight as episodes
+from miles_nemogym.episode import send
 from tests.support.agent_fixtures import SESSION, call, fast_env, server
 from tests.support.fault_server import FaultServer, ResetAfterBodyServer
 from tests.support.ports import free_port
@@ -39,12 +38,11 @@ async def test_graded_episode_is_a_valid_measurement(
     assert server.bodies[0]["policy_base_url"] == SESSION + "/v1"
 
 
-async def test_server_down_then_up_is_retried_into_one_episode(
+async def test_server_down_then_up_is_sent_again_into_one_episode(
     sympy_row: dict[str, Any], sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     port = free_port()
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{port}")
-    monkeypatch.setenv("NEMO_GYM_RETRY_ATTEMPTS", "50")
     srv = FaultServer(result=sympy_result, port=port)
     task = asyncio.create_task(call(sympy_row))
     await asyncio.sleep(0.6)  # several refused connects happen meanwhile
@@ -53,25 +51,24 @@ async def test_server_down_then_up_is_retried_into_one_episode(
     try:
         out = await asyncio.wait_for(task, 10)
     finally:
-        await client.close_client()
+        await send.close_client()
         await srv.stop()
     assert out["nemogym"]["status"] == "ok"
     assert out["nemogym"]["attempts"] > 1
     assert len(srv.bodies) == 1
 
 
-async def test_server_down_for_good_is_unreachable_after_the_budget(
+async def test_server_down_for_good_is_unreachable_after_the_outage_timeout(
     sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")
-    monkeypatch.setenv("NEMO_GYM_RETRY_ATTEMPTS", "3")
-    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "1")  # the circuit waits this long first
+    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "1")
     out = await call(sympy_row)
-    await client.close_client()
+    await send.close_client()
     record = out["nemogym"]
     assert record["failure_kind"] == "transport_unreachable"
     assert record["mask_sample"] is True and out["reward"] == 0.0
-    assert record["attempts"] == 3  # one delivery's budget; the circuit then only probes
+    assert record["attempts"] == 1  # one undeliverable try; the circuit then only probes (no /run)
 
 
 async def test_reset_after_body_is_a_peer_drop_never_resent(
@@ -79,11 +76,10 @@ async def test_reset_after_body_is_a_peer_drop_never_resent(
 ) -> None:
     srv = await ResetAfterBodyServer().start()
     monkeypatch.setenv("NEMO_GYM_URL", srv.url)
-    monkeypatch.setenv("NEMO_GYM_RETRY_ATTEMPTS", "5")
     try:
         out = await call(sympy_row)
     finally:
-        await client.close_client()
+        await send.close_client()
         await srv.stop()
     assert out["nemogym"]["failure_kind"] == "transport_peer_drop"
     assert out["nemogym"]["mask_sample"] is True
@@ -149,7 +145,7 @@ async def test_cancellation_propagates_and_closes_the_request(server: FaultServe
             break
         await asyncio.sleep(0.05)
     assert server.disconnects == 1
-    assert sum(episodes.abort_all().values()) == 0  # nothing left in flight to stop
+    assert sum(send.abort_all().values()) == 0  # nothing left in flight to stop
 
 
 async def test_abort_stops_50_in_flight_runs_promptly(
@@ -166,7 +162,7 @@ async def test_abort_stops_50_in_flight_runs_promptly(
     results = await asyncio.wait_for(asyncio.gather(*tasks), 5)
     assert all(r["nemogym"]["failure_kind"] == "cancelled" for r in results)
     assert all(r["nemogym"]["mask_sample"] for r in results)
-    assert sum(episodes.abort_all().values()) == 0  # nothing left in flight to stop
+    assert sum(send.abort_all().values()) == 0  # nothing left in flight to stop
     assert len(server.bodies) == 50
 
 
@@ -177,7 +173,7 @@ async def test_300_concurrent_runs_share_one_pool_without_queueing(
     results = await asyncio.gather(*(call(sympy_row) for _ in range(300)))
     assert all(r["nemogym"]["status"] == "ok" for r in results)
     assert server.peak_in_flight == 300  # nothing waited behind a pool limit
-    assert client.open_pools() == 1
+    assert send.open_pools() == 1
     # Keep-alive: a second wave reuses the first wave's connections.
     first_peers = set(server.peers)
     await asyncio.gather(*(call(sympy_row) for _ in range(50)))
@@ -250,10 +246,10 @@ def test_a_new_event_loop_gets_its_own_session(
         srv = await FaultServer(result=sympy_result).start()
         monkeypatch.setenv("NEMO_GYM_URL", srv.url)
         try:
-            assert client.open_pools() == 0  # the other loop's open pool is not this loop's
+            assert send.open_pools() == 0  # the other loop's open pool is not this loop's
             out = await call(sympy_row)
             assert out["nemogym"]["status"] == "ok"
-            assert client.open_pools() == 1
+            assert send.open_pools() == 1
         finally:
             await srv.stop()
 
@@ -263,7 +259,7 @@ def test_a_new_event_loop_gets_its_own_session(
         second.run_until_complete(once())  # while the first loop's pool is still open
     finally:
         for loop in (first, second):
-            loop.run_until_complete(client.close_client())
+            loop.run_until_complete(send.close_client())
             loop.close()
 
 
@@ -280,11 +276,11 @@ async def test_a_caller_cancelled_during_abort_still_sees_its_cancellation(
     task = asyncio.create_task(call(sympy_row))
     while not server.bodies:
         await asyncio.sleep(0.02)
-    episodes.abort_all()
+    send.abort_all()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert sum(episodes.abort_all().values()) == 0  # nothing left in flight to stop
+    assert sum(send.abort_all().values()) == 0  # nothing left in flight to stop
 
 
 async def test_an_echoed_key_is_removed_before_any_truncation(
@@ -341,7 +337,7 @@ async def test_returned_reward_is_final_in_each_reward_mode(
     try:
         out = await call(row)
     finally:
-        await client.close_client()
+        await send.close_client()
         await srv.stop()
     assert out["nemogym"]["server_reward"] == 0.0
     assert out["nemogym"]["fail_to_pass"] == {"passed": 4, "failed": 6}
@@ -358,7 +354,6 @@ async def test_every_path_finishes_with_an_episode_id_and_the_task_instance(
     graded = await call(sympy_row)
     bad_route = await call(sympy_row, base_url="http://127.0.0.1:notaport/sessions/x")
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens
-    monkeypatch.setenv("NEMO_GYM_RETRY_ATTEMPTS", "1")
     monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "0.2")
     undelivered = await call(sympy_row)
     monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "1h")

@@ -14,6 +14,7 @@ import math
 import subprocess
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,8 @@ import pytest
 from aiohttp import web
 
 from miles_nemogym import agent, metrics, redaction, reward
-from miles_nemogym.episode import client
-from miles_nemogym.episode import in_flight as episodes
+from miles_nemogym.episode import outcome, send
+from miles_nemogym.rollout.ledger import Tally, ledger
 from tests.support.agent_fixtures import call, fast_env, server
 from tests.support.fault_server import FaultServer
 from tests.support.samples import Sample
@@ -318,16 +319,16 @@ async def test_a_large_answer_is_classified_in_a_worker_thread(
     """Where the work runs, not how long the loop stalls: a stall bound is a timing test
     that fails on a loaded machine (the stall itself is measured by bench/agent_bench.py)."""
     threads: list[str] = []
-    real = client.classify_http
+    real = outcome.classify_http
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         threads.append(threading.current_thread().name)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(client, "classify_http", spy)
+    monkeypatch.setattr(send, "classify_http", spy)
     items = [{"type": "function_call", "arguments": "x" * 40}, {"type": "function_call_output"}] * 150_000
     big = json.dumps(graded(sympy_result, response={**sympy_result["response"], "output": items}))
-    assert len(big) > 2 * client.OFF_LOOP_BYTES
+    assert len(big) > 2 * send._OFF_LOOP_BYTES
     server.respond = lambda body: json_answer(big)
     out = await call(sympy_row)
     assert out["nemogym"]["status"] == "ok"
@@ -348,7 +349,7 @@ async def test_a_large_answer_is_classified_in_a_worker_thread(
         ("NEMO_GYM_URL", "http://127.0.0.1:abc"),
         ("NEMO_GYM_RUN_TIMEOUT", "inf"),
         ("NEMO_GYM_CONNECT_TIMEOUT", "nan"),
-        ("NEMO_GYM_RETRY_BACKOFF_MAX", "inf"),
+        ("NEMO_GYM_OUTAGE_TIMEOUT", "inf"),
         ("NEMO_GYM_REWARD_RANGE", "1,0"),
         ("NEMO_GYM_MAX_RESULT_BYTES", "10"),
     ],
@@ -426,7 +427,7 @@ async def test_an_invalid_server_failure_kind_is_not_recorded_verbatim(
     assert "invalid failure_kind 'provider_xxx" in record["failure_reason"]
     assert len(record["failure_reason"]) <= 300 and "\n" not in record["failure_reason"]
     assert "INJECTED" not in caplog.text
-    keys = metrics.compute_metrics([Sample(metadata=out)])
+    keys = metrics.rollout_metrics([Sample(metadata=out)], ledger.drain())
     assert set(keys) >= {"nemogym/failure_rate/agent_run_error"}
     assert all(len(key) < 80 for key in keys)
 
@@ -478,33 +479,30 @@ async def test_the_callers_cancellation_propagates_even_with_an_abort(
     while server.in_flight < 20:
         await asyncio.sleep(0.02)
     if order == "abort_then_cancel":
-        episodes.abort_all()
+        send.abort_all()
         for task in tasks:
             task.cancel()
     else:
         for task in tasks:
             task.cancel()
-        episodes.abort_all()
+        send.abort_all()
     results = await asyncio.gather(*tasks, return_exceptions=True)
     assert all(isinstance(r, asyncio.CancelledError) for r in results), results
-    assert sum(episodes.abort_all().values()) == 0  # nothing left in flight to stop
+    assert sum(send.abort_all().values()) == 0  # nothing left in flight to stop
 
 
-async def test_abort_while_retrying_counts_the_episode_as_not_delivered(
+async def test_abort_while_waiting_out_an_outage_counts_the_episode_as_not_delivered(
     sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch, fast_env: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     from tests.support.ports import free_port
 
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens
-    monkeypatch.setenv("NEMO_GYM_RETRY_ATTEMPTS", "100")
-    monkeypatch.setenv("NEMO_GYM_RETRY_BACKOFF", "1")
-    monkeypatch.setenv("NEMO_GYM_RETRY_BACKOFF_MAX", "1")
     task = asyncio.create_task(call(sympy_row))
     await asyncio.sleep(0.3)
     with caplog.at_level(logging.INFO, logger="miles_nemogym"):
         await agent.abort(None)
         out = await asyncio.wait_for(task, 5)
-    await client.close_client()
+    await send.close_client()
     assert "0 sent and awaiting their result (the server may finish them), 1 not yet delivered" in caplog.text
     assert out["nemogym"]["failure_reason"] == "stopped by abort() before the request reached the server"
 
@@ -551,7 +549,7 @@ def test_log_rollout_survives_corrupted_records() -> None:
         {"episode_id": "c", "mask_sample": False, "turns": math.nan, "fail_to_pass": {"passed": "x", "failed": 2}},
     ]
     samples = [Sample(metadata={"nemogym": record}) for record in [good, *corrupted]]
-    values = metrics.compute_metrics(samples)
+    values = metrics.rollout_metrics(samples, Tally(episodes=4, failures=Counter({"a\nb" * 100: 1})))
     assert values["nemogym/episodes"] == 4.0
     assert values["nemogym/failure_rate/unrecognized"] == 0.25
     assert values["nemogym/episode_time_max"] == 10.0

@@ -1,4 +1,4 @@
-"""Classification of /run answers (episode/classify.py), on the real results nemo-gym ships."""
+"""Classification of /run answers (episode/outcome.py), on the real results nemo-gym ships."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym.episode.classify import classify_http, count_turns
+from miles_nemogym.episode.outcome import classify_http
 
 
 def encode(value: Any) -> bytes:
@@ -42,14 +42,16 @@ def test_the_five_real_results_are_valid_measurements(gym_example_rollouts: list
     assert [r["instance_id"] for r in resolved] == ["scikit-learn__scikit-learn-14141"]
 
 
-def test_turns_are_runs_of_model_items() -> None:
+def test_turns_are_runs_of_model_items(gym_example_rollouts: list[dict[str, Any]]) -> None:
     output = [
         {"type": "message"}, {"type": "function_call"}, {"type": "function_call"},
         {"type": "function_call_output"}, {"type": "function_call_output"},
         {"type": "function_call"}, {"type": "function_call_output"},
         {"type": "message"},
     ]  # fmt: skip
-    assert count_turns(output) == (3, 3)  # type: ignore[arg-type]
+    result = gym_example_rollouts[0]
+    record = classify_http(200, encode({**result, "response": {**result["response"], "output": output}})).record
+    assert (record.turns, record.tool_calls) == (3, 3)
 
 
 def test_server_error_metadata_is_a_masked_failure(gym_example_rollouts: list[dict[str, Any]]) -> None:

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from miles_nemogym import agent, metrics
-from miles_nemogym.episode import client
-from miles_nemogym.rollout.roles import eval_overrides
+from miles_nemogym.episode import send
+from miles_nemogym.episode.record import eval_overrides
 from miles_nemogym.store import writer as episode_store
 from miles_nemogym.store.reader import load
 from tests.support import store_writers
@@ -39,7 +39,6 @@ def store_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "episodes"
     monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(folder))
     monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", KEY)
-    monkeypatch.setenv("NEMO_GYM_RETRY_ATTEMPTS", "1")
     monkeypatch.delenv("MILES_ROUTER_EXTERNAL_HOST", raising=False)
     return folder
 
@@ -155,7 +154,7 @@ async def test_unreachable_server_episode_is_saved_without_an_answer(
     try:
         await _run(sympy_row)
     finally:
-        await client.close_client()
+        await send.close_client()
     _flush(store_dir)
     (episode,) = load(store_dir, answers=True).episodes
     assert episode.kind == "transport_unreachable" and episode.entry["answer"] is None

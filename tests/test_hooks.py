@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from miles_nemogym import filters, metrics, reward
-from miles_nemogym.episode.classify import classify_http, failure
+from miles_nemogym.episode.outcome import classify_http, failure
+from miles_nemogym.rollout.ledger import Tally
 from tests.support.samples import Sample, Status
 
 
@@ -99,7 +100,7 @@ def test_filter_drops_a_group_with_one_bad_sample(
     group = [sample_from(m) for m in graded[:3]] + [bad]
     out = filters.check_episode_group(None, group)
     assert (out.keep, out.reason) == (False, reason)
-    # Miles v2 passes a list of per-sample lists: same verdict.
+    # Miles v2 passes a list of per-sample lists: same decision.
     nested = filters.check_episode_group(None, [[s] for s in group])
     assert (nested.keep, nested.reason) == (False, reason)
 
@@ -113,11 +114,10 @@ def test_metrics_over_distinct_episodes(graded: list[dict[str, Any]]) -> None:
     never_sent = failure("miles_nemogym:invalid_request", "bad row").to_metadata()
     never_sent["nemogym"]["episode_id"] = "f3"
     samples.append(sample_from(never_sent))
-    m = metrics.compute_metrics(samples)
-    assert m["nemogym/samples"] == 10 and m["nemogym/episodes"] == 8
-    assert m["nemogym/samples_without_record"] == 1
-    assert m["nemogym/failure_rate"] == pytest.approx(3 / 8)
-    assert m["nemogym/failure_rate/agent_run_error"] == pytest.approx(1 / 8)
+    m = metrics.rollout_metrics(samples, Tally())
+    assert m["nemogym/samples"] == 10 and m["nemogym/samples_without_record"] == 1
+    # Counts and failure rates have one source, the ledger (here empty): never the samples.
+    assert m["nemogym/episodes"] == 0 and not any(key.startswith("nemogym/failure_rate") for key in m)
     assert m["nemogym/resolve_rate"] == pytest.approx(1 / 5)  # over valid episodes only
     assert m["nemogym/patch_applied_rate"] == 1.0  # the five real patches all applied
     assert m["nemogym/fail_to_pass_fraction_mean"] == pytest.approx(1 / 5)  # scikit-learn's 1 of 1; the rest 0
@@ -134,8 +134,10 @@ def test_log_rollout_without_miles_returns_false(graded: list[dict[str, Any]]) -
 
 
 def test_metrics_on_empty_rollout() -> None:
-    assert metrics.compute_metrics([]) == {
-        "nemogym/samples": 0.0, "nemogym/samples_without_record": 0.0, "nemogym/episodes": 0.0,
+    assert metrics.rollout_metrics([], Tally()) == {
+        "nemogym/samples": 0.0, "nemogym/samples_without_record": 0.0, "nemogym/samples_zero_loss": 0.0,
+        "nemogym/episodes": 0.0, "nemogym/episodes_cancelled": 0.0, "nemogym/groups_salvaged": 0.0,
+        "nemogym/groups_dropped": 0.0, "nemogym/outage_wait_s": 0.0,
     }  # fmt: skip
 
 

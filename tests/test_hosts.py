@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from miles_nemogym.episode.policy_url import policy_base_url
+from miles_nemogym.episode.request import policy_base_url
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer
 from miles_nemogym.hosts import bracket, connect_host, is_loopback, is_wildcard

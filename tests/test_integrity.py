@@ -1,4 +1,4 @@
-"""Training-run integrity without Miles: group salvage verdicts, the episode ledger,
+"""Training-run integrity without Miles: which groups are kept, dropped or salvaged, the episode ledger,
 the server circuit and the run stop, against real loopback servers.
 
 The same behaviours through Miles' real rollout step are in
@@ -16,11 +16,10 @@ import pytest
 
 from miles_nemogym import agent, filters, metrics, salvage
 from miles_nemogym.episode import circuit as circuit_module
-from miles_nemogym.episode import client
+from miles_nemogym.episode import send
 from miles_nemogym.episode.circuit import circuit
-from miles_nemogym.episode.classify import failure
-from miles_nemogym.rollout import run_stop
-from miles_nemogym.rollout.ledger import Ledger, ledger
+from miles_nemogym.episode.outcome import failure
+from miles_nemogym.rollout.ledger import Ledger, RunStopped, ledger, stop_reason
 from miles_nemogym.settings import get_settings
 from tests.support.agent_fixtures import call
 from tests.support.fault_server import FaultServer
@@ -123,14 +122,15 @@ def test_a_sample_miles_could_not_assemble_still_drops_its_group(bad: Sample, re
 def test_ledger_counts_every_episode_and_keeps_cancelled_apart() -> None:
     book = Ledger()
     for kind in [None, None, "transport_unreachable", "cancelled", "agent_run_error", "transport_unreachable"]:
-        book.record_episode(kind)
+        book.record_episode(kind, outage_wait_s=2.5 if kind == "transport_unreachable" else 0.0)
     book.record_group(kept=True, salvaged=True)
     book.record_group(kept=False, salvaged=False)
-    book.add_outage_wait(12.5)
+    book.record_episode("cancelled", "eval", "verified", outage_wait_s=7.5)  # charged to eval, not train
     tally = book.drain()
     assert tally.episodes == 5 and tally.cancelled == 1
     assert dict(tally.failures) == {"transport_unreachable": 2, "agent_run_error": 1}
-    assert (tally.groups_salvaged, tally.groups_dropped, tally.outage_wait_s) == (1, 1, 12.5)
+    assert (tally.groups_salvaged, tally.groups_dropped, tally.outage_wait_s) == (1, 1, 5.0)
+    assert book.drain("eval", "verified").outage_wait_s == 7.5
     assert book.drain().episodes == 0  # a new period
     assert book.streak() == (3, {"agent_run_error": 1, "transport_unreachable": 2})  # cancelled: not in it
 
@@ -176,13 +176,10 @@ def test_log_metrics_count_failures_that_left_no_record_on_a_sample() -> None:
 
 @pytest.fixture(autouse=True)
 def fast_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NEMO_GYM_RETRY_ATTEMPTS", "2")
-    monkeypatch.setenv("NEMO_GYM_RETRY_BACKOFF", "0.05")
-    monkeypatch.setenv("NEMO_GYM_RETRY_BACKOFF_MAX", "0.1")
     monkeypatch.setenv("NEMO_GYM_CONNECT_TIMEOUT", "2")
     monkeypatch.delenv("NEMO_GYM_POLICY_API_KEY", raising=False)
     monkeypatch.delenv("MILES_ROUTER_EXTERNAL_HOST", raising=False)
-    monkeypatch.setattr(circuit_module, "PROBE_BACKOFF_MAX_S", 0.2)
+    monkeypatch.setattr(circuit_module, "_PROBE_BACKOFF_MAX_S", 0.2)
 
 
 @pytest.fixture
@@ -196,7 +193,7 @@ async def test_outage_mid_step_waits_and_sends_each_episode_once(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    monkeypatch.setattr(circuit_module, "WARN_EVERY_S", 0.3)
+    monkeypatch.setattr(circuit_module, "_WARN_EVERY_S", 0.3)
     port = free_port()
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{port}")
     answers = {row["instance_id"]: result_for(sympy_result, row["instance_id"]) for row in rows}
@@ -210,7 +207,7 @@ async def test_outage_mid_step_waits_and_sends_each_episode_once(
     try:
         outs = await asyncio.wait_for(asyncio.gather(*tasks), 20)
     finally:
-        await client.close_client()
+        await send.close_client()
         await server.stop()
     assert [out["nemogym"]["status"] for out in outs] == ["ok"] * len(rows)
     # Nothing lost, none twice; the probe never POSTed /run.
@@ -236,7 +233,7 @@ async def test_abort_and_cancellation_work_while_episodes_wait(
         await cancelled_by_caller
     await agent.abort(None)
     outs = await asyncio.wait_for(asyncio.gather(*waiting), 5)
-    await client.close_client()
+    await send.close_client()
     assert [out["nemogym"]["failure_kind"] for out in outs] == ["cancelled"] * 3
     assert circuit.waiting() == 0
     tally = ledger.drain()
@@ -253,10 +250,10 @@ async def test_server_down_for_good_fails_waiting_episodes_and_the_filter_stops_
     started = asyncio.get_running_loop().time()
     outs = await asyncio.wait_for(asyncio.gather(*(call(row) for row in rows[:3])), 10)
     elapsed = asyncio.get_running_loop().time() - started
-    await client.close_client()
+    await send.close_client()
     assert [out["nemogym"]["failure_kind"] for out in outs] == ["transport_unreachable"] * 3
     assert 1.5 <= elapsed < 4.0
-    with pytest.raises(run_stop.RunStopped) as stopped:
+    with pytest.raises(RunStopped) as stopped:
         filters.check_episode_group(Args(4), [Sample(metadata={}, status=Status.ABORTED)] * 4)
     message = str(stopped.value)
     assert "NEMO_GYM_OUTAGE_TIMEOUT=1.5s" in message and "127.0.0.1" in message and "pw" not in message
@@ -280,12 +277,12 @@ async def test_failure_streak_stops_the_run_after_stopping_in_flight_episodes(
             assert (await call(row))["nemogym"]["failure_kind"] == "agent_run_error"
         filters.check_episode_group(Args(4), [valid("a"), valid("b")])  # 2 < 3: goes on
         assert (await call(rows[3]))["nemogym"]["failure_kind"] == "agent_run_error"
-        with pytest.raises(run_stop.RunStopped, match=r"3 NeMo-Gym episodes in a row failed.*agent_run_error x3"):
+        with pytest.raises(RunStopped, match=r"3 NeMo-Gym episodes in a row failed.*agent_run_error x3"):
             filters.check_episode_group(Args(4), [valid("a"), valid("b")])
         out = await asyncio.wait_for(in_flight, 5)
         assert out["nemogym"]["failure_kind"] == "cancelled"
     finally:
-        await client.close_client()
+        await send.close_client()
         await holding.stop()
         await failing.stop()
 
@@ -295,8 +292,8 @@ async def test_a_valid_episode_resets_the_streak_and_zero_disables_it(monkeypatc
     ledger.record_episode("agent_run_error")
     ledger.record_episode(None)
     ledger.record_episode("agent_timeout")
-    assert run_stop.stop_reason(get_settings()) is None
+    assert stop_reason(get_settings()) is None
     ledger.record_episode("agent_timeout")
-    assert "agent_timeout x2" in (run_stop.stop_reason(get_settings()) or "")
+    assert "agent_timeout x2" in (stop_reason(get_settings()) or "")
     monkeypatch.setenv("NEMO_GYM_MAX_FAILURE_STREAK", "0")
-    assert run_stop.stop_reason(get_settings()) is None
+    assert stop_reason(get_settings()) is None

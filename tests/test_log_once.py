@@ -22,3 +22,19 @@ def test_a_key_is_logged_once_until_reset(caplog: pytest.LogCaptureFixture) -> N
         "other [logged once]",
         "bad value 3 [logged once]",
     ]
+
+
+async def test_the_hooks_log_a_repeated_configuration_error_through_it(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from miles_nemogym import reward
+    from tests.support.samples import Sample
+
+    monkeypatch.setenv("NEMO_GYM_REWARD_MODE", "fractional")
+    with caplog.at_level(logging.ERROR, logger="miles_nemogym.reward"):
+        for _ in range(3):
+            await reward.reward_func(None, Sample(metadata={}))
+        log_once.reset()  # what the test fixture does between tests: the next one sees it again
+        await reward.reward_func(None, Sample(metadata={}))
+    lines = [r.getMessage() for r in caplog.records if "NEMO_GYM_REWARD_MODE" in r.getMessage()]
+    assert len(lines) == 2 and lines[0].endswith("[logged once]")

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from miles_nemogym import metrics
+from miles_nemogym.metrics import eval_set_metrics, pass_at_k
 from miles_nemogym.rollout.ledger import Tally, ledger
-from miles_nemogym.rollout.pass_at_k import eval_set_metrics, pass_at_k
-from miles_nemogym.rollout.roles import ledger_role
 from tests.support.samples import Sample
 
 P = "nemogym-eval/verified/"
@@ -54,7 +54,9 @@ def test_masked_episodes_are_set_aside_not_counted_as_policy_failures() -> None:
         # w: its only episode crashed: no measurement, short of k, not a 0 in pass@1.
         sample("w", "w1", kind="agent_run_error"),
     ]  # fmt: skip
-    got = eval_set_metrics("verified", samples, k=3)
+    # The ledger saw the same 12 episodes (the agent function records each one).
+    tally = Tally(episodes=12, failures=Counter({"agent_run_error": 2, "transport_peer_drop": 1}))
+    got = eval_set_metrics("verified", samples, 3, tally)
     assert got[P + "samples"] == 13.0
     assert got[P + "episodes"] == 12.0
     assert got[P + "episodes_valid"] == 9.0
@@ -74,7 +76,7 @@ def test_masked_episodes_are_set_aside_not_counted_as_policy_failures() -> None:
     assert got[P + "resolve_rate/c__d"] == 1.0
 
 
-def test_ledger_counts_replace_the_samples_when_it_saw_more_episodes() -> None:
+def test_counts_come_from_the_ledger_which_also_saw_record_less_episodes() -> None:
     # Miles returned one crashed episode without our record: only the ledger saw it.
     tally = Tally(episodes=3)
     tally.failures["agent_run_error"] = 1
@@ -90,8 +92,8 @@ def test_ledger_counts_replace_the_samples_when_it_saw_more_episodes() -> None:
 
 
 def test_log_eval_drains_each_sets_tally_and_returns_false() -> None:
-    ledger.record_episode(None, ledger_role("eval", "verified"))
-    ledger.record_episode("agent_run_error", ledger_role("eval", "verified"))
+    ledger.record_episode(None, "eval", "verified")
+    ledger.record_episode("agent_run_error", "eval", "verified")
     ledger.record_episode(None, "train")
     args = SimpleNamespace(
         eval_datasets=[SimpleNamespace(name="verified", n_samples_per_eval_prompt=2)], n_samples_per_eval_prompt=1
@@ -104,5 +106,5 @@ def test_log_eval_drains_each_sets_tally_and_returns_false() -> None:
     }
     assert metrics.eval_k(args, "verified") == 2
     assert metrics.log_eval(4, args, data, {}) is False
-    assert ledger.drain(ledger_role("eval", "verified")).episodes == 0  # drained by log_eval
+    assert ledger.drain("eval", "verified").episodes == 0  # drained by log_eval
     assert ledger.drain("train").episodes == 1  # train is not touched by eval

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from miles_nemogym import metrics, reward
-from miles_nemogym.episode.classify import Outcome, classify_http, failure
+from miles_nemogym.episode.outcome import Outcome, classify_http, failure
 from miles_nemogym.episode.record import EpisodeRecord, RecordRead, TestCounts, parse_record, read_record
+from miles_nemogym.rollout.ledger import Tally
 from miles_nemogym.settings import RewardMode
 from tests.support.samples import Sample
 
@@ -64,7 +65,7 @@ def test_f2p_fraction_is_test_counts_fraction() -> None:
     record.pass_to_pass = TestCounts(passed=7, failed=0)
     assert reward.partial_credit(record, 0.0) == 0.75
     samples = [Sample(metadata={"nemogym": record.model_dump(mode="json")})]
-    assert metrics.compute_metrics(samples)["nemogym/fail_to_pass_fraction_mean"] == 0.75
+    assert metrics.rollout_metrics(samples, Tally())["nemogym/fail_to_pass_fraction_mean"] == 0.75
 
 
 @pytest.mark.parametrize(

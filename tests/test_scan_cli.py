@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from miles_nemogym import agent
 from miles_nemogym.cli.main import app
-from miles_nemogym.episode import client
+from miles_nemogym.episode import send
 from miles_nemogym.episode.request import build_run_body
 from tests.support.fake_gym import FakeGym
 from tests.support.openapi import openapi_document
@@ -37,8 +37,6 @@ SECRET = "sk-test-5f3c9a1e7b2d4c6f8a0b"
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("NEMO_GYM_URL", "NEMO_GYM_POLICY_API_KEY", "NEMO_GYM_RUN_TIMEOUT", "NEMO_GYM_MAX_CONCURRENCY"):
         monkeypatch.delenv(name, raising=False)
-    # An unreachable server must be reported at once, not after the client's backoff.
-    monkeypatch.setenv("NEMO_GYM_RETRY_BACKOFF", "0.01")
 
 
 @pytest.fixture
@@ -324,7 +322,7 @@ async def test_scan_sends_exactly_what_the_agent_function_sends(
     row = next(row for row in gym_example_rows if row["instance_id"] == SYMPY)
     request_kwargs = {"temperature": 0.7, "top_p": 0.9, "max_tokens": 512}
     await agent.run(base_url=session, prompt=None, request_kwargs=request_kwargs, metadata=row)
-    await client.close_client()
+    await send.close_client()
     agent_body = fake_gym.bodies[-1]
 
     def run_cli() -> Any:

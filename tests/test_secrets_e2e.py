@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
 from miles_nemogym.launcher import run as launcher
-from miles_nemogym.metrics import compute_metrics
+from miles_nemogym.metrics import rollout_metrics
+from miles_nemogym.rollout.ledger import ledger
 from miles_nemogym.settings import ENV_VARS, Settings
 from miles_nemogym.testing import smoke
 from tests.support.fake_gym import FakeGym
@@ -60,8 +61,6 @@ def test_no_channel_shows_the_api_key_or_a_url_password(
 ) -> None:
     for name in ENV_VARS:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("NEMO_GYM_RETRY_BACKOFF", "0.01")
-    monkeypatch.setenv("NEMO_GYM_RETRY_ATTEMPTS", "1")
     monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "1")  # the server-down episode waits this long, then fails
     monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", API_KEY)
     gym_url = with_password(fake_gym.url, GYM_PASSWORD)
@@ -94,7 +93,7 @@ def test_no_channel_shows_the_api_key_or_a_url_password(
     kinds = [record["nemogym"]["failure_kind"] for record in records]
     assert kinds[-1] == "transport_unreachable" and "agent_run_error" in kinds
     found += leaks("agent.run records", json.dumps(records))
-    metrics = compute_metrics([Sample(metadata=record) for record in records])
+    metrics = rollout_metrics([Sample(metadata=record) for record in records], ledger.drain())
     found += leaks("metric keys and values", json.dumps(metrics))
 
     # 3. doctor, against the live server and its password URL.

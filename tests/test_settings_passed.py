@@ -33,7 +33,6 @@ SHELL_URL = "http://127.0.0.1:9"
 @pytest.fixture
 def shell_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     monkeypatch.setenv("NEMO_GYM_URL", SHELL_URL)
-    monkeypatch.setenv("NEMO_GYM_RETRY_BACKOFF", "0.05")
     monkeypatch.setenv("NEMO_GYM_CONNECT_TIMEOUT", "2")
     for name in ("MILES_ROUTER_EXTERNAL_HOST", "NEMO_GYM_POLICY_API_KEY", "NEMO_GYM_EPISODE_DIR"):
         monkeypatch.delenv(name, raising=False)
@@ -203,7 +202,7 @@ def test_the_preflight_checks_the_plugin_variables_the_job_will_get(
         "NEMO_GYM_URL": SHELL_URL,
         "MILES_ROUTER_EXTERNAL_HOST": "shell-host",
         "PATH": "/bin",
-        "NEMO_GYM_RETRY_ATTEMPTS": "",
+        "NEMO_GYM_MAX_FAILURE_STREAK": "",
     }
     assert launch_checks.plugin_environment(recipe, shell) == {
         "NEMO_GYM_URL": "http://gym:1",  # the recipe's, not the shell's

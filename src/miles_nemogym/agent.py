@@ -14,21 +14,21 @@ from collections.abc import Mapping
 from typing import Any
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym.episode.classify import Outcome
-from miles_nemogym.episode.in_flight import AWAITING_RESULT, NOT_DELIVERED, abort_all
-from miles_nemogym.episode.policy_url import policy_base_url
-from miles_nemogym.episode.record import REWARD_KEY, RecordRead
-from miles_nemogym.episode.run import not_started, run_episode, scrubber_for
+from miles_nemogym.episode.outcome import Outcome, failure_of, finish
+from miles_nemogym.episode.record import REWARD_KEY, RecordRead, role_of
+from miles_nemogym.episode.request import build_body, instance_id_of, policy_base_url
+from miles_nemogym.episode.send import AWAITING_RESULT, NOT_DELIVERED, abort_all, run_body
+from miles_nemogym.log_once import log_once
 from miles_nemogym.reward import score_record
 from miles_nemogym.rollout.ledger import ledger
-from miles_nemogym.rollout.roles import ledger_role, role_of
 from miles_nemogym.settings import RewardMode, Settings, get_settings
 from miles_nemogym.store.writer import entry_for, get_store, session_id
 
+__all__ = ["abort", "run", "run_with_settings"]
+
 logger = logging.getLogger(__name__)
 
-# Configuration errors repeat on every sample; each distinct message is logged once.
-_logged_config_errors: set[str] = set()
+# Configuration errors repeat on every sample: each distinct message is logged once.
 _CONFIG_KINDS = frozenset({fk.INVALID_CONFIG, fk.AGENT_REQUEST_FAILED, fk.INVALID_REQUEST})
 
 
@@ -50,22 +50,24 @@ async def run_with_settings(
     request_kwargs: Mapping[str, Any] | None = None,
     metadata: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``run`` with settings passed by our own callers (smoke); None reads the process's once."""
+    """``run`` with settings passed by our own callers (smoke); None reads the process's."""
     settings: Settings | None = None
     try:
         settings = get_settings() if given is None else given
         route = policy_base_url(base_url, settings.gym_url, settings.external_host)
-    except Exception as error:  # a bad setting or session URL still leaves a record on the sample
-        outcome = not_started(error, metadata)
+        body = build_body(metadata, request_kwargs, settings, policy_base_url=route)
+    except Exception as error:  # a bad setting, session URL or task row still leaves a record
+        instance_id = instance_id_of(metadata)
+        scrubber = settings.key_scrubber() if settings is not None else None
+        outcome = finish(failure_of(error, instance_id, scrubber), instance_id)
     else:
-        outcome = await run_episode(metadata, request_kwargs, settings, policy_base_url=route)
+        outcome = await run_body(body, settings)
     _log(outcome)
     record = outcome.record
     role, eval_set = role_of(metadata)
     # The ledger sees every episode, also those whose sample Miles returns without this dict.
-    ledger.record_episode(
-        (record.failure_kind or fk.AGENT_RUN_ERROR) if record.mask_sample else None, ledger_role(role, eval_set)
-    )
+    failure_kind = (record.failure_kind or fk.AGENT_RUN_ERROR) if record.mask_sample else None
+    ledger.record_episode(failure_kind, role, eval_set, outcome.outage_wait_s)
     mode = settings.reward_mode if settings is not None else RewardMode.binary
     result = outcome.to_metadata()
     result[REWARD_KEY], _ = score_record(outcome.reward, RecordRead(record), mode)
@@ -94,10 +96,11 @@ def _store(
             session=session_id(base_url) if isinstance(base_url, str) else None,
             repo=repo if isinstance(repo, str) else None,
         )
-        raw, raw_is_json = outcome.answer
-        scrubber = scrubber_for(settings)
+        scrubber = settings.key_scrubber()
         store = get_store(str(settings.episode_dir))
-        store.add(role, entry, raw, raw_is_json, scrub=None if scrubber is None else scrubber.scrub)
+        store.add(
+            role, entry, outcome.answer, outcome.answer_is_json, scrub=None if scrubber is None else scrubber.scrub
+        )
     except Exception:
         logger.warning("episode store: could not queue episode %s", outcome.record.episode_id, exc_info=True)
 
@@ -125,13 +128,10 @@ def _log(outcome: Outcome) -> None:
         return
     if kind in _CONFIG_KINDS:
         message = record.failure_reason or kind
-        if message in _logged_config_errors:
-            return
-        _logged_config_errors.add(message)
         hint = ""
         if record.http_status == 422:
             hint = " — is NEMO_GYM_URL a mini_swe_agent_2 server from nemo-gym >= 0.6?"
-        logger.error("NeMo-Gym /run cannot run (%s): %s%s [logged once]", kind, message, hint)
+        log_once(logger, logging.ERROR, f"agent {message}", "NeMo-Gym /run cannot run (%s): %s%s", kind, message, hint)
         return
     logger.warning(
         "NeMo-Gym episode failed: instance=%s kind=%s elapsed=%.1fs attempts=%d reason=%s",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from urllib.parse import urlsplit
 
-from miles_nemogym.episode.policy_url import PolicyUrlError, policy_base_url
+from miles_nemogym.episode.request import PolicyUrlError, policy_base_url
 from miles_nemogym.hosts import bracket, is_loopback, is_wildcard
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.server_probe import (

@@ -8,8 +8,8 @@ under the same label, and add ``miles_nemogym:<kind>`` names, namespaced as NeMo
 asks, only for what happens before a request exists.
 
 As in NeMo-Gym, a name says what went wrong and nothing else: whether the reward is
-masked and whether the request could be retried are decided by the classifier
-(``episode/classify.py``) and the client (``episode/client.py``), per occurrence.
+masked and whether the request may be sent again are decided by ``episode/outcome.py`` and
+``episode/send.py``, per occurrence.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 import re
 from typing import Final
+
+from miles_nemogym.log_once import log_once
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +28,9 @@ TRANSPORT_UNREACHABLE: Final = "transport_unreachable"
 TRANSPORT_PEER_DROP: Final = "transport_peer_drop"
 # Connecting took longer than the connect timeout.
 TRANSPORT_TIMEOUT: Final = "transport_timeout"
+# The TLS handshake with an ``https`` server failed (its certificate refused, expired, or for
+# another host): the request never left, and it cannot until the certificate is fixed.
+TRANSPORT_TLS: Final = "miles_nemogym:transport_tls"
 # The agent server answered and the episode broke (HTTP 5xx, ``{error, traceback}``,
 # an unreadable body).
 AGENT_RUN_ERROR: Final = "agent_run_error"
@@ -46,7 +51,7 @@ CLIENT_ERROR: Final = "miles_nemogym:client_error"
 
 # NeMo-Gym's registered names (``nemo_gym/failure_kinds.py`` in nemo-gym 0.7.0) that this
 # client does not produce itself but a server may send.
-SERVER_KINDS: Final = frozenset(
+_SERVER_KINDS: Final = frozenset(
     {
         "transport_local_resource",
         "agent_command_not_allowed",
@@ -65,10 +70,11 @@ SERVER_KINDS: Final = frozenset(
         "cohort_incomplete",
     }
 )
-KNOWN_KINDS: Final = SERVER_KINDS | {
+_KNOWN_KINDS: Final = _SERVER_KINDS | {
     TRANSPORT_UNREACHABLE,
     TRANSPORT_PEER_DROP,
     TRANSPORT_TIMEOUT,
+    TRANSPORT_TLS,
     AGENT_RUN_ERROR,
     AGENT_REQUEST_FAILED,
     AGENT_TIMEOUT,
@@ -80,13 +86,12 @@ KNOWN_KINDS: Final = SERVER_KINDS | {
 
 # NeMo-Gym's name rule: ``<domain>_<condition>``, optionally namespaced ``<server>:<kind>``.
 _NAME = re.compile(r"[a-z][a-z0-9_]*(?::[a-z][a-z0-9_]*)?")
-NAME_MAX_CHARS = 64
-_warned_unknown: set[str] = set()
+_NAME_MAX_CHARS = 64
 
 
-def is_valid_name(kind: str) -> bool:
+def _is_valid_name(kind: str) -> bool:
     """Whether ``kind`` is a short identifier fit for a record, a log line and a metric key."""
-    return len(kind) <= NAME_MAX_CHARS and _NAME.fullmatch(kind) is not None
+    return len(kind) <= _NAME_MAX_CHARS and _NAME.fullmatch(kind) is not None
 
 
 def check_server_kind(kind: str) -> bool:
@@ -95,13 +100,17 @@ def check_server_kind(kind: str) -> bool:
     Like NeMo-Gym's ``validate_failure_kind``, an unregistered but well-formed name is
     kept and warned about once; anything else (long, multi-line, odd characters) is not.
     """
-    if kind in KNOWN_KINDS:
+    if kind in _KNOWN_KINDS:
         return True
-    if not is_valid_name(kind):
+    if not _is_valid_name(kind):
         return False
-    if kind not in _warned_unknown and len(_warned_unknown) < 1000:
-        _warned_unknown.add(kind)
-        logger.warning("the NeMo-Gym server sent an unregistered failure_kind %r; recorded as is (reported once)", kind)
+    log_once(
+        logger,
+        logging.WARNING,
+        f"failure_kind {kind}",
+        "the NeMo-Gym server sent an unregistered failure_kind %r; recorded as is",
+        kind,
+    )
     return True
 
 
@@ -110,4 +119,4 @@ def metric_label(kind: str) -> str:
 
     A name that is not a short identifier (a corrupted record) becomes ``unrecognized``
     rather than an unbounded metric key."""
-    return kind.replace(":", "_") if is_valid_name(kind) else "unrecognized"
+    return kind.replace(":", "_") if _is_valid_name(kind) else "unrecognized"

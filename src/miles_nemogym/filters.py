@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from miles_nemogym.rollout import run_stop
-from miles_nemogym.rollout.ledger import ledger
+from miles_nemogym.rollout.ledger import check_run, ledger
 from miles_nemogym.salvage import HOOK_PATH, group_verdict
 from miles_nemogym.settings import get_settings
 
@@ -58,7 +57,7 @@ def check_episode_group(args: Any, samples: Any, **kwargs: Any) -> Any:
     """Miles filter: keep the group when it can be trained; raise ``RunStopped`` when the
     run must stop (see the module docstring)."""
     settings = get_settings()
-    run_stop.check(settings)  # the one exception meant to leave this hook
+    check_run(settings)  # the one exception meant to leave this hook
     group_size = getattr(args, "n_samples_per_prompt", None)
     min_valid = settings.min_valid_per_group if salvage_wired(args) else 0
     try:

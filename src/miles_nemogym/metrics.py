@@ -10,32 +10,30 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import Counter
+import re
+from collections import defaultdict
 from typing import Any
 
+from miles_nemogym.episode.record import (
+    EVAL,
+    TRAIN,
+    EpisodeRecord,
+    SampledEpisode,
+    distinct_episodes,
+    flatten,
+    record_of,
+)
 from miles_nemogym.failure_kinds import metric_label
 from miles_nemogym.rollout.ledger import Tally, ledger
-from miles_nemogym.rollout.pass_at_k import eval_set_metrics
-from miles_nemogym.rollout.roles import EVAL, TRAIN, ledger_role
-from miles_nemogym.rollout.samples import episodes, flatten, record_of
 from miles_nemogym.salvage import zero_loss_samples
 from miles_nemogym.store.writer import seal_all
 
+__all__ = ["eval_k", "eval_set_metrics", "log_eval", "log_rollout", "pass_at_k", "rollout_metrics"]
+
 logger = logging.getLogger(__name__)
 
-PREFIX = "nemogym/"
-
-
-def _percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile of a non-empty list."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
+_PREFIX = "nemogym/"
+_EVAL_PREFIX = "nemogym-eval/"
 
 # Record fields the metrics measure: one that is unreadable is left out of its statistic
 # and counted in ``corrupt_fields`` (``episode_id`` only tells episodes apart).
@@ -45,50 +43,34 @@ _MEASURED = frozenset(
 )
 
 
-def compute_metrics(samples: Any) -> dict[str, float]:
-    """``nemogym/*`` metrics of one rollout's samples. Pure; no Miles needed."""
+def rollout_metrics(samples: Any, tally: Tally) -> dict[str, float]:
+    """``nemogym/*`` of one rollout step. Counts (episodes, failures, groups, outage wait) come
+    from the ledger's ``tally``, which also saw dropped groups and record-less samples; the
+    quality of valid episodes and their times from the samples. Pure."""
     flat = list(flatten(samples))
-    found = episodes(flat)
+    found = distinct_episodes(flat)
     metrics: dict[str, float] = {
         "samples": float(len(flat)),
         "samples_without_record": float(sum(1 for s in flat if record_of(s) is None)),
-        "episodes": float(len(found)),
+        "samples_zero_loss": float(zero_loss_samples(flat)),
+        **_counts(tally),
+        **_quality([e.record for e in found if not e.record.mask_sample]),
     }
-    if not found:
-        return {PREFIX + key: value for key, value in metrics.items()}
-
-    records = [episode.record for episode in found]
-    valid = [r for r in records if not r.mask_sample]
-    metrics["failure_rate"] = (len(records) - len(valid)) / len(records)
-    kinds = Counter(metric_label(r.failure_kind or "unknown") for r in records if r.mask_sample)
-    for kind, count in sorted(kinds.items()):
-        metrics[f"failure_rate/{kind}"] = count / len(records)
-
-    if valid:
-        metrics["resolve_rate"] = sum(1 for r in valid if r.resolved) / len(valid)
-        metrics["patch_applied_rate"] = sum(1 for r in valid if r.patch_applied) / len(valid)
-        fractions = [r.fail_to_pass.fraction for r in valid if r.fail_to_pass is not None]
-        optional = {
-            "fail_to_pass_fraction_mean": _mean([f for f in fractions if f is not None]),
-            "turns_mean": _mean([float(r.turns) for r in valid if r.turns is not None]),
-            "tool_calls_mean": _mean([float(r.tool_calls) for r in valid if r.tool_calls is not None]),
-        }
-        metrics.update({key: value for key, value in optional.items() if value is not None})
-
     # Only episodes that were sent have a duration; a row rejected before sending has none.
+    records = [e.record for e in found]
     times = [r.elapsed_s for r in records if r.attempts and "elapsed_s" in r.model_fields_set]
     if times:
         metrics["episode_time_p50"] = _percentile(times, 50)
         metrics["episode_time_p95"] = _percentile(times, 95)
         metrics["episode_time_max"] = max(times)
-    corrupt = sum(len(episode.unreadable & _MEASURED) for episode in found)
+    corrupt = sum(len(e.unreadable & _MEASURED) for e in found)
     if corrupt:
         metrics["corrupt_fields"] = float(corrupt)
-    return {PREFIX + key: value for key, value in metrics.items()}
+    return {_PREFIX + key: value for key, value in metrics.items()}
 
 
-def ledger_metrics(tally: Tally) -> dict[str, float]:
-    """``nemogym/*`` metrics of one period of the ledger. Pure."""
+def _counts(tally: Tally) -> dict[str, float]:
+    """The ledger's counts of one period; failure rates over episodes that ran (not cancelled)."""
     metrics: dict[str, float] = {
         "episodes": float(tally.episodes),
         "episodes_cancelled": float(tally.cancelled),
@@ -100,23 +82,36 @@ def ledger_metrics(tally: Tally) -> dict[str, float]:
         metrics["failure_rate"] = sum(tally.failures.values()) / tally.episodes
         for kind, count in sorted(tally.failures.items()):
             metrics[f"failure_rate/{metric_label(kind)}"] = count / tally.episodes
-    return {PREFIX + key: value for key, value in metrics.items()}
-
-
-def rollout_metrics(samples: Any, tally: Tally) -> dict[str, float]:
-    """What ``log_rollout`` logs: sample metrics, with episode counts from the ledger. Pure."""
-    metrics = compute_metrics(samples)
-    metrics[PREFIX + "samples_zero_loss"] = float(zero_loss_samples(samples))
-    if tally.episodes or tally.cancelled:
-        # The samples' counts miss dropped groups and record-less samples: replace them.
-        for key in [k for k in metrics if k.startswith(PREFIX + "failure_rate")]:
-            del metrics[key]
-        metrics.update(ledger_metrics(tally))
-    else:
-        rest = ledger_metrics(tally)
-        for key in ("groups_salvaged", "groups_dropped", "outage_wait_s"):
-            metrics[PREFIX + key] = rest[PREFIX + key]
     return metrics
+
+
+def _quality(valid: list[EpisodeRecord]) -> dict[str, float]:
+    """Rates over valid episodes only: a resolve rate diluted by crashed containers would read
+    as a policy regression. Shared by the rollout and the eval metrics."""
+    if not valid:
+        return {}
+    metrics = {
+        "resolve_rate": sum(1 for r in valid if r.resolved) / len(valid),
+        "patch_applied_rate": sum(1 for r in valid if r.patch_applied) / len(valid),
+    }
+    fractions = [f for f in (r.fail_to_pass.fraction for r in valid if r.fail_to_pass) if f is not None]
+    turns = [float(r.turns) for r in valid if r.turns is not None]
+    tool_calls = [float(r.tool_calls) for r in valid if r.tool_calls is not None]
+    for key, values in (
+        ("fail_to_pass_fraction_mean", fractions),
+        ("turns_mean", turns),
+        ("tool_calls_mean", tool_calls),
+    ):
+        if values:
+            metrics[key] = sum(values) / len(values)
+    return metrics
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
 
 
 def log_rollout(
@@ -132,7 +127,7 @@ def log_rollout(
         metrics: dict[str, Any] = dict(rollout_metrics(samples, tally))
     except Exception:  # never fail Miles' rollout logging over our metrics; the ledger's still count
         logger.exception("rollout %s: nemogym sample metrics could not be computed", rollout_id)
-        metrics = dict(ledger_metrics(tally))
+        metrics = {_PREFIX + key: value for key, value in _counts(tally).items()}
     _seal(TRAIN, rollout_id)
     _track(args, rollout_id, metrics, "rollout/step")
     return False
@@ -172,7 +167,7 @@ def log_eval(rollout_id: int, args: Any, data: Any, extra_metrics: Any = None) -
     metrics: dict[str, Any] = {}
     for name, result in (data or {}).items():
         samples = result.get("samples") if isinstance(result, dict) else None
-        tally = ledger.drain(ledger_role(EVAL, str(name)))
+        tally = ledger.drain(EVAL, str(name))
         try:
             metrics.update(eval_set_metrics(str(name), samples or [], eval_k(args, str(name)), tally))
         except Exception:  # never fail Miles' eval logging over our metrics
@@ -180,3 +175,64 @@ def log_eval(rollout_id: int, args: Any, data: Any, extra_metrics: Any = None) -
     _seal(EVAL, rollout_id)
     _track(args, rollout_id, metrics, "eval/step")
     return False
+
+
+# -- eval: nemogym-eval/<set>/* -----------------------------------------------------------------
+# pass@1 and pass@k over valid episodes only, grouped by ``instance_id`` (Miles' eval
+# ``index`` is a running counter); masked episodes counted by kind, from the ledger.
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one instance with ``n`` valid episodes, ``c`` of them resolved
+    (Chen et al. 2021: 1 - C(n-c, k) / C(n, k)); needs ``n >= k``."""
+    if n < k:
+        raise ValueError(f"pass@{k} needs at least {k} episodes, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def eval_set_metrics(name: str, samples: Any, k: int, tally: Tally) -> dict[str, float]:
+    """``nemogym-eval/<name>/*`` of one eval set: counts from the ledger's ``tally`` of the set
+    (it also saw episodes Miles returned without our record), pass@k and quality from the samples."""
+    flat = list(flatten(samples))
+    found = distinct_episodes(flat)
+    valid = [e for e in found if not e.record.mask_sample]
+    masked = sum(tally.failures.values())
+    metrics: dict[str, float] = {
+        "samples": float(len(flat)),
+        "episodes": float(tally.episodes),
+        "episodes_valid": float(tally.episodes - masked),
+        "episodes_masked": float(masked),
+        "masked_fraction": masked / tally.episodes if tally.episodes else 0.0,
+    }
+    for kind, count in sorted(tally.failures.items()):
+        metrics[f"masked/{metric_label(kind)}"] = float(count)
+
+    by_instance: dict[str, list[bool]] = defaultdict(list)
+    for episode in valid:
+        by_instance[str(episode.record.instance_id)].append(bool(episode.record.resolved))
+    # An instance whose episodes all failed has no measurement: it is short of k, not a 0.
+    instances = {str(e.record.instance_id) for e in found}
+    metrics["instances"] = float(len(instances))
+    if by_instance:
+        metrics["pass@1"] = sum(sum(v) / len(v) for v in by_instance.values()) / len(by_instance)
+    full = {iid: v for iid, v in by_instance.items() if len(v) >= k}
+    metrics["instances_short_of_k"] = float(len(instances) - len(full))
+    if full and k > 1:
+        metrics[f"pass@{k}"] = sum(pass_at_k(len(v), sum(v), k) for v in full.values()) / len(full)
+    metrics.update(_quality([e.record for e in valid]))
+    metrics.update(_resolve_rate_per_repo(valid))
+    return {f"{_EVAL_PREFIX}{name}/{key}": value for key, value in metrics.items()}
+
+
+def _resolve_rate_per_repo(valid: list[SampledEpisode]) -> dict[str, float]:
+    per_repo: dict[str, list[bool]] = defaultdict(list)
+    for episode in valid:
+        repo = episode.metadata.get("repo")
+        if isinstance(repo, str):
+            per_repo[repo].append(bool(episode.record.resolved))
+    return {
+        f"resolve_rate/{re.sub(r'[^A-Za-z0-9_.-]', '__', repo)}": sum(resolved) / len(resolved)
+        for repo, resolved in sorted(per_repo.items())
+    }

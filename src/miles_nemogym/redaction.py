@@ -12,12 +12,17 @@ import re
 from functools import lru_cache
 from urllib.parse import urlsplit, urlunsplit
 
+from miles_nemogym.log_once import log_once
+
+__all__ = ["REDACTED", "KeyScrubber", "key_scrubber", "redact_url", "redact_urls"]
+
 logger = logging.getLogger(__name__)
 
 REDACTED = "***"
+"""What stands in for a hidden secret."""
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")
 
-MIN_SECRET_CHARS = 8
+_MIN_SECRET_CHARS = 8
 """A shorter key (local servers often take ``EMPTY``) cannot be told apart from ordinary
 text, so replacing it would rewrite words and numbers of the answer; it is treated as
 non-secret (with one warning) instead."""
@@ -108,11 +113,14 @@ def key_scrubber(secret: str | None) -> KeyScrubber | None:
     """The scrubber for ``secret``, or None when there is nothing text redaction can protect."""
     if not secret:
         return None
-    if len(secret) < MIN_SECRET_CHARS:
-        logger.warning(
+    if len(secret) < _MIN_SECRET_CHARS:
+        log_once(
+            logger,
+            logging.WARNING,
+            "short policy API key",
             "NEMO_GYM_POLICY_API_KEY is shorter than %d characters: it is treated as non-secret "
             "and not redacted from server answers (use a real key if it must stay private)",
-            MIN_SECRET_CHARS,
+            _MIN_SECRET_CHARS,
         )
         return None
     return KeyScrubber(secret)

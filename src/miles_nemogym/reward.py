@@ -12,9 +12,11 @@ import math
 from collections import Counter
 from typing import Any
 
-from miles_nemogym.episode.record import REWARD_KEY, EpisodeRecord, RecordRead, read_record
-from miles_nemogym.rollout.samples import metadata_of
+from miles_nemogym.episode.record import REWARD_KEY, EpisodeRecord, RecordRead, metadata_of, read_record
+from miles_nemogym.log_once import log_once
 from miles_nemogym.settings import RewardMode, SettingsError, get_settings
+
+__all__ = ["partial_credit", "problems", "reward_func", "score", "score_record"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,16 +73,11 @@ def _score_sample(sample: Any, mode: RewardMode) -> float:
     return value
 
 
-_config_errors_logged: set[str] = set()
-
-
 def _mode() -> RewardMode:
     try:
         return get_settings().reward_mode
     except SettingsError as error:
-        if str(error) not in _config_errors_logged:
-            _config_errors_logged.add(str(error))
-            logger.error("reward hook: %s; scoring in binary mode [logged once]", error)
+        log_once(logger, logging.ERROR, f"reward {error}", "reward hook: %s; scoring in binary mode", error)
         return RewardMode.binary
 
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
+from miles_nemogym.episode.record import flatten, is_aborted, record_of
 from miles_nemogym.failure_kinds import metric_label
-from miles_nemogym.rollout.samples import flatten, is_aborted, record_of
 
 HOOK_PATH = "miles_nemogym.salvage.reward_post_process"
 """What ``--custom-reward-post-process-path`` must name for a partly failed group to be kept."""

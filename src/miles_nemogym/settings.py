@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from miles_nemogym.errors import MilesNemoGymError
-from miles_nemogym.redaction import redact_url
+from miles_nemogym.redaction import KeyScrubber, key_scrubber, redact_url
 from miles_nemogym.validation import describe
 
 
@@ -44,8 +44,8 @@ class Settings(BaseModel):
     """Base URL of the NeMo-Gym ``mini_swe_agent_2`` server (``/run`` is appended)."""
 
     run_timeout_s: float = Field(default=3600.0, gt=0, alias="NEMO_GYM_RUN_TIMEOUT", allow_inf_nan=False)
-    """Whole-episode deadline in seconds, including time queued behind the server's
-    concurrency limit. The server has no episode limit of its own."""
+    """Seconds a delivered ``/run`` may take to answer, including time queued behind the
+    server's concurrency limit. The server has no episode limit of its own."""
 
     connect_timeout_s: float = Field(default=10.0, gt=0, alias="NEMO_GYM_CONNECT_TIMEOUT", allow_inf_nan=False)
     """Seconds to establish a TCP connection to the server."""
@@ -53,14 +53,6 @@ class Settings(BaseModel):
     max_concurrency: int = Field(default=4096, ge=1, alias="NEMO_GYM_MAX_CONCURRENCY")
     """Most ``/run`` requests this process holds open at once; the connection pool is
     sized to it so no episode waits silently behind a pool limit."""
-
-    retry_attempts: int = Field(default=5, ge=1, le=100, alias="NEMO_GYM_RETRY_ATTEMPTS")
-    """Attempts for a request that certainly never reached the server."""
-
-    retry_backoff_s: float = Field(default=1.0, gt=0, alias="NEMO_GYM_RETRY_BACKOFF", allow_inf_nan=False)
-    """First backoff delay; doubles per attempt with full jitter."""
-
-    retry_backoff_max_s: float = Field(default=30.0, gt=0, alias="NEMO_GYM_RETRY_BACKOFF_MAX", allow_inf_nan=False)
 
     policy_api_key: SecretStr | None = Field(default=None, alias="NEMO_GYM_POLICY_API_KEY")
     """Bearer token the harness sends to the policy endpoint. Never logged or returned."""
@@ -86,7 +78,8 @@ class Settings(BaseModel):
     0 drops a group on any failure."""
 
     outage_timeout_s: float = Field(default=900.0, gt=0, alias="NEMO_GYM_OUTAGE_TIMEOUT", allow_inf_nan=False)
-    """Seconds episodes wait for an unreachable server before failing and stopping the run."""
+    """Seconds with no ``/run`` delivered (server down, refusing connections, or its TLS
+    certificate refused) before waiting episodes fail and the run stops."""
 
     max_failure_streak: int = Field(default=64, ge=0, alias="NEMO_GYM_MAX_FAILURE_STREAK")
     """Consecutive failed episodes, with no valid one between, that stop the run (0: never)."""
@@ -132,6 +125,10 @@ class Settings(BaseModel):
     @property
     def run_url(self) -> str:
         return f"{self.gym_url}/run"
+
+    def key_scrubber(self) -> KeyScrubber | None:
+        """What removes the policy API key from outside text; None when there is nothing to hide."""
+        return key_scrubber(self.policy_api_key.get_secret_value() if self.policy_api_key else None)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -193,26 +190,20 @@ def _describe(error: ValidationError, given: Mapping[str, Any], labels: Mapping[
     return describe(error, label=label)
 
 
-_current: tuple[tuple[object, ...], Settings] | None = None
-_ENCODED_VARS: tuple[object, ...] = (
-    tuple(map(os.environ.encodekey, ENV_VARS)) if hasattr(os.environ, "encodekey") else ()
-)
-
-
-def _environment_key() -> tuple[object, ...]:
-    """The plugin variables' current values, cheaply: this runs on every episode, and
-    ``os.environ.get`` encodes each name and decodes each value in Python."""
-    raw = getattr(os.environ, "_data", None)  # CPython's encoded mapping behind os.environ
-    if isinstance(raw, dict) and _ENCODED_VARS:
-        return tuple(map(raw.get, _ENCODED_VARS))
-    return tuple(os.environ.get(name) for name in ENV_VARS)
+_current: tuple[tuple[str | None, ...], Settings] | None = None
 
 
 def get_settings() -> Settings:
     """This process's settings, for the hooks: read from the environment on first use and again
     only if a plugin variable changed since (tests change them); raises ``SettingsError``."""
     global _current
-    key = _environment_key()
+    key = tuple(map(os.environ.get, ENV_VARS))
     if _current is None or _current[0] != key:
         _current = (key, Settings.from_env())
     return _current[1]
+
+
+def reset() -> None:
+    """Forget the cached settings (tests)."""
+    global _current
+    _current = None

@@ -25,7 +25,7 @@ from miles_nemogym import agent, filters
 from miles_nemogym.cli.main import app
 from miles_nemogym.data import convert_row
 from miles_nemogym.doctor import all_passed, run_checks
-from miles_nemogym.episode import client
+from miles_nemogym.episode import send as client
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer, free_port
 from miles_nemogym.scan import golden_scan
@@ -152,7 +152,6 @@ async def test_server_killed_mid_episode_is_a_transport_failure_never_resent(
         GymServer(ServeOptions.model_validate(INTEGRATION_OPTIONS), state_dir=tmp_path / "gym") as server,
     ):
         monkeypatch.setenv("NEMO_GYM_URL", server.url)
-        monkeypatch.setenv("NEMO_GYM_RETRY_ATTEMPTS", "5")
         url = policy.session_url()
         session = RecordingPolicy.session_id_of(url)
         policy.configure_session(session, slow=True)

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 
 SYMPY, SKLEARN, PYLINT = "sympy__sympy-20916", "scikit-learn__scikit-learn-14141", "pylint-dev__pylint-4551"
 SPHINX = "sphinx-doc__sphinx-8595"
-FAST_ENV = {"NEMO_GYM_RETRY_ATTEMPTS": "1", "NEMO_GYM_RUN_TIMEOUT": "600"}
+FAST_ENV = {"NEMO_GYM_RUN_TIMEOUT": "600"}
 E = "nemogym-eval/swe/"
 
 

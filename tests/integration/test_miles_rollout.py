@@ -35,7 +35,7 @@ SPHINX = "sphinx-doc__sphinx-8595"
 # The first group fails; Miles draws over_sampling_batch_size (2) more prompts, so four
 # rows keep the faulted instance from coming round again in the same step.
 FAULT_ROWS = (SYMPY, SKLEARN, PYLINT, SPHINX)
-FAST_ENV = {"NEMO_GYM_RETRY_ATTEMPTS": "1", "NEMO_GYM_RUN_TIMEOUT": "600"}
+FAST_ENV = {"NEMO_GYM_RUN_TIMEOUT": "600"}
 
 
 @pytest.fixture(scope="module")

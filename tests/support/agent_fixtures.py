@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from miles_nemogym import agent
-from miles_nemogym.episode import client
+from miles_nemogym.episode import send
 from tests.support.fault_server import FaultServer
 
 SESSION = "http://127.0.0.1:39999/sessions/s-1"
@@ -19,9 +19,7 @@ SESSION = "http://127.0.0.1:39999/sessions/s-1"
 
 @pytest.fixture
 def fast_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Short retry budgets, no key, no external host: each test sets what it needs."""
-    monkeypatch.setenv("NEMO_GYM_RETRY_BACKOFF", "0.05")
-    monkeypatch.setenv("NEMO_GYM_RETRY_BACKOFF_MAX", "0.2")
+    """A short connect timeout, no key, no external host: each test sets what it needs."""
     monkeypatch.setenv("NEMO_GYM_CONNECT_TIMEOUT", "2")
     for name in ("NEMO_GYM_POLICY_API_KEY", "MILES_ROUTER_EXTERNAL_HOST", "NEMO_GYM_REWARD_RANGE"):
         monkeypatch.delenv(name, raising=False)
@@ -35,7 +33,7 @@ async def server(
     srv = await FaultServer(result=sympy_result).start()
     monkeypatch.setenv("NEMO_GYM_URL", srv.url)
     yield srv
-    await client.close_client()
+    await send.close_client()
     await srv.stop()
 
 

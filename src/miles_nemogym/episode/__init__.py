@@ -1,3 +1,4 @@
-"""The ``/run`` pipeline: ``run.run_episode`` builds one episode's request (``request``), sends
-it (``in_flight``, ``circuit``, ``client``), classifies the answer (``classify``) and finishes
-the record (``record``) that the hooks read back."""
+"""One ``/run`` episode, stage by stage: ``request`` (policy URL, body), ``send`` (abort registry,
+connection pool, the one resend rule, through ``circuit``), ``outcome`` (answer → ``Outcome`` →
+record), and ``record`` (the record on every sample and its one reader). Imports no hook and
+nothing from ``rollout``."""

@@ -1,8 +1,11 @@
 """One process-wide circuit for the NeMo-Gym server: episodes wait out an outage.
 
 Closed: send. Open (after an undeliverable ``/run``): wait while one task probes the server
-with a TCP connection. Given up (after ``NEMO_GYM_OUTAGE_TIMEOUT``): fail, and
-``stop_error()`` stops the run. Thread-safe; why: docs/episode-pipeline.md.
+by opening a connection the way a request does (TCP, and TLS with certificate checks for an
+``https`` URL). Given up (no ``/run`` delivered for ``NEMO_GYM_OUTAGE_TIMEOUT``): fail, and
+``stop_error()`` stops the run. The outage clock runs from the first undeliverable ``/run``
+until one is delivered, however often the probe succeeds in between. Thread-safe; why:
+docs/episode-pipeline.md.
 """
 
 from __future__ import annotations
@@ -11,28 +14,38 @@ import asyncio
 import contextlib
 import logging
 import random
+import ssl
 import threading
 import time
 from urllib.parse import urlsplit
 
+from miles_nemogym import failure_kinds as fk
 from miles_nemogym.redaction import redact_url
+
+__all__ = ["circuit"]
 
 logger = logging.getLogger(__name__)
 
-WARN_EVERY_S = 60.0
-PROBE_BACKOFF_S = 0.5
-PROBE_BACKOFF_MAX_S = 15.0
-RECHECK_S = 10.0
+_WARN_EVERY_S = 60.0
+_PROBE_BACKOFF_S = 0.125
+_PROBE_BACKOFF_MAX_S = 0.5
+"""The probe's delay doubles up to this (jittered down to half): a server that listens for half a
+second at a time is caught in that half second."""
+_RECHECK_S = 10.0
 
 
-class Circuit:
+class _Circuit:
     """Closed (send), open (wait and probe) or given up (fail, stop the run)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._opened_at: float | None = None
+        self._down_since: float | None = None
+        """First undeliverable ``/run`` with none delivered since: the outage clock."""
+        self._open = False
         self._url = ""
         self._timeout_s = 0.0
+        self._kind = fk.TRANSPORT_UNREACHABLE
+        self._reason = ""
         self._gave_up: str | None = None
         self._probing = False
         self._waiting = 0
@@ -42,9 +55,10 @@ class Circuit:
     @property
     def is_open(self) -> bool:
         with self._lock:
-            return self._opened_at is not None
+            return self._open
 
     def waiting(self) -> int:
+        """Episodes waiting for the server now."""
         with self._lock:
             return self._waiting
 
@@ -53,33 +67,39 @@ class Circuit:
         with self._lock:
             return self._gave_up
 
-    def trip(self, url: str, timeout_s: float) -> None:
-        """An undeliverable ``/run``: open the circuit (no-op when already open)."""
+    def trip(self, url: str, timeout_s: float, kind: str, reason: str) -> None:
+        """An undeliverable ``/run`` (``kind``, ``reason``): open the circuit; the outage clock
+        keeps running from the first one since the last delivered ``/run``."""
         with self._lock:
-            if self._opened_at is not None or self._gave_up is not None:
+            self._kind, self._reason = kind, reason
+            if self._open or self._gave_up is not None:
                 return
-            self._opened_at = time.monotonic()
+            self._open = True
             self._url, self._timeout_s = url, timeout_s
-        logger.warning(
-            "NeMo-Gym server %s is unreachable: episodes wait for it (up to NEMO_GYM_OUTAGE_TIMEOUT=%gs)",
-            redact_url(url),
-            timeout_s,
-        )
+            fresh = self._down_since is None
+            if fresh:
+                self._down_since = time.monotonic()
+        if fresh:
+            logger.warning(
+                "NeMo-Gym server %s cannot be reached (%s): episodes wait for it (up to NEMO_GYM_OUTAGE_TIMEOUT=%gs)",
+                redact_url(url),
+                reason,
+                timeout_s,
+            )
 
     def delivered(self) -> None:
-        """A ``/run`` reached the server: an outage that gave up is over too."""
-        if self._opened_at is None and self._gave_up is None:
+        """A ``/run`` reached the server: the outage (also one that gave up) is over."""
+        if self._down_since is None and self._gave_up is None:
             return  # the healthy path: no lock
+        with self._lock:
+            self._down_since = None
         self._close(None)
 
-    async def wait(self) -> tuple[bool, float]:
-        """Wait while the circuit is open: (server reachable, seconds waited).
-
-        Returns at once when closed. ``False`` means the outage timed out.
-        Cancellation (``abort()``, the caller's) propagates as usual.
-        """
-        if self._opened_at is None and self._gave_up is None:
-            return True, 0.0
+    async def wait(self) -> tuple[str | None, float]:
+        """Wait while the circuit is open: (the failure kind if the outage timed out, else
+        None; seconds waited). Returns at once when closed. Cancellation propagates."""
+        if not self._open and self._gave_up is None:
+            return None, 0.0
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         with self._lock:
@@ -88,9 +108,9 @@ class Circuit:
             while True:
                 with self._lock:
                     if self._gave_up is not None:
-                        return False, time.monotonic() - started
-                    if self._opened_at is None:
-                        return True, time.monotonic() - started
+                        return self._kind, time.monotonic() - started
+                    if not self._open:
+                        return None, time.monotonic() - started
                     event = self._wakeups.get(loop)
                     if event is None or event.is_set():
                         event = self._wakeups[loop] = asyncio.Event()
@@ -103,61 +123,71 @@ class Circuit:
                         self._probe_task = loop.create_task(self._probe_loop())
                 # Woken by the probe; the timeout re-checks that a probe still runs somewhere.
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(event.wait(), RECHECK_S)
+                    await asyncio.wait_for(event.wait(), _RECHECK_S)
         finally:
             with self._lock:
                 self._waiting -= 1
 
     async def _probe_loop(self) -> None:
-        """The one probe: connect with backoff until the server answers or time runs out."""
+        """The one probe: connect with capped backoff until the server answers or time runs out."""
         attempt = 0
         last_warning = time.monotonic()
         try:
             while True:
                 with self._lock:
-                    opened_at, url, timeout_s = self._opened_at, self._url, self._timeout_s
-                if opened_at is None:
+                    down_since, url, timeout_s = self._down_since, self._url, self._timeout_s
+                    is_open, kind, reason = self._open, self._kind, self._reason
+                if not is_open or down_since is None:
                     return
                 now = time.monotonic()
-                if now - opened_at >= timeout_s:
+                if now - down_since >= timeout_s:
                     self._close(
-                        f"the NeMo-Gym server {redact_url(url)} has been unreachable for "
-                        f"{now - opened_at:.0f}s (NEMO_GYM_OUTAGE_TIMEOUT={timeout_s:g}s): the run stops. "
-                        "Start the server (or fix NEMO_GYM_URL) and resume from the last checkpoint; "
-                        "raise NEMO_GYM_OUTAGE_TIMEOUT to wait longer"
+                        f"the NeMo-Gym server {redact_url(url)} could not be reached for "
+                        f"{now - down_since:.0f}s ({kind}: {reason}; NEMO_GYM_OUTAGE_TIMEOUT={timeout_s:g}s): "
+                        "the run stops. Start the server (or fix NEMO_GYM_URL, or its TLS certificate) and "
+                        "resume from the last checkpoint; raise NEMO_GYM_OUTAGE_TIMEOUT to wait longer"
                     )
                     return
-                if await probe(url, min(10.0, timeout_s)):
-                    logger.warning(
-                        "NeMo-Gym server %s answers again after %.0fs; sending %d waiting episode(s)",
+                # Wait first: right after a failed /run (or a probe that let one fail again), a
+                # connection at once would only spin.
+                await asyncio.sleep(self._delay(attempt, down_since + timeout_s))
+                attempt += 1
+                error = await _connect(url, min(10.0, timeout_s))
+                if error is None:
+                    logger.info(
+                        "NeMo-Gym server %s answers a connection after %.0fs; sending %d waiting episode(s)",
                         redact_url(url),
-                        now - opened_at,
+                        time.monotonic() - down_since,
                         self.waiting(),
                     )
                     self._close(None)
                     return
-                if time.monotonic() - last_warning >= WARN_EVERY_S:
+                with self._lock:
+                    self._reason = error
+                if time.monotonic() - last_warning >= _WARN_EVERY_S:
                     last_warning = time.monotonic()
                     logger.warning(
-                        "NeMo-Gym server %s unreachable for %.0fs; %d episode(s) waiting (stop after %gs)",
+                        "NeMo-Gym server %s unreachable for %.0fs (%s); %d episode(s) waiting (stop after %gs)",
                         redact_url(url),
-                        last_warning - opened_at,
+                        last_warning - down_since,
+                        error,
                         self.waiting(),
                         timeout_s,
                     )
-                attempt += 1
-                delay = random.uniform(0.5, 1.0) * min(PROBE_BACKOFF_MAX_S, PROBE_BACKOFF_S * 2 ** (attempt - 1))
-                remaining = opened_at + timeout_s - time.monotonic()
-                await asyncio.sleep(max(0.0, min(delay, remaining)))
         finally:
             with self._lock:
                 self._probing = False
             # Another loop's waiters may still need a probe (this loop may be closing).
             self._wake_all()
 
+    @staticmethod
+    def _delay(attempt: int, deadline: float) -> float:
+        delay = random.uniform(0.5, 1.0) * min(_PROBE_BACKOFF_MAX_S, _PROBE_BACKOFF_S * 2.0**attempt)
+        return max(0.0, min(delay, deadline - time.monotonic()))
+
     def _close(self, gave_up: str | None) -> None:
         with self._lock:
-            self._opened_at = None
+            self._open = False
             self._gave_up = gave_up
         if gave_up:
             logger.error("%s", gave_up)
@@ -167,37 +197,46 @@ class Circuit:
         with self._lock:
             wakeups = list(self._wakeups.items())
             self._wakeups.clear()
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
         for loop, event in wakeups:
             if loop.is_closed():
                 continue
-            try:
-                running = asyncio.get_running_loop()
-            except RuntimeError:
-                running = None
             if loop is running:
                 event.set()
             else:
                 loop.call_soon_threadsafe(event.set)
 
     def reset(self) -> None:
-        """Closed, with no stop error (tests; a new run in the same process)."""
+        """Closed, with no outage and no stop error (tests; a new run in the same process)."""
+        with self._lock:
+            self._down_since = None
         self._close(None)
 
 
-async def probe(url: str, timeout_s: float) -> bool:
-    """Whether a TCP connection to ``url``'s host and port opens within ``timeout_s``."""
+async def _connect(url: str, timeout_s: float) -> str | None:
+    """Open (and close) a connection to ``url``'s host as a request would: TCP, plus a TLS
+    handshake with certificate checks for ``https``. None on success, else what failed.
+    Never sends a request: ``/run`` would start a paid episode."""
     parts = urlsplit(url)
     host = parts.hostname or "localhost"
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    tls = parts.scheme == "https"
+    port = parts.port or (443 if tls else 80)
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
-    except (OSError, asyncio.TimeoutError):
-        return False
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=ssl.create_default_context() if tls else None), timeout_s
+        )
+    except ssl.SSLError as error:
+        return f"TLS: {error}"
+    except (OSError, asyncio.TimeoutError) as error:
+        return f"cannot connect: {error or type(error).__name__}"
     writer.close()
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, ssl.SSLError):
         await writer.wait_closed()
-    return True
+    return None
 
 
-circuit = Circuit()
+circuit = _Circuit()
 """The process's circuit for the NeMo-Gym server."""

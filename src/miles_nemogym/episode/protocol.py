@@ -12,6 +12,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 from typing_extensions import TypedDict
 
+__all__ = ["OutputItem", "ResponsesCreateParams", "RunRequest", "RunResponse"]
+
 
 class ResponsesCreateParams(BaseModel):
     """The ``responses_create_params`` the server accepts (nemo-gym's
@@ -79,7 +81,7 @@ class OutputItem(TypedDict, total=False):
     type: str | None
 
 
-class ResponseObject(BaseModel):
+class _ResponseObject(BaseModel):
     """The part of the Responses object in a ``/run`` result that the plugin reads."""
 
     model_config = ConfigDict(extra="ignore")
@@ -100,7 +102,7 @@ class RunResponse(BaseModel):
     instance_id: str | None = None
     metadata: dict[str, Any] | None = None
     """Graded: ``{instance_id, model_patch, eval_report}``; crashed: ``{error, traceback}``."""
-    response: ResponseObject | None = None
+    response: _ResponseObject | None = None
     mask_sample: bool = False
     failure_kind: str | None = None
     failure_reason: str | None = None

@@ -1,17 +1,41 @@
-"""The episode record on every sample (``metadata["nemogym"]``) and its one reader.
+"""What a sample's metadata holds of ours: the episode record (``metadata["nemogym"]``), its one
+reader, the train/eval marks, and how the hooks read Miles ``Sample`` objects.
 
-The agent function writes it; the reward hook, the group filter, the metrics, the eval
+The agent function writes the record; the reward hook, the group filter, salvage, the
 metrics, the episode store and the smoke run read it back with ``read_record``, so every
-field is named here only.
+field is named here only. Samples are read without importing Miles (``miles/utils/types.py``
+at 31f1ca9): only ``Sample.metadata`` and ``Sample.status``, nested lists accepted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
+
+__all__ = [
+    "EVAL",
+    "EVAL_REPORT_KEY",
+    "RECORD_KEY",
+    "REWARD_KEY",
+    "ROLE_KEYS",
+    "TRAIN",
+    "EpisodeRecord",
+    "RecordRead",
+    "SampledEpisode",
+    "TestCounts",
+    "distinct_episodes",
+    "eval_overrides",
+    "flatten",
+    "is_aborted",
+    "metadata_of",
+    "parse_record",
+    "read_record",
+    "record_of",
+    "role_of",
+]
 
 RECORD_KEY = "nemogym"
 """The ``sample.metadata`` key holding the record."""
@@ -19,6 +43,28 @@ REWARD_KEY = "reward"
 """The ``sample.metadata`` key holding the episode's final reward."""
 EVAL_REPORT_KEY = "eval_report"
 """The ``sample.metadata`` key holding the server's result metadata."""
+
+# Miles' ``--eval-config`` adds ``metadata_overrides`` to every eval sample (Miles
+# ``miles/utils/eval_config.py`` at 31f1ca9); the launcher sets these two marks.
+_ROLE_KEY = "nemogym_role"
+_EVAL_SET_KEY = "nemogym_eval_set"
+ROLE_KEYS = frozenset({_ROLE_KEY, _EVAL_SET_KEY})
+"""The train/eval marks: ours, never sent to the server as task fields."""
+TRAIN = "train"
+EVAL = "eval"
+
+
+def role_of(metadata: Mapping[str, Any] | None) -> tuple[str, str | None]:
+    """(``"train"`` or ``"eval"``, the eval set's name) of a sample's metadata."""
+    if not isinstance(metadata, Mapping) or metadata.get(_ROLE_KEY) != EVAL:
+        return TRAIN, None
+    name = metadata.get(_EVAL_SET_KEY)
+    return EVAL, str(name) if name else "eval"
+
+
+def eval_overrides(name: str) -> dict[str, str]:
+    """The ``metadata_overrides`` that mark every sample of eval set ``name``."""
+    return {_ROLE_KEY: EVAL, _EVAL_SET_KEY: name}
 
 
 class TestCounts(BaseModel):
@@ -103,3 +149,63 @@ def parse_record(raw: Any) -> RecordRead:
     unreadable |= wrong
     readable = {key: value for key, value in fields.items() if key not in wrong}
     return RecordRead(EpisodeRecord.model_validate(readable, strict=True), unreadable=frozenset(unreadable))
+
+
+# -- reading Miles samples --------------------------------------------------------------
+
+
+def flatten(samples: Any) -> Iterator[Any]:
+    """Every sample in ``samples``: one sample, a list of them, or a list of lists."""
+    if isinstance(samples, (list, tuple)):
+        for item in samples:
+            yield from flatten(item)
+    elif samples is not None:
+        yield samples
+
+
+def metadata_of(sample: Any) -> dict[str, Any]:
+    """``sample.metadata``, or an empty dict when it has none."""
+    metadata = getattr(sample, "metadata", None)
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def record_of(sample: Any) -> EpisodeRecord | None:
+    """The episode record the agent function wrote on ``sample``, if any."""
+    return read_record(metadata_of(sample)).record
+
+
+def is_aborted(sample: Any) -> bool:
+    """Whether ``sample.status`` is Miles' ``Sample.Status.ABORTED``."""
+    status = getattr(sample, "status", None)
+    name = getattr(status, "name", None) or getattr(status, "value", None) or status
+    return isinstance(name, str) and name.lower() == "aborted"
+
+
+@dataclass(frozen=True)
+class SampledEpisode:
+    """One distinct episode among a rollout's samples."""
+
+    record: EpisodeRecord
+    unreadable: frozenset[str]
+    """Record fields of a wrong type or value (see ``read_record``)."""
+    metadata: dict[str, Any]
+    """The metadata of its first sample (the task row: ``repo``, ...)."""
+
+
+def distinct_episodes(samples: Iterable[Any]) -> list[SampledEpisode]:
+    """The distinct episodes among ``samples`` (one episode may span samples), in order;
+    a record without a readable ``episode_id`` is an episode of its own."""
+    seen: set[str] = set()
+    out = []
+    for sample in samples:
+        metadata = metadata_of(sample)
+        read = read_record(metadata)
+        if read.record is None:
+            continue
+        episode_id = read.record.episode_id
+        if episode_id is not None:
+            if episode_id in seen:
+                continue
+            seen.add(episode_id)
+        out.append(SampledEpisode(read.record, read.unreadable, metadata))
+    return out

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from miles_nemogym import salvage
+from miles_nemogym.episode.record import eval_overrides
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.launcher.families import Parsers
 from miles_nemogym.redaction import redact_url
-from miles_nemogym.rollout.roles import eval_overrides
 from miles_nemogym.settings import ENV_VARS
 
 GENERATE_FUNCTION = "miles.rollout.generate_hub.agentic_tool_call.generate"

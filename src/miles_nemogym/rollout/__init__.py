@@ -1,1 +1,1 @@
-"""What the Miles hooks share across a rollout step: reading samples, the episode ledger, roles, the run stop."""
+"""What the Miles hooks share across a rollout step: the episode ledger and the run stop."""

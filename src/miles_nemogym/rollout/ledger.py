@@ -1,24 +1,36 @@
-"""Process-local ledger of finished episodes and group verdicts, drained by the log functions.
+"""Process-local ledger of finished episodes and group decisions, and the run stop.
 
 Counted from samples, failures vanish (Miles drops record-less ABORTED samples and dropped
-groups), so the agent function and the filter write here. Thread-safe. It also keeps the
-run-wide failure streak, which a drain does not reset.
+groups), so the two hooks that see them write here: the agent function every finished
+episode (with its outage wait, charged to its own role), the group filter every group. The
+log functions drain it once per step. It also keeps the run-wide failure streak, which a
+drain does not reset, and ``check_run`` stops the run on it or on an outage that outlasted
+``NEMO_GYM_OUTAGE_TIMEOUT`` (docs/episode-pipeline.md). Thread-safe.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
 from miles_nemogym import failure_kinds as fk
+from miles_nemogym.episode.circuit import circuit
+from miles_nemogym.episode.record import TRAIN
+from miles_nemogym.episode.send import abort_all
+from miles_nemogym.errors import MilesNemoGymError
+from miles_nemogym.redaction import redact_url
+from miles_nemogym.settings import Settings
 
-TRAIN = "train"
+__all__ = ["Ledger", "RunStopped", "Tally", "check_run", "ledger", "stop_reason"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
 class Tally:
-    """What one role did since the last drain."""
+    """What one role (train, or one eval set) did since the last drain."""
 
     episodes: int = 0
     """Finished episodes that are a measurement or a failure (cancelled ones excluded)."""
@@ -32,6 +44,11 @@ class Tally:
     """Seconds episodes spent waiting for an unreachable server, summed over episodes."""
 
 
+def _key(role: str, eval_set: str | None) -> str:
+    """One tally per eval set: ``train`` or ``eval:<set>``."""
+    return TRAIN if role == TRAIN else f"{role}:{eval_set}"
+
+
 class Ledger:
     """Thread-safe tallies per role, plus the process's failure streak."""
 
@@ -41,16 +58,19 @@ class Ledger:
         self._streak = 0
         self._streak_kinds: Counter[str] = Counter()
 
-    def _tally(self, role: str) -> Tally:
-        tally = self._tallies.get(role)
+    def _tally(self, key: str) -> Tally:
+        tally = self._tallies.get(key)
         if tally is None:
-            tally = self._tallies[role] = Tally()
+            tally = self._tallies[key] = Tally()
         return tally
 
-    def record_episode(self, failure_kind: str | None, role: str = TRAIN) -> None:
+    def record_episode(
+        self, failure_kind: str | None, role: str = TRAIN, eval_set: str | None = None, outage_wait_s: float = 0.0
+    ) -> None:
         """One finished episode: ``failure_kind`` None for a valid measurement."""
         with self._lock:
-            tally = self._tally(role)
+            tally = self._tally(_key(role, eval_set))
+            tally.outage_wait_s += outage_wait_s
             if failure_kind == fk.CANCELLED:
                 tally.cancelled += 1
                 return
@@ -63,28 +83,24 @@ class Ledger:
             self._streak += 1
             self._streak_kinds[failure_kind] += 1
 
-    def record_group(self, *, kept: bool, salvaged: bool, role: str = TRAIN) -> None:
-        """One group verdict of the filter: dropped, or kept with failed episodes in it."""
+    def record_group(self, *, kept: bool, salvaged: bool) -> None:
+        """One training group decided by the filter: dropped, or kept with failed episodes in it."""
         with self._lock:
-            tally = self._tally(role)
+            tally = self._tally(TRAIN)
             if not kept:
                 tally.groups_dropped += 1
             elif salvaged:
                 tally.groups_salvaged += 1
-
-    def add_outage_wait(self, seconds: float, role: str = TRAIN) -> None:
-        with self._lock:
-            self._tally(role).outage_wait_s += seconds
 
     def streak(self) -> tuple[int, dict[str, int]]:
         """(consecutive failed episodes with no valid one since, their kinds)."""
         with self._lock:
             return self._streak, dict(self._streak_kinds)
 
-    def drain(self, role: str = TRAIN) -> Tally:
-        """What ``role`` did since the last drain; starts a new period."""
+    def drain(self, role: str = TRAIN, eval_set: str | None = None) -> Tally:
+        """What ``role`` (and ``eval_set``) did since the last drain; starts a new period."""
         with self._lock:
-            return self._tallies.pop(role, None) or Tally()
+            return self._tallies.pop(_key(role, eval_set), None) or Tally()
 
     def reset(self) -> None:
         """Forget everything, the streak included (tests; a new run in the same process)."""
@@ -96,3 +112,42 @@ class Ledger:
 
 ledger = Ledger()
 """The process's ledger."""
+
+
+# -- the run stop -----------------------------------------------------------------------------
+# Miles swallows the agent function's exceptions, but one from the group filter ends the
+# rollout (Miles ``inference_rollout_train.py``): the filter calls ``check_run`` first.
+
+
+class RunStopped(MilesNemoGymError, RuntimeError):
+    """The run cannot go on: the message says why and what to do."""
+
+
+def stop_reason(settings: Settings) -> str | None:
+    """Why the run must stop now, or None. Reads process state; changes nothing."""
+    outage = circuit.stop_error()
+    if outage is not None:
+        return outage
+    limit = settings.max_failure_streak
+    if limit:
+        count, kinds = ledger.streak()
+        if count >= limit:
+            seen = ", ".join(f"{kind} x{n}" for kind, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
+            return (
+                f"{count} NeMo-Gym episodes in a row failed with no valid one between them "
+                f"(NEMO_GYM_MAX_FAILURE_STREAK={limit}): {seen}. The run stops; fix the server at "
+                f"{redact_url(settings.gym_url)} (see the failure kinds in the README) and resume from the last "
+                "checkpoint, or set NEMO_GYM_MAX_FAILURE_STREAK=0 to never stop"
+            )
+    return None
+
+
+def check_run(settings: Settings) -> None:
+    """Raise ``RunStopped`` if the run must stop, after stopping this process's in-flight
+    episodes (Miles' end-of-step abort does not run on that path)."""
+    reason = stop_reason(settings)
+    if reason is None:
+        return
+    stopped = sum(abort_all().values())
+    logger.error("%s (stopped %d in-flight episode(s))", reason, stopped)
+    raise RunStopped(reason)

@@ -15,7 +15,6 @@ import sys
 from rich.console import Console
 from rich.markup import escape
 
-from miles_nemogym.episode.run import scrubber_for
 from miles_nemogym.redaction import KeyScrubber
 from miles_nemogym.scan.config import API_KEY_ENV, ScanConfig
 from miles_nemogym.scan.runner import EXIT_USAGE, ScanResult, ScanUsageError, run_scan
@@ -45,7 +44,7 @@ def _install_logging(err: Console) -> logging.Handler:
     handler = logging.StreamHandler(err.file)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     try:
-        scrubber = scrubber_for(Settings.from_env())
+        scrubber = Settings.from_env().key_scrubber()
     except Exception:  # reported by the scan itself, with its fix
         scrubber = None
     if scrubber is not None:

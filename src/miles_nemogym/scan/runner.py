@@ -1,4 +1,4 @@
-"""Run a scan: every selected instance through ``episode.run.run_episode``, the agent function's own path.
+"""Run a scan: every selected instance through ``request.build_body`` and ``send.run_body``, as training does.
 
 ``policy_base_url`` is ``--policy-base-url`` (or absent: the server's own model), the API key
 is sent only with it. Whatever is wrong before an episode starts raises ``ScanUsageError``;
@@ -13,10 +13,9 @@ from typing import Any
 
 from rich.console import Console
 
-from miles_nemogym.episode.classify import Outcome
-from miles_nemogym.episode.client import close_client
-from miles_nemogym.episode.request import RequestBuildError, responses_create_params
-from miles_nemogym.episode.run import build_body, run_body
+from miles_nemogym.episode.outcome import Outcome
+from miles_nemogym.episode.request import RequestBuildError, RunBody, build_body, responses_create_params
+from miles_nemogym.episode.send import close_client, run_body
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.scan.config import ScanConfig, scan_settings, usage_problems
@@ -75,7 +74,7 @@ class _Prepared:
     earlier: dict[str, ResultLine]
     digests: dict[str, str]
     lock: ResultsLock | None
-    bodies: dict[str, dict[str, Any]]
+    bodies: dict[str, RunBody]
     """Each pending instance's ``/run`` body, built once before the first episode."""
 
     def release(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from miles_nemogym.episode.classify import Outcome, instance_report, short_reason
+from miles_nemogym.episode.outcome import Outcome, instance_report, short_reason
 
 _MAX_TEST_NAMES = 3
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from miles_nemogym import agent
 from miles_nemogym.data import convert_row
-from miles_nemogym.episode.client import close_client
 from miles_nemogym.episode.record import EpisodeRecord, read_record
+from miles_nemogym.episode.send import close_client
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer

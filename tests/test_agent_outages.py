@@ -1,0 +1,132 @@
+"""A Gym server that cannot be reached, or only part of the time, against real loopback servers:
+the one resend mechanism (the circuit) ends every episode within the timeouts, stops the
+run, catches a flapping server, charges each wait to its own role, and leaves no open pool."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from miles_nemogym import filters
+from miles_nemogym.episode import circuit as circuit_module
+from miles_nemogym.episode.record import eval_overrides
+from miles_nemogym.rollout.ledger import RunStopped, ledger
+from tests.support.agent_fixtures import call, fast_env
+from tests.support.outage_servers import GradingServer, self_signed_context
+from tests.support.samples import Sample, Status
+
+__all__ = ["fast_env"]  # fixture used by name
+pytestmark = pytest.mark.usefixtures("fast_env")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Args:
+    n_samples_per_prompt = 4
+    custom_reward_post_process_path = "miles_nemogym.salvage.reward_post_process"
+
+
+def rows(row: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    return [dict(row, instance_id=f"task-{i}") for i in range(n)]
+
+
+async def test_a_refused_tls_certificate_fails_within_the_timeouts_and_stops_the_run(
+    sympy_row: dict[str, Any], sympy_result: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = await GradingServer(sympy_result, tls=self_signed_context(tmp_path)).start()
+    monkeypatch.setenv("NEMO_GYM_URL", server.url)
+    monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "5")
+    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "2")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        outs = await asyncio.wait_for(asyncio.gather(*(call(row) for row in rows(sympy_row, 3))), 15)
+    finally:
+        await server.close()
+    assert loop.time() - started < 8  # the outage timeout plus a probe, not a loop of resends
+    for out in outs:
+        assert out["nemogym"]["failure_kind"] == "miles_nemogym:transport_tls"
+        assert out["nemogym"]["mask_sample"] is True and "certificate" in out["nemogym"]["failure_reason"]
+    assert server.bodies == []  # no byte of a /run left before the handshake
+    with pytest.raises(RunStopped, match=r"miles_nemogym:transport_tls.*certificate"):
+        filters.check_episode_group(Args(), [Sample(metadata={}, status=Status.ABORTED)] * 4)
+
+
+async def test_a_flapping_server_gets_every_episode_once(
+    sympy_row: dict[str, Any], sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Down for 6 s (an uncapped probe backoff grows to seconds meanwhile), then up 0.5 s in
+    every 2 s: the probe must still catch a window before NEMO_GYM_OUTAGE_TIMEOUT."""
+    server = GradingServer(sympy_result)
+    monkeypatch.setenv("NEMO_GYM_URL", server.url)
+    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "15")
+    tasks = rows(sympy_row, 8)
+    pending = asyncio.gather(*(call(row) for row in tasks))
+    try:
+        await asyncio.sleep(4.5)
+        server.flap(up_s=0.5, period_s=2.0)  # first up at 6 s
+        outs = await asyncio.wait_for(pending, 30)
+    finally:
+        await server.close()
+    assert [out["nemogym"]["status"] for out in outs] == ["ok"] * len(tasks)
+    assert sorted(body["instance_id"] for body in server.bodies) == sorted(row["instance_id"] for row in tasks)
+    assert circuit_module.circuit.stop_error() is None
+
+
+async def test_an_eval_episodes_outage_wait_is_charged_to_its_eval_set(
+    sympy_row: dict[str, Any], sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = GradingServer(sympy_result)
+    monkeypatch.setenv("NEMO_GYM_URL", server.url)
+    episode = asyncio.ensure_future(call({**sympy_row, **eval_overrides("verified")}))
+    try:
+        await asyncio.sleep(1.0)
+        await server.start()
+        out = await asyncio.wait_for(episode, 10)
+    finally:
+        await server.close()
+    assert out["nemogym"]["status"] == "ok"
+    evaluated, trained = ledger.drain("eval", "verified"), ledger.drain()
+    assert evaluated.episodes == 1 and evaluated.outage_wait_s >= 0.9
+    assert (trained.episodes, trained.outage_wait_s) == (0, 0.0)
+
+
+def test_agent_run_under_asyncio_run_leaves_no_unclosed_session(
+    sympy_row: dict[str, Any], sympy_result: dict[str, Any], tmp_path: Path
+) -> None:
+    (tmp_path / "row.json").write_text(json.dumps(sympy_row))
+    (tmp_path / "result.json").write_text(json.dumps(sympy_result))
+    script = textwrap.dedent(
+        """
+        import asyncio, gc, json, os, sys
+        from pathlib import Path
+        from miles_nemogym import agent
+        from tests.support.outage_servers import GradingServer
+
+        folder = Path(sys.argv[1])
+
+        async def main():
+            server = await GradingServer(json.loads((folder / "result.json").read_text())).start()
+            os.environ["NEMO_GYM_URL"] = server.url
+            row = json.loads((folder / "row.json").read_text())
+            out = await agent.run(base_url="http://127.0.0.1:1/sessions/s", metadata=row)
+            print(out["nemogym"]["status"])
+            await server.close()
+
+        asyncio.run(main())
+        gc.collect()
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+    assert "Unclosed" not in done.stderr, done.stderr
