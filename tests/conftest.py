@@ -16,15 +16,18 @@ pytest_plugins = ["tests.support.openapi", "tests.support.fake_gym"]
 
 @pytest.fixture(autouse=True)
 def fresh_run_state() -> Iterator[None]:
-    """Each test starts with the process's circuit closed and an empty ledger."""
+    """Each test starts with the process's circuit closed, an empty ledger and no held episode."""
     from miles_nemogym.episode.circuit import circuit
     from miles_nemogym.rollout.ledger import ledger
+    from miles_nemogym.salvage import forget_held_episodes
 
     circuit.reset()
     ledger.reset()
+    forget_held_episodes()
     yield
     circuit.reset()
     ledger.reset()
+    forget_held_episodes()
 
 
 @pytest.fixture(autouse=True)

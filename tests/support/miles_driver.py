@@ -78,6 +78,7 @@ from miles.utils.tracking_utils import tracking  # noqa: E402
 from miles_nemogym.episode.circuit import circuit  # noqa: E402
 from miles_nemogym.launcher.command import GENERATE_FUNCTION, HOOKS  # noqa: E402
 from miles_nemogym.rollout.ledger import ledger  # noqa: E402
+from miles_nemogym.salvage import forget_held_episodes  # noqa: E402
 from miles_nemogym.testing.recording_policy import Script, qwen_tool_call_text  # noqa: E402
 
 ROLLOUT_FUNCTION = "miles.rollout.inference_rollout.inference_rollout_common.InferenceRolloutFn"
@@ -322,9 +323,10 @@ def _argv(request: dict[str, Any], tokenizer: Path, data: str, router_port: int)
 
 def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[str, Any]:
     RECORDER.__init__()  # type: ignore[misc]
-    # Each step is a fresh run: the process's circuit and episode ledger start clean.
+    # Each step is a fresh run: the process's circuit, episode ledger and held episodes start clean.
     circuit.reset()
     ledger.reset()
+    forget_held_episodes()
     script = Script(look_around_turns=int(request.get("look_around_turns", 1)))
     rollout_id = int(request.get("rollout_id", 0))
     policy_calls = [0]
