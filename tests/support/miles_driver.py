@@ -58,7 +58,10 @@ _install_io_struct_seam()
 import requests  # noqa: E402
 from miles.ray.rollout.metrics import log_eval_rollout_data, log_rollout_data  # noqa: E402
 from miles.ray.rollout.rollout_data_conversion import postprocess_rollout_data  # noqa: E402
-from miles.ray.rollout.train_data_conversion import convert_samples_to_train_data  # noqa: E402
+from miles.ray.rollout.train_data_conversion import (  # noqa: E402
+    convert_samples_to_train_data,
+    split_train_data_by_dp_raw,
+)
 from miles.rollout.base_types import (  # noqa: E402
     RolloutFnConstructorInput,
     RolloutFnEvalInput,
@@ -405,7 +408,9 @@ def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[st
             # As Miles' RolloutManager loads it (miles/ray/rollout/rollout_manager.py).
             post_process = load_function(args.custom_reward_post_process_path)
             train = convert_samples_to_train_data(args, flat, metadata, None, post_process)
+            split_train_data_by_dp_raw(args, train, dp_size=1)  # the trainer's shards; sets total_lengths
             keys = ("rewards", "raw_reward", "loss_masks", "response_lengths", "truncated", "rollout_ids")
+            keys += ("total_lengths",)
             reply["train_data"] = {key: _json_safe(train.get(key)) for key in keys}
         reply["hooks"] = RECORDER.calls
         reply["tracking"] = RECORDER.tracking
