@@ -139,3 +139,10 @@ async def test_a_group_without_enough_valid_episodes_is_still_dropped(
     out = filters.check_episode_group(Args(), group)
     assert (out.keep, out.reason) == (False, "nemogym_agent_run_error")
     assert salvage.forget_held_episodes() == 0  # each was given back to its sample
+
+
+def test_held_episodes_are_bounded_the_oldest_going_first() -> None:
+    held = salvage._Held(limit=2)
+    for episode_id in ("e1", "e2", "e3"):
+        held.hold("task", episode_id, {"id": episode_id})
+    assert [held.claim("task"), held.claim("task"), held.claim("task")] == [{"id": "e2"}, {"id": "e3"}, None]
