@@ -3,8 +3,9 @@
 Each measurement is one of Miles' real train rollout steps (``tests/support/miles_harness.py``:
 Miles' ``InferenceRolloutFn``, session server, router and mock engine, this package's hooks as
 the launcher wires them, then Miles' ``convert_samples_to_train_data`` with our reward
-post-process hook). The Gym side is a loopback server whose episodes fail with probability p,
-else call the policy once and score 0 or 1. Two kinds of failure:
+post-process hook). The Gym side is a loopback server where p of the episodes fail (exactly,
+spread evenly over the ``/run`` calls; ``--random-failures`` draws each instead), the others
+call the policy once and score 0 or 1 at random. Two kinds of failure:
 
     after   the episode called the policy, then the server answered ``{error, traceback}``:
             Miles returns a sample carrying our record
@@ -70,10 +71,11 @@ def measure(
     prompts: int,
     samples: int,
     seed: int,
+    even: bool,
 ) -> dict[str, Any]:
     result_doc = next(r for r in gym_wheel.example_rollouts() if r["instance_id"].startswith("sympy"))
     rates = {"start_fail_rate": rate} if failure == "start" else {"fail_rate": rate}
-    gym = ScriptedGym(result=result_doc, policy_calls=1, seed=seed, **rates)
+    gym = ScriptedGym(result=result_doc, policy_calls=1, seed=seed, even=even, **rates)
     with serving_in_thread(gym):
         step = driver.step(
             gym_url=gym.url, rows=rows, n_prompts=prompts, n_samples=samples,
@@ -91,6 +93,7 @@ def measure(
         "paid_episodes": paid,
         "trained_samples": trained,
         "yield": trained / paid if paid else 0.0,
+        "failed_episodes": round(tracked.get("nemogym/failure_rate", 0.0) * tracked.get("nemogym/episodes", 0.0)),
         "groups_dropped": tracked.get("nemogym/groups_dropped"),
         "groups_salvaged": tracked.get("nemogym/groups_salvaged"),
         "step_s": round(step.elapsed_s, 1),
@@ -103,7 +106,12 @@ def main() -> None:
     parser.add_argument("--rates", type=float, nargs="+", default=[0.05, 0.10, 0.20])
     parser.add_argument("--prompts", type=int, default=8, help="--rollout-batch-size")
     parser.add_argument("--samples", type=int, default=8, help="--n-samples-per-prompt")
-    parser.add_argument("--seeds", type=int, default=2, help="steps per cell, each with its own failure draw")
+    parser.add_argument("--seeds", type=int, default=2, help="steps per cell, each with its own random draws")
+    parser.add_argument(
+        "--random-failures",
+        action="store_true",
+        help="draw each episode's failure at random (default: exactly p of the /run calls, evenly spread)",
+    )
     options = parser.parse_args()
 
     env = ensure_miles_env(progress=lambda line: print(f"[miles-env] {line}", file=sys.stderr))
@@ -116,8 +124,10 @@ def main() -> None:
             for rate in options.rates:
                 for mode in MODES:
                     for seed in range(1, options.seeds + 1):
-                        row = measure(driver, rows, failure=failure, rate=rate, mode=mode, prompts=options.prompts,
-                                      samples=options.samples, seed=seed)  # fmt: skip
+                        row = measure(
+                            driver, rows, failure=failure, rate=rate, mode=mode, prompts=options.prompts,
+                            samples=options.samples, seed=seed, even=not options.random_failures,
+                        )  # fmt: skip
                         results.append(row)
                         print(json.dumps(row), flush=True)
     finally:

@@ -50,6 +50,9 @@ class ScriptedGym(FaultServer):
     the others score 0.0 or 1.0 at random (seeded by ``seed``)."""
     start_fail_rate: float = 0.0
     """For instances without a script: the chance an episode fails before any policy call."""
+    even: bool = False
+    """Spread the failures evenly over the ``/run`` calls in arrival order instead of drawing
+    them: exactly ``start_fail_rate`` (or ``fail_rate``, when used alone) of them fail."""
     seed: int = 0
     _seen: dict[str, int] = field(default_factory=dict)
     _rng: random.Random = field(init=False)
@@ -66,6 +69,14 @@ class ScriptedGym(FaultServer):
         script = self.scripts.get(instance)
         if script:
             answer = script[k % len(script)]
+        elif self.even:
+            n = len(self.bodies)  # the n-th /run fails where the running count of failures steps up
+            if int(n * self.start_fail_rate) > int((n - 1) * self.start_fail_rate):
+                answer = START_ERROR
+            elif int(n * self.fail_rate) > int((n - 1) * self.fail_rate):
+                answer = ERROR
+            else:
+                answer = float(self._rng.random() < 0.5)
         else:
             draw = self._rng.random()
             if draw < self.start_fail_rate:
