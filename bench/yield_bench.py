@@ -3,19 +3,24 @@
 Each measurement is one of Miles' real train rollout steps (``tests/support/miles_harness.py``:
 Miles' ``InferenceRolloutFn``, session server, router and mock engine, this package's hooks as
 the launcher wires them, then Miles' ``convert_samples_to_train_data`` with our reward
-post-process hook). The Gym side is a loopback server whose episodes call the policy once and
-then fail with probability p (the server's ``{error, traceback}`` result: a failure after the
-policy's first call, which Miles returns as a sample with our record), else score 0 or 1.
+post-process hook). The Gym side is a loopback server where p of the episodes fail (exactly,
+spread evenly over the ``/run`` calls; ``--random-failures`` draws each instead), the others
+call the policy once and score 0 or 1 at random. Two kinds of failure:
+
+    after   the episode called the policy, then the server answered ``{error, traceback}``:
+            Miles returns a sample carrying our record
+    start   HTTP 500 before any policy call (a sandbox that could not start): Miles returns
+            an ABORTED copy of the input sample, which the group filter gives its episode back
 
     paid episodes   every /run the server received (dropped groups and over-sampling included)
     trained samples samples Miles trains with a non-zero loss
     yield           trained samples / paid episodes
 
 ``drop`` is ``NEMO_GYM_MIN_VALID_PER_GROUP=0`` (a group with any failure is dropped and Miles
-draws another prompt), ``salvage`` the default 2.
+draws another prompt), ``salvage`` the default 2. Goal: salvage yield >= 0.97 x (1 - p).
 
-    python bench/yield_bench.py                 # p = 0, 5, 10, 20 %; 8 prompts x 4 samples
-    python bench/yield_bench.py --rates 0.1 --prompts 4
+    python bench/yield_bench.py                 # both kinds; p = 5, 10, 20 %; 8 prompts x 8 samples
+    python bench/yield_bench.py --failures start --rates 0.1 --prompts 4
 
 Needs the Miles venv the integration tests build (MILES_SRC names the pinned Miles source).
 """
@@ -41,6 +46,8 @@ from tests.support.scripted_gym import ScriptedGym  # noqa: E402
 from tests.support.threaded import serving_in_thread  # noqa: E402
 
 MODES = {"drop": "0", "salvage": "2"}
+FAILURES = ("start", "after")
+GOAL = 0.97
 
 
 def prompt_rows(count: int) -> list[dict[str, Any]]:
@@ -55,10 +62,20 @@ def prompt_rows(count: int) -> list[dict[str, Any]]:
 
 
 def measure(
-    driver: MilesDriver, rows: list[dict[str, Any]], *, rate: float, mode: str, prompts: int, samples: int, seed: int
+    driver: MilesDriver,
+    rows: list[dict[str, Any]],
+    *,
+    failure: str,
+    rate: float,
+    mode: str,
+    prompts: int,
+    samples: int,
+    seed: int,
+    even: bool,
 ) -> dict[str, Any]:
     result_doc = next(r for r in gym_wheel.example_rollouts() if r["instance_id"].startswith("sympy"))
-    gym = ScriptedGym(result=result_doc, policy_calls=1, fail_rate=rate, seed=seed)
+    rates = {"start_fail_rate": rate} if failure == "start" else {"fail_rate": rate}
+    gym = ScriptedGym(result=result_doc, policy_calls=1, seed=seed, even=even, **rates)
     with serving_in_thread(gym):
         step = driver.step(
             gym_url=gym.url, rows=rows, n_prompts=prompts, n_samples=samples,
@@ -70,11 +87,13 @@ def measure(
     trained = sum(1 for mask in masks if any(mask))
     tracked = step.tracked("rollout/step")
     return {
+        "failure": failure,
         "rate": rate,
         "mode": mode,
         "paid_episodes": paid,
         "trained_samples": trained,
         "yield": trained / paid if paid else 0.0,
+        "failed_episodes": round(tracked.get("nemogym/failure_rate", 0.0) * tracked.get("nemogym/episodes", 0.0)),
         "groups_dropped": tracked.get("nemogym/groups_dropped"),
         "groups_salvaged": tracked.get("nemogym/groups_salvaged"),
         "step_s": round(step.elapsed_s, 1),
@@ -83,10 +102,16 @@ def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rates", type=float, nargs="+", default=[0.0, 0.05, 0.10, 0.20])
+    parser.add_argument("--failures", nargs="+", choices=FAILURES, default=list(FAILURES))
+    parser.add_argument("--rates", type=float, nargs="+", default=[0.05, 0.10, 0.20])
     parser.add_argument("--prompts", type=int, default=8, help="--rollout-batch-size")
-    parser.add_argument("--samples", type=int, default=4, help="--n-samples-per-prompt")
-    parser.add_argument("--seeds", type=int, default=3, help="steps per (rate, mode), each with its own failure draw")
+    parser.add_argument("--samples", type=int, default=8, help="--n-samples-per-prompt")
+    parser.add_argument("--seeds", type=int, default=2, help="steps per cell, each with its own random draws")
+    parser.add_argument(
+        "--random-failures",
+        action="store_true",
+        help="draw each episode's failure at random (default: exactly p of the /run calls, evenly spread)",
+    )
     options = parser.parse_args()
 
     env = ensure_miles_env(progress=lambda line: print(f"[miles-env] {line}", file=sys.stderr))
@@ -95,27 +120,34 @@ def main() -> None:
     rows = prompt_rows(max(64, options.prompts * 8))
     results = []
     try:
-        for rate in options.rates:
-            for mode in MODES:
-                for seed in range(1, options.seeds + 1):
-                    row = measure(driver, rows, rate=rate, mode=mode, prompts=options.prompts,
-                                  samples=options.samples, seed=seed)  # fmt: skip
-                    results.append(row)
-                    print(json.dumps(row), flush=True)
+        for failure in options.failures:
+            for rate in options.rates:
+                for mode in MODES:
+                    for seed in range(1, options.seeds + 1):
+                        row = measure(
+                            driver, rows, failure=failure, rate=rate, mode=mode, prompts=options.prompts,
+                            samples=options.samples, seed=seed, even=not options.random_failures,
+                        )  # fmt: skip
+                        results.append(row)
+                        print(json.dumps(row), flush=True)
     finally:
         driver.close()
-    n = options.samples
-    print(f"\n{options.prompts} prompts x {n} samples per step, {options.seeds} Miles train steps per cell")
-    print("| failure rate | drop: paid | trained | yield | salvage: paid | trained | yield |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for rate in options.rates:
-        cells = []
-        for mode in MODES:
-            rows_of = [r for r in results if r["rate"] == rate and r["mode"] == mode]
-            paid = sum(r["paid_episodes"] for r in rows_of)
-            trained = sum(r["trained_samples"] for r in rows_of)
-            cells.append(f"{paid} | {trained} | {trained / paid:.2f}")
-        print(f"| {rate:.0%} | {cells[0]} | {cells[1]} |")
+    shape = f"{options.prompts} prompts x {options.samples} samples per step"
+    print(f"\n{shape}, {options.seeds} Miles train steps per cell")
+    print("| failure | rate p | drop: paid | trained | yield | salvage: paid | trained | yield | salvage / (1 - p) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for failure in options.failures:
+        for rate in options.rates:
+            cells = []
+            for mode in MODES:
+                of = [r for r in results if (r["failure"], r["rate"], r["mode"]) == (failure, rate, mode)]
+                paid = sum(r["paid_episodes"] for r in of)
+                trained = sum(r["trained_samples"] for r in of)
+                cells.append((paid, trained, trained / paid if paid else 0.0))
+            ratio = cells[1][2] / (1 - rate)
+            verdict = "ok" if ratio >= GOAL else f"below {GOAL}"
+            text = " | ".join(f"{paid} | {trained} | {y:.3f}" for paid, trained, y in cells)
+            print(f"| {failure} | {rate:.0%} | {text} | {ratio:.3f} ({verdict}) |")
     report = ROOT / "bench" / "reports" / f"yield_bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(json.dumps({"options": vars(options), "results": results}, indent=2))

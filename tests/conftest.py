@@ -21,6 +21,7 @@ def _reset_process_state() -> None:
     from miles_nemogym.episode.circuit import circuit
     from miles_nemogym.episode.request import routable_local_address
     from miles_nemogym.rollout.ledger import ledger
+    from miles_nemogym.salvage import forget_held_episodes
     from miles_nemogym.store import writer
 
     circuit.reset()
@@ -29,6 +30,7 @@ def _reset_process_state() -> None:
     settings.reset()
     routable_local_address.cache_clear()
     reward.problems.clear()
+    forget_held_episodes()  # failed episodes kept for their ABORTED samples
     writer.reset()  # the episode store's registry of open stores
 
 

@@ -21,6 +21,7 @@ from miles_nemogym.episode.send import AWAITING_RESULT, NOT_DELIVERED, abort_all
 from miles_nemogym.log_once import log_once
 from miles_nemogym.reward import score_record
 from miles_nemogym.rollout.ledger import ledger
+from miles_nemogym.salvage import forget_held_episodes, hold_failed_episode
 from miles_nemogym.settings import RewardMode, Settings, get_settings
 from miles_nemogym.store.writer import entry_for, get_store, session_id
 
@@ -71,6 +72,7 @@ async def run_with_settings(
     mode = settings.reward_mode if settings is not None else RewardMode.binary
     result = outcome.to_metadata()
     result[REWARD_KEY], _ = score_record(outcome.reward, RecordRead(record), mode)
+    hold_failed_episode(metadata, result)  # Miles drops this dict when no model call was made
     if settings is not None and settings.episode_dir:
         _store(settings, outcome, float(result[REWARD_KEY]), role, eval_set, base_url, metadata)
     return result
@@ -109,6 +111,7 @@ async def abort(args: Any = None) -> None:
     """Miles' over-sampling abort hook: stop every in-flight ``/run`` of this process at once;
     each stopped ``run`` returns a ``cancelled`` outcome (the server's sandbox expires by TTL)."""
     states = abort_all()
+    forget_held_episodes()  # the step's groups have all been filtered
     logger.info(
         "abort: stopped %d in-flight NeMo-Gym episode(s): %d sent and awaiting their result "
         "(the server may finish them), %d not yet delivered; each is recorded as cancelled",

@@ -13,7 +13,7 @@ from functools import cache
 from typing import Any
 
 from miles_nemogym.rollout.ledger import check_run, ledger
-from miles_nemogym.salvage import HOOK_PATH, group_verdict
+from miles_nemogym.salvage import HOOK_PATH, group_verdict, recover_failed_episodes
 from miles_nemogym.settings import get_settings
 
 logger = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ def check_episode_group(args: Any, samples: Any, **kwargs: Any) -> Any:
     group_size = getattr(args, "n_samples_per_prompt", None)
     min_valid = settings.min_valid_per_group if salvage_wired(args) else 0
     try:
+        recover_failed_episodes(samples)  # episodes that failed before their first policy call
         reason, salvaged = group_verdict(samples, min_valid, group_size)
     except Exception:  # unreadable samples are not a valid measurement; never crash the rollout
         reason, salvaged = "nemogym_unreadable_record", False

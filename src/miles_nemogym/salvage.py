@@ -3,16 +3,32 @@
 ``--custom-reward-post-process-path miles_nemogym.salvage.reward_post_process``: Miles'
 own normalisation over each group's valid samples; failed episodes get zero loss and a
 normalised reward of 0 (docs/episode-pipeline.md).
+
+An episode that failed before its first policy call comes back from Miles as an ABORTED
+copy of its input sample without the agent's dict: the agent function holds such failed
+episodes (``hold_failed_episode``) and the group filter gives each back to its sample
+(``recover_failed_episodes``), so its group is salvaged like any other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any
 
-from miles_nemogym.episode.record import flatten, is_aborted, record_of
-from miles_nemogym.failure_kinds import metric_label
+from miles_nemogym.episode.record import (
+    RECORD_KEY,
+    REWARD_KEY,
+    TRAIN,
+    flatten,
+    is_aborted,
+    metadata_of,
+    read_record,
+    record_of,
+    role_of,
+)
+from miles_nemogym.failure_kinds import CANCELLED, metric_label
 
 HOOK_PATH = "miles_nemogym.salvage.reward_post_process"
 """What ``--custom-reward-post-process-path`` must name for a partly failed group to be kept."""
@@ -108,3 +124,133 @@ def reward_post_process(args: Any, samples: Any) -> tuple[list[float], list[floa
 def zero_loss_samples(samples: Any) -> int:
     """How many of ``samples`` the post-process hook will train with zero loss."""
     return sum(1 for sample in flatten(samples) if is_masked(sample))
+
+
+# ----------------------------------------------------------------------------- failed before the policy
+
+
+def _task_of(metadata: Any) -> str | None:
+    """What ties a sample to its episode across Miles' copy: the task's ``instance_id``."""
+    task = metadata.get("instance_id") if isinstance(metadata, Mapping) else None
+    return None if task is None else str(task)
+
+
+class _Held:
+    """Failed train episodes of the current step whose sample may come back without them,
+    oldest first; at most ``limit`` (the oldest go first: their groups have long been seen)."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._lock = threading.Lock()
+        self._limit = limit
+        self._episodes: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def hold(self, task: str, episode_id: str, result: dict[str, Any]) -> None:
+        with self._lock:
+            self._episodes[(task, episode_id)] = result
+            if len(self._episodes) > self._limit:
+                del self._episodes[next(iter(self._episodes))]
+
+    def release(self, task: str, episode_id: str) -> None:
+        with self._lock:
+            self._episodes.pop((task, episode_id), None)
+
+    def claim(self, task: str) -> dict[str, Any] | None:
+        """The oldest held episode of ``task``, taken out."""
+        with self._lock:
+            key = next((key for key in self._episodes if key[0] == task), None)
+            return None if key is None else self._episodes.pop(key)
+
+    def clear(self) -> int:
+        with self._lock:
+            count = len(self._episodes)
+            self._episodes.clear()
+            return count
+
+
+_held = _Held()
+
+
+def hold_failed_episode(metadata: Mapping[str, Any] | None, result: Mapping[str, Any]) -> None:
+    """Called by the agent function with the dict it returns: keep a failed (not cancelled)
+    train episode until the group filter sees its sample, in case Miles returns that sample
+    ABORTED without the dict (no model call recorded)."""
+    record = read_record(result).record
+    task = _task_of(metadata)
+    if (
+        record is None
+        or not record.mask_sample
+        or record.failure_kind == CANCELLED
+        or record.episode_id is None
+        or task is None
+        or role_of(metadata)[0] != TRAIN
+    ):
+        return
+    _held.hold(task, record.episode_id, dict(result))
+
+
+def forget_held_episodes() -> int:
+    """Called by the agent's ``abort`` (Miles' end of a train step, after the group filter has
+    seen every group it will): drop what is still held; returns how many."""
+    return _held.clear()
+
+
+def recover_failed_episodes(samples: Any) -> int:
+    """Give each ABORTED, record-less sample of a group the failed episode the agent function
+    held for its task, as a zero-loss sample Miles can convert; returns how many. Samples
+    that arrived with their record release theirs. An ABORTED sample with no held episode
+    (Miles' own abort, a session-server failure) stays as it is."""
+    group = list(flatten(samples))
+    for sample in group:
+        record = record_of(sample)
+        task = _task_of(metadata_of(sample))
+        if record is not None and record.episode_id is not None and task is not None:
+            _held.release(task, record.episode_id)
+    template = next((sample for sample in group if _can_template(sample)), None)
+    recovered = 0
+    for sample in group:
+        if template is None or not is_aborted(sample) or RECORD_KEY in metadata_of(sample):
+            continue
+        task = _task_of(metadata_of(sample))
+        result = None if task is None else _held.claim(task)
+        if result is None:
+            continue
+        _as_zero_loss_sample(sample, template, result)
+        recovered += 1
+    return recovered
+
+
+def _can_template(sample: Any) -> bool:
+    record = record_of(sample)
+    tokens = getattr(sample, "tokens", None)
+    return (
+        record is not None
+        and not record.mask_sample
+        and not is_aborted(sample)
+        and isinstance(tokens, list)
+        and len(tokens) >= 2
+        and getattr(sample, "response_length", 0) >= 1
+    )
+
+
+def _as_zero_loss_sample(sample: Any, template: Any, result: dict[str, Any]) -> None:
+    """What Miles would have returned for an episode with one model call, with the agent's
+    dict merged in and zero loss: two tokens of a valid sibling, the last one the response
+    (every per-token field one entry long), ``remove_sample`` set, status FAILED."""
+    metadata = getattr(sample, "metadata", None)
+    if not isinstance(metadata, dict):
+        metadata = sample.metadata = {}
+    metadata.update(result)
+    reward = result.get(REWARD_KEY)
+    sample.reward = float(reward) if isinstance(reward, (int, float)) else 0.0
+    sample.tokens = list(template.tokens[:2])
+    sample.response = ""
+    sample.response_length = 1
+    sample.loss_mask = [0]
+    sample.remove_sample = True
+    for name in ("rollout_log_probs", "teacher_log_probs", "opd_reverse_kl"):
+        setattr(sample, name, None if getattr(template, name, None) is None else [0.0])
+    for name in ("rollout_routed_experts", "rollout_indexer_topk"):  # (tokens - 1, ...) arrays
+        value = getattr(template, name, None)
+        setattr(sample, name, None if value is None else value[:1])
+    sample.weight_versions = list(getattr(template, "weight_versions", None) or [])
+    sample.status = getattr(type(template.status), "FAILED", "failed")  # Miles' Sample.Status.FAILED

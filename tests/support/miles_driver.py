@@ -58,7 +58,10 @@ _install_io_struct_seam()
 import requests  # noqa: E402
 from miles.ray.rollout.metrics import log_eval_rollout_data, log_rollout_data  # noqa: E402
 from miles.ray.rollout.rollout_data_conversion import postprocess_rollout_data  # noqa: E402
-from miles.ray.rollout.train_data_conversion import convert_samples_to_train_data  # noqa: E402
+from miles.ray.rollout.train_data_conversion import (  # noqa: E402
+    convert_samples_to_train_data,
+    split_train_data_by_dp_raw,
+)
 from miles.rollout.base_types import (  # noqa: E402
     RolloutFnConstructorInput,
     RolloutFnEvalInput,
@@ -78,6 +81,7 @@ from miles.utils.tracking_utils import tracking  # noqa: E402
 from miles_nemogym.episode.circuit import circuit  # noqa: E402
 from miles_nemogym.launcher.command import GENERATE_FUNCTION, HOOKS  # noqa: E402
 from miles_nemogym.rollout.ledger import ledger  # noqa: E402
+from miles_nemogym.salvage import forget_held_episodes  # noqa: E402
 from miles_nemogym.testing.recording_policy import Script, qwen_tool_call_text  # noqa: E402
 from tests.support.qwen3_tokenizer import TOKENIZER_FORMAT, build_qwen3_tokenizer  # noqa: E402
 
@@ -237,9 +241,10 @@ def _argv(request: dict[str, Any], tokenizer: Path, data: str, router_port: int)
 
 def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[str, Any]:
     RECORDER.__init__()  # type: ignore[misc]
-    # Each step is a fresh run: the process's circuit and episode ledger start clean.
+    # Each step is a fresh run: the process's circuit, episode ledger and held episodes start clean.
     circuit.reset()
     ledger.reset()
+    forget_held_episodes()
     script = Script(look_around_turns=int(request.get("look_around_turns", 1)))
     rollout_id = int(request.get("rollout_id", 0))
     policy_calls = [0]
@@ -318,7 +323,9 @@ def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[st
             # As Miles' RolloutManager loads it (miles/ray/rollout/rollout_manager.py).
             post_process = load_function(args.custom_reward_post_process_path)
             train = convert_samples_to_train_data(args, flat, metadata, None, post_process)
+            split_train_data_by_dp_raw(args, train, dp_size=1)  # the trainer's shards; sets total_lengths
             keys = ("rewards", "raw_reward", "loss_masks", "response_lengths", "truncated", "rollout_ids")
+            keys += ("total_lengths",)
             reply["train_data"] = {key: _json_safe(train.get(key)) for key in keys}
         reply["hooks"] = RECORDER.calls
         reply["tracking"] = RECORDER.tracking

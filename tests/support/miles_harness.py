@@ -26,7 +26,8 @@ driver per test session; a step over the real Gym server takes ~20-40 s)::
                                           #   dynamic_filter, rollout_log, eval_log, abort (with results)
     result.tracked("rollout/step")        # what reached Miles' tracking.log, merged per step key
     result.train_data                     # Miles' convert_samples_to_train_data: rewards,
-                                          #   raw_reward, loss_masks, response_lengths, ...
+                                          #   raw_reward, loss_masks, response_lengths, ...,
+                                          #   total_lengths (from split_train_data_by_dp_raw)
 
 Miles runs in its own venv (``miles_nemogym.testing.miles_env``), in a long-lived
 subprocess (``tests/support/miles_driver.py``) because importing Miles takes ~40 s; the

@@ -32,19 +32,27 @@ def result_for(result: dict[str, Any], instance: str) -> dict[str, Any]:
 
 ERROR = "error"
 """Script entry: the server's ``{error, traceback}`` result (``agent_run_error``, masked)."""
+START_ERROR = "start_error"
+"""Script entry: HTTP 500 before any policy call, as when the sandbox could not start."""
 HOLD = "hold"
 """Script entry: after the policy calls, no answer until the client hangs up (at most 120 s)."""
 
 
 @dataclass
 class ScriptedGym(FaultServer):
-    """Per instance, a list of answers: a reward (the graded ``result`` with that reward)
-    , ``ERROR`` or ``HOLD``; each ``/run`` first makes ``policy_calls`` model calls, as an episode does."""
+    """Per instance, a list of answers: a reward (the graded ``result`` with that reward),
+    ``ERROR``, ``START_ERROR`` or ``HOLD``; each ``/run`` but a ``START_ERROR`` first makes
+    ``policy_calls`` model calls, as an episode does."""
 
     scripts: dict[str, list[float | str]] = field(default_factory=dict)
     fail_rate: float = 0.0
     """For instances without a script: the chance an episode fails after its policy calls;
     the others score 0.0 or 1.0 at random (seeded by ``seed``)."""
+    start_fail_rate: float = 0.0
+    """For instances without a script: the chance an episode fails before any policy call."""
+    even: bool = False
+    """Spread the failures evenly over the ``/run`` calls in arrival order instead of drawing
+    them: exactly ``start_fail_rate`` (or ``fail_rate``, when used alone) of them fail."""
     seed: int = 0
     _seen: dict[str, int] = field(default_factory=dict)
     _rng: random.Random = field(init=False)
@@ -61,8 +69,24 @@ class ScriptedGym(FaultServer):
         script = self.scripts.get(instance)
         if script:
             answer = script[k % len(script)]
+        elif self.even:
+            n = len(self.bodies)  # the n-th /run fails where the running count of failures steps up
+            if int(n * self.start_fail_rate) > int((n - 1) * self.start_fail_rate):
+                answer = START_ERROR
+            elif int(n * self.fail_rate) > int((n - 1) * self.fail_rate):
+                answer = ERROR
+            else:
+                answer = float(self._rng.random() < 0.5)
         else:
-            answer = ERROR if self._rng.random() < self.fail_rate else float(self._rng.random() < 0.5)
+            draw = self._rng.random()
+            if draw < self.start_fail_rate:
+                answer = START_ERROR
+            elif draw < self.start_fail_rate + self.fail_rate:
+                answer = ERROR
+            else:
+                answer = float(self._rng.random() < 0.5)
+        if answer == START_ERROR:
+            return web.Response(status=500, text="Internal Server Error")
         for turn in range(self.policy_calls):
             await call_policy(body, turn)
         result = result_for(self.result, instance)

@@ -1,0 +1,148 @@
+"""Episodes that fail before their first policy call are salvaged like any other failed episode.
+
+The agent function runs against a real loopback ``/run`` server; each sample is then what
+Miles' ``agentic_tool_call.generate`` returns for it: with a model call, a sample with tokens
+and the agent's dict merged in; without one, a deep copy of the input sample marked ABORTED,
+without the dict. The group then goes through the filter as Miles calls it. The same path
+through Miles' own rollout step is in ``tests/integration/test_miles_integrity.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import pytest
+
+from miles_nemogym import agent, filters, metrics, salvage
+from miles_nemogym.episode.record import eval_overrides
+from miles_nemogym.rollout.ledger import ledger
+from tests.support.agent_fixtures import call, fast_env, server
+from tests.support.fault_server import FaultServer
+from tests.support.samples import Sample, Status
+
+__all__ = ["fast_env", "server"]  # fixtures used by name
+pytestmark = pytest.mark.usefixtures("fast_env")
+
+TOKENS = [151644, 872, 198, 9707, 151645]
+
+
+class Args:
+    """The Miles arguments the filter reads, with the post-process hook wired as the launcher does."""
+
+    n_samples_per_prompt = 4
+    custom_reward_post_process_path = salvage.HOOK_PATH
+
+
+@pytest.fixture(autouse=True)
+def one_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_GYM_RETRY_ATTEMPTS", "1")
+
+
+def input_sample(row: dict[str, Any], index: int, group: int = 0) -> Sample:
+    return Sample(prompt=[{"role": "user", "content": "x"}], metadata=dict(row), index=index, group_index=group)
+
+
+async def episode(server: FaultServer, sample: Sample, mode: str) -> Sample:
+    """Run the agent for ``sample`` with the server in ``mode``; the sample as Miles returns it."""
+    server.mode = mode
+    result = await agent.run(
+        base_url="http://127.0.0.1:39999/sessions/s-1",
+        prompt=sample.prompt,
+        request_kwargs={"max_tokens": 64},
+        metadata={**sample.metadata, "session_server_id": "127.0.0.1:39999"},
+    )
+    if mode == "500":  # the server failed before the episode's first model call
+        aborted = copy.deepcopy(sample)
+        aborted.status = Status.ABORTED
+        return aborted
+    out = copy.deepcopy(sample)
+    out.metadata.update(result)
+    out.tokens, out.response_length, out.loss_mask = list(TOKENS), 2, [1, 1]
+    out.rollout_log_probs, out.reward = [-0.5, -0.25], float(result["reward"])
+    return out
+
+
+async def test_a_group_whose_failed_episode_never_reached_the_policy_trains_over_the_other_three(
+    server: FaultServer, sympy_row: dict[str, Any]
+) -> None:
+    modes = ["ok", "500", "ok", "ok"]
+    group = [await episode(server, input_sample(sympy_row, i), mode) for i, mode in enumerate(modes)]
+
+    out = filters.check_episode_group(Args(), group)
+    assert (out.keep, out.reason) == (True, None)
+    failed = group[1]
+    record = failed.metadata["nemogym"]
+    assert (record["mask_sample"], record["failure_kind"], record["http_status"]) == (True, "agent_run_error", 500)
+    # Convertible by Miles, and never trained: two tokens of a sibling, a one-token
+    # response with a zero loss mask, status FAILED, reward 0.
+    assert (failed.status, failed.remove_sample, failed.reward) == (Status.FAILED, True, 0.0)
+    assert (failed.tokens, failed.response_length, failed.loss_mask) == (TOKENS[:2], 1, [0])
+    assert failed.rollout_log_probs == [0.0]
+    assert failed.metadata["instance_id"] == sympy_row["instance_id"]  # the task row is kept
+    assert all(s.status is Status.COMPLETED and not s.remove_sample for s in group[::2])
+
+    m = metrics.rollout_metrics(group, ledger.drain())
+    assert m["nemogym/episodes"] == 4.0 and m["nemogym/failure_rate/agent_run_error"] == 0.25
+    assert (m["nemogym/groups_salvaged"], m["nemogym/groups_dropped"]) == (1.0, 0.0)
+    assert m["nemogym/samples_zero_loss"] == 1.0
+
+
+async def test_miles_over_sampling_abort_still_drops_its_group(server: FaultServer, sympy_row: dict[str, Any]) -> None:
+    # Group 0 finished, one episode failed before the policy: kept. Group 1 was still running
+    # when Miles had enough groups: one episode had failed before the policy, one was aborted.
+    early = [await episode(server, input_sample(sympy_row, i), m) for i, m in enumerate(["ok", "500"] * 2)]
+    assert filters.check_episode_group(Args(), early).keep is True
+    modes = ["ok", "ok", "500"]
+    late = [await episode(server, input_sample(sympy_row, 4 + i, group=1), m) for i, m in enumerate(modes)]
+    server.mode, server.hold_s = "ok", 30.0
+    running = asyncio.create_task(call({**sympy_row, "session_server_id": "127.0.0.1:39999"}))
+    while server.in_flight == 0:
+        await asyncio.sleep(0.01)
+    await agent.abort(None)  # Miles' end-of-step abort
+    assert (await asyncio.wait_for(running, 5))["nemogym"]["failure_kind"] == "cancelled"
+    aborted = copy.deepcopy(input_sample(sympy_row, 7, group=1))
+    aborted.status = Status.ABORTED
+
+    # Miles does not filter group 1 after its abort; were it filtered, it would be dropped as
+    # today: a cancelled episode is never given back, and the abort forgot what was held.
+    out = filters.check_episode_group(Args(), [*late, aborted])
+    assert (out.keep, out.reason) == (False, "group_has_aborted")
+    assert [s.status for s in [*late[2:], aborted]] == [Status.ABORTED] * 2
+
+
+async def test_each_failed_episode_is_given_back_once_and_only_to_its_own_task(
+    server: FaultServer, sympy_row: dict[str, Any]
+) -> None:
+    other = {**sympy_row, "instance_id": "astropy__astropy-12907"}
+    # A failure after the policy call: its sample came back with its record.
+    late = [await episode(server, input_sample(sympy_row, i), m) for i, m in enumerate(["ok", "error_metadata"] * 2)]
+    early = [await episode(server, input_sample(sympy_row, 4 + i, 1), m) for i, m in enumerate(["ok", "500"] * 2)]
+    # An eval episode failing before the policy is never held: eval samples skip the filter.
+    await episode(server, input_sample({**sympy_row, **eval_overrides("swe")}, 99), "500")
+
+    assert filters.check_episode_group(Args(), late).keep is True
+    assert filters.check_episode_group(Args(), early).keep is True
+    assert [s.status for s in early] == [Status.COMPLETED, Status.FAILED] * 2
+    for task_row in (sympy_row, other):  # nothing left for the task, nothing for another task
+        group = [await episode(server, input_sample(task_row, 10 + i, 2), "ok") for i in range(3)]
+        aborted = copy.deepcopy(input_sample(task_row, 13, 2))
+        aborted.status = Status.ABORTED
+        assert filters.check_episode_group(Args(), [*group, aborted]).reason == "group_has_aborted"
+
+
+async def test_a_group_without_enough_valid_episodes_is_still_dropped(
+    server: FaultServer, sympy_row: dict[str, Any]
+) -> None:
+    group = [await episode(server, input_sample(sympy_row, i), m) for i, m in enumerate(["ok", "500", "500", "500"])]
+    out = filters.check_episode_group(Args(), group)
+    assert (out.keep, out.reason) == (False, "nemogym_agent_run_error")
+    assert salvage.forget_held_episodes() == 0  # each was given back to its sample
+
+
+def test_held_episodes_are_bounded_the_oldest_going_first() -> None:
+    held = salvage._Held(limit=2)
+    for episode_id in ("e1", "e2", "e3"):
+        held.hold("task", episode_id, {"id": episode_id})
+    assert [held.claim("task"), held.claim("task"), held.claim("task")] == [{"id": "e2"}, {"id": "e3"}, None]
