@@ -22,6 +22,8 @@ from typing import Any
 
 from aiohttp import web
 
+MAX_REQUESTS = 100
+"""Calls one script answers; more mean a loop that does not stop."""
 _TAG = re.compile(r"\[script:([A-Za-z0-9_.-]+)\]")
 
 
@@ -121,6 +123,8 @@ class ScriptedChat:
             if script is None:
                 return web.json_response({"error": f"no script {name!r}"}, status=400)
             script.requests.append(body)
+            if len(script.requests) > MAX_REQUESTS:  # a runaway loop fails fast instead of hanging
+                return web.json_response({"error": f"script {name!r} exhausted"}, status=429)
             turn = script.turns[min(turn_index, len(script.turns) - 1)]
         if turn.raw is not None or turn.status != 200:
             return web.Response(body=turn.raw or b'{"error": "scripted failure"}', status=turn.status)
