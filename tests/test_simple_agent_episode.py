@@ -156,7 +156,7 @@ async def test_concurrent_episodes_never_share_cookies(chat: ScriptedChat) -> No
         assert session is not None and fake.seeded[session]["episode"] == arguments["i"]
     # The verify call carries the episode's own cookie too (the server pops its state by it).
     assert sorted(v["episode"] for v in fake.verified) == list(range(n))
-    for session, body in zip(fake.verify_sessions, fake.verified):
+    for session, body in zip(fake.verify_sessions, fake.verified, strict=True):
         assert session is not None and fake.seeded[session]["episode"] == body["episode"]
 
 
