@@ -24,7 +24,7 @@ from tests.support.scripted_chat import ScriptedChat, Turn, tagged, tool
 
 pytestmark = pytest.mark.integration
 
-ENVS = ["mcqa", "workplace_assistant", "example_multi_step", "xlam_fc"]
+ENVS = ["mcqa", "workplace_assistant", "example_multi_step", "xlam_fc", "equivalence_rule"]
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +88,11 @@ def _scripts(envs: GymEnvironments, env: str) -> dict[str, list[Turn]]:
                 Turn(tool_calls=(tool("extract_synonym_values", synonym_values=values[::-1]),)),
                 Turn(content="Done."),
             ],
+        }
+    if env == "equivalence_rule":  # graded "exact" on the message text (its shipped lc.yaml)
+        return {
+            "gold": [Turn(content=f"<think>Count them.</think>{row['expected_answer']}")],
+            "wrong": [Turn(content=row["expected_answer"][::-1])],
         }
     assert env == "xlam_fc"
     calls = tuple(tool(answer["name"], **answer["arguments"]) for answer in row["expected_answers"])

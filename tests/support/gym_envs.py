@@ -64,10 +64,19 @@ class GymEnvironments:
         path = self.venv.site_packages / "resources_servers" / env / "data" / "example.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
+    def _config_path(self, env: str) -> Path:
+        """The environment's shipped config: ``configs/<env>.yaml``, else its only one."""
+        folder = self.venv.site_packages / "resources_servers" / env / "configs"
+        named = folder / f"{env}.yaml"
+        found = [named] if named.is_file() else sorted(folder.glob("*.yaml"))
+        if len(found) != 1:
+            raise RuntimeError(f"{env}: expected one config in {folder}, found {found}")
+        return found[0]
+
     def _compose(self) -> str:
         sp = self.venv.site_packages
         payload: dict[str, Any] = {
-            "config_paths": [str(sp / "resources_servers" / e / "configs" / f"{e}.yaml") for e in self.envs]
+            "config_paths": [str(self._config_path(e)) for e in self.envs]
             + [str(sp / "responses_api_models/vllm_model/configs/vllm_model.yaml")],
             "policy_base_url": self.policy_v1_url,
             "policy_api_key": "scripted",
