@@ -182,3 +182,14 @@ async def test_a_row_without_responses_create_params_sends_nothing(chat: Scripte
         result = await run_episode({"question": "q"}, session_url=chat.session_url(), resources_url=fake.url)
     assert (result.mask_sample, result.failure_kind) == (True, fk.INVALID_REQUEST)
     assert "responses_create_params" in (result.failure_reason or "") and fake.seeded == {}
+
+
+async def test_a_reasoning_only_last_turn_is_verified_as_incomplete(chat: ScriptedChat) -> None:
+    chat.script("thinks", Turn(content="<think>only thoughts</think>"))
+    async with fake_resources() as fake:
+        result = await _run(chat, fake, "thinks")
+    assert (result.stop, result.mask_sample) == ("no_tool_call", False)
+    response = fake.verified[0]["response"]
+    assert [i["type"] for i in response["output"]] == ["reasoning"]
+    assert response["status"] == "incomplete"
+    assert response["metadata"] == {"ng_termination_reason": "incomplete_reasoning"}

@@ -58,6 +58,7 @@ def _scripts(envs: GymEnvironments, env: str) -> dict[str, list[Turn]]:
         return {
             "gold": [Turn(content="<think>PCR detects the mutation.</think>The answer is \\boxed{B}")],
             "wrong": [Turn(content="<think>Karyotyping?</think>\\boxed{A}")],
+            "thinking_only": [Turn(content="<think>\\boxed{B}</think>")],
         }
     if env == "workplace_assistant":
         reply = json.loads(row["ground_truth"][0]["arguments"])
@@ -164,6 +165,10 @@ async def test_gold_scores_one_wrong_scores_zero_and_simple_agent_agrees(
         assert _items(theirs["response"]) == _items(ours.verify["response"]), (env, outcome)
         assert _environment_fields(theirs) == _environment_fields(ours.verify), (env, outcome)
         assert theirs["response"]["status"] == ours.verify["response"]["status"]
+        reason = "ng_termination_reason"
+        assert (theirs["response"]["metadata"] or {}).get(reason) == (
+            ours.verify["response"].get("metadata") or {}
+        ).get(reason)
 
 
 async def test_sampling_keys_tools_and_history_reach_the_policy(chat: ScriptedChat, envs: GymEnvironments) -> None:

@@ -76,13 +76,16 @@ class Transcript:
         self.turns = 0
         self.tool_calls = 0
         self.model: str | None = None
+        self._last_turn_answered = True
 
     def add_turn(self, message: AssistantMessage, model: str | None) -> None:
         entry: dict[str, Any] = {"role": "assistant", "content": message.content}
         if message.tool_calls:
             entry["tool_calls"] = [call.model_dump() for call in message.tool_calls]
         self.messages.append(entry)
-        self.output.extend(_assistant_items(message))
+        items = _assistant_items(message)
+        self._last_turn_answered = any(item["type"] != "reasoning" for item in items)
+        self.output.extend(items)
         self.turns += 1
         self.model = model or self.model
 
@@ -92,7 +95,11 @@ class Transcript:
         self.tool_calls += 1
 
     def response(self, params: Mapping[str, Any], *, cut_off: bool) -> dict[str, Any]:
-        """The Responses-format ``response`` for ``/verify`` (NeMo-Gym's ``NeMoGymResponse``)."""
+        """The Responses-format ``response`` for ``/verify`` (NeMo-Gym's ``NeMoGymResponse``).
+
+        ``incomplete`` when cut off, or, as ``simple_agent`` marks it, when the last turn was
+        reasoning only (``metadata.ng_termination_reason``)."""
+        thinking_only = not cut_off and not self._last_turn_answered
         response: dict[str, Any] = {
             "id": f"resp_{uuid.uuid4().hex}",
             "object": "response",
@@ -102,8 +109,10 @@ class Transcript:
             "tools": list(params.get("tools") or []),
             "tool_choice": params.get("tool_choice") or "auto",
             "parallel_tool_calls": params.get("parallel_tool_calls", True),
-            "status": "incomplete" if cut_off else "completed",
+            "status": "incomplete" if cut_off or thinking_only else "completed",
             "incomplete_details": {"reason": "max_output_tokens"} if cut_off else None,
         }
         response.update({key: params[key] for key in _COPIED if params.get(key) is not None})
+        if thinking_only:
+            response["metadata"] = {**(response.get("metadata") or {}), "ng_termination_reason": "incomplete_reasoning"}
         return response
