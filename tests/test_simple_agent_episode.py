@@ -160,7 +160,9 @@ async def test_concurrent_episodes_never_share_cookies(chat: ScriptedChat) -> No
         assert session is not None and fake.seeded[session]["episode"] == body["episode"]
 
 
-@pytest.mark.parametrize("turn", [Turn(status=500), Turn(raw=b"not json"), Turn(raw=b'{"choices": []}')])
+@pytest.mark.parametrize(
+    "turn", [Turn(status=500), Turn(status=400), Turn(raw=b"not json"), Turn(raw=b'{"choices": []}')]
+)
 async def test_policy_failing_or_garbage_is_masked(chat: ScriptedChat, turn: Turn) -> None:
     chat.script("policy", turn)
     async with fake_resources() as fake:
@@ -193,3 +195,14 @@ async def test_a_reasoning_only_last_turn_is_verified_as_incomplete(chat: Script
     assert [i["type"] for i in response["output"]] == ["reasoning"]
     assert response["status"] == "incomplete"
     assert response["metadata"] == {"ng_termination_reason": "incomplete_reasoning"}
+
+
+async def test_a_full_context_is_a_length_cut_off_not_a_failure(chat: ScriptedChat) -> None:
+    full = b'{"object": "error", "message": "This model\'s maximum context length is 32768 tokens.", "code": 400}'
+    chat.script("full", Turn(tool_calls=(tool("echo"),)), Turn(status=400, raw=full))
+    async with fake_resources() as fake:
+        result = await _run(chat, fake, "full")
+    assert (result.stop, result.mask_sample, result.reward, result.tool_calls) == ("length", False, 1.0, 1)
+    response = fake.verified[0]["response"]
+    assert response["status"] == "incomplete"
+    assert response["output"][-1]["content"][0]["text"] == ""  # the empty turn vllm_model makes of it

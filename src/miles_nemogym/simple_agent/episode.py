@@ -26,12 +26,16 @@ from miles_nemogym import failure_kinds as fk
 from miles_nemogym.simple_agent import chat_request, kinds
 from miles_nemogym.simple_agent.connections import Answer, Connections, TransportFailure, post
 from miles_nemogym.simple_agent.transcript import Transcript
-from miles_nemogym.simple_agent.wire import ChatCompletion, ToolCall, VerifyAnswer
+from miles_nemogym.simple_agent.wire import AssistantMessage, ChatCompletion, Choice, ToolCall, VerifyAnswer
 
 NO_TOOL_CALL = "no_tool_call"
 LENGTH = "length"
 MAX_STEPS = "max_steps"
 FAILED = "failed"
+
+# What a 400 from an OpenAI-compatible engine says when the prompt leaves no room to generate
+# (the markers vllm_model checks, responses_api_models/vllm_model/app.py).
+_CONTEXT_FULL = (b"context length", b"max_tokens")
 
 
 @dataclass(frozen=True)
@@ -148,6 +152,10 @@ class _Episode:
             )
         except TransportFailure as failure:
             raise _Failed(kinds.POLICY_FAILED, str(failure)) from None
+        if answer.status == 400 and any(marker in answer.body for marker in _CONTEXT_FULL):
+            # The conversation outgrew the context: a cut-off, as NeMo-Gym's vllm_model
+            # answers it (an empty completion with finish_reason "length").
+            return ChatCompletion(choices=[Choice(message=AssistantMessage(content=""), finish_reason="length")])
         if answer.status >= 300 or answer.truncated:
             raise _Failed(kinds.POLICY_FAILED, _describe(answer, "the policy"))
         try:
