@@ -23,7 +23,7 @@ from typing import Any
 from aiohttp import web
 
 MAX_REQUESTS = 100
-"""Calls one script answers; more mean a loop that does not stop."""
+"""Calls one script answers by default; more mean a loop that does not stop."""
 _TAG = re.compile(r"\[script:([A-Za-z0-9_.-]+)\]")
 
 
@@ -83,7 +83,8 @@ def _completion(name: str, turn_index: int, turn: Turn) -> dict[str, Any]:
 class ScriptedChat:
     """The policy in a background thread (``with ScriptedChat() as chat``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_requests: int | None = MAX_REQUESTS) -> None:
+        self.max_requests = max_requests
         self._scripts: dict[str, _Script] = {}
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -123,7 +124,9 @@ class ScriptedChat:
             if script is None:
                 return web.json_response({"error": f"no script {name!r}"}, status=400)
             script.requests.append(body)
-            if len(script.requests) > MAX_REQUESTS:  # a runaway loop fails fast instead of hanging
+            if (
+                self.max_requests is not None and len(script.requests) > self.max_requests
+            ):  # a runaway loop fails fast instead of hanging
                 return web.json_response({"error": f"script {name!r} exhausted"}, status=429)
             turn = script.turns[min(turn_index, len(script.turns) - 1)]
         if turn.raw is not None or turn.status != 200:
