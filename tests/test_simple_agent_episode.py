@@ -206,3 +206,11 @@ async def test_a_full_context_is_a_length_cut_off_not_a_failure(chat: ScriptedCh
     response = fake.verified[0]["response"]
     assert response["status"] == "incomplete"
     assert response["output"][-1]["content"][0]["text"] == ""  # the empty turn vllm_model makes of it
+
+
+async def test_a_generation_aborted_by_miles_is_cancelled_not_scored(chat: ScriptedChat) -> None:
+    chat.script("aborted", Turn(content="", finish_reason="abort"))
+    async with fake_resources() as fake:
+        result = await _run(chat, fake, "aborted")
+    assert (result.mask_sample, result.reward, result.failure_kind) == (True, None, fk.CANCELLED)
+    assert fake.verified == []
