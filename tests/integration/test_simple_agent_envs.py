@@ -118,13 +118,9 @@ async def _ours(chat: ScriptedChat, envs: GymEnvironments, env: str, row: dict[s
     )
 
 
-async def _theirs(envs: GymEnvironments, row: dict[str, Any]) -> dict[str, Any]:
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(
-            f"{envs.agent_url(row['_env'])}/run", json={k: v for k, v in row.items() if k != "_env"}
-        ) as response,
-    ):
+async def _theirs(envs: GymEnvironments, env: str, row: dict[str, Any]) -> dict[str, Any]:
+    """NeMo-Gym's own simple_agent ``/run`` on the same row: its ``/verify`` answer."""
+    async with aiohttp.ClientSession() as session, session.post(f"{envs.agent_url(env)}/run", json=row) as response:
         text = await response.text()
         assert response.status == 200, text
         answer: dict[str, Any] = json.loads(text)
@@ -160,7 +156,7 @@ async def test_gold_scores_one_wrong_scores_zero_and_simple_agent_agrees(
         assert ours.total_tool_time > 0
         assert ours.verify is not None
 
-        theirs = await _theirs(envs, {**row, "_env": env})
+        theirs = await _theirs(envs, env, row)
         assert theirs["reward"] == ours.reward, (env, outcome)
         assert _items(theirs["response"]) == _items(ours.verify["response"]), (env, outcome)
         assert _environment_fields(theirs) == _environment_fields(ours.verify), (env, outcome)
@@ -205,7 +201,7 @@ async def test_real_tool_errors_and_bad_arguments_are_model_visible(chat: Script
             assert result.verify is not None
             answer = result.verify
         else:
-            answer = await _theirs(envs, {**row, "_env": "workplace_assistant"})
+            answer = await _theirs(envs, "workplace_assistant", row)
         outputs = [i["output"] for i in answer["response"]["output"] if i["type"] == "function_call_output"]
         assert outputs[0].startswith('{"error": "Invalid tool call arguments: JSONDecodeError(')
         assert outputs[1]  # the real server's error body for an unknown tool
@@ -219,7 +215,7 @@ async def test_max_steps_stops_both_loops_at_the_same_turn(chat: ScriptedChat, e
     chat.script("wa_forever", Turn(tool_calls=(tool("email_search_emails", query="x"),)))
     row = tagged(_row(envs, "workplace_assistant"), "wa_forever")
     ours = await _ours(chat, envs, "workplace_assistant", row)
-    theirs = await _theirs(envs, {**row, "_env": "workplace_assistant"})
+    theirs = await _theirs(envs, "workplace_assistant", row)
     assert ours.stop == "max_steps" and ours.turns == 6 and ours.tool_calls == 6
     assert ours.verify is not None
     assert _items(theirs["response"]) == _items(ours.verify["response"])
@@ -233,7 +229,7 @@ async def test_length_cut_off_is_verified_as_incomplete_like_simple_agent(
     chat.script("mcqa_cut", Turn(content="<think>Let me", tool_calls=(tool("x"),), finish_reason="length"))
     row = tagged(_row(envs, "mcqa"), "mcqa_cut")
     ours = await _ours(chat, envs, "mcqa", row)
-    theirs = await _theirs(envs, {**row, "_env": "mcqa"})
+    theirs = await _theirs(envs, "mcqa", row)
     assert ours.stop == "length" and ours.tool_calls == 0 and not ours.mask_sample
     assert ours.verify is not None
     assert ours.verify["response"]["status"] == theirs["response"]["status"] == "incomplete"
