@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from miles_nemogym.gym.venv import ensure_gym_venv  # noqa: E402
-from miles_nemogym.simple_agent import Connections, Limits, run_episode  # noqa: E402
+from miles_nemogym.simple_agent import Connections, EpisodeResult, Limits, run_episode  # noqa: E402
 from tests.support.gym_envs import GymEnvironments  # noqa: E402
 from tests.support.scripted_chat import ScriptedChat, Turn, tagged, tool  # noqa: E402
 
@@ -99,24 +99,22 @@ async def _measure(args: argparse.Namespace, envs: GymEnvironments, policy: str)
     row = tagged(envs.example_rows(ENV)[0], SCRIPT)
     limits = Limits(max_steps=6)
     async with Connections() as connections, aiohttp.ClientSession() as session:
-        probe = await run_episode(
-            row,
-            session_url=f"{policy}/sessions/x",
-            resources_url=envs.resources_url(ENV),
-            limits=limits,
-            connections=connections,
-        )
-        assert probe.reward == 1.0 and probe.verify is not None, probe
-        verify_body = {**row, "response": probe.verify["response"]}
 
-        async def ours() -> None:
-            result = await run_episode(
+        async def episode() -> EpisodeResult:
+            return await run_episode(
                 row,
                 session_url=f"{policy}/sessions/x",
                 resources_url=envs.resources_url(ENV),
                 limits=limits,
                 connections=connections,
             )
+
+        probe = await episode()
+        assert probe.reward == 1.0 and probe.verify is not None, probe
+        verify_body = {**row, "response": probe.verify["response"]}
+
+        async def ours() -> None:
+            result = await episode()
             assert result.reward == 1.0, result
 
         async def theirs() -> None:
