@@ -214,3 +214,27 @@ async def test_a_generation_aborted_by_miles_is_cancelled_not_scored(chat: Scrip
         result = await _run(chat, fake, "aborted")
     assert (result.mask_sample, result.reward, result.failure_kind) == (True, None, fk.CANCELLED)
     assert fake.verified == []
+
+
+async def test_a_row_that_is_not_json_is_an_invalid_request(chat: ScriptedChat) -> None:
+    chat.script("notjson", Turn(content="x"))
+    async with fake_resources() as fake:
+        result = await _run(chat, fake, "notjson", when=object())
+    assert (result.mask_sample, result.failure_kind) == (True, fk.INVALID_REQUEST)
+    assert fake.seeded == {}
+
+
+async def test_a_defect_is_recorded_as_a_client_error_not_raised(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from miles_nemogym.simple_agent import transcript
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise KeyError("boom")
+
+    monkeypatch.setattr(transcript.Transcript, "response", broken)
+    chat.script("defect", Turn(content="x"))
+    async with fake_resources() as fake:
+        result = await _run(chat, fake, "defect")
+    assert (result.mask_sample, result.reward, result.failure_kind) == (True, None, fk.CLIENT_ERROR)
+    assert "KeyError" in (result.failure_reason or "")

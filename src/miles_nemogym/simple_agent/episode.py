@@ -12,6 +12,7 @@ connection) end the episode masked, under a failure kind; they are never a rewar
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ from miles_nemogym.simple_agent import chat_request, kinds
 from miles_nemogym.simple_agent.connections import Answer, Connections, TransportFailure, post
 from miles_nemogym.simple_agent.transcript import Transcript
 from miles_nemogym.simple_agent.wire import AssistantMessage, ChatCompletion, Choice, ToolCall, VerifyAnswer
+
+logger = logging.getLogger(__name__)
 
 NO_TOOL_CALL = "no_tool_call"
 LENGTH = "length"
@@ -259,6 +262,11 @@ async def run_episode(
         await episode.run(result, transcript, first_body)
     except _Failed as failure:
         _masked(result, failure.kind, str(failure))
+    except pydantic_core.PydanticSerializationError as error:
+        _masked(result, fk.INVALID_REQUEST, f"the task row cannot be sent as JSON: {error}")
+    except Exception as error:  # a defect here: recorded, never a reward, never raised into Miles
+        logger.exception("simple_agent episode failed on a defect")
+        _masked(result, fk.CLIENT_ERROR, f"{type(error).__name__}: {error}")
     finally:
         result.turns, result.tool_calls = transcript.turns, transcript.tool_calls
         result.total_tool_time = episode.tool_time
