@@ -1,0 +1,267 @@
+"""This package's ``simple_agent``-style loop against real NeMo-Gym 0.7.0 resources servers.
+
+Per environment: a scripted gold answer scores 1.0 and a wrong one 0.0 through our loop,
+and NeMo-Gym's own ``simple_agent`` ``/run`` (calling its ``vllm_model`` server in front of
+the same scripted policy) sends ``/verify`` the same fields and gets the same reward. The
+servers start once per test session (``envs``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from miles_nemogym.gym.venv import GymPythonNotFoundError, ensure_gym_venv
+from miles_nemogym.simple_agent import Connections, EpisodeResult, Limits, run_episode
+from tests.support.gym_envs import GymEnvironments
+from tests.support.scripted_chat import ScriptedChat, Turn, tagged, tool
+
+pytestmark = pytest.mark.integration
+
+ENVS = ["mcqa", "workplace_assistant", "example_multi_step", "xlam_fc", "equivalence_rule"]
+
+
+@pytest.fixture(scope="module")
+def chat() -> Iterator[ScriptedChat]:
+    with ScriptedChat() as policy:
+        yield policy
+
+
+@pytest.fixture(scope="module")
+def envs(chat: ScriptedChat, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GymEnvironments]:
+    try:
+        venv = ensure_gym_venv(progress=lambda line: print(f"[gym-venv] {line}", file=sys.__stderr__, flush=True))
+    except GymPythonNotFoundError as error:
+        pytest.fail(str(error), pytrace=False)
+    servers = GymEnvironments(venv, ENVS, f"{chat.url}/v1", tmp_path_factory.mktemp("gym-envs"))
+    servers.start()
+    try:
+        yield servers
+    finally:
+        servers.stop()
+
+
+def _row(envs: GymEnvironments, env: str) -> dict[str, Any]:
+    return envs.example_rows(env)[0]
+
+
+def _scripts(envs: GymEnvironments, env: str) -> dict[str, list[Turn]]:
+    """A gold and a wrong policy for the environment's first example row."""
+    row = _row(envs, env)
+    if env == "mcqa":
+        return {
+            "gold": [Turn(content="<think>PCR detects the mutation.</think>The answer is \\boxed{B}")],
+            "wrong": [Turn(content="<think>Karyotyping?</think>\\boxed{A}")],
+            "thinking_only": [Turn(content="<think>\\boxed{B}</think>")],
+        }
+    if env == "workplace_assistant":
+        reply = json.loads(row["ground_truth"][0]["arguments"])
+        look = tool("email_search_emails", query="Task Update on Develop prototype for report generation")
+        return {
+            "gold": [
+                Turn(content="<think>Find it first.</think>", tool_calls=(look,)),
+                Turn(tool_calls=(tool("email_reply_email", **reply),)),
+                Turn(content="Replied."),
+            ],
+            "wrong": [
+                Turn(tool_calls=(look,)),
+                Turn(tool_calls=(tool("email_reply_email", email_id=reply["email_id"], body="No."),)),
+                Turn(content="Replied."),
+            ],
+        }
+    if env == "example_multi_step":
+        values = row["expected_synonym_values"]
+        lookups = tuple(tool("get_synonym_value", synonym=s) for s in row["expected_synonyms"])
+        return {
+            "gold": [
+                Turn(tool_calls=lookups),
+                Turn(tool_calls=(tool("extract_synonym_values", synonym_values=values),)),
+                Turn(content="Done."),
+            ],
+            "wrong": [
+                Turn(tool_calls=lookups),
+                Turn(tool_calls=(tool("extract_synonym_values", synonym_values=values[::-1]),)),
+                Turn(content="Done."),
+            ],
+        }
+    if env == "equivalence_rule":  # graded "exact" on the message text (its shipped lc.yaml)
+        return {
+            "gold": [Turn(content=f"<think>Count them.</think>{row['expected_answer']}")],
+            "wrong": [Turn(content=row["expected_answer"][::-1])],
+        }
+    assert env == "xlam_fc"
+    calls = tuple(tool(answer["name"], **answer["arguments"]) for answer in row["expected_answers"])
+    return {
+        "gold": [Turn(tool_calls=calls), Turn(content="Here they are.")],
+        "wrong": [Turn(tool_calls=calls[:1]), Turn(content="Here they are.")],
+    }
+
+
+def _limits(env: str) -> Limits:
+    # The shipped simple_agent configs: workplace_assistant sets max_steps 6, the others none.
+    return Limits(max_steps=6 if env == "workplace_assistant" else None)
+
+
+async def _ours(chat: ScriptedChat, envs: GymEnvironments, env: str, row: dict[str, Any]) -> EpisodeResult:
+    return await run_episode(
+        row,
+        session_url=chat.session_url(),
+        resources_url=envs.resources_url(env),
+        request_kwargs={"temperature": 1.0, "top_p": 1.0, "max_tokens": 512},
+        limits=_limits(env),
+    )
+
+
+async def _theirs(envs: GymEnvironments, env: str, row: dict[str, Any]) -> dict[str, Any]:
+    """NeMo-Gym's own simple_agent ``/run`` on the same row: its ``/verify`` answer."""
+    async with aiohttp.ClientSession() as session, session.post(f"{envs.agent_url(env)}/run", json=row) as response:
+        text = await response.text()
+        assert response.status == 200, text
+        answer: dict[str, Any] = json.loads(text)
+        return answer
+
+
+def _items(response: dict[str, Any]) -> list[dict[str, Any]]:
+    """The output items as a verifier reads them: generated ids (``rs_``/``msg_``) dropped."""
+    keep = ("type", "role", "name", "arguments", "call_id", "output", "content", "summary")
+    return [{k: item.get(k) for k in keep if item.get(k) is not None} for item in response["output"]]
+
+
+def _environment_fields(answer: dict[str, Any]) -> dict[str, Any]:
+    """What /verify decided and every field the environment added (the row's own fields too)."""
+    skipped = {"response", "responses_create_params", "ng_trajectory"}
+    return {k: v for k, v in answer.items() if k not in skipped}
+
+
+@pytest.mark.parametrize("env", ENVS)
+async def test_gold_scores_one_wrong_scores_zero_and_simple_agent_agrees(
+    chat: ScriptedChat, envs: GymEnvironments, env: str
+) -> None:
+    for outcome, turns in _scripts(envs, env).items():
+        name = f"{env}_{outcome}"
+        chat.script(name, *turns)
+        row = tagged(_row(envs, env), name)
+        ours = await _ours(chat, envs, env, row)
+        assert not ours.mask_sample, ours.failure_reason
+        assert ours.reward == (1.0 if outcome == "gold" else 0.0), (env, outcome, ours.verify)
+        assert ours.turns == len(turns)
+        assert ours.stop == "no_tool_call"
+        assert ours.tool_calls == sum(len(t.tool_calls) for t in turns)
+        assert ours.total_tool_time > 0
+        assert ours.verify is not None
+
+        theirs = await _theirs(envs, env, row)
+        assert theirs["reward"] == ours.reward, (env, outcome)
+        assert _items(theirs["response"]) == _items(ours.verify["response"]), (env, outcome)
+        assert _environment_fields(theirs) == _environment_fields(ours.verify), (env, outcome)
+        assert theirs["response"]["status"] == ours.verify["response"]["status"]
+        reason = "ng_termination_reason"
+        assert (theirs["response"]["metadata"] or {}).get(reason) == (
+            ours.verify["response"].get("metadata") or {}
+        ).get(reason)
+
+
+async def test_sampling_keys_tools_and_history_reach_the_policy(chat: ScriptedChat, envs: GymEnvironments) -> None:
+    turns = _scripts(envs, "workplace_assistant")["gold"]
+    chat.script("wa_wire", *turns)
+    row = tagged(_row(envs, "workplace_assistant"), "wa_wire")
+    result = await _ours(chat, envs, "workplace_assistant", row)
+    assert result.reward == 1.0
+    first, second = chat.requests("wa_wire")[:2]
+    assert (first["temperature"], first["top_p"], first["max_tokens"]) == (1.0, 1.0, 512)
+    names = [t["function"]["name"] for t in first["tools"]]
+    assert names == [t["name"] for t in row["responses_create_params"]["tools"]]
+    assert first["messages"][0]["role"] == "system"
+    # The turn goes back exactly as the policy wrote it (<think> kept), then the tool's answer.
+    assert second["messages"][-2]["content"] == "<think>Find it first.</think>"
+    tool_message = second["messages"][-1]
+    assert tool_message["role"] == "tool" and tool_message["tool_call_id"] == "call_wa_wire_0_0"
+    # The session cookie reached the tool: an unseeded session answers "Session not initialized".
+    assert "Session not initialized" not in tool_message["content"]
+    assert json.loads(tool_message["content"])  # the tool's raw JSON answer
+
+
+async def test_real_tool_errors_and_bad_arguments_are_model_visible(chat: ScriptedChat, envs: GymEnvironments) -> None:
+    chat.script(
+        "wa_errors",
+        Turn(tool_calls=(("email_search_emails", "{not json"), tool("no_such_tool", x=1))),
+        Turn(content="Giving up."),
+    )
+    for path in ("ours", "theirs"):
+        row = tagged(_row(envs, "workplace_assistant"), "wa_errors")
+        if path == "ours":
+            result = await _ours(chat, envs, "workplace_assistant", row)
+            assert result.reward == 0.0 and not result.mask_sample
+            assert result.verify is not None
+            answer = result.verify
+        else:
+            answer = await _theirs(envs, "workplace_assistant", row)
+        outputs = [i["output"] for i in answer["response"]["output"] if i["type"] == "function_call_output"]
+        assert outputs[0].startswith('{"error": "Invalid tool call arguments: JSONDecodeError(')
+        assert outputs[1]  # the real server's error body for an unknown tool
+        if path == "ours":
+            ours_outputs = outputs
+    assert ours_outputs == outputs
+
+
+async def test_max_steps_stops_both_loops_at_the_same_turn(chat: ScriptedChat, envs: GymEnvironments) -> None:
+    # workplace_assistant's simple_agent stops after 6 steps; a policy that never stops calling tools.
+    chat.script("wa_forever", Turn(tool_calls=(tool("email_search_emails", query="x"),)))
+    row = tagged(_row(envs, "workplace_assistant"), "wa_forever")
+    ours = await _ours(chat, envs, "workplace_assistant", row)
+    theirs = await _theirs(envs, "workplace_assistant", row)
+    assert ours.stop == "max_steps" and ours.turns == 6 and ours.tool_calls == 6
+    assert ours.verify is not None
+    assert _items(theirs["response"]) == _items(ours.verify["response"])
+    assert theirs["reward"] == ours.reward == 0.0
+
+
+async def test_length_cut_off_is_verified_as_incomplete_like_simple_agent(
+    chat: ScriptedChat, envs: GymEnvironments
+) -> None:
+    # Cut off mid-answer with a tool call: neither loop runs the call; the response is incomplete.
+    chat.script("mcqa_cut", Turn(content="<think>Let me", tool_calls=(tool("x"),), finish_reason="length"))
+    row = tagged(_row(envs, "mcqa"), "mcqa_cut")
+    ours = await _ours(chat, envs, "mcqa", row)
+    theirs = await _theirs(envs, "mcqa", row)
+    assert ours.stop == "length" and ours.tool_calls == 0 and not ours.mask_sample
+    assert ours.verify is not None
+    assert ours.verify["response"]["status"] == theirs["response"]["status"] == "incomplete"
+    assert _items(theirs["response"]) == _items(ours.verify["response"])
+    assert theirs["reward"] == ours.reward == 0.0
+
+
+async def test_concurrent_episodes_keep_their_own_sessions(chat: ScriptedChat, envs: GymEnvironments) -> None:
+    """Workplace tools act on the session's own sandbox: an email one episode sends is
+    invisible to the others, which each search for it after sending their own."""
+    n = 6
+    async with Connections() as connections:
+
+        async def one(i: int) -> EpisodeResult:
+            name = f"wa_iso_{i}"
+            chat.script(
+                name,
+                Turn(tool_calls=(tool("email_send_email", recipient="x@atlas.com", subject=f"iso-{i}", body="b"),)),
+                Turn(tool_calls=(tool("email_search_emails", query="iso-"),)),
+                Turn(content="ok"),
+            )
+            return await run_episode(
+                tagged(_row(envs, "workplace_assistant"), name),
+                session_url=chat.session_url(str(i)),
+                resources_url=envs.resources_url("workplace_assistant"),
+                limits=_limits("workplace_assistant"),
+                connections=connections,
+            )
+
+        results = await asyncio.gather(*(one(i) for i in range(n)))
+    for i, result in enumerate(results):
+        assert result.verify is not None, result.failure_reason
+        search = [o["output"] for o in result.verify["response"]["output"] if o["type"] == "function_call_output"][1]
+        assert f"iso-{i}" in search
+        assert not any(f"iso-{j}" in search for j in range(n) if j != i), search

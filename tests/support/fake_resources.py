@@ -1,0 +1,120 @@
+"""A loopback stand-in for a NeMo-Gym resources server, with switchable failures.
+
+Follows the 0.7.0 contract (``nemo_gym/base_resources_server.py``): ``POST /seed_session``
+takes the task row and sets the session cookie, ``POST /<tool>`` answers the tool's raw
+body, ``POST /verify`` takes the row + ``response`` and answers it back with ``reward``.
+Tools: ``echo`` (answers its arguments and the session it saw), ``status`` (answers
+``{"code": n}``'s HTTP status with a text body), ``huge`` (``{"size": n}`` bytes),
+``drop`` (closes the connection without answering).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+COOKIE = "session"
+
+
+@dataclass
+class FakeResources:
+    """``seed``/``verify``: ``"ok"``, ``"500"``, ``"garbage"`` or, for verify, ``"no_reward"``/``"masked"``."""
+
+    seed: str = "ok"
+    verify: str = "ok"
+    reward: float = 1.0
+    delay: float = 0.0
+    url: str = ""
+    seeded: dict[str, Any] = field(default_factory=dict)
+    """Session cookie -> the row it was seeded with."""
+    tool_calls: list[tuple[str | None, str, Any]] = field(default_factory=list)
+    """(session cookie, tool, arguments) per tool call."""
+    verified: list[dict[str, Any]] = field(default_factory=list)
+    verify_sessions: list[str | None] = field(default_factory=list)
+    """The session cookie each ``/verify`` carried, in order."""
+
+    async def _seed(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(self.delay)
+        if self.seed == "500":  # a JSON error body: the status alone says it failed
+            return web.json_response({"detail": "seed failed"}, status=500)
+        if self.seed == "garbage":
+            return web.Response(text="<html>proxy</html>")
+        session = uuid.uuid4().hex
+        self.seeded[session] = await request.json()
+        response = web.json_response({})
+        response.set_cookie(COOKIE, session)
+        return response
+
+    async def _tool(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(self.delay)
+        name = request.match_info["tool"]
+        arguments = await request.json()
+        session = request.cookies.get(COOKIE)
+        self.tool_calls.append((session, name, arguments))
+        if name == "echo":
+            return web.json_response({"arguments": arguments, "session": session})
+        if name == "status":
+            return web.Response(status=int(arguments["code"]), text=f"tool failed with {arguments['code']}")
+        if name == "drop":  # the connection breaks before any answer
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response()
+        if name == "huge":
+            return web.Response(body=b"x" * int(arguments["size"]))
+        return web.json_response({"detail": "Not Found"}, status=404)
+
+    async def _verify(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(self.delay)
+        body = await request.json()
+        self.verified.append(body)
+        self.verify_sessions.append(request.cookies.get(COOKIE))
+        if self.verify == "500":
+            return web.Response(status=500, text="Internal Server Error")
+        if self.verify == "garbage":
+            return web.Response(text="not json")
+        if self.verify == "no_reward":
+            return web.json_response(body)
+        if self.verify == "masked":
+            return web.json_response(
+                {
+                    **body,
+                    "reward": 0.0,
+                    "mask_sample": True,
+                    "failure_kind": "judge_failed",
+                    "failure_reason": "judge down",
+                }
+            )
+        return web.json_response({**body, "reward": self.reward})
+
+
+@asynccontextmanager
+async def fake_resources(**options: Any) -> AsyncIterator[FakeResources]:
+    fake = FakeResources(**options)
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/seed_session", fake._seed)
+    app.router.add_post("/verify", fake._verify)
+    app.router.add_post("/{tool}", fake._tool)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    fake.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        yield fake
+    finally:
+        await runner.cleanup()
+
+
+def row(tag: str, **fields: Any) -> dict[str, Any]:
+    """A minimal task row whose prompt carries the scripted-policy tag."""
+    params = {
+        "input": [{"role": "user", "content": f"do it {tag}"}],
+        "tools": [{"type": "function", "name": "echo", "parameters": {"type": "object"}, "strict": False}],
+    }
+    return {"responses_create_params": params, **fields}
