@@ -40,14 +40,30 @@ def _doctor(
     timeout: Annotated[
         float, typer.Option("--timeout", min=0.1, max=600, help="Seconds to wait for the Gym server.")
     ] = DEFAULT_TIMEOUT_S,
+    policy_base_url: Annotated[
+        str | None,
+        typer.Option(
+            "--policy-base-url",
+            help="Also check that this OpenAI-compatible endpoint answers (what `scan --policy-base-url` needs).",
+        ),
+    ] = None,
 ) -> None:
-    """Check in seconds that NeMo-Gym is reachable and will use the trainer's policy URL."""
+    """Check in seconds that NeMo-Gym is reachable and will use the trainer's policy URL.
+
+    A scan needs the same server checks; `scan --golden` needs a server started with `serve --golden`,
+    `scan --policy-base-url URL` a policy that answers (add the same flag here)."""
     from miles_nemogym.doctor import all_passed, run_checks
 
     # The checks read the plugin's variables as the trainer would, the flag in place of NEMO_GYM_URL.
     environ = dict(os.environ) if gym_url is None else {**os.environ, "NEMO_GYM_URL": gym_url}
     origin = None if gym_url is None else "--gym-url"
-    results = run_checks(session_host=session_host, timeout_s=timeout, environ=environ, gym_url_origin=origin)
+    results = run_checks(
+        session_host=session_host,
+        timeout_s=timeout,
+        environ=environ,
+        gym_url_origin=origin,
+        policy_base_url=policy_base_url,
+    )
     _render(results)
     raise typer.Exit(0 if all_passed(results) else 1)
 

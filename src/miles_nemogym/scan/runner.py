@@ -1,8 +1,9 @@
 """Run a scan: every selected instance through ``episode.run.run_episode``, the agent function's own path.
 
-``policy_base_url`` is ``--policy-base-url`` (or absent: the server's own model), the API key
-is sent only with it. Whatever is wrong before an episode starts raises ``ScanUsageError``;
-then results are appended as episodes finish, and ``stop`` (Ctrl-C) keeps what finished.
+``policy_base_url`` is ``--policy-base-url`` (absent only in a golden scan), the API key is
+sent only with it, and the policy must answer before the first episode. Whatever is wrong
+before an episode starts raises ``ScanUsageError``; then results are appended as episodes
+finish, and ``stop`` (Ctrl-C) keeps what finished.
 """
 
 from __future__ import annotations
@@ -210,7 +211,7 @@ async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Consol
             await check_server(
                 prepared.settings.gym_url,
                 prepared.settings.connect_timeout_s,
-                needs_policy_field=config.policy_base_url is not None,
+                policy_base_url=config.policy_base_url,
             )
         except ServerCheckError as error:
             raise ScanUsageError(str(error)) from None
