@@ -14,17 +14,21 @@ _COLOURS = {"PASS": "green", "FAIL": "red", "SKIP": "yellow"}
 
 
 def _render(results: list[CheckResult]) -> None:
-    """Print :func:`miles_nemogym.doctor.report`, its marks in colour."""
+    """Print :func:`miles_nemogym.doctor.report` wrapped between words, its marks in colour."""
     from rich.console import Console
     from rich.markup import escape
 
     from miles_nemogym.doctor import report
+    from miles_nemogym.fit import wrap
 
     out = Console()
     for line in report(results):
-        mark, _, rest = line.partition(" ")
+        mark = line.partition(" ")[0]
         colour = _COLOURS.get(mark)
-        out.print(f"[{colour}]{mark}[/] {escape(rest)}" if colour else escape(line))
+        first, *more = wrap(line, max(out.width, 80), indent="     ")
+        out.print(f"[{colour}]{mark}[/]{escape(first[len(mark) :])}" if colour else escape(first), soft_wrap=True)
+        for piece in more:
+            out.print(escape(piece), soft_wrap=True, highlight=False)
 
 
 def _doctor(

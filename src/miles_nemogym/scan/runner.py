@@ -226,7 +226,7 @@ async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Consol
         f"{redact_url(prepared.settings.run_url)} — mode {config.mode}, concurrency {config.concurrency}, "
         f"episode timeout {prepared.settings.run_timeout_s:g}s",
         highlight=False,
-        soft_wrap=True,
+        soft_wrap=not console.is_terminal,
     )
     if prepared.earlier:
         console.print(
