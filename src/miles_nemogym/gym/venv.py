@@ -269,6 +269,41 @@ def build_log_path(what: str) -> Path:
     return gym_wheel.cache_dir() / "logs" / f"{slug}.log"
 
 
+class _PipCount:
+    """pip's output as counts for the progress line: how many of the requirements named on the
+    command line are collected, packages in all, then the install (pip prints nothing per
+    package while installing)."""
+
+    def __init__(self, command: Sequence[str]) -> None:
+        words = list(command)
+        self._pip = "install" in words
+        named = words[words.index("install") + 1 :] if self._pip else []
+        self._wanted = {_distribution_name(word) for word in named if not word.startswith("-")}
+        self._collected: set[str] = set()
+        self._text: str | None = None
+
+    def feed(self, line: str) -> str | None:
+        """The count after ``line``; None while pip has said nothing countable (or not pip)."""
+        if not self._pip:
+            return None
+        word, _, rest = line.strip().partition(" ")
+        if word == "Collecting":
+            self._collected.add(_distribution_name(rest))
+            self._text = f"{self._resolving()}: {_distribution_name(rest)}"
+        elif word == "Downloading" and self._text is not None:
+            self._text = f"{self._resolving()}: downloading {rest.rpartition('/')[2]}"
+        elif line.startswith("Installing collected packages:"):
+            count = len(line.partition(":")[2].split(","))
+            self._text = f"installing {count} packages (pip shows no per-package progress here)"
+        elif line.startswith("Successfully installed"):
+            self._text = f"installed {len(line.split()) - 2} packages"
+        return self._text
+
+    def _resolving(self) -> str:
+        named = len(self._wanted & self._collected)
+        return f"{named} of {len(self._wanted)} requirements collected, {len(self._collected)} packages in all"
+
+
 def _run(command: Sequence[str], progress: Progress, what: str, *, log_path: Path | None = None) -> None:
     """Run a build step; its full output goes to ``log_path`` (appended), not the terminal.
 
@@ -277,6 +312,7 @@ def _run(command: Sequence[str], progress: Progress, what: str, *, log_path: Pat
     log_file = log_path or build_log_path(what)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     tail: list[str] = []
+    count = _PipCount(command)
     with log_file.open("a", encoding="utf-8") as log:
         log.write(f"$ {' '.join(command)}\n")
         log.flush()
@@ -294,7 +330,7 @@ def _run(command: Sequence[str], progress: Progress, what: str, *, log_path: Pat
                 line = raw.rstrip()
                 if line:
                     tail = [*tail[-29:], line]
-                    progress("  " + line.strip())
+                    progress("  " + (count.feed(line) or line.strip()))
             code = proc.wait()
         log.write(f"[exit {code}]\n")
     if code != 0:
