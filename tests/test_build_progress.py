@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from miles_nemogym.cli.progress import step_display
-from miles_nemogym.gym.venv import _run
+from miles_nemogym.gym.venv import BuildLines, _run
 
 # What pip 24 prints into a pipe while installing (lines as in a real server-environment build log).
 PIP_OUTPUT = """\
@@ -76,3 +76,24 @@ def test_the_step_and_its_count_each_fit_a_line(width: int) -> None:
     assert all(len(line) <= width for line in lines)
     assert any(step in line for line in lines) and any(line.strip() == count for line in lines)
     assert "…" not in buffer.getvalue()
+
+
+def test_without_a_live_line_counts_are_printed_now_and_then_and_the_install_always() -> None:
+    stream = io.StringIO()
+    printer = BuildLines("miles-env", stream, every_s=3600)
+    printer("installing 12 Miles rollout requirements (takes minutes cold)")
+    for number in range(1, 50):
+        printer(f"  {min(number, 12)} of 12 requirements collected, {number} packages in all: pkg{number}")
+    printer("  installing 49 packages (pip shows no per-package progress here)")
+    printer("  installed 49 packages")
+    assert stream.getvalue().splitlines() == [
+        "[miles-env] installing 12 Miles rollout requirements (takes minutes cold)",
+        "[miles-env]   1 of 12 requirements collected, 1 packages in all: pkg1",  # then quiet for every_s
+        "[miles-env]   installing 49 packages (pip shows no per-package progress here)",
+        "[miles-env]   installed 49 packages",
+    ]
+    every = io.StringIO()
+    chatty = BuildLines("gym-venv", every, every_s=0)
+    for number in range(3):
+        chatty(f"  {number} of 3 requirements collected, {number} packages in all: p")
+    assert len(every.getvalue().splitlines()) == 3

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.gym import wheel as gym_wheel
@@ -402,9 +403,24 @@ def _remove_debris(root: Path, key: str) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _print_progress(line: str) -> None:
-    if not line.startswith(" "):  # steps only; pip's own lines are in the build log
-        print(f"[gym-venv] {line}", file=sys.stderr, flush=True)
+class BuildLines:
+    """A ``Progress`` for a log or a test session (no live line): each step as ``[tag] step``,
+    and the count under it at most every ``every_s`` seconds, the install's start and end always
+    (pip's own lines are in the build log). ``stream`` None: ``sys.stderr`` when printing."""
+
+    def __init__(self, tag: str, stream: TextIO | None = None, every_s: float = 15.0) -> None:
+        self._tag, self._stream, self._every_s = tag, stream, every_s
+        self._last = float("-inf")
+
+    def __call__(self, line: str) -> None:
+        if line.startswith(" "):
+            detail = line.strip()
+            now = time.monotonic()
+            if not detail.startswith(("installing ", "installed ")) and now - self._last < self._every_s:
+                return
+            self._last = now
+            line = "  " + detail
+        print(f"[{self._tag}] {line}", file=self._stream or sys.stderr, flush=True)
 
 
 def _check_explicit_python(ready: GymVenv, report: Progress) -> None:
@@ -448,7 +464,7 @@ def ensure_gym_venv(
 
     ``progress`` gets build steps and pip's output as indented details (full output in
     ``<cache>/gym-venv/<key>.build.log``); ``python`` overrides the interpreter search."""
-    report = progress or _print_progress
+    report = progress or BuildLines("gym-venv")
     root = gym_venv_root()
     key = venv_key(sandbox)
     link = root / key
