@@ -26,6 +26,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from miles_nemogym import fit
 from miles_nemogym.scan.results import ResultLine
 from miles_nemogym.scan.verdict import Verdict
 
@@ -209,8 +210,7 @@ def render_summary(
         title = "not 1.0 (golden mode expects 1.0 everywhere)" if golden else "infrastructure failures"
         console.print(f"[bold]{len(shown)} instance(s) {title}:[/]", highlight=False)
         for result in sorted(shown, key=lambda item: item.instance_id):
-            console.print(
-                f"  {escape(result.instance_id)}  reward {_reward_text(result.reward)}  {escape(result.reason or '?')}",
-                soft_wrap=not console.is_terminal,
-                highlight=False,
-            )
+            line = f"  {result.instance_id}  reward {_reward_text(result.reward)}  {result.reason or '?'}"
+            # On a terminal, continuations indented under the id; in a log, one whole line.
+            for piece in fit.wrap(line, console.width, indent="    ") if console.is_terminal else [line]:
+                console.print(piece, soft_wrap=True, markup=False, highlight=False)
