@@ -143,8 +143,8 @@ def test_episodes_table_and_list_fit(store: Path, width: int) -> None:
     assert lines[0].split()[:5] == ["role", "step", "episodes", "valid", "resolved"]
     assert lines[0].rstrip().endswith("failures by kind")
     table = result.output.split("\n\n")[0]
-    for kind in KINDS:
-        assert re.search(rf"\b{kind} \d+\b", " ".join(table.split())), kind  # never split mid-name
+    for kind in KINDS:  # each kind with its count on one line
+        assert any(re.search(rf"\b{kind} \d+\b", line) for line in table.splitlines()), kind
     listed = result.output.split("\n\n")[1].splitlines()
     for number in range(12):
         shown = f"{number:02d}0123456789"  # a 12-character prefix, which --show takes
@@ -238,3 +238,5 @@ def test_a_word_longer_than_the_width_is_kept_whole() -> None:
     path = "/very/long/" + "x" * 100
     assert fit.wrap(f"note: written to {path} today", 80) == ["note: written to", path, "today"]
     assert json.dumps(fit.table([["a", path]], 80).splitlines()) == json.dumps([f"a  {path}"])
+    assert fit.table([["x", "kind_a 1, kind_b 2"]], 14).splitlines() == ["x  kind_a 1,", "   kind_b 2"]
+    assert fit.table([["x", "resolved  reward 1.0"]], 14).splitlines() == ["x  resolved", "   reward 1.0"]
