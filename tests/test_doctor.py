@@ -254,6 +254,23 @@ def test_cli_exit_codes_and_fixes(gym: GymStandIn, monkeypatch: pytest.MonkeyPat
     assert "FAIL" in bad.output and "fix:" in bad.output and "policy_base_url" in bad.output
 
 
+def test_with_a_policy_url_doctor_checks_what_a_policy_scan_needs(
+    gym: GymStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_URL", gym.url)
+    silent = f"http://127.0.0.1:{free_port()}/v1"
+    failed = CliRunner().invoke(app, ["doctor", "--policy-base-url", silent, "--timeout", "5"])
+    assert failed.exit_code == 1, failed.output
+    text = " ".join(failed.output.split())
+    assert f"FAIL policy endpoint answers: the policy endpoint does not answer: GET {silent}/models" in text
+    assert "fix: start the policy server or correct --policy-base-url" in text
+    # The stand-in answers /v1/models with a 404: an answer, so the scan would not wait on it.
+    passed = CliRunner().invoke(app, ["doctor", "--policy-base-url", f"{gym.url}/v1/", "--timeout", "5"])
+    assert passed.exit_code == 0, passed.output
+    assert f"PASS policy endpoint answers: GET {gym.url}/v1/models" in passed.output
+    assert "/v1/models" in gym.requests
+
+
 def test_cli_session_host_option_reaches_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")
     result = CliRunner().invoke(app, ["doctor", "--session-host", "10.9.8.7", "--timeout", "2"])

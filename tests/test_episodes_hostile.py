@@ -226,9 +226,9 @@ def test_fields_of_the_wrong_type_still_give_every_view(tmp_path: Path) -> None:
         "4",
         "3",
         "66.7%",
-        "failed 1",
         "4.0",
         "5.0",
+        "failed 1",
     ]
     for args in (
         ("--show", "a"),

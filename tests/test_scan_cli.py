@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,11 @@ def input_file(tmp_path: Path, gym_example_rows: list[dict[str, Any]]) -> Path:
 
 
 def scan(*args: str) -> Any:
+    """``miles-nemogym scan``; without --golden or --policy-base-url, an API-policy scan whose
+    policy is the server's own URL + /v1 (it answers, with a 404: enough for the scan's check)."""
+    if "--golden" not in args and "--policy-base-url" not in args:
+        gym_url = args[args.index("--gym-url") + 1] if "--gym-url" in args else ""
+        args = (*args, "--policy-base-url", f"{gym_url if gym_url.startswith('http') else 'http://127.0.0.1:9'}/v1")
     return CliRunner().invoke(app, ["scan", *args], catch_exceptions=False)
 
 
@@ -180,7 +186,7 @@ def test_resume_skips_finished_instances_and_summarises_the_whole_selection(
         "--input", str(input_file), "--gym-url", fake_gym.url, "--output", str(out), "--resume", "--golden"
     )
     assert other_mode.exit_code == 2
-    assert "holds server results and this is a golden scan" in other_mode.output
+    assert "holds policy results and this is a golden scan" in other_mode.output
 
     nothing_left = scan("--input", str(input_file), "--gym-url", fake_gym.url, "--output", str(out), "--resume")
     assert len(fake_gym.received_ids()) == 5
@@ -266,6 +272,30 @@ def test_exit_2_before_any_episode_when_the_scan_cannot_start(
         gym.stop()
 
 
+def test_a_scan_naming_no_model_refuses_at_once_with_the_two_ways_to_run_it(
+    fake_gym: FakeGym, input_file: Path
+) -> None:
+    started = time.monotonic()
+    result = CliRunner().invoke(app, ["scan", "--input", str(input_file), "--gym-url", fake_gym.url])
+
+    assert result.exit_code == 2, result.output
+    assert time.monotonic() - started < 5
+    assert "--golden (a server started with `miles-nemogym serve --golden`" in " ".join(result.output.split())
+    assert "--policy-base-url URL" in result.output
+    assert fake_gym.received_ids() == []
+
+
+def test_a_policy_that_does_not_answer_stops_the_scan_before_any_episode(fake_gym: FakeGym, input_file: Path) -> None:
+    policy = f"http://127.0.0.1:{free_port()}/v1"
+    result = scan("--input", str(input_file), "--gym-url", fake_gym.url, "--policy-base-url", policy)
+
+    assert result.exit_code == 2, result.output
+    assert f"the policy endpoint does not answer: GET {policy}/models: connection refused" in " ".join(
+        result.output.split()
+    )
+    assert fake_gym.received_ids() == []
+
+
 def test_policy_scan_refuses_a_server_that_would_ignore_policy_base_url(
     tmp_path: Path, input_file: Path, gym_example_rollouts: list[dict[str, Any]]
 ) -> None:
@@ -348,12 +378,12 @@ def test_api_key_reaches_the_server_but_never_the_output(
     out = tmp_path / "results.jsonl"
     result = scan(
         "--input", str(input_file), "--gym-url", fake_gym.url, "--output", str(out),
-        "--policy-base-url", "http://127.0.0.1:9/v1",
+        "--policy-base-url", f"{fake_gym.url}/v1",
     )  # fmt: skip
 
     assert result.exit_code == 1
     assert {body.get("policy_api_key") for body in fake_gym.bodies} == {SECRET}
-    assert {body.get("policy_base_url") for body in fake_gym.bodies} == {"http://127.0.0.1:9/v1"}
+    assert {body.get("policy_base_url") for body in fake_gym.bodies} == {f"{fake_gym.url}/v1"}
     text = out.read_text()
     assert "policy rejected api key ***" in text  # the echoed key was there, and was redacted
     assert SECRET not in text

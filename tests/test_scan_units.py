@@ -182,7 +182,7 @@ def test_without_a_terminal_a_status_line_gives_done_counts_elapsed_and_eta() ->
     lines = buffer.getvalue().splitlines()
     assert lines[0].startswith("[ 2/12] PASS  i0  reward 1.0  -  1.0s")
     assert "FAIL  i4  reward 0.0  unresolved" in lines[4]
-    assert lines[-1].startswith("progress 10/12: passed 9, failed 1, infra failures 0; elapsed 0:00:0")
+    assert lines[-1].startswith("progress 10/12 done: 9 passed, 1 failed, 0 infra failures; elapsed 0:00:0")
     assert "ETA 0:00:0" in lines[-1]
 
 
@@ -194,8 +194,8 @@ def test_on_a_terminal_the_live_bar_shows_the_counts() -> None:
         progress.finished(result("a"))
         progress.finished(result("b", Verdict.infra))
     text = buffer.getvalue()
-    assert "2/3" in text
-    assert "passed 1 failed 0 infra 1" in text
+    assert "2/3 done: 1 passed, 0 failed, 1 infra" in text  # never "2/3 passed ..."
+    assert "/3 passed" not in text
     assert "ETA" in text
 
 

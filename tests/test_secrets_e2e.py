@@ -77,7 +77,7 @@ def test_no_channel_shows_the_api_key_or_a_url_password(
     scanned = CliRunner().invoke(
         app,
         ["scan", "--input", str(input_file), "--output", str(results), "--allow-unresolved",
-         "--policy-base-url", "http://127.0.0.1:9/v1"],
+         "--policy-base-url", f"{fake_gym.url}/v1"],  # it must answer: the stand-in's 404 does
     )  # fmt: skip
     assert scanned.exit_code == 1, scanned.output  # the echo and the 500 are infrastructure failures
     assert [body.get("policy_api_key") for body in fake_gym.bodies] == [API_KEY] * len(rows)  # it did reach the server

@@ -10,11 +10,12 @@ import pytest
 from miles_nemogym.server_probe import ServerCheckError, check_server
 from tests.support.odd_http import OddServer
 from tests.support.openapi import GymStandIn, openapi_document
+from tests.support.ports import free_port
 
 
 def check(url: str, timeout_s: float = 5.0) -> str:
     with pytest.raises(ServerCheckError) as caught:
-        asyncio.run(check_server(url, timeout_s, needs_policy_field=True))
+        asyncio.run(check_server(url, timeout_s, policy_base_url="http://127.0.0.1:9/v1"))
     return str(caught.value)
 
 
@@ -89,6 +90,21 @@ def test_doctor_and_the_scan_say_the_same_about_one_server(
     doctor_says = f"{failed[0].detail}; {failed[0].fix}"
     scan_says = check(gym.url)
     if problem == "no_policy_field":
-        assert scan_says == f"{doctor_says}, or scan without --policy-base-url"
+        assert scan_says == f"{doctor_says}, or scan a golden server with --golden"
     else:
         assert scan_says == doctor_says
+
+
+def test_a_policy_that_does_not_answer_is_named_before_any_episode(gym: GymStandIn) -> None:
+    gym.serve(openapi_document())
+    unreachable = f"http://127.0.0.1:{free_port()}/v1"
+    started = time.monotonic()
+    with pytest.raises(ServerCheckError) as caught:
+        asyncio.run(check_server(gym.url, 5.0, policy_base_url=unreachable))
+    message = str(caught.value)
+    assert time.monotonic() - started < 2
+    assert message.startswith(f"the policy endpoint does not answer: GET {unreachable}/models: connection refused")
+    assert "correct --policy-base-url" in message
+    # Any HTTP answer counts, a 404 or an API's 401 included: the stand-in has no /v1/models.
+    asyncio.run(check_server(gym.url, 5.0, policy_base_url=f"{gym.url}/v1"))
+    assert "/v1/models" in gym.requests

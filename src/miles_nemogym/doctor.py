@@ -1,13 +1,15 @@
 """Fast checks of a NeMo-Gym deployment: would the agent function's ``/run`` calls work?
 
 Settings valid, server answers, ``/run`` takes ``policy_base_url`` (one probe,
-:mod:`miles_nemogym.server_probe`), policy host dialable from the Gym host. Serves
+:mod:`miles_nemogym.server_probe`), policy host dialable from the Gym host; given an API
+policy's URL, that it answers (what an API-policy scan needs). Serves
 ``miles-nemogym doctor`` and the launcher; each check ends as one PASS/FAIL/SKIP line.
 The checks and why: docs/data-and-checks.md.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ from miles_nemogym.server_probe import (
     ServerProblem,
     fetch_json,
     policy_field_problem,
+    policy_problem,
     probe,
 )
 from miles_nemogym.settings import Settings, SettingsError
@@ -59,6 +62,15 @@ _CHECK_SETTINGS = "settings"
 _CHECK_REACHABLE = "NeMo-Gym answers"
 _CHECK_POLICY_FIELD = "/run accepts policy_base_url"
 _CHECK_POLICY_HOST = "policy host dialable from the Gym host"
+_CHECK_POLICY_ANSWERS = "policy endpoint answers"
+
+
+def _check_policy_answers(policy_base_url: str, timeout_s: float) -> CheckResult:
+    url = policy_base_url.strip().rstrip("/")
+    problem = asyncio.run(policy_problem(url, timeout_s))
+    if problem is not None:
+        return CheckResult(_CHECK_POLICY_ANSWERS, Status.failed, problem.detail, problem.fix)
+    return CheckResult(_CHECK_POLICY_ANSWERS, Status.passed, f"GET {redact_url(url)}/models: an HTTP answer")
 
 
 def _check_settings(environ: Mapping[str, str], gym_url_origin: str | None) -> tuple[CheckResult, Settings | None]:
@@ -150,12 +162,14 @@ def run_checks(
     fetch: Fetcher = fetch_json,
     environ: Mapping[str, str] | None = None,
     gym_url_origin: str | None = None,
+    policy_base_url: str | None = None,
 ) -> list[CheckResult]:
     """Every doctor check, in order; a check whose prerequisite failed is ``skipped``.
 
     ``session_host`` is the ``--session-server-ip`` the trainer will use (default
     ``0.0.0.0``, the recipe's); the settings are read from ``environ`` (default: this process's);
-    ``gym_url_origin`` says where its NEMO_GYM_URL came from (default: the environment or the default).
+    ``gym_url_origin`` says where its NEMO_GYM_URL came from (default: the environment or the default);
+    ``policy_base_url`` (an API-policy scan's) adds the check that it answers.
     """
     host = (session_host or DEFAULT_SESSION_HOST).strip()
     results: list[CheckResult] = []
@@ -170,6 +184,8 @@ def run_checks(
         return results
     results += _check_server(settings.gym_url, fetch, timeout_s)
     results.append(_check_policy_host(settings, host))
+    if policy_base_url is not None:
+        results.append(_check_policy_answers(policy_base_url, timeout_s))
     return results
 
 

@@ -286,16 +286,41 @@ async def probe_async(gym_url: str, timeout_s: float) -> RunEndpoint | ServerPro
     return read_run_endpoint(gym_url, document)
 
 
+_NO_ANSWER = frozenset({"timeout", "dns", "refused", "connect", "certificate", "tls"})
+"""Fetch failures that mean no HTTP answer at all (any status code is an answer)."""
+
+
+async def policy_problem(policy_base_url: str, timeout_s: float) -> ServerProblem | None:
+    """None when ``GET <policy_base_url>/models`` gets any HTTP answer from this machine (no
+    key is sent: a 401 counts), else why not and the fix; an episode would only wait on it."""
+    try:
+        await fetch_json_async(f"{policy_base_url}/models", timeout_s)
+    except FetchError as error:
+        if error.kind in _NO_ANSWER:
+            return ServerProblem(
+                "policy",
+                f"the policy endpoint does not answer: GET {redact_url(policy_base_url)}/models: {error}",
+                "start the policy server or correct --policy-base-url (an OpenAI-compatible API "
+                "ending in /v1, reachable from this machine and the Gym server's)",
+            )
+    return None
+
+
 class ServerCheckError(MilesNemoGymError, RuntimeError):
     """The server did not answer, or cannot run this scan; the message says why and the fix."""
 
 
-async def check_server(gym_url: str, timeout_s: float, *, needs_policy_field: bool = False) -> None:
-    """Raise ``ServerCheckError`` unless ``gym_url`` serves a usable ``POST /run`` (the scan's gate)."""
+async def check_server(gym_url: str, timeout_s: float, *, policy_base_url: str | None = None) -> None:
+    """Raise ``ServerCheckError`` unless ``gym_url`` serves a usable ``POST /run`` and, when
+    given, ``/run`` takes ``policy_base_url`` and that policy answers (the scan's gate)."""
     found = await probe_async(gym_url, timeout_s)
-    if isinstance(found, RunEndpoint):
-        problem = policy_field_problem(gym_url, found) if needs_policy_field else None
-        if problem is None:
-            return
-        raise ServerCheckError(f"{problem}, or scan without --policy-base-url")
-    raise ServerCheckError(str(found))
+    if not isinstance(found, RunEndpoint):
+        raise ServerCheckError(str(found))
+    if policy_base_url is None:
+        return
+    problem = policy_field_problem(gym_url, found)
+    if problem is not None:
+        raise ServerCheckError(f"{problem}, or scan a golden server with --golden")
+    problem = await policy_problem(policy_base_url, timeout_s)
+    if problem is not None:
+        raise ServerCheckError(str(problem))

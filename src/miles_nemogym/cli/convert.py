@@ -37,15 +37,19 @@ def _print_summary(console: Console, report: ConvertReport, options: ConvertOpti
     counts.add_column("rows")
     counts.add_column("count", justify="right")
     counts.add_row("read", str(report.rows_read))
-    if report.committed:
-        counts.add_row(f"written → {options.output}", str(report.written))
+    if report.committed:  # the paths go below the table: a path is never cut to fit a cell
+        counts.add_row("written", str(report.written))
         if options.holdout:
-            counts.add_row(f"held out → {options.holdout_output}", str(report.holdout_written))
+            counts.add_row("held out", str(report.holdout_written))
     else:
         counts.add_row("written (conversion failed, no file touched)", "0")
     for reason, count in sorted(report.skipped.items(), key=lambda item: (-item[1], item[0])):
         counts.add_row(f"skipped: {reason}", str(count))
     console.print(counts)
+    if report.committed:
+        console.print(f"written to {options.output}", highlight=False, markup=False)
+        if options.holdout:
+            console.print(f"held out to {options.holdout_output}", highlight=False, markup=False)
 
     repos = sorted(
         set(report.written_by_repo) | set(report.holdout_by_repo) | set(report.not_gradeable_by_repo),
@@ -167,8 +171,9 @@ def _convert_command(
     from miles_nemogym.data.select import instance_ids_option
     from miles_nemogym.validation import problems
 
-    out = Console(soft_wrap=True)
-    err = Console(stderr=True, soft_wrap=True)
+    out, err = Console(), Console(stderr=True)
+    for console in (out, err):  # a terminal wraps between words; a log keeps each line whole
+        console.soft_wrap = not console.is_terminal
     try:
         options = ConvertOptions(
             input=input,

@@ -35,6 +35,7 @@ def episodes(
     """A table per rollout step; with a filter, one line per episode; --show one episode; --html a page.
 
     A filter that matches nothing says so on stderr and exits 0 (no table, no page)."""
+    from miles_nemogym.fit import terminal_width
     from miles_nemogym.store.browser import (
         episode_list_text,
         printable,
@@ -84,10 +85,11 @@ def episodes(
             _write_page(html_out, render_html(store, f"Episodes in {directory}"))
             typer.echo(f"wrote {html_out} ({len(store.episodes)} episodes)")
             return
-        typer.echo(table_text(step_rows(chosen)))
+        width = terminal_width()
+        typer.echo(table_text(step_rows(chosen), width))
         if instance is not None or kind is not None or step is not None:
             typer.echo("")
-            typer.echo(episode_list_text(chosen))
+            typer.echo(episode_list_text(chosen, width))
     finally:  # after what was asked for, so it is the last thing read
         _warn_skipped([printable(str(problem)) for problem in skipped])
 

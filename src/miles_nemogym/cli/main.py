@@ -6,6 +6,7 @@ command bodies, so ``miles-nemogym --help`` stays fast.
 
 from __future__ import annotations
 
+import inspect
 from typing import Annotated
 
 import typer
@@ -48,6 +49,18 @@ from miles_nemogym.cli import convert, doctor, episodes, examples, scan, serve, 
 
 for _feature in (convert, doctor, episodes, examples, scan, serve, smoke):
     _feature.register(app)
+
+
+def _first_sentence(text: str) -> str:
+    paragraph = " ".join(text.split("\n\n")[0].split())
+    return paragraph.split(". ")[0].rstrip(".") + "."
+
+
+# The command list shows each command's whole first sentence, wrapped between words: without a
+# short help, click cuts the description to one line with "...".
+for _info in app.registered_commands:
+    if _info.short_help is None:
+        _info.short_help = _first_sentence(_info.help or inspect.getdoc(_info.callback) or "")
 
 if __name__ == "__main__":
     app()

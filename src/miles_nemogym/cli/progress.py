@@ -24,10 +24,10 @@ def _short(text: str, width: int) -> str:
 @contextmanager
 def step_display(console: Console) -> Iterator[Callable[[str], None]]:
     """A ``progress(line)`` callback that drives the display until the block ends."""
+    # The detail (pip's counts) goes on a line of its own under the step: both fit at 80 columns.
     columns = (
         SpinnerColumn(),
-        TextColumn("{task.description}"),
-        TextColumn("[dim]{task.fields[detail]}[/dim]"),
+        TextColumn("{task.description}[dim]{task.fields[detail]}[/dim]"),
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console, transient=True) as bar:
@@ -45,9 +45,7 @@ def step_display(console: Console) -> Iterator[Callable[[str], None]]:
         def progress(line: str) -> None:
             room = max(console.width - _RESERVED, 20)
             if line.startswith(" "):
-                step = current[-1][0] if current else ""
-                shown = _short(step, room // 2)
-                bar.update(task, description=escape(shown), detail=escape(_short(line.strip(), room - len(shown))))
+                bar.update(task, detail="\n" + escape(_short(line.strip(), room)), refresh=True)
                 return
             finish_step()
             if line.startswith("note:"):

@@ -54,7 +54,8 @@ def _scan(
             "--policy-base-url",
             help="API-policy mode: the OpenAI-compatible endpoint (ending in /v1) that drives each "
             "episode, sent as the /run body's policy_base_url. Its key comes only from the environment "
-            "variable NEMO_GYM_POLICY_API_KEY. Absent: the server's configured model.",
+            "variable NEMO_GYM_POLICY_API_KEY. It must answer before the first episode; a scan needs "
+            "this or --golden.",
         ),
     ] = None,
     gym_url: GymUrl = None,

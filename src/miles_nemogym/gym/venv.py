@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.gym import wheel as gym_wheel
@@ -273,6 +274,41 @@ def build_log_path(what: str) -> Path:
     return gym_wheel.cache_dir() / "logs" / f"{slug}.log"
 
 
+class _PipCount:
+    """pip's output as counts for the progress line: how many of the requirements named on the
+    command line are collected, packages in all, then the install (pip prints nothing per
+    package while installing)."""
+
+    def __init__(self, command: Sequence[str]) -> None:
+        words = list(command)
+        self._pip = "install" in words
+        named = words[words.index("install") + 1 :] if self._pip else []
+        self._wanted = {_distribution_name(word) for word in named if not word.startswith("-")}
+        self._collected: set[str] = set()
+        self._text: str | None = None
+
+    def feed(self, line: str) -> str | None:
+        """The count after ``line``; None while pip has said nothing countable (or not pip)."""
+        if not self._pip:
+            return None
+        word, _, rest = line.strip().partition(" ")
+        if word == "Collecting":
+            self._collected.add(_distribution_name(rest))
+            self._text = f"{self._resolving()}: {_distribution_name(rest)}"
+        elif word == "Downloading" and self._text is not None:
+            self._text = f"{self._resolving()}: downloading {rest.rpartition('/')[2]}"
+        elif line.startswith("Installing collected packages:"):
+            count = len(line.partition(":")[2].split(","))
+            self._text = f"installing {count} packages (pip shows no per-package progress here)"
+        elif line.startswith("Successfully installed"):
+            self._text = f"installed {len(line.split()) - 2} packages"
+        return self._text
+
+    def _resolving(self) -> str:
+        named = len(self._wanted & self._collected)
+        return f"{named} of {len(self._wanted)} requirements collected, {len(self._collected)} packages in all"
+
+
 def _run(command: Sequence[str], progress: Progress, what: str, *, log_path: Path | None = None) -> None:
     """Run a build step; its full output goes to ``log_path`` (appended), not the terminal.
 
@@ -281,6 +317,7 @@ def _run(command: Sequence[str], progress: Progress, what: str, *, log_path: Pat
     log_file = log_path or build_log_path(what)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     tail: list[str] = []
+    count = _PipCount(command)
     with log_file.open("a", encoding="utf-8") as log:
         log.write(f"$ {' '.join(command)}\n")
         log.flush()
@@ -298,7 +335,7 @@ def _run(command: Sequence[str], progress: Progress, what: str, *, log_path: Pat
                 line = raw.rstrip()
                 if line:
                     tail = [*tail[-29:], line]
-                    progress("  " + line.strip())
+                    progress("  " + (count.feed(line) or line.strip()))
             code = proc.wait()
         log.write(f"[exit {code}]\n")
     if code != 0:
@@ -370,9 +407,24 @@ def _remove_debris(root: Path, key: str) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _print_progress(line: str) -> None:
-    if not line.startswith(" "):  # steps only; pip's own lines are in the build log
-        print(f"[gym-venv] {line}", file=sys.stderr, flush=True)
+class BuildLines:
+    """A ``Progress`` for a log or a test session (no live line): each step as ``[tag] step``,
+    and the count under it at most every ``every_s`` seconds, the install's start and end always
+    (pip's own lines are in the build log). ``stream`` None: ``sys.stderr`` when printing."""
+
+    def __init__(self, tag: str, stream: TextIO | None = None, every_s: float = 15.0) -> None:
+        self._tag, self._stream, self._every_s = tag, stream, every_s
+        self._last = float("-inf")
+
+    def __call__(self, line: str) -> None:
+        if line.startswith(" "):
+            detail = line.strip()
+            now = time.monotonic()
+            if not detail.startswith(("installing ", "installed ")) and now - self._last < self._every_s:
+                return
+            self._last = now
+            line = "  " + detail
+        print(f"[{self._tag}] {line}", file=self._stream or sys.stderr, flush=True)
 
 
 def _check_explicit_python(ready: GymVenv, report: Progress) -> None:
@@ -416,7 +468,7 @@ def ensure_gym_venv(
 
     ``progress`` gets build steps and pip's output as indented details (full output in
     ``<cache>/gym-venv/<key>.build.log``); ``python`` overrides the interpreter search."""
-    report = progress or _print_progress
+    report = progress or BuildLines("gym-venv")
     root = gym_venv_root()
     key = venv_key(sandbox)
     link = root / key

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, get_args, get_origin
 
+from miles_nemogym import fit
 from miles_nemogym.doctor import CheckResult, Status, report
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.launcher import checks as launch_checks
@@ -339,7 +340,11 @@ class RayActions:
 
 
 def _print_results(results: list[CheckResult]) -> None:
-    print("\n".join(report(results)), flush=True)
+    print(fit.wrap_all(report(results), fit.terminal_width(), indent=_CONTINUATION), flush=True)
+
+
+_CONTINUATION = "     "
+"""Under the detail of a ``PASS``/``FAIL`` line, as ``report``'s ``fix:`` lines are."""
 
 
 def _ray_address(config: LauncherConfig) -> str:

@@ -59,9 +59,7 @@ class ScanConfig(BaseModel):
 
     @property
     def mode(self) -> Mode:
-        if self.golden:
-            return "golden"
-        return "policy" if self.policy_base_url else "server"
+        return "golden" if self.golden else "policy"
 
     def request_kwargs(self) -> dict[str, Any]:
         """The sampling flags under Miles' ``request_kwargs`` names (what the trainer sends)."""
@@ -72,6 +70,13 @@ class ScanConfig(BaseModel):
 def usage_problems(config: ScanConfig) -> list[str]:
     """Flag combinations that cannot mean what the user wants."""
     problems = []
+    if not config.golden and config.policy_base_url is None:
+        problems.append(
+            "say which model answers: --golden (a server started with `miles-nemogym serve --golden` "
+            "applies the gold patches, no model) or --policy-base-url URL (an OpenAI-compatible "
+            f"endpoint ending in /v1, its key in {API_KEY_ENV}); `miles-nemogym serve` configures "
+            "no model of its own, so a scan with neither would only wait on one that cannot answer"
+        )
     if config.golden and config.policy_base_url:
         problems.append(
             "--golden with --policy-base-url: a golden server applies the gold patches and never "

@@ -92,7 +92,7 @@ def execute(config: ScanConfig, *, console: Console | None = None, err: Console 
     try:
         result = asyncio.run(_main(config, console, err))
     except ScanUsageError as error:
-        err.print(f"[red]scan cannot start:[/] {escape(str(error))}", soft_wrap=True, highlight=False)
+        err.print(f"[red]scan cannot start:[/] {escape(str(error))}", soft_wrap=not err.is_terminal, highlight=False)
         return EXIT_USAGE
     finally:
         logging.getLogger().removeHandler(handler)
@@ -100,7 +100,7 @@ def execute(config: ScanConfig, *, console: Console | None = None, err: Console 
         err.print(
             f"interrupted: {len(result.results)} of {len(result.selected)} instance(s) have results"
             + (f" in {config.output_path}; rerun with --resume to finish" if config.output_path else ""),
-            soft_wrap=True,
+            soft_wrap=not err.is_terminal,
             highlight=False,
         )
     return result.exit_code

@@ -15,9 +15,9 @@ from types import TracebackType
 
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.progress import (
     BarColumn,
-    MofNCompleteColumn,
     Progress,
     TaskID,
     TextColumn,
@@ -26,6 +26,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from miles_nemogym import fit
 from miles_nemogym.scan.results import ResultLine
 from miles_nemogym.scan.verdict import Verdict
 
@@ -90,8 +91,8 @@ class ScanProgress:
         if console.is_terminal:
             self._progress = Progress(
                 TextColumn("[bold]scan"),
-                BarColumn(),
-                MofNCompleteColumn(),
+                BarColumn(bar_width=20),
+                TextColumn("{task.completed}/{task.total} done:"),
                 TextColumn("{task.description}"),
                 TextColumn("elapsed"),
                 TimeElapsedColumn(),
@@ -112,8 +113,8 @@ class ScanProgress:
 
     def _counts_text(self) -> str:
         return (
-            f"[green]passed {self.counts.passed}[/] [red]failed {self.counts.failed}[/] "
-            f"[yellow]infra {self.counts.infra}[/]"
+            f"[green]{self.counts.passed} passed[/], [red]{self.counts.failed} failed[/], "
+            f"[yellow]{self.counts.infra} infra[/]"
         )
 
     def status_line(self) -> str:
@@ -123,8 +124,8 @@ class ScanProgress:
         remaining = self.total - self.counts.done
         eta = _clock(elapsed / ran * remaining) if ran else "?"
         return (
-            f"progress {self.counts.done}/{self.total}: passed {self.counts.passed}, failed "
-            f"{self.counts.failed}, infra failures {self.counts.infra}; elapsed {_clock(elapsed)}, ETA {eta}"
+            f"progress {self.counts.done}/{self.total} done: {self.counts.passed} passed, "
+            f"{self.counts.failed} failed, {self.counts.infra} infra failures; elapsed {_clock(elapsed)}, ETA {eta}"
         )
 
     def finished(self, result: ResultLine) -> None:
@@ -140,7 +141,7 @@ class ScanProgress:
         if result.reason:
             reason = result.reason.removeprefix(f"{kind}: ")
             line += f"  [dim]{escape(reason)}[/]"
-        self.console.print(line, soft_wrap=True, highlight=False)
+        self.console.print(line, soft_wrap=not self.console.is_terminal, highlight=False)
         if self._progress is not None and self._task is not None:
             self._progress.update(self._task, advance=1, description=self._counts_text())
             return
@@ -170,27 +171,24 @@ def render_summary(
         by_repo.setdefault(result.repo, Counts()).add(result)
         overall.add(result)
 
-    table = Table(title="NeMo-Gym scan summary", title_justify="left")
-    table.add_column("repo", no_wrap=True)
-    for name in ("instances", "passed", "failed", "infra failures", "mean s", "p95 s"):
-        table.add_column(name, justify="right", no_wrap=True)
+    columns = ["repo", "instances", "passed", "failed", "infra", "mean s", "p95 s"]
+    rows = [(repo, by_repo[repo]) for repo in sorted(by_repo)]
 
-    def row(name: str, counts: Counts, style: str | None = None) -> None:
-        table.add_row(
-            name,
-            str(counts.done),
-            str(counts.passed),
-            str(counts.failed),
-            str(counts.infra),
-            _seconds(counts.mean_s),
-            _seconds(counts.p95_s),
-            style=style,
-        )
+    def cells(name: str, counts: Counts) -> list[str]:
+        numbers = (counts.done, counts.passed, counts.failed, counts.infra)
+        return [name, *map(str, numbers), _seconds(counts.mean_s), _seconds(counts.p95_s)]
 
-    for repo in sorted(by_repo):
-        row(repo, by_repo[repo])
-    table.add_section()
-    row("overall", overall, style="bold")
+    # Too wide for the terminal: the times go first (p95, then mean); counts and repos stay whole.
+    for kept in (7, 6, 5):
+        table = Table(title="NeMo-Gym scan summary", title_justify="left")
+        for name in columns[:kept]:
+            table.add_column(name, justify="left" if name == "repo" else "right", no_wrap=True)
+        for repo, counts in rows:
+            table.add_row(*cells(repo, counts)[:kept])
+        table.add_section()
+        table.add_row(*cells("overall", overall)[:kept], style="bold")
+        if Measurement.get(console, console.options.update_width(10_000), table).maximum <= console.width:
+            break
     console.print(table)
 
     notes = []
@@ -201,7 +199,7 @@ def render_summary(
         why = " (interrupted)" if interrupted else ""
         notes.append(f"{not_run} of {selected} selected instance(s) not run{why}")
     for note in notes:
-        console.print(note, soft_wrap=True, highlight=False)
+        console.print(note, soft_wrap=not console.is_terminal, highlight=False)
 
     shown = (
         [r for r in results if r.verdict is not Verdict.passed]
@@ -212,8 +210,7 @@ def render_summary(
         title = "not 1.0 (golden mode expects 1.0 everywhere)" if golden else "infrastructure failures"
         console.print(f"[bold]{len(shown)} instance(s) {title}:[/]", highlight=False)
         for result in sorted(shown, key=lambda item: item.instance_id):
-            console.print(
-                f"  {escape(result.instance_id)}  reward {_reward_text(result.reward)}  {escape(result.reason or '?')}",
-                soft_wrap=True,
-                highlight=False,
-            )
+            line = f"  {result.instance_id}  reward {_reward_text(result.reward)}  {result.reason or '?'}"
+            # On a terminal, continuations indented under the id; in a log, one whole line.
+            for piece in fit.wrap(line, console.width, indent="    ") if console.is_terminal else [line]:
+                console.print(piece, soft_wrap=True, markup=False, highlight=False)

@@ -22,7 +22,8 @@ from miles_nemogym.scan.verdict import Verdict
 
 Mode = Literal["golden", "policy", "server"]
 """``golden``: the server applies gold patches (every reward must be 1.0); ``policy``:
-episodes driven by ``--policy-base-url``; ``server``: the server's configured model."""
+episodes driven by ``--policy-base-url``; ``server``: the server's configured model (results files
+of earlier versions only: a scan now names its model)."""
 
 
 class ResultLine(BaseModel):

@@ -1,8 +1,9 @@
 """Run a scan: every selected instance through ``request.build_body`` and ``send.run_body``, as training does.
 
-``policy_base_url`` is ``--policy-base-url`` (or absent: the server's own model), the API key
-is sent only with it. Whatever is wrong before an episode starts raises ``ScanUsageError``;
-then results are appended as episodes finish, and ``stop`` (Ctrl-C) keeps what finished.
+``policy_base_url`` is ``--policy-base-url`` (absent only in a golden scan), the API key is
+sent only with it, and the policy must answer before the first episode. Whatever is wrong
+before an episode starts raises ``ScanUsageError``; then results are appended as episodes
+finish, and ``stop`` (Ctrl-C) keeps what finished.
 """
 
 from __future__ import annotations
@@ -209,7 +210,7 @@ async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Consol
             await check_server(
                 prepared.settings.gym_url,
                 prepared.settings.connect_timeout_s,
-                needs_policy_field=config.policy_base_url is not None,
+                policy_base_url=config.policy_base_url,
             )
         except ServerCheckError as error:
             raise ScanUsageError(str(error)) from None
@@ -224,7 +225,7 @@ async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Consol
         f"{redact_url(prepared.settings.run_url)} — mode {config.mode}, concurrency {config.concurrency}, "
         f"episode timeout {prepared.settings.run_timeout_s:g}s",
         highlight=False,
-        soft_wrap=True,
+        soft_wrap=not console.is_terminal,
     )
     if prepared.earlier:
         console.print(

@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from miles_nemogym import fit
 from miles_nemogym.store.reader import StoredEpisode
 
 OUTPUT_MAX_CHARS = 600
@@ -117,10 +118,9 @@ def step_label(step: int | None) -> str:
     return "pending" if step is None else str(step)
 
 
-def table_text(rows: list[StepRow]) -> str:
-    """The per-step table as aligned text."""
-    header = ("role", "step", "episodes", "valid", "resolve rate", "failures by kind", "mean turns", "mean time s")
-    lines = [header]
+def table_text(rows: list[StepRow], width: int = fit.MIN_WIDTH) -> str:
+    """The per-step table within ``width`` columns: failures wrap, then the means are left out."""
+    lines = [("role", "step", "episodes", "valid", "resolved", "mean turns", "mean s", "failures by kind")]
     for row in rows:
         failures = ", ".join(f"{kind} {count}" for kind, count in sorted(row.failures.items())) or "-"
         lines.append(
@@ -130,15 +130,12 @@ def table_text(rows: list[StepRow]) -> str:
                 str(row.episodes),
                 str(row.valid),
                 fmt(row.resolve_rate, "{:.1%}"),
-                printable(failures),
                 fmt(row.turns_mean, "{:.1f}"),
                 fmt(row.time_mean_s, "{:.1f}"),
+                printable(failures),
             )
         )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in lines
-    )
+    return fit.table(lines, width, drop_order=(5, 6, 3))
 
 
 def _eval_set(episode: StoredEpisode) -> str:
@@ -146,15 +143,29 @@ def _eval_set(episode: StoredEpisode) -> str:
     return f"/{eval_set}" if eval_set else ""
 
 
-def episode_list_text(episodes: list[StoredEpisode]) -> str:
-    """One line per episode: id, role, step, instance, verdict, reward, turns."""
-    lines = []
-    for e in episodes:
-        lines.append(
-            f"{e.episode_id}  {e.role}{_eval_set(e)}  step {step_label(e.step)}  {e.instance_id}  {e.kind}  "
-            f"reward {e.entry.get('reward')}  turns {e.record.get('turns')}"
+def _short_ids(ids: list[str], size: int = 12) -> dict[str, str]:
+    """Each id cut to the shortest prefix of at least ``size`` characters that tells the listed ones
+    apart (``--show`` takes a prefix; ids are uuid4 hex, so 12 almost always do)."""
+    while len({i[:size] for i in ids}) < len(set(ids)):
+        size += 1
+    return {i: i[:size] for i in ids}
+
+
+def episode_list_text(episodes: list[StoredEpisode], width: int = fit.MIN_WIDTH) -> str:
+    """One line per episode within ``width`` columns: id (a prefix ``--show`` takes), instance,
+    role, step, then verdict, reward and turns (wrapped between words); step and role go first."""
+    short = _short_ids([e.episode_id for e in episodes])
+    lines = [
+        (
+            printable(short[e.episode_id]),
+            printable(e.instance_id),
+            printable(f"{e.role}{_eval_set(e)}"),
+            f"step {step_label(e.step)}",
+            printable(f"{e.kind}  reward {e.entry.get('reward')}  turns {e.record.get('turns')}"),
         )
-    return printable("\n".join(lines))
+        for e in episodes
+    ]
+    return fit.table(lines, width, drop_order=(3, 2))
 
 
 # ----------------------------------------------------------------------------- one episode

@@ -1,0 +1,242 @@
+"""Every table and message fits the terminal, 80 columns (the floor) and 120: no line wider,
+no word or instance id split across lines (a split word would show as two tokens)."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from miles_nemogym.cli.main import app
+from miles_nemogym.doctor import CheckResult, Status
+from miles_nemogym.episode.record import EpisodeRecord
+from miles_nemogym.launcher import run as launcher_run
+from miles_nemogym.scan.report import ScanProgress, render_summary
+from miles_nemogym.scan.results import ResultLine
+from miles_nemogym.scan.verdict import Verdict
+from miles_nemogym.store.writer import EpisodeStore, entry_for
+from tests.support.ports import free_port
+from tests.support.prompt_rows import write_jsonl
+
+WIDTHS = pytest.mark.parametrize("width", [80, 120])
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+LONG_ID = "scikit-learn__scikit-learn-14141"
+LONG_REASON = (
+    "agent_run_error: the sandbox provider could not pull the image swebench/sweb.eval.x86_64."
+    "scikit-learn_1776_scikit-learn-14141:latest from the registry after 3 attempts; "
+    "check that the Gym host can reach the registry and has room for the image"
+)
+
+
+def fits(text: str, width: int) -> list[str]:
+    """The lines of ``text`` (control sequences removed), each checked against ``width``."""
+    lines = _ANSI.sub("", text).splitlines()
+    assert lines, "nothing was printed"
+    too_wide = [line for line in lines if len(line) > width]
+    assert not too_wide, f"{len(too_wide)} line(s) wider than {width}: {too_wide[:3]}"
+    cut = [line for line in lines if "…" in line or re.search(r"\w\.\.\.$", line)]  # "[ARGS]..." is usage
+    assert not cut, f"something was cut: {cut[:3]}"
+    return lines
+
+
+def whole(message: str, text: str) -> None:
+    """``message``'s words appear in order in ``text``, none of them split across lines."""
+    assert " ".join(message.split()) in " ".join(_ANSI.sub("", text).split())
+
+
+def terminal(width: int) -> tuple[Console, io.StringIO]:
+    buffer = io.StringIO()
+    return Console(file=buffer, width=width, force_terminal=True, color_system=None), buffer
+
+
+# --- scan -------------------------------------------------------------------------------
+
+
+def scan_results() -> list[ResultLine]:
+    repos = ["scikit-learn/scikit-learn", "matplotlib/matplotlib", "Project-MONAI/MONAI", "django/django"]
+    results = []
+    for number, repo in enumerate(repos * 3):
+        verdict = [Verdict.passed, Verdict.failed, Verdict.infra][number % 3]
+        results.append(
+            ResultLine(
+                instance_id=f"{repo.replace('/', '__')}-{14141 + number}",
+                repo=repo,
+                verdict=verdict,
+                reward=1.0 if verdict is Verdict.passed else 0.0,
+                seconds=267.4 + number,
+                failure_kind="agent_run_error" if verdict is Verdict.infra else None,
+                reason=LONG_REASON if verdict is not Verdict.passed else None,
+            )
+        )
+    return results
+
+
+@WIDTHS
+def test_scan_summary_fits_keeping_counts_and_repos_whole(width: int) -> None:
+    console, buffer = terminal(width)
+    results = scan_results()
+    render_summary(console, results, selected=14, earlier=0, golden=True, interrupted=False)
+
+    lines = fits(buffer.getvalue(), width)
+    header = next(line for line in lines if "repo" in line)
+    for name in ("instances", "passed", "failed", "infra"):
+        assert name in header
+    assert ("p95 s" in header) is (width >= 120)  # the times go first, only when there is no room
+    overall = next(line for line in lines if "overall" in line).replace("│", " ").split()
+    assert overall[1:5] == ["12", "4", "4", "4"]
+    assert any("scikit-learn/scikit-learn" in line for line in lines)
+    for result in results:
+        if result.verdict is not Verdict.passed:
+            assert any(result.instance_id in line for line in lines)  # ids whole
+    whole(LONG_REASON, buffer.getvalue())
+
+
+@WIDTHS
+def test_scan_progress_lines_wrap_between_words(width: int) -> None:
+    console, buffer = terminal(width)
+    progress = ScanProgress(console, total=3, already_done=[])
+    infra = next(result for result in scan_results() if result.verdict is Verdict.infra)
+    progress.finished(infra)
+
+    lines = fits(buffer.getvalue(), width)
+    assert infra.instance_id in lines[0]
+    whole(LONG_REASON.removeprefix("agent_run_error: "), buffer.getvalue())
+
+
+# --- episodes ---------------------------------------------------------------------------
+
+KINDS = ["agent_run_error", "provider_oom_killed", "transport_unreachable", "agent_timeout", "verifier_error"]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    folder = tmp_path / "episodes"
+    writer = EpisodeStore(folder)
+    for number in range(12):
+        instance = f"{LONG_ID}{number}"
+        failed = KINDS[number % len(KINDS)] if number % 2 else None
+        record = {"status": "failed", "mask_sample": True, "failure_kind": failed, "failure_reason": "boom",
+                  "turns": None} if failed else {"status": "ok", "mask_sample": False, "resolved": number % 4 == 0,
+                                                 "patch_applied": True, "turns": 41}  # fmt: skip
+        record.update(episode_id=f"{number:02d}{'0123456789abcdef' * 2}"[:32], instance_id=instance,
+                      attempts=1, elapsed_s=267.4)  # fmt: skip
+        entry = entry_for(record=EpisodeRecord.model_validate(record), reward=0.0, role="train", eval_set=None,
+                          session=f"s{number}", repo="scikit-learn")  # fmt: skip
+        writer.add("train", entry, b"{}", True)
+    writer.seal("train", 1)
+    writer.close()
+    return folder
+
+
+@WIDTHS
+def test_episodes_table_and_list_fit(store: Path, width: int) -> None:
+    result = CliRunner().invoke(app, ["episodes", str(store), "--step", "1"], env={"COLUMNS": str(width)})
+    assert result.exit_code == 0, result.output
+
+    lines = fits(result.output, width)
+    assert lines[0].split()[:5] == ["role", "step", "episodes", "valid", "resolved"]
+    assert lines[0].rstrip().endswith("failures by kind")
+    table = result.output.split("\n\n")[0]
+    for kind in KINDS:  # each kind with its count on one line
+        assert any(re.search(rf"\b{kind} \d+\b", line) for line in table.splitlines()), kind
+    listed = result.output.split("\n\n")[1].splitlines()
+    for number in range(12):
+        shown = f"{number:02d}0123456789"  # a 12-character prefix, which --show takes
+        line = next(line for line in listed if line.startswith(shown + " "))
+        assert f" {LONG_ID}{number} " in line  # the instance id whole, on the episode's line
+    assert ("step 1" in listed[0]) is (width >= 120)  # step and role go first when there is no room
+    first = CliRunner().invoke(app, ["episodes", str(store), "--show", "000123456789"])
+    assert first.exit_code == 0 and f"instance {LONG_ID}0" in first.output
+
+
+# --- help, converter, doctor, preflight -------------------------------------------------
+
+
+@WIDTHS
+def test_bare_command_lists_every_description_whole(width: int) -> None:
+    result = CliRunner().invoke(app, [], env={"COLUMNS": str(width)})
+    assert result.exit_code == 0
+    fits(result.output, width)
+    whole("scan Run SWE-bench instances through a NeMo-Gym server exactly as training will, and report.", result.output)
+    whole("doctor Check in seconds that NeMo-Gym is reachable and will use the trainer's policy URL.", result.output)
+
+
+@WIDTHS
+def test_converter_notes_and_hub_error_wrap_between_words(
+    tmp_path: Path, gym_example_rows: list[dict[str, Any]], width: int
+) -> None:
+    source = write_jsonl(tmp_path / "raw.jsonl", gym_example_rows)
+    missing = [f"{LONG_ID}{number}" for number in range(8)]
+    ids = tmp_path / "ids.txt"
+    ids.write_text("\n".join([gym_example_rows[0]["instance_id"], *missing]) + "\n")
+    on_a_terminal = {"COLUMNS": str(width), "TTY_COMPATIBLE": "1", "NO_COLOR": "1"}
+    converted = CliRunner().invoke(
+        app,
+        ["convert", "-i", str(source), "-o", str(tmp_path / "out.jsonl"), "--instance-ids", str(ids)],
+        env=on_a_terminal,
+    )
+    assert converted.exit_code == 0, converted.output
+    fits(converted.output, width)
+    whole(f"note: 8 id(s) from --instance-ids not in the input: {', '.join(missing)}", converted.output)
+
+    hub = f"http://127.0.0.1:{free_port()}"
+    failed = CliRunner().invoke(
+        app,
+        ["convert", "-i", "princeton-nlp/SWE-bench_Verified", "-o", str(tmp_path / "hub.jsonl")],
+        env={**on_a_terminal, "HF_ENDPOINT": hub},
+    )
+    assert failed.exit_code == 1
+    fits(failed.output, width)
+    whole("without access to the hub, download it elsewhere and pass the folder or a parquet/JSONL file", failed.output)
+
+
+FAILED_CHECK = CheckResult(
+    "/run accepts policy_base_url",
+    Status.failed,
+    f"http://gym-host.example.internal:12000: the /run body (MiniSWEAgentRunRequest) declares no policy_base_url, "
+    f"so this server would ignore the trainer's policy URL (e.g. {LONG_ID})",
+    "run nemo-gym 0.7.0 (the version this package is tested with) or any release whose mini_swe_agent_2 /run "
+    "takes policy_base_url",
+)
+
+
+@WIDTHS
+def test_preflight_lines_wrap_between_words(
+    width: int, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", str(width))
+    launcher_run._print_results([FAILED_CHECK])
+    out = capsys.readouterr().out
+    lines = fits(out, width)
+    assert lines[0].startswith("FAIL /run accepts policy_base_url:")
+    assert all(line.startswith("     ") for line in lines[1:-1])  # continuations under the detail
+    whole(FAILED_CHECK.detail, out)
+    whole(f"fix: {FAILED_CHECK.fix}", out)
+
+
+@WIDTHS
+def test_doctor_lines_wrap_between_words(width: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NEMO_GYM_URL", raising=False)
+    gym = f"http://127.0.0.1:{free_port()}"
+    result = CliRunner().invoke(app, ["doctor", "--gym-url", gym, "--timeout", "2"], env={"COLUMNS": str(width)})
+    assert result.exit_code == 1
+    fits(result.output, width)
+    refused = f"FAIL NeMo-Gym answers: GET {gym}/openapi.json: connection refused (nothing listens on that port)"
+    whole(refused, result.output)
+    whole("fix: start the server (`miles-nemogym serve`, or `gym env start` with the mini_swe_agent_2", result.output)
+
+
+def test_a_word_longer_than_the_width_is_kept_whole() -> None:
+    from miles_nemogym import fit
+
+    path = "/very/long/" + "x" * 100
+    assert fit.wrap(f"note: written to {path} today", 80) == ["note: written to", path, "today"]
+    assert json.dumps(fit.table([["a", path]], 80).splitlines()) == json.dumps([f"a  {path}"])
+    assert fit.table([["x", "kind_a 1, kind_b 2"]], 14).splitlines() == ["x  kind_a 1,", "   kind_b 2"]
+    assert fit.table([["x", "resolved  reward 1.0"]], 14).splitlines() == ["x  resolved", "   reward 1.0"]
