@@ -35,11 +35,6 @@ class Args:
     custom_reward_post_process_path = salvage.HOOK_PATH
 
 
-@pytest.fixture(autouse=True)
-def one_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NEMO_GYM_RETRY_ATTEMPTS", "1")
-
-
 def input_sample(row: dict[str, Any], index: int, group: int = 0) -> Sample:
     return Sample(prompt=[{"role": "user", "content": "x"}], metadata=dict(row), index=index, group_index=group)
 

@@ -26,8 +26,6 @@ from tests.support.threaded import serving_in_thread
 
 pytestmark = pytest.mark.integration
 
-FAST_RETRY: dict[str, str] = {}
-
 
 @pytest.fixture(scope="module")
 def row_list(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -190,7 +188,7 @@ def test_server_down_mid_step_the_step_completes_when_it_returns(
     def run_step() -> None:
         outcome["step"] = miles_driver.step(
             gym_url=f"http://127.0.0.1:{port}", rows=row_list[:2], n_prompts=2, n_samples=2,
-            env=FAST_RETRY, time_limit_s=300,
+            time_limit_s=300,
         )  # fmt: skip
 
     step = threading.Thread(target=run_step)
@@ -218,7 +216,7 @@ def test_server_down_for_good_stops_the_step_with_one_clear_error(
     url = f"http://127.0.0.1:{free_port()}"
     result = miles_driver.step(
         gym_url=url, rows=row_list[:2], n_prompts=2, n_samples=2,
-        env={**FAST_RETRY, "NEMO_GYM_OUTAGE_TIMEOUT": "8"}, time_limit_s=180,
+        env={"NEMO_GYM_OUTAGE_TIMEOUT": "8"}, time_limit_s=180,
     )  # fmt: skip
     assert result.finished, "Miles' rollout kept spinning instead of stopping"
     error = result.error or ""
