@@ -35,9 +35,10 @@ from miles_nemogym.testing.recording_policy import RecordingPolicy
 from tests.support.miles_harness import MilesDriver, env_or_fail
 
 # Small bounds: a scripted episode needs 3 model calls; grading on the host is seconds.
+# Eight at once: a GRPO group of the recipe (n = 8) runs whole, as in training.
 INTEGRATION_OPTIONS = {
     "sandbox": "local",
-    "concurrency": 4,
+    "concurrency": 8,
     "step_limit": 10,
     "step_timeout": 120,
     "eval_timeout": 600,
@@ -65,22 +66,13 @@ def _serve(options: ServeOptions, state_dir: Path) -> Iterator[GymServer]:
 
 @pytest.fixture(scope="session")
 def gym_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GymServer]:
-    """The real server (local sandbox, normal mode); ``.url`` is its base URL."""
-    yield from _serve(ServeOptions.model_validate(INTEGRATION_OPTIONS), tmp_path_factory.mktemp("gym-server"))
+    """The real server (local sandbox, normal mode); ``.url`` is its base URL.
 
-
-@pytest.fixture(scope="session")
-def gym_server_one_at_a_time(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GymServer]:
-    """The real server running one episode at a time, for GRPO groups (n episodes of one task).
-
-    nemo-gym 0.7.0's ``mini_swe_agent_2`` writes each request's config to
-    ``_configs/<instance_id>.sandbox.yaml`` and its Ray task reads it back later (``app.py``,
-    ``run`` and ``_run_mini_swe_v2``), so two concurrent episodes of one instance can read
-    the file while the other rewrites it and crash (docs/upstream.md, "Known upstream issues"). One
-    episode at a time (the server's ``concurrency``) keeps these tests about our hooks.
+    One per test run, shared by every test: GRPO groups (n episodes of one task) run on it
+    concurrently, as in training (the server environment carries this package's fix for
+    nemo-gym's per-instance config file, docs/upstream.md).
     """
-    options = ServeOptions.model_validate({**INTEGRATION_OPTIONS, "concurrency": 1})
-    yield from _serve(options, tmp_path_factory.mktemp("gym-server-serial"))
+    yield from _serve(ServeOptions.model_validate(INTEGRATION_OPTIONS), tmp_path_factory.mktemp("gym-server"))
 
 
 @pytest.fixture(scope="session")

@@ -96,17 +96,15 @@ def test_eval_step_logs_nemogym_eval_with_masked_episodes_set_aside(
 
 
 def test_real_train_and_eval_steps_are_stored_by_role_and_step(
-    miles_driver: MilesDriver, gym_server_one_at_a_time: GymServer, rows: dict[str, dict[str, Any]], tmp_path: Path
+    miles_driver: MilesDriver, gym_server: GymServer, rows: dict[str, dict[str, Any]], tmp_path: Path
 ) -> None:
     store = tmp_path / "episodes"
     env = {"NEMO_GYM_EPISODE_DIR": str(store), "NEMO_GYM_POLICY_API_KEY": "sk-store-e2e"}
     train_rows = [rows[SYMPY], rows[SPHINX]]
-    train = miles_driver.step(
-        gym_url=gym_server_one_at_a_time.url, rows=train_rows, n_samples=2, env=env, rollout_id=3
-    ).check()
+    train = miles_driver.step(gym_url=gym_server.url, rows=train_rows, n_samples=2, env=env, rollout_id=3).check()
     data, flags = _eval_data(tmp_path, [rows[SPHINX]], k=2)
     result = miles_driver.step(
-        gym_url=gym_server_one_at_a_time.url,
+        gym_url=gym_server.url,
         data_file=data,
         n_samples=2,
         mode="eval",

@@ -40,14 +40,14 @@ FAST_ENV = {"NEMO_GYM_RUN_TIMEOUT": "600"}
 
 @pytest.fixture(scope="module")
 def real_train_steps(
-    miles_driver: MilesDriver, gym_server_one_at_a_time: GymServer, rows: dict[str, dict[str, Any]]
+    miles_driver: MilesDriver, gym_server: GymServer, rows: dict[str, dict[str, Any]]
 ) -> Iterator[dict[str, StepResult]]:
     """One train step per session server version over the real Gym server (2 prompts x 2)."""
 
     class Lazy(dict[str, StepResult]):
         def __missing__(self, version: str) -> StepResult:
             self[version] = miles_driver.step(
-                gym_url=gym_server_one_at_a_time.url,
+                gym_url=gym_server.url,
                 rows=[rows[iid] for iid in REAL_ROWS],
                 session_server=version,
                 env={"NEMO_GYM_POLICY_API_KEY": "sk-miles-e2e"},
@@ -133,10 +133,10 @@ def test_v1_and_v2_give_the_same_rewards_over_the_real_server(real_train_steps: 
 
 
 def test_eval_step_goes_through_the_same_hooks(
-    miles_driver: MilesDriver, gym_server_one_at_a_time: GymServer, rows: dict[str, dict[str, Any]]
+    miles_driver: MilesDriver, gym_server: GymServer, rows: dict[str, dict[str, Any]]
 ) -> None:
     result = miles_driver.step(
-        gym_url=gym_server_one_at_a_time.url, rows=[rows[iid] for iid in REAL_ROWS], n_samples=1, mode="eval"
+        gym_url=gym_server.url, rows=[rows[iid] for iid in REAL_ROWS], n_samples=1, mode="eval"
     ).check()
 
     swe = result.eval["swe"]

@@ -1,7 +1,8 @@
 """The NeMo-Gym server's own Python 3.13 virtual environment, built once and cached.
 
-Keyed by ``miles_nemogym.pins``; built aside, checked, then published by an atomic
-symlink swap under a file lock. The recipe and why: docs/data-and-checks.md.
+Keyed by ``miles_nemogym.pins``; built aside, patched (``patch_gym``), checked, then
+published by an atomic symlink swap under a file lock. The recipe and why:
+docs/data-and-checks.md; the patch: docs/upstream.md.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from miles_nemogym.pins import GYM_PYTHON, MINI_SWE_AGENT_VERSION, NEMO_GYM_VERS
 GYM_PYTHON_ENV = "MILES_NEMOGYM_GYM_PYTHON"
 """Names the Python 3.13 interpreter explicitly (skips the search)."""
 
-RECIPE_REVISION = 1
-"""Bumped when the build recipe changes, so old cached venvs are not reused."""
+RECIPE_REVISION = 2
+"""Bumped when the build recipe changes, so old cached venvs are not reused (2: ``patch_gym``)."""
 
 READY_MARKER = "miles-nemogym-venv.json"
 AGENT_RELATIVE_DIR = Path("responses_api_agents") / "mini_swe_agent_2"
@@ -227,6 +228,48 @@ def gym_venv_root() -> Path:
     return gym_wheel.cache_dir() / "gym-venv"
 
 
+# ----------------------------------------------------------------------------- patch
+
+PATCHED_FILE = AGENT_RELATIVE_DIR / "app.py"
+
+# nemo-gym 0.7.0 rewrites one config file per instance on every /run and the run's Ray task
+# reads it back later: a concurrent run of the same instance truncates it under the reader
+# (the task crashes) or replaces it with its own sampling parameters (the task runs with
+# another episode's seed). Named by content and renamed into place, it is neither.
+_CONFIG_WRITE = """\
+                config_path = config_output_dir / f"{instance_id}.sandbox.yaml"
+                config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+"""
+_CONFIG_WRITE_PATCHED = """\
+                # One file per distinct config, written aside and renamed into place: a concurrent
+                # run of this instance never reads a partial config, nor one made for another run.
+                config_text = yaml.safe_dump(config, sort_keys=False)
+                config_digest = hashlib.sha256(config_text.encode()).hexdigest()[:16]
+                config_path = config_output_dir / f"{instance_id}.{config_digest}.sandbox.yaml"
+                staged_path = config_output_dir / f".{config_path.name}.{uuid4().hex}"
+                staged_path.write_text(config_text)
+                os.replace(staged_path, config_path)
+"""
+
+
+def patch_gym(site_packages: Path) -> None:
+    """Apply this package's fix to the installed nemo-gym (docs/upstream.md, "Patched").
+
+    Refuses, naming the file, when the installed code is not the exact text the patch was
+    written for (another nemo-gym version, or already patched)."""
+    app = site_packages / PATCHED_FILE
+    text = app.read_text(encoding="utf-8")
+    if text.count(_CONFIG_WRITE) != 1:
+        raise GymVenvBuildError(
+            f"{app} does not hold the config write this package patches in nemo-gym {NEMO_GYM_VERSION} "
+            f"(found {text.count(_CONFIG_WRITE)} times, expected once); the patch in "
+            f"miles_nemogym.gym.venv must be redone for this nemo-gym, or dropped if upstream fixed it"
+        )
+    staged = app.with_name(f".{app.name}.patching")
+    staged.write_text(text.replace(_CONFIG_WRITE, _CONFIG_WRITE_PATCHED), encoding="utf-8")
+    os.replace(staged, app)
+
+
 # ----------------------------------------------------------------------------- build
 
 
@@ -375,6 +418,14 @@ def _build(python: Path, target: Path, sandbox: str, progress: Progress) -> None
     if done.returncode != 0:
         raise GymVenvBuildError(f"the built venv cannot import the server: {done.stderr.strip()[-2000:]}")
     site = json.loads(done.stdout.strip().splitlines()[-1])["site_packages"]
+    progress("patching nemo-gym (docs/upstream.md)")
+    patch_gym(Path(site))
+    _run(
+        [str(venv_python), "-m", "py_compile", str(Path(site) / PATCHED_FILE)],
+        progress,
+        "compiling the patched nemo-gym",
+        log_path=log_path,
+    )
     # Relative, so it holds through the published symlink as well as the build folder.
     marker = {
         "site_packages": os.path.relpath(site, target),
@@ -382,6 +433,7 @@ def _build(python: Path, target: Path, sandbox: str, progress: Progress) -> None
         "nemo_gym": NEMO_GYM_VERSION,
         "mini_swe_agent": MINI_SWE_AGENT_VERSION,
         "swebench": SWEBENCH_VERSION,
+        "patched": [PATCHED_FILE.as_posix()],
         "requirements": reqs,
     }
     (target / READY_MARKER).write_text(json.dumps(marker, indent=2))
