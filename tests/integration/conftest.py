@@ -19,7 +19,6 @@ what the harness sends and answers as a scripted bash-tool policy.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,10 +28,10 @@ import pytest
 from miles_nemogym.data import convert_row
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer
-from miles_nemogym.gym.venv import GymPythonNotFoundError
+from miles_nemogym.gym.venv import BuildLines, GymPythonNotFoundError
 from miles_nemogym.testing.miles_env import ensure_miles_env
 from miles_nemogym.testing.recording_policy import RecordingPolicy
-from tests.support.miles_harness import MilesDriver, env_or_fail
+from tests.support.miles_harness import MilesDriver, Terminal, env_or_fail, say
 
 # Small bounds: a scripted episode needs 3 model calls; grading on the host is seconds.
 # Eight at once: a GRPO group of the recipe (n = 8) runs whole, as in training.
@@ -45,15 +44,10 @@ INTEGRATION_OPTIONS = {
 }
 
 
-def _progress(line: str) -> None:
-    # Straight to the terminal: pytest captures fixture output, and a silent
+def _serve(config: pytest.Config, options: ServeOptions, state_dir: Path) -> Iterator[GymServer]:
+    # Build steps and pip's counts straight to the terminal, past pytest's capture: a silent
     # multi-minute venv build looks like a hang in CI logs.
-    if not line.startswith(" "):
-        print(f"[gym-venv] {line}", file=sys.__stderr__, flush=True)
-
-
-def _serve(options: ServeOptions, state_dir: Path) -> Iterator[GymServer]:
-    server = GymServer(options, state_dir=state_dir, progress=_progress)
+    server = GymServer(options, state_dir=state_dir, progress=BuildLines("gym-venv", Terminal(config)))
     try:
         server.start()
     except GymPythonNotFoundError as exc:
@@ -65,21 +59,22 @@ def _serve(options: ServeOptions, state_dir: Path) -> Iterator[GymServer]:
 
 
 @pytest.fixture(scope="session")
-def gym_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GymServer]:
+def gym_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GymServer]:
     """The real server (local sandbox, normal mode); ``.url`` is its base URL.
 
     One per test run, shared by every test: GRPO groups (n episodes of one task) run on it
     concurrently, as in training (the server environment carries this package's fix for
     nemo-gym's per-instance config file, docs/upstream.md).
     """
-    yield from _serve(ServeOptions.model_validate(INTEGRATION_OPTIONS), tmp_path_factory.mktemp("gym-server"))
+    options = ServeOptions.model_validate(INTEGRATION_OPTIONS)
+    yield from _serve(request.config, options, tmp_path_factory.mktemp("gym-server"))
 
 
 @pytest.fixture(scope="session")
-def gym_golden_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GymServer]:
+def gym_golden_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GymServer]:
     """The real server in golden mode (applies gold patches, never calls a model)."""
     options = ServeOptions.model_validate({**INTEGRATION_OPTIONS, "golden": True})
-    yield from _serve(options, tmp_path_factory.mktemp("gym-golden-server"))
+    yield from _serve(request.config, options, tmp_path_factory.mktemp("gym-golden-server"))
 
 
 @pytest.fixture
@@ -102,18 +97,14 @@ def miles_driver(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     stderr; ``MILES_SRC`` names a checkout or .tar.gz, else the pinned commit is cloned).
     Never skipped: a machine that cannot build it prints the reason once and fails each test.
     """
-    env = env_or_fail(request, "miles-env", lambda: ensure_miles_env(progress=_miles_progress))
+    progress = BuildLines("miles-env", Terminal(request.config))
+    env = env_or_fail(request, "miles-env", lambda: ensure_miles_env(progress=progress))
     driver = MilesDriver(env, log_path=tmp_path_factory.mktemp("miles-driver") / "driver.log")
-    print(f"[miles-driver] log: {driver.log_path}", file=sys.__stderr__, flush=True)
+    say(request.config, f"[miles-driver] log: {driver.log_path}")
     try:
         yield driver
     finally:
         driver.close()
-
-
-def _miles_progress(line: str) -> None:
-    if not line.startswith(" "):
-        print(f"[miles-env] {line}", file=sys.__stderr__, flush=True)
 
 
 @pytest.fixture(scope="session")

@@ -77,6 +77,24 @@ def say(config: pytest.Config, line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
+class Terminal:
+    """A text stream to the terminal past pytest's capture (``say`` for ``print``), for
+    progress a session must show while a fixture builds an environment for minutes."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self._config = config
+
+    def write(self, text: str) -> int:
+        capture = self._config.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+            sys.stderr.write(text)
+            sys.stderr.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def env_or_fail(request: pytest.FixtureRequest, name: str, build: Callable[[], MilesEnv]) -> MilesEnv:
     """``build()`` for a session fixture. When it fails, the reason and its fix are printed once
     per test session as ``[name] ...`` on the terminal and not tried again; each test that needs
