@@ -15,6 +15,7 @@ from types import TracebackType
 import aiohttp
 
 from miles_nemogym import failure_kinds as fk
+from miles_nemogym.errors import MilesNemoGymError
 
 _READ_CHUNK = 1 << 16
 
@@ -29,7 +30,7 @@ class Answer:
     content_length: int | None
 
 
-class TransportFailure(Exception):
+class TransportFailure(MilesNemoGymError):
     """The request got no HTTP answer; ``kind`` is a transport failure kind."""
 
     def __init__(self, kind: str, reason: str) -> None:

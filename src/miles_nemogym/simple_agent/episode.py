@@ -24,6 +24,7 @@ import pydantic_core
 from pydantic import ValidationError
 
 from miles_nemogym import failure_kinds as fk
+from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.simple_agent import chat_request, kinds
 from miles_nemogym.simple_agent.connections import Answer, Connections, TransportFailure, post
 from miles_nemogym.simple_agent.transcript import Transcript
@@ -74,7 +75,9 @@ class EpisodeResult:
     """The ``/verify`` answer as JSON (the row, the ``response`` sent and the environment's fields)."""
 
 
-class _Failed(Exception):
+class _Failed(MilesNemoGymError):
+    """An infrastructure failure that ends the episode with ``kind`` (caught in ``run_episode``)."""
+
     def __init__(self, kind: str, reason: str) -> None:
         super().__init__(reason)
         self.kind = kind
