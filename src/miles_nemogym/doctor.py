@@ -31,7 +31,7 @@ from miles_nemogym.server_probe import (
 from miles_nemogym.settings import Settings, SettingsError
 
 DEFAULT_TIMEOUT_S = 5.0
-DEFAULT_SESSION_HOST = "0.0.0.0"
+_DEFAULT_SESSION_HOST = "0.0.0.0"
 """What the recipe passes as ``--session-server-ip`` (listen on every interface)."""
 
 
@@ -171,7 +171,7 @@ def run_checks(
     ``gym_url_origin`` says where its NEMO_GYM_URL came from (default: the environment or the default);
     ``policy_base_url`` (an API-policy scan's) adds the check that it answers.
     """
-    host = (session_host or DEFAULT_SESSION_HOST).strip()
+    host = (session_host or _DEFAULT_SESSION_HOST).strip()
     results: list[CheckResult] = []
     settings_result, settings = _check_settings(os.environ if environ is None else environ, gym_url_origin)
     results.append(settings_result)
@@ -193,14 +193,14 @@ def all_passed(results: list[CheckResult]) -> bool:
     return bool(results) and all(result.ok for result in results)
 
 
-MARKS = {Status.passed: "PASS", Status.failed: "FAIL", Status.skipped: "SKIP"}
+_MARKS = {Status.passed: "PASS", Status.failed: "FAIL", Status.skipped: "SKIP"}
 
 
 def report(results: list[CheckResult]) -> list[str]:
     """The checks as plain-text lines: ``PASS name: detail``, a ``fix:`` under each failure, a summary."""
     lines: list[str] = []
     for result in results:
-        lines.append(f"{MARKS[result.status]} {result.name}: {result.detail}")
+        lines.append(f"{_MARKS[result.status]} {result.name}: {result.detail}")
         if result.fix and not result.ok:
             lines.append(f"     fix: {result.fix}")
     failed = sum(result.status is Status.failed for result in results)

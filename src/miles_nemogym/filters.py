@@ -39,7 +39,7 @@ def _output_type() -> Any:
     return DynamicFilterOutput
 
 
-def salvage_wired(args: Any) -> bool:
+def _salvage_wired(args: Any) -> bool:
     """Whether Miles will train a kept, partly failed group over its valid episodes; without
     our post-process hook the failed episodes' 0.0 would train, so such groups are dropped."""
     wired = getattr(args, "custom_reward_post_process_path", None) == REWARD_POST_PROCESS
@@ -59,7 +59,7 @@ def check_episode_group(args: Any, samples: Any, **kwargs: Any) -> Any:
     settings = get_settings()
     check_run(settings)  # the one exception meant to leave this hook
     group_size = getattr(args, "n_samples_per_prompt", None)
-    min_valid = settings.min_valid_per_group if salvage_wired(args) else 0
+    min_valid = settings.min_valid_per_group if _salvage_wired(args) else 0
     try:
         recover_failed_episodes(samples)  # episodes that failed before their first policy call
         reason, salvaged = group_verdict(samples, min_valid, group_size)

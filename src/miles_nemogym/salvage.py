@@ -34,13 +34,13 @@ HOOK_PATH = "miles_nemogym.salvage.reward_post_process"
 """What ``--custom-reward-post-process-path`` must name for a partly failed group to be kept."""
 
 
-def is_masked(sample: Any) -> bool:
+def _is_masked(sample: Any) -> bool:
     """Whether the sample's episode is not a valid measurement (our record says so)."""
     record = record_of(sample)
     return record is not None and record.mask_sample
 
 
-def effective_min_valid(min_valid: int, group_size: int) -> int:
+def _effective_min_valid(min_valid: int, group_size: int) -> int:
     """``NEMO_GYM_MIN_VALID_PER_GROUP`` clamped to the group's size (0 stays 0)."""
     return min(min_valid, group_size)
 
@@ -67,7 +67,7 @@ def group_verdict(samples: Any, min_valid: int, group_size: int | None = None) -
     if not failed:
         return None, False
     first_kind = next(iter(failed.values()))
-    needed = effective_min_valid(min_valid, group_size if group_size is not None else len(valid) + len(failed))
+    needed = _effective_min_valid(min_valid, group_size if group_size is not None else len(valid) + len(failed))
     if needed == 0 or len(valid) < needed:
         return "nemogym_" + first_kind, False
     return None, True
@@ -93,7 +93,7 @@ def reward_post_process(args: Any, samples: Any) -> tuple[list[float], list[floa
     by Miles over themselves alone. Without failed samples: exactly Miles' default."""
     flat = list(flatten(samples))
     miles_post_process = _miles_post_process()
-    masked = [is_masked(sample) for sample in flat]
+    masked = [_is_masked(sample) for sample in flat]
     if not any(masked):
         return miles_post_process(args, flat, None)
 
@@ -123,7 +123,7 @@ def reward_post_process(args: Any, samples: Any) -> tuple[list[float], list[floa
 
 def zero_loss_samples(samples: Any) -> int:
     """How many of ``samples`` the post-process hook will train with zero loss."""
-    return sum(1 for sample in flatten(samples) if is_masked(sample))
+    return sum(1 for sample in flatten(samples) if _is_masked(sample))
 
 
 # ----------------------------------------------------------------------------- failed before the policy

@@ -32,14 +32,14 @@ Fetcher = Callable[[str, float], Any]
 """``fetch(url, timeout_s) -> parsed JSON``; raises ``FetchError``."""
 
 
-MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+_MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
 """An OpenAPI document larger than this is not a NeMo-Gym server's."""
-MAX_SCHEMA_NODES = 10_000
+_MAX_SCHEMA_NODES = 10_000
 """Most schema objects read while collecting ``/run``'s fields (``$ref``/``allOf`` walk)."""
-MAX_REF_HOPS = 64
+_MAX_REF_HOPS = 64
 
 
-def parse_json(body: bytes) -> Any:
+def _parse_json(body: bytes) -> Any:
     """``body`` as JSON; raises ``FetchError("not-json")`` (also for absurd nesting)."""
     try:
         return json.loads(body)
@@ -49,9 +49,9 @@ def parse_json(body: bytes) -> Any:
         raise FetchError("not-json", "the answer is JSON nested too deeply to be an OpenAPI document") from None
 
 
-async def fetch_json_async(url: str, timeout_s: float) -> Any:
+async def _fetch_json_async(url: str, timeout_s: float) -> Any:
     """GET ``url`` and parse its JSON body: one deadline for connect, headers and the whole
-    body, no redirects, at most ``MAX_DOCUMENT_BYTES``; raises ``FetchError``."""
+    body, no redirects, at most ``_MAX_DOCUMENT_BYTES``; raises ``FetchError``."""
     import aiohttp
 
     try:
@@ -68,10 +68,10 @@ async def fetch_json_async(url: str, timeout_s: float) -> Any:
             body = bytearray()
             async for chunk in response.content.iter_any():
                 body += chunk
-                if len(body) > MAX_DOCUMENT_BYTES:
+                if len(body) > _MAX_DOCUMENT_BYTES:
                     raise FetchError(
                         "too-large",
-                        f"the answer is over {MAX_DOCUMENT_BYTES // (1024 * 1024)} MB, not an OpenAPI document",
+                        f"the answer is over {_MAX_DOCUMENT_BYTES // (1024 * 1024)} MB, not an OpenAPI document",
                     )
     except (asyncio.TimeoutError, TimeoutError):
         raise FetchError("timeout", f"no complete answer within {timeout_s:g} s") from None
@@ -88,12 +88,12 @@ async def fetch_json_async(url: str, timeout_s: float) -> Any:
         raise FetchError("connect", str(error.os_error)) from None
     except (aiohttp.ClientError, OSError, ValueError) as error:
         raise FetchError("connect", f"{type(error).__name__}: {error}") from None
-    return parse_json(bytes(body))
+    return _parse_json(bytes(body))
 
 
 def fetch_json(url: str, timeout_s: float) -> Any:
-    """Blocking :func:`fetch_json_async` (doctor and the launcher run outside an event loop)."""
-    return asyncio.run(fetch_json_async(url, timeout_s))
+    """Blocking :func:`_fetch_json_async` (doctor and the launcher run outside an event loop)."""
+    return asyncio.run(_fetch_json_async(url, timeout_s))
 
 
 # --- the OpenAPI schema ------------------------------------------------------------------
@@ -124,7 +124,7 @@ def _resolve(document: Mapping[str, Any], schema: Any) -> Mapping[str, Any]:
             return schema
         if not isinstance(ref, str) or not ref.startswith("#/"):
             raise SchemaError(f"the /run body schema points outside the document ({str(ref)[:80]!r})")
-        if ref in seen or len(seen) >= MAX_REF_HOPS:
+        if ref in seen or len(seen) >= _MAX_REF_HOPS:
             raise SchemaError("the /run body schema's $ref chain does not end")
         seen.add(ref)
         schema = _lookup(document, ref)
@@ -144,8 +144,8 @@ def _properties(document: Mapping[str, Any], schema: Mapping[str, Any]) -> set[s
         if id(node) in visited:
             continue
         visited.add(id(node))
-        if len(visited) > MAX_SCHEMA_NODES:
-            raise SchemaError(f"the /run body schema spans over {MAX_SCHEMA_NODES} schema objects")
+        if len(visited) > _MAX_SCHEMA_NODES:
+            raise SchemaError(f"the /run body schema spans over {_MAX_SCHEMA_NODES} schema objects")
         properties = node.get("properties") or {}
         if not isinstance(properties, Mapping):
             raise SchemaError(f"the /run body schema's 'properties' is a {type(properties).__name__}, not an object")
@@ -188,17 +188,17 @@ def run_body_fields(openapi: Any) -> tuple[str, set[str]]:
 
 # --- what a failure means ----------------------------------------------------------------
 
-WRONG_SERVER_FIX = (
+_WRONG_SERVER_FIX = (
     "NEMO_GYM_URL must be the mini_swe_agent_2 agent server's own address (the port "
     "in its config, e.g. 12000; its /openapi.json lists POST /run), not the Gym head server or a model server"
 )
 _FIXES = {
     "redirect": "NEMO_GYM_URL must be the mini_swe_agent_2 server's own address: a redirect "
     "is not followed, since the trainer's /run calls are not either",
-    "http": WRONG_SERVER_FIX,
-    "not-json": WRONG_SERVER_FIX,
-    "too-large": WRONG_SERVER_FIX,
-    "schema": WRONG_SERVER_FIX,
+    "http": _WRONG_SERVER_FIX,
+    "not-json": _WRONG_SERVER_FIX,
+    "too-large": _WRONG_SERVER_FIX,
+    "schema": _WRONG_SERVER_FIX,
     "certificate": "make this machine trust the server's certificate: set SSL_CERT_FILE to a PEM file holding "
     "the CA that signed it (or add that CA to the system's trust store), and name the host the certificate "
     "is issued for; or use http:// if the server does not serve TLS",
@@ -209,7 +209,7 @@ _UNREACHABLE_FIX = (
     "and set NEMO_GYM_URL to its http://host:port; check that no firewall blocks "
     "that port from this machine"
 )
-NO_POLICY_FIELD_FIX = (
+_NO_POLICY_FIELD_FIX = (
     f"run nemo-gym {pins.NEMO_GYM_VERSION} (the version this package is tested with) or any release "
     "whose mini_swe_agent_2 /run takes policy_base_url"
 )
@@ -240,13 +240,13 @@ class RunEndpoint:
         return "policy_base_url" in self.fields
 
 
-def fetch_problem(gym_url: str, error: FetchError) -> ServerProblem:
+def _fetch_problem(gym_url: str, error: FetchError) -> ServerProblem:
     """What a failed ``/openapi.json`` fetch means (URLs shown with their password hidden)."""
     detail = f"GET {redact_url(gym_url)}/openapi.json: {error}"
     return ServerProblem("fetch", detail, _FIXES.get(error.kind, _UNREACHABLE_FIX))
 
 
-def read_run_endpoint(gym_url: str, document: Any) -> RunEndpoint | ServerProblem:
+def _read_run_endpoint(gym_url: str, document: Any) -> RunEndpoint | ServerProblem:
     """``POST /run``'s body from a fetched document, or why the document has none."""
     try:
         name, fields = run_body_fields(document)
@@ -264,7 +264,7 @@ def policy_field_problem(gym_url: str, endpoint: RunEndpoint) -> ServerProblem |
         "policy-field",
         f"{redact_url(gym_url)}: the /run body ({endpoint.body_name}) declares no policy_base_url, so this "
         "server would ignore the trainer's policy URL and run every episode on its own configured model",
-        NO_POLICY_FIELD_FIX,
+        _NO_POLICY_FIELD_FIX,
     )
 
 
@@ -273,17 +273,17 @@ def probe(gym_url: str, timeout_s: float, fetch: Fetcher = fetch_json) -> RunEnd
     try:
         document = fetch(f"{gym_url}/openapi.json", timeout_s)
     except FetchError as error:
-        return fetch_problem(gym_url, error)
-    return read_run_endpoint(gym_url, document)
+        return _fetch_problem(gym_url, error)
+    return _read_run_endpoint(gym_url, document)
 
 
-async def probe_async(gym_url: str, timeout_s: float) -> RunEndpoint | ServerProblem:
+async def _probe_async(gym_url: str, timeout_s: float) -> RunEndpoint | ServerProblem:
     """:func:`probe` inside a running event loop (the scan)."""
     try:
-        document = await fetch_json_async(f"{gym_url}/openapi.json", timeout_s)
+        document = await _fetch_json_async(f"{gym_url}/openapi.json", timeout_s)
     except FetchError as error:
-        return fetch_problem(gym_url, error)
-    return read_run_endpoint(gym_url, document)
+        return _fetch_problem(gym_url, error)
+    return _read_run_endpoint(gym_url, document)
 
 
 _NO_ANSWER = frozenset({"timeout", "dns", "refused", "connect", "certificate", "tls"})
@@ -294,7 +294,7 @@ async def policy_problem(policy_base_url: str, timeout_s: float) -> ServerProble
     """None when ``GET <policy_base_url>/models`` gets any HTTP answer from this machine (no
     key is sent: a 401 counts), else why not and the fix; an episode would only wait on it."""
     try:
-        await fetch_json_async(f"{policy_base_url}/models", timeout_s)
+        await _fetch_json_async(f"{policy_base_url}/models", timeout_s)
     except FetchError as error:
         if error.kind in _NO_ANSWER:
             return ServerProblem(
@@ -313,7 +313,7 @@ class ServerCheckError(MilesNemoGymError, RuntimeError):
 async def check_server(gym_url: str, timeout_s: float, *, policy_base_url: str | None = None) -> None:
     """Raise ``ServerCheckError`` unless ``gym_url`` serves a usable ``POST /run`` and, when
     given, ``/run`` takes ``policy_base_url`` and that policy answers (the scan's gate)."""
-    found = await probe_async(gym_url, timeout_s)
+    found = await _probe_async(gym_url, timeout_s)
     if not isinstance(found, RunEndpoint):
         raise ServerCheckError(str(found))
     if policy_base_url is None:

@@ -25,12 +25,12 @@ if TYPE_CHECKING:
     from miles_nemogym.gym.server import GymServer
 from miles_nemogym.cli.signals import interrupt_on_sigterm
 
-SANDBOX_HELP = (
+_SANDBOX_HELP = (
     "Sandbox provider: a container one (what SWE-bench grading needs), or local (host subprocesses, "
     "no isolation, cannot resolve instances)."
 )
 
-HELP = """Run the real NeMo-Gym mini_swe_agent_2 server for training or evaluation.
+_HELP = """Run the real NeMo-Gym mini_swe_agent_2 server for training or evaluation.
 
 Episodes run as Ray tasks: on a private Ray on this machine, or spread over a running
 cluster with --ray-address (docs/scale-out.md). --dry-run shows the composed server config
@@ -43,7 +43,7 @@ interpreter is found on PATH, in pyenv or /usr/bin, or named by MILES_NEMOGYM_GY
 
 
 def serve(
-    sandbox: Annotated[str, typer.Option("--sandbox", metavar=metavar(SANDBOXES), help=SANDBOX_HELP)] = "docker",
+    sandbox: Annotated[str, typer.Option("--sandbox", metavar=metavar(SANDBOXES), help=_SANDBOX_HELP)] = "docker",
     host: Annotated[
         str, typer.Option("--host", help="Address to bind; 0.0.0.0 lets trainers on other machines connect.")
     ] = "127.0.0.1",
@@ -237,4 +237,4 @@ def _dry_run(options: ServeOptions, state_dir: Path | None, console: Console) ->
 
 
 def register(app: typer.Typer) -> None:
-    app.command("serve", help=HELP)(serve)
+    app.command("serve", help=_HELP)(serve)

@@ -19,7 +19,7 @@ from typing import Any
 
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv
 
-EPISODE_CPUS = 0.25
+_EPISODE_CPUS = 0.25
 """The CPU each ``mini_swe_agent_2`` episode task asks Ray for (nemo-gym 0.7.0 ``app.py``)."""
 
 _PROBE = r"""
@@ -123,8 +123,8 @@ def cluster_problems(report: Mapping[str, Any], venv: GymVenv, state_dir: Path) 
                 f"{name} cannot see {state_dir}: episodes there read the request's config and write "
                 "results in it; give --state-dir a folder every node mounts at the same path"
             )
-    if not any(float(node.get("cpus", 0)) >= EPISODE_CPUS for node in nodes):
-        problems.append(f"no node has {EPISODE_CPUS} CPU free for an episode task (`ray start --num-cpus N`)")
+    if not any(float(node.get("cpus", 0)) >= _EPISODE_CPUS for node in nodes):
+        problems.append(f"no node has {_EPISODE_CPUS} CPU free for an episode task (`ray start --num-cpus N`)")
     return problems
 
 

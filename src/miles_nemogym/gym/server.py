@@ -31,7 +31,7 @@ from miles_nemogym.gym.providers import node_binaries
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, ensure_gym_venv
 from miles_nemogym.hosts import bracket, connect_host, is_wildcard
 
-MARKER_ENV = "MILES_NEMOGYM_GYM_SERVER_ID"
+_MARKER_ENV = "MILES_NEMOGYM_GYM_SERVER_ID"
 """Set in the server's environment; inherited by Ray, so stragglers can be found."""
 
 # Variables of the caller that would redirect the server or its Ray elsewhere.
@@ -58,7 +58,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def default_route_address() -> str:
+def _default_route_address() -> str:
     """This machine's address on its default route (a UDP connect sends no packet)."""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
@@ -69,8 +69,8 @@ def default_route_address() -> str:
 
 
 def _pids_with_marker(marker: str) -> list[int]:
-    """Processes (Linux ``/proc``) whose environment carries ``MARKER_ENV=marker``."""
-    needle = f"{MARKER_ENV}={marker}".encode()
+    """Processes (Linux ``/proc``) whose environment carries ``_MARKER_ENV=marker``."""
+    needle = f"{_MARKER_ENV}={marker}".encode()
     found: list[int] = []
     proc = Path("/proc")
     if not proc.is_dir():
@@ -137,7 +137,7 @@ class GymServer:
         when the server listens on every interface."""
         if not is_wildcard(self.options.host) or self.port is None:
             return self.url
-        return f"http://{bracket(default_route_address())}:{self.port}"
+        return f"http://{bracket(_default_route_address())}:{self.port}"
 
     @property
     def log_path(self) -> Path:
@@ -190,7 +190,7 @@ class GymServer:
                 "NEMO_GYM_CONFIG_PATH": SERVER_NAME,
                 "PYTHONPATH": str(self.venv.agent_dir),
                 "PYTHONUNBUFFERED": "1",
-                MARKER_ENV: self._marker,
+                _MARKER_ENV: self._marker,
                 # Ray: no usage report, own temp; a private Ray is on loopback with no
                 # auth tokens to manage (a joined cluster keeps the caller's RAY_AUTH_MODE).
                 "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",

@@ -30,7 +30,7 @@ from miles_nemogym.pins import GYM_PYTHON, MINI_SWE_AGENT_VERSION, NEMO_GYM_VERS
 GYM_PYTHON_ENV = "MILES_NEMOGYM_GYM_PYTHON"
 """Names the Python 3.13 interpreter explicitly (skips the search)."""
 
-RECIPE_REVISION = 2
+_RECIPE_REVISION = 2
 """Bumped when the build recipe changes, so old cached venvs are not reused (2: ``patch_gym``)."""
 
 READY_MARKER = "miles-nemogym-venv.json"
@@ -39,7 +39,7 @@ AGENT_RELATIVE_DIR = Path("responses_api_agents") / "mini_swe_agent_2"
 # The SDK each provider imports at run time, from nemo-gym's `sandbox` extra (openshell's
 # from its own `openshell` extra). The docker, apptainer, enroot and local providers drive
 # CLIs or subprocesses and need none.
-PROVIDER_SDKS: dict[str, tuple[str, ...]] = {
+_PROVIDER_SDKS: dict[str, tuple[str, ...]] = {
     "daytona": ("daytona",),
     "e2b": ("e2b",),
     "opensandbox": ("opensandbox",),
@@ -186,9 +186,9 @@ def _distribution_name(requirement: str) -> str:
     return (match.group(0) if match else requirement).lower().replace("_", "-")
 
 
-def provider_requirements(sandbox: str) -> list[str]:
+def _provider_requirements(sandbox: str) -> list[str]:
     """The SDK requirements ``sandbox`` needs beyond the base venv (specs from the wheel)."""
-    wanted = set(PROVIDER_SDKS.get(sandbox, ()))
+    wanted = set(_PROVIDER_SDKS.get(sandbox, ()))
     specs = [
         req.split(";", 1)[0].strip()
         for req, extra in _requires_dist()
@@ -197,7 +197,7 @@ def provider_requirements(sandbox: str) -> list[str]:
     if len(specs) != len(wanted):
         raise GymEnvironmentError(
             f"nemo-gym {NEMO_GYM_VERSION}'s `sandbox` extra does not list {sorted(wanted)} "
-            f"for provider {sandbox!r}; this package's PROVIDER_SDKS table is out of date."
+            f"for provider {sandbox!r}; this package's _PROVIDER_SDKS table is out of date."
         )
     return specs
 
@@ -211,16 +211,16 @@ def requirements(sandbox: str = "local") -> list[str]:
         # Imported by the sandbox layer on every provider, but listed only in an extra.
         "tenacity>=9.1.4",
     ]
-    return base + pinned + provider_requirements(sandbox)
+    return base + pinned + _provider_requirements(sandbox)
 
 
 def venv_key(sandbox: str = "local") -> str:
     """The cache folder name: every pinned version and the provider SDKs it carries."""
     key = (
         f"py{GYM_PYTHON}-nemo-gym{NEMO_GYM_VERSION}-mini-swe-agent{MINI_SWE_AGENT_VERSION}"
-        f"-swebench{SWEBENCH_VERSION}-r{RECIPE_REVISION}"
+        f"-swebench{SWEBENCH_VERSION}-r{_RECIPE_REVISION}"
     )
-    sdks = PROVIDER_SDKS.get(sandbox)
+    sdks = _PROVIDER_SDKS.get(sandbox)
     return key + ("+" + "+".join(sdks) if sdks else "")
 
 
@@ -311,7 +311,7 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def build_log_path(what: str) -> Path:
+def _build_log_path(what: str) -> Path:
     """Where ``_run`` keeps a step's full output when the caller names no log file."""
     slug = re.sub(r"[^A-Za-z0-9]+", "-", what).strip("-").lower() or "build"
     return gym_wheel.cache_dir() / "logs" / f"{slug}.log"
@@ -357,7 +357,7 @@ def _run(command: Sequence[str], progress: Progress, what: str, *, log_path: Pat
 
     ``progress`` gets each output line indented (a detail, never a step); a failure names
     the log and carries its last lines. Every environment this package builds runs pip here."""
-    log_file = log_path or build_log_path(what)
+    log_file = log_path or _build_log_path(what)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     tail: list[str] = []
     count = _PipCount(command)

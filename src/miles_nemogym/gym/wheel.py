@@ -19,7 +19,7 @@ from typing import Any
 from miles_nemogym.pins import NEMO_GYM_VERSION
 
 EXAMPLES_MEMBER = "responses_api_agents/mini_swe_agent_2/data/example.jsonl"
-ROLLOUTS_MEMBER = "responses_api_agents/mini_swe_agent_2/data/example_rollouts.jsonl"
+_ROLLOUTS_MEMBER = "responses_api_agents/mini_swe_agent_2/data/example_rollouts.jsonl"
 
 
 def cache_dir() -> Path:
@@ -73,4 +73,4 @@ def example_rows() -> list[dict[str, Any]]:
 
 def example_rollouts() -> list[dict[str, Any]]:
     """The five real ``/run`` results nemo-gym ships for ``mini_swe_agent_2``."""
-    return _jsonl(ROLLOUTS_MEMBER)
+    return _jsonl(_ROLLOUTS_MEMBER)

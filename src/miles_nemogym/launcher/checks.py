@@ -29,9 +29,9 @@ from miles_nemogym.settings import ENV_VARS
 
 LEGACY_ROLLOUT_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
 
-ROWS_CHECKED = 5
+_ROWS_CHECKED = 5
 
-HOOK_PATHS: tuple[str, ...] = tuple(hook for _, hook in HOOKS)
+_HOOK_PATHS: tuple[str, ...] = tuple(hook for _, hook in HOOKS)
 
 GpuCounter = Callable[[Mapping[str, str]], "tuple[int | None, str]"]
 """``count(environ) -> (number of visible GPUs or None, how it was counted)``."""
@@ -40,7 +40,7 @@ GpuCounter = Callable[[Mapping[str, str]], "tuple[int | None, str]"]
 # --- Miles, Megatron, hooks --------------------------------------------------------------
 
 
-def check_legacy_rollout(environ: Mapping[str, str]) -> CheckResult:
+def _check_legacy_rollout(environ: Mapping[str, str]) -> CheckResult:
     name = "Miles rollout path"
     value = environ.get(LEGACY_ROLLOUT_ENV, "").strip()
     if value in ("", "0"):
@@ -68,7 +68,7 @@ def locate_miles(configured: Path | None) -> Path | None:
     return Path(next(iter(spec.submodule_search_locations))).resolve().parent
 
 
-def check_miles(root: Path | None, config: LauncherConfig) -> CheckResult:
+def _check_miles(root: Path | None, config: LauncherConfig) -> CheckResult:
     name = "Miles"
     if root is None:
         return CheckResult(
@@ -105,7 +105,7 @@ def check_miles(root: Path | None, config: LauncherConfig) -> CheckResult:
     return CheckResult(name, Status.failed, f"{root}: missing {', '.join(map(str, missing))}", fix)
 
 
-def check_megatron(config: LauncherConfig) -> CheckResult:
+def _check_megatron(config: LauncherConfig) -> CheckResult:
     name = "Megatron-LM"
     if config.megatron_path.is_dir():
         return CheckResult(name, Status.passed, f"checkout at {config.megatron_path}")
@@ -123,7 +123,7 @@ def check_megatron(config: LauncherConfig) -> CheckResult:
     )
 
 
-def check_hooks(paths: Sequence[str]) -> CheckResult:
+def _check_hooks(paths: Sequence[str]) -> CheckResult:
     """Each dotted path imports and names a callable (Miles would fail late otherwise)."""
     name = "rollout hooks"
     for path in paths:
@@ -151,7 +151,7 @@ def check_hooks(paths: Sequence[str]) -> CheckResult:
 # --- GPUs --------------------------------------------------------------------------------
 
 
-def count_gpus(environ: Mapping[str, str]) -> tuple[int | None, str]:
+def _count_gpus(environ: Mapping[str, str]) -> tuple[int | None, str]:
     """Visible GPUs: ``nvidia-smi`` (limited by CUDA_VISIBLE_DEVICES), else torch if installed."""
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     limit = None if visible is None else len([part for part in visible.split(",") if part.strip()])
@@ -180,7 +180,7 @@ def count_gpus(environ: Mapping[str, str]) -> tuple[int | None, str]:
     return None, "nvidia-smi is not on PATH and torch is not installed"
 
 
-def check_gpus(config: LauncherConfig, environ: Mapping[str, str], counter: GpuCounter) -> CheckResult:
+def _check_gpus(config: LauncherConfig, environ: Mapping[str, str], counter: GpuCounter) -> CheckResult:
     name = "GPUs"
     count, how = counter(environ)
     if count is None:
@@ -235,7 +235,7 @@ def _check_data(name: str, flag: str, path: Path, fix: str) -> CheckResult:
     if not path.is_file():
         return CheckResult(name, Status.failed, f"{flag} {path} is not a regular file", fix)
     try:
-        rows = _first_rows(path, ROWS_CHECKED)
+        rows = _first_rows(path, _ROWS_CHECKED)
     except (OSError, _DataError) as error:
         return CheckResult(name, Status.failed, f"{flag} {path}: {error}", fix)
     if not rows:
@@ -253,7 +253,7 @@ def check_prompt_data(config: LauncherConfig) -> CheckResult:
     return _check_data("prompt data", "--prompt-data", path, fix)
 
 
-def check_eval_data(config: LauncherConfig) -> CheckResult:
+def _check_eval_data(config: LauncherConfig) -> CheckResult:
     """Miles evaluates before the first training step: a bad held-out file fails once the cluster runs."""
     name = "eval data"
     path = config.eval_data
@@ -343,7 +343,7 @@ def check_episode_dir(config: LauncherConfig, environ: Mapping[str, str]) -> Che
     return CheckResult(name, Status.passed, f"{folder} is writable")
 
 
-def check_checkpoint(config: LauncherConfig) -> CheckResult:
+def _check_checkpoint(config: LauncherConfig) -> CheckResult:
     name = "torch_dist checkpoint"
     target = config.resolved_ref_load
     tracker = target / "latest_checkpointed_iteration.txt"
@@ -362,7 +362,7 @@ def check_checkpoint(config: LauncherConfig) -> CheckResult:
 # --- network -----------------------------------------------------------------------------
 
 
-def check_session_port(config: LauncherConfig) -> CheckResult:
+def _check_session_port(config: LauncherConfig) -> CheckResult:
     name = "session server port"
     port = config.session_server_port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -404,23 +404,23 @@ def run_preflight(
     *,
     environ: Mapping[str, str],
     miles_root: Path | None,
-    hook_paths: Sequence[str] = HOOK_PATHS,
-    gpu_counter: GpuCounter = count_gpus,
+    hook_paths: Sequence[str] = _HOOK_PATHS,
+    gpu_counter: GpuCounter = _count_gpus,
     fetch: server_probe.Fetcher = server_probe.fetch_json,
     gym_timeout_s: float = doctor.DEFAULT_TIMEOUT_S,
 ) -> list[CheckResult]:
     """Every launcher check, then the doctor's; nothing is started or written."""
     results = [
-        check_legacy_rollout(environ),
-        check_miles(miles_root, config),
-        check_megatron(config),
-        check_hooks(hook_paths),
-        check_gpus(config, environ, gpu_counter),
+        _check_legacy_rollout(environ),
+        _check_miles(miles_root, config),
+        _check_megatron(config),
+        _check_hooks(hook_paths),
+        _check_gpus(config, environ, gpu_counter),
         check_prompt_data(config),
-        check_eval_data(config),
+        _check_eval_data(config),
         check_episode_dir(config, environ),
-        check_checkpoint(config),
-        check_session_port(config),
+        _check_checkpoint(config),
+        _check_session_port(config),
         check_cluster(config),
     ]
     results += doctor.run_checks(

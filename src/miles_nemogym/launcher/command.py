@@ -24,30 +24,30 @@ from miles_nemogym.redaction import redact_url
 from miles_nemogym.settings import ENV_VARS
 
 GENERATE_FUNCTION = "miles.rollout.generate_hub.agentic_tool_call.generate"
-AGENT_FUNCTION = "miles_nemogym.agent.run"
-REWARD_FUNCTION = "miles_nemogym.reward.reward_func"
-GROUP_FILTER = "miles_nemogym.filters.check_episode_group"
-ROLLOUT_LOG_FUNCTION = "miles_nemogym.metrics.log_rollout"
-EVAL_LOG_FUNCTION = "miles_nemogym.metrics.log_eval"
+_AGENT_FUNCTION = "miles_nemogym.agent.run"
+_REWARD_FUNCTION = "miles_nemogym.reward.reward_func"
+_GROUP_FILTER = "miles_nemogym.filters.check_episode_group"
+_ROLLOUT_LOG_FUNCTION = "miles_nemogym.metrics.log_rollout"
+_EVAL_LOG_FUNCTION = "miles_nemogym.metrics.log_eval"
 REWARD_POST_PROCESS = salvage.HOOK_PATH
 
 HOOKS: tuple[tuple[str, str], ...] = (
-    ("--custom-agent-function-path", AGENT_FUNCTION),
-    ("--custom-rm-path", REWARD_FUNCTION),
-    ("--dynamic-sampling-filter-path", GROUP_FILTER),
-    ("--custom-rollout-log-function-path", ROLLOUT_LOG_FUNCTION),
+    ("--custom-agent-function-path", _AGENT_FUNCTION),
+    ("--custom-rm-path", _REWARD_FUNCTION),
+    ("--dynamic-sampling-filter-path", _GROUP_FILTER),
+    ("--custom-rollout-log-function-path", _ROLLOUT_LOG_FUNCTION),
     # nemogym-eval/<set>/* (masked episodes set aside); Miles' own eval/* still logged.
-    ("--custom-eval-rollout-log-function-path", EVAL_LOG_FUNCTION),
+    ("--custom-eval-rollout-log-function-path", _EVAL_LOG_FUNCTION),
     # Trains a partly failed group over its valid episodes (the filter keeps such groups).
     ("--custom-reward-post-process-path", REWARD_POST_PROCESS),
 )
 """This package's hooks, each with the Miles flag that loads it."""
 
-ROLLOUT_REFACTOR_ENV = "MILES_EXPERIMENTAL_ROLLOUT_REFACTOR"
+_ROLLOUT_REFACTOR_ENV = "MILES_EXPERIMENTAL_ROLLOUT_REFACTOR"
 """Selects the class-based rollout (which registers the agentic flags) in Miles checkouts
 before 2026-08-13 (radixark/miles afd088cb6); later ones use it by default and ignore it."""
 
-FORWARDED_ENV: tuple[str, ...] = (
+_FORWARDED_ENV: tuple[str, ...] = (
     *ENV_VARS,
     "NCCL_SOCKET_IFNAME",
     "GLOO_SOCKET_IFNAME",
@@ -96,7 +96,7 @@ class Job:
         return {name: (HIDDEN if name in self.secret_names else redact_url(value)) for name, value in self.env.items()}
 
 
-def is_secret(name: str) -> bool:
+def _is_secret(name: str) -> bool:
     return bool(_SECRET_NAME.search(name))
 
 
@@ -232,26 +232,26 @@ class GroupSettingError(MilesNemoGymError, ValueError):
     """``NEMO_GYM_MIN_VALID_PER_GROUP`` can never be met with this recipe's group size."""
 
 
-MIN_VALID_ENV = "NEMO_GYM_MIN_VALID_PER_GROUP"
+_MIN_VALID_ENV = "NEMO_GYM_MIN_VALID_PER_GROUP"
 EPISODE_DIR_ENV = "NEMO_GYM_EPISODE_DIR"
 
 
-def check_min_valid(env: Mapping[str, str], n_samples_per_prompt: int) -> None:
+def _check_min_valid(env: Mapping[str, str], n_samples_per_prompt: int) -> None:
     """Refuse a minimum of valid episodes per group that no group can reach: Miles'
     rollout loop would then drop every group that has a failure, or every group."""
-    raw = env.get(MIN_VALID_ENV, "").strip()
+    raw = env.get(_MIN_VALID_ENV, "").strip()
     try:
         min_valid = int(raw) if raw else 2
     except ValueError:
         raise GroupSettingError(
-            f"{MIN_VALID_ENV}={raw!r}: expected a whole number such as 2 (0 drops a group on any failure)"
+            f"{_MIN_VALID_ENV}={raw!r}: expected a whole number such as 2 (0 drops a group on any failure)"
         ) from None
     if min_valid < 0:
-        raise GroupSettingError(f"{MIN_VALID_ENV}={min_valid}: must be 0 or more")
+        raise GroupSettingError(f"{_MIN_VALID_ENV}={min_valid}: must be 0 or more")
     if min_valid > n_samples_per_prompt:
         given = raw if raw else f"{min_valid} (the default)"
         raise GroupSettingError(
-            f"{MIN_VALID_ENV}={given} exceeds n_samples_per_prompt={n_samples_per_prompt}: a group with a "
+            f"{_MIN_VALID_ENV}={given} exceeds n_samples_per_prompt={n_samples_per_prompt}: a group with a "
             f"failed episode could never be kept; set it to at most {n_samples_per_prompt} (0 drops a group on "
             "any failure) or raise n_samples_per_prompt (GRPO needs at least 2)"
         )
@@ -283,7 +283,7 @@ def job_episode_dir(config: LauncherConfig, environ: Mapping[str, str]) -> Path 
 def job_environment(config: LauncherConfig, miles: MilesInstall, environ: Mapping[str, str]) -> Job:
     """The job's environment; ``environ`` is the launcher's (for forwarded variables)."""
     env: dict[str, str] = {}
-    for name in FORWARDED_ENV:
+    for name in _FORWARDED_ENV:
         value = environ.get(name)
         if value:
             env[name] = value
@@ -298,7 +298,7 @@ def job_environment(config: LauncherConfig, miles: MilesInstall, environ: Mappin
             "MASTER_ADDR": config.master_addr,
             "no_proxy": ",".join(dict.fromkeys(["127.0.0.1", "localhost", config.master_addr])),
             "PYTHONPATH": ":".join(dict.fromkeys(pythonpath)),
-            ROLLOUT_REFACTOR_ENV: "1",
+            _ROLLOUT_REFACTOR_ENV: "1",
             "NEMO_GYM_URL": config.nemo_gym_url,
         }
     )
@@ -309,7 +309,7 @@ def job_environment(config: LauncherConfig, miles: MilesInstall, environ: Mappin
     if episode_dir is not None:
         env[EPISODE_DIR_ENV] = str(episode_dir)
     env.update(config.extra_env)
-    secrets = frozenset(name for name in env if is_secret(name))
+    secrets = frozenset(name for name in env if _is_secret(name))
     return Job(argv=[], env=env, secret_names=secrets)
 
 
@@ -322,7 +322,7 @@ def build_job(
 ) -> Job:
     """The whole job: ``python3 <miles>/train.py <model args> <recipe flags>``, its env, run in ``cwd``."""
     base = job_environment(config, miles, environ)
-    check_min_valid(base.env, config.n_samples_per_prompt)
+    _check_min_valid(base.env, config.n_samples_per_prompt)
     argv = ["python3", str(miles.train_script), *miles.model_args, *train_args(config, parsers)]
     return Job(argv=argv, env=base.env, secret_names=base.secret_names, cwd=cwd)
 
@@ -348,7 +348,7 @@ def checkpoint_command(config: LauncherConfig, miles: MilesInstall) -> list[str]
     ]
 
 
-def shell_lines(argv: list[str]) -> str:
+def _shell_lines(argv: list[str]) -> str:
     """``argv`` quoted for a POSIX shell, one ``--flag value`` per continued line."""
     words = [shlex.quote(word) for word in argv]
     out = words[:1]
@@ -365,5 +365,5 @@ def render(job: Job) -> str:
     lines += ["# command"]
     if job.cwd is not None:
         lines += [f"cd {shlex.quote(str(job.cwd))}"]
-    lines += [shell_lines([redact_url(word) for word in job.argv])]
+    lines += [_shell_lines([redact_url(word) for word in job.argv])]
     return "\n".join(lines)

@@ -349,7 +349,7 @@ class LauncherConfig(BaseModel):
         return self.global_batch_size or self.rollout_batch_size * self.n_samples_per_prompt
 
 
-def describe_error(error: ValidationError, source: str = "recipe") -> str:
+def _describe_error(error: ValidationError, source: str = "recipe") -> str:
     """A ``ValidationError`` as one line per field: ``--flag / key: problem``."""
 
     def label(loc: Sequence[int | str]) -> str:
@@ -366,7 +366,7 @@ def load_config(yaml_values: dict[str, Any] | None, cli_values: dict[str, Any]) 
     try:
         config = LauncherConfig.model_validate(merged)
     except ValidationError as error:
-        raise ConfigError(describe_error(error)) from None
+        raise ConfigError(_describe_error(error)) from None
     if "nemo_gym_url" in cli_values:
         config._gym_url_origin = "--nemo-gym-url"
     elif "nemo_gym_url" in merged:

@@ -42,7 +42,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
 
 BY_NAME: dict[str, ModelFamily] = {family.name: family for family in FAMILIES}
 
-OVERRIDE_FLAGS = "--model-family, or all of --tito-model, --reasoning-parser and --tool-call-parser"
+_OVERRIDE_FLAGS = "--model-family, or all of --tito-model, --reasoning-parser and --tool-call-parser"
 
 
 class UnknownFamilyError(MilesNemoGymError, ValueError):
@@ -101,7 +101,7 @@ def resolve(
         if missing:
             raise UnknownFamilyError(
                 f"cannot tell the model family of {checkpoint!r} (known: {known}); pass "
-                f"{OVERRIDE_FLAGS} (missing: {', '.join(missing)}; '--reasoning-parser none' "
+                f"{_OVERRIDE_FLAGS} (missing: {', '.join(missing)}; '--reasoning-parser none' "
                 "for a model without reasoning output)"
             )
         assert tito_model is not None and tool_call_parser is not None

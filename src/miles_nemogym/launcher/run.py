@@ -33,7 +33,7 @@ from miles_nemogym.launcher.families import Parsers, UnknownFamilyError, resolve
 from miles_nemogym.redaction import redact_url
 
 EXIT_OK = 0
-EXIT_JOB_FAILED = 1
+_EXIT_JOB_FAILED = 1
 EXIT_USAGE = 2
 """Bad recipe or a failed preflight: nothing was started."""
 EXIT_INTERRUPTED = 130
@@ -82,7 +82,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 """Each recipe field's section in ``--help`` (every field is in exactly one)."""
 
-DESCRIPTION = (
+_DESCRIPTION = (
     "GRPO on SWE-bench with Miles and NeMo-Gym's mini_swe_agent_2. Values, later wins: defaults < "
     "environment (NEMO_GYM_URL, MILES_ROUTER_EXTERNAL_HOST, RAY_ADDRESS, MASTER_ADDR) < --config "
     "YAML < flags."
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="examples/swebench_grpo/run.py",
         usage="%(prog)s [--config FILE] [--dry-run | --preflight-only] [FLAG VALUE ...]",
-        description=DESCRIPTION,
+        description=_DESCRIPTION,
         argument_default=argparse.SUPPRESS,
     )
     sections = {title: parser.add_argument_group(title) for title in GROUPS}
@@ -333,7 +333,7 @@ class RayActions:
             client.stop_job(submission_id)
             return EXIT_INTERRUPTED
         print(f"Ray job {submission_id}: {status}", flush=True)
-        return EXIT_OK if status == JobStatus.SUCCEEDED else EXIT_JOB_FAILED
+        return EXIT_OK if status == JobStatus.SUCCEEDED else _EXIT_JOB_FAILED
 
 
 # --- orchestration -----------------------------------------------------------------------
@@ -433,7 +433,7 @@ def execute(
             code = actions.convert_checkpoint(argv, {**environ, "PYTHONPATH": job.env["PYTHONPATH"]})
             if code != 0:
                 print(f"error: checkpoint conversion exited {code}", file=sys.stderr)
-                return EXIT_JOB_FAILED
+                return _EXIT_JOB_FAILED
 
     address = _ray_address(config)
     started_head = False
@@ -459,7 +459,7 @@ def execute(
             if time.monotonic() > deadline:
                 print(f"error: the Ray head started but {redact_url(address)} does not answer", file=sys.stderr)
                 actions.stop_ray_head()
-                return EXIT_JOB_FAILED
+                return _EXIT_JOB_FAILED
             time.sleep(1)
     submission_id = f"miles-nemogym-{time.strftime('%Y%m%d-%H%M%S')}"
     try:

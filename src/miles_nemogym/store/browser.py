@@ -14,7 +14,7 @@ from typing import Any
 from miles_nemogym import fit
 from miles_nemogym.store.reader import StoredEpisode
 
-OUTPUT_MAX_CHARS = 600
+_OUTPUT_MAX_CHARS = 600
 """A command's output is trimmed to this in ``--show`` (head and tail kept)."""
 
 
@@ -197,7 +197,7 @@ def _cut_tail(text: str, size: int) -> str:
     return tail
 
 
-def trim(text: str, limit: int = OUTPUT_MAX_CHARS) -> str:
+def trim(text: str, limit: int = _OUTPUT_MAX_CHARS) -> str:
     """``text`` cut in the middle to at most ``limit`` characters (at word ends when it can),
     saying how much was cut."""
     if len(text) <= limit:
@@ -263,7 +263,7 @@ def _command(arguments: Any) -> str:
     return _json(arguments)
 
 
-def turns_of(answer: Any) -> list[Turn]:
+def _turns_of(answer: Any) -> list[Turn]:
     """The episode's turns from the ``/run`` answer's Responses ``output``: a turn is the
     model's items up to the harness's ``function_call_output`` answers. An item of an
     unexpected shape is shown as its JSON."""
@@ -295,12 +295,12 @@ def _metadata(answer: Any) -> dict[str, Any]:
     return metadata if isinstance(metadata, dict) else {}
 
 
-def patch_of(answer: Any) -> str | None:
+def _patch_of(answer: Any) -> str | None:
     patch = _metadata(answer).get("model_patch")
     return patch if isinstance(patch, str) else None
 
 
-def report_of(answer: Any, instance_id: str) -> dict[str, Any] | None:
+def _report_of(answer: Any, instance_id: str) -> dict[str, Any] | None:
     reports = _metadata(answer).get("eval_report")
     if not isinstance(reports, dict):
         return None
@@ -312,7 +312,7 @@ def _names(value: Any) -> list[str]:
     return [str(name) for name in value] if isinstance(value, list) else []
 
 
-def report_lines(report: dict[str, Any] | None) -> list[str]:
+def _report_lines(report: dict[str, Any] | None) -> list[str]:
     if report is None:
         return ["(no test report)"]
     lines = [
@@ -374,20 +374,20 @@ def episode_parts(episode: StoredEpisode) -> list[str | LongText]:
         ]
     missing = _missing_answer(episode)
     if isinstance(answer, dict) and missing:
-        parts += ["", "answer (not a /run result):", LongText(_text_of(answer["text"]), 4 * OUTPUT_MAX_CHARS)]
+        parts += ["", "answer (not a /run result):", LongText(_text_of(answer["text"]), 4 * _OUTPUT_MAX_CHARS)]
     elif answer is not None and missing:
-        parts += ["", "answer (not a /run result):", LongText(_json(answer), 4 * OUTPUT_MAX_CHARS)]
-    for number, turn in enumerate(turns_of(answer), 1):
+        parts += ["", "answer (not a /run result):", LongText(_json(answer), 4 * _OUTPUT_MAX_CHARS)]
+    for number, turn in enumerate(_turns_of(answer), 1):
         parts += ["", f"--- turn {number}"]
         if turn.thought:
             parts += ["thought:", LongText(turn.thought, 2000)]
         for command in turn.commands:
             parts += ["command:", LongText("  $ " + command)]
         for output in turn.outputs:
-            parts += ["output:", LongText(output, OUTPUT_MAX_CHARS)]
-    patch = patch_of(answer)
+            parts += ["output:", LongText(output, _OUTPUT_MAX_CHARS)]
+    patch = _patch_of(answer)
     parts += ["", "--- patch", LongText(patch) if patch else f"(no patch: {missing})" if missing else "(no patch)"]
-    report = [f"(no test report: {missing})"] if missing else report_lines(report_of(answer, episode.instance_id))
+    report = [f"(no test report: {missing})"] if missing else _report_lines(_report_of(answer, episode.instance_id))
     parts += ["", "--- test report", *report]
     return parts
 
