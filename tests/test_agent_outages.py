@@ -19,8 +19,9 @@ from miles_nemogym.episode import circuit as circuit_module
 from miles_nemogym.episode.record import eval_overrides
 from miles_nemogym.rollout.ledger import RunStopped, ledger
 from tests.support.agent_fixtures import call, fast_env
-from tests.support.outage_servers import GradingServer, self_signed_context
+from tests.support.outage_servers import GradingServer
 from tests.support.samples import Sample, Status
+from tests.support.tls import make_certificates
 
 __all__ = ["fast_env"]  # fixture used by name
 pytestmark = pytest.mark.usefixtures("fast_env")
@@ -40,7 +41,7 @@ def rows(row: dict[str, Any], n: int) -> list[dict[str, Any]]:
 async def test_a_refused_tls_certificate_fails_within_the_timeouts_and_stops_the_run(
     sympy_row: dict[str, Any], sympy_result: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    server = await GradingServer(sympy_result, tls=self_signed_context(tmp_path)).start()
+    server = await GradingServer(sympy_result, tls=make_certificates(tmp_path).server_context()).start()
     monkeypatch.setenv("NEMO_GYM_URL", server.url)
     monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "5")
     monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "2")

@@ -1,50 +1,18 @@
-"""Loopback ``/run`` servers that are hard to reach: one behind a self-signed TLS certificate,
-one that listens only part of the time (up ``up_s`` in every ``period_s``)."""
+"""Loopback ``/run`` servers that are hard to reach: one behind a TLS certificate no client trusts
+(``tests.support.tls``), one that listens only part of the time (up ``up_s`` in every ``period_s``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import ssl
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from tests.support.ports import free_port
 from tests.support.scripted_gym import result_for
-
-
-def self_signed_context(folder: Path) -> ssl.SSLContext:
-    """A server TLS context for 127.0.0.1 with a self-signed certificate (no CA trusts it)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert_path, key_path)
-    return context
 
 
 @dataclass
