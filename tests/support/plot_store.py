@@ -42,7 +42,7 @@ def build_plot_store(folder: Path) -> Path:
         _episode("t4a", True, 12.0), _episode("t4b", True, 14.0), _episode("t4c", False, 100.0),
         {**_episode("t4d", True, "slow"), "reward": "x"},  # wrong types: left out of the mean and the times
     ])  # fmt: skip
-    eval_2 = [_eval(f"a{i}", "A", i == 0) for i in range(4)]
+    eval_2: list[dict[str, Any] | str] = [_eval(f"a{i}", "A", i == 0) for i in range(4)]
     eval_2 += [_eval(f"b{i}", "B", i == 2) for i in range(3)]
     eval_2.append({**_failed("b3", "transport_timeout", 1, 1.0), "role": "eval", "eval_set": "verified",
                    "instance_id": "B"})  # fmt: skip
