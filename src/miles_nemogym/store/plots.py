@@ -258,6 +258,8 @@ def svg(plot: Plot, *, standalone: bool = True) -> str:
         f'text-anchor="middle">{y_label}</text>'
     )
     every = len(plot.steps) <= _LABELLED_STEPS
+    radius = 3 if len(plot.steps) <= 60 else 1.5
+    labels: list[str] = []  # drawn last, haloed, so no line crosses a value
     empty = {s for i, s in enumerate(plot.steps) if all(series.values[i] is None for series in plot.series)}
     for step in sorted(empty):  # a step with nothing to measure: a grey band, not a point at 0
         out.append(
@@ -290,20 +292,21 @@ def svg(plot: Plot, *, standalone: bool = True) -> str:
         shown = [(s, v) for s, v in zip(plot.steps, series.values, strict=True) if v is not None]
         for i, (step, value) in enumerate(shown):
             out.append(
-                f'<circle cx="{x(step):.1f}" cy="{y(value):.1f}" r="3" fill="{colour}">'
+                f'<circle cx="{x(step):.1f}" cy="{y(value):.1f}" r="{radius}" fill="{colour}">'
                 f"<title>{name} step {step}: {fmt(value)}</title></circle>"
             )
             if every or i == len(shown) - 1:
                 above = y(value) - 7 - 11 * (n % 2)  # alternate heights: two series' labels apart
                 label_y = above if above > _TOP - 6 else y(value) + 14 + 11 * (n % 2)  # not into the title
-                out.append(
+                labels.append(
                     f'<text x="{x(step):.1f}" y="{label_y:.1f}" font-size="10" fill="{colour}" '
-                    f'text-anchor="middle">{fmt(value)}</text>'
+                    f'text-anchor="middle" stroke="#fff" stroke-width="3" paint-order="stroke">{fmt(value)}</text>'
                 )
         latest = f"latest {fmt(shown[-1][1])} (step {shown[-1][0]})" if shown else "no valid episodes"
         legend_y = _HEIGHT + 16 * n + 4
         out.append(f'<rect x="{_LEFT}" y="{legend_y - 9}" width="10" height="10" fill="{colour}"/>')
         out.append(f'<text x="{_LEFT + 16}" y="{legend_y}" font-size="11">{name}: {latest}</text>')
+    out += labels
     out.append("</svg>")
     return "".join(out)
 
