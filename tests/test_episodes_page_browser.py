@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 from miles_nemogym.cli.main import app
 from tests.support.episode_stores import build_store
 from tests.support.hostile_store import entry, run_answer, write_step
+from tests.support.plot_store import ODD_KIND, ODD_SET, build_plot_store
 
 CHROMIUM = next(
     (path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))), None
@@ -77,6 +78,28 @@ addEventListener('load', () => {
   };
   document.querySelectorAll('details.more').forEach(d => { d.open = true; });
   seen.allTexts = episodes.map(d => (d.querySelector('div.episode') || d).innerText);
+  seen.resources = performance.getEntriesByType('resource').map(e => e.name);
+  document.body.setAttribute('data-seen', JSON.stringify(seen));
+});
+</script></body>"""
+
+# For a page with plots over rollout steps: each plot's size, painted lines and points, texts.
+_MEASURE_PLOTS = """<script>
+addEventListener('load', () => {
+  const box = e => { const r = e.getBoundingClientRect(); return [Math.round(r.width), Math.round(r.height)]; };
+  const seen = {
+    scripts: document.scripts.length,
+    pwned: document.documentElement.dataset.pwned || null,
+    plots: [...document.querySelectorAll('div.plot > svg')].map(svg => ({
+      label: svg.getAttribute('aria-label'), box: box(svg),
+      lines: [...svg.querySelectorAll('polyline')].map(l => [getComputedStyle(l).stroke, box(l)]),
+      points: [...svg.querySelectorAll('circle')].map(c => box(c)),
+      texts: [...svg.querySelectorAll(':scope > text')].map(t => t.textContent),
+      elements: [...svg.querySelectorAll('*')].filter(e => !['title', 'rect', 'text', 'line', 'polyline',
+        'circle'].includes(e.tagName)).map(e => e.tagName),
+    })),
+    overflow: document.documentElement.scrollWidth - innerWidth,
+  };
   seen.resources = performance.getEntriesByType('resource').map(e => e.name);
   document.body.setAttribute('data-seen', JSON.stringify(seen));
 });
@@ -196,9 +219,10 @@ def test_the_resource_check_sees_a_request_when_there_is_one(
     assert seen["resources"] == [f"{base}/pixel.svg"] and hits == ["/pixel.svg"]
 
 
-def test_screenshot_of_the_page(page: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("fixture", ["page", "plot_page"])
+def test_screenshot_of_the_page(fixture: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     shot = tmp_path / "episodes.png"
-    chromium(tmp_path, page.as_uri(), f"--screenshot={shot}")
+    chromium(tmp_path, request.getfixturevalue(fixture).as_uri(), f"--screenshot={shot}")
     header = shot.read_bytes()[:24]
     assert header[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", header[16:24]) == (WIDTH, HEIGHT)
@@ -275,3 +299,47 @@ def test_crafted_store_content_runs_and_loads_nothing(tmp_path: Path, pixel_serv
     assert payload("reason") in seen["texts"][2] and payload("answer") in seen["texts"][2]
     assert len(seen["allTexts"][1]) - len(opened) > 190_000
     assert seen["overflow"] == 0
+
+
+@pytest.fixture
+def plot_page(tmp_path: Path) -> Path:
+    store = build_plot_store(tmp_path / "ep")
+    out = tmp_path / "plots.html"
+    result = CliRunner().invoke(app, ["episodes", str(store), "--html", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_page_with_plots_draws_every_curve_and_runs_nothing(plot_page: Path, tmp_path: Path) -> None:
+    seen = seen_in(tmp_path, plot_page, measure=_MEASURE_PLOTS)
+    assert seen["scripts"] == 1 and seen["pwned"] is None  # the measuring script only
+    assert seen["resources"] == [] and seen["overflow"] == 0
+    plots = {plot["label"]: plot for plot in seen["plots"]}
+    assert list(plots) == [
+        "train: reward mean and resolve rate (valid episodes)",
+        "train: failure rate (set-aside episodes) by kind",
+        "train: episode time percentiles",
+        f"eval {ODD_SET}: pass@1",
+        "eval verified: pass@1 and pass@4",
+    ]
+    assert all(plot["elements"] == [] for plot in plots.values())  # the markup in labels is text
+    assert all(plot["box"][0] == 560 and plot["box"][1] >= 270 for plot in plots.values())
+    assert all(w == h == 6 for plot in plots.values() for w, h in plot["points"])  # every point painted
+    # Step 2 has no valid episode: two points per curve, no line across the gap, a band saying so.
+    quality = plots["train: reward mean and resolve rate (valid episodes)"]
+    assert len(quality["points"]) == 4 and quality["lines"] == []
+    assert {"no valid episodes", "rollout step", "value", "0.67", "0.75"} <= set(quality["texts"])
+    # Every step measured: one line per kind, in its colour, spanning steps 1 to 4.
+    failures = plots["train: failure rate (set-aside episodes) by kind"]
+    assert [stroke for stroke, _ in failures["lines"]] == [
+        "rgb(31, 119, 180)", "rgb(44, 160, 44)", "rgb(214, 39, 40)", "rgb(255, 127, 14)"
+    ]  # fmt: skip
+    assert all(w > 300 for _, (w, _) in failures["lines"])
+    assert f"{ODD_KIND}: latest 0% (step 4)" in failures["texts"]
+    assert {"100%", "50%", "25%", "rate (%)"} <= set(failures["texts"])
+    times = plots["train: episode time percentiles"]
+    assert {"p50: latest 14 s (step 4)", "max: latest 100 s (step 4)", "seconds"} <= set(times["texts"])
+    single = plots[f"eval {ODD_SET}: pass@1"]
+    assert len(single["points"]) == 1 and single["lines"] == [] and "pass@1: latest 100% (step 4)" in single["texts"]
+    verified = plots["eval verified: pass@1 and pass@4"]
+    assert len(verified["lines"]) == 2 and {"29.2%", "25%", "100%", "50%"} <= set(verified["texts"])

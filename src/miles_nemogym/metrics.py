@@ -28,7 +28,7 @@ from miles_nemogym.rollout.ledger import Tally, ledger
 from miles_nemogym.salvage import zero_loss_samples
 from miles_nemogym.store.writer import seal_all
 
-__all__ = ["eval_k", "eval_set_metrics", "log_eval", "log_rollout", "pass_at_k", "rollout_metrics"]
+__all__ = ["eval_k", "eval_set_metrics", "log_eval", "log_rollout", "pass_at_k", "percentile", "rollout_metrics"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ def rollout_metrics(samples: Any, tally: Tally) -> dict[str, float]:
     records = [e.record for e in found]
     times = [r.elapsed_s for r in records if r.attempts and "elapsed_s" in r.model_fields_set]
     if times:
-        metrics["episode_time_p50"] = _percentile(times, 50)
-        metrics["episode_time_p95"] = _percentile(times, 95)
+        metrics["episode_time_p50"] = percentile(times, 50)
+        metrics["episode_time_p95"] = percentile(times, 95)
         metrics["episode_time_max"] = max(times)
     corrupt = sum(len(e.unreadable & _MEASURED) for e in found)
     if corrupt:
@@ -107,7 +107,7 @@ def _quality(valid: list[EpisodeRecord]) -> dict[str, float]:
     return metrics
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile of a non-empty list."""
     ordered = sorted(values)
     rank = max(1, math.ceil(q / 100 * len(ordered)))

@@ -6,9 +6,12 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from miles_nemogym.store.reader import StoredEpisode
 
 _PROBLEMS_SHOWN = 20
 """Unreadable or odd lines or files listed one by one; past it, counted."""
@@ -31,8 +34,16 @@ def episodes(
         Path | None,
         typer.Option("--html", help="Write one self-contained HTML page here (a new or regular file outside DIR)."),
     ] = None,
+    plots_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--plots",
+            help="Write one .svg per plot over rollout steps into this folder (made if missing; outside DIR).",
+        ),
+    ] = None,
 ) -> None:
-    """A table per rollout step; with a filter, one line per episode; --show one episode; --html a page.
+    """A table per rollout step; with a filter, one line per episode; --show one episode; --html a
+    page; --plots the curves over rollout steps as .svg files.
 
     A filter that matches nothing says so on stderr and exits 0 (no table, no page)."""
     from miles_nemogym.fit import terminal_width
@@ -52,6 +63,8 @@ def episodes(
         raise typer.Exit(2)
     if html_out is not None:
         _check_page_target(html_out, directory)
+    if plots_out is not None:
+        _check_plots_folder(plots_out, directory)
     store = load(directory)  # without answers: the table reads no trajectories
     skipped = list(store.problems)
     try:
@@ -78,12 +91,15 @@ def episodes(
             filters = " ".join(f"{name} {value}" for name, value in given.items() if value is not None)
             typer.echo(f"no episodes match {filters} (of {len(store.episodes)} in {directory})", err=True)
             return
+        if plots_out is not None:
+            _write_plots(plots_out, directory, chosen)
         if html_out is not None:
             store = load(directory, answers=True, steps={e.step for e in chosen})
             skipped += [problem for problem in store.problems if problem not in skipped]
             store.episodes = select(store.episodes, instance=instance, kind=kind, step=step)
             _write_page(html_out, render_html(store, f"Episodes in {directory}"))
             typer.echo(f"wrote {html_out} ({len(store.episodes)} episodes)")
+        if html_out is not None or plots_out is not None:
             return
         width = terminal_width()
         typer.echo(table_text(step_rows(chosen), width))
@@ -101,38 +117,81 @@ def _warn_skipped(problems: list[str]) -> None:
         typer.echo(f"warning: {len(problems) - _PROBLEMS_SHOWN} more unreadable or odd lines or files", err=True)
 
 
-def _refuse(message: str) -> typer.Exit:
-    typer.echo(f"error: --html {message}", err=True)
+def _refuse(message: str, option: str = "--html") -> typer.Exit:
+    typer.echo(f"error: {option} {message}", err=True)
     return typer.Exit(2)
 
 
-def _check_page_target(out: Path, store: Path) -> None:
+def _inside(path: Path, store: Path) -> bool:
+    """Whether ``path`` (its folder resolved, its name not followed) is the store or in it."""
+    real_store = Path(os.path.realpath(store))
+    real = Path(os.path.realpath(path.parent)) / path.name
+    return real == real_store or real_store in real.parents
+
+
+def _check_page_target(out: Path, store: Path, option: str = "--html") -> None:
     """Refuse a page target in a missing folder, inside the store, a symlink (never followed
     nor replaced), a folder or other non-regular file, or a file without write permission."""
+
     parent = out.parent
     if not parent.is_dir():
-        raise _refuse(f"{out}: the folder {parent} does not exist; create it or give another path")
-    real_store = Path(os.path.realpath(store))
-    real_out = Path(os.path.realpath(parent)) / out.name
-    if real_out == real_store or real_store in real_out.parents:
-        raise _refuse(f"{out} is inside the episode store {store}; write the page outside it")
+        raise _refuse(f"{out}: the folder {parent} does not exist; create it or give another path", option)
+    if _inside(out, store):
+        raise _refuse(f"{out} is inside the episode store {store}; write the {_what(option)} outside it", option)
     try:
         mode = out.lstat().st_mode
     except FileNotFoundError:
         mode = None
     except OSError as error:
-        raise _refuse(f"{out}: {error.strerror}") from None
+        raise _refuse(f"{out}: {error.strerror}", option) from None
     if mode is not None and stat.S_ISLNK(mode):
-        raise _refuse(f"{out} is a symbolic link; give the path of a regular file")
+        raise _refuse(f"{out} is a symbolic link; give the path of a regular file", option)
     if mode is not None and stat.S_ISDIR(mode):
-        raise _refuse(f"{out} is a folder; give a file path such as {out / 'episodes.html'}")
+        raise _refuse(f"{out} is a folder; give a file path such as {out / 'episodes.html'}", option)
     if mode is not None and not stat.S_ISREG(mode):
-        raise _refuse(f"{out} is not a regular file (a device, pipe or socket); give a file path")
+        raise _refuse(f"{out} is not a regular file (a device, pipe or socket); give a file path", option)
     if mode is not None and not mode & 0o222:
-        raise _refuse(f"{out} is read-only; give another path or make it writable")
+        raise _refuse(f"{out} is read-only; give another path or make it writable", option)
 
 
-def _write_page(out: Path, page: str) -> None:
+def _what(option: str) -> str:
+    return "page" if option == "--html" else "plots"
+
+
+def _check_plots_folder(folder: Path, store: Path) -> None:
+    """Refuse a plots folder inside the store, one that is not a folder, or a missing one whose
+    parent is missing too (each file in it is checked as a page target when written)."""
+    real_store, real = Path(os.path.realpath(store)), Path(os.path.realpath(folder))
+    if real == real_store or real_store in real.parents:  # through a link too: the files go there
+        raise _refuse(f"{folder} is inside the episode store {store}; write the plots outside it", "--plots")
+    if folder.is_dir():
+        return
+    if os.path.lexists(folder):
+        raise _refuse(f"{folder} is not a folder; give a folder for the .svg files", "--plots")
+    if not folder.parent.is_dir():
+        raise _refuse(f"{folder}: the folder {folder.parent} does not exist; create it or give another path", "--plots")
+
+
+def _write_plots(folder: Path, store: Path, chosen: list[StoredEpisode]) -> None:
+    """One standalone ``.svg`` per plot of ``chosen`` in ``folder``, each written as the page is."""
+    from miles_nemogym.store.plots import plots, svg
+
+    drawn = plots(chosen)
+    if not drawn:
+        typer.echo(f"no rollout step sealed yet in {store}: no plots written", err=True)
+        return
+    try:
+        folder.mkdir(exist_ok=True)
+    except OSError as error:
+        raise _refuse(f"{folder}: cannot make the folder: {error.strerror or error}", "--plots") from None
+    for plot in drawn:
+        out = folder / f"{plot.name}.svg"
+        _check_page_target(out, store, "--plots")
+        _write_page(out, '<?xml version="1.0" encoding="UTF-8"?>\n' + svg(plot) + "\n", "--plots")
+    typer.echo(f"wrote {len(drawn)} plots to {folder}: " + ", ".join(f"{p.name}.svg" for p in drawn))
+
+
+def _write_page(out: Path, page: str, option: str = "--html") -> None:
     """Write ``page`` to a new file next to ``out`` and rename it over ``out``: a reader of
     ``out`` sees the old page or the new one, never half of one, and a link put at ``out``
     meanwhile is replaced, never written through."""
@@ -148,7 +207,7 @@ def _write_page(out: Path, page: str) -> None:
     except OSError as error:
         if temporary is not None:
             Path(temporary).unlink(missing_ok=True)
-        raise _refuse(f"{out}: cannot write the page: {error.strerror or error}") from None
+        raise _refuse(f"{out}: cannot write the {_what(option)}: {error.strerror or error}", option) from None
 
 
 def register(app: typer.Typer) -> None:

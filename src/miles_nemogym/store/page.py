@@ -23,6 +23,7 @@ from miles_nemogym.store.browser import (
     step_label,
     step_rows,
 )
+from miles_nemogym.store.plots import plots_html
 from miles_nemogym.store.reader import Store, StoredEpisode
 from miles_nemogym.store.writer import ROLES
 
@@ -44,6 +45,7 @@ summary{cursor:pointer}details.more{border:0;padding:0 0 0 8px}
 pre{background:#f7f7f7;padding:6px;white-space:pre-wrap;overflow-wrap:anywhere;margin:4px 0}
 .resolved{color:#2ca02c;font-weight:600}.unresolved{color:#555}.failed{color:#d62728;font-weight:600}
 .chart{display:inline-block;vertical-align:top;margin:0 24px 20px 0}.legend span{margin-right:12px}
+.plot{display:inline-block;vertical-align:top;margin:0 16px 16px 0}
 """
 
 
@@ -207,6 +209,7 @@ def render_html(store: Store, title: str) -> str:
         f"<style>{_CSS}</style></head><body><h1>{_text(title)}</h1>"
         f"<p>{len(store.episodes)} episodes. Resolve rate is over valid episodes; failed (masked) episodes "
         f"are counted by kind and are not policy failures.</p>{cut}"
-        f"<h2>Per step</h2>{_table_html(rows)}<h2>Charts</h2>{_charts(rows)}"
+        f"<h2>Per step</h2>{_table_html(rows)}"
+        f"<h2>Over rollout steps</h2>{plots_html(store.episodes)}<h2>Charts</h2>{_charts(rows)}"
         f"<h2>Episodes</h2>{episodes}</body></html>"
     )

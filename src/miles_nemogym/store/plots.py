@@ -1,0 +1,319 @@
+"""Curves over rollout steps, from an episode store's heads alone (no trajectories): train
+reward mean and resolve rate, each eval set's pass@1 and pass@k, train failure rate by kind,
+train episode time p50/p95/max. ``plots`` is the data (pure); ``svg`` draws one plot as a
+self-contained SVG (no scripts, no links), every label escaped. The HTML page inlines them;
+``miles-nemogym episodes DIR --plots OUT`` writes each as a file.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from miles_nemogym.episode.record import EVAL, TRAIN
+from miles_nemogym.metrics import pass_at_k, percentile
+from miles_nemogym.store.browser import printable
+from miles_nemogym.store.reader import StoredEpisode
+
+__all__ = ["Plot", "Series", "plots", "plots_html", "svg"]
+
+
+@dataclass(frozen=True)
+class Series:
+    """One curve: a value per step of its plot; None where the step has nothing to measure."""
+
+    name: str
+    values: tuple[float | None, ...]
+
+
+@dataclass(frozen=True)
+class Plot:
+    """One chart: its file name (``name``.svg), title, y axis (``unit``: ``rate`` 0–100 %,
+    ``reward``, ``s``), the rollout steps on its x axis and its curves."""
+
+    name: str
+    title: str
+    unit: str
+    steps: tuple[int, ...]
+    series: tuple[Series, ...]
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _valid(members: list[StoredEpisode]) -> list[StoredEpisode]:
+    return [e for e in members if not e.record.get("mask_sample")]
+
+
+def _by_step(episodes: list[StoredEpisode]) -> dict[int, list[StoredEpisode]]:
+    """Episodes per rollout step, steps in order (pending episodes have none: left out)."""
+    groups: dict[int, list[StoredEpisode]] = defaultdict(list)
+    for episode in episodes:
+        if episode.step is not None:
+            groups[episode.step].append(episode)
+    return dict(sorted(groups.items()))
+
+
+def _resolve_rate(members: list[StoredEpisode]) -> float | None:
+    valid = _valid(members)
+    return sum(1 for e in valid if e.record.get("resolved")) / len(valid) if valid else None
+
+
+def _train_plots(steps: dict[int, list[StoredEpisode]]) -> list[Plot]:
+    order = tuple(steps)
+    groups = list(steps.values())
+    rewards = [_mean([r for e in _valid(m) if (r := _number(e.entry.get("reward"))) is not None]) for m in groups]
+    quality = Plot(
+        "train-reward-resolve-rate",
+        "train: reward mean and resolve rate (valid episodes)",
+        "reward",
+        order,
+        (Series("reward mean", tuple(rewards)), Series("resolve rate (0-1)", tuple(_resolve_rate(m) for m in groups))),
+    )
+    kinds = [Counter(e.kind for e in m if e.record.get("mask_sample")) for m in groups]
+    names = sorted({kind for counts in kinds for kind in counts})
+    failures = Plot(
+        "train-failure-rate",
+        "train: failure rate (set-aside episodes) by kind" + ("" if names else " (none failed)"),
+        "rate",
+        order,
+        (
+            Series("all kinds", tuple(sum(c.values()) / len(m) for c, m in zip(kinds, groups, strict=True))),
+            *(Series(k, tuple(c[k] / len(m) for c, m in zip(kinds, groups, strict=True))) for k in names),
+        ),
+    )
+    # As nemogym/episode_time_*: episodes that were sent (attempts), valid or not.
+    times = [[t for e in m if e.record.get("attempts") and (t := _number(e.record.get("elapsed_s"))) is not None]
+             for m in groups]  # fmt: skip
+    time = Plot(
+        "train-episode-time",
+        "train: episode time percentiles",
+        "s",
+        order,
+        tuple(
+            Series(label, tuple(percentile(t, q) if t else None for t in times))
+            for label, q in (("p50", 50), ("p95", 95), ("max", 100))
+        ),
+    )
+    return [quality, failures, time]
+
+
+def _pass(members: list[StoredEpisode]) -> tuple[int, float | None, float | None]:
+    """(k, pass@1, pass@k) of one eval set's step: k is the most episodes any instance has
+    there; both over valid episodes per instance, pass@k over instances with k valid ones."""
+    k = max(Counter(e.instance_id for e in members).values())
+    resolved: dict[str, list[bool]] = defaultdict(list)
+    for episode in _valid(members):
+        resolved[episode.instance_id].append(bool(episode.record.get("resolved")))
+    at_1 = _mean([sum(v) / len(v) for v in resolved.values()])
+    at_k = _mean([pass_at_k(len(v), sum(v), k) for v in resolved.values() if len(v) >= k])
+    return k, at_1, at_k
+
+
+def _eval_plot(eval_set: str, steps: dict[int, list[StoredEpisode]], name: str) -> Plot:
+    found = [_pass(members) for members in steps.values()]
+    ks = {k for k, _, _ in found}
+    series = [Series("pass@1", tuple(at_1 for _, at_1, _ in found))]
+    if ks != {1}:
+        per_step = ", ".join(str(k) for k, _, _ in found)
+        label = f"pass@{ks.pop()}" if len(ks) == 1 else f"pass@k (k per step: {per_step})"
+        series.append(Series(label, tuple(at_k for _, _, at_k in found)))
+    return Plot(name, f"eval {eval_set}: {' and '.join(s.name for s in series)}", "rate", tuple(steps), tuple(series))
+
+
+def _file_name(text: str, taken: set[str]) -> str:
+    """A file name from store text: letters, digits, ``_.-`` only, not hidden, not taken."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:60].lstrip(".") or "_"
+    name, n = stem, 1
+    while name in taken:
+        n += 1
+        name = f"{stem}-{n}"
+    taken.add(name)
+    return name
+
+
+def plots(episodes: list[StoredEpisode]) -> list[Plot]:
+    """The plots of these episodes: train's three, then one per eval set (by name); a role
+    without sealed steps has none."""
+    out: list[Plot] = []
+    train = _by_step([e for e in episodes if e.role == TRAIN])
+    if train:
+        out += _train_plots(train)
+    sets: dict[str, list[StoredEpisode]] = defaultdict(list)
+    for episode in episodes:
+        if episode.role == EVAL:
+            sets[str(episode.entry.get("eval_set") or "")].append(episode)
+    taken = {p.name for p in out}
+    for eval_set, members in sorted(sets.items()):
+        steps = _by_step(members)
+        if steps:
+            out.append(_eval_plot(eval_set or "(no set name)", steps, _file_name(f"eval-{eval_set}-pass-at-k", taken)))
+    return out
+
+
+# ----------------------------------------------------------------------------- drawing
+
+_COLOURS = ["#1f77b4", "#2ca02c", "#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf"]
+_NOT_XML = re.compile("[\ud800-\udfff\ufffe\uffff]")
+_WIDTH, _HEIGHT, _LEFT, _RIGHT, _TOP, _BOTTOM = 560, 270, 56, 16, 40, 44
+_PAD = 24
+"""Space between the y axis (and the right end) and the first (last) step."""
+_LABELLED_STEPS = 12
+"""Up to this many steps every point is labelled with its value; past it, the last one."""
+
+
+def _text(value: str) -> str:
+    """Store text as SVG/HTML text: printable, valid XML characters, escaped."""
+    return html.escape(_NOT_XML.sub("\ufffd", printable(value)).replace("\n", " "))
+
+
+def _nice(top: float) -> float:
+    """The smallest of 1, 2, 2.5, 5 times a power of ten at or above ``top`` (> 0)."""
+    power = 10.0 ** math.floor(math.log10(top))
+    return next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= top * (1 - 1e-9))
+
+
+def _y_range(plot: Plot) -> tuple[float, float]:
+    values = [v for s in plot.series for v in s.values if v is not None]
+    if plot.unit == "rate":
+        return 0.0, 1.0
+    low = min([0.0, *values])
+    high = max([1.0 if plot.unit == "reward" else 0.0, *values])
+    if high <= low:
+        high = low + 1.0
+    return (-_nice(-low) if low < 0 else 0.0), _nice(high) if high > 0 else 0.0
+
+
+def _value_text(unit: str) -> Callable[[float], str]:
+    if unit == "rate":
+        return lambda v: f"{v:.0%}" if v in (0.0, 1.0) or abs(v * 100 - round(v * 100)) < 1e-9 else f"{v:.1%}"
+    if unit == "s":
+        return lambda v: f"{v:.0f} s" if abs(v) >= 10 or v == 0 else f"{v:.1f} s"
+    return lambda v: f"{v:.2f}".rstrip("0").rstrip(".") if v != int(v) else f"{v:.0f}"
+
+
+def _x_ticks(steps: tuple[int, ...]) -> list[int]:
+    if len(steps) <= _LABELLED_STEPS:
+        return list(steps)
+    stride = math.ceil(len(steps) / 8)
+    return sorted({*steps[::stride], steps[-1]})
+
+
+def svg(plot: Plot, *, standalone: bool = True) -> str:
+    """``plot`` as an SVG element (with its namespace when ``standalone``, a file's root;
+    without, for inlining in HTML, which needs none and so names no URL): axes with ticks and
+    labels, one line per series broken where a step has no value (the step's tick stays), each
+    point with a tooltip, values written next to the points, a legend with each latest value."""
+    fmt = _value_text(plot.unit)
+    low, high = _y_range(plot)
+    plot_w, plot_h = _WIDTH - _LEFT - _RIGHT, _HEIGHT - _TOP - _BOTTOM
+    first, last = plot.steps[0], plot.steps[-1]
+
+    def x(step: int) -> float:
+        inner = plot_w - 2 * _PAD
+        return _LEFT + _PAD + (inner / 2 if last == first else (step - first) / (last - first) * inner)
+
+    def y(value: float) -> float:
+        return _TOP + plot_h - (value - low) / (high - low) * plot_h
+
+    legend_h = 16 * len(plot.series)
+    title = _text(plot.title)
+    namespace = ' xmlns="http://www.w3.org/2000/svg"' if standalone else ""
+    out = [
+        f'<svg{namespace} width="{_WIDTH}" height="{_HEIGHT + legend_h}" '
+        f'viewBox="0 0 {_WIDTH} {_HEIGHT + legend_h}" role="img" aria-label="{title}" '
+        'font-family="system-ui,sans-serif">',
+        f"<title>{title}</title>",
+        '<rect width="100%" height="100%" fill="#fff"/>',
+        f'<text x="{_LEFT}" y="18" font-size="13" font-weight="600">{title}</text>',
+    ]
+    for i in range(5):  # y grid and ticks
+        tick = low + (high - low) * i / 4
+        out.append(f'<line x1="{_LEFT}" y1="{y(tick):.1f}" x2="{_LEFT + plot_w}" y2="{y(tick):.1f}" stroke="#eee"/>')
+        out.append(f'<text x="{_LEFT - 5}" y="{y(tick) + 4:.1f}" font-size="10" text-anchor="end">{fmt(tick)}</text>')
+    base = _TOP + plot_h
+    out.append(f'<line x1="{_LEFT}" y1="{base}" x2="{_LEFT + plot_w}" y2="{base}" stroke="#888"/>')
+    out.append(f'<line x1="{_LEFT}" y1="{_TOP}" x2="{_LEFT}" y2="{base}" stroke="#888"/>')
+    for step in _x_ticks(plot.steps):
+        out.append(f'<line x1="{x(step):.1f}" y1="{base}" x2="{x(step):.1f}" y2="{base + 4}" stroke="#888"/>')
+        out.append(f'<text x="{x(step):.1f}" y="{base + 15}" font-size="10" text-anchor="middle">{step}</text>')
+    out.append(
+        f'<text x="{_LEFT + plot_w / 2:.1f}" y="{base + 34}" font-size="11" text-anchor="middle">rollout step</text>'
+    )
+    y_label = {"rate": "rate (%)", "s": "seconds", "reward": "value"}[plot.unit]
+    out.append(
+        f'<text transform="translate(13 {_TOP + plot_h / 2:.1f}) rotate(-90)" font-size="11" '
+        f'text-anchor="middle">{y_label}</text>'
+    )
+    every = len(plot.steps) <= _LABELLED_STEPS
+    radius = 3 if len(plot.steps) <= 60 else 1.5
+    labels: list[str] = []  # drawn last, haloed, so no line crosses a value
+    empty = {s for i, s in enumerate(plot.steps) if all(series.values[i] is None for series in plot.series)}
+    for step in sorted(empty):  # a step with nothing to measure: a grey band, not a point at 0
+        out.append(
+            f'<rect x="{x(step) - 9:.1f}" y="{_TOP}" width="18" height="{plot_h}" fill="#f0f0f0">'
+            f"<title>step {step}: no valid episodes</title></rect>"
+            f'<text transform="translate({x(step) + 3:.1f} {base - 6}) rotate(-90)" font-size="10" fill="#888">'
+            "no valid episodes</text>"
+        )
+    for n, series in enumerate(plot.series):
+        colour = _COLOURS[n % len(_COLOURS)]
+        name = _text(series.name)
+        dash = ' stroke-dasharray="6 3"' if n % 2 else ""  # a series under another still shows
+        runs: list[list[tuple[float, float]]] = [[]]
+        for step, value in zip(plot.steps, series.values, strict=True):
+            if value is None:
+                runs.append([])
+                if step in empty:
+                    continue
+                gap = f"{name} step {step}: nothing to measure"
+                out.append(
+                    f'<text x="{x(step):.1f}" y="{base - 4}" font-size="10" fill="{colour}" '
+                    f'text-anchor="middle">–<title>{gap}</title></text>'
+                )
+                continue
+            runs[-1].append((x(step), y(value)))
+        for run in runs:
+            if len(run) > 1:
+                points = " ".join(f"{px:.1f},{py:.1f}" for px, py in run)
+                out.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2"{dash}/>')
+        shown = [(s, v) for s, v in zip(plot.steps, series.values, strict=True) if v is not None]
+        for i, (step, value) in enumerate(shown):
+            out.append(
+                f'<circle cx="{x(step):.1f}" cy="{y(value):.1f}" r="{radius}" fill="{colour}">'
+                f"<title>{name} step {step}: {fmt(value)}</title></circle>"
+            )
+            if every or i == len(shown) - 1:
+                above = y(value) - 7 - 11 * (n % 2)  # alternate heights: two series' labels apart
+                label_y = above if above > _TOP - 6 else y(value) + 14 + 11 * (n % 2)  # not into the title
+                labels.append(
+                    f'<text x="{x(step):.1f}" y="{label_y:.1f}" font-size="10" fill="{colour}" '
+                    f'text-anchor="middle" stroke="#fff" stroke-width="3" paint-order="stroke">{fmt(value)}</text>'
+                )
+        latest = f"latest {fmt(shown[-1][1])} (step {shown[-1][0]})" if shown else "no valid episodes"
+        legend_y = _HEIGHT + 16 * n + 4
+        out.append(f'<rect x="{_LEFT}" y="{legend_y - 9}" width="10" height="10" fill="{colour}"/>')
+        out.append(f'<text x="{_LEFT + 16}" y="{legend_y}" font-size="11">{name}: {latest}</text>')
+    out += labels
+    out.append("</svg>")
+    return "".join(out)
+
+
+def plots_html(episodes: list[StoredEpisode]) -> str:
+    """The plots for the HTML page, each inline, or a line saying there are none."""
+    drawn = plots(episodes)
+    if not drawn:
+        return "<p>No rollout step sealed yet: nothing to plot over steps.</p>"
+    return "".join(f'<div class="plot">{svg(p, standalone=False)}</div>' for p in drawn)
