@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from miles_nemogym import metrics
-from miles_nemogym.metrics import eval_set_metrics, pass_at_k
+from miles_nemogym.estimators import pass_at_k
+from miles_nemogym.metrics import eval_set_metrics
 from miles_nemogym.rollout.ledger import Tally, ledger
 from tests.support.samples import Sample
 

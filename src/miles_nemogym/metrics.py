@@ -9,7 +9,6 @@ valid ones; what each metric means and why is in docs/episode-pipeline.md.
 from __future__ import annotations
 
 import logging
-import math
 import re
 from collections import defaultdict
 from typing import Any
@@ -23,6 +22,7 @@ from miles_nemogym.episode.record import (
     flatten,
     record_of,
 )
+from miles_nemogym.estimators import pass_at_k, percentile
 from miles_nemogym.failure_kinds import metric_label
 from miles_nemogym.rollout.ledger import Tally, ledger
 from miles_nemogym.salvage import zero_loss_samples
@@ -107,13 +107,6 @@ def _quality(valid: list[EpisodeRecord]) -> dict[str, float]:
     return metrics
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile of a non-empty list."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
-
-
 def log_rollout(
     rollout_id: int,
     args: Any,
@@ -180,16 +173,6 @@ def log_eval(rollout_id: int, args: Any, data: Any, extra_metrics: Any = None) -
 # -- eval: nemogym-eval/<set>/* -----------------------------------------------------------------
 # pass@1 and pass@k over valid episodes only, grouped by ``instance_id`` (Miles' eval
 # ``index`` is a running counter); masked episodes counted by kind, from the ledger.
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of one instance with ``n`` valid episodes, ``c`` of them resolved
-    (Chen et al. 2021: 1 - C(n-c, k) / C(n, k)); needs ``n >= k``."""
-    if n < k:
-        raise ValueError(f"pass@{k} needs at least {k} episodes, got {n}")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def eval_set_metrics(name: str, samples: Any, k: int, tally: Tally) -> dict[str, float]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from miles_nemogym.episode.record import EVAL, TRAIN
-from miles_nemogym.metrics import pass_at_k, percentile
+from miles_nemogym.estimators import pass_at_k, percentile
 from miles_nemogym.store.browser import printable
 from miles_nemogym.store.reader import StoredEpisode
 
