@@ -160,7 +160,7 @@ def _finished(
     return done
 
 
-def server_trajectory(results_dir: Path, instance_id: str, since: float) -> Path | None:
+def _server_trajectory(results_dir: Path, instance_id: str, since: float) -> Path | None:
     """The trajectory file ``mini_swe_agent_2`` wrote for ``instance_id`` since ``since`` (epoch
     seconds), if any: ``<subset>/<model>/<id>/<id>_<time>_<uuid>.traj.json`` under ``results_dir``
     (nemo-gym 0.7.0 ``_run_mini_swe_v2``, instance id lower-cased); the newest when several."""
@@ -176,7 +176,7 @@ def server_trajectory(results_dir: Path, instance_id: str, since: float) -> Path
     return max(found)[1] if found else None
 
 
-def next_step(episode_dir: Path) -> int:
+def _next_step(episode_dir: Path) -> int:
     """The train step after the last one in the store (0 for a new store): each smoke run is one step."""
     steps = [e.step for e in reader.load(episode_dir).episodes if e.role == "train" and e.step is not None]
     return max(steps, default=-1) + 1
@@ -223,7 +223,7 @@ def run_smoke(
             def extra(index: int, started: float) -> dict[str, Any]:
                 fields: dict[str, Any] = {"policy_calls": calls(index) if calls else None}
                 if trajectories_kept:
-                    found = server_trajectory(results_dir, rows[index]["metadata"]["instance_id"], started)
+                    found = _server_trajectory(results_dir, rows[index]["metadata"]["instance_id"], started)
                     fields["server_trajectory"] = str(found) if found else None
                 return fields
 
@@ -251,7 +251,7 @@ def run_smoke(
             results = asyncio.run(run_rows(rows, urls, _SMOKE_SAMPLING, settings, done, store_extra(None)))
             counts = [None] * len(rows)
     if episode_dir is not None:
-        report.episode_dir, report.step = episode_dir, next_step(episode_dir)
+        report.episode_dir, report.step = episode_dir, _next_step(episode_dir)
         writer.seal_all("train", report.step)
         store = writer.get_store(str(episode_dir))
         store.flush()
