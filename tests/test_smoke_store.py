@@ -4,6 +4,7 @@ reads it, and removes its temporary folder unless ``--keep`` (server stood in by
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -80,10 +81,12 @@ def test_the_store_is_the_variables_and_each_run_is_the_next_step(
 ) -> None:
     monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(folder / "runs"))
     for _ in range(2):
-        done = invoke("smoke", "--limit", "2")
+        done = invoke("smoke", "--limit", "2", "--json", folder / "smoke.json")
         assert done.exit_code == 0, done.output
     assert done.output.rstrip().endswith(f"miles-nemogym episodes {folder / 'runs'}")
     assert "as train step 1;" in " ".join(done.output.split())
+    document = json.loads((folder / "smoke.json").read_text(encoding="utf-8"))
+    assert (document["episode_store"], document["episode_store_step"]) == (str(folder / "runs"), 1)
     table = invoke("episodes", folder / "runs").output
     steps = [line.split()[1] for line in table.splitlines() if line.startswith("train")]
     assert steps == ["0", "1"]
