@@ -4,6 +4,8 @@ and ``--html`` never writes where it should not."""
 
 from __future__ import annotations
 
+import html
+import json
 import os
 import re
 import stat
@@ -14,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
+from miles_nemogym.episode.outcome import classify_http
 from tests.support.hostile_store import entry, run_answer, write_step
 
 SCRIPT = "<script>document.title='ran'</script><img src=x onerror=alert(1)>"
@@ -403,3 +406,40 @@ def test_html_replaces_the_page_by_rename(store: Path, tmp_path: Path) -> None:
     assert other_name.read_text() == "old page"
     assert stat.S_IMODE(page.stat().st_mode) == 0o644
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ep", "hard-link.html", "page.html"]  # no temporary left
+
+
+def test_a_set_aside_episode_shows_the_servers_whole_error_its_policy_calls_and_trajectory(
+    tmp_path: Path, gym_example_rollouts: list[dict[str, Any]]
+) -> None:
+    """As smoke stores a django row graded without network: the record's reason is cut, the
+    answer has the server's error whole, smoke counted the policy calls and found the file."""
+    cause = (
+        "requests.exceptions.ConnectionError: HTTPSConnectionPool(host='raw.githubusercontent.com', port=443): "
+        "Max retries exceeded with url: /django/django/419a78300f7cd27611196e1e464d50fd0385ff27/tests/requirements/"
+        "py3.txt (Caused by NameResolutionError(\"HTTPSConnection(host='raw.githubusercontent.com', port=443): "
+        "Failed to resolve 'raw.githubusercontent.com' ([Errno -3] Temporary failure in name resolution)\"))"
+    )
+    error = "\x1b[36mray::runner_ray_remote()\x1b[39m (pid=1, ip=127.0.0.1)\n" + '  File "x.py", line 1\n' * 3 + cause
+    crashed = {**gym_example_rollouts[0], "reward": 0.0, "metadata": {"error": error, "traceback": "T"}}
+    crashed["response"] = {**crashed["response"], "output": []}
+    record = classify_http(200, json.dumps(crashed).encode()).record
+    assert record.failure_reason is not None and cause not in record.failure_reason  # the record's line is cut
+    trajectory = "/tmp/smoke/gym/results/verified/model/repo__x-1/repo__x-1_1_u.traj.json"
+    line = entry(
+        "e1",
+        crashed,
+        reward=0.0,
+        record=record.model_dump(mode="json"),
+        policy_calls=3,
+        server_trajectory=trajectory,
+    )
+    write_step(tmp_path / "ep", "train", 0, [line])
+    shown = invoke(tmp_path / "ep", "--show", "e1").output
+    assert cause in shown  # whole, on one line
+    assert "policy calls answered: 3" in shown
+    assert f"the server's trajectory file: {trajectory}" in shown
+    assert "\x1b" not in shown
+    done = invoke(tmp_path / "ep", "--html", tmp_path / "page.html")
+    assert done.exit_code == 0, done.output
+    page = html.unescape((tmp_path / "page.html").read_text(encoding="utf-8"))
+    assert cause in page and "policy calls answered: 3" in page and trajectory in page

@@ -10,9 +10,9 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -23,8 +23,7 @@ from miles_nemogym.launcher import checks as launch_checks
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.settings import SettingsError
 from miles_nemogym.testing import smoke
-from tests.support.fault_server import FaultServer
-from tests.support.threaded import serving_in_thread
+from tests.support.loopback_gym import LoopbackGym
 
 SHELL_URL = "http://127.0.0.1:9"
 """What the shell's NEMO_GYM_URL says: a closed port, so an episode or check that read it fails."""
@@ -53,33 +52,6 @@ def run_concurrently(jobs: list[Callable[[], Any]]) -> list[Any]:
 
     with ThreadPoolExecutor(len(jobs)) as pool:
         return list(pool.map(start, jobs))
-
-
-class LoopbackGym:
-    """Stands in for ``gym.server.GymServer`` (the real one needs its Python 3.13 venv): a
-    loopback ``/run`` server answering each instance with nemo-gym's own result for it."""
-
-    servers: ClassVar[list[FaultServer]] = []
-
-    def __init__(self, options: Any, *, state_dir: Path, venv: Any, progress: Any) -> None:
-        self.results_dir, self.log_path = state_dir / "results", state_dir / "server.log"
-        self._serving: AbstractContextManager[FaultServer] | None = None
-
-    def __enter__(self) -> LoopbackGym:
-        rollouts = smoke.gym_wheel.example_rollouts()
-        server = FaultServer(result=rollouts[0], results_by_instance={r["instance_id"]: r for r in rollouts})
-        self._serving = serving_in_thread(server)
-        self.server = self._serving.__enter__()
-        LoopbackGym.servers.append(self.server)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._serving is not None
-        self._serving.__exit__(*exc)
-
-    @property
-    def url(self) -> str:
-        return self.server.url
 
 
 @contextmanager

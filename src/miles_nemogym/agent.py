@@ -10,7 +10,7 @@ docs/episode-pipeline.md. Importing this module stays cheap (no torch, sglang, r
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from miles_nemogym import failure_kinds as fk
@@ -50,8 +50,11 @@ async def run_with_settings(
     base_url: str,
     request_kwargs: Mapping[str, Any] | None = None,
     metadata: Mapping[str, Any] | None = None,
+    store_extra: Callable[[], Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """``run`` with settings passed by our own callers (smoke); None reads the process's."""
+    """``run`` with settings passed by our own callers (smoke); None reads the process's.
+    ``store_extra`` gives fields the caller alone knows for the episode's store entry, asked once
+    the episode is over (smoke: the policy calls it counted, the server's trajectory file)."""
     settings: Settings | None = None
     try:
         settings = get_settings() if given is None else given
@@ -74,7 +77,7 @@ async def run_with_settings(
     result[REWARD_KEY], _ = score_record(outcome.reward, RecordRead(record), mode)
     hold_failed_episode(metadata, result)  # Miles drops this dict when no model call was made
     if settings is not None and settings.episode_dir:
-        _store(settings, outcome, float(result[REWARD_KEY]), role, eval_set, base_url, metadata)
+        _store(settings, outcome, float(result[REWARD_KEY]), role, eval_set, base_url, metadata, store_extra)
     return result
 
 
@@ -86,6 +89,7 @@ def _store(
     eval_set: str | None,
     base_url: str,
     metadata: Mapping[str, Any] | None,
+    extra: Callable[[], Mapping[str, Any]] | None = None,
 ) -> None:
     """Hand the episode to the episode store; a store problem never fails the sample."""
     try:
@@ -98,6 +102,8 @@ def _store(
             session=session_id(base_url) if isinstance(base_url, str) else None,
             repo=repo if isinstance(repo, str) else None,
         )
+        if extra is not None:
+            entry.update(extra())
         scrubber = settings.key_scrubber()
         store = get_store(str(settings.episode_dir))
         store.add(

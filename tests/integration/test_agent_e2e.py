@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from miles_nemogym.episode import send as client
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer, free_port
 from miles_nemogym.scan import golden_scan
+from miles_nemogym.store import reader
 from miles_nemogym.testing.recording_policy import RecordingPolicy
 from tests.integration.conftest import INTEGRATION_OPTIONS
 from tests.support.samples import Sample
@@ -205,8 +207,10 @@ def test_doctor_passes_against_the_real_server_and_names_a_wrong_port(
     assert cli.exit_code == 1
 
 
-def test_smoke_runs_the_whole_chain(tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, ["smoke", "--state-dir", str(tmp_path / "smoke")])
+def test_smoke_runs_the_whole_chain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NEMO_GYM_EPISODE_DIR", raising=False)
+    store = tmp_path / "episodes"
+    result = CliRunner().invoke(app, ["smoke", "--state-dir", str(tmp_path / "smoke"), "--episode-dir", str(store)])
     assert result.exit_code == 0, result.output
     for iid in GRADED_OFFLINE:
         assert iid in result.output
@@ -217,3 +221,19 @@ def test_smoke_runs_the_whole_chain(tmp_path: Path) -> None:
     assert result.output.count("[1] agent_run_error: expected without network") == 1
     assert "ConnectionError" not in result.output
     assert any((tmp_path / "smoke" / "gym" / "results").rglob("*.json"))
+    # The episodes it ran are in the store, and the command to read them closes the output.
+    assert result.output.rstrip().endswith(f"miles-nemogym episodes {store}")
+    table = CliRunner().invoke(app, ["episodes", str(store)])
+    assert table.exit_code == 0, table.output
+    row = next(line for line in table.output.splitlines() if line.startswith("train"))
+    assert row.split()[:4] == ["train", "0", "5", "3"]  # five episodes, three graded offline
+    # django's set-aside episode: the server's error whole, the policy's calls, the server's trajectory.
+    (django,) = [e for e in reader.load(store).episodes if e.instance_id == DJANGO]
+    shown = CliRunner().invoke(app, ["episodes", str(store), "--show", django.episode_id]).output
+    assert "raw.githubusercontent.com" in shown and "ConnectionError" in shown
+    assert re.search(r"^policy calls answered: [1-9]", shown, re.MULTILINE), shown
+    found = re.search(r"^the server's trajectory file: (.+)$", shown, re.MULTILINE)
+    assert found, shown
+    trajectory = Path(found[1])
+    assert trajectory.is_file() and trajectory.name.endswith(".traj.json"), trajectory
+    assert (tmp_path / "smoke") in trajectory.parents

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shlex
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 _EXPLANATION = (
     "This run used the 'local' sandbox: commands ran on this machine, not in the SWE-bench task "
@@ -19,6 +25,9 @@ _EXPLANATION = (
     "thing, run `miles-nemogym serve --sandbox docker` on a Docker host (NeMo-Gym's docker provider), "
     "check it with `miles-nemogym scan --golden`, then train with examples/swebench_grpo/run.py."
 )
+
+_EPISODE_DIR = "miles-nemogym-smoke-episodes"
+"""The episode store smoke writes when neither --episode-dir nor NEMO_GYM_EPISODE_DIR names one."""
 
 _HELP = """Run the five SWE-bench Verified rows nemo-gym ships through the real NeMo-Gym server and
 the agent function, exactly as Miles calls it (no GPU, no Docker).
@@ -59,6 +68,19 @@ def _smoke(
     state_dir: Annotated[
         Path | None, typer.Option("--state-dir", help="Where the server's log and trajectories go (kept).")
     ] = None,
+    keep: Annotated[
+        bool,
+        typer.Option(
+            "--keep", help="Keep the temporary folder with the server's log and trajectories (removed by default)."
+        ),
+    ] = False,
+    episode_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--episode-dir",
+            help=f"The episode store to write (default: $NEMO_GYM_EPISODE_DIR, else ./{_EPISODE_DIR}).",
+        ),
+    ] = None,
     json_path: Annotated[
         Path | None,
         typer.Option("--json", help="Also write the result as JSON to this file (one object, every episode)."),
@@ -66,21 +88,48 @@ def _smoke(
 ) -> None:
     from rich.console import Console
 
-    from miles_nemogym.cli.progress import step_display
-    from miles_nemogym.cli.smoke_view import LEGEND, build_table, episode_line, report_json
     from miles_nemogym.gym import wheel as gym_wheel
-    from miles_nemogym.gym.venv import GymEnvironmentError
-    from miles_nemogym.settings import SettingsError
-    from miles_nemogym.testing.smoke import SmokeEpisode, expected_offline, run_smoke
 
     # Logs and CI capture have no terminal width: lay out for 80 columns there too.
     console = Console() if sys.stdout.isatty() else Console(width=80)
-    folder = state_dir or Path(tempfile.mkdtemp(prefix="miles-nemogym-smoke-"))
     try:
         rows = gym_wheel.example_rows()[:limit]
     except (OSError, RuntimeError) as error:  # the pinned wheel could not be downloaded or read
         console.print(f"[red]cannot read the example rows nemo-gym ships:[/red] {error}", highlight=False)
         raise typer.Exit(2) from None
+    store = episode_dir or Path(os.environ.get("NEMO_GYM_EPISODE_DIR", "").strip() or _EPISODE_DIR)
+    folder = state_dir or Path(tempfile.mkdtemp(prefix="miles-nemogym-smoke-"))
+    kept = state_dir is not None or keep
+    worked = False
+    try:
+        worked = _run(console, rows, folder, store, kept, policy_base_url, limit, step_limit, json_path)
+    finally:
+        if not kept and worked:
+            shutil.rmtree(folder, ignore_errors=True)
+        elif not kept:
+            console.print(f"kept {folder} (the server's log and trajectories) since the run failed", highlight=False)
+    if not worked:
+        raise typer.Exit(1)
+
+
+def _run(
+    console: Console,
+    rows: list[dict[str, Any]],
+    folder: Path,
+    store: Path,
+    kept: bool,
+    policy_base_url: str | None,
+    limit: int | None,
+    step_limit: int,
+    json_path: Path | None,
+) -> bool:
+    """The run and its report; whether the chain worked (``typer.Exit(2)`` when it could not start)."""
+    from miles_nemogym.cli.progress import step_display
+    from miles_nemogym.cli.smoke_view import LEGEND, build_table, episode_line, report_json
+    from miles_nemogym.gym.venv import GymEnvironmentError
+    from miles_nemogym.settings import SettingsError
+    from miles_nemogym.testing.smoke import SmokeEpisode, expected_offline, run_smoke
+
     offline = [rows[i]["instance_id"] for i in expected_offline([row["repo"] for row in rows])]
     console.print(f"smoke: {len(rows)} SWE-bench Verified rows through the real NeMo-Gym server", highlight=False)
     if offline:
@@ -105,6 +154,8 @@ def _smoke(
 
             report = run_smoke(
                 state_dir=folder,
+                episode_dir=store,
+                trajectories_kept=kept,
                 limit=limit,
                 policy_base_url=policy_base_url,
                 step_limit=step_limit,
@@ -124,9 +175,10 @@ def _smoke(
     for number, text in enumerate(notes.texts, 1):
         console.print(f"[{number}] {text}", highlight=False, markup=False)
     console.print(LEGEND, highlight=False)
-    console.print(f"prompt data: {report.data_path}", highlight=False)
-    console.print(f"trajectories and results: {report.results_dir}", highlight=False)
-    console.print(f"server log: {report.server_log}", highlight=False)
+    if kept:
+        for name, path in (("prompt data", report.data_path), ("trajectories and results", report.results_dir)):
+            console.print(f"{name}: {path}", highlight=False, soft_wrap=True)
+        console.print(f"server log: {report.server_log}", highlight=False, soft_wrap=True)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report_json(report), indent=2) + "\n", encoding="utf-8")
@@ -134,7 +186,17 @@ def _smoke(
     console.print(_EXPLANATION, highlight=False)
     if not report.chain_worked:
         console.print("[red]the chain did not work: no episode came back as a valid measurement[/red]")
-        raise typer.Exit(1)
+    elif not kept:
+        console.print(f"removed {folder} (the server's log and trajectories); --keep keeps it", highlight=False)
+    if report.store_errors:
+        console.print(
+            f"[red]the episode store {store} could not write {report.store_errors} episode(s) or seal(s)[/red]",
+            highlight=False,
+        )
+    console.print(f"episodes stored in {store} as train step {report.step}; look at them with:", highlight=False)
+    # Never wrapped: the command is copied as it is, however long the folder's path.
+    console.print(f"  miles-nemogym episodes {shlex.quote(str(store))}", highlight=False, soft_wrap=True)
+    return report.chain_worked
 
 
 def register(app: typer.Typer) -> None:

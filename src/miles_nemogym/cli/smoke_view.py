@@ -128,6 +128,8 @@ def report_json(report: SmokeReport) -> dict[str, Any]:
         "prompt_data": str(report.data_path) if report.data_path else None,
         "results_dir": str(report.results_dir) if report.results_dir else None,
         "server_log": str(report.server_log) if report.server_log else None,
+        "episode_store": str(report.episode_dir) if report.episode_dir else None,
+        "episode_store_step": report.step,
         "episodes": [
             {
                 "instance_id": episode.instance_id,

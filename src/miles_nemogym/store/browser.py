@@ -354,11 +354,26 @@ def _missing_answer(episode: StoredEpisode) -> str | None:
     return "the stored answer is not a /run result"
 
 
+def _known_elsewhere(entry: dict[str, Any]) -> list[str | LongText]:
+    """What the run that stored the episode knew beside the answer (smoke does): the calls its
+    policy answered, the server's own trajectory file."""
+    parts: list[str | LongText] = []
+    calls = entry.get("policy_calls")
+    if isinstance(calls, int) and not isinstance(calls, bool):
+        parts.append(f"policy calls answered: {calls}")
+    trajectory = entry.get("server_trajectory")
+    if isinstance(trajectory, str) and trajectory:
+        parts.append(LongText(f"the server's trajectory file: {trajectory}"))
+    return parts
+
+
 def episode_parts(episode: StoredEpisode) -> list[str | LongText]:
     """One episode as the views show it, top to bottom: header, failure, each turn (thought,
     commands, outputs), the submitted patch, the test report, as stored: a view makes what it
-    shows ``printable``. A set-aside episode shows its failure reason whole and what its record
-    counted (HTTP status, policy turns, tool calls); "-" is a count the record lacks."""
+    shows ``printable``. A set-aside episode shows its failure reason whole (the server's error
+    as sent, when the record's line is cut) and what its record counted (HTTP status, policy
+    turns, tool calls); "-" is a count the record lacks. The policy calls and the server's
+    trajectory file show when the entry carries them."""
     record, answer = episode.record, episode.entry.get("answer")
     parts: list[str | LongText] = [
         f"episode {episode.episode_id}   instance {episode.instance_id}   {episode.role}{_eval_set(episode)}"
@@ -372,6 +387,10 @@ def episode_parts(episode: StoredEpisode) -> list[str | LongText]:
             f"set aside, not trained on   HTTP status {or_dash(record.get('http_status'))}",
             LongText(f"failure: {record.get('failure_kind')}: {record.get('failure_reason')}"),
         ]
+        error = _metadata(answer).get("error")
+        if isinstance(error, str) and error.strip() and error.strip() not in str(record.get("failure_reason")):
+            parts += ["the server's error, whole:", LongText(error.strip())]
+    parts += _known_elsewhere(episode.entry)
     missing = _missing_answer(episode)
     if isinstance(answer, dict) and missing:
         parts += ["", "answer (not a /run result):", LongText(_text_of(answer["text"]), 4 * _OUTPUT_MAX_CHARS)]

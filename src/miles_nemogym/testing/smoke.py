@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer
 from miles_nemogym.gym.venv import ensure_gym_venv
 from miles_nemogym.settings import Settings
+from miles_nemogym.store import reader, writer
 from miles_nemogym.testing.recording_policy import RecordingPolicy
 
 # What Miles' rollout would pass as request_kwargs (already renamed to OpenAI names).
@@ -75,6 +77,12 @@ class SmokeReport:
     data_path: Path | None = None
     results_dir: Path | None = None
     server_log: Path | None = None
+    episode_dir: Path | None = None
+    """The episode store the run wrote (``miles-nemogym episodes`` reads it); None: none."""
+    step: int | None = None
+    """The train step this run's episodes are filed under in ``episode_dir``."""
+    store_errors: int = 0
+    """Episodes or seals the store could not write."""
 
     @property
     def chain_worked(self) -> bool:
@@ -95,6 +103,8 @@ def _prepare_rows(limit: int | None, data_path: Path) -> list[dict[str, Any]]:
 
 EpisodeDone = Callable[[int, dict[str, Any]], None]
 """Called with (row position, agent result) as each episode finishes."""
+StoreExtra = Callable[[int, float], Mapping[str, Any]]
+"""Called with (row position, episode start time) as an episode is stored: the entry's extra fields."""
 
 
 async def run_rows(
@@ -103,12 +113,18 @@ async def run_rows(
     sampling: dict[str, Any],
     settings: Settings,
     on_done: EpisodeDone | None = None,
+    store_extra: StoreExtra | None = None,
 ) -> list[dict[str, Any]]:
     """Every row through the agent function at once, as Miles' ``agentic_tool_call`` calls it."""
 
     async def one(index: int, row: dict[str, Any], url: str) -> dict[str, Any]:
+        started = time.time()
         result = await agent.run_with_settings(
-            settings, base_url=url, request_kwargs=dict(sampling), metadata=dict(row["metadata"])
+            settings,
+            base_url=url,
+            request_kwargs=dict(sampling),
+            metadata=dict(row["metadata"]),
+            store_extra=None if store_extra is None else lambda: store_extra(index, started),
         )
         if on_done is not None:
             try:
@@ -144,9 +160,33 @@ def _finished(
     return done
 
 
+def _server_trajectory(results_dir: Path, instance_id: str, since: float) -> Path | None:
+    """The trajectory file ``mini_swe_agent_2`` wrote for ``instance_id`` since ``since`` (epoch
+    seconds), if any: ``<subset>/<model>/<id>/<id>_<time>_<uuid>.traj.json`` under ``results_dir``
+    (nemo-gym 0.7.0 ``_run_mini_swe_v2``, instance id lower-cased); the newest when several."""
+    name = instance_id.lower()
+    found = []
+    for path in results_dir.rglob(f"{name}_*.traj.json"):
+        try:
+            modified = path.lstat().st_mtime
+        except OSError:
+            continue
+        if path.parent.name == name and modified >= since - 1:
+            found.append((modified, path))
+    return max(found)[1] if found else None
+
+
+def _next_step(episode_dir: Path) -> int:
+    """The train step after the last one in the store (0 for a new store): each smoke run is one step."""
+    steps = [e.step for e in reader.load(episode_dir).episodes if e.role == "train" and e.step is not None]
+    return max(steps, default=-1) + 1
+
+
 def run_smoke(
     *,
     state_dir: Path,
+    episode_dir: Path | None = None,
+    trajectories_kept: bool = True,
     limit: int | None = None,
     policy_base_url: str | None = None,
     step_limit: int = 10,
@@ -157,9 +197,15 @@ def run_smoke(
 ) -> SmokeReport:
     """Start the server, run the rows, stop everything; the server's files stay in ``state_dir``.
     Callbacks: ``progress`` (preparation steps), ``on_running`` (episode count), ``on_episode``
-    (each as it finishes). Raises ``SettingsError`` before starting when the variables are invalid."""
+    (each as it finishes). Raises ``SettingsError`` before starting when the variables are invalid.
+
+    With ``episode_dir`` every episode goes to that episode store, filed as the next train step,
+    with the policy calls counted and (``trajectories_kept``: ``state_dir`` stays) the path of the
+    server's trajectory file."""
     say = progress or (lambda _line: None)
     base_settings = Settings.from_env()
+    if episode_dir is not None:
+        base_settings = base_settings.with_overrides(episode_dir=str(episode_dir))
     data_path = state_dir / "smoke_prompts.jsonl"
     report = SmokeReport(data_path=data_path)
     rows = _prepare_rows(limit, data_path)
@@ -171,6 +217,18 @@ def run_smoke(
         report.results_dir, report.server_log = server.results_dir, server.log_path
         say(f"server ready at {server.url}")
         settings = base_settings.with_overrides(gym_url=server.url)
+        results_dir = server.results_dir
+
+        def store_extra(calls: Callable[[int], int | None] | None) -> StoreExtra:
+            def extra(index: int, started: float) -> dict[str, Any]:
+                fields: dict[str, Any] = {"policy_calls": calls(index) if calls else None}
+                if trajectories_kept:
+                    found = _server_trajectory(results_dir, rows[index]["metadata"]["instance_id"], started)
+                    fields["server_trajectory"] = str(found) if found else None
+                return fields
+
+            return extra
+
         if policy_base_url is None:
             with RecordingPolicy(look_around_turns=2) as policy:
                 urls = [policy.session_url() for _ in rows]
@@ -182,15 +240,23 @@ def run_smoke(
                 if on_running:
                     on_running(len(rows))
                 done = _finished(rows, calls, on_episode)
-                results = asyncio.run(run_rows(rows, urls, _SMOKE_SAMPLING, settings, done))
+                results = asyncio.run(run_rows(rows, urls, _SMOKE_SAMPLING, settings, done, store_extra(calls)))
                 counts: list[int | None] = [calls(i) for i in range(len(rows))]
         else:
             say(f"running {len(rows)} episodes against {policy_base_url}")
             if on_running:
                 on_running(len(rows))
             urls = [policy_base_url] * len(rows)
-            results = asyncio.run(run_rows(rows, urls, _SMOKE_SAMPLING, settings, _finished(rows, None, on_episode)))
+            done = _finished(rows, None, on_episode)
+            results = asyncio.run(run_rows(rows, urls, _SMOKE_SAMPLING, settings, done, store_extra(None)))
             counts = [None] * len(rows)
+    if episode_dir is not None:
+        report.episode_dir, report.step = episode_dir, _next_step(episode_dir)
+        writer.seal_all("train", report.step)
+        store = writer.get_store(str(episode_dir))
+        store.flush()
+        report.store_errors = store.write_errors
+        writer.reset()  # closed before the run reports it
     for row, result, count in zip(rows, results, counts, strict=True):
         meta = row["metadata"]
         report.episodes.append(SmokeEpisode(meta["instance_id"], meta["repo"], result, count))
