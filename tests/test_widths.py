@@ -155,6 +155,22 @@ def test_episodes_table_and_list_fit(store: Path, width: int) -> None:
     assert first.exit_code == 0 and f"instance {LONG_ID}0" in first.output
 
 
+@WIDTHS
+def test_episodes_warnings_about_unreadable_lines_wrap_between_words(store: Path, width: int) -> None:
+    step = next((store / "train").glob("step-000001-*.jsonl.gz"))
+    odd = step.with_name("step-000002-odd.jsonl")
+    odd.write_text('{"episode_id": "odd", "reward": "many", "record": {"elapsed_s": "long"}}\n[1, 2]\n')
+    result = CliRunner().invoke(app, ["episodes", str(store)], env={"COLUMNS": str(width)})
+    assert result.exit_code == 0, result.output
+
+    lines = result.stderr.splitlines()
+    assert len(lines) > 2 and all(line.startswith(("warning:", "    ")) for line in lines)
+    # Within the width, except a path longer than the line itself, which stands whole on a line of its own.
+    assert all(len(line) <= width or " " not in line.strip() for line in lines), lines
+    assert f"{odd}:1:" in lines[0].split() or f"    {odd}:1:" in lines  # the path never split
+    assert "field of the wrong type: reward" in " ".join(line.strip() for line in lines)
+
+
 # --- help, converter, doctor, preflight -------------------------------------------------
 
 

@@ -111,10 +111,13 @@ def episodes(
 
 
 def _warn_skipped(problems: list[str]) -> None:
-    for problem in problems[:_PROBLEMS_SHOWN]:
-        typer.echo(f"warning: {problem}", err=True)
+    from miles_nemogym.fit import terminal_width, wrap_all
+
+    lines = [f"warning: {problem}" for problem in problems[:_PROBLEMS_SHOWN]]
     if len(problems) > _PROBLEMS_SHOWN:
-        typer.echo(f"warning: {len(problems) - _PROBLEMS_SHOWN} more unreadable or odd lines or files", err=True)
+        lines.append(f"warning: {len(problems) - _PROBLEMS_SHOWN} more unreadable or odd lines or files")
+    if lines:  # wrapped between words for the terminal (a path is never split)
+        typer.echo(wrap_all(lines, terminal_width()), err=True)
 
 
 def _refuse(message: str, option: str = "--html") -> typer.Exit:
