@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import shutil
 import struct
@@ -107,12 +108,16 @@ addEventListener('load', () => {
 
 
 def chromium(tmp_path: Path, url: str, *args: str) -> str:
-    """Chromium's stdout for ``url``, headless, with a throw-away profile."""
+    """Chromium's stdout for ``url``, headless, with a throw-away profile and home (else it
+    writes ~/.config/chromium and ~/.cache/dconf: no test writes outside its own folder)."""
+    home = tmp_path / "home"
+    environ = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
+               "XDG_CACHE_HOME": str(home / ".cache")}  # fmt: skip
     done = subprocess.run(
         [CHROMIUM or "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
          "--disable-background-networking", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}",
          f"--window-size={WIDTH},{HEIGHT}", *args, url],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True, text=True, timeout=120, check=False, env=environ,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
