@@ -13,6 +13,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from miles_nemogym.cli import episodes as episodes_cli
 from miles_nemogym.cli.main import app
 from miles_nemogym.doctor import CheckResult, Status
 from miles_nemogym.episode.record import EpisodeRecord
@@ -156,7 +157,10 @@ def test_episodes_table_and_list_fit(store: Path, width: int) -> None:
 
 
 @WIDTHS
-def test_episodes_warnings_about_unreadable_lines_wrap_between_words(store: Path, width: int) -> None:
+def test_episodes_warnings_about_unreadable_lines_wrap_between_words(
+    store: Path, width: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(episodes_cli, "_stderr_is_terminal", lambda: True)  # wrapped on a terminal only
     step = next((store / "train").glob("step-000001-*.jsonl.gz"))
     odd = step.with_name("step-000002-odd.jsonl")
     odd.write_text('{"episode_id": "odd", "reward": "many", "record": {"elapsed_s": "long"}}\n[1, 2]\n')

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -116,8 +117,16 @@ def _warn_skipped(problems: list[str]) -> None:
     lines = [f"warning: {problem}" for problem in problems[:_PROBLEMS_SHOWN]]
     if len(problems) > _PROBLEMS_SHOWN:
         lines.append(f"warning: {len(problems) - _PROBLEMS_SHOWN} more unreadable or odd lines or files")
-    if lines:  # wrapped between words for the terminal (a path is never split)
+    if not lines:
+        return
+    if _stderr_is_terminal():  # wrapped between words (a path is never split); whole lines in logs
         typer.echo(wrap_all(lines, terminal_width()), err=True)
+    else:
+        typer.echo("\n".join(lines), err=True)
+
+
+def _stderr_is_terminal() -> bool:
+    return sys.stderr.isatty()
 
 
 def _refuse(message: str, option: str = "--html") -> typer.Exit:
