@@ -34,11 +34,17 @@ EVERY_FIELD: dict[str, Any] = {
     "pass_to_pass": {"passed": 7, "failed": 2},
     "turns": 9,
     "tool_calls": 8,
+    "environment": "mcqa",
 }
 
 
 def test_every_field_is_set_in_the_round_trip_fixture() -> None:
     assert set(EVERY_FIELD) == set(EpisodeRecord.model_fields)
+
+
+def test_a_record_without_an_environment_reads_as_swe() -> None:
+    assert EpisodeRecord(status="ok").env == "swe"
+    assert EpisodeRecord(status="ok", environment="mcqa").env == "mcqa"
 
 
 def test_to_metadata_reads_back_as_the_same_record() -> None:

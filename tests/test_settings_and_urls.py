@@ -116,3 +116,32 @@ def test_the_settings_table_has_one_row_per_variable() -> None:
     table = doc[doc.index("## Settings") :]
     rows = [line.split("|")[1].strip().strip("`") for line in table.splitlines() if line.startswith("| `")]
     assert sorted(rows) == sorted(ENV_VARS) and len(rows) == len(ENV_VARS)
+
+
+def test_nemo_gym_envs_maps_names_to_resources_servers() -> None:
+    given = '{"mcqa": "http://gym-host:8001/", "xlam_fc": {"url": "http://gym-host:8002", "max_steps": 4}}'
+    envs = Settings.from_env({"NEMO_GYM_ENVS": given}).environments
+    assert {name: (server.url, server.max_steps) for name, server in envs.items()} == {
+        "mcqa": ("http://gym-host:8001", None),
+        "xlam_fc": ("http://gym-host:8002", 4),
+    }
+    assert Settings.from_env({}).environments == {}
+    assert Settings.from_env({"NEMO_GYM_ENVS": "  "}).environments == {}
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ("[]", "expected a JSON object"),
+        ("mcqa=http://h:1", "not JSON"),
+        ('{"swe": "http://h:1"}', "'swe' is reserved"),
+        ('{"a b": "http://h:1"}', "environment name 'a b'"),
+        ('{"mcqa": "ftp://h"}', "environment 'mcqa': url"),
+        ('{"mcqa": {"url": "http://h:1", "max_steps": 0}}', "max_steps"),
+        ('{"mcqa": {"url": "http://h:1", "steps": 3}}', "steps"),
+    ],
+)
+def test_a_bad_nemo_gym_envs_names_the_variable_and_the_fix(given: str, named: str) -> None:
+    with pytest.raises(SettingsError) as raised:
+        Settings.from_env({"NEMO_GYM_ENVS": given})
+    assert "NEMO_GYM_ENVS" in str(raised.value) and named in str(raised.value)

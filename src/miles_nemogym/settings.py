@@ -8,8 +8,10 @@ A bad value fails with a message naming the variable and the form it expects.
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any
@@ -17,6 +19,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
+from miles_nemogym.episode.record import SWE_ENVIRONMENT
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.redaction import KeyScrubber, key_scrubber, redact_url
 from miles_nemogym.validation import describe
@@ -29,6 +32,25 @@ class RewardMode(str, Enum):
     """The server's reward: 1.0 only when SWE-bench reports the instance resolved."""
     partial = "partial"
     """Fraction of FAIL_TO_PASS tests passing, when every PASS_TO_PASS test passes."""
+
+
+_ENV_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+class EnvironmentServer(BaseModel):
+    """One environment's resources server, as ``NEMO_GYM_ENVS`` gives it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str
+    """Base URL of the resources server (``/seed_session``, ``/<tool>``, ``/verify`` are appended)."""
+    max_steps: int | None = Field(default=None, ge=1)
+    """Most model turns per episode (``simple_agent``'s ``max_steps``); None: no limit."""
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        return _check_http_url(value, "http://gym-host:8001")
 
 
 class SettingsError(MilesNemoGymError, ValueError):
@@ -84,6 +106,13 @@ class Settings(BaseModel):
     max_failure_streak: int = Field(default=64, ge=0, alias="NEMO_GYM_MAX_FAILURE_STREAK")
     """Consecutive failed episodes, with no valid one between, that stop the run (0: never)."""
 
+    environments_text: str | None = Field(default=None, alias="NEMO_GYM_ENVS")
+    """Resources servers of the ``simple_agent``-style environments, as a JSON object from
+    environment name to base URL or to ``{"url": ..., "max_steps": N}``, such as
+    ``{"mcqa": "http://gym-host:8001", "workplace_assistant": {"url": "http://gym-host:8002",
+    "max_steps": 6}}``. A row marked with one of these names runs against its server; other
+    rows go to ``NEMO_GYM_URL``'s ``/run`` (SWE). (A string, parsed by ``environments``.)"""
+
     episode_dir: str | None = Field(default=None, alias="NEMO_GYM_EPISODE_DIR")
     """Folder of the episode store (every episode's answer and record, per step and
     role; ``store/writer.py``). Unset: no store."""
@@ -91,19 +120,23 @@ class Settings(BaseModel):
     @field_validator("gym_url")
     @classmethod
     def _check_url(cls, value: str) -> str:
-        value = value.strip().rstrip("/")
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("expected an http(s) URL such as http://gym-host:12000")
-        if parts.path.endswith("/run"):
+        value = _check_http_url(value, "http://gym-host:12000")
+        if value.endswith("/run"):
             raise ValueError("give the server's base URL; '/run' is appended by the plugin")
-        try:
-            parts.port  # noqa: B018 - urlsplit checks the port only when asked
-        except ValueError:
-            raise ValueError("the port must be a number from 1 to 65535, as in http://gym-host:12000") from None
-        if parts.port == 0:
-            raise ValueError("the port must be a number from 1 to 65535, as in http://gym-host:12000")
         return value
+
+    @field_validator("environments_text")
+    @classmethod
+    def _check_environments(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        _parse_environments(value)
+        return value.strip()
+
+    @property
+    def environments(self) -> dict[str, EnvironmentServer]:
+        """Environment name -> its resources server (empty when ``NEMO_GYM_ENVS`` is unset)."""
+        return _parse_environments(self.environments_text) if self.environments_text else {}
 
     @field_validator("reward_range_text")
     @classmethod
@@ -115,7 +148,7 @@ class Settings(BaseModel):
     def reward_range(self) -> tuple[float, float]:
         return _parse_range(self.reward_range_text)
 
-    @field_validator("external_host", "policy_api_key", "episode_dir", mode="before")
+    @field_validator("external_host", "policy_api_key", "episode_dir", "environments_text", mode="before")
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
         if isinstance(value, str) and not value.strip():
@@ -151,6 +184,45 @@ class Settings(BaseModel):
         except ValidationError as error:
             named = {_alias(name): label for name, label in (labels or {}).items()}
             raise SettingsError("invalid miles-nemogym configuration: " + _describe(error, aliased, named)) from None
+
+
+def _check_http_url(value: str, example: str) -> str:
+    value = value.strip().rstrip("/")
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected an http(s) URL such as {example}")
+    try:
+        parts.port  # noqa: B018 - urlsplit checks the port only when asked
+    except ValueError:
+        raise ValueError(f"the port must be a number from 1 to 65535, as in {example}") from None
+    if parts.port == 0:
+        raise ValueError(f"the port must be a number from 1 to 65535, as in {example}")
+    return value
+
+
+def _parse_environments(text: str) -> dict[str, EnvironmentServer]:
+    form = (
+        'a JSON object such as {"mcqa": "http://gym-host:8001", '
+        '"xlam_fc": {"url": "http://gym-host:8002", "max_steps": 4}}'
+    )
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        raise ValueError(f"not JSON; expected {form}") from None
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError(f"expected {form}")
+    servers: dict[str, EnvironmentServer] = {}
+    for name, value in raw.items():
+        if not _ENV_NAME.fullmatch(name):
+            raise ValueError(f"environment name {name!r}: use letters, digits, '_', '-' or '.'")
+        if name == SWE_ENVIRONMENT:
+            raise ValueError(f"{SWE_ENVIRONMENT!r} is reserved for NEMO_GYM_URL's /run rows; remove it")
+        given = {"url": value} if isinstance(value, str) else value
+        try:
+            servers[name] = EnvironmentServer.model_validate(given)
+        except ValidationError as error:
+            raise ValueError(f"environment {name!r}: {describe(error)}") from None
+    return servers
 
 
 def _parse_range(text: str) -> tuple[float, float]:

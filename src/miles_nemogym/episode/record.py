@@ -16,17 +16,22 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 __all__ = [
+    "ENV_KEY",
     "EVAL",
     "EVAL_REPORT_KEY",
     "RECORD_KEY",
     "REWARD_KEY",
     "ROLE_KEYS",
+    "ROW_MARKS",
+    "SWE_ENVIRONMENT",
+    "TASK_ID_KEY",
     "TRAIN",
     "EpisodeRecord",
     "RecordRead",
     "SampledEpisode",
     "TestCounts",
     "distinct_episodes",
+    "environment_of",
     "eval_overrides",
     "flatten",
     "is_aborted",
@@ -52,6 +57,23 @@ ROLE_KEYS = frozenset({_ROLE_KEY, _EVAL_SET_KEY})
 """The train/eval marks: ours, never sent to the server as task fields."""
 TRAIN = "train"
 EVAL = "eval"
+
+# `miles-nemogym convert` marks each NeMo-Gym task row with its environment and a task id.
+ENV_KEY = "nemogym_env"
+"""The ``sample.metadata`` mark naming the row's environment (a ``NEMO_GYM_ENVS`` name)."""
+TASK_ID_KEY = "nemogym_task_id"
+"""The ``sample.metadata`` mark holding the row's task id (an environment row has no ``instance_id``)."""
+ROW_MARKS = ROLE_KEYS | {ENV_KEY, TASK_ID_KEY}
+"""Every mark of ours on a row: never sent to a server as task fields."""
+SWE_ENVIRONMENT = "swe"
+"""The environment of rows run through ``mini_swe_agent_2``'s ``/run`` (``NEMO_GYM_URL``);
+reserved: ``NEMO_GYM_ENVS`` cannot name it."""
+
+
+def environment_of(metadata: Mapping[str, Any] | None) -> str:
+    """The environment a sample's row is marked with; ``swe`` when unmarked."""
+    name = metadata.get(ENV_KEY) if isinstance(metadata, Mapping) else None
+    return name if isinstance(name, str) and name else SWE_ENVIRONMENT
 
 
 def role_of(metadata: Mapping[str, Any] | None) -> tuple[str, str | None]:
@@ -104,6 +126,15 @@ class EpisodeRecord(BaseModel):
     pass_to_pass: TestCounts | None = Field(None, description="PASS_TO_PASS tests after the patch.")
     turns: int | None = Field(None, ge=0, description="Model turns of the episode.")
     tool_calls: int | None = Field(None, ge=0, description="Tool calls the model made.")
+    environment: str | None = Field(
+        None,
+        description="The episode's environment: a NEMO_GYM_ENVS name or 'swe'; None (older records) reads as 'swe'.",
+    )
+
+    @property
+    def env(self) -> str:
+        """``environment``, with ``swe`` for records that have none."""
+        return self.environment or SWE_ENVIRONMENT
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import pydantic_core
 from pydantic import ValidationError
 
 from miles_nemogym.episode.protocol import ResponsesCreateParams, RunRequest
-from miles_nemogym.episode.record import EVAL_REPORT_KEY, RECORD_KEY, REWARD_KEY, ROLE_KEYS
+from miles_nemogym.episode.record import EVAL_REPORT_KEY, RECORD_KEY, REWARD_KEY, ROW_MARKS
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.hosts import bracket, is_loopback, is_wildcard
 from miles_nemogym.log_once import log_once
@@ -55,8 +55,8 @@ _PLUGIN_RESULT_KEYS = frozenset({REWARD_KEY, EVAL_REPORT_KEY, RECORD_KEY, "agent
 # Routing and secrets come from the plugin, never from a data row.
 ROUTING_KEYS = frozenset({"policy_base_url", "policy_api_key"})
 
-# The train/eval marks of Miles' eval config are ours (episode/record.py), not the task's.
-_NOT_SENT_KEYS = _MILES_BOOKKEEPING_KEYS | _PLUGIN_RESULT_KEYS | ROUTING_KEYS | ROLE_KEYS
+# The train/eval, environment and task-id marks are ours (episode/record.py), not the task's.
+_NOT_SENT_KEYS = _MILES_BOOKKEEPING_KEYS | _PLUGIN_RESULT_KEYS | ROUTING_KEYS | ROW_MARKS
 
 # Trainer keys with a typed home in responses_create_params.
 _TYPED_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "max_tokens": "max_output_tokens"}
