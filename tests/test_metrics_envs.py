@@ -76,18 +76,18 @@ def test_train_metrics_per_environment_next_to_the_totals() -> None:
     assert m[P + "resolve_rate"] == 0.5 and m[P + "patch_applied_rate"] == 1.0
     assert m[P + "turns_mean"] == pytest.approx((10 + 20 + 1 + 1 + 2 + 4) / 6)
 
-    assert m[P + "mcqa/episodes"] == 5 and m[P + "mcqa/valid"] == 3
+    assert m[P + "mcqa/episodes"] == 5 and m[P + "mcqa/episodes_valid"] == 3
     assert m[P + "mcqa/failure_rate"] == pytest.approx(2 / 5)
     assert m[P + "mcqa/failure_rate/verifier_error"] == pytest.approx(2 / 5)
     assert m[P + "mcqa/reward_mean"] == pytest.approx(2 / 3)  # over valid episodes only
     assert m[P + "mcqa/turns_mean"] == pytest.approx(4 / 3) and m[P + "mcqa/tool_calls_mean"] == 0.0
 
     w = P + "workplace_assistant/"
-    assert (m[w + "episodes"], m[w + "valid"], m[w + "reward_mean"]) == (3, 1, 0.5)
+    assert (m[w + "episodes"], m[w + "episodes_valid"], m[w + "reward_mean"]) == (3, 1, 0.5)
     assert m[w + "failure_rate/transport_unreachable"] == pytest.approx(2 / 3)
     assert m[w + "turns_mean"] == 4 and m[w + "tool_calls_mean"] == 3
 
-    assert m[P + "swe/episodes"] == 2 and m[P + "swe/valid"] == 2 and m[P + "swe/reward_mean"] == 0.5
+    assert m[P + "swe/episodes"] == 2 and m[P + "swe/episodes_valid"] == 2 and m[P + "swe/reward_mean"] == 0.5
     assert m[P + "swe/failure_rate"] == 0.0 and m[P + "swe/turns_mean"] == 15
     envs = {key.split("/")[1] for key in m if key.count("/") >= 2 and not key.startswith(P + "failure_rate/")}
     assert envs == {"swe", "mcqa", "workplace_assistant"}
@@ -104,7 +104,7 @@ def test_environment_rows_are_never_unresolved_swe_episodes() -> None:
 def test_an_environment_only_in_the_ledger_still_reports_its_counts() -> None:
     ledger.record_episode("transport_unreachable", environment="code_gen")  # its group was dropped
     m = rollout_metrics([], ledger.drain())
-    assert m[P + "code_gen/episodes"] == 1 and m[P + "code_gen/valid"] == 0
+    assert m[P + "code_gen/episodes"] == 1 and m[P + "code_gen/episodes_valid"] == 0
     assert m[P + "code_gen/failure_rate/transport_unreachable"] == 1.0
     assert P + "code_gen/reward_mean" not in m
 

@@ -75,14 +75,28 @@ def rollout_metrics(samples: Any, tally: Tally) -> dict[str, float]:
     corrupt = sum(len(e.unreadable & _MEASURED) for e in found)
     if corrupt:
         metrics["corrupt_fields"] = float(corrupt)
+    metrics.update(_per_environment(found, tally))
+    return {_PREFIX + key: value for key, value in metrics.items()}
+
+
+def _per_environment(found: list[SampledEpisode], tally: Tally, eval_k: int | None = None) -> dict[str, float]:
+    """``<env>/*`` for each environment present: counts from the ledger, the reward mean over
+    valid episodes; for train its failure rates, turns and tool calls, for an eval set
+    (``eval_k``) its pass@1 and pass@k."""
+    metrics: dict[str, float] = {}
     for env, (members, share) in _environments(found, tally).items():
         valid = [e for e in members if not e.record.mask_sample]
-        metrics[f"{env}/episodes"] = float(share.episodes)
-        metrics[f"{env}/valid"] = float(share.episodes - sum(share.failures.values()))
-        metrics.update({f"{env}/{key}": value for key, value in _failure_rates(share).items()})
-        metrics.update({f"{env}/{key}": value for key, value in _reward_mean(valid).items()})
-        metrics.update({f"{env}/{key}": value for key, value in _means([e.record for e in valid]).items()})
-    return {_PREFIX + key: value for key, value in metrics.items()}
+        here = {
+            "episodes": float(share.episodes),
+            "episodes_valid": float(share.episodes - sum(share.failures.values())),
+            **_reward_mean(valid),
+        }
+        if eval_k is None:
+            here.update({**_failure_rates(share), **_means([e.record for e in valid])})
+        else:
+            here.update(_pass_rates(members, eval_k))
+        metrics.update({f"{env}/{key}": value for key, value in here.items()})
+    return metrics
 
 
 def _environments(
@@ -263,13 +277,7 @@ def eval_set_metrics(name: str, samples: Any, k: int, tally: Tally) -> dict[str,
     metrics.update(_pass_rates(found, k))
     metrics.update(_quality([e.record for e in valid]))
     metrics.update(_resolve_rate_per_repo(valid))
-    for env, (members, share) in _environments(found, tally).items():
-        masked_here = sum(share.failures.values())
-        metrics[f"{env}/episodes"] = float(share.episodes)
-        metrics[f"{env}/episodes_valid"] = float(share.episodes - masked_here)
-        metrics.update({f"{env}/{key}": value for key, value in _pass_rates(members, k).items()})
-        valid_here = [e for e in members if not e.record.mask_sample]
-        metrics.update({f"{env}/{key}": value for key, value in _reward_mean(valid_here).items()})
+    metrics.update(_per_environment(found, tally, k))
     return {f"{_EVAL_PREFIX}{name}/{key}": value for key, value in metrics.items()}
 
 
