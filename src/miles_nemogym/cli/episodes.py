@@ -58,7 +58,6 @@ def episodes(
     from miles_nemogym.fit import terminal_width
     from miles_nemogym.store.browser import (
         environment_rows,
-        environment_table_text,
         episode_list_text,
         printable,
         quality_label,
@@ -118,7 +117,7 @@ def episodes(
         typer.echo(table_text(step_rows(chosen), width, quality_label(chosen)))
         if several_environments(chosen):
             typer.echo("")
-            typer.echo(environment_table_text(environment_rows(chosen), width))
+            typer.echo(table_text(environment_rows(chosen), width))
         if instance is not None or kind is not None or step is not None:
             typer.echo("")
             typer.echo(episode_list_text(chosen, width))

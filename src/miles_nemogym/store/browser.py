@@ -148,48 +148,29 @@ def step_label(step: int | None) -> str:
     return "pending" if step is None else str(step)
 
 
-def _failures_text(row: Row) -> str:
-    return printable(", ".join(f"{kind} {count}" for kind, count in sorted(row.failures.items())) or "-")
-
-
 def table_text(rows: list[Row], width: int = fit.MIN_WIDTH, quality: str = "resolved") -> str:
-    """The per-step table within ``width`` columns: failures wrap, then the means are left out;
-    ``quality`` heads the pass rate (``quality_label``)."""
-    lines = [("role", "step", "episodes", "valid", quality, "mean turns", "mean s", "failures by kind")]
+    """The per-step table (``quality`` heads its pass rate: ``quality_label``), or for
+    ``environment_rows`` the per-environment one (``reward``: the mean over valid episodes),
+    within ``width`` columns: failures wrap, then the means (the turns first), the valid
+    count and, per environment, the reward are left out."""
+    per_environment = bool(rows) and rows[0].environment is not None
+    lines: list[tuple[str, ...]] = [
+        ("role", "environment", "episodes", "valid", "passed", "reward", "mean turns", "failures by kind")
+        if per_environment
+        else ("role", "step", "episodes", "valid", quality, "mean turns", "mean s", "failures by kind")
+    ]
     for row in rows:
-        lines.append(
-            (
-                row.role,
-                step_label(row.step),
-                str(row.episodes),
-                str(row.valid),
-                fmt(row.pass_rate, "{:.1%}"),
-                fmt(row.turns_mean, "{:.1f}"),
-                fmt(row.time_mean_s, "{:.1f}"),
-                _failures_text(row),
-            )
+        turns = fmt(row.turns_mean, "{:.1f}")
+        second, sixth, seventh = (
+            (printable(str(row.environment)), fmt(row.reward_mean, "{:.2f}"), turns)
+            if per_environment
+            else (step_label(row.step), turns, fmt(row.time_mean_s, "{:.1f}"))
         )
-    return fit.table(lines, width, drop_order=(5, 6, 3))
-
-
-def environment_table_text(rows: list[Row], width: int = fit.MIN_WIDTH) -> str:
-    """The per-environment table within ``width`` columns (``reward``: the mean over valid
-    episodes): failures wrap, then the mean turns, the valid count and the reward are left out."""
-    lines = [("role", "environment", "episodes", "valid", "passed", "reward", "mean turns", "failures by kind")]
-    for row in rows:
         lines.append(
-            (
-                row.role,
-                printable(str(row.environment)),
-                str(row.episodes),
-                str(row.valid),
-                fmt(row.pass_rate, "{:.1%}"),
-                fmt(row.reward_mean, "{:.2f}"),
-                fmt(row.turns_mean, "{:.1f}"),
-                _failures_text(row),
-            )
-        )
-    return fit.table(lines, width, drop_order=(6, 3, 5))
+            (row.role, second, str(row.episodes), str(row.valid), fmt(row.pass_rate, "{:.1%}"), sixth, seventh,
+             printable(", ".join(f"{kind} {count}" for kind, count in sorted(row.failures.items())) or "-"))
+        )  # fmt: skip
+    return fit.table(lines, width, drop_order=(6, 3, 5) if per_environment else (5, 6, 3))
 
 
 def _eval_set(episode: StoredEpisode) -> str:
