@@ -28,7 +28,11 @@ def episodes(
     instance: Annotated[str | None, typer.Option("--instance", help="Only episodes of this instance_id.")] = None,
     kind: Annotated[
         str | None,
-        typer.Option("--kind", help="Only episodes with this verdict: resolved, unresolved, or a failure kind."),
+        typer.Option(
+            "--kind",
+            help="Only episodes with this verdict: resolved, unresolved (SWE), passed, failed (other environments), "
+            "or a failure kind.",
+        ),
     ] = None,
     step: Annotated[int | None, typer.Option("--step", help="Only episodes of this rollout step.")] = None,
     environments: Annotated[
