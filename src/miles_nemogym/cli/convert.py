@@ -72,7 +72,7 @@ def _print_summary(console: Console, report: ConvertReport, options: ConvertOpti
     console.print(counts)
     if report.committed:
         console.print(f"written to {options.output}", highlight=False, markup=False)
-        held_to = sorted(set(report.holdout_files.values())) or [options.holdout_output or ""]
+        held_to: list[Path | None] = [*sorted(set(report.holdout_files.values()))] or [options.holdout_output]
         for path in held_to if options.holdout else ():
             console.print(f"held out to {path}", highlight=False, markup=False)
     if report.environments:
