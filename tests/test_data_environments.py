@@ -142,7 +142,10 @@ def test_unusable_inputs_are_reported_by_row_and_field_and_nothing_is_written(tm
     good = shipped_rows("mcqa")
     missing = {k: v for k, v in good[1].items() if k != "responses_create_params"}
     empty = copy.deepcopy(good[2]) | {"responses_create_params": {"input": []}}
-    source = write_jsonl(tmp_path / "rows.jsonl", [good[0], citation, circle, missing, empty, good[3]])
+    built_in = shipped_rows("xlam_fc")[0]  # a Responses built-in tool the episode cannot offer
+    built_in["responses_create_params"]["tools"] = [{"type": "web_search_preview"}]
+    rows = [good[0], citation, circle, missing, empty, built_in, good[3]]
+    source = write_jsonl(tmp_path / "rows.jsonl", rows)
     output = tmp_path / "out.jsonl"
     with pytest.raises(ConvertError) as caught:
         run(tmp_path, EnvironmentInput("mixed", str(source)), output=output)
@@ -154,6 +157,7 @@ def test_unusable_inputs_are_reported_by_row_and_field_and_nothing_is_written(tm
     assert problems[2].startswith("row 4 (line 4) [mixed/")
     assert "responses_create_params: must be an object" in problems[2]
     assert problems[3].startswith("row 5 (line 5)") and "input: is missing or empty" in problems[3]
+    assert problems[4].startswith("row 6 (line 6) [mixed/0]: responses_create_params.tools[0]: must be a function tool")
     assert not output.exists()
     report, _ = run(tmp_path, EnvironmentInput("mixed", str(source)), output=output, on_error="skip")
     assert report.written == 2 and report.skipped["invalid: responses_create_params missing"] == 1
