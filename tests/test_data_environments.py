@@ -237,6 +237,17 @@ def test_holdout_per_environment_goes_to_its_own_eval_file_disjoint_from_train(t
     one = tmp_path / "eval.jsonl"
     run(tmp_path, *entries, holdout=1, holdout_output=one, seed=3, output=tmp_path / "t2.jsonl")
     assert sorted(row["metadata"]["nemogym_env"] for row in read_jsonl(one)) == ["mcqa", "xlam_fc"]
+    prepared = write_jsonl(
+        tmp_path / "mcqa.jsonl", [row | {"task_source": "mcqa_simple_agent"} for row in shipped_rows("mcqa")]
+    )
+    before = prepared.read_bytes()
+    with pytest.raises(ValueError, match="is an input or another output"):  # {env} of the rows names the input
+        convert(
+            ConvertOptions(
+                input=str(prepared), output=tmp_path / "t4.jsonl", holdout=1, holdout_output=tmp_path / "{env}.jsonl"
+            )
+        )
+    assert prepared.read_bytes() == before and not (tmp_path / "t4.jsonl").exists()
     with pytest.raises(ConvertError, match="mcqa: 5 usable row"):
         run(tmp_path, *entries, holdout=5, holdout_output=one, output=tmp_path / "t3.jsonl")
     assert not (tmp_path / "t3.jsonl").exists()

@@ -729,10 +729,15 @@ def _convert_environments(options: ConvertOptions, progress: Callable[[int, int 
                 continue
             assert options.holdout_output is not None
             path = holdout_path(options.holdout_output, name).expanduser()
-            if path not in holdouts:
-                problem = _output_problem(path)
-                if problem or any(_same_file(path, other) for other in [options.output.expanduser(), *holdouts]):
-                    raise ValueError(f"{path} {problem or 'is another output of this conversion'}")
+            if path not in holdouts:  # a path named by the rows: checked as the options check theirs
+                taken = [options.output.expanduser(), *holdouts, *(Path(entry.source).expanduser() for entry in inputs)]
+                problem = _output_problem(path) or (
+                    "is an input or another output of this conversion; the holdout file would replace it"
+                    if any(_same_file(path, other) for other in taken)
+                    else None
+                )
+                if problem:
+                    raise ValueError(f"--holdout-output {path} {problem}")
                 holdouts[path] = AtomicFile(path)
             for line, _ in spool.lines(rows):
                 holdouts[path].write(line)

@@ -17,7 +17,6 @@ from miles_nemogym.data.schema import FieldProblem
 from miles_nemogym.episode.record import ENV_KEY, TASK_ID_KEY
 from miles_nemogym.episode.request import ROUTING_KEYS
 from miles_nemogym.settings import environment_name_problem
-from miles_nemogym.simple_agent.chat_request import RowError, messages, request_body
 
 __all__ = [
     "AGENT_SUFFIX",
@@ -132,6 +131,9 @@ def to_environment_row(row: Mapping[str, Any], environment: str, task_id: str) -
             "is missing or empty: the model would get no prompt (rows filled from a prompt_config at "
             "preparation: convert the prepared file)",
         )
+    # Imported here: the simple_agent package brings aiohttp, which readers of rows never need.
+    from miles_nemogym.simple_agent.chat_request import RowError, messages, request_body
+
     try:
         prompt = messages(params)
         request_body(params, None)  # the tools and extra_body the episode will send
