@@ -578,17 +578,25 @@ def convert(options: ConvertOptions, progress: Callable[[int, int | None], None]
                 + "; nothing written — see the skip reasons",
                 report,
             )
-        if holdout is not None:
-            holdout.commit()
-        output.commit()
-        report.committed = True
+        _commit(report, output, [holdout] if holdout is not None else [])
         return report
     finally:
-        output.discard()
-        if holdout is not None:
-            holdout.discard()
-        if spool is not None:
-            spool.discard()
+        _discard(output, holdout, spool)
+
+
+def _commit(report: ConvertReport, output: AtomicFile, holdouts: list[AtomicFile]) -> None:
+    """Move every file into place, the training file last."""
+    for holdout in holdouts:
+        holdout.commit()
+    output.commit()
+    report.committed = True
+
+
+def _discard(*files: AtomicFile | _Spool | None) -> None:
+    """Remove the temporary files that were not committed (no-op for committed ones)."""
+    for file in files:
+        if file is not None:
+            file.discard()
 
 
 def _write_shuffled(
@@ -753,13 +761,7 @@ def _convert_environments(options: ConvertOptions, progress: Callable[[int, int 
             report.skipped["not picked by the weights"] += unpicked
         if report.written == 0:
             raise ConvertError("no rows to write; nothing written (a larger --size?)", report)
-        for holdout in holdouts.values():
-            holdout.commit()
-        output.commit()
-        report.committed = True
+        _commit(report, output, list(holdouts.values()))
         return report
     finally:
-        output.discard()
-        for holdout in holdouts.values():
-            holdout.discard()
-        spool.discard()
+        _discard(output, spool, *holdouts.values())
