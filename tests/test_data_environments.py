@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
-from miles_nemogym.data import ConvertError, ConvertOptions, ConvertReport, convert
+from miles_nemogym.data import ConvertError, ConvertOptions, ConvertReport, convert, convert_row
 from miles_nemogym.data.environments import EnvironmentInput, apportion, parse_env_option
 from tests.support.environment_rows import shipped_rows, shipped_text
 from tests.support.prompt_rows import write_jsonl
@@ -280,7 +280,7 @@ def test_the_command_mixes_and_prints_counts_per_environment(tmp_path: Path) -> 
         (["--env", "mcqa={mcqa}:1", "--env", "xlam_fc={mcqa}"], "give every --env a weight"),
         (["--env", "mcqa={mcqa}", "--size", "3"], "--size needs a weight"),
         (["--env", "mcqa={mcqa}", "--limit", "3"], "--limit: SWE-bench flags"),
-        (["--env", "swe={mcqa}"], "'swe' is reserved"),
+        (["--input", "{mcqa}", "--env", "swe"], "'swe' is reserved"),
         (["--env", "mcqa={mcqa}", "--env", "mcqa={mcqa}"], "given twice"),
         (["--env", "mcqa"], "pass --input FILE"),
         (["--env", "mcqa={mcqa}", "--holdout", "1", "--holdout-output", "{mcqa}"], "must differ from --env mcqa"),
@@ -300,3 +300,33 @@ def test_examples_env_writes_the_shipped_rows_and_names_unknown_ones(tmp_path: P
     assert (tmp_path / "wa.jsonl").read_bytes() == shipped_text("workplace_assistant")
     unknown = invoke("examples", "--env", "no_such_env")
     assert unknown.exit_code == 2 and "mcqa" in unknown.output and "no such resources server" in unknown.output
+
+
+def test_converted_swe_rows_mix_in_as_is_and_raw_ones_are_refused(
+    tmp_path: Path, gym_example_rows: list[dict[str, Any]]
+) -> None:
+    swe_rows = [convert_row(row) for row in gym_example_rows]
+    swe = write_jsonl(tmp_path / "swe.jsonl", swe_rows)
+    entries = (EnvironmentInput("swe", str(swe), 1), EnvironmentInput("mcqa", str(shipped_file(tmp_path, "mcqa")), 1))
+    report, output = run(
+        tmp_path, *entries, size=14, holdout=1, holdout_output=tmp_path / "eval" / "{env}.jsonl", seed=2
+    )
+    rows = read_jsonl(output)
+    written_swe = [row for row in rows if "nemogym_env" not in row["metadata"]]
+    assert len(written_swe) == 7 and report.repeated_by_env == {"swe": 3, "mcqa": 3}
+    assert all(row in swe_rows for row in written_swe)  # unchanged, unmarked: they go to NEMO_GYM_URL's /run
+    held = read_jsonl(tmp_path / "eval" / "swe.jsonl")
+    assert len(held) == 1 and held[0] in swe_rows and held[0] not in written_swe
+    raw = write_jsonl(tmp_path / "raw.jsonl", gym_example_rows)
+    with pytest.raises(ConvertError) as caught:
+        run(tmp_path, EnvironmentInput("swe", str(raw), 1), output=tmp_path / "t.jsonl")
+    assert "convert them first" in str(caught.value.report.problems[0])
+    broken = copy.deepcopy(swe_rows[0])
+    del broken["metadata"]["test_patch"]
+    with pytest.raises(ConvertError) as missing:
+        run(
+            tmp_path,
+            EnvironmentInput("swe", str(write_jsonl(tmp_path / "b.jsonl", [broken])), 1),
+            output=tmp_path / "t.jsonl",
+        )
+    assert "metadata.test_patch" in str(missing.value.report.problems[0])

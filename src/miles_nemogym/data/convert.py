@@ -38,7 +38,14 @@ from miles_nemogym.data.environments import (
     to_environment_row,
 )
 from miles_nemogym.data.gradeable import load_grade_tables
-from miles_nemogym.data.rows import DatasetKind, Routing, infer_kind, resolve_routing, to_prompt_row
+from miles_nemogym.data.rows import (
+    DatasetKind,
+    Routing,
+    checked_swe_prompt_row,
+    infer_kind,
+    resolve_routing,
+    to_prompt_row,
+)
 from miles_nemogym.data.schema import (
     NEVER_DROPPED,
     SUBSETS,
@@ -49,6 +56,7 @@ from miles_nemogym.data.schema import (
 )
 from miles_nemogym.data.select import Selection, read_instance_ids, split_names
 from miles_nemogym.data.sources import RawRow, SourceError, open_file, open_source
+from miles_nemogym.episode.record import SWE_ENVIRONMENT
 from miles_nemogym.errors import MilesNemoGymError
 
 _MAX_LISTED_PROBLEMS = 50
@@ -112,7 +120,7 @@ class ConvertOptions(BaseModel):
             if not environment_mode:
                 raise ValueError(f"{_ENV_FIELD} in --holdout-output is for NeMo-Gym environment rows (--env)")
             # One file per environment; those named by their rows are checked when written.
-            holdouts = [holdout_path(self.holdout_output, entry.name) for entry in self.environments if entry.name]
+            holdouts = [_holdout_path(self.holdout_output, entry.name) for entry in self.environments if entry.name]
         outputs = [self.output, *holdouts]
         for path in outputs:
             problem = _output_problem(path.expanduser())
@@ -180,7 +188,7 @@ class ConvertOptions(BaseModel):
 _ENV_FIELD = "{env}"
 
 
-def holdout_path(template: Path, environment: str) -> Path:
+def _holdout_path(template: Path, environment: str) -> Path:
     """Where ``environment``'s held-out rows go: ``template`` with ``{env}`` replaced by its name."""
     return Path(str(template).replace(_ENV_FIELD, environment))
 
@@ -336,7 +344,10 @@ def _environment_notes(report: ConvertReport, options: ConvertOptions) -> list[s
         notes.append(f"mixed by weight ({shares}) to {sizing}, in a random order")
     repeated = ", ".join(f"{name} ({count})" for name, count in report.repeated_by_env.items() if count)
     if repeated:
-        notes.append(f"rows repeated to fill a share: {repeated}; a copy's task id ends in #2, #3, ...")
+        notes.append(
+            f"rows repeated to fill a share: {repeated}; a copy's task id ends in #2, #3, ... "
+            "(a SWE-bench row's copy keeps its instance_id)"
+        )
     if options.holdout or weighted or options.shuffle:
         notes.append(f"random choices made with seed {report.seed} (pass --seed {report.seed} to repeat)")
     elif len(report.usable_by_env) > 1:
@@ -667,8 +678,13 @@ def _convert_environments(options: ConvertOptions, progress: Callable[[int, int 
                     _record_problem(report, raw, [str(environment)], _problem_key(environment))
                     failing = options.on_error == "fail"
                     continue
-                task_id = f"{environment}/{task_key(raw.data, raw.index)}"
-                row = to_environment_row(raw.data, environment, task_id)
+                if environment == SWE_ENVIRONMENT:  # convert's SWE-bench output, mixed in as is
+                    checked = checked_swe_prompt_row(raw.data)
+                    task_id = f"{environment}/{checked[0] if isinstance(checked, tuple) else raw.index}"
+                    row = checked[1] if isinstance(checked, tuple) else checked
+                else:
+                    task_id = f"{environment}/{task_key(raw.data, raw.index)}"
+                    row = to_environment_row(raw.data, environment, task_id)
                 if isinstance(row, FieldProblem):
                     _record_problem(report, raw, [str(row)], _problem_key(row), who=task_id)
                     failing = options.on_error == "fail"
@@ -736,7 +752,7 @@ def _convert_environments(options: ConvertOptions, progress: Callable[[int, int 
             if not rows:
                 continue
             assert options.holdout_output is not None
-            path = holdout_path(options.holdout_output, name).expanduser()
+            path = _holdout_path(options.holdout_output, name).expanduser()
             if path not in holdouts:  # a path named by the rows: checked as the options check theirs
                 taken = [options.output.expanduser(), *holdouts, *(Path(entry.source).expanduser() for entry in inputs)]
                 problem = _output_problem(path) or (
@@ -753,7 +769,8 @@ def _convert_environments(options: ConvertOptions, progress: Callable[[int, int 
             report.holdout_written += len(rows)
             report.holdout_files[name] = path
         for (line, name), (_, copy) in zip(spool.lines([row for row, _ in picks]), picks, strict=True):
-            output.write(line if copy == 1 else _copy_line(line, copy))
+            # A SWE-bench row has no task id to number: its copies are the same instance.
+            output.write(line if copy == 1 or name == SWE_ENVIRONMENT else _copy_line(line, copy))
             report.written_by_env[name] += 1
         report.written = len(picks)
         unpicked = sum(max(0, len(pools[name]) - count) for name, count in counts.items())

@@ -14,7 +14,7 @@ from fractions import Fraction
 from typing import Any
 
 from miles_nemogym.data.schema import FieldProblem
-from miles_nemogym.episode.record import ENV_KEY, TASK_ID_KEY
+from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, TASK_ID_KEY
 from miles_nemogym.episode.request import ROUTING_KEYS
 from miles_nemogym.settings import environment_name_problem
 
@@ -50,10 +50,10 @@ class EnvironmentInput:
 
 def parse_env_option(value: str, default_source: str | None) -> EnvironmentInput:
     """``NAME``, ``NAME=SOURCE`` or ``NAME=SOURCE:WEIGHT`` (``NAME`` alone reads ``default_source``,
-    i.e. ``--input``); ``ValueError`` naming the fix."""
+    i.e. ``--input``; ``swe=SOURCE`` is convert's output for SWE-bench rows); ``ValueError`` naming the fix."""
     name, sep, rest = value.partition("=")
     name = name.strip()
-    problem = environment_name_problem(name)
+    problem = None if name == SWE_ENVIRONMENT and sep else environment_name_problem(name)
     if problem:
         raise ValueError(f"--env {value!r}: environment name {name!r}: {problem}")
     source, weight = rest, None
