@@ -135,7 +135,8 @@ def _convert_command(
             "--env",
             metavar="NAME=FILE[:WEIGHT]",
             help="NeMo-Gym environment rows (responses_create_params) of environment NAME (repeat to mix; "
-            "NAME alone: the rows of --input). WEIGHT: its share of the output.",
+            "NAME alone: the rows of --input; swe=FILE: convert's output for SWE-bench rows). "
+            "WEIGHT: its share of the output.",
         ),
     ] = None,
     size: Annotated[
@@ -145,8 +146,8 @@ def _convert_command(
     split: Annotated[
         str | None,
         typer.Option(
-            help="Split to load (folders, dataset ids) and to record in metadata. Default: the row's "
-            "own, else test for SWE-bench sets, train for SWE-Gym and NeMo-Gym environments.",
+            help="Split to load (folders, dataset ids) and, for SWE-bench rows, to record in metadata. "
+            "Default: the row's own, else test for SWE-bench sets, train for SWE-Gym and NeMo-Gym environments.",
         ),
     ] = None,
     subset: Annotated[
