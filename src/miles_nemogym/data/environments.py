@@ -94,7 +94,7 @@ def environment_of_row(row: Mapping[str, Any]) -> str | FieldProblem:
         return FieldProblem(
             "agent_ref", "missing", "is missing (nothing names the environment); name it with --env NAME (and --input)"
         )
-    if not isinstance(agent, str) or not agent.endswith(AGENT_SUFFIX) or agent == AGENT_SUFFIX.lstrip("_"):
+    if not isinstance(agent, str) or not agent.endswith(AGENT_SUFFIX):
         return FieldProblem(
             field,
             "not_simple_agent",
