@@ -200,6 +200,15 @@ def _check_http_url(value: str, example: str) -> str:
     return value
 
 
+def environment_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name an environment (a ``NEMO_GYM_ENVS`` key, a row's ``nemogym_env``), or None."""
+    if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+        return "use letters, digits, '_', '-' or '.' (at most 128, starting with a letter or digit)"
+    if name == SWE_ENVIRONMENT:
+        return f"{SWE_ENVIRONMENT!r} is reserved for NEMO_GYM_URL's /run rows"
+    return None
+
+
 def _parse_environments(text: str) -> dict[str, EnvironmentServer]:
     form = (
         'a JSON object such as {"mcqa": "http://gym-host:8001", '
@@ -213,10 +222,9 @@ def _parse_environments(text: str) -> dict[str, EnvironmentServer]:
         raise ValueError(f"expected {form}")
     servers: dict[str, EnvironmentServer] = {}
     for name, value in raw.items():
-        if not _ENV_NAME.fullmatch(name):
-            raise ValueError(f"environment name {name!r}: use letters, digits, '_', '-' or '.'")
-        if name == SWE_ENVIRONMENT:
-            raise ValueError(f"{SWE_ENVIRONMENT!r} is reserved for NEMO_GYM_URL's /run rows; remove it")
+        problem = environment_name_problem(name)
+        if problem:
+            raise ValueError(f"environment name {name!r}: {problem}")
         given = {"url": value} if isinstance(value, str) else value
         try:
             servers[name] = EnvironmentServer.model_validate(given)

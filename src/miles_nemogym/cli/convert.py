@@ -22,12 +22,36 @@ if TYPE_CHECKING:
 
 _ON_ERROR = ("fail", "skip")
 
-_HELP = """Convert SWE-bench Verified / Lite / full / SWE-Gym rows into Miles prompt JSONL.
+_HELP = """Convert SWE-bench Verified / Lite / full / SWE-Gym rows, or NeMo-Gym environment
+task rows (responses_create_params), into Miles prompt JSONL.
 
-Each output line is {"prompt": [{"role": "user", "content": problem_statement}],
-"metadata": {every instance field, "subset", "split"}}; point Miles' --prompt-data at it
-with --input-key prompt --metadata-key metadata.
+SWE-bench: each output line is {"prompt": [{"role": "user", "content": problem_statement}],
+"metadata": {every instance field, "subset", "split"}}.
+
+NeMo-Gym environments (--env NAME=FILE[:WEIGHT], repeatable; or --input FILE whose rows name
+their agent_ref): {"prompt": the input messages, "metadata": {the task row, "nemogym_env",
+"nemogym_task_id"}}; weights mix environments into one file, --holdout N holds out N rows
+per environment (--holdout-output 'eval/{env}.jsonl' writes one file each).
+
+Point Miles' --prompt-data at the output with --input-key prompt --metadata-key metadata.
 """
+
+
+def _print_environments(console: Console, report: ConvertReport, options: ConvertOptions) -> None:
+    if not report.usable_by_env:
+        return
+    by_env = Table(title="per environment", title_justify="left")
+    for column in ("environment", "usable rows", "written", "repeated", "held out"):
+        by_env.add_column(column, justify="left" if column == "environment" else "right")
+    for name, usable in report.usable_by_env.items():
+        by_env.add_row(
+            name,
+            str(usable),
+            str(report.written_by_env[name]),
+            str(report.repeated_by_env[name]),
+            str(report.holdout_by_env[name]),
+        )
+    console.print(by_env)
 
 
 def _print_summary(console: Console, report: ConvertReport, options: ConvertOptions) -> None:
@@ -48,8 +72,11 @@ def _print_summary(console: Console, report: ConvertReport, options: ConvertOpti
     console.print(counts)
     if report.committed:
         console.print(f"written to {options.output}", highlight=False, markup=False)
-        if options.holdout:
-            console.print(f"held out to {options.holdout_output}", highlight=False, markup=False)
+        held_to: list[Path | None] = [*sorted(set(report.holdout_files.values()))] or [options.holdout_output]
+        for path in held_to if options.holdout else ():
+            console.print(f"held out to {path}", highlight=False, markup=False)
+    if report.environments:
+        _print_environments(console, report, options)
 
     repos = sorted(
         set(report.written_by_repo) | set(report.holdout_by_repo) | set(report.not_gradeable_by_repo),
@@ -80,9 +107,9 @@ def _print_summary(console: Console, report: ConvertReport, options: ConvertOpti
         if more > 0:
             console.print(f"  … and {more} more", highlight=False)
     if report.duplicates:
+        what = "task id" if report.environments else "instance_id"
         console.print(
-            f"[bold]duplicate instance_ids[/bold] ({report.skipped['duplicate instance_id']}, first kept):",
-            highlight=False,
+            f"[bold]duplicate {what}s[/bold] ({report.skipped[f'duplicate {what}']}, first kept):", highlight=False
         )
         for duplicate in report.duplicates:
             console.print(f"  {duplicate}", highlight=False, markup=False)
@@ -92,20 +119,35 @@ def _print_summary(console: Console, report: ConvertReport, options: ConvertOpti
 
 
 def _convert_command(
+    output: Annotated[Path, typer.Option("--output", "-o", help="Output JSONL (written atomically).")],
     input: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--input",
             "-i",
-            help="Dataset id (princeton-nlp/SWE-bench_Verified), a folder, or a .jsonl/.json/.parquet file.",
+            help="Dataset id (princeton-nlp/SWE-bench_Verified), a folder, or a .jsonl/.json/.parquet file "
+            "(SWE-bench rows, or NeMo-Gym rows naming their agent_ref).",
         ),
-    ],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Output JSONL (written atomically).")],
+    ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--env",
+            metavar="NAME=FILE[:WEIGHT]",
+            help="NeMo-Gym environment rows (responses_create_params) of environment NAME (repeat to mix; "
+            "NAME alone: the rows of --input; swe=FILE: convert's output for SWE-bench rows). "
+            "WEIGHT: its share of the output.",
+        ),
+    ] = None,
+    size: Annotated[
+        int | None,
+        typer.Option(min=1, help="Rows in a weighted mix (default: the most without repeating a row)."),
+    ] = None,
     split: Annotated[
         str | None,
         typer.Option(
-            help="Split to load (folders, dataset ids) and to record in metadata. Default: the row's "
-            "own, else test for SWE-bench sets, train for SWE-Gym.",
+            help="Split to load (folders, dataset ids) and, for SWE-bench rows, to record in metadata. "
+            "Default: the row's own, else test for SWE-bench sets, train for SWE-Gym and NeMo-Gym environments.",
         ),
     ] = None,
     subset: Annotated[
@@ -138,12 +180,17 @@ def _convert_command(
     shuffle: Annotated[
         bool, typer.Option("--shuffle", help="Shuffle the selected rows (spools to disk, not memory).")
     ] = False,
-    seed: Annotated[int | None, typer.Option(help="Seed for --shuffle (default: random, printed).")] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(help="Seed for --shuffle, and for environments' holdout and mixing (default: random, printed)."),
+    ] = None,
     holdout: Annotated[
-        int, typer.Option(min=0, help="Write N selected rows to --holdout-output instead (disjoint).")
+        int,
+        typer.Option(min=0, help="Write N selected rows (N per environment) to --holdout-output instead (disjoint)."),
     ] = 0,
     holdout_output: Annotated[
-        Path | None, typer.Option("--holdout-output", help="Where the --holdout rows go.")
+        Path | None,
+        typer.Option("--holdout-output", help="Where the --holdout rows go; {env} in it: one file per environment."),
     ] = None,
     drop_fields: Annotated[
         list[str] | None,
@@ -168,6 +215,7 @@ def _convert_command(
         SwebenchMissingError,
         convert,
     )
+    from miles_nemogym.data.environments import parse_env_option
     from miles_nemogym.data.select import instance_ids_option
     from miles_nemogym.validation import problems
 
@@ -178,6 +226,8 @@ def _convert_command(
         options = ConvertOptions(
             input=input,
             output=output,
+            environments=tuple(parse_env_option(value, input) for value in env or ()),
+            size=size,
             split=split,
             subset=subset,
             on_error=on_error,

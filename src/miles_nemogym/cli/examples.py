@@ -1,4 +1,6 @@
-"""``miles-nemogym examples``: the SWE-bench Verified rows nemo-gym ships, as a file to try things on.
+"""``miles-nemogym examples``: the task rows nemo-gym ships, as a file to try things on.
+
+SWE-bench Verified rows by default; ``--env NAME``: a resources server's ``data/example.jsonl``.
 
 They come from the pinned nemo-gym wheel (downloaded once with pip into the cache), so
 ``convert``, ``scan`` and ``smoke`` can be tried without the dataset hub.
@@ -16,30 +18,69 @@ import typer
 _HELP = """Write the five SWE-bench Verified rows nemo-gym ships (raw rows, one JSON object per
 line) to --output, or to standard output. Try the converter on them offline:
 miles-nemogym convert --input examples.jsonl --output prompts.jsonl
+
+--env NAME writes the example rows of resources server NAME instead (e.g. mcqa, xlam_fc,
+workplace_assistant): miles-nemogym convert --env mcqa=mcqa.jsonl --output prompts.jsonl
 """
+_ENV_EXAMPLES = "resources_servers/{}/data/example.jsonl"
+
+
+def _environment_rows(name: str) -> tuple[bytes, str]:
+    """The shipped ``example.jsonl`` of resources server ``name``, as is, and where it came from."""
+    import zipfile
+
+    from miles_nemogym.gym import wheel as gym_wheel
+    from miles_nemogym.settings import environment_name_problem
+
+    problem = environment_name_problem(name)
+    if problem:
+        raise ValueError(f"--env {name!r}: {problem}")
+    member = _ENV_EXAMPLES.format(name)
+    with zipfile.ZipFile(gym_wheel.wheel_path()) as wheel:
+        names = set(wheel.namelist())
+        if member not in names:
+            shipped = sorted(
+                part.split("/")[1]
+                for part in names
+                if part.startswith("resources_servers/") and part.endswith("/data/example.jsonl")
+            )
+            raise ValueError(
+                f"--env {name!r}: no such resources server; the wheel ships examples for {', '.join(shipped)}"
+            )
+        return wheel.read(member), f"{member} in {gym_wheel.wheel_path()}"
 
 
 def _examples(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Where to write the rows (default: standard output).")
     ] = None,
+    env: Annotated[
+        str | None,
+        typer.Option("--env", metavar="NAME", help="The example rows of this NeMo-Gym resources server instead."),
+    ] = None,
 ) -> None:
     from miles_nemogym.gym import wheel as gym_wheel
     from miles_nemogym.pins import NEMO_GYM_VERSION
 
     try:
-        rows = gym_wheel.example_rows()
-        source = f"{gym_wheel.EXAMPLES_MEMBER} in {gym_wheel.wheel_path()}"
+        if env is None:
+            text = "".join(json.dumps(row) + "\n" for row in gym_wheel.example_rows())
+            source = f"{gym_wheel.EXAMPLES_MEMBER} in {gym_wheel.wheel_path()}"
+        else:
+            data, source = _environment_rows(env)
+            text = data.decode("utf-8")
+    except ValueError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
     except (OSError, RuntimeError) as error:
         typer.echo(f"error: cannot read nemo-gym {NEMO_GYM_VERSION}'s example rows: {error}", err=True)
         raise typer.Exit(1) from None
-    text = "".join(json.dumps(row) + "\n" for row in rows)
     if output is None:
         sys.stdout.write(text)
     else:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(text, encoding="utf-8")
-        typer.echo(f"wrote {len(rows)} rows to {output}")
+        typer.echo(f"wrote {sum(1 for line in text.splitlines() if line.strip())} rows to {output}")
     # On stderr, so `examples > rows.jsonl` stays pure JSONL.
     typer.echo(f"source: nemo-gym {NEMO_GYM_VERSION}, {source}", err=True)
 

@@ -1,8 +1,10 @@
-"""Convert SWE-bench-family task rows into Miles prompt rows: the public Python API.
+"""Convert SWE-bench-family and NeMo-Gym environment task rows into Miles prompt rows: the public Python API.
 
-:func:`convert` with :class:`ConvertOptions` (whole files, streaming, atomic), :func:`convert_row`
-(one row), :func:`validate_instance` and :func:`to_prompt_row` (the pure checks and mapping),
-:func:`open_source` (stream raw rows), :func:`load_grade_tables` (what ``swebench`` can grade).
+:func:`convert` with :class:`ConvertOptions` (whole files, streaming, atomic; ``environments`` for
+NeMo-Gym environment rows, mixed and held out), :func:`convert_row` (one SWE-bench row),
+:func:`to_environment_row` (one environment row), :func:`validate_instance` and :func:`to_prompt_row`
+(the pure checks and mapping), :func:`open_source` (stream raw rows), :func:`load_grade_tables`
+(what ``swebench`` can grade).
 """
 
 from miles_nemogym.data.convert import (
@@ -15,6 +17,7 @@ from miles_nemogym.data.convert import (
     convert_row,
     encode_row,
 )
+from miles_nemogym.data.environments import EnvironmentInput, environment_of_row, to_environment_row
 from miles_nemogym.data.gradeable import GradeTables, SwebenchMissingError, load_grade_tables
 from miles_nemogym.data.rows import DatasetKind, Routing, infer_kind, resolve_routing, to_prompt_row
 from miles_nemogym.data.schema import (
@@ -34,6 +37,7 @@ __all__ = [
     "ConvertOptions",
     "ConvertReport",
     "DatasetKind",
+    "EnvironmentInput",
     "FieldProblem",
     "GradeTables",
     "RawRow",
@@ -48,11 +52,13 @@ __all__ = [
     "convert",
     "convert_row",
     "encode_row",
+    "environment_of_row",
     "infer_kind",
     "load_grade_tables",
     "open_source",
     "read_instance_ids",
     "resolve_routing",
+    "to_environment_row",
     "to_prompt_row",
     "validate_instance",
 ]

@@ -8,9 +8,12 @@ Memory and shuffle design: docs/data-and-checks.md.
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import json
+import math
 import os
 import random
+import re
 import secrets
 import sys
 import tempfile
@@ -18,14 +21,31 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from miles_nemogym.data.atomic import AtomicFile
+from miles_nemogym.data.environments import (
+    AGENT_SUFFIX,
+    EnvironmentInput,
+    apportion,
+    environment_of_row,
+    is_environment_row,
+    task_key,
+    to_environment_row,
+)
 from miles_nemogym.data.gradeable import load_grade_tables
-from miles_nemogym.data.rows import DatasetKind, Routing, infer_kind, resolve_routing, to_prompt_row
+from miles_nemogym.data.rows import (
+    DatasetKind,
+    Routing,
+    checked_swe_prompt_row,
+    infer_kind,
+    resolve_routing,
+    to_prompt_row,
+)
 from miles_nemogym.data.schema import (
     NEVER_DROPPED,
     SUBSETS,
@@ -35,12 +55,16 @@ from miles_nemogym.data.schema import (
     validate_instance,
 )
 from miles_nemogym.data.select import Selection, read_instance_ids, split_names
-from miles_nemogym.data.sources import RawRow, open_source
+from miles_nemogym.data.sources import RawRow, SourceError, open_file, open_source
+from miles_nemogym.episode.record import SWE_ENVIRONMENT
 from miles_nemogym.errors import MilesNemoGymError
 
 _MAX_LISTED_PROBLEMS = 50
 _PROGRESS_EVERY = 200
 _DUPLICATE = "duplicate instance_id"
+_DUPLICATE_TASK = "duplicate task id"
+_DETECT_ROWS = 100
+_ITEM_INDEX = re.compile(r"\[\d+\]")
 
 
 class ConvertOptions(BaseModel):
@@ -48,8 +72,13 @@ class ConvertOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    input: str = Field(min_length=1)
+    input: str | None = Field(default=None, min_length=1)
+    """SWE-bench rows, or NeMo-Gym environment rows named by their ``agent_ref`` / ``task_source``."""
     output: Path
+    environments: tuple[EnvironmentInput, ...] = ()
+    """``--env``: NeMo-Gym environment rows per environment, with optional mixing weights."""
+    size: int | None = Field(default=None, ge=1)
+    """Rows in the mixed output (environment rows with weights); default: the most without repeats."""
     split: str | None = None
     subset: Subset | None = None
     on_error: Literal["fail", "skip"] = "fail"
@@ -65,15 +94,34 @@ class ConvertOptions(BaseModel):
     holdout_output: Path | None = None
     drop_fields: tuple[str, ...] = ()
 
+    def environment_mode(self) -> bool:
+        """NeMo-Gym environment rows: ``--env`` given, or ``--input`` a file whose first row is one."""
+        return bool(self.environments) or (self.input is not None and _file_holds_environment_rows(self.input))
+
+    def environment_inputs(self) -> tuple[EnvironmentInput, ...]:
+        assert self.input is not None or self.environments
+        return self.environments or (EnvironmentInput(None, self.input or ""),)
+
     @model_validator(mode="after")
     def _consistent(self) -> ConvertOptions:
+        if self.input is None and not self.environments:
+            raise ValueError("give --input FILE, or --env NAME=FILE[:WEIGHT] for NeMo-Gym environment rows")
+        environment_mode = self.environment_mode()
+        if environment_mode:
+            self._check_environment_flags()
         if self.holdout and self.holdout_output is None:
             raise ValueError("--holdout N needs --holdout-output FILE (where the held-out rows go)")
         if self.holdout_output is not None and not self.holdout:
             raise ValueError("--holdout-output needs --holdout N (how many rows to hold out)")
-        if self.seed is not None and not self.shuffle:
+        if self.seed is not None and not self.shuffle and not environment_mode:
             raise ValueError("--seed only applies with --shuffle; add --shuffle or drop --seed")
-        outputs = [self.output] + ([self.holdout_output] if self.holdout_output else [])
+        holdouts = [self.holdout_output] if self.holdout_output else []
+        if self.holdout_output is not None and _ENV_FIELD in str(self.holdout_output):
+            if not environment_mode:
+                raise ValueError(f"{_ENV_FIELD} in --holdout-output is for NeMo-Gym environment rows (--env)")
+            # One file per environment; those named by their rows are checked when written.
+            holdouts = [_holdout_path(self.holdout_output, entry.name) for entry in self.environments if entry.name]
+        outputs = [self.output, *holdouts]
         for path in outputs:
             problem = _output_problem(path.expanduser())
             if problem:
@@ -81,7 +129,10 @@ class ConvertOptions(BaseModel):
         resolved = [path.expanduser().resolve() for path in outputs]
         if len(set(resolved)) != len(resolved):
             raise ValueError("--holdout-output must differ from --output (the two files are disjoint)")
-        inputs = {"--input": Path(self.input).expanduser()}
+        inputs = {
+            f"--env {entry.name}" if entry.name else "--input": Path(entry.source).expanduser()
+            for entry in self.environment_inputs()
+        }
         if isinstance(self.instance_ids, Path):  # a file of ids (a tuple is ids given inline)
             inputs["--instance-ids"] = self.instance_ids.expanduser()
         for flag, path in inputs.items():
@@ -100,6 +151,66 @@ class ConvertOptions(BaseModel):
         if both:
             raise ValueError(f"repos both in --repos and --exclude-repos: {', '.join(sorted(both))}")
         return self
+
+    def _check_environment_flags(self) -> None:
+        swe_only = {
+            "--subset": self.subset,
+            "--gradeable-only": self.gradeable_only,
+            "--repos": self.repos,
+            "--exclude-repos": self.exclude_repos,
+            "--instance-ids": self.instance_ids,
+            "--limit": self.limit,
+            "--drop-fields": self.drop_fields,
+        }
+        given = [flag for flag, value in swe_only.items() if value]
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: SWE-bench flags; NeMo-Gym environment rows take --env, --size, "
+                "--holdout, --holdout-output, --shuffle and --seed (--size instead of --limit)"
+            )
+        names = [entry.name for entry in self.environments]
+        repeated = sorted({name for name in names if names.count(name) > 1 and name})
+        if repeated:
+            raise ValueError(f"--env {', '.join(repeated)} given twice; one file per environment")
+        if (
+            self.environments
+            and self.input is not None
+            and all(entry.source != self.input for entry in self.environments)
+        ):
+            raise ValueError("--input is not read: every --env names its own file (NAME=FILE); drop --input")
+        weighted = [entry.weight is not None for entry in self.environment_inputs()]
+        if any(weighted) and not all(weighted):
+            raise ValueError("give every --env a weight (NAME=FILE:WEIGHT), or none")
+        if self.size is not None and not any(weighted):
+            raise ValueError("--size needs a weight on each --env (NAME=FILE:WEIGHT)")
+
+
+_ENV_FIELD = "{env}"
+
+
+def _holdout_path(template: Path, environment: str) -> Path:
+    """Where ``environment``'s held-out rows go: ``template`` with ``{env}`` replaced by its name."""
+    return Path(str(template).replace(_ENV_FIELD, environment))
+
+
+def _file_holds_environment_rows(spec: str) -> bool:
+    """Whether ``spec`` is a local file whose first readable row is a NeMo-Gym environment row."""
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        return False
+    try:
+        rows = iter(open_file(path))
+        try:
+            for raw in itertools.islice(rows, _DETECT_ROWS):
+                if raw.data is not None:
+                    return is_environment_row(raw.data)
+        finally:
+            close = getattr(rows, "close", None)
+            if close is not None:
+                close()
+    except (SourceError, OSError):
+        return False  # the SWE path reports it
+    return False
 
 
 def _output_problem(path: Path) -> str | None:
@@ -145,7 +256,8 @@ class RowProblem:
 
 @dataclass
 class ConvertReport:
-    """What happened, for the summary table and for Python callers."""
+    """What happened, for the summary table and for Python callers (the ``*_by_env`` counts are
+    for NeMo-Gym environment rows, the ``*_by_repo`` ones for SWE-bench rows)."""
 
     source: str = ""
     source_kind: str = ""
@@ -167,6 +279,13 @@ class ConvertReport:
     stopped_early: bool = False
     swebench_version: str | None = None
     committed: bool = False
+    environments: bool = False
+    """NeMo-Gym environment rows (the ``*_by_env`` counts), not SWE-bench rows."""
+    usable_by_env: Counter[str] = field(default_factory=Counter)
+    written_by_env: Counter[str] = field(default_factory=Counter)
+    repeated_by_env: Counter[str] = field(default_factory=Counter)
+    holdout_by_env: Counter[str] = field(default_factory=Counter)
+    holdout_files: dict[str, Path] = field(default_factory=dict)
 
 
 class ConvertError(MilesNemoGymError, RuntimeError):
@@ -187,6 +306,8 @@ class RowInvalidError(MilesNemoGymError, ValueError):
 
 def summary_notes(report: ConvertReport, options: ConvertOptions) -> list[str]:
     """What a reader of the summary should know beyond the counts (the CLI prints them as ``note:``)."""
+    if report.environments:
+        return _environment_notes(report, options)
     notes = [f"subset: {report.subset_rule}"]
     if report.overridden_rows:
         notes.append(f"{report.overridden_rows} row(s) had their own subset/split replaced by the flags")
@@ -204,6 +325,33 @@ def summary_notes(report: ConvertReport, options: ConvertOptions) -> list[str]:
         notes.append(f"{len(report.missing_instance_ids)} id(s) from --instance-ids not in the input: {shown}")
     if report.unmatched_repos:
         notes.append(f"--repos matched no row for: {', '.join(report.unmatched_repos)}")
+    return notes
+
+
+def _environment_notes(report: ConvertReport, options: ConvertOptions) -> list[str]:
+    inputs = options.environment_inputs()
+    weighted = [entry for entry in inputs if entry.weight is not None]
+    notes = []
+    if any(entry.name is None for entry in inputs):
+        notes.append(
+            f"environment of each row: its agent_ref.name (else task_source) without '{AGENT_SUFFIX}'; "
+            "--env NAME names a file's environment instead"
+        )
+    if weighted:
+        whole = sum(entry.weight or 0 for entry in weighted)
+        shares = ", ".join(f"{entry.name} {100 * (entry.weight or 0) / whole:.1f}%" for entry in weighted)
+        sizing = f"--size {options.size}" if options.size else "the most rows without repeating one"
+        notes.append(f"mixed by weight ({shares}) to {sizing}, in a random order")
+    repeated = ", ".join(f"{name} ({count})" for name, count in report.repeated_by_env.items() if count)
+    if repeated:
+        notes.append(
+            f"rows repeated to fill a share: {repeated}; a copy's task id ends in #2, #3, ... "
+            "(a SWE-bench row's copy keeps its instance_id)"
+        )
+    if options.holdout or weighted or options.shuffle:
+        notes.append(f"random choices made with seed {report.seed} (pass --seed {report.seed} to repeat)")
+    elif len(report.usable_by_env) > 1:
+        notes.append("rows are in input order, one environment after another; --shuffle interleaves them")
     return notes
 
 
@@ -296,11 +444,11 @@ class _Spool:
         self.path.unlink(missing_ok=True)
 
 
-def _record_problem(report: ConvertReport, raw: RawRow, problems: list[str], key: str) -> None:
+def _record_problem(report: ConvertReport, raw: RawRow, problems: list[str], key: str, who: str | None = None) -> None:
     report.problem_count += 1
     report.skipped[key] += 1
     if len(report.problems) < _MAX_LISTED_PROBLEMS:
-        instance_id = raw.data.get("instance_id") if raw.data else None
+        instance_id = raw.data.get("instance_id") if raw.data and who is None else who
         report.problems.append(
             RowProblem(raw.where(), instance_id if isinstance(instance_id, str) else None, tuple(problems))
         )
@@ -311,6 +459,9 @@ def convert(options: ConvertOptions, progress: Callable[[int, int | None], None]
 
     Also raises ``SourceError``, ``SwebenchMissingError`` and ``ValueError`` (bad ``--instance-ids``);
     ``progress(rows_read, total_or_None)`` is called every few hundred rows."""
+    if options.environment_mode():
+        return _convert_environments(options, progress)
+    assert options.input is not None
     inferred = infer_kind(options.input)
     split_to_load = options.split or inferred.split or "test"
     routing = Routing(options.subset, options.split, inferred, fallback_split=split_to_load)
@@ -438,17 +589,25 @@ def convert(options: ConvertOptions, progress: Callable[[int, int | None], None]
                 + "; nothing written — see the skip reasons",
                 report,
             )
-        if holdout is not None:
-            holdout.commit()
-        output.commit()
-        report.committed = True
+        _commit(report, output, [holdout] if holdout is not None else [])
         return report
     finally:
-        output.discard()
-        if holdout is not None:
-            holdout.discard()
-        if spool is not None:
-            spool.discard()
+        _discard(output, holdout, spool)
+
+
+def _commit(report: ConvertReport, output: AtomicFile, holdouts: list[AtomicFile]) -> None:
+    """Move every file into place, the training file last."""
+    for holdout in holdouts:
+        holdout.commit()
+    output.commit()
+    report.committed = True
+
+
+def _discard(*files: AtomicFile | _Spool | None) -> None:
+    """Remove the temporary files that were not committed (no-op for committed ones)."""
+    for file in files:
+        if file is not None:
+            file.discard()
 
 
 def _write_shuffled(
@@ -474,3 +633,152 @@ def _write_shuffled(
         output.write(line)
         report.written += 1
         report.written_by_repo[repo] += 1
+
+
+def _problem_key(problem: FieldProblem) -> str:
+    """The skip reason of a refused environment row: its field without item indices, and the rule."""
+    return f"invalid: {_ITEM_INDEX.sub('[]', problem.field)} {problem.rule}"
+
+
+def _copy_line(line: bytes, copy: int) -> bytes:
+    """A repeated row's line with ``#<copy>`` appended to its task id (the line's last value)."""
+    assert line.endswith(b'"}}\n'), line[-20:]
+    return line[:-4] + b"#%d" % copy + line[-4:]
+
+
+def _convert_environments(options: ConvertOptions, progress: Callable[[int, int | None], None] | None) -> ConvertReport:
+    """NeMo-Gym environment rows: read and check every row, hold out per environment, mix by weight."""
+    inputs = options.environment_inputs()
+    report = ConvertReport(
+        source=", ".join(entry.source for entry in inputs),
+        source_kind="NeMo-Gym environment rows",
+        environments=True,
+        seed=options.seed if options.seed is not None else secrets.randbelow(2**31),
+    )
+    rng = random.Random(report.seed)
+    output = AtomicFile(options.output.expanduser())
+    spool = _Spool(options.output.expanduser())
+    holdouts: dict[Path, AtomicFile] = {}
+    positions: dict[str, list[int]] = {}
+    seen: set[str] = set()
+    failing = False
+    try:
+        for entry in inputs:
+            source = open_source(entry.source, options.split or "train")
+            for raw in source:
+                report.rows_read += 1
+                if progress is not None and report.rows_read % _PROGRESS_EVERY == 0:
+                    progress(report.rows_read, None)
+                if raw.data is None:
+                    _record_problem(report, raw, [raw.error or "unreadable"], "invalid: unreadable row")
+                    failing = options.on_error == "fail"
+                    continue
+                environment = entry.name or environment_of_row(raw.data)
+                if isinstance(environment, FieldProblem):
+                    _record_problem(report, raw, [str(environment)], _problem_key(environment))
+                    failing = options.on_error == "fail"
+                    continue
+                if environment == SWE_ENVIRONMENT:  # convert's SWE-bench output, mixed in as is
+                    checked = checked_swe_prompt_row(raw.data)
+                    task_id = f"{environment}/{checked[0] if isinstance(checked, tuple) else raw.index}"
+                    row = checked[1] if isinstance(checked, tuple) else checked
+                else:
+                    task_id = f"{environment}/{task_key(raw.data, raw.index)}"
+                    row = to_environment_row(raw.data, environment, task_id)
+                if isinstance(row, FieldProblem):
+                    _record_problem(report, raw, [str(row)], _problem_key(row), who=task_id)
+                    failing = options.on_error == "fail"
+                    continue
+                if task_id in seen:
+                    report.skipped[_DUPLICATE_TASK] += 1
+                    if len(report.duplicates) < _MAX_LISTED_PROBLEMS:
+                        report.duplicates.append(RowProblem(raw.where(), task_id, ("kept the first",)))
+                    continue
+                seen.add(task_id)
+                try:
+                    line = encode_row(row)
+                except ValueError as error:
+                    _record_problem(report, raw, [f"cannot be written as JSON: {error}"], "invalid: not JSON", task_id)
+                    failing = options.on_error == "fail"
+                    continue
+                if failing:
+                    continue  # keep checking to report every bad row; nothing will be written
+                positions.setdefault(environment, []).append(len(spool))
+                spool.add(line, environment)
+                report.usable_by_env[environment] += 1
+        if progress is not None:
+            progress(report.rows_read, report.rows_read)
+        if failing:
+            raise ConvertError(
+                f"{report.problem_count} bad row(s); nothing written (--on-error skip writes the good rows)", report
+            )
+        weights = {entry.name: entry.weight for entry in inputs if entry.name and entry.weight is not None}
+        empty = [name for name in weights if name not in positions]
+        if empty or not positions:
+            raise ConvertError(f"no usable rows{' for ' + ', '.join(empty) if empty else ''}; nothing written", report)
+
+        pools: dict[str, list[int]] = {}
+        held: dict[str, list[int]] = {}
+        for name, rows in positions.items():
+            if options.holdout and len(rows) <= options.holdout:
+                raise ConvertError(
+                    f"{name}: {len(rows)} usable row(s), not more than --holdout {options.holdout} (each "
+                    "environment keeps at least one row to train on); nothing written",
+                    report,
+                )
+            chosen = set(rng.sample(range(len(rows)), options.holdout)) if options.holdout else set()
+            held[name] = [row for index, row in enumerate(rows) if index in chosen]
+            pools[name] = [row for index, row in enumerate(rows) if index not in chosen]
+
+        counts = {name: len(pool) for name, pool in pools.items()}
+        if weights:
+            whole = sum(Fraction(weight) for weight in weights.values())
+            total = options.size or min(
+                math.floor(len(pools[name]) * whole / Fraction(weight)) for name, weight in weights.items()
+            )
+            counts = dict(zip(weights, apportion(total, list(weights.values())), strict=True))
+        picks: list[tuple[int, int]] = []  # (spool position, copy number)
+        for name, count in counts.items():
+            pool = pools[name]
+            full, part = divmod(count, len(pool))
+            for copy in range(1, full + 1):
+                picks.extend((row, copy) for row in pool)
+            picks.extend((row, full + 1) for row in sorted(rng.sample(pool, part)))
+            report.repeated_by_env[name] = max(0, count - len(pool))
+        if options.shuffle or weights:
+            rng.shuffle(picks)
+
+        for name, rows in held.items():
+            if not rows:
+                continue
+            assert options.holdout_output is not None
+            path = _holdout_path(options.holdout_output, name).expanduser()
+            if path not in holdouts:  # a path named by the rows: checked as the options check theirs
+                taken = [options.output.expanduser(), *holdouts, *(Path(entry.source).expanduser() for entry in inputs)]
+                problem = _output_problem(path) or (
+                    "is an input or another output of this conversion; the holdout file would replace it"
+                    if any(_same_file(path, other) for other in taken)
+                    else None
+                )
+                if problem:
+                    raise ValueError(f"--holdout-output {path} {problem}")
+                holdouts[path] = AtomicFile(path)
+            for line, _ in spool.lines(rows):
+                holdouts[path].write(line)
+            report.holdout_by_env[name] = len(rows)
+            report.holdout_written += len(rows)
+            report.holdout_files[name] = path
+        for (line, name), (_, copy) in zip(spool.lines([row for row, _ in picks]), picks, strict=True):
+            # A SWE-bench row has no task id to number: its copies are the same instance.
+            output.write(line if copy == 1 or name == SWE_ENVIRONMENT else _copy_line(line, copy))
+            report.written_by_env[name] += 1
+        report.written = len(picks)
+        unpicked = sum(max(0, len(pools[name]) - count) for name, count in counts.items())
+        if unpicked:
+            report.skipped["not picked by the weights"] += unpicked
+        if report.written == 0:
+            raise ConvertError("no rows to write; nothing written (a larger --size?)", report)
+        _commit(report, output, list(holdouts.values()))
+        return report
+    finally:
+        _discard(output, spool, *holdouts.values())

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
-from miles_nemogym.data.schema import SUBSETS, FieldProblem, SweBenchInstance
+from miles_nemogym.data.schema import SUBSETS, FieldProblem, SweBenchInstance, validate_instance
+from miles_nemogym.episode.record import ENV_KEY
 from miles_nemogym.episode.request import ROUTING_KEYS
 
 # Normalised dataset names (lower case, '_'/' '/'.' → '-') and what they imply.
@@ -132,3 +133,20 @@ def to_prompt_row(
         "prompt": [{"role": "user", "content": instance.problem_statement}],
         "metadata": metadata,
     }
+
+
+def checked_swe_prompt_row(row: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | FieldProblem:
+    """``(instance_id, row)`` for a prompt row this converter wrote from a SWE-bench row, to be mixed with
+    environment rows as is (routing keys dropped, as :func:`to_prompt_row` does); or why it is not one."""
+    metadata = row.get("metadata")
+    if not isinstance(row.get("prompt"), list) or not isinstance(metadata, Mapping):
+        return FieldProblem(
+            "metadata", "missing", "is missing: swe=FILE takes convert's output for SWE-bench rows; convert them first"
+        )
+    instance = validate_instance(metadata)
+    if isinstance(instance, list):
+        return FieldProblem(f"metadata.{instance[0].field}", instance[0].rule, instance[0].message)
+    if metadata.get("subset") not in SUBSETS or ENV_KEY in metadata:
+        return FieldProblem("metadata.subset", "bad_value", f"must be one of {', '.join(SUBSETS)} on a SWE-bench row")
+    kept = {key: value for key, value in metadata.items() if key not in ROUTING_KEYS}
+    return instance.instance_id, {**row, "metadata": kept}

@@ -1,0 +1,159 @@
+"""NeMo-Gym environment task rows (``responses_create_params``) as Miles prompt rows. Pure functions.
+
+Which environment a row belongs to, its task id, its prompt (the same messages the
+``simple_agent`` loop sends, so Miles' prompt is the episode's first turn), and how weights
+become row counts. The rules and why: docs/data-and-checks.md; the flags: docs/commands.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from miles_nemogym.data.schema import FieldProblem
+from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, TASK_ID_KEY
+from miles_nemogym.episode.request import ROUTING_KEYS
+from miles_nemogym.settings import environment_name_problem
+
+__all__ = [
+    "AGENT_SUFFIX",
+    "ID_FIELDS",
+    "EnvironmentInput",
+    "apportion",
+    "environment_of_row",
+    "is_environment_row",
+    "parse_env_option",
+    "task_key",
+    "to_environment_row",
+]
+
+AGENT_SUFFIX = "_simple_agent"
+"""NeMo-Gym names the ``simple_agent`` of resources server ``X`` ``X_simple_agent``; the
+environment of a row whose ``agent_ref.name`` (or ``task_source``) is ``X_simple_agent`` is ``X``."""
+ID_FIELDS = ("id", "uuid", "task_id", "instance_id")
+"""Row fields that hold a task's own id, first found wins; a row with none is known by its index."""
+_PARAMS = "responses_create_params"
+_NOT_COPIED = ROUTING_KEYS | {ENV_KEY, TASK_ID_KEY}
+
+
+@dataclass(frozen=True)
+class EnvironmentInput:
+    """One ``--env``: rows of ``source`` for environment ``name`` (None: named by each row), mixed by ``weight``."""
+
+    name: str | None
+    source: str
+    weight: float | None = None
+
+
+def parse_env_option(value: str, default_source: str | None) -> EnvironmentInput:
+    """``NAME``, ``NAME=SOURCE`` or ``NAME=SOURCE:WEIGHT`` (``NAME`` alone reads ``default_source``,
+    i.e. ``--input``; ``swe=SOURCE`` is convert's output for SWE-bench rows); ``ValueError`` naming the fix."""
+    name, sep, rest = value.partition("=")
+    name = name.strip()
+    problem = None if name == SWE_ENVIRONMENT and sep else environment_name_problem(name)
+    if problem:
+        raise ValueError(f"--env {value!r}: environment name {name!r}: {problem}")
+    source, weight = rest, None
+    head, colon, tail = rest.rpartition(":")
+    if colon and head:
+        try:
+            weight = float(tail)
+        except ValueError:
+            weight = None  # a ':' inside the path itself
+        else:
+            source = head
+            if not (math.isfinite(weight) and weight > 0):
+                raise ValueError(f"--env {value!r}: the weight must be a number > 0 (got {tail!r})")
+    if not sep:
+        if default_source is None:
+            raise ValueError(f"--env {value!r}: give its rows as NAME=FILE[:WEIGHT], or pass --input FILE")
+        source = default_source
+    elif not source:
+        raise ValueError(f"--env {value!r}: no file after '='; use NAME=FILE[:WEIGHT]")
+    return EnvironmentInput(name, source, weight)
+
+
+def is_environment_row(row: Mapping[str, Any]) -> bool:
+    """A NeMo-Gym environment task row (vs a SWE-bench row, which may carry
+    ``responses_create_params`` too): it has them and names an agent, or has no ``instance_id``."""
+    return _PARAMS in row and ("agent_ref" in row or "task_source" in row or "instance_id" not in row)
+
+
+def environment_of_row(row: Mapping[str, Any]) -> str | FieldProblem:
+    """The environment a row names through ``agent_ref.name`` or ``task_source`` (what NeMo-Gym's
+    data preparation writes in 0.7.0), ``X_simple_agent`` → ``X``; or why it names none."""
+    ref = row.get("agent_ref")
+    field, agent = ("agent_ref.name", ref.get("name")) if isinstance(ref, Mapping) else ("task_source", None)
+    if agent is None:
+        agent = row.get("task_source")
+        field = "task_source"
+    if agent is None:
+        return FieldProblem(
+            "agent_ref", "missing", "is missing (nothing names the environment); name it with --env NAME (and --input)"
+        )
+    if not isinstance(agent, str) or not agent.endswith(AGENT_SUFFIX):
+        return FieldProblem(
+            field,
+            "not_simple_agent",
+            f"is {agent!r}, not a '<environment>{AGENT_SUFFIX}' (only simple_agent environments run here); "
+            "name the environment with --env NAME (and --input) if its rows run with simple_agent",
+        )
+    name = agent[: -len(AGENT_SUFFIX)]
+    problem = environment_name_problem(name)
+    if problem:
+        return FieldProblem(field, "bad_value", f"{agent!r} gives environment {name!r}: {problem}")
+    return name
+
+
+def task_key(row: Mapping[str, Any], index: int) -> str:
+    """The row's own id (the first of ``ID_FIELDS`` that is a string or an integer), else its index."""
+    for field in ID_FIELDS:
+        value = row.get(field)
+        if (isinstance(value, str) and value) or (isinstance(value, int) and not isinstance(value, bool)):
+            return str(value)
+    return str(index)
+
+
+def to_environment_row(row: Mapping[str, Any], environment: str, task_id: str) -> dict[str, Any] | FieldProblem:
+    """``{"prompt": the input messages, "metadata": {the row…, nemogym_env, nemogym_task_id}}``,
+    or why the row cannot run (checked as the episode will build its first chat request)."""
+    params = row.get(_PARAMS)
+    if not isinstance(params, Mapping):
+        rule = "missing" if params is None else "wrong_type"
+        return FieldProblem(_PARAMS, rule, 'must be an object holding the task\'s "input", e.g. {"input": [...]}')
+    if params.get("input") in (None, "", []):
+        return FieldProblem(
+            f"{_PARAMS}.input",
+            "missing",
+            "is missing or empty: the model would get no prompt (rows filled from a prompt_config at "
+            "preparation: convert the prepared file)",
+        )
+    # Imported here: the simple_agent package brings aiohttp, which readers of rows never need.
+    from miles_nemogym.simple_agent.chat_request import RowError, messages, request_body
+
+    try:
+        prompt = messages(params)
+        request_body(params, None)  # the tools and extra_body the episode will send
+    except RowError as error:  # "responses_create_params.<where> <what is wrong>"
+        field, _, message = str(error).partition(" ")
+        return FieldProblem(field, "unusable", message)
+    # Routing and secrets come from the trainer's environment, never from data.
+    metadata = {key: value for key, value in row.items() if key not in _NOT_COPIED}
+    metadata[ENV_KEY] = environment
+    metadata[TASK_ID_KEY] = task_id  # last: a repeated copy's suffix is appended to the encoded line
+    return {"prompt": prompt, "metadata": metadata}
+
+
+def apportion(total: int, weights: Sequence[float]) -> list[int]:
+    """``total`` rows split by ``weights`` (largest remainder: counts sum to ``total``, each within 1 of its share)."""
+    exact = [Fraction(weight) for weight in weights]  # exact: a share of 5 is never 4.999…
+    whole = sum(exact)
+    shares = [total * weight / whole for weight in exact]
+    counts = [math.floor(share) for share in shares]
+    by_remainder = sorted(range(len(shares)), key=lambda i: (counts[i] - shares[i], i))
+    for i in by_remainder[: total - sum(counts)]:
+        counts[i] += 1
+    return counts
