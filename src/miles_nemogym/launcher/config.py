@@ -72,12 +72,13 @@ def _environments_variable() -> Any:
 
 
 def _environments(value: Any) -> Any:
-    """``nemo_gym_envs`` given as NEMO_GYM_ENVS text, a mapping, or NAME=URL[,max_steps=N] / JSON
-    items, validated by the plugin's own settings (one definition of the variable)."""
+    """``nemo_gym_envs`` given as NEMO_GYM_ENVS text, a mapping, or a list of NAME=URL[,max_steps=N]
+    or JSON-object items (the flag, repeated), validated by the plugin's own settings (one
+    definition of the variable)."""
     if value is None:
         return {}
-    if isinstance(value, str):
-        value = [value] if value.strip() else []
+    if isinstance(value, str):  # NEMO_GYM_ENVS's own form
+        return _parse_settings_envs(value) if value.strip() else {}
     if isinstance(value, list):
         merged: dict[str, Any] = {}
         for item in value:
