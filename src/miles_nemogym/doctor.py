@@ -2,7 +2,8 @@
 
 Settings valid, server answers, ``/run`` takes ``policy_base_url`` (one probe,
 :mod:`miles_nemogym.server_probe`), policy host dialable from the Gym host; given an API
-policy's URL, that it answers (what an API-policy scan needs). Serves
+policy's URL, that it answers (what an API-policy scan needs); each ``NEMO_GYM_ENVS``
+resources server answers with ``/seed_session``, ``/verify`` and the tools its rows use. Serves
 ``miles-nemogym doctor`` and the launcher; each check ends as one PASS/FAIL/SKIP line.
 The checks and why: docs/data-and-checks.md.
 """
@@ -224,6 +225,7 @@ def run_checks(
     gym_url_origin: str | None = None,
     policy_base_url: str | None = None,
     gym_server: bool = True,
+    environments: bool = True,
 ) -> list[CheckResult]:
     """Every doctor check, in order; a check whose prerequisite failed is ``skipped``.
 
@@ -231,7 +233,9 @@ def run_checks(
     ``0.0.0.0``, the recipe's); the settings are read from ``environ`` (default: this process's);
     ``gym_url_origin`` says where its NEMO_GYM_URL came from (default: the environment or the default);
     ``policy_base_url`` (an API-policy scan's) adds the check that it answers; ``gym_server``
-    off (no SWE rows to run) leaves out the checks of NEMO_GYM_URL's server.
+    off (no SWE rows to run) leaves out the checks of NEMO_GYM_URL's server; ``environments``
+    adds, for each server in NEMO_GYM_ENVS, that it answers as a resources server (the
+    launcher checks them itself, with the tools its rows use).
     """
     host = (session_host or _DEFAULT_SESSION_HOST).strip()
     results: list[CheckResult] = []
@@ -251,6 +255,11 @@ def run_checks(
     results.append(_check_policy_host(settings, host))
     if policy_base_url is not None:
         results.append(_check_policy_answers(policy_base_url, timeout_s))
+    if environments:
+        results += [
+            check_environment(name, server, (), fetch=fetch, timeout_s=timeout_s)
+            for name, server in settings.environments.items()
+        ]
     return results
 
 

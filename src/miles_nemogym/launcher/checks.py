@@ -595,6 +595,7 @@ def run_preflight(
         environ=plugin_env,
         gym_url_origin=config.gym_url_origin,
         gym_server=use is None or use.swe_rows > 0,
+        environments=False,  # below, with the tools the rows use
     )
     try:  # what the job's rollout process will read (the settings check names a bad value)
         servers = Settings.from_env(plugin_env).environments
