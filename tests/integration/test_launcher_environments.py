@@ -8,7 +8,6 @@ the rest of the preflight (GPUs, Miles) is not what this test is about.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,10 +15,9 @@ from typing import Any
 import pytest
 
 from miles_nemogym.doctor import CheckResult
-from miles_nemogym.gym.venv import GymPythonNotFoundError, ensure_gym_venv
 from miles_nemogym.launcher.checks import run_preflight
 from miles_nemogym.launcher.config import LauncherConfig
-from tests.support.gym_envs import GymEnvironments
+from tests.support.gym_envs import GymEnvironments, running_environments
 from tests.support.prompt_rows import write_jsonl
 from tests.support.scripted_chat import ScriptedChat
 
@@ -30,17 +28,11 @@ ENVS = ["workplace_assistant", "xlam_fc"]
 
 @pytest.fixture(scope="module")
 def envs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GymEnvironments]:
-    try:
-        venv = ensure_gym_venv(progress=lambda line: print(f"[gym-venv] {line}", file=sys.__stderr__, flush=True))
-    except GymPythonNotFoundError as error:
-        pytest.fail(str(error), pytrace=False)
-    with ScriptedChat() as chat:  # the simple_agents' model server needs a policy URL; none is called
-        servers = GymEnvironments(venv, ENVS, f"{chat.url}/v1", tmp_path_factory.mktemp("gym-envs"))
-        servers.start()
-        try:
-            yield servers
-        finally:
-            servers.stop()
+    with (
+        ScriptedChat() as chat,  # the simple_agents' model server needs a policy URL; none is called
+        running_environments(ENVS, f"{chat.url}/v1", tmp_path_factory.mktemp("gym-envs")) as servers,
+    ):
+        yield servers
 
 
 def marked(envs: GymEnvironments, env: str) -> list[dict[str, Any]]:
