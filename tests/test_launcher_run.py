@@ -173,6 +173,7 @@ def test_dry_run_without_environments_says_so_and_the_job_gets_none(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     miles = make_miles_checkout(tmp_path / "miles")
+    monkeypatch.setenv("COLUMNS", "80")
     assert run.main(["--dry-run", "--miles-root", str(miles)], actions=Refuses()) == 0
     out = capsys.readouterr().out
     assert "# environments: none (NEMO_GYM_ENVS unset): rows run through the server above" in out
@@ -184,7 +185,9 @@ def test_dry_run_without_environments_says_so_and_the_job_gets_none(
     assert run.main(["--dry-run", "--miles-root", str(miles), "--config", str(recipe)], actions=Refuses()) == 0
     out = capsys.readouterr().out
     assert "NEMO_GYM_ENVS=" not in out
-    assert "# environments: none (nemo_gym_envs in the --config recipe)" in out
+    assert (
+        "# environments: none (nemo_gym_envs in the --config recipe): rows run through\n#     the server above\n"
+    ) in out  # wrapped to the terminal's 80 columns, as a comment still
 
 
 def test_dry_run_hides_url_passwords_but_the_job_gets_them(

@@ -418,7 +418,7 @@ def execute(
             print(f"# Miles not usable here ({load_error}): its checkout and model arguments are placeholders")
         print(cmd.render(job))
         print(f"# NeMo-Gym server: {redact_url(config.nemo_gym_url)} (from {config.gym_url_origin})")
-        print("\n".join(_environment_lines(config)))
+        print(fit.wrap_all(_environment_lines(config), fit.terminal_width(), indent="#     "))
         if config.eval_data:
             print("# --eval-config above, decoded (Miles' eval config; its metadata_overrides mark eval episodes):")
             print("#   " + json.dumps(cmd.eval_config_document(config), sort_keys=True))
