@@ -223,7 +223,7 @@ class LauncherConfig(BaseModel):
     # --- held-out evaluation ---------------------------------------------------------------
     eval_data: dict[str, Path] = Field(default_factory=dict)
     """Held-out prompt data (e.g. ``miles-nemogym convert --holdout-output``): FILE, named by
-    eval_name, or NAME=FILE, repeatable, one eval set each (e.g. one per environment); unset: no eval."""
+    eval_name, or NAME=FILE, one eval set each (e.g. one per environment); unset: no eval."""
     eval_name: str = Field(default="held_out", pattern=_SET_NAME)
     """The name of an eval_data FILE given without NAME= in metrics (``eval/<name>``, ``nemogym-eval/<name>/*``)."""
     eval_interval: int = Field(default=5, ge=1)
@@ -275,12 +275,12 @@ class LauncherConfig(BaseModel):
     """Base URL of the NeMo-Gym mini_swe_agent_2 server (default: NEMO_GYM_URL, else http://localhost:12000)."""
     nemo_gym_envs: dict[str, EnvironmentServer] = Field(default_factory=_environments_variable)
     """Resources servers of the environments the rows name (metadata.nemogym_env): NAME=URL or
-    NAME=URL,max_steps=N, repeatable, or a NEMO_GYM_ENVS JSON object; the job gets them as
-    NEMO_GYM_ENVS (default: NEMO_GYM_ENVS)."""
+    NAME=URL,max_steps=N, or a NEMO_GYM_ENVS JSON object; the job gets them as NEMO_GYM_ENVS
+    (default: NEMO_GYM_ENVS)."""
     tools_not_served: list[str] = Field(default_factory=list)
     """Environments whose server does not serve the rows' tools because its verifier only reads
     the calls (e.g. xlam_fc): preflight accepts them; each call then answers the model with the
-    server's 404, as under NeMo-Gym's simple_agent (repeatable)."""
+    server's 404, as under NeMo-Gym's simple_agent."""
     router_external_host: str | None = Field(default_factory=lambda: _env("MILES_ROUTER_EXTERNAL_HOST"))
     """Address of the trainer the Gym host can dial (MILES_ROUTER_EXTERNAL_HOST)."""
 
