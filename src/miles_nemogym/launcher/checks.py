@@ -536,7 +536,7 @@ def _check_environments(
                 f"rows of {where} are marked {ENV_KEY}={name!r}, which NEMO_GYM_ENVS "
                 f"(from {config.envs_origin}) does not name",
                 f"start its resources server (`miles-nemogym serve --env {name}`) and pass "
-                f"--nemo-gym-env {name}=http://<host>:<port> (or add {name} to NEMO_GYM_ENVS)",
+                f"--nemo-gym-env {name}=http://<host>:<port> next to the others (or add {name} to NEMO_GYM_ENVS)",
             )
         )
     for name, server in servers.items():
