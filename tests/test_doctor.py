@@ -28,7 +28,7 @@ from miles_nemogym.doctor import CheckResult, Status, run_checks
 from miles_nemogym.server_probe import FetchError, fetch_json, run_body_fields
 from miles_nemogym.settings import ENV_VARS
 from tests.support.odd_http import OddServer
-from tests.support.openapi import GymStandIn, openapi_document
+from tests.support.openapi import GymStandIn, openapi_document, resources_document, serving
 from tests.support.ports import free_port
 from tests.support.tls import Certificates, make_certificates
 
@@ -472,3 +472,17 @@ def test_the_settings_line_says_where_the_gym_url_came_from(gym: GymStandIn, mon
     assert by_name(run_checks())["settings"].detail == f"NeMo-Gym server {gym.url} (from NEMO_GYM_URL)"
     result = CliRunner().invoke(app, ["doctor", "--gym-url", gym.url])
     assert f"PASS settings: NeMo-Gym server {gym.url} (from --gym-url)" in " ".join(result.output.split())
+
+
+def test_doctor_checks_each_resources_server_in_nemo_gym_envs(gym: GymStandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    down = f"http://127.0.0.1:{free_port()}"
+    with serving(resources_document(any_tool=True)) as resources:
+        envs = f'{{"wa": "{resources.url}", "mcqa": {{"url": "{down}", "max_steps": 2}}}}'
+        monkeypatch.setenv("NEMO_GYM_URL", gym.url)
+        monkeypatch.setenv("NEMO_GYM_ENVS", envs)
+        result = CliRunner().invoke(app, ["doctor", "--timeout", "2"], env={"COLUMNS": "200"})
+    assert result.exit_code == 1, result.output
+    assert f"PASS environment wa: {resources.url}: POST /seed_session, /verify and every tool" in result.output
+    assert f"FAIL environment mcqa: GET {down}/openapi.json: connection refused" in result.output
+    assert "fix: start its resources server (`miles-nemogym serve --env mcqa`)" in result.output
+    assert "PASS NeMo-Gym answers" in result.output

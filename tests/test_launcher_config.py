@@ -8,13 +8,14 @@ import pytest
 
 from miles_nemogym.launcher.config import ConfigError, LauncherConfig, load_config, read_yaml
 from miles_nemogym.launcher.run import load, parse_cli
+from miles_nemogym.settings import EnvironmentServer
 
 EXAMPLE_RECIPE = Path(__file__).resolve().parents[1] / "examples" / "swebench_grpo" / "recipe.yaml"
 
 
 @pytest.fixture(autouse=True)
 def no_env_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("NEMO_GYM_URL", "MILES_ROUTER_EXTERNAL_HOST", "RAY_ADDRESS", "MASTER_ADDR"):
+    for name in ("NEMO_GYM_URL", "NEMO_GYM_ENVS", "MILES_ROUTER_EXTERNAL_HOST", "RAY_ADDRESS", "MASTER_ADDR"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -110,6 +111,16 @@ def test_only_given_flags_override() -> None:
         ({"colocate": False, "rollout_num_gpus": 4}, "cluster has gpus_per_node x num_nodes = 4"),
         ({"colocate": True, "actor_gpus_per_node": 2}, "must equal gpus_per_node when colocate"),
         ({"extra_env": {"MILES_USE_LEGACY_ROLLOUT_V1": "1"}}, "legacy rollout"),
+        ({"extra_env": {"NEMO_GYM_ENVS": "{}"}}, "as nemo_gym_envs (--nemo-gym-env NAME=URL), not NEMO_GYM_ENVS"),
+        ({"nemo_gym_envs": ["mcqa=gym:8001"]}, "--nemo-gym-envs / recipe key 'nemo_gym_envs': environment 'mcqa': url"),
+        ({"nemo_gym_envs": ["swe=http://gym:8001"]}, "'swe' is reserved for NEMO_GYM_URL's /run rows"),
+        ({"nemo_gym_envs": ["mcqa=http://gym:8001,max_steps=many"]}, "max_steps must be a whole number"),
+        ({"nemo_gym_envs": ["http://gym:8001"]}, "expected NAME=URL or NAME=URL,max_steps=N"),
+        ({"nemo_gym_envs": {"mcqa": {"url": "http://gym:8001", "max_steps": 0}}}, "max_steps: Input should be"),
+        ({"nemo_gym_envs": "{not json"}, "not JSON; expected a JSON object"),
+        ({"tools_not_served": ["x y"]}, "'x y' is not an environment name"),
+        ({"eval_data": ["a.jsonl", "b.jsonl"]}, "two files for eval set 'held_out'; name each with NAME=FILE"),
+        ({"eval_data": {"a b": "a.jsonl"}}, "eval set name 'a b'"),
         ({"rollout_temperature": float("inf")}, "'rollout_temperature': Input should be a finite number"),
         ({"lr": float("nan")}, "'lr': Input should be a finite number"),
         ({"num_rollout": True}, "'num_rollout': expected a number, got the boolean true"),
@@ -183,3 +194,44 @@ def test_example_recipe_is_valid_and_matches_the_defaults_it_restates() -> None:
         if key in {"nemo_gym_url", "prompt_data", "num_rollout"}:
             continue  # the example changes these on purpose
         assert getattr(config, key) == getattr(defaults, key), key
+
+
+def test_environments_from_flags_yaml_json_and_the_caller_s_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mcqa, wa = EnvironmentServer(url="http://gym:8001"), EnvironmentServer(url="http://gym:8002", max_steps=6)
+    flags = ["--nemo-gym-env", "mcqa=http://gym:8001/", "--nemo-gym-env", "wa=http://gym:8002,max_steps=6"]
+    config, _, _ = load(flags)
+    assert config.nemo_gym_envs == {"mcqa": mcqa, "wa": wa}
+    assert config.envs_origin == "--nemo-gym-env"
+    # What `miles-nemogym serve --env` prints, pasted as one flag.
+    pasted, _, _ = load(
+        ["--nemo-gym-envs", '{"mcqa": "http://gym:8001", "wa": {"url": "http://gym:8002", "max_steps": 6}}']
+    )
+    assert pasted.nemo_gym_envs == config.nemo_gym_envs
+    recipe = write(tmp_path, "nemo_gym_envs:\n  mcqa: http://gym:8001\n  wa: {url: http://gym:8002, max_steps: 6}\n")
+    from_yaml, _, _ = load(["--config", str(recipe)])
+    assert from_yaml.nemo_gym_envs == config.nemo_gym_envs
+    assert from_yaml.envs_origin == "nemo_gym_envs in the --config recipe"
+    assert load([])[0].envs_origin == "NEMO_GYM_ENVS unset"
+    monkeypatch.setenv("NEMO_GYM_ENVS", '{"mcqa": "http://env-gym:8001"}')
+    from_env, _, _ = load([])
+    assert from_env.nemo_gym_envs == {"mcqa": EnvironmentServer(url="http://env-gym:8001")}
+    assert from_env.envs_origin == "NEMO_GYM_ENVS in the environment"
+    assert load(["--config", str(recipe)])[0].nemo_gym_envs == config.nemo_gym_envs  # the recipe wins
+    monkeypatch.setenv("NEMO_GYM_ENVS", "not json")
+    with pytest.raises(ConfigError, match="'nemo_gym_envs': not JSON"):
+        load([])
+
+
+def test_eval_sets_one_file_each_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    config, _, _ = load(["--eval-data", "mcqa=holdout/mcqa.jsonl", "--eval-data", "swe=/data/swe.jsonl"])
+    assert config.eval_data == {"mcqa": tmp_path / "holdout/mcqa.jsonl", "swe": Path("/data/swe.jsonl")}
+    # Today's form: one FILE, named by --eval-name; a path with '=' after a '/' is a path.
+    config, _, _ = load(["--eval-data", "./a=b.jsonl", "--eval-name", "verified"])
+    assert config.eval_data == {"verified": tmp_path / "a=b.jsonl"}
+    assert LauncherConfig(eval_data=Path("h.jsonl")).eval_data == {"held_out": tmp_path / "h.jsonl"}
+    recipe = write(tmp_path, "eval_data:\n  mcqa: m.jsonl\n  wa: w.jsonl\n")
+    assert list(load(["--config", str(recipe)])[0].eval_data) == ["mcqa", "wa"]
+    assert LauncherConfig().eval_data == {}

@@ -42,7 +42,7 @@ def test_help_is_plain_text_with_the_whole_precedence() -> None:
     text = done.stdout
     assert "``" not in text
     assert (
-        "defaults < environment (NEMO_GYM_URL, MILES_ROUTER_EXTERNAL_HOST, RAY_ADDRESS, MASTER_ADDR) "
+        "defaults < environment (NEMO_GYM_URL, NEMO_GYM_ENVS, MILES_ROUTER_EXTERNAL_HOST, RAY_ADDRESS, MASTER_ADDR) "
         "< --config YAML < flags" in " ".join(text.split())
     )
     for title in GROUPS:

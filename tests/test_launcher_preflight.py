@@ -22,8 +22,9 @@ from miles_nemogym.launcher import checks as preflight
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.settings import ENV_VARS
 from tests.support.miles_checkout import MODEL_TYPE, make_miles_checkout
-from tests.support.openapi import GymStandIn, openapi_document
+from tests.support.openapi import GymStandIn, openapi_document, resources_document, serving
 from tests.support.ports import free_port
+from tests.support.prompt_rows import environment_rows
 from tests.support.unprivileged import run_python_unprivileged
 
 
@@ -291,7 +292,7 @@ def test_gym_unreachable(good: dict[str, Any]) -> None:
 
 
 def eval_failure(good: dict[str, Any], path: Path) -> CheckResult:
-    failure = only_failure(run(good, config={"eval_data": path}))
+    failure = only_failure(run(good, config={"eval_data": {"held_out": path}}))
     assert failure.name == "eval data"
     assert failure.detail.startswith(f"--eval-data {path}")
     assert failure.fix is not None and "--holdout-output" in failure.fix and "--eval-data" in failure.fix
@@ -301,7 +302,7 @@ def eval_failure(good: dict[str, Any], path: Path) -> CheckResult:
 def test_eval_data_is_checked_like_prompt_data(good: dict[str, Any]) -> None:
     tmp = good["tmp"]
     assert run(good)["eval data"].detail == "no --eval-data: no held-out evaluation"
-    assert run(good, config={"eval_data": good["config"].prompt_data})["eval data"].ok
+    assert run(good, config={"eval_data": {"held_out": good["config"].prompt_data}})["eval data"].ok
     assert "does not exist" in eval_failure(good, tmp / "holdout.jsonl").detail
     (tmp / "empty.jsonl").write_bytes(b"")
     assert "has no rows" in eval_failure(good, tmp / "empty.jsonl").detail
@@ -370,3 +371,161 @@ def test_episode_folder_without_write_permission_is_refused(good: dict[str, Any]
     assert done.returncode == 0, done.stderr
     wanted = read_only / "run1"
     assert done.stdout.strip() == f"--episode-dir {wanted}: cannot create {wanted} (Permission denied)"
+
+
+# --- environments: NEMO_GYM_ENVS, each resources server and the tools its rows use ----------
+
+WA_TOOLS = ("email_send_email", "calendar_create_event")
+
+
+def with_environments(good: dict[str, Any], rows: list[dict[str, Any]], **fields: Any) -> dict[str, CheckResult]:
+    """The good setting's preflight on ``rows``, with ``fields`` given as a recipe gives them."""
+    data = write_jsonl(good["tmp"] / "mixed.jsonl", rows)
+    given = {**good["config"].model_dump(exclude_unset=True), "prompt_data": data, **fields}
+    results = preflight.run_preflight(
+        LauncherConfig.model_validate(given), environ=good["environ"], miles_root=good["miles"]
+    )
+    assert len({result.name for result in results}) == len(results)
+    return {result.name: result for result in results}
+
+
+def env_config(**servers: str) -> dict[str, Any]:
+    """``nemo_gym_envs`` as the validated recipe holds it."""
+    return LauncherConfig(nemo_gym_envs=servers).nemo_gym_envs
+
+
+def test_mixed_swe_and_environment_rows_pass_and_each_server_is_checked(
+    good: dict[str, Any], gym_example_rows: list[dict[str, Any]]
+) -> None:
+    rows = prompt_rows(gym_example_rows)[:2] + environment_rows("mcqa", 3) + environment_rows("wa", 2, WA_TOOLS)
+    with serving(resources_document()) as mcqa, serving(resources_document(WA_TOOLS)) as wa:
+        results = with_environments(good, rows, nemo_gym_envs=env_config(mcqa=mcqa.url, wa=wa.url))
+    assert all(result.ok for result in results.values()), [r for r in results.values() if not r.ok]
+    assert results["rows' environments"].detail == "SWE 2, mcqa 3, wa 2 rows of 7 read"
+    assert results["environment mcqa"].detail == f"{mcqa.url}: POST /seed_session, /verify and the rows' 0 tool(s)"
+    assert results["environment wa"].detail == f"{wa.url}: POST /seed_session, /verify and the rows' 2 tool(s)"
+    assert mcqa.requests == wa.requests == ["/openapi.json"]
+    assert "NeMo-Gym answers" in results  # SWE rows: the mini_swe_agent_2 server is checked as before
+    assert good["gym"].requests == ["/openapi.json"]
+
+
+def test_an_environment_only_run_does_not_need_the_swe_server(good: dict[str, Any]) -> None:
+    rows = environment_rows("mcqa", 2)
+    with serving(resources_document()) as mcqa:
+        nowhere = f"http://127.0.0.1:{free_port()}"
+        results = with_environments(good, rows, nemo_gym_envs=env_config(mcqa=mcqa.url), nemo_gym_url=nowhere)
+    assert all(result.ok for result in results.values()), [r for r in results.values() if not r.ok]
+    assert "NeMo-Gym answers" not in results and "/run accepts policy_base_url" not in results
+    assert results["settings"].detail == "valid; no SWE rows: NEMO_GYM_URL's server is not used"
+    assert results["rows' environments"].detail.endswith("no SWE rows, so NEMO_GYM_URL's server is not checked")
+    assert good["gym"].requests == []
+
+
+def test_an_environment_missing_from_nemo_gym_envs_is_named_with_the_fix(good: dict[str, Any]) -> None:
+    rows = environment_rows("mcqa", 1) + environment_rows("xlam_fc", 1)
+    with serving(resources_document()) as mcqa:
+        failure = only_failure(with_environments(good, rows, nemo_gym_envs=env_config(mcqa=mcqa.url)))
+    assert failure.name == "environment xlam_fc"
+    assert failure.detail == (
+        "rows of --prompt-data are marked nemogym_env='xlam_fc', which NEMO_GYM_ENVS (from the recipe) does not name"
+    )
+    assert failure.fix is not None and "miles-nemogym serve --env xlam_fc" in failure.fix
+    assert "--nemo-gym-env xlam_fc=http://<host>:<port>" in failure.fix
+
+
+def test_an_eval_set_s_environment_is_checked_too(good: dict[str, Any]) -> None:
+    holdout = write_jsonl(good["tmp"] / "holdout.jsonl", environment_rows("mcqa", 1))
+    failure = only_failure(run(good, config={"eval_data": {"mcqa": holdout}}))
+    assert failure.name == "environment mcqa"
+    assert failure.detail.startswith("rows of --eval-data mcqa are marked nemogym_env='mcqa'")
+    assert "(from NEMO_GYM_ENVS unset)" in failure.detail
+
+
+def test_an_environment_server_that_does_not_answer(good: dict[str, Any]) -> None:
+    down = f"http://127.0.0.1:{free_port()}"
+    failure = only_failure(with_environments(good, environment_rows("mcqa", 1), nemo_gym_envs=env_config(mcqa=down)))
+    assert failure.name == "environment mcqa"
+    assert failure.detail == f"GET {down}/openapi.json: connection refused (nothing listens on that port)"
+    assert failure.fix is not None and failure.fix.startswith("start its resources server (`miles-nemogym serve --env")
+    assert "--nemo-gym-env mcqa=http://<host>:<port>" in failure.fix
+
+
+def test_a_tool_the_server_does_not_declare_is_named(good: dict[str, Any]) -> None:
+    rows = environment_rows("wa", 2, WA_TOOLS)
+    with serving(resources_document(WA_TOOLS[:1])) as wa:
+        failure = only_failure(with_environments(good, rows, nemo_gym_envs=env_config(wa=wa.url)))
+        assert failure.name == "environment wa"
+        assert failure.detail == (
+            f"{wa.url} declares no POST /<tool> for 1 of the 2 tool(s) its rows give the model "
+            "(calendar_create_event): each call would answer the model with a 404"
+        )
+        assert failure.fix is not None and "--nemo-gym-env wa=" in failure.fix
+        assert "pass --tools-not-served wa" in failure.fix
+        # An environment whose verifier only reads the calls (xlam_fc) is let through by name.
+        results = with_environments(good, rows, nemo_gym_envs=env_config(wa=wa.url), tools_not_served=["wa"])
+    assert results["environment wa"].ok
+    assert results["environment wa"].detail.endswith("and 1 of the rows' 2 tool(s) (--tools-not-served)")
+
+
+def test_a_catch_all_route_serves_every_tool(good: dict[str, Any]) -> None:
+    with serving(resources_document(any_tool=True)) as wa:  # as workplace_assistant declares its 27 tools
+        results = with_environments(good, environment_rows("wa", 1, WA_TOOLS), nemo_gym_envs=env_config(wa=wa.url))
+    assert (
+        results["environment wa"].detail
+        == f"{wa.url}: POST /seed_session, /verify and every tool (POST /{{tool_name}})"
+    )
+
+
+@pytest.mark.parametrize(
+    ("document", "problem"),
+    [
+        (resources_document(WA_TOOLS, routes=("/verify",)), "no POST /seed_session"),
+        (resources_document(WA_TOOLS, routes=("/seed_session",)), "no POST /verify"),
+        (openapi_document(), "no POST /seed_session, /verify"),  # the mini_swe_agent_2 agent server
+        ({"detail": "Not Found"}, "the document is not an OpenAPI schema (no 'paths')"),
+    ],
+)
+def test_a_server_that_is_not_a_resources_server(good: dict[str, Any], document: Any, problem: str) -> None:
+    with serving(document) as server:
+        failure = only_failure(
+            with_environments(good, environment_rows("wa", 1, WA_TOOLS), nemo_gym_envs=env_config(wa=server.url))
+        )
+    assert failure.detail == f"{server.url} answers but is not a NeMo-Gym resources server ({problem})"
+    assert failure.fix is not None and "whose /openapi.json lists POST /seed_session and /verify" in failure.fix
+
+
+def test_a_server_in_nemo_gym_envs_is_checked_even_without_rows_in_the_sample(good: dict[str, Any]) -> None:
+    down = f"http://127.0.0.1:{free_port()}"
+    results = run(good, config={"nemo_gym_envs": env_config(mcqa=down)})  # SWE rows only
+    assert results["environment mcqa"].status is Status.failed
+    assert results["rows' environments"].detail == "SWE 5 rows of 5 read"
+
+
+def test_every_row_of_a_jsonl_file_is_counted_and_a_few_per_environment_parsed(
+    good: dict[str, Any], gym_example_rows: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(preflight, "_PARSED_PER_ENVIRONMENT", 2)
+    # A rare environment at the very end of a file of large SWE rows; a prompt quoting the mark.
+    swe = prompt_rows(gym_example_rows)
+    swe[0]["prompt"][0]["content"] += ' "nemogym_env": "quoted"'
+    late = environment_rows("rare", 3, ("late_tool",))
+    late[2]["metadata"]["responses_create_params"]["tools"][0]["name"] = "third_rows_tool"  # not parsed
+    with serving(resources_document()) as mcqa:
+        results = with_environments(good, swe * 40 + late, nemo_gym_envs=env_config(mcqa=mcqa.url))
+    assert results["rows' environments"].detail == "SWE 200, rare 3 rows of 203 read"
+    failure = only_failure(results)
+    assert failure.name == "environment rare"
+    assert "rows of --prompt-data are marked nemogym_env='rare'" in failure.detail
+    with serving(resources_document(("late_tool",))) as rare:
+        assert with_environments(good, swe + late, nemo_gym_envs=env_config(rare=rare.url))["environment rare"].ok
+
+
+def test_an_environment_row_without_its_task_is_refused(good: dict[str, Any]) -> None:
+    rows = environment_rows("mcqa", 1)
+    del rows[0]["metadata"]["responses_create_params"]
+    with serving(resources_document()) as mcqa:
+        results = with_environments(good, rows, nemo_gym_envs=env_config(mcqa=mcqa.url))
+    assert results["prompt data"].status is Status.failed
+    assert "row 1: an environment row (nemogym_env='mcqa') needs metadata.responses_create_params" in (
+        results["prompt data"].detail
+    )

@@ -20,6 +20,7 @@ from miles_nemogym.launcher import command as cmd
 from miles_nemogym.launcher import run
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.launcher.families import resolve
+from miles_nemogym.settings import Settings
 from tests.support.launcher_script import run_launcher
 from tests.support.miles_checkout import MODEL_ARGS, make_miles_checkout
 
@@ -82,7 +83,7 @@ def failing(*_: Any, **__: Any) -> list[CheckResult]:
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("NEMO_GYM_URL", "MILES_ROUTER_EXTERNAL_HOST", "RAY_ADDRESS", "MASTER_ADDR"):
+    for name in ("NEMO_GYM_URL", "NEMO_GYM_ENVS", "MILES_ROUTER_EXTERNAL_HOST", "RAY_ADDRESS", "MASTER_ADDR"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -136,6 +137,57 @@ def test_dry_run_shows_the_eval_and_episode_store_wiring(tmp_path: Path, capsys:
     assert '"metadata_overrides": {"nemogym_eval_set": "verified", "nemogym_role": "eval"}' in out
     assert run.main(["--dry-run", "--miles-root", str(miles), "--no-store-episodes"], actions=Refuses()) == 0
     assert "# episode store: off" in capsys.readouterr().out
+
+
+def test_dry_run_shows_each_environment_and_the_nemo_gym_envs_the_job_gets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    miles = make_miles_checkout(tmp_path / "miles")
+    monkeypatch.setenv("NEMO_GYM_ENVS", '{"stale": "http://old-gym:1"}')  # the shell's: the recipe's replaces it
+    argv = ["--miles-root", str(miles), "--nemo-gym-env", "mcqa=http://trainer:pw-321@gym:8001",
+            "--nemo-gym-env", "workplace_assistant=http://gym:8002,max_steps=6", "--tools-not-served", "mcqa",
+            "--eval-data", "mcqa=/data/mcqa.jsonl", "--eval-data", "workplace_assistant=/data/wa.jsonl"]  # fmt: skip
+    assert run.main(["--dry-run", *argv], actions=Refuses()) == 0
+    out = capsys.readouterr().out
+    assert "pw-321" not in out and "stale" not in out
+    wanted = (
+        '{"mcqa": "http://trainer:***@gym:8001", "workplace_assistant": {"url": "http://gym:8002", "max_steps": 6}}'
+    )
+    assert f"NEMO_GYM_ENVS='{wanted}'" in out.splitlines()
+    assert (
+        "# environments (from --nemo-gym-env; the job's NEMO_GYM_ENVS above):\n"
+        "#   mcqa: http://trainer:***@gym:8001 (no max_steps, tools not served)\n"
+        "#   workplace_assistant: http://gym:8002 (max_steps 6)\n"
+    ) in out
+    assert "--eval-prompt-data mcqa /data/mcqa.jsonl workplace_assistant /data/wa.jsonl" in out
+    for name in ("mcqa", "workplace_assistant"):
+        assert f'"metadata_overrides": {{"nemogym_eval_set": "{name}", "nemogym_role": "eval"}}' in out
+    # The job gets the real URLs, in the form the agent function's settings read back.
+    config, parsers, _ = run.load(argv)
+    job = cmd.build_job(config, parsers, cmd.MilesInstall(miles, MODEL_ARGS), {"NEMO_GYM_ENVS": "{}"})
+    assert Settings.from_env(job.env).environments == config.nemo_gym_envs
+    assert config.nemo_gym_envs["mcqa"].url == "http://trainer:pw-321@gym:8001"
+
+
+def test_dry_run_without_environments_says_so_and_the_job_gets_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    miles = make_miles_checkout(tmp_path / "miles")
+    monkeypatch.setenv("COLUMNS", "80")
+    assert run.main(["--dry-run", "--miles-root", str(miles)], actions=Refuses()) == 0
+    out = capsys.readouterr().out
+    assert "# environments: none (NEMO_GYM_ENVS unset): rows run through the server above" in out
+    assert "NEMO_GYM_ENVS=" not in out
+    # A recipe that clears them keeps the shell's NEMO_GYM_ENVS from reaching the job.
+    monkeypatch.setenv("NEMO_GYM_ENVS", '{"mcqa": "http://gym:8001"}')
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("nemo_gym_envs: {}\n")
+    assert run.main(["--dry-run", "--miles-root", str(miles), "--config", str(recipe)], actions=Refuses()) == 0
+    out = capsys.readouterr().out
+    assert "NEMO_GYM_ENVS=" not in out
+    assert (
+        "# environments: none (nemo_gym_envs in the --config recipe): rows run through\n#     the server above\n"
+    ) in out  # wrapped to the terminal's 80 columns, as a comment still
 
 
 def test_dry_run_hides_url_passwords_but_the_job_gets_them(

@@ -2,7 +2,8 @@
 
 Settings valid, server answers, ``/run`` takes ``policy_base_url`` (one probe,
 :mod:`miles_nemogym.server_probe`), policy host dialable from the Gym host; given an API
-policy's URL, that it answers (what an API-policy scan needs). Serves
+policy's URL, that it answers (what an API-policy scan needs); each ``NEMO_GYM_ENVS``
+resources server answers with ``/seed_session``, ``/verify`` and the tools its rows use. Serves
 ``miles-nemogym doctor`` and the launcher; each check ends as one PASS/FAIL/SKIP line.
 The checks and why: docs/data-and-checks.md.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from urllib.parse import urlsplit
@@ -21,14 +22,17 @@ from miles_nemogym.hosts import bracket, is_loopback, is_wildcard
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.server_probe import (
     Fetcher,
+    FetchError,
     RunEndpoint,
+    SchemaError,
     ServerProblem,
     fetch_json,
     policy_field_problem,
     policy_problem,
     probe,
+    resources_routes,
 )
-from miles_nemogym.settings import Settings, SettingsError
+from miles_nemogym.settings import EnvironmentServer, Settings, SettingsError
 
 DEFAULT_TIMEOUT_S = 5.0
 _DEFAULT_SESSION_HOST = "0.0.0.0"
@@ -155,6 +159,63 @@ def _check_policy_host(settings: Settings, session_host: str) -> CheckResult:
     )
 
 
+def environment_check_name(name: str) -> str:
+    return f"environment {name}"
+
+
+def check_environment(
+    name: str,
+    server: EnvironmentServer,
+    tools: Collection[str],
+    *,
+    fetch: Fetcher = fetch_json,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    tools_served: bool = True,
+) -> CheckResult:
+    """Environment ``name``'s resources server answers, declares ``POST /seed_session`` and
+    ``/verify``, and (unless ``tools_served`` is off) a route for each of ``tools``, the tool
+    names its rows give the model."""
+    check = environment_check_name(name)
+    url = redact_url(server.url)
+    where = f"correct its URL in NEMO_GYM_ENVS (the launcher's --nemo-gym-env {name}=http://<host>:<port>)"
+    try:
+        routes = resources_routes(fetch(f"{server.url}/openapi.json", timeout_s))
+    except FetchError as error:
+        fix = f"start its resources server (`miles-nemogym serve --env {name}`), or {where}"
+        return CheckResult(check, Status.failed, f"GET {url}/openapi.json: {error}", fix)
+    except SchemaError as error:
+        problem = str(error)
+    else:
+        missing = routes.missing_routes()
+        problem = f"no POST {', '.join(missing)}" if missing else ""
+    if problem:
+        return CheckResult(
+            check,
+            Status.failed,
+            f"{url} answers but is not a NeMo-Gym resources server ({problem})",
+            f"{where}: the resources server's own address, whose /openapi.json lists POST /seed_session and "
+            "/verify (not its simple_agent, the head server or a model server)",
+        )
+    unserved = routes.unserved_tools(tools)
+    if unserved and tools_served:
+        shown = ", ".join(unserved[:5]) + (f" and {len(unserved) - 5} more" if len(unserved) > 5 else "")
+        return CheckResult(
+            check,
+            Status.failed,
+            f"{url} declares no POST /<tool> for {len(unserved)} of the {len(set(tools))} tool(s) its rows "
+            f"give the model ({shown}): each call would answer the model with a 404",
+            f"{where}, the server of that environment, at the nemo-gym version the rows were written for; "
+            f"if its verifier only reads the calls (as xlam_fc's does), pass --tools-not-served {name}",
+        )
+    if routes.any_tool is not None:
+        served = f"every tool (POST {routes.any_tool})"
+    elif unserved:
+        served = f"{len(set(tools)) - len(unserved)} of the rows' {len(set(tools))} tool(s) (--tools-not-served)"
+    else:
+        served = f"the rows' {len(set(tools))} tool(s)"
+    return CheckResult(check, Status.passed, f"{url}: POST /seed_session, /verify and {served}")
+
+
 def run_checks(
     *,
     session_host: str | None = None,
@@ -163,17 +224,25 @@ def run_checks(
     environ: Mapping[str, str] | None = None,
     gym_url_origin: str | None = None,
     policy_base_url: str | None = None,
+    gym_server: bool = True,
+    environments: bool = True,
 ) -> list[CheckResult]:
     """Every doctor check, in order; a check whose prerequisite failed is ``skipped``.
 
     ``session_host`` is the ``--session-server-ip`` the trainer will use (default
     ``0.0.0.0``, the recipe's); the settings are read from ``environ`` (default: this process's);
     ``gym_url_origin`` says where its NEMO_GYM_URL came from (default: the environment or the default);
-    ``policy_base_url`` (an API-policy scan's) adds the check that it answers.
+    ``policy_base_url`` (an API-policy scan's) adds the check that it answers; ``gym_server``
+    off (no SWE rows to run) leaves out the checks of NEMO_GYM_URL's server; ``environments``
+    adds, for each server in NEMO_GYM_ENVS, that it answers as a resources server (the
+    launcher checks them itself, with the tools its rows use).
     """
     host = (session_host or _DEFAULT_SESSION_HOST).strip()
     results: list[CheckResult] = []
     settings_result, settings = _check_settings(os.environ if environ is None else environ, gym_url_origin)
+    if not gym_server:
+        unused = "valid; no SWE rows: NEMO_GYM_URL's server is not used"
+        return [settings_result if settings is None else CheckResult(_CHECK_SETTINGS, Status.passed, unused)]
     results.append(settings_result)
     if settings is None:
         reason = "needs valid settings"
@@ -186,6 +255,11 @@ def run_checks(
     results.append(_check_policy_host(settings, host))
     if policy_base_url is not None:
         results.append(_check_policy_answers(policy_base_url, timeout_s))
+    if environments:
+        results += [
+            check_environment(name, server, (), fetch=fetch, timeout_s=timeout_s)
+            for name, server in settings.environments.items()
+        ]
     return results
 
 

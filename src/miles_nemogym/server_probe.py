@@ -1,17 +1,20 @@
-"""Is a URL a ``mini_swe_agent_2`` server whose ``POST /run`` takes ``policy_base_url``?
+"""Is a URL a ``mini_swe_agent_2`` server whose ``POST /run`` takes ``policy_base_url``, or a
+resources server with the routes an environment's rows need?
 
 The one server check behind ``doctor``, the launcher's checks and ``scan``: fetch
 ``/openapi.json`` (one deadline for the whole answer, no redirects, a size cap), read
-``POST /run``'s body fields with a bounded schema walk, and say what a failure means and
-how to fix it. Why each guard exists: docs/data-and-checks.md.
+``POST /run``'s body fields with a bounded schema walk, or a resources server's ``POST``
+routes, and say what a failure means and how to fix it. Why each guard exists:
+docs/data-and-checks.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,6 +187,44 @@ def run_body_fields(openapi: Any) -> tuple[str, set[str]]:
     name = str(raw.get("$ref", "")).rsplit("/", 1)[-1] if isinstance(raw, Mapping) else ""
     schema = _resolve(openapi, raw)
     return name or str(schema.get("title", "<inline>"))[:80], _properties(openapi, schema)
+
+
+# --- a resources server's routes ---------------------------------------------------------
+
+_ANY_NAME = re.compile(r"^/\{[^/{}]+\}$")
+"""A path of one parameter (``/{tool_name}``): FastAPI routes every tool name there."""
+RESOURCES_ROUTES = ("/seed_session", "/verify")
+"""What every episode of a resources-server environment calls besides its tools."""
+
+
+@dataclass(frozen=True)
+class ResourcesRoutes:
+    """The ``POST`` routes a resources server's OpenAPI document declares."""
+
+    paths: frozenset[str]
+
+    @property
+    def any_tool(self) -> str | None:
+        """The catch-all route (``/{tool_name}``) that takes every tool's calls, if declared."""
+        return next((path for path in sorted(self.paths) if _ANY_NAME.match(path)), None)
+
+    def missing_routes(self) -> list[str]:
+        """Of ``/seed_session`` and ``/verify``, those not declared."""
+        return [path for path in RESOURCES_ROUTES if path not in self.paths]
+
+    def unserved_tools(self, tools: Iterable[str]) -> list[str]:
+        """The tools (by name) whose calls no declared route takes, sorted."""
+        if self.any_tool is not None:
+            return []
+        return sorted({tool for tool in tools if f"/{tool}" not in self.paths})
+
+
+def resources_routes(openapi: Any) -> ResourcesRoutes:
+    """The ``POST`` paths of a fetched OpenAPI document; raises only ``SchemaError``."""
+    if not isinstance(openapi, Mapping) or not isinstance(openapi.get("paths"), Mapping):
+        raise SchemaError("the document is not an OpenAPI schema (no 'paths')")
+    posts = (str(path) for path, item in openapi["paths"].items() if isinstance(item, Mapping) and "post" in item)
+    return ResourcesRoutes(frozenset(posts))
 
 
 # --- what a failure means ----------------------------------------------------------------

@@ -77,6 +77,7 @@ REPORTED = [
     "colocate",
     "rollout_num_gpus",
     "eval_datasets",
+    "eval_prompt_data",
     "eval_interval",
     "use_wandb",
     "wandb_group",
@@ -120,6 +121,9 @@ def recipes(work: Path) -> dict[str, LauncherConfig]:
         }
     )
     cases["debug-rollout-only"] = LauncherConfig.model_validate({**base, "mode": "debug_rollout_only"})
+    cases["environments-eval-set-each"] = LauncherConfig.model_validate(
+        {**base, "eval_data": {"mcqa": held_out, "swe": held_out}, "nemo_gym_envs": {"mcqa": "http://gym:8001"}}
+    )
     # The control: a flag Miles does not know must come back rejected, with argparse's words.
     cases["unknown-flag"] = LauncherConfig.model_validate({**base, "extra_args": ["--not-a-miles-flag", "1"]})
     return cases
@@ -219,6 +223,20 @@ def test_the_eval_store_and_layout_settings_reach_miles_as_meant(
     assert jobs[case].env[cmd.EPISODE_DIR_ENV] == str(configs[case].episode_dir)
     assert results["debug-rollout-only"]["values"]["debug_rollout_only"] is True
     assert results["default"]["values"]["eval_datasets"] in ([], None)
+
+
+def test_one_eval_set_per_environment_reaches_miles_each_marked_with_its_name(
+    parsed: tuple[dict[str, LauncherConfig], dict[str, cmd.Job], Any],
+) -> None:
+    configs, jobs, reply = parsed
+    case = "environments-eval-set-each"
+    values = reply["results"][case]["values"]
+    assert [dataset["name"] for dataset in values["eval_datasets"]] == ["mcqa", "swe"]
+    for dataset in values["eval_datasets"]:
+        assert dataset["metadata_overrides"] == {"nemogym_role": "eval", "nemogym_eval_set": dataset["name"]}
+    held_out = str(configs[case].eval_data["mcqa"])
+    assert values["eval_prompt_data"] == ["mcqa", held_out, "swe", held_out]
+    assert jobs[case].env["NEMO_GYM_ENVS"] == '{"mcqa": "http://gym:8001"}'
 
 
 def test_a_flag_miles_does_not_know_is_rejected(

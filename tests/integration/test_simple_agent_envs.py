@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
 import pytest
 
-from miles_nemogym.gym.venv import GymPythonNotFoundError, ensure_gym_venv
 from miles_nemogym.simple_agent import Connections, EpisodeResult, Limits, run_episode
-from tests.support.gym_envs import GymEnvironments
+from tests.support.gym_envs import GymEnvironments, running_environments
 from tests.support.scripted_chat import ScriptedChat, Turn, tagged, tool
 
 pytestmark = pytest.mark.integration
@@ -35,16 +33,8 @@ def chat() -> Iterator[ScriptedChat]:
 
 @pytest.fixture(scope="module")
 def envs(chat: ScriptedChat, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GymEnvironments]:
-    try:
-        venv = ensure_gym_venv(progress=lambda line: print(f"[gym-venv] {line}", file=sys.__stderr__, flush=True))
-    except GymPythonNotFoundError as error:
-        pytest.fail(str(error), pytrace=False)
-    servers = GymEnvironments(venv, ENVS, f"{chat.url}/v1", tmp_path_factory.mktemp("gym-envs"))
-    servers.start()
-    try:
+    with running_environments(ENVS, f"{chat.url}/v1", tmp_path_factory.mktemp("gym-envs")) as servers:
         yield servers
-    finally:
-        servers.stop()
 
 
 def _row(envs: GymEnvironments, env: str) -> dict[str, Any]:

@@ -16,15 +16,18 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from miles_nemogym.gym.venv import GymVenv
+from miles_nemogym.gym.venv import GymPythonNotFoundError, GymVenv, ensure_gym_venv
 from tests.support.ports import free_port
 
 _COMPOSER = """
@@ -189,3 +192,18 @@ class GymEnvironments:
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=5)
         self._processes.clear()
+
+
+@contextlib.contextmanager
+def running_environments(envs: list[str], policy_v1_url: str, state_dir: Path) -> Iterator[GymEnvironments]:
+    """``envs`` started from the cached server venv (built first if needed), stopped after."""
+    try:
+        venv = ensure_gym_venv(progress=lambda line: print(f"[gym-venv] {line}", file=sys.__stderr__, flush=True))
+    except GymPythonNotFoundError as error:
+        pytest.fail(str(error), pytrace=False)
+    servers = GymEnvironments(venv, envs, policy_v1_url, state_dir)
+    servers.start()
+    try:
+        yield servers
+    finally:
+        servers.stop()

@@ -1,7 +1,8 @@
 """Checks run before the launcher spends GPU time; each failure comes with its fix.
 
 In seconds on the launching node: Miles, Megatron, the hooks, GPUs, prompt and eval data,
-the episode folder, checkpoint, session port, cluster, then the doctor's NeMo-Gym checks (docs/launcher.md).
+the episode folder, checkpoint, session port, cluster, the environments the rows use, then
+the doctor's NeMo-Gym checks and each environment's resources server (docs/launcher.md).
 """
 
 from __future__ import annotations
@@ -10,22 +11,27 @@ import contextlib
 import importlib
 import importlib.util
 import itertools
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from miles_nemogym import doctor, server_probe
 from miles_nemogym.data.sources import SourceError, open_file
 from miles_nemogym.doctor import CheckResult, Status
+from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, environment_of
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.launcher.command import EPISODE_DIR_ENV, HOOKS, MilesInstall, job_environment, job_episode_dir
 from miles_nemogym.launcher.config import LauncherConfig
-from miles_nemogym.settings import ENV_VARS
+from miles_nemogym.settings import ENV_VARS, Settings, SettingsError
 
 LEGACY_ROLLOUT_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
 
@@ -244,7 +250,7 @@ def _check_data(name: str, flag: str, path: Path, fix: str) -> CheckResult:
         problem = _row_problem(row)
         if problem is not None:
             return CheckResult(name, Status.failed, f"{flag} {path} row {number}: {problem}", fix)
-    return CheckResult(name, Status.passed, f"{path}: first {len(rows)} row(s) carry prompt and instance")
+    return CheckResult(name, Status.passed, f"{path}: first {len(rows)} row(s) carry a prompt and a task")
 
 
 def check_prompt_data(config: LauncherConfig) -> CheckResult:
@@ -253,17 +259,20 @@ def check_prompt_data(config: LauncherConfig) -> CheckResult:
     return _check_data("prompt data", "--prompt-data", path, fix)
 
 
-def _check_eval_data(config: LauncherConfig) -> CheckResult:
+def _check_eval_data(config: LauncherConfig) -> list[CheckResult]:
     """Miles evaluates before the first training step: a bad held-out file fails once the cluster runs."""
-    name = "eval data"
-    path = config.eval_data
-    if path is None:
-        return CheckResult(name, Status.passed, "no --eval-data: no held-out evaluation")
-    fix = (
-        f"write a held-out set with `{_CONVERT} --output <train.jsonl> --holdout N --holdout-output {path}` "
-        "and pass that file as --eval-data, or leave --eval-data unset to train without evaluation"
-    )
-    return _check_data(name, "--eval-data", path, fix)
+    if not config.eval_data:
+        return [CheckResult("eval data", Status.passed, "no --eval-data: no held-out evaluation")]
+    results = []
+    for set_name, path in config.eval_data.items():
+        fix = (
+            f"write a held-out set with `{_CONVERT} --output <train.jsonl> --holdout N --holdout-output {path}` "
+            f"and pass that file as --eval-data {set_name}={path}, or leave --eval-data unset to train without "
+            "evaluation"
+        )
+        name = "eval data" if len(config.eval_data) == 1 else f"eval data {set_name}"
+        results.append(_check_data(name, "--eval-data", path, fix))
+    return results
 
 
 def _row_problem(row: Any) -> str | None:
@@ -274,7 +283,15 @@ def _row_problem(row: Any) -> str | None:
         return "'prompt' must be a non-empty list of chat messages (Miles' TITO session needs one)"
     metadata = row.get("metadata")
     if not isinstance(metadata, dict):
-        return "'metadata' (the SWE-bench instance) is missing or not an object"
+        return "'metadata' (the SWE-bench instance or the task row) is missing or not an object"
+    environment = environment_of(metadata)
+    if environment != SWE_ENVIRONMENT:
+        if not isinstance(metadata.get("responses_create_params"), dict):
+            return (
+                f"an environment row ({ENV_KEY}={environment!r}) needs metadata.responses_create_params, "
+                "the NeMo-Gym task row's, as an object"
+            )
+        return None
     # The converter's own rules: what the server and the SWE-bench grader read.
     from miles_nemogym.data.schema import validate_instance
 
@@ -392,6 +409,150 @@ def check_cluster(config: LauncherConfig) -> CheckResult:
     return CheckResult(name, Status.passed, f"{config.num_nodes} node(s) via {where}")
 
 
+# --- environments ------------------------------------------------------------------------
+
+_PARSED_PER_ENVIRONMENT = 200
+"""Rows of each environment parsed for their tools in a JSONL file; the rest are only counted."""
+_PARQUET_WHOLE_BYTES = 32 * 1024 * 1024
+"""Parquet files up to this size are read whole; of a larger one, the first ``_PARQUET_ROWS``."""
+_PARQUET_ROWS = 2000
+_MARK_KEY = b'"' + ENV_KEY.encode() + b'"'
+_MARK = re.compile(re.escape(_MARK_KEY) + rb'\s*:\s*"([A-Za-z0-9_.-]*)"')
+"""The environment mark as JSON writes it; inside a string (a prompt quoting it) it is escaped."""
+
+
+@dataclass
+class DataUse:
+    """What the data's rows run: every row of a JSONL file, of a parquet file up to
+    ``_PARQUET_WHOLE_BYTES`` (else its first rows)."""
+
+    rows: int = 0
+    swe_rows: int = 0
+    sampled: bool = False
+    env_rows: Counter[str] = field(default_factory=Counter)
+    tools: dict[str, set[str]] = field(default_factory=dict)
+    """Environment -> the names of the function tools its rows give the model."""
+    sources: dict[str, list[str]] = field(default_factory=dict)
+    """Environment -> the flags whose files have its rows (``--prompt-data``, ``--eval-data NAME``)."""
+
+    def count(self, environment: str, source: str) -> None:
+        self.rows += 1
+        if environment == SWE_ENVIRONMENT:
+            self.swe_rows += 1
+            return
+        self.env_rows[environment] += 1
+        if source not in self.sources.setdefault(environment, []):
+            self.sources[environment].append(source)
+        self.tools.setdefault(environment, set())
+
+    def add(self, row: Any, source: str) -> None:
+        """Count a parsed row and note the tools it gives the model."""
+        metadata = row.get("metadata") if isinstance(row, dict) else None
+        if not isinstance(metadata, dict):
+            return
+        environment = environment_of(metadata)
+        self.count(environment, source)
+        if environment == SWE_ENVIRONMENT:
+            return
+        params = metadata.get("responses_create_params")
+        tools = params.get("tools") if isinstance(params, dict) else None
+        for tool in tools if isinstance(tools, list) else []:
+            function = isinstance(tool, dict) and tool.get("type", "function") == "function"
+            if function and isinstance(tool.get("name"), str):
+                self.tools[environment].add(tool["name"])
+
+
+def _read_jsonl_use(path: Path, use: DataUse, source: str) -> None:
+    """Every line: a line without the environment mark is a SWE row (not parsed); the first
+    ``_PARSED_PER_ENVIRONMENT`` rows of each environment are parsed for their tools."""
+    with path.open("rb") as handle:
+        for line in handle:
+            at = line.find(_MARK_KEY)
+            found = _MARK.match(line, at) if at >= 0 else None
+            if found is None:
+                if line.strip():
+                    use.count(SWE_ENVIRONMENT, source)
+                continue
+            environment = found.group(1).decode()
+            if use.env_rows[environment] >= _PARSED_PER_ENVIRONMENT:
+                use.count(environment, source)
+                continue
+            with contextlib.suppress(ValueError):
+                use.add(json.loads(line), source)
+
+
+def data_use(config: LauncherConfig) -> DataUse | None:
+    """What the prompt data and every eval set run; None when no file could be read (the data
+    checks name why); unreadable rows are left out (the data checks report the first ones)."""
+    use = DataUse()
+    read = False
+    files = [("--prompt-data", config.prompt_data)]
+    files += [(f"--eval-data {name}", path) for name, path in config.eval_data.items()]
+    for source, path in files:
+        try:
+            if path.suffix == ".jsonl":
+                _read_jsonl_use(path, use, source)
+            else:
+                rows = iter(open_file(path))
+                if path.stat().st_size > _PARQUET_WHOLE_BYTES:
+                    rows = itertools.islice(rows, _PARQUET_ROWS)
+                    use.sampled = True
+                for raw in rows:
+                    if raw.data is not None:
+                        use.add(raw.data, source)
+        except (OSError, SourceError):
+            continue
+        read = True
+    return use if read else None
+
+
+def _check_data_use(use: DataUse) -> CheckResult:
+    counts = [f"SWE {use.swe_rows}"] if use.swe_rows else []
+    counts += [f"{name} {count}" for name, count in sorted(use.env_rows.items())]
+    how = "read (the first rows of a large parquet file)" if use.sampled else "read"
+    detail = f"{', '.join(counts) or 'no'} rows of {use.rows} {how}"
+    if not use.swe_rows:
+        detail += "; no SWE rows, so NEMO_GYM_URL's server is not checked"
+    return CheckResult("rows' environments", Status.passed, detail)
+
+
+def _check_environments(
+    config: LauncherConfig,
+    use: DataUse | None,
+    servers: Mapping[str, Any],
+    fetch: server_probe.Fetcher,
+    timeout_s: float,
+) -> list[CheckResult]:
+    """Each environment the rows name is in NEMO_GYM_ENVS and its server serves what they call;
+    every server in NEMO_GYM_ENVS answers (a sample may miss an environment's rows)."""
+    results: list[CheckResult] = []
+    used = use.tools if use is not None else {}
+    for name in sorted(set(used) - set(servers)):
+        where = " and ".join(use.sources[name]) if use is not None else "the data"
+        results.append(
+            CheckResult(
+                doctor.environment_check_name(name),
+                Status.failed,
+                f"rows of {where} are marked {ENV_KEY}={name!r}, which NEMO_GYM_ENVS "
+                f"(from {config.envs_origin}) does not name",
+                f"start its resources server (`miles-nemogym serve --env {name}`) and pass "
+                f"--nemo-gym-env {name}=http://<host>:<port> next to the others (or add {name} to NEMO_GYM_ENVS)",
+            )
+        )
+    for name, server in servers.items():
+        results.append(
+            doctor.check_environment(
+                name,
+                server,
+                used.get(name, set()),
+                fetch=fetch,
+                timeout_s=timeout_s,
+                tools_served=name not in config.tools_not_served,
+            )
+        )
+    return results
+
+
 def plugin_environment(config: LauncherConfig, environ: Mapping[str, str]) -> dict[str, str]:
     """The plugin's variables exactly as the job will see them (``command.job_environment``:
     forwarded from ``environ``, the recipe's Gym URL and external host, its ``extra_env``)."""
@@ -417,17 +578,27 @@ def run_preflight(
         _check_hooks(hook_paths),
         _check_gpus(config, environ, gpu_counter),
         check_prompt_data(config),
-        _check_eval_data(config),
+        *_check_eval_data(config),
         check_episode_dir(config, environ),
         _check_checkpoint(config),
         _check_session_port(config),
         check_cluster(config),
     ]
+    use = data_use(config)
+    if use is not None:
+        results.append(_check_data_use(use))
+    plugin_env = plugin_environment(config, environ)
     results += doctor.run_checks(
         session_host=config.session_server_ip,
         timeout_s=gym_timeout_s,
         fetch=fetch,
-        environ=plugin_environment(config, environ),
+        environ=plugin_env,
         gym_url_origin=config.gym_url_origin,
+        gym_server=use is None or use.swe_rows > 0,
+        environments=False,  # below, with the tools the rows use
     )
-    return results
+    try:  # what the job's rollout process will read (the settings check names a bad value)
+        servers = Settings.from_env(plugin_env).environments
+    except SettingsError:
+        return results
+    return results + _check_environments(config, use, servers, fetch, gym_timeout_s)

@@ -20,8 +20,8 @@ from miles_nemogym.episode.record import eval_overrides
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.launcher.families import Parsers
-from miles_nemogym.redaction import redact_url
-from miles_nemogym.settings import ENV_VARS
+from miles_nemogym.redaction import redact_url, redact_urls
+from miles_nemogym.settings import ENV_VARS, EnvironmentServer
 
 GENERATE_FUNCTION = "miles.rollout.generate_hub.agentic_tool_call.generate"
 _AGENT_FUNCTION = "miles_nemogym.agent.run"
@@ -93,7 +93,7 @@ class Job:
 
     def display_env(self) -> dict[str, str]:
         """The environment with every secret's value replaced by ``<hidden>`` and URL passwords by ``***``."""
-        return {name: (HIDDEN if name in self.secret_names else redact_url(value)) for name, value in self.env.items()}
+        return {name: (HIDDEN if name in self.secret_names else redact_urls(value)) for name, value in self.env.items()}
 
 
 def _is_secret(name: str) -> bool:
@@ -191,27 +191,29 @@ def train_args(config: LauncherConfig, parsers: Parsers) -> list[str]:
 
 
 def eval_config_document(config: LauncherConfig) -> dict[str, Any]:
-    """Miles' ``--eval-config`` document for the held-out set (``miles/utils/eval_config.py``):
-    its ``metadata_overrides`` mark each eval sample with its role and set name, which is
+    """Miles' ``--eval-config`` document for the held-out sets (``miles/utils/eval_config.py``):
+    each one's ``metadata_overrides`` mark its samples with their role and set name, which is
     how the agent function, the ledger and the episode store tell eval from train."""
-    assert config.eval_data is not None
-    dataset: dict[str, Any] = {
-        "name": config.eval_name,
-        "path": str(config.eval_data),
-        "n_samples_per_eval_prompt": config.eval_samples_per_prompt,
-        "metadata_overrides": eval_overrides(config.eval_name),
-    }
-    return {"eval": {"datasets": [dataset]}}
+    datasets = [
+        {
+            "name": name,
+            "path": str(path),
+            "n_samples_per_eval_prompt": config.eval_samples_per_prompt,
+            "metadata_overrides": eval_overrides(name),
+        }
+        for name, path in config.eval_data.items()
+    ]
+    return {"eval": {"datasets": datasets}}
 
 
 def eval_args(config: LauncherConfig) -> list[str]:
-    """Miles' eval flags for the recipe's held-out set; none without ``eval_data``."""
-    if config.eval_data is None:
+    """Miles' eval flags for the recipe's held-out sets; none without ``eval_data``."""
+    if not config.eval_data:
         return []
     document = json.dumps(eval_config_document(config), sort_keys=True)  # JSON is YAML to OmegaConf
     args = ["--eval-config", "base64:" + base64.b64encode(document.encode()).decode()]
-    # Overridden by --eval-config in Miles; kept so the dry run shows the set by name.
-    args += ["--eval-prompt-data", config.eval_name, str(config.eval_data)]
+    # Overridden by --eval-config in Miles; kept so the dry run shows the sets by name.
+    args += ["--eval-prompt-data", *(word for name, path in config.eval_data.items() for word in (name, str(path)))]
     args += _flag("--eval-interval", config.eval_interval)
     args += _flag("--n-samples-per-eval-prompt", config.eval_samples_per_prompt)
     args += ["--log-passrate"]
@@ -234,6 +236,14 @@ class GroupSettingError(MilesNemoGymError, ValueError):
 
 _MIN_VALID_ENV = "NEMO_GYM_MIN_VALID_PER_GROUP"
 EPISODE_DIR_ENV = "NEMO_GYM_EPISODE_DIR"
+ENVS_ENV = "NEMO_GYM_ENVS"
+
+
+def environments_value(servers: Mapping[str, EnvironmentServer]) -> str:
+    """``NEMO_GYM_ENVS`` for these servers: a name -> URL, or ``{"url", "max_steps"}`` JSON object."""
+    return json.dumps(
+        {name: server.url if server.max_steps is None else server.model_dump() for name, server in servers.items()}
+    )
 
 
 def _check_min_valid(env: Mapping[str, str], n_samples_per_prompt: int) -> None:
@@ -304,6 +314,10 @@ def job_environment(config: LauncherConfig, miles: MilesInstall, environ: Mappin
     )
     if config.router_external_host:
         env["MILES_ROUTER_EXTERNAL_HOST"] = config.router_external_host
+    # The recipe's environments (by default the caller's NEMO_GYM_ENVS), never a stale forwarded value.
+    env.pop(ENVS_ENV, None)
+    if config.nemo_gym_envs:
+        env[ENVS_ENV] = environments_value(config.nemo_gym_envs)
     episode_dir = job_episode_dir(config, environ)
     env.pop(EPISODE_DIR_ENV, None)
     if episode_dir is not None:

@@ -7,7 +7,9 @@ docs/launcher.md.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import types
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +27,7 @@ from pydantic import (
 )
 
 from miles_nemogym.errors import MilesNemoGymError
-from miles_nemogym.settings import Settings
+from miles_nemogym.settings import EnvironmentServer, Settings
 from miles_nemogym.validation import describe
 from miles_nemogym.yaml_file import YamlFileError, read_mapping
 
@@ -40,6 +42,74 @@ def _env(name: str) -> str | None:
 
 
 _LEGACY_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
+_ENVS_VAR = "NEMO_GYM_ENVS"
+_SET_NAME = r"^[A-Za-z0-9_.-]+$"
+_SET_NAME_RE = re.compile(_SET_NAME)
+_ENV_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def _eval_sets(value: Any, default_name: str) -> Any:
+    """``eval_data`` as ``{set name: file}``: a FILE is named ``default_name``; a list holds
+    FILE or NAME=FILE items (NAME before the first ``=``, without ``/``); a mapping is kept."""
+    if isinstance(value, (str, Path)):
+        value = [value]
+    if not isinstance(value, list):
+        return value  # a mapping, or something pydantic will refuse with its own message
+    sets: dict[str, Any] = {}
+    for item in value:
+        name, sep, path = str(item).partition("=")
+        if not (sep and _SET_NAME_RE.fullmatch(name)):
+            name, path = default_name, str(item)
+        if name in sets:
+            raise ValueError(f"two files for eval set {name!r}; name each with NAME=FILE")
+        sets[name] = path
+    return sets
+
+
+def _environments_variable() -> Any:
+    """NEMO_GYM_ENVS as given: validated with the other values, so a bad one is named as a field."""
+    return _env(_ENVS_VAR) or {}
+
+
+def _environments(value: Any) -> Any:
+    """``nemo_gym_envs`` given as NEMO_GYM_ENVS text, a mapping, or a list of NAME=URL[,max_steps=N]
+    or JSON-object items (the flag, repeated), validated by the plugin's own settings (one
+    definition of the variable)."""
+    if value is None:
+        return {}
+    if isinstance(value, str):  # NEMO_GYM_ENVS's own form
+        return _parse_settings_envs(value) if value.strip() else {}
+    if isinstance(value, list):
+        merged: dict[str, Any] = {}
+        for item in value:
+            text = str(item).strip()
+            if text.startswith("{"):
+                merged.update(_parse_settings_envs(text))
+                continue
+            name, sep, rest = text.partition("=")
+            url, _, steps = rest.partition(",max_steps=")
+            if not (sep and name and url):
+                raise ValueError(
+                    f"{text!r}: expected NAME=URL or NAME=URL,max_steps=N (e.g. mcqa=http://gym-host:8001)"
+                )
+            if steps and not steps.strip().isdigit():
+                raise ValueError(f"{text!r}: max_steps must be a whole number, as in {name}={url},max_steps=8")
+            merged[name] = {"url": url, "max_steps": int(steps)} if steps else url
+        value = merged
+    if isinstance(value, dict):
+        plain = {
+            str(name): server.model_dump(exclude_none=True) if isinstance(server, EnvironmentServer) else server
+            for name, server in value.items()
+        }
+        return _parse_settings_envs(json.dumps(plain)) if plain else {}
+    return value
+
+
+def _parse_settings_envs(text: str) -> dict[str, EnvironmentServer]:
+    try:
+        return Settings.model_validate({_ENVS_VAR: text}).environments
+    except ValidationError as error:
+        raise ValueError(str(error.errors()[0]["msg"]).removeprefix("Value error, ")) from None
 
 
 def _is_number(annotation: Any) -> bool:
@@ -151,10 +221,11 @@ class LauncherConfig(BaseModel):
     """Save a checkpoint every N rollout steps."""
 
     # --- held-out evaluation ---------------------------------------------------------------
-    eval_data: Path | None = None
-    """Held-out prompt data (e.g. ``miles-nemogym convert --holdout-output``); unset: no eval."""
-    eval_name: str = Field(default="held_out", pattern=r"^[A-Za-z0-9_.-]+$")
-    """The eval set's name in metrics (``eval/<name>``, ``nemogym-eval/<name>/*``)."""
+    eval_data: dict[str, Path] = Field(default_factory=dict)
+    """Held-out prompt data (e.g. ``miles-nemogym convert --holdout-output``): FILE, named by
+    eval_name, or NAME=FILE, one eval set each (e.g. one per environment); unset: no eval."""
+    eval_name: str = Field(default="held_out", pattern=_SET_NAME)
+    """The name of an eval_data FILE given without NAME= in metrics (``eval/<name>``, ``nemogym-eval/<name>/*``)."""
     eval_interval: int = Field(default=5, ge=1)
     """Evaluate every N rollouts (and once before training, as Miles does)."""
     eval_samples_per_prompt: int = Field(default=4, ge=1)
@@ -202,6 +273,14 @@ class LauncherConfig(BaseModel):
     """Miles' session server protocol: v1, or v2."""
     nemo_gym_url: str = Field(default_factory=lambda: _env("NEMO_GYM_URL") or "http://localhost:12000")
     """Base URL of the NeMo-Gym mini_swe_agent_2 server (default: NEMO_GYM_URL, else http://localhost:12000)."""
+    nemo_gym_envs: dict[str, EnvironmentServer] = Field(default_factory=_environments_variable)
+    """Resources servers of the environments the rows name (metadata.nemogym_env): NAME=URL or
+    NAME=URL,max_steps=N, or a NEMO_GYM_ENVS JSON object; the job gets them as NEMO_GYM_ENVS
+    (default: NEMO_GYM_ENVS)."""
+    tools_not_served: list[str] = Field(default_factory=list)
+    """Environments whose server does not serve the rows' tools because its verifier only reads
+    the calls (e.g. xlam_fc): preflight accepts them; each call then answers the model with the
+    server's 404, as under NeMo-Gym's simple_agent."""
     router_external_host: str | None = Field(default_factory=lambda: _env("MILES_ROUTER_EXTERNAL_HOST"))
     """Address of the trainer the Gym host can dial (MILES_ROUTER_EXTERNAL_HOST)."""
 
@@ -218,17 +297,35 @@ class LauncherConfig(BaseModel):
     """More environment variables for the job."""
 
     _gym_url_origin: str = PrivateAttr(default="")
+    _envs_origin: str = PrivateAttr(default="")
 
     def model_post_init(self, context: Any, /) -> None:
         if "nemo_gym_url" in self.model_fields_set:
             self._gym_url_origin = "the recipe"
         else:  # the default factory read the environment just now
             self._gym_url_origin = "NEMO_GYM_URL in the environment" if _env("NEMO_GYM_URL") else "the default"
+        if "nemo_gym_envs" in self.model_fields_set:
+            self._envs_origin = "the recipe"
+        else:
+            self._envs_origin = f"{_ENVS_VAR} in the environment" if _env(_ENVS_VAR) else f"{_ENVS_VAR} unset"
 
     @property
     def gym_url_origin(self) -> str:
         """Where ``nemo_gym_url`` came from: the flag, the YAML recipe, NEMO_GYM_URL or the default."""
         return self._gym_url_origin
+
+    @property
+    def envs_origin(self) -> str:
+        """Where ``nemo_gym_envs`` came from: the flag, the YAML recipe, NEMO_GYM_ENVS or nowhere."""
+        return self._envs_origin
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_eval_data(cls, data: Any) -> Any:
+        # FILE -> {eval_name: FILE}; NAME=FILE items (the flag, repeated) -> {NAME: FILE}.
+        if not isinstance(data, dict) or data.get("eval_data") is None:
+            return data
+        return {**data, "eval_data": _eval_sets(data["eval_data"], data.get("eval_name") or "held_out")}
 
     @field_validator("*", mode="before")
     @classmethod
@@ -238,12 +335,33 @@ class LauncherConfig(BaseModel):
             raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
         return value
 
-    @field_validator("base_dir", "ref_load", "save_dir", "prompt_data", "miles_root", "megatron_path", "eval_data",
+    @field_validator("base_dir", "ref_load", "save_dir", "prompt_data", "miles_root", "megatron_path",
                      "episode_dir")  # fmt: skip
     @classmethod
     def _absolute(cls, value: Path | None) -> Path | None:
         # The job runs on Ray, maybe in another folder: relative paths mean the launcher's folder.
         return None if value is None else value.absolute()
+
+    @field_validator("eval_data")
+    @classmethod
+    def _absolute_sets(cls, value: dict[str, Path]) -> dict[str, Path]:
+        bad = [name for name in value if not _SET_NAME_RE.fullmatch(name)]
+        if bad:
+            raise ValueError(f"eval set name {bad[0]!r}: use letters, digits, '_', '-' or '.'")
+        return {name: path.absolute() for name, path in value.items()}
+
+    @field_validator("nemo_gym_envs", mode="before")
+    @classmethod
+    def _read_environments(cls, value: Any) -> Any:
+        return _environments(value)
+
+    @field_validator("tools_not_served")
+    @classmethod
+    def _known_names(cls, value: list[str]) -> list[str]:
+        bad = [name for name in value if not _ENV_NAME_RE.fullmatch(name)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not an environment name (letters, digits, '_', '-' or '.')")
+        return list(dict.fromkeys(value))
 
     @field_validator("hf_checkpoint")
     @classmethod
@@ -271,6 +389,10 @@ class LauncherConfig(BaseModel):
     def _no_legacy_rollout(cls, value: dict[str, str]) -> dict[str, str]:
         if _LEGACY_ENV in value:
             raise ValueError(f"{_LEGACY_ENV} selects Miles' legacy rollout, which has no agentic flags; remove it")
+        if _ENVS_VAR in value:
+            raise ValueError(
+                f"give the environments' servers as nemo_gym_envs (--nemo-gym-env NAME=URL), not {_ENVS_VAR}"
+            )
         return value
 
     @model_validator(mode="after")
@@ -371,6 +493,10 @@ def load_config(yaml_values: dict[str, Any] | None, cli_values: dict[str, Any]) 
         config._gym_url_origin = "--nemo-gym-url"
     elif "nemo_gym_url" in merged:
         config._gym_url_origin = "nemo_gym_url in the --config recipe"
+    if "nemo_gym_envs" in cli_values:
+        config._envs_origin = "--nemo-gym-env"
+    elif "nemo_gym_envs" in merged:
+        config._envs_origin = "nemo_gym_envs in the --config recipe"
     return config
 
 

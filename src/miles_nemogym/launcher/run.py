@@ -43,7 +43,13 @@ Preflight = Callable[..., list[CheckResult]]
 
 # --- command line ------------------------------------------------------------------------
 
-_ALIASES: dict[str, tuple[str, ...]] = {"hf_checkpoint": ("--model",)}
+_ALIASES: dict[str, tuple[str, ...]] = {"hf_checkpoint": ("--model",), "nemo_gym_envs": ("--nemo-gym-env",)}
+_REPEATED: dict[str, str] = {
+    "eval_data": "[NAME=]FILE",
+    "nemo_gym_envs": "NAME=URL[,max_steps=N]",
+    "tools_not_served": "NAME",
+}
+"""Fields whose flag is given once per item, with the item's form."""
 
 
 def _is_bool(annotation: Any) -> bool:
@@ -76,15 +82,17 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "eval_max_response_len",
     ),
     "NeMo-Gym": (
-        "nemo_gym_url", "router_external_host", "session_server_ip", "session_server_port",
+        "nemo_gym_url", "nemo_gym_envs", "tools_not_served", "router_external_host", "session_server_ip",
+        "session_server_port",
         "session_server_version", "store_episodes", "episode_dir",
     ),
 }  # fmt: skip
 """Each recipe field's section in ``--help`` (every field is in exactly one)."""
 
 _DESCRIPTION = (
-    "GRPO on SWE-bench with Miles and NeMo-Gym's mini_swe_agent_2. Values, later wins: defaults < "
-    "environment (NEMO_GYM_URL, MILES_ROUTER_EXTERNAL_HOST, RAY_ADDRESS, MASTER_ADDR) < --config "
+    "GRPO with Miles on NeMo-Gym environments: SWE-bench through mini_swe_agent_2, and resources "
+    "servers' environments. Values, later wins: defaults < environment (NEMO_GYM_URL, NEMO_GYM_ENVS, "
+    "MILES_ROUTER_EXTERNAL_HOST, RAY_ADDRESS, MASTER_ADDR) < --config "
     "YAML < flags."
 )
 
@@ -129,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
                 action="append",
                 metavar="'--flag value ...'",
                 help=help_text + " (shell-split; repeatable)",
+            )
+        elif name in _REPEATED:
+            group.add_argument(
+                *flags, dest=name, action="append", metavar=_REPEATED[name], help=help_text + " (repeatable)"
             )
         elif name == "extra_env":
             group.add_argument(*flags, "--env", dest=name, action="append", metavar="NAME=VALUE", help=help_text)
@@ -347,6 +359,19 @@ _CONTINUATION = "     "
 """Under the detail of a ``PASS``/``FAIL`` line, as ``report``'s ``fix:`` lines are."""
 
 
+def _environment_lines(config: LauncherConfig) -> list[str]:
+    """The dry run's account of the environments: each one's server and max_steps, and their origin."""
+    servers = config.nemo_gym_envs
+    if not servers:
+        return [f"# environments: none ({config.envs_origin}): rows run through the server above"]
+    lines = [f"# environments (from {config.envs_origin}; the job's {cmd.ENVS_ENV} above):"]
+    for name, server in servers.items():
+        steps = "no max_steps" if server.max_steps is None else f"max_steps {server.max_steps}"
+        served = ", tools not served" if name in config.tools_not_served else ""
+        lines.append(f"#   {name}: {redact_url(server.url)} ({steps}{served})")
+    return lines
+
+
 def _ray_address(config: LauncherConfig) -> str:
     return config.ray_address or f"http://{config.master_addr}:{config.ray_dashboard_port}"
 
@@ -393,7 +418,8 @@ def execute(
             print(f"# Miles not usable here ({load_error}): its checkout and model arguments are placeholders")
         print(cmd.render(job))
         print(f"# NeMo-Gym server: {redact_url(config.nemo_gym_url)} (from {config.gym_url_origin})")
-        if config.eval_data is not None:
+        print(fit.wrap_all(_environment_lines(config), fit.terminal_width(), indent="#     "))
+        if config.eval_data:
             print("# --eval-config above, decoded (Miles' eval config; its metadata_overrides mark eval episodes):")
             print("#   " + json.dumps(cmd.eval_config_document(config), sort_keys=True))
         episode_dir = job.env.get(cmd.EPISODE_DIR_ENV)
