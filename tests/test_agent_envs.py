@@ -243,7 +243,7 @@ async def test_a_tool_call_that_may_have_been_delivered_is_masked_not_run_again(
     chat.script("drop", Turn(tool_calls=(tool("drop"),)), Turn(content="done"))
     async with fake_resources() as fake:
         envs(monkeypatch, mcqa=fake.url)
-        out = await run_env(chat, env_row("mcqa", "drop"))
+        out = await asyncio.wait_for(run_env(chat, env_row("mcqa", "drop")), 10)
     record = out["nemogym"]
     assert (record["failure_kind"], record["attempts"]) == ("transport_peer_drop", 1)
     assert len(fake.seeded) == 1 and len(fake.tool_calls) == 1 and fake.verified == []
@@ -270,7 +270,9 @@ async def test_one_connection_pool_per_event_loop_for_environment_episodes(
     async with fake_resources() as fake:
         envs(monkeypatch, mcqa=fake.url)
         first = await send.environment_connections()
-        await asyncio.gather(*(run_env(chat, env_row("mcqa", "plain", task=str(i))) for i in range(5)))
+        outs = [await run_env(chat, env_row("mcqa", "plain", task=str(i))) for i in range(5)]
+        assert [out["nemogym"]["status"] for out in outs] == ["ok"] * 5 and len(fake.seeded) == 5
+        assert len(fake.peers) == 1  # one pool: each episode reused the previous one's connection
         assert await send.environment_connections() is first
         assert send.open_pools() == 1
         await send.close_client()

@@ -40,8 +40,11 @@ class FakeResources:
     verified: list[dict[str, Any]] = field(default_factory=list)
     verify_sessions: list[str | None] = field(default_factory=list)
     """The session cookie each ``/verify`` carried, in order."""
+    peers: set[Any] = field(default_factory=set)
+    """The client address of every connection a request came on (keep-alive reuse shows here)."""
 
     async def _seed(self, request: web.Request) -> web.Response:
+        self.peers.add(request.transport.get_extra_info("peername") if request.transport else None)
         await asyncio.sleep(self.delay)
         if self.seed == "500":  # a JSON error body: the status alone says it failed
             return web.json_response({"detail": "seed failed"}, status=500)
