@@ -306,3 +306,17 @@ def test_an_environment_episode_under_asyncio_run_leaves_no_unclosed_session(tmp
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok mcqa"
     assert "Unclosed" not in done.stderr, done.stderr
+
+
+async def test_a_failure_streak_names_the_servers_it_came_from(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_MAX_FAILURE_STREAK", "3")
+    async with fake_resources(seed="500") as fake:
+        envs(monkeypatch, mcqa=fake.url)
+        for i in range(3):
+            await run_env(chat, env_row("mcqa", "unseeded", task=str(i)))
+    with pytest.raises(RunStopped, match="miles_nemogym:seed_failed x3") as stopped:
+        check_run(get_settings())
+    assert f"the mcqa resources server at {fake.url} (NEMO_GYM_ENVS; x3)" in str(stopped.value)
+    assert "NEMO_GYM_URL" not in str(stopped.value)
