@@ -249,6 +249,24 @@ async def test_a_tool_call_that_may_have_been_delivered_is_masked_not_run_again(
     assert len(fake.seeded) == 1 and len(fake.tool_calls) == 1 and fake.verified == []
 
 
+async def test_a_tool_call_to_a_server_gone_after_the_seed_is_masked_not_run_again(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chat.script("gone", Turn(tool_calls=(tool("echo", a=1),), delay_s=1.0), Turn(content="done"))
+    port = free_port()
+    async with fake_resources(port=port) as fake:
+        envs(monkeypatch, mcqa=fake.url)
+        task = asyncio.create_task(run_env(chat, env_row("mcqa", "gone")))
+        while not fake.seeded:
+            await asyncio.sleep(0.01)
+    # The server is gone while the policy writes its tool call: the episode's session was there.
+    out = await asyncio.wait_for(task, 10)
+    record = out["nemogym"]
+    assert (record["failure_kind"], record["attempts"], record["turns"]) == ("transport_unreachable", 1, 1)
+    assert len(fake.seeded) == 1 and fake.tool_calls == []
+    assert not circuit.for_url(fake.url, "NEMO_GYM_ENVS").is_open
+
+
 async def test_a_resources_outage_past_its_timeout_fails_its_episodes_and_stops_the_run(
     chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,6 +11,7 @@ Tools: ``echo`` (answers its arguments and the session it saw), ``status`` (answ
 from __future__ import annotations
 
 import asyncio
+import ssl
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -99,8 +100,11 @@ class FakeResources:
 
 
 @asynccontextmanager
-async def fake_resources(port: int = 0, **options: Any) -> AsyncIterator[FakeResources]:
-    """A ``FakeResources`` listening on ``port`` (0: any free one) until the block ends."""
+async def fake_resources(
+    port: int = 0, tls: ssl.SSLContext | None = None, **options: Any
+) -> AsyncIterator[FakeResources]:
+    """A ``FakeResources`` listening on ``port`` (0: any free one), over https with ``tls``,
+    until the block ends."""
     fake = FakeResources(**options)
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/seed_session", fake._seed)
@@ -108,9 +112,9 @@ async def fake_resources(port: int = 0, **options: Any) -> AsyncIterator[FakeRes
     app.router.add_post("/{tool}", fake._tool)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port)
+    site = web.TCPSite(runner, "127.0.0.1", port, ssl_context=tls)
     await site.start()
-    fake.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    fake.url = f"{'https' if tls else 'http'}://127.0.0.1:{runner.addresses[0][1]}"
     try:
         yield fake
     finally:
