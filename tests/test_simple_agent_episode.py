@@ -6,15 +6,16 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.simple_agent import Connections, EpisodeResult, Limits, run_episode
-from miles_nemogym.simple_agent import kinds as loop_kinds
 from tests.support.fake_resources import FakeResources, fake_resources, row
 from tests.support.ports import free_port
 from tests.support.scripted_chat import ScriptedChat, Turn, tag, tool
+from tests.support.tls import make_certificates
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,18 @@ async def test_resources_server_down_is_masked_before_any_model_call(chat: Scrip
     chat.script("down", Turn(content="x"))
     result = await _run(chat, f"http://127.0.0.1:{free_port()}", "down")
     assert (result.mask_sample, result.reward, result.failure_kind) == (True, None, fk.TRANSPORT_UNREACHABLE)
+    assert result.undelivered  # nothing reached any server: the caller may run it again
     assert chat.requests("down") == []
+
+
+async def test_an_untrusted_resources_certificate_is_transport_tls_and_undelivered(
+    chat: ScriptedChat, tmp_path: Path
+) -> None:
+    chat.script("tls", Turn(content="x"))
+    async with fake_resources(tls=make_certificates(tmp_path).server_context()) as fake:
+        result = await _run(chat, fake, "tls")
+    assert (result.mask_sample, result.failure_kind, result.undelivered) == (True, fk.TRANSPORT_TLS, True)
+    assert fake.seeded == {} and chat.requests("tls") == []
 
 
 @pytest.mark.parametrize("mode", ["500", "garbage"])
@@ -59,7 +71,7 @@ async def test_seed_failing_or_garbage_is_masked(chat: ScriptedChat, mode: str) 
     chat.script(f"seed{mode}", Turn(content="x"))
     async with fake_resources(seed=mode) as fake:
         result = await _run(chat, fake, f"seed{mode}")
-    assert (result.mask_sample, result.reward, result.failure_kind) == (True, None, loop_kinds.SEED_FAILED)
+    assert (result.mask_sample, result.reward, result.failure_kind) == (True, None, fk.SEED_FAILED)
     assert chat.requests(f"seed{mode}") == [] and fake.verified == []
 
 
@@ -68,7 +80,7 @@ async def test_verify_failing_or_garbage_is_masked(chat: ScriptedChat, mode: str
     chat.script(f"verify{mode}", Turn(content="x"))
     async with fake_resources(verify=mode) as fake:
         result = await _run(chat, fake, f"verify{mode}")
-    assert (result.mask_sample, result.reward, result.failure_kind) == (True, None, loop_kinds.VERIFIER_ERROR)
+    assert (result.mask_sample, result.reward, result.failure_kind) == (True, None, fk.VERIFIER_ERROR)
     assert result.turns == 1
 
 
@@ -167,7 +179,7 @@ async def test_policy_failing_or_garbage_is_masked(chat: ScriptedChat, turn: Tur
     chat.script("policy", turn)
     async with fake_resources() as fake:
         result = await _run(chat, fake, "policy")
-    assert (result.mask_sample, result.reward, result.failure_kind) == (True, None, loop_kinds.POLICY_FAILED)
+    assert (result.mask_sample, result.reward, result.failure_kind) == (True, None, fk.POLICY_FAILED)
     assert fake.verified == []
 
 
