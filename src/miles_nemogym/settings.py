@@ -14,6 +14,8 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from enum import Enum
+from functools import cached_property
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -133,10 +135,11 @@ class Settings(BaseModel):
         _parse_environments(value)
         return value.strip()
 
-    @property
-    def environments(self) -> dict[str, EnvironmentServer]:
-        """Environment name -> its resources server (empty when ``NEMO_GYM_ENVS`` is unset)."""
-        return _parse_environments(self.environments_text) if self.environments_text else {}
+    @cached_property
+    def environments(self) -> Mapping[str, EnvironmentServer]:
+        """Environment name -> its resources server (empty when ``NEMO_GYM_ENVS`` is unset);
+        parsed once per settings object (the agent asks on every episode)."""
+        return MappingProxyType(_parse_environments(self.environments_text) if self.environments_text else {})
 
     @field_validator("reward_range_text")
     @classmethod

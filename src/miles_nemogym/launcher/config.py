@@ -107,7 +107,7 @@ def _environments(value: Any) -> Any:
 
 def _parse_settings_envs(text: str) -> dict[str, EnvironmentServer]:
     try:
-        return Settings.model_validate({_ENVS_VAR: text}).environments
+        return dict(Settings.model_validate({_ENVS_VAR: text}).environments)
     except ValidationError as error:
         raise ValueError(str(error.errors()[0]["msg"]).removeprefix("Value error, ")) from None
 
