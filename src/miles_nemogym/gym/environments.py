@@ -245,7 +245,8 @@ def _ready_python(link: Path) -> Path | None:
 
 def _build_overlay(gym: GymVenv, requirements: Sequence[str], target: Path, log: Path, progress: Progress) -> None:
     python = target / "bin" / "python"
-    _run([str(gym.python), "-m", "venv", str(target)], progress, "python -m venv", log_path=log)
+    # No pip of its own: the server venv's, seen through the .pth, installs into this one.
+    _run([str(gym.python), "-m", "venv", "--without-pip", str(target)], progress, "python -m venv", log_path=log)
     where = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
         capture_output=True,
