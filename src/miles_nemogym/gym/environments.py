@@ -20,8 +20,6 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 import uuid
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -33,7 +31,7 @@ import yaml
 
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config
-from miles_nemogym.gym.server import MARKER_ENV, advertised_url, free_port, kill_marked
+from miles_nemogym.gym.server import MARKER_ENV, advertised_url, answers, free_port, kill_marked
 from miles_nemogym.gym.venv import (
     BuildLines,
     GymEnvironmentError,
@@ -463,13 +461,8 @@ class EnvironmentServers:
                 raise GymEnvironmentError(
                     f"{name} exited during start; log {self.log_path(name)}:\n{self.log_tail(name)}"
                 )
-            try:
-                with urllib.request.urlopen(url, timeout=5):
-                    return
-            except urllib.error.HTTPError:
-                return  # any HTTP answer means it is serving
-            except (urllib.error.URLError, OSError):
-                pass
+            if answers(url):
+                return
             if time.monotonic() > deadline:
                 raise GymEnvironmentError(
                     f"{name} did not answer within {self.start_timeout:.0f} s; "
