@@ -43,6 +43,27 @@ def test_a_name_given_twice_is_served_once() -> None:
     assert [p.name for p in plan(["mcqa", "xlam_fc", "mcqa"])] == ["mcqa", "xlam_fc"]
 
 
+def test_the_name_rows_carry_in_agent_ref_picks_its_config() -> None:
+    """NeMo-Gym's prepared rows name ``X_simple_agent``; X may differ from the folder."""
+    plans = _by_name("lc_equivalence_rule", "lmarena_v2", "structured_outputs_v3")
+    assert (plans["lc_equivalence_rule"].config, plans["lc_equivalence_rule"].instance) == (
+        "resources_servers/equivalence_rule/configs/lc.yaml",
+        "lc_equivalence_rule",
+    )
+    assert plans["lmarena_v2"].config == "resources_servers/arena/configs/lmarena_v2.yaml"
+    assert plans["structured_outputs_v3"].instance == "structured_outputs"  # its agent's resources server
+    assert plans["structured_outputs_v3"].requirements == (
+        "openapi-schema-validator==0.6.3",
+        "tomli-w==1.2.0",
+        "xmltodict==1.0.2",
+    )
+
+
+def test_two_names_for_one_server_instance_are_refused() -> None:
+    with pytest.raises(GymEnvironmentError, match="'equivalence_rule' and 'lc_equivalence_rule' are both served"):
+        plan(["equivalence_rule", "lc_equivalence_rule"])
+
+
 @pytest.mark.parametrize(
     ("env", "line"),
     [
