@@ -10,12 +10,17 @@ parity tests.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from miles_nemogym.gym.environments import EnvironmentServers, plan
-from miles_nemogym.gym.venv import BuildLines, GymVenv
+from miles_nemogym.gym.venv import BuildLines, GymPythonNotFoundError, GymVenv, ensure_gym_venv
 
 MODEL = "policy_model"
 
@@ -75,3 +80,18 @@ class GymEnvironments:
     def stop(self) -> None:
         if self._servers is not None:
             self._servers.stop()
+
+
+@contextlib.contextmanager
+def running_environments(envs: list[str], policy_v1_url: str, state_dir: Path) -> Iterator[GymEnvironments]:
+    """``envs`` started from the cached server venv (built first if needed), stopped after."""
+    try:
+        venv = ensure_gym_venv(progress=lambda line: print(f"[gym-venv] {line}", file=sys.__stderr__, flush=True))
+    except GymPythonNotFoundError as error:
+        pytest.fail(str(error), pytrace=False)
+    servers = GymEnvironments(venv, envs, policy_v1_url, state_dir)
+    servers.start()
+    try:
+        yield servers
+    finally:
+        servers.stop()
