@@ -43,6 +43,8 @@ import json
 import multiprocessing as mp
 import os
 import pstats
+import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -60,7 +62,7 @@ ROOT = BENCH.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from miles_nemogym.gym.venv import ensure_gym_venv  # noqa: E402
-from miles_nemogym.simple_agent import Connections, Limits, chat_request, run_episode  # noqa: E402
+from miles_nemogym.simple_agent import Connections, EpisodeResult, Limits, chat_request, run_episode  # noqa: E402
 from tests.support.gym_envs import GymEnvironments  # noqa: E402
 from tests.support.scripted_chat import ScriptedChat, Turn, tagged, tool  # noqa: E402
 
@@ -153,6 +155,7 @@ async def _block(n: int, concurrency: int, one: Client) -> dict[str, float]:
     tree, cpu, wall = _tree_cpu(), time.process_time(), time.perf_counter()
     await asyncio.gather(*(guarded() for _ in range(n)))
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    print(f"  {n} episodes at concurrency {concurrency}: {wall:.2f} s", file=sys.stderr, flush=True)
     return {"wall": wall, "cpu": cpu, "tree_cpu": _tree_cpu() - tree, "load": max(load, os.getloadavg()[0])}
 
 
@@ -191,14 +194,8 @@ class _Clients:
 
     async def __aenter__(self) -> _Clients:
         await self.connections.__aenter__()
-        probe = await run_episode(
-            self.row,
-            session_url=f"{self.policy}/sessions/a",
-            resources_url=self.resources,
-            limits=self.limits,
-            connections=self.connections,
-        )
-        assert probe.reward == 1.0 and probe.verify is not None, probe
+        probe = await self._episode()
+        assert probe.verify is not None, probe
         self.verify_bytes = pydantic_core.to_json({**self.row, "response": probe.verify["response"]})
         for client in (self.a, self.b, self.c):
             await client()
@@ -207,7 +204,7 @@ class _Clients:
     async def __aexit__(self, *exc: object) -> None:
         await self.connections.close()
 
-    async def a(self) -> None:
+    async def _episode(self) -> EpisodeResult:
         result = await run_episode(
             self.row,
             session_url=f"{self.policy}/sessions/a",
@@ -216,6 +213,10 @@ class _Clients:
             connections=self.connections,
         )
         assert result.reward == 1.0 and result.turns == TURNS, result
+        return result
+
+    async def a(self) -> None:
+        await self._episode()
 
     async def b(self) -> None:
         async with self.http.post(f"{self.agent}/run", data=self.row_bytes, headers=_JSON) as r:
@@ -239,6 +240,7 @@ class _Clients:
             for call in calls:
                 url, arguments = f"{resources}/{call['function']['name']}", call["function"]["arguments"]
                 async with http.post(url, data=arguments.encode(), headers=with_cookie) as r:
+                    assert r.status == 200, (url, r.status, await r.read())  # the cookie reached the server
                     messages.append({"role": "tool", "tool_call_id": call["id"], "content": (await r.read()).decode()})
         async with http.post(f"{resources}/verify", data=self.verify_bytes, headers=with_cookie) as r:
             assert json.loads(await r.read())["reward"] == 1.0
@@ -302,12 +304,17 @@ async def _profile(clients: _Clients, episodes: int) -> str:
 
 
 async def _measure(args: argparse.Namespace, envs: GymEnvironments, policy: str, row: dict[str, Any]) -> dict[str, Any]:
-    report: dict[str, Any] = {"args": vars(args), "turns_per_episode": TURNS}
+    report: dict[str, Any] = {
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "turns_per_episode": TURNS,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(
         connector=connector, cookie_jar=aiohttp.DummyCookieJar(), timeout=aiohttp.ClientTimeout(total=None)
     ) as http:
         for server in args.servers:
+            print(f"{server}:", file=sys.stderr, flush=True)
             async with _Clients(envs, SERVERS[server], policy, row, http) as clients:
                 if server == "stand_in":
                     report["overhead"] = await _overhead(clients, args.rounds, args.episodes)
@@ -316,6 +323,7 @@ async def _measure(args: argparse.Namespace, envs: GymEnvironments, policy: str,
                 report.setdefault("throughput", {})[server] = await _throughput(
                     clients, args.throughput_rounds, args.n, args.concurrency
                 )
+            args.out.write_text(json.dumps(report, indent=2))  # each server's figures as soon as taken
     return report
 
 
@@ -361,6 +369,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.episodes, args.throughput_rounds, args.n, args.concurrency = 2, 2, 1, 6, 3
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed run still stops its servers
     venv = ensure_gym_venv()
     state = Path(tempfile.mkdtemp(prefix="sa-bench-"))
     row = tagged(GymEnvironments(venv, [ENV], "", state).example_rows(ENV)[0], SCRIPT)
@@ -377,9 +386,7 @@ def main() -> None:
         envs.stop()
         stop.set()
         process.join(10)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    report["args"] = {k: str(v) if isinstance(v, Path) else v for k, v in report["args"].items()}
-    args.out.write_text(json.dumps(report, indent=2))
+        shutil.rmtree(state, ignore_errors=True)
     _print(report)
 
 
