@@ -23,7 +23,8 @@ Two measurements, blocks of clients alternating (ABAB, the order flipped every r
 
   overhead    on ``stand_in``, one episode at a time: per model turn, (a) - (c) in wall time
               and in this process's CPU time, paired per round; goal <= 1 ms.
-  throughput  on both servers, ``--n`` episodes at ``--concurrency``: episodes/s of a, b, c,
+  throughput  on both servers (``--n`` episodes at ``--concurrency`` on ``stand_in``, ``--real-n``
+              at ``--real-concurrency`` on ``real``, ~0.1 s of server CPU each): episodes/s of a, b, c,
               the ratio a/b per round (goal >= 1.0), CPU per episode of this process and of
               every process of the run (policy, servers, ``simple_agent``, ``vllm_model``).
 
@@ -321,7 +322,10 @@ async def _measure(args: argparse.Namespace, envs: GymEnvironments, policy: str,
                     if args.profile:
                         report["profile"] = await _profile(clients, args.profile)
                 report.setdefault("throughput", {})[server] = await _throughput(
-                    clients, args.throughput_rounds, args.n, args.concurrency
+                    clients,
+                    args.throughput_rounds,
+                    args.real_n if server == "real" else args.n,
+                    args.real_concurrency if server == "real" else args.concurrency,
                 )
             args.out.write_text(json.dumps(report, indent=2))  # each server's figures as soon as taken
     return report
@@ -360,15 +364,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40, help="overhead: rounds of (a, c) blocks")
     parser.add_argument("--episodes", type=int, default=20, help="overhead: episodes per block")
     parser.add_argument("--throughput-rounds", type=int, default=5)
-    parser.add_argument("--n", type=int, default=200, help="throughput: episodes per block")
+    parser.add_argument("--n", type=int, default=300, help="throughput on stand_in: episodes per block")
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--real-n", type=int, default=64, help="throughput on real: episodes per block")
+    parser.add_argument("--real-concurrency", type=int, default=16)
     parser.add_argument("--servers", nargs="+", choices=sorted(SERVERS), default=["stand_in", "real"])
     parser.add_argument("--profile", type=int, default=0, metavar="EPISODES", help="cProfile (a) on stand_in")
     parser.add_argument("--quick", action="store_true", help="a tiny run that checks the bench still works")
     parser.add_argument("--out", type=Path, default=BENCH / "reports" / "simple_agent_bench.json")
     args = parser.parse_args()
     if args.quick:
-        args.rounds, args.episodes, args.throughput_rounds, args.n, args.concurrency = 2, 2, 1, 6, 3
+        args.rounds, args.episodes, args.throughput_rounds = 2, 2, 1
+        args.n = args.real_n = 6
+        args.concurrency = args.real_concurrency = 3
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed run still stops its servers
     venv = ensure_gym_venv()
     state = Path(tempfile.mkdtemp(prefix="sa-bench-"))
