@@ -1,8 +1,9 @@
-"""Smoke test of bench/agent_bench.py: a tiny run end to end, so the benchmark cannot rot.
+"""Smoke tests of bench/agent_bench.py and bench/simple_agent_bench.py: tiny runs end to end,
+so the benchmarks cannot rot.
 
-It starts the real loopback server process and runs every client in both scenarios;
-it asserts the report's shape and that every measurement is a positive number, never
-a timing bound (timings on a shared machine are noise).
+Each starts the real loopback servers and runs every client; it asserts the report's shape
+and that every measurement is a positive number, never a timing bound (timings on a shared
+machine are noise).
 """
 
 from __future__ import annotations
@@ -60,3 +61,33 @@ def test_agent_bench_quick_run_reports_every_client_and_scenario(tmp_path: Path)
     ]
     assert all(goal["value"] > 0 for goal in report["goals"])
     assert report["server"]["body_bytes"] > 1000
+
+
+SIMPLE_AGENT_SCRIPT = SCRIPT.parent / "simple_agent_bench.py"
+
+
+@pytest.mark.integration  # starts real NeMo-Gym servers from the cached server venv
+def test_simple_agent_bench_quick_run_reports_overhead_and_both_servers(tmp_path: Path) -> None:
+    """Every client (our loop, NeMo-Gym's ``/run``, the bare calls) scored 1.0 on both the
+    real server and the stand-in (the script asserts each episode's reward), and the report
+    holds every figure, each a positive number with the load it was measured at."""
+    out = tmp_path / "report.json"
+    done = subprocess.run(
+        [sys.executable, str(SIMPLE_AGENT_SCRIPT), "--quick", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+
+    overhead = report["overhead"]
+    for measure in ("wall_ms_per_turn", "cpu_ms_per_turn"):
+        assert set(overhead[measure]) == {"a", "c", "a_minus_c"}
+        assert overhead[measure]["a"]["median"] > 0 and overhead[measure]["c"]["median"] > 0, measure
+    assert set(report["throughput"]) == {"stand_in", "real"}
+    for server, figures in report["throughput"].items():
+        for name in ("a", "b", "c"):
+            assert figures["episodes_per_s"][name]["median"] > 0, (server, name)
+            assert figures["client_cpu_ms_per_episode"][name]["median"] > 0, (server, name)
+        assert figures["ratio_a_over_b"]["median"] > 0, server
+        assert len(figures["load"]) == 2, server
+    assert "a/b" in done.stdout and "ms per turn" in done.stdout
