@@ -90,18 +90,11 @@ _STAND_IN_CONFIG = {
 Client = Callable[[], Awaitable[None]]
 
 
-class _Environments(GymEnvironments):
-    """The real environment plus the stand-in, registered by a config file of its own."""
-
-    def _config_path(self, env: str) -> Path:
-        if env != STAND_IN:
-            return super()._config_path(env)
-        path = self.state_dir / f"{STAND_IN}.yaml"
-        path.write_text(yaml.safe_dump(_STAND_IN_CONFIG))
-        return path
-
-    def _spawn(self, name: str, folder: Path, config_yaml: str) -> None:
-        super()._spawn(name, BENCH / STAND_IN if name == STAND_IN else folder, config_yaml)
+def _stand_in(state: Path) -> dict[str, tuple[Path, Path]]:
+    """The stand-in as ``GymEnvironments`` takes it: its config file (written here) and app folder."""
+    config = state / f"{STAND_IN}.yaml"
+    config.write_text(yaml.safe_dump(_STAND_IN_CONFIG))
+    return {STAND_IN: (config, BENCH / STAND_IN)}
 
 
 def _serve_policy(port_out: Any, stop: Any, turns: list[Turn]) -> None:
@@ -386,7 +379,7 @@ def main() -> None:
     process = context.Process(target=_serve_policy, args=(port_out, stop, _turns(row)), daemon=True)
     process.start()
     policy = f"http://127.0.0.1:{port_out.get(timeout=60)}"
-    envs = _Environments(venv, [ENV, STAND_IN], f"{policy}/v1", state)
+    envs = GymEnvironments(venv, [ENV], f"{policy}/v1", state, stand_ins=_stand_in(state))
     envs.start()
     try:
         report = asyncio.run(_measure(args, envs, policy, row))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,18 @@ MODEL = "policy_model"
 class GymEnvironments:
     """``resources_url(env)`` and ``agent_url(env)`` of each started environment."""
 
-    def __init__(self, venv: GymVenv, envs: list[str], policy_v1_url: str, state_dir: Path) -> None:
+    def __init__(
+        self,
+        venv: GymVenv,
+        envs: list[str],
+        policy_v1_url: str,
+        state_dir: Path,
+        stand_ins: Mapping[str, tuple[Path, Path]] | None = None,
+    ) -> None:
+        """``stand_ins``: resources servers not in the wheel, instance name -> (its config file,
+        the folder of its ``app.py``); started with their ``simple_agent`` like the others."""
         self.venv = venv
+        self.stand_ins = dict(stand_ins or {})
         self.envs = envs
         self.policy_v1_url = policy_v1_url
         self.state_dir = state_dir
@@ -43,6 +53,8 @@ class GymEnvironments:
         return self._servers
 
     def resources_url(self, env: str) -> str:
+        if env in self.stand_ins:
+            return f"http://127.0.0.1:{self.servers.ports[env]}"
         return self.servers.urls()[env]
 
     def agent_url(self, env: str) -> str:
@@ -61,17 +73,19 @@ class GymEnvironments:
             policy_base_url=self.policy_v1_url,
             progress=BuildLines("gym-envs"),
             extra_env={"HF_HUB_OFFLINE": "1"},
+            extra_configs=[config for config, _ in self.stand_ins.values()],
+            app_folders={name: folder for name, (_, folder) in self.stand_ins.items()},
         )
         # Each environment's simple_agent: the composed config's agent naming its resources server.
         # The config is only known once composed, so the agents are found through a first compose.
         config = self._servers.compose()
-        instances = {p.instance: p.name for p in plans}
+        instances = {p.instance: p.name for p in plans} | {name: name for name in self.stand_ins}
         for name, entry in config.items():
             agent = (entry.get("responses_api_agents") or {}).get("simple_agent") if isinstance(entry, dict) else None
             env = instances.get((agent or {}).get("resources_server", {}).get("name")) if agent else None
             if env is not None:
                 self._agents.setdefault(env, name)
-        self._servers.start(also=[*self._agents.values(), MODEL])
+        self._servers.start(also=[*self.stand_ins, *self._agents.values(), MODEL])
         return self
 
     def log_tail(self, name: str) -> str:

@@ -362,6 +362,8 @@ class EnvironmentServers:
         progress: Progress | None = None,
         start_timeout: float = 180.0,
         extra_env: Mapping[str, str] | None = None,
+        extra_configs: Sequence[Path] = (),
+        app_folders: Mapping[str, Path] | None = None,
     ) -> None:
         self.gym = gym
         self.plans = list(plans)
@@ -372,6 +374,10 @@ class EnvironmentServers:
         self.start_timeout = start_timeout
         self._progress = progress or BuildLines("gym-envs")
         self._extra_env = dict(extra_env or {})
+        self._extra_configs = list(extra_configs)
+        """More config files for the parser (servers that are not in the wheel: a benchmark's stand-in)."""
+        self._app_folders = dict(app_folders or {})
+        """Instance -> the folder of its ``app.py``, for instances not under site-packages."""
         self._marker = uuid.uuid4().hex
         self.config: dict[str, Any] = {}
         """The composed config (after ``start``)."""
@@ -411,7 +417,9 @@ class EnvironmentServers:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         sp = self.gym.site_packages
         payload: dict[str, Any] = {
-            "config_paths": [str(sp / p.config) for p in self.plans] + [str(sp / MODEL_CONFIG)],
+            "config_paths": [str(sp / p.config) for p in self.plans]
+            + [str(sp / MODEL_CONFIG)]
+            + [str(path) for path in self._extra_configs],
             "policy_base_url": self.policy_base_url,
             "policy_api_key": "unused",
             "policy_model_name": "policy",
@@ -456,7 +464,8 @@ class EnvironmentServers:
         try:
             for name in self.ports:
                 group, kind = self._where(name)
-                self._spawn(python, name, self.gym.site_packages / group / kind, text)
+                folder = self._app_folders.get(name) or self.gym.site_packages / group / kind
+                self._spawn(python, name, folder, text)
             # Start-up is import-bound: waiting on each in turn takes as long as the slowest.
             deadline = time.monotonic() + self.start_timeout
             for name in self.ports:
