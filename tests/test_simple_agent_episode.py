@@ -11,7 +11,6 @@ import pytest
 
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.simple_agent import Connections, EpisodeResult, Limits, run_episode
-from miles_nemogym.simple_agent import kinds as loop_kinds
 from tests.support.fake_resources import FakeResources, fake_resources, row
 from tests.support.ports import free_port
 from tests.support.scripted_chat import ScriptedChat, Turn, tag, tool
@@ -59,7 +58,7 @@ async def test_seed_failing_or_garbage_is_masked(chat: ScriptedChat, mode: str) 
     chat.script(f"seed{mode}", Turn(content="x"))
     async with fake_resources(seed=mode) as fake:
         result = await _run(chat, fake, f"seed{mode}")
-    assert (result.mask_sample, result.reward, result.failure_kind) == (True, None, loop_kinds.SEED_FAILED)
+    assert (result.mask_sample, result.reward, result.failure_kind) == (True, None, fk.SEED_FAILED)
     assert chat.requests(f"seed{mode}") == [] and fake.verified == []
 
 
@@ -68,7 +67,7 @@ async def test_verify_failing_or_garbage_is_masked(chat: ScriptedChat, mode: str
     chat.script(f"verify{mode}", Turn(content="x"))
     async with fake_resources(verify=mode) as fake:
         result = await _run(chat, fake, f"verify{mode}")
-    assert (result.mask_sample, result.reward, result.failure_kind) == (True, None, loop_kinds.VERIFIER_ERROR)
+    assert (result.mask_sample, result.reward, result.failure_kind) == (True, None, fk.VERIFIER_ERROR)
     assert result.turns == 1
 
 
@@ -167,7 +166,7 @@ async def test_policy_failing_or_garbage_is_masked(chat: ScriptedChat, turn: Tur
     chat.script("policy", turn)
     async with fake_resources() as fake:
         result = await _run(chat, fake, "policy")
-    assert (result.mask_sample, result.reward, result.failure_kind) == (True, None, loop_kinds.POLICY_FAILED)
+    assert (result.mask_sample, result.reward, result.failure_kind) == (True, None, fk.POLICY_FAILED)
     assert fake.verified == []
 
 

@@ -1,8 +1,10 @@
 """Miles agent function (``--custom-agent-function-path miles_nemogym.agent.run``; Miles agentic_tool_call.py).
 
-    async def run(*, base_url, prompt, request_kwargs, metadata) -> {"reward", "eval_report", "nemogym"}
+    async def run(*, base_url, prompt, request_kwargs, metadata) -> {"reward", "eval_report", "nemogym", ...}
     async def abort(args) -> None   # Miles' over-sampling abort: stop every in-flight episode
 
+A row of a ``NEMO_GYM_ENVS`` environment runs the ``simple_agent`` loop against its resources
+server (docs/environments.md); any other row is a SWE episode for ``NEMO_GYM_URL``'s ``/run``.
 A failed episode is recorded on the sample (``nemogym.mask_sample``), never raised; see
 docs/episode-pipeline.md. Importing this module stays cheap (no torch, sglang, ray, Miles).
 """
@@ -14,9 +16,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from miles_nemogym import failure_kinds as fk
+from miles_nemogym.episode.environment import build_episode, route, run_environment
 from miles_nemogym.episode.outcome import Outcome, failure_of, finish
-from miles_nemogym.episode.record import REWARD_KEY, RecordRead, role_of
-from miles_nemogym.episode.request import build_body, instance_id_of, policy_base_url
+from miles_nemogym.episode.record import REWARD_KEY, RecordRead, environment_of, role_of, task_id_of
+from miles_nemogym.episode.request import build_body, policy_base_url
 from miles_nemogym.episode.send import AWAITING_RESULT, NOT_DELIVERED, abort_all, run_body
 from miles_nemogym.log_once import log_once
 from miles_nemogym.reward import score_record
@@ -56,18 +59,25 @@ async def run_with_settings(
     ``store_extra`` gives fields the caller alone knows for the episode's store entry, asked once
     the episode is over (smoke: the policy calls it counted, the server's trajectory file)."""
     settings: Settings | None = None
+    environment = environment_of(metadata)
     try:
         settings = get_settings() if given is None else given
-        route = policy_base_url(base_url, settings.gym_url, settings.external_host)
-        body = build_body(metadata, request_kwargs, settings, policy_base_url=route)
+        environment, server = route(metadata, settings)
+        if server is None:
+            policy = policy_base_url(base_url, settings.gym_url, settings.external_host)
+            body = build_body(metadata, request_kwargs, settings, policy_base_url=policy)
+            episode = None
+        else:
+            episode = build_episode(metadata, environment, server, session_url=base_url, request_kwargs=request_kwargs)
     except Exception as error:  # a bad setting, session URL or task row still leaves a record
-        instance_id = instance_id_of(metadata)
+        task_id = task_id_of(metadata)
         scrubber = settings.key_scrubber() if settings is not None else None
-        outcome = finish(failure_of(error, instance_id, scrubber), instance_id)
+        outcome = finish(failure_of(error, task_id, scrubber), task_id)
     else:
-        outcome = await run_body(body, settings)
-    _log(outcome)
+        outcome = await (run_body(body, settings) if episode is None else run_environment(episode, settings))
     record = outcome.record
+    record.environment = environment
+    _log(outcome)
     role, eval_set = role_of(metadata)
     # The ledger sees every episode, also those whose sample Miles returns without this dict.
     failure_kind = (record.failure_kind or fk.AGENT_RUN_ERROR) if record.mask_sample else None
@@ -114,8 +124,9 @@ def _store(
 
 
 async def abort(args: Any = None) -> None:
-    """Miles' over-sampling abort hook: stop every in-flight ``/run`` of this process at once;
-    each stopped ``run`` returns a ``cancelled`` outcome (the server's sandbox expires by TTL)."""
+    """Miles' over-sampling abort hook: stop every in-flight episode of this process at once
+    (``/run`` and environment episodes); each stopped ``run`` returns a ``cancelled`` outcome
+    (the server's sandbox, or resources-server session, expires on its own)."""
     states = abort_all()
     forget_held_episodes()  # the step's groups have all been filtered
     logger.info(
@@ -140,10 +151,20 @@ def _log(outcome: Outcome) -> None:
         hint = ""
         if record.http_status == 422:
             hint = " — is NEMO_GYM_URL a mini_swe_agent_2 server from nemo-gym >= 0.6?"
-        log_once(logger, logging.ERROR, f"agent {message}", "NeMo-Gym /run cannot run (%s): %s%s", kind, message, hint)
+        log_once(
+            logger,
+            logging.ERROR,
+            f"agent {message}",
+            "NeMo-Gym %s episodes cannot run (%s): %s%s",
+            record.env,
+            kind,
+            message,
+            hint,
+        )
         return
     logger.warning(
-        "NeMo-Gym episode failed: instance=%s kind=%s elapsed=%.1fs attempts=%d reason=%s",
+        "NeMo-Gym episode failed: env=%s instance=%s kind=%s elapsed=%.1fs attempts=%d reason=%s",
+        record.env,
         record.instance_id,
         kind,
         record.elapsed_s,

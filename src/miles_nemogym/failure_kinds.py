@@ -48,6 +48,15 @@ INVALID_CONFIG: Final = "miles_nemogym:invalid_config"
 # A defect in this plugin surfaced while running the episode (logged with its traceback).
 CLIENT_ERROR: Final = "miles_nemogym:client_error"
 
+# Environment episodes (the ``simple_agent`` loop, docs/environments.md):
+# ``POST /seed_session`` answered an error or a body that is not a JSON object.
+SEED_FAILED: Final = "miles_nemogym:seed_failed"
+# The policy's chat-completions endpoint (Miles' session URL) answered an error or garbage.
+POLICY_FAILED: Final = "miles_nemogym:policy_failed"
+# NeMo-Gym's name: ``/verify`` answered an error, a body without a finite ``reward``, or one
+# outside ``NEMO_GYM_REWARD_RANGE``. (A server may send it too.)
+VERIFIER_ERROR: Final = "verifier_error"
+
 
 # NeMo-Gym's registered names (``nemo_gym/failure_kinds.py`` in nemo-gym 0.7.0) that this
 # client does not produce itself but a server may send.
@@ -57,7 +66,6 @@ _SERVER_KINDS: Final = frozenset(
         "agent_command_not_allowed",
         "judge_failed",
         "judge_unparseable",
-        "verifier_error",
         "provider_unavailable",
         "provider_quota_exhausted",
         "provider_oom_killed",
@@ -82,6 +90,9 @@ _KNOWN_KINDS: Final = _SERVER_KINDS | {
     INVALID_REQUEST,
     INVALID_CONFIG,
     CLIENT_ERROR,
+    SEED_FAILED,
+    POLICY_FAILED,
+    VERIFIER_ERROR,
 }
 
 # NeMo-Gym's name rule: ``<domain>_<condition>``, optionally namespaced ``<server>:<kind>``.

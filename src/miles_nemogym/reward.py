@@ -12,7 +12,14 @@ import math
 from collections import Counter
 from typing import Any
 
-from miles_nemogym.episode.record import REWARD_KEY, EpisodeRecord, RecordRead, metadata_of, read_record
+from miles_nemogym.episode.record import (
+    REWARD_KEY,
+    SWE_ENVIRONMENT,
+    EpisodeRecord,
+    RecordRead,
+    metadata_of,
+    read_record,
+)
 from miles_nemogym.log_once import log_once
 from miles_nemogym.settings import RewardMode, SettingsError, get_settings
 
@@ -41,7 +48,8 @@ def score_record(reward: Any, read: RecordRead, mode: RewardMode) -> tuple[float
         return 0.0, "missing_reward" if reward is None else "non_numeric_reward"
     if not math.isfinite(reward):
         return 0.0, "non_finite_reward"
-    if mode is RewardMode.partial and record is not None and not record.resolved:
+    # Partial credit reads SWE-bench test counts: an environment's reward is its verifier's.
+    if mode is RewardMode.partial and record is not None and record.env == SWE_ENVIRONMENT and not record.resolved:
         if read.unreadable & _TEST_COUNTS:
             return float(reward), "invalid_test_counts"
         return partial_credit(record, float(reward)), None

@@ -27,6 +27,7 @@ from miles_nemogym.episode.record import (
     read_record,
     record_of,
     role_of,
+    task_id_of,
 )
 from miles_nemogym.failure_kinds import CANCELLED, metric_label
 
@@ -129,12 +130,6 @@ def zero_loss_samples(samples: Any) -> int:
 # ----------------------------------------------------------------------------- failed before the policy
 
 
-def _task_of(metadata: Any) -> str | None:
-    """What ties a sample to its episode across Miles' copy: the task's ``instance_id``."""
-    task = metadata.get("instance_id") if isinstance(metadata, Mapping) else None
-    return None if task is None else str(task)
-
-
 class _Held:
     """Failed train episodes of the current step whose sample may come back without them,
     oldest first; at most ``limit`` (the oldest go first: their groups have long been seen)."""
@@ -175,7 +170,7 @@ def hold_failed_episode(metadata: Mapping[str, Any] | None, result: Mapping[str,
     train episode until the group filter sees its sample, in case Miles returns that sample
     ABORTED without the dict (no model call recorded)."""
     record = read_record(result).record
-    task = _task_of(metadata)
+    task = task_id_of(metadata)
     if (
         record is None
         or not record.mask_sample
@@ -202,7 +197,7 @@ def recover_failed_episodes(samples: Any) -> int:
     group = list(flatten(samples))
     for sample in group:
         record = record_of(sample)
-        task = _task_of(metadata_of(sample))
+        task = task_id_of(metadata_of(sample))
         if record is not None and record.episode_id is not None and task is not None:
             _held.release(task, record.episode_id)
     template = next((sample for sample in group if _can_template(sample)), None)
@@ -210,7 +205,7 @@ def recover_failed_episodes(samples: Any) -> int:
     for sample in group:
         if template is None or not is_aborted(sample) or RECORD_KEY in metadata_of(sample):
             continue
-        task = _task_of(metadata_of(sample))
+        task = task_id_of(metadata_of(sample))
         result = None if task is None else _held.claim(task)
         if result is None:
             continue

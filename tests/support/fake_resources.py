@@ -29,6 +29,8 @@ class FakeResources:
     seed: str = "ok"
     verify: str = "ok"
     reward: float = 1.0
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Fields the environment adds to its ``/verify`` answer (mcqa's ``extracted_answer``...)."""
     delay: float = 0.0
     url: str = ""
     seeded: dict[str, Any] = field(default_factory=dict)
@@ -90,11 +92,12 @@ class FakeResources:
                     "failure_reason": "judge down",
                 }
             )
-        return web.json_response({**body, "reward": self.reward})
+        return web.json_response({**body, **self.extra, "reward": self.reward})
 
 
 @asynccontextmanager
-async def fake_resources(**options: Any) -> AsyncIterator[FakeResources]:
+async def fake_resources(port: int = 0, **options: Any) -> AsyncIterator[FakeResources]:
+    """A ``FakeResources`` listening on ``port`` (0: any free one) until the block ends."""
     fake = FakeResources(**options)
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/seed_session", fake._seed)
@@ -102,7 +105,7 @@ async def fake_resources(**options: Any) -> AsyncIterator[FakeResources]:
     app.router.add_post("/{tool}", fake._tool)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
     fake.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     try:

@@ -1,11 +1,12 @@
-"""One process-wide circuit for the NeMo-Gym server: episodes wait out an outage.
+"""One circuit per server URL in this process: episodes wait out their server's outage.
 
-Closed: send. Open (after an undeliverable ``/run``): wait while one task probes the server
-by opening a connection the way a request does (TCP, and TLS with certificate checks for an
-``https`` URL). Given up (no ``/run`` delivered for ``NEMO_GYM_OUTAGE_TIMEOUT``): fail, and
-``stop_error()`` stops the run. The outage clock runs from the first undeliverable ``/run``
-until one is delivered, however often the probe succeeds in between. Thread-safe; why:
-docs/episode-pipeline.md.
+Closed: send. Open (after an undeliverable request: a ``/run``, or an environment episode's
+``/seed_session``): wait while one task probes the server by opening a connection the way a
+request does (TCP, and TLS with certificate checks for an ``https`` URL). Given up (nothing
+delivered for ``NEMO_GYM_OUTAGE_TIMEOUT``): fail, and ``stop_error()`` stops the run. The
+outage clock runs from the first undeliverable request until one is delivered, however often
+the probe succeeds in between. Each server has its own circuit, so one environment's outage
+holds only its own episodes. Thread-safe; why: docs/episode-pipeline.md.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from urllib.parse import urlsplit
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.redaction import redact_url
 
-__all__ = ["circuit"]
+__all__ = ["Circuit", "circuit"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,15 +35,17 @@ second at a time is caught in that half second."""
 _RECHECK_S = 10.0
 
 
-class _Circuit:
-    """Closed (send), open (wait and probe) or given up (fail, stop the run)."""
+class Circuit:
+    """One server's circuit: closed (send), open (wait and probe) or given up (fail, stop the run)."""
 
-    def __init__(self) -> None:
+    def __init__(self, url: str, setting: str) -> None:
+        self.url = url
+        self._setting = setting
+        """The variable that names this server, for the stop message."""
         self._lock = threading.Lock()
         self._down_since: float | None = None
-        """First undeliverable ``/run`` with none delivered since: the outage clock."""
+        """First undeliverable request with none delivered since: the outage clock."""
         self._open = False
-        self._url = ""
         self._timeout_s = 0.0
         self._kind = fk.TRANSPORT_UNREACHABLE
         self._reason = ""
@@ -67,28 +70,28 @@ class _Circuit:
         with self._lock:
             return self._gave_up
 
-    def trip(self, url: str, timeout_s: float, kind: str, reason: str) -> None:
-        """An undeliverable ``/run`` (``kind``, ``reason``): open the circuit; the outage clock
-        keeps running from the first one since the last delivered ``/run``."""
+    def trip(self, timeout_s: float, kind: str, reason: str) -> None:
+        """An undeliverable request (``kind``, ``reason``): open the circuit; the outage clock
+        keeps running from the first one since the last delivered request."""
         with self._lock:
             self._kind, self._reason = kind, reason
             if self._open or self._gave_up is not None:
                 return
             self._open = True
-            self._url, self._timeout_s = url, timeout_s
+            self._timeout_s = timeout_s
             fresh = self._down_since is None
             if fresh:
                 self._down_since = time.monotonic()
         if fresh:
             logger.warning(
-                "NeMo-Gym server %s cannot be reached (%s): episodes wait for it (up to NEMO_GYM_OUTAGE_TIMEOUT=%gs)",
-                redact_url(url),
+                "NeMo-Gym server %s cannot be reached (%s): its episodes wait (up to NEMO_GYM_OUTAGE_TIMEOUT=%gs)",
+                redact_url(self.url),
                 reason,
                 timeout_s,
             )
 
     def delivered(self) -> None:
-        """A ``/run`` reached the server: the outage (also one that gave up) is over."""
+        """A request reached the server: the outage (also one that gave up) is over."""
         if self._down_since is None and self._gave_up is None:
             return  # the healthy path: no lock
         with self._lock:
@@ -134,8 +137,9 @@ class _Circuit:
         last_warning = time.monotonic()
         try:
             while True:
+                url = self.url
                 with self._lock:
-                    down_since, url, timeout_s = self._down_since, self._url, self._timeout_s
+                    down_since, timeout_s = self._down_since, self._timeout_s
                     is_open, kind, reason = self._open, self._kind, self._reason
                 if not is_open or down_since is None:
                     return
@@ -144,7 +148,7 @@ class _Circuit:
                     self._close(
                         f"the NeMo-Gym server {redact_url(url)} could not be reached for "
                         f"{now - down_since:.0f}s ({kind}: {reason}; NEMO_GYM_OUTAGE_TIMEOUT={timeout_s:g}s): "
-                        "the run stops. Start the server (or fix NEMO_GYM_URL, or its TLS certificate) and "
+                        f"the run stops. Start the server (or fix {self._setting}, or its TLS certificate) and "
                         "resume from the last checkpoint; raise NEMO_GYM_OUTAGE_TIMEOUT to wait longer"
                     )
                     return
@@ -238,5 +242,43 @@ async def _connect(url: str, timeout_s: float) -> str | None:
     return None
 
 
-circuit = _Circuit()
-"""The process's circuit for the NeMo-Gym server."""
+class _Circuits:
+    """The process's circuits, one per server URL, created on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_url: dict[str, Circuit] = {}
+
+    def for_url(self, url: str, setting: str) -> Circuit:
+        """The circuit of the server at ``url`` (``setting`` names the variable that set it)."""
+        with self._lock:
+            found = self._by_url.get(url)
+            if found is None:
+                found = self._by_url[url] = Circuit(url, setting)
+            return found
+
+    def _all(self) -> list[Circuit]:
+        with self._lock:
+            return list(self._by_url.values())
+
+    @property
+    def is_open(self) -> bool:
+        """Whether any server's circuit is open."""
+        return any(one.is_open for one in self._all())
+
+    def waiting(self) -> int:
+        """Episodes waiting for any server now."""
+        return sum(one.waiting() for one in self._all())
+
+    def stop_error(self) -> str | None:
+        """Why the run must stop (a server's outage outlasted its timeout), or None."""
+        return next((error for error in map(Circuit.stop_error, self._all()) if error is not None), None)
+
+    def reset(self) -> None:
+        """Every circuit closed, with no outage and no stop error (tests; a new run in the same process)."""
+        for one in self._all():
+            one.reset()
+
+
+circuit = _Circuits()
+"""The process's circuits: ``circuit.for_url(url, setting)`` is one server's."""

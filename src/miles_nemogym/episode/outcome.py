@@ -21,13 +21,21 @@ from pydantic import ValidationError
 
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.protocol import OutputItem, RunResponse
-from miles_nemogym.episode.record import EVAL_REPORT_KEY, RECORD_KEY, REWARD_KEY, EpisodeRecord, TestCounts
+from miles_nemogym.episode.record import (
+    AGENT_METRICS_KEY,
+    EVAL_REPORT_KEY,
+    RECORD_KEY,
+    REWARD_KEY,
+    EpisodeRecord,
+    TestCounts,
+)
 from miles_nemogym.episode.request import PolicyUrlError, RequestBuildError
 from miles_nemogym.redaction import KeyScrubber, redact_urls
 from miles_nemogym.settings import SettingsError
 
 __all__ = [
     "Outcome",
+    "check_reward",
     "classify_http",
     "classify_run_response",
     "failure",
@@ -58,14 +66,20 @@ class Outcome:
     """Whether ``answer`` parsed as a ``/run`` result."""
     outage_wait_s: float = 0.0
     """Seconds this episode waited for an unreachable server (charged to its role's tally)."""
+    tool_time_s: float | None = None
+    """Seconds of an environment episode spent in seed, tool and verify requests; None for ``/run``."""
 
     def to_metadata(self) -> dict[str, Any]:
-        """The dict returned to Miles and merged into ``sample.metadata``."""
-        return {
+        """The dict returned to Miles and merged into ``sample.metadata``; with ``agent_metrics``
+        when the tool time is known (Miles' ``non_generation_time``)."""
+        result = {
             REWARD_KEY: self.reward,
             EVAL_REPORT_KEY: self.eval_report,
             RECORD_KEY: self.record.model_dump(mode="json"),
         }
+        if self.tool_time_s is not None:
+            result[AGENT_METRICS_KEY] = {"total_tool_time": self.tool_time_s}
+        return result
 
 
 def classify_http(
@@ -154,7 +168,7 @@ def classify_run_response(
     instance_id = sent_instance_id if sent_instance_id is not None else reported_id
     output = response.response.output if response.response else []
     turns, tool_calls = _count_turns(output)
-    server_reward, reward_problem = _check_reward(response.reward, reward_range)
+    server_reward, reward_problem = check_reward(response.reward, reward_range)
     server_kind = response.failure_kind
     if server_kind is not None and not fk.check_server_kind(server_kind):
         server_kind = None
@@ -335,8 +349,9 @@ def _shown(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _check_reward(value: Any, reward_range: tuple[float, float]) -> tuple[float | None, str | None]:
-    """(the reward as a finite float or None, what is wrong with it or None)."""
+def check_reward(value: Any, reward_range: tuple[float, float]) -> tuple[float | None, str | None]:
+    """(the reward as a finite float or None, what is wrong with it or None): finite and in
+    ``reward_range`` (``NEMO_GYM_REWARD_RANGE``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None, f"the server's reward is not a number ({_shown(value)})"
     try:

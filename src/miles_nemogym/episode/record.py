@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 __all__ = [
+    "AGENT_METRICS_KEY",
     "ENV_KEY",
     "EVAL",
     "EVAL_REPORT_KEY",
@@ -40,6 +41,7 @@ __all__ = [
     "read_record",
     "record_of",
     "role_of",
+    "task_id_of",
 ]
 
 RECORD_KEY = "nemogym"
@@ -48,6 +50,9 @@ REWARD_KEY = "reward"
 """The ``sample.metadata`` key holding the episode's final reward."""
 EVAL_REPORT_KEY = "eval_report"
 """The ``sample.metadata`` key holding the server's result metadata."""
+AGENT_METRICS_KEY = "agent_metrics"
+"""The key of the agent function's dict whose ``total_tool_time`` Miles reads as the sample's
+``non_generation_time`` (``miles/rollout/generate_hub/agentic_tool_call.py`` at 31f1ca9)."""
 
 # Miles' ``--eval-config`` adds ``metadata_overrides`` to every eval sample (Miles
 # ``miles/utils/eval_config.py`` at 31f1ca9); the launcher sets these two marks.
@@ -74,6 +79,20 @@ def environment_of(metadata: Mapping[str, Any] | None) -> str:
     """The environment a sample's row is marked with; ``swe`` when unmarked."""
     name = metadata.get(ENV_KEY) if isinstance(metadata, Mapping) else None
     return name if isinstance(name, str) and name else SWE_ENVIRONMENT
+
+
+def task_id_of(metadata: Mapping[str, Any] | None) -> str | None:
+    """The task a sample's row is for: its ``nemogym_task_id`` mark, else its ``instance_id``
+    (SWE rows); text, a lone surrogate escaped."""
+    if not isinstance(metadata, Mapping):
+        return None
+    raw = metadata.get(TASK_ID_KEY)
+    if raw is None or raw == "":
+        raw = metadata.get("instance_id")
+    if raw is None:
+        return None
+    text = str(raw)
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def role_of(metadata: Mapping[str, Any] | None) -> tuple[str, str | None]:

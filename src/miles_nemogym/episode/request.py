@@ -22,7 +22,14 @@ import pydantic_core
 from pydantic import ValidationError
 
 from miles_nemogym.episode.protocol import ResponsesCreateParams, RunRequest
-from miles_nemogym.episode.record import EVAL_REPORT_KEY, RECORD_KEY, REWARD_KEY, ROW_MARKS
+from miles_nemogym.episode.record import (
+    AGENT_METRICS_KEY,
+    EVAL_REPORT_KEY,
+    RECORD_KEY,
+    REWARD_KEY,
+    ROW_MARKS,
+    task_id_of,
+)
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.hosts import bracket, is_loopback, is_wildcard
 from miles_nemogym.log_once import log_once
@@ -37,10 +44,10 @@ __all__ = [
     "RunBody",
     "build_body",
     "build_run_body",
-    "instance_id_of",
     "policy_base_url",
     "responses_create_params",
     "routable_local_address",
+    "task_row",
 ]
 
 logger = logging.getLogger(__name__)
@@ -50,7 +57,7 @@ _MILES_BOOKKEEPING_KEYS = frozenset({"max_seq_len", "session_server_id", "sessio
 
 # Keys this plugin returns and Miles merges back into sample.metadata. A sample that is
 # retried or re-rolled carries them; they must never be sent as task fields.
-_PLUGIN_RESULT_KEYS = frozenset({REWARD_KEY, EVAL_REPORT_KEY, RECORD_KEY, "agent_metrics"})
+_PLUGIN_RESULT_KEYS = frozenset({REWARD_KEY, EVAL_REPORT_KEY, RECORD_KEY, AGENT_METRICS_KEY})
 
 # Routing and secrets come from the plugin, never from a data row.
 ROUTING_KEYS = frozenset({"policy_base_url", "policy_api_key"})
@@ -162,16 +169,7 @@ def build_body(
     keeps the key (``NEMO_GYM_POLICY_API_KEY``) from going with the request."""
     key = settings.policy_api_key.get_secret_value() if settings.policy_api_key and send_api_key else None
     body = build_run_body(metadata, request_kwargs, policy_base_url=policy_base_url, policy_api_key=key)
-    return RunBody(_encode(body), instance_id_of(body))
-
-
-def instance_id_of(metadata: Any) -> str | None:
-    """The task's ``instance_id`` as the record keeps it: text, a lone surrogate escaped."""
-    raw = metadata.get("instance_id") if isinstance(metadata, Mapping) else None
-    if raw is None:
-        return None
-    text = str(raw)
-    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return RunBody(_encode(body), task_id_of(body))
 
 
 def build_run_body(
@@ -195,7 +193,7 @@ def build_run_body(
             "sample metadata is empty: the task instance (instance_id, repo, base_commit, ...) "
             "must be in each prompt row's 'metadata'; convert the data with `miles-nemogym convert`"
         )
-    body = {key: value for key, value in metadata.items() if key not in _NOT_SENT_KEYS}
+    body = task_row(metadata)
     body["responses_create_params"] = responses_create_params(metadata.get("responses_create_params"), request_kwargs)
     if policy_base_url is not None:
         body["policy_base_url"] = policy_base_url
@@ -212,6 +210,12 @@ def build_run_body(
                 f"the task row in metadata cannot be sent as JSON: metadata[{key!r}] holds {problem}"
             )
     return body
+
+
+def task_row(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The task row in a sample's metadata as a server gets it: without our marks, Miles'
+    bookkeeping keys, the keys this plugin returned, and routing or secrets."""
+    return {key: value for key, value in metadata.items() if key not in _NOT_SENT_KEYS}
 
 
 def responses_create_params(

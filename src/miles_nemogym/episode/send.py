@@ -1,11 +1,13 @@
-"""Send one episode's ``/run`` body and get its finished ``Outcome``.
+"""Run one episode to its finished ``Outcome``: a ``/run`` body, or any attempt function.
 
 ``/run`` is not idempotent: a body is sent again only when it certainly never reached the
-server, and only after the process's circuit (``circuit.py``) has waited the outage out.
-Each request runs in an inner task registered here, so ``abort_all`` (Miles' over-sampling
+server, and only after that server's circuit (``circuit.py``) has waited the outage out;
+``run_attempts`` applies the same rule to an environment episode (``episode/environment.py``).
+Each episode runs in an inner task registered here, so ``abort_all`` (Miles' over-sampling
 abort, from any thread) stops it while its caller gets a ``cancelled`` outcome; the caller's
-own cancellation propagates. Requests share one pooled aiohttp session per event loop,
-closed when that loop shuts down. Why each rule: docs/episode-pipeline.md.
+own cancellation propagates. Requests share one pooled aiohttp session per event loop (and
+one ``simple_agent.Connections``), closed when that loop shuts down. Why each rule:
+docs/episode-pipeline.md.
 """
 
 from __future__ import annotations
@@ -16,18 +18,31 @@ import logging
 import threading
 import weakref
 from collections import Counter
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym.episode.circuit import circuit
+from miles_nemogym.episode.circuit import Circuit, circuit
 from miles_nemogym.episode.outcome import Outcome, classify_http, failure, failure_of, finish
 from miles_nemogym.episode.request import RunBody
+from miles_nemogym.redaction import redact_url
 from miles_nemogym.settings import Settings
+from miles_nemogym.simple_agent import Connections
 
-__all__ = ["AWAITING_RESULT", "NOT_DELIVERED", "abort_all", "close_client", "open_pools", "run_body"]
+__all__ = [
+    "AWAITING_RESULT",
+    "NOT_DELIVERED",
+    "Undelivered",
+    "abort_all",
+    "close_client",
+    "environment_connections",
+    "open_pools",
+    "run_attempts",
+    "run_body",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -51,15 +66,37 @@ NOT_DELIVERED = "not_delivered"
 """An in-flight episode whose request has not reached the server (waiting out an outage)."""
 
 
+@dataclass(frozen=True)
+class Undelivered:
+    """A try that certainly never reached the server: safe to send again."""
+
+    kind: str
+    reason: str
+
+
+Attempt = Callable[[], Awaitable["Outcome | Undelivered"]]
+"""One try of an episode: its outcome, or ``Undelivered`` (then it is tried again)."""
+
+
 async def run_body(body: RunBody, settings: Settings) -> Outcome:
-    """Send ``body`` and return the episode's finished ``Outcome``; never raises for a failed
-    episode (a defect becomes ``client_error``); ``CancelledError`` propagates."""
-    scrubber = settings.key_scrubber()
+    """Send ``body`` to ``/run`` and return the episode's finished ``Outcome``; never raises for
+    a failed episode (a defect becomes ``client_error``); ``CancelledError`` propagates."""
+
+    async def attempt() -> Outcome | Undelivered:
+        return await _post(await _session(settings), body, settings)
+
+    return await run_attempts(attempt, circuit.for_url(settings.gym_url, "NEMO_GYM_URL"), settings, body.instance_id)
+
+
+async def run_attempts(attempt: Attempt, server: Circuit, settings: Settings, instance_id: str | None) -> Outcome:
+    """Run ``attempt`` as one abortable episode behind ``server``'s circuit: an ``Undelivered``
+    try trips it and is tried again once it closes. The finished ``Outcome``; never raises for a
+    failed episode (a defect becomes ``client_error``); ``CancelledError`` propagates."""
     try:
-        outcome = await _send(body, settings)
+        outcome = await _send(lambda entry: _deliver(attempt, server, settings, entry))
     except Exception as error:
-        outcome = failure_of(error, body.instance_id, scrubber)
-    return finish(outcome, body.instance_id)
+        outcome = failure_of(error, instance_id, settings.key_scrubber())
+    return finish(outcome, instance_id)
 
 
 # -- the in-flight registry: abort ----------------------------------------------------------
@@ -82,13 +119,12 @@ _lock = threading.Lock()
 _in_flight: set[_InFlight] = set()
 
 
-async def _send(body: RunBody, settings: Settings) -> Outcome:
-    """``_deliver`` in an inner task that ``abort_all`` may cancel: then a ``cancelled`` outcome."""
-    session = await _session(settings)
+async def _send(deliver: Callable[[_InFlight], Coroutine[Any, Any, Outcome]]) -> Outcome:
+    """``deliver`` in an inner task that ``abort_all`` may cancel: then a ``cancelled`` outcome."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     entry = _InFlight(loop=loop)
-    task = entry.task = loop.create_task(_deliver(session, body, settings, entry))
+    task = entry.task = loop.create_task(deliver(entry))
     with _lock:
         _in_flight.add(entry)
     try:
@@ -155,29 +191,21 @@ def abort_all() -> Counter[str]:
 # -- delivery: the circuit's wait and the one resend rule -------------------------------------
 
 
-@dataclass(frozen=True)
-class _Undelivered:
-    """A try that certainly never reached the server: safe to send again."""
-
-    kind: str
-    reason: str
-
-
-async def _deliver(session: aiohttp.ClientSession, body: RunBody, settings: Settings, entry: _InFlight) -> Outcome:
-    """Wait while the circuit is open, send once; a try that never reached the server trips
-    the circuit and is sent again once it closes, until ``NEMO_GYM_OUTAGE_TIMEOUT``."""
+async def _deliver(attempt: Attempt, server: Circuit, settings: Settings, entry: _InFlight) -> Outcome:
+    """Wait while the circuit is open, try once; a try that never reached the server trips
+    the circuit and is tried again once it closes, until ``NEMO_GYM_OUTAGE_TIMEOUT``."""
     loop = asyncio.get_running_loop()
-    last: _Undelivered | None = None
+    last: Undelivered | None = None
     started: float | None = None
     while True:
         entry.not_delivered = True
-        gave_up_kind, waited = await circuit.wait()
+        gave_up_kind, waited = await server.wait()
         entry.outage_wait_s += waited
         if gave_up_kind is not None:
             kind = last.kind if last is not None else gave_up_kind
             outcome = failure(
                 kind,
-                f"the NeMo-Gym server could not be reached within NEMO_GYM_OUTAGE_TIMEOUT="
+                f"the NeMo-Gym server {redact_url(server.url)} could not be reached within NEMO_GYM_OUTAGE_TIMEOUT="
                 f"{settings.outage_timeout_s:g}s (this episode waited {entry.outage_wait_s:.0f}s)"
                 + (f"; last try: {last.reason}" if last is not None else ""),
             )
@@ -186,12 +214,12 @@ async def _deliver(session: aiohttp.ClientSession, body: RunBody, settings: Sett
         entry.not_delivered = False
         if started is None:
             started = loop.time()
-        result = await _post(session, body, settings)
-        if isinstance(result, _Undelivered):
+        result = await attempt()
+        if isinstance(result, Undelivered):
             last = result
-            circuit.trip(settings.gym_url, settings.outage_timeout_s, result.kind, result.reason)
+            server.trip(settings.outage_timeout_s, result.kind, result.reason)
             continue
-        circuit.delivered()
+        server.delivered()
         outcome = result
         break
     outcome.record.attempts = entry.attempts
@@ -200,9 +228,9 @@ async def _deliver(session: aiohttp.ClientSession, body: RunBody, settings: Sett
     return outcome
 
 
-async def _post(session: aiohttp.ClientSession, body: RunBody, settings: Settings) -> Outcome | _Undelivered:
+async def _post(session: aiohttp.ClientSession, body: RunBody, settings: Settings) -> Outcome | Undelivered:
     """One ``POST /run``: the classified answer, a failure that may have been delivered, or
-    ``_Undelivered``. Never raises for transport or HTTP failures."""
+    ``Undelivered``. Never raises for transport or HTTP failures."""
     scrubber = settings.key_scrubber()
     scrub = None if scrubber is None else scrubber.scrub
     timeout = aiohttp.ClientTimeout(total=settings.run_timeout_s, sock_connect=settings.connect_timeout_s)
@@ -226,13 +254,13 @@ async def _post(session: aiohttp.ClientSession, body: RunBody, settings: Setting
             outcome.answer = raw  # kept for the episode store (scrubbed there)
             return outcome
     except aiohttp.ConnectionTimeoutError as error:
-        return _Undelivered(fk.TRANSPORT_TIMEOUT, f"connect timeout: {_text(error, scrub)}")
+        return Undelivered(fk.TRANSPORT_TIMEOUT, f"connect timeout: {_text(error, scrub)}")
     except aiohttp.ClientSSLError as error:
         # The TLS handshake failed (a certificate refused, expired, for another host): no
         # byte of the request left. Its own kind: waiting helps only once it is fixed.
-        return _Undelivered(fk.TRANSPORT_TLS, f"TLS: {_text(error.os_error, scrub)}")
+        return Undelivered(fk.TRANSPORT_TLS, f"TLS: {_text(error.os_error, scrub)}")
     except aiohttp.ClientConnectorError as error:
-        return _Undelivered(fk.TRANSPORT_UNREACHABLE, f"cannot connect: {_text(error.os_error, scrub)}")
+        return Undelivered(fk.TRANSPORT_UNREACHABLE, f"cannot connect: {_text(error.os_error, scrub)}")
     except asyncio.TimeoutError:
         return failure(fk.AGENT_TIMEOUT, f"no answer within NEMO_GYM_RUN_TIMEOUT={settings.run_timeout_s:g}s")
     except (aiohttp.ClientError, OSError) as error:
@@ -273,10 +301,12 @@ def _text(error: object, scrub: Callable[[bytes], bytes] | None) -> str:
 
 @dataclass
 class _Pools:
-    """One loop's sessions, by (connection limit, connect timeout), and the async generator
-    whose finalisation at the loop's shutdown (``asyncio.run``) closes them."""
+    """One loop's sessions, by (connection limit, connect timeout), its environment episodes'
+    ``Connections``, and the async generator whose finalisation at the loop's shutdown
+    (``asyncio.run``) closes them."""
 
     sessions: dict[tuple[int, float], aiohttp.ClientSession] = field(default_factory=dict)
+    connections: Connections | None = None
     guard: AsyncGenerator[None, None] | None = None
 
 
@@ -285,12 +315,30 @@ class _Pools:
 _pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pools] = weakref.WeakKeyDictionary()
 
 
-async def _session(settings: Settings) -> aiohttp.ClientSession:
-    """This loop's session for these pool settings, created on first use."""
+async def _loop_pools() -> _Pools:
+    """This loop's pools, closed when the loop shuts down (and at interpreter exit)."""
     loop = asyncio.get_running_loop()
     pools = _pools.get(loop)
     if pools is None:
         pools = _pools[loop] = _Pools()
+    if pools.guard is None:
+        pools.guard = _closed_at_shutdown(pools)
+        await pools.guard.__anext__()  # the loop now tracks it (loop.shutdown_asyncgens)
+        _register_exit_close()
+    return pools
+
+
+async def environment_connections() -> Connections:
+    """This loop's ``Connections`` for environment episodes, opened on first use."""
+    pools = await _loop_pools()
+    if pools.connections is None:
+        pools.connections = await Connections().__aenter__()
+    return pools.connections
+
+
+async def _session(settings: Settings) -> aiohttp.ClientSession:
+    """This loop's session for these pool settings, created on first use."""
+    pools = await _loop_pools()
     key = (settings.max_concurrency, settings.connect_timeout_s)
     session = pools.sessions.get(key)
     if session is None or session.closed:
@@ -301,10 +349,6 @@ async def _session(settings: Settings) -> aiohttp.ClientSession:
         session = pools.sessions[key] = aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=None), raise_for_status=False
         )
-        if pools.guard is None:
-            pools.guard = _closed_at_shutdown(pools)
-            await pools.guard.__anext__()  # the loop now tracks it (loop.shutdown_asyncgens)
-        _register_exit_close()
     return session
 
 
@@ -320,8 +364,11 @@ async def _closed_at_shutdown(pools: _Pools) -> AsyncGenerator[None, None]:
 async def _close_all(pools: _Pools) -> None:
     sessions = list(pools.sessions.values())
     pools.sessions.clear()
+    connections, pools.connections = pools.connections, None
     for session in sessions:
         await session.close()
+    if connections is not None:
+        await connections.close()
 
 
 async def close_client() -> None:
@@ -334,9 +381,12 @@ async def close_client() -> None:
 
 
 def open_pools() -> int:
-    """How many open ``/run`` sessions this event loop holds (one per pool settings)."""
+    """How many open pools this event loop holds: ``/run`` sessions (one per pool settings) and
+    the environment episodes' ``Connections``."""
     pools = _pools.get(asyncio.get_running_loop())
-    return 0 if pools is None else sum(not session.closed for session in pools.sessions.values())
+    if pools is None:
+        return 0
+    return sum(not session.closed for session in pools.sessions.values()) + (pools.connections is not None)
 
 
 _exit_registered = threading.Event()
@@ -353,7 +403,7 @@ def _close_at_exit() -> None:
     forever on a daemon thread (``miles/utils/async_utils.py`` at 31f1ca9), which never shuts
     down its async generators, and aiohttp would report "Unclosed connector"."""
     for loop, pools in list(_pools.items()):
-        if not pools.sessions or loop.is_closed():
+        if not (pools.sessions or pools.connections) or loop.is_closed():
             continue
         try:
             if loop.is_running():

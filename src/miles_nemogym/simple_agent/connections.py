@@ -31,11 +31,13 @@ class Answer:
 
 
 class TransportFailure(MilesNemoGymError):
-    """The request got no HTTP answer; ``kind`` is a transport failure kind."""
+    """The request got no HTTP answer; ``kind`` is a transport failure kind. ``undelivered``:
+    no connection was made, so the request certainly never reached the server."""
 
-    def __init__(self, kind: str, reason: str) -> None:
+    def __init__(self, kind: str, reason: str, *, undelivered: bool = False) -> None:
         super().__init__(reason)
         self.kind = kind
+        self.undelivered = undelivered
 
 
 class Connections:
@@ -92,12 +94,14 @@ async def post(
     data: bytes,
     cap: int,
     timeout: float | None,
+    connect_timeout: float | None = None,
     headers: dict[str, str] | None = None,
 ) -> Answer:
     """POST JSON ``data``; read at most ``cap`` bytes of the answer. Raises ``TransportFailure``."""
     sent = {"Content-Type": "application/json", **(headers or {})}
+    limits = aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout)
     try:
-        async with session.post(url, data=data, headers=sent, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+        async with session.post(url, data=data, headers=sent, timeout=limits) as response:
             chunks: list[bytes] = []
             size = 0
             truncated = False
@@ -112,8 +116,16 @@ async def post(
                     break
             body = b"".join(chunks)[:cap]
             return Answer(response.status, body, truncated, response.content_length)
+    except aiohttp.ClientSSLError as error:
+        raise TransportFailure(fk.TRANSPORT_TLS, f"TLS with {url}: {error}", undelivered=True) from None
     except aiohttp.ClientConnectorError as error:
-        raise TransportFailure(fk.TRANSPORT_UNREACHABLE, f"cannot connect to {url}: {error}") from None
+        raise TransportFailure(
+            fk.TRANSPORT_UNREACHABLE, f"cannot connect to {url}: {error}", undelivered=True
+        ) from None
+    except aiohttp.ConnectionTimeoutError:
+        raise TransportFailure(
+            fk.TRANSPORT_TIMEOUT, f"no connection to {url} within {connect_timeout} s", undelivered=True
+        ) from None
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as error:
         raise TransportFailure(fk.TRANSPORT_TIMEOUT, f"no answer from {url} within {timeout} s") from error
     except (aiohttp.ClientError, OSError) as error:

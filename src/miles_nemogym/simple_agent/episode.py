@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.errors import MilesNemoGymError
-from miles_nemogym.simple_agent import chat_request, kinds
+from miles_nemogym.simple_agent import chat_request
 from miles_nemogym.simple_agent.connections import Answer, Connections, TransportFailure, post
 from miles_nemogym.simple_agent.transcript import Transcript
 from miles_nemogym.simple_agent.wire import AssistantMessage, ChatCompletion, Choice, ToolCall, VerifyAnswer
@@ -36,6 +36,8 @@ NO_TOOL_CALL = "no_tool_call"
 LENGTH = "length"
 MAX_STEPS = "max_steps"
 FAILED = "failed"
+
+_SEED = "seed_session"
 
 # What a 400 from an OpenAI-compatible engine says when the prompt leaves no room to generate
 # (the markers vllm_model checks, responses_api_models/vllm_model/app.py).
@@ -53,6 +55,8 @@ class Limits:
     """Cap on a seed, verify or chat answer; a longer one is an infrastructure failure."""
     resources_timeout_s: float | None = 600.0
     """Per seed, tool or verify request."""
+    connect_timeout_s: float | None = 10.0
+    """To open a connection to the resources server; past it the request was not delivered."""
     policy_timeout_s: float | None = None
     """Per chat-completions request (Miles bounds generation itself)."""
 
@@ -73,14 +77,18 @@ class EpisodeResult:
     """Seconds spent in seed, tool and verify requests (Miles' ``non_generation_time``)."""
     verify: dict[str, Any] | None = field(default=None, repr=False)
     """The ``/verify`` answer as JSON (the row, the ``response`` sent and the environment's fields)."""
+    undelivered: bool = False
+    """The episode failed because ``/seed_session`` could not be delivered (no connection to the
+    resources server): nothing reached any server, so it may be run again once the server is back."""
 
 
 class _Failed(MilesNemoGymError):
     """An infrastructure failure that ends the episode with ``kind`` (caught in ``run_episode``)."""
 
-    def __init__(self, kind: str, reason: str) -> None:
+    def __init__(self, kind: str, reason: str, *, undelivered: bool = False) -> None:
         super().__init__(reason)
         self.kind = kind
+        self.undelivered = undelivered
 
 
 def _json(data: Any) -> bytes:
@@ -127,23 +135,27 @@ class _Episode:
                 data=_json(body),
                 cap=cap,
                 timeout=self.limits.resources_timeout_s,
+                connect_timeout=self.limits.connect_timeout_s,
             )
         except TransportFailure as failure:
-            raise _Failed(failure.kind, str(failure)) from None
+            # Only a seed that never left may be sent again: a tool call or verify belongs to
+            # an episode the server has already started.
+            undelivered = failure.undelivered and path == _SEED
+            raise _Failed(failure.kind, str(failure), undelivered=undelivered) from None
         finally:
             self.tool_time += time.monotonic() - started
 
     async def _seed(self, session: aiohttp.ClientSession) -> None:
-        answer = await self._resources(session, "seed_session", self.row, self.limits.max_answer_bytes)
+        answer = await self._resources(session, _SEED, self.row, self.limits.max_answer_bytes)
         if answer.status >= 300:
-            raise _Failed(kinds.SEED_FAILED, _describe(answer, "/seed_session"))
+            raise _Failed(fk.SEED_FAILED, _describe(answer, "/seed_session"))
         try:
             parsed = json.loads(answer.body) if not answer.truncated else None
         except ValueError:
             parsed = None
         if not isinstance(parsed, dict):
             raise _Failed(
-                kinds.SEED_FAILED, f"/seed_session answered a body that is not a JSON object: {answer.body[:200]!r}"
+                fk.SEED_FAILED, f"/seed_session answered a body that is not a JSON object: {answer.body[:200]!r}"
             )
 
     async def _chat(self, body: dict[str, Any]) -> ChatCompletion:
@@ -157,17 +169,17 @@ class _Episode:
                 headers=self.headers,
             )
         except TransportFailure as failure:
-            raise _Failed(kinds.POLICY_FAILED, str(failure)) from None
+            raise _Failed(fk.POLICY_FAILED, str(failure)) from None
         if answer.status == 400 and any(marker in answer.body for marker in _CONTEXT_FULL):
             # The conversation outgrew the context: a cut-off, as NeMo-Gym's vllm_model
             # answers it (an empty completion with finish_reason "length").
             return ChatCompletion(choices=[Choice(message=AssistantMessage(content=""), finish_reason="length")])
         if answer.status >= 300 or answer.truncated:
-            raise _Failed(kinds.POLICY_FAILED, _describe(answer, "the policy"))
+            raise _Failed(fk.POLICY_FAILED, _describe(answer, "the policy"))
         try:
             return ChatCompletion.model_validate_json(answer.body)
         except ValidationError as error:
-            raise _Failed(kinds.POLICY_FAILED, f"the policy answered an unreadable chat completion: {error}") from None
+            raise _Failed(fk.POLICY_FAILED, f"the policy answered an unreadable chat completion: {error}") from None
 
     async def _call_tool(self, session: aiohttp.ClientSession, call: ToolCall) -> str:
         try:
@@ -185,14 +197,14 @@ class _Episode:
             session, "verify", {**self.row, "response": response}, self.limits.max_answer_bytes
         )
         if answer.status >= 300:
-            raise _Failed(kinds.VERIFIER_ERROR, _describe(answer, "/verify"))
+            raise _Failed(fk.VERIFIER_ERROR, _describe(answer, "/verify"))
         try:
             if answer.truncated:
                 raise ValueError(f"longer than {self.limits.max_answer_bytes} bytes")
             raw = json.loads(answer.body)
             return VerifyAnswer.model_validate(raw), raw
         except (ValueError, ValidationError) as error:
-            raise _Failed(kinds.VERIFIER_ERROR, f"/verify answered no finite reward: {error}") from None
+            raise _Failed(fk.VERIFIER_ERROR, f"/verify answered no finite reward: {error}") from None
 
     async def run(self, result: EpisodeResult, transcript: Transcript, first_body: dict[str, Any]) -> None:
         params = self.row["responses_create_params"]
@@ -225,7 +237,7 @@ class _Episode:
             kind = (
                 verified.failure_kind if verified.failure_kind and fk.check_server_kind(verified.failure_kind) else None
             )
-            raise _Failed(kind or kinds.VERIFIER_ERROR, verified.failure_reason or "/verify masked the sample")
+            raise _Failed(kind or fk.VERIFIER_ERROR, verified.failure_reason or "/verify masked the sample")
         result.reward = verified.reward
         result.failure_kind = verified.failure_kind
 
@@ -265,6 +277,7 @@ async def run_episode(
         await episode.run(result, transcript, first_body)
     except _Failed as failure:
         _masked(result, failure.kind, str(failure))
+        result.undelivered = failure.undelivered
     except pydantic_core.PydanticSerializationError as error:
         _masked(result, fk.INVALID_REQUEST, f"the task row cannot be sent as JSON: {error}")
     except Exception as error:  # a defect here: recorded, never a reward, never raised into Miles

@@ -1,0 +1,306 @@
+"""``agent.run`` routes environment rows to the ``simple_agent`` loop and SWE rows to ``/run``;
+everything downstream (record, ledger, store, salvage, eval roles, ``abort``, the outage
+circuit per server, ``agent_metrics``) works for both. Real loopback servers: a resources
+server stand-in (``fake_resources``), a scripted policy, and the ``/run`` fault server."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from miles_nemogym import agent, salvage
+from miles_nemogym.episode import send
+from miles_nemogym.episode.circuit import circuit
+from miles_nemogym.episode.record import ROW_MARKS, eval_overrides
+from miles_nemogym.rollout.ledger import RunStopped, check_run, ledger
+from miles_nemogym.settings import get_settings
+from miles_nemogym.store import reader, writer
+from tests.support.agent_fixtures import call, fast_env, server
+from tests.support.fake_resources import fake_resources, row
+from tests.support.fault_server import FaultServer
+from tests.support.ports import free_port
+from tests.support.samples import Sample, Status
+from tests.support.scripted_chat import ScriptedChat, Turn, tag, tool
+
+__all__ = ["fast_env", "server"]  # fixtures used by name
+pytestmark = pytest.mark.usefixtures("fast_env")
+
+ROOT = Path(__file__).resolve().parents[1]
+MILES_KEYS = {"max_seq_len": 4096, "session_server_id": "127.0.0.1:39999", "session_server_instance_id": "i-1"}
+
+
+@pytest.fixture(scope="module")
+def chat() -> Iterator[ScriptedChat]:
+    with ScriptedChat() as policy:
+        policy.script("gold", Turn(content="<think>t</think>", tool_calls=(tool("echo", a=1),)), Turn(content="done"))
+        policy.script("plain", Turn(content="\\boxed{B}"))
+        policy.script("unrouted", Turn(content="x"))
+        policy.script("unseeded", Turn(content="x"))
+        yield policy
+
+
+def env_row(env: str, script: str = "gold", task: str = "1", **fields: Any) -> dict[str, Any]:
+    """A row as ``convert`` writes it: the NeMo-Gym task row, marked with its environment and task id."""
+    return {**row(tag(script), expected_answer="B"), "nemogym_env": env, "nemogym_task_id": f"{env}/{task}", **fields}
+
+
+def envs(monkeypatch: pytest.MonkeyPatch, **servers: Any) -> None:
+    monkeypatch.setenv("NEMO_GYM_ENVS", json.dumps(servers))
+
+
+async def run_env(chat: ScriptedChat, metadata: dict[str, Any], session: str = "s") -> dict[str, Any]:
+    return await call({**metadata, **MILES_KEYS}, base_url=chat.session_url(session))
+
+
+async def test_an_environment_row_runs_the_loop_and_a_swe_row_runs_run(
+    server: FaultServer, chat: ScriptedChat, sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with fake_resources() as fake:
+        envs(monkeypatch, mcqa=fake.url)
+        out = await run_env(chat, env_row("mcqa"))
+        assert server.bodies == []  # nothing went to /run
+        assert len(fake.seeded) == 1 and len(fake.verified) == 1
+        swe = await call(sympy_row)
+    record = out["nemogym"]
+    assert (record["status"], record["environment"], record["instance_id"]) == ("ok", "mcqa", "mcqa/1")
+    assert (out["reward"], record["server_reward"], record["turns"], record["tool_calls"]) == (1.0, 1.0, 2, 1)
+    assert len(server.bodies) == 1 and len(fake.seeded) == 1  # the SWE row went to /run only
+    assert (swe["nemogym"]["status"], swe["nemogym"]["environment"]) == ("ok", "swe")
+    assert "agent_metrics" not in swe  # /run's time is generation and tools together
+
+
+async def test_marks_bookkeeping_and_returned_keys_never_reach_the_resources_server(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = row(tag("gold"), expected_answer="B")
+    previous = {"reward": 1.0, "eval_report": {"x": 1}, "nemogym": {"status": "ok"}, "agent_metrics": {"a": 1}}
+    metadata = {**env_row("mcqa"), **eval_overrides("held"), **previous, "policy_api_key": "sk-row"}
+    async with fake_resources() as fake:
+        envs(monkeypatch, mcqa=fake.url)
+        out = await run_env(chat, metadata)
+    assert out["nemogym"]["status"] == "ok"
+    assert list(fake.seeded.values()) == [task]
+    verified = {key: value for key, value in fake.verified[0].items() if key != "response"}
+    assert verified == task
+    assert not ROW_MARKS & set(fake.verified[0])
+
+
+async def test_a_row_marked_with_an_unconfigured_environment_is_invalid_config_logged_once(
+    server: FaultServer, chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with fake_resources() as fake:
+        envs(monkeypatch, mcqa=fake.url)
+        with caplog.at_level(logging.ERROR, logger="miles_nemogym.agent"):
+            outs = [await run_env(chat, env_row("xlam_fc", "unrouted", task=str(i))) for i in range(3)]
+        assert len([r for r in caplog.records if "xlam_fc" in r.getMessage()]) == 1
+        monkeypatch.delenv("NEMO_GYM_ENVS")
+        unset = await run_env(chat, env_row("xlam_fc"))
+    for out in outs:
+        record = out["nemogym"]
+        assert (record["failure_kind"], record["mask_sample"]) == ("miles_nemogym:invalid_config", True)
+        assert record["environment"] == "xlam_fc" and record["instance_id"].startswith("xlam_fc/")
+    reason = outs[0]["nemogym"]["failure_reason"]
+    assert "'xlam_fc'" in reason and "NEMO_GYM_ENVS" in reason and "it names mcqa" in reason
+    assert "serve --env xlam_fc" in reason
+    assert "it is unset" in unset["nemogym"]["failure_reason"]
+    assert fake.seeded == {} and server.bodies == []
+    assert chat.requests("unrouted") == []
+
+
+@pytest.mark.parametrize("agent_name", ["mcqa", "mcqa_simple_agent"])
+async def test_nemo_gym_agent_ref_routes_an_unmarked_row(
+    server: FaultServer, chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, agent_name: str
+) -> None:
+    ref = {"type": "responses_api_agents", "name": agent_name}
+    async with fake_resources() as fake:
+        envs(monkeypatch, mcqa=fake.url)
+        out = await run_env(chat, {**row(tag("plain")), "agent_ref": ref, "nemogym_task_id": "mcqa/7"})
+    assert (out["nemogym"]["status"], out["nemogym"]["environment"]) == ("ok", "mcqa")
+    assert len(fake.seeded) == 1 and server.bodies == []
+
+
+async def test_an_agent_ref_naming_no_configured_environment_stays_a_swe_row(
+    server: FaultServer, sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    envs(monkeypatch, mcqa="http://127.0.0.1:1")
+    out = await call({**sympy_row, "agent_ref": {"type": "responses_api_agents", "name": "swe_agents"}})
+    assert (out["nemogym"]["status"], out["nemogym"]["environment"]) == ("ok", "swe")
+    assert len(server.bodies) == 1
+
+
+async def test_record_ledger_store_and_tool_time_of_an_environment_episode(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(tmp_path))
+    async with fake_resources(delay=0.05, extra={"extracted_answer": "B"}) as fake:
+        envs(monkeypatch, mcqa=fake.url)
+        started = time.monotonic()
+        trained = await run_env(chat, env_row("mcqa"))
+        evaluated = await run_env(chat, {**env_row("mcqa", task="2"), **eval_overrides("mcqa_holdout")})
+        took = time.monotonic() - started
+    record = trained["nemogym"]
+    assert record["attempts"] == 1 and record["elapsed_s"] > 0 and record["episode_id"]
+    assert record["episode_id"] != evaluated["nemogym"]["episode_id"]
+    assert trained["eval_report"] == {"extracted_answer": "B"}  # the environment's own /verify fields
+    tool_time = trained["agent_metrics"]["total_tool_time"]
+    assert 3 * 0.05 <= tool_time <= record["elapsed_s"] < took  # seed + one tool + verify
+    assert ledger.drain().episodes == 1
+    assert ledger.drain("eval", "mcqa_holdout").episodes == 1
+    writer.get_store(str(tmp_path)).flush()
+    stored = {(e.role, e.record["environment"], e.instance_id) for e in reader.load(tmp_path).episodes}
+    assert stored == {("train", "mcqa", "mcqa/1"), ("eval", "mcqa", "mcqa/2")}
+
+
+async def test_reward_range_applies_to_an_environment_reward(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with fake_resources(reward=2.0) as fake:
+        envs(monkeypatch, mcqa=fake.url)
+        outside = await run_env(chat, env_row("mcqa", "plain"))
+        monkeypatch.setenv("NEMO_GYM_REWARD_RANGE", "0,5")
+        monkeypatch.setenv("NEMO_GYM_REWARD_MODE", "partial")  # SWE test counts only: no effect here
+        inside = await run_env(chat, env_row("mcqa", "plain"))
+    record = outside["nemogym"]
+    assert (record["failure_kind"], record["server_reward"], outside["reward"]) == ("verifier_error", 2.0, 0.0)
+    assert "NEMO_GYM_REWARD_RANGE" in record["failure_reason"]
+    assert (inside["nemogym"]["status"], inside["reward"]) == ("ok", 2.0)
+
+
+async def test_a_failed_environment_episode_is_held_for_its_aborted_sample_by_task(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with fake_resources(seed="500") as fake:
+        envs(monkeypatch, mcqa=fake.url)
+        failed = await run_env(chat, env_row("mcqa", "unseeded", task="9"))
+    assert failed["nemogym"]["failure_kind"] == "miles_nemogym:seed_failed"
+    assert chat.requests("unseeded") == []  # no model call: Miles returns the input sample ABORTED
+    aborted = Sample(prompt=[], metadata=env_row("mcqa", task="9"), index=0, group_index=0, status=Status.ABORTED)
+    valid = Sample(prompt=[], metadata=copy.deepcopy(env_row("mcqa", task="9")), index=1, group_index=0)
+    valid.metadata["nemogym"] = {"status": "ok", "episode_id": "e-valid", "environment": "mcqa"}
+    valid.tokens, valid.response_length, valid.loss_mask = [1, 2, 3], 1, [1]
+    assert salvage.recover_failed_episodes([aborted, valid]) == 1
+    assert aborted.metadata["nemogym"]["episode_id"] == failed["nemogym"]["episode_id"]
+    assert aborted.remove_sample is True
+
+
+@pytest.mark.parametrize("where", ["awaiting_result", "not_delivered"])
+async def test_abort_stops_an_environment_episode(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    async with fake_resources(delay=2) as fake:
+        url = fake.url if where == "awaiting_result" else f"http://127.0.0.1:{free_port()}"
+        envs(monkeypatch, mcqa=url)
+        task = asyncio.create_task(run_env(chat, env_row("mcqa")))
+        await asyncio.sleep(0.5)
+        assert not task.done()
+        await agent.abort()
+        out = await asyncio.wait_for(task, 5)
+    record = out["nemogym"]
+    assert (record["failure_kind"], record["mask_sample"], record["environment"]) == ("cancelled", True, "mcqa")
+    assert ("before the request reached" in record["failure_reason"]) == (where == "not_delivered")
+    assert ledger.drain().cancelled == 1
+    assert salvage.forget_held_episodes() == 0  # a cancelled episode is never held
+
+
+async def test_one_resources_server_down_holds_only_its_own_episodes_until_it_is_back(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port()
+    down_url = f"http://127.0.0.1:{port}"
+    async with fake_resources() as other:
+        envs(monkeypatch, mcqa=down_url, xlam_fc=other.url)
+        waiting = [asyncio.create_task(run_env(chat, env_row("mcqa", task=str(i)))) for i in range(3)]
+        await asyncio.sleep(0.5)
+        finished = await asyncio.wait_for(
+            asyncio.gather(*(run_env(chat, env_row("xlam_fc", task=str(i))) for i in range(3))), 10
+        )
+        assert [out["nemogym"]["status"] for out in finished] == ["ok"] * 3
+        assert not any(task.done() for task in waiting)
+        assert circuit.for_url(down_url, "NEMO_GYM_ENVS").is_open
+        assert not circuit.for_url(other.url, "NEMO_GYM_ENVS").is_open
+        async with fake_resources(port=port) as back:
+            outs = await asyncio.wait_for(asyncio.gather(*waiting), 10)
+    assert [out["nemogym"]["status"] for out in outs] == ["ok"] * 3
+    assert all(out["nemogym"]["attempts"] >= 2 for out in outs)
+    assert len(back.seeded) == 3 and len(back.verified) == 3  # each seeded once, once it was back
+    assert ledger.drain().outage_wait_s > 0
+
+
+async def test_a_tool_call_that_may_have_been_delivered_is_masked_not_run_again(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chat.script("drop", Turn(tool_calls=(tool("drop"),)), Turn(content="done"))
+    async with fake_resources() as fake:
+        envs(monkeypatch, mcqa=fake.url)
+        out = await run_env(chat, env_row("mcqa", "drop"))
+    record = out["nemogym"]
+    assert (record["failure_kind"], record["attempts"]) == ("transport_peer_drop", 1)
+    assert len(fake.seeded) == 1 and len(fake.tool_calls) == 1 and fake.verified == []
+
+
+async def test_a_resources_outage_past_its_timeout_fails_its_episodes_and_stops_the_run(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "1")
+    down_url = f"http://127.0.0.1:{free_port()}"
+    envs(monkeypatch, mcqa=down_url)
+    out = await asyncio.wait_for(run_env(chat, env_row("mcqa")), 10)
+    record = out["nemogym"]
+    assert (record["failure_kind"], record["mask_sample"]) == ("transport_unreachable", True)
+    assert "NEMO_GYM_OUTAGE_TIMEOUT=1s" in record["failure_reason"]
+    with pytest.raises(RunStopped, match="NEMO_GYM_ENVS") as stopped:
+        check_run(get_settings())
+    assert down_url in str(stopped.value)
+
+
+async def test_one_connection_pool_per_event_loop_for_environment_episodes(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with fake_resources() as fake:
+        envs(monkeypatch, mcqa=fake.url)
+        first = await send.environment_connections()
+        await asyncio.gather(*(run_env(chat, env_row("mcqa", "plain", task=str(i))) for i in range(5)))
+        assert await send.environment_connections() is first
+        assert send.open_pools() == 1
+        await send.close_client()
+        assert send.open_pools() == 0
+
+
+def test_an_environment_episode_under_asyncio_run_leaves_no_unclosed_session(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import asyncio, gc, json, os
+        from miles_nemogym import agent
+        from tests.support.fake_resources import fake_resources, row
+        from tests.support.scripted_chat import ScriptedChat, Turn, tag, tool
+
+        async def main(chat):
+            async with fake_resources() as fake:
+                os.environ["NEMO_GYM_ENVS"] = json.dumps({"mcqa": fake.url})
+                metadata = {**row(tag("gold")), "nemogym_env": "mcqa", "nemogym_task_id": "mcqa/1"}
+                out = await agent.run(base_url=chat.session_url("s"), metadata=metadata)
+                print(out["nemogym"]["status"], out["nemogym"]["environment"])
+
+        with ScriptedChat() as chat:
+            chat.script("gold", Turn(tool_calls=(tool("echo", a=1),)), Turn(content="done"))
+            asyncio.run(main(chat))
+        gc.collect()
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-X", "dev", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok mcqa"
+    assert "Unclosed" not in done.stderr, done.stderr
