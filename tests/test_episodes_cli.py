@@ -1,4 +1,5 @@
-"""``miles-nemogym episodes``: the per-step table, filters, one episode, the HTML page."""
+"""``miles-nemogym episodes``: the per-step table, filters, one episode, the HTML page, and
+all of them per environment."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
-from tests.support.episode_stores import build_store
+from miles_nemogym.store.reader import load
+from tests.support.episode_stores import build_env_store, build_store
+from tests.support.hostile_store import entry, write_step
 
 
 @pytest.fixture
@@ -69,9 +72,9 @@ def test_filters_list_the_matching_episodes(store: Path, gym_example_rollouts: l
 
 
 def _listed(output: str) -> list[str]:
-    """The episode ids of the list printed after the table (after its blank line); a line
+    """The episode ids of the list printed after the tables (after the last blank line); a line
     wrapped to fit the terminal continues indented."""
-    return [line.split()[0] for line in output.split("\n\n", 1)[1].splitlines() if line[:1].strip()]
+    return [line.split()[0] for line in output.rsplit("\n\n", 1)[1].splitlines() if line[:1].strip()]
 
 
 def test_show_renders_turns_patch_and_report(store: Path, gym_example_rollouts: list[dict[str, Any]]) -> None:
@@ -103,3 +106,106 @@ def test_html_page_is_self_contained(store: Path, tmp_path: Path) -> None:
 def test_not_a_folder_names_the_fix(tmp_path: Path) -> None:
     result = invoke(tmp_path / "missing")
     assert result.exit_code == 2 and "NEMO_GYM_EPISODE_DIR" in result.output
+
+
+# ----------------------------------------------------------------------------- environments
+
+
+@pytest.fixture
+def env_store(tmp_path: Path) -> Path:
+    return build_env_store(tmp_path / "envs")
+
+
+def _rows(text: str) -> list[list[str]]:
+    return [re.split(r"\s{2,}", line.strip()) for line in text.strip().splitlines()]
+
+
+def test_the_store_reads_each_episodes_environment_and_verdict(env_store: Path) -> None:
+    episodes = {e.episode_id: e for e in load(env_store).episodes}
+    assert {i: (e.environment, e.kind) for i, e in episodes.items() if e.role == "train"} == {
+        "s1": ("swe", "resolved"), "s2": ("swe", "unresolved"),
+        "m1": ("mcqa", "passed"), "m2": ("mcqa", "failed"), "m3": ("mcqa", "passed"),
+        "w1": ("workplace_assistant", "failed"),  # partial credit is not a pass
+        "w2": ("workplace_assistant", "transport_unreachable"),
+        "w3": ("workplace_assistant", "passed"),
+    }  # fmt: skip
+
+
+def test_a_record_without_a_readable_environment_is_swe(tmp_path: Path) -> None:
+    write_step(tmp_path / "ep", "train", 1, [
+        entry("a", record={"environment": "mcqa"}, reward=1.0), entry("b"),
+        entry("c", record={"environment": ["mcqa"]}, reward=1.0), entry("d", record={"environment": ""}),
+    ])  # fmt: skip
+    store = load(tmp_path / "ep")
+    assert [e.environment for e in store.episodes] == ["mcqa", "swe", "swe", "swe"]
+    assert [e.kind for e in store.episodes] == ["passed", "resolved", "resolved", "resolved"]
+    assert any("record.environment" in str(problem) for problem in store.problems)
+
+
+def test_the_table_shows_a_pass_rate_and_a_breakdown_per_environment(env_store: Path) -> None:
+    result = CliRunner().invoke(app, ["episodes", str(env_store)], env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    steps, environments = result.output.split("\n\n")
+    assert _rows(steps) == [
+        ["role", "step", "episodes", "valid", "passed", "mean turns", "mean s", "failures by kind"],
+        ["eval", "2", "4", "4", "50.0%", "2.0", "4.0", "-"],
+        # s1 resolved and m1 passed of s1, s2, m1, m2, w1 (0.5: not a pass); w2 set aside.
+        ["train", "1", "6", "5", "40.0%", "7.2", "4.0", "transport_unreachable 1"],
+        ["train", "2", "2", "2", "100.0%", "4.5", "4.0", "-"],
+    ]
+    assert _rows(environments) == [
+        ["role", "environment", "episodes", "valid", "passed", "reward", "mean turns", "failures by kind"],
+        ["eval", "mcqa", "2", "2", "50.0%", "0.50", "2.0", "-"],
+        ["eval", "swe", "2", "2", "50.0%", "0.50", "2.0", "-"],
+        ["train", "mcqa", "3", "3", "66.7%", "0.67", "1.7", "-"],
+        ["train", "swe", "2", "2", "50.0%", "0.50", "15.0", "-"],
+        ["train", "workplace_assistant", "3", "2", "50.0%", "0.75", "5.0", "transport_unreachable 1"],
+    ]
+
+
+def test_env_filters_every_text_view(env_store: Path) -> None:
+    only = invoke(env_store, "--env", "mcqa")
+    assert only.exit_code == 0 and "\n\n" not in only.output.strip()  # one environment: no breakdown
+    assert [row[:5] for row in _rows(only.output)[1:]] == [
+        ["eval", "2", "2", "2", "50.0%"], ["train", "1", "2", "2", "50.0%"], ["train", "2", "1", "1", "100.0%"]
+    ]  # fmt: skip
+    swe = invoke(env_store, "--env", "swe")
+    assert _rows(swe.output)[0][4] == "resolved"  # SWE alone: today's table
+    both = invoke(env_store, "--env", "swe", "--env", "workplace_assistant", "--step", "1")
+    assert _listed(both.output) == ["s1", "s2", "w1", "w2"]
+    assert _listed(invoke(env_store, "--kind", "failed", "--env", "mcqa").output) == ["e2", "m2"]
+    assert invoke(env_store, "--env", "mcqa", "--show", "s1").exit_code == 2  # not an mcqa episode
+    assert invoke(env_store, "--env", "swe", "--show", "s1").exit_code == 0
+    none = CliRunner().invoke(app, ["episodes", str(env_store), "--env", "nope", "--step", "1"])
+    assert none.exit_code == 0 and none.stdout == ""
+    assert none.stderr == f"no episodes match --step 1 --env nope (of 12 in {env_store})\n"
+
+
+def test_show_names_the_environment_and_the_verify_answer(env_store: Path) -> None:
+    out = invoke(env_store, "--show", "m1").output
+    assert out.startswith("episode m1   instance mcqa/m1   environment mcqa   train   step 1   session s-m1\n")
+    assert "verdict: passed   reward 1.0" in out
+    assert "--- turn 1\nthought:\n\\boxed{m1}" in out
+    assert out.endswith('--- verify\nreward: 1.0\nextracted_answer: "B"\n')
+    assert "--- patch" not in out and "test report" not in out and "responses_create_params" not in out
+    assert "(no verify answer: nothing came back)" in invoke(env_store, "--show", "w2").output
+
+
+def test_html_and_plots_follow_env(env_store: Path, tmp_path: Path) -> None:
+    page = tmp_path / "all.html"
+    assert invoke(env_store, "--html", page).exit_code == 0
+    text = page.read_text()
+    assert text.count("<details>") == 12 and "<h2>Per environment</h2>" in text
+    assert "<td>workplace_assistant</td>" in text and "pass rate (valid episodes) per step" in text
+    assert invoke(env_store, "--html", page, "--env", "mcqa").exit_code == 0
+    text = page.read_text()
+    assert text.count("<details>") == 5 and "Per environment" not in text and "workplace_assistant" not in text
+
+    plots = tmp_path / "plots"
+    assert invoke(env_store, "--plots", plots).exit_code == 0
+    assert (plots / "train-reward-per-environment.svg").is_file()
+    only = tmp_path / "only"
+    assert invoke(env_store, "--plots", only, "--env", "mcqa").exit_code == 0
+    assert sorted(p.name for p in only.iterdir()) == [
+        "eval-mixed-pass-at-k.svg", "train-episode-time.svg", "train-failure-rate.svg", "train-reward-resolve-rate.svg"
+    ]  # fmt: skip

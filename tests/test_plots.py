@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from miles_nemogym.cli.main import app
 from miles_nemogym.store.plots import Plot, Series, plots, plots_html, svg
 from miles_nemogym.store.reader import load
+from tests.support.episode_stores import build_env_store
 from tests.support.hostile_store import entry, write_step
 from tests.support.plot_store import ODD_KIND, ODD_SET, build_plot_store
 
@@ -171,3 +172,40 @@ def test_cli_refuses_plots_targets_as_it_refuses_page_targets(store: Path, tmp_p
     assert result.exit_code == 2 and "is a symbolic link" in result.output
     assert victim.read_text() == "keep" and os.path.islink(out / "train-failure-rate.svg")
     assert list(store.rglob("*.svg")) == []
+
+
+def test_plots_per_environment(tmp_path: Path) -> None:
+    """Train reward per environment, the resolve rate over SWE episodes only, and each
+    environment's pass@1 beside an eval set's (a pass: resolved, or full credit)."""
+    drawn = {p.name: p for p in plots(load(build_env_store(tmp_path / "ep")).episodes)}
+    assert list(drawn) == [
+        "train-reward-resolve-rate", "train-reward-per-environment", "train-failure-rate", "train-episode-time",
+        "eval-mixed-pass-at-k",
+    ]  # fmt: skip
+    # Step 1: rewards 1, 0 (SWE), 1, 0 (mcqa), 0.5 (workplace_assistant); step 2: mcqa and workplace_assistant.
+    assert drawn["train-reward-resolve-rate"].series == (
+        Series("reward mean", (0.5, 1.0)),
+        Series("resolve rate (0-1)", (0.5, None)),  # s1 of s1, s2; step 2 has no SWE episode
+    )
+    assert drawn["train-reward-per-environment"].series == (
+        Series("mcqa", (0.5, 1.0)),
+        Series("swe", (0.5, None)),
+        Series("workplace_assistant", (0.5, 1.0)),
+    )
+    assert drawn["eval-mixed-pass-at-k"].series == (
+        Series("pass@1", (0.5,)),
+        Series("pass@2", (1.0,)),
+        Series("pass@1 mcqa", (0.5,)),
+        Series("pass@1 swe", (0.5,)),
+    )
+    ET.fromstring(svg(drawn["train-reward-per-environment"]))  # well-formed
+
+
+def test_an_environment_only_store_has_no_resolve_rate(tmp_path: Path) -> None:
+    write_step(tmp_path / "ep", "train", 1, [
+        entry("a", record={"environment": "mcqa", "resolved": None}, reward=1.0),
+        entry("b", record={"environment": "mcqa", "resolved": None}, reward=0.0),
+    ])  # fmt: skip
+    (quality, *_) = plots(load(tmp_path / "ep").episodes)
+    assert quality.title == "train: reward mean (valid episodes)"
+    assert quality.series == (Series("reward mean", (0.5,)),)

@@ -67,7 +67,7 @@ def test_real_results_read_back_and_score_their_reward(gym_example_rollouts: lis
 def test_f2p_fraction_is_test_counts_fraction() -> None:
     assert TestCounts(passed=1, failed=3).fraction == 0.25
     assert TestCounts().fraction is None
-    record = EpisodeRecord.model_validate({**EVERY_FIELD, "mask_sample": False, "resolved": False})
+    record = EpisodeRecord.model_validate({**EVERY_FIELD, "mask_sample": False, "resolved": False, "environment": None})
     record.pass_to_pass = TestCounts(passed=7, failed=0)
     assert reward.partial_credit(record, 0.0) == 0.75
     samples = [Sample(metadata={"nemogym": record.model_dump(mode="json")})]

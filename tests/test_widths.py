@@ -156,6 +156,37 @@ def test_episodes_table_and_list_fit(store: Path, width: int) -> None:
     assert first.exit_code == 0 and f"instance {LONG_ID}0" in first.output
 
 
+LONG_ENVS = ["workplace_assistant", "instruction_following", "equivalence_rule", "mcqa"]
+
+
+@WIDTHS
+def test_episodes_table_per_environment_fits(tmp_path: Path, width: int) -> None:
+    folder = tmp_path / "envs"
+    writer = EpisodeStore(folder)
+    for number in range(16):
+        env = LONG_ENVS[number % len(LONG_ENVS)]
+        failed = KINDS[number % len(KINDS)] if number % 3 == 0 else None
+        record = {"status": "failed", "mask_sample": True, "failure_kind": failed} if failed else {
+            "status": "ok", "mask_sample": False, "turns": 3}  # fmt: skip
+        record.update(episode_id=f"{number:032d}", instance_id=f"{env}/{number}", environment=env, attempts=1)
+        entry = entry_for(record=EpisodeRecord.model_validate(record), reward=float(number % 2), role="train",
+                          eval_set=None, session=None, repo=None)  # fmt: skip
+        writer.add("train", entry, b"{}", True)
+    writer.seal("train", 1)
+    writer.close()
+    result = CliRunner().invoke(app, ["episodes", str(folder)], env={"COLUMNS": str(width)})
+    assert result.exit_code == 0, result.output
+
+    lines = fits(result.output.split("\n\n")[1], width)
+    wide = ["role", "environment", "episodes", "valid", "passed", "reward", "mean", "turns", "failures", "by", "kind"]
+    # Too narrow: the mean turns go first, then the valid count; the reward stays.
+    assert lines[0].split() == wide if width >= 120 else [w for w in wide if w not in ("valid", "mean", "turns")]
+    for env in LONG_ENVS:  # each environment whole, on its row, with its reward
+        assert any(re.match(rf"train\s+{env}\s+\d+\s", line) for line in lines), env
+    for kind in KINDS[:4]:
+        assert any(re.search(rf"\b{kind} \d+\b", line) for line in lines), kind
+
+
 @WIDTHS
 def test_episodes_warnings_about_unreadable_lines_wrap_between_words(
     store: Path, width: int, monkeypatch: pytest.MonkeyPatch

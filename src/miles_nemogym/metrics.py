@@ -1,20 +1,27 @@
-"""Miles rollout and eval log functions: ``nemogym/*`` and ``nemogym-eval/<set>/*`` metrics.
+"""Miles rollout and eval log functions: ``nemogym/*`` and ``nemogym-eval/<set>/*`` metrics,
+each also per environment (``nemogym/<env>/*``, ``nemogym-eval/<set>/<env>/*``).
 
 ``--custom-rollout-log-function-path miles_nemogym.metrics.log_rollout`` and
 ``--custom-eval-rollout-log-function-path miles_nemogym.metrics.log_eval`` (Miles
 ``miles/ray/rollout/metrics.py``). Rates are over distinct episodes, quality rates over
-valid ones; what each metric means and why is in docs/episode-pipeline.md.
+valid ones; SWE's (resolve rate, patch applied, per repo) over SWE episodes only, an
+environment episode's quality being its reward. What each metric means and why is in
+docs/using-with-miles.md and docs/episode-pipeline.md.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections import defaultdict
 from typing import Any
 
 from miles_nemogym.episode.record import (
     EVAL,
+    REWARD_KEY,
+    SWE_ENVIRONMENT,
+    TASK_ID_KEY,
     TRAIN,
     EpisodeRecord,
     SampledEpisode,
@@ -22,9 +29,9 @@ from miles_nemogym.episode.record import (
     flatten,
     record_of,
 )
-from miles_nemogym.estimators import pass_at_k, percentile
+from miles_nemogym.estimators import pass_at_k, passes, percentile
 from miles_nemogym.failure_kinds import metric_label
-from miles_nemogym.rollout.ledger import Tally, ledger
+from miles_nemogym.rollout.ledger import EnvironmentTally, Tally, ledger
 from miles_nemogym.salvage import zero_loss_samples
 from miles_nemogym.store.writer import seal_all
 
@@ -39,8 +46,10 @@ _EVAL_PREFIX = "nemogym-eval/"
 # and counted in ``corrupt_fields`` (``episode_id`` only tells episodes apart).
 _MEASURED = frozenset(
     {"mask_sample", "failure_kind", "resolved", "patch_applied", "fail_to_pass", "turns", "tool_calls", "attempts"}
-    | {"elapsed_s"}
+    | {"elapsed_s", "environment"}
 )
+# An environment name as a metric path segment (NEMO_GYM_ENVS names all are; a corrupted record's may not be).
+_ENV_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 def rollout_metrics(samples: Any, tally: Tally) -> dict[str, float]:
@@ -66,7 +75,68 @@ def rollout_metrics(samples: Any, tally: Tally) -> dict[str, float]:
     corrupt = sum(len(e.unreadable & _MEASURED) for e in found)
     if corrupt:
         metrics["corrupt_fields"] = float(corrupt)
+    metrics.update(_per_environment(found, tally))
     return {_PREFIX + key: value for key, value in metrics.items()}
+
+
+def _per_environment(found: list[SampledEpisode], tally: Tally, eval_k: int | None = None) -> dict[str, float]:
+    """``<env>/*`` for each environment present: counts from the ledger, the reward mean over
+    valid episodes; for train its failure rates, turns and tool calls, for an eval set
+    (``eval_k``) its pass@1 and pass@k."""
+    metrics: dict[str, float] = {}
+    for env, (members, share) in _environments(found, tally).items():
+        valid = [e for e in members if not e.record.mask_sample]
+        here = {
+            "episodes": float(share.episodes),
+            "episodes_valid": float(share.episodes - sum(share.failures.values())),
+            **_reward_mean(valid),
+        }
+        if eval_k is None:
+            here.update({**_failure_rates(share), **_means([e.record for e in valid])})
+        else:
+            here.update(_pass_rates(members, eval_k))
+        metrics.update({f"{env}/{key}": value for key, value in here.items()})
+    return metrics
+
+
+def _environments(
+    found: list[SampledEpisode], tally: Tally
+) -> dict[str, tuple[list[SampledEpisode], EnvironmentTally]]:
+    """Per environment present (in the samples or the ledger), in name order: its episodes
+    among the samples and the ledger's counts of it."""
+    members: dict[str, list[SampledEpisode]] = defaultdict(list)
+    for episode in found:
+        members[_env_label(episode.record.env)].append(episode)
+    shares: dict[str, EnvironmentTally] = defaultdict(EnvironmentTally)
+    for name, counted in tally.environments.items():
+        share = shares[_env_label(name)]
+        share.episodes += counted.episodes
+        share.failures.update(counted.failures)
+    return {name: (members.get(name, []), shares[name]) for name in sorted(set(members) | set(shares))}
+
+
+def _env_label(name: str) -> str:
+    return name if _ENV_LABEL.fullmatch(name) else "unrecognized"
+
+
+def _reward(episode: SampledEpisode) -> float | None:
+    """The episode's final reward (the agent function's ``reward``), if a finite number."""
+    value = episode.metadata.get(REWARD_KEY)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _reward_mean(valid: list[SampledEpisode]) -> dict[str, float]:
+    rewards = [r for r in map(_reward, valid) if r is not None]
+    return {"reward_mean": sum(rewards) / len(rewards)} if rewards else {}
+
+
+def _passed(episode: SampledEpisode) -> bool:
+    """SWE: resolved; any other environment: its reward is a pass (``estimators.passes``)."""
+    if episode.record.env == SWE_ENVIRONMENT:
+        return bool(episode.record.resolved)
+    return passes(_reward(episode))
 
 
 def _counts(tally: Tally) -> dict[str, float]:
@@ -78,29 +148,40 @@ def _counts(tally: Tally) -> dict[str, float]:
         "groups_dropped": float(tally.groups_dropped),
         "outage_wait_s": round(tally.outage_wait_s, 3),
     }
-    if tally.episodes:
-        metrics["failure_rate"] = sum(tally.failures.values()) / tally.episodes
-        for kind, count in sorted(tally.failures.items()):
-            metrics[f"failure_rate/{metric_label(kind)}"] = count / tally.episodes
+    metrics.update(_failure_rates(tally))
+    return metrics
+
+
+def _failure_rates(counts: Tally | EnvironmentTally) -> dict[str, float]:
+    if not counts.episodes:
+        return {}
+    metrics = {"failure_rate": sum(counts.failures.values()) / counts.episodes}
+    for kind, count in sorted(counts.failures.items()):
+        metrics[f"failure_rate/{metric_label(kind)}"] = count / counts.episodes
     return metrics
 
 
 def _quality(valid: list[EpisodeRecord]) -> dict[str, float]:
     """Rates over valid episodes only: a resolve rate diluted by crashed containers would read
-    as a policy regression. Shared by the rollout and the eval metrics."""
-    if not valid:
-        return {}
-    metrics = {
-        "resolve_rate": sum(1 for r in valid if r.resolved) / len(valid),
-        "patch_applied_rate": sum(1 for r in valid if r.patch_applied) / len(valid),
-    }
-    fractions = [f for f in (r.fail_to_pass.fraction for r in valid if r.fail_to_pass) if f is not None]
-    turns = [float(r.turns) for r in valid if r.turns is not None]
-    tool_calls = [float(r.tool_calls) for r in valid if r.tool_calls is not None]
+    as a policy regression; SWE's over SWE episodes only (an environment episode is neither
+    resolved nor unresolved). Shared by the rollout and the eval metrics."""
+    swe = [r for r in valid if r.env == SWE_ENVIRONMENT]
+    metrics = {}
+    if swe:
+        metrics["resolve_rate"] = sum(1 for r in swe if r.resolved) / len(swe)
+        metrics["patch_applied_rate"] = sum(1 for r in swe if r.patch_applied) / len(swe)
+    fractions = [f for f in (r.fail_to_pass.fraction for r in swe if r.fail_to_pass) if f is not None]
+    if fractions:
+        metrics["fail_to_pass_fraction_mean"] = sum(fractions) / len(fractions)
+    return {**metrics, **_means(valid)}
+
+
+def _means(valid: list[EpisodeRecord]) -> dict[str, float]:
+    """Turns and tool calls per valid episode, of every environment."""
+    metrics = {}
     for key, values in (
-        ("fail_to_pass_fraction_mean", fractions),
-        ("turns_mean", turns),
-        ("tool_calls_mean", tool_calls),
+        ("turns_mean", [float(r.turns) for r in valid if r.turns is not None]),
+        ("tool_calls_mean", [float(r.tool_calls) for r in valid if r.tool_calls is not None]),
     ):
         if values:
             metrics[key] = sum(values) / len(values)
@@ -172,7 +253,8 @@ def log_eval(rollout_id: int, args: Any, data: Any, extra_metrics: Any = None) -
 
 # -- eval: nemogym-eval/<set>/* -----------------------------------------------------------------
 # pass@1 and pass@k over valid episodes only, grouped by ``instance_id`` (Miles' eval
-# ``index`` is a running counter); masked episodes counted by kind, from the ledger.
+# ``index`` is a running counter); masked episodes counted by kind, from the ledger. A pass
+# is a resolved SWE episode or an environment episode with a passing reward.
 
 
 def eval_set_metrics(name: str, samples: Any, k: int, tally: Tally) -> dict[str, float]:
@@ -192,28 +274,41 @@ def eval_set_metrics(name: str, samples: Any, k: int, tally: Tally) -> dict[str,
     for kind, count in sorted(tally.failures.items()):
         metrics[f"masked/{metric_label(kind)}"] = float(count)
 
+    metrics.update(_pass_rates(found, k))
+    metrics.update(_quality([e.record for e in valid]))
+    metrics.update(_resolve_rate_per_repo(valid))
+    metrics.update(_per_environment(found, tally, k))
+    return {f"{_EVAL_PREFIX}{name}/{key}": value for key, value in metrics.items()}
+
+
+def _pass_rates(found: list[SampledEpisode], k: int) -> dict[str, float]:
+    """pass@1 and pass@k over valid episodes, grouped by task (``instance_id``; an environment
+    row's task id); an instance whose episodes all failed has no measurement: it is short of
+    k, not a 0."""
     by_instance: dict[str, list[bool]] = defaultdict(list)
-    for episode in valid:
-        by_instance[str(episode.record.instance_id)].append(bool(episode.record.resolved))
-    # An instance whose episodes all failed has no measurement: it is short of k, not a 0.
-    instances = {str(e.record.instance_id) for e in found}
-    metrics["instances"] = float(len(instances))
+    for episode in found:
+        if not episode.record.mask_sample:
+            by_instance[_task(episode)].append(_passed(episode))
+    instances = {_task(e) for e in found}
+    metrics = {"instances": float(len(instances))}
     if by_instance:
         metrics["pass@1"] = sum(sum(v) / len(v) for v in by_instance.values()) / len(by_instance)
     full = {iid: v for iid, v in by_instance.items() if len(v) >= k}
     metrics["instances_short_of_k"] = float(len(instances) - len(full))
     if full and k > 1:
         metrics[f"pass@{k}"] = sum(pass_at_k(len(v), sum(v), k) for v in full.values()) / len(full)
-    metrics.update(_quality([e.record for e in valid]))
-    metrics.update(_resolve_rate_per_repo(valid))
-    return {f"{_EVAL_PREFIX}{name}/{key}": value for key, value in metrics.items()}
+    return metrics
+
+
+def _task(episode: SampledEpisode) -> str:
+    return str(episode.record.instance_id or episode.metadata.get(TASK_ID_KEY))
 
 
 def _resolve_rate_per_repo(valid: list[SampledEpisode]) -> dict[str, float]:
     per_repo: dict[str, list[bool]] = defaultdict(list)
     for episode in valid:
         repo = episode.metadata.get("repo")
-        if isinstance(repo, str):
+        if isinstance(repo, str) and episode.record.env == SWE_ENVIRONMENT:
             per_repo[repo].append(bool(episode.record.resolved))
     return {
         f"resolve_rate/{re.sub(r'[^A-Za-z0-9_.-]', '__', repo)}": sum(resolved) / len(resolved)

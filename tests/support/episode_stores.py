@@ -58,3 +58,46 @@ def build_store(folder: Path, results: list[dict[str, Any]]) -> dict[str, list[s
     ids["pending"].append("late0")
     store.close()
     return ids
+
+
+def verify_answer(reward: float, answer: str, **fields: Any) -> dict[str, Any]:
+    """A resources server's ``/verify`` answer for a one-turn episode that wrote ``answer``."""
+    message = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": answer}]}
+    return {"responses_create_params": {"input": []}, "response": {"output": [message]}, "reward": reward, **fields}
+
+
+def build_env_store(folder: Path) -> Path:
+    """Train steps 1 and 2 mixing SWE, ``mcqa`` and ``workplace_assistant`` episodes (a partial
+    credit 0.5, one set aside), eval step 2 of one set mixing ``mcqa`` and SWE."""
+    store = EpisodeStore(folder)
+
+    def add(role: str, episode_id: str, env: str | None, reward: float, *, kind: str | None = None,
+            instance: str | None = None, resolved: bool | None = None, turns: int = 2) -> None:  # fmt: skip
+        task = instance or (f"{env}/{episode_id}" if env else f"o__r-{episode_id}")
+        record = EpisodeRecord(
+            status="failed" if kind else "ok", episode_id=episode_id, instance_id=task, mask_sample=bool(kind),
+            failure_kind=kind, attempts=1, elapsed_s=4.0, turns=None if kind else turns, tool_calls=1,
+            environment=env, resolved=resolved, server_reward=None if kind else reward,
+        )  # fmt: skip
+        entry = entry_for(record=record, reward=reward, role=role, eval_set="mixed" if role == "eval" else None,
+                          session=f"s-{episode_id}", repo=None if env else "o/r")  # fmt: skip
+        answer = None if kind else json.dumps(verify_answer(reward, f"\\boxed{{{episode_id}}}", extracted_answer="B"))
+        store.add(role, entry, None if answer is None else answer.encode(), not kind)
+
+    add("train", "s1", None, 1.0, resolved=True, turns=10)
+    add("train", "s2", None, 0.0, resolved=False, turns=20)
+    add("train", "m1", "mcqa", 1.0, turns=1)
+    add("train", "m2", "mcqa", 0.0, turns=1)
+    add("train", "w1", "workplace_assistant", 0.5, turns=4)
+    add("train", "w2", "workplace_assistant", 0.0, kind="transport_unreachable")
+    store.seal("train", 1)
+    add("train", "m3", "mcqa", 1.0, turns=3)
+    add("train", "w3", "workplace_assistant", 1.0, turns=6)
+    store.seal("train", 2)
+    add("eval", "e1", "mcqa", 1.0, instance="mcqa/1")
+    add("eval", "e2", "mcqa", 0.0, instance="mcqa/1")
+    add("eval", "e3", None, 1.0, instance="o__r-1", resolved=True)
+    add("eval", "e4", None, 0.0, instance="o__r-1", resolved=False)
+    store.seal("eval", 2)
+    store.close()
+    return folder

@@ -28,9 +28,20 @@ def episodes(
     instance: Annotated[str | None, typer.Option("--instance", help="Only episodes of this instance_id.")] = None,
     kind: Annotated[
         str | None,
-        typer.Option("--kind", help="Only episodes with this verdict: resolved, unresolved, or a failure kind."),
+        typer.Option(
+            "--kind",
+            help="Only episodes with this verdict: resolved, unresolved (SWE), passed, failed (other environments), "
+            "or a failure kind.",
+        ),
     ] = None,
     step: Annotated[int | None, typer.Option("--step", help="Only episodes of this rollout step.")] = None,
+    environments: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--env",
+            help="Only episodes of this environment ('swe' for SWE-bench; repeat for several). Every view.",
+        ),
+    ] = None,
     html_out: Annotated[
         Path | None,
         typer.Option("--html", help="Write one self-contained HTML page here (a new or regular file outside DIR)."),
@@ -43,15 +54,19 @@ def episodes(
         ),
     ] = None,
 ) -> None:
-    """A table per rollout step; with a filter, one line per episode; --show one episode; --html a
-    page; --plots the curves over rollout steps as .svg files.
+    """A table per rollout step (and per environment, when there are several); with a filter, one
+    line per episode; --show one episode; --html a page; --plots the curves over rollout steps as
+    .svg files.
 
     A filter that matches nothing says so on stderr and exits 0 (no table, no page)."""
     from miles_nemogym.fit import terminal_width
     from miles_nemogym.store.browser import (
+        environment_rows,
         episode_list_text,
         printable,
+        quality_label,
         select,
+        several_environments,
         show_text,
         step_rows,
         table_text,
@@ -70,9 +85,8 @@ def episodes(
     skipped = list(store.problems)
     try:
         if show is not None:
-            matches = [e for e in store.episodes if e.episode_id == show] or [
-                e for e in store.episodes if e.episode_id.startswith(show)
-            ]
+            scope = select(store.episodes, environments=environments)
+            matches = [e for e in scope if e.episode_id == show] or [e for e in scope if e.episode_id.startswith(show)]
             if len(matches) != 1:
                 found = "no episode" if not matches else f"{len(matches)} episodes"
                 typer.echo(
@@ -86,10 +100,11 @@ def episodes(
         if not store.episodes:
             typer.echo(f"no episodes in {directory} (expected train/ and eval/ folders of *.jsonl.gz files)")
             return
-        chosen = select(store.episodes, instance=instance, kind=kind, step=step)
+        chosen = select(store.episodes, instance=instance, kind=kind, step=step, environments=environments)
         if not chosen:
             given = {"--instance": instance, "--kind": kind, "--step": step}
             filters = " ".join(f"{name} {value}" for name, value in given.items() if value is not None)
+            filters = " ".join([filters, *(f"--env {name}" for name in environments or [])]).strip()
             typer.echo(f"no episodes match {filters} (of {len(store.episodes)} in {directory})", err=True)
             return
         if plots_out is not None:
@@ -97,13 +112,16 @@ def episodes(
         if html_out is not None:
             store = load(directory, answers=True, steps={e.step for e in chosen})
             skipped += [problem for problem in store.problems if problem not in skipped]
-            store.episodes = select(store.episodes, instance=instance, kind=kind, step=step)
+            store.episodes = select(store.episodes, instance=instance, kind=kind, step=step, environments=environments)
             _write_page(html_out, render_html(store, f"Episodes in {directory}"))
             typer.echo(f"wrote {html_out} ({len(store.episodes)} episodes)")
         if html_out is not None or plots_out is not None:
             return
         width = terminal_width()
-        typer.echo(table_text(step_rows(chosen), width))
+        typer.echo(table_text(step_rows(chosen), width, quality_label(chosen)))
+        if several_environments(chosen):
+            typer.echo("")
+            typer.echo(table_text(environment_rows(chosen), width))
         if instance is not None or kind is not None or step is not None:
             typer.echo("")
             typer.echo(episode_list_text(chosen, width))

@@ -17,15 +17,23 @@ from dataclasses import dataclass, field
 
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.circuit import circuit
-from miles_nemogym.episode.record import TRAIN
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, TRAIN
 from miles_nemogym.episode.send import abort_all
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.redaction import redact_url
 from miles_nemogym.settings import Settings
 
-__all__ = ["Ledger", "RunStopped", "Tally", "check_run", "ledger", "stop_reason"]
+__all__ = ["EnvironmentTally", "Ledger", "RunStopped", "Tally", "check_run", "ledger", "stop_reason"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EnvironmentTally:
+    """One environment's share of a ``Tally``'s episodes and failures."""
+
+    episodes: int = 0
+    failures: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass
@@ -42,6 +50,8 @@ class Tally:
     groups_dropped: int = 0
     outage_wait_s: float = 0.0
     """Seconds episodes spent waiting for an unreachable server, summed over episodes."""
+    environments: dict[str, EnvironmentTally] = field(default_factory=dict)
+    """The episodes and failures above, per environment (``swe`` for SWE rows)."""
 
 
 def _key(role: str, eval_set: str | None) -> str:
@@ -65,21 +75,30 @@ class Ledger:
         return tally
 
     def record_episode(
-        self, failure_kind: str | None, role: str = TRAIN, eval_set: str | None = None, outage_wait_s: float = 0.0
+        self,
+        failure_kind: str | None,
+        role: str = TRAIN,
+        eval_set: str | None = None,
+        outage_wait_s: float = 0.0,
+        *,
+        environment: str = SWE_ENVIRONMENT,
     ) -> None:
-        """One finished episode: ``failure_kind`` None for a valid measurement."""
+        """One finished episode of ``environment``: ``failure_kind`` None for a valid measurement."""
         with self._lock:
             tally = self._tally(_key(role, eval_set))
             tally.outage_wait_s += outage_wait_s
             if failure_kind == fk.CANCELLED:
                 tally.cancelled += 1
                 return
+            share = tally.environments.setdefault(environment, EnvironmentTally())
             tally.episodes += 1
+            share.episodes += 1
             if failure_kind is None:
                 self._streak = 0
                 self._streak_kinds.clear()
                 return
             tally.failures[failure_kind] += 1
+            share.failures[failure_kind] += 1
             self._streak += 1
             self._streak_kinds[failure_kind] += 1
 

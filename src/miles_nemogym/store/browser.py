@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from miles_nemogym import fit
+from miles_nemogym.episode.record import SWE_ENVIRONMENT
 from miles_nemogym.store.reader import StoredEpisode
 
 _OUTPUT_MAX_CHARS = 600
@@ -19,15 +21,21 @@ _OUTPUT_MAX_CHARS = 600
 
 
 def select(
-    episodes: list[StoredEpisode], *, instance: str | None = None, kind: str | None = None, step: int | None = None
+    episodes: list[StoredEpisode],
+    *,
+    instance: str | None = None,
+    kind: str | None = None,
+    step: int | None = None,
+    environments: Collection[str] | None = None,
 ) -> list[StoredEpisode]:
-    """The episodes matching every given filter."""
+    """The episodes matching every given filter (``environments``: any of them)."""
     return [
         e
         for e in episodes
         if (instance is None or e.instance_id == instance)
         and (kind is None or e.kind == kind)
         and (step is None or e.step == step)
+        and (not environments or e.environment in environments)
     ]
 
 
@@ -69,45 +77,67 @@ def _mean(values: list[float | None]) -> float | None:
 
 
 @dataclass
-class StepRow:
-    """One line of the per-step table."""
+class Row:
+    """One line of the per-step table (``environment`` None) or of the per-environment one
+    (``step`` None)."""
 
     role: str
     step: int | None
     episodes: int
     valid: int
-    resolved: int
+    passed: int
+    """Valid episodes that resolved (SWE) or passed (another environment)."""
     failures: Counter[str]
     turns_mean: float | None
     time_mean_s: float | None
+    reward_mean: float | None
+    environment: str | None = None
 
     @property
-    def resolve_rate(self) -> float | None:
-        return self.resolved / self.valid if self.valid else None
+    def pass_rate(self) -> float | None:
+        return self.passed / self.valid if self.valid else None
 
 
-def step_rows(episodes: list[StoredEpisode]) -> list[StepRow]:
-    """Per (role, step): episodes, resolve rate over valid ones, failures by kind, turns, time
+def _row(role: str, step: int | None, members: list[StoredEpisode], environment: str | None = None) -> Row:
+    valid = [e for e in members if not e.record.get("mask_sample")]
+    return Row(
+        role=role,
+        step=step,
+        episodes=len(members),
+        valid=len(valid),
+        passed=sum(1 for e in valid if e.passed),
+        failures=Counter(e.kind for e in members if e.record.get("mask_sample")),
+        turns_mean=_mean([_number(e.record.get("turns")) for e in valid]),
+        time_mean_s=_mean([_number(e.record.get("elapsed_s")) for e in members if e.record.get("attempts")]),
+        reward_mean=_mean([_number(e.entry.get("reward")) for e in valid]),
+        environment=environment,
+    )
+
+
+def step_rows(episodes: list[StoredEpisode]) -> list[Row]:
+    """Per (role, step): episodes, pass rate over valid ones, failures by kind, turns, time
     (a number of the wrong type counts as missing)."""
     groups: dict[tuple[str, int | None], list[StoredEpisode]] = {}
     for episode in episodes:
         groups.setdefault((episode.role, episode.step), []).append(episode)
-    rows = []
-    for (role, step), members in groups.items():
-        valid = [e for e in members if not e.record.get("mask_sample")]
-        rows.append(
-            StepRow(
-                role=role,
-                step=step,
-                episodes=len(members),
-                valid=len(valid),
-                resolved=sum(1 for e in valid if e.record.get("resolved")),
-                failures=Counter(e.kind for e in members if e.record.get("mask_sample")),
-                turns_mean=_mean([_number(e.record.get("turns")) for e in valid]),
-                time_mean_s=_mean([_number(e.record.get("elapsed_s")) for e in members if e.record.get("attempts")]),
-            )
-        )
-    return rows
+    return [_row(role, step, members) for (role, step), members in groups.items()]
+
+
+def environment_rows(episodes: list[StoredEpisode]) -> list[Row]:
+    """Per (role, environment), environments by name: the same counts over every step shown."""
+    groups: dict[tuple[str, str], list[StoredEpisode]] = {}
+    for episode in sorted(episodes, key=lambda e: (e.role, e.environment)):
+        groups.setdefault((episode.role, episode.environment), []).append(episode)
+    return [_row(role, None, members, environment) for (role, environment), members in groups.items()]
+
+
+def quality_label(episodes: list[StoredEpisode]) -> str:
+    """What the pass rate counts: ``resolved`` when every episode is SWE's, else ``passed``."""
+    return "resolved" if all(e.environment == SWE_ENVIRONMENT for e in episodes) else "passed"
+
+
+def several_environments(episodes: list[StoredEpisode]) -> bool:
+    return len({e.environment for e in episodes}) > 1
 
 
 def fmt(value: float | None, pattern: str) -> str:
@@ -118,24 +148,29 @@ def step_label(step: int | None) -> str:
     return "pending" if step is None else str(step)
 
 
-def table_text(rows: list[StepRow], width: int = fit.MIN_WIDTH) -> str:
-    """The per-step table within ``width`` columns: failures wrap, then the means are left out."""
-    lines = [("role", "step", "episodes", "valid", "resolved", "mean turns", "mean s", "failures by kind")]
+def table_text(rows: list[Row], width: int = fit.MIN_WIDTH, quality: str = "resolved") -> str:
+    """The per-step table (``quality`` heads its pass rate: ``quality_label``), or for
+    ``environment_rows`` the per-environment one (``reward``: the mean over valid episodes),
+    within ``width`` columns: failures wrap, then the means (the turns first), the valid
+    count and, per environment, the reward are left out."""
+    per_environment = bool(rows) and rows[0].environment is not None
+    lines: list[tuple[str, ...]] = [
+        ("role", "environment", "episodes", "valid", "passed", "reward", "mean turns", "failures by kind")
+        if per_environment
+        else ("role", "step", "episodes", "valid", quality, "mean turns", "mean s", "failures by kind")
+    ]
     for row in rows:
-        failures = ", ".join(f"{kind} {count}" for kind, count in sorted(row.failures.items())) or "-"
-        lines.append(
-            (
-                row.role,
-                step_label(row.step),
-                str(row.episodes),
-                str(row.valid),
-                fmt(row.resolve_rate, "{:.1%}"),
-                fmt(row.turns_mean, "{:.1f}"),
-                fmt(row.time_mean_s, "{:.1f}"),
-                printable(failures),
-            )
+        turns = fmt(row.turns_mean, "{:.1f}")
+        second, sixth, seventh = (
+            (printable(str(row.environment)), fmt(row.reward_mean, "{:.2f}"), turns)
+            if per_environment
+            else (step_label(row.step), turns, fmt(row.time_mean_s, "{:.1f}"))
         )
-    return fit.table(lines, width, drop_order=(5, 6, 3))
+        lines.append(
+            (row.role, second, str(row.episodes), str(row.valid), fmt(row.pass_rate, "{:.1%}"), sixth, seventh,
+             printable(", ".join(f"{kind} {count}" for kind, count in sorted(row.failures.items())) or "-"))
+        )  # fmt: skip
+    return fit.table(lines, width, drop_order=(6, 3, 5) if per_environment else (5, 6, 3))
 
 
 def _eval_set(episode: StoredEpisode) -> str:
@@ -375,9 +410,11 @@ def episode_parts(episode: StoredEpisode) -> list[str | LongText]:
     turns, tool calls); "-" is a count the record lacks. The policy calls and the server's
     trajectory file show when the entry carries them."""
     record, answer = episode.record, episode.entry.get("answer")
+    swe = episode.environment == SWE_ENVIRONMENT
+    environment = "" if swe else f"   environment {episode.environment}"
     parts: list[str | LongText] = [
-        f"episode {episode.episode_id}   instance {episode.instance_id}   {episode.role}{_eval_set(episode)}"
-        f"   step {step_label(episode.step)}   session {episode.entry.get('session_id')}",
+        f"episode {episode.episode_id}   instance {episode.instance_id}{environment}   {episode.role}"
+        f"{_eval_set(episode)}   step {step_label(episode.step)}   session {episode.entry.get('session_id')}",
         f"verdict: {episode.kind}   reward {episode.entry.get('reward')}   turns {or_dash(record.get('turns'))}   "
         f"tool calls {or_dash(record.get('tool_calls'))}   time {or_dash(record.get('elapsed_s'))} s   "
         f"attempts {or_dash(record.get('attempts'))}",
@@ -404,11 +441,25 @@ def episode_parts(episode: StoredEpisode) -> list[str | LongText]:
             parts += ["command:", LongText("  $ " + command)]
         for output in turn.outputs:
             parts += ["output:", LongText(output, _OUTPUT_MAX_CHARS)]
+    if not swe:
+        return [*parts, "", "--- verify", *_verify_lines(answer, missing)]
     patch = _patch_of(answer)
     parts += ["", "--- patch", LongText(patch) if patch else f"(no patch: {missing})" if missing else "(no patch)"]
     report = [f"(no test report: {missing})"] if missing else _report_lines(_report_of(answer, episode.instance_id))
     parts += ["", "--- test report", *report]
     return parts
+
+
+_VERIFY_SHOWN_ELSEWHERE = frozenset({"response", "responses_create_params"})
+
+
+def _verify_lines(answer: Any, missing: str | None) -> list[str | LongText]:
+    """An environment episode's ``/verify`` answer but the transcript (shown as turns) and the
+    request: its reward and the fields its resources server adds (an extracted answer, ...)."""
+    if missing or not isinstance(answer, dict):
+        return [f"(no verify answer: {missing})"]
+    fields = [(key, value) for key, value in answer.items() if key not in _VERIFY_SHOWN_ELSEWHERE]
+    return [LongText(f"{key}: {_json(value)}", _OUTPUT_MAX_CHARS) for key, value in fields] or ["(empty)"]
 
 
 def show_text(episode: StoredEpisode) -> str:

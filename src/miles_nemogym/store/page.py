@@ -1,9 +1,9 @@
 """``miles-nemogym episodes --html``: one self-contained page (no scripts, no network) with
-the per-step table, bar charts per role (resolve rate, failed episodes by kind, per step)
-and every episode as a collapsed line that expands to its ``--show`` view. Every value from
-the store is escaped; a long thought, command, output or patch shows its first
-``INLINE_CHARS`` and keeps the rest, up to ``BLOCK_MAX_CHARS``, behind a collapsed "show
-all". Pure.
+the per-step table (and the per-environment one when there are several), bar charts per
+role (resolve or pass rate, failed episodes by kind, per step) and every episode as a
+collapsed line that expands to its ``--show`` view. Every value from the store is escaped;
+a long thought, command, output or patch shows its first ``INLINE_CHARS`` and keeps the
+rest, up to ``BLOCK_MAX_CHARS``, behind a collapsed "show all". Pure.
 """
 
 from __future__ import annotations
@@ -14,11 +14,14 @@ from typing import Any
 
 from miles_nemogym.store.browser import (
     LongText,
-    StepRow,
+    Row,
+    environment_rows,
     episode_parts,
     fmt,
     or_dash,
     printable,
+    quality_label,
+    several_environments,
     split_head,
     step_label,
     step_rows,
@@ -101,19 +104,20 @@ def _bar_chart(
     return f'<div class="chart">{"".join(parts)}<div class="legend">{legend}</div></div>'
 
 
-def _charts(rows: list[StepRow]) -> str:
+def _charts(rows: list[Row], quality: str) -> str:
+    rate = "resolve rate" if quality == "resolved" else "pass rate"
     out = []
     for role in ROLES:
         role_rows = [r for r in rows if r.role == role]
         if not role_rows:
             continue
         labels = [step_label(r.step) for r in role_rows]
-        rates: list[float | None] = [r.resolve_rate for r in role_rows]
+        rates: list[float | None] = [r.pass_rate for r in role_rows]
         out.append(
             _bar_chart(
-                f"{role}: resolve rate (valid episodes) per step",
+                f"{role}: {rate} (valid episodes) per step",
                 labels,
-                [("resolve rate", "#2ca02c", rates)],
+                [(rate, "#2ca02c", rates)],
                 1.0,
                 lambda v: f"{v:.0%}",
             )
@@ -137,19 +141,23 @@ def _text(value: Any, limit: int | None = None) -> str:
     return html.escape(text)
 
 
-def _table_html(rows: list[StepRow]) -> str:
-    head = "".join(
-        f"<th>{h}</th>"
-        for h in ("role", "step", "episodes", "valid", "resolve rate", "failures by kind", "mean turns", "mean time s")
-    )
+def _table_html(rows: list[Row], quality: str) -> str:
+    per_environment = rows[0].environment is not None if rows else False
+    rate = "resolve rate" if quality == "resolved" and not per_environment else "pass rate"
+    second = "environment" if per_environment else "step"
+    headers = ["role", second, "episodes", "valid", rate, "failures by kind", "mean turns"]
+    headers.append("mean reward" if per_environment else "mean time s")
+    head = "".join(f"<th>{_text(h)}</th>" for h in headers)
     body = []
     for r in rows:
         failures = ", ".join(f"{k} {c}" for k, c in sorted(r.failures.items())) or "-"
+        label = _text(r.environment) if per_environment else step_label(r.step)
+        last = fmt(r.reward_mean, "{:.2f}") if per_environment else fmt(r.time_mean_s, "{:.1f}")
         body.append(
-            f"<tr><td>{_text(r.role)}</td><td>{step_label(r.step)}</td><td class=num>{r.episodes}</td>"
-            f"<td class=num>{r.valid}</td><td class=num>{fmt(r.resolve_rate, '{:.1%}')}</td>"
+            f"<tr><td>{_text(r.role)}</td><td>{label}</td><td class=num>{r.episodes}</td>"
+            f"<td class=num>{r.valid}</td><td class=num>{fmt(r.pass_rate, '{:.1%}')}</td>"
             f"<td>{_text(failures)}</td><td class=num>{fmt(r.turns_mean, '{:.1f}')}</td>"
-            f"<td class=num>{fmt(r.time_mean_s, '{:.1f}')}</td></tr>"
+            f"<td class=num>{last}</td></tr>"
         )
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
@@ -181,7 +189,7 @@ def _body_html(parts: list[str | LongText]) -> str:
 
 
 def _episode_html(episode: StoredEpisode) -> str:
-    css = "resolved" if episode.kind == "resolved" else "unresolved" if episode.kind == "unresolved" else "failed"
+    css = "resolved" if episode.passed else "failed" if episode.record.get("mask_sample") else "unresolved"
     eval_set = episode.entry.get("eval_set")
     limit = _SUMMARY_FIELD_CHARS
     summary = (
@@ -197,7 +205,10 @@ def _episode_html(episode: StoredEpisode) -> str:
 
 def render_html(store: Store, title: str) -> str:
     """One self-contained page: per-step table, charts, every episode expandable."""
-    rows = step_rows(store.episodes)
+    rows, quality = step_rows(store.episodes), quality_label(store.episodes)
+    per_environment = ""
+    if several_environments(store.episodes):
+        per_environment = f"<h2>Per environment</h2>{_table_html(environment_rows(store.episodes), quality)}"
     cut = (
         f"<p class=failed>Unreadable or odd lines or files: {_text('; '.join(map(str, store.problems)))}</p>"
         if store.problems
@@ -207,9 +218,9 @@ def render_html(store: Store, title: str) -> str:
     return (
         f"<!doctype html><html><head><meta charset=utf-8><title>{_text(title)}</title>"
         f"<style>{_CSS}</style></head><body><h1>{_text(title)}</h1>"
-        f"<p>{len(store.episodes)} episodes. Resolve rate is over valid episodes; failed (masked) episodes "
-        f"are counted by kind and are not policy failures.</p>{cut}"
-        f"<h2>Per step</h2>{_table_html(rows)}"
-        f"<h2>Over rollout steps</h2>{plots_html(store.episodes)}<h2>Charts</h2>{_charts(rows)}"
+        f"<p>{len(store.episodes)} episodes. The {'resolve' if quality == 'resolved' else 'pass'} rate is over "
+        "valid episodes; failed (masked) episodes are counted by kind and are not policy failures.</p>"
+        f"{cut}<h2>Per step</h2>{_table_html(rows, quality)}{per_environment}"
+        f"<h2>Over rollout steps</h2>{plots_html(store.episodes)}<h2>Charts</h2>{_charts(rows, quality)}"
         f"<h2>Episodes</h2>{episodes}</body></html>"
     )

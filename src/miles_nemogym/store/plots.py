@@ -1,6 +1,7 @@
 """Curves over rollout steps, from an episode store's heads alone (no trajectories): train
-reward mean and resolve rate, each eval set's pass@1 and pass@k, train failure rate by kind,
-train episode time p50/p95/max. ``plots`` is the data (pure); ``svg`` draws one plot as a
+reward mean and resolve rate (SWE episodes), train reward mean per environment (when there
+are several), each eval set's pass@1 and pass@k (and pass@1 per environment), train failure
+rate by kind, train episode time p50/p95/max. ``plots`` is the data (pure); ``svg`` draws one plot as a
 self-contained SVG (no scripts, no links), every label escaped. The HTML page inlines them;
 ``miles-nemogym episodes DIR --plots OUT`` writes each as a file.
 """
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from miles_nemogym.episode.record import EVAL, TRAIN
+from miles_nemogym.episode.record import EVAL, SWE_ENVIRONMENT, TRAIN
 from miles_nemogym.estimators import pass_at_k, percentile
 from miles_nemogym.store.browser import printable
 from miles_nemogym.store.reader import StoredEpisode
@@ -67,20 +68,42 @@ def _by_step(episodes: list[StoredEpisode]) -> dict[int, list[StoredEpisode]]:
 
 
 def _resolve_rate(members: list[StoredEpisode]) -> float | None:
-    valid = _valid(members)
+    """Over valid SWE episodes: an environment episode is neither resolved nor unresolved."""
+    valid = [e for e in _valid(members) if e.environment == SWE_ENVIRONMENT]
     return sum(1 for e in valid if e.record.get("resolved")) / len(valid) if valid else None
+
+
+def _reward_mean(members: list[StoredEpisode]) -> float | None:
+    return _mean([r for e in _valid(members) if (r := _number(e.entry.get("reward"))) is not None])
+
+
+def _environments(episodes: list[StoredEpisode]) -> list[str]:
+    return sorted({e.environment for e in episodes})
 
 
 def _train_plots(steps: dict[int, list[StoredEpisode]]) -> list[Plot]:
     order = tuple(steps)
     groups = list(steps.values())
-    rewards = [_mean([r for e in _valid(m) if (r := _number(e.entry.get("reward"))) is not None]) for m in groups]
+    environments = _environments([e for m in groups for e in m])
+    series = [Series("reward mean", tuple(_reward_mean(m) for m in groups))]
+    if SWE_ENVIRONMENT in environments:
+        series.append(Series("resolve rate (0-1)", tuple(_resolve_rate(m) for m in groups)))
     quality = Plot(
         "train-reward-resolve-rate",
-        "train: reward mean and resolve rate (valid episodes)",
+        f"train: {' and '.join(s.name.removesuffix(' (0-1)') for s in series)} (valid episodes)",
         "reward",
         order,
-        (Series("reward mean", tuple(rewards)), Series("resolve rate (0-1)", tuple(_resolve_rate(m) for m in groups))),
+        tuple(series),
+    )
+    per_environment = Plot(
+        "train-reward-per-environment",
+        "train: reward mean per environment (valid episodes)",
+        "reward",
+        order,
+        tuple(
+            Series(env, tuple(_reward_mean([e for e in m if e.environment == env]) for m in groups))
+            for env in environments
+        ),
     )
     kinds = [Counter(e.kind for e in m if e.record.get("mask_sample")) for m in groups]
     names = sorted({kind for counts in kinds for kind in counts})
@@ -107,18 +130,18 @@ def _train_plots(steps: dict[int, list[StoredEpisode]]) -> list[Plot]:
             for label, q in (("p50", 50), ("p95", 95), ("max", 100))
         ),
     )
-    return [quality, failures, time]
+    return [quality, *([per_environment] if len(environments) > 1 else []), failures, time]
 
 
 def _pass(members: list[StoredEpisode]) -> tuple[int, float | None, float | None]:
     """(k, pass@1, pass@k) of one eval set's step: k is the most episodes any instance has
     there; both over valid episodes per instance, pass@k over instances with k valid ones."""
     k = max(Counter(e.instance_id for e in members).values())
-    resolved: dict[str, list[bool]] = defaultdict(list)
+    passed: dict[str, list[bool]] = defaultdict(list)
     for episode in _valid(members):
-        resolved[episode.instance_id].append(bool(episode.record.get("resolved")))
-    at_1 = _mean([sum(v) / len(v) for v in resolved.values()])
-    at_k = _mean([pass_at_k(len(v), sum(v), k) for v in resolved.values() if len(v) >= k])
+        passed[episode.instance_id].append(episode.passed)
+    at_1 = _mean([sum(v) / len(v) for v in passed.values()])
+    at_k = _mean([pass_at_k(len(v), sum(v), k) for v in passed.values() if len(v) >= k])
     return k, at_1, at_k
 
 
@@ -130,7 +153,15 @@ def _eval_plot(eval_set: str, steps: dict[int, list[StoredEpisode]], name: str) 
         per_step = ", ".join(str(k) for k, _, _ in found)
         label = f"pass@{ks.pop()}" if len(ks) == 1 else f"pass@k (k per step: {per_step})"
         series.append(Series(label, tuple(at_k for _, _, at_k in found)))
-    return Plot(name, f"eval {eval_set}: {' and '.join(s.name for s in series)}", "rate", tuple(steps), tuple(series))
+    title = f"eval {eval_set}: {' and '.join(s.name for s in series)}"
+    environments = _environments([e for m in steps.values() for e in m])
+    if len(environments) > 1:  # each environment's pass@1 (its own instances), beside the set's
+        title += " (and pass@1 per environment)"
+        for env in environments:
+            values = [_pass(here)[1] if (here := [e for e in m if e.environment == env]) else None
+                      for m in steps.values()]  # fmt: skip
+            series.append(Series(f"pass@1 {env}", tuple(values)))
+    return Plot(name, title, "rate", tuple(steps), tuple(series))
 
 
 def _file_name(text: str, taken: set[str]) -> str:

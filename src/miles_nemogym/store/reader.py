@@ -20,6 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from miles_nemogym.episode.record import SWE_ENVIRONMENT
+from miles_nemogym.estimators import passes
 from miles_nemogym.store.writer import ROLES
 
 __all__ = ["Problem", "Store", "StoredEpisode", "load"]
@@ -63,11 +65,26 @@ class StoredEpisode:
         return str(self.entry.get("instance_id") or self.record.get("instance_id") or "")
 
     @property
+    def environment(self) -> str:
+        """The record's environment; ``swe`` when it names none (SWE rows, older stores)."""
+        environment = self.record.get("environment")
+        return environment if isinstance(environment, str) and environment else SWE_ENVIRONMENT
+
+    @property
     def kind(self) -> str:
-        """``resolved``, ``unresolved``, or the failure kind of a masked episode."""
+        """The failure kind of a masked episode (``masked`` when it names none); else, for SWE,
+        ``resolved`` or ``unresolved``, for another environment ``passed`` (its reward is full
+        credit, ``estimators.passes``) or ``failed``."""
         if self.record.get("mask_sample"):
-            return str(self.record.get("failure_kind") or "failed")
+            return str(self.record.get("failure_kind") or "masked")
+        if self.environment != SWE_ENVIRONMENT:
+            return "passed" if passes(self.entry.get("reward")) else "failed"
         return "resolved" if self.record.get("resolved") else "unresolved"
+
+    @property
+    def passed(self) -> bool:
+        """A valid episode that resolved its SWE instance or passed its environment's task."""
+        return self.kind in ("resolved", "passed") and not self.record.get("mask_sample")
 
 
 @dataclass
@@ -90,6 +107,7 @@ class _Record(BaseModel):
     attempts: int | None = None
     elapsed_s: float | None = None
     turns: int | None = None
+    environment: str | None = None
 
 
 class _Head(BaseModel):
