@@ -15,7 +15,8 @@ import json
 from typing import Any
 
 from miles_nemogym.episode.record import ENV_KEY, TASK_ID_KEY
-from tests.support.scripted_chat import Turn, tagged, tool
+from tests.support import env_scripts
+from tests.support.scripted_chat import Turn, tagged
 
 ENVIRONMENTS = ("mcqa", "workplace_assistant", "example_multi_step", "xlam_fc", "equivalence_rule")
 """The 0.7.0 environments run here (no network, keys or judge)."""
@@ -48,48 +49,8 @@ def completion(turn: Turn) -> str:
 
 
 def scripts(env: str, row: dict[str, Any]) -> dict[str, list[Turn]]:
-    """A gold (reward 1.0) and a wrong (0.0) policy for ``row`` of ``env``.
-
-    Each reads its gold answer from the row; see docs/environments.md for what each verifier reads."""
-    if env == "mcqa":
-        gold = row["expected_answer"]
-        wrong = "A" if gold != "A" else "B"
-        return {
-            "gold": [Turn(content=f"PCR finds it. The answer is \\boxed{{{gold}}}")],
-            "wrong": [Turn(content=f"\\boxed{{{wrong}}}")],
-        }
-    if env == "workplace_assistant":
-        reply = json.loads(row["ground_truth"][0]["arguments"])
-        look = tool("email_search_emails", query="Task Update on Develop prototype for report generation")
-        return {
-            "gold": [
-                Turn(content="Find the email first.", tool_calls=(look,)),
-                Turn(tool_calls=(tool("email_reply_email", **reply),)),
-                Turn(content="Replied."),
-            ],
-            "wrong": [
-                Turn(tool_calls=(look,)),
-                Turn(tool_calls=(tool("email_reply_email", email_id=reply["email_id"], body="No."),)),
-                Turn(content="Replied."),
-            ],
-        }
-    if env == "example_multi_step":
-        values = row["expected_synonym_values"]
-        lookups = tuple(tool("get_synonym_value", synonym=s) for s in row["expected_synonyms"])
-        return {
-            outcome: [
-                Turn(tool_calls=lookups),
-                Turn(tool_calls=(tool("extract_synonym_values", synonym_values=answer),)),
-                Turn(content="Done."),
-            ]
-            for outcome, answer in (("gold", values), ("wrong", values[::-1]))
-        }
-    if env == "xlam_fc":
-        calls = tuple(tool(answer["name"], **answer["arguments"]) for answer in row["expected_answers"])
-        return {
-            "gold": [Turn(tool_calls=calls), Turn(content="Here they are.")],
-            "wrong": [Turn(tool_calls=calls[:1]), Turn(content="Here they are.")],
-        }
-    if env == "equivalence_rule":  # graded "exact" on the message text (its shipped lc.yaml)
-        return {"gold": [Turn(content=row["expected_answer"])], "wrong": [Turn(content=row["expected_answer"][::-1])]}
-    raise ValueError(f"no scripts for environment {env!r}")
+    """``env``'s gold and wrong scripts for ``row`` (``tests/support/env_scripts.py``), written
+    with thinking off as the step's chat template has it: with ``<think>`` spans in the text, the
+    model's tokens would not be the template's rendering of its turn (mock engine: no reasoning parser)."""
+    found = env_scripts.scripts(env, row)
+    return {outcome: env_scripts.without_thinking(found[outcome]) for outcome in ("gold", "wrong")}
