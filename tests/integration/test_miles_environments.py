@@ -20,11 +20,10 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym.gym.venv import GymPythonNotFoundError, ensure_gym_venv
 from tests.support.fault_server import FaultServer
 from tests.support.gym_envs import GymEnvironments
 from tests.support.miles_environments import ENVIRONMENTS, MAX_STEPS, completion, prompt_row, scripts
-from tests.support.miles_harness import MilesDriver, StepResult, say
+from tests.support.miles_harness import MilesDriver, StepResult
 from tests.support.scripted_chat import Turn
 from tests.support.threaded import serving_in_thread
 
@@ -39,24 +38,6 @@ _TOOL_ROUND = re.compile(
     r"<\|im_start\|>assistant\n<think>\n\n</think>\n\n",
     re.DOTALL,
 )
-
-
-@pytest.fixture(scope="module")
-def gym_environments(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GymEnvironments]:
-    """The real resources servers (and their ``simple_agent``s, unused here), once per module."""
-    try:
-        venv = ensure_gym_venv(progress=lambda line: say(request.config, f"[gym-venv] {line}"))
-    except GymPythonNotFoundError as error:
-        pytest.fail(str(error), pytrace=False)
-    # No simple_agent /run is called here: its model server's URL is never reached.
-    servers = GymEnvironments(venv, list(ENVIRONMENTS), "http://127.0.0.1:9/v1", tmp_path_factory.mktemp("envs"))
-    servers.start()
-    try:
-        yield servers
-    finally:
-        servers.stop()
 
 
 class Script:

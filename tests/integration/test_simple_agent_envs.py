@@ -10,42 +10,29 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
 import pytest
 
-from miles_nemogym.gym.venv import GymPythonNotFoundError, ensure_gym_venv
 from miles_nemogym.simple_agent import Connections, EpisodeResult, Limits, run_episode
-from tests.support.env_scripts import scripts
+from tests.support.env_scripts import ENVIRONMENTS, scripts
 from tests.support.gym_envs import GymEnvironments
 from tests.support.scripted_chat import ScriptedChat, Turn, tagged, tool
 
 pytestmark = pytest.mark.integration
 
-ENVS = ["mcqa", "workplace_assistant", "example_multi_step", "xlam_fc", "equivalence_rule"]
+ENVS = ENVIRONMENTS
 
 
-@pytest.fixture(scope="module")
-def chat() -> Iterator[ScriptedChat]:
-    with ScriptedChat() as policy:
-        yield policy
+@pytest.fixture
+def chat(gym_chat: ScriptedChat) -> ScriptedChat:
+    return gym_chat
 
 
-@pytest.fixture(scope="module")
-def envs(chat: ScriptedChat, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GymEnvironments]:
-    try:
-        venv = ensure_gym_venv(progress=lambda line: print(f"[gym-venv] {line}", file=sys.__stderr__, flush=True))
-    except GymPythonNotFoundError as error:
-        pytest.fail(str(error), pytrace=False)
-    servers = GymEnvironments(venv, ENVS, f"{chat.url}/v1", tmp_path_factory.mktemp("gym-envs"))
-    servers.start()
-    try:
-        yield servers
-    finally:
-        servers.stop()
+@pytest.fixture
+def envs(gym_environments: GymEnvironments) -> GymEnvironments:
+    return gym_environments
 
 
 def _row(envs: GymEnvironments, env: str) -> dict[str, Any]:

@@ -9,6 +9,8 @@ from typing import Any
 
 from tests.support.scripted_chat import Turn, tool
 
+ENVIRONMENTS = ("mcqa", "workplace_assistant", "example_multi_step", "xlam_fc", "equivalence_rule")
+"""The 0.7.0 environments with scripts here (no network, keys or judge)."""
 _THINKING = re.compile(r"<think>.*?</think>", re.DOTALL)
 
 

@@ -16,12 +16,12 @@ from typing import Any
 
 from miles_nemogym.episode.record import ENV_KEY, TASK_ID_KEY
 from tests.support import env_scripts
+from tests.support.env_scripts import ENVIRONMENTS
 from tests.support.scripted_chat import Turn, tagged
 
-ENVIRONMENTS = ("mcqa", "workplace_assistant", "example_multi_step", "xlam_fc", "equivalence_rule")
-"""The 0.7.0 environments run here (no network, keys or judge)."""
 MAX_STEPS = {"workplace_assistant": 6}
 """``max_steps`` of each environment's shipped ``simple_agent`` config (the others set none)."""
+__all__ = ["ENVIRONMENTS", "MAX_STEPS", "completion", "prompt_row", "scripts"]
 END = "<|im_end|>"
 
 
