@@ -243,10 +243,28 @@ async def test_a_tool_call_that_may_have_been_delivered_is_masked_not_run_again(
     chat.script("drop", Turn(tool_calls=(tool("drop"),)), Turn(content="done"))
     async with fake_resources() as fake:
         envs(monkeypatch, mcqa=fake.url)
-        out = await run_env(chat, env_row("mcqa", "drop"))
+        out = await asyncio.wait_for(run_env(chat, env_row("mcqa", "drop")), 10)
     record = out["nemogym"]
     assert (record["failure_kind"], record["attempts"]) == ("transport_peer_drop", 1)
     assert len(fake.seeded) == 1 and len(fake.tool_calls) == 1 and fake.verified == []
+
+
+async def test_a_tool_call_to_a_server_gone_after_the_seed_is_masked_not_run_again(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chat.script("gone", Turn(tool_calls=(tool("echo", a=1),), delay_s=1.0), Turn(content="done"))
+    port = free_port()
+    async with fake_resources(port=port) as fake:
+        envs(monkeypatch, mcqa=fake.url)
+        task = asyncio.create_task(run_env(chat, env_row("mcqa", "gone")))
+        while not fake.seeded:
+            await asyncio.sleep(0.01)
+    # The server is gone while the policy writes its tool call: the episode's session was there.
+    out = await asyncio.wait_for(task, 10)
+    record = out["nemogym"]
+    assert (record["failure_kind"], record["attempts"], record["turns"]) == ("transport_unreachable", 1, 1)
+    assert len(fake.seeded) == 1 and fake.tool_calls == []
+    assert not circuit.for_url(fake.url, "NEMO_GYM_ENVS").is_open
 
 
 async def test_a_resources_outage_past_its_timeout_fails_its_episodes_and_stops_the_run(
@@ -270,7 +288,9 @@ async def test_one_connection_pool_per_event_loop_for_environment_episodes(
     async with fake_resources() as fake:
         envs(monkeypatch, mcqa=fake.url)
         first = await send.environment_connections()
-        await asyncio.gather(*(run_env(chat, env_row("mcqa", "plain", task=str(i))) for i in range(5)))
+        outs = [await run_env(chat, env_row("mcqa", "plain", task=str(i))) for i in range(5)]
+        assert [out["nemogym"]["status"] for out in outs] == ["ok"] * 5 and len(fake.seeded) == 5
+        assert len(fake.peers) == 1  # one pool: each episode reused the previous one's connection
         assert await send.environment_connections() is first
         assert send.open_pools() == 1
         await send.close_client()
@@ -304,3 +324,17 @@ def test_an_environment_episode_under_asyncio_run_leaves_no_unclosed_session(tmp
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok mcqa"
     assert "Unclosed" not in done.stderr, done.stderr
+
+
+async def test_a_failure_streak_names_the_servers_it_came_from(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_MAX_FAILURE_STREAK", "3")
+    async with fake_resources(seed="500") as fake:
+        envs(monkeypatch, mcqa=fake.url)
+        for i in range(3):
+            await run_env(chat, env_row("mcqa", "unseeded", task=str(i)))
+    with pytest.raises(RunStopped, match="miles_nemogym:seed_failed x3") as stopped:
+        check_run(get_settings())
+    assert f"the mcqa resources server at {fake.url} (NEMO_GYM_ENVS; x3)" in str(stopped.value)
+    assert "NEMO_GYM_URL" not in str(stopped.value)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ from miles_nemogym.simple_agent import Connections, EpisodeResult, Limits, run_e
 from tests.support.fake_resources import FakeResources, fake_resources, row
 from tests.support.ports import free_port
 from tests.support.scripted_chat import ScriptedChat, Turn, tag, tool
+from tests.support.tls import make_certificates
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,18 @@ async def test_resources_server_down_is_masked_before_any_model_call(chat: Scrip
     chat.script("down", Turn(content="x"))
     result = await _run(chat, f"http://127.0.0.1:{free_port()}", "down")
     assert (result.mask_sample, result.reward, result.failure_kind) == (True, None, fk.TRANSPORT_UNREACHABLE)
+    assert result.undelivered  # nothing reached any server: the caller may run it again
     assert chat.requests("down") == []
+
+
+async def test_an_untrusted_resources_certificate_is_transport_tls_and_undelivered(
+    chat: ScriptedChat, tmp_path: Path
+) -> None:
+    chat.script("tls", Turn(content="x"))
+    async with fake_resources(tls=make_certificates(tmp_path).server_context()) as fake:
+        result = await _run(chat, fake, "tls")
+    assert (result.mask_sample, result.failure_kind, result.undelivered) == (True, fk.TRANSPORT_TLS, True)
+    assert fake.seeded == {} and chat.requests("tls") == []
 
 
 @pytest.mark.parametrize("mode", ["500", "garbage"])

@@ -81,7 +81,7 @@ async def run_with_settings(
     role, eval_set = role_of(metadata)
     # The ledger sees every episode, also those whose sample Miles returns without this dict.
     failure_kind = (record.failure_kind or fk.AGENT_RUN_ERROR) if record.mask_sample else None
-    ledger.record_episode(failure_kind, role, eval_set, outcome.outage_wait_s)
+    ledger.record_episode(failure_kind, role, eval_set, outcome.outage_wait_s, record.env)
     mode = settings.reward_mode if settings is not None else RewardMode.binary
     result = outcome.to_metadata()
     result[REWARD_KEY], _ = score_record(outcome.reward, RecordRead(record), mode)

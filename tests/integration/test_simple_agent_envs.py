@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from miles_nemogym import agent
 from miles_nemogym.simple_agent import Connections, EpisodeResult, Limits, run_episode
 from tests.support.env_scripts import ENVIRONMENTS, scripts
 from tests.support.gym_envs import GymEnvironments
@@ -206,3 +207,35 @@ async def test_concurrent_episodes_keep_their_own_sessions(chat: ScriptedChat, e
         search = [o["output"] for o in result.verify["response"]["output"] if o["type"] == "function_call_output"][1]
         assert f"iso-{i}" in search
         assert not any(f"iso-{j}" in search for j in range(n) if j != i), search
+
+
+async def test_rows_of_every_environment_routed_through_agent_run_score_as_the_loop_does(
+    chat: ScriptedChat, envs: GymEnvironments, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Converted rows (the task row + our marks + Miles' bookkeeping keys), all environments
+    at once, through ``agent.run`` and ``NEMO_GYM_ENVS``: the real servers accept what is sent
+    (no mark reaches them) and grade it as the loop alone does."""
+    servers: dict[str, dict[str, Any]] = {}
+    for env in ENVS:
+        steps = _limits(env).max_steps
+        servers[env] = {"url": envs.resources_url(env), **({"max_steps": steps} if steps else {})}
+    monkeypatch.setenv("NEMO_GYM_ENVS", json.dumps(servers))
+
+    async def one(env: str, outcome: str) -> dict[str, Any]:
+        name = f"{env}_routed_{outcome}"
+        chat.script(name, *_scripts(envs, env)[outcome])
+        marks = {"nemogym_env": env, "nemogym_task_id": f"{env}/0", "max_seq_len": 8192, "session_server_id": "s"}
+        return await agent.run(
+            base_url=chat.session_url(name),
+            prompt=[],
+            request_kwargs={"temperature": 1.0, "top_p": 1.0, "max_tokens": 512},
+            metadata={**tagged(_row(envs, env), name), **marks},
+        )
+
+    cases = [(env, outcome) for env in ENVS for outcome in ("gold", "wrong")]
+    outs = await asyncio.gather(*(one(env, outcome) for env, outcome in cases))
+    for (env, outcome), out in zip(cases, outs, strict=True):
+        record = out["nemogym"]
+        assert (record["status"], record["environment"], record["instance_id"]) == ("ok", env, f"{env}/0"), record
+        assert out["reward"] == (1.0 if outcome == "gold" else 0.0), (env, outcome, out["eval_report"])
+        assert out["agent_metrics"]["total_tool_time"] > 0

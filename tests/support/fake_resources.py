@@ -11,6 +11,7 @@ Tools: ``echo`` (answers its arguments and the session it saw), ``status`` (answ
 from __future__ import annotations
 
 import asyncio
+import ssl
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -40,8 +41,11 @@ class FakeResources:
     verified: list[dict[str, Any]] = field(default_factory=list)
     verify_sessions: list[str | None] = field(default_factory=list)
     """The session cookie each ``/verify`` carried, in order."""
+    peers: set[Any] = field(default_factory=set)
+    """The client address of every connection a request came on (keep-alive reuse shows here)."""
 
     async def _seed(self, request: web.Request) -> web.Response:
+        self.peers.add(request.transport.get_extra_info("peername") if request.transport else None)
         await asyncio.sleep(self.delay)
         if self.seed == "500":  # a JSON error body: the status alone says it failed
             return web.json_response({"detail": "seed failed"}, status=500)
@@ -96,8 +100,11 @@ class FakeResources:
 
 
 @asynccontextmanager
-async def fake_resources(port: int = 0, **options: Any) -> AsyncIterator[FakeResources]:
-    """A ``FakeResources`` listening on ``port`` (0: any free one) until the block ends."""
+async def fake_resources(
+    port: int = 0, tls: ssl.SSLContext | None = None, **options: Any
+) -> AsyncIterator[FakeResources]:
+    """A ``FakeResources`` listening on ``port`` (0: any free one), over https with ``tls``,
+    until the block ends."""
     fake = FakeResources(**options)
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/seed_session", fake._seed)
@@ -105,9 +112,9 @@ async def fake_resources(port: int = 0, **options: Any) -> AsyncIterator[FakeRes
     app.router.add_post("/{tool}", fake._tool)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port)
+    site = web.TCPSite(runner, "127.0.0.1", port, ssl_context=tls)
     await site.start()
-    fake.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    fake.url = f"{'https' if tls else 'http'}://127.0.0.1:{runner.addresses[0][1]}"
     try:
         yield fake
     finally:

@@ -30,13 +30,14 @@ _TAG = re.compile(r"\[script:([A-Za-z0-9_.-]+)\]")
 @dataclass(frozen=True)
 class Turn:
     """One scripted answer. ``tool_calls`` are ``(name, raw arguments)``; ``status``/``raw``
-    replace the answer with an HTTP error or a raw body."""
+    replace the answer with an HTTP error or a raw body; ``delay_s`` holds it back."""
 
     content: str | None = None
     tool_calls: tuple[tuple[str, str], ...] = ()
     finish_reason: str | None = None
     status: int = 200
     raw: bytes | None = None
+    delay_s: float = 0.0
 
 
 def tool(name: str, **arguments: Any) -> tuple[str, str]:
@@ -129,6 +130,7 @@ class ScriptedChat:
             ):  # a runaway loop fails fast instead of hanging
                 return web.json_response({"error": f"script {name!r} exhausted"}, status=429)
             turn = script.turns[min(turn_index, len(script.turns) - 1)]
+        await asyncio.sleep(turn.delay_s)
         if turn.raw is not None or turn.status != 200:
             return web.Response(body=turn.raw or b'{"error": "scripted failure"}', status=turn.status)
         return web.json_response(_completion(name, turn_index, turn))

@@ -275,9 +275,12 @@ class _Circuits:
         return next((error for error in map(Circuit.stop_error, self._all()) if error is not None), None)
 
     def reset(self) -> None:
-        """Every circuit closed, with no outage and no stop error (tests; a new run in the same process)."""
-        for one in self._all():
-            one.reset()
+        """No circuit, so no outage and no stop error (tests; a new run in the same process)."""
+        with self._lock:
+            circuits = list(self._by_url.values())
+            self._by_url.clear()
+        for one in circuits:
+            one.reset()  # wakes whatever still waits on it
 
 
 circuit = _Circuits()

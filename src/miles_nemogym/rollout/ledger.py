@@ -67,6 +67,7 @@ class Ledger:
         self._tallies: dict[str, Tally] = {}
         self._streak = 0
         self._streak_kinds: Counter[str] = Counter()
+        self._streak_envs: Counter[str] = Counter()
 
     def _tally(self, key: str) -> Tally:
         tally = self._tallies.get(key)
@@ -80,7 +81,6 @@ class Ledger:
         role: str = TRAIN,
         eval_set: str | None = None,
         outage_wait_s: float = 0.0,
-        *,
         environment: str = SWE_ENVIRONMENT,
     ) -> None:
         """One finished episode of ``environment``: ``failure_kind`` None for a valid measurement."""
@@ -96,11 +96,13 @@ class Ledger:
             if failure_kind is None:
                 self._streak = 0
                 self._streak_kinds.clear()
+                self._streak_envs.clear()
                 return
             tally.failures[failure_kind] += 1
             share.failures[failure_kind] += 1
             self._streak += 1
             self._streak_kinds[failure_kind] += 1
+            self._streak_envs[environment] += 1
 
     def record_group(self, *, kept: bool, salvaged: bool) -> None:
         """One training group decided by the filter: dropped, or kept with failed episodes in it."""
@@ -116,6 +118,11 @@ class Ledger:
         with self._lock:
             return self._streak, dict(self._streak_kinds)
 
+    def streak_environments(self) -> dict[str, int]:
+        """The environments of the failure streak's episodes."""
+        with self._lock:
+            return dict(self._streak_envs)
+
     def drain(self, role: str = TRAIN, eval_set: str | None = None) -> Tally:
         """What ``role`` (and ``eval_set``) did since the last drain; starts a new period."""
         with self._lock:
@@ -127,6 +134,7 @@ class Ledger:
             self._tallies.clear()
             self._streak = 0
             self._streak_kinds.clear()
+            self._streak_envs.clear()
 
 
 ledger = Ledger()
@@ -154,11 +162,25 @@ def stop_reason(settings: Settings) -> str | None:
             seen = ", ".join(f"{kind} x{n}" for kind, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
             return (
                 f"{count} NeMo-Gym episodes in a row failed with no valid one between them "
-                f"(NEMO_GYM_MAX_FAILURE_STREAK={limit}): {seen}. The run stops; fix the server at "
-                f"{redact_url(settings.gym_url)} (see the failure kinds in the README) and resume from the last "
-                "checkpoint, or set NEMO_GYM_MAX_FAILURE_STREAK=0 to never stop"
+                f"(NEMO_GYM_MAX_FAILURE_STREAK={limit}): {seen}. The run stops; fix "
+                f"{_servers(settings, ledger.streak_environments())} (see the failure kinds in the README) and "
+                "resume from the last checkpoint, or set NEMO_GYM_MAX_FAILURE_STREAK=0 to never stop"
             )
     return None
+
+
+def _servers(settings: Settings, environments: dict[str, int]) -> str:
+    """The servers a failure streak came from, by the setting that names each."""
+    servers = settings.environments
+    named = []
+    for name, count in sorted(environments.items(), key=lambda kv: -kv[1]):
+        if name in servers:
+            named.append(f"the {name} resources server at {redact_url(servers[name].url)} (NEMO_GYM_ENVS; x{count})")
+        elif name == SWE_ENVIRONMENT:
+            named.append(f"the server at {redact_url(settings.gym_url)} (NEMO_GYM_URL; x{count})")
+        else:
+            named.append(f"environment {name!r}, which NEMO_GYM_ENVS does not name (x{count})")
+    return ", ".join(named) or f"the server at {redact_url(settings.gym_url)}"
 
 
 def check_run(settings: Settings) -> None:
