@@ -11,6 +11,10 @@ the message saying how to install one: they are never skipped.
 ``rows`` and ``results`` are the wheel's five Verified rows (as our converter writes them
 for Miles' ``--prompt-data``) and their real ``/run`` results, by instance id.
 
+``gym_environments`` are the real 0.7.0 resources servers of every scripted environment
+(``tests/support/env_scripts.py``), each with its ``simple_agent``, whose ``vllm_model`` calls
+the scripted chat policy ``gym_chat``: started once per test run, on first use.
+
 ``recording_policy`` stands in for Miles' session server + SGLang where an episode is
 driven without Miles: a loopback
 OpenAI-compatible server at ``/sessions/<id>/v1/chat/completions`` that records
@@ -31,7 +35,10 @@ from miles_nemogym.gym.server import GymServer
 from miles_nemogym.gym.venv import BuildLines, GymPythonNotFoundError
 from miles_nemogym.testing.miles_env import ensure_miles_env
 from miles_nemogym.testing.recording_policy import RecordingPolicy
+from tests.support.env_scripts import ENVIRONMENTS
+from tests.support.gym_envs import GymEnvironments, running_environments
 from tests.support.miles_harness import MilesDriver, Terminal, env_or_fail, say
+from tests.support.scripted_chat import ScriptedChat
 
 # Small bounds: a scripted episode needs 3 model calls; grading on the host is seconds.
 # Eight at once: a GRPO group of the recipe (n = 8) runs whole, as in training.
@@ -75,6 +82,23 @@ def gym_golden_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.T
     """The real server in golden mode (applies gold patches, never calls a model)."""
     options = ServeOptions.model_validate({**INTEGRATION_OPTIONS, "golden": True})
     yield from _serve(request.config, options, tmp_path_factory.mktemp("gym-golden-server"))
+
+
+@pytest.fixture(scope="session")
+def gym_chat() -> Iterator[ScriptedChat]:
+    """The scripted chat policy (``tests/support/scripted_chat.py``) behind ``gym_environments``."""
+    with ScriptedChat() as policy:
+        yield policy
+
+
+@pytest.fixture(scope="session")
+def gym_environments(
+    request: pytest.FixtureRequest, gym_chat: ScriptedChat, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GymEnvironments]:
+    """The resources servers of ``ENVIRONMENTS``, their ``simple_agent``s and its ``vllm_model``
+    (pointed at ``gym_chat``): ``resources_url(env)``, ``agent_url(env)``, ``example_rows(env)``."""
+    with running_environments(list(ENVIRONMENTS), f"{gym_chat.url}/v1", tmp_path_factory.mktemp("gym-envs")) as servers:
+        yield servers
 
 
 @pytest.fixture

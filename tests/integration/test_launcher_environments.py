@@ -8,7 +8,6 @@ the rest of the preflight (GPUs, Miles) is not what this test is about.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,22 +16,19 @@ import pytest
 from miles_nemogym.doctor import CheckResult
 from miles_nemogym.launcher.checks import run_preflight
 from miles_nemogym.launcher.config import LauncherConfig
-from tests.support.gym_envs import GymEnvironments, running_environments
+from tests.support.gym_envs import GymEnvironments
 from tests.support.prompt_rows import write_jsonl
-from tests.support.scripted_chat import ScriptedChat
 
 pytestmark = pytest.mark.integration
 
 ENVS = ["workplace_assistant", "xlam_fc"]
 
 
-@pytest.fixture(scope="module")
-def envs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GymEnvironments]:
-    with (
-        ScriptedChat() as chat,  # the simple_agents' model server needs a policy URL; none is called
-        running_environments(ENVS, f"{chat.url}/v1", tmp_path_factory.mktemp("gym-envs")) as servers,
-    ):
-        yield servers
+@pytest.fixture
+def envs(gym_environments: GymEnvironments) -> GymEnvironments:
+    """The session's real resources servers (``tests/integration/conftest.py``), these two among them."""
+    assert set(ENVS) <= set(gym_environments.envs)
+    return gym_environments
 
 
 def marked(envs: GymEnvironments, env: str) -> list[dict[str, Any]]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -18,24 +17,23 @@ import pytest
 
 from miles_nemogym import agent
 from miles_nemogym.simple_agent import Connections, EpisodeResult, Limits, run_episode
-from tests.support.gym_envs import GymEnvironments, running_environments
+from tests.support.env_scripts import ENVIRONMENTS, scripts
+from tests.support.gym_envs import GymEnvironments
 from tests.support.scripted_chat import ScriptedChat, Turn, tagged, tool
 
 pytestmark = pytest.mark.integration
 
-ENVS = ["mcqa", "workplace_assistant", "example_multi_step", "xlam_fc", "equivalence_rule"]
+ENVS = ENVIRONMENTS
 
 
-@pytest.fixture(scope="module")
-def chat() -> Iterator[ScriptedChat]:
-    with ScriptedChat() as policy:
-        yield policy
+@pytest.fixture
+def chat(gym_chat: ScriptedChat) -> ScriptedChat:
+    return gym_chat
 
 
-@pytest.fixture(scope="module")
-def envs(chat: ScriptedChat, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GymEnvironments]:
-    with running_environments(ENVS, f"{chat.url}/v1", tmp_path_factory.mktemp("gym-envs")) as servers:
-        yield servers
+@pytest.fixture
+def envs(gym_environments: GymEnvironments) -> GymEnvironments:
+    return gym_environments
 
 
 def _row(envs: GymEnvironments, env: str) -> dict[str, Any]:
@@ -44,54 +42,7 @@ def _row(envs: GymEnvironments, env: str) -> dict[str, Any]:
 
 def _scripts(envs: GymEnvironments, env: str) -> dict[str, list[Turn]]:
     """A gold and a wrong policy for the environment's first example row."""
-    row = _row(envs, env)
-    if env == "mcqa":
-        return {
-            "gold": [Turn(content="<think>PCR detects the mutation.</think>The answer is \\boxed{B}")],
-            "wrong": [Turn(content="<think>Karyotyping?</think>\\boxed{A}")],
-            "thinking_only": [Turn(content="<think>\\boxed{B}</think>")],
-        }
-    if env == "workplace_assistant":
-        reply = json.loads(row["ground_truth"][0]["arguments"])
-        look = tool("email_search_emails", query="Task Update on Develop prototype for report generation")
-        return {
-            "gold": [
-                Turn(content="<think>Find it first.</think>", tool_calls=(look,)),
-                Turn(tool_calls=(tool("email_reply_email", **reply),)),
-                Turn(content="Replied."),
-            ],
-            "wrong": [
-                Turn(tool_calls=(look,)),
-                Turn(tool_calls=(tool("email_reply_email", email_id=reply["email_id"], body="No."),)),
-                Turn(content="Replied."),
-            ],
-        }
-    if env == "example_multi_step":
-        values = row["expected_synonym_values"]
-        lookups = tuple(tool("get_synonym_value", synonym=s) for s in row["expected_synonyms"])
-        return {
-            "gold": [
-                Turn(tool_calls=lookups),
-                Turn(tool_calls=(tool("extract_synonym_values", synonym_values=values),)),
-                Turn(content="Done."),
-            ],
-            "wrong": [
-                Turn(tool_calls=lookups),
-                Turn(tool_calls=(tool("extract_synonym_values", synonym_values=values[::-1]),)),
-                Turn(content="Done."),
-            ],
-        }
-    if env == "equivalence_rule":  # graded "exact" on the message text (its shipped lc.yaml)
-        return {
-            "gold": [Turn(content=f"<think>Count them.</think>{row['expected_answer']}")],
-            "wrong": [Turn(content=row["expected_answer"][::-1])],
-        }
-    assert env == "xlam_fc"
-    calls = tuple(tool(answer["name"], **answer["arguments"]) for answer in row["expected_answers"])
-    return {
-        "gold": [Turn(tool_calls=calls), Turn(content="Here they are.")],
-        "wrong": [Turn(tool_calls=calls[:1]), Turn(content="Here they are.")],
-    }
+    return scripts(env, _row(envs, env))
 
 
 def _limits(env: str) -> Limits:

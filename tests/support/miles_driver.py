@@ -21,6 +21,7 @@ import importlib
 import inspect
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -56,6 +57,7 @@ def _install_io_struct_seam() -> None:
 _install_io_struct_seam()
 
 import requests  # noqa: E402
+from fastapi.responses import JSONResponse  # noqa: E402
 from miles.ray.rollout.metrics import log_eval_rollout_data, log_rollout_data  # noqa: E402
 from miles.ray.rollout.rollout_data_conversion import postprocess_rollout_data  # noqa: E402
 from miles.ray.rollout.train_data_conversion import (  # noqa: E402
@@ -74,6 +76,7 @@ from miles.router.router import MilesRouter  # noqa: E402
 from miles.utils.arguments import parse_args  # noqa: E402
 from miles.utils.http_utils import find_available_port, init_http_client  # noqa: E402
 from miles.utils.misc import SingletonMeta, load_function  # noqa: E402
+from miles.utils.processing_utils import load_tokenizer  # noqa: E402
 from miles.utils.test_utils.mock_sglang_server import MockSGLangServer, ProcessResult  # noqa: E402
 from miles.utils.test_utils.uvicorn_thread_server import UvicornThreadServer  # noqa: E402
 from miles.utils.tracking_utils import tracking  # noqa: E402
@@ -86,6 +89,8 @@ from miles_nemogym.testing.recording_policy import Script, qwen_tool_call_text  
 from tests.support.qwen3_tokenizer import TOKENIZER_FORMAT, build_qwen3_tokenizer  # noqa: E402
 
 ROLLOUT_FUNCTION = "miles.rollout.inference_rollout.inference_rollout_common.InferenceRolloutFn"
+_SCRIPT_TAG = re.compile(r"\[script:([A-Za-z0-9_.-]+)\]")
+"""A row's tag naming its scripted completions (``tests/support/scripted_chat.py``'s ``tag``)."""
 # ----------------------------------------------------------------------------- recording
 
 
@@ -196,13 +201,54 @@ def sample_json(sample: Any) -> dict[str, Any]:
     }
 
 
-def _nested(value: Any) -> Any:
+def _nested(value: Any, tokenizer: Any = None) -> Any:
     if isinstance(value, list):
-        return [_nested(item) for item in value]
-    return sample_json(value)
+        return [_nested(item, tokenizer) for item in value]
+    entry = sample_json(value)
+    if tokenizer is not None:
+        entry["response_spans"] = response_spans(value, tokenizer)
+    return entry
+
+
+def response_spans(sample: Any, tokenizer: Any) -> list[list[Any]]:
+    """The response as ``[loss_mask value, decoded text]`` runs: what trains and what does not."""
+    if not sample.response_length or sample.loss_mask is None:
+        return []
+    tokens = list(sample.tokens)[-sample.response_length :]
+    spans: list[list[Any]] = []
+    start = 0
+    for end in range(1, len(tokens) + 1):
+        if end == len(tokens) or sample.loss_mask[end] != sample.loss_mask[start]:
+            text = tokenizer.decode(tokens[start:end], skip_special_tokens=False)
+            spans.append([int(sample.loss_mask[start]), text])
+            start = end
+    return spans
 
 
 # ----------------------------------------------------------------------------- one step
+
+
+def _trim_stop_token(app: Any, stop: str = "<|im_end|>") -> None:
+    """Trim the stop token from a chat completion's message text, as SGLang does.
+
+    Miles' session server asks for ``no_stop_trim: false``: SGLang's message text ends before
+    the ``<|im_end|>`` the model stopped at, while its token ids keep it. Miles' mock engine
+    returns the policy's text as written, so a final answer (no tool call; the ``qwen25``
+    parser already drops what follows a ``</tool_call>``) would keep the stop token in its
+    content: the episode's answer would carry it and TITO would count it twice.
+    """
+
+    @app.middleware("http")
+    async def trim(request: Any, call_next: Any) -> Any:
+        response = await call_next(request)
+        if request.url.path != "/v1/chat/completions" or response.status_code != 200:
+            return response
+        body = json.loads(b"".join([chunk async for chunk in response.body_iterator]))
+        for choice in body.get("choices") or []:
+            message = choice.get("message") or {}
+            if isinstance(message.get("content"), str) and message["content"].endswith(stop):
+                message["content"] = message["content"][: -len(stop)]
+        return JSONResponse(content=body)
 
 
 def _argv(request: dict[str, Any], tokenizer: Path, data: str, router_port: int) -> list[str]:
@@ -250,11 +296,18 @@ def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[st
     policy_calls = [0]
     policy_turns: list[int] = []
 
+    # Raw completion texts per turn for prompts tagged [script:<name>]; other prompts get the SWE script.
+    scripted: dict[str, list[str]] = request.get("scripts") or {}
+
     def policy(prompt_text: str) -> ProcessResult:
         # The rendered chat ends with the generation prompt; earlier assistant turns are the past.
         turn = max(0, prompt_text.count("<|im_start|>assistant") - 1)
         policy_calls[0] += 1
         policy_turns.append(turn)
+        tags = [name for name in _SCRIPT_TAG.findall(prompt_text) if name in scripted]
+        if tags:
+            texts = scripted[tags[-1]]
+            return ProcessResult(text=texts[min(turn, len(texts) - 1)], finish_reason="stop")
         return ProcessResult(text=qwen_tool_call_text(script.command_for_turn(turn), turn), finish_reason="stop")
 
     data = request.get("data_file")
@@ -279,6 +332,7 @@ def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[st
         _spy(dict(HOOKS)["--custom-agent-function-path"].rpartition(".")[0] + ".abort", "abort")
 
         engine = MockSGLangServer(model_name=str(tokenizer), process_fn=policy, host="127.0.0.1", port=0)
+        _trim_stop_token(engine.app)
         engine.start()
         servers.append(engine)
         router = UvicornThreadServer(MilesRouter(args, verbose=False).app, host="127.0.0.1", port=router_port)
@@ -316,7 +370,8 @@ def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[st
         else:
             output = call_rollout_function(rollout_fn, RolloutFnTrainInput(rollout_id=rollout_id))
             reply["rollout_s"] = time.monotonic() - started
-            reply["samples"] = _nested(output.samples)
+            decoder = load_tokenizer(str(tokenizer), trust_remote_code=True) if request.get("response_spans") else None
+            reply["samples"] = _nested(output.samples, decoder)
             reply["metrics"] = _json_safe(output.metrics)
             flat, metadata = postprocess_rollout_data(args, output.samples, train_parallel_config=None)
             log_rollout_data(rollout_id, args, flat, output.metrics, time.monotonic() - started)

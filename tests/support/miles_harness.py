@@ -12,6 +12,8 @@ driver per test session; a step over the real Gym server takes ~20-40 s)::
         env={"NEMO_GYM_REWARD_MODE": "partial"},   # NEMO_GYM_* for the agent function
         extra_argv=["--max-seq-len", "4096"],      # any further Miles flags
         look_around_turns=1,             # scripted policy: N harmless commands, then submit
+        scripts={"name": [text, ...]},   # prompts tagged [script:name]: these raw completions by turn
+        response_spans=False,            # train: each sample's response as [loss_mask, text] runs
         rollout_id=0,                    # the step's rollout_id (Miles gives it to the log functions)
         time_limit_s=300,                # past it: result.finished is False, driver restarted
     )
@@ -20,6 +22,7 @@ driver per test session; a step over the real Gym server takes ~20-40 s)::
     result.raw["samples"]                 # ... as Miles nests them (v2: a list per episode)
     result.samples                        # flat: status, reward, tokens, response_length,
                                           #   loss_mask, rollout_log_probs, remove_sample, metadata
+                                          #   (+ response_spans when asked)
     result.eval["swe"]                    # eval: rewards, truncated, samples
     result.metrics                        # the rollout function's own metrics
     result.hook_calls("dynamic_filter")   # how Miles called our hooks: agent, reward,
@@ -51,7 +54,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -275,6 +278,8 @@ class MilesDriver:
         env: dict[str, str] | None = None,
         extra_argv: Sequence[str] = (),
         look_around_turns: int = 1,
+        scripts: Mapping[str, Sequence[str]] | None = None,
+        response_spans: bool = False,
         rollout_id: int = 0,
         time_limit_s: float = 300.0,
     ) -> StepResult:
@@ -300,6 +305,8 @@ class MilesDriver:
             "env": dict(env or {}),
             "extra_argv": list(extra_argv),
             "look_around_turns": look_around_turns,
+            "scripts": {name: list(texts) for name, texts in (scripts or {}).items()},
+            "response_spans": response_spans,
             "rollout_id": rollout_id,
         }
         with self.log_path.open("a") as log:

@@ -1,0 +1,73 @@
+"""Scripted gold and wrong policies for the first example row of each NeMo-Gym environment
+run here, shared by the loop's own tests and those through Miles' rollout step."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from tests.support.scripted_chat import Turn, tool
+
+ENVIRONMENTS = ("mcqa", "workplace_assistant", "example_multi_step", "xlam_fc", "equivalence_rule")
+"""The 0.7.0 environments with scripts here (no network, keys or judge)."""
+_THINKING = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+def scripts(env: str, row: dict[str, Any]) -> dict[str, list[Turn]]:
+    """A gold (reward 1.0) and a wrong (0.0) policy for ``row``, ``env``'s first example row
+    (some environments add a case of their own); see docs/environments.md for what each verifier reads."""
+    if env == "mcqa":
+        return {
+            "gold": [Turn(content="<think>PCR detects the mutation.</think>The answer is \\boxed{B}")],
+            "wrong": [Turn(content="<think>Karyotyping?</think>\\boxed{A}")],
+            "thinking_only": [Turn(content="<think>\\boxed{B}</think>")],
+        }
+    if env == "workplace_assistant":
+        reply = json.loads(row["ground_truth"][0]["arguments"])
+        look = tool("email_search_emails", query="Task Update on Develop prototype for report generation")
+        return {
+            "gold": [
+                Turn(content="<think>Find it first.</think>", tool_calls=(look,)),
+                Turn(tool_calls=(tool("email_reply_email", **reply),)),
+                Turn(content="Replied."),
+            ],
+            "wrong": [
+                Turn(tool_calls=(look,)),
+                Turn(tool_calls=(tool("email_reply_email", email_id=reply["email_id"], body="No."),)),
+                Turn(content="Replied."),
+            ],
+        }
+    if env == "example_multi_step":
+        values = row["expected_synonym_values"]
+        lookups = tuple(tool("get_synonym_value", synonym=s) for s in row["expected_synonyms"])
+        return {
+            "gold": [
+                Turn(tool_calls=lookups),
+                Turn(tool_calls=(tool("extract_synonym_values", synonym_values=values),)),
+                Turn(content="Done."),
+            ],
+            "wrong": [
+                Turn(tool_calls=lookups),
+                Turn(tool_calls=(tool("extract_synonym_values", synonym_values=values[::-1]),)),
+                Turn(content="Done."),
+            ],
+        }
+    if env == "equivalence_rule":  # graded "exact" on the message text (its shipped lc.yaml)
+        return {
+            "gold": [Turn(content=f"<think>Count them.</think>{row['expected_answer']}")],
+            "wrong": [Turn(content=row["expected_answer"][::-1])],
+        }
+    assert env == "xlam_fc"
+    calls = tuple(tool(answer["name"], **answer["arguments"]) for answer in row["expected_answers"])
+    return {
+        "gold": [Turn(tool_calls=calls), Turn(content="Here they are.")],
+        "wrong": [Turn(tool_calls=calls[:1]), Turn(content="Here they are.")],
+    }
+
+
+def without_thinking(turns: list[Turn]) -> list[Turn]:
+    """``turns`` as a policy with thinking off writes them: no ``<think>...</think>`` spans."""
+    return [
+        Turn(content=_THINKING.sub("", t.content) if t.content else t.content, tool_calls=t.tool_calls) for t in turns
+    ]
