@@ -24,7 +24,47 @@ from tests.support.scripted_chat import ScriptedChat, Turn, tagged, tool
 
 pytestmark = pytest.mark.integration
 
-ENVS = ["mcqa", "workplace_assistant", "example_multi_step", "xlam_fc", "equivalence_rule"]
+ENVS = [
+    "mcqa",
+    "workplace_assistant",
+    "example_multi_step",
+    "xlam_fc",
+    "equivalence_rule",
+    "math_with_judge",
+    "code_gen",
+]
+
+# code_gen's first example row (Codeforces 1259D): reverse the fewest words so that they
+# chain; a correct program for its unit test, and one that never reverses anything.
+_WORDS_GOLD = """import sys
+
+def main():
+    data = sys.stdin.read().split()
+    t, pos, out = int(data[0]), 1, []
+    for _ in range(t):
+        n = int(data[pos])
+        words = data[pos + 1 : pos + 1 + n]
+        pos += 1 + n
+        present = set(words)
+        zero_one = [i for i, w in enumerate(words) if w[0] == "0" and w[-1] == "1"]
+        one_zero = [i for i, w in enumerate(words) if w[0] == "1" and w[-1] == "0"]
+        if not zero_one and not one_zero:
+            both = any(w[0] == w[-1] == "0" for w in words) and any(w[0] == w[-1] == "1" for w in words)
+            out += ["-1"] if both else ["0", ""]
+            continue
+        more, fewer = sorted((zero_one, one_zero), key=len, reverse=True)
+        need = (len(more) - len(fewer)) // 2
+        picks = [i + 1 for i in more if words[i][::-1] not in present][:need]
+        out += [str(len(picks)), " ".join(map(str, picks))]
+    print("\\n".join(out))
+
+main()
+"""
+_WORDS_WRONG = """import sys
+
+data = sys.stdin.read().split()
+print("\\n".join("0\\n" for _ in range(int(data[0]))))
+"""
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +135,18 @@ def _scripts(envs: GymEnvironments, env: str) -> dict[str, list[Turn]]:
             "gold": [Turn(content=f"<think>Count them.</think>{row['expected_answer']}")],
             "wrong": [Turn(content=row["expected_answer"][::-1])],
         }
+    if env == "math_with_judge":  # math-verify on the message text; the shipped config has the judge off
+        return {
+            "gold": [Turn(content=f"<think>Casework.</think>There are \\boxed{{{row['expected_answer']}}} of them.")],
+            "wrong": [Turn(content=f"\\boxed{{{int(row['expected_answer']) + 1}}}")],
+        }
+    if env == "code_gen":  # runs the last ```python block of output_text on the row's unit tests
+        return {
+            "gold": [Turn(content=f"<think>Balance 01- and 10-words.</think>```python\n{_WORDS_GOLD}```")],
+            "wrong": [Turn(content=f"```python\n{_WORDS_WRONG}```")],
+            # An unclosed <think> stays in output_text: the reasoning-format penalty (0.0), gold code or not.
+            "think_leak": [Turn(content=f"<think>Balance them.\n```python\n{_WORDS_GOLD}```")],
+        }
     assert env == "xlam_fc"
     calls = tuple(tool(answer["name"], **answer["arguments"]) for answer in row["expected_answers"])
     return {
@@ -134,9 +186,13 @@ def _items(response: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _environment_fields(answer: dict[str, Any]) -> dict[str, Any]:
-    """What /verify decided and every field the environment added (the row's own fields too)."""
-    skipped = {"response", "responses_create_params", "ng_trajectory"}
-    return {k: v for k, v in answer.items() if k not in skipped}
+    """What /verify decided and every field the environment added (the row's own fields too),
+    but wall-clock timings (code_gen's ``unit_tests_time_taken`` and ``metadata["execution time"]``)."""
+    skipped = {"response", "responses_create_params", "ng_trajectory", "unit_tests_time_taken"}
+    fields = {k: v for k, v in answer.items() if k not in skipped}
+    if isinstance(fields.get("metadata"), dict):
+        fields["metadata"] = {k: v for k, v in fields["metadata"].items() if k != "execution time"}
+    return fields
 
 
 @pytest.mark.parametrize("env", ENVS)
@@ -155,6 +211,8 @@ async def test_gold_scores_one_wrong_scores_zero_and_simple_agent_agrees(
         assert ours.tool_calls == sum(len(t.tool_calls) for t in turns)
         assert ours.total_tool_time > 0
         assert ours.verify is not None
+        if outcome == "think_leak":  # the program passed its test; the leaked <think> alone cost the reward
+            assert ours.verify["result"] == [True] and ours.verify["reasoning_format_violation_rate"] == 1.0
 
         theirs = await _theirs(envs, env, row)
         assert theirs["reward"] == ours.reward, (env, outcome)
