@@ -1,15 +1,18 @@
 """``miles-nemogym serve``: the NeMo-Gym environment side in one command.
 
 Builds (first run, minutes) or reuses the pinned server venv, composes the
-``mini_swe_agent_2`` config for the chosen sandbox provider, starts the server, prints
-the ``NEMO_GYM_URL`` the trainer side exports, and runs until Ctrl-C or SIGTERM, then
-stops the server and its Ray (a cluster joined with ``--ray-address`` keeps running).
-``--dry-run`` prints the composed config and what the provider lacks, and starts nothing.
+``mini_swe_agent_2`` config for the chosen sandbox provider, starts the server and, with
+``--env``, each named environment's resources server next to it (``--no-swe``: those
+only), prints the ``NEMO_GYM_URL`` / ``NEMO_GYM_ENVS`` the trainer side exports, and runs
+until Ctrl-C or SIGTERM, then stops every server and the SWE server's Ray (a cluster joined
+with ``--ray-address`` keeps running). ``--dry-run`` prints what would be started and
+installed, and what is missing, and starts nothing.
 """
 
 from __future__ import annotations
 
 import math
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -17,22 +20,31 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from miles_nemogym.cli.options import SANDBOXES, metavar
+from miles_nemogym.cli.signals import interrupt_on_sigterm
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from miles_nemogym.gym.config import ServeOptions
+    from miles_nemogym.gym.environments import EnvironmentPlan, EnvironmentServers
     from miles_nemogym.gym.server import GymServer
-from miles_nemogym.cli.signals import interrupt_on_sigterm
+    from miles_nemogym.gym.venv import GymVenv
 
 _SANDBOX_HELP = (
     "Sandbox provider: a container one (what SWE-bench grading needs), or local (host subprocesses, "
     "no isolation, cannot resolve instances)."
 )
 
-_HELP = """Run the real NeMo-Gym mini_swe_agent_2 server for training or evaluation.
+_ENV_HELP = (
+    "Also serve this NeMo-Gym environment's resources server (a folder of resources_servers/ in the "
+    "nemo-gym wheel, e.g. mcqa); repeat for several. They take the ports after --port, in the order given."
+)
 
-Episodes run as Ray tasks: on a private Ray on this machine, or spread over a running
+_HELP = """Run the real NeMo-Gym mini_swe_agent_2 server for training or evaluation, and with
+--env NAME (repeatable) the resources servers of other NeMo-Gym environments next to it
+(--no-swe: only those). It prints the NEMO_GYM_URL and NEMO_GYM_ENVS the trainer exports.
+
+SWE episodes run as Ray tasks: on a private Ray on this machine, or spread over a running
 cluster with --ray-address (docs/scale-out.md). --dry-run shows the composed server config
 and what the sandbox provider still needs (credentials, binaries) without starting anything.
 
@@ -85,9 +97,18 @@ def serve(
     dry_run: Annotated[
         bool,
         typer.Option(
-            "--dry-run", help="Print the composed server config and what is missing; start and build nothing."
+            "--dry-run",
+            help="Print the composed server config, the environments and requirements it would start and "
+            "install, and what is missing; start and build nothing.",
         ),
     ] = False,
+    envs: Annotated[list[str] | None, typer.Option("--env", metavar="NAME", help=_ENV_HELP)] = None,
+    swe: Annotated[
+        bool,
+        typer.Option(
+            "--swe/--no-swe", help="Run the SWE-bench mini_swe_agent_2 server (--no-swe: only the --env ones)."
+        ),
+    ] = True,
 ) -> None:
     from pydantic import ValidationError
     from rich.console import Console
@@ -95,6 +116,7 @@ def serve(
 
     from miles_nemogym.cli.progress import step_display
     from miles_nemogym.gym.config import ServeOptions, load_provider_options
+    from miles_nemogym.gym.environments import EnvironmentServers, plan
     from miles_nemogym.gym.server import GymServer
     from miles_nemogym.gym.venv import GymEnvironmentError, ensure_gym_venv
     from miles_nemogym.validation import as_flag, problems
@@ -129,62 +151,131 @@ def serve(
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
 
+    if not swe and not envs:
+        console.print("[red]error:[/red] --no-swe serves only the --env environments; name one, e.g. --env mcqa")
+        raise typer.Exit(2)
+    try:
+        plans = plan(envs or [])
+    except GymEnvironmentError as exc:
+        console.print(f"[red]error:[/red] --env: {escape(str(exc))}", highlight=False)
+        raise typer.Exit(2) from None
+    # SWE on --port, the environments on the ports after it (0: every one free).
+    first_port = options.port + (1 if swe else 0) if options.port else 0
+    if first_port and first_port + len(plans) - 1 > 65535:
+        console.print(f"[red]error:[/red] --port: {len(plans)} environments after port {options.port} pass 65535")
+        raise typer.Exit(2)
+
     if dry_run:
         try:
-            code = _dry_run(options, state_dir, console)
+            code = _dry_run(options, state_dir, console, swe=swe, plans=plans, first_port=first_port)
         except GymEnvironmentError as exc:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2) from None
         raise typer.Exit(code)
-    if options.sandbox == "local":
+    if swe and options.sandbox == "local":
         console.print(
             "[yellow]--sandbox local runs the agent's commands on this host without isolation, and "
             "grading without the task containers cannot resolve instances (reward 0.0). Use a container "
             "provider (e.g. --sandbox docker on a Docker host) for real training.[/yellow]"
         )
-    if options.golden:
+    if swe and options.golden:
         console.print("[yellow]golden mode: no model calls; each /run applies the instance's gold patch.[/yellow]")
 
     with interrupt_on_sigterm(ctrl_c=True):
         server: GymServer | None = None
+        environments: EnvironmentServers | None = None
         try:
             with step_display(console) as progress:
-                venv = ensure_gym_venv(options.sandbox, progress=progress)
-                progress(
-                    f"starting NeMo-Gym {options.sandbox} server on {options.host}:{options.port or 'a free port'}"
-                )
-                server = GymServer(
-                    options, state_dir=state_dir, venv=venv, progress=progress, start_timeout=start_timeout
-                )
+                venv = ensure_gym_venv(options.sandbox if swe else "local", progress=progress)
+                # One state folder for every server: the environments' logs go in its environments/.
+                state = (state_dir or Path(tempfile.mkdtemp(prefix="mng-gym-"))).resolve() if plans else state_dir
                 started = time.monotonic()
-                server.start()
+                if swe:
+                    where = f"{options.host}:{options.port or 'a free port'}"
+                    progress(f"starting NeMo-Gym {options.sandbox} server on {where}")
+                    server = GymServer(
+                        options, state_dir=state, venv=venv, progress=progress, start_timeout=start_timeout
+                    )
+                    server.start()
+                if state is not None and plans:
+                    environments = EnvironmentServers(
+                        venv,
+                        plans,
+                        state_dir=state / "environments",
+                        host=options.host,
+                        first_port=first_port,
+                        progress=progress,
+                        start_timeout=start_timeout,
+                    )
+                    environments.start()
         except GymEnvironmentError as exc:
+            _stop(server, environments)
             console.print(f"[red]error:[/red] {exc}", highlight=False)
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
-            if server is not None:
-                server.stop()
+            _stop(server, environments)
             console.print("interrupted; nothing left running.")
             raise typer.Exit(130) from None
 
         try:
-            gym_url = server.advertised_url
-            console.print(
-                f"[green]NeMo-Gym mini_swe_agent_2 is serving[/green] ({options.sandbox} sandbox, concurrency "
-                f"{options.concurrency}, ready in {time.monotonic() - started:.0f} s).\n"
-                f"{_ray_line(server)}On the training node:\n\n    export NEMO_GYM_URL={gym_url}\n\n"
-                f"log: {server.log_path}\nresults: {server.state_dir}/results\nPress Ctrl-C to stop."
-            )
-            while server.is_running():
+            _print_ready(console, server, environments, time.monotonic() - started)
+            while (server is None or server.is_running()) and (environments is None or not environments.exited()):
                 time.sleep(1.0)
-            console.print(f"[red]the server exited unexpectedly[/red]; log {server.log_path}:\n{server.log_tail()}")
+            if server is not None and not server.is_running():
+                console.print(f"[red]the server exited unexpectedly[/red]; log {server.log_path}:\n{server.log_tail()}")
+            for name in environments.exited() if environments else []:
+                assert environments is not None
+                console.print(
+                    f"[red]{name} exited unexpectedly[/red]; log {environments.log_path(name)}:\n"
+                    f"{environments.log_tail(name)}",
+                    highlight=False,
+                )
             raise typer.Exit(1)
         except KeyboardInterrupt:
             joined = options.ray_address is not None
-            console.print(f"stopping the server{' (the Ray cluster keeps running)' if joined else ' and its Ray'}...")
+            ray = "" if server is None else " (the Ray cluster keeps running)" if joined else " and its Ray"
+            console.print(f"stopping the servers{ray}...")
         finally:
-            server.stop()
+            _stop(server, environments)
     console.print("stopped.")
+
+
+def _stop(server: GymServer | None, environments: EnvironmentServers | None) -> None:
+    if environments is not None:
+        environments.stop()
+    if server is not None:
+        server.stop()
+
+
+def _print_ready(
+    console: Console, server: GymServer | None, environments: EnvironmentServers | None, took: float
+) -> None:
+    """What is serving and the lines to paste on the training node (never wrapped)."""
+    import shlex
+
+    what = []
+    if server is not None:
+        options = server.options
+        what.append(
+            f"[green]NeMo-Gym mini_swe_agent_2 is serving[/green] ({options.sandbox} sandbox, "
+            f"concurrency {options.concurrency})."
+        )
+    if environments is not None:
+        names = ", ".join(f"{p.name} (port {environments.ports[p.instance]})" for p in environments.plans)
+        what.append(f"[green]NeMo-Gym environments are serving[/green]: {names}.")
+    ray = _ray_line(server) if server is not None else ""
+    console.print("\n".join(what) + f"\nReady in {took:.0f} s.\n{ray}On the training node:\n")
+    if server is not None:
+        console.print(f"    export NEMO_GYM_URL={server.advertised_url}", soft_wrap=True, highlight=False)
+    if environments is not None:
+        setting = shlex.quote(environments.setting())
+        console.print(f"    export NEMO_GYM_ENVS={setting}", soft_wrap=True, highlight=False, markup=False)
+    logs = []
+    if server is not None:
+        logs.append(f"log: {server.log_path}\nresults: {server.state_dir}/results")
+    if environments is not None:
+        logs.append(f"environments' logs: {environments.state_dir}/<name>.log")
+    console.print("\n" + "\n".join(logs) + "\nPress Ctrl-C to stop.", highlight=False)
 
 
 def _ray_line(server: GymServer) -> str:
@@ -195,8 +286,17 @@ def _ray_line(server: GymServer) -> str:
     return f"Episodes run on the Ray cluster at {server.options.ray_address}: {len(nodes)} nodes, {cpus:g} CPUs.\n"
 
 
-def _dry_run(options: ServeOptions, state_dir: Path | None, console: Console) -> int:
-    """Print the composed config (stdout) and what is missing (stderr); 1 when something is."""
+def _dry_run(
+    options: ServeOptions,
+    state_dir: Path | None,
+    console: Console,
+    *,
+    swe: bool,
+    plans: list[EnvironmentPlan],
+    first_port: int,
+) -> int:
+    """Print the composed SWE config (stdout), the environments' plan and what is missing
+    (stderr); 1 when something is."""
     import yaml
     from rich.markup import escape
 
@@ -204,36 +304,73 @@ def _dry_run(options: ServeOptions, state_dir: Path | None, console: Console) ->
     from miles_nemogym.gym.cluster import unreachable
     from miles_nemogym.gym.config import planned_config
     from miles_nemogym.gym.server import free_port
-    from miles_nemogym.gym.venv import READY_MARKER, GymEnvironmentError, find_gym_python, gym_venv_root, venv_key
+    from miles_nemogym.gym.venv import GymEnvironmentError, cached_gym_venv, find_gym_python
 
-    port = options.port or free_port(options.host)
-    config = planned_config(options, port, state_dir.resolve() if state_dir else Path("<state-dir>"))
-    print(f"# miles-nemogym serve --sandbox {options.sandbox} --dry-run: nothing was started.")
-    print("# The server config: nemo-gym's shipped configs and serve's options (secrets hidden).")
-    print(yaml.safe_dump(providers.redacted(config), sort_keys=False), end="")
-    missing = providers.missing(options.sandbox, config)
-    venv = gym_venv_root() / venv_key(options.sandbox)
-    if (venv / READY_MARKER).is_file():
-        console.print(f"server environment: {escape(str(venv))}", highlight=False)
+    missing: list[str] = []
+    if swe:
+        port = options.port or free_port(options.host)
+        config = planned_config(options, port, state_dir.resolve() if state_dir else Path("<state-dir>"))
+        print(f"# miles-nemogym serve --sandbox {options.sandbox} --dry-run: nothing was started.")
+        print("# The server config: nemo-gym's shipped configs and serve's options (secrets hidden).")
+        print(yaml.safe_dump(providers.redacted(config), sort_keys=False), end="")
+        missing = providers.missing(options.sandbox, config)
+    venv = cached_gym_venv(options.sandbox if swe else "local")
+    if venv is not None:
+        console.print(f"server environment: {escape(str(venv.path))}", highlight=False)
     else:
         try:
             python = find_gym_python()
             console.print(f"server environment: built on the first serve (2-5 minutes) with {python}", highlight=False)
         except GymEnvironmentError as exc:
             missing.append(str(exc).splitlines()[0])
-    if options.ray_address:
+    if swe and options.ray_address:
         refused = unreachable(options.ray_address)
         if refused:
             missing.append(f"a Ray cluster at {options.ray_address} (cannot connect: {refused})")
         else:
             console.print(f"Ray: joins {options.ray_address} (each node is checked when serve starts)", highlight=False)
+    if plans:
+        _plan_environments(plans, options.host, first_port, venv, console)
+    what = f"the {options.sandbox} sandbox" if swe else "the environments"
     if not missing:
-        console.print(f"[green]nothing missing for the {options.sandbox} sandbox.[/green]")
+        console.print(f"[green]nothing missing for {what}.[/green]")
         return 0
-    console.print(f"[red]missing for the {options.sandbox} sandbox:[/red]")
+    console.print(f"[red]missing for {what}:[/red]")
     for line in missing:
         console.print(f"  - {escape(line)}", highlight=False)
     return 1
+
+
+def _plan_environments(
+    plans: list[EnvironmentPlan], host: str, first_port: int, venv: GymVenv | None, console: Console
+) -> None:
+    """Which resources servers would start where, what they would install, and the setting."""
+    from miles_nemogym.gym.environments import missing_requirements, overlay_path, overlay_python, setting
+    from miles_nemogym.gym.server import advertised_url
+
+    console.print("environments (each a resources server run from the server environment):", highlight=False)
+    urls = {}
+    for index, p in enumerate(plans):
+        port = first_port + index if first_port else None
+        urls[p.name] = advertised_url(host, port) if port else f"http://{host}:<free port>"
+        steps = f", max_steps {p.max_steps}" if p.max_steps else ""
+        where = f"port {port}" if port else "a free port"
+        console.print(f"  {p.name}: server {p.instance} from {p.config}, on {where}{steps}", highlight=False)
+    lines = sorted({line for p in plans for line in p.requirements})
+    if not lines:
+        said = "none beyond nemo-gym"
+    elif venv is None:
+        said = f"{', '.join(lines)}; the ones the server environment lacks are installed on the first serve"
+    else:
+        needed = missing_requirements(venv, plans)
+        if not needed:
+            said = f"{', '.join(lines)}, all in the server environment"
+        elif overlay_python(venv, needed):
+            said = f"{', '.join(needed)} installed in {overlay_path(venv, needed)} (cached)"
+        else:
+            said = f"installs {', '.join(needed)} into {overlay_path(venv, needed)} on the first serve (once)"
+    console.print(f"requirements: {said}", highlight=False, soft_wrap=True)
+    console.print(f"NEMO_GYM_ENVS='{setting(plans, urls)}'", highlight=False, markup=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -226,24 +226,28 @@ print("\\n" + json.dumps({"yaml": OmegaConf.to_yaml(parsed)}))
 """
 
 
-def compose_config_yaml(options: ServeOptions, venv: GymVenv, port: int, state_dir: Path) -> str:
-    """The ``NEMO_GYM_CONFIG_DICT`` value for these options (nemo-gym's parser, in ``venv``)."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    payload = overrides(options, port, state_dir)
-    payload["config_paths"] = [str(p) for p in config_paths(options, venv.site_packages)]
+def parse_config(venv: GymVenv, payload: dict[str, Any], cwd: Path, what: str) -> str:
+    """``payload`` (``config_paths`` plus overrides) through nemo-gym's own parser in ``venv``, as
+    the YAML each server process gets in ``NEMO_GYM_CONFIG_DICT``; ``what`` names it in errors."""
     done = subprocess.run(
         [str(venv.python), "-c", _COMPOSER],
         input=json.dumps(payload),
         capture_output=True,
         text=True,
-        cwd=state_dir,
+        cwd=cwd,
         timeout=300,
         check=False,
     )
     if done.returncode != 0:
-        raise GymEnvironmentError(
-            f"nemo-gym rejected the server config for sandbox {options.sandbox!r}:\n{done.stderr.strip()[-3000:]}"
-        )
+        raise GymEnvironmentError(f"nemo-gym rejected the {what}:\n{done.stderr.strip()[-3000:]}")
     last = done.stdout.strip().splitlines()[-1]
     composed: str = json.loads(last)["yaml"]
     return composed
+
+
+def compose_config_yaml(options: ServeOptions, venv: GymVenv, port: int, state_dir: Path) -> str:
+    """The ``NEMO_GYM_CONFIG_DICT`` value for these options (nemo-gym's parser, in ``venv``)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    payload = overrides(options, port, state_dir)
+    payload["config_paths"] = [str(p) for p in config_paths(options, venv.site_packages)]
+    return parse_config(venv, payload, state_dir, f"server config for sandbox {options.sandbox!r}")

@@ -31,7 +31,7 @@ from miles_nemogym.gym.providers import node_binaries
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, ensure_gym_venv
 from miles_nemogym.hosts import bracket, connect_host, is_wildcard
 
-_MARKER_ENV = "MILES_NEMOGYM_GYM_SERVER_ID"
+MARKER_ENV = "MILES_NEMOGYM_GYM_SERVER_ID"
 """Set in the server's environment; inherited by Ray, so stragglers can be found."""
 
 # Variables of the caller that would redirect the server or its Ray elsewhere.
@@ -69,8 +69,8 @@ def _default_route_address() -> str:
 
 
 def _pids_with_marker(marker: str) -> list[int]:
-    """Processes (Linux ``/proc``) whose environment carries ``_MARKER_ENV=marker``."""
-    needle = f"{_MARKER_ENV}={marker}".encode()
+    """Processes (Linux ``/proc``) whose environment carries ``MARKER_ENV=marker``."""
+    needle = f"{MARKER_ENV}={marker}".encode()
     found: list[int] = []
     proc = Path("/proc")
     if not proc.is_dir():
@@ -84,10 +84,24 @@ def _pids_with_marker(marker: str) -> list[int]:
     return found
 
 
-def _kill(pids: list[int], sig: signal.Signals) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
+def kill_marked(marker: str) -> None:
+    """SIGKILL every process whose environment carries ``MARKER_ENV=marker`` (what outlived its
+    process group, e.g. Ray's daemons), until none is left or 5 s passed."""
+    for _ in range(20):
+        stragglers = _pids_with_marker(marker)
+        if not stragglers:
+            return
+        for pid in stragglers:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.25)
+
+
+def advertised_url(host: str, port: int) -> str:
+    """The URL to give other machines for a server bound to ``host``: the host as a client here
+    dials it, or this machine's routed address when the server listens on every interface."""
+    shown = bracket(_default_route_address()) if is_wildcard(host) else connect_host(host)
+    return f"http://{shown}:{port}"
 
 
 class GymServer:
@@ -135,9 +149,9 @@ class GymServer:
     def advertised_url(self) -> str:
         """The ``NEMO_GYM_URL`` to give trainers: :attr:`url`, or this machine's routed address
         when the server listens on every interface."""
-        if not is_wildcard(self.options.host) or self.port is None:
-            return self.url
-        return f"http://{bracket(_default_route_address())}:{self.port}"
+        if self.port is None:
+            raise GymServerError("the server is not started")
+        return advertised_url(self.options.host, self.port)
 
     @property
     def log_path(self) -> Path:
@@ -190,7 +204,7 @@ class GymServer:
                 "NEMO_GYM_CONFIG_PATH": SERVER_NAME,
                 "PYTHONPATH": str(self.venv.agent_dir),
                 "PYTHONUNBUFFERED": "1",
-                _MARKER_ENV: self._marker,
+                MARKER_ENV: self._marker,
                 # Ray: no usage report, own temp; a private Ray is on loopback with no
                 # auth tokens to manage (a joined cluster keeps the caller's RAY_AUTH_MODE).
                 "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
@@ -315,12 +329,7 @@ class GymServer:
                 os.killpg(process.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=5)
-            for _ in range(20):
-                stragglers = _pids_with_marker(self._marker)
-                if not stragglers:
-                    break
-                _kill(stragglers, signal.SIGKILL)
-                time.sleep(0.25)
+            kill_marked(self._marker)
             self._remove_short_tmp()
             _LIVE.discard(self)
 

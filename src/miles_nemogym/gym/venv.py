@@ -511,6 +511,11 @@ def build_and_publish(root: Path, key: str, build: Callable[[Path], None]) -> Pa
     return build_dir
 
 
+def cached_gym_venv(sandbox: str = "local") -> GymVenv | None:
+    """The server venv for ``sandbox`` when it is built; never builds."""
+    return _load_ready(gym_venv_root() / venv_key(sandbox))
+
+
 def ensure_gym_venv(
     sandbox: str = "local",
     progress: Progress | None = None,

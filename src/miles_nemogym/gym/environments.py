@@ -1,0 +1,494 @@
+"""NeMo-Gym resources servers (``mcqa``, ``xlam_fc``, ...) started from the cached server venv.
+
+An environment is a folder ``resources_servers/<name>`` of the pinned wheel. Its config is its
+shipped ``configs/<name>.yaml`` (else its only config), composed with the others by nemo-gym's
+own parser; each server process gets the whole config in ``NEMO_GYM_CONFIG_DICT`` and its
+instance name in ``NEMO_GYM_CONFIG_PATH``, so the servers need no head server. Requirements an
+environment lists beyond nemo-gym, and the server venv lacks, go into an overlay venv cached by
+that set of lines. Why and what it costs: docs/environments.md, "Serving environments".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import hashlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+import zipfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from miles_nemogym.gym import wheel as gym_wheel
+from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config
+from miles_nemogym.gym.server import MARKER_ENV, advertised_url, free_port, kill_marked
+from miles_nemogym.gym.venv import (
+    BuildLines,
+    GymEnvironmentError,
+    GymVenv,
+    Progress,
+    _locked,
+    _run,
+    build_and_publish,
+    gym_venv_root,
+)
+from miles_nemogym.hosts import connect_host
+
+__all__ = [
+    "EnvironmentPlan",
+    "EnvironmentServers",
+    "UnknownEnvironmentError",
+    "environment_python",
+    "missing_requirements",
+    "overlay_path",
+    "overlay_python",
+    "plan",
+    "setting",
+    "shipped_environments",
+]
+
+_GROUP = "resources_servers"
+_DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "RAY_ADDRESS", "NEMO_GYM_CONFIG_DICT")
+_READY = "miles-nemogym-envs.json"
+# A plain PyPI requirement: a name, optional extras, version specifiers and an environment marker.
+_PYPI_LINE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\s*(\[[A-Za-z0-9._,\s-]*\])?\s*([<>=!~][^;@]*)?(;[^@]*)?")
+
+# Runs in the server venv: which requirement lines its installed distributions already satisfy.
+_SATISFIED = """
+import json, sys
+from importlib.metadata import PackageNotFoundError, version
+from packaging.requirements import Requirement
+out = []
+for line in json.loads(sys.stdin.read()):
+    req = Requirement(line)
+    if req.marker is not None and not req.marker.evaluate():
+        out.append(True)
+        continue
+    try:
+        out.append(not req.extras and req.specifier.contains(version(req.name), prereleases=True))
+    except PackageNotFoundError:
+        out.append(False)
+print("\\n" + json.dumps(out))
+"""
+
+
+class UnknownEnvironmentError(GymEnvironmentError):
+    """An environment name the pinned nemo-gym does not ship."""
+
+
+@dataclass(frozen=True)
+class EnvironmentPlan:
+    """One environment as the wheel ships it."""
+
+    name: str
+    config: str
+    """The config file, relative to site-packages."""
+    instance: str
+    """The config's top-level key holding the resources server (its ``NEMO_GYM_CONFIG_PATH``)."""
+    requirements: tuple[str, ...]
+    """``requirements.txt`` lines beyond nemo-gym itself."""
+    max_steps: int | None
+    """``max_steps`` of the ``simple_agent`` the config pairs with it, if set."""
+
+
+def shipped_environments() -> list[str]:
+    """Every resources server the pinned wheel ships (a ``resources_servers/<name>/app.py``)."""
+    with zipfile.ZipFile(gym_wheel.wheel_path()) as archive:
+        names = {
+            parts[1]
+            for parts in (member.split("/") for member in archive.namelist())
+            if len(parts) == 3 and parts[0] == _GROUP and parts[2] == "app.py"
+        }
+    return sorted(names)
+
+
+def _config_member(name: str, members: Sequence[str]) -> str:
+    folder = f"{_GROUP}/{name}/configs/"
+    found = sorted(m for m in members if m.startswith(folder) and m.endswith(".yaml") and m.count("/") == 3)
+    named = f"{folder}{name}.yaml"
+    if named in found:
+        return named
+    if len(found) == 1:
+        return found[0]
+    raise GymEnvironmentError(
+        f"environment {name!r}: nemo-gym ships {len(found)} configs in {folder} "
+        f"({', '.join(m.rsplit('/', 1)[1] for m in found) or 'none'}) and none is named {name}.yaml; "
+        "this package cannot tell which one to serve"
+    )
+
+
+def _requirement_lines(name: str, text: str) -> tuple[str, ...]:
+    """The lines beyond nemo-gym; a line that needs more than PyPI is refused, naming it."""
+    lines: list[str] = []
+    for raw in text.splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        if re.match(r"(-e\s+)?nemo[-_]gym\b", line) or re.fullmatch(r"-e\s+\.\./\.\./?", line):
+            continue  # nemo-gym itself (the wheel's own folder, two levels up)
+        if "://" in line or " @ " in line or line.startswith("-") or not _PYPI_LINE.fullmatch(line):
+            raise GymEnvironmentError(
+                f"environment {name!r}: its requirements.txt line {line!r} needs more than PyPI (a URL, a git "
+                "repository or a pip option); this package installs PyPI requirements only, so it cannot serve "
+                f"{name!r}. Run it with NeMo-Gym's own tooling, where that network access is allowed."
+            )
+        lines.append(line)
+    return tuple(lines)
+
+
+def _instance(name: str, config: Mapping[str, Any]) -> tuple[str, int | None]:
+    """The instance (top-level key) serving ``name``, and the ``max_steps`` of its ``simple_agent``."""
+    instances = [
+        key
+        for key, entry in config.items()
+        if isinstance(entry, dict) and isinstance(entry.get(_GROUP), dict) and name in entry[_GROUP]
+    ]
+    if len(instances) != 1:
+        raise GymEnvironmentError(f"environment {name!r}: its config holds {len(instances)} {name} resources servers")
+    for entry in config.values():
+        agent = (entry.get("responses_api_agents") or {}).get("simple_agent") if isinstance(entry, dict) else None
+        if isinstance(agent, dict) and (agent.get("resources_server") or {}).get("name") == instances[0]:
+            steps = agent.get("max_steps")
+            return instances[0], steps if isinstance(steps, int) else None
+    return instances[0], None
+
+
+def plan(names: Sequence[str]) -> list[EnvironmentPlan]:
+    """``names`` (duplicates dropped) as the wheel ships them; an unknown name lists close matches."""
+    if not names:
+        return []
+    shipped = shipped_environments()
+    unknown = [n for n in names if n not in shipped]
+    if unknown:
+        lines = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, shipped, n=5, cutoff=0.5)
+            hint = f"did you mean {', '.join(close)}?" if close else "no shipped environment has a similar name"
+            lines.append(f"{name!r} is not an environment nemo-gym ships ({hint})")
+        raise UnknownEnvironmentError(
+            "; ".join(lines) + f". The {len(shipped)} shipped environments are the folders of resources_servers/ "
+            "in the nemo-gym wheel."
+        )
+    plans = []
+    with zipfile.ZipFile(gym_wheel.wheel_path()) as archive:
+        members = archive.namelist()
+        for name in dict.fromkeys(names):
+            config = _config_member(name, members)
+            requirements = f"{_GROUP}/{name}/requirements.txt"
+            text = archive.read(requirements).decode("utf-8") if requirements in members else ""
+            instance, steps = _instance(name, yaml.safe_load(archive.read(config)) or {})
+            plans.append(EnvironmentPlan(name, config, instance, _requirement_lines(name, text), steps))
+    return plans
+
+
+def setting(plans: Sequence[EnvironmentPlan], urls: Mapping[str, str]) -> str:
+    """The ``NEMO_GYM_ENVS`` value: each environment's URL, with ``max_steps`` where its config sets it."""
+    value: dict[str, Any] = {
+        p.name: {"url": urls[p.name], "max_steps": p.max_steps} if p.max_steps else urls[p.name] for p in plans
+    }
+    return json.dumps(value)
+
+
+# ----------------------------------------------------------------------------- requirements
+
+
+def missing_requirements(gym: GymVenv, plans: Sequence[EnvironmentPlan]) -> list[str]:
+    """The requirement lines of ``plans`` the server venv does not satisfy (sorted, unique)."""
+    return _unsatisfied(gym.python, sorted({line for p in plans for line in p.requirements}))
+
+
+def _unsatisfied(python: Path, lines: list[str]) -> list[str]:
+    if not lines:
+        return []
+    done = subprocess.run(
+        [str(python), "-c", _SATISFIED],
+        input=json.dumps(lines),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k not in _DROPPED_ENV},
+    )
+    if done.returncode != 0:
+        raise GymEnvironmentError(f"could not read the requirements {lines}: {done.stderr.strip()[-2000:]}")
+    satisfied = json.loads(done.stdout.strip().splitlines()[-1])
+    return [line for line, ok in zip(lines, satisfied, strict=True) if not ok]
+
+
+def overlay_path(gym: GymVenv, requirements: Sequence[str]) -> Path:
+    """Where the overlay venv for ``requirements`` on top of ``gym`` is cached."""
+    digest = hashlib.sha256("\n".join(sorted(set(requirements))).encode()).hexdigest()[:12]
+    return gym_venv_root() / f"{gym.path.name}.envs-{digest}"
+
+
+def overlay_python(gym: GymVenv, requirements: Sequence[str]) -> Path | None:
+    """The cached overlay venv's interpreter for ``requirements``, if built (never builds)."""
+    return _ready_python(overlay_path(gym, requirements))
+
+
+def _ready_python(link: Path) -> Path | None:
+    python = link / "bin" / "python"
+    return python if (link / _READY).is_file() and python.exists() else None
+
+
+def _build_overlay(gym: GymVenv, requirements: Sequence[str], target: Path, log: Path, progress: Progress) -> None:
+    python = target / "bin" / "python"
+    _run([str(gym.python), "-m", "venv", str(target)], progress, "python -m venv", log_path=log)
+    where = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    # The server venv stays where it is: the overlay sees its packages after its own.
+    site_packages = Path(where.stdout.strip())
+    (site_packages / "miles_nemogym_gym.pth").write_text(f"import site; site.addsitedir({str(gym.site_packages)!r})\n")
+    progress(f"installing {', '.join(requirements)}")
+    pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input", *requirements]
+    _run(pip, progress, "pip install of the environments' requirements", log_path=log)
+    left = _unsatisfied(python, list(requirements))
+    if left:
+        raise GymEnvironmentError(f"after installing, the overlay venv still lacks {left}; pip's log: {log}")
+    marker = {"gym": gym.path.name, "requirements": list(requirements)}
+    (target / _READY).write_text(json.dumps(marker, indent=2))
+
+
+def environment_python(gym: GymVenv, plans: Sequence[EnvironmentPlan], progress: Progress | None = None) -> Path:
+    """The interpreter that runs these environments: the server venv's when it has every
+    requirement, else the overlay venv's for the missing ones (built once, file-locked)."""
+    report = progress or BuildLines("gym-envs")
+    requirements = missing_requirements(gym, plans)
+    if not requirements:
+        return gym.python
+    link = overlay_path(gym, requirements)
+    ready = _ready_python(link)
+    if ready:
+        report(f"using the cached environments' requirements {link}")
+        return ready
+    root = link.parent
+    with _locked(root / f"{link.name}.lock"):
+        ready = _ready_python(link)
+        if ready:
+            return ready
+        log = root / f"{link.name}.build.log"
+        log.unlink(missing_ok=True)
+        report(f"installing the environments' requirements into {link} (once; pip's log: {log})")
+        started = time.monotonic()
+        build_and_publish(root, link.name, lambda target: _build_overlay(gym, requirements, target, log, report))
+    ready = _ready_python(link)
+    if ready is None:
+        raise GymEnvironmentError(f"the overlay venv built for {requirements} is not usable through {link}")
+    report(f"environments' requirements ready (installed in {time.monotonic() - started:.0f} s): {link}")
+    return ready
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+def _port_taken(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError:
+            return True
+    return False
+
+
+class EnvironmentServers:
+    """The resources servers of ``plans`` as child processes; ``start(also=...)`` adds other
+    instances of the same composed config (e.g. a ``simple_agent``). Logs go to
+    ``state_dir/<instance>.log``."""
+
+    def __init__(
+        self,
+        gym: GymVenv,
+        plans: Sequence[EnvironmentPlan],
+        *,
+        state_dir: Path,
+        host: str = "127.0.0.1",
+        first_port: int = 0,
+        policy_base_url: str = PLACEHOLDER_POLICY_URL,
+        progress: Progress | None = None,
+        start_timeout: float = 180.0,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.gym = gym
+        self.plans = list(plans)
+        self.state_dir = state_dir
+        self.host = host
+        self.first_port = first_port
+        self.policy_base_url = policy_base_url
+        self.start_timeout = start_timeout
+        self._progress = progress or BuildLines("gym-envs")
+        self._extra_env = dict(extra_env or {})
+        self._marker = uuid.uuid4().hex
+        self.config: dict[str, Any] = {}
+        """The composed config (after ``start``)."""
+        self.ports: dict[str, int] = {}
+        """Instance name -> port of every started process."""
+        self._processes: dict[str, subprocess.Popen[bytes]] = {}
+
+    def urls(self, advertised: bool = False) -> dict[str, str]:
+        """Environment name -> its resources server's base URL (``advertised``: for other machines)."""
+        return {
+            p.name: advertised_url(self.host, self.ports[p.instance])
+            if advertised
+            else f"http://{connect_host(self.host)}:{self.ports[p.instance]}"
+            for p in self.plans
+        }
+
+    def setting(self) -> str:
+        """The ``NEMO_GYM_ENVS`` value for trainers on other machines."""
+        return setting(self.plans, self.urls(advertised=True))
+
+    def log_path(self, instance: str) -> Path:
+        return self.state_dir / f"{instance}.log"
+
+    def log_tail(self, instance: str, lines: int = 40) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path(instance).read_text(errors="replace").splitlines()[-lines:])
+        return "(no log)"
+
+    def exited(self) -> list[str]:
+        """Started instances whose process has exited."""
+        return [name for name, process in self._processes.items() if process.poll() is not None]
+
+    def compose(self) -> dict[str, Any]:
+        """The config every server gets, composed by nemo-gym's parser (once; ``start`` reuses it)."""
+        if self.config:
+            return self.config
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        sp = self.gym.site_packages
+        payload: dict[str, Any] = {
+            "config_paths": [str(sp / p.config) for p in self.plans] + [str(sp / MODEL_CONFIG)],
+            "policy_base_url": self.policy_base_url,
+            "policy_api_key": "unused",
+            "policy_model_name": "policy",
+        }
+        composed = yaml.safe_load(parse_config(self.gym, payload, self.state_dir, "environments' config"))
+        if not isinstance(composed, dict):
+            raise GymEnvironmentError(f"nemo-gym's parser returned no config for {[p.name for p in self.plans]}")
+        self.config = composed
+        return composed
+
+    def _where(self, instance: str) -> tuple[str, str]:
+        """(group, kind) of a composed instance: its app is ``<site-packages>/<group>/<kind>/app.py``."""
+        entry = self.config.get(instance)
+        if not isinstance(entry, dict) or len(entry) != 1:
+            raise GymEnvironmentError(f"the composed config has no server instance {instance!r}")
+        group, kinds = next(iter(entry.items()))
+        if not isinstance(kinds, dict) or len(kinds) != 1:
+            raise GymEnvironmentError(f"the composed config's {instance!r} is not one server")
+        return str(group), str(next(iter(kinds)))
+
+    def start(self, also: Sequence[str] = ()) -> EnvironmentServers:
+        """Install what the environments need, compose, start every server, wait until each answers."""
+        python = environment_python(self.gym, self.plans, self._progress)
+        self.compose()
+        names = [p.instance for p in self.plans]
+        for index, name in enumerate([*names, *also]):
+            group, kind = self._where(name)
+            block = self.config[name][group][kind]
+            if self.first_port and name in names:
+                port = self.first_port + index
+                if _port_taken(self.host, port):
+                    raise GymEnvironmentError(
+                        f"port {port} on {self.host} (for environment {self.plans[index].name!r}) is taken; "
+                        "give another --port, or --port 0 for free ports"
+                    )
+            else:
+                port = free_port(self.host)
+            block["host"], block["port"] = self.host, port
+            self.ports[name] = port
+        text = yaml.safe_dump(self.config)
+        self._progress(f"starting {len(self.ports)} servers: {', '.join(self.ports)}")
+        try:
+            for name in self.ports:
+                group, kind = self._where(name)
+                self._spawn(python, name, self.gym.site_packages / group / kind, text)
+            # Start-up is import-bound: waiting on each in turn takes as long as the slowest.
+            deadline = time.monotonic() + self.start_timeout
+            for name in self.ports:
+                self._wait(name, deadline)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn(self, python: Path, name: str, folder: Path, config_yaml: str) -> None:
+        tmp = self.state_dir / "tmp"
+        tmp.mkdir(exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
+        env.update(
+            {
+                "NEMO_GYM_CONFIG_DICT": config_yaml,
+                "NEMO_GYM_CONFIG_PATH": name,
+                "PYTHONPATH": str(folder),
+                "PYTHONUNBUFFERED": "1",
+                "TMPDIR": str(tmp),
+                "PIP_NO_INDEX": "1",
+                "RAY_USAGE_STATS_ENABLED": "0",
+                MARKER_ENV: self._marker,
+                **self._extra_env,
+            }
+        )
+        with self.log_path(name).open("ab") as log:
+            self._processes[name] = subprocess.Popen(
+                [str(python), str(folder / "app.py")],
+                cwd=self.state_dir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # stop() signals it and its children as one group
+            )
+
+    def _wait(self, name: str, deadline: float) -> None:
+        url = f"http://{connect_host(self.host)}:{self.ports[name]}/openapi.json"
+        while True:
+            if self._processes[name].poll() is not None:
+                raise GymEnvironmentError(
+                    f"{name} exited during start; log {self.log_path(name)}:\n{self.log_tail(name)}"
+                )
+            try:
+                with urllib.request.urlopen(url, timeout=5):
+                    return
+            except urllib.error.HTTPError:
+                return  # any HTTP answer means it is serving
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise GymEnvironmentError(
+                    f"{name} did not answer within {self.start_timeout:.0f} s; "
+                    f"log {self.log_path(name)}:\n{self.log_tail(name)}"
+                )
+            time.sleep(0.3)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM each server's process group, SIGKILL what is left; idempotent."""
+        for process in self._processes.values():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for process in self._processes.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=5)
+        if self._processes:
+            kill_marked(self._marker)
+        self._processes.clear()
