@@ -11,13 +11,18 @@ parity tests.
 from __future__ import annotations
 
 import json
+import shutil
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from miles_nemogym.gym.environments import EnvironmentServers, plan
-from miles_nemogym.gym.venv import BuildLines, GymVenv
+from miles_nemogym.gym.venv import BuildLines, GymEnvironmentError, GymVenv
 
 MODEL = "policy_model"
+# What ray.init raises when the node it started did not register in time (code_gen's private Ray).
+_RAY_NODE_TIMEOUT = "The current node timed out during startup"
 
 
 class GymEnvironments:
@@ -30,6 +35,7 @@ class GymEnvironments:
         self.state_dir = state_dir
         self._servers: EnvironmentServers | None = None
         self._agents: dict[str, str] = {}
+        self._short_tmp: Path | None = None
 
     @property
     def servers(self) -> EnvironmentServers:
@@ -47,15 +53,38 @@ class GymEnvironments:
         path = self.venv.site_packages / "resources_servers" / env / "data" / "example.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
-    def start(self) -> GymEnvironments:
+    def _environment(self) -> dict[str, str]:
+        # Unix socket paths stay below ~107 bytes: code_gen's Ray puts its sockets ~70 bytes
+        # below RAY_TMPDIR, so pytest's deep tmp_path gets a short temp folder, removed on stop.
+        # That private Ray has no auth token to write into ~/.ray.
+        if self._short_tmp is None:
+            self._short_tmp = Path(tempfile.mkdtemp(prefix="mng-envs-", dir="/tmp"))
+        tmp = str(self._short_tmp)
+        return {"HF_HUB_OFFLINE": "1", "TMPDIR": tmp, "RAY_TMPDIR": tmp, "RAY_AUTH_MODE": "disabled"}
+
+    def start(self, attempts: int = 2) -> GymEnvironments:
+        """Start every server; again (all of them) if a Ray the start-up began missed its
+        fixed 30 s to register its node, which a loaded 2-core machine can make it miss."""
+        attempt = 1
+        while True:
+            try:
+                return self._start()
+            except GymEnvironmentError as error:
+                if attempt >= attempts or _RAY_NODE_TIMEOUT not in str(error):
+                    raise
+                print(f"[gym-envs] starting again: {str(error).splitlines()[0]}", file=sys.__stderr__, flush=True)
+                attempt += 1
+
+    def _start(self) -> GymEnvironments:
         plans = plan(self.envs)
+        self._agents = {}
         self._servers = EnvironmentServers(
             self.venv,
             plans,
             state_dir=self.state_dir,
             policy_base_url=self.policy_v1_url,
             progress=BuildLines("gym-envs"),
-            extra_env={"HF_HUB_OFFLINE": "1"},
+            extra_env=self._environment(),
         )
         # Each environment's simple_agent: the composed config's agent naming its resources server.
         # The config is only known once composed, so the agents are found through a first compose.
@@ -75,3 +104,6 @@ class GymEnvironments:
     def stop(self) -> None:
         if self._servers is not None:
             self._servers.stop()
+        if self._short_tmp is not None:
+            shutil.rmtree(self._short_tmp, ignore_errors=True)
+            self._short_tmp = None
