@@ -7,6 +7,7 @@ and a stand-in Python 3.13 for the interpreter search.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import zipfile
@@ -20,6 +21,7 @@ from typer.testing import CliRunner, Result
 from miles_nemogym.cli.main import app
 from miles_nemogym.gym.config import AGENT_CONFIG, SANDBOXES, SERVER_NAME, provider_config_path
 from miles_nemogym.gym.wheel import wheel_path
+from miles_nemogym.settings import Settings
 from tests.support.ports import free_port
 from tests.support.scripts import shell_script
 
@@ -196,3 +198,47 @@ def test_agent_config_comes_from_the_wheel(bare_host: Path) -> None:
     agent = config[SERVER_NAME]["responses_api_agents"][SERVER_NAME]
     assert agent["sandbox_spec"] == shipped["sandbox_spec"]
     assert agent["sandbox_environment_kwargs"] == shipped["sandbox_environment_kwargs"]
+
+
+def _environments_printed(stderr: str) -> tuple[list[str], str]:
+    """The environment lines and the ``NEMO_GYM_ENVS`` value a dry run printed."""
+    lines = stderr.splitlines()
+    start = lines.index("environments (each a resources server run from the server environment):")
+    servers = [line.strip() for line in lines[start + 1 :] if line.startswith("  ") and not line.startswith("  - ")]
+    setting = next(line for line in lines if line.startswith("NEMO_GYM_ENVS="))
+    return servers, setting.removeprefix("NEMO_GYM_ENVS=").strip("'")
+
+
+def test_dry_run_with_environments_shows_servers_ports_requirements_and_the_setting(bare_host: Path) -> None:
+    result, config, missing = _dry_run("local", "--env", "math_with_judge", "--env", "workplace_assistant")
+    assert (result.exit_code, missing) == (0, [])
+    assert config[SERVER_NAME]["responses_api_agents"][SERVER_NAME]["port"] == 23456  # SWE as without --env
+    servers, setting = _environments_printed(result.stderr)
+    assert servers == [
+        "math_with_judge: server math_with_judge from resources_servers/math_with_judge/configs/math_with_judge.yaml, "
+        "on port 23457",
+        "workplace_assistant: server workplace_assistant from "
+        "resources_servers/workplace_assistant/configs/workplace_assistant.yaml, on port 23458, max_steps 6",
+    ]
+    assert (
+        "requirements: datasets, math-verify==0.8.0; the ones the server environment lacks are installed on the "
+        "first serve" in result.stderr
+    )
+    environments = Settings.from_env({"NEMO_GYM_ENVS": setting}).environments
+    assert environments["math_with_judge"].url == "http://127.0.0.1:23457"
+    assert (environments["workplace_assistant"].url, environments["workplace_assistant"].max_steps) == (
+        "http://127.0.0.1:23458",
+        6,
+    )
+    assert not (bare_host / "gym-venv").exists()
+
+
+def test_dry_run_of_environments_only_starts_them_from_the_port(bare_host: Path) -> None:
+    result = CliRunner().invoke(app, ["serve", "--no-swe", "--env", "xlam_fc", "--port", "23456", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == ""  # no SWE server config
+    servers, setting = _environments_printed(result.stderr)
+    assert servers == ["xlam_fc: server xlam_fc from resources_servers/xlam_fc/configs/xlam_fc.yaml, on port 23456"]
+    assert "requirements: none beyond nemo-gym" in result.stderr
+    assert "nothing missing for the environments." in result.stderr
+    assert json.loads(setting) == {"xlam_fc": "http://127.0.0.1:23456"}

@@ -10,15 +10,19 @@ parity tests.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from miles_nemogym.gym.environments import EnvironmentServers, plan
-from miles_nemogym.gym.venv import BuildLines, GymEnvironmentError, GymVenv
+from miles_nemogym.gym.venv import BuildLines, GymEnvironmentError, GymPythonNotFoundError, GymVenv, ensure_gym_venv
 
 MODEL = "policy_model"
 # What ray.init raises when the node it started did not register in time (code_gen's private Ray).
@@ -109,3 +113,18 @@ class GymEnvironments:
         if self._short_tmp is not None:
             shutil.rmtree(self._short_tmp, ignore_errors=True)
             self._short_tmp = None
+
+
+@contextlib.contextmanager
+def running_environments(envs: list[str], policy_v1_url: str, state_dir: Path) -> Iterator[GymEnvironments]:
+    """``envs`` started from the cached server venv (built first if needed), stopped after."""
+    try:
+        venv = ensure_gym_venv(progress=lambda line: print(f"[gym-venv] {line}", file=sys.__stderr__, flush=True))
+    except GymPythonNotFoundError as error:
+        pytest.fail(str(error), pytrace=False)
+    servers = GymEnvironments(venv, envs, policy_v1_url, state_dir)
+    servers.start()
+    try:
+        yield servers
+    finally:
+        servers.stop()

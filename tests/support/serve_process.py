@@ -1,4 +1,4 @@
-"""``miles-nemogym serve`` as a child process, read until it prints the ``NEMO_GYM_URL`` line."""
+"""``miles-nemogym serve`` as a child process, read until it has printed the settings and waits for Ctrl-C."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 class Serving:
     process: subprocess.Popen[str]
     printed: str
-    """What serve printed up to and including its ``export NEMO_GYM_URL=`` line."""
+    """What serve printed up to its ``Press Ctrl-C to stop.`` line (the ``export`` lines above it)."""
 
     def stop(self) -> str:
         """SIGTERM, as Ctrl-C or a job scheduler would; returns what serve printed after ``printed``."""
@@ -33,7 +33,7 @@ def serving(*arguments: str) -> Iterator[Serving]:
         seen: list[str] = []
         for line in process.stdout:
             seen.append(line)
-            if "export NEMO_GYM_URL=" in line:
+            if line.startswith("Press Ctrl-C to stop."):
                 break
         yield Serving(process, "".join(seen))
     finally:

@@ -59,7 +59,9 @@ def serve(
     host: Annotated[
         str, typer.Option("--host", help="Address to bind; 0.0.0.0 lets trainers on other machines connect.")
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="Port to bind; 0 picks a free one.")] = 12000,
+    port: Annotated[
+        int, typer.Option("--port", help="Port to bind; --env servers take the next ones; 0 picks free ones.")
+    ] = 12000,
     concurrency: Annotated[int, typer.Option("--concurrency", help="Episodes the server runs at once.")] = 16,
     golden: Annotated[
         bool, typer.Option("--golden", help="Golden mode: apply each instance's gold patch, no model calls.")

@@ -20,8 +20,6 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 import uuid
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -33,7 +31,7 @@ import yaml
 
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config
-from miles_nemogym.gym.server import MARKER_ENV, advertised_url, free_port, kill_marked
+from miles_nemogym.gym.server import MARKER_ENV, advertised_url, answers, free_port, kill_marked
 from miles_nemogym.gym.venv import (
     BuildLines,
     GymEnvironmentError,
@@ -60,6 +58,7 @@ __all__ = [
 ]
 
 _GROUP = "resources_servers"
+_AGENT_SUFFIX = "_simple_agent"
 _DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "RAY_ADDRESS", "NEMO_GYM_CONFIG_DICT")
 _READY = "miles-nemogym-envs.json"
 # A plain PyPI requirement: a name, optional extras, version specifiers and an environment marker.
@@ -148,47 +147,86 @@ def _requirement_lines(name: str, text: str) -> tuple[str, ...]:
     return tuple(lines)
 
 
-def _instance(name: str, config: Mapping[str, Any]) -> tuple[str, int | None]:
-    """The instance (top-level key) serving ``name``, and the ``max_steps`` of its ``simple_agent``."""
-    instances = [
-        key
-        for key, entry in config.items()
-        if isinstance(entry, dict) and isinstance(entry.get(_GROUP), dict) and name in entry[_GROUP]
-    ]
+def _agent(entry: Any) -> dict[str, Any] | None:
+    """The ``simple_agent`` block of a config entry, if it is one."""
+    agent = (entry.get("responses_api_agents") or {}).get("simple_agent") if isinstance(entry, dict) else None
+    return agent if isinstance(agent, dict) else None
+
+
+def _instance(name: str, folder: str, config: Mapping[str, Any]) -> tuple[str, int | None]:
+    """The instance (top-level key) serving ``name`` and the ``max_steps`` of its ``simple_agent``:
+    the one ``<name>_simple_agent`` drives, else the config's only ``folder`` resources server."""
+    named = _agent(config.get(f"{name}{_AGENT_SUFFIX}"))
+    served = (named or {}).get("resources_server") or {}
+    if served.get("name") in config:
+        instances = [str(served["name"])]
+    else:
+        instances = [
+            key
+            for key, entry in config.items()
+            if isinstance(entry, dict) and isinstance(entry.get(_GROUP), dict) and folder in entry[_GROUP]
+        ]
     if len(instances) != 1:
-        raise GymEnvironmentError(f"environment {name!r}: its config holds {len(instances)} {name} resources servers")
+        raise GymEnvironmentError(f"environment {name!r}: its config holds {len(instances)} {folder} resources servers")
     for entry in config.values():
-        agent = (entry.get("responses_api_agents") or {}).get("simple_agent") if isinstance(entry, dict) else None
-        if isinstance(agent, dict) and (agent.get("resources_server") or {}).get("name") == instances[0]:
+        agent = _agent(entry)
+        if agent is not None and (agent.get("resources_server") or {}).get("name") == instances[0]:
             steps = agent.get("max_steps")
             return instances[0], steps if isinstance(steps, int) else None
     return instances[0], None
 
 
+def _agent_configs(archive: zipfile.ZipFile) -> dict[str, str]:
+    """``X`` -> the shipped config holding agent ``X_simple_agent`` (how rows name environments)."""
+    found: dict[str, str] = {}
+    for member in archive.namelist():
+        parts = member.split("/")
+        if len(parts) != 4 or parts[0] != _GROUP or parts[2] != "configs" or not member.endswith(".yaml"):
+            continue
+        with contextlib.suppress(yaml.YAMLError, UnicodeDecodeError):
+            config = yaml.safe_load(archive.read(member))
+            for key, entry in config.items() if isinstance(config, dict) else ():
+                if str(key).endswith(_AGENT_SUFFIX) and _agent(entry) is not None:
+                    found.setdefault(str(key)[: -len(_AGENT_SUFFIX)], member)
+    return found
+
+
 def plan(names: Sequence[str]) -> list[EnvironmentPlan]:
-    """``names`` (duplicates dropped) as the wheel ships them; an unknown name lists close matches."""
+    """``names`` (duplicates dropped) as the wheel ships them; an unknown name lists close matches.
+
+    A name is a folder of ``resources_servers/`` (its ``configs/<name>.yaml``, else its only
+    config), or ``X`` of a shipped agent ``X_simple_agent`` (its config: what rows prepared by
+    NeMo-Gym name in ``agent_ref``, e.g. ``lc_equivalence_rule``, ``lmarena_v2``)."""
     if not names:
         return []
     shipped = shipped_environments()
-    unknown = [n for n in names if n not in shipped]
-    if unknown:
-        lines = []
-        for name in unknown:
-            close = difflib.get_close_matches(name, shipped, n=5, cutoff=0.5)
-            hint = f"did you mean {', '.join(close)}?" if close else "no shipped environment has a similar name"
-            lines.append(f"{name!r} is not an environment nemo-gym ships ({hint})")
-        raise UnknownEnvironmentError(
-            "; ".join(lines) + f". The {len(shipped)} shipped environments are the folders of resources_servers/ "
-            "in the nemo-gym wheel."
-        )
-    plans = []
+    plans: list[EnvironmentPlan] = []
     with zipfile.ZipFile(gym_wheel.wheel_path()) as archive:
         members = archive.namelist()
+        agents = {} if set(names) <= set(shipped) else _agent_configs(archive)
+        unknown = [n for n in names if n not in shipped and n not in agents]
+        if unknown:
+            lines = []
+            for name in unknown:
+                close = difflib.get_close_matches(name, sorted({*shipped, *agents}), n=5, cutoff=0.5)
+                hint = f"did you mean {', '.join(close)}?" if close else "no shipped environment has a similar name"
+                lines.append(f"{name!r} is not an environment nemo-gym ships ({hint})")
+            raise UnknownEnvironmentError(
+                "; ".join(lines) + f". The {len(shipped)} shipped environments are the folders of resources_servers/ "
+                "in the nemo-gym wheel (or X of an agent X_simple_agent in their configs)."
+            )
         for name in dict.fromkeys(names):
-            config = _config_member(name, members)
-            requirements = f"{_GROUP}/{name}/requirements.txt"
+            config = _config_member(name, members) if name in shipped else agents[name]
+            folder = config.split("/")[1]
+            requirements = f"{_GROUP}/{folder}/requirements.txt"
             text = archive.read(requirements).decode("utf-8") if requirements in members else ""
-            instance, steps = _instance(name, yaml.safe_load(archive.read(config)) or {})
+            instance, steps = _instance(name, folder, yaml.safe_load(archive.read(config)) or {})
+            twin = next((p.name for p in plans if p.instance == instance), None)
+            if twin is not None:
+                raise GymEnvironmentError(
+                    f"environments {twin!r} and {name!r} are both served by instance {instance!r} of "
+                    f"resources_servers/{folder}; give one of them (another config needs a serve of its own)"
+                )
             plans.append(EnvironmentPlan(name, config, instance, _requirement_lines(name, text), steps))
     return plans
 
@@ -245,7 +283,8 @@ def _ready_python(link: Path) -> Path | None:
 
 def _build_overlay(gym: GymVenv, requirements: Sequence[str], target: Path, log: Path, progress: Progress) -> None:
     python = target / "bin" / "python"
-    _run([str(gym.python), "-m", "venv", str(target)], progress, "python -m venv", log_path=log)
+    # No pip of its own: the server venv's, seen through the .pth, installs into this one.
+    _run([str(gym.python), "-m", "venv", "--without-pip", str(target)], progress, "python -m venv", log_path=log)
     where = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
         capture_output=True,
@@ -462,13 +501,8 @@ class EnvironmentServers:
                 raise GymEnvironmentError(
                     f"{name} exited during start; log {self.log_path(name)}:\n{self.log_tail(name)}"
                 )
-            try:
-                with urllib.request.urlopen(url, timeout=5):
-                    return
-            except urllib.error.HTTPError:
-                return  # any HTTP answer means it is serving
-            except (urllib.error.URLError, OSError):
-                pass
+            if answers(url):
+                return
             if time.monotonic() > deadline:
                 raise GymEnvironmentError(
                     f"{name} did not answer within {self.start_timeout:.0f} s; "

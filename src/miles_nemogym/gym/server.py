@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import http.client
 import os
 import shutil
 import signal
@@ -95,6 +96,17 @@ def kill_marked(marker: str) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.25)
+
+
+def answers(url: str) -> bool:
+    """True when ``GET url`` gets any HTTP answer: the server is serving."""
+    try:
+        with urllib.request.urlopen(url, timeout=5):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except (urllib.error.URLError, OSError, http.client.HTTPException):
+        return False  # nothing there yet, or something that is not an HTTP server (another's port)
 
 
 def advertised_url(host: str, port: int) -> str:
@@ -297,13 +309,8 @@ class GymServer:
                 raise GymServerError(
                     f"the NeMo-Gym server exited during start (exit {code}); log {self.log_path}:\n{self.log_tail()}"
                 )
-            try:
-                with urllib.request.urlopen(probe, timeout=5):
-                    return
-            except urllib.error.HTTPError:
-                return  # any HTTP answer means it is serving
-            except (urllib.error.URLError, OSError):
-                pass
+            if answers(probe):
+                return
             if time.monotonic() > deadline:
                 raise GymServerError(
                     f"the NeMo-Gym server did not answer on {self.url} within {self.start_timeout:.0f} s; "

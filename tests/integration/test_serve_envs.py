@@ -1,0 +1,86 @@
+"""``miles-nemogym serve --env`` as a real process: the SWE server and real NeMo-Gym 0.7.0
+resources servers side by side, the settings a trainer exports, and nothing left after SIGTERM;
+and the plan a dry run shows (from the wheel) against what nemo-gym's parser composes."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from miles_nemogym.gym.config import PLACEHOLDER_POLICY_URL
+from miles_nemogym.gym.environments import EnvironmentServers, plan
+from miles_nemogym.gym.venv import ensure_gym_venv
+from miles_nemogym.gym.wheel import read_member
+from miles_nemogym.settings import Settings
+from tests.support.ray_cluster import pids_with_environment
+from tests.support.serve_process import serving
+
+pytestmark = pytest.mark.integration
+
+ENVS = ("mcqa", "xlam_fc")
+
+
+def _exported(printed: str) -> dict[str, str]:
+    """The ``export NAME=VALUE`` lines serve printed, as the shell would read them."""
+    found = {}
+    for line in printed.splitlines():
+        if line.strip().startswith("export "):
+            words = shlex.split(line)
+            assert len(words) == 2, line  # one shell word per value: pasted as is
+            name, _, value = words[1].partition("=")
+            found[name] = value
+    return found
+
+
+def _seed(url: str, env: str) -> int:
+    row = json.loads(read_member(f"resources_servers/{env}/data/example.jsonl").decode().splitlines()[0])
+    request = urllib.request.Request(
+        f"{url}/seed_session", data=json.dumps(row).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        status: int = answer.status
+        return status
+
+
+def test_serve_env_starts_resources_servers_next_to_swe_and_stops_them_all(tmp_path: Path) -> None:
+    state = tmp_path / "serve-state"
+    arguments = ["--sandbox", "local", "--port", "0", "--concurrency", "1", "--state-dir", str(state)]
+    with serving(*arguments, *(f"--env={env}" for env in ENVS)) as serve:
+        exported = _exported(serve.printed)
+        assert set(exported) == {"NEMO_GYM_URL", "NEMO_GYM_ENVS"}, serve.printed
+        settings = Settings.from_env(exported)
+        assert sorted(settings.environments) == sorted(ENVS)
+        for env, server in settings.environments.items():
+            assert _seed(server.url, env) == 200
+        with urllib.request.urlopen(f"{settings.gym_url}/openapi.json", timeout=30) as answer:
+            assert "/run" in json.load(answer)["paths"]
+        running = pids_with_environment(str((state / "environments").resolve()))
+        assert len(running) >= len(ENVS), running
+        rest = serve.stop()
+    assert serve.process.returncode == 0, rest
+    assert "stopped." in rest
+    assert pids_with_environment(str(state.resolve())) == []
+    for env in ENVS:
+        assert (state / "environments" / f"{env}.log").is_file()
+
+
+def test_the_plan_a_dry_run_shows_is_what_nemo_gyms_parser_composes(tmp_path: Path) -> None:
+    plans = plan(["workplace_assistant", "equivalence_rule", "math_with_judge", "code_gen"])
+    config = EnvironmentServers(ensure_gym_venv(), plans, state_dir=tmp_path).compose()
+    for p in plans:
+        assert p.name in config[p.instance]["resources_servers"], p
+        agents = [
+            entry["responses_api_agents"]["simple_agent"]
+            for entry in config.values()
+            if isinstance(entry, dict)
+            and entry.get("responses_api_agents", {}).get("simple_agent", {}).get("resources_server", {}).get("name")
+            == p.instance
+        ]
+        assert [agent.get("max_steps") for agent in agents] == [p.max_steps], p
+    # The model server the configs refer to is there (never started), pointed at a URL nothing answers.
+    assert config["policy_model"]["responses_api_models"]["vllm_model"]["base_url"] == "${policy_base_url}"
+    assert config["policy_base_url"] == PLACEHOLDER_POLICY_URL

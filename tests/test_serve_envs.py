@@ -1,0 +1,166 @@
+"""``serve --env``: which environments exist, their configs and requirements as the wheel ships
+them, the flags, and the overlay venv their extra requirements go into."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from miles_nemogym.cli.main import app
+from miles_nemogym.gym.environments import EnvironmentPlan, environment_python, overlay_path, plan
+from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv
+from tests.support.wheels import tiny_wheel
+
+
+def _by_name(*names: str) -> dict[str, EnvironmentPlan]:
+    return {p.name: p for p in plan(list(names))}
+
+
+def test_each_environment_is_planned_from_its_shipped_config_and_requirements() -> None:
+    plans = _by_name("math_with_judge", "code_gen", "xlam_fc", "equivalence_rule", "workplace_assistant", "arc_agi")
+    assert plans["math_with_judge"].requirements == ("math-verify==0.8.0", "datasets")
+    assert plans["code_gen"].requirements == ("numpy==2.2.6",)
+    assert plans["xlam_fc"].requirements == ()
+    assert plans["arc_agi"].requirements == ()  # `-e ../../` is nemo-gym itself
+    # The config named after the environment, else its only one, whose instance may be named otherwise.
+    assert plans["xlam_fc"].config == "resources_servers/xlam_fc/configs/xlam_fc.yaml"
+    assert (plans["equivalence_rule"].config, plans["equivalence_rule"].instance) == (
+        "resources_servers/equivalence_rule/configs/lc.yaml",
+        "lc_equivalence_rule",
+    )
+    # max_steps of the simple_agent paired with it, where the config sets one.
+    assert plans["workplace_assistant"].max_steps == 6
+    assert plans["xlam_fc"].max_steps is None
+
+
+def test_a_name_given_twice_is_served_once() -> None:
+    assert [p.name for p in plan(["mcqa", "xlam_fc", "mcqa"])] == ["mcqa", "xlam_fc"]
+
+
+def test_the_name_rows_carry_in_agent_ref_picks_its_config() -> None:
+    """NeMo-Gym's prepared rows name ``X_simple_agent``; X may differ from the folder."""
+    plans = _by_name("lc_equivalence_rule", "lmarena_v2", "structured_outputs_v3")
+    assert (plans["lc_equivalence_rule"].config, plans["lc_equivalence_rule"].instance) == (
+        "resources_servers/equivalence_rule/configs/lc.yaml",
+        "lc_equivalence_rule",
+    )
+    assert plans["lmarena_v2"].config == "resources_servers/arena/configs/lmarena_v2.yaml"
+    assert plans["structured_outputs_v3"].instance == "structured_outputs"  # its agent's resources server
+    assert plans["structured_outputs_v3"].requirements == (
+        "openapi-schema-validator==0.6.3",
+        "tomli-w==1.2.0",
+        "xmltodict==1.0.2",
+    )
+
+
+def test_two_names_for_one_server_instance_are_refused() -> None:
+    with pytest.raises(GymEnvironmentError, match="'equivalence_rule' and 'lc_equivalence_rule' are both served"):
+        plan(["equivalence_rule", "lc_equivalence_rule"])
+
+
+@pytest.mark.parametrize(
+    ("env", "line"),
+    [
+        ("instruction_following", "git+https://github.com/abukharin-nv/verifiable-instructions.git"),
+        ("aviary", "hypotest @ git+https://github.com/EdisonScientific/hypotest.git"),
+        ("browsecomp_advanced_harness", "-e ./pocketshell[pcre]"),
+    ],
+)
+def test_a_requirement_beyond_pypi_is_refused_naming_the_environment_and_line(env: str, line: str) -> None:
+    with pytest.raises(GymEnvironmentError) as caught:
+        plan([env])
+    assert f"environment {env!r}: its requirements.txt line '{line}" in str(caught.value)
+
+
+def test_several_configs_none_named_after_the_environment_are_named_in_the_refusal() -> None:
+    with pytest.raises(GymEnvironmentError, match=r"'arena'.* 2 configs .*\(lmarena_v2.yaml, lmarena_v3.yaml\)"):
+        plan(["arena"])
+
+
+def _serve(*arguments: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, ["serve", *arguments])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result.exit_code, " ".join(result.stderr.split())  # rich wraps long lines
+
+
+def test_an_unknown_environment_exits_2_with_close_matches() -> None:
+    code, said = _serve("--sandbox", "local", "--env", "mcqq", "--env", "xlam_fc")
+    assert code == 2
+    assert "error: --env: 'mcqq' is not an environment nemo-gym ships (did you mean mcqa" in said
+
+
+def test_an_environment_needing_network_exits_2_before_anything_starts() -> None:
+    code, said = _serve("--sandbox", "local", "--env", "instruction_following")
+    assert code == 2
+    assert "'git+https://github.com/abukharin-nv/verifiable-instructions.git' needs more than PyPI" in said
+
+
+def test_no_swe_needs_an_environment() -> None:
+    code, said = _serve("--no-swe")
+    assert code == 2
+    assert "--no-swe serves only the --env environments; name one, e.g. --env mcqa" in said
+
+
+def test_environment_ports_follow_the_swe_port_and_must_exist() -> None:
+    code, said = _serve("--sandbox", "local", "--port", "65534", "--env", "mcqa", "--env", "xlam_fc")
+    assert code == 2
+    assert "--port: 2 environments after port 65534 pass 65535" in said
+
+
+# ----------------------------------------------------------------------------- overlay venv
+
+
+@pytest.fixture
+def local_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """pip sees only ``tmp_path/wheels`` (an empty index, no config file); the cache is in ``tmp_path``."""
+    (tmp_path / "empty-index").mkdir()
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_INDEX_URL", (tmp_path / "empty-index").as_uri())
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "wheels"))
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+    monkeypatch.setenv("MILES_NEMOGYM_CACHE", str(tmp_path / "cache"))
+    tiny_wheel(tmp_path / "wheels", "mng_overlay_probe", "1.0")
+    return tmp_path / "wheels"
+
+
+def _base() -> GymVenv:
+    """This test's interpreter standing in for the server venv (it has ``packaging`` and pydantic)."""
+    return GymVenv(Path(sys.prefix), Path(sys.executable), Path(sysconfig.get_path("purelib")))
+
+
+def _env(name: str, *requirements: str) -> EnvironmentPlan:
+    return EnvironmentPlan(name, f"resources_servers/{name}/configs/{name}.yaml", name, requirements, None)
+
+
+def _where(python: Path, module: str) -> str:
+    code = f"import {module}; print({module}.__file__)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True, env=env).stdout.strip()
+
+
+def test_extra_requirements_go_into_an_overlay_cached_by_their_set(local_index: Path) -> None:
+    base = _base()
+    plans = [_env("a", "mng-overlay-probe==1.0", "pydantic"), _env("b", "pydantic")]
+    python = environment_python(base, plans, progress=lambda line: None)
+    overlay = overlay_path(base, ["mng-overlay-probe==1.0"])  # pydantic is in the base: not part of the key
+    assert python == overlay / "bin" / "python"
+    assert _where(python, "mng_overlay_probe").startswith(str(overlay))
+    # The base's packages are seen where they are, not copied.
+    assert _where(python, "pydantic").startswith(str(base.site_packages))
+    # Cached: the same set in another order, with nothing left to install from, is the same venv.
+    for wheel in local_index.iterdir():
+        wheel.unlink()
+    again = environment_python(base, [_env("b", "pydantic"), _env("a", "mng-overlay-probe==1.0")], lambda _: None)
+    assert again == python
+
+
+def test_environments_the_base_satisfies_run_in_it_as_is(local_index: Path) -> None:
+    base = _base()
+    assert environment_python(base, [_env("a", "pydantic"), _env("b")], progress=lambda line: None) == base.python
+    assert not (local_index.parent / "cache").exists()
