@@ -70,14 +70,18 @@ class GymEnvironments:
         """Start every server; again (all of them) if a Ray the start-up began missed its
         fixed 30 s to register its node, which a loaded 2-core machine can make it miss."""
         attempt = 1
-        while True:
-            try:
-                return self._start()
-            except GymEnvironmentError as error:
-                if attempt >= attempts or _RAY_NODE_TIMEOUT not in str(error):
-                    raise
-                print(f"[gym-envs] starting again: {str(error).splitlines()[0]}", file=sys.__stderr__, flush=True)
-                attempt += 1
+        try:
+            while True:
+                try:
+                    return self._start()
+                except GymEnvironmentError as error:
+                    if attempt >= attempts or _RAY_NODE_TIMEOUT not in str(error):
+                        raise
+                    print(f"[gym-envs] starting again: {str(error).splitlines()[0]}", file=sys.__stderr__, flush=True)
+                    attempt += 1
+        except BaseException:
+            self.stop()  # the caller gets no object to stop: nothing may be left behind
+            raise
 
     def _start(self) -> GymEnvironments:
         plans = plan(self.envs)
