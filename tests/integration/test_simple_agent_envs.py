@@ -76,9 +76,13 @@ def _items(response: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _environment_fields(answer: dict[str, Any]) -> dict[str, Any]:
-    """What /verify decided and every field the environment added (the row's own fields too)."""
-    skipped = {"response", "responses_create_params", "ng_trajectory"}
-    return {k: v for k, v in answer.items() if k not in skipped}
+    """What /verify decided and every field the environment added (the row's own fields too),
+    but wall-clock timings (code_gen's ``unit_tests_time_taken`` and ``metadata["execution time"]``)."""
+    skipped = {"response", "responses_create_params", "ng_trajectory", "unit_tests_time_taken"}
+    fields = {k: v for k, v in answer.items() if k not in skipped}
+    if isinstance(fields.get("metadata"), dict):
+        fields["metadata"] = {k: v for k, v in fields["metadata"].items() if k != "execution time"}
+    return fields
 
 
 @pytest.mark.parametrize("env", ENVS)
@@ -97,6 +101,8 @@ async def test_gold_scores_one_wrong_scores_zero_and_simple_agent_agrees(
         assert ours.tool_calls == sum(len(t.tool_calls) for t in turns)
         assert ours.total_tool_time > 0
         assert ours.verify is not None
+        if outcome == "think_leak":  # the program passed its test; the leaked <think> alone cost the reward
+            assert ours.verify["result"] == [True] and ours.verify["reasoning_format_violation_rate"] == 1.0
 
         theirs = await _theirs(envs, env, row)
         assert theirs["reward"] == ours.reward, (env, outcome)

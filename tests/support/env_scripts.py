@@ -9,9 +9,49 @@ from typing import Any
 
 from tests.support.scripted_chat import Turn, tool
 
-ENVIRONMENTS = ("mcqa", "workplace_assistant", "example_multi_step", "xlam_fc", "equivalence_rule")
+ENVIRONMENTS = (
+    "mcqa",
+    "workplace_assistant",
+    "example_multi_step",
+    "xlam_fc",
+    "equivalence_rule",
+    "math_with_judge",
+    "code_gen",
+)
 """The 0.7.0 environments with scripts here (no network, keys or judge)."""
 _THINKING = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+# code_gen's first example row (Codeforces 1259D): reverse the fewest words so that they
+# chain; a correct program for its unit test, and one that never reverses anything.
+_WORDS_GOLD = """import sys
+
+def main():
+    data = sys.stdin.read().split()
+    t, pos, out = int(data[0]), 1, []
+    for _ in range(t):
+        n = int(data[pos])
+        words = data[pos + 1 : pos + 1 + n]
+        pos += 1 + n
+        present = set(words)
+        zero_one = [i for i, w in enumerate(words) if w[0] == "0" and w[-1] == "1"]
+        one_zero = [i for i, w in enumerate(words) if w[0] == "1" and w[-1] == "0"]
+        if not zero_one and not one_zero:
+            both = any(w[0] == w[-1] == "0" for w in words) and any(w[0] == w[-1] == "1" for w in words)
+            out += ["-1"] if both else ["0", ""]
+            continue
+        more, fewer = sorted((zero_one, one_zero), key=len, reverse=True)
+        need = (len(more) - len(fewer)) // 2
+        picks = [i + 1 for i in more if words[i][::-1] not in present][:need]
+        out += [str(len(picks)), " ".join(map(str, picks))]
+    print("\\n".join(out))
+
+main()
+"""
+_WORDS_WRONG = """import sys
+
+data = sys.stdin.read().split()
+print("\\n".join("0\\n" for _ in range(int(data[0]))))
+"""
 
 
 def scripts(env: str, row: dict[str, Any]) -> dict[str, list[Turn]]:
@@ -57,6 +97,18 @@ def scripts(env: str, row: dict[str, Any]) -> dict[str, list[Turn]]:
         return {
             "gold": [Turn(content=f"<think>Count them.</think>{row['expected_answer']}")],
             "wrong": [Turn(content=row["expected_answer"][::-1])],
+        }
+    if env == "math_with_judge":  # math-verify on the message text; the shipped config has the judge off
+        return {
+            "gold": [Turn(content=f"<think>Casework.</think>There are \\boxed{{{row['expected_answer']}}} of them.")],
+            "wrong": [Turn(content=f"\\boxed{{{int(row['expected_answer']) + 1}}}")],
+        }
+    if env == "code_gen":  # runs the last ```python block of output_text on the row's unit tests
+        return {
+            "gold": [Turn(content=f"<think>Balance 01- and 10-words.</think>```python\n{_WORDS_GOLD}```")],
+            "wrong": [Turn(content=f"```python\n{_WORDS_WRONG}```")],
+            # An unclosed <think> stays in output_text: the reasoning-format penalty (0.0), gold code or not.
+            "think_leak": [Turn(content=f"<think>Balance them.\n```python\n{_WORDS_GOLD}```")],
         }
     assert env == "xlam_fc"
     calls = tuple(tool(answer["name"], **answer["arguments"]) for answer in row["expected_answers"])

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -20,9 +22,11 @@ from typing import Any
 import pytest
 
 from miles_nemogym.gym.environments import EnvironmentServers, plan
-from miles_nemogym.gym.venv import BuildLines, GymPythonNotFoundError, GymVenv, ensure_gym_venv
+from miles_nemogym.gym.venv import BuildLines, GymEnvironmentError, GymPythonNotFoundError, GymVenv, ensure_gym_venv
 
 MODEL = "policy_model"
+# What ray.init raises when the node it started did not register in time (code_gen's private Ray).
+_RAY_NODE_TIMEOUT = "The current node timed out during startup"
 
 
 class GymEnvironments:
@@ -45,6 +49,7 @@ class GymEnvironments:
         self.state_dir = state_dir
         self._servers: EnvironmentServers | None = None
         self._agents: dict[str, str] = {}
+        self._short_tmp: Path | None = None
 
     @property
     def servers(self) -> EnvironmentServers:
@@ -64,15 +69,42 @@ class GymEnvironments:
         path = self.venv.site_packages / "resources_servers" / env / "data" / "example.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
-    def start(self) -> GymEnvironments:
+    def _environment(self) -> dict[str, str]:
+        # Unix socket paths stay below ~107 bytes: code_gen's Ray puts its sockets ~70 bytes
+        # below RAY_TMPDIR, so pytest's deep tmp_path gets a short temp folder, removed on stop.
+        # That private Ray has no auth token to write into ~/.ray.
+        if self._short_tmp is None:
+            self._short_tmp = Path(tempfile.mkdtemp(prefix="mng-envs-", dir="/tmp"))
+        tmp = str(self._short_tmp)
+        return {"HF_HUB_OFFLINE": "1", "TMPDIR": tmp, "RAY_TMPDIR": tmp, "RAY_AUTH_MODE": "disabled"}
+
+    def start(self, attempts: int = 2) -> GymEnvironments:
+        """Start every server; again (all of them) if a Ray the start-up began missed its
+        fixed 30 s to register its node, which a loaded 2-core machine can make it miss."""
+        attempt = 1
+        try:
+            while True:
+                try:
+                    return self._start()
+                except GymEnvironmentError as error:
+                    if attempt >= attempts or _RAY_NODE_TIMEOUT not in str(error):
+                        raise
+                    print(f"[gym-envs] starting again: {str(error).splitlines()[0]}", file=sys.__stderr__, flush=True)
+                    attempt += 1
+        except BaseException:
+            self.stop()  # the caller gets no object to stop: nothing may be left behind
+            raise
+
+    def _start(self) -> GymEnvironments:
         plans = plan(self.envs)
+        self._agents = {}
         self._servers = EnvironmentServers(
             self.venv,
             plans,
             state_dir=self.state_dir,
             policy_base_url=self.policy_v1_url,
             progress=BuildLines("gym-envs"),
-            extra_env={"HF_HUB_OFFLINE": "1"},
+            extra_env=self._environment(),
             extra_configs=[config for config, _ in self.stand_ins.values()],
             app_folders={name: folder for name, (_, folder) in self.stand_ins.items()},
         )
@@ -93,7 +125,12 @@ class GymEnvironments:
 
     def stop(self) -> None:
         if self._servers is not None:
-            self._servers.stop()
+            # code_gen takes ~14 s to shut its Ray down; its process group and marked processes are
+            # killed after a short grace instead (the other servers exit within a second).
+            self._servers.stop(timeout=3.0)
+        if self._short_tmp is not None:
+            shutil.rmtree(self._short_tmp, ignore_errors=True)
+            self._short_tmp = None
 
 
 @contextlib.contextmanager
