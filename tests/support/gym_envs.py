@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -49,7 +47,6 @@ class GymEnvironments:
         self.state_dir = state_dir
         self._servers: EnvironmentServers | None = None
         self._agents: dict[str, str] = {}
-        self._short_tmp: Path | None = None
 
     @property
     def servers(self) -> EnvironmentServers:
@@ -68,15 +65,6 @@ class GymEnvironments:
     def example_rows(self, env: str) -> list[dict[str, Any]]:
         path = self.venv.site_packages / "resources_servers" / env / "data" / "example.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-    def _environment(self) -> dict[str, str]:
-        # Unix socket paths stay below ~107 bytes: code_gen's Ray puts its sockets ~70 bytes
-        # below RAY_TMPDIR, so pytest's deep tmp_path gets a short temp folder, removed on stop.
-        # That private Ray has no auth token to write into ~/.ray.
-        if self._short_tmp is None:
-            self._short_tmp = Path(tempfile.mkdtemp(prefix="mng-envs-", dir="/tmp"))
-        tmp = str(self._short_tmp)
-        return {"HF_HUB_OFFLINE": "1", "TMPDIR": tmp, "RAY_TMPDIR": tmp, "RAY_AUTH_MODE": "disabled"}
 
     def start(self, attempts: int = 2) -> GymEnvironments:
         """Start every server; again (all of them) if a Ray the start-up began missed its
@@ -104,7 +92,7 @@ class GymEnvironments:
             state_dir=self.state_dir,
             policy_base_url=self.policy_v1_url,
             progress=BuildLines("gym-envs"),
-            extra_env=self._environment(),
+            extra_env={"HF_HUB_OFFLINE": "1"},
             extra_configs=[config for config, _ in self.stand_ins.values()],
             app_folders={name: folder for name, (_, folder) in self.stand_ins.items()},
         )
@@ -128,9 +116,6 @@ class GymEnvironments:
             # code_gen takes ~14 s to shut its Ray down; its process group and marked processes are
             # killed after a short grace instead (the other servers exit within a second).
             self._servers.stop(timeout=3.0)
-        if self._short_tmp is not None:
-            shutil.rmtree(self._short_tmp, ignore_errors=True)
-            self._short_tmp = None
 
 
 @contextlib.contextmanager

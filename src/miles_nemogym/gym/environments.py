@@ -16,9 +16,11 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 import zipfile
@@ -384,6 +386,7 @@ class EnvironmentServers:
         self.ports: dict[str, int] = {}
         """Instance name -> port of every started process."""
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._tmp: Path | None = None
 
     def urls(self, advertised: bool = False) -> dict[str, str]:
         """Environment name -> its resources server's base URL (``advertised``: for other machines)."""
@@ -475,9 +478,16 @@ class EnvironmentServers:
             raise
         return self
 
+    def _temp_folder(self) -> Path:
+        # Unix socket paths stay below ~107 bytes: a server that starts its own Ray (code_gen)
+        # puts sockets ~70 bytes below RAY_TMPDIR, so a deep --state-dir would break it. A short
+        # folder of the run's own, removed on stop.
+        if self._tmp is None:
+            self._tmp = Path(tempfile.mkdtemp(prefix="mng-envs-", dir="/tmp" if os.path.isdir("/tmp") else None))
+        return self._tmp
+
     def _spawn(self, python: Path, name: str, folder: Path, config_yaml: str) -> None:
-        tmp = self.state_dir / "tmp"
-        tmp.mkdir(exist_ok=True)
+        tmp = self._temp_folder()
         env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
         env.update(
             {
@@ -486,6 +496,8 @@ class EnvironmentServers:
                 "PYTHONPATH": str(folder),
                 "PYTHONUNBUFFERED": "1",
                 "TMPDIR": str(tmp),
+                "RAY_TMPDIR": str(tmp),
+                "RAY_AUTH_MODE": "disabled",  # a server's private Ray writes no token into ~/.ray
                 "PIP_NO_INDEX": "1",
                 "RAY_USAGE_STATS_ENABLED": "0",
                 MARKER_ENV: self._marker,
@@ -535,3 +547,6 @@ class EnvironmentServers:
         if self._processes:
             kill_marked(self._marker)
         self._processes.clear()
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
