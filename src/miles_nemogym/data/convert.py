@@ -29,7 +29,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from miles_nemogym.data.atomic import AtomicFile
 from miles_nemogym.data.environments import (
-    AGENT_SUFFIX,
     EnvironmentInput,
     apportion,
     environment_of_row,
@@ -56,7 +55,7 @@ from miles_nemogym.data.schema import (
 )
 from miles_nemogym.data.select import Selection, read_instance_ids, split_names
 from miles_nemogym.data.sources import RawRow, SourceError, open_file, open_source
-from miles_nemogym.episode.record import SWE_ENVIRONMENT
+from miles_nemogym.episode.record import AGENT_SUFFIX, SWE_ENVIRONMENT
 from miles_nemogym.errors import MilesNemoGymError
 
 _MAX_LISTED_PROBLEMS = 50

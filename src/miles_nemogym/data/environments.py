@@ -14,12 +14,11 @@ from fractions import Fraction
 from typing import Any
 
 from miles_nemogym.data.schema import FieldProblem
-from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, TASK_ID_KEY
+from miles_nemogym.episode.record import AGENT_SUFFIX, ENV_KEY, SWE_ENVIRONMENT, TASK_ID_KEY
 from miles_nemogym.episode.request import ROUTING_KEYS
 from miles_nemogym.settings import environment_name_problem
 
 __all__ = [
-    "AGENT_SUFFIX",
     "ID_FIELDS",
     "EnvironmentInput",
     "apportion",
@@ -30,9 +29,6 @@ __all__ = [
     "to_environment_row",
 ]
 
-AGENT_SUFFIX = "_simple_agent"
-"""NeMo-Gym names the ``simple_agent`` of resources server ``X`` ``X_simple_agent``; the
-environment of a row whose ``agent_ref.name`` (or ``task_source``) is ``X_simple_agent`` is ``X``."""
 ID_FIELDS = ("id", "uuid", "task_id", "instance_id")
 """Row fields that hold a task's own id, first found wins; a row with none is known by its index."""
 _PARAMS = "responses_create_params"

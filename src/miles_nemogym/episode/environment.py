@@ -21,7 +21,7 @@ import pydantic_core
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.circuit import circuit
 from miles_nemogym.episode.outcome import Outcome, check_reward, failure, short_reason
-from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, EpisodeRecord, task_id_of
+from miles_nemogym.episode.record import AGENT_SUFFIX, ENV_KEY, SWE_ENVIRONMENT, EpisodeRecord, task_id_of
 from miles_nemogym.episode.request import PolicyUrlError, RequestBuildError, task_row
 from miles_nemogym.episode.send import Undelivered, environment_connections, run_attempts
 from miles_nemogym.redaction import redact_url
@@ -33,7 +33,6 @@ __all__ = ["AGENT_REF_KEY", "EnvironmentEpisode", "build_episode", "route", "run
 AGENT_REF_KEY = "agent_ref"
 """NeMo-Gym's row field naming the agent that runs it: ``{"type": "responses_api_agents", "name": ...}``."""
 _AGENT_TYPE = "responses_api_agents"
-_AGENT_SUFFIX = "_simple_agent"
 
 # /verify echoes the request; these are the loop's own fields, not the environment's.
 _VERIFY_OWN = frozenset({"response", "reward", "mask_sample", "failure_kind", "failure_reason"})
@@ -70,7 +69,7 @@ def _agent_ref_environment(ref: Any, servers: Mapping[str, EnvironmentServer]) -
     agent = ref.get("name")
     if not isinstance(agent, str):
         return None
-    for name in (agent, agent.removesuffix(_AGENT_SUFFIX)):
+    for name in (agent, agent.removesuffix(AGENT_SUFFIX)):
         if name in servers:
             return name
     return None

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 __all__ = [
     "AGENT_METRICS_KEY",
+    "AGENT_SUFFIX",
     "ENV_KEY",
     "EVAL",
     "EVAL_REPORT_KEY",
@@ -70,6 +71,9 @@ TASK_ID_KEY = "nemogym_task_id"
 """The ``sample.metadata`` mark holding the row's task id (an environment row has no ``instance_id``)."""
 ROW_MARKS = ROLE_KEYS | {ENV_KEY, TASK_ID_KEY}
 """Every mark of ours on a row: never sent to a server as task fields."""
+AGENT_SUFFIX = "_simple_agent"
+"""NeMo-Gym names environment X's ``simple_agent`` ``X_simple_agent`` (in its configs and in
+rows' ``agent_ref``): the one rule from an agent's name to an environment's."""
 SWE_ENVIRONMENT = "swe"
 """The environment of rows run through ``mini_swe_agent_2``'s ``/run`` (``NEMO_GYM_URL``);
 reserved: ``NEMO_GYM_ENVS`` cannot name it."""

@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from miles_nemogym.episode.record import AGENT_SUFFIX
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config
 from miles_nemogym.gym.server import MARKER_ENV, advertised_url, answers, free_port, kill_marked
@@ -60,7 +61,6 @@ __all__ = [
 ]
 
 _GROUP = "resources_servers"
-_AGENT_SUFFIX = "_simple_agent"
 _DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "RAY_ADDRESS", "NEMO_GYM_CONFIG_DICT")
 _READY = "miles-nemogym-envs.json"
 # A plain PyPI requirement: a name, optional extras, version specifiers and an environment marker.
@@ -158,7 +158,7 @@ def _agent(entry: Any) -> dict[str, Any] | None:
 def _instance(name: str, folder: str, config: Mapping[str, Any]) -> tuple[str, int | None]:
     """The instance (top-level key) serving ``name`` and the ``max_steps`` of its ``simple_agent``:
     the one ``<name>_simple_agent`` drives, else the config's only ``folder`` resources server."""
-    named = _agent(config.get(f"{name}{_AGENT_SUFFIX}"))
+    named = _agent(config.get(f"{name}{AGENT_SUFFIX}"))
     served = (named or {}).get("resources_server") or {}
     if served.get("name") in config:
         instances = [str(served["name"])]
@@ -188,8 +188,8 @@ def _agent_configs(archive: zipfile.ZipFile) -> dict[str, str]:
         with contextlib.suppress(yaml.YAMLError, UnicodeDecodeError):
             config = yaml.safe_load(archive.read(member))
             for key, entry in config.items() if isinstance(config, dict) else ():
-                if str(key).endswith(_AGENT_SUFFIX) and _agent(entry) is not None:
-                    found.setdefault(str(key)[: -len(_AGENT_SUFFIX)], member)
+                if str(key).endswith(AGENT_SUFFIX) and _agent(entry) is not None:
+                    found.setdefault(str(key)[: -len(AGENT_SUFFIX)], member)
     return found
 
 
