@@ -526,6 +526,17 @@ def test_an_environment_row_without_its_task_is_refused(good: dict[str, Any]) ->
     with serving(resources_document()) as mcqa:
         results = with_environments(good, rows, nemo_gym_envs=env_config(mcqa=mcqa.url))
     assert results["prompt data"].status is Status.failed
-    assert "row 1: an environment row (nemogym_env='mcqa') needs metadata.responses_create_params" in (
+    assert "row 1: an environment row (nemogym_env='mcqa'): metadata.responses_create_params must be an object" in (
+        results["prompt data"].detail
+    )
+
+
+def test_an_environment_row_the_episode_could_not_send_is_refused_as_convert_refuses_it(good: dict[str, Any]) -> None:
+    rows = environment_rows("mcqa", 1)
+    rows[0]["metadata"]["responses_create_params"]["input"] = [{"type": "input_image", "image_url": "x"}]
+    with serving(resources_document()) as mcqa:
+        results = with_environments(good, rows, nemo_gym_envs=env_config(mcqa=mcqa.url))
+    assert results["prompt data"].status is Status.failed
+    assert "row 1: an environment row (nemogym_env='mcqa'): metadata.responses_create_params.input[0]" in (
         results["prompt data"].detail
     )

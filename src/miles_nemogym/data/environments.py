@@ -22,6 +22,7 @@ __all__ = [
     "ID_FIELDS",
     "EnvironmentInput",
     "apportion",
+    "chat_prompt",
     "environment_of_row",
     "is_environment_row",
     "parse_env_option",
@@ -113,9 +114,10 @@ def task_key(row: Mapping[str, Any], index: int) -> str:
     return str(index)
 
 
-def to_environment_row(row: Mapping[str, Any], environment: str, task_id: str) -> dict[str, Any] | FieldProblem:
-    """``{"prompt": the input messages, "metadata": {the row…, nemogym_env, nemogym_task_id}}``,
-    or why the row cannot run (checked as the episode will build its first chat request)."""
+def chat_prompt(row: Mapping[str, Any]) -> list[dict[str, Any]] | FieldProblem:
+    """The task row's input messages, or why the row cannot run (checked as the episode will
+    build its first chat request: the same rules, so a row that passes here is never masked
+    as ``invalid_request``)."""
     params = row.get(_PARAMS)
     if not isinstance(params, Mapping):
         rule = "missing" if params is None else "wrong_type"
@@ -136,6 +138,15 @@ def to_environment_row(row: Mapping[str, Any], environment: str, task_id: str) -
     except RowError as error:  # "responses_create_params.<where> <what is wrong>"
         field, _, message = str(error).partition(" ")
         return FieldProblem(field, "unusable", message)
+    return prompt
+
+
+def to_environment_row(row: Mapping[str, Any], environment: str, task_id: str) -> dict[str, Any] | FieldProblem:
+    """``{"prompt": the input messages, "metadata": {the row…, nemogym_env, nemogym_task_id}}``,
+    or why the row cannot run (``chat_prompt``)."""
+    prompt = chat_prompt(row)
+    if isinstance(prompt, FieldProblem):
+        return prompt
     # Routing and secrets come from the trainer's environment, never from data.
     metadata = {key: value for key, value in row.items() if key not in _NOT_COPIED}
     metadata[ENV_KEY] = environment

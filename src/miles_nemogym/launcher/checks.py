@@ -286,10 +286,15 @@ def _row_problem(row: Any) -> str | None:
         return "'metadata' (the SWE-bench instance or the task row) is missing or not an object"
     environment = environment_of(metadata)
     if environment != SWE_ENVIRONMENT:
-        if not isinstance(metadata.get("responses_create_params"), dict):
+        # The converter's own rule: what the episode's first chat request is built from.
+        from miles_nemogym.data.environments import chat_prompt
+        from miles_nemogym.data.schema import FieldProblem
+
+        problem = chat_prompt(metadata)
+        if isinstance(problem, FieldProblem):
             return (
-                f"an environment row ({ENV_KEY}={environment!r}) needs metadata.responses_create_params, "
-                "the NeMo-Gym task row's, as an object"
+                f"an environment row ({ENV_KEY}={environment!r}): metadata.{problem.field} {problem.message}; "
+                "convert NeMo-Gym task rows with `miles-nemogym convert --env NAME=FILE`"
             )
         return None
     # The converter's own rules: what the server and the SWE-bench grader read.
