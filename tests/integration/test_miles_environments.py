@@ -9,6 +9,8 @@ The session server (v1 or v2, TITO) forwards every model call to Miles' mock SGL
 which answers with each row's scripted Qwen3 text (``tests/support/miles_environments.py``)
 and parses its ``<tool_call>`` blocks with SGLang's ``qwen25`` parser. Per environment, a gold
 and a wrong script; one sample each (GRPO groups of one keep the step short).
+Then one eval step (v1, the launcher's eval wiring) over two environments' rows, k samples
+each: ``nemogym-eval/<set>/<env>/pass@1`` and ``pass@k`` as worked out by hand.
 """
 
 from __future__ import annotations
@@ -16,10 +18,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from miles_nemogym.episode.record import TASK_ID_KEY
+from miles_nemogym.launcher.command import eval_args
+from miles_nemogym.launcher.config import LauncherConfig
 from tests.support.fault_server import FaultServer
 from tests.support.gym_envs import GymEnvironments
 from tests.support.miles_environments import ENVIRONMENTS, MAX_STEPS, completion, prompt_row, scripts
@@ -184,3 +190,73 @@ def test_one_step_mixes_environments_with_swe_rows_and_logs_per_environment_metr
     for sample in result.samples:
         if sample["metadata"].get("nemogym_env"):
             assert sample["metadata"]["agent_metrics"]["total_tool_time"] > 0
+
+
+# The eval step: k episodes of each row; a task's rows share its task id, so a task played by a
+# gold and a wrong row has 2k episodes, half of them passing (the engine answers a prompt's k
+# samples alike: the rows are how its samples differ).
+EVAL_K = 2
+EVAL_TASKS: dict[str, dict[str, tuple[str, ...]]] = {
+    "mcqa": {"mixed": ("gold", "wrong")},
+    "xlam_fc": {"mixed": ("gold", "wrong"), "missed": ("wrong",)},
+}
+# Worked by hand: "mixed" passes 2 of 4 episodes (pass@1 1/2, pass@2 = 1 - C(2,2)/C(4,2) = 5/6),
+# "missed" none of 2 (0, 0); an environment's rates are its tasks' mean.
+EVAL_EXPECTED = {
+    "mcqa": {"episodes": 4.0, "episodes_valid": 4.0, "pass@1": 1 / 2, "pass@2": 5 / 6, "reward_mean": 1 / 2},
+    "xlam_fc": {"episodes": 6.0, "episodes_valid": 6.0, "pass@1": 1 / 4, "pass@2": 5 / 12, "reward_mean": 1 / 3},
+}
+
+
+def test_eval_step_logs_pass_at_1_and_k_per_environment(
+    miles_driver: MilesDriver,
+    gym_environments: GymEnvironments,
+    results: dict[str, dict[str, Any]],
+    tmp_path: Path,
+) -> None:
+    # Miles' eval step with the launcher's eval wiring over environment rows only.
+    held_out: list[dict[str, Any]] = []
+    texts: dict[str, list[str]] = {}
+    for env, tasks in EVAL_TASKS.items():
+        example = gym_environments.example_rows(env)[0]
+        played = scripts(env, example)
+        for task, outcomes in tasks.items():
+            for outcome in outcomes:
+                name = f"{env}_{task}_{outcome}"
+                row = prompt_row(env, example, name)
+                row["metadata"][TASK_ID_KEY] = f"{env}/{task}"
+                held_out.append(row)
+                texts[name] = [completion(turn) for turn in played[outcome]]
+    data = tmp_path / "held_out.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in held_out))
+    flags = eval_args(LauncherConfig(eval_data=data, eval_name="envs", eval_samples_per_prompt=EVAL_K, eval_interval=1))
+    setting = {env: {"url": gym_environments.resources_url(env)} for env in EVAL_TASKS}
+    swe = FaultServer(result=results[SKLEARN])
+    with serving_in_thread(swe):
+        result = miles_driver.step(
+            gym_url=swe.url,
+            data_file=data,
+            n_samples=EVAL_K,
+            mode="eval",
+            env={"NEMO_GYM_ENVS": json.dumps(setting), "NEMO_GYM_RUN_TIMEOUT": "600"},
+            extra_argv=flags,
+            scripts=texts,
+            rollout_id=4,
+            time_limit_s=420,
+        ).check()
+    assert swe.bodies == []  # no SWE row in the set
+
+    samples = result.eval["envs"]["samples"]
+    assert len(samples) == EVAL_K * len(held_out)
+    assert {s["metadata"]["nemogym"]["status"] for s in samples} == {"ok"}
+    tracked = result.tracked("eval/step")
+    assert tracked["eval/step"] == 4
+    prefix = "nemogym-eval/envs/"
+    for env, expected in EVAL_EXPECTED.items():
+        found = {key: tracked.get(f"{prefix}{env}/{key}") for key in expected}
+        assert found == pytest.approx(expected), env
+    assert f"{prefix}swe/episodes" not in tracked
+    # The set's totals: three tasks, two of them "mixed".
+    assert tracked[prefix + "episodes"] == 10.0 and tracked[prefix + "instances"] == 3.0
+    assert tracked[prefix + "pass@1"] == pytest.approx(1 / 3)
+    assert tracked[prefix + "pass@2"] == pytest.approx(5 / 9)
