@@ -231,6 +231,9 @@ def test_a_signal_during_convert_leaves_no_temporary_file_or_spool(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # As in a terminal: a test run started in the background inherits SIGINT ignored, and the
+        # child would never see the Ctrl-C this test sends (it then finished with exit 0).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
