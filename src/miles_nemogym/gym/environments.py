@@ -34,7 +34,7 @@ import yaml
 from miles_nemogym.episode.record import AGENT_SUFFIX
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config
-from miles_nemogym.gym.server import MARKER_ENV, advertised_url, answers, free_port, kill_marked
+from miles_nemogym.gym.server import MARKER_ENV, advertised_url, free_port, kill_marked, wait_until_answering
 from miles_nemogym.gym.venv import (
     BuildLines,
     GymEnvironmentError,
@@ -517,19 +517,14 @@ class EnvironmentServers:
 
     def _wait(self, name: str, deadline: float) -> None:
         url = f"http://{connect_host(self.host)}:{self.ports[name]}/openapi.json"
-        while True:
-            if self._processes[name].poll() is not None:
-                raise GymEnvironmentError(
-                    f"{name} exited during start; log {self.log_path(name)}:\n{self.log_tail(name)}"
-                )
-            if answers(url):
-                return
-            if time.monotonic() > deadline:
-                raise GymEnvironmentError(
-                    f"{name} did not answer within {self.start_timeout:.0f} s; "
-                    f"log {self.log_path(name)}:\n{self.log_tail(name)}"
-                )
-            time.sleep(0.3)
+        failed = wait_until_answering(url, lambda: self._processes[name].poll() is None, deadline, 0.3)
+        if failed == "exited":
+            raise GymEnvironmentError(f"{name} exited during start; log {self.log_path(name)}:\n{self.log_tail(name)}")
+        if failed == "timeout":
+            raise GymEnvironmentError(
+                f"{name} did not answer within {self.start_timeout:.0f} s; "
+                f"log {self.log_path(name)}:\n{self.log_tail(name)}"
+            )
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM each server's process group, SIGKILL what is left; idempotent."""

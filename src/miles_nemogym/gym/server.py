@@ -22,7 +22,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -107,6 +107,19 @@ def answers(url: str) -> bool:
         return True
     except (urllib.error.URLError, OSError, http.client.HTTPException):
         return False  # nothing there yet, or something that is not an HTTP server (another's port)
+
+
+def wait_until_answering(url: str, running: Callable[[], bool], deadline: float, interval: float) -> str | None:
+    """Poll ``url`` until it answers (None), the process stops running (``"exited"``) or
+    ``deadline`` (a ``time.monotonic`` value) passes (``"timeout"``); the caller says which server."""
+    while True:
+        if not running():
+            return "exited"
+        if answers(url):
+            return None
+        if time.monotonic() > deadline:
+            return "timeout"
+        time.sleep(interval)
 
 
 def advertised_url(host: str, port: int) -> str:
@@ -302,21 +315,17 @@ class GymServer:
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout
-        probe = f"{self.url}/openapi.json"
-        while True:
-            if not self.is_running():
-                code = self._process.returncode if self._process else None
-                raise GymServerError(
-                    f"the NeMo-Gym server exited during start (exit {code}); log {self.log_path}:\n{self.log_tail()}"
-                )
-            if answers(probe):
-                return
-            if time.monotonic() > deadline:
-                raise GymServerError(
-                    f"the NeMo-Gym server did not answer on {self.url} within {self.start_timeout:.0f} s; "
-                    f"log {self.log_path}:\n{self.log_tail()}"
-                )
-            time.sleep(0.5)
+        failed = wait_until_answering(f"{self.url}/openapi.json", self.is_running, deadline, 0.5)
+        if failed == "exited":
+            code = self._process.returncode if self._process else None
+            raise GymServerError(
+                f"the NeMo-Gym server exited during start (exit {code}); log {self.log_path}:\n{self.log_tail()}"
+            )
+        if failed == "timeout":
+            raise GymServerError(
+                f"the NeMo-Gym server did not answer on {self.url} within {self.start_timeout:.0f} s; "
+                f"log {self.log_path}:\n{self.log_tail()}"
+            )
 
     # ------------------------------------------------------------------ stop
 
