@@ -338,3 +338,17 @@ async def test_a_failure_streak_names_the_servers_it_came_from(
         check_run(get_settings())
     assert f"the mcqa resources server at {fake.url} (NEMO_GYM_ENVS; x3)" in str(stopped.value)
     assert "NEMO_GYM_URL" not in str(stopped.value)
+
+
+@pytest.mark.parametrize("base_url", ["not a url", "ftp://h/sessions/s", "http://[::1/sessions/s"])
+async def test_an_environment_row_with_a_session_url_that_is_not_http_is_refused_before_anything_is_sent(
+    monkeypatch: pytest.MonkeyPatch, base_url: str
+) -> None:
+    async with fake_resources() as fake:
+        envs(monkeypatch, mcqa=fake.url)
+        out = await call({**env_row("mcqa"), **MILES_KEYS}, base_url=base_url)
+        assert not fake.seeded and not fake.verified
+    record = out["nemogym"]
+    assert record["mask_sample"] is True and record["attempts"] == 0
+    assert record["failure_kind"] == "miles_nemogym:invalid_request"
+    assert "base_url" in record["failure_reason"] and "Miles passes http://" in record["failure_reason"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import pydantic_core
 
@@ -22,9 +21,8 @@ from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.circuit import circuit
 from miles_nemogym.episode.outcome import Outcome, check_reward, failure, short_reason
 from miles_nemogym.episode.record import AGENT_SUFFIX, ENV_KEY, SWE_ENVIRONMENT, EpisodeRecord, task_id_of
-from miles_nemogym.episode.request import PolicyUrlError, RequestBuildError, task_row
+from miles_nemogym.episode.request import RequestBuildError, check_session_url, task_row
 from miles_nemogym.episode.send import Undelivered, environment_connections, run_attempts
-from miles_nemogym.redaction import redact_url
 from miles_nemogym.settings import EnvironmentServer, Settings, SettingsError
 from miles_nemogym.simple_agent import EpisodeResult, Limits, run_episode
 
@@ -112,14 +110,7 @@ def build_episode(
         raise RequestBuildError(
             f"request_kwargs must be a dict of sampling parameters, got {type(request_kwargs).__name__}"
         )
-    expected = "Miles passes http://<session_server_ip>:<port>/sessions/<session_id>"
-    try:
-        parts = urlsplit(session_url) if isinstance(session_url, str) else None
-    except ValueError:
-        parts = None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
-        shown = redact_url(session_url) if isinstance(session_url, str) else type(session_url).__name__
-        raise PolicyUrlError(f"base_url {shown!r} is not an http(s) URL; {expected}")
+    check_session_url(session_url)
     return EnvironmentEpisode(
         environment=environment,
         server=server,

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 import pydantic_core
 from pydantic import ValidationError
@@ -44,6 +44,7 @@ __all__ = [
     "RunBody",
     "build_body",
     "build_run_body",
+    "check_session_url",
     "policy_base_url",
     "responses_create_params",
     "routable_local_address",
@@ -95,22 +96,32 @@ def policy_base_url(session_url: str, gym_url: str, external_host: str | None = 
     ``external_host`` (``MILES_ROUTER_EXTERNAL_HOST``) replaces the host whatever it is,
     as upstream does; otherwise only a wildcard host is replaced.
     """
-    expected = "Miles passes http://<session_server_ip>:<port>/sessions/<session_id>"
-    if not isinstance(session_url, str):
-        raise PolicyUrlError(f"base_url must be a string, got {type(session_url).__name__}; {expected}")
+    parts = check_session_url(session_url)
     try:
-        parts = urlsplit(session_url.strip())
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise PolicyUrlError(f"base_url {redact_url(session_url)!r} is not an http(s) URL; {expected}")
         netloc = _dialable_netloc(parts.netloc, gym_url, external_host)
-    except PolicyUrlError:
-        raise
-    except ValueError as error:  # urlsplit's own: a bad port, an unclosed IPv6 bracket
-        raise PolicyUrlError(f"base_url {redact_url(session_url)!r} is malformed ({error}); {expected}") from None
+    except ValueError as error:  # urlsplit's own: a bad port
+        raise PolicyUrlError(f"base_url {redact_url(session_url)!r} is malformed ({error}); {_EXPECTED}") from None
     path = parts.path.rstrip("/")
     if not path.endswith("/v1"):
         path += "/v1"
     return urlunsplit((parts.scheme, netloc, path, "", ""))
+
+
+_EXPECTED = "Miles passes http://<session_server_ip>:<port>/sessions/<session_id>"
+
+
+def check_session_url(session_url: Any) -> SplitResult:
+    """The parts of the session URL Miles passed as ``base_url``; ``PolicyUrlError`` when it is
+    not an http(s) URL (both paths call the policy through it)."""
+    if not isinstance(session_url, str):
+        raise PolicyUrlError(f"base_url must be a string, got {type(session_url).__name__}; {_EXPECTED}")
+    try:
+        parts = urlsplit(session_url.strip())
+    except ValueError as error:  # urlsplit's own: an unclosed IPv6 bracket
+        raise PolicyUrlError(f"base_url {redact_url(session_url)!r} is malformed ({error}); {_EXPECTED}") from None
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise PolicyUrlError(f"base_url {redact_url(session_url)!r} is not an http(s) URL; {_EXPECTED}")
+    return parts
 
 
 @lru_cache(maxsize=256)
