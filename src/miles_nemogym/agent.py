@@ -3,10 +3,13 @@
     async def run(*, base_url, prompt, request_kwargs, metadata) -> {"reward", "eval_report", "nemogym", ...}
     async def abort(args) -> None   # Miles' over-sampling abort: stop every in-flight episode
 
-A row of a ``NEMO_GYM_ENVS`` environment runs the ``simple_agent`` loop against its resources
-server (docs/environments.md); any other row is a SWE episode for ``NEMO_GYM_URL``'s ``/run``.
-A failed episode is recorded on the sample (``nemogym.mask_sample``), never raised; see
-docs/episode-pipeline.md. Importing this module stays cheap (no torch, sglang, ray, Miles).
+One sample, one episode: route (the row's environment: a ``NEMO_GYM_ENVS`` environment runs the
+``simple_agent`` loop against its resources server, any other row is a SWE episode for
+``NEMO_GYM_URL``'s ``/run``) -> prepare (its requests, checked before anything is sent) ->
+deliver (abortable, outages waited out, within ``NEMO_GYM_RUN_TIMEOUT``) -> bookkeeping (ledger,
+reward, salvage hold, store). A failed episode is recorded on the sample (``nemogym.mask_sample``),
+never raised; see docs/episode-pipeline.md. Importing this module stays cheap (no torch, sglang,
+ray, Miles).
 """
 
 from __future__ import annotations
@@ -15,18 +18,32 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import pydantic_core
+
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym.episode.environment import build_episode, route, run_environment
-from miles_nemogym.episode.outcome import Outcome, failure_of, finish
-from miles_nemogym.episode.record import REWARD_KEY, RecordRead, environment_of, role_of, task_id_of
-from miles_nemogym.episode.request import build_body, policy_base_url
-from miles_nemogym.episode.send import AWAITING_RESULT, NOT_DELIVERED, abort_all, run_body
+from miles_nemogym import state
+from miles_nemogym.episode.delivery import AWAITING_RESULT, NOT_DELIVERED, Episode, deliver
+from miles_nemogym.episode.environment import prepare as prepare_environment
+from miles_nemogym.episode.record import (
+    ENV_KEY,
+    REWARD_KEY,
+    SWE_ENVIRONMENT,
+    UNRECOGNIZED_ENVIRONMENT,
+    Outcome,
+    RecordRead,
+    environment_of,
+    failure_of,
+    finish,
+    role_of,
+    task_id_of,
+)
+from miles_nemogym.episode.swe import prepare as prepare_swe
+from miles_nemogym.errors import RequestError, SettingsError
 from miles_nemogym.log_once import log_once
 from miles_nemogym.reward import score_record
-from miles_nemogym.rollout.ledger import ledger
-from miles_nemogym.salvage import forget_held_episodes, hold_failed_episode
+from miles_nemogym.salvage import hold_failed_episode
 from miles_nemogym.settings import RewardMode, Settings, get_settings
-from miles_nemogym.store.writer import entry_for, get_store, session_id
+from miles_nemogym.store.writer import entry_for, session_id
 
 __all__ = ["abort", "run", "run_with_settings"]
 
@@ -62,33 +79,57 @@ async def run_with_settings(
     environment = environment_of(metadata)
     try:
         settings = get_settings() if given is None else given
-        environment, server = route(metadata, settings)
-        if server is None:
-            policy = policy_base_url(base_url, settings.gym_url, settings.external_host)
-            body = build_body(metadata, request_kwargs, settings, policy_base_url=policy)
-            episode = None
-        else:
-            episode = build_episode(metadata, environment, server, session_url=base_url, request_kwargs=request_kwargs)
+        episode = _prepare(environment, metadata, base_url, request_kwargs, settings)
     except Exception as error:  # a bad setting, session URL or task row still leaves a record
         task_id = task_id_of(metadata)
         scrubber = settings.key_scrubber() if settings is not None else None
         outcome = finish(failure_of(error, task_id, scrubber), task_id)
     else:
-        outcome = await (run_body(body, settings) if episode is None else run_environment(episode, settings))
+        outcome = await deliver(episode, settings, state.circuits, state.in_flight)
     record = outcome.record
     record.environment = environment
     _log(outcome)
     role, eval_set = role_of(metadata)
     # The ledger sees every episode, also those whose sample Miles returns without this dict.
     failure_kind = (record.failure_kind or fk.AGENT_RUN_ERROR) if record.mask_sample else None
-    ledger.record_episode(failure_kind, role, eval_set, outcome.outage_wait_s, environment=record.env)
+    state.ledger.record_episode(failure_kind, role, eval_set, outcome.outage_wait_s, environment=record.env)
     mode = settings.reward_mode if settings is not None else RewardMode.binary
     result = outcome.to_metadata()
     result[REWARD_KEY], _ = score_record(outcome.reward, RecordRead(record), mode)
-    hold_failed_episode(metadata, result)  # Miles drops this dict when no model call was made
+    hold_failed_episode(state.held, metadata, result)  # Miles drops this dict when no model call was made
     if settings is not None and settings.episode_dir:
         _store(settings, outcome, float(result[REWARD_KEY]), role, eval_set, base_url, metadata, store_extra)
     return result
+
+
+def _prepare(
+    environment: str,
+    metadata: Mapping[str, Any] | None,
+    base_url: str,
+    request_kwargs: Mapping[str, Any] | None,
+    settings: Settings,
+) -> Episode:
+    """The row's episode, by its environment; ``SettingsError``/``RequestError`` name what is wrong."""
+    if environment == SWE_ENVIRONMENT:
+        return prepare_swe(metadata, request_kwargs, settings, session_url=base_url)
+    if environment == UNRECOGNIZED_ENVIRONMENT:
+        raise RequestError(
+            f"metadata[{ENV_KEY!r}] must name an environment (letters, digits, '_', '-' or '.', at most 128, "
+            "as NEMO_GYM_ENVS names them); convert the data with `miles-nemogym convert`"
+        )
+    server = settings.environments.get(environment)
+    if server is None:
+        servers = settings.environments
+        configured = f"it names {', '.join(sorted(servers))}" if servers else "it is unset"
+        raise SettingsError(
+            f"the row's environment {environment!r} is not in NEMO_GYM_ENVS ({configured}); add it next to the "
+            f'others, e.g. NEMO_GYM_ENVS=\'{{"{environment}": "http://<its resources server>"}}\' '
+            f"(`miles-nemogym serve --env {environment}` prints the setting), or train on data of the "
+            "configured environments"
+        )
+    return prepare_environment(
+        metadata, environment, server, session_url=base_url, request_kwargs=request_kwargs, settings=settings
+    )
 
 
 def _store(
@@ -114,10 +155,12 @@ def _store(
         )
         if extra is not None:
             entry.update(extra())
+        answer, is_json = outcome.answer, outcome.answer_is_json
+        if isinstance(answer, dict):  # an environment episode's document: encoded only for the store
+            answer, is_json = pydantic_core.to_json(answer), True
         scrubber = settings.key_scrubber()
-        store = get_store(str(settings.episode_dir))
-        store.add(
-            role, entry, outcome.answer, outcome.answer_is_json, scrub=None if scrubber is None else scrubber.scrub
+        state.stores.get(str(settings.episode_dir)).add(
+            role, entry, answer, is_json, scrub=None if scrubber is None else scrubber.scrub
         )
     except Exception:
         logger.warning("episode store: could not queue episode %s", outcome.record.episode_id, exc_info=True)
@@ -127,8 +170,8 @@ async def abort(args: Any = None) -> None:
     """Miles' over-sampling abort hook: stop every in-flight episode of this process at once
     (``/run`` and environment episodes); each stopped ``run`` returns a ``cancelled`` outcome
     (the server's sandbox, or resources-server session, expires on its own)."""
-    states = abort_all()
-    forget_held_episodes()  # the step's groups have all been filtered
+    states = state.in_flight.abort_all()
+    state.held.clear()  # the step's groups have all been filtered
     logger.info(
         "abort: stopped %d in-flight NeMo-Gym episode(s): %d sent and awaiting their result "
         "(the server may finish them), %d not yet delivered; each is recorded as cancelled",

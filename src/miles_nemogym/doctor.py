@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from enum import Enum
 from urllib.parse import urlsplit
 
-from miles_nemogym.episode.request import PolicyUrlError, policy_base_url
-from miles_nemogym.hosts import bracket, is_loopback, is_wildcard
+from miles_nemogym.episode.swe import policy_base_url
+from miles_nemogym.errors import RequestError
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.server_probe import (
     Fetcher,
@@ -33,6 +33,7 @@ from miles_nemogym.server_probe import (
     resources_routes,
 )
 from miles_nemogym.settings import EnvironmentServer, Settings, SettingsError
+from miles_nemogym.transport import bracket, is_loopback, is_wildcard
 
 DEFAULT_TIMEOUT_S = 5.0
 _DEFAULT_SESSION_HOST = "0.0.0.0"
@@ -123,7 +124,7 @@ def _check_policy_host(settings: Settings, session_host: str) -> CheckResult:
     session_url = f"http://{bracket(session_host)}:30000/sessions/doctor"
     try:
         url = policy_base_url(session_url, settings.gym_url, settings.external_host)
-    except PolicyUrlError as error:
+    except RequestError as error:
         return CheckResult(
             _CHECK_POLICY_HOST,
             Status.failed,

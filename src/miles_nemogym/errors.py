@@ -1,7 +1,36 @@
-"""The one base of every exception miles-nemogym defines."""
+"""The exceptions miles-nemogym raises on purpose, and the two an episode turns into a failure kind.
+
+    MilesNemoGymError                every exception the package defines derives from it
+    ├── RunStopped                   the run cannot go on: raised by the group filter, it ends Miles' rollout
+    ├── SettingsError                a NEMO_GYM_* variable (or a flag standing in for one) is malformed
+    │                                → an episode under it: ``miles_nemogym:invalid_config``
+    └── RequestError                 the task row, the sampling keys or Miles' session URL cannot
+        │                            form the episode's requests → ``miles_nemogym:invalid_request``
+        └── UrlError                 a URL that is not a plain http(s) base URL (``transport.check_url``)
+
+Each subclass keeps its builtin base too (``ValueError``, ...); the other modules' errors
+(``FetchError``, ``ConvertError``, ...) derive from ``MilesNemoGymError`` directly.
+"""
 
 from __future__ import annotations
 
 
 class MilesNemoGymError(Exception):
-    """Raised on purpose by miles-nemogym; each subclass keeps its builtin base too (``ValueError``, ...)."""
+    """Raised on purpose by miles-nemogym."""
+
+
+class SettingsError(MilesNemoGymError, ValueError):
+    """A configuration value is missing or malformed; the message names the variable and the fix."""
+
+
+class RequestError(MilesNemoGymError, ValueError):
+    """A sample cannot form its episode's requests; the message names the field and the fix."""
+
+
+class UrlError(RequestError):
+    """A URL the package would send to is not a plain ``http(s)`` base URL; the message says why."""
+
+
+class RunStopped(MilesNemoGymError, RuntimeError):
+    """The run cannot go on (an outage past ``NEMO_GYM_OUTAGE_TIMEOUT``, a failure streak): the one
+    exception meant to leave a hook (the group filter's, which ends Miles' rollout)."""

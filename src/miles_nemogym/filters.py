@@ -2,7 +2,8 @@
 
 ``check_episode_group(args, group)`` is called once per finished prompt group (Miles
 ``inference_rollout_train.py``): it keeps a group that can be trained, drops the rest with a
-reason, and raises ``RunStopped`` when the server cannot produce episodes. Why: docs/episode-pipeline.md.
+reason, and raises ``RunStopped`` when the run must stop (``check_run``: an outage past
+``NEMO_GYM_OUTAGE_TIMEOUT``, a failure streak). Why: docs/episode-pipeline.md.
 """
 
 from __future__ import annotations
@@ -12,14 +13,18 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from miles_nemogym.rollout.ledger import check_run, ledger
+from miles_nemogym import state
+from miles_nemogym.errors import RunStopped
+from miles_nemogym.log_once import log_once
+from miles_nemogym.rollout.ledger import streak_stop
 from miles_nemogym.salvage import HOOK_PATH, group_verdict, recover_failed_episodes
-from miles_nemogym.settings import get_settings
+from miles_nemogym.settings import Settings, get_settings
+
+__all__ = ["FilterOutput", "check_episode_group", "check_run", "stop_reason"]
 
 logger = logging.getLogger(__name__)
 
 REWARD_POST_PROCESS = HOOK_PATH
-_warned: list[bool] = []
 
 
 @dataclass
@@ -43,14 +48,34 @@ def _salvage_wired(args: Any) -> bool:
     """Whether Miles will train a kept, partly failed group over its valid episodes; without
     our post-process hook the failed episodes' 0.0 would train, so such groups are dropped."""
     wired = getattr(args, "custom_reward_post_process_path", None) == REWARD_POST_PROCESS
-    if not wired and not _warned:
-        _warned.append(True)
-        logger.warning(
+    if not wired:
+        log_once(
+            logger,
+            logging.WARNING,
+            "salvage not wired",
             "partly failed groups are dropped: --custom-reward-post-process-path is not %s, which trains "
             "them over their valid episodes (NEMO_GYM_MIN_VALID_PER_GROUP needs it)",
             REWARD_POST_PROCESS,
         )
     return wired
+
+
+def stop_reason(settings: Settings) -> str | None:
+    """Why the run must stop now (an outage past ``NEMO_GYM_OUTAGE_TIMEOUT``, a failure streak), or
+    None. Reads the process's state; changes nothing."""
+    return state.circuits.stop_error() or streak_stop(settings, state.ledger)
+
+
+def check_run(settings: Settings) -> None:
+    """Raise ``RunStopped`` if the run must stop, after stopping this process's in-flight episodes
+    (Miles' end-of-step abort does not run on that path). Miles swallows the agent function's
+    exceptions, but one from the group filter ends the rollout (``inference_rollout_train.py``)."""
+    reason = stop_reason(settings)
+    if reason is None:
+        return
+    stopped = sum(state.in_flight.abort_all().values())
+    logger.error("%s (stopped %d in-flight episode(s))", reason, stopped)
+    raise RunStopped(reason)
 
 
 def check_episode_group(args: Any, samples: Any, **kwargs: Any) -> Any:
@@ -61,9 +86,9 @@ def check_episode_group(args: Any, samples: Any, **kwargs: Any) -> Any:
     group_size = getattr(args, "n_samples_per_prompt", None)
     min_valid = settings.min_valid_per_group if _salvage_wired(args) else 0
     try:
-        recover_failed_episodes(samples)  # episodes that failed before their first policy call
+        recover_failed_episodes(state.held, samples)  # episodes that failed before their first policy call
         reason, salvaged = group_verdict(samples, min_valid, group_size)
     except Exception:  # unreadable samples are not a valid measurement; never crash the rollout
         reason, salvaged = "nemogym_unreadable_record", False
-    ledger.record_group(kept=reason is None, salvaged=salvaged)
+    state.ledger.record_group(kept=reason is None, salvaged=salvaged)
     return _output_type()(keep=reason is None, reason=reason)

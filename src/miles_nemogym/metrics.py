@@ -17,23 +17,27 @@ import re
 from collections import defaultdict
 from typing import Any
 
+from miles_nemogym import state
 from miles_nemogym.episode.record import (
     EVAL,
     REWARD_KEY,
     SWE_ENVIRONMENT,
     TASK_ID_KEY,
     TRAIN,
+    UNRECOGNIZED_ENVIRONMENT,
     EpisodeRecord,
     SampledEpisode,
     distinct_episodes,
     flatten,
+    pass_at_k,
+    passed,
+    percentile,
     record_of,
 )
-from miles_nemogym.estimators import pass_at_k, passes, percentile
 from miles_nemogym.failure_kinds import metric_label
-from miles_nemogym.rollout.ledger import EnvironmentTally, Tally, ledger
+from miles_nemogym.rollout.ledger import EnvironmentTally, Tally
 from miles_nemogym.salvage import zero_loss_samples
-from miles_nemogym.store.writer import seal_all
+from miles_nemogym.settings import environment_name_problem
 
 __all__ = ["eval_k", "eval_set_metrics", "log_eval", "log_rollout", "pass_at_k", "percentile", "rollout_metrics"]
 
@@ -48,8 +52,6 @@ _MEASURED = frozenset(
     {"mask_sample", "failure_kind", "resolved", "patch_applied", "fail_to_pass", "turns", "tool_calls", "attempts"}
     | {"elapsed_s", "environment"}
 )
-# An environment name as a metric path segment (NEMO_GYM_ENVS names all are; a corrupted record's may not be).
-_ENV_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 def rollout_metrics(samples: Any, tally: Tally) -> dict[str, float]:
@@ -116,7 +118,8 @@ def _environments(
 
 
 def _env_label(name: str) -> str:
-    return name if _ENV_LABEL.fullmatch(name) else "unrecognized"
+    """An environment name as a metric path segment (NEMO_GYM_ENVS names all are; a corrupted record's may not be)."""
+    return name if name == SWE_ENVIRONMENT or environment_name_problem(name) is None else UNRECOGNIZED_ENVIRONMENT
 
 
 def _reward(episode: SampledEpisode) -> float | None:
@@ -130,13 +133,6 @@ def _reward(episode: SampledEpisode) -> float | None:
 def _reward_mean(valid: list[SampledEpisode]) -> dict[str, float]:
     rewards = [r for r in map(_reward, valid) if r is not None]
     return {"reward_mean": sum(rewards) / len(rewards)} if rewards else {}
-
-
-def _passed(episode: SampledEpisode) -> bool:
-    """SWE: resolved; any other environment: its reward is a pass (``estimators.passes``)."""
-    if episode.record.env == SWE_ENVIRONMENT:
-        return bool(episode.record.resolved)
-    return passes(_reward(episode))
 
 
 def _counts(tally: Tally) -> dict[str, float]:
@@ -196,7 +192,7 @@ def log_rollout(
     rollout_time: float | None = None,
 ) -> bool:
     """Miles rollout log function: log ``nemogym/*`` metrics; returns False (Miles logs too)."""
-    tally = ledger.drain()
+    tally = state.ledger.drain()
     try:
         metrics: dict[str, Any] = dict(rollout_metrics(samples, tally))
     except Exception:  # never fail Miles' rollout logging over our metrics; the ledger's still count
@@ -222,7 +218,7 @@ def _track(args: Any, rollout_id: Any, metrics: dict[str, Any], step_key: str) -
 def _seal(role: str, rollout_id: Any) -> None:
     """File ``role``'s stored episodes under this step; the store never fails a log call."""
     try:
-        seal_all(role, int(rollout_id))
+        state.stores.seal_all(role, int(rollout_id))
     except Exception:
         logger.warning("episode store: could not file %s episodes under step %s", role, rollout_id, exc_info=True)
 
@@ -241,7 +237,7 @@ def log_eval(rollout_id: int, args: Any, data: Any, extra_metrics: Any = None) -
     metrics: dict[str, Any] = {}
     for name, result in (data or {}).items():
         samples = result.get("samples") if isinstance(result, dict) else None
-        tally = ledger.drain(EVAL, str(name))
+        tally = state.ledger.drain(EVAL, str(name))
         try:
             metrics.update(eval_set_metrics(str(name), samples or [], eval_k(args, str(name)), tally))
         except Exception:  # never fail Miles' eval logging over our metrics
@@ -288,7 +284,7 @@ def _pass_rates(found: list[SampledEpisode], k: int) -> dict[str, float]:
     by_instance: dict[str, list[bool]] = defaultdict(list)
     for episode in found:
         if not episode.record.mask_sample:
-            by_instance[_task(episode)].append(_passed(episode))
+            by_instance[_task(episode)].append(passed(episode.record, episode.metadata.get(REWARD_KEY)))
     instances = {_task(e) for e in found}
     metrics = {"instances": float(len(instances))}
     if by_instance:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import Counter
 from typing import Any
 
+from miles_nemogym import state
 from miles_nemogym.episode.record import (
     REWARD_KEY,
     SWE_ENVIRONMENT,
@@ -20,15 +20,13 @@ from miles_nemogym.episode.record import (
     metadata_of,
     read_record,
 )
+from miles_nemogym.errors import SettingsError
 from miles_nemogym.log_once import log_once
-from miles_nemogym.settings import RewardMode, SettingsError, get_settings
+from miles_nemogym.settings import RewardMode, get_settings
 
-__all__ = ["partial_credit", "problems", "reward_func", "score", "score_record"]
+__all__ = ["partial_credit", "reward_func", "score", "score_record"]
 
 logger = logging.getLogger(__name__)
-
-problems: Counter[str] = Counter()
-"""How many samples scored 0.0 because their reward was missing or invalid, by reason."""
 
 _TEST_COUNTS = frozenset({"fail_to_pass", "pass_to_pass"})
 
@@ -72,8 +70,8 @@ def _score_sample(sample: Any, mode: RewardMode) -> float:
     except Exception:  # a record no rule above foresaw: set aside, never crash the rollout
         value, problem = 0.0, "unreadable_record"
     if problem is not None:
-        problems[problem] += 1
-        count = problems[problem]
+        state.reward_problems[problem] += 1
+        count = state.reward_problems[problem]
         # The first few, then every 100th: enough to notice, never a flood.
         if count <= 3 or count % 100 == 0:
             instance = str(metadata_of(sample).get("instance_id"))[:200]

@@ -130,9 +130,10 @@ def zero_loss_samples(samples: Any) -> int:
 # ----------------------------------------------------------------------------- failed before the policy
 
 
-class _Held:
+class HeldEpisodes:
     """Failed train episodes of the current step whose sample may come back without them,
-    oldest first; at most ``limit`` (the oldest go first: their groups have long been seen)."""
+    oldest first; at most ``limit`` (the oldest go first: their groups have long been seen).
+    The process's are ``state.held``."""
 
     def __init__(self, limit: int = 4096) -> None:
         self._lock = threading.Lock()
@@ -162,10 +163,7 @@ class _Held:
             return count
 
 
-_held = _Held()
-
-
-def hold_failed_episode(metadata: Mapping[str, Any] | None, result: Mapping[str, Any]) -> None:
+def hold_failed_episode(held: HeldEpisodes, metadata: Mapping[str, Any] | None, result: Mapping[str, Any]) -> None:
     """Called by the agent function with the dict it returns: keep a failed (not cancelled)
     train episode until the group filter sees its sample, in case Miles returns that sample
     ABORTED without the dict (no model call recorded)."""
@@ -180,16 +178,10 @@ def hold_failed_episode(metadata: Mapping[str, Any] | None, result: Mapping[str,
         or role_of(metadata)[0] != TRAIN
     ):
         return
-    _held.hold(task, record.episode_id, dict(result))
+    held.hold(task, record.episode_id, dict(result))
 
 
-def forget_held_episodes() -> int:
-    """Called by the agent's ``abort`` (Miles' end of a train step, after the group filter has
-    seen every group it will): drop what is still held; returns how many."""
-    return _held.clear()
-
-
-def recover_failed_episodes(samples: Any) -> int:
+def recover_failed_episodes(held: HeldEpisodes, samples: Any) -> int:
     """Give each ABORTED, record-less sample of a group the failed episode the agent function
     held for its task, as a zero-loss sample Miles can convert; returns how many. Samples
     that arrived with their record release theirs. An ABORTED sample with no held episode
@@ -199,14 +191,14 @@ def recover_failed_episodes(samples: Any) -> int:
         record = record_of(sample)
         task = task_id_of(metadata_of(sample))
         if record is not None and record.episode_id is not None and task is not None:
-            _held.release(task, record.episode_id)
+            held.release(task, record.episode_id)
     template = next((sample for sample in group if _can_template(sample)), None)
     recovered = 0
     for sample in group:
         if template is None or not is_aborted(sample) or RECORD_KEY in metadata_of(sample):
             continue
         task = task_id_of(metadata_of(sample))
-        result = None if task is None else _held.claim(task)
+        result = None if task is None else held.claim(task)
         if result is None:
             continue
         _as_zero_loss_sample(sample, template, result)

@@ -2,7 +2,8 @@
 resources server with the routes an environment's rows need?
 
 The one server check behind ``doctor``, the launcher's checks and ``scan``: fetch
-``/openapi.json`` (one deadline for the whole answer, no redirects, a size cap), read
+``/openapi.json`` through the one transport (``transport.request``: one deadline for the whole
+answer, no redirects, a size cap), read
 ``POST /run``'s body fields with a bounded schema walk, or a resources server's ``POST``
 routes, and say what a failure means and how to fix it. Why each guard exists:
 docs/data-and-checks.md.
@@ -18,9 +19,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
+
+from miles_nemogym import failure_kinds as fk
 from miles_nemogym import pins
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.redaction import redact_url
+from miles_nemogym.transport import Deadline, TransportError, pool, request
 
 
 class FetchError(MilesNemoGymError, Exception):
@@ -53,45 +58,49 @@ def _parse_json(body: bytes) -> Any:
 
 
 async def _fetch_json_async(url: str, timeout_s: float) -> Any:
-    """GET ``url`` and parse its JSON body: one deadline for connect, headers and the whole
-    body, no redirects, at most ``_MAX_DOCUMENT_BYTES``; raises ``FetchError``."""
-    import aiohttp
-
+    """GET ``url`` and parse its JSON body through the one transport (one deadline for connect,
+    headers and the whole body, no redirects, at most ``_MAX_DOCUMENT_BYTES``); raises ``FetchError``."""
+    connections = await pool(1)
     try:
-        async with (
-            # trust_env=False: proxies from the environment would turn "unreachable" into a proxy's page.
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s), trust_env=False) as session,
-            session.get(url, allow_redirects=False, headers={"Accept": "application/json"}) as response,
-        ):
-            if 300 <= response.status < 400:
-                target = redact_url(response.headers.get("Location", "?"))
-                raise FetchError("redirect", f"HTTP {response.status} redirect to {target} (not followed)")
-            if response.status != 200:
-                raise FetchError("http", f"HTTP {response.status} {response.reason or ''}".rstrip())
-            body = bytearray()
-            async for chunk in response.content.iter_any():
-                body += chunk
-                if len(body) > _MAX_DOCUMENT_BYTES:
-                    raise FetchError(
-                        "too-large",
-                        f"the answer is over {_MAX_DOCUMENT_BYTES // (1024 * 1024)} MB, not an OpenAPI document",
-                    )
-    except (asyncio.TimeoutError, TimeoutError):
-        raise FetchError("timeout", f"no complete answer within {timeout_s:g} s") from None
-    except aiohttp.ClientConnectorCertificateError as error:
-        reason = getattr(error.certificate_error, "verify_message", "") or str(error.certificate_error)
-        raise FetchError("certificate", f"the server's TLS certificate failed verification ({reason})") from None
-    except aiohttp.ClientSSLError as error:
-        raise FetchError("tls", f"the TLS handshake failed ({error.os_error})") from None
-    except aiohttp.ClientConnectorError as error:
-        if isinstance(error.os_error, socket.gaierror):
-            raise FetchError("dns", f"host name does not resolve ({error.os_error})") from None
-        if isinstance(error.os_error, ConnectionRefusedError):
-            raise FetchError("refused", "connection refused (nothing listens on that port)") from None
-        raise FetchError("connect", str(error.os_error)) from None
-    except (aiohttp.ClientError, OSError, ValueError) as error:
-        raise FetchError("connect", f"{type(error).__name__}: {error}") from None
-    return _parse_json(bytes(body))
+        answer = await request(
+            connections.gym,
+            "GET",
+            url,
+            deadline=Deadline(timeout_s),
+            connect_timeout_s=timeout_s,
+            cap=_MAX_DOCUMENT_BYTES,
+        )
+    except TransportError as error:
+        raise _fetch_error(error, timeout_s) from None
+    if 300 <= answer.status < 400:
+        target = redact_url(answer.location or "?")
+        raise FetchError("redirect", f"HTTP {answer.status} redirect to {target} (not followed)")
+    if answer.status != 200:
+        raise FetchError("http", f"HTTP {answer.status}")
+    if answer.over_cap:
+        raise FetchError(
+            "too-large", f"the answer is over {_MAX_DOCUMENT_BYTES // (1024 * 1024)} MB, not an OpenAPI document"
+        )
+    return _parse_json(answer.body)
+
+
+def _fetch_error(error: TransportError, timeout_s: float) -> FetchError:
+    """The transport's failure in the words of a server check (each word has its fix below)."""
+    cause = error.os_error
+    if error.kind == fk.TRANSPORT_TLS:
+        if isinstance(cause, aiohttp.ClientConnectorCertificateError):
+            reason = getattr(cause.certificate_error, "verify_message", "") or str(cause.certificate_error)
+            return FetchError("certificate", f"the server's TLS certificate failed verification ({reason})")
+        return FetchError("tls", f"the TLS handshake failed ({error})")
+    if error.kind == fk.TRANSPORT_UNREACHABLE:
+        if isinstance(cause, socket.gaierror):
+            return FetchError("dns", f"host name does not resolve ({cause})")
+        if isinstance(cause, ConnectionRefusedError):
+            return FetchError("refused", "connection refused (nothing listens on that port)")
+        return FetchError("connect", str(error))
+    if error.kind in (fk.AGENT_TIMEOUT, fk.TRANSPORT_TIMEOUT):
+        return FetchError("timeout", f"no complete answer within {timeout_s:g} s")
+    return FetchError("connect", str(error))
 
 
 def fetch_json(url: str, timeout_s: float) -> Any:

@@ -17,14 +17,27 @@ from enum import Enum
 from functools import cached_property
 from types import MappingProxyType
 from typing import Any
-from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, StrictInt, ValidationError, field_validator
 
-from miles_nemogym.episode.record import SWE_ENVIRONMENT
-from miles_nemogym.errors import MilesNemoGymError
+from miles_nemogym.errors import SettingsError
 from miles_nemogym.redaction import KeyScrubber, key_scrubber, redact_url
+from miles_nemogym.transport import check_url
 from miles_nemogym.validation import describe
+
+__all__ = [
+    "ENV_VARS",
+    "MAX_STEPS_LIMIT",
+    "SWE_ENVIRONMENT",
+    "EnvironmentServer",
+    "RewardMode",
+    "Settings",
+    "SettingsError",
+    "environment_name_problem",
+    "get_settings",
+    "parse_environments",
+    "reset",
+]
 
 
 class RewardMode(str, Enum):
@@ -37,6 +50,11 @@ class RewardMode(str, Enum):
 
 
 _ENV_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+SWE_ENVIRONMENT = "swe"
+"""The environment of rows run through ``mini_swe_agent_2``'s ``/run`` (``NEMO_GYM_URL``);
+reserved: ``NEMO_GYM_ENVS`` cannot name it."""
+MAX_STEPS_LIMIT = 10_000
+"""The largest ``max_steps`` accepted: more model turns than any context holds."""
 
 
 class EnvironmentServer(BaseModel):
@@ -46,17 +64,14 @@ class EnvironmentServer(BaseModel):
 
     url: str
     """Base URL of the resources server (``/seed_session``, ``/<tool>``, ``/verify`` are appended)."""
-    max_steps: int | None = Field(default=None, ge=1)
-    """Most model turns per episode (``simple_agent``'s ``max_steps``); None: no limit."""
+    max_steps: StrictInt | None = Field(default=None, ge=1, le=MAX_STEPS_LIMIT)
+    """Most model turns per episode (``simple_agent``'s ``max_steps``); None: no limit but the
+    episode's deadline (``NEMO_GYM_RUN_TIMEOUT``). A JSON integer: ``true``, ``"5"`` or ``2.0`` is refused."""
 
     @field_validator("url")
     @classmethod
     def _check_url(cls, value: str) -> str:
         return _check_http_url(value, "http://gym-host:8001")
-
-
-class SettingsError(MilesNemoGymError, ValueError):
-    """A configuration value is missing or malformed; the message names the fix."""
 
 
 class Settings(BaseModel):
@@ -132,14 +147,14 @@ class Settings(BaseModel):
     def _check_environments(cls, value: str | None) -> str | None:
         if value is None or not value.strip():
             return None
-        _parse_environments(value)
+        parse_environments(value)
         return value.strip()
 
     @cached_property
     def environments(self) -> Mapping[str, EnvironmentServer]:
         """Environment name -> its resources server (empty when ``NEMO_GYM_ENVS`` is unset);
         parsed once per settings object (the agent asks on every episode)."""
-        return MappingProxyType(_parse_environments(self.environments_text) if self.environments_text else {})
+        return MappingProxyType(parse_environments(self.environments_text) if self.environments_text else {})
 
     @field_validator("reward_range_text")
     @classmethod
@@ -164,7 +179,7 @@ class Settings(BaseModel):
 
     def key_scrubber(self) -> KeyScrubber | None:
         """What removes the policy API key from outside text; None when there is nothing to hide."""
-        return key_scrubber(self.policy_api_key.get_secret_value() if self.policy_api_key else None)
+        return None if self.policy_api_key is None else key_scrubber(self.policy_api_key.get_secret_value())
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -190,17 +205,8 @@ class Settings(BaseModel):
 
 
 def _check_http_url(value: str, example: str) -> str:
-    value = value.strip().rstrip("/")
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"expected an http(s) URL such as {example}")
-    try:
-        parts.port  # noqa: B018 - urlsplit checks the port only when asked
-    except ValueError:
-        raise ValueError(f"the port must be a number from 1 to 65535, as in {example}") from None
-    if parts.port == 0:
-        raise ValueError(f"the port must be a number from 1 to 65535, as in {example}")
-    return value
+    check_url(value, example)  # an UrlError is a ValueError: pydantic reports it for the variable
+    return value.strip().rstrip("/")
 
 
 def environment_name_problem(name: str) -> str | None:
@@ -212,14 +218,20 @@ def environment_name_problem(name: str) -> str | None:
     return None
 
 
-def _parse_environments(text: str) -> dict[str, EnvironmentServer]:
+def parse_environments(text: str) -> dict[str, EnvironmentServer]:
+    """``NEMO_GYM_ENVS``'s value: environment name -> its server; ``ValueError`` says what is wrong
+    (the one parser: settings, the launcher and ``doctor`` read the variable through it)."""
     form = (
         'a JSON object such as {"mcqa": "http://gym-host:8001", '
         '"xlam_fc": {"url": "http://gym-host:8002", "max_steps": 4}}'
     )
     try:
-        raw = json.loads(text)
-    except ValueError:
+        raw = json.loads(text, object_pairs_hook=_refuse_duplicates)
+    except _DuplicateKey as duplicate:
+        raise ValueError(
+            f"the key {duplicate.name!r} is given twice (JSON would silently keep the last); give it once"
+        ) from None
+    except (ValueError, RecursionError):
         raise ValueError(f"not JSON; expected {form}") from None
     if not isinstance(raw, dict) or not raw:
         raise ValueError(f"expected {form}")
@@ -234,6 +246,21 @@ def _parse_environments(text: str) -> dict[str, EnvironmentServer]:
         except ValidationError as error:
             raise ValueError(f"environment {name!r}: {describe(error)}") from None
     return servers
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' object hook: a key given twice is refused (JSON itself would keep the last)."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
 
 
 def _parse_range(text: str) -> tuple[float, float]:

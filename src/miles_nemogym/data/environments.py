@@ -14,8 +14,7 @@ from fractions import Fraction
 from typing import Any
 
 from miles_nemogym.data.schema import FieldProblem
-from miles_nemogym.episode.record import AGENT_SUFFIX, ENV_KEY, SWE_ENVIRONMENT, TASK_ID_KEY
-from miles_nemogym.episode.request import ROUTING_KEYS
+from miles_nemogym.episode.record import AGENT_SUFFIX, ENV_KEY, ROUTING_KEYS, SWE_ENVIRONMENT, TASK_ID_KEY
 from miles_nemogym.settings import environment_name_problem
 
 __all__ = [
@@ -129,13 +128,13 @@ def chat_prompt(row: Mapping[str, Any]) -> list[dict[str, Any]] | FieldProblem:
             "is missing or empty: the model would get no prompt (rows filled from a prompt_config at "
             "preparation: convert the prepared file)",
         )
-    # Imported here: the simple_agent package brings aiohttp, which readers of rows never need.
-    from miles_nemogym.simple_agent.chat_request import RowError, messages, request_body
+    # Imported here: the episode module brings aiohttp, which readers of rows never need.
+    from miles_nemogym.episode.environment import first_request
+    from miles_nemogym.errors import RequestError
 
     try:
-        prompt = messages(params)
-        request_body(params, None)  # the tools and extra_body the episode will send
-    except RowError as error:  # "responses_create_params.<where> <what is wrong>"
+        prompt, _ = first_request(params, None)  # also the tools and extra_body the episode will send
+    except RequestError as error:  # "responses_create_params.<where> <what is wrong>"
         field, _, message = str(error).partition(" ")
         return FieldProblem(field, "unusable", message)
     return prompt

@@ -13,8 +13,7 @@ from pathlib import PurePath
 from typing import Any
 
 from miles_nemogym.data.schema import SUBSETS, FieldProblem, SweBenchInstance, validate_instance
-from miles_nemogym.episode.record import ENV_KEY
-from miles_nemogym.episode.request import ROUTING_KEYS
+from miles_nemogym.episode.record import ENV_KEY, ROUTING_KEYS
 
 # Normalised dataset names (lower case, '_'/' '/'.' → '-') and what they imply.
 _KNOWN_NAMES: dict[str, tuple[str, str]] = {

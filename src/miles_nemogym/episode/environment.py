@@ -1,179 +1,542 @@
-"""One episode of a ``NEMO_GYM_ENVS`` environment: which rows, and the ``simple_agent`` loop
-run as an abortable episode behind its resources server's circuit.
+"""The environment episode: NeMo-Gym's ``simple_agent`` loop, run here against a resources server
+of ``NEMO_GYM_ENVS``, every model call going to the sample's own Miles session.
 
-``route`` reads the row: a ``nemogym_env`` mark naming a ``NEMO_GYM_ENVS`` environment, or
-NeMo-Gym's own ``agent_ref`` naming one (``<env>`` or ``<env>_simple_agent``); anything else
-is a SWE row for ``/run``. ``build_episode`` then ``run_environment`` mirror ``build_body``
-then ``run_body``: the row sent to ``/seed_session`` and ``/verify`` is ``task_row`` (no
-marks, no Miles bookkeeping, no keys we returned), and the loop's ``EpisodeResult`` becomes
-the same ``Outcome`` a ``/run`` episode gives (docs/environments.md).
+    prepare(row)  -> the task row as the server gets it, the first chat request, the tools offered
+    attempt       -> POST /seed_session (a session cookie of its own)
+                     up to max_steps turns: POST <session>/v1/chat/completions; each tool call
+                     POSTed to /<tool> with the cookie, its answer the tool output
+                     POST /verify with the row and the Responses-format transcript
+    score         -> the verifier's reward, or a masked failure under its kind
+
+The semantics are those of NeMo-Gym 0.7.0's ``responses_api_agents/simple_agent/app.py``:
+arguments that are not JSON and tool answers of any HTTP status are model-visible tool outputs;
+a turn that calls no tool, a cut-off (``finish_reason == "length"``, its tool calls not run) or
+``max_steps`` ends the loop. The transcript is what ``/verify`` reads, in the items NeMo-Gym's
+``vllm_model`` makes of each chat answer (``nemo_gym/responses_converter.py``): per turn a
+``reasoning`` item for ``<think>`` spans, a ``message`` with the rest of the text (also when
+empty), one ``function_call`` per call, then the ``function_call_output`` items. Every request
+goes through ``transport.request`` under the episode's deadline; only a seed that never left
+may be sent again (docs/environments.md).
 """
 
 from __future__ import annotations
 
+import json
+import re
+import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import pydantic_core
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym.episode.circuit import circuit
-from miles_nemogym.episode.outcome import Outcome, check_reward, failure, short_reason
-from miles_nemogym.episode.record import AGENT_SUFFIX, ENV_KEY, SWE_ENVIRONMENT, EpisodeRecord, task_id_of
-from miles_nemogym.episode.request import RequestBuildError, check_session_url, task_row
-from miles_nemogym.episode.send import Undelivered, environment_connections, run_attempts
-from miles_nemogym.settings import EnvironmentServer, Settings, SettingsError
-from miles_nemogym.simple_agent import EpisodeResult, Limits, run_episode
+from miles_nemogym.episode.delivery import Undelivered
+from miles_nemogym.episode.record import (
+    EpisodeRecord,
+    Outcome,
+    check_reward,
+    failure,
+    finite_json,
+    short_reason,
+    shown,
+    task_id_of,
+    task_row,
+)
+from miles_nemogym.errors import MilesNemoGymError, RequestError
+from miles_nemogym.settings import EnvironmentServer, Settings
+from miles_nemogym.transport import Answer, Deadline, TransportError, check_session_url, pool, request
 
-__all__ = ["AGENT_REF_KEY", "EnvironmentEpisode", "build_episode", "route", "run_environment"]
+__all__ = ["EnvironmentEpisode", "first_request", "prepare"]
 
-AGENT_REF_KEY = "agent_ref"
-"""NeMo-Gym's row field naming the agent that runs it: ``{"type": "responses_api_agents", "name": ...}``."""
-_AGENT_TYPE = "responses_api_agents"
-
-# /verify echoes the request; these are the loop's own fields, not the environment's.
+_PARAMS = "responses_create_params"
+_TOOL_OUTPUT_BYTES = 64 * 1024
+"""A longer tool answer is cut here and a note appended (``simple_agent`` has no cap)."""
+_RESOURCES_ROUTES = frozenset({"seed_session", "verify", "close_session", "aggregate_metrics", "reverify_mode"})
+"""The resources server's own endpoints: never a tool."""
+_CONTEXT_FULL = re.compile(rb"context length", re.IGNORECASE)
+"""What a 400 from the policy says when the prompt leaves no room to generate: vLLM's "maximum
+context length", SGLang's "longer than the model's context length" (through Miles' session server)."""
 _VERIFY_OWN = frozenset({"response", "reward", "mask_sample", "failure_kind", "failure_reason"})
+"""``/verify``'s answer echoes the request; these are the loop's own fields, not the environment's."""
 
 
-def route(metadata: Mapping[str, Any] | None, settings: Settings) -> tuple[str, EnvironmentServer | None]:
-    """(environment name, its resources server) of a sample's row; (``swe``, None) for a row
-    of ``NEMO_GYM_URL``'s ``/run``. ``SettingsError`` for a row marked with an environment
-    ``NEMO_GYM_ENVS`` does not name."""
-    if not isinstance(metadata, Mapping):
-        return SWE_ENVIRONMENT, None
-    servers = settings.environments
-    if ENV_KEY in metadata:
-        name = metadata[ENV_KEY]
-        if not isinstance(name, str) or not name:
-            raise RequestBuildError(
-                f"metadata[{ENV_KEY!r}] must name an environment of NEMO_GYM_ENVS, got {name!r}; "
-                "convert the data with `miles-nemogym convert`"
+# -- the first request: the task row as a chat-completions request ----------------------------
+# As NeMo-Gym's Responses -> Chat Completions converter does it: ``instructions`` become the
+# leading system message, a function tool ``{type, name, description, parameters, strict}``
+# becomes ``{type: "function", function: {...}}``, ``max_output_tokens`` becomes ``max_tokens``.
+# Miles' sampling keys win over the row's; the ones without a typed home are sent as top-level
+# keys (what an OpenAI client's ``extra_body`` does).
+
+_ROW_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "max_output_tokens": "max_tokens"}
+_PASSED = ("parallel_tool_calls", "tool_choice")
+
+
+def _text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts: list[str] = []
+        for index, part in enumerate(content):
+            if isinstance(part, Mapping) and part.get("type") in ("input_text", "output_text", "text"):
+                parts.append(str(part.get("text", "")))
+            else:
+                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+                raise RequestError(f"{where}[{index}] is a {shown(kind)} part; only text parts are supported")
+        return "".join(parts)
+    raise RequestError(f"{where} must be a string or a list of text parts, got {type(content).__name__}")
+
+
+def _messages(params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    raw = params.get("input", [])
+    items: list[Any] = [{"role": "user", "content": raw}] if isinstance(raw, str) else raw
+    if not isinstance(items, list):
+        raise RequestError(f"{_PARAMS}.input must be a string or a list of messages")
+    out: list[dict[str, Any]] = []
+    for index, item in enumerate(items):
+        where = f"{_PARAMS}.input[{index}]"
+        if not isinstance(item, Mapping) or item.get("type", "message") != "message" or "role" not in item:
+            raise RequestError(f"{where} must be a message {{role, content}}; other input item types are not supported")
+        out.append({"role": str(item["role"]), "content": _text(item.get("content", ""), f"{where}.content")})
+    instructions = params.get("instructions")
+    if instructions:
+        leading = [str(instructions)]
+        while out and out[0]["role"] in ("system", "developer"):
+            leading.append(out.pop(0)["content"])
+        out.insert(0, {"role": "system", "content": "\n\n".join(leading)})
+    return out
+
+
+def _tools(params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    raw = params.get("tools") or []
+    if not isinstance(raw, list):
+        raise RequestError(f"{_PARAMS}.tools must be a list")
+    out: list[dict[str, Any]] = []
+    for index, tool in enumerate(raw):
+        name = tool.get("name") if isinstance(tool, Mapping) else None
+        if not isinstance(tool, Mapping) or tool.get("type") != "function" or not isinstance(name, str):
+            raise RequestError(f"{_PARAMS}.tools[{index}] must be a function tool {{type: 'function', name, ...}}")
+        if name in _RESOURCES_ROUTES or not name.strip(".") or "/" in name:
+            raise RequestError(
+                f"{_PARAMS}.tools[{index}].name {shown(name)} names no tool a resources server can serve "
+                f"(it is empty, a path, or one of its own endpoints: {', '.join(sorted(_RESOURCES_ROUTES))})"
             )
-        if name == SWE_ENVIRONMENT:
-            return name, None
-        server = servers.get(name)
-        if server is None:
-            raise SettingsError(_unknown_environment(name, servers))
-        return name, server
-    name = _agent_ref_environment(metadata.get(AGENT_REF_KEY), servers)
-    return (SWE_ENVIRONMENT, None) if name is None else (name, servers[name])
+        function = {k: v for k, v in tool.items() if k not in ("type", "defer_loading") and v is not None}
+        out.append({"type": "function", "function": function})
+    return out
 
 
-def _agent_ref_environment(ref: Any, servers: Mapping[str, EnvironmentServer]) -> str | None:
-    """The ``NEMO_GYM_ENVS`` name a NeMo-Gym ``agent_ref`` points to, if any."""
-    if not isinstance(ref, Mapping) or ref.get("type") != _AGENT_TYPE:
-        return None
-    agent = ref.get("name")
-    if not isinstance(agent, str):
-        return None
-    for name in (agent, agent.removesuffix(AGENT_SUFFIX)):
-        if name in servers:
-            return name
-    return None
+def first_request(
+    params: Mapping[str, Any], request_kwargs: Mapping[str, Any] | None
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(the chat messages, the first chat-completions body without them) of a row's
+    ``responses_create_params``; ``RequestError`` names the field that cannot be sent. Also
+    ``miles-nemogym convert``'s check: a row it writes is never masked here."""
+    messages = _messages(params)
+    body: dict[str, Any] = {}
+    for row_key, chat_key in _ROW_SAMPLING.items():
+        if params.get(row_key) is not None:
+            body[chat_key] = params[row_key]
+    row_extra = (params.get("metadata") or {}).get("extra_body")
+    if row_extra is not None:
+        try:
+            extra = json.loads(row_extra) if isinstance(row_extra, str) else dict(row_extra)
+        except (ValueError, TypeError) as error:
+            raise RequestError(f"{_PARAMS}.metadata.extra_body must be a JSON object: {error}") from None
+        if not isinstance(extra, dict):
+            raise RequestError(f"{_PARAMS}.metadata.extra_body must be a JSON object")
+        body.update(extra)
+    chat_tools = _tools(params)
+    if chat_tools:
+        body["tools"] = chat_tools
+        body.update({key: params[key] for key in _PASSED if params.get(key) is not None})
+    body.update({key: value for key, value in (request_kwargs or {}).items() if value is not None})
+    body.pop("stream", None)
+    return messages, body
 
 
-def _unknown_environment(name: str, servers: Mapping[str, EnvironmentServer]) -> str:
-    configured = f"it names {', '.join(sorted(servers))}" if servers else "it is unset"
-    return (
-        f"the row is marked {ENV_KEY}={name!r}, an environment NEMO_GYM_ENVS does not name ({configured}); "
-        f'add it, e.g. NEMO_GYM_ENVS=\'{{"{name}": "http://<its resources server>"}}\' '
-        f"(`miles-nemogym serve --env {name}` prints the setting), or train on data of the configured environments"
-    )
+# -- prepare ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class EnvironmentEpisode:
-    """One environment episode, checked before anything is sent."""
+    """One environment episode, checked before anything is sent (``deliver`` runs it)."""
 
     environment: str
     server: EnvironmentServer
     row: dict[str, Any]
-    """The task row as the resources server gets it (``task_row``)."""
+    """The task row as the resources server gets it (``record.task_row``: no marks, no keys of ours)."""
     task_id: str | None
-    session_url: str
-    request_kwargs: Mapping[str, Any] | None
+    chat_url: str
+    messages: list[dict[str, Any]]
+    body: dict[str, Any]
+    """The first chat-completions body but its messages."""
+    tools: frozenset[str]
+    """The tools the row offers: the only names the model may call."""
+    settings: Settings
+    setting = "NEMO_GYM_ENVS"
+
+    @property
+    def server_url(self) -> str:
+        return self.server.url
+
+    async def attempt(self, deadline: Deadline) -> Outcome | Undelivered:
+        return await _Loop(self, deadline).run()
 
 
-def build_episode(
+def prepare(
     metadata: Mapping[str, Any] | None,
     environment: str,
     server: EnvironmentServer,
     *,
     session_url: str,
     request_kwargs: Mapping[str, Any] | None,
+    settings: Settings,
 ) -> EnvironmentEpisode:
-    """The episode of a routed row; ``RequestBuildError``/``PolicyUrlError`` name what is wrong."""
+    """The episode of a routed row; ``RequestError`` names what is wrong."""
     if not isinstance(metadata, Mapping):
-        raise RequestBuildError(f"sample metadata must be a dict holding the task row, got {type(metadata).__name__}")
+        raise RequestError(f"sample metadata must be a dict holding the task row, got {type(metadata).__name__}")
     if request_kwargs is not None and not isinstance(request_kwargs, Mapping):
-        raise RequestBuildError(
-            f"request_kwargs must be a dict of sampling parameters, got {type(request_kwargs).__name__}"
-        )
+        raise RequestError(f"request_kwargs must be a dict of sampling parameters, got {type(request_kwargs).__name__}")
     check_session_url(session_url)
+    params = metadata.get(_PARAMS)
+    if not isinstance(params, Mapping):
+        raise RequestError(f"the task row has no {_PARAMS} object")
+    messages, body = first_request(params, request_kwargs)
+    row = task_row(metadata)
+    try:
+        pydantic_core.to_json(row)
+    except pydantic_core.PydanticSerializationError as error:
+        raise RequestError(f"the task row cannot be sent as JSON: {error}") from None
+    tools = frozenset(tool["function"]["name"] for tool in body.get("tools", []))
     return EnvironmentEpisode(
         environment=environment,
         server=server,
-        row=task_row(metadata),
+        row=row,
         task_id=task_id_of(metadata),
-        session_url=session_url,
-        request_kwargs=request_kwargs,
+        chat_url=f"{session_url.strip().rstrip('/')}/v1/chat/completions",
+        messages=messages,
+        body=body,
+        tools=tools,
+        settings=settings,
     )
 
 
-async def run_environment(episode: EnvironmentEpisode, settings: Settings) -> Outcome:
-    """Run ``episode``'s loop: abortable (``abort_all``), waiting while its resources server is
-    unreachable before anything was delivered, never raising for a failed episode."""
-    connections = await environment_connections()
-    limits = Limits(max_steps=episode.server.max_steps, connect_timeout_s=settings.connect_timeout_s)
-    key = settings.policy_api_key.get_secret_value() if settings.policy_api_key else None
-    tool_time = 0.0
-
-    async def attempt() -> Outcome | Undelivered:
-        nonlocal tool_time
-        result = await run_episode(
-            episode.row,
-            session_url=episode.session_url,
-            resources_url=episode.server.url,
-            request_kwargs=episode.request_kwargs,
-            limits=limits,
-            api_key=key,
-            connections=connections,
-        )
-        tool_time += result.total_tool_time
-        if result.undelivered:
-            return Undelivered(result.failure_kind or fk.TRANSPORT_UNREACHABLE, result.failure_reason or "")
-        return _outcome(result, episode, settings)
-
-    server = circuit.for_url(episode.server.url, "NEMO_GYM_ENVS")
-    outcome = await run_attempts(attempt, server, settings, episode.task_id)
-    outcome.tool_time_s = round(tool_time, 6)
-    return outcome
+# -- what the loop reads: a chat answer and a /verify answer ----------------------------------
 
 
-def _outcome(result: EpisodeResult, episode: EnvironmentEpisode, settings: Settings) -> Outcome:
-    """The ``Outcome`` of a finished loop: masked under its kind, or the verifier's reward when
-    finite and in ``NEMO_GYM_REWARD_RANGE`` (else ``verifier_error``)."""
-    verify = result.verify or {}
-    report = {key: value for key, value in verify.items() if key not in _VERIFY_OWN and key not in episode.row}
-    reward, problem = check_reward(result.reward, settings.reward_range)
-    kind = result.failure_kind
-    if result.mask_sample:
-        kind, problem = kind or fk.VERIFIER_ERROR, result.failure_reason or "the episode failed"
-    elif kind is not None and not fk.check_server_kind(kind):
-        kind, problem = fk.VERIFIER_ERROR, f"/verify sent an invalid failure_kind ({kind[:60]!r})"
-    elif problem is not None:
-        kind = fk.VERIFIER_ERROR
-    if problem is not None:
-        scrubber = settings.key_scrubber()
-        reason = problem if scrubber is None else scrubber.scrub_text(problem)
-        outcome = failure(kind or fk.VERIFIER_ERROR, reason, eval_report=report, server_reward=reward)
-    else:
+class _FunctionCall(BaseModel):
+    name: StrictStr
+    arguments: StrictStr = ""
+    """The raw string the model wrote."""
+
+
+class _ToolCall(BaseModel):
+    id: StrictStr
+    type: str = "function"
+    function: _FunctionCall
+
+
+class _Message(BaseModel):
+    role: str = "assistant"
+    content: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+
+
+class _Choice(BaseModel):
+    message: _Message
+    finish_reason: str | None = None
+
+
+class _ChatCompletion(BaseModel):
+    """One non-streamed chat-completions answer (Miles' session server's); ``choices[0]`` is the turn."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    choices: list[_Choice] = Field(min_length=1)
+
+
+class _Failed(MilesNemoGymError):
+    """Ends the episode masked under ``kind``; ``resendable``: nothing reached any server (a seed
+    that never left), so the episode may be tried again once its server is back."""
+
+    def __init__(self, kind: str, reason: str, *, resendable: bool = False) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.resendable = resendable
+
+
+# -- the transcript -----------------------------------------------------------------------
+
+_THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+# responses_create_params fields NeMo-Gym copies onto the Response it builds.
+_COPIED = ("temperature", "top_p", "max_output_tokens", "instructions", "metadata", "text", "reasoning", "user")
+
+
+class _Transcript:
+    """The conversation, kept twice: the chat history sent back to the policy, and the
+    Responses-format output items ``/verify`` reads."""
+
+    def __init__(self, messages: list[dict[str, Any]]) -> None:
+        self.messages = list(messages)
+        self.output: list[dict[str, Any]] = []
+        self.turns = 0
+        self.tool_calls = 0
+        self.model: str | None = None
+        self._last_turn_answered = True
+
+    def add_turn(self, message: _Message, model: str | None) -> None:
+        entry: dict[str, Any] = {"role": "assistant", "content": message.content}
+        if message.tool_calls:
+            entry["tool_calls"] = [call.model_dump() for call in message.tool_calls]
+        self.messages.append(entry)
+        content = message.content or ""
+        thoughts = _THINK.findall(content)
+        text = _THINK.sub("", content)
+        calls = message.tool_calls or []
+        if thoughts:
+            summary = [{"type": "summary_text", "text": thought} for thought in thoughts]
+            self.output.append({"id": _id("rs"), "type": "reasoning", "summary": summary, "status": "completed"})
+        if text or not (thoughts or calls):
+            self.output.append(
+                {
+                    "id": _id("msg"),
+                    "type": "message",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}],
+                }
+            )
+        for call in calls:
+            self.output.append(
+                {
+                    "id": call.id,
+                    "type": "function_call",
+                    "call_id": call.id,
+                    "name": call.function.name,
+                    "arguments": call.function.arguments,
+                    "status": "completed",
+                }
+            )
+        self._last_turn_answered = bool(text or calls or not thoughts)
+        self.turns += 1
+        self.model = model or self.model
+
+    def add_tool_output(self, call_id: str, output: str) -> None:
+        self.messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
+        self.output.append({"type": "function_call_output", "call_id": call_id, "output": output})
+        self.tool_calls += 1
+
+    def response(self, params: Mapping[str, Any], *, cut_off: bool) -> dict[str, Any]:
+        """The Responses-format ``response`` (NeMo-Gym's ``NeMoGymResponse``): ``incomplete`` when
+        cut off, or, as ``simple_agent`` marks it, when the last turn was reasoning only."""
+        thinking_only = not cut_off and not self._last_turn_answered
+        response: dict[str, Any] = {
+            "id": _id("resp"),
+            "object": "response",
+            "created_at": float(int(time.time())),
+            "model": self.model or params.get("model") or "policy",
+            "output": self.output,
+            "tools": list(params.get("tools") or []),
+            "tool_choice": params.get("tool_choice") or "auto",
+            "parallel_tool_calls": params.get("parallel_tool_calls", True),
+            "status": "incomplete" if cut_off or thinking_only else "completed",
+            "incomplete_details": {"reason": "max_output_tokens"} if cut_off else None,
+        }
+        response.update({key: params[key] for key in _COPIED if params.get(key) is not None})
+        if thinking_only:
+            response["metadata"] = {**(response.get("metadata") or {}), "ng_termination_reason": "incomplete_reasoning"}
+        return response
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+# -- the loop -----------------------------------------------------------------------------
+
+
+class _Loop:
+    """One try of an episode: seed, turns, verify; its outcome (or ``Undelivered``)."""
+
+    def __init__(self, episode: EnvironmentEpisode, deadline: Deadline) -> None:
+        self.episode = episode
+        self.settings = episode.settings
+        self.deadline = deadline
+        self.base = episode.server.url.rstrip("/")
+        self.transcript = _Transcript(episode.messages)
+        self.tool_time = 0.0
+        self.cut_off = False
+        key = self.settings.policy_api_key
+        self.policy_headers = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else None
+
+    async def run(self) -> Outcome | Undelivered:
+        connections = await pool(self.settings.max_concurrency)
+        verify: dict[str, Any] | None = None
+        try:
+            async with connections.episode() as session:
+                await self._seed(session)
+                step = 0
+                while True:
+                    step += 1
+                    choice, model = await self._chat(connections.policy)
+                    if choice.finish_reason == "abort":
+                        raise _Failed(fk.CANCELLED, "the policy aborted the generation")
+                    self.transcript.add_turn(choice.message, model)
+                    if choice.finish_reason == "length":
+                        self.cut_off = True
+                        break
+                    calls = choice.message.tool_calls or []
+                    if not calls:
+                        break
+                    for call in calls:
+                        self.transcript.add_tool_output(call.id, await self._call_tool(session, call))
+                    if self.episode.server.max_steps and step >= self.episode.server.max_steps:
+                        break
+                verify = await self._verify(session)
+        except _Failed as failed:
+            if failed.resendable:
+                return Undelivered(failed.kind, str(failed))
+            outcome = failure(failed.kind, self._scrubbed(str(failed)))
+        else:
+            outcome = self._score(verify or {})
+        outcome.record.turns, outcome.record.tool_calls = self.transcript.turns, self.transcript.tool_calls
+        outcome.tool_time_s = round(self.tool_time, 6)
+        # What the store keeps: the verifier's answer, with what the loop recorded as its response.
+        outcome.answer = {**finite_json(verify or {}), "response": self._response()}
+        return outcome
+
+    def _response(self) -> dict[str, Any]:
+        return self.transcript.response(self.episode.row[_PARAMS], cut_off=self.cut_off)
+
+    async def _post(self, session: Any, path: str, body: Any, cap: int) -> Answer:
+        """POST to the resources server; a transport failure ends the episode (``resendable`` only
+        for a seed that never left: a tool call or verify belongs to a started episode)."""
+        started = time.monotonic()
+        try:
+            return await request(
+                session,
+                "POST",
+                f"{self.base}/{path}",
+                payload=pydantic_core.to_json(body),
+                deadline=self.deadline,
+                connect_timeout_s=self.settings.connect_timeout_s,
+                cap=cap,
+            )
+        except TransportError as error:
+            resendable = error.resendable and path == "seed_session"
+            raise _Failed(error.kind, f"/{path}: {error}", resendable=resendable) from None
+        finally:
+            self.tool_time += time.monotonic() - started
+
+    async def _seed(self, session: Any) -> None:
+        answer = await self._post(session, "seed_session", self.episode.row, self.settings.max_result_bytes)
+        if answer.status != 200 or answer.over_cap or not isinstance(_parsed(answer), dict):
+            raise _Failed(fk.SEED_FAILED, _described(answer, "/seed_session", "a JSON object"))
+
+    async def _chat(self, session: Any) -> tuple[_Choice, str | None]:
+        body = {**self.episode.body, "messages": self.transcript.messages}
+        try:
+            answer = await request(
+                session,
+                "POST",
+                self.episode.chat_url,
+                payload=pydantic_core.to_json(body),
+                deadline=self.deadline,
+                connect_timeout_s=self.settings.connect_timeout_s,
+                cap=self.settings.max_result_bytes,
+                headers=self.policy_headers,
+            )
+        except TransportError as error:
+            kind = fk.AGENT_TIMEOUT if error.kind == fk.AGENT_TIMEOUT else fk.POLICY_FAILED
+            raise _Failed(kind, f"the policy: {error.kind}: {error}") from None
+        if answer.status == 400 and not answer.over_cap and _CONTEXT_FULL.search(answer.body):
+            # The conversation outgrew the context: a cut-off, as NeMo-Gym's vllm_model answers it.
+            return _Choice(message=_Message(content=""), finish_reason="length"), None
+        if answer.status != 200 or answer.over_cap:
+            raise _Failed(fk.POLICY_FAILED, _described(answer, "the policy", "a chat completion"))
+        try:
+            completion = _ChatCompletion.model_validate_json(answer.body)
+        except ValueError as error:  # a ValidationError, or JSON nested past pydantic's limit
+            raise _Failed(fk.POLICY_FAILED, f"the policy answered an unreadable chat completion: {error}") from None
+        return completion.choices[0], completion.model
+
+    async def _call_tool(self, session: Any, call: _ToolCall) -> str:
+        name = call.function.name
+        if name not in self.episode.tools:
+            offered = ", ".join(sorted(self.episode.tools)) or "none"
+            return json.dumps({"error": f"Unknown tool {name!r}: this task offers {offered}"})
+        try:
+            arguments = json.loads(call.function.arguments)
+        except (ValueError, TypeError, RecursionError) as error:
+            return json.dumps({"error": f"Invalid tool call arguments: {error!r}"})
+        answer = await self._post(session, quote(name, safe=""), arguments, _TOOL_OUTPUT_BYTES)
+        text = answer.body.decode("utf-8", errors="ignore" if answer.over_cap else "replace")
+        if answer.over_cap:
+            text += f"\n[tool output truncated to its first {_TOOL_OUTPUT_BYTES} bytes of {answer.size} or more]"
+        return text
+
+    async def _verify(self, session: Any) -> dict[str, Any]:
+        body = {**self.episode.row, "response": self._response()}
+        answer = await self._post(session, "verify", body, self.settings.max_result_bytes)
+        if answer.status != 200 or answer.over_cap:
+            raise _Failed(fk.VERIFIER_ERROR, _described(answer, "/verify", "its answer"))
+        scrubber = self.settings.key_scrubber()
+        parsed = _parsed(answer if scrubber is None else Answer(answer.status, scrubber.scrub(answer.body)))
+        if not isinstance(parsed, dict):
+            raise _Failed(
+                fk.VERIFIER_ERROR, f"/verify answered a body that is not a JSON object: {answer.body[:200]!r}"
+            )
+        # Our transcript stands for the echoed response: the echo can be large, and it is what we sent.
+        return {key: value for key, value in parsed.items() if key != "response"}
+
+    def _score(self, verify: dict[str, Any]) -> Outcome:
+        """The verifier's reward when it is one (a JSON number, finite, in ``NEMO_GYM_REWARD_RANGE``,
+        the sample not masked), else a masked ``verifier_error`` or the kind ``/verify`` named."""
+        own = {key: value for key, value in verify.items() if key not in _VERIFY_OWN and key not in self.episode.row}
+        report: dict[str, Any] = finite_json(own)
+        reward, problem = check_reward(verify.get("reward"), self.settings.reward_range)
+        mask = verify.get("mask_sample", False)
+        kind = verify.get("failure_kind")
+        reason = verify.get("failure_reason")
+        kind_ok = kind is None or (isinstance(kind, str) and fk.check_server_kind(kind))
+        if not isinstance(mask, bool):
+            problem = (
+                f"/verify sent a mask_sample that is not a boolean ({shown(mask)}): the reward's validity is unknown"
+            )
+        elif mask:
+            problem = str(reason) if reason else "/verify masked the sample"
+        elif not kind_ok:
+            problem, kind = f"/verify sent an invalid failure_kind ({shown(kind)})", None
+        if problem is not None:
+            chosen = kind if mask is True and kind_ok and kind else fk.VERIFIER_ERROR
+            return failure(chosen, self._scrubbed(problem), eval_report=report, server_reward=reward)
         record = EpisodeRecord(status="ok", failure_kind=kind, server_reward=reward)
-        if result.failure_reason:
-            record.failure_reason = short_reason(result.failure_reason)
-        outcome = Outcome(reward=reward or 0.0, eval_report=report, record=record)
-    outcome.record.turns, outcome.record.tool_calls = result.turns, result.tool_calls
-    if result.verify is not None:
-        outcome.answer, outcome.answer_is_json = pydantic_core.to_json(result.verify), True
-    return outcome
+        if reason:
+            record.failure_reason = short_reason(str(reason))
+        return Outcome(reward=reward or 0.0, eval_report=report, record=record)
+
+    def _scrubbed(self, text: str) -> str:
+        scrubber = self.settings.key_scrubber()
+        return text if scrubber is None else scrubber.scrub_text(text)
+
+
+def _parsed(answer: Answer) -> Any:
+    """The answer's JSON, or None (not JSON, or nested past the parser's limit)."""
+    try:
+        return pydantic_core.from_json(answer.body)
+    except ValueError:
+        return None
+
+
+def _described(answer: Answer, what: str, expected: str) -> str:
+    if answer.over_cap:
+        return f"{what}'s answer exceeds NEMO_GYM_MAX_RESULT_BYTES ({answer.size} bytes or more); not read further"
+    if answer.status != 200:
+        where = f" (a redirect to {answer.location}, not followed)" if answer.location else ""
+        return f"{what} answered HTTP {answer.status}{where}: {answer.body[:300].decode('utf-8', 'replace')!r}"
+    return f"{what} answered a body that is not {expected}: {answer.body[:200]!r}"

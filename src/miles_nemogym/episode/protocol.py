@@ -103,6 +103,7 @@ class RunResponse(BaseModel):
     metadata: dict[str, Any] | None = None
     """Graded: ``{instance_id, model_patch, eval_report}``; crashed: ``{error, traceback}``."""
     response: _ResponseObject | None = None
-    mask_sample: bool = False
+    mask_sample: Any = False
+    """A boolean in valid results; checked by the classifier (``"false"`` or ``0`` is no answer)."""
     failure_kind: str | None = None
     failure_reason: str | None = None

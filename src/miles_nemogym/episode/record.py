@@ -1,49 +1,82 @@
-"""What a sample's metadata holds of ours: the episode record (``metadata["nemogym"]``), its one
-reader, the train/eval marks, and how the hooks read Miles ``Sample`` objects.
+"""What an episode leaves on its sample: the ``Outcome`` every episode kind ends in, the record
+(``metadata["nemogym"]``) with its one reader, the one "passed" rule and the estimators over it
+(pass@k, the nearest-rank percentile: a curve on the episodes page is the logged metric), the marks
+on a row (environment, task id, train/eval) and the row as servers get it, and how the hooks read
+Miles ``Sample`` objects.
 
-The agent function writes the record; the reward hook, the group filter, salvage, the
-metrics, the episode store and the smoke run read it back with ``read_record``, so every
-field is named here only. Samples are read without importing Miles (``miles/utils/types.py``
-at 31f1ca9): only ``Sample.metadata`` and ``Sample.status``, nested lists accepted.
+The agent function writes the record (``Outcome.to_metadata``); the reward hook, the group
+filter, salvage, the metrics, the episode store and the smoke run read it back with
+``read_record``, so every field is named here only. An outcome is a valid measurement or a
+named, masked failure (``failure``), never a silent 0.0 (docs/episode-pipeline.md). Samples
+are read without importing Miles (``miles/utils/types.py`` at 31f1ca9): only
+``Sample.metadata`` and ``Sample.status``, nested lists accepted.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import re
+import uuid
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from miles_nemogym import failure_kinds as fk
+from miles_nemogym.errors import RequestError, SettingsError
+from miles_nemogym.redaction import KeyScrubber, redact_urls
+from miles_nemogym.settings import SWE_ENVIRONMENT, environment_name_problem
+
 __all__ = [
     "AGENT_METRICS_KEY",
+    "AGENT_REF_KEY",
     "AGENT_SUFFIX",
     "ENV_KEY",
     "EVAL",
     "EVAL_REPORT_KEY",
+    "PASS_REWARD",
     "RECORD_KEY",
     "REWARD_KEY",
     "ROLE_KEYS",
+    "ROUTING_KEYS",
     "ROW_MARKS",
     "SWE_ENVIRONMENT",
     "TASK_ID_KEY",
     "TRAIN",
+    "UNRECOGNIZED_ENVIRONMENT",
     "EpisodeRecord",
+    "Outcome",
     "RecordRead",
     "SampledEpisode",
     "TestCounts",
+    "agent_ref_environment",
+    "check_reward",
     "distinct_episodes",
     "environment_of",
     "eval_overrides",
+    "failure",
+    "failure_of",
+    "finish",
+    "finite_json",
     "flatten",
     "is_aborted",
     "metadata_of",
     "parse_record",
+    "pass_at_k",
+    "passed",
+    "percentile",
     "read_record",
     "record_of",
     "role_of",
+    "short_reason",
+    "shown",
     "task_id_of",
+    "task_row",
 ]
+
+logger = logging.getLogger(__name__)
 
 RECORD_KEY = "nemogym"
 """The ``sample.metadata`` key holding the record."""
@@ -71,23 +104,62 @@ TASK_ID_KEY = "nemogym_task_id"
 """The ``sample.metadata`` mark holding the row's task id (an environment row has no ``instance_id``)."""
 ROW_MARKS = ROLE_KEYS | {ENV_KEY, TASK_ID_KEY}
 """Every mark of ours on a row: never sent to a server as task fields."""
+ROUTING_KEYS = frozenset({"policy_base_url", "policy_api_key"})
+"""Routing and secrets come from the plugin, never from a data row."""
+# Keys Miles adds to sample.metadata for its own bookkeeping (agentic_tool_call.py).
+_MILES_BOOKKEEPING_KEYS = frozenset({"max_seq_len", "session_server_id", "session_server_instance_id"})
+# Keys the agent function returns and Miles merges back into sample.metadata. A sample that is
+# retried or re-rolled carries them; they must never be sent as task fields.
+_RESULT_KEYS = frozenset({REWARD_KEY, EVAL_REPORT_KEY, RECORD_KEY, AGENT_METRICS_KEY})
+_NOT_SENT_KEYS = _MILES_BOOKKEEPING_KEYS | _RESULT_KEYS | ROUTING_KEYS | ROW_MARKS
+
+
+def task_row(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The task row in a sample's metadata as a server gets it: without our marks, Miles'
+    bookkeeping keys, the keys the agent function returned, and routing or secrets."""
+    return {key: value for key, value in metadata.items() if key not in _NOT_SENT_KEYS}
+
+
 AGENT_SUFFIX = "_simple_agent"
 """NeMo-Gym names environment X's ``simple_agent`` ``X_simple_agent`` (in its configs and in
 rows' ``agent_ref``): the one rule from an agent's name to an environment's."""
-SWE_ENVIRONMENT = "swe"
-"""The environment of rows run through ``mini_swe_agent_2``'s ``/run`` (``NEMO_GYM_URL``);
-reserved: ``NEMO_GYM_ENVS`` cannot name it."""
+UNRECOGNIZED_ENVIRONMENT = "unrecognized"
+"""What a row's environment is counted as when its mark is not an environment name."""
+
+
+AGENT_REF_KEY = "agent_ref"
+"""NeMo-Gym's row field naming the agent that runs it: ``{"type": "responses_api_agents", "name": ...}``."""
 
 
 def environment_of(metadata: Mapping[str, Any] | None) -> str:
-    """The environment a sample's row is marked with; ``swe`` when unmarked."""
-    name = metadata.get(ENV_KEY) if isinstance(metadata, Mapping) else None
-    return name if isinstance(name, str) and name else SWE_ENVIRONMENT
+    """The environment a sample's row belongs to: its ``nemogym_env`` mark, else the environment
+    its NeMo-Gym ``agent_ref`` names (``agent_ref_environment``), else ``swe``. A mark that is not
+    an environment name (``settings.environment_name_problem``) reads as ``unrecognized``."""
+    if not isinstance(metadata, Mapping):
+        return SWE_ENVIRONMENT
+    if ENV_KEY in metadata:
+        name = metadata[ENV_KEY]
+        if not isinstance(name, str) or (name != SWE_ENVIRONMENT and environment_name_problem(name) is not None):
+            return UNRECOGNIZED_ENVIRONMENT
+        return name
+    return agent_ref_environment(metadata.get(AGENT_REF_KEY)) or SWE_ENVIRONMENT
+
+
+def agent_ref_environment(ref: Any) -> str | None:
+    """The environment a NeMo-Gym ``agent_ref`` names: ``X`` for ``{"type": "responses_api_agents",
+    "name": "X_simple_agent"}`` (how NeMo-Gym names environment X's agent); None for any other value."""
+    if not isinstance(ref, Mapping) or ref.get("type") != "responses_api_agents":
+        return None
+    agent = ref.get("name")
+    if not isinstance(agent, str) or not agent.endswith(AGENT_SUFFIX):
+        return None
+    name = agent.removesuffix(AGENT_SUFFIX)
+    return name if environment_name_problem(name) is None else None
 
 
 def task_id_of(metadata: Mapping[str, Any] | None) -> str | None:
     """The task a sample's row is for: its ``nemogym_task_id`` mark, else its ``instance_id``
-    (SWE rows); text, a lone surrogate escaped."""
+    (SWE rows); text, a control character or a lone surrogate escaped."""
     if not isinstance(metadata, Mapping):
         return None
     raw = metadata.get(TASK_ID_KEY)
@@ -96,7 +168,8 @@ def task_id_of(metadata: Mapping[str, Any] | None) -> str | None:
     if raw is None:
         return None
     text = str(raw)
-    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
+    # Shown in logs and terminals: control characters and lone surrogates escaped.
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 def role_of(metadata: Mapping[str, Any] | None) -> tuple[str, str | None]:
@@ -160,6 +233,136 @@ class EpisodeRecord(BaseModel):
         return self.environment or SWE_ENVIRONMENT
 
 
+# -- the outcome: what every episode kind ends in ----------------------------------------------
+
+_REASON_MAX_CHARS = 300
+# Terminal control sequences (CSI ``\x1b[...``, OSC ``\x1b]...`` up to BEL or ST) and any other
+# control character: a reason is shown in logs and terminals, and comes partly from servers and rows.
+_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|[\x00-\x1f\x7f-\x9f]")
+
+
+@dataclass
+class Outcome:
+    """One finished (or failed) episode: what the agent function returns, and what it keeps."""
+
+    reward: float
+    record: EpisodeRecord
+    eval_report: dict[str, Any] = field(default_factory=dict)
+    answer: bytes | dict[str, Any] | None = None
+    """What the episode store keeps of the episode (it scrubs the key): ``/run``'s answer as
+    received, or an environment episode's ``/verify`` answer with the loop's own transcript as
+    its ``response`` (a document, encoded only when a store is on)."""
+    answer_is_json: bool = False
+    """Whether ``answer`` is one JSON object."""
+    outage_wait_s: float = 0.0
+    """Seconds this episode waited for an unreachable server (charged to its role's tally)."""
+    tool_time_s: float | None = None
+    """Seconds of an environment episode spent in seed, tool and verify requests; None for ``/run``."""
+
+    def to_metadata(self) -> dict[str, Any]:
+        """The dict returned to Miles and merged into ``sample.metadata``; with ``agent_metrics``
+        when the tool time is known (Miles' ``non_generation_time``)."""
+        result = {
+            REWARD_KEY: self.reward,
+            EVAL_REPORT_KEY: self.eval_report,
+            RECORD_KEY: self.record.model_dump(mode="json"),
+        }
+        if self.tool_time_s is not None:
+            result[AGENT_METRICS_KEY] = {"total_tool_time": self.tool_time_s}
+        return result
+
+
+def failure(
+    kind: str,
+    reason: str,
+    *,
+    instance_id: str | None = None,
+    http_status: int | None = None,
+    eval_report: dict[str, Any] | None = None,
+    server_reward: float | None = None,
+) -> Outcome:
+    """A failed episode: reward 0.0, masked, named."""
+    return Outcome(
+        reward=0.0,
+        eval_report=eval_report or {},
+        record=EpisodeRecord(
+            status="failed",
+            failure_kind=kind,
+            failure_reason=short_reason(reason),
+            mask_sample=True,
+            http_status=http_status,
+            instance_id=instance_id,
+            server_reward=server_reward,
+        ),
+    )
+
+
+def failure_of(error: Exception, task_id: str | None, scrubber: KeyScrubber | None = None) -> Outcome:
+    """The failed ``Outcome`` for an exception raised on our side: a bad setting or request,
+    else a defect (``client_error``, logged with its traceback)."""
+    if isinstance(error, SettingsError):
+        kind, reason = fk.INVALID_CONFIG, str(error)
+    elif isinstance(error, RequestError):
+        kind, reason = fk.INVALID_REQUEST, str(error)
+    else:
+        logger.error("miles-nemogym client error for %s", task_id, exc_info=error)
+        kind, reason = fk.CLIENT_ERROR, f"{type(error).__name__}: {error}"
+    return failure(kind, reason if scrubber is None else scrubber.scrub_text(reason))
+
+
+def finish(outcome: Outcome, task_id: str | None) -> Outcome:
+    """The last step of every episode: its own ``episode_id`` and the task's id."""
+    outcome.record.episode_id = uuid.uuid4().hex
+    if outcome.record.instance_id is None:
+        outcome.record.instance_id = task_id
+    return outcome
+
+
+def short_reason(text: str) -> str:
+    """One line, bounded, no terminal control codes, no URL password: reasons go into sample
+    metadata, logs and terminals."""
+    line = " ".join(redact_urls(_CONTROL.sub(" ", str(text))).split())
+    return line if len(line) <= _REASON_MAX_CHARS else line[: _REASON_MAX_CHARS - 1] + "…"
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """A bounded, one-line ``repr`` of a value a server or a row sent, for a failure reason."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer too long to print
+        text = f"<{type(value).__name__} too long to show>"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def check_reward(value: Any, reward_range: tuple[float, float]) -> tuple[float | None, str | None]:
+    """(the reward as a finite float or None, what is wrong with it or None): a JSON number (not a
+    boolean, not a string), finite and in ``reward_range`` (``NEMO_GYM_REWARD_RANGE``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None, f"the server's reward is not a number ({shown(value)})"
+    try:
+        number = float(value)
+    except OverflowError:  # a JSON integer beyond float range
+        return None, f"the server's reward is not finite ({shown(value)})"
+    if not math.isfinite(number):
+        return None, f"the server's reward is not finite ({number})"
+    low, high = reward_range
+    if not low <= number <= high:
+        return number, f"the server's reward {number:g} is outside NEMO_GYM_REWARD_RANGE={low:g},{high:g}"
+    return number, None
+
+
+def finite_json(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by its name ("nan", "inf"): what a sample
+    carries must serialize as strict JSON, and a lenient parser lets ``NaN`` or ``1e999`` in."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, dict):
+        return {key: finite_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [finite_json(item) for item in value]
+    return value
+
+
 @dataclass(frozen=True)
 class RecordRead:
     """A sample's record as read: the typed record, or why there is none."""
@@ -203,6 +406,40 @@ def parse_record(raw: Any) -> RecordRead:
     unreadable |= wrong
     readable = {key: value for key, value in fields.items() if key not in wrong}
     return RecordRead(EpisodeRecord.model_validate(readable, strict=True), unreadable=frozenset(unreadable))
+
+
+PASS_REWARD = 1.0
+"""An episode of a resources-server environment passes with this reward or more (full credit);
+partial credit shows in the reward mean, not in pass@k (docs/episode-store.md)."""
+
+
+def passed(record: EpisodeRecord, reward: object) -> bool:
+    """The one "passed" rule (metrics, the episode store's views and curves): a valid episode
+    that resolved its SWE instance, or of another environment scored ``PASS_REWARD`` or more."""
+    if record.mask_sample:
+        return False
+    if record.env == SWE_ENVIRONMENT:
+        return bool(record.resolved)
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        return False
+    return math.isfinite(reward) and reward >= PASS_REWARD
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one instance with ``n`` valid episodes, ``c`` of them resolved
+    (Chen et al. 2021: 1 - C(n-c, k) / C(n, k)); needs ``n >= k``."""
+    if n < k:
+        raise ValueError(f"pass@{k} needs at least {k} episodes, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
 
 
 # -- reading Miles samples --------------------------------------------------------------

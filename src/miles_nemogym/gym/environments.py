@@ -45,7 +45,7 @@ from miles_nemogym.gym.venv import (
     build_and_publish,
     gym_venv_root,
 )
-from miles_nemogym.hosts import connect_host
+from miles_nemogym.transport import connect_host
 
 __all__ = [
     "EnvironmentPlan",

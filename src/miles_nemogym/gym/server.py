@@ -30,7 +30,7 @@ from miles_nemogym.gym.cluster import ClusterNode, check_cluster
 from miles_nemogym.gym.config import SERVER_NAME, ServeOptions, compose_config_yaml
 from miles_nemogym.gym.providers import node_binaries
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, ensure_gym_venv
-from miles_nemogym.hosts import bracket, connect_host, is_wildcard
+from miles_nemogym.transport import bracket, connect_host, is_wildcard
 
 MARKER_ENV = "MILES_NEMOGYM_GYM_SERVER_ID"
 """Set in the server's environment; inherited by Ray, so stragglers can be found."""

@@ -1,11 +1,11 @@
-"""Process-local ledger of finished episodes and group decisions, and the run stop.
+"""The ledger of finished episodes and group decisions (the process's is ``state.ledger``).
 
 Counted from samples, failures vanish (Miles drops record-less ABORTED samples and dropped
 groups), so the two hooks that see them write here: the agent function every finished
 episode (with its outage wait, charged to its own role), the group filter every group. The
 log functions drain it once per step. It also keeps the run-wide failure streak, which a
-drain does not reset, and ``check_run`` stops the run on it or on an outage that outlasted
-``NEMO_GYM_OUTAGE_TIMEOUT`` (docs/episode-pipeline.md). Thread-safe.
+drain does not reset; ``streak_stop`` says when that streak stops the run (``filters.check_run``,
+docs/episode-pipeline.md). Thread-safe.
 """
 
 from __future__ import annotations
@@ -16,14 +16,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym.episode.circuit import circuit
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, TRAIN
-from miles_nemogym.episode.send import abort_all
-from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.redaction import redact_url
 from miles_nemogym.settings import Settings
 
-__all__ = ["EnvironmentTally", "Ledger", "RunStopped", "Tally", "check_run", "ledger", "stop_reason"]
+__all__ = ["EnvironmentTally", "Ledger", "Tally", "streak_stop"]
 
 logger = logging.getLogger(__name__)
 
@@ -138,36 +135,24 @@ class Ledger:
             self._streak_envs.clear()
 
 
-ledger = Ledger()
-"""The process's ledger."""
+# -- the failure streak's stop ------------------------------------------------------------------
 
 
-# -- the run stop -----------------------------------------------------------------------------
-# Miles swallows the agent function's exceptions, but one from the group filter ends the
-# rollout (Miles ``inference_rollout_train.py``): the filter calls ``check_run`` first.
-
-
-class RunStopped(MilesNemoGymError, RuntimeError):
-    """The run cannot go on: the message says why and what to do."""
-
-
-def stop_reason(settings: Settings) -> str | None:
-    """Why the run must stop now, or None. Reads process state; changes nothing."""
-    outage = circuit.stop_error()
-    if outage is not None:
-        return outage
+def streak_stop(settings: Settings, ledger: Ledger) -> str | None:
+    """Why the run must stop for ``ledger``'s failure streak (``NEMO_GYM_MAX_FAILURE_STREAK``), or None."""
     limit = settings.max_failure_streak
-    if limit:
-        count, kinds = ledger.streak()
-        if count >= limit:
-            seen = ", ".join(f"{kind} x{n}" for kind, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
-            return (
-                f"{count} NeMo-Gym episodes in a row failed with no valid one between them "
-                f"(NEMO_GYM_MAX_FAILURE_STREAK={limit}): {seen}. The run stops; fix "
-                f"{_servers(settings, ledger.streak_environments())} (see the failure kinds in the README) and "
-                "resume from the last checkpoint, or set NEMO_GYM_MAX_FAILURE_STREAK=0 to never stop"
-            )
-    return None
+    if not limit:
+        return None
+    count, kinds = ledger.streak()
+    if count < limit:
+        return None
+    seen = ", ".join(f"{kind} x{n}" for kind, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    return (
+        f"{count} NeMo-Gym episodes in a row failed with no valid one between them "
+        f"(NEMO_GYM_MAX_FAILURE_STREAK={limit}): {seen}. The run stops; fix "
+        f"{_servers(settings, ledger.streak_environments())} (see the failure kinds in the README) and "
+        "resume from the last checkpoint, or set NEMO_GYM_MAX_FAILURE_STREAK=0 to never stop"
+    )
 
 
 def _servers(settings: Settings, environments: dict[str, int]) -> str:
@@ -182,14 +167,3 @@ def _servers(settings: Settings, environments: dict[str, int]) -> str:
         else:
             named.append(f"environment {name!r}, which NEMO_GYM_ENVS does not name (x{count})")
     return ", ".join(named) or f"the server at {redact_url(settings.gym_url)}"
-
-
-def check_run(settings: Settings) -> None:
-    """Raise ``RunStopped`` if the run must stop, after stopping this process's in-flight
-    episodes (Miles' end-of-step abort does not run on that path)."""
-    reason = stop_reason(settings)
-    if reason is None:
-        return
-    stopped = sum(abort_all().values())
-    logger.error("%s (stopped %d in-flight episode(s))", reason, stopped)
-    raise RunStopped(reason)

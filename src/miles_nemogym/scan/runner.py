@@ -1,4 +1,4 @@
-"""Run a scan: every selected instance through ``request.build_body`` and ``send.run_body``, as training does.
+"""Run a scan: every selected instance through ``swe.prepare`` and ``delivery.deliver``, as training does.
 
 ``policy_base_url`` is ``--policy-base-url`` (absent only in a golden scan), the API key is
 sent only with it, and the policy must answer before the first episode. Whatever is wrong
@@ -14,10 +14,11 @@ from typing import Any
 
 from rich.console import Console
 
-from miles_nemogym.episode.outcome import Outcome
-from miles_nemogym.episode.request import RequestBuildError, RunBody, build_body, responses_create_params
-from miles_nemogym.episode.send import close_client, run_body
-from miles_nemogym.errors import MilesNemoGymError
+from miles_nemogym import state
+from miles_nemogym.episode import swe
+from miles_nemogym.episode.delivery import deliver
+from miles_nemogym.episode.record import Outcome
+from miles_nemogym.errors import MilesNemoGymError, RequestError
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.scan.config import ScanConfig, scan_settings, usage_problems
 from miles_nemogym.scan.inputs import InputError, ScanTask, load_tasks
@@ -27,6 +28,7 @@ from miles_nemogym.scan.selection import select
 from miles_nemogym.scan.verdict import Verdict, kind_of, reason_of, verdict_of
 from miles_nemogym.server_probe import ServerCheckError, check_server
 from miles_nemogym.settings import Settings, SettingsError
+from miles_nemogym.transport import close_pools
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -75,7 +77,7 @@ class _Prepared:
     earlier: dict[str, ResultLine]
     digests: dict[str, str]
     lock: ResultsLock | None
-    bodies: dict[str, RunBody]
+    bodies: dict[str, swe.SweEpisode]
     """Each pending instance's ``/run`` body, built once before the first episode."""
 
     def release(self) -> None:
@@ -152,21 +154,22 @@ def _prepare_locked(
     earlier = {key: value for key, value in earlier.items() if key in wanted}
 
     try:
-        responses_create_params(None, config.request_kwargs())
-    except RequestBuildError as error:
+        swe.responses_create_params(None, config.request_kwargs())
+    except RequestError as error:
         raise ScanUsageError(f"the sampling flags cannot be sent: {error}") from None
     pending = [task for task in selected if task.instance_id not in earlier]
     bodies = {}
     for task in pending:  # a row that cannot form a body fails now, not as a masked episode later
         try:
-            bodies[task.instance_id] = build_body(
+            bodies[task.instance_id] = swe.prepare(
                 task.metadata,
                 config.request_kwargs(),
                 settings,
-                policy_base_url=config.policy_base_url,
+                session_url=None,
+                policy_url=config.policy_base_url,
                 send_api_key=config.policy_base_url is not None,
             )
-        except RequestBuildError as error:
+        except RequestError as error:
             raise ScanUsageError(f"{task.where}: instance {task.instance_id}: {error}") from None
     return _Prepared(settings, selected, pending, earlier, digests, lock, bodies)
 
@@ -239,7 +242,9 @@ async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Consol
             if stop.is_set():
                 return
             started = loop.time()
-            outcome = await run_body(prepared.bodies[task.instance_id], prepared.settings)
+            outcome = await deliver(
+                prepared.bodies[task.instance_id], prepared.settings, state.circuits, state.in_flight
+            )
             seconds = loop.time() - started
         result = _result_line(task, outcome, seconds, config, prepared.digests[task.instance_id])
         if writer is not None:
@@ -274,7 +279,7 @@ async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Consol
             everything.exception()  # retrieved: reported above or superseded by the cancellation
         if writer is not None:
             writer.close()
-        await close_client()
+        await close_pools()
 
     results = [finished[task.instance_id] for task in prepared.selected if task.instance_id in finished]
     render_summary(

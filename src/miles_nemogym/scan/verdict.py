@@ -10,7 +10,8 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from miles_nemogym.episode.outcome import Outcome, instance_report, short_reason
+from miles_nemogym.episode.record import Outcome, short_reason
+from miles_nemogym.episode.swe import instance_report
 
 _MAX_TEST_NAMES = 3
 

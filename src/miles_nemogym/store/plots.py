@@ -16,8 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from miles_nemogym.episode.record import EVAL, SWE_ENVIRONMENT, TRAIN
-from miles_nemogym.estimators import pass_at_k, percentile
+from miles_nemogym.episode.record import EVAL, SWE_ENVIRONMENT, TRAIN, pass_at_k, percentile
 from miles_nemogym.store.browser import printable
 from miles_nemogym.store.reader import StoredEpisode
 

@@ -20,8 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from miles_nemogym.episode.record import SWE_ENVIRONMENT
-from miles_nemogym.estimators import passes
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord, parse_record, passed
 from miles_nemogym.store.writer import ROLES
 
 __all__ = ["Problem", "Store", "StoredEpisode", "load"]
@@ -71,20 +70,26 @@ class StoredEpisode:
         return environment if isinstance(environment, str) and environment else SWE_ENVIRONMENT
 
     @property
+    def typed(self) -> EpisodeRecord | None:
+        """The record read by the one record reader (``record.parse_record``); None when there is none."""
+        return parse_record(self.entry.get("record")).record
+
+    @property
     def kind(self) -> str:
         """The failure kind of a masked episode (``masked`` when it names none); else, for SWE,
-        ``resolved`` or ``unresolved``, for another environment ``passed`` (its reward is full
-        credit, ``estimators.passes``) or ``failed``."""
+        ``resolved`` or ``unresolved``, for another environment ``passed`` or ``failed``
+        (``record.passed``)."""
         if self.record.get("mask_sample"):
             return str(self.record.get("failure_kind") or "masked")
         if self.environment != SWE_ENVIRONMENT:
-            return "passed" if passes(self.entry.get("reward")) else "failed"
-        return "resolved" if self.record.get("resolved") else "unresolved"
+            return "passed" if self.passed else "failed"
+        return "resolved" if self.passed else "unresolved"
 
     @property
     def passed(self) -> bool:
-        """A valid episode that resolved its SWE instance or passed its environment's task."""
-        return self.kind in ("resolved", "passed") and not self.record.get("mask_sample")
+        """A valid episode that resolved its SWE instance or passed its environment's task (``record.passed``)."""
+        record = self.typed
+        return record is not None and passed(record, self.entry.get("reward"))
 
 
 @dataclass

@@ -34,10 +34,8 @@ __all__ = [
     "MAX_PENDING_BYTES",
     "ROLES",
     "EpisodeStore",
+    "Stores",
     "entry_for",
-    "get_store",
-    "reset",
-    "seal_all",
     "session_id",
 ]
 
@@ -390,35 +388,36 @@ def _fsync(dir_fd: int) -> None:
         os.fsync(dir_fd)
 
 
-_stores: dict[str, EpisodeStore] = {}
-_stores_lock = threading.Lock()
+class Stores:
+    """This process's stores, one per folder, started on first use (``state.stores``)."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_folder: dict[str, EpisodeStore] = {}
+        atexit.register(self.close)
 
-def get_store(directory: str) -> EpisodeStore:
-    """The process's store for ``directory``, started on first use."""
-    with _stores_lock:
-        store = _stores.get(directory)
-        if store is None:
-            store = _stores[directory] = EpisodeStore(Path(directory))
-        return store
+    def get(self, directory: str) -> EpisodeStore:
+        """The store for ``directory``, started on first use."""
+        with self._lock:
+            store = self._by_folder.get(directory)
+            if store is None:
+                store = self._by_folder[directory] = EpisodeStore(Path(directory))
+            return store
 
+    def seal_all(self, role: str, step: int) -> None:
+        """Tie ``role``'s pending episodes to ``step`` in every store."""
+        with self._lock:
+            stores = list(self._by_folder.values())
+        for store in stores:
+            store.seal(role, step)
 
-def seal_all(role: str, step: int) -> None:
-    """Tie ``role``'s pending episodes to ``step`` in every store of this process."""
-    with _stores_lock:
-        stores = list(_stores.values())
-    for store in stores:
-        store.seal(role, step)
-
-
-@atexit.register
-def reset(timeout_s: float = 10.0) -> None:
-    """Close every store of this process (what is queued is written) and forget them."""
-    with _stores_lock:
-        stores = list(_stores.values())
-        _stores.clear()
-    for store in stores:
-        store.close(timeout_s)
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Close every store (what is queued is written) and forget them."""
+        with self._lock:
+            stores = list(self._by_folder.values())
+            self._by_folder.clear()
+        for store in stores:
+            store.close(timeout_s)
 
 
 def session_id(base_url: str) -> str | None:

@@ -17,17 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from miles_nemogym import agent
+from miles_nemogym import agent, state
 from miles_nemogym.data import convert_row
 from miles_nemogym.episode.record import EpisodeRecord, read_record
-from miles_nemogym.episode.send import close_client
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer
 from miles_nemogym.gym.venv import ensure_gym_venv
 from miles_nemogym.settings import Settings
-from miles_nemogym.store import reader, writer
+from miles_nemogym.store import reader
 from miles_nemogym.testing.recording_policy import RecordingPolicy
+from miles_nemogym.transport import close_pools
 
 # What Miles' rollout would pass as request_kwargs (already renamed to OpenAI names).
 _SMOKE_SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 1024, "top_k": 50, "seed": 1234}
@@ -140,7 +140,7 @@ async def run_rows(
             )
         )
     finally:
-        await close_client()
+        await close_pools()
 
 
 def _finished(
@@ -252,11 +252,11 @@ def run_smoke(
             counts = [None] * len(rows)
     if episode_dir is not None:
         report.episode_dir, report.step = episode_dir, _next_step(episode_dir)
-        writer.seal_all("train", report.step)
-        store = writer.get_store(str(episode_dir))
+        state.stores.seal_all("train", report.step)
+        store = state.stores.get(str(episode_dir))
         store.flush()
         report.store_errors = store.write_errors
-        writer.reset()  # closed before the run reports it
+        state.stores.close()  # closed before the run reports it
     for row, result, count in zip(rows, results, counts, strict=True):
         meta = row["metadata"]
         report.episodes.append(SmokeEpisode(meta["instance_id"], meta["repo"], result, count))

@@ -1,12 +1,21 @@
-"""One circuit per server URL in this process: episodes wait out their server's outage.
+"""Delivering one episode to its server: abortable, waiting out that server's outage, sent again
+only when it certainly never arrived, each try within the whole-episode deadline.
 
-Closed: send. Open (after an undeliverable request: a ``/run``, or an environment episode's
-``/seed_session``): wait while one task probes the server by opening a connection the way a
-request does (TCP, and TLS with certificate checks for an ``https`` URL). Given up (nothing
-delivered for ``NEMO_GYM_OUTAGE_TIMEOUT``): fail, and ``stop_error()`` stops the run. The
-outage clock runs from the first undeliverable request until one is delivered, however often
-the probe succeeds in between. Each server has its own circuit, so one environment's outage
-holds only its own episodes. Thread-safe; why: docs/episode-pipeline.md.
+Every episode kind (``swe.py``: ``POST /run``; ``environment.py``: the ``simple_agent`` loop)
+hands ``deliver`` an ``Episode``; its ``attempt`` returns the finished ``Outcome``, or
+``Undelivered`` when nothing reached the server. Then:
+
+    deliver(episode)
+     ├─ in an inner task registered in ``InFlight``: ``abort_all`` (Miles' over-sampling abort,
+     │  from any thread) cancels it and the caller gets a ``cancelled`` outcome; the caller's own
+     │  cancellation propagates
+     ├─ Circuit.wait: while the server's circuit is open (an outage), wait; past
+     │  ``NEMO_GYM_OUTAGE_TIMEOUT`` fail, and ``stop_error`` stops the run
+     ├─ attempt(Deadline(NEMO_GYM_RUN_TIMEOUT))
+     └─ Undelivered: trip the circuit, wait, try again; anything else is the outcome
+
+One circuit per server URL (``Circuits``), so one environment's outage holds only its own
+episodes. Thread-safe; why each rule: docs/episode-pipeline.md.
 """
 
 from __future__ import annotations
@@ -18,14 +27,207 @@ import random
 import ssl
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from miles_nemogym import failure_kinds as fk
+from miles_nemogym.episode.record import Outcome, failure, failure_of, finish
 from miles_nemogym.redaction import redact_url
+from miles_nemogym.settings import Settings
+from miles_nemogym.transport import Deadline
 
-__all__ = ["Circuit", "circuit"]
+__all__ = [
+    "AWAITING_RESULT",
+    "NOT_DELIVERED",
+    "Circuit",
+    "Circuits",
+    "Episode",
+    "InFlight",
+    "Undelivered",
+    "deliver",
+]
 
 logger = logging.getLogger(__name__)
+
+AWAITING_RESULT = "awaiting_result"
+"""An in-flight episode whose request was sent (or was being sent)."""
+NOT_DELIVERED = "not_delivered"
+"""An in-flight episode whose request has not reached the server (waiting out an outage)."""
+
+
+@dataclass(frozen=True)
+class Undelivered:
+    """A try that certainly never reached the server: safe to send again."""
+
+    kind: str
+    reason: str
+
+
+class Episode(Protocol):
+    """One prepared episode of any kind, as ``deliver`` runs it."""
+
+    @property
+    def server_url(self) -> str:
+        """The server whose circuit holds the episode (the URL its first request goes to)."""
+
+    @property
+    def setting(self) -> str:
+        """The variable naming that server (``NEMO_GYM_URL``, ``NEMO_GYM_ENVS``), for the stop message."""
+
+    @property
+    def task_id(self) -> str | None: ...
+
+    async def attempt(self, deadline: Deadline) -> Outcome | Undelivered:
+        """One try: the finished outcome (never raising for a failed episode), or ``Undelivered``."""
+
+
+async def deliver(episode: Episode, settings: Settings, circuits: Circuits, in_flight: InFlight) -> Outcome:
+    """Run ``episode`` to its finished ``Outcome`` (see the module docstring); never raises for a
+    failed episode (a defect becomes ``client_error``); ``CancelledError`` propagates."""
+    server = circuits.for_url(episode.server_url, episode.setting)
+    try:
+        outcome = await in_flight.run(lambda entry: _tries(episode, server, settings, entry))
+    except Exception as error:
+        outcome = failure_of(error, episode.task_id, settings.key_scrubber())
+    return finish(outcome, episode.task_id)
+
+
+async def _tries(episode: Episode, server: Circuit, settings: Settings, entry: _Entry) -> Outcome:
+    """Wait while the circuit is open, try once; a try that never reached the server trips
+    the circuit and is tried again once it closes, until ``NEMO_GYM_OUTAGE_TIMEOUT``."""
+    loop = asyncio.get_running_loop()
+    last: Undelivered | None = None
+    started: float | None = None
+    while True:
+        entry.not_delivered = True
+        gave_up_kind, waited = await server.wait()
+        entry.outage_wait_s += waited
+        if gave_up_kind is not None:
+            outcome = failure(
+                last.kind if last is not None else gave_up_kind,
+                f"the NeMo-Gym server {redact_url(server.url)} could not be reached within NEMO_GYM_OUTAGE_TIMEOUT="
+                f"{settings.outage_timeout_s:g}s (this episode waited {entry.outage_wait_s:.0f}s)"
+                + (f"; last try: {last.reason}" if last is not None else ""),
+            )
+            break
+        entry.attempts += 1
+        entry.not_delivered = False
+        if started is None:
+            started = loop.time()
+        result = await episode.attempt(Deadline(settings.run_timeout_s))
+        if isinstance(result, Undelivered):
+            last = result
+            server.trip(settings.outage_timeout_s, result.kind, result.reason)
+            continue
+        server.delivered()
+        outcome = result
+        break
+    outcome.record.attempts = entry.attempts
+    outcome.record.elapsed_s = round(loop.time() - started, 3) if started is not None else 0.0
+    outcome.outage_wait_s = entry.outage_wait_s
+    return outcome
+
+
+# -- the in-flight registry: abort ----------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Entry:
+    """Where one episode is, for ``abort_all``'s report and a cancelled record."""
+
+    task: asyncio.Task[Outcome] | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    attempts: int = 0
+    """Tries started: 0 means nothing was sent."""
+    not_delivered: bool = True
+    """Nothing of the current try has reached the server (before it, or waiting out an outage)."""
+    outage_wait_s: float = 0.0
+
+
+class InFlight:
+    """This process's episodes in flight, on any event loop: what ``abort_all`` stops."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: set[_Entry] = set()
+
+    async def run(self, tries: Callable[[_Entry], Coroutine[Any, Any, Outcome]]) -> Outcome:
+        """``tries(entry)`` in an inner task that ``abort_all`` may cancel: then a ``cancelled`` outcome."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        entry = _Entry(loop=loop)
+        task = entry.task = loop.create_task(tries(entry))
+        with self._lock:
+            self._entries.add(entry)
+        try:
+            try:
+                await _ended(task)
+            except asyncio.CancelledError:
+                # The caller's own cancellation: close the request, then propagate it.
+                task.cancel()
+                await _ended(task)
+                raise
+            if not task.cancelled():
+                return task.result()
+            if entry.not_delivered:
+                reason = "stopped by abort() before the request reached the server"
+            else:
+                reason = "stopped by abort() while waiting for the result; the server-side episode may run on"
+            outcome = failure(fk.CANCELLED, reason)
+            outcome.record.attempts = entry.attempts
+            outcome.record.elapsed_s = round(loop.time() - started, 3)
+            outcome.outage_wait_s = entry.outage_wait_s
+            return outcome
+        finally:
+            with self._lock:
+                self._entries.discard(entry)
+
+    def abort_all(self) -> Counter[str]:
+        """Cancel every episode in flight; how many were stopped, by state (``AWAITING_RESULT``,
+        ``NOT_DELIVERED``)."""
+        with self._lock:
+            entries = list(self._entries)
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        states: Counter[str] = Counter()
+        for entry in entries:
+            if entry.task is None or entry.loop is None:
+                continue
+            states[NOT_DELIVERED if entry.not_delivered else AWAITING_RESULT] += 1
+            if entry.loop is running:
+                entry.task.cancel()
+            elif not entry.loop.is_closed():
+                entry.loop.call_soon_threadsafe(entry.task.cancel)
+        return states
+
+
+def _ended(task: asyncio.Task[Outcome]) -> asyncio.Future[None]:
+    """A future resolved when ``task`` ends, however it ends; cancelling it leaves ``task``
+    running (``asyncio.wait`` for one task, without its per-call set and closure)."""
+    ended: asyncio.Future[None] = task.get_loop().create_future()
+
+    def resolve(_: asyncio.Task[Outcome]) -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    if task.done():
+        ended.set_result(None)
+    else:
+        task.add_done_callback(resolve)
+    return ended
+
+
+# -- the circuits: waiting out an outage ------------------------------------------------------
+# Closed: send. Open (after an undeliverable request): wait while one task probes the server by
+# opening a connection the way a request does (TCP, and TLS with certificate checks for an
+# ``https`` URL). Given up (nothing delivered for ``NEMO_GYM_OUTAGE_TIMEOUT``): fail, and
+# ``stop_error`` stops the run. The outage clock runs from the first undeliverable request until
+# one is delivered, however often the probe succeeds in between.
 
 _WARN_EVERY_S = 60.0
 _PROBE_BACKOFF_S = 0.125
@@ -242,7 +444,7 @@ async def _connect(url: str, timeout_s: float) -> str | None:
     return None
 
 
-class _Circuits:
+class Circuits:
     """The process's circuits, one per server URL, created on first use."""
 
     def __init__(self) -> None:
@@ -281,7 +483,3 @@ class _Circuits:
             self._by_url.clear()
         for one in circuits:
             one.reset()  # wakes whatever still waits on it
-
-
-circuit = _Circuits()
-"""The process's circuits: ``circuit.for_url(url, setting)`` is one server's."""

@@ -1,0 +1,656 @@
+"""The SWE episode: one ``POST /run`` to NeMo-Gym's ``mini_swe_agent_2``, which runs mini-swe-agent in a
+task container against the sample's policy URL and grades it with SWE-bench.
+
+    prepare(row)  -> the /run body: the task row, the trainer's sampling (``temperature``, ``top_p``
+                     and ``max_output_tokens`` typed, every other key in ``metadata.extra_body``) and
+                     the policy URL the Gym host dials (Miles' session URL + ``/v1``, a wildcard host
+                     made dialable), validated as the server validates it and encoded once
+    attempt       -> POST /run (``transport.request``, ``NEMO_GYM_MAX_RESULT_BYTES``)
+    score         -> the server answers HTTP 200 also for a crashed episode, with ``reward: 0.0``:
+                     every answer becomes a valid measurement or a named, masked failure
+
+``/run`` is not idempotent: ``deliver`` sends it again only when it certainly never arrived.
+Why each rule: docs/episode-pipeline.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import re
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pydantic_core
+from pydantic import ValidationError
+
+from miles_nemogym import failure_kinds as fk
+from miles_nemogym.episode.delivery import Undelivered
+from miles_nemogym.episode.protocol import OutputItem, ResponsesCreateParams, RunRequest, RunResponse
+from miles_nemogym.episode.record import (
+    EpisodeRecord,
+    Outcome,
+    TestCounts,
+    check_reward,
+    failure,
+    finite_json,
+    short_reason,
+    shown,
+    task_id_of,
+    task_row,
+)
+from miles_nemogym.errors import RequestError, UrlError
+from miles_nemogym.log_once import log_once
+from miles_nemogym.redaction import redact_url
+from miles_nemogym.settings import Settings
+from miles_nemogym.transport import (
+    Deadline,
+    TransportError,
+    bracket,
+    check_session_url,
+    is_loopback,
+    is_wildcard,
+    pool,
+    request,
+)
+from miles_nemogym.validation import describe
+
+__all__ = [
+    "SweEpisode",
+    "build_run_body",
+    "classify_http",
+    "classify_run_response",
+    "instance_report",
+    "policy_base_url",
+    "prepare",
+    "responses_create_params",
+    "routable_local_address",
+]
+
+logger = logging.getLogger(__name__)
+
+# Trainer keys with a typed home in responses_create_params.
+_TYPED_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "max_tokens": "max_output_tokens"}
+
+_JSON_SCALARS = (str, int, type(None))  # bool is an int
+
+_UNKNOWN_KEY = "the NeMo-Gym server rejects this key; remove it from the task row"
+
+# Answers above this are scored in a worker thread: a real result (about 100 KB) is scored
+# quickly on the loop, a runaway one of 100 MB would stall it for seconds.
+_OFF_LOOP_BYTES = 4 * 1024 * 1024
+
+_DEFAULT_REWARD_RANGE = (0.0, 1.0)
+_ERROR_DETAIL_CHARS = 300
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+# -- prepare ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweEpisode:
+    """One SWE episode's ``/run`` body, encoded once; the same bytes go out on every try."""
+
+    payload: bytes
+    task_id: str | None
+    settings: Settings
+    setting = "NEMO_GYM_URL"
+
+    @property
+    def server_url(self) -> str:
+        return self.settings.gym_url
+
+    async def attempt(self, deadline: Deadline) -> Outcome | Undelivered:
+        """One ``POST /run``: the scored answer, a failure that may have been delivered, or ``Undelivered``."""
+        settings = self.settings
+        connections = await pool(settings.max_concurrency)
+        try:
+            answer = await request(
+                connections.gym,
+                "POST",
+                settings.run_url,
+                payload=self.payload,
+                deadline=deadline,
+                connect_timeout_s=settings.connect_timeout_s,
+                cap=settings.max_result_bytes,
+            )
+        except TransportError as error:
+            reason = _scrubbed(settings, str(error))
+            return Undelivered(error.kind, reason) if error.resendable else failure(error.kind, reason)
+        if answer.over_cap:
+            return failure(
+                fk.AGENT_RUN_ERROR,
+                f"the /run answer exceeds NEMO_GYM_MAX_RESULT_BYTES={settings.max_result_bytes} "
+                f"({answer.size} bytes or more decoded); not read further",
+                http_status=answer.status,
+            )
+        scrubber = settings.key_scrubber()
+        scrub = None if scrubber is None else scrubber.scrub
+
+        def score() -> Outcome:
+            return classify_http(
+                answer.status, answer.body, instance_id=self.task_id, reward_range=settings.reward_range, scrub=scrub
+            )
+
+        if len(answer.body) > _OFF_LOOP_BYTES:
+            outcome = await asyncio.get_running_loop().run_in_executor(None, score)
+        else:
+            outcome = score()
+        outcome.answer = answer.body  # kept for the episode store (scrubbed there)
+        return outcome
+
+
+def _scrubbed(settings: Settings, text: str) -> str:
+    scrubber = settings.key_scrubber()
+    return text if scrubber is None else scrubber.scrub_text(text)
+
+
+def prepare(
+    metadata: Mapping[str, Any] | None,
+    request_kwargs: Mapping[str, Any] | None,
+    settings: Settings,
+    *,
+    session_url: str | None,
+    policy_url: str | None = None,
+    send_api_key: bool = True,
+) -> SweEpisode:
+    """The episode of one SWE row; ``RequestError`` names the bad field. The policy is Miles'
+    session (``session_url``, its ``base_url``), else ``policy_url`` as given (the scan's
+    ``--policy-base-url``), else none: the server's own model (a golden scan). ``send_api_key``
+    False keeps the key (``NEMO_GYM_POLICY_API_KEY``) from going with the request."""
+    policy = policy_url
+    if session_url is not None:
+        policy = policy_base_url(session_url, settings.gym_url, settings.external_host)
+    key = settings.policy_api_key.get_secret_value() if settings.policy_api_key and send_api_key else None
+    body = build_run_body(metadata, request_kwargs, policy_base_url=policy, policy_api_key=key)
+    return SweEpisode(_encode(body), task_id_of(body), settings)
+
+
+# -- the policy URL -----------------------------------------------------------------------
+
+
+def policy_base_url(session_url: str, gym_url: str, external_host: str | None = None) -> str:
+    """``session_url`` + ``/v1`` with its host made dialable from the Gym server.
+
+    ``external_host`` (``MILES_ROUTER_EXTERNAL_HOST``) replaces the host whatever it is,
+    as upstream does; otherwise only a wildcard host is replaced.
+    """
+    parts = check_session_url(session_url)
+    try:
+        netloc = _dialable_netloc(parts.netloc, gym_url, external_host)
+    except ValueError as error:  # urlsplit's own: a bad port
+        raise UrlError(f"base_url {redact_url(session_url)!r} is malformed ({error})") from None
+    path = parts.path.rstrip("/")
+    if not path.endswith("/v1"):
+        path += "/v1"
+    return urlunsplit((parts.scheme, netloc, path, "", ""))
+
+
+@lru_cache(maxsize=256)
+def _dialable_netloc(netloc: str, gym_url: str, external_host: str | None) -> str:
+    """The session URL's netloc made dialable; one parse per session server, not per sample."""
+    parts = urlsplit(f"//{netloc}")
+    host = parts.hostname or ""
+    if external_host:
+        host = external_host
+    elif is_wildcard(host):
+        gym = urlsplit(gym_url)
+        host = routable_local_address(gym.hostname or "localhost", gym.port or 80)
+    return bracket(host) + (f":{parts.port}" if parts.port else "")
+
+
+@lru_cache(maxsize=64)
+def routable_local_address(target_host: str, target_port: int = 80) -> str:
+    """The local address that routes to ``target_host``; logged once per target."""
+    if is_loopback(target_host):
+        address = "127.0.0.1"
+    else:
+        try:
+            infos = socket.getaddrinfo(target_host, target_port, type=socket.SOCK_DGRAM)
+            family, _, _, _, sockaddr = infos[0]
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                probe.connect(sockaddr)
+                address = str(probe.getsockname()[0])
+        except OSError as error:
+            raise RequestError(
+                f"the session server listens on a wildcard address and the local address that "
+                f"routes to the NeMo-Gym host {target_host!r} could not be found ({error}); set "
+                f"MILES_ROUTER_EXTERNAL_HOST to an address of this node that the Gym host can dial"
+            ) from None
+    log_once(
+        logger,
+        logging.INFO,
+        f"policy address {target_host} {address}",
+        "session server listens on a wildcard address; the NeMo-Gym server at %s will dial "
+        "policy URLs on %s (set MILES_ROUTER_EXTERNAL_HOST to override)",
+        target_host,
+        address,
+    )
+    return address
+
+
+# -- the /run body -------------------------------------------------------------------------
+
+
+def build_run_body(
+    metadata: Mapping[str, Any] | None,
+    request_kwargs: Mapping[str, Any] | None,
+    *,
+    policy_base_url: str | None,
+    policy_api_key: str | None = None,
+) -> dict[str, Any]:
+    """The JSON body of ``POST /run`` for one episode. ``metadata`` is not mutated.
+
+    ``policy_base_url`` None leaves routing to the server's configured model (scan mode).
+    """
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise RequestError(
+            f"sample metadata must be a dict holding the task instance (instance_id, repo, ...), "
+            f"got {type(metadata).__name__}; convert the data with `miles-nemogym convert`"
+        )
+    if not metadata:
+        raise RequestError(
+            "sample metadata is empty: the task instance (instance_id, repo, base_commit, ...) "
+            "must be in each prompt row's 'metadata'; convert the data with `miles-nemogym convert`"
+        )
+    body = task_row(metadata)
+    body["responses_create_params"] = responses_create_params(metadata.get("responses_create_params"), request_kwargs)
+    if policy_base_url is not None:
+        body["policy_base_url"] = policy_base_url
+    if policy_api_key:
+        body["policy_api_key"] = policy_api_key
+    try:
+        RunRequest.model_validate(body)
+    except ValidationError as error:
+        raise RequestError(describe(error, "metadata", unknown_key=_UNKNOWN_KEY)) from None
+    for key, value in body.items():
+        problem = _json_problem_or_cycle(value)
+        if problem:
+            raise RequestError(f"the task row in metadata cannot be sent as JSON: metadata[{key!r}] holds {problem}")
+    return body
+
+
+def responses_create_params(
+    row_params: Mapping[str, Any] | None, request_kwargs: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """Merge a row's own ``responses_create_params`` with the trainer's sampling: the trainer
+    wins on every key it sets (also inside ``extra_body``); keys only the row sets are kept."""
+    if row_params is not None and not isinstance(row_params, Mapping):
+        raise RequestError(
+            "metadata['responses_create_params'] must be an object (NeMo-Gym's row format), "
+            f"got {type(row_params).__name__}"
+        )
+    params: dict[str, Any] = dict(row_params or {})
+    params.setdefault("input", [])
+    typed, extra = _split_sampling(request_kwargs)
+    params.update(typed)
+
+    row_metadata = params.get("metadata") or {}
+    if not isinstance(row_metadata, Mapping):
+        raise RequestError("metadata['responses_create_params']['metadata'] must be a dict[str, str]")
+    metadata = dict(row_metadata)
+    # The row's extra_body is checked whether or not the trainer adds keys to it: a row
+    # must not be sent or refused depending on the trainer's flags. A row may carry it as
+    # an object; the server only takes it as a JSON string.
+    row_extra = _row_extra_body(metadata.get("extra_body"))
+    if extra or isinstance(metadata.get("extra_body"), Mapping):
+        merged = row_extra
+        merged.update(extra)
+        try:
+            metadata["extra_body"] = json.dumps(merged, sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise RequestError(f"responses_create_params.metadata.extra_body cannot be sent as JSON: {error}") from None
+    if metadata:
+        params["metadata"] = metadata
+
+    try:
+        model = ResponsesCreateParams.model_validate(params)
+    except ValidationError as error:
+        raise RequestError(describe(error, "responses_create_params", unknown_key=_UNKNOWN_KEY)) from None
+    return model.model_dump(exclude_none=True)
+
+
+def _split_sampling(request_kwargs: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split Miles' sampling parameters into typed fields and ``extra_body`` keys.
+
+    ``None`` values mean "not set" in Miles and are dropped; every other key is kept.
+    """
+    if request_kwargs is not None and not isinstance(request_kwargs, Mapping):
+        raise RequestError(
+            f"request_kwargs must be a dict of sampling parameters (Miles' sampling_params), "
+            f"got {type(request_kwargs).__name__}"
+        )
+    typed: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in (request_kwargs or {}).items():
+        if value is None:
+            continue
+        _check_json_value(key, value)
+        if key in _TYPED_SAMPLING:
+            typed[_TYPED_SAMPLING[key]] = value
+        else:
+            extra[key] = value
+    return typed, extra
+
+
+def _row_extra_body(raw: Any) -> dict[str, Any]:
+    where = "metadata['responses_create_params']['metadata']['extra_body']"
+    if raw is None:
+        return {}
+    if isinstance(raw, str):
+        return _json_object(raw, where)
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    raise RequestError(f"{where} must be a JSON object encoded as a string")
+
+
+def _check_json_value(key: str, value: Any) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RequestError(f"request_kwargs[{key!r}] must be finite, got {value!r}")
+    if _json_problem_or_cycle(value):
+        raise RequestError(
+            f"request_kwargs[{key!r}] = {value!r} cannot be sent as JSON; pass numbers, strings, "
+            "booleans or lists of them"
+        )
+
+
+def _json_object(text: str, where: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise RequestError(f"{where} must be a JSON object encoded as a string: {error}") from None
+    if not isinstance(value, dict):
+        raise RequestError(f"{where} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _json_problem_or_cycle(value: Any) -> str | None:
+    try:
+        return _json_problem(value)
+    except RecursionError:
+        return "a circular or too deeply nested value"
+
+
+def _json_problem(value: Any) -> str | None:
+    """What stops ``json.dumps(value, allow_nan=False)`` from succeeding, or None; a walk,
+    cheaper than serializing on the per-sample path. Raises ``RecursionError`` on a cycle."""
+    if isinstance(value, _JSON_SCALARS):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"a non-finite number ({value!r})"
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            if not isinstance(item, str):
+                problem = _json_problem(item)
+                if problem:
+                    return problem
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, _JSON_SCALARS):
+                if not isinstance(key, float):
+                    return f"a key of type {type(key).__name__}"
+                if not math.isfinite(key):
+                    return f"a non-finite key ({key!r})"
+            if not isinstance(item, str):
+                problem = _json_problem(item)
+                if problem:
+                    return problem
+        return None
+    return f"a value of type {type(value).__name__}"
+
+
+def _encode(body: Mapping[str, Any]) -> bytes:
+    """The ``/run`` body as JSON bytes (pydantic-core's encoder); ``RequestError`` names
+    a field that cannot be (text that is not valid Unicode: ``build_run_body`` checked the rest)."""
+    try:
+        return pydantic_core.to_json(body)
+    except pydantic_core.PydanticSerializationError:
+        where = _unencodable(body, "metadata") or "metadata"
+        raise RequestError(
+            f"{where} holds text that is not valid Unicode (a lone surrogate such as '\\udc80'); "
+            "fix the task row's encoding"
+        ) from None
+
+
+def _unencodable(value: Any, where: str) -> str | None:
+    """The path of the first string in ``value`` that UTF-8 cannot encode."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            found = _unencodable(key, f"{where} (a key)") or _unencodable(item, f"{where}[{key!r}]")
+            if found:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = _unencodable(item, f"{where}[{index}]")
+            if found:
+                return found
+    return None
+
+
+# -- score: what came back -----------------------------------------------------------------
+
+
+def classify_http(
+    status: int,
+    body: bytes,
+    *,
+    instance_id: str | None = None,
+    reward_range: tuple[float, float] = _DEFAULT_REWARD_RANGE,
+    scrub: Callable[[bytes], bytes] | None = None,
+) -> Outcome:
+    """The ``Outcome`` of any HTTP answer from ``/run``: status code first, then the body. ``scrub``
+    (the API key's) is applied before anything is parsed, quoted or cut."""
+    if scrub is not None and status != 200:
+        body = scrub(body)
+    if status >= 500:
+        return failure(fk.AGENT_RUN_ERROR, f"HTTP {status}: {_error_detail(body)}", http_status=status)
+    if status >= 400:
+        return failure(fk.AGENT_REQUEST_FAILED, f"HTTP {status}: {_error_detail(body)}", http_status=status)
+    if status != 200:
+        return failure(fk.AGENT_RUN_ERROR, f"unexpected HTTP {status} from /run", http_status=status)
+    try:
+        response = RunResponse.model_validate_json(body)
+    except ValidationError as error:
+        if scrub is not None and scrub(body) != body:  # what is quoted below might hold it
+            return classify_http(status, scrub(body), instance_id=instance_id, reward_range=reward_range)
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "body"
+        return failure(
+            fk.AGENT_RUN_ERROR,
+            f"undecodable /run result ({where}: {first['msg']}); is NEMO_GYM_URL a mini_swe_agent_2 server?",
+            http_status=status,
+        )
+    if scrub is not None:
+        scrubbed = _scrub_kept(response, scrub)
+        if scrubbed is None:  # scrub the whole answer instead, then read it again
+            return classify_http(status, scrub(body), instance_id=instance_id, reward_range=reward_range)
+        response = scrubbed
+    outcome = classify_run_response(
+        response, http_status=status, sent_instance_id=instance_id, reward_range=reward_range
+    )
+    outcome.answer_is_json = True
+    return outcome
+
+
+def _scrub_kept(response: RunResponse, scrub: Callable[[bytes], bytes]) -> RunResponse | None:
+    """``response`` with ``scrub`` applied to the parts the outcome keeps or quotes (re-encoded,
+    since parsing decoded their escapes); None when they cannot be re-encoded."""
+    kept = {
+        "reward": response.reward,
+        "instance_id": response.instance_id,
+        "metadata": response.metadata,
+        "failure_kind": response.failure_kind,
+        "failure_reason": response.failure_reason,
+    }
+    try:
+        encoded = pydantic_core.to_json(kept, inf_nan_mode="constants")
+    except pydantic_core.PydanticSerializationError:
+        return None
+    clean = scrub(encoded)
+    if clean == encoded:
+        return response
+    return response.model_copy(update=pydantic_core.from_json(clean, allow_inf_nan=True))
+
+
+def _error_detail(body: bytes) -> str:
+    try:
+        parsed = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return body[:_ERROR_DETAIL_CHARS].decode("utf-8", "replace")
+    detail = parsed.get("detail", parsed) if isinstance(parsed, dict) else parsed
+    return json.dumps(detail)[: _ERROR_DETAIL_CHARS * 2]
+
+
+def classify_run_response(
+    response: RunResponse,
+    *,
+    http_status: int = 200,
+    sent_instance_id: str | None = None,
+    reward_range: tuple[float, float] = _DEFAULT_REWARD_RANGE,
+) -> Outcome:
+    """The ``Outcome`` of a ``/run`` result that parsed; a result for another instance than
+    ``sent_instance_id`` or a reward outside ``reward_range`` is not a measurement."""
+    metadata = finite_json(response.metadata or {})
+    raw_id = response.instance_id or metadata.get("instance_id")
+    reported_id = None if raw_id is None else str(raw_id)
+    instance_id = sent_instance_id if sent_instance_id is not None else reported_id
+    output = response.response.output if response.response else []
+    turns, tool_calls = _count_turns(output)
+    server_reward, reward_problem = check_reward(response.reward, reward_range)
+    server_kind = response.failure_kind
+    if server_kind is not None and not fk.check_server_kind(server_kind):
+        server_kind = None
+
+    def failed(kind: str, reason: str) -> Outcome:
+        outcome = failure(
+            kind,
+            reason,
+            instance_id=instance_id,
+            http_status=http_status,
+            eval_report=metadata,
+            server_reward=server_reward,
+        )
+        outcome.record.turns, outcome.record.tool_calls = turns, tool_calls
+        return outcome
+
+    if response.failure_kind is not None and server_kind is None:
+        return failed(
+            fk.AGENT_RUN_ERROR,
+            f"the server sent an invalid failure_kind {shown(short_reason(response.failure_kind))} "
+            f"(not a known kind or a short identifier); its reason: {response.failure_reason or 'none'}",
+        )
+    if not isinstance(response.mask_sample, bool):
+        return failed(
+            fk.AGENT_RUN_ERROR,
+            f"the server sent a mask_sample that is not a boolean ({shown(response.mask_sample)}): "
+            "the reward's validity is unknown",
+        )
+    if response.mask_sample:
+        return failed(
+            server_kind or fk.AGENT_RUN_ERROR,
+            response.failure_reason or "the server marked the sample as not a valid measurement",
+        )
+    if "error" in metadata:
+        return failed(server_kind or fk.AGENT_RUN_ERROR, f"server error: {_error_summary(metadata['error'])}")
+    if sent_instance_id is not None and reported_id is not None and not _same_instance(reported_id, sent_instance_id):
+        return failed(
+            fk.AGENT_RUN_ERROR,
+            f"the result is for instance {shown(reported_id)}, not for {sent_instance_id!r} that was sent",
+        )
+    if reward_problem is not None:
+        return failed(fk.AGENT_RUN_ERROR, reward_problem)
+    report = instance_report(metadata, instance_id)
+    if report is None:
+        return failed(
+            server_kind or fk.AGENT_RUN_ERROR,
+            "the server's result has no SWE-bench eval report for this instance, so its reward cannot be trusted",
+        )
+    tests = report.get("tests_status") or {}
+    record = EpisodeRecord(
+        status="ok",
+        failure_kind=server_kind,
+        failure_reason=short_reason(response.failure_reason) if response.failure_reason else None,
+        http_status=http_status,
+        instance_id=instance_id,
+        server_reward=server_reward,
+        resolved=bool(report.get("resolved", False)),
+        patch_applied=bool(report.get("patch_successfully_applied", False)),
+        fail_to_pass=_test_counts(tests.get("FAIL_TO_PASS")),
+        pass_to_pass=_test_counts(tests.get("PASS_TO_PASS")),
+        turns=turns,
+        tool_calls=tool_calls,
+    )
+    return Outcome(reward=server_reward or 0.0, eval_report=metadata, record=record)
+
+
+def instance_report(metadata: dict[str, Any] | None, instance_id: str | None) -> dict[str, Any] | None:
+    """The SWE-bench report of this instance inside the server's metadata, if graded.
+
+    With no ``instance_id`` to look for, a lone report is taken as the episode's."""
+    if not metadata or not isinstance(metadata.get("eval_report"), dict):
+        return None
+    reports: dict[str, Any] = metadata["eval_report"]
+    if instance_id is None:
+        report = next(iter(reports.values())) if len(reports) == 1 else None
+    else:
+        report = reports.get(instance_id)
+        if report is None:
+            report = next(
+                (v for k, v in reports.items() if isinstance(k, str) and _same_instance(k, instance_id)), None
+            )
+    return report if isinstance(report, dict) else None
+
+
+def _error_summary(error: object) -> str:
+    """The exception line of a crashed episode's ``metadata.error``: the last line, since
+    the real server's errors are Ray-wrapped (colour codes and a traceback come first)."""
+    lines = [line.strip() for line in _ANSI.sub("", str(error)).splitlines() if line.strip()]
+    return lines[-1] if lines else "no error text"
+
+
+def _count_turns(output: Sequence[OutputItem]) -> tuple[int, int]:
+    """(model turns, tool calls) in a Responses ``output`` list: a turn is a run of items
+    (message, reasoning, function_call...) ending where ``function_call_output`` answers it."""
+    turns = 0
+    tool_calls = 0
+    in_turn = False
+    for item in output:
+        kind = item.get("type")
+        if kind == "function_call_output":
+            in_turn = False
+            continue
+        if kind == "function_call":
+            tool_calls += 1
+        if not in_turn:
+            turns += 1
+            in_turn = True
+    return turns, tool_calls
+
+
+def _test_counts(status: Any) -> TestCounts | None:
+    if not isinstance(status, dict):
+        return None
+    return TestCounts(
+        passed=len(status.get("success") or []),
+        failed=len(status.get("failure") or []),
+    )
+
+
+def _same_instance(a: str, b: str) -> bool:
+    """Whether two instance ids name one instance (nemo-gym lowercases the ids it reports)."""
+    return a == b or a.casefold() == b.casefold()

@@ -1,0 +1,399 @@
+"""Where and how the package connects: one HTTP transport for every request it makes (``/run``,
+a resources server's ``/seed_session``, tools and ``/verify``, the policy's chat completions, the
+servers' probes), the rule for a URL it sends to, and what host names mean (wildcard, loopback).
+
+The same rules for every request: only an ``http(s)`` URL without query or fragment is sent
+to (``check_url``); a redirect is never followed (a 3xx is an answer like any other); the
+decoded answer is read up to a cap, so a compressed bomb stops there; one deadline covers
+queueing for a connection, connecting and the whole answer; certificates are checked; and one
+table turns what went wrong into a failure kind, each with one meaning:
+
+    what went wrong                              kind                          may be sent again
+    could not connect (refused, DNS, no route)   transport_unreachable         yes: it never left
+    the TLS handshake failed                     miles_nemogym:transport_tls   yes: it never left
+    connecting outlasted NEMO_GYM_CONNECT_TIMEOUT transport_timeout            yes: it never left
+    the deadline (NEMO_GYM_RUN_TIMEOUT) passed   agent_timeout                 no
+    the connection broke once it was made        transport_peer_drop           no: it may have arrived
+
+Requests share one connection pool per event loop (``pool``): the NeMo-Gym servers' side,
+at most ``NEMO_GYM_MAX_CONCURRENCY`` connections, and the policy's, each without cookies;
+an environment episode gets a session of its own with a cookie jar, on the NeMo-Gym side's
+connections. The pools close when their loop shuts down (docs/episode-pipeline.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import ipaddress
+import logging
+import socket
+import ssl
+import threading
+import weakref
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from urllib.parse import SplitResult, urlsplit
+
+import aiohttp
+
+from miles_nemogym import failure_kinds as fk
+from miles_nemogym.errors import MilesNemoGymError, UrlError
+from miles_nemogym.redaction import redact_url, redact_urls
+
+__all__ = [
+    "Answer",
+    "Deadline",
+    "Pool",
+    "TransportError",
+    "bracket",
+    "check_session_url",
+    "check_url",
+    "close_pools",
+    "connect_host",
+    "is_loopback",
+    "is_wildcard",
+    "open_pools",
+    "pool",
+    "request",
+]
+
+logger = logging.getLogger(__name__)
+
+# Below the NeMo-Gym servers' own keep-alive (uvicorn timeout_keep_alive=30 s): reusing a
+# connection the server is closing at that instant fails after the request may have left.
+_KEEPALIVE_S = 15.0
+_EXIT_CLOSE_TIMEOUT_S = 5.0
+_JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
+
+
+def check_url(url: object, example: str) -> SplitResult:
+    """The parts of ``url`` when it is an ``http(s)`` URL with a host, a valid port and no query
+    or fragment (the package appends paths to it); else ``UrlError`` saying what is wrong, with
+    ``example`` (callers name the setting or argument)."""
+    if not isinstance(url, str):
+        raise UrlError(f"must be a string URL such as {example}, got {type(url).__name__}")
+    text = url.strip()
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as error:  # urlsplit's own: a bad port, an unclosed IPv6 bracket
+        raise UrlError(f"is malformed ({error}); expected a URL such as {example}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UrlError(f"is not an http(s) URL such as {example}")
+    if port == 0:
+        raise UrlError(f"the port must be a number from 1 to 65535, as in {example}")
+    if parts.query or parts.fragment or text.endswith(("?", "#")):
+        raise UrlError(f"has a query or fragment; give the base URL alone (paths are appended to it), as in {example}")
+    return parts
+
+
+# -- host names as they appear in URLs and bind addresses (the policy URL, doctor, serve) ----------
+
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+"""Bind addresses meaning "every interface"; no peer can dial them."""
+
+
+def _unbracket(host: str) -> str:
+    """``[::1]`` → ``::1``; other hosts unchanged."""
+    return host.strip("[]")
+
+
+def bracket(host: str) -> str:
+    """The host as it goes into a URL: IPv6 literals in brackets."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def is_wildcard(host: str | None) -> bool:
+    """True for a missing host or an "every interface" address."""
+    return host is None or _unbracket(host) in _WILDCARD_HOSTS
+
+
+def is_loopback(host: str | None) -> bool:
+    """True for ``localhost`` and loopback IP literals (bracketed or not)."""
+    if host is None:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(_unbracket(host)).is_loopback
+    except ValueError:
+        return False
+
+
+def connect_host(host: str) -> str:
+    """Where a client on this machine reaches a server bound to ``host`` (URL form)."""
+    if is_wildcard(host):
+        return "[::1]" if _unbracket(host) == "::" else "127.0.0.1"
+    return bracket(host)
+
+
+_SESSION_URL = "http://<session_server_ip>:<port>/sessions/<session_id>"
+
+
+def check_session_url(session_url: object) -> SplitResult:
+    """The parts of the session URL Miles passes the agent function as ``base_url``; ``UrlError``
+    when it is not a plain http(s) URL (every episode kind calls the policy through it)."""
+    try:
+        return check_url(session_url, _SESSION_URL)
+    except UrlError as error:
+        shown = redact_url(session_url) if isinstance(session_url, str) else type(session_url).__name__
+        raise UrlError(f"base_url {shown!r} {error} (what Miles passes)") from None
+
+
+class Deadline:
+    """The moment one try of an episode must be over (``NEMO_GYM_RUN_TIMEOUT`` from its start)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._at = asyncio.get_running_loop().time() + seconds
+
+    def remaining(self) -> float:
+        return self._at - asyncio.get_running_loop().time()
+
+    def expired(self) -> bool:
+        return self.remaining() <= 0
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An HTTP answer, its decoded body read up to the caller's cap."""
+
+    status: int
+    body: bytes
+    """The decoded body; when ``over_cap``, only what was read before the cap was passed."""
+    over_cap: bool = False
+    size: int = 0
+    """Decoded bytes seen (or declared by ``Content-Length``) when the read stopped."""
+    location: str | None = None
+    """A redirect's target (never followed)."""
+
+    @property
+    def declared_size(self) -> str:
+        return f"at least {self.size} bytes" if self.over_cap else f"{self.size} bytes"
+
+
+class TransportError(MilesNemoGymError):
+    """No HTTP answer: ``kind`` is a name of the table above; ``resendable``: the request
+    certainly never reached the server and its deadline has not passed, so it may be sent again."""
+
+    def __init__(self, kind: str, reason: str, *, resendable: bool, os_error: OSError | None = None) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.resendable = resendable
+        self.os_error = os_error
+        """What the operating system said, for callers that explain a failure (doctor)."""
+
+
+async def request(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    *,
+    deadline: Deadline,
+    connect_timeout_s: float,
+    cap: int,
+    payload: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> Answer:
+    """Send one request and read its answer up to ``cap`` decoded bytes; ``TransportError`` when
+    no HTTP answer came. ``payload`` is JSON; ``headers`` add to (or replace) the JSON ones."""
+    remaining = deadline.remaining()
+    if remaining <= 0:
+        raise TransportError(fk.AGENT_TIMEOUT, _deadline_reason(deadline), resendable=False)
+    timeout = aiohttp.ClientTimeout(total=remaining, sock_connect=min(connect_timeout_s, remaining))
+    sent = {**_JSON_HEADERS, **headers} if headers else _JSON_HEADERS
+    try:
+        async with session.request(
+            method, url, data=payload, headers=sent, timeout=timeout, allow_redirects=False
+        ) as response:
+            body, over_cap, size = await _read(response, cap)
+            location = response.headers.get("Location") if 300 <= response.status < 400 else None
+            return Answer(response.status, body, over_cap, size, location)
+    except Exception as error:
+        raise _failure(error, deadline, connect_timeout_s) from None
+
+
+def _failure(error: Exception, deadline: Deadline, connect_timeout_s: float) -> Exception:
+    """The one table: what went wrong -> ``TransportError`` (anything else is returned as is: a defect)."""
+    if isinstance(error, aiohttp.ClientSSLError):  # before ClientConnectorError, its base
+        # Nothing of the request left; waiting helps only once the certificate is fixed.
+        return TransportError(fk.TRANSPORT_TLS, f"TLS: {_text(error.os_error)}", resendable=True, os_error=error)
+    if isinstance(error, aiohttp.ClientConnectorError):
+        return TransportError(
+            fk.TRANSPORT_UNREACHABLE, _connect_reason(error.os_error), resendable=True, os_error=error.os_error
+        )
+    if deadline.expired():
+        return TransportError(fk.AGENT_TIMEOUT, _deadline_reason(deadline), resendable=False)
+    if isinstance(error, aiohttp.ConnectionTimeoutError):
+        return TransportError(
+            fk.TRANSPORT_TIMEOUT,
+            f"no connection within {connect_timeout_s:g} s (NEMO_GYM_CONNECT_TIMEOUT)",
+            resendable=True,
+        )
+    if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
+        return TransportError(fk.AGENT_TIMEOUT, _deadline_reason(deadline), resendable=False)
+    if isinstance(error, (aiohttp.ClientError, OSError)):
+        # Disconnects, resets, payload and protocol errors: the request may have arrived.
+        return TransportError(fk.TRANSPORT_PEER_DROP, f"{type(error).__name__}: {_text(error)}", resendable=False)
+    return error
+
+
+def _deadline_reason(deadline: Deadline) -> str:
+    return f"no answer within NEMO_GYM_RUN_TIMEOUT={deadline.seconds:g}s (the whole episode's deadline)"
+
+
+def _connect_reason(error: OSError) -> str:
+    if isinstance(error, socket.gaierror):
+        return f"host name does not resolve ({_text(error)})"
+    if isinstance(error, ConnectionRefusedError):
+        return f"connection refused, nothing listens there ({_text(error)})"
+    return f"cannot connect ({_text(error)})"
+
+
+def _text(error: object) -> str:
+    return redact_urls(str(error) or type(error).__name__)
+
+
+async def _read(response: aiohttp.ClientResponse, cap: int) -> tuple[bytes, bool, int]:
+    """(the decoded body, whether it passed ``cap``, its size seen); never more than ``cap`` kept."""
+    declared = response.content_length
+    if declared is not None and not response.headers.get("Content-Encoding"):
+        if declared > cap:
+            return b"", True, declared
+        body = await response.read()  # its length is known and allowed: one read, not a chunk loop
+        return body, False, len(body)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > cap:
+            chunks.append(chunk[: cap - (size - len(chunk))])
+            return b"".join(chunks), True, size
+        chunks.append(chunk)
+    return b"".join(chunks), False, size
+
+
+# -- the pools: one per event loop ------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Pool:
+    """One event loop's connections, for one ``NEMO_GYM_MAX_CONCURRENCY``."""
+
+    gym: aiohttp.ClientSession
+    """Cookie-less, at most ``limit`` connections: ``/run`` and every NeMo-Gym server."""
+    policy: aiohttp.ClientSession
+    """Cookie-less, a pool of its own: the policy (Miles' session server), never sent a cookie."""
+
+    def episode(self) -> aiohttp.ClientSession:
+        """A session with a cookie jar of its own on the NeMo-Gym side's connections: a resources
+        server keys an episode's state on its cookie (``unsafe``: loopback and IP hosts keep cookies)."""
+        return _session(self.gym.connector, aiohttp.CookieJar(unsafe=True))
+
+    async def close(self) -> None:
+        for session in (self.gym, self.policy):
+            connector = session.connector
+            await session.close()
+            if connector is not None:
+                await connector.close()
+
+
+def _session(connector: aiohttp.BaseConnector | None, jar: aiohttp.abc.AbstractCookieJar) -> aiohttp.ClientSession:
+    # Timeouts are per request (``request``); no session-wide total.
+    return aiohttp.ClientSession(
+        connector=connector, connector_owner=False, cookie_jar=jar, timeout=aiohttp.ClientTimeout(total=None)
+    )
+
+
+def _connector(limit: int) -> aiohttp.TCPConnector:
+    return aiohttp.TCPConnector(
+        limit=limit, limit_per_host=0, keepalive_timeout=_KEEPALIVE_S, ssl=ssl.create_default_context()
+    )
+
+
+@dataclass
+class _LoopPools:
+    by_limit: dict[int, Pool] = field(default_factory=dict)
+    guard: AsyncGenerator[None, None] | None = None
+
+
+# Keyed by loop: a session is never shared across loops, and a new limit gets a new pool
+# without breaking requests in flight on the old one.
+_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopPools] = weakref.WeakKeyDictionary()
+
+
+async def pool(limit: int) -> Pool:
+    """This loop's pool for at most ``limit`` NeMo-Gym connections, opened on first use and
+    closed when the loop shuts down (and at interpreter exit)."""
+    loop = asyncio.get_running_loop()
+    pools = _pools.get(loop)
+    if pools is None:
+        pools = _pools[loop] = _LoopPools()
+    if pools.guard is None:
+        pools.guard = _closed_at_shutdown(pools)
+        await pools.guard.__anext__()  # the loop now tracks it (loop.shutdown_asyncgens)
+        _register_exit_close()
+    found = pools.by_limit.get(limit)
+    if found is None or found.gym.closed:
+        found = pools.by_limit[limit] = Pool(
+            gym=_session(_connector(limit), aiohttp.DummyCookieJar()),
+            policy=_session(_connector(limit), aiohttp.DummyCookieJar()),
+        )
+    return found
+
+
+async def _closed_at_shutdown(pools: _LoopPools) -> AsyncGenerator[None, None]:
+    """Suspended until its loop shuts down its async generators (``asyncio.run`` does, before
+    closing the loop), then closes the loop's pools there: no "Unclosed client session"."""
+    try:
+        yield
+    finally:
+        await _close_all(pools)
+
+
+async def _close_all(pools: _LoopPools) -> None:
+    opened = list(pools.by_limit.values())
+    pools.by_limit.clear()
+    for one in opened:
+        await one.close()
+
+
+async def close_pools() -> None:
+    """Close this loop's pools (tests and CLI shutdown; Miles never needs to)."""
+    pools = _pools.pop(asyncio.get_running_loop(), None)
+    if pools is not None:
+        await _close_all(pools)
+        if pools.guard is not None:
+            await pools.guard.aclose()
+
+
+def open_pools() -> int:
+    """How many open pools this event loop holds (one per ``NEMO_GYM_MAX_CONCURRENCY`` used)."""
+    pools = _pools.get(asyncio.get_running_loop())
+    return 0 if pools is None else sum(not one.gym.closed for one in pools.by_limit.values())
+
+
+_exit_registered = threading.Event()
+
+
+def _register_exit_close() -> None:
+    if not _exit_registered.is_set():
+        _exit_registered.set()
+        atexit.register(_close_at_exit)
+
+
+def _close_at_exit() -> None:
+    """Close every loop's pools at interpreter exit, on their own loops: Miles runs its loop
+    forever on a daemon thread (``miles/utils/async_utils.py`` at 31f1ca9), which never shuts
+    down its async generators, and aiohttp would report "Unclosed connector"."""
+    for loop, pools in list(_pools.items()):
+        if not pools.by_limit or loop.is_closed():
+            continue
+        try:
+            if loop.is_running():
+                asyncio.run_coroutine_threadsafe(_close_all(pools), loop).result(timeout=_EXIT_CLOSE_TIMEOUT_S)
+            else:
+                loop.run_until_complete(_close_all(pools))
+        except Exception as error:  # exit must go on; the warning is all that is lost
+            logger.debug("could not close the connection pools at exit: %r", error)
