@@ -133,7 +133,7 @@ def miles_calls(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
 
 def equivalent_bodies(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The /run bodies the agent function sends for these rows (policy URL set per call)."""
-    from miles_nemogym.episode.request import build_run_body
+    from miles_nemogym.episode.swe import build_run_body
 
     calls = miles_calls(rows, len(rows))
     return [build_run_body(call["metadata"], call["request_kwargs"], policy_base_url="placeholder") for call in calls]
@@ -166,9 +166,9 @@ async def make_client(kind: str, target: dict[str, str], rows: list[dict[str, An
             return True
 
         async def close_a() -> None:
-            from miles_nemogym.episode.send import close_client
+            from miles_nemogym.transport import close_pools
 
-            await close_client()
+            await close_pools()
 
         return call_a, close_a
 

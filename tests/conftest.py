@@ -15,36 +15,18 @@ from miles_nemogym.gym import wheel as gym_wheel
 pytest_plugins = ["tests.support.openapi", "tests.support.fake_gym", "tests.support.tiers"]
 
 
-def _reset_process_state() -> None:
-    """Every piece of process-wide state the package keeps, back to a fresh process's."""
-    from miles_nemogym import log_once, reward, settings
-    from miles_nemogym.episode.circuit import circuit
-    from miles_nemogym.episode.request import routable_local_address
-    from miles_nemogym.rollout.ledger import ledger
-    from miles_nemogym.salvage import forget_held_episodes
-    from miles_nemogym.store import writer
-
-    circuit.reset()
-    ledger.reset()
-    log_once.reset()
-    settings.reset()
-    routable_local_address.cache_clear()
-    reward.problems.clear()
-    forget_held_episodes()  # failed episodes kept for their ABORTED samples
-    writer.reset()  # the episode store's registry of open stores
-
-
 @pytest.fixture(autouse=True)
 async def fresh_process_state() -> AsyncIterator[None]:
-    """Each test starts as in a fresh process (circuit closed, empty ledger, nothing logged
-    once, no reward problems counted, settings re-read, no store open) and leaves no ``/run``
-    connection pool open on its event loop (else aiohttp reports "Unclosed client session")."""
-    from miles_nemogym.episode.send import close_client
+    """Each test starts as in a fresh process (``state.reset``: no circuit, empty ledger, nothing
+    held, logged once or counted, settings re-read, no store open) and leaves no connection pool
+    open on its event loop (else aiohttp reports "Unclosed client session")."""
+    from miles_nemogym import state
+    from miles_nemogym.transport import close_pools
 
-    _reset_process_state()
+    state.reset()
     yield
-    await close_client()
-    _reset_process_state()
+    await close_pools()
+    state.reset()
 
 
 @pytest.fixture

@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import agent, salvage
-from miles_nemogym.episode import send
-from miles_nemogym.episode.circuit import circuit
+from miles_nemogym import agent, salvage, state, transport
 from miles_nemogym.episode.record import ROW_MARKS, eval_overrides
-from miles_nemogym.rollout.ledger import RunStopped, check_run, ledger
+from miles_nemogym.errors import RunStopped
+from miles_nemogym.filters import check_run
 from miles_nemogym.settings import get_settings
+from miles_nemogym.state import ledger
 from miles_nemogym.store import reader, writer
 from tests.support.agent_fixtures import call, fast_env, server
 from tests.support.fake_resources import fake_resources, row
@@ -118,16 +118,30 @@ async def test_a_row_marked_with_an_unconfigured_environment_is_invalid_config_l
     assert chat.requests("unrouted") == []
 
 
-@pytest.mark.parametrize("agent_name", ["mcqa", "mcqa_simple_agent"])
 async def test_nemo_gym_agent_ref_routes_an_unmarked_row(
-    server: FaultServer, chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, agent_name: str
+    server: FaultServer, chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ref = {"type": "responses_api_agents", "name": agent_name}
+    ref = {"type": "responses_api_agents", "name": "mcqa_simple_agent"}
     async with fake_resources() as fake:
         envs(monkeypatch, mcqa=fake.url)
         out = await run_env(chat, {**row(tag("plain")), "agent_ref": ref, "nemogym_task_id": "mcqa/7"})
     assert (out["nemogym"]["status"], out["nemogym"]["environment"]) == ("ok", "mcqa")
     assert len(fake.seeded) == 1 and server.bodies == []
+
+
+async def test_an_agent_ref_is_read_by_the_rule_convert_applies(
+    server: FaultServer, chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NeMo-Gym names environment X's agent X_simple_agent; a bare "mcqa" names no agent of it,
+    # as `convert` reads it too (data/environments.py), so the row is not routed there.
+    from miles_nemogym.data.environments import environment_of_row
+
+    ref = {"type": "responses_api_agents", "name": "mcqa"}
+    assert not isinstance(environment_of_row({"agent_ref": ref}), str)
+    async with fake_resources() as fake:
+        envs(monkeypatch, mcqa=fake.url)
+        out = await run_env(chat, {**row(tag("plain")), "agent_ref": ref, "nemogym_task_id": "mcqa/7"})
+    assert out["nemogym"]["environment"] == "swe" and not fake.seeded
 
 
 async def test_an_agent_ref_naming_no_configured_environment_stays_a_swe_row(
@@ -157,7 +171,7 @@ async def test_record_ledger_store_and_tool_time_of_an_environment_episode(
     assert 3 * 0.05 <= tool_time <= record["elapsed_s"] < took  # seed + one tool + verify
     assert ledger.drain().episodes == 1
     assert ledger.drain("eval", "mcqa_holdout").episodes == 1
-    writer.get_store(str(tmp_path)).flush()
+    state.stores.get(str(tmp_path)).flush()
     stored = {(e.role, e.record["environment"], e.instance_id) for e in reader.load(tmp_path).episodes}
     assert stored == {("train", "mcqa", "mcqa/1"), ("eval", "mcqa", "mcqa/2")}
 
@@ -189,7 +203,7 @@ async def test_a_failed_environment_episode_is_held_for_its_aborted_sample_by_ta
     valid = Sample(prompt=[], metadata=copy.deepcopy(env_row("mcqa", task="9")), index=1, group_index=0)
     valid.metadata["nemogym"] = {"status": "ok", "episode_id": "e-valid", "environment": "mcqa"}
     valid.tokens, valid.response_length, valid.loss_mask = [1, 2, 3], 1, [1]
-    assert salvage.recover_failed_episodes([aborted, valid]) == 1
+    assert salvage.recover_failed_episodes(state.held, [aborted, valid]) == 1
     assert aborted.metadata["nemogym"]["episode_id"] == failed["nemogym"]["episode_id"]
     assert aborted.remove_sample is True
 
@@ -210,7 +224,7 @@ async def test_abort_stops_an_environment_episode(
     assert (record["failure_kind"], record["mask_sample"], record["environment"]) == ("cancelled", True, "mcqa")
     assert ("before the request reached" in record["failure_reason"]) == (where == "not_delivered")
     assert ledger.drain().cancelled == 1
-    assert salvage.forget_held_episodes() == 0  # a cancelled episode is never held
+    assert state.held.clear() == 0  # a cancelled episode is never held
 
 
 async def test_one_resources_server_down_holds_only_its_own_episodes_until_it_is_back(
@@ -227,8 +241,8 @@ async def test_one_resources_server_down_holds_only_its_own_episodes_until_it_is
         )
         assert [out["nemogym"]["status"] for out in finished] == ["ok"] * 3
         assert not any(task.done() for task in waiting)
-        assert circuit.for_url(down_url, "NEMO_GYM_ENVS").is_open
-        assert not circuit.for_url(other.url, "NEMO_GYM_ENVS").is_open
+        assert state.circuits.for_url(down_url, "NEMO_GYM_ENVS").is_open
+        assert not state.circuits.for_url(other.url, "NEMO_GYM_ENVS").is_open
         async with fake_resources(port=port) as back:
             outs = await asyncio.wait_for(asyncio.gather(*waiting), 10)
     assert [out["nemogym"]["status"] for out in outs] == ["ok"] * 3
@@ -264,7 +278,7 @@ async def test_a_tool_call_to_a_server_gone_after_the_seed_is_masked_not_run_aga
     record = out["nemogym"]
     assert (record["failure_kind"], record["attempts"], record["turns"]) == ("transport_unreachable", 1, 1)
     assert len(fake.seeded) == 1 and fake.tool_calls == []
-    assert not circuit.for_url(fake.url, "NEMO_GYM_ENVS").is_open
+    assert not state.circuits.for_url(fake.url, "NEMO_GYM_ENVS").is_open
 
 
 async def test_a_resources_outage_past_its_timeout_fails_its_episodes_and_stops_the_run(
@@ -287,14 +301,14 @@ async def test_one_connection_pool_per_event_loop_for_environment_episodes(
 ) -> None:
     async with fake_resources() as fake:
         envs(monkeypatch, mcqa=fake.url)
-        first = await send.environment_connections()
+        first = await transport.pool(get_settings().max_concurrency)
         outs = [await run_env(chat, env_row("mcqa", "plain", task=str(i))) for i in range(5)]
         assert [out["nemogym"]["status"] for out in outs] == ["ok"] * 5 and len(fake.seeded) == 5
         assert len(fake.peers) == 1  # one pool: each episode reused the previous one's connection
-        assert await send.environment_connections() is first
-        assert send.open_pools() == 1
-        await send.close_client()
-        assert send.open_pools() == 0
+        assert await transport.pool(get_settings().max_concurrency) is first
+        assert transport.open_pools() == 1
+        await transport.close_pools()
+        assert transport.open_pools() == 0
 
 
 def test_an_environment_episode_under_asyncio_run_leaves_no_unclosed_session(tmp_path: Path) -> None:

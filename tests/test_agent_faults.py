@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import agent, reward
-from miles_nemogym.episode import send
+from miles_nemogym import agent, reward, state, transport
 from tests.support.agent_fixtures import SESSION, call, fast_env, server
 from tests.support.fault_server import FaultServer, ResetAfterBodyServer
 from tests.support.ports import free_port
@@ -51,7 +50,7 @@ async def test_server_down_then_up_is_sent_again_into_one_episode(
     try:
         out = await asyncio.wait_for(task, 10)
     finally:
-        await send.close_client()
+        await transport.close_pools()
         await srv.stop()
     assert out["nemogym"]["status"] == "ok"
     assert out["nemogym"]["attempts"] > 1
@@ -64,7 +63,7 @@ async def test_server_down_for_good_is_unreachable_after_the_outage_timeout(
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "1")
     out = await call(sympy_row)
-    await send.close_client()
+    await transport.close_pools()
     record = out["nemogym"]
     assert record["failure_kind"] == "transport_unreachable"
     assert record["mask_sample"] is True and out["reward"] == 0.0
@@ -79,7 +78,7 @@ async def test_reset_after_body_is_a_peer_drop_never_resent(
     try:
         out = await call(sympy_row)
     finally:
-        await send.close_client()
+        await transport.close_pools()
         await srv.stop()
     assert out["nemogym"]["failure_kind"] == "transport_peer_drop"
     assert out["nemogym"]["mask_sample"] is True
@@ -145,7 +144,7 @@ async def test_cancellation_propagates_and_closes_the_request(server: FaultServe
             break
         await asyncio.sleep(0.05)
     assert server.disconnects == 1
-    assert sum(send.abort_all().values()) == 0  # nothing left in flight to stop
+    assert sum(state.in_flight.abort_all().values()) == 0  # nothing left in flight to stop
 
 
 async def test_abort_stops_50_in_flight_runs_promptly(
@@ -162,7 +161,7 @@ async def test_abort_stops_50_in_flight_runs_promptly(
     results = await asyncio.wait_for(asyncio.gather(*tasks), 5)
     assert all(r["nemogym"]["failure_kind"] == "cancelled" for r in results)
     assert all(r["nemogym"]["mask_sample"] for r in results)
-    assert sum(send.abort_all().values()) == 0  # nothing left in flight to stop
+    assert sum(state.in_flight.abort_all().values()) == 0  # nothing left in flight to stop
     assert len(server.bodies) == 50
 
 
@@ -173,7 +172,7 @@ async def test_300_concurrent_runs_share_one_pool_without_queueing(
     results = await asyncio.gather(*(call(sympy_row) for _ in range(300)))
     assert all(r["nemogym"]["status"] == "ok" for r in results)
     assert server.peak_in_flight == 300  # nothing waited behind a pool limit
-    assert send.open_pools() == 1
+    assert transport.open_pools() == 1
     # Keep-alive: a second wave reuses the first wave's connections.
     first_peers = set(server.peers)
     await asyncio.gather(*(call(sympy_row) for _ in range(50)))
@@ -246,10 +245,10 @@ def test_a_new_event_loop_gets_its_own_session(
         srv = await FaultServer(result=sympy_result).start()
         monkeypatch.setenv("NEMO_GYM_URL", srv.url)
         try:
-            assert send.open_pools() == 0  # the other loop's open pool is not this loop's
+            assert transport.open_pools() == 0  # the other loop's open pool is not this loop's
             out = await call(sympy_row)
             assert out["nemogym"]["status"] == "ok"
-            assert send.open_pools() == 1
+            assert transport.open_pools() == 1
         finally:
             await srv.stop()
 
@@ -259,7 +258,7 @@ def test_a_new_event_loop_gets_its_own_session(
         second.run_until_complete(once())  # while the first loop's pool is still open
     finally:
         for loop in (first, second):
-            loop.run_until_complete(send.close_client())
+            loop.run_until_complete(transport.close_pools())
             loop.close()
 
 
@@ -276,11 +275,11 @@ async def test_a_caller_cancelled_during_abort_still_sees_its_cancellation(
     task = asyncio.create_task(call(sympy_row))
     while not server.bodies:
         await asyncio.sleep(0.02)
-    send.abort_all()
+    state.in_flight.abort_all()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert sum(send.abort_all().values()) == 0  # nothing left in flight to stop
+    assert sum(state.in_flight.abort_all().values()) == 0  # nothing left in flight to stop
 
 
 async def test_an_echoed_key_is_removed_before_any_truncation(
@@ -337,7 +336,7 @@ async def test_returned_reward_is_final_in_each_reward_mode(
     try:
         out = await call(row)
     finally:
-        await send.close_client()
+        await transport.close_pools()
         await srv.stop()
     assert out["nemogym"]["server_reward"] == 0.0
     assert out["nemogym"]["fail_to_pass"] == {"passed": 4, "failed": 6}

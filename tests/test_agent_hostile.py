@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from miles_nemogym import agent, metrics, redaction, reward
-from miles_nemogym.episode import outcome, send
-from miles_nemogym.rollout.ledger import Tally, ledger
+from miles_nemogym import agent, metrics, redaction, reward, state, transport
+from miles_nemogym.episode import swe
+from miles_nemogym.rollout.ledger import Tally
+from miles_nemogym.state import ledger
 from tests.support.agent_fixtures import call, fast_env, server
 from tests.support.fault_server import FaultServer
 from tests.support.samples import Sample
@@ -319,16 +320,16 @@ async def test_a_large_answer_is_classified_in_a_worker_thread(
     """Where the work runs, not how long the loop stalls: a stall bound is a timing test
     that fails on a loaded machine (the stall itself is measured by bench/agent_bench.py)."""
     threads: list[str] = []
-    real = outcome.classify_http
+    real = swe.classify_http
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         threads.append(threading.current_thread().name)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(send, "classify_http", spy)
+    monkeypatch.setattr(swe, "classify_http", spy)
     items = [{"type": "function_call", "arguments": "x" * 40}, {"type": "function_call_output"}] * 150_000
     big = json.dumps(graded(sympy_result, response={**sympy_result["response"], "output": items}))
-    assert len(big) > 2 * send._OFF_LOOP_BYTES
+    assert len(big) > 2 * swe._OFF_LOOP_BYTES
     server.respond = lambda body: json_answer(big)
     out = await call(sympy_row)
     assert out["nemogym"]["status"] == "ok"
@@ -479,16 +480,16 @@ async def test_the_callers_cancellation_propagates_even_with_an_abort(
     while server.in_flight < 20:
         await asyncio.sleep(0.02)
     if order == "abort_then_cancel":
-        send.abort_all()
+        state.in_flight.abort_all()
         for task in tasks:
             task.cancel()
     else:
         for task in tasks:
             task.cancel()
-        send.abort_all()
+        state.in_flight.abort_all()
     results = await asyncio.gather(*tasks, return_exceptions=True)
     assert all(isinstance(r, asyncio.CancelledError) for r in results), results
-    assert sum(send.abort_all().values()) == 0  # nothing left in flight to stop
+    assert sum(state.in_flight.abort_all().values()) == 0  # nothing left in flight to stop
 
 
 async def test_abort_while_waiting_out_an_outage_counts_the_episode_as_not_delivered(
@@ -502,7 +503,7 @@ async def test_abort_while_waiting_out_an_outage_counts_the_episode_as_not_deliv
     with caplog.at_level(logging.INFO, logger="miles_nemogym"):
         await agent.abort(None)
         out = await asyncio.wait_for(task, 5)
-    await send.close_client()
+    await transport.close_pools()
     assert "0 sent and awaiting their result (the server may finish them), 1 not yet delivered" in caplog.text
     assert out["nemogym"]["failure_reason"] == "stopped by abort() before the request reached the server"
 
@@ -535,10 +536,10 @@ async def test_partial_mode_with_corrupted_counts_scores_the_server_reward(
         "fail_to_pass": counts,
         "pass_to_pass": {"passed": 2, "failed": 0},
     }
-    before = reward.problems["invalid_test_counts"]
+    before = state.reward_problems["invalid_test_counts"]
     value = await reward.reward_func(None, Sample(metadata={"reward": 0.0, "nemogym": record}))
     assert value == expected
-    assert reward.problems["invalid_test_counts"] == before + (expected == 0.0)
+    assert state.reward_problems["invalid_test_counts"] == before + (expected == 0.0)
 
 
 def test_log_rollout_survives_corrupted_records() -> None:

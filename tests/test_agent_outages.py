@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import filters
-from miles_nemogym.episode import circuit as circuit_module
+from miles_nemogym import filters, state
 from miles_nemogym.episode.record import eval_overrides
-from miles_nemogym.rollout.ledger import RunStopped, ledger
+from miles_nemogym.errors import RunStopped
+from miles_nemogym.state import ledger
 from tests.support.agent_fixtures import call, fast_env
 from tests.support.outage_servers import GradingServer
 from tests.support.samples import Sample, Status
@@ -78,7 +78,7 @@ async def test_a_flapping_server_gets_every_episode_once(
         await server.close()
     assert [out["nemogym"]["status"] for out in outs] == ["ok"] * len(tasks)
     assert sorted(body["instance_id"] for body in server.bodies) == sorted(row["instance_id"] for row in tasks)
-    assert circuit_module.circuit.stop_error() is None
+    assert state.circuits.stop_error() is None
 
 
 async def test_an_eval_episodes_outage_wait_is_charged_to_its_eval_set(

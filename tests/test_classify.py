@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym.episode.outcome import classify_http
+from miles_nemogym.episode.swe import classify_http
 
 
 def encode(value: Any) -> bytes:

@@ -22,8 +22,7 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import agent, metrics
-from miles_nemogym.episode import send
+from miles_nemogym import agent, metrics, state, transport
 from miles_nemogym.episode.record import eval_overrides
 from miles_nemogym.store import writer as episode_store
 from miles_nemogym.store.reader import load
@@ -75,7 +74,7 @@ def _make_file(path: Path) -> Path:
 
 
 def _flush(folder: Path) -> None:
-    episode_store.get_store(str(folder)).flush()
+    state.stores.get(str(folder)).flush()
 
 
 async def test_train_and_eval_episodes_are_filed_by_role_and_step(
@@ -154,7 +153,7 @@ async def test_unreachable_server_episode_is_saved_without_an_answer(
     try:
         await _run(sympy_row)
     finally:
-        await send.close_client()
+        await transport.close_pools()
     _flush(store_dir)
     (episode,) = load(store_dir, answers=True).episodes
     assert episode.kind == "transport_unreachable" and episode.entry["answer"] is None
@@ -200,7 +199,7 @@ async def test_a_store_that_cannot_write_is_a_warning_not_a_failed_sample(
     monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(folder))
     monkeypatch.delenv("NEMO_GYM_POLICY_API_KEY", raising=False)
     out = await _run(sympy_row)
-    store = episode_store.get_store(str(folder))
+    store = state.stores.get(str(folder))
     store.flush()
     assert out["nemogym"]["status"] == "ok" and out["reward"] == sympy_result["reward"]
     assert (store.write_errors, store.lines_written) == (1, 0)
@@ -208,11 +207,11 @@ async def test_a_store_that_cannot_write_is_a_warning_not_a_failed_sample(
     assert list(elsewhere.iterdir()) == []
 
 
-def test_reset_forgets_every_store_and_stops_its_writer(tmp_path: Path) -> None:
-    store = episode_store.get_store(str(tmp_path))
+def test_closing_the_stores_forgets_every_store_and_stops_its_writer(tmp_path: Path) -> None:
+    store = state.stores.get(str(tmp_path))
     store.add("train", {"episode_id": "a"}, None, False)
-    episode_store.reset()
-    assert episode_store.get_store(str(tmp_path)) is not store
+    state.stores.close()
+    assert state.stores.get(str(tmp_path)) is not store
     assert _ids(tmp_path) == ["a"]  # what was queued was written first
     assert not store._thread.is_alive()
 

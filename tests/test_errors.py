@@ -28,7 +28,7 @@ def test_every_package_exception_derives_from_the_one_base() -> None:
 
 def test_the_builtin_bases_callers_catch_are_kept() -> None:
     from miles_nemogym.data.convert import ConvertError, RowInvalidError
-    from miles_nemogym.rollout.ledger import RunStopped
+    from miles_nemogym.errors import RunStopped
     from miles_nemogym.settings import SettingsError
 
     assert issubclass(SettingsError, ValueError)

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import filters, metrics, reward
-from miles_nemogym.episode.outcome import classify_http, failure
+from miles_nemogym import filters, metrics, reward, state
+from miles_nemogym.episode.record import failure
+from miles_nemogym.episode.swe import classify_http
 from miles_nemogym.rollout.ledger import Tally
 from tests.support.samples import Sample, Status
 
@@ -60,10 +61,10 @@ async def test_masked_sample_scores_zero_even_with_a_reward() -> None:
     ("value", "problem"), [(None, "missing_reward"), ("1.0", "non_numeric_reward"), (math.inf, "non_finite_reward")]
 )
 async def test_missing_or_invalid_reward_is_zero_and_counted(value: Any, problem: str) -> None:
-    before = reward.problems[problem]
+    before = state.reward_problems[problem]
     meta = {"reward": value} if value is not None else {}
     assert await reward.reward_func(None, Sample(metadata=meta)) == 0.0
-    assert reward.problems[problem] == before + 1
+    assert state.reward_problems[problem] == before + 1
 
 
 async def test_partial_credit_mode(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,13 +14,14 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import agent, filters, metrics, salvage
-from miles_nemogym.episode import circuit as circuit_module
-from miles_nemogym.episode import send
-from miles_nemogym.episode.circuit import circuit
-from miles_nemogym.episode.outcome import failure
-from miles_nemogym.rollout.ledger import Ledger, RunStopped, ledger, stop_reason
+from miles_nemogym import agent, filters, metrics, salvage, state, transport
+from miles_nemogym.episode import delivery as circuit_module
+from miles_nemogym.episode.record import failure
+from miles_nemogym.errors import RunStopped
+from miles_nemogym.filters import stop_reason
+from miles_nemogym.rollout.ledger import Ledger
 from miles_nemogym.settings import get_settings
+from miles_nemogym.state import ledger
 from tests.support.agent_fixtures import call
 from tests.support.fault_server import FaultServer
 from tests.support.ports import free_port
@@ -198,21 +199,21 @@ async def test_outage_mid_step_waits_and_sends_each_episode_once(
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{port}")
     answers = {row["instance_id"]: result_for(sympy_result, row["instance_id"]) for row in rows}
     server = FaultServer(result=sympy_result, port=port, results_by_instance=answers)
-    caplog.set_level(logging.WARNING, logger="miles_nemogym.episode.circuit")
+    caplog.set_level(logging.WARNING, logger="miles_nemogym.episode.delivery")
     tasks = [asyncio.create_task(call(row)) for row in rows]
     await asyncio.sleep(1.5)  # the server is down: every episode opened or met the circuit
-    assert circuit.is_open and circuit.waiting() == len(rows)
+    assert state.circuits.is_open and state.circuits.waiting() == len(rows)
     assert not any(task.done() for task in tasks)
     await server.start()
     try:
         outs = await asyncio.wait_for(asyncio.gather(*tasks), 20)
     finally:
-        await send.close_client()
+        await transport.close_pools()
         await server.stop()
     assert [out["nemogym"]["status"] for out in outs] == ["ok"] * len(rows)
     # Nothing lost, none twice; the probe never POSTed /run.
     assert sorted(body["instance_id"] for body in server.bodies) == sorted(row["instance_id"] for row in rows)
-    assert not circuit.is_open and circuit.stop_error() is None
+    assert not state.circuits.is_open and state.circuits.stop_error() is None
     waiting_warnings = [r.getMessage() for r in caplog.records if "episode(s) waiting" in r.getMessage()]
     assert waiting_warnings and f"{len(rows)} episode(s) waiting" in waiting_warnings[0]
     tally = ledger.drain()
@@ -227,15 +228,15 @@ async def test_abort_and_cancellation_work_while_episodes_wait(
     waiting = [asyncio.create_task(call(row)) for row in rows[:3]]
     cancelled_by_caller = asyncio.create_task(call(rows[3]))
     await asyncio.sleep(1.0)
-    assert circuit.waiting() == 4
+    assert state.circuits.waiting() == 4
     cancelled_by_caller.cancel()
     with pytest.raises(asyncio.CancelledError):
         await cancelled_by_caller
     await agent.abort(None)
     outs = await asyncio.wait_for(asyncio.gather(*waiting), 5)
-    await send.close_client()
+    await transport.close_pools()
     assert [out["nemogym"]["failure_kind"] for out in outs] == ["cancelled"] * 3
-    assert circuit.waiting() == 0
+    assert state.circuits.waiting() == 0
     tally = ledger.drain()
     assert (tally.episodes, tally.cancelled) == (0, 3)
     assert ledger.streak() == (0, {})  # an abort is not a failure
@@ -250,7 +251,7 @@ async def test_server_down_for_good_fails_waiting_episodes_and_the_filter_stops_
     started = asyncio.get_running_loop().time()
     outs = await asyncio.wait_for(asyncio.gather(*(call(row) for row in rows[:3])), 10)
     elapsed = asyncio.get_running_loop().time() - started
-    await send.close_client()
+    await transport.close_pools()
     assert [out["nemogym"]["failure_kind"] for out in outs] == ["transport_unreachable"] * 3
     assert 1.5 <= elapsed < 4.0
     with pytest.raises(RunStopped) as stopped:
@@ -282,7 +283,7 @@ async def test_failure_streak_stops_the_run_after_stopping_in_flight_episodes(
         out = await asyncio.wait_for(in_flight, 5)
         assert out["nemogym"]["failure_kind"] == "cancelled"
     finally:
-        await send.close_client()
+        await transport.close_pools()
         await holding.stop()
         await failing.stop()
 

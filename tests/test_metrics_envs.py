@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym.estimators import pass_at_k, passes
+from miles_nemogym.episode.record import EpisodeRecord, pass_at_k, passed
 from miles_nemogym.metrics import eval_set_metrics, rollout_metrics
-from miles_nemogym.rollout.ledger import ledger
+from miles_nemogym.state import ledger
 from tests.support.samples import Sample
 
 P = "nemogym/"
@@ -185,4 +185,7 @@ def test_the_ledger_counts_per_environment_and_defaults_to_swe() -> None:
      (math.nan, False), (math.inf, False), (None, False), ("1.0", False)],
 )  # fmt: skip
 def test_an_environment_episode_passes_with_full_credit(reward: Any, expected: bool) -> None:
-    assert passes(reward) is expected
+    assert passed(EpisodeRecord(status="ok", environment="mcqa"), reward) is expected
+    # The one rule sets aside a masked episode and reads a SWE episode's resolution, not its reward.
+    assert passed(EpisodeRecord(status="failed", mask_sample=True, environment="mcqa"), reward) is False
+    assert passed(EpisodeRecord(status="ok", resolved=expected), 0.0) is expected

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 
 from miles_nemogym import metrics
-from miles_nemogym.estimators import pass_at_k
+from miles_nemogym.episode.record import pass_at_k
 from miles_nemogym.metrics import eval_set_metrics
-from miles_nemogym.rollout.ledger import Tally, ledger
+from miles_nemogym.rollout.ledger import Tally
+from miles_nemogym.state import ledger
 from tests.support.samples import Sample
 
 P = "nemogym-eval/verified/"

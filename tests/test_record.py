@@ -9,8 +9,16 @@ from typing import Any
 import pytest
 
 from miles_nemogym import metrics, reward
-from miles_nemogym.episode.outcome import Outcome, classify_http, failure
-from miles_nemogym.episode.record import EpisodeRecord, RecordRead, TestCounts, parse_record, read_record
+from miles_nemogym.episode.record import (
+    EpisodeRecord,
+    Outcome,
+    RecordRead,
+    TestCounts,
+    failure,
+    parse_record,
+    read_record,
+)
+from miles_nemogym.episode.swe import classify_http
 from miles_nemogym.rollout.ledger import Tally
 from miles_nemogym.settings import RewardMode
 from tests.support.samples import Sample

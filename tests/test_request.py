@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym.episode.request import RequestBuildError, build_run_body, responses_create_params
+from miles_nemogym.episode.swe import RequestError, build_run_body, responses_create_params
 
 POLICY = "http://10.0.0.5:30010/sessions/s1/v1"
 ALL_MILES_KEYS = {
@@ -114,19 +114,19 @@ def test_row_extra_body_given_as_object_is_encoded() -> None:
     ],
 )
 def test_invalid_params_fail_with_the_field_named(row_params: Any, kwargs: dict[str, Any], needle: str) -> None:
-    with pytest.raises(RequestBuildError) as info:
+    with pytest.raises(RequestError) as info:
         responses_create_params(row_params, kwargs)
     assert needle in str(info.value)
 
 
 def test_empty_metadata_explains_the_fix() -> None:
-    with pytest.raises(RequestBuildError, match="miles-nemogym convert"):
+    with pytest.raises(RequestError, match="miles-nemogym convert"):
         build_run_body({}, {}, policy_base_url=POLICY)
 
 
 def test_missing_instance_id_is_named(row: dict[str, Any]) -> None:
     del row["instance_id"]
-    with pytest.raises(RequestBuildError, match=r"metadata\.instance_id"):
+    with pytest.raises(RequestError, match=r"metadata\.instance_id"):
         build_run_body(row, {}, policy_base_url=POLICY)
 
 
@@ -162,7 +162,7 @@ def test_the_json_check_accepts_exactly_what_json_dumps_accepts(row: dict[str, A
         try:
             build_run_body({**row, "task_field": value}, {}, policy_base_url=POLICY)
             sent = True
-        except RequestBuildError as error:
+        except RequestError as error:
             assert "metadata['task_field']" in str(error)
             sent = False
         assert sent == accepted, value

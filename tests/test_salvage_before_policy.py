@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import agent, filters, metrics, salvage
+from miles_nemogym import agent, filters, metrics, salvage, state
 from miles_nemogym.episode.record import eval_overrides
-from miles_nemogym.rollout.ledger import ledger
+from miles_nemogym.state import ledger
 from tests.support.agent_fixtures import call, fast_env, server
 from tests.support.fault_server import FaultServer
 from tests.support.samples import Sample, Status
@@ -133,11 +133,11 @@ async def test_a_group_without_enough_valid_episodes_is_still_dropped(
     group = [await episode(server, input_sample(sympy_row, i), m) for i, m in enumerate(["ok", "500", "500", "500"])]
     out = filters.check_episode_group(Args(), group)
     assert (out.keep, out.reason) == (False, "nemogym_agent_run_error")
-    assert salvage.forget_held_episodes() == 0  # each was given back to its sample
+    assert state.held.clear() == 0  # each was given back to its sample
 
 
 def test_held_episodes_are_bounded_the_oldest_going_first() -> None:
-    held = salvage._Held(limit=2)
+    held = salvage.HeldEpisodes(limit=2)
     for episode_id in ("e1", "e2", "e3"):
         held.hold("task", episode_id, {"id": episode_id})
     assert [held.claim("task"), held.claim("task"), held.claim("task")] == [{"id": "e2"}, {"id": "e3"}, None]

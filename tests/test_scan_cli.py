@@ -17,10 +17,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from miles_nemogym import agent
+from miles_nemogym import agent, transport
 from miles_nemogym.cli.main import app
-from miles_nemogym.episode import send
-from miles_nemogym.episode.request import build_run_body
+from miles_nemogym.episode.swe import build_run_body
 from tests.support.fake_gym import FakeGym
 from tests.support.openapi import openapi_document
 from tests.support.ports import free_port
@@ -352,7 +351,7 @@ async def test_scan_sends_exactly_what_the_agent_function_sends(
     row = next(row for row in gym_example_rows if row["instance_id"] == SYMPY)
     request_kwargs = {"temperature": 0.7, "top_p": 0.9, "max_tokens": 512}
     await agent.run(base_url=session, prompt=None, request_kwargs=request_kwargs, metadata=row)
-    await send.close_client()
+    await transport.close_pools()
     agent_body = fake_gym.bodies[-1]
 
     def run_cli() -> Any:

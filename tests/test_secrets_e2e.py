@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 from miles_nemogym.cli.main import app
 from miles_nemogym.launcher import run as launcher
 from miles_nemogym.metrics import rollout_metrics
-from miles_nemogym.rollout.ledger import ledger
 from miles_nemogym.settings import ENV_VARS, Settings
+from miles_nemogym.state import ledger
 from miles_nemogym.testing import smoke
 from tests.support.fake_gym import FakeGym
 from tests.support.ports import free_port as closed_port

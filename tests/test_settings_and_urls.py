@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from miles_nemogym.episode.request import PolicyUrlError, policy_base_url, routable_local_address
+from miles_nemogym.episode.swe import RequestError, policy_base_url, routable_local_address
 from miles_nemogym.settings import ENV_VARS, RewardMode, Settings, SettingsError, get_settings
 
 
@@ -93,7 +93,7 @@ def test_wildcard_resolves_to_the_route_towards_a_remote_gym_host() -> None:
     # 192.0.2.0/24 is TEST-NET-1: a UDP connect only consults the routing table, nothing is sent.
     try:
         address = routable_local_address("192.0.2.10", 12000)
-    except PolicyUrlError:
+    except RequestError:
         pytest.fail("this machine has a default route; the probe should find a source address")
     assert address not in ("0.0.0.0", "127.0.0.1")
     url = policy_base_url("http://0.0.0.0:1/sessions/a", "http://192.0.2.10:12000")
@@ -101,13 +101,13 @@ def test_wildcard_resolves_to_the_route_towards_a_remote_gym_host() -> None:
 
 
 def test_not_a_url_is_refused() -> None:
-    with pytest.raises(PolicyUrlError, match="/sessions/<session_id>"):
+    with pytest.raises(RequestError, match="/sessions/<session_id>"):
         policy_base_url("sessions/a", "http://127.0.0.1:12000")
 
 
 @pytest.mark.parametrize("session", ["http://h:abc/sessions/a", "http://h:99999/sessions/a", "http://[::1/sessions/a"])
 def test_a_malformed_session_url_is_a_policy_url_error(session: str) -> None:
-    with pytest.raises(PolicyUrlError, match="malformed"):
+    with pytest.raises(RequestError, match="malformed"):
         policy_base_url(session, "http://127.0.0.1:12000")
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from miles_nemogym.episode.request import RequestBuildError, build_run_body
+from miles_nemogym.episode.swe import RequestError, build_run_body
 from miles_nemogym.launcher.config import ConfigError, load_config
 from miles_nemogym.scan.config import ScanConfig, scan_settings
 from miles_nemogym.settings import ENV_VARS, SettingsError, get_settings
@@ -53,7 +53,7 @@ def test_problems_name_each_field_and_drop_pydantics_prefix() -> None:
 def test_callers_name_the_field_their_way(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for name in ENV_VARS:
         monkeypatch.delenv(name, raising=False)
-    with pytest.raises(RequestBuildError) as request:
+    with pytest.raises(RequestError) as request:
         build_run_body({"instance_id": "a", "responses_create_params": {"top_k": 3}}, None, policy_base_url=None)
     assert str(request.value) == (
         "responses_create_params.top_k: the NeMo-Gym server rejects this key; remove it from the task row"

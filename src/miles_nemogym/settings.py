@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, StrictInt, ValidationError, field_validator
 
-from miles_nemogym.errors import SettingsError
+from miles_nemogym.errors import SettingsError, UrlError
 from miles_nemogym.redaction import KeyScrubber, key_scrubber, redact_url
 from miles_nemogym.transport import check_url
 from miles_nemogym.validation import describe
@@ -205,7 +205,10 @@ class Settings(BaseModel):
 
 
 def _check_http_url(value: str, example: str) -> str:
-    check_url(value, example)  # an UrlError is a ValueError: pydantic reports it for the variable
+    try:
+        check_url(value)
+    except UrlError as error:  # reported by pydantic for the variable that holds the value
+        raise ValueError(f"{error}; expected an http(s) URL such as {example}") from None
     return value.strip().rstrip("/")
 
 
@@ -248,7 +251,7 @@ def parse_environments(text: str) -> dict[str, EnvironmentServer]:
     return servers
 
 
-class _DuplicateKey(Exception):
+class _DuplicateKey(SettingsError):
     def __init__(self, name: str) -> None:
         self.name = name
 

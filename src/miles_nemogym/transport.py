@@ -67,24 +67,24 @@ _EXIT_CLOSE_TIMEOUT_S = 5.0
 _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 
 
-def check_url(url: object, example: str) -> SplitResult:
+def check_url(url: object) -> SplitResult:
     """The parts of ``url`` when it is an ``http(s)`` URL with a host, a valid port and no query
-    or fragment (the package appends paths to it); else ``UrlError`` saying what is wrong, with
-    ``example`` (callers name the setting or argument)."""
+    or fragment (the package appends paths to it); else ``UrlError`` saying what is wrong (the
+    caller names the setting or argument and shows the form it expects)."""
     if not isinstance(url, str):
-        raise UrlError(f"must be a string URL such as {example}, got {type(url).__name__}")
+        raise UrlError(f"must be a string, got {type(url).__name__}")
     text = url.strip()
     try:
         parts = urlsplit(text)
         port = parts.port
     except ValueError as error:  # urlsplit's own: a bad port, an unclosed IPv6 bracket
-        raise UrlError(f"is malformed ({error}); expected a URL such as {example}") from None
+        raise UrlError(f"is malformed ({error})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UrlError(f"is not an http(s) URL such as {example}")
+        raise UrlError("is not an http(s) URL")
     if port == 0:
-        raise UrlError(f"the port must be a number from 1 to 65535, as in {example}")
+        raise UrlError("has port 0 (the port must be a number from 1 to 65535)")
     if parts.query or parts.fragment or text.endswith(("?", "#")):
-        raise UrlError(f"has a query or fragment; give the base URL alone (paths are appended to it), as in {example}")
+        raise UrlError("has a query or fragment: give the base URL alone, paths are appended to it")
     return parts
 
 
@@ -135,10 +135,10 @@ def check_session_url(session_url: object) -> SplitResult:
     """The parts of the session URL Miles passes the agent function as ``base_url``; ``UrlError``
     when it is not a plain http(s) URL (every episode kind calls the policy through it)."""
     try:
-        return check_url(session_url, _SESSION_URL)
+        return check_url(session_url)
     except UrlError as error:
-        shown = redact_url(session_url) if isinstance(session_url, str) else type(session_url).__name__
-        raise UrlError(f"base_url {shown!r} {error} (what Miles passes)") from None
+        shown = repr(redact_url(session_url)) if isinstance(session_url, str) else ""
+        raise UrlError(f"base_url {shown + ' ' if shown else ''}{error}; Miles passes {_SESSION_URL}") from None
 
 
 class Deadline:

@@ -22,11 +22,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from miles_nemogym import agent, filters
+from miles_nemogym import agent, filters, transport
 from miles_nemogym.cli.main import app
 from miles_nemogym.data import convert_row
 from miles_nemogym.doctor import all_passed, run_checks
-from miles_nemogym.episode import send as client
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer, free_port
 from miles_nemogym.scan import golden_scan
@@ -80,7 +79,7 @@ async def test_three_real_episodes_at_once_each_on_its_own_session(
     try:
         samples = await asyncio.gather(*(run_sample(prompt_rows[iid], urls[iid]) for iid in GRADED_OFFLINE))
     finally:
-        await client.close_client()
+        await transport.close_pools()
 
     for iid, sample in zip(GRADED_OFFLINE, samples, strict=True):
         session = RecordingPolicy.session_id_of(urls[iid])
@@ -114,7 +113,7 @@ async def test_a_crashed_episode_is_set_aside_and_its_group_dropped(
     try:
         sample = await run_sample(prompt_rows[DJANGO], recording_policy.session_url())
     finally:
-        await client.close_client()
+        await transport.close_pools()
     record = sample.metadata["nemogym"]
     assert record["status"] == "failed" and record["mask_sample"] is True
     assert record["failure_kind"] == "agent_run_error"
@@ -141,7 +140,7 @@ async def test_abort_returns_promptly_while_a_real_episode_waits_on_the_policy(
         assert time.monotonic() - started < 5
     finally:
         recording_policy.release()
-        await client.close_client()
+        await transport.close_pools()
     assert sample.metadata["nemogym"]["failure_kind"] == "cancelled"
     assert sample.metadata["nemogym"]["mask_sample"] is True
 
@@ -165,7 +164,7 @@ async def test_server_killed_mid_episode_is_a_transport_failure_never_resent(
             sample = await asyncio.wait_for(task, 30)
         finally:
             policy.release()
-            await client.close_client()
+            await transport.close_pools()
     record = sample.metadata["nemogym"]
     assert record["failure_kind"] == "transport_peer_drop", record
     assert record["mask_sample"] is True and record["attempts"] == 1

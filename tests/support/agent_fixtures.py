@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import agent
-from miles_nemogym.episode import send
+from miles_nemogym import agent, transport
 from tests.support.fault_server import FaultServer
 
 SESSION = "http://127.0.0.1:39999/sessions/s-1"
@@ -33,7 +32,7 @@ async def server(
     srv = await FaultServer(result=sympy_result).start()
     monkeypatch.setenv("NEMO_GYM_URL", srv.url)
     yield srv
-    await send.close_client()
+    await transport.close_pools()
     await srv.stop()
 
 

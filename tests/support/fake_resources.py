@@ -21,6 +21,8 @@ from typing import Any
 from aiohttp import web
 
 COOKIE = "session"
+TOOLS = ("echo", "status", "huge", "drop")
+"""The tools the stand-in serves, which ``row`` declares (a loop calls only a row's declared tools)."""
 
 
 @dataclass
@@ -125,6 +127,8 @@ def row(tag: str, **fields: Any) -> dict[str, Any]:
     """A minimal task row whose prompt carries the scripted-policy tag."""
     params = {
         "input": [{"role": "user", "content": f"do it {tag}"}],
-        "tools": [{"type": "function", "name": "echo", "parameters": {"type": "object"}, "strict": False}],
+        "tools": [
+            {"type": "function", "name": name, "parameters": {"type": "object"}, "strict": False} for name in TOOLS
+        ],
     }
     return {"responses_create_params": params, **fields}

@@ -81,10 +81,9 @@ from miles.utils.test_utils.mock_sglang_server import MockSGLangServer, ProcessR
 from miles.utils.test_utils.uvicorn_thread_server import UvicornThreadServer  # noqa: E402
 from miles.utils.tracking_utils import tracking  # noqa: E402
 
-from miles_nemogym.episode.circuit import circuit  # noqa: E402
+from miles_nemogym import state  # noqa: E402
 from miles_nemogym.launcher.command import GENERATE_FUNCTION, HOOKS  # noqa: E402
-from miles_nemogym.rollout.ledger import ledger  # noqa: E402
-from miles_nemogym.salvage import forget_held_episodes  # noqa: E402
+from miles_nemogym.state import ledger  # noqa: E402
 from miles_nemogym.testing.recording_policy import Script, qwen_tool_call_text  # noqa: E402
 from tests.support.qwen3_tokenizer import TOKENIZER_FORMAT, build_qwen3_tokenizer  # noqa: E402
 
@@ -288,9 +287,9 @@ def _argv(request: dict[str, Any], tokenizer: Path, data: str, router_port: int)
 def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[str, Any]:
     RECORDER.__init__()  # type: ignore[misc]
     # Each step is a fresh run: the process's circuit, episode ledger and held episodes start clean.
-    circuit.reset()
+    state.circuits.reset()
     ledger.reset()
-    forget_held_episodes()
+    state.held.clear()
     script = Script(look_around_turns=int(request.get("look_around_turns", 1)))
     rollout_id = int(request.get("rollout_id", 0))
     policy_calls = [0]

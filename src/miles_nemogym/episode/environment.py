@@ -477,7 +477,7 @@ class _Loop:
         answer = await self._post(session, quote(name, safe=""), arguments, _TOOL_OUTPUT_BYTES)
         text = answer.body.decode("utf-8", errors="ignore" if answer.over_cap else "replace")
         if answer.over_cap:
-            text += f"\n[tool output truncated to its first {_TOOL_OUTPUT_BYTES} bytes of {answer.size} or more]"
+            text += f"\n[tool output truncated to its first {_TOOL_OUTPUT_BYTES} bytes of at least {answer.size}]"
         return text
 
     async def _verify(self, session: Any) -> dict[str, Any]:
@@ -535,7 +535,7 @@ def _parsed(answer: Answer) -> Any:
 
 def _described(answer: Answer, what: str, expected: str) -> str:
     if answer.over_cap:
-        return f"{what}'s answer exceeds NEMO_GYM_MAX_RESULT_BYTES ({answer.size} bytes or more); not read further"
+        return f"{what}'s answer exceeds NEMO_GYM_MAX_RESULT_BYTES (at least {answer.size} bytes decoded); not read further"
     if answer.status != 200:
         where = f" (a redirect to {answer.location}, not followed)" if answer.location else ""
         return f"{what} answered HTTP {answer.status}{where}: {answer.body[:300].decode('utf-8', 'replace')!r}"

@@ -69,6 +69,7 @@ __all__ = [
     "instance_report",
     "policy_base_url",
     "prepare",
+    "prepare_scan",
     "responses_create_params",
     "routable_local_address",
 ]
@@ -129,7 +130,7 @@ class SweEpisode:
             return failure(
                 fk.AGENT_RUN_ERROR,
                 f"the /run answer exceeds NEMO_GYM_MAX_RESULT_BYTES={settings.max_result_bytes} "
-                f"({answer.size} bytes or more decoded); not read further",
+                f"(at least {answer.size} bytes decoded); not read further",
                 http_status=answer.status,
             )
         scrubber = settings.key_scrubber()
@@ -158,19 +159,26 @@ def prepare(
     request_kwargs: Mapping[str, Any] | None,
     settings: Settings,
     *,
-    session_url: str | None,
-    policy_url: str | None = None,
-    send_api_key: bool = True,
+    session_url: str,
 ) -> SweEpisode:
-    """The episode of one SWE row; ``RequestError`` names the bad field. The policy is Miles'
-    session (``session_url``, its ``base_url``), else ``policy_url`` as given (the scan's
-    ``--policy-base-url``), else none: the server's own model (a golden scan). ``send_api_key``
-    False keeps the key (``NEMO_GYM_POLICY_API_KEY``) from going with the request."""
-    policy = policy_url
-    if session_url is not None:
-        policy = policy_base_url(session_url, settings.gym_url, settings.external_host)
+    """The episode of one SWE row for Miles' session ``session_url`` (its ``base_url``), the key
+    (``NEMO_GYM_POLICY_API_KEY``) sent with it; ``RequestError`` names the bad field."""
+    policy = policy_base_url(session_url, settings.gym_url, settings.external_host)
+    return prepare_scan(metadata, request_kwargs, settings, policy_url=policy, send_api_key=True)
+
+
+def prepare_scan(
+    metadata: Mapping[str, Any] | None,
+    request_kwargs: Mapping[str, Any] | None,
+    settings: Settings,
+    *,
+    policy_url: str | None,
+    send_api_key: bool,
+) -> SweEpisode:
+    """``prepare`` for the scan: the policy is ``policy_url`` as given (``--policy-base-url``), or
+    None: the server's own model (a golden scan); ``send_api_key`` False keeps the key at home."""
     key = settings.policy_api_key.get_secret_value() if settings.policy_api_key and send_api_key else None
-    body = build_run_body(metadata, request_kwargs, policy_base_url=policy, policy_api_key=key)
+    body = build_run_body(metadata, request_kwargs, policy_base_url=policy_url, policy_api_key=key)
     return SweEpisode(_encode(body), task_id_of(body), settings)
 
 

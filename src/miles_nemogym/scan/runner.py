@@ -161,11 +161,10 @@ def _prepare_locked(
     bodies = {}
     for task in pending:  # a row that cannot form a body fails now, not as a masked episode later
         try:
-            bodies[task.instance_id] = swe.prepare(
+            bodies[task.instance_id] = swe.prepare_scan(
                 task.metadata,
                 config.request_kwargs(),
                 settings,
-                session_url=None,
                 policy_url=config.policy_base_url,
                 send_api_key=config.policy_base_url is not None,
             )
