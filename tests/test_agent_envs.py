@@ -25,7 +25,7 @@ from miles_nemogym.errors import RunStopped
 from miles_nemogym.filters import check_run
 from miles_nemogym.settings import get_settings
 from miles_nemogym.state import ledger
-from miles_nemogym.store import reader, writer
+from miles_nemogym.store import reader
 from tests.support.agent_fixtures import call, fast_env, server
 from tests.support.fake_resources import fake_resources, row
 from tests.support.fault_server import FaultServer

@@ -535,7 +535,8 @@ def _parsed(answer: Answer) -> Any:
 
 def _described(answer: Answer, what: str, expected: str) -> str:
     if answer.over_cap:
-        return f"{what}'s answer exceeds NEMO_GYM_MAX_RESULT_BYTES (at least {answer.size} bytes decoded); not read further"
+        size = f"at least {answer.size} bytes decoded"
+        return f"{what}'s answer exceeds NEMO_GYM_MAX_RESULT_BYTES ({size}); not read further"
     if answer.status != 200:
         where = f" (a redirect to {answer.location}, not followed)" if answer.location else ""
         return f"{what} answered HTTP {answer.status}{where}: {answer.body[:300].decode('utf-8', 'replace')!r}"
