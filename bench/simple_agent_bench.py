@@ -12,7 +12,8 @@ same ``vllm_model``:
 The episode is the same on both: search an email, reply to it, answer (3 model turns,
 2 tool calls, seed and verify; reward 1.0). Clients:
 
-  a  ``miles_nemogym.simple_agent.run_episode`` with one shared ``Connections``;
+  a  this package's loop as the agent function runs it: ``episode.environment.prepare`` then
+     ``episode.delivery.deliver`` (abortable, behind its server's circuit, the loop's pool);
   b  ``POST /run`` to NeMo-Gym's ``simple_agent`` (which calls the policy through its
      ``vllm_model`` server), the upstream reference;
   c  the same HTTP requests with nothing around them (one ``aiohttp`` session, the cookie
@@ -62,8 +63,13 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
+from miles_nemogym import state  # noqa: E402
+from miles_nemogym.episode import environment  # noqa: E402
+from miles_nemogym.episode.delivery import deliver  # noqa: E402
+from miles_nemogym.episode.record import Outcome  # noqa: E402
 from miles_nemogym.gym.venv import ensure_gym_venv  # noqa: E402
-from miles_nemogym.simple_agent import Connections, EpisodeResult, Limits, chat_request, run_episode  # noqa: E402
+from miles_nemogym.settings import EnvironmentServer, Settings  # noqa: E402
+from miles_nemogym.transport import close_pools  # noqa: E402
 from tests.support.gym_envs import GymEnvironments  # noqa: E402
 from tests.support.scripted_chat import ScriptedChat, Turn, tagged, tool  # noqa: E402
 
@@ -178,36 +184,36 @@ class _Clients:
         self.policy = policy
         self.row = row
         self.http: aiohttp.ClientSession = http
-        self.connections = Connections()
-        self.limits = Limits(max_steps=6)
-        params = row["responses_create_params"]
-        self.messages = chat_request.messages(params)
-        self.first_body = chat_request.request_body(params, None)
+        self.env = env
+        self.settings = Settings.from_env({})
+        self.server = EnvironmentServer(url=self.resources, max_steps=6)
+        self.messages, self.first_body = environment.first_request(row["responses_create_params"], None)
         self.row_bytes = pydantic_core.to_json(row)
         self.verify_bytes = b""
 
     async def __aenter__(self) -> _Clients:
-        await self.connections.__aenter__()
         probe = await self._episode()
-        assert probe.verify is not None, probe
-        self.verify_bytes = pydantic_core.to_json({**self.row, "response": probe.verify["response"]})
+        assert isinstance(probe.answer, dict), probe
+        self.verify_bytes = pydantic_core.to_json({**self.row, "response": probe.answer["response"]})
         for client in (self.a, self.b, self.c):
             await client()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.connections.close()
+        await close_pools()
 
-    async def _episode(self) -> EpisodeResult:
-        result = await run_episode(
+    async def _episode(self) -> Outcome:
+        episode = environment.prepare(
             self.row,
+            self.env,
+            self.server,
             session_url=f"{self.policy}/sessions/a",
-            resources_url=self.resources,
-            limits=self.limits,
-            connections=self.connections,
+            request_kwargs=None,
+            settings=self.settings,
         )
-        assert result.reward == 1.0 and result.turns == TURNS, result
-        return result
+        outcome = await deliver(episode, self.settings, state.circuits, state.in_flight)
+        assert outcome.reward == 1.0 and outcome.record.turns == TURNS, outcome.record
+        return outcome
 
     async def a(self) -> None:
         await self._episode()

@@ -15,8 +15,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from miles_nemogym import agent
-from miles_nemogym.simple_agent import Connections, EpisodeResult, Limits, run_episode
+from miles_nemogym import agent, state
+from miles_nemogym.episode import environment
+from miles_nemogym.episode.delivery import deliver
+from miles_nemogym.episode.record import Outcome
+from miles_nemogym.settings import EnvironmentServer, Settings
 from tests.support.env_scripts import ENVIRONMENTS, scripts
 from tests.support.gym_envs import GymEnvironments
 from tests.support.scripted_chat import ScriptedChat, Turn, tagged, tool
@@ -45,19 +48,32 @@ def _scripts(envs: GymEnvironments, env: str) -> dict[str, list[Turn]]:
     return scripts(env, _row(envs, env))
 
 
-def _limits(env: str) -> Limits:
+def _max_steps(env: str) -> int | None:
     # The shipped simple_agent configs: workplace_assistant sets max_steps 6, the others none.
-    return Limits(max_steps=6 if env == "workplace_assistant" else None)
+    return 6 if env == "workplace_assistant" else None
 
 
-async def _ours(chat: ScriptedChat, envs: GymEnvironments, env: str, row: dict[str, Any]) -> EpisodeResult:
-    return await run_episode(
+async def _ours(
+    chat: ScriptedChat, envs: GymEnvironments, env: str, row: dict[str, Any], session: str = "s"
+) -> Outcome:
+    """Our loop on ``row``, as the agent function delivers it; its ``answer`` holds what /verify
+    answered, with the response the loop sent it."""
+    settings = Settings.from_env({})
+    episode = environment.prepare(
         row,
-        session_url=chat.session_url(),
-        resources_url=envs.resources_url(env),
+        env,
+        EnvironmentServer(url=envs.resources_url(env), max_steps=_max_steps(env)),
+        session_url=chat.session_url(session),
         request_kwargs={"temperature": 1.0, "top_p": 1.0, "max_tokens": 512},
-        limits=_limits(env),
+        settings=settings,
     )
+    return await deliver(episode, settings, state.circuits, state.in_flight)
+
+
+def _verified(outcome: Outcome) -> dict[str, Any]:
+    """What /verify answered ours, with the response the loop sent it."""
+    assert isinstance(outcome.answer, dict) and "reward" in outcome.answer, outcome.record
+    return outcome.answer
 
 
 async def _theirs(envs: GymEnvironments, env: str, row: dict[str, Any]) -> dict[str, Any]:
@@ -94,24 +110,24 @@ async def test_gold_scores_one_wrong_scores_zero_and_simple_agent_agrees(
         chat.script(name, *turns)
         row = tagged(_row(envs, env), name)
         ours = await _ours(chat, envs, env, row)
-        assert not ours.mask_sample, ours.failure_reason
-        assert ours.reward == (1.0 if outcome == "gold" else 0.0), (env, outcome, ours.verify)
-        assert ours.turns == len(turns)
-        assert ours.stop == "no_tool_call"
-        assert ours.tool_calls == sum(len(t.tool_calls) for t in turns)
-        assert ours.total_tool_time > 0
-        assert ours.verify is not None
+        assert not ours.record.mask_sample, ours.record.failure_reason
+        verified = _verified(ours)
+        assert ours.reward == (1.0 if outcome == "gold" else 0.0), (env, outcome, verified)
+        assert ours.record.turns == len(turns)  # the last turn called no tool: the loop stopped there
+        assert verified["response"]["output"][-1]["type"] == "message"
+        assert ours.record.tool_calls == sum(len(t.tool_calls) for t in turns)
+        assert ours.tool_time_s is not None and ours.tool_time_s > 0
         if outcome == "think_leak":  # the program passed its test; the leaked <think> alone cost the reward
-            assert ours.verify["result"] == [True] and ours.verify["reasoning_format_violation_rate"] == 1.0
+            assert verified["result"] == [True] and verified["reasoning_format_violation_rate"] == 1.0
 
         theirs = await _theirs(envs, env, row)
         assert theirs["reward"] == ours.reward, (env, outcome)
-        assert _items(theirs["response"]) == _items(ours.verify["response"]), (env, outcome)
-        assert _environment_fields(theirs) == _environment_fields(ours.verify), (env, outcome)
-        assert theirs["response"]["status"] == ours.verify["response"]["status"]
+        assert _items(theirs["response"]) == _items(verified["response"]), (env, outcome)
+        assert _environment_fields(theirs) == _environment_fields(verified), (env, outcome)
+        assert theirs["response"]["status"] == verified["response"]["status"]
         reason = "ng_termination_reason"
         assert (theirs["response"]["metadata"] or {}).get(reason) == (
-            ours.verify["response"].get("metadata") or {}
+            verified["response"].get("metadata") or {}
         ).get(reason)
 
 
@@ -120,7 +136,7 @@ async def test_sampling_keys_tools_and_history_reach_the_policy(chat: ScriptedCh
     chat.script("wa_wire", *turns)
     row = tagged(_row(envs, "workplace_assistant"), "wa_wire")
     result = await _ours(chat, envs, "workplace_assistant", row)
-    assert result.reward == 1.0
+    assert result.reward == 1.0, result.record
     first, second = chat.requests("wa_wire")[:2]
     assert (first["temperature"], first["top_p"], first["max_tokens"]) == (1.0, 1.0, 512)
     names = [t["function"]["name"] for t in first["tools"]]
@@ -145,9 +161,8 @@ async def test_real_tool_errors_and_bad_arguments_are_model_visible(chat: Script
         row = tagged(_row(envs, "workplace_assistant"), "wa_errors")
         if path == "ours":
             result = await _ours(chat, envs, "workplace_assistant", row)
-            assert result.reward == 0.0 and not result.mask_sample
-            assert result.verify is not None
-            answer = result.verify
+            assert result.reward == 0.0 and not result.record.mask_sample
+            answer = _verified(result)
         else:
             answer = await _theirs(envs, "workplace_assistant", row)
         outputs = [i["output"] for i in answer["response"]["output"] if i["type"] == "function_call_output"]
@@ -164,9 +179,8 @@ async def test_max_steps_stops_both_loops_at_the_same_turn(chat: ScriptedChat, e
     row = tagged(_row(envs, "workplace_assistant"), "wa_forever")
     ours = await _ours(chat, envs, "workplace_assistant", row)
     theirs = await _theirs(envs, "workplace_assistant", row)
-    assert ours.stop == "max_steps" and ours.turns == 6 and ours.tool_calls == 6
-    assert ours.verify is not None
-    assert _items(theirs["response"]) == _items(ours.verify["response"])
+    assert (ours.record.turns, ours.record.tool_calls) == (6, 6)  # every turn called a tool: max_steps stopped it
+    assert _items(theirs["response"]) == _items(_verified(ours)["response"])
     assert theirs["reward"] == ours.reward == 0.0
 
 
@@ -178,10 +192,11 @@ async def test_length_cut_off_is_verified_as_incomplete_like_simple_agent(
     row = tagged(_row(envs, "mcqa"), "mcqa_cut")
     ours = await _ours(chat, envs, "mcqa", row)
     theirs = await _theirs(envs, "mcqa", row)
-    assert ours.stop == "length" and ours.tool_calls == 0 and not ours.mask_sample
-    assert ours.verify is not None
-    assert ours.verify["response"]["status"] == theirs["response"]["status"] == "incomplete"
-    assert _items(theirs["response"]) == _items(ours.verify["response"])
+    assert ours.record.tool_calls == 0 and not ours.record.mask_sample
+    verified = _verified(ours)
+    assert verified["response"]["status"] == theirs["response"]["status"] == "incomplete"
+    assert verified["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert _items(theirs["response"]) == _items(verified["response"])
     assert theirs["reward"] == ours.reward == 0.0
 
 
@@ -189,28 +204,21 @@ async def test_concurrent_episodes_keep_their_own_sessions(chat: ScriptedChat, e
     """Workplace tools act on the session's own sandbox: an email one episode sends is
     invisible to the others, which each search for it after sending their own."""
     n = 6
-    async with Connections() as connections:
 
-        async def one(i: int) -> EpisodeResult:
-            name = f"wa_iso_{i}"
-            chat.script(
-                name,
-                Turn(tool_calls=(tool("email_send_email", recipient="x@atlas.com", subject=f"iso-{i}", body="b"),)),
-                Turn(tool_calls=(tool("email_search_emails", query="iso-"),)),
-                Turn(content="ok"),
-            )
-            return await run_episode(
-                tagged(_row(envs, "workplace_assistant"), name),
-                session_url=chat.session_url(str(i)),
-                resources_url=envs.resources_url("workplace_assistant"),
-                limits=_limits("workplace_assistant"),
-                connections=connections,
-            )
+    async def one(i: int) -> Outcome:
+        name = f"wa_iso_{i}"
+        chat.script(
+            name,
+            Turn(tool_calls=(tool("email_send_email", recipient="x@atlas.com", subject=f"iso-{i}", body="b"),)),
+            Turn(tool_calls=(tool("email_search_emails", query="iso-"),)),
+            Turn(content="ok"),
+        )
+        return await _ours(chat, envs, "workplace_assistant", tagged(_row(envs, "workplace_assistant"), name), str(i))
 
-        results = await asyncio.gather(*(one(i) for i in range(n)))
+    results = await asyncio.gather(*(one(i) for i in range(n)))
     for i, result in enumerate(results):
-        assert result.verify is not None, result.failure_reason
-        search = [o["output"] for o in result.verify["response"]["output"] if o["type"] == "function_call_output"][1]
+        output = _verified(result)["response"]["output"]
+        search = [o["output"] for o in output if o["type"] == "function_call_output"][1]
         assert f"iso-{i}" in search
         assert not any(f"iso-{j}" in search for j in range(n) if j != i), search
 
@@ -223,7 +231,7 @@ async def test_rows_of_every_environment_routed_through_agent_run_score_as_the_l
     (no mark reaches them) and grade it as the loop alone does."""
     servers: dict[str, dict[str, Any]] = {}
     for env in ENVS:
-        steps = _limits(env).max_steps
+        steps = _max_steps(env)
         servers[env] = {"url": envs.resources_url(env), **({"max_steps": steps} if steps else {})}
     monkeypatch.setenv("NEMO_GYM_ENVS", json.dumps(servers))
 

@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from miles_nemogym.errors import MilesNemoGymError
-from miles_nemogym.settings import EnvironmentServer, Settings
+from miles_nemogym.settings import EnvironmentServer, Settings, environment_name_problem, parse_environments
 from miles_nemogym.validation import describe
 from miles_nemogym.yaml_file import YamlFileError, read_mapping
 
@@ -45,7 +45,6 @@ _LEGACY_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
 _ENVS_VAR = "NEMO_GYM_ENVS"
 _SET_NAME = r"^[A-Za-z0-9_.-]+$"
 _SET_NAME_RE = re.compile(_SET_NAME)
-_ENV_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 def _eval_sets(value: Any, default_name: str) -> Any:
@@ -94,6 +93,8 @@ def _environments(value: Any) -> Any:
                 )
             if steps and not steps.strip().isdigit():
                 raise ValueError(f"{text!r}: max_steps must be a whole number, as in {name}={url},max_steps=8")
+            if name in merged:
+                raise ValueError(f"environment {name!r} is given twice; give each environment once")
             merged[name] = {"url": url, "max_steps": int(steps)} if steps else url
         value = merged
     if isinstance(value, dict):
@@ -106,10 +107,7 @@ def _environments(value: Any) -> Any:
 
 
 def _parse_settings_envs(text: str) -> dict[str, EnvironmentServer]:
-    try:
-        return dict(Settings.model_validate({_ENVS_VAR: text}).environments)
-    except ValidationError as error:
-        raise ValueError(str(error.errors()[0]["msg"]).removeprefix("Value error, ")) from None
+    return parse_environments(text)  # the one parser of the variable; its ValueError names what is wrong
 
 
 def _is_number(annotation: Any) -> bool:
@@ -358,9 +356,9 @@ class LauncherConfig(BaseModel):
     @field_validator("tools_not_served")
     @classmethod
     def _known_names(cls, value: list[str]) -> list[str]:
-        bad = [name for name in value if not _ENV_NAME_RE.fullmatch(name)]
+        bad = [(name, problem) for name in value if (problem := environment_name_problem(name))]
         if bad:
-            raise ValueError(f"{bad[0]!r} is not an environment name (letters, digits, '_', '-' or '.')")
+            raise ValueError(f"{bad[0][0]!r} is not an environment name: {bad[0][1]}")
         return list(dict.fromkeys(value))
 
     @field_validator("hf_checkpoint")
