@@ -156,6 +156,10 @@ class HeldEpisodes:
             key = next((key for key in self._episodes if key[0] == task), None)
             return None if key is None else self._episodes.pop(key)
 
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._episodes)
+
     def clear(self) -> int:
         with self._lock:
             count = len(self._episodes)

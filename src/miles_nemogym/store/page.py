@@ -36,7 +36,7 @@ BLOCK_MAX_CHARS = 200_000
 """At most this much of one part is on the page (the rest is counted, the store has it)."""
 _SUMMARY_FIELD_CHARS = 200
 
-_KIND_COLOURS = ["#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+_KIND_COLOURS = ("#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
 _CSS = """
 body{font:14px system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
