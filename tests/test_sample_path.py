@@ -1,0 +1,204 @@
+"""docs/architecture.md's "One sample's path, measured" states what the code runs today.
+
+The tracer and both sample drivers (tests/support/sample_path.py, behind
+``scripts/sample_path.py``) run here over loopback servers, each sample in a fresh
+interpreter; the doc's two tables are parsed and compared cell by cell with the same
+tables built from the measurement, so a change to the path fails here until the doc is
+updated (``python scripts/sample_path.py`` prints the tables to paste). The redesign's
+goal (at most 12 files a sample, no module pair calling both ways) is not asserted.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.support.sample_path import (
+    LABELS,
+    SAMPLES,
+    PathMeasurement,
+    Tracer,
+    files_table,
+    measure_fresh,
+    summary_table,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "architecture.md"
+SECTION = "## One sample's path, measured"
+_ALL_FUNCTIONS = re.compile(r"functions \(all, Python (\d+\.\d+)\)")
+
+Table = dict[str, dict[str, str]]
+
+
+@pytest.fixture(scope="module")
+def measured() -> list[PathMeasurement]:
+    return [measure_fresh(sample) for sample in SAMPLES]
+
+
+def section(text: str) -> str:
+    start = text.index(SECTION)
+    end = text.find("\n## ", start + len(SECTION))
+    return text[start : end if end != -1 else len(text)]
+
+
+def tables(text: str) -> list[list[list[str]]]:
+    """Every Markdown table in ``text``: its rows (header first, the --- row left out) as cells."""
+    found: list[list[list[str]]] = []
+    previous = False
+    for line in text.splitlines():
+        is_row = line.startswith("|")
+        if is_row:
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            if not all(set(cell) <= {"-", ":"} for cell in cells):
+                if not previous:
+                    found.append([])
+                found[-1].append(cells)
+        previous = is_row
+    return found
+
+
+def keyed(rows: list[list[str]]) -> Table:
+    """A table as {first cell: {column header: cell}}."""
+    header, *body = rows
+    return {row[0]: dict(zip(header[1:], row[1:], strict=True)) for row in body}
+
+
+def table_starting(text: str, first_header: str) -> list[list[str]]:
+    matching = [table for table in tables(text) if table[0][0].startswith(first_header)]
+    assert len(matching) == 1, (
+        f"docs/architecture.md's {SECTION!r} needs one table whose header starts {first_header!r}"
+    )
+    return matching[0]
+
+
+def differences(doc: Table, now: Table) -> list[str]:
+    problems = []
+    for row in sorted(set(doc) | set(now)):
+        if row not in now:
+            problems.append(f"row {row!r}: in the doc, not measured")
+        elif row not in doc:
+            problems.append(f"row {row!r}: measured {now[row]}, missing from the doc")
+        else:
+            for column in now[row]:
+                if doc[row].get(column) != now[row][column]:
+                    problems.append(
+                        f"{row} / {column}: doc says {doc[row].get(column)!r}, measured {now[row][column]!r}"
+                    )
+    return problems
+
+
+def python_neutral(rows: list[list[str]]) -> tuple[str, list[list[str]]]:
+    """(the Python version the 'functions (all, ...)' column was measured on, the rows with that
+    header cell made version-free): comprehensions are frames of their own only before 3.12."""
+    header = rows[0]
+    column = next(i for i, cell in enumerate(header) if _ALL_FUNCTIONS.fullmatch(cell))
+    version = _ALL_FUNCTIONS.fullmatch(header[column])
+    assert version is not None
+    return version.group(1), [[*header[:column], "functions (all)", *header[column + 1 :]], *rows[1:]]
+
+
+def test_the_docs_measured_path_tables_match_todays_code(measured: list[PathMeasurement]) -> None:
+    if any(m.salvage == "ran" for m in measured):
+        pytest.skip("Miles imports here: the doc's figures are measured without Miles' salvage step")
+    doc = section(DOC.read_text(encoding="utf-8"))
+    rerun = "\nre-run `python scripts/sample_path.py` and paste its two tables into docs/architecture.md"
+
+    doc_python, doc_summary = python_neutral(table_starting(doc, "sample"))
+    now_python, now_summary = python_neutral(tables(summary_table(measured))[0])
+    doc_rows, now_rows = keyed(doc_summary), keyed(now_summary)
+    if doc_python != now_python:  # every other figure is the same on every Python we support
+        for rows in (doc_rows, now_rows):
+            for cells in rows.values():
+                cells.pop("functions (all)")
+    problems = differences(doc_rows, now_rows)
+    problems += differences(keyed(table_starting(doc, "file")), keyed(tables(files_table(measured))[0]))
+    assert not problems, "\n".join(problems) + rerun
+
+    for m in measured:  # the prose names the pairs the table counts
+        for a, b in m.both_ways:
+            assert f"`{a}` ⇄ `{b}`" in doc, f"the doc does not list `{a}` ⇄ `{b}`{rerun}"
+
+
+def test_each_sample_runs_its_own_path_through_the_hooks(measured: list[PathMeasurement]) -> None:
+    swe, environment = measured
+    hooks = {"agent.py", "reward.py", "filters.py", "salvage.py", "metrics.py", "store/writer.py"}
+    for m in measured:
+        assert hooks <= set(m.files), (m.sample, m.files)
+        assert m.longest_chain[0] == "agent", m.longest_chain
+        named = {(f.file, f.name) for f in m.functions}
+        assert ("store/writer.py", "EpisodeStore._write") in named  # the writer thread is traced
+        assert not any(f.name.endswith("<module>") for f in m.functions)  # imports happen before tracing
+    assert not any(file.startswith("simple_agent/") for file in swe.files)
+    assert ("agent", "episode/request") in swe.edges and ("agent", "episode/send") in swe.edges
+    assert ("episode/environment", "simple_agent/episode") in environment.edges
+    assert ("agent", "episode/request") not in environment.edges  # the environment row sends no /run body
+    assert set(LABELS) == {m.sample for m in measured}
+
+
+def test_the_tracer_counts_functions_edges_pairs_both_ways_and_the_longest_chain(tmp_path: Path) -> None:
+    package = tmp_path / "pkg_traced"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "a.py").write_text(
+        textwrap.dedent(
+            """
+            from pkg_traced.sub import b
+
+
+            def start():
+                return b.middle(lambda: [x for x in range(2)])
+
+
+            def back():
+                return end()
+
+
+            def end():
+                return 1
+            """
+        )
+    )
+    (package / "sub" / "b.py").write_text(
+        textwrap.dedent(
+            """
+            def middle(callback):
+                from pkg_traced import a
+
+                callback()
+                return a.back()
+
+
+            def unused():
+                return 0
+            """
+        )
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from pkg_traced import a  # type: ignore[import-not-found]
+
+        tracer = Tracer(package)
+        with tracer.tracing():
+            a.start()
+        tracer.active = False
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [name for name in sys.modules if name.startswith("pkg_traced")]:
+            del sys.modules[name]
+    m = tracer.measurement("swe", "ran")
+    assert m.files == ["a.py", "sub/b.py"]
+    names = {f.name for f in m.functions}
+    assert {"start", "back", "end", "middle", "start.<locals>.<lambda>"} <= names and "unused" not in names
+    assert m.named_functions == 4 and len(m.functions) == m.named_functions + len(
+        names - {"start", "back", "end", "middle"}
+    )
+    assert m.edges == [("a", "sub/b"), ("sub/b", "a")]
+    assert m.both_ways == [("a", "sub/b")]
+    assert m.calls_between("sub/b", "a") == ["middle -> back", "middle -> start.<locals>.<lambda>"]
+    assert m.longest_chain == ["a", "sub/b", "a"]
