@@ -133,11 +133,22 @@ def test_each_sample_runs_its_own_path_through_the_hooks(measured: list[PathMeas
         named = {(f.file, f.name) for f in m.functions}
         assert ("store/writer.py", "EpisodeStore._write") in named  # the writer thread is traced
         assert not any(f.name.endswith("<module>") for f in m.functions)  # imports happen before tracing
-    assert not any(file.startswith("simple_agent/") for file in swe.files)
-    assert ("agent", "episode/request") in swe.edges and ("agent", "episode/send") in swe.edges
-    assert ("episode/environment", "simple_agent/episode") in environment.edges
-    assert ("agent", "episode/request") not in environment.edges  # the environment row sends no /run body
+    # Each kind is prepared by the agent function and attempted by the one delivery.
+    assert ("agent", "episode/swe") in swe.edges and ("episode/delivery", "episode/swe") in swe.edges
+    assert ("agent", "episode/environment") in environment.edges
+    assert ("episode/delivery", "episode/environment") in environment.edges
+    assert "episode/environment.py" not in swe.files and "episode/swe.py" not in environment.files
+    for m in measured:  # the same transport and delivery for both
+        assert {"transport.py", "episode/delivery.py", "episode/record.py"} <= set(m.files), m.files
     assert set(LABELS) == {m.sample for m in measured}
+
+
+def test_one_samples_path_stays_short_and_never_runs_back(measured: list[PathMeasurement]) -> None:
+    """The design's goal (docs/architecture.md): at most 12 files per sample, and no two modules
+    calling each other (so the path reads top to bottom)."""
+    for m in measured:
+        assert len(m.files) <= 12, (m.sample, m.files)
+        assert m.both_ways == [], (m.sample, m.both_ways)
 
 
 def test_the_tracer_counts_functions_edges_pairs_both_ways_and_the_longest_chain(tmp_path: Path) -> None:

@@ -205,9 +205,12 @@ def test_server_down_mid_step_the_step_completes_when_it_returns(
     # Every episode reached the server exactly once: one /run per Miles session.
     sessions = [body["policy_base_url"] for body in gym.bodies]
     assert len(sessions) == 4 and len(set(sessions)) == 4
+    # Each episode's first try found the server down, waited the outage out, and its second try
+    # was delivered (how long each waited depends on when Miles started it: not asserted).
+    assert [s["metadata"]["nemogym"]["attempts"] for s in result.samples] == [2] * 4
     tracked = result.tracked("rollout/step")
     assert tracked["nemogym/episodes"] == 4.0 and "nemogym/failure_rate/transport_unreachable" not in tracked
-    assert tracked["nemogym/outage_wait_s"] > 4 * (OUTAGE_S - 10)
+    assert tracked["nemogym/outage_wait_s"] > 0
 
 
 def test_server_down_for_good_stops_the_step_with_one_clear_error(

@@ -129,7 +129,7 @@ class PathMeasurement:
 
 
 def module_name(file: str) -> str:
-    """``episode/send.py`` -> ``episode/send``."""
+    """``episode/swe.py`` -> ``episode/swe``."""
     return file.removesuffix(".py")
 
 
@@ -281,7 +281,7 @@ def _environment_metadata() -> dict[str, Any]:
 
 
 async def _measure_swe(tracer: Tracer, salvage: bool) -> None:
-    from miles_nemogym.episode.send import close_client
+    from miles_nemogym.transport import close_pools
     from miles_nemogym.gym import wheel
     from tests.support.fake_gym import FakeGym
 
@@ -291,13 +291,13 @@ async def _measure_swe(tracer: Tracer, salvage: bool) -> None:
         os.environ["NEMO_GYM_URL"] = gym.url
         with tracer.tracing():
             await _hooks(metadata, "http://127.0.0.1:39999/sessions/sample-1", salvage)
-        await close_client()  # before its server stops: an open keep-alive connection would hold the stop
+        await close_pools()  # before its server stops: an open keep-alive connection would hold the stop
     finally:
         gym.stop()
 
 
 async def _measure_environment(tracer: Tracer, salvage: bool) -> None:
-    from miles_nemogym.episode.send import close_client
+    from miles_nemogym.transport import close_pools
     from tests.support.fake_resources import fake_resources
     from tests.support.scripted_chat import ScriptedChat, Turn
 
@@ -308,7 +308,7 @@ async def _measure_environment(tracer: Tracer, salvage: bool) -> None:
             os.environ["NEMO_GYM_ENVS"] = json.dumps({ENVIRONMENT: resources.url})
             with tracer.tracing():
                 await _hooks(metadata, chat.session_url("sample-1"), salvage)
-            await close_client()
+            await close_pools()
 
 
 def measure(sample: str) -> PathMeasurement:
@@ -317,8 +317,8 @@ def measure(sample: str) -> PathMeasurement:
     if sample not in SAMPLES:
         raise ValueError(f"sample must be one of {', '.join(SAMPLES)}, got {sample!r}")
     package_dir = import_package()
-    from miles_nemogym.episode.send import close_client
-    from miles_nemogym.store import writer
+    from miles_nemogym import state
+    from miles_nemogym.transport import close_pools
 
     salvage = _salvage_available()
     tracer = Tracer(package_dir)
@@ -332,13 +332,13 @@ def measure(sample: str) -> PathMeasurement:
             try:
                 await driver(tracer, salvage == "ran")
             finally:
-                await close_client()
+                await close_pools()
 
         asyncio.run(main())
         # The writer thread is still traced: let it finish the sealed step, then stop recording.
-        writer.get_store(episodes).flush()
+        state.stores.get(episodes).flush()
         tracer.active = False
-        writer.reset()
+        state.stores.close()
     return tracer.measurement(sample, salvage)
 
 
