@@ -205,9 +205,11 @@ def test_server_down_mid_step_the_step_completes_when_it_returns(
     # Every episode reached the server exactly once: one /run per Miles session.
     sessions = [body["policy_base_url"] for body in gym.bodies]
     assert len(sessions) == 4 and len(set(sessions)) == 4
-    # Each episode's first try found the server down, waited the outage out, and its second try
-    # was delivered (how long each waited depends on when Miles started it: not asserted).
-    assert [s["metadata"]["nemogym"]["attempts"] for s in result.samples] == [2] * 4
+    # The first episodes' tries found the server down and tripped its circuit; the others found it
+    # open and waited without trying; each was sent once it was back (how long each waited depends
+    # on when Miles started it, so it is not asserted).
+    attempts = [s["metadata"]["nemogym"]["attempts"] for s in result.samples]
+    assert max(attempts) == 2 and min(attempts) >= 1, attempts
     tracked = result.tracked("rollout/step")
     assert tracked["nemogym/episodes"] == 4.0 and "nemogym/failure_rate/transport_unreachable" not in tracked
     assert tracked["nemogym/outage_wait_s"] > 0
