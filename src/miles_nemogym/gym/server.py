@@ -8,9 +8,9 @@ cluster (checked first) and stopping leaves the cluster running: docs/scale-out.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import contextlib
+import http.client
 import os
 import shutil
 import signal
@@ -19,6 +19,8 @@ import subprocess
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -28,7 +30,7 @@ from miles_nemogym.gym.cluster import ClusterNode, check_cluster
 from miles_nemogym.gym.config import SERVER_NAME, ServeOptions, compose_config_yaml
 from miles_nemogym.gym.providers import node_binaries
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, ensure_gym_venv
-from miles_nemogym.transport import Deadline, TransportError, bracket, connect_host, is_wildcard, pool, request
+from miles_nemogym.transport import bracket, connect_host, is_wildcard
 
 MARKER_ENV = "MILES_NEMOGYM_GYM_SERVER_ID"
 """Set in the server's environment; inherited by Ray, so stragglers can be found."""
@@ -96,23 +98,15 @@ def kill_marked(marker: str) -> None:
         time.sleep(0.25)
 
 
-_PROBE_S = 5.0
-
-
 def answers(url: str) -> bool:
-    """True when ``GET url`` gets any HTTP answer (``transport.request``, no redirect followed):
-    the server is serving. Nothing there yet, or something that is not an HTTP server (another
-    program's port), is False."""
-
-    async def probe() -> None:
-        connections = await pool(1)
-        await request(connections.gym, "GET", url, deadline=Deadline(_PROBE_S), connect_timeout_s=_PROBE_S, cap=1)
-
+    """True when ``GET url`` gets any HTTP answer: the server is serving."""
     try:
-        asyncio.run(probe())
-    except TransportError:
-        return False
-    return True
+        with urllib.request.urlopen(url, timeout=5):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except (urllib.error.URLError, OSError, http.client.HTTPException):
+        return False  # nothing there yet, or something that is not an HTTP server (another's port)
 
 
 def wait_until_answering(url: str, running: Callable[[], bool], deadline: float, interval: float) -> str | None:
