@@ -57,7 +57,6 @@ _TOOL_OUTPUT_BYTES = 64 * 1024
 """A longer tool answer is cut here and a note appended (``simple_agent`` has no cap)."""
 _RESOURCES_ROUTES = frozenset({"seed_session", "verify", "close_session", "aggregate_metrics", "reverify_mode"})
 """The resources server's own endpoints: never a tool."""
-_UNKNOWN_TOOL = '{"detail":"Not Found"}'
 _CONTEXT_FULL = re.compile(rb"context length", re.IGNORECASE)
 """What a 400 from the policy says when the prompt leaves no room to generate: vLLM's "maximum
 context length", SGLang's "longer than the model's context length" (through Miles' session server)."""
@@ -469,9 +468,9 @@ class _Loop:
     async def _call_tool(self, session: Any, call: _ToolCall) -> str:
         name = call.function.name
         if name not in self.episode.tools:
-            # Only the row's tools are called: not the server's own endpoints, nor a path. The model
-            # reads what a resources server answers a tool it does not serve (FastAPI's 404 body).
-            return _UNKNOWN_TOOL
+            # Only the row's tools are called: never the server's own endpoints, nor a path.
+            offered = ", ".join(sorted(self.episode.tools)) or "none"
+            return json.dumps({"error": f"Unknown tool {name!r}: this task offers {offered}"})
         try:
             arguments = json.loads(call.function.arguments)
         except (ValueError, TypeError, RecursionError) as error:
