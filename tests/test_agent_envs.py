@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import logging
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from miles_nemogym.settings import get_settings
 from miles_nemogym.state import ledger
 from miles_nemogym.store import reader
 from tests.support.agent_fixtures import call, fast_env, server
+from tests.support.environment_episodes import MILES_KEYS, env_row, envs, run_env
 from tests.support.fake_resources import fake_resources, row
 from tests.support.fault_server import FaultServer
 from tests.support.ports import free_port
@@ -37,7 +37,6 @@ __all__ = ["fast_env", "server"]  # fixtures used by name
 pytestmark = pytest.mark.usefixtures("fast_env")
 
 ROOT = Path(__file__).resolve().parents[1]
-MILES_KEYS = {"max_seq_len": 4096, "session_server_id": "127.0.0.1:39999", "session_server_instance_id": "i-1"}
 
 
 @pytest.fixture(scope="module")
@@ -48,19 +47,6 @@ def chat() -> Iterator[ScriptedChat]:
         policy.script("unrouted", Turn(content="x"))
         policy.script("unseeded", Turn(content="x"))
         yield policy
-
-
-def env_row(env: str, script: str = "gold", task: str = "1", **fields: Any) -> dict[str, Any]:
-    """A row as ``convert`` writes it: the NeMo-Gym task row, marked with its environment and task id."""
-    return {**row(tag(script), expected_answer="B"), "nemogym_env": env, "nemogym_task_id": f"{env}/{task}", **fields}
-
-
-def envs(monkeypatch: pytest.MonkeyPatch, **servers: Any) -> None:
-    monkeypatch.setenv("NEMO_GYM_ENVS", json.dumps(servers))
-
-
-async def run_env(chat: ScriptedChat, metadata: dict[str, Any], session: str = "s") -> dict[str, Any]:
-    return await call({**metadata, **MILES_KEYS}, base_url=chat.session_url(session))
 
 
 async def test_an_environment_row_runs_the_loop_and_a_swe_row_runs_run(

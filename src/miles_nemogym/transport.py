@@ -257,19 +257,18 @@ def _text(error: object) -> str:
 
 async def _read(response: aiohttp.ClientResponse, cap: int) -> tuple[bytes, bool, int]:
     """(the decoded body, whether it passed ``cap``, its size seen); never more than ``cap`` kept."""
-    declared = response.content_length
-    if declared is not None and not response.headers.get("Content-Encoding"):
-        if declared > cap:
-            return b"", True, declared
+    declared = response.content_length if not response.headers.get("Content-Encoding") else None
+    if declared is not None and declared <= cap:
         body = await response.read()  # its length is known and allowed: one read, not a chunk loop
         return body, False, len(body)
+    # Its size is unknown, encoded or over the cap: read up to the cap (a tool's output keeps its head).
     chunks: list[bytes] = []
     size = 0
     async for chunk in response.content.iter_any():
         size += len(chunk)
         if size > cap:
             chunks.append(chunk[: cap - (size - len(chunk))])
-            return b"".join(chunks), True, size
+            return b"".join(chunks), True, max(size, declared or 0)
         chunks.append(chunk)
     return b"".join(chunks), False, size
 

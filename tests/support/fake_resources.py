@@ -5,7 +5,10 @@ takes the task row and sets the session cookie, ``POST /<tool>`` answers the too
 body, ``POST /verify`` takes the row + ``response`` and answers it back with ``reward``.
 Tools: ``echo`` (answers its arguments and the session it saw), ``status`` (answers
 ``{"code": n}``'s HTTP status with a text body), ``huge`` (``{"size": n}`` bytes),
-``drop`` (closes the connection without answering).
+``drop`` (closes the connection without answering), ``moved`` (a 307 to ``{"to": url}``).
+A GET of any path answers ``{"reward": ...}``: what a server elsewhere says to a redirect
+turned into a GET. ``respond`` replaces an endpoint's answer (a hostile server's part), and
+every request is counted as it arrives (``received``, ``max_in_flight``).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +24,7 @@ from typing import Any
 from aiohttp import web
 
 COOKIE = "session"
-TOOLS = ("echo", "status", "huge", "drop")
+TOOLS = ("echo", "status", "huge", "drop", "moved")
 """The tools the stand-in serves, which ``row`` declares (a loop calls only a row's declared tools)."""
 
 
@@ -31,9 +34,13 @@ class FakeResources:
 
     seed: str = "ok"
     verify: str = "ok"
-    reward: float = 1.0
+    reward: Any = 1.0
+    """What ``/verify`` sends as ``reward`` (any JSON value: a hostile server's may not be a number)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Fields the environment adds to its ``/verify`` answer (mcqa's ``extracted_answer``...)."""
+    respond: dict[str, Callable[[Any], web.StreamResponse]] = field(default_factory=dict)
+    """Endpoint (``seed_session``, ``verify`` or a tool) -> its answer made from the request's
+    JSON body, instead of the stand-in's own (the request is still recorded)."""
     delay: float = 0.0
     url: str = ""
     seeded: dict[str, Any] = field(default_factory=dict)
@@ -45,10 +52,29 @@ class FakeResources:
     """The session cookie each ``/verify`` carried, in order."""
     peers: set[Any] = field(default_factory=set)
     """The client address of every connection a request came on (keep-alive reuse shows here)."""
+    received: list[tuple[str, str, str | None]] = field(default_factory=list)
+    """(method, path, session cookie) of every request, whatever its path, as it arrived."""
+    in_flight: int = 0
+    max_in_flight: int = 0
+    """The most requests the server was answering at once."""
 
-    async def _seed(self, request: web.Request) -> web.Response:
+    @web.middleware
+    async def _count(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        self.received.append((request.method, request.path, request.cookies.get(COOKIE)))
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return await handler(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _seed(self, request: web.Request) -> web.StreamResponse:
         self.peers.add(request.transport.get_extra_info("peername") if request.transport else None)
         await asyncio.sleep(self.delay)
+        if "seed_session" in self.respond:
+            return self.respond["seed_session"](await request.json())
         if self.seed == "500":  # a JSON error body: the status alone says it failed
             return web.json_response({"detail": "seed failed"}, status=500)
         if self.seed == "garbage":
@@ -59,12 +85,14 @@ class FakeResources:
         response.set_cookie(COOKIE, session)
         return response
 
-    async def _tool(self, request: web.Request) -> web.Response:
+    async def _tool(self, request: web.Request) -> web.StreamResponse:
         await asyncio.sleep(self.delay)
         name = request.match_info["tool"]
         arguments = await request.json()
         session = request.cookies.get(COOKIE)
         self.tool_calls.append((session, name, arguments))
+        if name in self.respond:
+            return self.respond[name](arguments)
         if name == "echo":
             return web.json_response({"arguments": arguments, "session": session})
         if name == "status":
@@ -75,13 +103,17 @@ class FakeResources:
             return web.Response()
         if name == "huge":
             return web.Response(body=b"x" * int(arguments["size"]))
+        if name == "moved":
+            return web.Response(status=307, headers={"Location": arguments["to"]}, text="moved")
         return web.json_response({"detail": "Not Found"}, status=404)
 
-    async def _verify(self, request: web.Request) -> web.Response:
+    async def _verify(self, request: web.Request) -> web.StreamResponse:
         await asyncio.sleep(self.delay)
         body = await request.json()
         self.verified.append(body)
         self.verify_sessions.append(request.cookies.get(COOKIE))
+        if "verify" in self.respond:
+            return self.respond["verify"](body)
         if self.verify == "500":
             return web.Response(status=500, text="Internal Server Error")
         if self.verify == "garbage":
@@ -100,18 +132,22 @@ class FakeResources:
             )
         return web.json_response({**body, **self.extra, "reward": self.reward})
 
+    async def _get(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"reward": self.reward})
+
 
 @asynccontextmanager
 async def fake_resources(
-    port: int = 0, tls: ssl.SSLContext | None = None, **options: Any
+    port: int = 0, tls: ssl.SSLContext | None = None, prefix: str = "", **options: Any
 ) -> AsyncIterator[FakeResources]:
     """A ``FakeResources`` listening on ``port`` (0: any free one), over https with ``tls``,
-    until the block ends."""
+    its endpoints under the path ``prefix`` (``url`` is the server's root), until the block ends."""
     fake = FakeResources(**options)
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.router.add_post("/seed_session", fake._seed)
-    app.router.add_post("/verify", fake._verify)
-    app.router.add_post("/{tool}", fake._tool)
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[fake._count])
+    app.router.add_post(f"{prefix}/seed_session", fake._seed)
+    app.router.add_post(f"{prefix}/verify", fake._verify)
+    app.router.add_post(prefix + "/{tool}", fake._tool)
+    app.router.add_get("/{path:.*}", fake._get)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port, ssl_context=tls)

@@ -147,7 +147,8 @@ class ScriptedChat:
         def serve() -> None:
             loop = asyncio.new_event_loop()
             self._loop = loop
-            runner = web.AppRunner(self._app(), access_log=None)
+            # A call whose caller hung up (its deadline passed) stops waiting: no answer to hold back.
+            runner = web.AppRunner(self._app(), access_log=None, handler_cancellation=True)
             loop.run_until_complete(runner.setup())
             site = web.TCPSite(runner, "127.0.0.1", 0)
             loop.run_until_complete(site.start())

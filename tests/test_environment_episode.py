@@ -1,0 +1,290 @@
+"""The ``simple_agent`` loop through ``agent.run`` against loopback servers: stop rules, tool
+errors, caps, cookies and every infrastructure failure (masked under its kind, never a reward)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from miles_nemogym import failure_kinds as fk
+from miles_nemogym.episode import environment
+from miles_nemogym.state import ledger
+from tests.support.agent_fixtures import fast_env
+from tests.support.environment_episodes import ENV, env_row, envs, episode, run_env
+from tests.support.fake_resources import fake_resources
+from tests.support.ports import free_port
+from tests.support.scripted_chat import ScriptedChat, Turn, tool
+from tests.support.tls import make_certificates
+
+__all__ = ["fast_env"]  # fixtures used by name
+pytestmark = pytest.mark.usefixtures("fast_env")
+
+TOOL_OUTPUT_CAP = 64 * 1024
+"""What the loop keeps of one tool answer."""
+
+
+@pytest.fixture(scope="module")
+def chat() -> Iterator[ScriptedChat]:
+    with ScriptedChat() as policy:
+        yield policy
+
+
+def masked(out: dict[str, Any]) -> tuple[bool, float, str | None]:
+    """(masked, reward trained on, failure kind) of what ``agent.run`` returned."""
+    return out["nemogym"]["mask_sample"], out["reward"], out["nemogym"]["failure_kind"]
+
+
+async def test_a_gold_episode_seeds_calls_tools_and_verifies(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chat.script("ok", Turn(content="<think>t</think>", tool_calls=(tool("echo", a=1),)), Turn(content="done"))
+    async with fake_resources(delay=0.02) as fake:
+        out = await episode(monkeypatch, chat, fake.url, "ok")
+    record = out["nemogym"]
+    assert (out["reward"], record["mask_sample"], record["status"]) == (1.0, False, "ok")
+    assert (record["turns"], record["tool_calls"]) == (2, 1)
+    assert len(chat.requests("ok")) == 2 and len(fake.verified) == 1  # stopped at the turn without a tool call
+    assert out["agent_metrics"]["total_tool_time"] >= 3 * 0.02  # seed + one tool + verify
+    ((session, name, arguments),) = fake.tool_calls
+    assert (name, arguments) == ("echo", {"a": 1}) and session in fake.seeded
+    output = fake.verified[0]["response"]["output"]
+    assert [i["type"] for i in output] == ["reasoning", "function_call", "function_call_output", "message"]
+    assert output[0]["summary"] == [{"type": "summary_text", "text": "t"}]
+    assert output[-1]["content"][0]["text"] == "done"
+
+
+async def test_resources_server_down_is_masked_before_any_model_call(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "1")
+    chat.script("down", Turn(content="x"))
+    out = await asyncio.wait_for(episode(monkeypatch, chat, f"http://127.0.0.1:{free_port()}", "down"), 10)
+    assert masked(out) == (True, 0.0, fk.TRANSPORT_UNREACHABLE)
+    # Nothing reached any server: the episode waited for it to come back, then gave up.
+    assert "NEMO_GYM_OUTAGE_TIMEOUT=1s" in out["nemogym"]["failure_reason"]
+    assert ledger.drain().outage_wait_s > 0
+    assert chat.requests("down") == []
+
+
+async def test_an_untrusted_resources_certificate_is_transport_tls_and_undelivered(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "1")
+    chat.script("tls", Turn(content="x"))
+    async with fake_resources(tls=make_certificates(tmp_path).server_context()) as fake:
+        out = await asyncio.wait_for(episode(monkeypatch, chat, fake.url, "tls"), 10)
+    assert masked(out) == (True, 0.0, fk.TRANSPORT_TLS)
+    assert "NEMO_GYM_OUTAGE_TIMEOUT=1s" in out["nemogym"]["failure_reason"]  # waited: it never left
+    assert ledger.drain().outage_wait_s > 0
+    assert fake.seeded == {} and chat.requests("tls") == []
+
+
+@pytest.mark.parametrize("mode", ["500", "garbage"])
+async def test_seed_failing_or_garbage_is_masked(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    chat.script(f"seed{mode}", Turn(content="x"))
+    async with fake_resources(seed=mode) as fake:
+        out = await episode(monkeypatch, chat, fake.url, f"seed{mode}")
+    assert masked(out) == (True, 0.0, fk.SEED_FAILED)
+    assert chat.requests(f"seed{mode}") == [] and fake.verified == []
+
+
+@pytest.mark.parametrize("mode", ["500", "garbage", "no_reward"])
+async def test_verify_failing_or_garbage_is_masked(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    chat.script(f"verify{mode}", Turn(content="x"))
+    async with fake_resources(verify=mode) as fake:
+        out = await episode(monkeypatch, chat, fake.url, f"verify{mode}")
+    assert masked(out) == (True, 0.0, fk.VERIFIER_ERROR)
+    assert out["nemogym"]["turns"] == 1 and len(fake.verified) == 1
+
+
+async def test_verify_masking_the_sample_keeps_its_kind(chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch) -> None:
+    chat.script("masked", Turn(content="x"))
+    async with fake_resources(verify="masked") as fake:
+        out = await episode(monkeypatch, chat, fake.url, "masked")
+    assert masked(out) == (True, 0.0, "judge_failed")
+    assert out["nemogym"]["failure_reason"] == "judge down"
+
+
+@pytest.mark.parametrize("code", [404, 422, 500, 503])
+async def test_tool_error_status_is_model_visible_text(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    name = f"status{code}"
+    chat.script(name, Turn(tool_calls=(tool("status", code=code),)), Turn(content="ok"))
+    async with fake_resources() as fake:
+        out = await episode(monkeypatch, chat, fake.url, name)
+    assert masked(out) == (False, 1.0, None)
+    assert chat.requests(name)[1]["messages"][-1] == {
+        "role": "tool",
+        "tool_call_id": f"call_{name}_0_0",
+        "content": f"tool failed with {code}",
+    }
+
+
+async def test_unparseable_arguments_are_answered_to_the_model_without_calling_the_tool(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chat.script("badargs", Turn(tool_calls=(("echo", '{"a": 1'),)), Turn(content="ok"))
+    async with fake_resources() as fake:
+        out = await episode(monkeypatch, chat, fake.url, "badargs")
+    assert fake.tool_calls == [] and out["reward"] == 1.0
+    content = chat.requests("badargs")[1]["messages"][-1]["content"]
+    assert json.loads(content)["error"].startswith("Invalid tool call arguments: JSONDecodeError(")
+
+
+async def test_max_steps_ends_the_episode_and_verifies(chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch) -> None:
+    chat.script("loop", Turn(tool_calls=(tool("echo"),)))
+    async with fake_resources() as fake:
+        out = await episode(monkeypatch, chat, fake.url, "loop", max_steps=3)
+    record = out["nemogym"]
+    assert (record["turns"], record["tool_calls"], out["reward"]) == (3, 3, 1.0)
+    # Stopped by max_steps: the third turn's tool call ran, and no fourth turn was asked for.
+    assert len(chat.requests("loop")) == 3 and len(fake.tool_calls) == 3
+    assert len(fake.verified) == 1 and fake.verified[0]["response"]["status"] == "completed"
+
+
+async def test_length_cut_off_runs_no_tool_and_verifies_an_incomplete_response(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chat.script("cut", Turn(content="<think>long", tool_calls=(tool("echo"),), finish_reason="length"))
+    async with fake_resources() as fake:
+        out = await episode(monkeypatch, chat, fake.url, "cut")
+    assert (out["nemogym"]["tool_calls"], out["nemogym"]["mask_sample"]) == (0, False)
+    assert fake.tool_calls == []
+    response = fake.verified[0]["response"]
+    assert response["status"] == "incomplete"
+    assert response["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+async def test_huge_tool_output_is_capped_with_a_note(chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch) -> None:
+    chat.script("huge", Turn(tool_calls=(tool("huge", size=1_000_000),)), Turn(content="ok"))
+    async with fake_resources() as fake:
+        out = await episode(monkeypatch, chat, fake.url, "huge")
+    assert out["reward"] == 1.0
+    seen = chat.requests("huge")[1]["messages"][-1]["content"]
+    assert seen.startswith("x" * TOOL_OUTPUT_CAP) and "x" * (TOOL_OUTPUT_CAP + 1) not in seen
+    assert f"truncated to its first {TOOL_OUTPUT_CAP} bytes of at least 1000000" in seen
+
+
+async def test_concurrent_episodes_never_share_cookies(chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch) -> None:
+    n = 50
+    for i in range(n):
+        chat.script(
+            f"iso{i}", Turn(tool_calls=(tool("echo", i=i),)), Turn(tool_calls=(tool("echo", i=i),)), Turn(content="ok")
+        )
+    async with fake_resources(delay=0.01) as fake:
+        envs(monkeypatch, **{ENV: fake.url})
+        outs = await asyncio.gather(
+            *(run_env(chat, env_row(ENV, f"iso{i}", task=str(i), episode=i), session=str(i)) for i in range(n))
+        )
+    assert [out["reward"] for out in outs] == [1.0] * n
+    assert len(fake.tool_calls) == 2 * n
+    for session, _, arguments in fake.tool_calls:
+        assert session is not None and fake.seeded[session]["episode"] == arguments["i"]
+    # The verify call carries the episode's own cookie too (the server pops its state by it).
+    assert sorted(v["episode"] for v in fake.verified) == list(range(n))
+    for session, body in zip(fake.verify_sessions, fake.verified, strict=True):
+        assert session is not None and fake.seeded[session]["episode"] == body["episode"]
+
+
+@pytest.mark.parametrize(
+    "turn", [Turn(status=500), Turn(status=400), Turn(raw=b"not json"), Turn(raw=b'{"choices": []}')]
+)
+async def test_policy_failing_or_garbage_is_masked(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, turn: Turn
+) -> None:
+    chat.script("policy", turn)
+    async with fake_resources() as fake:
+        out = await episode(monkeypatch, chat, fake.url, "policy")
+    assert masked(out) == (True, 0.0, fk.POLICY_FAILED)
+    assert fake.verified == []
+
+
+async def test_resources_server_dropping_a_tool_call_is_masked_not_scored(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chat.script("drops", Turn(tool_calls=(tool("drop"),)), Turn(content="ok"))
+    async with fake_resources() as fake:
+        out = await episode(monkeypatch, chat, fake.url, "drops")
+    assert masked(out) == (True, 0.0, fk.TRANSPORT_PEER_DROP)
+    assert fake.verified == [] and out["nemogym"]["turns"] == 1 and out["nemogym"]["attempts"] == 1
+
+
+async def test_a_row_without_responses_create_params_sends_nothing(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with fake_resources() as fake:
+        envs(monkeypatch, **{ENV: fake.url})
+        out = await run_env(chat, {"question": "q", "nemogym_env": ENV, "nemogym_task_id": "t/1"})
+    assert masked(out) == (True, 0.0, fk.INVALID_REQUEST)
+    assert "responses_create_params" in out["nemogym"]["failure_reason"] and fake.received == []
+
+
+async def test_a_reasoning_only_last_turn_is_verified_as_incomplete(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chat.script("thinks", Turn(content="<think>only thoughts</think>"))
+    async with fake_resources() as fake:
+        out = await episode(monkeypatch, chat, fake.url, "thinks")
+    assert out["nemogym"]["mask_sample"] is False and len(chat.requests("thinks")) == 1
+    response = fake.verified[0]["response"]
+    assert [i["type"] for i in response["output"]] == ["reasoning"]
+    assert response["status"] == "incomplete"
+    assert response["metadata"] == {"ng_termination_reason": "incomplete_reasoning"}
+
+
+async def test_a_full_context_is_a_length_cut_off_not_a_failure(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    full = b'{"object": "error", "message": "This model\'s maximum context length is 32768 tokens.", "code": 400}'
+    chat.script("full", Turn(tool_calls=(tool("echo"),)), Turn(status=400, raw=full))
+    async with fake_resources() as fake:
+        out = await episode(monkeypatch, chat, fake.url, "full")
+    assert (*masked(out), out["nemogym"]["tool_calls"]) == (False, 1.0, None, 1)
+    response = fake.verified[0]["response"]
+    assert response["status"] == "incomplete"
+    assert response["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert response["output"][-1]["content"][0]["text"] == ""  # the empty turn vllm_model makes of it
+
+
+async def test_a_generation_aborted_by_miles_is_cancelled_not_scored(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chat.script("aborted", Turn(content="", finish_reason="abort"))
+    async with fake_resources() as fake:
+        out = await episode(monkeypatch, chat, fake.url, "aborted")
+    assert masked(out) == (True, 0.0, fk.CANCELLED)
+    assert fake.verified == []
+
+
+async def test_a_row_that_is_not_json_is_an_invalid_request(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chat.script("notjson", Turn(content="x"))
+    async with fake_resources() as fake:
+        out = await episode(monkeypatch, chat, fake.url, "notjson", when=object())
+    assert masked(out) == (True, 0.0, fk.INVALID_REQUEST)
+    assert fake.received == [] and chat.requests("notjson") == []
+
+
+async def test_a_defect_is_recorded_as_a_client_error_not_raised(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise KeyError("boom")
+
+    monkeypatch.setattr(environment._Transcript, "response", broken)
+    chat.script("defect", Turn(content="x"))
+    async with fake_resources() as fake:
+        out = await episode(monkeypatch, chat, fake.url, "defect")
+    assert masked(out) == (True, 0.0, fk.CLIENT_ERROR)
+    assert "KeyError" in out["nemogym"]["failure_reason"]

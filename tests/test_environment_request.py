@@ -1,0 +1,98 @@
+"""A task row's ``responses_create_params`` as the first chat request the loop sends
+(``episode.environment.first_request``: pure, ``RequestError`` naming the field)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from miles_nemogym.episode.environment import first_request
+from miles_nemogym.errors import RequestError
+
+TOOL = {
+    "type": "function",
+    "name": "lookup",
+    "description": "Look it up.",
+    "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+    "strict": None,
+}
+
+
+def test_instructions_fold_the_leading_system_messages_into_one() -> None:
+    params = {
+        "instructions": "Be brief.",
+        "input": [
+            {"role": "system", "content": "Today is Monday."},
+            {"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
+        ],
+    }
+    messages, _ = first_request(params, None)
+    assert messages == [
+        {"role": "system", "content": "Be brief.\n\nToday is Monday."},
+        {"role": "user", "content": "ab"},
+    ]
+    assert first_request({"input": "just text"}, None)[0] == [{"role": "user", "content": "just text"}]
+
+
+def test_tools_sampling_and_extra_body_trainer_wins() -> None:
+    params = {
+        "input": "q",
+        "tools": [TOOL],
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "temperature": 0.2,
+        "max_output_tokens": 100,
+        "metadata": {"extra_body": '{"top_k": 5, "chat_template_kwargs": {"enable_thinking": false}}'},
+    }
+    _, body = first_request(params, {"temperature": 1.0, "max_tokens": 64, "min_p": None, "stop": ["</s>"]})
+    assert body == {
+        "temperature": 1.0,
+        "max_tokens": 64,
+        "top_k": 5,
+        "chat_template_kwargs": {"enable_thinking": False},
+        "stop": ["</s>"],
+        "tools": [
+            {
+                "type": "function",
+                "function": {"name": "lookup", "description": "Look it up.", "parameters": TOOL["parameters"]},
+            }
+        ],
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+    }
+    # No tools: no tool_choice either (a chat server refuses tool_choice without tools).
+    assert first_request({"input": "q", "tool_choice": "auto"}, None)[1] == {}
+
+
+@pytest.mark.parametrize(
+    ("params", "named"),
+    [
+        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0]"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}, "input[0].content[0]"),
+        ({"input": 5}, "input"),
+    ],
+)
+def test_input_the_loop_cannot_send_names_the_item(params: dict[str, object], named: str) -> None:
+    with pytest.raises(RequestError, match=re.escape(named)):
+        first_request(params, None)
+
+
+@pytest.mark.parametrize(
+    ("params", "named"),
+    [
+        ({"tools": [{"type": "web_search"}]}, "tools[0]"),
+        ({"metadata": {"extra_body": "{nope"}}, "extra_body"),
+        ({"metadata": {"extra_body": "[1]"}}, "extra_body"),
+    ],
+)
+def test_bad_tools_or_extra_body_name_the_field(params: dict[str, object], named: str) -> None:
+    with pytest.raises(RequestError, match=re.escape(named)):
+        first_request({"input": "q", **params}, None)
+
+
+@pytest.mark.parametrize("name", ["verify", "seed_session", "aggregate_metrics", "close_session", "", ".", "..", "a/b"])
+def test_a_tool_named_for_a_resources_endpoint_or_a_path_is_refused(name: str) -> None:
+    tool = {**TOOL, "name": name}
+    with pytest.raises(RequestError, match=re.escape("tools[1].name")):
+        first_request({"input": "q", "tools": [TOOL, tool]}, None)
