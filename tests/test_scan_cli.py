@@ -9,6 +9,7 @@ that the scan sends exactly what the agent function sends.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -143,9 +144,13 @@ def test_allow_unresolved_exits_0_when_every_episode_was_graded(gym_in_thread: F
     assert allowed.exit_code == 0, allowed.output
 
 
-def test_summary_has_one_row_per_repo_with_counts_and_times(gym_in_thread: FaultServer, input_file: Path) -> None:
+def test_summary_has_one_row_per_repo_with_counts_and_times(
+    gym_in_thread: FaultServer, input_file: Path, tmp_path: Path
+) -> None:
     gym_in_thread.modes = {DJANGO: "500"}
-    result = scan("--input", str(input_file), "--gym-url", gym_in_thread.url)
+    gym_in_thread.hold_s = 0.3  # every episode takes at least this long
+    out = tmp_path / "results.jsonl"
+    result = scan("--input", str(input_file), "--gym-url", gym_in_thread.url, "--output", str(out))
 
     rows = {}
     for line in result.output.splitlines():
@@ -156,8 +161,16 @@ def test_summary_has_one_row_per_repo_with_counts_and_times(gym_in_thread: Fault
     assert rows["scikit-learn/scikit-learn"][:4] == ["1", "1", "0", "0"]
     assert rows["sympy/sympy"][:4] == ["1", "0", "1", "0"]
     assert rows["overall"][:4] == ["5", "1", "3", "1"]
-    for cells in rows.values():
-        assert float(cells[4]) >= 0 and float(cells[5]) >= 0  # mean s, p95 s
+    # The times are each repo's episodes' own: mean and nearest-rank p95 of the results' seconds.
+    seconds: dict[str, list[float]] = {"overall": []}
+    for line in lines(out):
+        seconds.setdefault(line["repo"], []).append(line["seconds"])
+        seconds["overall"].append(line["seconds"])
+    assert set(seconds) == set(rows) and min(seconds["overall"]) >= 0.3
+    for repo, taken in seconds.items():
+        ordered = sorted(taken)
+        p95 = ordered[max(math.ceil(0.95 * len(ordered)) - 1, 0)]
+        assert rows[repo][4:] == [f"{sum(taken) / len(taken):.1f}", f"{p95:.1f}"], repo  # mean s, p95 s
 
 
 def test_resume_skips_finished_instances_and_summarises_the_whole_selection(
