@@ -110,7 +110,9 @@ def test_v2_episodes_are_counted_once_over_their_samples(monkeypatch: pytest.Mon
         (Sample(metadata={}), "nemogym_missing_record"),
     ],
 )
-def test_an_aborted_or_recordless_sample_with_no_failed_episode_held_for_it_drops_its_group(bad: Sample, reason: str) -> None:
+def test_an_aborted_or_recordless_sample_with_no_failed_episode_held_for_it_drops_its_group(
+    bad: Sample, reason: str
+) -> None:
     out = filters.check_episode_group(Args(4), [valid("a"), valid("b"), valid("c"), bad])
     assert (out.keep, out.reason) == (False, reason)
 

@@ -199,7 +199,7 @@ def test_on_a_terminal_the_live_bar_shows_the_counts() -> None:
     assert "ETA" in text
 
 
-def test_golden_scan_function_for_integration_tests(
+def test_golden_scan_function_names_the_four_real_rows_whose_tests_fail(
     gym_in_thread: FaultServer, tmp_path: Path, gym_example_rows: list[dict[str, Any]]
 ) -> None:
     path = write_jsonl(tmp_path / "rows.jsonl", gym_example_rows)
