@@ -208,6 +208,8 @@ class FaultServer:
         if mode == "echo_key_error":  # an error quoting the policy's API key
             key = body.get("policy_api_key", "")
             return web.json_response(crashed_result(result, instance, f"auth failed for {key}", key))
+        if mode not in ("ok", "hold"):  # a misspelt mode must not pass as a graded answer
+            raise ValueError(f"FaultServer has no mode {mode!r}; see Mode")
         return web.json_response(result_for(result, instance))
 
     async def start(self) -> FaultServer:
