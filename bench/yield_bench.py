@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from miles_nemogym.data import convert_row  # noqa: E402
 from miles_nemogym.gym import wheel as gym_wheel  # noqa: E402
-from miles_nemogym.testing.miles_env import ensure_miles_env  # noqa: E402
+from tests.support.miles_env import ensure_miles_env  # noqa: E402
 from tests.support.miles_harness import MilesDriver  # noqa: E402
 from tests.support.scripted_gym import ScriptedGym  # noqa: E402
 from tests.support.threaded import serving_in_thread  # noqa: E402

@@ -10,9 +10,9 @@ import pytest
 
 from miles_nemogym.gym import wheel as gym_wheel
 
-# `gym` (an /openapi.json stand-in) and `fake_gym` (the scan's /run stand-in) for every module;
-# `tiers` leaves the slow tiers out of `-m` runs that do not name them.
-pytest_plugins = ["tests.support.openapi", "tests.support.fake_gym", "tests.support.tiers"]
+# `gym` (an /openapi.json stand-in) and `gym_in_thread` (the /run stand-in on its own thread) for every
+# module; `tiers` leaves the slow tiers out of `-m` runs that do not name them.
+pytest_plugins = ["tests.support.openapi", "tests.support.fault_server", "tests.support.tiers"]
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from miles_nemogym.cli.progress import step_display
-from miles_nemogym.gym.venv import BuildLines, _run
+from miles_nemogym.gym.venv import BuildLines, run_build_step
 
 # What pip 24 prints into a pipe while installing (lines as in a real server-environment build log).
 PIP_OUTPUT = """\
@@ -35,7 +35,7 @@ def test_pip_output_becomes_counts_of_the_named_requirements(tmp_path: Path) -> 
     shown: list[str] = []
     command = [sys.executable, str(fake_pip), "install", "--no-input", "openai==2.44.0", "anthropic<=0.109.2", "pyyaml"]
 
-    _run(command, shown.append, "pip install", log_path=tmp_path / "build.log")
+    run_build_step(command, shown.append, "pip install", log_path=tmp_path / "build.log")
 
     details = [line.strip() for line in shown]
     assert details[0] == "1 of 3 requirements collected, 1 packages in all: openai"
@@ -59,7 +59,9 @@ def test_pip_output_becomes_counts_of_the_named_requirements(tmp_path: Path) -> 
 
 def test_a_command_that_is_not_pip_shows_its_own_lines(tmp_path: Path) -> None:
     shown: list[str] = []
-    _run([sys.executable, "-c", "print('Cloning into staging...')"], shown.append, "git", log_path=tmp_path / "l")
+    run_build_step(
+        [sys.executable, "-c", "print('Cloning into staging...')"], shown.append, "git", log_path=tmp_path / "l"
+    )
     assert shown == ["  Cloning into staging..."]
 
 

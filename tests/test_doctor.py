@@ -119,9 +119,12 @@ def test_silent_server_times_out_promptly() -> None:
         listener.bind(("127.0.0.1", 0))
         listener.listen(4)
         port = listener.getsockname()[1]
+        started = time.monotonic()
         with pytest.raises(FetchError) as caught:
             fetch_json(f"http://127.0.0.1:{port}/openapi.json", 0.5)
+        took = time.monotonic() - started
     assert caught.value.kind == "timeout"
+    assert 0.4 <= took < 3  # its own 0.5 s, not a default socket timeout
 
 
 def test_bad_settings_fail_first_and_skip_the_rest(gym: GymStandIn, monkeypatch: pytest.MonkeyPatch) -> None:

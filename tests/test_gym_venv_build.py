@@ -37,7 +37,7 @@ def test_run_keeps_the_full_output_in_its_log_and_passes_details_indented(tmp_pa
     log = tmp_path / "build.log"
     script = "import sys\nfor i in range(100): print(f'Collecting pkg{i}')\nsys.exit(3)"
     with pytest.raises(gym_venv.GymVenvBuildError) as caught:
-        gym_venv._run([sys.executable, "-c", script], lines.append, "pip install of things", log_path=log)
+        gym_venv.run_build_step([sys.executable, "-c", script], lines.append, "pip install of things", log_path=log)
     message = str(caught.value)
     assert message.startswith(f"pip install of things failed (exit 3); full log: {log}\nlast lines:\n")
     assert message.splitlines()[-1] == "Collecting pkg99"
@@ -49,7 +49,7 @@ def test_run_keeps_the_full_output_in_its_log_and_passes_details_indented(tmp_pa
 
 def test_run_without_a_log_path_still_logs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MILES_NEMOGYM_CACHE", str(tmp_path))
-    gym_venv._run([sys.executable, "-c", "print('hello')"], lambda line: None, "python -m venv")
+    gym_venv.run_build_step([sys.executable, "-c", "print('hello')"], lambda line: None, "python -m venv")
     assert "hello\n" in (tmp_path / "logs" / "python-m-venv.log").read_text()
 
 

@@ -94,7 +94,7 @@ def test_filter_keeps_a_group_of_valid_episodes(graded: list[dict[str, Any]]) ->
         (sample_from({}, status=Status.ABORTED), "group_has_aborted"),
     ],
 )
-def test_filter_drops_a_group_with_one_bad_sample(
+def test_with_min_valid_zero_the_filter_drops_a_group_with_one_bad_sample(
     graded: list[dict[str, Any]], bad: Sample, reason: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("NEMO_GYM_MIN_VALID_PER_GROUP", "0")  # drop on any failure (salvage: test_integrity)

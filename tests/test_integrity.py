@@ -26,7 +26,6 @@ from tests.support.agent_fixtures import call
 from tests.support.fault_server import FaultServer
 from tests.support.ports import free_port
 from tests.support.samples import Sample, Status
-from tests.support.scripted_gym import result_for
 
 
 def valid(episode: str, reward: float = 1.0) -> Sample:
@@ -112,7 +111,9 @@ def test_v2_episodes_are_counted_once_over_their_samples(monkeypatch: pytest.Mon
         (Sample(metadata={}), "nemogym_missing_record"),
     ],
 )
-def test_a_sample_miles_could_not_assemble_still_drops_its_group(bad: Sample, reason: str) -> None:
+def test_an_aborted_or_recordless_sample_with_no_failed_episode_held_for_it_drops_its_group(
+    bad: Sample, reason: str
+) -> None:
     out = filters.check_episode_group(Args(4), [valid("a"), valid("b"), valid("c"), bad])
     assert (out.keep, out.reason) == (False, reason)
 
@@ -197,8 +198,7 @@ async def test_outage_mid_step_waits_and_sends_each_episode_once(
     monkeypatch.setattr(circuit_module, "_WARN_EVERY_S", 0.3)
     port = free_port()
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{port}")
-    answers = {row["instance_id"]: result_for(sympy_result, row["instance_id"]) for row in rows}
-    server = FaultServer(result=sympy_result, port=port, results_by_instance=answers)
+    server = FaultServer(result=sympy_result, port=port)  # graded for each instance it is sent
     caplog.set_level(logging.WARNING, logger="miles_nemogym.episode.delivery")
     tasks = [asyncio.create_task(call(row)) for row in rows]
     await asyncio.sleep(1.5)  # the server is down: every episode opened or met the circuit
@@ -267,7 +267,7 @@ async def test_failure_streak_stops_the_run_after_stopping_in_flight_episodes(
     rows: list[dict[str, Any]], sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("NEMO_GYM_MAX_FAILURE_STREAK", "3")
-    holding = await FaultServer(result=sympy_result, mode="hold", hold_s=30).start()
+    holding = await FaultServer(result=sympy_result, mode="hold").start()
     failing = await FaultServer(result=sympy_result, mode="500").start()
     try:
         monkeypatch.setenv("NEMO_GYM_URL", holding.url)

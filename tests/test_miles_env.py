@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from miles_nemogym.pins import MILES_COMMIT
-from miles_nemogym.testing import miles_env
-from miles_nemogym.testing.miles_env import MilesEnvironmentError, megatron_source, miles_source, venv_key
+from tests.support import miles_env
+from tests.support.miles_env import MilesEnvironmentError, megatron_source, miles_source, venv_key
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from miles_nemogym.testing.miles_env import MilesEnv, ensure_miles_env, megatron_source
+from tests.support.miles_env import MilesEnv, ensure_miles_env, megatron_source
 from tests.support.miles_harness import env_or_fail
 
 

@@ -4,7 +4,7 @@ The agent function runs against a real loopback ``/run`` server; each sample is 
 Miles' ``agentic_tool_call.generate`` returns for it: with a model call, a sample with tokens
 and the agent's dict merged in; without one, a deep copy of the input sample marked ABORTED,
 without the dict. The group then goes through the filter as Miles calls it. The same path
-through Miles' own rollout step is in ``tests/integration/test_miles_integrity.py``.
+through Miles' own rollout step is in ``tests/integration/test_miles_salvage.py``.
 """
 
 from __future__ import annotations

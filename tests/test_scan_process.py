@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.fake_gym import FakeGym
+from tests.support.fault_server import FaultServer
 from tests.support.prompt_rows import converter_rows, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,10 +27,10 @@ HELD = ["django__django-10973", "pylint-dev__pylint-4551", "sphinx-doc__sphinx-8
 
 
 @pytest.fixture
-def fake_gym(fake_gym: FakeGym) -> FakeGym:
+def gym_in_thread(gym_in_thread: FaultServer) -> FaultServer:
     """The shared stand-in, holding the ``HELD`` episodes until the test releases them."""
-    fake_gym.behaviour = dict.fromkeys(HELD, "hold")
-    return fake_gym
+    gym_in_thread.modes = dict.fromkeys(HELD, "hold")
+    return gym_in_thread
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
@@ -46,7 +46,7 @@ def result_ids(path: Path) -> list[str]:
     return [json.loads(line)["instance_id"] for line in path.read_text().splitlines() if line.strip()]
 
 
-def start_scan(tmp_path: Path, rows: list[dict[str, Any]], gym: FakeGym, *extra: str) -> subprocess.Popen[str]:
+def start_scan(tmp_path: Path, rows: list[dict[str, Any]], gym: FaultServer, *extra: str) -> subprocess.Popen[str]:
     input_file = write_jsonl(tmp_path / "in.jsonl", converter_rows(rows))
     env = {key: value for key, value in os.environ.items() if not key.startswith("NEMO_GYM_")}
     return subprocess.Popen(
@@ -60,16 +60,16 @@ def start_scan(tmp_path: Path, rows: list[dict[str, Any]], gym: FakeGym, *extra:
 
 
 def test_each_result_is_on_disk_while_other_episodes_are_in_flight(
-    tmp_path: Path, fake_gym: FakeGym, gym_example_rows: list[dict[str, Any]]
+    tmp_path: Path, gym_in_thread: FaultServer, gym_example_rows: list[dict[str, Any]]
 ) -> None:
     out = tmp_path / "results.jsonl"
-    process = start_scan(tmp_path, gym_example_rows, fake_gym)
+    process = start_scan(tmp_path, gym_example_rows, gym_in_thread)
     try:
         wait_for(lambda: len(result_ids(out)) == len(QUICK), "the quick instances' lines")
         # Read while the three held episodes are still open on the server.
-        assert fake_gym.held_now() == set(HELD)
+        assert gym_in_thread.held_now() == set(HELD)
         assert sorted(result_ids(out)) == sorted(QUICK)
-        fake_gym.release.set()
+        gym_in_thread.release.set()
         stdout, stderr = process.communicate(timeout=60)
     finally:
         process.kill()
@@ -79,12 +79,14 @@ def test_each_result_is_on_disk_while_other_episodes_are_in_flight(
 
 
 def test_ctrl_c_cancels_in_flight_episodes_keeps_results_and_prints_the_summary(
-    tmp_path: Path, fake_gym: FakeGym, gym_example_rows: list[dict[str, Any]]
+    tmp_path: Path, gym_in_thread: FaultServer, gym_example_rows: list[dict[str, Any]]
 ) -> None:
     out = tmp_path / "results.jsonl"
-    process = start_scan(tmp_path, gym_example_rows, fake_gym)
+    process = start_scan(tmp_path, gym_example_rows, gym_in_thread)
     try:
-        wait_for(lambda: len(result_ids(out)) == len(QUICK) and fake_gym.held_now() == set(HELD), "in-flight state")
+        wait_for(
+            lambda: len(result_ids(out)) == len(QUICK) and gym_in_thread.held_now() == set(HELD), "in-flight state"
+        )
         process.send_signal(signal.SIGINT)
         stdout, stderr = process.communicate(timeout=30)  # generous: "returns promptly"
     finally:
@@ -97,26 +99,26 @@ def test_ctrl_c_cancels_in_flight_episodes_keeps_results_and_prints_the_summary(
     assert "3 of 5 selected instance(s) not run (interrupted)" in stdout
     assert "--resume" in stderr
     # The client closed the held requests instead of leaving them open.
-    wait_for(lambda: sorted(fake_gym.disconnected) == sorted(HELD), "the server to see the disconnects", 10)
+    wait_for(lambda: sorted(gym_in_thread.disconnected) == sorted(HELD), "the server to see the disconnects", 10)
 
     # Resuming runs exactly the three cancelled instances.
-    fake_gym.release.set()
-    resumed = start_scan(tmp_path, gym_example_rows, fake_gym, "--resume")
+    gym_in_thread.release.set()
+    resumed = start_scan(tmp_path, gym_example_rows, gym_in_thread, "--resume")
     resumed.communicate(timeout=60)
-    assert sorted(fake_gym.received_ids()) == sorted(QUICK + HELD + HELD)
+    assert sorted(gym_in_thread.received_ids()) == sorted(QUICK + HELD + HELD)
     assert sorted(result_ids(out)) == sorted(QUICK + HELD)
 
 
 def test_a_second_scan_on_the_same_results_file_refuses_and_sends_nothing(
-    tmp_path: Path, fake_gym: FakeGym, gym_example_rows: list[dict[str, Any]]
+    tmp_path: Path, gym_in_thread: FaultServer, gym_example_rows: list[dict[str, Any]]
 ) -> None:
     out = tmp_path / "results.jsonl"
-    first = start_scan(tmp_path, gym_example_rows, fake_gym)
+    first = start_scan(tmp_path, gym_example_rows, gym_in_thread)
     try:
-        wait_for(lambda: fake_gym.held_now() == set(HELD), "the first scan's held episodes")
+        wait_for(lambda: gym_in_thread.held_now() == set(HELD), "the first scan's held episodes")
         second = subprocess.run(
             [sys.executable, str(SCRIPT), "--input", str(tmp_path / "in.jsonl"), "--golden",
-             "--gym-url", fake_gym.url, "--output", str(out), "--resume"],
+             "--gym-url", gym_in_thread.url, "--output", str(out), "--resume"],
             capture_output=True,
             text=True,
             timeout=60,
@@ -126,11 +128,11 @@ def test_a_second_scan_on_the_same_results_file_refuses_and_sends_nothing(
         assert f"--output {out}: another scan is writing this results file (it holds the file's lock)" in " ".join(
             second.stderr.split()
         )
-        fake_gym.release.set()
+        gym_in_thread.release.set()
         first.communicate(timeout=60)
     finally:
         first.kill()
     assert first.returncode == 1
-    received = fake_gym.received_ids()
+    received = gym_in_thread.received_ids()
     assert sorted(received) == sorted(QUICK + HELD)  # each instance sent once, by the first scan
     assert sorted(result_ids(out)) == sorted(QUICK + HELD)

@@ -22,7 +22,7 @@ from miles_nemogym.scan.report import Counts, ScanProgress
 from miles_nemogym.scan.results import ResultLine, ResultsWriter, read_results
 from miles_nemogym.scan.selection import select
 from miles_nemogym.scan.verdict import reason_of, verdict_of
-from tests.support.fake_gym import FakeGym
+from tests.support.fault_server import FaultServer
 from tests.support.prompt_rows import converter_rows, write_jsonl
 
 SKLEARN = "scikit-learn__scikit-learn-14141"
@@ -199,13 +199,13 @@ def test_on_a_terminal_the_live_bar_shows_the_counts() -> None:
     assert "ETA" in text
 
 
-def test_golden_scan_function_for_integration_tests(
-    fake_gym: FakeGym, tmp_path: Path, gym_example_rows: list[dict[str, Any]]
+def test_golden_scan_function_names_the_four_real_rows_whose_tests_fail(
+    gym_in_thread: FaultServer, tmp_path: Path, gym_example_rows: list[dict[str, Any]]
 ) -> None:
     path = write_jsonl(tmp_path / "rows.jsonl", gym_example_rows)
     buffer = io.StringIO()
 
-    scanned = golden_scan(path, fake_gym.url, output_path=tmp_path / "out.jsonl", console=Console(file=buffer))
+    scanned = golden_scan(path, gym_in_thread.url, output_path=tmp_path / "out.jsonl", console=Console(file=buffer))
 
     assert scanned.exit_code == EXIT_FAILED
     assert len(scanned.results) == 5

@@ -25,7 +25,7 @@ from miles_nemogym.metrics import rollout_metrics
 from miles_nemogym.settings import ENV_VARS, Settings
 from miles_nemogym.state import ledger
 from miles_nemogym.testing import smoke
-from tests.support.fake_gym import FakeGym
+from tests.support.fault_server import FaultServer
 from tests.support.ports import free_port as closed_port
 from tests.support.prompt_rows import converter_rows, write_jsonl
 from tests.support.samples import Sample
@@ -52,7 +52,7 @@ class NothingStarts:
 
 
 def test_no_channel_shows_the_api_key_or_a_url_password(
-    fake_gym: FakeGym,
+    gym_in_thread: FaultServer,
     gym_example_rows: list[dict[str, Any]],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -63,12 +63,12 @@ def test_no_channel_shows_the_api_key_or_a_url_password(
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "1")  # the server-down episode waits this long, then fails
     monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", API_KEY)
-    gym_url = with_password(fake_gym.url, GYM_PASSWORD)
+    gym_url = with_password(gym_in_thread.url, GYM_PASSWORD)
     monkeypatch.setenv("NEMO_GYM_URL", gym_url)
     caplog.set_level(logging.DEBUG)
     rows = converter_rows(gym_example_rows)
     ids = [row["metadata"]["instance_id"] for row in rows]
-    fake_gym.behaviour = {ids[0]: "echo_key", ids[1]: "500", ids[2]: "error"}
+    gym_in_thread.modes = {ids[0]: "echo_key_error", ids[1]: "500", ids[2]: "error_metadata"}
     found: list[str] = []
 
     # 1. A scan in API-policy mode: the key is sent, and one answer echoes it.
@@ -77,10 +77,12 @@ def test_no_channel_shows_the_api_key_or_a_url_password(
     scanned = CliRunner().invoke(
         app,
         ["scan", "--input", str(input_file), "--output", str(results), "--allow-unresolved",
-         "--policy-base-url", f"{fake_gym.url}/v1"],  # it must answer: the stand-in's 404 does
+         "--policy-base-url", f"{gym_in_thread.url}/v1"],  # it must answer: the stand-in's 404 does
     )  # fmt: skip
     assert scanned.exit_code == 1, scanned.output  # the echo and the 500 are infrastructure failures
-    assert [body.get("policy_api_key") for body in fake_gym.bodies] == [API_KEY] * len(rows)  # it did reach the server
+    assert [body.get("policy_api_key") for body in gym_in_thread.bodies] == [API_KEY] * len(
+        rows
+    )  # it did reach the server
     found += leaks("scan output", scanned.output)
     found += leaks("scan results file", results.read_text())
     assert len(results.read_text().splitlines()) == len(rows)

@@ -33,10 +33,10 @@ from miles_nemogym.data import convert_row
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer
 from miles_nemogym.gym.venv import BuildLines, GymPythonNotFoundError
-from miles_nemogym.testing.miles_env import ensure_miles_env
 from miles_nemogym.testing.recording_policy import RecordingPolicy
 from tests.support.env_scripts import ENVIRONMENTS
 from tests.support.gym_envs import GymEnvironments, running_environments
+from tests.support.miles_env import ensure_miles_env
 from tests.support.miles_harness import MilesDriver, Terminal, env_or_fail, say
 from tests.support.scripted_chat import ScriptedChat
 

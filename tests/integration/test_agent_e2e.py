@@ -107,7 +107,7 @@ async def test_three_real_episodes_at_once_each_on_its_own_session(
     assert filters.check_episode_group(None, list(samples)).keep
 
 
-async def test_a_crashed_episode_is_set_aside_and_its_group_dropped(
+async def test_a_crashed_episode_is_set_aside_and_a_group_of_two_left_with_one_valid_is_dropped(
     gym_env: GymServer, recording_policy: RecordingPolicy, prompt_rows: dict[str, dict[str, Any]]
 ) -> None:
     try:

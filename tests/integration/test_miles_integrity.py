@@ -115,7 +115,7 @@ def test_min_valid_zero_drops_the_partly_failed_group_instead(
     assert result.tracked("rollout/step")["nemogym/groups_dropped"] == 1.0
 
 
-def test_an_episode_failing_before_its_first_policy_call_is_counted(
+def test_a_task_whose_episodes_all_fail_before_their_first_policy_call_is_counted_and_its_group_dropped(
     miles_driver: MilesDriver, row_list: list[dict[str, Any]], results: dict[str, dict[str, Any]]
 ) -> None:
     # The server answers HTTP 500 at once for one task: no model call, so Miles returns

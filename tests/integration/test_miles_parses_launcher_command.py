@@ -26,7 +26,7 @@ from miles_nemogym.launcher import command as cmd
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.launcher.families import FAMILIES, Parsers, resolve
 from miles_nemogym.launcher.run import load_model_args
-from miles_nemogym.testing.miles_env import MilesEnv, ensure_megatron_env, ensure_miles_env
+from tests.support.miles_env import MilesEnv, ensure_megatron_env, ensure_miles_env
 from tests.support.miles_harness import env_or_fail, parse_with_miles, say
 
 pytestmark = pytest.mark.integration

@@ -174,7 +174,7 @@ def test_v1_and_v2_give_the_same_final_rewards_in_each_reward_mode(
     assert len(server.bodies) == 8  # 2 steps x 4 episodes, none run twice
 
 
-def test_masked_episode_group_is_dropped_and_replaced(
+def test_a_group_whose_episodes_all_crash_is_dropped_and_replaced(
     miles_driver: MilesDriver, rows: dict[str, dict[str, Any]], results: dict[str, dict[str, Any]]
 ) -> None:
     server = FaultServer.with_fault(results, SYMPY, "error_metadata")
@@ -202,7 +202,7 @@ def test_masked_episode_group_is_dropped_and_replaced(
     assert [body["instance_id"] for body in server.bodies].count(SYMPY) == 2  # never run twice
 
 
-def test_episode_failing_before_its_first_policy_call_comes_back_aborted_and_its_group_is_dropped(
+def test_a_group_whose_episodes_all_fail_before_their_first_policy_call_comes_back_aborted_and_is_dropped(
     miles_driver: MilesDriver, rows: dict[str, dict[str, Any]], results: dict[str, dict[str, Any]]
 ) -> None:
     server = FaultServer.with_fault(results, SYMPY, "500")

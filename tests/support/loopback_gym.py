@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from aiohttp import web
 
 from miles_nemogym.gym import wheel as gym_wheel
-from tests.support.fault_server import FaultServer
+from tests.support.fault_server import FaultServer, crashed_result, result_for
 from tests.support.threaded import serving_in_thread
 
 CRASH_CAUSE = (
@@ -46,16 +46,14 @@ class LoopbackGym:
         folder = self.results_dir / "Verified" / "policy" / name
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{name}_{int(time.time())}_{uuid.uuid4()}.traj.json").write_text('{"messages": []}')
-        result = {**self._rollouts[instance], "instance_id": instance}
+        result = self._rollouts[instance]
         if instance in self.crashed:
             error = 'ray::runner_ray_remote() (pid=1, ip=127.0.0.1)\n  File "app.py", line 1\n' + CRASH_CAUSE
-            result = {**result, "reward": 0.0, "response": {**result["response"], "output": []}}
-            result["metadata"] = {"error": error, "traceback": "Traceback ..."}
-        return web.json_response(result)
+            return web.json_response(crashed_result(result, instance, error, "Traceback ..."))
+        return web.json_response(result_for(result, instance))
 
     def __enter__(self) -> LoopbackGym:
-        first = next(iter(self._rollouts.values()))
-        server = FaultServer(result=first, results_by_instance=self._rollouts, policy_calls=self.policy_calls)
+        server = FaultServer.of_results(list(self._rollouts.values()), policy_calls=self.policy_calls)
         server.respond = self._answer
         self._serving = serving_in_thread(server)
         self.server = self._serving.__enter__()

@@ -1,5 +1,5 @@
 """Miles' own argument parsing of given ``train.py`` argvs: runs INSIDE the Miles venv with
-Megatron-LM on ``PYTHONPATH`` (``miles_nemogym.testing.miles_env.ensure_megatron_env``).
+Megatron-LM on ``PYTHONPATH`` (``tests.support.miles_env.ensure_megatron_env``).
 
 Started by ``tests.support.miles_harness.parse_with_miles`` (never imported by the tests). It
 reads one JSON request on stdin: ``checkpoint`` (a folder to make: the offline Qwen3 tokenizer

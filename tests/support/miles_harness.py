@@ -32,7 +32,7 @@ driver per test session; a step over the real Gym server takes ~20-40 s)::
                                           #   raw_reward, loss_masks, response_lengths, ...,
                                           #   total_lengths (from split_train_data_by_dp_raw)
 
-Miles runs in its own venv (``miles_nemogym.testing.miles_env``), in a long-lived
+Miles runs in its own venv (``tests.support.miles_env``), in a long-lived
 subprocess (``tests/support/miles_driver.py``) because importing Miles takes ~40 s; the
 two talk JSON lines over a pipe. The driver's own output goes to ``log_path``.
 
@@ -63,7 +63,7 @@ import pytest
 
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.venv import GymEnvironmentError
-from miles_nemogym.testing.miles_env import MilesEnv, MilesEnvironmentError
+from tests.support.miles_env import MilesEnv, MilesEnvironmentError
 
 DRIVER = Path(__file__).with_name("miles_driver.py")
 ARGS_CHECKER = Path(__file__).with_name("megatron_args.py")

@@ -11,8 +11,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.support.fault_server import result_for
 from tests.support.ports import free_port
-from tests.support.scripted_gym import result_for
 
 
 @dataclass

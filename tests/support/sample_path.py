@@ -281,19 +281,19 @@ def _environment_metadata() -> dict[str, Any]:
 
 
 async def _measure_swe(tracer: Tracer, salvage: bool) -> None:
-    from miles_nemogym.transport import close_pools
     from miles_nemogym.gym import wheel
-    from tests.support.fake_gym import FakeGym
+    from miles_nemogym.transport import close_pools
+    from tests.support.fault_server import FaultServer
 
     metadata = _swe_metadata()
-    gym = FakeGym(wheel.example_rollouts()).start()
+    gym = await FaultServer.of_results(wheel.example_rollouts()).start()
     try:
         os.environ["NEMO_GYM_URL"] = gym.url
         with tracer.tracing():
             await _hooks(metadata, "http://127.0.0.1:39999/sessions/sample-1", salvage)
         await close_pools()  # before its server stops: an open keep-alive connection would hold the stop
     finally:
-        gym.stop()
+        await gym.stop()
 
 
 async def _measure_environment(tracer: Tracer, salvage: bool) -> None:

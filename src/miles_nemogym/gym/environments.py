@@ -40,10 +40,10 @@ from miles_nemogym.gym.venv import (
     GymEnvironmentError,
     GymVenv,
     Progress,
-    _locked,
-    _run,
     build_and_publish,
+    build_lock,
     gym_venv_root,
+    run_build_step,
 )
 from miles_nemogym.transport import connect_host
 
@@ -286,7 +286,9 @@ def _ready_python(link: Path) -> Path | None:
 def _build_overlay(gym: GymVenv, requirements: Sequence[str], target: Path, log: Path, progress: Progress) -> None:
     python = target / "bin" / "python"
     # No pip of its own: the server venv's, seen through the .pth, installs into this one.
-    _run([str(gym.python), "-m", "venv", "--without-pip", str(target)], progress, "python -m venv", log_path=log)
+    run_build_step(
+        [str(gym.python), "-m", "venv", "--without-pip", str(target)], progress, "python -m venv", log_path=log
+    )
     where = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
         capture_output=True,
@@ -298,7 +300,7 @@ def _build_overlay(gym: GymVenv, requirements: Sequence[str], target: Path, log:
     (site_packages / "miles_nemogym_gym.pth").write_text(f"import site; site.addsitedir({str(gym.site_packages)!r})\n")
     progress(f"installing {', '.join(requirements)}")
     pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input", *requirements]
-    _run(pip, progress, "pip install of the environments' requirements", log_path=log)
+    run_build_step(pip, progress, "pip install of the environments' requirements", log_path=log)
     left = _unsatisfied(python, list(requirements))
     if left:
         raise GymEnvironmentError(f"after installing, the overlay venv still lacks {left}; pip's log: {log}")
@@ -319,7 +321,7 @@ def environment_python(gym: GymVenv, plans: Sequence[EnvironmentPlan], progress:
         report(f"using the cached environments' requirements {link}")
         return ready
     root = link.parent
-    with _locked(root / f"{link.name}.lock"):
+    with build_lock(root / f"{link.name}.lock"):
         ready = _ready_python(link)
         if ready:
             return ready

@@ -293,7 +293,9 @@ def _load_ready(link: Path) -> GymVenv | None:
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def build_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created, with its folder, if missing) for the block:
+    one process builds a cached folder while the others wait, then find it ready."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -312,7 +314,7 @@ def _clean_env() -> dict[str, str]:
 
 
 def _build_log_path(what: str) -> Path:
-    """Where ``_run`` keeps a step's full output when the caller names no log file."""
+    """Where ``run_build_step`` keeps a step's full output when the caller names no log file."""
     slug = re.sub(r"[^A-Za-z0-9]+", "-", what).strip("-").lower() or "build"
     return gym_wheel.cache_dir() / "logs" / f"{slug}.log"
 
@@ -352,7 +354,7 @@ class _PipCount:
         return f"{named} of {len(self._wanted)} requirements collected, {len(self._collected)} packages in all"
 
 
-def _run(command: Sequence[str], progress: Progress, what: str, *, log_path: Path | None = None) -> None:
+def run_build_step(command: Sequence[str], progress: Progress, what: str, *, log_path: Path | None = None) -> None:
     """Run a build step; its full output goes to ``log_path`` (appended), not the terminal.
 
     ``progress`` gets each output line indented (a detail, never a step); a failure names
@@ -392,15 +394,15 @@ def _build(python: Path, target: Path, sandbox: str, progress: Progress) -> None
     log_path.unlink(missing_ok=True)  # one build's log, not every attempt's
     progress(f"note: pip's full log: {log_path}")
     progress(f"creating the venv with {python}")
-    _run([str(python), "-m", "venv", str(target)], progress, "python -m venv", log_path=log_path)
+    run_build_step([str(python), "-m", "venv", str(target)], progress, "python -m venv", log_path=log_path)
     venv_python = target / "bin" / "python"
     pip = [str(venv_python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
     reqs = requirements(sandbox)
     progress(f"installing {len(reqs)} requirements of nemo-gym {NEMO_GYM_VERSION} (takes minutes)")
-    _run([*pip, *reqs], progress, "pip install of nemo-gym's requirements", log_path=log_path)
+    run_build_step([*pip, *reqs], progress, "pip install of nemo-gym's requirements", log_path=log_path)
     wheel = gym_wheel.wheel_path()
     progress(f"installing {wheel.name}")
-    _run(
+    run_build_step(
         [*pip, "--no-deps", "--ignore-requires-python", str(wheel)],
         progress,
         "pip install of nemo-gym",
@@ -420,7 +422,7 @@ def _build(python: Path, target: Path, sandbox: str, progress: Progress) -> None
     site = json.loads(done.stdout.strip().splitlines()[-1])["site_packages"]
     progress("patching nemo-gym (docs/upstream.md)")
     patch_gym(Path(site))
-    _run(
+    run_build_step(
         [str(venv_python), "-m", "py_compile", str(Path(site) / PATCHED_FILE)],
         progress,
         "compiling the patched nemo-gym",
@@ -535,7 +537,7 @@ def ensure_gym_venv(
             _check_explicit_python(ready, report)
         report(f"using the cached NeMo-Gym server environment {link} (Python: {ready.built_with or 'unrecorded'})")
         return ready
-    with _locked(root / f"{key}.lock"):
+    with build_lock(root / f"{key}.lock"):
         ready = _load_ready(link)  # another process may have built it while we waited
         if ready:
             return ready

