@@ -211,8 +211,10 @@ def _convert_command(
     from miles_nemogym.data import (
         ConvertError,
         ConvertOptions,
+        InterruptedAfterCommit,
         SourceError,
         SwebenchMissingError,
+        WriteError,
         convert,
     )
     from miles_nemogym.data.environments import parse_env_option
@@ -269,6 +271,11 @@ def _convert_command(
         with interrupt_on_sigterm():
             try:
                 report = convert(options, progress=progress)
+            except InterruptedAfterCommit as stop:
+                bar.stop()
+                written = ", ".join(map(str, stop.paths))
+                err.print(f"interrupted once every file was written: {written}", highlight=False, markup=False)
+                raise typer.Exit(130) from None
             except KeyboardInterrupt:
                 bar.stop()
                 err.print("interrupted: nothing written, no file touched", highlight=False, markup=False)
@@ -278,13 +285,14 @@ def _convert_command(
                 _print_summary(err, error.report, options)
                 err.print(f"error: {error}", highlight=False, markup=False)
                 raise typer.Exit(1) from None
-            except (SourceError, SwebenchMissingError, ValueError) as error:
+            except (SourceError, SwebenchMissingError, ValueError, WriteError) as error:
                 bar.stop()
                 err.print(f"error: {error}", highlight=False, markup=False)
                 raise typer.Exit(1) from None
-            except OSError as error:  # e.g. the output folder is not writable
+            except OSError as error:  # e.g. an input that cannot be read
                 bar.stop()
-                err.print(f"error: {error.filename or ''}: {error.strerror or error}", highlight=False, markup=False)
+                said = f"{error.filename}: {error.strerror}" if error.filename and error.strerror else str(error)
+                err.print(f"error: {said}", highlight=False, markup=False)
                 raise typer.Exit(1) from None
     _print_summary(out, report, options)
 
