@@ -365,3 +365,40 @@ def _umask() -> int:
     current = os.umask(0)
     os.umask(current)
     return current
+
+
+def test_a_mix_at_the_size_bound_stops_within_seconds_of_sigterm(tmp_path: Path) -> None:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(
+        "".join(
+            json.dumps(
+                {"id": f"t{n}", "responses_create_params": {"input": "hi"}, "agent_ref": {"name": "a_simple_agent"}}
+            )
+            + "\n"
+            for n in range(10)
+        )
+    )
+    out_dir = tmp_path / "out"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "miles_nemogym.cli.main", "convert", "--env", f"a={rows}:1", "--size", "1000000",
+         "-o", str(out_dir / "train.jsonl"), "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not list(out_dir.glob(".train.jsonl.*.tmp")):
+            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+            time.sleep(0.05)
+        time.sleep(1.5)  # mixing and writing the million rows (~11 s in all)
+        child.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        _, stderr = child.communicate(timeout=30)
+        waited = time.monotonic() - stopped
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 130, stderr
+    assert waited < 5, f"{waited:.1f} s from SIGTERM to exit"
+    assert "interrupted: nothing written, no file touched" in stderr
+    assert not out_dir.exists()  # the folder it made is gone with its temporary files

@@ -30,6 +30,7 @@ from miles_nemogym.data.atomic import AtomicFile, AtomicFiles, TempFile, output_
 from miles_nemogym.data.environments import (
     EnvironmentInput,
     apportion,
+    env_mark_problem,
     environment_of_row,
     is_environment_row,
     task_key,
@@ -57,6 +58,8 @@ from miles_nemogym.data.sources import RawRow, SourceError, open_file, open_sour
 from miles_nemogym.episode.record import AGENT_SUFFIX, SWE_ENVIRONMENT
 from miles_nemogym.errors import MilesNemoGymError
 
+MAX_SIZE = 1_000_000
+"""The largest ``--size``: memory while mixing grows with it (about 85 bytes a row; measured: bench/README.md)."""
 _MAX_LISTED_PROBLEMS = 50
 _PROGRESS_EVERY = 200
 _DUPLICATE = "duplicate instance_id"
@@ -104,9 +107,17 @@ class ConvertOptions(BaseModel):
     def _consistent(self) -> ConvertOptions:
         if self.input is None and not self.environments:
             raise ValueError("give --input FILE, or --env NAME=FILE[:WEIGHT] for NeMo-Gym environment rows")
+        if self.size is not None and self.size > MAX_SIZE:
+            raise ValueError(
+                f"--size {self.size} is more than {MAX_SIZE}, the most rows a mix writes (each costs about 85 "
+                f"bytes of memory while mixing, and its line on disk); give --size {MAX_SIZE} or less, and for more "
+                "passes over the rows use Miles' --num-epoch rather than repeating them"
+            )
         environment_mode = self.environment_mode()
         if environment_mode:
             self._check_environment_flags()
+        elif self.size is not None:
+            raise ValueError("--size is for NeMo-Gym environment rows (--env); SWE-bench rows take --limit")
         if self.holdout and self.holdout_output is None:
             raise ValueError("--holdout N needs --holdout-output FILE (where the held-out rows go)")
         if self.holdout_output is not None and not self.holdout:
@@ -361,8 +372,9 @@ def _prepare(
     data: Mapping[str, Any], routing: Routing, drop_fields: frozenset[str]
 ) -> tuple[dict[str, Any], SweBenchInstance, bool] | list[FieldProblem]:
     instance = validate_instance(data)
-    if isinstance(instance, list):
-        return instance
+    mark = env_mark_problem(data, swe_row=True)
+    if isinstance(instance, list) or mark:
+        return [*(instance if isinstance(instance, list) else []), *([mark] if mark else [])]
     decided = resolve_routing(data, routing)
     if isinstance(decided, list):
         return decided
