@@ -1,4 +1,4 @@
-"""Classification of /run answers (episode/outcome.py), on the real results nemo-gym ships."""
+"""Classification of /run answers (episode/swe.py), on the real results nemo-gym ships."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
+from tests.support.limited_cli import run_limited
 
 
 @pytest.fixture
@@ -207,6 +208,7 @@ def slow_source(spec, split):
 
 convert_module.open_source = slow_source
 from miles_nemogym.cli.main import app
+from tests.support.limited_cli import run_limited
 sys.argv = ["miles-nemogym", *sys.argv[1:]]
 app()
 """
@@ -264,3 +266,139 @@ def test_sigterm_is_an_interrupt_only_inside_a_command_and_handlers_come_back() 
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
         signal.raise_signal(signal.SIGTERM)
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == (term, sigint)
+
+
+# --- every file or none, and the message says which --------------------------------------
+
+# The real CLI in a child process whose first move of an output into place sends it SIGTERM:
+# the signal lands between the renames of one commit.
+SIGTERM_BETWEEN_RENAMES = """
+import os, signal, sys
+
+moved = os.replace
+
+def replace(source, target, **kwargs):
+    moved(source, target, **kwargs)
+    if str(target).endswith(".jsonl"):
+        os.replace = moved
+        os.kill(os.getpid(), signal.SIGTERM)
+
+os.replace = replace
+from miles_nemogym.cli.main import app
+from tests.support.limited_cli import run_limited
+sys.argv = ["miles-nemogym", *sys.argv[1:]]
+app()
+"""
+
+
+def test_sigterm_between_the_renames_waits_for_them_and_says_every_file_was_written(
+    tmp_path: Path, gym_example_rows: list[dict[str, Any]]
+) -> None:
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in gym_example_rows), encoding="utf-8")
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    train, held = out_dir / "train.jsonl", out_dir / "eval.jsonl"
+    train.write_text("old train\n")
+    held.write_text("old eval\n")
+    child = subprocess.run(
+        [sys.executable, "-c", SIGTERM_BETWEEN_RENAMES, "convert", "-i", str(source), "-o", str(train),
+         "--holdout", "2", "--holdout-output", str(held), "--quiet"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert child.returncode == 130, child.stderr
+    # Before: the eval file was new, the training file old, and the message said nothing was written.
+    assert len(train.read_text().splitlines()) == 3 and len(held.read_text().splitlines()) == 2
+    message = " ".join(child.stderr.split())
+    assert f"interrupted once every file was written: {train}, {held}" in message
+    assert "nothing written" not in message and "Traceback" not in message
+    assert sorted(path.name for path in out_dir.iterdir()) == ["eval.jsonl", "train.jsonl"]
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["streamed", "shuffled"])
+def test_a_write_error_removes_every_temporary_file_and_folder_and_names_the_file(
+    tmp_path: Path, gym_example_rows: list[dict[str, Any]], shuffle: bool
+) -> None:
+    source = tmp_path / "many.jsonl"
+    with source.open("w", encoding="utf-8") as handle:
+        for number in range(200):
+            row = gym_example_rows[number % len(gym_example_rows)]
+            handle.write(json.dumps(dict(row, instance_id=f"{row['instance_id']}-{number}")) + "\n")
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    train = out_dir / "train.jsonl"
+    train.write_text("the previous conversion\n")
+    held = out_dir / "new" / "eval" / "eval.jsonl"
+    done = run_limited(
+        "convert", "-i", source, "-o", train, "--holdout", "2", "--holdout-output", held, "--quiet",
+        *(["--shuffle"] if shuffle else []), file_size=500_000,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    spooled = " (the rows spooled beside it)" if shuffle else ""
+    assert f"error: cannot write {train}{spooled}: File too large" in " ".join(done.stderr.split())
+    assert "Traceback" not in done.stderr
+    assert sorted(path.name for path in out_dir.iterdir()) == ["train.jsonl"]  # no temporary file, no new folder
+    assert train.read_text() == "the previous conversion\n"
+
+
+def test_examples_writes_through_the_same_writer(tmp_path: Path) -> None:
+    existing = tmp_path / "examples.jsonl"
+    existing.write_text("kept\n")
+    done = run_limited("examples", "-o", existing, file_size=1000)
+    assert done.returncode == 1, done.stderr
+    assert f"error: cannot write {existing}: File too large" in done.stderr and "Traceback" not in done.stderr
+    assert existing.read_text() == "kept\n"  # never truncated in place
+    assert [path.name for path in tmp_path.iterdir()] == ["examples.jsonl"]
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(existing)
+    refused = CliRunner().invoke(app, ["examples", "-o", str(link)])
+    assert refused.exit_code == 2, refused.output
+    assert f"{link} is a symbolic link" in " ".join(refused.output.split())
+    assert link.is_symlink() and existing.read_text() == "kept\n"
+    written = CliRunner().invoke(app, ["examples", "-o", str(existing)])
+    assert written.exit_code == 0, written.output
+    assert len(existing.read_text().splitlines()) == 5
+    assert existing.stat().st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+def test_a_mix_at_the_size_bound_stops_within_seconds_of_sigterm(tmp_path: Path) -> None:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(
+        "".join(
+            json.dumps(
+                {"id": f"t{n}", "responses_create_params": {"input": "hi"}, "agent_ref": {"name": "a_simple_agent"}}
+            )
+            + "\n"
+            for n in range(10)
+        )
+    )
+    out_dir = tmp_path / "out"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "miles_nemogym.cli.main", "convert", "--env", f"a={rows}:1", "--size", "1000000",
+         "-o", str(out_dir / "train.jsonl"), "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not list(out_dir.glob(".train.jsonl.*.tmp")):
+            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+            time.sleep(0.05)
+        time.sleep(1.5)  # mixing and writing the million rows (~11 s in all)
+        child.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        _, stderr = child.communicate(timeout=30)
+        waited = time.monotonic() - stopped
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 130, stderr
+    assert waited < 5, f"{waited:.1f} s from SIGTERM to exit"
+    assert "interrupted: nothing written, no file touched" in stderr
+    assert not out_dir.exists()  # the folder it made is gone with its temporary files

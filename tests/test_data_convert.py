@@ -282,13 +282,16 @@ def test_crash_mid_way_leaves_existing_output_untouched(tmp_path: Path, rows: li
     assert [p.name for p in out_dir.iterdir()] == ["prompts.jsonl"], "temp and spool files must be removed"
 
 
-def test_failed_run_leaves_no_file_at_a_new_output_path(tmp_path: Path, rows: list[dict[str, Any]]) -> None:
+def test_failed_run_leaves_no_file_and_no_folder_it_made(tmp_path: Path, rows: list[dict[str, Any]]) -> None:
     bad_last = [*rows, dict(rows[0], instance_id="z__z-1", FAIL_TO_PASS="not json")]
     source = write_jsonl(tmp_path / "bad_last.jsonl", bad_last)
-    output = tmp_path / "new" / "out.jsonl"
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    output = tmp_path / "new" / "deeper" / "out.jsonl"
     with pytest.raises(ConvertError):
-        run(tmp_path, source, output=output, holdout=1, holdout_output=tmp_path / "new" / "eval.jsonl")
-    assert list((tmp_path / "new").iterdir()) == []
+        run(tmp_path, source, output=output, holdout=1, holdout_output=kept / "eval" / "eval.jsonl")
+    assert not (tmp_path / "new").exists()
+    assert list(kept.iterdir()) == []  # its own folder made for the holdout is gone; kept/ was there before
 
 
 # --- selection -------------------------------------------------------------------------

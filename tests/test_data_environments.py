@@ -13,9 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
-from miles_nemogym.data import ConvertError, ConvertOptions, ConvertReport, convert, convert_row
+from miles_nemogym.data import ConvertError, ConvertOptions, ConvertReport, RowInvalidError, convert, convert_row
 from miles_nemogym.data.environments import EnvironmentInput, apportion, parse_env_option
 from tests.support.environment_rows import shipped_rows, shipped_text
+from tests.support.limited_cli import run_limited
 from tests.support.prompt_rows import write_jsonl
 
 
@@ -277,6 +278,8 @@ def test_the_command_mixes_and_prints_counts_per_environment(tmp_path: Path) -> 
     ("flags", "message"),
     [
         (["--env", "mcqa={mcqa}:0"], "weight must be a number > 0"),
+        # A weight that is no number was taken as part of the file name ('...jsonl:abc', no such file).
+        (["--env", "mcqa={mcqa}:abc"], "(got 'abc' after the last ':'); use --env NAME=FILE[:WEIGHT]"),
         (["--env", "mcqa={mcqa}:1", "--env", "xlam_fc={mcqa}"], "give every --env a weight"),
         (["--env", "mcqa={mcqa}", "--size", "3"], "--size needs a weight"),
         (["--env", "mcqa={mcqa}", "--limit", "3"], "--limit: SWE-bench flags"),
@@ -330,3 +333,68 @@ def test_converted_swe_rows_mix_in_as_is_and_raw_ones_are_refused(
             output=tmp_path / "t.jsonl",
         )
     assert "metadata.test_patch" in str(missing.value.report.problems[0])
+
+
+def test_a_size_past_the_bound_names_the_flag_the_limit_and_the_fix(
+    tmp_path: Path, gym_example_rows: list[dict[str, Any]]
+) -> None:
+    # 10 rows with --size 200000000 would have taken ~17 GB of memory and ~580 GB of output: in a child
+    # process with both limited, so that a converter without the bound fails here instead of the machine.
+    rows = write_jsonl(tmp_path / "rows.jsonl", shipped_rows("mcqa"))
+    for size in ("200000000", "1000001"):
+        done = run_limited(
+            "convert", "--env", f"mcqa={rows}:1", "--size", size, "-o", tmp_path / "out.jsonl",
+            file_size=50_000_000, memory=2_000_000_000, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr[-2000:]
+        said = " ".join(done.stderr.split())
+        assert f"--size {size} is more than 1000000" in said and "give --size 1000000 or less" in said
+        assert "Miles' --num-epoch" in said
+        assert not (tmp_path / "out.jsonl").exists()
+    swe_rows = write_jsonl(tmp_path / "swe.jsonl", gym_example_rows)
+    swe = invoke("convert", "-i", swe_rows, "--size", "3", "-o", tmp_path / "out.jsonl")  # was silently ignored
+    assert swe.exit_code == 2 and "--size is for NeMo-Gym environment rows (--env)" in swe.stderr
+
+
+def test_user_text_is_printed_as_is_never_as_rich_markup_or_emoji(tmp_path: Path) -> None:
+    odd = tmp_path / "rows[bold]:smile:.jsonl"
+    odd.write_bytes(shipped_text("mcqa"))
+    result = invoke("convert", "--env", f"mcqa={odd}", "-o", tmp_path / "out.jsonl", "--quiet")
+    assert result.exit_code == 0, result.output
+    assert f"convert: {odd} (NeMo-Gym environment rows)" in result.stdout
+    missing = invoke("convert", "--env", f"mcqa={tmp_path / 'no:abc:'}:abc", "-o", tmp_path / "out.jsonl")
+    assert missing.exit_code == 2, missing.output
+    assert ":abc:" in missing.stderr and "\N{INPUT SYMBOL FOR LATIN LETTERS}" not in missing.stderr  # not an emoji
+    # A ':' in an existing file's name is part of the name, not a weight.
+    colon = tmp_path / "mcqa:rows.jsonl"
+    colon.write_bytes(shipped_text("mcqa"))
+    named = invoke("convert", "--env", f"mcqa={colon}", "-o", tmp_path / "colon.jsonl", "--quiet")
+    assert named.exit_code == 0, named.output
+    assert len(read_jsonl(tmp_path / "colon.jsonl")) == len(shipped_rows("mcqa"))
+
+
+@pytest.mark.parametrize("mark", [7, "", None, ["mcqa"]])
+def test_a_rows_own_nemogym_env_that_names_no_environment_is_refused_by_row_and_field(
+    tmp_path: Path, gym_example_rows: list[dict[str, Any]], mark: Any
+) -> None:
+    # The trainer runs a row whose mark is no name as a SWE-bench row.
+    rows = shipped_rows("mcqa")
+    rows[1]["nemogym_env"] = mark
+    with pytest.raises(ConvertError) as caught:
+        run(tmp_path, EnvironmentInput("mcqa", str(write_jsonl(tmp_path / "rows.jsonl", rows))))
+    assert caught.value.report.problem_count == 1
+    assert f"row 2 (line 2) [mcqa/{rows[1]['uuid']}]: nemogym_env: is {mark!r}, not an environment's name" in str(
+        caught.value.report.problems[0]
+    )
+    swe = write_jsonl(tmp_path / "swe.jsonl", [gym_example_rows[0], dict(gym_example_rows[1], nemogym_env=mark)])
+    with pytest.raises(ConvertError) as refused:
+        convert(ConvertOptions(input=str(swe), output=tmp_path / "swe_out.jsonl"))
+    assert "row 2 (line 2)" in str(refused.value.report.problems[0])
+    assert f"nemogym_env: is {mark!r}" in str(refused.value.report.problems[0])
+    assert not (tmp_path / "swe_out.jsonl").exists()
+
+
+def test_a_swe_bench_row_marked_for_another_environment_is_refused(gym_example_rows: list[dict[str, Any]]) -> None:
+    with pytest.raises(RowInvalidError, match="nemogym_env: is 'mcqa' on a SWE-bench row"):
+        convert_row(dict(gym_example_rows[0], nemogym_env="mcqa"))
+    assert convert_row(dict(gym_example_rows[0], nemogym_env="swe"))["metadata"]["nemogym_env"] == "swe"

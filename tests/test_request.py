@@ -1,4 +1,4 @@
-"""Rules of the /run request builder (episode/request.py)."""
+"""Rules of the /run request builder (episode/swe.py)."""
 
 from __future__ import annotations
 

@@ -3,18 +3,27 @@ them, the flags, and the overlay venv their extra requirements go into."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import sysconfig
+import uuid
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
-from miles_nemogym.gym.environments import EnvironmentPlan, environment_python, overlay_path, plan
+from miles_nemogym.gym.environments import (
+    EnvironmentPlan,
+    EnvironmentServers,
+    environment_python,
+    overlay_path,
+    plan,
+)
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv
+from tests.support.ray_cluster import pids_with_environment
 from tests.support.wheels import tiny_wheel
 
 
@@ -164,3 +173,56 @@ def test_environments_the_base_satisfies_run_in_it_as_is(local_index: Path) -> N
     base = _base()
     assert environment_python(base, [_env("a", "pydantic"), _env("b")], progress=lambda line: None) == base.python
     assert not (local_index.parent / "cache").exists()
+
+
+# ----------------------------------------------------------------------------- what a server inherits
+
+# A resources server stand-in: records the names in its environment, then answers on its port.
+_ENVIRON_PROBE = """
+import json, os
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import yaml
+
+name = os.environ["NEMO_GYM_CONFIG_PATH"]
+block = yaml.safe_load(os.environ["NEMO_GYM_CONFIG_DICT"])[name]["resources_servers"]["probe"]
+with open(f"{name}.environ.json", "w") as out:
+    json.dump(sorted(os.environ), out)
+
+
+class Answer(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args):
+        pass
+
+
+HTTPServer((block["host"], block["port"]), Answer).serve_forever()
+"""
+
+
+def test_no_environment_server_gets_the_policy_api_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # mcqa's and xlam_fc's /proc/<pid>/environ held NEMO_GYM_POLICY_API_KEY; no server needs it.
+    key = f"sk-policy-{uuid.uuid4().hex}"
+    monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", key)
+    monkeypatch.setenv("MNG_PROBE_INHERITED", "1")
+    app = tmp_path / "probe" / "app.py"
+    app.parent.mkdir()
+    app.write_text(_ENVIRON_PROBE)
+    state = tmp_path / "state"
+    state.mkdir()
+    servers = EnvironmentServers(
+        _base(), [_env("probe")], state_dir=state, app_folders={"probe": app.parent}, progress=lambda line: None
+    )
+    servers.config = {"probe": {"resources_servers": {"probe": {}}}}  # composed already: no parser run
+    try:
+        servers.start()
+        inherited = json.loads((state / "probe.environ.json").read_text())
+        assert "MNG_PROBE_INHERITED" in inherited  # the rest of the caller's environment is passed on
+        assert "NEMO_GYM_POLICY_API_KEY" not in inherited
+        assert pids_with_environment(key) == []
+    finally:
+        servers.stop()

@@ -5,8 +5,10 @@ and the plan a dry run shows (from the wheel) against what nemo-gym's parser com
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -49,7 +51,9 @@ def _seed(url: str, env: str) -> int:
 def test_serve_env_starts_resources_servers_next_to_swe_and_stops_them_all(tmp_path: Path) -> None:
     state = tmp_path / "serve-state"
     arguments = ["--sandbox", "local", "--port", "0", "--concurrency", "1", "--state-dir", str(state)]
-    with serving(*arguments, *(f"--env={env}" for env in ENVS)) as serve:
+    key = f"sk-policy-{uuid.uuid4().hex}"
+    environment = {**os.environ, "NEMO_GYM_POLICY_API_KEY": key}
+    with serving(*arguments, *(f"--env={env}" for env in ENVS), env=environment) as serve:
         exported = _exported(serve.printed)
         assert set(exported) == {"NEMO_GYM_URL", "NEMO_GYM_ENVS"}, serve.printed
         settings = Settings.from_env(exported)
@@ -60,6 +64,9 @@ def test_serve_env_starts_resources_servers_next_to_swe_and_stops_them_all(tmp_p
             assert "/run" in json.load(answer)["paths"]
         running = pids_with_environment(str((state / "environments").resolve()))
         assert len(running) >= len(ENVS), running
+        # Only serve itself holds the policy API key: no server it started (SWE, mcqa, xlam_fc, their Ray).
+        assert len(pids_with_environment(str(state.resolve()))) > len(running)  # the SWE server's too
+        assert pids_with_environment(key) == [serve.process.pid]
         rest = serve.stop()
     assert serve.process.returncode == 0, rest
     assert "stopped." in rest

@@ -134,9 +134,9 @@ async def test_gold_scores_one_wrong_scores_zero_and_simple_agent_agrees(
         assert _environment_fields(theirs) == _environment_fields(verified), (env, outcome)
         assert theirs["response"]["status"] == verified["response"]["status"]
         reason = "ng_termination_reason"
-        assert (theirs["response"]["metadata"] or {}).get(reason) == (
-            verified["response"].get("metadata") or {}
-        ).get(reason)
+        assert (theirs["response"]["metadata"] or {}).get(reason) == (verified["response"].get("metadata") or {}).get(
+            reason
+        )
 
 
 async def test_sampling_keys_tools_and_history_reach_the_policy(chat: ScriptedChat, envs: GymEnvironments) -> None:

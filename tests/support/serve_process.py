@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -24,10 +24,13 @@ class Serving:
 
 
 @contextmanager
-def serving(*arguments: str) -> Iterator[Serving]:
-    """``serve ARGUMENTS`` started and ready (or exited: ``printed`` says why); killed on exit if still running."""
+def serving(*arguments: str, env: Mapping[str, str] | None = None) -> Iterator[Serving]:
+    """``serve ARGUMENTS`` started (in ``env``, default this process's environment) and ready (or
+    exited: ``printed`` says why); killed on exit if still running."""
     command = [sys.executable, "-m", "miles_nemogym.cli.main", "serve", *arguments]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(env) if env else None
+    )
     try:
         assert process.stdout is not None
         seen: list[str] = []

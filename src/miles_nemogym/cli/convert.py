@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from miles_nemogym.cli.options import InstanceIds, choice, metavar, subset_option
 from miles_nemogym.cli.signals import interrupt_on_sigterm
@@ -45,7 +46,7 @@ def _print_environments(console: Console, report: ConvertReport, options: Conver
         by_env.add_column(column, justify="left" if column == "environment" else "right")
     for name, usable in report.usable_by_env.items():
         by_env.add_row(
-            name,
+            Text(name),
             str(usable),
             str(report.written_by_env[name]),
             str(report.repeated_by_env[name]),
@@ -57,7 +58,8 @@ def _print_environments(console: Console, report: ConvertReport, options: Conver
 def _print_summary(console: Console, report: ConvertReport, options: ConvertOptions) -> None:
     from miles_nemogym.data.convert import printable, summary_notes
 
-    counts = Table(title=f"convert: {report.source} ({report.source_kind})", title_justify="left")
+    # User text (paths, names) goes in as Text: never read as rich markup.
+    counts = Table(title=Text(f"convert: {printable(report.source)} ({report.source_kind})"), title_justify="left")
     counts.add_column("rows")
     counts.add_column("count", justify="right")
     counts.add_row("read", str(report.rows_read))
@@ -91,7 +93,7 @@ def _print_summary(console: Console, report: ConvertReport, options: ConvertOpti
         if options.gradeable_only:
             by_repo.add_column("dropped: not gradeable", justify="right")
         for repo in repos:
-            cells = [printable(repo), str(report.written_by_repo[repo])]
+            cells: list[str | Text] = [Text(printable(repo)), str(report.written_by_repo[repo])]
             if options.holdout:
                 cells.append(str(report.holdout_by_repo[repo]))
             if options.gradeable_only:
@@ -211,15 +213,18 @@ def _convert_command(
     from miles_nemogym.data import (
         ConvertError,
         ConvertOptions,
+        InterruptedAfterCommit,
         SourceError,
         SwebenchMissingError,
+        WriteError,
         convert,
     )
     from miles_nemogym.data.environments import parse_env_option
     from miles_nemogym.data.select import instance_ids_option
     from miles_nemogym.validation import problems
 
-    out, err = Console(), Console(stderr=True)
+    # emoji=False: ':abc:' in a path or message is text (markup=False alone still turns it into an emoji).
+    out, err = Console(emoji=False), Console(stderr=True, emoji=False)
     for console in (out, err):  # a terminal wraps between words; a log keeps each line whole
         console.soft_wrap = not console.is_terminal
     try:
@@ -269,6 +274,11 @@ def _convert_command(
         with interrupt_on_sigterm():
             try:
                 report = convert(options, progress=progress)
+            except InterruptedAfterCommit as stop:
+                bar.stop()
+                written = ", ".join(map(str, stop.paths))
+                err.print(f"interrupted once every file was written: {written}", highlight=False, markup=False)
+                raise typer.Exit(130) from None
             except KeyboardInterrupt:
                 bar.stop()
                 err.print("interrupted: nothing written, no file touched", highlight=False, markup=False)
@@ -278,13 +288,14 @@ def _convert_command(
                 _print_summary(err, error.report, options)
                 err.print(f"error: {error}", highlight=False, markup=False)
                 raise typer.Exit(1) from None
-            except (SourceError, SwebenchMissingError, ValueError) as error:
+            except (SourceError, SwebenchMissingError, ValueError, WriteError) as error:
                 bar.stop()
                 err.print(f"error: {error}", highlight=False, markup=False)
                 raise typer.Exit(1) from None
-            except OSError as error:  # e.g. the output folder is not writable
+            except OSError as error:  # e.g. an input that cannot be read
                 bar.stop()
-                err.print(f"error: {error.filename or ''}: {error.strerror or error}", highlight=False, markup=False)
+                said = f"{error.filename}: {error.strerror}" if error.filename and error.strerror else str(error)
+                err.print(f"error: {said}", highlight=False, markup=False)
                 raise typer.Exit(1) from None
     _print_summary(out, report, options)
 

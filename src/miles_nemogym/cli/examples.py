@@ -15,6 +15,8 @@ from typing import Annotated
 
 import typer
 
+from miles_nemogym.cli.signals import interrupt_on_sigterm
+
 _HELP = """Write the five SWE-bench Verified rows nemo-gym ships (raw rows, one JSON object per
 line) to --output, or to standard output. Try the converter on them offline:
 miles-nemogym convert --input examples.jsonl --output prompts.jsonl
@@ -59,9 +61,14 @@ def _examples(
         typer.Option("--env", metavar="NAME", help="The example rows of this NeMo-Gym resources server instead."),
     ] = None,
 ) -> None:
+    from miles_nemogym.data.atomic import AtomicFiles, WriteError, output_problem
     from miles_nemogym.gym import wheel as gym_wheel
     from miles_nemogym.pins import NEMO_GYM_VERSION
 
+    problem = output_problem(output.expanduser()) if output is not None else None
+    if problem:  # before the wheel is read: a link is never written through, a device never replaced
+        typer.echo(f"error: --output {output} {problem}", err=True)
+        raise typer.Exit(2)
     try:
         if env is None:
             text = "".join(json.dumps(row) + "\n" for row in gym_wheel.example_rows())
@@ -78,8 +85,19 @@ def _examples(
     if output is None:
         sys.stdout.write(text)
     else:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text, encoding="utf-8")
+        # The converter's writer: a new file moved over the old one once complete, never the old one truncated.
+        files = AtomicFiles()
+        try:
+            with interrupt_on_sigterm(), files:
+                files.open(output.expanduser()).write(text.encode("utf-8"))
+                files.commit()
+        except WriteError as error:
+            typer.echo(f"error: {error}", err=True)
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            said = f"{output} was written" if files.committed else f"nothing written, {output} untouched"
+            typer.echo(f"interrupted: {said}", err=True)
+            raise typer.Exit(130) from None
         typer.echo(f"wrote {sum(1 for line in text.splitlines() if line.strip())} rows to {output}")
     # On stderr, so `examples > rows.jsonl` stays pure JSONL.
     typer.echo(f"source: nemo-gym {NEMO_GYM_VERSION}, {source}", err=True)

@@ -1,12 +1,14 @@
 """Convert SWE-bench-family and NeMo-Gym environment task rows into Miles prompt rows: the public Python API.
 
-:func:`convert` with :class:`ConvertOptions` (whole files, streaming, atomic; ``environments`` for
+:func:`convert` with :class:`ConvertOptions` (whole files, streaming, every output file or none:
+:class:`WriteError`, :class:`InterruptedAfterCommit`; ``environments`` for
 NeMo-Gym environment rows, mixed and held out), :func:`convert_row` (one SWE-bench row),
 :func:`to_environment_row` (one environment row), :func:`validate_instance` and :func:`to_prompt_row`
 (the pure checks and mapping), :func:`open_source` (stream raw rows), :func:`load_grade_tables`
 (what ``swebench`` can grade).
 """
 
+from miles_nemogym.data.atomic import InterruptedAfterCommit, WriteError
 from miles_nemogym.data.convert import (
     ConvertError,
     ConvertOptions,
@@ -40,6 +42,7 @@ __all__ = [
     "EnvironmentInput",
     "FieldProblem",
     "GradeTables",
+    "InterruptedAfterCommit",
     "RawRow",
     "Routing",
     "RowInvalidError",
@@ -49,6 +52,7 @@ __all__ = [
     "SourceError",
     "SweBenchInstance",
     "SwebenchMissingError",
+    "WriteError",
     "convert",
     "convert_row",
     "encode_row",

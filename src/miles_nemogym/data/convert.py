@@ -16,21 +16,21 @@ import random
 import re
 import secrets
 import sys
-import tempfile
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from miles_nemogym.data.atomic import AtomicFile
+from miles_nemogym.data.atomic import AtomicFile, AtomicFiles, TempFile, output_problem
 from miles_nemogym.data.environments import (
     EnvironmentInput,
     apportion,
+    env_mark_problem,
     environment_of_row,
     is_environment_row,
     task_key,
@@ -58,6 +58,8 @@ from miles_nemogym.data.sources import RawRow, SourceError, open_file, open_sour
 from miles_nemogym.episode.record import AGENT_SUFFIX, SWE_ENVIRONMENT
 from miles_nemogym.errors import MilesNemoGymError
 
+MAX_SIZE = 1_000_000
+"""The largest ``--size``: memory while mixing grows with it (about 85 bytes a row; measured: bench/README.md)."""
 _MAX_LISTED_PROBLEMS = 50
 _PROGRESS_EVERY = 200
 _DUPLICATE = "duplicate instance_id"
@@ -105,9 +107,17 @@ class ConvertOptions(BaseModel):
     def _consistent(self) -> ConvertOptions:
         if self.input is None and not self.environments:
             raise ValueError("give --input FILE, or --env NAME=FILE[:WEIGHT] for NeMo-Gym environment rows")
+        if self.size is not None and self.size > MAX_SIZE:
+            raise ValueError(
+                f"--size {self.size} is more than {MAX_SIZE}, the most rows a mix writes (each costs about 85 "
+                f"bytes of memory while mixing, and its line on disk); give --size {MAX_SIZE} or less, and for more "
+                "passes over the rows use Miles' --num-epoch rather than repeating them"
+            )
         environment_mode = self.environment_mode()
         if environment_mode:
             self._check_environment_flags()
+        elif self.size is not None:
+            raise ValueError("--size is for NeMo-Gym environment rows (--env); SWE-bench rows take --limit")
         if self.holdout and self.holdout_output is None:
             raise ValueError("--holdout N needs --holdout-output FILE (where the held-out rows go)")
         if self.holdout_output is not None and not self.holdout:
@@ -122,7 +132,7 @@ class ConvertOptions(BaseModel):
             holdouts = [_holdout_path(self.holdout_output, entry.name) for entry in self.environments if entry.name]
         outputs = [self.output, *holdouts]
         for path in outputs:
-            problem = _output_problem(path.expanduser())
+            problem = output_problem(path.expanduser())
             if problem:
                 raise ValueError(f"{path} {problem}")
         resolved = [path.expanduser().resolve() for path in outputs]
@@ -210,20 +220,6 @@ def _file_holds_environment_rows(spec: str) -> bool:
     except (SourceError, OSError):
         return False  # the SWE path reports it
     return False
-
-
-def _output_problem(path: Path) -> str | None:
-    """Why ``path`` cannot be an output: the atomic rename would replace a link or a device."""
-    if path.is_symlink():
-        return (
-            "is a symbolic link; the output would replace the link itself, not write through it: "
-            f"give its target ({path.resolve()}) or a new path"
-        )
-    if path.is_dir():
-        return "is a folder; --output/--holdout-output name a file"
-    if path.exists() and not path.is_file():
-        return "is not a regular file (a device, pipe or socket), which the output would replace; give a file path"
-    return None
 
 
 def _same_file(path: Path, other: Path) -> bool:
@@ -376,8 +372,9 @@ def _prepare(
     data: Mapping[str, Any], routing: Routing, drop_fields: frozenset[str]
 ) -> tuple[dict[str, Any], SweBenchInstance, bool] | list[FieldProblem]:
     instance = validate_instance(data)
-    if isinstance(instance, list):
-        return instance
+    mark = env_mark_problem(data, swe_row=True)
+    if isinstance(instance, list) or mark:
+        return [*(instance if isinstance(instance, list) else []), *([mark] if mark else [])]
     decided = resolve_routing(data, routing)
     if isinstance(decided, list):
         return decided
@@ -413,11 +410,8 @@ def convert_row(
 class _Spool:
     """Converted lines on disk with their offsets, so ``--shuffle`` never holds rows in memory."""
 
-    def __init__(self, near: Path) -> None:
-        near.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=near.parent, prefix=f".{near.name}.", suffix=".spool.tmp")
-        self.path = Path(temp)
-        self._writer: BinaryIO = os.fdopen(fd, "wb", buffering=1 << 20)
+    def __init__(self, files: AtomicFiles, output: Path) -> None:
+        self._writer: TempFile = files.scratch(output, f"{output} (the rows spooled beside it)")
         self._ends = array("q")
         self._repos: list[str] = []
 
@@ -432,15 +426,11 @@ class _Spool:
     def lines(self, order: list[int]) -> Iterator[tuple[bytes, str]]:
         """The lines at ``order`` positions, in that order (random reads, page-cache fast)."""
         self._writer.flush()
-        with self.path.open("rb") as reader:
+        with self._writer.temp_path.open("rb") as reader:
             for position in order:
                 start = self._ends[position - 1] if position else 0
                 reader.seek(start)
                 yield reader.read(self._ends[position] - start), self._repos[position]
-
-    def discard(self) -> None:
-        self._writer.close()
-        self.path.unlink(missing_ok=True)
 
 
 def _record_problem(report: ConvertReport, raw: RawRow, problems: list[str], key: str, who: str | None = None) -> None:
@@ -454,12 +444,25 @@ def _record_problem(report: ConvertReport, raw: RawRow, problems: list[str], key
 
 
 def convert(options: ConvertOptions, progress: Callable[[int, int | None], None] | None = None) -> ConvertReport:
-    """Run the conversion; returns the report, or raises :class:`ConvertError` with nothing written.
+    """Run the conversion; returns the report once every output file is in place, or raises with
+    none touched: :class:`ConvertError` (``report`` says why), ``WriteError`` (names the file and
+    the OS reason), ``SourceError``, ``SwebenchMissingError``, ``ValueError`` (bad ``--instance-ids``).
 
-    Also raises ``SourceError``, ``SwebenchMissingError`` and ``ValueError`` (bad ``--instance-ids``);
-    ``progress(rows_read, total_or_None)`` is called every few hundred rows."""
-    if options.environment_mode():
-        return _convert_environments(options, progress)
+    Ctrl-C raises ``KeyboardInterrupt`` with nothing written, or ``InterruptedAfterCommit`` when it
+    came while the files were moved into place (they all were). ``progress(rows_read,
+    total_or_None)`` is called every few hundred rows."""
+    convert_rows = _convert_environments if options.environment_mode() else _convert_swe
+    with AtomicFiles() as files:
+        report = convert_rows(options, progress, files)
+        files.commit()  # the training file, opened first, is moved into place last
+        report.committed = True
+    return report
+
+
+def _convert_swe(
+    options: ConvertOptions, progress: Callable[[int, int | None], None] | None, files: AtomicFiles
+) -> ConvertReport:
+    """SWE-bench rows, streamed: checked, routed, selected, written (or spooled to shuffle)."""
     assert options.input is not None
     inferred = infer_kind(options.input)
     split_to_load = options.split or inferred.split or "test"
@@ -491,122 +494,102 @@ def convert(options: ConvertOptions, progress: Callable[[int, int | None], None]
     if options.shuffle:
         report.seed = options.seed if options.seed is not None else secrets.randbelow(2**31)
 
-    output = AtomicFile(options.output.expanduser())
-    holdout = AtomicFile(options.holdout_output.expanduser()) if options.holdout_output else None
-    spool = _Spool(options.output.expanduser()) if options.shuffle else None
     seen_ids: set[str] = set()
     seen_repos: set[str] = set()
     found_ids: set[str] = set()
     failing = False
-    try:
-        for raw in source:
-            report.rows_read += 1
-            if progress is not None and report.rows_read % _PROGRESS_EVERY == 0:
-                progress(report.rows_read, source.total)
-            if raw.data is None:
-                _record_problem(report, raw, [raw.error or "unreadable"], "invalid: unreadable row")
-                failing = options.on_error == "fail"
-                continue
-            prepared = _prepare(raw.data, routing, drop_fields)
-            if isinstance(prepared, list):
-                first = prepared[0]
-                _record_problem(
-                    report,
-                    raw,
-                    [str(problem) for problem in prepared],
-                    f"invalid: {first.field} {first.rule}",
-                )
-                failing = options.on_error == "fail"
-                continue
-            row, instance, overrode = prepared
-            if instance.instance_id in seen_ids:
-                report.skipped[_DUPLICATE] += 1
-                if len(report.duplicates) < _MAX_LISTED_PROBLEMS:
-                    report.duplicates.append(RowProblem(raw.where(), instance.instance_id, ("kept the first",)))
-                continue
-            seen_ids.add(instance.instance_id)
-            seen_repos.add(instance.repo)
-            if selection.instance_ids is not None and instance.instance_id in selection.instance_ids:
-                found_ids.add(instance.instance_id)
-            reason = selection.reason_to_drop(instance)
-            if reason is not None:
-                report.skipped[reason] += 1
-                if grade_tables is not None and reason.startswith("not gradeable"):
-                    report.not_gradeable_by_repo[instance.repo] += 1
-                continue
-            try:
-                line = encode_row(row)
-            except ValueError as error:
-                _record_problem(report, raw, [f"cannot be written as JSON: {error}"], "invalid: not JSON")
-                failing = options.on_error == "fail"
-                continue
-            report.overridden_rows += overrode
-            if failing:
-                continue  # keep validating to report every bad row; nothing will be written
-            if spool is not None:
-                spool.add(line, instance.repo)
-            elif holdout is not None and report.holdout_written < options.holdout:
-                holdout.write(line)
-                report.holdout_written += 1
-                report.holdout_by_repo[instance.repo] += 1
-            elif options.limit is None or report.written < options.limit:
-                output.write(line)
-                report.written += 1
-                report.written_by_repo[instance.repo] += 1
-            if (
-                spool is None
-                and options.limit is not None
-                and report.written >= options.limit
-                and report.holdout_written >= options.holdout
-            ):
-                report.stopped_early = True
-                break
-        if progress is not None:
+    output = files.open(options.output.expanduser())
+    holdout = files.open(options.holdout_output.expanduser()) if options.holdout_output else None
+    spool = _Spool(files, options.output.expanduser()) if options.shuffle else None
+    for raw in source:
+        report.rows_read += 1
+        if progress is not None and report.rows_read % _PROGRESS_EVERY == 0:
             progress(report.rows_read, source.total)
-
-        if selection.instance_ids is not None and not report.stopped_early:
-            report.missing_instance_ids = sorted(selection.instance_ids - found_ids)
-        if wanted_repos and not report.stopped_early:
-            report.unmatched_repos = sorted(wanted_repos - seen_repos)
+        if raw.data is None:
+            _record_problem(report, raw, [raw.error or "unreadable"], "invalid: unreadable row")
+            failing = options.on_error == "fail"
+            continue
+        prepared = _prepare(raw.data, routing, drop_fields)
+        if isinstance(prepared, list):
+            first = prepared[0]
+            _record_problem(
+                report,
+                raw,
+                [str(problem) for problem in prepared],
+                f"invalid: {first.field} {first.rule}",
+            )
+            failing = options.on_error == "fail"
+            continue
+        row, instance, overrode = prepared
+        if instance.instance_id in seen_ids:
+            report.skipped[_DUPLICATE] += 1
+            if len(report.duplicates) < _MAX_LISTED_PROBLEMS:
+                report.duplicates.append(RowProblem(raw.where(), instance.instance_id, ("kept the first",)))
+            continue
+        seen_ids.add(instance.instance_id)
+        seen_repos.add(instance.repo)
+        if selection.instance_ids is not None and instance.instance_id in selection.instance_ids:
+            found_ids.add(instance.instance_id)
+        reason = selection.reason_to_drop(instance)
+        if reason is not None:
+            report.skipped[reason] += 1
+            if grade_tables is not None and reason.startswith("not gradeable"):
+                report.not_gradeable_by_repo[instance.repo] += 1
+            continue
+        try:
+            line = encode_row(row)
+        except ValueError as error:
+            _record_problem(report, raw, [f"cannot be written as JSON: {error}"], "invalid: not JSON")
+            failing = options.on_error == "fail"
+            continue
+        report.overridden_rows += overrode
         if failing:
-            raise ConvertError(
-                f"{report.problem_count} bad row(s); nothing written (--on-error skip writes the good rows)",
-                report,
-            )
+            continue  # keep validating to report every bad row; nothing will be written
         if spool is not None:
-            _write_shuffled(spool, options, report, output, holdout)
-        if options.holdout and report.holdout_written < options.holdout:
-            raise ConvertError(
-                f"only {report.holdout_written} selected row(s), fewer than --holdout {options.holdout}; "
-                "nothing written",
-                report,
-            )
-        if report.written == 0:
-            raise ConvertError(
-                "no rows to write"
-                + (" (all selected rows went to the holdout)" if report.holdout_written else "")
-                + "; nothing written — see the skip reasons",
-                report,
-            )
-        _commit(report, output, [holdout] if holdout is not None else [])
-        return report
-    finally:
-        _discard(output, holdout, spool)
+            spool.add(line, instance.repo)
+        elif holdout is not None and report.holdout_written < options.holdout:
+            holdout.write(line)
+            report.holdout_written += 1
+            report.holdout_by_repo[instance.repo] += 1
+        elif options.limit is None or report.written < options.limit:
+            output.write(line)
+            report.written += 1
+            report.written_by_repo[instance.repo] += 1
+        if (
+            spool is None
+            and options.limit is not None
+            and report.written >= options.limit
+            and report.holdout_written >= options.holdout
+        ):
+            report.stopped_early = True
+            break
+    if progress is not None:
+        progress(report.rows_read, source.total)
 
-
-def _commit(report: ConvertReport, output: AtomicFile, holdouts: list[AtomicFile]) -> None:
-    """Move every file into place, the training file last."""
-    for holdout in holdouts:
-        holdout.commit()
-    output.commit()
-    report.committed = True
-
-
-def _discard(*files: AtomicFile | _Spool | None) -> None:
-    """Remove the temporary files that were not committed (no-op for committed ones)."""
-    for file in files:
-        if file is not None:
-            file.discard()
+    if selection.instance_ids is not None and not report.stopped_early:
+        report.missing_instance_ids = sorted(selection.instance_ids - found_ids)
+    if wanted_repos and not report.stopped_early:
+        report.unmatched_repos = sorted(wanted_repos - seen_repos)
+    if failing:
+        raise ConvertError(
+            f"{report.problem_count} bad row(s); nothing written (--on-error skip writes the good rows)",
+            report,
+        )
+    if spool is not None:
+        _write_shuffled(spool, options, report, output, holdout)
+    if options.holdout and report.holdout_written < options.holdout:
+        raise ConvertError(
+            f"only {report.holdout_written} selected row(s), fewer than --holdout {options.holdout}; nothing written",
+            report,
+        )
+    if report.written == 0:
+        raise ConvertError(
+            "no rows to write"
+            + (" (all selected rows went to the holdout)" if report.holdout_written else "")
+            + "; nothing written — see the skip reasons",
+            report,
+        )
+    return report
 
 
 def _write_shuffled(
@@ -645,7 +628,9 @@ def _copy_line(line: bytes, copy: int) -> bytes:
     return line[:-4] + b"#%d" % copy + line[-4:]
 
 
-def _convert_environments(options: ConvertOptions, progress: Callable[[int, int | None], None] | None) -> ConvertReport:
+def _convert_environments(
+    options: ConvertOptions, progress: Callable[[int, int | None], None] | None, files: AtomicFiles
+) -> ConvertReport:
     """NeMo-Gym environment rows: read and check every row, hold out per environment, mix by weight."""
     inputs = options.environment_inputs()
     report = ConvertReport(
@@ -655,129 +640,125 @@ def _convert_environments(options: ConvertOptions, progress: Callable[[int, int 
         seed=options.seed if options.seed is not None else secrets.randbelow(2**31),
     )
     rng = random.Random(report.seed)
-    output = AtomicFile(options.output.expanduser())
-    spool = _Spool(options.output.expanduser())
     holdouts: dict[Path, AtomicFile] = {}
     positions: dict[str, list[int]] = {}
     seen: set[str] = set()
     failing = False
-    try:
-        for entry in inputs:
-            source = open_source(entry.source, options.split or "train")
-            for raw in source:
-                report.rows_read += 1
-                if progress is not None and report.rows_read % _PROGRESS_EVERY == 0:
-                    progress(report.rows_read, None)
-                if raw.data is None:
-                    _record_problem(report, raw, [raw.error or "unreadable"], "invalid: unreadable row")
-                    failing = options.on_error == "fail"
-                    continue
-                environment = entry.name or environment_of_row(raw.data)
-                if isinstance(environment, FieldProblem):
-                    _record_problem(report, raw, [str(environment)], _problem_key(environment))
-                    failing = options.on_error == "fail"
-                    continue
-                if environment == SWE_ENVIRONMENT:  # convert's SWE-bench output, mixed in as is
-                    checked = checked_swe_prompt_row(raw.data)
-                    task_id = f"{environment}/{checked[0] if isinstance(checked, tuple) else raw.index}"
-                    row = checked[1] if isinstance(checked, tuple) else checked
-                else:
-                    task_id = f"{environment}/{task_key(raw.data, raw.index)}"
-                    row = to_environment_row(raw.data, environment, task_id)
-                if isinstance(row, FieldProblem):
-                    _record_problem(report, raw, [str(row)], _problem_key(row), who=task_id)
-                    failing = options.on_error == "fail"
-                    continue
-                if task_id in seen:
-                    report.skipped[_DUPLICATE_TASK] += 1
-                    if len(report.duplicates) < _MAX_LISTED_PROBLEMS:
-                        report.duplicates.append(RowProblem(raw.where(), task_id, ("kept the first",)))
-                    continue
-                seen.add(task_id)
-                try:
-                    line = encode_row(row)
-                except ValueError as error:
-                    _record_problem(report, raw, [f"cannot be written as JSON: {error}"], "invalid: not JSON", task_id)
-                    failing = options.on_error == "fail"
-                    continue
-                if failing:
-                    continue  # keep checking to report every bad row; nothing will be written
-                positions.setdefault(environment, []).append(len(spool))
-                spool.add(line, environment)
-                report.usable_by_env[environment] += 1
-        if progress is not None:
-            progress(report.rows_read, report.rows_read)
-        if failing:
-            raise ConvertError(
-                f"{report.problem_count} bad row(s); nothing written (--on-error skip writes the good rows)", report
-            )
-        weights = {entry.name: entry.weight for entry in inputs if entry.name and entry.weight is not None}
-        empty = [name for name in weights if name not in positions]
-        if empty or not positions:
-            raise ConvertError(f"no usable rows{' for ' + ', '.join(empty) if empty else ''}; nothing written", report)
-
-        pools: dict[str, list[int]] = {}
-        held: dict[str, list[int]] = {}
-        for name, rows in positions.items():
-            if options.holdout and len(rows) <= options.holdout:
-                raise ConvertError(
-                    f"{name}: {len(rows)} usable row(s), not more than --holdout {options.holdout} (each "
-                    "environment keeps at least one row to train on); nothing written",
-                    report,
-                )
-            chosen = set(rng.sample(range(len(rows)), options.holdout)) if options.holdout else set()
-            held[name] = [row for index, row in enumerate(rows) if index in chosen]
-            pools[name] = [row for index, row in enumerate(rows) if index not in chosen]
-
-        counts = {name: len(pool) for name, pool in pools.items()}
-        if weights:
-            whole = sum(Fraction(weight) for weight in weights.values())
-            total = options.size or min(
-                math.floor(len(pools[name]) * whole / Fraction(weight)) for name, weight in weights.items()
-            )
-            counts = dict(zip(weights, apportion(total, list(weights.values())), strict=True))
-        picks: list[tuple[int, int]] = []  # (spool position, copy number)
-        for name, count in counts.items():
-            pool = pools[name]
-            full, part = divmod(count, len(pool))
-            for copy in range(1, full + 1):
-                picks.extend((row, copy) for row in pool)
-            picks.extend((row, full + 1) for row in sorted(rng.sample(pool, part)))
-            report.repeated_by_env[name] = max(0, count - len(pool))
-        if options.shuffle or weights:
-            rng.shuffle(picks)
-
-        for name, rows in held.items():
-            if not rows:
+    output = files.open(options.output.expanduser())
+    spool = _Spool(files, options.output.expanduser())
+    for entry in inputs:
+        source = open_source(entry.source, options.split or "train")
+        for raw in source:
+            report.rows_read += 1
+            if progress is not None and report.rows_read % _PROGRESS_EVERY == 0:
+                progress(report.rows_read, None)
+            if raw.data is None:
+                _record_problem(report, raw, [raw.error or "unreadable"], "invalid: unreadable row")
+                failing = options.on_error == "fail"
                 continue
-            assert options.holdout_output is not None
-            path = _holdout_path(options.holdout_output, name).expanduser()
-            if path not in holdouts:  # a path named by the rows: checked as the options check theirs
-                taken = [options.output.expanduser(), *holdouts, *(Path(entry.source).expanduser() for entry in inputs)]
-                problem = _output_problem(path) or (
-                    "is an input or another output of this conversion; the holdout file would replace it"
-                    if any(_same_file(path, other) for other in taken)
-                    else None
-                )
-                if problem:
-                    raise ValueError(f"--holdout-output {path} {problem}")
-                holdouts[path] = AtomicFile(path)
-            for line, _ in spool.lines(rows):
-                holdouts[path].write(line)
-            report.holdout_by_env[name] = len(rows)
-            report.holdout_written += len(rows)
-            report.holdout_files[name] = path
-        for (line, name), (_, copy) in zip(spool.lines([row for row, _ in picks]), picks, strict=True):
-            # A SWE-bench row has no task id to number: its copies are the same instance.
-            output.write(line if copy == 1 or name == SWE_ENVIRONMENT else _copy_line(line, copy))
-            report.written_by_env[name] += 1
-        report.written = len(picks)
-        unpicked = sum(max(0, len(pools[name]) - count) for name, count in counts.items())
-        if unpicked:
-            report.skipped["not picked by the weights"] += unpicked
-        if report.written == 0:
-            raise ConvertError("no rows to write; nothing written (a larger --size?)", report)
-        _commit(report, output, list(holdouts.values()))
-        return report
-    finally:
-        _discard(output, spool, *holdouts.values())
+            environment = entry.name or environment_of_row(raw.data)
+            if isinstance(environment, FieldProblem):
+                _record_problem(report, raw, [str(environment)], _problem_key(environment))
+                failing = options.on_error == "fail"
+                continue
+            if environment == SWE_ENVIRONMENT:  # convert's SWE-bench output, mixed in as is
+                checked = checked_swe_prompt_row(raw.data)
+                task_id = f"{environment}/{checked[0] if isinstance(checked, tuple) else raw.index}"
+                row = checked[1] if isinstance(checked, tuple) else checked
+            else:
+                task_id = f"{environment}/{task_key(raw.data, raw.index)}"
+                row = to_environment_row(raw.data, environment, task_id)
+            if isinstance(row, FieldProblem):
+                _record_problem(report, raw, [str(row)], _problem_key(row), who=task_id)
+                failing = options.on_error == "fail"
+                continue
+            if task_id in seen:
+                report.skipped[_DUPLICATE_TASK] += 1
+                if len(report.duplicates) < _MAX_LISTED_PROBLEMS:
+                    report.duplicates.append(RowProblem(raw.where(), task_id, ("kept the first",)))
+                continue
+            seen.add(task_id)
+            try:
+                line = encode_row(row)
+            except ValueError as error:
+                _record_problem(report, raw, [f"cannot be written as JSON: {error}"], "invalid: not JSON", task_id)
+                failing = options.on_error == "fail"
+                continue
+            if failing:
+                continue  # keep checking to report every bad row; nothing will be written
+            positions.setdefault(environment, []).append(len(spool))
+            spool.add(line, environment)
+            report.usable_by_env[environment] += 1
+    if progress is not None:
+        progress(report.rows_read, report.rows_read)
+    if failing:
+        raise ConvertError(
+            f"{report.problem_count} bad row(s); nothing written (--on-error skip writes the good rows)", report
+        )
+    weights = {entry.name: entry.weight for entry in inputs if entry.name and entry.weight is not None}
+    empty = [name for name in weights if name not in positions]
+    if empty or not positions:
+        raise ConvertError(f"no usable rows{' for ' + ', '.join(empty) if empty else ''}; nothing written", report)
+
+    pools: dict[str, list[int]] = {}
+    held: dict[str, list[int]] = {}
+    for name, rows in positions.items():
+        if options.holdout and len(rows) <= options.holdout:
+            raise ConvertError(
+                f"{name}: {len(rows)} usable row(s), not more than --holdout {options.holdout} (each "
+                "environment keeps at least one row to train on); nothing written",
+                report,
+            )
+        chosen = set(rng.sample(range(len(rows)), options.holdout)) if options.holdout else set()
+        held[name] = [row for index, row in enumerate(rows) if index in chosen]
+        pools[name] = [row for index, row in enumerate(rows) if index not in chosen]
+
+    counts = {name: len(pool) for name, pool in pools.items()}
+    if weights:
+        whole = sum(Fraction(weight) for weight in weights.values())
+        total = options.size or min(
+            math.floor(len(pools[name]) * whole / Fraction(weight)) for name, weight in weights.items()
+        )
+        counts = dict(zip(weights, apportion(total, list(weights.values())), strict=True))
+    picks: list[tuple[int, int]] = []  # (spool position, copy number)
+    for name, count in counts.items():
+        pool = pools[name]
+        full, part = divmod(count, len(pool))
+        for copy in range(1, full + 1):
+            picks.extend((row, copy) for row in pool)
+        picks.extend((row, full + 1) for row in sorted(rng.sample(pool, part)))
+        report.repeated_by_env[name] = max(0, count - len(pool))
+    if options.shuffle or weights:
+        rng.shuffle(picks)
+
+    for name, rows in held.items():
+        if not rows:
+            continue
+        assert options.holdout_output is not None
+        path = _holdout_path(options.holdout_output, name).expanduser()
+        if path not in holdouts:  # a path named by the rows: checked as the options check theirs
+            taken = [options.output.expanduser(), *holdouts, *(Path(entry.source).expanduser() for entry in inputs)]
+            problem = output_problem(path) or (
+                "is an input or another output of this conversion; the holdout file would replace it"
+                if any(_same_file(path, other) for other in taken)
+                else None
+            )
+            if problem:
+                raise ValueError(f"--holdout-output {path} {problem}")
+            holdouts[path] = files.open(path)
+        for line, _ in spool.lines(rows):
+            holdouts[path].write(line)
+        report.holdout_by_env[name] = len(rows)
+        report.holdout_written += len(rows)
+        report.holdout_files[name] = path
+    for (line, name), (_, copy) in zip(spool.lines([row for row, _ in picks]), picks, strict=True):
+        # A SWE-bench row has no task id to number: its copies are the same instance.
+        output.write(line if copy == 1 or name == SWE_ENVIRONMENT else _copy_line(line, copy))
+        report.written_by_env[name] += 1
+    report.written = len(picks)
+    unpicked = sum(max(0, len(pools[name]) - count) for name, count in counts.items())
+    if unpicked:
+        report.skipped["not picked by the weights"] += unpicked
+    if report.written == 0:
+        raise ConvertError("no rows to write; nothing written (a larger --size?)", report)
+    return report

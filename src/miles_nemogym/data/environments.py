@@ -8,6 +8,7 @@ become row counts. The rules and why: docs/data-and-checks.md; the flags: docs/c
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -22,6 +23,7 @@ __all__ = [
     "EnvironmentInput",
     "apportion",
     "chat_prompt",
+    "env_mark_problem",
     "environment_of_row",
     "is_environment_row",
     "parse_env_option",
@@ -54,15 +56,17 @@ def parse_env_option(value: str, default_source: str | None) -> EnvironmentInput
         raise ValueError(f"--env {value!r}: environment name {name!r}: {problem}")
     source, weight = rest, None
     head, colon, tail = rest.rpartition(":")
-    if colon and head:
+    if colon and head and not os.path.lexists(os.path.expanduser(rest)):  # else a ':' in an existing file's name
         try:
             weight = float(tail)
         except ValueError:
-            weight = None  # a ':' inside the path itself
-        else:
-            source = head
-            if not (math.isfinite(weight) and weight > 0):
-                raise ValueError(f"--env {value!r}: the weight must be a number > 0 (got {tail!r})")
+            weight = math.nan
+        source = head
+        if not (math.isfinite(weight) and weight > 0):
+            raise ValueError(
+                f"--env {value!r}: the weight must be a number > 0 (got {tail!r} after the last ':'); "
+                "use --env NAME=FILE[:WEIGHT], e.g. mcqa=mcqa.jsonl:0.5"
+            )
     if not sep:
         if default_source is None:
             raise ValueError(f"--env {value!r}: give its rows as NAME=FILE[:WEIGHT], or pass --input FILE")
@@ -140,9 +144,35 @@ def chat_prompt(row: Mapping[str, Any]) -> list[dict[str, Any]] | FieldProblem:
     return prompt
 
 
+def env_mark_problem(row: Mapping[str, Any], *, swe_row: bool = False) -> FieldProblem | None:
+    """Why a row's own ``nemogym_env`` cannot stay: the trainer routes a row by that mark and runs
+    it as a SWE-bench row when the mark is not a non-empty string; a SWE-bench row (``swe_row``)
+    may carry only ``swe``."""
+    if ENV_KEY not in row:
+        return None
+    value = row[ENV_KEY]
+    if not isinstance(value, str) or not value:
+        return FieldProblem(
+            ENV_KEY,
+            "wrong_type",
+            f"is {value!r}, not an environment's name: the trainer would run the row as a SWE-bench row; "
+            "drop the field (convert marks each row itself)",
+        )
+    if swe_row and value != SWE_ENVIRONMENT:
+        return FieldProblem(
+            ENV_KEY,
+            "bad_value",
+            f"is {value!r} on a SWE-bench row: the trainer would send it to environment {value!r}; drop the field",
+        )
+    return None
+
+
 def to_environment_row(row: Mapping[str, Any], environment: str, task_id: str) -> dict[str, Any] | FieldProblem:
     """``{"prompt": the input messages, "metadata": {the row…, nemogym_env, nemogym_task_id}}``,
-    or why the row cannot run (``chat_prompt``)."""
+    or why the row cannot run (``chat_prompt``, a bad ``nemogym_env`` of its own)."""
+    problem = env_mark_problem(row)
+    if problem:
+        return problem
     prompt = chat_prompt(row)
     if isinstance(prompt, FieldProblem):
         return prompt

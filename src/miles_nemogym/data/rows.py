@@ -145,7 +145,13 @@ def checked_swe_prompt_row(row: Mapping[str, Any]) -> tuple[str, dict[str, Any]]
     instance = validate_instance(metadata)
     if isinstance(instance, list):
         return FieldProblem(f"metadata.{instance[0].field}", instance[0].rule, instance[0].message)
-    if metadata.get("subset") not in SUBSETS or ENV_KEY in metadata:
+    if ENV_KEY in metadata:
+        return FieldProblem(
+            f"metadata.{ENV_KEY}",
+            "bad_value",
+            f"is {metadata[ENV_KEY]!r}: swe=FILE takes convert's output for SWE-bench rows, which carry no such mark",
+        )
+    if metadata.get("subset") not in SUBSETS:
         return FieldProblem("metadata.subset", "bad_value", f"must be one of {', '.join(SUBSETS)} on a SWE-bench row")
     kept = {key: value for key, value in metadata.items() if key not in ROUTING_KEYS}
     return instance.instance_id, {**row, "metadata": kept}

@@ -14,7 +14,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv
+from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, child_environment
 from miles_nemogym.gym.wheel import read_member
 from miles_nemogym.yaml_file import YamlFileError, read_mapping
 
@@ -235,6 +235,7 @@ def parse_config(venv: GymVenv, payload: dict[str, Any], cwd: Path, what: str) -
         capture_output=True,
         text=True,
         cwd=cwd,
+        env=child_environment(),
         timeout=300,
         check=False,
     )

@@ -42,6 +42,7 @@ from miles_nemogym.gym.venv import (
     Progress,
     build_and_publish,
     build_lock,
+    child_environment,
     gym_venv_root,
     run_build_step,
 )
@@ -61,7 +62,6 @@ __all__ = [
 ]
 
 _GROUP = "resources_servers"
-_DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "RAY_ADDRESS", "NEMO_GYM_CONFIG_DICT")
 _READY = "miles-nemogym-envs.json"
 # A plain PyPI requirement: a name, optional extras, version specifiers and an environment marker.
 _PYPI_LINE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\s*(\[[A-Za-z0-9._,\s-]*\])?\s*([<>=!~][^;@]*)?(;[^@]*)?")
@@ -259,7 +259,7 @@ def _unsatisfied(python: Path, lines: list[str]) -> list[str]:
         text=True,
         timeout=120,
         check=False,
-        env={k: v for k, v in os.environ.items() if k not in _DROPPED_ENV},
+        env=child_environment(),
     )
     if done.returncode != 0:
         raise GymEnvironmentError(f"could not read the requirements {lines}: {done.stderr.strip()[-2000:]}")
@@ -293,6 +293,7 @@ def _build_overlay(gym: GymVenv, requirements: Sequence[str], target: Path, log:
         [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
         capture_output=True,
         text=True,
+        env=child_environment(),
         check=True,
     )
     # The server venv stays where it is: the overlay sees its packages after its own.
@@ -490,7 +491,7 @@ class EnvironmentServers:
 
     def _spawn(self, python: Path, name: str, folder: Path, config_yaml: str) -> None:
         tmp = self._temp_folder()
-        env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
+        env = child_environment()
         env.update(
             {
                 "NEMO_GYM_CONFIG_DICT": config_yaml,

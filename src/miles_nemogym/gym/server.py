@@ -29,14 +29,11 @@ from types import TracebackType
 from miles_nemogym.gym.cluster import ClusterNode, check_cluster
 from miles_nemogym.gym.config import SERVER_NAME, ServeOptions, compose_config_yaml
 from miles_nemogym.gym.providers import node_binaries
-from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, ensure_gym_venv
+from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, child_environment, ensure_gym_venv
 from miles_nemogym.transport import bracket, connect_host, is_wildcard
 
 MARKER_ENV = "MILES_NEMOGYM_GYM_SERVER_ID"
 """Set in the server's environment; inherited by Ray, so stragglers can be found."""
-
-# Variables of the caller that would redirect the server or its Ray elsewhere.
-_DROPPED_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "RAY_ADDRESS", "NEMO_GYM_CONFIG_DICT")
 
 # Unix socket paths must stay below ~107 bytes. Ray puts its session sockets ~70 bytes
 # below RAY_TMPDIR, and multiprocessing's forkserver (Ray's dashboard) its socket below
@@ -215,7 +212,7 @@ class GymServer:
     # ------------------------------------------------------------------ start
 
     def _environment(self, state: Path, config_yaml: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
+        env = child_environment()
         base = state
         if len(str(state)) > _MAX_SOCKET_BASE:
             self._short_tmp = Path(tempfile.mkdtemp(prefix="mng-", dir="/tmp"))

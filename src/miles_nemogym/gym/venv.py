@@ -305,10 +305,31 @@ def build_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+_NOT_INHERITED = frozenset(
+    {
+        # The caller's interpreter and Ray would point a child at other packages or another cluster.
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "VIRTUAL_ENV",
+        "RAY_ADDRESS",
+        # Each server is given its composed config explicitly.
+        "NEMO_GYM_CONFIG_DICT",
+        # No child needs the policy API key: the SWE server gets it per request, in the /run body.
+        "NEMO_GYM_POLICY_API_KEY",
+    }
+)
+
+
+def child_environment() -> dict[str, str]:
+    """This process's environment as every process started in the server venv gets it (the servers,
+    nemo-gym's parser, builds): without what would redirect it, and without the policy API key."""
+    return {name: value for name, value in os.environ.items() if name not in _NOT_INHERITED}
+
+
 def _clean_env() -> dict[str, str]:
-    env = dict(os.environ)
-    # The caller's interpreter settings must not leak into the 3.13 build.
-    for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PIP_NO_INDEX", "PIP_REQUIRE_VIRTUALENV"):
+    env = child_environment()
+    # A build installs from the index (serve's servers get PIP_NO_INDEX=1), into its own venv.
+    for name in ("PIP_NO_INDEX", "PIP_REQUIRE_VIRTUALENV"):
         env.pop(name, None)
     return env
 
