@@ -24,7 +24,7 @@ from aiohttp import web
 
 from miles_nemogym import agent, metrics, redaction, reward, state, transport
 from miles_nemogym.episode import swe
-from miles_nemogym.rollout.ledger import Tally
+from miles_nemogym.ledger import Tally
 from miles_nemogym.state import ledger
 from tests.support.agent_fixtures import call, fast_env, server
 from tests.support.fault_server import FaultServer

@@ -19,7 +19,7 @@ from miles_nemogym.episode import delivery as circuit_module
 from miles_nemogym.episode.record import failure
 from miles_nemogym.errors import RunStopped
 from miles_nemogym.filters import stop_reason
-from miles_nemogym.rollout.ledger import Ledger
+from miles_nemogym.ledger import Ledger
 from miles_nemogym.settings import get_settings
 from miles_nemogym.state import ledger
 from tests.support.agent_fixtures import call

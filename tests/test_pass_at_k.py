@@ -11,8 +11,8 @@ import pytest
 
 from miles_nemogym import metrics
 from miles_nemogym.episode.record import pass_at_k
+from miles_nemogym.ledger import Tally
 from miles_nemogym.metrics import eval_set_metrics
-from miles_nemogym.rollout.ledger import Tally
 from miles_nemogym.state import ledger
 from tests.support.samples import Sample
 

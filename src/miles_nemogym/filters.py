@@ -15,8 +15,8 @@ from typing import Any
 
 from miles_nemogym import state
 from miles_nemogym.errors import RunStopped
+from miles_nemogym.ledger import streak_stop
 from miles_nemogym.log_once import log_once
-from miles_nemogym.rollout.ledger import streak_stop
 from miles_nemogym.salvage import HOOK_PATH, group_verdict, recover_failed_episodes
 from miles_nemogym.settings import Settings, get_settings
 

@@ -35,7 +35,7 @@ from miles_nemogym.episode.record import (
     record_of,
 )
 from miles_nemogym.failure_kinds import metric_label
-from miles_nemogym.rollout.ledger import EnvironmentTally, Tally
+from miles_nemogym.ledger import EnvironmentTally, Tally
 from miles_nemogym.salvage import zero_loss_samples
 from miles_nemogym.settings import environment_name_problem
 

@@ -3,7 +3,7 @@
 Miles calls each hook with no object of ours, so what one hook leaves for another lives in the
 process:
 
-    ledger           rollout/ledger.Ledger       every finished episode and group decision, the
+    ledger           ledger.Ledger       every finished episode and group decision, the
                                                  failure streak (agent.run, the filter, the log functions)
     circuits         episode/delivery.Circuits   one per server: outage waits and the outage stop
     in_flight        episode/delivery.InFlight   the episodes ``agent.abort`` (and a run stop) cancel
@@ -25,7 +25,7 @@ from collections import Counter
 from miles_nemogym import log_once, settings
 from miles_nemogym.episode.delivery import Circuits, InFlight
 from miles_nemogym.episode.swe import routable_local_address
-from miles_nemogym.rollout.ledger import Ledger
+from miles_nemogym.ledger import Ledger
 from miles_nemogym.salvage import HeldEpisodes
 from miles_nemogym.store.writer import Stores
 
