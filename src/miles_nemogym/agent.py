@@ -34,6 +34,7 @@ from miles_nemogym.episode.record import (
     environment_of,
     failure_of,
     finish,
+    finite_json,
     role_of,
     task_id_of,
 )
@@ -157,7 +158,7 @@ def _store(
             entry.update(extra())
         answer, is_json = outcome.answer, outcome.answer_is_json
         if isinstance(answer, dict):  # an environment episode's document: encoded only for the store
-            answer, is_json = pydantic_core.to_json(answer), True
+            answer, is_json = pydantic_core.to_json(finite_json(answer)), True
         scrubber = settings.key_scrubber()
         state.stores.get(str(settings.episode_dir)).add(
             role, entry, answer, is_json, scrub=None if scrubber is None else scrubber.scrub

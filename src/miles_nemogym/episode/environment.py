@@ -371,6 +371,8 @@ class _Loop:
         self.transcript = _Transcript(episode.messages)
         self.tool_time = 0.0
         self.cut_off = False
+        self.verified_response: dict[str, Any] | None = None
+        """The response ``/verify`` was sent (it echoes it back; we keep ours)."""
         key = self.settings.policy_api_key
         self.policy_headers = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else None
 
@@ -406,8 +408,10 @@ class _Loop:
             outcome = self._score(verify or {})
         outcome.record.turns, outcome.record.tool_calls = self.transcript.turns, self.transcript.tool_calls
         outcome.tool_time_s = round(self.tool_time, 6)
-        # What the store keeps: the verifier's answer, with what the loop recorded as its response.
-        outcome.answer = {**finite_json(verify or {}), "response": self._response()}
+        # What the store keeps (encoded only when a store is on): the verifier's answer, with the
+        # response the loop recorded, also when the episode ended before /verify.
+        response = self.verified_response or self._response()
+        outcome.answer = {**(verify or {}), "response": response}
         return outcome
 
     def _response(self) -> dict[str, Any]:
@@ -482,7 +486,8 @@ class _Loop:
         return text
 
     async def _verify(self, session: Any) -> dict[str, Any]:
-        body = {**self.episode.row, "response": self._response()}
+        self.verified_response = self._response()
+        body = {**self.episode.row, "response": self.verified_response}
         answer = await self._post(session, "verify", body, self.settings.max_result_bytes)
         if answer.status != 200 or answer.over_cap:
             raise _Failed(fk.VERIFIER_ERROR, _described(answer, "/verify", "its answer"))
