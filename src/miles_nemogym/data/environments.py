@@ -15,7 +15,14 @@ from fractions import Fraction
 from typing import Any
 
 from miles_nemogym.data.schema import FieldProblem
-from miles_nemogym.episode.record import AGENT_SUFFIX, ENV_KEY, ROUTING_KEYS, SWE_ENVIRONMENT, TASK_ID_KEY
+from miles_nemogym.episode.record import (
+    AGENT_SUFFIX,
+    ENV_KEY,
+    ROUTING_KEYS,
+    SWE_ENVIRONMENT,
+    TASK_ID_KEY,
+    agent_environment,
+)
 from miles_nemogym.settings import environment_name_problem
 
 __all__ = [
@@ -94,6 +101,9 @@ def environment_of_row(row: Mapping[str, Any]) -> str | FieldProblem:
         return FieldProblem(
             "agent_ref", "missing", "is missing (nothing names the environment); name it with --env NAME (and --input)"
         )
+    name = agent_environment(agent)  # the rule the agent function routes by
+    if name is not None:
+        return name
     if not isinstance(agent, str) or not agent.endswith(AGENT_SUFFIX):
         return FieldProblem(
             field,
@@ -101,11 +111,8 @@ def environment_of_row(row: Mapping[str, Any]) -> str | FieldProblem:
             f"is {agent!r}, not a '<environment>{AGENT_SUFFIX}' (only simple_agent environments run here); "
             "name the environment with --env NAME (and --input) if its rows run with simple_agent",
         )
-    name = agent[: -len(AGENT_SUFFIX)]
-    problem = environment_name_problem(name)
-    if problem:
-        return FieldProblem(field, "bad_value", f"{agent!r} gives environment {name!r}: {problem}")
-    return name
+    bare = agent.removesuffix(AGENT_SUFFIX)
+    return FieldProblem(field, "bad_value", f"{agent!r} gives environment {bare!r}: {environment_name_problem(bare)}")
 
 
 def task_key(row: Mapping[str, Any], index: int) -> str:

@@ -51,6 +51,7 @@ __all__ = [
     "RecordRead",
     "SampledEpisode",
     "TestCounts",
+    "agent_environment",
     "agent_ref_environment",
     "check_reward",
     "distinct_episodes",
@@ -147,10 +148,16 @@ def environment_of(metadata: Mapping[str, Any] | None) -> str:
 
 def agent_ref_environment(ref: Any) -> str | None:
     """The environment a NeMo-Gym ``agent_ref`` names: ``X`` for ``{"type": "responses_api_agents",
-    "name": "X_simple_agent"}`` (how NeMo-Gym names environment X's agent); None for any other value."""
+    "name": "X_simple_agent"}``; None for any other value."""
     if not isinstance(ref, Mapping) or ref.get("type") != "responses_api_agents":
         return None
-    agent = ref.get("name")
+    return agent_environment(ref.get("name"))
+
+
+def agent_environment(agent: Any) -> str | None:
+    """The one rule from a NeMo-Gym agent's name to its environment: ``X`` for ``X_simple_agent``
+    (how NeMo-Gym names environment X's agent, in its configs and rows), when ``X`` is an
+    environment name; None for any other value."""
     if not isinstance(agent, str) or not agent.endswith(AGENT_SUFFIX):
         return None
     name = agent.removesuffix(AGENT_SUFFIX)
