@@ -83,7 +83,6 @@ from miles.utils.tracking_utils import tracking  # noqa: E402
 
 from miles_nemogym import state  # noqa: E402
 from miles_nemogym.launcher.command import GENERATE_FUNCTION, HOOKS  # noqa: E402
-from miles_nemogym.state import ledger  # noqa: E402
 from miles_nemogym.testing.recording_policy import Script, qwen_tool_call_text  # noqa: E402
 from tests.support.qwen3_tokenizer import TOKENIZER_FORMAT, build_qwen3_tokenizer  # noqa: E402
 
@@ -286,10 +285,8 @@ def _argv(request: dict[str, Any], tokenizer: Path, data: str, router_port: int)
 
 def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[str, Any]:
     RECORDER.__init__()  # type: ignore[misc]
-    # Each step is a fresh run: the process's circuit, episode ledger and held episodes start clean.
-    state.circuits.reset()
-    ledger.reset()
-    state.held.clear()
+    # Each step is a fresh run: everything the process keeps across episodes starts clean.
+    state.reset()
     script = Script(look_around_turns=int(request.get("look_around_turns", 1)))
     rollout_id = int(request.get("rollout_id", 0))
     policy_calls = [0]
