@@ -22,7 +22,7 @@ from miles_nemogym.cli.main import app
 from miles_nemogym.launcher import checks as launch_checks
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.settings import SettingsError
-from miles_nemogym.testing import smoke
+from miles_nemogym.smoke import run as smoke
 from tests.support.loopback_gym import LoopbackGym
 
 SHELL_URL = "http://127.0.0.1:9"

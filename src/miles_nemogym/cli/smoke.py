@@ -128,7 +128,7 @@ def _run(
     from miles_nemogym.cli.smoke_view import LEGEND, build_table, episode_line, report_json
     from miles_nemogym.gym.venv import GymEnvironmentError
     from miles_nemogym.settings import SettingsError
-    from miles_nemogym.testing.smoke import SmokeEpisode, expected_offline, run_smoke
+    from miles_nemogym.smoke.run import SmokeEpisode, expected_offline, run_smoke
 
     offline = [rows[i]["instance_id"] for i in expected_offline([row["repo"] for row in rows])]
     console.print(f"smoke: {len(rows)} SWE-bench Verified rows through the real NeMo-Gym server", highlight=False)
