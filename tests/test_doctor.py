@@ -1,4 +1,4 @@
-"""``miles-nemogym doctor`` / ``miles_nemogym.doctor.run_checks``.
+"""``miles-nemogym doctor`` / ``miles_nemogym.cli.doctor.run_checks`` (the checks of ``miles_nemogym.checks``).
 
 The Gym server is stood in for by a real loopback HTTP server serving an OpenAPI
 document shaped like the one FastAPI generates for nemo-gym's ``mini_swe_agent_2`` app
@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from miles_nemogym import doctor, server_probe
+from miles_nemogym import checks, server_probe
+from miles_nemogym.checks import CheckResult, Status
+from miles_nemogym.cli.doctor import run_checks
 from miles_nemogym.cli.main import app
-from miles_nemogym.doctor import CheckResult, Status, run_checks
 from miles_nemogym.server_probe import FetchError, fetch_json, run_body_fields
 from miles_nemogym.settings import ENV_VARS
 from tests.support.odd_http import OddServer
@@ -56,7 +57,7 @@ def test_all_checks_pass_against_a_server_taking_policy_base_url(
     monkeypatch.setenv("NEMO_GYM_URL", gym.url)
     results = run_checks(timeout_s=5)
     assert statuses(results) == [Status.passed] * 4, results
-    assert doctor.all_passed(results)
+    assert checks.all_passed(results)
     assert gym.requests == ["/openapi.json"]
     field = by_name(results)["/run accepts policy_base_url"]
     assert "MiniSWEAgentRunRequest" in field.detail
@@ -72,7 +73,7 @@ def test_server_without_policy_base_url_fails_with_upgrade_fix(
     assert check.status is Status.failed
     assert "no policy_base_url" in check.detail and "ignore" in check.detail
     assert check.fix is not None and "nemo-gym 0.7.0" in check.fix
-    assert not doctor.all_passed(results)
+    assert not checks.all_passed(results)
 
 
 def test_server_without_run_endpoint_is_named_as_the_wrong_server(
@@ -405,14 +406,14 @@ def test_report_is_the_plain_text_both_the_cli_and_the_launcher_print() -> None:
         CheckResult("NeMo-Gym answers", Status.failed, "GET http://h:1/openapi.json: connection refused", "start it"),
         CheckResult("/run accepts policy_base_url", Status.skipped, "needs the server's answer"),
     ]
-    assert doctor.report(results) == [
+    assert checks.report(results) == [
         "PASS settings: ok",
         "FAIL NeMo-Gym answers: GET http://h:1/openapi.json: connection refused",
         "     fix: start it",
         "SKIP /run accepts policy_base_url: needs the server's answer",
         "1 check(s) failed",
     ]
-    assert doctor.report(results[:1]) == ["PASS settings: ok", "all checks passed"]
+    assert checks.report(results[:1]) == ["PASS settings: ok", "all checks passed"]
 
 
 # --- TLS -----------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from miles_nemogym.checks import CheckResult, Status
 from miles_nemogym.data import to_prompt_row, validate_instance
-from miles_nemogym.doctor import CheckResult, Status
 from miles_nemogym.launcher import checks as preflight
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.settings import ENV_VARS

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym.doctor import CheckResult, Status
+from miles_nemogym.checks import CheckResult, Status
 from miles_nemogym.launcher import command as cmd
 from miles_nemogym.launcher import run
 from miles_nemogym.launcher.config import LauncherConfig

@@ -69,7 +69,7 @@ def dry_run_command() -> str:
 
 def test_every_path_the_documents_name_resolves() -> None:
     paths = documented_paths()
-    assert {"miles_nemogym.agent.run", "miles_nemogym.data.convert_row", "miles_nemogym.doctor.run_checks"} <= paths
+    assert {"miles_nemogym.agent.run", "miles_nemogym.data.convert_row", "miles_nemogym.checks.run"} <= paths
     unresolved = []
     for path in sorted(paths):
         try:

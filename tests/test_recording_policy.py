@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from miles_nemogym.testing.recording_policy import (
+from miles_nemogym.smoke.policy import (
     SCRIPTED_PATCH,
     SUBMIT_MARKER,
     RecordingPolicy,

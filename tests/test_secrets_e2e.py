@@ -23,8 +23,8 @@ from miles_nemogym.cli.main import app
 from miles_nemogym.launcher import run as launcher
 from miles_nemogym.metrics import rollout_metrics
 from miles_nemogym.settings import ENV_VARS, Settings
+from miles_nemogym.smoke import run as smoke
 from miles_nemogym.state import ledger
-from miles_nemogym.testing import smoke
 from tests.support.fault_server import FaultServer
 from tests.support.ports import free_port as closed_port
 from tests.support.prompt_rows import converter_rows, write_jsonl

@@ -1,22 +1,28 @@
-"""The server probe as the scan uses it, against hostile or broken servers: bounded, no redirects, one clear error."""
+"""The server checks as the scan's gate runs them, against hostile or broken servers: bounded, no redirects, one
+clear error."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
 
-from miles_nemogym.server_probe import ServerCheckError, check_server
+from miles_nemogym.scan.runner import server_problem
+from miles_nemogym.settings import Settings
 from tests.support.odd_http import OddServer
 from tests.support.openapi import GymStandIn, openapi_document
 from tests.support.ports import free_port
 
 
+def gate(url: str, timeout_s: float = 5.0, policy_base_url: str | None = "http://127.0.0.1:9/v1") -> str | None:
+    settings = Settings.from_env({"NEMO_GYM_URL": url, "NEMO_GYM_CONNECT_TIMEOUT": str(timeout_s)})
+    return server_problem(settings, policy_base_url)
+
+
 def check(url: str, timeout_s: float = 5.0) -> str:
-    with pytest.raises(ServerCheckError) as caught:
-        asyncio.run(check_server(url, timeout_s, policy_base_url="http://127.0.0.1:9/v1"))
-    return str(caught.value)
+    problem = gate(url, timeout_s)
+    assert problem is not None
+    return problem
 
 
 def test_a_trickling_server_is_cut_off_at_the_deadline() -> None:
@@ -71,7 +77,8 @@ def test_a_url_password_is_hidden_in_the_error() -> None:
 def test_doctor_and_the_scan_say_the_same_about_one_server(
     gym: GymStandIn, monkeypatch: pytest.MonkeyPatch, problem: str
 ) -> None:
-    from miles_nemogym.doctor import Status, run_checks
+    from miles_nemogym.checks import Status
+    from miles_nemogym.cli.doctor import run_checks
     from miles_nemogym.settings import ENV_VARS
 
     for name in ENV_VARS:
@@ -99,12 +106,11 @@ def test_a_policy_that_does_not_answer_is_named_before_any_episode(gym: GymStand
     gym.serve(openapi_document())
     unreachable = f"http://127.0.0.1:{free_port()}/v1"
     started = time.monotonic()
-    with pytest.raises(ServerCheckError) as caught:
-        asyncio.run(check_server(gym.url, 5.0, policy_base_url=unreachable))
-    message = str(caught.value)
+    message = gate(gym.url, policy_base_url=unreachable)
+    assert message is not None
     assert time.monotonic() - started < 2
     assert message.startswith(f"the policy endpoint does not answer: GET {unreachable}/models: connection refused")
     assert "correct --policy-base-url" in message
     # Any HTTP answer counts, a 404 or an API's 401 included: the stand-in has no /v1/models.
-    asyncio.run(check_server(gym.url, 5.0, policy_base_url=f"{gym.url}/v1"))
+    assert gate(gym.url, policy_base_url=f"{gym.url}/v1") is None
     assert "/v1/models" in gym.requests

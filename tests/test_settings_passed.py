@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from miles_nemogym import doctor, server_probe
+from miles_nemogym import checks, server_probe
 from miles_nemogym.cli.main import app
 from miles_nemogym.launcher import checks as launch_checks
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.settings import SettingsError
-from miles_nemogym.testing import smoke
+from miles_nemogym.smoke import run as smoke
 from tests.support.loopback_gym import LoopbackGym
 
 SHELL_URL = "http://127.0.0.1:9"
@@ -113,7 +113,7 @@ def test_concurrent_preflights_check_their_own_recipe_url_and_leave_the_environm
         fetched[url] = os.environ.get("NEMO_GYM_URL")  # what the process environment said meanwhile
         raise server_probe.FetchError("connect", "refused")
 
-    def one(url: str) -> list[doctor.CheckResult]:
+    def one(url: str) -> list[checks.CheckResult]:
         config = LauncherConfig(
             prompt_data=tmp_path / "absent.jsonl",
             base_dir=tmp_path,
@@ -127,8 +127,8 @@ def test_concurrent_preflights_check_their_own_recipe_url_and_leave_the_environm
     assert changes == []
     assert environment() == shell_env
     assert fetched == {f"{url}/openapi.json": SHELL_URL for url in urls}
-    for url, checks in zip(urls, results, strict=True):
-        by_name = {check.name: check for check in checks}
+    for url, found in zip(urls, results, strict=True):
+        by_name = {check.name: check for check in found}
         assert by_name["settings"].detail == f"NeMo-Gym server {url} (from the recipe)"
         assert "trainer-node" in by_name["policy host dialable from the Gym host"].detail
 
@@ -141,7 +141,7 @@ def test_the_doctor_flag_overrides_the_variable_without_setting_it(shell_env: di
     assert environment() == shell_env
 
 
-def preflight(config: LauncherConfig, fetch: Any) -> list[doctor.CheckResult]:
+def preflight(config: LauncherConfig, fetch: Any) -> list[checks.CheckResult]:
     """The launcher's checks with this shell's environment, 8 GPUs and no Miles checkout."""
     return launch_checks.run_preflight(
         config,
@@ -159,16 +159,16 @@ def test_the_preflight_checks_the_plugin_variables_the_job_will_get(
     def refused(url: str, timeout_s: float) -> Any:
         raise server_probe.FetchError("connect", "refused")
 
-    def settings_check(**recipe: Any) -> doctor.CheckResult:
+    def settings_check(**recipe: Any) -> checks.CheckResult:
         config = LauncherConfig(prompt_data=tmp_path / "absent.jsonl", base_dir=tmp_path, **recipe)
         checks = preflight(config, refused)
         return next(check for check in checks if check.name == "settings")
 
     bad_extra = settings_check(nemo_gym_url="http://127.0.0.1:7006", extra_env={"NEMO_GYM_RUN_TIMEOUT": "1h"})
-    assert bad_extra.status is doctor.Status.failed
+    assert bad_extra.status is checks.Status.failed
     assert "NEMO_GYM_RUN_TIMEOUT='1h'" in bad_extra.detail
     monkeypatch.setenv("NEMO_GYM_MAX_CONCURRENCY", "")  # empty: not forwarded, so the job uses the default
-    assert settings_check(nemo_gym_url="http://127.0.0.1:7006").status is doctor.Status.passed
+    assert settings_check(nemo_gym_url="http://127.0.0.1:7006").status is checks.Status.passed
     recipe = LauncherConfig(prompt_data=tmp_path / "absent.jsonl", base_dir=tmp_path, nemo_gym_url="http://gym:1")
     shell = {
         "NEMO_GYM_URL": SHELL_URL,

@@ -13,9 +13,9 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from miles_nemogym.checks import CheckResult, Status
 from miles_nemogym.cli import episodes as episodes_cli
 from miles_nemogym.cli.main import app
-from miles_nemogym.doctor import CheckResult, Status
 from miles_nemogym.episode.record import EpisodeRecord
 from miles_nemogym.launcher import run as launcher_run
 from miles_nemogym.scan.report import ScanProgress, render_summary

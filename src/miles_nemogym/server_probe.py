@@ -1,12 +1,10 @@
-"""Is a URL a ``mini_swe_agent_2`` server whose ``POST /run`` takes ``policy_base_url``, or a
-resources server with the routes an environment's rows need?
+"""What a server's ``/openapi.json`` declares: ``POST /run``'s body fields, or a resources server's routes.
 
-The one server check behind ``doctor``, the launcher's checks and ``scan``: fetch
-``/openapi.json`` through the one transport (``transport.request``: one deadline for the whole
-answer, no redirects, a size cap), read
-``POST /run``'s body fields with a bounded schema walk, or a resources server's ``POST``
-routes, and say what a failure means and how to fix it. Why each guard exists:
-docs/data-and-checks.md.
+The one probe behind the server checks (:mod:`miles_nemogym.checks`): fetch the document
+through the one transport (``transport.request``: one deadline for the whole answer, no
+redirects, a size cap), then read ``POST /run``'s body fields with a bounded schema walk, or a
+resources server's ``POST`` routes. What each failure means and its fix: ``checks``. Why each
+guard exists: docs/data-and-checks.md.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ from typing import Any
 import aiohttp
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym import pins
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.redaction import redact_url
 from miles_nemogym.transport import Deadline, TransportError, pool, request
@@ -85,7 +82,7 @@ async def _fetch_json_async(url: str, timeout_s: float) -> Any:
 
 
 def _fetch_error(error: TransportError, timeout_s: float) -> FetchError:
-    """The transport's failure in the words of a server check (each word has its fix below)."""
+    """The transport's failure in the words of a server check (each kind has its fix in ``checks``)."""
     cause = error.os_error
     if error.kind == fk.TRANSPORT_TLS:
         if isinstance(cause, aiohttp.ClientConnectorCertificateError):
@@ -104,7 +101,7 @@ def _fetch_error(error: TransportError, timeout_s: float) -> FetchError:
 
 
 def fetch_json(url: str, timeout_s: float) -> Any:
-    """Blocking :func:`_fetch_json_async` (doctor and the launcher run outside an event loop)."""
+    """Blocking :func:`_fetch_json_async` (the checks run outside an event loop)."""
     return asyncio.run(_fetch_json_async(url, timeout_s))
 
 
@@ -234,143 +231,3 @@ def resources_routes(openapi: Any) -> ResourcesRoutes:
         raise SchemaError("the document is not an OpenAPI schema (no 'paths')")
     posts = (str(path) for path, item in openapi["paths"].items() if isinstance(item, Mapping) and "post" in item)
     return ResourcesRoutes(frozenset(posts))
-
-
-# --- what a failure means ----------------------------------------------------------------
-
-_WRONG_SERVER_FIX = (
-    "NEMO_GYM_URL must be the mini_swe_agent_2 agent server's own address (the port "
-    "in its config, e.g. 12000; its /openapi.json lists POST /run), not the Gym head server or a model server"
-)
-_FIXES = {
-    "redirect": "NEMO_GYM_URL must be the mini_swe_agent_2 server's own address: a redirect "
-    "is not followed, since the trainer's /run calls are not either",
-    "http": _WRONG_SERVER_FIX,
-    "not-json": _WRONG_SERVER_FIX,
-    "too-large": _WRONG_SERVER_FIX,
-    "schema": _WRONG_SERVER_FIX,
-    "certificate": "make this machine trust the server's certificate: set SSL_CERT_FILE to a PEM file holding "
-    "the CA that signed it (or add that CA to the system's trust store), and name the host the certificate "
-    "is issued for; or use http:// if the server does not serve TLS",
-    "tls": "use http:// if the server does not serve TLS (https:// only for a server that does)",
-}
-_UNREACHABLE_FIX = (
-    "start the server (`miles-nemogym serve`, or `gym env start` with the mini_swe_agent_2 config) "
-    "and set NEMO_GYM_URL to its http://host:port; check that no firewall blocks "
-    "that port from this machine"
-)
-_NO_POLICY_FIELD_FIX = (
-    f"run nemo-gym {pins.NEMO_GYM_VERSION} (the version this package is tested with) or any release "
-    "whose mini_swe_agent_2 /run takes policy_base_url"
-)
-
-
-@dataclass(frozen=True)
-class ServerProblem:
-    """Why the server cannot take the trainer's episodes: what was seen, and the fix."""
-
-    stage: str
-    """``fetch`` (no usable answer), ``schema`` (no ``POST /run``) or ``policy-field``."""
-    detail: str
-    fix: str
-
-    def __str__(self) -> str:
-        return f"{self.detail}; {self.fix}"
-
-
-@dataclass(frozen=True)
-class RunEndpoint:
-    """``POST /run`` as the server's OpenAPI document declares it."""
-
-    body_name: str
-    fields: frozenset[str]
-
-    @property
-    def takes_policy_url(self) -> bool:
-        return "policy_base_url" in self.fields
-
-
-def _fetch_problem(gym_url: str, error: FetchError) -> ServerProblem:
-    """What a failed ``/openapi.json`` fetch means (URLs shown with their password hidden)."""
-    detail = f"GET {redact_url(gym_url)}/openapi.json: {error}"
-    return ServerProblem("fetch", detail, _FIXES.get(error.kind, _UNREACHABLE_FIX))
-
-
-def _read_run_endpoint(gym_url: str, document: Any) -> RunEndpoint | ServerProblem:
-    """``POST /run``'s body from a fetched document, or why the document has none."""
-    try:
-        name, fields = run_body_fields(document)
-    except SchemaError as error:
-        detail = f"{redact_url(gym_url)} answers but does not offer POST /run ({error})"
-        return ServerProblem("schema", detail, _FIXES["schema"])
-    return RunEndpoint(name, frozenset(fields))
-
-
-def policy_field_problem(gym_url: str, endpoint: RunEndpoint) -> ServerProblem | None:
-    """None when ``/run`` declares ``policy_base_url``; else why an older server would mislead."""
-    if endpoint.takes_policy_url:
-        return None
-    return ServerProblem(
-        "policy-field",
-        f"{redact_url(gym_url)}: the /run body ({endpoint.body_name}) declares no policy_base_url, so this "
-        "server would ignore the trainer's policy URL and run every episode on its own configured model",
-        _NO_POLICY_FIELD_FIX,
-    )
-
-
-def probe(gym_url: str, timeout_s: float, fetch: Fetcher = fetch_json) -> RunEndpoint | ServerProblem:
-    """Fetch and read ``<gym_url>/openapi.json`` (blocking; ``fetch`` is replaceable for tests)."""
-    try:
-        document = fetch(f"{gym_url}/openapi.json", timeout_s)
-    except FetchError as error:
-        return _fetch_problem(gym_url, error)
-    return _read_run_endpoint(gym_url, document)
-
-
-async def _probe_async(gym_url: str, timeout_s: float) -> RunEndpoint | ServerProblem:
-    """:func:`probe` inside a running event loop (the scan)."""
-    try:
-        document = await _fetch_json_async(f"{gym_url}/openapi.json", timeout_s)
-    except FetchError as error:
-        return _fetch_problem(gym_url, error)
-    return _read_run_endpoint(gym_url, document)
-
-
-_NO_ANSWER = frozenset({"timeout", "dns", "refused", "connect", "certificate", "tls"})
-"""Fetch failures that mean no HTTP answer at all (any status code is an answer)."""
-
-
-async def policy_problem(policy_base_url: str, timeout_s: float) -> ServerProblem | None:
-    """None when ``GET <policy_base_url>/models`` gets any HTTP answer from this machine (no
-    key is sent: a 401 counts), else why not and the fix; an episode would only wait on it."""
-    try:
-        await _fetch_json_async(f"{policy_base_url}/models", timeout_s)
-    except FetchError as error:
-        if error.kind in _NO_ANSWER:
-            return ServerProblem(
-                "policy",
-                f"the policy endpoint does not answer: GET {redact_url(policy_base_url)}/models: {error}",
-                "start the policy server or correct --policy-base-url (an OpenAI-compatible API "
-                "ending in /v1, reachable from this machine and the Gym server's)",
-            )
-    return None
-
-
-class ServerCheckError(MilesNemoGymError, RuntimeError):
-    """The server did not answer, or cannot run this scan; the message says why and the fix."""
-
-
-async def check_server(gym_url: str, timeout_s: float, *, policy_base_url: str | None = None) -> None:
-    """Raise ``ServerCheckError`` unless ``gym_url`` serves a usable ``POST /run`` and, when
-    given, ``/run`` takes ``policy_base_url`` and that policy answers (the scan's gate)."""
-    found = await _probe_async(gym_url, timeout_s)
-    if not isinstance(found, RunEndpoint):
-        raise ServerCheckError(str(found))
-    if policy_base_url is None:
-        return
-    problem = policy_field_problem(gym_url, found)
-    if problem is not None:
-        raise ServerCheckError(f"{problem}, or scan a golden server with --golden")
-    problem = await policy_problem(policy_base_url, timeout_s)
-    if problem is not None:
-        raise ServerCheckError(str(problem))

@@ -33,7 +33,7 @@ from miles_nemogym.data import convert_row
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer
 from miles_nemogym.gym.venv import BuildLines, GymPythonNotFoundError
-from miles_nemogym.testing.recording_policy import RecordingPolicy
+from miles_nemogym.smoke.policy import RecordingPolicy
 from tests.support.env_scripts import ENVIRONMENTS
 from tests.support.gym_envs import GymEnvironments, running_environments
 from tests.support.miles_env import ensure_miles_env

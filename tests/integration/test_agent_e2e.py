@@ -23,14 +23,15 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym import agent, filters, transport
+from miles_nemogym.checks import all_passed
+from miles_nemogym.cli.doctor import run_checks
 from miles_nemogym.cli.main import app
 from miles_nemogym.data import convert_row
-from miles_nemogym.doctor import all_passed, run_checks
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer, free_port
 from miles_nemogym.scan import golden_scan
+from miles_nemogym.smoke.policy import RecordingPolicy
 from miles_nemogym.store import reader
-from miles_nemogym.testing.recording_policy import RecordingPolicy
 from tests.integration.conftest import INTEGRATION_OPTIONS
 from tests.support.samples import Sample
 

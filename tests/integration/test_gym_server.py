@@ -20,7 +20,7 @@ import pytest
 
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer, GymServerError, free_port
-from miles_nemogym.testing.recording_policy import RecordingPolicy
+from miles_nemogym.smoke.policy import RecordingPolicy
 from tests.support.gym_runs import API_KEY, EXTRA_BODY, SAMPLING, assert_graded, post_run, run_body
 from tests.support.ray_cluster import pids_with_environment
 from tests.support.serve_process import serving

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym.doctor import CheckResult
+from miles_nemogym.checks import CheckResult
 from miles_nemogym.launcher.checks import run_preflight
 from miles_nemogym.launcher.config import LauncherConfig
 from tests.support.gym_envs import GymEnvironments

@@ -83,7 +83,7 @@ from miles.utils.tracking_utils import tracking  # noqa: E402
 
 from miles_nemogym import state  # noqa: E402
 from miles_nemogym.launcher.command import GENERATE_FUNCTION, HOOKS  # noqa: E402
-from miles_nemogym.testing.recording_policy import Script, qwen_tool_call_text  # noqa: E402
+from miles_nemogym.smoke.policy import Script, qwen_tool_call_text  # noqa: E402
 from tests.support.qwen3_tokenizer import TOKENIZER_FORMAT, build_qwen3_tokenizer  # noqa: E402
 
 ROLLOUT_FUNCTION = "miles.rollout.inference_rollout.inference_rollout_common.InferenceRolloutFn"

@@ -1,34 +1,57 @@
-"""``miles-nemogym doctor``: :mod:`miles_nemogym.doctor`'s checks on a terminal; exit 0 only when all pass."""
+"""``miles-nemogym doctor``: the NeMo-Gym checks (:mod:`miles_nemogym.checks`) on a terminal; exit 0 when all pass."""
 
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from miles_nemogym import checks
 from miles_nemogym.cli.options import GymUrl
-from miles_nemogym.doctor import DEFAULT_TIMEOUT_S, CheckResult
+from miles_nemogym.server_probe import Fetcher, fetch_json
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 _COLOURS = {"PASS": "green", "FAIL": "red", "SKIP": "yellow"}
 
 
-def _render(results: list[CheckResult]) -> None:
-    """Print :func:`miles_nemogym.doctor.report` wrapped between words, its marks in colour."""
-    from rich.console import Console
+def show(console: Console, results: Sequence[checks.CheckResult]) -> None:
+    """Print :func:`miles_nemogym.checks.report` wrapped to the console, its marks in colour."""
     from rich.markup import escape
 
-    from miles_nemogym.doctor import report
-    from miles_nemogym.fit import wrap
-
-    out = Console()
-    for line in report(results):
+    for line in checks.report(results, max(console.width, 80)):
         mark = line.partition(" ")[0]
         colour = _COLOURS.get(mark)
-        first, *more = wrap(line, max(out.width, 80), indent="     ")
-        out.print(f"[{colour}]{mark}[/]{escape(first[len(mark) :])}" if colour else escape(first), soft_wrap=True)
-        for piece in more:
-            out.print(escape(piece), soft_wrap=True, highlight=False)
+        text = f"[{colour}]{mark}[/]{escape(line[len(mark) :])}" if colour else escape(line)
+        console.print(text, soft_wrap=True, highlight=False)
+
+
+def run_checks(
+    *,
+    session_host: str | None = None,
+    timeout_s: float = checks.DEFAULT_TIMEOUT_S,
+    fetch: Fetcher = fetch_json,
+    environ: Mapping[str, str] | None = None,
+    gym_url_origin: str | None = None,
+    policy_base_url: str | None = None,
+) -> list[checks.CheckResult]:
+    """Doctor's checks, in order: the settings, the Gym server, the policy host, with
+    ``policy_base_url`` that it answers, and each resources server in NEMO_GYM_ENVS."""
+    target = checks.Target.from_env(
+        environ,
+        gym_url_origin,
+        session_host=session_host,
+        timeout_s=timeout_s,
+        fetch=fetch,
+        policy_base_url=policy_base_url,
+    )
+    wanted = [checks.SETTINGS, checks.GYM_ANSWERS, checks.POLICY_FIELD, checks.POLICY_HOST]
+    if policy_base_url is not None:
+        wanted.append(checks.POLICY_ANSWERS)
+    return list(checks.run([*wanted, *checks.environments(target)], target))
 
 
 def _doctor(
@@ -43,7 +66,7 @@ def _doctor(
     ] = None,
     timeout: Annotated[
         float, typer.Option("--timeout", min=0.1, max=600, help="Seconds to wait for the Gym server.")
-    ] = DEFAULT_TIMEOUT_S,
+    ] = checks.DEFAULT_TIMEOUT_S,
     policy_base_url: Annotated[
         str | None,
         typer.Option(
@@ -56,7 +79,7 @@ def _doctor(
 
     A scan needs the same server checks; `scan --golden` needs a server started with `serve --golden`,
     `scan --policy-base-url URL` a policy that answers (add the same flag here)."""
-    from miles_nemogym.doctor import all_passed, run_checks
+    from rich.console import Console
 
     # The checks read the plugin's variables as the trainer would, the flag in place of NEMO_GYM_URL.
     environ = dict(os.environ) if gym_url is None else {**os.environ, "NEMO_GYM_URL": gym_url}
@@ -68,8 +91,8 @@ def _doctor(
         gym_url_origin=origin,
         policy_base_url=policy_base_url,
     )
-    _render(results)
-    raise typer.Exit(0 if all_passed(results) else 1)
+    show(Console(), results)
+    raise typer.Exit(0 if checks.all_passed(results) else 1)
 
 
 def register(app: typer.Typer) -> None:

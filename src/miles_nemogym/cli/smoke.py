@@ -88,10 +88,19 @@ def _smoke(
 ) -> None:
     from rich.console import Console
 
+    from miles_nemogym import checks
+    from miles_nemogym.cli.doctor import show
     from miles_nemogym.gym import wheel as gym_wheel
 
     # Logs and CI capture have no terminal width: lay out for 80 columns there too.
     console = Console() if sys.stdout.isatty() else Console(width=80)
+    # Before anything starts: the plugin's variables and, given one, that the real policy answers.
+    target = checks.Target.from_env(policy_base_url=policy_base_url)
+    wanted = [checks.SETTINGS] if policy_base_url is None else [checks.SETTINGS, checks.POLICY_ANSWERS]
+    failed = [result for result in checks.run(wanted, target) if not result.ok]
+    if failed:
+        show(console, failed)
+        raise typer.Exit(2)
     try:
         rows = gym_wheel.example_rows()[:limit]
     except (OSError, RuntimeError) as error:  # the pinned wheel could not be downloaded or read
@@ -127,8 +136,7 @@ def _run(
     from miles_nemogym.cli.progress import step_display
     from miles_nemogym.cli.smoke_view import LEGEND, build_table, episode_line, report_json
     from miles_nemogym.gym.venv import GymEnvironmentError
-    from miles_nemogym.settings import SettingsError
-    from miles_nemogym.testing.smoke import SmokeEpisode, expected_offline, run_smoke
+    from miles_nemogym.smoke.run import SmokeEpisode, expected_offline, run_smoke
 
     offline = [rows[i]["instance_id"] for i in expected_offline([row["repo"] for row in rows])]
     console.print(f"smoke: {len(rows)} SWE-bench Verified rows through the real NeMo-Gym server", highlight=False)
@@ -165,9 +173,6 @@ def _run(
             )
     except GymEnvironmentError as error:
         console.print(f"[red]cannot start the NeMo-Gym server:[/red] {error}", highlight=False)
-        raise typer.Exit(2) from None
-    except SettingsError as error:
-        console.print(str(error), style="red", highlight=False, markup=False)
         raise typer.Exit(2) from None
 
     table, notes = build_table(report.episodes)

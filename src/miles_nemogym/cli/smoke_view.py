@@ -16,7 +16,7 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
-from miles_nemogym.testing.smoke import OFFLINE_REASON, SmokeEpisode, SmokeReport, is_offline_failure
+from miles_nemogym.smoke.run import OFFLINE_REASON, SmokeEpisode, SmokeReport, is_offline_failure
 
 LEGEND = (
     "turns: agent turns in the trajectory the server returned (- when none came back); "

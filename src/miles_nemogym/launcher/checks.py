@@ -2,7 +2,8 @@
 
 In seconds on the launching node: Miles, Megatron, the hooks, GPUs, prompt and eval data,
 the episode folder, checkpoint, session port, cluster, the environments the rows use, then
-the doctor's NeMo-Gym checks and each environment's resources server (docs/launcher.md).
+the NeMo-Gym checks (:mod:`miles_nemogym.checks`, as ``doctor`` runs them) and each
+environment's resources server with the tools its rows use (docs/launcher.md).
 """
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from miles_nemogym import doctor, server_probe
+from miles_nemogym import checks, server_probe
+from miles_nemogym.checks import CheckResult, Status
 from miles_nemogym.data.sources import SourceError, open_file
-from miles_nemogym.doctor import CheckResult, Status
 from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, environment_of
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.launcher.command import EPISODE_DIR_ENV, HOOKS, MilesInstall, job_environment, job_episode_dir
 from miles_nemogym.launcher.config import LauncherConfig
-from miles_nemogym.settings import ENV_VARS, Settings, SettingsError
+from miles_nemogym.settings import ENV_VARS, Settings
 
 LEGACY_ROLLOUT_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
 
@@ -521,41 +522,22 @@ def _check_data_use(use: DataUse) -> CheckResult:
     return CheckResult("rows' environments", Status.passed, detail)
 
 
-def _check_environments(
-    config: LauncherConfig,
-    use: DataUse | None,
-    servers: Mapping[str, Any],
-    fetch: server_probe.Fetcher,
-    timeout_s: float,
-) -> list[CheckResult]:
-    """Each environment the rows name is in NEMO_GYM_ENVS and its server serves what they call;
-    every server in NEMO_GYM_ENVS answers (a sample may miss an environment's rows)."""
-    results: list[CheckResult] = []
-    used = use.tools if use is not None else {}
-    for name in sorted(set(used) - set(servers)):
-        where = " and ".join(use.sources[name]) if use is not None else "the data"
-        results.append(
-            CheckResult(
-                doctor.environment_check_name(name),
-                Status.failed,
-                f"rows of {where} are marked {ENV_KEY}={name!r}, which NEMO_GYM_ENVS "
-                f"(from {config.envs_origin}) does not name",
-                f"start its resources server (`miles-nemogym serve --env {name}`) and pass "
-                f"--nemo-gym-env {name}=http://<host>:<port> next to the others (or add {name} to NEMO_GYM_ENVS)",
-            )
+def _unnamed_environments(config: LauncherConfig, use: DataUse | None, target: checks.Target) -> list[CheckResult]:
+    """Each environment the rows name that NEMO_GYM_ENVS does not (its servers are checked by
+    :func:`checks.environments`, every one: a sample may miss an environment's rows)."""
+    if use is None or not isinstance(target.settings, Settings):
+        return []
+    return [
+        CheckResult(
+            checks.environment_check_name(name),
+            Status.failed,
+            f"rows of {' and '.join(use.sources[name])} are marked {ENV_KEY}={name!r}, which NEMO_GYM_ENVS "
+            f"(from {config.envs_origin}) does not name",
+            f"{checks.start_environment_fix(name)} and pass --nemo-gym-env {name}=http://<host>:<port> "
+            f"next to the others (or add {name} to NEMO_GYM_ENVS)",
         )
-    for name, server in servers.items():
-        results.append(
-            doctor.check_environment(
-                name,
-                server,
-                used.get(name, set()),
-                fetch=fetch,
-                timeout_s=timeout_s,
-                tools_served=name not in config.tools_not_served,
-            )
-        )
-    return results
+        for name in sorted(set(use.tools) - set(target.settings.environments))
+    ]
 
 
 def plugin_environment(config: LauncherConfig, environ: Mapping[str, str]) -> dict[str, str]:
@@ -573,9 +555,9 @@ def run_preflight(
     hook_paths: Sequence[str] = _HOOK_PATHS,
     gpu_counter: GpuCounter = _count_gpus,
     fetch: server_probe.Fetcher = server_probe.fetch_json,
-    gym_timeout_s: float = doctor.DEFAULT_TIMEOUT_S,
+    gym_timeout_s: float = checks.DEFAULT_TIMEOUT_S,
 ) -> list[CheckResult]:
-    """Every launcher check, then the doctor's; nothing is started or written."""
+    """Every launcher check, then the NeMo-Gym ones; nothing is started or written."""
     results = [
         _check_legacy_rollout(environ),
         _check_miles(miles_root, config),
@@ -592,18 +574,17 @@ def run_preflight(
     use = data_use(config)
     if use is not None:
         results.append(_check_data_use(use))
-    plugin_env = plugin_environment(config, environ)
-    results += doctor.run_checks(
+    target = checks.Target.from_env(  # what the job's rollout process will read
+        plugin_environment(config, environ),
+        config.gym_url_origin,
         session_host=config.session_server_ip,
         timeout_s=gym_timeout_s,
         fetch=fetch,
-        environ=plugin_env,
-        gym_url_origin=config.gym_url_origin,
+        tools=use.tools if use is not None else {},
+        tools_not_served=config.tools_not_served,
         gym_server=use is None or use.swe_rows > 0,
-        environments=False,  # below, with the tools the rows use
     )
-    try:  # what the job's rollout process will read (the settings check names a bad value)
-        servers = Settings.from_env(plugin_env).environments
-    except SettingsError:
-        return results
-    return results + _check_environments(config, use, servers, fetch, gym_timeout_s)
+    gym = [checks.GYM_ANSWERS, checks.POLICY_FIELD, checks.POLICY_HOST] if target.gym_server else []
+    results += checks.run([checks.SETTINGS, *gym], target)
+    results += _unnamed_environments(config, use, target)
+    return results + list(checks.run(checks.environments(target), target))

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol, get_args, get_origin
 
 from miles_nemogym import fit
-from miles_nemogym.doctor import CheckResult, Status, report
+from miles_nemogym.checks import CheckResult, Status, report
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.launcher import checks as launch_checks
 from miles_nemogym.launcher import command as cmd
@@ -352,11 +352,7 @@ class RayActions:
 
 
 def _print_results(results: list[CheckResult]) -> None:
-    print(fit.wrap_all(report(results), fit.terminal_width(), indent=_CONTINUATION), flush=True)
-
-
-_CONTINUATION = "     "
-"""Under the detail of a ``PASS``/``FAIL`` line, as ``report``'s ``fix:`` lines are."""
+    print("\n".join(report(results, fit.terminal_width())), flush=True)
 
 
 def _environment_lines(config: LauncherConfig) -> list[str]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from rich.console import Console
 
-from miles_nemogym import state
+from miles_nemogym import checks, state
 from miles_nemogym.episode import swe
 from miles_nemogym.episode.delivery import deliver
 from miles_nemogym.episode.record import Outcome
@@ -26,7 +26,6 @@ from miles_nemogym.scan.report import ScanProgress, render_summary
 from miles_nemogym.scan.results import ResultLine, ResultsLock, ResultsWriter, read_results, task_digest
 from miles_nemogym.scan.selection import select
 from miles_nemogym.scan.verdict import Verdict, kind_of, reason_of, verdict_of
-from miles_nemogym.server_probe import ServerCheckError, check_server
 from miles_nemogym.settings import Settings, SettingsError
 from miles_nemogym.transport import close_pools
 
@@ -206,16 +205,26 @@ async def run_scan(
         prepared.release()  # after the writer closed: the results file is complete
 
 
+def server_problem(settings: Settings, policy_base_url: str | None) -> str | None:
+    """The scan's gate: the first server check that fails, as one sentence with its fix. A golden
+    scan needs ``POST /run``; an API-policy scan also that ``/run`` takes ``policy_base_url`` and
+    that the policy answers (blocking: the checks run in a thread)."""
+    target = checks.Target(settings, timeout_s=settings.connect_timeout_s, policy_base_url=policy_base_url)
+    wanted = [checks.GYM_ANSWERS, checks.RUN_OFFERED]
+    if policy_base_url is not None:
+        wanted += [checks.POLICY_FIELD, checks.POLICY_ANSWERS]
+    failed = next((result for result in checks.run(wanted, target) if not result.ok), None)
+    if failed is None:
+        return None
+    golden = ", or scan a golden server with --golden" if failed.name == checks.POLICY_FIELD.name else ""
+    return f"{failed.detail}; {failed.fix}{golden}"
+
+
 async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Console, stop: asyncio.Event) -> ScanResult:
     if prepared.pending:
-        try:
-            await check_server(
-                prepared.settings.gym_url,
-                prepared.settings.connect_timeout_s,
-                policy_base_url=config.policy_base_url,
-            )
-        except ServerCheckError as error:
-            raise ScanUsageError(str(error)) from None
+        problem = await asyncio.to_thread(server_problem, prepared.settings, config.policy_base_url)
+        if problem is not None:
+            raise ScanUsageError(problem)
 
     finished: dict[str, ResultLine] = dict(prepared.earlier)
     writer = ResultsWriter(config.output_path) if config.output_path else None

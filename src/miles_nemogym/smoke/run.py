@@ -25,8 +25,8 @@ from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer
 from miles_nemogym.gym.venv import ensure_gym_venv
 from miles_nemogym.settings import Settings
+from miles_nemogym.smoke.policy import RecordingPolicy
 from miles_nemogym.store import reader
-from miles_nemogym.testing.recording_policy import RecordingPolicy
 from miles_nemogym.transport import close_pools
 
 # What Miles' rollout would pass as request_kwargs (already renamed to OpenAI names).

@@ -1,0 +1,351 @@
+"""Pre-run checks: one result type, one runner, one report, and the NeMo-Gym checks written once.
+
+A :class:`Check` is named and may need others: when one it needs ran and did not pass, it is
+SKIP and says why. ``doctor``, the scan's gate, ``smoke`` and the launcher's preflight each list
+the checks they want of a :class:`Target` (the plugin's settings, the trainer's session host,
+an API policy, the tools the rows use): settings valid, the Gym server answers, ``/run`` takes
+``policy_base_url`` (one probe, :mod:`miles_nemogym.server_probe`), the policy host is dialable
+from the Gym host, an API policy answers, each ``NEMO_GYM_ENVS`` resources server serves what its
+rows call. The launcher's own checks (GPUs, Miles, data, ...) are in ``launcher/checks.py``.
+Why each check: docs/data-and-checks.md.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import cached_property, partial
+from typing import Any
+from urllib.parse import urlsplit
+
+from miles_nemogym import fit, pins
+from miles_nemogym.episode import swe
+from miles_nemogym.errors import RequestError
+from miles_nemogym.redaction import redact_url, redact_urls
+from miles_nemogym.server_probe import Fetcher, FetchError, SchemaError, fetch_json, resources_routes, run_body_fields
+from miles_nemogym.settings import Settings, SettingsError
+from miles_nemogym.transport import bracket, is_loopback, is_wildcard
+
+DEFAULT_TIMEOUT_S = 5.0
+
+
+class Status(str, Enum):
+    passed = "pass"
+    failed = "fail"
+    skipped = "skip"
+    """Not run because a check it needs did not pass."""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check: what was found and, when it failed, how to fix it."""
+
+    name: str
+    status: Status
+    detail: str
+    fix: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.passed
+
+
+# --- the runner and the report -------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    """What the NeMo-Gym checks look at; the server's ``/openapi.json`` is fetched once."""
+
+    settings: Settings | SettingsError
+    gym_url_origin: str = ""
+    session_host: str | None = None
+    """The trainer's ``--session-server-ip``; None: ``0.0.0.0``, the recipe's (every interface)."""
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    fetch: Fetcher = fetch_json
+    policy_base_url: str | None = None
+    tools: Mapping[str, Collection[str]] = field(default_factory=dict)
+    """Environment -> the tool names its rows give the model (the launcher's; doctor has no rows)."""
+    tools_not_served: Collection[str] = ()
+    gym_server: bool = True
+    """False when no row is a SWE row: NEMO_GYM_URL's server is not used."""
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, gym_url_origin: str | None = None, **given: Any
+    ) -> Target:
+        """The plugin's variables in ``environ`` (default: this process's), and where NEMO_GYM_URL came from."""
+        environ = os.environ if environ is None else environ
+        try:
+            settings: Settings | SettingsError = Settings.from_env(environ)
+        except SettingsError as error:
+            settings = error
+        if gym_url_origin is None:
+            gym_url_origin = "NEMO_GYM_URL" if "NEMO_GYM_URL" in environ else "the default: NEMO_GYM_URL is unset"
+        return cls(settings, gym_url_origin, **given)
+
+    @property
+    def valid(self) -> Settings:
+        """The settings, for a check that needs :data:`SETTINGS`."""
+        assert isinstance(self.settings, Settings), "a check that reads the settings needs SETTINGS"
+        return self.settings
+
+    @cached_property
+    def run_body(self) -> tuple[str, set[str]] | FetchError | SchemaError:
+        """``POST /run``'s body name and fields from the Gym server's ``/openapi.json``, or why not."""
+        try:
+            return run_body_fields(self.fetch(f"{self.valid.gym_url}/openapi.json", self.timeout_s))
+        except (FetchError, SchemaError) as error:
+            return error
+
+
+Found = tuple[Status, str, str | None]
+"""What a check found: its status, detail and (when it failed) fix."""
+
+
+def _passed(detail: str) -> Found:
+    return Status.passed, detail, None
+
+
+def _failed(detail: str, fix: str) -> Found:
+    return Status.failed, detail, fix
+
+
+@dataclass(frozen=True)
+class Check:
+    """A named check of a :class:`Target`; ``gives`` is what a check that needs it lacks when it fails."""
+
+    name: str
+    test: Callable[[Target], Found]
+    needs: tuple[Check, ...] = ()
+    gives: str = ""
+
+
+def run(checks: Iterable[Check], target: Target) -> Iterator[CheckResult]:
+    """Each check in order, as it finishes; one whose need ran and did not pass is SKIP, saying
+    ``needs <what it gives>`` (or, when that one was skipped too, the same reason)."""
+    done: dict[str, CheckResult] = {}
+    for check in checks:
+        need = next((need for need in check.needs if need.name in done and not done[need.name].ok), None)
+        if need is None:
+            result = CheckResult(check.name, *check.test(target))
+        else:
+            blocked = done[need.name]
+            why = blocked.detail if blocked.status is Status.skipped else f"needs {need.gives}"
+            result = CheckResult(check.name, Status.skipped, why)
+        done[check.name] = result
+        yield result
+
+
+def all_passed(results: Sequence[CheckResult]) -> bool:
+    return bool(results) and all(result.ok for result in results)
+
+
+_MARKS = {Status.passed: "PASS", Status.failed: "FAIL", Status.skipped: "SKIP"}
+_CONTINUATION = "     "
+"""Under the detail of a ``PASS``/``FAIL`` line, as the ``fix:`` lines are."""
+
+
+def report(results: Sequence[CheckResult], width: int | None = None) -> list[str]:
+    """The checks as plain-text lines: ``PASS name: detail``, a ``fix:`` under each failure, a
+    summary; with ``width``, each line wrapped between words to it (:func:`fit.wrap`)."""
+    lines: list[str] = []
+    for result in results:
+        lines.append(f"{_MARKS[result.status]} {result.name}: {result.detail}")
+        if result.fix and not result.ok:
+            lines.append(f"{_CONTINUATION}fix: {result.fix}")
+    failed = sum(result.status is Status.failed for result in results)
+    if failed:
+        lines.append(f"{failed} check(s) failed")
+    elif all_passed(results):
+        lines.append("all checks passed")
+    if width is None:
+        return lines
+    return [piece for line in lines for piece in fit.wrap(line, width, indent=_CONTINUATION)]
+
+
+# --- the settings and the Gym server -------------------------------------------------------
+
+
+def _settings(target: Target) -> Found:
+    if isinstance(target.settings, SettingsError):
+        return _failed(
+            redact_urls(str(target.settings)),  # the message quotes the bad value
+            "set each variable named above to the form it expects, or unset it to use the default",
+        )
+    if not target.gym_server:
+        return _passed("valid; no SWE rows: NEMO_GYM_URL's server is not used")
+    return _passed(f"NeMo-Gym server {redact_url(target.settings.gym_url)} (from {target.gym_url_origin})")
+
+
+_WRONG_SERVER_FIX = (
+    "NEMO_GYM_URL must be the mini_swe_agent_2 agent server's own address (the port "
+    "in its config, e.g. 12000; its /openapi.json lists POST /run), not the Gym head server or a model server"
+)
+_FETCH_FIXES = {
+    "redirect": "NEMO_GYM_URL must be the mini_swe_agent_2 server's own address: a redirect "
+    "is not followed, since the trainer's /run calls are not either",
+    "http": _WRONG_SERVER_FIX,
+    "not-json": _WRONG_SERVER_FIX,
+    "too-large": _WRONG_SERVER_FIX,
+    "certificate": "make this machine trust the server's certificate: set SSL_CERT_FILE to a PEM file holding "
+    "the CA that signed it (or add that CA to the system's trust store), and name the host the certificate "
+    "is issued for; or use http:// if the server does not serve TLS",
+    "tls": "use http:// if the server does not serve TLS (https:// only for a server that does)",
+}
+_UNREACHABLE_FIX = (
+    "start the server (`miles-nemogym serve`, or `gym env start` with the mini_swe_agent_2 config) "
+    "and set NEMO_GYM_URL to its http://host:port; check that no firewall blocks "
+    "that port from this machine"
+)
+
+
+def _gym_answers(target: Target) -> Found:
+    url, body = redact_url(target.valid.gym_url), target.run_body
+    if isinstance(body, FetchError):
+        return _failed(f"GET {url}/openapi.json: {body}", _FETCH_FIXES.get(body.kind, _UNREACHABLE_FIX))
+    return _passed(f"GET {url}/openapi.json: OpenAPI schema received")
+
+
+def _run_offered(target: Target) -> Found:
+    """``POST /run`` is declared with a JSON body (all a golden scan needs)."""
+    body = target.run_body
+    if isinstance(body, tuple):
+        return _passed(f"the /run body ({body[0]}) is declared")
+    url = redact_url(target.valid.gym_url)
+    return _failed(f"{url} answers but does not offer POST /run ({body})", _WRONG_SERVER_FIX)
+
+
+def _policy_field(target: Target) -> Found:
+    body = target.run_body
+    if not isinstance(body, tuple):
+        return _run_offered(target)
+    name, fields = body
+    if "policy_base_url" in fields:
+        return _passed(f"the /run body ({name}) declares policy_base_url")
+    return _failed(
+        f"{redact_url(target.valid.gym_url)}: the /run body ({name}) declares no policy_base_url, so this "
+        "server would ignore the trainer's policy URL and run every episode on its own configured model",
+        f"run nemo-gym {pins.NEMO_GYM_VERSION} (the version this package is tested with) or any release "
+        "whose mini_swe_agent_2 /run takes policy_base_url",
+    )
+
+
+_EXTERNAL_HOST_FIX = "set MILES_ROUTER_EXTERNAL_HOST to an address of the trainer node the Gym host can dial"
+
+
+def _policy_host(target: Target) -> Found:
+    settings, session_host = target.valid, (target.session_host or "0.0.0.0").strip()
+    gym_host = urlsplit(settings.gym_url).hostname or ""
+    session_url = f"http://{bracket(session_host)}:30000/sessions/doctor"
+    try:
+        host = urlsplit(swe.policy_base_url(session_url, settings.gym_url, settings.external_host)).hostname or ""
+    except RequestError as error:
+        return _failed(str(error), _EXTERNAL_HOST_FIX)
+    source = (
+        "MILES_ROUTER_EXTERNAL_HOST"
+        if settings.external_host
+        else ("the route to the Gym host" if is_wildcard(session_host) else "the session server address")
+    )
+    if is_loopback(gym_host):
+        return _passed(f"the Gym server is on this machine ({gym_host}); it will dial {host} (from {source})")
+    if is_wildcard(host) or is_loopback(host):
+        return _failed(
+            f"the Gym server runs on {gym_host} but would be told to dial the policy at {host} "
+            f"(from {source}), which is not this machine from there",
+            f"{_EXTERNAL_HOST_FIX}, or give the session server a routable address (--session-server-ip 0.0.0.0 "
+            "lets the plugin pick the address that routes to the Gym host)",
+        )
+    return _passed(f"the Gym server on {gym_host} will dial the policy at {host} (from {source})")
+
+
+_NO_ANSWER = frozenset({"timeout", "dns", "refused", "connect", "certificate", "tls"})
+"""Fetch failures that mean no HTTP answer at all (any status code is an answer)."""
+
+
+def _policy_answers(target: Target) -> Found:
+    """``GET <policy_base_url>/models`` gets any HTTP answer from this machine (no key is sent:
+    a 401 counts); an episode would only wait on a policy that does not."""
+    assert target.policy_base_url is not None, "POLICY_ANSWERS checks the target's policy_base_url"
+    url = target.policy_base_url.strip().rstrip("/")
+    try:
+        target.fetch(f"{url}/models", target.timeout_s)
+    except FetchError as error:
+        if error.kind in _NO_ANSWER:
+            return _failed(
+                f"the policy endpoint does not answer: GET {redact_url(url)}/models: {error}",
+                "start the policy server or correct --policy-base-url (an OpenAI-compatible API "
+                "ending in /v1, reachable from this machine and the Gym server's)",
+            )
+    return _passed(f"GET {redact_url(url)}/models: an HTTP answer")
+
+
+SETTINGS = Check("settings", _settings, gives="valid settings")
+GYM_ANSWERS = Check("NeMo-Gym answers", _gym_answers, (SETTINGS,), gives="the server's answer")
+RUN_OFFERED = Check("/run offered", _run_offered, (GYM_ANSWERS,))
+POLICY_FIELD = Check("/run accepts policy_base_url", _policy_field, (GYM_ANSWERS,))
+POLICY_HOST = Check("policy host dialable from the Gym host", _policy_host, (SETTINGS,))
+POLICY_ANSWERS = Check("policy endpoint answers", _policy_answers)
+
+
+# --- the environments' resources servers ---------------------------------------------------
+
+
+def environment_check_name(name: str) -> str:
+    return f"environment {name}"
+
+
+def start_environment_fix(name: str) -> str:
+    return f"start its resources server (`miles-nemogym serve --env {name}`)"
+
+
+def _environment(name: str, target: Target) -> Found:
+    """Environment ``name``'s resources server answers, declares ``POST /seed_session`` and
+    ``/verify``, and (unless it is in ``tools_not_served``) a route for each tool its rows use."""
+    server = target.valid.environments[name]
+    tools = target.tools.get(name, ())
+    url = redact_url(server.url)
+    where = f"correct its URL in NEMO_GYM_ENVS (the launcher's --nemo-gym-env {name}=http://<host>:<port>)"
+    try:
+        routes = resources_routes(target.fetch(f"{server.url}/openapi.json", target.timeout_s))
+    except FetchError as error:
+        return _failed(f"GET {url}/openapi.json: {error}", f"{start_environment_fix(name)}, or {where}")
+    except SchemaError as error:
+        problem = str(error)
+    else:
+        missing = routes.missing_routes()
+        problem = f"no POST {', '.join(missing)}" if missing else ""
+    if problem:
+        return _failed(
+            f"{url} answers but is not a NeMo-Gym resources server ({problem})",
+            f"{where}: the resources server's own address, whose /openapi.json lists POST /seed_session and "
+            "/verify (not its simple_agent, the head server or a model server)",
+        )
+    unserved = routes.unserved_tools(tools)
+    if unserved and name not in target.tools_not_served:
+        shown = ", ".join(unserved[:5]) + (f" and {len(unserved) - 5} more" if len(unserved) > 5 else "")
+        return _failed(
+            f"{url} declares no POST /<tool> for {len(unserved)} of the {len(set(tools))} tool(s) its rows "
+            f"give the model ({shown}): each call would answer the model with a 404",
+            f"{where}, the server of that environment, at the nemo-gym version the rows were written for; "
+            f"if its verifier only reads the calls (as xlam_fc's does), pass --tools-not-served {name}",
+        )
+    if routes.any_tool is not None:
+        served = f"every tool (POST {routes.any_tool})"
+    elif unserved:
+        served = f"{len(set(tools)) - len(unserved)} of the rows' {len(set(tools))} tool(s) (--tools-not-served)"
+    else:
+        served = f"the rows' {len(set(tools))} tool(s)"
+    return _passed(f"{url}: POST /seed_session, /verify and {served}")
+
+
+def environments(target: Target) -> list[Check]:
+    """One check per resources server in NEMO_GYM_ENVS (none when the settings are invalid)."""
+    if isinstance(target.settings, SettingsError):
+        return []
+    return [
+        Check(environment_check_name(name), partial(_environment, name), (SETTINGS,))
+        for name in target.settings.environments
+    ]

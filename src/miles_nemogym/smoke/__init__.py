@@ -1,0 +1,1 @@
+"""``miles-nemogym smoke``: the whole chain on a laptop (``run``) and the scripted policy it talks to (``policy``)."""

@@ -1,1 +1,0 @@
-"""Developer and test support: never imported by the trainer's hooks."""
