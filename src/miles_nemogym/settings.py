@@ -27,7 +27,6 @@ from miles_nemogym.validation import describe
 
 __all__ = [
     "ENV_VARS",
-    "MAX_STEPS_LIMIT",
     "SWE_ENVIRONMENT",
     "EnvironmentServer",
     "RewardMode",
@@ -53,7 +52,7 @@ _ENV_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 SWE_ENVIRONMENT = "swe"
 """The environment of rows run through ``mini_swe_agent_2``'s ``/run`` (``NEMO_GYM_URL``);
 reserved: ``NEMO_GYM_ENVS`` cannot name it."""
-MAX_STEPS_LIMIT = 10_000
+_MAX_STEPS_LIMIT = 10_000
 """The largest ``max_steps`` accepted: more model turns than any context holds."""
 
 
@@ -64,7 +63,7 @@ class EnvironmentServer(BaseModel):
 
     url: str
     """Base URL of the resources server (``/seed_session``, ``/<tool>``, ``/verify`` are appended)."""
-    max_steps: StrictInt | None = Field(default=None, ge=1, le=MAX_STEPS_LIMIT)
+    max_steps: StrictInt | None = Field(default=None, ge=1, le=_MAX_STEPS_LIMIT)
     """Most model turns per episode (``simple_agent``'s ``max_steps``); None: no limit but the
     episode's deadline (``NEMO_GYM_RUN_TIMEOUT``). A JSON integer: ``true``, ``"5"`` or ``2.0`` is refused."""
 

@@ -30,16 +30,12 @@ from miles_nemogym.redaction import KeyScrubber, redact_urls
 from miles_nemogym.settings import SWE_ENVIRONMENT, environment_name_problem
 
 __all__ = [
-    "AGENT_METRICS_KEY",
-    "AGENT_REF_KEY",
     "AGENT_SUFFIX",
     "ENV_KEY",
     "EVAL",
-    "EVAL_REPORT_KEY",
     "PASS_REWARD",
     "RECORD_KEY",
     "REWARD_KEY",
-    "ROLE_KEYS",
     "ROUTING_KEYS",
     "ROW_MARKS",
     "SWE_ENVIRONMENT",
@@ -52,7 +48,6 @@ __all__ = [
     "SampledEpisode",
     "TestCounts",
     "agent_environment",
-    "agent_ref_environment",
     "check_reward",
     "distinct_episodes",
     "environment_of",
@@ -83,9 +78,9 @@ RECORD_KEY = "nemogym"
 """The ``sample.metadata`` key holding the record."""
 REWARD_KEY = "reward"
 """The ``sample.metadata`` key holding the episode's final reward."""
-EVAL_REPORT_KEY = "eval_report"
+_EVAL_REPORT_KEY = "eval_report"
 """The ``sample.metadata`` key holding the server's result metadata."""
-AGENT_METRICS_KEY = "agent_metrics"
+_AGENT_METRICS_KEY = "agent_metrics"
 """The key of the agent function's dict whose ``total_tool_time`` Miles reads as the sample's
 ``non_generation_time`` (``miles/rollout/generate_hub/agentic_tool_call.py`` at 31f1ca9)."""
 
@@ -93,7 +88,7 @@ AGENT_METRICS_KEY = "agent_metrics"
 # ``miles/utils/eval_config.py`` at 31f1ca9); the launcher sets these two marks.
 _ROLE_KEY = "nemogym_role"
 _EVAL_SET_KEY = "nemogym_eval_set"
-ROLE_KEYS = frozenset({_ROLE_KEY, _EVAL_SET_KEY})
+_ROLE_KEYS = frozenset({_ROLE_KEY, _EVAL_SET_KEY})
 """The train/eval marks: ours, never sent to the server as task fields."""
 TRAIN = "train"
 EVAL = "eval"
@@ -103,7 +98,7 @@ ENV_KEY = "nemogym_env"
 """The ``sample.metadata`` mark naming the row's environment (a ``NEMO_GYM_ENVS`` name)."""
 TASK_ID_KEY = "nemogym_task_id"
 """The ``sample.metadata`` mark holding the row's task id (an environment row has no ``instance_id``)."""
-ROW_MARKS = ROLE_KEYS | {ENV_KEY, TASK_ID_KEY}
+ROW_MARKS = _ROLE_KEYS | {ENV_KEY, TASK_ID_KEY}
 """Every mark of ours on a row: never sent to a server as task fields."""
 ROUTING_KEYS = frozenset({"policy_base_url", "policy_api_key"})
 """Routing and secrets come from the plugin, never from a data row."""
@@ -111,7 +106,7 @@ ROUTING_KEYS = frozenset({"policy_base_url", "policy_api_key"})
 _MILES_BOOKKEEPING_KEYS = frozenset({"max_seq_len", "session_server_id", "session_server_instance_id"})
 # Keys the agent function returns and Miles merges back into sample.metadata. A sample that is
 # retried or re-rolled carries them; they must never be sent as task fields.
-_RESULT_KEYS = frozenset({REWARD_KEY, EVAL_REPORT_KEY, RECORD_KEY, AGENT_METRICS_KEY})
+_RESULT_KEYS = frozenset({REWARD_KEY, _EVAL_REPORT_KEY, RECORD_KEY, _AGENT_METRICS_KEY})
 _NOT_SENT_KEYS = _MILES_BOOKKEEPING_KEYS | _RESULT_KEYS | ROUTING_KEYS | ROW_MARKS
 
 
@@ -128,13 +123,13 @@ UNRECOGNIZED_ENVIRONMENT = "unrecognized"
 """What a row's environment is counted as when its mark is not an environment name."""
 
 
-AGENT_REF_KEY = "agent_ref"
+_AGENT_REF_KEY = "agent_ref"
 """NeMo-Gym's row field naming the agent that runs it: ``{"type": "responses_api_agents", "name": ...}``."""
 
 
 def environment_of(metadata: Mapping[str, Any] | None) -> str:
     """The environment a sample's row belongs to: its ``nemogym_env`` mark, else the environment
-    its NeMo-Gym ``agent_ref`` names (``agent_ref_environment``), else ``swe``. A mark that is not
+    its NeMo-Gym ``agent_ref`` names (``_agent_ref_environment``), else ``swe``. A mark that is not
     an environment name (``settings.environment_name_problem``) reads as ``unrecognized``."""
     if not isinstance(metadata, Mapping):
         return SWE_ENVIRONMENT
@@ -143,10 +138,10 @@ def environment_of(metadata: Mapping[str, Any] | None) -> str:
         if not isinstance(name, str) or (name != SWE_ENVIRONMENT and environment_name_problem(name) is not None):
             return UNRECOGNIZED_ENVIRONMENT
         return name
-    return agent_ref_environment(metadata.get(AGENT_REF_KEY)) or SWE_ENVIRONMENT
+    return _agent_ref_environment(metadata.get(_AGENT_REF_KEY)) or SWE_ENVIRONMENT
 
 
-def agent_ref_environment(ref: Any) -> str | None:
+def _agent_ref_environment(ref: Any) -> str | None:
     """The environment a NeMo-Gym ``agent_ref`` names: ``X`` for ``{"type": "responses_api_agents",
     "name": "X_simple_agent"}``; None for any other value."""
     if not isinstance(ref, Mapping) or ref.get("type") != "responses_api_agents":
@@ -271,11 +266,11 @@ class Outcome:
         when the tool time is known (Miles' ``non_generation_time``)."""
         result = {
             REWARD_KEY: self.reward,
-            EVAL_REPORT_KEY: self.eval_report,
+            _EVAL_REPORT_KEY: self.eval_report,
             RECORD_KEY: self.record.model_dump(mode="json"),
         }
         if self.tool_time_s is not None:
-            result[AGENT_METRICS_KEY] = {"total_tool_time": self.tool_time_s}
+            result[_AGENT_METRICS_KEY] = {"total_tool_time": self.tool_time_s}
         return result
 
 
