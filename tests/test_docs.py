@@ -4,7 +4,10 @@ nothing points outside it (to notes that are not in the repository, or to issue 
 from __future__ import annotations
 
 import re
+from enum import Enum
 from pathlib import Path
+
+from miles_nemogym.settings import ENV_VARS, Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "miles_nemogym"
@@ -83,3 +86,51 @@ def test_the_readme_is_short_and_links_every_document() -> None:
     assert len(readme.splitlines()) <= 300  # a newcomer reads it to the end; the rest lives in docs/
     linked = {(ROOT / link).resolve() for link in re.findall(r"\]\((?!https?:)([^)#]+)", readme)}
     assert sorted(str(doc.relative_to(ROOT)) for doc in DOCUMENTS[1:] if doc.resolve() not in linked) == []
+
+
+NOT_SETTINGS = {"MILES_NEMOGYM_GYM_PYTHON", "MILES_NEMOGYM_CACHE", "MILES_SRC", "MEGATRON_SRC"}
+"""Variables README's settings table documents that ``Settings`` does not read (serve, smoke, the tests)."""
+
+
+def _settings_table() -> dict[str, tuple[str, str]]:
+    """README's settings table: variable -> (its default cell, its meaning cell)."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        match = re.match(r"\| `([A-Z_]+)` \| (.*?) \| (.*) \|$", line)
+        if match:
+            assert match.group(1) not in rows, f"{match.group(1)} has two rows"
+            rows[match.group(1)] = (match.group(2), match.group(3))
+    return rows
+
+
+def _shown(default: object) -> str:
+    if default is None:
+        return "unset"
+    if isinstance(default, Enum):
+        return f"`{default.value}`"
+    if isinstance(default, float):
+        return f"`{default:g}`"
+    return f"`{default}`"
+
+
+def test_the_readme_settings_table_lists_every_variable_with_its_default() -> None:
+    rows = _settings_table()
+    assert sorted(rows) == sorted({*ENV_VARS, *NOT_SETTINGS})
+    wrong = []
+    for field in Settings.model_fields.values():
+        assert field.alias is not None
+        default_cell, _ = rows[field.alias]
+        if not default_cell.startswith(_shown(field.default)):
+            wrong.append(f"{field.alias}: README says {default_cell!r}, Settings' default is {field.default!r}")
+    assert wrong == []
+
+
+def test_the_settings_table_is_in_the_readme_only() -> None:
+    twice = [
+        str(doc.relative_to(ROOT))
+        for doc in DOCUMENTS[1:]
+        if sum(f"| `{name}` |" in doc.read_text() for name in ENV_VARS) > len(ENV_VARS) // 2
+    ]
+    assert twice == []

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from miles_nemogym.episode.swe import RequestError, policy_base_url, routable_local_address
-from miles_nemogym.settings import ENV_VARS, RewardMode, Settings, SettingsError, get_settings
+from miles_nemogym.settings import RewardMode, Settings, SettingsError, get_settings
 
 
 def test_defaults() -> None:
@@ -109,13 +107,6 @@ def test_not_a_url_is_refused() -> None:
 def test_a_malformed_session_url_is_a_policy_url_error(session: str) -> None:
     with pytest.raises(RequestError, match="malformed"):
         policy_base_url(session, "http://127.0.0.1:12000")
-
-
-def test_the_settings_table_has_one_row_per_variable() -> None:
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "episode-pipeline.md").read_text()
-    table = doc[doc.index("## Settings") :]
-    rows = [line.split("|")[1].strip().strip("`") for line in table.splitlines() if line.startswith("| `")]
-    assert sorted(rows) == sorted(ENV_VARS) and len(rows) == len(ENV_VARS)
 
 
 def test_nemo_gym_envs_maps_names_to_resources_servers() -> None:

@@ -8,8 +8,8 @@ under the same label, and add ``miles_nemogym:<kind>`` names, namespaced as NeMo
 asks, only for what happens before a request exists.
 
 As in NeMo-Gym, a name says what went wrong and nothing else: whether the reward is
-masked and whether the request may be sent again are decided by ``episode/outcome.py`` and
-``episode/send.py``, per occurrence.
+masked and whether the request may be sent again are decided per occurrence: by the episode
+kinds (``episode/swe.py``, ``episode/environment.py``) and the transport's table (``transport.py``).
 """
 
 from __future__ import annotations

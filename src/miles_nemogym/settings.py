@@ -82,15 +82,17 @@ class Settings(BaseModel):
     """Base URL of the NeMo-Gym ``mini_swe_agent_2`` server (``/run`` is appended)."""
 
     run_timeout_s: float = Field(default=3600.0, gt=0, alias="NEMO_GYM_RUN_TIMEOUT", allow_inf_nan=False)
-    """Seconds a delivered ``/run`` may take to answer, including time queued behind the
-    server's concurrency limit. The server has no episode limit of its own."""
+    """The deadline of every try of an episode, of every kind: a ``/run`` (time queued behind the
+    server's concurrency limit included; the server has no episode limit of its own), or an
+    environment episode's seed, model calls, tools and ``/verify`` together."""
 
     connect_timeout_s: float = Field(default=10.0, gt=0, alias="NEMO_GYM_CONNECT_TIMEOUT", allow_inf_nan=False)
-    """Seconds to establish a TCP connection to the server."""
+    """Seconds to open a connection to any server, the policy included."""
 
     max_concurrency: int = Field(default=4096, ge=1, alias="NEMO_GYM_MAX_CONCURRENCY")
-    """Most ``/run`` requests this process holds open at once; the connection pool is
-    sized to it so no episode waits silently behind a pool limit."""
+    """Most connections this process holds open to the NeMo-Gym servers (``/run`` and the
+    resources servers together); the policy's pool has the same size. A request waiting for a
+    connection waits under its deadline."""
 
     policy_api_key: SecretStr | None = Field(default=None, alias="NEMO_GYM_POLICY_API_KEY")
     """Bearer token the harness sends to the policy endpoint. Never logged or returned."""
@@ -107,8 +109,9 @@ class Settings(BaseModel):
     (A string, parsed by ``reward_range``, so the variable's form is the one shown.)"""
 
     max_result_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, alias="NEMO_GYM_MAX_RESULT_BYTES")
-    """Largest decoded ``/run`` result accepted. Real results are ~100 KB; the cap stops a
-    compressed or runaway answer from exhausting the rollout process's memory."""
+    """Largest decoded answer read from ``/run``, ``/seed_session``, ``/verify`` or the policy.
+    Real ``/run`` results are ~100 KB; the cap stops a compressed or runaway answer from
+    exhausting the rollout process's memory."""
 
     min_valid_per_group: int = Field(default=2, ge=0, alias="NEMO_GYM_MIN_VALID_PER_GROUP")
     """Valid episodes a prompt group needs to be trained when some of its episodes failed
@@ -116,8 +119,9 @@ class Settings(BaseModel):
     0 drops a group on any failure."""
 
     outage_timeout_s: float = Field(default=900.0, gt=0, alias="NEMO_GYM_OUTAGE_TIMEOUT", allow_inf_nan=False)
-    """Seconds with no ``/run`` delivered (server down, refusing connections, or its TLS
-    certificate refused) before waiting episodes fail and the run stops."""
+    """Seconds a NeMo-Gym server (``NEMO_GYM_URL``'s or a resources server) gets no ``/run`` or
+    seed delivered (down, refusing connections, or its TLS certificate refused) before its
+    waiting episodes fail and the run stops."""
 
     max_failure_streak: int = Field(default=64, ge=0, alias="NEMO_GYM_MAX_FAILURE_STREAK")
     """Consecutive failed episodes, with no valid one between, that stop the run (0: never)."""

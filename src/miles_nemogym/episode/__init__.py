@@ -1,4 +1,4 @@
-"""One ``/run`` episode, stage by stage: ``request`` (policy URL, body), ``send`` (abort registry,
-connection pool, the one resend rule, through ``circuit``), ``outcome`` (answer → ``Outcome`` →
-record), and ``record`` (the record on every sample and its one reader). Imports no hook and
-nothing from ``rollout``."""
+"""One episode of either kind: ``swe`` (``POST /run``) and ``environment`` (the ``simple_agent``
+loop), each prepared then run by ``delivery`` (abort, the circuits, the resend rule), ending in
+``record``'s ``Outcome`` and the record on every sample with its one reader; ``protocol`` holds
+``/run``'s wire models. Imports no hook, ``state``, ``cli`` or ``launcher``."""
