@@ -209,6 +209,7 @@ async def test_abort_stops_an_environment_episode(
     record = out["nemogym"]
     assert (record["failure_kind"], record["mask_sample"], record["environment"]) == ("cancelled", True, "mcqa")
     assert ("before the request reached" in record["failure_reason"]) == (where == "not_delivered")
+    assert out["agent_metrics"] == {"total_tool_time": 0.0}  # Miles reads it from every environment episode
     assert ledger.drain().cancelled == 1
     assert state.held.clear() == 0  # a cancelled episode is never held
 

@@ -87,6 +87,8 @@ async def run_with_settings(
         outcome = finish(failure_of(error, task_id, scrubber), task_id)
     else:
         outcome = await deliver(episode, settings, state.circuits, state.in_flight)
+        if environment != SWE_ENVIRONMENT and outcome.tool_time_s is None:
+            outcome.tool_time_s = 0.0  # stopped before its loop ran: Miles reads every environment episode's
     record = outcome.record
     record.environment = environment
     _log(outcome)

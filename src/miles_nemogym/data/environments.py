@@ -162,7 +162,7 @@ def env_mark_problem(row: Mapping[str, Any], *, swe_row: bool = False) -> FieldP
         return FieldProblem(
             ENV_KEY,
             "wrong_type",
-            f"is {value!r}, not an environment's name: the trainer would run the row as a SWE-bench row; "
+            f"is {value!r}, not an environment's name: the trainer would set every episode of the row aside; "
             "drop the field (convert marks each row itself)",
         )
     if swe_row and value != SWE_ENVIRONMENT:
