@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -15,28 +13,17 @@ from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode import environment
 from miles_nemogym.state import ledger
 from tests.support.agent_fixtures import fast_env
-from tests.support.environment_episodes import ENV, env_row, envs, episode, run_env
+from tests.support.environment_episodes import ENV, chat, env_row, envs, episode, masked, run_env
 from tests.support.fake_resources import fake_resources
 from tests.support.ports import free_port
 from tests.support.scripted_chat import ScriptedChat, Turn, tool
 from tests.support.tls import make_certificates
 
-__all__ = ["fast_env"]  # fixtures used by name
+__all__ = ["chat", "fast_env"]  # fixtures used by name
 pytestmark = pytest.mark.usefixtures("fast_env")
 
 TOOL_OUTPUT_CAP = 64 * 1024
 """What the loop keeps of one tool answer."""
-
-
-@pytest.fixture(scope="module")
-def chat() -> Iterator[ScriptedChat]:
-    with ScriptedChat() as policy:
-        yield policy
-
-
-def masked(out: dict[str, Any]) -> tuple[bool, float, str | None]:
-    """(masked, reward trained on, failure kind) of what ``agent.run`` returned."""
-    return out["nemogym"]["mask_sample"], out["reward"], out["nemogym"]["failure_kind"]
 
 
 async def test_a_gold_episode_seeds_calls_tools_and_verifies(

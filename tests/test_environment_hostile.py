@@ -15,7 +15,7 @@ import gzip
 import json
 import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +31,12 @@ from miles_nemogym.store import reader
 from tests.support.agent_fixtures import fast_env
 from tests.support.environment_episodes import (
     ENV,
+    chat,
     env_row,
     envs,
     episode,
     flush_store,
+    masked,
     run_env,
     store_lines,
     strict_json_problem,
@@ -46,21 +48,10 @@ from tests.support.ports import free_port
 from tests.support.samples import Sample
 from tests.support.scripted_chat import ScriptedChat, Turn, tool
 
-__all__ = ["fast_env"]  # fixtures used by name
+__all__ = ["chat", "fast_env"]  # fixtures used by name
 pytestmark = pytest.mark.usefixtures("fast_env")
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-@pytest.fixture(scope="module")
-def chat() -> Iterator[ScriptedChat]:
-    with ScriptedChat() as policy:
-        yield policy
-
-
-def masked(out: dict[str, Any]) -> tuple[bool, float, str | None]:
-    """(masked, reward trained on, failure kind) of what ``agent.run`` returned."""
-    return out["nemogym"]["mask_sample"], out["reward"], out["nemogym"]["failure_kind"]
 
 
 def raw(body: bytes, **headers: str) -> Callable[[Any], web.Response]:

@@ -8,7 +8,7 @@ import asyncio
 import gzip
 import json
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,6 +22,18 @@ MILES_KEYS = {"max_seq_len": 4096, "session_server_id": "127.0.0.1:39999", "sess
 """The bookkeeping keys Miles adds to every sample's metadata."""
 
 _T = TypeVar("_T")
+
+
+@pytest.fixture(scope="module")
+def chat() -> Iterator[ScriptedChat]:
+    """One scripted policy for a test module's episodes."""
+    with ScriptedChat() as policy:
+        yield policy
+
+
+def masked(out: dict[str, Any]) -> tuple[bool, float, str | None]:
+    """(masked, reward trained on, failure kind) of what ``agent.run`` returned."""
+    return out["nemogym"]["mask_sample"], out["reward"], out["nemogym"]["failure_kind"]
 
 
 def env_row(env: str, script: str = "gold", task: str = "1", **fields: Any) -> dict[str, Any]:
