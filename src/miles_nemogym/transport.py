@@ -168,10 +168,6 @@ class Answer:
     location: str | None = None
     """A redirect's target (never followed)."""
 
-    @property
-    def declared_size(self) -> str:
-        return f"at least {self.size} bytes" if self.over_cap else f"{self.size} bytes"
-
 
 class TransportError(MilesNemoGymError):
     """No HTTP answer: ``kind`` is a name of the table above; ``resendable``: the request
