@@ -4,8 +4,10 @@ the working folder, and each command of the ```bash block in turn."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,8 +27,9 @@ def test_readme_quick_start_works_in_a_fresh_venv(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     env.update({"VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"})
     # The store (README: --episode-dir, else NEMO_GYM_EPISODE_DIR, else ./miles-nemogym-smoke-episodes)
-    # goes to the test's folder, not into the checkout.
-    env["NEMO_GYM_EPISODE_DIR"] = str(tmp_path / "episodes")
+    # goes to a short folder of the test's, not into the checkout (the closing hint quotes the path).
+    store = Path(tempfile.mkdtemp(prefix="qs-")) / "episodes"
+    env["NEMO_GYM_EPISODE_DIR"] = str(store)
     outputs = []
     for command in section_commands("Quick start"):
         done = subprocess.run(
@@ -40,4 +43,5 @@ def test_readme_quick_start_works_in_a_fresh_venv(tmp_path: Path) -> None:
     assert "smoke: one row per episode" in smoke
     assert "scikit-learn__scikit-learn-14141" in smoke
     assert max(len(line) for line in smoke.splitlines()) <= 80
-    assert any((tmp_path / "episodes" / "train").iterdir())  # the store the closing hint names
+    assert any((store / "train").iterdir())  # the store the closing hint names
+    shutil.rmtree(store.parent)
