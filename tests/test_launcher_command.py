@@ -100,6 +100,17 @@ KNOWN_FLAGS = {
     "--wandb-project": "A:1921",
     "--wandb-group": "A:1920",
     "--debug-rollout-only": "A:2068",
+    "--pause-generation-mode": "A:786",
+    "--update-weight-transfer-mode": "A:837",
+    "--fully-async": "A:494",
+    "--async-max-concurrent-samples": "A:683",
+    "--max-weight-staleness": "A:672",
+    "--async-unused-samples-handler": "A:706",
+    "--async-data-buffer-capacity-factor": "A:694",
+    "--custom-async-data-buffer-path": "A:719",
+    "--rollout-submission-granularity": "A:635",
+    "--over-sampling-batch-size": "A:611",
+    "--pin-rollout-manager-to-head": "A:814",
 }
 
 

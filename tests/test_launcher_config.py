@@ -81,13 +81,14 @@ def test_unknown_family_is_a_config_error_naming_the_flags() -> None:
 
 def test_env_and_extra_args_flags() -> None:
     values, config_path, dry_run = parse_cli(
-        ["--env", "A=1", "--env", "B=x=y", "--extra-args", "--foo 1", "--extra-args", "--bar 'a b'", "--dry-run"]
-    )
+        ["--extra-env", "A=1", "--extra-env", "B=x=y", "--extra-args", "--foo 1", "--extra-args", "--bar 'a b'",
+         "--dry-run"]
+    )  # fmt: skip
     assert values["extra_env"] == {"A": "1", "B": "x=y"}
     assert values["extra_args"] == ["--foo", "1", "--bar", "a b"]
     assert config_path is None and dry_run is True
-    with pytest.raises(ConfigError, match="NAME=VALUE"):
-        parse_cli(["--env", "novalue"])
+    with pytest.raises(ConfigError, match="--extra-env 'novalue': expected NAME=VALUE"):
+        parse_cli(["--extra-env", "novalue"])
 
 
 def test_only_given_flags_override() -> None:
@@ -108,7 +109,7 @@ def test_only_given_flags_override() -> None:
         ({"global_batch_size": 6}, "must divide rollout_batch_size x n_samples_per_prompt (8)"),
         ({"tensor_parallel": 3}, "not a multiple of tensor_parallel"),
         ({"colocate": False}, "set rollout_num_gpus"),
-        ({"colocate": False, "rollout_num_gpus": 4}, "cluster has gpus_per_node x num_nodes = 4"),
+        ({"colocate": False, "rollout_num_gpus": 4}, "cluster has num_nodes x gpus_per_node = 4"),
         ({"colocate": True, "actor_gpus_per_node": 2}, "must equal gpus_per_node when colocate"),
         ({"extra_env": {"MILES_USE_LEGACY_ROLLOUT_V1": "1"}}, "legacy rollout"),
         ({"extra_env": {"NEMO_GYM_ENVS": "{}"}}, "as nemo_gym_envs (--nemo-gym-env NAME=URL), not NEMO_GYM_ENVS"),

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_field_is_in_exactly_one_group() -> None:
     grouped = [name for names in GROUPS.values() for name in names]
     assert sorted(grouped) == sorted(LauncherConfig.model_fields)
-    assert list(GROUPS) == ["run", "model", "data", "rollout", "training", "cluster", "eval", "NeMo-Gym"]
+    assert list(GROUPS) == ["run", "model", "data", "rollout", "fully async", "training", "cluster", "eval", "NeMo-Gym"]
 
 
 def test_every_flag_has_a_description_and_sits_in_its_group() -> None:

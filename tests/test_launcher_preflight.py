@@ -19,6 +19,7 @@ import pytest
 from miles_nemogym.checks import CheckResult, Status
 from miles_nemogym.data import to_prompt_row, validate_instance
 from miles_nemogym.launcher import checks as preflight
+from miles_nemogym.launcher.command import HOOKS
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.settings import ENV_VARS
 from tests.support.miles_checkout import MODEL_TYPE, make_miles_checkout
@@ -141,6 +142,38 @@ def test_miles_checkout_incomplete(good: dict[str, Any], remove: str, fix_fragme
     failure = only_failure(run(good))
     assert failure.name == "Miles" and remove.rsplit("/", 1)[-1] in failure.detail
     assert failure.fix is not None and fix_fragment in failure.fix
+
+
+ASYNC = {"fully_async": True, "actor_gpus_per_node": 2, "rollout_num_gpus": 2}
+SYNC_HOOKS = tuple(path for _, path in HOOKS)
+"""The synchronous hooks: these tests do not depend on the fully async data buffer module."""
+
+
+def test_a_fully_async_recipe_passes_on_the_same_setting(good: dict[str, Any]) -> None:
+    results = run(good, config=ASYNC, hook_paths=SYNC_HOOKS)
+    assert all(result.ok for result in results.values()), [r for r in results.values() if not r.ok]
+    assert results["Miles rollout path"].detail == "fully async (FullyAsyncRolloutFn) rollout"
+
+
+@pytest.mark.parametrize("remove", ["train_async.py", "miles/rollout/fully_async_rollout.py"])
+def test_fully_async_needs_miles_async_entry_point_and_rollout(good: dict[str, Any], remove: str) -> None:
+    (good["miles"] / remove).unlink()
+    failure = only_failure(run(good, config=ASYNC, hook_paths=SYNC_HOOKS))
+    assert failure.name == "Miles" and remove.rsplit("/", 1)[-1] in failure.detail
+    assert run(good)["Miles"].ok  # the synchronous recipe does not need them
+
+
+def test_legacy_rollout_env_is_refused_naming_fully_async(good: dict[str, Any]) -> None:
+    environ = {**good["environ"], preflight.LEGACY_ROLLOUT_ENV: "1"}
+    failure = only_failure(run(good, config=ASYNC, hook_paths=SYNC_HOOKS, environ=environ))
+    assert "train_async.py would stop" in failure.detail and "--fully-async needs the class-based" in failure.detail
+    assert failure.fix is not None and "unset MILES_USE_LEGACY_ROLLOUT_V1" in failure.fix
+
+
+def test_the_fully_async_data_buffer_is_among_the_hooks_preflight_imports(good: dict[str, Any]) -> None:
+    result = run(good, config=ASYNC)["rollout hooks"]
+    assert "miles_nemogym.buffer.EpisodeBuffer" in result.detail  # imported, whether or not it is there yet
+    assert "miles_nemogym.buffer" not in run(good)["rollout hooks"].detail
 
 
 def test_megatron_missing(good: dict[str, Any]) -> None:

@@ -5,12 +5,15 @@ server v2, separate-GPUs and rollout-only settings, the argv ``launcher.command.
 builds goes through Miles' ``parse_args`` (Miles' flags registered on Megatron-LM's parser),
 ``miles_validate_args`` and Megatron-LM's ``validate_args``, with the job's environment, as
 ``train.py`` runs them before any GPU work: Miles at ``pins.MILES_COMMIT``, Megatron-LM at
-``pins.MEGATRON_COMMIT``, on CPU (``tests/support/megatron_args.py``). Two differences from
-a GPU node, both stated there: the GPU's architecture is answered as Hopper, and the one
-tool-call parser name Miles binds that PyPI's SGLang lacks is registered. Stand-ins: the
-checkpoint is a folder with Qwen3-4B-Instruct-2507's ``config.json`` and an offline Qwen3
-tokenizer (no weights), ``--ref-load`` an empty folder. One Miles process parses every case
-(~10 s of imports, then ~1 s a case).
+``pins.MEGATRON_COMMIT``, on CPU (``tests/support/megatron_args.py``). The fully async
+commands (``train_async.py --fully-async``: every family, every async knob, a two-node split)
+also go through the checks ``train_async.py`` makes before its first Ray call; what the
+launcher refuses next to ``--fully-async``, given to Miles by hand, Miles refuses too. Two
+differences from a GPU node, both stated there: the GPU's architecture is answered as Hopper,
+and the one tool-call parser name Miles binds that PyPI's SGLang lacks is registered.
+Stand-ins: the checkpoint is a folder with Qwen3-4B-Instruct-2507's ``config.json`` and an
+offline Qwen3 tokenizer (no weights), ``--ref-load`` an empty folder. One Miles process
+parses every case (~10 s of imports, then ~1 s a case; 38 tests, 18 of them fully async).
 """
 
 from __future__ import annotations
@@ -82,7 +85,36 @@ REPORTED = [
     "use_wandb",
     "wandb_group",
     "debug_rollout_only",
+    "fully_async",
+    "rollout_function_path",
+    "custom_async_data_buffer_path",
+    "async_max_concurrent_samples",
+    "max_weight_staleness",
+    "async_unused_samples_handler",
+    "async_data_buffer_capacity_factor",
+    "rollout_submission_granularity",
+    "pause_generation_mode",
+    "update_weight_transfer_mode",
+    "over_sampling_batch_size",
+    "balance_data",
+    "actor_num_nodes",
+    "actor_num_gpus_per_node",
+    "pin_rollout_manager_to_head",
 ]
+ASYNC_SPLIT = {"fully_async": True, "actor_gpus_per_node": 2, "rollout_num_gpus": 2}
+"""One 4-GPU node, two GPUs training and two generating."""
+REFUSED_BY_MILES = {
+    # case: (what is done to the launcher's async argv / environment, Miles' words)
+    "async-refused-colocate": ("--colocate", "--fully-async cannot colocate"),
+    "async-refused-partial-rollout": ("--partial-rollout", "--fully-async does not support --partial-rollout"),
+    "async-refused-rollout-function": (
+        "--rollout-function-path",
+        "--fully-async and --rollout-function-path both select a rollout function",
+    ),
+    "async-refused-abort": ("abort", "--use-session-server is incompatible with --pause-generation-mode=abort"),
+    "async-refused-legacy-rollout": ("MILES_USE_LEGACY_ROLLOUT_V1", "unrecognized arguments"),
+}
+"""What the launcher refuses next to --fully-async, given to Miles anyway: Miles refuses each."""
 
 
 def recipes(work: Path) -> dict[str, LauncherConfig]:
@@ -124,6 +156,33 @@ def recipes(work: Path) -> dict[str, LauncherConfig]:
     cases["environments-eval-set-each"] = LauncherConfig.model_validate(
         {**base, "eval_data": {"mcqa": held_out, "swe": held_out}, "nemo_gym_envs": {"mcqa": "http://gym:8001"}}
     )
+    for family in FAMILIES:
+        cases[f"async-family-{family.name}"] = LauncherConfig.model_validate(
+            {**base, **ASYNC_SPLIT, "model_family": family.name}
+        )
+    cases["async-every-knob-v2-eval"] = LauncherConfig.model_validate(
+        {
+            **base,
+            **ASYNC_SPLIT,
+            "async_max_concurrent_samples": 16,
+            "max_weight_staleness": 2,
+            "async_unused_samples_handler": "retry",
+            "async_data_buffer_capacity_factor": 3.0,
+            "rollout_submission_granularity": "group",
+            "pause_generation_mode": "in_place",
+            "balance_data": False,
+            "session_server_version": "v2",
+            "eval_data": held_out,
+        }
+    )
+    cases["async-two-nodes"] = LauncherConfig.model_validate(
+        {**base, "fully_async": True, "num_nodes": 2, "gpus_per_node": 8, "actor_num_nodes": 1,
+         "rollout_num_gpus": 8, "rollout_gpus_per_engine": 4, "ray_address": "http://head:8265",
+         "update_weight_transfer_mode": "p2p"}
+    )  # fmt: skip
+    cases["sync-over-sampling"] = LauncherConfig.model_validate({**base, "over_sampling_batch_size": 4})
+    for name in REFUSED_BY_MILES:
+        cases[name] = LauncherConfig.model_validate({**base, **ASYNC_SPLIT})
     # The control: a flag Miles does not know must come back rejected, with argparse's words.
     cases["unknown-flag"] = LauncherConfig.model_validate({**base, "extra_args": ["--not-a-miles-flag", "1"]})
     return cases
@@ -159,6 +218,8 @@ def parsed(
     configs = recipes(work)
     miles = cmd.MilesInstall(root=megatron_env.source, model_args=model_args(megatron_env.source))
     jobs = {name: cmd.build_job(config, parsers_of(config), miles, environ={}) for name, config in configs.items()}
+    for name, (change, _) in REFUSED_BY_MILES.items():
+        jobs[name] = _bypassing_the_launcher(jobs[name], change)
     request = {
         "checkpoint": str(work / CHECKPOINT_NAME),
         "tokenizer_cache": str(gym_wheel.cache_dir() / "miles-tokenizer"),
@@ -167,6 +228,7 @@ def parsed(
         "cases": [
             {
                 "name": name,
+                "script": Path(job.argv[1]).name,
                 "argv": job.argv[2:],  # python3 <miles>/train.py
                 "env": {key: value for key, value in job.env.items() if key != "PYTHONPATH"},
             }
@@ -177,8 +239,25 @@ def parsed(
     return configs, jobs, reply
 
 
+def _bypassing_the_launcher(job: cmd.Job, change: str) -> cmd.Job:
+    """``job`` with what the launcher would refuse put in by hand."""
+    argv, env = list(job.argv), dict(job.env)
+    if change == "abort":
+        argv[argv.index("--pause-generation-mode") + 1] = "abort"
+    elif change == "MILES_USE_LEGACY_ROLLOUT_V1":
+        env[change] = "1"
+    elif change == "--rollout-function-path":
+        argv += [change, "miles.rollout.inference_rollout.inference_rollout_common.InferenceRolloutFn"]
+    else:
+        argv.append(change)
+    return cmd.Job(argv=argv, env=env)
+
+
 ACCEPTED = ["default", *(f"family-{family.name}" for family in FAMILIES)]
 ACCEPTED += ["eval-store-wandb-v2-separate-gpus", "debug-rollout-only"]
+ASYNC_ACCEPTED = [f"async-family-{family.name}" for family in FAMILIES]
+ASYNC_ACCEPTED += ["async-every-knob-v2-eval", "async-two-nodes"]
+ACCEPTED += [*ASYNC_ACCEPTED, "sync-over-sampling"]
 
 
 @pytest.mark.parametrize("case", ACCEPTED)
@@ -201,6 +280,46 @@ def test_miles_accepts_the_launchers_command(
     assert (values["num_layers"], values["hidden_size"], values["rotary_base"]) == (36, 2560, 5000000)
     assert values["tensor_model_parallel_size"] == 2
     assert jobs[case].env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"  # Megatron's check with TP > 1 passed on it
+    fully_async = case in ASYNC_ACCEPTED
+    assert values["fully_async"] is fully_async
+    assert Path(jobs[case].argv[1]).name == ("train_async.py" if fully_async else "train.py")
+    if fully_async:
+        # Miles resolved the rollout to its fully async one, and keeps the launcher's data buffer.
+        assert values["rollout_function_path"] == "miles.rollout.fully_async_rollout.FullyAsyncRolloutFn"
+        assert values["custom_async_data_buffer_path"] == cmd.ASYNC_DATA_BUFFER
+        assert values["colocate"] is False
+    else:
+        assert values["custom_async_data_buffer_path"] is None
+
+
+def test_the_async_knobs_and_the_split_reach_miles_as_meant(
+    parsed: tuple[dict[str, LauncherConfig], dict[str, cmd.Job], Any],
+) -> None:
+    _, _, reply = parsed
+    results = reply["results"]
+    knobs = results["async-every-knob-v2-eval"]["values"]
+    assert (knobs["async_max_concurrent_samples"], knobs["max_weight_staleness"]) == (16, 2)
+    assert (knobs["async_unused_samples_handler"], knobs["async_data_buffer_capacity_factor"]) == ("retry", 3.0)
+    assert (knobs["rollout_submission_granularity"], knobs["pause_generation_mode"]) == ("group", "in_place")
+    assert knobs["balance_data"] is False and knobs["use_session_server"] == "v2"
+    assert (knobs["rollout_num_gpus"], knobs["actor_num_gpus_per_node"], knobs["world_size"]) == (2, 2, 2)
+    two = results["async-two-nodes"]["values"]
+    assert (two["actor_num_nodes"], two["actor_num_gpus_per_node"], two["rollout_num_gpus"]) == (1, 8, 8)
+    assert two["world_size"] == 8 and two["pin_rollout_manager_to_head"] is True
+    assert two["update_weight_transfer_mode"] == "p2p"
+    default = results["default"]["values"]
+    assert (default["pause_generation_mode"], default["update_weight_transfer_mode"]) == ("retract", "broadcast")
+    assert results["sync-over-sampling"]["values"]["over_sampling_batch_size"] == 4
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_BY_MILES))
+def test_what_the_launcher_refuses_next_to_fully_async_miles_refuses_too(
+    case: str, parsed: tuple[dict[str, LauncherConfig], dict[str, cmd.Job], Any]
+) -> None:
+    _, _, reply = parsed
+    result = reply["results"][case]
+    assert not result["ok"], f"Miles accepted {case}"
+    assert REFUSED_BY_MILES[case][1] in result["error"], result["error"]
 
 
 def test_the_eval_store_and_layout_settings_reach_miles_as_meant(

@@ -4,10 +4,12 @@ Megatron-LM on ``PYTHONPATH`` (``tests.support.miles_env.ensure_megatron_env``).
 Started by ``tests.support.miles_harness.parse_with_miles`` (never imported by the tests). It
 reads one JSON request on stdin: ``checkpoint`` (a folder to make: the offline Qwen3 tokenizer
 plus a ``config.json`` with ``config`` over Qwen3's), ``tokenizer_cache``, ``report`` (argument
-names to send back) and ``cases`` (``name``, ``argv`` = ``train.py``'s arguments, ``env``). For
-each case it runs ``miles.utils.arguments.parse_args`` under that argv and environment: Miles'
-parser with Megatron's, ``miles_validate_args``, then Megatron's ``validate_args``, as
-``train.py`` does before any GPU work. It answers one JSON line: per case ``ok``, ``error``
+names to send back) and ``cases`` (``name``, ``script`` = ``train.py`` or ``train_async.py``,
+``argv`` = its arguments, ``env``). For each case it runs ``miles.utils.arguments.parse_args``
+under that argv and environment: Miles' parser with Megatron's, ``miles_validate_args``, then
+Megatron's ``validate_args``, as ``train.py`` does before any GPU work; for ``train_async.py``
+also the two checks its ``train`` makes first (no ``--colocate``, Miles'
+``validate_async_off_policy_correction``). It answers one JSON line: per case ``ok``, ``error``
 (argparse's message or the exception) and the reported values. What Miles and Megatron print
 goes to stderr.
 """
@@ -34,7 +36,7 @@ os.dup2(2, 1)
 _started = time.monotonic()
 import megatron.training.arguments as megatron_arguments  # noqa: E402
 import megatron.training.utils as megatron_utils  # noqa: E402
-from miles.utils.arguments import parse_args  # noqa: E402
+from miles.utils.arguments import parse_args, validate_async_off_policy_correction  # noqa: E402
 from miles.utils.chat_template_utils.tito_tokenizer import TITOTokenizerType  # noqa: E402
 from sglang.srt.function_call.function_call_parser import FunctionCallParser  # noqa: E402
 
@@ -105,13 +107,22 @@ def _checkpoint(folder: Path, cache: Path, config: dict[str, Any]) -> None:
     (folder / "config.json").write_text(json.dumps({**QWEN3_CONFIG, **config}, indent=2))
 
 
-def _parse(argv: list[str], env: dict[str, str], report: list[str]) -> dict[str, Any]:
+def _train_async_checks(args: Any) -> None:
+    """What ``train_async.train`` checks before its first Ray call (at the pinned commit)."""
+    if args.colocate:
+        raise AssertionError("Colocation is not supported for async training.")
+    validate_async_off_policy_correction(args)
+
+
+def _parse(script: str, argv: list[str], env: dict[str, str], report: list[str]) -> dict[str, Any]:
     started = time.monotonic()
     stderr = io.StringIO()
     try:
         # stderr caught: argparse's message on a rejected flag is its last line.
-        with _environment(env), _hopper(), patch("sys.argv", ["train.py", *argv]), contextlib.redirect_stderr(stderr):
+        with _environment(env), _hopper(), patch("sys.argv", [script, *argv]), contextlib.redirect_stderr(stderr):
             args = parse_args()
+            if script == "train_async.py":
+                _train_async_checks(args)
     except SystemExit as exc:
         message = stderr.getvalue().strip().splitlines()[-1:] or [f"exit {exc.code}"]
         return {"ok": False, "error": message[0], "elapsed_s": time.monotonic() - started}
@@ -140,7 +151,10 @@ def main() -> None:
     request = json.loads(sys.stdin.read())
     _checkpoint(Path(request["checkpoint"]), Path(request["tokenizer_cache"]), request["config"])
     added = _register_miles_tool_call_parsers()
-    results = {case["name"]: _parse(case["argv"], case["env"], request["report"]) for case in request["cases"]}
+    results = {
+        case["name"]: _parse(case.get("script", "train.py"), case["argv"], case["env"], request["report"])
+        for case in request["cases"]
+    }
     reply = {"import_s": _IMPORT_S, "added_tool_call_parsers": added, "results": results}
     _REPLY.write(json.dumps(reply, default=str) + "\n")
 

@@ -1,9 +1,9 @@
 """For the launcher tests: a Miles checkout stand-in and argv parsing.
 
-The stand-in checkout has only the files the launcher reads: ``train.py``, the agentic
-generate module's file, a model-arguments script and a loader with the interface of
-Miles' ``model_args_utils.load_model_args(model_type) -> str`` (written here, not
-copied from Miles).
+The stand-in checkout has only the files the launcher reads: ``train.py``,
+``train_async.py``, the agentic generate and fully async rollout modules' files, a
+model-arguments script and a loader with the interface of Miles'
+``model_args_utils.load_model_args(model_type) -> str`` (written here, not copied from Miles).
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ def make_miles_checkout(root: Path, model_type: str = MODEL_TYPE) -> Path:
     (root / "scripts" / "models").mkdir(parents=True)
     (root / "tools").mkdir()
     (root / "train.py").write_text("raise SystemExit('stand-in')\n")
+    (root / "train_async.py").write_text("raise SystemExit('stand-in')\n")
+    (root / "miles" / "rollout" / "fully_async_rollout.py").write_text("")
     (root / "tools" / "convert_hf_to_torch_dist.py").write_text("")
     (root / "miles" / "rollout" / "generate_hub" / "agentic_tool_call.py").write_text("")
     (root / "miles" / "utils" / "external_utils" / "model_args_utils.py").write_text(_LOADER)

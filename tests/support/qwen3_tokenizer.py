@@ -91,6 +91,7 @@ def build_qwen3_tokenizer(folder: Path) -> Path:
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     template = Path(miles.__file__).parent / "utils" / "chat_template_utils" / "templates" / "qwen3_fixed.jinja"
     tokenizer.chat_template = template.read_text()
+    folder.parent.mkdir(parents=True, exist_ok=True)  # a fresh cache: the first user makes it
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".part-"))
     tokenizer.save_pretrained(str(staging))
     (staging / "config.json").write_text(json.dumps(QWEN3_CONFIG, indent=2))

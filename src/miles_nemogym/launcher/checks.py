@@ -30,15 +30,13 @@ from miles_nemogym.checks import CheckResult, Status
 from miles_nemogym.data.sources import SourceError, open_file
 from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, environment_of
 from miles_nemogym.errors import MilesNemoGymError
-from miles_nemogym.launcher.command import EPISODE_DIR_ENV, HOOKS, MilesInstall, job_environment, job_episode_dir
+from miles_nemogym.launcher.command import EPISODE_DIR_ENV, MilesInstall, hooks, job_environment, job_episode_dir
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.settings import ENV_VARS, Settings
 
 LEGACY_ROLLOUT_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
 
 _ROWS_CHECKED = 5
-
-_HOOK_PATHS: tuple[str, ...] = tuple(hook for _, hook in HOOKS)
 
 GpuCounter = Callable[[Mapping[str, str]], "tuple[int | None, str]"]
 """``count(environ) -> (number of visible GPUs or None, how it was counted)``."""
@@ -47,17 +45,19 @@ GpuCounter = Callable[[Mapping[str, str]], "tuple[int | None, str]"]
 # --- Miles, Megatron, hooks --------------------------------------------------------------
 
 
-def _check_legacy_rollout(environ: Mapping[str, str]) -> CheckResult:
+def _check_legacy_rollout(config: LauncherConfig, environ: Mapping[str, str]) -> CheckResult:
     name = "Miles rollout path"
     value = environ.get(LEGACY_ROLLOUT_ENV, "").strip()
     if value in ("", "0"):
-        return CheckResult(name, Status.passed, "class-based (agentic) rollout")
+        kind = "fully async (FullyAsyncRolloutFn)" if config.fully_async else "class-based (agentic)"
+        return CheckResult(name, Status.passed, f"{kind} rollout")
+    also = "; and --fully-async needs the class-based rollout API" if config.fully_async else ""
     return CheckResult(
         name,
         Status.failed,
         f"{LEGACY_ROLLOUT_ENV}={value!r} selects Miles' legacy rollout, which does not register "
-        "--custom-agent-function-path or --max-seq-len: train.py would stop with "
-        "'unrecognized arguments'",
+        f"--custom-agent-function-path or --max-seq-len: {config.train_script_name} would stop with "
+        f"'unrecognized arguments'{also}",
         f"unset {LEGACY_ROLLOUT_ENV} (or set it to 0) before launching",
     )
 
@@ -85,24 +85,23 @@ def _check_miles(root: Path | None, config: LauncherConfig) -> CheckResult:
             "install Miles from its repository (git clone https://github.com/radixark/miles && "
             "pip install -e miles) in this environment, or pass --miles-root <checkout>",
         )
-    missing = [
-        path
-        for path in (
-            root / "train.py",
-            root / "miles" / "rollout" / "generate_hub" / "agentic_tool_call.py",
-            root / "scripts" / "models" / f"{config.megatron_model_type}.py",
-        )
-        if not path.is_file()
+    needed = [
+        root / config.train_script_name,
+        root / "miles" / "rollout" / "generate_hub" / "agentic_tool_call.py",
+        root / "scripts" / "models" / f"{config.megatron_model_type}.py",
     ]
+    if config.fully_async:
+        needed.insert(2, root / "miles" / "rollout" / "fully_async_rollout.py")
+    missing = [path for path in needed if not path.is_file()]
     if not missing:
         return CheckResult(name, Status.passed, f"checkout at {root}")
     first = missing[0]
-    if first.name == "train.py":
+    if first.name == config.train_script_name:
         fix = (
             "Miles must be a repository checkout (pip install -e <checkout>), not a bare package; "
             "or pass --miles-root <checkout>"
         )
-    elif first.name == "agentic_tool_call.py":
+    elif first.name in ("agentic_tool_call.py", "fully_async_rollout.py"):
         fix = "update Miles: this checkout predates the agentic tool-call rollout the recipe needs"
     else:
         fix = (
@@ -552,14 +551,17 @@ def run_preflight(
     *,
     environ: Mapping[str, str],
     miles_root: Path | None,
-    hook_paths: Sequence[str] = _HOOK_PATHS,
+    hook_paths: Sequence[str] | None = None,
     gpu_counter: GpuCounter = _count_gpus,
     fetch: server_probe.Fetcher = server_probe.fetch_json,
     gym_timeout_s: float = checks.DEFAULT_TIMEOUT_S,
 ) -> list[CheckResult]:
-    """Every launcher check, then the NeMo-Gym ones; nothing is started or written."""
+    """Every launcher check, then the NeMo-Gym ones; nothing is started or written.
+    ``hook_paths``: the dotted paths to import (default: the recipe's hooks)."""
+    if hook_paths is None:
+        hook_paths = [path for _, path in hooks(config)]
     results = [
-        _check_legacy_rollout(environ),
+        _check_legacy_rollout(config, environ),
         _check_miles(miles_root, config),
         _check_megatron(config),
         _check_hooks(hook_paths),

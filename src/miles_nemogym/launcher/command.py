@@ -43,6 +43,39 @@ HOOKS: tuple[tuple[str, str], ...] = (
 )
 """This package's hooks, each with the Miles flag that loads it."""
 
+ASYNC_DATA_BUFFER = "miles_nemogym.buffer.EpisodeBuffer"
+"""Fully async: the data buffer replacing Miles' DefaultDataBuffer, which drops a group with
+an aborted episode before the group filter sees it (docs/using-with-miles.md)."""
+_ASYNC_HOOKS: tuple[tuple[str, str], ...] = (("--custom-async-data-buffer-path", ASYNC_DATA_BUFFER),)
+
+
+def hooks(config: LauncherConfig) -> tuple[tuple[str, str], ...]:
+    """The hooks this recipe wires: ``HOOKS``, and the data buffer when fully async."""
+    return HOOKS + _ASYNC_HOOKS if config.fully_async else HOOKS
+
+
+_REFUSED_EXTRA: dict[str, tuple[bool, str]] = {
+    # flag: (refused in sync mode too, why and the fix)
+    "--colocate": (True, "set colocate in the recipe (--colocate / --no-colocate) instead"),
+    "--eval-num-gpus": (
+        True,
+        "Miles' dedicated eval fleet cannot serve this package's episodes: they reach the policy "
+        "through Miles' session servers, which forward to the training engines' router, never the "
+        "fleet's, so eval would run on the training engines under the snapshot's weight version "
+        "(and train.py, which exports no snapshot, stops at the first eval); evaluate on the shared "
+        "engines with --eval-data instead (docs/upstream.md)",
+    ),
+    "--partial-rollout": (False, "Miles does not support it; remove it"),
+    "--rollout-function-path": (
+        False,
+        "Miles selects its FullyAsyncRolloutFn and refuses a second rollout function; remove it",
+    ),
+    "--recompute-logprobs-via-prefill": (False, "Miles does not support it; remove it"),
+    "--rollout-all-samples-process-path": (False, "Miles does not support it; remove it"),
+    "--multi-lora-*": (False, "multi-LoRA selects a rollout function of its own, which Miles refuses; remove it"),
+}
+"""``extra_args`` flags Miles refuses with this recipe: always, or next to ``--fully-async``."""
+
 _ROLLOUT_REFACTOR_ENV = "MILES_EXPERIMENTAL_ROLLOUT_REFACTOR"
 """Selects the class-based rollout (which registers the agentic flags) in Miles checkouts
 before 2026-08-13 (radixark/miles afd088cb6); later ones use it by default and ignore it."""
@@ -72,9 +105,9 @@ class MilesInstall:
     model_args: tuple[str, ...]
     """``scripts/models/<megatron_model_type>.py``'s arguments, one token each."""
 
-    @property
-    def train_script(self) -> Path:
-        return self.root / "train.py"
+    def train_script(self, config: LauncherConfig) -> Path:
+        """``train.py``, or ``train_async.py`` for a fully async recipe."""
+        return self.root / config.train_script_name
 
     @property
     def checkpoint_script(self) -> Path:
@@ -125,7 +158,13 @@ def train_args(config: LauncherConfig, parsers: Parsers) -> list[str]:
     args += _flag("--rollout-max-response-len", config.rollout_max_response_len)
     args += _flag("--max-seq-len", config.max_seq_len)
     args += _flag("--global-batch-size", config.resolved_global_batch_size)
-    args += ["--balance-data"]
+    if config.over_sampling_batch_size is not None:
+        args += _flag("--over-sampling-batch-size", config.over_sampling_batch_size)
+    if config.rollout_submission_granularity is not None:
+        args += _flag("--rollout-submission-granularity", config.rollout_submission_granularity)
+    if config.balance_data:
+        args += ["--balance-data"]
+    args += _async_args(config)
     # GRPO
     args += _flag("--advantage-estimator", "grpo")
     args += ["--use-kl-loss"]
@@ -160,7 +199,7 @@ def train_args(config: LauncherConfig, parsers: Parsers) -> list[str]:
     args += _flag("--sglang-tool-call-parser", parsers.tool_call_parser)
     # the agentic rollout chain
     args += _flag("--custom-generate-function-path", GENERATE_FUNCTION)
-    for flag, path in HOOKS:
+    for flag, path in hooks(config):
         args += _flag(flag, path)
     args += ["--use-session-server", *(["v2"] if config.session_server_version == "v2" else [])]
     args += _flag("--session-server-ip", config.session_server_ip)
@@ -172,14 +211,21 @@ def train_args(config: LauncherConfig, parsers: Parsers) -> list[str]:
     args += ["--accumulate-allreduce-grads-in-fp32", "--attention-softmax-in-fp32"]
     args += _flag("--attention-backend", "flash")
     # cluster layout
-    if config.colocate:
+    if config.colocated:
         args += ["--colocate"]
     else:
         args += _flag("--rollout-num-gpus", config.rollout_num_gpus)
-    args += _flag("--actor-num-nodes", config.num_nodes)
+    args += _flag("--actor-num-nodes", config.actor_nodes)
     args += _flag("--actor-num-gpus-per-node", config.actor_gpus)
     # Miles assumes 8 GPUs per node unless told (engine placement, port allocation).
     args += _flag("--num-gpus-per-node", config.gpus_per_node)
+    if config.num_nodes > 1:
+        # The session servers, the router and every agent.run live in Miles' RolloutManager, a
+        # CPU actor Ray may place on any node: on the head, they are where the Gym hosts dial.
+        args += ["--pin-rollout-manager-to-head"]
+    # weight updates
+    args += _flag("--pause-generation-mode", config.pause_generation_mode)
+    args += _flag("--update-weight-transfer-mode", config.update_weight_transfer_mode)
     if config.wandb_project:
         args += ["--use-wandb", *_flag("--wandb-project", config.wandb_project)]
         if config.wandb_group:
@@ -187,7 +233,62 @@ def train_args(config: LauncherConfig, parsers: Parsers) -> list[str]:
     if config.mode == "debug_rollout_only":
         args += ["--debug-rollout-only"]
     args += eval_args(config)
-    return args + _checked_extra_args(args, config.extra_args)
+    return args + _checked_extra_args(args, config.extra_args, fully_async=config.fully_async)
+
+
+def _async_args(config: LauncherConfig) -> list[str]:
+    """Miles' fully async flags; none in synchronous mode."""
+    if not config.fully_async:
+        return []
+    args = ["--fully-async"]
+    if config.async_max_concurrent_samples is not None:
+        args += _flag("--async-max-concurrent-samples", config.async_max_concurrent_samples)
+    if config.max_weight_staleness is not None:
+        args += _flag("--max-weight-staleness", config.max_weight_staleness)
+    args += _flag("--async-unused-samples-handler", config.async_unused_samples_handler)
+    args += _flag("--async-data-buffer-capacity-factor", config.async_data_buffer_capacity_factor)
+    return args
+
+
+def layout_lines(config: LauncherConfig) -> list[str]:
+    """Which GPUs of which node train and which generate, as Miles places them: one placement
+    group over the GPUs, ordered by node IP then GPU index, training first, the engines next."""
+    mode = "fully async (train_async.py)" if config.fully_async else "synchronous (train.py)"
+    split = "colocated" if config.colocated else "disaggregated"
+    lines = [
+        f"# layout: {mode}, {split}, {config.num_nodes} node(s) x {config.gpus_per_node} GPUs; "
+        "nodes in IP order, as Miles places its GPUs"
+    ]
+    training = config.training_gpus
+    rollout = 0 if config.colocated else config.rollout_num_gpus or 0
+    for node in range(config.num_nodes):
+        first = node * config.gpus_per_node
+        parts = []
+        for start, stop, role in (
+            (0, training, "train and generate" if config.colocated else "train"),
+            (training, training + rollout, "generate"),
+        ):
+            low, high = max(start, first), min(stop, first + config.gpus_per_node)
+            if low < high:
+                parts.append(f"{_gpu_range(low - first, high - first)} {role}")
+        lines.append(f"#   node {node + 1}: {', '.join(parts) or 'no GPU used'}")
+    engines = (rollout or training) // config.rollout_gpus_per_engine
+    lines.append(
+        f"#   training: {config.actor_nodes} node(s) x {config.actor_gpus} GPU(s), TP {config.tensor_parallel}"
+        f" PP {config.pipeline_parallel} CP {config.context_parallel}; rollout: {engines} SGLang engine(s)"
+        f" x {config.rollout_gpus_per_engine} GPU(s)"
+    )
+    where = "on the Ray head (--pin-rollout-manager-to-head)" if config.num_nodes > 1 else "on the node"
+    host = config.router_external_host or "the address there that routes to the Gym host"
+    lines.append(
+        f"#   Miles' RolloutManager (session servers, router, every agent.run) runs {where}; "
+        f"the Gym hosts dial {host}, port {config.session_server_port}"
+    )
+    return lines
+
+
+def _gpu_range(low: int, high: int) -> str:
+    return f"GPU {low}" if high - low == 1 else f"GPUs {low}-{high - 1}"
 
 
 def eval_config_document(config: LauncherConfig) -> dict[str, Any]:
@@ -227,7 +328,7 @@ def eval_args(config: LauncherConfig) -> list[str]:
 
 
 class DuplicateFlagError(MilesNemoGymError, ValueError):
-    """An ``extra_args`` flag that the recipe already sets."""
+    """An ``extra_args`` flag that the recipe already sets, or one Miles refuses with it."""
 
 
 class GroupSettingError(MilesNemoGymError, ValueError):
@@ -267,10 +368,21 @@ def _check_min_valid(env: Mapping[str, str], n_samples_per_prompt: int) -> None:
         )
 
 
-def _checked_extra_args(args: list[str], extra: list[str]) -> list[str]:
+def _refusal(name: str, fully_async: bool) -> str | None:
+    """Why ``extra_args`` may not carry ``name`` in this mode, or None."""
+    always, why = _REFUSED_EXTRA.get("--multi-lora-*" if name.startswith("--multi-lora-") else name, (False, ""))
+    if always:
+        return why
+    return f"next to --fully-async, {why}" if why and fully_async else None
+
+
+def _checked_extra_args(args: list[str], extra: list[str], *, fully_async: bool = False) -> list[str]:
     set_flags = {token for token in args if token.startswith("--")}
     for token in extra:
         name = token.split("=", 1)[0]
+        why = _refusal(name, fully_async) if name.startswith("--") else None
+        if why is not None:
+            raise DuplicateFlagError(f"extra_args sets {name}, which this recipe cannot run with: {why}")
         if name in set_flags:
             raise DuplicateFlagError(
                 f"extra_args sets {name}, which the recipe already sets; change the recipe's "
@@ -334,10 +446,11 @@ def build_job(
     environ: Mapping[str, str],
     cwd: Path | None = None,
 ) -> Job:
-    """The whole job: ``python3 <miles>/train.py <model args> <recipe flags>``, its env, run in ``cwd``."""
+    """The whole job: ``python3 <miles>/train.py`` (``train_async.py`` when fully async) ``<model
+    args> <recipe flags>``, its env, run in ``cwd``."""
     base = job_environment(config, miles, environ)
     _check_min_valid(base.env, config.n_samples_per_prompt)
-    argv = ["python3", str(miles.train_script), *miles.model_args, *train_args(config, parsers)]
+    argv = ["python3", str(miles.train_script(config)), *miles.model_args, *train_args(config, parsers)]
     return Job(argv=argv, env=base.env, secret_names=base.secret_names, cwd=cwd)
 
 

@@ -119,6 +119,17 @@ def _is_number(annotation: Any) -> bool:
     return False
 
 
+ASYNC_ONLY = frozenset(
+    {
+        "async_max_concurrent_samples",
+        "max_weight_staleness",
+        "async_unused_samples_handler",
+        "async_data_buffer_capacity_factor",
+    }
+)
+"""Fields only Miles' fully async rollout reads: refused without ``fully_async``."""
+
+
 class LauncherConfig(BaseModel):
     """The recipe. Field names are the YAML keys; ``--field-name`` are the CLI flags."""
 
@@ -163,15 +174,18 @@ class LauncherConfig(BaseModel):
 
     # --- cluster ---------------------------------------------------------------------------
     num_nodes: int = Field(default=1, ge=1)
-    """Nodes in the cluster (Miles --actor-num-nodes); more than 1 needs a running Ray cluster (RAY_ADDRESS)."""
+    """Nodes in the cluster; more than 1 needs a running Ray cluster (RAY_ADDRESS)."""
     gpus_per_node: int = Field(default=4, ge=1)
     """GPUs on each node (Miles --num-gpus-per-node)."""
     colocate: bool = True
-    """Training and rollout share the GPUs (Miles --colocate)."""
+    """Training and rollout share the GPUs (Miles --colocate); unless given, off with fully_async."""
+    actor_num_nodes: int | None = Field(default=None, ge=1)
+    """Nodes that train (Miles --actor-num-nodes; default: num_nodes); when not colocated, the
+    SGLang engines take the GPUs after the training ones, e.g. the other nodes."""
     actor_gpus_per_node: int | None = Field(default=None, ge=1)
-    """GPUs per node for training when not colocated (default: all of them)."""
+    """GPUs per training node (Miles --actor-num-gpus-per-node; default: gpus_per_node)."""
     rollout_num_gpus: int | None = Field(default=None, ge=1)
-    """GPUs for the SGLang engines when not colocated (required then)."""
+    """GPUs for the SGLang engines when not colocated (required then; Miles --rollout-num-gpus)."""
     rollout_gpus_per_engine: int = Field(default=1, ge=1)
     """GPUs per SGLang engine (Miles --rollout-num-gpus-per-engine)."""
     tensor_parallel: int = Field(default=2, ge=1)
@@ -217,6 +231,37 @@ class LauncherConfig(BaseModel):
     """Nucleus sampling top_p of the policy during rollouts, in (0, 1]."""
     save_interval: int = Field(default=1000, ge=1)
     """Save a checkpoint every N rollout steps."""
+    over_sampling_batch_size: int | None = Field(default=None, ge=1)
+    """Prompts a synchronous rollout samples at a time, at least rollout_batch_size (Miles
+    --over-sampling-batch-size); the groups still running when the batch is full are aborted."""
+    balance_data: bool = True
+    """Give each data-parallel rank a similar token count (Miles --balance-data)."""
+    pause_generation_mode: Literal["in_place", "retract"] = "retract"
+    """How SGLang pauses running requests for a weight update (Miles --pause-generation-mode):
+    retract (recompute their KV cache) or in_place (keep it); abort is refused."""
+    update_weight_transfer_mode: Literal["broadcast", "p2p"] = "broadcast"
+    """How new weights reach the engines (Miles --update-weight-transfer-mode); p2p needs
+    separate GPUs and retract."""
+
+    # --- fully async -----------------------------------------------------------------------
+    fully_async: bool = False
+    """Train fully async, disaggregated (Miles' train_async.py --fully-async): the engines keep
+    generating while training runs; needs separate GPUs (rollout_num_gpus)."""
+    async_max_concurrent_samples: int | None = Field(default=None, ge=1)
+    """Episodes in flight, at least n_samples_per_prompt (Miles --async-max-concurrent-samples;
+    default: rollout_batch_size groups)."""
+    max_weight_staleness: int | None = Field(default=None, ge=0)
+    """Most weight versions a group may lag before it is not trained (Miles
+    --max-weight-staleness; default: no limit)."""
+    async_unused_samples_handler: Literal["drop", "retry"] = "drop"
+    """A group fully async does not train (aborted, too stale): drop it, or retry its prompt
+    (Miles --async-unused-samples-handler)."""
+    async_data_buffer_capacity_factor: float = Field(default=2.0, gt=0)
+    """Finished groups held for training, as a multiple of rollout_batch_size (Miles
+    --async-data-buffer-capacity-factor); generation waits when it is full."""
+    rollout_submission_granularity: Literal["group", "sample"] | None = None
+    """When a finished episode frees room for the next group: group or sample (Miles
+    --rollout-submission-granularity; default: Miles', sample under fully_async, else group)."""
 
     # --- held-out evaluation ---------------------------------------------------------------
     eval_data: dict[str, Path] = Field(default_factory=dict)
@@ -272,9 +317,10 @@ class LauncherConfig(BaseModel):
     nemo_gym_url: str = Field(default_factory=lambda: _env("NEMO_GYM_URL") or "http://localhost:12000")
     """Base URL of the NeMo-Gym mini_swe_agent_2 server (default: NEMO_GYM_URL, else http://localhost:12000)."""
     nemo_gym_envs: dict[str, EnvironmentServer] = Field(default_factory=_environments_variable)
-    """Resources servers of the environments the rows name (metadata.nemogym_env): NAME=URL or
-    NAME=URL,max_steps=N, or a NEMO_GYM_ENVS JSON object; the job gets them as NEMO_GYM_ENVS
-    (default: NEMO_GYM_ENVS)."""
+    """The resources server of each NeMo-Gym environment the rows name (metadata.nemogym_env):
+    NAME=URL or NAME=URL,max_steps=N, NAME as in ``serve --env NAME`` and ``convert --env
+    NAME=FILE``, URL where it serves (``serve`` prints them); or a NEMO_GYM_ENVS JSON object.
+    The job gets them as NEMO_GYM_ENVS (default: NEMO_GYM_ENVS)."""
     tools_not_served: list[str] = Field(default_factory=list)
     """Environments whose server does not serve the rows' tools because its verifier only reads
     the calls (e.g. xlam_fc): preflight accepts them; each call then answers the model with the
@@ -292,7 +338,7 @@ class LauncherConfig(BaseModel):
     extra_args: list[str] = Field(default_factory=list)
     """More Miles flags, appended verbatim; a flag the recipe already sets is refused."""
     extra_env: dict[str, str] = Field(default_factory=dict)
-    """More environment variables for the job."""
+    """More environment variables for the job, NAME=VALUE."""
 
     _gym_url_origin: str = PrivateAttr(default="")
     _envs_origin: str = PrivateAttr(default="")
@@ -377,6 +423,26 @@ class LauncherConfig(BaseModel):
         except ValidationError as error:
             raise ValueError(str(error.errors()[0]["msg"]).removeprefix("Value error, ")) from None
 
+    @field_validator("pause_generation_mode", mode="before")
+    @classmethod
+    def _no_abort(cls, value: Any) -> Any:
+        if value == "abort":
+            raise ValueError(
+                "abort kills every running episode at each weight update; Miles refuses it with its "
+                "session server (and with --fully-async): use in_place or retract"
+            )
+        return value
+
+    @field_validator("update_weight_transfer_mode", mode="before")
+    @classmethod
+    def _no_disk_delta(cls, value: Any) -> Any:
+        if value == "disk-delta":
+            raise ValueError(
+                "disk-delta needs folders this launcher does not set (--update-weight-disk-dir, "
+                "--update-weight-local-checkpoint-dir): use broadcast or p2p"
+            )
+        return value
+
     @field_validator("reasoning_parser", "tito_model", "tool_call_parser", "model_family")
     @classmethod
     def _strip(cls, value: str | None) -> str | None:
@@ -403,27 +469,22 @@ class LauncherConfig(BaseModel):
             )
         if self.eps_clip_high < self.eps_clip:
             problems.append(f"eps_clip_high ({self.eps_clip_high}) is below eps_clip ({self.eps_clip})")
-        if self.colocate:
-            if self.actor_gpus_per_node not in (None, self.gpus_per_node):
-                problems.append("actor_gpus_per_node must equal gpus_per_node when colocate is on")
-        elif self.rollout_num_gpus is None:
-            problems.append("with colocate off, set rollout_num_gpus (GPUs for the SGLang engines)")
-        else:
-            needed = self.actor_gpus * self.num_nodes + self.rollout_num_gpus
-            available = self.gpus_per_node * self.num_nodes
-            if needed > available:
-                problems.append(
-                    f"actor_gpus_per_node x num_nodes + rollout_num_gpus = {needed} GPUs, but the "
-                    f"cluster has gpus_per_node x num_nodes = {available}"
-                )
+        problems += self._layout_problems()
+        problems += self._async_problems()
         model_parallel = self.tensor_parallel * self.pipeline_parallel * self.context_parallel
-        if (self.actor_gpus * self.num_nodes) % model_parallel:
+        if self.training_gpus % model_parallel:
             problems.append(
-                f"training GPUs ({self.actor_gpus * self.num_nodes}) are not a multiple of "
+                f"training GPUs ({self.training_gpus}) are not a multiple of "
                 f"tensor_parallel x pipeline_parallel x context_parallel ({model_parallel})"
             )
         if self.rollout_gpus_per_engine > self.gpus_per_node * self.num_nodes:
             problems.append("rollout_gpus_per_engine exceeds the cluster's GPUs")
+        over = self.over_sampling_batch_size
+        if over is not None and over < self.rollout_batch_size:
+            problems.append(
+                f"over_sampling_batch_size ({over}) is below rollout_batch_size ({self.rollout_batch_size}); "
+                "Miles samples at least a batch at a time: raise it or leave it unset"
+            )
         samples = self.rollout_batch_size * self.n_samples_per_prompt
         if self.global_batch_size is not None and samples % self.global_batch_size:
             # Miles trims each rollout to a multiple of the global batch: paid episodes lost.
@@ -440,6 +501,89 @@ class LauncherConfig(BaseModel):
             raise ValueError("; ".join(problems))
         return self
 
+    def _layout_problems(self) -> list[str]:
+        """Which GPUs train and which generate, as Miles places them."""
+        problems: list[str] = []
+        if self.actor_nodes > self.num_nodes:
+            problems.append(f"actor_num_nodes ({self.actor_nodes}) exceeds num_nodes ({self.num_nodes})")
+        if self.actor_gpus > self.gpus_per_node:
+            problems.append(f"actor_gpus_per_node ({self.actor_gpus}) exceeds gpus_per_node ({self.gpus_per_node})")
+        if self.colocated:
+            if self.actor_gpus_per_node not in (None, self.gpus_per_node):
+                problems.append("actor_gpus_per_node must equal gpus_per_node when colocate is on")
+            if self.actor_num_nodes not in (None, self.num_nodes):
+                problems.append("actor_num_nodes must equal num_nodes when colocate is on")
+            return problems
+        if self.rollout_num_gpus is None:
+            reason = "fully_async generates on GPUs of its own" if self.fully_async else "colocate is off"
+            problems.append(
+                f"{reason}: set rollout_num_gpus (GPUs for the SGLang engines) and leave room for them, "
+                "e.g. actor_gpus_per_node 2 and rollout_num_gpus 2 on one 4-GPU node, or actor_num_nodes 1 "
+                "and rollout_num_gpus 8 on two 8-GPU nodes"
+            )
+            return problems
+        available = self.gpus_per_node * self.num_nodes
+        if self.training_gpus + self.rollout_num_gpus > available:
+            problems.append(
+                f"training takes actor_num_nodes x actor_gpus_per_node = {self.actor_nodes} x {self.actor_gpus} "
+                f"GPUs and rollout_num_gpus {self.rollout_num_gpus} more, {self.training_gpus + self.rollout_num_gpus}"
+                f" in all, but the cluster has num_nodes x gpus_per_node = {available}: lower actor_num_nodes or "
+                "actor_gpus_per_node to leave the engines their GPUs"
+            )
+        if self.rollout_num_gpus % self.rollout_gpus_per_engine:
+            problems.append(
+                f"rollout_num_gpus ({self.rollout_num_gpus}) is not a multiple of rollout_gpus_per_engine "
+                f"({self.rollout_gpus_per_engine})"
+            )
+        if self.update_weight_transfer_mode == "p2p" and self.pause_generation_mode == "in_place":
+            # Miles' own async recipe refuses it (examples/swe-agent-harbor-docker).
+            problems.append(
+                "update_weight_transfer_mode p2p with pause_generation_mode in_place: the P2P transfer "
+                "conflicts with the engines' running NCCL inference; use broadcast with in_place, or retract with p2p"
+            )
+        return problems
+
+    def _async_problems(self) -> list[str]:
+        """What Miles refuses or ignores next to --fully-async, and the knobs only it reads."""
+        problems: list[str] = []
+        if not self.fully_async:
+            only_async = sorted(ASYNC_ONLY & self.model_fields_set)
+            if only_async:
+                one = len(only_async) == 1
+                problems.append(
+                    f"{', '.join(only_async)} {'is' if one else 'are'} only read by fully async training: "
+                    f"set fully_async, or remove {'it' if one else 'them'}"
+                )
+            if self.update_weight_transfer_mode == "p2p" and self.colocated:
+                problems.append(
+                    "update_weight_transfer_mode p2p needs separate GPUs: turn colocate off, or use broadcast"
+                )
+            return problems
+        if self.colocated:
+            problems.append(
+                "fully_async cannot colocate: the engines keep generating while training runs (Miles and "
+                "train_async.py refuse --colocate); leave colocate unset or off and give the engines rollout_num_gpus"
+            )
+        if self.over_sampling_batch_size is not None:
+            problems.append(
+                "over_sampling_batch_size has no effect with fully_async (Miles' fully async worker submits "
+                "one group at a time); remove it and set async_max_concurrent_samples for more episodes in flight"
+            )
+        limit = self.async_max_concurrent_samples
+        if limit is not None and limit < self.n_samples_per_prompt:
+            problems.append(
+                f"async_max_concurrent_samples ({limit}) is below n_samples_per_prompt "
+                f"({self.n_samples_per_prompt}): Miles submits whole groups; raise it to at least "
+                f"{self.n_samples_per_prompt}"
+            )
+        if int(self.async_data_buffer_capacity_factor * self.rollout_batch_size) < 1:
+            problems.append(
+                f"async_data_buffer_capacity_factor x rollout_batch_size "
+                f"({self.async_data_buffer_capacity_factor} x {self.rollout_batch_size}) holds no group; "
+                "raise it so that at least one finished group fits"
+            )
+        return problems
+
     # --- derived values --------------------------------------------------------------------
 
     @property
@@ -447,8 +591,26 @@ class LauncherConfig(BaseModel):
         return self.hf_checkpoint.rstrip("/").rsplit("/", 1)[-1]
 
     @property
+    def train_script_name(self) -> str:
+        """Miles' entry point: ``train_async.py`` runs its fully async loop."""
+        return "train_async.py" if self.fully_async else "train.py"
+
+    @property
+    def colocated(self) -> bool:
+        """Training and rollout share the GPUs: ``colocate``, by default on unless fully async."""
+        return self.colocate and not (self.fully_async and "colocate" not in self.model_fields_set)
+
+    @property
     def actor_gpus(self) -> int:
         return self.actor_gpus_per_node or self.gpus_per_node
+
+    @property
+    def actor_nodes(self) -> int:
+        return self.actor_num_nodes or self.num_nodes
+
+    @property
+    def training_gpus(self) -> int:
+        return self.actor_nodes * self.actor_gpus
 
     @property
     def resolved_ref_load(self) -> Path:

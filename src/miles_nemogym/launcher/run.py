@@ -43,7 +43,20 @@ Preflight = Callable[..., list[CheckResult]]
 
 # --- command line ------------------------------------------------------------------------
 
-_ALIASES: dict[str, tuple[str, ...]] = {"hf_checkpoint": ("--model",), "nemo_gym_envs": ("--nemo-gym-env",)}
+_FLAGS: dict[str, tuple[str, ...]] = {
+    "hf_checkpoint": ("--hf-checkpoint", "--model"),
+    # Singular and repeated, as `serve --env NAME` and `convert --env NAME=FILE`.
+    "nemo_gym_envs": ("--nemo-gym-env", "--nemo-gym-envs"),
+}
+"""Fields whose flags are not just ``--field-name``: the first is the one ``--help`` leads with."""
+_RETIRED: dict[str, str] = {
+    "--env": (
+        "--env is not a launcher flag (everywhere else --env names a NeMo-Gym environment): give a "
+        "job environment variable as --extra-env NAME=VALUE, an environment's resources server as "
+        "--nemo-gym-env NAME=URL (NAME as `miles-nemogym serve --env NAME` starts it)"
+    ),
+}
+"""Spellings the launcher no longer takes, with what to use."""
 _REPEATED: dict[str, str] = {
     "eval_data": "[NAME=]FILE",
     "nemo_gym_envs": "NAME=URL[,max_steps=N]",
@@ -53,7 +66,9 @@ _REPEATED: dict[str, str] = {
 
 
 def _is_bool(annotation: Any) -> bool:
-    return annotation is bool
+    """``bool`` or ``bool | None`` (unset: the recipe decides)."""
+    optional = isinstance(annotation, types.UnionType) and set(get_args(annotation)) == {bool, type(None)}
+    return annotation is bool or optional
 
 
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -66,16 +81,22 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "rollout": (
         "num_rollout", "rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len",
         "rollout_temperature", "rollout_top_p", "rollout_gpus_per_engine", "sglang_mem_fraction_static",
+        "over_sampling_batch_size", "rollout_submission_granularity", "pause_generation_mode",
+        "update_weight_transfer_mode",
+    ),
+    "fully async": (
+        "fully_async", "async_max_concurrent_samples", "max_weight_staleness", "async_unused_samples_handler",
+        "async_data_buffer_capacity_factor",
     ),
     "training": (
-        "global_batch_size", "max_seq_len", "kl_loss_coef", "kl_loss_type", "entropy_coef", "eps_clip",
-        "eps_clip_high", "lr", "weight_decay", "adam_beta1", "adam_beta2", "tensor_parallel",
+        "global_batch_size", "max_seq_len", "balance_data", "kl_loss_coef", "kl_loss_type", "entropy_coef",
+        "eps_clip", "eps_clip_high", "lr", "weight_decay", "adam_beta1", "adam_beta2", "tensor_parallel",
         "pipeline_parallel", "context_parallel", "miles_root", "megatron_path", "wandb_project",
         "wandb_group", "extra_args", "extra_env",
     ),
     "cluster": (
-        "num_nodes", "gpus_per_node", "colocate", "actor_gpus_per_node", "rollout_num_gpus", "ray_address",
-        "master_addr", "ray_port", "ray_dashboard_port", "ray_start_args", "keep_ray",
+        "num_nodes", "gpus_per_node", "colocate", "actor_num_nodes", "actor_gpus_per_node", "rollout_num_gpus",
+        "ray_address", "master_addr", "ray_port", "ray_dashboard_port", "ray_start_args", "keep_ray",
     ),
     "eval": (
         "eval_data", "eval_name", "eval_interval", "eval_samples_per_prompt", "eval_temperature", "eval_top_p",
@@ -123,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for name, field in LauncherConfig.model_fields.items():
         group = section_of[name]
-        flags = (f"--{name.replace('_', '-')}", *_ALIASES.get(name, ()))
+        flags = _FLAGS.get(name, (f"--{name.replace('_', '-')}",))
         help_text = _plain(field.description or "")
         if field.default_factory is None and field.default not in (None, False, [], {}):
             help_text += f" [default: {field.default}]"
@@ -143,7 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
                 *flags, dest=name, action="append", metavar=_REPEATED[name], help=help_text + " (repeatable)"
             )
         elif name == "extra_env":
-            group.add_argument(*flags, "--env", dest=name, action="append", metavar="NAME=VALUE", help=help_text)
+            group.add_argument(
+                *flags, dest=name, action="append", metavar="NAME=VALUE", help=help_text + " (repeatable)"
+            )
         else:
             metavar = "VALUE"
             if get_origin(annotation) is not None and not isinstance(annotation, types.UnionType):
@@ -156,6 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_cli(argv: Sequence[str]) -> tuple[dict[str, Any], Path | None, bool]:
     """``(field values given on the command line, --config path, --dry-run)``."""
+    for token in argv:
+        retired = _RETIRED.get(token.split("=", 1)[0])
+        if retired is not None:
+            raise ConfigError(retired)
     namespace = vars(build_parser().parse_args(list(argv)))
     config_path = namespace.pop("config", None)
     dry_run = bool(namespace.pop("dry_run", False))
@@ -177,7 +204,7 @@ def parse_cli(argv: Sequence[str]) -> tuple[dict[str, Any], Path | None, bool]:
         for item in namespace["extra_env"]:
             key, sep, value = item.partition("=")
             if not sep or not key:
-                raise ConfigError(f"--env {item!r}: expected NAME=VALUE")
+                raise ConfigError(f"--extra-env {item!r}: expected NAME=VALUE")
             pairs[key] = value
         namespace["extra_env"] = pairs
     for name, value in list(namespace.items()):
@@ -413,6 +440,7 @@ def execute(
         if install is None:
             print(f"# Miles not usable here ({load_error}): its checkout and model arguments are placeholders")
         print(cmd.render(job))
+        print(fit.wrap_all(cmd.layout_lines(config), fit.terminal_width(), indent="#     "))
         print(f"# NeMo-Gym server: {redact_url(config.nemo_gym_url)} (from {config.gym_url_origin})")
         print(fit.wrap_all(_environment_lines(config), fit.terminal_width(), indent="#     "))
         if config.eval_data:
