@@ -160,6 +160,8 @@ def test_fully_async_needs_miles_async_entry_point_and_rollout(good: dict[str, A
     (good["miles"] / remove).unlink()
     failure = only_failure(run(good, config=ASYNC, hook_paths=SYNC_HOOKS))
     assert failure.name == "Miles" and remove.rsplit("/", 1)[-1] in failure.detail
+    fix = "repository checkout" if remove == "train_async.py" else "predates the fully async rollout"
+    assert failure.fix is not None and fix in failure.fix
     assert run(good)["Miles"].ok  # the synchronous recipe does not need them
 
 

@@ -13,7 +13,7 @@ differences from a GPU node, both stated there: the GPU's architecture is answer
 and the one tool-call parser name Miles binds that PyPI's SGLang lacks is registered.
 Stand-ins: the checkpoint is a folder with Qwen3-4B-Instruct-2507's ``config.json`` and an
 offline Qwen3 tokenizer (no weights), ``--ref-load`` an empty folder. One Miles process
-parses every case (~10 s of imports, then ~1 s a case; 38 tests, 18 of them fully async).
+parses every case (~10 s of imports, then ~1 s a case).
 """
 
 from __future__ import annotations

@@ -102,7 +102,8 @@ def _check_miles(root: Path | None, config: LauncherConfig) -> CheckResult:
             "or pass --miles-root <checkout>"
         )
     elif first.name in ("agentic_tool_call.py", "fully_async_rollout.py"):
-        fix = "update Miles: this checkout predates the agentic tool-call rollout the recipe needs"
+        what = "agentic tool-call" if first.name == "agentic_tool_call.py" else "fully async"
+        fix = f"update Miles: this checkout predates the {what} rollout the recipe needs"
     else:
         fix = (
             f"pass --megatron-model-type with the name of a file in {root / 'scripts' / 'models'} "

@@ -105,10 +105,6 @@ class MilesInstall:
     model_args: tuple[str, ...]
     """``scripts/models/<megatron_model_type>.py``'s arguments, one token each."""
 
-    def train_script(self, config: LauncherConfig) -> Path:
-        """``train.py``, or ``train_async.py`` for a fully async recipe."""
-        return self.root / config.train_script_name
-
     @property
     def checkpoint_script(self) -> Path:
         return self.root / "tools" / "convert_hf_to_torch_dist.py"
@@ -450,7 +446,7 @@ def build_job(
     args> <recipe flags>``, its env, run in ``cwd``."""
     base = job_environment(config, miles, environ)
     _check_min_valid(base.env, config.n_samples_per_prompt)
-    argv = ["python3", str(miles.train_script(config)), *miles.model_args, *train_args(config, parsers)]
+    argv = ["python3", str(miles.root / config.train_script_name), *miles.model_args, *train_args(config, parsers)]
     return Job(argv=argv, env=base.env, secret_names=base.secret_names, cwd=cwd)
 
 

@@ -66,9 +66,7 @@ _REPEATED: dict[str, str] = {
 
 
 def _is_bool(annotation: Any) -> bool:
-    """``bool`` or ``bool | None`` (unset: the recipe decides)."""
-    optional = isinstance(annotation, types.UnionType) and set(get_args(annotation)) == {bool, type(None)}
-    return annotation is bool or optional
+    return annotation is bool
 
 
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -112,7 +110,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
 
 _DESCRIPTION = (
     "GRPO with Miles on NeMo-Gym environments: SWE-bench through mini_swe_agent_2, and resources "
-    "servers' environments. Values, later wins: defaults < environment (NEMO_GYM_URL, NEMO_GYM_ENVS, "
+    "servers' environments; synchronous (train.py), or fully async on separate training and rollout GPUs "
+    "(--fully-async: train_async.py). Values, later wins: defaults < environment (NEMO_GYM_URL, NEMO_GYM_ENVS, "
     "MILES_ROUTER_EXTERNAL_HOST, RAY_ADDRESS, MASTER_ADDR) < --config "
     "YAML < flags."
 )
