@@ -21,13 +21,14 @@ from miles_nemogym.gym.config import ConfigRefusal
 from miles_nemogym.gym.environments import EnvironmentServers, compose_each, plan, refusals, shipped_environments
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, ensure_gym_venv
 from miles_nemogym.gym.wheel import read_member
-from tests.support.judge_model import JudgeModel
+from tests.support import environments_table
+from tests.support.judge_model import JUDGED_ENVIRONMENTS, JudgeModel
 from tests.support.ray_cluster import pids_with_environment
 
 pytestmark = pytest.mark.integration
 
 STAND_IN_JUDGE = Judge(url="http://127.0.0.1:9/v1", model="judge")
-JUDGED = "abstention"
+[JUDGED] = JUDGED_ENVIRONMENTS
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +84,12 @@ def test_every_shipped_environment_composes_or_is_refused_by_name_with_its_reaso
     refused = {n for n, (stage, answer) in outcome.items() if stage == "parser" and isinstance(answer, ConfigRefusal)}
     assert refused == {"cvdp", "example_mcp_weather", "genrm_compare", "indian_banking"}, refused
     assert "Interpolation key 'anthropic_api_key' not found" in outcome["example_mcp_weather"][1]
+    # The tables README and docs/environments.md carry agree: what they say serve starts, composes;
+    # what the parser refuses, they say is refused.
+    table = {r.name: r for r in environments_table.rows()}
+    started = {n for n, r in table.items() if r.status != environments_table.REFUSED}
+    assert started <= composes, started - composes
+    assert refused <= set(table) - started
 
 
 def test_without_a_judge_endpoint_the_judged_environments_are_refused(composed: dict[str, Any]) -> None:

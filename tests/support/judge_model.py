@@ -13,6 +13,9 @@ from typing import Any
 
 from aiohttp import web
 
+JUDGED_ENVIRONMENTS = ("abstention",)
+"""The judged environments whose ``/verify`` the integration tests grade through ``JudgeModel``."""
+
 _GOLD = re.compile(r"^Gold target: (.*)$", re.MULTILINE)
 _PREDICTED = re.compile(r"^Predicted answer: (.*)$", re.MULTILINE)
 

@@ -13,7 +13,6 @@ Why: docs/environments.md, "Serving environments".
 from __future__ import annotations
 
 import re
-import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -32,6 +31,7 @@ __all__ = [
     "layer",
     "overrides",
     "refusal",
+    "served",
     "server_blocks",
     "shipped_config",
 ]
@@ -101,7 +101,7 @@ def _merged(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 
 @lru_cache(maxsize=512)
 def _member(member: str) -> dict[str, Any]:
-    with zipfile.ZipFile(gym_wheel.wheel_path()) as archive:
+    with gym_wheel.opened() as archive:
         try:
             loaded = yaml.safe_load(archive.read(member))
         except KeyError:
@@ -190,6 +190,13 @@ def layer(configs: Sequence[Mapping[str, Any]], judge: Judge | None) -> dict[str
     for config in configs:
         result = _merged(result, overrides(config, judge))
     return result
+
+
+def served(config: Mapping[str, Any], judge: Judge | None) -> dict[str, Any]:
+    """``config`` with :func:`overrides` merged in, as the parser is given it (an entry the layer
+    sets to null is gone)."""
+    merged = _merged(dict(config), overrides(config, judge))
+    return {key: value for key, value in merged.items() if value is not None}
 
 
 def refusal(name: str, config: Mapping[str, Any], judge: Judge | None) -> str | None:

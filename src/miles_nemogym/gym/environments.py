@@ -120,7 +120,7 @@ class EnvironmentPlan:
 
 def shipped_environments() -> list[str]:
     """Every resources server the pinned wheel ships (a ``resources_servers/<name>/app.py``)."""
-    with zipfile.ZipFile(gym_wheel.wheel_path()) as archive:
+    with gym_wheel.opened() as archive:
         names = {
             parts[1]
             for parts in (member.split("/") for member in archive.namelist())
@@ -217,7 +217,7 @@ def plan(names: Sequence[str]) -> list[EnvironmentPlan]:
         return []
     shipped = shipped_environments()
     plans: list[EnvironmentPlan] = []
-    with zipfile.ZipFile(gym_wheel.wheel_path()) as archive:
+    with gym_wheel.opened() as archive:
         members = archive.namelist()
         agents = {} if set(names) <= set(shipped) else _agent_configs(archive)
         unknown = [n for n in names if n not in shipped and n not in agents]
