@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -21,9 +22,11 @@ from miles_nemogym.gym.config import ConfigRefusal
 from miles_nemogym.gym.environments import EnvironmentServers, compose_each, plan, refusals, shipped_environments
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, ensure_gym_venv
 from miles_nemogym.gym.wheel import read_member
+from miles_nemogym.settings import Settings
 from tests.support import environments_table
 from tests.support.judge_model import JUDGED_ENVIRONMENTS, JudgeModel
 from tests.support.ray_cluster import pids_with_environment
+from tests.support.serve_process import Serving, serving
 
 pytestmark = pytest.mark.integration
 
@@ -129,26 +132,19 @@ def judge() -> Iterator[JudgeModel]:
 
 
 @pytest.fixture(scope="module")
-def judged_servers(
-    venv: GymVenv, judge: JudgeModel, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[EnvironmentServers, str]]:
+def judged_serve(judge: JudgeModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serving, str, Path]]:
+    """``serve --no-swe --env abstention --judge-url <stand-in> --judge-model judge-model`` as a
+    process, the judge's key in its environment only."""
     key = f"sk-judge-{uuid.uuid4().hex}"
     state = tmp_path_factory.mktemp("judged")
-    old = os.environ.get(JUDGE_KEY_ENV)
-    os.environ[JUDGE_KEY_ENV] = key
-    servers = EnvironmentServers(
-        venv, plan([JUDGED]), state_dir=state, judge=Judge(url=judge.url, model="judge-model"),
-        extra_env={"HF_HUB_OFFLINE": "1"},
-    )  # fmt: skip
-    try:
-        servers.start()
-        yield servers, key
-    finally:
-        servers.stop()
-        if old is None:
-            os.environ.pop(JUDGE_KEY_ENV, None)
-        else:
-            os.environ[JUDGE_KEY_ENV] = old
+    arguments = ["--no-swe", "--port", "0", "--state-dir", str(state), "--env", JUDGED]
+    judge_flags = ["--judge-url", judge.url, "--judge-model", "judge-model"]
+    environment = {**os.environ, JUDGE_KEY_ENV: key, "HF_HUB_OFFLINE": "1"}
+    with serving(*arguments, *judge_flags, env=environment) as serve:
+        assert "export NEMO_GYM_ENVS=" in serve.printed, serve.printed
+        yield serve, key, state
+        rest = serve.stop()
+    assert serve.process.returncode == 0, rest
 
 
 def _verify(url: str, row: dict[str, Any], text: str) -> dict[str, Any]:
@@ -179,12 +175,14 @@ def _verify(url: str, row: dict[str, Any], text: str) -> dict[str, Any]:
 
 
 def test_a_judged_environment_grades_through_the_judge_endpoint(
-    judged_servers: tuple[EnvironmentServers, str], judge: JudgeModel
+    judged_serve: tuple[Serving, str, Path], judge: JudgeModel
 ) -> None:
-    servers, key = judged_servers
-    assert JUDGE_INSTANCE in servers.ports  # serve started the judge's model server
+    serve, key, state = judged_serve
+    exported = dict(
+        shlex.split(line.strip())[1].split("=", 1) for line in serve.printed.splitlines() if "export " in line
+    )
+    url = Settings.from_env(exported).environments[JUDGED].url
     row = json.loads(read_member(f"resources_servers/{JUDGED}/data/example.jsonl").decode().splitlines()[0])
-    url = servers.urls()[JUDGED]
     right = _verify(url, row, f"\\boxed{{{row['answer']}}}")
     wrong = _verify(url, row, "\\boxed{Nobody in particular}")
     assert (right["reward"], right["verdict"], right["judge_output"]) == (1.0, "correct", "A")
@@ -195,9 +193,11 @@ def test_a_judged_environment_grades_through_the_judge_endpoint(
     assert judge.authorizations == [f"Bearer {key}"] * 2
     prompts = [m["content"] for r in judge.requests for m in r["messages"] if m["role"] == "user"]
     assert f"Gold target: {row['answer']}" in prompts[0] and "Predicted answer: Nobody in particular" in prompts[1]
-    # Only the judge's model server holds the key: not the resources server, not a log or file.
-    holders = [pid for pid in pids_with_environment(key) if pid != os.getpid()]
-    assert len(holders) == 1, holders
-    for path in servers.state_dir.rglob("*"):
+    # serve started the judge's model server; only it and serve hold the key, no log or file does.
+    assert (state / "environments" / f"{JUDGE_INSTANCE}.log").is_file()
+    holders = pids_with_environment(key)
+    assert serve.process.pid in holders and len(holders) == 2, holders
+    assert key not in serve.printed
+    for path in state.rglob("*"):
         if path.is_file():
             assert key not in path.read_text(errors="replace"), path
