@@ -154,6 +154,12 @@ def test_a_dry_run_names_what_an_environments_agent_lacks_and_exits_1() -> None:
     assert "swebench: swebench_resources_server (swebench): a sandbox provider (task containers)" in said
 
 
+def test_a_dry_run_with_a_judge_does_not_ask_for_the_settings_of_the_judge_it_replaces() -> None:
+    arguments = ["--no-swe", "--dry-run", "--env", "over_refusal_detection"]
+    code, said = _serve(*arguments, "--judge-url", JUDGE.url, "--judge-model", "jm")
+    assert code == 0 and "judge_base_url" not in said, said
+
+
 def test_no_child_inherits_the_judge_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(JUDGE_KEY_ENV, "sk-judge-secret-value-123456")
     assert JUDGE_KEY_ENV not in child_environment()

@@ -101,7 +101,7 @@ def row(name: str) -> Row:
         keys = ", ".join(f"`{n.split()[2]}`" for n in dict.fromkeys(settings))
         return Row(name, agent, REFUSED, f"settings serve does not set: {keys}")
     extra = [f"PyPI: {len(p.requirements)} requirement{'s' * (len(p.requirements) > 1)}"] if p.requirements else []
-    needed = "; ".join(dict.fromkeys([*[n.split(" (", 1)[0] for n in needs], *extra]))
+    needed = "; ".join(dict.fromkeys([*[n.split(" (", 1)[0] for n in needs], *extra]))  # "a sandbox provider"
     if refused:
         status = JUDGE
         if name in JUDGED_ENVIRONMENTS:

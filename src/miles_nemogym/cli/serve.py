@@ -366,7 +366,7 @@ def _dry_run(
             console.print(f"Ray: joins {options.ray_address} (each node is checked when serve starts)", highlight=False)
     if plans:
         _plan_environments(plans, options.host, first_port, venv, console, judge)
-        missing += environment_needs(plans)
+        missing += environment_needs(plans, judge)
     what = f"the {options.sandbox} sandbox" if swe else "the environments"
     if not missing:
         console.print(f"[green]nothing missing for {what}.[/green]")

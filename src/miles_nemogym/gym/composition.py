@@ -238,7 +238,10 @@ def config_needs(config: Mapping[str, Any], environ: Mapping[str, str]) -> list[
             if key not in config and key not in _SET_BY_SERVE:
                 needs.append(f"{instance} ({kind}): the setting {key} (an API key, URL or option)")
         if "sandbox_provider" in block or "sandbox_config" in block:
-            needs.append(f"{instance} ({kind}): a sandbox provider (task containers)")
+            needs.append(
+                f"{instance} ({kind}): a sandbox provider (task containers), which serve does not configure "
+                "for --env servers"
+            )
     return list(dict.fromkeys(needs))
 
 

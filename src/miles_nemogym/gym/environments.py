@@ -41,6 +41,7 @@ from miles_nemogym.gym.composition import (
     judged_instances,
     layer,
     refusal,
+    served,
     shipped_config,
 )
 from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config, parse_configs
@@ -266,9 +267,11 @@ def judged_plans(plans: Sequence[EnvironmentPlan]) -> list[str]:
     return [p.name for p in plans if judged_instances(shipped_config(p.config))]
 
 
-def environment_needs(plans: Sequence[EnvironmentPlan]) -> list[str]:
+def environment_needs(plans: Sequence[EnvironmentPlan], judge: Judge | None) -> list[str]:
     """What the servers of ``plans`` need that this host lacks (``serve --dry-run``)."""
-    return [f"{p.name}: {need}" for p in plans for need in config_needs(shipped_config(p.config), os.environ)]
+    return [
+        f"{p.name}: {need}" for p in plans for need in config_needs(served(shipped_config(p.config), judge), os.environ)
+    ]
 
 
 def _payload(
