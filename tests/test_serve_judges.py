@@ -15,6 +15,7 @@ from miles_nemogym.gym.composition import (
     JUDGE_INSTANCE,
     JUDGE_KEY_ENV,
     Judge,
+    config_needs,
     judged_instances,
     overrides,
     refusal,
@@ -158,6 +159,12 @@ def test_a_dry_run_with_a_judge_does_not_ask_for_the_settings_of_the_judge_it_re
     arguments = ["--no-swe", "--dry-run", "--env", "over_refusal_detection"]
     code, said = _serve(*arguments, "--judge-url", JUDGE.url, "--judge-model", "jm")
     assert code == 0 and "judge_base_url" not in said, said
+
+
+def test_a_harness_agents_cli_missing_from_path_is_named() -> None:
+    config = _config("example_mcp_weather")
+    assert any("the 'claude' command on PATH" in need for need in config_needs(config, {}, which=lambda _: None))
+    assert not any("command on PATH" in need for need in config_needs(config, {}, which=lambda name: f"/bin/{name}"))
 
 
 def test_no_child_inherits_the_judge_key(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -92,7 +92,7 @@ def row(name: str) -> Row:
     )
     # What the servers need once serve's layer is in (a judge's own endpoint settings are gone).
     judge = Judge(url="http://judge:8000/v1", model="judge")
-    needs = [need.split(": ", 1)[1] for need in config_needs(served(config, judge), {})]
+    needs = [need.split(": ", 1)[1] for need in config_needs(served(config, judge), {}, which=lambda _: None)]
     settings = [n for n in needs if n.startswith("the setting")]
     refused = refusal(name, config, None)
     if refused and "grades with a judge" not in refused:

@@ -13,7 +13,8 @@ Why: docs/environments.md, "Serving environments".
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+import shutil
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -225,11 +226,13 @@ def refusal(name: str, config: Mapping[str, Any], judge: Judge | None) -> str | 
     return None
 
 
-def config_needs(config: Mapping[str, Any], environ: Mapping[str, str]) -> list[str]:
+def config_needs(
+    config: Mapping[str, Any], environ: Mapping[str, str], which: Callable[[str], str | None] = shutil.which
+) -> list[str]:
     """What a config's servers need on this host that it lacks: variables (``${oc.env:X}``
-    without default), settings nothing sets (``${x}``), and sandboxes (containers)."""
+    without default), settings nothing sets (``${x}``), sandboxes (containers), an agent's CLI."""
     needs: list[str] = []
-    for instance, _, kind, block in server_blocks(config):
+    for instance, group, kind, block in server_blocks(config):
         text = yaml.safe_dump(block)
         for variable, default in _ENV_REFERENCE.findall(text):
             if not default and not environ.get(variable):
@@ -242,7 +245,15 @@ def config_needs(config: Mapping[str, Any], environ: Mapping[str, str]) -> list[
                 f"{instance} ({kind}): a sandbox provider (task containers), which serve does not configure "
                 "for --env servers"
             )
+        command = str(block.get("command") or _AGENT_CLIS.get(kind, "")) if group == "responses_api_agents" else ""
+        if command and which(command) is None:
+            needs.append(
+                f"{instance} ({kind}): the {command!r} command on PATH (the agent's setup installs it with npm, "
+                "which needs npm and the network)"
+            )
     return list(dict.fromkeys(needs))
 
 
+# The CLI each harness agent runs (nemo-gym 0.7.0: ``shutil.which`` in its ``setup_<name>.py``).
+_AGENT_CLIS = {"claude_code_agent": "claude", "codex_agent": "codex", "opencode_agent": "opencode"}
 _SET_BY_SERVE: Sequence[str] = ("policy_base_url", "policy_api_key", "policy_model_name")
