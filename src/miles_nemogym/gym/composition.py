@@ -6,7 +6,8 @@ parser rejects some shipped entries, e.g. spartqa's licence names); with a judge
 resources server's ``judge_model_server`` points at one model server of this package's
 (``vllm_model`` at the endpoint, its key ``${oc.env:NEMO_GYM_JUDGE_API_KEY}`` so only that
 server's process holds it). Refused: a judge the config turns on with no endpoint given, an
-agent that drops the rollout id in nemo-gym 0.7.0, an agent with no ``policy_model`` to route.
+agent that drops the rollout id in nemo-gym 0.7.0, an agent calling a model other than
+``policy_model`` (nothing to route its calls to).
 Why: docs/environments.md, "Serving environments".
 """
 
@@ -41,7 +42,7 @@ JUDGE_INSTANCE = "miles_nemogym_judge"
 """The composed config's instance of the judge model server ``serve`` starts."""
 JUDGE_KEY_ENV = "NEMO_GYM_JUDGE_API_KEY"
 """The judge endpoint's API key: read only from this variable, given only to the judge's process."""
-POLICY_MODEL = "policy_model"
+_POLICY_MODEL = "policy_model"
 
 _GROUPS = ("resources_servers", "responses_api_agents", "responses_api_models", "environment_servers")
 _JUDGE_FIELD = "judge_model_server"
@@ -156,20 +157,20 @@ def judged_instances(config: Mapping[str, Any]) -> list[tuple[str, str, str]]:
 
 def overrides(config: Mapping[str, Any], judge: Judge | None) -> dict[str, Any]:
     """The layer ``serve`` merges over ``config`` (nemo-gym's parser merges it last)."""
-    layer: dict[str, Any] = {}
+    result: dict[str, Any] = {}
     for instance, group, kind, block in server_blocks(config):
         if "datasets" in block:
-            layer = _merged(layer, {instance: {group: {kind: {"datasets": None}}}})
+            result = _merged(result, {instance: {group: {kind: {"datasets": None}}}})
     if judge is None:
-        return layer
+        return result
     redirected = set()
     for instance, group, kind, block in server_blocks(config):
         name = _ref(block.get(_JUDGE_FIELD))
         if group == "resources_servers" and name:
-            layer = _merged(layer, {instance: {group: {kind: {_JUDGE_FIELD: {"name": JUDGE_INSTANCE}}}}})
+            result = _merged(result, {instance: {group: {kind: {_JUDGE_FIELD: {"name": JUDGE_INSTANCE}}}}})
             redirected.add(name)
     if not redirected:
-        return layer
+        return result
     still_named = {
         _ref(value)
         for _, group, _, block in server_blocks(config)
@@ -178,11 +179,11 @@ def overrides(config: Mapping[str, Any], judge: Judge | None) -> dict[str, Any]:
     }
     # A judge server the config defines and nothing else names is dropped: it would need its own
     # endpoint settings (e.g. ${judge_base_url}) to compose at all.
-    for name in redirected - still_named - {POLICY_MODEL}:
+    for name in redirected - still_named - {_POLICY_MODEL}:
         if name in config:
-            layer[name] = None
-    layer[JUDGE_INSTANCE] = judge.server()
-    return layer
+            result[name] = None
+    result[JUDGE_INSTANCE] = judge.server()
+    return result
 
 
 def layer(configs: Sequence[Mapping[str, Any]], judge: Judge | None) -> dict[str, Any]:
@@ -211,10 +212,10 @@ def refusal(name: str, config: Mapping[str, Any], judge: Judge | None) -> str | 
                 "so its calls cannot be routed to the episode's session; this package refuses it"
             )
         model = _ref(block.get("model_server"))
-        if model is not None and model != POLICY_MODEL:
+        if model is not None and model != _POLICY_MODEL:
             return (
                 f"environment {name!r}: its agent {instance!r} ({kind}) calls model server {model!r}, not "
-                f"{POLICY_MODEL}, so serve has no policy to route its calls to"
+                f"{_POLICY_MODEL}, so serve has no policy to route its calls to"
             )
     judged = judged_instances(config)
     if judged and judge is None:
