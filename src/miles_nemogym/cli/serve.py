@@ -25,6 +25,7 @@ from miles_nemogym.cli.signals import interrupt_on_sigterm
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from miles_nemogym.gym.composition import Judge
     from miles_nemogym.gym.config import ServeOptions
     from miles_nemogym.gym.environments import EnvironmentPlan, EnvironmentServers
     from miles_nemogym.gym.server import GymServer
@@ -38,6 +39,11 @@ _SANDBOX_HELP = (
 _ENV_HELP = (
     "Also serve this NeMo-Gym environment's resources server (a folder of resources_servers/ in the "
     "nemo-gym wheel, e.g. mcqa); repeat for several. They take the ports after --port, in the order given."
+)
+
+_JUDGE_HELP = (
+    "Base URL of an OpenAI-compatible server (e.g. http://judge:8000/v1) that grades the --env "
+    "environments whose configs judge with a model; its key, if any, is read from NEMO_GYM_JUDGE_API_KEY."
 )
 
 _HELP = """Run the real NeMo-Gym mini_swe_agent_2 server for training or evaluation, and with
@@ -111,14 +117,19 @@ def serve(
             "--swe/--no-swe", help="Run the SWE-bench mini_swe_agent_2 server (--no-swe: only the --env ones)."
         ),
     ] = True,
+    judge_url: Annotated[str | None, typer.Option("--judge-url", metavar="URL", help=_JUDGE_HELP)] = None,
+    judge_model: Annotated[
+        str | None, typer.Option("--judge-model", metavar="NAME", help="The model name the --judge-url server serves.")
+    ] = None,
 ) -> None:
     from pydantic import ValidationError
     from rich.console import Console
     from rich.markup import escape
 
     from miles_nemogym.cli.progress import step_display
+    from miles_nemogym.gym.composition import Judge
     from miles_nemogym.gym.config import ServeOptions, load_provider_options
-    from miles_nemogym.gym.environments import EnvironmentServers, plan
+    from miles_nemogym.gym.environments import EnvironmentServers, plan, refusals
     from miles_nemogym.gym.server import GymServer
     from miles_nemogym.gym.venv import GymEnvironmentError, ensure_gym_venv
     from miles_nemogym.validation import as_flag, problems
@@ -156,11 +167,28 @@ def serve(
     if not swe and not envs:
         console.print("[red]error:[/red] --no-swe serves only the --env environments; name one, e.g. --env mcqa")
         raise typer.Exit(2)
+    judge: Judge | None = None
+    if judge_url is not None or judge_model is not None:
+        if judge_url is None or judge_model is None:
+            given, lacking = ("--judge-url", "--judge-model") if judge_url else ("--judge-model", "--judge-url")
+            console.print(f"[red]error:[/red] {given} needs {lacking} too: a judge is an endpoint and a model name")
+            raise typer.Exit(2)
+        try:
+            judge = Judge(url=judge_url, model=judge_model)
+        except ValidationError as exc:
+            for line in problems(exc, lambda loc: "--judge-" + ".".join(map(str, loc))):
+                console.print(f"[red]error:[/red] {escape(line)}", highlight=False)
+            raise typer.Exit(2) from None
     try:
         plans = plan(envs or [])
     except GymEnvironmentError as exc:
         console.print(f"[red]error:[/red] --env: {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
+    refused = refusals(plans, judge)
+    for reason in refused:
+        console.print(f"[red]error:[/red] --env: {escape(reason)}", highlight=False)
+    if refused:
+        raise typer.Exit(2)
     # SWE on --port, the environments on the ports after it (0: every one free).
     first_port = options.port + (1 if swe else 0) if options.port else 0
     if first_port and first_port + len(plans) - 1 > 65535:
@@ -169,7 +197,7 @@ def serve(
 
     if dry_run:
         try:
-            code = _dry_run(options, state_dir, console, swe=swe, plans=plans, first_port=first_port)
+            code = _dry_run(options, state_dir, console, swe=swe, plans=plans, first_port=first_port, judge=judge)
         except GymEnvironmentError as exc:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2) from None
@@ -192,13 +220,6 @@ def serve(
                 # One state folder for every server: the environments' logs go in its environments/.
                 state = (state_dir or Path(tempfile.mkdtemp(prefix="mng-gym-"))).resolve() if plans else state_dir
                 started = time.monotonic()
-                if swe:
-                    where = f"{options.host}:{options.port or 'a free port'}"
-                    progress(f"starting NeMo-Gym {options.sandbox} server on {where}")
-                    server = GymServer(
-                        options, state_dir=state, venv=venv, progress=progress, start_timeout=start_timeout
-                    )
-                    server.start()
                 if state is not None and plans:
                     environments = EnvironmentServers(
                         venv,
@@ -208,7 +229,17 @@ def serve(
                         first_port=first_port,
                         progress=progress,
                         start_timeout=start_timeout,
+                        judge=judge,
                     )
+                    environments.compose()  # nemo-gym's parser refuses a config before anything starts
+                if swe:
+                    where = f"{options.host}:{options.port or 'a free port'}"
+                    progress(f"starting NeMo-Gym {options.sandbox} server on {where}")
+                    server = GymServer(
+                        options, state_dir=state, venv=venv, progress=progress, start_timeout=start_timeout
+                    )
+                    server.start()
+                if environments is not None:
                     environments.start()
         except GymEnvironmentError as exc:
             _stop(server, environments)
@@ -296,6 +327,7 @@ def _dry_run(
     swe: bool,
     plans: list[EnvironmentPlan],
     first_port: int,
+    judge: Judge | None,
 ) -> int:
     """Print the composed SWE config (stdout), the environments' plan and what is missing
     (stderr); 1 when something is."""
@@ -305,6 +337,7 @@ def _dry_run(
     from miles_nemogym.gym import providers
     from miles_nemogym.gym.cluster import unreachable
     from miles_nemogym.gym.config import planned_config
+    from miles_nemogym.gym.environments import environment_needs
     from miles_nemogym.gym.server import free_port
     from miles_nemogym.gym.venv import GymEnvironmentError, cached_gym_venv, find_gym_python
 
@@ -332,7 +365,8 @@ def _dry_run(
         else:
             console.print(f"Ray: joins {options.ray_address} (each node is checked when serve starts)", highlight=False)
     if plans:
-        _plan_environments(plans, options.host, first_port, venv, console)
+        _plan_environments(plans, options.host, first_port, venv, console, judge)
+        missing += environment_needs(plans, judge)
     what = f"the {options.sandbox} sandbox" if swe else "the environments"
     if not missing:
         console.print(f"[green]nothing missing for {what}.[/green]")
@@ -344,10 +378,21 @@ def _dry_run(
 
 
 def _plan_environments(
-    plans: list[EnvironmentPlan], host: str, first_port: int, venv: GymVenv | None, console: Console
+    plans: list[EnvironmentPlan],
+    host: str,
+    first_port: int,
+    venv: GymVenv | None,
+    console: Console,
+    judge: Judge | None,
 ) -> None:
     """Which resources servers would start where, what they would install, and the setting."""
-    from miles_nemogym.gym.environments import missing_requirements, overlay_path, overlay_python, setting
+    from miles_nemogym.gym.environments import (
+        judged_plans,
+        missing_requirements,
+        overlay_path,
+        overlay_python,
+        setting,
+    )
     from miles_nemogym.gym.server import advertised_url
 
     console.print("environments (each a resources server run from the server environment):", highlight=False)
@@ -372,6 +417,11 @@ def _plan_environments(
         else:
             said = f"installs {', '.join(needed)} into {overlay_path(venv, needed)} on the first serve (once)"
     console.print(f"requirements: {said}", highlight=False, soft_wrap=True)
+    judged = judged_plans(plans)
+    if judge is not None and judged:
+        console.print(
+            f"judge: {', '.join(judged)} graded by {judge.model} at {judge.url}", highlight=False, soft_wrap=True
+        )
     console.print(f"NEMO_GYM_ENVS='{setting(plans, urls)}'", highlight=False, markup=False, soft_wrap=True)
 
 

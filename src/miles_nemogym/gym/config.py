@@ -208,42 +208,73 @@ def config_paths(options: ServeOptions, site_packages: Path) -> list[Path]:
 
 
 # Runs inside the server venv: nemo-gym's own parser, offline (no port probing, no
-# exporters), no CLI and no env.yaml, so only what we pass in shapes the result.
+# exporters), no CLI and no env.yaml, so only what we pass in shapes the result. Each payload
+# of the list is parsed on its own; a refusal is its error, without the config dump some carry
+# (an almost-server's reasons are what the parser printed before raising).
 _COMPOSER = """
-import json, sys
+import contextlib, io, json, sys
 from omegaconf import OmegaConf
+from nemo_gym.config_types import AlmostServerError
 from nemo_gym.global_config import GlobalConfigDictParser, GlobalConfigDictParserConfig
-payload = json.loads(sys.stdin.read())
-parsed = GlobalConfigDictParser().parse(
-    GlobalConfigDictParserConfig(
-        initial_global_config_dict=OmegaConf.create(payload),
-        skip_load_from_cli=True,
-        skip_load_from_dotenv=True,
-        offline=True,
-    )
-)
-print("\\n" + json.dumps({"yaml": OmegaConf.to_yaml(parsed)}))
+out = []
+for payload in json.loads(sys.stdin.read()):
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(printed):
+            parsed = GlobalConfigDictParser().parse(
+                GlobalConfigDictParserConfig(
+                    initial_global_config_dict=OmegaConf.create(payload),
+                    skip_load_from_cli=True,
+                    skip_load_from_dotenv=True,
+                    offline=True,
+                )
+            )
+        out.append({"yaml": OmegaConf.to_yaml(parsed)})
+    except AlmostServerError:
+        lines = [l for l in printed.getvalue().splitlines() if l.strip() and not set(l.strip()) <= set("\\u2550")]
+        out.append({"error": "\\n".join(l for l in lines if "Almost-Servers Detected" not in l)})
+    except Exception as error:
+        out.append({"error": f"{type(error).__name__}: {error}"})
+print("\\n" + json.dumps(out))
 """
+
+_REASON_CHARS = 4000
+
+
+def parse_configs(venv: GymVenv, payloads: list[dict[str, Any]], cwd: Path, what: str) -> list[str]:
+    """Each payload through nemo-gym's parser, in one process: the composed YAML, or the
+    parser's reason for refusing it (a :class:`ConfigRefusal`); ``what`` names them in errors."""
+    done = subprocess.run(
+        [str(venv.python), "-c", _COMPOSER],
+        input=json.dumps(payloads),
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=child_environment(),
+        timeout=300 + 5 * len(payloads),
+        check=False,
+    )
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise GymEnvironmentError(f"nemo-gym rejected the {what}:\n{done.stderr.strip()[-3000:]}")
+    answers = json.loads(lines[-1])
+    return [
+        answer["yaml"] if "yaml" in answer else ConfigRefusal(str(answer["error"]).strip()[:_REASON_CHARS])
+        for answer in answers
+    ]
+
+
+class ConfigRefusal(str):
+    """nemo-gym's parser's reason for refusing a config."""
 
 
 def parse_config(venv: GymVenv, payload: dict[str, Any], cwd: Path, what: str) -> str:
     """``payload`` (``config_paths`` plus overrides) through nemo-gym's own parser in ``venv``, as
     the YAML each server process gets in ``NEMO_GYM_CONFIG_DICT``; ``what`` names it in errors."""
-    done = subprocess.run(
-        [str(venv.python), "-c", _COMPOSER],
-        input=json.dumps(payload),
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=child_environment(),
-        timeout=300,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise GymEnvironmentError(f"nemo-gym rejected the {what}:\n{done.stderr.strip()[-3000:]}")
-    last = done.stdout.strip().splitlines()[-1]
-    composed: str = json.loads(last)["yaml"]
-    return composed
+    [answer] = parse_configs(venv, [payload], cwd, what)
+    if isinstance(answer, ConfigRefusal):
+        raise GymEnvironmentError(f"nemo-gym rejected the {what}: {answer}")
+    return answer
 
 
 def compose_config_yaml(options: ServeOptions, venv: GymVenv, port: int, state_dir: Path) -> str:

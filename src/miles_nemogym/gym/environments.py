@@ -33,7 +33,18 @@ import yaml
 
 from miles_nemogym.episode.record import AGENT_SUFFIX
 from miles_nemogym.gym import wheel as gym_wheel
-from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config
+from miles_nemogym.gym.composition import (
+    JUDGE_INSTANCE,
+    JUDGE_KEY_ENV,
+    Judge,
+    config_needs,
+    judged_instances,
+    layer,
+    refusal,
+    served,
+    shipped_config,
+)
+from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config, parse_configs
 from miles_nemogym.gym.server import MARKER_ENV, advertised_url, free_port, kill_marked, wait_until_answering
 from miles_nemogym.gym.venv import (
     BuildLines,
@@ -52,11 +63,15 @@ __all__ = [
     "EnvironmentPlan",
     "EnvironmentServers",
     "UnknownEnvironmentError",
+    "compose_each",
+    "environment_needs",
     "environment_python",
+    "judged_plans",
     "missing_requirements",
     "overlay_path",
     "overlay_python",
     "plan",
+    "refusals",
     "setting",
     "shipped_environments",
 ]
@@ -106,7 +121,7 @@ class EnvironmentPlan:
 
 def shipped_environments() -> list[str]:
     """Every resources server the pinned wheel ships (a ``resources_servers/<name>/app.py``)."""
-    with zipfile.ZipFile(gym_wheel.wheel_path()) as archive:
+    with gym_wheel.opened() as archive:
         names = {
             parts[1]
             for parts in (member.split("/") for member in archive.namelist())
@@ -203,7 +218,7 @@ def plan(names: Sequence[str]) -> list[EnvironmentPlan]:
         return []
     shipped = shipped_environments()
     plans: list[EnvironmentPlan] = []
-    with zipfile.ZipFile(gym_wheel.wheel_path()) as archive:
+    with gym_wheel.opened() as archive:
         members = archive.namelist()
         agents = {} if set(names) <= set(shipped) else _agent_configs(archive)
         unknown = [n for n in names if n not in shipped and n not in agents]
@@ -239,6 +254,54 @@ def setting(plans: Sequence[EnvironmentPlan], urls: Mapping[str, str]) -> str:
         p.name: {"url": urls[p.name], "max_steps": p.max_steps} if p.max_steps else urls[p.name] for p in plans
     }
     return json.dumps(value)
+
+
+def refusals(plans: Sequence[EnvironmentPlan], judge: Judge | None) -> list[str]:
+    """Why ``serve`` cannot serve each refused plan (one line each), read from the wheel."""
+    found = (refusal(p.name, shipped_config(p.config), judge) for p in plans)
+    return [reason for reason in found if reason]
+
+
+def judged_plans(plans: Sequence[EnvironmentPlan]) -> list[str]:
+    """The names of ``plans`` whose configs grade with a judge model."""
+    return [p.name for p in plans if judged_instances(shipped_config(p.config))]
+
+
+def environment_needs(plans: Sequence[EnvironmentPlan], judge: Judge | None) -> list[str]:
+    """What the servers of ``plans`` need that this host lacks (``serve --dry-run``)."""
+    return [
+        f"{p.name}: {need}" for p in plans for need in config_needs(served(shipped_config(p.config), judge), os.environ)
+    ]
+
+
+def _payload(
+    site_packages: Path,
+    plans: Sequence[EnvironmentPlan],
+    judge: Judge | None,
+    policy_base_url: str = PLACEHOLDER_POLICY_URL,
+    extra_configs: Sequence[Path] = (),
+) -> dict[str, Any]:
+    """What nemo-gym's parser is given for ``plans``: their configs, the policy model's, and
+    ``serve``'s layer over each (datasets dropped, the judge wired)."""
+    payload = layer([shipped_config(p.config) for p in plans], judge)
+    payload.update(
+        {
+            "config_paths": [str(site_packages / p.config) for p in plans]
+            + [str(site_packages / MODEL_CONFIG)]
+            + [str(path) for path in extra_configs],
+            "policy_base_url": policy_base_url,
+            "policy_api_key": "unused",
+            "policy_model_name": "policy",
+        }
+    )
+    return payload
+
+
+def compose_each(gym: GymVenv, plans: Sequence[EnvironmentPlan], judge: Judge | None, cwd: Path) -> dict[str, str]:
+    """Each plan's config composed on its own, as ``serve --env`` composes it, in one parser
+    process: name -> the composed YAML or the parser's reason (a ``ConfigRefusal``)."""
+    answers = parse_configs(gym, [_payload(gym.site_packages, [p], judge) for p in plans], cwd, "environments' configs")
+    return {p.name: answer for p, answer in zip(plans, answers, strict=True)}
 
 
 # ----------------------------------------------------------------------------- requirements
@@ -369,6 +432,7 @@ class EnvironmentServers:
         extra_env: Mapping[str, str] | None = None,
         extra_configs: Sequence[Path] = (),
         app_folders: Mapping[str, Path] | None = None,
+        judge: Judge | None = None,
     ) -> None:
         self.gym = gym
         self.plans = list(plans)
@@ -383,6 +447,7 @@ class EnvironmentServers:
         """More config files for the parser (servers that are not in the wheel: a benchmark's stand-in)."""
         self._app_folders = dict(app_folders or {})
         """Instance -> the folder of its ``app.py``, for instances not under site-packages."""
+        self.judge = judge
         self._marker = uuid.uuid4().hex
         self.config: dict[str, Any] = {}
         """The composed config (after ``start``)."""
@@ -421,15 +486,7 @@ class EnvironmentServers:
         if self.config:
             return self.config
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        sp = self.gym.site_packages
-        payload: dict[str, Any] = {
-            "config_paths": [str(sp / p.config) for p in self.plans]
-            + [str(sp / MODEL_CONFIG)]
-            + [str(path) for path in self._extra_configs],
-            "policy_base_url": self.policy_base_url,
-            "policy_api_key": "unused",
-            "policy_model_name": "policy",
-        }
+        payload = _payload(self.gym.site_packages, self.plans, self.judge, self.policy_base_url, self._extra_configs)
         composed = yaml.safe_load(parse_config(self.gym, payload, self.state_dir, "environments' config"))
         if not isinstance(composed, dict):
             raise GymEnvironmentError(f"nemo-gym's parser returned no config for {[p.name for p in self.plans]}")
@@ -451,7 +508,8 @@ class EnvironmentServers:
         python = environment_python(self.gym, self.plans, self._progress)
         self.compose()
         names = [p.instance for p in self.plans]
-        for index, name in enumerate([*names, *also]):
+        judge = [JUDGE_INSTANCE] if JUDGE_INSTANCE in self.config and JUDGE_INSTANCE not in also else []
+        for index, name in enumerate([*names, *also, *judge]):
             group, kind = self._where(name)
             block = self.config[name][group][kind]
             if self.first_port and name in names:
@@ -492,6 +550,8 @@ class EnvironmentServers:
     def _spawn(self, python: Path, name: str, folder: Path, config_yaml: str) -> None:
         tmp = self._temp_folder()
         env = child_environment()
+        if name == JUDGE_INSTANCE and os.environ.get(JUDGE_KEY_ENV):
+            env[JUDGE_KEY_ENV] = os.environ[JUDGE_KEY_ENV]  # the judge's process alone holds its key
         env.update(
             {
                 "NEMO_GYM_CONFIG_DICT": config_yaml,

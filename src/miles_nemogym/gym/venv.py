@@ -316,6 +316,8 @@ _NOT_INHERITED = frozenset(
         "NEMO_GYM_CONFIG_DICT",
         # No child needs the policy API key: the SWE server gets it per request, in the /run body.
         "NEMO_GYM_POLICY_API_KEY",
+        # The judge's key goes to the judge's model server alone (gym/environments.py adds it there).
+        "NEMO_GYM_JUDGE_API_KEY",
     }
 )
 

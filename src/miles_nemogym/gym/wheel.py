@@ -6,6 +6,7 @@ shapes, so tests, examples and ``smoke`` read them from the wheel, never from a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -13,6 +14,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +59,22 @@ def wheel_path(version: str = NEMO_GYM_VERSION) -> Path:
     return target
 
 
+@lru_cache(maxsize=2)
+def _archive(path: Path, mtime_ns: int, size: int) -> zipfile.ZipFile:
+    return zipfile.ZipFile(path)
+
+
+@contextlib.contextmanager
+def opened(version: str = NEMO_GYM_VERSION) -> Iterator[zipfile.ZipFile]:
+    """The cached wheel, opened once per process and file version (reading its index of ~5,000
+    members takes ~0.2 s; ``serve`` and the environments' table read it many times)."""
+    path = wheel_path(version)
+    stat = path.stat()
+    yield _archive(path, stat.st_mtime_ns, stat.st_size)
+
+
 def read_member(member: str, version: str = NEMO_GYM_VERSION) -> bytes:
-    with zipfile.ZipFile(wheel_path(version)) as wheel:
+    with opened(version) as wheel:
         return wheel.read(member)
 
 

@@ -1,0 +1,260 @@
+"""What ``serve`` changes in a shipped environment's config before nemo-gym's parser composes it,
+and which environments it refuses, read from the wheel before anything starts.
+
+Changed: every server block's ``datasets`` is dropped (``serve`` reads no dataset, and nemo-gym's
+parser rejects some shipped entries, e.g. spartqa's licence names); with a judge endpoint, each
+resources server's ``judge_model_server`` points at one model server of this package's
+(``vllm_model`` at the endpoint, its key ``${oc.env:NEMO_GYM_JUDGE_API_KEY}`` so only that
+server's process holds it). Refused: a judge the config turns on with no endpoint given, an
+agent that drops the rollout id in nemo-gym 0.7.0, an agent calling a model other than
+``policy_model`` (nothing to route its calls to).
+Why: docs/environments.md, "Serving environments".
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from miles_nemogym.gym import wheel as gym_wheel
+
+__all__ = [
+    "JUDGE_INSTANCE",
+    "JUDGE_KEY_ENV",
+    "Judge",
+    "config_needs",
+    "judged_instances",
+    "layer",
+    "overrides",
+    "refusal",
+    "served",
+    "server_blocks",
+    "shipped_config",
+]
+
+JUDGE_INSTANCE = "miles_nemogym_judge"
+"""The composed config's instance of the judge model server ``serve`` starts."""
+JUDGE_KEY_ENV = "NEMO_GYM_JUDGE_API_KEY"
+"""The judge endpoint's API key: read only from this variable, given only to the judge's process."""
+_POLICY_MODEL = "policy_model"
+
+_GROUPS = ("resources_servers", "responses_api_agents", "responses_api_models", "environment_servers")
+_JUDGE_FIELD = "judge_model_server"
+# A resources server's switch that leaves its judge unused (nemo-gym 0.7.0's configs).
+_JUDGE_SWITCHES = ("should_use_judge", "enable_llm_judge", "use_judge")
+# Agents whose model calls lose the rollout id in nemo-gym 0.7.0 (their app.py in the wheel).
+_ID_DROPPED = {
+    "harbor_agent": "builds its model URL as a bare host:port/v1 (_resolve_model_base_url), "
+    "without the /ng-rollout/<id> prefix",
+    "langgraph_agent": "posts /v1/responses to its model server without url_path_for_run, "
+    "so the /ng-rollout/<id> prefix is never added",
+    "finance_agent": "posts /v1/responses to its model server without url_path_for_run, "
+    "so the /ng-rollout/<id> prefix is never added",
+}
+_ENV_REFERENCE = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(,[^}]*)?\}")
+_KEY_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class Judge(BaseModel):
+    """The OpenAI-compatible endpoint that grades (``serve --judge-url/--judge-model``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(description="base URL of an OpenAI-compatible server, e.g. http://judge:8000/v1")
+    model: str = Field(min_length=1, description="the model name the judge server serves")
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        value = value.strip().rstrip("/")
+        if not re.match(r"https?://[^/\s]+", value):
+            raise ValueError(f"{value!r} is not an http(s) URL; give the judge's base URL, e.g. http://judge:8000/v1")
+        return value
+
+    def server(self) -> dict[str, Any]:
+        """The judge's model server block: nemo-gym's ``vllm_model`` (chat completions upstream)."""
+        return {
+            "responses_api_models": {
+                "vllm_model": {
+                    "entrypoint": "app.py",
+                    "base_url": self.url,
+                    "api_key": f"${{oc.env:{JUDGE_KEY_ENV},EMPTY}}",
+                    "model": self.model,
+                    "return_token_id_information": False,
+                    "uses_reasoning_parser": True,
+                }
+            }
+        }
+
+
+def _merged(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    result = dict(base)
+    for key, value in over.items():
+        old = result.get(key)
+        result[key] = _merged(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+    return result
+
+
+@lru_cache(maxsize=512)
+def _member(member: str) -> dict[str, Any]:
+    with gym_wheel.opened() as archive:
+        try:
+            loaded = yaml.safe_load(archive.read(member))
+        except KeyError:
+            return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def shipped_config(member: str) -> dict[str, Any]:
+    """A config of the wheel with the configs it names in ``config_paths`` merged under it
+    (as nemo-gym merges them: a config after what it pulls in), before nemo-gym's parser."""
+    return _shipped(member, ())
+
+
+def _shipped(member: str, seen: tuple[str, ...]) -> dict[str, Any]:
+    own = dict(_member(member))
+    result: dict[str, Any] = {}
+    for child in own.pop("config_paths", None) or []:
+        if isinstance(child, str) and child not in seen and child != member:
+            result = _merged(result, _shipped(child, (*seen, member)))
+    return _merged(result, own)
+
+
+def server_blocks(config: Mapping[str, Any]) -> Iterator[tuple[str, str, str, dict[str, Any]]]:
+    """``(instance, group, kind, block)`` of every server in a config."""
+    for instance, entry in config.items():
+        if not isinstance(entry, dict):
+            continue
+        for group in _GROUPS:
+            kinds = entry.get(group)
+            for kind, block in kinds.items() if isinstance(kinds, dict) else ():
+                if isinstance(block, dict):
+                    yield str(instance), group, str(kind), block
+
+
+def _ref(value: Any) -> str | None:
+    if isinstance(value, dict) and value.get("type") == "responses_api_models" and isinstance(value.get("name"), str):
+        return str(value["name"])
+    return None
+
+
+def judged_instances(config: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """``(instance, kind, judge model server name)`` of each resources server that grades with a
+    model: it names a ``judge_model_server`` and no switch of its turns that judge off."""
+    found = []
+    for instance, group, kind, block in server_blocks(config):
+        name = _ref(block.get(_JUDGE_FIELD))
+        if group == "resources_servers" and name and not any(block.get(s) is False for s in _JUDGE_SWITCHES):
+            found.append((instance, kind, name))
+    return found
+
+
+def overrides(config: Mapping[str, Any], judge: Judge | None) -> dict[str, Any]:
+    """The layer ``serve`` merges over ``config`` (nemo-gym's parser merges it last)."""
+    result: dict[str, Any] = {}
+    for instance, group, kind, block in server_blocks(config):
+        if "datasets" in block:
+            result = _merged(result, {instance: {group: {kind: {"datasets": None}}}})
+    if judge is None:
+        return result
+    redirected = set()
+    for instance, group, kind, block in server_blocks(config):
+        name = _ref(block.get(_JUDGE_FIELD))
+        if group == "resources_servers" and name:
+            result = _merged(result, {instance: {group: {kind: {_JUDGE_FIELD: {"name": JUDGE_INSTANCE}}}}})
+            redirected.add(name)
+    if not redirected:
+        return result
+    still_named = {
+        _ref(value)
+        for _, group, _, block in server_blocks(config)
+        for field, value in block.items()
+        if not (group == "resources_servers" and field == _JUDGE_FIELD)
+    }
+    # A judge server the config defines and nothing else names is dropped: it would need its own
+    # endpoint settings (e.g. ${judge_base_url}) to compose at all.
+    for name in redirected - still_named - {_POLICY_MODEL}:
+        if name in config:
+            result[name] = None
+    result[JUDGE_INSTANCE] = judge.server()
+    return result
+
+
+def layer(configs: Sequence[Mapping[str, Any]], judge: Judge | None) -> dict[str, Any]:
+    """The :func:`overrides` of several configs composed together, as one layer."""
+    result: dict[str, Any] = {}
+    for config in configs:
+        result = _merged(result, overrides(config, judge))
+    return result
+
+
+def served(config: Mapping[str, Any], judge: Judge | None) -> dict[str, Any]:
+    """``config`` with :func:`overrides` merged in, as the parser is given it (an entry the layer
+    sets to null is gone)."""
+    merged = _merged(dict(config), overrides(config, judge))
+    return {key: value for key, value in merged.items() if value is not None}
+
+
+def refusal(name: str, config: Mapping[str, Any], judge: Judge | None) -> str | None:
+    """Why ``serve`` cannot serve environment ``name`` as shipped, or None."""
+    for instance, group, kind, block in server_blocks(config):
+        if group != "responses_api_agents":
+            continue
+        if kind in _ID_DROPPED:
+            return (
+                f"environment {name!r}: its agent {instance!r} ({kind}) {_ID_DROPPED[kind]} in nemo-gym 0.7.0, "
+                "so its calls cannot be routed to the episode's session; this package refuses it"
+            )
+        model = _ref(block.get("model_server"))
+        if model is not None and model != _POLICY_MODEL:
+            return (
+                f"environment {name!r}: its agent {instance!r} ({kind}) calls model server {model!r}, not "
+                f"{_POLICY_MODEL}, so serve has no policy to route its calls to"
+            )
+    judged = judged_instances(config)
+    if judged and judge is None:
+        servers = ", ".join(sorted({f"{instance} (judge {model})" for instance, _, model in judged}))
+        return (
+            f"environment {name!r} grades with a judge model ({servers}); give its endpoint with "
+            f"--judge-url URL --judge-model NAME (the key, if any, in {JUDGE_KEY_ENV})"
+        )
+    return None
+
+
+def config_needs(
+    config: Mapping[str, Any], environ: Mapping[str, str], which: Callable[[str], str | None] = shutil.which
+) -> list[str]:
+    """What a config's servers need on this host that it lacks: variables (``${oc.env:X}``
+    without default), settings nothing sets (``${x}``), sandboxes (containers), an agent's CLI."""
+    needs: list[str] = []
+    for instance, group, kind, block in server_blocks(config):
+        text = yaml.safe_dump(block)
+        for variable, default in _ENV_REFERENCE.findall(text):
+            if not default and not environ.get(variable):
+                needs.append(f"{instance} ({kind}): the environment variable {variable}")
+        for key in _KEY_REFERENCE.findall(text):
+            if key not in config and key not in _SET_BY_SERVE:
+                needs.append(f"{instance} ({kind}): the setting {key} (an API key, URL or option)")
+        if "sandbox_provider" in block or "sandbox_config" in block:
+            needs.append(
+                f"{instance} ({kind}): a sandbox provider (task containers), which serve does not configure "
+                "for --env servers"
+            )
+        command = str(block.get("command") or _AGENT_CLIS.get(kind, "")) if group == "responses_api_agents" else ""
+        if command and which(command) is None:
+            needs.append(
+                f"{instance} ({kind}): the {command!r} command on PATH (the agent's setup installs it with npm, "
+                "which needs npm and the network)"
+            )
+    return list(dict.fromkeys(needs))
+
+
+# The CLI each harness agent runs (nemo-gym 0.7.0: ``shutil.which`` in its ``setup_<name>.py``).
+_AGENT_CLIS = {"claude_code_agent": "claude", "codex_agent": "codex", "opencode_agent": "opencode"}
+_SET_BY_SERVE: Sequence[str] = ("policy_base_url", "policy_api_key", "policy_model_name")

@@ -1,0 +1,89 @@
+"""A loopback judge model: an OpenAI-compatible ``/v1/chat/completions`` that grades as the
+judges of NeMo-Gym's ``abstention``/``omniscience`` prompt ask (the grader template's
+``Gold target:`` and ``Predicted answer:`` of the example to grade, answered ``A`` for CORRECT,
+``B`` for INCORRECT), comparing the two answers normalised. What a real judge model serves
+(vLLM, an API): the chat-completions contract, ``choices[0].message.content``."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from typing import Any
+
+from aiohttp import web
+
+JUDGED_ENVIRONMENTS = ("abstention",)
+"""The judged environments whose ``/verify`` the integration tests grade through ``JudgeModel``."""
+
+_GOLD = re.compile(r"^Gold target: (.*)$", re.MULTILINE)
+_PREDICTED = re.compile(r"^Predicted answer: (.*)$", re.MULTILINE)
+
+
+def _normal(text: str) -> str:
+    return " ".join(re.sub(r"[^a-z0-9 ]", " ", text.lower()).split())
+
+
+class JudgeModel:
+    """``with JudgeModel() as judge``: ``url`` (the ``/v1`` base), ``requests`` and their
+    ``Authorization`` headers as received."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.authorizations: list[str | None] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append(body)
+        self.authorizations.append(request.headers.get("Authorization"))
+        prompt = "\n".join(str(m.get("content") or "") for m in body.get("messages", []) if m.get("role") == "user")
+        gold, predicted = _GOLD.findall(prompt), _PREDICTED.findall(prompt)
+        if not gold or not predicted:
+            return web.json_response({"error": "no 'Gold target:'/'Predicted answer:' lines to grade"}, status=400)
+        grade = "A" if _normal(gold[-1]) == _normal(predicted[-1]) else "B"  # the example to grade is the last
+        return web.json_response(
+            {
+                "id": f"chatcmpl-judge-{len(self.requests)}",
+                "object": "chat.completion",
+                "created": 1700000000,
+                "model": body.get("model"),
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": grade}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        )
+
+    def __enter__(self) -> JudgeModel:
+        ready = threading.Event()
+
+        def serve() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            app = web.Application()
+            app.router.add_post("/v1/chat/completions", self._chat)
+            runner = web.AppRunner(app, access_log=None)
+            loop.run_until_complete(runner.setup())
+            loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
+            self.port = runner.addresses[0][1]
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(runner.cleanup())
+            loop.close()
+
+        self._thread = threading.Thread(target=serve, name="judge-model", daemon=True)
+        self._thread.start()
+        if not ready.wait(30):
+            raise RuntimeError("the judge stand-in did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(30)

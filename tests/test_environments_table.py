@@ -1,0 +1,36 @@
+"""README's table of nemo-gym's environments is what ``scripts/environments_table.py`` prints
+from the pinned wheel, and its categories say what serve does with each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.support import environments_table as script
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _block(text: str, start: str, end: str) -> str:
+    return text[text.index(start) : text.index(end, text.index(start)) + len(end) + 1]
+
+
+def test_the_readme_and_docs_tables_are_the_scripts_output() -> None:
+    rows = script.rows()
+    for which, path, made in (("readme", "README.md", script.readme), ("docs", "docs/environments.md", script.docs)):
+        text = (ROOT / path).read_text()
+        rerun = f"re-run `python scripts/environments_table.py {which}` and paste its output into {path}"
+        assert _block(text, script.START.format(which=which), script.END) == made(rows), rerun
+
+
+def test_each_of_the_143_environments_has_one_row_with_a_reason_where_refused() -> None:
+    rows = {r.name: r for r in script.rows()}
+    assert len(rows) == 143
+    assert {r.status for r in rows.values()} <= set(script.ORDER)
+    assert all(r.needs for r in rows.values() if r.status == script.REFUSED)
+    assert rows["spartqa"].status == script.SIMPLE  # its dataset entries no longer stop serve
+    assert rows["mcqa"].status == script.TESTED
+    assert rows["bbq"].status == rows["equivalence_llm_judge"].status == script.JUDGE
+    assert rows["blackjack"].status == script.ROUTED and rows["blackjack"].agent == "`gymnasium_agent`"
+    assert "harbor_agent` drops the rollout id" in rows["legal_agent_bench"].needs
+    assert "finance_agent` drops the rollout id" in rows["finance_sec_search"].needs
+    assert "beyond PyPI" in rows["instruction_following"].needs
