@@ -298,7 +298,24 @@ def environment_check_name(name: str) -> str:
 
 
 def start_environment_fix(name: str) -> str:
-    return f"start its resources server (`miles-nemogym serve --env {name}`)"
+    """Start ``name``'s server with serve when nemo-gym ships it, else correct the rows' name."""
+    serve = f"start its resources server (`miles-nemogym serve --env {name}`)"
+    retype = "re-run `miles-nemogym convert` with the right --env name (it refuses names nemo-gym does not ship)"
+    import zipfile
+
+    from miles_nemogym.gym import wheel
+
+    if wheel.cached_wheel() is None:  # a preflight downloads nothing to word a fix
+        return f"{serve} if nemo-gym ships it; if the name is misspelt, {retype}"
+    from miles_nemogym.gym.environments import UnknownEnvironmentError, check_shipped
+
+    try:
+        check_shipped([name])
+    except UnknownEnvironmentError as unknown:
+        return f"{unknown.names_said}: {retype}; if {name!r} is your own environment, start its resources server"
+    except (OSError, RuntimeError, ValueError, zipfile.BadZipFile):  # an unreadable cached wheel: say both
+        return f"{serve} if nemo-gym ships it; if the name is misspelt, {retype}"
+    return serve
 
 
 def _environment(name: str, target: Target) -> Found:
