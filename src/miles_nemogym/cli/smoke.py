@@ -107,6 +107,7 @@ def _smoke(
         console.print(f"[red]cannot read the example rows nemo-gym ships:[/red] {error}", highlight=False)
         raise typer.Exit(2) from None
     store = episode_dir or Path(os.environ.get("NEMO_GYM_EPISODE_DIR", "").strip() or _EPISODE_DIR)
+    store = Path(os.path.abspath(store.expanduser()))  # the closing hint works from any folder (no link resolved)
     folder = state_dir or Path(tempfile.mkdtemp(prefix="miles-nemogym-smoke-"))
     kept = state_dir is not None or keep
     worked = False

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from miles_nemogym import fit
-from miles_nemogym.episode.record import SWE_ENVIRONMENT
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text
 from miles_nemogym.store.reader import StoredEpisode
 
 _OUTPUT_MAX_CHARS = 600
@@ -196,7 +196,7 @@ def episode_list_text(episodes: list[StoredEpisode], width: int = fit.MIN_WIDTH)
             printable(e.instance_id),
             printable(f"{e.role}{_eval_set(e)}"),
             f"step {step_label(e.step)}",
-            printable(f"{e.kind}  reward {e.entry.get('reward')}  turns {e.record.get('turns')}"),
+            printable(f"{e.kind}  reward {e.entry.get('reward')}  turns {count_text(e.record.get('turns'))}"),
         )
         for e in episodes
     ]
@@ -372,10 +372,6 @@ class LongText:
     show_limit: int | None = None
 
 
-def or_dash(value: Any) -> str:
-    return "-" if value is None else str(value)
-
-
 def _missing_answer(episode: StoredEpisode) -> str | None:
     """Why the episode has no ``/run`` result to show, or None when it has one."""
     answer = episode.entry.get("answer")
@@ -415,13 +411,13 @@ def episode_parts(episode: StoredEpisode) -> list[str | LongText]:
     parts: list[str | LongText] = [
         f"episode {episode.episode_id}   instance {episode.instance_id}{environment}   {episode.role}"
         f"{_eval_set(episode)}   step {step_label(episode.step)}   session {episode.entry.get('session_id')}",
-        f"verdict: {episode.kind}   reward {episode.entry.get('reward')}   turns {or_dash(record.get('turns'))}   "
-        f"tool calls {or_dash(record.get('tool_calls'))}   time {or_dash(record.get('elapsed_s'))} s   "
-        f"attempts {or_dash(record.get('attempts'))}",
+        f"verdict: {episode.kind}   reward {episode.entry.get('reward')}   turns {count_text(record.get('turns'))}   "
+        f"tool calls {count_text(record.get('tool_calls'))}   time {count_text(record.get('elapsed_s'))} s   "
+        f"attempts {count_text(record.get('attempts'))}",
     ]
     if record.get("mask_sample"):
         parts += [
-            f"set aside, not trained on   HTTP status {or_dash(record.get('http_status'))}",
+            f"set aside, not trained on   HTTP status {count_text(record.get('http_status'))}",
             LongText(f"failure: {record.get('failure_kind')}: {record.get('failure_reason')}"),
         ]
         error = _metadata(answer).get("error")
