@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from miles_nemogym.cli.options import SANDBOXES, metavar
+from miles_nemogym.cli.options import SANDBOXES, choice
 from miles_nemogym.cli.signals import interrupt_on_sigterm
 
 if TYPE_CHECKING:
@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from miles_nemogym.gym.venv import GymVenv
 
 _SANDBOX_HELP = (
-    "Sandbox provider: a container one (what SWE-bench grading needs), or local (host subprocesses, "
-    "no isolation, cannot resolve instances)."
+    f"Sandbox provider, one of {', '.join(SANDBOXES)}: a container one (what SWE-bench grading needs), "
+    "or local (host subprocesses, no isolation, cannot resolve instances)."
 )
 
 _ENV_HELP = (
@@ -55,7 +55,9 @@ interpreter is found on PATH, in pyenv or /usr/bin, or named by MILES_NEMOGYM_GY
 
 
 def serve(
-    sandbox: Annotated[str, typer.Option("--sandbox", metavar=metavar(SANDBOXES), help=_SANDBOX_HELP)] = "docker",
+    sandbox: Annotated[
+        str, typer.Option("--sandbox", metavar="PROVIDER", callback=choice(SANDBOXES), help=_SANDBOX_HELP)
+    ] = "docker",
     host: Annotated[
         str, typer.Option("--host", help="Address to bind; 0.0.0.0 lets trainers on other machines connect.")
     ] = "127.0.0.1",

@@ -59,7 +59,7 @@ def _smoke(
         str | None,
         typer.Option(
             "--policy-base-url",
-            help="A real OpenAI-compatible endpoint (…/v1) instead of the scripted recording policy; "
+            help="A real OpenAI-compatible endpoint (its URL ending in /v1) instead of the scripted recording policy; "
             "its key from NEMO_GYM_POLICY_API_KEY.",
         ),
     ] = None,

@@ -187,20 +187,23 @@ def _short_ids(ids: list[str], size: int = 12) -> dict[str, str]:
 
 
 def episode_list_text(episodes: list[StoredEpisode], width: int = fit.MIN_WIDTH) -> str:
-    """One line per episode within ``width`` columns: id (a prefix ``--show`` takes), instance,
-    role, step, then verdict, reward and turns (wrapped between words); step and role go first."""
+    """One line per episode within ``width`` columns, under a header: id (a prefix ``--show``
+    takes), instance, role, step, reward, turns and verdict; step, role, turns, then reward go
+    first when the line would not fit (a long failure kind)."""
     short = _short_ids([e.episode_id for e in episodes])
-    lines = [
+    lines = [("episode", "instance", "role", "step", "reward", "turns", "verdict")] + [
         (
             printable(short[e.episode_id]),
             printable(e.instance_id),
             printable(f"{e.role}{_eval_set(e)}"),
-            f"step {step_label(e.step)}",
-            printable(f"{e.kind}  reward {e.entry.get('reward')}  turns {count_text(e.record.get('turns'))}"),
+            step_label(e.step),
+            printable(str(e.entry.get("reward"))),
+            count_text(e.record.get("turns")),
+            printable(e.kind),
         )
         for e in episodes
     ]
-    return fit.table(lines, width, drop_order=(3, 2))
+    return fit.table(lines, width, drop_order=(3, 2, 5, 4))
 
 
 # ----------------------------------------------------------------------------- one episode
