@@ -357,16 +357,18 @@ CLI = [sys.executable, "-m", "miles_nemogym.cli.main"]
 def test_in_a_real_80_column_terminal_no_line_runs_past_the_edge(
     tmp_path: Path, gym_example_rollouts: list[dict[str, Any]], store: Path
 ) -> None:
-    """episodes --show and --step, and every --help, in one 80x24 tmux pane: the terminal
+    """episodes --show and --step, examples' refusal and every --help, in one 80x24 tmux pane: the terminal
     wrapped no line (a word at the edge would be cut in two), and each episode is one line."""
     build_store(tmp_path / "shown", gym_example_rollouts)
     commands = [
         [*CLI, "episodes", str(tmp_path / "shown"), "--show", "crash0"],
         [*CLI, "episodes", str(tmp_path / "shown"), "--show", "train0"],
         [*CLI, "episodes", str(store), "--step", "1"],
+        [*CLI, "examples", "--env", "mcq"],  # the unknown name's message, close matches on one line
         *([*CLI, *command] for command in HELPS),
     ]
     pane = tmux.capture(commands, 80, 24)
+    assert any("'mcq' is not an environment nemo-gym ships (did you mean mcqa," in line for line in pane.shown)
     assert sum(1 for line in pane.shown if line.startswith("Usage: ")) == len(HELPS), pane.shown[-40:]
     wrapped = [line for line in pane.joined if len(line) > 80]
     assert pane.shown == pane.joined, f"the terminal wrapped {wrapped[:3]}"

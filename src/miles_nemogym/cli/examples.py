@@ -78,7 +78,10 @@ def _examples(
             text = data.decode("utf-8")
             text += "" if not text or text.endswith("\n") else "\n"  # some ship no final newline
     except ValueError as error:
-        typer.echo(f"error: {error}", err=True)
+        from miles_nemogym.fit import terminal_width, wrap_all
+
+        said = f"error: {error}"  # a terminal would cut a word at its edge: wrapped between words there
+        typer.echo(wrap_all([said], terminal_width()) if sys.stderr.isatty() else said, err=True)
         raise typer.Exit(2) from None
     except (OSError, RuntimeError) as error:
         typer.echo(f"error: cannot read nemo-gym {NEMO_GYM_VERSION}'s example rows: {error}", err=True)
