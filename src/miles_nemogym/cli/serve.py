@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from miles_nemogym.cli.options import SANDBOXES, choice
+from miles_nemogym.cli.options import SANDBOXES
 from miles_nemogym.cli.signals import interrupt_on_sigterm
 
 if TYPE_CHECKING:
@@ -55,9 +55,7 @@ interpreter is found on PATH, in pyenv or /usr/bin, or named by MILES_NEMOGYM_GY
 
 
 def serve(
-    sandbox: Annotated[
-        str, typer.Option("--sandbox", metavar="PROVIDER", callback=choice(SANDBOXES), help=_SANDBOX_HELP)
-    ] = "docker",
+    sandbox: Annotated[str, typer.Option("--sandbox", metavar="PROVIDER", help=_SANDBOX_HELP)] = "docker",
     host: Annotated[
         str, typer.Option("--host", help="Address to bind; 0.0.0.0 lets trainers on other machines connect.")
     ] = "127.0.0.1",
