@@ -46,10 +46,9 @@ def test_help_shows_no_bool_placeholder(command: str) -> None:
 def test_choices_are_shown() -> None:
     assert "--subset [verified|gym]" in invoke("scan", "--help").output
     assert "--subset [verified|gym]" in invoke("convert", "--help").output
-    assert (
-        "--sandbox [docker|daytona|e2b|ecs_fargate|opensandbox|openshell|enroot|apptainer|local]"
-        in invoke("serve", "--help").output
-    )
+    serve = " ".join(invoke("serve", "--help").output.split())
+    assert "--sandbox PROVIDER Sandbox provider, one of docker, daytona, e2b, ecs_fargate, opensandbox, " in serve
+    assert "openshell, enroot, apptainer, local: a container one" in serve
 
 
 @pytest.mark.parametrize("command", ["scan", "convert"])

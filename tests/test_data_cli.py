@@ -380,8 +380,8 @@ def test_a_mix_at_the_size_bound_stops_within_seconds_of_sigterm(tmp_path: Path)
     )
     out_dir = tmp_path / "out"
     child = subprocess.Popen(
-        [sys.executable, "-m", "miles_nemogym.cli.main", "convert", "--env", f"a={rows}:1", "--size", "1000000",
-         "-o", str(out_dir / "train.jsonl"), "--quiet"],
+        [sys.executable, "-m", "miles_nemogym.cli.main", "convert", "--env", f"a={rows}:1", "--own-env", "a",
+         "--size", "1000000", "-o", str(out_dir / "train.jsonl"), "--quiet"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

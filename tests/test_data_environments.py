@@ -300,9 +300,36 @@ def test_bad_environment_flags_exit_2(tmp_path: Path, flags: list[str], message:
 def test_examples_env_writes_the_shipped_rows_and_names_unknown_ones(tmp_path: Path) -> None:
     result = invoke("examples", "--env", "workplace_assistant", "-o", tmp_path / "wa.jsonl")
     assert result.exit_code == 0, result.output
-    assert (tmp_path / "wa.jsonl").read_bytes() == shipped_text("workplace_assistant")
+    shipped = shipped_text("workplace_assistant")
+    assert not shipped.endswith(b"\n")  # nemo-gym's file; the written one ends its last line
+    assert (tmp_path / "wa.jsonl").read_bytes() == shipped + b"\n"
     unknown = invoke("examples", "--env", "no_such_env")
-    assert unknown.exit_code == 2 and "mcqa" in unknown.output and "no such resources server" in unknown.output
+    assert unknown.exit_code == 2 and "'no_such_env' is not an environment nemo-gym ships" in unknown.output
+
+
+def test_examples_env_suggests_close_names_on_one_line() -> None:
+    typo = invoke("examples", "--env", "mcq")
+    assert typo.exit_code == 2
+    said = typo.stderr.strip()
+    assert "(did you mean mcqa" in said and "\n" not in said
+    assert len(said) < 400, said  # not the 143 names
+
+
+def test_convert_refuses_an_env_name_nemo_gym_does_not_ship_unless_it_is_yours(tmp_path: Path) -> None:
+    rows = shipped_file(tmp_path, "mcqa")
+    out = tmp_path / "out.jsonl"
+    typo = invoke("convert", "--env", f"mcq={rows}", "-o", out, "--quiet")
+    assert typo.exit_code == 2 and not out.exists()
+    said = " ".join(typo.stderr.split())
+    assert "'mcq' is not an environment nemo-gym ships (did you mean mcqa" in said
+    assert "--own-env NAME" in said
+    own = invoke("convert", "--env", f"mcq={rows}", "--own-env", "mcq", "-o", out, "--quiet")
+    assert own.exit_code == 0, own.output
+    assert all(json.loads(line)["metadata"]["nemogym_env"] == "mcq" for line in out.read_text().splitlines())
+    stray = invoke("convert", "--env", f"mcqa={rows}", "--own-env", "mcq", "-o", tmp_path / "o2.jsonl")
+    assert stray.exit_code == 2 and "--own-env mcq: no --env names 'mcq'" in stray.stderr
+    shipped = invoke("convert", "--env", f"mcqa={rows}", "-o", tmp_path / "o3.jsonl", "--quiet")
+    assert shipped.exit_code == 0, shipped.output
 
 
 def test_converted_swe_rows_mix_in_as_is_and_raw_ones_are_refused(

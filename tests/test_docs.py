@@ -134,3 +134,14 @@ def test_the_settings_table_is_in_the_readme_only() -> None:
         if sum(f"| `{name}` |" in doc.read_text() for name in ENV_VARS) > len(ENV_VARS) // 2
     ]
     assert twice == []
+
+
+def test_both_readmes_agree_that_miles_parse_args_accepting_the_command_is_verified() -> None:
+    """README says the CPU test verifies it; the example's GPU to-do list must not ask for it again."""
+    test = "tests/integration/test_miles_parses_launcher_command.py"
+    assert (ROOT / test).is_file()
+    example = (ROOT / "examples" / "swebench_grpo" / "README.md").read_text(encoding="utf-8")
+    still = " ".join(example.split("Still to verify on a GPU node:", 1)[1].split("\n\n", 2)[1].split())
+    assert test in (ROOT / "README.md").read_text(encoding="utf-8")
+    assert test in still and "only the GPU run is unverified" in still
+    assert "accepts the whole command (" not in still

@@ -490,3 +490,23 @@ def test_doctor_checks_each_resources_server_in_nemo_gym_envs(gym: GymStandIn, m
     assert f"FAIL environment mcqa: GET {down}/openapi.json: connection refused" in result.output
     assert "fix: start its resources server (`miles-nemogym serve --env mcqa`)" in result.output
     assert "PASS NeMo-Gym answers" in result.output
+
+
+def test_a_host_name_that_does_not_resolve_is_named_not_a_server_to_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_GYM_URL", "http://no-such-gym-host.invalid:12000")
+    monkeypatch.setenv("NEMO_GYM_ENVS", '{"mcqa": "http://no-such-mcqa-host.invalid:8001"}')
+    results = by_name(run_checks(timeout_s=5))
+    for name, where in (("NeMo-Gym answers", "NEMO_GYM_URL"), ("environment mcqa", "mcqa's URL")):
+        failed = results[name]
+        assert failed.status is Status.failed and "host name does not resolve" in failed.detail
+        assert failed.fix is not None and f"the host name in {where} does not resolve on this machine" in failed.fix
+        assert "start" not in failed.fix
+
+
+def test_with_no_rows_read_doctor_says_nothing_of_their_tools(gym: GymStandIn, monkeypatch: pytest.MonkeyPatch) -> None:
+    with serving(resources_document()) as resources:
+        monkeypatch.setenv("NEMO_GYM_URL", gym.url)
+        monkeypatch.setenv("NEMO_GYM_ENVS", f'{{"mcqa": "{resources.url}"}}')
+        passed = by_name(run_checks(timeout_s=5))["environment mcqa"]
+    assert passed.status is Status.passed
+    assert passed.detail == f"{resources.url}: POST /seed_session and /verify"

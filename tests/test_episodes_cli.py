@@ -72,9 +72,11 @@ def test_filters_list_the_matching_episodes(store: Path, gym_example_rollouts: l
 
 
 def _listed(output: str) -> list[str]:
-    """The episode ids of the list printed after the tables (after the last blank line); a line
-    wrapped to fit the terminal continues indented."""
-    return [line.split()[0] for line in output.rsplit("\n\n", 1)[1].splitlines() if line[:1].strip()]
+    """The episode ids of the list printed after the tables (after the last blank line, under
+    its header); a line wrapped to fit the terminal continues indented."""
+    header, *lines = output.rsplit("\n\n", 1)[1].splitlines()
+    assert header.split()[0] == "episode"
+    return [line.split()[0] for line in lines if line[:1].strip()]
 
 
 def test_show_renders_turns_patch_and_report(store: Path, gym_example_rollouts: list[dict[str, Any]]) -> None:

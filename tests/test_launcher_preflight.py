@@ -468,6 +468,31 @@ def test_an_environment_missing_from_nemo_gym_envs_is_named_with_the_fix(good: d
     assert "--nemo-gym-env xlam_fc=http://<host>:<port>" in failure.fix
 
 
+def test_a_misspelt_environment_s_fix_is_to_convert_again_not_to_serve_it(
+    good: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    rows = environment_rows("mcqa", 1) + environment_rows("mcq", 1)
+    with serving(resources_document()) as mcqa:
+        failure = only_failure(with_environments(good, rows, nemo_gym_envs=env_config(mcqa=mcqa.url)))
+        assert failure.name == "environment mcq" and failure.fix is not None
+        assert failure.fix.startswith(
+            "'mcq' is not an environment nemo-gym ships (did you mean mcqa, mrcr?): re-run `miles-nemogym convert` "
+            "with the right --env name"
+        )
+        assert "serve --env mcq`" not in failure.fix  # serve refuses it
+        assert "if 'mcq' is your own environment, start its resources server and pass --nemo-gym-env mcq=" in (
+            failure.fix
+        )
+        # Without the wheel in the cache nothing is downloaded: both fixes are given.
+        monkeypatch.setenv("MILES_NEMOGYM_CACHE", str(tmp_path / "empty-cache"))
+        failure = only_failure(with_environments(good, rows, nemo_gym_envs=env_config(mcqa=mcqa.url)))
+    assert failure.fix is not None and failure.fix.startswith(
+        "start its resources server (`miles-nemogym serve --env mcq`) if nemo-gym ships it; if the name is "
+        "misspelt, re-run `miles-nemogym convert` with the right --env name"
+    )
+    assert not (tmp_path / "empty-cache").exists()
+
+
 def test_an_eval_set_s_environment_is_checked_too(good: dict[str, Any]) -> None:
     holdout = write_jsonl(good["tmp"] / "holdout.jsonl", environment_rows("mcqa", 1))
     failure = only_failure(run(good, config={"eval_data": {"mcqa": holdout}}))

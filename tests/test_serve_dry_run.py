@@ -242,3 +242,26 @@ def test_dry_run_of_environments_only_starts_them_from_the_port(bare_host: Path)
     assert "requirements: none beyond nemo-gym" in result.stderr
     assert "nothing missing for the environments." in result.stderr
     assert json.loads(setting) == {"xlam_fc": "http://127.0.0.1:23456"}
+
+
+@pytest.mark.parametrize("sandbox", ["docker", "daytona"])
+def test_serve_refuses_a_provider_that_lacks_what_dry_run_names_before_starting(
+    sandbox: str, bare_host: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if sandbox == "docker":
+        shell_script(tmp_path / "bin" / "docker", "echo 'Cannot connect to the Docker daemon' >&2; exit 1")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    _, _, said = _dry_run(sandbox)
+    refused = CliRunner().invoke(app, ["serve", "--sandbox", sandbox, "--port", "23456"])
+    assert refused.exit_code == 1, refused.output
+    assert f"error: the {sandbox} sandbox cannot run episodes here; it lacks:" in refused.stderr
+    assert [line[4:] for line in refused.stderr.splitlines() if line.startswith("  - ")] == said != []
+    assert "pass --start-anyway" in refused.stderr and "Nothing was started." in refused.stderr
+    assert "serving" not in refused.output and not (bare_host / "gym-venv").exists()
+    # --start-anyway goes on to the server environment (here its stand-in Python cannot build it).
+    started = CliRunner().invoke(app, ["serve", "--sandbox", sandbox, "--port", "23456", "--start-anyway"])
+    assert started.exit_code == 1 and "lacks" not in started.stderr, started.output
+    assert "server environment" in started.stderr or "venv" in started.stderr, started.stderr
+    assert list(temp.iterdir()) == []  # serve's own state folder held nothing: removed

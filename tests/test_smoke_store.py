@@ -49,7 +49,8 @@ def django_id(store: Path) -> str:
 def test_smoke_writes_a_store_episodes_reads_and_removes_its_temporary_folder(folder: Path) -> None:
     done = invoke("smoke")
     assert done.exit_code == 0, done.output
-    assert done.output.rstrip().endswith("miles-nemogym episodes miles-nemogym-smoke-episodes")
+    # The store is in the working folder, as README says; the hint names it absolute, to run from anywhere.
+    assert done.output.rstrip().endswith(f"miles-nemogym episodes {folder / 'miles-nemogym-smoke-episodes'}")
     assert list((folder / "tmp").iterdir()) == []  # the server's folder is gone
     assert "--keep keeps it" in done.output
     table = invoke("episodes", "miles-nemogym-smoke-episodes")

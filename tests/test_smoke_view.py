@@ -63,10 +63,13 @@ def test_the_table_fits_80_columns_and_no_instance_id_wraps() -> None:
 def test_cells_are_short_and_consistent() -> None:
     lines = _render().splitlines()
     django = next(line for line in lines if "django__django-10973" in line).split()
-    # instance, verdict "set aside [1]", turns "-" (no trajectory came back), calls 3, patch, F2P, reward 0.0
-    assert django[1:] == ["set", "aside", "[1]", "-", "3", "-", "-", "0.0"]
+    # instance, verdict: its failure kind (its note's number wraps under it at 80 columns), turns as the
+    # record counts them, calls 3, patch, F2P, reward 0.0
+    assert django[1:] == ["agent_run_error", "0", "3", "-", "-", "0.0"]
     sphinx = next(line for line in lines if "sphinx-doc__sphinx-8595" in line).split()
-    assert sphinx[1:] == ["ok", "3", "3", "yes", "0/1", "0.0"]
+    assert sphinx[1:] == ["unresolved", "3", "3", "yes", "0/1", "0.0"]
+    wide = _render(120).splitlines()
+    assert next(line for line in wide if "django__django-10973" in line).split()[1:3] == ["agent_run_error", "[1]"]
     assert "None" not in "\n".join(lines)
 
 
@@ -84,7 +87,9 @@ def test_rewards_read_like_the_readme() -> None:
 
 def test_one_line_per_finished_episode() -> None:
     assert episode_line(EPISODES[0]) == ("[red]✗[/red] django__django-10973  set aside: no network (expected), 34 s")
-    assert episode_line(EPISODES[2]) == "[green]✓[/green] sphinx-doc__sphinx-8595  graded: 3 turns, reward 0.0, 37 s"
+    assert episode_line(EPISODES[2]) == (
+        "[green]✓[/green] sphinx-doc__sphinx-8595  unresolved: 3 turns, reward 0.0, 37 s"
+    )
     assert episode_line(EPISODES[3]).endswith("set aside: agent_timeout, 34 s")
 
 
@@ -92,7 +97,9 @@ def test_json_report_holds_every_episode_with_its_note(tmp_path: Path) -> None:
     report = SmokeReport(episodes=list(EPISODES), data_path=tmp_path / "p.jsonl")
     document: dict[str, Any] = json.loads(json.dumps(report_json(report)))
     assert document["chain_worked"] is True
-    assert [e["verdict"] for e in document["episodes"]] == ["set aside", "set aside", "ok", "set aside", "ok"]
+    verdicts = ["agent_run_error", "agent_run_error", "unresolved", "agent_timeout", "unresolved"]
+    assert [e["verdict"] for e in document["episodes"]] == verdicts
+    assert [e["set_aside"] for e in document["episodes"]] == [True, True, False, True, False]
     assert [e["expected_offline"] for e in document["episodes"]] == [True, True, False, False, False]
     assert document["episodes"][3]["note"] == f"agent_timeout: {TIMEOUT}"
     assert document["episodes"][2]["nemogym"]["fail_to_pass"] == {"passed": 0, "failed": 1}
@@ -114,3 +121,25 @@ def test_smoke_help_names_the_build_cache_and_interpreter() -> None:
         for phrase in ("first run builds", "~/.cache/miles-nemogym", "MILES_NEMOGYM_CACHE", "MILES_NEMOGYM_GYM_PYTHON"):
             assert phrase in result.output, (command, phrase)
     assert "--json" in CliRunner().invoke(app, ["smoke", "--help"]).output
+
+
+def test_verdict_and_turns_read_as_the_episode_store_s_views_show_them(tmp_path: Path) -> None:
+    """One vocabulary: smoke's table cell is what `episodes`, `--show` and the HTML page show."""
+    from miles_nemogym.store.browser import episode_list_text, episode_parts
+    from miles_nemogym.store.page import render_html
+    from miles_nemogym.store.reader import Store, StoredEpisode
+
+    table = _render(120).splitlines()
+    for episode in EPISODES:
+        stored = StoredEpisode(
+            {"episode_id": episode.instance_id, "instance_id": episode.instance_id,
+             "reward": episode.result["reward"], "record": episode.result["nemogym"]},
+            0, "train",
+        )  # fmt: skip
+        cells = next(line for line in table if episode.instance_id in line).split()
+        turns = str(episode.result["nemogym"]["turns"])
+        assert cells[1] == stored.kind and cells[-5] == turns
+        assert episode_list_text([stored], 200).splitlines()[1].split()[-3:] == ["0.0", turns, stored.kind]
+        assert f"verdict: {stored.kind}   reward 0.0   turns {turns}   " in str(episode_parts(stored)[1])
+        page = render_html(Store([stored]), "t")
+        assert f">{stored.kind}</span> · reward 0.0 · turns {turns} · " in page

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,8 @@ from miles_nemogym.scan.report import ScanProgress, render_summary
 from miles_nemogym.scan.results import ResultLine
 from miles_nemogym.scan.verdict import Verdict
 from miles_nemogym.store.writer import EpisodeStore, entry_for
+from tests.support import tmux
+from tests.support.episode_stores import build_store
 from tests.support.ports import free_port
 from tests.support.prompt_rows import write_jsonl
 
@@ -151,7 +155,7 @@ def test_episodes_table_and_list_fit(store: Path, width: int) -> None:
         shown = f"{number:02d}0123456789"  # a 12-character prefix, which --show takes
         line = next(line for line in listed if line.startswith(shown + " "))
         assert f" {LONG_ID}{number} " in line  # the instance id whole, on the episode's line
-    assert ("step 1" in listed[0]) is (width >= 120)  # step and role go first when there is no room
+    assert ("step" in listed[0].split()) is (width >= 120)  # step and role go first when there is no room
     first = CliRunner().invoke(app, ["episodes", str(store), "--show", "000123456789"])
     assert first.exit_code == 0 and f"instance {LONG_ID}0" in first.output
 
@@ -291,3 +295,82 @@ def test_a_word_longer_than_the_width_is_kept_whole() -> None:
     assert json.dumps(fit.table([["a", path]], 80).splitlines()) == json.dumps([f"a  {path}"])
     assert fit.table([["x", "kind_a 1, kind_b 2"]], 14).splitlines() == ["x  kind_a 1,", "   kind_b 2"]
     assert fit.table([["x", "resolved  reward 1.0"]], 14).splitlines() == ["x  resolved", "   reward 1.0"]
+
+
+@WIDTHS
+def test_episodes_list_is_one_line_per_episode(store: Path, width: int) -> None:
+    result = CliRunner().invoke(app, ["episodes", str(store), "--step", "1"], env={"COLUMNS": str(width)})
+    assert result.exit_code == 0, result.output
+    listed = fits(result.output.split("\n\n")[1], width)
+    header = listed[0].split()
+    assert header[:2] == ["episode", "instance"] and header[-1] == "verdict" and "reward" in header
+    assert len(listed) == 1 + 12  # the header, then each episode on one line
+    for line in listed[1:]:
+        cells = line.split()
+        assert cells[-1] in {*KINDS, "resolved", "unresolved"}, line
+    turns = [line.split()[-2] for line in listed[1:]]
+    assert set(turns) == {"41", "-"} if width >= 120 else "turns" not in listed[0]  # the longest kinds need room
+
+
+@WIDTHS
+def test_episodes_show_on_a_terminal_wraps_between_words(
+    tmp_path: Path, gym_example_rollouts: list[dict[str, Any]], width: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    build_store(tmp_path / "store", gym_example_rollouts)
+    for episode in ("train0", "crash0"):
+        show = ["episodes", str(tmp_path / "store"), "--show", episode]
+        piped = CliRunner().invoke(app, show, env={"COLUMNS": str(width)})
+        assert piped.exit_code == 0, piped.output
+        if episode == "train0":  # the real trajectory's lines run long; in a pipe each stays whole
+            assert any(len(line) > width for line in piped.output.splitlines())
+        with monkeypatch.context() as patch:
+            patch.setattr(episodes_cli, "_stdout_is_terminal", lambda: True)
+            shown = CliRunner().invoke(app, show, env={"COLUMNS": str(width)})
+        assert shown.exit_code == 0, shown.output
+        lines = shown.output.splitlines()
+        too_wide = [line for line in lines if len(line) > width and " " in line.strip()]
+        assert not too_wide, too_wide[:3]  # only a word longer than the line stands past it
+        assert shown.output.split() == piped.output.split()  # the same words, none split
+
+
+HELPS = [[], *([name, "--help"] for name in ("convert", "doctor", "episodes", "examples", "scan", "serve", "smoke"))]
+
+
+@WIDTHS
+@pytest.mark.parametrize("command", HELPS, ids=lambda c: c[0] if c else "bare")
+def test_every_help_fits(width: int, command: list[str]) -> None:
+    result = CliRunner().invoke(app, command, env={"COLUMNS": str(width)})
+    assert result.exit_code == 0, result.output
+    fits(result.output, width)
+
+
+# --- a real terminal: a tmux pane of 80x24 ----------------------------------------------
+
+needs_tmux = pytest.mark.skipif(
+    tmux.TMUX is None and not os.environ.get("MILES_NEMOGYM_CI"),
+    reason="no tmux on PATH (Debian: apt-get install tmux; .ci/run installs it, and there it never skips)",
+)
+CLI = [sys.executable, "-m", "miles_nemogym.cli.main"]
+
+
+@needs_tmux
+def test_in_a_real_80_column_terminal_no_line_runs_past_the_edge(
+    tmp_path: Path, gym_example_rollouts: list[dict[str, Any]], store: Path
+) -> None:
+    """episodes --show and --step, examples' refusal and every --help, in one 80x24 tmux pane: the terminal
+    wrapped no line (a word at the edge would be cut in two), and each episode is one line."""
+    build_store(tmp_path / "shown", gym_example_rollouts)
+    commands = [
+        [*CLI, "episodes", str(tmp_path / "shown"), "--show", "crash0"],
+        [*CLI, "episodes", str(tmp_path / "shown"), "--show", "train0"],
+        [*CLI, "episodes", str(store), "--step", "1"],
+        [*CLI, "examples", "--env", "mcq"],  # the unknown name's message, close matches on one line
+        *([*CLI, *command] for command in HELPS),
+    ]
+    pane = tmux.capture(commands, 80, 24)
+    assert any("'mcq' is not an environment nemo-gym ships (did you mean mcqa," in line for line in pane.shown)
+    assert sum(1 for line in pane.shown if line.startswith("Usage: ")) == len(HELPS), pane.shown[-40:]
+    wrapped = [line for line in pane.joined if len(line) > 80]
+    assert pane.shown == pane.joined, f"the terminal wrapped {wrapped[:3]}"
+    listed = [line for line in pane.shown if re.match(r"\d{12}  ", line)]
+    assert len(listed) == 12 and all(LONG_ID in line for line in listed)  # one line per episode

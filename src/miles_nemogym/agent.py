@@ -128,7 +128,8 @@ def _prepare(
             f"the row's environment {environment!r} is not in NEMO_GYM_ENVS ({configured}); add it next to the "
             f'others, e.g. NEMO_GYM_ENVS=\'{{"{environment}": "http://<its resources server>"}}\' '
             f"(`miles-nemogym serve --env {environment}` prints the setting), or train on data of the "
-            "configured environments"
+            "configured environments; a misspelt name in the rows: re-run `miles-nemogym convert` with the "
+            "right --env name (it refuses names nemo-gym does not ship)"
         )
     return prepare_environment(
         metadata, environment, server, session_url=base_url, request_kwargs=request_kwargs, settings=settings

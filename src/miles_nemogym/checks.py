@@ -67,7 +67,8 @@ class Target:
     fetch: Fetcher = fetch_json
     policy_base_url: str | None = None
     tools: Mapping[str, Collection[str]] = field(default_factory=dict)
-    """Environment -> the tool names its rows give the model (the launcher's; doctor has no rows)."""
+    """Environment -> the tool names its rows give the model, for each environment whose rows were
+    read (the launcher's; doctor reads no rows)."""
     tools_not_served: Collection[str] = ()
     gym_server: bool = True
     """False when no row is a SWE row: NEMO_GYM_URL's server is not used."""
@@ -194,6 +195,8 @@ _FETCH_FIXES = {
     "the CA that signed it (or add that CA to the system's trust store), and name the host the certificate "
     "is issued for; or use http:// if the server does not serve TLS",
     "tls": "use http:// if the server does not serve TLS (https:// only for a server that does)",
+    "dns": "the host name in NEMO_GYM_URL does not resolve on this machine: check the URL for a typo, "
+    "or give the server's IP address or a name this machine's DNS knows",
 }
 _UNREACHABLE_FIX = (
     "start the server (`miles-nemogym serve`, or `gym env start` with the mini_swe_agent_2 config) "
@@ -298,7 +301,24 @@ def environment_check_name(name: str) -> str:
 
 
 def start_environment_fix(name: str) -> str:
-    return f"start its resources server (`miles-nemogym serve --env {name}`)"
+    """Start ``name``'s server with serve when nemo-gym ships it, else correct the rows' name."""
+    serve = f"start its resources server (`miles-nemogym serve --env {name}`)"
+    retype = "re-run `miles-nemogym convert` with the right --env name (it refuses names nemo-gym does not ship)"
+    import zipfile
+
+    from miles_nemogym.gym import wheel
+
+    if wheel.cached_wheel() is None:  # a preflight downloads nothing to word a fix
+        return f"{serve} if nemo-gym ships it; if the name is misspelt, {retype}"
+    from miles_nemogym.gym.environments import UnknownEnvironmentError, check_shipped
+
+    try:
+        check_shipped([name])
+    except UnknownEnvironmentError as unknown:
+        return f"{unknown.names_said}: {retype}; if {name!r} is your own environment, start its resources server"
+    except (OSError, RuntimeError, ValueError, zipfile.BadZipFile):  # an unreadable cached wheel: say both
+        return f"{serve} if nemo-gym ships it; if the name is misspelt, {retype}"
+    return serve
 
 
 def _environment(name: str, target: Target) -> Found:
@@ -311,6 +331,13 @@ def _environment(name: str, target: Target) -> Found:
     try:
         routes = resources_routes(target.fetch(f"{server.url}/openapi.json", target.timeout_s))
     except FetchError as error:
+        if error.kind == "dns":
+            return _failed(
+                f"GET {url}/openapi.json: {error}",
+                f"the host name in {name}'s URL does not resolve on this machine: check NEMO_GYM_ENVS for a typo "
+                f"(the launcher's --nemo-gym-env {name}=http://<host>:<port>), or give the server's IP address "
+                "or a name this machine's DNS knows",
+            )
         return _failed(f"GET {url}/openapi.json: {error}", f"{start_environment_fix(name)}, or {where}")
     except SchemaError as error:
         problem = str(error)
@@ -334,11 +361,15 @@ def _environment(name: str, target: Target) -> Found:
         )
     if routes.any_tool is not None:
         served = f"every tool (POST {routes.any_tool})"
+    elif name not in target.tools:  # no rows of it were read (doctor): nothing to say about their tools
+        served = ""
     elif unserved:
         served = f"{len(set(tools)) - len(unserved)} of the rows' {len(set(tools))} tool(s) (--tools-not-served)"
     else:
         served = f"the rows' {len(set(tools))} tool(s)"
-    return _passed(f"{url}: POST /seed_session, /verify and {served}")
+    return _passed(
+        f"{url}: POST /seed_session, /verify and {served}" if served else f"{url}: POST /seed_session and /verify"
+    )
 
 
 def environments(target: Target) -> list[Check]:

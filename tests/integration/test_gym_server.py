@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import urllib.request
 from pathlib import Path
@@ -157,6 +158,22 @@ def test_a_server_that_cannot_bind_fails_with_its_log(tmp_path_factory: pytest.T
     assert "exited during start" in message or "did not answer" in message
     assert str(server.log_path) in message
     assert pids_with_environment(str(state.resolve())) == []
+
+
+def test_serve_removes_its_own_state_folder_on_stop_and_no_link_is_followed(tmp_path: Path) -> None:
+    temp, outside = tmp_path / "temp", tmp_path / "outside"
+    temp.mkdir()
+    outside.mkdir()
+    (outside / "keep.txt").write_text("not serve's")
+    arguments = ["--sandbox", "local", "--port", str(free_port()), "--concurrency", "1"]
+    with serving(*arguments, env={**os.environ, "TMPDIR": str(temp)}) as serve:
+        [made] = temp.glob("mng-gym-*")
+        assert f"log:{made.resolve()}/server.log" in "".join(serve.printed.split()), serve.printed  # rich wraps
+        (made / "a-link").symlink_to(outside, target_is_directory=True)
+        rest = serve.stop()
+    assert serve.process.returncode == 0, rest
+    assert f"stopped;removed{made.resolve()}." in "".join(rest.split()), rest
+    assert list(temp.iterdir()) == [] and (outside / "keep.txt").read_text() == "not serve's"
 
 
 def test_serve_command_prints_the_url_serves_and_stops_on_sigterm(tmp_path: Path) -> None:

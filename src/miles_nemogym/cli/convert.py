@@ -141,6 +141,14 @@ def _convert_command(
             "WEIGHT: its share of the output.",
         ),
     ] = None,
+    own_envs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--own-env",
+            metavar="NAME",
+            help="NAME (an --env's) is your own environment, not one nemo-gym ships: its name is not checked.",
+        ),
+    ] = None,
     size: Annotated[
         int | None,
         typer.Option(min=1, help="Rows in a weighted mix (default: the most without repeating a row)."),
@@ -255,6 +263,8 @@ def _convert_command(
         err.print(f"error: {error}", highlight=False, markup=False)
         raise typer.Exit(2) from None
 
+    _check_names(err, options, own_envs or [])
+
     with Progress(
         SpinnerColumn(),
         TextColumn("converting"),
@@ -298,6 +308,38 @@ def _convert_command(
                 err.print(f"error: {said}", highlight=False, markup=False)
                 raise typer.Exit(1) from None
     _print_summary(out, report, options)
+
+
+def _check_names(err: Console, options: ConvertOptions, own: list[str]) -> None:
+    """Each --env name is one nemo-gym ships, unless --own-env says it is the user's; else exit 2."""
+    from miles_nemogym.episode.record import SWE_ENVIRONMENT
+    from miles_nemogym.gym.environments import UnknownEnvironmentError, check_shipped
+
+    given = [entry.name for entry in options.environments if entry.name]
+    for name in own:
+        if name not in given:
+            err.print(f"error: --own-env {name}: no --env names {name!r}", highlight=False, markup=False)
+            raise typer.Exit(2)
+    names = [name for name in given if name != SWE_ENVIRONMENT and name not in own]
+    if not names:
+        return
+    try:
+        check_shipped(names)
+    except UnknownEnvironmentError as error:
+        err.print(
+            f"error: --env: {error} Give the name it ships, or add --own-env NAME for an environment of your own.",
+            highlight=False,
+            markup=False,
+        )
+        raise typer.Exit(2) from None
+    except (OSError, RuntimeError) as error:  # the wheel could not be downloaded or read
+        err.print(
+            f"error: --env: cannot check the names against nemo-gym's ({error}); "
+            "add --own-env NAME for each to convert without the check",
+            highlight=False,
+            markup=False,
+        )
+        raise typer.Exit(1) from None
 
 
 def register(app: typer.Typer) -> None:

@@ -59,7 +59,7 @@ def episodes(
     .svg files.
 
     A filter that matches nothing says so on stderr and exits 0 (no table, no page)."""
-    from miles_nemogym.fit import terminal_width
+    from miles_nemogym.fit import terminal_width, wrap_all
     from miles_nemogym.store.browser import (
         environment_rows,
         episode_list_text,
@@ -95,7 +95,9 @@ def episodes(
                 raise typer.Exit(2)
             full = load(directory, answers=True, steps={matches[0].step})
             skipped += [problem for problem in full.problems if problem not in skipped]
-            typer.echo(show_text(next((e for e in full.episodes if e.episode_id == matches[0].episode_id), matches[0])))
+            text = show_text(next((e for e in full.episodes if e.episode_id == matches[0].episode_id), matches[0]))
+            # A terminal would cut a word at its edge: wrapped between words there; whole lines in a pipe.
+            typer.echo(wrap_all(text.splitlines(), terminal_width(), indent="") if _stdout_is_terminal() else text)
             return
         if not store.episodes:
             typer.echo(f"no episodes in {directory} (expected train/ and eval/ folders of *.jsonl.gz files)")
@@ -145,6 +147,10 @@ def _warn_skipped(problems: list[str]) -> None:
 
 def _stderr_is_terminal() -> bool:
     return sys.stderr.isatty()
+
+
+def _stdout_is_terminal() -> bool:
+    return sys.stdout.isatty()
 
 
 def _refuse(message: str, option: str = "--html") -> typer.Exit:

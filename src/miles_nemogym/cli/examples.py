@@ -32,22 +32,22 @@ def _environment_rows(name: str) -> tuple[bytes, str]:
     import zipfile
 
     from miles_nemogym.gym import wheel as gym_wheel
+    from miles_nemogym.gym.environments import UnknownEnvironmentError, check_shipped
     from miles_nemogym.settings import environment_name_problem
 
     problem = environment_name_problem(name)
     if problem:
         raise ValueError(f"--env {name!r}: {problem}")
+    try:
+        check_shipped([name])
+    except UnknownEnvironmentError as error:
+        raise ValueError(f"--env: {error}") from None
     member = _ENV_EXAMPLES.format(name)
     with zipfile.ZipFile(gym_wheel.wheel_path()) as wheel:
-        names = set(wheel.namelist())
-        if member not in names:
-            shipped = sorted(
-                part.split("/")[1]
-                for part in names
-                if part.startswith("resources_servers/") and part.endswith("/data/example.jsonl")
-            )
+        if member not in wheel.namelist():
             raise ValueError(
-                f"--env {name!r}: no such resources server; the wheel ships examples for {', '.join(shipped)}"
+                f"--env {name!r}: nemo-gym ships no example rows for it (no {member} in the wheel); "
+                "write its task rows yourself, or try one that has them, e.g. --env mcqa"
             )
         return wheel.read(member), f"{member} in {gym_wheel.wheel_path()}"
 
@@ -76,8 +76,12 @@ def _examples(
         else:
             data, source = _environment_rows(env)
             text = data.decode("utf-8")
+            text += "" if not text or text.endswith("\n") else "\n"  # some ship no final newline
     except ValueError as error:
-        typer.echo(f"error: {error}", err=True)
+        from miles_nemogym.fit import terminal_width, wrap_all
+
+        said = f"error: {error}"  # a terminal would cut a word at its edge: wrapped between words there
+        typer.echo(wrap_all([said], terminal_width()) if sys.stderr.isatty() else said, err=True)
         raise typer.Exit(2) from None
     except (OSError, RuntimeError) as error:
         typer.echo(f"error: cannot read nemo-gym {NEMO_GYM_VERSION}'s example rows: {error}", err=True)

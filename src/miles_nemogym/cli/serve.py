@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from miles_nemogym.cli.options import SANDBOXES, metavar
+from miles_nemogym.cli.options import SANDBOXES
 from miles_nemogym.cli.signals import interrupt_on_sigterm
 
 if TYPE_CHECKING:
@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from miles_nemogym.gym.venv import GymVenv
 
 _SANDBOX_HELP = (
-    "Sandbox provider: a container one (what SWE-bench grading needs), or local (host subprocesses, "
-    "no isolation, cannot resolve instances)."
+    f"Sandbox provider, one of {', '.join(SANDBOXES)}: a container one (what SWE-bench grading needs), "
+    "or local (host subprocesses, no isolation, cannot resolve instances)."
 )
 
 _ENV_HELP = (
@@ -61,7 +61,7 @@ interpreter is found on PATH, in pyenv or /usr/bin, or named by MILES_NEMOGYM_GY
 
 
 def serve(
-    sandbox: Annotated[str, typer.Option("--sandbox", metavar=metavar(SANDBOXES), help=_SANDBOX_HELP)] = "docker",
+    sandbox: Annotated[str, typer.Option("--sandbox", metavar="PROVIDER", help=_SANDBOX_HELP)] = "docker",
     host: Annotated[
         str, typer.Option("--host", help="Address to bind; 0.0.0.0 lets trainers on other machines connect.")
     ] = "127.0.0.1",
@@ -87,7 +87,9 @@ def serve(
     state_dir: Annotated[
         Path | None,
         typer.Option(
-            "--state-dir", help="Folder for the server log, results and temp files (default: a new temp folder)."
+            "--state-dir",
+            help="Folder for the server log, results and temp files, kept (default: a new temp folder, removed "
+            "on stop).",
         ),
     ] = None,
     start_timeout: Annotated[
@@ -121,6 +123,13 @@ def serve(
     judge_model: Annotated[
         str | None, typer.Option("--judge-model", metavar="NAME", help="The model name the --judge-url server serves.")
     ] = None,
+    start_anyway: Annotated[
+        bool,
+        typer.Option(
+            "--start-anyway",
+            help="Start even when the sandbox provider lacks what --dry-run checks (a Docker daemon, credentials).",
+        ),
+    ] = False,
 ) -> None:
     from pydantic import ValidationError
     from rich.console import Console
@@ -202,6 +211,22 @@ def serve(
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2) from None
         raise typer.Exit(code)
+    if swe and not start_anyway:
+        try:
+            missing = _provider_missing(options, state_dir)
+        except GymEnvironmentError as exc:
+            console.print(f"[red]error:[/red] {escape(str(exc))}")
+            raise typer.Exit(2) from None
+        if missing:
+            console.print(f"[red]error:[/red] the {options.sandbox} sandbox cannot run episodes here; it lacks:")
+            for line in missing:
+                console.print(f"  - {escape(line)}", highlight=False)
+            console.print(
+                "Provide it, choose another --sandbox, or pass --start-anyway (e.g. when it comes later). "
+                "Nothing was started.",
+                highlight=False,
+            )
+            raise typer.Exit(1)
     if swe and options.sandbox == "local":
         console.print(
             "[yellow]--sandbox local runs the agent's commands on this host without isolation, and "
@@ -214,11 +239,13 @@ def serve(
     with interrupt_on_sigterm(ctrl_c=True):
         server: GymServer | None = None
         environments: EnvironmentServers | None = None
+        # serve's own temp state folder is removed on stop; a --state-dir (or one kept after a failure) stays.
+        made = None if state_dir else Path(tempfile.mkdtemp(prefix="mng-gym-")).resolve()
         try:
             with step_display(console) as progress:
                 venv = ensure_gym_venv(options.sandbox if swe else "local", progress=progress)
                 # One state folder for every server: the environments' logs go in its environments/.
-                state = (state_dir or Path(tempfile.mkdtemp(prefix="mng-gym-"))).resolve() if plans else state_dir
+                state = state_dir.resolve() if state_dir else made
                 started = time.monotonic()
                 if state is not None and plans:
                     environments = EnvironmentServers(
@@ -244,9 +271,11 @@ def serve(
         except GymEnvironmentError as exc:
             _stop(server, environments)
             console.print(f"[red]error:[/red] {exc}", highlight=False)
+            _keep(made, console)
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             _stop(server, environments)
+            _remove(made)
             console.print("interrupted; nothing left running.")
             raise typer.Exit(130) from None
 
@@ -263,6 +292,8 @@ def serve(
                     f"{environments.log_tail(name)}",
                     highlight=False,
                 )
+            _keep(made, console)
+            made = None
             raise typer.Exit(1)
         except KeyboardInterrupt:
             joined = options.ray_address is not None
@@ -270,7 +301,37 @@ def serve(
             console.print(f"stopping the servers{ray}...")
         finally:
             _stop(server, environments)
-    console.print("stopped.")
+    _remove(made)
+    console.print("stopped." if made is None else f"stopped; removed {made}.", highlight=False)
+
+
+def _provider_missing(options: ServeOptions, state_dir: Path | None) -> list[str]:
+    """What the sandbox provider lacks on this host, as ``--dry-run`` says it."""
+    from miles_nemogym.gym import providers
+    from miles_nemogym.gym.config import planned_config
+    from miles_nemogym.gym.server import free_port
+
+    port = options.port or free_port(options.host)
+    config = planned_config(options, port, state_dir.resolve() if state_dir else Path("<state-dir>"))
+    return providers.missing(options.sandbox, config)
+
+
+def _remove(made: Path | None) -> None:
+    """serve's own temp state folder (rmtree unlinks a link in it, never follows it)."""
+    import shutil
+
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
+
+
+def _keep(made: Path | None, console: Console) -> None:
+    """After a failure: serve's own state folder stays for its logs (removed when empty)."""
+    if made is None:
+        return
+    if any(made.iterdir()):
+        console.print(f"kept {made} (the logs) to look at; remove it when done", highlight=False)
+    else:
+        made.rmdir()
 
 
 def _stop(server: GymServer | None, environments: EnvironmentServers | None) -> None:

@@ -59,7 +59,7 @@ def _smoke(
         str | None,
         typer.Option(
             "--policy-base-url",
-            help="A real OpenAI-compatible endpoint (…/v1) instead of the scripted recording policy; "
+            help="A real OpenAI-compatible endpoint (its URL ending in /v1) instead of the scripted recording policy; "
             "its key from NEMO_GYM_POLICY_API_KEY.",
         ),
     ] = None,
@@ -107,6 +107,7 @@ def _smoke(
         console.print(f"[red]cannot read the example rows nemo-gym ships:[/red] {error}", highlight=False)
         raise typer.Exit(2) from None
     store = episode_dir or Path(os.environ.get("NEMO_GYM_EPISODE_DIR", "").strip() or _EPISODE_DIR)
+    store = Path(os.path.abspath(store.expanduser()))  # the closing hint works from any folder (no link resolved)
     folder = state_dir or Path(tempfile.mkdtemp(prefix="miles-nemogym-smoke-"))
     kept = state_dir is not None or keep
     worked = False

@@ -16,10 +16,12 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text, passed, verdict
 from miles_nemogym.smoke.run import OFFLINE_REASON, SmokeEpisode, SmokeReport, is_offline_failure
 
 LEGEND = (
-    "turns: agent turns in the trajectory the server returned (- when none came back); "
+    "verdict: resolved, unresolved, or the failure kind of an episode set aside (not trained on), "
+    "as `episodes` shows it; turns: agent turns the episode's record counts (- when it has none); "
     "calls: requests the policy answered; F2P: FAIL_TO_PASS tests passed/failed."
 )
 
@@ -31,10 +33,6 @@ def reward_text(value: Any) -> str:
     return f"{value:.1f}" if round(value, 1) == round(value, 2) else f"{value:.2f}"
 
 
-def _count(value: int | None) -> str:
-    return "-" if value is None else str(value)
-
-
 def _patch(value: Any) -> str:
     return {True: "yes", False: "no"}.get(value, "-") if isinstance(value, bool) else "-"
 
@@ -42,6 +40,19 @@ def _patch(value: Any) -> str:
 def _set_aside(episode: SmokeEpisode) -> bool:
     record = episode.record
     return record is None or record.status != "ok"
+
+
+def _verdict(episode: SmokeEpisode) -> str:
+    """The episode's verdict word as the episode store's views name it (``record.verdict``)."""
+    record = episode.record
+    if record is None:
+        return "no record"
+    return verdict(
+        masked=_set_aside(episode),
+        failure_kind=record.failure_kind,
+        swe=record.env == SWE_ENVIRONMENT,
+        passed=passed(record, episode.result.get("reward")),
+    )
 
 
 @dataclass(frozen=True)
@@ -86,7 +97,7 @@ def build_table(episodes: Sequence[SmokeEpisode]) -> tuple[Table, Footnotes]:
         pad_edge=False,
     )
     table.add_column("instance", no_wrap=True, min_width=width)
-    table.add_column("verdict", no_wrap=True)
+    table.add_column("verdict", overflow="fold")  # at 80 columns a note number wraps under its kind
     for name in ("turns", "calls", "patch", "F2P", "reward"):
         table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
     for episode, number in zip(episodes, notes.numbers, strict=True):
@@ -95,8 +106,8 @@ def build_table(episodes: Sequence[SmokeEpisode]) -> tuple[Table, Footnotes]:
         aside = _set_aside(episode)
         table.add_row(
             episode.instance_id,
-            f"[red]set aside[/red] [{number}]" if aside else "[green]ok[/green]",
-            "-" if aside else _count(record.turns if record else None),
+            f"[red]{_verdict(episode)}[/red] [{number}]" if aside else f"[green]{_verdict(episode)}[/green]",
+            count_text(record.turns if record else None),
             "-" if episode.policy_requests is None else str(episode.policy_requests),
             _patch(record.patch_applied if record else None),
             f"{f2p.passed}/{f2p.failed}" if f2p else "-",
@@ -115,7 +126,7 @@ def episode_line(episode: SmokeEpisode) -> str:
             kind = "no network (expected)"
         return f"[red]✗[/red] {episode.instance_id}  set aside: {kind}{took}"
     return (
-        f"[green]✓[/green] {episode.instance_id}  graded: {_count(record.turns)} turns, "
+        f"[green]✓[/green] {episode.instance_id}  {_verdict(episode)}: {count_text(record.turns)} turns, "
         f"reward {reward_text(episode.result.get('reward'))}{took}"
     )
 
@@ -134,7 +145,8 @@ def report_json(report: SmokeReport) -> dict[str, Any]:
             {
                 "instance_id": episode.instance_id,
                 "repo": episode.repo,
-                "verdict": "set aside" if _set_aside(episode) else "ok",
+                "verdict": _verdict(episode),
+                "set_aside": _set_aside(episode),
                 "expected_offline": is_offline_failure(episode.record),
                 "note": notes.texts[number - 1] if number else None,
                 "reward": episode.result.get("reward"),

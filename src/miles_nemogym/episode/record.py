@@ -49,6 +49,7 @@ __all__ = [
     "TestCounts",
     "agent_environment",
     "check_reward",
+    "count_text",
     "distinct_episodes",
     "environment_of",
     "eval_overrides",
@@ -70,6 +71,7 @@ __all__ = [
     "shown",
     "task_id_of",
     "task_row",
+    "verdict",
 ]
 
 logger = logging.getLogger(__name__)
@@ -425,6 +427,22 @@ def passed(record: EpisodeRecord, reward: object) -> bool:
     if isinstance(reward, bool) or not isinstance(reward, (int, float)):
         return False
     return math.isfinite(reward) and reward >= PASS_REWARD
+
+
+def verdict(*, masked: bool, failure_kind: object, swe: bool, passed: bool) -> str:
+    """The one verdict word every view shows (smoke, ``episodes``, ``--show``, the HTML page):
+    a set-aside episode's failure kind (``masked`` when it names none); else ``resolved`` or
+    ``unresolved`` for SWE, ``passed`` or ``failed`` for another environment."""
+    if masked:
+        return str(failure_kind or "masked")
+    if swe:
+        return "resolved" if passed else "unresolved"
+    return "passed" if passed else "failed"
+
+
+def count_text(value: object) -> str:
+    """A record's count (turns, tool calls) as every view shows it: ``-`` when it has none."""
+    return "-" if value is None else str(value)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -63,6 +63,7 @@ __all__ = [
     "EnvironmentPlan",
     "EnvironmentServers",
     "UnknownEnvironmentError",
+    "check_shipped",
     "compose_each",
     "environment_needs",
     "environment_python",
@@ -102,6 +103,14 @@ print("\\n" + json.dumps(out))
 
 class UnknownEnvironmentError(GymEnvironmentError):
     """An environment name the pinned nemo-gym does not ship."""
+
+    def __init__(self, names_said: str, shipped: int) -> None:
+        super().__init__(
+            f"{names_said}. The {shipped} shipped environments are the folders of resources_servers/ "
+            "in the nemo-gym wheel (or X of an agent X_simple_agent in their configs)."
+        )
+        self.names_said = names_said
+        """Each unknown name with its close matches, one line."""
 
 
 @dataclass(frozen=True)
@@ -208,6 +217,27 @@ def _agent_configs(archive: zipfile.ZipFile) -> dict[str, str]:
     return found
 
 
+def check_shipped(names: Sequence[str]) -> None:
+    """``UnknownEnvironmentError`` (one line, close matches suggested) unless nemo-gym ships every
+    one of ``names``, as :func:`plan` takes them."""
+    with zipfile.ZipFile(gym_wheel.wheel_path()) as archive:
+        _check_shipped(names, shipped_environments(), archive)
+
+
+def _check_shipped(names: Sequence[str], shipped: Sequence[str], archive: zipfile.ZipFile) -> dict[str, str]:
+    """The shipped agents' configs :func:`plan` needs (none when every name is a folder)."""
+    agents = {} if set(names) <= set(shipped) else _agent_configs(archive)
+    unknown = [n for n in names if n not in shipped and n not in agents]
+    if unknown:
+        lines = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, sorted({*shipped, *agents}), n=5, cutoff=0.5)
+            hint = f"did you mean {', '.join(close)}?" if close else "no shipped environment has a similar name"
+            lines.append(f"{name!r} is not an environment nemo-gym ships ({hint})")
+        raise UnknownEnvironmentError("; ".join(lines), len(shipped))
+    return agents
+
+
 def plan(names: Sequence[str]) -> list[EnvironmentPlan]:
     """``names`` (duplicates dropped) as the wheel ships them; an unknown name lists close matches.
 
@@ -220,18 +250,7 @@ def plan(names: Sequence[str]) -> list[EnvironmentPlan]:
     plans: list[EnvironmentPlan] = []
     with gym_wheel.opened() as archive:
         members = archive.namelist()
-        agents = {} if set(names) <= set(shipped) else _agent_configs(archive)
-        unknown = [n for n in names if n not in shipped and n not in agents]
-        if unknown:
-            lines = []
-            for name in unknown:
-                close = difflib.get_close_matches(name, sorted({*shipped, *agents}), n=5, cutoff=0.5)
-                hint = f"did you mean {', '.join(close)}?" if close else "no shipped environment has a similar name"
-                lines.append(f"{name!r} is not an environment nemo-gym ships ({hint})")
-            raise UnknownEnvironmentError(
-                "; ".join(lines) + f". The {len(shipped)} shipped environments are the folders of resources_servers/ "
-                "in the nemo-gym wheel (or X of an agent X_simple_agent in their configs)."
-            )
+        agents = _check_shipped(names, shipped, archive)
         for name in dict.fromkeys(names):
             config = _config_member(name, members) if name in shipped else agents[name]
             folder = config.split("/")[1]

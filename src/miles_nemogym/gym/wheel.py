@@ -34,6 +34,12 @@ def cache_dir() -> Path:
     return Path(base) / "miles-nemogym"
 
 
+def cached_wheel(version: str = NEMO_GYM_VERSION) -> Path | None:
+    """The cached wheel if a first use downloaded it, else None (nothing is downloaded)."""
+    target = cache_dir() / "wheels" / f"nemo_gym-{version}-py3-none-any.whl"
+    return target if target.exists() else None
+
+
 def wheel_path(version: str = NEMO_GYM_VERSION) -> Path:
     """The cached wheel, downloaded with pip on first use."""
     target_dir = cache_dir() / "wheels"

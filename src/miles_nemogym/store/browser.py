@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from miles_nemogym import fit
-from miles_nemogym.episode.record import SWE_ENVIRONMENT
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text
 from miles_nemogym.store.reader import StoredEpisode
 
 _OUTPUT_MAX_CHARS = 600
@@ -187,20 +187,23 @@ def _short_ids(ids: list[str], size: int = 12) -> dict[str, str]:
 
 
 def episode_list_text(episodes: list[StoredEpisode], width: int = fit.MIN_WIDTH) -> str:
-    """One line per episode within ``width`` columns: id (a prefix ``--show`` takes), instance,
-    role, step, then verdict, reward and turns (wrapped between words); step and role go first."""
+    """One line per episode within ``width`` columns, under a header: id (a prefix ``--show``
+    takes), instance, role, step, reward, turns and verdict; step, role, turns, then reward go
+    first when the line would not fit (a long failure kind)."""
     short = _short_ids([e.episode_id for e in episodes])
-    lines = [
+    lines = [("episode", "instance", "role", "step", "reward", "turns", "verdict")] + [
         (
             printable(short[e.episode_id]),
             printable(e.instance_id),
             printable(f"{e.role}{_eval_set(e)}"),
-            f"step {step_label(e.step)}",
-            printable(f"{e.kind}  reward {e.entry.get('reward')}  turns {e.record.get('turns')}"),
+            step_label(e.step),
+            printable(str(e.entry.get("reward"))),
+            count_text(e.record.get("turns")),
+            printable(e.kind),
         )
         for e in episodes
     ]
-    return fit.table(lines, width, drop_order=(3, 2))
+    return fit.table(lines, width, drop_order=(3, 2, 5, 4))
 
 
 # ----------------------------------------------------------------------------- one episode
@@ -372,10 +375,6 @@ class LongText:
     show_limit: int | None = None
 
 
-def or_dash(value: Any) -> str:
-    return "-" if value is None else str(value)
-
-
 def _missing_answer(episode: StoredEpisode) -> str | None:
     """Why the episode has no ``/run`` result to show, or None when it has one."""
     answer = episode.entry.get("answer")
@@ -415,13 +414,13 @@ def episode_parts(episode: StoredEpisode) -> list[str | LongText]:
     parts: list[str | LongText] = [
         f"episode {episode.episode_id}   instance {episode.instance_id}{environment}   {episode.role}"
         f"{_eval_set(episode)}   step {step_label(episode.step)}   session {episode.entry.get('session_id')}",
-        f"verdict: {episode.kind}   reward {episode.entry.get('reward')}   turns {or_dash(record.get('turns'))}   "
-        f"tool calls {or_dash(record.get('tool_calls'))}   time {or_dash(record.get('elapsed_s'))} s   "
-        f"attempts {or_dash(record.get('attempts'))}",
+        f"verdict: {episode.kind}   reward {episode.entry.get('reward')}   turns {count_text(record.get('turns'))}   "
+        f"tool calls {count_text(record.get('tool_calls'))}   time {count_text(record.get('elapsed_s'))} s   "
+        f"attempts {count_text(record.get('attempts'))}",
     ]
     if record.get("mask_sample"):
         parts += [
-            f"set aside, not trained on   HTTP status {or_dash(record.get('http_status'))}",
+            f"set aside, not trained on   HTTP status {count_text(record.get('http_status'))}",
             LongText(f"failure: {record.get('failure_kind')}: {record.get('failure_reason')}"),
         ]
         error = _metadata(answer).get("error")

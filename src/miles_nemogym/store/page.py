@@ -12,13 +12,13 @@ import html
 from collections.abc import Callable
 from typing import Any
 
+from miles_nemogym.episode.record import count_text
 from miles_nemogym.store.browser import (
     LongText,
     Row,
     environment_rows,
     episode_parts,
     fmt,
-    or_dash,
     printable,
     quality_label,
     several_environments,
@@ -196,7 +196,7 @@ def _episode_html(episode: StoredEpisode) -> str:
         f"{_text(episode.role)}{'/' + _text(eval_set, limit) if eval_set else ''} step {step_label(episode.step)} · "
         f"<b>{_text(episode.instance_id, limit)}</b> · <span class={css}>{_text(episode.kind, limit)}</span> · "
         f"reward {_text(episode.entry.get('reward'), limit)} · "
-        f"turns {_text(or_dash(episode.record.get('turns')), limit)} · "
+        f"turns {_text(count_text(episode.record.get('turns')), limit)} · "
         f"<code>{_text(episode.episode_id[:12])}</code>"
     )
     body = _body_html(episode_parts(episode))

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord, parse_record, passed
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord, parse_record, passed, verdict
 from miles_nemogym.store.writer import ROLES
 
 __all__ = ["Problem", "Store", "StoredEpisode", "load"]
@@ -79,11 +79,12 @@ class StoredEpisode:
         """The failure kind of a masked episode (``masked`` when it names none); else, for SWE,
         ``resolved`` or ``unresolved``, for another environment ``passed`` or ``failed``
         (``record.passed``)."""
-        if self.record.get("mask_sample"):
-            return str(self.record.get("failure_kind") or "masked")
-        if self.environment != SWE_ENVIRONMENT:
-            return "passed" if self.passed else "failed"
-        return "resolved" if self.passed else "unresolved"
+        return verdict(
+            masked=bool(self.record.get("mask_sample")),
+            failure_kind=self.record.get("failure_kind"),
+            swe=self.environment == SWE_ENVIRONMENT,
+            passed=self.passed,
+        )
 
     @property
     def passed(self) -> bool:
