@@ -308,8 +308,9 @@ def _drains(
     """Miles' fully async rollout as ``train_async.py`` drives it: one train call per step
     (``RolloutFnTrainInput(rollout_id=k, weight_version=k)``, the engine reporting version k
     from then on, as after a weight update), a shared-engine eval after the drains listed in
-    ``eval_after``. Each call is ``call_rollout_function``'s (the coroutine on Miles' background
-    loop) with a time limit, so a drain that never completes ends this run, not the driver."""
+    ``eval_after``, ``train_s`` of sleep after each (a training step's time). Each call is
+    ``call_rollout_function``'s (the coroutine on Miles' background loop) with a time limit, so
+    a drain that never completes ends this run, not the driver."""
     limit = float(request.get("drain_limit_s", 60.0))
     out: list[dict[str, Any]] = []
     for k in range(int(request["drains"])):
@@ -322,6 +323,7 @@ def _drains(
         )
         try:
             output = future.result(timeout=limit)
+            entry["call_s"] = time.monotonic() - began
         except concurrent.futures.TimeoutError:
             future.cancel()
             out.append({**entry, "timed_out": True, "elapsed_s": time.monotonic() - began})
@@ -336,6 +338,7 @@ def _drains(
             entry["eval"] = {name: _nested(result.get("samples") or []) for name, result in evaluated.data.items()}
             log_eval_rollout_data(k, args, evaluated.data, copy.copy(evaluated.metrics))
         entry["tracking"] = RECORDER.tracking[tracked:]
+        time.sleep(float(request.get("train_s", 0.0)))  # a stand-in training step: the worker keeps generating
         entry["elapsed_s"] = time.monotonic() - began
         out.append(entry)
     return out
@@ -437,7 +440,9 @@ def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[st
             reply["metrics"] = _json_safe(output.metrics)
             log_eval_rollout_data(rollout_id, args, output.data, copy.copy(output.metrics))
         else:
+            called = time.monotonic()
             output = call_rollout_function(rollout_fn, RolloutFnTrainInput(rollout_id=rollout_id))
+            reply["rollout_call_s"] = time.monotonic() - called
             reply["rollout_s"] = time.monotonic() - started
             decoder = load_tokenizer(str(tokenizer), trust_remote_code=True) if request.get("response_spans") else None
             reply.update(_train_step(args, rollout_id, output, decoder, started))

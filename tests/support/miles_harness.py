@@ -19,6 +19,7 @@ driver per test session; a step over the real Gym server takes ~20-40 s)::
         drains=None,                     # N: Miles' fully async rollout (--fully-async), N drains
         eval_after=(),                   # ... with a shared-engine eval after these drains
         drain_limit_s=60,                # ... a drain past it ends the run (result.drains[-1].finished False)
+        train_s=0.0,                     # ... seconds slept after each drain (a stand-in training step)
     )
     result.drains                         # fully async: one result per drain (groups, samples, metrics,
                                           #   train_data, weight_versions, tracked, error; eval)
@@ -299,6 +300,7 @@ class MilesDriver:
         drains: int | None = None,
         eval_after: Sequence[int] = (),
         drain_limit_s: float = 60.0,
+        train_s: float = 0.0,
     ) -> StepResult:
         """Run one Miles rollout step; see the module docstring."""
         if session_server not in ("v1", "v2") or mode not in ("train", "eval"):
@@ -328,6 +330,7 @@ class MilesDriver:
             "drains": drains,
             "eval_after": list(eval_after),
             "drain_limit_s": drain_limit_s,
+            "train_s": train_s,
         }
         with self.log_path.open("a") as log:
             log.write(f"\n===== step {self._next_id}: {mode} {session_server} over {gym_url}\n")
