@@ -16,7 +16,7 @@ The training step is ``--train`` seconds of sleep (no GPU here). Reported per mo
 samples per second of wall time (rollout + training steps), and the rollout side's idle
 fraction: 1 - (seconds the server spent on episodes) / (concurrency x wall time).
 
-    python bench/async_bench.py                   # 4 prompts x 4 samples, 4 steps, 3 rounds (ABAB...)
+    python bench/async_bench.py                   # 4 prompts x 4 samples, 4 steps, 2 rounds (ABAB...)
     python bench/async_bench.py --rounds 1 --steps 2
 
 Needs the Miles venv the integration tests build (MILES_SRC names the pinned Miles source).
@@ -124,8 +124,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4, help="--rollout-batch-size (groups in flight)")
     parser.add_argument("--samples", type=int, default=4, help="--n-samples-per-prompt")
     parser.add_argument("--steps", type=int, default=4, help="train steps (sync) / drains (async) per round")
-    parser.add_argument("--rounds", type=int, default=3, help="sync then async, this many times (ABAB)")
-    parser.add_argument("--median", type=float, default=0.5, help="median episode time, s")
+    parser.add_argument("--rounds", type=int, default=2, help="sync then async, this many times (ABAB)")
+    parser.add_argument("--median", type=float, default=2.0, help="median episode time, s")
     parser.add_argument("--tail", type=float, default=20.0, help="p99 / p50 of the episode times")
     parser.add_argument("--train", type=float, default=1.0, help="stand-in training step, s")
     parser.add_argument("--out", type=Path, default=None, help="report JSON (default: bench/reports/)")
