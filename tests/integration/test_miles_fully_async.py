@@ -188,7 +188,7 @@ def test_stale_groups_are_dropped_counted_and_regenerated_only_under_retry(
     for k, drain in enumerate(drains):
         assert_salvaged_grpo(drain)
         # Trained at staleness 0: every sample generated with the weights of its own step.
-        versions = {v for sample in drain.raw["weight_versions"] for v in sample}
+        versions = {v for sample in drain.samples for v in sample["weight_versions"]}
         assert versions == {str(k)}, versions
         tracked = drain.tracked("rollout/step")
         assert tracked["nemogym/buffer/groups_dropped_stale"] == tracked["rollout/fully_async/stale_groups_filtered"]
@@ -248,3 +248,33 @@ def test_a_shared_engine_eval_between_drains_logs_pass_at_k_at_its_step(
     assert evaluated["nemogym-eval/swe/episodes"] == PROMPTS * N
     assert evaluated["nemogym-eval/swe/pass@4"] == 1.0
     assert second.tracked("eval/step") == {}
+
+
+# -- weight updates ----------------------------------------------------------------------------------
+
+
+def test_an_episode_running_across_a_weight_update_carries_both_versions_and_trains_once(
+    miles_driver: MilesDriver, prompts: list[dict[str, Any]], graded: dict[str, Any]
+) -> None:
+    # Two policy calls 1.5 s apart; the engine reports version k from drain k on (a weight
+    # update between drains, no abort: fully async pauses inside the engine, docs/upstream.md).
+    # Session server v2 makes one sample per call, each with the version it was generated with.
+    gym = ScriptedGym(
+        result=graded, policy_calls=2, between_calls_s=1.5,
+        scripts={row["metadata"]["instance_id"]: [1.0, 0.0] for row in prompts},
+    )  # fmt: skip
+    result = run(miles_driver, gym, prompts, 2, session_server="v2", train_s=0.5).check()
+    drains = result.drains
+    assert all(d.finished and d.error is None for d in drains), drains[-1].raw.get("traceback")
+    per_drain = []
+    for drain in drains:
+        versions: dict[str, set[str]] = defaultdict(set)
+        for sample in drain.samples:
+            versions[sample["metadata"]["nemogym"]["episode_id"]].update(sample["weight_versions"])
+        per_drain.append(versions)
+    assert all(v == {"0"} for v in per_drain[0].values())
+    # Started before the update, finished after: its samples carry both versions; trained once.
+    assert {"0", "1"} in per_drain[1].values()
+    assert not set(per_drain[0]) & set(per_drain[1])
+    assert drains[1].tracked("rollout/step")["rollout/fully_async/max_staleness"] == 1.0
+    assert all(s["metadata"]["nemogym"]["mask_sample"] is False for d in drains for s in d.samples)

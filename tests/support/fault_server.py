@@ -96,6 +96,8 @@ class FaultServer:
     """Starts the 422 modes' error message: the agent logs each distinct configuration error
     once per process, so a test that counts log lines gives its own note."""
     policy_calls: int = 0
+    between_calls_s: float = 0.0
+    """Seconds between an episode's policy calls (the tool time of a turn)."""
     """Chat completions to make on the request's ``policy_base_url`` before answering, as an
     episode does: Miles' session server only turns a session with model calls into a sample."""
     bodies: list[dict[str, Any]] = field(default_factory=list)
@@ -182,6 +184,8 @@ class FaultServer:
         try:
             # An error answer comes before any episode work: no model call.
             for turn in range(0 if mode in EARLY_ERRORS else self.policy_calls):
+                if turn and self.between_calls_s:
+                    await asyncio.sleep(self.between_calls_s)
                 await call_policy(body, turn)
             hold_s = self.hold_s if self.hold_s_for is None else self.hold_s_for(body)
             if (hold_s > 0 or mode == "hold") and not await self._hold(request, instance, mode, hold_s):

@@ -198,6 +198,7 @@ def sample_json(sample: Any) -> dict[str, Any]:
         "loss_mask": list(sample.loss_mask) if sample.loss_mask is not None else None,
         "rollout_log_probs": len(sample.rollout_log_probs) if sample.rollout_log_probs is not None else None,
         "remove_sample": bool(sample.remove_sample),
+        "weight_versions": list(sample.weight_versions),
         "metadata": _json_safe(sample.metadata),
     }
 
@@ -298,7 +299,6 @@ def _train_step(args: Any, rollout_id: int, output: Any, decoder: Any, started: 
     keys = ("rewards", "raw_reward", "loss_masks", "response_lengths", "truncated", "rollout_ids")
     keys += ("total_lengths",)
     reply["train_data"] = {key: _json_safe(train.get(key)) for key in keys}
-    reply["weight_versions"] = [list(s.weight_versions) for s in flat]
     return reply
 
 

@@ -21,8 +21,8 @@ driver per test session; a step over the real Gym server takes ~20-40 s)::
         drain_limit_s=60,                # ... a drain past it ends the run (result.drains[-1].finished False)
         train_s=0.0,                     # ... seconds slept after each drain (a stand-in training step)
     )
-    result.drains                         # fully async: one result per drain (groups, samples, metrics,
-                                          #   train_data, weight_versions, tracked, error; eval)
+    result.drains                         # fully async: one result per drain (groups, samples with their
+                                          #   weight_versions, metrics, train_data, tracked, error; eval)
     result.finished, result.error         # did Miles' step return; its exception if it raised
     result.groups                         # train: kept groups, each a flat list of sample dicts
     result.raw["samples"]                 # ... as Miles nests them (v2: a list per episode)
