@@ -17,7 +17,11 @@ call the policy once and score 0 or 1 at random. Two kinds of failure:
     yield           trained samples / paid episodes
 
 ``drop`` is ``NEMO_GYM_MIN_VALID_PER_GROUP=0`` (a group with any failure is dropped and Miles
-draws another prompt), ``salvage`` the default 2. Goal: salvage yield >= 0.97 x (1 - p).
+draws another prompt), ``salvage`` the default 2, ``async`` salvage under Miles' fully async
+rollout (``FullyAsyncRolloutFn`` with ``miles_nemogym.buffer.EpisodeBuffer``, ``--drains`` train
+calls; its worker keeps generating, so paid there counts the episodes the drains decided:
+trained, set aside, or dropped by the buffer, not those still running or buffered at the
+end). Goal: salvage and async yield >= 0.97 x (1 - p).
 
     python bench/yield_bench.py                 # both kinds; p = 5, 10, 20 %; 8 prompts x 8 samples
     python bench/yield_bench.py --failures start --rates 0.1 --prompts 4
@@ -45,7 +49,8 @@ from tests.support.miles_harness import MilesDriver  # noqa: E402
 from tests.support.scripted_gym import ScriptedGym  # noqa: E402
 from tests.support.threaded import serving_in_thread  # noqa: E402
 
-MODES = {"drop": "0", "salvage": "2"}
+MODES = {"drop": "0", "salvage": "2", "async": "2"}
+BUFFER = ["--custom-async-data-buffer-path", "miles_nemogym.buffer.EpisodeBuffer"]
 FAILURES = ("start", "after")
 GOAL = 0.97
 
@@ -72,10 +77,13 @@ def measure(
     samples: int,
     seed: int,
     even: bool,
+    drains: int = 2,
 ) -> dict[str, Any]:
     result_doc = next(r for r in gym_wheel.example_rollouts() if r["instance_id"].startswith("sympy"))
     rates = {"start_fail_rate": rate} if failure == "start" else {"fail_rate": rate}
     gym = ScriptedGym(result=result_doc, policy_calls=1, seed=seed, even=even, **rates)
+    if mode == "async":
+        return _measure_async(driver, gym, rows, failure, rate, prompts, samples, drains)
     with serving_in_thread(gym):
         step = driver.step(
             gym_url=gym.url, rows=rows, n_prompts=prompts, n_samples=samples,
@@ -100,6 +108,37 @@ def measure(
     }
 
 
+def _measure_async(
+    driver: MilesDriver, gym: ScriptedGym, rows: list[dict[str, Any]], failure: str, rate: float,
+    prompts: int, samples: int, drains: int,
+) -> dict[str, Any]:  # fmt: skip
+    with serving_in_thread(gym):
+        run = driver.step(
+            gym_url=gym.url, rows=rows, n_prompts=prompts, n_samples=samples, drains=drains,
+            extra_argv=BUFFER, drain_limit_s=300, time_limit_s=900,
+        ).check()  # fmt: skip
+        sent = len(gym.bodies)
+    done = run.drains
+    for drain in done:
+        drain.check()
+    trained = sum(1 for d in done for mask in d.train_data["loss_masks"] if any(mask))
+    tracked = [d.tracked("rollout/step") for d in done]
+    decided = sum(len(d.train_data["loss_masks"]) for d in done)  # trained groups, zero-loss samples included
+    decided += int(sum(t.get("nemogym/buffer/episodes_dropped", 0.0) for t in tracked))
+    return {
+        "failure": failure,
+        "rate": rate,
+        "mode": "async",
+        "paid_episodes": decided,
+        "sent_episodes": sent,
+        "trained_samples": trained,
+        "yield": trained / decided if decided else 0.0,
+        "groups_dropped": sum(t.get("nemogym/groups_dropped", 0.0) for t in tracked),
+        "groups_salvaged": sum(t.get("nemogym/groups_salvaged", 0.0) for t in tracked),
+        "step_s": round(run.elapsed_s, 1),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--failures", nargs="+", choices=FAILURES, default=list(FAILURES))
@@ -107,6 +146,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8, help="--rollout-batch-size")
     parser.add_argument("--samples", type=int, default=8, help="--n-samples-per-prompt")
     parser.add_argument("--seeds", type=int, default=2, help="steps per cell, each with its own random draws")
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    parser.add_argument("--drains", type=int, default=2, help="async: train calls per run")
     parser.add_argument(
         "--random-failures",
         action="store_true",
@@ -122,11 +163,12 @@ def main() -> None:
     try:
         for failure in options.failures:
             for rate in options.rates:
-                for mode in MODES:
+                for mode in options.modes:
                     for seed in range(1, options.seeds + 1):
                         row = measure(
                             driver, rows, failure=failure, rate=rate, mode=mode, prompts=options.prompts,
                             samples=options.samples, seed=seed, even=not options.random_failures,
+                            drains=options.drains,
                         )  # fmt: skip
                         results.append(row)
                         print(json.dumps(row), flush=True)
@@ -134,20 +176,29 @@ def main() -> None:
         driver.close()
     shape = f"{options.prompts} prompts x {options.samples} samples per step"
     print(f"\n{shape}, {options.seeds} Miles train steps per cell")
-    print("| failure | rate p | drop: paid | trained | yield | salvage: paid | trained | yield | salvage / (1 - p) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    heads = " | ".join(f"{mode}: paid | trained | yield" for mode in options.modes)
+    goals = " | ".join(f"{mode} / (1 - p)" for mode in options.modes if mode != "drop")
+    print(f"| failure | rate p | {heads} | {goals} |")
+    print(
+        "|---|---:|"
+        + "---:|---:|---:|" * len(options.modes)
+        + "---:|" * (len(options.modes) - ("drop" in options.modes))
+    )
     for failure in options.failures:
         for rate in options.rates:
-            cells = []
-            for mode in MODES:
+            cells = {}
+            for mode in options.modes:
                 of = [r for r in results if (r["failure"], r["rate"], r["mode"]) == (failure, rate, mode)]
                 paid = sum(r["paid_episodes"] for r in of)
                 trained = sum(r["trained_samples"] for r in of)
-                cells.append((paid, trained, trained / paid if paid else 0.0))
-            ratio = cells[1][2] / (1 - rate)
-            verdict = "ok" if ratio >= GOAL else f"below {GOAL}"
-            text = " | ".join(f"{paid} | {trained} | {y:.3f}" for paid, trained, y in cells)
-            print(f"| {failure} | {rate:.0%} | {text} | {ratio:.3f} ({verdict}) |")
+                cells[mode] = (paid, trained, trained / paid if paid else 0.0)
+            ratios = []
+            for mode, (_, _, y) in cells.items():
+                if mode != "drop":
+                    ratio = y / (1 - rate)
+                    ratios.append(f"{ratio:.3f} ({'ok' if ratio >= GOAL else f'below {GOAL}'})")
+            text = " | ".join(f"{paid} | {trained} | {y:.3f}" for paid, trained, y in cells.values())
+            print(f"| {failure} | {rate:.0%} | {text} | {' | '.join(ratios)} |")
     report = ROOT / "bench" / "reports" / f"yield_bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(json.dumps({"options": vars(options), "results": results}, indent=2))

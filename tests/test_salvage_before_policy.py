@@ -18,14 +18,12 @@ import pytest
 from miles_nemogym import agent, filters, metrics, salvage, state
 from miles_nemogym.episode.record import eval_overrides
 from miles_nemogym.state import ledger
-from tests.support.agent_fixtures import call, fast_env, server
+from tests.support.agent_fixtures import TOKENS, call, episode, fast_env, input_sample, server
 from tests.support.fault_server import FaultServer
-from tests.support.samples import Sample, Status
+from tests.support.samples import Status
 
 __all__ = ["fast_env", "server"]  # fixtures used by name
 pytestmark = pytest.mark.usefixtures("fast_env")
-
-TOKENS = [151644, 872, 198, 9707, 151645]
 
 
 class Args:
@@ -33,30 +31,6 @@ class Args:
 
     n_samples_per_prompt = 4
     custom_reward_post_process_path = salvage.HOOK_PATH
-
-
-def input_sample(row: dict[str, Any], index: int, group: int = 0) -> Sample:
-    return Sample(prompt=[{"role": "user", "content": "x"}], metadata=dict(row), index=index, group_index=group)
-
-
-async def episode(server: FaultServer, sample: Sample, mode: str) -> Sample:
-    """Run the agent for ``sample`` with the server in ``mode``; the sample as Miles returns it."""
-    server.mode = mode
-    result = await agent.run(
-        base_url="http://127.0.0.1:39999/sessions/s-1",
-        prompt=sample.prompt,
-        request_kwargs={"max_tokens": 64},
-        metadata={**sample.metadata, "session_server_id": "127.0.0.1:39999"},
-    )
-    if mode == "500":  # the server failed before the episode's first model call
-        aborted = copy.deepcopy(sample)
-        aborted.status = Status.ABORTED
-        return aborted
-    out = copy.deepcopy(sample)
-    out.metadata.update(result)
-    out.tokens, out.response_length, out.loss_mask = list(TOKENS), 2, [1, 1]
-    out.rollout_log_probs, out.reward = [-0.5, -0.25], float(result["reward"])
-    return out
 
 
 async def test_a_group_whose_failed_episode_never_reached_the_policy_trains_over_the_other_three(

@@ -20,7 +20,7 @@ from miles_nemogym.log_once import log_once
 from miles_nemogym.salvage import HOOK_PATH, group_verdict, recover_failed_episodes
 from miles_nemogym.settings import Settings, get_settings
 
-__all__ = ["FilterOutput", "check_episode_group", "check_run", "stop_reason"]
+__all__ = ["FilterOutput", "check_episode_group", "check_run", "judge_group", "stop_reason"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,17 +78,24 @@ def check_run(settings: Settings) -> None:
     raise RunStopped(reason)
 
 
-def check_episode_group(args: Any, samples: Any, **kwargs: Any) -> Any:
-    """Miles filter: keep the group when it can be trained; raise ``RunStopped`` when the
-    run must stop (see the module docstring)."""
+def judge_group(args: Any, samples: Any) -> tuple[str | None, bool]:
+    """(drop reason or None to keep, whether kept with failed episodes) for a finished group,
+    after giving back the failed episodes salvage held for its ABORTED samples; records
+    nothing. Raises ``RunStopped`` when the run must stop (``check_run``)."""
     settings = get_settings()
     check_run(settings)  # the one exception meant to leave this hook
     group_size = getattr(args, "n_samples_per_prompt", None)
     min_valid = settings.min_valid_per_group if _salvage_wired(args) else 0
     try:
         recover_failed_episodes(state.held, samples)  # episodes that failed before their first policy call
-        reason, salvaged = group_verdict(samples, min_valid, group_size)
+        return group_verdict(samples, min_valid, group_size)
     except Exception:  # unreadable samples are not a valid measurement; never crash the rollout
-        reason, salvaged = "nemogym_unreadable_record", False
+        return "nemogym_unreadable_record", False
+
+
+def check_episode_group(args: Any, samples: Any, **kwargs: Any) -> Any:
+    """Miles filter: keep the group when it can be trained; raise ``RunStopped`` when the
+    run must stop (see the module docstring)."""
+    reason, salvaged = judge_group(args, samples)
     state.ledger.record_group(kept=reason is None, salvaged=salvaged)
     return _output_type()(keep=reason is None, reason=reason)

@@ -33,6 +33,8 @@ from miles_nemogym.failure_kinds import CANCELLED, metric_label
 
 HOOK_PATH = "miles_nemogym.salvage.reward_post_process"
 """What ``--custom-reward-post-process-path`` must name for a partly failed group to be kept."""
+GROUP_HAS_ABORTED = "group_has_aborted"
+"""``group_verdict``'s reason for a group still holding an ABORTED sample (nothing to give back)."""
 
 
 def _is_masked(sample: Any) -> bool:
@@ -53,7 +55,7 @@ def group_verdict(samples: Any, min_valid: int, group_size: int | None = None) -
     # An ABORTED sample carries no reward or logprobs next to the others: Miles could not
     # assemble it, so the group cannot be trained as it is.
     if any(is_aborted(sample) for sample in group):
-        return "group_has_aborted", False
+        return GROUP_HAS_ABORTED, False
     valid: set[object] = set()
     failed: dict[object, str] = {}
     for position, sample in enumerate(group):

@@ -5,6 +5,7 @@ Import the fixtures by name into a test module (pytest finds them in its namespa
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 
 from miles_nemogym import agent, transport
 from tests.support.fault_server import FaultServer
+from tests.support.samples import Sample, Status
 
 SESSION = "http://127.0.0.1:39999/sessions/s-1"
 
@@ -44,3 +46,32 @@ async def call(metadata: Any, **kwargs: Any) -> dict[str, Any]:
         request_kwargs=kwargs.pop("request_kwargs", {"temperature": 1.0, "top_p": 1.0, "max_tokens": 64}),
         metadata=metadata,
     )
+
+
+# -- samples as Miles returns them --------------------------------------------------------------
+
+TOKENS = [151644, 872, 198, 9707, 151645]
+
+
+def input_sample(row: dict[str, Any], index: int, group: int = 0) -> Sample:
+    return Sample(prompt=[{"role": "user", "content": "x"}], metadata=dict(row), index=index, group_index=group)
+
+
+async def episode(server: FaultServer, sample: Sample, mode: str) -> Sample:
+    """Run the agent for ``sample`` with the server in ``mode``; the sample as Miles returns it."""
+    server.mode = mode
+    result = await agent.run(
+        base_url="http://127.0.0.1:39999/sessions/s-1",
+        prompt=sample.prompt,
+        request_kwargs={"max_tokens": 64},
+        metadata={**sample.metadata, "session_server_id": "127.0.0.1:39999"},
+    )
+    if mode == "500":  # the server failed before the episode's first model call
+        aborted = copy.deepcopy(sample)
+        aborted.status = Status.ABORTED
+        return aborted
+    out = copy.deepcopy(sample)
+    out.metadata.update(result)
+    out.tokens, out.response_length, out.loss_mask = list(TOKENS), 2, [1, 1]
+    out.rollout_log_probs, out.reward = [-0.5, -0.25], float(result["reward"])
+    return out

@@ -22,6 +22,7 @@ import copy
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +85,8 @@ class FaultServer:
     """Per instance id, the mode that replaces ``mode`` for it."""
     respond: Callable[[dict[str, Any]], web.Response] | None = None
     hold_s: float = 0.0
+    hold_s_for: Callable[[dict[str, Any]], float] | None = None
+    """When set, each ``/run``'s hold in seconds (replaces ``hold_s``): long-tailed episode times."""
     port: int = field(default_factory=free_port)
     openapi: dict[str, Any] = field(default_factory=openapi_document)
     """What ``GET /openapi.json`` answers (the agent server's schema, listing ``POST /run``)."""
@@ -93,9 +96,13 @@ class FaultServer:
     """Starts the 422 modes' error message: the agent logs each distinct configuration error
     once per process, so a test that counts log lines gives its own note."""
     policy_calls: int = 0
+    between_calls_s: float = 0.0
+    """Seconds between an episode's policy calls (the tool time of a turn)."""
     """Chat completions to make on the request's ``policy_base_url`` before answering, as an
     episode does: Miles' session server only turns a session with model calls into a sample."""
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    spans: list[tuple[float, float]] = field(default_factory=list)
+    """(start, end) on ``time.monotonic`` of every ``/run`` answered: how busy the server was."""
     in_flight: int = 0
     peak_in_flight: int = 0
     peers: set[tuple[str, int]] = field(default_factory=set)
@@ -144,10 +151,10 @@ class FaultServer:
     async def _openapi(self, request: web.Request) -> web.Response:
         return web.json_response(self.openapi)
 
-    async def _hold(self, request: web.Request, instance: str, mode: Mode) -> bool:
+    async def _hold(self, request: web.Request, instance: str, mode: Mode, hold_s: float) -> bool:
         """Wait ``hold_s``, and in mode ``hold`` until ``release``; False when the client hung up meanwhile."""
         loop = asyncio.get_running_loop()
-        until = loop.time() + self.hold_s
+        until = loop.time() + hold_s
         with self._lock:
             self._held.append(instance)
         try:
@@ -164,6 +171,7 @@ class FaultServer:
 
     async def _run(self, request: web.Request) -> web.Response:
         body = await request.json()
+        started = time.monotonic()
         with self._lock:
             self.bodies.append(body)
         peer = request.transport.get_extra_info("peername") if request.transport else None
@@ -176,11 +184,16 @@ class FaultServer:
         try:
             # An error answer comes before any episode work: no model call.
             for turn in range(0 if mode in EARLY_ERRORS else self.policy_calls):
+                if turn and self.between_calls_s:
+                    await asyncio.sleep(self.between_calls_s)
                 await call_policy(body, turn)
-            if (self.hold_s > 0 or mode == "hold") and not await self._hold(request, instance, mode):
+            hold_s = self.hold_s if self.hold_s_for is None else self.hold_s_for(body)
+            if (hold_s > 0 or mode == "hold") and not await self._hold(request, instance, mode, hold_s):
                 return web.Response(status=499)
         finally:
             self.in_flight -= 1
+            with self._lock:
+                self.spans.append((started, time.monotonic()))
         if self.respond is not None:
             return self.respond(body)
         return self._answer(mode, body, self.results_by_instance.get(instance, self.result))

@@ -15,6 +15,8 @@ called them; Miles' ``tracking.log`` is replaced to record what reached it.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import copy
 import functools
 import importlib
@@ -74,10 +76,11 @@ from miles.rollout.inference_rollout.compatibility import call_rollout_function,
 from miles.rollout.session.server import SessionServer  # noqa: E402
 from miles.router.router import MilesRouter  # noqa: E402
 from miles.utils.arguments import parse_args  # noqa: E402
+from miles.utils.async_utils import get_async_loop, run  # noqa: E402
 from miles.utils.http_utils import find_available_port, init_http_client  # noqa: E402
 from miles.utils.misc import SingletonMeta, load_function  # noqa: E402
 from miles.utils.processing_utils import load_tokenizer  # noqa: E402
-from miles.utils.test_utils.mock_sglang_server import MockSGLangServer, ProcessResult  # noqa: E402
+from miles.utils.test_utils.mock_sglang_server import MockSGLangServer, ProcessResult, ProcessResultMetaInfo  # noqa: E402
 from miles.utils.test_utils.uvicorn_thread_server import UvicornThreadServer  # noqa: E402
 from miles.utils.tracking_utils import tracking  # noqa: E402
 
@@ -195,6 +198,7 @@ def sample_json(sample: Any) -> dict[str, Any]:
         "loss_mask": list(sample.loss_mask) if sample.loss_mask is not None else None,
         "rollout_log_probs": len(sample.rollout_log_probs) if sample.rollout_log_probs is not None else None,
         "remove_sample": bool(sample.remove_sample),
+        "weight_versions": list(sample.weight_versions),
         "metadata": _json_safe(sample.metadata),
     }
 
@@ -262,7 +266,7 @@ def _argv(request: dict[str, Any], tokenizer: Path, data: str, router_port: int)
         "--metadata-key", "metadata",
         "--rollout-batch-size", str(request.get("n_prompts", 2)),
         "--n-samples-per-prompt", str(request.get("n_samples", 2)),
-        "--num-rollout", "1",
+        "--num-rollout", str(request.get("drains") or 1),
         # One optimizer step per rollout, as examples/swebench_grpo's launcher sets it.
         "--global-batch-size", str(int(request.get("n_prompts", 2)) * int(request.get("n_samples", 2))),
         "--advantage-estimator", "grpo",
@@ -270,7 +274,7 @@ def _argv(request: dict[str, Any], tokenizer: Path, data: str, router_port: int)
         "--sglang-router-ip", "127.0.0.1",
         "--sglang-router-port", str(router_port),
         "--rollout-max-response-len", "1024",
-        "--rollout-function-path", ROLLOUT_FUNCTION,
+        *(["--fully-async"] if request.get("drains") else ["--rollout-function-path", ROLLOUT_FUNCTION]),
         "--custom-generate-function-path", GENERATE_FUNCTION,
         "--use-session-server", *(["v2"] if request.get("session_server") == "v2" else []),
         "--tito-model", "qwen3",
@@ -283,6 +287,71 @@ def _argv(request: dict[str, Any], tokenizer: Path, data: str, router_port: int)
     return argv + [str(a) for a in request.get("extra_argv", [])]
 
 
+def _train_step(args: Any, rollout_id: int, output: Any, decoder: Any, started: float) -> dict[str, Any]:
+    """What the trainer gets of one train rollout, as Miles' RolloutManager builds it
+    (``miles/ray/rollout/rollout_manager.py``): logged, converted, cut into shards."""
+    reply: dict[str, Any] = {"samples": _nested(output.samples, decoder), "metrics": _json_safe(output.metrics)}
+    flat, metadata = postprocess_rollout_data(args, output.samples, train_parallel_config=None)
+    log_rollout_data(rollout_id, args, flat, output.metrics, time.monotonic() - started)
+    post_process = load_function(args.custom_reward_post_process_path)
+    train = convert_samples_to_train_data(args, flat, metadata, None, post_process)
+    split_train_data_by_dp_raw(args, train, dp_size=1)  # the trainer's shards; sets total_lengths
+    keys = ("rewards", "raw_reward", "loss_masks", "response_lengths", "truncated", "rollout_ids")
+    keys += ("total_lengths",)
+    reply["train_data"] = {key: _json_safe(train.get(key)) for key in keys}
+    return reply
+
+
+def _drains(
+    request: dict[str, Any], args: Any, rollout_fn: Any, weight_version: list[int | None], decoder: Any
+) -> list[dict[str, Any]]:
+    """Miles' fully async rollout as ``train_async.py`` drives it: one train call per step
+    (``RolloutFnTrainInput(rollout_id=k, weight_version=k)``, the engine reporting version k
+    from then on, as after a weight update), a shared-engine eval after the drains listed in
+    ``eval_after``, ``train_s`` of sleep after each (a training step's time). Each call is
+    ``call_rollout_function``'s (the coroutine on Miles' background loop) with a time limit, so
+    a drain that never completes ends this run, not the driver."""
+    limit = float(request.get("drain_limit_s", 60.0))
+    out: list[dict[str, Any]] = []
+    for k in range(int(request["drains"])):
+        weight_version[0] = k
+        began = time.monotonic()
+        tracked = len(RECORDER.tracking)
+        entry: dict[str, Any] = {"rollout_id": k}
+        future = asyncio.run_coroutine_threadsafe(
+            rollout_fn(RolloutFnTrainInput(rollout_id=k, weight_version=k)), get_async_loop().loop
+        )
+        try:
+            output = future.result(timeout=limit)
+            entry["call_s"] = time.monotonic() - began
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            out.append({**entry, "timed_out": True, "elapsed_s": time.monotonic() - began})
+            break
+        except Exception as exc:
+            entry.update(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+            out.append({**entry, "elapsed_s": time.monotonic() - began})
+            break
+        entry.update(_train_step(args, k, output, decoder, began))
+        if k in (request.get("eval_after") or []):
+            evaluated = call_rollout_function(rollout_fn, RolloutFnEvalInput(rollout_id=k))
+            entry["eval"] = {name: _nested(result.get("samples") or []) for name, result in evaluated.data.items()}
+            log_eval_rollout_data(k, args, evaluated.data, copy.copy(evaluated.metrics))
+        entry["tracking"] = RECORDER.tracking[tracked:]
+        time.sleep(float(request.get("train_s", 0.0)))  # a stand-in training step: the worker keeps generating
+        entry["elapsed_s"] = time.monotonic() - began
+        out.append(entry)
+    return out
+
+
+async def _cancel_rollout_tasks() -> None:
+    """Cancel every task on Miles' rollout loop but this one (the worker and its groups)."""
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[str, Any]:
     RECORDER.__init__()  # type: ignore[misc]
     # Each step is a fresh run: everything the process keeps across episodes starts clean.
@@ -291,6 +360,7 @@ def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[st
     rollout_id = int(request.get("rollout_id", 0))
     policy_calls = [0]
     policy_turns: list[int] = []
+    weight_version: list[int | None] = [None]  # fully async: the version the engine reports, raised at each drain
 
     # Raw completion texts per turn for prompts tagged [script:<name>]; other prompts get the SWE script.
     scripted: dict[str, list[str]] = request.get("scripts") or {}
@@ -303,8 +373,11 @@ def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[st
         tags = [name for name in _SCRIPT_TAG.findall(prompt_text) if name in scripted]
         if tags:
             texts = scripted[tags[-1]]
-            return ProcessResult(text=texts[min(turn, len(texts) - 1)], finish_reason="stop")
-        return ProcessResult(text=qwen_tool_call_text(script.command_for_turn(turn), turn), finish_reason="stop")
+            text = texts[min(turn, len(texts) - 1)]
+        else:
+            text = qwen_tool_call_text(script.command_for_turn(turn), turn)
+        meta = ProcessResultMetaInfo(weight_version=None if weight_version[0] is None else str(weight_version[0]))
+        return ProcessResult(text=text, finish_reason="stop", meta_info=meta)
 
     data = request.get("data_file")
     if data is None:
@@ -350,7 +423,10 @@ def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[st
             RolloutFnConstructorInput(args=args, data_source=data_source), args.rollout_function_path
         )
         reply: dict[str, Any] = {"finished": True}
-        if request.get("mode") == "eval":
+        if request.get("drains"):
+            reply["drains"] = _drains(request, args, rollout_fn, weight_version, decoder=None)
+            reply["rollout_s"] = time.monotonic() - started
+        elif request.get("mode") == "eval":
             output = call_rollout_function(rollout_fn, RolloutFnEvalInput(rollout_id=rollout_id))
             reply["rollout_s"] = time.monotonic() - started
             reply["eval"] = {
@@ -364,26 +440,20 @@ def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[st
             reply["metrics"] = _json_safe(output.metrics)
             log_eval_rollout_data(rollout_id, args, output.data, copy.copy(output.metrics))
         else:
+            called = time.monotonic()
             output = call_rollout_function(rollout_fn, RolloutFnTrainInput(rollout_id=rollout_id))
+            reply["rollout_call_s"] = time.monotonic() - called
             reply["rollout_s"] = time.monotonic() - started
             decoder = load_tokenizer(str(tokenizer), trust_remote_code=True) if request.get("response_spans") else None
-            reply["samples"] = _nested(output.samples, decoder)
-            reply["metrics"] = _json_safe(output.metrics)
-            flat, metadata = postprocess_rollout_data(args, output.samples, train_parallel_config=None)
-            log_rollout_data(rollout_id, args, flat, output.metrics, time.monotonic() - started)
-            # As Miles' RolloutManager loads it (miles/ray/rollout/rollout_manager.py).
-            post_process = load_function(args.custom_reward_post_process_path)
-            train = convert_samples_to_train_data(args, flat, metadata, None, post_process)
-            split_train_data_by_dp_raw(args, train, dp_size=1)  # the trainer's shards; sets total_lengths
-            keys = ("rewards", "raw_reward", "loss_masks", "response_lengths", "truncated", "rollout_ids")
-            keys += ("total_lengths",)
-            reply["train_data"] = {key: _json_safe(train.get(key)) for key in keys}
+            reply.update(_train_step(args, rollout_id, output, decoder, started))
         reply["hooks"] = RECORDER.calls
         reply["tracking"] = RECORDER.tracking
         reply["policy_calls"] = policy_calls[0]
         reply["policy_turns"] = policy_turns
         return reply
     finally:
+        if request.get("drains"):
+            run(_cancel_rollout_tasks())  # Miles' fully async worker lives on its loop: end it with the run
         for server in reversed(servers):
             try:
                 server.stop()

@@ -16,7 +16,13 @@ driver per test session; a step over the real Gym server takes ~20-40 s)::
         response_spans=False,            # train: each sample's response as [loss_mask, text] runs
         rollout_id=0,                    # the step's rollout_id (Miles gives it to the log functions)
         time_limit_s=300,                # past it: result.finished is False, driver restarted
+        drains=None,                     # N: Miles' fully async rollout (--fully-async), N drains
+        eval_after=(),                   # ... with a shared-engine eval after these drains
+        drain_limit_s=60,                # ... a drain past it ends the run (result.drains[-1].finished False)
+        train_s=0.0,                     # ... seconds slept after each drain (a stand-in training step)
     )
+    result.drains                         # fully async: one result per drain (groups, samples with their
+                                          #   weight_versions, metrics, train_data, tracked, error; eval)
     result.finished, result.error         # did Miles' step return; its exception if it raised
     result.groups                         # train: kept groups, each a flat list of sample dicts
     result.raw["samples"]                 # ... as Miles nests them (v2: a list per episode)
@@ -180,6 +186,15 @@ class StepResult:
     def policy_calls(self) -> int:
         return int(self.raw.get("policy_calls") or 0)
 
+    @property
+    def drains(self) -> list[StepResult]:
+        """Fully async (``drains=N``): each drain (one train call of Miles' ``FullyAsyncRolloutFn``)
+        as a result of its own; a drain past ``drain_limit_s`` is not ``finished`` and the last."""
+        return [
+            StepResult(finished=not d.get("timed_out"), raw=d, elapsed_s=d["elapsed_s"])
+            for d in self.raw.get("drains") or []
+        ]
+
     def hook_calls(self, hook: str) -> list[dict[str, Any]]:
         """Each call Miles made to our hook ``hook`` (agent, reward, dynamic_filter, rollout_log, abort)."""
         return list((self.raw.get("hooks") or {}).get(hook, []))
@@ -282,6 +297,10 @@ class MilesDriver:
         response_spans: bool = False,
         rollout_id: int = 0,
         time_limit_s: float = 300.0,
+        drains: int | None = None,
+        eval_after: Sequence[int] = (),
+        drain_limit_s: float = 60.0,
+        train_s: float = 0.0,
     ) -> StepResult:
         """Run one Miles rollout step; see the module docstring."""
         if session_server not in ("v1", "v2") or mode not in ("train", "eval"):
@@ -308,6 +327,10 @@ class MilesDriver:
             "scripts": {name: list(texts) for name, texts in (scripts or {}).items()},
             "response_spans": response_spans,
             "rollout_id": rollout_id,
+            "drains": drains,
+            "eval_after": list(eval_after),
+            "drain_limit_s": drain_limit_s,
+            "train_s": train_s,
         }
         with self.log_path.open("a") as log:
             log.write(f"\n===== step {self._next_id}: {mode} {session_server} over {gym_url}\n")

@@ -69,6 +69,7 @@ __all__ = [
     "role_of",
     "short_reason",
     "shown",
+    "strip_result",
     "task_id_of",
     "task_row",
     "verdict",
@@ -478,6 +479,13 @@ def metadata_of(sample: Any) -> dict[str, Any]:
     """``sample.metadata``, or an empty dict when it has none."""
     metadata = getattr(sample, "metadata", None)
     return metadata if isinstance(metadata, dict) else {}
+
+
+def strip_result(metadata: dict[str, Any]) -> None:
+    """Remove what the agent function's dict added to ``metadata`` (a prompt Miles regenerates
+    must not carry its last episode's record into the next one)."""
+    for key in _RESULT_KEYS:
+        metadata.pop(key, None)
 
 
 def record_of(sample: Any) -> EpisodeRecord | None:

@@ -1,0 +1,153 @@
+"""``miles_nemogym.buffer.EpisodeBuffer`` without Miles: what it keeps, drops, counts and hands back.
+
+Samples are what Miles' ``agentic_tool_call`` returns (``tests/test_salvage_before_policy.py``'s
+``episode``, over a real loopback ``/run``). Through Miles' real ``FullyAsyncRolloutFn``:
+``tests/integration/test_miles_fully_async.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from miles_nemogym import salvage, settings, state
+from miles_nemogym.buffer import EpisodeBuffer
+from miles_nemogym.errors import RunStopped
+from tests.support.agent_fixtures import episode, fast_env, input_sample, server
+from tests.support.fault_server import FaultServer
+from tests.support.samples import Sample, Status
+
+__all__ = ["fast_env", "server"]  # fixtures used by name
+pytestmark = pytest.mark.usefixtures("fast_env")
+
+
+@dataclass
+class Args:
+    """The Miles arguments the buffer reads, as the launcher sets them."""
+
+    n_samples_per_prompt: int = 4
+    rollout_batch_size: int = 2
+    async_data_buffer_capacity_factor: float = 2.0
+    async_unused_samples_handler: str = "drop"
+    max_weight_staleness: int | None = None
+    dynamic_sampling_filter_path: str = "miles_nemogym.filters.check_episode_group"
+    custom_reward_post_process_path: str = salvage.HOOK_PATH
+
+
+@dataclass
+class Entry:
+    """Miles' ``DataBufferInput``."""
+
+    prompt_group: list[Any]
+    group: list[Any]
+
+
+@dataclass
+class Constructor:
+    """Miles' ``DataBufferConstructorInput``."""
+
+    args: Args
+    unused_handler_fn: Any
+    unused: list[list[Any]] = field(default_factory=list)
+
+
+def buffer(**kwargs: Any) -> tuple[EpisodeBuffer, list[list[Any]]]:
+    unused: list[list[Any]] = []
+    return EpisodeBuffer(Constructor(Args(**kwargs), unused.append)), unused
+
+
+async def group(server: FaultServer, row: dict[str, Any], modes: list[str], index: int = 0) -> Entry:
+    prompts = [input_sample(row, 4 * index + i, group=index) for i in range(len(modes))]
+    return Entry(prompts, [await episode(server, p, m) for p, m in zip(prompts, modes, strict=True)])
+
+
+async def test_a_group_with_an_episode_failed_before_the_policy_is_salvaged_and_counted_when_trained(
+    server: FaultServer, sympy_row: dict[str, Any]
+) -> None:
+    episodes, unused = buffer()
+    entry = await group(server, sympy_row, ["ok", "500", "ok", "ok"])
+    assert entry.group[1].status is Status.ABORTED  # what Miles' DefaultDataBuffer drops
+    await episodes.put(entry)
+    assert state.ledger.drain().groups_salvaged == 0  # counted at the step that trains it, not before
+    got = await asyncio.wait_for(episodes.get(current_version=None), 1)
+    assert got is entry and unused == []
+    assert (got.group[1].status, got.group[1].remove_sample) == (Status.FAILED, True)
+    assert state.ledger.drain().groups_salvaged == 1
+    m = episodes.get_metrics()
+    assert m["nemogym/buffer/episodes_dropped"] == 0.0 and m["rollout/fully_async/aborted_groups_filtered"] == 0.0
+
+
+async def test_groups_that_cannot_train_are_dropped_counted_and_only_aborted_or_stale_ones_regenerated(
+    server: FaultServer, sympy_row: dict[str, Any]
+) -> None:
+    episodes, unused = buffer(async_unused_samples_handler="retry")
+    too_few = await group(server, sympy_row, ["ok", "error_metadata", "error_metadata", "error_metadata"])
+    await episodes.put(too_few)  # three of four failed after the policy: dropped, not regenerated
+    aborted = Entry([input_sample(sympy_row, 8, 2)], [Sample(metadata={}, status=Status.ABORTED)] * 4)
+    aborted.prompt_group[0].metadata["nemogym"] = {"stale": "record"}
+    await episodes.put(aborted)  # Miles' own abort: nothing held to give back
+    m = episodes.get_metrics()
+    assert unused == [aborted.prompt_group]
+    assert "nemogym" not in aborted.prompt_group[0].metadata  # a regenerated prompt starts clean
+    assert (m["nemogym/buffer/groups_dropped_filtered"], m["nemogym/buffer/groups_dropped_aborted"]) == (1.0, 1.0)
+    assert m["rollout/dynamic_filter/drop_nemogym_agent_run_error"] == 1.0
+    assert (m["nemogym/buffer/episodes_dropped"], m["nemogym/buffer/groups_regenerated"]) == (8.0, 1.0)
+    assert m["nemogym/buffer/episodes_regenerated"] == 1.0
+    assert m["rollout/fully_async/aborted_groups_filtered"] == 1.0
+    assert state.ledger.drain().groups_dropped == 2
+    assert episodes.get_metrics()["nemogym/buffer/episodes_dropped"] == 0.0  # a window: reset at each call
+
+
+@dataclass
+class Versioned(Sample):
+    oldest_weight_version: int | None = None
+
+
+async def test_stale_groups_are_dropped_at_get_and_handed_to_the_unused_handler() -> None:
+    episodes, unused = buffer(max_weight_staleness=1)
+    record = {"status": "ok", "mask_sample": False}
+    stale = Entry(
+        ["p0"],
+        [Versioned(metadata={"nemogym": {**record, "episode_id": f"s{i}"}}, oldest_weight_version=1) for i in range(4)],
+    )
+    fresh = Entry(
+        ["p1"],
+        [Versioned(metadata={"nemogym": {**record, "episode_id": f"f{i}"}}, oldest_weight_version=3) for i in range(4)],
+    )
+    await episodes.put(stale)
+    await episodes.put(fresh)
+    assert episodes.get_metrics()["nemogym/buffer/episodes_buffered"] == 8.0
+    assert await asyncio.wait_for(episodes.get(current_version=4), 1) is fresh
+    assert unused == [["p0"]]
+    m = episodes.get_metrics()
+    assert (m["nemogym/buffer/groups_dropped_stale"], m["rollout/fully_async/stale_groups_filtered"]) == (1.0, 1.0)
+    assert (m["rollout/fully_async/avg_staleness"], m["rollout/fully_async/max_staleness"]) == (2.0, 3.0)
+    tally = state.ledger.drain()
+    assert (tally.groups_dropped, tally.groups_salvaged) == (1, 0)
+
+
+async def test_put_waits_for_room_and_raises_run_stopped_on_a_failure_streak(
+    server: FaultServer, sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    episodes, _ = buffer(async_data_buffer_capacity_factor=0.5)  # one group
+    await episodes.put(await group(server, sympy_row, ["ok"] * 4))
+    second = asyncio.create_task(episodes.put(await group(server, sympy_row, ["ok"] * 4, 1)))
+    await asyncio.sleep(0.05)
+    assert not second.done()
+    await episodes.get()
+    await asyncio.wait_for(second, 1)
+    monkeypatch.setenv("NEMO_GYM_MAX_FAILURE_STREAK", "4")
+    settings.reset()
+    failed = await group(server, sympy_row, ["500"] * 4, 2)
+    with pytest.raises(RunStopped, match="4 NeMo-Gym episodes in a row failed"):
+        await episodes.put(failed)
+
+
+def test_another_group_filter_or_no_room_is_refused_naming_the_flag() -> None:
+    with pytest.raises(ValueError, match=r"--dynamic-sampling-filter-path is 'x\.y'"):
+        buffer(dynamic_sampling_filter_path="x.y")
+    with pytest.raises(ValueError, match=r"--async-data-buffer-capacity-factor 0\.1"):
+        buffer(async_data_buffer_capacity_factor=0.1)
