@@ -111,6 +111,24 @@ def serve(
             "--swe/--no-swe", help="Run the SWE-bench mini_swe_agent_2 server (--no-swe: only the --env ones)."
         ),
     ] = True,
+    session_servers: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--session-server",
+            metavar="HOST[:PORT]",
+            help="A trainer's Miles session server that agents' model calls may be routed to (repeat for "
+            "several; HOST alone: any port). Needed by environments played by their own agent server "
+            "(gymnasium_agent, tool_simulation_agent, ...); nothing else is reachable through the routing model.",
+        ),
+    ] = None,
+    routed: Annotated[
+        bool,
+        typer.Option(
+            "--routed",
+            help="Play simple_agent environments through their own agent server's /run too (routed), "
+            "instead of the loop in the rollout process.",
+        ),
+    ] = False,
 ) -> None:
     from pydantic import ValidationError
     from rich.console import Console
@@ -157,10 +175,23 @@ def serve(
         console.print("[red]error:[/red] --no-swe serves only the --env environments; name one, e.g. --env mcqa")
         raise typer.Exit(2)
     try:
-        plans = plan(envs or [])
+        plans = plan(envs or [], routed=routed)
     except GymEnvironmentError as exc:
         console.print(f"[red]error:[/red] --env: {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
+    agents = [p.name for p in plans if p.agent]
+    allowed = [server.strip() for server in session_servers or [] if server.strip()]
+    bad = [server for server in allowed if not _is_host_port(server)]
+    if bad:
+        console.print(f"[red]error:[/red] --session-server {bad[0]!r}: give HOST or HOST:PORT, e.g. 10.0.0.5:30000")
+        raise typer.Exit(2)
+    if agents and not allowed and not dry_run:
+        console.print(
+            f"[red]error:[/red] {', '.join(agents)} {'is' if len(agents) == 1 else 'are'} played by an agent server "
+            "whose model calls go to the trainer's Miles session servers: name them with --session-server HOST[:PORT] "
+            "(the training nodes' address, e.g. --session-server 10.0.0.5)"
+        )
+        raise typer.Exit(2)
     # SWE on --port, the environments on the ports after it (0: every one free).
     first_port = options.port + (1 if swe else 0) if options.port else 0
     if first_port and first_port + len(plans) - 1 > 65535:
@@ -208,6 +239,7 @@ def serve(
                         first_port=first_port,
                         progress=progress,
                         start_timeout=start_timeout,
+                        session_servers=allowed,
                     )
                     environments.start()
         except GymEnvironmentError as exc:
@@ -263,8 +295,17 @@ def _print_ready(
             f"concurrency {options.concurrency})."
         )
     if environments is not None:
-        names = ", ".join(f"{p.name} (port {environments.ports[p.instance]})" for p in environments.plans)
+        names = ", ".join(
+            f"{p.name} (port {environments.ports[p.instance]}"
+            + (f", agent {p.agent} on port {environments.ports[p.agent]})" if p.agent else ")")
+            for p in environments.plans
+        )
         what.append(f"[green]NeMo-Gym environments are serving[/green]: {names}.")
+        if environments.routed:
+            what.append(
+                "Agents' model calls are routed to the session of each /run's rollout, on "
+                f"{', '.join(environments.session_servers)} only."
+            )
     ray = _ray_line(server) if server is not None else ""
     console.print("\n".join(what) + f"\nReady in {took:.0f} s.\n{ray}On the training node:\n")
     if server is not None:
@@ -351,13 +392,18 @@ def _plan_environments(
     from miles_nemogym.gym.server import advertised_url
 
     console.print("environments (each a resources server run from the server environment):", highlight=False)
-    urls = {}
+    urls, agents = {}, {}
     for index, p in enumerate(plans):
         port = first_port + index if first_port else None
         urls[p.name] = advertised_url(host, port) if port else f"http://{host}:<free port>"
         steps = f", max_steps {p.max_steps}" if p.max_steps else ""
         where = f"port {port}" if port else "a free port"
         console.print(f"  {p.name}: server {p.instance} from {p.config}, on {where}{steps}", highlight=False)
+        if p.agent:
+            agents[p.name] = f"http://{host}:<free port>"
+            console.print(
+                f"    played by agent {p.agent} (its /run), model calls through the routing model", highlight=False
+            )
     lines = sorted({line for p in plans for line in p.requirements})
     if not lines:
         said = "none beyond nemo-gym"
@@ -372,7 +418,18 @@ def _plan_environments(
         else:
             said = f"installs {', '.join(needed)} into {overlay_path(venv, needed)} on the first serve (once)"
     console.print(f"requirements: {said}", highlight=False, soft_wrap=True)
-    console.print(f"NEMO_GYM_ENVS='{setting(plans, urls)}'", highlight=False, markup=False, soft_wrap=True)
+    console.print(f"NEMO_GYM_ENVS='{setting(plans, urls, agents)}'", highlight=False, markup=False, soft_wrap=True)
+
+
+def _is_host_port(text: str) -> bool:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(f"//{text}")
+        parts.port  # noqa: B018 (raises on a bad port)
+    except ValueError:
+        return False
+    return bool(parts.hostname) and parts.netloc == text and not parts.username and "@" not in text
 
 
 def register(app: typer.Typer) -> None:

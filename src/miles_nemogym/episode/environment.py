@@ -41,6 +41,7 @@ from miles_nemogym.episode.record import (
     check_reward,
     failure,
     finite_json,
+    range_setting,
     short_reason,
     shown,
     task_id_of,
@@ -501,11 +502,16 @@ class _Loop:
         return {key: value for key, value in parsed.items() if key != "response"}
 
     def _score(self, verify: dict[str, Any]) -> Outcome:
-        """The verifier's reward when it is one (a JSON number, finite, in ``NEMO_GYM_REWARD_RANGE``,
+        """The verifier's reward when it is one (a JSON number, finite, in the environment's range,
         the sample not masked), else a masked ``verifier_error`` or the kind ``/verify`` named."""
         own = {key: value for key, value in verify.items() if key not in _VERIFY_OWN and key not in self.episode.row}
         report: dict[str, Any] = finite_json(own)
-        reward, problem = check_reward(verify.get("reward"), self.settings.reward_range)
+        server = self.episode.server
+        reward, problem = check_reward(
+            verify.get("reward"),
+            server.valid_rewards(self.settings.reward_range),
+            range_setting(self.episode.environment, server),
+        )
         mask = verify.get("mask_sample", False)
         kind = verify.get("failure_kind")
         reason = verify.get("failure_reason")

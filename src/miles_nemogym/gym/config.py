@@ -226,16 +226,19 @@ print("\\n" + json.dumps({"yaml": OmegaConf.to_yaml(parsed)}))
 """
 
 
-def parse_config(venv: GymVenv, payload: dict[str, Any], cwd: Path, what: str) -> str:
+def parse_config(
+    venv: GymVenv, payload: dict[str, Any], cwd: Path, what: str, extra_env: dict[str, str] | None = None
+) -> str:
     """``payload`` (``config_paths`` plus overrides) through nemo-gym's own parser in ``venv``, as
-    the YAML each server process gets in ``NEMO_GYM_CONFIG_DICT``; ``what`` names it in errors."""
+    the YAML each server process gets in ``NEMO_GYM_CONFIG_DICT``; ``what`` names it in errors;
+    ``extra_env`` is added to the parser's environment (``NEMO_GYM_EXTRA_ROOTS``)."""
     done = subprocess.run(
         [str(venv.python), "-c", _COMPOSER],
         input=json.dumps(payload),
         capture_output=True,
         text=True,
         cwd=cwd,
-        env=child_environment(),
+        env={**child_environment(), **(extra_env or {})},
         timeout=300,
         check=False,
     )
