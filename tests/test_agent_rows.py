@@ -155,3 +155,20 @@ def test_a_bad_agent_or_reward_range_is_refused_naming_the_field(value: dict[str
     with pytest.raises(ValueError, match="environment 'b'") as raised:
         parse_environments(json.dumps({"b": value}))
     assert problem in str(raised.value)
+
+
+def test_the_launcher_hands_the_job_an_agent_row_as_given() -> None:
+    from miles_nemogym.launcher.command import environments_value
+    from miles_nemogym.launcher.config import LauncherConfig
+
+    given = {
+        "blackjack": {"url": "http://gym:1", "agent": "http://gym:2", "reward_range": [-1, 1]},
+        "mcqa": "http://g:3",
+    }
+    config = LauncherConfig.model_validate({"nemo_gym_envs": [json.dumps(given)]})
+    value = json.loads(environments_value(config.nemo_gym_envs))
+    assert value == {
+        "blackjack": {"url": "http://gym:1", "agent": "http://gym:2", "reward_range": [-1.0, 1.0]},
+        "mcqa": "http://g:3",
+    }
+    assert parse_environments(json.dumps(value))["blackjack"].agent == "http://gym:2"
