@@ -43,6 +43,8 @@ _ENV_HELP = (
 _HELP = """Run the real NeMo-Gym mini_swe_agent_2 server for training or evaluation, and with
 --env NAME (repeatable) the resources servers of other NeMo-Gym environments next to it
 (--no-swe: only those). It prints the NEMO_GYM_URL and NEMO_GYM_ENVS the trainer exports.
+An environment its config gives another agent (gymnasium_agent, ...) also gets that agent
+server, its model calls routed to the trainers' sessions (--session-server).
 
 SWE episodes run as Ray tasks: on a private Ray on this machine, or spread over a running
 cluster with --ray-address (docs/scale-out.md). --dry-run shows the composed server config
