@@ -5,7 +5,7 @@ server version).
 Miles' ``InferenceRolloutFn`` -> ``agentic_tool_call.generate`` -> ``miles_nemogym.agent.run``,
 which POSTs each row to its environment's agent (``NEMO_GYM_ENVS[env].agent``: the real 0.7.0
 ``gymnasium_agent`` of blackjack and example_multi_turn_gymnasium, and the real ``simple_agent`` of
-four environments the in-process loop is tested on) with ``_ng_rollout_id``; the agent's model
+three environments the in-process loop is tested on) with ``_ng_rollout_id``; the agent's model
 calls go to the routing model (``policy_model``), which sends each to the sample's Miles session
 server (v1 or v2, TITO), whose mock SGLang engine answers with the row's scripted Qwen3 text.
 Every server is started as ``serve --env NAME --routed`` starts it (``tests/support/routed_agents.py``).

@@ -19,7 +19,7 @@ from miles_nemogym.gym.venv import BuildLines, GymPythonNotFoundError, ensure_gy
 
 GYMNASIUM = ("blackjack", "example_multi_turn_gymnasium")
 """Environments whose config gives them ``gymnasium_agent``."""
-ROUTED_SIMPLE = ("mcqa", "workplace_assistant", "example_multi_step", "xlam_fc")
+ROUTED_SIMPLE = ("mcqa", "workplace_assistant", "xlam_fc")
 """``simple_agent`` environments of the in-process tests, here played through ``simple_agent``'s own ``/run``."""
 
 
