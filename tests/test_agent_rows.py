@@ -172,3 +172,27 @@ def test_the_launcher_hands_the_job_an_agent_row_as_given() -> None:
         "mcqa": "http://g:3",
     }
     assert parse_environments(json.dumps(value))["blackjack"].agent == "http://gym:2"
+
+
+async def test_a_gymnasium_environment_given_without_its_agent_is_masked_naming_the_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def reset(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    app = web.Application()  # /reset (and /step), as a gymnasium server: /seed_session is a 404
+    app.router.add_post("/reset", reset)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        monkeypatch.setenv("NEMO_GYM_ENVS", json.dumps({"blackjack": f"http://127.0.0.1:{port}"}))
+        out = await call(dict(ROW))
+    finally:
+        await transport.close_pools()
+        await runner.cleanup()
+    record = out["nemogym"]
+    assert (record["status"], record["failure_kind"]) == ("failed", fk.SEED_FAILED), record
+    assert "HTTP 404" in record["failure_reason"]
+    assert "give its agent server in NEMO_GYM_ENVS (`miles-nemogym serve --env blackjack`" in record["failure_reason"]

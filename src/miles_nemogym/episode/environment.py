@@ -441,7 +441,14 @@ class _Loop:
     async def _seed(self, session: Any) -> None:
         answer = await self._post(session, "seed_session", self.episode.row, self.settings.max_result_bytes)
         if answer.status != 200 or answer.over_cap or not isinstance(_parsed(answer), dict):
-            raise _Failed(fk.SEED_FAILED, _described(answer, "/seed_session", "a JSON object"))
+            hint = ""
+            if answer.status == 404:  # a gymnasium server (/reset, /step) or another agent's environment
+                hint = (
+                    f"; if {self.episode.environment!r} is played by another agent than simple_agent (gymnasium_agent, "
+                    "...), give its agent server in NEMO_GYM_ENVS (`miles-nemogym serve --env "
+                    f'{self.episode.environment}` prints the entry with its "agent")'
+                )
+            raise _Failed(fk.SEED_FAILED, _described(answer, "/seed_session", "a JSON object") + hint)
 
     async def _chat(self, session: Any) -> tuple[_Choice, str | None]:
         body = {**self.episode.body, "messages": self.transcript.messages}
