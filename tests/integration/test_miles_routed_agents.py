@@ -163,27 +163,28 @@ def test_routed_episodes_have_no_tito_mismatch_and_train_only_the_policy_turns(
 
 # -- the routing model itself, and the harness path (claude_code, codex, opencode agents) -------------
 
-_HARNESS_URL = """
+_HARNESS_URLS = """
 import sys
 from nemo_gym.server_utils import apply_rollout_prefix
-print(apply_rollout_prefix(sys.argv[1], sys.argv[2], token_capture=True) + "/v1")
+for rollout in sys.argv[2:]:
+    print(apply_rollout_prefix(sys.argv[1], rollout, token_capture=True) + "/v1")
 """
 
 
-def _harness_base_url(agents: RoutedAgents, rollout: str) -> str:
-    """The model base URL a sandboxed harness is handed for ``rollout`` (nemo-gym's own
+def _harness_base_urls(agents: RoutedAgents, *rollouts: str) -> list[str]:
+    """The model base URL a sandboxed harness is handed for each rollout (nemo-gym's own
     ``apply_rollout_prefix``, as ``resolve_model_base_url``/``base_url_for_run`` build it)."""
     import subprocess
 
     model = f"http://127.0.0.1:{agents.servers.ports['policy_model']}"
     done = subprocess.run(
-        [str(agents.servers.gym.python), "-c", _HARNESS_URL, model, rollout],
+        [str(agents.servers.gym.python), "-c", _HARNESS_URLS, model, *rollouts],
         capture_output=True,
         text=True,
         check=True,
         timeout=120,
     )
-    return done.stdout.strip().splitlines()[-1]
+    return done.stdout.strip().splitlines()[-len(rollouts) :]
 
 
 def test_a_harness_calls_reach_only_the_session_its_rollout_id_names(routed_agents: RoutedAgents) -> None:
@@ -197,7 +198,8 @@ def test_a_harness_calls_reach_only_the_session_its_rollout_id_names(routed_agen
     with RecordingPolicy(look_around_turns=1) as session_server:
         session = session_server.session_url("s1")
         policy = policy_base_url(session, "http://127.0.0.1:1")
-        base = _harness_base_url(routed_agents, rollout_id(policy))
+        foreign = rollout_id("http://10.9.9.9:80/sessions/x/v1")
+        base, undecodable, elsewhere = _harness_base_urls(routed_agents, rollout_id(policy), "not-a-url", foreign)
         assert "/ng-rollout/" in base  # the harness is handed the id in its URL ...
         answer = httpx.post(f"{base}/chat/completions", json=chat, timeout=60)
         assert answer.status_code == 200, answer.text
@@ -213,9 +215,8 @@ def test_a_harness_calls_reach_only_the_session_its_rollout_id_names(routed_agen
         # No rollout id, one that names nothing, one for a server not allowed: refused, never a default model.
         refused = {
             "no id": f"{model}/v1/chat/completions",
-            "not an encoding": f"{_harness_base_url(routed_agents, 'not-a-url')}/chat/completions",
-            "another server": f"{_harness_base_url(routed_agents, rollout_id('http://10.9.9.9:80/sessions/x/v1'))}"
-            "/chat/completions",
+            "not an encoding": f"{undecodable}/chat/completions",
+            "another server": f"{elsewhere}/chat/completions",
         }
         for why, url in refused.items():
             answer = httpx.post(url, json=chat, timeout=60)

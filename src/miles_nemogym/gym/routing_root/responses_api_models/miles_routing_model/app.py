@@ -31,7 +31,11 @@ from rollout_ids import policy_url_of
 
 _KEY_VARIABLE = "NEMO_GYM_POLICY_API_KEY"
 _CONNECTION_RETRIES = 2
-"""A session server that refuses connections fails the call soon (``vllm_model`` default: forever)."""
+"""A session server that refuses connections fails the call soon (``vllm_model`` default: forever);
+a refused connection delivered nothing, so trying again cannot run a turn twice."""
+_HTTP_ATTEMPTS = 1
+"""A session server's answer is final: an HTTP error is not sent again (the session may already hold
+the turn; the in-process loop does not resend either), it fails the agent's ``/run``."""
 
 
 def _check_upstream() -> None:
@@ -94,6 +98,7 @@ class MilesRoutingModel(VLLMModel):
             api_key=os.environ.get(_KEY_VARIABLE) or "unused",
             default_headers=self.config.default_headers,
             max_connection_retries=_CONNECTION_RETRIES,
+            max_http_attempts=_HTTP_ATTEMPTS,
         )
 
 
