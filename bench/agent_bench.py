@@ -133,7 +133,7 @@ def miles_calls(rows: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
 
 def equivalent_bodies(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The /run bodies the agent function sends for these rows (policy URL set per call)."""
-    from miles_nemogym.episode.swe import build_run_body
+    from miles_nemogym.episode.run import build_run_body
 
     calls = miles_calls(rows, len(rows))
     return [build_run_body(call["metadata"], call["request_kwargs"], policy_base_url="placeholder") for call in calls]

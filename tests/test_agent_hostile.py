@@ -23,7 +23,7 @@ import pytest
 from aiohttp import web
 
 from miles_nemogym import agent, metrics, redaction, reward, state, transport
-from miles_nemogym.episode import swe
+from miles_nemogym.episode import run as episode_run
 from miles_nemogym.ledger import Tally
 from miles_nemogym.state import ledger
 from tests.support.agent_fixtures import call, fast_env, server
@@ -320,16 +320,16 @@ async def test_a_large_answer_is_classified_in_a_worker_thread(
     """Where the work runs, not how long the loop stalls: a stall bound is a timing test
     that fails on a loaded machine (the stall itself is measured by bench/agent_bench.py)."""
     threads: list[str] = []
-    real = swe.classify_http
+    real = episode_run.classify_http
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         threads.append(threading.current_thread().name)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(swe, "classify_http", spy)
+    monkeypatch.setattr(episode_run, "classify_http", spy)
     items = [{"type": "function_call", "arguments": "x" * 40}, {"type": "function_call_output"}] * 150_000
     big = json.dumps(graded(sympy_result, response={**sympy_result["response"], "output": items}))
-    assert len(big) > 2 * swe._OFF_LOOP_BYTES
+    assert len(big) > 2 * episode_run._OFF_LOOP_BYTES
     server.respond = lambda body: json_answer(big)
     out = await call(sympy_row)
     assert out["nemogym"]["status"] == "ok"

@@ -1,5 +1,5 @@
-"""Smoke tests of bench/agent_bench.py and bench/simple_agent_bench.py: tiny runs end to end,
-so the benchmarks cannot rot.
+"""Smoke tests of bench/agent_bench.py, bench/simple_agent_bench.py and bench/routing_bench.py: tiny runs
+end to end, so the benchmarks cannot rot.
 
 Each starts the real loopback servers and runs every client; it asserts the report's shape
 and that every measurement is a positive number, never a timing bound (timings on a shared
@@ -93,3 +93,27 @@ def test_simple_agent_bench_quick_run_reports_overhead_and_both_servers(tmp_path
         assert figures["ratio_a_over_b"]["median"] > 0, server
         assert len(figures["load"]) == 2, server
     assert "a/b" in done.stdout and "ms per turn" in done.stdout
+
+
+ROUTING_SCRIPT = SCRIPT.parent / "routing_bench.py"
+
+
+@pytest.mark.integration  # starts real NeMo-Gym servers (and the routing model) from the cached server venv
+def test_routing_bench_quick_run_reports_the_hop_and_routed_throughput(tmp_path: Path) -> None:
+    """Every call through the routing model answered (chat and Responses) and every episode, in the
+    loop and routed through simple_agent's /run, scored 1.0 (the script asserts each); the report
+    holds each figure with the load it was measured at."""
+    out = tmp_path / "report.json"
+    done = subprocess.run(
+        [sys.executable, str(ROUTING_SCRIPT), "--quick", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    hop = report["hop"]
+    assert set(hop["ms_per_call"]) == {"direct", "routed_chat", "routed_responses"}
+    assert all(spread["median"] > 0 for spread in hop["ms_per_call"].values())
+    throughput = report["throughput"]
+    assert throughput["episodes_per_s"]["loop"]["median"] > 0 and throughput["episodes_per_s"]["routed"]["median"] > 0
+    assert throughput["ratio_routed_over_loop"]["median"] > 0 and len(throughput["load"]) == 2
+    assert "routed/loop" in done.stdout

@@ -1,4 +1,4 @@
-"""Classification of /run answers (episode/swe.py), on the real results nemo-gym ships."""
+"""Classification of /run answers (episode/run.py), on the real results nemo-gym ships."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym.episode.swe import classify_http
+from miles_nemogym.episode.run import classify_http
 
 
 def encode(value: Any) -> bytes:

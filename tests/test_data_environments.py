@@ -425,3 +425,16 @@ def test_a_swe_bench_row_marked_for_another_environment_is_refused(gym_example_r
     with pytest.raises(RowInvalidError, match="nemogym_env: is 'mcqa' on a SWE-bench row"):
         convert_row(dict(gym_example_rows[0], nemogym_env="mcqa"))
     assert convert_row(dict(gym_example_rows[0], nemogym_env="swe"))["metadata"]["nemogym_env"] == "swe"
+
+
+def test_gymnasium_rows_convert_under_their_named_environment_and_unnamed_ones_say_how(tmp_path: Path) -> None:
+    blackjack = shipped_file(tmp_path, "blackjack")
+    done = invoke("convert", "--env", f"blackjack={blackjack}", "-o", tmp_path / "out.jsonl")
+    assert done.exit_code == 0, done.output
+    rows = read_jsonl(tmp_path / "out.jsonl")
+    assert len(rows) == 5 and {row["metadata"]["nemogym_env"] for row in rows} == {"blackjack"}
+    assert rows[0]["metadata"]["agent_ref"]["name"] == "blackjack_gymnasium_agent"  # the agent's /run gets it
+    unnamed = invoke("convert", "--input", blackjack, "-o", tmp_path / "out2.jsonl")
+    assert unnamed.exit_code != 0
+    assert "'blackjack_gymnasium_agent'" in unnamed.output and "--env NAME" in unnamed.output
+    assert "miles-nemogym serve --env NAME" in unnamed.output

@@ -23,7 +23,7 @@ from miles_nemogym.data import (
     to_prompt_row,
     validate_instance,
 )
-from miles_nemogym.episode.swe import build_run_body
+from miles_nemogym.episode.run import build_run_body
 
 
 @pytest.fixture

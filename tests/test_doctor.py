@@ -510,3 +510,22 @@ def test_with_no_rows_read_doctor_says_nothing_of_their_tools(gym: GymStandIn, m
         passed = by_name(run_checks(timeout_s=5))["environment mcqa"]
     assert passed.status is Status.passed
     assert passed.detail == f"{resources.url}: POST /seed_session and /verify"
+
+
+def test_doctor_checks_an_agent_rows_agent_server_for_post_run(
+    gym: GymStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with serving(openapi_document()) as agent, serving(resources_document(any_tool=True)) as resources:
+        envs = (
+            f'{{"blackjack": {{"url": "http://127.0.0.1:9", "agent": "{agent.url}"}}, '
+            f'"wrong": {{"url": "http://127.0.0.1:9", "agent": "{resources.url}"}}}}'
+        )
+        monkeypatch.setenv("NEMO_GYM_URL", gym.url)
+        monkeypatch.setenv("NEMO_GYM_ENVS", envs)
+        result = CliRunner().invoke(app, ["doctor", "--timeout", "2"], env={"COLUMNS": "200"})
+    assert result.exit_code == 1, result.output
+    # The agent's /run is what the rows reach (the resources server is the agent's to reach).
+    assert f"PASS environment blackjack: agent {agent.url}: POST /run" in result.output
+    assert f"FAIL environment wrong: {resources.url} answers but is not a NeMo-Gym agent server (no POST /run)" in (
+        " ".join(result.output.split())
+    )

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
-from miles_nemogym.episode.swe import classify_http
+from miles_nemogym.episode.run import classify_http
 from tests.support.hostile_store import entry, run_answer, write_step
 
 SCRIPT = "<script>document.title='ran'</script><img src=x onerror=alert(1)>"

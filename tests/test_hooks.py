@@ -14,7 +14,7 @@ import pytest
 
 from miles_nemogym import filters, metrics, reward, state
 from miles_nemogym.episode.record import failure
-from miles_nemogym.episode.swe import classify_http
+from miles_nemogym.episode.run import classify_http
 from miles_nemogym.ledger import Tally
 from tests.support.samples import Sample, Status
 

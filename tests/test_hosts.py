@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from miles_nemogym.episode.swe import policy_base_url
+from miles_nemogym.episode.run import policy_base_url
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer
 from miles_nemogym.transport import bracket, connect_host, is_loopback, is_wildcard

@@ -18,7 +18,7 @@ from miles_nemogym.episode.record import (
     parse_record,
     read_record,
 )
-from miles_nemogym.episode.swe import classify_http
+from miles_nemogym.episode.run import classify_http
 from miles_nemogym.ledger import Tally
 from miles_nemogym.settings import RewardMode
 from tests.support.samples import Sample

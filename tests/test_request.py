@@ -1,4 +1,4 @@
-"""Rules of the /run request builder (episode/swe.py)."""
+"""Rules of the /run request builder (episode/run.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym.episode.swe import RequestError, build_run_body, responses_create_params
+from miles_nemogym.episode.run import RequestError, build_run_body, responses_create_params
 
 POLICY = "http://10.0.0.5:30010/sessions/s1/v1"
 ALL_MILES_KEYS = {

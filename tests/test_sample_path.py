@@ -141,10 +141,10 @@ def test_each_sample_runs_its_own_path_through_the_hooks(measured: list[PathMeas
         assert ("store/writer.py", QUALIFIED("EpisodeStore._write")) in named  # the writer thread is traced
         assert not any(f.name.endswith("<module>") for f in m.functions)  # imports happen before tracing
     # Each kind is prepared by the agent function and attempted by the one delivery.
-    assert ("agent", "episode/swe") in swe.edges and ("episode/delivery", "episode/swe") in swe.edges
+    assert ("agent", "episode/run") in swe.edges and ("episode/delivery", "episode/run") in swe.edges
     assert ("agent", "episode/environment") in environment.edges
     assert ("episode/delivery", "episode/environment") in environment.edges
-    assert "episode/environment.py" not in swe.files and "episode/swe.py" not in environment.files
+    assert "episode/environment.py" not in swe.files and "episode/run.py" not in environment.files
     for m in measured:  # the same transport and delivery for both
         assert {"transport.py", "episode/delivery.py", "episode/record.py"} <= set(m.files), m.files
     assert set(LABELS) == {m.sample for m in measured}

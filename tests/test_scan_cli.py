@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from miles_nemogym import agent, transport
 from miles_nemogym.cli.main import app
-from miles_nemogym.episode.swe import build_run_body
+from miles_nemogym.episode.run import build_run_body
 from tests.support.fault_server import FaultServer
 from tests.support.openapi import openapi_document
 from tests.support.ports import free_port

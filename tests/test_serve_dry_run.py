@@ -265,3 +265,34 @@ def test_serve_refuses_a_provider_that_lacks_what_dry_run_names_before_starting(
     assert started.exit_code == 1 and "lacks" not in started.stderr, started.output
     assert "server environment" in started.stderr or "venv" in started.stderr, started.stderr
     assert list(temp.iterdir()) == []  # serve's own state folder held nothing: removed
+
+
+def test_dry_run_of_a_gymnasium_environment_names_its_agent_and_the_setting_carries_it(bare_host: Path) -> None:
+    result = CliRunner().invoke(app, ["serve", "--no-swe", "--env", "blackjack", "--port", "23456", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    servers, setting = _environments_printed(result.stderr)
+    assert (
+        servers[0]
+        == "blackjack: server blackjack from resources_servers/blackjack/configs/blackjack.yaml, on port 23456"
+    )
+    assert (
+        "played by agent blackjack_gymnasium_agent (its /run), model calls through the routing model" in result.stderr
+    )
+    entry = json.loads(setting)["blackjack"]
+    assert (entry["url"], entry["reward_range"]) == ("http://127.0.0.1:23456", [-1.0, 1.0]) and "agent" in entry
+
+
+def test_serving_an_agent_environment_needs_the_trainers_session_servers(bare_host: Path) -> None:
+    result = CliRunner().invoke(app, ["serve", "--no-swe", "--env", "blackjack"])
+    assert result.exit_code == 2
+    assert "blackjack is played by an agent server" in result.stderr and "--session-server HOST[:PORT]" in result.stderr
+    assert not (bare_host / "gym-venv").exists()  # refused before anything was built or started
+    bad = CliRunner().invoke(app, ["serve", "--no-swe", "--env", "blackjack", "--session-server", "h:x"])
+    assert bad.exit_code == 2 and "--session-server 'h:x': give HOST or HOST:PORT" in bad.stderr
+
+
+def test_routed_plays_a_simple_agent_environment_through_its_own_run(bare_host: Path) -> None:
+    result = CliRunner().invoke(app, ["serve", "--no-swe", "--env", "mcqa", "--routed", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "played by agent mcqa_simple_agent (its /run)" in result.stderr
+    assert "agent" in json.loads(_environments_printed(result.stderr)[1])["mcqa"]

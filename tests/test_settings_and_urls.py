@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from miles_nemogym.episode.swe import RequestError, policy_base_url, routable_local_address
+from miles_nemogym.episode.run import RequestError, policy_base_url, routable_local_address
 from miles_nemogym.settings import RewardMode, Settings, SettingsError, get_settings
 
 

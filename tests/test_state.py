@@ -17,7 +17,7 @@ import pytest
 
 import miles_nemogym
 from miles_nemogym import agent, filters, log_once, metrics, reward, settings, state
-from miles_nemogym.episode.swe import routable_local_address
+from miles_nemogym.episode.run import routable_local_address
 from tests.support.fault_server import FaultServer
 from tests.support.ports import free_port
 from tests.support.samples import Sample

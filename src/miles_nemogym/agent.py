@@ -4,8 +4,8 @@
     async def abort(args) -> None   # Miles' over-sampling abort: stop every in-flight episode
 
 One sample, one episode: route (the row's environment: a ``NEMO_GYM_ENVS`` environment runs the
-``simple_agent`` loop against its resources server, any other row is a SWE episode for
-``NEMO_GYM_URL``'s ``/run``) -> prepare (its requests, checked before anything is sent) ->
+``simple_agent`` loop against its resources server, or its ``agent`` server's ``/run``; any other row
+is a SWE episode for ``NEMO_GYM_URL``'s ``/run``) -> prepare (its requests, checked before anything is sent) ->
 deliver (abortable, outages waited out, within ``NEMO_GYM_RUN_TIMEOUT``) -> bookkeeping (ledger,
 reward, salvage hold, store). A failed episode is recorded on the sample (``nemogym.mask_sample``),
 never raised; see docs/episode-pipeline.md. Importing this module stays cheap (no torch, sglang,
@@ -38,7 +38,8 @@ from miles_nemogym.episode.record import (
     role_of,
     task_id_of,
 )
-from miles_nemogym.episode.swe import prepare as prepare_swe
+from miles_nemogym.episode.run import prepare as prepare_swe
+from miles_nemogym.episode.run import prepare_agent
 from miles_nemogym.errors import RequestError, SettingsError
 from miles_nemogym.log_once import log_once
 from miles_nemogym.reward import score_record
@@ -131,6 +132,8 @@ def _prepare(
             "configured environments; a misspelt name in the rows: re-run `miles-nemogym convert` with the "
             "right --env name (it refuses names nemo-gym does not ship)"
         )
+    if server.agent is not None:
+        return prepare_agent(metadata, request_kwargs, environment, server, settings, session_url=base_url)
     return prepare_environment(
         metadata, environment, server, session_url=base_url, request_kwargs=request_kwargs, settings=settings
     )

@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from miles_nemogym import fit, pins
-from miles_nemogym.episode import swe
+from miles_nemogym.episode import run as swe_run
 from miles_nemogym.errors import RequestError
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.server_probe import Fetcher, FetchError, SchemaError, fetch_json, resources_routes, run_body_fields
@@ -244,7 +244,7 @@ def _policy_host(target: Target) -> Found:
     gym_host = urlsplit(settings.gym_url).hostname or ""
     session_url = f"http://{bracket(session_host)}:30000/sessions/doctor"
     try:
-        host = urlsplit(swe.policy_base_url(session_url, settings.gym_url, settings.external_host)).hostname or ""
+        host = urlsplit(swe_run.policy_base_url(session_url, settings.gym_url, settings.external_host)).hostname or ""
     except RequestError as error:
         return _failed(str(error), _EXTERNAL_HOST_FIX)
     source = (
@@ -325,6 +325,8 @@ def _environment(name: str, target: Target) -> Found:
     """Environment ``name``'s resources server answers, declares ``POST /seed_session`` and
     ``/verify``, and (unless it is in ``tools_not_served``) a route for each tool its rows use."""
     server = target.valid.environments[name]
+    if server.agent is not None:
+        return _agent(name, server.agent, target)
     tools = target.tools.get(name, ())
     url = redact_url(server.url)
     where = f"correct its URL in NEMO_GYM_ENVS (the launcher's --nemo-gym-env {name}=http://<host>:<port>)"
@@ -370,6 +372,25 @@ def _environment(name: str, target: Target) -> Found:
     return _passed(
         f"{url}: POST /seed_session, /verify and {served}" if served else f"{url}: POST /seed_session and /verify"
     )
+
+
+def _agent(name: str, agent: str, target: Target) -> Found:
+    """Environment ``name``'s agent server answers and declares ``POST /run`` (its resources server
+    is the agent's to reach)."""
+    url = redact_url(agent)
+    where = f"correct its agent URL in NEMO_GYM_ENVS ({name}.agent)"
+    try:
+        routes = resources_routes(target.fetch(f"{agent}/openapi.json", target.timeout_s))
+    except FetchError as error:
+        return _failed(f"GET {url}/openapi.json: {error}", f"{start_environment_fix(name)}, or {where}")
+    except SchemaError as error:
+        return _failed(f"{url} answers but is not a NeMo-Gym agent server ({error})", where)
+    if "/run" not in routes.paths:
+        return _failed(
+            f"{url} answers but is not a NeMo-Gym agent server (no POST /run)",
+            f"{where}: the agent server's own address (`miles-nemogym serve --env {name}` prints it)",
+        )
+    return _passed(f"agent {url}: POST /run")
 
 
 def environments(target: Target) -> list[Check]:

@@ -9,7 +9,7 @@ asks, only for what happens before a request exists.
 
 As in NeMo-Gym, a name says what went wrong and nothing else: whether the reward is
 masked and whether the request may be sent again are decided per occurrence: by the episode
-kinds (``episode/swe.py``, ``episode/environment.py``) and the transport's table (``transport.py``).
+kinds (``episode/run.py``, ``episode/environment.py``) and the transport's table (``transport.py``).
 """
 
 from __future__ import annotations

@@ -160,8 +160,11 @@ def _servers(settings: Settings, environments: dict[str, int]) -> str:
     servers = settings.environments
     named = []
     for name, count in sorted(environments.items(), key=lambda kv: -kv[1]):
-        if name in servers:
-            named.append(f"the {name} resources server at {redact_url(servers[name].url)} (NEMO_GYM_ENVS; x{count})")
+        server = servers.get(name)
+        if server is not None and server.agent is not None:
+            named.append(f"the {name} agent server at {redact_url(server.agent)} (NEMO_GYM_ENVS; x{count})")
+        elif server is not None:
+            named.append(f"the {name} resources server at {redact_url(server.url)} (NEMO_GYM_ENVS; x{count})")
         elif name == SWE_ENVIRONMENT:
             named.append(f"the server at {redact_url(settings.gym_url)} (NEMO_GYM_URL; x{count})")
         else:

@@ -67,10 +67,47 @@ class EnvironmentServer(BaseModel):
     """Most model turns per episode (``simple_agent``'s ``max_steps``); None: no limit but the
     episode's deadline (``NEMO_GYM_RUN_TIMEOUT``). A JSON integer: ``true``, ``"5"`` or ``2.0`` is refused."""
 
+    agent: str | None = None
+    """Base URL of the NeMo-Gym agent server that plays this environment's rows through its own
+    ``/run`` (``gymnasium_agent``, ``tool_simulation_agent``, a ``simple_agent`` ...), its model calls
+    routed to the sample's session by ``serve``'s routing model; unset: the ``simple_agent`` loop runs
+    in the rollout process against ``url``."""
+    reward_range: tuple[float, float] | None = None
+    """Inclusive range of a valid reward in this environment, as ``[low, high]`` (blackjack's is
+    ``[-1, 1]``); unset: ``NEMO_GYM_REWARD_RANGE``."""
+
     @field_validator("url")
     @classmethod
     def _check_url(cls, value: str) -> str:
         return _check_http_url(value, "http://gym-host:8001")
+
+    @field_validator("agent")
+    @classmethod
+    def _check_agent(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = _check_http_url(value, "http://gym-host:8002")
+        if value.endswith("/run"):
+            raise ValueError("give the agent server's base URL; '/run' is appended by the plugin")
+        return value
+
+    @field_validator("reward_range", mode="before")
+    @classmethod
+    def _check_reward_range(cls, value: object) -> object:
+        expected = "expected [low, high]: two finite JSON numbers with low <= high, such as [-1, 1]"
+        if value is None:
+            return None
+        if not isinstance(value, (list, tuple)) or len(value) != 2:
+            raise ValueError(expected)
+        if any(isinstance(end, bool) or not isinstance(end, (int, float)) or not math.isfinite(end) for end in value):
+            raise ValueError(expected)
+        if value[0] > value[1]:
+            raise ValueError(expected)
+        return value
+
+    def valid_rewards(self, default: tuple[float, float]) -> tuple[float, float]:
+        """This environment's reward range, else ``default`` (``NEMO_GYM_REWARD_RANGE``)."""
+        return default if self.reward_range is None else self.reward_range
 
 
 class Settings(BaseModel):
@@ -128,10 +165,11 @@ class Settings(BaseModel):
 
     environments_text: str | None = Field(default=None, alias="NEMO_GYM_ENVS")
     """Resources servers of the ``simple_agent``-style environments, as a JSON object from
-    environment name to base URL or to ``{"url": ..., "max_steps": N}``, such as
-    ``{"mcqa": "http://gym-host:8001", "workplace_assistant": {"url": "http://gym-host:8002",
-    "max_steps": 6}}``. A row marked with one of these names runs against its server; other
-    rows go to ``NEMO_GYM_URL``'s ``/run`` (SWE). (A string, parsed by ``environments``.)"""
+    environment name to base URL or to ``{"url": ..., "max_steps": N, "agent": ..., "reward_range":
+    [low, high]}``, such as ``{"mcqa": "http://gym-host:8001", "blackjack": {"url":
+    "http://gym-host:8002", "agent": "http://gym-host:8003", "reward_range": [-1, 1]}}``. A row
+    marked with one of these names runs against its server (through its ``agent``'s ``/run`` when
+    given); other rows go to ``NEMO_GYM_URL``'s ``/run`` (SWE). (A string, parsed by ``environments``.)"""
 
     episode_dir: str | None = Field(default=None, alias="NEMO_GYM_EPISODE_DIR")
     """Folder of the episode store (every episode's answer and record, per step and
@@ -229,7 +267,8 @@ def parse_environments(text: str) -> dict[str, EnvironmentServer]:
     (the one parser: settings, the launcher and ``doctor`` read the variable through it)."""
     form = (
         'a JSON object such as {"mcqa": "http://gym-host:8001", '
-        '"xlam_fc": {"url": "http://gym-host:8002", "max_steps": 4}}'
+        '"xlam_fc": {"url": "http://gym-host:8002", "max_steps": 4}, '
+        '"blackjack": {"url": "http://gym-host:8003", "agent": "http://gym-host:8004", "reward_range": [-1, 1]}}'
     )
     try:
         raw = json.loads(text, object_pairs_hook=_refuse_duplicates)

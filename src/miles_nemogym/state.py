@@ -13,7 +13,7 @@ process:
 
 and three caches kept by their own modules: the settings read from the environment
 (``settings.get_settings``), the messages logged once (``log_once``) and the local address that
-routes to each Gym host (``swe.routable_local_address``). ``reset`` returns all of it to a fresh
+routes to each Gym host (``run.routable_local_address``). ``reset`` returns all of it to a fresh
 process's (tests; a new run in the same process). The connection pools are per event loop and
 close with it (``transport``).
 """
@@ -24,7 +24,7 @@ from collections import Counter
 
 from miles_nemogym import log_once, settings
 from miles_nemogym.episode.delivery import Circuits, InFlight
-from miles_nemogym.episode.swe import routable_local_address
+from miles_nemogym.episode.run import routable_local_address
 from miles_nemogym.ledger import Ledger
 from miles_nemogym.salvage import HeldEpisodes
 from miles_nemogym.store.writer import Stores

@@ -129,7 +129,7 @@ class PathMeasurement:
 
 
 def module_name(file: str) -> str:
-    """``episode/swe.py`` -> ``episode/swe``."""
+    """``episode/run.py`` -> ``episode/run``."""
     return file.removesuffix(".py")
 
 

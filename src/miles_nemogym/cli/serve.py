@@ -49,6 +49,8 @@ _JUDGE_HELP = (
 _HELP = """Run the real NeMo-Gym mini_swe_agent_2 server for training or evaluation, and with
 --env NAME (repeatable) the resources servers of other NeMo-Gym environments next to it
 (--no-swe: only those). It prints the NEMO_GYM_URL and NEMO_GYM_ENVS the trainer exports.
+An environment its config gives another agent (gymnasium_agent, ...) also gets that agent
+server, its model calls routed to the trainers' sessions (--session-server).
 
 SWE episodes run as Ray tasks: on a private Ray on this machine, or spread over a running
 cluster with --ray-address (docs/scale-out.md). --dry-run shows the composed server config
@@ -130,6 +132,24 @@ def serve(
             help="Start even when the sandbox provider lacks what --dry-run checks (a Docker daemon, credentials).",
         ),
     ] = False,
+    session_servers: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--session-server",
+            metavar="HOST[:PORT]",
+            help="A trainer's Miles session server that agents' model calls may be routed to (repeat for "
+            "several; HOST alone: any port). Needed by environments played by their own agent server "
+            "(gymnasium_agent, tool_simulation_agent, ...); nothing else is reachable through the routing model.",
+        ),
+    ] = None,
+    routed: Annotated[
+        bool,
+        typer.Option(
+            "--routed",
+            help="Play simple_agent environments through their own agent server's /run too (routed), "
+            "instead of the loop in the rollout process.",
+        ),
+    ] = False,
 ) -> None:
     from pydantic import ValidationError
     from rich.console import Console
@@ -189,7 +209,7 @@ def serve(
                 console.print(f"[red]error:[/red] {escape(line)}", highlight=False)
             raise typer.Exit(2) from None
     try:
-        plans = plan(envs or [])
+        plans = plan(envs or [], routed=routed)
     except GymEnvironmentError as exc:
         console.print(f"[red]error:[/red] --env: {escape(str(exc))}", highlight=False)
         raise typer.Exit(2) from None
@@ -197,6 +217,19 @@ def serve(
     for reason in refused:
         console.print(f"[red]error:[/red] --env: {escape(reason)}", highlight=False)
     if refused:
+        raise typer.Exit(2)
+    agents = [p.name for p in plans if p.agent]
+    allowed = [server.strip() for server in session_servers or [] if server.strip()]
+    bad = [server for server in allowed if not _is_host_port(server)]
+    if bad:
+        console.print(f"[red]error:[/red] --session-server {bad[0]!r}: give HOST or HOST:PORT, e.g. 10.0.0.5:30000")
+        raise typer.Exit(2)
+    if agents and not allowed and not dry_run:
+        console.print(
+            f"[red]error:[/red] {', '.join(agents)} {'is' if len(agents) == 1 else 'are'} played by an agent server "
+            "whose model calls go to the trainer's Miles session servers: name them with --session-server HOST[:PORT] "
+            "(the training nodes' address, e.g. --session-server 10.0.0.5)"
+        )
         raise typer.Exit(2)
     # SWE on --port, the environments on the ports after it (0: every one free).
     first_port = options.port + (1 if swe else 0) if options.port else 0
@@ -257,6 +290,7 @@ def serve(
                         progress=progress,
                         start_timeout=start_timeout,
                         judge=judge,
+                        session_servers=allowed,
                     )
                     environments.compose()  # nemo-gym's parser refuses a config before anything starts
                 if swe:
@@ -355,8 +389,17 @@ def _print_ready(
             f"concurrency {options.concurrency})."
         )
     if environments is not None:
-        names = ", ".join(f"{p.name} (port {environments.ports[p.instance]})" for p in environments.plans)
+        names = ", ".join(
+            f"{p.name} (port {environments.ports[p.instance]}"
+            + (f", agent {p.agent} on port {environments.ports[p.agent]})" if p.agent else ")")
+            for p in environments.plans
+        )
         what.append(f"[green]NeMo-Gym environments are serving[/green]: {names}.")
+        if environments.routed:
+            what.append(
+                "Agents' model calls are routed to the session of each /run's rollout, on "
+                f"{', '.join(environments.session_servers)} only."
+            )
     ray = _ray_line(server) if server is not None else ""
     console.print("\n".join(what) + f"\nReady in {took:.0f} s.\n{ray}On the training node:\n")
     if server is not None:
@@ -457,13 +500,18 @@ def _plan_environments(
     from miles_nemogym.gym.server import advertised_url
 
     console.print("environments (each a resources server run from the server environment):", highlight=False)
-    urls = {}
+    urls, agents = {}, {}
     for index, p in enumerate(plans):
         port = first_port + index if first_port else None
         urls[p.name] = advertised_url(host, port) if port else f"http://{host}:<free port>"
         steps = f", max_steps {p.max_steps}" if p.max_steps else ""
         where = f"port {port}" if port else "a free port"
         console.print(f"  {p.name}: server {p.instance} from {p.config}, on {where}{steps}", highlight=False)
+        if p.agent:
+            agents[p.name] = f"http://{host}:<free port>"
+            console.print(
+                f"    played by agent {p.agent} (its /run), model calls through the routing model", highlight=False
+            )
     lines = sorted({line for p in plans for line in p.requirements})
     if not lines:
         said = "none beyond nemo-gym"
@@ -483,7 +531,18 @@ def _plan_environments(
         console.print(
             f"judge: {', '.join(judged)} graded by {judge.model} at {judge.url}", highlight=False, soft_wrap=True
         )
-    console.print(f"NEMO_GYM_ENVS='{setting(plans, urls)}'", highlight=False, markup=False, soft_wrap=True)
+    console.print(f"NEMO_GYM_ENVS='{setting(plans, urls, agents)}'", highlight=False, markup=False, soft_wrap=True)
+
+
+def _is_host_port(text: str) -> bool:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(f"//{text}")
+        parts.port  # noqa: B018 (raises on a bad port)
+    except ValueError:
+        return False
+    return bool(parts.hostname) and parts.netloc == text and not parts.username and "@" not in text
 
 
 def register(app: typer.Typer) -> None:

@@ -108,8 +108,9 @@ def environment_of_row(row: Mapping[str, Any]) -> str | FieldProblem:
         return FieldProblem(
             field,
             "not_simple_agent",
-            f"is {agent!r}, not a '<environment>{AGENT_SUFFIX}' (only simple_agent environments run here); "
-            "name the environment with --env NAME (and --input) if its rows run with simple_agent",
+            f"is {agent!r}, not a '<environment>{AGENT_SUFFIX}', so it does not name the environment; "
+            "name it with --env NAME (and --input): rows of an environment played by another agent "
+            "(gymnasium_agent, ...) run through that agent's /run (`miles-nemogym serve --env NAME` starts it)",
         )
     bare = agent.removesuffix(AGENT_SUFFIX)
     return FieldProblem(field, "bad_value", f"{agent!r} gives environment {bare!r}: {environment_name_problem(bare)}")

@@ -1,7 +1,7 @@
 """Delivering one episode to its server: abortable, waiting out that server's outage, sent again
 only when it certainly never arrived, each try within the whole-episode deadline.
 
-Every episode kind (``swe.py``: ``POST /run``; ``environment.py``: the ``simple_agent`` loop)
+Every episode kind (``run.py``: an agent's ``POST /run``; ``environment.py``: the ``simple_agent`` loop)
 hands ``deliver`` an ``Episode``; its ``attempt`` returns the finished ``Outcome``, or
 ``Undelivered`` when nothing reached the server. Then:
 

@@ -41,6 +41,7 @@ from miles_nemogym.episode.record import (
     check_reward,
     failure,
     finite_json,
+    range_setting,
     short_reason,
     shown,
     task_id_of,
@@ -440,7 +441,14 @@ class _Loop:
     async def _seed(self, session: Any) -> None:
         answer = await self._post(session, "seed_session", self.episode.row, self.settings.max_result_bytes)
         if answer.status != 200 or answer.over_cap or not isinstance(_parsed(answer), dict):
-            raise _Failed(fk.SEED_FAILED, _described(answer, "/seed_session", "a JSON object"))
+            hint = ""
+            if answer.status == 404:  # a gymnasium server (/reset, /step) or another agent's environment
+                hint = (
+                    f"; if {self.episode.environment!r} is played by another agent than simple_agent (gymnasium_agent, "
+                    "...), give its agent server in NEMO_GYM_ENVS (`miles-nemogym serve --env "
+                    f'{self.episode.environment}` prints the entry with its "agent")'
+                )
+            raise _Failed(fk.SEED_FAILED, _described(answer, "/seed_session", "a JSON object") + hint)
 
     async def _chat(self, session: Any) -> tuple[_Choice, str | None]:
         body = {**self.episode.body, "messages": self.transcript.messages}
@@ -501,11 +509,16 @@ class _Loop:
         return {key: value for key, value in parsed.items() if key != "response"}
 
     def _score(self, verify: dict[str, Any]) -> Outcome:
-        """The verifier's reward when it is one (a JSON number, finite, in ``NEMO_GYM_REWARD_RANGE``,
+        """The verifier's reward when it is one (a JSON number, finite, in the environment's range,
         the sample not masked), else a masked ``verifier_error`` or the kind ``/verify`` named."""
         own = {key: value for key, value in verify.items() if key not in _VERIFY_OWN and key not in self.episode.row}
         report: dict[str, Any] = finite_json(own)
-        reward, problem = check_reward(verify.get("reward"), self.settings.reward_range)
+        server = self.episode.server
+        reward, problem = check_reward(
+            verify.get("reward"),
+            server.valid_rewards(self.settings.reward_range),
+            range_setting(self.episode.environment, server),
+        )
         mask = verify.get("mask_sample", False)
         kind = verify.get("failure_kind")
         reason = verify.get("failure_reason")

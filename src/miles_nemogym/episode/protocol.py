@@ -73,12 +73,13 @@ class RunRequest(BaseModel):
 
 
 class OutputItem(TypedDict, total=False):
-    """One item of the trajectory; only its type is read (to count turns and tool calls).
+    """One item of the trajectory; only its type and role are read (to count turns and tool calls).
 
     A TypedDict, not a model: a dict per item validates much faster than a model instance,
     which matters for a runaway trajectory of a million items."""
 
     type: str | None
+    role: str | None
 
 
 class _ResponseObject(BaseModel):

@@ -64,6 +64,7 @@ __all__ = [
     "pass_at_k",
     "passed",
     "percentile",
+    "range_setting",
     "read_record",
     "record_of",
     "role_of",
@@ -339,9 +340,19 @@ def shown(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def check_reward(value: Any, reward_range: tuple[float, float]) -> tuple[float | None, str | None]:
+def range_setting(environment: str, server: Any) -> str:
+    """The setting that gives ``environment``'s reward range (``server``: its ``EnvironmentServer``)."""
+    return f"NEMO_GYM_ENVS[{environment!r}].reward_range" if server.reward_range is not None else _RANGE_SETTING
+
+
+_RANGE_SETTING = "NEMO_GYM_REWARD_RANGE"
+
+
+def check_reward(
+    value: Any, reward_range: tuple[float, float], setting: str = _RANGE_SETTING
+) -> tuple[float | None, str | None]:
     """(the reward as a finite float or None, what is wrong with it or None): a JSON number (not a
-    boolean, not a string), finite and in ``reward_range`` (``NEMO_GYM_REWARD_RANGE``)."""
+    boolean, not a string), finite and in ``reward_range`` (given by ``setting``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None, f"the server's reward is not a number ({shown(value)})"
     try:
@@ -352,7 +363,8 @@ def check_reward(value: Any, reward_range: tuple[float, float]) -> tuple[float |
         return None, f"the server's reward is not finite ({number})"
     low, high = reward_range
     if not low <= number <= high:
-        return number, f"the server's reward {number:g} is outside NEMO_GYM_REWARD_RANGE={low:g},{high:g}"
+        shown_range = f"{low:g},{high:g}" if setting == _RANGE_SETTING else f"[{low:g}, {high:g}]"
+        return number, f"the server's reward {number:g} is outside {setting}={shown_range}"
     return number, None
 
 

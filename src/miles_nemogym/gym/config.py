@@ -241,7 +241,9 @@ print("\\n" + json.dumps(out))
 _REASON_CHARS = 4000
 
 
-def parse_configs(venv: GymVenv, payloads: list[dict[str, Any]], cwd: Path, what: str) -> list[str]:
+def parse_configs(
+    venv: GymVenv, payloads: list[dict[str, Any]], cwd: Path, what: str, extra_env: dict[str, str] | None = None
+) -> list[str]:
     """Each payload through nemo-gym's parser, in one process: the composed YAML, or the
     parser's reason for refusing it (a :class:`ConfigRefusal`); ``what`` names them in errors."""
     done = subprocess.run(
@@ -250,7 +252,7 @@ def parse_configs(venv: GymVenv, payloads: list[dict[str, Any]], cwd: Path, what
         capture_output=True,
         text=True,
         cwd=cwd,
-        env=child_environment(),
+        env={**child_environment(), **(extra_env or {})},
         timeout=300 + 5 * len(payloads),
         check=False,
     )
@@ -268,10 +270,13 @@ class ConfigRefusal(str):
     """nemo-gym's parser's reason for refusing a config."""
 
 
-def parse_config(venv: GymVenv, payload: dict[str, Any], cwd: Path, what: str) -> str:
+def parse_config(
+    venv: GymVenv, payload: dict[str, Any], cwd: Path, what: str, extra_env: dict[str, str] | None = None
+) -> str:
     """``payload`` (``config_paths`` plus overrides) through nemo-gym's own parser in ``venv``, as
-    the YAML each server process gets in ``NEMO_GYM_CONFIG_DICT``; ``what`` names it in errors."""
-    [answer] = parse_configs(venv, [payload], cwd, what)
+    the YAML each server process gets in ``NEMO_GYM_CONFIG_DICT``; ``what`` names it in errors;
+    ``extra_env`` is added to the parser's environment (``NEMO_GYM_EXTRA_ROOTS``)."""
+    [answer] = parse_configs(venv, [payload], cwd, what, extra_env)
     if isinstance(answer, ConfigRefusal):
         raise GymEnvironmentError(f"nemo-gym rejected the {what}: {answer}")
     return answer

@@ -60,6 +60,9 @@ from miles_nemogym.gym.venv import (
 from miles_nemogym.transport import connect_host
 
 __all__ = [
+    "POLICY_MODEL",
+    "ROUTING_MODEL",
+    "ROUTING_ROOT",
     "EnvironmentPlan",
     "EnvironmentServers",
     "UnknownEnvironmentError",
@@ -78,6 +81,7 @@ __all__ = [
 ]
 
 _GROUP = "resources_servers"
+POLICY_KEY_ENV = "NEMO_GYM_POLICY_API_KEY"
 _READY = "miles-nemogym-envs.json"
 # A plain PyPI requirement: a name, optional extras, version specifiers and an environment marker.
 _PYPI_LINE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\s*(\[[A-Za-z0-9._,\s-]*\])?\s*([<>=!~][^;@]*)?(;[^@]*)?")
@@ -99,6 +103,21 @@ for line in json.loads(sys.stdin.read()):
         out.append(False)
 print("\\n" + json.dumps(out))
 """
+
+
+ROUTING_ROOT = Path(__file__).parent / "routing_root"
+"""A ``NEMO_GYM_EXTRA_ROOTS`` root holding this package's routing model server."""
+ROUTING_MODEL = ROUTING_ROOT / "responses_api_models" / "miles_routing_model"
+_ROUTING_CONFIG = ROUTING_MODEL / "configs" / "miles_routing_model.yaml"
+POLICY_MODEL = "policy_model"
+"""The instance every agent calls its model through (the routing model, when agents are served)."""
+# Run-level token capture, the least setting under which every agent prefixes its model calls with
+# the rollout id (nemo-gym 0.7.0, base_responses_api_agent.py): no directory, no sink and
+# rebuild_response off, so no capture is written anywhere (docs/environments.md, "Routed agents").
+_ROLLOUT_ID_SETTING = {"token_id_capture": {"enabled": True, "all_agents": True, "rebuild_response": False}}
+_REWARD_RANGES = {"blackjack": (-1.0, 1.0)}
+"""Environments whose rewards leave ``[0, 1]``, as their config describes them (the wheel states
+no range a program can read): blackjack +1 win, 0 draw, -1 loss."""
 
 
 class UnknownEnvironmentError(GymEnvironmentError):
@@ -126,6 +145,12 @@ class EnvironmentPlan:
     """``requirements.txt`` lines beyond nemo-gym itself."""
     max_steps: int | None
     """``max_steps`` of the ``simple_agent`` the config pairs with it, if set."""
+    agent: str | None = None
+    """The instance of the agent server whose ``/run`` plays its rows (``gymnasium_agent``, ...,
+    or its ``simple_agent`` when routed), its model calls sent through the routing model; None:
+    the ``simple_agent`` loop runs in the rollout process."""
+    reward_range: tuple[float, float] | None = None
+    """Its valid rewards when they are not ``[0, 1]`` (``_REWARD_RANGES``)."""
 
 
 def shipped_environments() -> list[str]:
@@ -202,6 +227,24 @@ def _instance(name: str, folder: str, config: Mapping[str, Any]) -> tuple[str, i
     return instances[0], None
 
 
+def _driver(config: Mapping[str, Any], instance: str, routed: bool) -> str | None:
+    """The agent instance whose ``/run`` plays ``instance``'s rows: None when a ``simple_agent``
+    drives it (the loop runs in the rollout process) unless ``routed``; else the config's first
+    agent naming it."""
+    found: list[tuple[str, str]] = []
+    for key, entry in config.items():
+        agents = entry.get("responses_api_agents") if isinstance(entry, dict) else None
+        if not isinstance(agents, dict) or len(agents) != 1:
+            continue
+        kind, block = next(iter(agents.items()))
+        if isinstance(block, dict) and (block.get("resources_server") or {}).get("name") == instance:
+            found.append((str(key), str(kind)))
+    simple = [key for key, kind in found if kind == "simple_agent"]
+    if simple:
+        return simple[0] if routed else None
+    return found[0][0] if found else None
+
+
 def _agent_configs(archive: zipfile.ZipFile) -> dict[str, str]:
     """``X`` -> the shipped config holding agent ``X_simple_agent`` (how rows name environments)."""
     found: dict[str, str] = {}
@@ -238,8 +281,10 @@ def _check_shipped(names: Sequence[str], shipped: Sequence[str], archive: zipfil
     return agents
 
 
-def plan(names: Sequence[str]) -> list[EnvironmentPlan]:
+def plan(names: Sequence[str], *, routed: bool = False) -> list[EnvironmentPlan]:
     """``names`` (duplicates dropped) as the wheel ships them; an unknown name lists close matches.
+    An environment its config gives another agent than ``simple_agent`` is played by that agent's
+    ``/run`` (``EnvironmentPlan.agent``); ``routed``: a ``simple_agent`` one too.
 
     A name is a folder of ``resources_servers/`` (its ``configs/<name>.yaml``, else its only
     config), or ``X`` of a shipped agent ``X_simple_agent`` (its config: what rows prepared by
@@ -256,22 +301,33 @@ def plan(names: Sequence[str]) -> list[EnvironmentPlan]:
             folder = config.split("/")[1]
             requirements = f"{_GROUP}/{folder}/requirements.txt"
             text = archive.read(requirements).decode("utf-8") if requirements in members else ""
-            instance, steps = _instance(name, folder, yaml.safe_load(archive.read(config)) or {})
+            composed = yaml.safe_load(archive.read(config)) or {}
+            instance, steps = _instance(name, folder, composed)
             twin = next((p.name for p in plans if p.instance == instance), None)
             if twin is not None:
                 raise GymEnvironmentError(
                     f"environments {twin!r} and {name!r} are both served by instance {instance!r} of "
                     f"resources_servers/{folder}; give one of them (another config needs a serve of its own)"
                 )
-            plans.append(EnvironmentPlan(name, config, instance, _requirement_lines(name, text), steps))
+            driver = _driver(composed, instance, routed)
+            reward_range = _REWARD_RANGES.get(name) if driver else None
+            needs = _requirement_lines(name, text)
+            plans.append(EnvironmentPlan(name, config, instance, needs, steps, driver, reward_range))
     return plans
 
 
-def setting(plans: Sequence[EnvironmentPlan], urls: Mapping[str, str]) -> str:
-    """The ``NEMO_GYM_ENVS`` value: each environment's URL, with ``max_steps`` where its config sets it."""
-    value: dict[str, Any] = {
-        p.name: {"url": urls[p.name], "max_steps": p.max_steps} if p.max_steps else urls[p.name] for p in plans
-    }
+def setting(plans: Sequence[EnvironmentPlan], urls: Mapping[str, str], agents: Mapping[str, str]) -> str:
+    """The ``NEMO_GYM_ENVS`` value: each environment's URL, with ``max_steps`` where its config sets it,
+    and for one played by an agent server, that server's URL (``agents``) and its reward range."""
+    value: dict[str, Any] = {}
+    for p in plans:
+        if p.agent:
+            entry: dict[str, Any] = {"url": urls[p.name], "agent": agents[p.name]}
+            if p.reward_range:
+                entry["reward_range"] = list(p.reward_range)
+            value[p.name] = entry
+        else:
+            value[p.name] = {"url": urls[p.name], "max_steps": p.max_steps} if p.max_steps else urls[p.name]
     return json.dumps(value)
 
 
@@ -299,18 +355,22 @@ def _payload(
     judge: Judge | None,
     policy_base_url: str = PLACEHOLDER_POLICY_URL,
     extra_configs: Sequence[Path] = (),
+    *,
+    routed: bool = False,
 ) -> dict[str, Any]:
-    """What nemo-gym's parser is given for ``plans``: their configs, the policy model's, and
-    ``serve``'s layer over each (datasets dropped, the judge wired)."""
+    """What nemo-gym's parser is given for ``plans``: their configs, the policy model's (the
+    routing model when agents are served), and ``serve``'s layer over each (datasets dropped,
+    the judge wired, every model call given its rollout id when ``routed``)."""
     payload = layer([shipped_config(p.config) for p in plans], judge)
     payload.update(
         {
             "config_paths": [str(site_packages / p.config) for p in plans]
-            + [str(site_packages / MODEL_CONFIG)]
+            + [str(_ROUTING_CONFIG if routed else site_packages / MODEL_CONFIG)]
             + [str(path) for path in extra_configs],
             "policy_base_url": policy_base_url,
             "policy_api_key": "unused",
             "policy_model_name": "policy",
+            **(_ROLLOUT_ID_SETTING if routed else {}),
         }
     )
     return payload
@@ -452,6 +512,7 @@ class EnvironmentServers:
         extra_configs: Sequence[Path] = (),
         app_folders: Mapping[str, Path] | None = None,
         judge: Judge | None = None,
+        session_servers: Sequence[str] = (),
     ) -> None:
         self.gym = gym
         self.plans = list(plans)
@@ -467,6 +528,12 @@ class EnvironmentServers:
         self._app_folders = dict(app_folders or {})
         """Instance -> the folder of its ``app.py``, for instances not under site-packages."""
         self.judge = judge
+        self.routed = any(p.agent for p in self.plans)
+        """Agents are served: ``policy_model`` is the routing model, allowed ``session_servers``."""
+        self.session_servers = list(session_servers)
+        if self.routed:
+            self._app_folders.setdefault(POLICY_MODEL, ROUTING_MODEL)
+            self._extra_env["NEMO_GYM_EXTRA_ROOTS"] = str(ROUTING_ROOT)
         self._marker = uuid.uuid4().hex
         self.config: dict[str, Any] = {}
         """The composed config (after ``start``)."""
@@ -484,9 +551,19 @@ class EnvironmentServers:
             for p in self.plans
         }
 
+    def agent_urls(self, advertised: bool = False) -> dict[str, str]:
+        """Environment name -> the base URL of the agent server playing it (those that have one)."""
+        return {
+            p.name: advertised_url(self.host, self.ports[p.agent])
+            if advertised
+            else f"http://{connect_host(self.host)}:{self.ports[p.agent]}"
+            for p in self.plans
+            if p.agent
+        }
+
     def setting(self) -> str:
         """The ``NEMO_GYM_ENVS`` value for trainers on other machines."""
-        return setting(self.plans, self.urls(advertised=True))
+        return setting(self.plans, self.urls(advertised=True), self.agent_urls(advertised=True))
 
     def log_path(self, instance: str) -> Path:
         return self.state_dir / f"{instance}.log"
@@ -505,10 +582,17 @@ class EnvironmentServers:
         if self.config:
             return self.config
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        payload = _payload(self.gym.site_packages, self.plans, self.judge, self.policy_base_url, self._extra_configs)
-        composed = yaml.safe_load(parse_config(self.gym, payload, self.state_dir, "environments' config"))
+        payload = _payload(
+            self.gym.site_packages, self.plans, self.judge, self.policy_base_url, self._extra_configs, routed=self.routed
+        )
+        text = parse_config(self.gym, payload, self.state_dir, "environments' config", self._extra_env)
+        composed = yaml.safe_load(text)
         if not isinstance(composed, dict):
             raise GymEnvironmentError(f"nemo-gym's parser returned no config for {[p.name for p in self.plans]}")
+        if self.routed:
+            composed[POLICY_MODEL]["responses_api_models"]["miles_routing_model"]["session_servers"] = list(
+                self.session_servers
+            )
         self.config = composed
         return composed
 
@@ -527,6 +611,8 @@ class EnvironmentServers:
         python = environment_python(self.gym, self.plans, self._progress)
         self.compose()
         names = [p.instance for p in self.plans]
+        served = [p.agent for p in self.plans if p.agent]
+        also = list(dict.fromkeys([*also, *served, *([POLICY_MODEL] if self.routed else [])]))
         judge = [JUDGE_INSTANCE] if JUDGE_INSTANCE in self.config and JUDGE_INSTANCE not in also else []
         for index, name in enumerate([*names, *also, *judge]):
             group, kind = self._where(name)
@@ -586,6 +672,9 @@ class EnvironmentServers:
                 **self._extra_env,
             }
         )
+        key = os.environ.get(POLICY_KEY_ENV)
+        if self.routed and name == POLICY_MODEL and key:
+            env[POLICY_KEY_ENV] = key  # the routing model's alone (every other process goes without it)
         with self.log_path(name).open("ab") as log:
             self._processes[name] = subprocess.Popen(
                 [str(python), str(folder / "app.py")],

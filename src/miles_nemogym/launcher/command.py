@@ -337,10 +337,10 @@ ENVS_ENV = "NEMO_GYM_ENVS"
 
 
 def environments_value(servers: Mapping[str, EnvironmentServer]) -> str:
-    """``NEMO_GYM_ENVS`` for these servers: a name -> URL, or ``{"url", "max_steps"}`` JSON object."""
-    return json.dumps(
-        {name: server.url if server.max_steps is None else server.model_dump() for name, server in servers.items()}
-    )
+    """``NEMO_GYM_ENVS`` for these servers: a name -> URL, or a JSON object of the fields set
+    (``url``, ``max_steps``, ``agent``, ``reward_range``)."""
+    value = {name: server.model_dump(exclude_none=True) for name, server in servers.items()}
+    return json.dumps({name: entry["url"] if list(entry) == ["url"] else entry for name, entry in value.items()})
 
 
 def _check_min_valid(env: Mapping[str, str], n_samples_per_prompt: int) -> None:

@@ -1,4 +1,4 @@
-"""Run a scan: every selected instance through ``swe.prepare`` and ``delivery.deliver``, as training does.
+"""Run a scan: every selected instance through ``run.prepare_scan`` and ``delivery.deliver``, as training does.
 
 ``policy_base_url`` is ``--policy-base-url`` (absent only in a golden scan), the API key is
 sent only with it, and the policy must answer before the first episode. Whatever is wrong
@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 
 from miles_nemogym import checks, state
-from miles_nemogym.episode import swe
+from miles_nemogym.episode import run as swe_run
 from miles_nemogym.episode.delivery import deliver
 from miles_nemogym.episode.record import Outcome
 from miles_nemogym.errors import MilesNemoGymError, RequestError
@@ -76,7 +76,7 @@ class _Prepared:
     earlier: dict[str, ResultLine]
     digests: dict[str, str]
     lock: ResultsLock | None
-    bodies: dict[str, swe.SweEpisode]
+    bodies: dict[str, swe_run.SweEpisode]
     """Each pending instance's ``/run`` body, built once before the first episode."""
 
     def release(self) -> None:
@@ -153,14 +153,14 @@ def _prepare_locked(
     earlier = {key: value for key, value in earlier.items() if key in wanted}
 
     try:
-        swe.responses_create_params(None, config.request_kwargs())
+        swe_run.responses_create_params(None, config.request_kwargs())
     except RequestError as error:
         raise ScanUsageError(f"the sampling flags cannot be sent: {error}") from None
     pending = [task for task in selected if task.instance_id not in earlier]
     bodies = {}
     for task in pending:  # a row that cannot form a body fails now, not as a masked episode later
         try:
-            bodies[task.instance_id] = swe.prepare_scan(
+            bodies[task.instance_id] = swe_run.prepare_scan(
                 task.metadata,
                 config.request_kwargs(),
                 settings,

@@ -11,7 +11,7 @@ from enum import Enum
 from typing import Any
 
 from miles_nemogym.episode.record import Outcome, short_reason
-from miles_nemogym.episode.swe import instance_report
+from miles_nemogym.episode.run import instance_report
 
 _MAX_TEST_NAMES = 3
 

@@ -1,10 +1,14 @@
-"""The SWE episode: one ``POST /run`` to NeMo-Gym's ``mini_swe_agent_2``, which runs mini-swe-agent in a
-task container against the sample's policy URL and grades it with SWE-bench.
+"""Episodes played by a NeMo-Gym agent server's own ``POST /run``: the SWE episode (``mini_swe_agent_2``,
+which runs mini-swe-agent in a task container against the sample's policy URL and grades it with
+SWE-bench) and the agent row (an ``NEMO_GYM_ENVS`` environment with an ``agent``: ``gymnasium_agent``,
+``tool_simulation_agent``, a ``simple_agent``..., whose model calls ``serve``'s routing model sends to
+the sample's session, found from the body's ``_ng_rollout_id``).
 
     prepare(row)  -> the /run body: the task row, the trainer's sampling (``temperature``, ``top_p``
                      and ``max_output_tokens`` typed, every other key in ``metadata.extra_body``) and
                      the policy URL the Gym host dials (Miles' session URL + ``/v1``, a wildcard host
-                     made dialable), validated as the server validates it and encoded once
+                     made dialable) -- SWE: as ``policy_base_url``; an agent row: encoded as the
+                     rollout id -- validated as the server validates it and encoded once
     attempt       -> POST /run (``transport.request``, ``NEMO_GYM_MAX_RESULT_BYTES``)
     score         -> the server answers HTTP 200 also for a crashed episode, with ``reward: 0.0``:
                      every answer becomes a valid measurement or a named, masked failure
@@ -40,15 +44,17 @@ from miles_nemogym.episode.record import (
     check_reward,
     failure,
     finite_json,
+    range_setting,
     short_reason,
     shown,
     task_id_of,
     task_row,
 )
 from miles_nemogym.errors import RequestError, UrlError
+from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.rollout_ids import rollout_id
 from miles_nemogym.log_once import log_once
 from miles_nemogym.redaction import redact_url
-from miles_nemogym.settings import Settings
+from miles_nemogym.settings import EnvironmentServer, Settings
 from miles_nemogym.transport import (
     Deadline,
     TransportError,
@@ -62,13 +68,17 @@ from miles_nemogym.transport import (
 from miles_nemogym.validation import describe
 
 __all__ = [
+    "ROLLOUT_ID_KEY",
+    "AgentEpisode",
     "SweEpisode",
     "build_run_body",
+    "classify_agent_http",
     "classify_http",
     "classify_run_response",
     "instance_report",
     "policy_base_url",
     "prepare",
+    "prepare_agent",
     "prepare_scan",
     "responses_create_params",
     "routable_local_address",
@@ -89,6 +99,11 @@ _OFF_LOOP_BYTES = 4 * 1024 * 1024
 
 _DEFAULT_REWARD_RANGE = (0.0, 1.0)
 _ERROR_DETAIL_CHARS = 300
+
+ROLLOUT_ID_KEY = "_ng_rollout_id"
+"""The ``/run`` body's rollout id (nemo-gym's alias field, kept from ``/verify``)."""
+_ECHOED = frozenset({"response", "responses_create_params", "reward"})
+"""Parts of an agent's answer not kept as its report: the trajectory, the echoed request, the reward."""
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -112,41 +127,78 @@ class SweEpisode:
     async def attempt(self, deadline: Deadline) -> Outcome | Undelivered:
         """One ``POST /run``: the scored answer, a failure that may have been delivered, or ``Undelivered``."""
         settings = self.settings
-        connections = await pool(settings.max_concurrency)
-        try:
-            answer = await request(
-                connections.gym,
-                "POST",
-                settings.run_url,
-                payload=self.payload,
-                deadline=deadline,
-                connect_timeout_s=settings.connect_timeout_s,
-                cap=settings.max_result_bytes,
-            )
-        except TransportError as error:
-            reason = _scrubbed(settings, str(error))
-            return Undelivered(error.kind, reason) if error.resendable else failure(error.kind, reason)
-        if answer.over_cap:
-            return failure(
-                fk.AGENT_RUN_ERROR,
-                f"the /run answer exceeds NEMO_GYM_MAX_RESULT_BYTES={settings.max_result_bytes} "
-                f"(at least {answer.size} bytes decoded); not read further",
-                http_status=answer.status,
-            )
-        scrubber = settings.key_scrubber()
-        scrub = None if scrubber is None else scrubber.scrub
 
-        def score() -> Outcome:
+        def score(status: int, body: bytes, scrub: Callable[[bytes], bytes] | None) -> Outcome:
             return classify_http(
-                answer.status, answer.body, instance_id=self.task_id, reward_range=settings.reward_range, scrub=scrub
+                status, body, instance_id=self.task_id, reward_range=settings.reward_range, scrub=scrub
             )
 
-        if len(answer.body) > _OFF_LOOP_BYTES:
-            outcome = await asyncio.get_running_loop().run_in_executor(None, score)
-        else:
-            outcome = score()
-        outcome.answer = answer.body  # kept for the episode store (scrubbed there)
-        return outcome
+        return await _post_run(settings, settings.run_url, self.payload, deadline, score)
+
+
+@dataclass(frozen=True)
+class AgentEpisode:
+    """One agent row's ``/run`` body for its environment's agent server, encoded once."""
+
+    payload: bytes
+    task_id: str | None
+    environment: str
+    server: EnvironmentServer
+    settings: Settings
+    setting = "NEMO_GYM_ENVS"
+
+    @property
+    def server_url(self) -> str:
+        return str(self.server.agent)
+
+    async def attempt(self, deadline: Deadline) -> Outcome | Undelivered:
+        """One ``POST <agent>/run``, scored as ``classify_agent_http`` scores it."""
+        valid = self.server.valid_rewards(self.settings.reward_range)
+        where = range_setting(self.environment, self.server)
+
+        def score(status: int, body: bytes, scrub: Callable[[bytes], bytes] | None) -> Outcome:
+            return classify_agent_http(status, body, reward_range=valid, range_name=where, scrub=scrub)
+
+        return await _post_run(self.settings, f"{self.server_url}/run", self.payload, deadline, score)
+
+
+async def _post_run(
+    settings: Settings,
+    url: str,
+    payload: bytes,
+    deadline: Deadline,
+    score: Callable[[int, bytes, Callable[[bytes], bytes] | None], Outcome],
+) -> Outcome | Undelivered:
+    """POST one ``/run`` body and ``score`` the answer (in a worker thread when it is large)."""
+    connections = await pool(settings.max_concurrency)
+    try:
+        answer = await request(
+            connections.gym,
+            "POST",
+            url,
+            payload=payload,
+            deadline=deadline,
+            connect_timeout_s=settings.connect_timeout_s,
+            cap=settings.max_result_bytes,
+        )
+    except TransportError as error:
+        reason = _scrubbed(settings, str(error))
+        return Undelivered(error.kind, reason) if error.resendable else failure(error.kind, reason)
+    if answer.over_cap:
+        return failure(
+            fk.AGENT_RUN_ERROR,
+            f"the /run answer exceeds NEMO_GYM_MAX_RESULT_BYTES={settings.max_result_bytes} "
+            f"(at least {answer.size} bytes decoded); not read further",
+            http_status=answer.status,
+        )
+    scrubber = settings.key_scrubber()
+    scrub = None if scrubber is None else scrubber.scrub
+    if len(answer.body) > _OFF_LOOP_BYTES:
+        outcome = await asyncio.get_running_loop().run_in_executor(None, score, answer.status, answer.body, scrub)
+    else:
+        outcome = score(answer.status, answer.body, scrub)
+    outcome.answer = answer.body  # kept for the episode store (scrubbed there)
+    return outcome
 
 
 def _scrubbed(settings: Settings, text: str) -> str:
@@ -180,6 +232,34 @@ def prepare_scan(
     key = settings.policy_api_key.get_secret_value() if settings.policy_api_key and send_api_key else None
     body = build_run_body(metadata, request_kwargs, policy_base_url=policy_url, policy_api_key=key)
     return SweEpisode(_encode(body), task_id_of(body), settings)
+
+
+def prepare_agent(
+    metadata: Mapping[str, Any] | None,
+    request_kwargs: Mapping[str, Any] | None,
+    environment: str,
+    server: EnvironmentServer,
+    settings: Settings,
+    *,
+    session_url: str,
+) -> AgentEpisode:
+    """The episode of an agent row (``server.agent`` set) for Miles' session ``session_url``: the task
+    row and its ``responses_create_params`` with the trainer's sampling, and ``_ng_rollout_id``, the
+    policy URL the agent's host dials, encoded (``rollout_ids.py``); ``RequestError`` names a bad field."""
+    if not isinstance(metadata, Mapping) or not metadata:
+        raise RequestError(
+            "sample metadata must be a dict holding the task row; convert the data with `miles-nemogym convert`"
+        )
+    agent = str(server.agent)
+    policy = policy_base_url(session_url, agent, settings.external_host)
+    body = task_row(metadata)
+    body["responses_create_params"] = responses_create_params(metadata.get("responses_create_params"), request_kwargs)
+    body[ROLLOUT_ID_KEY] = rollout_id(policy)
+    for key, value in body.items():
+        problem = _json_problem_or_cycle(value)
+        if problem:
+            raise RequestError(f"the task row in metadata cannot be sent as JSON: metadata[{key!r}] holds {problem}")
+    return AgentEpisode(_encode(body), task_id_of(metadata), environment, server, settings)
 
 
 # -- the policy URL -----------------------------------------------------------------------
@@ -495,6 +575,56 @@ def classify_http(
     return outcome
 
 
+def classify_agent_http(
+    status: int,
+    body: bytes,
+    *,
+    reward_range: tuple[float, float],
+    range_name: str,
+    scrub: Callable[[bytes], bytes] | None = None,
+) -> Outcome:
+    """The ``Outcome`` of an agent server's ``/run`` answer (NeMo-Gym's ``BaseVerifyResponse``:
+    ``reward``, the trajectory in ``response``, the agent's own fields): a named failure for an
+    HTTP error, an undecodable answer, a masked sample or a reward that is not one."""
+    if scrub is not None:
+        body = scrub(body)
+    if status != 200:
+        outcome = classify_http(status, body)
+        outcome.record.failure_reason = short_reason(f"the agent's {outcome.record.failure_reason}")
+        return outcome
+    try:
+        parsed = pydantic_core.from_json(body, allow_inf_nan=True)
+        response = RunResponse.model_validate(parsed)
+    except (ValueError, ValidationError) as error:
+        detail = error.errors()[0]["msg"] if isinstance(error, ValidationError) else str(error)
+        return failure(fk.AGENT_RUN_ERROR, f"undecodable agent /run result ({detail[:200]})", http_status=status)
+    if not isinstance(parsed, dict):
+        return failure(fk.AGENT_RUN_ERROR, "the agent's /run result is not a JSON object", http_status=status)
+    report = finite_json({key: value for key, value in parsed.items() if key not in _ECHOED})
+    output = response.response.output if response.response else []
+    turns, tool_calls = _count_turns(output)
+    reward, problem = check_reward(response.reward, reward_range, range_name)
+    kind = response.failure_kind
+    if kind is not None and not fk.check_server_kind(kind):
+        problem = f"the agent sent an invalid failure_kind {shown(short_reason(kind))}"
+        kind = None
+    elif not isinstance(response.mask_sample, bool):
+        problem = f"the agent sent a mask_sample that is not a boolean ({shown(response.mask_sample)})"
+    elif response.mask_sample:
+        problem = response.failure_reason or "the agent marked the sample as not a valid measurement"
+    if problem is not None:
+        outcome = failure(
+            kind or fk.AGENT_RUN_ERROR, problem, http_status=status, eval_report=report, server_reward=reward
+        )
+        outcome.record.turns, outcome.record.tool_calls = turns, tool_calls
+        outcome.answer_is_json = True
+        return outcome
+    record = EpisodeRecord(status="ok", http_status=status, server_reward=reward, turns=turns, tool_calls=tool_calls)
+    outcome = Outcome(reward=reward or 0.0, eval_report=report, record=record)
+    outcome.answer_is_json = True
+    return outcome
+
+
 def _scrub_kept(response: RunResponse, scrub: Callable[[bytes], bytes]) -> RunResponse | None:
     """``response`` with ``scrub`` applied to the parts the outcome keeps or quotes (re-encoded,
     since parsing decoded their escapes); None when they cannot be re-encoded."""
@@ -633,13 +763,14 @@ def _error_summary(error: object) -> str:
 
 def _count_turns(output: Sequence[OutputItem]) -> tuple[int, int]:
     """(model turns, tool calls) in a Responses ``output`` list: a turn is a run of items
-    (message, reasoning, function_call...) ending where ``function_call_output`` answers it."""
+    (message, reasoning, function_call...) ending where ``function_call_output`` answers it, or
+    a user message follows it (a game's observation, a scripted user's next question)."""
     turns = 0
     tool_calls = 0
     in_turn = False
     for item in output:
         kind = item.get("type")
-        if kind == "function_call_output":
+        if kind == "function_call_output" or item.get("role") == "user":
             in_turn = False
             continue
         if kind == "function_call":

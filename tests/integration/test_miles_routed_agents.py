@@ -1,0 +1,224 @@
+"""Environments played by their own NeMo-Gym agent server, with the routing model in the path,
+in Miles' own rollout step (``tests/support/miles_harness.py``; one train step per session
+server version).
+
+Miles' ``InferenceRolloutFn`` -> ``agentic_tool_call.generate`` -> ``miles_nemogym.agent.run``,
+which POSTs each row to its environment's agent (``NEMO_GYM_ENVS[env].agent``: the real 0.7.0
+``gymnasium_agent`` of blackjack and example_multi_turn_gymnasium, and the real ``simple_agent`` of
+three environments the in-process loop is tested on) with ``_ng_rollout_id``; the agent's model
+calls go to the routing model (``policy_model``), which sends each to the sample's Miles session
+server (v1 or v2, TITO), whose mock SGLang engine answers with the row's scripted Qwen3 text.
+Every server is started as ``serve --env NAME --routed`` starts it (``tests/support/routed_agents.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.fault_server import FaultServer
+from tests.support.miles_environments import completion, prompt_row, scripts
+from tests.support.miles_harness import MilesDriver, StepResult
+from tests.support.routed_agents import GYMNASIUM, ROUTED_SIMPLE, RoutedAgents, running_routed_agents
+from tests.support.scripted_chat import Turn
+from tests.support.threaded import serving_in_thread
+
+pytestmark = pytest.mark.integration
+
+_RESULT_REWARD = {"win": 1.0, "draw": 0.0, "loss": -1.0, "bust": -1.0}
+
+
+def _gymnasium_scripts(env: str) -> dict[str, list[Turn]]:
+    if env == "example_multi_turn_gymnasium":  # its first row: France; two follow-ups; "Eiffel" in the last answer
+        return {
+            "gold": [Turn(content="Paris."), Turn(content="About two million."), Turn(content="The Eiffel Tower.")],
+            "wrong": [Turn(content="Paris."), Turn(content="About two million."), Turn(content="The Louvre.")],
+        }
+    # blackjack deals at random: stand at once (one turn), or hit until the hand ends (bust, or 5 turns).
+    return {"stand": [Turn(content="<action>stand</action>")], "hit": [Turn(content="<action>hit</action>")]}
+
+
+def _played() -> list[tuple[str, str, list[Turn]]]:
+    return [(env, outcome, turns) for env in GYMNASIUM for outcome, turns in _gymnasium_scripts(env).items()]
+
+
+@pytest.fixture(scope="module")
+def routed_agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RoutedAgents]:
+    with running_routed_agents([*GYMNASIUM, *ROUTED_SIMPLE], tmp_path_factory.mktemp("routed-agents")) as agents:
+        yield agents
+
+
+@pytest.fixture(scope="module")
+def routed_steps(miles_driver: MilesDriver, routed_agents: RoutedAgents) -> Iterator[dict[str, StepResult]]:
+    every = _every(routed_agents)
+    rows = [prompt_row(env, routed_agents.example_rows(env)[0], f"{env}_{outcome}") for env, outcome, _ in every]
+    texts = {f"{env}_{outcome}": [completion(turn) for turn in turns] for env, outcome, turns in every}
+
+    class Lazy(dict[str, StepResult]):
+        def __missing__(self, version: str) -> StepResult:
+            swe = FaultServer(result={})  # no SWE row: nothing may reach it
+            with serving_in_thread(swe):
+                step = miles_driver.step(
+                    gym_url=swe.url,
+                    rows=rows,
+                    n_prompts=len(rows),
+                    n_samples=1,
+                    session_server=version,
+                    env={"NEMO_GYM_ENVS": json.dumps(routed_agents.setting), "NEMO_GYM_RUN_TIMEOUT": "600"},
+                    scripts=texts,
+                    response_spans=True,
+                    time_limit_s=480,
+                ).check()
+            assert swe.bodies == []
+            self[version] = step
+            return step
+
+    yield Lazy()
+
+
+def _every(agents: RoutedAgents) -> list[tuple[str, str, list[Turn]]]:
+    """Every row of the step: (environment, outcome, its scripted turns)."""
+    simple = [(env, outcome, turns) for env in ROUTED_SIMPLE for outcome, turns in _simple_scripts(agents, env)]
+    return _played() + simple
+
+
+def _simple_scripts(agents: RoutedAgents, env: str) -> list[tuple[str, list[Turn]]]:
+    return list(scripts(env, agents.example_rows(env)[0]).items())
+
+
+def _by_task(result: StepResult) -> dict[str, dict[str, Any]]:
+    found = {sample["metadata"]["nemogym_task_id"]: sample for sample in result.samples}
+    assert len(found) == len(result.samples)
+    return found
+
+
+def test_serve_prints_the_agent_of_each_routed_environment(routed_agents: RoutedAgents) -> None:
+    for env in (*GYMNASIUM, *ROUTED_SIMPLE):
+        entry = routed_agents.setting[env]
+        assert set(entry) >= {"url", "agent"} and entry["agent"] != entry["url"], env
+    assert routed_agents.setting["blackjack"]["reward_range"] == [-1.0, 1.0]
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_gymnasium_agents_rewards_come_back_through_the_routing_model(
+    routed_steps: dict[str, StepResult], version: str
+) -> None:
+    samples = _by_task(routed_steps[version])
+    for env, outcome, turns in _played():
+        sample = samples[f"{env}/{env}_{outcome}"]
+        record = sample["metadata"]["nemogym"]
+        assert (record["status"], record["mask_sample"], record["environment"]) == ("ok", False, env), record
+        assert sample["status"] == "completed"
+        if env == "example_multi_turn_gymnasium":
+            assert sample["reward"] == (1.0 if outcome == "gold" else 0.0)
+            assert record["turns"] == len(turns)
+            continue
+        # blackjack: the reward is the hand's result (-1 is a valid reward here), as its last step reported it.
+        info = sample["metadata"]["eval_report"]["info"]
+        assert sample["reward"] == _RESULT_REWARD[info["result"]], info
+        if outcome == "stand":
+            assert record["turns"] == 1 and info["result"] != "bust"
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_simple_agent_through_its_own_run_scores_as_the_in_process_loop(
+    routed_steps: dict[str, StepResult], routed_agents: RoutedAgents, version: str
+) -> None:
+    samples = _by_task(routed_steps[version])
+    for env in ROUTED_SIMPLE:
+        for outcome, turns in _simple_scripts(routed_agents, env):
+            sample = samples[f"{env}/{env}_{outcome}"]
+            record = sample["metadata"]["nemogym"]
+            assert (record["status"], record["environment"]) == ("ok", env), record
+            assert sample["reward"] == (1.0 if outcome == "gold" else 0.0), (env, outcome, record)
+            assert record["turns"] == len(turns)
+            assert record["tool_calls"] == sum(len(turn.tool_calls) for turn in turns)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_routed_episodes_have_no_tito_mismatch_and_train_only_the_policy_turns(
+    routed_steps: dict[str, StepResult], routed_agents: RoutedAgents, version: str
+) -> None:
+    result = routed_steps[version]
+    texts = {f"{env}_{outcome}": [completion(t) for t in turns] for env, outcome, turns in _every(routed_agents)}
+    for sample in result.samples:
+        task = sample["metadata"]["nemogym_task_id"]
+        assert sample["metadata"]["tito_session_mismatch"] == [], task
+        spans = sample["response_spans"]
+        assert len(sample["loss_mask"]) == sample["response_length"] == sample["rollout_log_probs"]
+        # Trained: exactly the policy's turns as it wrote them; masked: everything between them
+        # (tool outputs, a game's observations, a scripted user's follow-ups).
+        trained = [text for mask, text in spans if mask == 1]
+        expected = texts[task.split("/", 1)[1]]
+        if task == "blackjack/blackjack_hit":  # hits until the hand ends: 1 to 5 turns of the same text
+            assert 1 <= len(trained) <= 5 and set(trained) == set(expected), task
+        else:
+            assert trained == expected, task
+        assert [mask for mask, _ in spans] == [1, 0] * (len(trained) - 1) + [1], task
+    assert result.tracked("rollout/step")[f"rollout/tito_session_mismatch_rate/{version}"] == 0.0
+
+
+# -- the routing model itself, and the harness path (claude_code, codex, opencode agents) -------------
+
+_HARNESS_URLS = """
+import sys
+from nemo_gym.server_utils import apply_rollout_prefix
+for rollout in sys.argv[2:]:
+    print(apply_rollout_prefix(sys.argv[1], rollout, token_capture=True) + "/v1")
+"""
+
+
+def _harness_base_urls(agents: RoutedAgents, *rollouts: str) -> list[str]:
+    """The model base URL a sandboxed harness is handed for each rollout (nemo-gym's own
+    ``apply_rollout_prefix``, as ``resolve_model_base_url``/``base_url_for_run`` build it)."""
+    import subprocess
+
+    model = f"http://127.0.0.1:{agents.servers.ports['policy_model']}"
+    done = subprocess.run(
+        [str(agents.servers.gym.python), "-c", _HARNESS_URLS, model, *rollouts],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return done.stdout.strip().splitlines()[-len(rollouts) :]
+
+
+def test_a_harness_calls_reach_only_the_session_its_rollout_id_names(routed_agents: RoutedAgents) -> None:
+    import httpx
+
+    from miles_nemogym.episode.run import policy_base_url
+    from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.rollout_ids import rollout_id
+    from miles_nemogym.smoke.policy import RecordingPolicy
+
+    chat = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+    with RecordingPolicy(look_around_turns=1) as session_server:
+        session = session_server.session_url("s1")
+        policy = policy_base_url(session, "http://127.0.0.1:1")
+        foreign = rollout_id("http://10.9.9.9:80/sessions/x/v1")
+        base, undecodable, elsewhere = _harness_base_urls(routed_agents, rollout_id(policy), "not-a-url", foreign)
+        assert "/ng-rollout/" in base  # the harness is handed the id in its URL ...
+        answer = httpx.post(f"{base}/chat/completions", json=chat, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["message"]["role"] == "assistant"
+        # ... and the call reached that session, and nothing else.
+        assert session_server.sessions() == ["s1"] and len(session_server.chat_requests("s1")) == 1
+        responses = {"input": [{"role": "user", "content": "hi"}]}
+        answer = httpx.post(f"{base}/responses", json=responses, timeout=60)
+        assert answer.status_code == 200 and answer.json()["object"] == "response", answer.text
+        assert len(session_server.chat_requests("s1")) == 2  # Responses converted to chat, as vllm_model does
+
+        model = f"http://127.0.0.1:{routed_agents.servers.ports['policy_model']}"
+        # No rollout id, one that names nothing, one for a server not allowed: refused, never a default model.
+        refused = {
+            "no id": f"{model}/v1/chat/completions",
+            "not an encoding": f"{undecodable}/chat/completions",
+            "another server": f"{elsewhere}/chat/completions",
+        }
+        for why, url in refused.items():
+            answer = httpx.post(url, json=chat, timeout=60)
+            assert answer.status_code == 403, (why, answer.status_code, answer.text)
+        assert len(session_server.chat_requests("s1")) == 2

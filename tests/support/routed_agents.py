@@ -1,0 +1,62 @@
+"""NeMo-Gym environments played by their own agent server's ``/run`` (``gymnasium_agent``, a routed
+``simple_agent``), started as ``miles-nemogym serve --env NAME --routed`` starts them: the resources
+servers, each environment's agent, and this package's routing model as their ``policy_model``
+(``miles_nemogym.gym.environments``). One cluster per test session (``routed_agents`` fixture)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from miles_nemogym.gym.environments import EnvironmentServers, plan
+from miles_nemogym.gym.venv import BuildLines, GymPythonNotFoundError, ensure_gym_venv
+
+GYMNASIUM = ("blackjack", "example_multi_turn_gymnasium")
+"""Environments whose config gives them ``gymnasium_agent``."""
+ROUTED_SIMPLE = ("mcqa", "workplace_assistant", "xlam_fc")
+"""``simple_agent`` environments of the in-process tests, here played through ``simple_agent``'s own ``/run``."""
+
+
+class RoutedAgents:
+    """The started servers; ``setting`` is the ``NEMO_GYM_ENVS`` value ``serve`` prints."""
+
+    def __init__(self, servers: EnvironmentServers) -> None:
+        self.servers = servers
+        self.setting: dict[str, Any] = json.loads(servers.setting())
+
+    def example_rows(self, env: str) -> list[dict[str, Any]]:
+        path = self.servers.gym.site_packages / "resources_servers" / env / "data" / "example.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def agent_url(self, env: str) -> str:
+        return str(self.setting[env]["agent"])
+
+
+@contextlib.contextmanager
+def running_routed_agents(
+    envs: Sequence[str], state_dir: Path, session_servers: Sequence[str] = ("127.0.0.1",)
+) -> Iterator[RoutedAgents]:
+    """``envs`` with their agents and the routing model (allowing ``session_servers``), stopped after."""
+    try:
+        venv = ensure_gym_venv(progress=lambda line: print(f"[gym-venv] {line}", file=sys.__stderr__, flush=True))
+    except GymPythonNotFoundError as error:
+        pytest.fail(str(error), pytrace=False)
+    servers = EnvironmentServers(
+        venv,
+        plan(list(envs), routed=True),
+        state_dir=state_dir,
+        progress=BuildLines("routed-agents"),
+        extra_env={"HF_HUB_OFFLINE": "1"},
+        session_servers=session_servers,
+    )
+    try:
+        servers.start()
+        yield RoutedAgents(servers)
+    finally:
+        servers.stop(timeout=3.0)
