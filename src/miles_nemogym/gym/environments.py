@@ -583,7 +583,12 @@ class EnvironmentServers:
             return self.config
         self.state_dir.mkdir(parents=True, exist_ok=True)
         payload = _payload(
-            self.gym.site_packages, self.plans, self.judge, self.policy_base_url, self._extra_configs, routed=self.routed
+            self.gym.site_packages,
+            self.plans,
+            self.judge,
+            self.policy_base_url,
+            self._extra_configs,
+            routed=self.routed,
         )
         text = parse_config(self.gym, payload, self.state_dir, "environments' config", self._extra_env)
         composed = yaml.safe_load(text)
