@@ -476,7 +476,8 @@ def test_the_episodes_command_names_what_it_skipped_after_its_table(tmp_path: Pa
 
 
 def test_a_filing_moves_episodes_to_the_step_that_trained_them_or_marks_them_not_trained(tmp_path: Path) -> None:
-    store = episode_store.EpisodeStore(tmp_path)
+    folder = tmp_path / "store"
+    store = episode_store.EpisodeStore(folder)
     for name in "abc":
         store.add("train", {"episode_id": name}, None, False)
     store.seal("train", 0, trained=["a"])
@@ -485,7 +486,7 @@ def test_a_filing_moves_episodes_to_the_step_that_trained_them_or_marks_them_not
     store.add("train", {"episode_id": "e"}, None, False)  # its group still in flight
     store.seal("train", 1, trained=["b", "d"])
     store.close()
-    loaded = load(tmp_path)
+    loaded = load(folder)
     assert loaded.problems == []
     assert sorted((e.episode_id, e.step, e.not_trained) for e in loaded.episodes) == [
         ("a", 0, None),
@@ -494,11 +495,13 @@ def test_a_filing_moves_episodes_to_the_step_that_trained_them_or_marks_them_not
         ("d", 1, None),
         ("e", 1, UNFILED),
     ]
-    filings = sorted(p.name for p in (tmp_path / "train").glob("*.filing"))
+    filings = sorted(p.name for p in (folder / "train").glob("*.filing"))
     assert [name.split("-")[1] for name in filings] == ["000000", "000001"]
-    assert all(stat.S_IMODE((tmp_path / "train" / n).stat().st_mode) == 0o600 for n in filings)
-    listed = episodes_cli(tmp_path, "--step", "1")
+    assert all(stat.S_IMODE((folder / "train" / n).stat().st_mode) == 0o600 for n in filings)
+    listed = episodes_cli(folder, "--step", "1")
     assert "not trained (stale)" in listed and " a " not in listed
+    episodes_cli(folder, "--step", "1", "--html", str(tmp_path / "page.html"))
+    assert "step 1 not trained (stale)" in (tmp_path / "page.html").read_text()
 
 
 def episodes_cli(folder: Path, *args: str) -> str:

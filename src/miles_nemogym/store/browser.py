@@ -186,7 +186,7 @@ def _short_ids(ids: list[str], size: int = 12) -> dict[str, str]:
     return {i: i[:size] for i in ids}
 
 
-def _filed_label(episode: StoredEpisode) -> str:
+def filed_label(episode: StoredEpisode) -> str:
     """``step N``, or under fully async for a dropped episode ``step N not trained (reason)``."""
     label = f"step {step_label(episode.step)}"
     return label if episode.not_trained is None else f"{label} not trained ({episode.not_trained})"
@@ -201,7 +201,7 @@ def episode_list_text(episodes: list[StoredEpisode], width: int = fit.MIN_WIDTH)
             printable(short[e.episode_id]),
             printable(e.instance_id),
             printable(f"{e.role}{_eval_set(e)}"),
-            printable(_filed_label(e)),
+            printable(filed_label(e)),
             printable(f"{e.kind}  reward {e.entry.get('reward')}  turns {e.record.get('turns')}"),
         )
         for e in episodes
@@ -420,7 +420,7 @@ def episode_parts(episode: StoredEpisode) -> list[str | LongText]:
     environment = "" if swe else f"   environment {episode.environment}"
     parts: list[str | LongText] = [
         f"episode {episode.episode_id}   instance {episode.instance_id}{environment}   {episode.role}"
-        f"{_eval_set(episode)}   {_filed_label(episode)}   session {episode.entry.get('session_id')}",
+        f"{_eval_set(episode)}   {filed_label(episode)}   session {episode.entry.get('session_id')}",
         f"verdict: {episode.kind}   reward {episode.entry.get('reward')}   turns {or_dash(record.get('turns'))}   "
         f"tool calls {or_dash(record.get('tool_calls'))}   time {or_dash(record.get('elapsed_s'))} s   "
         f"attempts {or_dash(record.get('attempts'))}",
