@@ -174,8 +174,9 @@ def load(directory: Path, *, answers: bool = False, steps: Collection[int | None
                     seen.add(episode_id)
                 filing = filed.get(episode_id) if isinstance(episode_id, str) else None
                 if filing is None:  # where it was sealed; in a role with filings, not trained yet
-                    filing = (step, UNFILED if filed and step is not None else None)
-                episode = StoredEpisode(entry, filing[0], role, filing[1])
+                    episode = StoredEpisode(entry, step, role, UNFILED if filed and step is not None else None)
+                else:
+                    episode = StoredEpisode(entry, filing[0], role, filing[1])
                 if steps is None or episode.step in steps:
                     store.episodes.append(episode)
     store.episodes.sort(key=lambda e: (e.role, 1 << 60 if e.step is None else e.step, _time(e.entry)))
