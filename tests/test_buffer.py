@@ -151,3 +151,54 @@ def test_another_group_filter_or_no_room_is_refused_naming_the_flag() -> None:
         buffer(dynamic_sampling_filter_path="x.y")
     with pytest.raises(ValueError, match=r"--async-data-buffer-capacity-factor 0\.1"):
         buffer(async_data_buffer_capacity_factor=0.1)
+
+
+async def test_the_store_files_trained_episodes_under_their_step_and_dropped_ones_with_the_reason(
+    server: FaultServer, sympy_row: dict[str, Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from miles_nemogym import metrics
+    from miles_nemogym.store.reader import load
+
+    monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(tmp_path))
+    episodes, _ = buffer()
+    early = await group(server, sympy_row, ["ok", "ok", "ok", "ok"], 0)
+    later = await group(server, sympy_row, ["ok", "ok", "ok", "ok"], 1)
+    await episodes.put(early)
+    await episodes.put(later)
+    got = await asyncio.wait_for(episodes.get(current_version=None), 1)
+    fully_async = Args()
+    fully_async.fully_async = True  # type: ignore[attr-defined]
+    metrics.log_rollout(0, fully_async, got.group)  # step 0 trains ``early``; ``later`` waits
+    too_few = await group(server, sympy_row, ["ok", "error_metadata", "error_metadata", "error_metadata"], 2)
+    await episodes.put(too_few)
+    got = await asyncio.wait_for(episodes.get(current_version=None), 1)
+    metrics.log_rollout(1, fully_async, got.group)
+    state.stores.close()
+
+    def ids(entry: Entry) -> set[str]:
+        return {s.metadata["nemogym"]["episode_id"] for s in entry.group}
+
+    stored = load(tmp_path)
+    assert stored.problems == []
+    filed = {(e.step, e.not_trained): set() for e in stored.episodes}
+    for e in stored.episodes:
+        filed[(e.step, e.not_trained)].add(e.episode_id)
+    # ``later`` finished before step 0's log but trained at step 1: filed under step 1.
+    assert filed == {(0, None): ids(early), (1, None): ids(later), (1, "nemogym_agent_run_error"): ids(too_few)}
+    assert {e.episode_id for e in load(tmp_path, steps={1}).episodes} == ids(later) | ids(too_few)
+    assert {e.episode_id for e in load(tmp_path, steps={0}).episodes} == ids(early)
+
+
+async def test_in_sync_mode_no_filing_is_written_and_episodes_stay_under_the_step_logged_after_them(
+    server: FaultServer, sympy_row: dict[str, Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from miles_nemogym import metrics
+    from miles_nemogym.store.reader import load
+
+    monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(tmp_path))
+    entry = await group(server, sympy_row, ["ok", "ok", "ok", "ok"])
+    metrics.log_rollout(0, Args(), [])  # sync: whatever the samples, no filing
+    metrics.log_rollout(1, Args(), entry.group)
+    state.stores.close()
+    assert not list(tmp_path.rglob("*.filing"))
+    assert {e.step for e in load(tmp_path).episodes} == {0}

@@ -25,7 +25,7 @@ import pytest
 from miles_nemogym import agent, metrics, state, transport
 from miles_nemogym.episode.record import eval_overrides
 from miles_nemogym.store import writer as episode_store
-from miles_nemogym.store.reader import load
+from miles_nemogym.store.reader import UNFILED, load
 from tests.support import store_writers
 from tests.support.fault_server import FaultServer
 
@@ -470,3 +470,80 @@ def test_the_episodes_command_names_what_it_skipped_after_its_table(tmp_path: Pa
     lines = result.output.splitlines()
     assert lines[1].split()[:3] == ["train", "1", "2"]
     assert lines[-1] == f"warning: {path}:2: skipped: not a whole JSON line (cut by a crash?)"
+
+
+# ----------------------------------------------------------------- filings (fully async)
+
+
+def test_a_filing_moves_episodes_to_the_step_that_trained_them_or_marks_them_not_trained(tmp_path: Path) -> None:
+    folder = tmp_path / "store"
+    store = episode_store.EpisodeStore(folder)
+    for name in "abc":
+        store.add("train", {"episode_id": name}, None, False)
+    store.seal("train", 0, trained=["a"])
+    store.not_trained("train", ["c"], "stale")
+    store.add("train", {"episode_id": "d"}, None, False)
+    store.add("train", {"episode_id": "e"}, None, False)  # its group still in flight
+    store.seal("train", 1, trained=["b", "d"])
+    store.close()
+    loaded = load(folder)
+    assert loaded.problems == []
+    assert sorted((e.episode_id, e.step, e.not_trained) for e in loaded.episodes) == [
+        ("a", 0, None),
+        ("b", 1, None),
+        ("c", 1, "stale"),
+        ("d", 1, None),
+        ("e", 1, UNFILED),
+    ]
+    filings = sorted(p.name for p in (folder / "train").glob("*.filing"))
+    assert [name.split("-")[1] for name in filings] == ["000000", "000001"]
+    assert all(stat.S_IMODE((folder / "train" / n).stat().st_mode) == 0o600 for n in filings)
+    listed = episodes_cli(folder, "--step", "1")
+    assert "not trained (stale)" in listed and " a " not in listed
+    episodes_cli(folder, "--step", "1", "--html", str(tmp_path / "page.html"))
+    assert "step 1 not trained (stale)" in (tmp_path / "page.html").read_text()
+
+
+def episodes_cli(folder: Path, *args: str) -> str:
+    from typer.testing import CliRunner
+
+    from miles_nemogym.cli.main import app
+
+    result = CliRunner().invoke(app, ["episodes", str(folder), *args], env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_a_bad_filing_line_or_a_linked_filing_is_skipped_and_named(tmp_path: Path) -> None:
+    train = tmp_path / "train"
+    train.mkdir()
+    (train / "step-000001-1-ab-1.jsonl").write_bytes(_lines(*({"episode_id": i} for i in "abcde")))
+    (train / "step-000002-1-ab-2.filing").write_bytes(
+        _lines(
+            {"episode_id": "a", "trained": True},
+            b"not json",
+            {"episode_id": "b", "trained": "yes"},  # the wrong type
+            [1],
+            {"episode_id": "c", "trained": False, "reason": "stale"},
+        )
+        + b'{"episode_id": "d", "trai'  # cut
+    )
+    elsewhere = tmp_path / "planted.filing"
+    elsewhere.write_bytes(_lines({"episode_id": "e", "trained": True}))
+    (train / "step-000003-1-ab-3.filing").symlink_to(elsewhere)  # never followed
+    loaded = load(tmp_path)
+    assert sorted((e.episode_id, e.step, e.not_trained) for e in loaded.episodes) == [
+        ("a", 2, None),
+        ("b", 1, UNFILED),  # where it was sealed, no step known to have trained it
+        ("c", 2, "stale"),
+        ("d", 1, UNFILED),
+        ("e", 1, UNFILED),
+    ]
+    assert [(Path(p.path).name, p.line) for p in loaded.problems] == [
+        ("step-000003-1-ab-3.filing", None),
+        ("step-000002-1-ab-2.filing", 2),
+        ("step-000002-1-ab-2.filing", 3),
+        ("step-000002-1-ab-2.filing", 4),
+        ("step-000002-1-ab-2.filing", 6),
+    ]
+    assert all(p.reason.startswith("skipped") for p in loaded.problems)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from miles_nemogym import state
-from miles_nemogym.episode.record import flatten, metadata_of, strip_result
+from miles_nemogym.episode.record import TRAIN, flatten, metadata_of, record_of, strip_result
 from miles_nemogym.filters import judge_group
 from miles_nemogym.salvage import GROUP_HAS_ABORTED
 
@@ -125,6 +125,9 @@ class EpisodeBuffer:
         """Count a group that will not train; aborted and stale ones go to Miles' unused handler
         (``retry`` regenerates their prompts: new episodes, counted as regenerated)."""
         state.ledger.record_group(kept=False, salvaged=False)
+        records = [record_of(sample) for sample in flatten(entry.group)]
+        dropped = list(dict.fromkeys(r.episode_id for r in records if r is not None and r.episode_id))
+        state.stores.not_trained_all(TRAIN, dropped, reason)  # filed with the next step's seal
         episodes = _episodes(entry.group)
         self._window[f"groups_dropped_{kind}"] += 1
         self._window["episodes_dropped"] += episodes

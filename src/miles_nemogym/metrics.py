@@ -198,7 +198,8 @@ def log_rollout(
     except Exception:  # never fail Miles' rollout logging over our metrics; the ledger's still count
         logger.exception("rollout %s: nemogym sample metrics could not be computed", rollout_id)
         metrics = {_PREFIX + key: value for key, value in _counts(tally).items()}
-    _seal(TRAIN, rollout_id)
+    # Fully async trains groups finished before earlier drains: the step's filing names them.
+    _seal(TRAIN, rollout_id, _trained(samples) if getattr(args, "fully_async", False) else None)
     _track(args, rollout_id, metrics, "rollout/step")
     return False
 
@@ -215,10 +216,20 @@ def _track(args: Any, rollout_id: Any, metrics: dict[str, Any], step_key: str) -
     tracking.log(args, metrics, step_key=step_key)
 
 
-def _seal(role: str, rollout_id: Any) -> None:
-    """File ``role``'s stored episodes under this step; the store never fails a log call."""
+def _trained(samples: Any) -> list[str] | None:
+    """The episode ids among a step's samples (None, so no filing, when they cannot be read)."""
     try:
-        state.stores.seal_all(role, int(rollout_id))
+        return [e.record.episode_id for e in distinct_episodes(flatten(samples)) if e.record.episode_id]
+    except Exception:
+        logger.warning("episode store: the trained episodes could not be read; no filing this step", exc_info=True)
+        return None
+
+
+def _seal(role: str, rollout_id: Any, trained: list[str] | None = None) -> None:
+    """File ``role``'s stored episodes under this step (and, fully async, the episodes it
+    ``trained``); the store never fails a log call."""
+    try:
+        state.stores.seal_all(role, int(rollout_id), trained)
     except Exception:
         logger.warning("episode store: could not file %s episodes under step %s", role, rollout_id, exc_info=True)
 

@@ -278,3 +278,46 @@ def test_an_episode_running_across_a_weight_update_carries_both_versions_and_tra
     assert not set(per_drain[0]) & set(per_drain[1])
     assert drains[1].tracked("rollout/step")["rollout/fully_async/max_staleness"] == 1.0
     assert all(s["metadata"]["nemogym"]["mask_sample"] is False for d in drains for s in d.samples)
+
+
+# -- the episode store -------------------------------------------------------------------------------
+
+
+def test_the_store_files_each_episode_under_the_step_that_trained_it_or_as_not_trained(
+    miles_driver: MilesDriver, prompts: list[dict[str, Any]], graded: dict[str, Any], tmp_path: Path
+) -> None:
+    from miles_nemogym.store import reader
+
+    good, bad = (row["metadata"]["instance_id"] for row in prompts)
+    # Every group of ``bad`` has no valid episode: the buffer drops it (filtered) and trains only ``good``'s.
+    gym = ScriptedGym(result=graded, policy_calls=1, scripts={good: [1.0, 0.0, 0.5, 1.0], bad: [ERROR]})
+    store_dir = tmp_path / "episodes"
+    # Eight groups in flight: more finish before drain 0's log than drain 0 trains.
+    wide = ["--async-max-concurrent-samples", str(4 * PROMPTS * N)]
+    result = run(miles_driver, gym, prompts, 2, *wide, env={"NEMO_GYM_EPISODE_DIR": str(store_dir)}).check()
+    drains = result.drains
+    assert all(d.finished and d.error is None for d in drains), drains[-1].raw.get("traceback")
+    stored = reader.load(store_dir)
+    assert stored.problems == []
+    # Where each episode's line was sealed: the first drain after it finished.
+    sealed = {
+        json.loads(line)["episode_id"]: int(path.name.split("-")[1])
+        for path in (store_dir / "train").glob("step-*.heads")
+        for line in path.read_text().splitlines()
+    }
+    late = 0
+    for k, drain in enumerate(drains):
+        trained = {s["metadata"]["nemogym"]["episode_id"] for s in drain.samples}
+        assert len(trained) == PROMPTS * N
+        listed = {e.episode_id for e in stored.episodes if e.step == k and e.not_trained is None}
+        assert listed == trained  # under step k: exactly what step k trained
+        late += sum(sealed[i] < k for i in trained)
+    assert late > 0  # some episode finished during drain 0 and trained at drain 1 (filed there)
+    # The rest were in flight or buffered at the last drain: no step trained them yet.
+    dropped = [e for e in stored.episodes if e.not_trained not in (None, reader.UNFILED)]
+    tracked = sum(d.tracked("rollout/step")["nemogym/buffer/episodes_dropped"] for d in drains)
+    assert dropped and len(dropped) == tracked
+    assert {e.instance_id for e in dropped} == {bad}
+    # The reason is the filter's, as counted in rollout/dynamic_filter/drop_<reason>.
+    counted = {key for d in drains for key in d.tracked("rollout/step") if key.startswith("rollout/dynamic_filter/")}
+    assert {f"rollout/dynamic_filter/drop_{e.not_trained}" for e in dropped} <= counted, counted

@@ -186,6 +186,12 @@ def _short_ids(ids: list[str], size: int = 12) -> dict[str, str]:
     return {i: i[:size] for i in ids}
 
 
+def filed_label(episode: StoredEpisode) -> str:
+    """``step N``, or under fully async for a dropped episode ``step N not trained (reason)``."""
+    label = f"step {step_label(episode.step)}"
+    return label if episode.not_trained is None else f"{label} not trained ({episode.not_trained})"
+
+
 def episode_list_text(episodes: list[StoredEpisode], width: int = fit.MIN_WIDTH) -> str:
     """One line per episode within ``width`` columns, under a header: id (a prefix ``--show``
     takes), instance, role, step, reward, turns and verdict; step, role, turns, then reward go
@@ -199,7 +205,7 @@ def episode_list_text(episodes: list[StoredEpisode], width: int = fit.MIN_WIDTH)
             step_label(e.step),
             printable(str(e.entry.get("reward"))),
             count_text(e.record.get("turns")),
-            printable(e.kind),
+            printable(e.kind if e.not_trained is None else f"{e.kind}, not trained ({e.not_trained})"),
         )
         for e in episodes
     ]
@@ -413,7 +419,7 @@ def episode_parts(episode: StoredEpisode) -> list[str | LongText]:
     environment = "" if swe else f"   environment {episode.environment}"
     parts: list[str | LongText] = [
         f"episode {episode.episode_id}   instance {episode.instance_id}{environment}   {episode.role}"
-        f"{_eval_set(episode)}   step {step_label(episode.step)}   session {episode.entry.get('session_id')}",
+        f"{_eval_set(episode)}   {filed_label(episode)}   session {episode.entry.get('session_id')}",
         f"verdict: {episode.kind}   reward {episode.entry.get('reward')}   turns {count_text(record.get('turns'))}   "
         f"tool calls {count_text(record.get('tool_calls'))}   time {count_text(record.get('elapsed_s'))} s   "
         f"attempts {count_text(record.get('attempts'))}",

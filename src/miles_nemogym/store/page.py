@@ -18,6 +18,7 @@ from miles_nemogym.store.browser import (
     Row,
     environment_rows,
     episode_parts,
+    filed_label,
     fmt,
     printable,
     quality_label,
@@ -193,7 +194,8 @@ def _episode_html(episode: StoredEpisode) -> str:
     eval_set = episode.entry.get("eval_set")
     limit = _SUMMARY_FIELD_CHARS
     summary = (
-        f"{_text(episode.role)}{'/' + _text(eval_set, limit) if eval_set else ''} step {step_label(episode.step)} · "
+        f"{_text(episode.role)}{'/' + _text(eval_set, limit) if eval_set else ''} "
+        f"{_text(filed_label(episode), limit)} · "
         f"<b>{_text(episode.instance_id, limit)}</b> · <span class={css}>{_text(episode.kind, limit)}</span> · "
         f"reward {_text(episode.entry.get('reward'), limit)} · "
         f"turns {_text(count_text(episode.record.get('turns')), limit)} · "

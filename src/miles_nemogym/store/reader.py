@@ -2,7 +2,8 @@
 step, and what could not be read and where. Never raises over what is on disk.
 
 Without ``answers`` a sealed file is read from its ``.heads`` file (the lines without the
-``/run`` answer), so the summary table reads no trajectories.
+``/run`` answer), so the summary table reads no trajectories. A step's filings (fully async)
+move the episodes they name to that step: trained by it, or not trained with the reason.
 """
 
 from __future__ import annotations
@@ -23,10 +24,16 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord, parse_record, passed, verdict
 from miles_nemogym.store.writer import ROLES
 
-__all__ = ["Problem", "Store", "StoredEpisode", "load"]
+__all__ = ["UNFILED", "Problem", "Store", "StoredEpisode", "load"]
+
+UNFILED = "no step has trained or dropped it yet"
+"""``StoredEpisode.not_trained`` of a sealed episode no filing names, in a role with filings
+(fully async: its group was in flight or buffered at the last step)."""
 
 # step-000005-<file id>.jsonl.gz (older stores: step-000005.jsonl.gz), pending-<file id>.jsonl
 _NAME = re.compile(r"(?P<stem>(?:step-(?P<step>\d+)|pending)(?:-[\w-]*)?)(?P<ext>\.heads|\.jsonl|\.jsonl\.gz)")
+# step-000005-<file id>.filing: the episodes step 5 trained, and those dropped before it
+_FILING = re.compile(r"step-(?P<step>\d+)-[\w-]+\.filing")
 
 
 @dataclass(frozen=True)
@@ -47,8 +54,11 @@ class StoredEpisode:
 
     entry: dict[str, Any]
     step: int | None
-    """The rollout step; None for an episode not yet tied to a step (pending file)."""
+    """The rollout step (fully async: the step that trained it, or during which it was
+    dropped); None for an episode not yet tied to a step (pending file)."""
     role: str
+    not_trained: str | None = None
+    """Fully async: why the buffer dropped its group (the step's filing says so); else None."""
 
     @property
     def record(self) -> dict[str, Any]:
@@ -136,12 +146,17 @@ def load(directory: Path, *, answers: bool = False, steps: Collection[int | None
     for role in ROLES:
         folder = directory / role
         groups: dict[str, dict[str, Path]] = {}
-        for path in _files(folder, store.problems):
+        paths = _files(folder, store.problems)
+        filed = _filed([p for p in paths if _FILING.fullmatch(p.name)], store.problems)
+        # An episode is filed at or after the step it was sealed under: with filings, read every
+        # sealed step up to the last asked for (and pending), then keep the episodes by their filed step.
+        last = max((s for s in steps or () if s is not None), default=-1) if filed else None
+        for path in paths:
             match = _NAME.fullmatch(path.name)
             if match is None:
                 continue
             step = None if match["step"] is None else int(match["step"])
-            if steps is None or step in steps:
+            if steps is None or step in steps or (last is not None and (step is None or step <= last)):
                 groups.setdefault(match["stem"], {})[match["ext"]] = path
         for stem, found in groups.items():
             match = _NAME.fullmatch(stem + ".jsonl")
@@ -158,9 +173,44 @@ def load(directory: Path, *, answers: bool = False, steps: Collection[int | None
                     if episode_id in seen:
                         continue
                     seen.add(episode_id)
-                store.episodes.append(StoredEpisode(entry, step, role))
+                filing = filed.get(episode_id) if isinstance(episode_id, str) else None
+                if filing is None:  # where it was sealed; in a role with filings, not trained yet
+                    episode = StoredEpisode(entry, step, role, UNFILED if filed and step is not None else None)
+                else:
+                    episode = StoredEpisode(entry, filing[0], role, filing[1])
+                if steps is None or episode.step in steps:
+                    store.episodes.append(episode)
     store.episodes.sort(key=lambda e: (e.role, 1 << 60 if e.step is None else e.step, _time(e.entry)))
     return store
+
+
+class _Filed(BaseModel):
+    """One line of a filing."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+    episode_id: str
+    trained: bool
+    reason: str | None = None
+
+
+def _filed(paths: list[Path], problems: list[Problem]) -> dict[str, tuple[int, str | None]]:
+    """Episode id -> (its filed step, the reason it was not trained, None when trained), from
+    the filings in ``paths`` (by name, so by step: a later filing of an episode wins)."""
+    filed: dict[str, tuple[int, str | None]] = {}
+    for path in paths:
+        match = _FILING.fullmatch(path.name)
+        assert match is not None
+        for number, line in _lines(path, problems):
+            if not line.strip():
+                continue
+            try:
+                item = _Filed.model_validate_json(line)
+            except ValidationError as error:
+                reason = error.errors()[0]["msg"]
+                problems.append(Problem(str(path), number, f"skipped: not a filing line ({reason})"))
+                continue
+            filed[item.episode_id] = (int(match["step"]), None if item.trained else item.reason or "no reason given")
+    return filed
 
 
 def _time(entry: dict[str, Any]) -> float:
@@ -190,7 +240,7 @@ def _files(folder: Path, problems: list[Problem]) -> list[Path]:
             regular = False
         if regular:
             files.append(Path(entry.path))
-        elif _NAME.fullmatch(entry.name):
+        elif _NAME.fullmatch(entry.name) or _FILING.fullmatch(entry.name):
             problems.append(Problem(entry.path, None, "skipped: not a regular file (a folder or a link)"))
     return files
 

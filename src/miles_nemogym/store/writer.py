@@ -4,7 +4,9 @@ Each store (one per folder per process) has one writer thread that appends each 
 one JSON line to a file only it created, ``<role>/pending-<file id>.jsonl``. Sealing a step
 renames those files to ``step-N-<file id>.jsonl``, writes their heads (the lines without the
 answer) to a new ``.heads`` file, then compresses each into a new ``.jsonl.gz`` and removes the
-plain one. Layout, crash behaviour, permissions and symlinks: docs/episode-store.md.
+plain one. Under fully async a seal also writes the step's filing, ``step-N-<file id>.filing``:
+the episodes that step trained and those the buffer dropped since, with the reason. Layout,
+crash behaviour, permissions and symlinks: docs/episode-store.md.
 """
 
 from __future__ import annotations
@@ -91,11 +93,21 @@ class _Entry(NamedTuple):
 
 @dataclass
 class _Request:
-    """A seal of ``role``'s pending files under ``step``, or (``role`` empty) a flush."""
+    """A seal of ``role``'s pending files under ``step``, or (``role`` empty) a flush;
+    ``trained`` (fully async): the episodes the step trained, to be filed with it."""
 
     role: str
     step: int
+    trained: list[str] | None = None
     done: threading.Event = field(default_factory=threading.Event)
+
+
+class _NotTrained(NamedTuple):
+    """Episodes the fully async buffer dropped, filed with the next seal of ``role``."""
+
+    role: str
+    episode_ids: list[str]
+    reason: str
 
 
 _STOP = object()
@@ -123,6 +135,8 @@ class _Role:
     dir_fd: int
     path: Path
     files: list[_File] = field(default_factory=list)
+    not_trained: list[tuple[str, str]] = field(default_factory=list)
+    """(episode id, reason) dropped since the role's last filing."""
 
 
 class EpisodeStore:
@@ -173,11 +187,17 @@ class EpisodeStore:
             self.write_errors += 1
             self._warn(type(error).__name__, f"an episode could not be encoded ({error})")
 
-    def seal(self, role: str, step: int, timeout_s: float = 30.0) -> None:
+    def seal(self, role: str, step: int, timeout_s: float = 30.0, trained: list[str] | None = None) -> None:
         """File every episode of ``role`` queued so far under rollout ``step``; waits until
-        they are renamed (compression follows on the writer thread)."""
-        if not self._request(_Request(role, step), timeout_s):
+        they are renamed (compression follows on the writer thread). With ``trained`` (fully
+        async), also write the step's filing: those episodes, and the ones dropped since."""
+        if not self._request(_Request(role, step, trained), timeout_s):
             logger.warning("episode store: sealing %s step %d is still running after %.0fs", role, step, timeout_s)
+
+    def not_trained(self, role: str, episode_ids: list[str], reason: str) -> None:
+        """Queue ``episode_ids`` as not trained for ``reason``, filed at the next seal with
+        ``trained``; never blocks, never raises."""
+        self._queue.put(_NotTrained(role, list(episode_ids), reason))
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Wait until everything queued so far is written (and sealed steps compressed)."""
@@ -209,6 +229,12 @@ class EpisodeStore:
                 return
             if isinstance(item, _Entry):
                 self._write(item)
+            elif isinstance(item, _NotTrained):
+                try:
+                    self._role(item.role).not_trained.extend((i, item.reason) for i in item.episode_ids)
+                except Exception as error:  # the store must never take the rollout down
+                    self.write_errors += 1
+                    self._warn(f"filing {type(error).__name__}", f"dropped episodes could not be noted: {error}")
             elif isinstance(item, _Request):
                 try:
                     if item.role:
@@ -276,6 +302,8 @@ class EpisodeStore:
     def _seal(self, request: _Request) -> None:
         """Rename the role's pending files to the step's names and write their heads; then
         (the caller released) compress each into a new file and remove the plain one."""
+        if request.trained is not None:
+            self._write_filing(request)
         role = self._roles.get(request.role)
         if role is None:
             return
@@ -306,6 +334,22 @@ class EpisodeStore:
             except OSError as error:
                 self.write_errors += 1
                 self._warn(f"gzip {error.errno}", f"{stem}.jsonl left uncompressed (readable as it is): {error}")
+
+    def _write_filing(self, request: _Request) -> None:
+        """``step-N-<file id>.filing``: one JSON line per episode the step trained, then one per
+        episode dropped since the last filing (a new file: temporary name, fsync, rename)."""
+        assert request.trained is not None
+        self._files_made += 1
+        name = f"step-{request.step:06d}-{self.writer_id}-{self._files_made}.filing"
+        try:
+            role = self._role(request.role)
+            lines = [json.dumps({"episode_id": i, "trained": True}) + "\n" for i in request.trained]
+            lines += [json.dumps({"episode_id": i, "trained": False, "reason": r}) + "\n" for i, r in role.not_trained]
+            _write_new(role.dir_fd, name, ["".join(lines).encode()])
+            role.not_trained.clear()
+        except OSError as error:  # the episodes are unaffected; the dropped stay noted for the next filing
+            self.write_errors += 1
+            self._warn(f"filing {error.errno}", f"could not write {name}: {error}")
 
     def _warn(self, key: str, message: str) -> None:
         log_once(logger, logging.WARNING, f"episode store {self.directory} {key}", "episode store: %s", message)
@@ -404,12 +448,20 @@ class Stores:
                 store = self._by_folder[directory] = EpisodeStore(Path(directory))
             return store
 
-    def seal_all(self, role: str, step: int) -> None:
-        """Tie ``role``'s pending episodes to ``step`` in every store."""
+    def seal_all(self, role: str, step: int, trained: list[str] | None = None) -> None:
+        """Tie ``role``'s pending episodes to ``step`` in every store; with ``trained`` (fully
+        async), write each store's filing of the step too."""
         with self._lock:
             stores = list(self._by_folder.values())
         for store in stores:
-            store.seal(role, step)
+            store.seal(role, step, trained=trained)
+
+    def not_trained_all(self, role: str, episode_ids: list[str], reason: str) -> None:
+        """Note ``episode_ids`` as not trained for ``reason`` in every store (filed at the next seal)."""
+        with self._lock:
+            stores = list(self._by_folder.values())
+        for store in stores:
+            store.not_trained(role, episode_ids, reason)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Close every store (what is queued is written) and forget them."""
