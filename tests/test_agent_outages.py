@@ -20,6 +20,7 @@ from miles_nemogym.episode.record import eval_overrides
 from miles_nemogym.errors import RunStopped
 from miles_nemogym.state import ledger
 from tests.support.agent_fixtures import call, fast_env
+from tests.support.eventually import eventually
 from tests.support.outage_servers import GradingServer
 from tests.support.samples import Sample, Status
 from tests.support.tls import make_certificates
@@ -33,12 +34,6 @@ ROOT = Path(__file__).resolve().parents[1]
 class Args:
     n_samples_per_prompt = 4
     custom_reward_post_process_path = "miles_nemogym.salvage.reward_post_process"
-
-
-async def until_waiting() -> None:
-    """Returns once an episode waits out an outage (its try found the server down)."""
-    while not state.circuits.waiting():
-        await asyncio.sleep(0.01)
 
 
 def rows(row: dict[str, Any], n: int) -> list[dict[str, Any]]:
@@ -97,7 +92,7 @@ async def test_an_eval_episodes_outage_wait_is_charged_to_its_eval_set(
     try:
         # The wait is charged from when the episode's try found the server down, which comes
         # after its preparation (long on a loaded machine): the outage is timed from there.
-        await asyncio.wait_for(until_waiting(), 30)
+        await eventually(state.circuits.waiting, "the episode waits out the outage")
         waiting_since = time.monotonic()
         await asyncio.sleep(1.0)
         down_s = time.monotonic() - waiting_since
