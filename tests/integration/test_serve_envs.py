@@ -15,7 +15,6 @@ import pytest
 
 from miles_nemogym.gym.config import PLACEHOLDER_POLICY_URL
 from miles_nemogym.gym.environments import EnvironmentServers, plan
-from miles_nemogym.gym.server import RAYLET_WAIT_ENV, RAYLET_WAIT_S
 from miles_nemogym.gym.venv import ensure_gym_venv
 from miles_nemogym.gym.wheel import read_member
 from miles_nemogym.settings import Settings
@@ -68,11 +67,6 @@ def test_serve_env_starts_resources_servers_next_to_swe_and_stops_them_all(tmp_p
         # Only serve itself holds the policy API key: no server it started (SWE, mcqa, xlam_fc, their Ray).
         assert len(pids_with_environment(str(state.resolve()))) > len(running)  # the SWE server's too
         assert pids_with_environment(key) == [serve.process.pid]
-        # Each server waits long enough for its private Ray's raylet on a loaded host (docs/upstream.md G13).
-        tasks = Path(f"/proc/{serve.process.pid}/task").iterdir()
-        servers = {int(pid) for task in tasks for pid in (task / "children").read_text().split()}
-        assert len(servers) >= 1 + len(ENVS), servers
-        assert servers <= set(pids_with_environment(f"{RAYLET_WAIT_ENV}={RAYLET_WAIT_S}\0"))
         rest = serve.stop()
     assert serve.process.returncode == 0, rest
     assert "stopped." in rest

@@ -34,15 +34,7 @@ import yaml
 from miles_nemogym.episode.record import AGENT_SUFFIX
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config
-from miles_nemogym.gym.server import (
-    MARKER_ENV,
-    RAYLET_WAIT_ENV,
-    RAYLET_WAIT_S,
-    advertised_url,
-    free_port,
-    kill_marked,
-    wait_until_answering,
-)
+from miles_nemogym.gym.server import MARKER_ENV, advertised_url, free_port, kill_marked, wait_until_answering
 from miles_nemogym.gym.venv import (
     BuildLines,
     GymEnvironmentError,
@@ -515,7 +507,6 @@ class EnvironmentServers:
                 **self._extra_env,
             }
         )
-        env.setdefault(RAYLET_WAIT_ENV, str(RAYLET_WAIT_S))
         with self.log_path(name).open("ab") as log:
             self._processes[name] = subprocess.Popen(
                 [str(python), str(folder / "app.py")],

@@ -41,12 +41,6 @@ MARKER_ENV = "MILES_NEMOGYM_GYM_SERVER_ID"
 # folder (pytest's tmp_path) therefore gets a short temp folder, removed on stop.
 _MAX_SOCKET_BASE = 32
 
-RAYLET_WAIT_ENV = "RAY_raylet_start_wait_time_s"
-RAYLET_WAIT_S = 120
-"""How long a server's private Ray waits for its raylet to register (s; Ray's own default: 10
-per try, 30 in all), within the servers' start timeouts: a loaded host takes longer, a healthy
-start is not slowed. Set with ``setdefault``: a value the user set is kept (docs/upstream.md G13)."""
-
 
 class GymServerError(GymEnvironmentError):
     """The server did not start, or died; the message carries its log tail."""
@@ -251,7 +245,6 @@ class GymServer:
         )
         if not self.options.ray_address:
             env["RAY_AUTH_MODE"] = "disabled"
-            env.setdefault(RAYLET_WAIT_ENV, str(RAYLET_WAIT_S))
         if self.options.sandbox == "local":
             home = state / "home"
             for sub in ("", ".config", ".cache", ".local/share", ".local/state"):
