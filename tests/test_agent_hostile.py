@@ -27,6 +27,7 @@ from miles_nemogym.episode import run as episode_run
 from miles_nemogym.ledger import Tally
 from miles_nemogym.state import ledger
 from tests.support.agent_fixtures import call, fast_env, server
+from tests.support.eventually import eventually
 from tests.support.fault_server import FaultServer
 from tests.support.samples import Sample
 
@@ -499,7 +500,7 @@ async def test_abort_while_waiting_out_an_outage_counts_the_episode_as_not_deliv
 
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens
     task = asyncio.create_task(call(sympy_row))
-    await asyncio.sleep(0.3)
+    await eventually(state.circuits.waiting, "the episode waits out the outage")
     with caplog.at_level(logging.INFO, logger="miles_nemogym"):
         await agent.abort(None)
         out = await asyncio.wait_for(task, 5)

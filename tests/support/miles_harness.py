@@ -280,6 +280,28 @@ class MilesDriver:
         except OSError:
             return "(no log)"
 
+    def log_size(self) -> int:
+        """Where the log ends now: ``wait_logged`` looks only past it."""
+        try:
+            return self.log_path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def wait_logged(self, text: str, *, after: int, limit_s: float, still: Callable[[], bool]) -> bool:
+        """Whether ``text`` appears in the log past offset ``after`` within ``limit_s``, polled while
+        ``still()`` holds (e.g. the step's thread is alive)."""
+        until = time.monotonic() + limit_s
+        while time.monotonic() < until and still():
+            try:
+                with self.log_path.open("rb") as log:
+                    log.seek(after)
+                    if text.encode() in log.read():
+                        return True
+            except FileNotFoundError:
+                pass
+            time.sleep(0.1)
+        return False
+
     def step(
         self,
         *,
