@@ -12,7 +12,6 @@ with our post-process hook. The Gym side is the loopback ``/run`` stand-in
 from __future__ import annotations
 
 import json
-import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ import pytest
 
 from miles_nemogym.launcher.command import eval_args
 from miles_nemogym.launcher.config import LauncherConfig
-from tests.support.miles_harness import MilesDriver, StepResult
+from tests.support.miles_harness import MilesDriver, StepResult, grpo
 from tests.support.ports import free_port
 from tests.support.scripted_gym import ERROR, START_ERROR, ScriptedGym
 from tests.support.threaded import serving_in_thread
@@ -36,18 +35,6 @@ PROMPTS = 2  # groups per drain
 @pytest.fixture(scope="module")
 def prompts(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return list(rows.values())[:PROMPTS]
-
-
-@pytest.fixture(scope="module")
-def graded(gym_example_rollouts: list[dict[str, Any]]) -> dict[str, Any]:
-    return next(r for r in gym_example_rollouts if r["instance_id"].startswith("sympy"))
-
-
-def grpo(rewards: list[float]) -> list[float]:
-    """GRPO's normalised rewards of one group (centred, unbiased std, Miles' 1e-6)."""
-    mean = statistics.fmean(rewards)
-    std = statistics.stdev(rewards)
-    return [(r - mean) / (std + 1e-6) for r in rewards]
 
 
 def scripted(graded: dict[str, Any], prompts: list[dict[str, Any]], script: list[float | str]) -> ScriptedGym:

@@ -10,7 +10,6 @@ session like the real harness, so every fault here is one Miles really sees.
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from collections import defaultdict
@@ -19,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.fault_server import FaultServer
-from tests.support.miles_harness import MilesDriver, StepResult
+from tests.support.miles_harness import MilesDriver, StepResult, grpo
 from tests.support.ports import free_port
 from tests.support.scripted_gym import ERROR, HOLD, ScriptedGym
 from tests.support.threaded import serving_in_thread
@@ -31,18 +30,6 @@ pytestmark = pytest.mark.integration
 def row_list(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """The converted rows in the wheel's order."""
     return list(rows.values())
-
-
-@pytest.fixture(scope="module")
-def graded(gym_example_rollouts: list[dict[str, Any]]) -> dict[str, Any]:
-    return next(r for r in gym_example_rollouts if r["instance_id"].startswith("sympy"))
-
-
-def grpo(rewards: list[float]) -> list[float]:
-    """GRPO's normalised rewards of one group (centred, unbiased std, Miles' 1e-6)."""
-    mean = statistics.fmean(rewards)
-    std = statistics.stdev(rewards)
-    return [(r - mean) / (std + 1e-6) for r in rewards]
 
 
 def episode_of(sample: dict[str, Any]) -> str:

@@ -10,24 +10,16 @@ that episode and returns an ABORTED copy of its input sample without the agent's
 
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
 from typing import Any
 
 import pytest
 
-from tests.support.miles_harness import MilesDriver
+from tests.support.miles_harness import MilesDriver, grpo
 from tests.support.scripted_gym import START_ERROR, ScriptedGym
 from tests.support.threaded import serving_in_thread
 
 pytestmark = pytest.mark.integration
-
-
-def grpo(rewards: list[float]) -> list[float]:
-    """GRPO's normalised rewards of one group (centred, unbiased std, Miles' 1e-6)."""
-    mean = statistics.fmean(rewards)
-    std = statistics.stdev(rewards)
-    return [(r - mean) / (std + 1e-6) for r in rewards]
 
 
 @pytest.mark.parametrize("session_server", ["v1", "v2"])

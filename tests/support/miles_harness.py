@@ -56,6 +56,7 @@ import json
 import os
 import queue
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -383,3 +384,10 @@ class MilesDriver:
         else:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)  # leftovers of its session (Ray, threads' children)
+
+
+def grpo(rewards: list[float]) -> list[float]:
+    """GRPO's normalised rewards of one group (centred, unbiased std, Miles' 1e-6)."""
+    mean = statistics.fmean(rewards)
+    std = statistics.stdev(rewards)
+    return [(r - mean) / (std + 1e-6) for r in rewards]
