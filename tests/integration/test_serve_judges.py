@@ -27,6 +27,7 @@ from tests.support import environments_table
 from tests.support.judge_model import JUDGED_ENVIRONMENTS, JudgeModel
 from tests.support.ray_cluster import pids_with_environment
 from tests.support.serve_process import Serving, serving
+from tests.support.threaded import serving_in_thread
 
 pytestmark = pytest.mark.integration
 
@@ -127,7 +128,7 @@ def test_a_refusal_among_several_environments_shows_its_reason_not_the_config(ve
 
 @pytest.fixture(scope="module")
 def judge() -> Iterator[JudgeModel]:
-    with JudgeModel() as model:
+    with serving_in_thread(JudgeModel()) as model:
         yield model
 
 

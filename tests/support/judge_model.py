@@ -6,9 +6,7 @@ judges of NeMo-Gym's ``abstention``/``omniscience`` prompt ask (the grader templ
 
 from __future__ import annotations
 
-import asyncio
 import re
-import threading
 from typing import Any
 
 from aiohttp import web
@@ -25,14 +23,13 @@ def _normal(text: str) -> str:
 
 
 class JudgeModel:
-    """``with JudgeModel() as judge``: ``url`` (the ``/v1`` base), ``requests`` and their
+    """``with serving_in_thread(JudgeModel()) as judge``: ``url`` (the ``/v1`` base), ``requests`` and their
     ``Authorization`` headers as received."""
 
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
         self.authorizations: list[str | None] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
         self.port = 0
 
     @property
@@ -59,31 +56,15 @@ class JudgeModel:
             }
         )
 
-    def __enter__(self) -> JudgeModel:
-        ready = threading.Event()
-
-        def serve() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            app = web.Application()
-            app.router.add_post("/v1/chat/completions", self._chat)
-            runner = web.AppRunner(app, access_log=None)
-            loop.run_until_complete(runner.setup())
-            loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
-            self.port = runner.addresses[0][1]
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(runner.cleanup())
-            loop.close()
-
-        self._thread = threading.Thread(target=serve, name="judge-model", daemon=True)
-        self._thread.start()
-        if not ready.wait(30):
-            raise RuntimeError("the judge stand-in did not start")
+    async def start(self) -> JudgeModel:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.port = self._runner.addresses[0][1]
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(30)
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
