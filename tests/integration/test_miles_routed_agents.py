@@ -4,10 +4,11 @@ server version).
 
 Miles' ``InferenceRolloutFn`` -> ``agentic_tool_call.generate`` -> ``miles_nemogym.agent.run``,
 which POSTs each row to its environment's agent (``NEMO_GYM_ENVS[env].agent``: the real 0.7.0
-``gymnasium_agent`` of blackjack and example_multi_turn_gymnasium, and the real ``simple_agent`` of
-three environments the in-process loop is tested on) with ``_ng_rollout_id``; the agent's model
-calls go to the routing model (``policy_model``), which sends each to the sample's Miles session
-server (v1 or v2, TITO), whose mock SGLang engine answers with the row's scripted Qwen3 text.
+``gymnasium_agent`` of blackjack and example_multi_turn_gymnasium, the real ``tool_simulation_agent``
+of swe_pivot, and the real ``simple_agent`` of three environments the in-process loop is tested on)
+with ``_ng_rollout_id``; the agent's model calls go to the routing model (``policy_model``), which
+sends each to the sample's Miles session server (v1 or v2, TITO), whose mock SGLang engine answers
+with the row's scripted Qwen3 text.
 Every server is started as ``serve --env NAME --routed`` starts it (``tests/support/routed_agents.py``).
 """
 
@@ -22,8 +23,8 @@ import pytest
 from tests.support.fault_server import FaultServer
 from tests.support.miles_environments import completion, prompt_row, scripts
 from tests.support.miles_harness import MilesDriver, StepResult
-from tests.support.routed_agents import GYMNASIUM, ROUTED_SIMPLE, RoutedAgents, running_routed_agents
-from tests.support.scripted_chat import Turn
+from tests.support.routed_agents import GYMNASIUM, ROUTED_SIMPLE, TOOL_SIMULATION, RoutedAgents, running_routed_agents
+from tests.support.scripted_chat import Turn, tool
 from tests.support.threaded import serving_in_thread
 
 pytestmark = pytest.mark.integration
@@ -45,16 +46,62 @@ def _played() -> list[tuple[str, str, list[Turn]]]:
     return [(env, outcome, turns) for env in GYMNASIUM for outcome, turns in _gymnasium_scripts(env).items()]
 
 
+# swe_pivot grades the one tool call of a pivot turn against the demonstrated one. Its example rows
+# declare no ``tools``; an engine parses ``<tool_call>`` text into tool calls only when the request
+# declares tools (SGLang, and so Miles' mock engine), so with those rows every answer is text and
+# scores 0.0 (as NeMo-Gym's own example_rollouts.jsonl, from gpt-4.1, do). Rows given the agent's
+# tools, as a training set declares them:
+_SWE_TOOLS = [
+    {
+        "type": "function",
+        "name": "execute_bash",
+        "description": "Run a bash command in the repository.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        "strict": False,
+    },
+    {
+        "type": "function",
+        "name": "str_replace_editor",
+        "description": "View, create or edit a file.",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}, "path": {"type": "string"}},
+            "required": ["command", "path"],
+        },
+        "strict": False,
+    },
+]
+_SWE_ROW = 1
+"""swe_pivot's example_2: the expected action is ``execute_bash`` (a grep)."""
+
+
+def _tool_simulation_row(agents: RoutedAgents, env: str) -> dict[str, Any]:
+    row = agents.example_rows(env)[_SWE_ROW]
+    return {**row, "responses_create_params": {**row["responses_create_params"], "tools": _SWE_TOOLS}}
+
+
+def _tool_simulation_scripts(agents: RoutedAgents, env: str) -> dict[str, list[Turn]]:
+    expected = _tool_simulation_row(agents, env)["expected_action"]
+    wrong = tool("str_replace_editor", command="view", path="/workspace/proj/foo.py")  # an edit tool, not bash
+    gold = (expected["name"], expected["arguments"])
+    return {"gold": [Turn(tool_calls=(gold,))], "wrong": [Turn(tool_calls=(wrong,))]}
+
+
+def _row(agents: RoutedAgents, env: str) -> dict[str, Any]:
+    return _tool_simulation_row(agents, env) if env in TOOL_SIMULATION else agents.example_rows(env)[0]
+
+
 @pytest.fixture(scope="module")
 def routed_agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RoutedAgents]:
-    with running_routed_agents([*GYMNASIUM, *ROUTED_SIMPLE], tmp_path_factory.mktemp("routed-agents")) as agents:
+    envs = [*GYMNASIUM, *TOOL_SIMULATION, *ROUTED_SIMPLE]
+    with running_routed_agents(envs, tmp_path_factory.mktemp("routed-agents")) as agents:
         yield agents
 
 
 @pytest.fixture(scope="module")
 def routed_steps(miles_driver: MilesDriver, routed_agents: RoutedAgents) -> Iterator[dict[str, StepResult]]:
     every = _every(routed_agents)
-    rows = [prompt_row(env, routed_agents.example_rows(env)[0], f"{env}_{outcome}") for env, outcome, _ in every]
+    rows = [prompt_row(env, _row(routed_agents, env), f"{env}_{outcome}") for env, outcome, _ in every]
     texts = {f"{env}_{outcome}": [completion(turn) for turn in turns] for env, outcome, turns in every}
 
     class Lazy(dict[str, StepResult]):
@@ -82,7 +129,11 @@ def routed_steps(miles_driver: MilesDriver, routed_agents: RoutedAgents) -> Iter
 def _every(agents: RoutedAgents) -> list[tuple[str, str, list[Turn]]]:
     """Every row of the step: (environment, outcome, its scripted turns)."""
     simple = [(env, outcome, turns) for env in ROUTED_SIMPLE for outcome, turns in _simple_scripts(agents, env)]
-    return _played() + simple
+    return _played() + _tool_simulated(agents) + simple
+
+
+def _tool_simulated(agents: RoutedAgents) -> list[tuple[str, str, list[Turn]]]:
+    return [(env, o, turns) for env in TOOL_SIMULATION for o, turns in _tool_simulation_scripts(agents, env).items()]
 
 
 def _simple_scripts(agents: RoutedAgents, env: str) -> list[tuple[str, list[Turn]]]:
@@ -96,7 +147,7 @@ def _by_task(result: StepResult) -> dict[str, dict[str, Any]]:
 
 
 def test_serve_prints_the_agent_of_each_routed_environment(routed_agents: RoutedAgents) -> None:
-    for env in (*GYMNASIUM, *ROUTED_SIMPLE):
+    for env in (*GYMNASIUM, *TOOL_SIMULATION, *ROUTED_SIMPLE):
         entry = routed_agents.setting[env]
         assert set(entry) >= {"url", "agent"} and entry["agent"] != entry["url"], env
     assert routed_agents.setting["blackjack"]["reward_range"] == [-1.0, 1.0]
@@ -121,6 +172,23 @@ def test_gymnasium_agents_rewards_come_back_through_the_routing_model(
         assert sample["reward"] == _RESULT_REWARD[info["result"]], info
         if outcome == "stand":
             assert record["turns"] == 1 and info["result"] != "bust"
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_tool_simulation_agent_grades_the_parsed_tool_call(
+    routed_steps: dict[str, StepResult], routed_agents: RoutedAgents, version: str
+) -> None:
+    samples = _by_task(routed_steps[version])
+    for env, outcome, _ in _tool_simulated(routed_agents):
+        sample = samples[f"{env}/{env}_{outcome}"]
+        record = sample["metadata"]["nemogym"]
+        assert (record["status"], record["mask_sample"], record["environment"]) == ("ok", False, env), record
+        assert (record["turns"], record["tool_calls"]) == (1, 1), record
+        report = sample["metadata"]["eval_report"]
+        if outcome == "gold":
+            assert sample["reward"] == 1.0 and report["tool_name_match"] is True, report
+        else:  # the call was parsed and graded: the wrong tool, not "no function_call in response"
+            assert (sample["reward"], report["failure_reason"]) == (0.0, "tool_name_mismatch"), report
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
