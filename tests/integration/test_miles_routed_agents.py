@@ -4,11 +4,11 @@ server version).
 
 Miles' ``InferenceRolloutFn`` -> ``agentic_tool_call.generate`` -> ``miles_nemogym.agent.run``,
 which POSTs each row to its environment's agent (``NEMO_GYM_ENVS[env].agent``: the real 0.7.0
-``gymnasium_agent`` of blackjack and example_multi_turn_gymnasium, the real ``tool_simulation_agent``
-of swe_pivot, and the real ``simple_agent`` of three environments the in-process loop is tested on)
-with ``_ng_rollout_id``; the agent's model calls go to the routing model (``policy_model``), which
-sends each to the sample's Miles session server (v1 or v2, TITO), whose mock SGLang engine answers
-with the row's scripted Qwen3 text.
+``gymnasium_agent`` of blackjack, example_multi_turn_gymnasium and openair_congestion, the real
+``tool_simulation_agent`` of swe_pivot, and the real ``simple_agent`` of three environments the
+in-process loop is tested on) with ``_ng_rollout_id``; the agent's model calls go to the routing
+model (``policy_model``), which sends each to the sample's Miles session server (v1 or v2, TITO),
+whose mock SGLang engine answers with the row's scripted Qwen3 text.
 Every server is started as ``serve --env NAME --routed`` starts it (``tests/support/routed_agents.py``).
 """
 
@@ -18,6 +18,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.support.fault_server import FaultServer
@@ -38,6 +39,9 @@ def _gymnasium_scripts(env: str) -> dict[str, list[Turn]]:
             "gold": [Turn(content="Paris."), Turn(content="About two million."), Turn(content="The Eiffel Tower.")],
             "wrong": [Turn(content="Paris."), Turn(content="About two million."), Turn(content="The Louvre.")],
         }
+    if env == "openair_congestion":  # 16 steps of one action: noop, or one the guardrail rejects (penalized)
+        rejected = tool("set_prb_cap", cell_id=0, target="ue", target_id=0, max_prb=999)  # maximum 273
+        return {"noop": [Turn(tool_calls=(tool("noop"),))], "rejected": [Turn(tool_calls=(rejected,))]}
     # blackjack deals at random: stand at once (one turn), or hit until the hand ends (bust, or 5 turns).
     return {"stand": [Turn(content="<action>stand</action>")], "hit": [Turn(content="<action>hit</action>")]}
 
@@ -87,6 +91,30 @@ def _tool_simulation_scripts(agents: RoutedAgents, env: str) -> dict[str, list[T
     return {"gold": [Turn(tool_calls=(gold,))], "wrong": [Turn(tool_calls=(wrong,))]}
 
 
+_OPENAIR_RANGE = [-64.0, 16.0]
+"""openair_congestion's episode return is a sum of per-step rewards the wheel bounds nowhere (about
+-0.4 a step here, -1 more for a rejected action); ``serve`` prints no range for it, so the test
+gives one in its ``NEMO_GYM_ENVS`` entry, as a user must."""
+
+
+def _returns_played_directly(agents: RoutedAgents, env: str, call: tuple[str, str]) -> tuple[float, int]:
+    """(the summed reward, the steps) of ``env``'s row played at its resources server's ``/reset`` and
+    ``/step`` with ``call`` at every step, as ``gymnasium_agent`` plays it, without any model."""
+    row, total, steps = _row(agents, env), 0.0, 0
+    with httpx.Client(base_url=agents.setting[env]["url"], timeout=60) as env_server:
+        env_server.post("/reset", json=row).raise_for_status()
+        while steps < 16:  # the agent's max_steps in the shipped config
+            output = [{"type": "function_call", "call_id": f"c{steps}", "name": call[0], "arguments": call[1]}]
+            response = {"id": "r", "created_at": 0, "model": "m", "object": "response", "output": output}
+            response |= {"parallel_tool_calls": True, "tool_choice": "auto", "tools": []}
+            step = env_server.post("/step", json={**row, "response": response})
+            step.raise_for_status()
+            total, steps = total + step.json()["reward"], steps + 1
+            if step.json()["terminated"] or step.json()["truncated"]:
+                break
+    return total, steps
+
+
 def _row(agents: RoutedAgents, env: str) -> dict[str, Any]:
     return _tool_simulation_row(agents, env) if env in TOOL_SIMULATION else agents.example_rows(env)[0]
 
@@ -103,6 +131,8 @@ def routed_steps(miles_driver: MilesDriver, routed_agents: RoutedAgents) -> Iter
     every = _every(routed_agents)
     rows = [prompt_row(env, _row(routed_agents, env), f"{env}_{outcome}") for env, outcome, _ in every]
     texts = {f"{env}_{outcome}": [completion(turn) for turn in turns] for env, outcome, turns in every}
+    openair = {**routed_agents.setting["openair_congestion"], "reward_range": _OPENAIR_RANGE}
+    setting = {**routed_agents.setting, "openair_congestion": openair}
 
     class Lazy(dict[str, StepResult]):
         def __missing__(self, version: str) -> StepResult:
@@ -114,7 +144,7 @@ def routed_steps(miles_driver: MilesDriver, routed_agents: RoutedAgents) -> Iter
                     n_prompts=len(rows),
                     n_samples=1,
                     session_server=version,
-                    env={"NEMO_GYM_ENVS": json.dumps(routed_agents.setting), "NEMO_GYM_RUN_TIMEOUT": "600"},
+                    env={"NEMO_GYM_ENVS": json.dumps(setting), "NEMO_GYM_RUN_TIMEOUT": "600"},
                     scripts=texts,
                     response_spans=True,
                     time_limit_s=480,
@@ -140,6 +170,19 @@ def _simple_scripts(agents: RoutedAgents, env: str) -> list[tuple[str, list[Turn
     return list(scripts(env, agents.example_rows(env)[0]).items())
 
 
+_OPENAIR: dict[str, tuple[float, int]] = {}
+
+
+def _openair_returns(agents: RoutedAgents) -> dict[str, tuple[float, int]]:
+    """Each openair_congestion script's return and steps, played directly (once per test session)."""
+    if not _OPENAIR:
+        for outcome, turns in _gymnasium_scripts("openair_congestion").items():
+            _OPENAIR[outcome] = _returns_played_directly(agents, "openair_congestion", turns[0].tool_calls[0])
+        noop, rejected = _OPENAIR["noop"][0], _OPENAIR["rejected"][0]
+        assert rejected < noop < 0.0, _OPENAIR  # the guardrail's penalty shows in the return
+    return _OPENAIR
+
+
 def _by_task(result: StepResult) -> dict[str, dict[str, Any]]:
     found = {sample["metadata"]["nemogym_task_id"]: sample for sample in result.samples}
     assert len(found) == len(result.samples)
@@ -155,7 +198,7 @@ def test_serve_prints_the_agent_of_each_routed_environment(routed_agents: Routed
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
 def test_gymnasium_agents_rewards_come_back_through_the_routing_model(
-    routed_steps: dict[str, StepResult], version: str
+    routed_steps: dict[str, StepResult], routed_agents: RoutedAgents, version: str
 ) -> None:
     samples = _by_task(routed_steps[version])
     for env, outcome, turns in _played():
@@ -166,6 +209,10 @@ def test_gymnasium_agents_rewards_come_back_through_the_routing_model(
         if env == "example_multi_turn_gymnasium":
             assert sample["reward"] == (1.0 if outcome == "gold" else 0.0)
             assert record["turns"] == len(turns)
+            continue
+        if env == "openair_congestion":  # the sum over its steps, as the same actions score played directly
+            reward, steps = _openair_returns(routed_agents)[outcome]
+            assert sample["reward"] == pytest.approx(reward, abs=1e-9) and record["turns"] == steps, record
             continue
         # blackjack: the reward is the hand's result (-1 is a valid reward here), as its last step reported it.
         info = sample["metadata"]["eval_report"]["info"]
@@ -223,6 +270,8 @@ def test_routed_episodes_have_no_tito_mismatch_and_train_only_the_policy_turns(
         expected = texts[task.split("/", 1)[1]]
         if task == "blackjack/blackjack_hit":  # hits until the hand ends: 1 to 5 turns of the same text
             assert 1 <= len(trained) <= 5 and set(trained) == set(expected), task
+        elif task.startswith("openair_congestion/"):  # the same action at each of its steps
+            assert trained == expected * _openair_returns(routed_agents)[task.rsplit("_", 1)[1]][1], task
         else:
             assert trained == expected, task
         assert [mask for mask, _ in spans] == [1, 0] * (len(trained) - 1) + [1], task

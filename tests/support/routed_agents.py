@@ -18,7 +18,7 @@ import pytest
 from miles_nemogym.gym.environments import EnvironmentServers, plan
 from miles_nemogym.gym.venv import BuildLines, GymPythonNotFoundError, ensure_gym_venv
 
-GYMNASIUM = ("blackjack", "example_multi_turn_gymnasium")
+GYMNASIUM = ("blackjack", "example_multi_turn_gymnasium", "openair_congestion")
 """Environments whose config gives them ``gymnasium_agent``."""
 TOOL_SIMULATION = ("swe_pivot",)
 """Environments whose config gives them ``tool_simulation_agent`` (one policy call, then ``/verify``)."""
