@@ -170,17 +170,15 @@ def _simple_scripts(agents: RoutedAgents, env: str) -> list[tuple[str, list[Turn
     return list(scripts(env, agents.example_rows(env)[0]).items())
 
 
-_OPENAIR: dict[str, tuple[float, int]] = {}
-
-
-def _openair_returns(agents: RoutedAgents) -> dict[str, tuple[float, int]]:
-    """Each openair_congestion script's return and steps, played directly (once per test session)."""
-    if not _OPENAIR:
-        for outcome, turns in _gymnasium_scripts("openair_congestion").items():
-            _OPENAIR[outcome] = _returns_played_directly(agents, "openair_congestion", turns[0].tool_calls[0])
-        noop, rejected = _OPENAIR["noop"][0], _OPENAIR["rejected"][0]
-        assert rejected < noop < 0.0, _OPENAIR  # the guardrail's penalty shows in the return
-    return _OPENAIR
+@pytest.fixture(scope="module")
+def openair_returns(routed_agents: RoutedAgents) -> dict[str, tuple[float, int]]:
+    """Each openair_congestion script's (return, steps), its actions played directly."""
+    found = {
+        outcome: _returns_played_directly(routed_agents, "openair_congestion", turns[0].tool_calls[0])
+        for outcome, turns in _gymnasium_scripts("openair_congestion").items()
+    }
+    assert found["rejected"][0] < found["noop"][0] < 0.0, found  # the guardrail's penalty shows in the return
+    return found
 
 
 def _by_task(result: StepResult) -> dict[str, dict[str, Any]]:
@@ -198,7 +196,7 @@ def test_serve_prints_the_agent_of_each_routed_environment(routed_agents: Routed
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
 def test_gymnasium_agents_rewards_come_back_through_the_routing_model(
-    routed_steps: dict[str, StepResult], routed_agents: RoutedAgents, version: str
+    routed_steps: dict[str, StepResult], openair_returns: dict[str, tuple[float, int]], version: str
 ) -> None:
     samples = _by_task(routed_steps[version])
     for env, outcome, turns in _played():
@@ -211,7 +209,7 @@ def test_gymnasium_agents_rewards_come_back_through_the_routing_model(
             assert record["turns"] == len(turns)
             continue
         if env == "openair_congestion":  # the sum over its steps, as the same actions score played directly
-            reward, steps = _openair_returns(routed_agents)[outcome]
+            reward, steps = openair_returns[outcome]
             assert sample["reward"] == pytest.approx(reward, abs=1e-9) and record["turns"] == steps, record
             continue
         # blackjack: the reward is the hand's result (-1 is a valid reward here), as its last step reported it.
@@ -255,7 +253,10 @@ def test_simple_agent_through_its_own_run_scores_as_the_in_process_loop(
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
 def test_routed_episodes_have_no_tito_mismatch_and_train_only_the_policy_turns(
-    routed_steps: dict[str, StepResult], routed_agents: RoutedAgents, version: str
+    routed_steps: dict[str, StepResult],
+    routed_agents: RoutedAgents,
+    openair_returns: dict[str, tuple[float, int]],
+    version: str,
 ) -> None:
     result = routed_steps[version]
     texts = {f"{env}_{outcome}": [completion(t) for t in turns] for env, outcome, turns in _every(routed_agents)}
@@ -271,7 +272,7 @@ def test_routed_episodes_have_no_tito_mismatch_and_train_only_the_policy_turns(
         if task == "blackjack/blackjack_hit":  # hits until the hand ends: 1 to 5 turns of the same text
             assert 1 <= len(trained) <= 5 and set(trained) == set(expected), task
         elif task.startswith("openair_congestion/"):  # the same action at each of its steps
-            assert trained == expected * _openair_returns(routed_agents)[task.rsplit("_", 1)[1]][1], task
+            assert trained == expected * openair_returns[task.rsplit("_", 1)[1]][1], task
         else:
             assert trained == expected, task
         assert [mask for mask, _ in spans] == [1, 0] * (len(trained) - 1) + [1], task
