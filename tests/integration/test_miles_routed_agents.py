@@ -4,10 +4,11 @@ server version).
 
 Miles' ``InferenceRolloutFn`` -> ``agentic_tool_call.generate`` -> ``miles_nemogym.agent.run``,
 which POSTs each row to its environment's agent (``NEMO_GYM_ENVS[env].agent``: the real 0.7.0
-``gymnasium_agent`` of blackjack and example_multi_turn_gymnasium, and the real ``simple_agent`` of
-three environments the in-process loop is tested on) with ``_ng_rollout_id``; the agent's model
-calls go to the routing model (``policy_model``), which sends each to the sample's Miles session
-server (v1 or v2, TITO), whose mock SGLang engine answers with the row's scripted Qwen3 text.
+``gymnasium_agent`` of blackjack, example_multi_turn_gymnasium and openair_congestion, the real
+``tool_simulation_agent`` of swe_pivot, and the real ``simple_agent`` of three environments the
+in-process loop is tested on) with ``_ng_rollout_id``; the agent's model calls go to the routing
+model (``policy_model``), which sends each to the sample's Miles session server (v1 or v2, TITO),
+whose mock SGLang engine answers with the row's scripted Qwen3 text.
 Every server is started as ``serve --env NAME --routed`` starts it (``tests/support/routed_agents.py``).
 """
 
@@ -17,13 +18,14 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.support.fault_server import FaultServer
 from tests.support.miles_environments import completion, prompt_row, scripts
 from tests.support.miles_harness import MilesDriver, StepResult
-from tests.support.routed_agents import GYMNASIUM, ROUTED_SIMPLE, RoutedAgents, running_routed_agents
-from tests.support.scripted_chat import Turn
+from tests.support.routed_agents import GYMNASIUM, ROUTED_SIMPLE, TOOL_SIMULATION, RoutedAgents, running_routed_agents
+from tests.support.scripted_chat import Turn, tool
 from tests.support.threaded import serving_in_thread
 
 pytestmark = pytest.mark.integration
@@ -37,6 +39,9 @@ def _gymnasium_scripts(env: str) -> dict[str, list[Turn]]:
             "gold": [Turn(content="Paris."), Turn(content="About two million."), Turn(content="The Eiffel Tower.")],
             "wrong": [Turn(content="Paris."), Turn(content="About two million."), Turn(content="The Louvre.")],
         }
+    if env == "openair_congestion":  # 16 steps of one action: noop, or one the guardrail rejects (penalized)
+        rejected = tool("set_prb_cap", cell_id=0, target="ue", target_id=0, max_prb=999)  # maximum 273
+        return {"noop": [Turn(tool_calls=(tool("noop"),))], "rejected": [Turn(tool_calls=(rejected,))]}
     # blackjack deals at random: stand at once (one turn), or hit until the hand ends (bust, or 5 turns).
     return {"stand": [Turn(content="<action>stand</action>")], "hit": [Turn(content="<action>hit</action>")]}
 
@@ -45,17 +50,89 @@ def _played() -> list[tuple[str, str, list[Turn]]]:
     return [(env, outcome, turns) for env in GYMNASIUM for outcome, turns in _gymnasium_scripts(env).items()]
 
 
+# swe_pivot grades the one tool call of a pivot turn against the demonstrated one. Its example rows
+# declare no ``tools``; an engine parses ``<tool_call>`` text into tool calls only when the request
+# declares tools (SGLang, and so Miles' mock engine), so with those rows every answer is text and
+# scores 0.0 (as NeMo-Gym's own example_rollouts.jsonl, from gpt-4.1, do). Rows given the agent's
+# tools, as a training set declares them:
+_SWE_TOOLS = [
+    {
+        "type": "function",
+        "name": "execute_bash",
+        "description": "Run a bash command in the repository.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        "strict": False,
+    },
+    {
+        "type": "function",
+        "name": "str_replace_editor",
+        "description": "View, create or edit a file.",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}, "path": {"type": "string"}},
+            "required": ["command", "path"],
+        },
+        "strict": False,
+    },
+]
+_SWE_ROW = 1
+"""swe_pivot's example_2: the expected action is ``execute_bash`` (a grep)."""
+
+
+def _tool_simulation_row(agents: RoutedAgents, env: str) -> dict[str, Any]:
+    row = agents.example_rows(env)[_SWE_ROW]
+    return {**row, "responses_create_params": {**row["responses_create_params"], "tools": _SWE_TOOLS}}
+
+
+def _tool_simulation_scripts(agents: RoutedAgents, env: str) -> dict[str, list[Turn]]:
+    expected = _tool_simulation_row(agents, env)["expected_action"]
+    wrong = tool("str_replace_editor", command="view", path="/workspace/proj/foo.py")  # an edit tool, not bash
+    gold = (expected["name"], expected["arguments"])
+    return {"gold": [Turn(tool_calls=(gold,))], "wrong": [Turn(tool_calls=(wrong,))]}
+
+
+_OPENAIR_RANGE = [-64.0, 16.0]
+"""openair_congestion's episode return is a sum of per-step rewards the wheel bounds nowhere (about
+-0.4 a step here, -1 more for a rejected action); ``serve`` prints no range for it, so the test
+gives one in its ``NEMO_GYM_ENVS`` entry, as a user must."""
+
+
+def _returns_played_directly(agents: RoutedAgents, env: str, call: tuple[str, str]) -> tuple[float, int]:
+    """(the summed reward, the steps) of ``env``'s row played at its resources server's ``/reset`` and
+    ``/step`` with ``call`` at every step, as ``gymnasium_agent`` plays it, without any model."""
+    row, total, steps = _row(agents, env), 0.0, 0
+    with httpx.Client(base_url=agents.setting[env]["url"], timeout=60) as env_server:
+        env_server.post("/reset", json=row).raise_for_status()
+        while steps < 16:  # the agent's max_steps in the shipped config
+            output = [{"type": "function_call", "call_id": f"c{steps}", "name": call[0], "arguments": call[1]}]
+            response = {"id": "r", "created_at": 0, "model": "m", "object": "response", "output": output}
+            response |= {"parallel_tool_calls": True, "tool_choice": "auto", "tools": []}
+            step = env_server.post("/step", json={**row, "response": response})
+            step.raise_for_status()
+            total, steps = total + step.json()["reward"], steps + 1
+            if step.json()["terminated"] or step.json()["truncated"]:
+                break
+    return total, steps
+
+
+def _row(agents: RoutedAgents, env: str) -> dict[str, Any]:
+    return _tool_simulation_row(agents, env) if env in TOOL_SIMULATION else agents.example_rows(env)[0]
+
+
 @pytest.fixture(scope="module")
 def routed_agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RoutedAgents]:
-    with running_routed_agents([*GYMNASIUM, *ROUTED_SIMPLE], tmp_path_factory.mktemp("routed-agents")) as agents:
+    envs = [*GYMNASIUM, *TOOL_SIMULATION, *ROUTED_SIMPLE]
+    with running_routed_agents(envs, tmp_path_factory.mktemp("routed-agents")) as agents:
         yield agents
 
 
 @pytest.fixture(scope="module")
 def routed_steps(miles_driver: MilesDriver, routed_agents: RoutedAgents) -> Iterator[dict[str, StepResult]]:
     every = _every(routed_agents)
-    rows = [prompt_row(env, routed_agents.example_rows(env)[0], f"{env}_{outcome}") for env, outcome, _ in every]
+    rows = [prompt_row(env, _row(routed_agents, env), f"{env}_{outcome}") for env, outcome, _ in every]
     texts = {f"{env}_{outcome}": [completion(turn) for turn in turns] for env, outcome, turns in every}
+    openair = {**routed_agents.setting["openair_congestion"], "reward_range": _OPENAIR_RANGE}
+    setting = {**routed_agents.setting, "openair_congestion": openair}
 
     class Lazy(dict[str, StepResult]):
         def __missing__(self, version: str) -> StepResult:
@@ -67,7 +144,7 @@ def routed_steps(miles_driver: MilesDriver, routed_agents: RoutedAgents) -> Iter
                     n_prompts=len(rows),
                     n_samples=1,
                     session_server=version,
-                    env={"NEMO_GYM_ENVS": json.dumps(routed_agents.setting), "NEMO_GYM_RUN_TIMEOUT": "600"},
+                    env={"NEMO_GYM_ENVS": json.dumps(setting), "NEMO_GYM_RUN_TIMEOUT": "600"},
                     scripts=texts,
                     response_spans=True,
                     time_limit_s=480,
@@ -82,11 +159,26 @@ def routed_steps(miles_driver: MilesDriver, routed_agents: RoutedAgents) -> Iter
 def _every(agents: RoutedAgents) -> list[tuple[str, str, list[Turn]]]:
     """Every row of the step: (environment, outcome, its scripted turns)."""
     simple = [(env, outcome, turns) for env in ROUTED_SIMPLE for outcome, turns in _simple_scripts(agents, env)]
-    return _played() + simple
+    return _played() + _tool_simulated(agents) + simple
+
+
+def _tool_simulated(agents: RoutedAgents) -> list[tuple[str, str, list[Turn]]]:
+    return [(env, o, turns) for env in TOOL_SIMULATION for o, turns in _tool_simulation_scripts(agents, env).items()]
 
 
 def _simple_scripts(agents: RoutedAgents, env: str) -> list[tuple[str, list[Turn]]]:
     return list(scripts(env, agents.example_rows(env)[0]).items())
+
+
+@pytest.fixture(scope="module")
+def openair_returns(routed_agents: RoutedAgents) -> dict[str, tuple[float, int]]:
+    """Each openair_congestion script's (return, steps), its actions played directly."""
+    found = {
+        outcome: _returns_played_directly(routed_agents, "openair_congestion", turns[0].tool_calls[0])
+        for outcome, turns in _gymnasium_scripts("openair_congestion").items()
+    }
+    assert found["rejected"][0] < found["noop"][0] < 0.0, found  # the guardrail's penalty shows in the return
+    return found
 
 
 def _by_task(result: StepResult) -> dict[str, dict[str, Any]]:
@@ -96,7 +188,7 @@ def _by_task(result: StepResult) -> dict[str, dict[str, Any]]:
 
 
 def test_serve_prints_the_agent_of_each_routed_environment(routed_agents: RoutedAgents) -> None:
-    for env in (*GYMNASIUM, *ROUTED_SIMPLE):
+    for env in (*GYMNASIUM, *TOOL_SIMULATION, *ROUTED_SIMPLE):
         entry = routed_agents.setting[env]
         assert set(entry) >= {"url", "agent"} and entry["agent"] != entry["url"], env
     assert routed_agents.setting["blackjack"]["reward_range"] == [-1.0, 1.0]
@@ -104,7 +196,7 @@ def test_serve_prints_the_agent_of_each_routed_environment(routed_agents: Routed
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
 def test_gymnasium_agents_rewards_come_back_through_the_routing_model(
-    routed_steps: dict[str, StepResult], version: str
+    routed_steps: dict[str, StepResult], openair_returns: dict[str, tuple[float, int]], version: str
 ) -> None:
     samples = _by_task(routed_steps[version])
     for env, outcome, turns in _played():
@@ -116,11 +208,32 @@ def test_gymnasium_agents_rewards_come_back_through_the_routing_model(
             assert sample["reward"] == (1.0 if outcome == "gold" else 0.0)
             assert record["turns"] == len(turns)
             continue
+        if env == "openair_congestion":  # the sum over its steps, as the same actions score played directly
+            reward, steps = openair_returns[outcome]
+            assert sample["reward"] == pytest.approx(reward, abs=1e-9) and record["turns"] == steps, record
+            continue
         # blackjack: the reward is the hand's result (-1 is a valid reward here), as its last step reported it.
         info = sample["metadata"]["eval_report"]["info"]
         assert sample["reward"] == _RESULT_REWARD[info["result"]], info
         if outcome == "stand":
             assert record["turns"] == 1 and info["result"] != "bust"
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_tool_simulation_agent_grades_the_parsed_tool_call(
+    routed_steps: dict[str, StepResult], routed_agents: RoutedAgents, version: str
+) -> None:
+    samples = _by_task(routed_steps[version])
+    for env, outcome, _ in _tool_simulated(routed_agents):
+        sample = samples[f"{env}/{env}_{outcome}"]
+        record = sample["metadata"]["nemogym"]
+        assert (record["status"], record["mask_sample"], record["environment"]) == ("ok", False, env), record
+        assert (record["turns"], record["tool_calls"]) == (1, 1), record
+        report = sample["metadata"]["eval_report"]
+        if outcome == "gold":
+            assert sample["reward"] == 1.0 and report["tool_name_match"] is True, report
+        else:  # the call was parsed and graded: the wrong tool, not "no function_call in response"
+            assert (sample["reward"], report["failure_reason"]) == (0.0, "tool_name_mismatch"), report
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
@@ -140,7 +253,10 @@ def test_simple_agent_through_its_own_run_scores_as_the_in_process_loop(
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
 def test_routed_episodes_have_no_tito_mismatch_and_train_only_the_policy_turns(
-    routed_steps: dict[str, StepResult], routed_agents: RoutedAgents, version: str
+    routed_steps: dict[str, StepResult],
+    routed_agents: RoutedAgents,
+    openair_returns: dict[str, tuple[float, int]],
+    version: str,
 ) -> None:
     result = routed_steps[version]
     texts = {f"{env}_{outcome}": [completion(t) for t in turns] for env, outcome, turns in _every(routed_agents)}
@@ -155,6 +271,8 @@ def test_routed_episodes_have_no_tito_mismatch_and_train_only_the_policy_turns(
         expected = texts[task.split("/", 1)[1]]
         if task == "blackjack/blackjack_hit":  # hits until the hand ends: 1 to 5 turns of the same text
             assert 1 <= len(trained) <= 5 and set(trained) == set(expected), task
+        elif task.startswith("openair_congestion/"):  # the same action at each of its steps
+            assert trained == expected * openair_returns[task.rsplit("_", 1)[1]][1], task
         else:
             assert trained == expected, task
         assert [mask for mask, _ in spans] == [1, 0] * (len(trained) - 1) + [1], task

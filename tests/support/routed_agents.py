@@ -1,7 +1,8 @@
-"""NeMo-Gym environments played by their own agent server's ``/run`` (``gymnasium_agent``, a routed
-``simple_agent``), started as ``miles-nemogym serve --env NAME --routed`` starts them: the resources
-servers, each environment's agent, and this package's routing model as their ``policy_model``
-(``miles_nemogym.gym.environments``). One cluster per test session (``routed_agents`` fixture)."""
+"""NeMo-Gym environments played by their own agent server's ``/run`` (``gymnasium_agent``,
+``tool_simulation_agent``, a routed ``simple_agent``), started as ``miles-nemogym serve --env NAME
+--routed`` starts them: the resources servers, each environment's agent, and this package's
+routing model as their ``policy_model`` (``miles_nemogym.gym.environments``). One cluster per
+test session (``routed_agents`` fixture)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,12 @@ import pytest
 from miles_nemogym.gym.environments import EnvironmentServers, plan
 from miles_nemogym.gym.venv import BuildLines, GymPythonNotFoundError, ensure_gym_venv
 
-GYMNASIUM = ("blackjack", "example_multi_turn_gymnasium")
+GYMNASIUM = ("blackjack", "example_multi_turn_gymnasium", "openair_congestion")
 """Environments whose config gives them ``gymnasium_agent``."""
+TOOL_SIMULATION = ("swe_pivot",)
+"""Environments whose config gives them ``tool_simulation_agent`` (one policy call, then ``/verify``)."""
+AGENTS = GYMNASIUM + TOOL_SIMULATION
+"""Every environment played by an agent other than ``simple_agent`` that the integration tests drive."""
 ROUTED_SIMPLE = ("mcqa", "workplace_assistant", "xlam_fc")
 """``simple_agent`` environments of the in-process tests, here played through ``simple_agent``'s own ``/run``."""
 
