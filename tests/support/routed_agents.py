@@ -17,6 +17,7 @@ import pytest
 
 from miles_nemogym.gym.environments import EnvironmentServers, plan
 from miles_nemogym.gym.venv import BuildLines, GymPythonNotFoundError, ensure_gym_venv
+from tests.support.env_scripts import ENVIRONMENTS
 
 GYMNASIUM = ("blackjack", "example_multi_turn_gymnasium", "openair_congestion")
 """Environments whose config gives them ``gymnasium_agent``."""
@@ -24,8 +25,9 @@ TOOL_SIMULATION = ("swe_pivot",)
 """Environments whose config gives them ``tool_simulation_agent`` (one policy call, then ``/verify``)."""
 AGENTS = GYMNASIUM + TOOL_SIMULATION
 """Every environment played by an agent other than ``simple_agent`` that the integration tests drive."""
-ROUTED_SIMPLE = ("mcqa", "workplace_assistant", "xlam_fc")
-"""``simple_agent`` environments of the in-process tests, here played through ``simple_agent``'s own ``/run``."""
+ROUTED_SIMPLE = ENVIRONMENTS
+"""The ``simple_agent`` environments of the in-process tests, all of them, here played through
+``simple_agent``'s own ``/run``."""
 
 
 class RoutedAgents:
