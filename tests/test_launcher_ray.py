@@ -23,7 +23,7 @@ from tests.support.ports import free_port as any_free_port
 
 pytestmark = pytest.mark.ray  # a slow tier: left out of `-m "not integration"` (tests/support/tiers.py)
 
-WORKER_PORTS = range(42000, 43000)
+WORKER_PORTS = range(15000, 16000)  # below the picked ports, off the ephemeral range
 
 
 def free_port() -> int:
@@ -31,6 +31,14 @@ def free_port() -> int:
     while (port := any_free_port()) in WORKER_PORTS:
         pass
     return port
+
+
+def ray_log_tails(ray_tmp: Path) -> str:
+    """The last lines of the head's component logs, for a head that did not come up."""
+    logs = sorted((ray_tmp / "session_latest" / "logs").glob("*.err")) + sorted(
+        (ray_tmp / "session_latest" / "logs").glob("*.log")
+    )
+    return "\n".join(f"{log.name}: {log.read_text(errors='replace')[-600:]}" for log in logs[:12])
 
 
 JOB_CODE = (
@@ -82,7 +90,9 @@ def head(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[tuple[RayA
         # A loaded 2-core machine has taken over 120 s to bring the head's dashboard up.
         deadline = time.monotonic() + 300
         while not actions.ray_reachable(address):
-            assert time.monotonic() < deadline, "the Ray head never answered"
+            exit_code = actions.ray_head_exit()
+            assert exit_code is None, f"the Ray head exited ({exit_code}):\n{ray_log_tails(ray_tmp)}"
+            assert time.monotonic() < deadline, f"the Ray head never answered:\n{ray_log_tails(ray_tmp)}"
             time.sleep(1)
         yield actions, address
     finally:

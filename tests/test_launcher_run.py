@@ -47,6 +47,9 @@ class Recorder:
         self.calls.append(("start_ray_head", config.gpus_per_node))
         self.ray_up = True
 
+    def ray_head_exit(self) -> int | None:
+        return None
+
     def stop_ray_head(self) -> None:
         self.calls.append(("stop_ray_head", None))
 
@@ -349,6 +352,26 @@ def test_given_ray_address_that_does_not_answer_is_an_error(tmp_path: Path) -> N
     assert code == 2
     assert actions.names() == ["ray_reachable"]
     assert actions.calls[0][1] == "http://head:8265"
+
+
+class DyingHead(Recorder):
+    """A head whose process exits before its dashboard answers (a port taken, say)."""
+
+    def start_ray_head(self, config: LauncherConfig) -> None:
+        self.calls.append(("start_ray_head", config.gpus_per_node))
+
+    def ray_head_exit(self) -> int | None:
+        return 1
+
+
+def test_a_head_that_exits_fails_the_launch_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    actions = DyingHead(ray_up=False)
+    code, _ = execute(tmp_path, actions, skip_prepare=True)
+    assert code == 1
+    assert actions.names() == ["ray_reachable", "start_ray_head", "ray_reachable", "stop_ray_head"]
+    err = capsys.readouterr().err
+    assert "error: the Ray head exited with code 1 but http://127.0.0.1:8265 does not answer" in err
+    assert "session_latest/logs" in err
 
 
 def test_keep_ray_leaves_the_head_running(tmp_path: Path) -> None:

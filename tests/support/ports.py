@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import socket
+from miles_nemogym.gym.server import free_port as _free_port
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listened on a moment ago."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing holds, outside the ephemeral range (as ``serve`` picks)."""
+    return _free_port("127.0.0.1")

@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import http.client
 import os
+import random
 import shutil
 import signal
 import socket
@@ -46,14 +47,37 @@ class GymServerError(GymEnvironmentError):
     """The server did not start, or died; the message carries its log tail."""
 
 
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST_PORT = 20000  # above Ray's default worker ports (10002-19999) and the well-known ones
+_pick = random.Random()  # a private generator: a test seeding ``random`` does not make servers collide
+
+
+def _listen_ports() -> range:
+    """Ports a server may take: below the OS's ephemeral range, so an outgoing connection
+    never grabs one between picking it and the server's bind (it did, starting 23 servers)."""
+    try:
+        low, high = (int(part) for part in _EPHEMERAL_RANGE.read_text().split())
+    except (OSError, ValueError):
+        low, high = 49152, 65535  # the IANA range (macOS, BSD)
+    return range(_LOWEST_PORT, low) if low - _LOWEST_PORT >= 1000 else range(high + 1, 65536)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS reports free on ``host`` right now."""
+    """A port on ``host`` that nothing holds right now, outside the ephemeral range."""
     bind_host = "127.0.0.1" if is_wildcard(host) else host
     family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
+    ports = _listen_ports()
+    for _ in range(100):
+        port = _pick.choice(ports)
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((bind_host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(family, socket.SOCK_STREAM) as probe:  # a crowded range: any port
         probe.bind((bind_host, 0))
-        port: int = probe.getsockname()[1]
-        return port
+        return int(probe.getsockname()[1])
 
 
 def _default_route_address() -> str:

@@ -269,6 +269,10 @@ class Actions(Protocol):
 
     def start_ray_head(self, config: LauncherConfig) -> None: ...
 
+    def ray_head_exit(self) -> int | None:
+        """The exit code of the head ``start_ray_head`` started; None while it runs."""
+        ...
+
     def stop_ray_head(self) -> None: ...
 
     def submit(self, job: cmd.Job, address: str, submission_id: str) -> int: ...
@@ -320,6 +324,9 @@ class RayActions:
         ]
         print("+ " + shlex.join(argv), flush=True)
         self._head = subprocess.Popen(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+
+    def ray_head_exit(self) -> int | None:
+        return None if self._head is None else self._head.poll()
 
     def stop_ray_head(self) -> None:
         head, self._head = self._head, None
@@ -503,10 +510,17 @@ def execute(
             return EXIT_USAGE
         actions.start_ray_head(config)
         started_head = True
-        deadline = time.monotonic() + 60
+        # A loaded node has taken over 120 s to bring the dashboard up; a head that dies says so at once.
+        deadline = time.monotonic() + 300
         while not actions.ray_reachable(address):
-            if time.monotonic() > deadline:
-                print(f"error: the Ray head started but {redact_url(address)} does not answer", file=sys.stderr)
+            exit_code = actions.ray_head_exit()
+            if exit_code is not None or time.monotonic() > deadline:
+                why = f"exited with code {exit_code}" if exit_code is not None else "started"
+                print(
+                    f"error: the Ray head {why} but {redact_url(address)} does not answer; Ray's logs: "
+                    f"{os.environ.get('RAY_TMPDIR', '/tmp/ray')}/session_latest/logs",
+                    file=sys.stderr,
+                )
                 actions.stop_ray_head()
                 return _EXIT_JOB_FAILED
             time.sleep(1)
