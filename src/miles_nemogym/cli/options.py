@@ -3,14 +3,48 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, get_args
+from typing import TYPE_CHECKING, Annotated, Any, get_args
 
 import typer
 
 from miles_nemogym.data.schema import SUBSETS
 from miles_nemogym.gym.config import SandboxName
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from miles_nemogym.gym.composition import Judge
+
 SANDBOXES: tuple[str, ...] = get_args(SandboxName)
+
+JUDGE_URL_HELP = (
+    "Base URL of an OpenAI-compatible server (e.g. http://judge:8000/v1) that grades the --env "
+    "environments whose configs judge with a model; its key, if any, is read from NEMO_GYM_JUDGE_API_KEY."
+)
+JUDGE_MODEL_HELP = "The model name the --judge-url server serves."
+
+
+def judge_of(console: Console, url: str | None, model: str | None) -> Judge | None:
+    """The judge ``--judge-url``/``--judge-model`` name (None: neither); ``typer.Exit(2)`` naming a bad one."""
+    from pydantic import ValidationError
+    from rich.markup import escape
+
+    from miles_nemogym.gym.composition import Judge
+    from miles_nemogym.validation import problems
+
+    if url is None and model is None:
+        return None
+    if url is None or model is None:
+        given, lacking = ("--judge-url", "--judge-model") if url else ("--judge-model", "--judge-url")
+        console.print(f"[red]error:[/red] {given} needs {lacking} too: a judge is an endpoint and a model name")
+        raise typer.Exit(2)
+    try:
+        return Judge(url=url, model=model)
+    except ValidationError as exc:
+        for line in problems(exc, lambda loc: "--judge-" + ".".join(map(str, loc))):
+            console.print(f"[red]error:[/red] {escape(line)}", highlight=False)
+        raise typer.Exit(2) from None
+
 
 _INSTANCE_IDS_HELP = (
     "Keep only these instances: a file with one id per line (# starts a comment), or a comma-separated list of ids."

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from miles_nemogym.cli.options import SANDBOXES
+from miles_nemogym.cli.options import JUDGE_MODEL_HELP, JUDGE_URL_HELP, SANDBOXES, judge_of
 from miles_nemogym.cli.signals import interrupt_on_sigterm
 
 if TYPE_CHECKING:
@@ -121,10 +121,8 @@ def serve(
             "--swe/--no-swe", help="Run the SWE-bench mini_swe_agent_2 server (--no-swe: only the --env ones)."
         ),
     ] = True,
-    judge_url: Annotated[str | None, typer.Option("--judge-url", metavar="URL", help=_JUDGE_HELP)] = None,
-    judge_model: Annotated[
-        str | None, typer.Option("--judge-model", metavar="NAME", help="The model name the --judge-url server serves.")
-    ] = None,
+    judge_url: Annotated[str | None, typer.Option("--judge-url", metavar="URL", help=JUDGE_URL_HELP)] = None,
+    judge_model: Annotated[str | None, typer.Option("--judge-model", metavar="NAME", help=JUDGE_MODEL_HELP)] = None,
     start_anyway: Annotated[
         bool,
         typer.Option(
@@ -156,7 +154,6 @@ def serve(
     from rich.markup import escape
 
     from miles_nemogym.cli.progress import step_display
-    from miles_nemogym.gym.composition import Judge
     from miles_nemogym.gym.config import ServeOptions, load_provider_options
     from miles_nemogym.gym.environments import EnvironmentServers, plan, refusals
     from miles_nemogym.gym.server import GymServer
@@ -196,18 +193,7 @@ def serve(
     if not swe and not envs:
         console.print("[red]error:[/red] --no-swe serves only the --env environments; name one, e.g. --env mcqa")
         raise typer.Exit(2)
-    judge: Judge | None = None
-    if judge_url is not None or judge_model is not None:
-        if judge_url is None or judge_model is None:
-            given, lacking = ("--judge-url", "--judge-model") if judge_url else ("--judge-model", "--judge-url")
-            console.print(f"[red]error:[/red] {given} needs {lacking} too: a judge is an endpoint and a model name")
-            raise typer.Exit(2)
-        try:
-            judge = Judge(url=judge_url, model=judge_model)
-        except ValidationError as exc:
-            for line in problems(exc, lambda loc: "--judge-" + ".".join(map(str, loc))):
-                console.print(f"[red]error:[/red] {escape(line)}", highlight=False)
-            raise typer.Exit(2) from None
+    judge = judge_of(console, judge_url, judge_model)
     try:
         plans = plan(envs or [], routed=routed)
     except GymEnvironmentError as exc:

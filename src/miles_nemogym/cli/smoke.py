@@ -16,8 +16,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from miles_nemogym.cli.options import JUDGE_MODEL_HELP, JUDGE_URL_HELP, judge_of
+
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from miles_nemogym.gym.composition import Judge
 
 _EXPLANATION = (
     "This run used the 'local' sandbox: commands ran on this machine, not in the SWE-bench task "
@@ -31,6 +35,10 @@ _EPISODE_DIR = "miles-nemogym-smoke-episodes"
 
 _HELP = """Run the five SWE-bench Verified rows nemo-gym ships through the real NeMo-Gym server and
 the agent function, exactly as Miles calls it (no GPU, no Docker).
+
+--env NAME (repeatable) runs a NeMo-Gym environment's shipped rows instead: its resources
+server (and agent server) as `serve --env` starts them, each row played with its gold and a
+wrong answer by the scripted policy (gold scores 1.0, wrong 0.0), or by --policy-base-url.
 
 The first run builds the server's Python 3.13 environment (2-5 minutes, once; pip's log is
 kept next to it) under ~/.cache/miles-nemogym/gym-venv, or $MILES_NEMOGYM_CACHE. The
@@ -85,6 +93,16 @@ def _smoke(
         Path | None,
         typer.Option("--json", help="Also write the result as JSON to this file (one object, every episode)."),
     ] = None,
+    envs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--env",
+            metavar="NAME",
+            help="A NeMo-Gym environment (e.g. mcqa) whose shipped rows to run instead of SWE; repeatable.",
+        ),
+    ] = None,
+    judge_url: Annotated[str | None, typer.Option("--judge-url", metavar="URL", help=JUDGE_URL_HELP)] = None,
+    judge_model: Annotated[str | None, typer.Option("--judge-model", metavar="NAME", help=JUDGE_MODEL_HELP)] = None,
 ) -> None:
     from rich.console import Console
 
@@ -101,13 +119,19 @@ def _smoke(
     if failed:
         show(console, failed)
         raise typer.Exit(2)
+    judge = judge_of(console, judge_url, judge_model)
+    if envs:
+        _smoke_environments(console, envs, judge, policy_base_url, limit, state_dir, keep, episode_dir, json_path)
+        return
+    if judge is not None:
+        console.print("[red]error:[/red] --judge-url grades --env environments; the SWE smoke has no judge")
+        raise typer.Exit(2)
     try:
         rows = gym_wheel.example_rows()[:limit]
     except (OSError, RuntimeError) as error:  # the pinned wheel could not be downloaded or read
         console.print(f"[red]cannot read the example rows nemo-gym ships:[/red] {error}", highlight=False)
         raise typer.Exit(2) from None
-    store = episode_dir or Path(os.environ.get("NEMO_GYM_EPISODE_DIR", "").strip() or _EPISODE_DIR)
-    store = Path(os.path.abspath(store.expanduser()))  # the closing hint works from any folder (no link resolved)
+    store = _store_path(episode_dir)
     folder = state_dir or Path(tempfile.mkdtemp(prefix="miles-nemogym-smoke-"))
     kept = state_dir is not None or keep
     worked = False
@@ -118,6 +142,93 @@ def _smoke(
             shutil.rmtree(folder, ignore_errors=True)
         elif not kept:
             console.print(f"kept {folder} (the server's log and trajectories) since the run failed", highlight=False)
+    if not worked:
+        raise typer.Exit(1)
+
+
+def _store_path(episode_dir: Path | None) -> Path:
+    store = episode_dir or Path(os.environ.get("NEMO_GYM_EPISODE_DIR", "").strip() or _EPISODE_DIR)
+    return Path(os.path.abspath(store.expanduser()))  # the closing hint works from any folder (no link resolved)
+
+
+def _smoke_environments(
+    console: Console,
+    envs: list[str],
+    judge: Judge | None,
+    policy_base_url: str | None,
+    limit: int | None,
+    state_dir: Path | None,
+    keep: bool,
+    episode_dir: Path | None,
+    json_path: Path | None,
+) -> None:
+    """``smoke --env``: the environments' shipped rows, one line per episode, a table per environment."""
+    from rich.markup import escape
+
+    from miles_nemogym.cli.progress import step_display
+    from miles_nemogym.cli.smoke_view import ENVIRONMENT_LEGEND, environment_json, environment_line, environment_tables
+    from miles_nemogym.gym.venv import GymEnvironmentError
+    from miles_nemogym.smoke.environments import EnvironmentEpisode, check_environments, run_environment_smoke
+
+    try:
+        check_environments(envs, judge)  # before anything starts: a typo or a refused environment, with the reason
+    except GymEnvironmentError as error:
+        console.print(f"[red]error:[/red] --env: {escape(str(error))}", highlight=False)
+        raise typer.Exit(2) from None
+    store = _store_path(episode_dir)
+    folder = state_dir or Path(tempfile.mkdtemp(prefix="miles-nemogym-smoke-"))
+    kept = state_dir is not None or keep
+    played = "your model" if policy_base_url else "the scripted policy (each row's gold and a wrong answer)"
+    console.print(f"smoke: the shipped rows of {', '.join(envs)}, played by {played}", highlight=False)
+    worked = False
+    try:
+        with step_display(console) as progress, _quiet_episode_warnings():
+
+            def finished(episode: EnvironmentEpisode) -> None:
+                console.print(environment_line(episode), highlight=False)
+
+            report = run_environment_smoke(
+                envs,
+                state_dir=folder,
+                episode_dir=store,
+                limit=limit or 5,
+                judge=judge,
+                policy_base_url=policy_base_url,
+                progress=progress,
+                on_episode=finished,
+            )
+        tables, notes = environment_tables(report)
+        for table in tables:
+            console.print(table)
+        for number, text in enumerate(notes, 1):
+            console.print(f"[{number}] {text}", highlight=False, markup=False)
+        console.print(ENVIRONMENT_LEGEND, highlight=False)
+        if json_path is not None:
+            json_path.parent.mkdir(parents=True, exist_ok=True)
+            json_path.write_text(json.dumps(environment_json(report), indent=2) + "\n", encoding="utf-8")
+            console.print(f"json: {json_path}", highlight=False)
+        worked = report.chain_worked
+        if not worked:
+            console.print(
+                "[red]the chain did not work: the episodes with a note above did not come back as "
+                f"expected; the servers' logs are in {folder}[/red]",
+                highlight=False,
+            )
+        if report.store_errors:
+            console.print(
+                f"[red]the episode store {store} could not write {report.store_errors} episode(s) or seal(s)[/red]",
+                highlight=False,
+            )
+        console.print(f"episodes stored in {store} as train step {report.step}; look at them with:", highlight=False)
+        console.print(f"  miles-nemogym episodes {shlex.quote(str(store))}", highlight=False, soft_wrap=True)
+    except GymEnvironmentError as error:
+        console.print(f"[red]cannot start the environments' servers:[/red] {escape(str(error))}", highlight=False)
+        raise typer.Exit(2) from None
+    finally:
+        if kept or not worked:
+            console.print(f"the servers' logs: {folder}", highlight=False, soft_wrap=True)
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
     if not worked:
         raise typer.Exit(1)
 

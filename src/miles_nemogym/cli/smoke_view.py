@@ -17,6 +17,7 @@ from rich import box
 from rich.table import Table
 
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text, passed, verdict
+from miles_nemogym.smoke.environments import EnvironmentEpisode, EnvironmentSmokeReport
 from miles_nemogym.smoke.run import OFFLINE_REASON, SmokeEpisode, SmokeReport, is_offline_failure
 
 LEGEND = (
@@ -154,5 +155,97 @@ def report_json(report: SmokeReport) -> dict[str, Any]:
                 "nemogym": episode.record.model_dump(mode="json") if episode.record else {},
             }
             for episode, number in zip(report.episodes, notes.numbers, strict=True)
+        ],
+    }
+
+
+# -- smoke --env: environment rows ------------------------------------------------------
+
+ENVIRONMENT_LEGEND = (
+    "answer: the row's gold answer, a wrong one, a plain reply (its rows carry no gold smoke can "
+    "read) or your model's; verdict: passed, failed, or the failure kind of an episode set aside; "
+    "turns: model calls the record counts; calls: requests the policy answered."
+)
+
+
+def _environment_verdict(episode: EnvironmentEpisode) -> str:
+    record = episode.record
+    if record is None:
+        return "no record"
+    return verdict(masked=record.mask_sample, failure_kind=record.failure_kind, swe=False, passed=episode.passed)
+
+
+def environment_line(episode: EnvironmentEpisode) -> str:
+    """The line printed as one environment episode finishes (rich markup)."""
+    record = episode.record
+    took = f", {record.elapsed_s:.1f} s" if record else ""
+    mark = "[red]✗[/red]" if episode.surprise else "[green]✓[/green]"
+    return (
+        f"{mark} {episode.task_id}  {episode.answer} {_environment_verdict(episode)}, "
+        f"reward {reward_text(episode.reward)}{took}"
+    )
+
+
+def environment_tables(report: EnvironmentSmokeReport) -> tuple[list[Table], list[str]]:
+    """One table per environment (fits 80 columns) and the numbered notes under them: why an
+    episode says the chain is broken (a gold answer that failed, a wrong one that passed, ...)."""
+    notes: list[str] = []
+    tables = []
+    for environment in report.plans:
+        episodes = [e for e in report.episodes if e.environment == environment.name]
+        prefix = f"{environment.name}/"
+        width = max([len("task"), *(len(e.task_id.removeprefix(prefix)) for e in episodes)])
+        table = Table(
+            title=f"{environment.name}: {len(episodes)} episode(s)",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            padding=(0, 1, 0, 0),
+            pad_edge=False,
+        )
+        table.add_column("task", no_wrap=True, min_width=min(width, 36), max_width=36, overflow="ellipsis")
+        table.add_column("answer", no_wrap=True)
+        table.add_column("verdict", overflow="fold")
+        for name in ("turns", "calls", "reward"):
+            table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
+        for episode in episodes:
+            record = episode.record
+            shown = _environment_verdict(episode)
+            if episode.surprise:
+                text = f"{episode.task_id}: {episode.surprise}"
+                notes.append(text)
+                shown = f"[red]{shown}[/red] [{len(notes)}]"
+            else:
+                shown = f"[green]{shown}[/green]" if episode.passed else shown
+            table.add_row(
+                episode.task_id.removeprefix(prefix),
+                episode.answer,
+                shown,
+                count_text(record.turns if record else None),
+                "-" if episode.policy_calls is None else str(episode.policy_calls),
+                reward_text(episode.reward),
+            )
+        tables.append(table)
+    return tables, notes
+
+
+def environment_json(report: EnvironmentSmokeReport) -> dict[str, Any]:
+    """The environment run as one JSON document (``--json FILE``)."""
+    return {
+        "chain_worked": report.chain_worked,
+        "environments": [p.name for p in report.plans],
+        "episode_store": str(report.episode_dir) if report.episode_dir else None,
+        "episode_store_step": report.step,
+        "episodes": [
+            {
+                "environment": episode.environment,
+                "task_id": episode.task_id,
+                "answer": episode.answer,
+                "verdict": _environment_verdict(episode),
+                "reward": episode.reward,
+                "problem": episode.surprise,
+                "policy_calls": episode.policy_calls,
+                "nemogym": episode.record.model_dump(mode="json") if episode.record else {},
+            }
+            for episode in report.episodes
         ],
     }

@@ -3,7 +3,9 @@
 Stands in for Miles' session server + SGLang in the smoke run and the tests that drive
 an episode without Miles: records every request per session and answers like a policy
 driving mini-swe-agent 2.1.0 through its ``bash`` tool until it submits a patch
-(docs/launcher.md, "The chain without a GPU"). Async or sync context manager.
+(docs/launcher.md, "The chain without a GPU"), or, for a session given ``answers``, plays
+those turns (an environment's gold or wrong answer, ``smoke/answers.py``). Async or sync
+context manager.
 """
 
 from __future__ import annotations
@@ -64,6 +66,18 @@ class RecordedRequest:
 
 
 @dataclass(frozen=True)
+class Answer:
+    """One scripted assistant turn: text and/or tool calls ``(name, arguments)``."""
+
+    content: str | None = None
+    tool_calls: tuple[tuple[str, Mapping[str, Any]], ...] = ()
+
+
+FINAL_ANSWER = Answer(content="Done.")
+"""What a session with ``answers`` says once they are played: no tool call, so the loop ends."""
+
+
+@dataclass(frozen=True)
 class Script:
     """How the policy answers in one session."""
 
@@ -74,6 +88,8 @@ class Script:
     """Seconds to wait before each answer."""
     slow: bool = False
     """Hold every answer until ``RecordingPolicy.release()`` (or stop)."""
+    answers: tuple[Answer, ...] = ()
+    """Turns to play instead of the bash script (then ``FINAL_ANSWER``)."""
 
     def command_for_turn(self, turn: int) -> str:
         if turn < self.look_around_turns and self.look_around_commands:
@@ -133,6 +149,41 @@ def _chat_completion(body: Mapping[str, Any], command: str, turn: int) -> dict[s
                 "index": 0,
                 "message": {"role": "assistant", "content": content, "tool_calls": [tool_call]},
                 "finish_reason": "tool_calls",
+                "logprobs": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+def _answer_completion(body: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
+    """An OpenAI chat.completion saying ``answer``."""
+    message: dict[str, Any] = {"role": "assistant", "content": answer.content}
+    if answer.tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(dict(arguments))},
+            }
+            for name, arguments in answer.tool_calls
+        ]
+    prompt_tokens = _estimate_tokens(body.get("messages", []))
+    completion_tokens = _estimate_tokens(message)
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": str(body.get("model", "policy")),
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if answer.tool_calls else "stop",
                 "logprobs": None,
             }
         ],
@@ -276,6 +327,9 @@ class RecordingPolicy:
             await asyncio.sleep(script.delay)
         if script.slow and self._release is not None:
             await self._release.wait()
+        if script.answers:
+            answer = script.answers[turn] if turn < len(script.answers) else FINAL_ANSWER
+            return web.json_response(_answer_completion(body, answer))
         return web.json_response(_chat_completion(body, script.command_for_turn(turn), turn))
 
     async def _other(self, request: web.Request) -> web.Response:

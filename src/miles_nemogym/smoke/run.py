@@ -130,7 +130,10 @@ async def run_rows(
             try:
                 on_done(index, result)
             except Exception:  # a display problem must not lose the episode's result
-                logging.getLogger(__name__).exception("smoke: reporting %s failed", row["metadata"]["instance_id"])
+                meta = row["metadata"]
+                logging.getLogger(__name__).exception(
+                    "smoke: reporting %s failed", meta.get("instance_id") or meta.get("nemogym_task_id")
+                )
         return result
 
     try:
@@ -176,7 +179,7 @@ def _server_trajectory(results_dir: Path, instance_id: str, since: float) -> Pat
     return max(found)[1] if found else None
 
 
-def _next_step(episode_dir: Path) -> int:
+def next_step(episode_dir: Path) -> int:
     """The train step after the last one in the store (0 for a new store): each smoke run is one step."""
     steps = [e.step for e in reader.load(episode_dir).episodes if e.role == "train" and e.step is not None]
     return max(steps, default=-1) + 1
@@ -251,7 +254,7 @@ def run_smoke(
             results = asyncio.run(run_rows(rows, urls, _SMOKE_SAMPLING, settings, done, store_extra(None)))
             counts = [None] * len(rows)
     if episode_dir is not None:
-        report.episode_dir, report.step = episode_dir, _next_step(episode_dir)
+        report.episode_dir, report.step = episode_dir, next_step(episode_dir)
         state.stores.seal_all("train", report.step)
         store = state.stores.get(str(episode_dir))
         store.flush()

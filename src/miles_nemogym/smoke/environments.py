@@ -1,0 +1,208 @@
+"""``miles-nemogym smoke --env NAME``: an environment's shipped rows end to end, no GPU.
+
+The real resources servers (and agent servers, as ``serve --env`` starts them), the rows as
+``convert --env`` writes them and the agent function as Miles calls it, against the scripted
+policy playing each row's gold and wrong answer (``smoke/answers.py``), or against a real
+model (``--policy-base-url``). Each run is one train step of the episode store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from miles_nemogym import state
+from miles_nemogym.data.environments import task_key, to_environment_row
+from miles_nemogym.episode.record import EpisodeRecord, passed, read_record
+from miles_nemogym.gym import wheel as gym_wheel
+from miles_nemogym.gym.composition import Judge
+from miles_nemogym.gym.environments import EnvironmentPlan, EnvironmentServers, plan, refusals, setting
+from miles_nemogym.gym.venv import GymEnvironmentError, ensure_gym_venv
+from miles_nemogym.settings import Settings
+from miles_nemogym.smoke.answers import GOLD, PLAIN, PLAIN_ANSWER, WRONG, answers
+from miles_nemogym.smoke.policy import Answer, RecordingPolicy
+from miles_nemogym.smoke.run import next_step, run_rows
+
+MODEL = "model"
+"""The answer label of an episode a real model played (``--policy-base-url``)."""
+
+_SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 1024, "seed": 1234}
+_ROWS = "resources_servers/{}/data/example.jsonl"
+
+
+@dataclass
+class EnvironmentEpisode:
+    """One played row: which answer, what the agent function returned, the policy's calls."""
+
+    environment: str
+    task_id: str
+    answer: str
+    """``gold``, ``wrong``, ``plain`` (the rows carry no gold) or ``model``."""
+    result: dict[str, Any]
+    policy_calls: int | None = None
+
+    @property
+    def record(self) -> EpisodeRecord | None:
+        return read_record(self.result).record
+
+    @property
+    def reward(self) -> Any:
+        return self.result.get("reward")
+
+    @property
+    def passed(self) -> bool:
+        record = self.record
+        return record is not None and passed(record, self.reward)
+
+    @property
+    def surprise(self) -> str | None:
+        """Why this episode says the chain is broken, or None: a gold answer that did not pass,
+        a wrong one that did, an episode set aside or without a record."""
+        record = self.record
+        if record is None:
+            return "no episode record came back"
+        if record.mask_sample:
+            return f"set aside ({record.failure_kind}): {record.failure_reason or 'no reason given'}"
+        if self.answer == GOLD and not self.passed:
+            return f"the row's gold answer scored {self.reward}, not a pass"
+        if self.answer == WRONG and self.passed:
+            return f"a wrong answer scored {self.reward}, a pass"
+        return None
+
+
+@dataclass
+class EnvironmentSmokeReport:
+    episodes: list[EnvironmentEpisode] = field(default_factory=list)
+    plans: list[EnvironmentPlan] = field(default_factory=list)
+    episode_dir: Path | None = None
+    step: int | None = None
+    store_errors: int = 0
+    logs: dict[str, Path] = field(default_factory=dict)
+    """Environment -> its resources server's log."""
+
+    @property
+    def chain_worked(self) -> bool:
+        return bool(self.episodes) and all(episode.surprise is None for episode in self.episodes)
+
+
+def _server_folder(environment: EnvironmentPlan) -> str:
+    return environment.config.split("/")[1]  # resources_servers/<folder>/configs/<file>
+
+
+def shipped_rows(environment: EnvironmentPlan, limit: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The first ``limit`` example rows the wheel ships for the environment: each as shipped and
+    as ``convert --env`` writes it."""
+    member = _ROWS.format(_server_folder(environment))
+    try:
+        text = gym_wheel.read_member(member).decode("utf-8")
+    except KeyError:
+        raise GymEnvironmentError(
+            f"{environment.name}: nemo-gym ships no example rows for it (no {member}); "
+            "smoke needs them: try an environment that ships some, e.g. --env mcqa"
+        ) from None
+    rows: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for index, line in enumerate(text.splitlines()):
+        if len(rows) == limit:
+            break
+        if not line.strip():
+            continue
+        raw = json.loads(line)
+        row = to_environment_row(raw, environment.name, f"{environment.name}/{task_key(raw, index)}")
+        if not isinstance(row, dict):  # a FieldProblem: the shipped row cannot run as it is
+            raise GymEnvironmentError(f"{environment.name}: its shipped row {index + 1} cannot run: {row}")
+        rows.append((raw, row))
+    return rows
+
+
+def check_environments(names: Sequence[str], judge: Judge | None = None) -> list[EnvironmentPlan]:
+    """The plans of ``names``, or ``GymEnvironmentError`` naming each that smoke cannot run."""
+    plans = plan(names)
+    refused = refusals(plans, judge)
+    if refused:
+        raise GymEnvironmentError("; ".join(refused))
+    return plans
+
+
+def run_environment_smoke(
+    names: Sequence[str],
+    *,
+    state_dir: Path,
+    episode_dir: Path | None = None,
+    limit: int = 5,
+    judge: Judge | None = None,
+    policy_base_url: str | None = None,
+    progress: Callable[[str], None] | None = None,
+    on_episode: Callable[[EnvironmentEpisode], None] | None = None,
+) -> EnvironmentSmokeReport:
+    """Serve ``names``, play their shipped rows, stop everything; the servers' logs stay in ``state_dir``."""
+    say = progress or (lambda _line: None)
+    plans = check_environments(names, judge)
+    report = EnvironmentSmokeReport(plans=plans)
+    # (environment, row as converted, label, the turns the scripted policy plays)
+    played: list[tuple[EnvironmentPlan, dict[str, Any], str, tuple[Answer, ...]]] = []
+    for environment in plans:
+        for raw, row in shipped_rows(environment, limit):
+            if policy_base_url is not None:
+                played.append((environment, row, MODEL, ()))
+            else:
+                known = answers(_server_folder(environment), raw) or {PLAIN: PLAIN_ANSWER}
+                played += [(environment, row, label, turns) for label, turns in known.items()]
+    venv = ensure_gym_venv("local", progress=say)
+    with RecordingPolicy() as policy:
+        # An agent server's model calls reach the sample's session through the routing model,
+        # which forwards only to the session servers it is given: here, the scripted policy.
+        served = urlsplit(policy_base_url or policy.url).netloc
+        servers = EnvironmentServers(
+            venv, plans, state_dir=state_dir, progress=say, judge=judge, session_servers=[served]
+        )
+        try:
+            servers.start()
+            report.logs = {p.name: servers.log_path(p.instance) for p in plans}
+            settings = Settings.from_env().with_overrides(
+                environments_text=setting(plans, servers.urls(), servers.agent_urls())
+            )
+            if episode_dir is not None:
+                settings = settings.with_overrides(episode_dir=str(episode_dir))
+            if policy_base_url is None:
+                urls = [policy.session_url() for _ in played]
+                for url, (_, _, _, turns) in zip(urls, played, strict=True):
+                    policy.configure_session(RecordingPolicy.session_id_of(url), answers=turns)
+            else:
+                urls = [policy_base_url] * len(played)
+
+            def calls(index: int) -> int | None:
+                if policy_base_url is not None:
+                    return None
+                return len(policy.chat_requests(RecordingPolicy.session_id_of(urls[index])))
+
+            def episode(index: int, result: dict[str, Any]) -> EnvironmentEpisode:
+                environment, row, label, _ = played[index]
+                task_id = row["metadata"]["nemogym_task_id"]
+                return EnvironmentEpisode(environment.name, task_id, label, result, calls(index))
+
+            def done(index: int, result: dict[str, Any]) -> None:
+                if on_episode is not None:
+                    on_episode(episode(index, result))
+
+            def extra(index: int, _started: float) -> dict[str, Any]:
+                return {"policy_calls": calls(index), "smoke_answer": played[index][2]}
+
+            say(f"running {len(played)} episodes of {len(plans)} environment(s)")
+            rows = [row for _, row, _, _ in played]
+            results = asyncio.run(run_rows(rows, urls, _SAMPLING, settings, done, extra))
+            report.episodes = [episode(index, result) for index, result in enumerate(results)]
+        finally:
+            servers.stop()
+    if episode_dir is not None:
+        report.episode_dir, report.step = episode_dir, next_step(episode_dir)
+        state.stores.seal_all("train", report.step)
+        store = state.stores.get(str(episode_dir))
+        store.flush()
+        report.store_errors = store.write_errors
+        state.stores.close()
+    return report

@@ -1,0 +1,70 @@
+"""``miles-nemogym smoke --env``: the real resources servers (and blackjack's gymnasium agent
+with the routing model) play their shipped rows through the agent function, gold 1.0 and
+wrong 0.0, one line per episode and a table per environment at 80 columns, the episode store
+``episodes`` reads, and nothing left behind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from miles_nemogym.cli.main import app
+from miles_nemogym.smoke.answers import GOLD, PLAIN, WRONG
+from miles_nemogym.smoke.environments import EnvironmentEpisode
+
+pytestmark = pytest.mark.integration
+
+GRADED = ("mcqa", "workplace_assistant", "xlam_fc")
+
+
+@pytest.mark.timeout(900)
+def test_smoke_env_plays_gold_and_wrong_answers_through_the_real_servers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr("tempfile.tempdir", None)  # read TMPDIR again
+    store, report = tmp_path / "store", tmp_path / "smoke.json"
+    args = [f"--env={name}" for name in (*GRADED, "blackjack")]
+    done = CliRunner().invoke(app, ["smoke", *args, "--limit", "2", "--episode-dir", str(store), "--json", str(report)])
+    assert done.exit_code == 0, done.output
+    lines = done.output.splitlines()
+    long = [line for line in lines if len(line) > 80 and not line.startswith("  miles-nemogym episodes ")]
+    assert not long  # the command to copy is the one line never wrapped
+    for name in (*GRADED, "blackjack"):
+        assert any(line.startswith(f"{name}: ") and "episode(s)" in line for line in lines), name  # its table
+    assert lines[-1] == f"  miles-nemogym episodes {store}"
+    assert not any(temp.iterdir())  # the servers' folder is removed after a run that worked
+
+    result = json.loads(report.read_text())
+    assert result["chain_worked"] is True
+    episodes = result["episodes"]
+    for name in GRADED:
+        mine = [e for e in episodes if e["environment"] == name]
+        assert sorted(e["answer"] for e in mine) == [GOLD, GOLD, WRONG, WRONG], name
+        for episode in mine:
+            assert episode["problem"] is None, episode
+            assert episode["nemogym"]["mask_sample"] is False
+            expected = (1.0, "passed") if episode["answer"] == GOLD else (0.0, "failed")
+            assert (episode["reward"], episode["verdict"]) == expected, episode
+            assert f"✓ {episode['task_id']}  {episode['answer']} {episode['verdict']}, reward" in done.output
+    # blackjack's rows carry no gold: one plain reply each, played by its own agent server's /run.
+    games = [e for e in episodes if e["environment"] == "blackjack"]
+    assert [e["answer"] for e in games] == [PLAIN, PLAIN]
+    assert all(not e["nemogym"]["mask_sample"] and -1.0 <= e["reward"] <= 1.0 for e in games), games
+
+    browsed = CliRunner().invoke(app, ["episodes", str(store)])
+    assert browsed.exit_code == 0, browsed.output
+    row = next(line for line in browsed.output.splitlines() if line.startswith("train"))
+    assert row.split()[:3] == ["train", "0", str(len(episodes))]  # one step, every episode in it
+
+    # A gold answer that fails, or a wrong one that passes, is what smoke flags (exit 1).
+    gold = next(e for e in episodes if e["answer"] == GOLD)
+    as_wrong = EnvironmentEpisode(
+        gold["environment"], gold["task_id"], WRONG, {"reward": 1.0, "nemogym": gold["nemogym"]}
+    )
+    assert as_wrong.surprise == "a wrong answer scored 1.0, a pass"

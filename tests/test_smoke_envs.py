@@ -1,0 +1,141 @@
+"""``smoke --env``'s parts without servers: the answers read from each shipped row, the policy
+playing them, names refused before anything starts, and the report's layout at 80 columns.
+The real chain (resources servers, agent servers, the store): tests/integration/test_smoke_envs.py."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from miles_nemogym.cli.main import app
+from miles_nemogym.cli.smoke_view import environment_line, environment_tables
+from miles_nemogym.gym.environments import plan
+from miles_nemogym.smoke import environments as smoke_envs
+from miles_nemogym.smoke.answers import GOLD, WRONG, answers, has_rule
+from miles_nemogym.smoke.environments import EnvironmentEpisode, EnvironmentSmokeReport, shipped_rows
+from miles_nemogym.smoke.policy import FINAL_ANSWER, Answer, RecordingPolicy
+from tests.support.environment_rows import shipped_rows as raw_rows
+
+RULED = ("mcqa", "math_with_judge", "equivalence_rule", "xlam_fc", "workplace_assistant", "example_multi_step")
+
+
+@pytest.mark.parametrize("server", RULED)
+def test_every_shipped_row_of_a_ruled_server_gets_a_gold_and_a_different_wrong_answer(server: str) -> None:
+    rows = raw_rows(server)
+    assert rows and has_rule(server)
+    for row in rows:
+        found = answers(server, row)
+        assert set(found) == {GOLD, WRONG}, row
+        assert found[GOLD] != found[WRONG]
+
+
+def test_answers_say_what_the_row_holds() -> None:
+    mcqa = raw_rows("mcqa")[0]
+    found = answers("mcqa", mcqa)
+    assert found[GOLD] == (Answer(content=f"The answer is \\boxed{{{mcqa['expected_answer']}}}"),)
+    assert mcqa["expected_answer"] not in (found[WRONG][0].content or "").split("{")[1]
+    xlam = raw_rows("xlam_fc")[0]
+    calls = found_calls = answers("xlam_fc", xlam)[GOLD][0].tool_calls
+    assert [name for name, _ in found_calls] == [call["name"] for call in xlam["expected_answers"]]
+    assert [dict(arguments) for _, arguments in calls] == [call["arguments"] for call in xlam["expected_answers"]]
+    # A server without a rule, or a row without its gold, gets none: smoke plays a plain reply.
+    assert answers("code_gen", raw_rows("code_gen")[0]) == {}
+    assert answers("mcqa", {"options": [{"A": "x"}]}) == {}
+    assert answers("workplace_assistant", {"ground_truth": []}) == {}
+
+
+async def test_the_policy_plays_a_sessions_answers_then_ends_the_loop() -> None:
+    played = (Answer(tool_calls=(("lookup", {"q": "x"}), ("other", {}))), Answer(content="It is B."))
+    body = {"model": "policy", "messages": [{"role": "user", "content": "?"}]}
+    async with RecordingPolicy() as policy, aiohttp.ClientSession() as client:
+        url = policy.session_url("s")
+        policy.configure_session("s", answers=played)
+        said = []
+        for _ in range(3):
+            async with client.post(f"{url}/v1/chat/completions", json=body) as response:
+                assert response.status == 200
+                said.append((await response.json())["choices"][0])
+    first, second, third = said
+    assert first["finish_reason"] == "tool_calls"
+    calls = first["message"]["tool_calls"]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("lookup", {"q": "x"}),
+        ("other", {}),
+    ]
+    assert (second["finish_reason"], second["message"]["content"]) == ("stop", "It is B.")
+    assert "tool_calls" not in second["message"]
+    assert third["message"]["content"] == FINAL_ANSWER.content
+
+
+def test_shipped_rows_are_converted_as_convert_writes_them() -> None:
+    (mcqa,) = plan(["mcqa"])
+    rows = shipped_rows(mcqa, 2)
+    assert len(rows) == 2
+    raw, row = rows[0]
+    assert row["metadata"]["nemogym_env"] == "mcqa"
+    assert row["metadata"]["nemogym_task_id"] == f"mcqa/{raw['uuid']}"
+    assert row["prompt"][-1]["role"] == "user"
+
+
+def invoke(*args: str) -> Any:
+    return CliRunner().invoke(app, ["smoke", *args])
+
+
+def test_a_mistyped_or_refused_environment_is_an_error_before_anything_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    def never(*_: Any, **__: Any) -> None:
+        raise AssertionError("nothing starts for a refused --env")
+
+    monkeypatch.setattr(smoke_envs, "ensure_gym_venv", never)
+    typo = invoke("--env", "mcq")
+    assert typo.exit_code == 2, typo.output
+    assert "error: --env:" in typo.output and "mcqa" in typo.output  # the close match
+    judged = invoke("--env", "abstention")
+    assert judged.exit_code == 2, judged.output
+    assert "abstention" in judged.output and "judge" in judged.output
+
+
+def _episode(task: str, answer: str, reward: float, *, masked: bool = False) -> EnvironmentEpisode:
+    record = {"status": "failed" if masked else "ok", "failure_kind": "resources_server_error" if masked else None,
+              "failure_reason": "verify answered 500" if masked else None, "mask_sample": masked, "turns": 1,
+              "tool_calls": 0, "elapsed_s": 0.4, "environment": "mcqa"}  # fmt: skip
+    return EnvironmentEpisode("mcqa", task, answer, {"reward": reward, "nemogym": record}, 1)
+
+
+LONG = "mcqa/3c26f339-4b88-54be-b72a-e9c438ca6335-with-a-longer-suffix-than-any-shipped"
+
+
+def test_the_report_reads_at_80_columns_and_flags_what_did_not_come_back_as_expected() -> None:
+    episodes = [
+        _episode(LONG, GOLD, 1.0),
+        _episode(LONG, WRONG, 0.0),
+        _episode("mcqa/2", GOLD, 0.0),  # gold that failed: the chain is broken
+        _episode("mcqa/2", WRONG, 1.0),  # wrong that passed
+        _episode("mcqa/3", GOLD, 0.0, masked=True),
+    ]
+    (mcqa,) = plan(["mcqa"])
+    report = EnvironmentSmokeReport(episodes=episodes, plans=[mcqa])
+    assert not report.chain_worked
+    assert [e.surprise is None for e in episodes] == [True, True, False, False, False]
+    tables, notes = environment_tables(report)
+    assert notes == [
+        "mcqa/2: the row's gold answer scored 0.0, not a pass",
+        "mcqa/2: a wrong answer scored 1.0, a pass",
+        "mcqa/3: set aside (resources_server_error): verify answered 500",
+    ]
+    for width in (80, 120):
+        console = Console(width=width, record=True, color_system=None)
+        for table in tables:
+            console.print(table)
+        for episode in episodes:
+            console.print(environment_line(episode), highlight=False)
+        lines = console.export_text().splitlines()
+        assert all(len(line) <= width for line in lines), lines
+        text = "\n".join(lines)
+        assert "failed [1]" in text and "passed [2]" in text and "resources_server_error" in text
+    assert report.chain_worked is False
+    assert EnvironmentSmokeReport(episodes=episodes[:2], plans=[mcqa]).chain_worked
