@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from miles_nemogym.cli.main import app
 from miles_nemogym.smoke.answers import GOLD, PLAIN, WRONG
 from miles_nemogym.smoke.environments import EnvironmentEpisode
+from miles_nemogym.store import reader
 
 pytestmark = pytest.mark.integration
 
@@ -61,6 +62,17 @@ def test_smoke_env_plays_gold_and_wrong_answers_through_the_real_servers(
     assert browsed.exit_code == 0, browsed.output
     row = next(line for line in browsed.output.splitlines() if line.startswith("train"))
     assert row.split()[:3] == ["train", "0", str(len(episodes))]  # one step, every episode in it
+
+    # A tool call shows as the tool's name and arguments, as the policy made it.
+    reply = next(e for e in episodes if e["environment"] == "workplace_assistant" and e["answer"] == GOLD)
+    (episode_id,) = [
+        e.episode_id
+        for e in reader.load(store).episodes
+        if e.instance_id == reply["task_id"] and e.entry.get("smoke_answer") == GOLD  # which answer it played
+    ]
+    shown = CliRunner().invoke(app, ["episodes", str(store), "--show", episode_id])
+    assert shown.exit_code == 0, shown.output
+    assert "  $ email_reply_email {" in shown.output, shown.output
 
     # A gold answer that fails, or a wrong one that passes, is what smoke flags (exit 1).
     gold = next(e for e in episodes if e["answer"] == GOLD)

@@ -294,7 +294,8 @@ def _message_text(item: dict[str, Any]) -> str:
     return "\n".join(text for text in (_text_of(item.get("content")), _text_of(item.get("summary"))) if text)
 
 
-def _command(arguments: Any) -> str:
+def _command(name: Any, arguments: Any) -> str:
+    """A bash call as its command line; another tool's call as its name and JSON arguments."""
     if isinstance(arguments, str):
         try:
             parsed = json.loads(arguments)
@@ -304,7 +305,8 @@ def _command(arguments: Any) -> str:
     command = arguments.get("command") if isinstance(arguments, dict) else None
     if isinstance(command, str):
         return command
-    return _json(arguments)
+    shown = _json(arguments)
+    return f"{name} {shown}" if isinstance(name, str) and name and name != "bash" else shown
 
 
 def _turns_of(answer: Any) -> list[Turn]:
@@ -327,7 +329,7 @@ def _turns_of(answer: Any) -> list[Turn]:
             current = Turn()
             turns.append(current)
         if kind == "function_call":
-            current.commands.append(_command(item.get("arguments")))
+            current.commands.append(_command(item.get("name"), item.get("arguments")))
         else:
             text = _message_text(item) if isinstance(item, dict) else _json(item)
             current.thought = f"{current.thought}\n{text}".strip() if current.thought else text
