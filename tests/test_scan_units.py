@@ -22,6 +22,7 @@ from miles_nemogym.scan.report import Counts, ScanProgress
 from miles_nemogym.scan.results import ResultLine, ResultsWriter, read_results
 from miles_nemogym.scan.selection import select
 from miles_nemogym.scan.verdict import reason_of, verdict_of
+from tests.support.environment_rows import shipped_rows
 from tests.support.fault_server import FaultServer
 from tests.support.prompt_rows import converter_rows, write_jsonl
 
@@ -80,6 +81,19 @@ def test_bad_rows_are_refused_with_their_line(
     path = write_jsonl(tmp_path / "rows.jsonl", mutate(copy.deepcopy(gym_example_rows)))
     with pytest.raises(InputError, match=re.escape(message)):
         load_tasks(path, golden=golden)
+
+
+def test_environment_rows_are_refused_naming_smoke_env(tmp_path: Path) -> None:
+    raw = shipped_rows("mcqa")[0]
+    converted = {"prompt": [], "metadata": {**raw, "nemogym_env": "mcqa", "nemogym_task_id": "mcqa/0"}}
+    for row in (converted, raw, {**raw, "agent_ref": {"name": "mcqa_simple_agent"}}):
+        path = write_jsonl(tmp_path / "rows.jsonl", [row])
+        with pytest.raises(InputError) as refused:
+            load_tasks(path, golden=True)
+        said = str(refused.value)
+        assert said.startswith(f"{path}:1: a row of NeMo-Gym environment "), said
+        assert "scan runs SWE-bench rows" in said
+        assert "miles-nemogym smoke --env mcqa" in said or "miles-nemogym smoke --env NAME" in said
 
 
 def test_instance_ids_from_a_file_or_a_list_then_limit(tmp_path: Path, gym_example_rows: list[dict[str, Any]]) -> None:

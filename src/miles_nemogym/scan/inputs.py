@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from miles_nemogym.data.environments import environment_of_row, is_environment_row
 from miles_nemogym.data.schema import SUBSETS, TEST_LIST_FIELDS, decode_test_list
 from miles_nemogym.data.sources import SourceError, open_file
+from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT
 from miles_nemogym.errors import MilesNemoGymError
 
 
@@ -53,6 +55,14 @@ def _task_metadata(row: Any, where: str) -> dict[str, Any]:
     if not isinstance(row, Mapping):
         raise InputError(f"{where}: expected a JSON object, got {type(row).__name__}")
     inner = row.get("metadata")
+    environment = _environment_of(row)
+    if environment is not None:
+        raise InputError(
+            f"{where}: a row of NeMo-Gym environment {environment}; scan runs SWE-bench rows through "
+            "NEMO_GYM_URL's /run, not environment rows. To see an environment's rows score before "
+            f"training: miles-nemogym smoke --env {environment if environment != 'an environment' else 'NAME'} "
+            "(its shipped rows, gold and wrong answers; --policy-base-url plays your model)"
+        )
     if "instance_id" not in row and isinstance(inner, Mapping) and "instance_id" in inner:
         return dict(inner)  # converter output: {"prompt", "metadata"}
     if "instance_id" in row:
@@ -61,6 +71,20 @@ def _task_metadata(row: Any, where: str) -> dict[str, Any]:
         f"{where}: no 'instance_id' at the top level or in 'metadata'; expected a converter row "
         '{"prompt": ..., "metadata": {"instance_id": ...}} or a raw SWE-bench row'
     )
+
+
+def _environment_of(row: Mapping[str, Any]) -> str | None:
+    """The environment a row belongs to when it is not a SWE-bench row (``convert --env``'s mark,
+    or a raw NeMo-Gym task row), else None; ``"an environment"`` when the row names none."""
+    inner = row.get("metadata")
+    for shape in (row, inner if isinstance(inner, Mapping) else {}):
+        mark = shape.get(ENV_KEY)
+        if isinstance(mark, str) and mark and mark != SWE_ENVIRONMENT:
+            return mark
+    if is_environment_row(row) and "instance_id" not in row:  # NeMo-Gym's SWE rows carry agent_ref too
+        named = environment_of_row(row)
+        return named if isinstance(named, str) else "an environment"
+    return None
 
 
 def _normalise(metadata: dict[str, Any], where: str, subset: str | None, split: str | None) -> None:
