@@ -151,6 +151,17 @@ def _store_path(episode_dir: Path | None) -> Path:
     return Path(os.path.abspath(store.expanduser()))  # the closing hint works from any folder (no link resolved)
 
 
+def _store_hint(console: Console, store: Path, step: int | None, errors: int) -> None:
+    """Where the run's episodes went and the command that browses them."""
+    if errors:
+        console.print(
+            f"[red]the episode store {store} could not write {errors} episode(s) or seal(s)[/red]", highlight=False
+        )
+    console.print(f"episodes stored in {store} as train step {step}; look at them with:", highlight=False)
+    # Never wrapped: the command is copied as it is, however long the folder's path.
+    console.print(f"  miles-nemogym episodes {shlex.quote(str(store))}", highlight=False, soft_wrap=True)
+
+
 def _smoke_environments(
     console: Console,
     envs: list[str],
@@ -214,13 +225,7 @@ def _smoke_environments(
                 f"expected; the servers' logs are in {folder}[/red]",
                 highlight=False,
             )
-        if report.store_errors:
-            console.print(
-                f"[red]the episode store {store} could not write {report.store_errors} episode(s) or seal(s)[/red]",
-                highlight=False,
-            )
-        console.print(f"episodes stored in {store} as train step {report.step}; look at them with:", highlight=False)
-        console.print(f"  miles-nemogym episodes {shlex.quote(str(store))}", highlight=False, soft_wrap=True)
+        _store_hint(console, store, report.step, report.store_errors)
     except GymEnvironmentError as error:
         console.print(f"[red]cannot start the environments' servers:[/red] {escape(str(error))}", highlight=False)
         raise typer.Exit(2) from None
@@ -305,14 +310,7 @@ def _run(
         console.print("[red]the chain did not work: no episode came back as a valid measurement[/red]")
     elif not kept:
         console.print(f"removed {folder} (the server's log and trajectories); --keep keeps it", highlight=False)
-    if report.store_errors:
-        console.print(
-            f"[red]the episode store {store} could not write {report.store_errors} episode(s) or seal(s)[/red]",
-            highlight=False,
-        )
-    console.print(f"episodes stored in {store} as train step {report.step}; look at them with:", highlight=False)
-    # Never wrapped: the command is copied as it is, however long the folder's path.
-    console.print(f"  miles-nemogym episodes {shlex.quote(str(store))}", highlight=False, soft_wrap=True)
+    _store_hint(console, store, report.step, report.store_errors)
     return report.chain_worked
 
 

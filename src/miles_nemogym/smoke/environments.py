@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from miles_nemogym import state
 from miles_nemogym.data.environments import task_key, to_environment_row
 from miles_nemogym.episode.record import EpisodeRecord, passed, read_record
 from miles_nemogym.gym import wheel as gym_wheel
@@ -26,7 +25,7 @@ from miles_nemogym.gym.venv import GymEnvironmentError, ensure_gym_venv
 from miles_nemogym.settings import Settings
 from miles_nemogym.smoke.answers import GOLD, PLAIN, PLAIN_ANSWER, WRONG, answers
 from miles_nemogym.smoke.policy import Answer, RecordingPolicy
-from miles_nemogym.smoke.run import next_step, run_rows
+from miles_nemogym.smoke.run import file_as_step, run_rows
 
 MODEL = "model"
 """The answer label of an episode a real model played (``--policy-base-url``)."""
@@ -199,10 +198,6 @@ def run_environment_smoke(
         finally:
             servers.stop()
     if episode_dir is not None:
-        report.episode_dir, report.step = episode_dir, next_step(episode_dir)
-        state.stores.seal_all("train", report.step)
-        store = state.stores.get(str(episode_dir))
-        store.flush()
-        report.store_errors = store.write_errors
-        state.stores.close()
+        report.episode_dir = episode_dir
+        report.step, report.store_errors = file_as_step(episode_dir)
     return report

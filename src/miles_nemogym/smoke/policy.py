@@ -128,52 +128,12 @@ def qwen_tool_call_text(command: str, turn: int, tool: str = "bash", argument: s
     return f"{_thought(turn)}\n<tool_call>\n{call}\n</tool_call><|im_end|>"
 
 
-def _chat_completion(body: Mapping[str, Any], command: str, turn: int) -> dict[str, Any]:
-    """An OpenAI chat.completion answering with one bash tool call running ``command``."""
-    name, argument = _tool_name_and_argument(body)
-    content = _thought(turn)
-    tool_call = {
-        "id": f"call_{uuid.uuid4().hex[:24]}",
-        "type": "function",
-        "function": {"name": name, "arguments": json.dumps({argument: command})},
-    }
+def _completion(body: Mapping[str, Any], message: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI chat.completion carrying the assistant ``message``, its usage estimated."""
     prompt_tokens = _estimate_tokens(body.get("messages", []))
-    completion_tokens = _estimate_tokens(content) + _estimate_tokens(tool_call["function"])
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": str(body.get("model", "policy")),
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": content, "tool_calls": [tool_call]},
-                "finish_reason": "tool_calls",
-                "logprobs": None,
-            }
-        ],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-    }
-
-
-def _answer_completion(body: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
-    """An OpenAI chat.completion saying ``answer``."""
-    message: dict[str, Any] = {"role": "assistant", "content": answer.content}
-    if answer.tool_calls:
-        message["tool_calls"] = [
-            {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
-                "type": "function",
-                "function": {"name": name, "arguments": json.dumps(dict(arguments))},
-            }
-            for name, arguments in answer.tool_calls
-        ]
-    prompt_tokens = _estimate_tokens(body.get("messages", []))
-    completion_tokens = _estimate_tokens(message)
+    completion_tokens = _estimate_tokens(message.get("content") or "") + sum(
+        _estimate_tokens(call["function"]) for call in message.get("tool_calls", [])
+    )
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -183,7 +143,7 @@ def _answer_completion(body: Mapping[str, Any], answer: Answer) -> dict[str, Any
             {
                 "index": 0,
                 "message": message,
-                "finish_reason": "tool_calls" if answer.tool_calls else "stop",
+                "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
                 "logprobs": None,
             }
         ],
@@ -193,6 +153,29 @@ def _answer_completion(body: Mapping[str, Any], answer: Answer) -> dict[str, Any
             "total_tokens": prompt_tokens + completion_tokens,
         },
     }
+
+
+def _tool_call(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(dict(arguments))},
+    }
+
+
+def _chat_completion(body: Mapping[str, Any], command: str, turn: int) -> dict[str, Any]:
+    """An OpenAI chat.completion answering with one bash tool call running ``command``."""
+    name, argument = _tool_name_and_argument(body)
+    call = _tool_call(name, {argument: command})
+    return _completion(body, {"role": "assistant", "content": _thought(turn), "tool_calls": [call]})
+
+
+def _answer_completion(body: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
+    """An OpenAI chat.completion saying ``answer``."""
+    message: dict[str, Any] = {"role": "assistant", "content": answer.content}
+    if answer.tool_calls:
+        message["tool_calls"] = [_tool_call(name, arguments) for name, arguments in answer.tool_calls]
+    return _completion(body, message)
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -185,6 +185,18 @@ def next_step(episode_dir: Path) -> int:
     return max(steps, default=-1) + 1
 
 
+def file_as_step(episode_dir: Path) -> tuple[int, int]:
+    """Seal this run's episodes in ``episode_dir`` as its next train step and close the store
+    before the run reports it: (the step, the episodes or seals it could not write)."""
+    step = next_step(episode_dir)
+    state.stores.seal_all("train", step)
+    store = state.stores.get(str(episode_dir))
+    store.flush()
+    errors = store.write_errors
+    state.stores.close()
+    return step, errors
+
+
 def run_smoke(
     *,
     state_dir: Path,
@@ -254,12 +266,8 @@ def run_smoke(
             results = asyncio.run(run_rows(rows, urls, _SMOKE_SAMPLING, settings, done, store_extra(None)))
             counts = [None] * len(rows)
     if episode_dir is not None:
-        report.episode_dir, report.step = episode_dir, next_step(episode_dir)
-        state.stores.seal_all("train", report.step)
-        store = state.stores.get(str(episode_dir))
-        store.flush()
-        report.store_errors = store.write_errors
-        state.stores.close()  # closed before the run reports it
+        report.episode_dir = episode_dir
+        report.step, report.store_errors = file_as_step(episode_dir)
     for row, result, count in zip(rows, results, counts, strict=True):
         meta = row["metadata"]
         report.episodes.append(SmokeEpisode(meta["instance_id"], meta["repo"], result, count))
