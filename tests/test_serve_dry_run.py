@@ -268,7 +268,13 @@ def test_serve_refuses_a_provider_that_lacks_what_dry_run_names_before_starting(
 
 
 def test_dry_run_of_a_gymnasium_environment_names_its_agent_and_the_setting_carries_it(bare_host: Path) -> None:
-    result = CliRunner().invoke(app, ["serve", "--no-swe", "--env", "blackjack", "--port", "23456", "--dry-run"])
+    lacking = CliRunner().invoke(app, ["serve", "--no-swe", "--env", "blackjack", "--dry-run"])
+    assert lacking.exit_code == 1, lacking.output  # what serve would refuse, the dry run lists
+    assert "  - --session-server HOST[:PORT]: blackjack is played by an agent server" in lacking.stderr
+    given = ["--session-server", "10.0.0.5"]
+    result = CliRunner().invoke(
+        app, ["serve", "--no-swe", "--env", "blackjack", "--port", "23456", *given, "--dry-run"]
+    )
     assert result.exit_code == 0, result.output
     servers, setting = _environments_printed(result.stderr)
     assert (
@@ -292,7 +298,8 @@ def test_serving_an_agent_environment_needs_the_trainers_session_servers(bare_ho
 
 
 def test_routed_plays_a_simple_agent_environment_through_its_own_run(bare_host: Path) -> None:
-    result = CliRunner().invoke(app, ["serve", "--no-swe", "--env", "mcqa", "--routed", "--dry-run"])
+    routed = ["serve", "--no-swe", "--env", "mcqa", "--routed", "--session-server", "10.0.0.5", "--dry-run"]
+    result = CliRunner().invoke(app, routed)
     assert result.exit_code == 0, result.output
     assert "played by agent mcqa_simple_agent (its /run)" in result.stderr
     assert "agent" in json.loads(_environments_printed(result.stderr)[1])["mcqa"]

@@ -225,7 +225,16 @@ def serve(
 
     if dry_run:
         try:
-            code = _dry_run(options, state_dir, console, swe=swe, plans=plans, first_port=first_port, judge=judge)
+            code = _dry_run(
+                options,
+                state_dir,
+                console,
+                swe=swe,
+                plans=plans,
+                first_port=first_port,
+                judge=judge,
+                session_servers=allowed,
+            )
         except GymEnvironmentError as exc:
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2) from None
@@ -418,6 +427,7 @@ def _dry_run(
     plans: list[EnvironmentPlan],
     first_port: int,
     judge: Judge | None,
+    session_servers: list[str],
 ) -> int:
     """Print the composed SWE config (stdout), the environments' plan and what is missing
     (stderr); 1 when something is."""
@@ -457,6 +467,13 @@ def _dry_run(
     if plans:
         _plan_environments(plans, options.host, first_port, venv, console, judge)
         missing += environment_needs(plans, judge)
+        agents = [p.name for p in plans if p.agent]
+        if agents and not session_servers:
+            missing.append(
+                f"--session-server HOST[:PORT]: {', '.join(agents)} "
+                f"{'is' if len(agents) == 1 else 'are'} played by an agent server whose model calls go to "
+                "the trainer's Miles session servers (the training nodes' address)"
+            )
     what = f"the {options.sandbox} sandbox" if swe else "the environments"
     if not missing:
         console.print(f"[green]nothing missing for {what}.[/green]")
