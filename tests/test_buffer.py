@@ -157,7 +157,7 @@ async def test_the_store_files_trained_episodes_under_their_step_and_dropped_one
     server: FaultServer, sympy_row: dict[str, Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from miles_nemogym import metrics
-    from miles_nemogym.store.reader import load
+    from miles_nemogym.store.reader import UNFILED, load
 
     monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(tmp_path))
     episodes, _ = buffer()
@@ -168,11 +168,17 @@ async def test_the_store_files_trained_episodes_under_their_step_and_dropped_one
     got = await asyncio.wait_for(episodes.get(current_version=None), 1)
     fully_async = Args()
     fully_async.fully_async = True  # type: ignore[attr-defined]
+    episodes.get_metrics()  # as Miles' drain ends, before the step's log
     metrics.log_rollout(0, fully_async, got.group)  # step 0 trains ``early``; ``later`` waits
     too_few = await group(server, sympy_row, ["ok", "error_metadata", "error_metadata", "error_metadata"], 2)
     await episodes.put(too_few)
     got = await asyncio.wait_for(episodes.get(current_version=None), 1)
+    assert episodes.get_metrics()["nemogym/buffer/episodes_dropped"] == 4
+    # Dropped after this drain's metrics were taken: counted and filed at the next step, not this one.
+    late_drop = await group(server, sympy_row, ["error_metadata"] * 4, 3)
+    await episodes.put(late_drop)
     metrics.log_rollout(1, fully_async, got.group)
+    assert episodes.get_metrics()["nemogym/buffer/episodes_dropped"] == 4  # step 2's window
     state.stores.close()
 
     def ids(entry: Entry) -> set[str]:
@@ -184,8 +190,13 @@ async def test_the_store_files_trained_episodes_under_their_step_and_dropped_one
     for e in stored.episodes:
         filed[(e.step, e.not_trained)].add(e.episode_id)
     # ``later`` finished before step 0's log but trained at step 1: filed under step 1.
-    assert filed == {(0, None): ids(early), (1, None): ids(later), (1, "nemogym_agent_run_error"): ids(too_few)}
-    assert {e.episode_id for e in load(tmp_path, steps={1}).episodes} == ids(later) | ids(too_few)
+    assert filed == {
+        (0, None): ids(early),
+        (1, None): ids(later),
+        (1, "nemogym_agent_run_error"): ids(too_few),
+        (1, UNFILED): ids(late_drop),  # sealed at step 1 as finished; no step 2 filed its drop
+    }
+    assert {e.episode_id for e in load(tmp_path, steps={1}).episodes} == ids(later) | ids(too_few) | ids(late_drop)
     assert {e.episode_id for e in load(tmp_path, steps={0}).episodes} == ids(early)
 
 

@@ -58,6 +58,8 @@ class EpisodeBuffer:
         self._cond = asyncio.Condition()
         self._current_version: int | None = None
         self._window: Counter[str] = Counter()
+        self._unfiled: list[tuple[list[str], str]] = []
+        """Dropped episodes and why, handed to the store with the window they are counted in."""
         self._consumed_staleness: list[int] = []
 
     async def put(self, input: Any) -> None:
@@ -97,6 +99,11 @@ class EpisodeBuffer:
     def get_metrics(self) -> dict[str, float]:
         """Miles' ``rollout/fully_async/*`` and our ``nemogym/buffer/*`` since the last call."""
         window, self._window = self._window, Counter()
+        # Filed at the seal after this call, the same step whose metrics count them: a drop
+        # between Miles' get_metrics and our log_rollout's seal goes to the next step in both.
+        unfiled, self._unfiled = self._unfiled, []
+        for episode_ids, reason in unfiled:
+            state.stores.not_trained_all(TRAIN, episode_ids, reason)
         consumed, self._consumed_staleness = self._consumed_staleness, []
         metrics: dict[str, float] = {
             f"{_MILES}queue_size": float(len(self._buffer)),
@@ -127,7 +134,7 @@ class EpisodeBuffer:
         state.ledger.record_group(kept=False, salvaged=False)
         records = [record_of(sample) for sample in flatten(entry.group)]
         dropped = list(dict.fromkeys(r.episode_id for r in records if r is not None and r.episode_id))
-        state.stores.not_trained_all(TRAIN, dropped, reason)  # filed with the next step's seal
+        self._unfiled.append((dropped, reason))
         episodes = _episodes(entry.group)
         self._window[f"groups_dropped_{kind}"] += 1
         self._window["episodes_dropped"] += episodes
