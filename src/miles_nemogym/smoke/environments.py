@@ -81,8 +81,6 @@ class EnvironmentSmokeReport:
     episode_dir: Path | None = None
     step: int | None = None
     store_errors: int = 0
-    logs: dict[str, Path] = field(default_factory=dict)
-    """Environment -> its resources server's log."""
 
     @property
     def chain_worked(self) -> bool:
@@ -161,7 +159,6 @@ def run_environment_smoke(
         )
         try:
             servers.start()
-            report.logs = {p.name: servers.log_path(p.instance) for p in plans}
             settings = Settings.from_env().with_overrides(
                 environments_text=setting(plans, servers.urls(), servers.agent_urls())
             )
