@@ -160,6 +160,8 @@ def test_summary_has_one_row_per_repo_with_counts_and_times(
     assert rows["scikit-learn/scikit-learn"][:4] == ["1", "1", "0", "0"]
     assert rows["sympy/sympy"][:4] == ["1", "0", "1", "0"]
     assert rows["overall"][:4] == ["5", "1", "3", "1"]
+    kinds = next(line for line in result.output.splitlines() if line.startswith("not passed, by kind: "))
+    assert kinds == "not passed, by kind: unresolved 3, agent_run_error 1"
     # The times are each repo's episodes' own: mean and nearest-rank p95 of the results' seconds.
     seconds: dict[str, list[float]] = {"overall": []}
     for line in lines(out):

@@ -83,17 +83,86 @@ def test_bad_rows_are_refused_with_their_line(
         load_tasks(path, golden=golden)
 
 
-def test_environment_rows_are_refused_naming_smoke_env(tmp_path: Path) -> None:
+def _converted(raw: dict[str, Any], environment: str, index: int) -> dict[str, Any]:
+    metadata = {**raw, "nemogym_env": environment, "nemogym_task_id": f"{environment}/{index}"}
+    return {"prompt": [], "metadata": metadata}
+
+
+def test_environment_rows_are_read_as_convert_writes_them(tmp_path: Path) -> None:
+    rows = [_converted(raw, "mcqa", index) for index, raw in enumerate(shipped_rows("mcqa")[:2])]
+    path = write_jsonl(tmp_path / "rows.jsonl", rows)
+
+    tasks = load_tasks(path, golden=True)  # no 'patch', no 'subset': those are SWE rows' fields
+
+    assert [(task.instance_id, task.environment, task.where) for task in tasks] == [
+        ("mcqa/0", "mcqa", f"{path}:1"),
+        ("mcqa/1", "mcqa", f"{path}:2"),
+    ]
+    assert tasks[0].metadata == rows[0]["metadata"]  # what the agent function gets
+    assert "subset" not in tasks[0].metadata
+
+
+def test_raw_environment_rows_are_refused_naming_convert(tmp_path: Path) -> None:
     raw = shipped_rows("mcqa")[0]
-    converted = {"prompt": [], "metadata": {**raw, "nemogym_env": "mcqa", "nemogym_task_id": "mcqa/0"}}
-    for row in (converted, raw, {**raw, "agent_ref": {"name": "mcqa_simple_agent"}}):
+    for row in (raw, {**raw, "agent_ref": {"type": "responses_api_agents", "name": "mcqa_simple_agent"}}):
         path = write_jsonl(tmp_path / "rows.jsonl", [row])
         with pytest.raises(InputError) as refused:
-            load_tasks(path, golden=True)
+            load_tasks(path)
         said = str(refused.value)
-        assert said.startswith(f"{path}:1: a row of NeMo-Gym environment "), said
-        assert "scan runs SWE-bench rows" in said
-        assert "miles-nemogym smoke --env mcqa" in said or "miles-nemogym smoke --env NAME" in said
+        assert said.startswith(f"{path}:1: a raw NeMo-Gym task row of environment "), said
+        assert "miles-nemogym convert --env " in said and "then scan its output" in said
+
+
+def test_a_file_mixing_swe_and_environment_rows_is_refused(
+    tmp_path: Path, gym_example_rows: list[dict[str, Any]]
+) -> None:
+    mixed = [*converter_rows(gym_example_rows[:1]), _converted(shipped_rows("mcqa")[0], "mcqa", 0)]
+    with pytest.raises(InputError, match=r":2: a mcqa environment row after SWE-bench rows \(.*:1\)"):
+        load_tasks(write_jsonl(tmp_path / "rows.jsonl", mixed))
+    two = [_converted(shipped_rows("mcqa")[0], "mcqa", 0), _converted(shipped_rows("mcqa")[0], "mcqa", 0)]
+    with pytest.raises(InputError, match=r"task mcqa/0 repeats .*keyed by nemogym_task_id"):
+        load_tasks(write_jsonl(tmp_path / "twice.jsonl", two))
+
+
+def test_a_golden_scan_refuses_rows_without_a_known_gold(tmp_path: Path) -> None:
+    from miles_nemogym.scan.environment import gold_answers
+
+    mcqa = load_tasks(write_jsonl(tmp_path / "mcqa.jsonl", [_converted(shipped_rows("mcqa")[0], "mcqa", 0)]))
+    known = gold_answers(mcqa)
+    assert set(known["mcqa/0"]) == {"gold", "wrong"}
+    game = load_tasks(write_jsonl(tmp_path / "bj.jsonl", [_converted(shipped_rows("blackjack")[0], "blackjack", 0)]))
+    with pytest.raises(InputError, match=r"no gold answer known for blackjack's rows.*--policy-base-url"):
+        gold_answers(game)
+    own = load_tasks(write_jsonl(tmp_path / "own.jsonl", [_converted(shipped_rows("mcqa")[0], "my_quiz", 0)]))
+    with pytest.raises(InputError, match=r"my_quiz.*scan your own environment with --policy-base-url"):
+        gold_answers(own)
+
+
+def _outcome(reward: float, *, masked: bool = False, environment: str = "mcqa") -> Any:
+    from miles_nemogym.episode.record import EpisodeRecord, Outcome, failure
+
+    if masked:
+        outcome = failure("seed_failed", "/seed_session answered 500")
+    else:
+        outcome = Outcome(reward=reward, eval_report={}, record=EpisodeRecord(status="ok", server_reward=reward))
+    outcome.record.environment = environment
+    return outcome
+
+
+def test_a_golden_environment_row_passes_when_its_gold_passes_and_its_wrong_answer_does_not() -> None:
+    from miles_nemogym.scan.verdict import golden_pair
+
+    assert golden_pair(_outcome(1.0), _outcome(0.0)) == (Verdict.passed, "-", None)
+    verdict, kind, reason = golden_pair(_outcome(0.0), _outcome(0.0))
+    assert (verdict, kind) == (Verdict.failed, "failed")
+    assert reason == "the row's gold answer did not pass: mcqa's verifier scored 0"
+    verdict, kind, reason = golden_pair(_outcome(1.0), _outcome(1.0))
+    assert (verdict, kind) == (Verdict.failed, "wrong_answer_passed")
+    assert reason is not None and "a wrong answer scored 1" in reason
+    verdict, kind, reason = golden_pair(_outcome(1.0), _outcome(0.0, masked=True))
+    assert (verdict, kind) == (Verdict.infra, "seed_failed")
+    assert reason is not None and reason.startswith("the wrong answer's episode: seed_failed: ")
+    assert golden_pair(_outcome(0.0, masked=True), _outcome(1.0))[:2] == (Verdict.infra, "seed_failed")
 
 
 def test_instance_ids_from_a_file_or_a_list_then_limit(tmp_path: Path, gym_example_rows: list[dict[str, Any]]) -> None:
@@ -245,3 +314,11 @@ def test_log_lines_written_during_a_scan_never_carry_the_api_key(monkeypatch: py
         logging.getLogger().removeHandler(handler)
     assert "request to http://x/v1 failed: key=***" in buffer.getvalue()
     assert secret not in buffer.getvalue()
+
+
+def test_an_api_policy_for_environment_rows_is_its_v1_url() -> None:
+    from miles_nemogym.scan.environment import session_base
+
+    assert session_base("https://api.example.com/openai/v1") == "https://api.example.com/openai"
+    with pytest.raises(InputError, match=r"give the URL ending in /v1"):
+        session_base("https://api.example.com/openai")

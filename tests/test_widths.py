@@ -218,7 +218,10 @@ def test_bare_command_lists_every_description_whole(width: int) -> None:
     result = CliRunner().invoke(app, [], env={"COLUMNS": str(width)})
     assert result.exit_code == 0
     fits(result.output, width)
-    whole("scan Run SWE-bench instances through a NeMo-Gym server exactly as training will, and report.", result.output)
+    whole(
+        "scan Run SWE-bench instances, or environment rows, through NeMo-Gym exactly as training will, and report.",
+        result.output,
+    )
     whole("doctor Check in seconds that NeMo-Gym is reachable and will use the trainer's policy URL.", result.output)
 
 

@@ -47,7 +47,7 @@ from miles_nemogym.salvage import hold_failed_episode
 from miles_nemogym.settings import RewardMode, Settings, get_settings
 from miles_nemogym.store.writer import entry_for, session_id
 
-__all__ = ["abort", "run", "run_with_settings"]
+__all__ = ["abort", "prepare_episode", "run", "run_with_settings"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ async def run_with_settings(
     environment = environment_of(metadata)
     try:
         settings = get_settings() if given is None else given
-        episode = _prepare(environment, metadata, base_url, request_kwargs, settings)
+        episode = prepare_episode(environment, metadata, base_url, request_kwargs, settings)
     except Exception as error:  # a bad setting, session URL or task row still leaves a record
         task_id = task_id_of(metadata)
         scrubber = settings.key_scrubber() if settings is not None else None
@@ -106,14 +106,15 @@ async def run_with_settings(
     return result
 
 
-def _prepare(
+def prepare_episode(
     environment: str,
     metadata: Mapping[str, Any] | None,
     base_url: str,
     request_kwargs: Mapping[str, Any] | None,
     settings: Settings,
 ) -> Episode:
-    """The row's episode, by its environment; ``SettingsError``/``RequestError`` name what is wrong."""
+    """The row's episode, by its environment, for the session ``base_url`` (no ``/v1``);
+    ``SettingsError``/``RequestError`` name what is wrong. ``scan`` routes environment rows here too."""
     if environment == SWE_ENVIRONMENT:
         return prepare_swe(metadata, request_kwargs, settings, session_url=base_url)
     if environment == UNRECOGNIZED_ENVIRONMENT:

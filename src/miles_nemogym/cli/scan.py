@@ -1,4 +1,4 @@
-"""``miles-nemogym scan``: golden and API-policy scans of a NeMo-Gym server.
+"""``miles-nemogym scan``: golden and API-policy scans of a NeMo-Gym server, or of environment rows.
 
 Flags map one to one onto ``miles_nemogym.scan.ScanConfig``; the work is done by
 ``miles_nemogym.scan.execute`` (also behind ``scripts/golden_scan.py``). The policy API
@@ -30,7 +30,8 @@ def _scan(
             "--input",
             "-i",
             help="Task rows: converter output ({prompt, metadata}) or raw SWE-bench / NeMo-Gym rows, "
-            "as JSON Lines or .parquet.",
+            "as JSON Lines or .parquet; or environment rows as `convert --env` writes them (run on "
+            "NEMO_GYM_ENVS). One kind per file.",
         ),
     ],
     output: Annotated[
@@ -45,7 +46,9 @@ def _scan(
         typer.Option(
             "--golden",
             help="The server runs with run_golden: true; every reward must be 1.0, each other one is "
-            "reported with its reason.",
+            "reported with its reason. Environment rows: each row's gold answer must pass and a wrong "
+            "one must not (mcqa, math_with_judge, equivalence_rule, xlam_fc, workplace_assistant, "
+            "example_multi_step).",
         ),
     ] = False,
     policy_base_url: Annotated[
@@ -103,7 +106,7 @@ def _scan(
         ),
     ] = False,
 ) -> None:
-    """Run SWE-bench instances through a NeMo-Gym server exactly as training will, and report."""
+    """Run SWE-bench instances, or environment rows, through NeMo-Gym exactly as training will, and report."""
     from pydantic import ValidationError
     from rich.console import Console
 

@@ -152,6 +152,11 @@ class EnvironmentPlan:
     reward_range: tuple[float, float] | None = None
     """Its valid rewards when they are not ``[0, 1]`` (``_REWARD_RANGES``)."""
 
+    @property
+    def resources_server(self) -> str:
+        """Its folder of ``resources_servers/`` in the wheel (where its config and rows live)."""
+        return self.config.split("/")[1]
+
 
 def shipped_environments() -> list[str]:
     """Every resources server the pinned wheel ships (a ``resources_servers/<name>/app.py``)."""

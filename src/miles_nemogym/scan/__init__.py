@@ -1,6 +1,7 @@
 """Golden and API-policy scans: check a NeMo-Gym server before any GPU time is spent.
 
-Each instance runs through the agent function's own episode path (``episode/run.py``, ``episode/delivery.py``).
+Each instance runs through the agent function's own episode path (``episode/run.py``,
+``agent.prepare_episode`` for environment rows, ``episode/delivery.py``).
 Public API: ``ScanConfig``, ``run_scan`` (async), ``execute`` (as a program: what
 ``miles-nemogym scan`` and ``scripts/golden_scan.py`` call), ``golden_scan``.
 """

@@ -1,8 +1,9 @@
-"""Read the task rows a scan runs: converter output or raw SWE-bench / NeMo-Gym rows.
+"""Read the task rows a scan runs: converter output or raw SWE-bench / NeMo-Gym SWE rows, or
+environment rows as ``convert --env`` writes them (one kind per file).
 
-Each row becomes the ``metadata`` the agent function would send as the ``/run`` body,
-read through :func:`miles_nemogym.data.sources.open_file` and checked by the request
-builder; every problem names its line, the field and the fix (docs/data-and-checks.md).
+Each row becomes the ``metadata`` the agent function would get for it, read through
+:func:`miles_nemogym.data.sources.open_file` and checked by the request builder; every problem
+names its line, the field and the fix (docs/data-and-checks.md).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from miles_nemogym.data.environments import environment_of_row, is_environment_row
 from miles_nemogym.data.schema import SUBSETS, TEST_LIST_FIELDS, decode_test_list
 from miles_nemogym.data.sources import SourceError, open_file
-from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT
+from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, TASK_ID_KEY
 from miles_nemogym.errors import MilesNemoGymError
 
 
@@ -28,10 +29,13 @@ class ScanTask:
     """One instance to scan: the ``metadata`` the agent function would receive for it."""
 
     instance_id: str
+    """The SWE-bench instance id, or an environment row's ``nemogym_task_id``: the results' key."""
     repo: str
     metadata: dict[str, Any]
     where: str
     """``<file>:<line>`` (or ``<file> row <n>``), for error messages."""
+    environment: str = SWE_ENVIRONMENT
+    """``swe``, or the environment (``NEMO_GYM_ENVS`` name) an environment row belongs to."""
 
 
 def _rows(path: Path) -> Iterator[tuple[str, Any]]:
@@ -50,26 +54,30 @@ def _rows(path: Path) -> Iterator[tuple[str, Any]]:
         raise InputError(f"{path}: cannot open the input file ({error.strerror or error})") from None
 
 
-def _task_metadata(row: Any, where: str) -> dict[str, Any]:
-    """The agent-side ``metadata`` of one row, whichever of the two shapes it has."""
+def _task_metadata(row: Any, where: str) -> tuple[str, dict[str, Any]]:
+    """(the row's environment, its agent-side ``metadata``), whichever shape the row has."""
     if not isinstance(row, Mapping):
         raise InputError(f"{where}: expected a JSON object, got {type(row).__name__}")
     inner = row.get("metadata")
     environment = _environment_of(row)
     if environment is not None:
-        raise InputError(
-            f"{where}: a row of NeMo-Gym environment {environment}; scan runs SWE-bench rows through "
-            "NEMO_GYM_URL's /run, not environment rows. To see an environment's rows score before "
-            f"training: miles-nemogym smoke --env {environment if environment != 'an environment' else 'NAME'} "
-            "(its shipped rows, gold and wrong answers; --policy-base-url plays your model)"
-        )
+        metadata = inner if isinstance(inner, Mapping) and inner.get(ENV_KEY) == environment else None
+        if metadata is None:
+            named = environment if environment != "an environment" else "NAME"
+            raise InputError(
+                f"{where}: a raw NeMo-Gym task row of environment {environment}; scan reads environment rows "
+                f"as `miles-nemogym convert --env {named}=FILE -o rows.jsonl` writes them (the prompt, the "
+                "environment and a task id per row): convert the file, then scan its output"
+            )
+        return environment, dict(metadata)
     if "instance_id" not in row and isinstance(inner, Mapping) and "instance_id" in inner:
-        return dict(inner)  # converter output: {"prompt", "metadata"}
+        return SWE_ENVIRONMENT, dict(inner)  # converter output: {"prompt", "metadata"}
     if "instance_id" in row:
-        return dict(row)  # raw SWE-bench / NeMo-Gym row
+        return SWE_ENVIRONMENT, dict(row)  # raw SWE-bench / NeMo-Gym row
     raise InputError(
         f"{where}: no 'instance_id' at the top level or in 'metadata'; expected a converter row "
-        '{"prompt": ..., "metadata": {"instance_id": ...}} or a raw SWE-bench row'
+        '{"prompt": ..., "metadata": {"instance_id": ...}}, a raw SWE-bench row, or an environment row '
+        "as `miles-nemogym convert --env NAME=FILE` writes it"
     )
 
 
@@ -133,16 +141,28 @@ def load_tasks(
     tasks: list[ScanTask] = []
     seen: dict[str, str] = {}
     for where, row in _rows(path):
-        metadata = _task_metadata(row, where)
-        instance_id = metadata.get("instance_id")
+        environment, metadata = _task_metadata(row, where)
+        swe = environment == SWE_ENVIRONMENT
+        if tasks and swe != (tasks[0].environment == SWE_ENVIRONMENT):
+            raise InputError(
+                f"{where}: a {'SWE-bench' if swe else f'{environment} environment'} row after "
+                f"{'SWE-bench' if tasks[0].environment == SWE_ENVIRONMENT else 'environment'} rows "
+                f"({tasks[0].where}); a scan reads one kind (SWE rows run on NEMO_GYM_URL, environment rows "
+                "on NEMO_GYM_ENVS): scan them as two files, e.g. `miles-nemogym convert` each kind apart"
+            )
+        key = "instance_id" if swe else TASK_ID_KEY
+        instance_id = metadata.get(key)
         if not isinstance(instance_id, str) or not instance_id:
-            raise InputError(f"{where}: instance_id must be a non-empty string, got {instance_id!r}")
+            raise InputError(f"{where}: {key} must be a non-empty string, got {instance_id!r}")
         if instance_id in seen:
             raise InputError(
-                f"{where}: instance {instance_id} repeats {seen[instance_id]}; each instance must appear "
-                "once (results and --resume are keyed by instance_id)"
+                f"{where}: {'instance' if swe else 'task'} {instance_id} repeats {seen[instance_id]}; each must "
+                f"appear once (results and --resume are keyed by {key})"
             )
         seen[instance_id] = where
+        if not swe:
+            tasks.append(ScanTask(instance_id, "", metadata, where, environment))
+            continue
         _normalise(metadata, where, subset, split)
         if golden and not (isinstance(metadata.get("patch"), str) and metadata["patch"].strip()):
             raise InputError(

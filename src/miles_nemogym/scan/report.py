@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -67,6 +68,13 @@ class Counts:
 def _reward_text(reward: float) -> str:
     """``1.0``, ``0.0``, ``0.25``: enough digits to tell a partial reward from a binary one."""
     return str(round(reward, 4))
+
+
+def _rewards_text(result: ResultLine) -> str:
+    """The reward; a golden environment row's gold and wrong rewards: ``1.0 (wrong 0.0)``."""
+    if result.wrong_reward is None:
+        return _reward_text(result.reward)
+    return f"{_reward_text(result.reward)} (wrong {_reward_text(result.wrong_reward)})"
 
 
 def _clock(seconds: float) -> str:
@@ -135,7 +143,7 @@ class ScanProgress:
         width = len(str(self.total))
         line = (
             f"\\[{self.counts.done:>{width}}/{self.total}] {_LABELS[result.verdict]} "
-            f"{escape(result.instance_id)}  reward {_reward_text(result.reward)}  {escape(kind)}  "
+            f"{escape(result.instance_id)}  reward {_rewards_text(result)}  {escape(kind)}  "
             f"{result.seconds:.1f}s"
         )
         if result.reason:
@@ -151,6 +159,21 @@ class ScanProgress:
             self.console.print(self.status_line(), soft_wrap=True, highlight=False)
 
 
+def _kinds(results: list[ResultLine], *, by_environment: bool) -> list[str]:
+    """``not passed, by kind: failed 3, miles_nemogym:policy_failed 1``, a line per environment
+    for environment rows (``mcqa: ...``); none when everything passed."""
+    counted: dict[str, Counter[str]] = {}
+    for result in results:
+        if result.verdict is not Verdict.passed:
+            where = (result.environment or "?") if by_environment else ""
+            counted.setdefault(where, Counter())[result.failure_kind or "unresolved"] += 1
+    return [
+        f"{where + ': ' if where else ''}not passed, by kind: "
+        + ", ".join(f"{kind} {count}" for kind, count in sorted(kinds.items(), key=lambda item: (-item[1], item[0])))
+        for where, kinds in sorted(counted.items())
+    ]
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
@@ -164,14 +187,16 @@ def render_summary(
     golden: bool,
     interrupted: bool,
 ) -> None:
-    """The per-repo and overall table, then every instance that did not pass, with its reason."""
+    """The per-repo (environment rows: per-environment) and overall table, then every instance
+    that did not pass, with its reason."""
     by_repo: dict[str, Counts] = {}
     overall = Counts()
     for result in results:
-        by_repo.setdefault(result.repo, Counts()).add(result)
+        by_repo.setdefault(result.environment or result.repo, Counts()).add(result)
         overall.add(result)
 
-    columns = ["repo", "instances", "passed", "failed", "infra", "mean s", "p95 s"]
+    group = "environment" if any(result.environment for result in results) else "repo"
+    columns = [group, "instances", "passed", "failed", "infra", "mean s", "p95 s"]
     rows = [(repo, by_repo[repo]) for repo in sorted(by_repo)]
 
     def cells(name: str, counts: Counts) -> list[str]:
@@ -182,7 +207,7 @@ def render_summary(
     for kept in (7, 6, 5):
         table = Table(title="NeMo-Gym scan summary", title_justify="left")
         for name in columns[:kept]:
-            table.add_column(name, justify="left" if name == "repo" else "right", no_wrap=True)
+            table.add_column(name, justify="left" if name == group else "right", no_wrap=True)
         for repo, counts in rows:
             table.add_row(*cells(repo, counts)[:kept])
         table.add_section()
@@ -191,7 +216,7 @@ def render_summary(
             break
     console.print(table)
 
-    notes = []
+    notes = _kinds(results, by_environment=group == "environment")
     if earlier:
         notes.append(f"{earlier} result(s) from an earlier run of this results file (--resume)")
     not_run = selected - overall.done
@@ -207,10 +232,15 @@ def render_summary(
         else [r for r in results if r.verdict is Verdict.infra]
     )
     if shown:
-        title = "not 1.0 (golden mode expects 1.0 everywhere)" if golden else "infrastructure failures"
+        if not golden:
+            title = "infrastructure failures"
+        elif group == "environment":
+            title = "not passed (golden mode: each gold answer passes, each wrong one does not)"
+        else:
+            title = "not 1.0 (golden mode expects 1.0 everywhere)"
         console.print(f"[bold]{len(shown)} instance(s) {title}:[/]", highlight=False)
         for result in sorted(shown, key=lambda item: item.instance_id):
-            line = f"  {result.instance_id}  reward {_reward_text(result.reward)}  {result.reason or '?'}"
+            line = f"  {result.instance_id}  reward {_rewards_text(result)}  {result.reason or '?'}"
             # On a terminal, continuations indented under the id; in a log, one whole line.
             for piece in fit.wrap(line, console.width, indent="    ") if console.is_terminal else [line]:
                 console.print(piece, soft_wrap=True, markup=False, highlight=False)

@@ -45,7 +45,12 @@ class ResultLine(BaseModel):
     nemogym: dict[str, Any] = Field(default_factory=dict)
     """The episode record, exactly as the agent function stores it on a sample."""
     eval_report: dict[str, Any] = Field(default_factory=dict)
-    """The server's result metadata: the SWE-bench report, or its error and traceback."""
+    """The server's result metadata: the SWE-bench report, or its error and traceback; an
+    environment row's: what its verifier answered besides the reward."""
+    environment: str | None = None
+    """An environment row's environment (``NEMO_GYM_ENVS`` name); None: a SWE-bench instance."""
+    wrong_reward: float | None = None
+    """A golden scan of environment rows: the reward of the wrong answer (``reward`` is the gold's)."""
 
 
 def task_digest(metadata: dict[str, Any]) -> str:

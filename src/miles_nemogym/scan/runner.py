@@ -1,4 +1,6 @@
-"""Run a scan: every selected instance through ``run.prepare_scan`` and ``delivery.deliver``, as training does.
+"""Run a scan: every selected instance through ``delivery.deliver``, as training does: a SWE row's
+``/run`` body from ``run.prepare_scan``, an environment row's episode from ``agent.prepare_episode``
+(``scan/environment.py``).
 
 ``policy_base_url`` is ``--policy-base-url`` (absent only in a golden scan), the API key is
 sent only with it, and the policy must answer before the first episode. Whatever is wrong
@@ -15,18 +17,22 @@ from typing import Any
 from rich.console import Console
 
 from miles_nemogym import checks, state
+from miles_nemogym.agent import prepare_episode
 from miles_nemogym.episode import run as swe_run
-from miles_nemogym.episode.delivery import deliver
-from miles_nemogym.episode.record import Outcome
+from miles_nemogym.episode.delivery import Episode, deliver
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome
 from miles_nemogym.errors import MilesNemoGymError, RequestError
 from miles_nemogym.redaction import redact_url, redact_urls
+from miles_nemogym.scan import environment as environment_scan
 from miles_nemogym.scan.config import ScanConfig, scan_settings, usage_problems
 from miles_nemogym.scan.inputs import InputError, ScanTask, load_tasks
 from miles_nemogym.scan.report import ScanProgress, render_summary
 from miles_nemogym.scan.results import ResultLine, ResultsLock, ResultsWriter, read_results, task_digest
 from miles_nemogym.scan.selection import select
-from miles_nemogym.scan.verdict import Verdict, kind_of, reason_of, verdict_of
+from miles_nemogym.scan.verdict import Verdict, golden_pair, kind_of, reason_of, verdict_of
 from miles_nemogym.settings import Settings, SettingsError
+from miles_nemogym.smoke.answers import Answers
+from miles_nemogym.smoke.policy import RecordingPolicy
 from miles_nemogym.transport import close_pools
 
 EXIT_OK = 0
@@ -76,8 +82,16 @@ class _Prepared:
     earlier: dict[str, ResultLine]
     digests: dict[str, str]
     lock: ResultsLock | None
-    bodies: dict[str, swe_run.SweEpisode]
-    """Each pending instance's ``/run`` body, built once before the first episode."""
+    bodies: dict[str, Episode]
+    """Each pending instance's episode (a SWE row's ``/run`` body), built once before the first
+    episode; a golden environment row's two are built as they are played."""
+    gold: dict[str, Answers]
+    """A golden scan of environment rows: each pending row's gold and wrong answer."""
+
+    @property
+    def environments(self) -> list[str]:
+        """The environments of an environment scan's rows (empty for SWE rows)."""
+        return sorted({task.environment for task in self.selected} - {SWE_ENVIRONMENT})
 
     def release(self) -> None:
         if self.lock is not None:
@@ -157,34 +171,65 @@ def _prepare_locked(
     except RequestError as error:
         raise ScanUsageError(f"the sampling flags cannot be sent: {error}") from None
     pending = [task for task in selected if task.instance_id not in earlier]
-    bodies = {}
+    environment_rows = bool(tasks) and tasks[0].environment != SWE_ENVIRONMENT
+    gold: dict[str, Answers] = {}
+    if environment_rows:
+        try:
+            if config.golden:
+                settings = settings.with_overrides(policy_api_key=None)  # the scripted policy needs no key
+                gold = environment_scan.gold_answers(pending)
+                base = environment_scan.CHECK_SESSION
+            else:
+                base = environment_scan.session_base(str(config.policy_base_url))
+        except InputError as error:
+            raise ScanUsageError(str(error)) from None
+    bodies: dict[str, Episode] = {}
     for task in pending:  # a row that cannot form a body fails now, not as a masked episode later
         try:
-            bodies[task.instance_id] = swe_run.prepare_scan(
-                task.metadata,
-                config.request_kwargs(),
-                settings,
-                policy_url=config.policy_base_url,
-                send_api_key=config.policy_base_url is not None,
-            )
+            if not environment_rows:
+                bodies[task.instance_id] = swe_run.prepare_scan(
+                    task.metadata,
+                    config.request_kwargs(),
+                    settings,
+                    policy_url=config.policy_base_url,
+                    send_api_key=config.policy_base_url is not None,
+                )
+                continue
+            episode = prepare_episode(task.environment, task.metadata, base, config.request_kwargs(), settings)
+            if not config.golden:
+                bodies[task.instance_id] = episode
         except RequestError as error:
-            raise ScanUsageError(f"{task.where}: instance {task.instance_id}: {error}") from None
-    return _Prepared(settings, selected, pending, earlier, digests, lock, bodies)
+            what = "task" if environment_rows else "instance"
+            raise ScanUsageError(f"{task.where}: {what} {task.instance_id}: {error}") from None
+        except SettingsError:  # not in NEMO_GYM_ENVS: the gate says so, naming every one missing
+            continue
+    return _Prepared(settings, selected, pending, earlier, digests, lock, bodies, gold)
 
 
-def _result_line(task: ScanTask, outcome: Outcome, seconds: float, config: ScanConfig, digest: str) -> ResultLine:
+def _result_line(
+    task: ScanTask, outcome: Outcome, seconds: float, config: ScanConfig, digest: str, wrong: Outcome | None = None
+) -> ResultLine:
+    """One instance's line; ``wrong``: a golden environment row's wrong-answer episode (``outcome``
+    is its gold's)."""
+    if wrong is None:
+        verdict, kind, reason = verdict_of(outcome), kind_of(outcome), reason_of(outcome)
+    else:
+        verdict, kind, reason = golden_pair(outcome, wrong)
+    environment = None if task.environment == SWE_ENVIRONMENT else task.environment
     return ResultLine(
         task_sha256=digest,
         instance_id=task.instance_id,
-        repo=task.repo,
-        verdict=verdict_of(outcome),
+        repo=task.repo if environment is None else "?",
+        verdict=verdict,
         reward=outcome.reward,
         seconds=round(seconds, 3),
-        failure_kind=None if verdict_of(outcome) is Verdict.passed else kind_of(outcome),
-        reason=reason_of(outcome),
+        failure_kind=None if verdict is Verdict.passed else kind,
+        reason=reason,
         mode=config.mode,
         nemogym=outcome.record.model_dump(mode="json"),
         eval_report=outcome.eval_report,
+        environment=environment,
+        wrong_reward=None if wrong is None else wrong.reward,
     )
 
 
@@ -222,18 +267,38 @@ def server_problem(settings: Settings, policy_base_url: str | None) -> str | Non
 
 async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Console, stop: asyncio.Event) -> ScanResult:
     if prepared.pending:
-        problem = await asyncio.to_thread(server_problem, prepared.settings, config.policy_base_url)
+        if prepared.environments:
+            problem = await asyncio.to_thread(
+                environment_scan.server_problem, prepared.settings, prepared.environments, config.policy_base_url
+            )
+        else:
+            problem = await asyncio.to_thread(server_problem, prepared.settings, config.policy_base_url)
         if problem is not None:
             raise ScanUsageError(problem)
+    if prepared.gold:
+        with RecordingPolicy(look_around_turns=0) as policy:
+            return await _run_episodes(config, prepared, console, stop, policy)
+    return await _run_episodes(config, prepared, console, stop, None)
+
+
+async def _run_episodes(
+    config: ScanConfig, prepared: _Prepared, console: Console, stop: asyncio.Event, policy: RecordingPolicy | None
+) -> ScanResult:
 
     finished: dict[str, ResultLine] = dict(prepared.earlier)
     writer = ResultsWriter(config.output_path) if config.output_path else None
     semaphore = asyncio.Semaphore(config.concurrency)
     loop = asyncio.get_running_loop()
     progress = ScanProgress(console, len(prepared.selected), prepared.earlier.values())
+    where = redact_url(prepared.settings.run_url)
+    if prepared.environments:
+        servers = prepared.settings.environments
+        where = "NEMO_GYM_ENVS " + ", ".join(
+            f"{name} ({redact_url(servers[name].agent or servers[name].url)})" for name in prepared.environments
+        )
     console.print(
-        f"scan: {len(prepared.pending)} of {len(prepared.selected)} selected instance(s) to run on "
-        f"{redact_url(prepared.settings.run_url)} — mode {config.mode}, concurrency {config.concurrency}, "
+        f"scan: {len(prepared.pending)} of {len(prepared.selected)} selected instance(s) to run on {where} — "
+        f"mode {config.mode}, concurrency {config.concurrency}, "
         f"episode timeout {prepared.settings.run_timeout_s:g}s",
         highlight=False,
         soft_wrap=not console.is_terminal,
@@ -250,11 +315,18 @@ async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Consol
             if stop.is_set():
                 return
             started = loop.time()
-            outcome = await deliver(
-                prepared.bodies[task.instance_id], prepared.settings, state.circuits, state.in_flight
-            )
+            wrong = None
+            if policy is not None:
+                outcome, wrong = await environment_scan.play_golden(
+                    task, prepared.gold[task.instance_id], policy, prepared.settings, config.request_kwargs()
+                )
+            else:
+                outcome = await deliver(
+                    prepared.bodies[task.instance_id], prepared.settings, state.circuits, state.in_flight
+                )
+                outcome.record.environment = task.environment
             seconds = loop.time() - started
-        result = _result_line(task, outcome, seconds, config, prepared.digests[task.instance_id])
+        result = _result_line(task, outcome, seconds, config, prepared.digests[task.instance_id], wrong)
         if writer is not None:
             writer.write(result)  # before it is reported: what was shown is on disk
         finished[task.instance_id] = result

@@ -1,8 +1,10 @@
 """One scanned instance's verdict: passed, failed, or an infrastructure failure — and why.
 
 The classification is the agent function's: a masked record is infrastructure, a graded
-episode passed at reward 1.0. The reason points at what to look at (the SWE-bench report,
-or the failure kind and the server's error).
+episode passed at reward 1.0. The reason points at what to look at (the SWE-bench report, the
+verifier's reason, or the failure kind and the server's error). A golden scan of environment
+rows plays each row's gold and a wrong answer: it passes when the gold passes and the wrong
+answer does not (``golden_pair``).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from miles_nemogym.episode.record import Outcome, short_reason
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome, short_reason
 from miles_nemogym.episode.run import instance_report
 
 _MAX_TEST_NAMES = 3
@@ -41,9 +43,16 @@ def _failing(report: dict[str, Any], category: str) -> str | None:
     return f"{category} {len(failing)}/{total} failing: {names}{more}"
 
 
+WRONG_ANSWER_PASSED = "wrong_answer_passed"
+"""A golden environment scan's kind for a row whose wrong answer passed: the verifier passes it."""
+
+
 def _graded_reason(outcome: Outcome) -> str:
-    """Why a graded episode did not score 1.0, from its SWE-bench report."""
+    """Why a graded episode did not score 1.0, from its SWE-bench report or its verifier."""
     record = outcome.record
+    if record.env != SWE_ENVIRONMENT:
+        said = f": {record.failure_reason}" if record.failure_reason else ""
+        return f"{record.env}'s verifier scored {outcome.reward:g}{said}"
     report = instance_report(outcome.eval_report, record.instance_id) or {}
     if report.get("patch_exists") is False or report.get("patch_is_None") is True:
         return "no patch was submitted (patch_exists=false)"
@@ -76,4 +85,23 @@ def kind_of(outcome: Outcome) -> str:
         return "-"
     if verdict is Verdict.infra:
         return outcome.record.failure_kind or "unknown"
-    return "unresolved"
+    return "unresolved" if outcome.record.env == SWE_ENVIRONMENT else "failed"
+
+
+def golden_pair(gold: Outcome, wrong: Outcome) -> tuple[Verdict, str, str | None]:
+    """(verdict, kind, reason) of an environment row whose gold and wrong answer were played:
+    infra when either episode was set aside, failed when the gold did not pass or the wrong
+    answer did."""
+    if verdict_of(gold) is Verdict.infra:
+        return Verdict.infra, kind_of(gold), reason_of(gold)
+    if verdict_of(wrong) is Verdict.infra:
+        return Verdict.infra, kind_of(wrong), f"the wrong answer's episode: {reason_of(wrong)}"
+    if verdict_of(gold) is not Verdict.passed:
+        return Verdict.failed, kind_of(gold), f"the row's gold answer did not pass: {reason_of(gold)}"
+    if verdict_of(wrong) is Verdict.passed:
+        return (
+            Verdict.failed,
+            WRONG_ANSWER_PASSED,
+            f"a wrong answer scored {wrong.reward:g}: the verifier passes an answer that is not the row's gold",
+        )
+    return Verdict.passed, "-", None

@@ -87,14 +87,10 @@ class EnvironmentSmokeReport:
         return bool(self.episodes) and all(episode.surprise is None for episode in self.episodes)
 
 
-def _server_folder(environment: EnvironmentPlan) -> str:
-    return environment.config.split("/")[1]  # resources_servers/<folder>/configs/<file>
-
-
 def shipped_rows(environment: EnvironmentPlan, limit: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """The first ``limit`` example rows the wheel ships for the environment: each as shipped and
     as ``convert --env`` writes it."""
-    member = _ROWS.format(_server_folder(environment))
+    member = _ROWS.format(environment.resources_server)
     try:
         text = gym_wheel.read_member(member).decode("utf-8")
     except KeyError:
@@ -147,7 +143,7 @@ def run_environment_smoke(
             if policy_base_url is not None:
                 played.append((environment, row, MODEL, ()))
             else:
-                known = answers(_server_folder(environment), raw) or {PLAIN: PLAIN_ANSWER}
+                known = answers(environment.resources_server, raw) or {PLAIN: PLAIN_ANSWER}
                 played += [(environment, row, label, turns) for label, turns in known.items()]
     venv = ensure_gym_venv("local", progress=say)
     with RecordingPolicy() as policy:

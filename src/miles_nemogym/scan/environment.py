@@ -1,0 +1,111 @@
+"""A scan of environment rows: each row through the agent function's own environment path, on the
+``NEMO_GYM_ENVS`` servers training will use.
+
+    golden   -> the row's gold and a wrong answer (``smoke/answers.py``), played by the scripted
+                policy in this process: the gold must pass, the wrong answer must not
+    policy   -> ``--policy-base-url`` answers (its key sent to it alone), one episode per row
+
+A row of an environment whose rows carry no gold smoke can read is refused in a golden scan,
+naming the API-policy scan instead; an environment missing from ``NEMO_GYM_ENVS`` or whose
+server does not answer stops the scan before the first episode.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from miles_nemogym import checks, state
+from miles_nemogym.agent import prepare_episode
+from miles_nemogym.episode.delivery import deliver
+from miles_nemogym.episode.record import Outcome, task_row
+from miles_nemogym.gym.environments import plan
+from miles_nemogym.gym.venv import GymEnvironmentError
+from miles_nemogym.scan.inputs import InputError, ScanTask
+from miles_nemogym.settings import Settings
+from miles_nemogym.smoke.answers import GOLD, WRONG, Answers, answers
+from miles_nemogym.smoke.policy import RecordingPolicy
+
+CHECK_SESSION = "http://127.0.0.1:9/sessions/check"
+"""A session URL to check a golden row's episode against before the scripted policy starts."""
+
+
+def gold_answers(tasks: Sequence[ScanTask]) -> dict[str, Answers]:
+    """Each row's gold and wrong answer, by task id; ``InputError`` for the first row that has none."""
+    names = sorted({task.environment for task in tasks})
+    try:
+        folders = {environment.name: environment.resources_server for environment in plan(names)}
+    except GymEnvironmentError as error:
+        raise InputError(
+            f"a golden scan of environment rows plays the gold answers of environments nemo-gym ships; {error}; "
+            "scan your own environment with --policy-base-url"
+        ) from None
+    found: dict[str, Answers] = {}
+    for task in tasks:
+        known = answers(folders[task.environment], task_row(task.metadata))
+        if GOLD not in known or WRONG not in known:
+            raise InputError(
+                f"{task.where}: task {task.instance_id}: no gold answer known for {task.environment}'s rows "
+                "(a golden scan reads the gold of mcqa, math_with_judge, equivalence_rule, xlam_fc, "
+                "workplace_assistant and example_multi_step rows); scan it with --policy-base-url URL "
+                "(a model), or see its rows score with `miles-nemogym smoke --env "
+                f"{task.environment}`"
+            )
+        found[task.instance_id] = known
+    return found
+
+
+def session_base(policy_base_url: str) -> str:
+    """The session-style base URL of an API policy (``.../v1`` without ``/v1``): the environment
+    loop posts to ``<base>/v1/chat/completions``, as to a Miles session."""
+    if not policy_base_url.endswith("/v1"):
+        raise InputError(
+            f"--policy-base-url {policy_base_url}: environment rows call <it>/chat/completions as "
+            "OpenAI-compatible APIs serve it under /v1; give the URL ending in /v1"
+        )
+    return policy_base_url.removesuffix("/v1")
+
+
+def server_problem(settings: Settings, environments: Sequence[str], policy_base_url: str | None) -> str | None:
+    """The gate of an environment scan: every environment is in ``NEMO_GYM_ENVS`` and its server
+    answers (``checks``), and an API policy answers; the first failure as one sentence with its fix."""
+    missing = [name for name in environments if name not in settings.environments]
+    if missing:
+        configured = ", ".join(sorted(settings.environments)) or "nothing: it is unset"
+        return (
+            f"the rows' environment(s) {', '.join(missing)} are not in NEMO_GYM_ENVS (it names {configured}); "
+            f"start them with `miles-nemogym serve --env {' --env '.join(missing)}` and export the "
+            "NEMO_GYM_ENVS it prints"
+        )
+    target = checks.Target(settings, timeout_s=settings.connect_timeout_s, policy_base_url=policy_base_url)
+    wanted = [check for check in checks.environments(target) if check.name in _names(environments)]
+    if policy_base_url is not None:
+        wanted.append(checks.POLICY_ANSWERS)
+    failed = next((result for result in checks.run(wanted, target) if not result.ok), None)
+    return None if failed is None else f"{failed.name}: {failed.detail}; {failed.fix}"
+
+
+def _names(environments: Sequence[str]) -> set[str]:
+    return {checks.environment_check_name(name) for name in environments}
+
+
+async def play_golden(
+    task: ScanTask,
+    known: Answers,
+    policy: RecordingPolicy,
+    settings: Settings,
+    request_kwargs: Mapping[str, Any],
+) -> tuple[Outcome, Outcome]:
+    """The row's gold, then its wrong answer, each one episode of its own scripted session."""
+    played = []
+    for label in (GOLD, WRONG):
+        session = uuid.uuid4().hex
+        policy.configure_session(session, answers=known[label])
+        episode = prepare_episode(
+            task.environment, task.metadata, policy.session_url(session), request_kwargs, settings
+        )
+        outcome = await deliver(episode, settings, state.circuits, state.in_flight)
+        outcome.record.environment = task.environment
+        played.append(outcome)
+    return played[0], played[1]
