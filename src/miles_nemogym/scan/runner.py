@@ -284,7 +284,6 @@ async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Consol
 async def _run_episodes(
     config: ScanConfig, prepared: _Prepared, console: Console, stop: asyncio.Event, policy: RecordingPolicy | None
 ) -> ScanResult:
-
     finished: dict[str, ResultLine] = dict(prepared.earlier)
     writer = ResultsWriter(config.output_path) if config.output_path else None
     semaphore = asyncio.Semaphore(config.concurrency)

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any
 
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome, short_reason
+from miles_nemogym.episode.record import verdict as verdict_word
 from miles_nemogym.episode.run import instance_report
 
 _MAX_TEST_NAMES = 3
@@ -85,7 +86,7 @@ def kind_of(outcome: Outcome) -> str:
         return "-"
     if verdict is Verdict.infra:
         return outcome.record.failure_kind or "unknown"
-    return "unresolved" if outcome.record.env == SWE_ENVIRONMENT else "failed"
+    return verdict_word(masked=False, failure_kind=None, swe=outcome.record.env == SWE_ENVIRONMENT, passed=False)
 
 
 def golden_pair(gold: Outcome, wrong: Outcome) -> tuple[Verdict, str, str | None]:
