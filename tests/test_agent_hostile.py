@@ -100,7 +100,7 @@ async def test_a_key_used_as_an_object_key_in_the_result_is_redacted(
     assert_no_key_fragment(json.dumps(out))
 
 
-@pytest.mark.parametrize("answer", ['{"reward": 1.0, "failure_kind": 5, "note": "%s"}', '{"reward": "%s"'])
+@pytest.mark.parametrize("answer", ['{"reward": 1.0, "response": 5, "note": "%s"}', '{"reward": "%s"'])
 async def test_an_undecodable_result_holding_the_key_is_scrubbed(
     server: FaultServer,
     sympy_row: dict[str, Any],
@@ -206,7 +206,7 @@ async def test_an_invalid_server_reward_is_masked_and_scores_zero(
     server.respond = lambda body: web.json_response(graded(sympy_result, reward=value))
     out = await call(sympy_row)
     record = out["nemogym"]
-    assert (record["status"], record["failure_kind"], record["mask_sample"]) == ("failed", "agent_run_error", True)
+    assert (record["status"], record["failure_kind"], record["mask_sample"]) == ("failed", "verifier_error", True)
     assert needle in record["failure_reason"]
     assert out["reward"] == 0.0
     assert await reward.reward_func(None, Sample(metadata=out)) == 0.0
@@ -222,7 +222,7 @@ async def test_a_non_finite_reward_leaves_a_strict_json_record(
 
     server.respond = answer
     out = await call(sympy_row)
-    assert out["nemogym"]["failure_kind"] == "agent_run_error"
+    assert out["nemogym"]["failure_kind"] == "verifier_error"
     assert "not finite" in out["nemogym"]["failure_reason"]
     assert out["nemogym"]["server_reward"] is None
     json.dumps(out, allow_nan=False)  # raises on NaN/inf anywhere in what Miles stores
@@ -425,12 +425,12 @@ async def test_an_invalid_server_failure_kind_is_not_recorded_verbatim(
     with caplog.at_level(logging.DEBUG):
         out = await call(sympy_row)
     record = out["nemogym"]
-    assert record["failure_kind"] == "agent_run_error" and record["mask_sample"] is True
+    assert record["failure_kind"] == "verifier_error" and record["mask_sample"] is True
     assert "invalid failure_kind 'provider_xxx" in record["failure_reason"]
     assert len(record["failure_reason"]) <= 300 and "\n" not in record["failure_reason"]
     assert "INJECTED" not in caplog.text
     keys = metrics.rollout_metrics([Sample(metadata=out)], ledger.drain())
-    assert set(keys) >= {"nemogym/failure_rate/agent_run_error"}
+    assert set(keys) >= {"nemogym/failure_rate/verifier_error"}
     assert all(len(key) < 80 for key in keys)
 
 

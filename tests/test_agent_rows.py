@@ -92,9 +92,9 @@ async def test_an_agent_row_posts_its_agents_run_with_the_row_and_the_rollout_id
 @pytest.mark.parametrize(
     ("respond", "kind", "reason"),
     [
-        (answer(reward=2.0), fk.AGENT_RUN_ERROR, "outside NEMO_GYM_ENVS['blackjack'].reward_range=[-1, 1]"),
-        (answer(reward="1"), fk.AGENT_RUN_ERROR, "not a number"),
-        (answer(reward=0.0, mask_sample=True, failure_reason="sandbox died"), fk.AGENT_RUN_ERROR, "sandbox died"),
+        (answer(reward=2.0), fk.VERIFIER_ERROR, "outside NEMO_GYM_ENVS['blackjack'].reward_range=[-1, 1]"),
+        (answer(reward="1"), fk.VERIFIER_ERROR, "not a number"),
+        (answer(reward=0.0, mask_sample=True, failure_reason="sandbox died"), fk.VERIFIER_ERROR, "sandbox died"),
         (
             lambda request: web.json_response("Hit an exception calling an inner server", status=500),
             fk.AGENT_RUN_ERROR,

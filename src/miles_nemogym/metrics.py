@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 from miles_nemogym import state
@@ -160,7 +160,8 @@ def _failure_rates(counts: Tally | EnvironmentTally) -> dict[str, float]:
 def _quality(valid: list[EpisodeRecord]) -> dict[str, float]:
     """Rates over valid episodes only: a resolve rate diluted by crashed containers would read
     as a policy regression; SWE's over SWE episodes only (an environment episode is neither
-    resolved nor unresolved). Shared by the rollout and the eval metrics."""
+    resolved nor unresolved); ``status_rate/<kind>``: valid episodes whose record names a kind
+    (their status). Shared by the rollout and the eval metrics."""
     swe = [r for r in valid if r.env == SWE_ENVIRONMENT]
     metrics = {}
     if swe:
@@ -169,6 +170,9 @@ def _quality(valid: list[EpisodeRecord]) -> dict[str, float]:
     fractions = [f for f in (r.fail_to_pass.fraction for r in swe if r.fail_to_pass) if f is not None]
     if fractions:
         metrics["fail_to_pass_fraction_mean"] = sum(fractions) / len(fractions)
+    # A valid episode's status (trained): counted, never a failure.
+    for kind, count in sorted(Counter(r.failure_kind for r in valid if r.failure_kind).items()):
+        metrics[f"status_rate/{metric_label(kind)}"] = count / len(valid)
     return {**metrics, **_means(valid)}
 
 

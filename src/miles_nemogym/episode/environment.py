@@ -36,13 +36,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.delivery import Undelivered
 from miles_nemogym.episode.record import (
-    EpisodeRecord,
     Outcome,
-    check_reward,
     failure,
     finite_json,
+    judge,
     range_setting,
-    short_reason,
     shown,
     task_id_of,
     task_row,
@@ -509,35 +507,16 @@ class _Loop:
         return {key: value for key, value in parsed.items() if key != "response"}
 
     def _score(self, verify: dict[str, Any]) -> Outcome:
-        """The verifier's reward when it is one (a JSON number, finite, in the environment's range,
-        the sample not masked), else a masked ``verifier_error`` or the kind ``/verify`` named."""
+        """``judge``'s verdict of the verifier's answer, in the environment's reward range."""
         own = {key: value for key, value in verify.items() if key not in _VERIFY_OWN and key not in self.episode.row}
-        report: dict[str, Any] = finite_json(own)
         server = self.episode.server
-        reward, problem = check_reward(
-            verify.get("reward"),
-            server.valid_rewards(self.settings.reward_range),
-            range_setting(self.episode.environment, server),
+        return judge(
+            verify,
+            reward_range=server.valid_rewards(self.settings.reward_range),
+            range_name=range_setting(self.episode.environment, server),
+            report=finite_json(own),
+            who="/verify",
         )
-        mask = verify.get("mask_sample", False)
-        kind = verify.get("failure_kind")
-        reason = verify.get("failure_reason")
-        kind_ok = kind is None or (isinstance(kind, str) and fk.check_server_kind(kind))
-        if not isinstance(mask, bool):
-            problem = (
-                f"/verify sent a mask_sample that is not a boolean ({shown(mask)}): the reward's validity is unknown"
-            )
-        elif mask:
-            problem = str(reason) if reason else "/verify masked the sample"
-        elif not kind_ok:
-            problem, kind = f"/verify sent an invalid failure_kind ({shown(kind)})", None
-        if problem is not None:
-            chosen = kind if mask is True and kind_ok and kind else fk.VERIFIER_ERROR
-            return failure(chosen, self._scrubbed(problem), eval_report=report, server_reward=reward)
-        record = EpisodeRecord(status="ok", failure_kind=kind, server_reward=reward)
-        if reason:
-            record.failure_reason = short_reason(str(reason))
-        return Outcome(reward=reward or 0.0, eval_report=report, record=record)
 
     def _scrubbed(self, text: str) -> str:
         scrubber = self.settings.key_scrubber()

@@ -106,5 +106,6 @@ class RunResponse(BaseModel):
     response: _ResponseObject | None = None
     mask_sample: Any = False
     """A boolean in valid results; checked by the classifier (``"false"`` or ``0`` is no answer)."""
-    failure_kind: str | None = None
-    failure_reason: str | None = None
+    failure_kind: Any = None
+    """A kind name in valid results; checked by the judge, as ``mask_sample`` is."""
+    failure_reason: Any = None

@@ -59,6 +59,7 @@ __all__ = [
     "finite_json",
     "flatten",
     "is_aborted",
+    "judge",
     "metadata_of",
     "parse_record",
     "pass_at_k",
@@ -378,6 +379,63 @@ def finite_json(value: Any) -> Any:
     if isinstance(value, list):
         return [finite_json(item) for item in value]
     return value
+
+
+# -- the one judge: a server's answer to a verdict ------------------------------------------
+
+
+def judge(
+    answer: Mapping[str, Any],
+    *,
+    reward_range: tuple[float, float],
+    report: dict[str, Any],
+    range_name: str = _RANGE_SETTING,
+    who: str = "the server",
+    http_status: int | None = None,
+    instance_id: str | None = None,
+    broken: str | None = None,
+    graded: Mapping[str, Any] | None = None,
+) -> Outcome:
+    """The one judge: a server's parsed answer (SWE ``/run``, an agent's ``/run``, ``/verify``) becomes
+    the verdict by one rule in one order: (1) its ``mask_sample`` (a real boolean; true masks) and
+    ``failure_kind`` (a kind name), (2) its reward (``check_reward``), (3) the kind's own fields:
+    ``broken`` says why they make it no measurement, ``graded`` fills a valid record (SWE's report).
+    A masked verdict carries the kind the server named, else ``verifier_error`` for (1) and (2),
+    ``agent_run_error`` for (3); a valid one keeps the server's kind and reason. ``who`` names the
+    sender in reasons (docs/episode-pipeline.md, "One judge")."""
+    kind, said, mask = answer.get("failure_kind"), answer.get("failure_reason"), answer.get("mask_sample", False)
+    named = kind if isinstance(kind, str) and fk.check_server_kind(kind) else None
+    reason = short_reason(str(said)) if said else None
+    reward, problem = check_reward(answer.get("reward"), reward_range, range_name)
+    default = fk.VERIFIER_ERROR
+    if not isinstance(mask, bool):
+        problem = f"{who} sent a mask_sample that is not a boolean ({shown(mask)}): the reward's validity is unknown"
+    elif kind is not None and named is None:
+        shown_kind = shown(short_reason(kind) if isinstance(kind, str) else kind)
+        problem = f"{who} sent an invalid failure_kind {shown_kind} (not a known kind or a short identifier)"
+    elif mask:
+        problem = reason or f"{who} marked the sample as not a valid measurement"
+    elif problem is None and broken is not None:
+        default, problem = fk.AGENT_RUN_ERROR, broken
+    if problem is not None:
+        return failure(
+            named or default,
+            problem,
+            instance_id=instance_id,
+            http_status=http_status,
+            eval_report=report,
+            server_reward=reward,
+        )
+    record = EpisodeRecord(
+        status="ok",
+        failure_kind=named,
+        failure_reason=reason,
+        http_status=http_status,
+        instance_id=instance_id,
+        server_reward=reward,
+        **(graded or {}),
+    )
+    return Outcome(reward=reward or 0.0, eval_report=report, record=record)
 
 
 @dataclass(frozen=True)

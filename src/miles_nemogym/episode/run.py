@@ -38,12 +38,11 @@ from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.delivery import Undelivered
 from miles_nemogym.episode.protocol import OutputItem, ResponsesCreateParams, RunRequest, RunResponse
 from miles_nemogym.episode.record import (
-    EpisodeRecord,
     Outcome,
     TestCounts,
-    check_reward,
     failure,
     finite_json,
+    judge,
     range_setting,
     short_reason,
     shown,
@@ -585,7 +584,7 @@ def classify_agent_http(
 ) -> Outcome:
     """The ``Outcome`` of an agent server's ``/run`` answer (NeMo-Gym's ``BaseVerifyResponse``:
     ``reward``, the trajectory in ``response``, the agent's own fields): a named failure for an
-    HTTP error, an undecodable answer, a masked sample or a reward that is not one."""
+    HTTP error or an undecodable answer, else ``judge``'s verdict."""
     if scrub is not None:
         body = scrub(body)
     if status != 200:
@@ -601,26 +600,12 @@ def classify_agent_http(
     if not isinstance(parsed, dict):
         return failure(fk.AGENT_RUN_ERROR, "the agent's /run result is not a JSON object", http_status=status)
     report = finite_json({key: value for key, value in parsed.items() if key not in _ECHOED})
-    output = response.response.output if response.response else []
-    turns, tool_calls = _count_turns(output)
-    reward, problem = check_reward(response.reward, reward_range, range_name)
-    kind = response.failure_kind
-    if kind is not None and not fk.check_server_kind(kind):
-        problem = f"the agent sent an invalid failure_kind {shown(short_reason(kind))}"
-        kind = None
-    elif not isinstance(response.mask_sample, bool):
-        problem = f"the agent sent a mask_sample that is not a boolean ({shown(response.mask_sample)})"
-    elif response.mask_sample:
-        problem = response.failure_reason or "the agent marked the sample as not a valid measurement"
-    if problem is not None:
-        outcome = failure(
-            kind or fk.AGENT_RUN_ERROR, problem, http_status=status, eval_report=report, server_reward=reward
-        )
-        outcome.record.turns, outcome.record.tool_calls = turns, tool_calls
-        outcome.answer_is_json = True
-        return outcome
-    record = EpisodeRecord(status="ok", http_status=status, server_reward=reward, turns=turns, tool_calls=tool_calls)
-    outcome = Outcome(reward=reward or 0.0, eval_report=report, record=record)
+    outcome = judge(
+        parsed, reward_range=reward_range, range_name=range_name, report=report, who="the agent", http_status=status
+    )
+    outcome.record.turns, outcome.record.tool_calls = _count_turns(
+        response.response.output if response.response else []
+    )
     outcome.answer_is_json = True
     return outcome
 
@@ -661,79 +646,46 @@ def classify_run_response(
     sent_instance_id: str | None = None,
     reward_range: tuple[float, float] = _DEFAULT_REWARD_RANGE,
 ) -> Outcome:
-    """The ``Outcome`` of a ``/run`` result that parsed; a result for another instance than
-    ``sent_instance_id`` or a reward outside ``reward_range`` is not a measurement."""
+    """``judge``'s verdict of a ``/run`` result that parsed, its own fields a graded SWE episode's: no
+    ``metadata.error``, the instance that was sent (``sent_instance_id``), its SWE-bench report."""
     metadata = finite_json(response.metadata or {})
     raw_id = response.instance_id or metadata.get("instance_id")
     reported_id = None if raw_id is None else str(raw_id)
     instance_id = sent_instance_id if sent_instance_id is not None else reported_id
-    output = response.response.output if response.response else []
-    turns, tool_calls = _count_turns(output)
-    server_reward, reward_problem = check_reward(response.reward, reward_range)
-    server_kind = response.failure_kind
-    if server_kind is not None and not fk.check_server_kind(server_kind):
-        server_kind = None
-
-    def failed(kind: str, reason: str) -> Outcome:
-        outcome = failure(
-            kind,
-            reason,
-            instance_id=instance_id,
-            http_status=http_status,
-            eval_report=metadata,
-            server_reward=server_reward,
-        )
-        outcome.record.turns, outcome.record.tool_calls = turns, tool_calls
-        return outcome
-
-    if response.failure_kind is not None and server_kind is None:
-        return failed(
-            fk.AGENT_RUN_ERROR,
-            f"the server sent an invalid failure_kind {shown(short_reason(response.failure_kind))} "
-            f"(not a known kind or a short identifier); its reason: {response.failure_reason or 'none'}",
-        )
-    if not isinstance(response.mask_sample, bool):
-        return failed(
-            fk.AGENT_RUN_ERROR,
-            f"the server sent a mask_sample that is not a boolean ({shown(response.mask_sample)}): "
-            "the reward's validity is unknown",
-        )
-    if response.mask_sample:
-        return failed(
-            server_kind or fk.AGENT_RUN_ERROR,
-            response.failure_reason or "the server marked the sample as not a valid measurement",
-        )
-    if "error" in metadata:
-        return failed(server_kind or fk.AGENT_RUN_ERROR, f"server error: {_error_summary(metadata['error'])}")
-    if sent_instance_id is not None and reported_id is not None and not _same_instance(reported_id, sent_instance_id):
-        return failed(
-            fk.AGENT_RUN_ERROR,
-            f"the result is for instance {shown(reported_id)}, not for {sent_instance_id!r} that was sent",
-        )
-    if reward_problem is not None:
-        return failed(fk.AGENT_RUN_ERROR, reward_problem)
+    broken, graded = None, None
     report = instance_report(metadata, instance_id)
-    if report is None:
-        return failed(
-            server_kind or fk.AGENT_RUN_ERROR,
-            "the server's result has no SWE-bench eval report for this instance, so its reward cannot be trusted",
-        )
-    tests = report.get("tests_status") or {}
-    record = EpisodeRecord(
-        status="ok",
-        failure_kind=server_kind,
-        failure_reason=short_reason(response.failure_reason) if response.failure_reason else None,
+    if "error" in metadata:
+        broken = f"server error: {_error_summary(metadata['error'])}"
+    elif sent_instance_id is not None and reported_id is not None and not _same_instance(reported_id, sent_instance_id):
+        broken = f"the result is for instance {shown(reported_id)}, not for {sent_instance_id!r} that was sent"
+    elif report is None:
+        broken = "the server's result has no SWE-bench eval report for this instance, so its reward cannot be trusted"
+    else:
+        tests = report.get("tests_status") or {}
+        graded = {
+            "resolved": bool(report.get("resolved", False)),
+            "patch_applied": bool(report.get("patch_successfully_applied", False)),
+            "fail_to_pass": _test_counts(tests.get("FAIL_TO_PASS")),
+            "pass_to_pass": _test_counts(tests.get("PASS_TO_PASS")),
+        }
+    outcome = judge(
+        {
+            "reward": response.reward,
+            "mask_sample": response.mask_sample,
+            "failure_kind": response.failure_kind,
+            "failure_reason": response.failure_reason,
+        },
+        reward_range=reward_range,
+        report=metadata,
         http_status=http_status,
         instance_id=instance_id,
-        server_reward=server_reward,
-        resolved=bool(report.get("resolved", False)),
-        patch_applied=bool(report.get("patch_successfully_applied", False)),
-        fail_to_pass=_test_counts(tests.get("FAIL_TO_PASS")),
-        pass_to_pass=_test_counts(tests.get("PASS_TO_PASS")),
-        turns=turns,
-        tool_calls=tool_calls,
+        broken=broken,
+        graded=graded,
     )
-    return Outcome(reward=server_reward or 0.0, eval_report=metadata, record=record)
+    outcome.record.turns, outcome.record.tool_calls = _count_turns(
+        response.response.output if response.response else []
+    )
+    return outcome
 
 
 def instance_report(metadata: dict[str, Any] | None, instance_id: str | None) -> dict[str, Any] | None:

@@ -1,10 +1,10 @@
 """One scanned instance's verdict: passed, failed, or an infrastructure failure — and why.
 
-The classification is the agent function's: a masked record is infrastructure, a graded
-episode passed at reward 1.0. The reason points at what to look at (the SWE-bench report, the
-verifier's reason, or the failure kind and the server's error). A golden scan of environment
-rows plays each row's gold and a wrong answer: it passes when the gold passes and the wrong
-answer does not (``golden_pair``).
+The classification is the agent function's: a masked record is infrastructure, a valid one
+passed by the one "passed" rule (``record.passed``). The reason points at what to look at (the
+SWE-bench report, the verifier's reason, or the failure kind and the server's error). A golden
+scan of environment rows plays each row's gold and a wrong answer: it passes when the gold
+passes and the wrong answer does not (``golden_pair``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome, short_reason
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome, passed, short_reason
 from miles_nemogym.episode.record import verdict as verdict_word
 from miles_nemogym.episode.run import instance_report
 
@@ -26,9 +26,10 @@ class Verdict(str, Enum):
 
 
 def verdict_of(outcome: Outcome) -> Verdict:
-    if outcome.record.status != "ok":
+    """Infra for a set-aside episode, else passed by the one "passed" rule (``record.passed``)."""
+    if outcome.record.mask_sample:
         return Verdict.infra
-    return Verdict.passed if outcome.reward >= 1.0 else Verdict.failed
+    return Verdict.passed if passed(outcome.record, outcome.reward) else Verdict.failed
 
 
 def _failing(report: dict[str, Any], category: str) -> str | None:
@@ -51,6 +52,8 @@ WRONG_ANSWER_PASSED = "wrong_answer_passed"
 def _graded_reason(outcome: Outcome) -> str:
     """Why a graded episode did not score 1.0, from its SWE-bench report or its verifier."""
     record = outcome.record
+    if record.failure_kind:  # a valid record's status
+        return short_reason(f"{record.failure_kind}: {record.failure_reason or 'no reason given'}")
     if record.env != SWE_ENVIRONMENT:
         said = f": {record.failure_reason}" if record.failure_reason else ""
         return f"{record.env}'s verifier scored {outcome.reward:g}{said}"
@@ -80,11 +83,12 @@ def reason_of(outcome: Outcome) -> str | None:
 
 
 def kind_of(outcome: Outcome) -> str:
-    """The short label of the per-instance line: ``-``, ``unresolved`` or the failure kind."""
+    """The short label of the per-instance line: ``-``, the failure kind (or a valid record's
+    status), else ``unresolved`` or ``failed``."""
     verdict = verdict_of(outcome)
     if verdict is Verdict.passed:
         return "-"
-    if verdict is Verdict.infra:
+    if verdict is Verdict.infra or outcome.record.failure_kind:  # a valid record's status
         return outcome.record.failure_kind or "unknown"
     return verdict_word(masked=False, failure_kind=None, swe=outcome.record.env == SWE_ENVIRONMENT, passed=False)
 

@@ -99,14 +99,14 @@ class Row:
 
 
 def _row(role: str, step: int | None, members: list[StoredEpisode], environment: str | None = None) -> Row:
-    valid = [e for e in members if not e.record.get("mask_sample")]
+    valid = [e for e in members if not e.masked]
     return Row(
         role=role,
         step=step,
         episodes=len(members),
         valid=len(valid),
         passed=sum(1 for e in valid if e.passed),
-        failures=Counter(e.kind for e in members if e.record.get("mask_sample")),
+        failures=Counter(e.kind for e in members if e.masked),
         turns_mean=_mean([_number(e.record.get("turns")) for e in valid]),
         time_mean_s=_mean([_number(e.record.get("elapsed_s")) for e in members if e.record.get("attempts")]),
         reward_mean=_mean([_number(e.entry.get("reward")) for e in valid]),
@@ -392,7 +392,7 @@ def _missing_answer(episode: StoredEpisode) -> str | None:
         dropped = episode.entry.get("answer_dropped")
         if dropped:
             return f"the answer was not kept: {dropped}"
-        return "nothing came back" if episode.record.get("mask_sample") else "no answer was stored"
+        return "nothing came back" if episode.masked else "no answer was stored"
     return "the stored answer is not a /run result"
 
 
@@ -426,7 +426,7 @@ def episode_parts(episode: StoredEpisode) -> list[str | LongText]:
         f"tool calls {count_text(record.get('tool_calls'))}   time {count_text(record.get('elapsed_s'))} s   "
         f"attempts {count_text(record.get('attempts'))}",
     ]
-    if record.get("mask_sample"):
+    if episode.masked:
         parts += [
             f"set aside, not trained on   HTTP status {count_text(record.get('http_status'))}",
             LongText(f"failure: {record.get('failure_kind')}: {record.get('failure_reason')}"),

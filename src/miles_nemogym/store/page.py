@@ -190,7 +190,7 @@ def _body_html(parts: list[str | LongText]) -> str:
 
 
 def _episode_html(episode: StoredEpisode) -> str:
-    css = "resolved" if episode.passed else "failed" if episode.record.get("mask_sample") else "unresolved"
+    css = "resolved" if episode.passed else "failed" if episode.masked else "unresolved"
     eval_set = episode.entry.get("eval_set")
     limit = _SUMMARY_FIELD_CHARS
     summary = (

@@ -54,7 +54,7 @@ def _mean(values: list[float]) -> float | None:
 
 
 def _valid(members: list[StoredEpisode]) -> list[StoredEpisode]:
-    return [e for e in members if not e.record.get("mask_sample")]
+    return [e for e in members if not e.masked]
 
 
 def _by_step(episodes: list[StoredEpisode]) -> dict[int, list[StoredEpisode]]:
@@ -104,7 +104,7 @@ def _train_plots(steps: dict[int, list[StoredEpisode]]) -> list[Plot]:
             for env in environments
         ),
     )
-    kinds = [Counter(e.kind for e in m if e.record.get("mask_sample")) for m in groups]
+    kinds = [Counter(e.kind for e in m if e.masked) for m in groups]
     names = sorted({kind for counts in kinds for kind in counts})
     failures = Plot(
         "train-failure-rate",

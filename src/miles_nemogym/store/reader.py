@@ -90,11 +90,18 @@ class StoredEpisode:
         ``resolved`` or ``unresolved``, for another environment ``passed`` or ``failed``
         (``record.passed``)."""
         return verdict(
-            masked=bool(self.record.get("mask_sample")),
+            masked=self.masked,
             failure_kind=self.record.get("failure_kind"),
             swe=self.environment == SWE_ENVIRONMENT,
             passed=self.passed,
         )
+
+    @property
+    def masked(self) -> bool:
+        """Set aside, not trained on: the typed record says so, or there is no readable record (a
+        ``mask_sample`` that is not a boolean reads as set aside, as ``record.parse_record`` rules)."""
+        record = self.typed
+        return record is None or record.mask_sample
 
     @property
     def passed(self) -> bool:
