@@ -122,7 +122,8 @@ async def test_endless_tool_calls_without_max_steps_end_at_the_deadline(
     chat.script("endless", Turn(tool_calls=(tool("echo"),), delay_s=0.05))  # 100 turns would take 5 s
     async with fake_resources() as fake:
         out, _ = await within(3, episode(monkeypatch, chat, fake.url, "endless"))
-    assert masked(out) == (True, 0.0, fk.AGENT_TIMEOUT)
+    # The policy ran out the clock: scored 0 and trained, not set aside (NEMO_GYM_TIMEOUT_REWARD=zero).
+    assert masked(out) == (False, 0.0, fk.POLICY_TIMEOUT)
     assert len(fake.tool_calls) > 1 and fake.verified == []
 
 

@@ -36,7 +36,13 @@ SECRET = "sk-test-5f3c9a1e7b2d4c6f8a0b"
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("NEMO_GYM_URL", "NEMO_GYM_POLICY_API_KEY", "NEMO_GYM_RUN_TIMEOUT", "NEMO_GYM_MAX_CONCURRENCY"):
+    for name in (
+        "NEMO_GYM_URL",
+        "NEMO_GYM_POLICY_API_KEY",
+        "NEMO_GYM_RUN_TIMEOUT",
+        "NEMO_GYM_MAX_CONCURRENCY",
+        "NEMO_GYM_TIMEOUT_REWARD",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -431,8 +437,9 @@ def test_timeout_and_concurrency_flags_override_the_environment(
 
     assert result.exit_code == 1
     by_id = {row["instance_id"]: row for row in lines(out)}
-    assert by_id[SYMPY]["verdict"] == "infra"
-    assert by_id[SYMPY]["failure_kind"] == "agent_timeout"
+    # The server held the delivered /run past the deadline: the policy's time (NEMO_GYM_TIMEOUT_REWARD=zero).
+    assert by_id[SYMPY]["verdict"] == "failed"
+    assert by_id[SYMPY]["failure_kind"] == "miles_nemogym:policy_timeout"
     assert "1s" in by_id[SYMPY]["reason"]
     assert by_id[SKLEARN]["verdict"] == "passed"
 

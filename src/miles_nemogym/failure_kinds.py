@@ -5,7 +5,7 @@ name that groups well in metrics and filter reasons. We reuse the names of
 ``nemo_gym.failure_kinds`` (not imported: the trainer's environment does not install
 nemo-gym) so that a failure observed by this client and one reported by the server land
 under the same label, and add ``miles_nemogym:<kind>`` names, namespaced as NeMo-Gym
-asks, only for what happens before a request exists.
+asks, only for what NeMo-Gym has no name for.
 
 As in NeMo-Gym, a name says what went wrong and nothing else: whether the reward is
 masked and whether the request may be sent again are decided per occurrence: by the episode
@@ -38,6 +38,9 @@ AGENT_RUN_ERROR: Final = "agent_run_error"
 AGENT_REQUEST_FAILED: Final = "agent_request_failed"
 # The whole-episode deadline (``NEMO_GYM_RUN_TIMEOUT``) passed while waiting.
 AGENT_TIMEOUT: Final = "agent_timeout"
+# The deadline passed while the policy held the episode (its turns, its tool calls): on a valid
+# record scored 0 (``NEMO_GYM_TIMEOUT_REWARD=zero``), a status like a step limit, not a failure.
+POLICY_TIMEOUT: Final = "miles_nemogym:policy_timeout"
 # ``abort`` stopped the episode (Miles' over-sampling abort).
 CANCELLED: Final = "cancelled"
 
@@ -86,6 +89,7 @@ _KNOWN_KINDS: Final = _SERVER_KINDS | {
     AGENT_RUN_ERROR,
     AGENT_REQUEST_FAILED,
     AGENT_TIMEOUT,
+    POLICY_TIMEOUT,
     CANCELLED,
     INVALID_REQUEST,
     INVALID_CONFIG,

@@ -29,7 +29,7 @@ from miles_nemogym.episode.record import (
     role_of,
     task_id_of,
 )
-from miles_nemogym.failure_kinds import CANCELLED, metric_label
+from miles_nemogym.failure_kinds import CANCELLED, POLICY_TIMEOUT, metric_label
 
 HOOK_PATH = "miles_nemogym.salvage.reward_post_process"
 """What ``--custom-reward-post-process-path`` must name for a partly failed group to be kept."""
@@ -170,14 +170,14 @@ class HeldEpisodes:
 
 
 def hold_failed_episode(held: HeldEpisodes, metadata: Mapping[str, Any] | None, result: Mapping[str, Any]) -> None:
-    """Called by the agent function with the dict it returns: keep a failed (not cancelled)
+    """Called by the agent function with the dict it returns: keep a failed (not cancelled) or timed-out
     train episode until the group filter sees its sample, in case Miles returns that sample
     ABORTED without the dict (no model call recorded)."""
     record = read_record(result).record
     task = task_id_of(metadata)
     if (
         record is None
-        or not record.mask_sample
+        or not (record.mask_sample or record.failure_kind == POLICY_TIMEOUT)  # a /run may time out before a turn
         or record.failure_kind == CANCELLED
         or record.episode_id is None
         or task is None

@@ -32,11 +32,21 @@ __all__ = [
     "RewardMode",
     "Settings",
     "SettingsError",
+    "TimeoutReward",
     "environment_name_problem",
     "get_settings",
     "parse_environments",
     "reset",
 ]
+
+
+class TimeoutReward(str, Enum):
+    """What an episode whose deadline passed while the policy held it gets (docs/episode-pipeline.md)."""
+
+    zero = "zero"
+    """Reward 0, trained, named ``miles_nemogym:policy_timeout``: graded like a step limit."""
+    mask = "mask"
+    """Set aside as ``agent_timeout``, as every other timeout is."""
 
 
 class RewardMode(str, Enum):
@@ -139,6 +149,8 @@ class Settings(BaseModel):
     name is the upstream Miles example's, kept for compatibility."""
 
     reward_mode: RewardMode = Field(default=RewardMode.binary, alias="NEMO_GYM_REWARD_MODE")
+
+    timeout_reward: TimeoutReward = Field(default=TimeoutReward.zero, alias="NEMO_GYM_TIMEOUT_REWARD")
 
     reward_range_text: str = Field(default="0,1", alias="NEMO_GYM_REWARD_RANGE")
     """Inclusive range of a valid server reward, as ``low,high``; ``mini_swe_agent_2``

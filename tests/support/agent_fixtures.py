@@ -22,7 +22,12 @@ SESSION = "http://127.0.0.1:39999/sessions/s-1"
 def fast_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """A short connect timeout, no key, no external host: each test sets what it needs."""
     monkeypatch.setenv("NEMO_GYM_CONNECT_TIMEOUT", "2")
-    for name in ("NEMO_GYM_POLICY_API_KEY", "MILES_ROUTER_EXTERNAL_HOST", "NEMO_GYM_REWARD_RANGE"):
+    for name in (
+        "NEMO_GYM_POLICY_API_KEY",
+        "MILES_ROUTER_EXTERNAL_HOST",
+        "NEMO_GYM_REWARD_RANGE",
+        "NEMO_GYM_TIMEOUT_REWARD",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("NEMO_GYM_MAX_RESULT_BYTES", raising=False)
 

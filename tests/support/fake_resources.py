@@ -7,8 +7,8 @@ Tools: ``echo`` (answers its arguments and the session it saw), ``status`` (answ
 ``{"code": n}``'s HTTP status with a text body), ``huge`` (``{"size": n}`` bytes),
 ``drop`` (closes the connection without answering), ``moved`` (a 307 to ``{"to": url}``).
 A GET of any path answers ``{"reward": ...}``: what a server elsewhere says to a redirect
-turned into a GET. ``respond`` replaces an endpoint's answer (a hostile server's part), and
-every request is counted as it arrives (``received``, ``max_in_flight``).
+turned into a GET. ``respond`` replaces an endpoint's answer (a hostile server's part), ``stall``
+holds one, and every request is counted as it arrives (``received``, ``max_in_flight``).
 """
 
 from __future__ import annotations
@@ -57,6 +57,12 @@ class FakeResources:
     in_flight: int = 0
     max_in_flight: int = 0
     """The most requests the server was answering at once."""
+    stall: frozenset[str] = frozenset()
+    """Endpoints (``seed_session``, ``verify`` or a tool) that read their request and never answer
+    until ``release`` is set (the block's end sets it): a server that holds a delivered request."""
+    stalled: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when a request to a ``stall`` endpoint arrived."""
+    release: asyncio.Event = field(default_factory=asyncio.Event)
 
     @web.middleware
     async def _count(
@@ -66,6 +72,10 @@ class FakeResources:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
+            if request.path.rsplit("/", 1)[-1] in self.stall:
+                await request.read()
+                self.stalled.set()
+                await self.release.wait()
             return await handler(request)
         finally:
             self.in_flight -= 1
@@ -156,6 +166,7 @@ async def fake_resources(
     try:
         yield fake
     finally:
+        fake.release.set()
         await runner.cleanup()
 
 

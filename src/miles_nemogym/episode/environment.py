@@ -44,9 +44,10 @@ from miles_nemogym.episode.record import (
     shown,
     task_id_of,
     task_row,
+    timed_out,
 )
 from miles_nemogym.errors import MilesNemoGymError, RequestError
-from miles_nemogym.settings import EnvironmentServer, Settings
+from miles_nemogym.settings import EnvironmentServer, Settings, TimeoutReward
 from miles_nemogym.transport import Answer, Deadline, TransportError, check_session_url, pool, request
 
 __all__ = ["EnvironmentEpisode", "first_request", "prepare"]
@@ -261,12 +262,15 @@ class _ChatCompletion(BaseModel):
 
 class _Failed(MilesNemoGymError):
     """Ends the episode masked under ``kind``; ``resendable``: nothing reached any server (a seed
-    that never left), so the episode may be tried again once its server is back."""
+    that never left), so the episode may be tried again once its server is back; ``policy``: an
+    ``agent_timeout`` while the policy held the episode (``record.timed_out``)."""
 
-    def __init__(self, kind: str, reason: str, *, resendable: bool = False) -> None:
+    def __init__(self, kind: str, reason: str, *, resendable: bool = False, policy: bool = False) -> None:
         super().__init__(reason)
         self.kind = kind
         self.resendable = resendable
+        self.policy = policy
+        """The policy held the episode (a model or tool call after its first turn): whose timeout it is."""
 
 
 # -- the transcript -----------------------------------------------------------------------
@@ -402,7 +406,12 @@ class _Loop:
         except _Failed as failed:
             if failed.resendable:
                 return Undelivered(failed.kind, str(failed))
-            outcome = failure(failed.kind, self._scrubbed(str(failed)))
+            reason = self._scrubbed(str(failed))
+            if failed.kind == fk.AGENT_TIMEOUT:
+                zero = self.settings.timeout_reward is TimeoutReward.zero
+                outcome = timed_out(reason, policy=failed.policy, zero=zero)
+            else:
+                outcome = failure(failed.kind, reason)
         else:
             outcome = self._score(verify or {})
         outcome.record.turns, outcome.record.tool_calls = self.transcript.turns, self.transcript.tool_calls
@@ -416,9 +425,10 @@ class _Loop:
     def _response(self) -> dict[str, Any]:
         return self.transcript.response(self.episode.row[_PARAMS], cut_off=self.cut_off)
 
-    async def _post(self, session: Any, path: str, body: Any, cap: int) -> Answer:
+    async def _post(self, session: Any, path: str, body: Any, cap: int, *, tool: bool = False) -> Answer:
         """POST to the resources server; a transport failure ends the episode (``resendable`` only
-        for a seed that never left: a tool call or verify belongs to a started episode)."""
+        for a seed that never left: a tool call or verify belongs to a started episode; a ``tool``
+        call's deadline is the policy's)."""
         started = time.monotonic()
         try:
             return await request(
@@ -432,7 +442,7 @@ class _Loop:
             )
         except TransportError as error:
             resendable = error.resendable and path == "seed_session"
-            raise _Failed(error.kind, f"/{path}: {error}", resendable=resendable) from None
+            raise _Failed(error.kind, f"/{path}: {error}", resendable=resendable, policy=tool) from None
         finally:
             self.tool_time += time.monotonic() - started
 
@@ -463,7 +473,8 @@ class _Loop:
             )
         except TransportError as error:
             kind = fk.AGENT_TIMEOUT if error.kind == fk.AGENT_TIMEOUT else fk.POLICY_FAILED
-            raise _Failed(kind, f"the policy: {error.kind}: {error}") from None
+            # After its first answered turn the episode is the policy's; a first call never answered is not.
+            raise _Failed(kind, f"the policy: {error.kind}: {error}", policy=self.transcript.turns > 0) from None
         if answer.status == 400 and not answer.over_cap and _CONTEXT_FULL.search(answer.body):
             # The conversation outgrew the context: a cut-off, as NeMo-Gym's vllm_model answers it.
             return _Choice(message=_Message(content=""), finish_reason="length"), None
@@ -485,7 +496,7 @@ class _Loop:
             arguments = json.loads(call.function.arguments)
         except (ValueError, TypeError, RecursionError) as error:
             return json.dumps({"error": f"Invalid tool call arguments: {error!r}"})
-        answer = await self._post(session, quote(name, safe=""), arguments, _TOOL_OUTPUT_BYTES)
+        answer = await self._post(session, quote(name, safe=""), arguments, _TOOL_OUTPUT_BYTES, tool=True)
         text = answer.body.decode("utf-8", errors="ignore" if answer.over_cap else "replace")
         if answer.over_cap:
             text += f"\n[tool output truncated to its first {_TOOL_OUTPUT_BYTES} bytes of at least {answer.size}]"

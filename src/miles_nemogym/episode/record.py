@@ -74,6 +74,7 @@ __all__ = [
     "strip_result",
     "task_id_of",
     "task_row",
+    "timed_out",
     "verdict",
 ]
 
@@ -209,7 +210,9 @@ class TestCounts(BaseModel):
 class EpisodeRecord(BaseModel):
     """What happened to one ``/run`` episode, on every sample it produced."""
 
-    status: Literal["ok", "failed"] = Field(description="ok: the server graded the episode; failed: it did not.")
+    status: Literal["ok", "failed"] = Field(
+        description="ok: a measurement (the server graded it, or the policy ran out the deadline); failed: none."
+    )
     episode_id: str | None = Field(
         None, description="One id per /run call; the samples Miles splits one episode into share it."
     )
@@ -436,6 +439,16 @@ def judge(
         **(graded or {}),
     )
     return Outcome(reward=reward or 0.0, eval_report=report, record=record)
+
+
+def timed_out(reason: str, *, policy: bool, zero: bool) -> Outcome:
+    """An episode whose whole-episode deadline passed: scored 0 and trained under ``policy_timeout``
+    when the policy held the episode (``policy``) and ``NEMO_GYM_TIMEOUT_REWARD`` is ``zero``
+    (``zero``); else masked ``agent_timeout`` (docs/episode-pipeline.md, "Whose fault is a timeout")."""
+    if not (policy and zero):
+        return failure(fk.AGENT_TIMEOUT, reason)
+    record = EpisodeRecord(status="ok", failure_kind=fk.POLICY_TIMEOUT, failure_reason=short_reason(reason))
+    return Outcome(reward=0.0, record=record)
 
 
 @dataclass(frozen=True)

@@ -48,12 +48,13 @@ from miles_nemogym.episode.record import (
     shown,
     task_id_of,
     task_row,
+    timed_out,
 )
 from miles_nemogym.errors import RequestError, UrlError
 from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.rollout_ids import rollout_id
 from miles_nemogym.log_once import log_once
 from miles_nemogym.redaction import redact_url
-from miles_nemogym.settings import EnvironmentServer, Settings
+from miles_nemogym.settings import EnvironmentServer, Settings, TimeoutReward
 from miles_nemogym.transport import (
     Deadline,
     TransportError,
@@ -182,6 +183,8 @@ async def _post_run(
         )
     except TransportError as error:
         reason = _scrubbed(settings, str(error))
+        if error.kind == fk.AGENT_TIMEOUT:  # held: the server was playing the episode it was sent
+            return timed_out(reason, policy=error.held, zero=settings.timeout_reward is TimeoutReward.zero)
         return Undelivered(error.kind, reason) if error.resendable else failure(error.kind, reason)
     if answer.over_cap:
         return failure(

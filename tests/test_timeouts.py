@@ -1,0 +1,148 @@
+"""Whose fault is a timeout: a whole-episode deadline (``NEMO_GYM_RUN_TIMEOUT``) that passes while the
+policy held the episode -- a delivered ``/run`` the server was still playing, an environment episode
+after its first model turn (a model or tool call) -- is scored 0 and trained as
+``miles_nemogym:policy_timeout`` (``NEMO_GYM_TIMEOUT_REWARD=zero``, the default) or set aside
+(``mask``); one waiting on infrastructure (a seed or ``/verify`` never answered, an answer cut
+mid-way, a first model call never answered) is always set aside as ``agent_timeout``. Loopback
+servers stall on events; the deadline is one second."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from miles_nemogym import failure_kinds as fk
+from miles_nemogym import metrics, reward, salvage, state
+from miles_nemogym.episode.record import ENV_KEY, TASK_ID_KEY
+from tests.support.agent_fixtures import call, fast_env
+from tests.support.environment_episodes import chat, episode, masked, within
+from tests.support.fake_resources import fake_resources
+from tests.support.samples import Sample
+from tests.support.scripted_chat import ScriptedChat, Turn, tool
+from tests.support.stalling import stalling_server
+
+__all__ = ["chat", "fast_env"]  # fixtures used by name
+pytestmark = pytest.mark.usefixtures("fast_env")
+
+AGENT_ROW = {
+    "responses_create_params": {"input": [{"role": "user", "content": "Deal me in."}]},
+    ENV_KEY: "blackjack",
+    TASK_ID_KEY: "blackjack/0",
+}
+POLICY = (False, 0.0, fk.POLICY_TIMEOUT)
+"""(masked, reward trained on, kind) of a timeout graded like a step limit."""
+SET_ASIDE = (True, 0.0, fk.AGENT_TIMEOUT)
+BY_SETTING = [("zero", POLICY), ("mask", SET_ASIDE)]
+
+
+@pytest.fixture(autouse=True)
+def one_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "1")
+
+
+async def run_row(monkeypatch: pytest.MonkeyPatch, kind: str, url: str, row: dict[str, Any]) -> dict[str, Any]:
+    """``agent.run`` of ``row`` as a SWE ``/run`` (``kind`` ``swe``) or an agent row to the server at ``url``."""
+    if kind == "swe":
+        monkeypatch.setenv("NEMO_GYM_URL", url)
+    else:
+        setting = {"blackjack": {"url": "http://127.0.0.1:9", "agent": url, "reward_range": [-1, 1]}}
+        monkeypatch.setenv("NEMO_GYM_ENVS", json.dumps(setting))
+    out, _ = await within(10, call(row if kind == "swe" else dict(AGENT_ROW)))
+    return out
+
+
+# --- /run: SWE and agent rows ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["swe", "agent"])
+@pytest.mark.parametrize(("setting", "expected"), BY_SETTING)
+async def test_a_run_the_server_held_past_the_deadline_is_the_policys(
+    monkeypatch: pytest.MonkeyPatch, sympy_row: dict[str, Any], kind: str, setting: str, expected: Any
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_TIMEOUT_REWARD", setting)
+    async with stalling_server("held") as server:
+        out = await run_row(monkeypatch, kind, server.url, sympy_row)
+        assert server.received.is_set()  # delivered: the server was playing the episode
+    assert masked(out) == expected
+    assert "NEMO_GYM_RUN_TIMEOUT=1s" in out["nemogym"]["failure_reason"]
+    assert out["nemogym"]["attempts"] == 1
+
+
+@pytest.mark.parametrize("kind", ["swe", "agent"])
+async def test_a_run_answer_cut_mid_way_at_the_deadline_is_set_aside(
+    monkeypatch: pytest.MonkeyPatch, sympy_row: dict[str, Any], kind: str
+) -> None:
+    """The server began its answer and stopped: infrastructure, whatever the setting says."""
+    async with stalling_server("mid_answer") as server:
+        out = await run_row(monkeypatch, kind, server.url, sympy_row)
+    assert masked(out) == SET_ASIDE
+
+
+# --- the in-process loop ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("setting", "expected"), BY_SETTING)
+async def test_a_tool_call_running_past_the_deadline_is_the_policys(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, setting: str, expected: Any
+) -> None:
+    monkeypatch.setenv("NEMO_GYM_TIMEOUT_REWARD", setting)
+    chat.script(f"longtool{setting}", Turn(tool_calls=(tool("echo"),)), Turn(content="done"))
+    async with fake_resources(stall=frozenset({"echo"})) as fake:
+        out, _ = await within(10, episode(monkeypatch, chat, fake.url, f"longtool{setting}"))
+        assert fake.stalled.is_set() and fake.verified == []
+    assert masked(out) == expected
+    assert (out["nemogym"]["turns"], out["nemogym"]["tool_calls"]) == (1, 0)
+
+
+async def test_a_later_model_call_past_the_deadline_is_the_policys(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chat.script("slowsecond", Turn(tool_calls=(tool("echo"),)), Turn(content="x", delay_s=3600))
+    async with fake_resources() as fake:
+        out, _ = await within(10, episode(monkeypatch, chat, fake.url, "slowsecond"))
+    assert masked(out) == POLICY
+    assert len(fake.tool_calls) == 1 and fake.verified == []
+
+
+@pytest.mark.parametrize("endpoint", ["seed_session", "verify"])
+async def test_a_seed_or_verify_never_answered_is_set_aside(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, endpoint: str
+) -> None:
+    chat.script(f"stall{endpoint}", Turn(content="B"))
+    async with fake_resources(stall=frozenset({endpoint})) as fake:
+        out, _ = await within(10, episode(monkeypatch, chat, fake.url, f"stall{endpoint}"))
+        assert fake.stalled.is_set()
+    assert masked(out) == SET_ASIDE
+    assert f"/{endpoint}" in out["nemogym"]["failure_reason"]
+
+
+async def test_a_first_model_call_never_answered_is_set_aside(
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No turn was made: nothing of the policy's to grade (and nothing Miles could train)."""
+    chat.script("nofirst", Turn(content="x", delay_s=3600))
+    async with fake_resources() as fake:
+        out, _ = await within(10, episode(monkeypatch, chat, fake.url, "nofirst"))
+    assert masked(out) == SET_ASIDE
+
+
+# --- the hooks read a timed-out record as trained with reward 0 ---------------------------------
+
+
+async def test_the_hooks_train_a_policy_timeout_with_reward_0_and_count_it_by_its_status(
+    monkeypatch: pytest.MonkeyPatch, sympy_row: dict[str, Any]
+) -> None:
+    async with stalling_server("held") as server:
+        out = await run_row(monkeypatch, "swe", server.url, sympy_row)
+    timed_out = Sample(metadata={**sympy_row, **out})
+    assert await reward.reward_func(None, timed_out) == 0.0 and not state.reward_problems
+    tally = state.ledger.drain()
+    assert (tally.episodes, dict(tally.failures)) == (1, {})  # valid: not a failure
+    logged = metrics.rollout_metrics([timed_out], tally)
+    assert logged["nemogym/failure_rate"] == 0.0
+    assert logged["nemogym/status_rate/miles_nemogym_policy_timeout"] == 1.0
+    # Valid in its group, and held for a sample Miles may return ABORTED (no turn reached the session).
+    assert salvage.group_verdict([timed_out, timed_out], min_valid=2) == (None, False)
+    assert state.held.claim(sympy_row["instance_id"]) is not None
