@@ -1,4 +1,4 @@
-"""The routing model forwards only to a session (issue 35, defects 1, 2, 3, 6): the real routing
+"""The routing model forwards only to a session: the real routing
 model in the real NeMo-Gym server (blackjack's ``gymnasium_agent`` in front of it, as ``serve --env
 blackjack`` starts them), a loopback ``HostileSession`` playing the session server.
 
@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,7 +27,8 @@ from miles_nemogym.settings import Settings
 from miles_nemogym.transport import close_pools
 from tests.support.environment_episodes import in_process_answer_to
 from tests.support.hostile_session import BAD_MAX_TOKENS, OVERFLOW, Act, HostileSession, session_id, turn
-from tests.support.routed_agents import RoutedAgents, model_base_urls, running_routed_agents
+from tests.support.routed_agents import RoutedAgents, model_base_urls, model_base_urls_at, running_routed_agents
+from tests.support.serve_process import exported, serving
 
 pytestmark = pytest.mark.integration
 
@@ -175,3 +178,53 @@ async def _in_process(monkeypatch: pytest.MonkeyPatch, body: bytes) -> dict[str,
         return await in_process_answer_to(monkeypatch, 400, body)
     finally:
         await close_pools()
+
+
+# -- serve: the secret's journey, and the routing model's own address ------------------------------
+
+
+def _processes_holding(secret: str) -> list[tuple[str, dict[str, str]]]:
+    """(command line, environment) of every readable process whose environment holds ``secret``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes()
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        assert secret not in cmdline, cmdline  # never in any argv
+        if secret.encode() in environ:
+            pairs = (item.partition(b"=") for item in environ.split(b"\0") if item)
+            found.append((cmdline, {k.decode(): v.decode(errors="replace") for k, _, v in pairs}))
+    return found
+
+
+def test_serve_hands_its_secret_to_the_routing_model_alone_which_never_calls_itself(tmp_path: Path) -> None:
+    import yaml
+
+    from miles_nemogym.gym.venv import ensure_gym_venv
+
+    state = tmp_path / "serve-state"
+    environment = {k: v for k, v in os.environ.items() if k != "NEMO_GYM_ROLLOUT_SECRET"}
+    # A range that takes in the routing model's own port: its own address is still refused.
+    arguments = ["--no-swe", "--env", "blackjack", "--port", "0", "--state-dir", str(state)]
+    with serving(*arguments, "--session-server", "127.0.0.1:1024-65535", env=environment) as serve:
+        printed = exported(serve.printed)
+        assert set(printed) == {"NEMO_GYM_ENVS", "NEMO_GYM_ROLLOUT_SECRET"}, serve.printed
+        secret = printed["NEMO_GYM_ROLLOUT_SECRET"]
+        assert len(secret) >= 32
+        holders = _processes_holding(secret)
+        assert [cmd.strip().endswith("miles_routing_model/app.py") for cmd, _ in holders] == [True], holders
+        config = holders[0][1]["NEMO_GYM_CONFIG_DICT"]
+        assert secret not in config  # not in the composed config every server reads
+        own = yaml.safe_load(config)["policy_model"]["responses_api_models"]["miles_routing_model"]["port"]
+        model = f"http://127.0.0.1:{own}"
+        itself = rollout_id(f"{model}/sessions/{session_id()}/v1", secret)
+        (base,) = model_base_urls_at(ensure_gym_venv().python, model, itself)
+        answer = httpx.post(f"{base}/chat/completions", json=CHAT, timeout=60)
+        assert answer.status_code == 403 and "own address" in answer.text, answer.text
+        serve.stop()
+    logs = [path for path in state.rglob("*") if path.is_file()]
+    assert logs and not [path for path in logs if secret.encode() in path.read_bytes()]

@@ -81,14 +81,15 @@ for rollout in sys.argv[2:]:
 def model_base_urls(agents: RoutedAgents, *rollouts: str) -> list[str]:
     """The routing model's base URL an agent (or a sandboxed harness) calls for each rollout id
     (nemo-gym's own ``apply_rollout_prefix``, as ``resolve_model_base_url``/``base_url_for_run`` build it)."""
+    model = f"http://127.0.0.1:{agents.servers.ports['policy_model']}"
+    return model_base_urls_at(agents.servers.gym.python, model, *rollouts)
+
+
+def model_base_urls_at(python: Path, model: str, *rollouts: str) -> list[str]:
+    """``model_base_urls`` of the routing model at ``model``, built by the server venv's ``python``."""
     import subprocess
 
-    model = f"http://127.0.0.1:{agents.servers.ports['policy_model']}"
     done = subprocess.run(
-        [str(agents.servers.gym.python), "-c", _MODEL_URLS, model, *rollouts],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
+        [str(python), "-c", _MODEL_URLS, model, *rollouts], capture_output=True, text=True, check=True, timeout=120
     )
     return done.stdout.strip().splitlines()[-len(rollouts) :]
