@@ -48,9 +48,7 @@ from miles_nemogym.episode.record import (
     task_row,
 )
 from miles_nemogym.errors import MilesNemoGymError, RequestError
-from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.session_answers import (
-    is_context_overflow,
-)
+from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.session_answers import CONTEXT_FULL
 from miles_nemogym.settings import EnvironmentServer, Settings
 from miles_nemogym.transport import Answer, Deadline, TransportError, check_session_url, pool, request
 
@@ -466,7 +464,7 @@ class _Loop:
         except TransportError as error:
             kind = fk.AGENT_TIMEOUT if error.kind == fk.AGENT_TIMEOUT else fk.POLICY_FAILED
             raise _Failed(kind, f"the policy: {error.kind}: {error}") from None
-        if not answer.over_cap and is_context_overflow(answer.status, answer.body):
+        if answer.status == 400 and not answer.over_cap and CONTEXT_FULL.search(answer.body):
             # The conversation outgrew the context: a cut-off, as NeMo-Gym's vllm_model answers it.
             return _Choice(message=_Message(content=""), finish_reason="length"), None
         if answer.status != 200 or answer.over_cap:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["is_context_overflow"]
+__all__ = ["CONTEXT_FULL", "is_context_overflow"]
 
-_CONTEXT_FULL = re.compile(rb"context length", re.IGNORECASE)
+CONTEXT_FULL = re.compile(rb"context length", re.IGNORECASE)
+"""What a 400's body says when the prompt leaves no room to generate (the in-process loop reads it
+directly: a constant costs its sample path no file)."""
 
 
 def is_context_overflow(status: int, body: bytes) -> bool:
     """Whether a session's answer ``status``/``body`` says the prompt leaves no room to generate."""
-    return status == 400 and _CONTEXT_FULL.search(body) is not None
+    return status == 400 and CONTEXT_FULL.search(body) is not None
