@@ -26,7 +26,15 @@ from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.rol
 from miles_nemogym.settings import Settings
 from miles_nemogym.transport import close_pools
 from tests.support.environment_episodes import in_process_answer_to
-from tests.support.hostile_session import BAD_MAX_TOKENS, OVERFLOW, Act, HostileSession, session_id, turn
+from tests.support.hostile_session import (
+    BAD_MAX_TOKENS,
+    OVERFLOW,
+    SESSION_PORTS,
+    Act,
+    HostileSession,
+    session_id,
+    turn,
+)
 from tests.support.routed_agents import RoutedAgents, model_base_urls, model_base_urls_at, running_routed_agents
 from tests.support.serve_process import exported, serving
 
@@ -90,7 +98,7 @@ def test_only_the_allowed_host_port_and_the_session_path_are_reached(
     port = session.port
     own = blackjack.servers.ports["policy_model"]
     refused = [
-        f"http://127.0.0.1:{port + 100}/sessions/{sid}/v1",  # another port (outside 31000-31099)
+        f"http://127.0.0.1:{SESSION_PORTS[1] + 1}/sessions/{sid}/v1",  # another port (outside the range)
         f"http://10.9.9.9:{port}/sessions/{sid}/v1",  # another host
         f"http://localhost:{port}/sessions/{sid}/v1",  # another spelling of the host
         f"http://127.0.0.1:{own}/sessions/{sid}/v1",  # the routing model itself

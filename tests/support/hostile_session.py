@@ -3,7 +3,7 @@
 Each session (``/sessions/<32 hex>/v1/chat/completions``) answers by its ``Act``: a chat turn, an
 HTTP error with a body, a redirect elsewhere, or reading the request and dropping the connection.
 Every request that reached it is counted by path, so a test sees what was sent, and how often.
-Its ports come from ``SESSION_PORTS``, the range the routing model is told to allow."""
+Its port comes from ``SESSION_PORTS``, the range the routing model is told to allow."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-SESSION_PORTS = (31000, 31099)
-"""Miles' harness takes its session port from 31000 up (``find_available_port(31000)``); the reach
-tests' sessions bind there too. The routing model allows ``127.0.0.1:31000-31099``."""
+SESSION_PORTS = (31000, 32999)
+"""Miles' harness takes its session port near 31000 (``find_available_port(31000)``: 31100-32000, then
+up by 42 while taken); the reach tests' sessions bind there too. The routing model allows this range."""
 SESSION_SERVERS = (f"127.0.0.1:{SESSION_PORTS[0]}-{SESSION_PORTS[1]}",)
 OVERFLOW = b'{"object":"error","message":"This model\'s maximum context length is 4096 tokens.","code":400}'
 """A session's 400 saying the context is full (vLLM's words): a cut-off on both paths."""
