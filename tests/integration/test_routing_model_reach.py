@@ -100,7 +100,11 @@ def test_only_the_allowed_host_port_and_the_session_path_are_reached(
     refused = [
         f"http://127.0.0.1:{SESSION_PORTS[1] + 1}/sessions/{sid}/v1",  # another port (outside the range)
         f"http://10.9.9.9:{port}/sessions/{sid}/v1",  # another host
-        f"http://localhost:{port}/sessions/{sid}/v1",  # another spelling of the host
+        f"http://localhost:{port}/sessions/{sid}/v1",  # other spellings of the host
+        f"http://127.1:{port}/sessions/{sid}/v1",
+        f"http://127.0.0.1.:{port}/sessions/{sid}/v1",
+        f"http://[::ffff:127.0.0.1]:{port}/sessions/{sid}/v1",
+        f"http://127.0.0.1\t:{port}/sessions/{sid}/v1",
         f"http://127.0.0.1:{own}/sessions/{sid}/v1",  # the routing model itself
         f"http://127.0.0.1:{port}/sessions/{sid}/../../health/v1",
         f"http://127.0.0.1:{port}/sessions/{sid}/v1/../../{sid}/v1",
@@ -111,12 +115,20 @@ def test_only_the_allowed_host_port_and_the_session_path_are_reached(
         f"http://127.0.0.1:{port}/sessions/not-a-session-id/v1",
         f"http://127.0.0.1:{port}/v1",
         f"http://127.0.0.1:{port}/sessions/{sid}/v1?x=1",
+        f"http://127.0.0.1:{port}/sessions/{sid}/v1#x",
+        f"http://127.0.0.1:{port}/sessions/{sid}/v1" + "/" * 2100,  # an id past the length limit
         f"http://u:p@127.0.0.1:{port}/sessions/{sid}/v1",
         f"http://127.0.0.1:{port}\\@10.9.9.9/sessions/{sid}/v1",
     ]
     for url in refused:
         answer = _post(blackjack, url)
         assert answer.status_code == 403, (url, answer.status_code, answer.text)
+    # No id at all, and ids that are no encoding: no default model either.
+    model = f"http://127.0.0.1:{own}"
+    assert httpx.post(f"{model}/v1/chat/completions", json=CHAT, timeout=60).status_code == 403
+    for garbage in ("x", "not-base64.at-all", "aHR0cA." + "A" * 43):
+        (base,) = model_base_urls(blackjack, garbage)
+        assert httpx.post(f"{base}/chat/completions", json=CHAT, timeout=60).status_code == 403, garbage
     assert session.count() == 0, session.received
 
 
