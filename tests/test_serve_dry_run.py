@@ -312,6 +312,13 @@ def test_a_session_server_names_its_port_or_an_explicit_range(bare_host: Path) -
     assert "HOST:PORT" in shown and "HOST[:PORT]" not in shown and "HOST alone" not in shown
 
 
+def test_a_rollout_secret_the_user_gives_serve_must_be_long_enough(bare_host: Path) -> None:
+    given = ["serve", "--no-swe", "--env", "blackjack", "--session-server", "10.0.0.5:30000"]
+    result = CliRunner().invoke(app, given, env={"NEMO_GYM_ROLLOUT_SECRET": "hunter2"})
+    assert result.exit_code == 2 and "NEMO_GYM_ROLLOUT_SECRET is shorter than 32 characters" in result.stderr
+    assert "hunter2" not in result.output and not (bare_host / "gym-venv").exists()
+
+
 def test_routed_plays_a_simple_agent_environment_through_its_own_run(bare_host: Path) -> None:
     routed = ["serve", "--no-swe", "--env", "mcqa", "--routed", "--session-server", "10.0.0.5:30000", "--dry-run"]
     result = CliRunner().invoke(app, routed)

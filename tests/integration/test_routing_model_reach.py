@@ -248,3 +248,17 @@ def test_serve_hands_its_secret_to_the_routing_model_alone_which_never_calls_its
         serve.stop()
     logs = [path for path in state.rglob("*") if path.is_file()]
     assert logs and not [path for path in logs if secret.encode() in path.read_bytes()]
+
+
+def test_a_secret_the_user_gave_serve_is_used_and_never_echoed(tmp_path: Path) -> None:
+    secret = f"user-secret-{session_id()}"
+    environment = {**os.environ, "NEMO_GYM_ROLLOUT_SECRET": secret}
+    arguments = ["--no-swe", "--env", "blackjack", "--port", "0", "--state-dir", str(tmp_path / "state")]
+    with serving(*arguments, "--session-server", "127.0.0.1:31000", env=environment) as serve:
+        assert set(exported(serve.printed)) == {"NEMO_GYM_ENVS"} and secret not in serve.printed, serve.printed
+        assert "NEMO_GYM_ROLLOUT_SECRET: the value serve was started with" in serve.printed
+        # serve (started with it) and the routing model hold it; no other server inherits it.
+        holders = sorted("routing" if "miles_routing_model" in cmd else cmd for cmd, _ in _processes_holding(secret))
+        assert len(holders) == 2 and holders[1] == "routing" and " serve " in holders[0], holders
+        rest = serve.stop()
+    assert secret not in rest

@@ -430,7 +430,7 @@ def _print_ready(
     if environments is not None and environments.routed:
         # The one place the signing secret is shown: the trainer needs it (never logged, never in argv).
         if os.environ.get(SECRET_VARIABLE):
-            console.print(f"    export {SECRET_VARIABLE}=<the value in serve's environment>", highlight=False)
+            console.print(f"    # and {SECRET_VARIABLE}: the value serve was started with (not shown)", highlight=False)
         else:
             console.print(
                 f"    export {SECRET_VARIABLE}={environments.rollout_secret}",
