@@ -8,6 +8,7 @@ agent stand-in (``FaultServer`` answering with ``respond``)."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -23,7 +24,7 @@ from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.rol
 )
 from miles_nemogym.ledger import streak_stop
 from miles_nemogym.settings import Settings, parse_environments
-from tests.support.agent_fixtures import SESSION, call, fast_env
+from tests.support.agent_fixtures import ROLLOUT_SECRET, SESSION, call, fast_env
 from tests.support.fault_server import FaultServer
 from tests.support.ports import free_port
 
@@ -58,12 +59,36 @@ async def agent_server(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FaultSe
     await srv.stop()
 
 
-def test_a_rollout_id_is_the_policy_url_in_nemo_gyms_alphabet_and_decodes_back() -> None:
+def test_a_rollout_id_is_the_policy_url_signed_in_nemo_gyms_alphabet() -> None:
     policy = "http://10.0.0.5:30000/sessions/0f3c9a/v1"
-    encoded = rollout_id(policy)
-    assert encoded[0].isalpha() and all(c.isalnum() or c in "._-" for c in encoded)
-    assert policy_url_of(encoded) == policy
-    assert policy_url_of("") is None and policy_url_of("not/base64") is None and policy_url_of("@@") is None
+    encoded = rollout_id(policy, ROLLOUT_SECRET)
+    assert re.fullmatch(r"[A-Za-z][A-Za-z0-9._-]*", encoded) and len(encoded) <= 2048
+    assert policy_url_of(encoded, ROLLOUT_SECRET) == policy
+    # Unsigned (the old form), signed with another secret, signed for another URL: no URL.
+    unsigned = encoded.partition(".")[0]
+    other = rollout_id("http://10.0.0.5:30000/sessions/ffff/v1", ROLLOUT_SECRET)
+    forged = f"{unsigned}.{other.partition('.')[2]}"
+    elsewhere = rollout_id(policy, "another-secret-of-at-least-32-characters")
+    for refused in (unsigned, forged, elsewhere, "", "not/base64", "@@", f"{encoded}x", f"{encoded}.x"):
+        assert policy_url_of(refused, ROLLOUT_SECRET) is None, refused
+    with pytest.raises(ValueError, match="NEMO_GYM_ROLLOUT_SECRET is shorter than 32"):
+        rollout_id(policy, "short")
+
+
+async def test_an_agent_row_without_serves_rollout_secret_is_a_masked_invalid_config(
+    agent_server: FaultServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for value in (None, "", "too-short"):
+        if value is None:
+            monkeypatch.delenv("NEMO_GYM_ROLLOUT_SECRET")
+        else:
+            monkeypatch.setenv("NEMO_GYM_ROLLOUT_SECRET", value)
+        record = (await call(dict(ROW)))["nemogym"]
+        assert (record["mask_sample"], record["failure_kind"]) == (True, fk.INVALID_CONFIG), value
+        reason = record["failure_reason"]
+        assert "NEMO_GYM_ROLLOUT_SECRET" in reason and "miles-nemogym serve" in reason, reason
+        assert value is None or value == "" or value not in reason  # the value itself is never shown
+    assert agent_server.bodies == []  # nothing was sent
 
 
 async def test_an_agent_row_posts_its_agents_run_with_the_row_and_the_rollout_id(agent_server: FaultServer) -> None:
@@ -79,7 +104,7 @@ async def test_an_agent_row_posts_its_agents_run_with_the_row_and_the_rollout_id
     )
     assert out["eval_report"] == {"info": {"result": "loss"}}
     (body,) = agent_server.bodies
-    assert policy_url_of(body["_ng_rollout_id"]) == f"{SESSION}/v1"
+    assert policy_url_of(body["_ng_rollout_id"], ROLLOUT_SECRET) == f"{SESSION}/v1"
     assert body["agent_ref"] == ROW["agent_ref"] and ENV_KEY not in body and TASK_ID_KEY not in body
     params = body["responses_create_params"]
     assert (params["input"], params["temperature"], params["max_output_tokens"]) == (

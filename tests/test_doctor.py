@@ -522,10 +522,17 @@ def test_doctor_checks_an_agent_rows_agent_server_for_post_run(
         )
         monkeypatch.setenv("NEMO_GYM_URL", gym.url)
         monkeypatch.setenv("NEMO_GYM_ENVS", envs)
+        monkeypatch.setenv("NEMO_GYM_ROLLOUT_SECRET", "s" * 32)
         result = CliRunner().invoke(app, ["doctor", "--timeout", "2"], env={"COLUMNS": "200"})
+        # Without serve's rollout secret an agent row cannot be routed: named, with its fix.
+        monkeypatch.delenv("NEMO_GYM_ROLLOUT_SECRET")
+        unsigned = CliRunner().invoke(app, ["doctor", "--timeout", "2"], env={"COLUMNS": "200"})
     assert result.exit_code == 1, result.output
     # The agent's /run is what the rows reach (the resources server is the agent's to reach).
     assert f"PASS environment blackjack: agent {agent.url}: POST /run" in result.output
     assert f"FAIL environment wrong: {resources.url} answers but is not a NeMo-Gym agent server (no POST /run)" in (
         " ".join(result.output.split())
     )
+    said = " ".join(unsigned.output.split())
+    assert unsigned.exit_code == 1 and f"FAIL environment blackjack: agent {agent.url}: POST /run, but" in said
+    assert "NEMO_GYM_ROLLOUT_SECRET is not set" in said and "`miles-nemogym serve --env blackjack` printed" in said

@@ -270,8 +270,8 @@ def test_serve_refuses_a_provider_that_lacks_what_dry_run_names_before_starting(
 def test_dry_run_of_a_gymnasium_environment_names_its_agent_and_the_setting_carries_it(bare_host: Path) -> None:
     lacking = CliRunner().invoke(app, ["serve", "--no-swe", "--env", "blackjack", "--dry-run"])
     assert lacking.exit_code == 1, lacking.output  # what serve would refuse, the dry run lists
-    assert "  - --session-server HOST[:PORT]: blackjack is played by an agent server" in lacking.stderr
-    given = ["--session-server", "10.0.0.5"]
+    assert "  - --session-server HOST:PORT: blackjack is played by an agent server" in lacking.stderr
+    given = ["--session-server", "10.0.0.5:30000"]
     result = CliRunner().invoke(
         app, ["serve", "--no-swe", "--env", "blackjack", "--port", "23456", *given, "--dry-run"]
     )
@@ -291,14 +291,36 @@ def test_dry_run_of_a_gymnasium_environment_names_its_agent_and_the_setting_carr
 def test_serving_an_agent_environment_needs_the_trainers_session_servers(bare_host: Path) -> None:
     result = CliRunner().invoke(app, ["serve", "--no-swe", "--env", "blackjack"])
     assert result.exit_code == 2
-    assert "blackjack is played by an agent server" in result.stderr and "--session-server HOST[:PORT]" in result.stderr
+    assert "blackjack is played by an agent server" in result.stderr and "--session-server HOST:PORT" in result.stderr
     assert not (bare_host / "gym-venv").exists()  # refused before anything was built or started
-    bad = CliRunner().invoke(app, ["serve", "--no-swe", "--env", "blackjack", "--session-server", "h:x"])
-    assert bad.exit_code == 2 and "--session-server 'h:x': give HOST or HOST:PORT" in bad.stderr
+    for entry in ("h:x", "10.0.0.5", "10.0.0.5:", "10.0.0.5:0", "10.0.0.5:30007-30000", "u@10.0.0.5:30000"):
+        bad = CliRunner().invoke(app, ["serve", "--no-swe", "--env", "blackjack", "--session-server", entry])
+        assert bad.exit_code == 2 and f"--session-server {entry!r}: " in bad.stderr, (entry, bad.stderr)
+        assert "give HOST:PORT (e.g. 10.0.0.5:30000), or a range HOST:PORT-PORT" in bad.stderr
+        assert not (bare_host / "gym-venv").exists()
+
+
+def test_a_session_server_names_its_port_or_an_explicit_range(bare_host: Path) -> None:
+    """``HOST`` alone allowed every port of the host (an open relay carrying the policy key):
+    refused, naming the fix; the help shows the required form."""
+    alone = CliRunner().invoke(app, ["serve", "--no-swe", "--env", "blackjack", "--session-server", "10.0.0.5"])
+    assert alone.exit_code == 2 and "give HOST:PORT (e.g. 10.0.0.5:30000)" in alone.stderr, alone.stderr
+    for entry in ("10.0.0.5:30000", "10.0.0.5:30000-30007", "[::1]:30000", "trainer-0:30000"):
+        given = ["serve", "--no-swe", "--env", "blackjack", "--session-server", entry, "--dry-run"]
+        assert CliRunner().invoke(app, given).exit_code == 0, entry
+    shown = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output
+    assert "HOST:PORT" in shown and "HOST[:PORT]" not in shown and "HOST alone" not in shown
+
+
+def test_a_rollout_secret_the_user_gives_serve_must_be_long_enough(bare_host: Path) -> None:
+    given = ["serve", "--no-swe", "--env", "blackjack", "--session-server", "10.0.0.5:30000"]
+    result = CliRunner().invoke(app, given, env={"NEMO_GYM_ROLLOUT_SECRET": "hunter2"})
+    assert result.exit_code == 2 and "NEMO_GYM_ROLLOUT_SECRET is shorter than 32 characters" in result.stderr
+    assert "hunter2" not in result.output and not (bare_host / "gym-venv").exists()
 
 
 def test_routed_plays_a_simple_agent_environment_through_its_own_run(bare_host: Path) -> None:
-    routed = ["serve", "--no-swe", "--env", "mcqa", "--routed", "--session-server", "10.0.0.5", "--dry-run"]
+    routed = ["serve", "--no-swe", "--env", "mcqa", "--routed", "--session-server", "10.0.0.5:30000", "--dry-run"]
     result = CliRunner().invoke(app, routed)
     assert result.exit_code == 0, result.output
     assert "played by agent mcqa_simple_agent (its /run)" in result.stderr

@@ -23,6 +23,10 @@ from urllib.parse import urlsplit
 from miles_nemogym import fit, pins
 from miles_nemogym.episode import run as swe_run
 from miles_nemogym.errors import RequestError
+from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.rollout_ids import (
+    SECRET_VARIABLE,
+    secret_problem,
+)
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.server_probe import Fetcher, FetchError, SchemaError, fetch_json, resources_routes, run_body_fields
 from miles_nemogym.settings import Settings, SettingsError
@@ -389,6 +393,15 @@ def _agent(name: str, agent: str, target: Target) -> Found:
         return _failed(
             f"{url} answers but is not a NeMo-Gym agent server (no POST /run)",
             f"{where}: the agent server's own address (`miles-nemogym serve --env {name}` prints it)",
+        )
+    settings = target.settings
+    secret = settings.rollout_secret if isinstance(settings, Settings) else None
+    problem = secret_problem(secret.get_secret_value() if secret else "")
+    if problem:
+        return _failed(
+            f"agent {url}: POST /run, but {problem}: the routing model forwards only the model calls of "
+            "rollout ids signed with it",
+            f"export the {SECRET_VARIABLE} line `miles-nemogym serve --env {name}` printed",
         )
     return _passed(f"agent {url}: POST /run")
 

@@ -144,6 +144,10 @@ class Settings(BaseModel):
     policy_api_key: SecretStr | None = Field(default=None, alias="NEMO_GYM_POLICY_API_KEY")
     """Bearer token the harness sends to the policy endpoint. Never logged or returned."""
 
+    rollout_secret: SecretStr | None = Field(default=None, alias="NEMO_GYM_ROLLOUT_SECRET")
+    """What agent rows' rollout ids are signed with: the value ``miles-nemogym serve`` prints for its
+    routing model, which forwards only calls whose id it signed. Never logged or returned."""
+
     external_host: str | None = Field(default=None, alias="MILES_ROUTER_EXTERNAL_HOST")
     """Host the NeMo-Gym server can dial to reach this node's session server. The
     name is the upstream Miles example's, kept for compatibility."""
@@ -219,7 +223,9 @@ class Settings(BaseModel):
     def reward_range(self) -> tuple[float, float]:
         return _parse_range(self.reward_range_text)
 
-    @field_validator("external_host", "policy_api_key", "episode_dir", "environments_text", mode="before")
+    @field_validator(
+        "external_host", "policy_api_key", "rollout_secret", "episode_dir", "environments_text", mode="before"
+    )
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
         if isinstance(value, str) and not value.strip():
@@ -336,7 +342,7 @@ def _parse_range(text: str) -> tuple[float, float]:
 ENV_VARS: tuple[str, ...] = tuple(
     str(field.alias) for field in Settings.model_fields.values() if field.alias is not None
 )
-_SECRET_VARS = frozenset({"NEMO_GYM_POLICY_API_KEY"})
+_SECRET_VARS = frozenset({"NEMO_GYM_POLICY_API_KEY", "NEMO_GYM_ROLLOUT_SECRET"})
 
 
 def _alias(name: str) -> str:

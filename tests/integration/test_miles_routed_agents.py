@@ -22,9 +22,17 @@ import httpx
 import pytest
 
 from tests.support.fault_server import FaultServer
+from tests.support.hostile_session import SESSION_PORTS
 from tests.support.miles_environments import completion, prompt_row, scripts
 from tests.support.miles_harness import MilesDriver, StepResult
-from tests.support.routed_agents import GYMNASIUM, ROUTED_SIMPLE, TOOL_SIMULATION, RoutedAgents, running_routed_agents
+from tests.support.routed_agents import (
+    GYMNASIUM,
+    ROUTED_SIMPLE,
+    TOOL_SIMULATION,
+    RoutedAgents,
+    model_base_urls,
+    running_routed_agents,
+)
 from tests.support.scripted_chat import Turn, tool
 from tests.support.threaded import serving_in_thread
 
@@ -144,7 +152,11 @@ def routed_steps(miles_driver: MilesDriver, routed_agents: RoutedAgents) -> Iter
                     n_prompts=len(rows),
                     n_samples=1,
                     session_server=version,
-                    env={"NEMO_GYM_ENVS": json.dumps(setting), "NEMO_GYM_RUN_TIMEOUT": "600"},
+                    env={
+                        "NEMO_GYM_ENVS": json.dumps(setting),
+                        "NEMO_GYM_RUN_TIMEOUT": "600",
+                        "NEMO_GYM_ROLLOUT_SECRET": routed_agents.servers.rollout_secret,
+                    },
                     scripts=texts,
                     response_spans=True,
                     time_limit_s=480,
@@ -281,29 +293,6 @@ def test_routed_episodes_have_no_tito_mismatch_and_train_only_the_policy_turns(
 
 # -- the routing model itself, and the harness path (claude_code, codex, opencode agents) -------------
 
-_HARNESS_URLS = """
-import sys
-from nemo_gym.server_utils import apply_rollout_prefix
-for rollout in sys.argv[2:]:
-    print(apply_rollout_prefix(sys.argv[1], rollout, token_capture=True) + "/v1")
-"""
-
-
-def _harness_base_urls(agents: RoutedAgents, *rollouts: str) -> list[str]:
-    """The model base URL a sandboxed harness is handed for each rollout (nemo-gym's own
-    ``apply_rollout_prefix``, as ``resolve_model_base_url``/``base_url_for_run`` build it)."""
-    import subprocess
-
-    model = f"http://127.0.0.1:{agents.servers.ports['policy_model']}"
-    done = subprocess.run(
-        [str(agents.servers.gym.python), "-c", _HARNESS_URLS, model, *rollouts],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    return done.stdout.strip().splitlines()[-len(rollouts) :]
-
 
 def test_a_harness_calls_reach_only_the_session_its_rollout_id_names(routed_agents: RoutedAgents) -> None:
     import httpx
@@ -313,21 +302,23 @@ def test_a_harness_calls_reach_only_the_session_its_rollout_id_names(routed_agen
     from miles_nemogym.smoke.policy import RecordingPolicy
 
     chat = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
-    with RecordingPolicy(look_around_turns=1) as session_server:
-        session = session_server.session_url("s1")
+    secret = routed_agents.servers.rollout_secret
+    with RecordingPolicy(look_around_turns=1, port=_free_session_port()) as session_server:
+        s1 = "0123456789abcdef0123456789abcdef"  # a Miles session id: uuid4().hex
+        session = session_server.session_url(s1)
         policy = policy_base_url(session, "http://127.0.0.1:1")
-        foreign = rollout_id("http://10.9.9.9:80/sessions/x/v1")
-        base, undecodable, elsewhere = _harness_base_urls(routed_agents, rollout_id(policy), "not-a-url", foreign)
+        foreign = rollout_id(f"http://10.9.9.9:80/sessions/{s1}/v1", secret)
+        base, undecodable, elsewhere = model_base_urls(routed_agents, rollout_id(policy, secret), "not-a-url", foreign)
         assert "/ng-rollout/" in base  # the harness is handed the id in its URL ...
         answer = httpx.post(f"{base}/chat/completions", json=chat, timeout=60)
         assert answer.status_code == 200, answer.text
         assert answer.json()["choices"][0]["message"]["role"] == "assistant"
         # ... and the call reached that session, and nothing else.
-        assert session_server.sessions() == ["s1"] and len(session_server.chat_requests("s1")) == 1
+        assert session_server.sessions() == [s1] and len(session_server.chat_requests(s1)) == 1
         responses = {"input": [{"role": "user", "content": "hi"}]}
         answer = httpx.post(f"{base}/responses", json=responses, timeout=60)
         assert answer.status_code == 200 and answer.json()["object"] == "response", answer.text
-        assert len(session_server.chat_requests("s1")) == 2  # Responses converted to chat, as vllm_model does
+        assert len(session_server.chat_requests(s1)) == 2  # Responses converted to chat, as vllm_model does
 
         model = f"http://127.0.0.1:{routed_agents.servers.ports['policy_model']}"
         # No rollout id, one that names nothing, one for a server not allowed: refused, never a default model.
@@ -339,4 +330,18 @@ def test_a_harness_calls_reach_only_the_session_its_rollout_id_names(routed_agen
         for why, url in refused.items():
             answer = httpx.post(url, json=chat, timeout=60)
             assert answer.status_code == 403, (why, answer.status_code, answer.text)
-        assert len(session_server.chat_requests("s1")) == 2
+        assert len(session_server.chat_requests(s1)) == 2
+
+
+def _free_session_port() -> int:
+    """A free port among those the routing model allows (``SESSION_PORTS``)."""
+    import socket
+
+    for port in range(SESSION_PORTS[0], SESSION_PORTS[1] + 1):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {SESSION_PORTS}")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import urllib.request
 import uuid
 from pathlib import Path
@@ -19,23 +18,11 @@ from miles_nemogym.gym.venv import ensure_gym_venv
 from miles_nemogym.gym.wheel import read_member
 from miles_nemogym.settings import Settings
 from tests.support.ray_cluster import pids_with_environment
-from tests.support.serve_process import serving
+from tests.support.serve_process import exported, serving
 
 pytestmark = pytest.mark.integration
 
 ENVS = ("mcqa", "xlam_fc")
-
-
-def _exported(printed: str) -> dict[str, str]:
-    """The ``export NAME=VALUE`` lines serve printed, as the shell would read them."""
-    found = {}
-    for line in printed.splitlines():
-        if line.strip().startswith("export "):
-            words = shlex.split(line)
-            assert len(words) == 2, line  # one shell word per value: pasted as is
-            name, _, value = words[1].partition("=")
-            found[name] = value
-    return found
 
 
 def _seed(url: str, env: str) -> int:
@@ -54,9 +41,9 @@ def test_serve_env_starts_resources_servers_next_to_swe_and_stops_them_all(tmp_p
     key = f"sk-policy-{uuid.uuid4().hex}"
     environment = {**os.environ, "NEMO_GYM_POLICY_API_KEY": key}
     with serving(*arguments, *(f"--env={env}" for env in ENVS), env=environment) as serve:
-        exported = _exported(serve.printed)
-        assert set(exported) == {"NEMO_GYM_URL", "NEMO_GYM_ENVS"}, serve.printed
-        settings = Settings.from_env(exported)
+        printed = exported(serve.printed)
+        assert set(printed) == {"NEMO_GYM_URL", "NEMO_GYM_ENVS"}, serve.printed
+        settings = Settings.from_env(printed)
         assert sorted(settings.environments) == sorted(ENVS)
         for env, server in settings.environments.items():
             assert _seed(server.url, env) == 200

@@ -16,11 +16,13 @@ from tests.support.fault_server import FaultServer
 from tests.support.samples import Sample, Status
 
 SESSION = "http://127.0.0.1:39999/sessions/s-1"
+ROLLOUT_SECRET = "test-rollout-secret-0123456789abcdef"
+"""What ``serve`` would print as ``NEMO_GYM_ROLLOUT_SECRET`` (agent rows sign their rollout ids with it)."""
 
 
 @pytest.fixture
 def fast_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A short connect timeout, no key, no external host: each test sets what it needs."""
+    """A short connect timeout, no key, no external host, serve's rollout secret: each test sets what it needs."""
     monkeypatch.setenv("NEMO_GYM_CONNECT_TIMEOUT", "2")
     for name in (
         "NEMO_GYM_POLICY_API_KEY",
@@ -30,6 +32,7 @@ def fast_env(monkeypatch: pytest.MonkeyPatch) -> None:
     ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("NEMO_GYM_MAX_RESULT_BYTES", raising=False)
+    monkeypatch.setenv("NEMO_GYM_ROLLOUT_SECRET", ROLLOUT_SECRET)
 
 
 @pytest.fixture

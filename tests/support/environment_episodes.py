@@ -117,3 +117,17 @@ def strict_line_problem(line: bytes) -> str | None:
     except ValueError as error:
         return str(error)
     return None
+
+
+async def in_process_answer_to(monkeypatch: pytest.MonkeyPatch, status: int, body: bytes) -> dict[str, Any]:
+    """The record ``agent.run`` returns for an in-process episode whose session answers its second
+    model call with ``status`` and ``body`` (the first calls a tool)."""
+    from tests.support.fake_resources import fake_resources
+    from tests.support.scripted_chat import Turn, tool
+
+    with ScriptedChat() as policy:
+        policy.script("answer", Turn(tool_calls=(tool("echo"),)), Turn(status=status, raw=body))
+        async with fake_resources() as fake:
+            out = await episode(monkeypatch, policy, fake.url, "answer")
+    record: dict[str, Any] = out["nemogym"]
+    return record

@@ -18,6 +18,7 @@ import pytest
 from miles_nemogym.gym.environments import EnvironmentServers, plan
 from miles_nemogym.gym.venv import BuildLines, GymPythonNotFoundError, ensure_gym_venv
 from tests.support.env_scripts import ENVIRONMENTS
+from tests.support.hostile_session import SESSION_SERVERS
 
 GYMNASIUM = ("blackjack", "example_multi_turn_gymnasium", "openair_congestion")
 """Environments whose config gives them ``gymnasium_agent``."""
@@ -47,7 +48,7 @@ class RoutedAgents:
 
 @contextlib.contextmanager
 def running_routed_agents(
-    envs: Sequence[str], state_dir: Path, session_servers: Sequence[str] = ("127.0.0.1",)
+    envs: Sequence[str], state_dir: Path, session_servers: Sequence[str] = SESSION_SERVERS
 ) -> Iterator[RoutedAgents]:
     """``envs`` with their agents and the routing model (allowing ``session_servers``), stopped after."""
     try:
@@ -67,3 +68,28 @@ def running_routed_agents(
         yield RoutedAgents(servers)
     finally:
         servers.stop(timeout=3.0)
+
+
+_MODEL_URLS = """
+import sys
+from nemo_gym.server_utils import apply_rollout_prefix
+for rollout in sys.argv[2:]:
+    print(apply_rollout_prefix(sys.argv[1], rollout, token_capture=True) + "/v1")
+"""
+
+
+def model_base_urls(agents: RoutedAgents, *rollouts: str) -> list[str]:
+    """The routing model's base URL an agent (or a sandboxed harness) calls for each rollout id
+    (nemo-gym's own ``apply_rollout_prefix``, as ``resolve_model_base_url``/``base_url_for_run`` build it)."""
+    model = f"http://127.0.0.1:{agents.servers.ports['policy_model']}"
+    return model_base_urls_at(agents.servers.gym.python, model, *rollouts)
+
+
+def model_base_urls_at(python: Path, model: str, *rollouts: str) -> list[str]:
+    """``model_base_urls`` of the routing model at ``model``, built by the server venv's ``python``."""
+    import subprocess
+
+    done = subprocess.run(
+        [str(python), "-c", _MODEL_URLS, model, *rollouts], capture_output=True, text=True, check=True, timeout=120
+    )
+    return done.stdout.strip().splitlines()[-len(rollouts) :]

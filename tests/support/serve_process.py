@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import signal
 import subprocess
 import sys
@@ -43,3 +44,15 @@ def serving(*arguments: str, env: Mapping[str, str] | None = None) -> Iterator[S
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def exported(printed: str) -> dict[str, str]:
+    """The ``export NAME=VALUE`` lines serve printed, as the shell would read them."""
+    found = {}
+    for line in printed.splitlines():
+        if line.strip().startswith("export "):
+            words = shlex.split(line)
+            assert len(words) == 2, line  # one shell word per value: pasted as is
+            name, _, value = words[1].partition("=")
+            found[name] = value
+    return found

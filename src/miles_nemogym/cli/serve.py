@@ -12,6 +12,7 @@ installed, and what is missing, and starts nothing.
 from __future__ import annotations
 
 import math
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -50,7 +51,8 @@ _HELP = """Run the real NeMo-Gym mini_swe_agent_2 server for training or evaluat
 --env NAME (repeatable) the resources servers of other NeMo-Gym environments next to it
 (--no-swe: only those). It prints the NEMO_GYM_URL and NEMO_GYM_ENVS the trainer exports.
 An environment its config gives another agent (gymnasium_agent, ...) also gets that agent
-server, its model calls routed to the trainers' sessions (--session-server).
+server, its model calls routed to the trainers' sessions (--session-server HOST:PORT), and
+serve prints the NEMO_GYM_ROLLOUT_SECRET the trainer signs those episodes with.
 
 SWE episodes run as Ray tasks: on a private Ray on this machine, or spread over a running
 cluster with --ray-address (docs/scale-out.md). --dry-run shows the composed server config
@@ -134,10 +136,12 @@ def serve(
         list[str] | None,
         typer.Option(
             "--session-server",
-            metavar="HOST[:PORT]",
-            help="A trainer's Miles session server that agents' model calls may be routed to (repeat for "
-            "several; HOST alone: any port). Needed by environments played by their own agent server "
-            "(gymnasium_agent, tool_simulation_agent, ...); nothing else is reachable through the routing model.",
+            metavar="HOST:PORT",
+            help="A trainer's Miles session server (its --session-server-port; HOST:PORT-PORT for a range) that "
+            "agents' model calls may be routed to, repeat for several. Needed by environments played by their own "
+            "agent server (gymnasium_agent, tool_simulation_agent, ...); nothing else is reachable through the "
+            "routing model, and only calls whose rollout id the trainer signed with the NEMO_GYM_ROLLOUT_SECRET "
+            "serve prints.",
         ),
     ] = None,
     routed: Annotated[
@@ -156,6 +160,14 @@ def serve(
     from miles_nemogym.cli.progress import step_display
     from miles_nemogym.gym.config import ServeOptions, load_provider_options
     from miles_nemogym.gym.environments import EnvironmentServers, plan, refusals
+    from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.rollout_ids import (
+        MIN_SECRET_CHARS,
+        SECRET_VARIABLE,
+        secret_problem,
+    )
+    from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.session_servers import (
+        parse_session_server,
+    )
     from miles_nemogym.gym.server import GymServer
     from miles_nemogym.gym.venv import GymEnvironmentError, ensure_gym_venv
     from miles_nemogym.validation import as_flag, problems
@@ -206,15 +218,26 @@ def serve(
         raise typer.Exit(2)
     agents = [p.name for p in plans if p.agent]
     allowed = [server.strip() for server in session_servers or [] if server.strip()]
-    bad = [server for server in allowed if not _is_host_port(server)]
-    if bad:
-        console.print(f"[red]error:[/red] --session-server {bad[0]!r}: give HOST or HOST:PORT, e.g. 10.0.0.5:30000")
-        raise typer.Exit(2)
+    for entry in allowed:
+        try:
+            parse_session_server(entry)
+        except ValueError as exc:
+            console.print(f"[red]error:[/red] --session-server {escape(entry)!r}: {exc}", highlight=False)
+            raise typer.Exit(2) from None
     if agents and not allowed and not dry_run:
         console.print(
             f"[red]error:[/red] {', '.join(agents)} {'is' if len(agents) == 1 else 'are'} played by an agent server "
-            "whose model calls go to the trainer's Miles session servers: name them with --session-server HOST[:PORT] "
-            "(the training nodes' address, e.g. --session-server 10.0.0.5)"
+            "whose model calls go to the trainer's Miles session servers: name them with --session-server HOST:PORT "
+            "(the training node's address and Miles' --session-server-port, e.g. --session-server 10.0.0.5:30000)",
+            highlight=False,
+        )
+        raise typer.Exit(2)
+    given_secret = os.environ.get(SECRET_VARIABLE)
+    if agents and given_secret is not None and secret_problem(given_secret):
+        console.print(
+            f"[red]error:[/red] {secret_problem(given_secret)} (it signs the agents' rollout ids); unset it and "
+            f"serve makes one, or set at least {MIN_SECRET_CHARS} random characters",
+            highlight=False,
         )
         raise typer.Exit(2)
     # SWE on --port, the environments on the ports after it (0: every one free).
@@ -376,6 +399,8 @@ def _print_ready(
     """What is serving and the lines to paste on the training node (never wrapped)."""
     import shlex
 
+    from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.rollout_ids import SECRET_VARIABLE
+
     what = []
     if server is not None:
         options = server.options
@@ -402,6 +427,17 @@ def _print_ready(
     if environments is not None:
         setting = shlex.quote(environments.setting())
         console.print(f"    export NEMO_GYM_ENVS={setting}", soft_wrap=True, highlight=False, markup=False)
+    if environments is not None and environments.routed:
+        # The one place the signing secret is shown: the trainer needs it (never logged, never in argv).
+        if os.environ.get(SECRET_VARIABLE):
+            console.print(f"    # and {SECRET_VARIABLE}: the value serve was started with (not shown)", highlight=False)
+        else:
+            console.print(
+                f"    export {SECRET_VARIABLE}={environments.rollout_secret}",
+                soft_wrap=True,
+                highlight=False,
+                markup=False,
+            )
     logs = []
     if server is not None:
         logs.append(f"log: {server.log_path}\nresults: {server.state_dir}/results")
@@ -470,7 +506,7 @@ def _dry_run(
         agents = [p.name for p in plans if p.agent]
         if agents and not session_servers:
             missing.append(
-                f"--session-server HOST[:PORT]: {', '.join(agents)} "
+                f"--session-server HOST:PORT: {', '.join(agents)} "
                 f"{'is' if len(agents) == 1 else 'are'} played by an agent server whose model calls go to "
                 "the trainer's Miles session servers (the training nodes' address)"
             )
@@ -535,17 +571,6 @@ def _plan_environments(
             f"judge: {', '.join(judged)} graded by {judge.model} at {judge.url}", highlight=False, soft_wrap=True
         )
     console.print(f"NEMO_GYM_ENVS='{setting(plans, urls, agents)}'", highlight=False, markup=False, soft_wrap=True)
-
-
-def _is_host_port(text: str) -> bool:
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(f"//{text}")
-        parts.port  # noqa: B018 (raises on a bad port)
-    except ValueError:
-        return False
-    return bool(parts.hostname) and parts.netloc == text and not parts.username and "@" not in text
 
 
 def register(app: typer.Typer) -> None:

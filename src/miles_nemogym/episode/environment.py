@@ -47,6 +47,7 @@ from miles_nemogym.episode.record import (
     timed_out,
 )
 from miles_nemogym.errors import MilesNemoGymError, RequestError
+from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.session_answers import CONTEXT_FULL
 from miles_nemogym.settings import EnvironmentServer, Settings, TimeoutReward
 from miles_nemogym.transport import Answer, Deadline, TransportError, check_session_url, pool, request
 
@@ -57,9 +58,6 @@ _TOOL_OUTPUT_BYTES = 64 * 1024
 """A longer tool answer is cut here and a note appended (``simple_agent`` has no cap)."""
 _RESOURCES_ROUTES = frozenset({"seed_session", "verify", "close_session", "aggregate_metrics", "reverify_mode"})
 """The resources server's own endpoints: never a tool."""
-_CONTEXT_FULL = re.compile(rb"context length", re.IGNORECASE)
-"""What a 400 from the policy says when the prompt leaves no room to generate: vLLM's "maximum
-context length", SGLang's "longer than the model's context length" (through Miles' session server)."""
 _VERIFY_OWN = frozenset({"response", "reward", "mask_sample", "failure_kind", "failure_reason"})
 """``/verify``'s answer echoes the request; these are the loop's own fields, not the environment's."""
 
@@ -475,7 +473,7 @@ class _Loop:
             kind = fk.AGENT_TIMEOUT if error.kind == fk.AGENT_TIMEOUT else fk.POLICY_FAILED
             # After its first answered turn the episode is the policy's; a first call never answered is not.
             raise _Failed(kind, f"the policy: {error.kind}: {error}", policy=self.transcript.turns > 0) from None
-        if answer.status == 400 and not answer.over_cap and _CONTEXT_FULL.search(answer.body):
+        if answer.status == 400 and not answer.over_cap and CONTEXT_FULL.search(answer.body):
             # The conversation outgrew the context: a cut-off, as NeMo-Gym's vllm_model answers it.
             return _Choice(message=_Message(content=""), finish_reason="length"), None
         if answer.status != 200 or answer.over_cap:

@@ -50,8 +50,12 @@ from miles_nemogym.episode.record import (
     task_row,
     timed_out,
 )
-from miles_nemogym.errors import RequestError, UrlError
-from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.rollout_ids import rollout_id
+from miles_nemogym.errors import RequestError, SettingsError, UrlError
+from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.rollout_ids import (
+    SECRET_VARIABLE,
+    rollout_id,
+    secret_problem,
+)
 from miles_nemogym.log_once import log_once
 from miles_nemogym.redaction import redact_url
 from miles_nemogym.settings import EnvironmentServer, Settings, TimeoutReward
@@ -247,16 +251,24 @@ def prepare_agent(
 ) -> AgentEpisode:
     """The episode of an agent row (``server.agent`` set) for Miles' session ``session_url``: the task
     row and its ``responses_create_params`` with the trainer's sampling, and ``_ng_rollout_id``, the
-    policy URL the agent's host dials, encoded (``rollout_ids.py``); ``RequestError`` names a bad field."""
+    policy URL the agent's host dials, signed (``rollout_ids.py``); ``RequestError`` names a bad field,
+    ``SettingsError`` a missing signing secret."""
     if not isinstance(metadata, Mapping) or not metadata:
         raise RequestError(
             "sample metadata must be a dict holding the task row; convert the data with `miles-nemogym convert`"
+        )
+    secret = settings.rollout_secret.get_secret_value() if settings.rollout_secret else ""
+    problem = secret_problem(secret)
+    if problem:
+        raise SettingsError(
+            f"{problem}: environment {environment!r} is played by an agent server whose routing model forwards "
+            f"only calls the trainer signed; export the {SECRET_VARIABLE} line `miles-nemogym serve` printed"
         )
     agent = str(server.agent)
     policy = policy_base_url(session_url, agent, settings.external_host)
     body = task_row(metadata)
     body["responses_create_params"] = responses_create_params(metadata.get("responses_create_params"), request_kwargs)
-    body[ROLLOUT_ID_KEY] = rollout_id(policy)
+    body[ROLLOUT_ID_KEY] = rollout_id(policy, secret)
     for key, value in body.items():
         problem = _json_problem_or_cycle(value)
         if problem:

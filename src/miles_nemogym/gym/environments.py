@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -45,6 +46,7 @@ from miles_nemogym.gym.composition import (
     shipped_config,
 )
 from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config, parse_configs
+from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.rollout_ids import SECRET_VARIABLE
 from miles_nemogym.gym.server import MARKER_ENV, advertised_url, free_port, kill_marked, wait_until_answering
 from miles_nemogym.gym.venv import (
     BuildLines,
@@ -518,6 +520,7 @@ class EnvironmentServers:
         app_folders: Mapping[str, Path] | None = None,
         judge: Judge | None = None,
         session_servers: Sequence[str] = (),
+        rollout_secret: str | None = None,
     ) -> None:
         self.gym = gym
         self.plans = list(plans)
@@ -536,6 +539,10 @@ class EnvironmentServers:
         self.routed = any(p.agent for p in self.plans)
         """Agents are served: ``policy_model`` is the routing model, allowed ``session_servers``."""
         self.session_servers = list(session_servers)
+        self.rollout_secret = (rollout_secret or os.environ.get(SECRET_VARIABLE) or secrets.token_urlsafe(32)).strip()
+        """What the routing model checks agent rows' rollout ids against (``rollout_ids.py``): given,
+        else ``NEMO_GYM_ROLLOUT_SECRET`` in this process, else made for this start. Handed to the
+        routing model's process alone, in its environment; the trainer signs with the same value."""
         if self.routed:
             self._app_folders.setdefault(POLICY_MODEL, ROUTING_MODEL)
             self._extra_env["NEMO_GYM_EXTRA_ROOTS"] = str(ROUTING_ROOT)
@@ -685,6 +692,8 @@ class EnvironmentServers:
         key = os.environ.get(POLICY_KEY_ENV)
         if self.routed and name == POLICY_MODEL and key:
             env[POLICY_KEY_ENV] = key  # the routing model's alone (every other process goes without it)
+        if self.routed and name == POLICY_MODEL:
+            env[SECRET_VARIABLE] = self.rollout_secret  # likewise the routing model's alone
         with self.log_path(name).open("ab") as log:
             self._processes[name] = subprocess.Popen(
                 [str(python), str(folder / "app.py")],

@@ -318,6 +318,8 @@ _NOT_INHERITED = frozenset(
         "NEMO_GYM_POLICY_API_KEY",
         # The judge's key goes to the judge's model server alone (gym/environments.py adds it there).
         "NEMO_GYM_JUDGE_API_KEY",
+        # The rollout-id signing secret goes to the routing model alone (gym/environments.py).
+        "NEMO_GYM_ROLLOUT_SECRET",
     }
 )
 

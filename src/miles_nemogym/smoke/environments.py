@@ -156,7 +156,8 @@ def run_environment_smoke(
         try:
             servers.start()
             settings = Settings.from_env().with_overrides(
-                environments_text=setting(plans, servers.urls(), servers.agent_urls())
+                environments_text=setting(plans, servers.urls(), servers.agent_urls()),
+                rollout_secret=servers.rollout_secret,  # agent rows' ids, signed as the trainer signs them
             )
             if episode_dir is not None:
                 settings = settings.with_overrides(episode_dir=str(episode_dir))

@@ -1,14 +1,21 @@
 """miles-nemogym's routing policy model: NeMo-Gym's ``vllm_model`` whose upstream is chosen per call.
 
 Every agent ``miles-nemogym serve`` starts names this server as its ``policy_model``. The trainer
-sends each ``/run`` with ``_ng_rollout_id`` = the sample's policy URL (Miles' session URL + ``/v1``,
-encoded by ``rollout_ids.py``); the agent prefixes its model calls with ``/ng-rollout/<id>/`` (run-level
-token capture, ``token_id_capture.all_agents``), NeMo-Gym's middleware strips the prefix and publishes
-the id as ``current_rollout_id()``, and this server sends the call to that session, converting
-Responses to chat completions exactly as ``vllm_model`` does (it is ``vllm_model``). A call whose id is
-missing, undecodable, or names a host:port outside ``session_servers`` is refused with HTTP 403: there
-is no default model. The configured ``base_url`` is never dialled. The policy API key comes from this
-process's ``NEMO_GYM_POLICY_API_KEY`` (given to this process alone by ``serve``), never from the config.
+sends each ``/run`` with ``_ng_rollout_id`` = the sample's policy URL (Miles' session URL + ``/v1``)
+signed with the secret ``serve`` gave this process (``rollout_ids.py``); the agent prefixes its
+model calls with ``/ng-rollout/<id>/`` (run-level token capture, ``token_id_capture.all_agents``),
+NeMo-Gym's middleware strips the prefix and publishes the id as ``current_rollout_id()``, and this
+server sends the call to that session, converting Responses to chat completions exactly as
+``vllm_model`` does (it is ``vllm_model``). A call whose id is missing, unsigned or forged, or names
+anything but ``/sessions/<id>/v1`` on one of ``session_servers`` (or this server itself) is refused
+with HTTP 403 before anything is sent: there is no default model. The configured ``base_url`` is
+never dialled. The policy API key and the signing secret come from this process's environment
+(given to this process alone by ``serve``), never from the config.
+
+The call is sent once: a redirect is not followed, and only a connection that was never
+established is tried again (``_SessionClient``). A session's error answer fails the agent's call
+(HTTP 502), except the context overflow ``session_answers.py`` names, which ``vllm_model`` turns
+into an empty ``length`` turn as the in-process loop does.
 
 It replaces ``vllm_model``'s private ``_resolve_client`` (no public hook chooses the upstream per
 call in nemo-gym 0.7.0): docs/upstream.md; ``_check_upstream`` refuses to start if that seam moved.
@@ -16,26 +23,32 @@ call in nemo-gym 0.7.0): docs/upstream.md; ``_check_upstream`` refuses to start 
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import json
 import os
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 from fastapi import HTTPException, Request
+from multidict import CIMultiDict, CIMultiDictProxy
 from nemo_gym.openai_utils import NeMoGymAsyncOpenAI
 from nemo_gym.rollout_correlation import current_rollout_id
-from nemo_gym.server_utils import is_nemo_gym_fastapi_entrypoint
+from nemo_gym.server_utils import get_global_aiohttp_client, is_nemo_gym_fastapi_entrypoint
 from responses_api_models.vllm_model.app import VLLMModel, VLLMModelConfig
 
-from rollout_ids import policy_url_of
+from rollout_ids import SECRET_VARIABLE, policy_url_of, secret_problem
+from session_answers import is_context_overflow
+from session_servers import SessionServer, forward_problem, parse_session_server
 
 _KEY_VARIABLE = "NEMO_GYM_POLICY_API_KEY"
-_CONNECTION_RETRIES = 2
-"""A session server that refuses connections fails the call soon (``vllm_model`` default: forever);
-a refused connection delivered nothing, so trying again cannot run a turn twice."""
-_HTTP_ATTEMPTS = 1
-"""A session server's answer is final: an HTTP error is not sent again (the session may already hold
-the turn; the in-process loop does not resend either), it fails the agent's ``/run``."""
+_CONNECTION_TRIES = 3
+"""Tries to open a connection to a session server; only a connection never established is tried
+again (nothing was sent), so no turn runs twice. ``vllm_model``'s default retries for ever."""
+_RETRY_PAUSE_S = 0.5
+_OVERFLOW_BODY = b'{"error": "the session answered: the prompt exceeds the model\'s context length"}'
+"""What ``vllm_model`` is handed for a context overflow (its own check matches "context length")."""
 
 
 def _check_upstream() -> None:
@@ -59,12 +72,27 @@ def _check_upstream() -> None:
 _check_upstream()
 
 
+def _rollout_secret() -> str:
+    secret = os.environ.get(SECRET_VARIABLE, "")
+    problem = secret_problem(secret)
+    if problem:
+        raise RuntimeError(
+            f"miles_routing_model: {problem}; `miles-nemogym serve` gives this process the secret the trainer "
+            "signs rollout ids with (start it through serve)"
+        )
+    return secret.strip()
+
+
+_SECRET = _rollout_secret()
+
+
 class _SessionClient(NeMoGymAsyncOpenAI):
-    """The client of one call's session: its chat answer with ``top_logprobs`` present on each
-    token's log-prob (Miles' session server leaves it out; NeMo-Gym's chat model requires it)."""
+    """The client of one call's session. Each request is sent at most once (``_send``); the chat
+    answer gets ``top_logprobs`` on each token's log-prob (Miles' session server leaves it out;
+    NeMo-Gym's chat model requires it)."""
 
     async def create_chat_completion(self, **kwargs: Any) -> Any:
-        answer = await super().create_chat_completion(**kwargs)
+        answer = await self._send("POST", f"{self.base_url}/chat/completions", kwargs)
         for choice in answer.get("choices") or [] if isinstance(answer, dict) else []:
             logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
             for token in (logprobs or {}).get("content") or [] if isinstance(logprobs, dict) else []:
@@ -72,10 +100,65 @@ class _SessionClient(NeMoGymAsyncOpenAI):
                     token.setdefault("top_logprobs", [])
         return answer
 
+    async def create_completion(self, **kwargs: Any) -> Any:
+        return await self._send("POST", f"{self.base_url}/completions", kwargs)
+
+    async def create_response(self, **kwargs: Any) -> Any:
+        return await self._send("POST", f"{self.base_url}/responses", kwargs)
+
+    async def create_tokenize(self, **kwargs: Any) -> Any:
+        return await self._send("POST", f"{self.base_url.removesuffix('/v1')}/tokenize", kwargs)
+
+    async def create_models(self) -> Any:
+        return await self._send("GET", f"{self.base_url}/models", None)
+
+    async def _send(self, method: str, url: str, body: dict[str, Any] | None) -> Any:
+        """One request through NeMo-Gym's shared aiohttp session, redirects not followed. Tried
+        again only after ``ClientConnectorError`` (the connection was never established); a
+        failure after that (reset, disconnect) may have delivered the call and fails it."""
+        headers = {**self.default_headers, "Authorization": f"Bearer {self.api_key}"}
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        session = get_global_aiohttp_client()
+        for attempt in range(1, _CONNECTION_TRIES + 1):
+            try:
+                async with session.request(method, url, data=data, headers=headers, allow_redirects=False) as response:
+                    status, content = response.status, await response.read()
+                break
+            except aiohttp.ClientConnectorError as error:
+                if attempt == _CONNECTION_TRIES:
+                    raise HTTPException(
+                        status_code=502, detail=f"miles_routing_model: cannot connect to the session ({error})"
+                    ) from None
+                await asyncio.sleep(_RETRY_PAUSE_S)  # a back-off, not a synchronisation
+            except aiohttp.ClientError as error:
+                raise HTTPException(
+                    status_code=502,
+                    detail=f"miles_routing_model: the session's connection failed after the call was sent "
+                    f"({type(error).__name__}); it is not sent again",
+                ) from None
+        if 200 <= status < 300:
+            try:
+                return json.loads(content)
+            except ValueError:
+                raise HTTPException(
+                    status_code=502, detail="miles_routing_model: the session answered no JSON"
+                ) from None
+        if is_context_overflow(status, content):
+            # vllm_model's own cut-off: an empty turn, finish_reason "length" (session_answers.py).
+            where = CIMultiDictProxy(CIMultiDict[str]())
+            info = aiohttp.RequestInfo(response.url, method, where, response.url)
+            error = aiohttp.ClientResponseError(info, (), status=status, message="context length exceeded")
+            error.response_content = _OVERFLOW_BODY  # type: ignore[attr-defined]
+            raise error
+        said = " (a redirect: not followed)" if 300 <= status < 400 else ""
+        raise HTTPException(status_code=502, detail=f"miles_routing_model: the session answered HTTP {status}{said}")
+
 
 class MilesRoutingModelConfig(VLLMModelConfig):
     session_servers: list[str]
-    """``host:port`` of each Miles session server a call may go to (``host`` alone: any port)."""
+    """``HOST:PORT`` or ``HOST:PORT-PORT`` of each Miles session server a call may go to."""
 
 
 class MilesRoutingModel(VLLMModel):
@@ -83,42 +166,34 @@ class MilesRoutingModel(VLLMModel):
 
     def _resolve_client(self, request: Request) -> NeMoGymAsyncOpenAI:
         rollout = current_rollout_id()
-        url = policy_url_of(rollout) if rollout else None
+        url = policy_url_of(rollout, _SECRET) if rollout else None
         if url is None:
             raise HTTPException(
                 status_code=403,
-                detail="miles_routing_model: the call carries no rollout id naming a Miles session "
-                "(is run-level token capture on, and was /run sent with _ng_rollout_id?)",
+                detail="miles_routing_model: the call carries no rollout id the trainer signed for a Miles session "
+                "(is run-level token capture on, was /run sent with _ng_rollout_id, and does the trainer export "
+                f"the {SECRET_VARIABLE} this serve printed?)",
             )
-        problem = _problem(url, self.config.session_servers)
+        own = (str(self.config.host).strip("[]").lower(), int(self.config.port))
+        problem = forward_problem(url, _allowed(self.config.session_servers), own)
         if problem:
             raise HTTPException(status_code=403, detail=f"miles_routing_model: rollout {rollout[:64]}: {problem}")
+        parts = urlsplit(url)
         return _SessionClient(
-            base_url=url,
+            base_url=f"{parts.scheme}://{parts.netloc}{parts.path}",
             api_key=os.environ.get(_KEY_VARIABLE) or "unused",
             default_headers=self.config.default_headers,
-            max_connection_retries=_CONNECTION_RETRIES,
-            max_http_attempts=_HTTP_ATTEMPTS,
         )
 
 
-def _problem(url: str, allowed: list[str]) -> str | None:
-    """Why a call may not go to ``url``, or None."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        return "it names no valid URL"
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
-        return "it names no plain http(s) URL"
-    if parts.query or parts.fragment or not parts.path.rstrip("/").endswith("/v1"):
-        return "it names no session URL (.../sessions/<id>/v1)"
-    port = port or (443 if parts.scheme == "https" else 80)
-    for entry in allowed:
-        want = urlsplit(f"//{entry.strip()}")
-        if want.hostname == parts.hostname.lower() and want.port in (None, port):
-            return None
-    return f"{parts.scheme}://{parts.netloc} is not one of the session servers this model serves ({allowed or 'none'})"
+def _allowed(entries: list[str]) -> list[SessionServer]:
+    allowed = []
+    for entry in entries:
+        try:
+            allowed.append(parse_session_server(entry))
+        except ValueError:
+            continue  # serve refuses these; a hand-made config's bad entry allows nothing
+    return allowed
 
 
 if __name__ == "__main__":
