@@ -437,9 +437,9 @@ def test_timeout_and_concurrency_flags_override_the_environment(
 
     assert result.exit_code == 1
     by_id = {row["instance_id"]: row for row in lines(out)}
-    # The server held the delivered /run past the deadline: the policy's time (NEMO_GYM_TIMEOUT_REWARD=zero).
-    assert by_id[SYMPY]["verdict"] == "failed"
-    assert by_id[SYMPY]["failure_kind"] == "miles_nemogym:policy_timeout"
+    # A scan has no Miles session to ask whether the policy was called: the timeout is set aside.
+    assert by_id[SYMPY]["verdict"] == "infra"
+    assert by_id[SYMPY]["failure_kind"] == "agent_timeout"
     assert "1s" in by_id[SYMPY]["reason"]
     assert by_id[SKLEARN]["verdict"] == "passed"
 

@@ -1,9 +1,10 @@
 """Whose fault is a timeout: a whole-episode deadline (``NEMO_GYM_RUN_TIMEOUT``) that passes while the
-policy held the episode -- a delivered ``/run`` the server was still playing, an environment episode
-after its first model turn (a model or tool call) -- is scored 0 and trained as
+policy held the episode -- a ``/run`` whose Miles session recorded a model call, an environment
+episode after its first model turn (a model or tool call) -- is scored 0 and trained as
 ``miles_nemogym:policy_timeout`` (``NEMO_GYM_TIMEOUT_REWARD=zero``, the default) or set aside
 (``mask``); one waiting on infrastructure (a seed or ``/verify`` never answered, an answer cut
-mid-way, a first model call never answered) is always set aside as ``agent_timeout``. Loopback
+mid-way, a first model call never answered, a ``/run`` whose session recorded no call or cannot be
+asked) is always set aside as ``agent_timeout``. Loopback
 servers stall on events; the deadline is one second."""
 
 from __future__ import annotations
@@ -42,14 +43,18 @@ def one_second(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "1")
 
 
-async def run_row(monkeypatch: pytest.MonkeyPatch, kind: str, url: str, row: dict[str, Any]) -> dict[str, Any]:
-    """``agent.run`` of ``row`` as a SWE ``/run`` (``kind`` ``swe``) or an agent row to the server at ``url``."""
+async def run_row(
+    monkeypatch: pytest.MonkeyPatch, kind: str, url: str, row: dict[str, Any], session: str | None = None
+) -> dict[str, Any]:
+    """``agent.run`` of ``row`` as a SWE ``/run`` (``kind`` ``swe``) or an agent row to the server at
+    ``url``, for Miles' session ``session`` (default: one nothing listens on)."""
     if kind == "swe":
         monkeypatch.setenv("NEMO_GYM_URL", url)
     else:
         setting = {"blackjack": {"url": "http://127.0.0.1:9", "agent": url, "reward_range": [-1, 1]}}
         monkeypatch.setenv("NEMO_GYM_ENVS", json.dumps(setting))
-    out, _ = await within(10, call(row if kind == "swe" else dict(AGENT_ROW)))
+    given = {"base_url": session} if session else {}
+    out, _ = await within(10, call(row if kind == "swe" else dict(AGENT_ROW), **given))
     return out
 
 
@@ -58,16 +63,29 @@ async def run_row(monkeypatch: pytest.MonkeyPatch, kind: str, url: str, row: dic
 
 @pytest.mark.parametrize("kind", ["swe", "agent"])
 @pytest.mark.parametrize(("setting", "expected"), BY_SETTING)
-async def test_a_run_the_server_held_past_the_deadline_is_the_policys(
+async def test_a_run_past_the_deadline_after_a_model_call_is_the_policys(
     monkeypatch: pytest.MonkeyPatch, sympy_row: dict[str, Any], kind: str, setting: str, expected: Any
 ) -> None:
     monkeypatch.setenv("NEMO_GYM_TIMEOUT_REWARD", setting)
-    async with stalling_server("held") as server:
-        out = await run_row(monkeypatch, kind, server.url, sympy_row)
+    async with stalling_server("held", calls=2) as server:
+        out = await run_row(monkeypatch, kind, server.url, sympy_row, server.session_url)
         assert server.received.is_set()  # delivered: the server was playing the episode
     assert masked(out) == expected
     assert "NEMO_GYM_RUN_TIMEOUT=1s" in out["nemogym"]["failure_reason"]
     assert out["nemogym"]["attempts"] == 1
+
+
+@pytest.mark.parametrize("kind", ["swe", "agent"])
+@pytest.mark.parametrize("asked", ["no call recorded", "session unreachable"])
+async def test_a_run_past_the_deadline_before_any_model_call_is_set_aside(
+    monkeypatch: pytest.MonkeyPatch, sympy_row: dict[str, Any], kind: str, asked: str
+) -> None:
+    """A sandbox that never started, a server that never played: nothing of the policy's to grade."""
+    async with stalling_server("held", calls=0) as server:
+        session = server.session_url if asked == "no call recorded" else None
+        out = await run_row(monkeypatch, kind, server.url, sympy_row, session)
+        assert server.received.is_set()
+    assert masked(out) == SET_ASIDE
 
 
 @pytest.mark.parametrize("kind", ["swe", "agent"])
@@ -134,8 +152,8 @@ async def test_a_first_model_call_never_answered_is_set_aside(
 async def test_the_hooks_train_a_policy_timeout_with_reward_0_and_count_it_by_its_status(
     monkeypatch: pytest.MonkeyPatch, sympy_row: dict[str, Any]
 ) -> None:
-    async with stalling_server("held") as server:
-        out = await run_row(monkeypatch, "swe", server.url, sympy_row)
+    async with stalling_server("held", calls=1) as server:
+        out = await run_row(monkeypatch, "swe", server.url, sympy_row, server.session_url)
     timed_out = Sample(metadata={**sympy_row, **out})
     assert await reward.reward_func(None, timed_out) == 0.0 and not state.reward_problems
     tally = state.ledger.drain()

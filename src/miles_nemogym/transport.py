@@ -12,8 +12,7 @@ table turns what went wrong into a failure kind, each with one meaning:
     could not connect (refused, DNS, no route)   transport_unreachable         yes: it never left
     the TLS handshake failed                     miles_nemogym:transport_tls   yes: it never left
     connecting outlasted NEMO_GYM_CONNECT_TIMEOUT transport_timeout            yes: it never left
-    the deadline (NEMO_GYM_RUN_TIMEOUT) passed   agent_timeout (``held``: the  no
-                                                 server held the request sent whole)
+    the deadline (NEMO_GYM_RUN_TIMEOUT) passed   agent_timeout                 no
     the connection broke once it was made        transport_peer_drop           no: it may have arrived
 
 Requests share one connection pool per event loop (``pool``): the NeMo-Gym servers' side,
@@ -34,7 +33,6 @@ import threading
 import weakref
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from urllib.parse import SplitResult, urlsplit
 
 import aiohttp
@@ -181,26 +179,6 @@ class TransportError(MilesNemoGymError):
         self.resendable = resendable
         self.os_error = os_error
         """What the operating system said, for callers that explain a failure (doctor)."""
-        self.held = False
-        """``agent_timeout`` only: the request was sent whole and the server held it, its answer not
-        begun (the server was working on it: not queued here, connecting, sending, nor cut mid-answer)."""
-
-
-@dataclass
-class _Progress:
-    """How far one request got: its ``trace_request_ctx``."""
-
-    sent: bool = False
-
-
-async def _on_sent(_: aiohttp.ClientSession, context: SimpleNamespace, __: aiohttp.TraceRequestChunkSentParams) -> None:
-    progress = context.trace_request_ctx
-    if isinstance(progress, _Progress):
-        progress.sent = True
-
-
-_TRACE = aiohttp.TraceConfig()
-_TRACE.on_request_chunk_sent.append(_on_sent)
 
 
 async def request(
@@ -221,21 +199,15 @@ async def request(
         raise TransportError(fk.AGENT_TIMEOUT, _deadline_reason(deadline), resendable=False)
     timeout = aiohttp.ClientTimeout(total=remaining, sock_connect=min(connect_timeout_s, remaining))
     sent = {**_JSON_HEADERS, **headers} if headers else _JSON_HEADERS
-    progress = _Progress()
-    answering = False
     try:
         async with session.request(
-            method, url, data=payload, headers=sent, timeout=timeout, allow_redirects=False, trace_request_ctx=progress
+            method, url, data=payload, headers=sent, timeout=timeout, allow_redirects=False
         ) as response:
-            answering = True
             body, over_cap, size = await _read(response, cap)
             location = response.headers.get("Location") if 300 <= response.status < 400 else None
             return Answer(response.status, body, over_cap, size, location)
     except Exception as error:
-        failed = _failure(error, deadline, connect_timeout_s)
-        if isinstance(failed, TransportError) and failed.kind == fk.AGENT_TIMEOUT:
-            failed.held = progress.sent and not answering
-        raise failed from None
+        raise _failure(error, deadline, connect_timeout_s) from None
 
 
 def _failure(error: Exception, deadline: Deadline, connect_timeout_s: float) -> Exception:
@@ -325,11 +297,7 @@ class Pool:
 def _session(connector: aiohttp.BaseConnector | None, jar: aiohttp.abc.AbstractCookieJar) -> aiohttp.ClientSession:
     # Timeouts are per request (``request``); no session-wide total.
     return aiohttp.ClientSession(
-        connector=connector,
-        connector_owner=False,
-        cookie_jar=jar,
-        timeout=aiohttp.ClientTimeout(total=None),
-        trace_configs=[_TRACE],
+        connector=connector, connector_owner=False, cookie_jar=jar, timeout=aiohttp.ClientTimeout(total=None)
     )
 
 

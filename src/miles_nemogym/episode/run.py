@@ -26,7 +26,7 @@ import math
 import re
 import socket
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -122,6 +122,8 @@ class SweEpisode:
     payload: bytes
     task_id: str | None
     settings: Settings
+    session_url: str | None = None
+    """Miles' session (``base_url``), asked on a timeout whether the policy was called; None: a scan."""
     setting = "NEMO_GYM_URL"
 
     @property
@@ -137,7 +139,7 @@ class SweEpisode:
                 status, body, instance_id=self.task_id, reward_range=settings.reward_range, scrub=scrub
             )
 
-        return await _post_run(settings, settings.run_url, self.payload, deadline, score)
+        return await _post_run(settings, settings.run_url, self.payload, deadline, score, self.session_url)
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,7 @@ class AgentEpisode:
     environment: str
     server: EnvironmentServer
     settings: Settings
+    session_url: str
     setting = "NEMO_GYM_ENVS"
 
     @property
@@ -163,7 +166,9 @@ class AgentEpisode:
         def score(status: int, body: bytes, scrub: Callable[[bytes], bytes] | None) -> Outcome:
             return classify_agent_http(status, body, reward_range=valid, range_name=where, scrub=scrub)
 
-        return await _post_run(self.settings, f"{self.server_url}/run", self.payload, deadline, score)
+        return await _post_run(
+            self.settings, f"{self.server_url}/run", self.payload, deadline, score, self.session_url
+        )
 
 
 async def _post_run(
@@ -172,8 +177,10 @@ async def _post_run(
     payload: bytes,
     deadline: Deadline,
     score: Callable[[int, bytes, Callable[[bytes], bytes] | None], Outcome],
+    session_url: str | None,
 ) -> Outcome | Undelivered:
-    """POST one ``/run`` body and ``score`` the answer (in a worker thread when it is large)."""
+    """POST one ``/run`` body and ``score`` the answer (in a worker thread when it is large); a
+    timeout is the policy's when its session recorded a model call (``_policy_was_called``)."""
     connections = await pool(settings.max_concurrency)
     try:
         answer = await request(
@@ -187,8 +194,10 @@ async def _post_run(
         )
     except TransportError as error:
         reason = _scrubbed(settings, str(error))
-        if error.kind == fk.AGENT_TIMEOUT:  # held: the server was playing the episode it was sent
-            return timed_out(reason, policy=error.held, zero=settings.timeout_reward is TimeoutReward.zero)
+        if error.kind == fk.AGENT_TIMEOUT:
+            zero = settings.timeout_reward is TimeoutReward.zero
+            policy = zero and session_url is not None and await _policy_was_called(settings, session_url)
+            return timed_out(reason, policy=policy, zero=zero)
         return Undelivered(error.kind, reason) if error.resendable else failure(error.kind, reason)
     if answer.over_cap:
         return failure(
@@ -207,6 +216,37 @@ async def _post_run(
     return outcome
 
 
+async def _policy_was_called(settings: Settings, session_url: str) -> bool:
+    """Whether Miles' session at ``session_url`` recorded an answered model call (its ``GET
+    /sessions/<id>``: ``records``, each with the ``status_code`` the policy answered). Anything
+    else -- no answer, an error, no such call -- says the time was not the policy's."""
+    connections = await pool(settings.max_concurrency)
+    try:
+        answer = await request(
+            connections.policy,
+            "GET",
+            session_url.strip().rstrip("/"),
+            payload=None,
+            deadline=Deadline(settings.connect_timeout_s),
+            connect_timeout_s=settings.connect_timeout_s,
+            cap=settings.max_result_bytes,
+        )
+    except TransportError:
+        return False
+    if answer.status != 200:
+        return False
+    if answer.over_cap:  # records past the cap: many calls were made
+        return True
+    try:
+        records = pydantic_core.from_json(answer.body).get("records")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(records, list) and any(
+        isinstance(one, dict) and isinstance(one.get("status_code"), int) and one["status_code"] < 400
+        for one in records
+    )
+
+
 def _scrubbed(settings: Settings, text: str) -> str:
     scrubber = settings.key_scrubber()
     return text if scrubber is None else scrubber.scrub_text(text)
@@ -222,7 +262,8 @@ def prepare(
     """The episode of one SWE row for Miles' session ``session_url`` (its ``base_url``), the key
     (``NEMO_GYM_POLICY_API_KEY``) sent with it; ``RequestError`` names the bad field."""
     policy = policy_base_url(session_url, settings.gym_url, settings.external_host)
-    return prepare_scan(metadata, request_kwargs, settings, policy_url=policy, send_api_key=True)
+    episode = prepare_scan(metadata, request_kwargs, settings, policy_url=policy, send_api_key=True)
+    return replace(episode, session_url=session_url)
 
 
 def prepare_scan(
@@ -273,7 +314,7 @@ def prepare_agent(
         problem = _json_problem_or_cycle(value)
         if problem:
             raise RequestError(f"the task row in metadata cannot be sent as JSON: metadata[{key!r}] holds {problem}")
-    return AgentEpisode(_encode(body), task_id_of(metadata), environment, server, settings)
+    return AgentEpisode(_encode(body), task_id_of(metadata), environment, server, settings, session_url)
 
 
 # -- the policy URL -----------------------------------------------------------------------
