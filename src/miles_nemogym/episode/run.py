@@ -166,9 +166,7 @@ class AgentEpisode:
         def score(status: int, body: bytes, scrub: Callable[[bytes], bytes] | None) -> Outcome:
             return classify_agent_http(status, body, reward_range=valid, range_name=where, scrub=scrub)
 
-        return await _post_run(
-            self.settings, f"{self.server_url}/run", self.payload, deadline, score, self.session_url
-        )
+        return await _post_run(self.settings, f"{self.server_url}/run", self.payload, deadline, score, self.session_url)
 
 
 async def _post_run(
