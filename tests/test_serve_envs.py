@@ -23,6 +23,7 @@ from miles_nemogym.gym.environments import (
     plan,
 )
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv
+from tests.support.ports import port_in_time_wait
 from tests.support.ray_cluster import pids_with_environment
 from tests.support.wheels import tiny_wheel
 
@@ -224,5 +225,37 @@ def test_no_environment_server_gets_the_policy_api_key(tmp_path: Path, monkeypat
         assert "MNG_PROBE_INHERITED" in inherited  # the rest of the caller's environment is passed on
         assert "NEMO_GYM_POLICY_API_KEY" not in inherited
         assert pids_with_environment(key) == []
+    finally:
+        servers.stop()
+
+
+def _probe_servers(tmp_path: Path, first_port: int) -> EnvironmentServers:
+    app = tmp_path / "probe" / "app.py"
+    app.parent.mkdir(exist_ok=True)
+    app.write_text(_ENVIRON_PROBE)
+    state = tmp_path / "state"
+    state.mkdir(exist_ok=True)
+    servers = EnvironmentServers(
+        _base(),
+        [_env("probe")],
+        state_dir=state,
+        first_port=first_port,
+        app_folders={"probe": app.parent},
+        progress=lambda line: None,
+    )
+    servers.config = {"probe": {"resources_servers": {"probe": {}}}}  # composed already: no parser run
+    return servers
+
+
+def test_a_port_in_time_wait_is_free_and_a_listening_one_is_taken(tmp_path: Path) -> None:
+    # A restarted serve could not take its port for ~60 s: the check bound without SO_REUSEADDR.
+    port = port_in_time_wait()
+    servers = _probe_servers(tmp_path, port)
+    try:
+        servers.start()
+        assert servers.ports["probe"] == port
+        again = _probe_servers(tmp_path, port)  # the port is now really listening
+        with pytest.raises(GymEnvironmentError, match=f"port {port} on 127.0.0.1 .* is taken"):
+            again.start()
     finally:
         servers.stop()

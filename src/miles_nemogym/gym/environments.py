@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -45,7 +44,14 @@ from miles_nemogym.gym.composition import (
     shipped_config,
 )
 from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config, parse_configs
-from miles_nemogym.gym.server import MARKER_ENV, advertised_url, free_port, kill_marked, wait_until_answering
+from miles_nemogym.gym.server import (
+    MARKER_ENV,
+    advertised_url,
+    free_port,
+    kill_marked,
+    port_free,
+    wait_until_answering,
+)
 from miles_nemogym.gym.venv import (
     BuildLines,
     GymEnvironmentError,
@@ -488,15 +494,6 @@ def environment_python(gym: GymVenv, plans: Sequence[EnvironmentPlan], progress:
 # ----------------------------------------------------------------------------- processes
 
 
-def _port_taken(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        try:
-            probe.bind((host.strip("[]"), port))
-        except OSError:
-            return True
-    return False
-
-
 class EnvironmentServers:
     """The resources servers of ``plans`` as child processes; ``start(also=...)`` adds other
     instances of the same composed config (e.g. a ``simple_agent``). Logs go to
@@ -629,7 +626,7 @@ class EnvironmentServers:
             block = self.config[name][group][kind]
             if self.first_port and name in names:
                 port = self.first_port + index
-                if _port_taken(self.host, port):
+                if not port_free(self.host, port):
                     raise GymEnvironmentError(
                         f"port {port} on {self.host} (for environment {self.plans[index].name!r}) is taken; "
                         "give another --port, or --port 0 for free ports"

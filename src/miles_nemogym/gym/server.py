@@ -62,19 +62,27 @@ def _listen_ports() -> range:
     return range(_LOWEST_PORT, low) if low - _LOWEST_PORT >= 1000 else range(high + 1, 65536)
 
 
+def port_free(host: str, port: int) -> bool:
+    """Whether a server could bind ``host:port`` now, binding as uvicorn does (``SO_REUSEADDR``):
+    a port left in TIME_WAIT by a server that stopped is free, a port something listens on is not."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port on ``host`` that nothing holds right now, outside the ephemeral range."""
     bind_host = "127.0.0.1" if is_wildcard(host) else host
-    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
     ports = _listen_ports()
     for _ in range(100):
         port = _pick.choice(ports)
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            try:
-                probe.bind((bind_host, port))
-            except OSError:
-                continue
+        if port_free(bind_host, port):
             return port
+    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:  # a crowded range: any port
         probe.bind((bind_host, 0))
         return int(probe.getsockname()[1])
