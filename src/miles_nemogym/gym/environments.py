@@ -44,6 +44,7 @@ from miles_nemogym.gym.composition import (
     shipped_config,
 )
 from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config, parse_configs
+from miles_nemogym.gym.logs import ServerLog, run_secrets
 from miles_nemogym.gym.server import (
     MARKER_ENV,
     advertised_url,
@@ -537,6 +538,7 @@ class EnvironmentServers:
             self._app_folders.setdefault(POLICY_MODEL, ROUTING_MODEL)
             self._extra_env["NEMO_GYM_EXTRA_ROOTS"] = str(ROUTING_ROOT)
         self._marker = uuid.uuid4().hex
+        self._logs: list[ServerLog] = []
         self.config: dict[str, Any] = {}
         """The composed config (after ``start``)."""
         self.ports: dict[str, int] = {}
@@ -682,16 +684,20 @@ class EnvironmentServers:
         key = os.environ.get(POLICY_KEY_ENV)
         if self.routed and name == POLICY_MODEL and key:
             env[POLICY_KEY_ENV] = key  # the routing model's alone (every other process goes without it)
-        with self.log_path(name).open("ab") as log:
+        log = ServerLog(self.log_path(name), run_secrets(self.judge.url if self.judge else None))
+        self._logs.append(log)
+        try:
             self._processes[name] = subprocess.Popen(
                 [str(python), str(folder / "app.py")],
                 cwd=self.state_dir,
                 env=env,
                 stdin=subprocess.DEVNULL,
-                stdout=log,
+                stdout=log.child_end,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # stop() signals it and its children as one group
             )
+        finally:
+            log.started()
 
     def _wait(self, name: str, deadline: float) -> None:
         url = f"http://{connect_host(self.host)}:{self.ports[name]}/openapi.json"
@@ -720,6 +726,9 @@ class EnvironmentServers:
         if self._processes:
             kill_marked(self._marker)
         self._processes.clear()
+        for log in self._logs:
+            log.close()
+        self._logs.clear()
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None

@@ -29,6 +29,7 @@ from types import TracebackType
 
 from miles_nemogym.gym.cluster import ClusterNode, check_cluster
 from miles_nemogym.gym.config import SERVER_NAME, ServeOptions, compose_config_yaml
+from miles_nemogym.gym.logs import ServerLog, run_secrets
 from miles_nemogym.gym.providers import node_binaries
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, child_environment, ensure_gym_venv
 from miles_nemogym.transport import bracket, connect_host, is_wildcard
@@ -181,6 +182,7 @@ class GymServer:
         self.start_timeout = start_timeout
         self._extra_env = dict(extra_env or {})
         self._process: subprocess.Popen[bytes] | None = None
+        self._log: ServerLog | None = None
         self._marker = uuid.uuid4().hex
         self._short_tmp: Path | None = None
         self._lock = threading.Lock()
@@ -322,18 +324,25 @@ class GymServer:
                     self._remove_short_tmp()
                     raise
             app = self._venv.agent_dir / "app.py"
-            with self.log_path.open("ab") as log:
+            try:
+                self._log = ServerLog(self.log_path, run_secrets())
+            except BaseException:
+                self._remove_short_tmp()
+                raise
+            try:
                 self._process = subprocess.Popen(
                     [str(self._venv.python), str(app)],
                     cwd=state,
                     env=env,
                     stdin=subprocess.DEVNULL,
-                    stdout=log,
+                    stdout=self._log.child_end,
                     stderr=subprocess.STDOUT,
                     # Own process group: Ctrl-C in a terminal does not reach it
                     # directly, and stop() can signal it and its Ray as one.
                     start_new_session=True,
                 )
+            finally:
+                self._log.started()
             _LIVE.add(self)
         try:
             self._wait_ready()
@@ -375,6 +384,8 @@ class GymServer:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=5)
             kill_marked(self._marker)
+            if self._log is not None:
+                self._log.close()
             self._remove_short_tmp()
             _LIVE.discard(self)
 
