@@ -147,6 +147,19 @@ def test_a_dry_run_with_a_judge_says_which_environments_it_grades() -> None:
     assert "judge: bbq graded by jm at http://judge:8000/v1" in said
 
 
+def test_a_password_in_the_judge_url_is_never_printed() -> None:
+    password = "s3cret-judge-pass"
+    code, said = _serve(
+        "--no-swe", "--dry-run", "--env", "bbq", "--judge-url", f"http://user:{password}@judge:8000/v1",
+        "--judge-model", "jm",
+    )  # fmt: skip
+    assert code == 0, said
+    assert "judge: bbq graded by jm at http://user:***@judge:8000/v1" in said and password not in said
+    code, said = _serve("--no-swe", "--env", "bbq", "--judge-url", f"ftp://user:{password}@judge", "--judge-model", "j")
+    assert code == 2 and "--judge-url: 'ftp://user:***@judge' is not an http(s) URL" in said
+    assert password not in said
+
+
 def test_a_dry_run_names_what_an_environments_agent_lacks_and_exits_1() -> None:
     code, said = _serve("--no-swe", "--dry-run", "--env", "example_mcp_weather", "--env", "swebench")
     assert code == 1, said
@@ -170,7 +183,7 @@ def test_a_harness_agents_cli_missing_from_path_is_named() -> None:
 def test_no_child_inherits_the_judge_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(JUDGE_KEY_ENV, "sk-judge-secret-value-123456")
     assert JUDGE_KEY_ENV not in child_environment()
-    assert os.environ[JUDGE_KEY_ENV]  # serve's own environment keeps it, for the judge's process
+    assert os.environ[JUDGE_KEY_ENV]  # serve's own environment keeps it, for its relay to the judge endpoint
 
 
 def test_refusals_of_plans_list_each_refused_one() -> None:

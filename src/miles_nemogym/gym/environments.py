@@ -44,6 +44,7 @@ from miles_nemogym.gym.composition import (
     shipped_config,
 )
 from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config, parse_configs
+from miles_nemogym.gym.judge_gate import JudgeGate
 from miles_nemogym.gym.logs import ServerLog, run_secrets
 from miles_nemogym.gym.server import (
     MARKER_ENV,
@@ -539,6 +540,8 @@ class EnvironmentServers:
             self._extra_env["NEMO_GYM_EXTRA_ROOTS"] = str(ROUTING_ROOT)
         self._marker = uuid.uuid4().hex
         self._logs: list[ServerLog] = []
+        self._gate: JudgeGate | None = None
+        """The relay the judge's model server calls (serve's process alone holds the judge's key)."""
         self.config: dict[str, Any] = {}
         """The composed config (after ``start``)."""
         self.ports: dict[str, int] = {}
@@ -586,10 +589,14 @@ class EnvironmentServers:
         if self.config:
             return self.config
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        if self.judge is not None and self._gate is None:
+            key = os.environ.get(JUDGE_KEY_ENV)
+            secrets = run_secrets(self.judge.url)
+            self._gate = JudgeGate(self.judge, key, secrets, self.state_dir / f"{JUDGE_INSTANCE}.relay.log")
         payload = _payload(
             self.gym.site_packages,
             self.plans,
-            self.judge,
+            self._gate.judge if self._gate is not None else None,
             self.policy_base_url,
             self._extra_configs,
             routed=self.routed,
@@ -619,6 +626,8 @@ class EnvironmentServers:
         """Install what the environments need, compose, start every server, wait until each answers."""
         python = environment_python(self.gym, self.plans, self._progress)
         self.compose()
+        if self._gate is not None:
+            self._gate.start()
         names = [p.instance for p in self.plans]
         served = [p.agent for p in self.plans if p.agent]
         also = list(dict.fromkeys([*also, *served, *([POLICY_MODEL] if self.routed else [])]))
@@ -664,8 +673,6 @@ class EnvironmentServers:
     def _spawn(self, python: Path, name: str, folder: Path, config_yaml: str) -> None:
         tmp = self._temp_folder()
         env = child_environment()
-        if name == JUDGE_INSTANCE and os.environ.get(JUDGE_KEY_ENV):
-            env[JUDGE_KEY_ENV] = os.environ[JUDGE_KEY_ENV]  # the judge's process alone holds its key
         env.update(
             {
                 "NEMO_GYM_CONFIG_DICT": config_yaml,
@@ -729,6 +736,10 @@ class EnvironmentServers:
         for log in self._logs:
             log.close()
         self._logs.clear()
+        if self._gate is not None:
+            self._gate.stop()
+            self._gate = None
+            self.config = {}  # it named the relay's port: a later start composes with a new relay
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
