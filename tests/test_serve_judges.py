@@ -3,7 +3,10 @@ judge endpoint it wires in, and what it refuses by name with the reason (from th
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,10 @@ from miles_nemogym.gym.composition import (
     shipped_config,
 )
 from miles_nemogym.gym.environments import plan, refusals
+from miles_nemogym.gym.judge_gate import JudgeGate
 from miles_nemogym.gym.venv import child_environment
+from tests.support.judge_model import JudgeModel
+from tests.support.threaded import serving_in_thread
 
 JUDGE = Judge(url="http://judge:8000/v1/", model="judge-model")
 
@@ -190,3 +196,22 @@ def test_refusals_of_plans_list_each_refused_one() -> None:
     plans = plan(["mcqa", "bbq", "abstention"])
     assert [r.split("'")[1] for r in refusals(plans, None)] == ["bbq", "abstention"]
     assert refusals(plans, JUDGE) == []
+
+
+def test_the_relay_sends_a_url_password_as_basic_auth_when_there_is_no_key(tmp_path: Path) -> None:
+    with serving_in_thread(JudgeModel()) as judge:
+        url = judge.url.replace("http://", "http://grader:p%40ss-word-123@")
+        gate = JudgeGate(Judge(url=url, model="jm"), None, ["p@ss-word-123"], tmp_path / "relay.log")
+        gate.start()
+        try:
+            assert "@" not in gate.judge.url and gate.judge.url.endswith("/v1")
+            body = {"model": "jm", "messages": [{"role": "user", "content": "Gold target: 1\nPredicted answer: 1"}]}
+            request = urllib.request.Request(
+                f"{gate.judge.url}/chat/completions", data=json.dumps(body).encode(), method="POST"
+            )
+            request.add_header("Content-Type", "application/json")
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                assert json.load(answer)["choices"][0]["message"]["content"] == "A"
+        finally:
+            gate.stop()
+    assert judge.authorizations == ["Basic " + base64.b64encode(b"grader:p@ss-word-123").decode()]
