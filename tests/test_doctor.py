@@ -140,6 +140,26 @@ def test_bad_settings_fail_first_and_skip_the_rest(gym: GymStandIn, monkeypatch:
     assert all("sk-do-not-print" not in (r.detail + (r.fix or "")) for r in results)
 
 
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("NEMO_GYM_ENVS", '{"a": {"url": "http://127.0.0.1:9", "reward_range": [0, 1%s]}}' % ("0" * 400)),
+        ("NEMO_GYM_ENVS", '{"a": {"url": "http://127.0.0.1:9", "reward_range": [-1%s, 1]}}' % ("0" * 400)),
+        ("NEMO_GYM_REWARD_RANGE", "0,1%s" % ("0" * 400)),
+    ],
+)
+def test_a_huge_reward_bound_is_a_settings_error_naming_the_variable(
+    variable: str, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(variable, value)
+    result = CliRunner().invoke(app, ["doctor"])
+    assert result.exit_code == 1
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    text = " ".join(result.output.split())
+    assert f"FAIL settings: invalid miles-nemogym configuration: {variable}=" in text
+    assert "Traceback" not in result.output
+
+
 def test_url_ending_in_run_is_a_settings_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NEMO_GYM_URL", "http://127.0.0.1:12000/run")
     first = run_checks()[0]

@@ -496,6 +496,25 @@ def test_output_in_a_folder_that_cannot_be_written_exits_2(
     assert "cannot create or open the results file" in under_a_file.output
 
 
+def test_output_through_a_planted_link_is_refused_and_its_target_untouched(
+    gym_in_thread: FaultServer, input_file: Path, tmp_path: Path
+) -> None:
+    one_line, empty, dangling = tmp_path / "one-line.txt", tmp_path / "empty.txt", tmp_path / "absent.txt"
+    one_line.write_text("keep me\n")
+    empty.write_text("")
+    for number, target in enumerate((one_line, empty, dangling)):
+        link = tmp_path / f"results-{number}.jsonl"
+        link.symlink_to(target)
+        result = scan("--input", str(input_file), "--gym-url", gym_in_thread.url, "--output", str(link))
+        assert result.exit_code == 2, result.output
+        assert f"--output {link}: is a symbolic link" in " ".join(result.output.split())
+        assert link.is_symlink()
+    assert one_line.read_text() == "keep me\n"
+    assert empty.read_text() == ""
+    assert not dangling.exists()
+    assert gym_in_thread.received_ids() == []
+
+
 def test_a_bad_gym_url_with_a_password_is_quoted_with_the_password_hidden(
     input_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -19,7 +19,7 @@ from miles_nemogym.episode.run import classify_run_response
 from miles_nemogym.scan import EXIT_FAILED, Verdict, golden_scan
 from miles_nemogym.scan.inputs import InputError, load_tasks
 from miles_nemogym.scan.report import Counts, ScanProgress
-from miles_nemogym.scan.results import ResultLine, ResultsWriter, read_results
+from miles_nemogym.scan.results import ResultLine, ResultsLock, ResultsWriter, read_results
 from miles_nemogym.scan.selection import select
 from miles_nemogym.scan.verdict import reason_of, verdict_of
 from tests.support.environment_rows import shipped_rows
@@ -183,18 +183,20 @@ def test_instance_ids_from_a_file_or_a_list_then_limit(tmp_path: Path, gym_examp
 
 def test_results_file_survives_a_torn_last_line_and_refuses_a_foreign_file(tmp_path: Path) -> None:
     path = tmp_path / "results.jsonl"
-    writer = ResultsWriter(path)
+    lock = ResultsLock(path)
+    writer = ResultsWriter(lock)
     writer.write(result("a"))
     writer.write(result("b", Verdict.infra))
-    writer.close()
+    lock.release()
     assert set(read_results(path)) == {"a", "b"}
     assert path.read_text().count("\n") == 2  # each line is complete on disk when write() returns
 
     path.write_text(path.read_text() + '{"instance_id": "c", "verd')
     assert set(read_results(path)) == {"a", "b"}
-    writer = ResultsWriter(path)
+    lock = ResultsLock(path)
+    writer = ResultsWriter(lock)
     writer.write(result("d"))
-    writer.close()
+    lock.release()
     assert set(read_results(path)) == {"a", "b", "d"}
     assert all(json.loads(line) for line in path.read_text().splitlines())
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -23,6 +24,7 @@ from miles_nemogym.gym.environments import (
     plan,
 )
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv
+from tests.support.ports import port_in_time_wait
 from tests.support.ray_cluster import pids_with_environment
 from tests.support.wheels import tiny_wheel
 
@@ -188,6 +190,12 @@ name = os.environ["NEMO_GYM_CONFIG_PATH"]
 block = yaml.safe_load(os.environ["NEMO_GYM_CONFIG_DICT"])[name]["resources_servers"]["probe"]
 with open(f"{name}.environ.json", "w") as out:
     json.dump(sorted(os.environ), out)
+echo = os.environ.get("MNG_PROBE_ECHO")  # an upstream's error echoing a key, as a server prints it
+if echo:
+    print("x" * ((1 << 20) - 3) + echo)  # one long line, the key across the reader's chunks
+    escaped = "".join(chr(92) + f"u{ord(c):04x}" for c in echo[:4]) + echo[4:]
+    print('401 from upstream: {"error": "bad key ' + escaped + '"}')
+    print("no newline before exit: " + echo, end="", flush=True)
 
 
 class Answer(BaseHTTPRequestHandler):
@@ -226,3 +234,67 @@ def test_no_environment_server_gets_the_policy_api_key(tmp_path: Path, monkeypat
         assert pids_with_environment(key) == []
     finally:
         servers.stop()
+
+
+def _probe_servers(tmp_path: Path, first_port: int) -> EnvironmentServers:
+    app = tmp_path / "probe" / "app.py"
+    app.parent.mkdir(exist_ok=True)
+    app.write_text(_ENVIRON_PROBE)
+    state = tmp_path / "state"
+    state.mkdir(exist_ok=True)
+    servers = EnvironmentServers(
+        _base(),
+        [_env("probe")],
+        state_dir=state,
+        first_port=first_port,
+        app_folders={"probe": app.parent},
+        progress=lambda line: None,
+    )
+    servers.config = {"probe": {"resources_servers": {"probe": {}}}}  # composed already: no parser run
+    return servers
+
+
+def test_a_port_in_time_wait_is_free_and_a_listening_one_is_taken(tmp_path: Path) -> None:
+    # A restarted serve could not take its port for ~60 s: the check bound without SO_REUSEADDR.
+    port = port_in_time_wait()
+    servers = _probe_servers(tmp_path, port)
+    try:
+        servers.start()
+        assert servers.ports["probe"] == port
+        again = _probe_servers(tmp_path, port)  # the port is now really listening
+        with pytest.raises(GymEnvironmentError, match=f"port {port} on 127.0.0.1 .* is taken"):
+            again.start()
+    finally:
+        servers.stop()
+
+
+def test_server_logs_are_private_scrubbed_of_keys_and_never_written_through_a_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A key an upstream echoed reached serve's logs verbatim, 0644, through a planted link.
+    policy, judge = f"sk-policy-{uuid.uuid4().hex}", f"sk-judge-{uuid.uuid4().hex}"
+    monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", policy)
+    monkeypatch.setenv("NEMO_GYM_JUDGE_API_KEY", judge)
+    for key in (policy, judge):
+        monkeypatch.setenv("MNG_PROBE_ECHO", key)
+        servers = _probe_servers(tmp_path, 0)
+        try:
+            servers.start()
+        finally:
+            servers.stop()  # the log is complete once its server is gone
+        log = servers.log_path("probe")
+        data = log.read_bytes()
+        assert key.encode() not in data and key[4:].encode() not in data
+        assert data.count(b"***") == 3 and data.endswith(b"no newline before exit: ***")
+        assert len(data) > 1 << 20  # nothing but the key was taken out
+        assert stat.S_IMODE(log.stat().st_mode) == 0o600
+        log.unlink()
+
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me\n")
+    log.symlink_to(precious)
+    planted = _probe_servers(tmp_path, 0)
+    with pytest.raises(GymEnvironmentError, match=f"log {log} is a symbolic link"):
+        planted.start()
+    planted.stop()
+    assert precious.read_text() == "keep me\n" and stat.S_IMODE(precious.stat().st_mode) != 0o600

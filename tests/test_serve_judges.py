@@ -3,7 +3,10 @@ judge endpoint it wires in, and what it refuses by name with the reason (from th
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,10 @@ from miles_nemogym.gym.composition import (
     shipped_config,
 )
 from miles_nemogym.gym.environments import plan, refusals
+from miles_nemogym.gym.judge_gate import JudgeGate
 from miles_nemogym.gym.venv import child_environment
+from tests.support.judge_model import JudgeModel
+from tests.support.threaded import serving_in_thread
 
 JUDGE = Judge(url="http://judge:8000/v1/", model="judge-model")
 
@@ -147,6 +153,19 @@ def test_a_dry_run_with_a_judge_says_which_environments_it_grades() -> None:
     assert "judge: bbq graded by jm at http://judge:8000/v1" in said
 
 
+def test_a_password_in_the_judge_url_is_never_printed() -> None:
+    password = "s3cret-judge-pass"
+    code, said = _serve(
+        "--no-swe", "--dry-run", "--env", "bbq", "--judge-url", f"http://user:{password}@judge:8000/v1",
+        "--judge-model", "jm",
+    )  # fmt: skip
+    assert code == 0, said
+    assert "judge: bbq graded by jm at http://user:***@judge:8000/v1" in said and password not in said
+    code, said = _serve("--no-swe", "--env", "bbq", "--judge-url", f"ftp://user:{password}@judge", "--judge-model", "j")
+    assert code == 2 and "--judge-url: 'ftp://user:***@judge' is not an http(s) URL" in said
+    assert password not in said
+
+
 def test_a_dry_run_names_what_an_environments_agent_lacks_and_exits_1() -> None:
     code, said = _serve("--no-swe", "--dry-run", "--env", "example_mcp_weather", "--env", "swebench")
     assert code == 1, said
@@ -170,10 +189,29 @@ def test_a_harness_agents_cli_missing_from_path_is_named() -> None:
 def test_no_child_inherits_the_judge_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(JUDGE_KEY_ENV, "sk-judge-secret-value-123456")
     assert JUDGE_KEY_ENV not in child_environment()
-    assert os.environ[JUDGE_KEY_ENV]  # serve's own environment keeps it, for the judge's process
+    assert os.environ[JUDGE_KEY_ENV]  # serve's own environment keeps it, for its relay to the judge endpoint
 
 
 def test_refusals_of_plans_list_each_refused_one() -> None:
     plans = plan(["mcqa", "bbq", "abstention"])
     assert [r.split("'")[1] for r in refusals(plans, None)] == ["bbq", "abstention"]
     assert refusals(plans, JUDGE) == []
+
+
+def test_the_relay_sends_a_url_password_as_basic_auth_when_there_is_no_key(tmp_path: Path) -> None:
+    with serving_in_thread(JudgeModel()) as judge:
+        url = judge.url.replace("http://", "http://grader:p%40ss-word-123@")
+        gate = JudgeGate(Judge(url=url, model="jm"), None, ["p@ss-word-123"], tmp_path / "relay.log")
+        gate.start()
+        try:
+            assert "@" not in gate.judge.url and gate.judge.url.endswith("/v1")
+            body = {"model": "jm", "messages": [{"role": "user", "content": "Gold target: 1\nPredicted answer: 1"}]}
+            request = urllib.request.Request(
+                f"{gate.judge.url}/chat/completions", data=json.dumps(body).encode(), method="POST"
+            )
+            request.add_header("Content-Type", "application/json")
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                assert json.load(answer)["choices"][0]["message"]["content"] == "A"
+        finally:
+            gate.stop()
+    assert judge.authorizations == ["Basic " + base64.b64encode(b"grader:p@ss-word-123").decode()]

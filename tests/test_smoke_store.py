@@ -100,3 +100,16 @@ def test_a_store_that_cannot_be_written_is_said(folder: Path) -> None:
     assert done.exit_code == 0, done.output  # the chain worked; the store did not
     said = " ".join(done.output.split())
     assert f"the episode store {folder / 'a-file'} could not write 2 episode(s) or seal(s)" in said
+
+
+@pytest.mark.parametrize("form", [(), ("--env", "mcqa")], ids=["swe", "environment"])
+def test_json_through_a_planted_link_is_refused_before_anything_runs(folder: Path, form: tuple[str, ...]) -> None:
+    target = folder / "precious.txt"
+    target.write_text("keep me\n")
+    link = folder / "smoke.json"
+    link.symlink_to(target)
+    done = invoke("smoke", *form, "--limit", "1", "--json", link)
+    assert done.exit_code == 2, done.output
+    assert f"--json {link} is a symbolic link" in " ".join(done.output.split())
+    assert target.read_text() == "keep me\n" and link.is_symlink()
+    assert LoopbackGym.servers == []  # no server was started

@@ -109,11 +109,15 @@ class EnvironmentServer(BaseModel):
             return None
         if not isinstance(value, (list, tuple)) or len(value) != 2:
             raise ValueError(expected)
-        if any(isinstance(end, bool) or not isinstance(end, (int, float)) or not math.isfinite(end) for end in value):
+        if any(isinstance(end, bool) or not isinstance(end, (int, float)) for end in value):
             raise ValueError(expected)
-        if value[0] > value[1]:
+        try:
+            low, high = float(value[0]), float(value[1])  # a huge JSON integer overflows a float
+        except OverflowError:
+            raise ValueError(expected) from None
+        if not (math.isfinite(low) and math.isfinite(high) and low <= high):
             raise ValueError(expected)
-        return value
+        return low, high
 
     def valid_rewards(self, default: tuple[float, float]) -> tuple[float, float]:
         """This environment's reward range, else ``default`` (``NEMO_GYM_REWARD_RANGE``)."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import stat
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -20,11 +22,13 @@ import yaml
 from miles_nemogym.gym.composition import JUDGE_INSTANCE, JUDGE_KEY_ENV, Judge
 from miles_nemogym.gym.config import ConfigRefusal
 from miles_nemogym.gym.environments import EnvironmentServers, compose_each, plan, refusals, shipped_environments
+from miles_nemogym.gym.judge_gate import CONNECT_TIMEOUT_S
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, ensure_gym_venv
 from miles_nemogym.gym.wheel import read_member
 from miles_nemogym.settings import Settings
 from tests.support import environments_table
 from tests.support.judge_model import JUDGED_ENVIRONMENTS, JudgeModel
+from tests.support.ports import free_port
 from tests.support.ray_cluster import pids_with_environment
 from tests.support.serve_process import Serving, serving
 from tests.support.threaded import serving_in_thread
@@ -132,14 +136,19 @@ def judge() -> Iterator[JudgeModel]:
         yield model
 
 
+PASSWORD = f"pw-{uuid.uuid4().hex}"
+"""The password in the judged serve's ``--judge-url``."""
+
+
 @pytest.fixture(scope="module")
 def judged_serve(judge: JudgeModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serving, str, Path]]:
-    """``serve --no-swe --env abstention --judge-url <stand-in> --judge-model judge-model`` as a
-    process, the judge's key in its environment only."""
+    """``serve --no-swe --env abstention --judge-url <stand-in, with a password> --judge-model judge-model``
+    as a process, the judge's key in its environment only."""
     key = f"sk-judge-{uuid.uuid4().hex}"
     state = tmp_path_factory.mktemp("judged")
     arguments = ["--no-swe", "--port", "0", "--state-dir", str(state), "--env", JUDGED]
-    judge_flags = ["--judge-url", judge.url, "--judge-model", "judge-model"]
+    with_password = judge.url.replace("http://", f"http://grader:{PASSWORD}@")
+    judge_flags = ["--judge-url", with_password, "--judge-model", "judge-model"]
     environment = {**os.environ, JUDGE_KEY_ENV: key, "HF_HUB_OFFLINE": "1"}
     with serving(*arguments, *judge_flags, env=environment) as serve:
         assert "export NEMO_GYM_ENVS=" in serve.printed, serve.printed
@@ -194,11 +203,67 @@ def test_a_judged_environment_grades_through_the_judge_endpoint(
     assert judge.authorizations == [f"Bearer {key}"] * 2
     prompts = [m["content"] for r in judge.requests for m in r["messages"] if m["role"] == "user"]
     assert f"Gold target: {row['answer']}" in prompts[0] and "Predicted answer: Nobody in particular" in prompts[1]
-    # serve started the judge's model server; only it and serve hold the key, no log or file does.
+    # serve started the judge's model server, which calls serve's relay: only serve holds the key
+    # and the --judge-url password (no other process, no composed config, log or file), and prints neither.
     assert (state / "environments" / f"{JUDGE_INSTANCE}.log").is_file()
-    holders = pids_with_environment(key)
-    assert serve.process.pid in holders and len(holders) == 2, holders
-    assert key not in serve.printed
+    assert pids_with_environment(key) == [serve.process.pid]
+    assert pids_with_environment(PASSWORD) == []  # serve has it from its arguments; no environment holds it
+    for secret in (key, PASSWORD):
+        assert secret not in serve.printed
+        for path in state.rglob("*"):
+            if path.is_file():
+                assert secret not in path.read_text(errors="replace"), path
+
+
+@pytest.fixture(scope="module")
+def flaky_judge_serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int, str, Path]]:
+    """A judged serve whose judge endpoint's port nothing listens on yet: (the environment's URL, that port,
+    the judge's key, the state folder)."""
+    key = f"sk-judge-{uuid.uuid4().hex}"
+    port = free_port()
+    state = tmp_path_factory.mktemp("flaky-judge")
+    arguments = ["--no-swe", "--port", "0", "--state-dir", str(state), "--env", JUDGED]
+    judge_flags = ["--judge-url", f"http://127.0.0.1:{port}/v1", "--judge-model", "judge-model"]
+    environment = {**os.environ, JUDGE_KEY_ENV: key, "HF_HUB_OFFLINE": "1"}
+    with serving(*arguments, *judge_flags, env=environment) as serve:
+        assert "export NEMO_GYM_ENVS=" in serve.printed, serve.printed
+        exported = dict(
+            shlex.split(line.strip())[1].split("=", 1) for line in serve.printed.splitlines() if "export " in line
+        )
+        yield Settings.from_env(exported).environments[JUDGED].url, port, key, state
+        rest = serve.stop()
+    assert serve.process.returncode == 0, rest
+
+
+def test_a_judge_that_is_down_fails_each_episode_at_once_and_a_401_only_its_own(
+    flaky_judge_serve: tuple[str, int, str, Path],
+) -> None:
+    url, port, key, state = flaky_judge_serve
+    row = json.loads(read_member(f"resources_servers/{JUDGED}/data/example.jsonl").decode().splitlines()[0])
+    right = f"\\boxed{{{row['answer']}}}"
+    # Down: each judged episode fails within the relay's connect timeout, set aside with nemo-gym's kind
+    # (nemo-gym's judge model server retried a refused connection for ever: every episode stalled).
+    for _ in range(2):
+        started = time.monotonic()
+        down = _verify(url, row, right)
+        assert time.monotonic() - started < CONNECT_TIMEOUT_S
+        assert (down["failure_kind"], down["mask_sample"], down["reward"]) == ("judge_failed", True, 0.0)
+    with serving_in_thread(JudgeModel(port=port)) as judge:
+        assert _verify(url, row, right)["reward"] == 1.0  # back up: judged again, no restart
+        # One 401 naming a bad key (and echoing it) fails that episode alone; the next one is judged.
+        judge.refusals = 1
+        refused = _verify(url, row, right)
+        assert (refused["failure_kind"], refused["mask_sample"]) == ("judge_failed", True)
+        assert key not in json.dumps(refused)
+        assert _verify(url, row, right)["reward"] == 1.0
+        assert len(judge.requests) == 3
+    # The relay's log says why each failed, without the echoed key; serve's logs are its own.
+    relay = (state / "environments" / f"{JUDGE_INSTANCE}.relay.log").read_text()
+    assert relay.count(f"the judge endpoint http://127.0.0.1:{port}/v1 is unreachable: Connection refused") >= 2
+    assert "refused the call (HTTP 401: " in relay and "Incorrect API key provided: Bearer ***" in relay
+    logs = list(state.rglob("*.log"))
     for path in state.rglob("*"):
         if path.is_file():
             assert key not in path.read_text(errors="replace"), path
+    for path in logs:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path

@@ -24,13 +24,15 @@ def _normal(text: str) -> str:
 
 class JudgeModel:
     """``with serving_in_thread(JudgeModel()) as judge``: ``url`` (the ``/v1`` base), ``requests`` and their
-    ``Authorization`` headers as received."""
+    ``Authorization`` headers as received. ``refusals``: how many next calls get a 401 naming a bad key
+    and echoing the one sent, as OpenAI answers a revoked key. ``port``: where to listen (0: any)."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.requests: list[dict[str, Any]] = []
         self.authorizations: list[str | None] = []
+        self.refusals = 0
         self._runner: web.AppRunner | None = None
-        self.port = 0
+        self.port = port
 
     @property
     def url(self) -> str:
@@ -40,6 +42,10 @@ class JudgeModel:
         body = await request.json()
         self.requests.append(body)
         self.authorizations.append(request.headers.get("Authorization"))
+        if self.refusals > 0:
+            self.refusals -= 1
+            said = f"Incorrect API key provided: {request.headers.get('Authorization')}"
+            return web.json_response({"error": {"message": said, "code": "invalid_api_key"}}, status=401)
         prompt = "\n".join(str(m.get("content") or "") for m in body.get("messages", []) if m.get("role") == "user")
         gold, predicted = _GOLD.findall(prompt), _PREDICTED.findall(prompt)
         if not gold or not predicted:
@@ -61,7 +67,7 @@ class JudgeModel:
         app.router.add_post("/v1/chat/completions", self._chat)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
         self.port = self._runner.addresses[0][1]
         return self
 

@@ -537,6 +537,7 @@ def _plan_environments(
         setting,
     )
     from miles_nemogym.gym.server import advertised_url
+    from miles_nemogym.redaction import redact_url
 
     console.print("environments (each a resources server run from the server environment):", highlight=False)
     urls, agents = {}, {}
@@ -568,7 +569,9 @@ def _plan_environments(
     judged = judged_plans(plans)
     if judge is not None and judged:
         console.print(
-            f"judge: {', '.join(judged)} graded by {judge.model} at {judge.url}", highlight=False, soft_wrap=True
+            f"judge: {', '.join(judged)} graded by {judge.model} at {redact_url(judge.url)}",
+            highlight=False,
+            soft_wrap=True,
         )
     console.print(f"NEMO_GYM_ENVS='{setting(plans, urls, agents)}'", highlight=False, markup=False, soft_wrap=True)
 

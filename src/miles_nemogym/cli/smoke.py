@@ -108,6 +108,7 @@ def _smoke(
 
     from miles_nemogym import checks
     from miles_nemogym.cli.doctor import show
+    from miles_nemogym.data.atomic import output_problem
     from miles_nemogym.gym import wheel as gym_wheel
 
     # Logs and CI capture have no terminal width: lay out for 80 columns there too.
@@ -118,6 +119,10 @@ def _smoke(
     failed = [result for result in checks.run(wanted, target) if not result.ok]
     if failed:
         show(console, failed)
+        raise typer.Exit(2)
+    problem = output_problem(json_path) if json_path is not None else None
+    if problem:  # before any server starts: a link is never written through, a device never replaced
+        console.print(f"[red]error:[/red] --json {json_path} {problem}", highlight=False)
         raise typer.Exit(2)
     judge = judge_of(console, judge_url, judge_model)
     if envs:
@@ -144,6 +149,18 @@ def _smoke(
             console.print(f"kept {folder} (the server's log and trajectories) since the run failed", highlight=False)
     if not worked:
         raise typer.Exit(1)
+
+
+def _write_json(console: Console, path: Path, report: dict[str, Any]) -> None:
+    """The report at ``path`` by ``convert``'s writer: a new file moved into place, never through a link."""
+    from miles_nemogym.data.atomic import WriteError, write_file
+
+    try:
+        write_file(path, (json.dumps(report, indent=2) + "\n").encode("utf-8"))
+    except WriteError as error:
+        console.print(f"[red]error:[/red] --json: {error}", highlight=False)
+        raise typer.Exit(1) from None
+    console.print(f"json: {path}", highlight=False)
 
 
 def _store_path(episode_dir: Path | None) -> Path:
@@ -215,9 +232,7 @@ def _smoke_environments(
             console.print(f"[{number}] {text}", highlight=False, markup=False)
         console.print(ENVIRONMENT_LEGEND, highlight=False)
         if json_path is not None:
-            json_path.parent.mkdir(parents=True, exist_ok=True)
-            json_path.write_text(json.dumps(environment_json(report), indent=2) + "\n", encoding="utf-8")
-            console.print(f"json: {json_path}", highlight=False)
+            _write_json(console, json_path, environment_json(report))
         worked = report.chain_worked
         if not worked:
             console.print(
@@ -302,9 +317,7 @@ def _run(
             console.print(f"{name}: {path}", highlight=False, soft_wrap=True)
         console.print(f"server log: {report.server_log}", highlight=False, soft_wrap=True)
     if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report_json(report), indent=2) + "\n", encoding="utf-8")
-        console.print(f"json: {json_path}", highlight=False)
+        _write_json(console, json_path, report_json(report))
     console.print(_EXPLANATION, highlight=False)
     if not report.chain_worked:
         console.print("[red]the chain did not work: no episode came back as a valid measurement[/red]")

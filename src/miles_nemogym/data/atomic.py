@@ -20,7 +20,15 @@ from typing import Any, BinaryIO
 
 from miles_nemogym.errors import MilesNemoGymError
 
-__all__ = ["AtomicFile", "AtomicFiles", "InterruptedAfterCommit", "TempFile", "WriteError", "output_problem"]
+__all__ = [
+    "AtomicFile",
+    "AtomicFiles",
+    "InterruptedAfterCommit",
+    "TempFile",
+    "WriteError",
+    "output_problem",
+    "write_file",
+]
 
 _HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -50,6 +58,13 @@ def output_problem(path: Path) -> str | None:
     if path.exists() and not path.is_file():
         return "is not a regular file (a device, pipe or socket), which the output would replace; give a file path"
     return None
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """``data`` at ``path`` as a new file moved over the old one (never through a link); :class:`WriteError` if not."""
+    with AtomicFiles() as files:
+        files.open(path).write(data)
+        files.commit()
 
 
 def _reason(error: OSError) -> str:

@@ -4,8 +4,8 @@ and which environments it refuses, read from the wheel before anything starts.
 Changed: every server block's ``datasets`` is dropped (``serve`` reads no dataset, and nemo-gym's
 parser rejects some shipped entries, e.g. spartqa's licence names); with a judge endpoint, each
 resources server's ``judge_model_server`` points at one model server of this package's
-(``vllm_model`` at the endpoint, its key ``${oc.env:NEMO_GYM_JUDGE_API_KEY}`` so only that
-server's process holds it). Refused: a judge the config turns on with no endpoint given, an
+(``vllm_model`` at the endpoint; ``serve`` gives it its judge relay's URL, and the relay holds the
+key and any password: ``gym/judge_gate.py``). Refused: a judge the config turns on with no endpoint given, an
 agent that drops the rollout id in nemo-gym 0.7.0, an agent calling a model other than
 ``policy_model`` (nothing to route its calls to).
 Why: docs/environments.md, "Serving environments".
@@ -23,6 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from miles_nemogym.gym import wheel as gym_wheel
+from miles_nemogym.redaction import redact_url
 
 __all__ = [
     "JUDGE_INSTANCE",
@@ -41,7 +42,7 @@ __all__ = [
 JUDGE_INSTANCE = "miles_nemogym_judge"
 """The composed config's instance of the judge model server ``serve`` starts."""
 JUDGE_KEY_ENV = "NEMO_GYM_JUDGE_API_KEY"
-"""The judge endpoint's API key: read only from this variable, given only to the judge's process."""
+"""The judge endpoint's API key: read only from this variable, held by ``serve``'s judge relay alone."""
 _POLICY_MODEL = "policy_model"
 
 _GROUPS = ("resources_servers", "responses_api_agents", "responses_api_models", "environment_servers")
@@ -74,7 +75,9 @@ class Judge(BaseModel):
     def _http(cls, value: str) -> str:
         value = value.strip().rstrip("/")
         if not re.match(r"https?://[^/\s]+", value):
-            raise ValueError(f"{value!r} is not an http(s) URL; give the judge's base URL, e.g. http://judge:8000/v1")
+            raise ValueError(
+                f"{redact_url(value)!r} is not an http(s) URL; give the judge's base URL, e.g. http://judge:8000/v1"
+            )
         return value
 
     def server(self) -> dict[str, Any]:

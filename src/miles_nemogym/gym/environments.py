@@ -19,7 +19,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -46,8 +45,17 @@ from miles_nemogym.gym.composition import (
     shipped_config,
 )
 from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config, parse_configs
+from miles_nemogym.gym.judge_gate import JudgeGate
+from miles_nemogym.gym.logs import ServerLog, run_secrets
 from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.rollout_ids import SECRET_VARIABLE
-from miles_nemogym.gym.server import MARKER_ENV, advertised_url, free_port, kill_marked, wait_until_answering
+from miles_nemogym.gym.server import (
+    MARKER_ENV,
+    advertised_url,
+    free_port,
+    kill_marked,
+    port_free,
+    wait_until_answering,
+)
 from miles_nemogym.gym.venv import (
     BuildLines,
     GymEnvironmentError,
@@ -490,15 +498,6 @@ def environment_python(gym: GymVenv, plans: Sequence[EnvironmentPlan], progress:
 # ----------------------------------------------------------------------------- processes
 
 
-def _port_taken(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        try:
-            probe.bind((host.strip("[]"), port))
-        except OSError:
-            return True
-    return False
-
-
 class EnvironmentServers:
     """The resources servers of ``plans`` as child processes; ``start(also=...)`` adds other
     instances of the same composed config (e.g. a ``simple_agent``). Logs go to
@@ -547,6 +546,9 @@ class EnvironmentServers:
             self._app_folders.setdefault(POLICY_MODEL, ROUTING_MODEL)
             self._extra_env["NEMO_GYM_EXTRA_ROOTS"] = str(ROUTING_ROOT)
         self._marker = uuid.uuid4().hex
+        self._logs: list[ServerLog] = []
+        self._gate: JudgeGate | None = None
+        """The relay the judge's model server calls (serve's process alone holds the judge's key)."""
         self.config: dict[str, Any] = {}
         """The composed config (after ``start``)."""
         self.ports: dict[str, int] = {}
@@ -594,10 +596,14 @@ class EnvironmentServers:
         if self.config:
             return self.config
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        if self.judge is not None and self._gate is None:
+            key = os.environ.get(JUDGE_KEY_ENV)
+            secrets = run_secrets(self.judge.url)
+            self._gate = JudgeGate(self.judge, key, secrets, self.state_dir / f"{JUDGE_INSTANCE}.relay.log")
         payload = _payload(
             self.gym.site_packages,
             self.plans,
-            self.judge,
+            self._gate.judge if self._gate is not None else None,
             self.policy_base_url,
             self._extra_configs,
             routed=self.routed,
@@ -627,6 +633,8 @@ class EnvironmentServers:
         """Install what the environments need, compose, start every server, wait until each answers."""
         python = environment_python(self.gym, self.plans, self._progress)
         self.compose()
+        if self._gate is not None:
+            self._gate.start()
         names = [p.instance for p in self.plans]
         served = [p.agent for p in self.plans if p.agent]
         also = list(dict.fromkeys([*also, *served, *([POLICY_MODEL] if self.routed else [])]))
@@ -636,7 +644,7 @@ class EnvironmentServers:
             block = self.config[name][group][kind]
             if self.first_port and name in names:
                 port = self.first_port + index
-                if _port_taken(self.host, port):
+                if not port_free(self.host, port):
                     raise GymEnvironmentError(
                         f"port {port} on {self.host} (for environment {self.plans[index].name!r}) is taken; "
                         "give another --port, or --port 0 for free ports"
@@ -672,8 +680,6 @@ class EnvironmentServers:
     def _spawn(self, python: Path, name: str, folder: Path, config_yaml: str) -> None:
         tmp = self._temp_folder()
         env = child_environment()
-        if name == JUDGE_INSTANCE and os.environ.get(JUDGE_KEY_ENV):
-            env[JUDGE_KEY_ENV] = os.environ[JUDGE_KEY_ENV]  # the judge's process alone holds its key
         env.update(
             {
                 "NEMO_GYM_CONFIG_DICT": config_yaml,
@@ -694,16 +700,21 @@ class EnvironmentServers:
             env[POLICY_KEY_ENV] = key  # the routing model's alone (every other process goes without it)
         if self.routed and name == POLICY_MODEL:
             env[SECRET_VARIABLE] = self.rollout_secret  # likewise the routing model's alone
-        with self.log_path(name).open("ab") as log:
+        hidden = [*run_secrets(self.judge.url if self.judge else None), self.rollout_secret]
+        log = ServerLog(self.log_path(name), hidden)
+        self._logs.append(log)
+        try:
             self._processes[name] = subprocess.Popen(
                 [str(python), str(folder / "app.py")],
                 cwd=self.state_dir,
                 env=env,
                 stdin=subprocess.DEVNULL,
-                stdout=log,
+                stdout=log.child_end,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # stop() signals it and its children as one group
             )
+        finally:
+            log.started()
 
     def _wait(self, name: str, deadline: float) -> None:
         url = f"http://{connect_host(self.host)}:{self.ports[name]}/openapi.json"
@@ -732,6 +743,13 @@ class EnvironmentServers:
         if self._processes:
             kill_marked(self._marker)
         self._processes.clear()
+        for log in self._logs:
+            log.close()
+        self._logs.clear()
+        if self._gate is not None:
+            self._gate.stop()
+            self._gate = None
+            self.config = {}  # it named the relay's port: a later start composes with a new relay
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None

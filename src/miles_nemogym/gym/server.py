@@ -29,6 +29,7 @@ from types import TracebackType
 
 from miles_nemogym.gym.cluster import ClusterNode, check_cluster
 from miles_nemogym.gym.config import SERVER_NAME, ServeOptions, compose_config_yaml
+from miles_nemogym.gym.logs import ServerLog, run_secrets
 from miles_nemogym.gym.providers import node_binaries
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, child_environment, ensure_gym_venv
 from miles_nemogym.transport import bracket, connect_host, is_wildcard
@@ -62,19 +63,27 @@ def _listen_ports() -> range:
     return range(_LOWEST_PORT, low) if low - _LOWEST_PORT >= 1000 else range(high + 1, 65536)
 
 
+def port_free(host: str, port: int) -> bool:
+    """Whether a server could bind ``host:port`` now, binding as uvicorn does (``SO_REUSEADDR``):
+    a port left in TIME_WAIT by a server that stopped is free, a port something listens on is not."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port on ``host`` that nothing holds right now, outside the ephemeral range."""
     bind_host = "127.0.0.1" if is_wildcard(host) else host
-    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
     ports = _listen_ports()
     for _ in range(100):
         port = _pick.choice(ports)
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            try:
-                probe.bind((bind_host, port))
-            except OSError:
-                continue
+        if port_free(bind_host, port):
             return port
+    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:  # a crowded range: any port
         probe.bind((bind_host, 0))
         return int(probe.getsockname()[1])
@@ -173,6 +182,7 @@ class GymServer:
         self.start_timeout = start_timeout
         self._extra_env = dict(extra_env or {})
         self._process: subprocess.Popen[bytes] | None = None
+        self._log: ServerLog | None = None
         self._marker = uuid.uuid4().hex
         self._short_tmp: Path | None = None
         self._lock = threading.Lock()
@@ -314,18 +324,25 @@ class GymServer:
                     self._remove_short_tmp()
                     raise
             app = self._venv.agent_dir / "app.py"
-            with self.log_path.open("ab") as log:
+            try:
+                self._log = ServerLog(self.log_path, run_secrets())
+            except BaseException:
+                self._remove_short_tmp()
+                raise
+            try:
                 self._process = subprocess.Popen(
                     [str(self._venv.python), str(app)],
                     cwd=state,
                     env=env,
                     stdin=subprocess.DEVNULL,
-                    stdout=log,
+                    stdout=self._log.child_end,
                     stderr=subprocess.STDOUT,
                     # Own process group: Ctrl-C in a terminal does not reach it
                     # directly, and stop() can signal it and its Ray as one.
                     start_new_session=True,
                 )
+            finally:
+                self._log.started()
             _LIVE.add(self)
         try:
             self._wait_ready()
@@ -367,6 +384,8 @@ class GymServer:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=5)
             kill_marked(self._marker)
+            if self._log is not None:
+                self._log.close()
             self._remove_short_tmp()
             _LIVE.discard(self)
 

@@ -7,13 +7,15 @@ last line is ignored and cut off, a malformed line elsewhere refuses the file, a
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
 import os
+import stat
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -60,25 +62,39 @@ def task_digest(metadata: dict[str, Any]) -> str:
 
 
 class ResultsLock:
-    """An exclusive advisory lock on the results file, held from before it is read until the scan ends.
+    """The results file, opened once (never through a link) and locked from before it is read until the scan ends.
 
-    Raises ``InputError`` when another scan holds it, or when the file cannot be created
-    (a read-only folder): both before any episode is sent. A file this lock created and
-    nothing was written to is removed on release, so a scan that could not start leaves
-    nothing behind.
+    Raises ``InputError`` when another scan holds it, when ``path`` is a link or not a file,
+    or when it cannot be created (a read-only folder): all before any episode is sent. A file
+    this lock created and nothing was written to is removed on release, so a scan that could
+    not start leaves nothing behind. :meth:`read` and :class:`ResultsWriter` go through its
+    descriptor: one writer, and what was checked is what is written.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._created = not path.exists()
-            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            try:
+                self._fd = os.open(path, flags | os.O_EXCL, 0o666)
+                self._created = True
+            except FileExistsError:
+                self._fd = os.open(path, flags, 0o666)
+                self._created = False
         except OSError as error:
+            if error.errno == errno.ELOOP or path.is_symlink():
+                raise InputError(
+                    f"--output {path}: is a symbolic link, which a scan never writes through; "
+                    f"give its target ({path.resolve()}) or a new file"
+                ) from None
             raise InputError(
                 f"--output {path}: cannot create or open the results file ({error.strerror or error}); "
                 "choose a file in a folder you can write to"
             ) from None
+        if not stat.S_ISREG(os.fstat(self._fd).st_mode):
+            os.close(self._fd)
+            raise InputError(f"--output {path}: is not a regular file; give a file path")
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -87,6 +103,24 @@ class ResultsLock:
                 f"--output {path}: another scan is writing this results file (it holds the file's "
                 "lock); wait for it to finish, or give this scan another --output file"
             ) from None
+
+    @property
+    def fd(self) -> int:
+        """The locked descriptor (read-write, not appending)."""
+        return self._fd
+
+    def read(self) -> dict[str, ResultLine]:
+        """:func:`read_results` of the locked file."""
+        chunks: list[bytes] = []
+        offset = 0
+        try:
+            while chunk := os.pread(self._fd, 1 << 20, offset):
+                chunks.append(chunk)
+                offset += len(chunk)
+            text = b"".join(chunks).decode("utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise InputError(f"--output {self.path}: cannot read the results file ({error})") from None
+        return _parse_results(self.path, text)
 
     def release(self) -> None:
         if self._fd < 0:
@@ -107,6 +141,10 @@ def read_results(path: Path) -> dict[str, ResultLine]:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise InputError(f"--output {path}: cannot read the results file ({error})") from None
+    return _parse_results(path, text)
+
+
+def _parse_results(path: Path, text: str) -> dict[str, ResultLine]:
     lines = text.split("\n")
     results: dict[str, ResultLine] = {}
     for number, line in enumerate(lines, start=1):
@@ -128,26 +166,37 @@ def read_results(path: Path) -> dict[str, ResultLine]:
 
 
 class ResultsWriter:
-    """Appends one line per finished instance, durably, before the next one is reported."""
+    """Appends one line per finished instance through the lock's descriptor, durably, before it is reported."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists():
-            data = path.read_bytes()
-            if data and not data.endswith(b"\n"):
-                # Drop the torn line a crash left (``read_results`` ignored it too), so
-                # the file stays one valid result per line.
-                with path.open("r+b") as handle:
-                    handle.truncate(data.rfind(b"\n") + 1)
-        self._file: IO[str] = path.open("a", encoding="utf-8")
+    def __init__(self, lock: ResultsLock) -> None:
+        self.path = lock.path
+        self._fd = lock.fd
+        size = os.fstat(self._fd).st_size
+        tail = os.pread(self._fd, 1, size - 1) if size else b"\n"
+        if tail != b"\n":
+            # Drop the torn line a crash left (``read_results`` ignored it too), so
+            # the file stays one valid result per line.
+            start = max(0, size - (1 << 20))
+            while True:
+                block = os.pread(self._fd, size - start, start)
+                cut = block.rfind(b"\n")
+                if cut >= 0 or start == 0:
+                    size = start + cut + 1
+                    break
+                start = max(0, start - (1 << 20))
+            os.ftruncate(self._fd, size)
+        self._end = size
 
     def write(self, result: ResultLine) -> None:
         if result.finished_at is None:
             result.finished_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        self._file.write(json.dumps(result.model_dump(mode="json"), sort_keys=True) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        data = (json.dumps(result.model_dump(mode="json"), sort_keys=True) + "\n").encode("utf-8")
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(self._fd, view, self._end)
+            self._end += written
+            view = view[written:]
+        os.fsync(self._fd)
 
     def close(self) -> None:
-        self._file.close()
+        """Nothing to close: the lock owns the descriptor."""

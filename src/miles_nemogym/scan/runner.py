@@ -27,7 +27,7 @@ from miles_nemogym.scan import environment as environment_scan
 from miles_nemogym.scan.config import ScanConfig, scan_settings, usage_problems
 from miles_nemogym.scan.inputs import InputError, ScanTask, load_tasks
 from miles_nemogym.scan.report import ScanProgress, render_summary
-from miles_nemogym.scan.results import ResultLine, ResultsLock, ResultsWriter, read_results, task_digest
+from miles_nemogym.scan.results import ResultLine, ResultsLock, ResultsWriter, task_digest
 from miles_nemogym.scan.selection import select
 from miles_nemogym.scan.verdict import Verdict, golden_pair, kind_of, reason_of, verdict_of
 from miles_nemogym.settings import Settings, SettingsError
@@ -145,7 +145,7 @@ def _prepare_locked(
     lock: ResultsLock | None,
 ) -> _Prepared:
     try:
-        earlier = read_results(config.output_path) if config.output_path else {}
+        earlier = lock.read() if lock is not None else {}
     except InputError as error:
         raise ScanUsageError(str(error)) from None
     digests = {task.instance_id: task_digest(task.metadata) for task in tasks}
@@ -285,7 +285,7 @@ async def _run_episodes(
     config: ScanConfig, prepared: _Prepared, console: Console, stop: asyncio.Event, policy: RecordingPolicy | None
 ) -> ScanResult:
     finished: dict[str, ResultLine] = dict(prepared.earlier)
-    writer = ResultsWriter(config.output_path) if config.output_path else None
+    writer = ResultsWriter(prepared.lock) if prepared.lock is not None else None
     semaphore = asyncio.Semaphore(config.concurrency)
     loop = asyncio.get_running_loop()
     progress = ScanProgress(console, len(prepared.selected), prepared.earlier.values())
