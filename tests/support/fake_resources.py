@@ -158,15 +158,23 @@ async def fake_resources(
     app.router.add_post(f"{prefix}/verify", fake._verify)
     app.router.add_post(prefix + "/{tool}", fake._tool)
     app.router.add_get("/{path:.*}", fake._get)
+    async with on_loopback(app, port, tls) as fake.url:
+        try:
+            yield fake
+        finally:
+            fake.release.set()
+
+
+@asynccontextmanager
+async def on_loopback(app: web.Application, port: int = 0, tls: ssl.SSLContext | None = None) -> AsyncIterator[str]:
+    """``app`` served on loopback ``port`` (0: any free one), over https with ``tls``: its root URL."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port, ssl_context=tls)
     await site.start()
-    fake.url = f"{'https' if tls else 'http'}://127.0.0.1:{runner.addresses[0][1]}"
     try:
-        yield fake
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{runner.addresses[0][1]}"
     finally:
-        fake.release.set()
         await runner.cleanup()
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from tests.support.fake_resources import on_loopback
+
 
 @dataclass
 class Stalling:
@@ -53,13 +55,8 @@ async def stalling_server(mode: str, calls: int = 0) -> AsyncIterator[Stalling]:
     app = web.Application()
     app.router.add_get("/sessions/{id}", server._session)
     app.router.add_post("/{path:.*}", server._run)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    server.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    try:
-        yield server
-    finally:
-        server.release.set()
-        await runner.cleanup()
+    async with on_loopback(app) as server.url:
+        try:
+            yield server
+        finally:
+            server.release.set()
