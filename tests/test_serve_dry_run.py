@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import zipfile
 from pathlib import Path
@@ -325,3 +326,18 @@ def test_routed_plays_a_simple_agent_environment_through_its_own_run(bare_host: 
     assert result.exit_code == 0, result.output
     assert "played by agent mcqa_simple_agent (its /run)" in result.stderr
     assert "agent" in json.loads(_environments_printed(result.stderr)[1])["mcqa"]
+
+
+@pytest.mark.parametrize(("given", "busy"), [(["--sandbox", "local"], 0), (["--sandbox", "local", "--env", "mcqa"], 1)])
+def test_a_taken_port_is_refused_before_anything_starts(bare_host: Path, given: list[str], busy: int) -> None:
+    # A second serve on a running serve's SWE port said Ready (its health check reached the first one).
+    port = free_port()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", port + busy))
+        listener.listen()
+        result = CliRunner().invoke(app, ["serve", *given, "--port", str(port)])
+    assert result.exit_code == 2
+    said = " ".join(result.output.split())
+    taken = re.search(r"--port: ([\d, ]+) on 127\.0\.0\.1 (?:is|are) taken", said)
+    assert taken and str(port + busy) in taken.group(1).split(", ") and "Nothing was started." in said
+    assert "Ready" not in said and not (bare_host / "gym-venv").exists()

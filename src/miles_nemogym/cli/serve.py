@@ -262,6 +262,15 @@ def serve(
             console.print(f"[red]error:[/red] {escape(str(exc))}")
             raise typer.Exit(2) from None
         raise typer.Exit(code)
+    taken = _taken_ports(options.host, ([options.port] if swe and options.port else []), first_port, len(plans))
+    if taken:
+        console.print(
+            f"[red]error:[/red] --port: {', '.join(map(str, taken))} on {options.host} "
+            f"{'is' if len(taken) == 1 else 'are'} taken (another serve, or another program, listens there); "
+            "give another --port, or --port 0 for free ports. Nothing was started.",
+            highlight=False,
+        )
+        raise typer.Exit(2)
     if swe and not start_anyway:
         try:
             missing = _provider_missing(options, state_dir)
@@ -355,6 +364,15 @@ def serve(
             _stop(server, environments)
     _remove(made)
     console.print("stopped." if made is None else f"stopped; removed {made}.", highlight=False)
+
+
+def _taken_ports(host: str, swe: list[int], first_port: int, environments: int) -> list[int]:
+    """Of the ports serve will bind (the SWE server's, then the environments' after it), those
+    taken now, checked as the servers' own bind does, before anything starts."""
+    from miles_nemogym.gym.server import port_free
+
+    wanted = [*swe, *(range(first_port, first_port + environments) if first_port else [])]
+    return [port for port in wanted if not port_free(host, port)]
 
 
 def _provider_missing(options: ServeOptions, state_dir: Path | None) -> list[str]:
