@@ -32,6 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from miles_nemogym.episode import environment, run  # noqa: E402
 from miles_nemogym.episode.delivery import deliver  # noqa: E402
 from miles_nemogym.gym.environments import EnvironmentServers, plan  # noqa: E402
 from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.rollout_ids import (  # noqa: E402
+    SECRET_VARIABLE,
     rollout_id,
 )
 from miles_nemogym.gym.venv import BuildLines, ensure_gym_venv  # noqa: E402
@@ -102,13 +104,13 @@ class _Clients:
     def __init__(self, servers: EnvironmentServers, policy: str, row: dict[str, Any], http: Any) -> None:
         self.http: aiohttp.ClientSession = http
         self.row = row
-        self.session = f"{policy}/sessions/bench"
-        self.settings = Settings.from_env({})
+        self.session = f"{policy}/sessions/{uuid.uuid4().hex}"  # Miles' session-id shape: the routing model's rule
+        self.settings = Settings.from_env({SECRET_VARIABLE: servers.rollout_secret})
         resources = servers.urls()[ENV]
         self.loop_server = EnvironmentServer(url=resources, max_steps=6)
         self.routed_server = EnvironmentServer(url=resources, agent=servers.agent_urls()[ENV])
         model = f"http://127.0.0.1:{servers.ports['policy_model']}"
-        self.routed_v1 = f"{model}/ng-rollout/{rollout_id(self.session + '/v1')}/{_PREFIX}/v1"
+        self.routed_v1 = f"{model}/ng-rollout/{rollout_id(self.session + '/v1', servers.rollout_secret)}/{_PREFIX}/v1"
         messages, body = environment.first_request(row["responses_create_params"], None)
         self.chat = json.dumps({**body, "messages": messages}).encode()
         self.responses = json.dumps(row["responses_create_params"]).encode()
@@ -246,7 +248,7 @@ def main() -> None:
         state_dir=folder,
         progress=BuildLines("routing-bench"),
         extra_env={"HF_HUB_OFFLINE": "1"},
-        session_servers=["127.0.0.1"],
+        session_servers=[policy.removeprefix("http://")],
     )
     try:
         servers.start()
