@@ -389,6 +389,7 @@ def _check_session_port(config: LauncherConfig) -> CheckResult:
     name = "session server port"
     port = config.session_server_port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the session server binds (uvicorn)
         try:
             probe.bind(("0.0.0.0", port))
         except OSError as error:
