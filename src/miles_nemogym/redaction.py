@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 from urllib.parse import urlsplit, urlunsplit
 
 from miles_nemogym.log_once import log_once
 
-__all__ = ["REDACTED", "KeyScrubber", "key_scrubber", "redact_url", "redact_urls"]
+__all__ = ["REDACTED", "KeyScrubber", "key_scrubber", "redact_url", "redact_urls", "scrub_all"]
 
 logger = logging.getLogger(__name__)
 
@@ -124,3 +125,15 @@ def key_scrubber(secret: str | None) -> KeyScrubber | None:
         )
         return None
     return KeyScrubber(secret)
+
+
+def scrub_all(secrets: Iterable[str | None]) -> Callable[[bytes], bytes]:
+    """One function removing every one of ``secrets`` (each as ``key_scrubber`` protects it) from bytes."""
+    scrubbers = [scrubber for scrubber in map(key_scrubber, secrets) if scrubber is not None]
+
+    def scrub(data: bytes) -> bytes:
+        for scrubber in scrubbers:
+            data = scrubber.scrub(data)
+        return data
+
+    return scrub

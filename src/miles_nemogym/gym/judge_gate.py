@@ -24,7 +24,7 @@ from urllib.parse import unquote, urlsplit
 
 from miles_nemogym.gym.composition import Judge
 from miles_nemogym.gym.logs import open_private
-from miles_nemogym.redaction import KeyScrubber, key_scrubber, redact_url
+from miles_nemogym.redaction import redact_url, scrub_all
 
 __all__ = ["CONNECT_TIMEOUT_S", "JudgeGate"]
 
@@ -47,7 +47,7 @@ class JudgeGate:
         self._upstream = parts
         self._shown = redact_url(judge.url)
         self._authorization = _authorization(key, parts.username, parts.password)
-        self._scrubbers = [s for s in map(key_scrubber, secrets) if isinstance(s, KeyScrubber)]
+        self.scrub = scrub_all(secrets)
         self.log = log
         self._log = open_private(log)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -67,11 +67,6 @@ class JudgeGate:
         self._server.server_close()
         with contextlib.suppress(OSError):
             os.close(self._log)
-
-    def scrub(self, data: bytes) -> bytes:
-        for scrubber in self._scrubbers:
-            data = scrubber.scrub(data)
-        return data
 
     def forward(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, str, bytes]:
         """(status, content type, body) for one call, never raising."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from miles_nemogym.gym.venv import GymEnvironmentError
-from miles_nemogym.redaction import KeyScrubber, key_scrubber
+from miles_nemogym.redaction import scrub_all
 
 __all__ = ["ServerLog", "open_private", "run_secrets"]
 
@@ -63,7 +63,7 @@ class ServerLog:
 
     def __init__(self, path: Path, secrets: Iterable[str]) -> None:
         self.path = path
-        self._scrubbers = [s for s in map(key_scrubber, secrets) if isinstance(s, KeyScrubber)]
+        self._scrub = scrub_all(secrets)
         self._file = open_private(path)
         self._read_end, self.child_end = os.pipe()
         os.set_inheritable(self._read_end, False)
@@ -75,11 +75,6 @@ class ServerLog:
         if self.child_end >= 0:
             os.close(self.child_end)
             self.child_end = -1
-
-    def _scrub(self, data: bytes) -> bytes:
-        for scrubber in self._scrubbers:
-            data = scrubber.scrub(data)
-        return data
 
     def _write(self, data: bytes) -> None:
         view = memoryview(data)
