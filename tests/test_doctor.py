@@ -556,3 +556,26 @@ def test_doctor_checks_an_agent_rows_agent_server_for_post_run(
     said = " ".join(unsigned.output.split())
     assert unsigned.exit_code == 1 and f"FAIL environment blackjack: agent {agent.url}: POST /run, but" in said
     assert "NEMO_GYM_ROLLOUT_SECRET is not set" in said and "`miles-nemogym serve --env blackjack` printed" in said
+
+
+def test_an_environment_url_that_answers_as_another_environment_fails_naming_both(
+    gym: GymStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with serving(resources_document(any_tool=True)) as wrong, serving(resources_document()) as right:
+        wrong.server_name = "WorkbenchResourcesServer___workplace_assistant"
+        right.server_name = "MCQAResourcesServer___mcqa"
+        monkeypatch.setenv("NEMO_GYM_URL", gym.url)
+        monkeypatch.setenv("NEMO_GYM_ENVS", f'{{"mcqa": "{wrong.url}", "workplace_assistant": "{right.url}"}}')
+        result = CliRunner().invoke(app, ["doctor", "--timeout", "5"], env={"COLUMNS": "300"})
+        monkeypatch.setenv("NEMO_GYM_ENVS", f'{{"mcqa": "{right.url}", "workplace_assistant": "{wrong.url}"}}')
+        fixed = CliRunner().invoke(app, ["doctor", "--timeout", "5"], env={"COLUMNS": "300"})
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1, said
+    assert (
+        f"FAIL environment mcqa: {wrong.url} is not mcqa's resources server: it answers as workplace_assistant "
+        "(WorkbenchResourcesServer)" in said
+    )
+    assert f"FAIL environment workplace_assistant: {right.url} is not workplace_assistant's" in said
+    assert "fix: correct mcqa's URL in NEMO_GYM_ENVS" in said and "`miles-nemogym serve --env mcqa`" in said
+    assert fixed.exit_code == 0, fixed.output
+    assert "PASS environment mcqa" in fixed.output and "PASS environment workplace_assistant" in fixed.output

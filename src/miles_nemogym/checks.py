@@ -28,7 +28,17 @@ from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.rol
     secret_problem,
 )
 from miles_nemogym.redaction import redact_url, redact_urls
-from miles_nemogym.server_probe import Fetcher, FetchError, SchemaError, fetch_json, resources_routes, run_body_fields
+from miles_nemogym.server_probe import (
+    Fetcher,
+    FetchError,
+    Identifier,
+    SchemaError,
+    ServerIdentity,
+    fetch_json,
+    identify,
+    resources_routes,
+    run_body_fields,
+)
 from miles_nemogym.settings import Settings, SettingsError
 from miles_nemogym.transport import bracket, is_loopback, is_wildcard
 
@@ -69,6 +79,7 @@ class Target:
     """The trainer's ``--session-server-ip``; None: ``0.0.0.0``, the recipe's (every interface)."""
     timeout_s: float = DEFAULT_TIMEOUT_S
     fetch: Fetcher = fetch_json
+    identify: Identifier = identify
     policy_base_url: str | None = None
     tools: Mapping[str, Collection[str]] = field(default_factory=dict)
     """Environment -> the tool names its rows give the model, for each environment whose rows were
@@ -356,6 +367,17 @@ def _environment(name: str, target: Target) -> Found:
             f"{where}: the resources server's own address, whose /openapi.json lists POST /seed_session and "
             "/verify (not its simple_agent, the head server or a model server)",
         )
+    try:
+        identity = target.identify(f"{server.url}/openapi.json", target.timeout_s)
+    except FetchError:
+        identity = None  # it answered a moment ago; the routes above are all it said
+    if identity is not None and not _serves(identity, name):
+        return _failed(
+            f"{url} is not {name}'s resources server: it answers as {identity}",
+            f"correct {name}'s URL in NEMO_GYM_ENVS (the launcher's --nemo-gym-env {name}=http://<host>:<port>) "
+            f"to the address `miles-nemogym serve --env {name}` prints for {name}; this one serves "
+            f"{identity.instance}'s rows",
+        )
     unserved = routes.unserved_tools(tools)
     if unserved and name not in target.tools_not_served:
         shown = ", ".join(unserved[:5]) + (f" and {len(unserved) - 5} more" if len(unserved) > 5 else "")
@@ -376,6 +398,27 @@ def _environment(name: str, target: Target) -> Found:
     return _passed(
         f"{url}: POST /seed_session, /verify and {served}" if served else f"{url}: POST /seed_session and /verify"
     )
+
+
+def _serves(identity: ServerIdentity, name: str) -> bool:
+    """Whether the server named ``identity`` is environment ``name``'s: its instance is the one
+    nemo-gym's config for ``name`` names (read from the cached wheel), or without the wheel
+    (nothing is downloaded here) one whose name holds ``name`` (``lc_equivalence_rule``)."""
+    import zipfile
+
+    from miles_nemogym.gym import wheel
+
+    if identity.instance == name:
+        return True
+    if wheel.cached_wheel() is not None:
+        from miles_nemogym.gym.environments import plan
+        from miles_nemogym.gym.venv import GymEnvironmentError
+
+        try:
+            return identity.instance == plan([name])[0].instance
+        except (GymEnvironmentError, OSError, RuntimeError, ValueError, zipfile.BadZipFile):
+            pass  # not a name nemo-gym ships (your own environment), or an unreadable wheel
+    return name in identity.instance
 
 
 def _agent(name: str, agent: str, target: Target) -> Found:

@@ -105,6 +105,49 @@ def fetch_json(url: str, timeout_s: float) -> Any:
     return asyncio.run(_fetch_json_async(url, timeout_s))
 
 
+# --- which NeMo-Gym server answers ---------------------------------------------------------
+
+_IDENTITY_SEPARATOR = "___"
+"""A NeMo-Gym server's session cookie is named ``<ServerClass>___<instance name>`` (0.7.0
+``SimpleServer.get_session_middleware_key``) and set on every answer, ``/openapi.json``'s too."""
+
+
+@dataclass(frozen=True)
+class ServerIdentity:
+    """What a NeMo-Gym server calls itself: its class and its config instance name."""
+
+    server_class: str
+    instance: str
+
+    def __str__(self) -> str:
+        return f"{self.instance} ({self.server_class})"
+
+
+Identifier = Callable[[str, float], "ServerIdentity | None"]
+"""``identify(url, timeout_s) -> ServerIdentity | None``; raises ``FetchError``."""
+
+
+async def _identify_async(url: str, timeout_s: float) -> ServerIdentity | None:
+    connections = await pool(1)
+    try:
+        answer = await request(
+            connections.gym, "GET", url, deadline=Deadline(timeout_s), connect_timeout_s=timeout_s, cap=0
+        )
+    except TransportError as error:
+        raise _fetch_error(error, timeout_s) from None
+    for name in answer.cookies:
+        server_class, separator, instance = name.partition(_IDENTITY_SEPARATOR)
+        if separator and server_class and instance:
+            return ServerIdentity(server_class, instance)
+    return None
+
+
+def identify(url: str, timeout_s: float) -> ServerIdentity | None:
+    """The NeMo-Gym server answering ``GET url``, from the session cookie it sets; None when the
+    answer names none (not a NeMo-Gym server, or one that names its cookie otherwise)."""
+    return asyncio.run(_identify_async(url, timeout_s))
+
+
 # --- the OpenAPI schema ------------------------------------------------------------------
 
 

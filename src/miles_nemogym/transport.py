@@ -167,6 +167,8 @@ class Answer:
     """Decoded bytes seen (or declared by ``Content-Length``) when the read stopped."""
     location: str | None = None
     """A redirect's target (never followed)."""
+    cookies: tuple[str, ...] = ()
+    """The names of the cookies the answer sets (a NeMo-Gym server's names itself: ``server_probe``)."""
 
 
 class TransportError(MilesNemoGymError):
@@ -205,7 +207,7 @@ async def request(
         ) as response:
             body, over_cap, size = await _read(response, cap)
             location = response.headers.get("Location") if 300 <= response.status < 400 else None
-            return Answer(response.status, body, over_cap, size, location)
+            return Answer(response.status, body, over_cap, size, location, tuple(response.cookies))
     except Exception as error:
         raise _failure(error, deadline, connect_timeout_s) from None
 

@@ -111,6 +111,8 @@ class GymStandIn:
         self.status = 200
         self.body: bytes = json.dumps(openapi_document()).encode()
         self.requests: list[str] = []
+        self.server_name: str | None = None
+        """Set: every answer sets the session cookie a NeMo-Gym server names ``<Class>___<instance>``."""
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -122,6 +124,8 @@ class GymStandIn:
                 self.send_response(outer.status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(outer.body)))
+                if outer.server_name is not None:
+                    self.send_header("Set-Cookie", f"{outer.server_name}=eyJzZXNzaW9uIjoiMSJ9; path=/; httponly")
                 self.end_headers()
                 self.wfile.write(outer.body)
 
