@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from miles_nemogym import agent, transport
 from miles_nemogym.cli.main import app
 from miles_nemogym.episode.run import build_run_body
-from tests.support.fault_server import FaultServer
+from tests.support.fault_server import FaultServer, serving_in_thread
 from tests.support.openapi import openapi_document
 from tests.support.ports import free_port
 from tests.support.prompt_rows import converter_rows, write_jsonl
@@ -421,7 +421,24 @@ def test_api_key_is_not_sent_to_the_servers_own_model(
 
     assert result.exit_code == 0
     assert "policy_api_key" not in gym_in_thread.bodies[0]
-    assert "policy_base_url" not in gym_in_thread.bodies[0]
+    # Only the scan's own check endpoint, which a golden server never calls.
+    assert gym_in_thread.bodies[0]["policy_base_url"].startswith("http://127.0.0.1:")
+
+
+def test_golden_scan_refuses_at_once_a_server_started_without_golden(
+    gym_example_rollouts: list[dict[str, Any]], input_file: Path
+) -> None:
+    # A server without --golden plays the task with a model, and holds the /run meanwhile.
+    not_golden = FaultServer.of_results(gym_example_rollouts, mode="hold", policy_calls=1)
+    with serving_in_thread(not_golden) as server:
+        started = time.monotonic()
+        result = scan("--input", str(input_file), "--golden", "--gym-url", server.url, "--concurrency", "1")
+        seconds = time.monotonic() - started
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2, said
+    assert f"{server.url}/run is not a golden server: its /run called a model" in said
+    assert "restart it with `miles-nemogym serve --golden`" in said
+    assert seconds < 30 and len(server.received_ids()) == 1
 
 
 def test_timeout_and_concurrency_flags_override_the_environment(

@@ -25,6 +25,7 @@ from miles_nemogym.errors import MilesNemoGymError, RequestError
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.scan import environment as environment_scan
 from miles_nemogym.scan.config import ScanConfig, scan_settings, usage_problems
+from miles_nemogym.scan.golden_guard import GoldenGuard, golden_guard
 from miles_nemogym.scan.inputs import InputError, ScanTask, load_tasks
 from miles_nemogym.scan.report import ScanProgress, render_summary
 from miles_nemogym.scan.results import ResultLine, ResultsLock, ResultsWriter, task_digest
@@ -278,11 +279,24 @@ async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Consol
     if prepared.gold:
         with RecordingPolicy(look_around_turns=0) as policy:
             return await _run_episodes(config, prepared, console, stop, policy)
+    if config.golden and prepared.pending and not prepared.environments:
+        settings = prepared.settings
+        async with golden_guard(settings.gym_url, settings.external_host) as guard:
+            for task in prepared.pending:  # each /run names the guard as its policy: a golden server never calls it
+                prepared.bodies[task.instance_id] = swe_run.prepare_scan(
+                    task.metadata, config.request_kwargs(), settings, policy_url=guard.url, send_api_key=False
+                )
+            return await _run_episodes(config, prepared, console, stop, None, guard)
     return await _run_episodes(config, prepared, console, stop, None)
 
 
 async def _run_episodes(
-    config: ScanConfig, prepared: _Prepared, console: Console, stop: asyncio.Event, policy: RecordingPolicy | None
+    config: ScanConfig,
+    prepared: _Prepared,
+    console: Console,
+    stop: asyncio.Event,
+    policy: RecordingPolicy | None,
+    guard: GoldenGuard | None = None,
 ) -> ScanResult:
     finished: dict[str, ResultLine] = dict(prepared.earlier)
     writer = ResultsWriter(prepared.lock) if prepared.lock is not None else None
@@ -332,7 +346,7 @@ async def _run_episodes(
         progress.finished(result)
 
     episodes = [asyncio.ensure_future(one(task)) for task in prepared.pending]
-    interrupted = False
+    interrupted = refused = False
     everything: asyncio.Future[list[None]] | None = None
     try:
         with progress:
@@ -340,12 +354,17 @@ async def _run_episodes(
                 everything = asyncio.gather(*episodes)
                 stopper: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
                 waiters: set[asyncio.Future[Any]] = {everything, stopper}
+                if guard is not None:
+                    waiters.add(asyncio.ensure_future(guard.called.wait()))
                 try:
                     await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
                 finally:
-                    stopper.cancel()
+                    for waiter in waiters - {everything}:
+                        waiter.cancel()
                 if everything.done():
                     everything.result()  # a failure to write the results file ends the scan
+                elif guard is not None and guard.called.is_set():
+                    refused = True
                 else:
                     interrupted = True
     finally:
@@ -360,6 +379,9 @@ async def _run_episodes(
             writer.close()
         await close_pools()
 
+    if refused:
+        assert guard is not None
+        raise ScanUsageError(guard.problem(where))
     results = [finished[task.instance_id] for task in prepared.selected if task.instance_id in finished]
     render_summary(
         console,
