@@ -439,7 +439,7 @@ def test_mixed_swe_and_environment_rows_pass_and_each_server_is_checked(
     assert results["rows' environments"].detail == "SWE 2, mcqa 3, wa 2 rows of 7 read"
     assert results["environment mcqa"].detail == f"{mcqa.url}: POST /seed_session, /verify and the rows' 0 tool(s)"
     assert results["environment wa"].detail == f"{wa.url}: POST /seed_session, /verify and the rows' 2 tool(s)"
-    assert mcqa.requests == wa.requests == ["/openapi.json"]
+    assert mcqa.requests == wa.requests == ["/openapi.json"] * 2  # its routes, then the name it answers with
     assert "NeMo-Gym answers" in results  # SWE rows: the mini_swe_agent_2 server is checked as before
     assert good["gym"].requests == ["/openapi.json"]
 
