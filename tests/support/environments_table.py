@@ -7,20 +7,12 @@ agents' ``tests/support/routed_agents.py``).
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass
 
-from miles_nemogym.gym.composition import (
-    Judge,
-    config_needs,
-    refusal,
-    served,
-    server_blocks,
-    shipped_config,
-)
-from miles_nemogym.gym.environments import plan, shipped_environments
-from miles_nemogym.gym.venv import GymEnvironmentError
+from miles_nemogym.gym import catalog
+from miles_nemogym.gym.catalog import ALONE, JUDGE, REFUSED, support
+from miles_nemogym.gym.environments import shipped_environments
 from tests.support.env_scripts import ENVIRONMENTS
 from tests.support.judge_model import JUDGED_ENVIRONMENTS
 from tests.support.routed_agents import AGENTS
@@ -30,10 +22,7 @@ END = "<!-- environments-table: end -->"
 
 TESTED = "runs end to end here (tested)"
 SIMPLE = "simple_agent, not tested here"
-JUDGE = "needs a judge (`--judge-url`)"
 ROUTED = "routed agent, not run here"
-ALONE = "resources server only"
-REFUSED = "refused"
 ORDER = (TESTED, SIMPLE, JUDGE, ROUTED, ALONE, REFUSED)
 
 
@@ -62,61 +51,16 @@ def group(r: Row) -> str:
     return f"refused: {next((label for key, label in _GROUPS if key in r.needs), r.needs)}"
 
 
-def _short(reason: str) -> str:
-    """A refusal's reason in a table cell."""
-    patterns = (
-        (r"requirements\.txt line '([^']+)' needs more than PyPI", r"a requirement beyond PyPI: `\1`"),
-        (r"ships (\d+) configs in \S+ \(([^)]*)\) and none is named", r"\1 configs, none named after it (\2)"),
-        (r"its config holds (\d+) (\S+) resources servers", r"its config holds \1 `\2` resources servers"),
-        (r"its agent '[^']+' \((\w+)\) (builds|posts) .*", r"its agent `\1` drops the rollout id (nemo-gym 0.7.0)"),
-        (r"calls model server '([^']+)', not policy_model", r"an agent of its calls `\1`, not `policy_model`"),
-    )
-    for pattern, replacement in patterns:
-        found = re.search(pattern, reason)
-        if found:
-            return found.expand(replacement)
-    return reason
-
-
 def row(name: str) -> Row:
-    try:
-        [p] = plan([name])
-    except GymEnvironmentError as error:
-        return Row(name, "", REFUSED, _short(str(error)))
-    config = shipped_config(p.config)
-    agents = sorted({kind for _, group, kind, _ in server_blocks(config) if group == "responses_api_agents"})
-    allowed = sorted(
-        {str(a) for _, group, _, block in server_blocks(config) if group == "resources_servers"
-         for a in block.get("allowed_agents") or ()}
-    )  # fmt: skip
-    agent = ", ".join(f"`{kind}`" for kind in agents) or "none in its config" + (
-        f" (allowed: {', '.join(f'`{a}`' for a in allowed)})" if allowed else ""
-    )
-    # What the servers need once serve's layer is in (a judge's own endpoint settings are gone).
-    judge = Judge(url="http://judge:8000/v1", model="judge")
-    needs = [need.split(": ", 1)[1] for need in config_needs(served(config, judge), {}, which=lambda _: None)]
-    settings = [n for n in needs if n.startswith("the setting")]
-    refused = refusal(name, config, None)
-    if refused and "grades with a judge" not in refused:
-        return Row(name, agent, REFUSED, _short(refused))
-    if settings:
-        keys = ", ".join(f"`{n.split()[2]}`" for n in dict.fromkeys(settings))
-        return Row(name, agent, REFUSED, f"settings serve does not set: {keys}")
-    extra = [f"PyPI: {len(p.requirements)} requirement{'s' * (len(p.requirements) > 1)}"] if p.requirements else []
-    needed = "; ".join(dict.fromkeys([*[n.split(" (", 1)[0] for n in needs], *extra]))  # "a sandbox provider"
-    if refused:
-        status = JUDGE
-        if name in JUDGED_ENVIRONMENTS:
-            needed = "; ".join([*needed.split("; "), "its `/verify` graded through a stand-in judge by a test"]).lstrip(
-                "; "
-            )
-    elif "simple_agent" in agents:
+    found = support(name)
+    status, needs = found.status, found.needs
+    if status == JUDGE and name in JUDGED_ENVIRONMENTS:
+        needs = "; ".join([*needs.split("; "), "its `/verify` graded through a stand-in judge by a test"]).lstrip("; ")
+    elif status == catalog.SIMPLE:
         status = TESTED if name in ENVIRONMENTS else SIMPLE
-    elif agents:
+    elif status == catalog.ROUTED:
         status = TESTED if name in AGENTS else ROUTED
-    else:
-        status = ALONE
-    return Row(name, agent, status, needed)
+    return Row(name, found.agent, status, needs)
 
 
 def rows() -> list[Row]:

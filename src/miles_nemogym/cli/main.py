@@ -45,9 +45,9 @@ def _root(
 
 # Each feature module exposes `register(app)`; explicit imports, so a missing module is an
 # import error rather than a silently absent subcommand.
-from miles_nemogym.cli import convert, doctor, episodes, examples, scan, serve, smoke  # noqa: E402
+from miles_nemogym.cli import convert, doctor, environments, episodes, examples, scan, serve, smoke  # noqa: E402
 
-for _feature in (convert, doctor, episodes, examples, scan, serve, smoke):
+for _feature in (convert, doctor, environments, episodes, examples, scan, serve, smoke):
     _feature.register(app)
 
 

@@ -1,0 +1,112 @@
+"""``miles-nemogym environments``: NeMo-Gym's catalog as ``gym list environments`` names it, and
+what this package does with each entry."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from typing import Annotated, Literal
+
+import typer
+
+_HELP = """List NeMo-Gym's catalog, the names `gym list environments` prints (environments and
+benchmarks), with what this package does with each: runs it in-process, routes it to its agent,
+needs something (a judge), refuses it (and why), or does not serve it yet.
+NAME shows one entry: its agent, resources servers, datasets, prompt config, repeats, reward
+range and the commands to try it. Reads the catalog once per NeMo-Gym server environment
+(built on first use, minutes), then answers from the cache.
+"""
+
+_SHORT = {
+    "simple_agent: serve --env, played in-process": "in-process",
+    "routed: serve --env, its agent's /run": "routed",
+    "needs a judge (`--judge-url`)": "needs a judge",
+    "resources server only": "no agent",
+    "refused": "refused",
+    "not served by this package yet": "not yet",
+}
+
+
+def _environments(
+    name: Annotated[str | None, typer.Argument(help="One catalog name (or a resources server's short name).")] = None,
+    kind: Annotated[
+        Literal["environment", "benchmark"] | None, typer.Option("--kind", help="Only this kind of entry.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON for scripts, one object per entry.")] = False,
+) -> None:
+    from miles_nemogym.fit import terminal_width
+    from miles_nemogym.gym.catalog import UnknownCatalogNameError, entry_support, find, load_catalog
+    from miles_nemogym.gym.venv import GymEnvironmentError, cached_gym_venv, ensure_gym_venv
+
+    try:
+        gym = cached_gym_venv() or ensure_gym_venv(progress=lambda line: typer.echo(line, err=True))
+        entries = load_catalog(gym)
+        chosen = [find(name, entries, kind)] if name else [e for e in entries if kind in (None, e.kind)]
+    except UnknownCatalogNameError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+    except GymEnvironmentError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        out = [{**e.model_dump(mode="json"), "here": entry_support(e).model_dump()} for e in chosen]
+        typer.echo(json.dumps(out[0] if name else out, indent=None if not name else 2))
+        return
+    width = max(terminal_width(), 60)
+    if name:
+        typer.echo(_detail(chosen[0], width))
+        return
+    column = min(max(len(e.name) for e in chosen), width - 16)
+    for group in ("environment", "benchmark"):
+        members = [e for e in chosen if e.kind == group]
+        if not members:
+            continue
+        typer.echo(f"{group}s ({len(members)})")
+        for entry in members:
+            here = _SHORT[entry_support(entry).status]
+            if len(entry.name) > column:
+                typer.echo(f"  {entry.name}\n  {'':{column}}  {here}")
+            else:
+                typer.echo(f"  {entry.name:{column}}  {here}")
+    typer.echo("`miles-nemogym environments NAME` shows one entry and the commands to try it.")
+
+
+def _detail(entry: object, width: int) -> str:
+    from miles_nemogym.gym.catalog import NOT_YET, REFUSED, CatalogEntry, entry_support
+
+    assert isinstance(entry, CatalogEntry)
+    found = entry_support(entry)
+    lines = [f"{entry.name} ({entry.kind})"]
+    if entry.description:
+        lines += textwrap.wrap(entry.description, width - 2, initial_indent="  ", subsequent_indent="  ")
+    facts = [
+        ("agent", entry.agent_server or entry.agent),
+        ("resources servers", ", ".join(entry.resources_servers) or entry.resources_server),
+        ("config", entry.config),
+        ("prompt config", entry.prompt_config),
+        ("repeats", str(entry.num_repeats) if entry.num_repeats else None),
+        ("reward range", "[{}, {}]".format(*entry.reward_range) if entry.reward_range else None),
+        ("sandbox", entry.sandbox),
+    ]
+    lines += [f"  {label}: {value}" for label, value in facts if value]
+    for dataset in entry.datasets:
+        extra = ", ".join(f"{k} {v}" for k, v in (("type", dataset.type), ("repeats", dataset.num_repeats)) if v)
+        lines.append(f"  dataset: {dataset.name}" + (f" ({extra})" if extra else ""))
+    lines.append(f"here: {found.status}")
+    if found.needs:
+        label = "why" if found.status == REFUSED else "needs"
+        lines += textwrap.wrap(found.needs, width - 2, initial_indent=f"  {label}: ", subsequent_indent="    ")
+    if found.status not in (REFUSED, NOT_YET) and entry.short_name:
+        short = entry.short_name
+        lines += [
+            "try it:",
+            f"  miles-nemogym serve --env {short}",
+            f"  miles-nemogym smoke --env {short}",
+            f"  miles-nemogym examples --env {short} --output {short}.jsonl",
+            f"  miles-nemogym convert --env {short}={short}.jsonl --output prompts.jsonl",
+        ]
+    return "\n".join(lines)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("environments", help=_HELP)(_environments)

@@ -1,0 +1,299 @@
+"""NeMo-Gym's catalog: every environment and benchmark ``gym list environments`` names.
+
+The catalog is nemo-gym's own answer (``nemo_gym.registry.discover_environment_catalog``, each
+entry's manifest and config read by its own loaders), asked once in the server venv and cached
+per venv key (which pins the nemo-gym version), so names here are exactly the ones its users
+copy from ``gym list environments``. Why a cache and not a scan of the wheel:
+docs/environments.md, "NeMo-Gym's catalog".
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from miles_nemogym.gym.composition import Judge, config_needs, refusal, served, server_blocks, shipped_config
+from miles_nemogym.gym.environments import plan
+from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, child_environment, gym_venv_root
+
+__all__ = [
+    "CatalogDataset",
+    "CatalogEntry",
+    "Support",
+    "UnknownCatalogNameError",
+    "entry_support",
+    "find",
+    "load_catalog",
+    "read_catalog",
+    "support",
+]
+
+_RESOURCES = "resources_servers/"
+
+# Runs in the server venv: nemo-gym's registry, manifests and config reader, printed as JSON.
+_READER = """
+import json, sys
+from pathlib import Path
+import nemo_gym
+from nemo_gym.registry import discover_environment_catalog, read_environment_details
+from nemo_gym.environment.manifest import load_manifest
+
+root = Path(nemo_gym.__file__).resolve().parent.parent
+
+def relative(path):
+    if path is None:
+        return None
+    path = Path(path).resolve()
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+
+out = []
+for entry in discover_environment_catalog():
+    details = read_environment_details(entry.config_path)
+    item = {
+        "name": entry.name, "kind": entry.kind, "status": entry.status, "domain": entry.domain,
+        "description": entry.description, "integration_profile": entry.integration_profile,
+        "config": relative(entry.config_path), "agent": details["agent"],
+        "resources_servers": details["resources_servers"],
+        "datasets": [{"name": name} for name in details["datasets"]],
+    }
+    if entry.manifest_path is not None:
+        manifest = load_manifest(entry.manifest_path).model_dump(mode="json")
+        item["agent_server"] = manifest.get("agent_server")
+        item["resources_server"] = manifest.get("resources_server")
+        item["sandbox"] = manifest.get("sandbox")
+        item["prompt_config"] = manifest.get("standard_prompt_config")
+        item["reward_range"] = (manifest.get("reward") or {}).get("range")
+        item["higher_is_better"] = (manifest.get("reward") or {}).get("higher_is_better")
+        item["datasets"] = [
+            {key: dataset.get(key) for key in ("name", "type", "jsonl_fpath", "prompt_config", "num_repeats")}
+            for dataset in manifest.get("datasets") or []
+        ]
+    out.append(item)
+json.dump({"nemo_gym": getattr(nemo_gym, "__version__", ""), "entries": out}, sys.stdout)
+"""
+
+
+class CatalogDataset(BaseModel):
+    """One dataset an entry names (benchmarks: with their prompt config and repeats)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    type: str | None = None
+    jsonl_fpath: str | None = None
+    prompt_config: str | None = None
+    num_repeats: int | None = None
+
+
+class CatalogEntry(BaseModel):
+    """One entry of ``gym list environments``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    kind: Literal["environment", "benchmark"]
+    status: str | None = None
+    domain: str | None = None
+    description: str | None = None
+    integration_profile: str | None = None
+    config: str
+    """Its config file, relative to the server venv's site-packages."""
+    agent: str | None = None
+    """The agent server its config pairs with it (``simple_agent``, ``opencode_agent``, ...)."""
+    agent_server: str | None = None
+    resources_server: str | None = None
+    resources_servers: tuple[str, ...] = ()
+    """Every resources-server instance its config holds."""
+    datasets: tuple[CatalogDataset, ...] = ()
+    sandbox: str | None = None
+    prompt_config: str | None = None
+    reward_range: tuple[float, float] | None = None
+    higher_is_better: bool | None = None
+
+    @property
+    def short_name(self) -> str | None:
+        """``mcqa`` for ``resources_servers/mcqa``: the name this package took before the catalog."""
+        if self.kind == "environment" and self.name.startswith(_RESOURCES) and self.name.count("/") == 1:
+            return self.name[len(_RESOURCES) :]
+        return None
+
+    @property
+    def num_repeats(self) -> int | None:
+        """The repeats of its benchmark dataset (its ``pass@k`` goes up to this k)."""
+        return next((d.num_repeats for d in self.datasets if d.type == "benchmark" and d.num_repeats), None)
+
+
+class _Catalog(BaseModel):
+    nemo_gym: str
+    entries: tuple[CatalogEntry, ...]
+
+
+class UnknownCatalogNameError(GymEnvironmentError):
+    """A name that is not in NeMo-Gym's catalog; the message names the closest ones."""
+
+
+def _cache_file(gym: GymVenv) -> Path:
+    return gym_venv_root() / f"{gym.path.name}.catalog.json"
+
+
+def read_catalog(gym: GymVenv) -> tuple[CatalogEntry, ...]:
+    """Ask nemo-gym's registry in ``gym`` for its catalog (seconds; :func:`load_catalog` caches it)."""
+    return _read(gym).entries
+
+
+def _read(gym: GymVenv) -> _Catalog:
+    done = subprocess.run(
+        [str(gym.python), "-c", _READER],
+        capture_output=True,
+        text=True,
+        env=child_environment(),
+        cwd=gym.site_packages,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+        raise GymEnvironmentError(f"nemo-gym's registry could not list its catalog in {gym.path}:\n{tail}")
+    return _Catalog.model_validate_json(done.stdout)
+
+
+def load_catalog(gym: GymVenv) -> tuple[CatalogEntry, ...]:
+    """The catalog of ``gym``'s nemo-gym, from the cache beside the venv (read once per venv)."""
+    cache = _cache_file(gym)
+    try:
+        return _Catalog.model_validate_json(cache.read_bytes()).entries
+    except (OSError, ValidationError):
+        pass  # missing or unreadable: ask the registry again and rewrite it
+    catalog = _read(gym)
+    data = catalog.model_dump_json().encode()
+    handle, scratch = tempfile.mkstemp(dir=cache.parent, prefix=cache.name, suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.replace(scratch, cache)
+    except BaseException:
+        Path(scratch).unlink(missing_ok=True)
+        raise
+    return catalog.entries
+
+
+def find(name: str, entries: Sequence[CatalogEntry], kind: str | None = None) -> CatalogEntry:
+    """The entry ``name`` names: its catalog name, or a resources server's short name (``mcqa``).
+
+    ``UnknownCatalogNameError`` names the closest catalog names (case ignored) otherwise."""
+    pool = [e for e in entries if kind is None or e.kind == kind]
+    for matches in (
+        [e for e in pool if e.name == name],
+        [e for e in pool if e.short_name == name],
+        [e for e in pool if name.casefold() in (e.name.casefold(), (e.short_name or "").casefold())],
+    ):
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            kinds = " and ".join(f"--kind {e.kind}" for e in matches)
+            raise UnknownCatalogNameError(f"{name!r} names {len(matches)} catalog entries: give {kinds}")
+    configs = [
+        e.name for e in pool if e.name.casefold().startswith((f"{_RESOURCES}{name}/".casefold(), f"{name}/".casefold()))
+    ]
+    if configs:
+        raise UnknownCatalogNameError(f"{name!r} has {len(configs)} configs; give one of: {', '.join(configs)}")
+    names = {e.name.casefold(): e.name for e in pool} | {
+        e.short_name.casefold(): e.short_name for e in pool if e.short_name
+    }
+    close = difflib.get_close_matches(name.casefold(), list(names), n=5, cutoff=0.6)
+    hint = f"did you mean {', '.join(names[c] for c in close)}?" if close else "no catalog name is close"
+    raise UnknownCatalogNameError(
+        f"{name!r} is not in NeMo-Gym's catalog ({hint}); `miles-nemogym environments` lists every name"
+    )
+
+
+# ----------------------------------------------------------------------------- what this package does
+
+SIMPLE = "simple_agent: serve --env, played in-process"
+JUDGE = "needs a judge (`--judge-url`)"
+ROUTED = "routed: serve --env, its agent's /run"
+ALONE = "resources server only"
+REFUSED = "refused"
+NOT_YET = "not served by this package yet"
+
+
+class Support(BaseModel):
+    """What this package does with one catalog entry."""
+
+    model_config = ConfigDict(frozen=True)
+
+    status: str
+    agent: str = ""
+    """The agent kinds its config pairs with it, as markdown code (``simple_agent``, ...)."""
+    needs: str = ""
+    """What serving it needs on the host, or why it is refused."""
+
+
+def _short(reason: str) -> str:
+    """A refusal's reason in a table cell."""
+    patterns = (
+        (r"requirements\.txt line '([^']+)' needs more than PyPI", r"a requirement beyond PyPI: `\1`"),
+        (r"ships (\d+) configs in \S+ \(([^)]*)\) and none is named", r"\1 configs, none named after it (\2)"),
+        (r"its config holds (\d+) (\S+) resources servers", r"its config holds \1 `\2` resources servers"),
+        (r"its agent '[^']+' \((\w+)\) (builds|posts) .*", r"its agent `\1` drops the rollout id (nemo-gym 0.7.0)"),
+        (r"calls model server '([^']+)', not policy_model", r"an agent of its calls `\1`, not `policy_model`"),
+    )
+    for pattern, replacement in patterns:
+        found = re.search(pattern, reason)
+        if found:
+            return found.expand(replacement)
+    return reason
+
+
+def support(name: str) -> Support:
+    """What ``serve --env NAME`` does with resources server ``name`` as the wheel ships it."""
+    try:
+        [p] = plan([name])
+    except GymEnvironmentError as error:
+        return Support(status=REFUSED, needs=_short(str(error)))
+    config = shipped_config(p.config)
+    agents = sorted({kind for _, group, kind, _ in server_blocks(config) if group == "responses_api_agents"})
+    allowed = sorted(
+        {str(a) for _, group, _, block in server_blocks(config) if group == "resources_servers"
+         for a in block.get("allowed_agents") or ()}
+    )  # fmt: skip
+    agent = ", ".join(f"`{kind}`" for kind in agents) or "none in its config" + (
+        f" (allowed: {', '.join(f'`{a}`' for a in allowed)})" if allowed else ""
+    )
+    # What the servers need once serve's layer is in (a judge's own endpoint settings are gone).
+    judge = Judge(url="http://judge:8000/v1", model="judge")
+    needs = [need.split(": ", 1)[1] for need in config_needs(served(config, judge), {}, which=lambda _: None)]
+    settings = [n for n in needs if n.startswith("the setting")]
+    refused = refusal(name, config, None)
+    if refused and "grades with a judge" not in refused:
+        return Support(status=REFUSED, agent=agent, needs=_short(refused))
+    if settings:
+        keys = ", ".join(f"`{n.split()[2]}`" for n in dict.fromkeys(settings))
+        return Support(status=REFUSED, agent=agent, needs=f"settings serve does not set: {keys}")
+    extra = [f"PyPI: {len(p.requirements)} requirement{'s' * (len(p.requirements) > 1)}"] if p.requirements else []
+    needed = "; ".join(dict.fromkeys([*[n.split(" (", 1)[0] for n in needs], *extra]))  # "a sandbox provider"
+    if refused:
+        status = JUDGE
+    elif "simple_agent" in agents:
+        status = SIMPLE
+    elif agents:
+        status = ROUTED
+    else:
+        status = ALONE
+    return Support(status=status, agent=agent, needs=needed)
+
+
+def entry_support(entry: CatalogEntry) -> Support:
+    """What this package does with a catalog entry: a resources server by its short name as
+    :func:`support` says; any other entry is not served by it yet."""
+    if entry.short_name is None:
+        return Support(status=NOT_YET, agent=f"`{entry.agent}`" if entry.agent else "")
+    return support(entry.short_name)

@@ -1,0 +1,59 @@
+"""``miles-nemogym environments`` over nemo-gym 0.7.0's real catalog, read in the server venv:
+every entry ``gym --json list environments`` prints, by the same names, with what this package
+does with it; one entry shown whole; answered from the cache afterwards."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from typer.testing import CliRunner
+
+from miles_nemogym.cli.main import app
+from miles_nemogym.gym.venv import ensure_gym_venv
+
+pytestmark = pytest.mark.integration
+
+
+def _cli(*args: str) -> str:
+    result = CliRunner().invoke(app, ["environments", *args], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_every_catalog_entry_is_listed_by_its_own_name_with_what_this_package_does() -> None:
+    gym = ensure_gym_venv()
+    printed = subprocess.run(
+        [str(gym.path / "bin" / "gym"), "--json", "list", "environments"],
+        capture_output=True, text=True, check=True, cwd=gym.site_packages,
+    )  # fmt: skip
+    theirs = {(e["name"], e["kind"]) for e in json.loads(printed.stdout)}
+    ours = json.loads(_cli("--json"))
+    assert {(e["name"], e["kind"]) for e in ours} == theirs
+    by_name = {(e["name"], e["kind"]): e for e in ours}
+    assert by_name[("resources_servers/mcqa", "environment")]["here"]["status"].startswith("simple_agent")
+    aime = by_name[("aime25", "benchmark")]
+    assert aime["datasets"][0]["num_repeats"] == 32 and aime["prompt_config"].endswith("math.yaml")
+    listed = _cli("--kind", "benchmark")
+    assert listed.startswith("benchmarks (") and "environments (" not in listed
+    assert all(len(line) <= 80 for line in listed.splitlines())
+
+
+def test_one_entry_shows_its_parts_and_the_commands_to_try_it() -> None:
+    shown = _cli("MCQA")
+    assert shown.startswith("resources_servers/mcqa (environment)")
+    assert "miles-nemogym smoke --env mcqa" in shown and "agent: simple_agent" in shown
+    result = CliRunner().invoke(app, ["environments", "arena"])
+    assert result.exit_code == 2
+    assert "resources_servers/arena/lmarena_v2" in result.stderr
+
+
+def test_the_cached_catalog_answers_without_asking_the_registry_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    _cli("--json")  # cached by now
+
+    def no_registry(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the registry was asked again")
+
+    monkeypatch.setattr(subprocess, "run", no_registry)
+    assert "repeats: 32" in _cli("aime25")
