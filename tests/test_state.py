@@ -110,3 +110,40 @@ async def test_one_reset_returns_everything_to_a_fresh_process(
     assert routable_local_address.cache_info().currsize == 0
     assert state.stores.get(str(tmp_path / "episodes")) is not stored  # the old one was closed
     assert log_once.log_once(metrics.logger, 10, "salvage not wired", "x")  # logged again, once
+
+
+# Caches of a pure function of their arguments and the pinned files: never stale, never reset.
+PURE_CACHES = {
+    "miles_nemogym.filters._output_type",  # an import
+    "miles_nemogym.salvage._miles_post_process",  # an import
+    "miles_nemogym.gym.wheel._archive",  # keyed by the wheel's path, mtime and size
+    "miles_nemogym.gym.composition._member",  # a member of the pinned wheel
+    "miles_nemogym.redaction.key_scrubber",  # keyed by the secret
+}
+# Caches of what the host or network says: emptied by state.reset.
+RESET_CACHES = {"miles_nemogym.episode.run.routable_local_address"}
+
+
+def test_every_module_cache_is_pure_or_emptied_by_reset() -> None:
+    caches = {
+        f"{module.__name__}.{name}"
+        for module in _modules()
+        for name, value in vars(module).items()
+        if callable(getattr(value, "cache_clear", None)) and getattr(value, "__module__", None) == module.__name__
+    }
+    assert caches == PURE_CACHES | RESET_CACHES
+
+
+def test_a_policy_url_after_reset_asks_again_which_local_address_routes_to_the_gym_host(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from miles_nemogym.episode.run import policy_base_url
+
+    session = "http://0.0.0.0:30000/sessions/abc"
+    asked = "session server listens on a wildcard address"
+    with caplog.at_level("INFO"):
+        assert policy_base_url(session, "http://localhost:12000") == "http://127.0.0.1:30000/sessions/abc/v1"
+        state.reset()
+        caplog.clear()
+        policy_base_url(session, "http://localhost:12000")
+    assert asked in caplog.text  # the address was routed again, not taken from a stale cache

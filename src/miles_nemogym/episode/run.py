@@ -335,9 +335,9 @@ def policy_base_url(session_url: str, gym_url: str, external_host: str | None = 
     return urlunsplit((parts.scheme, netloc, path, "", ""))
 
 
-@lru_cache(maxsize=256)
 def _dialable_netloc(netloc: str, gym_url: str, external_host: str | None) -> str:
-    """The session URL's netloc made dialable; one parse per session server, not per sample."""
+    """The session URL's netloc made dialable (the routed address is cached, and reset, with
+    :func:`routable_local_address`)."""
     parts = urlsplit(f"//{netloc}")
     host = parts.hostname or ""
     if external_host:
