@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
+from miles_nemogym.gym.catalog import NOT_YET, load_catalog
 from miles_nemogym.gym.venv import ensure_gym_venv
+from tests.support import environments_table as table
 
 pytestmark = pytest.mark.integration
 
@@ -57,3 +60,14 @@ def test_the_cached_catalog_answers_without_asking_the_registry_again(monkeypatc
 
     monkeypatch.setattr(subprocess, "run", no_registry)
     assert "repeats: 32" in _cli("aime25")
+
+
+def test_the_docs_table_is_the_scripts_output_over_the_whole_catalog() -> None:
+    entries = load_catalog(ensure_gym_venv())
+    text = (Path(__file__).resolve().parents[2] / "docs" / "environments.md").read_text()
+    rerun = "re-run `python scripts/environments_table.py docs` and paste its output into docs/environments.md"
+    assert table.block(text, "docs") == table.docs(entries), rerun
+    rows = {r.name: r for r in table.catalog_rows(entries)}
+    assert len(rows) == len(entries) == 385
+    assert rows["resources_servers/mcqa"].status == table.TESTED
+    assert rows["aime25"].status == rows["calendar_v2"].status == NOT_YET

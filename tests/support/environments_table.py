@@ -8,6 +8,7 @@ agents' ``tests/support/routed_agents.py``).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from miles_nemogym.gym import catalog
@@ -23,7 +24,7 @@ END = "<!-- environments-table: end -->"
 TESTED = "runs end to end here (tested)"
 SIMPLE = "simple_agent, not tested here"
 ROUTED = "routed agent, not run here"
-ORDER = (TESTED, SIMPLE, JUDGE, ROUTED, ALONE, REFUSED)
+ORDER = (TESTED, SIMPLE, JUDGE, ROUTED, ALONE, REFUSED, catalog.NOT_YET)
 
 
 @dataclass(frozen=True)
@@ -86,14 +87,39 @@ def readme(table: list[Row]) -> str:
     return "\n".join([*lines, END]) + "\n"
 
 
-def docs(table: list[Row]) -> str:
-    """docs/environments.md's block: every server, its agent, what serve does, what it needs."""
+def block(text: str, which: str) -> str:
+    """The generated block ``which`` as ``text`` carries it."""
+    start = text.index(START.format(which=which))
+    return text[start : text.index(END, start) + len(END) + 1]
+
+
+def catalog_rows(entries: Sequence[catalog.CatalogEntry]) -> list[Row]:
+    """One row per catalog entry: a resources server by :func:`row`, any other as the package
+    treats it (``catalog.entry_support``)."""
+    out = []
+    for entry in entries:
+        if entry.short_name is not None:
+            found = row(entry.short_name)
+        else:
+            here = catalog.entry_support(entry)
+            found = Row(entry.name, here.agent, here.status, here.needs)
+        out.append(Row(entry.name, found.agent, found.status, found.needs))
+    return out
+
+
+def docs(entries: Sequence[catalog.CatalogEntry]) -> str:
+    """docs/environments.md's block: every catalog entry, its agent, what this package does, what it needs."""
+    table = catalog_rows(entries)
+    kinds = Counter(e.kind for e in entries)
     lines = [
         START.format(which="docs"),
-        f"The {len(table)} resources servers of nemo-gym 0.7.0: {_summary(table)}.",
+        f"The {len(table)} entries of nemo-gym 0.7.0's catalog ({kinds['environment']} environments, "
+        f"{kinds['benchmark']} benchmarks): {_summary(table)}.",
         "",
-        "| environment | agent in its config | here | needs, or why refused |",
-        "|---|---|---|---|",
+        "| catalog name | kind | agent in its config | here | needs, or why refused |",
+        "|---|---|---|---|---|",
     ]
-    lines += [f"| `{r.name}` | {r.agent} | {r.status} | {r.needs} |" for r in table]
+    lines += [
+        f"| `{r.name}` | {e.kind} | {r.agent} | {r.status} | {r.needs} |" for r, e in zip(table, entries, strict=True)
+    ]
     return "\n".join([*lines, END]) + "\n"
