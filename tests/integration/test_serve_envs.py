@@ -11,11 +11,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from miles_nemogym.cli.main import app
 from miles_nemogym.gym.config import PLACEHOLDER_POLICY_URL
 from miles_nemogym.gym.environments import EnvironmentServers, plan
 from miles_nemogym.gym.venv import ensure_gym_venv
 from miles_nemogym.gym.wheel import read_member
+from miles_nemogym.server_probe import identify
 from miles_nemogym.settings import Settings
 from tests.support.ray_cluster import pids_with_environment
 from tests.support.serve_process import exported, serving
@@ -47,6 +50,14 @@ def test_serve_env_starts_resources_servers_next_to_swe_and_stops_them_all(tmp_p
         assert sorted(settings.environments) == sorted(ENVS)
         for env, server in settings.environments.items():
             assert _seed(server.url, env) == 200
+            # Each real server names the instance nemo-gym's config gives the environment, which doctor
+            # compares: the two URLs swapped fail, each naming what answered.
+            identity = identify(f"{server.url}/openapi.json", 30)
+            assert identity is not None and identity.instance == plan([env])[0].instance, identity
+        swapped = json.dumps(dict(zip(ENVS, [settings.environments[e].url for e in reversed(ENVS)], strict=True)))
+        doctor = CliRunner().invoke(app, ["doctor"], env={**printed, "NEMO_GYM_ENVS": swapped})
+        assert doctor.exit_code == 1, doctor.output
+        assert "is not mcqa's resources server: it answers as xlam_fc" in " ".join(doctor.output.split())
         with urllib.request.urlopen(f"{settings.gym_url}/openapi.json", timeout=30) as answer:
             assert "/run" in json.load(answer)["paths"]
         running = pids_with_environment(str((state / "environments").resolve()))
