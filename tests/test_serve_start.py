@@ -39,7 +39,7 @@ class _Stranger(http.server.BaseHTTPRequestHandler):
 def test_a_stranger_answering_on_the_port_is_not_taken_for_the_started_server(tmp_path: Path) -> None:
     # A second serve said Ready and printed the export line: its health check reached another server.
     port = free_port()
-    env = stand_in_env(tmp_path, "never-listens", port)
+    env = stand_in_env(tmp_path, "never-listens")
     process = _serve(env, "--port", str(port), "--start-timeout", "3")
     try:
         asyncio.run(eventually((tmp_path / "events" / "started").exists, "serve started its server"))
@@ -72,7 +72,7 @@ def test_a_stranger_answering_on_the_port_is_not_taken_for_the_started_server(tm
 
 def test_the_server_serve_started_is_ready_and_stopping_removes_its_folder(tmp_path: Path) -> None:
     port = free_port()
-    env = stand_in_env(tmp_path, "serve", port)
+    env = stand_in_env(tmp_path, "serve")
     with serving("--sandbox", "local", "--port", str(port), env=env) as started:
         assert "Ready in" in started.printed, started.printed
         assert exported(started.printed)["NEMO_GYM_URL"] == f"http://127.0.0.1:{port}"
@@ -85,7 +85,7 @@ def test_a_failed_start_keeps_its_folder_only_when_the_log_says_something(tmp_pa
     silent, loud = tmp_path / "silent", tmp_path / "loud"
     for root, mode in ((silent, "exit-silent"), (loud, "exit-loud")):
         root.mkdir()
-        process = _serve(stand_in_env(root, mode, free_port()), "--port", "0")
+        process = _serve(stand_in_env(root, mode), "--port", "0")
         said, _ = process.communicate(timeout=120)
         assert process.returncode == 1, said
         assert "exited during start" in said and "Ready" not in said and "✓ starting" not in said

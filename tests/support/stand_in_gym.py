@@ -1,7 +1,7 @@
 """A cached NeMo-Gym server venv whose ``mini_swe_agent_2`` server is a stand-in, for ``serve`` and
 ``smoke`` run as real subprocesses without the Python 3.13 environment.
 
-Its "python" passes nemo-gym's config parser (answering an empty config) and runs the stand-in
+Its "python" stands in for nemo-gym's config parser (each payload back as it came) and runs the stand-in
 ``app.py`` with this interpreter. The stand-in does what ``STAND_IN_MODE`` says and touches
 ``STAND_IN_EVENTS/<event>`` as it goes (``started``, ``run``), so a test waits on real events.
 """
@@ -19,7 +19,7 @@ from miles_nemogym.gym.wheel import wheel_path
 from tests.support.scripts import shell_script
 
 _APP = """
-import http.server, os, sys, threading
+import http.server, json, os, sys, threading
 from pathlib import Path
 
 events = Path(os.environ["STAND_IN_EVENTS"])
@@ -47,8 +47,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         threading.Event().wait()  # an episode that takes its time
 
 
-config = os.environ["NEMO_GYM_CONFIG_DICT"]
-port = int(os.environ["STAND_IN_PORT"])
+def port_of(config):
+    found = [port_of(value) for value in config.values() if isinstance(value, dict)] if isinstance(config, dict) else []
+    return config.get("port") or next(filter(None, found), None)
+
+
+port = port_of(json.loads(os.environ["NEMO_GYM_CONFIG_DICT"]))
 http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
 
@@ -67,12 +71,14 @@ def stand_in_cache(root: Path) -> Path:
         (venv / "lib" / "site-packages" / config).parent.mkdir(parents=True, exist_ok=True)
         (venv / "lib" / "site-packages" / config).touch()
     (venv / READY_MARKER).write_text(json.dumps({"site_packages": "lib/site-packages", "python": ""}))
-    parser = 'if [ "$1" = "-c" ]; then cat >/dev/null; echo \'[{"yaml": "{}"}]\'; exit 0; fi'
+    # nemo-gym's parser: each payload back as its YAML (JSON is YAML), so the stand-in finds its port.
+    echo = "import json, sys; print(json.dumps([{'yaml': json.dumps(p)} for p in json.load(sys.stdin)]))"
+    parser = f'if [ "$1" = "-c" ]; then exec "{sys.executable}" -c "{echo}"; fi'
     shell_script(venv / "bin" / "python", f'{parser}\nexec "{sys.executable}" "$@"')
     return cache
 
 
-def stand_in_env(root: Path, mode: str, port: int) -> dict[str, str]:
+def stand_in_env(root: Path, mode: str) -> dict[str, str]:
     """This process's environment for a ``serve``/``smoke`` subprocess using :func:`stand_in_cache`,
     its temp folder ``root/temp`` (returned empty) and its events in ``root/events``."""
     (root / "temp").mkdir()
@@ -82,6 +88,5 @@ def stand_in_env(root: Path, mode: str, port: int) -> dict[str, str]:
         "TMPDIR": str(root / "temp"),
         "STAND_IN_EVENTS": str(root / "events"),
         "STAND_IN_MODE": mode,
-        "STAND_IN_PORT": str(port),
         "COLUMNS": "1000",
     }
