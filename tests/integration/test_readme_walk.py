@@ -119,6 +119,10 @@ def test_every_command_of_readme_and_the_environments_doc_runs_as_written(tmp_pa
     assert browsed.returncode == 0 and "train" in browsed.stdout, browsed.stdout + browsed.stderr
 
     served = outputs["miles-nemogym serve --sandbox docker --env mcqa --env workplace_assistant"]
+    # README's no-Docker line is the server that ran for the docker one, as written.
+    assert ["miles-nemogym", "serve", "--sandbox", "local", "--env", "mcqa", "--env", "workplace_assistant"] in [
+        words for _, words in commands
+    ]
     assert "mini_swe_agent_2 is serving (local sandbox" in " ".join(served.split())
     assert "mcqa" in env["NEMO_GYM_ENVS"] and "xlam_fc" in env["NEMO_GYM_ENVS"]  # the last serve's
     assert len((work / "train.jsonl").read_text().splitlines()) == 1000

@@ -54,7 +54,5 @@ def step_display(console: Console) -> Iterator[Callable[[str], None]]:
             current.append((line, time.monotonic()))
             bar.reset(task, description=escape(_short(line, room)), detail="")
 
-        try:
-            yield progress
-        finally:
-            finish_step()
+        yield progress  # a step the block failed or was interrupted in gets no ✓
+        finish_step()

@@ -196,10 +196,10 @@ def serve(
         )
     except ValidationError as exc:
         for line in problems(exc, as_flag):
-            console.print(f"[red]error:[/red] {escape(line)}")
+            console.print(f"[red]error:[/red] {escape(line)}", soft_wrap=True)
         raise typer.Exit(2) from None
     except GymEnvironmentError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
     if not swe and not envs:
@@ -339,6 +339,10 @@ def serve(
             _remove(made)
             console.print("interrupted; nothing left running.")
             raise typer.Exit(130) from None
+        except BaseException:
+            _stop(server, environments)
+            _keep(made, console)
+            raise
 
         try:
             _print_ready(console, server, environments, time.monotonic() - started)
@@ -395,13 +399,13 @@ def _remove(made: Path | None) -> None:
 
 
 def _keep(made: Path | None, console: Console) -> None:
-    """After a failure: serve's own state folder stays for its logs (removed when empty)."""
+    """After a failure: serve's own state folder stays for its logs, removed when no file in it holds anything."""
     if made is None:
         return
-    if any(made.iterdir()):
-        console.print(f"kept {made} (the logs) to look at; remove it when done", highlight=False)
+    if any(path.is_file() and path.stat().st_size for path in made.rglob("*")):
+        console.print(f"kept {made} (the logs) to look at; remove it when done", highlight=False, soft_wrap=True)
     else:
-        made.rmdir()
+        _remove(made)
 
 
 def _stop(server: GymServer | None, environments: EnvironmentServers | None) -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from miles_nemogym.cli.options import JUDGE_MODEL_HELP, JUDGE_URL_HELP, judge_of
+from miles_nemogym.cli.signals import interrupt_on_sigterm
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -139,16 +140,30 @@ def _smoke(
     store = _store_path(episode_dir)
     folder = state_dir or Path(tempfile.mkdtemp(prefix="miles-nemogym-smoke-"))
     kept = state_dir is not None or keep
-    worked = False
+    worked = interrupted = False
     try:
-        worked = _run(console, rows, folder, store, kept, policy_base_url, limit, step_limit, json_path)
+        with interrupt_on_sigterm(ctrl_c=True):
+            worked = _run(console, rows, folder, store, kept, policy_base_url, limit, step_limit, json_path)
+    except KeyboardInterrupt:
+        interrupted = True
     finally:
-        if not kept and worked:
+        if interrupted:
+            _interrupted(console, folder, kept)
+        elif not kept and worked:
             shutil.rmtree(folder, ignore_errors=True)
         elif not kept:
             console.print(f"kept {folder} (the server's log and trajectories) since the run failed", highlight=False)
     if not worked:
-        raise typer.Exit(1)
+        raise typer.Exit(130 if interrupted else 1)
+
+
+def _interrupted(console: Console, folder: Path, kept: bool) -> None:
+    """After Ctrl-C or SIGTERM (the servers are stopped): the folder smoke made is removed, a kept one named."""
+    if kept:
+        console.print(f"interrupted; what the run wrote is in {folder}", highlight=False, soft_wrap=True)
+        return
+    shutil.rmtree(folder, ignore_errors=True)
+    console.print("interrupted; nothing left running, nothing left behind.", highlight=False)
 
 
 def _write_json(console: Console, path: Path, report: dict[str, Any]) -> None:
@@ -208,9 +223,9 @@ def _smoke_environments(
     kept = state_dir is not None or keep
     played = "your model" if policy_base_url else "the scripted policy (each row's gold and a wrong answer)"
     console.print(f"smoke: the shipped rows of {', '.join(envs)}, played by {played}", highlight=False)
-    worked = False
+    worked = interrupted = False
     try:
-        with step_display(console) as progress, _quiet_episode_warnings():
+        with interrupt_on_sigterm(ctrl_c=True), step_display(console) as progress, _quiet_episode_warnings():
 
             def finished(episode: EnvironmentEpisode) -> None:
                 console.print(environment_line(episode), highlight=False)
@@ -244,13 +259,17 @@ def _smoke_environments(
     except GymEnvironmentError as error:
         console.print(f"[red]cannot start the environments' servers:[/red] {escape(str(error))}", highlight=False)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        interrupted = True
     finally:
-        if kept or not worked:
+        if interrupted:
+            _interrupted(console, folder, kept)
+        elif kept or not worked:
             console.print(f"the servers' logs: {folder}", highlight=False, soft_wrap=True)
         else:
             shutil.rmtree(folder, ignore_errors=True)
     if not worked:
-        raise typer.Exit(1)
+        raise typer.Exit(130 if interrupted else 1)
 
 
 def _run(

@@ -23,7 +23,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -139,16 +139,58 @@ def answers(url: str) -> bool:
         return False  # nothing there yet, or something that is not an HTTP server (another's port)
 
 
-def wait_until_answering(url: str, running: Callable[[], bool], deadline: float, interval: float) -> str | None:
-    """Poll ``url`` until it answers (None), the process stops running (``"exited"``) or
-    ``deadline`` (a ``time.monotonic`` value) passes (``"timeout"``); the caller says which server."""
+def _listening_inodes(port: int) -> set[str] | None:
+    """Inodes of the sockets listening on ``port`` (Linux ``/proc/net/tcp``, ``tcp6``); None without them."""
+    found: set[str] = set()
+    tables = [Path("/proc/net/tcp"), Path("/proc/net/tcp6")]
+    if not any(table.exists() for table in tables):
+        return None
+    for table in tables:
+        with contextlib.suppress(OSError):
+            for line in table.read_text().splitlines()[1:]:
+                fields = line.split()
+                # local_address is HEX_IP:HEX_PORT; state 0A is LISTEN.
+                if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    found.add(fields[9])
+    return found
+
+
+def listens(pids: Iterable[int], port: int) -> bool | None:
+    """Whether one of ``pids`` holds the socket listening on ``port``: the server answering there is
+    theirs, not another program's. None where Linux's ``/proc`` cannot tell."""
+    inodes = _listening_inodes(port)
+    if inodes is None:
+        return None
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) in wanted:
+                        return True
+    return False
+
+
+def wait_until_answering(
+    url: str,
+    running: Callable[[], bool],
+    deadline: float,
+    interval: float,
+    ours: Callable[[], bool | None] | None = None,
+) -> str | None:
+    """Poll ``url`` until the started process answers it (None), the process stops running (``"exited"``)
+    or ``deadline`` (a ``time.monotonic`` value) passes (``"timeout"``, or ``"another"`` when something
+    answered that ``ours`` says is not the started process); the caller says which server."""
+    stranger = False
     while True:
         if not running():
             return "exited"
         if answers(url):
-            return None
+            stranger = ours is not None and ours() is False
+            if not stranger and running():
+                return None
         if time.monotonic() > deadline:
-            return "timeout"
+            return "another" if stranger else "timeout"
         time.sleep(interval)
 
 
@@ -353,17 +395,29 @@ class GymServer:
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout
-        failed = wait_until_answering(f"{self.url}/openapi.json", self.is_running, deadline, 0.5)
+        failed = wait_until_answering(f"{self.url}/openapi.json", self.is_running, deadline, 0.5, self._listens)
         if failed == "exited":
             code = self._process.returncode if self._process else None
             raise GymServerError(
                 f"the NeMo-Gym server exited during start (exit {code}); log {self.log_path}:\n{self.log_tail()}"
+            )
+        if failed == "another":
+            raise GymServerError(
+                f"another program answers on {self.url}, not the NeMo-Gym server serve started (still not "
+                f"listening after {self.start_timeout:.0f} s); stop that program or give another --port. "
+                f"Log {self.log_path}:\n{self.log_tail()}"
             )
         if failed == "timeout":
             raise GymServerError(
                 f"the NeMo-Gym server did not answer on {self.url} within {self.start_timeout:.0f} s; "
                 f"log {self.log_path}:\n{self.log_tail()}"
             )
+
+    def _listens(self) -> bool | None:
+        """Whether the server listening on :attr:`port` is this one (its process or one it started)."""
+        if self._process is None or self.port is None:
+            return False
+        return listens([self._process.pid, *_pids_with_marker(self._marker)], self.port)
 
     # ------------------------------------------------------------------ stop
 

@@ -391,14 +391,18 @@ def run_build_step(command: Sequence[str], progress: Progress, what: str, *, log
     with log_file.open("a", encoding="utf-8") as log:
         log.write(f"$ {' '.join(command)}\n")
         log.flush()
-        with subprocess.Popen(
-            list(command),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=_clean_env(),
-            bufsize=1,
-        ) as proc:
+        try:
+            proc = subprocess.Popen(
+                list(command),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=_clean_env(),
+                bufsize=1,
+            )
+        except OSError as error:  # e.g. the venv an interpreter was asked to create has no bin/python
+            raise GymVenvBuildError(f"{what} could not run {command[0]}: {error.strerror or error}") from None
+        with proc:
             assert proc.stdout is not None
             for raw in proc.stdout:
                 log.write(raw)
