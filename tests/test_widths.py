@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -377,3 +378,45 @@ def test_in_a_real_80_column_terminal_no_line_runs_past_the_edge(
     assert pane.shown == pane.joined, f"the terminal wrapped {wrapped[:3]}"
     listed = [line for line in pane.shown if re.match(r"\d{12}  ", line)]
     assert len(listed) == 12 and all(LONG_ID in line for line in listed)  # one line per episode
+
+
+# --- one output rule: wrapped on a terminal only, never inside a path ---------------------
+
+BUILD_LOG = "/cache/gym-venv/" + "py3.13-nemo-gym0.7.0-mini-swe-agent2.1.0-swebench4.1.0-r2" * 2 + ".build.log"
+
+
+@pytest.mark.parametrize("on_a_terminal", [False, True], ids=["file", "terminal"])
+def test_build_notes_keep_their_path_whole(on_a_terminal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from miles_nemogym.cli.console import console
+    from miles_nemogym.cli.progress import step_display
+
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setenv("TTY_COMPATIBLE", "1" if on_a_terminal else "0")
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    note = f"note: pip's full log: {BUILD_LOG} (the build's own lines)"
+    with step_display(console(stderr=True)) as progress:  # serve's and smoke's progress display
+        progress(note)
+    lines = [line.rstrip() for line in _ANSI.sub("", sys.stderr.getvalue()).splitlines()]
+    start = next(number for number, line in enumerate(lines) if line.startswith("note: "))
+    if on_a_terminal:  # between words at 80 columns; the path, longer than the line, whole on its own
+        assert lines[start : start + 3] == ["note: pip's full log:", BUILD_LOG, "(the build's own lines)"]
+    else:  # in a file, never wrapped
+        assert lines[start] == note
+
+
+LONG_FOLDER = "a-folder-with-a-long-name-" * 4
+
+
+def test_a_long_path_in_a_file_is_whole_on_one_line(tmp_path: Path) -> None:
+    """serve's refusal written to a file at COLUMNS=80 (as CI logs are): the path on one line."""
+    bad = tmp_path / LONG_FOLDER / "provider.yaml"
+    bad.parent.mkdir()
+    bad.write_text("options: [\n")
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        command = [*CLI, "serve", "--provider-config", str(bad), "--dry-run"]
+        env = {**os.environ, "COLUMNS": "80", "TTY_COMPATIBLE": "0"}
+        done = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, timeout=120)
+    assert done.returncode == 2, log.read_text()
+    assert f"error: --provider-config {bad}: not valid YAML" in log.read_text().splitlines()[0]

@@ -218,6 +218,7 @@ def _convert_command(
         TimeElapsedColumn,
     )
 
+    from miles_nemogym.cli.console import console
     from miles_nemogym.data import (
         ConvertError,
         ConvertOptions,
@@ -231,10 +232,7 @@ def _convert_command(
     from miles_nemogym.data.select import instance_ids_option
     from miles_nemogym.validation import problems
 
-    # emoji=False: ':abc:' in a path or message is text (markup=False alone still turns it into an emoji).
-    out, err = Console(emoji=False), Console(stderr=True, emoji=False)
-    for console in (out, err):  # a terminal wraps between words; a log keeps each line whole
-        console.soft_wrap = not console.is_terminal
+    out, err = console(), console(stderr=True)
     try:
         options = ConvertOptions(
             input=input,
