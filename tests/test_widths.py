@@ -405,6 +405,40 @@ def test_build_notes_keep_their_path_whole(on_a_terminal: bool, monkeypatch: pyt
         assert lines[start] == note
 
 
+@needs_tmux
+def test_in_a_real_80_column_terminal_sources_and_notes_fit(tmp_path: Path) -> None:
+    """examples' source and convert's summary and notes in one 80x24 tmux pane: nothing runs past the edge."""
+    convert = ["convert", "--env", "mcqa=mc.jsonl", "--env", "workplace_assistant=wa.jsonl", "-o", "o.jsonl"]
+    commands = [
+        ["cd", str(tmp_path)],  # short relative paths: a path longer than the pane is the terminal's to wrap
+        [*CLI, "examples", "--env", "mcqa", "-o", "mc.jsonl"],
+        [*CLI, "examples", "--env", "workplace_assistant", "-o", "wa.jsonl"],
+        [*CLI, *convert, "--quiet"],
+    ]
+    pane = tmux.capture(commands, 80, 24)
+    assert sum(1 for line in pane.shown if line == "source: resources_servers/mcqa/data/example.jsonl") == 1
+    assert "note: rows are in input order, one environment after another (--shuffle mixes)" in pane.shown
+    wrapped = [line for line in pane.joined if len(line) > 80]
+    assert pane.shown == pane.joined, f"the terminal wrapped {wrapped[:3]}"
+
+
+def test_converter_notes_fit_80_columns_even_in_a_file(tmp_path: Path, gym_example_rows: list[dict[str, Any]]) -> None:
+    from tests.support.environment_rows import shipped_text
+
+    raw = write_jsonl(tmp_path / "raw.jsonl", gym_example_rows)
+    for name in ("mcqa", "workplace_assistant"):
+        (tmp_path / f"{name}.jsonl").write_bytes(shipped_text(name))
+    held = ["-i", str(raw), "--holdout", "1", "--holdout-output", str(tmp_path / "held.jsonl")]
+    envs = [f"--env={name}={tmp_path / name}.jsonl" for name in ("mcqa", "workplace_assistant")]
+    notes = []
+    for flags in (held, envs):
+        result = CliRunner().invoke(app, ["convert", *flags, "-o", str(tmp_path / "out.jsonl"), "--quiet"])
+        assert result.exit_code == 0, result.output
+        notes += [line for line in result.output.splitlines() if line.startswith("note: ")]
+    assert any("holdout" in note for note in notes) and any("input order" in note for note in notes)
+    fits("\n".join(notes), 80)
+
+
 LONG_FOLDER = "a-folder-with-a-long-name-" * 4
 
 
@@ -420,3 +454,17 @@ def test_a_long_path_in_a_file_is_whole_on_one_line(tmp_path: Path) -> None:
         done = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, timeout=120)
     assert done.returncode == 2, log.read_text()
     assert f"error: --provider-config {bad}: not valid YAML" in log.read_text().splitlines()[0]
+
+
+def test_convert_on_a_terminal_keeps_a_long_input_path_whole(tmp_path: Path) -> None:
+    from tests.support.environment_rows import shipped_text
+
+    rows = tmp_path / LONG_FOLDER / "wa.jsonl"
+    rows.parent.mkdir()
+    rows.write_bytes(shipped_text("workplace_assistant"))
+    on_a_terminal = {"COLUMNS": "80", "TTY_COMPATIBLE": "1", "NO_COLOR": "1"}
+    flags = ["--env", f"workplace_assistant={rows}", "-o", str(tmp_path / "o.jsonl"), "--quiet"]
+    result = CliRunner().invoke(app, ["convert", *flags], env=on_a_terminal)
+    assert result.exit_code == 0, result.output
+    lines = [line.rstrip() for line in _ANSI.sub("", result.output).splitlines()]
+    assert lines[:3] == ["convert:", str(rows), "(NeMo-Gym environment rows)"]  # between words, the path whole

@@ -58,8 +58,9 @@ def _print_environments(console: Console, report: ConvertReport, options: Conver
 def _print_summary(console: Console, report: ConvertReport, options: ConvertOptions) -> None:
     from miles_nemogym.data.convert import printable, summary_notes
 
-    # User text (paths, names) goes in as Text: never read as rich markup.
-    counts = Table(title=Text(f"convert: {printable(report.source)} ({report.source_kind})"), title_justify="left")
+    # A line of its own, not the table's title: a long path is never split to the table's width.
+    console.print(f"convert: {printable(report.source)} ({report.source_kind})", markup=False, highlight=False)
+    counts = Table()
     counts.add_column("rows")
     counts.add_column("count", justify="right")
     counts.add_row("read", str(report.rows_read))
