@@ -468,3 +468,20 @@ def test_convert_on_a_terminal_keeps_a_long_input_path_whole(tmp_path: Path) -> 
     assert result.exit_code == 0, result.output
     lines = [line.rstrip() for line in _ANSI.sub("", result.output).splitlines()]
     assert lines[:3] == ["convert:", str(rows), "(NeMo-Gym environment rows)"]  # between words, the path whole
+
+
+def test_scan_header_fits_80_columns_keeping_the_url_whole() -> None:
+    from miles_nemogym.scan.report import header
+
+    how = "mode golden, concurrency 16, episode timeout 1800s"
+    said = header(12, 500, "http://gym-host.example.internal:12000/run", how)
+    assert fits(said, 80) == [
+        "scan: 12 of 500 selected instance(s) to run on",
+        "  http://gym-host.example.internal:12000/run",
+        f"  {how}",
+    ]
+    where = "NEMO_GYM_ENVS " + ", ".join(
+        f"{name} (http://gym-host.example.internal:1200{n})" for n, name in enumerate(LONG_ENVS)
+    )
+    lines = fits(header(4, 4, where, how), 80)
+    whole(f"scan: 4 of 4 selected instance(s) to run on {where}", "\n".join(lines))
