@@ -93,7 +93,7 @@ def test_examples_writes_the_shipped_rows_and_says_where_from(tmp_path: Path) ->
     rows = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
     assert rows == gym_wheel.example_rows()
     assert f"wrote 5 rows to {output}" in result.output
-    assert f"{gym_wheel.EXAMPLES_MEMBER} in {gym_wheel.wheel_path()}" in result.output
+    assert f"source: {gym_wheel.EXAMPLES_MEMBER}\n  in {gym_wheel.wheel_path()}\n" in result.output
 
 
 def test_convert_says_where_each_rows_subset_came_from(tmp_path: Path, gym_example_rows: list[dict[str, Any]]) -> None:
@@ -101,7 +101,7 @@ def test_convert_says_where_each_rows_subset_came_from(tmp_path: Path, gym_examp
     source.write_text("".join(json.dumps(row) + "\n" for row in gym_example_rows), encoding="utf-8")
     result = invoke("convert", "--input", str(source), "--output", str(tmp_path / "out.jsonl"))
     assert result.exit_code == 0, result.output
-    assert "note: subset: each row's own (a row without one is refused; --subset sets one for every row)" in (
+    assert "note: subset: each row's own (--subset sets all; a row without one is refused)" in (
         " ".join(result.output.split())
     )
     forced = invoke("convert", "--input", str(source), "--output", str(tmp_path / "o2.jsonl"), "--subset", "gym")

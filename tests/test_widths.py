@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -377,3 +378,110 @@ def test_in_a_real_80_column_terminal_no_line_runs_past_the_edge(
     assert pane.shown == pane.joined, f"the terminal wrapped {wrapped[:3]}"
     listed = [line for line in pane.shown if re.match(r"\d{12}  ", line)]
     assert len(listed) == 12 and all(LONG_ID in line for line in listed)  # one line per episode
+
+
+# --- one output rule: wrapped on a terminal only, never inside a path ---------------------
+
+BUILD_LOG = "/cache/gym-venv/" + "py3.13-nemo-gym0.7.0-mini-swe-agent2.1.0-swebench4.1.0-r2" * 2 + ".build.log"
+
+
+@pytest.mark.parametrize("on_a_terminal", [False, True], ids=["file", "terminal"])
+def test_build_notes_keep_their_path_whole(on_a_terminal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from miles_nemogym.cli.console import console
+    from miles_nemogym.cli.progress import step_display
+
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setenv("TTY_COMPATIBLE", "1" if on_a_terminal else "0")
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    note = f"note: pip's full log: {BUILD_LOG} (the build's own lines)"
+    with step_display(console(stderr=True)) as progress:  # serve's and smoke's progress display
+        progress(note)
+    lines = [line.rstrip() for line in _ANSI.sub("", sys.stderr.getvalue()).splitlines()]
+    start = next(number for number, line in enumerate(lines) if line.startswith("note: "))
+    if on_a_terminal:  # between words at 80 columns; the path, longer than the line, whole on its own
+        assert lines[start : start + 3] == ["note: pip's full log:", BUILD_LOG, "(the build's own lines)"]
+    else:  # in a file, never wrapped
+        assert lines[start] == note
+
+
+@needs_tmux
+def test_in_a_real_80_column_terminal_sources_and_notes_fit(tmp_path: Path) -> None:
+    """examples' source and convert's summary and notes in one 80x24 tmux pane: nothing runs past the edge."""
+    convert = ["convert", "--env", "mcqa=mc.jsonl", "--env", "workplace_assistant=wa.jsonl", "-o", "o.jsonl"]
+    commands = [
+        ["cd", str(tmp_path)],  # short relative paths: a path longer than the pane is the terminal's to wrap
+        [*CLI, "examples", "--env", "mcqa", "-o", "mc.jsonl"],
+        [*CLI, "examples", "--env", "workplace_assistant", "-o", "wa.jsonl"],
+        [*CLI, *convert, "--quiet"],
+    ]
+    pane = tmux.capture(commands, 80, 24)
+    assert sum(1 for line in pane.shown if line == "source: resources_servers/mcqa/data/example.jsonl") == 1
+    assert "note: rows are in input order, one environment after another (--shuffle mixes)" in pane.shown
+    wrapped = [line for line in pane.joined if len(line) > 80]
+    assert pane.shown == pane.joined, f"the terminal wrapped {wrapped[:3]}"
+
+
+def test_converter_notes_fit_80_columns_even_in_a_file(tmp_path: Path, gym_example_rows: list[dict[str, Any]]) -> None:
+    from tests.support.environment_rows import shipped_text
+
+    raw = write_jsonl(tmp_path / "raw.jsonl", gym_example_rows)
+    for name in ("mcqa", "workplace_assistant"):
+        (tmp_path / f"{name}.jsonl").write_bytes(shipped_text(name))
+    held = ["-i", str(raw), "--holdout", "1", "--holdout-output", str(tmp_path / "held.jsonl")]
+    envs = [f"--env={name}={tmp_path / name}.jsonl" for name in ("mcqa", "workplace_assistant")]
+    notes = []
+    for flags in (held, envs):
+        result = CliRunner().invoke(app, ["convert", *flags, "-o", str(tmp_path / "out.jsonl"), "--quiet"])
+        assert result.exit_code == 0, result.output
+        notes += [line for line in result.output.splitlines() if line.startswith("note: ")]
+    assert any("holdout" in note for note in notes) and any("input order" in note for note in notes)
+    fits("\n".join(notes), 80)
+
+
+LONG_FOLDER = "a-folder-with-a-long-name-" * 4
+
+
+def test_a_long_path_in_a_file_is_whole_on_one_line(tmp_path: Path) -> None:
+    """serve's refusal written to a file at COLUMNS=80 (as CI logs are): the path on one line."""
+    bad = tmp_path / LONG_FOLDER / "provider.yaml"
+    bad.parent.mkdir()
+    bad.write_text("options: [\n")
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        command = [*CLI, "serve", "--provider-config", str(bad), "--dry-run"]
+        env = {**os.environ, "COLUMNS": "80", "TTY_COMPATIBLE": "0"}
+        done = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env, timeout=120)
+    assert done.returncode == 2, log.read_text()
+    assert f"error: --provider-config {bad}: not valid YAML" in log.read_text().splitlines()[0]
+
+
+def test_convert_on_a_terminal_keeps_a_long_input_path_whole(tmp_path: Path) -> None:
+    from tests.support.environment_rows import shipped_text
+
+    rows = tmp_path / LONG_FOLDER / "wa.jsonl"
+    rows.parent.mkdir()
+    rows.write_bytes(shipped_text("workplace_assistant"))
+    on_a_terminal = {"COLUMNS": "80", "TTY_COMPATIBLE": "1", "NO_COLOR": "1"}
+    flags = ["--env", f"workplace_assistant={rows}", "-o", str(tmp_path / "o.jsonl"), "--quiet"]
+    result = CliRunner().invoke(app, ["convert", *flags], env=on_a_terminal)
+    assert result.exit_code == 0, result.output
+    lines = [line.rstrip() for line in _ANSI.sub("", result.output).splitlines()]
+    assert lines[:3] == ["convert:", str(rows), "(NeMo-Gym environment rows)"]  # between words, the path whole
+
+
+def test_scan_header_fits_80_columns_keeping_the_url_whole() -> None:
+    from miles_nemogym.scan.report import header
+
+    how = "mode golden, concurrency 16, episode timeout 1800s"
+    said = header(12, 500, "http://gym-host.example.internal:12000/run", how)
+    assert fits(said, 80) == [
+        "scan: 12 of 500 selected instance(s) to run on",
+        "  http://gym-host.example.internal:12000/run",
+        f"  {how}",
+    ]
+    where = "NEMO_GYM_ENVS " + ", ".join(
+        f"{name} (http://gym-host.example.internal:1200{n})" for n, name in enumerate(LONG_ENVS)
+    )
+    lines = fits(header(4, 4, where, how), 80)
+    whole(f"scan: 4 of 4 selected instance(s) to run on {where}", "\n".join(lines))

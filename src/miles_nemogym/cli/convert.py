@@ -58,8 +58,9 @@ def _print_environments(console: Console, report: ConvertReport, options: Conver
 def _print_summary(console: Console, report: ConvertReport, options: ConvertOptions) -> None:
     from miles_nemogym.data.convert import printable, summary_notes
 
-    # User text (paths, names) goes in as Text: never read as rich markup.
-    counts = Table(title=Text(f"convert: {printable(report.source)} ({report.source_kind})"), title_justify="left")
+    # A line of its own, not the table's title: a long path is never split to the table's width.
+    console.print(f"convert: {printable(report.source)} ({report.source_kind})", markup=False, highlight=False)
+    counts = Table()
     counts.add_column("rows")
     counts.add_column("count", justify="right")
     counts.add_row("read", str(report.rows_read))
@@ -218,6 +219,7 @@ def _convert_command(
         TimeElapsedColumn,
     )
 
+    from miles_nemogym.cli.console import console
     from miles_nemogym.data import (
         ConvertError,
         ConvertOptions,
@@ -231,10 +233,7 @@ def _convert_command(
     from miles_nemogym.data.select import instance_ids_option
     from miles_nemogym.validation import problems
 
-    # emoji=False: ':abc:' in a path or message is text (markup=False alone still turns it into an emoji).
-    out, err = Console(emoji=False), Console(stderr=True, emoji=False)
-    for console in (out, err):  # a terminal wraps between words; a log keeps each line whole
-        console.soft_wrap = not console.is_terminal
+    out, err = console(), console(stderr=True)
     try:
         options = ConvertOptions(
             input=input,

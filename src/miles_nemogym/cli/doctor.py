@@ -79,7 +79,7 @@ def _doctor(
 
     A scan needs the same server checks; `scan --golden` needs a server started with `serve --golden`,
     `scan --policy-base-url URL` a policy that answers (add the same flag here)."""
-    from rich.console import Console
+    from miles_nemogym.cli.console import console
 
     # The checks read the plugin's variables as the trainer would, the flag in place of NEMO_GYM_URL.
     environ = dict(os.environ) if gym_url is None else {**os.environ, "NEMO_GYM_URL": gym_url}
@@ -91,7 +91,7 @@ def _doctor(
         gym_url_origin=origin,
         policy_base_url=policy_base_url,
     )
-    show(Console(), results)
+    show(console(), results)
     raise typer.Exit(0 if checks.all_passed(results) else 1)
 
 

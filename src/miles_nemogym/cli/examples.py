@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from miles_nemogym.cli.console import console
 from miles_nemogym.cli.signals import interrupt_on_sigterm
 
 _HELP = """Write the five SWE-bench Verified rows nemo-gym ships (raw rows, one JSON object per
@@ -28,7 +29,7 @@ _ENV_EXAMPLES = "resources_servers/{}/data/example.jsonl"
 
 
 def _environment_rows(name: str) -> tuple[bytes, str]:
-    """The shipped ``example.jsonl`` of resources server ``name``, as is, and where it came from."""
+    """The shipped ``example.jsonl`` of resources server ``name``, as is, and its member of the wheel."""
     import zipfile
 
     from miles_nemogym.gym import wheel as gym_wheel
@@ -49,7 +50,7 @@ def _environment_rows(name: str) -> tuple[bytes, str]:
                 f"--env {name!r}: nemo-gym ships no example rows for it (no {member} in the wheel); "
                 "write its task rows yourself, or try one that has them, e.g. --env mcqa"
             )
-        return wheel.read(member), f"{member} in {gym_wheel.wheel_path()}"
+        return wheel.read(member), member
 
 
 def _examples(
@@ -72,16 +73,13 @@ def _examples(
     try:
         if env is None:
             text = "".join(json.dumps(row) + "\n" for row in gym_wheel.example_rows())
-            source = f"{gym_wheel.EXAMPLES_MEMBER} in {gym_wheel.wheel_path()}"
+            source = gym_wheel.EXAMPLES_MEMBER
         else:
             data, source = _environment_rows(env)
             text = data.decode("utf-8")
             text += "" if not text or text.endswith("\n") else "\n"  # some ship no final newline
     except ValueError as error:
-        from miles_nemogym.fit import terminal_width, wrap_all
-
-        said = f"error: {error}"  # a terminal would cut a word at its edge: wrapped between words there
-        typer.echo(wrap_all([said], terminal_width()) if sys.stderr.isatty() else said, err=True)
+        console(stderr=True).print(f"error: {error}", markup=False, highlight=False)
         raise typer.Exit(2) from None
     except (OSError, RuntimeError) as error:
         typer.echo(f"error: cannot read nemo-gym {NEMO_GYM_VERSION}'s example rows: {error}", err=True)
@@ -103,8 +101,9 @@ def _examples(
             typer.echo(f"interrupted: {said}", err=True)
             raise typer.Exit(130) from None
         typer.echo(f"wrote {sum(1 for line in text.splitlines() if line.strip())} rows to {output}")
-    # On stderr, so `examples > rows.jsonl` stays pure JSONL.
-    typer.echo(f"source: nemo-gym {NEMO_GYM_VERSION}, {source}", err=True)
+    # On stderr, so `examples > rows.jsonl` stays pure JSONL; the wheel's path (its name gives the
+    # version) on a line of its own, so both fit 80 columns.
+    typer.echo(f"source: {source}\n  in {gym_wheel.wheel_path()}", err=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -108,13 +108,13 @@ def _scan(
 ) -> None:
     """Run SWE-bench instances, or environment rows, through NeMo-Gym exactly as training will, and report."""
     from pydantic import ValidationError
-    from rich.console import Console
 
+    from miles_nemogym.cli.console import console
     from miles_nemogym.data.select import parse_instance_ids
     from miles_nemogym.scan import ScanConfig, execute
     from miles_nemogym.validation import describe
 
-    err = Console(stderr=True)
+    err = console(stderr=True)
     try:
         config = ScanConfig(
             input_path=input_path,

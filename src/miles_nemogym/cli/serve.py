@@ -154,9 +154,9 @@ def serve(
     ] = False,
 ) -> None:
     from pydantic import ValidationError
-    from rich.console import Console
     from rich.markup import escape
 
+    from miles_nemogym.cli.console import console as cli_console
     from miles_nemogym.cli.progress import step_display
     from miles_nemogym.gym.config import ServeOptions, load_provider_options
     from miles_nemogym.gym.environments import EnvironmentServers, plan, refusals
@@ -172,7 +172,7 @@ def serve(
     from miles_nemogym.gym.venv import GymEnvironmentError, ensure_gym_venv
     from miles_nemogym.validation import as_flag, problems
 
-    console = Console(stderr=True)
+    console = cli_console(stderr=True)
     if not (math.isfinite(start_timeout) and start_timeout > 0):
         console.print(
             f"[red]error:[/red] --start-timeout: {start_timeout:g} is not a positive number of seconds; "

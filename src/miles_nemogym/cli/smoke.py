@@ -7,7 +7,6 @@ import logging
 import os
 import shlex
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -105,15 +104,13 @@ def _smoke(
     judge_url: Annotated[str | None, typer.Option("--judge-url", metavar="URL", help=JUDGE_URL_HELP)] = None,
     judge_model: Annotated[str | None, typer.Option("--judge-model", metavar="NAME", help=JUDGE_MODEL_HELP)] = None,
 ) -> None:
-    from rich.console import Console
-
     from miles_nemogym import checks
+    from miles_nemogym.cli.console import console as cli_console
     from miles_nemogym.cli.doctor import show
     from miles_nemogym.data.atomic import output_problem
     from miles_nemogym.gym import wheel as gym_wheel
 
-    # Logs and CI capture have no terminal width: lay out for 80 columns there too.
-    console = Console() if sys.stdout.isatty() else Console(width=80)
+    console = cli_console()
     # Before anything starts: the plugin's variables and, given one, that the real policy answers.
     target = checks.Target.from_env(policy_base_url=policy_base_url)
     wanted = [checks.SETTINGS] if policy_base_url is None else [checks.SETTINGS, checks.POLICY_ANSWERS]

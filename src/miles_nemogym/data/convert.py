@@ -300,7 +300,9 @@ class RowInvalidError(MilesNemoGymError, ValueError):
 
 
 def summary_notes(report: ConvertReport, options: ConvertOptions) -> list[str]:
-    """What a reader of the summary should know beyond the counts (the CLI prints them as ``note:``)."""
+    """What a reader of the summary should know beyond the counts (the CLI prints them as ``note:``).
+
+    Each fits 80 columns after ``note: `` but for the names and ids it lists."""
     if report.environments:
         return _environment_notes(report, options)
     notes = [f"subset: {report.subset_rule}"]
@@ -312,7 +314,7 @@ def summary_notes(report: ConvertReport, options: ConvertOptions) -> list[str]:
     if report.seed is not None:
         notes.append(f"shuffled with seed {report.seed} (pass --seed {report.seed} to repeat)")
     if options.holdout and not options.shuffle:
-        notes.append("the holdout is the first selected rows in input order; add --shuffle for a random one")
+        notes.append("the holdout is the first rows selected; --shuffle makes it a random one")
     if report.stopped_early:
         notes.append("stopped reading once --limit (and --holdout) were filled")
     if report.missing_instance_ids:
@@ -328,10 +330,8 @@ def _environment_notes(report: ConvertReport, options: ConvertOptions) -> list[s
     weighted = [entry for entry in inputs if entry.weight is not None]
     notes = []
     if any(entry.name is None for entry in inputs):
-        notes.append(
-            f"environment of each row: its agent_ref.name (else task_source) without '{AGENT_SUFFIX}'; "
-            "--env NAME names a file's environment instead"
-        )
+        notes.append(f"a row's environment: agent_ref.name (else task_source) less {AGENT_SUFFIX}")
+        notes.append("--env NAME=FILE names a file's environment instead")
     if weighted:
         whole = sum(entry.weight or 0 for entry in weighted)
         shares = ", ".join(f"{entry.name} {100 * (entry.weight or 0) / whole:.1f}%" for entry in weighted)
@@ -339,14 +339,12 @@ def _environment_notes(report: ConvertReport, options: ConvertOptions) -> list[s
         notes.append(f"mixed by weight ({shares}) to {sizing}, in a random order")
     repeated = ", ".join(f"{name} ({count})" for name, count in report.repeated_by_env.items() if count)
     if repeated:
-        notes.append(
-            f"rows repeated to fill a share: {repeated}; a copy's task id ends in #2, #3, ... "
-            "(a SWE-bench row's copy keeps its instance_id)"
-        )
+        notes.append(f"rows repeated to fill a share: {repeated}")
+        notes.append("a copy's task id ends in #2, #3, ... (a SWE-bench copy: same instance_id)")
     if options.holdout or weighted or options.shuffle:
         notes.append(f"random choices made with seed {report.seed} (pass --seed {report.seed} to repeat)")
     elif len(report.usable_by_env) > 1:
-        notes.append("rows are in input order, one environment after another; --shuffle interleaves them")
+        notes.append("rows are in input order, one environment after another (--shuffle mixes)")
     return notes
 
 
@@ -488,9 +486,9 @@ def _convert_swe(
     if options.subset:
         report.subset_rule = f"--subset {options.subset}, for every row"
     elif inferred.subset:
-        report.subset_rule = f"each row's own; '{inferred.subset}' (from the dataset name) for rows without one"
+        report.subset_rule = f"each row's own, else '{inferred.subset}' (from the dataset name)"
     else:
-        report.subset_rule = "each row's own (a row without one is refused; --subset sets one for every row)"
+        report.subset_rule = "each row's own (--subset sets all; a row without one is refused)"
     if options.shuffle:
         report.seed = options.seed if options.seed is not None else secrets.randbelow(2**31)
 

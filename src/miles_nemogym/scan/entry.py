@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import sys
 
 from rich.console import Console
 from rich.markup import escape
 
+from miles_nemogym.cli.console import console as cli_console
 from miles_nemogym.redaction import KeyScrubber
 from miles_nemogym.scan.config import API_KEY_ENV, ScanConfig
 from miles_nemogym.scan.runner import EXIT_USAGE, ScanResult, ScanUsageError, run_scan
@@ -86,8 +86,8 @@ async def _main(config: ScanConfig, console: Console, err: Console) -> ScanResul
 
 def execute(config: ScanConfig, *, console: Console | None = None, err: Console | None = None) -> int:
     """Run the scan and return its exit code (see the module docstring)."""
-    console = console or Console(width=None if sys.stdout.isatty() else 200)
-    err = err or Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+    console = console or cli_console()
+    err = err or cli_console(stderr=True)
     handler = _install_logging(err)
     try:
         result = asyncio.run(_main(config, console, err))

@@ -82,6 +82,12 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
+def header(pending: int, selected: int, where: str, how: str) -> str:
+    """The scan's first lines, within 80 columns: what runs where (a URL whole), then ``how``."""
+    said = f"scan: {pending} of {selected} selected instance(s) to run on {where}"
+    return "\n".join([*fit.wrap(said, fit.MIN_WIDTH, indent="  "), f"  {how}"])
+
+
 class ScanProgress:
     """Live progress of one scan (a context manager around the run)."""
 

@@ -27,7 +27,7 @@ from miles_nemogym.scan import environment as environment_scan
 from miles_nemogym.scan.config import ScanConfig, scan_settings, usage_problems
 from miles_nemogym.scan.golden_guard import GoldenGuard, golden_guard
 from miles_nemogym.scan.inputs import InputError, ScanTask, load_tasks
-from miles_nemogym.scan.report import ScanProgress, render_summary
+from miles_nemogym.scan.report import ScanProgress, header, render_summary
 from miles_nemogym.scan.results import ResultLine, ResultsLock, ResultsWriter, task_digest
 from miles_nemogym.scan.selection import select
 from miles_nemogym.scan.verdict import Verdict, golden_pair, kind_of, reason_of, verdict_of
@@ -310,9 +310,13 @@ async def _run_episodes(
             f"{name} ({redact_url(servers[name].agent or servers[name].url)})" for name in prepared.environments
         )
     console.print(
-        f"scan: {len(prepared.pending)} of {len(prepared.selected)} selected instance(s) to run on {where} — "
-        f"mode {config.mode}, concurrency {config.concurrency}, "
-        f"episode timeout {prepared.settings.run_timeout_s:g}s",
+        header(
+            len(prepared.pending),
+            len(prepared.selected),
+            where,
+            f"mode {config.mode}, concurrency {config.concurrency}, "
+            f"episode timeout {prepared.settings.run_timeout_s:g}s",
+        ),
         highlight=False,
         soft_wrap=not console.is_terminal,
     )
