@@ -53,6 +53,15 @@ def test_converts_and_prints_the_summary(tmp_path: Path, jsonl: Path, gym_exampl
         assert row["repo"] in result.stdout
 
 
+def test_the_seed_is_offered_for_repeating_only_when_it_was_drawn(tmp_path: Path, jsonl: Path) -> None:
+    drawn = invoke("--input", jsonl, "--output", tmp_path / "a.jsonl", "--split", "test", "--shuffle")
+    assert drawn.exit_code == 0, drawn.output
+    assert "to repeat" in drawn.stdout and "pass --seed" in " ".join(drawn.stdout.split())
+    given = invoke("--input", jsonl, "--output", tmp_path / "b.jsonl", "--split", "test", "--shuffle", "--seed", "0")
+    assert given.exit_code == 0, given.output
+    assert "shuffled with seed 0" in given.stdout and "to repeat" not in given.stdout
+
+
 def test_bad_row_exits_1_with_position_and_writes_nothing(
     tmp_path: Path, gym_example_rows: list[dict[str, Any]]
 ) -> None:

@@ -269,7 +269,8 @@ def test_the_command_mixes_and_prints_counts_per_environment(tmp_path: Path) -> 
         "-o", tmp_path / "mix.jsonl",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "per environment" in result.stdout and "--seed 0" in result.stdout
+    assert "per environment" in result.stdout and "random choices made with seed 0" in result.stdout
+    assert "to repeat" not in result.stdout  # the user gave the seed
     assert f"held out to {tmp_path / 'eval' / 'mcqa.jsonl'}" in " ".join(result.stdout.split())
     assert len(read_jsonl(tmp_path / "mix.jsonl")) == 8
 

@@ -50,7 +50,7 @@ def flags_of(job: cmd.Job) -> dict[str, list[str]]:
 
 def refused(fragment: str, **fields: Any) -> str:
     with pytest.raises(ConfigError) as caught:
-        load_config(None, fields)
+        load_config(fields, {})  # as --config keys: named as the recipe spells them
     message = str(caught.value)
     assert fragment in message, message
     return message
@@ -264,7 +264,7 @@ def test_flags_refused_only_next_to_fully_async_pass_in_synchronous_mode() -> No
 def test_an_async_refusal_stops_the_dry_run_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert run.main(["--dry-run", "--fully-async"]) == run.EXIT_USAGE
     captured = capsys.readouterr()
-    assert "set rollout_num_gpus" in captured.err and "# command" not in captured.out
+    assert "set --rollout-num-gpus" in captured.err and "# command" not in captured.out
 
 
 # --- one meaning per flag: --env ----------------------------------------------------------

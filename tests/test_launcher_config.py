@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from miles_nemogym.launcher.config import ConfigError, LauncherConfig, load_config, read_yaml
-from miles_nemogym.launcher.run import load, parse_cli
+from miles_nemogym.launcher.run import load, main, parse_cli
 from miles_nemogym.settings import EnvironmentServer
 
 EXAMPLE_RECIPE = Path(__file__).resolve().parents[1] / "examples" / "swebench_grpo" / "recipe.yaml"
@@ -131,8 +131,22 @@ def test_only_given_flags_override() -> None:
 )
 def test_invalid_recipes_name_the_field_and_the_fix(values: dict[str, object], fragment: str) -> None:
     with pytest.raises(ConfigError) as caught:
-        load_config(None, values)
+        load_config(values, {})  # as --config keys: named as the recipe spells them
     assert fragment in str(caught.value)
+
+
+def test_a_refusal_names_flags_as_typed_and_recipe_keys_as_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--dry-run", "--fully-async", "--gpus-per-node", "4"]) == 2
+    said = capsys.readouterr().err
+    assert "--fully-async generates on GPUs of its own: set --rollout-num-gpus" in said
+    assert "e.g. --actor-gpus-per-node 2 and --rollout-num-gpus 2" in said
+    assert "rollout_num_gpus" not in said and "actor_gpus_per_node" not in said
+    recipe = write(tmp_path, "fully_async: true\nrollout_num_gpus: 2\n")
+    assert main(["--dry-run", "--config", str(recipe), "--actor-gpus-per-node", "4"]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert "x --actor-gpus-per-node = 1 x 4 GPUs and rollout_num_gpus 2 more" in said
 
 
 def test_global_batch_may_split_a_rollout_into_steps() -> None:

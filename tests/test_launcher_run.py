@@ -132,7 +132,7 @@ def test_dry_run_shows_the_eval_and_episode_store_wiring(tmp_path: Path, capsys:
     assert run.main(argv, actions=Refuses()) == 0
     out = capsys.readouterr().out
     assert "NEMO_GYM_EPISODE_DIR=/runs/r1/episodes" in out
-    assert "# episode store: /runs/r1/episodes (browse: miles-nemogym episodes /runs/r1/episodes)" in out
+    assert "episode store: /runs/r1/episodes (browse: miles-nemogym episodes /runs/r1/episodes)" in notes_text(out)
     for line in ("--eval-prompt-data verified /data/holdout.jsonl", "--eval-interval 10",
                  "--n-samples-per-eval-prompt 8", "--eval-temperature 0.6", "--log-passrate",
                  "--custom-eval-rollout-log-function-path miles_nemogym.metrics.log_eval"):  # fmt: skip
@@ -257,6 +257,26 @@ def test_dry_run_without_miles_shows_placeholders(capsys: pytest.CaptureFixture[
     assert code == 0
     assert "<arguments of scripts/models/qwen3-4B-Instruct-2507.py>" in captured.out
     assert "Miles not usable here" in captured.out
+
+
+def notes_text(out: str) -> str:
+    """The dry run's ``#`` notes as one line: wrapped notes read whole."""
+    return " ".join(" ".join(line.removeprefix("#").split()) for line in out.splitlines() if line.startswith("#"))
+
+
+def test_dry_run_points_to_preflight_and_its_notes_fit_80_columns(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    store = "/runs/qwen3-4b-grpo-first-try/episodes"
+    argv = ["--dry-run", "--miles-root", "/nonexistent/miles", "--episode-dir", store]
+    assert run.main(argv, actions=Refuses()) == 0
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.startswith("#") and len(line) > 80] == []
+    said = notes_text(out)
+    assert "Miles not usable here (" in said and "its checkout and model arguments are placeholders" in said
+    assert f"episode store: {store} (browse: miles-nemogym episodes {store})" in said
+    assert "the same command with --preflight-only instead of --dry-run checks this machine" in said
 
 
 def test_example_script_runs_as_a_file() -> None:

@@ -106,6 +106,18 @@ def test_an_unknown_environment_exits_2_with_close_matches() -> None:
     assert "error: --env: 'mcqq' is not an environment nemo-gym ships (did you mean mcqa" in said
 
 
+def test_an_environment_with_several_configs_is_refused_with_the_names_to_give_instead() -> None:
+    code, said = _serve("--sandbox", "local", "--env", "arena")
+    assert code == 2
+    assert "serve; give one of the environments they define instead: lmarena_v2, lmarena_v3" in said
+
+
+def test_a_name_in_another_case_is_suggested() -> None:
+    code, said = _serve("--sandbox", "local", "--env", "MCQA")
+    assert code == 2
+    assert "'MCQA' is not an environment nemo-gym ships (did you mean mcqa," in said
+
+
 def test_an_environment_needing_network_exits_2_before_anything_starts() -> None:
     code, said = _serve("--sandbox", "local", "--env", "instruction_following")
     assert code == 2

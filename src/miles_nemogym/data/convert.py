@@ -312,7 +312,7 @@ def summary_notes(report: ConvertReport, options: ConvertOptions) -> list[str]:
         dropped = ", ".join(f"{repo} ({count})" for repo, count in sorted(report.not_gradeable_by_repo.items()))
         notes.append(f"dropped as not gradeable by swebench {report.swebench_version}: {dropped}")
     if report.seed is not None:
-        notes.append(f"shuffled with seed {report.seed} (pass --seed {report.seed} to repeat)")
+        notes.append(f"shuffled with seed {report.seed}{_repeat(report, options)}")
     if options.holdout and not options.shuffle:
         notes.append("the holdout is the first rows selected; --shuffle makes it a random one")
     if report.stopped_early:
@@ -323,6 +323,11 @@ def summary_notes(report: ConvertReport, options: ConvertOptions) -> list[str]:
     if report.unmatched_repos:
         notes.append(f"--repos matched no row for: {', '.join(report.unmatched_repos)}")
     return notes
+
+
+def _repeat(report: ConvertReport, options: ConvertOptions) -> str:
+    """How to repeat a run whose seed was drawn; nothing when the user gave ``--seed``."""
+    return "" if options.seed is not None else f" (pass --seed {report.seed} to repeat)"
 
 
 def _environment_notes(report: ConvertReport, options: ConvertOptions) -> list[str]:
@@ -342,7 +347,7 @@ def _environment_notes(report: ConvertReport, options: ConvertOptions) -> list[s
         notes.append(f"rows repeated to fill a share: {repeated}")
         notes.append("a copy's task id ends in #2, #3, ... (a SWE-bench copy: same instance_id)")
     if options.holdout or weighted or options.shuffle:
-        notes.append(f"random choices made with seed {report.seed} (pass --seed {report.seed} to repeat)")
+        notes.append(f"random choices made with seed {report.seed}{_repeat(report, options)}")
     elif len(report.usable_by_env) > 1:
         notes.append("rows are in input order, one environment after another (--shuffle mixes)")
     return notes

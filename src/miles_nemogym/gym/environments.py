@@ -24,7 +24,7 @@ import tempfile
 import time
 import uuid
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,18 +179,24 @@ def shipped_environments() -> list[str]:
     return sorted(names)
 
 
-def _config_member(name: str, members: Sequence[str]) -> str:
+def _config_member(name: str, archive: zipfile.ZipFile) -> str:
     folder = f"{_GROUP}/{name}/configs/"
-    found = sorted(m for m in members if m.startswith(folder) and m.endswith(".yaml") and m.count("/") == 3)
+    found = sorted(m for m in archive.namelist() if m.startswith(folder) and m.endswith(".yaml") and m.count("/") == 3)
     named = f"{folder}{name}.yaml"
     if named in found:
         return named
     if len(found) == 1:
         return found[0]
+    instead = sorted(agent for agent, config in _agent_configs(archive).items() if config in found)
+    fix = (
+        f"give one of the environments they define instead: {', '.join(instead)}"
+        if instead
+        else "none defines an environment (an agent X_simple_agent) this package can name"
+    )
     raise GymEnvironmentError(
         f"environment {name!r}: nemo-gym ships {len(found)} configs in {folder} "
-        f"({', '.join(m.rsplit('/', 1)[1] for m in found) or 'none'}) and none is named {name}.yaml; "
-        "this package cannot tell which one to serve"
+        f"({', '.join(m.rsplit('/', 1)[1] for m in found) or 'none'}) and none is named {name}.yaml, so "
+        f"this package cannot tell which one to serve; {fix}"
     )
 
 
@@ -289,11 +295,21 @@ def _check_shipped(names: Sequence[str], shipped: Sequence[str], archive: zipfil
     if unknown:
         lines = []
         for name in unknown:
-            close = difflib.get_close_matches(name, sorted({*shipped, *agents}), n=5, cutoff=0.5)
+            close = _close_names(name, {*shipped, *agents})
             hint = f"did you mean {', '.join(close)}?" if close else "no shipped environment has a similar name"
             lines.append(f"{name!r} is not an environment nemo-gym ships ({hint})")
         raise UnknownEnvironmentError("; ".join(lines), len(shipped))
     return agents
+
+
+def _close_names(name: str, known: Collection[str]) -> list[str]:
+    """Up to five of ``known`` like ``name``, case ignored (``MCQA`` finds ``mcqa``); one that
+    differs in case only comes first."""
+    by_lower: dict[str, list[str]] = {}
+    for known_name in sorted(known):
+        by_lower.setdefault(known_name.lower(), []).append(known_name)
+    close = difflib.get_close_matches(name.lower(), sorted(by_lower), n=5, cutoff=0.5)
+    return [spelled for lowered in close for spelled in by_lower[lowered]][:5]
 
 
 def plan(names: Sequence[str], *, routed: bool = False) -> list[EnvironmentPlan]:
@@ -312,7 +328,7 @@ def plan(names: Sequence[str], *, routed: bool = False) -> list[EnvironmentPlan]
         members = archive.namelist()
         agents = _check_shipped(names, shipped, archive)
         for name in dict.fromkeys(names):
-            config = _config_member(name, members) if name in shipped else agents[name]
+            config = _config_member(name, archive) if name in shipped else agents[name]
             folder = config.split("/")[1]
             requirements = f"{_GROUP}/{folder}/requirements.txt"
             text = archive.read(requirements).decode("utf-8") if requirements in members else ""

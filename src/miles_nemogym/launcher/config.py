@@ -11,7 +11,7 @@ import json
 import os
 import re
 import types
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -631,15 +631,39 @@ class LauncherConfig(BaseModel):
         return self.global_batch_size or self.rollout_batch_size * self.n_samples_per_prompt
 
 
-def _describe_error(error: ValidationError, source: str = "recipe") -> str:
-    """A ``ValidationError`` as one line per field: ``--flag / key: problem``."""
+def _describe_error(
+    error: ValidationError, flags: Collection[str] = (), recipe: bool = False, source: str = "recipe"
+) -> str:
+    """A ``ValidationError`` as one line per field: ``--flag / key: problem``; a field the
+    problem names is spelled as the user gave it (``as_given``)."""
 
     def label(loc: Sequence[int | str]) -> str:
         path = ".".join(str(part) for part in loc)
         return f"--{str(loc[0]).replace('_', '-')} / {source} key {path!r}" if loc else source
 
     unknown = "unknown setting (see `examples/swebench_grpo/run.py --help` for the valid ones)"
-    return "invalid launcher configuration:\n  " + describe(error, label=label, unknown_key=unknown, separator="\n  ")
+    text = describe(error, label=label, unknown_key=unknown, separator="\n  ")
+    return "invalid launcher configuration:\n  " + as_given(text, flags, recipe)
+
+
+_FIELD_NAME = re.compile(
+    r"(?<![\w'-])("
+    + "|".join(sorted((n for n in LauncherConfig.model_fields if "_" in n), key=len, reverse=True))
+    + r")(?![\w'])"
+)
+"""A recipe field's name in a message (the ones with ``_``; a bare ``colocate`` reads as a word)."""
+
+
+def as_given(message: str, flags: Collection[str], recipe: bool) -> str:
+    """``message`` with each field named as the user sets it: one given as a flag (or any, without
+    a ``--config`` ``recipe``) as its flag, ``rollout_num_gpus`` -> ``--rollout-num-gpus``; else
+    as the recipe's key."""
+
+    def spelled(match: re.Match[str]) -> str:
+        name = match.group(1)
+        return "--" + name.replace("_", "-") if name in flags or not recipe else name
+
+    return _FIELD_NAME.sub(spelled, message)
 
 
 def load_config(yaml_values: dict[str, Any] | None, cli_values: dict[str, Any]) -> LauncherConfig:
@@ -648,7 +672,7 @@ def load_config(yaml_values: dict[str, Any] | None, cli_values: dict[str, Any]) 
     try:
         config = LauncherConfig.model_validate(merged)
     except ValidationError as error:
-        raise ConfigError(_describe_error(error)) from None
+        raise ConfigError(_describe_error(error, set(cli_values), yaml_values is not None)) from None
     if "nemo_gym_url" in cli_values:
         config._gym_url_origin = "--nemo-gym-url"
     elif "nemo_gym_url" in merged:

@@ -401,6 +401,12 @@ def _environment_lines(config: LauncherConfig) -> list[str]:
     return lines
 
 
+_PREFLIGHT_HINT = (
+    "# a dry run checks nothing: the same command with --preflight-only instead of --dry-run checks "
+    "this machine (Miles, GPUs, data, checkpoint, ports, Ray) and says what to fix"
+)
+
+
 def _ray_address(config: LauncherConfig) -> str:
     return config.ray_address or f"http://{config.master_addr}:{config.ray_dashboard_port}"
 
@@ -443,21 +449,20 @@ def execute(
 
     if dry_run:
         print(f"# model family {parsers.family}: --tito-model {parsers.tito_model}")
+        width = fit.terminal_width()
         if install is None:
-            print(f"# Miles not usable here ({load_error}): its checkout and model arguments are placeholders")
+            note = f"# Miles not usable here ({load_error}): its checkout and model arguments are placeholders"
+            print(fit.wrap_all([note], width, indent="#     "))
         print(cmd.render(job))
-        print(fit.wrap_all(cmd.layout_lines(config), fit.terminal_width(), indent="#     "))
+        print(fit.wrap_all(cmd.layout_lines(config), width, indent="#     "))
         print(f"# NeMo-Gym server: {redact_url(config.nemo_gym_url)} (from {config.gym_url_origin})")
-        print(fit.wrap_all(_environment_lines(config), fit.terminal_width(), indent="#     "))
+        print(fit.wrap_all(_environment_lines(config), width, indent="#     "))
         if config.eval_data:
             print("# --eval-config above, decoded (Miles' eval config; its metadata_overrides mark eval episodes):")
             print("#   " + json.dumps(cmd.eval_config_document(config), sort_keys=True))
         episode_dir = job.env.get(cmd.EPISODE_DIR_ENV)
-        print(
-            f"# episode store: {episode_dir} (browse: miles-nemogym episodes {episode_dir})"
-            if episode_dir
-            else "# episode store: off"
-        )
+        store = f"# episode store: {episode_dir} (browse: miles-nemogym episodes {episode_dir})"
+        print(fit.wrap_all([store if episode_dir else "# episode store: off"], width, indent="#     "))
         if not config.skip_prepare:
             print("# checkpoint conversion when the torch_dist target is missing")
             print(
@@ -466,6 +471,7 @@ def execute(
                 )
             )
         print(f"# Ray job submission address: {redact_url(_ray_address(config))}")
+        print(fit.wrap_all([_PREFLIGHT_HINT], width, indent="#     "))
         return EXIT_OK
 
     results: list[CheckResult] = checks(config, environ=environ, miles_root=root)
