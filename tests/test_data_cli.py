@@ -239,10 +239,10 @@ def test_a_signal_during_convert_leaves_no_temporary_file_or_spool(
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
-        while len(list(out_dir.glob(".*.tmp"))) < 3:  # output, holdout and the shuffle spool
+        # Output, holdout and the shuffle spool are open, and rows have reached the disk: mid-conversion.
+        while not (len(temporary := list(out_dir.glob(".*.tmp"))) == 3 and any(p.stat().st_size for p in temporary)):
             assert child.poll() is None and time.monotonic() < deadline, child.communicate()
             time.sleep(0.05)
-        time.sleep(0.5)  # rows are being spooled
         child.send_signal(signum)
         _, stderr = child.communicate(timeout=30)
     finally:
@@ -386,10 +386,10 @@ def test_a_mix_at_the_size_bound_stops_within_seconds_of_sigterm(tmp_path: Path)
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
-        while not list(out_dir.glob(".train.jsonl.*.tmp")):
+        # Rows of the million (~11 s to write in all) have reached the disk: SIGTERM lands mid-write.
+        while not any(p.stat().st_size for p in out_dir.glob(".train.jsonl.*.tmp")):
             assert child.poll() is None and time.monotonic() < deadline, child.communicate()
             time.sleep(0.05)
-        time.sleep(1.5)  # mixing and writing the million rows (~11 s in all)
         child.send_signal(signal.SIGTERM)
         stopped = time.monotonic()
         _, stderr = child.communicate(timeout=30)
