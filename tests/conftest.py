@@ -17,6 +17,7 @@ pytest_plugins = [
     "tests.support.fault_server",
     "tests.support.tiers",
     "tests.support.clean_env",
+    "tests.support.row_fixtures",
 ]
 
 
