@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from miles_nemogym.settings import get_settings
 from miles_nemogym.state import ledger
 from miles_nemogym.store import reader
 from tests.support.agent_fixtures import call, fast_env, server
-from tests.support.environment_episodes import MILES_KEYS, env_row, envs, run_env
+from tests.support.environment_episodes import MILES_KEYS, chat, env_row, envs, run_env
 from tests.support.eventually import eventually
 from tests.support.fake_resources import fake_resources, row
 from tests.support.fault_server import FaultServer
@@ -34,20 +33,10 @@ from tests.support.ports import free_port
 from tests.support.samples import Sample, Status
 from tests.support.scripted_chat import ScriptedChat, Turn, tag, tool
 
-__all__ = ["fast_env", "server"]  # fixtures used by name
+__all__ = ["chat", "fast_env", "server"]  # fixtures used by name
 pytestmark = pytest.mark.usefixtures("fast_env")
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def chat() -> Iterator[ScriptedChat]:
-    with ScriptedChat() as policy:
-        policy.script("gold", Turn(content="<think>t</think>", tool_calls=(tool("echo", a=1),)), Turn(content="done"))
-        policy.script("plain", Turn(content="\\boxed{B}"))
-        policy.script("unrouted", Turn(content="x"))
-        policy.script("unseeded", Turn(content="x"))
-        yield policy
 
 
 async def test_an_environment_row_runs_the_loop_and_a_swe_row_runs_run(
