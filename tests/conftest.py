@@ -12,7 +12,13 @@ from miles_nemogym.gym import wheel as gym_wheel
 
 # `gym` (an /openapi.json stand-in) and `gym_in_thread` (the /run stand-in on its own thread) for every
 # module; `tiers` leaves the slow tiers out of `-m` runs that do not name them.
-pytest_plugins = ["tests.support.openapi", "tests.support.fault_server", "tests.support.tiers"]
+pytest_plugins = [
+    "tests.support.openapi",
+    "tests.support.fault_server",
+    "tests.support.tiers",
+    "tests.support.clean_env",
+    "tests.support.row_fixtures",
+]
 
 
 @pytest.fixture(autouse=True)

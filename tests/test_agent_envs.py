@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,27 +25,18 @@ from miles_nemogym.settings import get_settings
 from miles_nemogym.state import ledger
 from miles_nemogym.store import reader
 from tests.support.agent_fixtures import call, fast_env, server
-from tests.support.environment_episodes import MILES_KEYS, env_row, envs, run_env
+from tests.support.environment_episodes import MILES_KEYS, chat, env_row, envs, run_env
+from tests.support.eventually import eventually
 from tests.support.fake_resources import fake_resources, row
 from tests.support.fault_server import FaultServer
 from tests.support.ports import free_port
 from tests.support.samples import Sample, Status
 from tests.support.scripted_chat import ScriptedChat, Turn, tag, tool
 
-__all__ = ["fast_env", "server"]  # fixtures used by name
+__all__ = ["chat", "fast_env", "server"]  # fixtures used by name
 pytestmark = pytest.mark.usefixtures("fast_env")
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def chat() -> Iterator[ScriptedChat]:
-    with ScriptedChat() as policy:
-        policy.script("gold", Turn(content="<think>t</think>", tool_calls=(tool("echo", a=1),)), Turn(content="done"))
-        policy.script("plain", Turn(content="\\boxed{B}"))
-        policy.script("unrouted", Turn(content="x"))
-        policy.script("unseeded", Turn(content="x"))
-        yield policy
 
 
 async def test_an_environment_row_runs_the_loop_and_a_swe_row_runs_run(
@@ -202,7 +192,10 @@ async def test_abort_stops_an_environment_episode(
         url = fake.url if where == "awaiting_result" else f"http://127.0.0.1:{free_port()}"
         envs(monkeypatch, mcqa=url)
         task = asyncio.create_task(run_env(chat, env_row("mcqa")))
-        await asyncio.sleep(0.5)
+        if where == "awaiting_result":  # the seed reached the server, which holds it for 2 s
+            await eventually(lambda: fake.received, "the seed request reached the server")
+        else:  # nothing listens: the episode waits out the outage, nothing delivered
+            await eventually(state.circuits.waiting, "the episode waits for the server")
         assert not task.done()
         await agent.abort()
         out = await asyncio.wait_for(task, 5)
@@ -222,7 +215,7 @@ async def test_one_resources_server_down_holds_only_its_own_episodes_until_it_is
     async with fake_resources() as other:
         envs(monkeypatch, mcqa=down_url, xlam_fc=other.url)
         waiting = [asyncio.create_task(run_env(chat, env_row("mcqa", task=str(i)))) for i in range(3)]
-        await asyncio.sleep(0.5)
+        await eventually(lambda: state.circuits.waiting() == 3, "the three mcqa episodes wait for their server")
         finished = await asyncio.wait_for(
             asyncio.gather(*(run_env(chat, env_row("xlam_fc", task=str(i))) for i in range(3))), 10
         )
@@ -258,8 +251,7 @@ async def test_a_tool_call_to_a_server_gone_after_the_seed_is_masked_not_run_aga
     async with fake_resources(port=port) as fake:
         envs(monkeypatch, mcqa=fake.url)
         task = asyncio.create_task(run_env(chat, env_row("mcqa", "gone")))
-        while not fake.seeded:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: fake.seeded, "the episode's session was seeded")
     # The server is gone while the policy writes its tool call: the episode's session was there.
     out = await asyncio.wait_for(task, 10)
     record = out["nemogym"]

@@ -140,15 +140,11 @@ async def test_deadline_exceeded_is_agent_timeout(
 async def test_cancellation_propagates_and_closes_the_request(server: FaultServer, sympy_row: dict[str, Any]) -> None:
     server.hold_s = 30
     task = asyncio.create_task(call(sympy_row))
-    while not server.bodies:
-        await asyncio.sleep(0.02)
+    await eventually(lambda: server.bodies, "the request reached the server")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    for _ in range(40):  # the server notices the closed connection within its 50 ms poll
-        if server.disconnects:
-            break
-        await asyncio.sleep(0.05)
+    await eventually(lambda: server.disconnects, "the server saw the request's connection close")
     assert server.disconnects == 1
     assert sum(state.in_flight.abort_all().values()) == 0  # nothing left in flight to stop
 
@@ -158,8 +154,7 @@ async def test_abort_stops_50_in_flight_runs_promptly(
 ) -> None:
     server.hold_s = 60
     tasks = [asyncio.create_task(call(sympy_row)) for _ in range(50)]
-    while server.in_flight < 50:
-        await asyncio.sleep(0.02)
+    await eventually(lambda: server.in_flight == 50, "all 50 requests reached the server")
     with caplog.at_level(logging.INFO, logger="miles_nemogym.agent"):
         await asyncio.wait_for(agent.abort(None), 1)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("abort:")]
@@ -279,8 +274,7 @@ async def test_a_caller_cancelled_during_abort_still_sees_its_cancellation(
 ) -> None:
     server.hold_s = 30
     task = asyncio.create_task(call(sympy_row))
-    while not server.bodies:
-        await asyncio.sleep(0.02)
+    await eventually(lambda: server.bodies, "the request reached the server")
     state.in_flight.abort_all()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

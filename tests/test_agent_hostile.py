@@ -455,8 +455,7 @@ async def test_an_abort_logs_one_line_and_records_what_was_sent(
 ) -> None:
     server.hold_s = 60
     tasks = [asyncio.create_task(call(sympy_row)) for _ in range(40)]
-    while server.in_flight < 40:
-        await asyncio.sleep(0.02)
+    await eventually(lambda: server.in_flight == 40, "all 40 requests reached the server")
     with caplog.at_level(logging.DEBUG, logger="miles_nemogym"):
         await agent.abort(None)
         results = await asyncio.wait_for(asyncio.gather(*tasks), 5)
@@ -478,8 +477,7 @@ async def test_the_callers_cancellation_propagates_even_with_an_abort(
     """Python 3.10 has no ``Task.cancelling``; this must hold there too (CI runs it on 3.10)."""
     server.hold_s = 30
     tasks = [asyncio.create_task(call(sympy_row)) for _ in range(20)]
-    while server.in_flight < 20:
-        await asyncio.sleep(0.02)
+    await eventually(lambda: server.in_flight == 20, "all 20 requests reached the server")
     if order == "abort_then_cancel":
         state.in_flight.abort_all()
         for task in tasks:

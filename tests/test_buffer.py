@@ -134,8 +134,16 @@ async def test_put_waits_for_room_and_raises_run_stopped_on_a_failure_streak(
 ) -> None:
     episodes, _ = buffer(async_data_buffer_capacity_factor=0.5)  # one group
     await episodes.put(await group(server, sympy_row, ["ok"] * 4))
+    waits_for_room = asyncio.Event()
+    room = episodes._cond.wait
+
+    async def wait() -> bool:
+        waits_for_room.set()
+        return await room()
+
+    monkeypatch.setattr(episodes._cond, "wait", wait)
     second = asyncio.create_task(episodes.put(await group(server, sympy_row, ["ok"] * 4, 1)))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(waits_for_room.wait(), 10)
     assert not second.done()
     await episodes.get()
     await asyncio.wait_for(second, 1)

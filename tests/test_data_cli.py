@@ -20,13 +20,6 @@ from miles_nemogym.cli.main import app
 from tests.support.limited_cli import run_limited
 
 
-@pytest.fixture
-def jsonl(tmp_path: Path, gym_example_rows: list[dict[str, Any]]) -> Path:
-    path = tmp_path / "example.jsonl"
-    path.write_text("".join(json.dumps(row) + "\n" for row in gym_example_rows), encoding="utf-8")
-    return path
-
-
 def invoke(*args: str | Path) -> Any:
     return CliRunner().invoke(app, ["convert", *map(str, args)])
 
@@ -40,9 +33,11 @@ def test_help_lists_the_command_and_its_flags() -> None:
         assert flag in result.output
 
 
-def test_converts_and_prints_the_summary(tmp_path: Path, jsonl: Path, gym_example_rows: list[dict[str, Any]]) -> None:
+def test_converts_and_prints_the_summary(
+    tmp_path: Path, example_jsonl: Path, gym_example_rows: list[dict[str, Any]]
+) -> None:
     output = tmp_path / "swe.jsonl"
-    result = invoke("--input", jsonl, "--output", output, "--split", "test")
+    result = invoke("--input", example_jsonl, "--output", output, "--split", "test")
     assert result.exit_code == 0, result.output
     lines = output.read_text(encoding="utf-8").splitlines()
     assert [json.loads(line)["metadata"]["instance_id"] for line in lines] == [
@@ -100,25 +95,25 @@ def test_gradeable_only_prints_the_dropped_repos(tmp_path: Path, gym_example_row
         (["--on-error", "ignore"], "ignore"),
     ],
 )
-def test_bad_flags_exit_2(tmp_path: Path, jsonl: Path, flags: list[str], message: str) -> None:
+def test_bad_flags_exit_2(tmp_path: Path, example_jsonl: Path, flags: list[str], message: str) -> None:
     output = tmp_path / "out.jsonl"
-    result = invoke("-i", jsonl, "-o", output, *flags)
+    result = invoke("-i", example_jsonl, "-o", output, *flags)
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert not output.exists()
 
 
-def test_output_under_a_file_exits_1(tmp_path: Path, jsonl: Path) -> None:
+def test_output_under_a_file_exits_1(tmp_path: Path, example_jsonl: Path) -> None:
     blocker = tmp_path / "not_a_folder"
     blocker.write_text("x")
-    result = invoke("-i", jsonl, "-o", blocker / "out.jsonl")
+    result = invoke("-i", example_jsonl, "-o", blocker / "out.jsonl")
     assert result.exit_code == 1
     assert "error:" in result.stderr and str(blocker) in result.stderr
     assert blocker.read_text() == "x"
 
 
-def test_output_that_is_a_folder_exits_2(tmp_path: Path, jsonl: Path) -> None:
-    result = invoke("-i", jsonl, "-o", tmp_path)
+def test_output_that_is_a_folder_exits_2(tmp_path: Path, example_jsonl: Path) -> None:
+    result = invoke("-i", example_jsonl, "-o", tmp_path)
     assert result.exit_code == 2
     assert "is a folder" in result.stderr
 
@@ -130,9 +125,9 @@ def test_missing_input_exits_1(tmp_path: Path) -> None:
 
 
 def test_gradeable_only_without_swebench_exits_1_with_the_install_command(
-    tmp_path: Path, jsonl: Path, swebench_missing: None
+    tmp_path: Path, example_jsonl: Path, swebench_missing: None
 ) -> None:
-    result = invoke("-i", jsonl, "-o", tmp_path / "out.jsonl", "--gradeable-only")
+    result = invoke("-i", example_jsonl, "-o", tmp_path / "out.jsonl", "--gradeable-only")
     assert result.exit_code == 1
     assert "pip install 'swebench==4.1.0'" in result.stderr
 
@@ -140,45 +135,45 @@ def test_gradeable_only_without_swebench_exits_1_with_the_install_command(
 # --- outputs that must not be replaced, inputs that must not be overwritten ----------------
 
 
-def test_output_that_is_a_symlink_exits_2_and_the_link_and_its_target_stay(tmp_path: Path, jsonl: Path) -> None:
+def test_output_that_is_a_symlink_exits_2_and_the_link_and_its_target_stay(tmp_path: Path, example_jsonl: Path) -> None:
     target = tmp_path / "kept.jsonl"
     target.write_text("keep me\n")
     link = tmp_path / "link.jsonl"
     link.symlink_to(target)
-    result = invoke("-i", jsonl, "-o", link)
+    result = invoke("-i", example_jsonl, "-o", link)
     assert result.exit_code == 2, result.output
     message = " ".join(result.stderr.split())
     assert f"{link} is a symbolic link; the output would replace the link itself" in message
     assert f"give its target ({target}) or a new path" in message
     assert link.is_symlink() and target.read_text() == "keep me\n"
-    holdout = invoke("-i", jsonl, "-o", tmp_path / "out.jsonl", "--holdout", "1", "--holdout-output", link)
+    holdout = invoke("-i", example_jsonl, "-o", tmp_path / "out.jsonl", "--holdout", "1", "--holdout-output", link)
     assert holdout.exit_code == 2 and "is a symbolic link" in holdout.stderr
     assert link.is_symlink() and not (tmp_path / "out.jsonl").exists()
 
 
-def test_output_that_is_a_pipe_exits_2_and_stays_a_pipe(tmp_path: Path, jsonl: Path) -> None:
+def test_output_that_is_a_pipe_exits_2_and_stays_a_pipe(tmp_path: Path, example_jsonl: Path) -> None:
     # A named pipe stands in for /dev/null, which a root run of the old code replaced by a file.
     pipe = tmp_path / "pipe"
     os.mkfifo(pipe)
-    result = invoke("-i", jsonl, "-o", pipe)
+    result = invoke("-i", example_jsonl, "-o", pipe)
     assert result.exit_code == 2, result.output
     assert "is not a regular file (a device, pipe or socket)" in " ".join(result.stderr.split())
     assert stat.S_ISFIFO(pipe.stat().st_mode)
 
 
-def test_output_onto_the_instance_ids_file_exits_2_and_leaves_it(tmp_path: Path, jsonl: Path) -> None:
+def test_output_onto_the_instance_ids_file_exits_2_and_leaves_it(tmp_path: Path, example_jsonl: Path) -> None:
     ids = tmp_path / "ids.txt"
     ids.write_text("astropy__astropy-12907\n")
-    result = invoke("-i", jsonl, "-o", ids, "--instance-ids", ids)
+    result = invoke("-i", example_jsonl, "-o", ids, "--instance-ids", ids)
     assert result.exit_code == 2, result.output
     assert f"must differ from --instance-ids ({ids})" in " ".join(result.stderr.split())
     assert ids.read_text() == "astropy__astropy-12907\n"
     hard_link = tmp_path / "input-again.jsonl"
-    os.link(jsonl, hard_link)  # the same file under another name
-    before = jsonl.read_bytes()
-    again = invoke("-i", jsonl, "-o", hard_link)
+    os.link(example_jsonl, hard_link)  # the same file under another name
+    before = example_jsonl.read_bytes()
+    again = invoke("-i", example_jsonl, "-o", hard_link)
     assert again.exit_code == 2 and "must differ from --input" in again.stderr
-    assert jsonl.read_bytes() == before
+    assert example_jsonl.read_bytes() == before
 
 
 def test_a_lone_surrogate_in_a_bad_rows_id_is_printed_escaped(
@@ -248,10 +243,10 @@ def test_a_signal_during_convert_leaves_no_temporary_file_or_spool(
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
-        while len(list(out_dir.glob(".*.tmp"))) < 3:  # output, holdout and the shuffle spool
+        # Output, holdout and the shuffle spool are open, and rows have reached the disk: mid-conversion.
+        while not (len(temporary := list(out_dir.glob(".*.tmp"))) == 3 and any(p.stat().st_size for p in temporary)):
             assert child.poll() is None and time.monotonic() < deadline, child.communicate()
             time.sleep(0.05)
-        time.sleep(0.5)  # rows are being spooled
         child.send_signal(signum)
         _, stderr = child.communicate(timeout=30)
     finally:
@@ -395,10 +390,10 @@ def test_a_mix_at_the_size_bound_stops_within_seconds_of_sigterm(tmp_path: Path)
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
-        while not list(out_dir.glob(".train.jsonl.*.tmp")):
+        # Rows of the million (~11 s to write in all) have reached the disk: SIGTERM lands mid-write.
+        while not any(p.stat().st_size for p in out_dir.glob(".train.jsonl.*.tmp")):
             assert child.poll() is None and time.monotonic() < deadline, child.communicate()
             time.sleep(0.05)
-        time.sleep(1.5)  # mixing and writing the million rows (~11 s in all)
         child.send_signal(signal.SIGTERM)
         stopped = time.monotonic()
         _, stderr = child.communicate(timeout=30)

@@ -26,11 +26,6 @@ from miles_nemogym.data import (
 from miles_nemogym.episode.run import build_run_body
 
 
-@pytest.fixture
-def row(gym_example_rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return copy.deepcopy(gym_example_rows[3])  # sympy: non-empty FAIL_TO_PASS and PASS_TO_PASS
-
-
 def problems_of(row: dict[str, Any]) -> list[FieldProblem]:
     result = validate_instance(row)
     assert isinstance(result, list), "the row was expected to be refused"
@@ -46,9 +41,9 @@ def test_every_real_row_validates(gym_example_rows: list[dict[str, Any]]) -> Non
 
 
 @pytest.mark.parametrize("field", REQUIRED_FIELDS)
-def test_each_required_field_missing_is_named(row: dict[str, Any], field: str) -> None:
-    del row[field]
-    problems = problems_of(row)
+def test_each_required_field_missing_is_named(sympy_copy: dict[str, Any], field: str) -> None:
+    del sympy_copy[field]
+    problems = problems_of(sympy_copy)
     assert [(p.field, p.rule) for p in problems] == [(field, "missing")]
     assert field in str(problems[0])
 
@@ -75,33 +70,33 @@ def test_each_required_field_missing_is_named(row: dict[str, Any], field: str) -
         ("responses_create_params", "[]", "wrong_type", "object"),
     ],
 )
-def test_type_and_value_rules(row: dict[str, Any], field: str, value: Any, rule: str, words: str) -> None:
-    row[field] = value
-    problems = problems_of(row)
+def test_type_and_value_rules(sympy_copy: dict[str, Any], field: str, value: Any, rule: str, words: str) -> None:
+    sympy_copy[field] = value
+    problems = problems_of(sympy_copy)
     assert [(p.field, p.rule) for p in problems] == [(field, rule)]
     assert words in problems[0].message
 
 
-def test_all_problems_of_a_row_are_reported(row: dict[str, Any]) -> None:
-    del row["repo"]
-    row["version"] = 3
-    assert {p.field for p in problems_of(row)} == {"repo", "version"}
+def test_all_problems_of_a_row_are_reported(sympy_copy: dict[str, Any]) -> None:
+    del sympy_copy["repo"]
+    sympy_copy["version"] = 3
+    assert {p.field for p in problems_of(sympy_copy)} == {"repo", "version"}
 
 
-def test_test_lists_as_json_strings_become_lists(row: dict[str, Any]) -> None:
-    expected_f2p, expected_p2p = row["FAIL_TO_PASS"], row["PASS_TO_PASS"]
-    row["FAIL_TO_PASS"] = json.dumps(expected_f2p)
-    row["PASS_TO_PASS"] = json.dumps(expected_p2p)
-    instance = validate_instance(row)
+def test_test_lists_as_json_strings_become_lists(sympy_copy: dict[str, Any]) -> None:
+    expected_f2p, expected_p2p = sympy_copy["FAIL_TO_PASS"], sympy_copy["PASS_TO_PASS"]
+    sympy_copy["FAIL_TO_PASS"] = json.dumps(expected_f2p)
+    sympy_copy["PASS_TO_PASS"] = json.dumps(expected_p2p)
+    instance = validate_instance(sympy_copy)
     assert isinstance(instance, SweBenchInstance)
     assert (expected_f2p, expected_p2p) == (instance.FAIL_TO_PASS, instance.PASS_TO_PASS)
 
 
-def test_optional_fields_may_be_absent_or_null(row: dict[str, Any]) -> None:
+def test_optional_fields_may_be_absent_or_null(sympy_copy: dict[str, Any]) -> None:
     for field in ("hints_text", "environment_setup_commit", "responses_create_params", "subset", "split"):
-        row.pop(field)
-    row["hints_text"] = None
-    assert isinstance(validate_instance(row), SweBenchInstance)
+        sympy_copy.pop(field)
+    sympy_copy["hints_text"] = None
+    assert isinstance(validate_instance(sympy_copy), SweBenchInstance)
 
 
 @pytest.mark.parametrize(
@@ -124,57 +119,59 @@ def test_dataset_name_inference(name: str, subset: str | None, split: str | None
     assert infer_kind(name) == DatasetKind(subset, split)
 
 
-def test_routing_precedence_flag_then_row_then_name(row: dict[str, Any]) -> None:
+def test_routing_precedence_flag_then_row_then_name(sympy_copy: dict[str, Any]) -> None:
     gym_name = DatasetKind("gym", "train")
-    assert resolve_routing(row, Routing(None, None, gym_name)) == ("verified", "test", False)
-    assert resolve_routing(row, Routing("gym", "train", gym_name)) == ("gym", "train", True)
-    assert resolve_routing(row, Routing("verified", "test", gym_name)) == ("verified", "test", False)
-    del row["subset"], row["split"]
-    assert resolve_routing(row, Routing(None, None, gym_name)) == ("gym", "train", False)
-    assert resolve_routing({**row, "subset": "verified"}, Routing(None, None, DatasetKind(None, None), "dev")) == (
+    assert resolve_routing(sympy_copy, Routing(None, None, gym_name)) == ("verified", "test", False)
+    assert resolve_routing(sympy_copy, Routing("gym", "train", gym_name)) == ("gym", "train", True)
+    assert resolve_routing(sympy_copy, Routing("verified", "test", gym_name)) == ("verified", "test", False)
+    del sympy_copy["subset"], sympy_copy["split"]
+    assert resolve_routing(sympy_copy, Routing(None, None, gym_name)) == ("gym", "train", False)
+    assert resolve_routing(
+        {**sympy_copy, "subset": "verified"}, Routing(None, None, DatasetKind(None, None), "dev")
+    ) == (
         "verified",
         "dev",
         False,
     )
-    unknown = resolve_routing(row, Routing(None, None, DatasetKind(None, None)))
+    unknown = resolve_routing(sympy_copy, Routing(None, None, DatasetKind(None, None)))
     assert isinstance(unknown, list)
     assert unknown[0].field == "subset" and "--subset" in unknown[0].message
 
 
-def test_row_subset_outside_the_known_values_is_refused(row: dict[str, Any]) -> None:
-    row["subset"] = "lite"
-    refused = resolve_routing(row, Routing(None, None, DatasetKind(None, None)))
+def test_row_subset_outside_the_known_values_is_refused(sympy_copy: dict[str, Any]) -> None:
+    sympy_copy["subset"] = "lite"
+    refused = resolve_routing(sympy_copy, Routing(None, None, DatasetKind(None, None)))
     assert isinstance(refused, list)
     assert refused[0].rule == "bad_value" and "'lite'" in refused[0].message
-    assert resolve_routing(row, Routing("verified", None, DatasetKind(None, None))) == (
+    assert resolve_routing(sympy_copy, Routing("verified", None, DatasetKind(None, None))) == (
         "verified",
         "test",
         True,
     )
 
 
-def test_prompt_row_shape(row: dict[str, Any]) -> None:
-    original = copy.deepcopy(row)
-    row["FAIL_TO_PASS"] = json.dumps(row["FAIL_TO_PASS"])
-    instance = validate_instance(row)
+def test_prompt_row_shape(sympy_copy: dict[str, Any]) -> None:
+    original = copy.deepcopy(sympy_copy)
+    sympy_copy["FAIL_TO_PASS"] = json.dumps(sympy_copy["FAIL_TO_PASS"])
+    instance = validate_instance(sympy_copy)
     assert isinstance(instance, SweBenchInstance)
-    converted = to_prompt_row(row, instance, subset="gym", split="train", drop_fields={"hints_text"})
+    converted = to_prompt_row(sympy_copy, instance, subset="gym", split="train", drop_fields={"hints_text"})
     assert converted["prompt"] == [{"role": "user", "content": original["problem_statement"]}]
     metadata = converted["metadata"]
     expected = {k: v for k, v in original.items() if k != "hints_text"} | {"subset": "gym", "split": "train"}
     assert metadata == expected
-    assert row["FAIL_TO_PASS"] == json.dumps(original["FAIL_TO_PASS"]), "input row must not be mutated"
+    assert sympy_copy["FAIL_TO_PASS"] == json.dumps(original["FAIL_TO_PASS"]), "input row must not be mutated"
 
 
-def test_convert_row_public_api(row: dict[str, Any]) -> None:
-    del row["subset"], row["split"]
-    converted = convert_row(row, dataset_name="SWE-Gym/SWE-Gym")
+def test_convert_row_public_api(sympy_copy: dict[str, Any]) -> None:
+    del sympy_copy["subset"], sympy_copy["split"]
+    converted = convert_row(sympy_copy, dataset_name="SWE-Gym/SWE-Gym")
     assert (converted["metadata"]["subset"], converted["metadata"]["split"]) == ("gym", "train")
     with pytest.raises(RowInvalidError) as refused:
-        convert_row({**row, "version": 1.0}, subset="verified")
+        convert_row({**sympy_copy, "version": 1.0}, subset="verified")
     assert [p.field for p in refused.value.problems] == ["version"]
     with pytest.raises(ValueError, match="instance_id"):
-        convert_row(row, subset="verified", drop_fields=("instance_id",))
+        convert_row(sympy_copy, subset="verified", drop_fields=("instance_id",))
 
 
 def test_converted_real_rows_are_accepted_by_the_request_builder(

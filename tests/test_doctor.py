@@ -27,17 +27,12 @@ from miles_nemogym.checks import CheckResult, Status
 from miles_nemogym.cli.doctor import run_checks
 from miles_nemogym.cli.main import app
 from miles_nemogym.server_probe import FetchError, fetch_json, run_body_fields
-from miles_nemogym.settings import ENV_VARS
 from tests.support.odd_http import OddServer
 from tests.support.openapi import GymStandIn, openapi_document, resources_document, serving
 from tests.support.ports import free_port
 from tests.support.tls import Certificates, make_certificates
 
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ENV_VARS:
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("clean_env")  # tests/support/clean_env.py
 
 
 def by_name(results: list[CheckResult]) -> dict[str, CheckResult]:

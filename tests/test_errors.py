@@ -5,6 +5,9 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+from pathlib import Path
+
+import pytest
 
 import miles_nemogym
 from miles_nemogym.errors import MilesNemoGymError
@@ -26,13 +29,40 @@ def test_every_package_exception_derives_from_the_one_base() -> None:
     assert [name for name, cls in exceptions.items() if not issubclass(cls, MilesNemoGymError)] == []
 
 
-def test_the_builtin_bases_callers_catch_are_kept() -> None:
-    from miles_nemogym.data.convert import ConvertError, RowInvalidError
-    from miles_nemogym.errors import RunStopped
-    from miles_nemogym.settings import SettingsError
+def test_each_error_is_caught_by_the_builtin_base_its_callers_catch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Raised by the package's own functions, each error reaches an ``except`` on the builtin base
+    callers wrote before the common base existed, and an ``except MilesNemoGymError`` as well."""
+    from miles_nemogym import filters, settings, state
+    from miles_nemogym.data.convert import ConvertOptions, convert, convert_row
 
-    assert issubclass(SettingsError, ValueError)
-    assert issubclass(RowInvalidError, ValueError)
-    assert issubclass(ConvertError, RuntimeError)
-    assert issubclass(RunStopped, RuntimeError)
-    assert MilesNemoGymError.__bases__ == (Exception,)
+    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "soon")
+    settings.reset()
+    with pytest.raises(ValueError, match="invalid miles-nemogym configuration") as bad_setting:
+        settings.get_settings()
+    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "60")
+    monkeypatch.setenv("NEMO_GYM_MAX_FAILURE_STREAK", "2")
+    settings.reset()
+
+    with pytest.raises(ValueError) as bad_row:
+        convert_row({"instance_id": "x"})
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(RuntimeError, match="nothing written") as nothing_converted:
+        convert(ConvertOptions(input=str(empty), output=tmp_path / "out.jsonl"))
+
+    for _ in range(2):
+        state.ledger.record_episode("transport_unreachable")
+    with pytest.raises(RuntimeError, match="2 NeMo-Gym episodes in a row failed") as stopped:
+        filters.check_run(settings.get_settings())
+
+    caught = [bad_setting.value, bad_row.value, nothing_converted.value, stopped.value]
+    assert [type(error).__name__ for error in caught] == [
+        "SettingsError",
+        "RowInvalidError",
+        "ConvertError",
+        "RunStopped",
+    ]
+    assert all(isinstance(error, MilesNemoGymError) for error in caught)
+    assert MilesNemoGymError.__bases__ == (Exception,)  # never a BaseException a bare except misses

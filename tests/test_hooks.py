@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import subprocess
@@ -130,8 +131,19 @@ def test_metrics_over_distinct_episodes(graded: list[dict[str, Any]]) -> None:
     assert m["nemogym/tool_calls_mean"] == pytest.approx((8 + 6 + 24 + 31 + 60) / 5)
 
 
-def test_log_rollout_without_miles_returns_false(graded: list[dict[str, Any]]) -> None:
-    assert metrics.log_rollout(3, None, [sample_from(m) for m in graded], {}, 1.0) is False
+def test_log_rollout_without_miles_logs_the_steps_metrics_once_and_drains_the_ledger(
+    graded: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "miles", None)  # Miles' tracking is not importable
+    state.ledger.record_episode(None)
+    state.ledger.record_episode("transport_unreachable")
+    with caplog.at_level(logging.INFO, logger="miles_nemogym.metrics"):
+        assert metrics.log_rollout(3, None, [sample_from(m) for m in graded], {}, 1.0) is False  # Miles logs too
+        metrics.log_rollout(4, None, [], {}, 1.0)
+    first, second = [r.getMessage() for r in caplog.records if "nemogym metrics" in r.getMessage()]
+    assert first.startswith("rollout/step 3 nemogym metrics (Miles tracking not importable): {")
+    assert "'nemogym/samples': 5.0" in first and "'nemogym/episodes': 2.0" in first
+    assert "'nemogym/episodes': 0.0" in second  # the step's episodes were counted once, at step 3
 
 
 def test_metrics_on_empty_rollout() -> None:

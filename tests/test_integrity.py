@@ -23,11 +23,14 @@ from miles_nemogym.filters import stop_reason
 from miles_nemogym.ledger import Ledger
 from miles_nemogym.settings import get_settings
 from miles_nemogym.state import ledger
-from tests.support.agent_fixtures import call
+from tests.support.agent_fixtures import call, distinct_rows, fast_env, quick_probe
 from tests.support.eventually import eventually
 from tests.support.fault_server import FaultServer
 from tests.support.ports import free_port
 from tests.support.samples import Sample, Status
+
+__all__ = ["distinct_rows", "fast_env", "quick_probe"]  # fixtures used by name
+pytestmark = pytest.mark.usefixtures("fast_env", "quick_probe")
 
 
 def valid(episode: str, reward: float = 1.0) -> Sample:
@@ -178,21 +181,8 @@ def test_log_metrics_count_failures_that_left_no_record_on_a_sample() -> None:
 # -- outages and the run stop, against loopback servers ----------------------------------------
 
 
-@pytest.fixture(autouse=True)
-def fast_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NEMO_GYM_CONNECT_TIMEOUT", "2")
-    monkeypatch.delenv("NEMO_GYM_POLICY_API_KEY", raising=False)
-    monkeypatch.delenv("MILES_ROUTER_EXTERNAL_HOST", raising=False)
-    monkeypatch.setattr(circuit_module, "_PROBE_BACKOFF_MAX_S", 0.2)
-
-
-@pytest.fixture
-def rows(gym_example_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [dict(gym_example_rows[i % len(gym_example_rows)], instance_id=f"task-{i}") for i in range(6)]
-
-
 async def test_outage_mid_step_waits_and_sends_each_episode_once(
-    rows: list[dict[str, Any]],
+    distinct_rows: list[dict[str, Any]],
     sympy_result: dict[str, Any],
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -202,12 +192,13 @@ async def test_outage_mid_step_waits_and_sends_each_episode_once(
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{port}")
     server = FaultServer(result=sympy_result, port=port)  # graded for each instance it is sent
     caplog.set_level(logging.WARNING, logger="miles_nemogym.episode.delivery")
-    tasks = [asyncio.create_task(call(row)) for row in rows]
+    tasks = [asyncio.create_task(call(row)) for row in distinct_rows]
     # The server is down: every episode opened or met the circuit, and the probe says so.
-    await eventually(lambda: state.circuits.waiting() == len(rows), f"all {len(rows)} episodes wait")
+    await eventually(lambda: state.circuits.waiting() == len(distinct_rows), f"all {len(distinct_rows)} episodes wait")
     all_waiting = time.monotonic()
     assert state.circuits.is_open
-    await eventually(lambda: f"{len(rows)} episode(s) waiting" in caplog.text, "the probe's warning counts them")
+    counted = f"{len(distinct_rows)} episode(s) waiting"
+    await eventually(lambda: counted in caplog.text, "the probe's warning counts them")
     await asyncio.sleep(max(0.0, all_waiting + 1.0 - time.monotonic()))
     assert not any(task.done() for task in tasks)
     down_s = time.monotonic() - all_waiting
@@ -217,21 +208,21 @@ async def test_outage_mid_step_waits_and_sends_each_episode_once(
     finally:
         await transport.close_pools()
         await server.stop()
-    assert [out["nemogym"]["status"] for out in outs] == ["ok"] * len(rows)
+    assert [out["nemogym"]["status"] for out in outs] == ["ok"] * len(distinct_rows)
     # Nothing lost, none twice; the probe never POSTed /run.
-    assert sorted(body["instance_id"] for body in server.bodies) == sorted(row["instance_id"] for row in rows)
+    assert sorted(body["instance_id"] for body in server.bodies) == sorted(row["instance_id"] for row in distinct_rows)
     assert not state.circuits.is_open and state.circuits.stop_error() is None
     tally = ledger.drain()
-    assert tally.episodes == len(rows) and not tally.failures
-    assert tally.outage_wait_s >= len(rows) * down_s
+    assert tally.episodes == len(distinct_rows) and not tally.failures
+    assert tally.outage_wait_s >= len(distinct_rows) * down_s
 
 
 async def test_abort_and_cancellation_work_while_episodes_wait(
-    rows: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+    distinct_rows: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")
-    waiting = [asyncio.create_task(call(row)) for row in rows[:3]]
-    cancelled_by_caller = asyncio.create_task(call(rows[3]))
+    waiting = [asyncio.create_task(call(row)) for row in distinct_rows[:3]]
+    cancelled_by_caller = asyncio.create_task(call(distinct_rows[3]))
     await eventually(lambda: state.circuits.waiting() == 4, "all 4 episodes wait")
     cancelled_by_caller.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -247,13 +238,13 @@ async def test_abort_and_cancellation_work_while_episodes_wait(
 
 
 async def test_server_down_for_good_fails_waiting_episodes_and_the_filter_stops_the_run(
-    rows: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+    distinct_rows: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = f"http://user:pw@127.0.0.1:{free_port()}"
     monkeypatch.setenv("NEMO_GYM_URL", url)
     monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "1.5")
     started = asyncio.get_running_loop().time()
-    outs = await asyncio.wait_for(asyncio.gather(*(call(row) for row in rows[:3])), 10)
+    outs = await asyncio.wait_for(asyncio.gather(*(call(row) for row in distinct_rows[:3])), 10)
     elapsed = asyncio.get_running_loop().time() - started
     await transport.close_pools()
     assert [out["nemogym"]["failure_kind"] for out in outs] == ["transport_unreachable"] * 3
@@ -263,25 +254,25 @@ async def test_server_down_for_good_fails_waiting_episodes_and_the_filter_stops_
     message = str(stopped.value)
     assert "NEMO_GYM_OUTAGE_TIMEOUT=1.5s" in message and "127.0.0.1" in message and "pw" not in message
     # Later episodes fail at once instead of spinning the run.
-    out = await asyncio.wait_for(call(rows[4]), 2)
+    out = await asyncio.wait_for(call(distinct_rows[4]), 2)
     assert out["nemogym"]["failure_kind"] == "transport_unreachable"
 
 
 async def test_failure_streak_stops_the_run_after_stopping_in_flight_episodes(
-    rows: list[dict[str, Any]], sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    distinct_rows: list[dict[str, Any]], sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("NEMO_GYM_MAX_FAILURE_STREAK", "3")
     holding = await FaultServer(result=sympy_result, mode="hold").start()
     failing = await FaultServer(result=sympy_result, mode="500").start()
     try:
         monkeypatch.setenv("NEMO_GYM_URL", holding.url)
-        in_flight = asyncio.create_task(call(rows[0]))
+        in_flight = asyncio.create_task(call(distinct_rows[0]))
         await eventually(lambda: holding.bodies, "the first episode reached the holding server")
         monkeypatch.setenv("NEMO_GYM_URL", failing.url)
-        for row in rows[1:3]:
+        for row in distinct_rows[1:3]:
             assert (await call(row))["nemogym"]["failure_kind"] == "agent_run_error"
         filters.check_episode_group(Args(4), [valid("a"), valid("b")])  # 2 < 3: goes on
-        assert (await call(rows[3]))["nemogym"]["failure_kind"] == "agent_run_error"
+        assert (await call(distinct_rows[3]))["nemogym"]["failure_kind"] == "agent_run_error"
         with pytest.raises(RunStopped, match=r"3 NeMo-Gym episodes in a row failed.*agent_run_error x3"):
             filters.check_episode_group(Args(4), [valid("a"), valid("b")])
         out = await asyncio.wait_for(in_flight, 5)

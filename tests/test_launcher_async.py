@@ -33,10 +33,7 @@ TWO_NODES = {
 RECIPE = Path(__file__).resolve().parents[1] / "examples" / "swebench_grpo" / "recipe.yaml"
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("NEMO_GYM_URL", "NEMO_GYM_ENVS", "MILES_ROUTER_EXTERNAL_HOST", "RAY_ADDRESS", "MASTER_ADDR"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("clean_env")  # tests/support/clean_env.py
 
 
 def build(**fields: Any) -> cmd.Job:

@@ -135,10 +135,7 @@ def one(flags: dict[str, list[str]], name: str) -> str:
     return value
 
 
-@pytest.fixture(autouse=True)
-def no_env_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("NEMO_GYM_URL", "MILES_ROUTER_EXTERNAL_HOST", "RAY_ADDRESS", "MASTER_ADDR"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("clean_env")  # tests/support/clean_env.py
 
 
 def test_defaults_reproduce_the_validated_smoke_run() -> None:

@@ -13,10 +13,7 @@ from miles_nemogym.settings import EnvironmentServer
 EXAMPLE_RECIPE = Path(__file__).resolve().parents[1] / "examples" / "swebench_grpo" / "recipe.yaml"
 
 
-@pytest.fixture(autouse=True)
-def no_env_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("NEMO_GYM_URL", "NEMO_GYM_ENVS", "MILES_ROUTER_EXTERNAL_HOST", "RAY_ADDRESS", "MASTER_ADDR"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("clean_env")  # tests/support/clean_env.py
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -21,18 +21,13 @@ from miles_nemogym.data import to_prompt_row, validate_instance
 from miles_nemogym.launcher import checks as preflight
 from miles_nemogym.launcher.command import HOOKS
 from miles_nemogym.launcher.config import LauncherConfig
-from miles_nemogym.settings import ENV_VARS
 from tests.support.miles_checkout import MODEL_TYPE, make_miles_checkout
 from tests.support.openapi import GymStandIn, openapi_document, resources_document, serving
 from tests.support.ports import free_port
 from tests.support.prompt_rows import environment_rows
 from tests.support.unprivileged import run_python_unprivileged
 
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (*ENV_VARS, "RAY_ADDRESS", "MASTER_ADDR", preflight.LEGACY_ROLLOUT_ENV):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("clean_env")  # tests/support/clean_env.py
 
 
 def prompt_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -84,10 +84,7 @@ def failing(*_: Any, **__: Any) -> list[CheckResult]:
     return [CheckResult("stand-in", Status.failed, "broken", "repair it")]
 
 
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("NEMO_GYM_URL", "NEMO_GYM_ENVS", "MILES_ROUTER_EXTERNAL_HOST", "RAY_ADDRESS", "MASTER_ADDR"):
-        monkeypatch.delenv(name, raising=False)
+pytestmark = pytest.mark.usefixtures("clean_env")  # tests/support/clean_env.py
 
 
 def execute(tmp_path: Path, actions: Recorder, *, checks: Any = passing, **fields: Any) -> tuple[int, LauncherConfig]:

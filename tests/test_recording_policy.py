@@ -11,7 +11,6 @@ import asyncio
 import json
 import shutil
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,14 @@ import aiohttp
 import pytest
 
 from miles_nemogym.smoke.policy import (
+    FINAL_ANSWER,
     SCRIPTED_PATCH,
     SUBMIT_MARKER,
+    Answer,
     RecordingPolicy,
 )
+from tests.support.eventually import eventually
+from tests.support.held_policy import HeldPolicy
 from tests.support.mini_swe_agent import BASH_TOOL
 
 
@@ -168,23 +171,28 @@ async def test_wrong_paths_and_bodies_are_refused_and_recorded() -> None:
     assert policy.requests("s")[1].body == "not json"
 
 
-async def test_delay_holds_each_answer_at_least_that_long() -> None:
-    async with RecordingPolicy(delay=0.3) as policy, aiohttp.ClientSession() as client:
-        started = time.monotonic()
-        status, _ = await chat(client, policy.session_url(), harness_body())
-        assert status == 200
-        assert time.monotonic() - started >= 0.3
-
-
-async def test_slow_session_waits_until_released_others_do_not() -> None:
+async def test_a_session_given_answers_plays_them_then_the_final_answer() -> None:
+    turns = (Answer(content="\\boxed{B}"), Answer(content="t", tool_calls=(("echo", {"a": 1}),)))
     async with RecordingPolicy() as policy, aiohttp.ClientSession() as client:
-        policy.configure_session("slow", slow=True)
+        policy.configure_session("env", answers=turns)
+        said = [(await chat(client, policy.session_url("env"), harness_body()))[1] for _ in range(3)]
+        _, other = await chat(client, policy.session_url("swe"), harness_body())
+    messages = [answer["choices"][0]["message"] for answer in said]
+    assert [m["content"] for m in messages] == ["\\boxed{B}", "t", FINAL_ANSWER.content]
+    assert "tool_calls" not in messages[0] and "tool_calls" not in messages[2]
+    (call,) = messages[1]["tool_calls"]
+    assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == ("echo", {"a": 1})
+    assert [answer["choices"][0]["finish_reason"] for answer in said] == ["stop", "tool_calls", "stop"]
+    assert command_of(other) == "pwd"  # another session still runs the bash script
+
+
+async def test_a_held_session_waits_until_released_others_do_not() -> None:
+    async with HeldPolicy() as policy, aiohttp.ClientSession() as client:
+        policy.hold_session("slow")
         held = asyncio.create_task(chat(client, policy.session_url("slow"), harness_body()))
+        await eventually(lambda: policy.arrivals("slow"), "the held request arrived")
         status, _ = await chat(client, policy.session_url("fast"), harness_body())
-        assert status == 200
-        while not policy.requests("slow"):
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.2)
+        assert status == 200  # answered after the held request arrived
         assert not held.done()
         policy.release()
         status, answer = await asyncio.wait_for(held, timeout=10)
@@ -193,13 +201,12 @@ async def test_slow_session_waits_until_released_others_do_not() -> None:
 
 
 async def test_stopping_releases_held_answers() -> None:
-    policy = RecordingPolicy(slow=True)
+    policy = HeldPolicy(hold_all=True)
     await policy.start()
     client = aiohttp.ClientSession()
     try:
         held = asyncio.create_task(chat(client, policy.session_url(), harness_body()))
-        while not policy.requests():
-            await asyncio.sleep(0.01)
+        await eventually(policy.arrivals, "the held request arrived")
         await asyncio.wait_for(policy.stop(), timeout=10)
         status, _ = await asyncio.wait_for(held, timeout=10)
         assert status == 200
@@ -225,8 +232,6 @@ def test_runs_in_a_thread_for_sync_callers() -> None:
 def test_bad_settings_name_the_field() -> None:
     with pytest.raises(ValueError, match="look_around_turns"):
         RecordingPolicy(look_around_turns=-1)
-    with pytest.raises(ValueError, match="delay"):
-        RecordingPolicy(delay=-0.5)
 
 
 def test_session_id_round_trips_through_the_url() -> None:

@@ -19,13 +19,8 @@ ALL_MILES_KEYS = {
 }  # fmt: skip
 
 
-@pytest.fixture
-def row(gym_example_rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return copy.deepcopy(gym_example_rows[0])
-
-
-def test_instance_fields_go_to_the_top_level(row: dict[str, Any]) -> None:
-    body = build_run_body(row, {"temperature": 1.0}, policy_base_url=POLICY)
+def test_instance_fields_go_to_the_top_level(first_row: dict[str, Any]) -> None:
+    body = build_run_body(first_row, {"temperature": 1.0}, policy_base_url=POLICY)
     for key in (
         "instance_id",
         "repo",
@@ -40,12 +35,12 @@ def test_instance_fields_go_to_the_top_level(row: dict[str, Any]) -> None:
         "subset",
         "split",
     ):
-        assert body[key] == row[key]  # fmt: skip
+        assert body[key] == first_row[key]  # fmt: skip
     assert body["policy_base_url"] == POLICY
 
 
-def test_every_miles_sampling_key_reaches_the_server(row: dict[str, Any]) -> None:
-    rcp = build_run_body(row, ALL_MILES_KEYS, policy_base_url=POLICY)["responses_create_params"]
+def test_every_miles_sampling_key_reaches_the_server(first_row: dict[str, Any]) -> None:
+    rcp = build_run_body(first_row, ALL_MILES_KEYS, policy_base_url=POLICY)["responses_create_params"]
     assert rcp["temperature"] == 0.8 and rcp["top_p"] == 0.95 and rcp["max_output_tokens"] == 4096
     extra = json.loads(rcp["metadata"]["extra_body"])
     typed = {"temperature", "top_p", "max_tokens"}
@@ -53,19 +48,21 @@ def test_every_miles_sampling_key_reaches_the_server(row: dict[str, Any]) -> Non
     assert rcp["input"] == []
 
 
-def test_none_means_unset(row: dict[str, Any]) -> None:
-    rcp = build_run_body(row, {"temperature": None, "top_k": None}, policy_base_url=POLICY)["responses_create_params"]
+def test_none_means_unset(first_row: dict[str, Any]) -> None:
+    rcp = build_run_body(first_row, {"temperature": None, "top_k": None}, policy_base_url=POLICY)[
+        "responses_create_params"
+    ]
     assert "temperature" not in rcp and "metadata" not in rcp
 
 
-def test_metadata_is_never_mutated(row: dict[str, Any]) -> None:
-    frozen = copy.deepcopy(row)
-    build_run_body(row, ALL_MILES_KEYS, policy_base_url=POLICY, policy_api_key="k")
-    assert row == frozen
+def test_metadata_is_never_mutated(first_row: dict[str, Any]) -> None:
+    frozen = copy.deepcopy(first_row)
+    build_run_body(first_row, ALL_MILES_KEYS, policy_base_url=POLICY, policy_api_key="k")
+    assert first_row == frozen
 
 
-def test_bookkeeping_results_and_routing_keys_are_not_sent(row: dict[str, Any]) -> None:
-    noisy = {**row, "max_seq_len": 1, "session_server_id": "a:1", "session_server_instance_id": 0,
+def test_bookkeeping_results_and_routing_keys_are_not_sent(first_row: dict[str, Any]) -> None:
+    noisy = {**first_row, "max_seq_len": 1, "session_server_id": "a:1", "session_server_instance_id": 0,
              "reward": 1.0, "eval_report": {}, "nemogym": {}, "agent_metrics": {},
              "policy_base_url": "http://evil/v1", "policy_api_key": "from-data"}  # fmt: skip
     body = build_run_body(noisy, {}, policy_base_url=POLICY)
@@ -124,18 +121,18 @@ def test_empty_metadata_explains_the_fix() -> None:
         build_run_body({}, {}, policy_base_url=POLICY)
 
 
-def test_missing_instance_id_is_named(row: dict[str, Any]) -> None:
-    del row["instance_id"]
+def test_missing_instance_id_is_named(first_row: dict[str, Any]) -> None:
+    del first_row["instance_id"]
     with pytest.raises(RequestError, match=r"metadata\.instance_id"):
-        build_run_body(row, {}, policy_base_url=POLICY)
+        build_run_body(first_row, {}, policy_base_url=POLICY)
 
 
-def test_scan_mode_leaves_routing_to_the_server(row: dict[str, Any]) -> None:
-    body = build_run_body(row, {}, policy_base_url=None)
+def test_scan_mode_leaves_routing_to_the_server(first_row: dict[str, Any]) -> None:
+    body = build_run_body(first_row, {}, policy_base_url=None)
     assert "policy_base_url" not in body and "policy_api_key" not in body
 
 
-def test_the_json_check_accepts_exactly_what_json_dumps_accepts(row: dict[str, Any]) -> None:
+def test_the_json_check_accepts_exactly_what_json_dumps_accepts(first_row: dict[str, Any]) -> None:
     """build_run_body checks sendability without serializing; it must agree with json.dumps."""
     import enum
     import json as std_json
@@ -160,7 +157,7 @@ def test_the_json_check_accepts_exactly_what_json_dumps_accepts(row: dict[str, A
         except (TypeError, ValueError, RecursionError):
             accepted = False
         try:
-            build_run_body({**row, "task_field": value}, {}, policy_base_url=POLICY)
+            build_run_body({**first_row, "task_field": value}, {}, policy_base_url=POLICY)
             sent = True
         except RequestError as error:
             assert "metadata['task_field']" in str(error)

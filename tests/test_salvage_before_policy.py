@@ -19,6 +19,7 @@ from miles_nemogym import agent, filters, metrics, salvage, state
 from miles_nemogym.episode.record import eval_overrides
 from miles_nemogym.state import ledger
 from tests.support.agent_fixtures import TOKENS, call, episode, fast_env, input_sample, server
+from tests.support.eventually import eventually
 from tests.support.fault_server import FaultServer
 from tests.support.samples import Status
 
@@ -67,8 +68,7 @@ async def test_miles_over_sampling_abort_still_drops_its_group(server: FaultServ
     late = [await episode(server, input_sample(sympy_row, 4 + i, group=1), m) for i, m in enumerate(modes)]
     server.mode, server.hold_s = "ok", 30.0
     running = asyncio.create_task(call({**sympy_row, "session_server_id": "127.0.0.1:39999"}))
-    while server.in_flight == 0:
-        await asyncio.sleep(0.01)
+    await eventually(lambda: server.in_flight, "the request reached the server")
     await agent.abort(None)  # Miles' end-of-step abort
     assert (await asyncio.wait_for(running, 5))["nemogym"]["failure_kind"] == "cancelled"
     aborted = copy.deepcopy(input_sample(sympy_row, 7, group=1))

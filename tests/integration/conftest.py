@@ -33,9 +33,9 @@ from miles_nemogym.data import convert_row
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer
 from miles_nemogym.gym.venv import BuildLines, GymPythonNotFoundError
-from miles_nemogym.smoke.policy import RecordingPolicy
 from tests.support.env_scripts import ENVIRONMENTS
 from tests.support.gym_envs import GymEnvironments, running_environments
+from tests.support.held_policy import HeldPolicy
 from tests.support.miles_env import ensure_miles_env
 from tests.support.miles_harness import MilesDriver, Terminal, env_or_fail, say
 from tests.support.scripted_chat import ScriptedChat
@@ -102,14 +102,14 @@ def gym_environments(
 
 
 @pytest.fixture
-def recording_policy() -> Iterator[RecordingPolicy]:
+def recording_policy() -> Iterator[HeldPolicy]:
     """A scripted policy (2 look-around turns, then submit) in a background thread.
 
     Usable from sync and async tests. ``session_url(id)`` is Miles' ``base_url``;
-    ``chat_requests(id)`` what that session received; ``configure_session(id,
-    delay=..., slow=True)`` and ``release()`` slow it down for abort tests.
+    ``chat_requests(id)`` what that session received; ``hold_session(id)`` and
+    ``release()`` hold its answers for abort tests (``arrivals(id)`` counts held requests too).
     """
-    with RecordingPolicy(look_around_turns=2) as policy:
+    with HeldPolicy(look_around_turns=2) as policy:
         yield policy
 
 

@@ -33,6 +33,8 @@ from miles_nemogym.scan import golden_scan
 from miles_nemogym.smoke.policy import RecordingPolicy
 from miles_nemogym.store import reader
 from tests.integration.conftest import INTEGRATION_OPTIONS
+from tests.support.eventually import eventually
+from tests.support.held_policy import HeldPolicy
 from tests.support.samples import Sample
 
 pytestmark = pytest.mark.integration
@@ -65,16 +67,13 @@ async def run_sample(row: dict[str, Any], session_url: str) -> Sample:
     return Sample(prompt=row["prompt"], metadata={**metadata, **out})
 
 
-async def first_policy_call(policy: RecordingPolicy, session: str, timeout_s: float = 120) -> None:
-    """Wait until the real episode has called the policy on ``session``."""
-    deadline = time.monotonic() + timeout_s
-    while not policy.chat_requests(session):
-        assert time.monotonic() < deadline, "the episode never called the policy"
-        await asyncio.sleep(0.1)
+async def first_policy_call(policy: HeldPolicy, session: str, timeout_s: float = 120) -> None:
+    """Wait until the real episode has called the policy on ``session`` (held or answered)."""
+    await eventually(lambda: policy.arrivals(session), "the episode called the policy", timeout_s)
 
 
 async def test_three_real_episodes_at_once_each_on_its_own_session(
-    gym_env: GymServer, recording_policy: RecordingPolicy, prompt_rows: dict[str, dict[str, Any]]
+    gym_env: GymServer, recording_policy: HeldPolicy, prompt_rows: dict[str, dict[str, Any]]
 ) -> None:
     urls = {iid: recording_policy.session_url() for iid in GRADED_OFFLINE}
     try:
@@ -109,7 +108,7 @@ async def test_three_real_episodes_at_once_each_on_its_own_session(
 
 
 async def test_a_crashed_episode_is_set_aside_and_a_group_of_two_left_with_one_valid_is_dropped(
-    gym_env: GymServer, recording_policy: RecordingPolicy, prompt_rows: dict[str, dict[str, Any]]
+    gym_env: GymServer, recording_policy: HeldPolicy, prompt_rows: dict[str, dict[str, Any]]
 ) -> None:
     try:
         sample = await run_sample(prompt_rows[DJANGO], recording_policy.session_url())
@@ -127,11 +126,11 @@ async def test_a_crashed_episode_is_set_aside_and_a_group_of_two_left_with_one_v
 
 
 async def test_abort_returns_promptly_while_a_real_episode_waits_on_the_policy(
-    gym_env: GymServer, recording_policy: RecordingPolicy, prompt_rows: dict[str, dict[str, Any]]
+    gym_env: GymServer, recording_policy: HeldPolicy, prompt_rows: dict[str, dict[str, Any]]
 ) -> None:
     url = recording_policy.session_url()
     session = RecordingPolicy.session_id_of(url)
-    recording_policy.configure_session(session, slow=True)
+    recording_policy.hold_session(session)
     task = asyncio.create_task(run_sample(prompt_rows[GRADED_OFFLINE[0]], url))
     try:
         await first_policy_call(recording_policy, session)
@@ -150,13 +149,13 @@ async def test_server_killed_mid_episode_is_a_transport_failure_never_resent(
     prompt_rows: dict[str, dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with (
-        RecordingPolicy(look_around_turns=2) as policy,
+        HeldPolicy(look_around_turns=2) as policy,
         GymServer(ServeOptions.model_validate(INTEGRATION_OPTIONS), state_dir=tmp_path / "gym") as server,
     ):
         monkeypatch.setenv("NEMO_GYM_URL", server.url)
         url = policy.session_url()
         session = RecordingPolicy.session_id_of(url)
-        policy.configure_session(session, slow=True)
+        policy.hold_session(session)
         task = asyncio.create_task(run_sample(prompt_rows[GRADED_OFFLINE[0]], url))
         try:
             await first_policy_call(policy, session)

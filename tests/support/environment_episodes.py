@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.agent_fixtures import call
 from tests.support.fake_resources import row
-from tests.support.scripted_chat import ScriptedChat, tag
+from tests.support.scripted_chat import ScriptedChat, Turn, tag, tool
 
 MILES_KEYS = {"max_seq_len": 4096, "session_server_id": "127.0.0.1:39999", "session_server_instance_id": "i-1"}
 """The bookkeeping keys Miles adds to every sample's metadata."""
@@ -26,8 +26,15 @@ _T = TypeVar("_T")
 
 @pytest.fixture(scope="module")
 def chat() -> Iterator[ScriptedChat]:
-    """One scripted policy for a test module's episodes."""
+    """One scripted policy for a test module's episodes, with the scripts ``env_row`` names by
+    default: ``gold`` (one ``echo`` tool call, then an answer), ``plain`` (an answer, no tool),
+    ``unrouted`` and ``unseeded`` (one word: for rows that never reach the policy). A module
+    scripts its own tags, or replaces these, with ``chat.script``."""
     with ScriptedChat() as policy:
+        policy.script("gold", Turn(content="<think>t</think>", tool_calls=(tool("echo", a=1),)), Turn(content="done"))
+        policy.script("plain", Turn(content="\\boxed{B}"))
+        policy.script("unrouted", Turn(content="x"))
+        policy.script("unseeded", Turn(content="x"))
         yield policy
 
 

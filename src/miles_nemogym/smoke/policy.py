@@ -84,10 +84,6 @@ class Script:
     look_around_turns: int = 2
     look_around_commands: tuple[str, ...] = _DEFAULT_LOOK_AROUND
     submit_command: str = _DEFAULT_SUBMIT_COMMAND
-    delay: float = 0.0
-    """Seconds to wait before each answer."""
-    slow: bool = False
-    """Hold every answer until ``RecordingPolicy.release()`` (or stop)."""
     answers: tuple[Answer, ...] = ()
     """Turns to play instead of the bash script (then ``FINAL_ANSWER``)."""
 
@@ -190,8 +186,6 @@ class RecordingPolicy:
         self,
         *,
         look_around_turns: int = 2,
-        delay: float = 0.0,
-        slow: bool = False,
         look_around_commands: tuple[str, ...] = _DEFAULT_LOOK_AROUND,
         submit_command: str = _DEFAULT_SUBMIT_COMMAND,
         host: str = "127.0.0.1",
@@ -199,14 +193,10 @@ class RecordingPolicy:
     ) -> None:
         if look_around_turns < 0:
             raise ValueError(f"look_around_turns must be >= 0, got {look_around_turns}")
-        if delay < 0:
-            raise ValueError(f"delay must be >= 0 seconds, got {delay}")
         self.default_script = Script(
             look_around_turns=look_around_turns,
             look_around_commands=tuple(look_around_commands),
             submit_command=submit_command,
-            delay=delay,
-            slow=slow,
         )
         self.host = host
         self._requested_port = port
@@ -216,7 +206,6 @@ class RecordingPolicy:
         self._lock = threading.Lock()
         self._runner: web.AppRunner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._release: asyncio.Event | None = None
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ addresses
@@ -241,7 +230,7 @@ class RecordingPolicy:
     # ------------------------------------------------------------------ scripting
 
     def configure_session(self, session_id: str, **changes: Any) -> None:
-        """Change one session's script, e.g. ``configure_session(sid, slow=True)``."""
+        """Change one session's script, e.g. ``configure_session(sid, look_around_turns=0)``."""
         with self._lock:
             current = self._scripts.get(session_id, self.default_script)
             self._scripts[session_id] = Script(**{**current.__dict__, **changes})
@@ -249,11 +238,6 @@ class RecordingPolicy:
     def script_for(self, session_id: str) -> Script:
         with self._lock:
             return self._scripts.get(session_id, self.default_script)
-
-    def release(self) -> None:
-        """Let every held (``slow``) answer through, now and from now on."""
-        if self._loop is not None and self._release is not None:
-            self._loop.call_soon_threadsafe(self._release.set)
 
     # ------------------------------------------------------------------ records
 
@@ -306,10 +290,6 @@ class RecordingPolicy:
             return _error(400, "the recording policy does not stream; the harness never asks to")
         turn = len(self.chat_requests(sid)) - 1
         script = self.script_for(sid)
-        if script.delay:
-            await asyncio.sleep(script.delay)
-        if script.slow and self._release is not None:
-            await self._release.wait()
         if script.answers:
             answer = script.answers[turn] if turn < len(script.answers) else FINAL_ANSWER
             return web.json_response(_answer_completion(body, answer))
@@ -333,7 +313,6 @@ class RecordingPolicy:
         if self._runner is not None:
             raise RuntimeError("the recording policy is already started")
         self._loop = asyncio.get_running_loop()
-        self._release = asyncio.Event()
         runner = web.AppRunner(self._app(), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self._requested_port)
@@ -343,8 +322,6 @@ class RecordingPolicy:
         return self
 
     async def stop(self) -> None:
-        if self._release is not None:
-            self._release.set()  # held answers complete instead of hanging the shutdown
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

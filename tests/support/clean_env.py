@@ -1,0 +1,22 @@
+"""``clean_env``: none of the package's variables set, nor the launcher's cluster ones, as on a
+fresh machine, so a value from the shell that runs the tests never leaks into one."""
+
+from __future__ import annotations
+
+import pytest
+
+from miles_nemogym.launcher.checks import LEGACY_ROLLOUT_ENV
+from miles_nemogym.settings import ENV_VARS
+
+__all__ = ["UNSET", "clean_env"]
+
+UNSET: tuple[str, ...] = (*ENV_VARS, "RAY_ADDRESS", "MASTER_ADDR", LEGACY_ROLLOUT_ENV)
+"""Every ``NEMO_GYM_*``/``MILES_*`` variable the package reads, Ray's and torch's cluster address,
+and Miles' legacy-rollout switch."""
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset every variable in ``UNSET`` for the test."""
+    for name in UNSET:
+        monkeypatch.delenv(name, raising=False)
