@@ -42,7 +42,7 @@ def _environment_rows(name: str) -> tuple[bytes, str]:
     try:
         check_shipped([name])
     except UnknownEnvironmentError as error:
-        raise ValueError(f"--env: {error}") from None
+        raise ValueError(str(error)) from None
     member = _ENV_EXAMPLES.format(name)
     with zipfile.ZipFile(gym_wheel.wheel_path()) as wheel:
         if member not in wheel.namelist():

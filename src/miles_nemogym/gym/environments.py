@@ -53,6 +53,8 @@ from miles_nemogym.gym.server import (
     advertised_url,
     free_port,
     kill_marked,
+    listens,
+    pids_with_marker,
     port_free,
     wait_until_answering,
 )
@@ -134,10 +136,7 @@ class UnknownEnvironmentError(GymEnvironmentError):
     """An environment name the pinned nemo-gym does not ship."""
 
     def __init__(self, names_said: str, shipped: int) -> None:
-        super().__init__(
-            f"{names_said}. The {shipped} shipped environments are the folders of resources_servers/ "
-            "in the nemo-gym wheel (or X of an agent X_simple_agent in their configs)."
-        )
+        super().__init__(names_said)
         self.names_said = names_said
         """Each unknown name with its close matches, one line."""
 
@@ -296,20 +295,20 @@ def _check_shipped(names: Sequence[str], shipped: Sequence[str], archive: zipfil
         lines = []
         for name in unknown:
             close = _close_names(name, {*shipped, *agents})
-            hint = f"did you mean {', '.join(close)}?" if close else "no shipped environment has a similar name"
+            hint = f"did you mean {', '.join(close)}?" if close else "no similar name"
             lines.append(f"{name!r} is not an environment nemo-gym ships ({hint})")
         raise UnknownEnvironmentError("; ".join(lines), len(shipped))
     return agents
 
 
 def _close_names(name: str, known: Collection[str]) -> list[str]:
-    """Up to five of ``known`` like ``name``, case ignored (``MCQA`` finds ``mcqa``); one that
+    """Up to three of ``known`` like ``name``, case ignored (``MCQA`` finds ``mcqa``); one that
     differs in case only comes first."""
     by_lower: dict[str, list[str]] = {}
     for known_name in sorted(known):
         by_lower.setdefault(known_name.lower(), []).append(known_name)
-    close = difflib.get_close_matches(name.lower(), sorted(by_lower), n=5, cutoff=0.5)
-    return [spelled for lowered in close for spelled in by_lower[lowered]][:5]
+    close = difflib.get_close_matches(name.lower(), sorted(by_lower), n=3, cutoff=0.5)
+    return [spelled for lowered in close for spelled in by_lower[lowered]][:3]
 
 
 def plan(names: Sequence[str], *, routed: bool = False) -> list[EnvironmentPlan]:
@@ -734,7 +733,19 @@ class EnvironmentServers:
 
     def _wait(self, name: str, deadline: float) -> None:
         url = f"http://{connect_host(self.host)}:{self.ports[name]}/openapi.json"
-        failed = wait_until_answering(url, lambda: self._processes[name].poll() is None, deadline, 0.3)
+        process, port = self._processes[name], self.ports[name]
+        failed = wait_until_answering(
+            url,
+            lambda: process.poll() is None,
+            deadline,
+            0.3,
+            lambda: listens([process.pid, *pids_with_marker(self._marker)], port),
+        )
+        if failed == "another":
+            raise GymEnvironmentError(
+                f"another program answers on port {port}, not the {name} server serve started; stop that "
+                f"program or give another --port; log {self.log_path(name)}:\n{self.log_tail(name)}"
+            )
         if failed == "exited":
             raise GymEnvironmentError(f"{name} exited during start; log {self.log_path(name)}:\n{self.log_tail(name)}")
         if failed == "timeout":

@@ -99,7 +99,7 @@ def _default_route_address() -> str:
         return socket.gethostname()
 
 
-def _pids_with_marker(marker: str) -> list[int]:
+def pids_with_marker(marker: str) -> list[int]:
     """Processes (Linux ``/proc``) whose environment carries ``MARKER_ENV=marker``."""
     needle = f"{MARKER_ENV}={marker}".encode()
     found: list[int] = []
@@ -119,7 +119,7 @@ def kill_marked(marker: str) -> None:
     """SIGKILL every process whose environment carries ``MARKER_ENV=marker`` (what outlived its
     process group, e.g. Ray's daemons), until none is left or 5 s passed."""
     for _ in range(20):
-        stragglers = _pids_with_marker(marker)
+        stragglers = pids_with_marker(marker)
         if not stragglers:
             return
         for pid in stragglers:
@@ -417,7 +417,7 @@ class GymServer:
         """Whether the server listening on :attr:`port` is this one (its process or one it started)."""
         if self._process is None or self.port is None:
             return False
-        return listens([self._process.pid, *_pids_with_marker(self._marker)], self.port)
+        return listens([self._process.pid, *pids_with_marker(self._marker)], self.port)
 
     # ------------------------------------------------------------------ stop
 
