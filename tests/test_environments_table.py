@@ -28,7 +28,8 @@ def test_each_of_the_143_environments_has_one_row_with_a_reason_where_refused() 
     assert rows["blackjack"].status == script.TESTED and rows["blackjack"].agent == "`gymnasium_agent`"
     assert rows["openair_congestion"].status == script.TESTED
     assert rows["swe_pivot"].status == script.TESTED and rows["swe_pivot"].agent == "`tool_simulation_agent`"
-    assert rows["wordle"].status == script.ROUTED and rows["wordle"].agent == "`gymnasium_agent`"
+    assert rows["grl_sokoban"].status == script.ROUTED and rows["grl_sokoban"].agent == "`gymnasium_agent`"
+    assert "`resources_servers/wordle/data/guesses.txt`" in rows["wordle"].needs  # a word list it downloads
     assert "harbor_agent` drops the rollout id" in rows["legal_agent_bench"].needs
     assert "finance_agent` drops the rollout id" in rows["finance_sec_search"].needs
     assert "beyond PyPI" in rows["instruction_following"].needs

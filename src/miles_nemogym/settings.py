@@ -37,6 +37,7 @@ __all__ = [
     "get_settings",
     "parse_environments",
     "reset",
+    "short_name",
 ]
 
 
@@ -273,6 +274,13 @@ def _check_http_url(value: str, example: str) -> str:
     except UrlError as error:  # reported by pydantic for the variable that holds the value
         raise ValueError(f"{error}; expected an http(s) URL such as {example}") from None
     return value.strip().rstrip("/")
+
+
+def short_name(name: str) -> str:
+    """The name this package keys an environment by: ``mcqa`` for ``resources_servers/mcqa``
+    (how NeMo-Gym's catalog spells a resources server); any other name as given."""
+    head, slash, tail = name.partition("/")
+    return tail if slash and head == "resources_servers" and tail and "/" not in tail else name
 
 
 def environment_name_problem(name: str) -> str | None:

@@ -47,6 +47,7 @@ def test_one_entry_shows_its_parts_and_the_commands_to_try_it() -> None:
     shown = _cli("MCQA")
     assert shown.startswith("resources_servers/mcqa (environment)")
     assert "miles-nemogym smoke --env mcqa" in shown and "agent: simple_agent" in shown
+    assert "miles-nemogym smoke --env calendar_v2" in _cli("calendar_v2")
     result = CliRunner().invoke(app, ["environments", "arena"])
     assert result.exit_code == 2
     assert "resources_servers/arena/lmarena_v2" in result.stderr
@@ -70,4 +71,7 @@ def test_the_docs_table_is_the_scripts_output_over_the_whole_catalog() -> None:
     rows = {r.name: r for r in table.catalog_rows(entries)}
     assert len(rows) == len(entries) == 385
     assert rows["resources_servers/mcqa"].status == table.TESTED
-    assert rows["aime25"].status == rows["calendar_v2"].status == NOT_YET
+    assert rows["aime25"].status == rows["opencode_math"].status == NOT_YET
+    # environments/ folders by their own names: played here, routed, or refused with the reason.
+    assert rows["calendar_v2"].status == rows["arc_agi"].status == table.TESTED
+    assert rows["blackjack"].status == table.TESTED and rows["wordle"].status == table.REFUSED

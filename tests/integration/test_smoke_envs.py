@@ -1,7 +1,8 @@
 """``miles-nemogym smoke --env``: the real resources servers (and blackjack's gymnasium agent
 with the routing model) play their shipped rows through the agent function, gold 1.0 and
 wrong 0.0, one line per episode and a table per environment at 80 columns, the episode store
-``episodes`` reads, and nothing left behind."""
+``episodes`` reads, and nothing left behind; by the names of NeMo-Gym's catalog (its
+``environments/`` folders, ``resources_servers/NAME``), refusing by name what cannot run here."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ from miles_nemogym.cli.main import app
 from miles_nemogym.smoke.answers import GOLD, PLAIN, WRONG
 from miles_nemogym.smoke.environments import EnvironmentEpisode
 from miles_nemogym.store import reader
+from tests.support.env_scripts import SMOKED
 
 pytestmark = pytest.mark.integration
 
-GRADED = ("mcqa", "workplace_assistant", "xlam_fc")
+GRADED = ("mcqa", "workplace_assistant", "xlam_fc", "calendar_v2", "arc_agi")
+"""calendar_v2 is a folder of the wheel's environments/ alone; the others are catalog names too."""
 
 
 @pytest.mark.timeout(900)
@@ -30,7 +33,8 @@ def test_smoke_env_plays_gold_and_wrong_answers_through_the_real_servers(
     monkeypatch.setenv("TMPDIR", str(temp))
     monkeypatch.setattr("tempfile.tempdir", None)  # read TMPDIR again
     store, report = tmp_path / "store", tmp_path / "smoke.json"
-    args = [f"--env={name}" for name in (*GRADED, "blackjack")]
+    # The catalog's spelling of a resources server is its short name.
+    args = [f"--env={'resources_servers/' * (name == 'xlam_fc')}{name}" for name in (*GRADED, "blackjack")]
     done = CliRunner().invoke(app, ["smoke", *args, "--limit", "2", "--episode-dir", str(store), "--json", str(report)])
     assert done.exit_code == 0, done.output
     lines = done.output.splitlines()
@@ -80,3 +84,27 @@ def test_smoke_env_plays_gold_and_wrong_answers_through_the_real_servers(
         gold["environment"], gold["task_id"], WRONG, {"reward": 1.0, "nemogym": gold["nemogym"]}
     )
     assert as_wrong.surprise == "a wrong answer scored 1.0, a pass"
+
+
+@pytest.mark.timeout(600)
+def test_smoke_env_plays_the_catalogs_calendar_and_refuses_wordle_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)  # read TMPDIR again
+    # calendar: environments/calendar and resources_servers/calendar, one server, agent and rows.
+    assert "calendar" in SMOKED
+    report = tmp_path / "smoke.json"
+    args = ["--env", "calendar", "--limit", "1", "--episode-dir", str(tmp_path / "store"), "--json", str(report)]
+    done = CliRunner().invoke(app, ["smoke", *args])
+    assert done.exit_code == 0, done.output
+    episodes = json.loads(report.read_text())["episodes"]
+    assert sorted((e["environment"], e["answer"], e["reward"]) for e in episodes) == [
+        ("calendar", GOLD, 1.0),
+        ("calendar", WRONG, 0.0),
+    ], episodes
+    # wordle's server reads a word list the wheel lacks: refused before anything starts, with the reason.
+    refused = CliRunner().invoke(app, ["smoke", "--env", "wordle"])
+    assert refused.exit_code == 2, refused.output
+    assert "'wordle'" in refused.output and "guesses.txt" in " ".join(refused.output.split())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["smoke.json", "store"]  # no server folder left

@@ -19,6 +19,9 @@ ENVIRONMENTS = (
     "code_gen",
 )
 """The 0.7.0 environments with scripts here (no network, keys or judge)."""
+SMOKED = ("calendar", "calendar_v2", "arc_agi")
+"""Environments (beyond ``ENVIRONMENTS``) that ``smoke --env`` plays end to end in the integration
+tests, with the gold and wrong answers of ``miles_nemogym.smoke.answers``."""
 _THINKING = re.compile(r"<think>.*?</think>", re.DOTALL)
 
 # code_gen's first example row (Codeforces 1259D): reverse the fewest words so that they

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from miles_nemogym.gym import catalog
 from miles_nemogym.gym.catalog import ALONE, JUDGE, REFUSED, support
 from miles_nemogym.gym.environments import shipped_environments
-from tests.support.env_scripts import ENVIRONMENTS
+from tests.support.env_scripts import ENVIRONMENTS, SMOKED
 from tests.support.judge_model import JUDGED_ENVIRONMENTS
 from tests.support.routed_agents import AGENTS
 
@@ -42,6 +42,7 @@ _GROUPS = (
     ("drops the rollout id", "its agent drops the rollout id"),
     ("settings serve does not set", "settings serve does not set"),
     ("not `policy_model`", "an agent calls a model other than `policy_model`"),
+    ("wheel does not ship", "a file the wheel does not ship"),
 )
 
 
@@ -58,7 +59,7 @@ def row(name: str) -> Row:
     if status == JUDGE and name in JUDGED_ENVIRONMENTS:
         needs = "; ".join([*needs.split("; "), "its `/verify` graded through a stand-in judge by a test"]).lstrip("; ")
     elif status == catalog.SIMPLE:
-        status = TESTED if name in ENVIRONMENTS else SIMPLE
+        status = TESTED if name in ENVIRONMENTS or name in SMOKED else SIMPLE
     elif status == catalog.ROUTED:
         status = TESTED if name in AGENTS else ROUTED
     return Row(name, found.agent, status, needs)
@@ -94,12 +95,13 @@ def block(text: str, which: str) -> str:
 
 
 def catalog_rows(entries: Sequence[catalog.CatalogEntry]) -> list[Row]:
-    """One row per catalog entry: a resources server by :func:`row`, any other as the package
+    """One row per catalog entry: one served by name by :func:`row`, any other as the package
     treats it (``catalog.entry_support``)."""
     out = []
     for entry in entries:
-        if entry.short_name is not None:
-            found = row(entry.short_name)
+        name = catalog.served_name(entry)
+        if name is not None:
+            found = row(name)
         else:
             here = catalog.entry_support(entry)
             found = Row(entry.name, here.agent, here.status, here.needs)

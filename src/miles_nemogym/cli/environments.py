@@ -72,7 +72,7 @@ def _environments(
 
 
 def _detail(entry: object, width: int) -> str:
-    from miles_nemogym.gym.catalog import NOT_YET, REFUSED, CatalogEntry, entry_support
+    from miles_nemogym.gym.catalog import NOT_YET, REFUSED, CatalogEntry, entry_support, served_name
 
     assert isinstance(entry, CatalogEntry)
     found = entry_support(entry)
@@ -96,8 +96,8 @@ def _detail(entry: object, width: int) -> str:
     if found.needs:
         label = "why" if found.status == REFUSED else "needs"
         lines += textwrap.wrap(found.needs, width - 2, initial_indent=f"  {label}: ", subsequent_indent="    ")
-    if found.status not in (REFUSED, NOT_YET) and entry.short_name:
-        short = entry.short_name
+    short = served_name(entry)
+    if found.status not in (REFUSED, NOT_YET) and short:
         lines += [
             "try it:",
             f"  miles-nemogym serve --env {short}",

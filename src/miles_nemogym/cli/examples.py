@@ -22,28 +22,27 @@ _HELP = """Write the five SWE-bench Verified rows nemo-gym ships (raw rows, one 
 line) to --output, or to standard output. Try the converter on them offline:
 miles-nemogym convert --input examples.jsonl --output prompts.jsonl
 
---env NAME writes the example rows of resources server NAME instead (e.g. mcqa, xlam_fc,
-workplace_assistant): miles-nemogym convert --env mcqa=mcqa.jsonl --output prompts.jsonl
+--env NAME writes the example rows of environment NAME instead (e.g. mcqa, xlam_fc,
+calendar_v2): miles-nemogym convert --env mcqa=mcqa.jsonl --output prompts.jsonl
 """
-_ENV_EXAMPLES = "resources_servers/{}/data/example.jsonl"
 
 
 def _environment_rows(name: str) -> tuple[bytes, str]:
-    """The shipped ``example.jsonl`` of resources server ``name``, as is, and its member of the wheel."""
+    """The shipped ``example.jsonl`` of environment ``name``, as is, and where it came from."""
     import zipfile
 
     from miles_nemogym.gym import wheel as gym_wheel
-    from miles_nemogym.gym.environments import UnknownEnvironmentError, check_shipped
-    from miles_nemogym.settings import environment_name_problem
+    from miles_nemogym.gym.environments import UnknownEnvironmentError, example_rows_member
+    from miles_nemogym.settings import environment_name_problem, short_name
 
+    name = short_name(name)
     problem = environment_name_problem(name)
     if problem:
         raise ValueError(f"--env {name!r}: {problem}")
     try:
-        check_shipped([name])
+        member = example_rows_member(name)
     except UnknownEnvironmentError as error:
         raise ValueError(str(error)) from None
-    member = _ENV_EXAMPLES.format(name)
     with zipfile.ZipFile(gym_wheel.wheel_path()) as wheel:
         if member not in wheel.namelist():
             raise ValueError(
@@ -59,7 +58,7 @@ def _examples(
     ] = None,
     env: Annotated[
         str | None,
-        typer.Option("--env", metavar="NAME", help="The example rows of this NeMo-Gym resources server instead."),
+        typer.Option("--env", metavar="NAME", help="The example rows of this NeMo-Gym environment instead."),
     ] = None,
 ) -> None:
     from miles_nemogym.data.atomic import AtomicFiles, WriteError, output_problem

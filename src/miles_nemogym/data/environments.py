@@ -23,7 +23,7 @@ from miles_nemogym.episode.record import (
     TASK_ID_KEY,
     agent_environment,
 )
-from miles_nemogym.settings import environment_name_problem
+from miles_nemogym.settings import environment_name_problem, short_name
 
 __all__ = [
     "ID_FIELDS",
@@ -57,7 +57,7 @@ def parse_env_option(value: str, default_source: str | None) -> EnvironmentInput
     """``NAME``, ``NAME=SOURCE`` or ``NAME=SOURCE:WEIGHT`` (``NAME`` alone reads ``default_source``,
     i.e. ``--input``; ``swe=SOURCE`` is convert's output for SWE-bench rows); ``ValueError`` naming the fix."""
     name, sep, rest = value.partition("=")
-    name = name.strip()
+    name = short_name(name.strip())  # the catalog's resources_servers/NAME is NAME
     problem = None if name == SWE_ENVIRONMENT and sep else environment_name_problem(name)
     if problem:
         raise ValueError(f"--env {value!r}: environment name {name!r}: {problem}")

@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from miles_nemogym.gym.composition import Judge, config_needs, refusal, served, server_blocks, shipped_config
-from miles_nemogym.gym.environments import plan
+from miles_nemogym.gym.environments import catalog_folders, plan
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, child_environment, gym_venv_root
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "find",
     "load_catalog",
     "read_catalog",
+    "served_name",
     "support",
 ]
 
@@ -245,6 +246,7 @@ def _short(reason: str) -> str:
         (r"its config holds (\d+) (\S+) resources servers", r"its config holds \1 `\2` resources servers"),
         (r"its agent '[^']+' \((\w+)\) (builds|posts) .*", r"its agent `\1` drops the rollout id (nemo-gym 0.7.0)"),
         (r"calls model server '([^']+)', not policy_model", r"an agent of its calls `\1`, not `policy_model`"),
+        (r"reads (\S+) .*the nemo-gym 0.7.0 wheel does not ship", r"a file the wheel does not ship: `\1`"),
     )
     for pattern, replacement in patterns:
         found = re.search(pattern, reason)
@@ -291,9 +293,20 @@ def support(name: str) -> Support:
     return Support(status=status, agent=agent, needs=needed)
 
 
+def served_name(entry: CatalogEntry) -> str | None:
+    """The name ``--env`` takes for a catalog entry: a resources server's short name, or the name
+    of an ``environments/`` folder it plays (``catalog_folders``); None for any other entry."""
+    if entry.short_name is not None:
+        return entry.short_name
+    if entry.kind == "environment" and entry.name in catalog_folders():
+        return entry.name
+    return None
+
+
 def entry_support(entry: CatalogEntry) -> Support:
-    """What this package does with a catalog entry: a resources server by its short name as
-    :func:`support` says; any other entry is not served by it yet."""
-    if entry.short_name is None:
+    """What this package does with a catalog entry: one it serves by name (:func:`served_name`)
+    as :func:`support` says; any other entry is not served by it yet."""
+    name = served_name(entry)
+    if name is None:
         return Support(status=NOT_YET, agent=f"`{entry.agent}`" if entry.agent else "")
-    return support(entry.short_name)
+    return support(name)

@@ -7,7 +7,8 @@ resources server's ``judge_model_server`` points at one model server of this pac
 (``vllm_model`` at the endpoint; ``serve`` gives it its judge relay's URL, and the relay holds the
 key and any password: ``gym/judge_gate.py``). Refused: a judge the config turns on with no endpoint given, an
 agent that drops the rollout id in nemo-gym 0.7.0, an agent calling a model other than
-``policy_model`` (nothing to route its calls to).
+``policy_model`` (nothing to route its calls to), a resources server that reads a file the wheel
+does not ship (a script of its downloads it).
 Why: docs/environments.md, "Serving environments".
 """
 
@@ -57,6 +58,10 @@ _ID_DROPPED = {
     "so the /ng-rollout/<id> prefix is never added",
     "finance_agent": "posts /v1/responses to its model server without url_path_for_run, "
     "so the /ng-rollout/<id> prefix is never added",
+}
+# Resources servers whose app reads a file nemo-gym 0.7.0's wheel does not ship (their app.py).
+_NOT_SHIPPED = {
+    "wordle": "resources_servers/wordle/data/guesses.txt (its generate_data.py downloads the word list)",
 }
 _ENV_REFERENCE = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(,[^}]*)?\}")
 _KEY_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -207,6 +212,11 @@ def served(config: Mapping[str, Any], judge: Judge | None) -> dict[str, Any]:
 def refusal(name: str, config: Mapping[str, Any], judge: Judge | None) -> str | None:
     """Why ``serve`` cannot serve environment ``name`` as shipped, or None."""
     for instance, group, kind, block in server_blocks(config):
+        if group == "resources_servers" and kind in _NOT_SHIPPED:
+            return (
+                f"environment {name!r}: its resources server {instance!r} ({kind}) reads {_NOT_SHIPPED[kind]}, "
+                "which the nemo-gym 0.7.0 wheel does not ship; this package downloads no data, so it refuses it"
+            )
         if group != "responses_api_agents":
             continue
         if kind in _ID_DROPPED:

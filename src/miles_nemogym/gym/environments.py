@@ -1,7 +1,9 @@
 """NeMo-Gym resources servers (``mcqa``, ``xlam_fc``, ...) started from the cached server venv.
 
-An environment is a folder ``resources_servers/<name>`` of the pinned wheel. Its config is its
-shipped ``configs/<name>.yaml`` (else its only config), composed with the others by nemo-gym's
+An environment is a folder ``resources_servers/<name>`` of the pinned wheel (its shipped
+``configs/<name>.yaml``, else its only config), or a folder ``environments/<name>`` whose
+``config.yaml`` gives its resources server a ``simple_agent`` or ``gymnasium_agent`` (the
+catalog's ``calendar_v2``, ``wordle``, ...). Its config is composed with the others by nemo-gym's
 own parser; each server process gets the whole config in ``NEMO_GYM_CONFIG_DICT`` and its
 instance name in ``NEMO_GYM_CONFIG_PATH``, so the servers need no head server. Requirements an
 environment lists beyond nemo-gym, and the server venv lacks, go into an overlay venv cached by
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import hashlib
 import json
 import os
@@ -42,6 +45,7 @@ from miles_nemogym.gym.composition import (
     layer,
     refusal,
     served,
+    server_blocks,
     shipped_config,
 )
 from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config, parse_configs
@@ -69,19 +73,23 @@ from miles_nemogym.gym.venv import (
     gym_venv_root,
     run_build_step,
 )
+from miles_nemogym.settings import short_name
 from miles_nemogym.transport import connect_host
 
 __all__ = [
+    "PLAYED_AGENTS",
     "POLICY_MODEL",
     "ROUTING_MODEL",
     "ROUTING_ROOT",
     "EnvironmentPlan",
     "EnvironmentServers",
     "UnknownEnvironmentError",
+    "catalog_folders",
     "check_shipped",
     "compose_each",
     "environment_needs",
     "environment_python",
+    "example_rows_member",
     "judged_plans",
     "missing_requirements",
     "overlay_path",
@@ -93,6 +101,11 @@ __all__ = [
 ]
 
 _GROUP = "resources_servers"
+_CATALOG = "environments"
+PLAYED_AGENTS = ("simple_agent", "gymnasium_agent")
+"""The agent kinds of an ``environments/`` folder this package serves by the folder's name: the
+``simple_agent`` loop it plays in-process, the ``gymnasium_agent`` it routes (as it does the
+resources servers' own configs of either)."""
 POLICY_KEY_ENV = "NEMO_GYM_POLICY_API_KEY"
 _READY = "miles-nemogym-envs.json"
 # A plain PyPI requirement: a name, optional extras, version specifiers and an environment marker.
@@ -163,8 +176,21 @@ class EnvironmentPlan:
 
     @property
     def resources_server(self) -> str:
-        """Its folder of ``resources_servers/`` in the wheel (where its config and rows live)."""
-        return self.config.split("/")[1]
+        """Its resources server's folder of ``resources_servers/`` in the wheel (its app, requirements)."""
+        if self.config.startswith(f"{_GROUP}/"):
+            return self.config.split("/")[1]
+        return str(next(iter(shipped_config(self.config)[self.instance][_GROUP])))
+
+    @property
+    def rows(self) -> str:
+        """Its example rows in the wheel: ``data/example.jsonl`` of its config's folder."""
+        return _rows_of(self.config)
+
+
+def _rows_of(config: str) -> str:
+    """``resources_servers/X/data/example.jsonl`` for ``resources_servers/X/configs/...``,
+    ``environments/X/data/example.jsonl`` for ``environments/X/config.yaml``."""
+    return "/".join([*config.split("/")[:2], "data", "example.jsonl"])
 
 
 def shipped_environments() -> list[str]:
@@ -176,6 +202,41 @@ def shipped_environments() -> list[str]:
             if len(parts) == 3 and parts[0] == _GROUP and parts[2] == "app.py"
         }
     return sorted(names)
+
+
+def catalog_folders() -> dict[str, str]:
+    """Each folder of the wheel's ``environments/`` whose own config pairs its one resources
+    server with an agent of ``PLAYED_AGENTS``: its name -> its ``config.yaml``. (A config that only
+    pulls in a resources server's, as ``example_single_tool_call``'s, is that server.)"""
+    return dict(_catalog_folders(gym_wheel.wheel_path()))
+
+
+@functools.lru_cache(maxsize=4)
+def _catalog_folders(wheel: Path) -> tuple[tuple[str, str], ...]:
+    found: dict[str, str] = {}
+    with gym_wheel.opened() as archive:
+        configs = [
+            (member, yaml.safe_load(archive.read(member)))
+            for member in sorted(archive.namelist())
+            if member.count("/") == 2 and member.startswith(f"{_CATALOG}/") and member.endswith("/config.yaml")
+        ]
+    for member, config in configs:
+        blocks = list(server_blocks(config if isinstance(config, dict) else {}))
+        agents = {kind for _, group, kind, _ in blocks if group == "responses_api_agents"}
+        servers = {kind for _, group, kind, _ in blocks if group == _GROUP}
+        if len(servers) == 1 and agents and agents <= set(PLAYED_AGENTS):
+            found[member.split("/")[1]] = member
+    return tuple(found.items())
+
+
+def example_rows_member(name: str) -> str:
+    """Where the wheel keeps environment ``name``'s example rows (``UnknownEnvironmentError`` if
+    nemo-gym does not ship it): its ``environments/`` folder's when it is no resources server."""
+    name = short_name(name)
+    check_shipped([name])
+    folders = catalog_folders()
+    config = folders[name] if name in folders and name not in shipped_environments() else f"{_GROUP}/{name}/"
+    return _rows_of(config)
 
 
 def _config_member(name: str, archive: zipfile.ZipFile) -> str:
@@ -284,7 +345,7 @@ def check_shipped(names: Sequence[str]) -> None:
     """``UnknownEnvironmentError`` (one line, close matches suggested) unless nemo-gym ships every
     one of ``names``, as :func:`plan` takes them."""
     with zipfile.ZipFile(gym_wheel.wheel_path()) as archive:
-        _check_shipped(names, shipped_environments(), archive)
+        _check_shipped([short_name(n) for n in names], sorted({*shipped_environments(), *catalog_folders()}), archive)
 
 
 def _check_shipped(names: Sequence[str], shipped: Sequence[str], archive: zipfile.ZipFile) -> dict[str, str]:
@@ -318,20 +379,32 @@ def plan(names: Sequence[str], *, routed: bool = False) -> list[EnvironmentPlan]
 
     A name is a folder of ``resources_servers/`` (its ``configs/<name>.yaml``, else its only
     config), or ``X`` of a shipped agent ``X_simple_agent`` (its config: what rows prepared by
-    NeMo-Gym name in ``agent_ref``, e.g. ``lc_equivalence_rule``, ``lmarena_v2``)."""
+    NeMo-Gym name in ``agent_ref``, e.g. ``lc_equivalence_rule``, ``lmarena_v2``), or a folder of
+    ``environments/`` (:func:`catalog_folders`; its ``config.yaml``). A name that is both keeps the
+    ``resources_servers/`` config: in nemo-gym 0.7.0 the two pair the same server, agent and rows
+    (docs/environments.md, "NeMo-Gym's catalog"). ``resources_servers/NAME`` is ``NAME``."""
     if not names:
         return []
+    names = [short_name(n) for n in names]
     shipped = shipped_environments()
+    folders = catalog_folders()
     plans: list[EnvironmentPlan] = []
     with gym_wheel.opened() as archive:
         members = archive.namelist()
-        agents = _check_shipped(names, shipped, archive)
+        agents = _check_shipped(names, sorted({*shipped, *folders}), archive)
         for name in dict.fromkeys(names):
-            config = _config_member(name, archive) if name in shipped else agents[name]
-            folder = config.split("/")[1]
+            if name in shipped:
+                config = _config_member(name, archive)
+            else:
+                config = folders[name] if name in folders else agents[name]
+            composed = yaml.safe_load(archive.read(config)) or {}
+            folder = (
+                config.split("/")[1]
+                if config.startswith(f"{_GROUP}/")
+                else next(kind for _, group, kind, _ in server_blocks(composed) if group == _GROUP)
+            )
             requirements = f"{_GROUP}/{folder}/requirements.txt"
             text = archive.read(requirements).decode("utf-8") if requirements in members else ""
-            composed = yaml.safe_load(archive.read(config)) or {}
             instance, steps = _instance(name, folder, composed)
             twin = next((p.name for p in plans if p.instance == instance), None)
             if twin is not None:

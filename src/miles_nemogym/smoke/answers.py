@@ -10,6 +10,7 @@ rule, or a row without its gold, gets none: smoke then plays one plain reply.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -109,6 +110,93 @@ def _synonyms(row: Mapping[str, Any]) -> Answers:
     return {GOLD: submit(values), WRONG: submit(wrong)}
 
 
+def _grid(row: Mapping[str, Any]) -> Answers:
+    """arc_agi: the boxed ``expected_output`` grid; wrong: the grid with its first cell changed."""
+    grid = row.get("expected_output")
+    if not isinstance(grid, list) or not grid or not all(isinstance(line, list) and line for line in grid):
+        return {}
+    wrong = [list(line) for line in grid]
+    wrong[0][0] = (int(wrong[0][0]) + 1) % 10
+    return {
+        GOLD: (Answer(content=f"The output grid is \\boxed{{{json.dumps(grid)}}}"),),
+        WRONG: (Answer(content=f"The output grid is \\boxed{{{json.dumps(wrong)}}}"),),
+    }
+
+
+def _minutes(said: str) -> int:
+    """``10am``, ``1:45pm`` or ``16:00`` as minutes after midnight (the calendar server's forms)."""
+    found = re.fullmatch(r"(\d{1,2})(?::(\d{2}))?\s*(am|pm)?", said.strip())
+    if found is None:
+        raise ValueError(said)
+    hour, minute, half = int(found[1]), int(found[2] or 0), found[3]
+    if half:
+        hour = hour % 12 + (12 if half == "pm" else 0)
+    return hour * 60 + minute
+
+
+def _window(event: Mapping[str, Any]) -> tuple[int, int]:
+    """The earliest start and the latest end ``event``'s ``exp_cal_state`` entry allows."""
+    low, high = _minutes(event["min_time"]), _minutes(event["max_time"])
+    constraint = event.get("constraint") or ""
+    duration = int(event["duration"])
+    if constraint.startswith("before "):
+        high = min(high, _minutes(constraint[7:]))
+    elif constraint.startswith("after "):
+        low = max(low, _minutes(constraint[6:]))
+    elif constraint.startswith("between "):
+        start, end = constraint[8:].split(" and ")
+        low, high = max(low, _minutes(start)), min(high, _minutes(end))
+    elif constraint.startswith("at "):
+        low = max(low, _minutes(constraint[3:]))
+        high = min(high, low + duration)
+    elif constraint:
+        raise ValueError(constraint)
+    return low, high
+
+
+def _schedule(events: list[Mapping[str, Any]], taken: list[tuple[int, int]]) -> list[int] | None:
+    """Start times (15-minute steps) fitting each event in its window without overlaps, or None."""
+    if not events:
+        return []
+    event, rest = events[0], events[1:]
+    duration = int(event["duration"])
+    low, high = _window(event)
+    for start in range(low, high - duration + 1, 15):
+        if all(start + duration <= a or start >= b for a, b in taken):
+            found = _schedule(rest, [*taken, (start, start + duration)])
+            if found is not None:
+                return [start, *found]
+    return None
+
+
+def _calendar(row: Mapping[str, Any]) -> Answers:
+    """calendar: a schedule meeting every constraint of ``exp_cal_state``, as the JSON list its
+    server grades; wrong: the same with one event 15 minutes longer (its duration no longer the asked one)."""
+    state = row.get("exp_cal_state")
+    state = json.loads(state) if isinstance(state, str) else state
+    if not isinstance(state, Mapping) or not state:
+        return {}
+    events = sorted(state.values(), key=lambda e: _window(e)[1] - _window(e)[0] - int(e["duration"]))
+    starts = _schedule(events, [])
+    if starts is None:
+        return {}
+
+    def listed(longer: int) -> str:
+        return json.dumps(
+            [
+                {
+                    "event_id": e["event_id"],
+                    "event_name": f"event {e['event_id']}",
+                    "start_time": f"{start // 60:02d}:{start % 60:02d}",
+                    "duration": int(e["duration"]) + (longer if index == 0 else 0),
+                }
+                for index, (e, start) in enumerate(zip(events, starts, strict=True))
+            ]
+        )
+
+    return {GOLD: (Answer(content=listed(0)),), WRONG: (Answer(content=listed(15)),)}
+
+
 _RULES: dict[str, Callable[[Mapping[str, Any]], Answers]] = {
     "mcqa": _boxed,
     "math_with_judge": _boxed,
@@ -116,6 +204,8 @@ _RULES: dict[str, Callable[[Mapping[str, Any]], Answers]] = {
     "xlam_fc": _expected_calls,
     "workplace_assistant": _ground_truth,
     "example_multi_step": _synonyms,
+    "arc_agi": _grid,
+    "calendar": _calendar,
 }
 
 

@@ -31,7 +31,6 @@ MODEL = "model"
 """The answer label of an episode a real model played (``--policy-base-url``)."""
 
 _SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 1024, "seed": 1234}
-_ROWS = "resources_servers/{}/data/example.jsonl"
 
 
 @dataclass
@@ -90,7 +89,7 @@ class EnvironmentSmokeReport:
 def shipped_rows(environment: EnvironmentPlan, limit: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """The first ``limit`` example rows the wheel ships for the environment: each as shipped and
     as ``convert --env`` writes it."""
-    member = _ROWS.format(environment.resources_server)
+    member = environment.rows
     try:
         text = gym_wheel.read_member(member).decode("utf-8")
     except KeyError:

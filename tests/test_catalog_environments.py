@@ -1,0 +1,121 @@
+"""The folders of the wheel's ``environments/`` (NeMo-Gym's catalog names ``calendar_v2``,
+``wordle``, ...) as environments by their own names; ``resources_servers/NAME`` as ``NAME``; the
+13 names both folders have; what ``environments`` says of them; their rows for examples and
+convert, and the gold smoke plays."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from miles_nemogym.cli.main import app
+from miles_nemogym.data.environments import parse_env_option
+from miles_nemogym.gym import catalog
+from miles_nemogym.gym.catalog import CatalogEntry, entry_support
+from miles_nemogym.gym.composition import server_blocks
+from miles_nemogym.gym.environments import catalog_folders, plan, shipped_environments
+from miles_nemogym.gym.venv import GymEnvironmentError
+from miles_nemogym.gym.wheel import read_member
+from miles_nemogym.smoke.answers import GOLD, WRONG, answers
+
+SIMPLE = ("abstention", "arc_agi", "calendar", "calendar_v2", "circle_click", "circle_count", "code_gen", "ether0")
+SIMPLE += ("instruction_following", "reasoning_gym", "workplace_assistant")
+GYMNASIUM = ("blackjack", "indian_banking", "wordle")
+
+
+def _kinds(member: str) -> tuple[set[str], set[str]]:
+    """(resources server kinds, agent kinds) of a config of the wheel, as shipped."""
+    blocks = list(server_blocks(yaml.safe_load(read_member(member))))
+    return (
+        {kind for _, group, kind, _ in blocks if group == "resources_servers"},
+        {kind for _, group, kind, _ in blocks if group == "responses_api_agents"},
+    )
+
+
+def test_the_folders_played_by_simple_agent_or_gymnasium_agent_are_environments() -> None:
+    folders = catalog_folders()
+    assert sorted(folders) == sorted((*SIMPLE, *GYMNASIUM))
+    assert "opencode_math" not in folders and "example_single_tool_call" not in folders
+
+
+def test_calendar_v2_is_planned_from_its_environments_config_with_its_servers_requirements() -> None:
+    [p] = plan(["calendar_v2"])
+    assert (p.name, p.config, p.instance) == ("calendar_v2", "environments/calendar_v2/config.yaml", "calendar")
+    assert p.resources_server == "calendar" and p.agent is None
+    assert p.rows == "environments/calendar_v2/data/example.jsonl"
+    assert p.requirements == plan(["calendar"])[0].requirements == ("rich",)  # resources_servers/calendar's
+    [routed] = plan(["calendar_v2"], routed=True)
+    assert routed.agent == "calendar_simple_agent"
+
+
+def test_the_catalogs_spelling_of_a_resources_server_is_its_short_name() -> None:
+    assert plan(["resources_servers/mcqa", "mcqa"]) == plan(["mcqa"])
+    assert parse_env_option("resources_servers/mcqa=rows.jsonl", None).name == "mcqa"
+    with pytest.raises(GymEnvironmentError, match="'nope' is not an environment nemo-gym ships"):
+        plan(["resources_servers/nope"])
+
+
+@pytest.mark.parametrize("name", sorted(set(catalog_folders()) & set(shipped_environments())))
+def test_a_name_of_both_folders_keeps_the_resources_servers_config_which_pairs_the_same_server_and_agent(
+    name: str,
+) -> None:
+    member = f"resources_servers/{name}/configs/{name}.yaml"
+    assert _kinds(member) == _kinds(catalog_folders()[name])
+    try:
+        [p] = plan([name])
+    except GymEnvironmentError as refused:  # refused under either config: the same requirements
+        assert name == "instruction_following" and "needs more than PyPI" in str(refused)
+        return
+    assert p.config == member
+    try:
+        theirs = read_member(f"environments/{name}/data/example.jsonl")
+    except KeyError:
+        assert name == "indian_banking"  # its environments/ folder ships no rows; its server's are the ones
+        return
+    assert theirs == read_member(p.rows)
+
+
+def test_calendar_and_calendar_v2_share_one_server_instance_so_one_serve_takes_one() -> None:
+    with pytest.raises(GymEnvironmentError, match="'calendar' and 'calendar_v2' are both served by instance"):
+        plan(["calendar", "calendar_v2"])
+
+
+def test_environments_reports_the_folders_as_served_refused_or_judged_and_others_not_yet() -> None:
+    def entry(name: str) -> CatalogEntry:
+        return CatalogEntry(name=name, kind="environment", config=f"environments/{name}/config.yaml")
+
+    assert entry_support(entry("calendar_v2")).status == catalog.SIMPLE
+    assert entry_support(entry("blackjack")).status == catalog.ROUTED
+    assert entry_support(entry("abstention")).status == catalog.JUDGE
+    wordle = entry_support(entry("wordle"))
+    assert wordle.status == catalog.REFUSED and "guesses.txt" in wordle.needs
+    assert "beyond PyPI" in entry_support(entry("instruction_following")).needs
+    assert "user_sim_base_url" in entry_support(entry("indian_banking")).needs
+    assert entry_support(entry("opencode_math")).status == catalog.NOT_YET
+
+
+def test_examples_and_convert_take_an_environments_folder_by_name(tmp_path: Path) -> None:
+    rows = tmp_path / "calendar_v2.jsonl"
+    written = CliRunner().invoke(app, ["examples", "--env", "calendar_v2", "--output", str(rows)])
+    assert written.exit_code == 0, written.output
+    assert rows.read_bytes().rstrip(b"\n") == read_member("environments/calendar_v2/data/example.jsonl").rstrip(b"\n")
+    prompts = tmp_path / "prompts.jsonl"
+    done = CliRunner().invoke(app, ["convert", "--env", f"calendar_v2={rows}", "--output", str(prompts)])
+    assert done.exit_code == 0, done.output
+    marks = {json.loads(line)["metadata"]["nemogym_env"] for line in prompts.read_text().splitlines()}
+    assert marks == {"calendar_v2"}
+    spelled = CliRunner().invoke(app, ["examples", "--env", "resources_servers/mcqa"])
+    assert (
+        spelled.exit_code == 0 and spelled.stdout == read_member("resources_servers/mcqa/data/example.jsonl").decode()
+    )
+
+
+@pytest.mark.parametrize(("server", "member"), [("calendar", "calendar_v2"), ("arc_agi", "arc_agi")])
+def test_smoke_has_a_gold_and_a_wrong_answer_for_every_shipped_row(server: str, member: str) -> None:
+    for line in read_member(f"environments/{member}/data/example.jsonl").decode().splitlines():
+        found = answers(server, json.loads(line))
+        assert set(found) == {GOLD, WRONG} and found[GOLD] != found[WRONG]
