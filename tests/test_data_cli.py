@@ -48,11 +48,13 @@ def test_converts_and_prints_the_summary(
         assert row["repo"] in result.stdout
 
 
-def test_the_seed_is_offered_for_repeating_only_when_it_was_drawn(tmp_path: Path, jsonl: Path) -> None:
-    drawn = invoke("--input", jsonl, "--output", tmp_path / "a.jsonl", "--split", "test", "--shuffle")
+def test_the_seed_is_offered_for_repeating_only_when_it_was_drawn(tmp_path: Path, example_jsonl: Path) -> None:
+    drawn = invoke("--input", example_jsonl, "--output", tmp_path / "a.jsonl", "--split", "test", "--shuffle")
     assert drawn.exit_code == 0, drawn.output
     assert "to repeat" in drawn.stdout and "pass --seed" in " ".join(drawn.stdout.split())
-    given = invoke("--input", jsonl, "--output", tmp_path / "b.jsonl", "--split", "test", "--shuffle", "--seed", "0")
+    given = invoke(
+        "--input", example_jsonl, "--output", tmp_path / "b.jsonl", "--split", "test", "--shuffle", "--seed", "0"
+    )
     assert given.exit_code == 0, given.output
     assert "shuffled with seed 0" in given.stdout and "to repeat" not in given.stdout
 
