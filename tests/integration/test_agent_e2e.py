@@ -189,6 +189,21 @@ def test_golden_scan_names_each_grading_failure(
     assert len(lines) == len(gym_example_rows)
 
 
+def test_golden_scan_refuses_a_server_serve_started_without_golden_before_any_episode(
+    gym_server: GymServer, gym_example_rows: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    rows = tmp_path / "verified.jsonl"
+    rows.write_text("".join(json.dumps(convert_row(r)) + "\n" for r in gym_example_rows[:1]))
+    out = tmp_path / "golden.jsonl"
+    cli = CliRunner().invoke(
+        app, ["scan", "--input", str(rows), "--golden", "--gym-url", gym_server.url, "--output", str(out)]
+    )
+    said = " ".join(cli.output.split())
+    assert cli.exit_code == 2, said
+    assert "serve started it without --golden (it answers as mini_swe_agent_2_policy" in said
+    assert not out.exists() or out.read_text() == ""  # refused before the first episode
+
+
 def test_doctor_passes_against_the_real_server_and_names_a_wrong_port(
     gym_server: GymServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

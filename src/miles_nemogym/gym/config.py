@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, child_environment
@@ -19,7 +20,16 @@ from miles_nemogym.gym.wheel import read_member
 from miles_nemogym.yaml_file import YamlFileError, read_mapping
 
 SERVER_NAME = "mini_swe_agent_2"
-"""The top-level config key of the agent server (also ``NEMO_GYM_CONFIG_PATH``)."""
+"""The top-level config key of the agent server in nemo-gym's config."""
+
+
+def instance_name(golden: bool) -> str:
+    """The name serve starts the agent server under (``NEMO_GYM_CONFIG_PATH``, a copy of the
+    ``SERVER_NAME`` block): nemo-gym names its session cookie ``<Class>___<name>`` on every
+    answer, so a golden scan can tell a ``serve --golden`` server from one without it before its
+    first episode."""
+    return f"{SERVER_NAME}_{'golden' if golden else 'policy'}"
+
 
 # Every provider nemo-gym 0.7.0 registers (`nemo_gym/sandbox/providers/registry.py`).
 SandboxName = Literal[
@@ -287,4 +297,6 @@ def compose_config_yaml(options: ServeOptions, venv: GymVenv, port: int, state_d
     state_dir.mkdir(parents=True, exist_ok=True)
     payload = overrides(options, port, state_dir)
     payload["config_paths"] = [str(p) for p in config_paths(options, venv.site_packages)]
-    return parse_config(venv, payload, state_dir, f"server config for sandbox {options.sandbox!r}")
+    composed = yaml.safe_load(parse_config(venv, payload, state_dir, f"server config for sandbox {options.sandbox!r}"))
+    composed[instance_name(options.golden)] = composed[SERVER_NAME]
+    return json.dumps(composed)  # JSON is YAML: what nemo-gym and every reader of it parse

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import TracebackType
 
 from miles_nemogym.gym.cluster import ClusterNode, check_cluster
-from miles_nemogym.gym.config import SERVER_NAME, ServeOptions, compose_config_yaml
+from miles_nemogym.gym.config import ServeOptions, compose_config_yaml, instance_name
 from miles_nemogym.gym.logs import ServerLog, run_secrets
 from miles_nemogym.gym.providers import node_binaries
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, child_environment, ensure_gym_venv
@@ -299,7 +299,7 @@ class GymServer:
         env.update(
             {
                 "NEMO_GYM_CONFIG_DICT": config_yaml,
-                "NEMO_GYM_CONFIG_PATH": SERVER_NAME,
+                "NEMO_GYM_CONFIG_PATH": instance_name(self.options.golden),
                 "PYTHONPATH": str(self.venv.agent_dir),
                 "PYTHONUNBUFFERED": "1",
                 MARKER_ENV: self._marker,

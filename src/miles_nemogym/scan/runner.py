@@ -22,6 +22,7 @@ from miles_nemogym.episode import run as swe_run
 from miles_nemogym.episode.delivery import Episode, deliver
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome
 from miles_nemogym.errors import MilesNemoGymError, RequestError
+from miles_nemogym.gym.config import instance_name
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.scan import environment as environment_scan
 from miles_nemogym.scan.config import ScanConfig, scan_settings, usage_problems
@@ -31,6 +32,7 @@ from miles_nemogym.scan.report import ScanProgress, header, render_summary
 from miles_nemogym.scan.results import ResultLine, ResultsLock, ResultsWriter, task_digest
 from miles_nemogym.scan.selection import select
 from miles_nemogym.scan.verdict import Verdict, golden_pair, kind_of, reason_of, verdict_of
+from miles_nemogym.server_probe import FetchError, identify
 from miles_nemogym.settings import Settings, SettingsError
 from miles_nemogym.smoke.answers import Answers
 from miles_nemogym.smoke.policy import RecordingPolicy
@@ -281,6 +283,7 @@ async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Consol
             return await _run_episodes(config, prepared, console, stop, policy)
     if config.golden and prepared.pending and not prepared.environments:
         settings = prepared.settings
+        await asyncio.to_thread(_refuse_a_policy_server, settings.gym_url)
         async with golden_guard(settings.gym_url, settings.external_host) as guard:
             for task in prepared.pending:  # each /run names the guard as its policy: a golden server never calls it
                 prepared.bodies[task.instance_id] = swe_run.prepare_scan(
@@ -288,6 +291,20 @@ async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Consol
                 )
             return await _run_episodes(config, prepared, console, stop, None, guard)
     return await _run_episodes(config, prepared, console, stop, None)
+
+
+def _refuse_a_policy_server(gym_url: str) -> None:
+    """``ScanUsageError`` when the SWE server names itself as one ``serve`` started without
+    ``--golden``; any other server is left to the golden guard (it stops at a first model call)."""
+    try:
+        identity = identify(f"{gym_url}/openapi.json", 10.0)
+    except FetchError:
+        return
+    if identity is not None and identity.instance == instance_name(golden=False):
+        raise ScanUsageError(
+            f"{gym_url}/run is not a golden server: serve started it without --golden (it answers as "
+            f"{identity}); restart it with `miles-nemogym serve --golden` (or scan a policy with --policy-base-url)"
+        )
 
 
 async def _run_episodes(
