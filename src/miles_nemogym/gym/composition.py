@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.redaction import redact_url
+from miles_nemogym.yaml_file import load as load_yaml
 
 __all__ = [
     "JUDGE_INSTANCE",
@@ -113,7 +114,7 @@ def _merged(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 def _member(member: str) -> dict[str, Any]:
     with gym_wheel.opened() as archive:
         try:
-            loaded = yaml.safe_load(archive.read(member))
+            loaded = load_yaml(archive.read(member))
         except KeyError:
             return {}
     return loaded if isinstance(loaded, dict) else {}

@@ -12,12 +12,12 @@ import subprocess
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, child_environment
 from miles_nemogym.gym.wheel import read_member
 from miles_nemogym.yaml_file import YamlFileError, read_mapping
+from miles_nemogym.yaml_file import load as load_yaml
 
 SERVER_NAME = "mini_swe_agent_2"
 """The top-level config key of the agent server in nemo-gym's config."""
@@ -192,12 +192,11 @@ def planned_config(options: ServeOptions, port: int, state_dir: Path) -> dict[st
 
     nemo-gym's parser adds only its own run-time defaults (head server, port ranges) on top;
     the integration tests check that every key here comes out of it unchanged."""
-    import yaml
 
     merged: dict[str, Any] = {}
     for member in (AGENT_CONFIG, provider_config_path(options.sandbox), MODEL_CONFIG):
         try:
-            shipped = yaml.safe_load(read_member(member.as_posix()))
+            shipped = load_yaml(read_member(member.as_posix()))
         except KeyError:  # no config file for this provider (apptainer)
             continue
         merged = _merged(merged, shipped or {})
@@ -297,6 +296,6 @@ def compose_config_yaml(options: ServeOptions, venv: GymVenv, port: int, state_d
     state_dir.mkdir(parents=True, exist_ok=True)
     payload = overrides(options, port, state_dir)
     payload["config_paths"] = [str(p) for p in config_paths(options, venv.site_packages)]
-    composed = yaml.safe_load(parse_config(venv, payload, state_dir, f"server config for sandbox {options.sandbox!r}"))
+    composed = load_yaml(parse_config(venv, payload, state_dir, f"server config for sandbox {options.sandbox!r}"))
     composed[instance_name(options.golden)] = composed[SERVER_NAME]
     return json.dumps(composed)  # JSON is YAML: what nemo-gym and every reader of it parse

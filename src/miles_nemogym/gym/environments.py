@@ -75,6 +75,7 @@ from miles_nemogym.gym.venv import (
 )
 from miles_nemogym.settings import short_name
 from miles_nemogym.transport import connect_host
+from miles_nemogym.yaml_file import load as load_yaml
 
 __all__ = [
     "PLAYED_AGENTS",
@@ -216,7 +217,7 @@ def _catalog_folders(wheel: Path) -> tuple[tuple[str, str], ...]:
     found: dict[str, str] = {}
     with gym_wheel.opened() as archive:
         configs = [
-            (member, yaml.safe_load(archive.read(member)))
+            (member, load_yaml(archive.read(member)))
             for member in sorted(archive.namelist())
             if member.count("/") == 2 and member.startswith(f"{_CATALOG}/") and member.endswith("/config.yaml")
         ]
@@ -334,7 +335,7 @@ def _agent_configs(archive: zipfile.ZipFile) -> dict[str, str]:
         if len(parts) != 4 or parts[0] != _GROUP or parts[2] != "configs" or not member.endswith(".yaml"):
             continue
         with contextlib.suppress(yaml.YAMLError, UnicodeDecodeError):
-            config = yaml.safe_load(archive.read(member))
+            config = load_yaml(archive.read(member))
             for key, entry in config.items() if isinstance(config, dict) else ():
                 if str(key).endswith(AGENT_SUFFIX) and _agent(entry) is not None:
                     found.setdefault(str(key)[: -len(AGENT_SUFFIX)], member)
@@ -397,7 +398,7 @@ def plan(names: Sequence[str], *, routed: bool = False) -> list[EnvironmentPlan]
                 config = _config_member(name, archive)
             else:
                 config = folders[name] if name in folders else agents[name]
-            composed = yaml.safe_load(archive.read(config)) or {}
+            composed = load_yaml(archive.read(config)) or {}
             folder = (
                 config.split("/")[1]
                 if config.startswith(f"{_GROUP}/")
@@ -697,7 +698,7 @@ class EnvironmentServers:
             routed=self.routed,
         )
         text = parse_config(self.gym, payload, self.state_dir, "environments' config", self._extra_env)
-        composed = yaml.safe_load(text)
+        composed = load_yaml(text)
         if not isinstance(composed, dict):
             raise GymEnvironmentError(f"nemo-gym's parser returned no config for {[p.name for p in self.plans]}")
         if self.routed:
