@@ -12,8 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
+from miles_nemogym.smoke.run import OFFLINE_REASON
 from miles_nemogym.store.reader import load
-from tests.support.episode_stores import build_env_store, build_store
+from tests.support.episode_stores import FAILED_IDS, build_env_store, build_failed_store, build_store
 from tests.support.hostile_store import entry, write_step
 
 
@@ -82,7 +83,9 @@ def _listed(output: str) -> list[str]:
 def test_show_renders_turns_patch_and_report(store: Path, gym_example_rollouts: list[dict[str, Any]]) -> None:
     result_json = gym_example_rollouts[0]
     out = invoke(store, "--show", "train0").output
-    assert out.startswith(f"episode train0   instance {result_json['instance_id']}   train   step 1   session s-train0")
+    assert out.startswith(
+        f"episode train0   instance {result_json['instance_id']}\ntrain   step 1   session s-train0\n"
+    )
     first_call = next(i for i in result_json["response"]["output"] if i["type"] == "function_call")
     assert "  $ " + json.loads(first_call["arguments"])["command"] in out
     assert "--- turn 1\nthought:\n<think>" in out
@@ -91,7 +94,7 @@ def test_show_renders_turns_patch_and_report(store: Path, gym_example_rollouts: 
     crashed = invoke(store, "--show", "crash0").output
     assert "failure: agent_run_error: HTTP 500: boom" in crashed and "Internal Server Error" in crashed
     missing = invoke(store, "--show", "nope")
-    assert missing.exit_code == 2 and "no episode with that id" in missing.output
+    assert missing.exit_code == 2 and "no episode has that id; --list prints every episode's id" in missing.output
 
 
 def test_html_page_is_self_contained(store: Path, tmp_path: Path) -> None:
@@ -185,7 +188,7 @@ def test_env_filters_every_text_view(env_store: Path) -> None:
 
 def test_show_names_the_environment_and_the_verify_answer(env_store: Path) -> None:
     out = invoke(env_store, "--show", "m1").output
-    assert out.startswith("episode m1   instance mcqa/m1   environment mcqa   train   step 1   session s-m1\n")
+    assert out.startswith("episode m1   instance mcqa/m1\nenvironment mcqa   train   step 1   session s-m1\n")
     assert "verdict: passed   reward 1.0" in out
     assert "--- turn 1\nthought:\n\\boxed{m1}" in out
     assert out.endswith('--- verify\nreward: 1.0\nextracted_answer: "B"\n')
@@ -211,3 +214,66 @@ def test_html_and_plots_follow_env(env_store: Path, tmp_path: Path) -> None:
     assert sorted(p.name for p in only.iterdir()) == [
         "eval-mixed-pass-at-k.svg", "train-episode-time.svg", "train-failure-rate.svg", "train-reward-resolve-rate.svg"
     ]  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- --show's head, --list
+
+
+def _at_80(*args: str | Path) -> Any:
+    result = CliRunner().invoke(app, ["episodes", *map(str, args)], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_show_labels_what_each_count_counts(tmp_path: Path) -> None:
+    """0 turns and 0 tool calls beside 3 policy calls: each says what it counts, so they do not contradict."""
+    out = _at_80(build_failed_store(tmp_path / "ep"), "--show", FAILED_IDS["crash"]).stdout
+    assert "in the trajectory the server returned: 0 turns, 0 tool calls\n" in out
+    assert "requests the policy answered (counted by the run, not the server): 3\n" in out
+    assert "turns 0   tool calls 0" not in out and "policy calls answered" not in out
+
+
+def test_show_cuts_the_servers_error_to_its_last_lines_and_says_where_it_is(tmp_path: Path) -> None:
+    store = build_failed_store(tmp_path / "ep")
+    out = _at_80(store, "--show", FAILED_IDS["crash"]).stdout
+    shown = [line for line in out.splitlines() if "ray/_private/worker.py" in line]
+    assert len(shown) == 7 and "line 87, in" in shown[-1]  # the last 8 lines: 7 frames and the error
+    assert "line 80, in" not in out
+    assert "ray.exceptions.RayTaskError(RuntimeError): sandbox died" in out
+    files = sorted((store / "train").glob("step-000001-*.jsonl.gz"))
+    assert len(files) == 1
+    assert f"last 8 of 90 lines (whole: answer.metadata.error on line 2 of {files[0]}, or in the --html page):\n" in out
+    assert "expected without network" not in out  # not smoke's no-network failure
+
+
+def test_show_notes_smokes_expected_no_network_failure(tmp_path: Path) -> None:
+    out = _at_80(build_failed_store(tmp_path / "ep"), "--show", FAILED_IDS["offline"]).stdout
+    assert f"\nnote: {OFFLINE_REASON}\n" in out and "last 8 of 90 lines" in out
+
+
+def test_show_header_fits_80_columns(tmp_path: Path) -> None:
+    from tests.test_widths import fits
+
+    build_failed_store(tmp_path / "ep")
+    for episode_id in FAILED_IDS.values():
+        out = _at_80(tmp_path / "ep", "--show", episode_id).stdout
+        head = out.split("\nset aside, not trained on", 1)[0]  # then free text: whole lines, wrapped on a terminal
+        assert len(fits(head, 80)) == 6
+        assert head.startswith(f"episode {episode_id}   instance ")
+
+
+def test_list_prints_every_episode_id_with_its_step_and_verdict(store: Path, tmp_path: Path) -> None:
+    from tests.test_widths import fits
+
+    out = _at_80(store, "--list").stdout
+    lines = fits(out, 80)
+    assert lines[0].split() == ["episode", "role", "step", "verdict"]
+    everything = [e.episode_id for e in load(store).episodes]
+    assert [line.split()[0] for line in lines[1:]] == everything
+    assert lines[-2].split() == ["crash0", "train", "1", "agent_run_error"]
+    assert lines[-1].split() == ["late0", "train", "pending", "unresolved"]
+    failed = fits(_at_80(build_failed_store(tmp_path / "failed"), "--list").stdout, 80)
+    assert failed[1].split() == [FAILED_IDS["offline"], "train", "1", "agent_run_error"]
+    assert [line.split()[0] for line in _at_80(store, "--list", "--step", "1").stdout.splitlines()[1:]] == [
+        e.episode_id for e in load(store).episodes if e.step == 1
+    ]

@@ -296,11 +296,11 @@ def test_a_set_aside_episode_shows_what_its_record_knows(tmp_path: Path) -> None
     )
     out = invoke(tmp_path / "ep", "--show", "m").output
     assert f"failure: sandbox_error: {reason}\n" in out
-    assert "turns 3   tool calls 2" in out and "HTTP status 500" in out
+    assert "in the trajectory the server returned: 3 turns, 2 tool calls\n" in out and "HTTP status 500" in out
     assert body in out  # what came back, whole (it is short enough)
     assert "(no patch: no /run result came back)" in out and "(no test report: no /run result came back)" in out
     nothing = invoke(tmp_path / "ep", "--show", "n").output
-    assert "turns -   tool calls -" in nothing and "(no patch: nothing came back)" in nothing
+    assert "returned: - turns, - tool calls\n" in nothing and "(no patch: nothing came back)" in nothing
     page = tmp_path / "page.html"
     invoke(tmp_path / "ep", "--html", page)
     assert f"failure: sandbox_error: {reason}\n" in page.read_text()
@@ -436,7 +436,7 @@ def test_a_set_aside_episode_shows_the_servers_whole_error_its_policy_calls_and_
     write_step(tmp_path / "ep", "train", 0, [line])
     shown = invoke(tmp_path / "ep", "--show", "e1").output
     assert cause in shown  # whole, on one line
-    assert "policy calls answered: 3" in shown
+    assert "requests the policy answered (counted by the run, not the server): 3\n" in shown
     assert f"the server's trajectory file: {trajectory}" in shown
     assert "\x1b" not in shown
     done = invoke(tmp_path / "ep", "--html", tmp_path / "page.html")

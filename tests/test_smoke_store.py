@@ -60,7 +60,7 @@ def test_smoke_writes_a_store_episodes_reads_and_removes_its_temporary_folder(fo
     store = Path("miles-nemogym-smoke-episodes")
     shown = invoke("episodes", store, "--show", django_id(store))
     assert CRASH_CAUSE in shown.output
-    assert "policy calls answered: 2" in shown.output
+    assert "requests the policy answered (counted by the run, not the server): 2\n" in shown.output
     assert "trajectory file" not in shown.output  # removed with the folder: not pointed at
 
 

@@ -101,3 +101,45 @@ def build_env_store(folder: Path) -> Path:
     store.seal("eval", 2)
     store.close()
     return folder
+
+
+FAILED_IDS = {"offline": "5f0c2a9e8b7d4c1fa3e6b2d9c8a7f1e0", "crash": "a1b2c3d4e5f60718293a4b5c6d7e8f90"}
+"""Two set-aside SWE episodes of ``build_failed_store``, with uuid4-hex ids as the trainer writes them."""
+
+
+def ray_traceback(last: str, lines: int = 90) -> str:
+    """A Ray task traceback of ``lines`` lines ending in ``last``, as ``/run`` answers carry them."""
+    frames = [
+        f'  File "/venv/lib/python3.12/site-packages/ray/_private/worker.py", line {n}, in get'
+        for n in range(lines - 2)
+    ]
+    return "\n".join(["Traceback (most recent call last):", *frames, last])
+
+
+def build_failed_store(folder: Path) -> Path:
+    """Train step 1 of two episodes set aside with 0 turns and 0 tool calls while the smoke
+    policy answered 3 requests, each with a 90-line Ray traceback as the server's error: one
+    smoke's expected no-network failure (django's eval script fetches from GitHub), one not."""
+    store = EpisodeStore(folder)
+    offline = ray_traceback(
+        "ray.exceptions.RayTaskError(ConnectionError): HTTPSConnectionPool(host='raw.githubusercontent.com', "
+        "port=443): Max retries exceeded"
+    )
+    crash = ray_traceback("ray.exceptions.RayTaskError(RuntimeError): sandbox died: exit status 137")
+    for key, error, instance in (
+        ("offline", offline, "django__django-11099"),
+        ("crash", crash, "astropy__astropy-12907"),
+    ):
+        record = EpisodeRecord(
+            status="failed", episode_id=FAILED_IDS[key], instance_id=instance, mask_sample=True,
+            failure_kind="agent_run_error", failure_reason=error.splitlines()[-1], http_status=500, attempts=1,
+            elapsed_s=41.0, turns=0, tool_calls=0,
+        )  # fmt: skip
+        session = f"miles-session-{FAILED_IDS[key]}-rollout-0001"
+        entry = entry_for(record=record, reward=0.0, role="train", eval_set=None, session=session,
+                          repo=instance.split("__")[0])  # fmt: skip
+        entry["policy_calls"] = 3
+        store.add("train", entry, json.dumps({"metadata": {"error": error}}).encode(), True)
+    store.seal("train", 1)
+    store.close()
+    return folder

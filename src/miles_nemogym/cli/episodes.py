@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 _PROBLEMS_SHOWN = 20
 """Unreadable or odd lines or files listed one by one; past it, counted."""
 
+_ERROR_LINES_SHOWN = 8
+"""--show prints a server error's last lines (a Ray traceback runs to ~90), and where the whole one is."""
+
 
 def episodes(
     directory: Annotated[
@@ -25,6 +28,9 @@ def episodes(
     show: Annotated[
         str | None, typer.Option("--show", help="Render one episode (id, or a unique prefix) turn by turn.")
     ] = None,
+    list_ids: Annotated[
+        bool, typer.Option("--list", help="Every episode's id (with role, step and verdict), one a line.")
+    ] = False,
     instance: Annotated[str | None, typer.Option("--instance", help="Only episodes of this instance_id.")] = None,
     kind: Annotated[
         str | None,
@@ -55,8 +61,8 @@ def episodes(
     ] = None,
 ) -> None:
     """A table per rollout step (and per environment, when there are several); with a filter, one
-    line per episode; --show one episode; --html a page; --plots the curves over rollout steps as
-    .svg files.
+    line per episode; --list every episode's id; --show one episode; --html a page; --plots the
+    curves over rollout steps as .svg files.
 
     A filter that matches nothing says so on stderr and exits 0 (no table, no page)."""
     from miles_nemogym.fit import terminal_width, wrap_all
@@ -67,7 +73,6 @@ def episodes(
         quality_label,
         select,
         several_environments,
-        show_text,
         step_rows,
         table_text,
     )
@@ -88,14 +93,12 @@ def episodes(
             scope = select(store.episodes, environments=environments)
             matches = [e for e in scope if e.episode_id == show] or [e for e in scope if e.episode_id.startswith(show)]
             if len(matches) != 1:
-                found = "no episode" if not matches else f"{len(matches)} episodes"
-                typer.echo(
-                    f"error: --show {show}: {found} with that id; list them with --instance/--kind/--step", err=True
-                )
+                found = "no episode has that id" if not matches else f"{len(matches)} episodes start with it"
+                typer.echo(f"error: --show {show}: {found}; --list prints every episode's id", err=True)
                 raise typer.Exit(2)
             full = load(directory, answers=True, steps={matches[0].step})
             skipped += [problem for problem in full.problems if problem not in skipped]
-            text = show_text(next((e for e in full.episodes if e.episode_id == matches[0].episode_id), matches[0]))
+            text = _show_text(next((e for e in full.episodes if e.episode_id == matches[0].episode_id), matches[0]))
             # A terminal would cut a word at its edge: wrapped between words there; whole lines in a pipe.
             typer.echo(wrap_all(text.splitlines(), terminal_width(), indent="") if _stdout_is_terminal() else text)
             return
@@ -103,6 +106,9 @@ def episodes(
             typer.echo(f"no episodes in {directory} (expected train/ and eval/ folders of *.jsonl.gz files)")
             return
         chosen = select(store.episodes, instance=instance, kind=kind, step=step, environments=environments)
+        if list_ids and chosen:
+            typer.echo(_id_list(chosen, terminal_width()))
+            return
         if not chosen:
             given = {"--instance": instance, "--kind": kind, "--step": step}
             filters = " ".join(f"{name} {value}" for name, value in given.items() if value is not None)
@@ -129,6 +135,117 @@ def episodes(
             typer.echo(episode_list_text(chosen, width))
     finally:  # after what was asked for, so it is the last thing read
         _warn_skipped([printable(str(problem)) for problem in skipped])
+
+
+def _id_list(chosen: list[StoredEpisode], width: int) -> str:
+    """One line per episode: its whole id (``--show`` takes it), role, step and verdict."""
+    from miles_nemogym import fit
+    from miles_nemogym.store.browser import printable, step_label
+
+    rows = [("episode", "role", "step", "verdict")] + [
+        (
+            printable(e.episode_id),
+            printable(e.role),
+            step_label(e.step),
+            printable(e.kind if e.not_trained is None else f"{e.kind}, not trained ({e.not_trained})"),
+        )
+        for e in chosen
+    ]
+    return fit.table(rows, width, drop_order=(1,))
+
+
+def _packed(items: list[str], width: int) -> list[str]:
+    """``items`` three spaces apart, as many to a line as fit ``width`` (an item never split)."""
+    lines: list[str] = []
+    for item in items:
+        if lines and len(lines[-1]) + 3 + len(item) <= width:
+            lines[-1] += "   " + item
+        else:
+            lines.append(item)
+    return lines
+
+
+def _show_header(episode: StoredEpisode, width: int) -> list[str]:
+    """``--show``'s head: who the episode is, its verdict, what each count counts (lines within
+    ``width`` unless one id is wider), and for a set-aside episode its failure with the server's
+    error cut to its last lines."""
+    from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text
+    from miles_nemogym.store.browser import filed_label
+
+    record, entry = episode.record, episode.entry
+    eval_set = entry.get("eval_set")
+    where = [f"{episode.role}/{eval_set}" if eval_set else episode.role, filed_label(episode)]
+    if episode.environment != SWE_ENVIRONMENT:
+        where.insert(0, f"environment {episode.environment}")
+    lines = [
+        *_packed([f"episode {episode.episode_id}", f"instance {episode.instance_id}"], width),
+        *_packed([*where, f"session {entry.get('session_id')}"], width),
+        *_packed(
+            [
+                f"verdict: {episode.kind}",
+                f"reward {entry.get('reward')}",
+                f"time {count_text(record.get('elapsed_s'))} s",
+                f"attempts {count_text(record.get('attempts'))}",
+            ],
+            width,
+        ),
+        f"in the trajectory the server returned: {count_text(record.get('turns'))} turns, "
+        f"{count_text(record.get('tool_calls'))} tool calls",
+    ]
+    calls = entry.get("policy_calls")
+    if isinstance(calls, int) and not isinstance(calls, bool):
+        lines.append(f"requests the policy answered (counted by the run, not the server): {calls}")
+    trajectory = entry.get("server_trajectory")
+    if isinstance(trajectory, str) and trajectory:
+        lines.append(f"the server's trajectory file: {trajectory}")
+    if episode.masked:
+        lines += _failure_lines(episode)
+    return lines
+
+
+def _failure_lines(episode: StoredEpisode) -> list[str]:
+    """The failure of a set-aside episode: its one-line reason, smoke's note when it is smoke's
+    expected no-network failure, and the server's error by its last lines and where it is whole."""
+    from miles_nemogym.episode.record import count_text
+    from miles_nemogym.smoke.run import OFFLINE_REASON, is_offline_failure
+
+    record = episode.record
+    lines = [
+        f"set aside, not trained on   HTTP status {count_text(record.get('http_status'))}",
+        f"failure: {record.get('failure_kind')}: {record.get('failure_reason')}",
+    ]
+    if is_offline_failure(episode.typed):
+        lines.append(f"note: {OFFLINE_REASON}")  # smoke's own note for it
+    answer = episode.entry.get("answer")
+    metadata = answer.get("metadata") if isinstance(answer, dict) else None
+    error = metadata.get("error") if isinstance(metadata, dict) else None
+    if not isinstance(error, str) or not error.strip() or error.strip() in str(record.get("failure_reason")):
+        return lines
+    error_lines = error.strip().splitlines()
+    if len(error_lines) <= _ERROR_LINES_SHOWN:
+        return [*lines, "the server's error, whole:", *error_lines]
+    source = episode.source
+    place = "its store line" if source is None else f"line {source.line} of {source.path}"
+    return [
+        *lines,
+        f"the server's error, last {_ERROR_LINES_SHOWN} of {len(error_lines)} lines (whole: answer.metadata.error "
+        f"on {place}, or in the --html page):",
+        *error_lines[-_ERROR_LINES_SHOWN:],
+    ]
+
+
+def _show_text(episode: StoredEpisode) -> str:
+    """One episode for ``--show``: its head (``_show_header``; free text such as a failure reason
+    is whole lines, wrapped by the caller on a terminal as the rest is), then the turns,
+    patch and test report (or verify answer) as every view shows them (``episode_parts`` from
+    its first blank line), long texts trimmed."""
+    from miles_nemogym import fit
+    from miles_nemogym.store.browser import episode_parts, printable, trim
+
+    parts = episode_parts(episode)
+    body = parts[parts.index("") :] if "" in parts else []
+    rest = [p if isinstance(p, str) else p.text if p.show_limit is None else trim(p.text, p.show_limit) for p in body]
+    return printable("\n".join([*_show_header(episode, fit.MIN_WIDTH), *rest]))
 
 
 def _warn_skipped(problems: list[str]) -> None:

@@ -59,6 +59,9 @@ class StoredEpisode:
     role: str
     not_trained: str | None = None
     """Fully async: why the buffer dropped its group (the step's filing says so); else None."""
+    source: Problem | None = None
+    """Where its line was read: the file and line number (``reason`` empty), so a view that
+    shows part of a long field can say where the whole one is."""
 
     @property
     def record(self) -> dict[str, Any]:
@@ -174,7 +177,7 @@ def load(directory: Path, *, answers: bool = False, steps: Collection[int | None
                 continue
             sources = [found[".heads"]] if ".heads" in found and not answers else data
             seen: set[str] = set()  # a crash between compressing and removing the plain file
-            for entry in _entries(sources, answers, store.problems):
+            for path, number, entry in _entries(sources, answers, store.problems):
                 episode_id = entry.get("episode_id")
                 if isinstance(episode_id, str) and episode_id:
                     if episode_id in seen:
@@ -185,6 +188,7 @@ def load(directory: Path, *, answers: bool = False, steps: Collection[int | None
                     episode = StoredEpisode(entry, step, role, UNFILED if filed and step is not None else None)
                 else:
                     episode = StoredEpisode(entry, filing[0], role, filing[1])
+                episode.source = Problem(str(path), number, "")
                 if steps is None or episode.step in steps:
                     store.episodes.append(episode)
     store.episodes.sort(key=lambda e: (e.role, 1 << 60 if e.step is None else e.step, _time(e.entry)))
@@ -252,7 +256,7 @@ def _files(folder: Path, problems: list[Problem]) -> list[Path]:
     return files
 
 
-def _entries(paths: list[Path], answers: bool, problems: list[Problem]) -> Iterator[dict[str, Any]]:
+def _entries(paths: list[Path], answers: bool, problems: list[Problem]) -> Iterator[tuple[Path, int, dict[str, Any]]]:
     for path in paths:
         for number, line in _lines(path, problems):
             if not line.strip():
@@ -272,7 +276,7 @@ def _entries(paths: list[Path], answers: bool, problems: list[Problem]) -> Itera
                 problems.append(Problem(str(path), number, f"kept, with a field of the wrong type: {wrong}"))
             if not answers:
                 entry.pop("answer", None)
-            yield entry
+            yield path, number, entry
 
 
 def _lines(path: Path, problems: list[Problem]) -> Iterator[tuple[int, bytes]]:
