@@ -1,4 +1,4 @@
-"""Counts agree in number (issue 37): "1 server", "2 servers", never "server(s)"."""
+"""Counts agree in number: "1 server", "2 servers", never "server(s)"."""
 
 from __future__ import annotations
 

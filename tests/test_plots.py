@@ -35,7 +35,7 @@ def test_plot_data_from_a_crafted_store(store: Path) -> None:
     assert plots(load(store).episodes) == [
         Plot("train-reward-resolve-rate", "train: reward mean and resolve rate (valid episodes)", "reward", (1, 2, 4), (
             Series("reward mean", (2 / 3, None, 2 / 3)),  # step 2 has no valid episode; "x" is no reward
-            Series("resolve rate (0-1)", (2 / 3, None, 3 / 4)),
+            Series("resolve rate", (2 / 3, None, 3 / 4)),
         )),
         Plot("train-failure-rate", "train: failure rate (set-aside episodes) by kind", "rate", (1, 2, 4), (
             Series("all kinds", (1 / 4, 1.0, 0.0)),
@@ -185,7 +185,7 @@ def test_plots_per_environment(tmp_path: Path) -> None:
     # Step 1: rewards 1, 0 (SWE), 1, 0 (mcqa), 0.5 (workplace_assistant); step 2: mcqa and workplace_assistant.
     assert drawn["train-reward-resolve-rate"].series == (
         Series("reward mean", (0.5, 1.0)),
-        Series("resolve rate (0-1)", (0.5, None)),  # s1 of s1, s2; step 2 has no SWE episode
+        Series("SWE resolve rate", (0.5, None)),  # s1 of s1, s2; step 2 has no SWE episode
     )
     assert drawn["train-reward-per-environment"].series == (
         Series("mcqa", (0.5, 1.0)),

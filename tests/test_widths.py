@@ -146,7 +146,7 @@ def test_episodes_table_and_list_fit(store: Path, width: int) -> None:
     assert result.exit_code == 0, result.output
 
     lines = fits(result.output, width)
-    assert lines[0].split()[:5] == ["role", "step", "episodes", "valid", "resolved"]
+    assert lines[0].split()[:6] == ["role", "step", "episodes", "valid", "resolve", "rate"]
     assert lines[0].rstrip().endswith("failures by kind")
     table = result.output.split("\n\n")[0]
     for kind in KINDS:  # each kind with its count on one line
@@ -183,7 +183,20 @@ def test_episodes_table_per_environment_fits(tmp_path: Path, width: int) -> None
     assert result.exit_code == 0, result.output
 
     lines = fits(result.output.split("\n\n")[1], width)
-    wide = ["role", "environment", "episodes", "valid", "passed", "reward", "mean", "turns", "failures", "by", "kind"]
+    wide = [
+        "role",
+        "environment",
+        "episodes",
+        "valid",
+        "pass",
+        "rate",
+        "reward",
+        "mean",
+        "turns",
+        "failures",
+        "by",
+        "kind",
+    ]
     # Too narrow: the mean turns go first, then the valid count; the reward stays.
     assert lines[0].split() == wide if width >= 120 else [w for w in wide if w not in ("valid", "mean", "turns")]
     for env in LONG_ENVS:  # each environment whole, on its row, with its reward

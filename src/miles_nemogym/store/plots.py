@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from miles_nemogym.episode.record import EVAL, SWE_ENVIRONMENT, TRAIN, pass_at_k, percentile
-from miles_nemogym.store.browser import printable
+from miles_nemogym.store.browser import SWE_RESOLVE_RATE, printable, quality_label, rate_name
 from miles_nemogym.store.reader import StoredEpisode
 
 __all__ = ["Plot", "Series", "plots", "plots_html", "svg"]
@@ -80,16 +80,18 @@ def _environments(episodes: list[StoredEpisode]) -> list[str]:
     return sorted({e.environment for e in episodes})
 
 
-def _train_plots(steps: dict[int, list[StoredEpisode]]) -> list[Plot]:
+def _train_plots(steps: dict[int, list[StoredEpisode]], rate: str) -> list[Plot]:
+    """Train's plots; ``rate`` names the resolve rate (the tables' name when it is the same
+    quantity as their rate, ``SWE_RESOLVE_RATE`` when it covers only part of the store)."""
     order = tuple(steps)
     groups = list(steps.values())
     environments = _environments([e for m in groups for e in m])
     series = [Series("reward mean", tuple(_reward_mean(m) for m in groups))]
     if SWE_ENVIRONMENT in environments:
-        series.append(Series("resolve rate (0-1)", tuple(_resolve_rate(m) for m in groups)))
+        series.append(Series(rate, tuple(_resolve_rate(m) for m in groups)))
     quality = Plot(
         "train-reward-resolve-rate",
-        f"train: {' and '.join(s.name.removesuffix(' (0-1)') for s in series)} (valid episodes)",
+        f"train: {' and '.join(s.name for s in series)} (valid episodes)",
         "reward",
         order,
         tuple(series),
@@ -180,7 +182,9 @@ def plots(episodes: list[StoredEpisode]) -> list[Plot]:
     out: list[Plot] = []
     train = _by_step([e for e in episodes if e.role == TRAIN])
     if train:
-        out += _train_plots(train)
+        # The same quantity as the tables' rate only when every episode is SWE-bench's.
+        quality = quality_label(episodes)
+        out += _train_plots(train, rate_name(quality) if quality == "resolved" else SWE_RESOLVE_RATE)
     sets: dict[str, list[StoredEpisode]] = defaultdict(list)
     for episode in episodes:
         if episode.role == EVAL:
