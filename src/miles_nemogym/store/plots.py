@@ -245,6 +245,24 @@ def _x_ticks(steps: tuple[int, ...]) -> list[int]:
     return sorted({*steps[::stride], steps[-1]})
 
 
+_LINE = 11
+"""Height of a value label's line: labels of one step this far apart never overlap."""
+
+
+def _label_y(point_y: float, n: int, taken: list[float]) -> float:
+    """Where series ``n``'s value label goes for a point at ``point_y``: above it (two series'
+    labels at alternate heights), below when that would reach into the title, and moved on by
+    a line while it would overlap a label ``taken`` at the same step."""
+    above = point_y - 7 - _LINE * (n % 2)
+    step = -_LINE if above > _TOP - 6 else _LINE
+    label_y = above if above > _TOP - 6 else point_y + 14 + _LINE * (n % 2)  # not into the title
+    while any(abs(label_y - other) < _LINE for other in taken):
+        label_y += step
+        if label_y <= _TOP - 6:  # no room left above: go below the point instead
+            step, label_y = _LINE, point_y + 14
+    return label_y
+
+
 def svg(plot: Plot, *, standalone: bool = True) -> str:
     """``plot`` as an SVG element (with its namespace when ``standalone``, a file's root;
     without, for inlining in HTML, which needs none and so names no URL): axes with ticks and
@@ -294,6 +312,7 @@ def svg(plot: Plot, *, standalone: bool = True) -> str:
     every = len(plot.steps) <= _LABELLED_STEPS
     radius = 3 if len(plot.steps) <= 60 else 1.5
     labels: list[str] = []  # drawn last, haloed, so no line crosses a value
+    placed: dict[int, list[tuple[str, float]]] = defaultdict(list)  # per step: (text, y) of its labels
     empty = {s for i, s in enumerate(plot.steps) if all(series.values[i] is None for series in plot.series)}
     for step in sorted(empty):  # a step with nothing to measure: a grey band, not a point at 0
         out.append(
@@ -329,12 +348,13 @@ def svg(plot: Plot, *, standalone: bool = True) -> str:
                 f'<circle cx="{x(step):.1f}" cy="{y(value):.1f}" r="{radius}" fill="{colour}">'
                 f"<title>{name} step {step}: {fmt(value)}</title></circle>"
             )
-            if every or i == len(shown) - 1:
-                above = y(value) - 7 - 11 * (n % 2)  # alternate heights: two series' labels apart
-                label_y = above if above > _TOP - 6 else y(value) + 14 + 11 * (n % 2)  # not into the title
+            text = fmt(value)
+            if (every or i == len(shown) - 1) and all(t != text for t, _ in placed[step]):  # a value once a step
+                label_y = _label_y(y(value), n, [at for _, at in placed[step]])
+                placed[step].append((text, label_y))
                 labels.append(
                     f'<text x="{x(step):.1f}" y="{label_y:.1f}" font-size="10" fill="{colour}" '
-                    f'text-anchor="middle" stroke="#fff" stroke-width="3" paint-order="stroke">{fmt(value)}</text>'
+                    f'text-anchor="middle" stroke="#fff" stroke-width="3" paint-order="stroke">{text}</text>'
                 )
         latest = f"latest {fmt(shown[-1][1])} (step {shown[-1][0]})" if shown else "no valid episodes"
         legend_y = _HEIGHT + 16 * n + 4
