@@ -158,7 +158,7 @@ async def test_abort_stops_50_in_flight_runs_promptly(
     with caplog.at_level(logging.INFO, logger="miles_nemogym.agent"):
         await asyncio.wait_for(agent.abort(None), 1)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("abort:")]
-    assert line.startswith("abort: stopped 50 in-flight NeMo-Gym episode(s): 50 sent and awaiting their result"), line
+    assert line.startswith("abort: stopped 50 in-flight NeMo-Gym episodes: 50 sent and awaiting their result"), line
     results = await asyncio.wait_for(asyncio.gather(*tasks), 5)
     assert all(r["nemogym"]["failure_kind"] == "cancelled" for r in results)
     assert all(r["nemogym"]["mask_sample"] for r in results)

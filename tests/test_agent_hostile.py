@@ -461,7 +461,7 @@ async def test_an_abort_logs_one_line_and_records_what_was_sent(
         results = await asyncio.wait_for(asyncio.gather(*tasks), 5)
     lines = [r for r in caplog.records if r.levelno >= logging.INFO]
     assert [r.getMessage() for r in lines] == [
-        "abort: stopped 40 in-flight NeMo-Gym episode(s): 40 sent and awaiting their result "
+        "abort: stopped 40 in-flight NeMo-Gym episodes: 40 sent and awaiting their result "
         "(the server may finish them), 0 not yet delivered; each is recorded as cancelled"
     ]
     for out in results:

@@ -426,7 +426,7 @@ def test_report_is_the_plain_text_both_the_cli_and_the_launcher_print() -> None:
         "FAIL NeMo-Gym answers: GET http://h:1/openapi.json: connection refused",
         "     fix: start it",
         "SKIP /run accepts policy_base_url: needs the server's answer",
-        "1 check(s) failed",
+        "1 check failed",
     ]
     assert checks.report(results[:1]) == ["PASS settings: ok", "all checks passed"]
 

@@ -29,11 +29,11 @@ def invoke(*args: str | Path) -> Any:
 
 
 def test_table_per_step_and_role(store: Path, gym_example_rollouts: list[dict[str, Any]]) -> None:
-    result = invoke(store)
+    result = CliRunner().invoke(app, ["episodes", str(store)], env={"COLUMNS": "120"})
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert re.split(r"\s{2,}", lines[0]) == [
-        "role", "step", "episodes", "valid", "resolved", "mean turns", "mean s", "failures by kind"
+        "role", "step", "episodes", "valid", "resolve rate", "mean turns", "mean s", "failures by kind"
     ]  # fmt: skip
     resolved = sum(1 for r in gym_example_rollouts if r["reward"] == 1.0)
     n = len(gym_example_rollouts)
@@ -152,14 +152,14 @@ def test_the_table_shows_a_pass_rate_and_a_breakdown_per_environment(env_store: 
     assert result.exit_code == 0, result.output
     steps, environments = result.output.split("\n\n")
     assert _rows(steps) == [
-        ["role", "step", "episodes", "valid", "passed", "mean turns", "mean s", "failures by kind"],
+        ["role", "step", "episodes", "valid", "pass rate", "mean turns", "mean s", "failures by kind"],
         ["eval", "2", "4", "4", "50.0%", "2.0", "4.0", "-"],
         # s1 resolved and m1 passed of s1, s2, m1, m2, w1 (0.5: not a pass); w2 set aside.
         ["train", "1", "6", "5", "40.0%", "7.2", "4.0", "transport_unreachable 1"],
         ["train", "2", "2", "2", "100.0%", "4.5", "4.0", "-"],
     ]
     assert _rows(environments) == [
-        ["role", "environment", "episodes", "valid", "passed", "reward", "mean turns", "failures by kind"],
+        ["role", "environment", "episodes", "valid", "pass rate", "reward", "mean turns", "failures by kind"],
         ["eval", "mcqa", "2", "2", "50.0%", "0.50", "2.0", "-"],
         ["eval", "swe", "2", "2", "50.0%", "0.50", "2.0", "-"],
         ["train", "mcqa", "3", "3", "66.7%", "0.67", "1.7", "-"],
@@ -175,7 +175,7 @@ def test_env_filters_every_text_view(env_store: Path) -> None:
         ["eval", "2", "2", "2", "50.0%"], ["train", "1", "2", "2", "50.0%"], ["train", "2", "1", "1", "100.0%"]
     ]  # fmt: skip
     swe = invoke(env_store, "--env", "swe")
-    assert _rows(swe.output)[0][4] == "resolved"  # SWE alone: today's table
+    assert _rows(swe.output)[0][4] == "resolve rate"  # SWE alone: today's table
     both = invoke(env_store, "--env", "swe", "--env", "workplace_assistant", "--step", "1")
     assert _listed(both.output) == ["s1", "s2", "w1", "w2"]
     assert _listed(invoke(env_store, "--kind", "failed", "--env", "mcqa").output) == ["e2", "m2"]
@@ -277,3 +277,24 @@ def test_list_prints_every_episode_id_with_its_step_and_verdict(store: Path, tmp
     assert [line.split()[0] for line in _at_80(store, "--list", "--step", "1").stdout.splitlines()[1:]] == [
         e.episode_id for e in load(store).episodes if e.step == 1
     ]
+
+
+def test_one_name_for_one_rate_in_the_text_table_the_page_and_its_plots(env_store: Path, tmp_path: Path) -> None:
+    """A mixed store's rate over every valid episode is its "pass rate" everywhere; the plot's
+    series over SWE-bench episodes alone is another quantity, so another name."""
+    text = CliRunner().invoke(app, ["episodes", str(env_store)], env={"COLUMNS": "120"}).output
+    steps, environments = text.split("\n\n")
+    assert _rows(steps)[0][4] == "pass rate" and _rows(environments)[0][4] == "pass rate"
+    page = tmp_path / "mixed.html"
+    assert invoke(env_store, "--html", page).exit_code == 0
+    html = page.read_text()
+    assert html.count("<th>pass rate</th>") == 2 and "train: pass rate (valid episodes) per step" in html
+    assert "SWE resolve rate" in html  # the plot's series and the note saying what it covers
+    assert "resolve rate (0-1)" not in html
+    assert ">resolve rate" not in html.replace(">SWE resolve rate", "")  # no bare "resolve rate" label
+    # SWE alone: the table's rate is the plot's, and both say "resolve rate".
+    swe_page = tmp_path / "swe.html"
+    assert invoke(env_store, "--html", swe_page, "--env", "swe").exit_code == 0
+    swe = swe_page.read_text()
+    assert "<th>resolve rate</th>" in swe and "resolve rate: latest" in swe and "SWE resolve rate" not in swe
+    assert _rows(invoke(env_store, "--env", "swe").output)[0][4] == "resolve rate"

@@ -197,7 +197,7 @@ async def test_outage_mid_step_waits_and_sends_each_episode_once(
     await eventually(lambda: state.circuits.waiting() == len(distinct_rows), f"all {len(distinct_rows)} episodes wait")
     all_waiting = time.monotonic()
     assert state.circuits.is_open
-    counted = f"{len(distinct_rows)} episode(s) waiting"
+    counted = f"{len(distinct_rows)} episodes waiting"
     await eventually(lambda: counted in caplog.text, "the probe's warning counts them")
     await asyncio.sleep(max(0.0, all_waiting + 1.0 - time.monotonic()))
     assert not any(task.done() for task in tasks)

@@ -131,13 +131,13 @@ def layout(**fields: Any) -> list[str]:
 
 def test_the_layout_says_which_gpus_train_and_which_generate() -> None:
     lines = layout(**ONE_NODE)
-    assert lines[0].startswith("# layout: fully async (train_async.py), disaggregated, 1 node(s) x 4 GPUs")
+    assert lines[0].startswith("# layout: fully async (train_async.py), disaggregated, 1 node x 4 GPUs")
     assert lines[1] == "#   node 1: GPUs 0-1 train, GPUs 2-3 generate"
-    assert "rollout: 2 SGLang engine(s) x 1 GPU(s)" in lines[2]
+    assert "rollout: 2 SGLang engines x 1 GPU" in lines[2]
     assert "runs on the node; the Gym hosts dial the address there that routes to the Gym host, port 30000" in lines[3]
     two = layout(**TWO_NODES, router_external_host="10.0.0.1", rollout_gpus_per_engine=4)
     assert two[1:3] == ["#   node 1: GPUs 0-7 train", "#   node 2: GPUs 0-7 generate"]
-    assert "rollout: 2 SGLang engine(s) x 4 GPU(s)" in two[3]
+    assert "rollout: 2 SGLang engines x 4 GPUs" in two[3]
     assert "on the Ray head (--pin-rollout-manager-to-head); the Gym hosts dial 10.0.0.1, port 30000" in two[4]
     partial = layout(fully_async=True, num_nodes=3, gpus_per_node=4, actor_num_nodes=1, rollout_num_gpus=6,
                      ray_address="http://head:8265")  # fmt: skip

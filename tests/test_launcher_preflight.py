@@ -432,8 +432,8 @@ def test_mixed_swe_and_environment_rows_pass_and_each_server_is_checked(
         results = with_environments(good, rows, nemo_gym_envs=env_config(mcqa=mcqa.url, wa=wa.url))
     assert all(result.ok for result in results.values()), [r for r in results.values() if not r.ok]
     assert results["rows' environments"].detail == "SWE 2, mcqa 3, wa 2 rows of 7 read"
-    assert results["environment mcqa"].detail == f"{mcqa.url}: POST /seed_session, /verify and the rows' 0 tool(s)"
-    assert results["environment wa"].detail == f"{wa.url}: POST /seed_session, /verify and the rows' 2 tool(s)"
+    assert results["environment mcqa"].detail == f"{mcqa.url}: POST /seed_session, /verify and the rows' 0 tools"
+    assert results["environment wa"].detail == f"{wa.url}: POST /seed_session, /verify and the rows' 2 tools"
     assert mcqa.requests == wa.requests == ["/openapi.json"] * 2  # its routes, then the name it answers with
     assert "NeMo-Gym answers" in results  # SWE rows: the mini_swe_agent_2 server is checked as before
     assert good["gym"].requests == ["/openapi.json"]
@@ -511,7 +511,7 @@ def test_a_tool_the_server_does_not_declare_is_named(good: dict[str, Any]) -> No
         failure = only_failure(with_environments(good, rows, nemo_gym_envs=env_config(wa=wa.url)))
         assert failure.name == "environment wa"
         assert failure.detail == (
-            f"{wa.url} declares no POST /<tool> for 1 of the 2 tool(s) its rows give the model "
+            f"{wa.url} declares no POST /<tool> for 1 of the 2 tools its rows give the model "
             "(calendar_create_event): each call would answer the model with a 404"
         )
         assert failure.fix is not None and "--nemo-gym-env wa=" in failure.fix
@@ -519,7 +519,7 @@ def test_a_tool_the_server_does_not_declare_is_named(good: dict[str, Any]) -> No
         # An environment whose verifier only reads the calls (xlam_fc) is let through by name.
         results = with_environments(good, rows, nemo_gym_envs=env_config(wa=wa.url), tools_not_served=["wa"])
     assert results["environment wa"].ok
-    assert results["environment wa"].detail.endswith("and 1 of the rows' 2 tool(s) (--tools-not-served)")
+    assert results["environment wa"].detail.endswith("and 1 of the rows' 2 tools (--tools-not-served)")
 
 
 def test_a_catch_all_route_serves_every_tool(good: dict[str, Any]) -> None:

@@ -35,7 +35,7 @@ def test_plot_data_from_a_crafted_store(store: Path) -> None:
     assert plots(load(store).episodes) == [
         Plot("train-reward-resolve-rate", "train: reward mean and resolve rate (valid episodes)", "reward", (1, 2, 4), (
             Series("reward mean", (2 / 3, None, 2 / 3)),  # step 2 has no valid episode; "x" is no reward
-            Series("resolve rate (0-1)", (2 / 3, None, 3 / 4)),
+            Series("resolve rate", (2 / 3, None, 3 / 4)),
         )),
         Plot("train-failure-rate", "train: failure rate (set-aside episodes) by kind", "rate", (1, 2, 4), (
             Series("all kinds", (1 / 4, 1.0, 0.0)),
@@ -185,7 +185,7 @@ def test_plots_per_environment(tmp_path: Path) -> None:
     # Step 1: rewards 1, 0 (SWE), 1, 0 (mcqa), 0.5 (workplace_assistant); step 2: mcqa and workplace_assistant.
     assert drawn["train-reward-resolve-rate"].series == (
         Series("reward mean", (0.5, 1.0)),
-        Series("resolve rate (0-1)", (0.5, None)),  # s1 of s1, s2; step 2 has no SWE episode
+        Series("SWE resolve rate", (0.5, None)),  # s1 of s1, s2; step 2 has no SWE episode
     )
     assert drawn["train-reward-per-environment"].series == (
         Series("mcqa", (0.5, 1.0)),
@@ -209,3 +209,33 @@ def test_an_environment_only_store_has_no_resolve_rate(tmp_path: Path) -> None:
     (quality, *_) = plots(load(tmp_path / "ep").episodes)
     assert quality.title == "train: reward mean (valid episodes)"
     assert quality.series == (Series("reward mean", (0.5,)),)
+
+
+def _labels(root: ET.Element) -> list[tuple[str, float, float]]:
+    """The value labels drawn next to points (haloed text): (text, x, y)."""
+    return [
+        ("".join(t.itertext()), float(t.get("x", "0")), float(t.get("y", "0")))
+        for t in root.iter(SVG + "text")
+        if t.get("stroke") == "#fff"
+    ]
+
+
+def test_one_step_draws_each_time_label_once(tmp_path: Path) -> None:
+    """One step of equal times: p50, p95 and max are one point, so "34 s" is written once, not
+    three times on top of each other; the legend still names each series."""
+    ep = tmp_path / "ep"
+    write_step(ep, "train", 1, [entry("a", record={"elapsed_s": 34.0})])
+    out = tmp_path / "plots"
+    assert invoke(ep, "--plots", out).exit_code == 0
+    root = ET.fromstring((out / "train-episode-time.svg").read_bytes())
+    assert [text for text, _, _ in _labels(root)] == ["34 s"]
+    texts = ["".join(t.itertext()) for t in root.iter(SVG + "text")]
+    assert {"p50: latest 34 s (step 1)", "p95: latest 34 s (step 1)", "max: latest 34 s (step 1)"} <= set(texts)
+
+
+def test_distinct_labels_of_one_step_never_overlap() -> None:
+    plot = Plot("t", "times", "s", (1,), (Series("p50", (34.0,)), Series("p95", (35.0,)), Series("max", (35.4,))))
+    labels = _labels(_parsed(plot))
+    assert sorted(text for text, _, _ in labels) == ["34 s", "35 s"]  # 35.4 s reads "35 s" too: once
+    (_, x1, y1), (_, x2, y2) = labels
+    assert x1 == x2 and abs(y1 - y2) >= 11  # a line apart: font-size 10

@@ -138,7 +138,7 @@ def test_infra_failures_are_counted_apart_from_failed_instances(
     assert by_id[PYLINT]["nemogym"]["mask_sample"] is True
     overall = next(line for line in result.output.splitlines() if "overall" in line)
     assert [int(cell) for cell in overall.replace("│", " ").split()[1:5]] == [5, 1, 2, 2]
-    assert "2 instance(s) infrastructure failures" in result.output
+    assert "2 instances infrastructure failures" in result.output
 
 
 def test_allow_unresolved_exits_0_when_every_episode_was_graded(gym_in_thread: FaultServer, input_file: Path) -> None:
@@ -198,7 +198,7 @@ def test_resume_skips_finished_instances_and_summarises_the_whole_selection(
     assert len(received) == 5  # 2 + 3: no instance ran twice
     assert sorted(received[2:]) == sorted(set(received) - set(done_first))
     assert sorted(row["instance_id"] for row in lines(out)) == sorted(received)
-    assert "2 result(s) from an earlier run" in resumed.output
+    assert "2 results from an earlier run" in resumed.output
     overall = next(line for line in resumed.output.splitlines() if "overall" in line)
     assert overall.replace("│", " ").split()[1] == "5"
 
@@ -475,7 +475,7 @@ def test_a_results_file_from_another_input_is_refused(
     other = scan("--input", str(other_input), "--gym-url", gym_in_thread.url, "--output", str(out), "--resume")
     assert other.exit_code == 2
     assert (
-        f"--output {out} holds results for 2 instance(s) that --input {other_input} does not hold "
+        f"--output {out} holds results for 2 instances that --input {other_input} does not hold "
         f"(e.g. {', '.join(done)}): it is another input's results file"
     ) in " ".join(other.output.split())
 
@@ -483,7 +483,7 @@ def test_a_results_file_from_another_input_is_refused(
     edited_input = write_jsonl(tmp_path / "edited.jsonl", converter_rows(edited))
     changed = scan("--input", str(edited_input), "--gym-url", gym_in_thread.url, "--output", str(out), "--resume")
     assert changed.exit_code == 2
-    assert "2 instance(s) whose task rows differ from --input's" in " ".join(changed.output.split())
+    assert "2 instances whose task rows differ from --input's" in " ".join(changed.output.split())
 
     assert len(gym_in_thread.received_ids()) == 2  # neither refused scan sent anything
     assert out.read_text() == before

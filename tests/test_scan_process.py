@@ -96,7 +96,7 @@ def test_ctrl_c_cancels_in_flight_episodes_keeps_results_and_prints_the_summary(
     assert sorted(result_ids(out)) == sorted(QUICK), "finished results kept, cancelled ones not written"
     overall = next(line for line in stdout.splitlines() if "overall" in line)
     assert overall.replace("│", " ").split()[1] == "2"
-    assert "3 of 5 selected instance(s) not run (interrupted)" in stdout
+    assert "3 of 5 selected instances not run (interrupted)" in stdout
     assert "--resume" in stderr
     # The client closed the held requests instead of leaving them open.
     wait_for(lambda: sorted(gym_in_thread.disconnected) == sorted(HELD), "the server to see the disconnects", 10)

@@ -99,7 +99,7 @@ def test_a_store_that_cannot_be_written_is_said(folder: Path) -> None:
     done = invoke("smoke", "--limit", "2", "--episode-dir", folder / "a-file")
     assert done.exit_code == 0, done.output  # the chain worked; the store did not
     said = " ".join(done.output.split())
-    assert f"the episode store {folder / 'a-file'} could not write 2 episode(s) or seal(s)" in said
+    assert f"the episode store {folder / 'a-file'} could not write 2 episodes or seals" in said
 
 
 @pytest.mark.parametrize("form", [(), ("--env", "mcqa")], ids=["swe", "environment"])

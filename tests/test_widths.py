@@ -146,7 +146,7 @@ def test_episodes_table_and_list_fit(store: Path, width: int) -> None:
     assert result.exit_code == 0, result.output
 
     lines = fits(result.output, width)
-    assert lines[0].split()[:5] == ["role", "step", "episodes", "valid", "resolved"]
+    assert lines[0].split()[:6] == ["role", "step", "episodes", "valid", "resolve", "rate"]
     assert lines[0].rstrip().endswith("failures by kind")
     table = result.output.split("\n\n")[0]
     for kind in KINDS:  # each kind with its count on one line
@@ -183,7 +183,20 @@ def test_episodes_table_per_environment_fits(tmp_path: Path, width: int) -> None
     assert result.exit_code == 0, result.output
 
     lines = fits(result.output.split("\n\n")[1], width)
-    wide = ["role", "environment", "episodes", "valid", "passed", "reward", "mean", "turns", "failures", "by", "kind"]
+    wide = [
+        "role",
+        "environment",
+        "episodes",
+        "valid",
+        "pass",
+        "rate",
+        "reward",
+        "mean",
+        "turns",
+        "failures",
+        "by",
+        "kind",
+    ]
     # Too narrow: the mean turns go first, then the valid count; the reward stays.
     assert lines[0].split() == wide if width >= 120 else [w for w in wide if w not in ("valid", "mean", "turns")]
     for env in LONG_ENVS:  # each environment whole, on its row, with its reward
@@ -242,7 +255,7 @@ def test_converter_notes_and_hub_error_wrap_between_words(
     )
     assert converted.exit_code == 0, converted.output
     fits(converted.output, width)
-    whole(f"note: 8 id(s) from --instance-ids not in the input: {', '.join(missing)}", converted.output)
+    whole(f"note: 8 ids from --instance-ids not in the input: {', '.join(missing)}", converted.output)
 
     hub = f"http://127.0.0.1:{free_port()}"
     failed = CliRunner().invoke(
@@ -476,7 +489,7 @@ def test_scan_header_fits_80_columns_keeping_the_url_whole() -> None:
     how = "mode golden, concurrency 16, episode timeout 1800s"
     said = header(12, 500, "http://gym-host.example.internal:12000/run", how)
     assert fits(said, 80) == [
-        "scan: 12 of 500 selected instance(s) to run on",
+        "scan: 12 of 500 selected instances to run on",
         "  http://gym-host.example.internal:12000/run",
         f"  {how}",
     ]
@@ -484,4 +497,4 @@ def test_scan_header_fits_80_columns_keeping_the_url_whole() -> None:
         f"{name} (http://gym-host.example.internal:1200{n})" for n, name in enumerate(LONG_ENVS)
     )
     lines = fits(header(4, 4, where, how), 80)
-    whole(f"scan: 4 of 4 selected instance(s) to run on {where}", "\n".join(lines))
+    whole(f"scan: 4 of 4 selected instances to run on {where}", "\n".join(lines))

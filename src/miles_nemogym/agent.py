@@ -41,6 +41,7 @@ from miles_nemogym.episode.record import (
 from miles_nemogym.episode.run import prepare as prepare_swe
 from miles_nemogym.episode.run import prepare_agent
 from miles_nemogym.errors import RequestError, SettingsError
+from miles_nemogym.fit import counted
 from miles_nemogym.log_once import log_once
 from miles_nemogym.reward import score_record
 from miles_nemogym.salvage import hold_failed_episode
@@ -181,9 +182,9 @@ async def abort(args: Any = None) -> None:
     states = state.in_flight.abort_all()
     state.held.clear()  # the step's groups have all been filtered
     logger.info(
-        "abort: stopped %d in-flight NeMo-Gym episode(s): %d sent and awaiting their result "
+        "abort: stopped %s: %d sent and awaiting their result "
         "(the server may finish them), %d not yet delivered; each is recorded as cancelled",
-        sum(states.values()),
+        counted(sum(states.values()), "in-flight NeMo-Gym episode"),
         states[AWAITING_RESULT],
         states[NOT_DELIVERED],
     )

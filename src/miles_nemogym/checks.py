@@ -174,7 +174,7 @@ def report(results: Sequence[CheckResult], width: int | None = None) -> list[str
             lines.append(f"{_CONTINUATION}fix: {result.fix}")
     failed = sum(result.status is Status.failed for result in results)
     if failed:
-        lines.append(f"{failed} check(s) failed")
+        lines.append(f"{fit.counted(failed, 'check')} failed")
     elif all_passed(results):
         lines.append("all checks passed")
     if width is None:
@@ -382,7 +382,8 @@ def _environment(name: str, target: Target) -> Found:
     if unserved and name not in target.tools_not_served:
         shown = ", ".join(unserved[:5]) + (f" and {len(unserved) - 5} more" if len(unserved) > 5 else "")
         return _failed(
-            f"{url} declares no POST /<tool> for {len(unserved)} of the {len(set(tools))} tool(s) its rows "
+            f"{url} declares no POST /<tool> for {len(unserved)} of the {fit.counted(len(set(tools)), 'tool')} "
+            "its rows "
             f"give the model ({shown}): each call would answer the model with a 404",
             f"{where}, the server of that environment, at the nemo-gym version the rows were written for; "
             f"if its verifier only reads the calls (as xlam_fc's does), pass --tools-not-served {name}",
@@ -392,9 +393,10 @@ def _environment(name: str, target: Target) -> Found:
     elif name not in target.tools:  # no rows of it were read (doctor): nothing to say about their tools
         served = ""
     elif unserved:
-        served = f"{len(set(tools)) - len(unserved)} of the rows' {len(set(tools))} tool(s) (--tools-not-served)"
+        tools_said = fit.counted(len(set(tools)), "tool")
+        served = f"{len(set(tools)) - len(unserved)} of the rows' {tools_said} (--tools-not-served)"
     else:
-        served = f"the rows' {len(set(tools))} tool(s)"
+        served = f"the rows' {fit.counted(len(set(tools)), 'tool')}"
     return _passed(
         f"{url}: POST /seed_session, /verify and {served}" if served else f"{url}: POST /seed_session and /verify"
     )

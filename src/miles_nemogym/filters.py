@@ -15,6 +15,7 @@ from typing import Any
 
 from miles_nemogym import state
 from miles_nemogym.errors import RunStopped
+from miles_nemogym.fit import counted
 from miles_nemogym.ledger import streak_stop
 from miles_nemogym.log_once import log_once
 from miles_nemogym.salvage import HOOK_PATH, group_verdict, recover_failed_episodes
@@ -74,7 +75,7 @@ def check_run(settings: Settings) -> None:
     if reason is None:
         return
     stopped = sum(state.in_flight.abort_all().values())
-    logger.error("%s (stopped %d in-flight episode(s))", reason, stopped)
+    logger.error("%s (stopped %s)", reason, counted(stopped, "in-flight episode"))
     raise RunStopped(reason)
 
 

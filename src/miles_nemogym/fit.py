@@ -14,6 +14,12 @@ MIN_WIDTH = 80
 _GAP = "  "
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and ``noun`` agreeing in number: ``1 server``, ``2 servers``, ``0 servers``
+    (``plural`` for a noun that takes no plain ``s``: ``counted(2, "match", "matches")``)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def terminal_width() -> int:
     """The terminal's columns (``COLUMNS`` when set), at least ``MIN_WIDTH``."""
     return max(shutil.get_terminal_size((MIN_WIDTH, 24)).columns, MIN_WIDTH)

@@ -90,7 +90,7 @@ def test_an_api_policy_scan_reports_per_environment_and_resumes(
             "--input", str(rows), "--policy-base-url", api, "--output", str(results), "--resume", "--allow-unresolved"
         )
         assert rest.exit_code == 0, rest.output
-        assert "resuming: 4 of 9 instance(s) already in" in rest.output
+        assert "resuming: 4 of 9 instances already in" in rest.output
         chats = policy.chat_requests("api")
 
     lines = read_results(results)

@@ -17,6 +17,7 @@ import typer
 
 from miles_nemogym.cli.options import JUDGE_MODEL_HELP, JUDGE_URL_HELP, judge_of
 from miles_nemogym.cli.signals import interrupt_on_sigterm
+from miles_nemogym.fit import counted
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -184,7 +185,9 @@ def _store_hint(console: Console, store: Path, step: int | None, errors: int) ->
     """Where the run's episodes went and the command that browses them."""
     if errors:
         console.print(
-            f"[red]the episode store {store} could not write {errors} episode(s) or seal(s)[/red]", highlight=False
+            f"[red]the episode store {store} could not write "
+            f"{counted(errors, 'episode or seal', 'episodes or seals')}[/red]",
+            highlight=False,
         )
     console.print(f"episodes stored in {store} as train step {step}; look at them with:", highlight=False)
     # Never wrapped: the command is copied as it is, however long the folder's path.

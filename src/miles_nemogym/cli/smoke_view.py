@@ -17,6 +17,7 @@ from rich import box
 from rich.table import Table
 
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text, passed, verdict
+from miles_nemogym.fit import counted
 from miles_nemogym.smoke.environments import EnvironmentEpisode, EnvironmentSmokeReport
 from miles_nemogym.smoke.run import OFFLINE_REASON, SmokeEpisode, SmokeReport, is_offline_failure
 
@@ -196,7 +197,7 @@ def environment_tables(report: EnvironmentSmokeReport) -> tuple[list[Table], lis
         prefix = f"{environment.name}/"
         width = max([len("task"), *(len(e.task_id.removeprefix(prefix)) for e in episodes)])
         table = Table(
-            title=f"{environment.name}: {len(episodes)} episode(s)",
+            title=f"{environment.name}: {counted(len(episodes), 'episode')}",
             title_justify="left",
             box=box.SIMPLE_HEAD,
             padding=(0, 1, 0, 0),

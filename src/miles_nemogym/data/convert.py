@@ -57,6 +57,7 @@ from miles_nemogym.data.select import Selection, read_instance_ids, split_names
 from miles_nemogym.data.sources import RawRow, SourceError, open_file, open_source
 from miles_nemogym.episode.record import AGENT_SUFFIX, SWE_ENVIRONMENT
 from miles_nemogym.errors import MilesNemoGymError
+from miles_nemogym.fit import counted
 
 MAX_SIZE = 1_000_000
 """The largest ``--size``: memory while mixing grows with it (about 85 bytes a row; measured: bench/README.md)."""
@@ -307,7 +308,10 @@ def summary_notes(report: ConvertReport, options: ConvertOptions) -> list[str]:
         return _environment_notes(report, options)
     notes = [f"subset: {report.subset_rule}"]
     if report.overridden_rows:
-        notes.append(f"{report.overridden_rows} row(s) had their own subset/split replaced by the flags")
+        notes.append(
+            f"{counted(report.overridden_rows, 'row')} had {'its' if report.overridden_rows == 1 else 'their'} own "
+            "subset/split replaced by the flags"
+        )
     if report.not_gradeable_by_repo:
         dropped = ", ".join(f"{repo} ({count})" for repo, count in sorted(report.not_gradeable_by_repo.items()))
         notes.append(f"dropped as not gradeable by swebench {report.swebench_version}: {dropped}")
@@ -319,7 +323,7 @@ def summary_notes(report: ConvertReport, options: ConvertOptions) -> list[str]:
         notes.append("stopped reading once --limit (and --holdout) were filled")
     if report.missing_instance_ids:
         shown = ", ".join(report.missing_instance_ids[:10])
-        notes.append(f"{len(report.missing_instance_ids)} id(s) from --instance-ids not in the input: {shown}")
+        notes.append(f"{counted(len(report.missing_instance_ids), 'id')} from --instance-ids not in the input: {shown}")
     if report.unmatched_repos:
         notes.append(f"--repos matched no row for: {', '.join(report.unmatched_repos)}")
     return notes
@@ -575,14 +579,15 @@ def _convert_swe(
         report.unmatched_repos = sorted(wanted_repos - seen_repos)
     if failing:
         raise ConvertError(
-            f"{report.problem_count} bad row(s); nothing written (--on-error skip writes the good rows)",
+            f"{counted(report.problem_count, 'bad row')}; nothing written (--on-error skip writes the good rows)",
             report,
         )
     if spool is not None:
         _write_shuffled(spool, options, report, output, holdout)
     if options.holdout and report.holdout_written < options.holdout:
         raise ConvertError(
-            f"only {report.holdout_written} selected row(s), fewer than --holdout {options.holdout}; nothing written",
+            f"only {counted(report.holdout_written, 'selected row')}, fewer than --holdout {options.holdout}; "
+            "nothing written",
             report,
         )
     if report.written == 0:
@@ -696,7 +701,8 @@ def _convert_environments(
         progress(report.rows_read, report.rows_read)
     if failing:
         raise ConvertError(
-            f"{report.problem_count} bad row(s); nothing written (--on-error skip writes the good rows)", report
+            f"{counted(report.problem_count, 'bad row')}; nothing written (--on-error skip writes the good rows)",
+            report,
         )
     weights = {entry.name: entry.weight for entry in inputs if entry.name and entry.weight is not None}
     empty = [name for name in weights if name not in positions]
@@ -708,7 +714,7 @@ def _convert_environments(
     for name, rows in positions.items():
         if options.holdout and len(rows) <= options.holdout:
             raise ConvertError(
-                f"{name}: {len(rows)} usable row(s), not more than --holdout {options.holdout} (each "
+                f"{name}: {counted(len(rows), 'usable row')}, not more than --holdout {options.holdout} (each "
                 "environment keeps at least one row to train on); nothing written",
                 report,
             )

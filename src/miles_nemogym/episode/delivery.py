@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.record import Outcome, failure, failure_of, finish
+from miles_nemogym.fit import counted
 from miles_nemogym.redaction import redact_url
 from miles_nemogym.settings import Settings
 from miles_nemogym.transport import Deadline
@@ -361,10 +362,10 @@ class Circuit:
                 error = await _connect(url, min(10.0, timeout_s))
                 if error is None:
                     logger.info(
-                        "NeMo-Gym server %s answers a connection after %.0fs; sending %d waiting episode(s)",
+                        "NeMo-Gym server %s answers a connection after %.0fs; sending %s",
                         redact_url(url),
                         time.monotonic() - down_since,
-                        self.waiting(),
+                        counted(self.waiting(), "waiting episode"),
                     )
                     self._close(None)
                     return
@@ -373,11 +374,11 @@ class Circuit:
                 if time.monotonic() - last_warning >= _WARN_EVERY_S:
                     last_warning = time.monotonic()
                     logger.warning(
-                        "NeMo-Gym server %s unreachable for %.0fs (%s); %d episode(s) waiting (stop after %gs)",
+                        "NeMo-Gym server %s unreachable for %.0fs (%s); %s waiting (stop after %gs)",
                         redact_url(url),
                         last_warning - down_since,
                         error,
-                        self.waiting(),
+                        counted(self.waiting(), "episode"),
                         timeout_s,
                     )
         finally:

@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from miles_nemogym.episode.record import AGENT_SUFFIX
+from miles_nemogym.fit import counted
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.composition import (
     JUDGE_INSTANCE,
@@ -743,7 +744,7 @@ class EnvironmentServers:
             block["host"], block["port"] = self.host, port
             self.ports[name] = port
         text = yaml.safe_dump(self.config)
-        self._progress(f"starting {len(self.ports)} servers: {', '.join(self.ports)}")
+        self._progress(f"starting {counted(len(self.ports), 'server')}: {', '.join(self.ports)}")
         try:
             for name in self.ports:
                 group, kind = self._where(name)

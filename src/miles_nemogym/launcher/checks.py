@@ -30,6 +30,7 @@ from miles_nemogym.checks import CheckResult, Status
 from miles_nemogym.data.sources import SourceError, open_file
 from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, environment_of
 from miles_nemogym.errors import MilesNemoGymError
+from miles_nemogym.fit import counted
 from miles_nemogym.launcher.command import EPISODE_DIR_ENV, MilesInstall, hooks, job_environment, job_episode_dir
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.settings import ENV_VARS, Settings
@@ -251,7 +252,7 @@ def _check_data(name: str, flag: str, path: Path, fix: str) -> CheckResult:
         problem = _row_problem(row)
         if problem is not None:
             return CheckResult(name, Status.failed, f"{flag} {path} row {number}: {problem}", fix)
-    return CheckResult(name, Status.passed, f"{path}: first {len(rows)} row(s) carry a prompt and a task")
+    return CheckResult(name, Status.passed, f"{path}: first {counted(len(rows), 'row')} carry a prompt and a task")
 
 
 def check_prompt_data(config: LauncherConfig) -> CheckResult:
@@ -413,7 +414,7 @@ def check_cluster(config: LauncherConfig) -> CheckResult:
             "--num-gpus N` on each worker) and set RAY_ADDRESS=http://<head>:8265 (or --ray-address)",
         )
     where = config.ray_address or "a local head (reused if running, else started)"
-    return CheckResult(name, Status.passed, f"{config.num_nodes} node(s) via {where}")
+    return CheckResult(name, Status.passed, f"{counted(config.num_nodes, 'node')} via {where}")
 
 
 # --- environments ------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from typing import Any
 from miles_nemogym import salvage
 from miles_nemogym.episode.record import eval_overrides
 from miles_nemogym.errors import MilesNemoGymError
+from miles_nemogym.fit import counted
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.launcher.families import Parsers
 from miles_nemogym.redaction import redact_url, redact_urls
@@ -252,7 +253,7 @@ def layout_lines(config: LauncherConfig) -> list[str]:
     mode = "fully async (train_async.py)" if config.fully_async else "synchronous (train.py)"
     split = "colocated" if config.colocated else "disaggregated"
     lines = [
-        f"# layout: {mode}, {split}, {config.num_nodes} node(s) x {config.gpus_per_node} GPUs; "
+        f"# layout: {mode}, {split}, {counted(config.num_nodes, 'node')} x {counted(config.gpus_per_node, 'GPU')}; "
         "nodes in IP order, as Miles places its GPUs"
     ]
     training = config.training_gpus
@@ -270,9 +271,10 @@ def layout_lines(config: LauncherConfig) -> list[str]:
         lines.append(f"#   node {node + 1}: {', '.join(parts) or 'no GPU used'}")
     engines = (rollout or training) // config.rollout_gpus_per_engine
     lines.append(
-        f"#   training: {config.actor_nodes} node(s) x {config.actor_gpus} GPU(s), TP {config.tensor_parallel}"
-        f" PP {config.pipeline_parallel} CP {config.context_parallel}; rollout: {engines} SGLang engine(s)"
-        f" x {config.rollout_gpus_per_engine} GPU(s)"
+        f"#   training: {counted(config.actor_nodes, 'node')} x {counted(config.actor_gpus, 'GPU')},"
+        f" TP {config.tensor_parallel}"
+        f" PP {config.pipeline_parallel} CP {config.context_parallel}; rollout: {counted(engines, 'SGLang engine')}"
+        f" x {counted(config.rollout_gpus_per_engine, 'GPU')}"
     )
     where = "on the Ray head (--pin-rollout-manager-to-head)" if config.num_nodes > 1 else "on the node"
     host = config.router_external_host or "the address there that routes to the Gym host"

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from miles_nemogym.cli.console import console as cli_console
+from miles_nemogym.fit import counted
 from miles_nemogym.redaction import KeyScrubber
 from miles_nemogym.scan.config import API_KEY_ENV, ScanConfig
 from miles_nemogym.scan.runner import EXIT_USAGE, ScanResult, ScanUsageError, run_scan
@@ -98,7 +99,7 @@ def execute(config: ScanConfig, *, console: Console | None = None, err: Console 
         logging.getLogger().removeHandler(handler)
     if result.interrupted:
         err.print(
-            f"interrupted: {len(result.results)} of {len(result.selected)} instance(s) have results"
+            f"interrupted: {len(result.results)} of {counted(len(result.selected), 'instance')} have results"
             + (f" in {config.output_path}; rerun with --resume to finish" if config.output_path else ""),
             soft_wrap=not err.is_terminal,
             highlight=False,

@@ -74,7 +74,8 @@ def server_problem(settings: Settings, environments: Sequence[str], policy_base_
     if missing:
         configured = ", ".join(sorted(settings.environments)) or "nothing: it is unset"
         return (
-            f"the rows' environment(s) {', '.join(missing)} are not in NEMO_GYM_ENVS (it names {configured}); "
+            f"the rows' {'environment' if len(missing) == 1 else 'environments'} {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not in NEMO_GYM_ENVS (it names {configured}); "
             f"start them with `miles-nemogym serve --env {' --env '.join(missing)}` and export the "
             "NEMO_GYM_ENVS it prints"
         )

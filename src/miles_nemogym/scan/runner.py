@@ -22,6 +22,7 @@ from miles_nemogym.episode import run as swe_run
 from miles_nemogym.episode.delivery import Episode, deliver
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome
 from miles_nemogym.errors import MilesNemoGymError, RequestError
+from miles_nemogym.fit import counted
 from miles_nemogym.gym.config import instance_name
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.scan import environment as environment_scan
@@ -130,9 +131,11 @@ def _foreign_results(config: ScanConfig, earlier: dict[str, ResultLine], digests
     if not absent and not changed:
         return None
     what = (
-        f"{len(absent)} instance(s) that --input {config.input_path} does not hold (e.g. {', '.join(absent[:3])})"
+        f"{counted(len(absent), 'instance')} that --input {config.input_path} does not hold "
+        f"(e.g. {', '.join(absent[:3])})"
         if absent
-        else f"{len(changed)} instance(s) whose task rows differ from --input's (e.g. {', '.join(changed[:3])})"
+        else f"{counted(len(changed), 'instance')} whose task rows differ from --input's "
+        f"(e.g. {', '.join(changed[:3])})"
     )
     return (
         f"--output {config.output_path} holds results for {what}: it is another input's results file, "
@@ -154,7 +157,7 @@ def _prepare_locked(
     digests = {task.instance_id: task_digest(task.metadata) for task in tasks}
     if earlier and not config.resume:
         raise ScanUsageError(
-            f"--output {config.output_path} already holds {len(earlier)} result(s); pass --resume to "
+            f"--output {config.output_path} already holds {counted(len(earlier), 'result')}; pass --resume to "
             "continue that scan (finished instances are skipped) or choose a new --output file"
         )
     other_modes = sorted({str(line.mode) for line in earlier.values() if line.mode not in (None, config.mode)})
@@ -339,7 +342,7 @@ async def _run_episodes(
     )
     if prepared.earlier:
         console.print(
-            f"resuming: {len(prepared.earlier)} of {len(prepared.selected)} instance(s) already in "
+            f"resuming: {len(prepared.earlier)} of {counted(len(prepared.selected), 'instance')} already in "
             f"{config.output_path}",
             highlight=False,
         )

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from miles_nemogym.data.environments import task_key, to_environment_row
 from miles_nemogym.episode.record import EpisodeRecord, passed, read_record
+from miles_nemogym.fit import counted
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.composition import Judge
 from miles_nemogym.gym.environments import EnvironmentPlan, EnvironmentServers, plan, refusals, setting
@@ -184,7 +185,7 @@ def run_environment_smoke(
             def extra(index: int, _started: float) -> dict[str, Any]:
                 return {"policy_calls": calls(index), "smoke_answer": played[index][2]}
 
-            say(f"running {len(played)} episodes of {len(plans)} environment(s)")
+            say(f"running {counted(len(played), 'episode')} of {counted(len(plans), 'environment')}")
             rows = [row for _, row, _, _ in played]
             results = asyncio.run(run_rows(rows, urls, _SAMPLING, settings, done, extra))
             report.episodes = [episode(index, result) for index, result in enumerate(results)]

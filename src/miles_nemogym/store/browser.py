@@ -136,6 +136,20 @@ def quality_label(episodes: list[StoredEpisode]) -> str:
     return "resolved" if all(e.environment == SWE_ENVIRONMENT for e in episodes) else "passed"
 
 
+PASS_RATE = "pass rate"
+"""Valid episodes that passed (resolved, for a SWE-bench one) over valid episodes, of every environment."""
+RESOLVE_RATE = "resolve rate"
+"""The pass rate of a store whose episodes are all SWE-bench's: resolved over valid episodes."""
+SWE_RESOLVE_RATE = "SWE resolve rate"
+"""Resolved over valid SWE-bench episodes alone, in a store that holds other environments too."""
+
+
+def rate_name(quality: str) -> str:
+    """The one name of the rate over every valid episode, for ``quality`` (``quality_label``):
+    the text table, the HTML table, its charts and the plots all say it the same way."""
+    return RESOLVE_RATE if quality == "resolved" else PASS_RATE
+
+
 def several_environments(episodes: list[StoredEpisode]) -> bool:
     return len({e.environment for e in episodes}) > 1
 
@@ -149,15 +163,15 @@ def step_label(step: int | None) -> str:
 
 
 def table_text(rows: list[Row], width: int = fit.MIN_WIDTH, quality: str = "resolved") -> str:
-    """The per-step table (``quality`` heads its pass rate: ``quality_label``), or for
+    """The per-step table (its rate headed ``rate_name(quality)``), or for
     ``environment_rows`` the per-environment one (``reward``: the mean over valid episodes),
     within ``width`` columns: failures wrap, then the means (the turns first), the valid
     count and, per environment, the reward are left out."""
     per_environment = bool(rows) and rows[0].environment is not None
     lines: list[tuple[str, ...]] = [
-        ("role", "environment", "episodes", "valid", "passed", "reward", "mean turns", "failures by kind")
+        ("role", "environment", "episodes", "valid", PASS_RATE, "reward", "mean turns", "failures by kind")
         if per_environment
-        else ("role", "step", "episodes", "valid", quality, "mean turns", "mean s", "failures by kind")
+        else ("role", "step", "episodes", "valid", rate_name(quality), "mean turns", "mean s", "failures by kind")
     ]
     for row in rows:
         turns = fmt(row.turns_mean, "{:.1f}")

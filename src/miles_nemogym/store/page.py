@@ -12,8 +12,10 @@ import html
 from collections.abc import Callable
 from typing import Any
 
-from miles_nemogym.episode.record import count_text
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text
 from miles_nemogym.store.browser import (
+    PASS_RATE,
+    SWE_RESOLVE_RATE,
     LongText,
     Row,
     environment_rows,
@@ -22,6 +24,7 @@ from miles_nemogym.store.browser import (
     fmt,
     printable,
     quality_label,
+    rate_name,
     several_environments,
     split_head,
     step_label,
@@ -106,7 +109,7 @@ def _bar_chart(
 
 
 def _charts(rows: list[Row], quality: str) -> str:
-    rate = "resolve rate" if quality == "resolved" else "pass rate"
+    rate = rate_name(quality)
     out = []
     for role in ROLES:
         role_rows = [r for r in rows if r.role == role]
@@ -144,7 +147,7 @@ def _text(value: Any, limit: int | None = None) -> str:
 
 def _table_html(rows: list[Row], quality: str) -> str:
     per_environment = rows[0].environment is not None if rows else False
-    rate = "resolve rate" if quality == "resolved" and not per_environment else "pass rate"
+    rate = PASS_RATE if per_environment else rate_name(quality)
     second = "environment" if per_environment else "step"
     headers = ["role", second, "episodes", "valid", rate, "failures by kind", "mean turns"]
     headers.append("mean reward" if per_environment else "mean time s")
@@ -217,11 +220,17 @@ def render_html(store: Store, title: str) -> str:
         else ""
     )
     episodes = "".join(_episode_html(e) for e in store.episodes)
+    swe_only = (
+        f" The plots' {SWE_RESOLVE_RATE} is over valid SWE-bench episodes alone."
+        if quality != "resolved" and any(e.environment == SWE_ENVIRONMENT for e in store.episodes)
+        else ""
+    )
     return (
         f"<!doctype html><html><head><meta charset=utf-8><title>{_text(title)}</title>"
         f"<style>{_CSS}</style></head><body><h1>{_text(title)}</h1>"
-        f"<p>{len(store.episodes)} episodes. The {'resolve' if quality == 'resolved' else 'pass'} rate is over "
-        "valid episodes; failed (masked) episodes are counted by kind and are not policy failures.</p>"
+        f"<p>{len(store.episodes)} episodes. The {rate_name(quality)} is over "
+        "valid episodes; failed (masked) episodes are counted by kind and are not policy failures."
+        f"{swe_only}</p>"
         f"{cut}<h2>Per step</h2>{_table_html(rows, quality)}{per_environment}"
         f"<h2>Over rollout steps</h2>{plots_html(store.episodes)}<h2>Charts</h2>{_charts(rows, quality)}"
         f"<h2>Episodes</h2>{episodes}</body></html>"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from miles_nemogym.episode.record import EVAL, SWE_ENVIRONMENT, TRAIN, pass_at_k, percentile
-from miles_nemogym.store.browser import printable
+from miles_nemogym.store.browser import SWE_RESOLVE_RATE, printable, quality_label, rate_name
 from miles_nemogym.store.reader import StoredEpisode
 
 __all__ = ["Plot", "Series", "plots", "plots_html", "svg"]
@@ -80,16 +80,18 @@ def _environments(episodes: list[StoredEpisode]) -> list[str]:
     return sorted({e.environment for e in episodes})
 
 
-def _train_plots(steps: dict[int, list[StoredEpisode]]) -> list[Plot]:
+def _train_plots(steps: dict[int, list[StoredEpisode]], rate: str) -> list[Plot]:
+    """Train's plots; ``rate`` names the resolve rate (the tables' name when it is the same
+    quantity as their rate, ``SWE_RESOLVE_RATE`` when it covers only part of the store)."""
     order = tuple(steps)
     groups = list(steps.values())
     environments = _environments([e for m in groups for e in m])
     series = [Series("reward mean", tuple(_reward_mean(m) for m in groups))]
     if SWE_ENVIRONMENT in environments:
-        series.append(Series("resolve rate (0-1)", tuple(_resolve_rate(m) for m in groups)))
+        series.append(Series(rate, tuple(_resolve_rate(m) for m in groups)))
     quality = Plot(
         "train-reward-resolve-rate",
-        f"train: {' and '.join(s.name.removesuffix(' (0-1)') for s in series)} (valid episodes)",
+        f"train: {' and '.join(s.name for s in series)} (valid episodes)",
         "reward",
         order,
         tuple(series),
@@ -180,7 +182,9 @@ def plots(episodes: list[StoredEpisode]) -> list[Plot]:
     out: list[Plot] = []
     train = _by_step([e for e in episodes if e.role == TRAIN])
     if train:
-        out += _train_plots(train)
+        # The same quantity as the tables' rate only when every episode is SWE-bench's.
+        quality = quality_label(episodes)
+        out += _train_plots(train, rate_name(quality) if quality == "resolved" else SWE_RESOLVE_RATE)
     sets: dict[str, list[StoredEpisode]] = defaultdict(list)
     for episode in episodes:
         if episode.role == EVAL:
@@ -241,6 +245,24 @@ def _x_ticks(steps: tuple[int, ...]) -> list[int]:
     return sorted({*steps[::stride], steps[-1]})
 
 
+_LINE = 11
+"""Height of a value label's line: labels of one step this far apart never overlap."""
+
+
+def _label_y(point_y: float, n: int, taken: list[float]) -> float:
+    """Where series ``n``'s value label goes for a point at ``point_y``: above it (two series'
+    labels at alternate heights), below when that would reach into the title, and moved on by
+    a line while it would overlap a label ``taken`` at the same step."""
+    above = point_y - 7 - _LINE * (n % 2)
+    step = -_LINE if above > _TOP - 6 else _LINE
+    label_y = above if above > _TOP - 6 else point_y + 14 + _LINE * (n % 2)  # not into the title
+    while any(abs(label_y - other) < _LINE for other in taken):
+        label_y += step
+        if label_y <= _TOP - 6:  # no room left above: go below the point instead
+            step, label_y = _LINE, point_y + 14
+    return label_y
+
+
 def svg(plot: Plot, *, standalone: bool = True) -> str:
     """``plot`` as an SVG element (with its namespace when ``standalone``, a file's root;
     without, for inlining in HTML, which needs none and so names no URL): axes with ticks and
@@ -290,6 +312,7 @@ def svg(plot: Plot, *, standalone: bool = True) -> str:
     every = len(plot.steps) <= _LABELLED_STEPS
     radius = 3 if len(plot.steps) <= 60 else 1.5
     labels: list[str] = []  # drawn last, haloed, so no line crosses a value
+    placed: dict[int, list[tuple[str, float]]] = defaultdict(list)  # per step: (text, y) of its labels
     empty = {s for i, s in enumerate(plot.steps) if all(series.values[i] is None for series in plot.series)}
     for step in sorted(empty):  # a step with nothing to measure: a grey band, not a point at 0
         out.append(
@@ -325,12 +348,13 @@ def svg(plot: Plot, *, standalone: bool = True) -> str:
                 f'<circle cx="{x(step):.1f}" cy="{y(value):.1f}" r="{radius}" fill="{colour}">'
                 f"<title>{name} step {step}: {fmt(value)}</title></circle>"
             )
-            if every or i == len(shown) - 1:
-                above = y(value) - 7 - 11 * (n % 2)  # alternate heights: two series' labels apart
-                label_y = above if above > _TOP - 6 else y(value) + 14 + 11 * (n % 2)  # not into the title
+            text = fmt(value)
+            if (every or i == len(shown) - 1) and all(t != text for t, _ in placed[step]):  # a value once a step
+                label_y = _label_y(y(value), n, [at for _, at in placed[step]])
+                placed[step].append((text, label_y))
                 labels.append(
                     f'<text x="{x(step):.1f}" y="{label_y:.1f}" font-size="10" fill="{colour}" '
-                    f'text-anchor="middle" stroke="#fff" stroke-width="3" paint-order="stroke">{fmt(value)}</text>'
+                    f'text-anchor="middle" stroke="#fff" stroke-width="3" paint-order="stroke">{text}</text>'
                 )
         latest = f"latest {fmt(shown[-1][1])} (step {shown[-1][0]})" if shown else "no valid episodes"
         legend_y = _HEIGHT + 16 * n + 4
