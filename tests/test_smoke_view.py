@@ -140,6 +140,7 @@ def test_verdict_and_turns_read_as_the_episode_store_s_views_show_them(tmp_path:
         turns = str(episode.result["nemogym"]["turns"])
         assert cells[1] == stored.kind and cells[-5] == turns
         assert episode_list_text([stored], 200).splitlines()[1].split()[-3:] == ["0.0", turns, stored.kind]
-        assert f"verdict: {stored.kind}   reward 0.0   turns {turns}   " in str(episode_parts(stored)[1])
+        assert f"verdict: {stored.kind}   reward 0.0   " in str(episode_parts(stored)[1])
+        assert f"in the trajectory the server returned: {turns} turns, " in str(episode_parts(stored)[2])
         page = render_html(Store([stored]), "t")
         assert f">{stored.kind}</span> · reward 0.0 · turns {turns} · " in page

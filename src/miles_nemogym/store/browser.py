@@ -416,7 +416,7 @@ def _known_elsewhere(entry: dict[str, Any]) -> list[str | LongText]:
     parts: list[str | LongText] = []
     calls = entry.get("policy_calls")
     if isinstance(calls, int) and not isinstance(calls, bool):
-        parts.append(f"policy calls answered: {calls}")
+        parts.append(f"requests the policy answered (counted by the run, not the server): {calls}")
     trajectory = entry.get("server_trajectory")
     if isinstance(trajectory, str) and trajectory:
         parts.append(LongText(f"the server's trajectory file: {trajectory}"))
@@ -436,9 +436,10 @@ def episode_parts(episode: StoredEpisode) -> list[str | LongText]:
     parts: list[str | LongText] = [
         f"episode {episode.episode_id}   instance {episode.instance_id}{environment}   {episode.role}"
         f"{_eval_set(episode)}   {filed_label(episode)}   session {episode.entry.get('session_id')}",
-        f"verdict: {episode.kind}   reward {episode.entry.get('reward')}   turns {count_text(record.get('turns'))}   "
-        f"tool calls {count_text(record.get('tool_calls'))}   time {count_text(record.get('elapsed_s'))} s   "
-        f"attempts {count_text(record.get('attempts'))}",
+        f"verdict: {episode.kind}   reward {episode.entry.get('reward')}   "
+        f"time {count_text(record.get('elapsed_s'))} s   attempts {count_text(record.get('attempts'))}",
+        f"in the trajectory the server returned: {count_text(record.get('turns'))} turns, "
+        f"{count_text(record.get('tool_calls'))} tool calls",
     ]
     if episode.masked:
         parts += [
