@@ -113,7 +113,7 @@ def test_the_store_reads_mask_sample_through_the_typed_record(tmp_path: Path, ma
     assert (fine.masked, fine.kind, fine.passed) == (False, "resolved", True)
     (row,) = browser.step_rows([odd, fine])
     assert (row.episodes, row.valid, row.passed, row.failures) == (2, 1, 1, {"masked": 1})
-    assert "set aside, not trained on" in browser.episode_parts(odd)[2]
+    assert "set aside, not trained on" in browser.episode_parts(odd)[3]
     quality, failures, _ = plots.plots([odd, fine])
     assert (quality.series[0].values, quality.series[1].values) == ((1.0,), (1.0,))  # reward mean, resolve rate
     assert failures.series[0].values == (0.5,)

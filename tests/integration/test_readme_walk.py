@@ -112,7 +112,9 @@ def test_every_command_of_readme_and_the_environments_doc_runs_as_written(tmp_pa
 
     smoke = outputs["miles-nemogym smoke"]
     assert "smoke: one row per episode" in smoke and "scikit-learn__scikit-learn-14141" in smoke
-    assert max(len(line) for line in smoke.splitlines()) <= 80
+    # 80 columns, but a path longer than that stands whole on a line of its own (and the command to copy)
+    wide = [line for line in smoke.splitlines() if len(line) > 80 and len(line.split()) > 1]
+    assert [line for line in wide if not line.startswith("  miles-nemogym episodes ")] == [], wide
     hint = smoke.splitlines()[-1].split()
     assert hint == ["miles-nemogym", "episodes", str(store)]  # absolute, and it browses what smoke stored
     browsed = subprocess.run(hint, env=env, capture_output=True, text=True, timeout=300)

@@ -8,6 +8,7 @@ import os
 import shlex
 import shutil
 import tempfile
+import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -112,6 +113,10 @@ def _smoke(
     from miles_nemogym.gym import wheel as gym_wheel
 
     console = cli_console()
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
+        # Its log reads as the smallest terminal shows it: 80 columns, wrapped between words, a
+        # path longer than that whole on a line of its own.
+        console.width, console.soft_wrap = 80, False
     # Before anything starts: the plugin's variables and, given one, that the real policy answers.
     target = checks.Target.from_env(policy_base_url=policy_base_url)
     wanted = [checks.SETTINGS] if policy_base_url is None else [checks.SETTINGS, checks.POLICY_ANSWERS]
@@ -189,7 +194,7 @@ def _store_hint(console: Console, store: Path, step: int | None, errors: int) ->
             f"{counted(errors, 'episode or seal', 'episodes or seals')}[/red]",
             highlight=False,
         )
-    console.print(f"episodes stored in {store} as train step {step}; look at them with:", highlight=False)
+    console.print(f"episodes stored as train step {step}; look at them with:", highlight=False)
     # Never wrapped: the command is copied as it is, however long the folder's path.
     console.print(f"  miles-nemogym episodes {shlex.quote(str(store))}", highlight=False, soft_wrap=True)
 
@@ -221,8 +226,10 @@ def _smoke_environments(
     store = _store_path(episode_dir)
     folder = state_dir or Path(tempfile.mkdtemp(prefix="miles-nemogym-smoke-"))
     kept = state_dir is not None or keep
-    played = "your model" if policy_base_url else "the scripted policy (each row's gold and a wrong answer)"
-    console.print(f"smoke: the shipped rows of {', '.join(envs)}, played by {played}", highlight=False)
+    played = "played by your model" if policy_base_url else "played with its gold and a wrong answer"
+    console.print(f"smoke: {counted(len(envs), 'environment')}, each shipped row {played}:", highlight=False)
+    for line in textwrap.wrap(", ".join(envs), 78, break_long_words=False, break_on_hyphens=False):
+        console.print(f"  {line}", highlight=False)
     worked = interrupted = False
     try:
         with interrupt_on_sigterm(ctrl_c=True), step_display(console) as progress, _quiet_episode_warnings():
