@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from miles_nemogym.gym.composition import Judge, config_needs, refusal, served, server_blocks, shipped_config
 from miles_nemogym.gym.environments import catalog_folders, plan
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, child_environment, gym_venv_root
+from miles_nemogym.settings import short_name
 
 __all__ = [
     "CatalogDataset",
@@ -122,9 +123,8 @@ class CatalogEntry(BaseModel):
     @property
     def short_name(self) -> str | None:
         """``mcqa`` for ``resources_servers/mcqa``: the name this package took before the catalog."""
-        if self.kind == "environment" and self.name.startswith(_RESOURCES) and self.name.count("/") == 1:
-            return self.name[len(_RESOURCES) :]
-        return None
+        short = short_name(self.name)
+        return short if self.kind == "environment" and short != self.name else None
 
     @property
     def num_repeats(self) -> int | None:
