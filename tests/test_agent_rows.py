@@ -16,13 +16,13 @@ import pytest
 from aiohttp import web
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym import state, transport
+from miles_nemogym import transport
 from miles_nemogym.episode.record import ENV_KEY, TASK_ID_KEY
-from miles_nemogym.ledger import streak_stop
 from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout_ids import (
     policy_url_of,
     rollout_id,
 )
+from miles_nemogym.runtime import current, streak_stop
 from miles_nemogym.settings import Settings, parse_environments
 from tests.support.agent_fixtures import AGENT_ROW as ROW
 from tests.support.agent_fixtures import ROLLOUT_SECRET, SESSION, call, fast_env
@@ -134,7 +134,7 @@ async def test_an_unreachable_agent_is_waited_out_as_an_outage_naming_it(
     record = out["nemogym"]
     assert (record["status"], record["failure_kind"]) == ("failed", fk.TRANSPORT_UNREACHABLE), record
     assert url in record["failure_reason"]
-    assert state.circuits.stop_error() is not None and url in str(state.circuits.stop_error())
+    assert current().circuits.stop_error() is not None and url in str(current().circuits.stop_error())
 
 
 def test_the_streak_stop_names_the_agent_server_of_an_agent_row() -> None:
@@ -145,8 +145,8 @@ def test_the_streak_stop_names_the_agent_server_of_an_agent_row() -> None:
         }
     )
     for _ in range(2):
-        state.ledger.record_episode(fk.AGENT_RUN_ERROR, "train", None, 0.0, environment="blackjack")
-    stop = streak_stop(settings, state.ledger)
+        current().ledger.record_episode(fk.AGENT_RUN_ERROR, "train", None, 0.0, environment="blackjack")
+    stop = streak_stop(settings, current().ledger)
     assert stop is not None and "the blackjack agent server at http://gym:2 (NEMO_GYM_ENVS; x2)" in stop
     assert "resources server" not in stop
 

@@ -11,9 +11,8 @@ import pytest
 
 from miles_nemogym import metrics
 from miles_nemogym.episode.record import pass_at_k
-from miles_nemogym.ledger import Tally
 from miles_nemogym.metrics import eval_set_metrics
-from miles_nemogym.state import ledger
+from miles_nemogym.runtime import Tally, current
 from tests.support.samples import Sample
 
 P = "nemogym-eval/verified/"
@@ -94,9 +93,9 @@ def test_counts_come_from_the_ledger_which_also_saw_record_less_episodes() -> No
 
 
 def test_log_eval_drains_each_sets_tally_and_returns_false() -> None:
-    ledger.record_episode(None, "eval", "verified")
-    ledger.record_episode("agent_run_error", "eval", "verified")
-    ledger.record_episode(None, "train")
+    current().ledger.record_episode(None, "eval", "verified")
+    current().ledger.record_episode("agent_run_error", "eval", "verified")
+    current().ledger.record_episode(None, "train")
     args = SimpleNamespace(
         eval_datasets=[SimpleNamespace(name="verified", n_samples_per_eval_prompt=2)], n_samples_per_eval_prompt=1
     )
@@ -108,5 +107,5 @@ def test_log_eval_drains_each_sets_tally_and_returns_false() -> None:
     }
     assert metrics.eval_k(args, "verified") == 2
     assert metrics.log_eval(4, args, data, {}) is False
-    assert ledger.drain("eval", "verified").episodes == 0  # drained by log_eval
-    assert ledger.drain("train").episodes == 1  # train is not touched by eval
+    assert current().ledger.drain("eval", "verified").episodes == 0  # drained by log_eval
+    assert current().ledger.drain("train").episodes == 1  # train is not touched by eval

@@ -1,7 +1,7 @@
 """Every environment variable the plugin reads, validated in one place.
 
 Miles gives our hooks no configuration object, so they read the rollout process's
-environment once (``get_settings``) and pass the ``Settings`` down; everything else
+environment once (the runtime's ``settings``) and pass the ``Settings`` down; everything else
 (smoke, launcher, doctor, scan) builds its own with ``from_env``/``with_overrides``.
 A bad value fails with a message naming the variable and the form it expects.
 """
@@ -34,9 +34,7 @@ __all__ = [
     "SettingsError",
     "TimeoutReward",
     "environment_name_problem",
-    "get_settings",
     "parse_environments",
-    "reset",
     "short_name",
 ]
 
@@ -373,22 +371,3 @@ def _describe(error: ValidationError, given: Mapping[str, Any], labels: Mapping[
         return f"{var}={shown!r}"
 
     return describe(error, label=label)
-
-
-_current: tuple[tuple[str | None, ...], Settings] | None = None
-
-
-def get_settings() -> Settings:
-    """This process's settings, for the hooks: read from the environment on first use and again
-    only if a plugin variable changed since (tests change them); raises ``SettingsError``."""
-    global _current
-    key = tuple(map(os.environ.get, ENV_VARS))
-    if _current is None or _current[0] != key:
-        _current = (key, Settings.from_env())
-    return _current[1]
-
-
-def reset() -> None:
-    """Forget the cached settings (tests)."""
-    global _current
-    _current = None

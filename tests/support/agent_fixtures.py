@@ -15,6 +15,7 @@ from aiohttp import web
 from miles_nemogym import agent, transport
 from miles_nemogym.episode import delivery
 from miles_nemogym.episode.record import ENV_KEY, TASK_ID_KEY
+from miles_nemogym.settings import Settings
 from tests.support.fault_server import FaultServer
 from tests.support.samples import Sample, Status
 
@@ -85,11 +86,12 @@ async def server(
     await srv.stop()
 
 
-async def call(metadata: Any, **kwargs: Any) -> dict[str, Any]:
-    """``agent.run`` as Miles calls it, with overridable ``base_url`` and ``request_kwargs``."""
-    return await agent.run(
+async def call(metadata: Any, *, settings: Settings | None = None, **kwargs: Any) -> dict[str, Any]:
+    """``agent.run`` as Miles calls it, with overridable ``base_url`` and ``request_kwargs``;
+    ``settings`` instead of the runtime's (``agent.run_with_settings``)."""
+    return await agent.run_with_settings(
+        settings,
         base_url=kwargs.pop("base_url", SESSION),
-        prompt=[{"role": "user", "content": "x"}],
         request_kwargs=kwargs.pop("request_kwargs", {"temperature": 1.0, "top_p": 1.0, "max_tokens": 64}),
         metadata=metadata,
     )

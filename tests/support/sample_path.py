@@ -348,7 +348,7 @@ def measure(sample: str) -> PathMeasurement:
     if sample not in SAMPLES:
         raise ValueError(f"sample must be one of {', '.join(SAMPLES)}, got {sample!r}")
     package_dir = import_package()
-    from miles_nemogym import state
+    from miles_nemogym.runtime import current
     from miles_nemogym.transport import close_pools
 
     salvage = _salvage_available()
@@ -374,9 +374,9 @@ def measure(sample: str) -> PathMeasurement:
 
         asyncio.run(main())
         # The writer thread is still traced: let it finish the sealed step, then stop recording.
-        state.stores.get(episodes).flush()
+        current().stores.get(episodes).flush()
         tracer.active = False
-        state.stores.close()
+        current().stores.close()
     return tracer.measurement(sample, salvage)
 
 
