@@ -26,30 +26,19 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def judge() -> Iterator[JudgeModel]:
-    with serving_in_thread(JudgeModel()) as model:
-        yield model
-
-
-@pytest.fixture(scope="module")
-def served(judge: JudgeModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """``NEMO_GYM_ENVS`` as the one ``serve`` start printed it, the judged environments graded by
-    ``judge``; stopped after the module."""
+    the stand-in judge; stopped after the module."""
     state = tmp_path_factory.mktemp("catalog-serve")
     envs = [f"--env={e}" for e in (*SERVED_TOGETHER, *JUDGED_TOGETHER)]
-    arguments = ["--no-swe", "--port", "0", "--state-dir", str(state), *envs, "--judge-url", judge.url]
-    with serving(*arguments, "--judge-model", "judge", env={**os.environ, "HF_HUB_OFFLINE": "1"}) as serve:
-        printed = exported(serve.printed)
-        assert "NEMO_GYM_ENVS" in printed, serve.printed
-        yield json.loads(printed["NEMO_GYM_ENVS"])
-        rest = serve.stop()
-    assert serve.process.returncode == 0, rest
-
-
-@pytest.fixture(scope="module")
-def chat() -> Iterator[ScriptedChat]:
-    with ScriptedChat() as policy:
-        yield policy
+    with serving_in_thread(JudgeModel()) as judge:
+        arguments = ["--no-swe", "--port", "0", "--state-dir", str(state), *envs, "--judge-url", judge.url]
+        with serving(*arguments, "--judge-model", "judge", env={**os.environ, "HF_HUB_OFFLINE": "1"}) as serve:
+            printed = exported(serve.printed)
+            assert "NEMO_GYM_ENVS" in printed, serve.printed
+            yield json.loads(printed["NEMO_GYM_ENVS"])
+            rest = serve.stop()
+        assert serve.process.returncode == 0, rest
 
 
 def _first_row(env: str, folder: Path) -> dict[str, Any]:
@@ -63,8 +52,9 @@ def _first_row(env: str, folder: Path) -> dict[str, Any]:
 
 @pytest.mark.parametrize("env", (*SERVED_TOGETHER, *JUDGED_TOGETHER))
 async def test_gold_scores_one_and_wrong_scores_zero(
-    env: str, served: dict[str, Any], chat: ScriptedChat, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    env: str, served: dict[str, Any], gym_chat: ScriptedChat, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    chat = gym_chat
     monkeypatch.setenv("NEMO_GYM_ENVS", json.dumps({env: served[env]}))
     row = _first_row(env, tmp_path)
     for outcome, turns in scripts(env, row).items():
