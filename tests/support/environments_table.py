@@ -1,8 +1,9 @@
 """What ``serve --env`` does with each of nemo-gym's shipped resources servers, read from the
 pinned wheel: the tables of README.md and docs/environments.md (``scripts/environments_table.py``
 prints them; ``tests/test_environments_table.py`` checks them). "Runs end to end here" are the
-environments the integration tests drive (``tests/support/env_scripts.py``, and the routed
-agents' ``tests/support/routed_agents.py``).
+environments the integration tests drive (``tests/support/env_scripts.py``, the catalog's
+``tests/support/catalog_scripts.py``, the routed agents' ``tests/support/routed_agents.py``, and
+the judged ones graded through the stand-in judge of ``tests/support/judge_model.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from miles_nemogym.gym import catalog
 from miles_nemogym.gym.catalog import ALONE, JUDGE, REFUSED, support
 from miles_nemogym.gym.environments import shipped_environments
+from tests.support.catalog_scripts import JUDGED_TOGETHER, SERVED_TOGETHER
 from tests.support.env_scripts import ENVIRONMENTS, SMOKED
 from tests.support.judge_model import JUDGED_ENVIRONMENTS
 from tests.support.routed_agents import AGENTS
@@ -56,10 +58,11 @@ def group(r: Row) -> str:
 def row(name: str) -> Row:
     found = support(name)
     status, needs = found.status, found.needs
-    if status == JUDGE and name in JUDGED_ENVIRONMENTS:
-        needs = "; ".join([*needs.split("; "), "its `/verify` graded through a stand-in judge by a test"]).lstrip("; ")
+    if status == JUDGE and name in (*JUDGED_ENVIRONMENTS, *JUDGED_TOGETHER):
+        graded = "a judge model (`--judge-url`): tested through a stand-in judge"
+        status, needs = TESTED, "; ".join([*needs.split("; "), graded]).lstrip("; ")
     elif status == catalog.SIMPLE:
-        status = TESTED if name in ENVIRONMENTS or name in SMOKED else SIMPLE
+        status = TESTED if name in (*ENVIRONMENTS, *SMOKED, *SERVED_TOGETHER) else SIMPLE
     elif status == catalog.ROUTED:
         status = TESTED if name in AGENTS else ROUTED
     return Row(name, found.agent, status, needs)
