@@ -1,8 +1,8 @@
 """What ``serve --env`` does with each of nemo-gym's shipped resources servers, read from the
 pinned wheel: the tables of README.md and docs/environments.md (``scripts/environments_table.py``
 prints them; ``tests/test_environments_table.py`` checks them). "Runs end to end here" are the
-environments the integration tests drive (``tests/support/env_scripts.py``, and the routed
-agents' ``tests/support/routed_agents.py``).
+environments the integration tests drive (``tests/support/env_scripts.py``, the catalog's
+configs of ``tests/support/config_envs.py`` and the routed agents' ``tests/support/routed_agents.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from miles_nemogym.gym import catalog
 from miles_nemogym.gym.catalog import ALONE, JUDGE, REFUSED, support
 from miles_nemogym.gym.environments import shipped_environments
+from miles_nemogym.settings import short_name
+from tests.support.config_envs import SERVED
 from tests.support.env_scripts import ENVIRONMENTS, SMOKED
 from tests.support.judge_model import JUDGED_ENVIRONMENTS
 from tests.support.routed_agents import AGENTS
@@ -37,8 +39,8 @@ class Row:
 
 _GROUPS = (
     ("beyond PyPI", "a requirement beyond PyPI"),
-    ("configs, none named", "several configs, none named after it"),
-    ("its config holds", "several of its resources servers in one config"),
+    ("configs, none named", "several configs (each served by its catalog name)"),
+    ("no agent (not in nemo-gym's catalog)", "two resources servers, no agent (not in nemo-gym's catalog)"),
     ("drops the rollout id", "its agent drops the rollout id"),
     ("settings serve does not set", "settings serve does not set"),
     ("not `policy_model`", "an agent calls a model other than `policy_model`"),
@@ -59,7 +61,8 @@ def row(name: str) -> Row:
     if status == JUDGE and name in JUDGED_ENVIRONMENTS:
         needs = "; ".join([*needs.split("; "), "its `/verify` graded through a stand-in judge by a test"]).lstrip("; ")
     elif status == catalog.SIMPLE:
-        status = TESTED if name in ENVIRONMENTS or name in SMOKED else SIMPLE
+        played = {*ENVIRONMENTS, *SMOKED, *map(short_name, SERVED)}
+        status = TESTED if name in played else SIMPLE
     elif status == catalog.ROUTED:
         status = TESTED if name in AGENTS else ROUTED
     return Row(name, found.agent, status, needs)
