@@ -109,7 +109,8 @@ def test_an_unknown_environment_exits_2_with_close_matches() -> None:
 def test_an_environment_with_several_configs_is_refused_with_the_names_to_give_instead() -> None:
     code, said = _serve("--sandbox", "local", "--env", "arena")
     assert code == 2
-    assert "serve; give one of the environments they define instead: lmarena_v2, lmarena_v3" in said
+    fix = "give one by its catalog name (or its last part): "
+    assert f"{fix}resources_servers/arena/lmarena_v2, resources_servers/arena/lmarena_v3" in said
 
 
 def test_a_name_in_another_case_is_suggested() -> None:

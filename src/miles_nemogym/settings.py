@@ -275,10 +275,13 @@ def _check_http_url(value: str, example: str) -> str:
 
 
 def short_name(name: str) -> str:
-    """The name this package keys an environment by: ``mcqa`` for ``resources_servers/mcqa``
-    (how NeMo-Gym's catalog spells a resources server); any other name as given."""
+    """The name this package keys an environment by: ``mcqa`` for ``resources_servers/mcqa``,
+    ``lmarena_v2`` for ``resources_servers/arena/lmarena_v2`` (how NeMo-Gym's catalog spells a
+    resources server's config: its last part, the config's stem, is the name nemo-gym's registry
+    itself gives that workload); any other name as given."""
     head, slash, tail = name.partition("/")
-    return tail if slash and head == "resources_servers" and tail and "/" not in tail else name
+    parts = tail.split("/")
+    return parts[-1] if slash and head == "resources_servers" and len(parts) <= 2 and all(parts) else name
 
 
 def environment_name_problem(name: str) -> str | None:
@@ -309,10 +312,15 @@ def parse_environments(text: str) -> dict[str, EnvironmentServer]:
     if not isinstance(raw, dict) or not raw:
         raise ValueError(f"expected {form}")
     servers: dict[str, EnvironmentServer] = {}
-    for name, value in raw.items():
+    spelled: dict[str, str] = {}
+    for said, value in raw.items():
+        name = short_name(said) if isinstance(said, str) else said  # the catalog's spelling is its short name
         problem = environment_name_problem(name)
         if problem:
-            raise ValueError(f"environment name {name!r}: {problem}")
+            raise ValueError(f"environment name {said!r}: {problem}")
+        if name in spelled:
+            raise ValueError(f"the keys {spelled[name]!r} and {said!r} name one environment, {name!r}; give one")
+        spelled[name] = said
         given = {"url": value} if isinstance(value, str) else value
         try:
             servers[name] = EnvironmentServer.model_validate(given)

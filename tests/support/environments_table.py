@@ -2,8 +2,9 @@
 pinned wheel: the tables of README.md and docs/environments.md (``scripts/environments_table.py``
 prints them; ``tests/test_environments_table.py`` checks them). "Runs end to end here" are the
 environments the integration tests drive (``tests/support/env_scripts.py``, the catalog's
-``tests/support/catalog_scripts.py``, the routed agents' ``tests/support/routed_agents.py``, and
-the judged ones graded through the stand-in judge of ``tests/support/judge_model.py``).
+``tests/support/catalog_scripts.py``, the configs of ``tests/support/config_envs.py``, the routed
+agents' ``tests/support/routed_agents.py``, and the judged ones graded through the stand-in judge
+of ``tests/support/judge_model.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from dataclasses import dataclass
 from miles_nemogym.gym import catalog
 from miles_nemogym.gym.catalog import ALONE, JUDGE, REFUSED, support
 from miles_nemogym.gym.environments import shipped_environments
+from miles_nemogym.settings import short_name
 from tests.support.catalog_scripts import JUDGED_TOGETHER, SERVED_TOGETHER
+from tests.support.config_envs import SERVED
 from tests.support.env_scripts import ENVIRONMENTS, SMOKED
 from tests.support.judge_model import JUDGED_ENVIRONMENTS
 from tests.support.routed_agents import AGENTS
@@ -39,8 +42,8 @@ class Row:
 
 _GROUPS = (
     ("beyond PyPI", "a requirement beyond PyPI"),
-    ("configs, none named", "several configs, none named after it"),
-    ("its config holds", "several of its resources servers in one config"),
+    ("configs, none named", "several configs (each served by its catalog name)"),
+    ("no agent (not in nemo-gym's catalog)", "two resources servers, no agent (not in nemo-gym's catalog)"),
     ("drops the rollout id", "its agent drops the rollout id"),
     ("settings serve does not set", "settings serve does not set"),
     ("not `policy_model`", "an agent calls a model other than `policy_model`"),
@@ -62,7 +65,8 @@ def row(name: str) -> Row:
         graded = "a judge model (`--judge-url`): tested through a stand-in judge"
         status, needs = TESTED, "; ".join([*needs.split("; "), graded]).lstrip("; ")
     elif status == catalog.SIMPLE:
-        status = TESTED if name in (*ENVIRONMENTS, *SMOKED, *SERVED_TOGETHER) else SIMPLE
+        played = {*ENVIRONMENTS, *SMOKED, *SERVED_TOGETHER, *map(short_name, SERVED)}
+        status = TESTED if name in played else SIMPLE
     elif status == catalog.ROUTED:
         status = TESTED if name in AGENTS else ROUTED
     return Row(name, found.agent, status, needs)

@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field, ValidationError
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.errors import RequestError, SettingsError
 from miles_nemogym.redaction import KeyScrubber, redact_urls
-from miles_nemogym.settings import SWE_ENVIRONMENT, environment_name_problem
+from miles_nemogym.settings import SWE_ENVIRONMENT, environment_name_problem, short_name
 
 __all__ = [
     "AGENT_SUFFIX",
@@ -141,6 +141,7 @@ def environment_of(metadata: Mapping[str, Any] | None) -> str:
         return SWE_ENVIRONMENT
     if ENV_KEY in metadata:
         name = metadata[ENV_KEY]
+        name = short_name(name) if isinstance(name, str) else name  # the catalog's spelling: its short name
         if not isinstance(name, str) or (name != SWE_ENVIRONMENT and environment_name_problem(name) is not None):
             return UNRECOGNIZED_ENVIRONMENT
         return name

@@ -243,7 +243,10 @@ def _short(reason: str) -> str:
     patterns = (
         (r"requirements\.txt line '([^']+)' needs more than PyPI", r"a requirement beyond PyPI: `\1`"),
         (r"ships (\d+) configs in \S+ \(([^)]*)\) and none is named", r"\1 configs, none named after it (\2)"),
-        (r"its config holds (\d+) (\S+) resources servers", r"its config holds \1 `\2` resources servers"),
+        (
+            r"holds (\d+) (\S+) resources servers .* no agent playing one.*its agent: ([^;]*)$",
+            r"\1 `\2` resources servers, no agent (not in nemo-gym's catalog); serve its config \3",
+        ),
         (r"its agent '[^']+' \((\w+)\) (builds|posts) .*", r"its agent `\1` drops the rollout id (nemo-gym 0.7.0)"),
         (r"calls model server '([^']+)', not policy_model", r"an agent of its calls `\1`, not `policy_model`"),
         (r"reads (\S+) .*the nemo-gym 0.7.0 wheel does not ship", r"a file the wheel does not ship: `\1`"),
