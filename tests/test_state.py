@@ -119,6 +119,7 @@ PURE_CACHES = {
     "miles_nemogym.gym.wheel._archive",  # keyed by the wheel's path, mtime and size
     "miles_nemogym.gym.composition._member",  # a member of the pinned wheel
     "miles_nemogym.gym.environments._catalog_folders",  # keyed by the wheel's path
+    "miles_nemogym.gym.environments._refused_folders",  # keyed by the wheel's path
     "miles_nemogym.redaction.key_scrubber",  # keyed by the secret
 }
 # Caches of what the host or network says: emptied by state.reset.

@@ -100,6 +100,8 @@ def test_opencode_runs_its_tool_and_the_reward_comes_back_through_miles(
     result = harness_steps[version]
     samples = {sample["metadata"]["nemogym_task_id"]: sample for sample in result.samples}
     assert len(samples) == 2
+    # One engine call per scripted turn: OpenCode's title call (a second conversation) is off.
+    assert result.policy_calls == sum(len(turns) for turns in _scripts().values()), result.policy_calls
     for outcome, turns in _scripts().items():
         sample = samples[f"{_ENV}/{_ENV}_{outcome}"]
         record = sample["metadata"]["nemogym"]
