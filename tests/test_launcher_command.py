@@ -87,6 +87,7 @@ KNOWN_FLAGS = {
     "--session-server-ip": "A:2533",
     "--session-server-port": "A:2539",
     "--tito-model": "A:2548",
+    "--session-message-matcher": "A:2557",
     "--attention-dropout": "M",
     "--hidden-dropout": "M",
     "--accumulate-allreduce-grads-in-fp32": "M",
@@ -172,6 +173,7 @@ def test_defaults_reproduce_the_validated_smoke_run() -> None:
         "--session-server-ip": "0.0.0.0",
         "--session-server-port": "30000",
         "--tito-model": "qwen3",
+        "--session-message-matcher": "loose_tool_call",
         "--sglang-reasoning-parser": "qwen3",
         "--sglang-tool-call-parser": "qwen25",
     }

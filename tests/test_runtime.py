@@ -128,6 +128,7 @@ PURE_CACHES = {
     "miles_nemogym.gym.environments._catalog_folders",  # keyed by the wheel's path
     "miles_nemogym.gym.environments._config_names",  # keyed by the wheel's path
     "miles_nemogym.gym.environments._shipped_environments",  # keyed by the wheel's path
+    "miles_nemogym.gym.environments._refused_folders",  # keyed by the wheel's path
     "miles_nemogym.redaction.key_scrubber",  # keyed by the secret
 }
 

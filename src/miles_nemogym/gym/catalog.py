@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from miles_nemogym.gym.composition import Judge, config_needs, refusal, served, server_blocks, shipped_config
-from miles_nemogym.gym.environments import catalog_folders, plan
+from miles_nemogym.gym.environments import catalog_folders, plan, refused_folders
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, child_environment, gym_venv_root
 from miles_nemogym.settings import short_name
 
@@ -250,6 +250,8 @@ def _short(reason: str) -> str:
         (r"its agent '[^']+' \((\w+)\) (builds|posts) .*", r"its agent `\1` drops the rollout id (nemo-gym 0.7.0)"),
         (r"calls model server '([^']+)', not policy_model", r"an agent of its calls `\1`, not `policy_model`"),
         (r"reads (\S+) .*the nemo-gym 0.7.0 wheel does not ship", r"a file the wheel does not ship: `\1`"),
+        (r"its agent \w+: its CLI \(npm (`[^`]+`)\) is not one serve installs", r"its CLI (npm \1) not run here yet"),
+        (r"its CLI installs by a shell script from (\S+) ", r"its CLI installs by a script from \1, not npm"),
     )
     for pattern, replacement in patterns:
         found = re.search(pattern, reason)
@@ -275,7 +277,8 @@ def support(name: str) -> Support:
     )
     # What the servers need once serve's layer is in (a judge's own endpoint settings are gone).
     judge = Judge(url="http://judge:8000/v1", model="judge")
-    needs = [need.split(": ", 1)[1] for need in config_needs(served(config, judge), {}, which=lambda _: None)]
+    bare = config_needs(served(config, judge), {}, which=lambda _: None, cache=False)  # a fresh host
+    needs = [need.split(": ", 1)[1] for need in bare]
     settings = [n for n in needs if n.startswith("the setting")]
     refused = refusal(name, config, None)
     if refused and "grades with a judge" not in refused:
@@ -310,6 +313,10 @@ def entry_support(entry: CatalogEntry) -> Support:
     """What this package does with a catalog entry: one it serves by name (:func:`served_name`)
     as :func:`support` says; any other entry is not served by it yet."""
     name = served_name(entry)
+    agent = f"`{entry.agent}`" if entry.agent else ""
+    refused = refused_folders().get(entry.name) if entry.kind == "environment" else None
+    if name is None and refused:
+        return Support(status=REFUSED, agent=agent, needs=_short(refused))
     if name is None:
-        return Support(status=NOT_YET, agent=f"`{entry.agent}`" if entry.agent else "")
+        return Support(status=NOT_YET, agent=agent)
     return support(name)

@@ -50,6 +50,7 @@ from miles_nemogym.gym.composition import (
     shipped_config,
 )
 from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config, parse_configs
+from miles_nemogym.gym.harness import HARNESSES, NOT_RUN_HERE, cli_bin
 from miles_nemogym.gym.judge_gate import JudgeGate
 from miles_nemogym.gym.logs import ServerLog, run_secrets
 from miles_nemogym.gym.server import (
@@ -104,10 +105,10 @@ __all__ = [
 
 _GROUP = "resources_servers"
 _CATALOG = "environments"
-PLAYED_AGENTS = ("simple_agent", "gymnasium_agent")
+PLAYED_AGENTS = ("simple_agent", "gymnasium_agent", "opencode_agent")
 """The agent kinds of an ``environments/`` folder this package serves by the folder's name: the
-``simple_agent`` loop it plays in-process, the ``gymnasium_agent`` it routes (as it does the
-resources servers' own configs of either)."""
+``simple_agent`` loop it plays in-process, the ``gymnasium_agent`` and ``opencode_agent`` it routes
+(as it does the resources servers' own configs of either)."""
 POLICY_KEY_ENV = "NEMO_GYM_POLICY_API_KEY"
 _READY = "miles-nemogym-envs.json"
 # A plain PyPI requirement: a name, optional extras, version specifiers and an environment marker.
@@ -268,6 +269,43 @@ def _spelling_problem(said: str) -> str | None:
     if config_names().get(parts[2]) == f"{_GROUP}/{parts[1]}/configs/{parts[2]}.yaml":
         return None
     return f"{said!r} is not a config nemo-gym ships (no {_GROUP}/{parts[1]}/configs/{parts[2]}.yaml)"
+
+
+def refused_folders() -> dict[str, str]:
+    """Each folder of the wheel's ``environments/`` whose agent this package refuses to run: its
+    name -> why (a harness of ``NOT_RUN_HERE``, an agent requirement beyond PyPI, an agent that
+    drops the rollout id)."""
+    return dict(_refused_folders(gym_wheel.wheel_path()))
+
+
+@functools.lru_cache(maxsize=4)
+def _refused_folders(wheel: Path) -> tuple[tuple[str, str], ...]:
+    found: dict[str, str] = {}
+    with gym_wheel.opened() as archive:
+        members = set(archive.namelist())
+        for member in sorted(members):
+            if member.count("/") != 2 or not member.startswith(f"{_CATALOG}/") or not member.endswith("/config.yaml"):
+                continue
+            name = member.split("/")[1]
+            config = load_yaml(archive.read(member))
+            blocks = list(server_blocks(config if isinstance(config, dict) else {}))
+            agents = sorted({kind for _, group, kind, _ in blocks if group == "responses_api_agents"})
+            if not agents or set(agents) <= set(PLAYED_AGENTS):
+                continue
+            reasons = []
+            for kind in agents:
+                requirements = f"responses_api_agents/{kind}/requirements.txt"
+                text = archive.read(requirements).decode("utf-8") if requirements in members else ""
+                try:
+                    _requirement_lines(name, text)
+                except GymEnvironmentError as error:
+                    reasons.append(str(error).replace("its requirements.txt", f"its agent {kind}'s requirements.txt"))
+                if kind in NOT_RUN_HERE:
+                    reasons.append(f"environment {name!r}: its agent {kind}: {NOT_RUN_HERE[kind]}")
+            reason = reasons[0] if reasons else refusal(name, shipped_config(member), None)
+            if reason:
+                found[name] = reason
+    return tuple(found.items())
 
 
 def example_rows_member(name: str) -> str:
@@ -449,6 +487,9 @@ def _check_shipped(names: Sequence[str], shipped: Sequence[str], archive: zipfil
     """The shipped agents' configs :func:`plan` needs (none when every name is a folder)."""
     agents = {} if set(names) <= set(shipped) else _agent_configs(archive)
     unknown = [n for n in names if n not in shipped and n not in agents]
+    refused = refused_folders() if unknown else {}
+    if any(n in refused for n in unknown):
+        raise GymEnvironmentError("; ".join(refused[n] for n in unknown if n in refused))
     if unknown:
         lines = []
         for name in unknown:
@@ -746,6 +787,8 @@ class EnvironmentServers:
         """Instance name -> port of every started process."""
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self._tmp: Path | None = None
+        self._cli_bins: dict[str, Path] = {}
+        """Harness agent instance -> the folder of its CLI (``gym/harness.py``), put first on its PATH."""
 
     def urls(self, advertised: bool = False) -> dict[str, str]:
         """Environment name -> its resources server's base URL (``advertised``: for other machines)."""
@@ -833,6 +876,8 @@ class EnvironmentServers:
         for index, name in enumerate([*names, *also, *judge]):
             group, kind = self._where(name)
             block = self.config[name][group][kind]
+            if kind in HARNESSES:
+                self._cli_bins[name] = cli_bin(kind, block, self._progress)
             if self.first_port and name in names:
                 port = self.first_port + index
                 if not port_free(self.host, port):
@@ -886,6 +931,11 @@ class EnvironmentServers:
                 **self._extra_env,
             }
         )
+        if name in self._cli_bins:
+            # The harness' CLI, and its own config and cache folders this run's (not the user's home).
+            env["PATH"] = os.pathsep.join([str(self._cli_bins[name]), env.get("PATH", os.defpath)])
+            for variable in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME"):
+                env[variable] = str(tmp / name / variable.split("_")[1].lower())
         key = os.environ.get(POLICY_KEY_ENV)
         if self.routed and name == POLICY_MODEL and key:
             env[POLICY_KEY_ENV] = key  # the routing model's alone (every other process goes without it)

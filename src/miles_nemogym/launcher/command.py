@@ -202,6 +202,10 @@ def train_args(config: LauncherConfig, parsers: Parsers) -> list[str]:
     args += _flag("--session-server-ip", config.session_server_ip)
     args += _flag("--session-server-port", config.session_server_port)
     args += _flag("--tito-model", parsers.tito_model)
+    # Agent harnesses (opencode) replay earlier tool calls with their arguments re-serialized; Miles'
+    # loose_tool_call matcher compares those as JSON, strict would roll the session back and train
+    # only the last turn. It accepts everything strict does (docs/environments.md, "Harness environments").
+    args += _flag("--session-message-matcher", "loose_tool_call")
     # model numerics (as upstream's launchers)
     args += _flag("--attention-dropout", 0.0)
     args += _flag("--hidden-dropout", 0.0)
