@@ -222,28 +222,33 @@ def _convert_command(
     out, err = console(), console(stderr=True)
     scratch = contextlib.ExitStack()
     with scratch:
-        benchmarks: list[BenchmarkMark] = []
+        benchmarks: list[tuple[BenchmarkMark, Path]] = []
         env = [_benchmark_rows(err, value, input, scratch, benchmarks) for value in env or ()]
         if input is not None and benchmarks and all("=" in value for value in env):
             input = None  # read as a benchmark's prepared file
         _convert_with(out, err, output, input, env, own_envs, size, split, subset, on_error, gradeable_only,
                       repos, exclude_repos, instance_ids, limit, shuffle, seed, holdout, holdout_output,
                       drop_fields, quiet)  # fmt: skip
-        for mark in benchmarks:
-            out.print(_benchmark_note(mark), highlight=False, markup=False)
+        for mark, source in benchmarks:
+            out.print(_benchmark_note(mark, source), highlight=False, markup=False)
 
 
-def _benchmark_note(mark: BenchmarkMark) -> str:
+def _benchmark_note(mark: BenchmarkMark, source: Path) -> str:
     span = " to ".join(map(str, mark.reward_range)) if mark.reward_range else "unknown"
     better = {True: ", higher is better", False: ", lower is better", None: ""}[mark.higher_is_better]
     return (
-        f"benchmark {mark.name}: graded by {mark.environment}, {mark.num_repeats} samples per prompt, "
+        f"benchmark {mark.name} (the rows of {source}, its prompt config applied by nemo-gym): "
+        f"graded by {mark.environment}, {mark.num_repeats} samples per prompt, "
         f"reward {span}{better}; evaluate with --eval-data {mark.name.replace('/', '.')}=FILE"
     )
 
 
 def _benchmark_rows(
-    err: Console, value: str, input: str | None, scratch: contextlib.ExitStack, marks: list[BenchmarkMark]
+    err: Console,
+    value: str,
+    input: str | None,
+    scratch: contextlib.ExitStack,
+    marks: list[tuple[BenchmarkMark, Path]],
 ) -> str:
     """``value`` as given, or, when it names a NeMo-Gym benchmark, ``GRADER=ROWS[:WEIGHT]`` with
     ROWS the benchmark's rows made by :func:`miles_nemogym.gym.benchmarks.materialize`."""
@@ -294,7 +299,7 @@ def _benchmark_rows(
     except BenchmarkError as error:
         err.print(f"error: --env {value}: {error}", highlight=False, markup=False)
         raise typer.Exit(2) from None
-    marks.append(mark)
+    marks.append((mark, source))
     return f"{mark.environment}={rows}" + (f":{tail}" if weighted else "")
 
 
