@@ -8,50 +8,23 @@ Samples are what Miles' ``agentic_tool_call`` returns (``tests/test_salvage_befo
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from miles_nemogym import salvage, settings, state
+from miles_nemogym import settings, state
 from miles_nemogym.buffer import EpisodeBuffer
 from miles_nemogym.errors import RunStopped
 from tests.support.agent_fixtures import episode, fast_env, input_sample, server
 from tests.support.fault_server import FaultServer
+from tests.support.samples import BufferArgs as Args
+from tests.support.samples import BufferConstructor as Constructor
+from tests.support.samples import BufferEntry as Entry
 from tests.support.samples import Sample, Status
 
 __all__ = ["fast_env", "server"]  # fixtures used by name
 pytestmark = pytest.mark.usefixtures("fast_env")
-
-
-@dataclass
-class Args:
-    """The Miles arguments the buffer reads, as the launcher sets them."""
-
-    n_samples_per_prompt: int = 4
-    rollout_batch_size: int = 2
-    async_data_buffer_capacity_factor: float = 2.0
-    async_unused_samples_handler: str = "drop"
-    max_weight_staleness: int | None = None
-    dynamic_sampling_filter_path: str = "miles_nemogym.filters.check_episode_group"
-    custom_reward_post_process_path: str = salvage.HOOK_PATH
-
-
-@dataclass
-class Entry:
-    """Miles' ``DataBufferInput``."""
-
-    prompt_group: list[Any]
-    group: list[Any]
-
-
-@dataclass
-class Constructor:
-    """Miles' ``DataBufferConstructorInput``."""
-
-    args: Args
-    unused_handler_fn: Any
-    unused: list[list[Any]] = field(default_factory=list)
 
 
 def buffer(**kwargs: Any) -> tuple[EpisodeBuffer, list[list[Any]]]:

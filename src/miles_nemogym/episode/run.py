@@ -51,13 +51,13 @@ from miles_nemogym.episode.record import (
     timed_out,
 )
 from miles_nemogym.errors import RequestError, SettingsError, UrlError
-from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.rollout_ids import (
+from miles_nemogym.log_once import log_once
+from miles_nemogym.redaction import redact_url
+from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout_ids import (
     SECRET_VARIABLE,
     rollout_id,
     secret_problem,
 )
-from miles_nemogym.log_once import log_once
-from miles_nemogym.redaction import redact_url
 from miles_nemogym.settings import EnvironmentServer, Settings, TimeoutReward
 from miles_nemogym.transport import (
     Deadline,

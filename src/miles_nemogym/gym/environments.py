@@ -52,7 +52,6 @@ from miles_nemogym.gym.composition import (
 from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config, parse_configs
 from miles_nemogym.gym.judge_gate import JudgeGate
 from miles_nemogym.gym.logs import ServerLog, run_secrets
-from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.rollout_ids import SECRET_VARIABLE
 from miles_nemogym.gym.server import (
     MARKER_ENV,
     advertised_url,
@@ -74,6 +73,7 @@ from miles_nemogym.gym.venv import (
     gym_venv_root,
     run_build_step,
 )
+from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout_ids import SECRET_VARIABLE
 from miles_nemogym.settings import short_name
 from miles_nemogym.transport import connect_host
 from miles_nemogym.yaml_file import load as load_yaml
@@ -132,7 +132,7 @@ print("\\n" + json.dumps(out))
 """
 
 
-ROUTING_ROOT = Path(__file__).parent / "routing_root"
+ROUTING_ROOT = Path(__file__).parent.parent / "routing_root"
 """A ``NEMO_GYM_EXTRA_ROOTS`` root holding this package's routing model server."""
 ROUTING_MODEL = ROUTING_ROOT / "responses_api_models" / "miles_routing_model"
 _ROUTING_CONFIG = ROUTING_MODEL / "configs" / "miles_routing_model.yaml"
