@@ -60,7 +60,8 @@ async def test_marks_bookkeeping_and_returned_keys_never_reach_the_resources_ser
 ) -> None:
     task = row(tag("gold"), expected_answer="B")
     previous = {"reward": 1.0, "eval_report": {"x": 1}, "nemogym": {"status": "ok"}, "agent_metrics": {"a": 1}}
-    metadata = {**env_row("mcqa"), **eval_overrides("held"), **previous, "policy_api_key": "sk-row"}
+    bench = {"nemogym_benchmark": {"name": "b", "environment": "mcqa", "num_repeats": 8}}  # convert's mark
+    metadata = {**env_row("mcqa"), **eval_overrides("held"), **previous, **bench, "policy_api_key": "sk-row"}
     async with fake_resources() as fake:
         envs(monkeypatch, mcqa=fake.url)
         out = await run_env(chat, metadata)

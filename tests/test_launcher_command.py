@@ -453,6 +453,18 @@ def test_eval_wiring_marks_eval_samples_through_miles_eval_config() -> None:
     assert not any(flag.startswith("--eval") for flag in without) and "--log-passrate" not in without
 
 
+def test_a_benchmarks_set_is_sampled_its_repeats_and_other_sets_the_flags(tmp_path: Path) -> None:
+    marked = tmp_path / "aime25.jsonl"
+    mark = {"name": "aime25", "environment": "math_with_judge", "num_repeats": 32}
+    marked.write_text(json.dumps({"prompt": [], "metadata": {"nemogym_benchmark": mark}}) + "\n")
+    plain = tmp_path / "mcqa.jsonl"
+    plain.write_text(json.dumps({"prompt": [], "metadata": {"nemogym_env": "mcqa"}}) + "\n")
+    config = LauncherConfig(eval_data=[f"aime25={marked}", f"mcqa={plain}"], eval_samples_per_prompt=4)
+    encoded = one(recipe_flags(build(config)), "--eval-config")
+    datasets = json.loads(base64.b64decode(encoded.removeprefix("base64:")))["eval"]["datasets"]
+    assert {d["name"]: d["n_samples_per_eval_prompt"] for d in datasets} == {"aime25": 32, "mcqa": 4}
+
+
 def test_episode_store_is_on_by_default_under_the_save_folder() -> None:
     default = build(LauncherConfig(save_dir=Path("/runs/a")))
     assert default.env["NEMO_GYM_EPISODE_DIR"] == "/runs/a/episodes"

@@ -42,6 +42,18 @@ def test_pass_at_k_is_the_unbiased_estimator() -> None:
         pass_at_k(1, 1, 2)
 
 
+def test_pass_at_k_is_logged_for_each_power_of_two_up_to_k_and_k_itself() -> None:
+    # One instance, 12 episodes, 3 resolved; k = 12 (a benchmark's repeats).
+    samples = [sample("x", f"e{i}", resolved=i < 3) for i in range(12)]
+    got = eval_set_metrics("verified", samples, 12, Tally())
+    assert sorted(key for key in got if "/pass@" in key and key.count("/") == 2) == [
+        P + f"pass@{k}" for k in ("1", "12", "2", "4", "8")
+    ]
+    for k in (2, 4, 8, 12):
+        assert got[P + f"pass@{k}"] == pytest.approx(pass_at_k(12, 3, k))
+    assert P + "pass@16" not in got
+
+
 def test_masked_episodes_are_set_aside_not_counted_as_policy_failures() -> None:
     samples = [
         # x: 4 valid, 1 resolved.

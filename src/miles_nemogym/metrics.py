@@ -285,6 +285,7 @@ def eval_set_metrics(name: str, samples: Any, k: int, tally: Tally) -> dict[str,
         metrics[f"masked/{metric_label(kind)}"] = float(count)
 
     metrics.update(_pass_rates(found, k))
+    metrics.update(_reward_mean(valid))
     metrics.update(_quality([e.record for e in valid]))
     metrics.update(_resolve_rate_per_repo(valid))
     metrics.update(_per_environment(found, tally, k))
@@ -305,8 +306,9 @@ def _pass_rates(found: list[SampledEpisode], k: int) -> dict[str, float]:
         metrics["pass@1"] = sum(sum(v) / len(v) for v in by_instance.values()) / len(by_instance)
     full = {iid: v for iid, v in by_instance.items() if len(v) >= k}
     metrics["instances_short_of_k"] = float(len(instances) - len(full))
-    if full and k > 1:
-        metrics[f"pass@{k}"] = sum(pass_at_k(len(v), sum(v), k) for v in full.values()) / len(full)
+    if full:  # pass@2, pass@4, ... below k (a benchmark's 32 repeats: up to pass@32), then pass@k
+        for j in [*(2**e for e in range(1, k.bit_length()) if 2**e < k), *([k] if k > 1 else [])]:
+            metrics[f"pass@{j}"] = sum(pass_at_k(len(v), sum(v), j) for v in full.values()) / len(full)
     return metrics
 
 

@@ -19,7 +19,7 @@ from miles_nemogym.gym.environments import shipped_environments
 from miles_nemogym.settings import short_name
 from tests.support.catalog_scripts import JUDGED_TOGETHER, SERVED_TOGETHER
 from tests.support.config_envs import SERVED
-from tests.support.env_scripts import ENVIRONMENTS, SMOKED
+from tests.support.env_scripts import BENCHMARKS, ENVIRONMENTS, SMOKED
 from tests.support.judge_model import JUDGED_ENVIRONMENTS
 from tests.support.routed_agents import AGENTS
 
@@ -29,7 +29,19 @@ END = "<!-- environments-table: end -->"
 TESTED = "runs end to end here (tested)"
 SIMPLE = "simple_agent, not tested here"
 ROUTED = "routed agent, not run here"
-ORDER = (TESTED, SIMPLE, JUDGE, ROUTED, ALONE, REFUSED, catalog.NOT_YET)
+BENCHMARK_TESTED = "benchmark: runs end to end here (tested)"
+ORDER = (
+    TESTED,
+    BENCHMARK_TESTED,
+    catalog.BENCHMARK_SHIPPED,
+    catalog.BENCHMARK_PREPARED,
+    SIMPLE,
+    JUDGE,
+    ROUTED,
+    ALONE,
+    REFUSED,
+    catalog.NOT_YET,
+)
 
 
 @dataclass(frozen=True)
@@ -111,7 +123,8 @@ def catalog_rows(entries: Sequence[catalog.CatalogEntry]) -> list[Row]:
             found = row(name)
         else:
             here = catalog.entry_support(entry)
-            found = Row(entry.name, here.agent, here.status, here.needs)
+            tested = entry.kind == "benchmark" and entry.name in BENCHMARKS
+            found = Row(entry.name, here.agent, BENCHMARK_TESTED if tested else here.status, here.needs)
         out.append(Row(entry.name, found.agent, found.status, found.needs))
     return out
 

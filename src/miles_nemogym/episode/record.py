@@ -31,6 +31,7 @@ from miles_nemogym.settings import SWE_ENVIRONMENT, environment_name_problem, sh
 
 __all__ = [
     "AGENT_SUFFIX",
+    "BENCHMARK_KEY",
     "ENV_KEY",
     "EVAL",
     "PASS_REWARD",
@@ -104,7 +105,9 @@ ENV_KEY = "nemogym_env"
 """The ``sample.metadata`` mark naming the row's environment (a ``NEMO_GYM_ENVS`` name)."""
 TASK_ID_KEY = "nemogym_task_id"
 """The ``sample.metadata`` mark holding the row's task id (an environment row has no ``instance_id``)."""
-ROW_MARKS = _ROLE_KEYS | {ENV_KEY, TASK_ID_KEY}
+BENCHMARK_KEY = "nemogym_benchmark"
+"""The mark of a benchmark's row (``convert --env BENCHMARK``): its name, grader, repeats, reward range."""
+ROW_MARKS = _ROLE_KEYS | {ENV_KEY, TASK_ID_KEY, BENCHMARK_KEY}
 """Every mark of ours on a row: never sent to a server as task fields."""
 ROUTING_KEYS = frozenset({"policy_base_url", "policy_api_key"})
 """Routing and secrets come from the plugin, never from a data row."""

@@ -37,6 +37,7 @@ __all__ = [
     "judged_instances",
     "layer",
     "overrides",
+    "own_config",
     "refusal",
     "served",
     "server_blocks",
@@ -120,6 +121,11 @@ def _member(member: str) -> dict[str, Any]:
         except KeyError:
             return {}
     return loaded if isinstance(loaded, dict) else {}
+
+
+def own_config(member: str) -> dict[str, Any]:
+    """A config of the wheel as written, without the configs it names in ``config_paths``."""
+    return dict(_member(member))
 
 
 def shipped_config(member: str) -> dict[str, Any]:

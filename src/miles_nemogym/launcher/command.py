@@ -296,12 +296,18 @@ def _gpu_range(low: int, high: int) -> str:
 def eval_config_document(config: LauncherConfig) -> dict[str, Any]:
     """Miles' ``--eval-config`` document for the held-out sets (``miles/utils/eval_config.py``):
     each one's ``metadata_overrides`` mark its samples with their role and set name, which is
-    how the agent function, the ledger and the episode store tell eval from train."""
+    how the agent function, the ledger and the episode store tell eval from train. A file of a
+    NeMo-Gym benchmark's rows (``convert --env BENCHMARK``) is sampled its ``num_repeats`` times
+    per prompt, as the benchmark defines; any other file ``eval_samples_per_prompt`` times."""
+    from miles_nemogym.gym.benchmarks import file_benchmark
+
+    marks = {name: file_benchmark(Path(path)) for name, path in config.eval_data.items()}
+    repeats = {name: mark.num_repeats for name, mark in marks.items() if mark is not None}
     datasets = [
         {
             "name": name,
             "path": str(path),
-            "n_samples_per_eval_prompt": config.eval_samples_per_prompt,
+            "n_samples_per_eval_prompt": repeats.get(name, config.eval_samples_per_prompt),
             "metadata_overrides": eval_overrides(name),
         }
         for name, path in config.eval_data.items()
