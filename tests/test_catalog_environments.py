@@ -98,7 +98,36 @@ def test_environments_reports_the_folders_as_served_refused_or_judged_and_others
     assert "user_sim_base_url" in entry_support(entry("indian_banking")).needs
     opencode = entry_support(entry("opencode_math"))
     assert opencode.status == catalog.ROUTED and "to install opencode-ai@1.17.11 once" in opencode.needs
-    assert entry_support(entry("aviary_gsm8k")).status == catalog.NOT_YET
+
+
+# The five folders of nemo-gym 0.7.0's environments/ no other rule served: each refused for what the
+# wheel says it needs, or served as the resources server config it is.
+_HYPOTEST = "a requirement beyond PyPI: `hypotest @ git+https://github.com/EdisonScientific/hypotest.git@"
+_LAST_FIVE = {
+    "aviary_bixbench": (catalog.REFUSED, _HYPOTEST, "its resources server aviary's requirements.txt"),
+    "aviary_gsm8k": (catalog.REFUSED, _HYPOTEST, "its resources server aviary's requirements.txt"),
+    "aviary_hotpotqa": (catalog.REFUSED, _HYPOTEST, "its resources server aviary's requirements.txt"),
+    "nemo_user_sim": (catalog.REFUSED, "a requirement beyond PyPI: `nemo-usersim @ git+https://github.com/", "its re"),
+    "example_single_tool_call": (catalog.SIMPLE, "", ""),
+}
+
+
+@pytest.mark.parametrize(("name", "expected"), _LAST_FIVE.items())
+def test_the_last_five_folders_are_refused_for_a_requirement_beyond_pypi_or_served_as_their_server(
+    name: str, expected: tuple[str, str, str]
+) -> None:
+    status, why, refusal = expected
+    found = entry_support(CatalogEntry(name=name, kind="environment", config=f"environments/{name}/config.yaml"))
+    assert found.status == status and found.needs.startswith(why), found
+    shown = CliRunner().invoke(app, ["environments", name])
+    assert shown.exit_code == 0 and f"here: {status}" in shown.output, shown.output
+    if status == catalog.REFUSED:
+        with pytest.raises(GymEnvironmentError, match=f"environment '{name}': {refusal}") as refused:
+            plan([name])
+        assert "needs more than PyPI" in str(refused.value)
+    else:
+        [served] = plan([name])
+        assert served.config == f"resources_servers/{name}/configs/{name}.yaml"
 
 
 # Each other harness of nemo-gym 0.7.0's environments/, refused for what it lacks here.

@@ -30,7 +30,7 @@ from miles_nemogym.gym.composition import (
     server_blocks,
     shipped_config,
 )
-from miles_nemogym.gym.environments import catalog_folders, plan, refused_folders
+from miles_nemogym.gym.environments import catalog_folders, folder_servers, plan, refused_folders
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, child_environment, gym_venv_root
 from miles_nemogym.settings import short_name
 
@@ -320,11 +320,14 @@ def support(name: str) -> Support:
 
 def served_name(entry: CatalogEntry) -> str | None:
     """The name ``--env`` takes for a catalog entry: a resources server's short name, or the name
-    of an ``environments/`` folder it plays (``catalog_folders``); None for any other entry."""
+    of an ``environments/`` folder it plays (``catalog_folders``), or of the resources server config
+    a folder is (``folder_servers``); None for any other entry."""
     if entry.short_name is not None:
         return entry.short_name
     if entry.kind == "environment" and entry.name in catalog_folders():
         return entry.name
+    if entry.kind == "environment":
+        return folder_servers().get(entry.name)
     return None
 
 

@@ -219,7 +219,8 @@ def _shipped_environments(wheel: Path) -> tuple[str, ...]:
 def catalog_folders() -> dict[str, str]:
     """Each folder of the wheel's ``environments/`` whose own config pairs its one resources
     server with an agent of ``PLAYED_AGENTS``: its name -> its ``config.yaml``. (A config that only
-    pulls in a resources server's, as ``example_single_tool_call``'s, is that server.)"""
+    pulls in a resources server's, as ``example_single_tool_call``'s, is that server:
+    ``folder_servers``.)"""
     return dict(_catalog_folders(gym_wheel.wheel_path()))
 
 
@@ -238,6 +239,37 @@ def _catalog_folders(wheel: Path) -> tuple[tuple[str, str], ...]:
         servers = {kind for _, group, kind, _ in blocks if group == _GROUP}
         if len(servers) == 1 and agents and agents <= set(PLAYED_AGENTS):
             found[member.split("/")[1]] = member
+    return tuple(found.items())
+
+
+def folder_servers() -> dict[str, str]:
+    """Each folder of the wheel's ``environments/`` whose config is one resources server's config
+    (it pulls in ``resources_servers/X/configs/C.yaml`` and adds no agent, at most datasets of
+    ``X``'s own instances, as ``example_single_tool_call``'s and ``nemo_user_sim``'s): its name ->
+    the name ``--env`` takes for that config (``X``, or ``C`` when it is not named after ``X``)."""
+    return dict(_folder_servers(gym_wheel.wheel_path()))
+
+
+@functools.lru_cache(maxsize=4)
+def _folder_servers(wheel: Path) -> tuple[tuple[str, str], ...]:
+    found: dict[str, str] = {}
+    with gym_wheel.opened() as archive:
+        configs = [
+            (member.split("/")[1], load_yaml(archive.read(member)))
+            for member in sorted(archive.namelist())
+            if member.count("/") == 2 and member.startswith(f"{_CATALOG}/") and member.endswith("/config.yaml")
+        ]
+    for name, config in configs:
+        if not isinstance(config, dict):
+            continue
+        paths = config.get("config_paths") or []
+        parts = str(paths[0]).split("/") if len(paths) == 1 else []
+        if len(parts) != 4 or parts[0] != _GROUP or parts[2] != "configs" or not parts[3].endswith(".yaml"):
+            continue
+        blocks = list(server_blocks(config))
+        if all(group == _GROUP and kind == parts[1] for _, group, kind, _ in blocks):
+            stem = parts[3][: -len(".yaml")]
+            found[name] = parts[1] if stem == parts[1] else stem
     return tuple(found.items())
 
 
@@ -273,8 +305,8 @@ def _spelling_problem(said: str) -> str | None:
 
 def refused_folders() -> dict[str, str]:
     """Each folder of the wheel's ``environments/`` whose agent this package refuses to run: its
-    name -> why (a harness of ``NOT_RUN_HERE``, an agent requirement beyond PyPI, an agent that
-    drops the rollout id)."""
+    name -> why (a harness of ``NOT_RUN_HERE``, a requirement beyond PyPI of one of its agents or
+    resources servers, an agent that drops the rollout id)."""
     return dict(_refused_folders(gym_wheel.wheel_path()))
 
 
@@ -293,13 +325,16 @@ def _refused_folders(wheel: Path) -> tuple[tuple[str, str], ...]:
             if not agents or set(agents) <= set(PLAYED_AGENTS):
                 continue
             reasons = []
-            for kind in agents:
-                requirements = f"responses_api_agents/{kind}/requirements.txt"
+            servers = sorted({kind for _, group, kind, _ in blocks if group == _GROUP})
+            parts = [("responses_api_agents", "agent", kind) for kind in agents]
+            for group, role, kind in [*parts, *((_GROUP, "resources server", kind) for kind in servers)]:
+                requirements = f"{group}/{kind}/requirements.txt"
                 text = archive.read(requirements).decode("utf-8") if requirements in members else ""
                 try:
                     _requirement_lines(name, text)
                 except GymEnvironmentError as error:
-                    reasons.append(str(error).replace("its requirements.txt", f"its agent {kind}'s requirements.txt"))
+                    reasons.append(str(error).replace("its requirements.txt", f"its {role} {kind}'s requirements.txt"))
+            for kind in agents:
                 if kind in NOT_RUN_HERE:
                     reasons.append(f"environment {name!r}: its agent {kind}: {NOT_RUN_HERE[kind]}")
             reason = reasons[0] if reasons else refusal(name, shipped_config(member), None)
