@@ -219,8 +219,10 @@ def test_bare_command_lists_every_description_whole(width: int) -> None:
 
 @WIDTHS
 def test_converter_notes_and_hub_error_wrap_between_words(
-    tmp_path: Path, gym_example_rows: list[dict[str, Any]], width: int
+    tmp_path: Path, gym_example_rows: list[dict[str, Any]], width: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.chdir(tmp_path)  # short paths: the notes are under test, not a long $TMPDIR
+    tmp_path = Path(".")
     source = write_jsonl(tmp_path / "raw.jsonl", gym_example_rows)
     missing = [f"{LONG_ID}{number}" for number in range(8)]
     ids = tmp_path / "ids.txt"
