@@ -47,11 +47,11 @@ from miles_nemogym import state  # noqa: E402
 from miles_nemogym.episode import environment, run  # noqa: E402
 from miles_nemogym.episode.delivery import deliver  # noqa: E402
 from miles_nemogym.gym.environments import EnvironmentServers, plan  # noqa: E402
-from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.rollout_ids import (  # noqa: E402
+from miles_nemogym.gym.venv import BuildLines, ensure_gym_venv  # noqa: E402
+from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout_ids import (  # noqa: E402
     SECRET_VARIABLE,
     rollout_id,
 )
-from miles_nemogym.gym.venv import BuildLines, ensure_gym_venv  # noqa: E402
 from miles_nemogym.settings import EnvironmentServer, Settings  # noqa: E402
 from miles_nemogym.transport import close_pools  # noqa: E402
 from tests.support.scripted_chat import ScriptedChat, Turn, tagged, tool  # noqa: E402

@@ -5,11 +5,13 @@
     python scripts/sample_path.py          # Markdown: the doc's tables, then each sample's module calls
     python scripts/sample_path.py --json   # every figure, function and call as JSON
 
-Two samples, each in a fresh interpreter over loopback servers only (a few seconds): a real
-SWE-bench row through ``agent.run`` and a ``/run`` stand-in answering the wheel's real result,
-and a real mcqa row through the ``simple_agent`` loop (a resources-server stand-in and a
-scripted chat policy at Miles' session URL); then the reward hook, the group filter, salvage
-(where Miles imports) and ``log_rollout`` on the sample, episode store on. The tracer and
+Five samples, each in a fresh interpreter over loopback servers only (a few seconds each): a
+real SWE-bench row through ``agent.run`` and a ``/run`` stand-in answering the wheel's real
+result; a real mcqa row through the ``simple_agent`` loop (a resources-server stand-in and a
+scripted chat policy at Miles' session URL); the SWE row answered with HTTP 500; a blackjack
+agent row through its agent's ``/run``; the SWE row through the fully async buffer. Then the
+reward hook, the group filter, salvage (where Miles imports) or the buffer, and
+``log_rollout`` on the sample, episode store on. The tracer and
 the drivers are ``tests/support/sample_path.py`` (``tests/test_sample_path.py`` checks the
 doc against them). Runs from a checkout: its ``src/`` and the checkout's ``tests/`` are put
 on the path; the package's dependencies must be installed.

@@ -28,13 +28,13 @@ async def fresh_process_state() -> AsyncIterator[None]:
     """Each test starts as in a fresh process (``state.reset``: no circuit, empty ledger, nothing
     held, logged once or counted, settings re-read, no store open) and leaves no connection pool
     open on its event loop (else aiohttp reports "Unclosed client session")."""
-    from miles_nemogym import state
+    from miles_nemogym.runtime import install
     from miles_nemogym.transport import close_pools
 
-    state.reset()
+    install()
     yield
     await close_pools()
-    state.reset()
+    install()
 
 
 @pytest.fixture

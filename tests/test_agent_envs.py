@@ -17,12 +17,11 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import agent, salvage, state, transport
+from miles_nemogym import agent, salvage, transport
 from miles_nemogym.episode.record import ROW_MARKS, eval_overrides
 from miles_nemogym.errors import RunStopped
 from miles_nemogym.filters import check_run
-from miles_nemogym.settings import get_settings
-from miles_nemogym.state import ledger
+from miles_nemogym.runtime import current, install
 from miles_nemogym.store import reader
 from tests.support.agent_fixtures import call, fast_env, server
 from tests.support.environment_episodes import MILES_KEYS, chat, env_row, envs, run_env
@@ -61,7 +60,8 @@ async def test_marks_bookkeeping_and_returned_keys_never_reach_the_resources_ser
 ) -> None:
     task = row(tag("gold"), expected_answer="B")
     previous = {"reward": 1.0, "eval_report": {"x": 1}, "nemogym": {"status": "ok"}, "agent_metrics": {"a": 1}}
-    metadata = {**env_row("mcqa"), **eval_overrides("held"), **previous, "policy_api_key": "sk-row"}
+    bench = {"nemogym_benchmark": {"name": "b", "environment": "mcqa", "num_repeats": 8}}  # convert's mark
+    metadata = {**env_row("mcqa"), **eval_overrides("held"), **previous, **bench, "policy_api_key": "sk-row"}
     async with fake_resources() as fake:
         envs(monkeypatch, mcqa=fake.url)
         out = await run_env(chat, metadata)
@@ -81,6 +81,7 @@ async def test_a_row_marked_with_an_unconfigured_environment_is_invalid_config_l
             outs = [await run_env(chat, env_row("xlam_fc", "unrouted", task=str(i))) for i in range(3)]
         assert len([r for r in caplog.records if "xlam_fc" in r.getMessage()]) == 1
         monkeypatch.delenv("NEMO_GYM_ENVS")
+        install()  # settings are read once per runtime: a new run sees the change
         unset = await run_env(chat, env_row("xlam_fc"))
     for out in outs:
         record = out["nemogym"]
@@ -145,9 +146,9 @@ async def test_record_ledger_store_and_tool_time_of_an_environment_episode(
     assert trained["eval_report"] == {"extracted_answer": "B"}  # the environment's own /verify fields
     tool_time = trained["agent_metrics"]["total_tool_time"]
     assert 3 * 0.05 <= tool_time <= record["elapsed_s"] < took  # seed + one tool + verify
-    assert ledger.drain().episodes == 1
-    assert ledger.drain("eval", "mcqa_holdout").episodes == 1
-    state.stores.get(str(tmp_path)).flush()
+    assert current().ledger.drain().episodes == 1
+    assert current().ledger.drain("eval", "mcqa_holdout").episodes == 1
+    current().stores.get(str(tmp_path)).flush()
     stored = {(e.role, e.record["environment"], e.instance_id) for e in reader.load(tmp_path).episodes}
     assert stored == {("train", "mcqa", "mcqa/1"), ("eval", "mcqa", "mcqa/2")}
 
@@ -160,6 +161,7 @@ async def test_reward_range_applies_to_an_environment_reward(
         outside = await run_env(chat, env_row("mcqa", "plain"))
         monkeypatch.setenv("NEMO_GYM_REWARD_RANGE", "0,5")
         monkeypatch.setenv("NEMO_GYM_REWARD_MODE", "partial")  # SWE test counts only: no effect here
+        install()  # a new run reads the changed settings
         inside = await run_env(chat, env_row("mcqa", "plain"))
     record = outside["nemogym"]
     assert (record["failure_kind"], record["server_reward"], outside["reward"]) == ("verifier_error", 2.0, 0.0)
@@ -179,7 +181,7 @@ async def test_a_failed_environment_episode_is_held_for_its_aborted_sample_by_ta
     valid = Sample(prompt=[], metadata=copy.deepcopy(env_row("mcqa", task="9")), index=1, group_index=0)
     valid.metadata["nemogym"] = {"status": "ok", "episode_id": "e-valid", "environment": "mcqa"}
     valid.tokens, valid.response_length, valid.loss_mask = [1, 2, 3], 1, [1]
-    assert salvage.recover_failed_episodes(state.held, [aborted, valid]) == 1
+    assert salvage.recover_failed_episodes(current().held, [aborted, valid]) == 1
     assert aborted.metadata["nemogym"]["episode_id"] == failed["nemogym"]["episode_id"]
     assert aborted.remove_sample is True
 
@@ -195,7 +197,7 @@ async def test_abort_stops_an_environment_episode(
         if where == "awaiting_result":  # the seed reached the server, which holds it for 2 s
             await eventually(lambda: fake.received, "the seed request reached the server")
         else:  # nothing listens: the episode waits out the outage, nothing delivered
-            await eventually(state.circuits.waiting, "the episode waits for the server")
+            await eventually(current().circuits.waiting, "the episode waits for the server")
         assert not task.done()
         await agent.abort()
         out = await asyncio.wait_for(task, 5)
@@ -203,8 +205,8 @@ async def test_abort_stops_an_environment_episode(
     assert (record["failure_kind"], record["mask_sample"], record["environment"]) == ("cancelled", True, "mcqa")
     assert ("before the request reached" in record["failure_reason"]) == (where == "not_delivered")
     assert out["agent_metrics"] == {"total_tool_time": 0.0}  # Miles reads it from every environment episode
-    assert ledger.drain().cancelled == 1
-    assert state.held.clear() == 0  # a cancelled episode is never held
+    assert current().ledger.drain().cancelled == 1
+    assert current().held.clear() == 0  # a cancelled episode is never held
 
 
 async def test_one_resources_server_down_holds_only_its_own_episodes_until_it_is_back(
@@ -215,20 +217,20 @@ async def test_one_resources_server_down_holds_only_its_own_episodes_until_it_is
     async with fake_resources() as other:
         envs(monkeypatch, mcqa=down_url, xlam_fc=other.url)
         waiting = [asyncio.create_task(run_env(chat, env_row("mcqa", task=str(i)))) for i in range(3)]
-        await eventually(lambda: state.circuits.waiting() == 3, "the three mcqa episodes wait for their server")
+        await eventually(lambda: current().circuits.waiting() == 3, "the three mcqa episodes wait for their server")
         finished = await asyncio.wait_for(
             asyncio.gather(*(run_env(chat, env_row("xlam_fc", task=str(i))) for i in range(3))), 10
         )
         assert [out["nemogym"]["status"] for out in finished] == ["ok"] * 3
         assert not any(task.done() for task in waiting)
-        assert state.circuits.for_url(down_url, "NEMO_GYM_ENVS").is_open
-        assert not state.circuits.for_url(other.url, "NEMO_GYM_ENVS").is_open
+        assert current().circuits.for_url(down_url, "NEMO_GYM_ENVS").is_open
+        assert not current().circuits.for_url(other.url, "NEMO_GYM_ENVS").is_open
         async with fake_resources(port=port) as back:
             outs = await asyncio.wait_for(asyncio.gather(*waiting), 10)
     assert [out["nemogym"]["status"] for out in outs] == ["ok"] * 3
     assert all(out["nemogym"]["attempts"] >= 2 for out in outs)
     assert len(back.seeded) == 3 and len(back.verified) == 3  # each seeded once, once it was back
-    assert ledger.drain().outage_wait_s > 0
+    assert current().ledger.drain().outage_wait_s > 0
 
 
 async def test_a_tool_call_that_may_have_been_delivered_is_masked_not_run_again(
@@ -257,7 +259,7 @@ async def test_a_tool_call_to_a_server_gone_after_the_seed_is_masked_not_run_aga
     record = out["nemogym"]
     assert (record["failure_kind"], record["attempts"], record["turns"]) == ("transport_unreachable", 1, 1)
     assert len(fake.seeded) == 1 and fake.tool_calls == []
-    assert not state.circuits.for_url(fake.url, "NEMO_GYM_ENVS").is_open
+    assert not current().circuits.for_url(fake.url, "NEMO_GYM_ENVS").is_open
 
 
 async def test_a_resources_outage_past_its_timeout_fails_its_episodes_and_stops_the_run(
@@ -271,7 +273,7 @@ async def test_a_resources_outage_past_its_timeout_fails_its_episodes_and_stops_
     assert (record["failure_kind"], record["mask_sample"]) == ("transport_unreachable", True)
     assert "NEMO_GYM_OUTAGE_TIMEOUT=1s" in record["failure_reason"]
     with pytest.raises(RunStopped, match="NEMO_GYM_ENVS") as stopped:
-        check_run(get_settings())
+        check_run(current().settings)
     assert down_url in str(stopped.value)
 
 
@@ -280,11 +282,11 @@ async def test_one_connection_pool_per_event_loop_for_environment_episodes(
 ) -> None:
     async with fake_resources() as fake:
         envs(monkeypatch, mcqa=fake.url)
-        first = await transport.pool(get_settings().max_concurrency)
+        first = await transport.pool(current().settings.max_concurrency)
         outs = [await run_env(chat, env_row("mcqa", "plain", task=str(i))) for i in range(5)]
         assert [out["nemogym"]["status"] for out in outs] == ["ok"] * 5 and len(fake.seeded) == 5
         assert len(fake.peers) == 1  # one pool: each episode reused the previous one's connection
-        assert await transport.pool(get_settings().max_concurrency) is first
+        assert await transport.pool(current().settings.max_concurrency) is first
         assert transport.open_pools() == 1
         await transport.close_pools()
         assert transport.open_pools() == 0
@@ -328,7 +330,7 @@ async def test_a_failure_streak_names_the_servers_it_came_from(
         for i in range(3):
             await run_env(chat, env_row("mcqa", "unseeded", task=str(i)))
     with pytest.raises(RunStopped, match="miles_nemogym:seed_failed x3") as stopped:
-        check_run(get_settings())
+        check_run(current().settings)
     assert f"the mcqa resources server at {fake.url} (NEMO_GYM_ENVS; x3)" in str(stopped.value)
     assert "NEMO_GYM_URL" not in str(stopped.value)
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import agent, reward, state, transport
+from miles_nemogym import agent, reward, transport
+from miles_nemogym.runtime import current, install
 from tests.support.agent_fixtures import SESSION, call, fast_env, server
 from tests.support.eventually import eventually
 from tests.support.fault_server import FaultServer, ResetAfterBodyServer
@@ -45,7 +46,7 @@ async def test_server_down_then_up_is_sent_again_into_one_episode(
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{port}")
     srv = FaultServer(result=sympy_result, port=port)
     task = asyncio.create_task(call(sympy_row))
-    await eventually(state.circuits.waiting, "a try found the server down")
+    await eventually(current().circuits.waiting, "a try found the server down")
     assert not task.done()
     await srv.start()
     try:
@@ -146,7 +147,7 @@ async def test_cancellation_propagates_and_closes_the_request(server: FaultServe
         await task
     await eventually(lambda: server.disconnects, "the server saw the request's connection close")
     assert server.disconnects == 1
-    assert sum(state.in_flight.abort_all().values()) == 0  # nothing left in flight to stop
+    assert sum(current().in_flight.abort_all().values()) == 0  # nothing left in flight to stop
 
 
 async def test_abort_stops_50_in_flight_runs_promptly(
@@ -162,7 +163,7 @@ async def test_abort_stops_50_in_flight_runs_promptly(
     results = await asyncio.wait_for(asyncio.gather(*tasks), 5)
     assert all(r["nemogym"]["failure_kind"] == "cancelled" for r in results)
     assert all(r["nemogym"]["mask_sample"] for r in results)
-    assert sum(state.in_flight.abort_all().values()) == 0  # nothing left in flight to stop
+    assert sum(current().in_flight.abort_all().values()) == 0  # nothing left in flight to stop
     assert len(server.bodies) == 50
 
 
@@ -245,6 +246,7 @@ def test_a_new_event_loop_gets_its_own_session(
     async def once() -> None:
         srv = await FaultServer(result=sympy_result).start()
         monkeypatch.setenv("NEMO_GYM_URL", srv.url)
+        install()  # each loop a new run: its settings name this server
         try:
             assert transport.open_pools() == 0  # the other loop's open pool is not this loop's
             out = await call(sympy_row)
@@ -275,11 +277,11 @@ async def test_a_caller_cancelled_during_abort_still_sees_its_cancellation(
     server.hold_s = 30
     task = asyncio.create_task(call(sympy_row))
     await eventually(lambda: server.bodies, "the request reached the server")
-    state.in_flight.abort_all()
+    current().in_flight.abort_all()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert sum(state.in_flight.abort_all().values()) == 0  # nothing left in flight to stop
+    assert sum(current().in_flight.abort_all().values()) == 0  # nothing left in flight to stop
 
 
 async def test_an_echoed_key_is_removed_before_any_truncation(
@@ -354,8 +356,10 @@ async def test_every_path_finishes_with_an_episode_id_and_the_task_instance(
     bad_route = await call(sympy_row, base_url="http://127.0.0.1:notaport/sessions/x")
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens
     monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "0.2")
+    install()  # each new setting: a new run
     undelivered = await call(sympy_row)
     monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "1h")
+    install()
     bad_settings = await call(sympy_row)
     outs = [graded, bad_route, undelivered, bad_settings]
     kinds = [out["nemogym"]["failure_kind"] for out in outs]

@@ -22,10 +22,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from miles_nemogym import agent, metrics, redaction, reward, state, transport
+from miles_nemogym import agent, metrics, redaction, reward, transport
 from miles_nemogym.episode import run as episode_run
-from miles_nemogym.ledger import Tally
-from miles_nemogym.state import ledger
+from miles_nemogym.runtime import Tally, current, install
 from tests.support.agent_fixtures import call, fast_env, server
 from tests.support.eventually import eventually
 from tests.support.fault_server import FaultServer
@@ -169,6 +168,7 @@ async def test_credentials_in_urls_never_reach_reasons_or_logs(
     with caplog.at_level(logging.DEBUG):
         bad_session = await call(sympy_row, base_url="http://miles:sessionpw@127.0.0.1:notaport/sessions/x")
         monkeypatch.setenv("NEMO_GYM_URL", "http://gym:gympw@127.0.0.1:99999")
+        install()  # a new run reads it
         bad_gym = await call(sympy_row)
     assert bad_session["nemogym"]["failure_kind"] == INVALID_REQUEST
     assert "miles:***@" in bad_session["nemogym"]["failure_reason"]
@@ -429,7 +429,7 @@ async def test_an_invalid_server_failure_kind_is_not_recorded_verbatim(
     assert "invalid failure_kind 'provider_xxx" in record["failure_reason"]
     assert len(record["failure_reason"]) <= 300 and "\n" not in record["failure_reason"]
     assert "INJECTED" not in caplog.text
-    keys = metrics.rollout_metrics([Sample(metadata=out)], ledger.drain())
+    keys = metrics.rollout_metrics([Sample(metadata=out)], current().ledger.drain())
     assert set(keys) >= {"nemogym/failure_rate/verifier_error"}
     assert all(len(key) < 80 for key in keys)
 
@@ -479,16 +479,16 @@ async def test_the_callers_cancellation_propagates_even_with_an_abort(
     tasks = [asyncio.create_task(call(sympy_row)) for _ in range(20)]
     await eventually(lambda: server.in_flight == 20, "all 20 requests reached the server")
     if order == "abort_then_cancel":
-        state.in_flight.abort_all()
+        current().in_flight.abort_all()
         for task in tasks:
             task.cancel()
     else:
         for task in tasks:
             task.cancel()
-        state.in_flight.abort_all()
+        current().in_flight.abort_all()
     results = await asyncio.gather(*tasks, return_exceptions=True)
     assert all(isinstance(r, asyncio.CancelledError) for r in results), results
-    assert sum(state.in_flight.abort_all().values()) == 0  # nothing left in flight to stop
+    assert sum(current().in_flight.abort_all().values()) == 0  # nothing left in flight to stop
 
 
 async def test_abort_while_waiting_out_an_outage_counts_the_episode_as_not_delivered(
@@ -498,7 +498,7 @@ async def test_abort_while_waiting_out_an_outage_counts_the_episode_as_not_deliv
 
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens
     task = asyncio.create_task(call(sympy_row))
-    await eventually(state.circuits.waiting, "the episode waits out the outage")
+    await eventually(current().circuits.waiting, "the episode waits out the outage")
     with caplog.at_level(logging.INFO, logger="miles_nemogym"):
         await agent.abort(None)
         out = await asyncio.wait_for(task, 5)
@@ -535,10 +535,10 @@ async def test_partial_mode_with_corrupted_counts_scores_the_server_reward(
         "fail_to_pass": counts,
         "pass_to_pass": {"passed": 2, "failed": 0},
     }
-    before = state.reward_problems["invalid_test_counts"]
+    before = current().reward_problems["invalid_test_counts"]
     value = await reward.reward_func(None, Sample(metadata={"reward": 0.0, "nemogym": record}))
     assert value == expected
-    assert state.reward_problems["invalid_test_counts"] == before + (expected == 0.0)
+    assert current().reward_problems["invalid_test_counts"] == before + (expected == 0.0)
 
 
 def test_log_rollout_survives_corrupted_records() -> None:

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import filters, state
+from miles_nemogym import filters
 from miles_nemogym.episode.record import eval_overrides
 from miles_nemogym.errors import RunStopped
-from miles_nemogym.state import ledger
+from miles_nemogym.runtime import current
 from tests.support.agent_fixtures import call, fast_env
 from tests.support.eventually import eventually
 from tests.support.outage_servers import GradingServer
@@ -80,7 +80,7 @@ async def test_a_flapping_server_gets_every_episode_once(
         await server.close()
     assert [out["nemogym"]["status"] for out in outs] == ["ok"] * len(tasks)
     assert sorted(body["instance_id"] for body in server.bodies) == sorted(row["instance_id"] for row in tasks)
-    assert state.circuits.stop_error() is None
+    assert current().circuits.stop_error() is None
 
 
 async def test_an_eval_episodes_outage_wait_is_charged_to_its_eval_set(
@@ -92,7 +92,7 @@ async def test_an_eval_episodes_outage_wait_is_charged_to_its_eval_set(
     try:
         # The wait is charged from when the episode's try found the server down, which comes
         # after its preparation (long on a loaded machine): the outage is timed from there.
-        await eventually(state.circuits.waiting, "the episode waits out the outage")
+        await eventually(current().circuits.waiting, "the episode waits out the outage")
         waiting_since = time.monotonic()
         await asyncio.sleep(1.0)
         down_s = time.monotonic() - waiting_since
@@ -101,7 +101,7 @@ async def test_an_eval_episodes_outage_wait_is_charged_to_its_eval_set(
     finally:
         await server.close()
     assert out["nemogym"]["status"] == "ok"
-    evaluated, trained = ledger.drain("eval", "verified"), ledger.drain()
+    evaluated, trained = current().ledger.drain("eval", "verified"), current().ledger.drain()
     assert evaluated.episodes == 1 and evaluated.outage_wait_s >= down_s
     assert (trained.episodes, trained.outage_wait_s) == (0, 0.0)
 

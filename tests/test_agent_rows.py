@@ -16,37 +16,22 @@ import pytest
 from aiohttp import web
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym import state, transport
+from miles_nemogym import transport
 from miles_nemogym.episode.record import ENV_KEY, TASK_ID_KEY
-from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.rollout_ids import (
+from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout_ids import (
     policy_url_of,
     rollout_id,
 )
-from miles_nemogym.ledger import streak_stop
+from miles_nemogym.runtime import current, streak_stop
 from miles_nemogym.settings import Settings, parse_environments
+from tests.support.agent_fixtures import AGENT_ROW as ROW
 from tests.support.agent_fixtures import ROLLOUT_SECRET, SESSION, call, fast_env
+from tests.support.agent_fixtures import agent_answer as answer
 from tests.support.fault_server import FaultServer
 from tests.support.ports import free_port
 
 __all__ = ["fast_env"]
 pytestmark = pytest.mark.usefixtures("fast_env")
-
-ROW = {
-    "responses_create_params": {"input": [{"role": "user", "content": "Deal me in."}]},
-    "agent_ref": {"type": "responses_api_agents", "name": "blackjack_gymnasium_agent"},
-    ENV_KEY: "blackjack",
-    TASK_ID_KEY: "blackjack/0",
-}
-OUTPUT = [
-    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "<action>hit</action>"}]},
-    {"type": "message", "role": "user", "content": "Your hand: [9, 5, 4] = 18"},
-    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "<action>stand</action>"}]},
-]
-
-
-def answer(**fields: Any) -> Callable[[dict[str, Any]], web.Response]:
-    body = {"responses_create_params": ROW["responses_create_params"], "response": {"output": OUTPUT}, **fields}
-    return lambda request: web.json_response(body)
 
 
 @pytest.fixture
@@ -149,7 +134,7 @@ async def test_an_unreachable_agent_is_waited_out_as_an_outage_naming_it(
     record = out["nemogym"]
     assert (record["status"], record["failure_kind"]) == ("failed", fk.TRANSPORT_UNREACHABLE), record
     assert url in record["failure_reason"]
-    assert state.circuits.stop_error() is not None and url in str(state.circuits.stop_error())
+    assert current().circuits.stop_error() is not None and url in str(current().circuits.stop_error())
 
 
 def test_the_streak_stop_names_the_agent_server_of_an_agent_row() -> None:
@@ -160,8 +145,8 @@ def test_the_streak_stop_names_the_agent_server_of_an_agent_row() -> None:
         }
     )
     for _ in range(2):
-        state.ledger.record_episode(fk.AGENT_RUN_ERROR, "train", None, 0.0, environment="blackjack")
-    stop = streak_stop(settings, state.ledger)
+        current().ledger.record_episode(fk.AGENT_RUN_ERROR, "train", None, 0.0, environment="blackjack")
+    stop = streak_stop(settings, current().ledger)
     assert stop is not None and "the blackjack agent server at http://gym:2 (NEMO_GYM_ENVS; x2)" in stop
     assert "resources server" not in stop
 

@@ -8,50 +8,23 @@ Samples are what Miles' ``agentic_tool_call`` returns (``tests/test_salvage_befo
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from miles_nemogym import salvage, settings, state
 from miles_nemogym.buffer import EpisodeBuffer
 from miles_nemogym.errors import RunStopped
+from miles_nemogym.runtime import current, install
 from tests.support.agent_fixtures import episode, fast_env, input_sample, server
 from tests.support.fault_server import FaultServer
+from tests.support.samples import BufferArgs as Args
+from tests.support.samples import BufferConstructor as Constructor
+from tests.support.samples import BufferEntry as Entry
 from tests.support.samples import Sample, Status
 
 __all__ = ["fast_env", "server"]  # fixtures used by name
 pytestmark = pytest.mark.usefixtures("fast_env")
-
-
-@dataclass
-class Args:
-    """The Miles arguments the buffer reads, as the launcher sets them."""
-
-    n_samples_per_prompt: int = 4
-    rollout_batch_size: int = 2
-    async_data_buffer_capacity_factor: float = 2.0
-    async_unused_samples_handler: str = "drop"
-    max_weight_staleness: int | None = None
-    dynamic_sampling_filter_path: str = "miles_nemogym.filters.check_episode_group"
-    custom_reward_post_process_path: str = salvage.HOOK_PATH
-
-
-@dataclass
-class Entry:
-    """Miles' ``DataBufferInput``."""
-
-    prompt_group: list[Any]
-    group: list[Any]
-
-
-@dataclass
-class Constructor:
-    """Miles' ``DataBufferConstructorInput``."""
-
-    args: Args
-    unused_handler_fn: Any
-    unused: list[list[Any]] = field(default_factory=list)
 
 
 def buffer(**kwargs: Any) -> tuple[EpisodeBuffer, list[list[Any]]]:
@@ -71,11 +44,11 @@ async def test_a_group_with_an_episode_failed_before_the_policy_is_salvaged_and_
     entry = await group(server, sympy_row, ["ok", "500", "ok", "ok"])
     assert entry.group[1].status is Status.ABORTED  # what Miles' DefaultDataBuffer drops
     await episodes.put(entry)
-    assert state.ledger.drain().groups_salvaged == 0  # counted at the step that trains it, not before
+    assert current().ledger.drain().groups_salvaged == 0  # counted at the step that trains it, not before
     got = await asyncio.wait_for(episodes.get(current_version=None), 1)
     assert got is entry and unused == []
     assert (got.group[1].status, got.group[1].remove_sample) == (Status.FAILED, True)
-    assert state.ledger.drain().groups_salvaged == 1
+    assert current().ledger.drain().groups_salvaged == 1
     m = episodes.get_metrics()
     assert m["nemogym/buffer/episodes_dropped"] == 0.0 and m["rollout/fully_async/aborted_groups_filtered"] == 0.0
 
@@ -97,7 +70,7 @@ async def test_groups_that_cannot_train_are_dropped_counted_and_only_aborted_or_
     assert (m["nemogym/buffer/episodes_dropped"], m["nemogym/buffer/groups_regenerated"]) == (8.0, 1.0)
     assert m["nemogym/buffer/episodes_regenerated"] == 1.0
     assert m["rollout/fully_async/aborted_groups_filtered"] == 1.0
-    assert state.ledger.drain().groups_dropped == 2
+    assert current().ledger.drain().groups_dropped == 2
     assert episodes.get_metrics()["nemogym/buffer/episodes_dropped"] == 0.0  # a window: reset at each call
 
 
@@ -125,7 +98,7 @@ async def test_stale_groups_are_dropped_at_get_and_handed_to_the_unused_handler(
     m = episodes.get_metrics()
     assert (m["nemogym/buffer/groups_dropped_stale"], m["rollout/fully_async/stale_groups_filtered"]) == (1.0, 1.0)
     assert (m["rollout/fully_async/avg_staleness"], m["rollout/fully_async/max_staleness"]) == (2.0, 3.0)
-    tally = state.ledger.drain()
+    tally = current().ledger.drain()
     assert (tally.groups_dropped, tally.groups_salvaged) == (1, 0)
 
 
@@ -148,7 +121,7 @@ async def test_put_waits_for_room_and_raises_run_stopped_on_a_failure_streak(
     await episodes.get()
     await asyncio.wait_for(second, 1)
     monkeypatch.setenv("NEMO_GYM_MAX_FAILURE_STREAK", "4")
-    settings.reset()
+    install()
     failed = await group(server, sympy_row, ["500"] * 4, 2)
     with pytest.raises(RunStopped, match="4 NeMo-Gym episodes in a row failed"):
         await episodes.put(failed)
@@ -187,7 +160,7 @@ async def test_the_store_files_trained_episodes_under_their_step_and_dropped_one
     await episodes.put(late_drop)
     metrics.log_rollout(1, fully_async, got.group)
     assert episodes.get_metrics()["nemogym/buffer/episodes_dropped"] == 4  # step 2's window
-    state.stores.close()
+    current().stores.close()
 
     def ids(entry: Entry) -> set[str]:
         return {s.metadata["nemogym"]["episode_id"] for s in entry.group}
@@ -218,6 +191,6 @@ async def test_in_sync_mode_no_filing_is_written_and_episodes_stay_under_the_ste
     entry = await group(server, sympy_row, ["ok", "ok", "ok", "ok"])
     metrics.log_rollout(0, Args(), [])  # sync: whatever the samples, no filing
     metrics.log_rollout(1, Args(), entry.group)
-    state.stores.close()
+    current().stores.close()
     assert not list(tmp_path.rglob("*.filing"))
     assert {e.step for e in load(tmp_path).episodes} == {0}

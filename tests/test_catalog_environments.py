@@ -25,6 +25,7 @@ from miles_nemogym.smoke.answers import GOLD, WRONG, answers
 SIMPLE = ("abstention", "arc_agi", "calendar", "calendar_v2", "circle_click", "circle_count", "code_gen", "ether0")
 SIMPLE += ("instruction_following", "reasoning_gym", "workplace_assistant")
 GYMNASIUM = ("blackjack", "indian_banking", "wordle")
+OPENCODE = ("opencode_math", "opencode_reasoning_gym")
 
 
 def _kinds(member: str) -> tuple[set[str], set[str]]:
@@ -36,10 +37,10 @@ def _kinds(member: str) -> tuple[set[str], set[str]]:
     )
 
 
-def test_the_folders_played_by_simple_agent_or_gymnasium_agent_are_environments() -> None:
+def test_the_folders_played_by_simple_agent_gymnasium_agent_or_opencode_are_environments() -> None:
     folders = catalog_folders()
-    assert sorted(folders) == sorted((*SIMPLE, *GYMNASIUM))
-    assert "opencode_math" not in folders and "example_single_tool_call" not in folders
+    assert sorted(folders) == sorted((*SIMPLE, *GYMNASIUM, *OPENCODE))
+    assert "claude_code_math" not in folders and "example_single_tool_call" not in folders
 
 
 def test_calendar_v2_is_planned_from_its_environments_config_with_its_servers_requirements() -> None:
@@ -95,7 +96,37 @@ def test_environments_reports_the_folders_as_served_refused_or_judged_and_others
     assert wordle.status == catalog.REFUSED and "guesses.txt" in wordle.needs
     assert "beyond PyPI" in entry_support(entry("instruction_following")).needs
     assert "user_sim_base_url" in entry_support(entry("indian_banking")).needs
-    assert entry_support(entry("opencode_math")).status == catalog.NOT_YET
+    opencode = entry_support(entry("opencode_math"))
+    assert opencode.status == catalog.ROUTED and "to install opencode-ai@1.17.11 once" in opencode.needs
+    assert entry_support(entry("aviary_gsm8k")).status == catalog.NOT_YET
+
+
+# Each other harness of nemo-gym 0.7.0's environments/, refused for what it lacks here.
+_HARNESS_REFUSALS = {
+    "claude_code_math": "its CLI (npm `@anthropic-ai/claude-code`) not run here yet",
+    "codex_reasoning_gym": "its CLI (npm `@openai/codex`) not run here yet",
+    "cline_math": "its CLI (npm `cline`) not run here yet",
+    "kilocode_math": "its CLI (npm `@kilocode/cli`) not run here yet",
+    "openclaw_reasoning_gym": "its CLI (npm `openclaw`) not run here yet",
+    "pi_math": "its CLI (npm `@earendil-works/pi-coding-agent`) not run here yet",
+    "prime_agent_math": "its CLI installs by a script from app.primeintellect.ai, not npm",
+    "hermes_math": "a requirement beyond PyPI: `hermes-agent @ git+https://github.com/cmunley1/hermes-agent@26bb847a`",
+    "nemo_fabric_deepagents_math": "a requirement beyond PyPI: `hermes-agent @ git+https://github.com/NousResearch",
+    "simple_strands_reasoning_gym": "a requirement beyond PyPI: `simple-strands-agent @ git+https://github.com/",
+    "langgraph_rewoo_math": "its agent `langgraph_agent` drops the rollout id (nemo-gym 0.7.0)",
+}
+
+
+@pytest.mark.parametrize(("name", "why"), _HARNESS_REFUSALS.items())
+def test_every_other_harness_environment_is_refused_by_name_with_what_it_lacks(name: str, why: str) -> None:
+    def entry(name: str) -> CatalogEntry:
+        return CatalogEntry(name=name, kind="environment", config=f"environments/{name}/config.yaml")
+
+    found = entry_support(entry(name))
+    assert found.status == catalog.REFUSED and found.needs.startswith(why), found
+    with pytest.raises(GymEnvironmentError, match=f"environment '{name}': its agent") as refused:
+        plan([name])
+    assert "not an environment nemo-gym ships" not in str(refused.value)
 
 
 def test_examples_and_convert_take_an_environments_folder_by_name(tmp_path: Path) -> None:

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 import pytest
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym import settings as settings_module
 from miles_nemogym.episode.delivery import AWAITING_RESULT, NOT_DELIVERED, Circuits, InFlight, Undelivered, deliver
 from miles_nemogym.episode.record import EpisodeRecord, Outcome
 from miles_nemogym.errors import SettingsError
+from miles_nemogym.runtime import current, install
 from miles_nemogym.settings import Settings
 from miles_nemogym.transport import Deadline
 from tests.support.eventually import eventually
@@ -71,8 +71,8 @@ class Held:
 def settings_with(monkeypatch: pytest.MonkeyPatch, **env: str) -> Settings:
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    settings_module.reset()
-    return settings_module.get_settings()
+    install()
+    return current().settings
 
 
 async def test_a_delivered_episode_is_finished_with_its_own_id_and_one_attempt(monkeypatch: pytest.MonkeyPatch) -> None:

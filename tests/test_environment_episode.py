@@ -11,7 +11,7 @@ import pytest
 
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode import environment
-from miles_nemogym.state import ledger
+from miles_nemogym.runtime import current
 from tests.support.agent_fixtures import fast_env
 from tests.support.environment_episodes import ENV, chat, env_row, envs, episode, masked, run_env
 from tests.support.fake_resources import fake_resources
@@ -54,7 +54,7 @@ async def test_resources_server_down_is_masked_before_any_model_call(
     assert masked(out) == (True, 0.0, fk.TRANSPORT_UNREACHABLE)
     # Nothing reached any server: the episode waited for it to come back, then gave up.
     assert "NEMO_GYM_OUTAGE_TIMEOUT=1s" in out["nemogym"]["failure_reason"]
-    assert ledger.drain().outage_wait_s > 0
+    assert current().ledger.drain().outage_wait_s > 0
     assert chat.requests("down") == []
 
 
@@ -67,7 +67,7 @@ async def test_an_untrusted_resources_certificate_is_transport_tls_and_undeliver
         out = await asyncio.wait_for(episode(monkeypatch, chat, fake.url, "tls"), 10)
     assert masked(out) == (True, 0.0, fk.TRANSPORT_TLS)
     assert "NEMO_GYM_OUTAGE_TIMEOUT=1s" in out["nemogym"]["failure_reason"]  # waited: it never left
-    assert ledger.drain().outage_wait_s > 0
+    assert current().ledger.drain().outage_wait_s > 0
     assert fake.seeded == {} and chat.requests("tls") == []
 
 

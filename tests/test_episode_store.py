@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import agent, metrics, state, transport
+from miles_nemogym import agent, metrics, transport
 from miles_nemogym.episode.record import eval_overrides
+from miles_nemogym.runtime import current
 from miles_nemogym.store import writer as episode_store
 from miles_nemogym.store.reader import UNFILED, load
 from tests.support import store_writers
@@ -74,7 +75,7 @@ def _make_file(path: Path) -> Path:
 
 
 def _flush(folder: Path) -> None:
-    state.stores.get(str(folder)).flush()
+    current().stores.get(str(folder)).flush()
 
 
 async def test_train_and_eval_episodes_are_filed_by_role_and_step(
@@ -199,7 +200,7 @@ async def test_a_store_that_cannot_write_is_a_warning_not_a_failed_sample(
     monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(folder))
     monkeypatch.delenv("NEMO_GYM_POLICY_API_KEY", raising=False)
     out = await _run(sympy_row)
-    store = state.stores.get(str(folder))
+    store = current().stores.get(str(folder))
     store.flush()
     assert out["nemogym"]["status"] == "ok" and out["reward"] == sympy_result["reward"]
     assert (store.write_errors, store.lines_written) == (1, 0)
@@ -208,10 +209,10 @@ async def test_a_store_that_cannot_write_is_a_warning_not_a_failed_sample(
 
 
 def test_closing_the_stores_forgets_every_store_and_stops_its_writer(tmp_path: Path) -> None:
-    store = state.stores.get(str(tmp_path))
+    store = current().stores.get(str(tmp_path))
     store.add("train", {"episode_id": "a"}, None, False)
-    state.stores.close()
-    assert state.stores.get(str(tmp_path)) is not store
+    current().stores.close()
+    assert current().stores.get(str(tmp_path)) is not store
     assert _ids(tmp_path) == ["a"]  # what was queued was written first
     assert not store._thread.is_alive()
 

@@ -11,6 +11,7 @@ import pytest
 
 import miles_nemogym
 from miles_nemogym.errors import MilesNemoGymError
+from miles_nemogym.runtime import current, install
 
 
 def _package_exceptions() -> dict[str, type[BaseException]]:
@@ -34,16 +35,16 @@ def test_each_error_is_caught_by_the_builtin_base_its_callers_catch(
 ) -> None:
     """Raised by the package's own functions, each error reaches an ``except`` on the builtin base
     callers wrote before the common base existed, and an ``except MilesNemoGymError`` as well."""
-    from miles_nemogym import filters, settings, state
+    from miles_nemogym import filters
     from miles_nemogym.data.convert import ConvertOptions, convert, convert_row
 
     monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "soon")
-    settings.reset()
+    install()
     with pytest.raises(ValueError, match="invalid miles-nemogym configuration") as bad_setting:
-        settings.get_settings()
+        _ = current().settings
     monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "60")
     monkeypatch.setenv("NEMO_GYM_MAX_FAILURE_STREAK", "2")
-    settings.reset()
+    install()
 
     with pytest.raises(ValueError) as bad_row:
         convert_row({"instance_id": "x"})
@@ -53,9 +54,9 @@ def test_each_error_is_caught_by_the_builtin_base_its_callers_catch(
         convert(ConvertOptions(input=str(empty), output=tmp_path / "out.jsonl"))
 
     for _ in range(2):
-        state.ledger.record_episode("transport_unreachable")
+        current().ledger.record_episode("transport_unreachable")
     with pytest.raises(RuntimeError, match="2 NeMo-Gym episodes in a row failed") as stopped:
-        filters.check_run(settings.get_settings())
+        filters.check_run(current().settings)
 
     caught = [bad_setting.value, bad_row.value, nothing_converted.value, stopped.value]
     assert [type(error).__name__ for error in caught] == [

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import filters, metrics, reward, state
+from miles_nemogym import filters, metrics, reward
 from miles_nemogym.episode.record import failure
-from miles_nemogym.ledger import Tally
+from miles_nemogym.episode.run import classify_http
+from miles_nemogym.runtime import Tally, current, install
 from tests.support.samples import Sample, Status
 
 
@@ -47,10 +48,10 @@ async def test_masked_sample_scores_zero_even_with_a_reward() -> None:
     ("value", "problem"), [(None, "missing_reward"), ("1.0", "non_numeric_reward"), (math.inf, "non_finite_reward")]
 )
 async def test_missing_or_invalid_reward_is_zero_and_counted(value: Any, problem: str) -> None:
-    before = state.reward_problems[problem]
+    before = current().reward_problems[problem]
     meta = {"reward": value} if value is not None else {}
     assert await reward.reward_func(None, Sample(metadata=meta)) == 0.0
-    assert state.reward_problems[problem] == before + 1
+    assert current().reward_problems[problem] == before + 1
 
 
 async def test_partial_credit_mode(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -63,6 +64,7 @@ async def test_partial_credit_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     cases = [meta((1, 3), (10, 0)), meta((1, 3), (9, 1)), meta((4, 0), (10, 0), True, 1.0), meta((0, 0), (3, 0))]
     assert await reward.reward_func(None, cases) == [0.0, 0.0, 1.0, 0.0]  # binary default
     monkeypatch.setenv("NEMO_GYM_REWARD_MODE", "partial")
+    install()  # a new run reads it
     assert await reward.reward_func(None, cases) == [0.25, 0.0, 1.0, 0.0]
 
 
@@ -120,8 +122,8 @@ def test_log_rollout_without_miles_logs_the_steps_metrics_once_and_drains_the_le
     graded: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setitem(sys.modules, "miles", None)  # Miles' tracking is not importable
-    state.ledger.record_episode(None)
-    state.ledger.record_episode("transport_unreachable")
+    current().ledger.record_episode(None)
+    current().ledger.record_episode("transport_unreachable")
     with caplog.at_level(logging.INFO, logger="miles_nemogym.metrics"):
         assert metrics.log_rollout(3, None, [sample_from(m) for m in graded], {}, 1.0) is False  # Miles logs too
         metrics.log_rollout(4, None, [], {}, 1.0)

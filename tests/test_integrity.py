@@ -15,14 +15,13 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import agent, filters, metrics, salvage, state, transport
+from miles_nemogym import agent, filters, metrics, salvage, transport
 from miles_nemogym.episode import delivery as circuit_module
 from miles_nemogym.episode.record import failure
 from miles_nemogym.errors import RunStopped
 from miles_nemogym.filters import stop_reason
-from miles_nemogym.ledger import Ledger
-from miles_nemogym.settings import get_settings
-from miles_nemogym.state import ledger
+from miles_nemogym.runtime import Ledger, current
+from miles_nemogym.settings import Settings
 from tests.support.agent_fixtures import call, distinct_rows, fast_env, quick_probe
 from tests.support.eventually import eventually
 from tests.support.fault_server import FaultServer
@@ -59,7 +58,7 @@ def test_one_failed_episode_among_four_is_salvaged_by_default() -> None:
     group = [valid("a"), valid("b", 0.0), masked("c"), valid("d")]
     out = filters.check_episode_group(Args(4), group)
     assert (out.keep, out.reason) == (True, None)
-    tally = ledger.drain()
+    tally = current().ledger.drain()
     assert (tally.groups_salvaged, tally.groups_dropped) == (1, 0)
 
 
@@ -75,7 +74,7 @@ def test_min_valid_zero_drops_on_any_failure(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("NEMO_GYM_MIN_VALID_PER_GROUP", "0")
     out = filters.check_episode_group(Args(4), [valid("a"), valid("b"), masked("c", "transport_peer_drop"), valid("d")])
     assert (out.keep, out.reason) == (False, "nemogym_transport_peer_drop")
-    tally = ledger.drain()
+    tally = current().ledger.drain()
     assert (tally.groups_salvaged, tally.groups_dropped) == (0, 1)
 
 
@@ -162,11 +161,11 @@ def test_log_metrics_count_failures_that_left_no_record_on_a_sample() -> None:
     # Two episodes failed before their first policy call: Miles returned their samples
     # ABORTED without our dict, and the filter dropped their group.
     for kind in [None, None, None, "transport_unreachable", "miles_nemogym:invalid_request", "cancelled"]:
-        ledger.record_episode(kind)
-    ledger.record_group(kept=False, salvaged=False)
-    ledger.record_group(kept=True, salvaged=True)
+        current().ledger.record_episode(kind)
+    current().ledger.record_group(kept=False, salvaged=False)
+    current().ledger.record_group(kept=True, salvaged=True)
     kept = [valid("a"), valid("b"), masked("c", "transport_peer_drop"), valid("d")]
-    m = metrics.rollout_metrics(kept, ledger.drain())
+    m = metrics.rollout_metrics(kept, current().ledger.drain())
     assert m["nemogym/episodes"] == 5.0
     assert m["nemogym/episodes_cancelled"] == 1.0
     assert m["nemogym/failure_rate"] == pytest.approx(2 / 5)
@@ -194,9 +193,11 @@ async def test_outage_mid_step_waits_and_sends_each_episode_once(
     caplog.set_level(logging.WARNING, logger="miles_nemogym.episode.delivery")
     tasks = [asyncio.create_task(call(row)) for row in distinct_rows]
     # The server is down: every episode opened or met the circuit, and the probe says so.
-    await eventually(lambda: state.circuits.waiting() == len(distinct_rows), f"all {len(distinct_rows)} episodes wait")
+    await eventually(
+        lambda: current().circuits.waiting() == len(distinct_rows), f"all {len(distinct_rows)} episodes wait"
+    )
     all_waiting = time.monotonic()
-    assert state.circuits.is_open
+    assert current().circuits.is_open
     counted = f"{len(distinct_rows)} episodes waiting"
     await eventually(lambda: counted in caplog.text, "the probe's warning counts them")
     await asyncio.sleep(max(0.0, all_waiting + 1.0 - time.monotonic()))
@@ -211,8 +212,8 @@ async def test_outage_mid_step_waits_and_sends_each_episode_once(
     assert [out["nemogym"]["status"] for out in outs] == ["ok"] * len(distinct_rows)
     # Nothing lost, none twice; the probe never POSTed /run.
     assert sorted(body["instance_id"] for body in server.bodies) == sorted(row["instance_id"] for row in distinct_rows)
-    assert not state.circuits.is_open and state.circuits.stop_error() is None
-    tally = ledger.drain()
+    assert not current().circuits.is_open and current().circuits.stop_error() is None
+    tally = current().ledger.drain()
     assert tally.episodes == len(distinct_rows) and not tally.failures
     assert tally.outage_wait_s >= len(distinct_rows) * down_s
 
@@ -223,7 +224,7 @@ async def test_abort_and_cancellation_work_while_episodes_wait(
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")
     waiting = [asyncio.create_task(call(row)) for row in distinct_rows[:3]]
     cancelled_by_caller = asyncio.create_task(call(distinct_rows[3]))
-    await eventually(lambda: state.circuits.waiting() == 4, "all 4 episodes wait")
+    await eventually(lambda: current().circuits.waiting() == 4, "all 4 episodes wait")
     cancelled_by_caller.cancel()
     with pytest.raises(asyncio.CancelledError):
         await cancelled_by_caller
@@ -231,10 +232,10 @@ async def test_abort_and_cancellation_work_while_episodes_wait(
     outs = await asyncio.wait_for(asyncio.gather(*waiting), 5)
     await transport.close_pools()
     assert [out["nemogym"]["failure_kind"] for out in outs] == ["cancelled"] * 3
-    assert state.circuits.waiting() == 0
-    tally = ledger.drain()
+    assert current().circuits.waiting() == 0
+    tally = current().ledger.drain()
     assert (tally.episodes, tally.cancelled) == (0, 3)
-    assert ledger.streak() == (0, {})  # an abort is not a failure
+    assert current().ledger.streak() == (0, {})  # an abort is not a failure
 
 
 async def test_server_down_for_good_fails_waiting_episodes_and_the_filter_stops_the_run(
@@ -269,10 +270,11 @@ async def test_failure_streak_stops_the_run_after_stopping_in_flight_episodes(
         in_flight = asyncio.create_task(call(distinct_rows[0]))
         await eventually(lambda: holding.bodies, "the first episode reached the holding server")
         monkeypatch.setenv("NEMO_GYM_URL", failing.url)
+        failing_server = Settings.from_env()  # the same run, its later episodes sent to another server
         for row in distinct_rows[1:3]:
-            assert (await call(row))["nemogym"]["failure_kind"] == "agent_run_error"
+            assert (await call(row, settings=failing_server))["nemogym"]["failure_kind"] == "agent_run_error"
         filters.check_episode_group(Args(4), [valid("a"), valid("b")])  # 2 < 3: goes on
-        assert (await call(distinct_rows[3]))["nemogym"]["failure_kind"] == "agent_run_error"
+        assert (await call(distinct_rows[3], settings=failing_server))["nemogym"]["failure_kind"] == "agent_run_error"
         with pytest.raises(RunStopped, match=r"3 NeMo-Gym episodes in a row failed.*agent_run_error x3"):
             filters.check_episode_group(Args(4), [valid("a"), valid("b")])
         out = await asyncio.wait_for(in_flight, 5)
@@ -285,11 +287,11 @@ async def test_failure_streak_stops_the_run_after_stopping_in_flight_episodes(
 
 async def test_a_valid_episode_resets_the_streak_and_zero_disables_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NEMO_GYM_MAX_FAILURE_STREAK", "2")
-    ledger.record_episode("agent_run_error")
-    ledger.record_episode(None)
-    ledger.record_episode("agent_timeout")
-    assert stop_reason(get_settings()) is None
-    ledger.record_episode("agent_timeout")
-    assert "agent_timeout x2" in (stop_reason(get_settings()) or "")
+    current().ledger.record_episode("agent_run_error")
+    current().ledger.record_episode(None)
+    current().ledger.record_episode("agent_timeout")
+    assert stop_reason(current().settings) is None
+    current().ledger.record_episode("agent_timeout")
+    assert "agent_timeout x2" in (stop_reason(current().settings) or "")
     monkeypatch.setenv("NEMO_GYM_MAX_FAILURE_STREAK", "0")
-    assert stop_reason(get_settings()) is None
+    assert stop_reason(Settings.from_env()) is None

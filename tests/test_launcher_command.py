@@ -87,6 +87,7 @@ KNOWN_FLAGS = {
     "--session-server-ip": "A:2533",
     "--session-server-port": "A:2539",
     "--tito-model": "A:2548",
+    "--session-message-matcher": "A:2557",
     "--attention-dropout": "M",
     "--hidden-dropout": "M",
     "--accumulate-allreduce-grads-in-fp32": "M",
@@ -172,6 +173,7 @@ def test_defaults_reproduce_the_validated_smoke_run() -> None:
         "--session-server-ip": "0.0.0.0",
         "--session-server-port": "30000",
         "--tito-model": "qwen3",
+        "--session-message-matcher": "loose_tool_call",
         "--sglang-reasoning-parser": "qwen3",
         "--sglang-tool-call-parser": "qwen25",
     }
@@ -449,6 +451,18 @@ def test_eval_wiring_marks_eval_samples_through_miles_eval_config() -> None:
     }
     without = recipe_flags(build(LauncherConfig()))
     assert not any(flag.startswith("--eval") for flag in without) and "--log-passrate" not in without
+
+
+def test_a_benchmarks_set_is_sampled_its_repeats_and_other_sets_the_flags(tmp_path: Path) -> None:
+    marked = tmp_path / "aime25.jsonl"
+    mark = {"name": "aime25", "environment": "math_with_judge", "num_repeats": 32}
+    marked.write_text(json.dumps({"prompt": [], "metadata": {"nemogym_benchmark": mark}}) + "\n")
+    plain = tmp_path / "mcqa.jsonl"
+    plain.write_text(json.dumps({"prompt": [], "metadata": {"nemogym_env": "mcqa"}}) + "\n")
+    config = LauncherConfig(eval_data=[f"aime25={marked}", f"mcqa={plain}"], eval_samples_per_prompt=4)
+    encoded = one(recipe_flags(build(config)), "--eval-config")
+    datasets = json.loads(base64.b64decode(encoded.removeprefix("base64:")))["eval"]["datasets"]
+    assert {d["name"]: d["n_samples_per_eval_prompt"] for d in datasets} == {"aime25": 32, "mcqa": 4}
 
 
 def test_episode_store_is_on_by_default_under_the_save_folder() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from miles_nemogym.episode.record import EpisodeRecord, pass_at_k, passed
 from miles_nemogym.metrics import eval_set_metrics, rollout_metrics
-from miles_nemogym.state import ledger
+from miles_nemogym.runtime import current
 from tests.support.samples import Sample
 
 P = "nemogym/"
@@ -50,7 +50,7 @@ def record_in_ledger(samples: list[Sample], role: str = "train", eval_set: str |
     for s in samples:
         record = s.metadata["nemogym"]
         kind = record.get("failure_kind")
-        ledger.record_episode(kind, role, eval_set, environment=s.metadata.get("nemogym_env", "swe"))
+        current().ledger.record_episode(kind, role, eval_set, environment=s.metadata.get("nemogym_env", "swe"))
 
 
 def test_train_metrics_per_environment_next_to_the_totals() -> None:
@@ -66,9 +66,9 @@ def test_train_metrics_per_environment_next_to_the_totals() -> None:
         env_sample("workplace_assistant", "wa/3", "w3", kind="transport_unreachable"),
     ]
     record_in_ledger(samples)
-    ledger.record_episode("verifier_error", environment="mcqa")  # returned by Miles without our record
-    ledger.record_episode("cancelled", environment="mcqa")  # over-sampled: neither an episode nor a failure
-    m = rollout_metrics(samples, ledger.drain())
+    current().ledger.record_episode("verifier_error", environment="mcqa")  # returned by Miles without our record
+    current().ledger.record_episode("cancelled", environment="mcqa")  # over-sampled: neither an episode nor a failure
+    m = rollout_metrics(samples, current().ledger.drain())
 
     # Totals: every environment's episodes; SWE's rates over the two SWE episodes only.
     assert m[P + "episodes"] == 10 and m[P + "episodes_cancelled"] == 1
@@ -96,14 +96,14 @@ def test_train_metrics_per_environment_next_to_the_totals() -> None:
 def test_environment_rows_are_never_unresolved_swe_episodes() -> None:
     samples = [env_sample("mcqa", f"mcqa/{i}", f"m{i}", 1.0) for i in range(3)]
     record_in_ledger(samples)
-    m = rollout_metrics(samples, ledger.drain())
+    m = rollout_metrics(samples, current().ledger.drain())
     assert not any("resolve_rate" in key or "patch_applied" in key or "fail_to_pass" in key for key in m)
     assert m[P + "mcqa/reward_mean"] == 1.0 and P + "swe/episodes" not in m
 
 
 def test_an_environment_only_in_the_ledger_still_reports_its_counts() -> None:
-    ledger.record_episode("transport_unreachable", environment="code_gen")  # its group was dropped
-    m = rollout_metrics([], ledger.drain())
+    current().ledger.record_episode("transport_unreachable", environment="code_gen")  # its group was dropped
+    m = rollout_metrics([], current().ledger.drain())
     assert m[P + "code_gen/episodes"] == 1 and m[P + "code_gen/episodes_valid"] == 0
     assert m[P + "code_gen/failure_rate/transport_unreachable"] == 1.0
     assert P + "code_gen/reward_mean" not in m
@@ -112,7 +112,7 @@ def test_an_environment_only_in_the_ledger_still_reports_its_counts() -> None:
 def test_a_corrupted_environment_name_is_one_bounded_label() -> None:
     odd = env_sample("mcqa", "t/1", "x1", 1.0)
     odd.metadata["nemogym"]["environment"] = "no/such env!"
-    m = rollout_metrics([odd], ledger.drain())
+    m = rollout_metrics([odd], current().ledger.drain())
     assert m[P + "unrecognized/reward_mean"] == 1.0
     assert not any("no/such" in key for key in m)
 
@@ -132,7 +132,7 @@ def test_eval_pass_at_k_per_environment_within_a_set() -> None:
         env_sample("xlam_fc", "xlam/1", "c3", 1.0),
     ]  # fmt: skip
     record_in_ledger(samples, "eval", "mixed")
-    got = eval_set_metrics("mixed", samples, 3, ledger.drain("eval", "mixed"))
+    got = eval_set_metrics("mixed", samples, 3, current().ledger.drain("eval", "mixed"))
 
     assert got[E + "episodes"] == 12 and got[E + "episodes_masked"] == 1
     assert got[E + "instances"] == 4 and got[E + "instances_short_of_k"] == 1
@@ -157,17 +157,17 @@ def test_environment_rows_are_grouped_by_their_task_id_when_the_record_has_none(
     samples = [env_sample("mcqa", "mcqa/1", f"a{i}", float(i == 0)) for i in range(2)]
     for s in samples:
         del s.metadata["nemogym"]["instance_id"]
-    got = eval_set_metrics("mixed", samples, 2, ledger.drain("eval", "mixed"))
+    got = eval_set_metrics("mixed", samples, 2, current().ledger.drain("eval", "mixed"))
     assert got[E + "mcqa/instances"] == 1 and got[E + "mcqa/pass@2"] == 1.0
 
 
 def test_the_ledger_counts_per_environment_and_defaults_to_swe() -> None:
-    ledger.record_episode(None)  # the existing call, unchanged
-    ledger.record_episode("agent_run_error", "train", None, 2.0)
-    ledger.record_episode(None, environment="mcqa")
-    ledger.record_episode("verifier_error", environment="mcqa")
-    ledger.record_episode(None, "eval", "held", environment="mcqa")
-    tally = ledger.drain()
+    current().ledger.record_episode(None)  # the existing call, unchanged
+    current().ledger.record_episode("agent_run_error", "train", None, 2.0)
+    current().ledger.record_episode(None, environment="mcqa")
+    current().ledger.record_episode("verifier_error", environment="mcqa")
+    current().ledger.record_episode(None, "eval", "held", environment="mcqa")
+    tally = current().ledger.drain()
     assert tally.episodes == 4 and tally.outage_wait_s == 2.0
     assert set(tally.environments) == {"swe", "mcqa"}
     assert tally.environments["swe"].episodes == 2 and dict(tally.environments["swe"].failures) == {
@@ -176,7 +176,7 @@ def test_the_ledger_counts_per_environment_and_defaults_to_swe() -> None:
     assert tally.environments["mcqa"].episodes == 2 and dict(tally.environments["mcqa"].failures) == {
         "verifier_error": 1
     }
-    assert ledger.drain("eval", "held").environments["mcqa"].episodes == 1
+    assert current().ledger.drain("eval", "held").environments["mcqa"].episodes == 1
 
 
 @pytest.mark.parametrize(

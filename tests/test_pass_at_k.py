@@ -11,9 +11,8 @@ import pytest
 
 from miles_nemogym import metrics
 from miles_nemogym.episode.record import pass_at_k
-from miles_nemogym.ledger import Tally
 from miles_nemogym.metrics import eval_set_metrics
-from miles_nemogym.state import ledger
+from miles_nemogym.runtime import Tally, current
 from tests.support.samples import Sample
 
 P = "nemogym-eval/verified/"
@@ -41,6 +40,18 @@ def test_pass_at_k_is_the_unbiased_estimator() -> None:
     assert pass_at_k(3, 0, 2) == 0.0
     with pytest.raises(ValueError, match="pass@2 needs at least 2"):
         pass_at_k(1, 1, 2)
+
+
+def test_pass_at_k_is_logged_for_each_power_of_two_up_to_k_and_k_itself() -> None:
+    # One instance, 12 episodes, 3 resolved; k = 12 (a benchmark's repeats).
+    samples = [sample("x", f"e{i}", resolved=i < 3) for i in range(12)]
+    got = eval_set_metrics("verified", samples, 12, Tally())
+    assert sorted(key for key in got if "/pass@" in key and key.count("/") == 2) == [
+        P + f"pass@{k}" for k in ("1", "12", "2", "4", "8")
+    ]
+    for k in (2, 4, 8, 12):
+        assert got[P + f"pass@{k}"] == pytest.approx(pass_at_k(12, 3, k))
+    assert P + "pass@16" not in got
 
 
 def test_masked_episodes_are_set_aside_not_counted_as_policy_failures() -> None:
@@ -94,9 +105,9 @@ def test_counts_come_from_the_ledger_which_also_saw_record_less_episodes() -> No
 
 
 def test_log_eval_drains_each_sets_tally_and_returns_false() -> None:
-    ledger.record_episode(None, "eval", "verified")
-    ledger.record_episode("agent_run_error", "eval", "verified")
-    ledger.record_episode(None, "train")
+    current().ledger.record_episode(None, "eval", "verified")
+    current().ledger.record_episode("agent_run_error", "eval", "verified")
+    current().ledger.record_episode(None, "train")
     args = SimpleNamespace(
         eval_datasets=[SimpleNamespace(name="verified", n_samples_per_eval_prompt=2)], n_samples_per_eval_prompt=1
     )
@@ -108,5 +119,5 @@ def test_log_eval_drains_each_sets_tally_and_returns_false() -> None:
     }
     assert metrics.eval_k(args, "verified") == 2
     assert metrics.log_eval(4, args, data, {}) is False
-    assert ledger.drain("eval", "verified").episodes == 0  # drained by log_eval
-    assert ledger.drain("train").episodes == 1  # train is not touched by eval
+    assert current().ledger.drain("eval", "verified").episodes == 0  # drained by log_eval
+    assert current().ledger.drain("train").episodes == 1  # train is not touched by eval

@@ -19,7 +19,7 @@ from miles_nemogym.episode.record import (
     read_record,
 )
 from miles_nemogym.episode.run import classify_http
-from miles_nemogym.ledger import Tally
+from miles_nemogym.runtime import Tally
 from miles_nemogym.settings import RewardMode
 from tests.support.samples import Sample
 

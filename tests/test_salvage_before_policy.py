@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import agent, filters, metrics, salvage, state
+from miles_nemogym import agent, filters, metrics, salvage
 from miles_nemogym.episode.record import eval_overrides
-from miles_nemogym.state import ledger
+from miles_nemogym.runtime import current
 from tests.support.agent_fixtures import TOKENS, call, episode, fast_env, input_sample, server
 from tests.support.eventually import eventually
 from tests.support.fault_server import FaultServer
@@ -53,7 +53,7 @@ async def test_a_group_whose_failed_episode_never_reached_the_policy_trains_over
     assert failed.metadata["instance_id"] == sympy_row["instance_id"]  # the task row is kept
     assert all(s.status is Status.COMPLETED and not s.remove_sample for s in group[::2])
 
-    m = metrics.rollout_metrics(group, ledger.drain())
+    m = metrics.rollout_metrics(group, current().ledger.drain())
     assert m["nemogym/episodes"] == 4.0 and m["nemogym/failure_rate/agent_run_error"] == 0.25
     assert (m["nemogym/groups_salvaged"], m["nemogym/groups_dropped"]) == (1.0, 0.0)
     assert m["nemogym/samples_zero_loss"] == 1.0
@@ -107,7 +107,7 @@ async def test_a_group_without_enough_valid_episodes_is_still_dropped(
     group = [await episode(server, input_sample(sympy_row, i), m) for i, m in enumerate(["ok", "500", "500", "500"])]
     out = filters.check_episode_group(Args(), group)
     assert (out.keep, out.reason) == (False, "nemogym_agent_run_error")
-    assert state.held.clear() == 0  # each was given back to its sample
+    assert current().held.clear() == 0  # each was given back to its sample
 
 
 def test_held_episodes_are_bounded_the_oldest_going_first() -> None:

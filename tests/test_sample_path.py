@@ -37,6 +37,7 @@ def QUALIFIED(name: str) -> str:
 
 
 SECTION = "## One sample's path, measured"
+ROLLOUT_IDS = "routing_root/responses_api_models/miles_routing_model/rollout_ids"
 _ALL_FUNCTIONS = re.compile(r"functions \(all, Python (\d+\.\d+)\)")
 
 Table = dict[str, dict[str, str]]
@@ -132,11 +133,11 @@ def test_the_docs_measured_path_tables_match_todays_code(measured: list[PathMeas
 
 
 def test_each_sample_runs_its_own_path_through_the_hooks(measured: list[PathMeasurement]) -> None:
-    swe, environment = measured
+    by_sample = {m.sample: m for m in measured}
+    swe, environment, failing, agent_row, buffered = (by_sample[name] for name in SAMPLES)
     hooks = {"agent.py", "reward.py", "filters.py", "salvage.py", "metrics.py", "store/writer.py"}
     for m in measured:
         assert hooks <= set(m.files), (m.sample, m.files)
-        assert m.longest_chain[0] == "agent", m.longest_chain
         named = {(f.file, f.name) for f in m.functions}
         assert ("store/writer.py", QUALIFIED("EpisodeStore._write")) in named  # the writer thread is traced
         assert not any(f.name.endswith("<module>") for f in m.functions)  # imports happen before tracing
@@ -145,16 +146,27 @@ def test_each_sample_runs_its_own_path_through_the_hooks(measured: list[PathMeas
     assert ("agent", "episode/environment") in environment.edges
     assert ("episode/delivery", "episode/environment") in environment.edges
     assert "episode/environment.py" not in swe.files and "episode/run.py" not in environment.files
-    for m in measured:  # the same transport and delivery for both
+    for m in (swe, environment, agent_row):
+        assert m.longest_chain[0] == "agent", m.longest_chain
+    for m in measured:  # the same transport and delivery for every kind
         assert {"transport.py", "episode/delivery.py", "episode/record.py"} <= set(m.files), m.files
     assert set(LABELS) == {m.sample for m in measured}
+    # A failed SWE episode's reason is redacted before it is recorded; an agent row's policy URL
+    # goes out as a rollout id; the fully async buffer judges the group with the filter's rules.
+    assert ("episode/record", "redaction") in failing.edges and "redaction.py" not in swe.files
+    assert ("episode/run", f"{ROLLOUT_IDS}") in agent_row.edges
+    assert ("buffer", "filters") in buffered.edges and "buffer.py" not in swe.files
+
+
+OVER_GOAL = {"swe-failing": 14, "agent": 13, "buffer": 13}
+"""The samples still above the 12-file goal, at today's count (docs/architecture.md says why)."""
 
 
 def test_one_samples_path_stays_short_and_never_runs_back(measured: list[PathMeasurement]) -> None:
     """The design's goal (docs/architecture.md): at most 12 files per sample, and no two modules
-    calling each other (so the path reads top to bottom)."""
+    calling each other (so the path reads top to bottom). The samples still above it may not grow."""
     for m in measured:
-        assert len(m.files) <= 12, (m.sample, m.files)
+        assert len(m.files) <= OVER_GOAL.get(m.sample, 12), (m.sample, m.files)
         assert m.both_ways == [], (m.sample, m.both_ways)
 
 

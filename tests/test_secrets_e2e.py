@@ -22,9 +22,9 @@ from typer.testing import CliRunner
 from miles_nemogym.cli.main import app
 from miles_nemogym.launcher import run as launcher
 from miles_nemogym.metrics import rollout_metrics
+from miles_nemogym.runtime import current
 from miles_nemogym.settings import ENV_VARS, Settings
 from miles_nemogym.smoke import run as smoke
-from miles_nemogym.state import ledger
 from tests.support.fault_server import FaultServer
 from tests.support.ports import free_port as closed_port
 from tests.support.prompt_rows import converter_rows, write_jsonl
@@ -95,7 +95,7 @@ def test_no_channel_shows_the_api_key_or_a_url_password(
     kinds = [record["nemogym"]["failure_kind"] for record in records]
     assert kinds[-1] == "transport_unreachable" and "agent_run_error" in kinds
     found += leaks("agent.run records", json.dumps(records))
-    metrics = rollout_metrics([Sample(metadata=record) for record in records], ledger.drain())
+    metrics = rollout_metrics([Sample(metadata=record) for record in records], current().ledger.drain())
     found += leaks("metric keys and values", json.dumps(metrics))
 
     # 3. doctor, against the live server and its password URL.

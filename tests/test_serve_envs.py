@@ -109,7 +109,8 @@ def test_an_unknown_environment_exits_2_with_close_matches() -> None:
 def test_an_environment_with_several_configs_is_refused_with_the_names_to_give_instead() -> None:
     code, said = _serve("--sandbox", "local", "--env", "arena")
     assert code == 2
-    assert "serve; give one of the environments they define instead: lmarena_v2, lmarena_v3" in said
+    fix = "give one by its catalog name (or its last part): "
+    assert f"{fix}resources_servers/arena/lmarena_v2, resources_servers/arena/lmarena_v3" in said
 
 
 def test_a_name_in_another_case_is_suggested() -> None:
@@ -310,3 +311,28 @@ def test_server_logs_are_private_scrubbed_of_keys_and_never_written_through_a_li
         planted.start()
     planted.stop()
     assert precious.read_text() == "keep me\n" and stat.S_IMODE(precious.stat().st_mode) != 0o600
+
+
+def test_a_harness_environment_this_package_does_not_run_exits_2_naming_what_it_lacks() -> None:
+    code, said = _serve("--no-swe", "--env", "codex_math", "--session-server", "127.0.0.1:8000")
+    assert code == 2
+    assert "environment 'codex_math': its agent codex_agent: its CLI (npm `@openai/codex`) is not one serve" in said
+
+
+def test_the_opencode_cli_needs_npm_until_it_is_in_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from miles_nemogym.gym.wheel import cache_dir
+
+    cache = tmp_path / "cache"
+    (cache / "wheels").parent.mkdir()
+    (cache / "wheels").symlink_to(cache_dir() / "wheels")  # the pinned wheel; no npm install cached
+    monkeypatch.setenv("MILES_NEMOGYM_CACHE", str(cache))
+    monkeypatch.setenv("PATH", str(tmp_path / "no-npm-here"))
+    dry_run = ("--no-swe", "--env", "opencode_math", "--session-server", "127.0.0.1:8000", "--dry-run")
+    code, said = _serve(*dry_run)
+    need = "opencode_math_agent (opencode_agent): npm and npm's registry, to install opencode-ai@1.17.11 once"
+    assert code == 1 and need in said, said
+    installed = cache / "npm" / "opencode-ai-1.17.11" / "node_modules" / ".bin" / "opencode"
+    installed.parent.mkdir(parents=True)
+    installed.touch()
+    code, said = _serve(*dry_run)
+    assert "npm" not in said, said

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from miles_nemogym.episode.run import RequestError, policy_base_url, routable_local_address
-from miles_nemogym.settings import RewardMode, Settings, SettingsError, get_settings
+from miles_nemogym.runtime import Runtime, current, install
+from miles_nemogym.settings import RewardMode, Settings, SettingsError
 
 
 def test_defaults() -> None:
@@ -31,7 +32,7 @@ def test_bad_values_name_the_variable(monkeypatch: pytest.MonkeyPatch, var: str,
     assert var in str(info.value) and needle in str(info.value)
     monkeypatch.setenv(var, value)  # the hooks' read of the process environment says the same
     with pytest.raises(SettingsError) as from_process:
-        get_settings()
+        _ = current().settings
     assert str(from_process.value) == str(info.value)
 
 
@@ -46,14 +47,23 @@ def test_api_key_is_hidden_in_errors_and_repr() -> None:
     assert "NEMO_GYM_POLICY_API_KEY='<hidden>'" in str(bad_key.value)
 
 
-def test_the_process_settings_are_read_again_only_when_a_variable_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_process_settings_are_read_once_per_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NEMO_GYM_URL", "http://a:1/")
-    first = get_settings()
+    first = current().settings
     assert first.gym_url == "http://a:1"
-    monkeypatch.setenv("UNRELATED_VARIABLE", "x")
-    assert get_settings() is first  # the hooks' boundary: one read while the variables stay
     monkeypatch.setenv("NEMO_GYM_URL", "http://b:2")
-    assert get_settings().gym_url == "http://b:2"
+    assert current().settings is first  # the hooks read the environment once, on first use
+    assert install().settings.gym_url == "http://b:2"  # a new run reads it again
+    given = Settings.from_env({"NEMO_GYM_URL": "http://c:3"})
+    assert install(Runtime(given)).settings is given  # or is handed its settings
+
+
+def test_invalid_settings_are_read_again_until_they_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "soon")
+    with pytest.raises(SettingsError):
+        _ = current().settings
+    monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "60")
+    assert current().settings.run_timeout_s == 60.0
 
 
 def test_overrides_are_validated_like_the_variables() -> None:

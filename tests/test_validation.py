@@ -9,8 +9,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from miles_nemogym.episode.run import RequestError, build_run_body
 from miles_nemogym.launcher.config import ConfigError, load_config
+from miles_nemogym.runtime import current
 from miles_nemogym.scan.config import ScanConfig, scan_settings
-from miles_nemogym.settings import ENV_VARS, SettingsError, get_settings
+from miles_nemogym.settings import ENV_VARS, SettingsError
 from miles_nemogym.validation import as_flag, describe, problems
 
 
@@ -69,7 +70,7 @@ def test_callers_name_the_field_their_way(monkeypatch: pytest.MonkeyPatch, tmp_p
     assert str(scan.value).startswith("invalid miles-nemogym configuration: --gym-url / NEMO_GYM_URL: ")
     monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "1h")
     with pytest.raises(SettingsError) as settings:
-        get_settings()
+        _ = current().settings
     assert str(settings.value).startswith("invalid miles-nemogym configuration: NEMO_GYM_RUN_TIMEOUT='1h': ")
     for text in (str(request.value), str(launcher.value), str(scan.value), str(settings.value)):
         assert "Value error" not in text

@@ -21,7 +21,6 @@ from typing import Any
 import pydantic_core
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym import state
 from miles_nemogym.episode.delivery import AWAITING_RESULT, NOT_DELIVERED, Episode, deliver
 from miles_nemogym.episode.environment import prepare as prepare_environment
 from miles_nemogym.episode.record import (
@@ -42,10 +41,10 @@ from miles_nemogym.episode.run import prepare as prepare_swe
 from miles_nemogym.episode.run import prepare_agent
 from miles_nemogym.errors import RequestError, SettingsError
 from miles_nemogym.fit import counted
-from miles_nemogym.log_once import log_once
 from miles_nemogym.reward import score_record
+from miles_nemogym.runtime import current
 from miles_nemogym.salvage import hold_failed_episode
-from miles_nemogym.settings import RewardMode, Settings, get_settings
+from miles_nemogym.settings import RewardMode, Settings
 from miles_nemogym.store.writer import entry_for, session_id
 
 __all__ = ["abort", "prepare_episode", "run", "run_with_settings"]
@@ -75,20 +74,21 @@ async def run_with_settings(
     metadata: Mapping[str, Any] | None = None,
     store_extra: Callable[[], Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """``run`` with settings passed by our own callers (smoke); None reads the process's.
+    """``run`` with settings passed by our own callers (smoke); None: the runtime's.
     ``store_extra`` gives fields the caller alone knows for the episode's store entry, asked once
     the episode is over (smoke: the policy calls it counted, the server's trajectory file)."""
+    runtime = current()
     settings: Settings | None = None
     environment = environment_of(metadata)
     try:
-        settings = get_settings() if given is None else given
-        episode = prepare_episode(environment, metadata, base_url, request_kwargs, settings)
+        settings = runtime.settings if given is None else given
+        episode = prepare_episode(environment, metadata, base_url, request_kwargs, settings, runtime.addresses)
     except Exception as error:  # a bad setting, session URL or task row still leaves a record
         task_id = task_id_of(metadata)
         scrubber = settings.key_scrubber() if settings is not None else None
         outcome = finish(failure_of(error, task_id, scrubber), task_id)
     else:
-        outcome = await deliver(episode, settings, state.circuits, state.in_flight)
+        outcome = await deliver(episode, settings, runtime.circuits, runtime.in_flight)
         if environment != SWE_ENVIRONMENT and outcome.tool_time_s is None:
             outcome.tool_time_s = 0.0  # stopped before its loop ran: Miles reads every environment episode's
     record = outcome.record
@@ -97,11 +97,11 @@ async def run_with_settings(
     role, eval_set = role_of(metadata)
     # The ledger sees every episode, also those whose sample Miles returns without this dict.
     failure_kind = (record.failure_kind or fk.AGENT_RUN_ERROR) if record.mask_sample else None
-    state.ledger.record_episode(failure_kind, role, eval_set, outcome.outage_wait_s, environment=record.env)
+    runtime.ledger.record_episode(failure_kind, role, eval_set, outcome.outage_wait_s, environment=record.env)
     mode = settings.reward_mode if settings is not None else RewardMode.binary
     result = outcome.to_metadata()
     result[REWARD_KEY], _ = score_record(outcome.reward, RecordRead(record), mode)
-    hold_failed_episode(state.held, metadata, result)  # Miles drops this dict when no model call was made
+    hold_failed_episode(runtime.held, metadata, result)  # Miles drops this dict when no model call was made
     if settings is not None and settings.episode_dir:
         _store(settings, outcome, float(result[REWARD_KEY]), role, eval_set, base_url, metadata, store_extra)
     return result
@@ -113,11 +113,13 @@ def prepare_episode(
     base_url: str,
     request_kwargs: Mapping[str, Any] | None,
     settings: Settings,
+    addresses: dict[tuple[str, int], str] | None = None,
 ) -> Episode:
     """The row's episode, by its environment, for the session ``base_url`` (no ``/v1``);
-    ``SettingsError``/``RequestError`` name what is wrong. ``scan`` routes environment rows here too."""
+    ``SettingsError``/``RequestError`` name what is wrong; ``addresses``: the runtime's routed
+    addresses. ``scan`` routes environment rows here too."""
     if environment == SWE_ENVIRONMENT:
-        return prepare_swe(metadata, request_kwargs, settings, session_url=base_url)
+        return prepare_swe(metadata, request_kwargs, settings, session_url=base_url, addresses=addresses)
     if environment == UNRECOGNIZED_ENVIRONMENT:
         raise RequestError(
             f"metadata[{ENV_KEY!r}] must name an environment (letters, digits, '_', '-' or '.', at most 128, "
@@ -135,7 +137,9 @@ def prepare_episode(
             "right --env name (it refuses names nemo-gym does not ship)"
         )
     if server.agent is not None:
-        return prepare_agent(metadata, request_kwargs, environment, server, settings, session_url=base_url)
+        return prepare_agent(
+            metadata, request_kwargs, environment, server, settings, session_url=base_url, addresses=addresses
+        )
     return prepare_environment(
         metadata, environment, server, session_url=base_url, request_kwargs=request_kwargs, settings=settings
     )
@@ -168,7 +172,7 @@ def _store(
         if isinstance(answer, dict):  # an environment episode's document: encoded only for the store
             answer, is_json = pydantic_core.to_json(finite_json(answer)), True
         scrubber = settings.key_scrubber()
-        state.stores.get(str(settings.episode_dir)).add(
+        current().stores.get(str(settings.episode_dir)).add(
             role, entry, answer, is_json, scrub=None if scrubber is None else scrubber.scrub
         )
     except Exception:
@@ -179,8 +183,9 @@ async def abort(args: Any = None) -> None:
     """Miles' over-sampling abort hook: stop every in-flight episode of this process at once
     (``/run`` and environment episodes); each stopped ``run`` returns a ``cancelled`` outcome
     (the server's sandbox, or resources-server session, expires on its own)."""
-    states = state.in_flight.abort_all()
-    state.held.clear()  # the step's groups have all been filtered
+    runtime = current()
+    states = runtime.in_flight.abort_all()
+    runtime.held.clear()  # the step's groups have all been filtered
     logger.info(
         "abort: stopped %s: %d sent and awaiting their result "
         "(the server may finish them), %d not yet delivered; each is recorded as cancelled",
@@ -192,6 +197,14 @@ async def abort(args: Any = None) -> None:
 
 def _log(outcome: Outcome) -> None:
     record = outcome.record
+    if record.failure_kind is not None and not fk.is_registered(record.failure_kind):
+        current().logged.log(
+            logger,
+            logging.WARNING,
+            f"failure_kind {record.failure_kind}",
+            "the NeMo-Gym server sent an unregistered failure_kind %r; recorded as is",
+            record.failure_kind,
+        )
     if record.status == "ok":
         return
     kind = record.failure_kind or "?"
@@ -203,7 +216,7 @@ def _log(outcome: Outcome) -> None:
         hint = ""
         if record.http_status == 422:
             hint = " — is NEMO_GYM_URL a mini_swe_agent_2 server from nemo-gym >= 0.6?"
-        log_once(
+        current().logged.log(
             logger,
             logging.ERROR,
             f"agent {message}",

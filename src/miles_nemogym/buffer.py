@@ -18,9 +18,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from miles_nemogym import state
 from miles_nemogym.episode.record import TRAIN, flatten, metadata_of, record_of, strip_result
 from miles_nemogym.filters import judge_group
+from miles_nemogym.runtime import current
 from miles_nemogym.salvage import GROUP_HAS_ABORTED
 
 __all__ = ["FILTER_PATH", "EpisodeBuffer"]
@@ -91,7 +91,7 @@ class EpisodeBuffer:
                 if staleness is not None:
                     self._consumed_staleness.append(staleness)
                 if staleness is None or limit is None or staleness <= limit:
-                    state.ledger.record_group(kept=True, salvaged=salvaged)  # counted at the step that trains it
+                    current().ledger.record_group(kept=True, salvaged=salvaged)  # counted at the step that trains it
                     return entry
                 logger.info("dropped a stale group (staleness %d > --max-weight-staleness %d)", staleness, limit)
                 self._drop("stale", "stale", entry)
@@ -103,7 +103,7 @@ class EpisodeBuffer:
         # between Miles' get_metrics and our log_rollout's seal goes to the next step in both.
         unfiled, self._unfiled = self._unfiled, []
         for episode_ids, reason in unfiled:
-            state.stores.not_trained_all(TRAIN, episode_ids, reason)
+            current().stores.not_trained_all(TRAIN, episode_ids, reason)
         consumed, self._consumed_staleness = self._consumed_staleness, []
         metrics: dict[str, float] = {
             f"{_MILES}queue_size": float(len(self._buffer)),
@@ -131,7 +131,7 @@ class EpisodeBuffer:
     def _drop(self, kind: str, reason: str, entry: Any) -> None:
         """Count a group that will not train; aborted and stale ones go to Miles' unused handler
         (``retry`` regenerates their prompts: new episodes, counted as regenerated)."""
-        state.ledger.record_group(kept=False, salvaged=False)
+        current().ledger.record_group(kept=False, salvaged=False)
         records = [record_of(sample) for sample in flatten(entry.group)]
         dropped = list(dict.fromkeys(r.episode_id for r in records if r is not None and r.episode_id))
         self._unfiled.append((dropped, reason))

@@ -14,13 +14,8 @@ kinds (``episode/run.py``, ``episode/environment.py``) and the transport's table
 
 from __future__ import annotations
 
-import logging
 import re
 from typing import Final
-
-from miles_nemogym.log_once import log_once
-
-logger = logging.getLogger(__name__)
 
 # The server could not be reached at all: the request certainly never arrived.
 TRANSPORT_UNREACHABLE: Final = "transport_unreachable"
@@ -113,20 +108,15 @@ def check_server_kind(kind: str) -> bool:
     """Whether a ``failure_kind`` sent by the server can be recorded as is.
 
     Like NeMo-Gym's ``validate_failure_kind``, an unregistered but well-formed name is
-    kept and warned about once; anything else (long, multi-line, odd characters) is not.
+    kept (``agent.run`` warns about it once); anything else (long, multi-line, odd
+    characters) is not.
     """
-    if kind in _KNOWN_KINDS:
-        return True
-    if not _is_valid_name(kind):
-        return False
-    log_once(
-        logger,
-        logging.WARNING,
-        f"failure_kind {kind}",
-        "the NeMo-Gym server sent an unregistered failure_kind %r; recorded as is",
-        kind,
-    )
-    return True
+    return kind in _KNOWN_KINDS or _is_valid_name(kind)
+
+
+def is_registered(kind: str) -> bool:
+    """Whether ``kind`` is one of NeMo-Gym's kinds or this package's."""
+    return kind in _KNOWN_KINDS
 
 
 def metric_label(kind: str) -> str:

@@ -13,13 +13,11 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from miles_nemogym import state
 from miles_nemogym.errors import RunStopped
 from miles_nemogym.fit import counted
-from miles_nemogym.ledger import streak_stop
-from miles_nemogym.log_once import log_once
+from miles_nemogym.runtime import current, streak_stop
 from miles_nemogym.salvage import HOOK_PATH, group_verdict, recover_failed_episodes
-from miles_nemogym.settings import Settings, get_settings
+from miles_nemogym.settings import Settings
 
 __all__ = ["FilterOutput", "check_episode_group", "check_run", "judge_group", "stop_reason"]
 
@@ -50,7 +48,7 @@ def _salvage_wired(args: Any) -> bool:
     our post-process hook the failed episodes' 0.0 would train, so such groups are dropped."""
     wired = getattr(args, "custom_reward_post_process_path", None) == REWARD_POST_PROCESS
     if not wired:
-        log_once(
+        current().logged.log(
             logger,
             logging.WARNING,
             "salvage not wired",
@@ -64,7 +62,7 @@ def _salvage_wired(args: Any) -> bool:
 def stop_reason(settings: Settings) -> str | None:
     """Why the run must stop now (an outage past ``NEMO_GYM_OUTAGE_TIMEOUT``, a failure streak), or
     None. Reads the process's state; changes nothing."""
-    return state.circuits.stop_error() or streak_stop(settings, state.ledger)
+    return current().circuits.stop_error() or streak_stop(settings, current().ledger)
 
 
 def check_run(settings: Settings) -> None:
@@ -74,7 +72,7 @@ def check_run(settings: Settings) -> None:
     reason = stop_reason(settings)
     if reason is None:
         return
-    stopped = sum(state.in_flight.abort_all().values())
+    stopped = sum(current().in_flight.abort_all().values())
     logger.error("%s (stopped %s)", reason, counted(stopped, "in-flight episode"))
     raise RunStopped(reason)
 
@@ -83,12 +81,12 @@ def judge_group(args: Any, samples: Any) -> tuple[str | None, bool]:
     """(drop reason or None to keep, whether kept with failed episodes) for a finished group,
     after giving back the failed episodes salvage held for its ABORTED samples; records
     nothing. Raises ``RunStopped`` when the run must stop (``check_run``)."""
-    settings = get_settings()
+    settings = current().settings
     check_run(settings)  # the one exception meant to leave this hook
     group_size = getattr(args, "n_samples_per_prompt", None)
     min_valid = settings.min_valid_per_group if _salvage_wired(args) else 0
     try:
-        recover_failed_episodes(state.held, samples)  # episodes that failed before their first policy call
+        recover_failed_episodes(current().held, samples)  # episodes that failed before their first policy call
         return group_verdict(samples, min_valid, group_size)
     except Exception:  # unreadable samples are not a valid measurement; never crash the rollout
         return "nemogym_unreadable_record", False
@@ -98,5 +96,5 @@ def check_episode_group(args: Any, samples: Any, **kwargs: Any) -> Any:
     """Miles filter: keep the group when it can be trained; raise ``RunStopped`` when the
     run must stop (see the module docstring)."""
     reason, salvaged = judge_group(args, samples)
-    state.ledger.record_group(kept=reason is None, salvaged=salvaged)
+    current().ledger.record_group(kept=reason is None, salvaged=salvaged)
     return _output_type()(keep=reason is None, reason=reason)

@@ -17,7 +17,6 @@ import re
 from collections import Counter, defaultdict
 from typing import Any
 
-from miles_nemogym import state
 from miles_nemogym.episode.record import (
     EVAL,
     REWARD_KEY,
@@ -35,7 +34,7 @@ from miles_nemogym.episode.record import (
     record_of,
 )
 from miles_nemogym.failure_kinds import metric_label
-from miles_nemogym.ledger import EnvironmentTally, Tally
+from miles_nemogym.runtime import EnvironmentTally, Tally, current
 from miles_nemogym.salvage import zero_loss_samples
 from miles_nemogym.settings import environment_name_problem
 
@@ -196,7 +195,7 @@ def log_rollout(
     rollout_time: float | None = None,
 ) -> bool:
     """Miles rollout log function: log ``nemogym/*`` metrics; returns False (Miles logs too)."""
-    tally = state.ledger.drain()
+    tally = current().ledger.drain()
     try:
         metrics: dict[str, Any] = dict(rollout_metrics(samples, tally))
     except Exception:  # never fail Miles' rollout logging over our metrics; the ledger's still count
@@ -233,7 +232,7 @@ def _seal(role: str, rollout_id: Any, trained: list[str] | None = None) -> None:
     """File ``role``'s stored episodes under this step (and, fully async, the episodes it
     ``trained``); the store never fails a log call."""
     try:
-        state.stores.seal_all(role, int(rollout_id), trained)
+        current().stores.seal_all(role, int(rollout_id), trained)
     except Exception:
         logger.warning("episode store: could not file %s episodes under step %s", role, rollout_id, exc_info=True)
 
@@ -252,7 +251,7 @@ def log_eval(rollout_id: int, args: Any, data: Any, extra_metrics: Any = None) -
     metrics: dict[str, Any] = {}
     for name, result in (data or {}).items():
         samples = result.get("samples") if isinstance(result, dict) else None
-        tally = state.ledger.drain(EVAL, str(name))
+        tally = current().ledger.drain(EVAL, str(name))
         try:
             metrics.update(eval_set_metrics(str(name), samples or [], eval_k(args, str(name)), tally))
         except Exception:  # never fail Miles' eval logging over our metrics
@@ -286,6 +285,7 @@ def eval_set_metrics(name: str, samples: Any, k: int, tally: Tally) -> dict[str,
         metrics[f"masked/{metric_label(kind)}"] = float(count)
 
     metrics.update(_pass_rates(found, k))
+    metrics.update(_reward_mean(valid))
     metrics.update(_quality([e.record for e in valid]))
     metrics.update(_resolve_rate_per_repo(valid))
     metrics.update(_per_environment(found, tally, k))
@@ -306,8 +306,9 @@ def _pass_rates(found: list[SampledEpisode], k: int) -> dict[str, float]:
         metrics["pass@1"] = sum(sum(v) / len(v) for v in by_instance.values()) / len(by_instance)
     full = {iid: v for iid, v in by_instance.items() if len(v) >= k}
     metrics["instances_short_of_k"] = float(len(instances) - len(full))
-    if full and k > 1:
-        metrics[f"pass@{k}"] = sum(pass_at_k(len(v), sum(v), k) for v in full.values()) / len(full)
+    if full:  # pass@2, pass@4, ... below k (a benchmark's 32 repeats: up to pass@32), then pass@k
+        for j in [*(2**e for e in range(1, k.bit_length()) if 2**e < k), *([k] if k > 1 else [])]:
+            metrics[f"pass@{j}"] = sum(pass_at_k(len(v), sum(v), j) for v in full.values()) / len(full)
     return metrics
 
 

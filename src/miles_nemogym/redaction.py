@@ -13,8 +13,6 @@ from collections.abc import Callable, Iterable
 from functools import lru_cache
 from urllib.parse import urlsplit, urlunsplit
 
-from miles_nemogym.log_once import log_once
-
 __all__ = ["REDACTED", "KeyScrubber", "key_scrubber", "redact_url", "redact_urls", "scrub_all"]
 
 logger = logging.getLogger(__name__)
@@ -115,10 +113,7 @@ def key_scrubber(secret: str | None) -> KeyScrubber | None:
     if not secret:
         return None
     if len(secret) < _MIN_SECRET_CHARS:
-        log_once(
-            logger,
-            logging.WARNING,
-            "short policy API key",
+        logger.warning(  # once per key: the scrubber is cached
             "NEMO_GYM_POLICY_API_KEY is shorter than %d characters: it is treated as non-secret "
             "and not redacted from server answers (use a real key if it must stay private)",
             _MIN_SECRET_CHARS,

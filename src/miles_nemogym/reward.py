@@ -11,7 +11,6 @@ import logging
 import math
 from typing import Any
 
-from miles_nemogym import state
 from miles_nemogym.episode.record import (
     REWARD_KEY,
     SWE_ENVIRONMENT,
@@ -21,8 +20,8 @@ from miles_nemogym.episode.record import (
     read_record,
 )
 from miles_nemogym.errors import SettingsError
-from miles_nemogym.log_once import log_once
-from miles_nemogym.settings import RewardMode, get_settings
+from miles_nemogym.runtime import current
+from miles_nemogym.settings import RewardMode
 
 __all__ = ["partial_credit", "reward_func", "score", "score_record"]
 
@@ -70,8 +69,8 @@ def _score_sample(sample: Any, mode: RewardMode) -> float:
     except Exception:  # a record no rule above foresaw: set aside, never crash the rollout
         value, problem = 0.0, "unreadable_record"
     if problem is not None:
-        state.reward_problems[problem] += 1
-        count = state.reward_problems[problem]
+        current().reward_problems[problem] += 1
+        count = current().reward_problems[problem]
         # The first few, then every 100th: enough to notice, never a flood.
         if count <= 3 or count % 100 == 0:
             instance = str(metadata_of(sample).get("instance_id"))[:200]
@@ -81,9 +80,9 @@ def _score_sample(sample: Any, mode: RewardMode) -> float:
 
 def _mode() -> RewardMode:
     try:
-        return get_settings().reward_mode
+        return current().settings.reward_mode
     except SettingsError as error:
-        log_once(logger, logging.ERROR, f"reward {error}", "reward hook: %s; scoring in binary mode", error)
+        current().logged.log(logger, logging.ERROR, f"reward {error}", "reward hook: %s; scoring in binary mode", error)
         return RewardMode.binary
 
 

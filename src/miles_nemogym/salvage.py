@@ -135,7 +135,7 @@ def zero_loss_samples(samples: Any) -> int:
 class HeldEpisodes:
     """Failed train episodes of the current step whose sample may come back without them,
     oldest first; at most ``limit`` (the oldest go first: their groups have long been seen).
-    The process's are ``state.held``."""
+    The process's are the runtime's ``held``."""
 
     def __init__(self, limit: int = 4096) -> None:
         self._lock = threading.Lock()

@@ -1,7 +1,7 @@
 """Every environment variable the plugin reads, validated in one place.
 
 Miles gives our hooks no configuration object, so they read the rollout process's
-environment once (``get_settings``) and pass the ``Settings`` down; everything else
+environment once (the runtime's ``settings``) and pass the ``Settings`` down; everything else
 (smoke, launcher, doctor, scan) builds its own with ``from_env``/``with_overrides``.
 A bad value fails with a message naming the variable and the form it expects.
 """
@@ -34,9 +34,7 @@ __all__ = [
     "SettingsError",
     "TimeoutReward",
     "environment_name_problem",
-    "get_settings",
     "parse_environments",
-    "reset",
     "short_name",
 ]
 
@@ -277,10 +275,13 @@ def _check_http_url(value: str, example: str) -> str:
 
 
 def short_name(name: str) -> str:
-    """The name this package keys an environment by: ``mcqa`` for ``resources_servers/mcqa``
-    (how NeMo-Gym's catalog spells a resources server); any other name as given."""
+    """The name this package keys an environment by: ``mcqa`` for ``resources_servers/mcqa``,
+    ``lmarena_v2`` for ``resources_servers/arena/lmarena_v2`` (how NeMo-Gym's catalog spells a
+    resources server's config: its last part, the config's stem, is the name nemo-gym's registry
+    itself gives that workload); any other name as given."""
     head, slash, tail = name.partition("/")
-    return tail if slash and head == "resources_servers" and tail and "/" not in tail else name
+    parts = tail.split("/")
+    return parts[-1] if slash and head == "resources_servers" and len(parts) <= 2 and all(parts) else name
 
 
 def environment_name_problem(name: str) -> str | None:
@@ -311,10 +312,15 @@ def parse_environments(text: str) -> dict[str, EnvironmentServer]:
     if not isinstance(raw, dict) or not raw:
         raise ValueError(f"expected {form}")
     servers: dict[str, EnvironmentServer] = {}
-    for name, value in raw.items():
+    spelled: dict[str, str] = {}
+    for said, value in raw.items():
+        name = short_name(said) if isinstance(said, str) else said  # the catalog's spelling is its short name
         problem = environment_name_problem(name)
         if problem:
-            raise ValueError(f"environment name {name!r}: {problem}")
+            raise ValueError(f"environment name {said!r}: {problem}")
+        if name in spelled:
+            raise ValueError(f"the keys {spelled[name]!r} and {said!r} name one environment, {name!r}; give one")
+        spelled[name] = said
         given = {"url": value} if isinstance(value, str) else value
         try:
             servers[name] = EnvironmentServer.model_validate(given)
@@ -373,22 +379,3 @@ def _describe(error: ValidationError, given: Mapping[str, Any], labels: Mapping[
         return f"{var}={shown!r}"
 
     return describe(error, label=label)
-
-
-_current: tuple[tuple[str | None, ...], Settings] | None = None
-
-
-def get_settings() -> Settings:
-    """This process's settings, for the hooks: read from the environment on first use and again
-    only if a plugin variable changed since (tests change them); raises ``SettingsError``."""
-    global _current
-    key = tuple(map(os.environ.get, ENV_VARS))
-    if _current is None or _current[0] != key:
-        _current = (key, Settings.from_env())
-    return _current[1]
-
-
-def reset() -> None:
-    """Forget the cached settings (tests)."""
-    global _current
-    _current = None

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
-from miles_nemogym.gym.catalog import NOT_YET, load_catalog
+from miles_nemogym.gym.catalog import BENCHMARK_PREPARED, BENCHMARK_SHIPPED, NOT_YET, load_catalog
 from miles_nemogym.gym.venv import ensure_gym_venv
 from tests.support import environments_table as table
 
@@ -60,7 +60,11 @@ def test_the_cached_catalog_answers_without_asking_the_registry_again(monkeypatc
         raise AssertionError("the registry was asked again")
 
     monkeypatch.setattr(subprocess, "run", no_registry)
-    assert "repeats: 32" in _cli("aime25")
+    shown = _cli("aime25")
+    assert "repeats: 32" in shown
+    assert "miles-nemogym convert --env aime25=PREPARED.jsonl --output aime25.jsonl" in shown
+    assert "--eval-data aime25=aime25.jsonl" in shown and "miles-nemogym serve --env math_with_judge" in shown
+    assert all(len(line) <= 80 for line in shown.splitlines())
 
 
 def test_the_docs_table_is_the_scripts_output_over_the_whole_catalog() -> None:
@@ -71,7 +75,12 @@ def test_the_docs_table_is_the_scripts_output_over_the_whole_catalog() -> None:
     rows = {r.name: r for r in table.catalog_rows(entries)}
     assert len(rows) == len(entries) == 385
     assert rows["resources_servers/mcqa"].status == table.TESTED
-    assert rows["aime25"].status == rows["opencode_math"].status == NOT_YET
+    assert rows["gpqa"].status == NOT_YET
+    assert rows["aime25"].status == rows["gsm8k"].status == table.BENCHMARK_TESTED
+    assert rows["aegis_v4_safety"].status == BENCHMARK_SHIPPED and rows["aime24"].status == BENCHMARK_PREPARED
+    # The harness environments: opencode's run here, every other one refused with what it lacks.
+    assert rows["opencode_math"].status == table.TESTED
+    assert rows["claude_code_math"].status == rows["hermes_reasoning_gym"].status == table.REFUSED
     # environments/ folders by their own names: played here, routed, or refused with the reason.
     assert rows["calendar_v2"].status == rows["arc_agi"].status == table.TESTED
     assert rows["blackjack"].status == table.TESTED and rows["wordle"].status == table.REFUSED

@@ -15,10 +15,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from miles_nemogym import agent, state
+from miles_nemogym import agent
 from miles_nemogym.episode import environment
 from miles_nemogym.episode.delivery import deliver
 from miles_nemogym.episode.record import Outcome
+from miles_nemogym.runtime import current
 from miles_nemogym.settings import EnvironmentServer, Settings
 from tests.support.env_scripts import ENVIRONMENTS, scripts
 from tests.support.gym_envs import GymEnvironments
@@ -57,7 +58,7 @@ async def _ours(
         request_kwargs={"temperature": 1.0, "top_p": 1.0, "max_tokens": 512},
         settings=settings,
     )
-    return await deliver(episode, settings, state.circuits, state.in_flight)
+    return await deliver(episode, settings, current().circuits, current().in_flight)
 
 
 def _verified(outcome: Outcome) -> dict[str, Any]:

@@ -6,19 +6,46 @@ Import the fixtures by name into a test module (pytest finds them in its namespa
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from miles_nemogym import agent, transport
 from miles_nemogym.episode import delivery
+from miles_nemogym.episode.record import ENV_KEY, TASK_ID_KEY
+from miles_nemogym.settings import Settings
 from tests.support.fault_server import FaultServer
 from tests.support.samples import Sample, Status
 
 SESSION = "http://127.0.0.1:39999/sessions/s-1"
 ROLLOUT_SECRET = "test-rollout-secret-0123456789abcdef"
 """What ``serve`` would print as ``NEMO_GYM_ROLLOUT_SECRET`` (agent rows sign their rollout ids with it)."""
+
+
+AGENT_ROW = {
+    "responses_create_params": {"input": [{"role": "user", "content": "Deal me in."}]},
+    "agent_ref": {"type": "responses_api_agents", "name": "blackjack_gymnasium_agent"},
+    ENV_KEY: "blackjack",
+    TASK_ID_KEY: "blackjack/0",
+}
+"""A blackjack agent row as ``convert`` writes it: its agent server plays it through ``/run``."""
+AGENT_OUTPUT = [
+    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "<action>hit</action>"}]},
+    {"type": "message", "role": "user", "content": "Your hand: [9, 5, 4] = 18"},
+    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "<action>stand</action>"}]},
+]
+
+
+def agent_answer(**fields: Any) -> Callable[[dict[str, Any]], web.Response]:
+    """An agent server's ``/run`` answer to ``AGENT_ROW`` (two turns) with ``fields`` (reward, ...)."""
+    body = {
+        "responses_create_params": AGENT_ROW["responses_create_params"],
+        "response": {"output": AGENT_OUTPUT},
+        **fields,
+    }
+    return lambda request: web.json_response(body)
 
 
 @pytest.fixture
@@ -59,11 +86,12 @@ async def server(
     await srv.stop()
 
 
-async def call(metadata: Any, **kwargs: Any) -> dict[str, Any]:
-    """``agent.run`` as Miles calls it, with overridable ``base_url`` and ``request_kwargs``."""
-    return await agent.run(
+async def call(metadata: Any, *, settings: Settings | None = None, **kwargs: Any) -> dict[str, Any]:
+    """``agent.run`` as Miles calls it, with overridable ``base_url`` and ``request_kwargs``;
+    ``settings`` instead of the runtime's (``agent.run_with_settings``)."""
+    return await agent.run_with_settings(
+        settings,
         base_url=kwargs.pop("base_url", SESSION),
-        prompt=[{"role": "user", "content": "x"}],
         request_kwargs=kwargs.pop("request_kwargs", {"temperature": 1.0, "top_p": 1.0, "max_tokens": 64}),
         metadata=metadata,
     )

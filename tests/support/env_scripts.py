@@ -22,6 +22,9 @@ ENVIRONMENTS = (
 SMOKED = ("calendar", "calendar_v2", "arc_agi")
 """Environments (beyond ``ENVIRONMENTS``) that ``smoke --env`` plays end to end in the integration
 tests, with the gold and wrong answers of ``miles_nemogym.smoke.answers``."""
+BENCHMARKS = ("aime25", "gsm8k")
+"""Benchmarks ``tests/integration/test_benchmarks.py`` converts from a prepared file and grades
+through ``agent.run`` (``aime25`` through Miles' eval step too), on ``math_with_judge``."""
 _THINKING = re.compile(r"<think>.*?</think>", re.DOTALL)
 
 # code_gen's first example row (Codeforces 1259D): reverse the fewest words so that they

@@ -90,9 +90,9 @@ async def within(seconds: float, awaitable: Awaitable[_T]) -> tuple[_T, float]:
 
 def flush_store(directory: Path) -> None:
     """Wait until the episode store at ``directory`` has written what it was given."""
-    from miles_nemogym import state
+    from miles_nemogym.runtime import current
 
-    state.stores.get(str(directory)).flush()
+    current().stores.get(str(directory)).flush()
 
 
 def _refuse_constant(name: str) -> Any:

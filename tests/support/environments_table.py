@@ -1,8 +1,10 @@
 """What ``serve --env`` does with each of nemo-gym's shipped resources servers, read from the
 pinned wheel: the tables of README.md and docs/environments.md (``scripts/environments_table.py``
 prints them; ``tests/test_environments_table.py`` checks them). "Runs end to end here" are the
-environments the integration tests drive (``tests/support/env_scripts.py``, and the routed
-agents' ``tests/support/routed_agents.py``).
+environments the integration tests drive (``tests/support/env_scripts.py``, the catalog's
+``tests/support/catalog_scripts.py``, the configs of ``tests/support/config_envs.py``, the routed
+agents' ``tests/support/routed_agents.py``, and the judged ones graded through the stand-in judge
+of ``tests/support/judge_model.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from dataclasses import dataclass
 from miles_nemogym.gym import catalog
 from miles_nemogym.gym.catalog import ALONE, JUDGE, REFUSED, support
 from miles_nemogym.gym.environments import shipped_environments
-from tests.support.env_scripts import ENVIRONMENTS, SMOKED
+from miles_nemogym.settings import short_name
+from tests.support.catalog_scripts import JUDGED_TOGETHER, SERVED_TOGETHER
+from tests.support.config_envs import SERVED
+from tests.support.env_scripts import BENCHMARKS, ENVIRONMENTS, SMOKED
 from tests.support.judge_model import JUDGED_ENVIRONMENTS
 from tests.support.routed_agents import AGENTS
 
@@ -24,7 +29,19 @@ END = "<!-- environments-table: end -->"
 TESTED = "runs end to end here (tested)"
 SIMPLE = "simple_agent, not tested here"
 ROUTED = "routed agent, not run here"
-ORDER = (TESTED, SIMPLE, JUDGE, ROUTED, ALONE, REFUSED, catalog.NOT_YET)
+BENCHMARK_TESTED = "benchmark: runs end to end here (tested)"
+ORDER = (
+    TESTED,
+    BENCHMARK_TESTED,
+    catalog.BENCHMARK_SHIPPED,
+    catalog.BENCHMARK_PREPARED,
+    SIMPLE,
+    JUDGE,
+    ROUTED,
+    ALONE,
+    REFUSED,
+    catalog.NOT_YET,
+)
 
 
 @dataclass(frozen=True)
@@ -37,8 +54,8 @@ class Row:
 
 _GROUPS = (
     ("beyond PyPI", "a requirement beyond PyPI"),
-    ("configs, none named", "several configs, none named after it"),
-    ("its config holds", "several of its resources servers in one config"),
+    ("configs, none named", "several configs (each served by its catalog name)"),
+    ("no agent (not in nemo-gym's catalog)", "two resources servers, no agent (not in nemo-gym's catalog)"),
     ("drops the rollout id", "its agent drops the rollout id"),
     ("settings serve does not set", "settings serve does not set"),
     ("not `policy_model`", "an agent calls a model other than `policy_model`"),
@@ -56,10 +73,12 @@ def group(r: Row) -> str:
 def row(name: str) -> Row:
     found = support(name)
     status, needs = found.status, found.needs
-    if status == JUDGE and name in JUDGED_ENVIRONMENTS:
-        needs = "; ".join([*needs.split("; "), "its `/verify` graded through a stand-in judge by a test"]).lstrip("; ")
+    if status == JUDGE and name in (*JUDGED_ENVIRONMENTS, *JUDGED_TOGETHER):
+        graded = "a judge model (`--judge-url`): tested through a stand-in judge"
+        status, needs = TESTED, "; ".join([*needs.split("; "), graded]).lstrip("; ")
     elif status == catalog.SIMPLE:
-        status = TESTED if name in ENVIRONMENTS or name in SMOKED else SIMPLE
+        played = {*ENVIRONMENTS, *SMOKED, *SERVED_TOGETHER, *map(short_name, SERVED)}
+        status = TESTED if name in played else SIMPLE
     elif status == catalog.ROUTED:
         status = TESTED if name in AGENTS else ROUTED
     return Row(name, found.agent, status, needs)
@@ -104,7 +123,8 @@ def catalog_rows(entries: Sequence[catalog.CatalogEntry]) -> list[Row]:
             found = row(name)
         else:
             here = catalog.entry_support(entry)
-            found = Row(entry.name, here.agent, here.status, here.needs)
+            tested = entry.kind == "benchmark" and entry.name in BENCHMARKS
+            found = Row(entry.name, here.agent, BENCHMARK_TESTED if tested else here.status, here.needs)
         out.append(Row(entry.name, found.agent, found.status, found.needs))
     return out
 

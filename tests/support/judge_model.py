@@ -1,7 +1,8 @@
 """A loopback judge model: an OpenAI-compatible ``/v1/chat/completions`` that grades as the
-judges of NeMo-Gym's ``abstention``/``omniscience`` prompt ask (the grader template's
+judges of NeMo-Gym's ``abstention``/``omniscience``/``simpleqa`` prompt ask (the grader template's
 ``Gold target:`` and ``Predicted answer:`` of the example to grade, answered ``A`` for CORRECT,
-``B`` for INCORRECT), comparing the two answers normalised. What a real judge model serves
+``B`` for INCORRECT), or ``text_to_sql``'s (its ``SQL Query A`` and ``B`` blocks, answered
+``[[A=B]]`` or ``[[A!=B]]``), comparing the two answers normalised. What a real judge model serves
 (vLLM, an API): the chat-completions contract, ``choices[0].message.content``."""
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ JUDGED_ENVIRONMENTS = ("abstention",)
 
 _GOLD = re.compile(r"^Gold target: (.*)$", re.MULTILINE)
 _PREDICTED = re.compile(r"^Predicted answer: (.*)$", re.MULTILINE)
+_QUERIES = re.compile(
+    r"<\|Start of SQL Query A\|>(.*)<\|End of SQL Query A\|>.*<\|Start of SQL Query B\|>(.*)<\|End of SQL Query B\|>",
+    re.DOTALL,
+)
 
 
 def _normal(text: str) -> str:
@@ -48,9 +53,14 @@ class JudgeModel:
             return web.json_response({"error": {"message": said, "code": "invalid_api_key"}}, status=401)
         prompt = "\n".join(str(m.get("content") or "") for m in body.get("messages", []) if m.get("role") == "user")
         gold, predicted = _GOLD.findall(prompt), _PREDICTED.findall(prompt)
-        if not gold or not predicted:
-            return web.json_response({"error": "no 'Gold target:'/'Predicted answer:' lines to grade"}, status=400)
-        grade = "A" if _normal(gold[-1]) == _normal(predicted[-1]) else "B"  # the example to grade is the last
+        pair = _QUERIES.search(prompt)
+        if gold and predicted:
+            grade = "A" if _normal(gold[-1]) == _normal(predicted[-1]) else "B"  # the example to grade is the last
+        elif pair is not None:
+            grade = "[[A=B]]" if _normal(pair[1]) == _normal(pair[2]) else "[[A!=B]]"
+        else:
+            said = "no 'Gold target:'/'Predicted answer:' lines nor SQL Query A/B blocks to grade"
+            return web.json_response({"error": said}, status=400)
         return web.json_response(
             {
                 "id": f"chatcmpl-judge-{len(self.requests)}",

@@ -84,8 +84,8 @@ from miles.utils.test_utils.mock_sglang_server import MockSGLangServer, ProcessR
 from miles.utils.test_utils.uvicorn_thread_server import UvicornThreadServer  # noqa: E402
 from miles.utils.tracking_utils import tracking  # noqa: E402
 
-from miles_nemogym import state  # noqa: E402
 from miles_nemogym.launcher.command import GENERATE_FUNCTION, HOOKS  # noqa: E402
+from miles_nemogym.runtime import install  # noqa: E402
 from miles_nemogym.smoke.policy import Script, qwen_tool_call_text  # noqa: E402
 from tests.support.qwen3_tokenizer import TOKENIZER_FORMAT, build_qwen3_tokenizer  # noqa: E402
 
@@ -355,7 +355,7 @@ async def _cancel_rollout_tasks() -> None:
 def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[str, Any]:
     RECORDER.__init__()  # type: ignore[misc]
     # Each step is a fresh run: everything the process keeps across episodes starts clean.
-    state.reset()
+    install()
     script = Script(look_around_turns=int(request.get("look_around_turns", 1)))
     rollout_id = int(request.get("rollout_id", 0))
     policy_calls = [0]

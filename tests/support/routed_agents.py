@@ -24,7 +24,10 @@ GYMNASIUM = ("blackjack", "example_multi_turn_gymnasium", "openair_congestion")
 """Environments whose config gives them ``gymnasium_agent``."""
 TOOL_SIMULATION = ("swe_pivot",)
 """Environments whose config gives them ``tool_simulation_agent`` (one policy call, then ``/verify``)."""
-AGENTS = GYMNASIUM + TOOL_SIMULATION
+HARNESS = ("opencode_math",)
+"""Environments of ``environments/`` played by a harness agent running its CLI (``opencode_agent``:
+the ``opencode`` CLI, installed from npm by ``serve``)."""
+AGENTS = GYMNASIUM + TOOL_SIMULATION + HARNESS
 """Every environment played by an agent other than ``simple_agent`` that the integration tests drive."""
 ROUTED_SIMPLE = ENVIRONMENTS
 """The ``simple_agent`` environments of the in-process tests, all of them, here played through
@@ -39,7 +42,8 @@ class RoutedAgents:
         self.setting: dict[str, Any] = json.loads(servers.setting())
 
     def example_rows(self, env: str) -> list[dict[str, Any]]:
-        path = self.servers.gym.site_packages / "resources_servers" / env / "data" / "example.jsonl"
+        [plan] = [p for p in self.servers.plans if p.name == env]
+        path = self.servers.gym.site_packages / plan.rows
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
     def agent_url(self, env: str) -> str:

@@ -35,8 +35,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-SAMPLES = ("swe", "environment")
-"""The samples measured: a SWE-bench row through ``/run``, an mcqa row through the ``simple_agent`` loop."""
+SAMPLES = ("swe", "environment", "swe-failing", "agent", "buffer")
+"""The samples measured: a SWE-bench row through ``/run``, an mcqa row through the ``simple_agent``
+loop, the SWE row answered with HTTP 500, a blackjack agent row through its agent's ``/run``, and
+the SWE row through the fully async buffer instead of the group filter."""
 SWE_INSTANCE = "scikit-learn__scikit-learn-14141"
 """The wheel's example row (and real ``/run`` result, resolved) the SWE sample runs."""
 ENVIRONMENT = "mcqa"
@@ -238,12 +240,16 @@ class _Args:
     custom_reward_post_process_path = "miles_nemogym.salvage.reward_post_process"
 
 
-async def _hooks(metadata: dict[str, Any], base_url: str, salvage: bool) -> None:
+async def _hooks(
+    metadata: dict[str, Any], base_url: str, salvage: bool, *, status: str = "ok", buffered: bool = False
+) -> None:
     """``agent.run`` for one row, then the hooks Miles calls on its sample (session server v1:
-    the agent's dict merged into ``sample.metadata``, the reward from the reward hook)."""
+    the agent's dict merged into ``sample.metadata``, the reward from the reward hook): the group
+    filter and salvage, or, ``buffered``, the fully async buffer's ``put``, ``get`` and metrics."""
     from miles_nemogym import agent, filters, metrics, reward
     from miles_nemogym import salvage as salvage_hook
-    from tests.support.samples import Sample
+    from miles_nemogym.buffer import EpisodeBuffer
+    from tests.support.samples import BufferArgs, BufferConstructor, BufferEntry, Sample
 
     result = await agent.run(base_url=base_url, prompt=None, request_kwargs=dict(_REQUEST_KWARGS), metadata=metadata)
     sample = Sample(
@@ -252,13 +258,18 @@ async def _hooks(metadata: dict[str, Any], base_url: str, salvage: bool) -> None
     value = await reward.reward_func(_Args(), sample)
     assert isinstance(value, float)
     sample.reward = value
-    filters.check_episode_group(_Args(), [sample])
-    if salvage:
-        salvage_hook.reward_post_process(_Args(), [sample])
+    if buffered:
+        episodes = EpisodeBuffer(BufferConstructor(BufferArgs(n_samples_per_prompt=1), lambda group: None))
+        await episodes.put(BufferEntry([sample], [sample]))
+        await episodes.get(current_version=None)
+        episodes.get_metrics()
+    else:
+        filters.check_episode_group(_Args(), [sample])
+        if salvage:
+            salvage_hook.reward_post_process(_Args(), [sample])
     metrics.log_rollout(0, _Args(), [sample])
-    status = result["nemogym"]["status"]
-    if status != "ok":
-        raise RuntimeError(f"the measured episode did not succeed: {result['nemogym']}")
+    if result["nemogym"]["status"] != status:
+        raise RuntimeError(f"the measured episode did not end {status!r}: {result['nemogym']}")
 
 
 def _swe_metadata() -> dict[str, Any]:
@@ -280,20 +291,40 @@ def _environment_metadata() -> dict[str, Any]:
     return dict(converted["metadata"])
 
 
-async def _measure_swe(tracer: Tracer, salvage: bool) -> None:
+async def _measure_swe(tracer: Tracer, salvage: bool, mode: str = "ok", buffered: bool = False) -> None:
     from miles_nemogym.gym import wheel
     from miles_nemogym.transport import close_pools
     from tests.support.fault_server import FaultServer
 
     metadata = _swe_metadata()
-    gym = await FaultServer.of_results(wheel.example_rollouts()).start()
+    gym = await FaultServer.of_results(wheel.example_rollouts(), mode=mode).start()
     try:
         os.environ["NEMO_GYM_URL"] = gym.url
+        status = "ok" if mode == "ok" else "failed"
         with tracer.tracing():
-            await _hooks(metadata, "http://127.0.0.1:39999/sessions/sample-1", salvage)
+            await _hooks(
+                metadata, "http://127.0.0.1:39999/sessions/sample-1", salvage, status=status, buffered=buffered
+            )
         await close_pools()  # before its server stops: an open keep-alive connection would hold the stop
     finally:
         await gym.stop()
+
+
+async def _measure_agent(tracer: Tracer, salvage: bool) -> None:
+    from miles_nemogym.transport import close_pools
+    from tests.support.agent_fixtures import AGENT_ROW, ROLLOUT_SECRET, agent_answer
+    from tests.support.fault_server import FaultServer
+
+    agent_server = await FaultServer(result={}, respond=agent_answer(reward=1.0, info={"result": "win"})).start()
+    try:
+        setting = {"blackjack": {"url": "http://127.0.0.1:9", "agent": agent_server.url, "reward_range": [-1, 1]}}
+        os.environ["NEMO_GYM_ENVS"] = json.dumps(setting)
+        os.environ["NEMO_GYM_ROLLOUT_SECRET"] = ROLLOUT_SECRET
+        with tracer.tracing():
+            await _hooks(dict(AGENT_ROW), "http://127.0.0.1:39999/sessions/sample-1", salvage)
+        await close_pools()
+    finally:
+        await agent_server.stop()
 
 
 async def _measure_environment(tracer: Tracer, salvage: bool) -> None:
@@ -317,12 +348,19 @@ def measure(sample: str) -> PathMeasurement:
     if sample not in SAMPLES:
         raise ValueError(f"sample must be one of {', '.join(SAMPLES)}, got {sample!r}")
     package_dir = import_package()
-    from miles_nemogym import state
+    from miles_nemogym.runtime import current
     from miles_nemogym.transport import close_pools
 
     salvage = _salvage_available()
     tracer = Tracer(package_dir)
-    driver = _measure_swe if sample == "swe" else _measure_environment
+    drivers = {
+        "swe": _measure_swe,
+        "environment": _measure_environment,
+        "swe-failing": lambda tracer, salvage: _measure_swe(tracer, salvage, mode="500"),
+        "agent": _measure_agent,
+        "buffer": lambda tracer, salvage: _measure_swe(tracer, salvage, buffered=True),
+    }
+    driver = drivers[sample]
     with tempfile.TemporaryDirectory(prefix="sample-path-") as episodes:
         for name in [name for name in os.environ if name.startswith("NEMO_GYM_")]:
             del os.environ[name]
@@ -336,15 +374,21 @@ def measure(sample: str) -> PathMeasurement:
 
         asyncio.run(main())
         # The writer thread is still traced: let it finish the sealed step, then stop recording.
-        state.stores.get(episodes).flush()
+        current().stores.get(episodes).flush()
         tracer.active = False
-        state.stores.close()
+        current().stores.close()
     return tracer.measurement(sample, salvage)
 
 
 # ----------------------------------------------------------------------------- Markdown
 
-LABELS = {"swe": "SWE (`/run`)", "environment": f"environment ({ENVIRONMENT})"}
+LABELS = {
+    "swe": "SWE (`/run`)",
+    "environment": f"environment ({ENVIRONMENT})",
+    "swe-failing": "SWE, HTTP 500",
+    "agent": "agent row (blackjack)",
+    "buffer": "SWE, fully async buffer",
+}
 """Each sample's name in the tables (docs/architecture.md's rows)."""
 SUMMARY_HEADER = (
     "sample",

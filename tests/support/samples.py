@@ -13,6 +13,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from miles_nemogym.salvage import HOOK_PATH
+
 
 class Status(enum.Enum):
     """The values of Miles' ``Sample.Status``."""
@@ -45,3 +47,36 @@ class Sample:
     weight_versions: list[str] = field(default_factory=list)
 
     Status = Status
+
+
+# Miles' fully async data buffer's inputs (``miles_nemogym.buffer.EpisodeBuffer``).
+
+
+@dataclass
+class BufferArgs:
+    """The Miles arguments the buffer reads, as the launcher sets them."""
+
+    n_samples_per_prompt: int = 4
+    rollout_batch_size: int = 2
+    async_data_buffer_capacity_factor: float = 2.0
+    async_unused_samples_handler: str = "drop"
+    max_weight_staleness: int | None = None
+    dynamic_sampling_filter_path: str = "miles_nemogym.filters.check_episode_group"
+    custom_reward_post_process_path: str = HOOK_PATH
+
+
+@dataclass
+class BufferEntry:
+    """Miles' ``DataBufferInput``."""
+
+    prompt_group: list[Any]
+    group: list[Any]
+
+
+@dataclass
+class BufferConstructor:
+    """Miles' ``DataBufferConstructorInput``."""
+
+    args: BufferArgs
+    unused_handler_fn: Any
+    unused: list[list[Any]] = field(default_factory=list)

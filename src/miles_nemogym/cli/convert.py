@@ -7,6 +7,8 @@ summary, maps failures to exit codes (0 written, 1 nothing written, 2 bad flags)
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -20,6 +22,7 @@ from miles_nemogym.cli.signals import interrupt_on_sigterm
 
 if TYPE_CHECKING:
     from miles_nemogym.data import ConvertOptions, ConvertReport
+    from miles_nemogym.gym.benchmarks import BenchmarkMark
 
 _ON_ERROR = ("fail", "skip")
 
@@ -33,6 +36,11 @@ NeMo-Gym environments (--env NAME=FILE[:WEIGHT], repeatable; or --input FILE who
 their agent_ref): {"prompt": the input messages, "metadata": {the task row, "nemogym_env",
 "nemogym_task_id"}}; weights mix environments into one file, --holdout N holds out N rows
 per environment (--holdout-output 'eval/{env}.jsonl' writes one file each).
+
+NeMo-Gym benchmarks (--env BENCHMARK=FILE, FILE its `gym eval prepare` output; --env BENCHMARK
+alone when nemo-gym ships its data): evaluation rows with the benchmark's prompt config applied
+by nemo-gym, marked "nemogym_benchmark" (its name, grader, repeats, reward range); give the
+file to the launcher's --eval-data BENCHMARK=FILE.
 
 Point Miles' --prompt-data at the output with --input-key prompt --metadata-key metadata.
 """
@@ -209,6 +217,115 @@ def _convert_command(
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
+    from miles_nemogym.cli.console import console
+
+    out, err = console(), console(stderr=True)
+    scratch = contextlib.ExitStack()
+    with scratch:
+        benchmarks: list[tuple[BenchmarkMark, Path]] = []
+        env = [_benchmark_rows(err, value, input, scratch, benchmarks) for value in env or ()]
+        if input is not None and benchmarks and all("=" in value for value in env):
+            input = None  # read as a benchmark's prepared file
+        _convert_with(out, err, output, input, env, own_envs, size, split, subset, on_error, gradeable_only,
+                      repos, exclude_repos, instance_ids, limit, shuffle, seed, holdout, holdout_output,
+                      drop_fields, quiet)  # fmt: skip
+        for mark, source in benchmarks:
+            out.print(_benchmark_note(mark, source), highlight=False, markup=False)
+
+
+def _benchmark_note(mark: BenchmarkMark, source: Path) -> str:
+    span = " to ".join(map(str, mark.reward_range)) if mark.reward_range else "unknown"
+    better = {True: ", higher is better", False: ", lower is better", None: ""}[mark.higher_is_better]
+    return (
+        f"benchmark {mark.name} (the rows of {source}, its prompt config applied by nemo-gym): "
+        f"graded by {mark.environment}, {mark.num_repeats} samples per prompt, "
+        f"reward {span}{better}; evaluate with --eval-data {mark.name.replace('/', '.')}=FILE"
+    )
+
+
+def _benchmark_rows(
+    err: Console,
+    value: str,
+    input: str | None,
+    scratch: contextlib.ExitStack,
+    marks: list[tuple[BenchmarkMark, Path]],
+) -> str:
+    """``value`` as given, or, when it names a NeMo-Gym benchmark, ``GRADER=ROWS[:WEIGHT]`` with
+    ROWS the benchmark's rows made by :func:`miles_nemogym.gym.benchmarks.materialize`."""
+    from miles_nemogym.gym.benchmarks import BenchmarkError, benchmark_mark, materialize, shipped_data
+    from miles_nemogym.gym.catalog import UnknownCatalogNameError, find, load_catalog
+    from miles_nemogym.gym.venv import GymEnvironmentError, cached_gym_venv
+
+    name, sep, rest = value.partition("=")
+    gym = cached_gym_venv()
+    if gym is None:
+        return value  # no server venv yet: environment names only (checked below)
+    try:
+        entries = load_catalog(gym)
+        entry = find(name.strip(), entries, "benchmark")
+    except UnknownCatalogNameError:
+        if not sep and input is None:  # neither a file of rows nor a benchmark: say what is close
+            try:
+                find(name.strip(), entries)
+            except UnknownCatalogNameError as error:
+                err.print(f"error: --env {value}: {error}", highlight=False, markup=False)
+                raise typer.Exit(2) from None
+        return value
+    except GymEnvironmentError as error:
+        err.print(f"error: --env {value}: {error}", highlight=False, markup=False)
+        raise typer.Exit(1) from None
+    if entry.name != name.strip():
+        return value
+    head, colon, tail = rest.rpartition(":")
+    weighted = bool(colon and head and not Path(rest).expanduser().exists())
+    source_text = head if weighted else rest
+    source = Path(source_text).expanduser() if sep else (Path(input) if input else shipped_data(gym, entry))
+    if source is None:
+        err.print(
+            f"error: --env {value}: nemo-gym does not ship benchmark {entry.name}'s data; give its "
+            f"prepared file as --env {entry.name}=FILE (`gym eval prepare --benchmark {entry.name}` writes it)",
+            highlight=False,
+            markup=False,
+        )
+        raise typer.Exit(2)
+    if not source.is_file():
+        err.print(f"error: --env {value}: {source}: no such file", highlight=False, markup=False)
+        raise typer.Exit(2)
+    folder = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="mng-bench-")))
+    rows = folder / "rows.jsonl"
+    try:
+        mark = benchmark_mark(entry)
+        materialize(gym, entry, source, rows)
+    except BenchmarkError as error:
+        err.print(f"error: --env {value}: {error}", highlight=False, markup=False)
+        raise typer.Exit(2) from None
+    marks.append((mark, source))
+    return f"{mark.environment}={rows}" + (f":{tail}" if weighted else "")
+
+
+def _convert_with(
+    out: Console,
+    err: Console,
+    output: Path,
+    input: str | None,
+    env: list[str],
+    own_envs: list[str] | None,
+    size: int | None,
+    split: str | None,
+    subset: str | None,
+    on_error: str,
+    gradeable_only: bool,
+    repos: list[str] | None,
+    exclude_repos: list[str] | None,
+    instance_ids: str | None,
+    limit: int | None,
+    shuffle: bool,
+    seed: int | None,
+    holdout: int,
+    holdout_output: Path | None,
+    drop_fields: list[str] | None,
+    quiet: bool,
+) -> None:
     from pydantic import ValidationError
     from rich.progress import (
         BarColumn,
@@ -219,7 +336,6 @@ def _convert_command(
         TimeElapsedColumn,
     )
 
-    from miles_nemogym.cli.console import console
     from miles_nemogym.data import (
         ConvertError,
         ConvertOptions,
@@ -233,7 +349,6 @@ def _convert_command(
     from miles_nemogym.data.select import instance_ids_option
     from miles_nemogym.validation import problems
 
-    out, err = console(), console(stderr=True)
     try:
         options = ConvertOptions(
             input=input,

@@ -24,6 +24,8 @@ _SHORT = {
     "resources server only": "no agent",
     "refused": "refused",
     "not served by this package yet": "not yet",
+    "benchmark: convert --env NAME (its data ships)": "eval, data ships",
+    "benchmark: convert --env NAME=FILE (prepared)": "eval, prepared file",
 }
 
 
@@ -72,7 +74,16 @@ def _environments(
 
 
 def _detail(entry: object, width: int) -> str:
-    from miles_nemogym.gym.catalog import NOT_YET, REFUSED, CatalogEntry, entry_support, served_name
+    from miles_nemogym.gym.catalog import (
+        BENCHMARK_PREPARED,
+        BENCHMARK_SHIPPED,
+        NOT_YET,
+        REFUSED,
+        CatalogEntry,
+        benchmark_grader,
+        entry_support,
+        served_name,
+    )
 
     assert isinstance(entry, CatalogEntry)
     found = entry_support(entry)
@@ -96,6 +107,23 @@ def _detail(entry: object, width: int) -> str:
     if found.needs:
         label = "why" if found.status == REFUSED else "needs"
         lines += textwrap.wrap(found.needs, width - 2, initial_indent=f"  {label}: ", subsequent_indent="    ")
+    grader = benchmark_grader(entry)
+    if found.status in (BENCHMARK_SHIPPED, BENCHMARK_PREPARED) and grader:
+        rows = entry.name if found.status == BENCHMARK_SHIPPED else f"{entry.name}=PREPARED.jsonl"
+        out = entry.name.replace("/", ".")
+        lines += ["try it:"]
+        if found.status == BENCHMARK_PREPARED:
+            lines.append(f"  gym eval prepare --benchmark {entry.name}")
+        judge = " --judge-url URL" if "judge (`--judge-url`)" in found.needs else ""
+        lines += [
+            f"  miles-nemogym serve --env {grader}{judge}",
+            f"  miles-nemogym convert --env {rows} --output {out}.jsonl",
+            "  python examples/swebench_grpo/run.py ... \\",
+            f"    --eval-data {out}={out}.jsonl",
+        ]
+        if entry.num_repeats:
+            n = entry.num_repeats
+            lines.append(f"  ({n} sample{'s' * (n > 1)} per prompt: nemogym-eval/{out}/pass@k, reward_mean)")
     short = served_name(entry)
     if found.status not in (REFUSED, NOT_YET) and short:
         lines += [

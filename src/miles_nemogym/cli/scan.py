@@ -140,7 +140,7 @@ def _scan(
     except ValueError as error:  # --instance-ids that cannot be read or holds no id
         err.print(f"scan cannot start: {error}", markup=False, highlight=False)
         raise typer.Exit(2) from None
-    raise typer.Exit(execute(config))
+    raise typer.Exit(execute(config, console=console(), err=err))
 
 
 def register(app: typer.Typer) -> None:

@@ -160,16 +160,16 @@ def serve(
     from miles_nemogym.cli.progress import step_display
     from miles_nemogym.gym.config import ServeOptions, load_provider_options
     from miles_nemogym.gym.environments import EnvironmentServers, plan, refusals
-    from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.rollout_ids import (
+    from miles_nemogym.gym.server import GymServer
+    from miles_nemogym.gym.venv import GymEnvironmentError, ensure_gym_venv
+    from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout_ids import (
         MIN_SECRET_CHARS,
         SECRET_VARIABLE,
         secret_problem,
     )
-    from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.session_servers import (
+    from miles_nemogym.routing_root.responses_api_models.miles_routing_model.session_servers import (
         parse_session_server,
     )
-    from miles_nemogym.gym.server import GymServer
-    from miles_nemogym.gym.venv import GymEnvironmentError, ensure_gym_venv
     from miles_nemogym.validation import as_flag, problems
 
     console = cli_console(stderr=True)
@@ -421,7 +421,7 @@ def _print_ready(
     """What is serving and the lines to paste on the training node (never wrapped)."""
     import shlex
 
-    from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.rollout_ids import SECRET_VARIABLE
+    from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout_ids import SECRET_VARIABLE
 
     what = []
     if server is not None:

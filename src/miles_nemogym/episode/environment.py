@@ -47,7 +47,7 @@ from miles_nemogym.episode.record import (
     timed_out,
 )
 from miles_nemogym.errors import MilesNemoGymError, RequestError
-from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.session_answers import CONTEXT_FULL
+from miles_nemogym.routing_root.responses_api_models.miles_routing_model.session_answers import CONTEXT_FULL
 from miles_nemogym.settings import EnvironmentServer, Settings, TimeoutReward
 from miles_nemogym.transport import Answer, Deadline, TransportError, check_session_url, pool, request
 

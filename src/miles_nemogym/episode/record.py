@@ -27,10 +27,11 @@ from pydantic import BaseModel, Field, ValidationError
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.errors import RequestError, SettingsError
 from miles_nemogym.redaction import KeyScrubber, redact_urls
-from miles_nemogym.settings import SWE_ENVIRONMENT, environment_name_problem
+from miles_nemogym.settings import SWE_ENVIRONMENT, environment_name_problem, short_name
 
 __all__ = [
     "AGENT_SUFFIX",
+    "BENCHMARK_KEY",
     "ENV_KEY",
     "EVAL",
     "PASS_REWARD",
@@ -104,7 +105,9 @@ ENV_KEY = "nemogym_env"
 """The ``sample.metadata`` mark naming the row's environment (a ``NEMO_GYM_ENVS`` name)."""
 TASK_ID_KEY = "nemogym_task_id"
 """The ``sample.metadata`` mark holding the row's task id (an environment row has no ``instance_id``)."""
-ROW_MARKS = _ROLE_KEYS | {ENV_KEY, TASK_ID_KEY}
+BENCHMARK_KEY = "nemogym_benchmark"
+"""The mark of a benchmark's row (``convert --env BENCHMARK``): its name, grader, repeats, reward range."""
+ROW_MARKS = _ROLE_KEYS | {ENV_KEY, TASK_ID_KEY, BENCHMARK_KEY}
 """Every mark of ours on a row: never sent to a server as task fields."""
 ROUTING_KEYS = frozenset({"policy_base_url", "policy_api_key"})
 """Routing and secrets come from the plugin, never from a data row."""
@@ -141,6 +144,7 @@ def environment_of(metadata: Mapping[str, Any] | None) -> str:
         return SWE_ENVIRONMENT
     if ENV_KEY in metadata:
         name = metadata[ENV_KEY]
+        name = short_name(name) if isinstance(name, str) else name  # the catalog's spelling: its short name
         if not isinstance(name, str) or (name != SWE_ENVIRONMENT and environment_name_problem(name) is not None):
             return UNRECOGNIZED_ENVIRONMENT
         return name

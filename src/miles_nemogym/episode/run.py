@@ -25,9 +25,8 @@ import logging
 import math
 import re
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -51,13 +50,12 @@ from miles_nemogym.episode.record import (
     timed_out,
 )
 from miles_nemogym.errors import RequestError, SettingsError, UrlError
-from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.rollout_ids import (
+from miles_nemogym.redaction import redact_url
+from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout_ids import (
     SECRET_VARIABLE,
     rollout_id,
     secret_problem,
 )
-from miles_nemogym.log_once import log_once
-from miles_nemogym.redaction import redact_url
 from miles_nemogym.settings import EnvironmentServer, Settings, TimeoutReward
 from miles_nemogym.transport import (
     Deadline,
@@ -256,10 +254,12 @@ def prepare(
     settings: Settings,
     *,
     session_url: str,
+    addresses: MutableMapping[tuple[str, int], str] | None = None,
 ) -> SweEpisode:
     """The episode of one SWE row for Miles' session ``session_url`` (its ``base_url``), the key
-    (``NEMO_GYM_POLICY_API_KEY``) sent with it; ``RequestError`` names the bad field."""
-    policy = policy_base_url(session_url, settings.gym_url, settings.external_host)
+    (``NEMO_GYM_POLICY_API_KEY``) sent with it; ``RequestError`` names the bad field. ``addresses``
+    caches the local address routed to each Gym host (the runtime's)."""
+    policy = policy_base_url(session_url, settings.gym_url, settings.external_host, addresses)
     episode = prepare_scan(metadata, request_kwargs, settings, policy_url=policy, send_api_key=True)
     return replace(episode, session_url=session_url)
 
@@ -287,6 +287,7 @@ def prepare_agent(
     settings: Settings,
     *,
     session_url: str,
+    addresses: MutableMapping[tuple[str, int], str] | None = None,
 ) -> AgentEpisode:
     """The episode of an agent row (``server.agent`` set) for Miles' session ``session_url``: the task
     row and its ``responses_create_params`` with the trainer's sampling, and ``_ng_rollout_id``, the
@@ -304,7 +305,7 @@ def prepare_agent(
             f"only calls the trainer signed; export the {SECRET_VARIABLE} line `miles-nemogym serve` printed"
         )
     agent = str(server.agent)
-    policy = policy_base_url(session_url, agent, settings.external_host)
+    policy = policy_base_url(session_url, agent, settings.external_host, addresses)
     body = task_row(metadata)
     body["responses_create_params"] = responses_create_params(metadata.get("responses_create_params"), request_kwargs)
     body[ROLLOUT_ID_KEY] = rollout_id(policy, secret)
@@ -318,15 +319,21 @@ def prepare_agent(
 # -- the policy URL -----------------------------------------------------------------------
 
 
-def policy_base_url(session_url: str, gym_url: str, external_host: str | None = None) -> str:
+def policy_base_url(
+    session_url: str,
+    gym_url: str,
+    external_host: str | None = None,
+    addresses: MutableMapping[tuple[str, int], str] | None = None,
+) -> str:
     """``session_url`` + ``/v1`` with its host made dialable from the Gym server.
 
     ``external_host`` (``MILES_ROUTER_EXTERNAL_HOST``) replaces the host whatever it is,
-    as upstream does; otherwise only a wildcard host is replaced.
+    as upstream does; otherwise only a wildcard host is replaced (by the local address routed
+    to the Gym host, kept in ``addresses`` when given).
     """
     parts = check_session_url(session_url)
     try:
-        netloc = _dialable_netloc(parts.netloc, gym_url, external_host)
+        netloc = _dialable_netloc(parts.netloc, gym_url, external_host, addresses)
     except ValueError as error:  # urlsplit's own: a bad port
         raise UrlError(f"base_url {redact_url(session_url)!r} is malformed ({error})") from None
     path = parts.path.rstrip("/")
@@ -335,22 +342,28 @@ def policy_base_url(session_url: str, gym_url: str, external_host: str | None = 
     return urlunsplit((parts.scheme, netloc, path, "", ""))
 
 
-def _dialable_netloc(netloc: str, gym_url: str, external_host: str | None) -> str:
-    """The session URL's netloc made dialable (the routed address is cached, and reset, with
-    :func:`routable_local_address`)."""
+def _dialable_netloc(
+    netloc: str, gym_url: str, external_host: str | None, addresses: MutableMapping[tuple[str, int], str] | None
+) -> str:
+    """The session URL's netloc made dialable (the routed address found once per Gym host in ``addresses``)."""
     parts = urlsplit(f"//{netloc}")
     host = parts.hostname or ""
     if external_host:
         host = external_host
     elif is_wildcard(host):
         gym = urlsplit(gym_url)
-        host = routable_local_address(gym.hostname or "localhost", gym.port or 80)
+        target = (gym.hostname or "localhost", gym.port or 80)
+        if addresses is None:
+            host = routable_local_address(*target)
+        else:
+            if target not in addresses:
+                addresses[target] = routable_local_address(*target)
+            host = addresses[target]
     return bracket(host) + (f":{parts.port}" if parts.port else "")
 
 
-@lru_cache(maxsize=64)
 def routable_local_address(target_host: str, target_port: int = 80) -> str:
-    """The local address that routes to ``target_host``; logged once per target."""
+    """The local address that routes to ``target_host``, logged (callers keep it: ``addresses``)."""
     if is_loopback(target_host):
         address = "127.0.0.1"
     else:
@@ -366,10 +379,7 @@ def routable_local_address(target_host: str, target_port: int = 80) -> str:
                 f"routes to the NeMo-Gym host {target_host!r} could not be found ({error}); set "
                 f"MILES_ROUTER_EXTERNAL_HOST to an address of this node that the Gym host can dial"
             ) from None
-    log_once(
-        logger,
-        logging.INFO,
-        f"policy address {target_host} {address}",
+    logger.info(
         "session server listens on a wildcard address; the NeMo-Gym server at %s will dial "
         "policy URLs on %s (set MILES_ROUTER_EXTERNAL_HOST to override)",
         target_host,

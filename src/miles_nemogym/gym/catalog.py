@@ -20,16 +20,28 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from miles_nemogym.gym.composition import Judge, config_needs, refusal, served, server_blocks, shipped_config
-from miles_nemogym.gym.environments import catalog_folders, plan
+from miles_nemogym.gym import wheel as gym_wheel
+from miles_nemogym.gym.composition import (
+    Judge,
+    config_needs,
+    own_config,
+    refusal,
+    served,
+    server_blocks,
+    shipped_config,
+)
+from miles_nemogym.gym.environments import catalog_folders, plan, refused_folders
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, child_environment, gym_venv_root
 from miles_nemogym.settings import short_name
 
 __all__ = [
+    "BENCHMARK_PREPARED",
+    "BENCHMARK_SHIPPED",
     "CatalogDataset",
     "CatalogEntry",
     "Support",
     "UnknownCatalogNameError",
+    "benchmark_grader",
     "entry_support",
     "find",
     "load_catalog",
@@ -125,6 +137,11 @@ class CatalogEntry(BaseModel):
         """``mcqa`` for ``resources_servers/mcqa``: the name this package took before the catalog."""
         short = short_name(self.name)
         return short if self.kind == "environment" and short != self.name else None
+
+    @property
+    def data_file(self) -> str | None:
+        """Its benchmark dataset's file, relative to the server venv's site-packages."""
+        return next((d.jsonl_fpath for d in self.datasets if d.type == "benchmark" and d.jsonl_fpath), None)
 
     @property
     def num_repeats(self) -> int | None:
@@ -224,6 +241,8 @@ ROUTED = "routed: serve --env, its agent's /run"
 ALONE = "resources server only"
 REFUSED = "refused"
 NOT_YET = "not served by this package yet"
+BENCHMARK_SHIPPED = "benchmark: convert --env NAME (its data ships)"
+BENCHMARK_PREPARED = "benchmark: convert --env NAME=FILE (prepared)"
 
 
 class Support(BaseModel):
@@ -243,10 +262,15 @@ def _short(reason: str) -> str:
     patterns = (
         (r"requirements\.txt line '([^']+)' needs more than PyPI", r"a requirement beyond PyPI: `\1`"),
         (r"ships (\d+) configs in \S+ \(([^)]*)\) and none is named", r"\1 configs, none named after it (\2)"),
-        (r"its config holds (\d+) (\S+) resources servers", r"its config holds \1 `\2` resources servers"),
+        (
+            r"holds (\d+) (\S+) resources servers .* no agent playing one.*its agent: ([^;]*)$",
+            r"\1 `\2` resources servers, no agent (not in nemo-gym's catalog); serve its config \3",
+        ),
         (r"its agent '[^']+' \((\w+)\) (builds|posts) .*", r"its agent `\1` drops the rollout id (nemo-gym 0.7.0)"),
         (r"calls model server '([^']+)', not policy_model", r"an agent of its calls `\1`, not `policy_model`"),
         (r"reads (\S+) .*the nemo-gym 0.7.0 wheel does not ship", r"a file the wheel does not ship: `\1`"),
+        (r"its agent \w+: its CLI \(npm (`[^`]+`)\) is not one serve installs", r"its CLI (npm \1) not run here yet"),
+        (r"its CLI installs by a shell script from (\S+) ", r"its CLI installs by a script from \1, not npm"),
     )
     for pattern, replacement in patterns:
         found = re.search(pattern, reason)
@@ -272,7 +296,8 @@ def support(name: str) -> Support:
     )
     # What the servers need once serve's layer is in (a judge's own endpoint settings are gone).
     judge = Judge(url="http://judge:8000/v1", model="judge")
-    needs = [need.split(": ", 1)[1] for need in config_needs(served(config, judge), {}, which=lambda _: None)]
+    bare = config_needs(served(config, judge), {}, which=lambda _: None, cache=False)  # a fresh host
+    needs = [need.split(": ", 1)[1] for need in bare]
     settings = [n for n in needs if n.startswith("the setting")]
     refused = refusal(name, config, None)
     if refused and "grades with a judge" not in refused:
@@ -303,10 +328,79 @@ def served_name(entry: CatalogEntry) -> str | None:
     return None
 
 
+def _overridden(entry: CatalogEntry) -> list[str]:
+    """Settings a benchmark's own config changes on its resources server (``grading_mode``, ...)."""
+    keys = {
+        key
+        for _, group, _, block in server_blocks(own_config(entry.config))
+        if group == "resources_servers"
+        for key in block
+        if key != "_inherit_from"
+    }
+    return sorted(keys)
+
+
+def benchmark_grader(entry: CatalogEntry) -> str | None:
+    """The environment (``serve --env`` name) that grades benchmark ``entry`` here, or None:
+    why none does is :func:`entry_support`'s ``needs``."""
+    return _grading(entry)[0]
+
+
+def _grading(entry: CatalogEntry) -> tuple[str | None, str]:
+    if entry.kind != "benchmark":
+        return None, f"{entry.name!r} is an environment, not a benchmark"
+    if entry.agent_server != "simple_agent" or not entry.resources_server:
+        agent = entry.agent_server or entry.agent or "none"
+        return None, f"its agent is `{agent}`: benchmarks run here through `simple_agent` with a resources server"
+    changed = _overridden(entry)
+    if changed:
+        keys = ", ".join(f"`{key}`" for key in changed)
+        return None, f"its config changes its grader `{entry.resources_server}` ({keys}); serve --env does not"
+    return entry.resources_server, ""
+
+
+def _ships(member: str | None) -> bool:
+    if member is None:
+        return False
+    with gym_wheel.opened() as archive:
+        try:
+            archive.getinfo(member)
+        except KeyError:
+            return False
+    return True
+
+
+def _benchmark_support(entry: CatalogEntry) -> Support:
+    grader, why = _grading(entry)
+    if grader is None:
+        agent = entry.agent_server or entry.agent
+        return Support(status=NOT_YET, agent=f"`{agent}`" if agent else "", needs=why)
+    found = support(grader)
+    agent = "`simple_agent`"
+    if found.status == REFUSED:
+        return Support(status=REFUSED, agent=agent, needs=f"its grader `{grader}`: {found.needs}")
+    shipped = _ships(entry.data_file)
+    needs = [f"graded by `{grader}`"]
+    if not shipped:
+        needs.append(f"its prepared file (`gym eval prepare --benchmark {entry.name}`)")
+    if found.status == JUDGE:
+        needs.append("a judge (`--judge-url`)")
+    if found.needs:
+        needs.append(found.needs)
+    return Support(status=BENCHMARK_SHIPPED if shipped else BENCHMARK_PREPARED, agent=agent, needs="; ".join(needs))
+
+
 def entry_support(entry: CatalogEntry) -> Support:
-    """What this package does with a catalog entry: one it serves by name (:func:`served_name`)
-    as :func:`support` says; any other entry is not served by it yet."""
+    """What this package does with a catalog entry: a benchmark as held-out evaluation rows
+    (:func:`benchmark_grader`), one it serves by name (:func:`served_name`) as :func:`support`
+    says; any other entry is not served by it yet."""
+    if entry.kind == "benchmark":
+        return _benchmark_support(entry)
     name = served_name(entry)
+    agent = f"`{entry.agent}`" if entry.agent else ""
+    refused = refused_folders().get(entry.name) if entry.kind == "environment" else None
+    if name is None and refused:
+        return Support(status=REFUSED, agent=agent, needs=_short(refused))
     if name is None:
-        return Support(status=NOT_YET, agent=f"`{entry.agent}`" if entry.agent else "")
+        return Support(status=NOT_YET, agent=agent)
     return support(name)

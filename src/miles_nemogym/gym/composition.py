@@ -5,10 +5,11 @@ Changed: every server block's ``datasets`` is dropped (``serve`` reads no datase
 parser rejects some shipped entries, e.g. spartqa's licence names); with a judge endpoint, each
 resources server's ``judge_model_server`` points at one model server of this package's
 (``vllm_model`` at the endpoint; ``serve`` gives it its judge relay's URL, and the relay holds the
-key and any password: ``gym/judge_gate.py``). Refused: a judge the config turns on with no endpoint given, an
-agent that drops the rollout id in nemo-gym 0.7.0, an agent calling a model other than
-``policy_model`` (nothing to route its calls to), a resources server that reads a file the wheel
-does not ship (a script of its downloads it).
+key and any password: ``gym/judge_gate.py``); a harness agent gets ``gym/harness.py``'s layer.
+Refused: a judge the config turns on with no endpoint given, an agent that drops the rollout id
+in nemo-gym 0.7.0, an agent calling a model other than ``policy_model`` (nothing to route its
+calls to), a resources server that reads a file the wheel does not ship (a script of its
+downloads it).
 Why: docs/environments.md, "Serving environments".
 """
 
@@ -24,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from miles_nemogym.gym import wheel as gym_wheel
+from miles_nemogym.gym.harness import HARNESSES, cli_need, harness_layer
 from miles_nemogym.redaction import redact_url
 from miles_nemogym.yaml_file import load as load_yaml
 
@@ -35,6 +37,7 @@ __all__ = [
     "judged_instances",
     "layer",
     "overrides",
+    "own_config",
     "refusal",
     "served",
     "server_blocks",
@@ -120,6 +123,11 @@ def _member(member: str) -> dict[str, Any]:
     return loaded if isinstance(loaded, dict) else {}
 
 
+def own_config(member: str) -> dict[str, Any]:
+    """A config of the wheel as written, without the configs it names in ``config_paths``."""
+    return dict(_member(member))
+
+
 def shipped_config(member: str) -> dict[str, Any]:
     """A config of the wheel with the configs it names in ``config_paths`` merged under it
     (as nemo-gym merges them: a config after what it pulls in), before nemo-gym's parser."""
@@ -170,6 +178,8 @@ def overrides(config: Mapping[str, Any], judge: Judge | None) -> dict[str, Any]:
     for instance, group, kind, block in server_blocks(config):
         if "datasets" in block:
             result = _merged(result, {instance: {group: {kind: {"datasets": None}}}})
+        if group == "responses_api_agents" and harness_layer(kind):
+            result = _merged(result, {instance: {group: {kind: harness_layer(kind)}}})
     if judge is None:
         return result
     redirected = set()
@@ -242,10 +252,15 @@ def refusal(name: str, config: Mapping[str, Any], judge: Judge | None) -> str | 
 
 
 def config_needs(
-    config: Mapping[str, Any], environ: Mapping[str, str], which: Callable[[str], str | None] = shutil.which
+    config: Mapping[str, Any],
+    environ: Mapping[str, str],
+    which: Callable[[str], str | None] = shutil.which,
+    *,
+    cache: bool = True,
 ) -> list[str]:
     """What a config's servers need on this host that it lacks: variables (``${oc.env:X}``
-    without default), settings nothing sets (``${x}``), sandboxes (containers), an agent's CLI."""
+    without default), settings nothing sets (``${x}``), sandboxes (containers), an agent's CLI
+    (``cache``: one installed in this package's cache counts)."""
     needs: list[str] = []
     for instance, group, kind, block in server_blocks(config):
         text = yaml.safe_dump(block)
@@ -260,8 +275,12 @@ def config_needs(
                 f"{instance} ({kind}): a sandbox provider (task containers), which serve does not configure "
                 "for --env servers"
             )
+        installed = cli_need(kind, block, which, cache=cache) if group == "responses_api_agents" else None
+        if installed:
+            needs.append(f"{instance} ({kind}): {installed}")
+            continue
         command = str(block.get("command") or _AGENT_CLIS.get(kind, "")) if group == "responses_api_agents" else ""
-        if command and which(command) is None:
+        if command and kind not in HARNESSES and which(command) is None:
             needs.append(
                 f"{instance} ({kind}): the {command!r} command on PATH (the agent's setup installs it with npm, "
                 "which needs npm and the network)"

@@ -50,9 +50,9 @@ from miles_nemogym.gym.composition import (
     shipped_config,
 )
 from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config, parse_configs
+from miles_nemogym.gym.harness import HARNESSES, NOT_RUN_HERE, cli_bin
 from miles_nemogym.gym.judge_gate import JudgeGate
 from miles_nemogym.gym.logs import ServerLog, run_secrets
-from miles_nemogym.gym.routing_root.responses_api_models.miles_routing_model.rollout_ids import SECRET_VARIABLE
 from miles_nemogym.gym.server import (
     MARKER_ENV,
     advertised_url,
@@ -74,6 +74,7 @@ from miles_nemogym.gym.venv import (
     gym_venv_root,
     run_build_step,
 )
+from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout_ids import SECRET_VARIABLE
 from miles_nemogym.settings import short_name
 from miles_nemogym.transport import connect_host
 from miles_nemogym.yaml_file import load as load_yaml
@@ -104,10 +105,10 @@ __all__ = [
 
 _GROUP = "resources_servers"
 _CATALOG = "environments"
-PLAYED_AGENTS = ("simple_agent", "gymnasium_agent")
+PLAYED_AGENTS = ("simple_agent", "gymnasium_agent", "opencode_agent")
 """The agent kinds of an ``environments/`` folder this package serves by the folder's name: the
-``simple_agent`` loop it plays in-process, the ``gymnasium_agent`` it routes (as it does the
-resources servers' own configs of either)."""
+``simple_agent`` loop it plays in-process, the ``gymnasium_agent`` and ``opencode_agent`` it routes
+(as it does the resources servers' own configs of either)."""
 POLICY_KEY_ENV = "NEMO_GYM_POLICY_API_KEY"
 _READY = "miles-nemogym-envs.json"
 # A plain PyPI requirement: a name, optional extras, version specifiers and an environment marker.
@@ -132,7 +133,7 @@ print("\\n" + json.dumps(out))
 """
 
 
-ROUTING_ROOT = Path(__file__).parent / "routing_root"
+ROUTING_ROOT = Path(__file__).parent.parent / "routing_root"
 """A ``NEMO_GYM_EXTRA_ROOTS`` root holding this package's routing model server."""
 ROUTING_MODEL = ROUTING_ROOT / "responses_api_models" / "miles_routing_model"
 _ROUTING_CONFIG = ROUTING_MODEL / "configs" / "miles_routing_model.yaml"
@@ -185,7 +186,11 @@ class EnvironmentPlan:
 
     @property
     def rows(self) -> str:
-        """Its example rows in the wheel: ``data/example.jsonl`` of its config's folder."""
+        """Its example rows in the wheel: ``data/example.jsonl`` of its config's folder (a config
+        not named after its server: its ``example`` dataset's file)."""
+        parts = self.config.split("/")
+        if len(parts) == 4 and parts[0] == _GROUP and parts[3] != f"{parts[1]}.yaml":
+            return _config_rows(self.config)
         return _rows_of(self.config)
 
 
@@ -197,13 +202,18 @@ def _rows_of(config: str) -> str:
 
 def shipped_environments() -> list[str]:
     """Every resources server the pinned wheel ships (a ``resources_servers/<name>/app.py``)."""
+    return list(_shipped_environments(gym_wheel.wheel_path()))
+
+
+@functools.lru_cache(maxsize=4)
+def _shipped_environments(wheel: Path) -> tuple[str, ...]:
     with gym_wheel.opened() as archive:
         names = {
             parts[1]
             for parts in (member.split("/") for member in archive.namelist())
             if len(parts) == 3 and parts[0] == _GROUP and parts[2] == "app.py"
         }
-    return sorted(names)
+    return tuple(sorted(names))
 
 
 def catalog_folders() -> dict[str, str]:
@@ -231,13 +241,93 @@ def _catalog_folders(wheel: Path) -> tuple[tuple[str, str], ...]:
     return tuple(found.items())
 
 
+def config_names() -> dict[str, str]:
+    """``CONFIG`` -> ``resources_servers/NAME/configs/CONFIG.yaml`` for each config of the wheel
+    not named after its resources server: the catalog's ``resources_servers/NAME/CONFIG``, whose
+    short name is ``CONFIG`` (``settings.short_name``). A stem two servers share names neither."""
+    return dict(_config_names(gym_wheel.wheel_path()))
+
+
+@functools.lru_cache(maxsize=4)
+def _config_names(wheel: Path) -> tuple[tuple[str, str], ...]:
+    found: dict[str, list[str]] = {}
+    with gym_wheel.opened() as archive:
+        for member in sorted(archive.namelist()):
+            parts = member.split("/")
+            if len(parts) == 4 and parts[0] == _GROUP and parts[2] == "configs" and parts[3].endswith(".yaml"):
+                stem = parts[3][: -len(".yaml")]
+                if stem != parts[1]:
+                    found.setdefault(stem, []).append(member)
+    return tuple((stem, members[0]) for stem, members in found.items() if len(members) == 1)
+
+
+def _spelling_problem(said: str) -> str | None:
+    """Why a catalog spelling ``resources_servers/NAME/CONFIG`` names no config of the wheel, or None."""
+    parts = said.split("/")
+    if len(parts) != 3 or parts[0] != _GROUP or short_name(said) == said:
+        return None
+    if config_names().get(parts[2]) == f"{_GROUP}/{parts[1]}/configs/{parts[2]}.yaml":
+        return None
+    return f"{said!r} is not a config nemo-gym ships (no {_GROUP}/{parts[1]}/configs/{parts[2]}.yaml)"
+
+
+def refused_folders() -> dict[str, str]:
+    """Each folder of the wheel's ``environments/`` whose agent this package refuses to run: its
+    name -> why (a harness of ``NOT_RUN_HERE``, an agent requirement beyond PyPI, an agent that
+    drops the rollout id)."""
+    return dict(_refused_folders(gym_wheel.wheel_path()))
+
+
+@functools.lru_cache(maxsize=4)
+def _refused_folders(wheel: Path) -> tuple[tuple[str, str], ...]:
+    found: dict[str, str] = {}
+    with gym_wheel.opened() as archive:
+        members = set(archive.namelist())
+        for member in sorted(members):
+            if member.count("/") != 2 or not member.startswith(f"{_CATALOG}/") or not member.endswith("/config.yaml"):
+                continue
+            name = member.split("/")[1]
+            config = load_yaml(archive.read(member))
+            blocks = list(server_blocks(config if isinstance(config, dict) else {}))
+            agents = sorted({kind for _, group, kind, _ in blocks if group == "responses_api_agents"})
+            if not agents or set(agents) <= set(PLAYED_AGENTS):
+                continue
+            reasons = []
+            for kind in agents:
+                requirements = f"responses_api_agents/{kind}/requirements.txt"
+                text = archive.read(requirements).decode("utf-8") if requirements in members else ""
+                try:
+                    _requirement_lines(name, text)
+                except GymEnvironmentError as error:
+                    reasons.append(str(error).replace("its requirements.txt", f"its agent {kind}'s requirements.txt"))
+                if kind in NOT_RUN_HERE:
+                    reasons.append(f"environment {name!r}: its agent {kind}: {NOT_RUN_HERE[kind]}")
+            reason = reasons[0] if reasons else refusal(name, shipped_config(member), None)
+            if reason:
+                found[name] = reason
+    return tuple(found.items())
+
+
 def example_rows_member(name: str) -> str:
     """Where the wheel keeps environment ``name``'s example rows (``UnknownEnvironmentError`` if
     nemo-gym does not ship it): its ``environments/`` folder's when it is no resources server."""
-    name = short_name(name)
     check_shipped([name])
+    name = short_name(name)
     folders = catalog_folders()
-    config = folders[name] if name in folders and name not in shipped_environments() else f"{_GROUP}/{name}/"
+    if name in folders and name not in shipped_environments():
+        return _rows_of(folders[name])
+    if name not in shipped_environments() and name in config_names():
+        return _config_rows(config_names()[name])
+    return _rows_of(f"{_GROUP}/{name}/")
+
+
+def _config_rows(config: str) -> str:
+    """A resources server's config's example rows: its ``example`` dataset's file (a server with
+    several configs keeps one file per config), else its folder's ``data/example.jsonl``."""
+    for _, group, _, block in server_blocks(shipped_config(config)):
+        for dataset in block.get("datasets") or () if group == "responses_api_agents" else ():
+            if isinstance(dataset, dict) and dataset.get("type") == "example" and dataset.get("jsonl_fpath"):
+                return str(dataset["jsonl_fpath"])
     return _rows_of(config)
 
 
@@ -249,11 +339,12 @@ def _config_member(name: str, archive: zipfile.ZipFile) -> str:
         return named
     if len(found) == 1:
         return found[0]
-    instead = sorted(agent for agent, config in _agent_configs(archive).items() if config in found)
+    stems = config_names()
+    instead = [f"{_GROUP}/{name}/{m.rsplit('/', 1)[1][:-5]}" for m in found if stems.get(m.rsplit("/", 1)[1][:-5]) == m]
     fix = (
-        f"give one of the environments they define instead: {', '.join(instead)}"
+        f"give one by its catalog name (or its last part): {', '.join(instead)}"
         if instead
-        else "none defines an environment (an agent X_simple_agent) this package can name"
+        else "none has a name of its own"
     )
     raise GymEnvironmentError(
         f"environment {name!r}: nemo-gym ships {len(found)} configs in {folder} "
@@ -287,9 +378,10 @@ def _agent(entry: Any) -> dict[str, Any] | None:
     return agent if isinstance(agent, dict) else None
 
 
-def _instance(name: str, folder: str, config: Mapping[str, Any]) -> tuple[str, int | None]:
+def _instance(name: str, folder: str, config: Mapping[str, Any], member: str) -> tuple[str, int | None]:
     """The instance (top-level key) serving ``name`` and the ``max_steps`` of its ``simple_agent``:
-    the one ``<name>_simple_agent`` drives, else the config's only ``folder`` resources server."""
+    the one ``<name>_simple_agent`` drives, else the config's only ``folder`` resources server, else
+    the only one of them an agent of the config plays."""
     named = _agent(config.get(f"{name}{AGENT_SUFFIX}"))
     served = (named or {}).get("resources_server") or {}
     if served.get("name") in config:
@@ -300,14 +392,47 @@ def _instance(name: str, folder: str, config: Mapping[str, Any]) -> tuple[str, i
             for key, entry in config.items()
             if isinstance(entry, dict) and isinstance(entry.get(_GROUP), dict) and folder in entry[_GROUP]
         ]
+    if len(instances) > 1:
+        played = {str(block.get("resources_server", {}).get("name")) for block in _agent_blocks(config)}
+        instances = [i for i in instances if i in played] or instances
     if len(instances) != 1:
-        raise GymEnvironmentError(f"environment {name!r}: its config holds {len(instances)} {folder} resources servers")
+        raise GymEnvironmentError(_instances_refusal(name, folder, member, instances))
     for entry in config.values():
         agent = _agent(entry)
         if agent is not None and (agent.get("resources_server") or {}).get("name") == instances[0]:
             steps = agent.get("max_steps")
             return instances[0], steps if isinstance(steps, int) else None
     return instances[0], None
+
+
+def _agent_blocks(config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [
+        block
+        for _, group, _, block in server_blocks(config)
+        if group == "responses_api_agents" and isinstance(block.get("resources_server"), dict)
+    ]
+
+
+def _instances_refusal(name: str, folder: str, member: str, instances: Sequence[str]) -> str:
+    """Why a config holding no, or several unplayed, ``folder`` servers is not an environment."""
+    if not instances:
+        return f"environment {name!r}: {member} holds no {folder} resources server"
+    players = []
+    for stem, config in sorted(config_names().items()):
+        if config.startswith(f"{_GROUP}/{folder}/configs/") and config != member:
+            for block in _agent_blocks(shipped_config(config)):
+                if block["resources_server"].get("name") in instances:
+                    players.append(f"{stem} ({block['resources_server']['name']})")
+    fix = (
+        f"serve a config of {_GROUP}/{folder} that pairs one with its agent: {', '.join(players)}"
+        if players
+        else "no config of its folder pairs one with an agent"
+    )
+    return (
+        f"environment {name!r}: {member} holds {len(instances)} {folder} resources servers "
+        f"({', '.join(instances)}) and no agent playing one, so it is no environment: nemo-gym's own "
+        f"catalog lists a config only when an agent in it has datasets; {fix}"
+    )
 
 
 def _driver(config: Mapping[str, Any], instance: str, routed: bool) -> str | None:
@@ -346,14 +471,25 @@ def _agent_configs(archive: zipfile.ZipFile) -> dict[str, str]:
 def check_shipped(names: Sequence[str]) -> None:
     """``UnknownEnvironmentError`` (one line, close matches suggested) unless nemo-gym ships every
     one of ``names``, as :func:`plan` takes them."""
+    _check_spellings(names)
+    known = sorted({*shipped_environments(), *catalog_folders(), *config_names()})
     with zipfile.ZipFile(gym_wheel.wheel_path()) as archive:
-        _check_shipped([short_name(n) for n in names], sorted({*shipped_environments(), *catalog_folders()}), archive)
+        _check_shipped([short_name(n) for n in names], known, archive)
+
+
+def _check_spellings(names: Sequence[str]) -> None:
+    problems = [problem for n in names if (problem := _spelling_problem(n))]
+    if problems:
+        raise UnknownEnvironmentError("; ".join(problems), 0)
 
 
 def _check_shipped(names: Sequence[str], shipped: Sequence[str], archive: zipfile.ZipFile) -> dict[str, str]:
     """The shipped agents' configs :func:`plan` needs (none when every name is a folder)."""
     agents = {} if set(names) <= set(shipped) else _agent_configs(archive)
     unknown = [n for n in names if n not in shipped and n not in agents]
+    refused = refused_folders() if unknown else {}
+    if any(n in refused for n in unknown):
+        raise GymEnvironmentError("; ".join(refused[n] for n in unknown if n in refused))
     if unknown:
         lines = []
         for name in unknown:
@@ -387,18 +523,22 @@ def plan(names: Sequence[str], *, routed: bool = False) -> list[EnvironmentPlan]
     (docs/environments.md, "NeMo-Gym's catalog"). ``resources_servers/NAME`` is ``NAME``."""
     if not names:
         return []
+    _check_spellings(names)
     names = [short_name(n) for n in names]
     shipped = shipped_environments()
     folders = catalog_folders()
+    stems = config_names()
     plans: list[EnvironmentPlan] = []
     with gym_wheel.opened() as archive:
         members = archive.namelist()
-        agents = _check_shipped(names, sorted({*shipped, *folders}), archive)
+        agents = _check_shipped(names, sorted({*shipped, *folders, *stems}), archive)
         for name in dict.fromkeys(names):
             if name in shipped:
                 config = _config_member(name, archive)
+            elif name in folders:
+                config = folders[name]
             else:
-                config = folders[name] if name in folders else agents[name]
+                config = stems[name] if name in stems else agents[name]
             composed = load_yaml(archive.read(config)) or {}
             folder = (
                 config.split("/")[1]
@@ -407,7 +547,9 @@ def plan(names: Sequence[str], *, routed: bool = False) -> list[EnvironmentPlan]
             )
             requirements = f"{_GROUP}/{folder}/requirements.txt"
             text = archive.read(requirements).decode("utf-8") if requirements in members else ""
-            instance, steps = _instance(name, folder, composed)
+            if not any(group == _GROUP and kind == folder for _, group, kind, _ in server_blocks(composed)):
+                composed = shipped_config(config)  # its resources server comes from a config it pulls in
+            instance, steps = _instance(name, folder, composed, config)
             twin = next((p.name for p in plans if p.instance == instance), None)
             if twin is not None:
                 raise GymEnvironmentError(
@@ -645,6 +787,8 @@ class EnvironmentServers:
         """Instance name -> port of every started process."""
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self._tmp: Path | None = None
+        self._cli_bins: dict[str, Path] = {}
+        """Harness agent instance -> the folder of its CLI (``gym/harness.py``), put first on its PATH."""
 
     def urls(self, advertised: bool = False) -> dict[str, str]:
         """Environment name -> its resources server's base URL (``advertised``: for other machines)."""
@@ -732,6 +876,8 @@ class EnvironmentServers:
         for index, name in enumerate([*names, *also, *judge]):
             group, kind = self._where(name)
             block = self.config[name][group][kind]
+            if kind in HARNESSES:
+                self._cli_bins[name] = cli_bin(kind, block, self._progress)
             if self.first_port and name in names:
                 port = self.first_port + index
                 if not port_free(self.host, port):
@@ -785,6 +931,11 @@ class EnvironmentServers:
                 **self._extra_env,
             }
         )
+        if name in self._cli_bins:
+            # The harness' CLI, and its own config and cache folders this run's (not the user's home).
+            env["PATH"] = os.pathsep.join([str(self._cli_bins[name]), env.get("PATH", os.defpath)])
+            for variable in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME"):
+                env[variable] = str(tmp / name / variable.split("_")[1].lower())
         key = os.environ.get(POLICY_KEY_ENV)
         if self.routed and name == POLICY_MODEL and key:
             env[POLICY_KEY_ENV] = key  # the routing model's alone (every other process goes without it)

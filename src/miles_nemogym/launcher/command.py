@@ -202,6 +202,10 @@ def train_args(config: LauncherConfig, parsers: Parsers) -> list[str]:
     args += _flag("--session-server-ip", config.session_server_ip)
     args += _flag("--session-server-port", config.session_server_port)
     args += _flag("--tito-model", parsers.tito_model)
+    # Agent harnesses (opencode) replay earlier tool calls with their arguments re-serialized; Miles'
+    # loose_tool_call matcher compares those as JSON, strict would roll the session back and train
+    # only the last turn. It accepts everything strict does (docs/environments.md, "Harness environments").
+    args += _flag("--session-message-matcher", "loose_tool_call")
     # model numerics (as upstream's launchers)
     args += _flag("--attention-dropout", 0.0)
     args += _flag("--hidden-dropout", 0.0)
@@ -292,12 +296,18 @@ def _gpu_range(low: int, high: int) -> str:
 def eval_config_document(config: LauncherConfig) -> dict[str, Any]:
     """Miles' ``--eval-config`` document for the held-out sets (``miles/utils/eval_config.py``):
     each one's ``metadata_overrides`` mark its samples with their role and set name, which is
-    how the agent function, the ledger and the episode store tell eval from train."""
+    how the agent function, the ledger and the episode store tell eval from train. A file of a
+    NeMo-Gym benchmark's rows (``convert --env BENCHMARK``) is sampled its ``num_repeats`` times
+    per prompt, as the benchmark defines; any other file ``eval_samples_per_prompt`` times."""
+    from miles_nemogym.gym.benchmarks import file_benchmark
+
+    marks = {name: file_benchmark(Path(path)) for name, path in config.eval_data.items()}
+    repeats = {name: mark.num_repeats for name, mark in marks.items() if mark is not None}
     datasets = [
         {
             "name": name,
             "path": str(path),
-            "n_samples_per_eval_prompt": config.eval_samples_per_prompt,
+            "n_samples_per_eval_prompt": repeats.get(name, config.eval_samples_per_prompt),
             "metadata_overrides": eval_overrides(name),
         }
         for name, path in config.eval_data.items()

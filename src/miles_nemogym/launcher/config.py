@@ -27,7 +27,13 @@ from pydantic import (
 )
 
 from miles_nemogym.errors import MilesNemoGymError
-from miles_nemogym.settings import EnvironmentServer, Settings, environment_name_problem, parse_environments
+from miles_nemogym.settings import (
+    EnvironmentServer,
+    Settings,
+    environment_name_problem,
+    parse_environments,
+    short_name,
+)
 from miles_nemogym.validation import describe
 from miles_nemogym.yaml_file import YamlFileError, read_mapping
 
@@ -49,7 +55,8 @@ _SET_NAME_RE = re.compile(_SET_NAME)
 
 def _eval_sets(value: Any, default_name: str) -> Any:
     """``eval_data`` as ``{set name: file}``: a FILE is named ``default_name``; a list holds
-    FILE or NAME=FILE items (NAME before the first ``=``, without ``/``); a mapping is kept."""
+    FILE or NAME=FILE items (NAME before the first ``=``, without ``/`` but in an environment's
+    catalog spelling, ``resources_servers/mcqa``); a mapping is kept."""
     if isinstance(value, (str, Path)):
         value = [value]
     if not isinstance(value, list):
@@ -57,6 +64,7 @@ def _eval_sets(value: Any, default_name: str) -> Any:
     sets: dict[str, Any] = {}
     for item in value:
         name, sep, path = str(item).partition("=")
+        name = short_name(name)  # an environment's catalog spelling names its set as the short name
         if not (sep and _SET_NAME_RE.fullmatch(name)):
             name, path = default_name, str(item)
         if name in sets:
@@ -402,6 +410,7 @@ class LauncherConfig(BaseModel):
     @field_validator("tools_not_served")
     @classmethod
     def _known_names(cls, value: list[str]) -> list[str]:
+        value = [short_name(name) for name in value]
         bad = [(name, problem) for name in value if (problem := environment_name_problem(name))]
         if bad:
             raise ValueError(f"{bad[0][0]!r} is not an environment name: {bad[0][1]}")

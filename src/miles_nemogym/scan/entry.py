@@ -14,7 +14,6 @@ import signal
 from rich.console import Console
 from rich.markup import escape
 
-from miles_nemogym.cli.console import console as cli_console
 from miles_nemogym.fit import counted
 from miles_nemogym.redaction import KeyScrubber
 from miles_nemogym.scan.config import API_KEY_ENV, ScanConfig
@@ -85,10 +84,8 @@ async def _main(config: ScanConfig, console: Console, err: Console) -> ScanResul
             loop.remove_signal_handler(sig)
 
 
-def execute(config: ScanConfig, *, console: Console | None = None, err: Console | None = None) -> int:
-    """Run the scan and return its exit code (see the module docstring)."""
-    console = console or cli_console()
-    err = err or cli_console(stderr=True)
+def execute(config: ScanConfig, *, console: Console, err: Console) -> int:
+    """Run the scan, printing to ``console`` and ``err``, and return its exit code (see the module docstring)."""
     handler = _install_logging(err)
     try:
         result = asyncio.run(_main(config, console, err))

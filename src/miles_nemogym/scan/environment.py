@@ -16,12 +16,13 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from miles_nemogym import checks, state
+from miles_nemogym import checks
 from miles_nemogym.agent import prepare_episode
 from miles_nemogym.episode.delivery import deliver
 from miles_nemogym.episode.record import Outcome, task_row
 from miles_nemogym.gym.environments import plan
 from miles_nemogym.gym.venv import GymEnvironmentError
+from miles_nemogym.runtime import current
 from miles_nemogym.scan.inputs import InputError, ScanTask
 from miles_nemogym.settings import Settings
 from miles_nemogym.smoke.answers import GOLD, WRONG, Answers, answers
@@ -106,7 +107,7 @@ async def play_golden(
         episode = prepare_episode(
             task.environment, task.metadata, policy.session_url(session), request_kwargs, settings
         )
-        outcome = await deliver(episode, settings, state.circuits, state.in_flight)
+        outcome = await deliver(episode, settings, current().circuits, current().in_flight)
         outcome.record.environment = task.environment
         played.append(outcome)
     return played[0], played[1]

@@ -16,7 +16,7 @@ from typing import Any
 
 from rich.console import Console
 
-from miles_nemogym import checks, state
+from miles_nemogym import checks
 from miles_nemogym.agent import prepare_episode
 from miles_nemogym.episode import run as swe_run
 from miles_nemogym.episode.delivery import Episode, deliver
@@ -25,6 +25,7 @@ from miles_nemogym.errors import MilesNemoGymError, RequestError
 from miles_nemogym.fit import counted
 from miles_nemogym.gym.config import instance_name
 from miles_nemogym.redaction import redact_url, redact_urls
+from miles_nemogym.runtime import current
 from miles_nemogym.scan import environment as environment_scan
 from miles_nemogym.scan.config import ScanConfig, scan_settings, usage_problems
 from miles_nemogym.scan.golden_guard import GoldenGuard, golden_guard
@@ -359,7 +360,7 @@ async def _run_episodes(
                 )
             else:
                 outcome = await deliver(
-                    prepared.bodies[task.instance_id], prepared.settings, state.circuits, state.in_flight
+                    prepared.bodies[task.instance_id], prepared.settings, current().circuits, current().in_flight
                 )
                 outcome.record.environment = task.environment
             seconds = loop.time() - started

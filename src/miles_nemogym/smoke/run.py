@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from miles_nemogym import agent, state
+from miles_nemogym import agent
 from miles_nemogym.data import convert_row
 from miles_nemogym.episode.record import EpisodeRecord, read_record
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer
 from miles_nemogym.gym.venv import ensure_gym_venv
+from miles_nemogym.runtime import current
 from miles_nemogym.settings import Settings
 from miles_nemogym.smoke.policy import RecordingPolicy
 from miles_nemogym.store import reader
@@ -189,11 +190,11 @@ def file_as_step(episode_dir: Path) -> tuple[int, int]:
     """Seal this run's episodes in ``episode_dir`` as its next train step and close the store
     before the run reports it: (the step, the episodes or seals it could not write)."""
     step = next_step(episode_dir)
-    state.stores.seal_all("train", step)
-    store = state.stores.get(str(episode_dir))
+    current().stores.seal_all("train", step)
+    store = current().stores.get(str(episode_dir))
     store.flush()
     errors = store.write_errors
-    state.stores.close()
+    current().stores.close()
     return step, errors
 
 

@@ -30,7 +30,6 @@ from typing import Any, NamedTuple
 import pydantic_core
 
 from miles_nemogym.episode.record import EpisodeRecord
-from miles_nemogym.log_once import log_once
 
 __all__ = [
     "MAX_PENDING_BYTES",
@@ -152,6 +151,8 @@ class EpisodeStore:
         self.write_errors = 0
         self._queue: queue.SimpleQueue[_Entry | _Request | object] = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._warned: set[str] = set()
+        """The kinds of write error warned about (each once)."""
         self._pending_bytes = 0
         self._files_made = 0
         self._roles: dict[str, _Role] = {}  # the writer thread's only
@@ -352,7 +353,9 @@ class EpisodeStore:
             self._warn(f"filing {error.errno}", f"could not write {name}: {error}")
 
     def _warn(self, key: str, message: str) -> None:
-        log_once(logger, logging.WARNING, f"episode store {self.directory} {key}", "episode store: %s", message)
+        if key not in self._warned:  # a rare race warns twice: harmless
+            self._warned.add(key)
+            logger.warning("episode store %s: %s [logged once]", self.directory, message)
 
 
 def _open_no_link(name: str, flags: int, mode: int, dir_fd: int, shown: Path) -> int:
@@ -433,7 +436,7 @@ def _fsync(dir_fd: int) -> None:
 
 
 class Stores:
-    """This process's stores, one per folder, started on first use (``state.stores``)."""
+    """This process's stores, one per folder, started on first use (``runtime.current().stores``)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -1,8 +1,28 @@
-"""The ledger of finished episodes and group decisions (the process's is ``state.ledger``).
+"""The runtime: what this process keeps across episodes, in one object.
 
-Counted from samples, failures vanish (Miles drops record-less ABORTED samples and dropped
-groups), so the two hooks that see them write here: the agent function every finished
-episode (with its outage wait, charged to its own role), the group filter every group. The
+Miles calls each hook with no object of ours, so the hooks find the process's ``Runtime`` with
+``current()``, made on first use and handed down from there:
+
+    settings         settings.Settings           the NEMO_GYM_* variables, read once on first use
+                                                 and frozen (read again only while invalid)
+    ledger           Ledger (below)              every finished episode and group decision, the
+                                                 failure streak (agent.run, the filter, the log functions)
+    circuits         episode/delivery.Circuits   one per server: outage waits and the outage stop
+    in_flight        episode/delivery.InFlight   the episodes ``agent.abort`` (and a run stop) cancel
+    held             salvage.HeldEpisodes        failed episodes waiting for their ABORTED sample
+    stores           store/writer.Stores         the episode stores open in this process
+    reward_problems  Counter                     samples the reward hook scored 0.0, by reason
+    logged           LoggedOnce (below)          the messages logged once
+    addresses        dict                        the local address that routes to each Gym host
+
+``install`` replaces it with a fresh one, or one a caller built (tests build
+``Runtime(Settings(...))``; a new run in the same process), closing the old one's stores.
+The connection pools are per event loop and close with it (``transport``).
+
+The ledger is the runtime's own record. Counted from samples, failures vanish (Miles drops
+record-less ABORTED samples and dropped groups), so the two hooks that see them write here:
+the agent function every finished episode (with its outage wait, charged to its own role),
+the group filter every group. The
 log functions drain it once per step. It also keeps the run-wide failure streak, which a
 drain does not reset; ``streak_stop`` says when that streak stops the run (``filters.check_run``,
 docs/episode-pipeline.md). Thread-safe.
@@ -16,11 +36,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from miles_nemogym import failure_kinds as fk
+from miles_nemogym.episode.delivery import Circuits, InFlight
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, TRAIN
 from miles_nemogym.redaction import redact_url
+from miles_nemogym.salvage import HeldEpisodes
 from miles_nemogym.settings import Settings
+from miles_nemogym.store.writer import Stores
 
-__all__ = ["EnvironmentTally", "Ledger", "Tally", "streak_stop"]
+__all__ = ["EnvironmentTally", "Ledger", "LoggedOnce", "Runtime", "Tally", "current", "install", "streak_stop"]
 
 logger = logging.getLogger(__name__)
 
@@ -170,3 +193,72 @@ def _servers(settings: Settings, environments: dict[str, int]) -> str:
         else:
             named.append(f"environment {name!r}, which NEMO_GYM_ENVS does not name (x{count})")
     return ", ".join(named) or f"the server at {redact_url(settings.gym_url)}"
+
+
+_MAX_KEYS = 10_000
+"""Distinct keys remembered at most; past it a message is logged every time (never lost)."""
+
+
+class LoggedOnce:
+    """The keys of the messages logged so far (thread-safe): the runtime's ``logged``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: set[str] = set()
+
+    def log(self, logger: logging.Logger, level: int, key: str, message: str, *args: object) -> bool:
+        """Log ``message % args`` at ``level`` the first time ``key`` is seen; whether it was logged."""
+        with self._lock:
+            if key in self._seen:
+                return False
+            if len(self._seen) < _MAX_KEYS:
+                self._seen.add(key)
+        logger.log(level, message + " [logged once]", *args)
+        return True
+
+
+class Runtime:
+    """Everything the hooks keep across episodes (see the module docstring)."""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self._settings = settings
+        self.ledger = Ledger()
+        self.circuits = Circuits()
+        self.in_flight = InFlight()
+        self.held = HeldEpisodes()
+        self.stores = Stores()
+        self.reward_problems: Counter[str] = Counter()
+        self.logged = LoggedOnce()
+        self.addresses: dict[tuple[str, int], str] = {}
+
+    @property
+    def settings(self) -> Settings:
+        """The settings given, else the environment's, read on first use; raises ``SettingsError``
+        (and reads again next time) while they are invalid."""
+        if self._settings is None:
+            self._settings = Settings.from_env()
+        return self._settings
+
+    def close(self) -> None:
+        """Close every store (what was queued is written)."""
+        self.stores.close()
+
+
+_process: list[Runtime] = []
+"""This process's runtime, once made: the one module-level holder."""
+
+
+def current() -> Runtime:
+    """This process's runtime, made on first use."""
+    if not _process:
+        _process.append(Runtime())
+    return _process[0]
+
+
+def install(runtime: Runtime | None = None) -> Runtime:
+    """Make ``runtime`` (default: a fresh one, reading the environment on first use) this
+    process's, closing the one it replaces; returns it."""
+    for old in _process:
+        old.close()
+    _process[:] = [runtime or Runtime()]
+    return _process[0]

@@ -1,4 +1,4 @@
-"""The one "log once" helper."""
+"""Messages logged once per Runtime."""
 
 from __future__ import annotations
 
@@ -6,17 +6,17 @@ import logging
 
 import pytest
 
-from miles_nemogym import log_once
+from miles_nemogym.runtime import LoggedOnce, install
 
 
-def test_a_key_is_logged_once_until_reset(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_key_is_logged_once_by_each_memory(caplog: pytest.LogCaptureFixture) -> None:
     logger = logging.getLogger("miles_nemogym.test_log_once")
+    logged = LoggedOnce()
     with caplog.at_level(logging.WARNING, logger=logger.name):
-        assert log_once.log_once(logger, logging.WARNING, "k", "bad value %s", 1)
-        assert not log_once.log_once(logger, logging.WARNING, "k", "bad value %s", 2)
-        assert log_once.log_once(logger, logging.WARNING, "other", "other")
-        log_once.reset()
-        assert log_once.log_once(logger, logging.WARNING, "k", "bad value %s", 3)
+        assert logged.log(logger, logging.WARNING, "k", "bad value %s", 1)
+        assert not logged.log(logger, logging.WARNING, "k", "bad value %s", 2)
+        assert logged.log(logger, logging.WARNING, "other", "other")
+        assert LoggedOnce().log(logger, logging.WARNING, "k", "bad value %s", 3)
     assert [r.getMessage() for r in caplog.records] == [
         "bad value 1 [logged once]",
         "other [logged once]",
@@ -34,7 +34,8 @@ async def test_the_hooks_log_a_repeated_configuration_error_through_it(
     with caplog.at_level(logging.ERROR, logger="miles_nemogym.reward"):
         for _ in range(3):
             await reward.reward_func(None, Sample(metadata={}))
-        log_once.reset()  # what the test fixture does between tests: the next one sees it again
+        install()  # a new runtime (what the test fixture does between tests) logs it again
+        monkeypatch.setenv("NEMO_GYM_REWARD_MODE", "fractional")
         await reward.reward_func(None, Sample(metadata={}))
     lines = [r.getMessage() for r in caplog.records if "NEMO_GYM_REWARD_MODE" in r.getMessage()]
     assert len(lines) == 2 and lines[0].endswith("[logged once]")

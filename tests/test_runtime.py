@@ -1,5 +1,5 @@
-"""What the process keeps across episodes lives in ``state.py`` (or is a cache it names), and one
-``state.reset`` returns all of it to a fresh process's."""
+"""What the process keeps across episodes lives in one ``Runtime`` (``runtime.py``), and a new one
+(``install``) is a fresh process's: no other module-level state, settings read once."""
 
 from __future__ import annotations
 
@@ -16,19 +16,19 @@ from typing import Any
 import pytest
 
 import miles_nemogym
-from miles_nemogym import agent, filters, log_once, metrics, reward, settings, state
-from miles_nemogym.episode.run import routable_local_address
+from miles_nemogym import agent, filters, metrics, reward
+from miles_nemogym.runtime import Runtime, current, install
+from miles_nemogym.settings import Settings
 from tests.support.fault_server import FaultServer
 from tests.support.ports import free_port
 from tests.support.samples import Sample
 
 PACKAGE = Path(miles_nemogym.__file__).parent
 
-# Process-wide mutable objects outside state.py, each one either reset by state.reset or a
-# process's own resource that is not state of a run (serve's live servers, the loop pools).
+# Process-wide mutable objects outside the Runtime: the holder of the process's Runtime, and a
+# process's own resources that are not state of a run (serve's live servers, the loop pools).
 DECLARED = {
-    "miles_nemogym.log_once._seen",  # state.reset: log_once.reset
-    "miles_nemogym.settings._current",  # state.reset: settings.reset
+    "miles_nemogym.runtime._process",  # the process's one Runtime
     "miles_nemogym.transport._pools",  # per event loop, closed with it (transport.close_pools)
     "miles_nemogym.transport._exit_registered",
     "miles_nemogym.gym.server._LIVE",  # `serve`'s running servers, stopped at exit
@@ -52,11 +52,11 @@ def _mutable(value: Any) -> bool:
     return kind.__module__.startswith("miles_nemogym") and not isinstance(value, (type, Enum))
 
 
-def test_process_wide_state_lives_in_state_py_or_is_declared() -> None:
+def test_process_wide_state_lives_in_the_runtime_or_is_declared() -> None:
     found = set()
     for module in _modules():
         for name, value in vars(module).items():
-            if name.startswith("__") or module.__name__ == "miles_nemogym.state":
+            if name.startswith("__"):
                 continue
             if getattr(value, "__module__", None) != module.__name__ and not _mutable(value):
                 continue
@@ -68,48 +68,55 @@ def test_process_wide_state_lives_in_state_py_or_is_declared() -> None:
                 found.update(f"{module.__name__}.{name}" for name in node.names)
     found.discard("miles_nemogym.transport._exit_registered")  # an Event is not found by _mutable
     assert found == DECLARED - {"miles_nemogym.transport._exit_registered"}
-    assert {name for name in vars(state) if not name.startswith("__") and _mutable(getattr(state, name))} == {
+    fresh = Runtime()
+    assert {name for name, value in vars(fresh).items() if _mutable(value) or isinstance(value, dict)} == {
         "ledger",
         "circuits",
         "in_flight",
         "held",
         "stores",
         "reward_problems",
+        "logged",
+        "addresses",
     }
 
 
-async def test_one_reset_returns_everything_to_a_fresh_process(
+async def test_a_new_runtime_is_a_fresh_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sympy_row: dict[str, Any], sympy_result: dict[str, Any]
 ) -> None:
     monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(tmp_path / "episodes"))
     monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "0.3")
-    filters.check_episode_group(None, [])  # no salvage hook wired: warned once
     server = await FaultServer(result=sympy_result, mode="500").start()
     try:
         monkeypatch.setenv("NEMO_GYM_URL", server.url)
+        filters.check_episode_group(None, [])  # no salvage hook wired: warned once
         failed = await agent.run(base_url="http://127.0.0.1:1/sessions/a", metadata=sympy_row)
     finally:
         await server.stop()
+    old = current()
+    # Read once: a variable changed after the first hook call does not reach this runtime.
     monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")  # down: its circuit gives up
-    down = await agent.run(base_url="http://127.0.0.1:1/sessions/b", metadata=sympy_row)
+    assert old.settings.gym_url == server.url
+    install(Runtime(Settings.from_env()))
+    down = await agent.run(base_url="http://0.0.0.0:1/sessions/b", metadata=sympy_row)
     assert failed["nemogym"]["mask_sample"] and down["nemogym"]["failure_kind"] == "transport_unreachable"
     await reward.reward_func(None, Sample(metadata={"reward": None}))
-    routable_local_address("localhost")
-    stored = state.stores.get(str(tmp_path / "episodes"))
-    read = settings.get_settings()
-    assert state.ledger.streak()[0] == 2 and filters.stop_reason(read) is not None
-    assert len(state.held) == 2 and state.reward_problems and routable_local_address.cache_info().currsize == 1
-    assert not log_once.log_once(metrics.logger, 10, "salvage not wired", "x")  # already logged
+    used = current()
+    stored = used.stores.get(str(tmp_path / "episodes"))
+    assert used.ledger.streak()[0] == 1 and filters.stop_reason(used.settings) is not None
+    assert len(used.held) == 1 and used.reward_problems and len(used.addresses) == 1
+    assert not old.logged.log(metrics.logger, 10, "salvage not wired", "x")  # already logged by the filter
+    assert len(old.held) == 1 and old.ledger.streak()[0] == 1  # the first runtime kept its own
 
-    state.reset()
+    install()
 
-    assert filters.stop_reason(settings.get_settings()) is None and settings.get_settings() is not read
-    assert not state.circuits.is_open and state.circuits.waiting() == 0
-    assert state.ledger.streak() == (0, {}) and state.ledger.drain().episodes == 0
-    assert len(state.held) == 0 and not state.reward_problems
-    assert routable_local_address.cache_info().currsize == 0
-    assert state.stores.get(str(tmp_path / "episodes")) is not stored  # the old one was closed
-    assert log_once.log_once(metrics.logger, 10, "salvage not wired", "x")  # logged again, once
+    fresh = current()
+    assert fresh is not used and filters.stop_reason(fresh.settings) is None
+    assert not fresh.circuits.is_open and fresh.circuits.waiting() == 0
+    assert fresh.ledger.streak() == (0, {}) and fresh.ledger.drain().episodes == 0
+    assert len(fresh.held) == 0 and not fresh.reward_problems and fresh.addresses == {}
+    assert fresh.stores.get(str(tmp_path / "episodes")) is not stored  # the old one was closed
+    assert fresh.logged.log(metrics.logger, 10, "salvage not wired", "x")  # logged again, once
 
 
 # Caches of a pure function of their arguments and the pinned files: never stale, never reset.
@@ -119,25 +126,28 @@ PURE_CACHES = {
     "miles_nemogym.gym.wheel._archive",  # keyed by the wheel's path, mtime and size
     "miles_nemogym.gym.composition._member",  # a member of the pinned wheel
     "miles_nemogym.gym.environments._catalog_folders",  # keyed by the wheel's path
+    "miles_nemogym.gym.environments._config_names",  # keyed by the wheel's path
+    "miles_nemogym.gym.environments._shipped_environments",  # keyed by the wheel's path
+    "miles_nemogym.gym.environments._refused_folders",  # keyed by the wheel's path
     "miles_nemogym.redaction.key_scrubber",  # keyed by the secret
 }
-# Caches of what the host or network says: emptied by state.reset.
-RESET_CACHES = {"miles_nemogym.episode.run.routable_local_address"}
-# Read once per process, as a process reads its environment: the system's CA certificates.
+# Read once per process, as a process reads its environment: the system's CA certificates
+# (~25 ms of CPU a load; a Runtime per test would load them for every test).
 PROCESS_CACHES = {"miles_nemogym.transport._trust_store"}
 
 
-def test_every_module_cache_is_pure_or_emptied_by_reset() -> None:
+def test_every_module_cache_is_pure() -> None:
+    """What the host or network says (the routed local address) is kept by the Runtime, never a module cache."""
     caches = {
         f"{module.__name__}.{name}"
         for module in _modules()
         for name, value in vars(module).items()
         if callable(getattr(value, "cache_clear", None)) and getattr(value, "__module__", None) == module.__name__
     }
-    assert caches == PURE_CACHES | RESET_CACHES | PROCESS_CACHES
+    assert caches == PURE_CACHES | PROCESS_CACHES
 
 
-def test_a_policy_url_after_reset_asks_again_which_local_address_routes_to_the_gym_host(
+def test_a_new_runtime_asks_again_which_local_address_routes_to_the_gym_host(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     from miles_nemogym.episode.run import policy_base_url
@@ -145,8 +155,11 @@ def test_a_policy_url_after_reset_asks_again_which_local_address_routes_to_the_g
     session = "http://0.0.0.0:30000/sessions/abc"
     asked = "session server listens on a wildcard address"
     with caplog.at_level("INFO"):
-        assert policy_base_url(session, "http://localhost:12000") == "http://127.0.0.1:30000/sessions/abc/v1"
-        state.reset()
+        url = policy_base_url(session, "http://localhost:12000", None, current().addresses)
+        assert url == "http://127.0.0.1:30000/sessions/abc/v1"
         caplog.clear()
-        policy_base_url(session, "http://localhost:12000")
+        policy_base_url(session, "http://localhost:12000", None, current().addresses)
+        assert asked not in caplog.text  # kept by this runtime
+        install()
+        policy_base_url(session, "http://localhost:12000", None, current().addresses)
     assert asked in caplog.text  # the address was routed again, not taken from a stale cache

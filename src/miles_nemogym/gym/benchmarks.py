@@ -1,0 +1,129 @@
+"""NeMo-Gym benchmarks as held-out evaluation rows.
+
+A benchmark's prepared rows (``gym eval prepare`` output, e.g. ``{"question", "expected_answer"}``)
+get its prompt config applied by nemo-gym's own ``nemo_gym.prompt.materialize_prompts``, run in
+the server venv, and a mark naming the benchmark, the environment that grades it, its repeats and
+its reward range. Why and how: docs/environments.md, "Benchmarks".
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from miles_nemogym.episode.record import BENCHMARK_KEY
+from miles_nemogym.gym.catalog import CatalogEntry, benchmark_grader, entry_support
+from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, child_environment
+
+__all__ = [
+    "BENCHMARK_KEY",
+    "BenchmarkError",
+    "BenchmarkMark",
+    "benchmark_mark",
+    "file_benchmark",
+    "materialize",
+    "shipped_data",
+]
+
+_MATERIALIZE = """
+import sys
+from nemo_gym.prompt import materialize_prompts
+materialize_prompts(sys.argv[1], sys.argv[2], sys.argv[3])
+"""
+
+
+class BenchmarkError(GymEnvironmentError):
+    """A benchmark that cannot become rows here; the message names why and the fix."""
+
+
+class BenchmarkMark(BaseModel):
+    """What each row of a benchmark carries (``metadata.nemogym_benchmark``)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    name: str
+    environment: str
+    """The environment (``serve --env`` name) whose resources server grades it."""
+    num_repeats: int = 1
+    reward_range: tuple[float, float] | None = None
+    higher_is_better: bool | None = None
+
+
+def benchmark_mark(entry: CatalogEntry) -> BenchmarkMark:
+    """The mark of ``entry``'s rows; ``BenchmarkError`` if this package does not run it."""
+    environment = benchmark_grader(entry)
+    if environment is None:
+        raise BenchmarkError(f"benchmark {entry.name!r} does not run here: {entry_support(entry).needs}")
+    return BenchmarkMark(
+        name=entry.name,
+        environment=environment,
+        num_repeats=entry.num_repeats or 1,
+        reward_range=entry.reward_range,
+        higher_is_better=entry.higher_is_better,
+    )
+
+
+def file_benchmark(path: Path) -> BenchmarkMark | None:
+    """The benchmark whose rows ``path`` holds (its first row's mark), else None."""
+    try:
+        with path.open(encoding="utf-8") as rows:
+            first = next((line for line in rows if line.strip()), "")
+        metadata = json.loads(first).get("metadata") if first else None
+        mark = metadata.get(BENCHMARK_KEY) if isinstance(metadata, dict) else None
+        return BenchmarkMark.model_validate(mark) if isinstance(mark, dict) else None
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return None  # an unreadable file is the launcher's checks' to name
+
+
+def shipped_data(gym: GymVenv, entry: CatalogEntry) -> Path | None:
+    """The benchmark's prepared file when the nemo-gym wheel ships it."""
+    path = gym.site_packages / entry.data_file if entry.data_file else None
+    return path if path is not None and path.is_file() else None
+
+
+def materialize(gym: GymVenv, entry: CatalogEntry, source: Path, output: Path) -> int:
+    """Write ``source``'s rows to ``output`` with the benchmark's prompt config applied (by
+    nemo-gym's ``materialize_prompts`` in ``gym``) and its mark added; the number of rows."""
+    mark = benchmark_mark(entry)
+    prompt = entry.prompt_config or next((d.prompt_config for d in entry.datasets if d.prompt_config), None)
+    with tempfile.TemporaryDirectory(prefix="mng-bench-") as scratch:
+        rendered = Path(scratch) / "rendered.jsonl"
+        if prompt is None:
+            rendered = source  # rows that carry their own input
+        else:
+            _run(gym, [str(source.resolve()), prompt, str(rendered)], entry, source)
+        rows = [json.loads(line) for line in rendered.read_text(encoding="utf-8").splitlines() if line.strip()]
+    with output.open("w", encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps(_marked(row, mark)) + "\n")
+    return len(rows)
+
+
+def _marked(row: Any, mark: BenchmarkMark) -> Any:
+    if not isinstance(row, dict):
+        return row  # convert names the bad row
+    return {**row, BENCHMARK_KEY: mark.model_dump(mode="json")}
+
+
+def _run(gym: GymVenv, argv: Sequence[str], entry: CatalogEntry, source: Path) -> None:
+    done = subprocess.run(
+        [str(gym.python), "-c", _MATERIALIZE, *argv],
+        capture_output=True,
+        text=True,
+        env=child_environment(),
+        cwd=gym.site_packages,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1:] or ["(no message)"]
+        raise BenchmarkError(
+            f"--env {entry.name}={source}: nemo-gym could not apply the benchmark's prompt config "
+            f"{entry.prompt_config}: {tail[0]}; give the file `gym eval prepare --benchmark {entry.name}` writes"
+        )
