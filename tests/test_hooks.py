@@ -14,7 +14,6 @@ import pytest
 
 from miles_nemogym import filters, metrics, reward
 from miles_nemogym.episode.record import failure
-from miles_nemogym.episode.run import classify_http
 from miles_nemogym.runtime import Tally, current, install
 from tests.support.samples import Sample, Status
 
