@@ -241,7 +241,8 @@ def test_no_environment_server_gets_the_policy_api_key(tmp_path: Path, monkeypat
     servers.config = {"probe": {"resources_servers": {"probe": {}}}}  # composed already: no parser run
     try:
         servers.start()
-        inherited = json.loads((state / "probe.environ.json").read_text())
+        # Written relative to its working directory: the server's own folder, as nemo-gym runs it.
+        inherited = json.loads((app.parent / "probe.environ.json").read_text())
         assert "MNG_PROBE_INHERITED" in inherited  # the rest of the caller's environment is passed on
         assert "NEMO_GYM_POLICY_API_KEY" not in inherited
         assert pids_with_environment(key) == []

@@ -37,7 +37,7 @@ SERVED_TOGETHER = (
 )
 """Catalog environments (``simple_agent``, no network, key or judge) played end to end in one
 server start by ``tests/integration/test_catalog_envs.py``."""
-JUDGED_TOGETHER = ("simpleqa", "omniscience", "text_to_sql")
+JUDGED_TOGETHER = ("simpleqa", "omniscience", "text_to_sql", "equivalence_llm_judge")
 """Judged catalog environments served in the same start, graded through the stand-in judge of
 ``tests/support/judge_model.py``."""
 

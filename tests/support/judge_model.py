@@ -2,7 +2,8 @@
 judges of NeMo-Gym's ``abstention``/``omniscience``/``simpleqa`` prompt ask (the grader template's
 ``Gold target:`` and ``Predicted answer:`` of the example to grade, answered ``A`` for CORRECT,
 ``B`` for INCORRECT), or ``text_to_sql``'s (its ``SQL Query A`` and ``B`` blocks, answered
-``[[A=B]]`` or ``[[A!=B]]``), comparing the two answers normalised. What a real judge model serves
+``[[A=B]]`` or ``[[A!=B]]``), or ``equivalence_llm_judge``'s (its last ``GOLD:`` and ``CANDIDATE:``
+blocks, answered likewise), comparing the two answers normalised. What a real judge model serves
 (vLLM, an API): the chat-completions contract, ``choices[0].message.content``."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ _QUERIES = re.compile(
     r"<\|Start of SQL Query A\|>(.*)<\|End of SQL Query A\|>.*<\|Start of SQL Query B\|>(.*)<\|End of SQL Query B\|>",
     re.DOTALL,
 )
+_EQUIVALENCE = re.compile(r"^GOLD:\n(.*?)\n\nCANDIDATE:\n(.*?)(?:\n\n|\Z)", re.MULTILINE | re.DOTALL)
 
 
 def _normal(text: str) -> str:
@@ -54,12 +56,15 @@ class JudgeModel:
         prompt = "\n".join(str(m.get("content") or "") for m in body.get("messages", []) if m.get("role") == "user")
         gold, predicted = _GOLD.findall(prompt), _PREDICTED.findall(prompt)
         pair = _QUERIES.search(prompt)
+        blocks = _EQUIVALENCE.findall(prompt)
         if gold and predicted:
             grade = "A" if _normal(gold[-1]) == _normal(predicted[-1]) else "B"  # the example to grade is the last
         elif pair is not None:
             grade = "[[A=B]]" if _normal(pair[1]) == _normal(pair[2]) else "[[A!=B]]"
+        elif blocks:  # the template's own examples come first: the inputs to grade are the last
+            grade = "[[A=B]]" if _normal(blocks[-1][0]) == _normal(blocks[-1][1]) else "[[A!=B]]"
         else:
-            said = "no 'Gold target:'/'Predicted answer:' lines nor SQL Query A/B blocks to grade"
+            said = "no 'Gold target:'/'Predicted answer:' lines, SQL Query A/B nor GOLD/CANDIDATE blocks to grade"
             return web.json_response({"error": said}, status=400)
         return web.json_response(
             {

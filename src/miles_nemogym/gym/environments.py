@@ -947,7 +947,9 @@ class EnvironmentServers:
         try:
             self._processes[name] = subprocess.Popen(
                 [str(python), str(folder / "app.py")],
-                cwd=self.state_dir,
+                # In its own folder, as nemo-gym's launcher runs it: servers open files relative to it
+                # (equivalence_llm_judge's prompt_templates/...).
+                cwd=folder,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log.child_end,
