@@ -11,13 +11,15 @@ import pytest
 from miles_nemogym.gym import wheel as gym_wheel
 
 # `gym` (an /openapi.json stand-in) and `gym_in_thread` (the /run stand-in on its own thread) for every
-# module; `tiers` leaves the slow tiers out of `-m` runs that do not name them.
+# module, the example rows and the episode stores tests browse; `tiers` leaves the slow tiers out of `-m`
+# runs that do not name them.
 pytest_plugins = [
     "tests.support.openapi",
     "tests.support.fault_server",
     "tests.support.tiers",
     "tests.support.clean_env",
     "tests.support.row_fixtures",
+    "tests.support.store_fixtures",
 ]
 
 

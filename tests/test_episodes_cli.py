@@ -14,22 +14,16 @@ from typer.testing import CliRunner
 from miles_nemogym.cli.main import app
 from miles_nemogym.smoke.run import OFFLINE_REASON
 from miles_nemogym.store.reader import load
-from tests.support.episode_stores import FAILED_IDS, build_env_store, build_failed_store, build_store
+from tests.support.episode_stores import FAILED_IDS, build_env_store, build_failed_store
 from tests.support.hostile_store import entry, write_step
-
-
-@pytest.fixture
-def store(tmp_path: Path, gym_example_rollouts: list[dict[str, Any]]) -> Path:
-    build_store(tmp_path / "ep", gym_example_rollouts)
-    return tmp_path / "ep"
 
 
 def invoke(*args: str | Path) -> Any:
     return CliRunner().invoke(app, ["episodes", *map(str, args)])
 
 
-def test_table_per_step_and_role(store: Path, gym_example_rollouts: list[dict[str, Any]]) -> None:
-    result = CliRunner().invoke(app, ["episodes", str(store)], env={"COLUMNS": "120"})
+def test_table_per_step_and_role(wheel_store: Path, gym_example_rollouts: list[dict[str, Any]]) -> None:
+    result = CliRunner().invoke(app, ["episodes", str(wheel_store)], env={"COLUMNS": "120"})
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert re.split(r"\s{2,}", lines[0]) == [
@@ -60,16 +54,20 @@ def test_table_per_step_and_role(store: Path, gym_example_rollouts: list[dict[st
     assert lines[3].split()[:4] == ["train", "pending", "1", "1"]
 
 
-def test_filters_list_the_matching_episodes(store: Path, gym_example_rollouts: list[dict[str, Any]]) -> None:
+def test_filters_list_the_matching_episodes(wheel_store: Path, gym_example_rollouts: list[dict[str, Any]]) -> None:
     first = gym_example_rollouts[0]["instance_id"]
-    result = invoke(store, "--instance", first, "--step", "1")
+    result = invoke(wheel_store, "--instance", first, "--step", "1")
     assert _listed(result.output) == ["eval0", "eval1", "train0", "crash0"]
-    assert _listed(invoke(store, "--kind", "agent_run_error").output) == ["crash0"]
+    assert _listed(invoke(wheel_store, "--kind", "agent_run_error").output) == ["crash0"]
     assert gym_example_rollouts[0]["reward"] == 1.0  # the wheel's first result is resolved
-    assert _listed(invoke(store, "--kind", "resolved", "--instance", first).output) == ["eval0", "eval1", "train0"]
-    none = CliRunner().invoke(app, ["episodes", str(store), "--kind", "unresolved", "--instance", first])
+    assert _listed(invoke(wheel_store, "--kind", "resolved", "--instance", first).output) == [
+        "eval0",
+        "eval1",
+        "train0",
+    ]
+    none = CliRunner().invoke(app, ["episodes", str(wheel_store), "--kind", "unresolved", "--instance", first])
     assert none.exit_code == 0 and none.stdout == ""
-    assert none.stderr == f"no episodes match --instance {first} --kind unresolved (of 9 in {store})\n"
+    assert none.stderr == f"no episodes match --instance {first} --kind unresolved (of 9 in {wheel_store})\n"
 
 
 def _listed(output: str) -> list[str]:
@@ -80,9 +78,9 @@ def _listed(output: str) -> list[str]:
     return [line.split()[0] for line in lines if line[:1].strip()]
 
 
-def test_show_renders_turns_patch_and_report(store: Path, gym_example_rollouts: list[dict[str, Any]]) -> None:
+def test_show_renders_turns_patch_and_report(wheel_store: Path, gym_example_rollouts: list[dict[str, Any]]) -> None:
     result_json = gym_example_rollouts[0]
-    out = invoke(store, "--show", "train0").output
+    out = invoke(wheel_store, "--show", "train0").output
     assert out.startswith(
         f"episode train0   instance {result_json['instance_id']}\ntrain   step 1   session s-train0\n"
     )
@@ -91,15 +89,15 @@ def test_show_renders_turns_patch_and_report(store: Path, gym_example_rollouts: 
     assert "--- turn 1\nthought:\n<think>" in out
     assert result_json["metadata"]["model_patch"].strip() in out
     assert "--- test report\nresolved: " in out and "FAIL_TO_PASS: " in out
-    crashed = invoke(store, "--show", "crash0").output
+    crashed = invoke(wheel_store, "--show", "crash0").output
     assert "failure: agent_run_error: HTTP 500: boom" in crashed and "Internal Server Error" in crashed
-    missing = invoke(store, "--show", "nope")
+    missing = invoke(wheel_store, "--show", "nope")
     assert missing.exit_code == 2 and "no episode has that id; --list prints every episode's id" in missing.output
 
 
-def test_html_page_is_self_contained(store: Path, tmp_path: Path) -> None:
+def test_html_page_is_self_contained(wheel_store: Path, tmp_path: Path) -> None:
     page = tmp_path / "episodes.html"
-    result = invoke(store, "--html", page)
+    result = invoke(wheel_store, "--html", page)
     assert result.exit_code == 0 and "wrote" in result.output
     text = page.read_text()
     assert text.count("<details>") == 9  # 6 train + 2 eval + 1 pending
@@ -262,20 +260,20 @@ def test_show_header_fits_80_columns(tmp_path: Path) -> None:
         assert head.startswith(f"episode {episode_id}   instance ")
 
 
-def test_list_prints_every_episode_id_with_its_step_and_verdict(store: Path, tmp_path: Path) -> None:
+def test_list_prints_every_episode_id_with_its_step_and_verdict(wheel_store: Path, tmp_path: Path) -> None:
     from tests.test_widths import fits
 
-    out = _at_80(store, "--list").stdout
+    out = _at_80(wheel_store, "--list").stdout
     lines = fits(out, 80)
     assert lines[0].split() == ["episode", "role", "step", "verdict"]
-    everything = [e.episode_id for e in load(store).episodes]
+    everything = [e.episode_id for e in load(wheel_store).episodes]
     assert [line.split()[0] for line in lines[1:]] == everything
     assert lines[-2].split() == ["crash0", "train", "1", "agent_run_error"]
     assert lines[-1].split() == ["late0", "train", "pending", "unresolved"]
     failed = fits(_at_80(build_failed_store(tmp_path / "failed"), "--list").stdout, 80)
     assert failed[1].split() == [FAILED_IDS["offline"], "train", "1", "agent_run_error"]
-    assert [line.split()[0] for line in _at_80(store, "--list", "--step", "1").stdout.splitlines()[1:]] == [
-        e.episode_id for e in load(store).episodes if e.step == 1
+    assert [line.split()[0] for line in _at_80(wheel_store, "--list", "--step", "1").stdout.splitlines()[1:]] == [
+        e.episode_id for e in load(wheel_store).episodes if e.step == 1
     ]
 
 

@@ -336,12 +336,6 @@ def test_an_empty_filter_result_says_no_episodes_match(tmp_path: Path, args: tup
 # ----------------------------------------------------------------------------- --html OUT
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Path:
-    write_step(tmp_path / "ep", "train", 1, [entry("a", None)])
-    return tmp_path / "ep"
-
-
 def refused(store: Path, out: Path | str, message: str) -> None:
     result = CliRunner().invoke(app, ["episodes", str(store), "--html", str(out)])
     no_traceback(result)
@@ -350,36 +344,36 @@ def refused(store: Path, out: Path | str, message: str) -> None:
     assert message in result.stderr
 
 
-def test_html_refuses_to_write_inside_the_store(store: Path) -> None:
-    step = store / "train" / "step-000001.jsonl"
+def test_html_refuses_to_write_inside_the_store(one_episode_store: Path) -> None:
+    step = one_episode_store / "train" / "step-000001.jsonl"
     before = step.read_bytes()
-    refused(store, step, "is inside the episode store")
-    refused(store, store / "page.html", "is inside the episode store")
-    refused(store, store / "train" / ".." / "x.html", "is inside the episode store")
-    link = store.parent / "to-store"
-    link.symlink_to(store)
-    refused(store, link / "train" / "step-000001.jsonl", "is inside the episode store")
-    assert step.read_bytes() == before and not (store / "page.html").exists()
+    refused(one_episode_store, step, "is inside the episode store")
+    refused(one_episode_store, one_episode_store / "page.html", "is inside the episode store")
+    refused(one_episode_store, one_episode_store / "train" / ".." / "x.html", "is inside the episode store")
+    link = one_episode_store.parent / "to-store"
+    link.symlink_to(one_episode_store)
+    refused(one_episode_store, link / "train" / "step-000001.jsonl", "is inside the episode store")
+    assert step.read_bytes() == before and not (one_episode_store / "page.html").exists()
 
 
-def test_html_refuses_what_is_not_a_regular_file(store: Path, tmp_path: Path) -> None:
-    refused(store, tmp_path, "is a folder")
-    refused(store, "/dev/full", "is not a regular file")
+def test_html_refuses_what_is_not_a_regular_file(one_episode_store: Path, tmp_path: Path) -> None:
+    refused(one_episode_store, tmp_path, "is a folder")
+    refused(one_episode_store, "/dev/full", "is not a regular file")
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    refused(store, fifo, "is not a regular file")
-    refused(store, tmp_path / "missing" / "page.html", f"the folder {tmp_path / 'missing'} does not exist")
+    refused(one_episode_store, fifo, "is not a regular file")
+    refused(one_episode_store, tmp_path / "missing" / "page.html", f"the folder {tmp_path / 'missing'} does not exist")
     outside = tmp_path / "secret.txt"
     outside.write_text("keep")
     (tmp_path / "link.html").symlink_to(outside)
-    refused(store, tmp_path / "link.html", "is a symbolic link")
+    refused(one_episode_store, tmp_path / "link.html", "is a symbolic link")
     (tmp_path / "dangling.html").symlink_to(tmp_path / "nowhere.html")
-    refused(store, tmp_path / "dangling.html", "is a symbolic link")
+    refused(one_episode_store, tmp_path / "dangling.html", "is a symbolic link")
     read_only = tmp_path / "read-only.html"
     read_only.write_text("old")
     read_only.chmod(0o444)
-    refused(store, read_only, "is read-only")
-    refused(store, "/sys/episodes.html", "cannot write the page")  # a folder no one can create files in
+    refused(one_episode_store, read_only, "is read-only")
+    refused(one_episode_store, "/sys/episodes.html", "cannot write the page")  # a folder no one can create files in
     assert outside.read_text() == "keep" and read_only.read_text() == "old" and not (tmp_path / "nowhere.html").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "dangling.html",
@@ -391,14 +385,14 @@ def test_html_refuses_what_is_not_a_regular_file(store: Path, tmp_path: Path) ->
     ]
 
 
-def test_html_replaces_the_page_by_rename(store: Path, tmp_path: Path) -> None:
+def test_html_replaces_the_page_by_rename(one_episode_store: Path, tmp_path: Path) -> None:
     page = tmp_path / "page.html"
     page.write_text("old page")
     other_name = tmp_path / "hard-link.html"
     os.link(page, other_name)  # written in place, the old page's other name would change too
     old = os.umask(0o022)
     try:
-        result = invoke(store, "--html", page)
+        result = invoke(one_episode_store, "--html", page)
     finally:
         os.umask(old)
     assert result.exit_code == 0, result.output

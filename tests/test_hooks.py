@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -15,26 +14,12 @@ import pytest
 
 from miles_nemogym import filters, metrics, reward
 from miles_nemogym.episode.record import failure
-from miles_nemogym.episode.run import classify_http
 from miles_nemogym.runtime import Tally, current, install
 from tests.support.samples import Sample, Status
 
 
 def sample_from(outcome_meta: dict[str, Any], status: Status = Status.COMPLETED, **extra: Any) -> Sample:
     return Sample(metadata={"instance_id": "x", **outcome_meta, **extra}, status=status)
-
-
-@pytest.fixture
-def graded(gym_example_rollouts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Agent-function results for the five real rollouts, with distinct episode ids."""
-    out = []
-    for i, result in enumerate(gym_example_rollouts):
-        outcome = classify_http(200, json.dumps(result).encode())
-        outcome.record.episode_id = f"e{i}"
-        outcome.record.elapsed_s = float(10 * (i + 1))
-        outcome.record.attempts = 1
-        out.append(outcome.to_metadata())
-    return out
 
 
 def masked(kind: str = "transport_peer_drop", episode: str = "f1") -> dict[str, Any]:

@@ -17,22 +17,17 @@ from miles_nemogym.store.plots import Plot, Series, plots, plots_html, svg
 from miles_nemogym.store.reader import load
 from tests.support.episode_stores import build_env_store
 from tests.support.hostile_store import entry, write_step
-from tests.support.plot_store import ODD_KIND, ODD_SET, build_plot_store
+from tests.support.plot_store import ODD_KIND, ODD_SET
 
 SVG = "{http://www.w3.org/2000/svg}"
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Path:
-    return build_plot_store(tmp_path / "ep")
 
 
 def invoke(*args: str | Path) -> Any:
     return CliRunner().invoke(app, ["episodes", *map(str, args)])
 
 
-def test_plot_data_from_a_crafted_store(store: Path) -> None:
-    assert plots(load(store).episodes) == [
+def test_plot_data_from_a_crafted_store(plot_store: Path) -> None:
+    assert plots(load(plot_store).episodes) == [
         Plot("train-reward-resolve-rate", "train: reward mean and resolve rate (valid episodes)", "reward", (1, 2, 4), (
             Series("reward mean", (2 / 3, None, 2 / 3)),  # step 2 has no valid episode; "x" is no reward
             Series("resolve rate", (2 / 3, None, 3 / 4)),
@@ -80,8 +75,8 @@ def _parsed(plot: Plot) -> ET.Element:
     return ET.fromstring(svg(plot))
 
 
-def test_svgs_are_well_formed_with_every_label_escaped(store: Path) -> None:
-    drawn = plots(load(store).episodes)
+def test_svgs_are_well_formed_with_every_label_escaped(plot_store: Path) -> None:
+    drawn = plots(load(plot_store).episodes)
     roots = {p.name: _parsed(p) for p in drawn}
     assert all(root.tag == SVG + "svg" for root in roots.values())
     odd = roots["eval-_b_lite____b_-pass-at-k"]
@@ -100,47 +95,47 @@ def test_svgs_are_well_formed_with_every_label_escaped(store: Path) -> None:
     assert _parsed(plot).get("aria-label") == "ab\ufffd\ufffd<c>"
 
 
-def test_a_step_with_no_valid_episode_is_a_gap_and_one_step_renders(store: Path) -> None:
-    quality = _parsed(plots(load(store).episodes)[0])
+def test_a_step_with_no_valid_episode_is_a_gap_and_one_step_renders(plot_store: Path) -> None:
+    quality = _parsed(plots(load(plot_store).episodes)[0])
     # Steps 1 and 4 each a point; step 2 a grey band saying so, no line through it.
     assert len(quality.findall(SVG + "circle")) == 4 and quality.findall(SVG + "polyline") == []
     (band,) = [r for r in quality.findall(SVG + "rect") if r.findtext(SVG + "title")]
     assert band.findtext(SVG + "title") == "step 2: no valid episodes"
-    times = _parsed(plots(load(store).episodes)[2])
+    times = _parsed(plots(load(plot_store).episodes)[2])
     assert len(times.findall(SVG + "polyline")) == 3  # unbroken: every step has a time
-    single = _parsed(plots(load(store).episodes)[3])  # one step: one point, mid-axis
+    single = _parsed(plots(load(plot_store).episodes)[3])  # one step: one point, mid-axis
     (point,) = single.findall(SVG + "circle")
     assert float(point.get("cx", "")) == pytest.approx(56 + (560 - 56 - 16) / 2)
     assert point.findtext(SVG + "title") == "pass@1 step 4: 100%"
 
 
-def test_page_inlines_the_plots_without_naming_a_url(store: Path) -> None:
-    page = plots_html(load(store).episodes)
+def test_page_inlines_the_plots_without_naming_a_url(plot_store: Path) -> None:
+    page = plots_html(load(plot_store).episodes)
     assert page.count('<div class="plot"><svg width=') == 5 and "http" not in page and "<script" not in page
     assert plots_html([]) == "<p>No rollout step sealed yet: nothing to plot over steps.</p>"
 
 
-def test_cli_writes_one_svg_per_plot(store: Path, tmp_path: Path) -> None:
+def test_cli_writes_one_svg_per_plot(plot_store: Path, tmp_path: Path) -> None:
     out = tmp_path / "plots"
-    result = invoke(store, "--plots", out)
+    result = invoke(plot_store, "--plots", out)
     assert result.exit_code == 0, result.output
     names = sorted(p.name for p in out.iterdir())
-    assert names == sorted(f"{p.name}.svg" for p in plots(load(store).episodes)) and len(names) == 5
+    assert names == sorted(f"{p.name}.svg" for p in plots(load(plot_store).episodes)) and len(names) == 5
     for path in out.iterdir():
         text = path.read_text(encoding="utf-8")
         assert text.startswith('<?xml version="1.0" encoding="UTF-8"?>\n<svg xmlns=')
         assert ET.fromstring(text.encode()).tag == SVG + "svg"
     assert f"wrote 5 plots to {out}: train-reward-resolve-rate.svg" in result.output
     # Filters apply: train step 1 only.
-    again = invoke(store, "--plots", tmp_path / "one", "--step", "1")
+    again = invoke(plot_store, "--plots", tmp_path / "one", "--step", "1")
     assert again.exit_code == 0, again.output
     assert sorted(p.name for p in (tmp_path / "one").iterdir()) == [
         "train-episode-time.svg", "train-failure-rate.svg", "train-reward-resolve-rate.svg"
     ]  # fmt: skip
 
 
-def test_cli_plots_with_the_page_and_with_nothing_sealed(store: Path, tmp_path: Path) -> None:
-    result = invoke(store, "--plots", tmp_path / "p", "--html", tmp_path / "page.html")
+def test_cli_plots_with_the_page_and_with_nothing_sealed(plot_store: Path, tmp_path: Path) -> None:
+    result = invoke(plot_store, "--plots", tmp_path / "p", "--html", tmp_path / "page.html")
     assert result.exit_code == 0, result.output
     assert len(list((tmp_path / "p").iterdir())) == 5 and (tmp_path / "page.html").is_file()
     pending = tmp_path / "pending"
@@ -151,13 +146,13 @@ def test_cli_plots_with_the_page_and_with_nothing_sealed(store: Path, tmp_path: 
     assert not (tmp_path / "none").exists()
 
 
-def test_cli_refuses_plots_targets_as_it_refuses_page_targets(store: Path, tmp_path: Path) -> None:
+def test_cli_refuses_plots_targets_as_it_refuses_page_targets(plot_store: Path, tmp_path: Path) -> None:
     def refused(target: Path, says: str) -> None:
-        result = invoke(store, "--plots", target)
+        result = invoke(plot_store, "--plots", target)
         assert result.exit_code == 2 and f"error: --plots {target}" in result.output and says in result.output
 
-    refused(store / "plots", "inside the episode store")
-    (tmp_path / "into-store").symlink_to(store / "train")
+    refused(plot_store / "plots", "inside the episode store")
+    (tmp_path / "into-store").symlink_to(plot_store / "train")
     refused(tmp_path / "into-store", "inside the episode store")
     (tmp_path / "a-file").write_text("x")
     refused(tmp_path / "a-file", "is not a folder")
@@ -168,10 +163,10 @@ def test_cli_refuses_plots_targets_as_it_refuses_page_targets(store: Path, tmp_p
     victim = tmp_path / "victim"
     victim.write_text("keep")
     (out / "train-failure-rate.svg").symlink_to(victim)
-    result = invoke(store, "--plots", out)
+    result = invoke(plot_store, "--plots", out)
     assert result.exit_code == 2 and "is a symbolic link" in result.output
     assert victim.read_text() == "keep" and os.path.islink(out / "train-failure-rate.svg")
-    assert list(store.rglob("*.svg")) == []
+    assert list(plot_store.rglob("*.svg")) == []
 
 
 def test_plots_per_environment(tmp_path: Path) -> None:

@@ -15,8 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.support.fault_server import FaultServer
 from tests.support.prompt_rows import converter_rows, write_jsonl
 
@@ -26,11 +24,11 @@ QUICK = ["scikit-learn__scikit-learn-14141", "sympy__sympy-20916"]
 HELD = ["django__django-10973", "pylint-dev__pylint-4551", "sphinx-doc__sphinx-8595"]
 
 
-@pytest.fixture
-def gym_in_thread(gym_in_thread: FaultServer) -> FaultServer:
-    """The shared stand-in, holding the ``HELD`` episodes until the test releases them."""
-    gym_in_thread.modes = dict.fromkeys(HELD, "hold")
-    return gym_in_thread
+def holding(gym: FaultServer) -> FaultServer:
+    """The shared stand-in (``gym_in_thread``), holding the ``HELD`` episodes until the test
+    releases them."""
+    gym.modes = dict.fromkeys(HELD, "hold")
+    return gym
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
@@ -63,6 +61,7 @@ def test_each_result_is_on_disk_while_other_episodes_are_in_flight(
     tmp_path: Path, gym_in_thread: FaultServer, gym_example_rows: list[dict[str, Any]]
 ) -> None:
     out = tmp_path / "results.jsonl"
+    holding(gym_in_thread)
     process = start_scan(tmp_path, gym_example_rows, gym_in_thread)
     try:
         wait_for(lambda: len(result_ids(out)) == len(QUICK), "the quick instances' lines")
@@ -82,6 +81,7 @@ def test_ctrl_c_cancels_in_flight_episodes_keeps_results_and_prints_the_summary(
     tmp_path: Path, gym_in_thread: FaultServer, gym_example_rows: list[dict[str, Any]]
 ) -> None:
     out = tmp_path / "results.jsonl"
+    holding(gym_in_thread)
     process = start_scan(tmp_path, gym_example_rows, gym_in_thread)
     try:
         wait_for(
@@ -113,6 +113,7 @@ def test_a_second_scan_on_the_same_results_file_refuses_and_sends_nothing(
     tmp_path: Path, gym_in_thread: FaultServer, gym_example_rows: list[dict[str, Any]]
 ) -> None:
     out = tmp_path / "results.jsonl"
+    holding(gym_in_thread)
     first = start_scan(tmp_path, gym_example_rows, gym_in_thread)
     try:
         wait_for(lambda: gym_in_thread.held_now() == set(HELD), "the first scan's held episodes")

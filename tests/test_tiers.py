@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.tiers import left_out
+from tests.support.tiers import left_out, workers
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOW_FILES = ("tests/test_quality.py", "tests/test_launcher_ray.py", "tests/test_bench_smoke.py")
@@ -41,3 +41,20 @@ def test_the_unit_tier_collects_no_slow_test() -> None:
     )  # fmt: skip
     assert "no tests collected" in done.stdout, done.stdout[-2000:]
     assert "deselected" in done.stdout  # the files were read, and every test in them left out
+
+
+@pytest.mark.parametrize(
+    ("markexpr", "cores", "expected"),
+    [
+        ("not integration", 2, 2),  # the unit tier: one worker per core
+        ("not integration or lint", 16, 4),  # at most UNIT_WORKERS
+        ("not integration", 1, 0),  # one core: no worker processes
+        ("not integration", None, 0),
+        ("", 8, 0),  # the full run: one process, the integration tests alone on the machine
+        ("integration", 8, 0),
+        ("lint", 8, 0),
+        ("integration or not integration", 8, 0),
+    ],
+)
+def test_only_a_run_without_integration_tests_gets_workers(markexpr: str, cores: int | None, expected: int) -> None:
+    assert workers(markexpr, cores) == expected

@@ -29,10 +29,10 @@ from tests.support import tmux
 from tests.support.episode_stores import build_store
 from tests.support.ports import free_port
 from tests.support.prompt_rows import write_jsonl
+from tests.support.store_fixtures import LONG_ID, WIDE_KINDS
 
 WIDTHS = pytest.mark.parametrize("width", [80, 120])
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-LONG_ID = "scikit-learn__scikit-learn-14141"
 LONG_REASON = (
     "agent_run_error: the sandbox provider could not pull the image swebench/sweb.eval.x86_64."
     "scikit-learn_1776_scikit-learn-14141:latest from the registry after 3 attempts; "
@@ -117,39 +117,17 @@ def test_scan_progress_lines_wrap_between_words(width: int) -> None:
 
 # --- episodes ---------------------------------------------------------------------------
 
-KINDS = ["agent_run_error", "provider_oom_killed", "transport_unreachable", "agent_timeout", "verifier_error"]
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Path:
-    folder = tmp_path / "episodes"
-    writer = EpisodeStore(folder)
-    for number in range(12):
-        instance = f"{LONG_ID}{number}"
-        failed = KINDS[number % len(KINDS)] if number % 2 else None
-        record = {"status": "failed", "mask_sample": True, "failure_kind": failed, "failure_reason": "boom",
-                  "turns": None} if failed else {"status": "ok", "mask_sample": False, "resolved": number % 4 == 0,
-                                                 "patch_applied": True, "turns": 41}  # fmt: skip
-        record.update(episode_id=f"{number:02d}{'0123456789abcdef' * 2}"[:32], instance_id=instance,
-                      attempts=1, elapsed_s=267.4)  # fmt: skip
-        entry = entry_for(record=EpisodeRecord.model_validate(record), reward=0.0, role="train", eval_set=None,
-                          session=f"s{number}", repo="scikit-learn")  # fmt: skip
-        writer.add("train", entry, b"{}", True)
-    writer.seal("train", 1)
-    writer.close()
-    return folder
-
 
 @WIDTHS
-def test_episodes_table_and_list_fit(store: Path, width: int) -> None:
-    result = CliRunner().invoke(app, ["episodes", str(store), "--step", "1"], env={"COLUMNS": str(width)})
+def test_episodes_table_and_list_fit(wide_store: Path, width: int) -> None:
+    result = CliRunner().invoke(app, ["episodes", str(wide_store), "--step", "1"], env={"COLUMNS": str(width)})
     assert result.exit_code == 0, result.output
 
     lines = fits(result.output, width)
     assert lines[0].split()[:6] == ["role", "step", "episodes", "valid", "resolve", "rate"]
     assert lines[0].rstrip().endswith("failures by kind")
     table = result.output.split("\n\n")[0]
-    for kind in KINDS:  # each kind with its count on one line
+    for kind in WIDE_KINDS:  # each kind with its count on one line
         assert any(re.search(rf"\b{kind} \d+\b", line) for line in table.splitlines()), kind
     listed = result.output.split("\n\n")[1].splitlines()
     for number in range(12):
@@ -157,7 +135,7 @@ def test_episodes_table_and_list_fit(store: Path, width: int) -> None:
         line = next(line for line in listed if line.startswith(shown + " "))
         assert f" {LONG_ID}{number} " in line  # the instance id whole, on the episode's line
     assert ("step" in listed[0].split()) is (width >= 120)  # step and role go first when there is no room
-    first = CliRunner().invoke(app, ["episodes", str(store), "--show", "000123456789"])
+    first = CliRunner().invoke(app, ["episodes", str(wide_store), "--show", "000123456789"])
     assert first.exit_code == 0 and f"instance {LONG_ID}0" in first.output
 
 
@@ -170,7 +148,7 @@ def test_episodes_table_per_environment_fits(tmp_path: Path, width: int) -> None
     writer = EpisodeStore(folder)
     for number in range(16):
         env = LONG_ENVS[number % len(LONG_ENVS)]
-        failed = KINDS[number % len(KINDS)] if number % 3 == 0 else None
+        failed = WIDE_KINDS[number % len(WIDE_KINDS)] if number % 3 == 0 else None
         record = {"status": "failed", "mask_sample": True, "failure_kind": failed} if failed else {
             "status": "ok", "mask_sample": False, "turns": 3}  # fmt: skip
         record.update(episode_id=f"{number:032d}", instance_id=f"{env}/{number}", environment=env, attempts=1)
@@ -201,19 +179,19 @@ def test_episodes_table_per_environment_fits(tmp_path: Path, width: int) -> None
     assert lines[0].split() == wide if width >= 120 else [w for w in wide if w not in ("valid", "mean", "turns")]
     for env in LONG_ENVS:  # each environment whole, on its row, with its reward
         assert any(re.match(rf"train\s+{env}\s+\d+\s", line) for line in lines), env
-    for kind in KINDS[:4]:
+    for kind in WIDE_KINDS[:4]:
         assert any(re.search(rf"\b{kind} \d+\b", line) for line in lines), kind
 
 
 @WIDTHS
 def test_episodes_warnings_about_unreadable_lines_wrap_between_words(
-    store: Path, width: int, monkeypatch: pytest.MonkeyPatch
+    wide_store: Path, width: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(episodes_cli, "_stderr_is_terminal", lambda: True)  # wrapped on a terminal only
-    step = next((store / "train").glob("step-000001-*.jsonl.gz"))
+    step = next((wide_store / "train").glob("step-000001-*.jsonl.gz"))
     odd = step.with_name("step-000002-odd.jsonl")
     odd.write_text('{"episode_id": "odd", "reward": "many", "record": {"elapsed_s": "long"}}\n[1, 2]\n')
-    result = CliRunner().invoke(app, ["episodes", str(store)], env={"COLUMNS": str(width)})
+    result = CliRunner().invoke(app, ["episodes", str(wide_store)], env={"COLUMNS": str(width)})
     assert result.exit_code == 0, result.output
 
     lines = result.stderr.splitlines()
@@ -241,8 +219,10 @@ def test_bare_command_lists_every_description_whole(width: int) -> None:
 
 @WIDTHS
 def test_converter_notes_and_hub_error_wrap_between_words(
-    tmp_path: Path, gym_example_rows: list[dict[str, Any]], width: int
+    tmp_path: Path, gym_example_rows: list[dict[str, Any]], width: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.chdir(tmp_path)  # short paths: the notes are under test, not a long $TMPDIR
+    tmp_path = Path(".")
     source = write_jsonl(tmp_path / "raw.jsonl", gym_example_rows)
     missing = [f"{LONG_ID}{number}" for number in range(8)]
     ids = tmp_path / "ids.txt"
@@ -315,8 +295,8 @@ def test_a_word_longer_than_the_width_is_kept_whole() -> None:
 
 
 @WIDTHS
-def test_episodes_list_is_one_line_per_episode(store: Path, width: int) -> None:
-    result = CliRunner().invoke(app, ["episodes", str(store), "--step", "1"], env={"COLUMNS": str(width)})
+def test_episodes_list_is_one_line_per_episode(wide_store: Path, width: int) -> None:
+    result = CliRunner().invoke(app, ["episodes", str(wide_store), "--step", "1"], env={"COLUMNS": str(width)})
     assert result.exit_code == 0, result.output
     listed = fits(result.output.split("\n\n")[1], width)
     header = listed[0].split()
@@ -324,7 +304,7 @@ def test_episodes_list_is_one_line_per_episode(store: Path, width: int) -> None:
     assert len(listed) == 1 + 12  # the header, then each episode on one line
     for line in listed[1:]:
         cells = line.split()
-        assert cells[-1] in {*KINDS, "resolved", "unresolved"}, line
+        assert cells[-1] in {*WIDE_KINDS, "resolved", "unresolved"}, line
     turns = [line.split()[-2] for line in listed[1:]]
     assert set(turns) == {"41", "-"} if width >= 120 else "turns" not in listed[0]  # the longest kinds need room
 
@@ -372,7 +352,7 @@ CLI = [sys.executable, "-m", "miles_nemogym.cli.main"]
 
 @needs_tmux
 def test_in_a_real_80_column_terminal_no_line_runs_past_the_edge(
-    tmp_path: Path, gym_example_rollouts: list[dict[str, Any]], store: Path
+    tmp_path: Path, gym_example_rollouts: list[dict[str, Any]], wide_store: Path
 ) -> None:
     """episodes --show and --step, examples' refusal and every --help, in one 80x24 tmux pane: the terminal
     wrapped no line (a word at the edge would be cut in two), and each episode is one line."""
@@ -380,7 +360,7 @@ def test_in_a_real_80_column_terminal_no_line_runs_past_the_edge(
     commands = [
         [*CLI, "episodes", str(tmp_path / "shown"), "--show", "crash0"],
         [*CLI, "episodes", str(tmp_path / "shown"), "--show", "train0"],
-        [*CLI, "episodes", str(store), "--step", "1"],
+        [*CLI, "episodes", str(wide_store), "--step", "1"],
         [*CLI, "examples", "--env", "mcq"],  # the unknown name's message, close matches on one line
         *([*CLI, *command] for command in HELPS),
     ]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import ipaddress
 import logging
 import socket
@@ -303,10 +304,15 @@ def _session(connector: aiohttp.BaseConnector | None, jar: aiohttp.abc.AbstractC
     )
 
 
+@functools.cache
+def _trust_store() -> ssl.SSLContext:
+    """The system's CA certificates, loaded once per process (a load costs ~25 ms of CPU, and
+    every new loop's pool needs one); never modified after, so every pool shares it."""
+    return ssl.create_default_context()
+
+
 def _connector(limit: int) -> aiohttp.TCPConnector:
-    return aiohttp.TCPConnector(
-        limit=limit, limit_per_host=0, keepalive_timeout=_KEEPALIVE_S, ssl=ssl.create_default_context()
-    )
+    return aiohttp.TCPConnector(limit=limit, limit_per_host=0, keepalive_timeout=_KEEPALIVE_S, ssl=_trust_store())
 
 
 @dataclass

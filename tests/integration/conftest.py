@@ -141,9 +141,3 @@ def rows(gym_example_rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def results(gym_example_rollouts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each row's real ``/run`` result, as the server answers the instance it was sent, by instance id."""
     return {result["instance_id"]: result for result in gym_example_rollouts}
-
-
-@pytest.fixture(scope="session")
-def graded(gym_example_rollouts: list[dict[str, Any]]) -> dict[str, Any]:
-    """The wheel's real sympy ``/run`` result: an unresolved episode that graded cleanly."""
-    return next(r for r in gym_example_rollouts if r["instance_id"].startswith("sympy"))

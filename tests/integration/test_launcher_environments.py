@@ -24,13 +24,6 @@ pytestmark = pytest.mark.integration
 ENVS = ["workplace_assistant", "xlam_fc"]
 
 
-@pytest.fixture
-def envs(gym_environments: GymEnvironments) -> GymEnvironments:
-    """The session's real resources servers (``tests/integration/conftest.py``), these two among them."""
-    assert set(ENVS) <= set(gym_environments.envs)
-    return gym_environments
-
-
 def marked(envs: GymEnvironments, env: str) -> list[dict[str, Any]]:
     """The environment's example rows as Miles prompt rows with the environment marks."""
     return [
@@ -43,6 +36,7 @@ def marked(envs: GymEnvironments, env: str) -> list[dict[str, Any]]:
 
 
 def environment_checks(tmp_path: Path, envs: GymEnvironments, **fields: Any) -> dict[str, CheckResult]:
+    assert set(ENVS) <= set(envs.envs)  # the session's real resources servers, these two among them
     data = write_jsonl(tmp_path / "mixed.jsonl", [row for env in ENVS for row in marked(envs, env)])
     config = LauncherConfig.model_validate({"prompt_data": data, "base_dir": tmp_path, **fields})
     results = run_preflight(config, environ={}, miles_root=None, gpu_counter=lambda environ: (4, "stand-in"))
@@ -51,19 +45,19 @@ def environment_checks(tmp_path: Path, envs: GymEnvironments, **fields: Any) -> 
     }
 
 
-def test_the_preflight_passes_against_real_resources_servers(tmp_path: Path, envs: GymEnvironments) -> None:
-    servers = {env: envs.resources_url(env) for env in ENVS}
-    results = environment_checks(tmp_path, envs, nemo_gym_envs=servers, tools_not_served=["xlam_fc"])
+def test_the_preflight_passes_against_real_resources_servers(tmp_path: Path, gym_environments: GymEnvironments) -> None:
+    servers = {env: gym_environments.resources_url(env) for env in ENVS}
+    results = environment_checks(tmp_path, gym_environments, nemo_gym_envs=servers, tools_not_served=["xlam_fc"])
     assert all(result.ok for result in results.values()), results
     assert results["settings"].detail == "valid; no SWE rows: NEMO_GYM_URL's server is not used"
-    wa, xlam = envs.resources_url("workplace_assistant"), envs.resources_url("xlam_fc")
+    wa, xlam = gym_environments.resources_url("workplace_assistant"), gym_environments.resources_url("xlam_fc")
     assert results["environment workplace_assistant"].detail == (
         f"{wa}: POST /seed_session, /verify and every tool (POST /{{path}})"
     )
     assert results["environment xlam_fc"].detail.startswith(f"{xlam}: POST /seed_session, /verify and 0 of the rows'")
     # Without the name, xlam_fc's unserved tools are a failure; its simple_agent is no resources server.
-    servers["workplace_assistant"] = envs.agent_url("workplace_assistant")
-    results = environment_checks(tmp_path, envs, nemo_gym_envs=servers)
+    servers["workplace_assistant"] = gym_environments.agent_url("workplace_assistant")
+    results = environment_checks(tmp_path, gym_environments, nemo_gym_envs=servers)
     assert "declares no POST /<tool> for" in results["environment xlam_fc"].detail
     assert results["environment workplace_assistant"].detail == (
         f"{servers['workplace_assistant']} answers but is not a NeMo-Gym resources server "

@@ -37,9 +37,9 @@ def prompts(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return list(rows.values())[:PROMPTS]
 
 
-def scripted(graded: dict[str, Any], prompts: list[dict[str, Any]], script: list[float | str]) -> ScriptedGym:
+def scripted(sympy_result: dict[str, Any], prompts: list[dict[str, Any]], script: list[float | str]) -> ScriptedGym:
     return ScriptedGym(
-        result=graded, policy_calls=1, scripts={row["metadata"]["instance_id"]: script for row in prompts}
+        result=sympy_result, policy_calls=1, scripts={row["metadata"]["instance_id"]: script for row in prompts}
     )
 
 
@@ -82,10 +82,10 @@ def assert_salvaged_grpo(drain: StepResult, failed_status: str = "failed") -> No
 def test_an_episode_failed_before_its_first_policy_call_is_salvaged_in_every_drain(
     miles_driver: MilesDriver,
     prompts: list[dict[str, Any]],
-    graded: dict[str, Any],
+    sympy_result: dict[str, Any],
     session_server: str,
 ) -> None:
-    gym = scripted(graded, prompts, [1.0, START_ERROR, 0.0, 0.5])
+    gym = scripted(sympy_result, prompts, [1.0, START_ERROR, 0.0, 0.5])
     result = run(miles_driver, gym, prompts, 2, session_server=session_server).check()
     drains = result.drains
     assert [d.finished and d.error is None for d in drains] == [True, True], drains[-1].raw.get("traceback")
@@ -103,9 +103,9 @@ def test_an_episode_failed_before_its_first_policy_call_is_salvaged_in_every_dra
 
 @pytest.mark.parametrize("session_server", ["v1", "v2"])
 def test_an_episode_masked_after_the_policy_answered_is_salvaged(
-    miles_driver: MilesDriver, prompts: list[dict[str, Any]], graded: dict[str, Any], session_server: str
+    miles_driver: MilesDriver, prompts: list[dict[str, Any]], sympy_result: dict[str, Any], session_server: str
 ) -> None:
-    gym = scripted(graded, prompts, [1.0, ERROR, 0.0, 0.5])
+    gym = scripted(sympy_result, prompts, [1.0, ERROR, 0.0, 0.5])
     result = run(miles_driver, gym, prompts, 2, session_server=session_server).check()
     for drain in result.drains:
         assert drain.finished and drain.error is None, drain.raw.get("traceback")
@@ -113,9 +113,9 @@ def test_an_episode_masked_after_the_policy_answered_is_salvaged(
 
 
 def test_miles_default_buffer_drops_every_such_group_which_is_why_ours_exists(
-    miles_driver: MilesDriver, prompts: list[dict[str, Any]], graded: dict[str, Any]
+    miles_driver: MilesDriver, prompts: list[dict[str, Any]], sympy_result: dict[str, Any]
 ) -> None:
-    gym = scripted(graded, prompts, [1.0, START_ERROR, 0.0, 0.5])
+    gym = scripted(sympy_result, prompts, [1.0, START_ERROR, 0.0, 0.5])
     with serving_in_thread(gym):
         result = miles_driver.step(
             gym_url=gym.url, rows=prompts, n_prompts=PROMPTS, n_samples=N, drains=1, drain_limit_s=15,
@@ -132,9 +132,9 @@ def test_miles_default_buffer_drops_every_such_group_which_is_why_ours_exists(
 
 @pytest.mark.parametrize("failure", [START_ERROR, ERROR])
 def test_a_server_that_only_fails_stops_the_run_after_the_failure_streak(
-    miles_driver: MilesDriver, prompts: list[dict[str, Any]], graded: dict[str, Any], failure: str
+    miles_driver: MilesDriver, prompts: list[dict[str, Any]], sympy_result: dict[str, Any], failure: str
 ) -> None:
-    gym = scripted(graded, prompts, [failure])
+    gym = scripted(sympy_result, prompts, [failure])
     result = run(miles_driver, gym, prompts, 2, env={"NEMO_GYM_MAX_FAILURE_STREAK": "8"}, time_limit_s=120).check()
     drain = result.drains[0]
     error = drain.error or ""
@@ -164,9 +164,9 @@ def test_an_outage_past_the_timeout_stops_the_run_with_one_clear_error(
 
 @pytest.mark.parametrize("handler", ["drop", "retry"])
 def test_stale_groups_are_dropped_counted_and_regenerated_only_under_retry(
-    miles_driver: MilesDriver, prompts: list[dict[str, Any]], graded: dict[str, Any], handler: str
+    miles_driver: MilesDriver, prompts: list[dict[str, Any]], sympy_result: dict[str, Any], handler: str
 ) -> None:
-    gym = scripted(graded, prompts, [1.0, START_ERROR, 0.0, 0.5])
+    gym = scripted(sympy_result, prompts, [1.0, START_ERROR, 0.0, 0.5])
     extra = ["--max-weight-staleness", "0", "--async-unused-samples-handler", handler]
     result = run(miles_driver, gym, prompts, 3, *extra).check()
     drains = result.drains
@@ -192,9 +192,9 @@ def test_stale_groups_are_dropped_counted_and_regenerated_only_under_retry(
 
 
 def test_each_drain_logs_the_groups_it_trained_and_paid_episodes_add_up(
-    miles_driver: MilesDriver, prompts: list[dict[str, Any]], graded: dict[str, Any]
+    miles_driver: MilesDriver, prompts: list[dict[str, Any]], sympy_result: dict[str, Any]
 ) -> None:
-    gym = scripted(graded, prompts, [1.0, START_ERROR, 0.0, 0.5])
+    gym = scripted(sympy_result, prompts, [1.0, START_ERROR, 0.0, 0.5])
     result = run(miles_driver, gym, prompts, 3).check()
     drains = result.drains
     assert all(d.finished and d.error is None for d in drains), drains[-1].raw.get("traceback")
@@ -241,13 +241,13 @@ def test_a_shared_engine_eval_between_drains_logs_pass_at_k_at_its_step(
 
 
 def test_an_episode_running_across_a_weight_update_carries_both_versions_and_trains_once(
-    miles_driver: MilesDriver, prompts: list[dict[str, Any]], graded: dict[str, Any]
+    miles_driver: MilesDriver, prompts: list[dict[str, Any]], sympy_result: dict[str, Any]
 ) -> None:
     # Two policy calls 1.5 s apart; the engine reports version k from drain k on (a weight
     # update between drains, no abort: fully async pauses inside the engine, docs/upstream.md).
     # Session server v2 makes one sample per call, each with the version it was generated with.
     gym = ScriptedGym(
-        result=graded, policy_calls=2, between_calls_s=1.5,
+        result=sympy_result, policy_calls=2, between_calls_s=1.5,
         scripts={row["metadata"]["instance_id"]: [1.0, 0.0] for row in prompts},
     )  # fmt: skip
     result = run(miles_driver, gym, prompts, 2, session_server="v2", train_s=0.5).check()
@@ -271,13 +271,13 @@ def test_an_episode_running_across_a_weight_update_carries_both_versions_and_tra
 
 
 def test_the_store_files_each_episode_under_the_step_that_trained_it_or_as_not_trained(
-    miles_driver: MilesDriver, prompts: list[dict[str, Any]], graded: dict[str, Any], tmp_path: Path
+    miles_driver: MilesDriver, prompts: list[dict[str, Any]], sympy_result: dict[str, Any], tmp_path: Path
 ) -> None:
     from miles_nemogym.store import reader
 
     good, bad = (row["metadata"]["instance_id"] for row in prompts)
     # Every group of ``bad`` has no valid episode: the buffer drops it (filtered) and trains only ``good``'s.
-    gym = ScriptedGym(result=graded, policy_calls=1, scripts={good: [1.0, 0.0, 0.5, 1.0], bad: [ERROR]})
+    gym = ScriptedGym(result=sympy_result, policy_calls=1, scripts={good: [1.0, 0.0, 0.5, 1.0], bad: [ERROR]})
     store_dir = tmp_path / "episodes"
     # Eight groups in flight: more finish before drain 0's log than drain 0 trains.
     wide = ["--async-max-concurrent-samples", str(4 * PROMPTS * N)]

@@ -39,7 +39,7 @@ def _rows(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def served(gym_environments: GymEnvironments, monkeypatch: pytest.MonkeyPatch) -> None:
+def session_envs_set(gym_environments: GymEnvironments, monkeypatch: pytest.MonkeyPatch) -> None:
     """``NEMO_GYM_ENVS`` as ``serve --env`` prints it for the session's servers."""
     urls = {name: gym_environments.resources_url(name) for name in GRADED}
     monkeypatch.setenv("NEMO_GYM_ENVS", setting(plan(list(GRADED)), urls, {}))
@@ -52,7 +52,7 @@ def _scan(*args: str) -> Any:
 
 
 @pytest.mark.timeout(600)
-def test_a_golden_scan_passes_each_gold_answer_and_fails_each_wrong_one(served: None, tmp_path: Path) -> None:
+def test_a_golden_scan_passes_each_gold_answer_and_fails_each_wrong_one(session_envs_set: None, tmp_path: Path) -> None:
     rows, results = _rows(tmp_path), tmp_path / "results.jsonl"
 
     done = _scan("--input", str(rows), "--golden", "--output", str(results))
@@ -73,7 +73,7 @@ def test_a_golden_scan_passes_each_gold_answer_and_fails_each_wrong_one(served: 
 
 @pytest.mark.timeout(600)
 def test_an_api_policy_scan_reports_per_environment_and_resumes(
-    served: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    session_envs_set: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rows, results = _rows(tmp_path), tmp_path / "results.jsonl"
     monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", KEY)
@@ -110,7 +110,7 @@ def test_an_api_policy_scan_reports_per_environment_and_resumes(
 
 
 def test_an_environment_missing_from_nemo_gym_envs_stops_the_scan_naming_serve(
-    served: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    session_envs_set: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rows = _rows(tmp_path)
     monkeypatch.setenv("NEMO_GYM_ENVS", json.dumps({"mcqa": "http://127.0.0.1:9"}))

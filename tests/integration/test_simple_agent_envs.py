@@ -30,16 +30,6 @@ pytestmark = pytest.mark.integration
 ENVS = ENVIRONMENTS
 
 
-@pytest.fixture
-def chat(gym_chat: ScriptedChat) -> ScriptedChat:
-    return gym_chat
-
-
-@pytest.fixture
-def envs(gym_environments: GymEnvironments) -> GymEnvironments:
-    return gym_environments
-
-
 def _row(envs: GymEnvironments, env: str) -> dict[str, Any]:
     return envs.example_rows(env)[0]
 
@@ -113,23 +103,23 @@ def _environment_fields(answer: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("env", ENVS)
 async def test_gold_scores_one_wrong_scores_zero_and_simple_agent_agrees(
-    chat: ScriptedChat, envs: GymEnvironments, env: str
+    gym_chat: ScriptedChat, gym_environments: GymEnvironments, env: str
 ) -> None:
-    for outcome, turns in _scripts(envs, env).items():
+    for outcome, turns in _scripts(gym_environments, env).items():
         name = f"{env}_{outcome}"
-        chat.script(name, *turns)
-        row = tagged(_row(envs, env), name)
-        ours = await _ours(chat, envs, env, row)
+        gym_chat.script(name, *turns)
+        row = tagged(_row(gym_environments, env), name)
+        ours = await _ours(gym_chat, gym_environments, env, row)
         assert not ours.record.mask_sample, ours.record.failure_reason
         verified = _verified(ours)
         assert ours.reward == (1.0 if outcome == "gold" else 0.0), (env, outcome, verified)
-        assert ours.record.turns == len(turns) == len(chat.requests(name))  # the last turn called no tool
+        assert ours.record.turns == len(turns) == len(gym_chat.requests(name))  # the last turn called no tool
         assert ours.record.tool_calls == sum(len(t.tool_calls) for t in turns)
         assert ours.tool_time_s is not None and ours.tool_time_s > 0
         if outcome == "think_leak":  # the program passed its test; the leaked <think> alone cost the reward
             assert verified["result"] == [True] and verified["reasoning_format_violation_rate"] == 1.0
 
-        theirs = await _theirs(envs, env, row)
+        theirs = await _theirs(gym_environments, env, row)
         assert theirs["reward"] == ours.reward, (env, outcome)
         assert _items(theirs["response"]) == _items(verified["response"]), (env, outcome)
         assert _environment_fields(theirs) == _environment_fields(verified), (env, outcome)
@@ -140,13 +130,15 @@ async def test_gold_scores_one_wrong_scores_zero_and_simple_agent_agrees(
         )
 
 
-async def test_sampling_keys_tools_and_history_reach_the_policy(chat: ScriptedChat, envs: GymEnvironments) -> None:
-    turns = _scripts(envs, "workplace_assistant")["gold"]
-    chat.script("wa_wire", *turns)
-    row = tagged(_row(envs, "workplace_assistant"), "wa_wire")
-    result = await _ours(chat, envs, "workplace_assistant", row)
+async def test_sampling_keys_tools_and_history_reach_the_policy(
+    gym_chat: ScriptedChat, gym_environments: GymEnvironments
+) -> None:
+    turns = _scripts(gym_environments, "workplace_assistant")["gold"]
+    gym_chat.script("wa_wire", *turns)
+    row = tagged(_row(gym_environments, "workplace_assistant"), "wa_wire")
+    result = await _ours(gym_chat, gym_environments, "workplace_assistant", row)
     assert result.reward == 1.0, result.record
-    first, second = chat.requests("wa_wire")[:2]
+    first, second = gym_chat.requests("wa_wire")[:2]
     assert (first["temperature"], first["top_p"], first["max_tokens"]) == (1.0, 1.0, 512)
     names = [t["function"]["name"] for t in first["tools"]]
     assert names == [t["name"] for t in row["responses_create_params"]["tools"]]
@@ -160,17 +152,19 @@ async def test_sampling_keys_tools_and_history_reach_the_policy(chat: ScriptedCh
     assert json.loads(tool_message["content"])  # the tool's raw JSON answer
 
 
-async def test_real_tool_errors_and_bad_arguments_are_model_visible(chat: ScriptedChat, envs: GymEnvironments) -> None:
-    chat.script(
+async def test_real_tool_errors_and_bad_arguments_are_model_visible(
+    gym_chat: ScriptedChat, gym_environments: GymEnvironments
+) -> None:
+    gym_chat.script(
         "wa_errors",
         Turn(tool_calls=(("email_search_emails", "{not json"), tool("no_such_tool", x=1))),
         Turn(content="Giving up."),
     )
-    row = tagged(_row(envs, "workplace_assistant"), "wa_errors")
-    result = await _ours(chat, envs, "workplace_assistant", row)
+    row = tagged(_row(gym_environments, "workplace_assistant"), "wa_errors")
+    result = await _ours(gym_chat, gym_environments, "workplace_assistant", row)
     assert result.reward == 0.0 and not result.record.mask_sample
     ours = [i["output"] for i in _verified(result)["response"]["output"] if i["type"] == "function_call_output"]
-    answer = await _theirs(envs, "workplace_assistant", row)
+    answer = await _theirs(gym_environments, "workplace_assistant", row)
     theirs = [i["output"] for i in answer["response"]["output"] if i["type"] == "function_call_output"]
     # Arguments that are not JSON: the same model-visible error in both loops.
     assert ours[0] == theirs[0] and ours[0].startswith('{"error": "Invalid tool call arguments: JSONDecodeError(')
@@ -180,25 +174,27 @@ async def test_real_tool_errors_and_bad_arguments_are_model_visible(chat: Script
     assert json.loads(ours[1])["error"].startswith("Unknown tool 'no_such_tool': this task offers ")
 
 
-async def test_max_steps_stops_both_loops_at_the_same_turn(chat: ScriptedChat, envs: GymEnvironments) -> None:
+async def test_max_steps_stops_both_loops_at_the_same_turn(
+    gym_chat: ScriptedChat, gym_environments: GymEnvironments
+) -> None:
     # workplace_assistant's simple_agent stops after 6 steps; a policy that never stops calling tools.
-    chat.script("wa_forever", Turn(tool_calls=(tool("email_search_emails", query="x"),)))
-    row = tagged(_row(envs, "workplace_assistant"), "wa_forever")
-    ours = await _ours(chat, envs, "workplace_assistant", row)
-    theirs = await _theirs(envs, "workplace_assistant", row)
+    gym_chat.script("wa_forever", Turn(tool_calls=(tool("email_search_emails", query="x"),)))
+    row = tagged(_row(gym_environments, "workplace_assistant"), "wa_forever")
+    ours = await _ours(gym_chat, gym_environments, "workplace_assistant", row)
+    theirs = await _theirs(gym_environments, "workplace_assistant", row)
     assert (ours.record.turns, ours.record.tool_calls) == (6, 6)  # every turn called a tool: max_steps stopped it
     assert _items(theirs["response"]) == _items(_verified(ours)["response"])
     assert theirs["reward"] == ours.reward == 0.0
 
 
 async def test_length_cut_off_is_verified_as_incomplete_like_simple_agent(
-    chat: ScriptedChat, envs: GymEnvironments
+    gym_chat: ScriptedChat, gym_environments: GymEnvironments
 ) -> None:
     # Cut off mid-answer with a tool call: neither loop runs the call; the response is incomplete.
-    chat.script("mcqa_cut", Turn(content="<think>Let me", tool_calls=(tool("x"),), finish_reason="length"))
-    row = tagged(_row(envs, "mcqa"), "mcqa_cut")
-    ours = await _ours(chat, envs, "mcqa", row)
-    theirs = await _theirs(envs, "mcqa", row)
+    gym_chat.script("mcqa_cut", Turn(content="<think>Let me", tool_calls=(tool("x"),), finish_reason="length"))
+    row = tagged(_row(gym_environments, "mcqa"), "mcqa_cut")
+    ours = await _ours(gym_chat, gym_environments, "mcqa", row)
+    theirs = await _theirs(gym_environments, "mcqa", row)
     assert ours.record.tool_calls == 0 and not ours.record.mask_sample
     verified = _verified(ours)
     assert verified["response"]["status"] == theirs["response"]["status"] == "incomplete"
@@ -207,20 +203,28 @@ async def test_length_cut_off_is_verified_as_incomplete_like_simple_agent(
     assert theirs["reward"] == ours.reward == 0.0
 
 
-async def test_concurrent_episodes_keep_their_own_sessions(chat: ScriptedChat, envs: GymEnvironments) -> None:
+async def test_concurrent_episodes_keep_their_own_sessions(
+    gym_chat: ScriptedChat, gym_environments: GymEnvironments
+) -> None:
     """Workplace tools act on the session's own sandbox: an email one episode sends is
     invisible to the others, which each search for it after sending their own."""
     n = 6
 
     async def one(i: int) -> Outcome:
         name = f"wa_iso_{i}"
-        chat.script(
+        gym_chat.script(
             name,
             Turn(tool_calls=(tool("email_send_email", recipient="x@atlas.com", subject=f"iso-{i}", body="b"),)),
             Turn(tool_calls=(tool("email_search_emails", query="iso-"),)),
             Turn(content="ok"),
         )
-        return await _ours(chat, envs, "workplace_assistant", tagged(_row(envs, "workplace_assistant"), name), str(i))
+        return await _ours(
+            gym_chat,
+            gym_environments,
+            "workplace_assistant",
+            tagged(_row(gym_environments, "workplace_assistant"), name),
+            str(i),
+        )
 
     results = await asyncio.gather(*(one(i) for i in range(n)))
     for i, result in enumerate(results):
@@ -231,7 +235,7 @@ async def test_concurrent_episodes_keep_their_own_sessions(chat: ScriptedChat, e
 
 
 async def test_rows_of_every_environment_routed_through_agent_run_score_as_the_loop_does(
-    chat: ScriptedChat, envs: GymEnvironments, monkeypatch: pytest.MonkeyPatch
+    gym_chat: ScriptedChat, gym_environments: GymEnvironments, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Converted rows (the task row + our marks + Miles' bookkeeping keys), all environments
     at once, through ``agent.run`` and ``NEMO_GYM_ENVS``: the real servers accept what is sent
@@ -239,18 +243,18 @@ async def test_rows_of_every_environment_routed_through_agent_run_score_as_the_l
     servers: dict[str, dict[str, Any]] = {}
     for env in ENVS:
         steps = _max_steps(env)
-        servers[env] = {"url": envs.resources_url(env), **({"max_steps": steps} if steps else {})}
+        servers[env] = {"url": gym_environments.resources_url(env), **({"max_steps": steps} if steps else {})}
     monkeypatch.setenv("NEMO_GYM_ENVS", json.dumps(servers))
 
     async def one(env: str, outcome: str) -> dict[str, Any]:
         name = f"{env}_routed_{outcome}"
-        chat.script(name, *_scripts(envs, env)[outcome])
+        gym_chat.script(name, *_scripts(gym_environments, env)[outcome])
         marks = {"nemogym_env": env, "nemogym_task_id": f"{env}/0", "max_seq_len": 8192, "session_server_id": "s"}
         return await agent.run(
-            base_url=chat.session_url(name),
+            base_url=gym_chat.session_url(name),
             prompt=[],
             request_kwargs={"temperature": 1.0, "top_p": 1.0, "max_tokens": 512},
-            metadata={**tagged(_row(envs, env), name), **marks},
+            metadata={**tagged(_row(gym_environments, env), name), **marks},
         )
 
     cases = [(env, outcome) for env in ENVS for outcome in ("gold", "wrong")]
