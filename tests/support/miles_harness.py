@@ -237,6 +237,11 @@ class MilesDriver:
         environ["PYTHONPATH"] = self.env.pythonpath()
         environ.pop("VIRTUAL_ENV", None)
         environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        # Its temporary files (the step's data files, multiprocessing's folders) go beside its log,
+        # in the test's own folder: a driver ended with SIGKILL leaves nothing in $TMPDIR.
+        temp = self.log_path.parent / "tmp"
+        temp.mkdir(exist_ok=True)
+        environ["TMPDIR"] = str(temp)
         cache = gym_wheel.cache_dir() / "miles-tokenizer"
         log = self.log_path.open("a")
         started = time.monotonic()
