@@ -40,13 +40,13 @@ def episode_of(sample: dict[str, Any]) -> str:
 def test_a_group_with_one_failed_episode_among_four_trains_as_grpo_over_the_other_three(
     miles_driver: MilesDriver,
     row_list: list[dict[str, Any]],
-    graded: dict[str, Any],
+    sympy_result: dict[str, Any],
     session_server: str,
     policy_calls: int,
 ) -> None:
     row = row_list[0]
     instance = row["metadata"]["instance_id"]
-    gym = ScriptedGym(result=graded, policy_calls=policy_calls, scripts={instance: [1.0, ERROR, 0.0, 0.5]})
+    gym = ScriptedGym(result=sympy_result, policy_calls=policy_calls, scripts={instance: [1.0, ERROR, 0.0, 0.5]})
     with serving_in_thread(gym):
         result = miles_driver.step(gym_url=gym.url, rows=[row], n_prompts=1, n_samples=4, session_server=session_server)
     result.check()
@@ -85,11 +85,11 @@ def test_a_group_with_one_failed_episode_among_four_trains_as_grpo_over_the_othe
 
 
 def test_min_valid_zero_drops_the_partly_failed_group_instead(
-    miles_driver: MilesDriver, row_list: list[dict[str, Any]], graded: dict[str, Any]
+    miles_driver: MilesDriver, row_list: list[dict[str, Any]], sympy_result: dict[str, Any]
 ) -> None:
     failing, clean = row_list[0], row_list[1]
     scripts = {failing["metadata"]["instance_id"]: [1.0, ERROR, 0.0, 0.5]}
-    gym = ScriptedGym(result=graded, policy_calls=1, scripts=scripts)
+    gym = ScriptedGym(result=sympy_result, policy_calls=1, scripts=scripts)
     with serving_in_thread(gym):
         result = miles_driver.step(
             gym_url=gym.url, rows=[failing, clean], n_prompts=1, n_samples=4,
@@ -121,10 +121,10 @@ def test_a_task_whose_episodes_all_fail_before_their_first_policy_call_is_counte
 
 
 def test_over_sampled_episodes_aborted_at_step_end_are_cancelled_not_failures(
-    miles_driver: MilesDriver, row_list: list[dict[str, Any]], graded: dict[str, Any]
+    miles_driver: MilesDriver, row_list: list[dict[str, Any]], sympy_result: dict[str, Any]
 ) -> None:
     fast, slow = row_list[0], row_list[1]
-    gym = ScriptedGym(result=graded, policy_calls=1, scripts={slow["metadata"]["instance_id"]: [HOLD]})
+    gym = ScriptedGym(result=sympy_result, policy_calls=1, scripts={slow["metadata"]["instance_id"]: [HOLD]})
     with serving_in_thread(gym):
         result = miles_driver.step(
             gym_url=gym.url, rows=[fast, slow], n_prompts=1, n_samples=2,
@@ -140,9 +140,9 @@ def test_over_sampled_episodes_aborted_at_step_end_are_cancelled_not_failures(
 
 
 def test_a_server_failing_everything_stops_the_step_after_the_failure_streak(
-    miles_driver: MilesDriver, row_list: list[dict[str, Any]], graded: dict[str, Any]
+    miles_driver: MilesDriver, row_list: list[dict[str, Any]], sympy_result: dict[str, Any]
 ) -> None:
-    gym = FaultServer(result=graded, mode="500")
+    gym = FaultServer(result=sympy_result, mode="500")
     with serving_in_thread(gym):
         result = miles_driver.step(
             gym_url=gym.url, rows=row_list[:2], n_prompts=2, n_samples=2,
@@ -165,11 +165,11 @@ the time on a shared 2-core machine."""
 def test_server_down_mid_step_the_step_completes_when_it_returns(
     miles_driver: MilesDriver,
     row_list: list[dict[str, Any]],
-    graded: dict[str, Any],
+    sympy_result: dict[str, Any],
     results: dict[str, dict[str, Any]],
 ) -> None:
     port = free_port()
-    gym = FaultServer(result=graded, results_by_instance=results, policy_calls=1, port=port)
+    gym = FaultServer(result=sympy_result, results_by_instance=results, policy_calls=1, port=port)
     outcome: dict[str, StepResult] = {}
 
     def run_step() -> None:
