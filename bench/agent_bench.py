@@ -315,10 +315,10 @@ async def measure(spec: dict[str, Any]) -> dict[str, Any]:
     store: dict[str, Any] = {}
     if store_dir and kind == "a":
         # The store writes on its own thread while calls run; this is what is left at the end.
-        from miles_nemogym import state
+        from miles_nemogym.runtime import current
 
         flush_started = time.monotonic()
-        episode_store = state.stores.get(store_dir)
+        episode_store = current().stores.get(store_dir)
         await asyncio.to_thread(episode_store.flush, 600.0)
         store_mb = await asyncio.to_thread(_folder_mb, store_dir)
         store = {

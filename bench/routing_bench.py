@@ -43,7 +43,6 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-from miles_nemogym import state  # noqa: E402
 from miles_nemogym.episode import environment, run  # noqa: E402
 from miles_nemogym.episode.delivery import deliver  # noqa: E402
 from miles_nemogym.gym.environments import EnvironmentServers, plan  # noqa: E402
@@ -52,6 +51,7 @@ from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout
     SECRET_VARIABLE,
     rollout_id,
 )
+from miles_nemogym.runtime import current  # noqa: E402
 from miles_nemogym.settings import EnvironmentServer, Settings  # noqa: E402
 from miles_nemogym.transport import close_pools  # noqa: E402
 from tests.support.scripted_chat import ScriptedChat, Turn, tagged, tool  # noqa: E402
@@ -135,12 +135,12 @@ class _Clients:
         episode = environment.prepare(
             self.row, ENV, self.loop_server, session_url=self.session, request_kwargs=None, settings=self.settings
         )
-        outcome = await deliver(episode, self.settings, state.circuits, state.in_flight)
+        outcome = await deliver(episode, self.settings, current().circuits, current().in_flight)
         assert outcome.reward == 1.0 and outcome.record.turns == TURNS, outcome.record
 
     async def routed(self) -> None:
         episode = run.prepare_agent(self.row, None, ENV, self.routed_server, self.settings, session_url=self.session)
-        outcome = await deliver(episode, self.settings, state.circuits, state.in_flight)
+        outcome = await deliver(episode, self.settings, current().circuits, current().in_flight)
         assert outcome.reward == 1.0 and outcome.record.turns == TURNS, outcome.record
 
 

@@ -63,11 +63,11 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-from miles_nemogym import state  # noqa: E402
 from miles_nemogym.episode import environment  # noqa: E402
 from miles_nemogym.episode.delivery import deliver  # noqa: E402
 from miles_nemogym.episode.record import Outcome  # noqa: E402
 from miles_nemogym.gym.venv import ensure_gym_venv  # noqa: E402
+from miles_nemogym.runtime import current  # noqa: E402
 from miles_nemogym.settings import EnvironmentServer, Settings  # noqa: E402
 from miles_nemogym.transport import close_pools  # noqa: E402
 from tests.support.gym_envs import GymEnvironments  # noqa: E402
@@ -211,7 +211,7 @@ class _Clients:
             request_kwargs=None,
             settings=self.settings,
         )
-        outcome = await deliver(episode, self.settings, state.circuits, state.in_flight)
+        outcome = await deliver(episode, self.settings, current().circuits, current().in_flight)
         assert outcome.reward == 1.0 and outcome.record.turns == TURNS, outcome.record
         return outcome
 
