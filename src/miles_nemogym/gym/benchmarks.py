@@ -9,7 +9,6 @@ its reward range. Why and how: docs/environments.md, "Benchmarks".
 from __future__ import annotations
 
 import json
-import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from miles_nemogym.episode.record import BENCHMARK_KEY
 from miles_nemogym.gym.catalog import CatalogEntry, benchmark_grader, entry_support
-from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, child_environment
+from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, run_in_gym
 
 __all__ = [
     "BENCHMARK_KEY",
@@ -112,15 +111,7 @@ def _marked(row: Any, mark: BenchmarkMark) -> Any:
 
 
 def _run(gym: GymVenv, argv: Sequence[str], entry: CatalogEntry, source: Path) -> None:
-    done = subprocess.run(
-        [str(gym.python), "-c", _MATERIALIZE, *argv],
-        capture_output=True,
-        text=True,
-        env=child_environment(),
-        cwd=gym.site_packages,
-        timeout=300,
-        check=False,
-    )
+    done = run_in_gym(gym, _MATERIALIZE, argv)
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-1:] or ["(no message)"]
         raise BenchmarkError(

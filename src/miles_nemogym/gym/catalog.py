@@ -12,7 +12,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,7 +30,7 @@ from miles_nemogym.gym.composition import (
     shipped_config,
 )
 from miles_nemogym.gym.environments import catalog_folders, folder_servers, plan, refused_folders
-from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, child_environment, gym_venv_root
+from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, gym_venv_root, run_in_gym
 from miles_nemogym.settings import short_name
 
 __all__ = [
@@ -168,15 +167,7 @@ def read_catalog(gym: GymVenv) -> tuple[CatalogEntry, ...]:
 
 
 def _read(gym: GymVenv) -> _Catalog:
-    done = subprocess.run(
-        [str(gym.python), "-c", _READER],
-        capture_output=True,
-        text=True,
-        env=child_environment(),
-        cwd=gym.site_packages,
-        timeout=300,
-        check=False,
-    )
+    done = run_in_gym(gym, _READER)
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-5:])
         raise GymEnvironmentError(f"nemo-gym's registry could not list its catalog in {gym.path}:\n{tail}")

@@ -330,6 +330,20 @@ def child_environment() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if name not in _NOT_INHERITED}
 
 
+def run_in_gym(gym: GymVenv, code: str, argv: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` with ``argv`` in ``gym``'s interpreter, from its site-packages (where nemo-gym
+    finds its servers and benchmarks), with a child's environment; text output captured, 300 s cap."""
+    return subprocess.run(
+        [str(gym.python), "-c", code, *argv],
+        capture_output=True,
+        text=True,
+        env=child_environment(),
+        cwd=gym.site_packages,
+        timeout=300,
+        check=False,
+    )
+
+
 def _clean_env() -> dict[str, str]:
     env = child_environment()
     # A build installs from the index (serve's servers get PIP_NO_INDEX=1), into its own venv.
