@@ -45,6 +45,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from miles_nemogym.episode import environment, run  # noqa: E402
 from miles_nemogym.episode.delivery import deliver  # noqa: E402
+from miles_nemogym.episode.record import Task  # noqa: E402
 from miles_nemogym.gym.environments import EnvironmentServers, plan  # noqa: E402
 from miles_nemogym.gym.venv import BuildLines, ensure_gym_venv  # noqa: E402
 from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout_ids import (  # noqa: E402
@@ -133,13 +134,19 @@ class _Clients:
 
     async def loop(self) -> None:
         episode = environment.prepare(
-            self.row, ENV, self.loop_server, session_url=self.session, request_kwargs=None, settings=self.settings
+            Task.of(self.row, ENV),
+            self.loop_server,
+            session_url=self.session,
+            request_kwargs=None,
+            settings=self.settings,
         )
         outcome = await deliver(episode, self.settings, current().circuits, current().in_flight)
         assert outcome.reward == 1.0 and outcome.record.turns == TURNS, outcome.record
 
     async def routed(self) -> None:
-        episode = run.prepare_agent(self.row, None, ENV, self.routed_server, self.settings, session_url=self.session)
+        episode = run.prepare_agent(
+            Task.of(self.row, ENV), None, self.routed_server, self.settings, session_url=self.session
+        )
         outcome = await deliver(episode, self.settings, current().circuits, current().in_flight)
         assert outcome.reward == 1.0 and outcome.record.turns == TURNS, outcome.record
 

@@ -65,7 +65,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from miles_nemogym.episode import environment  # noqa: E402
 from miles_nemogym.episode.delivery import deliver  # noqa: E402
-from miles_nemogym.episode.record import Outcome  # noqa: E402
+from miles_nemogym.episode.record import Outcome, Task  # noqa: E402
 from miles_nemogym.gym.venv import ensure_gym_venv  # noqa: E402
 from miles_nemogym.runtime import current  # noqa: E402
 from miles_nemogym.settings import EnvironmentServer, Settings  # noqa: E402
@@ -204,8 +204,7 @@ class _Clients:
 
     async def _episode(self) -> Outcome:
         episode = environment.prepare(
-            self.row,
-            self.env,
+            Task.of(self.row, self.env),
             self.server,
             session_url=f"{self.policy}/sessions/a",
             request_kwargs=None,

@@ -4,6 +4,7 @@ and what they import) imports no tool."""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,27 @@ def test_the_measurement_sees_a_cycle_and_a_lazy_import(tmp_path: Path) -> None:
     assert made.modules["miles_nemogym.agent"].public == ["run"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
     assert isinstance(made.modules["miles_nemogym.agent"], Module)
+
+
+def _constructed(shape: Shape, names: set[str]) -> dict[str, set[str]]:
+    """The modules that call any of ``names`` directly (``Name(...)``), each with the names it calls."""
+    found: dict[str, set[str]] = {}
+    for name, module in shape.modules.items():
+        for node in ast.walk(ast.parse(module.path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names:
+                found.setdefault(name, set()).add(node.func.id)
+    return found
+
+
+def test_an_episode_outcome_is_built_in_one_module(shape: Shape) -> None:
+    """``Outcome`` and ``EpisodeRecord`` are made only by ``episode/record.py``'s constructors
+    (``judge``, ``failure``, ``failure_of``, ``timed_out``); ``Failed`` is the one failure type."""
+    made = _constructed(shape, {"Outcome", "EpisodeRecord"})
+    assert set(made) == {"miles_nemogym.episode.record"}, made
+    classes = {
+        node.name
+        for module in shape.modules.values()
+        for node in ast.walk(ast.parse(module.path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ClassDef)
+    }
+    assert "Failed" in classes and not classes & {"TransportError", "Undelivered", "_Failed"}

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
-from miles_nemogym.episode.record import environment_of
+from miles_nemogym.episode.record import Task
 from miles_nemogym.gym import catalog
 from miles_nemogym.gym.catalog import CatalogEntry, entry_support
 from miles_nemogym.gym.environments import plan
@@ -125,7 +125,7 @@ def test_nemo_gym_envs_keys_and_row_marks_take_the_catalog_spelling(clean_env: N
     }
     with pytest.raises(ValueError, match="'resources_servers/mcqa' and 'mcqa' name one environment, 'mcqa'"):
         parse_environments('{"resources_servers/mcqa": "http://h:1", "mcqa": "http://h:2"}')
-    assert environment_of({"nemogym_env": "resources_servers/mcqa"}) == "mcqa"
+    assert Task.of({"nemogym_env": "resources_servers/mcqa"}).environment == "mcqa"
     config, _, _ = load(
         [
             "--nemo-gym-env", "resources_servers/mcqa=http://gym:8001",

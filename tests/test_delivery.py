@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym.episode.delivery import AWAITING_RESULT, NOT_DELIVERED, Circuits, InFlight, Undelivered, deliver
+from miles_nemogym.episode.delivery import AWAITING_RESULT, NOT_DELIVERED, Circuits, InFlight, deliver
 from miles_nemogym.episode.record import EpisodeRecord, Outcome
-from miles_nemogym.errors import SettingsError
+from miles_nemogym.errors import Failed, SettingsError
 from miles_nemogym.runtime import current, install
 from miles_nemogym.settings import Settings
 from miles_nemogym.transport import Deadline
@@ -21,8 +21,8 @@ from tests.support.eventually import eventually
 from tests.support.fake_resources import fake_resources
 from tests.support.ports import free_port
 
-Try = Callable[[Deadline], Awaitable[Outcome | Undelivered]]
-REFUSED = Undelivered(fk.TRANSPORT_UNREACHABLE, "connection refused")
+Try = Callable[[Deadline], Awaitable[Outcome]]
+REFUSED = Failed(fk.TRANSPORT_UNREACHABLE, "connection refused", resendable=True)
 
 
 def graded(reward: float = 1.0) -> Outcome:
@@ -31,17 +31,17 @@ def graded(reward: float = 1.0) -> Outcome:
 
 @dataclass
 class ScriptedEpisode:
-    """An ``Episode`` whose tries are scripted: an ``Outcome``, an ``Undelivered``, an exception
-    to raise, or a coroutine function of the deadline."""
+    """An ``Episode`` whose tries are scripted: an ``Outcome``, an exception to raise (``Failed``,
+    resendable when nothing was delivered), or a coroutine function of the deadline."""
 
     server_url: str
-    script: list[Outcome | Undelivered | Exception | Try]
+    script: list[Outcome | Exception | Try]
     setting: str = "NEMO_GYM_URL"
     task_id: str | None = "task-1"
     deadlines: list[float] = field(default_factory=list)
     """The time each try had left when it started."""
 
-    async def attempt(self, deadline: Deadline) -> Outcome | Undelivered:
+    async def attempt(self, deadline: Deadline) -> Outcome:
         self.deadlines.append(deadline.remaining())
         step = self.script.pop(0)
         if isinstance(step, Exception):

@@ -10,7 +10,7 @@ import pytest
 
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym import salvage
-from miles_nemogym.episode.record import eval_overrides
+from miles_nemogym.episode.record import Task, eval_overrides
 from miles_nemogym.salvage import GROUP_HAS_ABORTED, HeldEpisodes, group_verdict
 from tests.support.salvage_samples import aborted, failed, valid
 from tests.support.samples import Sample, Status
@@ -136,16 +136,16 @@ def test_only_a_failed_train_episode_is_held(
     result = dict(sample.metadata)
     result["nemogym"] = {**result["nemogym"], "failure_kind": kind, "mask_sample": mask}
     held = HeldEpisodes()
-    salvage.hold_failed_episode(held, {"instance_id": "t1", **metadata}, result)
+    salvage.hold_failed_episode(held, Task.of({"instance_id": "t1", **metadata}), result)
     assert len(held) == int(kept)
 
 
 def test_an_aborted_sample_gets_its_held_episode_as_a_zero_loss_sample() -> None:
     held = HeldEpisodes()
     lost = failed("e-lost")
-    salvage.hold_failed_episode(held, {"instance_id": "t1"}, lost.metadata)
+    salvage.hold_failed_episode(held, Task.of({"instance_id": "t1"}), lost.metadata)
     returned = failed("e-back", "t2")
-    salvage.hold_failed_episode(held, {"instance_id": "t2"}, returned.metadata)
+    salvage.hold_failed_episode(held, Task.of({"instance_id": "t2"}), returned.metadata)
     group = [valid("e-ok"), aborted("t1"), aborted("t9"), returned]
     assert salvage.recover_failed_episodes(held, group) == 1
     recovered, unknown = group[1], group[2]
@@ -160,7 +160,7 @@ def test_an_aborted_sample_gets_its_held_episode_as_a_zero_loss_sample() -> None
 
 def test_no_valid_sibling_no_recovery() -> None:
     held = HeldEpisodes()
-    salvage.hold_failed_episode(held, {"instance_id": "t1"}, failed("e1").metadata)
+    salvage.hold_failed_episode(held, Task.of({"instance_id": "t1"}), failed("e1").metadata)
     group = [failed("e2", "t2"), aborted("t1")]
     assert salvage.recover_failed_episodes(held, group) == 0
     assert group[1].status is Status.ABORTED and len(held) == 1

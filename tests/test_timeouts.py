@@ -1,4 +1,4 @@
-"""Whose fault is a timeout: a whole-episode deadline (``NEMO_GYM_RUN_TIMEOUT``) that passes while the
+"""Whose fault is a timeout: an episode's deadline (``NEMO_GYM_RUN_TIMEOUT``) that passes while the
 policy held the episode -- a ``/run`` whose Miles session recorded a model call, an environment
 episode after its first model turn (a model or tool call) -- is scored 0 and trained as
 ``miles_nemogym:policy_timeout`` (``NEMO_GYM_TIMEOUT_REWARD=zero``, the default) or set aside

@@ -13,8 +13,8 @@ import pytest
 
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym import transport
-from miles_nemogym.errors import UrlError
-from miles_nemogym.transport import Deadline, TransportError
+from miles_nemogym.errors import Failed, UrlError
+from miles_nemogym.transport import Deadline
 from tests.support.fake_resources import fake_resources
 from tests.support.odd_http import OddServer
 from tests.support.ports import free_port
@@ -31,8 +31,8 @@ async def post(url: str, body: Any = None, *, seconds: float = 10.0, cap: int = 
     )
 
 
-async def failure_of(url: str, body: Any = None, *, seconds: float = 10.0) -> TransportError:
-    with pytest.raises(TransportError) as caught:
+async def failure_of(url: str, body: Any = None, *, seconds: float = 10.0) -> Failed:
+    with pytest.raises(Failed) as caught:
         await post(url, body, seconds=seconds)
     return caught.value
 

@@ -30,19 +30,17 @@ from miles_nemogym.episode.record import (
     UNRECOGNIZED_ENVIRONMENT,
     Outcome,
     RecordRead,
-    environment_of,
+    Task,
     failure_of,
     finish,
     finite_json,
-    role_of,
-    task_id_of,
 )
 from miles_nemogym.episode.run import prepare as prepare_swe
 from miles_nemogym.episode.run import prepare_agent
 from miles_nemogym.errors import RequestError, SettingsError
 from miles_nemogym.fit import counted
 from miles_nemogym.reward import score_record
-from miles_nemogym.runtime import current
+from miles_nemogym.runtime import Runtime, current
 from miles_nemogym.salvage import hold_failed_episode
 from miles_nemogym.settings import RewardMode, Settings
 from miles_nemogym.store.writer import entry_for, session_id
@@ -79,47 +77,44 @@ async def run_with_settings(
     the episode is over (smoke: the policy calls it counted, the server's trajectory file)."""
     runtime = current()
     settings: Settings | None = None
-    environment = environment_of(metadata)
+    task = Task.of(metadata)  # the one read of the sample's metadata
     try:
         settings = runtime.settings if given is None else given
-        episode = prepare_episode(environment, metadata, base_url, request_kwargs, settings, runtime.addresses)
+        episode = prepare_episode(task, base_url, request_kwargs, settings, runtime.addresses)
     except Exception as error:  # a bad setting, session URL or task row still leaves a record
-        task_id = task_id_of(metadata)
-        scrubber = settings.key_scrubber() if settings is not None else None
-        outcome = finish(failure_of(error, task_id, scrubber), task_id)
+        outcome = finish(failure_of(error, task.task_id, settings), task.task_id)
     else:
         outcome = await deliver(episode, settings, runtime.circuits, runtime.in_flight)
-        if environment != SWE_ENVIRONMENT and outcome.tool_time_s is None:
+        if task.environment != SWE_ENVIRONMENT and outcome.tool_time_s is None:
             outcome.tool_time_s = 0.0  # stopped before its loop ran: Miles reads every environment episode's
     record = outcome.record
-    record.environment = environment
+    record.environment = task.environment
     _log(outcome)
-    role, eval_set = role_of(metadata)
     # The ledger sees every episode, also those whose sample Miles returns without this dict.
     failure_kind = (record.failure_kind or fk.AGENT_RUN_ERROR) if record.mask_sample else None
-    runtime.ledger.record_episode(failure_kind, role, eval_set, outcome.outage_wait_s, environment=record.env)
+    runtime.ledger.record_episode(failure_kind, task.role, task.eval_set, outcome.outage_wait_s, environment=record.env)
     mode = settings.reward_mode if settings is not None else RewardMode.binary
     result = outcome.to_metadata()
     result[REWARD_KEY], _ = score_record(outcome.reward, RecordRead(record), mode)
-    hold_failed_episode(runtime.held, metadata, result)  # Miles drops this dict when no model call was made
+    hold_failed_episode(runtime.held, task, result)  # Miles drops this dict when no model call was made
     if settings is not None and settings.episode_dir:
-        _store(settings, outcome, float(result[REWARD_KEY]), role, eval_set, base_url, metadata, store_extra)
+        _store(runtime, settings, outcome, float(result[REWARD_KEY]), task, base_url, store_extra)
     return result
 
 
 def prepare_episode(
-    environment: str,
-    metadata: Mapping[str, Any] | None,
+    task: Task,
     base_url: str,
     request_kwargs: Mapping[str, Any] | None,
     settings: Settings,
     addresses: dict[tuple[str, int], str] | None = None,
 ) -> Episode:
-    """The row's episode, by its environment, for the session ``base_url`` (no ``/v1``);
+    """The task's episode, by its environment, for the session ``base_url`` (no ``/v1``);
     ``SettingsError``/``RequestError`` name what is wrong; ``addresses``: the runtime's routed
     addresses. ``scan`` routes environment rows here too."""
+    environment = task.environment
     if environment == SWE_ENVIRONMENT:
-        return prepare_swe(metadata, request_kwargs, settings, session_url=base_url, addresses=addresses)
+        return prepare_swe(task, request_kwargs, settings, session_url=base_url, addresses=addresses)
     if environment == UNRECOGNIZED_ENVIRONMENT:
         raise RequestError(
             f"metadata[{ENV_KEY!r}] must name an environment (letters, digits, '_', '-' or '.', at most 128, "
@@ -137,34 +132,28 @@ def prepare_episode(
             "right --env name (it refuses names nemo-gym does not ship)"
         )
     if server.agent is not None:
-        return prepare_agent(
-            metadata, request_kwargs, environment, server, settings, session_url=base_url, addresses=addresses
-        )
-    return prepare_environment(
-        metadata, environment, server, session_url=base_url, request_kwargs=request_kwargs, settings=settings
-    )
+        return prepare_agent(task, request_kwargs, server, settings, session_url=base_url, addresses=addresses)
+    return prepare_environment(task, server, session_url=base_url, request_kwargs=request_kwargs, settings=settings)
 
 
 def _store(
+    runtime: Runtime,
     settings: Settings,
     outcome: Outcome,
     reward: float,
-    role: str,
-    eval_set: str | None,
+    task: Task,
     base_url: str,
-    metadata: Mapping[str, Any] | None,
     extra: Callable[[], Mapping[str, Any]] | None = None,
 ) -> None:
     """Hand the episode to the episode store; a store problem never fails the sample."""
     try:
-        repo = metadata.get("repo") if isinstance(metadata, Mapping) else None
         entry = entry_for(
             record=outcome.record,
             reward=reward,
-            role=role,
-            eval_set=eval_set,
+            role=task.role,
+            eval_set=task.eval_set,
             session=session_id(base_url) if isinstance(base_url, str) else None,
-            repo=repo if isinstance(repo, str) else None,
+            repo=task.repo,
         )
         if extra is not None:
             entry.update(extra())
@@ -172,8 +161,8 @@ def _store(
         if isinstance(answer, dict):  # an environment episode's document: encoded only for the store
             answer, is_json = pydantic_core.to_json(finite_json(answer)), True
         scrubber = settings.key_scrubber()
-        current().stores.get(str(settings.episode_dir)).add(
-            role, entry, answer, is_json, scrub=None if scrubber is None else scrubber.scrub
+        runtime.stores.get(str(settings.episode_dir)).add(
+            task.role, entry, answer, is_json, scrub=None if scrubber is None else scrubber.scrub
         )
     except Exception:
         logger.warning("episode store: could not queue episode %s", outcome.record.episode_id, exc_info=True)

@@ -1,7 +1,9 @@
-"""The exceptions miles-nemogym raises on purpose, and the two an episode turns into a failure kind.
+"""The exceptions miles-nemogym raises on purpose, and the three an episode turns into a failure kind.
 
     MilesNemoGymError                every exception the package defines derives from it
     ├── RunStopped                   the run cannot go on: raised by the group filter, it ends Miles' rollout
+    ├── Failed                       a request got no usable answer (no HTTP answer, or one that is
+    │                                not what the step needs) → an episode under it: its ``kind``
     ├── SettingsError                a NEMO_GYM_* variable (or a flag standing in for one) is malformed
     │                                → an episode under it: ``miles_nemogym:invalid_config``
     └── RequestError                 the task row, the sampling keys or Miles' session URL cannot
@@ -34,3 +36,20 @@ class UrlError(RequestError):
 class RunStopped(MilesNemoGymError, RuntimeError):
     """The run cannot go on (an outage past ``NEMO_GYM_OUTAGE_TIMEOUT``, a failure streak): the one
     exception meant to leave a hook (the group filter's, which ends Miles' rollout)."""
+
+
+class Failed(MilesNemoGymError):
+    """A step of an episode failed under failure kind ``kind`` (``failure_kinds``), the one failure
+    type from the transport to the record. ``resendable``: the request certainly never reached the
+    server and its deadline has not passed, so the episode may be sent again; ``policy``: an
+    ``agent_timeout`` while the policy held the episode (whose timeout it is)."""
+
+    def __init__(
+        self, kind: str, reason: str, *, resendable: bool = False, policy: bool = False, os_error: OSError | None = None
+    ) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.resendable = resendable
+        self.policy = policy
+        self.os_error = os_error
+        """What the operating system said, for callers that explain a failure (doctor)."""

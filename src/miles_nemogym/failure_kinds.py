@@ -31,7 +31,7 @@ TRANSPORT_TLS: Final = "miles_nemogym:transport_tls"
 AGENT_RUN_ERROR: Final = "agent_run_error"
 # Something answered but the episode never ran (HTTP 4xx such as a 422 schema error).
 AGENT_REQUEST_FAILED: Final = "agent_request_failed"
-# The whole-episode deadline (``NEMO_GYM_RUN_TIMEOUT``) passed while waiting.
+# The episode's deadline (``NEMO_GYM_RUN_TIMEOUT``, each try's) passed while waiting.
 AGENT_TIMEOUT: Final = "agent_timeout"
 # The deadline passed while the policy held the episode (its turns, its tool calls): on a valid
 # record scored 0 (``NEMO_GYM_TIMEOUT_REWARD=zero``), a status like a step limit, not a failure.

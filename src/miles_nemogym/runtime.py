@@ -22,10 +22,9 @@ The connection pools are per event loop and close with it (``transport``).
 The ledger is the runtime's own record. Counted from samples, failures vanish (Miles drops
 record-less ABORTED samples and dropped groups), so the two hooks that see them write here:
 the agent function every finished episode (with its outage wait, charged to its own role),
-the group filter every group. The
-log functions drain it once per step. It also keeps the run-wide failure streak, which a
-drain does not reset; ``streak_stop`` says when that streak stops the run (``filters.check_run``,
-docs/episode-pipeline.md). Thread-safe.
+the group filter every group. The log functions drain it once per step. It also keeps the
+run-wide failure streak, which a drain does not reset; ``streak_stop`` says when that streak
+stops the run (``filters.check_run``, docs/episode-pipeline.md). Thread-safe.
 """
 
 from __future__ import annotations

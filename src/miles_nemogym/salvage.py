@@ -21,13 +21,12 @@ from miles_nemogym.episode.record import (
     RECORD_KEY,
     REWARD_KEY,
     TRAIN,
+    Task,
     flatten,
     is_aborted,
     metadata_of,
     read_record,
     record_of,
-    role_of,
-    task_id_of,
 )
 from miles_nemogym.failure_kinds import CANCELLED, POLICY_TIMEOUT, metric_label
 
@@ -169,22 +168,21 @@ class HeldEpisodes:
             return count
 
 
-def hold_failed_episode(held: HeldEpisodes, metadata: Mapping[str, Any] | None, result: Mapping[str, Any]) -> None:
+def hold_failed_episode(held: HeldEpisodes, task: Task, result: Mapping[str, Any]) -> None:
     """Called by the agent function with the dict it returns: keep a failed (not cancelled) or timed-out
     train episode until the group filter sees its sample, in case Miles returns that sample
     ABORTED without the dict (no model call recorded)."""
     record = read_record(result).record
-    task = task_id_of(metadata)
     if (
         record is None
         or not (record.mask_sample or record.failure_kind == POLICY_TIMEOUT)  # a /run may time out before a turn
         or record.failure_kind == CANCELLED
         or record.episode_id is None
-        or task is None
-        or role_of(metadata)[0] != TRAIN
+        or task.task_id is None
+        or task.role != TRAIN
     ):
         return
-    held.hold(task, record.episode_id, dict(result))
+    held.hold(task.task_id, record.episode_id, dict(result))
 
 
 def recover_failed_episodes(held: HeldEpisodes, samples: Any) -> int:
@@ -195,7 +193,7 @@ def recover_failed_episodes(held: HeldEpisodes, samples: Any) -> int:
     group = list(flatten(samples))
     for sample in group:
         record = record_of(sample)
-        task = task_id_of(metadata_of(sample))
+        task = Task.of(metadata_of(sample)).task_id
         if record is not None and record.episode_id is not None and task is not None:
             held.release(task, record.episode_id)
     template = next((sample for sample in group if _can_template(sample)), None)
@@ -203,7 +201,7 @@ def recover_failed_episodes(held: HeldEpisodes, samples: Any) -> int:
     for sample in group:
         if template is None or not is_aborted(sample) or RECORD_KEY in metadata_of(sample):
             continue
-        task = task_id_of(metadata_of(sample))
+        task = Task.of(metadata_of(sample)).task_id
         result = None if task is None else held.claim(task)
         if result is None:
             continue

@@ -20,9 +20,9 @@ from typing import Any
 import aiohttp
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym.errors import MilesNemoGymError
+from miles_nemogym.errors import Failed, MilesNemoGymError
 from miles_nemogym.redaction import redact_url
-from miles_nemogym.transport import Deadline, TransportError, pool, request
+from miles_nemogym.transport import Deadline, pool, request
 
 
 class FetchError(MilesNemoGymError, Exception):
@@ -67,7 +67,7 @@ async def _fetch_json_async(url: str, timeout_s: float) -> Any:
             connect_timeout_s=timeout_s,
             cap=_MAX_DOCUMENT_BYTES,
         )
-    except TransportError as error:
+    except Failed as error:
         raise _fetch_error(error, timeout_s) from None
     if 300 <= answer.status < 400:
         target = redact_url(answer.location or "?")
@@ -81,7 +81,7 @@ async def _fetch_json_async(url: str, timeout_s: float) -> Any:
     return _parse_json(answer.body)
 
 
-def _fetch_error(error: TransportError, timeout_s: float) -> FetchError:
+def _fetch_error(error: Failed, timeout_s: float) -> FetchError:
     """The transport's failure in the words of a server check (each kind has its fix in ``checks``)."""
     cause = error.os_error
     if error.kind == fk.TRANSPORT_TLS:
@@ -133,7 +133,7 @@ async def _identify_async(url: str, timeout_s: float) -> ServerIdentity | None:
         answer = await request(
             connections.gym, "GET", url, deadline=Deadline(timeout_s), connect_timeout_s=timeout_s, cap=0
         )
-    except TransportError as error:
+    except Failed as error:
         raise _fetch_error(error, timeout_s) from None
     for name in answer.cookies:
         server_class, separator, instance = name.partition(_IDENTITY_SEPARATOR)

@@ -243,6 +243,11 @@ class Settings(BaseModel):
         """What removes the policy API key from outside text; None when there is nothing to hide."""
         return None if self.policy_api_key is None else key_scrubber(self.policy_api_key.get_secret_value())
 
+    def scrub_text(self, text: str) -> str:
+        """``text`` with the policy API key removed (a failure reason, a log line)."""
+        scrubber = self.key_scrubber()
+        return text if scrubber is None else scrubber.scrub_text(text)
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """The plugin's variables in ``environ`` (default: this process's environment), validated;

@@ -39,14 +39,13 @@ from urllib.parse import SplitResult, urlsplit
 import aiohttp
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym.errors import MilesNemoGymError, UrlError
+from miles_nemogym.errors import Failed, UrlError
 from miles_nemogym.redaction import redact_url, redact_urls
 
 __all__ = [
     "Answer",
     "Deadline",
     "Pool",
-    "TransportError",
     "bracket",
     "check_session_url",
     "check_url",
@@ -172,18 +171,6 @@ class Answer:
     """The names of the cookies the answer sets (a NeMo-Gym server's names itself: ``server_probe``)."""
 
 
-class TransportError(MilesNemoGymError):
-    """No HTTP answer: ``kind`` is a name of the table above; ``resendable``: the request
-    certainly never reached the server and its deadline has not passed, so it may be sent again."""
-
-    def __init__(self, kind: str, reason: str, *, resendable: bool, os_error: OSError | None = None) -> None:
-        super().__init__(reason)
-        self.kind = kind
-        self.resendable = resendable
-        self.os_error = os_error
-        """What the operating system said, for callers that explain a failure (doctor)."""
-
-
 async def request(
     session: aiohttp.ClientSession,
     method: str,
@@ -195,11 +182,11 @@ async def request(
     payload: bytes | None = None,
     headers: dict[str, str] | None = None,
 ) -> Answer:
-    """Send one request and read its answer up to ``cap`` decoded bytes; ``TransportError`` when
+    """Send one request and read its answer up to ``cap`` decoded bytes; ``Failed`` when
     no HTTP answer came. ``payload`` is JSON; ``headers`` add to (or replace) the JSON ones."""
     remaining = deadline.remaining()
     if remaining <= 0:
-        raise TransportError(fk.AGENT_TIMEOUT, _deadline_reason(deadline), resendable=False)
+        raise Failed(fk.AGENT_TIMEOUT, _deadline_reason(deadline), resendable=False)
     timeout = aiohttp.ClientTimeout(total=remaining, sock_connect=min(connect_timeout_s, remaining))
     sent = {**_JSON_HEADERS, **headers} if headers else _JSON_HEADERS
     try:
@@ -214,32 +201,32 @@ async def request(
 
 
 def _failure(error: Exception, deadline: Deadline, connect_timeout_s: float) -> Exception:
-    """The one table: what went wrong -> ``TransportError`` (anything else is returned as is: a defect)."""
+    """The one table: what went wrong -> ``Failed`` (anything else is returned as is: a defect)."""
     if isinstance(error, aiohttp.ClientSSLError):  # before ClientConnectorError, its base
         # Nothing of the request left; waiting helps only once the certificate is fixed.
-        return TransportError(fk.TRANSPORT_TLS, f"TLS: {_text(error.os_error)}", resendable=True, os_error=error)
+        return Failed(fk.TRANSPORT_TLS, f"TLS: {_text(error.os_error)}", resendable=True, os_error=error)
     if isinstance(error, aiohttp.ClientConnectorError):
-        return TransportError(
+        return Failed(
             fk.TRANSPORT_UNREACHABLE, _connect_reason(error.os_error), resendable=True, os_error=error.os_error
         )
     if deadline.expired():
-        return TransportError(fk.AGENT_TIMEOUT, _deadline_reason(deadline), resendable=False)
+        return Failed(fk.AGENT_TIMEOUT, _deadline_reason(deadline), resendable=False)
     if isinstance(error, aiohttp.ConnectionTimeoutError):
-        return TransportError(
+        return Failed(
             fk.TRANSPORT_TIMEOUT,
             f"no connection within {connect_timeout_s:g} s (NEMO_GYM_CONNECT_TIMEOUT)",
             resendable=True,
         )
     if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
-        return TransportError(fk.AGENT_TIMEOUT, _deadline_reason(deadline), resendable=False)
+        return Failed(fk.AGENT_TIMEOUT, _deadline_reason(deadline), resendable=False)
     if isinstance(error, (aiohttp.ClientError, OSError)):
         # Disconnects, resets, payload and protocol errors: the request may have arrived.
-        return TransportError(fk.TRANSPORT_PEER_DROP, f"{type(error).__name__}: {_text(error)}", resendable=False)
+        return Failed(fk.TRANSPORT_PEER_DROP, f"{type(error).__name__}: {_text(error)}", resendable=False)
     return error
 
 
 def _deadline_reason(deadline: Deadline) -> str:
-    return f"no answer within NEMO_GYM_RUN_TIMEOUT={deadline.seconds:g}s (the whole episode's deadline)"
+    return f"no answer within NEMO_GYM_RUN_TIMEOUT={deadline.seconds:g}s (each try's deadline)"
 
 
 def _connect_reason(error: OSError) -> str:

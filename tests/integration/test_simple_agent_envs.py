@@ -18,7 +18,7 @@ import pytest
 from miles_nemogym import agent
 from miles_nemogym.episode import environment
 from miles_nemogym.episode.delivery import deliver
-from miles_nemogym.episode.record import Outcome
+from miles_nemogym.episode.record import Outcome, Task
 from miles_nemogym.runtime import current
 from miles_nemogym.settings import EnvironmentServer, Settings
 from tests.support.env_scripts import ENVIRONMENTS, scripts
@@ -51,8 +51,7 @@ async def _ours(
     answered, with the response the loop sent it."""
     settings = Settings.from_env({})
     episode = environment.prepare(
-        row,
-        env,
+        Task.of(row, env),
         EnvironmentServer(url=envs.resources_url(env), max_steps=_max_steps(env)),
         session_url=chat.session_url(session),
         request_kwargs={"temperature": 1.0, "top_p": 1.0, "max_tokens": 512},

@@ -73,7 +73,7 @@ def _scan(
         typer.Option(
             "--timeout",
             min=0.001,
-            help="Whole-episode deadline in seconds, queueing on the server included (default: "
+            help="Each episode's deadline in seconds, queueing on the server included (default: "
             "NEMO_GYM_RUN_TIMEOUT, 3600).",
         ),
     ] = None,

@@ -1,9 +1,9 @@
 """Delivering one episode to its server: abortable, waiting out that server's outage, sent again
-only when it certainly never arrived, each try within the whole-episode deadline.
+only when it certainly never arrived.
 
 Every episode kind (``run.py``: an agent's ``POST /run``; ``environment.py``: the ``simple_agent`` loop)
-hands ``deliver`` an ``Episode``; its ``attempt`` returns the finished ``Outcome``, or
-``Undelivered`` when nothing reached the server. Then:
+hands ``deliver`` an ``Episode``; its ``attempt`` returns the finished ``Outcome`` or raises
+``errors.Failed``, ``resendable`` when nothing reached the server. Then:
 
     deliver(episode)
      ├─ in an inner task registered in ``InFlight``: ``abort_all`` (Miles' over-sampling abort,
@@ -12,7 +12,11 @@ hands ``deliver`` an ``Episode``; its ``attempt`` returns the finished ``Outcome
      ├─ Circuit.wait: while the server's circuit is open (an outage), wait; past
      │  ``NEMO_GYM_OUTAGE_TIMEOUT`` fail, and ``stop_error`` stops the run
      ├─ attempt(Deadline(NEMO_GYM_RUN_TIMEOUT))
-     └─ Undelivered: trip the circuit, wait, try again; anything else is the outcome
+     └─ Failed, resendable: trip the circuit, wait, try again; any other ``Failed`` becomes the
+        outcome (``record.failure_of``), and an outcome is the outcome
+
+The deadline is each try's: a try is sent again only when it never reached the server, so the
+episode a server receives runs under exactly one ``NEMO_GYM_RUN_TIMEOUT``.
 
 One circuit per server URL (``Circuits``), so one environment's outage holds only its own
 episodes. Thread-safe; why each rule: docs/episode-pipeline.md.
@@ -35,6 +39,7 @@ from urllib.parse import urlsplit
 
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.record import Outcome, failure, failure_of, finish
+from miles_nemogym.errors import Failed
 from miles_nemogym.fit import counted
 from miles_nemogym.redaction import redact_url
 from miles_nemogym.settings import Settings
@@ -47,7 +52,6 @@ __all__ = [
     "Circuits",
     "Episode",
     "InFlight",
-    "Undelivered",
     "deliver",
 ]
 
@@ -57,14 +61,6 @@ AWAITING_RESULT = "awaiting_result"
 """An in-flight episode whose request was sent (or was being sent)."""
 NOT_DELIVERED = "not_delivered"
 """An in-flight episode whose request has not reached the server (waiting out an outage)."""
-
-
-@dataclass(frozen=True)
-class Undelivered:
-    """A try that certainly never reached the server: safe to send again."""
-
-    kind: str
-    reason: str
 
 
 class Episode(Protocol):
@@ -81,8 +77,8 @@ class Episode(Protocol):
     @property
     def task_id(self) -> str | None: ...
 
-    async def attempt(self, deadline: Deadline) -> Outcome | Undelivered:
-        """One try: the finished outcome (never raising for a failed episode), or ``Undelivered``."""
+    async def attempt(self, deadline: Deadline) -> Outcome:
+        """One try: the finished outcome, or ``Failed`` (``resendable`` when nothing reached the server)."""
 
 
 async def deliver(episode: Episode, settings: Settings, circuits: Circuits, in_flight: InFlight) -> Outcome:
@@ -92,7 +88,7 @@ async def deliver(episode: Episode, settings: Settings, circuits: Circuits, in_f
     try:
         outcome = await in_flight.run(lambda entry: _tries(episode, server, settings, entry))
     except Exception as error:
-        outcome = failure_of(error, episode.task_id, settings.key_scrubber())
+        outcome = failure_of(error, episode.task_id, settings)
     return finish(outcome, episode.task_id)
 
 
@@ -100,31 +96,33 @@ async def _tries(episode: Episode, server: Circuit, settings: Settings, entry: _
     """Wait while the circuit is open, try once; a try that never reached the server trips
     the circuit and is tried again once it closes, until ``NEMO_GYM_OUTAGE_TIMEOUT``."""
     loop = asyncio.get_running_loop()
-    last: Undelivered | None = None
+    last: Failed | None = None
     started: float | None = None
     while True:
         entry.not_delivered = True
         gave_up_kind, waited = await server.wait()
         entry.outage_wait_s += waited
         if gave_up_kind is not None:
-            outcome = failure(
-                last.kind if last is not None else gave_up_kind,
+            reason = (
                 f"the NeMo-Gym server {redact_url(server.url)} could not be reached within NEMO_GYM_OUTAGE_TIMEOUT="
                 f"{settings.outage_timeout_s:g}s (this episode waited {entry.outage_wait_s:.0f}s)"
-                + (f"; last try: {last.reason}" if last is not None else ""),
+                + (f"; last try: {last}" if last is not None else "")
             )
+            outcome = failure_of(Failed(last.kind if last is not None else gave_up_kind, reason), None, settings)
             break
         entry.attempts += 1
         entry.not_delivered = False
         if started is None:
             started = loop.time()
-        result = await episode.attempt(Deadline(settings.run_timeout_s))
-        if isinstance(result, Undelivered):
-            last = result
-            server.trip(settings.outage_timeout_s, result.kind, result.reason)
-            continue
+        try:
+            outcome = await episode.attempt(Deadline(settings.run_timeout_s))
+        except Failed as failed:
+            if failed.resendable:
+                last = failed
+                server.trip(settings.outage_timeout_s, failed.kind, settings.scrub_text(str(failed)))
+                continue
+            outcome = failure_of(failed, episode.task_id, settings)
         server.delivered()
-        outcome = result
         break
     outcome.record.attempts = entry.attempts
     outcome.record.elapsed_s = round(loop.time() - started, 3) if started is not None else 0.0

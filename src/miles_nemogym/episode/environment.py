@@ -34,22 +34,20 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym.episode.delivery import Undelivered
 from miles_nemogym.episode.record import (
     Outcome,
-    failure,
+    Task,
+    failure_of,
     finite_json,
     judge,
     range_setting,
     shown,
-    task_id_of,
     task_row,
-    timed_out,
 )
-from miles_nemogym.errors import MilesNemoGymError, RequestError
+from miles_nemogym.errors import Failed, RequestError
 from miles_nemogym.routing_root.responses_api_models.miles_routing_model.session_answers import CONTEXT_FULL
-from miles_nemogym.settings import EnvironmentServer, Settings, TimeoutReward
-from miles_nemogym.transport import Answer, Deadline, TransportError, check_session_url, pool, request
+from miles_nemogym.settings import EnvironmentServer, Settings
+from miles_nemogym.transport import Answer, Deadline, check_session_url, pool, request
 
 __all__ = ["EnvironmentEpisode", "first_request", "prepare"]
 
@@ -181,20 +179,20 @@ class EnvironmentEpisode:
     def server_url(self) -> str:
         return self.server.url
 
-    async def attempt(self, deadline: Deadline) -> Outcome | Undelivered:
+    async def attempt(self, deadline: Deadline) -> Outcome:
         return await _Loop(self, deadline).run()
 
 
 def prepare(
-    metadata: Mapping[str, Any] | None,
-    environment: str,
+    task: Task,
     server: EnvironmentServer,
     *,
     session_url: str,
     request_kwargs: Mapping[str, Any] | None,
     settings: Settings,
 ) -> EnvironmentEpisode:
-    """The episode of a routed row; ``RequestError`` names what is wrong."""
+    """The episode of an environment row for ``server``; ``RequestError`` names what is wrong."""
+    metadata = task.metadata
     if not isinstance(metadata, Mapping):
         raise RequestError(f"sample metadata must be a dict holding the task row, got {type(metadata).__name__}")
     if request_kwargs is not None and not isinstance(request_kwargs, Mapping):
@@ -211,10 +209,10 @@ def prepare(
         raise RequestError(f"the task row cannot be sent as JSON: {error}") from None
     tools = frozenset(tool["function"]["name"] for tool in body.get("tools", []))
     return EnvironmentEpisode(
-        environment=environment,
+        environment=task.environment,
         server=server,
         row=row,
-        task_id=task_id_of(metadata),
+        task_id=task.task_id,
         chat_url=f"{session_url.strip().rstrip('/')}/v1/chat/completions",
         messages=messages,
         body=body,
@@ -256,19 +254,6 @@ class _ChatCompletion(BaseModel):
 
     model: str | None = None
     choices: list[_Choice] = Field(min_length=1)
-
-
-class _Failed(MilesNemoGymError):
-    """Ends the episode masked under ``kind``; ``resendable``: nothing reached any server (a seed
-    that never left), so the episode may be tried again once its server is back; ``policy``: an
-    ``agent_timeout`` while the policy held the episode (``record.timed_out``)."""
-
-    def __init__(self, kind: str, reason: str, *, resendable: bool = False, policy: bool = False) -> None:
-        super().__init__(reason)
-        self.kind = kind
-        self.resendable = resendable
-        self.policy = policy
-        """The policy held the episode (a model or tool call after its first turn): whose timeout it is."""
 
 
 # -- the transcript -----------------------------------------------------------------------
@@ -362,7 +347,7 @@ def _id(prefix: str) -> str:
 
 
 class _Loop:
-    """One try of an episode: seed, turns, verify; its outcome (or ``Undelivered``)."""
+    """One try of an episode: seed, turns, verify; its outcome (``Failed`` when the seed never left)."""
 
     def __init__(self, episode: EnvironmentEpisode, deadline: Deadline) -> None:
         self.episode = episode
@@ -377,7 +362,7 @@ class _Loop:
         key = self.settings.policy_api_key
         self.policy_headers = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else None
 
-    async def run(self) -> Outcome | Undelivered:
+    async def run(self) -> Outcome:
         connections = await pool(self.settings.max_concurrency)
         verify: dict[str, Any] | None = None
         try:
@@ -388,7 +373,7 @@ class _Loop:
                     step += 1
                     choice, model = await self._chat(connections.policy)
                     if choice.finish_reason == "abort":
-                        raise _Failed(fk.CANCELLED, "the policy aborted the generation")
+                        raise Failed(fk.CANCELLED, "the policy aborted the generation")
                     self.transcript.add_turn(choice.message, model)
                     if choice.finish_reason == "length":
                         self.cut_off = True
@@ -401,15 +386,10 @@ class _Loop:
                     if self.episode.server.max_steps and step >= self.episode.server.max_steps:
                         break
                 verify = await self._verify(session)
-        except _Failed as failed:
+        except Failed as failed:
             if failed.resendable:
-                return Undelivered(failed.kind, str(failed))
-            reason = self._scrubbed(str(failed))
-            if failed.kind == fk.AGENT_TIMEOUT:
-                zero = self.settings.timeout_reward is TimeoutReward.zero
-                outcome = timed_out(reason, policy=failed.policy, zero=zero)
-            else:
-                outcome = failure(failed.kind, reason)
+                raise
+            outcome = failure_of(failed, self.episode.task_id, self.settings)
         else:
             outcome = self._score(verify or {})
         outcome.record.turns, outcome.record.tool_calls = self.transcript.turns, self.transcript.tool_calls
@@ -438,9 +418,9 @@ class _Loop:
                 connect_timeout_s=self.settings.connect_timeout_s,
                 cap=cap,
             )
-        except TransportError as error:
+        except Failed as error:
             resendable = error.resendable and path == "seed_session"
-            raise _Failed(error.kind, f"/{path}: {error}", resendable=resendable, policy=tool) from None
+            raise Failed(error.kind, f"/{path}: {error}", resendable=resendable, policy=tool) from None
         finally:
             self.tool_time += time.monotonic() - started
 
@@ -454,7 +434,7 @@ class _Loop:
                     "...), give its agent server in NEMO_GYM_ENVS (`miles-nemogym serve --env "
                     f'{self.episode.environment}` prints the entry with its "agent")'
                 )
-            raise _Failed(fk.SEED_FAILED, _described(answer, "/seed_session", "a JSON object") + hint)
+            raise Failed(fk.SEED_FAILED, _described(answer, "/seed_session", "a JSON object") + hint)
 
     async def _chat(self, session: Any) -> tuple[_Choice, str | None]:
         body = {**self.episode.body, "messages": self.transcript.messages}
@@ -469,19 +449,19 @@ class _Loop:
                 cap=self.settings.max_result_bytes,
                 headers=self.policy_headers,
             )
-        except TransportError as error:
+        except Failed as error:
             kind = fk.AGENT_TIMEOUT if error.kind == fk.AGENT_TIMEOUT else fk.POLICY_FAILED
             # After its first answered turn the episode is the policy's; a first call never answered is not.
-            raise _Failed(kind, f"the policy: {error.kind}: {error}", policy=self.transcript.turns > 0) from None
+            raise Failed(kind, f"the policy: {error.kind}: {error}", policy=self.transcript.turns > 0) from None
         if answer.status == 400 and not answer.over_cap and CONTEXT_FULL.search(answer.body):
             # The conversation outgrew the context: a cut-off, as NeMo-Gym's vllm_model answers it.
             return _Choice(message=_Message(content=""), finish_reason="length"), None
         if answer.status != 200 or answer.over_cap:
-            raise _Failed(fk.POLICY_FAILED, _described(answer, "the policy", "a chat completion"))
+            raise Failed(fk.POLICY_FAILED, _described(answer, "the policy", "a chat completion"))
         try:
             completion = _ChatCompletion.model_validate_json(answer.body)
         except ValueError as error:  # a ValidationError, or JSON nested past pydantic's limit
-            raise _Failed(fk.POLICY_FAILED, f"the policy answered an unreadable chat completion: {error}") from None
+            raise Failed(fk.POLICY_FAILED, f"the policy answered an unreadable chat completion: {error}") from None
         return completion.choices[0], completion.model
 
     async def _call_tool(self, session: Any, call: _ToolCall) -> str:
@@ -505,13 +485,11 @@ class _Loop:
         body = {**self.episode.row, "response": self.verified_response}
         answer = await self._post(session, "verify", body, self.settings.max_result_bytes)
         if answer.status != 200 or answer.over_cap:
-            raise _Failed(fk.VERIFIER_ERROR, _described(answer, "/verify", "its answer"))
+            raise Failed(fk.VERIFIER_ERROR, _described(answer, "/verify", "its answer"))
         scrubber = self.settings.key_scrubber()
         parsed = _parsed(answer if scrubber is None else Answer(answer.status, scrubber.scrub(answer.body)))
         if not isinstance(parsed, dict):
-            raise _Failed(
-                fk.VERIFIER_ERROR, f"/verify answered a body that is not a JSON object: {answer.body[:200]!r}"
-            )
+            raise Failed(fk.VERIFIER_ERROR, f"/verify answered a body that is not a JSON object: {answer.body[:200]!r}")
         # Our transcript stands for the echoed response: the echo can be large, and it is what we sent.
         return {key: value for key, value in parsed.items() if key != "response"}
 
@@ -526,10 +504,6 @@ class _Loop:
             report=finite_json(own),
             who="/verify",
         )
-
-    def _scrubbed(self, text: str) -> str:
-        scrubber = self.settings.key_scrubber()
-        return text if scrubber is None else scrubber.scrub_text(text)
 
 
 def _parsed(answer: Answer) -> Any:

@@ -25,9 +25,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym.errors import RequestError, SettingsError
-from miles_nemogym.redaction import KeyScrubber, redact_urls
-from miles_nemogym.settings import SWE_ENVIRONMENT, environment_name_problem, short_name
+from miles_nemogym.errors import Failed, RequestError, SettingsError
+from miles_nemogym.redaction import redact_urls
+from miles_nemogym.settings import SWE_ENVIRONMENT, Settings, TimeoutReward, environment_name_problem, short_name
 
 __all__ = [
     "AGENT_SUFFIX",
@@ -47,12 +47,12 @@ __all__ = [
     "Outcome",
     "RecordRead",
     "SampledEpisode",
+    "Task",
     "TestCounts",
     "agent_environment",
     "check_reward",
     "count_text",
     "distinct_episodes",
-    "environment_of",
     "eval_overrides",
     "failure",
     "failure_of",
@@ -69,11 +69,9 @@ __all__ = [
     "range_setting",
     "read_record",
     "record_of",
-    "role_of",
     "short_reason",
     "shown",
     "strip_result",
-    "task_id_of",
     "task_row",
     "timed_out",
     "verdict",
@@ -136,12 +134,46 @@ _AGENT_REF_KEY = "agent_ref"
 """NeMo-Gym's row field naming the agent that runs it: ``{"type": "responses_api_agents", "name": ...}``."""
 
 
-def environment_of(metadata: Mapping[str, Any] | None) -> str:
-    """The environment a sample's row belongs to: its ``nemogym_env`` mark, else the environment
-    its NeMo-Gym ``agent_ref`` names (``_agent_ref_environment``), else ``swe``. A mark that is not
-    an environment name (``settings.environment_name_problem``) reads as ``unrecognized``."""
-    if not isinstance(metadata, Mapping):
-        return SWE_ENVIRONMENT
+@dataclass(frozen=True)
+class Task:
+    """A sample's row, read once where the agent function starts (``Task.of``): every later step
+    of the episode receives this, never the metadata again."""
+
+    metadata: Any
+    """The row as Miles gave it (checked by each episode kind, never changed)."""
+    environment: str
+    """Its ``nemogym_env`` mark, else the environment its NeMo-Gym ``agent_ref`` names, else
+    ``swe``; a mark that is not an environment name reads as ``unrecognized``."""
+    task_id: str | None
+    """Its ``nemogym_task_id`` mark, else its ``instance_id``; printable (escaped)."""
+    role: str
+    """``train``, or ``eval`` for a sample Miles' ``--eval-config`` marked."""
+    eval_set: str | None
+    """The eval set's name (``eval`` when the mark names none); None for training."""
+
+    @classmethod
+    def of(cls, metadata: Any, environment: str | None = None) -> Task:
+        """The task of a sample's ``metadata``; ``environment``: the caller's own choice (a scan's
+        ``--env``) in place of the row's marks."""
+        mapping: Mapping[str, Any] = metadata if isinstance(metadata, Mapping) else {}
+        evaluated = mapping.get(_ROLE_KEY) == EVAL
+        if environment is None:
+            environment = _environment_of(mapping) if isinstance(metadata, Mapping) else SWE_ENVIRONMENT
+        return cls(
+            metadata=metadata,
+            environment=environment,
+            task_id=_task_id_of(mapping),
+            role=EVAL if evaluated else TRAIN,
+            eval_set=str(mapping.get(_EVAL_SET_KEY) or "eval") if evaluated else None,
+        )
+
+    @property
+    def repo(self) -> str | None:
+        repo = self.metadata.get("repo") if isinstance(self.metadata, Mapping) else None
+        return repo if isinstance(repo, str) else None
+
+
+def _environment_of(metadata: Mapping[str, Any]) -> str:
     if ENV_KEY in metadata:
         name = metadata[ENV_KEY]
         name = short_name(name) if isinstance(name, str) else name  # the catalog's spelling: its short name
@@ -169,11 +201,7 @@ def agent_environment(agent: Any) -> str | None:
     return name if environment_name_problem(name) is None else None
 
 
-def task_id_of(metadata: Mapping[str, Any] | None) -> str | None:
-    """The task a sample's row is for: its ``nemogym_task_id`` mark, else its ``instance_id``
-    (SWE rows); text, a control character or a lone surrogate escaped."""
-    if not isinstance(metadata, Mapping):
-        return None
+def _task_id_of(metadata: Mapping[str, Any]) -> str | None:
     raw = metadata.get(TASK_ID_KEY)
     if raw is None or raw == "":
         raw = metadata.get("instance_id")
@@ -182,14 +210,6 @@ def task_id_of(metadata: Mapping[str, Any] | None) -> str | None:
     text = str(raw)
     # Shown in logs and terminals: control characters and lone surrogates escaped.
     return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
-
-
-def role_of(metadata: Mapping[str, Any] | None) -> tuple[str, str | None]:
-    """(``"train"`` or ``"eval"``, the eval set's name) of a sample's metadata."""
-    if not isinstance(metadata, Mapping) or metadata.get(_ROLE_KEY) != EVAL:
-        return TRAIN, None
-    name = metadata.get(_EVAL_SET_KEY)
-    return EVAL, str(name) if name else "eval"
 
 
 def eval_overrides(name: str) -> dict[str, str]:
@@ -311,17 +331,26 @@ def failure(
     )
 
 
-def failure_of(error: Exception, task_id: str | None, scrubber: KeyScrubber | None = None) -> Outcome:
-    """The failed ``Outcome`` for an exception raised on our side: a bad setting or request,
-    else a defect (``client_error``, logged with its traceback)."""
-    if isinstance(error, SettingsError):
+def failure_of(error: Exception, task_id: str | None, settings: Settings | None = None) -> Outcome:
+    """The failed ``Outcome`` of an exception, the one place a raised failure becomes one: a step
+    that failed (``Failed``: its kind; ``agent_timeout`` as ``timed_out`` rules), a bad setting or
+    request, else a defect (``client_error``, logged with its traceback). The reason is scrubbed
+    of the policy key (``settings``)."""
+    if isinstance(error, Failed):
+        kind, reason = error.kind, str(error)
+    elif isinstance(error, SettingsError):
         kind, reason = fk.INVALID_CONFIG, str(error)
     elif isinstance(error, RequestError):
         kind, reason = fk.INVALID_REQUEST, str(error)
     else:
         logger.error("miles-nemogym client error for %s", task_id, exc_info=error)
         kind, reason = fk.CLIENT_ERROR, f"{type(error).__name__}: {error}"
-    return failure(kind, reason if scrubber is None else scrubber.scrub_text(reason))
+    if settings is not None:
+        reason = settings.scrub_text(reason)
+    if kind == fk.AGENT_TIMEOUT and isinstance(error, Failed):
+        zero = settings is not None and settings.timeout_reward is TimeoutReward.zero
+        return timed_out(reason, policy=error.policy, zero=zero)
+    return failure(kind, reason)
 
 
 def finish(outcome: Outcome, task_id: str | None) -> Outcome:
@@ -446,7 +475,7 @@ def judge(
 
 
 def timed_out(reason: str, *, policy: bool, zero: bool) -> Outcome:
-    """An episode whose whole-episode deadline passed: scored 0 and trained under ``policy_timeout``
+    """An episode whose deadline (``NEMO_GYM_RUN_TIMEOUT``) passed: scored 0 and trained under ``policy_timeout``
     when the policy held the episode (``policy``) and ``NEMO_GYM_TIMEOUT_REWARD`` is ``zero``
     (``zero``); else masked ``agent_timeout`` (docs/episode-pipeline.md, "Whose fault is a timeout")."""
     if not (policy and zero):

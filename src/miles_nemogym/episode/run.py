@@ -34,10 +34,10 @@ import pydantic_core
 from pydantic import ValidationError
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym.episode.delivery import Undelivered
 from miles_nemogym.episode.protocol import OutputItem, ResponsesCreateParams, RunRequest, RunResponse
 from miles_nemogym.episode.record import (
     Outcome,
+    Task,
     TestCounts,
     failure,
     finite_json,
@@ -45,11 +45,9 @@ from miles_nemogym.episode.record import (
     range_setting,
     short_reason,
     shown,
-    task_id_of,
     task_row,
-    timed_out,
 )
-from miles_nemogym.errors import RequestError, SettingsError, UrlError
+from miles_nemogym.errors import Failed, RequestError, SettingsError, UrlError
 from miles_nemogym.redaction import redact_url
 from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout_ids import (
     SECRET_VARIABLE,
@@ -59,7 +57,6 @@ from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout
 from miles_nemogym.settings import EnvironmentServer, Settings, TimeoutReward
 from miles_nemogym.transport import (
     Deadline,
-    TransportError,
     bracket,
     check_session_url,
     is_loopback,
@@ -128,8 +125,8 @@ class SweEpisode:
     def server_url(self) -> str:
         return self.settings.gym_url
 
-    async def attempt(self, deadline: Deadline) -> Outcome | Undelivered:
-        """One ``POST /run``: the scored answer, a failure that may have been delivered, or ``Undelivered``."""
+    async def attempt(self, deadline: Deadline) -> Outcome:
+        """One ``POST /run``, its answer scored as ``classify_http`` scores it."""
         settings = self.settings
 
         def score(status: int, body: bytes, scrub: Callable[[bytes], bytes] | None) -> Outcome:
@@ -156,7 +153,7 @@ class AgentEpisode:
     def server_url(self) -> str:
         return str(self.server.agent)
 
-    async def attempt(self, deadline: Deadline) -> Outcome | Undelivered:
+    async def attempt(self, deadline: Deadline) -> Outcome:
         """One ``POST <agent>/run``, scored as ``classify_agent_http`` scores it."""
         valid = self.server.valid_rewards(self.settings.reward_range)
         where = range_setting(self.environment, self.server)
@@ -174,7 +171,7 @@ async def _post_run(
     deadline: Deadline,
     score: Callable[[int, bytes, Callable[[bytes], bytes] | None], Outcome],
     session_url: str | None,
-) -> Outcome | Undelivered:
+) -> Outcome:
     """POST one ``/run`` body and ``score`` the answer (in a worker thread when it is large); a
     timeout is the policy's when its session recorded a model call (``_policy_was_called``)."""
     connections = await pool(settings.max_concurrency)
@@ -188,13 +185,10 @@ async def _post_run(
             connect_timeout_s=settings.connect_timeout_s,
             cap=settings.max_result_bytes,
         )
-    except TransportError as error:
-        reason = _scrubbed(settings, str(error))
-        if error.kind == fk.AGENT_TIMEOUT:
-            zero = settings.timeout_reward is TimeoutReward.zero
-            policy = zero and session_url is not None and await _policy_was_called(settings, session_url)
-            return timed_out(reason, policy=policy, zero=zero)
-        return Undelivered(error.kind, reason) if error.resendable else failure(error.kind, reason)
+    except Failed as error:
+        if error.kind == fk.AGENT_TIMEOUT and settings.timeout_reward is TimeoutReward.zero and session_url:
+            error.policy = await _policy_was_called(settings, session_url)
+        raise
     if answer.over_cap:
         return failure(
             fk.AGENT_RUN_ERROR,
@@ -227,7 +221,7 @@ async def _policy_was_called(settings: Settings, session_url: str) -> bool:
             connect_timeout_s=settings.connect_timeout_s,
             cap=settings.max_result_bytes,
         )
-    except TransportError:
+    except Failed:
         return False
     if answer.status != 200:
         return False
@@ -243,13 +237,8 @@ async def _policy_was_called(settings: Settings, session_url: str) -> bool:
     )
 
 
-def _scrubbed(settings: Settings, text: str) -> str:
-    scrubber = settings.key_scrubber()
-    return text if scrubber is None else scrubber.scrub_text(text)
-
-
 def prepare(
-    metadata: Mapping[str, Any] | None,
+    task: Task,
     request_kwargs: Mapping[str, Any] | None,
     settings: Settings,
     *,
@@ -260,12 +249,12 @@ def prepare(
     (``NEMO_GYM_POLICY_API_KEY``) sent with it; ``RequestError`` names the bad field. ``addresses``
     caches the local address routed to each Gym host (the runtime's)."""
     policy = policy_base_url(session_url, settings.gym_url, settings.external_host, addresses)
-    episode = prepare_scan(metadata, request_kwargs, settings, policy_url=policy, send_api_key=True)
+    episode = prepare_scan(task, request_kwargs, settings, policy_url=policy, send_api_key=True)
     return replace(episode, session_url=session_url)
 
 
 def prepare_scan(
-    metadata: Mapping[str, Any] | None,
+    task: Task,
     request_kwargs: Mapping[str, Any] | None,
     settings: Settings,
     *,
@@ -275,14 +264,13 @@ def prepare_scan(
     """``prepare`` for the scan: the policy is ``policy_url`` as given (``--policy-base-url``), or
     None: the server's own model (a golden scan); ``send_api_key`` False keeps the key at home."""
     key = settings.policy_api_key.get_secret_value() if settings.policy_api_key and send_api_key else None
-    body = build_run_body(metadata, request_kwargs, policy_base_url=policy_url, policy_api_key=key)
-    return SweEpisode(_encode(body), task_id_of(body), settings)
+    body = build_run_body(task.metadata, request_kwargs, policy_base_url=policy_url, policy_api_key=key)
+    return SweEpisode(_encode(body), task.task_id, settings)
 
 
 def prepare_agent(
-    metadata: Mapping[str, Any] | None,
+    task: Task,
     request_kwargs: Mapping[str, Any] | None,
-    environment: str,
     server: EnvironmentServer,
     settings: Settings,
     *,
@@ -293,6 +281,7 @@ def prepare_agent(
     row and its ``responses_create_params`` with the trainer's sampling, and ``_ng_rollout_id``, the
     policy URL the agent's host dials, signed (``rollout_ids.py``); ``RequestError`` names a bad field,
     ``SettingsError`` a missing signing secret."""
+    metadata, environment = task.metadata, task.environment
     if not isinstance(metadata, Mapping) or not metadata:
         raise RequestError(
             "sample metadata must be a dict holding the task row; convert the data with `miles-nemogym convert`"
@@ -313,7 +302,7 @@ def prepare_agent(
         problem = _json_problem_or_cycle(value)
         if problem:
             raise RequestError(f"the task row in metadata cannot be sent as JSON: metadata[{key!r}] holds {problem}")
-    return AgentEpisode(_encode(body), task_id_of(metadata), environment, server, settings, session_url)
+    return AgentEpisode(_encode(body), task.task_id, environment, server, settings, session_url)
 
 
 # -- the policy URL -----------------------------------------------------------------------

@@ -28,7 +28,7 @@ from typing import Any
 from miles_nemogym import checks, server_probe
 from miles_nemogym.checks import CheckResult, Status
 from miles_nemogym.data.sources import SourceError, open_file
-from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, environment_of
+from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, Task
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.fit import counted
 from miles_nemogym.launcher.command import EPISODE_DIR_ENV, MilesInstall, hooks, job_environment, job_episode_dir
@@ -286,7 +286,7 @@ def _row_problem(row: Any) -> str | None:
     metadata = row.get("metadata")
     if not isinstance(metadata, dict):
         return "'metadata' (the SWE-bench instance or the task row) is missing or not an object"
-    environment = environment_of(metadata)
+    environment = Task.of(metadata).environment
     if environment != SWE_ENVIRONMENT:
         # The converter's own rule: what the episode's first chat request is built from.
         from miles_nemogym.data.environments import chat_prompt
@@ -458,7 +458,7 @@ class DataUse:
         metadata = row.get("metadata") if isinstance(row, dict) else None
         if not isinstance(metadata, dict):
             return
-        environment = environment_of(metadata)
+        environment = Task.of(metadata).environment
         self.count(environment, source)
         if environment == SWE_ENVIRONMENT:
             return

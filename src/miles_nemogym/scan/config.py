@@ -31,7 +31,7 @@ class ScanConfig(BaseModel):
     instance_ids: tuple[str, ...] | None = None
     concurrency: int = Field(default=4, ge=1)
     timeout_s: float | None = Field(default=None, gt=0)
-    """Whole-episode deadline; ``None`` keeps ``NEMO_GYM_RUN_TIMEOUT``."""
+    """Each episode's deadline; ``None`` keeps ``NEMO_GYM_RUN_TIMEOUT``."""
     gym_url: str | None = None
     """``None`` keeps ``NEMO_GYM_URL``."""
     policy_base_url: str | None = None

@@ -19,7 +19,7 @@ from typing import Any
 from miles_nemogym import checks
 from miles_nemogym.agent import prepare_episode
 from miles_nemogym.episode.delivery import deliver
-from miles_nemogym.episode.record import Outcome, task_row
+from miles_nemogym.episode.record import Outcome, Task, task_row
 from miles_nemogym.gym.environments import plan
 from miles_nemogym.gym.venv import GymEnvironmentError
 from miles_nemogym.runtime import current
@@ -104,9 +104,8 @@ async def play_golden(
     for label in (GOLD, WRONG):
         session = uuid.uuid4().hex
         policy.configure_session(session, answers=known[label])
-        episode = prepare_episode(
-            task.environment, task.metadata, policy.session_url(session), request_kwargs, settings
-        )
+        row = Task.of(task.metadata, task.environment)
+        episode = prepare_episode(row, policy.session_url(session), request_kwargs, settings)
         outcome = await deliver(episode, settings, current().circuits, current().in_flight)
         outcome.record.environment = task.environment
         played.append(outcome)

@@ -20,7 +20,7 @@ from miles_nemogym import checks
 from miles_nemogym.agent import prepare_episode
 from miles_nemogym.episode import run as swe_run
 from miles_nemogym.episode.delivery import Episode, deliver
-from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome, Task
 from miles_nemogym.errors import MilesNemoGymError, RequestError
 from miles_nemogym.fit import counted
 from miles_nemogym.gym.config import instance_name
@@ -195,14 +195,15 @@ def _prepare_locked(
         try:
             if not environment_rows:
                 bodies[task.instance_id] = swe_run.prepare_scan(
-                    task.metadata,
+                    Task.of(task.metadata),
                     config.request_kwargs(),
                     settings,
                     policy_url=config.policy_base_url,
                     send_api_key=config.policy_base_url is not None,
                 )
                 continue
-            episode = prepare_episode(task.environment, task.metadata, base, config.request_kwargs(), settings)
+            row = Task.of(task.metadata, task.environment)
+            episode = prepare_episode(row, base, config.request_kwargs(), settings)
             if not config.golden:
                 bodies[task.instance_id] = episode
         except RequestError as error:
@@ -291,7 +292,7 @@ async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Consol
         async with golden_guard(settings.gym_url, settings.external_host) as guard:
             for task in prepared.pending:  # each /run names the guard as its policy: a golden server never calls it
                 prepared.bodies[task.instance_id] = swe_run.prepare_scan(
-                    task.metadata, config.request_kwargs(), settings, policy_url=guard.url, send_api_key=False
+                    Task.of(task.metadata), config.request_kwargs(), settings, policy_url=guard.url, send_api_key=False
                 )
             return await _run_episodes(config, prepared, console, stop, None, guard)
     return await _run_episodes(config, prepared, console, stop, None)
