@@ -170,10 +170,13 @@ async def test_abort_stops_50_in_flight_runs_promptly(
 async def test_300_concurrent_runs_share_one_pool_without_queueing(
     server: FaultServer, sympy_row: dict[str, Any]
 ) -> None:
-    server.hold_s = 1.0
-    results = await asyncio.gather(*(call(sympy_row) for _ in range(300)))
+    server.mode = "hold"  # each /run is answered only once all 300 are at the server at the same time
+    tasks = [asyncio.create_task(call(sympy_row)) for _ in range(300)]
+    await eventually(lambda: server.in_flight == 300, "all 300 /run requests at the server at once", 120)
+    server.release.set()  # a pool limit would have held some back, and this would never be reached
+    results = await asyncio.gather(*tasks)
     assert all(r["nemogym"]["status"] == "ok" for r in results)
-    assert server.peak_in_flight == 300  # nothing waited behind a pool limit
+    assert server.peak_in_flight == 300
     assert transport.open_pools() == 1
     # Keep-alive: a second wave reuses the first wave's connections.
     first_peers = set(server.peers)
