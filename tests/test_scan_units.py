@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from miles_nemogym.data.select import InstanceIdsError, parse_instance_ids
-from miles_nemogym.episode.protocol import RunResponse
+from miles_nemogym.episode._protocol import RunResponse
 from miles_nemogym.episode.run import classify_run_response
 from miles_nemogym.scan import EXIT_FAILED, Verdict, golden_scan
 from miles_nemogym.scan.inputs import InputError, load_tasks

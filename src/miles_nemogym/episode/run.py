@@ -34,7 +34,7 @@ import pydantic_core
 from pydantic import ValidationError
 
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym.episode.protocol import OutputItem, ResponsesCreateParams, RunRequest, RunResponse
+from miles_nemogym.episode._protocol import OutputItem, ResponsesCreateParams, RunRequest, RunResponse
 from miles_nemogym.episode.record import (
     Outcome,
     Task,
