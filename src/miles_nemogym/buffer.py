@@ -23,7 +23,7 @@ from miles_nemogym.filters import judge_group
 from miles_nemogym.runtime import current
 from miles_nemogym.salvage import GROUP_HAS_ABORTED
 
-__all__ = ["FILTER_PATH", "EpisodeBuffer"]
+__all__ = ["EpisodeBuffer"]
 
 logger = logging.getLogger(__name__)
 

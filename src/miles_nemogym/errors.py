@@ -16,6 +16,8 @@ Each subclass keeps its builtin base too (``ValueError``, ...); the other module
 
 from __future__ import annotations
 
+__all__ = ["Failed", "MilesNemoGymError", "RequestError", "RunStopped", "SettingsError", "UrlError"]
+
 
 class MilesNemoGymError(Exception):
     """Raised on purpose by miles-nemogym."""

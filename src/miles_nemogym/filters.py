@@ -19,7 +19,7 @@ from miles_nemogym.runtime import current, streak_stop
 from miles_nemogym.salvage import HOOK_PATH, group_verdict, recover_failed_episodes
 from miles_nemogym.settings import Settings
 
-__all__ = ["FilterOutput", "check_episode_group", "check_run", "judge_group", "stop_reason"]
+__all__ = ["check_episode_group", "judge_group"]
 
 logger = logging.getLogger(__name__)
 

@@ -10,6 +10,8 @@ import shutil
 import textwrap
 from collections.abc import Sequence
 
+__all__ = ["MIN_WIDTH", "counted", "table", "terminal_width", "wrap", "wrap_all"]
+
 MIN_WIDTH = 80
 _GAP = "  "
 

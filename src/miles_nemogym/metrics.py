@@ -38,7 +38,7 @@ from miles_nemogym.runtime import EnvironmentTally, Tally, current
 from miles_nemogym.salvage import zero_loss_samples
 from miles_nemogym.settings import environment_name_problem
 
-__all__ = ["eval_k", "eval_set_metrics", "log_eval", "log_rollout", "pass_at_k", "percentile", "rollout_metrics"]
+__all__ = ["log_eval", "log_rollout"]
 
 logger = logging.getLogger(__name__)
 

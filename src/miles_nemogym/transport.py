@@ -45,7 +45,6 @@ from miles_nemogym.redaction import redact_url, redact_urls
 __all__ = [
     "Answer",
     "Deadline",
-    "Pool",
     "bracket",
     "check_session_url",
     "check_url",
@@ -53,7 +52,6 @@ __all__ = [
     "connect_host",
     "is_loopback",
     "is_wildcard",
-    "open_pools",
     "pool",
     "request",
 ]

@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
+__all__ = ["as_flag", "describe", "message", "problems"]
+
 Loc = Sequence[int | str]
 Label = Callable[[Loc], str]
 

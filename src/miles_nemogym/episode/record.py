@@ -34,11 +34,9 @@ __all__ = [
     "BENCHMARK_KEY",
     "ENV_KEY",
     "EVAL",
-    "PASS_REWARD",
     "RECORD_KEY",
     "REWARD_KEY",
     "ROUTING_KEYS",
-    "ROW_MARKS",
     "SWE_ENVIRONMENT",
     "TASK_ID_KEY",
     "TRAIN",
@@ -50,7 +48,6 @@ __all__ = [
     "Task",
     "TestCounts",
     "agent_environment",
-    "check_reward",
     "count_text",
     "distinct_episodes",
     "eval_overrides",
@@ -73,7 +70,6 @@ __all__ = [
     "shown",
     "strip_result",
     "task_row",
-    "timed_out",
     "verdict",
 ]
 

@@ -66,22 +66,7 @@ from miles_nemogym.transport import (
 )
 from miles_nemogym.validation import describe
 
-__all__ = [
-    "ROLLOUT_ID_KEY",
-    "AgentEpisode",
-    "SweEpisode",
-    "build_run_body",
-    "classify_agent_http",
-    "classify_http",
-    "classify_run_response",
-    "instance_report",
-    "policy_base_url",
-    "prepare",
-    "prepare_agent",
-    "prepare_scan",
-    "responses_create_params",
-    "routable_local_address",
-]
+__all__ = ["instance_report", "policy_base_url", "prepare", "prepare_agent", "prepare_scan", "responses_create_params"]
 
 logger = logging.getLogger(__name__)
 

@@ -31,14 +31,7 @@ import pydantic_core
 
 from miles_nemogym.episode.record import EpisodeRecord
 
-__all__ = [
-    "MAX_PENDING_BYTES",
-    "ROLES",
-    "EpisodeStore",
-    "Stores",
-    "entry_for",
-    "session_id",
-]
+__all__ = ["ROLES", "Stores", "entry_for", "session_id"]
 
 logger = logging.getLogger(__name__)
 
