@@ -8,8 +8,9 @@ resources server's ``judge_model_server`` points at one model server of this pac
 key and any password: ``gym/judge_gate.py``); a harness agent gets ``gym/harness.py``'s layer.
 Refused: a judge the config turns on with no endpoint given, an agent that drops the rollout id
 in nemo-gym 0.7.0, an agent calling a model other than ``policy_model`` (nothing to route its
-calls to), a resources server that reads a file the wheel does not ship (a script of its
-downloads it).
+calls to), a resources server that calls ``policy_model`` or reads ``${policy_base_url}`` itself
+(no sample's session to reach), a resources server that reads a file the wheel does not ship (a
+script of its downloads it), a config that collects rollouts with its own driver.
 Why: docs/environments.md, "Serving environments".
 """
 
