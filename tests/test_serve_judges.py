@@ -58,9 +58,17 @@ def test_a_config_is_read_with_the_configs_it_pulls_in() -> None:
     assert agent["resources_server"]["name"] == "critpt_resources_server"
 
 
-@pytest.mark.parametrize("env", ["critpt", "scicode", "terminal_bench_4", "toolsandbox"])
+@pytest.mark.parametrize("env", ["critpt", "scicode", "terminal_bench_4"])
 def test_agents_whose_policy_model_comes_from_their_agent_config_are_not_refused(env: str) -> None:
     assert refusal(env, _config(env), None) is None
+
+
+def test_a_resources_server_that_reaches_the_policy_itself_is_refused_naming_the_field() -> None:
+    # toolsandbox's user simulator is policy_model, called without a rollout id: no session to send it to.
+    assert "calls policy_model itself (user_model_server)" in str(refusal("toolsandbox", _config("toolsandbox"), None))
+    # speed_bench scrapes the policy's own vLLM /metrics; under serve the policy is a Miles session.
+    said = str(refusal("speed_bench", _config("speed_bench"), None))
+    assert "reads the policy's own server (vllm_base_url: ${policy_base_url})" in said
 
 
 def test_a_judge_is_wired_as_one_model_server_of_serves_own() -> None:

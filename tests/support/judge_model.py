@@ -3,11 +3,14 @@ judges of NeMo-Gym's ``abstention``/``omniscience``/``simpleqa`` prompt ask (the
 ``Gold target:`` and ``Predicted answer:`` of the example to grade, answered ``A`` for CORRECT,
 ``B`` for INCORRECT), or ``text_to_sql``'s (its ``SQL Query A`` and ``B`` blocks, answered
 ``[[A=B]]`` or ``[[A!=B]]``), or ``equivalence_llm_judge``'s (its last ``GOLD:`` and ``CANDIDATE:``
-blocks, answered likewise), comparing the two answers normalised. What a real judge model serves
+blocks, answered likewise), comparing the two answers normalised, or ``gdp_pdf``'s rubric (its
+``response:`` and ``criteria:`` fields, answered ``{"score": "1"|"0", "rationale": ...}``: "1" when
+the criterion, normalised, is part of the response). What a real judge model serves
 (vLLM, an API): the chat-completions contract, ``choices[0].message.content``."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -23,6 +26,7 @@ _QUERIES = re.compile(
     re.DOTALL,
 )
 _EQUIVALENCE = re.compile(r"^GOLD:\n(.*?)\n\nCANDIDATE:\n(.*?)(?:\n\n|\Z)", re.MULTILINE | re.DOTALL)
+_RUBRIC = re.compile(r"^  response: (.*),\n  criteria: (.*),\n\}", re.MULTILINE | re.DOTALL)
 
 
 def _normal(text: str) -> str:
@@ -57,14 +61,18 @@ class JudgeModel:
         gold, predicted = _GOLD.findall(prompt), _PREDICTED.findall(prompt)
         pair = _QUERIES.search(prompt)
         blocks = _EQUIVALENCE.findall(prompt)
-        if gold and predicted:
+        rubric = _RUBRIC.search(prompt)
+        if rubric is not None:
+            met = _normal(rubric[2]) in _normal(rubric[1])
+            grade = json.dumps({"score": "1" if met else "0", "rationale": "met" if met else "not met"})
+        elif gold and predicted:
             grade = "A" if _normal(gold[-1]) == _normal(predicted[-1]) else "B"  # the example to grade is the last
         elif pair is not None:
             grade = "[[A=B]]" if _normal(pair[1]) == _normal(pair[2]) else "[[A!=B]]"
         elif blocks:  # the template's own examples come first: the inputs to grade are the last
             grade = "[[A=B]]" if _normal(blocks[-1][0]) == _normal(blocks[-1][1]) else "[[A!=B]]"
         else:
-            said = "no 'Gold target:'/'Predicted answer:' lines, SQL Query A/B nor GOLD/CANDIDATE blocks to grade"
+            said = "no 'Gold target:'/'Predicted answer:' lines, SQL Query A/B, GOLD/CANDIDATE blocks nor a rubric"
             return web.json_response({"error": said}, status=400)
         return web.json_response(
             {

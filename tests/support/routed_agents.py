@@ -29,6 +29,9 @@ HARNESS = ("opencode_math",)
 the ``opencode`` CLI, installed from npm by ``serve``)."""
 AGENTS = GYMNASIUM + TOOL_SIMULATION + HARNESS
 """Every environment played by an agent other than ``simple_agent`` that the integration tests drive."""
+ROUTED_BENCHMARKS = ("gdp_pdf",)
+"""Benchmarks played by their own agent (not ``simple_agent``) the integration tests drive by name
+(``tests/integration/test_agent_benchmarks.py``): converted, routed to the agent's ``/run``, graded."""
 ROUTED_SIMPLE = ENVIRONMENTS
 """The ``simple_agent`` environments of the in-process tests, all of them, here played through
 ``simple_agent``'s own ``/run``."""

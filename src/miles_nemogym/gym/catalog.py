@@ -29,7 +29,7 @@ from miles_nemogym.gym.composition import (
     server_blocks,
     shipped_config,
 )
-from miles_nemogym.gym.environments import catalog_folders, folder_servers, plan, refused_folders
+from miles_nemogym.gym.environments import catalog_folders, config_refusal, folder_servers, plan, refused_folders
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, gym_venv_root, run_in_gym
 from miles_nemogym.settings import short_name
 
@@ -257,11 +257,23 @@ def _short(reason: str) -> str:
             r"holds (\d+) (\S+) resources servers .* no agent playing one.*its agent: ([^;]*)$",
             r"\1 `\2` resources servers, no agent (not in nemo-gym's catalog); serve its config \3",
         ),
-        (r"its agent '[^']+' \((\w+)\) (builds|posts) .*", r"its agent `\1` drops the rollout id (nemo-gym 0.7.0)"),
+        (
+            r"its agent '[^']+' \((\w+)\) (builds|posts|re-reads) .*",
+            r"its agent `\1` drops the rollout id (nemo-gym 0.7.0)",
+        ),
         (r"calls model server '([^']+)', not policy_model", r"an agent of its calls `\1`, not `policy_model`"),
         (r"reads (\S+) .*the nemo-gym 0.7.0 wheel does not ship", r"a file the wheel does not ship: `\1`"),
         (r"its agent \w+: its CLI \(npm (`[^`]+`)\) is not one serve installs", r"its CLI (npm \1) not run here yet"),
         (r"its CLI installs by a shell script from (\S+) ", r"its CLI installs by a script from \1, not npm"),
+        (
+            r"calls policy_model itself \((\w+)\)",
+            r"its resources server calls `policy_model` itself (`\1`), no rollout id",
+        ),
+        (r"reads the policy's own server \((\w+): ", r"its resources server reads the policy's own server (`\1`)"),
+        (
+            r"its own driver \(rollout_collection_driver: ([^)]+)\)",
+            r"its own rollout driver `\1`, not one `/run` a row",
+        ),
     )
     for pattern, replacement in patterns:
         found = re.search(pattern, reason)
@@ -343,9 +355,8 @@ def benchmark_grader(entry: CatalogEntry) -> str | None:
 def _grading(entry: CatalogEntry) -> tuple[str | None, str]:
     if entry.kind != "benchmark":
         return None, f"{entry.name!r} is an environment, not a benchmark"
-    if entry.agent_server != "simple_agent" or not entry.resources_server:
-        agent = entry.agent_server or entry.agent or "none"
-        return None, f"its agent is `{agent}`: benchmarks run here through `simple_agent` with a resources server"
+    if _played_by_an_agent(entry):
+        return _agent_grader(entry)
     changed = _overridden(entry)
     if changed:
         keys = ", ".join(f"`{key}`" for key in changed)
@@ -365,6 +376,8 @@ def _ships(member: str | None) -> bool:
 
 
 def _benchmark_support(entry: CatalogEntry) -> Support:
+    if _played_by_an_agent(entry):
+        return _agent_benchmark_support(entry)
     grader, why = _grading(entry)
     if grader is None:
         agent = entry.agent_server or entry.agent
@@ -398,3 +411,102 @@ def entry_support(entry: CatalogEntry) -> Support:
     if name is None:
         return Support(status=NOT_YET, agent=agent)
     return support(name)
+
+
+# ----------------------------------------------------------------------------- benchmarks of other agents
+
+# A benchmark config's keys that change nothing of how its server grades or its agent plays.
+_LABELS = frozenset({"_inherit_from", "datasets", "resources_server", "description", "value", "domain", "verified"})
+
+
+_SANDBOX = "a sandbox provider"
+_SANDBOXED = "task containers: a sandbox provider (its `sandbox_provider`), which serve does not configure for --env"
+# Agents that put images in the policy's prompt (nemo-gym 0.7.0: their app.py embeds them per row).
+_IMAGES = {"labbench2_vlm_agent": "figures and tables", "gdp_pdf_agent": "document pages"}
+
+
+def _policy(kind: str) -> list[str]:
+    """What the policy itself must be for an agent kind's rows."""
+    seen = _IMAGES.get(kind)
+    return [f"a vision-language policy (its agent puts {seen} as images in the prompt)"] if seen else []
+
+
+def _played_by_an_agent(entry: CatalogEntry) -> bool:
+    """A benchmark played by another agent than ``simple_agent`` (or naming no resources server)."""
+    return entry.agent_server != "simple_agent" or not entry.resources_server
+
+
+def _changed(block: dict[str, object], base: dict[str, object]) -> list[str]:
+    return sorted(key for key, value in block.items() if key not in _LABELS and base.get(key) != value)
+
+
+def _agent_grading(entry: CatalogEntry) -> tuple[str | None, str]:
+    """The environment ``serve --env`` serves that plays and grades benchmark ``entry`` as its own
+    config does: its resources server's, with the same agent kind (routed to that agent's
+    ``/run``), neither changed by the benchmark's config (its datasets and labels aside); or why none."""
+    kind = entry.agent_server or entry.agent
+    server = entry.resources_server
+    if not kind or not server:
+        return None, "its manifest names no agent or no resources server"
+    try:
+        [p] = plan([server])
+    except GymEnvironmentError as error:
+        return None, f"its resources server `{server}`: {_short(str(error))}"
+    base = shipped_config(p.config)
+    agents = (base.get(p.agent or "") or {}).get("responses_api_agents") or {}  # the agent serve routes to
+    if kind not in agents:
+        played = next(iter(agents), "simple_agent")
+        return None, f"its agent `{kind}` is not the one `serve --env {server}` starts (`{played}`)"
+    base_server = base[p.instance]["resources_servers"][p.resources_server]
+    base_agent = agents[kind]
+    changed: set[str] = set()
+    for _, group, k, block in server_blocks(shipped_config(entry.config)):
+        if group == "resources_servers" and k == p.resources_server:
+            changed.update(_changed(block, base_server))
+        elif group == "responses_api_agents" and k == kind:
+            changed.update(_changed(block, base_agent))
+    if changed:
+        keys = ", ".join(f"`{key}`" for key in sorted(changed))
+        return None, f"its config changes what `serve --env {server}` serves ({keys})"
+    return server, ""
+
+
+def _agent_grader(entry: CatalogEntry) -> tuple[str | None, str]:
+    """:func:`_agent_grading`'s environment for a benchmark of another agent that is not refused."""
+    found = _agent_benchmark_support(entry)
+    return (None, found.needs) if found.status in (REFUSED, NOT_YET) else _agent_grading(entry)
+
+
+def _agent_benchmark_support(entry: CatalogEntry) -> Support:
+    """What this package does with a benchmark of another agent: refused for what its config's
+    agents and servers need (``config_refusal``, the rule of ``environments/`` folders), else
+    converted for the environment that plays it the same (:func:`_agent_grading`), whose
+    ``NEMO_GYM_ENVS`` entry names the agent its rows are routed to."""
+    kind = entry.agent_server or entry.agent or ""
+    agent = f"`{kind}`" if kind else ""
+    composed = shipped_config(entry.config)
+    refused = config_refusal(entry.name, composed)
+    if refused and "grades with a judge" not in refused:
+        return Support(status=REFUSED, agent=agent, needs=_short(refused))
+    judge = Judge(url="http://judge:8000/v1", model="judge")
+    bare = config_needs(served(composed, judge), {}, which=lambda _: None, cache=False)
+    host = list(dict.fromkeys(need.split(": ", 1)[1].split(" (", 1)[0] for need in bare))
+    if _SANDBOX in host:
+        # Task containers: nemo-gym's own reason, whatever else it needs (listed after it).
+        judged = ["a judge (`--judge-url`)"] if refused else []
+        rest = [need for need in host if need != _SANDBOX]
+        return Support(status=REFUSED, agent=agent, needs="; ".join([_SANDBOXED, *rest, *judged, *_policy(kind)]))
+    grader, why = _agent_grading(entry)
+    if grader is None:
+        return Support(status=NOT_YET, agent=agent, needs="; ".join([why, *host]))
+    found = support(grader)
+    if found.status == REFUSED:
+        return Support(status=REFUSED, agent=agent, needs=f"its environment `{grader}`: {found.needs}")
+    shipped = _ships(entry.data_file)
+    needs = [f"played and graded by `{grader}` (routed to its agent)"]
+    if not shipped:
+        needs.append(f"its prepared file (`gym eval prepare --benchmark {entry.name}`)")
+    if found.status == JUDGE:
+        needs.append("a judge (`--judge-url`)")
+    needs += [need for need in [found.needs, *host, *_policy(kind)] if need and need not in needs]
+    return Support(status=BENCHMARK_SHIPPED if shipped else BENCHMARK_PREPARED, agent=agent, needs="; ".join(needs))

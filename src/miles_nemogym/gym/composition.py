@@ -8,8 +8,9 @@ resources server's ``judge_model_server`` points at one model server of this pac
 key and any password: ``gym/judge_gate.py``); a harness agent gets ``gym/harness.py``'s layer.
 Refused: a judge the config turns on with no endpoint given, an agent that drops the rollout id
 in nemo-gym 0.7.0, an agent calling a model other than ``policy_model`` (nothing to route its
-calls to), a resources server that reads a file the wheel does not ship (a script of its
-downloads it).
+calls to), a resources server that calls ``policy_model`` or reads ``${policy_base_url}`` itself
+(no sample's session to reach), a resources server that reads a file the wheel does not ship (a
+script of its downloads it), a config that collects rollouts with its own driver.
 Why: docs/environments.md, "Serving environments".
 """
 
@@ -62,12 +63,17 @@ _ID_DROPPED = {
     "so the /ng-rollout/<id> prefix is never added",
     "finance_agent": "posts /v1/responses to its model server without url_path_for_run, "
     "so the /ng-rollout/<id> prefix is never added",
+    "labbench2_vlm_agent": "re-reads the row (model_dump, then model_validate) before simple_agent's run, and "
+    "_ng_rollout_id is an excluded field, so the /ng-rollout/<id> prefix is never added",
 }
 # Resources servers whose app reads a file nemo-gym 0.7.0's wheel does not ship (their app.py).
 _NOT_SHIPPED = {
     "wordle": "resources_servers/wordle/data/guesses.txt (its generate_data.py downloads the word list)",
 }
 _ENV_REFERENCE = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(,[^}]*)?\}")
+# An API key a server's config reads with a null default: unset, the server has no key (its own
+# validation refuses to start, or every call it makes is refused), so it is a need, not an option.
+_NULL_KEY = re.compile(r"\w*api_key: '?\$\{oc\.(env|select):([A-Za-z_][A-Za-z0-9_]*),null\}")
 _KEY_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -220,14 +226,44 @@ def served(config: Mapping[str, Any], judge: Judge | None) -> dict[str, Any]:
     return {key: value for key, value in merged.items() if value is not None}
 
 
+def _policy_use(name: str, instance: str, kind: str, block: Mapping[str, Any]) -> str | None:
+    """Why a resources server that reaches the policy itself cannot be served, or None: it calls
+    ``policy_model`` for a role other than its judge (no rollout id: the routing model refuses the
+    call, and the in-process loop's policy has no model server), or reads ``${policy_base_url}``
+    (under ``serve`` the policy is each sample's Miles session, with no such server)."""
+    for field, value in block.items():
+        if field != _JUDGE_FIELD and _ref(value) == _POLICY_MODEL:
+            return (
+                f"environment {name!r}: its resources server {instance!r} ({kind}) calls {_POLICY_MODEL} itself "
+                f"({field}), without a rollout id, so serve has no sample's session to send those calls to"
+            )
+        if isinstance(value, str) and "${policy_base_url}" in value:
+            return (
+                f"environment {name!r}: its resources server {instance!r} ({kind}) reads the policy's own server "
+                f"({field}: ${{policy_base_url}}); under serve the policy is each sample's Miles session, "
+                "with no such server"
+            )
+    return None
+
+
 def refusal(name: str, config: Mapping[str, Any], judge: Judge | None) -> str | None:
     """Why ``serve`` cannot serve environment ``name`` as shipped, or None."""
+    driver = config.get("rollout_collection_driver")
+    if isinstance(driver, str) and driver:
+        return (
+            f"environment {name!r}: its config collects rollouts with its own driver "
+            f"(rollout_collection_driver: {driver}), not one agent's /run per row; this package refuses it"
+        )
     for instance, group, kind, block in server_blocks(config):
         if group == "resources_servers" and kind in _NOT_SHIPPED:
             return (
                 f"environment {name!r}: its resources server {instance!r} ({kind}) reads {_NOT_SHIPPED[kind]}, "
                 "which the nemo-gym 0.7.0 wheel does not ship; this package downloads no data, so it refuses it"
             )
+        if group == "resources_servers":
+            found = _policy_use(name, instance, kind, block)
+            if found:
+                return found
         if group != "responses_api_agents":
             continue
         if kind in _ID_DROPPED:
@@ -270,7 +306,12 @@ def config_needs(
         for key in _KEY_REFERENCE.findall(text):
             if key not in config and key not in _SET_BY_SERVE:
                 needs.append(f"{instance} ({kind}): the setting {key} (an API key, URL or option)")
-        if "sandbox_provider" in block or "sandbox_config" in block:
+        for source, key in _NULL_KEY.findall(text):
+            if source == "env" and not environ.get(key):
+                needs.append(f"{instance} ({kind}): the environment variable {key} (an API key)")
+            elif source == "select" and key not in config:
+                needs.append(f"{instance} ({kind}): the setting {key} (an API key)")
+        if _names_sandbox(block):
             needs.append(
                 f"{instance} ({kind}): a sandbox provider (task containers), which serve does not configure "
                 "for --env servers"
@@ -286,6 +327,13 @@ def config_needs(
                 "which needs npm and the network)"
             )
     return list(dict.fromkeys(needs))
+
+
+def _names_sandbox(value: Any) -> bool:
+    """A block that names a sandbox provider, at any depth (terminal_bench_4's ``environment``)."""
+    if isinstance(value, dict):
+        return any(key in ("sandbox_provider", "sandbox_config") or _names_sandbox(v) for key, v in value.items())
+    return isinstance(value, list) and any(_names_sandbox(v) for v in value)
 
 
 # The CLI each harness agent runs (nemo-gym 0.7.0: ``shutil.which`` in its ``setup_<name>.py``).

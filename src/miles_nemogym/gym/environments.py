@@ -90,6 +90,7 @@ __all__ = [
     "catalog_folders",
     "check_shipped",
     "compose_each",
+    "config_refusal",
     "environment_needs",
     "environment_python",
     "example_rows_member",
@@ -314,33 +315,52 @@ def refused_folders() -> dict[str, str]:
 def _refused_folders(wheel: Path) -> tuple[tuple[str, str], ...]:
     found: dict[str, str] = {}
     with gym_wheel.opened() as archive:
-        members = set(archive.namelist())
-        for member in sorted(members):
-            if member.count("/") != 2 or not member.startswith(f"{_CATALOG}/") or not member.endswith("/config.yaml"):
-                continue
-            name = member.split("/")[1]
-            config = load_yaml(archive.read(member))
-            blocks = list(server_blocks(config if isinstance(config, dict) else {}))
-            agents = sorted({kind for _, group, kind, _ in blocks if group == "responses_api_agents"})
-            if not agents or set(agents) <= set(PLAYED_AGENTS):
-                continue
-            reasons = []
-            servers = sorted({kind for _, group, kind, _ in blocks if group == _GROUP})
-            parts = [("responses_api_agents", "agent", kind) for kind in agents]
-            for group, role, kind in [*parts, *((_GROUP, "resources server", kind) for kind in servers)]:
-                requirements = f"{group}/{kind}/requirements.txt"
-                text = archive.read(requirements).decode("utf-8") if requirements in members else ""
-                try:
-                    _requirement_lines(name, text)
-                except GymEnvironmentError as error:
-                    reasons.append(str(error).replace("its requirements.txt", f"its {role} {kind}'s requirements.txt"))
-            for kind in agents:
-                if kind in NOT_RUN_HERE:
-                    reasons.append(f"environment {name!r}: its agent {kind}: {NOT_RUN_HERE[kind]}")
-            reason = reasons[0] if reasons else refusal(name, shipped_config(member), None)
-            if reason:
-                found[name] = reason
+        configs = [
+            (member, load_yaml(archive.read(member)))
+            for member in sorted(archive.namelist())
+            if member.count("/") == 2 and member.startswith(f"{_CATALOG}/") and member.endswith("/config.yaml")
+        ]
+    for member, config in configs:
+        name = member.split("/")[1]
+        own = config if isinstance(config, dict) else {}
+        agents = {kind for _, group, kind, _ in server_blocks(own) if group == "responses_api_agents"}
+        if not agents or agents <= set(PLAYED_AGENTS):
+            continue
+        reason = config_refusal(name, own, shipped_config(member))
+        if reason:
+            found[name] = reason
     return tuple(found.items())
+
+
+def config_refusal(name: str, config: Mapping[str, Any], composed: Mapping[str, Any] | None = None) -> str | None:
+    """Why this package does not run what a shipped config names as NeMo-Gym ships it, or None:
+    a requirement beyond PyPI of one of its agents or resources servers, an agent of
+    ``NOT_RUN_HERE``, else :func:`composition.refusal` of ``composed`` (``config`` with the
+    configs it pulls in; default ``config``). The one rule for ``environments/`` folders and for
+    benchmarks played by another agent than ``simple_agent``."""
+    blocks = list(server_blocks(config))
+    agents = sorted({kind for _, group, kind, _ in blocks if group == "responses_api_agents"})
+    servers = sorted({kind for _, group, kind, _ in blocks if group == _GROUP})
+    parts = [
+        *(("responses_api_agents", "agent", kind) for kind in agents),
+        *((_GROUP, "resources server", k) for k in servers),
+    ]
+    with gym_wheel.opened() as archive:
+        members = set(archive.namelist())
+        texts = {
+            (group, kind): archive.read(f"{group}/{kind}/requirements.txt").decode("utf-8")
+            for group, _, kind in parts
+            if f"{group}/{kind}/requirements.txt" in members
+        }
+    for group, role, kind in parts:
+        try:
+            _requirement_lines(name, texts.get((group, kind), ""))
+        except GymEnvironmentError as error:
+            return str(error).replace("its requirements.txt", f"its {role} {kind}'s requirements.txt")
+    for kind in agents:
+        if kind in NOT_RUN_HERE:
+            return f"environment {name!r}: its agent {kind}: {NOT_RUN_HERE[kind]}"
+    return refusal(name, config if composed is None else composed, None)
 
 
 def example_rows_member(name: str) -> str:

@@ -1,0 +1,146 @@
+"""Benchmarks of NeMo-Gym's catalog played by another agent than ``simple_agent``: each is converted
+for the environment whose agent plays it the same, or refused for what its config needs (nemo-gym
+0.7.0's own reasons: task containers, a requirement beyond PyPI, an agent that drops the rollout id,
+...), read from the wheel by the rules ``serve`` refuses environments with. The entries are built as
+``gym list environments`` gives them (``tests/integration/test_environments_cli.py`` checks the whole
+catalog)."""
+
+from __future__ import annotations
+
+import pytest
+
+from miles_nemogym.gym import catalog
+from miles_nemogym.gym.benchmarks import BenchmarkError, benchmark_mark
+from miles_nemogym.gym.catalog import CatalogDataset, CatalogEntry, benchmark_grader, entry_support
+from miles_nemogym.gym.composition import refusal, shipped_config
+from miles_nemogym.gym.environments import config_refusal, plan
+
+
+def benchmark(name: str, agent: str | None, server: str | None, config: str, repeats: int = 1) -> CatalogEntry:
+    data = f"benchmarks/{name.split('/')[0]}/data/{name.split('/')[0]}_benchmark.jsonl"
+    return CatalogEntry(
+        name=name,
+        kind="benchmark",
+        config=config,
+        agent=agent,
+        agent_server=agent,
+        resources_server=server,
+        datasets=(CatalogDataset(name=name, type="benchmark", jsonl_fpath=data, num_repeats=repeats),),
+        reward_range=(0.0, 1.0),
+        higher_is_better=True,
+    )
+
+
+GDP_PDF = benchmark("gdp_pdf", "gdp_pdf_agent", "gdp_pdf", "benchmarks/gdp_pdf/config.yaml", repeats=5)
+
+
+def test_a_benchmark_whose_config_is_its_environments_is_converted_for_it_and_routed_to_its_agent() -> None:
+    assert benchmark_grader(GDP_PDF) == "gdp_pdf"
+    found = entry_support(GDP_PDF)
+    assert (found.status, found.agent) == (catalog.BENCHMARK_PREPARED, "`gdp_pdf_agent`")
+    assert "played and graded by `gdp_pdf` (routed to its agent)" in found.needs
+    assert "a judge (`--judge-url`)" in found.needs and "a vision-language policy" in found.needs
+    mark = benchmark_mark(GDP_PDF)
+    assert (mark.environment, mark.num_repeats) == ("gdp_pdf", 5)
+    [p] = plan(["gdp_pdf"])
+    assert p.agent == "gdp_pdf_simple_agent"  # serve --env gdp_pdf routes its rows to this agent's /run
+
+
+@pytest.mark.parametrize(
+    ("entry", "reason"),
+    [
+        (
+            benchmark("tau2/configs/tau2", "tau2", None, "benchmarks/tau2/configs/tau2.yaml"),
+            "a requirement beyond PyPI: `tau2[knowledge] @ git+https://github.com/",
+        ),
+        (
+            benchmark(
+                "finance_sec_search/config_web_search",
+                "finance_agent",
+                "finance_sec_search",
+                "benchmarks/finance_sec_search/config_web_search.yaml",
+            ),
+            "its agent `finance_agent` drops the rollout id",
+        ),
+        (
+            benchmark("labbench2_vlm", "labbench2_vlm_agent", "labbench2_vlm", "benchmarks/labbench2_vlm/config.yaml"),
+            "its agent `labbench2_vlm_agent` drops the rollout id",
+        ),
+        (
+            benchmark("toolsandbox", "toolsandbox_agent", "toolsandbox", "benchmarks/toolsandbox/config.yaml"),
+            "its resources server calls `policy_model` itself (`user_model_server`)",
+        ),
+        (
+            benchmark(
+                "speed-bench/config_qualitative",
+                "speed_bench_agent",
+                "speed_bench",
+                "benchmarks/speed-bench/config_qualitative.yaml",
+            ),
+            "its resources server reads the policy's own server (`vllm_base_url`)",
+        ),
+        (
+            benchmark("gdpval", "stirrup_agent", "gdpval", "benchmarks/gdpval/config.yaml"),
+            "its own rollout driver `resources_servers.gdpval.multistage_orchestrator:run_rollout_collection`",
+        ),
+        (
+            benchmark("critpt", "critpt_agent", "critpt", "benchmarks/critpt/config.yaml"),
+            "its environment `critpt`: settings serve does not set: `artificial_analysis_api_key`",
+        ),
+    ],
+    ids=lambda value: value.name if isinstance(value, CatalogEntry) else "",
+)
+def test_a_benchmark_is_refused_with_nemo_gyms_reason(entry: CatalogEntry, reason: str) -> None:
+    found = entry_support(entry)
+    assert found.status == catalog.REFUSED and reason in found.needs, found
+    assert found.agent == f"`{entry.agent_server}`"
+    with pytest.raises(BenchmarkError, match="does not run here"):
+        benchmark_mark(entry)
+
+
+@pytest.mark.parametrize(
+    ("name", "config", "needs"),
+    [
+        (
+            "deepsearchqa/configs/deepsearchqa_opencode",
+            "benchmarks/deepsearchqa/configs/deepsearchqa_opencode.yaml",
+            ["the environment variable EXA_API_KEY", "a judge (`--judge-url`)"],
+        ),
+        ("swebench/verified/opencode", "benchmarks/swebench/verified/opencode.yaml", []),
+        (
+            "apex_shortlist/opencode",
+            "benchmarks/apex_shortlist/opencode.yaml",
+            ["the environment variable OPENCODE_SANDBOX_IMAGE"],
+        ),
+        ("job_bench/pi", "benchmarks/job_bench/pi.yaml", []),
+        ("terminal_bench_4/miniswe", "benchmarks/terminal_bench_4/miniswe.yaml", []),  # its sandbox is nested
+    ],
+)
+def test_a_benchmark_in_task_containers_is_refused_first_for_them_naming_what_else_it_needs(
+    name: str, config: str, needs: list[str]
+) -> None:
+    kind = "harness_exa_search" if name.startswith("deepsearchqa") else None
+    found = entry_support(benchmark(name, kind, None, config))
+    assert found.status == catalog.REFUSED
+    assert found.needs.startswith("task containers: a sandbox provider"), found.needs
+    for need in needs:
+        assert need in found.needs, found.needs
+
+
+def test_a_benchmark_whose_config_changes_its_environment_is_not_served_yet_naming_the_setting() -> None:
+    # scicode's benchmark config points its server at SciCode's test data, which `serve --env scicode` does not.
+    scicode = benchmark("scicode", "scicode_agent", "scicode", "benchmarks/scicode/config.yaml", repeats=8)
+    assert benchmark_grader(scicode) is None
+    found = entry_support(scicode)
+    assert found.status == catalog.NOT_YET
+    assert found.needs == "its config changes what `serve --env scicode` serves (`test_data_fpath`)"
+
+
+def test_environments_folders_and_benchmarks_are_refused_by_one_rule() -> None:
+    # A requirement beyond PyPI of an agent (tau2's git line) refuses a benchmark as it refuses a folder.
+    tau2 = shipped_config("benchmarks/tau2/configs/tau2.yaml")
+    assert "needs more than PyPI" in str(config_refusal("tau2/configs/tau2", tau2))
+    # The agent that drops the rollout id refuses the environment of its name as it refuses its benchmark.
+    [p] = plan(["labbench2_vlm"])
+    assert "re-reads the row" in str(refusal("labbench2_vlm", shipped_config(p.config), None))
+    assert catalog.support("labbench2_vlm").status == catalog.REFUSED
