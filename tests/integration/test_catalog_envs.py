@@ -6,7 +6,6 @@ played through ``agent.run`` with a scripted gold answer (reward 1.0) and a wron
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from miles_nemogym.cli.main import app
 from tests.support.catalog_scripts import JUDGED_TOGETHER, SERVED_TOGETHER, scripts, tagged
 from tests.support.judge_model import JudgeModel
 from tests.support.scripted_chat import ScriptedChat
-from tests.support.serve_process import exported, serving
+from tests.support.serve_process import serving_environments
 from tests.support.threaded import serving_in_thread
 
 pytestmark = pytest.mark.integration
@@ -30,15 +29,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     """``NEMO_GYM_ENVS`` as the one ``serve`` start printed it, the judged environments graded by
     the stand-in judge; stopped after the module."""
     state = tmp_path_factory.mktemp("catalog-serve")
-    envs = [f"--env={e}" for e in (*SERVED_TOGETHER, *JUDGED_TOGETHER)]
-    with serving_in_thread(JudgeModel()) as judge:
-        arguments = ["--no-swe", "--port", "0", "--state-dir", str(state), *envs, "--judge-url", judge.url]
-        with serving(*arguments, "--judge-model", "judge", env={**os.environ, "HF_HUB_OFFLINE": "1"}) as serve:
-            printed = exported(serve.printed)
-            assert "NEMO_GYM_ENVS" in printed, serve.printed
-            yield json.loads(printed["NEMO_GYM_ENVS"])
-            rest = serve.stop()
-        assert serve.process.returncode == 0, rest
+    names = (*SERVED_TOGETHER, *JUDGED_TOGETHER)
+    with serving_in_thread(JudgeModel()) as judge, serving_environments(names, state, judge.url) as envs:
+        yield envs
 
 
 def _first_row(env: str, folder: Path) -> dict[str, Any]:

@@ -34,6 +34,7 @@ SERVED_TOGETHER = (
     "fukuyamabench",
     "indirect_prompt_injection",
     "reasoning_gym",
+    "example_single_tool_call",
 )
 """Catalog environments (``simple_agent``, no network, key or judge) played end to end in one
 server start by ``tests/integration/test_catalog_envs.py``."""
@@ -136,6 +137,11 @@ def scripts(env: str, row: dict[str, Any]) -> dict[str, list[Turn]]:
         return {
             "gold": [Turn(tool_calls=look), Turn(content="Here is the record.")],
             "wrong": [Turn(tool_calls=look), Turn(tool_calls=(follow,)), Turn(content="Sent.")],
+        }
+    if env == "example_single_tool_call":  # get_weather called at all
+        return {
+            "gold": [Turn(tool_calls=(tool("get_weather", city="San Francisco"),)), Turn(content="It is cold.")],
+            "wrong": [Turn(content="It is probably sunny.")],
         }
     if env == "reasoning_gym":  # reasoning-gym's own scorer on the <answer> block
         answer = row["answer"]

@@ -25,6 +25,10 @@ tests, with the gold and wrong answers of ``miles_nemogym.smoke.answers``."""
 BENCHMARKS = ("aime25", "gsm8k")
 """Benchmarks ``tests/integration/test_benchmarks.py`` converts from a prepared file and grades
 through ``agent.run`` (``aime25`` through Miles' eval step too), on ``math_with_judge``."""
+JUDGED_BENCHMARKS = ("aegis_v4_safety",)
+"""The benchmark whose data the wheel ships, converted by name alone and graded through
+``agent.run`` by its grader (the environment of the same name, served with the stand-in judge of
+``tests/support/judge_model.py``) in ``tests/integration/test_benchmarks.py``."""
 _THINKING = re.compile(r"<think>.*?</think>", re.DOTALL)
 
 # code_gen's first example row (Codeforces 1259D): reverse the fewest words so that they

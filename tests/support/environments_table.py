@@ -3,8 +3,8 @@ pinned wheel: the tables of README.md and docs/environments.md (``scripts/enviro
 prints them; ``tests/test_environments_table.py`` checks them). "Runs end to end here" are the
 environments the integration tests drive (``tests/support/env_scripts.py``, the catalog's
 ``tests/support/catalog_scripts.py``, the configs of ``tests/support/config_envs.py``, the routed
-agents' and their benchmarks' ``tests/support/routed_agents.py``, and the judged ones graded through the stand-in judge
-of ``tests/support/judge_model.py``).
+agents' and their benchmarks' ``tests/support/routed_agents.py``, and the judged ones graded through the
+stand-in judge of ``tests/support/judge_model.py``, among them the graders of ``JUDGED_BENCHMARKS``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from miles_nemogym.gym.environments import shipped_environments
 from miles_nemogym.settings import short_name
 from tests.support.catalog_scripts import JUDGED_TOGETHER, SERVED_TOGETHER
 from tests.support.config_envs import SERVED
-from tests.support.env_scripts import BENCHMARKS, ENVIRONMENTS, SMOKED
+from tests.support.env_scripts import BENCHMARKS, ENVIRONMENTS, JUDGED_BENCHMARKS, SMOKED
 from tests.support.judge_model import JUDGED_ENVIRONMENTS
 from tests.support.routed_agents import AGENTS, ROUTED_BENCHMARKS
 
@@ -76,7 +76,7 @@ def group(r: Row) -> str:
 def row(name: str) -> Row:
     found = support(name)
     status, needs = found.status, found.needs
-    if status == JUDGE and name in (*JUDGED_ENVIRONMENTS, *JUDGED_TOGETHER):
+    if status == JUDGE and name in (*JUDGED_ENVIRONMENTS, *JUDGED_TOGETHER, *JUDGED_BENCHMARKS):
         graded = "a judge model (`--judge-url`): tested through a stand-in judge"
         status, needs = TESTED, "; ".join([*needs.split("; "), graded]).lstrip("; ")
     elif status == catalog.SIMPLE:
@@ -126,7 +126,7 @@ def catalog_rows(entries: Sequence[catalog.CatalogEntry]) -> list[Row]:
             found = row(name)
         else:
             here = catalog.entry_support(entry)
-            tested = entry.kind == "benchmark" and entry.name in (*BENCHMARKS, *ROUTED_BENCHMARKS)
+            tested = entry.kind == "benchmark" and entry.name in (*BENCHMARKS, *ROUTED_BENCHMARKS, *JUDGED_BENCHMARKS)
             found = Row(entry.name, here.agent, BENCHMARK_TESTED if tested else here.status, here.needs)
         out.append(Row(entry.name, found.agent, found.status, found.needs))
     return out

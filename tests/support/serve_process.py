@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 
 @dataclass
@@ -56,3 +60,17 @@ def exported(printed: str) -> dict[str, str]:
             name, _, value = words[1].partition("=")
             found[name] = value
     return found
+
+
+@contextmanager
+def serving_environments(envs: Sequence[str], state_dir: Path, judge_url: str) -> Iterator[dict[str, Any]]:
+    """``NEMO_GYM_ENVS`` as ONE ``serve --no-swe --env ...`` start of ``envs`` printed it, their
+    judges at ``judge_url`` (model ``judge``); stopped after, its clean exit checked."""
+    envs_args = [f"--env={e}" for e in envs]
+    arguments = ["--no-swe", "--port", "0", "--state-dir", str(state_dir), *envs_args, "--judge-url", judge_url]
+    with serving(*arguments, "--judge-model", "judge", env={**os.environ, "HF_HUB_OFFLINE": "1"}) as serve:
+        printed = exported(serve.printed)
+        assert "NEMO_GYM_ENVS" in printed, serve.printed
+        yield json.loads(printed["NEMO_GYM_ENVS"])
+        rest = serve.stop()
+    assert serve.process.returncode == 0, rest
