@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from miles_nemogym.scan.runner import server_problem
+from miles_nemogym.scan._runner import server_problem
 from miles_nemogym.settings import Settings
 from tests.support.odd_http import OddServer
 from tests.support.openapi import GymStandIn, openapi_document

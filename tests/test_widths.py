@@ -21,9 +21,9 @@ from miles_nemogym.cli import episodes as episodes_cli
 from miles_nemogym.cli.main import app
 from miles_nemogym.episode.record import EpisodeRecord
 from miles_nemogym.launcher import run as launcher_run
-from miles_nemogym.scan.report import ScanProgress, render_summary
-from miles_nemogym.scan.results import ResultLine
-from miles_nemogym.scan.verdict import Verdict
+from miles_nemogym.scan._report import ScanProgress, render_summary
+from miles_nemogym.scan._results import ResultLine
+from miles_nemogym.scan._verdict import Verdict
 from miles_nemogym.store.writer import EpisodeStore, entry_for
 from tests.support import tmux
 from tests.support.episode_stores import build_store
@@ -464,7 +464,7 @@ def test_convert_on_a_terminal_keeps_a_long_input_path_whole(tmp_path: Path) -> 
 
 
 def test_scan_header_fits_80_columns_keeping_the_url_whole() -> None:
-    from miles_nemogym.scan.report import header
+    from miles_nemogym.scan._report import header
 
     how = "mode golden, concurrency 16, episode timeout 1800s"
     said = header(12, 500, "http://gym-host.example.internal:12000/run", how)

@@ -6,7 +6,9 @@ completes the same ten instances instead of moving on to ten new ones.
 
 from __future__ import annotations
 
-from miles_nemogym.scan.inputs import InputError, ScanTask
+from miles_nemogym.scan._inputs import InputError, ScanTask
+
+__all__ = ["select"]
 
 
 def select(tasks: list[ScanTask], instance_ids: list[str] | None, limit: int | None) -> list[ScanTask]:

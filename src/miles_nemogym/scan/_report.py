@@ -28,8 +28,10 @@ from rich.progress import (
 from rich.table import Table
 
 from miles_nemogym import fit
-from miles_nemogym.scan.results import ResultLine
-from miles_nemogym.scan.verdict import Verdict
+from miles_nemogym.scan._results import ResultLine
+from miles_nemogym.scan._verdict import Verdict
+
+__all__ = ["ScanProgress", "header", "render_summary"]
 
 _STATUS_EVERY = 10
 _STATUS_INTERVAL_S = 60.0

@@ -1,6 +1,6 @@
 """Run a scan: every selected instance through ``delivery.deliver``, as training does: a SWE row's
 ``/run`` body from ``run.prepare_scan``, an environment row's episode from ``agent.prepare_episode``
-(``scan/environment.py``).
+(``scan/_environment.py``).
 
 ``policy_base_url`` is ``--policy-base-url`` (absent only in a golden scan), the API key is
 sent only with it, and the policy must answer before the first episode. Whatever is wrong
@@ -26,19 +26,21 @@ from miles_nemogym.fit import counted
 from miles_nemogym.gym.config import instance_name
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.runtime import current
-from miles_nemogym.scan import environment as environment_scan
-from miles_nemogym.scan.config import ScanConfig, scan_settings, usage_problems
-from miles_nemogym.scan.golden_guard import GoldenGuard, golden_guard
-from miles_nemogym.scan.inputs import InputError, ScanTask, load_tasks
-from miles_nemogym.scan.report import ScanProgress, header, render_summary
-from miles_nemogym.scan.results import ResultLine, ResultsLock, ResultsWriter, task_digest
-from miles_nemogym.scan.selection import select
-from miles_nemogym.scan.verdict import Verdict, golden_pair, kind_of, reason_of, verdict_of
+from miles_nemogym.scan import _environment as environment_scan
+from miles_nemogym.scan._config import ScanConfig, scan_settings, usage_problems
+from miles_nemogym.scan._golden_guard import GoldenGuard, golden_guard
+from miles_nemogym.scan._inputs import InputError, ScanTask, load_tasks
+from miles_nemogym.scan._report import ScanProgress, header, render_summary
+from miles_nemogym.scan._results import ResultLine, ResultsLock, ResultsWriter, task_digest
+from miles_nemogym.scan._selection import select
+from miles_nemogym.scan._verdict import Verdict, golden_pair, kind_of, reason_of, verdict_of
 from miles_nemogym.server_probe import FetchError, identify
 from miles_nemogym.settings import Settings, SettingsError
 from miles_nemogym.smoke.answers import Answers
 from miles_nemogym.smoke.policy import RecordingPolicy
 from miles_nemogym.transport import close_pools
+
+__all__ = ["EXIT_USAGE", "ScanResult", "ScanUsageError", "run_scan"]
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -19,6 +19,8 @@ from miles_nemogym.data.sources import SourceError, open_file
 from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, TASK_ID_KEY
 from miles_nemogym.errors import MilesNemoGymError
 
+__all__ = ["InputError", "ScanTask", "load_tasks"]
+
 
 class InputError(MilesNemoGymError, ValueError):
     """The input file cannot be scanned; the message names the row, the field and the fix."""

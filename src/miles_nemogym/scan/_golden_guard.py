@@ -20,6 +20,8 @@ from aiohttp import web
 from miles_nemogym.episode import run as swe_run
 from miles_nemogym.transport import bracket, is_loopback
 
+__all__ = ["GoldenGuard", "golden_guard"]
+
 
 @dataclass
 class GoldenGuard:

@@ -16,6 +16,8 @@ from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome, passed, short
 from miles_nemogym.episode.record import verdict as verdict_word
 from miles_nemogym.episode.run import instance_report
 
+__all__ = ["Verdict", "golden_pair", "kind_of", "reason_of", "verdict_of"]
+
 _MAX_TEST_NAMES = 3
 
 

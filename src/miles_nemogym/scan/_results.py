@@ -19,8 +19,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from miles_nemogym.scan.inputs import InputError
-from miles_nemogym.scan.verdict import Verdict
+from miles_nemogym.scan._inputs import InputError
+from miles_nemogym.scan._verdict import Verdict
+
+__all__ = ["Mode", "ResultLine", "ResultsLock", "ResultsWriter", "task_digest"]
 
 Mode = Literal["golden", "policy", "server"]
 """``golden``: the server applies gold patches (every reward must be 1.0); ``policy``:

@@ -23,10 +23,14 @@ from miles_nemogym.episode.record import Outcome, task_row
 from miles_nemogym.gym.environments import plan
 from miles_nemogym.gym.venv import GymEnvironmentError
 from miles_nemogym.runtime import current
-from miles_nemogym.scan.inputs import InputError, ScanTask
+from miles_nemogym.scan._inputs import InputError, ScanTask
 from miles_nemogym.settings import Settings
 from miles_nemogym.smoke.answers import GOLD, WRONG, Answers, answers
 from miles_nemogym.smoke.policy import RecordingPolicy
+
+__all__ = ["CHECK_SESSION", "gold_answers", "play_golden", "server_problem", "session_base"]
+
+__all__: list[str] = []
 
 CHECK_SESSION = "http://127.0.0.1:9/sessions/check"
 """A session URL to check a golden row's episode against before the scripted policy starts."""

@@ -12,8 +12,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from miles_nemogym.scan.results import Mode
+from miles_nemogym.scan._results import Mode
 from miles_nemogym.settings import Settings
+
+__all__ = ["API_KEY_ENV", "ScanConfig", "scan_settings", "usage_problems"]
 
 API_KEY_ENV = "NEMO_GYM_POLICY_API_KEY"
 

@@ -16,8 +16,8 @@ from rich.markup import escape
 
 from miles_nemogym.fit import counted
 from miles_nemogym.redaction import KeyScrubber
-from miles_nemogym.scan.config import API_KEY_ENV, ScanConfig
-from miles_nemogym.scan.runner import EXIT_USAGE, ScanResult, ScanUsageError, run_scan
+from miles_nemogym.scan._config import ScanConfig
+from miles_nemogym.scan._runner import EXIT_USAGE, ScanResult, ScanUsageError, run_scan
 from miles_nemogym.settings import Settings
 
 
@@ -104,4 +104,4 @@ def execute(config: ScanConfig, *, console: Console, err: Console) -> int:
     return result.exit_code
 
 
-__all__ = ["API_KEY_ENV", "execute"]
+__all__ = ["execute"]
