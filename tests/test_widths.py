@@ -17,7 +17,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from miles_nemogym.checks import CheckResult, Status
-from miles_nemogym.cli import episodes as episodes_cli
+from miles_nemogym.cli import _episodes as episodes_cli
 from miles_nemogym.cli.main import app
 from miles_nemogym.episode.record import EpisodeRecord
 from miles_nemogym.launcher import run as launcher_run
@@ -380,8 +380,8 @@ BUILD_LOG = "/cache/gym-venv/" + "py3.13-nemo-gym0.7.0-mini-swe-agent2.1.0-swebe
 
 @pytest.mark.parametrize("on_a_terminal", [False, True], ids=["file", "terminal"])
 def test_build_notes_keep_their_path_whole(on_a_terminal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    from miles_nemogym.cli.console import console
-    from miles_nemogym.cli.progress import step_display
+    from miles_nemogym.cli._console import console
+    from miles_nemogym.cli._progress import step_display
 
     monkeypatch.setenv("COLUMNS", "80")
     monkeypatch.setenv("TTY_COMPATIBLE", "1" if on_a_terminal else "0")

@@ -11,6 +11,8 @@ from typing import Annotated
 
 import typer
 
+__all__ = ["app"]
+
 app = typer.Typer(
     name="miles-nemogym",
     help="Train Miles agents on NeMo-Gym environments: convert data, serve and check "
@@ -45,7 +47,14 @@ def _root(
 
 # Each feature module exposes `register(app)`; explicit imports, so a missing module is an
 # import error rather than a silently absent subcommand.
-from miles_nemogym.cli import convert, doctor, environments, episodes, examples, scan, serve, smoke  # noqa: E402
+import miles_nemogym.cli._convert as convert  # noqa: E402
+import miles_nemogym.cli._doctor as doctor  # noqa: E402
+import miles_nemogym.cli._environments as environments  # noqa: E402
+import miles_nemogym.cli._episodes as episodes  # noqa: E402
+import miles_nemogym.cli._examples as examples  # noqa: E402
+import miles_nemogym.cli._serve as serve  # noqa: E402
+import miles_nemogym.cli._smoke as smoke  # noqa: E402
+from miles_nemogym.cli import scan  # noqa: E402
 
 for _feature in (convert, doctor, environments, episodes, examples, scan, serve, smoke):
     _feature.register(app)

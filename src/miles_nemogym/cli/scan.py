@@ -13,7 +13,9 @@ from typing import Annotated
 
 import typer
 
-from miles_nemogym.cli.options import GymUrl, InstanceIds, subset_option
+from miles_nemogym.cli._options import GymUrl, InstanceIds, subset_option
+
+__all__ = ["main", "register"]
 
 _EPILOG = (
     "Exit codes: 0 every instance passed (reward 1.0) with no infrastructure failure; "
@@ -109,7 +111,7 @@ def _scan(
     """Run SWE-bench instances, or environment rows, through NeMo-Gym exactly as training will, and report."""
     from pydantic import ValidationError
 
-    from miles_nemogym.cli.console import console
+    from miles_nemogym.cli._console import console
     from miles_nemogym.data.select import parse_instance_ids
     from miles_nemogym.scan import ScanConfig, execute
     from miles_nemogym.validation import describe

@@ -30,8 +30,6 @@ from miles_nemogym.smoke.policy import RecordingPolicy
 
 __all__ = ["CHECK_SESSION", "gold_answers", "play_golden", "server_problem", "session_base"]
 
-__all__: list[str] = []
-
 CHECK_SESSION = "http://127.0.0.1:9/sessions/check"
 """A session URL to check a golden row's episode against before the scripted policy starts."""
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from rich.console import Console
 
+import miles_nemogym.scan._environment as environment_scan
 from miles_nemogym import checks
 from miles_nemogym.agent import prepare_episode
 from miles_nemogym.episode import run as swe_run
@@ -26,7 +27,6 @@ from miles_nemogym.fit import counted
 from miles_nemogym.gym.config import instance_name
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.runtime import current
-from miles_nemogym.scan import _environment as environment_scan
 from miles_nemogym.scan._config import ScanConfig, scan_settings, usage_problems
 from miles_nemogym.scan._golden_guard import GoldenGuard, golden_guard
 from miles_nemogym.scan._inputs import InputError, ScanTask, load_tasks

@@ -1,6 +1,6 @@
 """Read an episode store (``store/writer.py``) and show it as text: a table per step, a
 list of episodes, one episode turn by turn (the HTML page is ``store/page.py``). Pure
-functions over loaded entries, except ``load``; the CLI (``cli/episodes.py``) prints.
+functions over loaded entries, except ``load``; the CLI (``cli/_episodes.py``) prints.
 """
 
 from __future__ import annotations

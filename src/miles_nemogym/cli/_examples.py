@@ -15,8 +15,10 @@ from typing import Annotated
 
 import typer
 
-from miles_nemogym.cli.console import console
-from miles_nemogym.cli.signals import interrupt_on_sigterm
+from miles_nemogym.cli._console import console
+from miles_nemogym.cli._signals import interrupt_on_sigterm
+
+__all__ = ["register"]
 
 _HELP = """Write the five SWE-bench Verified rows nemo-gym ships (raw rows, one JSON object per
 line) to --output, or to standard output. Try the converter on them offline:

@@ -17,12 +17,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from miles_nemogym.cli.options import InstanceIds, choice, metavar, subset_option
-from miles_nemogym.cli.signals import interrupt_on_sigterm
+from miles_nemogym.cli._options import InstanceIds, choice, metavar, subset_option
+from miles_nemogym.cli._signals import interrupt_on_sigterm
 
 if TYPE_CHECKING:
     from miles_nemogym.data import ConvertOptions, ConvertReport
     from miles_nemogym.gym.benchmarks import BenchmarkMark
+
+__all__ = ["register"]
 
 _ON_ERROR = ("fail", "skip")
 
@@ -217,7 +219,7 @@ def _convert_command(
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
-    from miles_nemogym.cli.console import console
+    from miles_nemogym.cli._console import console
 
     out, err = console(), console(stderr=True)
     scratch = contextlib.ExitStack()

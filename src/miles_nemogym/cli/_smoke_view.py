@@ -21,6 +21,17 @@ from miles_nemogym.fit import counted
 from miles_nemogym.smoke.environments import EnvironmentEpisode, EnvironmentSmokeReport
 from miles_nemogym.smoke.run import OFFLINE_REASON, SmokeEpisode, SmokeReport, is_offline_failure
 
+__all__ = [
+    "ENVIRONMENT_LEGEND",
+    "LEGEND",
+    "build_table",
+    "environment_json",
+    "environment_line",
+    "environment_tables",
+    "episode_line",
+    "report_json",
+]
+
 LEGEND = (
     "verdict: resolved, unresolved, or the failure kind of an episode set aside (not trained on), "
     "as `episodes` shows it; turns: agent turns the episode's record counts (- when it has none); "

@@ -16,14 +16,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from miles_nemogym.cli.options import JUDGE_MODEL_HELP, JUDGE_URL_HELP, judge_of
-from miles_nemogym.cli.signals import interrupt_on_sigterm
+from miles_nemogym.cli._options import JUDGE_MODEL_HELP, JUDGE_URL_HELP, judge_of
+from miles_nemogym.cli._signals import interrupt_on_sigterm
 from miles_nemogym.fit import counted
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from miles_nemogym.gym.composition import Judge
+
+__all__ = ["register"]
 
 _EXPLANATION = (
     "This run used the 'local' sandbox: commands ran on this machine, not in the SWE-bench task "
@@ -107,8 +109,8 @@ def _smoke(
     judge_model: Annotated[str | None, typer.Option("--judge-model", metavar="NAME", help=JUDGE_MODEL_HELP)] = None,
 ) -> None:
     from miles_nemogym import checks
-    from miles_nemogym.cli.console import console as cli_console
-    from miles_nemogym.cli.doctor import show
+    from miles_nemogym.cli._console import console as cli_console
+    from miles_nemogym.cli._doctor import show
     from miles_nemogym.data.atomic import output_problem
     from miles_nemogym.gym import wheel as gym_wheel
 
@@ -213,8 +215,8 @@ def _smoke_environments(
     """``smoke --env``: the environments' shipped rows, one line per episode, a table per environment."""
     from rich.markup import escape
 
-    from miles_nemogym.cli.progress import step_display
-    from miles_nemogym.cli.smoke_view import ENVIRONMENT_LEGEND, environment_json, environment_line, environment_tables
+    from miles_nemogym.cli._progress import step_display
+    from miles_nemogym.cli._smoke_view import ENVIRONMENT_LEGEND, environment_json, environment_line, environment_tables
     from miles_nemogym.gym.venv import GymEnvironmentError
     from miles_nemogym.smoke.environments import EnvironmentEpisode, check_environments, run_environment_smoke
 
@@ -291,8 +293,8 @@ def _run(
     json_path: Path | None,
 ) -> bool:
     """The run and its report; whether the chain worked (``typer.Exit(2)`` when it could not start)."""
-    from miles_nemogym.cli.progress import step_display
-    from miles_nemogym.cli.smoke_view import LEGEND, build_table, episode_line, report_json
+    from miles_nemogym.cli._progress import step_display
+    from miles_nemogym.cli._smoke_view import LEGEND, build_table, episode_line, report_json
     from miles_nemogym.gym.venv import GymEnvironmentError
     from miles_nemogym.smoke.run import SmokeEpisode, expected_offline, run_smoke
 

@@ -14,6 +14,8 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+__all__ = ["console"]
+
 _UNLIMITED = 10_000
 _WORD = re.compile(r"\S+\s*")
 

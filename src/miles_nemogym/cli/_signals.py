@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
+__all__ = ["interrupt_on_sigterm"]
+
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt

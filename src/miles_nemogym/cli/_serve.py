@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from miles_nemogym.cli.options import JUDGE_MODEL_HELP, JUDGE_URL_HELP, SANDBOXES, judge_of
-from miles_nemogym.cli.signals import interrupt_on_sigterm
+from miles_nemogym.cli._options import JUDGE_MODEL_HELP, JUDGE_URL_HELP, SANDBOXES, judge_of
+from miles_nemogym.cli._signals import interrupt_on_sigterm
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from miles_nemogym.gym.environments import EnvironmentPlan, EnvironmentServers
     from miles_nemogym.gym.server import GymServer
     from miles_nemogym.gym.venv import GymVenv
+
+__all__ = ["register"]
 
 _SANDBOX_HELP = (
     f"Sandbox provider, one of {', '.join(SANDBOXES)}: a container one (what SWE-bench grading needs), "
@@ -156,8 +158,8 @@ def serve(
     from pydantic import ValidationError
     from rich.markup import escape
 
-    from miles_nemogym.cli.console import console as cli_console
-    from miles_nemogym.cli.progress import step_display
+    from miles_nemogym.cli._console import console as cli_console
+    from miles_nemogym.cli._progress import step_display
     from miles_nemogym.gym.config import ServeOptions, load_provider_options
     from miles_nemogym.gym.environments import EnvironmentServers, plan, refusals
     from miles_nemogym.gym.server import GymServer

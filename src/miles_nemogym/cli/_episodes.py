@@ -14,6 +14,8 @@ import typer
 if TYPE_CHECKING:
     from miles_nemogym.store.reader import StoredEpisode
 
+__all__ = ["register"]
+
 _PROBLEMS_SHOWN = 20
 """Unreadable or odd lines or files listed one by one; past it, counted."""
 

@@ -15,6 +15,18 @@ if TYPE_CHECKING:
 
     from miles_nemogym.gym.composition import Judge
 
+__all__ = [
+    "JUDGE_MODEL_HELP",
+    "JUDGE_URL_HELP",
+    "SANDBOXES",
+    "GymUrl",
+    "InstanceIds",
+    "choice",
+    "judge_of",
+    "metavar",
+    "subset_option",
+]
+
 SANDBOXES: tuple[str, ...] = get_args(SandboxName)
 
 JUDGE_URL_HELP = (

@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+__all__ = ["step_display"]
+
 _RESERVED = 14  # spinner, elapsed time and the gaps between columns
 
 
