@@ -42,6 +42,25 @@ from miles_nemogym.server_probe import (
 from miles_nemogym.settings import Settings, SettingsError
 from miles_nemogym.transport import bracket, is_loopback, is_wildcard
 
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "GYM_ANSWERS",
+    "POLICY_ANSWERS",
+    "POLICY_FIELD",
+    "POLICY_HOST",
+    "RUN_OFFERED",
+    "SETTINGS",
+    "CheckResult",
+    "Status",
+    "Target",
+    "all_passed",
+    "environment_check_name",
+    "environments",
+    "report",
+    "run",
+    "start_environment_fix",
+]
+
 DEFAULT_TIMEOUT_S = 5.0
 
 

@@ -24,6 +24,18 @@ from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.redaction import redact_url
 from miles_nemogym.transport import Deadline, TransportError, pool, request
 
+__all__ = [
+    "FetchError",
+    "Fetcher",
+    "Identifier",
+    "SchemaError",
+    "ServerIdentity",
+    "fetch_json",
+    "identify",
+    "resources_routes",
+    "run_body_fields",
+]
+
 
 class FetchError(MilesNemoGymError, Exception):
     """The URL could not be fetched as JSON; ``kind`` says why in one word."""

@@ -28,6 +28,8 @@ from miles_nemogym.smoke.answers import GOLD, PLAIN, PLAIN_ANSWER, WRONG, answer
 from miles_nemogym.smoke.policy import Answer, RecordingPolicy
 from miles_nemogym.smoke.run import file_as_step, run_rows
 
+__all__ = ["EnvironmentEpisode", "EnvironmentSmokeReport", "check_environments", "run_environment_smoke"]
+
 MODEL = "model"
 """The answer label of an episode a real model played (``--policy-base-url``)."""
 
