@@ -1,14 +1,4 @@
-"""Pre-run checks: one result type, one runner, one report, and the NeMo-Gym checks written once.
-
-A :class:`Check` is named and may need others: when one it needs ran and did not pass, it is
-SKIP and says why. ``doctor``, the scan's gate, ``smoke`` and the launcher's preflight each list
-the checks they want of a :class:`Target` (the plugin's settings, the trainer's session host,
-an API policy, the tools the rows use): settings valid, the Gym server answers, ``/run`` takes
-``policy_base_url`` (one probe, :mod:`miles_nemogym.server_probe`), the policy host is dialable
-from the Gym host, an API policy answers, each ``NEMO_GYM_ENVS`` resources server serves what its
-rows call. The launcher's own checks (GPUs, Miles, data, ...) are in ``launcher/checks.py``.
-Why each check: docs/data-and-checks.md.
-"""
+"""Pre-run checks: one result type, one runner, one report, and the NeMo-Gym checks written once."""
 
 from __future__ import annotations
 

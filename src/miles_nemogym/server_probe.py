@@ -1,11 +1,4 @@
-"""What a server's ``/openapi.json`` declares: ``POST /run``'s body fields, or a resources server's routes.
-
-The one probe behind the server checks (:mod:`miles_nemogym.checks`): fetch the document
-through the one transport (``transport.request``: one deadline for the whole answer, no
-redirects, a size cap), then read ``POST /run``'s body fields with a bounded schema walk, or a
-resources server's ``POST`` routes. What each failure means and its fix: ``checks``. Why each
-guard exists: docs/data-and-checks.md.
-"""
+"""What a server's ``/openapi.json`` declares: ``POST /run``'s body fields, or a resources server's routes."""
 
 from __future__ import annotations
 
@@ -195,11 +188,7 @@ def _resolve(document: Mapping[str, Any], schema: Any) -> Mapping[str, Any]:
 
 
 def _properties(document: Mapping[str, Any], schema: Mapping[str, Any]) -> set[str]:
-    """Property names of a schema, through ``allOf`` (how subclassed models may render).
-
-    Iterative, each schema object read once: an ``allOf`` that includes itself, or a
-    document nested thousands deep, ends with a clear ``SchemaError`` in milliseconds.
-    """
+    """Property names of a schema, through ``allOf`` (how subclassed models may render)."""
     names: set[str] = set()
     pending: list[Any] = [schema]
     visited: set[int] = set()
@@ -230,10 +219,7 @@ def _object(value: Any, what: str) -> Mapping[str, Any]:
 
 
 def run_body_fields(openapi: Any) -> tuple[str, set[str]]:
-    """The name of ``POST /run``'s JSON body schema and the fields it declares.
-
-    Raises only ``SchemaError``, whatever the document holds.
-    """
+    """The name of ``POST /run``'s JSON body schema and the fields it declares."""
     if not isinstance(openapi, Mapping) or not isinstance(openapi.get("paths"), Mapping):
         raise SchemaError("the document is not an OpenAPI schema (no 'paths')")
     post = _object(openapi["paths"].get("/run"), "the document's '/run' entry").get("post")

@@ -1,9 +1,4 @@
-"""The one output rule every command's console follows.
-
-On a terminal a line wraps at the terminal's width, between words: a word longer than the line
-(a path, a command) stands whole on a line of its own, never split or cut. Anywhere else (a
-file, a pipe) no line is ever broken. Refusals and headers are worded to fit 80 columns.
-"""
+"""The one output rule every command's console follows."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""``miles-nemogym convert``: SWE-bench-family dataset → Miles prompt JSONL.
-
-Parses flags into :class:`~miles_nemogym.data.ConvertOptions`, shows progress and the
-summary, maps failures to exit codes (0 written, 1 nothing written, 2 bad flags).
-``miles_nemogym.data`` is imported inside the command so ``--help`` stays fast.
-"""
+"""``miles-nemogym convert``: SWE-bench-family dataset → Miles prompt JSONL."""
 
 from __future__ import annotations
 
@@ -161,14 +156,13 @@ def _convert_command(
         ),
     ] = None,
     size: Annotated[
-        int | None,
-        typer.Option(min=1, help="Rows in a weighted mix (default: the most without repeating a row)."),
+        int | None, typer.Option(min=1, help="Rows in a weighted mix (default: the most without repeating a row).")
     ] = None,
     split: Annotated[
         str | None,
         typer.Option(
             help="Split to load (folders, dataset ids) and, for SWE-bench rows, to record in metadata. "
-            "Default: the row's own, else test for SWE-bench sets, train for SWE-Gym and NeMo-Gym environments.",
+            "Default: the row's own, else test for SWE-bench sets, train for SWE-Gym and NeMo-Gym environments."
         ),
     ] = None,
     subset: Annotated[
@@ -187,8 +181,7 @@ def _convert_command(
         ),
     ] = "fail",
     gradeable_only: Annotated[
-        bool,
-        typer.Option("--gradeable-only", help="Keep only rows the installed swebench package can grade."),
+        bool, typer.Option("--gradeable-only", help="Keep only rows the installed swebench package can grade.")
     ] = False,
     repos: Annotated[
         list[str] | None, typer.Option("--repos", help="Keep only these repos (repeat or comma-separate).")
@@ -246,11 +239,7 @@ def _benchmark_note(mark: BenchmarkMark, source: Path) -> str:
 
 
 def _benchmark_rows(
-    err: Console,
-    value: str,
-    input: str | None,
-    scratch: contextlib.ExitStack,
-    marks: list[tuple[BenchmarkMark, Path]],
+    err: Console, value: str, input: str | None, scratch: contextlib.ExitStack, marks: list[tuple[BenchmarkMark, Path]]
 ) -> str:
     """``value`` as given, or, when it names a NeMo-Gym benchmark, ``GRADER=ROWS[:WEIGHT]`` with
     ROWS the benchmark's rows made by :func:`miles_nemogym.gym.benchmarks.materialize`."""
@@ -329,14 +318,7 @@ def _convert_with(
     quiet: bool,
 ) -> None:
     from pydantic import ValidationError
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-    )
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from miles_nemogym.data import (
         ConvertError,

@@ -46,8 +46,7 @@ def episodes(
     environments: Annotated[
         list[str] | None,
         typer.Option(
-            "--env",
-            help="Only episodes of this environment ('swe' for SWE-bench; repeat for several). Every view.",
+            "--env", help="Only episodes of this environment ('swe' for SWE-bench; repeat for several). Every view."
         ),
     ] = None,
     html_out: Annotated[

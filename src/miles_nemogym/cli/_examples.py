@@ -1,10 +1,4 @@
-"""``miles-nemogym examples``: the task rows nemo-gym ships, as a file to try things on.
-
-SWE-bench Verified rows by default; ``--env NAME``: a resources server's ``data/example.jsonl``.
-
-They come from the pinned nemo-gym wheel (downloaded once with pip into the cache), so
-``convert``, ``scan`` and ``smoke`` can be tried without the dataset hub.
-"""
+"""``miles-nemogym examples``: the task rows nemo-gym ships, as a file to try things on."""
 
 from __future__ import annotations
 
@@ -59,8 +53,7 @@ def _examples(
         Path | None, typer.Option("--output", "-o", help="Where to write the rows (default: standard output).")
     ] = None,
     env: Annotated[
-        str | None,
-        typer.Option("--env", metavar="NAME", help="The example rows of this NeMo-Gym environment instead."),
+        str | None, typer.Option("--env", metavar="NAME", help="The example rows of this NeMo-Gym environment instead.")
     ] = None,
 ) -> None:
     from miles_nemogym.data.atomic import AtomicFiles, WriteError, output_problem

@@ -79,8 +79,7 @@ def metavar(choices: Sequence[str]) -> str:
 
 
 GymUrl = Annotated[
-    str | None,
-    typer.Option("--gym-url", help="The mini_swe_agent_2 server's base URL (default: NEMO_GYM_URL)."),
+    str | None, typer.Option("--gym-url", help="The mini_swe_agent_2 server's base URL (default: NEMO_GYM_URL).")
 ]
 InstanceIds = Annotated[str | None, typer.Option("--instance-ids", metavar="FILE|ID,ID", help=_INSTANCE_IDS_HELP)]
 

@@ -1,8 +1,4 @@
-"""One progress display for long preparation steps (the server's first-run build, its start).
-
-Unindented lines are steps, indented ones details: a terminal shows one live line and
-each finished step with its duration; a log file gets the step lines only.
-"""
+"""One progress display for long preparation steps (the server's first-run build, its start)."""
 
 from __future__ import annotations
 
@@ -27,11 +23,7 @@ def _short(text: str, width: int) -> str:
 def step_display(console: Console) -> Iterator[Callable[[str], None]]:
     """A ``progress(line)`` callback that drives the display until the block ends."""
     # The detail (pip's counts) goes on a line of its own under the step: both fit at 80 columns.
-    columns = (
-        SpinnerColumn(),
-        TextColumn("{task.description}[dim]{task.fields[detail]}[/dim]"),
-        TimeElapsedColumn(),
-    )
+    columns = (SpinnerColumn(), TextColumn("{task.description}[dim]{task.fields[detail]}[/dim]"), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("preparing", detail="")
         current: list[tuple[str, float]] = []

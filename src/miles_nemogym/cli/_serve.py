@@ -1,13 +1,4 @@
-"""``miles-nemogym serve``: the NeMo-Gym environment side in one command.
-
-Builds (first run, minutes) or reuses the pinned server venv, composes the
-``mini_swe_agent_2`` config for the chosen sandbox provider, starts the server and, with
-``--env``, each named environment's resources server next to it (``--no-swe``: those
-only), prints the ``NEMO_GYM_URL`` / ``NEMO_GYM_ENVS`` the trainer side exports, and runs
-until Ctrl-C or SIGTERM, then stops every server and the SWE server's Ray (a cluster joined
-with ``--ray-address`` keeps running). ``--dry-run`` prints what would be started and
-installed, and what is missing, and starts nothing.
-"""
+"""``miles-nemogym serve``: the NeMo-Gym environment side in one command."""
 
 from __future__ import annotations
 
@@ -169,9 +160,7 @@ def serve(
         SECRET_VARIABLE,
         secret_problem,
     )
-    from miles_nemogym.routing_root.responses_api_models.miles_routing_model.session_servers import (
-        parse_session_server,
-    )
+    from miles_nemogym.routing_root.responses_api_models.miles_routing_model.session_servers import parse_session_server
     from miles_nemogym.validation import as_flag, problems
 
     console = cli_console(stderr=True)
@@ -553,13 +542,7 @@ def _plan_environments(
     judge: Judge | None,
 ) -> None:
     """Which resources servers would start where, what they would install, and the setting."""
-    from miles_nemogym.gym.environments import (
-        judged_plans,
-        missing_requirements,
-        overlay_path,
-        overlay_python,
-        setting,
-    )
+    from miles_nemogym.gym.environments import judged_plans, missing_requirements, overlay_path, overlay_python, setting
     from miles_nemogym.gym.server import advertised_url
     from miles_nemogym.redaction import redact_url
 

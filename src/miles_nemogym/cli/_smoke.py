@@ -89,8 +89,7 @@ def _smoke(
     episode_dir: Annotated[
         Path | None,
         typer.Option(
-            "--episode-dir",
-            help=f"The episode store to write (default: $NEMO_GYM_EPISODE_DIR, else ./{_EPISODE_DIR}).",
+            "--episode-dir", help=f"The episode store to write (default: $NEMO_GYM_EPISODE_DIR, else ./{_EPISODE_DIR})."
         ),
     ] = None,
     json_path: Annotated[

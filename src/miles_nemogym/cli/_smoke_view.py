@@ -1,10 +1,4 @@
-"""How a smoke run reads: one line per finished episode, the verdict table, its JSON.
-
-Pure functions of the episodes, so the layout is tested without a server. The table is
-designed for 80 columns: short cells only (an instance id never wraps), and every
-reason in full as a numbered footnote under it. Episodes set aside only because the
-grader has no network share one short footnote instead of a raw ConnectionError.
-"""
+"""How a smoke run reads: one line per finished episode, the verdict table, its JSON."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Entry point of the ``miles-nemogym`` command: registers each feature's subcommand.
-
-Subcommand modules import their heavy dependencies (datasets, the scan) inside the
-command bodies, so ``miles-nemogym --help`` stays fast.
-"""
+"""Entry point of the ``miles-nemogym`` command: registers each feature's subcommand."""
 
 from __future__ import annotations
 
@@ -34,8 +30,7 @@ def _show_version(value: bool) -> None:
 def _root(
     ctx: typer.Context,
     show_version: Annotated[
-        bool,
-        typer.Option("--version", callback=_show_version, is_eager=True, help="Print the version and exit."),
+        bool, typer.Option("--version", callback=_show_version, is_eager=True, help="Print the version and exit.")
     ] = False,
 ) -> None:
     """miles-nemogym command line."""

@@ -1,10 +1,4 @@
-"""Golden and API-policy scans: check a NeMo-Gym server before any GPU time is spent.
-
-Each instance runs through the agent function's own episode path (``episode/run.py``,
-``agent.prepare_episode`` for environment rows, ``episode/delivery.py``).
-Public API: ``ScanConfig``, ``execute`` (as a program: what ``miles-nemogym scan`` and
-``scripts/golden_scan.py`` call), ``golden_scan``.
-"""
+"""Golden and API-policy scans: check a NeMo-Gym server before any GPU time is spent."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Run a scan as a program (``miles-nemogym scan``, ``scripts/golden_scan.py``): signals, logging, exit code.
-
-Exit 0: every instance passed (``--allow-unresolved``: was graded); 1: an instance failed
-or hit an infrastructure failure; 2: the scan could not start (nothing sent); 130: stopped
-by Ctrl-C or SIGTERM, finished results kept. A second Ctrl-C aborts at once (exit 1).
-"""
+"""Run a scan as a program (``miles-nemogym scan``, ``scripts/golden_scan.py``): signals, logging, exit code."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
 """A scan of environment rows: each row through the agent function's own environment path, on the
-``NEMO_GYM_ENVS`` servers training will use.
-
-    golden   -> the row's gold and a wrong answer (``smoke/answers.py``), played by the scripted
-                policy in this process: the gold must pass, the wrong answer must not
-    policy   -> ``--policy-base-url`` answers (its key sent to it alone), one episode per row
-
-A row of an environment whose rows carry no gold smoke can read is refused in a golden scan,
-naming the API-policy scan instead; an environment missing from ``NEMO_GYM_ENVS`` or whose
-server does not answer stops the scan before the first episode.
-"""
+``NEMO_GYM_ENVS`` servers training will use."""
 
 from __future__ import annotations
 
@@ -95,11 +86,7 @@ def _names(environments: Sequence[str]) -> set[str]:
 
 
 async def play_golden(
-    task: ScanTask,
-    known: Answers,
-    policy: RecordingPolicy,
-    settings: Settings,
-    request_kwargs: Mapping[str, Any],
+    task: ScanTask, known: Answers, policy: RecordingPolicy, settings: Settings, request_kwargs: Mapping[str, Any]
 ) -> tuple[Outcome, Outcome]:
     """The row's gold, then its wrong answer, each one episode of its own scripted session."""
     played = []

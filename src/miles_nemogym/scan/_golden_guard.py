@@ -1,11 +1,4 @@
-"""A golden scan's check that the server is golden: a policy endpoint no golden server calls.
-
-nemo-gym 0.7.0's ``mini_swe_agent_2`` says nothing of ``run_golden`` from outside (no endpoint
-shows its config, and ``serve`` starts no head server), so a golden scan sends each ``/run`` this
-endpoint as its ``policy_base_url``: a golden server applies the gold patch and never calls it; a
-server started without ``--golden`` calls it on its first model call, and the scan stops there with
-the fix instead of waiting out the episode timeout on a model that cannot answer.
-"""
+"""A golden scan's check that the server is golden: a policy endpoint no golden server calls."""
 
 from __future__ import annotations
 

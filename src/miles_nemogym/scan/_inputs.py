@@ -1,10 +1,5 @@
 """Read the task rows a scan runs: converter output or raw SWE-bench / NeMo-Gym SWE rows, or
-environment rows as ``convert --env`` writes them (one kind per file).
-
-Each row becomes the ``metadata`` the agent function would get for it, read through
-:func:`miles_nemogym.data.sources.open_file` and checked by the request builder; every problem
-names its line, the field and the fix (docs/data-and-checks.md).
-"""
+environment rows as ``convert --env`` writes them (one kind per file)."""
 
 from __future__ import annotations
 
@@ -126,16 +121,9 @@ def _repo_of(metadata: Mapping[str, Any], instance_id: str) -> str:
 
 
 def load_tasks(
-    path: Path,
-    *,
-    subset: str | None = None,
-    split: str | None = None,
-    golden: bool = False,
+    path: Path, *, subset: str | None = None, split: str | None = None, golden: bool = False
 ) -> list[ScanTask]:
-    """Every task row of ``path`` (its ``/run`` body is built and checked by the scan before any episode).
-
-    Raises ``InputError`` for the first bad row, an empty file or a repeated instance id.
-    """
+    """Every task row of ``path`` (its ``/run`` body is built and checked by the scan before any episode)."""
     if subset is not None and subset not in SUBSETS:
         raise InputError(f"--subset {subset!r}: expected one of {', '.join(SUBSETS)}")
     if not path.exists():

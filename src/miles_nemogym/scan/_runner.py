@@ -1,12 +1,6 @@
 """Run a scan: every selected instance through ``delivery.deliver``, as training does: a SWE row's
 ``/run`` body from ``run.prepare_scan``, an environment row's episode from ``agent.prepare_episode``
-(``scan/_environment.py``).
-
-``policy_base_url`` is ``--policy-base-url`` (absent only in a golden scan), the API key is
-sent only with it, and the policy must answer before the first episode. Whatever is wrong
-before an episode starts raises ``ScanUsageError``; then results are appended as episodes
-finish, and ``stop`` (Ctrl-C) keeps what finished.
-"""
+(``scan/_environment.py``)."""
 
 from __future__ import annotations
 
@@ -147,11 +141,7 @@ def _foreign_results(config: ScanConfig, earlier: dict[str, ResultLine], digests
 
 
 def _prepare_locked(
-    config: ScanConfig,
-    settings: Settings,
-    tasks: list[ScanTask],
-    selected: list[ScanTask],
-    lock: ResultsLock | None,
+    config: ScanConfig, settings: Settings, tasks: list[ScanTask], selected: list[ScanTask], lock: ResultsLock | None
 ) -> _Prepared:
     try:
         earlier = lock.read() if lock is not None else {}
@@ -243,10 +233,7 @@ def _result_line(
 
 
 async def run_scan(
-    config: ScanConfig,
-    *,
-    console: Console | None = None,
-    stop: asyncio.Event | None = None,
+    config: ScanConfig, *, console: Console | None = None, stop: asyncio.Event | None = None
 ) -> ScanResult:
     """Run the scan ``config`` describes, printing progress and summary; ``ScanUsageError``
     (before any episode) when it cannot start. ``stop`` cancels in-flight episodes and

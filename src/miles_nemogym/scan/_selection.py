@@ -1,8 +1,4 @@
-"""Which of the input's instances a scan runs: ``--instance-ids``, then ``--limit``.
-
-``--resume`` is applied after this (by the runner), so a resumed ``--limit 10`` scan
-completes the same ten instances instead of moving on to ten new ones.
-"""
+"""Which of the input's instances a scan runs: ``--instance-ids``, then ``--limit``."""
 
 from __future__ import annotations
 

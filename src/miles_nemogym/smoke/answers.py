@@ -1,11 +1,4 @@
-"""A gold and a wrong answer for an environment row, from the gold its row carries.
-
-``smoke --env`` plays them through the scripted policy, so a user sees the environment score
-its best and its worst before paying for a model. Keyed by resources server (the folder in
-the wheel); each rule reads only fields nemo-gym 0.7.0's rows of that server carry and
-writes the answer its verifier grades (docs/environments.md, "Smoke"). A server without a
-rule, or a row without its gold, gets none: smoke then plays one plain reply.
-"""
+"""A gold and a wrong answer for an environment row, from the gold its row carries."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""``miles-nemogym smoke --env NAME``: an environment's shipped rows end to end, no GPU.
-
-The real resources servers (and agent servers, as ``serve --env`` starts them), the rows as
-``convert --env`` writes them and the agent function as Miles calls it, against the scripted
-policy playing each row's gold and wrong answer (``smoke/answers.py``), or against a real
-model (``--policy-base-url``). Each run is one train step of the episode store.
-"""
+"""``miles-nemogym smoke --env NAME``: an environment's shipped rows end to end, no GPU."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""A scripted, recording OpenAI-compatible policy served at Miles' session URL shape.
-
-Stands in for Miles' session server + SGLang in the smoke run and the tests that drive
-an episode without Miles: records every request per session and answers like a policy
-driving mini-swe-agent 2.1.0 through its ``bash`` tool until it submits a patch
-(docs/launcher.md, "The chain without a GPU"), or, for a session given ``answers``, plays
-those turns (an environment's gold or wrong answer, ``smoke/answers.py``). Async or sync
-context manager.
-"""
+"""A scripted, recording OpenAI-compatible policy served at Miles' session URL shape."""
 
 from __future__ import annotations
 
@@ -332,10 +324,7 @@ class RecordingPolicy:
         return await self.start()
 
     async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.stop()
 
@@ -379,9 +368,6 @@ class RecordingPolicy:
         return self.start_in_thread()
 
     def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop_thread()

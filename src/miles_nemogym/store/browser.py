@@ -397,9 +397,7 @@ def _names(value: Any) -> list[str]:
 def _report_lines(report: dict[str, Any] | None) -> list[str]:
     if report is None:
         return ["(no test report)"]
-    lines = [
-        f"resolved: {report.get('resolved')}   patch applied: {report.get('patch_successfully_applied')}",
-    ]
+    lines = [f"resolved: {report.get('resolved')}   patch applied: {report.get('patch_successfully_applied')}"]
     tests = report.get("tests_status")
     for category in ("FAIL_TO_PASS", "PASS_TO_PASS"):
         status = tests.get(category) if isinstance(tests, dict) else None
