@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import Any, NoReturn
 
+import typer
 from rich.console import Console
 from rich.text import Text
 
-__all__ = ["console"]
+__all__ = ["console", "fail"]
 
 _UNLIMITED = 10_000
 _WORD = re.compile(r"\S+\s*")
@@ -55,3 +56,9 @@ def console(*, stderr: bool = False) -> Console:
     if not made.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
         made.width = _UNLIMITED  # a table too: in a log every column is kept, none cut
     return made
+
+
+def fail(console: Console, message: str, code: int = 2, **options: Any) -> NoReturn:
+    """Print ``message`` (``options`` as ``Console.print`` takes them) and exit with ``code``."""
+    console.print(message, **options)
+    raise typer.Exit(code)

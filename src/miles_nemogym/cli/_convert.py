@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from miles_nemogym.cli._console import fail
 from miles_nemogym.cli._options import InstanceIds, choice, metavar, subset_option
 from miles_nemogym.cli._signals import interrupt_on_sigterm
 
@@ -259,12 +260,10 @@ def _benchmark_rows(
             try:
                 find(name.strip(), entries)
             except UnknownCatalogNameError as error:
-                err.print(f"error: --env {value}: {error}", highlight=False, markup=False)
-                raise typer.Exit(2) from None
+                fail(err, f"error: --env {value}: {error}", highlight=False, markup=False)
         return value
     except GymEnvironmentError as error:
-        err.print(f"error: --env {value}: {error}", highlight=False, markup=False)
-        raise typer.Exit(1) from None
+        fail(err, f"error: --env {value}: {error}", 1, highlight=False, markup=False)
     if entry.name != name.strip():
         return value
     head, colon, tail = rest.rpartition(":")
@@ -272,24 +271,22 @@ def _benchmark_rows(
     source_text = head if weighted else rest
     source = Path(source_text).expanduser() if sep else (Path(input) if input else shipped_data(gym, entry))
     if source is None:
-        err.print(
+        fail(
+            err,
             f"error: --env {value}: nemo-gym does not ship benchmark {entry.name}'s data; give its "
             f"prepared file as --env {entry.name}=FILE (`gym eval prepare --benchmark {entry.name}` writes it)",
             highlight=False,
             markup=False,
         )
-        raise typer.Exit(2)
     if not source.is_file():
-        err.print(f"error: --env {value}: {source}: no such file", highlight=False, markup=False)
-        raise typer.Exit(2)
+        fail(err, f"error: --env {value}: {source}: no such file", highlight=False, markup=False)
     folder = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="mng-bench-")))
     rows = folder / "rows.jsonl"
     try:
         mark = benchmark_mark(entry)
         materialize(gym, entry, source, rows)
     except BenchmarkError as error:
-        err.print(f"error: --env {value}: {error}", highlight=False, markup=False)
-        raise typer.Exit(2) from None
+        fail(err, f"error: --env {value}: {error}", highlight=False, markup=False)
     marks.append((mark, source))
     return f"{mark.environment}={rows}" + (f":{tail}" if weighted else "")
 
@@ -358,8 +355,7 @@ def _convert_with(
             err.print(f"error: {line}", highlight=False, markup=False)
         raise typer.Exit(2) from None
     except ValueError as error:  # InputError, or --instance-ids that holds no id
-        err.print(f"error: {error}", highlight=False, markup=False)
-        raise typer.Exit(2) from None
+        fail(err, f"error: {error}", highlight=False, markup=False)
 
     _check_names(err, options, own_envs or [])
 
@@ -385,26 +381,21 @@ def _convert_with(
             except InterruptedAfterCommit as stop:
                 bar.stop()
                 written = ", ".join(map(str, stop.paths))
-                err.print(f"interrupted once every file was written: {written}", highlight=False, markup=False)
-                raise typer.Exit(130) from None
+                fail(err, f"interrupted once every file was written: {written}", 130, highlight=False, markup=False)
             except KeyboardInterrupt:
                 bar.stop()
-                err.print("interrupted: nothing written, no file touched", highlight=False, markup=False)
-                raise typer.Exit(130) from None
+                fail(err, "interrupted: nothing written, no file touched", 130, highlight=False, markup=False)
             except ConvertError as error:
                 bar.stop()
                 _print_summary(err, error.report, options)
-                err.print(f"error: {error}", highlight=False, markup=False)
-                raise typer.Exit(1) from None
+                fail(err, f"error: {error}", 1, highlight=False, markup=False)
             except (SourceError, SwebenchMissingError, ValueError, WriteError) as error:
                 bar.stop()
-                err.print(f"error: {error}", highlight=False, markup=False)
-                raise typer.Exit(1) from None
+                fail(err, f"error: {error}", 1, highlight=False, markup=False)
             except OSError as error:  # e.g. an input that cannot be read
                 bar.stop()
                 said = f"{error.filename}: {error.strerror}" if error.filename and error.strerror else str(error)
-                err.print(f"error: {said}", highlight=False, markup=False)
-                raise typer.Exit(1) from None
+                fail(err, f"error: {said}", 1, highlight=False, markup=False)
     _print_summary(out, report, options)
 
 
@@ -416,28 +407,28 @@ def _check_names(err: Console, options: ConvertOptions, own: list[str]) -> None:
     given = [entry.name for entry in options.environments if entry.name]
     for name in own:
         if name not in given:
-            err.print(f"error: --own-env {name}: no --env names {name!r}", highlight=False, markup=False)
-            raise typer.Exit(2)
+            fail(err, f"error: --own-env {name}: no --env names {name!r}", highlight=False, markup=False)
     names = [name for name in given if name != SWE_ENVIRONMENT and name not in own]
     if not names:
         return
     try:
         check_shipped(names)
     except UnknownEnvironmentError as error:
-        err.print(
+        fail(
+            err,
             f"error: --env: {error} Give the name it ships, or add --own-env NAME for an environment of your own.",
             highlight=False,
             markup=False,
         )
-        raise typer.Exit(2) from None
     except (OSError, RuntimeError) as error:  # the wheel could not be downloaded or read
-        err.print(
+        fail(
+            err,
             f"error: --env: cannot check the names against nemo-gym's ({error}); "
             "add --own-env NAME for each to convert without the check",
+            1,
             highlight=False,
             markup=False,
         )
-        raise typer.Exit(1) from None
 
 
 def register(app: typer.Typer) -> None:

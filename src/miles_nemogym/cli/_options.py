@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any, get_args
 
 import typer
 
+from miles_nemogym.cli._console import fail
 from miles_nemogym.data.schema import SUBSETS
 from miles_nemogym.gym.config import SandboxName
 
@@ -48,8 +49,7 @@ def judge_of(console: Console, url: str | None, model: str | None) -> Judge | No
         return None
     if url is None or model is None:
         given, lacking = ("--judge-url", "--judge-model") if url else ("--judge-model", "--judge-url")
-        console.print(f"[red]error:[/red] {given} needs {lacking} too: a judge is an endpoint and a model name")
-        raise typer.Exit(2)
+        fail(console, f"[red]error:[/red] {given} needs {lacking} too: a judge is an endpoint and a model name")
     try:
         return Judge(url=url, model=model)
     except ValidationError as exc:

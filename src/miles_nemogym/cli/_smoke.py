@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from miles_nemogym.cli._console import fail
 from miles_nemogym.cli._options import JUDGE_MODEL_HELP, JUDGE_URL_HELP, judge_of
 from miles_nemogym.cli._signals import interrupt_on_sigterm
 from miles_nemogym.fit import counted
@@ -127,20 +128,17 @@ def _smoke(
         raise typer.Exit(2)
     problem = output_problem(json_path) if json_path is not None else None
     if problem:  # before any server starts: a link is never written through, a device never replaced
-        console.print(f"[red]error:[/red] --json {json_path} {problem}", highlight=False)
-        raise typer.Exit(2)
+        fail(console, f"[red]error:[/red] --json {json_path} {problem}", highlight=False)
     judge = judge_of(console, judge_url, judge_model)
     if envs:
         _smoke_environments(console, envs, judge, policy_base_url, limit, state_dir, keep, episode_dir, json_path)
         return
     if judge is not None:
-        console.print("[red]error:[/red] --judge-url grades --env environments; the SWE smoke has no judge")
-        raise typer.Exit(2)
+        fail(console, "[red]error:[/red] --judge-url grades --env environments; the SWE smoke has no judge")
     try:
         rows = gym_wheel.example_rows()[:limit]
     except (OSError, RuntimeError) as error:  # the pinned wheel could not be downloaded or read
-        console.print(f"[red]cannot read the example rows nemo-gym ships:[/red] {error}", highlight=False)
-        raise typer.Exit(2) from None
+        fail(console, f"[red]cannot read the example rows nemo-gym ships:[/red] {error}", highlight=False)
     store = _store_path(episode_dir)
     folder = state_dir or Path(tempfile.mkdtemp(prefix="miles-nemogym-smoke-"))
     kept = state_dir is not None or keep
@@ -177,8 +175,7 @@ def _write_json(console: Console, path: Path, report: dict[str, Any]) -> None:
     try:
         write_file(path, (json.dumps(report, indent=2) + "\n").encode("utf-8"))
     except WriteError as error:
-        console.print(f"[red]error:[/red] --json: {error}", highlight=False)
-        raise typer.Exit(1) from None
+        fail(console, f"[red]error:[/red] --json: {error}", 1, highlight=False)
     console.print(f"json: {path}", highlight=False)
 
 
@@ -222,8 +219,7 @@ def _smoke_environments(
     try:
         check_environments(envs, judge)  # before anything starts: a typo or a refused environment, with the reason
     except GymEnvironmentError as error:
-        console.print(f"[red]error:[/red] --env: {escape(str(error))}", highlight=False)
-        raise typer.Exit(2) from None
+        fail(console, f"[red]error:[/red] --env: {escape(str(error))}", highlight=False)
     store = _store_path(episode_dir)
     folder = state_dir or Path(tempfile.mkdtemp(prefix="miles-nemogym-smoke-"))
     kept = state_dir is not None or keep
@@ -265,8 +261,7 @@ def _smoke_environments(
             )
         _store_hint(console, store, report.step, report.store_errors)
     except GymEnvironmentError as error:
-        console.print(f"[red]cannot start the environments' servers:[/red] {escape(str(error))}", highlight=False)
-        raise typer.Exit(2) from None
+        fail(console, f"[red]cannot start the environments' servers:[/red] {escape(str(error))}", highlight=False)
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -331,8 +326,7 @@ def _run(
                 on_running=running,
             )
     except GymEnvironmentError as error:
-        console.print(f"[red]cannot start the NeMo-Gym server:[/red] {error}", highlight=False)
-        raise typer.Exit(2) from None
+        fail(console, f"[red]cannot start the NeMo-Gym server:[/red] {error}", highlight=False)
 
     table, notes = build_table(report.episodes)
     console.print(table)

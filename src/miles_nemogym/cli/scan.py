@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from miles_nemogym.cli._console import fail
 from miles_nemogym.cli._options import GymUrl, InstanceIds, subset_option
 
 __all__ = ["main", "register"]
@@ -125,11 +126,9 @@ def _scan(
             allow_unresolved=allow_unresolved,
         )
     except ValidationError as error:
-        err.print(f"scan cannot start: {describe(error)}", markup=False, highlight=False)
-        raise typer.Exit(2) from None
+        fail(err, f"scan cannot start: {describe(error)}", markup=False, highlight=False)
     except ValueError as error:  # --instance-ids that cannot be read or holds no id
-        err.print(f"scan cannot start: {error}", markup=False, highlight=False)
-        raise typer.Exit(2) from None
+        fail(err, f"scan cannot start: {error}", markup=False, highlight=False)
     raise typer.Exit(execute(config, console=console(), err=err))
 
 

@@ -502,13 +502,3 @@ def _verify_lines(answer: Any, missing: str | None) -> list[str | LongText]:
         return [f"(no verify answer: {missing})"]
     fields = [(key, value) for key, value in answer.items() if key not in _VERIFY_SHOWN_ELSEWHERE]
     return [LongText(f"{key}: {_json(value)}", _OUTPUT_MAX_CHARS) for key, value in fields] or ["(empty)"]
-
-
-def show_text(episode: StoredEpisode) -> str:
-    """One episode, readably (``episode_parts``), long outputs and thoughts trimmed."""
-    return printable(
-        "\n".join(
-            p if isinstance(p, str) else p.text if p.show_limit is None else trim(p.text, p.show_limit)
-            for p in episode_parts(episode)
-        )
-    )
