@@ -17,11 +17,10 @@ from miles_nemogym.data.select import InstanceIdsError, parse_instance_ids
 from miles_nemogym.episode.protocol import RunResponse
 from miles_nemogym.episode.run import classify_run_response
 from miles_nemogym.scan import golden_scan
-from miles_nemogym.scan._inputs import InputError, load_tasks
+from miles_nemogym.scan._inputs import InputError, load_tasks, select
 from miles_nemogym.scan._report import Counts, ScanProgress
 from miles_nemogym.scan._results import ResultLine, ResultsLock, ResultsWriter, read_results
 from miles_nemogym.scan._runner import EXIT_FAILED
-from miles_nemogym.scan._selection import select
 from miles_nemogym.scan._verdict import Verdict, reason_of, verdict_of
 from tests.support.environment_rows import shipped_rows
 from tests.support.fault_server import FaultServer

@@ -14,7 +14,7 @@ from miles_nemogym.data.sources import SourceError, open_file
 from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, TASK_ID_KEY
 from miles_nemogym.errors import MilesNemoGymError
 
-__all__ = ["InputError", "ScanTask", "load_tasks"]
+__all__ = ["InputError", "ScanTask", "load_tasks", "select"]
 
 
 class InputError(MilesNemoGymError, ValueError):
@@ -163,3 +163,22 @@ def load_tasks(
     if not tasks:
         raise InputError(f"{path}: the input file holds no task rows")
     return tasks
+
+
+def select(tasks: list[ScanTask], instance_ids: list[str] | None, limit: int | None) -> list[ScanTask]:
+    """The tasks to scan, in input order. Unknown ids are an error: a typo would otherwise
+    shrink the scan silently."""
+    selected = tasks
+    if instance_ids is not None:
+        wanted = set(instance_ids)
+        known = {task.instance_id for task in tasks}
+        missing = [item for item in instance_ids if item not in known]
+        if missing:
+            shown = ", ".join(missing[:10]) + (f" (+{len(missing) - 10} more)" if len(missing) > 10 else "")
+            raise InputError(f"--instance-ids: not in the input file: {shown}")
+        selected = [task for task in tasks if task.instance_id in wanted]
+    if limit is not None:
+        if limit < 1:
+            raise InputError(f"--limit {limit}: must be at least 1")
+        selected = selected[:limit]
+    return selected
