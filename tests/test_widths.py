@@ -380,8 +380,7 @@ BUILD_LOG = "/cache/gym-venv/" + "py3.13-nemo-gym0.7.0-mini-swe-agent2.1.0-swebe
 
 @pytest.mark.parametrize("on_a_terminal", [False, True], ids=["file", "terminal"])
 def test_build_notes_keep_their_path_whole(on_a_terminal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    from miles_nemogym.cli._console import console
-    from miles_nemogym.cli._progress import step_display
+    from miles_nemogym.cli._console import console, step_display
 
     monkeypatch.setenv("COLUMNS", "80")
     monkeypatch.setenv("TTY_COMPATIBLE", "1" if on_a_terminal else "0")

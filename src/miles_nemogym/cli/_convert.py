@@ -12,9 +12,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from miles_nemogym.cli._console import fail
+from miles_nemogym.cli._console import fail, interrupt_on_sigterm
 from miles_nemogym.cli._options import InstanceIds, choice, metavar, subset_option
-from miles_nemogym.cli._signals import interrupt_on_sigterm
 
 if TYPE_CHECKING:
     from miles_nemogym.data import ConvertOptions, ConvertReport

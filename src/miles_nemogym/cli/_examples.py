@@ -9,8 +9,7 @@ from typing import Annotated
 
 import typer
 
-from miles_nemogym.cli._console import console
-from miles_nemogym.cli._signals import interrupt_on_sigterm
+from miles_nemogym.cli._console import console, interrupt_on_sigterm
 
 __all__ = ["register"]
 

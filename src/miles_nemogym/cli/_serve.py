@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from miles_nemogym.cli._console import fail
+from miles_nemogym.cli._console import fail, interrupt_on_sigterm
 from miles_nemogym.cli._options import JUDGE_MODEL_HELP, JUDGE_URL_HELP, SANDBOXES, judge_of
-from miles_nemogym.cli._signals import interrupt_on_sigterm
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -146,7 +145,7 @@ def serve(
     from rich.markup import escape
 
     from miles_nemogym.cli._console import console as cli_console
-    from miles_nemogym.cli._progress import step_display
+    from miles_nemogym.cli._console import step_display
     from miles_nemogym.gym.config import ServeOptions, load_provider_options
     from miles_nemogym.gym.environments import EnvironmentServers, plan, refusals
     from miles_nemogym.gym.server import GymServer

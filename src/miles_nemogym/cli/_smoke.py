@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from miles_nemogym.cli._console import fail
+from miles_nemogym.cli._console import fail, interrupt_on_sigterm
 from miles_nemogym.cli._options import JUDGE_MODEL_HELP, JUDGE_URL_HELP, judge_of
-from miles_nemogym.cli._signals import interrupt_on_sigterm
 from miles_nemogym.fit import counted
 
 if TYPE_CHECKING:
@@ -211,7 +210,7 @@ def _smoke_environments(
     """``smoke --env``: the environments' shipped rows, one line per episode, a table per environment."""
     from rich.markup import escape
 
-    from miles_nemogym.cli._progress import step_display
+    from miles_nemogym.cli._console import step_display
     from miles_nemogym.cli._smoke_view import ENVIRONMENT_LEGEND, environment_json, environment_line, environment_tables
     from miles_nemogym.gym.venv import GymEnvironmentError
     from miles_nemogym.smoke.environments import EnvironmentEpisode, check_environments, run_environment_smoke
@@ -287,7 +286,7 @@ def _run(
     json_path: Path | None,
 ) -> bool:
     """The run and its report; whether the chain worked (``typer.Exit(2)`` when it could not start)."""
-    from miles_nemogym.cli._progress import step_display
+    from miles_nemogym.cli._console import step_display
     from miles_nemogym.cli._smoke_view import LEGEND, build_table, episode_line, report_json
     from miles_nemogym.gym.venv import GymEnvironmentError
     from miles_nemogym.smoke.run import SmokeEpisode, expected_offline, run_smoke
