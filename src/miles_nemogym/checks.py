@@ -75,9 +75,6 @@ class CheckResult:
         return self.status is Status.passed
 
 
-# --- the runner and the report -------------------------------------------------------------
-
-
 @dataclass
 class Target:
     """What the NeMo-Gym checks look at; the server's ``/openapi.json`` is fetched once."""
@@ -189,9 +186,6 @@ def report(results: Sequence[CheckResult], width: int | None = None) -> list[str
     if width is None:
         return lines
     return [piece for line in lines for piece in fit.wrap(line, width, indent=_CONTINUATION)]
-
-
-# --- the settings and the Gym server -------------------------------------------------------
 
 
 def _settings(target: Target) -> Found:
@@ -315,9 +309,6 @@ RUN_OFFERED = Check("/run offered", _run_offered, (GYM_ANSWERS,))
 POLICY_FIELD = Check("/run accepts policy_base_url", _policy_field, (GYM_ANSWERS,))
 POLICY_HOST = Check("policy host dialable from the Gym host", _policy_host, (SETTINGS,))
 POLICY_ANSWERS = Check("policy endpoint answers", _policy_answers)
-
-
-# --- the environments' resources servers ---------------------------------------------------
 
 
 def environment_check_name(name: str) -> str:

@@ -110,8 +110,6 @@ def fetch_json(url: str, timeout_s: float) -> Any:
     return asyncio.run(_fetch_json_async(url, timeout_s))
 
 
-# --- which NeMo-Gym server answers ---------------------------------------------------------
-
 _IDENTITY_SEPARATOR = "___"
 """A NeMo-Gym server's session cookie is named ``<ServerClass>___<instance name>`` (0.7.0
 ``SimpleServer.get_session_middleware_key``) and set on every answer, ``/openapi.json``'s too."""
@@ -151,9 +149,6 @@ def identify(url: str, timeout_s: float) -> ServerIdentity | None:
     """The NeMo-Gym server answering ``GET url``, from the session cookie it sets; None when the
     answer names none (not a NeMo-Gym server, or one that names its cookie otherwise)."""
     return asyncio.run(_identify_async(url, timeout_s))
-
-
-# --- the OpenAPI schema ------------------------------------------------------------------
 
 
 class SchemaError(MilesNemoGymError, ValueError):
@@ -235,8 +230,6 @@ def run_body_fields(openapi: Any) -> tuple[str, set[str]]:
     schema = _resolve(openapi, raw)
     return name or str(schema.get("title", "<inline>"))[:80], _properties(openapi, schema)
 
-
-# --- a resources server's routes ---------------------------------------------------------
 
 _ANY_NAME = re.compile(r"^/\{[^/{}]+\}$")
 """A path of one parameter (``/{tool_name}``): FastAPI routes every tool name there."""

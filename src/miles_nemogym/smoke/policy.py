@@ -202,8 +202,6 @@ class RecordingPolicy:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
-    # ------------------------------------------------------------------ addresses
-
     @property
     def url(self) -> str:
         if self._port is None:
@@ -221,8 +219,6 @@ class RecordingPolicy:
     def session_id_of(session_url: str) -> str:
         return session_url.rstrip("/").removesuffix("/v1").rsplit("/sessions/", 1)[1]
 
-    # ------------------------------------------------------------------ scripting
-
     def configure_session(self, session_id: str, **changes: Any) -> None:
         """Change one session's script, e.g. ``configure_session(sid, look_around_turns=0)``."""
         with self._lock:
@@ -232,8 +228,6 @@ class RecordingPolicy:
     def script_for(self, session_id: str) -> Script:
         with self._lock:
             return self._scripts.get(session_id, self.default_script)
-
-    # ------------------------------------------------------------------ records
 
     def requests(self, session_id: str | None = None) -> list[RecordedRequest]:
         """Recorded requests (all, or one session's), in arrival order."""
@@ -264,8 +258,6 @@ class RecordingPolicy:
         with self._lock:
             self._records.append(record)
         return record
-
-    # ------------------------------------------------------------------ handlers
 
     async def _read_body(self, request: web.Request) -> Any:
         text = await request.text()
@@ -301,8 +293,6 @@ class RecordingPolicy:
         app.router.add_route("*", "/{tail:.*}", self._other)
         return app
 
-    # ------------------------------------------------------------------ async lifecycle
-
     async def start(self) -> RecordingPolicy:
         if self._runner is not None:
             raise RuntimeError("the recording policy is already started")
@@ -327,8 +317,6 @@ class RecordingPolicy:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.stop()
-
-    # ------------------------------------------------------------------ thread lifecycle
 
     def start_in_thread(self, timeout: float = 30.0) -> RecordingPolicy:
         """Serve from a background thread with its own event loop (for sync callers)."""

@@ -61,7 +61,6 @@ def select(
     ]
 
 
-# ----------------------------------------------------------------------------- views
 # Everything below reads store values as untrusted: any field may be missing, of another
 # type, or hold terminal control sequences; a view shows what it can and never raises.
 
@@ -246,9 +245,6 @@ def episode_list_text(episodes: list[StoredEpisode], width: int = fit.MIN_WIDTH)
         for e in episodes
     ]
     return fit.table(lines, width, drop_order=(3, 2, 5, 4))
-
-
-# ----------------------------------------------------------------------------- one episode
 
 
 def _cut_head(text: str, size: int) -> str:

@@ -197,8 +197,6 @@ def plots(episodes: list[StoredEpisode]) -> list[Plot]:
     return out
 
 
-# ----------------------------------------------------------------------------- drawing
-
 _COLOURS = ("#1f77b4", "#2ca02c", "#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf")
 _NOT_XML = re.compile("[\ud800-\udfff\ufffe\uffff]")
 _WIDTH, _HEIGHT, _LEFT, _RIGHT, _TOP, _BOTTOM = 560, 270, 56, 16, 40, 44
