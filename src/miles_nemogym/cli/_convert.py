@@ -212,18 +212,82 @@ def _convert_command(
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
+    from pydantic import ValidationError
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     from miles_nemogym.cli._console import console
+    from miles_nemogym.data import (
+        ConvertError,
+        ConvertOptions,
+        InterruptedAfterCommit,
+        SourceError,
+        SwebenchMissingError,
+        WriteError,
+        convert,
+    )
+    from miles_nemogym.data.environments import parse_env_option
+    from miles_nemogym.data.select import instance_ids_option
+    from miles_nemogym.validation import problems
 
     out, err = console(), console(stderr=True)
-    scratch = contextlib.ExitStack()
-    with scratch:
+    with contextlib.ExitStack() as scratch:
         benchmarks: list[tuple[BenchmarkMark, Path]] = []
         env = [_benchmark_rows(err, value, input, scratch, benchmarks) for value in env or ()]
         if input is not None and benchmarks and all("=" in value for value in env):
             input = None  # read as a benchmark's prepared file
-        _convert_with(out, err, output, input, env, own_envs, size, split, subset, on_error, gradeable_only,
-                      repos, exclude_repos, instance_ids, limit, shuffle, seed, holdout, holdout_output,
-                      drop_fields, quiet)  # fmt: skip
+        try:
+            options = ConvertOptions(
+                input=input,
+                output=output,
+                environments=tuple(parse_env_option(value, input) for value in env or ()),
+                size=size,
+                split=split,
+                subset=subset,
+                on_error=on_error,
+                gradeable_only=gradeable_only,
+                repos=tuple(repos or ()),
+                exclude_repos=tuple(exclude_repos or ()),
+                instance_ids=instance_ids_option(instance_ids),
+                limit=limit,
+                shuffle=shuffle,
+                seed=seed,
+                holdout=holdout,
+                holdout_output=holdout_output,
+                drop_fields=tuple(drop_fields or ()),
+            )
+        except ValidationError as error:
+            for line in problems(error):
+                err.print(f"error: {line}", highlight=False, markup=False)
+            raise typer.Exit(2) from None
+        except ValueError as error:  # InputError, or --instance-ids that holds no id
+            fail(err, f"error: {error}", highlight=False, markup=False)
+
+        _check_names(err, options, own_envs or [])
+
+        columns = (SpinnerColumn(), TextColumn("converting"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"))
+        with interrupt_on_sigterm():
+            try:  # each refusal below is printed once the bar is gone
+                with Progress(*columns, TimeElapsedColumn(), console=err, disable=quiet, transient=True) as bar:
+                    task = bar.add_task("convert", total=None)
+
+                    def progress(done: int, total: int | None) -> None:
+                        bar.update(task, completed=done, total=total)
+
+                    report = convert(options, progress=progress)
+            except InterruptedAfterCommit as stop:
+                written = ", ".join(map(str, stop.paths))
+                fail(err, f"interrupted once every file was written: {written}", 130, highlight=False, markup=False)
+            except KeyboardInterrupt:
+                fail(err, "interrupted: nothing written, no file touched", 130, highlight=False, markup=False)
+            except ConvertError as error:
+                _print_summary(err, error.report, options)
+                fail(err, f"error: {error}", 1, highlight=False, markup=False)
+            except (SourceError, SwebenchMissingError, ValueError, WriteError) as error:
+                fail(err, f"error: {error}", 1, highlight=False, markup=False)
+            except OSError as error:  # e.g. an input that cannot be read
+                said = f"{error.filename}: {error.strerror}" if error.filename and error.strerror else str(error)
+                fail(err, f"error: {said}", 1, highlight=False, markup=False)
+        _print_summary(out, report, options)
         for mark, source in benchmarks:
             out.print(_benchmark_note(mark, source), highlight=False, markup=False)
 
@@ -288,114 +352,6 @@ def _benchmark_rows(
         fail(err, f"error: --env {value}: {error}", highlight=False, markup=False)
     marks.append((mark, source))
     return f"{mark.environment}={rows}" + (f":{tail}" if weighted else "")
-
-
-def _convert_with(
-    out: Console,
-    err: Console,
-    output: Path,
-    input: str | None,
-    env: list[str],
-    own_envs: list[str] | None,
-    size: int | None,
-    split: str | None,
-    subset: str | None,
-    on_error: str,
-    gradeable_only: bool,
-    repos: list[str] | None,
-    exclude_repos: list[str] | None,
-    instance_ids: str | None,
-    limit: int | None,
-    shuffle: bool,
-    seed: int | None,
-    holdout: int,
-    holdout_output: Path | None,
-    drop_fields: list[str] | None,
-    quiet: bool,
-) -> None:
-    from pydantic import ValidationError
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    from miles_nemogym.data import (
-        ConvertError,
-        ConvertOptions,
-        InterruptedAfterCommit,
-        SourceError,
-        SwebenchMissingError,
-        WriteError,
-        convert,
-    )
-    from miles_nemogym.data.environments import parse_env_option
-    from miles_nemogym.data.select import instance_ids_option
-    from miles_nemogym.validation import problems
-
-    try:
-        options = ConvertOptions(
-            input=input,
-            output=output,
-            environments=tuple(parse_env_option(value, input) for value in env or ()),
-            size=size,
-            split=split,
-            subset=subset,
-            on_error=on_error,
-            gradeable_only=gradeable_only,
-            repos=tuple(repos or ()),
-            exclude_repos=tuple(exclude_repos or ()),
-            instance_ids=instance_ids_option(instance_ids),
-            limit=limit,
-            shuffle=shuffle,
-            seed=seed,
-            holdout=holdout,
-            holdout_output=holdout_output,
-            drop_fields=tuple(drop_fields or ()),
-        )
-    except ValidationError as error:
-        for line in problems(error):
-            err.print(f"error: {line}", highlight=False, markup=False)
-        raise typer.Exit(2) from None
-    except ValueError as error:  # InputError, or --instance-ids that holds no id
-        fail(err, f"error: {error}", highlight=False, markup=False)
-
-    _check_names(err, options, own_envs or [])
-
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("converting"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("rows"),
-        TimeElapsedColumn(),
-        console=err,
-        disable=quiet,
-        transient=True,
-    ) as bar:
-        task = bar.add_task("convert", total=None)
-
-        def progress(done: int, total: int | None) -> None:
-            bar.update(task, completed=done, total=total)
-
-        with interrupt_on_sigterm():
-            try:
-                report = convert(options, progress=progress)
-            except InterruptedAfterCommit as stop:
-                bar.stop()
-                written = ", ".join(map(str, stop.paths))
-                fail(err, f"interrupted once every file was written: {written}", 130, highlight=False, markup=False)
-            except KeyboardInterrupt:
-                bar.stop()
-                fail(err, "interrupted: nothing written, no file touched", 130, highlight=False, markup=False)
-            except ConvertError as error:
-                bar.stop()
-                _print_summary(err, error.report, options)
-                fail(err, f"error: {error}", 1, highlight=False, markup=False)
-            except (SourceError, SwebenchMissingError, ValueError, WriteError) as error:
-                bar.stop()
-                fail(err, f"error: {error}", 1, highlight=False, markup=False)
-            except OSError as error:  # e.g. an input that cannot be read
-                bar.stop()
-                said = f"{error.filename}: {error.strerror}" if error.filename and error.strerror else str(error)
-                fail(err, f"error: {said}", 1, highlight=False, markup=False)
-    _print_summary(out, report, options)
 
 
 def _check_names(err: Console, options: ConvertOptions, own: list[str]) -> None:
