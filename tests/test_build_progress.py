@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from miles_nemogym.cli.progress import step_display
+from miles_nemogym.cli._console import step_display
 from miles_nemogym.gym.venv import BuildLines, run_build_step
 
 # What pip 24 prints into a pipe while installing (lines as in a real server-environment build log).

@@ -265,7 +265,7 @@ def test_a_signal_during_convert_leaves_no_temporary_file_or_spool(
 def test_sigterm_is_an_interrupt_only_inside_a_command_and_handlers_come_back() -> None:
     import signal
 
-    from miles_nemogym.cli.signals import interrupt_on_sigterm
+    from miles_nemogym.cli._console import interrupt_on_sigterm
 
     term, sigint = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt), interrupt_on_sigterm(ctrl_c=True):

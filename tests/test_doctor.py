@@ -1,4 +1,4 @@
-"""``miles-nemogym doctor`` / ``miles_nemogym.cli.doctor.run_checks`` (the checks of ``miles_nemogym.checks``).
+"""``miles-nemogym doctor`` / ``miles_nemogym.cli._doctor.run_checks`` (the checks of ``miles_nemogym.checks``).
 
 The Gym server is stood in for by a real loopback HTTP server serving an OpenAPI
 document shaped like the one FastAPI generates for nemo-gym's ``mini_swe_agent_2`` app
@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from miles_nemogym import checks, server_probe
 from miles_nemogym.checks import CheckResult, Status
-from miles_nemogym.cli.doctor import run_checks
+from miles_nemogym.cli._doctor import run_checks
 from miles_nemogym.cli.main import app
 from miles_nemogym.server_probe import FetchError, fetch_json, run_body_fields
 from tests.support.odd_http import OddServer

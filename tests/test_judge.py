@@ -13,7 +13,7 @@ from aiohttp import web
 
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.run import classify_agent_http, classify_http
-from miles_nemogym.scan.verdict import Verdict, kind_of, verdict_of
+from miles_nemogym.scan._verdict import Verdict, kind_of, verdict_of
 from miles_nemogym.store import browser, plots
 from miles_nemogym.store.reader import load
 from tests.support.agent_fixtures import fast_env

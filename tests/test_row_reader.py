@@ -13,8 +13,7 @@ from miles_nemogym.data.schema import decode_test_list
 from miles_nemogym.data.select import instance_ids_option, parse_instance_ids
 from miles_nemogym.launcher.checks import check_prompt_data
 from miles_nemogym.launcher.config import LauncherConfig
-from miles_nemogym.scan.inputs import InputError, load_tasks
-from miles_nemogym.scan.selection import select
+from miles_nemogym.scan._inputs import InputError, load_tasks, select
 
 
 def _file(tmp_path: Path, second_line: str) -> Path:

@@ -16,12 +16,12 @@ from rich.console import Console
 from miles_nemogym.data.select import InstanceIdsError, parse_instance_ids
 from miles_nemogym.episode._protocol import RunResponse
 from miles_nemogym.episode.run import classify_run_response
-from miles_nemogym.scan import EXIT_FAILED, Verdict, golden_scan
-from miles_nemogym.scan.inputs import InputError, load_tasks
-from miles_nemogym.scan.report import Counts, ScanProgress
-from miles_nemogym.scan.results import ResultLine, ResultsLock, ResultsWriter, read_results
-from miles_nemogym.scan.selection import select
-from miles_nemogym.scan.verdict import reason_of, verdict_of
+from miles_nemogym.scan import golden_scan
+from miles_nemogym.scan._inputs import InputError, load_tasks, select
+from miles_nemogym.scan._report import Counts, ScanProgress
+from miles_nemogym.scan._results import ResultLine, ResultsLock, ResultsWriter, read_results
+from miles_nemogym.scan._runner import EXIT_FAILED
+from miles_nemogym.scan._verdict import Verdict, reason_of, verdict_of
 from tests.support.environment_rows import shipped_rows
 from tests.support.fault_server import FaultServer
 from tests.support.prompt_rows import converter_rows, write_jsonl
@@ -125,7 +125,7 @@ def test_a_file_mixing_swe_and_environment_rows_is_refused(
 
 
 def test_a_golden_scan_refuses_rows_without_a_known_gold(tmp_path: Path) -> None:
-    from miles_nemogym.scan.environment import gold_answers
+    from miles_nemogym.scan._environment import gold_answers
 
     mcqa = load_tasks(write_jsonl(tmp_path / "mcqa.jsonl", [_converted(shipped_rows("mcqa")[0], "mcqa", 0)]))
     known = gold_answers(mcqa)
@@ -150,7 +150,7 @@ def _outcome(reward: float, *, masked: bool = False, environment: str = "mcqa") 
 
 
 def test_a_golden_environment_row_passes_when_its_gold_passes_and_its_wrong_answer_does_not() -> None:
-    from miles_nemogym.scan.verdict import golden_pair
+    from miles_nemogym.scan._verdict import golden_pair
 
     assert golden_pair(_outcome(1.0), _outcome(0.0)) == (Verdict.passed, "-", None)
     verdict, kind, reason = golden_pair(_outcome(0.0), _outcome(0.0))
@@ -304,7 +304,7 @@ def test_golden_scan_function_names_the_four_real_rows_whose_tests_fail(
 def test_log_lines_written_during_a_scan_never_carry_the_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
     import logging
 
-    from miles_nemogym.scan.entry import _install_logging
+    from miles_nemogym.scan._entry import _install_logging
 
     secret = "sk-log-test-0123456789"
     monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", secret)
@@ -319,7 +319,7 @@ def test_log_lines_written_during_a_scan_never_carry_the_api_key(monkeypatch: py
 
 
 def test_an_api_policy_for_environment_rows_is_its_v1_url() -> None:
-    from miles_nemogym.scan.environment import session_base
+    from miles_nemogym.scan._environment import session_base
 
     assert session_base("https://api.example.com/openai/v1") == "https://api.example.com/openai"
     with pytest.raises(InputError, match=r"give the URL ending in /v1"):

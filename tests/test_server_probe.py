@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from miles_nemogym.scan.runner import server_problem
+from miles_nemogym.scan._runner import server_problem
 from miles_nemogym.settings import Settings
 from tests.support.odd_http import OddServer
 from tests.support.openapi import GymStandIn, openapi_document
@@ -78,7 +78,7 @@ def test_doctor_and_the_scan_say_the_same_about_one_server(
     gym: GymStandIn, monkeypatch: pytest.MonkeyPatch, problem: str
 ) -> None:
     from miles_nemogym.checks import Status
-    from miles_nemogym.cli.doctor import run_checks
+    from miles_nemogym.cli._doctor import run_checks
     from miles_nemogym.settings import ENV_VARS
 
     for name in ENV_VARS:

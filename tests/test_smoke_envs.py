@@ -12,8 +12,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from miles_nemogym.cli._smoke_view import environment_line, environment_tables
 from miles_nemogym.cli.main import app
-from miles_nemogym.cli.smoke_view import environment_line, environment_tables
 from miles_nemogym.gym.environments import plan
 from miles_nemogym.smoke import environments as smoke_envs
 from miles_nemogym.smoke.answers import GOLD, WRONG, answers, has_rule

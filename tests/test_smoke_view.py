@@ -9,8 +9,8 @@ from typing import Any
 from rich.console import Console
 from typer.testing import CliRunner
 
+from miles_nemogym.cli._smoke_view import build_table, episode_line, report_json, reward_text
 from miles_nemogym.cli.main import app
-from miles_nemogym.cli.smoke_view import build_table, episode_line, report_json, reward_text
 from miles_nemogym.smoke.run import OFFLINE_REASON, SmokeEpisode, SmokeReport, expected_offline
 
 # The failure reason the agent records for django/pylint without network (as a real smoke run returned it).

@@ -17,13 +17,13 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from miles_nemogym.checks import CheckResult, Status
-from miles_nemogym.cli import episodes as episodes_cli
+from miles_nemogym.cli import _episodes as episodes_cli
 from miles_nemogym.cli.main import app
 from miles_nemogym.episode.record import EpisodeRecord
 from miles_nemogym.launcher import run as launcher_run
-from miles_nemogym.scan.report import ScanProgress, render_summary
-from miles_nemogym.scan.results import ResultLine
-from miles_nemogym.scan.verdict import Verdict
+from miles_nemogym.scan._report import ScanProgress, render_summary
+from miles_nemogym.scan._results import ResultLine
+from miles_nemogym.scan._verdict import Verdict
 from miles_nemogym.store.writer import EpisodeStore, entry_for
 from tests.support import tmux
 from tests.support.episode_stores import build_store
@@ -380,8 +380,7 @@ BUILD_LOG = "/cache/gym-venv/" + "py3.13-nemo-gym0.7.0-mini-swe-agent2.1.0-swebe
 
 @pytest.mark.parametrize("on_a_terminal", [False, True], ids=["file", "terminal"])
 def test_build_notes_keep_their_path_whole(on_a_terminal: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    from miles_nemogym.cli.console import console
-    from miles_nemogym.cli.progress import step_display
+    from miles_nemogym.cli._console import console, step_display
 
     monkeypatch.setenv("COLUMNS", "80")
     monkeypatch.setenv("TTY_COMPATIBLE", "1" if on_a_terminal else "0")
@@ -464,7 +463,7 @@ def test_convert_on_a_terminal_keeps_a_long_input_path_whole(tmp_path: Path) -> 
 
 
 def test_scan_header_fits_80_columns_keeping_the_url_whole() -> None:
-    from miles_nemogym.scan.report import header
+    from miles_nemogym.scan._report import header
 
     how = "mode golden, concurrency 16, episode timeout 1800s"
     said = header(12, 500, "http://gym-host.example.internal:12000/run", how)

@@ -1,14 +1,4 @@
-"""Pre-run checks: one result type, one runner, one report, and the NeMo-Gym checks written once.
-
-A :class:`Check` is named and may need others: when one it needs ran and did not pass, it is
-SKIP and says why. ``doctor``, the scan's gate, ``smoke`` and the launcher's preflight each list
-the checks they want of a :class:`Target` (the plugin's settings, the trainer's session host,
-an API policy, the tools the rows use): settings valid, the Gym server answers, ``/run`` takes
-``policy_base_url`` (one probe, :mod:`miles_nemogym.server_probe`), the policy host is dialable
-from the Gym host, an API policy answers, each ``NEMO_GYM_ENVS`` resources server serves what its
-rows call. The launcher's own checks (GPUs, Miles, data, ...) are in ``launcher/checks.py``.
-Why each check: docs/data-and-checks.md.
-"""
+"""Pre-run checks: one result type, one runner, one report, and the NeMo-Gym checks written once."""
 
 from __future__ import annotations
 
@@ -42,6 +32,25 @@ from miles_nemogym.server_probe import (
 from miles_nemogym.settings import Settings, SettingsError
 from miles_nemogym.transport import bracket, is_loopback, is_wildcard
 
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "GYM_ANSWERS",
+    "POLICY_ANSWERS",
+    "POLICY_FIELD",
+    "POLICY_HOST",
+    "RUN_OFFERED",
+    "SETTINGS",
+    "CheckResult",
+    "Status",
+    "Target",
+    "all_passed",
+    "environment_check_name",
+    "environments",
+    "report",
+    "run",
+    "start_environment_fix",
+]
+
 DEFAULT_TIMEOUT_S = 5.0
 
 
@@ -64,9 +73,6 @@ class CheckResult:
     @property
     def ok(self) -> bool:
         return self.status is Status.passed
-
-
-# --- the runner and the report -------------------------------------------------------------
 
 
 @dataclass
@@ -180,9 +186,6 @@ def report(results: Sequence[CheckResult], width: int | None = None) -> list[str
     if width is None:
         return lines
     return [piece for line in lines for piece in fit.wrap(line, width, indent=_CONTINUATION)]
-
-
-# --- the settings and the Gym server -------------------------------------------------------
 
 
 def _settings(target: Target) -> Found:
@@ -306,9 +309,6 @@ RUN_OFFERED = Check("/run offered", _run_offered, (GYM_ANSWERS,))
 POLICY_FIELD = Check("/run accepts policy_base_url", _policy_field, (GYM_ANSWERS,))
 POLICY_HOST = Check("policy host dialable from the Gym host", _policy_host, (SETTINGS,))
 POLICY_ANSWERS = Check("policy endpoint answers", _policy_answers)
-
-
-# --- the environments' resources servers ---------------------------------------------------
 
 
 def environment_check_name(name: str) -> str:

@@ -1,11 +1,4 @@
-"""What a server's ``/openapi.json`` declares: ``POST /run``'s body fields, or a resources server's routes.
-
-The one probe behind the server checks (:mod:`miles_nemogym.checks`): fetch the document
-through the one transport (``transport.request``: one deadline for the whole answer, no
-redirects, a size cap), then read ``POST /run``'s body fields with a bounded schema walk, or a
-resources server's ``POST`` routes. What each failure means and its fix: ``checks``. Why each
-guard exists: docs/data-and-checks.md.
-"""
+"""What a server's ``/openapi.json`` declares: ``POST /run``'s body fields, or a resources server's routes."""
 
 from __future__ import annotations
 
@@ -23,6 +16,18 @@ from miles_nemogym import failure_kinds as fk
 from miles_nemogym.errors import Failed, MilesNemoGymError
 from miles_nemogym.redaction import redact_url
 from miles_nemogym.transport import Deadline, pool, request
+
+__all__ = [
+    "FetchError",
+    "Fetcher",
+    "Identifier",
+    "SchemaError",
+    "ServerIdentity",
+    "fetch_json",
+    "identify",
+    "resources_routes",
+    "run_body_fields",
+]
 
 
 class FetchError(MilesNemoGymError, Exception):
@@ -105,8 +110,6 @@ def fetch_json(url: str, timeout_s: float) -> Any:
     return asyncio.run(_fetch_json_async(url, timeout_s))
 
 
-# --- which NeMo-Gym server answers ---------------------------------------------------------
-
 _IDENTITY_SEPARATOR = "___"
 """A NeMo-Gym server's session cookie is named ``<ServerClass>___<instance name>`` (0.7.0
 ``SimpleServer.get_session_middleware_key``) and set on every answer, ``/openapi.json``'s too."""
@@ -148,9 +151,6 @@ def identify(url: str, timeout_s: float) -> ServerIdentity | None:
     return asyncio.run(_identify_async(url, timeout_s))
 
 
-# --- the OpenAPI schema ------------------------------------------------------------------
-
-
 class SchemaError(MilesNemoGymError, ValueError):
     """The OpenAPI document does not describe a usable ``POST /run``."""
 
@@ -183,11 +183,7 @@ def _resolve(document: Mapping[str, Any], schema: Any) -> Mapping[str, Any]:
 
 
 def _properties(document: Mapping[str, Any], schema: Mapping[str, Any]) -> set[str]:
-    """Property names of a schema, through ``allOf`` (how subclassed models may render).
-
-    Iterative, each schema object read once: an ``allOf`` that includes itself, or a
-    document nested thousands deep, ends with a clear ``SchemaError`` in milliseconds.
-    """
+    """Property names of a schema, through ``allOf`` (how subclassed models may render)."""
     names: set[str] = set()
     pending: list[Any] = [schema]
     visited: set[int] = set()
@@ -218,10 +214,7 @@ def _object(value: Any, what: str) -> Mapping[str, Any]:
 
 
 def run_body_fields(openapi: Any) -> tuple[str, set[str]]:
-    """The name of ``POST /run``'s JSON body schema and the fields it declares.
-
-    Raises only ``SchemaError``, whatever the document holds.
-    """
+    """The name of ``POST /run``'s JSON body schema and the fields it declares."""
     if not isinstance(openapi, Mapping) or not isinstance(openapi.get("paths"), Mapping):
         raise SchemaError("the document is not an OpenAPI schema (no 'paths')")
     post = _object(openapi["paths"].get("/run"), "the document's '/run' entry").get("post")
@@ -237,8 +230,6 @@ def run_body_fields(openapi: Any) -> tuple[str, set[str]]:
     schema = _resolve(openapi, raw)
     return name or str(schema.get("title", "<inline>"))[:80], _properties(openapi, schema)
 
-
-# --- a resources server's routes ---------------------------------------------------------
 
 _ANY_NAME = re.compile(r"^/\{[^/{}]+\}$")
 """A path of one parameter (``/{tool_name}``): FastAPI routes every tool name there."""

@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from miles_nemogym import agent, filters, transport
 from miles_nemogym.checks import all_passed
-from miles_nemogym.cli.doctor import run_checks
+from miles_nemogym.cli._doctor import run_checks
 from miles_nemogym.cli.main import app
 from miles_nemogym.data import convert_row
 from miles_nemogym.gym.config import ServeOptions

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from miles_nemogym.cli.main import app
 from miles_nemogym.data.environments import task_key, to_environment_row
 from miles_nemogym.gym.environments import plan, setting
-from miles_nemogym.scan import read_results
+from miles_nemogym.scan._results import read_results
 from miles_nemogym.smoke.answers import PLAIN_ANSWER
 from miles_nemogym.smoke.policy import RecordingPolicy
 from tests.support.environment_rows import shipped_rows

@@ -1,1 +1,3 @@
 """The ``miles-nemogym`` command line: one subcommand module per feature."""
+
+__all__: list[str] = []

@@ -1,8 +1,4 @@
-"""Entry point of the ``miles-nemogym`` command: registers each feature's subcommand.
-
-Subcommand modules import their heavy dependencies (datasets, the scan) inside the
-command bodies, so ``miles-nemogym --help`` stays fast.
-"""
+"""Entry point of the ``miles-nemogym`` command: registers each feature's subcommand."""
 
 from __future__ import annotations
 
@@ -10,6 +6,8 @@ import inspect
 from typing import Annotated
 
 import typer
+
+__all__ = ["app"]
 
 app = typer.Typer(
     name="miles-nemogym",
@@ -32,8 +30,7 @@ def _show_version(value: bool) -> None:
 def _root(
     ctx: typer.Context,
     show_version: Annotated[
-        bool,
-        typer.Option("--version", callback=_show_version, is_eager=True, help="Print the version and exit."),
+        bool, typer.Option("--version", callback=_show_version, is_eager=True, help="Print the version and exit.")
     ] = False,
 ) -> None:
     """miles-nemogym command line."""
@@ -45,7 +42,14 @@ def _root(
 
 # Each feature module exposes `register(app)`; explicit imports, so a missing module is an
 # import error rather than a silently absent subcommand.
-from miles_nemogym.cli import convert, doctor, environments, episodes, examples, scan, serve, smoke  # noqa: E402
+import miles_nemogym.cli._convert as convert  # noqa: E402
+import miles_nemogym.cli._doctor as doctor  # noqa: E402
+import miles_nemogym.cli._environments as environments  # noqa: E402
+import miles_nemogym.cli._episodes as episodes  # noqa: E402
+import miles_nemogym.cli._examples as examples  # noqa: E402
+import miles_nemogym.cli._serve as serve  # noqa: E402
+import miles_nemogym.cli._smoke as smoke  # noqa: E402
+from miles_nemogym.cli import scan  # noqa: E402
 
 for _feature in (convert, doctor, environments, episodes, examples, scan, serve, smoke):
     _feature.register(app)

@@ -1,10 +1,4 @@
-"""``miles-nemogym scan``: golden and API-policy scans of a NeMo-Gym server, or of environment rows.
-
-Flags map one to one onto ``miles_nemogym.scan.ScanConfig``; the work is done by
-``miles_nemogym.scan.execute`` (also behind ``scripts/golden_scan.py``). The policy API
-key is read only from ``NEMO_GYM_POLICY_API_KEY``: a flag would put it in shell history
-and process lists.
-"""
+"""``miles-nemogym scan``: golden and API-policy scans of a NeMo-Gym server, or of environment rows."""
 
 from __future__ import annotations
 
@@ -13,7 +7,10 @@ from typing import Annotated
 
 import typer
 
-from miles_nemogym.cli.options import GymUrl, InstanceIds, subset_option
+from miles_nemogym.cli._console import fail
+from miles_nemogym.cli._options import GymUrl, InstanceIds, subset_option
+
+__all__ = ["main", "register"]
 
 _EPILOG = (
     "Exit codes: 0 every instance passed (reward 1.0) with no infrastructure failure; "
@@ -63,8 +60,7 @@ def _scan(
     ] = None,
     gym_url: GymUrl = None,
     limit: Annotated[
-        int | None,
-        typer.Option("--limit", min=1, help="Scan at most this many instances (after --instance-ids)."),
+        int | None, typer.Option("--limit", min=1, help="Scan at most this many instances (after --instance-ids).")
     ] = None,
     instance_ids: InstanceIds = None,
     concurrency: Annotated[int, typer.Option("--concurrency", "-c", min=1, help="Episodes in flight at once.")] = 4,
@@ -78,24 +74,19 @@ def _scan(
         ),
     ] = None,
     temperature: Annotated[
-        float | None,
-        typer.Option("--temperature", help="Sampling temperature sent to the policy."),
+        float | None, typer.Option("--temperature", help="Sampling temperature sent to the policy.")
     ] = None,
     top_p: Annotated[
-        float | None,
-        typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling top_p sent to the policy."),
+        float | None, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling top_p sent to the policy.")
     ] = None,
     max_tokens: Annotated[
-        int | None,
-        typer.Option("--max-tokens", min=1, help="Most tokens per model call (max_output_tokens)."),
+        int | None, typer.Option("--max-tokens", min=1, help="Most tokens per model call (max_output_tokens).")
     ] = None,
     subset: Annotated[
-        str | None,
-        subset_option("For raw rows without one: verified (SWE-bench images) or gym (SWE-Gym images)."),
+        str | None, subset_option("For raw rows without one: verified (SWE-bench images) or gym (SWE-Gym images).")
     ] = None,
     split: Annotated[
-        str | None,
-        typer.Option("--split", help="For raw rows without one (recorded only; default test)."),
+        str | None, typer.Option("--split", help="For raw rows without one (recorded only; default test).")
     ] = None,
     allow_unresolved: Annotated[
         bool,
@@ -109,7 +100,7 @@ def _scan(
     """Run SWE-bench instances, or environment rows, through NeMo-Gym exactly as training will, and report."""
     from pydantic import ValidationError
 
-    from miles_nemogym.cli.console import console
+    from miles_nemogym.cli._console import console
     from miles_nemogym.data.select import parse_instance_ids
     from miles_nemogym.scan import ScanConfig, execute
     from miles_nemogym.validation import describe
@@ -135,11 +126,9 @@ def _scan(
             allow_unresolved=allow_unresolved,
         )
     except ValidationError as error:
-        err.print(f"scan cannot start: {describe(error)}", markup=False, highlight=False)
-        raise typer.Exit(2) from None
+        fail(err, f"scan cannot start: {describe(error)}", markup=False, highlight=False)
     except ValueError as error:  # --instance-ids that cannot be read or holds no id
-        err.print(f"scan cannot start: {error}", markup=False, highlight=False)
-        raise typer.Exit(2) from None
+        fail(err, f"scan cannot start: {error}", markup=False, highlight=False)
     raise typer.Exit(execute(config, console=console(), err=err))
 
 

@@ -1,10 +1,4 @@
-"""Golden and API-policy scans: check a NeMo-Gym server before any GPU time is spent.
-
-Each instance runs through the agent function's own episode path (``episode/run.py``,
-``agent.prepare_episode`` for environment rows, ``episode/delivery.py``).
-Public API: ``ScanConfig``, ``run_scan`` (async), ``execute`` (as a program: what
-``miles-nemogym scan`` and ``scripts/golden_scan.py`` call), ``golden_scan``.
-"""
+"""Golden and API-policy scans: check a NeMo-Gym server before any GPU time is spent."""
 
 from __future__ import annotations
 
@@ -13,19 +7,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from miles_nemogym.scan.config import ScanConfig
-from miles_nemogym.scan.entry import execute
-from miles_nemogym.scan.results import ResultLine, read_results
-from miles_nemogym.scan.runner import (
-    EXIT_FAILED,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_USAGE,
-    ScanResult,
-    ScanUsageError,
-    run_scan,
-)
-from miles_nemogym.scan.verdict import Verdict
+from miles_nemogym.scan._config import ScanConfig
+from miles_nemogym.scan._entry import execute
+from miles_nemogym.scan._runner import ScanResult, run_scan
 
 
 def golden_scan(
@@ -52,18 +36,4 @@ def golden_scan(
     return asyncio.run(run_scan(config, console=console))
 
 
-__all__ = [
-    "EXIT_FAILED",
-    "EXIT_INTERRUPTED",
-    "EXIT_OK",
-    "EXIT_USAGE",
-    "ResultLine",
-    "ScanConfig",
-    "ScanResult",
-    "ScanUsageError",
-    "Verdict",
-    "execute",
-    "golden_scan",
-    "read_results",
-    "run_scan",
-]
+__all__ = ["ScanConfig", "execute", "golden_scan"]

@@ -1,11 +1,4 @@
-"""A gold and a wrong answer for an environment row, from the gold its row carries.
-
-``smoke --env`` plays them through the scripted policy, so a user sees the environment score
-its best and its worst before paying for a model. Keyed by resources server (the folder in
-the wheel); each rule reads only fields nemo-gym 0.7.0's rows of that server carry and
-writes the answer its verifier grades (docs/environments.md, "Smoke"). A server without a
-rule, or a row without its gold, gets none: smoke then plays one plain reply.
-"""
+"""A gold and a wrong answer for an environment row, from the gold its row carries."""
 
 from __future__ import annotations
 
@@ -15,6 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from miles_nemogym.smoke.policy import Answer
+
+__all__ = ["GOLD", "PLAIN", "PLAIN_ANSWER", "WRONG", "Answers", "answers"]
 
 Answers = dict[str, tuple[Answer, ...]]
 """``{"gold": turns, "wrong": turns}``; empty when the row carries no gold."""

@@ -1,10 +1,4 @@
-"""``miles-nemogym smoke --env NAME``: an environment's shipped rows end to end, no GPU.
-
-The real resources servers (and agent servers, as ``serve --env`` starts them), the rows as
-``convert --env`` writes them and the agent function as Miles calls it, against the scripted
-policy playing each row's gold and wrong answer (``smoke/answers.py``), or against a real
-model (``--policy-base-url``). Each run is one train step of the episode store.
-"""
+"""``miles-nemogym smoke --env NAME``: an environment's shipped rows end to end, no GPU."""
 
 from __future__ import annotations
 
@@ -27,6 +21,8 @@ from miles_nemogym.settings import Settings
 from miles_nemogym.smoke.answers import GOLD, PLAIN, PLAIN_ANSWER, WRONG, answers
 from miles_nemogym.smoke.policy import Answer, RecordingPolicy
 from miles_nemogym.smoke.run import file_as_step, run_rows
+
+__all__ = ["EnvironmentEpisode", "EnvironmentSmokeReport", "check_environments", "run_environment_smoke"]
 
 MODEL = "model"
 """The answer label of an episode a real model played (``--policy-base-url``)."""

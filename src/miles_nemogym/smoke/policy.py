@@ -1,12 +1,4 @@
-"""A scripted, recording OpenAI-compatible policy served at Miles' session URL shape.
-
-Stands in for Miles' session server + SGLang in the smoke run and the tests that drive
-an episode without Miles: records every request per session and answers like a policy
-driving mini-swe-agent 2.1.0 through its ``bash`` tool until it submits a patch
-(docs/launcher.md, "The chain without a GPU"), or, for a session given ``answers``, plays
-those turns (an environment's gold or wrong answer, ``smoke/answers.py``). Async or sync
-context manager.
-"""
+"""A scripted, recording OpenAI-compatible policy served at Miles' session URL shape."""
 
 from __future__ import annotations
 
@@ -21,6 +13,8 @@ from types import TracebackType
 from typing import Any
 
 from aiohttp import web
+
+__all__ = ["Answer", "RecordingPolicy"]
 
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 _DEFAULT_LOOK_AROUND = ("pwd", "ls -la")
@@ -208,8 +202,6 @@ class RecordingPolicy:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
-    # ------------------------------------------------------------------ addresses
-
     @property
     def url(self) -> str:
         if self._port is None:
@@ -227,8 +219,6 @@ class RecordingPolicy:
     def session_id_of(session_url: str) -> str:
         return session_url.rstrip("/").removesuffix("/v1").rsplit("/sessions/", 1)[1]
 
-    # ------------------------------------------------------------------ scripting
-
     def configure_session(self, session_id: str, **changes: Any) -> None:
         """Change one session's script, e.g. ``configure_session(sid, look_around_turns=0)``."""
         with self._lock:
@@ -238,8 +228,6 @@ class RecordingPolicy:
     def script_for(self, session_id: str) -> Script:
         with self._lock:
             return self._scripts.get(session_id, self.default_script)
-
-    # ------------------------------------------------------------------ records
 
     def requests(self, session_id: str | None = None) -> list[RecordedRequest]:
         """Recorded requests (all, or one session's), in arrival order."""
@@ -270,8 +258,6 @@ class RecordingPolicy:
         with self._lock:
             self._records.append(record)
         return record
-
-    # ------------------------------------------------------------------ handlers
 
     async def _read_body(self, request: web.Request) -> Any:
         text = await request.text()
@@ -307,8 +293,6 @@ class RecordingPolicy:
         app.router.add_route("*", "/{tail:.*}", self._other)
         return app
 
-    # ------------------------------------------------------------------ async lifecycle
-
     async def start(self) -> RecordingPolicy:
         if self._runner is not None:
             raise RuntimeError("the recording policy is already started")
@@ -330,14 +314,9 @@ class RecordingPolicy:
         return await self.start()
 
     async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.stop()
-
-    # ------------------------------------------------------------------ thread lifecycle
 
     def start_in_thread(self, timeout: float = 30.0) -> RecordingPolicy:
         """Serve from a background thread with its own event loop (for sync callers)."""
@@ -377,9 +356,6 @@ class RecordingPolicy:
         return self.start_in_thread()
 
     def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop_thread()

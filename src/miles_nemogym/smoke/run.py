@@ -1,10 +1,4 @@
-"""``miles-nemogym smoke``: the whole chain on a laptop, no GPU and no Docker.
-
-The real converter, ``mini_swe_agent_2`` server (``local`` sandbox) and agent function,
-with ``RecordingPolicy`` for Miles' session server + SGLang unless ``--policy-base-url``
-is given. Offline, grading resolves nothing and two rows come back set aside by design
-(docs/launcher.md, "The chain without a GPU").
-"""
+"""``miles-nemogym smoke``: the whole chain on a laptop, no GPU and no Docker."""
 
 from __future__ import annotations
 
@@ -29,6 +23,17 @@ from miles_nemogym.settings import Settings
 from miles_nemogym.smoke.policy import RecordingPolicy
 from miles_nemogym.store import reader
 from miles_nemogym.transport import close_pools
+
+__all__ = [
+    "OFFLINE_REASON",
+    "SmokeEpisode",
+    "SmokeReport",
+    "expected_offline",
+    "file_as_step",
+    "is_offline_failure",
+    "run_rows",
+    "run_smoke",
+]
 
 # What Miles' rollout would pass as request_kwargs (already renamed to OpenAI names).
 _SMOKE_SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 1024, "top_k": 50, "seed": 1234}
@@ -213,11 +218,7 @@ def run_smoke(
 ) -> SmokeReport:
     """Start the server, run the rows, stop everything; the server's files stay in ``state_dir``.
     Callbacks: ``progress`` (preparation steps), ``on_running`` (episode count), ``on_episode``
-    (each as it finishes). Raises ``SettingsError`` before starting when the variables are invalid.
-
-    With ``episode_dir`` every episode goes to that episode store, filed as the next train step,
-    with the policy calls counted and (``trajectories_kept``: ``state_dir`` stays) the path of the
-    server's trajectory file."""
+    (each as it finishes). Raises ``SettingsError`` before starting when the variables are invalid."""
     say = progress or (lambda _line: None)
     base_settings = Settings.from_env()
     if episode_dir is not None:

@@ -1,6 +1,6 @@
 """Read an episode store (``store/writer.py``) and show it as text: a table per step, a
 list of episodes, one episode turn by turn (the HTML page is ``store/page.py``). Pure
-functions over loaded entries, except ``load``; the CLI (``cli/episodes.py``) prints.
+functions over loaded entries, except ``load``; the CLI (``cli/_episodes.py``) prints.
 """
 
 from __future__ import annotations
@@ -15,6 +15,28 @@ from typing import Any
 from miles_nemogym import fit
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text
 from miles_nemogym.store.reader import StoredEpisode
+
+__all__ = [
+    "PASS_RATE",
+    "SWE_RESOLVE_RATE",
+    "LongText",
+    "Row",
+    "environment_rows",
+    "episode_list_text",
+    "episode_parts",
+    "filed_label",
+    "fmt",
+    "printable",
+    "quality_label",
+    "rate_name",
+    "select",
+    "several_environments",
+    "split_head",
+    "step_label",
+    "step_rows",
+    "table_text",
+    "trim",
+]
 
 _OUTPUT_MAX_CHARS = 600
 """A command's output is trimmed to this in ``--show`` (head and tail kept)."""
@@ -39,7 +61,6 @@ def select(
     ]
 
 
-# ----------------------------------------------------------------------------- views
 # Everything below reads store values as untrusted: any field may be missing, of another
 # type, or hold terminal control sequences; a view shows what it can and never raises.
 
@@ -226,9 +247,6 @@ def episode_list_text(episodes: list[StoredEpisode], width: int = fit.MIN_WIDTH)
     return fit.table(lines, width, drop_order=(3, 2, 5, 4))
 
 
-# ----------------------------------------------------------------------------- one episode
-
-
 def _cut_head(text: str, size: int) -> str:
     """At most ``size`` characters from the start, ending at a line end, else a word end,
     when one is in the last quarter."""
@@ -375,9 +393,7 @@ def _names(value: Any) -> list[str]:
 def _report_lines(report: dict[str, Any] | None) -> list[str]:
     if report is None:
         return ["(no test report)"]
-    lines = [
-        f"resolved: {report.get('resolved')}   patch applied: {report.get('patch_successfully_applied')}",
-    ]
+    lines = [f"resolved: {report.get('resolved')}   patch applied: {report.get('patch_successfully_applied')}"]
     tests = report.get("tests_status")
     for category in ("FAIL_TO_PASS", "PASS_TO_PASS"):
         status = tests.get(category) if isinstance(tests, dict) else None
@@ -482,13 +498,3 @@ def _verify_lines(answer: Any, missing: str | None) -> list[str | LongText]:
         return [f"(no verify answer: {missing})"]
     fields = [(key, value) for key, value in answer.items() if key not in _VERIFY_SHOWN_ELSEWHERE]
     return [LongText(f"{key}: {_json(value)}", _OUTPUT_MAX_CHARS) for key, value in fields] or ["(empty)"]
-
-
-def show_text(episode: StoredEpisode) -> str:
-    """One episode, readably (``episode_parts``), long outputs and thoughts trimmed."""
-    return printable(
-        "\n".join(
-            p if isinstance(p, str) else p.text if p.show_limit is None else trim(p.text, p.show_limit)
-            for p in episode_parts(episode)
-        )
-    )

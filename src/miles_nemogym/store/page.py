@@ -34,6 +34,8 @@ from miles_nemogym.store.plots import plots_html
 from miles_nemogym.store.reader import Store, StoredEpisode
 from miles_nemogym.store.writer import ROLES
 
+__all__ = ["render_html"]
+
 INLINE_CHARS = 1_000
 """A long part of an episode shows this much (cut at a line or word end when near)."""
 BLOCK_MAX_CHARS = 200_000

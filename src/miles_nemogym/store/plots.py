@@ -20,7 +20,7 @@ from miles_nemogym.episode.record import EVAL, SWE_ENVIRONMENT, TRAIN, pass_at_k
 from miles_nemogym.store.browser import SWE_RESOLVE_RATE, printable, quality_label, rate_name
 from miles_nemogym.store.reader import StoredEpisode
 
-__all__ = ["Plot", "Series", "plots", "plots_html", "svg"]
+__all__ = ["plots", "plots_html", "svg"]
 
 
 @dataclass(frozen=True)
@@ -196,8 +196,6 @@ def plots(episodes: list[StoredEpisode]) -> list[Plot]:
             out.append(_eval_plot(eval_set or "(no set name)", steps, _file_name(f"eval-{eval_set}-pass-at-k", taken)))
     return out
 
-
-# ----------------------------------------------------------------------------- drawing
 
 _COLOURS = ("#1f77b4", "#2ca02c", "#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf")
 _NOT_XML = re.compile("[\ud800-\udfff\ufffe\uffff]")

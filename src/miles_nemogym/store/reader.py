@@ -1,10 +1,5 @@
 """Read an episode store back (``store/writer.py`` writes it): each episode with its role and
-step, and what could not be read and where. Never raises over what is on disk.
-
-Without ``answers`` a sealed file is read from its ``.heads`` file (the lines without the
-``/run`` answer), so the summary table reads no trajectories. A step's filings (fully async)
-move the episodes they name to that step: trained by it, or not trained with the reason.
-"""
+step, and what could not be read and where. Never raises over what is on disk."""
 
 from __future__ import annotations
 
@@ -24,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord, parse_record, passed, verdict
 from miles_nemogym.store.writer import ROLES
 
-__all__ = ["UNFILED", "Problem", "Store", "StoredEpisode", "load"]
+__all__ = ["Store", "StoredEpisode", "load"]
 
 UNFILED = "no step has trained or dropped it yet"
 """``StoredEpisode.not_trained`` of a sealed episode no filing names, in a role with filings

@@ -1,14 +1,5 @@
 """A scan of environment rows: each row through the agent function's own environment path, on the
-``NEMO_GYM_ENVS`` servers training will use.
-
-    golden   -> the row's gold and a wrong answer (``smoke/answers.py``), played by the scripted
-                policy in this process: the gold must pass, the wrong answer must not
-    policy   -> ``--policy-base-url`` answers (its key sent to it alone), one episode per row
-
-A row of an environment whose rows carry no gold smoke can read is refused in a golden scan,
-naming the API-policy scan instead; an environment missing from ``NEMO_GYM_ENVS`` or whose
-server does not answer stops the scan before the first episode.
-"""
+``NEMO_GYM_ENVS`` servers training will use."""
 
 from __future__ import annotations
 
@@ -23,10 +14,12 @@ from miles_nemogym.episode.record import Outcome, Task, task_row
 from miles_nemogym.gym.environments import plan
 from miles_nemogym.gym.venv import GymEnvironmentError
 from miles_nemogym.runtime import current
-from miles_nemogym.scan.inputs import InputError, ScanTask
+from miles_nemogym.scan._inputs import InputError, ScanTask
 from miles_nemogym.settings import Settings
 from miles_nemogym.smoke.answers import GOLD, WRONG, Answers, answers
 from miles_nemogym.smoke.policy import RecordingPolicy
+
+__all__ = ["CHECK_SESSION", "gold_answers", "play_golden", "server_problem", "session_base"]
 
 CHECK_SESSION = "http://127.0.0.1:9/sessions/check"
 """A session URL to check a golden row's episode against before the scripted policy starts."""
@@ -93,11 +86,7 @@ def _names(environments: Sequence[str]) -> set[str]:
 
 
 async def play_golden(
-    task: ScanTask,
-    known: Answers,
-    policy: RecordingPolicy,
-    settings: Settings,
-    request_kwargs: Mapping[str, Any],
+    task: ScanTask, known: Answers, policy: RecordingPolicy, settings: Settings, request_kwargs: Mapping[str, Any]
 ) -> tuple[Outcome, Outcome]:
     """The row's gold, then its wrong answer, each one episode of its own scripted session."""
     played = []

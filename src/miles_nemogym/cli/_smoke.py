@@ -16,14 +16,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from miles_nemogym.cli.options import JUDGE_MODEL_HELP, JUDGE_URL_HELP, judge_of
-from miles_nemogym.cli.signals import interrupt_on_sigterm
+from miles_nemogym.cli._console import fail, interrupt_on_sigterm
+from miles_nemogym.cli._options import JUDGE_MODEL_HELP, JUDGE_URL_HELP, judge_of
 from miles_nemogym.fit import counted
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from miles_nemogym.gym.composition import Judge
+
+__all__ = ["register"]
 
 _EXPLANATION = (
     "This run used the 'local' sandbox: commands ran on this machine, not in the SWE-bench task "
@@ -87,8 +89,7 @@ def _smoke(
     episode_dir: Annotated[
         Path | None,
         typer.Option(
-            "--episode-dir",
-            help=f"The episode store to write (default: $NEMO_GYM_EPISODE_DIR, else ./{_EPISODE_DIR}).",
+            "--episode-dir", help=f"The episode store to write (default: $NEMO_GYM_EPISODE_DIR, else ./{_EPISODE_DIR})."
         ),
     ] = None,
     json_path: Annotated[
@@ -107,8 +108,8 @@ def _smoke(
     judge_model: Annotated[str | None, typer.Option("--judge-model", metavar="NAME", help=JUDGE_MODEL_HELP)] = None,
 ) -> None:
     from miles_nemogym import checks
-    from miles_nemogym.cli.console import console as cli_console
-    from miles_nemogym.cli.doctor import show
+    from miles_nemogym.cli._console import console as cli_console
+    from miles_nemogym.cli._doctor import show
     from miles_nemogym.data.atomic import output_problem
     from miles_nemogym.gym import wheel as gym_wheel
 
@@ -126,20 +127,17 @@ def _smoke(
         raise typer.Exit(2)
     problem = output_problem(json_path) if json_path is not None else None
     if problem:  # before any server starts: a link is never written through, a device never replaced
-        console.print(f"[red]error:[/red] --json {json_path} {problem}", highlight=False)
-        raise typer.Exit(2)
+        fail(console, f"[red]error:[/red] --json {json_path} {problem}", highlight=False)
     judge = judge_of(console, judge_url, judge_model)
     if envs:
         _smoke_environments(console, envs, judge, policy_base_url, limit, state_dir, keep, episode_dir, json_path)
         return
     if judge is not None:
-        console.print("[red]error:[/red] --judge-url grades --env environments; the SWE smoke has no judge")
-        raise typer.Exit(2)
+        fail(console, "[red]error:[/red] --judge-url grades --env environments; the SWE smoke has no judge")
     try:
         rows = gym_wheel.example_rows()[:limit]
     except (OSError, RuntimeError) as error:  # the pinned wheel could not be downloaded or read
-        console.print(f"[red]cannot read the example rows nemo-gym ships:[/red] {error}", highlight=False)
-        raise typer.Exit(2) from None
+        fail(console, f"[red]cannot read the example rows nemo-gym ships:[/red] {error}", highlight=False)
     store = _store_path(episode_dir)
     folder = state_dir or Path(tempfile.mkdtemp(prefix="miles-nemogym-smoke-"))
     kept = state_dir is not None or keep
@@ -176,8 +174,7 @@ def _write_json(console: Console, path: Path, report: dict[str, Any]) -> None:
     try:
         write_file(path, (json.dumps(report, indent=2) + "\n").encode("utf-8"))
     except WriteError as error:
-        console.print(f"[red]error:[/red] --json: {error}", highlight=False)
-        raise typer.Exit(1) from None
+        fail(console, f"[red]error:[/red] --json: {error}", 1, highlight=False)
     console.print(f"json: {path}", highlight=False)
 
 
@@ -213,16 +210,15 @@ def _smoke_environments(
     """``smoke --env``: the environments' shipped rows, one line per episode, a table per environment."""
     from rich.markup import escape
 
-    from miles_nemogym.cli.progress import step_display
-    from miles_nemogym.cli.smoke_view import ENVIRONMENT_LEGEND, environment_json, environment_line, environment_tables
+    from miles_nemogym.cli._console import step_display
+    from miles_nemogym.cli._smoke_view import ENVIRONMENT_LEGEND, environment_json, environment_line, environment_tables
     from miles_nemogym.gym.venv import GymEnvironmentError
     from miles_nemogym.smoke.environments import EnvironmentEpisode, check_environments, run_environment_smoke
 
     try:
         check_environments(envs, judge)  # before anything starts: a typo or a refused environment, with the reason
     except GymEnvironmentError as error:
-        console.print(f"[red]error:[/red] --env: {escape(str(error))}", highlight=False)
-        raise typer.Exit(2) from None
+        fail(console, f"[red]error:[/red] --env: {escape(str(error))}", highlight=False)
     store = _store_path(episode_dir)
     folder = state_dir or Path(tempfile.mkdtemp(prefix="miles-nemogym-smoke-"))
     kept = state_dir is not None or keep
@@ -264,8 +260,7 @@ def _smoke_environments(
             )
         _store_hint(console, store, report.step, report.store_errors)
     except GymEnvironmentError as error:
-        console.print(f"[red]cannot start the environments' servers:[/red] {escape(str(error))}", highlight=False)
-        raise typer.Exit(2) from None
+        fail(console, f"[red]cannot start the environments' servers:[/red] {escape(str(error))}", highlight=False)
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -291,8 +286,8 @@ def _run(
     json_path: Path | None,
 ) -> bool:
     """The run and its report; whether the chain worked (``typer.Exit(2)`` when it could not start)."""
-    from miles_nemogym.cli.progress import step_display
-    from miles_nemogym.cli.smoke_view import LEGEND, build_table, episode_line, report_json
+    from miles_nemogym.cli._console import step_display
+    from miles_nemogym.cli._smoke_view import LEGEND, build_table, episode_line, report_json
     from miles_nemogym.gym.venv import GymEnvironmentError
     from miles_nemogym.smoke.run import SmokeEpisode, expected_offline, run_smoke
 
@@ -330,8 +325,7 @@ def _run(
                 on_running=running,
             )
     except GymEnvironmentError as error:
-        console.print(f"[red]cannot start the NeMo-Gym server:[/red] {error}", highlight=False)
-        raise typer.Exit(2) from None
+        fail(console, f"[red]cannot start the NeMo-Gym server:[/red] {error}", highlight=False)
 
     table, notes = build_table(report.episodes)
     console.print(table)

@@ -1,21 +1,20 @@
 """Run a scan: every selected instance through ``delivery.deliver``, as training does: a SWE row's
 ``/run`` body from ``run.prepare_scan``, an environment row's episode from ``agent.prepare_episode``
-(``scan/environment.py``).
-
-``policy_base_url`` is ``--policy-base-url`` (absent only in a golden scan), the API key is
-sent only with it, and the policy must answer before the first episode. Whatever is wrong
-before an episode starts raises ``ScanUsageError``; then results are appended as episodes
-finish, and ``stop`` (Ctrl-C) keeps what finished.
-"""
+(``scan/_environment.py``)."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
+from aiohttp import web
 from rich.console import Console
 
+import miles_nemogym.scan._environment as environment_scan
 from miles_nemogym import checks
 from miles_nemogym.agent import prepare_episode
 from miles_nemogym.episode import run as swe_run
@@ -26,19 +25,65 @@ from miles_nemogym.fit import counted
 from miles_nemogym.gym.config import instance_name
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.runtime import current
-from miles_nemogym.scan import environment as environment_scan
-from miles_nemogym.scan.config import ScanConfig, scan_settings, usage_problems
-from miles_nemogym.scan.golden_guard import GoldenGuard, golden_guard
-from miles_nemogym.scan.inputs import InputError, ScanTask, load_tasks
-from miles_nemogym.scan.report import ScanProgress, header, render_summary
-from miles_nemogym.scan.results import ResultLine, ResultsLock, ResultsWriter, task_digest
-from miles_nemogym.scan.selection import select
-from miles_nemogym.scan.verdict import Verdict, golden_pair, kind_of, reason_of, verdict_of
+from miles_nemogym.scan._config import ScanConfig, scan_settings, usage_problems
+from miles_nemogym.scan._inputs import InputError, ScanTask, load_tasks, select
+from miles_nemogym.scan._report import ScanProgress, header, render_summary
+from miles_nemogym.scan._results import ResultLine, ResultsLock, ResultsWriter, task_digest
+from miles_nemogym.scan._verdict import Verdict, golden_pair, kind_of, reason_of, verdict_of
 from miles_nemogym.server_probe import FetchError, identify
 from miles_nemogym.settings import Settings, SettingsError
 from miles_nemogym.smoke.answers import Answers
 from miles_nemogym.smoke.policy import RecordingPolicy
-from miles_nemogym.transport import close_pools
+from miles_nemogym.transport import bracket, close_pools, is_loopback
+
+__all__ = ["EXIT_USAGE", "ScanResult", "ScanUsageError", "run_scan"]
+
+
+@dataclass
+class GoldenGuard:
+    """A golden scan's check that the server is golden: a policy endpoint no golden server calls.
+
+    ``url``: the ``policy_base_url`` to send; ``called`` is set by the first request to it."""
+
+    url: str = ""
+    called: asyncio.Event = field(default_factory=asyncio.Event)
+    request_line: str = ""
+
+    def problem(self, run_url: str) -> str:
+        """What the scan says when ``called``: the server is not golden, and the fix."""
+        return (
+            f"{run_url} is not a golden server: its /run called a model ({self.request_line} on the check endpoint "
+            "a golden scan sends as policy_base_url), so it plays the task with a model instead of applying the "
+            "gold patch; restart it with `miles-nemogym serve --golden` (or scan a policy with --policy-base-url)"
+        )
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
+        if not self.called.is_set():
+            self.request_line = f"{request.method} {request.path}"
+            self.called.set()
+        return web.json_response({"error": {"message": "a golden scan's server must not call a model"}}, status=400)
+
+
+@asynccontextmanager
+async def golden_guard(gym_url: str, external_host: str | None) -> AsyncIterator[GoldenGuard]:
+    """A :class:`GoldenGuard` listening until the block ends: on loopback for a server on this
+    machine, else on every interface, its URL's host the address that routes to the Gym host
+    (or ``MILES_ROUTER_EXTERNAL_HOST``)."""
+    guard = GoldenGuard()
+    host = "127.0.0.1" if is_loopback(urlsplit(gym_url).hostname or "") and not external_host else "0.0.0.0"
+    app = web.Application()
+    app.router.add_route("*", "/{path:.*}", guard._answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        guard.url = swe_run.policy_base_url(f"http://{bracket(host)}:{port}/golden-check", gym_url, external_host)
+        yield guard
+    finally:
+        await runner.cleanup()
+
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -145,11 +190,7 @@ def _foreign_results(config: ScanConfig, earlier: dict[str, ResultLine], digests
 
 
 def _prepare_locked(
-    config: ScanConfig,
-    settings: Settings,
-    tasks: list[ScanTask],
-    selected: list[ScanTask],
-    lock: ResultsLock | None,
+    config: ScanConfig, settings: Settings, tasks: list[ScanTask], selected: list[ScanTask], lock: ResultsLock | None
 ) -> _Prepared:
     try:
         earlier = lock.read() if lock is not None else {}
@@ -242,10 +283,7 @@ def _result_line(
 
 
 async def run_scan(
-    config: ScanConfig,
-    *,
-    console: Console | None = None,
-    stop: asyncio.Event | None = None,
+    config: ScanConfig, *, console: Console | None = None, stop: asyncio.Event | None = None
 ) -> ScanResult:
     """Run the scan ``config`` describes, printing progress and summary; ``ScanUsageError``
     (before any episode) when it cannot start. ``stop`` cancels in-flight episodes and

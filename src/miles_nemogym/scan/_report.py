@@ -1,9 +1,4 @@
-"""What a scan shows: live progress, one line per finished instance, the final summary.
-
-A progress bar on a terminal; in a file or pipe a status line every ``_STATUS_EVERY``
-instances or ``_STATUS_INTERVAL_S`` seconds. The summary covers the whole selection,
-``--resume``'d results included.
-"""
+"""What a scan shows: live progress, one line per finished instance, the final summary."""
 
 from __future__ import annotations
 
@@ -17,19 +12,14 @@ from types import TracebackType
 from rich.console import Console
 from rich.markup import escape
 from rich.measure import Measurement
-from rich.progress import (
-    BarColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from miles_nemogym import fit
-from miles_nemogym.scan.results import ResultLine
-from miles_nemogym.scan.verdict import Verdict
+from miles_nemogym.scan._results import ResultLine
+from miles_nemogym.scan._verdict import Verdict
+
+__all__ = ["ScanProgress", "header", "render_summary"]
 
 _STATUS_EVERY = 10
 _STATUS_INTERVAL_S = 60.0
@@ -185,13 +175,7 @@ def _seconds(value: float | None) -> str:
 
 
 def render_summary(
-    console: Console,
-    results: list[ResultLine],
-    *,
-    selected: int,
-    earlier: int,
-    golden: bool,
-    interrupted: bool,
+    console: Console, results: list[ResultLine], *, selected: int, earlier: int, golden: bool, interrupted: bool
 ) -> None:
     """The per-repo (environment rows: per-environment) and overall table, then every instance
     that did not pass, with its reason."""

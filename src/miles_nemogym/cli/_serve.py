@@ -1,13 +1,4 @@
-"""``miles-nemogym serve``: the NeMo-Gym environment side in one command.
-
-Builds (first run, minutes) or reuses the pinned server venv, composes the
-``mini_swe_agent_2`` config for the chosen sandbox provider, starts the server and, with
-``--env``, each named environment's resources server next to it (``--no-swe``: those
-only), prints the ``NEMO_GYM_URL`` / ``NEMO_GYM_ENVS`` the trainer side exports, and runs
-until Ctrl-C or SIGTERM, then stops every server and the SWE server's Ray (a cluster joined
-with ``--ray-address`` keeps running). ``--dry-run`` prints what would be started and
-installed, and what is missing, and starts nothing.
-"""
+"""``miles-nemogym serve``: the NeMo-Gym environment side in one command."""
 
 from __future__ import annotations
 
@@ -20,8 +11,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from miles_nemogym.cli.options import JUDGE_MODEL_HELP, JUDGE_URL_HELP, SANDBOXES, judge_of
-from miles_nemogym.cli.signals import interrupt_on_sigterm
+from miles_nemogym.cli._console import fail, interrupt_on_sigterm
+from miles_nemogym.cli._options import JUDGE_MODEL_HELP, JUDGE_URL_HELP, SANDBOXES, judge_of
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -32,6 +23,8 @@ if TYPE_CHECKING:
     from miles_nemogym.gym.server import GymServer
     from miles_nemogym.gym.venv import GymVenv
 
+__all__ = ["register"]
+
 _SANDBOX_HELP = (
     f"Sandbox provider, one of {', '.join(SANDBOXES)}: a container one (what SWE-bench grading needs), "
     "or local (host subprocesses, no isolation, cannot resolve instances)."
@@ -40,11 +33,6 @@ _SANDBOX_HELP = (
 _ENV_HELP = (
     "Also serve this NeMo-Gym environment's resources server (a folder of resources_servers/ in the "
     "nemo-gym wheel, e.g. mcqa); repeat for several. They take the ports after --port, in the order given."
-)
-
-_JUDGE_HELP = (
-    "Base URL of an OpenAI-compatible server (e.g. http://judge:8000/v1) that grades the --env "
-    "environments whose configs judge with a model; its key, if any, is read from NEMO_GYM_JUDGE_API_KEY."
 )
 
 _HELP = """Run the real NeMo-Gym mini_swe_agent_2 server for training or evaluation, and with
@@ -156,8 +144,8 @@ def serve(
     from pydantic import ValidationError
     from rich.markup import escape
 
-    from miles_nemogym.cli.console import console as cli_console
-    from miles_nemogym.cli.progress import step_display
+    from miles_nemogym.cli._console import console as cli_console
+    from miles_nemogym.cli._console import step_display
     from miles_nemogym.gym.config import ServeOptions, load_provider_options
     from miles_nemogym.gym.environments import EnvironmentServers, plan, refusals
     from miles_nemogym.gym.server import GymServer
@@ -167,18 +155,16 @@ def serve(
         SECRET_VARIABLE,
         secret_problem,
     )
-    from miles_nemogym.routing_root.responses_api_models.miles_routing_model.session_servers import (
-        parse_session_server,
-    )
+    from miles_nemogym.routing_root.responses_api_models.miles_routing_model.session_servers import parse_session_server
     from miles_nemogym.validation import as_flag, problems
 
     console = cli_console(stderr=True)
     if not (math.isfinite(start_timeout) and start_timeout > 0):
-        console.print(
+        fail(
+            console,
             f"[red]error:[/red] --start-timeout: {start_timeout:g} is not a positive number of seconds; "
-            "give how long to wait for the server to answer, e.g. --start-timeout 300"
+            "give how long to wait for the server to answer, e.g. --start-timeout 300",
         )
-        raise typer.Exit(2)
     try:
         options = ServeOptions.model_validate(
             {
@@ -199,18 +185,15 @@ def serve(
             console.print(f"[red]error:[/red] {escape(line)}", soft_wrap=True)
         raise typer.Exit(2) from None
     except GymEnvironmentError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        fail(console, f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
 
     if not swe and not envs:
-        console.print("[red]error:[/red] --no-swe serves only the --env environments; name one, e.g. --env mcqa")
-        raise typer.Exit(2)
+        fail(console, "[red]error:[/red] --no-swe serves only the --env environments; name one, e.g. --env mcqa")
     judge = judge_of(console, judge_url, judge_model)
     try:
         plans = plan(envs or [], routed=routed)
     except GymEnvironmentError as exc:
-        console.print(f"[red]error:[/red] --env: {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2) from None
+        fail(console, f"[red]error:[/red] --env: {escape(str(exc))}", highlight=False)
     refused = refusals(plans, judge)
     for reason in refused:
         console.print(f"[red]error:[/red] --env: {escape(reason)}", highlight=False)
@@ -222,29 +205,27 @@ def serve(
         try:
             parse_session_server(entry)
         except ValueError as exc:
-            console.print(f"[red]error:[/red] --session-server {escape(entry)!r}: {exc}", highlight=False)
-            raise typer.Exit(2) from None
+            fail(console, f"[red]error:[/red] --session-server {escape(entry)!r}: {exc}", highlight=False)
     if agents and not allowed and not dry_run:
-        console.print(
+        fail(
+            console,
             f"[red]error:[/red] {', '.join(agents)} {'is' if len(agents) == 1 else 'are'} played by an agent server "
             "whose model calls go to the trainer's Miles session servers: name them with --session-server HOST:PORT "
             "(the training node's address and Miles' --session-server-port, e.g. --session-server 10.0.0.5:30000)",
             highlight=False,
         )
-        raise typer.Exit(2)
     given_secret = os.environ.get(SECRET_VARIABLE)
     if agents and given_secret is not None and secret_problem(given_secret):
-        console.print(
+        fail(
+            console,
             f"[red]error:[/red] {secret_problem(given_secret)} (it signs the agents' rollout ids); unset it and "
             f"serve makes one, or set at least {MIN_SECRET_CHARS} random characters",
             highlight=False,
         )
-        raise typer.Exit(2)
     # SWE on --port, the environments on the ports after it (0: every one free).
     first_port = options.port + (1 if swe else 0) if options.port else 0
     if first_port and first_port + len(plans) - 1 > 65535:
-        console.print(f"[red]error:[/red] --port: {len(plans)} environments after port {options.port} pass 65535")
-        raise typer.Exit(2)
+        fail(console, f"[red]error:[/red] --port: {len(plans)} environments after port {options.port} pass 65535")
 
     if dry_run:
         try:
@@ -259,34 +240,33 @@ def serve(
                 session_servers=allowed,
             )
         except GymEnvironmentError as exc:
-            console.print(f"[red]error:[/red] {escape(str(exc))}")
-            raise typer.Exit(2) from None
+            fail(console, f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(code)
     taken = _taken_ports(options.host, ([options.port] if swe and options.port else []), first_port, len(plans))
     if taken:
-        console.print(
+        fail(
+            console,
             f"[red]error:[/red] --port: {', '.join(map(str, taken))} on {options.host} "
             f"{'is' if len(taken) == 1 else 'are'} taken (another serve, or another program, listens there); "
             "give another --port, or --port 0 for free ports. Nothing was started.",
             highlight=False,
         )
-        raise typer.Exit(2)
     if swe and not start_anyway:
         try:
             missing = _provider_missing(options, state_dir)
         except GymEnvironmentError as exc:
-            console.print(f"[red]error:[/red] {escape(str(exc))}")
-            raise typer.Exit(2) from None
+            fail(console, f"[red]error:[/red] {escape(str(exc))}")
         if missing:
             console.print(f"[red]error:[/red] the {options.sandbox} sandbox cannot run episodes here; it lacks:")
             for line in missing:
                 console.print(f"  - {escape(line)}", highlight=False)
-            console.print(
+            fail(
+                console,
                 "Provide it, choose another --sandbox, or pass --start-anyway (e.g. when it comes later). "
                 "Nothing was started.",
+                1,
                 highlight=False,
             )
-            raise typer.Exit(1)
     if swe and options.sandbox == "local":
         console.print(
             "[yellow]--sandbox local runs the agent's commands on this host without isolation, and "
@@ -337,8 +317,7 @@ def serve(
         except KeyboardInterrupt:
             _stop(server, environments)
             _remove(made)
-            console.print("interrupted; nothing left running.")
-            raise typer.Exit(130) from None
+            fail(console, "interrupted; nothing left running.", 130)
         except BaseException:
             _stop(server, environments)
             _keep(made, console)
@@ -551,13 +530,7 @@ def _plan_environments(
     judge: Judge | None,
 ) -> None:
     """Which resources servers would start where, what they would install, and the setting."""
-    from miles_nemogym.gym.environments import (
-        judged_plans,
-        missing_requirements,
-        overlay_path,
-        overlay_python,
-        setting,
-    )
+    from miles_nemogym.gym.environments import judged_plans, missing_requirements, overlay_path, overlay_python, setting
     from miles_nemogym.gym.server import advertised_url
     from miles_nemogym.redaction import redact_url
 

@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from miles_nemogym import checks
-from miles_nemogym.cli.options import GymUrl
+from miles_nemogym.cli._options import GymUrl
 from miles_nemogym.server_probe import Fetcher, fetch_json
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+__all__ = ["register", "show"]
 
 _COLOURS = {"PASS": "green", "FAIL": "red", "SKIP": "yellow"}
 
@@ -79,7 +81,7 @@ def _doctor(
 
     A scan needs the same server checks; `scan --golden` needs a server started with `serve --golden`,
     `scan --policy-base-url URL` a policy that answers (add the same flag here)."""
-    from miles_nemogym.cli.console import console
+    from miles_nemogym.cli._console import console
 
     # The checks read the plugin's variables as the trainer would, the flag in place of NEMO_GYM_URL.
     environ = dict(os.environ) if gym_url is None else {**os.environ, "NEMO_GYM_URL": gym_url}

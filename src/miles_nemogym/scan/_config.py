@@ -1,9 +1,4 @@
-"""What one scan is asked to do, and the plugin ``Settings`` it runs with.
-
-The environment's settings with the flags ``--gym-url``, ``--timeout`` and
-``--concurrency`` applied and validated like the variables. The policy API key is never
-a flag (flags land in shell history and process lists): only ``NEMO_GYM_POLICY_API_KEY``.
-"""
+"""What one scan is asked to do, and the plugin ``Settings`` it runs with."""
 
 from __future__ import annotations
 
@@ -12,8 +7,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from miles_nemogym.scan.results import Mode
+from miles_nemogym.scan._results import Mode
 from miles_nemogym.settings import Settings
+
+__all__ = ["API_KEY_ENV", "ScanConfig", "scan_settings", "usage_problems"]
 
 API_KEY_ENV = "NEMO_GYM_POLICY_API_KEY"
 

@@ -1,10 +1,5 @@
 """Read the task rows a scan runs: converter output or raw SWE-bench / NeMo-Gym SWE rows, or
-environment rows as ``convert --env`` writes them (one kind per file).
-
-Each row becomes the ``metadata`` the agent function would get for it, read through
-:func:`miles_nemogym.data.sources.open_file` and checked by the request builder; every problem
-names its line, the field and the fix (docs/data-and-checks.md).
-"""
+environment rows as ``convert --env`` writes them (one kind per file)."""
 
 from __future__ import annotations
 
@@ -18,6 +13,8 @@ from miles_nemogym.data.schema import SUBSETS, TEST_LIST_FIELDS, decode_test_lis
 from miles_nemogym.data.sources import SourceError, open_file
 from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, TASK_ID_KEY
 from miles_nemogym.errors import MilesNemoGymError
+
+__all__ = ["InputError", "ScanTask", "load_tasks", "select"]
 
 
 class InputError(MilesNemoGymError, ValueError):
@@ -124,16 +121,9 @@ def _repo_of(metadata: Mapping[str, Any], instance_id: str) -> str:
 
 
 def load_tasks(
-    path: Path,
-    *,
-    subset: str | None = None,
-    split: str | None = None,
-    golden: bool = False,
+    path: Path, *, subset: str | None = None, split: str | None = None, golden: bool = False
 ) -> list[ScanTask]:
-    """Every task row of ``path`` (its ``/run`` body is built and checked by the scan before any episode).
-
-    Raises ``InputError`` for the first bad row, an empty file or a repeated instance id.
-    """
+    """Every task row of ``path`` (its ``/run`` body is built and checked by the scan before any episode)."""
     if subset is not None and subset not in SUBSETS:
         raise InputError(f"--subset {subset!r}: expected one of {', '.join(SUBSETS)}")
     if not path.exists():
@@ -173,3 +163,22 @@ def load_tasks(
     if not tasks:
         raise InputError(f"{path}: the input file holds no task rows")
     return tasks
+
+
+def select(tasks: list[ScanTask], instance_ids: list[str] | None, limit: int | None) -> list[ScanTask]:
+    """The tasks to scan, in input order. Unknown ids are an error: a typo would otherwise
+    shrink the scan silently."""
+    selected = tasks
+    if instance_ids is not None:
+        wanted = set(instance_ids)
+        known = {task.instance_id for task in tasks}
+        missing = [item for item in instance_ids if item not in known]
+        if missing:
+            shown = ", ".join(missing[:10]) + (f" (+{len(missing) - 10} more)" if len(missing) > 10 else "")
+            raise InputError(f"--instance-ids: not in the input file: {shown}")
+        selected = [task for task in tasks if task.instance_id in wanted]
+    if limit is not None:
+        if limit < 1:
+            raise InputError(f"--limit {limit}: must be at least 1")
+        selected = selected[:limit]
+    return selected

@@ -1,9 +1,4 @@
-"""``miles-nemogym convert``: SWE-bench-family dataset → Miles prompt JSONL.
-
-Parses flags into :class:`~miles_nemogym.data.ConvertOptions`, shows progress and the
-summary, maps failures to exit codes (0 written, 1 nothing written, 2 bad flags).
-``miles_nemogym.data`` is imported inside the command so ``--help`` stays fast.
-"""
+"""``miles-nemogym convert``: SWE-bench-family dataset → Miles prompt JSONL."""
 
 from __future__ import annotations
 
@@ -17,12 +12,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from miles_nemogym.cli.options import InstanceIds, choice, metavar, subset_option
-from miles_nemogym.cli.signals import interrupt_on_sigterm
+from miles_nemogym.cli._console import fail, interrupt_on_sigterm
+from miles_nemogym.cli._options import InstanceIds, choice, metavar, subset_option
 
 if TYPE_CHECKING:
     from miles_nemogym.data import ConvertOptions, ConvertReport
     from miles_nemogym.gym.benchmarks import BenchmarkMark
+
+__all__ = ["register"]
 
 _ON_ERROR = ("fail", "skip")
 
@@ -159,14 +156,13 @@ def _convert_command(
         ),
     ] = None,
     size: Annotated[
-        int | None,
-        typer.Option(min=1, help="Rows in a weighted mix (default: the most without repeating a row)."),
+        int | None, typer.Option(min=1, help="Rows in a weighted mix (default: the most without repeating a row).")
     ] = None,
     split: Annotated[
         str | None,
         typer.Option(
             help="Split to load (folders, dataset ids) and, for SWE-bench rows, to record in metadata. "
-            "Default: the row's own, else test for SWE-bench sets, train for SWE-Gym and NeMo-Gym environments.",
+            "Default: the row's own, else test for SWE-bench sets, train for SWE-Gym and NeMo-Gym environments."
         ),
     ] = None,
     subset: Annotated[
@@ -185,8 +181,7 @@ def _convert_command(
         ),
     ] = "fail",
     gradeable_only: Annotated[
-        bool,
-        typer.Option("--gradeable-only", help="Keep only rows the installed swebench package can grade."),
+        bool, typer.Option("--gradeable-only", help="Keep only rows the installed swebench package can grade.")
     ] = False,
     repos: Annotated[
         list[str] | None, typer.Option("--repos", help="Keep only these repos (repeat or comma-separate).")
@@ -217,18 +212,82 @@ def _convert_command(
     ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
-    from miles_nemogym.cli.console import console
+    from pydantic import ValidationError
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from miles_nemogym.cli._console import console
+    from miles_nemogym.data import (
+        ConvertError,
+        ConvertOptions,
+        InterruptedAfterCommit,
+        SourceError,
+        SwebenchMissingError,
+        WriteError,
+        convert,
+    )
+    from miles_nemogym.data.environments import parse_env_option
+    from miles_nemogym.data.select import instance_ids_option
+    from miles_nemogym.validation import problems
 
     out, err = console(), console(stderr=True)
-    scratch = contextlib.ExitStack()
-    with scratch:
+    with contextlib.ExitStack() as scratch:
         benchmarks: list[tuple[BenchmarkMark, Path]] = []
         env = [_benchmark_rows(err, value, input, scratch, benchmarks) for value in env or ()]
         if input is not None and benchmarks and all("=" in value for value in env):
             input = None  # read as a benchmark's prepared file
-        _convert_with(out, err, output, input, env, own_envs, size, split, subset, on_error, gradeable_only,
-                      repos, exclude_repos, instance_ids, limit, shuffle, seed, holdout, holdout_output,
-                      drop_fields, quiet)  # fmt: skip
+        try:
+            options = ConvertOptions(
+                input=input,
+                output=output,
+                environments=tuple(parse_env_option(value, input) for value in env or ()),
+                size=size,
+                split=split,
+                subset=subset,
+                on_error=on_error,
+                gradeable_only=gradeable_only,
+                repos=tuple(repos or ()),
+                exclude_repos=tuple(exclude_repos or ()),
+                instance_ids=instance_ids_option(instance_ids),
+                limit=limit,
+                shuffle=shuffle,
+                seed=seed,
+                holdout=holdout,
+                holdout_output=holdout_output,
+                drop_fields=tuple(drop_fields or ()),
+            )
+        except ValidationError as error:
+            for line in problems(error):
+                err.print(f"error: {line}", highlight=False, markup=False)
+            raise typer.Exit(2) from None
+        except ValueError as error:  # InputError, or --instance-ids that holds no id
+            fail(err, f"error: {error}", highlight=False, markup=False)
+
+        _check_names(err, options, own_envs or [])
+
+        columns = (SpinnerColumn(), TextColumn("converting"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"))
+        with interrupt_on_sigterm():
+            try:  # each refusal below is printed once the bar is gone
+                with Progress(*columns, TimeElapsedColumn(), console=err, disable=quiet, transient=True) as bar:
+                    task = bar.add_task("convert", total=None)
+
+                    def progress(done: int, total: int | None) -> None:
+                        bar.update(task, completed=done, total=total)
+
+                    report = convert(options, progress=progress)
+            except InterruptedAfterCommit as stop:
+                written = ", ".join(map(str, stop.paths))
+                fail(err, f"interrupted once every file was written: {written}", 130, highlight=False, markup=False)
+            except KeyboardInterrupt:
+                fail(err, "interrupted: nothing written, no file touched", 130, highlight=False, markup=False)
+            except ConvertError as error:
+                _print_summary(err, error.report, options)
+                fail(err, f"error: {error}", 1, highlight=False, markup=False)
+            except (SourceError, SwebenchMissingError, ValueError, WriteError) as error:
+                fail(err, f"error: {error}", 1, highlight=False, markup=False)
+            except OSError as error:  # e.g. an input that cannot be read
+                said = f"{error.filename}: {error.strerror}" if error.filename and error.strerror else str(error)
+                fail(err, f"error: {said}", 1, highlight=False, markup=False)
+        _print_summary(out, report, options)
         for mark, source in benchmarks:
             out.print(_benchmark_note(mark, source), highlight=False, markup=False)
 
@@ -244,11 +303,7 @@ def _benchmark_note(mark: BenchmarkMark, source: Path) -> str:
 
 
 def _benchmark_rows(
-    err: Console,
-    value: str,
-    input: str | None,
-    scratch: contextlib.ExitStack,
-    marks: list[tuple[BenchmarkMark, Path]],
+    err: Console, value: str, input: str | None, scratch: contextlib.ExitStack, marks: list[tuple[BenchmarkMark, Path]]
 ) -> str:
     """``value`` as given, or, when it names a NeMo-Gym benchmark, ``GRADER=ROWS[:WEIGHT]`` with
     ROWS the benchmark's rows made by :func:`miles_nemogym.gym.benchmarks.materialize`."""
@@ -268,12 +323,10 @@ def _benchmark_rows(
             try:
                 find(name.strip(), entries)
             except UnknownCatalogNameError as error:
-                err.print(f"error: --env {value}: {error}", highlight=False, markup=False)
-                raise typer.Exit(2) from None
+                fail(err, f"error: --env {value}: {error}", highlight=False, markup=False)
         return value
     except GymEnvironmentError as error:
-        err.print(f"error: --env {value}: {error}", highlight=False, markup=False)
-        raise typer.Exit(1) from None
+        fail(err, f"error: --env {value}: {error}", 1, highlight=False, markup=False)
     if entry.name != name.strip():
         return value
     head, colon, tail = rest.rpartition(":")
@@ -281,147 +334,24 @@ def _benchmark_rows(
     source_text = head if weighted else rest
     source = Path(source_text).expanduser() if sep else (Path(input) if input else shipped_data(gym, entry))
     if source is None:
-        err.print(
+        fail(
+            err,
             f"error: --env {value}: nemo-gym does not ship benchmark {entry.name}'s data; give its "
             f"prepared file as --env {entry.name}=FILE (`gym eval prepare --benchmark {entry.name}` writes it)",
             highlight=False,
             markup=False,
         )
-        raise typer.Exit(2)
     if not source.is_file():
-        err.print(f"error: --env {value}: {source}: no such file", highlight=False, markup=False)
-        raise typer.Exit(2)
+        fail(err, f"error: --env {value}: {source}: no such file", highlight=False, markup=False)
     folder = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="mng-bench-")))
     rows = folder / "rows.jsonl"
     try:
         mark = benchmark_mark(entry)
         materialize(gym, entry, source, rows)
     except BenchmarkError as error:
-        err.print(f"error: --env {value}: {error}", highlight=False, markup=False)
-        raise typer.Exit(2) from None
+        fail(err, f"error: --env {value}: {error}", highlight=False, markup=False)
     marks.append((mark, source))
     return f"{mark.environment}={rows}" + (f":{tail}" if weighted else "")
-
-
-def _convert_with(
-    out: Console,
-    err: Console,
-    output: Path,
-    input: str | None,
-    env: list[str],
-    own_envs: list[str] | None,
-    size: int | None,
-    split: str | None,
-    subset: str | None,
-    on_error: str,
-    gradeable_only: bool,
-    repos: list[str] | None,
-    exclude_repos: list[str] | None,
-    instance_ids: str | None,
-    limit: int | None,
-    shuffle: bool,
-    seed: int | None,
-    holdout: int,
-    holdout_output: Path | None,
-    drop_fields: list[str] | None,
-    quiet: bool,
-) -> None:
-    from pydantic import ValidationError
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
-    from miles_nemogym.data import (
-        ConvertError,
-        ConvertOptions,
-        InterruptedAfterCommit,
-        SourceError,
-        SwebenchMissingError,
-        WriteError,
-        convert,
-    )
-    from miles_nemogym.data.environments import parse_env_option
-    from miles_nemogym.data.select import instance_ids_option
-    from miles_nemogym.validation import problems
-
-    try:
-        options = ConvertOptions(
-            input=input,
-            output=output,
-            environments=tuple(parse_env_option(value, input) for value in env or ()),
-            size=size,
-            split=split,
-            subset=subset,
-            on_error=on_error,
-            gradeable_only=gradeable_only,
-            repos=tuple(repos or ()),
-            exclude_repos=tuple(exclude_repos or ()),
-            instance_ids=instance_ids_option(instance_ids),
-            limit=limit,
-            shuffle=shuffle,
-            seed=seed,
-            holdout=holdout,
-            holdout_output=holdout_output,
-            drop_fields=tuple(drop_fields or ()),
-        )
-    except ValidationError as error:
-        for line in problems(error):
-            err.print(f"error: {line}", highlight=False, markup=False)
-        raise typer.Exit(2) from None
-    except ValueError as error:  # InputError, or --instance-ids that holds no id
-        err.print(f"error: {error}", highlight=False, markup=False)
-        raise typer.Exit(2) from None
-
-    _check_names(err, options, own_envs or [])
-
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("converting"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("rows"),
-        TimeElapsedColumn(),
-        console=err,
-        disable=quiet,
-        transient=True,
-    ) as bar:
-        task = bar.add_task("convert", total=None)
-
-        def progress(done: int, total: int | None) -> None:
-            bar.update(task, completed=done, total=total)
-
-        with interrupt_on_sigterm():
-            try:
-                report = convert(options, progress=progress)
-            except InterruptedAfterCommit as stop:
-                bar.stop()
-                written = ", ".join(map(str, stop.paths))
-                err.print(f"interrupted once every file was written: {written}", highlight=False, markup=False)
-                raise typer.Exit(130) from None
-            except KeyboardInterrupt:
-                bar.stop()
-                err.print("interrupted: nothing written, no file touched", highlight=False, markup=False)
-                raise typer.Exit(130) from None
-            except ConvertError as error:
-                bar.stop()
-                _print_summary(err, error.report, options)
-                err.print(f"error: {error}", highlight=False, markup=False)
-                raise typer.Exit(1) from None
-            except (SourceError, SwebenchMissingError, ValueError, WriteError) as error:
-                bar.stop()
-                err.print(f"error: {error}", highlight=False, markup=False)
-                raise typer.Exit(1) from None
-            except OSError as error:  # e.g. an input that cannot be read
-                bar.stop()
-                said = f"{error.filename}: {error.strerror}" if error.filename and error.strerror else str(error)
-                err.print(f"error: {said}", highlight=False, markup=False)
-                raise typer.Exit(1) from None
-    _print_summary(out, report, options)
 
 
 def _check_names(err: Console, options: ConvertOptions, own: list[str]) -> None:
@@ -432,28 +362,28 @@ def _check_names(err: Console, options: ConvertOptions, own: list[str]) -> None:
     given = [entry.name for entry in options.environments if entry.name]
     for name in own:
         if name not in given:
-            err.print(f"error: --own-env {name}: no --env names {name!r}", highlight=False, markup=False)
-            raise typer.Exit(2)
+            fail(err, f"error: --own-env {name}: no --env names {name!r}", highlight=False, markup=False)
     names = [name for name in given if name != SWE_ENVIRONMENT and name not in own]
     if not names:
         return
     try:
         check_shipped(names)
     except UnknownEnvironmentError as error:
-        err.print(
+        fail(
+            err,
             f"error: --env: {error} Give the name it ships, or add --own-env NAME for an environment of your own.",
             highlight=False,
             markup=False,
         )
-        raise typer.Exit(2) from None
     except (OSError, RuntimeError) as error:  # the wheel could not be downloaded or read
-        err.print(
+        fail(
+            err,
             f"error: --env: cannot check the names against nemo-gym's ({error}); "
             "add --own-env NAME for each to convert without the check",
+            1,
             highlight=False,
             markup=False,
         )
-        raise typer.Exit(1) from None
 
 
 def register(app: typer.Typer) -> None:

@@ -1,10 +1,4 @@
-"""How a smoke run reads: one line per finished episode, the verdict table, its JSON.
-
-Pure functions of the episodes, so the layout is tested without a server. The table is
-designed for 80 columns: short cells only (an instance id never wraps), and every
-reason in full as a numbered footnote under it. Episodes set aside only because the
-grader has no network share one short footnote instead of a raw ConnectionError.
-"""
+"""How a smoke run reads: one line per finished episode, the verdict table, its JSON."""
 
 from __future__ import annotations
 
@@ -20,6 +14,17 @@ from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text, passed, ve
 from miles_nemogym.fit import counted
 from miles_nemogym.smoke.environments import EnvironmentEpisode, EnvironmentSmokeReport
 from miles_nemogym.smoke.run import OFFLINE_REASON, SmokeEpisode, SmokeReport, is_offline_failure
+
+__all__ = [
+    "ENVIRONMENT_LEGEND",
+    "LEGEND",
+    "build_table",
+    "environment_json",
+    "environment_line",
+    "environment_tables",
+    "episode_line",
+    "report_json",
+]
 
 LEGEND = (
     "verdict: resolved, unresolved, or the failure kind of an episode set aside (not trained on), "

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any, get_args
 
 import typer
 
+from miles_nemogym.cli._console import fail
 from miles_nemogym.data.schema import SUBSETS
 from miles_nemogym.gym.config import SandboxName
 
@@ -14,6 +15,18 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from miles_nemogym.gym.composition import Judge
+
+__all__ = [
+    "JUDGE_MODEL_HELP",
+    "JUDGE_URL_HELP",
+    "SANDBOXES",
+    "GymUrl",
+    "InstanceIds",
+    "choice",
+    "judge_of",
+    "metavar",
+    "subset_option",
+]
 
 SANDBOXES: tuple[str, ...] = get_args(SandboxName)
 
@@ -36,8 +49,7 @@ def judge_of(console: Console, url: str | None, model: str | None) -> Judge | No
         return None
     if url is None or model is None:
         given, lacking = ("--judge-url", "--judge-model") if url else ("--judge-model", "--judge-url")
-        console.print(f"[red]error:[/red] {given} needs {lacking} too: a judge is an endpoint and a model name")
-        raise typer.Exit(2)
+        fail(console, f"[red]error:[/red] {given} needs {lacking} too: a judge is an endpoint and a model name")
     try:
         return Judge(url=url, model=model)
     except ValidationError as exc:
@@ -67,8 +79,7 @@ def metavar(choices: Sequence[str]) -> str:
 
 
 GymUrl = Annotated[
-    str | None,
-    typer.Option("--gym-url", help="The mini_swe_agent_2 server's base URL (default: NEMO_GYM_URL)."),
+    str | None, typer.Option("--gym-url", help="The mini_swe_agent_2 server's base URL (default: NEMO_GYM_URL).")
 ]
 InstanceIds = Annotated[str | None, typer.Option("--instance-ids", metavar="FILE|ID,ID", help=_INSTANCE_IDS_HELP)]
 

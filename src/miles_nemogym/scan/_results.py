@@ -1,9 +1,4 @@
-"""The scan's results file: one JSON line per finished instance, appended, flushed and fsynced.
-
-The file is the scan's memory (``--resume`` skips instances that have a line); a torn
-last line is ignored and cut off, a malformed line elsewhere refuses the file, and
-``ResultsLock`` keeps a second scan off it. Why: docs/data-and-checks.md.
-"""
+"""The scan's results file: one JSON line per finished instance, appended, flushed and fsynced."""
 
 from __future__ import annotations
 
@@ -19,8 +14,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from miles_nemogym.scan.inputs import InputError
-from miles_nemogym.scan.verdict import Verdict
+from miles_nemogym.scan._inputs import InputError
+from miles_nemogym.scan._verdict import Verdict
+
+__all__ = ["Mode", "ResultLine", "ResultsLock", "ResultsWriter", "task_digest"]
 
 Mode = Literal["golden", "policy", "server"]
 """``golden``: the server applies gold patches (every reward must be 1.0); ``policy``:
@@ -62,14 +59,7 @@ def task_digest(metadata: dict[str, Any]) -> str:
 
 
 class ResultsLock:
-    """The results file, opened once (never through a link) and locked from before it is read until the scan ends.
-
-    Raises ``InputError`` when another scan holds it, when ``path`` is a link or not a file,
-    or when it cannot be created (a read-only folder): all before any episode is sent. A file
-    this lock created and nothing was written to is removed on release, so a scan that could
-    not start leaves nothing behind. :meth:`read` and :class:`ResultsWriter` go through its
-    descriptor: one writer, and what was checked is what is written.
-    """
+    """The results file, opened once (never through a link) and locked from before it is read until the scan ends."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

@@ -1,11 +1,4 @@
-"""One scanned instance's verdict: passed, failed, or an infrastructure failure — and why.
-
-The classification is the agent function's: a masked record is infrastructure, a valid one
-passed by the one "passed" rule (``record.passed``). The reason points at what to look at (the
-SWE-bench report, the verifier's reason, or the failure kind and the server's error). A golden
-scan of environment rows plays each row's gold and a wrong answer: it passes when the gold
-passes and the wrong answer does not (``golden_pair``).
-"""
+"""One scanned instance's verdict: passed, failed, or an infrastructure failure — and why."""
 
 from __future__ import annotations
 
@@ -15,6 +8,8 @@ from typing import Any
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome, passed, short_reason
 from miles_nemogym.episode.record import verdict as verdict_word
 from miles_nemogym.episode.run import instance_report
+
+__all__ = ["Verdict", "golden_pair", "kind_of", "reason_of", "verdict_of"]
 
 _MAX_TEST_NAMES = 3
 

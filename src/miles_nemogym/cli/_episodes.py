@@ -14,6 +14,8 @@ import typer
 if TYPE_CHECKING:
     from miles_nemogym.store.reader import StoredEpisode
 
+__all__ = ["register"]
+
 _PROBLEMS_SHOWN = 20
 """Unreadable or odd lines or files listed one by one; past it, counted."""
 
@@ -44,8 +46,7 @@ def episodes(
     environments: Annotated[
         list[str] | None,
         typer.Option(
-            "--env",
-            help="Only episodes of this environment ('swe' for SWE-bench; repeat for several). Every view.",
+            "--env", help="Only episodes of this environment ('swe' for SWE-bench; repeat for several). Every view."
         ),
     ] = None,
     html_out: Annotated[

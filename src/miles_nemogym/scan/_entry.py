@@ -1,9 +1,4 @@
-"""Run a scan as a program (``miles-nemogym scan``, ``scripts/golden_scan.py``): signals, logging, exit code.
-
-Exit 0: every instance passed (``--allow-unresolved``: was graded); 1: an instance failed
-or hit an infrastructure failure; 2: the scan could not start (nothing sent); 130: stopped
-by Ctrl-C or SIGTERM, finished results kept. A second Ctrl-C aborts at once (exit 1).
-"""
+"""Run a scan as a program (``miles-nemogym scan``, ``scripts/golden_scan.py``): signals, logging, exit code."""
 
 from __future__ import annotations
 
@@ -16,8 +11,8 @@ from rich.markup import escape
 
 from miles_nemogym.fit import counted
 from miles_nemogym.redaction import KeyScrubber
-from miles_nemogym.scan.config import API_KEY_ENV, ScanConfig
-from miles_nemogym.scan.runner import EXIT_USAGE, ScanResult, ScanUsageError, run_scan
+from miles_nemogym.scan._config import ScanConfig
+from miles_nemogym.scan._runner import EXIT_USAGE, ScanResult, ScanUsageError, run_scan
 from miles_nemogym.settings import Settings
 
 
@@ -104,4 +99,4 @@ def execute(config: ScanConfig, *, console: Console, err: Console) -> int:
     return result.exit_code
 
 
-__all__ = ["API_KEY_ENV", "execute"]
+__all__ = ["execute"]

@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 
 import typer
 
+__all__ = ["register"]
+
 _HELP = """List NeMo-Gym's catalog, the names `gym list environments` prints (environments and
 benchmarks), with what this package does with each: runs it in-process, routes it to its agent,
 needs something (a judge), refuses it (and why), or does not serve it yet.

@@ -1,10 +1,4 @@
-"""``miles-nemogym examples``: the task rows nemo-gym ships, as a file to try things on.
-
-SWE-bench Verified rows by default; ``--env NAME``: a resources server's ``data/example.jsonl``.
-
-They come from the pinned nemo-gym wheel (downloaded once with pip into the cache), so
-``convert``, ``scan`` and ``smoke`` can be tried without the dataset hub.
-"""
+"""``miles-nemogym examples``: the task rows nemo-gym ships, as a file to try things on."""
 
 from __future__ import annotations
 
@@ -15,8 +9,9 @@ from typing import Annotated
 
 import typer
 
-from miles_nemogym.cli.console import console
-from miles_nemogym.cli.signals import interrupt_on_sigterm
+from miles_nemogym.cli._console import console, interrupt_on_sigterm
+
+__all__ = ["register"]
 
 _HELP = """Write the five SWE-bench Verified rows nemo-gym ships (raw rows, one JSON object per
 line) to --output, or to standard output. Try the converter on them offline:
@@ -57,8 +52,7 @@ def _examples(
         Path | None, typer.Option("--output", "-o", help="Where to write the rows (default: standard output).")
     ] = None,
     env: Annotated[
-        str | None,
-        typer.Option("--env", metavar="NAME", help="The example rows of this NeMo-Gym environment instead."),
+        str | None, typer.Option("--env", metavar="NAME", help="The example rows of this NeMo-Gym environment instead.")
     ] = None,
 ) -> None:
     from miles_nemogym.data.atomic import AtomicFiles, WriteError, output_problem
