@@ -20,16 +20,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from miles_nemogym.gym import wheel as gym_wheel
-from miles_nemogym.gym.composition import (
-    Judge,
-    config_needs,
-    own_config,
-    refusal,
-    served,
-    server_blocks,
-    shipped_config,
+from miles_nemogym.gym.composition import Judge, config_needs, grader_settings, refusal, served, server_blocks
+from miles_nemogym.gym.environments import (
+    benchmark_environments,
+    catalog_folders,
+    folder_servers,
+    plan,
+    plan_config,
+    refused_folders,
 )
-from miles_nemogym.gym.environments import catalog_folders, folder_servers, plan, refused_folders
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, gym_venv_root, run_in_gym
 from miles_nemogym.settings import short_name
 
@@ -276,7 +275,7 @@ def support(name: str) -> Support:
         [p] = plan([name])
     except GymEnvironmentError as error:
         return Support(status=REFUSED, needs=_short(str(error)))
-    config = shipped_config(p.config)
+    config = plan_config(p)
     agents = sorted({kind for _, group, kind, _ in server_blocks(config) if group == "responses_api_agents"})
     allowed = sorted(
         {str(a) for _, group, _, block in server_blocks(config) if group == "resources_servers"
@@ -324,14 +323,13 @@ def served_name(entry: CatalogEntry) -> str | None:
 
 def _overridden(entry: CatalogEntry) -> list[str]:
     """Settings a benchmark's own config changes on its resources server (``grading_mode``, ...)."""
-    keys = {
-        key
-        for _, group, _, block in server_blocks(own_config(entry.config))
-        if group == "resources_servers"
-        for key in block
-        if key != "_inherit_from"
-    }
-    return sorted(keys)
+    return grader_settings(entry.config)
+
+
+def _own_grader(entry: CatalogEntry) -> str | None:
+    """The environment serving a ``simple_agent`` benchmark whose config changes its grader, with
+    that config's settings (``serve --env gpqa``: mcqa with gpqa's ``grading_mode``)."""
+    return next((key for key, (name, _) in benchmark_environments().items() if name == entry.name), None)
 
 
 def benchmark_grader(entry: CatalogEntry) -> str | None:
@@ -346,10 +344,9 @@ def _grading(entry: CatalogEntry) -> tuple[str | None, str]:
     if entry.agent_server != "simple_agent" or not entry.resources_server:
         agent = entry.agent_server or entry.agent or "none"
         return None, f"its agent is `{agent}`: benchmarks run here through `simple_agent` with a resources server"
-    changed = _overridden(entry)
-    if changed:
-        keys = ", ".join(f"`{key}`" for key in changed)
-        return None, f"its config changes its grader `{entry.resources_server}` ({keys}); serve --env does not"
+    if _overridden(entry):
+        own = _own_grader(entry)
+        return own, "" if own else f"its config changes its grader `{entry.resources_server}`; its manifest differs"
     return entry.resources_server, ""
 
 
@@ -374,7 +371,7 @@ def _benchmark_support(entry: CatalogEntry) -> Support:
     if found.status == REFUSED:
         return Support(status=REFUSED, agent=agent, needs=f"its grader `{grader}`: {found.needs}")
     shipped = _ships(entry.data_file)
-    needs = [f"graded by `{grader}`"]
+    needs = [_graded_by(entry, grader)]
     if not shipped:
         needs.append(f"its prepared file (`gym eval prepare --benchmark {entry.name}`)")
     if found.status == JUDGE:
@@ -382,6 +379,13 @@ def _benchmark_support(entry: CatalogEntry) -> Support:
     if found.needs:
         needs.append(found.needs)
     return Support(status=BENCHMARK_SHIPPED if shipped else BENCHMARK_PREPARED, agent=agent, needs="; ".join(needs))
+
+
+def _graded_by(entry: CatalogEntry, grader: str) -> str:
+    """Which environment grades a benchmark, and the settings its own config gives that server."""
+    changed = _overridden(entry) if grader != entry.resources_server else []
+    keys = ", ".join(f"`{key}`" for key in changed)
+    return f"graded by `{grader}`" + (f" (`{entry.resources_server}` with its config's {keys})" if changed else "")
 
 
 def entry_support(entry: CatalogEntry) -> Support:
