@@ -25,6 +25,10 @@ from typer.testing import CliRunner
 from miles_nemogym import agent
 from miles_nemogym.cli.main import app
 from miles_nemogym.episode.record import TASK_ID_KEY
+from miles_nemogym.gym.composition import JUDGE_INSTANCE, Judge, judged_instances, own_config
+from miles_nemogym.gym.config import ConfigRefusal
+from miles_nemogym.gym.environments import benchmark_environments, compose_each, plan, plan_config
+from miles_nemogym.gym.venv import ensure_gym_venv
 from miles_nemogym.launcher.command import eval_args, eval_config_document
 from miles_nemogym.launcher.config import LauncherConfig
 from miles_nemogym.server_probe import identify
@@ -236,3 +240,25 @@ async def test_a_benchmark_whose_config_changes_its_grader_is_served_with_that_c
             assert out["reward"] == reward, (row["metadata"]["nemogym_env"], out["eval_report"])
         serve.stop()
     assert serve.process.returncode == 0
+
+
+def test_nemo_gyms_parser_gives_every_such_benchmarks_server_the_settings_serve_read(tmp_path: Path) -> None:
+    # What serve reads before composing (inherited_config) is what nemo-gym's parser composes: each
+    # benchmark's own settings on its grader, the inherited instance gone, a judge wired to serve's.
+    gym = ensure_gym_venv()
+    plans = [plan([name])[0] for name in benchmark_environments()]
+    judge = Judge(url="http://127.0.0.1:9/v1", model="judge")
+    composed = compose_each(gym, plans, judge, tmp_path)
+    for p in plans:
+        answer = composed[p.name]
+        assert not isinstance(answer, ConfigRefusal), (p.name, answer)
+        config = yaml.safe_load(answer)
+        [(kind, block)] = config[p.instance]["resources_servers"].items()
+        read = plan_config(p)[p.instance]["resources_servers"][kind]
+        for key, value in own_config(p.config)[p.instance]["resources_servers"][kind].items():
+            if key != "judge_model_server" and not isinstance(value, dict):
+                assert block[key] == value == read[key], (p.name, key)
+        source = own_config(p.config)[p.instance].get("_inherit_from")
+        assert source is None or (source not in config and source not in plan_config(p)), p.name
+        if judged_instances(plan_config(p)):
+            assert block["judge_model_server"]["name"] == JUDGE_INSTANCE, p.name

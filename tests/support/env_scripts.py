@@ -25,6 +25,9 @@ tests, with the gold and wrong answers of ``miles_nemogym.smoke.answers``."""
 BENCHMARKS = ("aime25", "gsm8k")
 """Benchmarks ``tests/integration/test_benchmarks.py`` converts from a prepared file and grades
 through ``agent.run`` (``aime25`` through Miles' eval step too), on ``math_with_judge``."""
+OWN_CONFIG_BENCHMARKS = ("gpqa",)
+"""Benchmarks whose config changes their grader that ``tests/integration/test_benchmarks.py``
+serves by their own names (``serve --env gpqa``) and grades through ``agent.run``."""
 _THINKING = re.compile(r"<think>.*?</think>", re.DOTALL)
 
 # code_gen's first example row (Codeforces 1259D): reverse the fewest words so that they

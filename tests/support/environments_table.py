@@ -19,7 +19,7 @@ from miles_nemogym.gym.environments import shipped_environments
 from miles_nemogym.settings import short_name
 from tests.support.catalog_scripts import JUDGED_TOGETHER, SERVED_TOGETHER
 from tests.support.config_envs import SERVED
-from tests.support.env_scripts import BENCHMARKS, ENVIRONMENTS, SMOKED
+from tests.support.env_scripts import BENCHMARKS, ENVIRONMENTS, OWN_CONFIG_BENCHMARKS, SMOKED
 from tests.support.judge_model import JUDGED_ENVIRONMENTS
 from tests.support.routed_agents import AGENTS
 
@@ -123,7 +123,7 @@ def catalog_rows(entries: Sequence[catalog.CatalogEntry]) -> list[Row]:
             found = row(name)
         else:
             here = catalog.entry_support(entry)
-            tested = entry.kind == "benchmark" and entry.name in BENCHMARKS
+            tested = entry.kind == "benchmark" and entry.name in (*BENCHMARKS, *OWN_CONFIG_BENCHMARKS)
             found = Row(entry.name, here.agent, BENCHMARK_TESTED if tested else here.status, here.needs)
         out.append(Row(entry.name, found.agent, found.status, found.needs))
     return out

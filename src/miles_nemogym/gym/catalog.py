@@ -384,7 +384,7 @@ def _benchmark_support(entry: CatalogEntry) -> Support:
 def _graded_by(entry: CatalogEntry, grader: str) -> str:
     """Which environment grades a benchmark, and the settings its own config gives that server."""
     changed = _overridden(entry) if grader != entry.resources_server else []
-    keys = ", ".join(f"`{key}`" for key in changed)
+    keys = ", ".join(f"`{key}`" for key in changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
     return f"graded by `{grader}`" + (f" (`{entry.resources_server}` with its config's {keys})" if changed else "")
 
 
