@@ -9,7 +9,13 @@ import pytest
 from miles_nemogym.gym import catalog
 from miles_nemogym.gym.catalog import CatalogEntry, benchmark_grader, entry_support
 from miles_nemogym.gym.composition import JUDGE_INSTANCE, Judge, inherited_config, layer
-from miles_nemogym.gym.environments import benchmark_environments, plan, plan_config, refusals
+from miles_nemogym.gym.environments import (
+    benchmark_environments,
+    example_rows_member,
+    plan,
+    plan_config,
+    refusals,
+)
 from miles_nemogym.gym.venv import GymEnvironmentError
 
 JUDGE = Judge(url="http://judge:8000/v1", model="judge")
@@ -51,6 +57,7 @@ def test_a_benchmark_is_planned_from_its_own_config_on_the_server_its_simple_age
     assert plan(["aalcr"])[0].config == "resources_servers/aalcr/configs/aalcr.yaml"  # the environment
     assert plan(["aalcr.benchmark"])[0].config == "benchmarks/aalcr/config.yaml"
     assert plan(["gpqa"], routed=True)[0].agent == "gpqa_mcqa_simple_agent"
+    assert example_rows_member("gpqa") == "benchmarks/gpqa/data/example.jsonl"  # looked for there (none ships)
 
 
 def test_its_config_is_read_with_the_instance_it_inherits_moved_into_it() -> None:

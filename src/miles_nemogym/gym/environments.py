@@ -399,7 +399,9 @@ def example_rows_member(name: str) -> str:
     """Where the wheel keeps environment ``name``'s example rows (``UnknownEnvironmentError`` if
     nemo-gym does not ship it): its ``environments/`` folder's when it is no resources server."""
     check_shipped([name])
-    name = short_name(name)
+    name = _served_name(name)
+    if name in benchmark_environments():
+        return _rows_of(benchmark_environments()[name][1])  # none in 0.7.0: convert --env BENCHMARK=FILE
     folders = catalog_folders()
     if name in folders and name not in shipped_environments():
         return _rows_of(folders[name])
