@@ -127,6 +127,7 @@ PURE_CACHES = {
     "miles_nemogym.gym.composition._member",  # a member of the pinned wheel
     "miles_nemogym.gym.environments._catalog_folders",  # keyed by the wheel's path
     "miles_nemogym.gym.environments._folder_servers",  # keyed by the wheel's path
+    "miles_nemogym.gym.environments._benchmark_environments",  # keyed by the wheel's path
     "miles_nemogym.gym.environments._config_names",  # keyed by the wheel's path
     "miles_nemogym.gym.environments._shipped_environments",  # keyed by the wheel's path
     "miles_nemogym.gym.environments._refused_folders",  # keyed by the wheel's path

@@ -2,7 +2,8 @@
 Miles' eval step, graded by the real 0.7.0 resources server.
 
 ``aime25`` and ``gsm8k`` from prepared files written here (``{"question", "expected_answer"}``,
-what their ``gym eval prepare`` writes), ``aegis_v4_safety`` from the data the wheel ships. The
+what their ``gym eval prepare`` writes), ``aegis_v4_safety`` from the data the wheel ships, and
+``gpqa``, whose own config changes its grader's ``grading_mode``, served by ``serve --env gpqa``. The
 prompt config is applied by nemo-gym (``materialize_prompts`` in the server venv); each row's
 question carries the tag of the scripted answer (``tests/support/scripted_chat.py``), which the
 benchmark's template keeps at the end of the user message. The ``math_with_judge`` server is the
@@ -13,7 +14,9 @@ the stand-in of ``tests/support/judge_model.py``.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,8 +28,14 @@ from typer.testing import CliRunner
 from miles_nemogym import agent
 from miles_nemogym.cli.main import app
 from miles_nemogym.episode.record import TASK_ID_KEY
+from miles_nemogym.gym.composition import JUDGE_INSTANCE, Judge, judged_instances, own_config
+from miles_nemogym.gym.config import ConfigRefusal
+from miles_nemogym.gym.environments import benchmark_environments, compose_each, plan, plan_config
+from miles_nemogym.gym.venv import ensure_gym_venv
 from miles_nemogym.launcher.command import eval_args, eval_config_document
 from miles_nemogym.launcher.config import LauncherConfig
+from miles_nemogym.server_probe import identify
+from miles_nemogym.settings import Settings
 from tests.support.env_scripts import BENCHMARKS, JUDGED_BENCHMARKS
 from tests.support.fault_server import FaultServer
 from tests.support.gym_envs import GymEnvironments
@@ -34,7 +43,7 @@ from tests.support.judge_model import JudgeModel
 from tests.support.miles_environments import completion
 from tests.support.miles_harness import MilesDriver
 from tests.support.scripted_chat import ScriptedChat, Turn, tag, tagged
-from tests.support.serve_process import serving_environments
+from tests.support.serve_process import exported, serving, serving_environments
 from tests.support.threaded import serving_in_thread
 
 pytestmark = pytest.mark.integration
@@ -156,6 +165,98 @@ def test_miles_eval_step_samples_a_benchmark_its_repeats_and_logs_pass_at_k(
     for k in (2, 4, 8, 16, 32):
         assert tracked[prefix + f"pass@{k}"] == pytest.approx(1 - comb(32, k) / comb(64, k)), k
     assert prefix + "pass@64" not in tracked
+
+
+def _gpqa_prepared(folder: Path, tags: list[str]) -> Path:
+    """gpqa's prepared rows as its ``prepare.py`` writes them (question, options, ``problem``, the
+    gold letter), one per tag, each ``problem`` ending with the tag (the template ends with it)."""
+    options = [{"A": "2"}, {"B": "4"}, {"C": "8"}, {"D": "16"}]
+    text = "\n".join(f"{k}: {v}" for o in options for k, v in o.items())
+    rows = [
+        {
+            "question": "What is 2 + 2?",
+            "options_text": text,
+            "problem": f"What is 2 + 2?\n{text} {tag(name)}",
+            "options": options,
+            "expected_answer": "B",
+            "uuid": f"gpqa-{name}",
+        }
+        for name in tags
+    ]
+    path = folder / "gpqa_prepared.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.mark.timeout(600)
+async def test_a_benchmark_whose_config_changes_its_grader_is_served_with_that_config(
+    gym_environments: GymEnvironments,
+    gym_chat: ScriptedChat,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    # gpqa's config sets mcqa's grading_mode to lenient_answer_colon_md: "Answer: B" is right
+    # there, and nothing mcqa's own config (strict \boxed{} letters) can read.
+    source = _gpqa_prepared(tmp_path, ["gpqa_gold", "gpqa_wrong"])
+    rows = _convert(tmp_path, f"gpqa={source}")
+    assert rows[0]["prompt"][-1]["content"].startswith("Answer the following multiple choice question.")
+    mark = rows[0]["metadata"]["nemogym_benchmark"]
+    assert mark["environment"] == rows[0]["metadata"]["nemogym_env"] == "gpqa"
+    assert mark["num_repeats"] == 8
+    data = tmp_path / "gpqa_rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = LauncherConfig(eval_data=[f"gpqa={data}"], eval_samples_per_prompt=2, eval_interval=1)
+    [dataset] = eval_config_document(config)["eval"]["datasets"]
+    assert dataset["n_samples_per_eval_prompt"] == 8  # the launcher's eval flag reads the same mark
+
+    gym_chat.script("gpqa_gold", Turn(content="2 + 2 is 4.\n\nAnswer: B"))
+    gym_chat.script("gpqa_wrong", Turn(content="Answer: C"))
+    arguments = ["--no-swe", "--port", "0", "--state-dir", str(tmp_path / "state"), "--env", "gpqa"]
+    with serving(*arguments, env=dict(os.environ)) as serve:
+        printed = exported(serve.printed)
+        assert "NEMO_GYM_ENVS" in printed, serve.printed
+        servers = Settings.from_env(printed).environments
+        assert list(servers) == ["gpqa"]
+        identity = await asyncio.to_thread(identify, f"{servers['gpqa'].url}/openapi.json", 30)
+        assert identity is not None and identity.instance == "gpqa_mcqa_resources_server", identity
+        # mcqa as its own config serves it, beside: the gold answer is not read there (0.0).
+        setting = {"gpqa": servers["gpqa"].url, "mcqa": gym_environments.resources_url("mcqa")}
+        monkeypatch.setenv("NEMO_GYM_ENVS", json.dumps(setting))
+        plain = {key: value for key, value in rows[0]["metadata"].items() if key != "nemogym_benchmark"}
+        plain["nemogym_env"] = "mcqa"
+        for row, reward in ((rows[0], 1.0), (rows[1], 0.0), ({**rows[0], "metadata": plain}, 0.0)):
+            out = await agent.run(
+                base_url=gym_chat.session_url("gpqa"),
+                prompt=row["prompt"],
+                request_kwargs=KWARGS,
+                metadata=row["metadata"],
+            )
+            assert out["nemogym"]["status"] == "ok", out["nemogym"]
+            assert out["reward"] == reward, (row["metadata"]["nemogym_env"], out["eval_report"])
+        serve.stop()
+    assert serve.process.returncode == 0
+
+
+def test_nemo_gyms_parser_gives_every_such_benchmarks_server_the_settings_serve_read(tmp_path: Path) -> None:
+    # What serve reads before composing (inherited_config) is what nemo-gym's parser composes: each
+    # benchmark's own settings on its grader, the inherited instance gone, a judge wired to serve's.
+    gym = ensure_gym_venv()
+    plans = [plan([name])[0] for name in benchmark_environments()]
+    judge = Judge(url="http://127.0.0.1:9/v1", model="judge")
+    composed = compose_each(gym, plans, judge, tmp_path)
+    for p in plans:
+        answer = composed[p.name]
+        assert not isinstance(answer, ConfigRefusal), (p.name, answer)
+        config = yaml.safe_load(answer)
+        [(kind, block)] = config[p.instance]["resources_servers"].items()
+        read = plan_config(p)[p.instance]["resources_servers"][kind]
+        for key, value in own_config(p.config)[p.instance]["resources_servers"][kind].items():
+            if key != "judge_model_server" and not isinstance(value, dict):
+                assert block[key] == value == read[key], (p.name, key)
+        source = own_config(p.config)[p.instance].get("_inherit_from")
+        assert source is None or (source not in config and source not in plan_config(p)), p.name
+        if judged_instances(plan_config(p)):
+            assert block["judge_model_server"]["name"] == JUDGE_INSTANCE, p.name
 
 
 # Last in the module: its serve start stops when the module ends.

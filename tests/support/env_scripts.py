@@ -29,6 +29,9 @@ JUDGED_BENCHMARKS = ("aegis_v4_safety",)
 """The benchmark whose data the wheel ships, converted by name alone and graded through
 ``agent.run`` by its grader (the environment of the same name, served with the stand-in judge of
 ``tests/support/judge_model.py``) in ``tests/integration/test_benchmarks.py``."""
+OWN_CONFIG_BENCHMARKS = ("gpqa",)
+"""Benchmarks whose config changes their grader that ``tests/integration/test_benchmarks.py``
+serves by their own names (``serve --env gpqa``) and grades through ``agent.run``."""
 _THINKING = re.compile(r"<think>.*?</think>", re.DOTALL)
 
 # code_gen's first example row (Codeforces 1259D): reverse the fewest words so that they

@@ -23,13 +23,21 @@ from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.composition import (
     Judge,
     config_needs,
-    own_config,
+    grader_settings,
     refusal,
     served,
     server_blocks,
     shipped_config,
 )
-from miles_nemogym.gym.environments import catalog_folders, config_refusal, folder_servers, plan, refused_folders
+from miles_nemogym.gym.environments import (
+    benchmark_environments,
+    catalog_folders,
+    config_refusal,
+    folder_servers,
+    plan,
+    plan_config,
+    refused_folders,
+)
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, gym_venv_root, run_in_gym
 from miles_nemogym.settings import short_name
 
@@ -288,7 +296,7 @@ def support(name: str) -> Support:
         [p] = plan([name])
     except GymEnvironmentError as error:
         return Support(status=REFUSED, needs=_short(str(error)))
-    config = shipped_config(p.config)
+    config = plan_config(p)
     agents = sorted({kind for _, group, kind, _ in server_blocks(config) if group == "responses_api_agents"})
     allowed = sorted(
         {str(a) for _, group, _, block in server_blocks(config) if group == "resources_servers"
@@ -336,14 +344,13 @@ def served_name(entry: CatalogEntry) -> str | None:
 
 def _overridden(entry: CatalogEntry) -> list[str]:
     """Settings a benchmark's own config changes on its resources server (``grading_mode``, ...)."""
-    keys = {
-        key
-        for _, group, _, block in server_blocks(own_config(entry.config))
-        if group == "resources_servers"
-        for key in block
-        if key != "_inherit_from"
-    }
-    return sorted(keys)
+    return grader_settings(entry.config)
+
+
+def _own_grader(entry: CatalogEntry) -> str | None:
+    """The environment serving a ``simple_agent`` benchmark whose config changes its grader, with
+    that config's settings (``serve --env gpqa``: mcqa with gpqa's ``grading_mode``)."""
+    return next((key for key, (name, _) in benchmark_environments().items() if name == entry.name), None)
 
 
 def benchmark_grader(entry: CatalogEntry) -> str | None:
@@ -357,10 +364,9 @@ def _grading(entry: CatalogEntry) -> tuple[str | None, str]:
         return None, f"{entry.name!r} is an environment, not a benchmark"
     if _played_by_an_agent(entry):
         return _agent_grader(entry)
-    changed = _overridden(entry)
-    if changed:
-        keys = ", ".join(f"`{key}`" for key in changed)
-        return None, f"its config changes its grader `{entry.resources_server}` ({keys}); serve --env does not"
+    if _overridden(entry):
+        own = _own_grader(entry)
+        return own, "" if own else f"its config changes its grader `{entry.resources_server}`; its manifest differs"
     return entry.resources_server, ""
 
 
@@ -387,7 +393,7 @@ def _benchmark_support(entry: CatalogEntry) -> Support:
     if found.status == REFUSED:
         return Support(status=REFUSED, agent=agent, needs=f"its grader `{grader}`: {found.needs}")
     shipped = _ships(entry.data_file)
-    needs = [f"graded by `{grader}`"]
+    needs = [_graded_by(entry, grader)]
     if not shipped:
         needs.append(f"its prepared file (`gym eval prepare --benchmark {entry.name}`)")
     if found.status == JUDGE:
@@ -395,6 +401,13 @@ def _benchmark_support(entry: CatalogEntry) -> Support:
     if found.needs:
         needs.append(found.needs)
     return Support(status=BENCHMARK_SHIPPED if shipped else BENCHMARK_PREPARED, agent=agent, needs="; ".join(needs))
+
+
+def _graded_by(entry: CatalogEntry, grader: str) -> str:
+    """Which environment grades a benchmark, and the settings its own config gives that server."""
+    changed = _overridden(entry) if grader != entry.resources_server else []
+    keys = ", ".join(f"`{key}`" for key in changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    return f"graded by `{grader}`" + (f" (`{entry.resources_server}` with its config's {keys})" if changed else "")
 
 
 def entry_support(entry: CatalogEntry) -> Support:

@@ -35,6 +35,8 @@ __all__ = [
     "JUDGE_KEY_ENV",
     "Judge",
     "config_needs",
+    "grader_settings",
+    "inherited_config",
     "judged_instances",
     "layer",
     "overrides",
@@ -53,6 +55,7 @@ _POLICY_MODEL = "policy_model"
 
 _GROUPS = ("resources_servers", "responses_api_agents", "responses_api_models", "environment_servers")
 _JUDGE_FIELD = "judge_model_server"
+_INHERIT = "_inherit_from"
 # A resources server's switch that leaves its judge unused (nemo-gym 0.7.0's configs).
 _JUDGE_SWITCHES = ("should_use_judge", "enable_llm_judge", "use_judge")
 # Agents whose model calls lose the rollout id in nemo-gym 0.7.0 (their app.py in the wheel).
@@ -147,6 +150,35 @@ def _shipped(member: str, seen: tuple[str, ...]) -> dict[str, Any]:
         if isinstance(child, str) and child not in seen and child != member:
             result = _merged(result, _shipped(child, (*seen, member)))
     return _merged(result, own)
+
+
+def inherited_config(member: str) -> dict[str, Any]:
+    """:func:`shipped_config` with each top-level ``_inherit_from: SOURCE`` applied as nemo-gym's
+    parser applies it (a benchmark's config: ``gpqa_mcqa_resources_server`` inherits ``mcqa``):
+    the instance becomes SOURCE's block with its own keys merged over it, and SOURCE is gone. What
+    ``serve`` reads before composing (judge, needs); the servers get nemo-gym's own composition."""
+    frozen = shipped_config(member)
+    result = dict(frozen)
+    for instance, entry in frozen.items():
+        source = entry.get(_INHERIT) if isinstance(entry, dict) else None
+        if isinstance(source, str) and isinstance(frozen.get(source), dict):
+            own = {key: value for key, value in entry.items() if key != _INHERIT}
+            result[instance] = _merged(frozen[source], own)
+            result.pop(source, None)
+    return result
+
+
+def grader_settings(member: str) -> list[str]:
+    """The settings a config's resources servers set in the config itself (``grading_mode``, ...):
+    a benchmark's config that sets any changes its grader from the resources server's own config."""
+    keys = {
+        key
+        for _, group, _, block in server_blocks(own_config(member))
+        if group == "resources_servers"
+        for key in block
+        if key != _INHERIT
+    }
+    return sorted(keys)
 
 
 def server_blocks(config: Mapping[str, Any]) -> Iterator[tuple[str, str, str, dict[str, Any]]]:

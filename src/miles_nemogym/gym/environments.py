@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import os
+import posixpath
 import re
 import secrets
 import shutil
@@ -42,8 +43,11 @@ from miles_nemogym.gym.composition import (
     JUDGE_KEY_ENV,
     Judge,
     config_needs,
+    grader_settings,
+    inherited_config,
     judged_instances,
     layer,
+    own_config,
     refusal,
     served,
     server_blocks,
@@ -87,6 +91,7 @@ __all__ = [
     "EnvironmentPlan",
     "EnvironmentServers",
     "UnknownEnvironmentError",
+    "benchmark_environments",
     "catalog_folders",
     "check_shipped",
     "compose_each",
@@ -99,6 +104,7 @@ __all__ = [
     "overlay_path",
     "overlay_python",
     "plan",
+    "plan_config",
     "refusals",
     "setting",
     "shipped_environments",
@@ -106,6 +112,9 @@ __all__ = [
 
 _GROUP = "resources_servers"
 _CATALOG = "environments"
+_BENCHMARKS = "benchmarks"
+BENCHMARK_SUFFIX = ".benchmark"
+"""Added to a benchmark's environment name that an environment already has (``aalcr.benchmark``)."""
 PLAYED_AGENTS = ("simple_agent", "gymnasium_agent", "opencode_agent")
 """The agent kinds of an ``environments/`` folder this package serves by the folder's name: the
 ``simple_agent`` loop it plays in-process, the ``gymnasium_agent`` and ``opencode_agent`` it routes
@@ -294,6 +303,49 @@ def _config_names(wheel: Path) -> tuple[tuple[str, str], ...]:
     return tuple((stem, members[0]) for stem, members in found.items() if len(members) == 1)
 
 
+def benchmark_environments() -> dict[str, tuple[str, str]]:
+    """Each ``simple_agent`` benchmark of the wheel whose own config changes its grader's settings
+    (``gpqa`` sets mcqa's ``grading_mode``): the environment name ``serve --env`` takes for it ->
+    (its catalog name, its config). The name is the catalog name with ``/`` as ``.``
+    (``apex25.config_with_system``), plus ``.benchmark`` where an environment has that name
+    (``aalcr.benchmark``). Name, config and agent are the benchmark's manifest's (nemo-gym's
+    catalog reads the same fields)."""
+    return {key: (name, member) for key, name, member in _benchmark_environments(gym_wheel.wheel_path())}
+
+
+@functools.lru_cache(maxsize=4)
+def _benchmark_environments(wheel: Path) -> tuple[tuple[str, str, str], ...]:
+    found: list[tuple[str, str]] = []
+    with gym_wheel.opened() as archive:
+        taken = {*shipped_environments(), *catalog_folders(), *config_names(), *_agent_configs(archive)}
+        for member in sorted(archive.namelist()):
+            if not member.startswith(f"{_BENCHMARKS}/") or not member.endswith("/manifest.yaml"):
+                continue
+            with contextlib.suppress(yaml.YAMLError, UnicodeDecodeError):
+                manifest = load_yaml(archive.read(member))
+                if not isinstance(manifest, dict) or manifest.get("kind") != "benchmark":
+                    continue
+                config = posixpath.normpath(
+                    posixpath.join(posixpath.dirname(member), str(manifest.get("config_path") or "config.yaml"))
+                )
+                if manifest.get("agent_server") == "simple_agent" and grader_settings(config):
+                    found.append((str(manifest.get("name")), config))
+    result = []
+    for name, config in found:
+        key = name.replace("/", ".")
+        result.append((f"{key}{BENCHMARK_SUFFIX}" if key in taken else key, name, config))
+    return tuple(result)
+
+
+def _benchmark_key(name: str) -> str | None:
+    """The :func:`benchmark_environments` name ``name`` gives (as served, or its catalog name), or None."""
+    served = benchmark_environments()
+    if name in served:
+        return name
+    dotted = name.replace("/", ".")
+    return next((key for key, (catalog, _) in served.items() if catalog == name and key == dotted), None)
+
+
 def _spelling_problem(said: str) -> str | None:
     """Why a catalog spelling ``resources_servers/NAME/CONFIG`` names no config of the wheel, or None."""
     parts = said.split("/")
@@ -367,7 +419,9 @@ def example_rows_member(name: str) -> str:
     """Where the wheel keeps environment ``name``'s example rows (``UnknownEnvironmentError`` if
     nemo-gym does not ship it): its ``environments/`` folder's when it is no resources server."""
     check_shipped([name])
-    name = short_name(name)
+    name = _served_name(name)
+    if name in benchmark_environments():
+        return _rows_of(benchmark_environments()[name][1])  # none in 0.7.0: convert --env BENCHMARK=FILE
     folders = catalog_folders()
     if name in folders and name not in shipped_environments():
         return _rows_of(folders[name])
@@ -527,9 +581,16 @@ def check_shipped(names: Sequence[str]) -> None:
     """``UnknownEnvironmentError`` (one line, close matches suggested) unless nemo-gym ships every
     one of ``names``, as :func:`plan` takes them."""
     _check_spellings(names)
-    known = sorted({*shipped_environments(), *catalog_folders(), *config_names()})
+    known = sorted({*shipped_environments(), *catalog_folders(), *config_names(), *benchmark_environments()})
     with zipfile.ZipFile(gym_wheel.wheel_path()) as archive:
-        _check_shipped([short_name(n) for n in names], known, archive)
+        _check_shipped([_served_name(n) for n in names], known, archive)
+
+
+def _served_name(name: str) -> str:
+    """``name`` as :func:`plan` keys it: a resources server's short name, a benchmark's
+    :func:`benchmark_environments` name, else as given."""
+    name = short_name(name)
+    return _benchmark_key(name) or name
 
 
 def _check_spellings(names: Sequence[str]) -> None:
@@ -579,15 +640,19 @@ def plan(names: Sequence[str], *, routed: bool = False) -> list[EnvironmentPlan]
     if not names:
         return []
     _check_spellings(names)
-    names = [short_name(n) for n in names]
+    names = [_served_name(n) for n in names]
     shipped = shipped_environments()
     folders = catalog_folders()
     stems = config_names()
+    benchmarks = benchmark_environments()
     plans: list[EnvironmentPlan] = []
     with gym_wheel.opened() as archive:
         members = archive.namelist()
-        agents = _check_shipped(names, sorted({*shipped, *folders, *stems}), archive)
+        agents = _check_shipped(names, sorted({*shipped, *folders, *stems, *benchmarks}), archive)
         for name in dict.fromkeys(names):
+            if name in benchmarks:
+                plans.append(_benchmark_plan(name, benchmarks[name][1], members, archive, routed))
+                continue
             if name in shipped:
                 config = _config_member(name, archive)
             elif name in folders:
@@ -615,7 +680,58 @@ def plan(names: Sequence[str], *, routed: bool = False) -> list[EnvironmentPlan]
             reward_range = _REWARD_RANGES.get(name) if driver else None
             needs = _requirement_lines(name, text)
             plans.append(EnvironmentPlan(name, config, instance, needs, steps, driver, reward_range))
+    _check_inherited(plans)
     return plans
+
+
+def _benchmark_plan(
+    name: str, config: str, members: Collection[str], archive: zipfile.ZipFile, routed: bool
+) -> EnvironmentPlan:
+    """Benchmark ``name`` served from its own config: the resources server its ``simple_agent``
+    plays, with the settings the config gives it."""
+    composed = inherited_config(config)
+    played = [
+        (str(block["resources_server"].get("name")), block)
+        for _, group, kind, block in server_blocks(composed)
+        if group == "responses_api_agents"
+        and kind == "simple_agent"
+        and isinstance(block.get("resources_server"), dict)
+        and any(isinstance(d, dict) and d.get("type") == "benchmark" for d in block.get("datasets") or ())
+    ]
+    servers = [
+        (i, kind) for i, group, kind, _ in server_blocks(composed) if group == _GROUP and i in [p[0] for p in played]
+    ]
+    if len(played) != 1 or len(servers) != 1:
+        raise GymEnvironmentError(f"benchmark {name!r}: {config} has no one resources server its simple_agent plays")
+    instance, folder = servers[0]
+    requirements = f"{_GROUP}/{folder}/requirements.txt"
+    text = archive.read(requirements).decode("utf-8") if requirements in members else ""
+    steps = played[0][1].get("max_steps")
+    driver = _driver(composed, instance, routed)
+    return EnvironmentPlan(
+        name, config, instance, _requirement_lines(name, text), steps if isinstance(steps, int) else None, driver
+    )
+
+
+def _check_inherited(plans: Sequence[EnvironmentPlan]) -> None:
+    """A benchmark's config moves the instance it inherits (nemo-gym's ``_inherit_from``) into its
+    own: that instance is not served beside it."""
+    for p in plans:
+        for instance, entry in own_config(p.config).items() if p.config.startswith(f"{_BENCHMARKS}/") else ():
+            source = entry.get("_inherit_from") if isinstance(entry, dict) else None
+            other = next((o.name for o in plans if o.instance == source), None)
+            if other is not None:
+                raise GymEnvironmentError(
+                    f"environments {other!r} and {p.name!r}: {p.name}'s config makes {instance!r} of {other}'s "
+                    f"{source!r} (nemo-gym's _inherit_from moves it), so they cannot share one composed config; "
+                    "serve them with one serve each"
+                )
+
+
+def plan_config(p: EnvironmentPlan) -> dict[str, Any]:
+    """The config ``serve`` reads for plan ``p`` before nemo-gym composes it (a benchmark's config
+    with its ``_inherit_from`` applied: :func:`inherited_config`)."""
+    return inherited_config(p.config) if p.config.startswith(f"{_BENCHMARKS}/") else shipped_config(p.config)
 
 
 def setting(plans: Sequence[EnvironmentPlan], urls: Mapping[str, str], agents: Mapping[str, str]) -> str:
@@ -635,20 +751,18 @@ def setting(plans: Sequence[EnvironmentPlan], urls: Mapping[str, str], agents: M
 
 def refusals(plans: Sequence[EnvironmentPlan], judge: Judge | None) -> list[str]:
     """Why ``serve`` cannot serve each refused plan (one line each), read from the wheel."""
-    found = (refusal(p.name, shipped_config(p.config), judge) for p in plans)
+    found = (refusal(p.name, plan_config(p), judge) for p in plans)
     return [reason for reason in found if reason]
 
 
 def judged_plans(plans: Sequence[EnvironmentPlan]) -> list[str]:
     """The names of ``plans`` whose configs grade with a judge model."""
-    return [p.name for p in plans if judged_instances(shipped_config(p.config))]
+    return [p.name for p in plans if judged_instances(plan_config(p))]
 
 
 def environment_needs(plans: Sequence[EnvironmentPlan], judge: Judge | None) -> list[str]:
     """What the servers of ``plans`` need that this host lacks (``serve --dry-run``)."""
-    return [
-        f"{p.name}: {need}" for p in plans for need in config_needs(served(shipped_config(p.config), judge), os.environ)
-    ]
+    return [f"{p.name}: {need}" for p in plans for need in config_needs(served(plan_config(p), judge), os.environ)]
 
 
 def _payload(
@@ -663,7 +777,7 @@ def _payload(
     """What nemo-gym's parser is given for ``plans``: their configs, the policy model's (the
     routing model when agents are served), and ``serve``'s layer over each (datasets dropped,
     the judge wired, every model call given its rollout id when ``routed``)."""
-    payload = layer([shipped_config(p.config) for p in plans], judge)
+    payload = layer([plan_config(p) for p in plans], judge)
     payload.update(
         {
             "config_paths": [str(site_packages / p.config) for p in plans]
