@@ -388,18 +388,22 @@ def _benchmark_support(entry: CatalogEntry) -> Support:
     if grader is None:
         agent = entry.agent_server or entry.agent
         return Support(status=NOT_YET, agent=f"`{agent}`" if agent else "", needs=why)
+    return _runnable(entry, "`simple_agent`", grader, f"its grader `{grader}`", _graded_by(entry, grader), [])
+
+
+def _runnable(entry: CatalogEntry, agent: str, grader: str, named: str, first: str, more: list[str]) -> Support:
+    """A benchmark ``grader`` plays or grades: refused for what that environment is refused for
+    (``named`` in the reason), else eval rows with what they need, ``first`` first."""
     found = support(grader)
-    agent = "`simple_agent`"
     if found.status == REFUSED:
-        return Support(status=REFUSED, agent=agent, needs=f"its grader `{grader}`: {found.needs}")
+        return Support(status=REFUSED, agent=agent, needs=f"{named}: {found.needs}")
     shipped = _ships(entry.data_file)
-    needs = [_graded_by(entry, grader)]
+    needs = [first]
     if not shipped:
         needs.append(f"its prepared file (`gym eval prepare --benchmark {entry.name}`)")
     if found.status == JUDGE:
         needs.append("a judge (`--judge-url`)")
-    if found.needs:
-        needs.append(found.needs)
+    needs += [need for need in [found.needs, *more] if need and need not in needs]
     return Support(status=BENCHMARK_SHIPPED if shipped else BENCHMARK_PREPARED, agent=agent, needs="; ".join(needs))
 
 
@@ -512,14 +516,5 @@ def _agent_benchmark_support(entry: CatalogEntry) -> Support:
     grader, why = _agent_grading(entry)
     if grader is None:
         return Support(status=NOT_YET, agent=agent, needs="; ".join([why, *host]))
-    found = support(grader)
-    if found.status == REFUSED:
-        return Support(status=REFUSED, agent=agent, needs=f"its environment `{grader}`: {found.needs}")
-    shipped = _ships(entry.data_file)
-    needs = [f"played and graded by `{grader}` (routed to its agent)"]
-    if not shipped:
-        needs.append(f"its prepared file (`gym eval prepare --benchmark {entry.name}`)")
-    if found.status == JUDGE:
-        needs.append("a judge (`--judge-url`)")
-    needs += [need for need in [found.needs, *host, *_policy(kind)] if need and need not in needs]
-    return Support(status=BENCHMARK_SHIPPED if shipped else BENCHMARK_PREPARED, agent=agent, needs="; ".join(needs))
+    played = f"played and graded by `{grader}` (routed to its agent)"
+    return _runnable(entry, agent, grader, f"its environment `{grader}`", played, [*host, *_policy(kind)])
