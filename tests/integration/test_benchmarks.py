@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 from miles_nemogym import agent
 from miles_nemogym.cli.main import app
 from miles_nemogym.episode.record import TASK_ID_KEY
-from miles_nemogym.launcher.command import eval_args, eval_config_document
-from miles_nemogym.launcher.config import LauncherConfig
+from miles_nemogym.launcher._command import eval_args, eval_config_document
+from miles_nemogym.launcher._config import LauncherConfig
 from tests.support.env_scripts import BENCHMARKS
 from tests.support.fault_server import FaultServer
 from tests.support.gym_envs import GymEnvironments

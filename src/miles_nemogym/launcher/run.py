@@ -1,8 +1,6 @@
 """The launcher's entry point: recipe -> preflight -> checkpoint -> Ray -> job -> exit code.
 
-Nothing heavy starts until the recipe is valid and every check passed; ``--dry-run``
-prints the command and environment and stops. Side effects sit behind ``Actions``
-(``RayActions`` is the real one); why this order: docs/launcher.md.
+Side effects sit behind ``Actions`` (``RayActions`` is the real one); why this order: docs/launcher.md.
 """
 
 from __future__ import annotations
@@ -26,22 +24,18 @@ from typing import Any, Protocol, get_args, get_origin
 from miles_nemogym import fit
 from miles_nemogym.checks import CheckResult, Status, report
 from miles_nemogym.errors import MilesNemoGymError
-from miles_nemogym.launcher import checks as launch_checks
-from miles_nemogym.launcher import command as cmd
-from miles_nemogym.launcher.config import ConfigError, LauncherConfig, load_config, read_yaml
-from miles_nemogym.launcher.families import Parsers, UnknownFamilyError, resolve
+from miles_nemogym.launcher import _checks as launch_checks
+from miles_nemogym.launcher import _command as cmd
+from miles_nemogym.launcher._config import ConfigError, LauncherConfig, load_config, read_yaml
+from miles_nemogym.launcher._families import Parsers, UnknownFamilyError, resolve
 from miles_nemogym.redaction import redact_url
 
-EXIT_OK = 0
-_EXIT_JOB_FAILED = 1
-EXIT_USAGE = 2
-"""Bad recipe or a failed preflight: nothing was started."""
-EXIT_INTERRUPTED = 130
+__all__ = ["main"]
+
+EXIT_OK, _EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130  # 2: nothing was started
 
 Preflight = Callable[..., list[CheckResult]]
 """``run_preflight``'s shape: ``(config, *, environ, miles_root) -> results``."""
-
-# --- command line ------------------------------------------------------------------------
 
 _FLAGS: dict[str, tuple[str, ...]] = {
     "hf_checkpoint": ("--hf-checkpoint", "--model"),
@@ -49,25 +43,20 @@ _FLAGS: dict[str, tuple[str, ...]] = {
     "nemo_gym_envs": ("--nemo-gym-env", "--nemo-gym-envs"),
 }
 """Fields whose flags are not just ``--field-name``: the first is the one ``--help`` leads with."""
-_RETIRED: dict[str, str] = {
-    "--env": (
-        "--env is not a launcher flag (everywhere else --env names a NeMo-Gym environment): give a "
-        "job environment variable as --extra-env NAME=VALUE, an environment's resources server as "
-        "--nemo-gym-env NAME=URL (NAME as `miles-nemogym serve --env NAME` starts it)"
-    ),
-}
-"""Spellings the launcher no longer takes, with what to use."""
+_RETIRED_ENV = (
+    "--env is not a launcher flag (everywhere else --env names a NeMo-Gym environment): give a "
+    "job environment variable as --extra-env NAME=VALUE, an environment's resources server as "
+    "--nemo-gym-env NAME=URL (NAME as `miles-nemogym serve --env NAME` starts it)"
+)
+_SHELL_SPLIT = ("extra_args", "ray_start_args")
 _REPEATED: dict[str, str] = {
     "eval_data": "[NAME=]FILE",
     "nemo_gym_envs": "NAME=URL[,max_steps=N]",
     "tools_not_served": "NAME",
+    "extra_env": "NAME=VALUE",
+    **dict.fromkeys(_SHELL_SPLIT, "'--flag value ...'"),
 }
 """Fields whose flag is given once per item, with the item's form."""
-
-
-def _is_bool(annotation: Any) -> bool:
-    return annotation is bool
-
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "run": ("mode", "preflight_only", "skip_prepare"),
@@ -117,11 +106,6 @@ _DESCRIPTION = (
 )
 
 
-def _plain(text: str) -> str:
-    """A docstring's reStructuredText literals as plain text, and ``%`` safe for argparse."""
-    return text.replace("``", "").replace("%", "%%")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """One flag per recipe field (``--field-name``), plus --config and --dry-run, grouped by topic;
     flags default to "not given" so only what the user typed overrides the YAML."""
@@ -144,28 +128,15 @@ def build_parser() -> argparse.ArgumentParser:
     for name, field in LauncherConfig.model_fields.items():
         group = section_of[name]
         flags = _FLAGS.get(name, (f"--{name.replace('_', '-')}",))
-        help_text = _plain(field.description or "")
+        help_text = (field.description or "").replace("``", "").replace("%", "%%")  # plain text for argparse
         if field.default_factory is None and field.default not in (None, False, [], {}):
             help_text += f" [default: {field.default}]"
         annotation = field.annotation
-        if _is_bool(annotation):
+        if annotation is bool:
             group.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, help=help_text)
-        elif name in ("extra_args", "ray_start_args"):
-            group.add_argument(
-                *flags,
-                dest=name,
-                action="append",
-                metavar="'--flag value ...'",
-                help=help_text + " (shell-split; repeatable)",
-            )
         elif name in _REPEATED:
-            group.add_argument(
-                *flags, dest=name, action="append", metavar=_REPEATED[name], help=help_text + " (repeatable)"
-            )
-        elif name == "extra_env":
-            group.add_argument(
-                *flags, dest=name, action="append", metavar="NAME=VALUE", help=help_text + " (repeatable)"
-            )
+            repeated = " (shell-split; repeatable)" if name in _SHELL_SPLIT else " (repeatable)"
+            group.add_argument(*flags, dest=name, action="append", metavar=_REPEATED[name], help=help_text + repeated)
         else:
             metavar = "VALUE"
             if get_origin(annotation) is not None and not isinstance(annotation, types.UnionType):
@@ -178,14 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_cli(argv: Sequence[str]) -> tuple[dict[str, Any], Path | None, bool]:
     """``(field values given on the command line, --config path, --dry-run)``."""
-    for token in argv:
-        retired = _RETIRED.get(token.split("=", 1)[0])
-        if retired is not None:
-            raise ConfigError(retired)
+    if any(token.split("=", 1)[0] == "--env" for token in argv):
+        raise ConfigError(_RETIRED_ENV)
     namespace = vars(build_parser().parse_args(list(argv)))
     config_path = namespace.pop("config", None)
     dry_run = bool(namespace.pop("dry_run", False))
-    for name in ("extra_args", "ray_start_args"):
+    for name in _SHELL_SPLIT:
         if name in namespace:
             tokens: list[str] = []
             for chunk in namespace[name]:
@@ -231,9 +200,6 @@ def load(argv: Sequence[str]) -> tuple[LauncherConfig, Parsers, bool]:
     return config, parsers, dry_run
 
 
-# --- Miles' model arguments --------------------------------------------------------------
-
-
 class ModelArgsError(MilesNemoGymError, RuntimeError):
     pass
 
@@ -257,9 +223,6 @@ def load_model_args(miles_root: Path, model_type: str) -> tuple[str, ...]:
     return tuple(shlex.split(str(text)))
 
 
-# --- side effects ------------------------------------------------------------------------
-
-
 class Actions(Protocol):
     """What the launcher does to the world; every method may block."""
 
@@ -276,12 +239,6 @@ class Actions(Protocol):
     def stop_ray_head(self) -> None: ...
 
     def submit(self, job: cmd.Job, address: str, submission_id: str) -> int: ...
-
-
-def _ray_cli() -> str:
-    """The ``ray`` command of the Ray this interpreter imports (its venv may not be on PATH)."""
-    beside = Path(sys.executable).with_name("ray")
-    return str(beside) if beside.exists() else "ray"
 
 
 class RayActions:
@@ -306,22 +263,11 @@ class RayActions:
         # --block keeps `ray start` in the foreground as the parent of the head's processes,
         # so stopping it stops exactly this head: `ray stop` would stop every Ray on the
         # node, a NeMo-Gym server's own included.
-        argv = [
-            _ray_cli(),
-            "start",
-            "--head",
-            "--block",
-            "--node-ip-address",
-            config.master_addr,
-            "--port",
-            str(config.ray_port),
-            "--dashboard-port",
-            str(config.ray_dashboard_port),
-            "--num-gpus",
-            str(config.gpus_per_node),
-            "--disable-usage-stats",
-            *config.ray_start_args,
-        ]
+        ray = Path(sys.executable).with_name("ray")  # this interpreter's Ray (its venv may not be on PATH)
+        argv = [str(ray) if ray.exists() else "ray", "start", "--head", "--block",
+                "--node-ip-address", config.master_addr, "--port", str(config.ray_port),
+                "--dashboard-port", str(config.ray_dashboard_port), "--num-gpus", str(config.gpus_per_node),
+                "--disable-usage-stats", *config.ray_start_args]  # fmt: skip
         print("+ " + shlex.join(argv), flush=True)
         self._head = subprocess.Popen(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
 
@@ -381,42 +327,51 @@ class RayActions:
         return EXIT_OK if status == JobStatus.SUCCEEDED else _EXIT_JOB_FAILED
 
 
-# --- orchestration -----------------------------------------------------------------------
+def _dry_run(config: LauncherConfig, parsers: Parsers, job: cmd.Job, miles: cmd.MilesInstall, why: str | None) -> int:
+    """Print the command, its environment, layout, servers and store; nothing checked or started."""
+    width = fit.terminal_width()
+
+    def wrapped(*lines: str) -> None:
+        print(fit.wrap_all(list(lines), width, indent="#     "))
+
+    print(f"# model family {parsers.family}: --tito-model {parsers.tito_model}")
+    if why is not None:
+        wrapped(f"# Miles not usable here ({why}): its checkout and model arguments are placeholders")
+    print(cmd.render(job))
+    wrapped(*cmd.layout_lines(config))
+    print(f"# NeMo-Gym server: {redact_url(config.nemo_gym_url)} (from {config.gym_url_origin})")
+    if not config.nemo_gym_envs:
+        wrapped(f"# environments: none ({config.envs_origin}): rows run through the server above")
+    else:
+        lines = [f"# environments (from {config.envs_origin}; the job's {cmd.ENVS_ENV} above):"]
+        for name, server in config.nemo_gym_envs.items():
+            steps = "no max_steps" if server.max_steps is None else f"max_steps {server.max_steps}"
+            served = ", tools not served" if name in config.tools_not_served else ""
+            lines.append(f"#   {name}: {redact_url(server.url)} ({steps}{served})")
+        wrapped(*lines)
+    if config.eval_data:
+        print("# --eval-config above, decoded (Miles' eval config; its metadata_overrides mark eval episodes):")
+        print("#   " + json.dumps(cmd.eval_config_document(config), sort_keys=True))
+    episode_dir = job.env.get(cmd.EPISODE_DIR_ENV)
+    store = f"# episode store: {episode_dir} (browse: miles-nemogym episodes {episode_dir})"
+    wrapped(store if episode_dir else "# episode store: off")
+    if not config.skip_prepare:
+        print("# checkpoint conversion when the torch_dist target is missing")
+        print(shlex.join(redact_url(word) for word in cmd.checkpoint_command(config, miles)))
+    print(f"# Ray job submission address: {redact_url(_ray_address(config))}")
+    wrapped(
+        "# a dry run checks nothing: the same command with --preflight-only instead of --dry-run checks "
+        "this machine (Miles, GPUs, data, checkpoint, ports, Ray) and says what to fix"
+    )
+    return EXIT_OK
 
 
 def _print_results(results: list[CheckResult]) -> None:
     print("\n".join(report(results, fit.terminal_width())), flush=True)
 
 
-def _environment_lines(config: LauncherConfig) -> list[str]:
-    """The dry run's account of the environments: each one's server and max_steps, and their origin."""
-    servers = config.nemo_gym_envs
-    if not servers:
-        return [f"# environments: none ({config.envs_origin}): rows run through the server above"]
-    lines = [f"# environments (from {config.envs_origin}; the job's {cmd.ENVS_ENV} above):"]
-    for name, server in servers.items():
-        steps = "no max_steps" if server.max_steps is None else f"max_steps {server.max_steps}"
-        served = ", tools not served" if name in config.tools_not_served else ""
-        lines.append(f"#   {name}: {redact_url(server.url)} ({steps}{served})")
-    return lines
-
-
-_PREFLIGHT_HINT = (
-    "# a dry run checks nothing: the same command with --preflight-only instead of --dry-run checks "
-    "this machine (Miles, GPUs, data, checkpoint, ports, Ray) and says what to fix"
-)
-
-
 def _ray_address(config: LauncherConfig) -> str:
     return config.ray_address or f"http://{config.master_addr}:{config.ray_dashboard_port}"
-
-
-def _placeholder_install(config: LauncherConfig) -> cmd.MilesInstall:
-    """For a dry run without Miles: names what would be filled in."""
-    return cmd.MilesInstall(
-        root=config.miles_root or Path("<miles checkout>"),
-        model_args=(f"<arguments of scripts/models/{config.megatron_model_type}.py>",),
-    )
 
 
 def execute(
@@ -431,53 +386,29 @@ def execute(
 ) -> int:
     """Run the recipe; returns the process exit code."""
     root = miles_root if miles_root is not None else launch_checks.locate_miles(config.miles_root)
+    install: cmd.MilesInstall | None = None
+    load_error: str | None = "the 'miles' package is not importable"
     try:
-        install = (
-            cmd.MilesInstall(root, load_model_args(root, config.megatron_model_type)) if root is not None else None
-        )
-    except ModelArgsError as error:
-        # Preflight names the missing piece with its fix; this message is the fallback.
-        load_error: str | None = str(error)
-        install = None
-    else:
-        load_error = None if install is not None else "the 'miles' package is not importable"
+        if root is not None:
+            install, load_error = cmd.MilesInstall(root, load_model_args(root, config.megatron_model_type)), None
+    except ModelArgsError as error:  # preflight names the missing piece with its fix; this is the fallback
+        load_error = str(error)
+    placeholder = cmd.MilesInstall(  # for a dry run without Miles: names what would be filled in
+        config.miles_root or Path("<miles checkout>"),
+        (f"<arguments of scripts/models/{config.megatron_model_type}.py>",),
+    )
     try:
-        job = cmd.build_job(config, parsers, install or _placeholder_install(config), environ, cwd=Path.cwd())
+        job = cmd.build_job(config, parsers, install or placeholder, environ, cwd=Path.cwd())
     except (cmd.DuplicateFlagError, cmd.GroupSettingError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
-
     if dry_run:
-        print(f"# model family {parsers.family}: --tito-model {parsers.tito_model}")
-        width = fit.terminal_width()
-        if install is None:
-            note = f"# Miles not usable here ({load_error}): its checkout and model arguments are placeholders"
-            print(fit.wrap_all([note], width, indent="#     "))
-        print(cmd.render(job))
-        print(fit.wrap_all(cmd.layout_lines(config), width, indent="#     "))
-        print(f"# NeMo-Gym server: {redact_url(config.nemo_gym_url)} (from {config.gym_url_origin})")
-        print(fit.wrap_all(_environment_lines(config), width, indent="#     "))
-        if config.eval_data:
-            print("# --eval-config above, decoded (Miles' eval config; its metadata_overrides mark eval episodes):")
-            print("#   " + json.dumps(cmd.eval_config_document(config), sort_keys=True))
-        episode_dir = job.env.get(cmd.EPISODE_DIR_ENV)
-        store = f"# episode store: {episode_dir} (browse: miles-nemogym episodes {episode_dir})"
-        print(fit.wrap_all([store if episode_dir else "# episode store: off"], width, indent="#     "))
-        if not config.skip_prepare:
-            print("# checkpoint conversion when the torch_dist target is missing")
-            print(
-                shlex.join(
-                    redact_url(word) for word in cmd.checkpoint_command(config, install or _placeholder_install(config))
-                )
-            )
-        print(f"# Ray job submission address: {redact_url(_ray_address(config))}")
-        print(fit.wrap_all([_PREFLIGHT_HINT], width, indent="#     "))
-        return EXIT_OK
+        return _dry_run(config, parsers, job, install or placeholder, load_error)
 
     results: list[CheckResult] = checks(config, environ=environ, miles_root=root)
     _print_results(results)
     if any(result.status is not Status.passed for result in results) or install is None:
-        if install is None and load_error is not None:
+        if install is None:
             print(f"error: {load_error}", file=sys.stderr)
         print("preflight failed: nothing was started", file=sys.stderr)
         return EXIT_USAGE

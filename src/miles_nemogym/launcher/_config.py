@@ -1,9 +1,4 @@
-"""The launcher's typed recipe: every value the training command is built from.
-
-Defaults (upstream's 4-GPU smoke scale), then a YAML recipe, then flags; unknown keys
-are errors. Each field's docstring is its ``--help`` text; the defaults' origin is in
-docs/launcher.md.
-"""
+"""The launcher's typed recipe: defaults < YAML < flags; each field's docstring is its ``--help``."""
 
 from __future__ import annotations
 
@@ -73,25 +68,23 @@ def _eval_sets(value: Any, default_name: str) -> Any:
     return sets
 
 
-def _environments_variable() -> Any:
-    """NEMO_GYM_ENVS as given: validated with the other values, so a bad one is named as a field."""
+def _envs_variable() -> Any:  # NEMO_GYM_ENVS as given: validated as a field, so a bad one is named
     return _env(_ENVS_VAR) or {}
 
 
 def _environments(value: Any) -> Any:
-    """``nemo_gym_envs`` given as NEMO_GYM_ENVS text, a mapping, or a list of NAME=URL[,max_steps=N]
-    or JSON-object items (the flag, repeated), validated by the plugin's own settings (one
-    definition of the variable)."""
+    """NEMO_GYM_ENVS text, a mapping, or a list of NAME=URL[,max_steps=N] or JSON-object items (the
+    flag, repeated), parsed by the plugin's own settings."""
     if value is None:
         return {}
     if isinstance(value, str):  # NEMO_GYM_ENVS's own form
-        return _parse_settings_envs(value) if value.strip() else {}
+        return parse_environments(value) if value.strip() else {}
     if isinstance(value, list):
         merged: dict[str, Any] = {}
         for item in value:
             text = str(item).strip()
             if text.startswith("{"):
-                merged.update(_parse_settings_envs(text))
+                merged.update(parse_environments(text))
                 continue
             name, sep, rest = text.partition("=")
             url, _, steps = rest.partition(",max_steps=")
@@ -110,12 +103,8 @@ def _environments(value: Any) -> Any:
             str(name): server.model_dump(exclude_none=True) if isinstance(server, EnvironmentServer) else server
             for name, server in value.items()
         }
-        return _parse_settings_envs(json.dumps(plain)) if plain else {}
+        return parse_environments(json.dumps(plain)) if plain else {}
     return value
-
-
-def _parse_settings_envs(text: str) -> dict[str, EnvironmentServer]:
-    return parse_environments(text)  # the one parser of the variable; its ValueError names what is wrong
 
 
 def _is_number(annotation: Any) -> bool:
@@ -127,7 +116,7 @@ def _is_number(annotation: Any) -> bool:
     return False
 
 
-ASYNC_ONLY = frozenset(
+_ASYNC_ONLY = frozenset(
     {
         "async_max_concurrent_samples",
         "max_weight_staleness",
@@ -158,7 +147,7 @@ class LauncherConfig(BaseModel):
     megatron_model_type: str = "qwen3-4B-Instruct-2507"
     """Name of the model's argument script in Miles' ``scripts/models/`` (without .py)."""
     model_family: str | None = None
-    """Family in ``miles_nemogym.launcher.families``; guessed from ``hf_checkpoint`` if unset."""
+    """Family in ``miles_nemogym.launcher._families``; guessed from ``hf_checkpoint`` if unset."""
     tito_model: str | None = None
     """Override the family's Miles --tito-model."""
     reasoning_parser: str | None = None
@@ -324,7 +313,7 @@ class LauncherConfig(BaseModel):
     """Miles' session server protocol: v1, or v2."""
     nemo_gym_url: str = Field(default_factory=lambda: _env("NEMO_GYM_URL") or "http://localhost:12000")
     """Base URL of the NeMo-Gym mini_swe_agent_2 server (default: NEMO_GYM_URL, else http://localhost:12000)."""
-    nemo_gym_envs: dict[str, EnvironmentServer] = Field(default_factory=_environments_variable)
+    nemo_gym_envs: dict[str, EnvironmentServer] = Field(default_factory=_envs_variable)
     """The resources server of each NeMo-Gym environment the rows name (metadata.nemogym_env):
     NAME=URL or NAME=URL,max_steps=N, NAME as in ``serve --env NAME`` and ``convert --env
     NAME=FILE``, URL where it serves (``serve`` prints them); or a NEMO_GYM_ENVS JSON object.
@@ -352,23 +341,19 @@ class LauncherConfig(BaseModel):
     _envs_origin: str = PrivateAttr(default="")
 
     def model_post_init(self, context: Any, /) -> None:
-        if "nemo_gym_url" in self.model_fields_set:
-            self._gym_url_origin = "the recipe"
-        else:  # the default factory read the environment just now
-            self._gym_url_origin = "NEMO_GYM_URL in the environment" if _env("NEMO_GYM_URL") else "the default"
-        if "nemo_gym_envs" in self.model_fields_set:
-            self._envs_origin = "the recipe"
-        else:
-            self._envs_origin = f"{_ENVS_VAR} in the environment" if _env(_ENVS_VAR) else f"{_ENVS_VAR} unset"
+        # Where each came from (the dry run and preflight say); ``load_config`` names the flag or YAML.
+        given = self.model_fields_set
+        url_from = "NEMO_GYM_URL in the environment" if _env("NEMO_GYM_URL") else "the default"
+        self._gym_url_origin = "the recipe" if "nemo_gym_url" in given else url_from
+        envs_from = f"{_ENVS_VAR} in the environment" if _env(_ENVS_VAR) else f"{_ENVS_VAR} unset"
+        self._envs_origin = "the recipe" if "nemo_gym_envs" in given else envs_from
 
     @property
     def gym_url_origin(self) -> str:
-        """Where ``nemo_gym_url`` came from: the flag, the YAML recipe, NEMO_GYM_URL or the default."""
         return self._gym_url_origin
 
     @property
     def envs_origin(self) -> str:
-        """Where ``nemo_gym_envs`` came from: the flag, the YAML recipe, NEMO_GYM_ENVS or nowhere."""
         return self._envs_origin
 
     @model_validator(mode="before")
@@ -556,7 +541,7 @@ class LauncherConfig(BaseModel):
         """What Miles refuses or ignores next to --fully-async, and the knobs only it reads."""
         problems: list[str] = []
         if not self.fully_async:
-            only_async = sorted(ASYNC_ONLY & self.model_fields_set)
+            only_async = sorted(_ASYNC_ONLY & self.model_fields_set)
             if only_async:
                 one = len(only_async) == 1
                 problems.append(
@@ -640,21 +625,6 @@ class LauncherConfig(BaseModel):
         return self.global_batch_size or self.rollout_batch_size * self.n_samples_per_prompt
 
 
-def _describe_error(
-    error: ValidationError, flags: Collection[str] = (), recipe: bool = False, source: str = "recipe"
-) -> str:
-    """A ``ValidationError`` as one line per field: ``--flag / key: problem``; a field the
-    problem names is spelled as the user gave it (``as_given``)."""
-
-    def label(loc: Sequence[int | str]) -> str:
-        path = ".".join(str(part) for part in loc)
-        return f"--{str(loc[0]).replace('_', '-')} / {source} key {path!r}" if loc else source
-
-    unknown = "unknown setting (see `examples/swebench_grpo/run.py --help` for the valid ones)"
-    text = describe(error, label=label, unknown_key=unknown, separator="\n  ")
-    return "invalid launcher configuration:\n  " + as_given(text, flags, recipe)
-
-
 _FIELD_NAME = re.compile(
     r"(?<![\w'-])("
     + "|".join(sorted((n for n in LauncherConfig.model_fields if "_" in n), key=len, reverse=True))
@@ -663,16 +633,21 @@ _FIELD_NAME = re.compile(
 """A recipe field's name in a message (the ones with ``_``; a bare ``colocate`` reads as a word)."""
 
 
-def as_given(message: str, flags: Collection[str], recipe: bool) -> str:
-    """``message`` with each field named as the user sets it: one given as a flag (or any, without
-    a ``--config`` ``recipe``) as its flag, ``rollout_num_gpus`` -> ``--rollout-num-gpus``; else
-    as the recipe's key."""
+def _describe_error(error: ValidationError, flags: Collection[str], recipe: bool) -> str:
+    """One line per field, ``--flag / recipe key 'key': problem``; each field the problem names is
+    spelled as the user set it: as its flag if given as one (or without a ``--config`` recipe)."""
+
+    def label(loc: Sequence[int | str]) -> str:
+        path = ".".join(str(part) for part in loc)
+        return f"--{str(loc[0]).replace('_', '-')} / recipe key {path!r}" if loc else "recipe"
 
     def spelled(match: re.Match[str]) -> str:
         name = match.group(1)
         return "--" + name.replace("_", "-") if name in flags or not recipe else name
 
-    return _FIELD_NAME.sub(spelled, message)
+    unknown = "unknown setting (see `examples/swebench_grpo/run.py --help` for the valid ones)"
+    text = describe(error, label=label, unknown_key=unknown, separator="\n  ")
+    return "invalid launcher configuration:\n  " + _FIELD_NAME.sub(spelled, text)
 
 
 def load_config(yaml_values: dict[str, Any] | None, cli_values: dict[str, Any]) -> LauncherConfig:
@@ -682,14 +657,10 @@ def load_config(yaml_values: dict[str, Any] | None, cli_values: dict[str, Any]) 
         config = LauncherConfig.model_validate(merged)
     except ValidationError as error:
         raise ConfigError(_describe_error(error, set(cli_values), yaml_values is not None)) from None
-    if "nemo_gym_url" in cli_values:
-        config._gym_url_origin = "--nemo-gym-url"
-    elif "nemo_gym_url" in merged:
-        config._gym_url_origin = "nemo_gym_url in the --config recipe"
-    if "nemo_gym_envs" in cli_values:
-        config._envs_origin = "--nemo-gym-env"
-    elif "nemo_gym_envs" in merged:
-        config._envs_origin = "nemo_gym_envs in the --config recipe"
+    for name, flag, origin in (("nemo_gym_url", "--nemo-gym-url", "_gym_url_origin"),
+                               ("nemo_gym_envs", "--nemo-gym-env", "_envs_origin")):  # fmt: skip
+        if name in merged:
+            setattr(config, origin, flag if name in cli_values else f"{name} in the --config recipe")
     return config
 
 

@@ -31,8 +31,8 @@ from miles_nemogym.data.sources import SourceError, open_file
 from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, environment_of
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.fit import counted
-from miles_nemogym.launcher.command import EPISODE_DIR_ENV, MilesInstall, hooks, job_environment, job_episode_dir
-from miles_nemogym.launcher.config import LauncherConfig
+from miles_nemogym.launcher._command import EPISODE_DIR_ENV, MilesInstall, hooks, job_environment, job_episode_dir
+from miles_nemogym.launcher._config import LauncherConfig
 from miles_nemogym.settings import ENV_VARS, Settings
 
 LEGACY_ROLLOUT_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
