@@ -1,9 +1,5 @@
-"""Convert a SWE-bench-family dataset into Miles prompt JSONL, streaming and atomically.
-
-Reads rows with :mod:`.sources`, checks them with :mod:`.schema`, routes and maps them
-with :mod:`.rows`, selects with :mod:`.select` and writes through :mod:`.atomic`.
-Memory and shuffle design: docs/data-and-checks.md.
-"""
+"""Convert SWE-bench or NeMo-Gym environment rows into Miles prompt JSONL, streaming and atomically
+(memory and shuffle design: docs/data-and-checks.md)."""
 
 from __future__ import annotations
 
@@ -26,7 +22,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from miles_nemogym.data.atomic import AtomicFile, AtomicFiles, TempFile, output_problem
+from miles_nemogym.data._rows import (
+    DatasetKind,
+    Routing,
+    checked_swe_prompt_row,
+    infer_kind,
+    resolve_routing,
+    to_prompt_row,
+)
+from miles_nemogym.data.atomic import AtomicFile, AtomicFiles, output_problem
 from miles_nemogym.data.environments import (
     EnvironmentInput,
     apportion,
@@ -36,28 +40,23 @@ from miles_nemogym.data.environments import (
     task_key,
     to_environment_row,
 )
-from miles_nemogym.data.gradeable import load_grade_tables
-from miles_nemogym.data.rows import (
-    DatasetKind,
-    Routing,
-    checked_swe_prompt_row,
-    infer_kind,
-    resolve_routing,
-    to_prompt_row,
-)
-from miles_nemogym.data.schema import (
-    NEVER_DROPPED,
-    SUBSETS,
-    FieldProblem,
-    Subset,
-    SweBenchInstance,
-    validate_instance,
-)
-from miles_nemogym.data.select import Selection, read_instance_ids, split_names
+from miles_nemogym.data.schema import NEVER_DROPPED, SUBSETS, FieldProblem, Subset, SweBenchInstance, validate_instance
+from miles_nemogym.data.select import Selection, load_grade_tables, read_instance_ids, split_names
 from miles_nemogym.data.sources import RawRow, SourceError, open_file, open_source
 from miles_nemogym.episode.record import AGENT_SUFFIX, SWE_ENVIRONMENT
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.fit import counted
+
+__all__ = [
+    "ConvertError",
+    "ConvertOptions",
+    "ConvertReport",
+    "RowInvalidError",
+    "convert",
+    "convert_row",
+    "printable",
+    "summary_notes",
+]
 
 MAX_SIZE = 1_000_000
 """The largest ``--size``: memory while mixing grows with it (about 85 bytes a row; measured: bench/README.md)."""
@@ -386,11 +385,7 @@ def _prepare(
     if isinstance(decided, list):
         return decided
     subset, split, overrode = decided
-    return (
-        to_prompt_row(data, instance, subset=subset, split=split, drop_fields=drop_fields),
-        instance,
-        overrode,
-    )
+    return (to_prompt_row(data, instance, subset=subset, split=split, drop_fields=drop_fields), instance, overrode)
 
 
 def convert_row(
@@ -418,7 +413,7 @@ class _Spool:
     """Converted lines on disk with their offsets, so ``--shuffle`` never holds rows in memory."""
 
     def __init__(self, files: AtomicFiles, output: Path) -> None:
-        self._writer: TempFile = files.scratch(output, f"{output} (the rows spooled beside it)")
+        self._writer = files.scratch(output, f"{output} (the rows spooled beside it)")
         self._ends = array("q")
         self._repos: list[str] = []
 
@@ -480,7 +475,7 @@ def _convert_swe(
         repos=wanted_repos,
         exclude_repos=split_names(options.exclude_repos),
         instance_ids=(
-            read_instance_ids(options.instance_ids)
+            frozenset(read_instance_ids(options.instance_ids))
             if isinstance(options.instance_ids, Path)
             else frozenset(options.instance_ids)
             if options.instance_ids
@@ -519,12 +514,7 @@ def _convert_swe(
         prepared = _prepare(raw.data, routing, drop_fields)
         if isinstance(prepared, list):
             first = prepared[0]
-            _record_problem(
-                report,
-                raw,
-                [str(problem) for problem in prepared],
-                f"invalid: {first.field} {first.rule}",
-            )
+            _record_problem(report, raw, [str(problem) for problem in prepared], f"invalid: {first.field} {first.rule}")
             failing = options.on_error == "fail"
             continue
         row, instance, overrode = prepared
@@ -601,11 +591,7 @@ def _convert_swe(
 
 
 def _write_shuffled(
-    spool: _Spool,
-    options: ConvertOptions,
-    report: ConvertReport,
-    output: AtomicFile,
-    holdout: AtomicFile | None,
+    spool: _Spool, options: ConvertOptions, report: ConvertReport, output: AtomicFile, holdout: AtomicFile | None
 ) -> None:
     order = list(range(len(spool)))
     random.Random(report.seed).shuffle(order)

@@ -50,9 +50,7 @@ def _decode_test_list(value: Any) -> Any:
             return json.loads(value)
         except json.JSONDecodeError as error:
             raise PydanticCustomError(
-                "test_list_json",
-                "is a string but not a JSON list of test names ({error})",
-                {"error": str(error)},
+                "test_list_json", "is a string but not a JSON list of test names ({error})", {"error": str(error)}
             ) from None
     return value
 

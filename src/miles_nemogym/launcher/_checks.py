@@ -1,10 +1,5 @@
-"""Checks run before the launcher spends GPU time; each failure comes with its fix.
-
-In seconds on the launching node: Miles, Megatron, the hooks, GPUs, prompt and eval data,
-the episode folder, checkpoint, session port, cluster, the environments the rows use, then
-the NeMo-Gym checks (:mod:`miles_nemogym.checks`, as ``doctor`` runs them) and each
-environment's resources server with the tools its rows use (docs/launcher.md).
-"""
+"""Checks run on the launching node before any GPU time is spent, each failure with its fix; then
+the NeMo-Gym checks of :mod:`miles_nemogym.checks`, as ``doctor`` runs them (docs/launcher.md)."""
 
 from __future__ import annotations
 
@@ -32,10 +27,8 @@ from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, environment_o
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.fit import counted
 from miles_nemogym.launcher._command import EPISODE_DIR_ENV, MilesInstall, hooks, job_environment, job_episode_dir
-from miles_nemogym.launcher._config import LauncherConfig
+from miles_nemogym.launcher._config import LEGACY_ROLLOUT_ENV, LauncherConfig
 from miles_nemogym.settings import ENV_VARS, Settings
-
-LEGACY_ROLLOUT_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
 
 _ROWS_CHECKED = 5
 
@@ -43,7 +36,8 @@ GpuCounter = Callable[[Mapping[str, str]], "tuple[int | None, str]"]
 """``count(environ) -> (number of visible GPUs or None, how it was counted)``."""
 
 
-# --- Miles, Megatron, hooks --------------------------------------------------------------
+def _failed(name: str, detail: str, fix: str) -> CheckResult:
+    return CheckResult(name, Status.failed, detail, fix)
 
 
 def _check_legacy_rollout(config: LauncherConfig, environ: Mapping[str, str]) -> CheckResult:
@@ -53,9 +47,8 @@ def _check_legacy_rollout(config: LauncherConfig, environ: Mapping[str, str]) ->
         kind = "fully async (FullyAsyncRolloutFn)" if config.fully_async else "class-based (agentic)"
         return CheckResult(name, Status.passed, f"{kind} rollout")
     also = "; and --fully-async needs the class-based rollout API" if config.fully_async else ""
-    return CheckResult(
+    return _failed(
         name,
-        Status.failed,
         f"{LEGACY_ROLLOUT_ENV}={value!r} selects Miles' legacy rollout, which does not register "
         f"--custom-agent-function-path or --max-seq-len: {config.train_script_name} would stop with "
         f"'unrecognized arguments'{also}",
@@ -79,9 +72,8 @@ def locate_miles(configured: Path | None) -> Path | None:
 def _check_miles(root: Path | None, config: LauncherConfig) -> CheckResult:
     name = "Miles"
     if root is None:
-        return CheckResult(
+        return _failed(
             name,
-            Status.failed,
             "the 'miles' package is not importable",
             "install Miles from its repository (git clone https://github.com/radixark/miles && "
             "pip install -e miles) in this environment, or pass --miles-root <checkout>",
@@ -110,7 +102,7 @@ def _check_miles(root: Path | None, config: LauncherConfig) -> CheckResult:
             f"pass --megatron-model-type with the name of a file in {root / 'scripts' / 'models'} "
             "(without .py) that matches --hf-checkpoint"
         )
-    return CheckResult(name, Status.failed, f"{root}: missing {', '.join(map(str, missing))}", fix)
+    return _failed(name, f"{root}: missing {', '.join(map(str, missing))}", fix)
 
 
 def _check_megatron(config: LauncherConfig) -> CheckResult:
@@ -123,9 +115,8 @@ def _check_megatron(config: LauncherConfig) -> CheckResult:
         installed = False
     if installed:
         return CheckResult(name, Status.passed, "the 'megatron' package is importable")
-    return CheckResult(
+    return _failed(
         name,
-        Status.failed,
         f"no checkout at {config.megatron_path} and no importable 'megatron' package",
         "pass --megatron-path <Megatron-LM checkout> (Miles' docker image has it at /root/Megatron-LM)",
     )
@@ -139,24 +130,19 @@ def _check_hooks(paths: Sequence[str]) -> CheckResult:
         try:
             module = importlib.import_module(module_name)
         except Exception as error:
-            return CheckResult(
+            return _failed(
                 name,
-                Status.failed,
                 f"{path}: importing {module_name} failed ({type(error).__name__}: {error})",
                 "install miles-nemogym in the training environment (pip install -e '.[train]' from its clone) "
                 "with the same version as this launcher",
             )
         if not callable(getattr(module, attribute, None)):
-            return CheckResult(
+            return _failed(
                 name,
-                Status.failed,
                 f"{path}: {module_name} has no callable {attribute!r}",
                 "reinstall miles-nemogym: the installed copy does not match this launcher",
             )
     return CheckResult(name, Status.passed, ", ".join(paths))
-
-
-# --- GPUs --------------------------------------------------------------------------------
 
 
 def _count_gpus(environ: Mapping[str, str]) -> tuple[int | None, str]:
@@ -192,24 +178,19 @@ def _check_gpus(config: LauncherConfig, environ: Mapping[str, str], counter: Gpu
     name = "GPUs"
     count, how = counter(environ)
     if count is None:
-        return CheckResult(
+        return _failed(
             name,
-            Status.failed,
             f"cannot count GPUs: {how}",
             "run on a GPU node with the NVIDIA driver installed (nvidia-smi must work)",
         )
     if count < config.gpus_per_node:
-        return CheckResult(
+        return _failed(
             name,
-            Status.failed,
             f"{count} visible ({how}), the recipe needs {config.gpus_per_node} per node",
             f"run on a node with {config.gpus_per_node} GPUs, free or expose them "
             "(CUDA_VISIBLE_DEVICES), or lower --gpus-per-node (and --tensor-parallel to match)",
         )
     return CheckResult(name, Status.passed, f"{count} visible ({how}); {config.gpus_per_node} used")
-
-
-# --- data and checkpoint -----------------------------------------------------------------
 
 
 class _DataError(MilesNemoGymError, ValueError):
@@ -237,21 +218,21 @@ _CONVERT = "miles-nemogym convert --input princeton-nlp/SWE-bench_Verified"
 def _check_data(name: str, flag: str, path: Path, fix: str) -> CheckResult:
     """A file of prompt rows as Miles reads them: its first rows carry a prompt and an instance."""
     if path.is_dir():
-        return CheckResult(name, Status.failed, f"{flag} {path} is a folder, not a file", fix)
+        return _failed(name, f"{flag} {path} is a folder, not a file", fix)
     if not path.exists():
-        return CheckResult(name, Status.failed, f"{flag} {path} does not exist", fix)
+        return _failed(name, f"{flag} {path} does not exist", fix)
     if not path.is_file():
-        return CheckResult(name, Status.failed, f"{flag} {path} is not a regular file", fix)
+        return _failed(name, f"{flag} {path} is not a regular file", fix)
     try:
         rows = _first_rows(path, _ROWS_CHECKED)
     except (OSError, _DataError) as error:
-        return CheckResult(name, Status.failed, f"{flag} {path}: {error}", fix)
+        return _failed(name, f"{flag} {path}: {error}", fix)
     if not rows:
-        return CheckResult(name, Status.failed, f"{flag} {path} has no rows", fix)
+        return _failed(name, f"{flag} {path} has no rows", fix)
     for number, row in enumerate(rows, start=1):
         problem = _row_problem(row)
         if problem is not None:
-            return CheckResult(name, Status.failed, f"{flag} {path} row {number}: {problem}", fix)
+            return _failed(name, f"{flag} {path} row {number}: {problem}", fix)
     return CheckResult(name, Status.passed, f"{path}: first {counted(len(rows), 'row')} carry a prompt and a task")
 
 
@@ -358,9 +339,8 @@ def check_episode_dir(config: LauncherConfig, environ: Mapping[str, str]) -> Che
             given = EPISODE_DIR_ENV
         else:
             given = "<--save-dir>/episodes"
-        return CheckResult(
+        return _failed(
             name,
-            Status.failed,
             f"{given} {folder}: {problem}",
             "pass --episode-dir <a folder this user can write> (created if missing), or --no-store-episodes",
         )
@@ -374,16 +354,12 @@ def _check_checkpoint(config: LauncherConfig) -> CheckResult:
     if tracker.is_file():
         return CheckResult(name, Status.passed, f"{target} exists")
     if config.skip_prepare:
-        return CheckResult(
+        return _failed(
             name,
-            Status.failed,
             f"{target} holds no converted checkpoint ({tracker.name} missing) and --skip-prepare is set",
             "drop --skip-prepare so the launcher converts --hf-checkpoint, or pass --ref-load <torch_dist dir>",
         )
     return CheckResult(name, Status.passed, f"{target} will be converted from {config.hf_checkpoint}")
-
-
-# --- network -----------------------------------------------------------------------------
 
 
 def _check_session_port(config: LauncherConfig) -> CheckResult:
@@ -394,9 +370,8 @@ def _check_session_port(config: LauncherConfig) -> CheckResult:
         try:
             probe.bind(("0.0.0.0", port))
         except OSError as error:
-            return CheckResult(
+            return _failed(
                 name,
-                Status.failed,
                 f"port {port} cannot be bound on this node ({error.strerror or error})",
                 "stop what holds it (a previous run's session server?) or pass --session-server-port <free port>",
             )
@@ -406,9 +381,8 @@ def _check_session_port(config: LauncherConfig) -> CheckResult:
 def check_cluster(config: LauncherConfig) -> CheckResult:
     name = "Ray cluster"
     if config.num_nodes > 1 and not config.ray_address:
-        return CheckResult(
+        return _failed(
             name,
-            Status.failed,
             f"--num-nodes {config.num_nodes} needs a running multi-node Ray cluster",
             "start it (`ray start --head --num-gpus N` here, `ray start --address <head>:6379 "
             "--num-gpus N` on each worker) and set RAY_ADDRESS=http://<head>:8265 (or --ray-address)",
@@ -416,8 +390,6 @@ def check_cluster(config: LauncherConfig) -> CheckResult:
     where = config.ray_address or "a local head (reused if running, else started)"
     return CheckResult(name, Status.passed, f"{counted(config.num_nodes, 'node')} via {where}")
 
-
-# --- environments ------------------------------------------------------------------------
 
 _PARSED_PER_ENVIRONMENT = 200
 """Rows of each environment parsed for their tools in a JSONL file; the rest are only counted."""

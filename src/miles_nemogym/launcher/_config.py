@@ -22,13 +22,7 @@ from pydantic import (
 )
 
 from miles_nemogym.errors import MilesNemoGymError
-from miles_nemogym.settings import (
-    EnvironmentServer,
-    Settings,
-    environment_name_problem,
-    parse_environments,
-    short_name,
-)
+from miles_nemogym.settings import EnvironmentServer, Settings, environment_name_problem, parse_environments, short_name
 from miles_nemogym.validation import describe
 from miles_nemogym.yaml_file import YamlFileError, read_mapping
 
@@ -42,7 +36,7 @@ def _env(name: str) -> str | None:
     return value or None
 
 
-_LEGACY_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
+LEGACY_ROLLOUT_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
 _ENVS_VAR = "NEMO_GYM_ENVS"
 _SET_NAME = r"^[A-Za-z0-9_.-]+$"
 _SET_NAME_RE = re.compile(_SET_NAME)
@@ -445,8 +439,10 @@ class LauncherConfig(BaseModel):
     @field_validator("extra_env")
     @classmethod
     def _no_legacy_rollout(cls, value: dict[str, str]) -> dict[str, str]:
-        if _LEGACY_ENV in value:
-            raise ValueError(f"{_LEGACY_ENV} selects Miles' legacy rollout, which has no agentic flags; remove it")
+        if LEGACY_ROLLOUT_ENV in value:
+            raise ValueError(
+                f"{LEGACY_ROLLOUT_ENV} selects Miles' legacy rollout, which has no agentic flags; remove it"
+            )
         if _ENVS_VAR in value:
             raise ValueError(
                 f"give the environments' servers as nemo_gym_envs (--nemo-gym-env NAME=URL), not {_ENVS_VAR}"

@@ -297,9 +297,7 @@ class RayActions:
         while True:
             try:
                 client.submit_job(
-                    entrypoint=cmd.entrypoint(job),
-                    runtime_env={"env_vars": job.env},
-                    submission_id=submission_id,
+                    entrypoint=cmd.entrypoint(job), runtime_env={"env_vars": job.env}, submission_id=submission_id
                 )
                 break
             except RuntimeError as error:

@@ -110,12 +110,7 @@ def resolve_routing(row: Mapping[str, Any], routing: Routing) -> tuple[str, str,
 
 
 def to_prompt_row(
-    row: Mapping[str, Any],
-    instance: SweBenchInstance,
-    *,
-    subset: str,
-    split: str,
-    drop_fields: Collection[str] = (),
+    row: Mapping[str, Any], instance: SweBenchInstance, *, subset: str, split: str, drop_fields: Collection[str] = ()
 ) -> dict[str, Any]:
     """The Miles prompt row: ``{"prompt": [user message], "metadata": {instance…, subset, split}}``.
 
@@ -128,10 +123,7 @@ def to_prompt_row(
     metadata["PASS_TO_PASS"] = instance.PASS_TO_PASS
     metadata["subset"] = subset
     metadata["split"] = split
-    return {
-        "prompt": [{"role": "user", "content": instance.problem_statement}],
-        "metadata": metadata,
-    }
+    return {"prompt": [{"role": "user", "content": instance.problem_statement}], "metadata": metadata}
 
 
 def checked_swe_prompt_row(row: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | FieldProblem:
