@@ -1,8 +1,5 @@
-"""Map one validated SWE-bench task row to one Miles prompt row, and decide its subset/split.
-
-The prompt row shape and the subset/split rule (flag, then row, then dataset name) are
-explained in docs/data-and-checks.md. Pure functions: no I/O.
-"""
+"""One validated SWE-bench task row -> one Miles prompt row, with its subset and split (flag, then
+row, then dataset name; docs/data-and-checks.md). Pure."""
 
 from __future__ import annotations
 

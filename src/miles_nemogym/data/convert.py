@@ -47,16 +47,7 @@ from miles_nemogym.episode.record import AGENT_SUFFIX, SWE_ENVIRONMENT
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.fit import counted
 
-__all__ = [
-    "ConvertError",
-    "ConvertOptions",
-    "ConvertReport",
-    "RowInvalidError",
-    "convert",
-    "convert_row",
-    "printable",
-    "summary_notes",
-]
+__all__ = ["printable", "summary_notes"]
 
 MAX_SIZE = 1_000_000
 """The largest ``--size``: memory while mixing grows with it (about 85 bytes a row; measured: bench/README.md)."""

@@ -1,9 +1,5 @@
-"""NeMo-Gym environment task rows (``responses_create_params``) as Miles prompt rows. Pure functions.
-
-Which environment a row belongs to, its task id, its prompt (the same messages the
-``simple_agent`` loop sends, so Miles' prompt is the episode's first turn), and how weights
-become row counts. The rules and why: docs/data-and-checks.md; the flags: docs/commands.md.
-"""
+"""NeMo-Gym environment task rows as Miles prompt rows: a row's environment, task id and prompt (what
+``simple_agent`` sends first), and weights as row counts (docs/data-and-checks.md). Pure."""
 
 from __future__ import annotations
 
@@ -26,8 +22,6 @@ from miles_nemogym.episode.record import (
 from miles_nemogym.settings import environment_name_problem, short_name
 
 __all__ = [
-    "ID_FIELDS",
-    "EnvironmentInput",
     "apportion",
     "chat_prompt",
     "env_mark_problem",

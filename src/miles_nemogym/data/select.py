@@ -15,7 +15,6 @@ from miles_nemogym.pins import SWEBENCH_VERSION
 
 __all__ = [
     "Selection",
-    "SwebenchMissingError",
     "instance_ids_option",
     "load_grade_tables",
     "parse_instance_ids",

@@ -1,9 +1,5 @@
-"""Read task rows one at a time from a dataset id, a local folder, or a JSONL/JSON/parquet file.
-
-The one row reader: the converter, the scan and the launcher's data check read through it.
-Every reader streams (one row, or one parquet batch, in memory); the readers and why:
-docs/data-and-checks.md.
-"""
+"""The one row reader (convert, scan, the launcher's data check): task rows one at a time from a
+dataset id, a folder, or a JSONL/JSON/parquet file, streaming (docs/data-and-checks.md)."""
 
 from __future__ import annotations
 
@@ -19,6 +15,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from miles_nemogym.errors import MilesNemoGymError
+
+__all__ = ["RawRow", "SourceError", "open_file", "open_source"]
 
 _PARQUET_BATCH_ROWS = 64  # as fast as larger batches, with a lower peak RSS (bench/README.md, "Converter")
 _JSON_CHUNK = 1 << 20

@@ -127,7 +127,7 @@ class LauncherConfig(BaseModel):
     # No inf/NaN: ``rollout_temperature: .inf`` in YAML is a typo, never a setting.
     model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True, allow_inf_nan=False)
 
-    # --- what to run -----------------------------------------------------------------------
+    # --- run (each section is one of --help's, by run.py's _SECTIONS) -----------------------
     mode: Literal["normal", "debug_rollout_only"] = "normal"
     """``debug_rollout_only``: rollouts without training (Miles' --debug-rollout-only)."""
     preflight_only: bool = False
@@ -135,106 +135,63 @@ class LauncherConfig(BaseModel):
     skip_prepare: bool = False
     """Do not convert the HF checkpoint to torch_dist (the target must then exist)."""
 
-    # --- model -----------------------------------------------------------------------------
+    # --- model ------------------------------------------------------------------------------
     hf_checkpoint: str = "Qwen/Qwen3-4B-Instruct-2507"
     """HF id or local folder: the policy, its tokenizer and the conversion source."""
     megatron_model_type: str = "qwen3-4B-Instruct-2507"
     """Name of the model's argument script in Miles' ``scripts/models/`` (without .py)."""
     model_family: str | None = None
-    """Family in ``miles_nemogym.launcher._families``; guessed from ``hf_checkpoint`` if unset."""
+    """A model family of docs/launcher.md ("Model families and parsers"); guessed from ``hf_checkpoint`` if unset."""
     tito_model: str | None = None
     """Override the family's Miles --tito-model."""
     reasoning_parser: str | None = None
     """Override the family's SGLang reasoning parser (``none`` for no parser)."""
     tool_call_parser: str | None = None
     """Override the family's SGLang tool-call parser."""
-
-    # --- paths -----------------------------------------------------------------------------
     base_dir: Path = Path("/root")
     """Where the converted checkpoint and the run's saves go by default."""
     ref_load: Path | None = None
     """torch_dist checkpoint (default ``<base_dir>/<model name>_torch_dist``)."""
     save_dir: Path | None = None
     """Where training saves (default ``<base_dir>/<model name>_nemogym``)."""
+    save_interval: int = Field(default=1000, ge=1)
+    """Save a checkpoint every N rollout steps."""
+
+    # --- data -------------------------------------------------------------------------------
     prompt_data: Path = Path("/root/swe_verified.jsonl")
     """Miles prompt data (``miles-nemogym convert`` output): JSONL or parquet."""
-    miles_root: Path | None = None
-    """Miles checkout (holding train.py); default: where the importable ``miles`` package lives."""
-    megatron_path: Path = Path("/root/Megatron-LM")
-    """Megatron-LM checkout, put on the job's PYTHONPATH as Miles' launchers do."""
 
-    # --- cluster ---------------------------------------------------------------------------
-    num_nodes: int = Field(default=1, ge=1)
-    """Nodes in the cluster; more than 1 needs a running Ray cluster (RAY_ADDRESS)."""
-    gpus_per_node: int = Field(default=4, ge=1)
-    """GPUs on each node (Miles --num-gpus-per-node)."""
-    colocate: bool = True
-    """Training and rollout share the GPUs (Miles --colocate); unless given, off with fully_async."""
-    actor_num_nodes: int | None = Field(default=None, ge=1)
-    """Nodes that train (Miles --actor-num-nodes; default: num_nodes); when not colocated, the
-    SGLang engines take the GPUs after the training ones, e.g. the other nodes."""
-    actor_gpus_per_node: int | None = Field(default=None, ge=1)
-    """GPUs per training node (Miles --actor-num-gpus-per-node; default: gpus_per_node)."""
-    rollout_num_gpus: int | None = Field(default=None, ge=1)
-    """GPUs for the SGLang engines when not colocated (required then; Miles --rollout-num-gpus)."""
+    # --- rollout ----------------------------------------------------------------------------
     rollout_gpus_per_engine: int = Field(default=1, ge=1)
     """GPUs per SGLang engine (Miles --rollout-num-gpus-per-engine)."""
-    tensor_parallel: int = Field(default=2, ge=1)
-    """Megatron tensor-model parallel size for training."""
-    pipeline_parallel: int = Field(default=1, ge=1)
-    """Megatron pipeline-model parallel size for training."""
-    context_parallel: int = Field(default=1, ge=1)
-    """Megatron context parallel size for training."""
     sglang_mem_fraction_static: float = Field(default=0.7, gt=0, le=1)
     """Fraction of GPU memory SGLang reserves for weights and KV cache (0-1]."""
-    ray_address: str | None = Field(default_factory=lambda: _env("RAY_ADDRESS"))
-    """Ray job-submission address of an existing cluster (e.g. http://head:8265); if unset,
-    a local head is used or started."""
-    master_addr: str = Field(default_factory=lambda: _env("MASTER_ADDR") or "127.0.0.1")
-    """Address of this node for the Ray head and torch.distributed."""
-    ray_port: int = Field(default=6379, ge=1, le=65535)
-    """GCS port of a Ray head the launcher starts (workers join ``<master_addr>:<ray_port>``)."""
-    ray_dashboard_port: int = Field(default=8265, ge=1, le=65535)
-    """Job-submission (dashboard) port of the local Ray head, reused or started."""
-    ray_start_args: list[str] = Field(default_factory=list)
-    """More ``ray start --head`` arguments, e.g. other agent ports when another Ray already
-    runs on this node (a NeMo-Gym server on the same machine starts its own)."""
-    keep_ray: bool = False
-    """Leave a Ray head this launcher started running after the job."""
-
-    # --- rollout and batch -----------------------------------------------------------------
     num_rollout: int = Field(default=3, ge=1)
     """Rollout steps to run (Miles --num-rollout)."""
     rollout_batch_size: int = Field(default=2, ge=1)
     """Prompts per rollout (Miles --rollout-batch-size)."""
     n_samples_per_prompt: int = Field(default=4, ge=1)
     """Episodes per prompt: the GRPO group size (Miles --n-samples-per-prompt)."""
-    global_batch_size: int | None = Field(default=None, ge=1)
-    """Default: rollout_batch_size x n_samples_per_prompt (one optimizer step per rollout);
-    a divisor of it gives several steps per rollout."""
-    max_seq_len: int = Field(default=16384, ge=1)
-    """Longest sequence in tokens, prompt and response (Miles --max-seq-len, --max-tokens-per-gpu)."""
     rollout_max_response_len: int = Field(default=4096, ge=1)
     """Most tokens per model call in an episode (Miles --rollout-max-response-len)."""
     rollout_temperature: float = Field(default=0.8, ge=0)
     """Sampling temperature of the policy during rollouts."""
     rollout_top_p: float = Field(default=1.0, gt=0, le=1)
     """Nucleus sampling top_p of the policy during rollouts, in (0, 1]."""
-    save_interval: int = Field(default=1000, ge=1)
-    """Save a checkpoint every N rollout steps."""
     over_sampling_batch_size: int | None = Field(default=None, ge=1)
     """Prompts a synchronous rollout samples at a time, at least rollout_batch_size (Miles
     --over-sampling-batch-size); the groups still running when the batch is full are aborted."""
-    balance_data: bool = True
-    """Give each data-parallel rank a similar token count (Miles --balance-data)."""
     pause_generation_mode: Literal["in_place", "retract"] = "retract"
     """How SGLang pauses running requests for a weight update (Miles --pause-generation-mode):
     retract (recompute their KV cache) or in_place (keep it); abort is refused."""
     update_weight_transfer_mode: Literal["broadcast", "p2p"] = "broadcast"
     """How new weights reach the engines (Miles --update-weight-transfer-mode); p2p needs
     separate GPUs and retract."""
+    rollout_submission_granularity: Literal["group", "sample"] | None = None
+    """When a finished episode frees room for the next group: group or sample (Miles
+    --rollout-submission-granularity; default: Miles', sample under fully_async, else group)."""
 
-    # --- fully async -----------------------------------------------------------------------
+    # --- fully async ------------------------------------------------------------------------
     fully_async: bool = False
     """Train fully async, disaggregated (Miles' train_async.py --fully-async): the engines keep
     generating while training runs; needs separate GPUs (rollout_num_gpus)."""
@@ -250,35 +207,25 @@ class LauncherConfig(BaseModel):
     async_data_buffer_capacity_factor: float = Field(default=2.0, gt=0)
     """Finished groups held for training, as a multiple of rollout_batch_size (Miles
     --async-data-buffer-capacity-factor); generation waits when it is full."""
-    rollout_submission_granularity: Literal["group", "sample"] | None = None
-    """When a finished episode frees room for the next group: group or sample (Miles
-    --rollout-submission-granularity; default: Miles', sample under fully_async, else group)."""
 
-    # --- held-out evaluation ---------------------------------------------------------------
-    eval_data: dict[str, Path] = Field(default_factory=dict)
-    """Held-out prompt data (e.g. ``miles-nemogym convert --holdout-output``): FILE, named by
-    eval_name, or NAME=FILE, one eval set each (e.g. one per environment); unset: no eval."""
-    eval_name: str = Field(default="held_out", pattern=_SET_NAME)
-    """The name of an eval_data FILE given without NAME= in metrics (``eval/<name>``, ``nemogym-eval/<name>/*``)."""
-    eval_interval: int = Field(default=5, ge=1)
-    """Evaluate every N rollouts (and once before training, as Miles does)."""
-    eval_samples_per_prompt: int = Field(default=4, ge=1)
-    """Episodes per held-out instance: the k of pass@k."""
-    eval_temperature: float | None = Field(default=None, ge=0)
-    """Sampling temperature of eval episodes (default: rollout_temperature)."""
-    eval_top_p: float | None = Field(default=None, gt=0, le=1)
-    """top-p of eval episodes (default: rollout_top_p)."""
-    eval_max_response_len: int | None = Field(default=None, ge=1)
-    """Tokens per model turn in eval episodes (default: rollout_max_response_len)."""
-
-    # --- episode store ---------------------------------------------------------------------
-    store_episodes: bool = True
-    """Save every episode (its /run answer and record) per step and role; browse with
-    ``miles-nemogym episodes``."""
-    episode_dir: Path | None = None
-    """Where episodes are saved (NEMO_GYM_EPISODE_DIR; default ``<save_dir>/episodes``)."""
-
-    # --- GRPO ------------------------------------------------------------------------------
+    # --- training ---------------------------------------------------------------------------
+    miles_root: Path | None = None
+    """Miles checkout (holding train.py); default: where the importable ``miles`` package lives."""
+    megatron_path: Path = Path("/root/Megatron-LM")
+    """Megatron-LM checkout, put on the job's PYTHONPATH as Miles' launchers do."""
+    tensor_parallel: int = Field(default=2, ge=1)
+    """Megatron tensor-model parallel size for training."""
+    pipeline_parallel: int = Field(default=1, ge=1)
+    """Megatron pipeline-model parallel size for training."""
+    context_parallel: int = Field(default=1, ge=1)
+    """Megatron context parallel size for training."""
+    global_batch_size: int | None = Field(default=None, ge=1)
+    """Default: rollout_batch_size x n_samples_per_prompt (one optimizer step per rollout);
+    a divisor of it gives several steps per rollout."""
+    max_seq_len: int = Field(default=16384, ge=1)
+    """Longest sequence in tokens, prompt and response (Miles --max-seq-len, --max-tokens-per-gpu)."""
+    balance_data: bool = True
+    """Give each data-parallel rank a similar token count (Miles --balance-data)."""
     kl_loss_coef: float = Field(default=0.01, ge=0)
     """Weight of the KL loss against the reference model."""
     kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
@@ -297,8 +244,67 @@ class LauncherConfig(BaseModel):
     """Adam beta1, in (0, 1)."""
     adam_beta2: float = Field(default=0.98, gt=0, lt=1)
     """Adam beta2, in (0, 1)."""
+    wandb_project: str | None = None
+    """Log to Weights & Biases (the key is read from WANDB_API_KEY, never put on a command line)."""
+    wandb_group: str | None = None
+    """Weights & Biases run group (with wandb_project)."""
+    extra_args: list[str] = Field(default_factory=list)
+    """More Miles flags, appended verbatim; a flag the recipe already sets is refused."""
+    extra_env: dict[str, str] = Field(default_factory=dict)
+    """More environment variables for the job, NAME=VALUE."""
 
-    # --- session server and NeMo-Gym -------------------------------------------------------
+    # --- cluster ----------------------------------------------------------------------------
+    num_nodes: int = Field(default=1, ge=1)
+    """Nodes in the cluster; more than 1 needs a running Ray cluster (RAY_ADDRESS)."""
+    gpus_per_node: int = Field(default=4, ge=1)
+    """GPUs on each node (Miles --num-gpus-per-node)."""
+    colocate: bool = True
+    """Training and rollout share the GPUs (Miles --colocate); unless given, off with fully_async."""
+    actor_num_nodes: int | None = Field(default=None, ge=1)
+    """Nodes that train (Miles --actor-num-nodes; default: num_nodes); when not colocated, the
+    SGLang engines take the GPUs after the training ones, e.g. the other nodes."""
+    actor_gpus_per_node: int | None = Field(default=None, ge=1)
+    """GPUs per training node (Miles --actor-num-gpus-per-node; default: gpus_per_node)."""
+    rollout_num_gpus: int | None = Field(default=None, ge=1)
+    """GPUs for the SGLang engines when not colocated (required then; Miles --rollout-num-gpus)."""
+    ray_address: str | None = Field(default_factory=lambda: _env("RAY_ADDRESS"))
+    """Ray job-submission address of an existing cluster (e.g. http://head:8265); if unset,
+    a local head is used or started."""
+    master_addr: str = Field(default_factory=lambda: _env("MASTER_ADDR") or "127.0.0.1")
+    """Address of this node for the Ray head and torch.distributed."""
+    ray_port: int = Field(default=6379, ge=1, le=65535)
+    """GCS port of a Ray head the launcher starts (workers join ``<master_addr>:<ray_port>``)."""
+    ray_dashboard_port: int = Field(default=8265, ge=1, le=65535)
+    """Job-submission (dashboard) port of the local Ray head, reused or started."""
+    ray_start_args: list[str] = Field(default_factory=list)
+    """More ``ray start --head`` arguments, e.g. other agent ports when another Ray already
+    runs on this node (a NeMo-Gym server on the same machine starts its own)."""
+    keep_ray: bool = False
+    """Leave a Ray head this launcher started running after the job."""
+
+    # --- eval -------------------------------------------------------------------------------
+    eval_data: dict[str, Path] = Field(default_factory=dict)
+    """Held-out prompt data (e.g. ``miles-nemogym convert --holdout-output``): FILE, named by
+    eval_name, or NAME=FILE, one eval set each (e.g. one per environment); unset: no eval."""
+    eval_name: str = Field(default="held_out", pattern=_SET_NAME)
+    """The name of an eval_data FILE given without NAME= in metrics (``eval/<name>``, ``nemogym-eval/<name>/*``)."""
+    eval_interval: int = Field(default=5, ge=1)
+    """Evaluate every N rollouts (and once before training, as Miles does)."""
+    eval_samples_per_prompt: int = Field(default=4, ge=1)
+    """Episodes per held-out instance: the k of pass@k."""
+    eval_temperature: float | None = Field(default=None, ge=0)
+    """Sampling temperature of eval episodes (default: rollout_temperature)."""
+    eval_top_p: float | None = Field(default=None, gt=0, le=1)
+    """top-p of eval episodes (default: rollout_top_p)."""
+    eval_max_response_len: int | None = Field(default=None, ge=1)
+    """Tokens per model turn in eval episodes (default: rollout_max_response_len)."""
+
+    # --- NeMo-Gym ---------------------------------------------------------------------------
+    store_episodes: bool = True
+    """Save every episode (its /run answer and record) per step and role; browse with
+    ``miles-nemogym episodes``."""
+    episode_dir: Path | None = None
+    """Where episodes are saved (NEMO_GYM_EPISODE_DIR; default ``<save_dir>/episodes``)."""
     session_server_ip: str = "0.0.0.0"
     """Where Miles' session server listens; 0.0.0.0 lets the Gym host dial in on any interface."""
     session_server_port: int = Field(default=30000, ge=1, le=65535)
@@ -318,18 +324,6 @@ class LauncherConfig(BaseModel):
     server's 404, as under NeMo-Gym's simple_agent."""
     router_external_host: str | None = Field(default_factory=lambda: _env("MILES_ROUTER_EXTERNAL_HOST"))
     """Address of the trainer the Gym host can dial (MILES_ROUTER_EXTERNAL_HOST)."""
-
-    # --- tracking --------------------------------------------------------------------------
-    wandb_project: str | None = None
-    """Log to Weights & Biases (the key is read from WANDB_API_KEY, never put on a command line)."""
-    wandb_group: str | None = None
-    """Weights & Biases run group (with wandb_project)."""
-
-    # --- escape hatches --------------------------------------------------------------------
-    extra_args: list[str] = Field(default_factory=list)
-    """More Miles flags, appended verbatim; a flag the recipe already sets is refused."""
-    extra_env: dict[str, str] = Field(default_factory=dict)
-    """More environment variables for the job, NAME=VALUE."""
 
     _gym_url_origin: str = PrivateAttr(default="")
     _envs_origin: str = PrivateAttr(default="")
@@ -574,7 +568,7 @@ class LauncherConfig(BaseModel):
             )
         return problems
 
-    # --- derived values --------------------------------------------------------------------
+    # --- derived values ---------------------------------------------------------------------
 
     @property
     def model_name(self) -> str:

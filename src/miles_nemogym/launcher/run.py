@@ -58,44 +58,23 @@ _REPEATED: dict[str, str] = {
 }
 """Fields whose flag is given once per item, with the item's form."""
 
-GROUPS: dict[str, tuple[str, ...]] = {
-    "run": ("mode", "preflight_only", "skip_prepare"),
-    "model": (
-        "hf_checkpoint", "megatron_model_type", "model_family", "tito_model", "reasoning_parser",
-        "tool_call_parser", "base_dir", "ref_load", "save_dir", "save_interval",
-    ),
-    "data": ("prompt_data",),
-    "rollout": (
-        "num_rollout", "rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len",
-        "rollout_temperature", "rollout_top_p", "rollout_gpus_per_engine", "sglang_mem_fraction_static",
-        "over_sampling_batch_size", "rollout_submission_granularity", "pause_generation_mode",
-        "update_weight_transfer_mode",
-    ),
-    "fully async": (
-        "fully_async", "async_max_concurrent_samples", "max_weight_staleness", "async_unused_samples_handler",
-        "async_data_buffer_capacity_factor",
-    ),
-    "training": (
-        "global_batch_size", "max_seq_len", "balance_data", "kl_loss_coef", "kl_loss_type", "entropy_coef",
-        "eps_clip", "eps_clip_high", "lr", "weight_decay", "adam_beta1", "adam_beta2", "tensor_parallel",
-        "pipeline_parallel", "context_parallel", "miles_root", "megatron_path", "wandb_project",
-        "wandb_group", "extra_args", "extra_env",
-    ),
-    "cluster": (
-        "num_nodes", "gpus_per_node", "colocate", "actor_num_nodes", "actor_gpus_per_node", "rollout_num_gpus",
-        "ray_address", "master_addr", "ray_port", "ray_dashboard_port", "ray_start_args", "keep_ray",
-    ),
-    "eval": (
-        "eval_data", "eval_name", "eval_interval", "eval_samples_per_prompt", "eval_temperature", "eval_top_p",
-        "eval_max_response_len",
-    ),
-    "NeMo-Gym": (
-        "nemo_gym_url", "nemo_gym_envs", "tools_not_served", "router_external_host", "session_server_ip",
-        "session_server_port",
-        "session_server_version", "store_episodes", "episode_dir",
-    ),
-}  # fmt: skip
-"""Each recipe field's section in ``--help`` (every field is in exactly one)."""
+_SECTIONS = {"mode": "run", "hf_checkpoint": "model", "prompt_data": "data", "rollout_gpus_per_engine": "rollout",
+             "fully_async": "fully async", "miles_root": "training", "num_nodes": "cluster", "eval_data": "eval",
+             "store_episodes": "NeMo-Gym"}  # fmt: skip
+"""The first field of each ``--help`` section; the recipe's fields come section by section."""
+
+
+def _groups() -> dict[str, tuple[str, ...]]:
+    groups: dict[str, tuple[str, ...]] = {}
+    title = ""
+    for name in LauncherConfig.model_fields:
+        title = _SECTIONS.get(name, title)
+        groups[title] = (*groups.get(title, ()), name)
+    return groups
+
+
+GROUPS = _groups()
+"""Each recipe field's section in ``--help``."""
 
 _DESCRIPTION = (
     "GRPO with Miles on NeMo-Gym environments: SWE-bench through mini_swe_agent_2, and resources "
