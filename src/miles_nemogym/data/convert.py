@@ -490,7 +490,7 @@ def _convert_swe(
     seen_ids: set[str] = set()
     seen_repos: set[str] = set()
     found_ids: set[str] = set()
-    failing = False
+    fail = options.on_error == "fail"  # then every row is still checked, to report each bad one
     output = files.open(options.output.expanduser())
     holdout = files.open(options.holdout_output.expanduser()) if options.holdout_output else None
     spool = _Spool(files, options.output.expanduser()) if options.shuffle else None
@@ -500,13 +500,11 @@ def _convert_swe(
             progress(report.rows_read, source.total)
         if raw.data is None:
             _record_problem(report, raw, [raw.error or "unreadable"], "invalid: unreadable row")
-            failing = options.on_error == "fail"
             continue
         prepared = _prepare(raw.data, routing, drop_fields)
         if isinstance(prepared, list):
             first = prepared[0]
             _record_problem(report, raw, [str(problem) for problem in prepared], f"invalid: {first.field} {first.rule}")
-            failing = options.on_error == "fail"
             continue
         row, instance, overrode = prepared
         if instance.instance_id in seen_ids:
@@ -528,11 +526,10 @@ def _convert_swe(
             line = encode_row(row)
         except ValueError as error:
             _record_problem(report, raw, [f"cannot be written as JSON: {error}"], "invalid: not JSON")
-            failing = options.on_error == "fail"
             continue
         report.overridden_rows += overrode
-        if failing:
-            continue  # keep validating to report every bad row; nothing will be written
+        if fail and report.problem_count:
+            continue
         if spool is not None:
             spool.add(line, instance.repo)
         elif holdout is not None and report.holdout_written < options.holdout:
@@ -558,7 +555,7 @@ def _convert_swe(
         report.missing_instance_ids = sorted(selection.instance_ids - found_ids)
     if wanted_repos and not report.stopped_early:
         report.unmatched_repos = sorted(wanted_repos - seen_repos)
-    if failing:
+    if fail and report.problem_count:
         raise ConvertError(
             f"{counted(report.problem_count, 'bad row')}; nothing written (--on-error skip writes the good rows)",
             report,
@@ -628,7 +625,7 @@ def _convert_environments(
     holdouts: dict[Path, AtomicFile] = {}
     positions: dict[str, list[int]] = {}
     seen: set[str] = set()
-    failing = False
+    fail = options.on_error == "fail"  # then every row is still checked, to report each bad one
     output = files.open(options.output.expanduser())
     spool = _Spool(files, options.output.expanduser())
     for entry in inputs:
@@ -639,12 +636,10 @@ def _convert_environments(
                 progress(report.rows_read, None)
             if raw.data is None:
                 _record_problem(report, raw, [raw.error or "unreadable"], "invalid: unreadable row")
-                failing = options.on_error == "fail"
                 continue
             environment = entry.name or environment_of_row(raw.data)
             if isinstance(environment, FieldProblem):
                 _record_problem(report, raw, [str(environment)], _problem_key(environment))
-                failing = options.on_error == "fail"
                 continue
             if environment == SWE_ENVIRONMENT:  # convert's SWE-bench output, mixed in as is
                 checked = checked_swe_prompt_row(raw.data)
@@ -655,7 +650,6 @@ def _convert_environments(
                 row = to_environment_row(raw.data, environment, task_id)
             if isinstance(row, FieldProblem):
                 _record_problem(report, raw, [str(row)], _problem_key(row), who=task_id)
-                failing = options.on_error == "fail"
                 continue
             if task_id in seen:
                 report.skipped[_DUPLICATE_TASK] += 1
@@ -667,16 +661,15 @@ def _convert_environments(
                 line = encode_row(row)
             except ValueError as error:
                 _record_problem(report, raw, [f"cannot be written as JSON: {error}"], "invalid: not JSON", task_id)
-                failing = options.on_error == "fail"
                 continue
-            if failing:
-                continue  # keep checking to report every bad row; nothing will be written
+            if fail and report.problem_count:
+                continue
             positions.setdefault(environment, []).append(len(spool))
             spool.add(line, environment)
             report.usable_by_env[environment] += 1
     if progress is not None:
         progress(report.rows_read, report.rows_read)
-    if failing:
+    if fail and report.problem_count:
         raise ConvertError(
             f"{counted(report.problem_count, 'bad row')}; nothing written (--on-error skip writes the good rows)",
             report,

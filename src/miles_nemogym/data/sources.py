@@ -45,17 +45,17 @@ class RawRow:
         return f"{name}:{self.line}" if self.line is not None else f"{name} row {self.index + 1}"
 
 
+@dataclass(frozen=True)
 class RowSource:
     """An input opened for streaming. ``total`` is the row count when known cheaply."""
 
-    def __init__(self, name: str, kind: str, total: int | None, rows: Iterator[RawRow]) -> None:
-        self.name = name
-        self.kind = kind
-        self.total = total
-        self._rows = rows
+    name: str
+    kind: str
+    total: int | None
+    rows: Iterator[RawRow]
 
     def __iter__(self) -> Iterator[RawRow]:
-        return self._rows
+        return self.rows
 
 
 def _decoded_row(index: int, line: int | None, value: Any) -> RawRow:
@@ -182,15 +182,9 @@ _HUB_HINT = "; without access to the hub, download it elsewhere and pass the fol
 
 
 def _hub_unreachable(timeout_s: float = _HUB_PROBE_TIMEOUT_S) -> str | None:
-    """Why the dataset hub (``$HF_ENDPOINT``) cannot be reached, or None when it answers.
-
-    Checked before ``datasets`` is asked: its client retries an unreachable hub for
-    half a minute, logging each attempt, before failing with the same outcome.
-    """
-    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or os.environ.get("HF_DATASETS_OFFLINE", "") not in (
-        "",
-        "0",
-    ):
+    """Why the dataset hub (``$HF_ENDPOINT``) cannot be reached, or None when it answers (asked first:
+    ``datasets`` retries an unreachable hub for half a minute before failing the same way)."""
+    if any(os.environ.get(name, "") not in ("", "0") for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
         return None  # offline mode reads the local cache only
     endpoint = os.environ.get("HF_ENDPOINT", "").strip() or "https://huggingface.co"
     try:

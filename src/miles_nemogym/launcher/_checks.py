@@ -22,9 +22,10 @@ from typing import Any
 
 from miles_nemogym import checks, server_probe
 from miles_nemogym.checks import CheckResult, Status
+from miles_nemogym.data.environments import chat_prompt
+from miles_nemogym.data.schema import FieldProblem, validate_instance
 from miles_nemogym.data.sources import SourceError, open_file
 from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, environment_of
-from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.fit import counted
 from miles_nemogym.launcher._command import EPISODE_DIR_ENV, MilesInstall, hooks, job_environment, job_episode_dir
 from miles_nemogym.launcher._config import LEGACY_ROLLOUT_ENV, LauncherConfig
@@ -193,25 +194,6 @@ def _check_gpus(config: LauncherConfig, environ: Mapping[str, str], counter: Gpu
     return CheckResult(name, Status.passed, f"{count} visible ({how}); {config.gpus_per_node} used")
 
 
-class _DataError(MilesNemoGymError, ValueError):
-    pass
-
-
-def _first_rows(path: Path, count: int) -> list[Any]:
-    """The first ``count`` rows, read by the converter's reader (:func:`data.sources.open_file`)."""
-    if path.suffix not in (".jsonl", ".parquet"):
-        raise _DataError("Miles reads prompt data from .jsonl or .parquet files only")
-    rows: list[Any] = []
-    try:
-        for raw in itertools.islice(open_file(path), count):
-            if raw.error is not None:
-                raise _DataError(f"{raw.where()}: {raw.error}")
-            rows.append(raw.data)
-    except SourceError as error:
-        raise _DataError(str(error)) from None
-    return rows
-
-
 _CONVERT = "miles-nemogym convert --input princeton-nlp/SWE-bench_Verified"
 
 
@@ -223,9 +205,15 @@ def _check_data(name: str, flag: str, path: Path, fix: str) -> CheckResult:
         return _failed(name, f"{flag} {path} does not exist", fix)
     if not path.is_file():
         return _failed(name, f"{flag} {path} is not a regular file", fix)
-    try:
-        rows = _first_rows(path, _ROWS_CHECKED)
-    except (OSError, _DataError) as error:
+    if path.suffix not in (".jsonl", ".parquet"):
+        return _failed(name, f"{flag} {path}: Miles reads prompt data from .jsonl or .parquet files only", fix)
+    rows: list[Any] = []
+    try:  # the first rows, read by the converter's reader
+        for raw in itertools.islice(open_file(path), _ROWS_CHECKED):
+            if raw.error is not None:
+                return _failed(name, f"{flag} {path}: {raw.where()}: {raw.error}", fix)
+            rows.append(raw.data)
+    except (OSError, SourceError) as error:
         return _failed(name, f"{flag} {path}: {error}", fix)
     if not rows:
         return _failed(name, f"{flag} {path} has no rows", fix)
@@ -270,9 +258,6 @@ def _row_problem(row: Any) -> str | None:
     environment = environment_of(metadata)
     if environment != SWE_ENVIRONMENT:
         # The converter's own rule: what the episode's first chat request is built from.
-        from miles_nemogym.data.environments import chat_prompt
-        from miles_nemogym.data.schema import FieldProblem
-
         problem = chat_prompt(metadata)
         if isinstance(problem, FieldProblem):
             return (
@@ -281,8 +266,6 @@ def _row_problem(row: Any) -> str | None:
             )
         return None
     # The converter's own rules: what the server and the SWE-bench grader read.
-    from miles_nemogym.data.schema import validate_instance
-
     checked = validate_instance(metadata)
     if isinstance(checked, list):
         instance = metadata.get("instance_id", "?")
