@@ -291,9 +291,7 @@ class RowInvalidError(MilesNemoGymError, ValueError):
 
 
 def summary_notes(report: ConvertReport, options: ConvertOptions) -> list[str]:
-    """What a reader of the summary should know beyond the counts (the CLI prints them as ``note:``).
-
-    Each fits 80 columns after ``note: `` but for the names and ids it lists."""
+    """What a reader of the summary should know beyond the counts (the CLI prints each as ``note:``)."""
     if report.environments:
         return _environment_notes(report, options)
     notes = [f"subset: {report.subset_rule}"]
@@ -355,9 +353,7 @@ def _json_default(value: Any) -> Any:
 
 
 def encode_row(row: Mapping[str, Any]) -> bytes:
-    """One output line (JSON + newline); raises ``ValueError`` for NaN or non-JSON values.
-
-    ASCII-escaped: valid UTF-8 for every reader, and the faster of the stdlib's encoders."""
+    """One output line (ASCII-escaped JSON + newline); raises ``ValueError`` for NaN or non-JSON values."""
     try:
         text = json.dumps(row, allow_nan=False, default=_json_default)
     except TypeError as error:

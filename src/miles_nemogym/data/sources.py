@@ -153,8 +153,7 @@ def _parquet_source(path: Path) -> RowSource:
     import pyarrow.parquet as pq
 
     try:
-        # pre_buffer would cache every column chunk read so far (RSS grew with the file);
-        # unbuffered, threadless reads keep memory at about one row group.
+        # Unbuffered, threadless reads keep memory at about one row group (pre_buffer grew with the file).
         parquet = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
     except Exception as error:
         raise SourceError(f"{path}: not a readable parquet file ({error})") from None
