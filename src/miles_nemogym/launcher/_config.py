@@ -23,7 +23,7 @@ from pydantic import (
 
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.settings import EnvironmentServer, Settings, environment_name_problem, parse_environments, short_name
-from miles_nemogym.validation import describe
+from miles_nemogym.validation import describe, message
 from miles_nemogym.yaml_file import YamlFileError, read_mapping
 
 
@@ -110,6 +110,19 @@ def _is_number(annotation: Any) -> bool:
     return False
 
 
+_REFUSED_MODES: dict[tuple[str | None, Any], str] = {
+    (
+        "pause_generation_mode",
+        "abort",
+    ): "abort kills every running episode at each weight update; Miles refuses it with its "
+    "session server (and with --fully-async): use in_place or retract",
+    (
+        "update_weight_transfer_mode",
+        "disk-delta",
+    ): "disk-delta needs folders this launcher does not set (--update-weight-disk-dir, "
+    "--update-weight-local-checkpoint-dir): use broadcast or p2p",
+}
+"""Miles' pause and weight-transfer modes this recipe refuses, with why and what to use."""
 _ASYNC_ONLY = frozenset(
     {
         "async_max_concurrent_samples",
@@ -403,26 +416,13 @@ class LauncherConfig(BaseModel):
         try:
             return Settings.model_validate({"NEMO_GYM_URL": value}).gym_url
         except ValidationError as error:
-            raise ValueError(str(error.errors()[0]["msg"]).removeprefix("Value error, ")) from None
+            raise ValueError(message(error.errors()[0])) from None
 
-    @field_validator("pause_generation_mode", mode="before")
+    @field_validator("pause_generation_mode", "update_weight_transfer_mode", mode="before")
     @classmethod
-    def _no_abort(cls, value: Any) -> Any:
-        if value == "abort":
-            raise ValueError(
-                "abort kills every running episode at each weight update; Miles refuses it with its "
-                "session server (and with --fully-async): use in_place or retract"
-            )
-        return value
-
-    @field_validator("update_weight_transfer_mode", mode="before")
-    @classmethod
-    def _no_disk_delta(cls, value: Any) -> Any:
-        if value == "disk-delta":
-            raise ValueError(
-                "disk-delta needs folders this launcher does not set (--update-weight-disk-dir, "
-                "--update-weight-local-checkpoint-dir): use broadcast or p2p"
-            )
+    def _refused_modes(cls, value: Any, info: ValidationInfo) -> Any:
+        if (info.field_name, value) in _REFUSED_MODES:
+            raise ValueError(_REFUSED_MODES[info.field_name, value])
         return value
 
     @field_validator("reasoning_parser", "tito_model", "tool_call_parser", "model_family")
