@@ -9,7 +9,7 @@ import os
 import re
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -158,22 +158,27 @@ def _parquet_source(path: Path) -> RowSource:
     except Exception as error:
         raise SourceError(f"{path}: not a readable parquet file ({error})") from None
 
-    def rows() -> Iterator[RawRow]:
-        index = 0
+    def values() -> Iterator[Any]:
         with parquet:
-            batches = parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, use_threads=False)
-            while True:
-                try:
-                    batch = next(batches)
-                except StopIteration:
-                    return
-                except Exception as error:
-                    raise SourceError(f"{path}: unreadable after {index} rows ({error})") from None
-                for value in batch.to_pylist():
-                    yield RawRow(index, None, value)
-                    index += 1
+            for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, use_threads=False):
+                yield from batch.to_pylist()
 
-    return RowSource(str(path), "parquet", parquet.metadata.num_rows, rows())
+    rows = _guarded(values(), lambda index, error: f"{path}: unreadable after {index} rows ({error})")
+    return RowSource(str(path), "parquet", parquet.metadata.num_rows, rows)
+
+
+def _guarded(values: Iterator[Any], failed: Callable[[int, Exception], str]) -> Iterator[RawRow]:
+    """``values`` as rows; a reader's error after ``index`` rows as a :class:`SourceError`."""
+    index = 0
+    while True:
+        try:
+            value = next(values)
+        except StopIteration:
+            return
+        except Exception as error:  # the readers raise many kinds (casting, network, files)
+            raise SourceError(failed(index, error)) from None
+        yield RawRow(index, None, dict(value))
+        index += 1
 
 
 _HUB_PROBE_TIMEOUT_S = 5.0
@@ -218,22 +223,11 @@ def _datasets_source(spec: str, split: str, *, local: bool) -> RowSource:
     if info_splits and split in info_splits and info_splits[split].num_examples:
         total = int(info_splits[split].num_examples)
 
-    def rows() -> Iterator[RawRow]:
-        index = 0
-        values = iter(dataset)
-        while True:
-            try:
-                value = next(values)
-            except StopIteration:
-                return
-            except Exception as error:  # datasets raises many kinds (casting, network, files)
-                raise SourceError(
-                    f"{spec}: reading failed after {index} rows ({type(error).__name__}: {error})"
-                ) from None
-            yield RawRow(index, None, dict(value))
-            index += 1
-
-    return RowSource(spec, "folder" if local else "hub", total, rows())
+    rows = _guarded(
+        iter(dataset),
+        lambda index, error: f"{spec}: reading failed after {index} rows ({type(error).__name__}: {error})",
+    )
+    return RowSource(spec, "folder" if local else "hub", total, rows)
 
 
 def open_file(path: Path) -> RowSource:
