@@ -24,8 +24,21 @@ from typing import Any, Protocol, get_args, get_origin
 from miles_nemogym import fit
 from miles_nemogym.checks import CheckResult, Status, report
 from miles_nemogym.errors import MilesNemoGymError
-from miles_nemogym.launcher import _checks as launch_checks
-from miles_nemogym.launcher import _command as cmd
+from miles_nemogym.launcher._checks import locate_miles, run_preflight
+from miles_nemogym.launcher._command import (
+    ENVS_ENV,
+    EPISODE_DIR_ENV,
+    DuplicateFlagError,
+    GroupSettingError,
+    Job,
+    MilesInstall,
+    build_job,
+    checkpoint_command,
+    entrypoint,
+    eval_config_document,
+    layout_lines,
+    render,
+)
 from miles_nemogym.launcher._config import ConfigError, LauncherConfig, load_config, read_yaml
 from miles_nemogym.launcher._families import Parsers, UnknownFamilyError, resolve
 from miles_nemogym.redaction import redact_url
@@ -217,7 +230,7 @@ class Actions(Protocol):
 
     def stop_ray_head(self) -> None: ...
 
-    def submit(self, job: cmd.Job, address: str, submission_id: str) -> int: ...
+    def submit(self, job: Job, address: str, submission_id: str) -> int: ...
 
 
 class RayActions:
@@ -264,7 +277,7 @@ class RayActions:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
 
-    def submit(self, job: cmd.Job, address: str, submission_id: str) -> int:
+    def submit(self, job: Job, address: str, submission_id: str) -> int:
         import asyncio
 
         from ray.job_submission import JobStatus, JobSubmissionClient
@@ -276,7 +289,7 @@ class RayActions:
         while True:
             try:
                 client.submit_job(
-                    entrypoint=cmd.entrypoint(job), runtime_env={"env_vars": job.env}, submission_id=submission_id
+                    entrypoint=entrypoint(job), runtime_env={"env_vars": job.env}, submission_id=submission_id
                 )
                 break
             except RuntimeError as error:
@@ -304,7 +317,7 @@ class RayActions:
         return EXIT_OK if status == JobStatus.SUCCEEDED else _EXIT_JOB_FAILED
 
 
-def _dry_run(config: LauncherConfig, parsers: Parsers, job: cmd.Job, miles: cmd.MilesInstall, why: str | None) -> int:
+def _dry_run(config: LauncherConfig, parsers: Parsers, job: Job, miles: MilesInstall, why: str | None) -> int:
     """Print the command, its environment, layout, servers and store; nothing checked or started."""
     width = fit.terminal_width()
 
@@ -314,13 +327,13 @@ def _dry_run(config: LauncherConfig, parsers: Parsers, job: cmd.Job, miles: cmd.
     print(f"# model family {parsers.family}: --tito-model {parsers.tito_model}")
     if why is not None:
         wrapped(f"# Miles not usable here ({why}): its checkout and model arguments are placeholders")
-    print(cmd.render(job))
-    wrapped(*cmd.layout_lines(config))
+    print(render(job))
+    wrapped(*layout_lines(config))
     print(f"# NeMo-Gym server: {redact_url(config.nemo_gym_url)} (from {config.gym_url_origin})")
     if not config.nemo_gym_envs:
         wrapped(f"# environments: none ({config.envs_origin}): rows run through the server above")
     else:
-        lines = [f"# environments (from {config.envs_origin}; the job's {cmd.ENVS_ENV} above):"]
+        lines = [f"# environments (from {config.envs_origin}; the job's {ENVS_ENV} above):"]
         for name, server in config.nemo_gym_envs.items():
             steps = "no max_steps" if server.max_steps is None else f"max_steps {server.max_steps}"
             served = ", tools not served" if name in config.tools_not_served else ""
@@ -328,13 +341,13 @@ def _dry_run(config: LauncherConfig, parsers: Parsers, job: cmd.Job, miles: cmd.
         wrapped(*lines)
     if config.eval_data:
         print("# --eval-config above, decoded (Miles' eval config; its metadata_overrides mark eval episodes):")
-        print("#   " + json.dumps(cmd.eval_config_document(config), sort_keys=True))
-    episode_dir = job.env.get(cmd.EPISODE_DIR_ENV)
+        print("#   " + json.dumps(eval_config_document(config), sort_keys=True))
+    episode_dir = job.env.get(EPISODE_DIR_ENV)
     store = f"# episode store: {episode_dir} (browse: miles-nemogym episodes {episode_dir})"
     wrapped(store if episode_dir else "# episode store: off")
     if not config.skip_prepare:
         print("# checkpoint conversion when the torch_dist target is missing")
-        print(shlex.join(redact_url(word) for word in cmd.checkpoint_command(config, miles)))
+        print(shlex.join(redact_url(word) for word in checkpoint_command(config, miles)))
     print(f"# Ray job submission address: {redact_url(_ray_address(config))}")
     wrapped(
         "# a dry run checks nothing: the same command with --preflight-only instead of --dry-run checks "
@@ -358,25 +371,25 @@ def execute(
     dry_run: bool,
     environ: Mapping[str, str],
     actions: Actions,
-    checks: Preflight = launch_checks.run_preflight,
+    checks: Preflight = run_preflight,
     miles_root: Path | None = None,
 ) -> int:
     """Run the recipe; returns the process exit code."""
-    root = miles_root if miles_root is not None else launch_checks.locate_miles(config.miles_root)
-    install: cmd.MilesInstall | None = None
+    root = miles_root if miles_root is not None else locate_miles(config.miles_root)
+    install: MilesInstall | None = None
     load_error: str | None = "the 'miles' package is not importable"
     try:
         if root is not None:
-            install, load_error = cmd.MilesInstall(root, load_model_args(root, config.megatron_model_type)), None
+            install, load_error = MilesInstall(root, load_model_args(root, config.megatron_model_type)), None
     except ModelArgsError as error:  # preflight names the missing piece with its fix; this is the fallback
         load_error = str(error)
-    placeholder = cmd.MilesInstall(  # for a dry run without Miles: names what would be filled in
+    placeholder = MilesInstall(  # for a dry run without Miles: names what would be filled in
         config.miles_root or Path("<miles checkout>"),
         (f"<arguments of scripts/models/{config.megatron_model_type}.py>",),
     )
     try:
-        job = cmd.build_job(config, parsers, install or placeholder, environ, cwd=Path.cwd())
-    except (cmd.DuplicateFlagError, cmd.GroupSettingError) as error:
+        job = build_job(config, parsers, install or placeholder, environ, cwd=Path.cwd())
+    except (DuplicateFlagError, GroupSettingError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     if dry_run:
@@ -398,7 +411,7 @@ def execute(
         if tracker.is_file():
             print(f"checkpoint {config.resolved_ref_load} exists; conversion skipped", flush=True)
         else:
-            argv = cmd.checkpoint_command(config, install)
+            argv = checkpoint_command(config, install)
             print("+ " + shlex.join(argv), flush=True)
             code = actions.convert_checkpoint(argv, {**environ, "PYTHONPATH": job.env["PYTHONPATH"]})
             if code != 0:
