@@ -168,8 +168,8 @@ def test_a_bad_agent_or_reward_range_is_refused_naming_the_field(value: dict[str
 
 
 def test_the_launcher_hands_the_job_an_agent_row_as_given() -> None:
-    from miles_nemogym.launcher.command import environments_value
-    from miles_nemogym.launcher.config import LauncherConfig
+    from miles_nemogym.launcher._command import environments_value
+    from miles_nemogym.launcher._config import LauncherConfig
 
     given = {
         "blackjack": {"url": "http://gym:1", "agent": "http://gym:2", "reward_range": [-1, 1]},

@@ -20,8 +20,8 @@ from miles_nemogym.data import (
     SourceError,
     SwebenchMissingError,
     convert,
-    open_source,
 )
+from miles_nemogym.data.sources import open_source
 
 NEMO_GYM_KEYS = ("responses_create_params", "subset", "split")
 

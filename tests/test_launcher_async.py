@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym.launcher import command as cmd
+from miles_nemogym.launcher import _command as cmd
 from miles_nemogym.launcher import run
-from miles_nemogym.launcher.config import ConfigError, LauncherConfig, load_config, read_yaml
-from miles_nemogym.launcher.families import resolve
+from miles_nemogym.launcher._config import ConfigError, LauncherConfig, load_config, read_yaml
+from miles_nemogym.launcher._families import resolve
 from tests.support.miles_checkout import MODEL_ARGS, flag_values, make_miles_checkout
 
 MILES = cmd.MilesInstall(root=Path("/opt/miles"), model_args=MODEL_ARGS)

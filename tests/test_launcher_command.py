@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym.launcher import command as cmd
-from miles_nemogym.launcher.config import LauncherConfig, load_config
-from miles_nemogym.launcher.families import Parsers, resolve
+from miles_nemogym.launcher import _command as cmd
+from miles_nemogym.launcher._config import LauncherConfig, load_config
+from miles_nemogym.launcher._families import Parsers, resolve
 from tests.support.miles_checkout import MODEL_ARGS, flag_values
 
 MILES = cmd.MilesInstall(root=Path("/opt/miles"), model_args=MODEL_ARGS)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from miles_nemogym.launcher.config import ConfigError, LauncherConfig, load_config, read_yaml
+from miles_nemogym.launcher._config import ConfigError, LauncherConfig, load_config, read_yaml
 from miles_nemogym.launcher.run import load, main, parse_cli
 from miles_nemogym.settings import EnvironmentServer
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from miles_nemogym.launcher.families import FAMILIES, ModelFamily, Parsers, UnknownFamilyError, detect, resolve
+from miles_nemogym.launcher._families import FAMILIES, ModelFamily, Parsers, UnknownFamilyError, detect, resolve
 
 
 @pytest.mark.parametrize(

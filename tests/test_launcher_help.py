@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from miles_nemogym.launcher.config import LauncherConfig
+from miles_nemogym.launcher._config import LauncherConfig
 from miles_nemogym.launcher.run import GROUPS, build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]

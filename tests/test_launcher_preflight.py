@@ -17,10 +17,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from miles_nemogym.checks import CheckResult, Status
-from miles_nemogym.data import to_prompt_row, validate_instance
-from miles_nemogym.launcher import checks as preflight
-from miles_nemogym.launcher.command import HOOKS
-from miles_nemogym.launcher.config import LauncherConfig
+from miles_nemogym.data import validate_instance
+from miles_nemogym.data._rows import to_prompt_row
+from miles_nemogym.launcher import _checks as preflight
+from miles_nemogym.launcher._command import HOOKS
+from miles_nemogym.launcher._config import LauncherConfig
 from tests.support.miles_checkout import MODEL_TYPE, make_miles_checkout
 from tests.support.openapi import GymStandIn, openapi_document, resources_document, serving
 from tests.support.ports import free_port
@@ -390,8 +391,8 @@ def test_episode_folder_without_write_permission_is_refused(good: dict[str, Any]
     read_only.chmod(0o555)
     code = (
         "from pathlib import Path\n"
-        "from miles_nemogym.launcher.checks import check_episode_dir\n"
-        "from miles_nemogym.launcher.config import LauncherConfig\n"
+        "from miles_nemogym.launcher._checks import check_episode_dir\n"
+        "from miles_nemogym.launcher._config import LauncherConfig\n"
         "print(check_episode_dir(LauncherConfig(episode_dir=Path('read-only/run1')), {}).detail)\n"
     )
     try:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from miles_nemogym.launcher import command as cmd
-from miles_nemogym.launcher.config import LauncherConfig
+from miles_nemogym.launcher import _command as cmd
+from miles_nemogym.launcher._config import LauncherConfig
 from miles_nemogym.launcher.run import RayActions
 from tests.support.ports import free_port as any_free_port
 

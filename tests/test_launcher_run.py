@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from miles_nemogym.checks import CheckResult, Status
-from miles_nemogym.launcher import command as cmd
+from miles_nemogym.launcher import _command as cmd
 from miles_nemogym.launcher import run
-from miles_nemogym.launcher.config import LauncherConfig
-from miles_nemogym.launcher.families import resolve
+from miles_nemogym.launcher._config import LauncherConfig
+from miles_nemogym.launcher._families import resolve
 from miles_nemogym.settings import Settings
 from tests.support.launcher_script import run_launcher
 from tests.support.miles_checkout import MODEL_ARGS, make_miles_checkout

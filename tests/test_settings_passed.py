@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 from miles_nemogym import checks, server_probe
 from miles_nemogym.cli.main import app
-from miles_nemogym.launcher import checks as launch_checks
-from miles_nemogym.launcher.config import LauncherConfig
+from miles_nemogym.launcher import _checks as launch_checks
+from miles_nemogym.launcher._config import LauncherConfig
 from miles_nemogym.settings import SettingsError
 from miles_nemogym.smoke import run as smoke
 from tests.support.loopback_gym import LoopbackGym

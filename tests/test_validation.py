@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from miles_nemogym.episode.run import RequestError, build_run_body
-from miles_nemogym.launcher.config import ConfigError, load_config
+from miles_nemogym.launcher._config import ConfigError, load_config
 from miles_nemogym.runtime import current
 from miles_nemogym.scan._config import ScanConfig, scan_settings
 from miles_nemogym.settings import ENV_VARS, SettingsError

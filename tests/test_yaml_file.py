@@ -8,7 +8,7 @@ import pytest
 
 from miles_nemogym.gym.config import load_provider_options
 from miles_nemogym.gym.venv import GymEnvironmentError
-from miles_nemogym.launcher.config import ConfigError, read_yaml
+from miles_nemogym.launcher._config import ConfigError, read_yaml
 
 
 @pytest.mark.parametrize(

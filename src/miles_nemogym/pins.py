@@ -1,9 +1,8 @@
-"""The NeMo-Gym side versions this package is built and tested against.
+"""The versions this package is built and tested against: ``serve`` builds the server's venv from
+them, the tests read that exact wheel, the README promises them."""
 
-One place, because three features depend on them agreeing: ``serve`` builds the
-server's virtual environment from them, the tests read the real examples shipped in
-that exact wheel, and the README promises them to users.
-"""
+# What ``serve`` builds the server from; the Miles pins below are read by the tests and the docs.
+__all__ = ["GYM_PYTHON", "MINI_SWE_AGENT_VERSION", "NEMO_GYM_VERSION", "SWEBENCH_VERSION"]
 
 NEMO_GYM_VERSION = "0.7.0"
 MINI_SWE_AGENT_VERSION = "2.1.0"

@@ -1,8 +1,5 @@
-"""Read a YAML file that must hold a mapping (the launcher recipe, ``serve``'s provider options).
-
-One reader, so both say the same about an unreadable, non-UTF-8, invalid or non-mapping
-file, each message naming the flag, the file and the fix.
-"""
+"""The one reader of a YAML file that must hold a mapping (the launcher recipe, ``serve``'s provider
+options), so both name the flag, the file and the fix alike."""
 
 from __future__ import annotations
 
@@ -10,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from miles_nemogym.errors import MilesNemoGymError
+
+__all__ = ["YamlFileError", "load", "read_mapping"]
 
 
 class YamlFileError(MilesNemoGymError, ValueError):

@@ -32,8 +32,8 @@ from miles_nemogym.gym.composition import JUDGE_INSTANCE, Judge, judged_instance
 from miles_nemogym.gym.config import ConfigRefusal
 from miles_nemogym.gym.environments import benchmark_environments, compose_each, plan, plan_config
 from miles_nemogym.gym.venv import ensure_gym_venv
-from miles_nemogym.launcher.command import eval_args, eval_config_document
-from miles_nemogym.launcher.config import LauncherConfig
+from miles_nemogym.launcher._command import eval_args, eval_config_document
+from miles_nemogym.launcher._config import LauncherConfig
 from miles_nemogym.server_probe import identify
 from miles_nemogym.settings import Settings
 from tests.support.env_scripts import BENCHMARKS, JUDGED_BENCHMARKS

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from miles_nemogym.checks import CheckResult
-from miles_nemogym.launcher.checks import run_preflight
-from miles_nemogym.launcher.config import LauncherConfig
+from miles_nemogym.launcher._checks import run_preflight
+from miles_nemogym.launcher._config import LauncherConfig
 from tests.support.gym_envs import GymEnvironments
 from tests.support.prompt_rows import write_jsonl
 

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from miles_nemogym.episode.record import TASK_ID_KEY
-from miles_nemogym.launcher.command import eval_args
-from miles_nemogym.launcher.config import LauncherConfig
+from miles_nemogym.launcher._command import eval_args
+from miles_nemogym.launcher._config import LauncherConfig
 from tests.support.fault_server import FaultServer
 from tests.support.gym_envs import GymEnvironments
 from tests.support.miles_environments import ENVIRONMENTS, MAX_STEPS, completion, prompt_row, scripts

@@ -1,7 +1,7 @@
 """Held-out eval and the episode store under Miles' own rollout step (pinned commit, CPU).
 
 Each test runs Miles' real train or eval step through ``tests/support/miles_harness.py``
-with the launcher's own eval wiring (``launcher.command.eval_args``: the inline
+with the launcher's own eval wiring (``launcher._command.eval_args``: the inline
 ``--eval-config`` whose ``metadata_overrides`` mark eval samples, ``--log-passrate``,
 ``log_eval``) and ``NEMO_GYM_EPISODE_DIR`` set; then reads what reached Miles' tracking
 and what the store holds on disk.
@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
 from miles_nemogym.gym.server import GymServer
-from miles_nemogym.launcher.command import eval_args
-from miles_nemogym.launcher.config import LauncherConfig
+from miles_nemogym.launcher._command import eval_args
+from miles_nemogym.launcher._config import LauncherConfig
 from miles_nemogym.store.reader import load
 from tests.support.fault_server import FaultServer
 from tests.support.miles_harness import MilesDriver

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym.launcher.command import eval_args
-from miles_nemogym.launcher.config import LauncherConfig
+from miles_nemogym.launcher._command import eval_args
+from miles_nemogym.launcher._config import LauncherConfig
 from tests.support.miles_harness import MilesDriver, StepResult, grpo
 from tests.support.ports import free_port
 from tests.support.scripted_gym import ERROR, START_ERROR, ScriptedGym

@@ -1,7 +1,7 @@
 """Miles' own argument parser accepts the launcher's training command.
 
 For every model family the launcher knows, and with the eval, episode-store, W&B, session
-server v2, separate-GPUs and rollout-only settings, the argv ``launcher.command.build_job``
+server v2, separate-GPUs and rollout-only settings, the argv ``launcher._command.build_job``
 builds goes through Miles' ``parse_args`` (Miles' flags registered on Megatron-LM's parser),
 ``miles_validate_args`` and Megatron-LM's ``validate_args``, with the job's environment, as
 ``train.py`` runs them before any GPU work: Miles at ``pins.MILES_COMMIT``, Megatron-LM at
@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 
 from miles_nemogym.gym import wheel as gym_wheel
-from miles_nemogym.launcher import command as cmd
-from miles_nemogym.launcher.config import LauncherConfig
-from miles_nemogym.launcher.families import FAMILIES, Parsers, resolve
+from miles_nemogym.launcher import _command as cmd
+from miles_nemogym.launcher._config import LauncherConfig
+from miles_nemogym.launcher._families import FAMILIES, Parsers, resolve
 from miles_nemogym.launcher.run import load_model_args
 from tests.support.miles_env import MilesEnv, ensure_megatron_env, ensure_miles_env
 from tests.support.miles_harness import env_or_fail, parse_with_miles, say

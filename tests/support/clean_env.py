@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from miles_nemogym.launcher.checks import LEGACY_ROLLOUT_ENV
+from miles_nemogym.launcher._checks import LEGACY_ROLLOUT_ENV
 from miles_nemogym.settings import ENV_VARS
 
 __all__ = ["UNSET", "clean_env"]

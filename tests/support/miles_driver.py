@@ -84,7 +84,7 @@ from miles.utils.test_utils.mock_sglang_server import MockSGLangServer, ProcessR
 from miles.utils.test_utils.uvicorn_thread_server import UvicornThreadServer  # noqa: E402
 from miles.utils.tracking_utils import tracking  # noqa: E402
 
-from miles_nemogym.launcher.command import GENERATE_FUNCTION, HOOKS  # noqa: E402
+from miles_nemogym.launcher._command import GENERATE_FUNCTION, HOOKS  # noqa: E402
 from miles_nemogym.runtime import install  # noqa: E402
 from miles_nemogym.smoke.policy import Script, qwen_tool_call_text  # noqa: E402
 from tests.support.qwen3_tokenizer import TOKENIZER_FORMAT, build_qwen3_tokenizer  # noqa: E402

@@ -1,11 +1,6 @@
-"""Output files that appear at their paths all together, or not at all.
-
-Each file of an :class:`AtomicFiles` set is written to a temporary file beside its path.
-:meth:`AtomicFiles.commit` flushes, fsyncs and closes every one, then renames them in one
-short step during which Ctrl-C and SIGTERM wait, so an interrupt lands before it (nothing
-touched) or after it (everything written). Any failure removes every temporary file and the
-folders the set made. Why: docs/data-and-checks.md, "Atomic output".
-"""
+"""Output files that appear at their paths all together, or not at all (docs/data-and-checks.md,
+"Atomic output"): each is written beside its path, then all are renamed in one short step during
+which Ctrl-C and SIGTERM wait; any failure removes every temporary file and the folders made."""
 
 from __future__ import annotations
 
@@ -20,17 +15,7 @@ from typing import Any, BinaryIO
 
 from miles_nemogym.errors import MilesNemoGymError
 
-__all__ = [
-    "AtomicFile",
-    "AtomicFiles",
-    "InterruptedAfterCommit",
-    "TempFile",
-    "WriteError",
-    "output_problem",
-    "write_file",
-]
-
-_HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+__all__ = ["AtomicFile", "AtomicFiles", "WriteError", "output_problem", "write_file"]
 
 
 class WriteError(MilesNemoGymError, OSError):
@@ -67,39 +52,42 @@ def write_file(path: Path, data: bytes) -> None:
         files.commit()
 
 
-def _reason(error: OSError) -> str:
-    return error.strerror or str(error)
+@contextlib.contextmanager
+def _writing(label: str) -> Iterator[None]:
+    try:
+        yield
+    except OSError as error:
+        raise WriteError(f"cannot write {label}: {error.strerror or error}") from None
 
 
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
+class AtomicFile:
+    """A temporary file beside ``path``: a member of a set (at ``path`` once the set is committed),
+    or a scratch file (removed with the set); write errors name ``label``."""
 
-
-class TempFile:
-    """A temporary file beside ``near`` (at ``temp_path``); write errors name ``label``."""
-
-    def __init__(self, near: Path, suffix: str, label: str) -> None:
-        self.label = label
-        try:
-            fd, temp = tempfile.mkstemp(dir=near.parent, prefix=f".{near.name}.", suffix=suffix)
-        except OSError as error:
-            raise WriteError(f"cannot write {label}: {_reason(error)}") from None
+    def __init__(self, path: Path, suffix: str = ".tmp", label: str | None = None) -> None:
+        self.path, self.label = path, label or str(path)
+        with _writing(self.label):
+            fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
         self.temp_path = Path(temp)
         self.handle: BinaryIO = os.fdopen(fd, "wb", buffering=1 << 20)
 
     def write(self, data: bytes) -> None:
-        try:
+        with _writing(self.label):
             self.handle.write(data)
-        except OSError as error:
-            raise WriteError(f"cannot write {self.label}: {_reason(error)}") from None
 
     def flush(self) -> None:
-        try:
+        with _writing(self.label):
             self.handle.flush()
-        except OSError as error:
-            raise WriteError(f"cannot write {self.label}: {_reason(error)}") from None
+
+    def _finish(self) -> None:
+        """Everything on disk and the file closed, with the usual permissions (mkstemp makes 0600)."""
+        umask = os.umask(0)
+        os.umask(umask)
+        with _writing(self.label):
+            self.handle.flush()
+            os.fsync(self.handle.fileno())
+            os.fchmod(self.handle.fileno(), 0o666 & ~umask)
+            self.handle.close()
 
     def remove(self) -> None:
         """Close (its unwritten data is dropped) and delete; never raises."""
@@ -109,31 +97,13 @@ class TempFile:
             self.temp_path.unlink(missing_ok=True)
 
 
-class AtomicFile(TempFile):
-    """One file of a set: written to a temporary file, at ``path`` once the set is committed."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(path, ".tmp", str(path))
-        self.path = path
-
-    def _finish(self) -> None:
-        """Everything on disk and the file closed, with the usual permissions (mkstemp makes 0600)."""
-        try:
-            self.handle.flush()
-            os.fsync(self.handle.fileno())
-            os.fchmod(self.handle.fileno(), 0o666 & ~_umask())
-            self.handle.close()
-        except OSError as error:
-            raise WriteError(f"cannot write {self.path}: {_reason(error)}") from None
-
-
 class AtomicFiles:
     """Files committed together or not at all (``with AtomicFiles() as files``: leaving the block
     without :meth:`commit` removes them). :meth:`scratch` files (a spool) are always removed."""
 
     def __init__(self) -> None:
         self._files: list[AtomicFile] = []
-        self._scratch: list[TempFile] = []
+        self._scratch: list[AtomicFile] = []
         self._made_folders: list[Path] = []
         self.committed = False
 
@@ -149,7 +119,9 @@ class AtomicFiles:
         except FileExistsError as error:
             raise WriteError(f"cannot write {label}: {error.filename} is not a folder") from None
         except OSError as error:
-            raise WriteError(f"cannot write {label}: cannot make folder {error.filename}: {_reason(error)}") from None
+            raise WriteError(
+                f"cannot write {label}: cannot make folder {error.filename}: {error.strerror or error}"
+            ) from None
         self._made_folders.extend(missing)
 
     def open(self, path: Path) -> AtomicFile:
@@ -159,22 +131,19 @@ class AtomicFiles:
         if problem:
             raise WriteError(f"cannot write {path}: it {problem}")
         self._folder_for(path, str(path))
-        file = AtomicFile(path)
-        self._files.append(file)
-        return file
+        self._files.append(AtomicFile(path))
+        return self._files[-1]
 
-    def scratch(self, near: Path, label: str) -> TempFile:
-        """A temporary file beside ``near``, removed with the set (committed or not); a write
-        error names ``label``."""
+    def scratch(self, near: Path, label: str) -> AtomicFile:
+        """A temporary file beside ``near``, removed with the set (committed or not)."""
         self._folder_for(near, label)
-        temporary = TempFile(near, ".spool.tmp", label)
-        self._scratch.append(temporary)
-        return temporary
+        self._scratch.append(AtomicFile(near, ".spool.tmp", label))
+        return self._scratch[-1]
 
     def commit(self) -> None:
-        """Finish every file, then move them all into place, in the reverse order they were opened
-        (the first one last). :class:`WriteError` names the file that failed, and which were moved
-        if any were; :class:`InterruptedAfterCommit` if a signal waited for the moves."""
+        """Finish every file, then move them all into place, the first one opened last.
+        :class:`WriteError` names the file that failed and those already moved;
+        :class:`InterruptedAfterCommit` if a signal waited for the moves."""
         if self.committed:
             return
         for file in self._files:
@@ -186,17 +155,21 @@ class AtomicFiles:
                     os.replace(file.temp_path, file.path)
                 except OSError as error:
                     done = f"; already moved into place: {', '.join(map(str, moved))}" if moved else ""
-                    raise WriteError(f"cannot move {file.path} into place: {_reason(error)}{done}") from None
+                    raise WriteError(f"cannot move {file.path} into place: {error.strerror or error}{done}") from None
                 moved.append(file.path)
             self.committed = True
             for folder in {file.path.parent for file in self._files}:
-                _fsync_folder(folder)  # the renames survive a power loss
+                with contextlib.suppress(OSError):  # the renames survive a power loss, where the FS allows
+                    fd = os.open(folder, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
             self._remove_scratch()
         _deliver(held, self.paths)
 
     def discard(self) -> None:
-        """Remove every temporary file and, unless committed, the folders the set made; never
-        raises (one failing file does not stop the others). No-op once committed."""
+        """Remove every temporary file and, unless committed, the folders the set made; never raises."""
         with _held_signals() as held:
             self._remove_scratch()
             if not self.committed:
@@ -218,10 +191,7 @@ class AtomicFiles:
         return self
 
     def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
         """Discard; a Ctrl-C that lands just after the commit becomes :class:`InterruptedAfterCommit`."""
         self.discard()
@@ -229,32 +199,21 @@ class AtomicFiles:
             raise InterruptedAfterCommit(self.paths) from None
 
 
-def _fsync_folder(folder: Path) -> None:
-    with contextlib.suppress(OSError):  # not every file system lets a folder be opened or synced
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 @contextlib.contextmanager
 def _held_signals() -> Iterator[list[int]]:
-    """Inside, SIGINT and SIGTERM wait (they are recorded); the previous handlers come back on
-    leaving. Signals left ignored stay ignored; off the main thread nothing changes."""
+    """Inside, SIGINT and SIGTERM wait (recorded); handlers left ignored or set outside Python stay,
+    and off the main thread nothing changes."""
     held: list[int] = []
 
     def hold(signum: int, frame: FrameType | None) -> None:
         held.append(signum)
 
     previous: dict[int, Any] = {}
-    try:
-        for signum in _HELD_SIGNALS:
+    with contextlib.suppress(ValueError):  # not the main thread: signals reach the main thread only
+        for signum in (signal.SIGINT, signal.SIGTERM):
             handler = signal.getsignal(signum)
-            if handler is not None and handler != signal.SIG_IGN:  # None: set outside Python, left alone
+            if handler is not None and handler != signal.SIG_IGN:
                 previous[signum] = signal.signal(signum, hold)
-    except ValueError:  # not the main thread: signals reach the main thread only
-        pass
     try:
         yield held
     finally:

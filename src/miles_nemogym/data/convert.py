@@ -1,9 +1,5 @@
-"""Convert a SWE-bench-family dataset into Miles prompt JSONL, streaming and atomically.
-
-Reads rows with :mod:`.sources`, checks them with :mod:`.schema`, routes and maps them
-with :mod:`.rows`, selects with :mod:`.select` and writes through :mod:`.atomic`.
-Memory and shuffle design: docs/data-and-checks.md.
-"""
+"""Convert SWE-bench or NeMo-Gym environment rows into Miles prompt JSONL, streaming and atomically
+(memory and shuffle design: docs/data-and-checks.md)."""
 
 from __future__ import annotations
 
@@ -26,7 +22,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from miles_nemogym.data.atomic import AtomicFile, AtomicFiles, TempFile, output_problem
+from miles_nemogym.data._rows import (
+    DatasetKind,
+    Routing,
+    checked_swe_prompt_row,
+    infer_kind,
+    resolve_routing,
+    to_prompt_row,
+)
+from miles_nemogym.data.atomic import AtomicFile, AtomicFiles, output_problem
 from miles_nemogym.data.environments import (
     EnvironmentInput,
     apportion,
@@ -36,28 +40,14 @@ from miles_nemogym.data.environments import (
     task_key,
     to_environment_row,
 )
-from miles_nemogym.data.gradeable import load_grade_tables
-from miles_nemogym.data.rows import (
-    DatasetKind,
-    Routing,
-    checked_swe_prompt_row,
-    infer_kind,
-    resolve_routing,
-    to_prompt_row,
-)
-from miles_nemogym.data.schema import (
-    NEVER_DROPPED,
-    SUBSETS,
-    FieldProblem,
-    Subset,
-    SweBenchInstance,
-    validate_instance,
-)
-from miles_nemogym.data.select import Selection, read_instance_ids, split_names
+from miles_nemogym.data.schema import NEVER_DROPPED, SUBSETS, FieldProblem, Subset, SweBenchInstance, validate_instance
+from miles_nemogym.data.select import Selection, load_grade_tables, read_instance_ids, split_names
 from miles_nemogym.data.sources import RawRow, SourceError, open_file, open_source
 from miles_nemogym.episode.record import AGENT_SUFFIX, SWE_ENVIRONMENT
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.fit import counted
+
+__all__ = ["printable", "summary_notes"]
 
 MAX_SIZE = 1_000_000
 """The largest ``--size``: memory while mixing grows with it (about 85 bytes a row; measured: bench/README.md)."""
@@ -301,9 +291,7 @@ class RowInvalidError(MilesNemoGymError, ValueError):
 
 
 def summary_notes(report: ConvertReport, options: ConvertOptions) -> list[str]:
-    """What a reader of the summary should know beyond the counts (the CLI prints them as ``note:``).
-
-    Each fits 80 columns after ``note: `` but for the names and ids it lists."""
+    """What a reader of the summary should know beyond the counts (the CLI prints each as ``note:``)."""
     if report.environments:
         return _environment_notes(report, options)
     notes = [f"subset: {report.subset_rule}"]
@@ -365,9 +353,7 @@ def _json_default(value: Any) -> Any:
 
 
 def encode_row(row: Mapping[str, Any]) -> bytes:
-    """One output line (JSON + newline); raises ``ValueError`` for NaN or non-JSON values.
-
-    ASCII-escaped: valid UTF-8 for every reader, and the faster of the stdlib's encoders."""
+    """One output line (ASCII-escaped JSON + newline); raises ``ValueError`` for NaN or non-JSON values."""
     try:
         text = json.dumps(row, allow_nan=False, default=_json_default)
     except TypeError as error:
@@ -386,11 +372,7 @@ def _prepare(
     if isinstance(decided, list):
         return decided
     subset, split, overrode = decided
-    return (
-        to_prompt_row(data, instance, subset=subset, split=split, drop_fields=drop_fields),
-        instance,
-        overrode,
-    )
+    return (to_prompt_row(data, instance, subset=subset, split=split, drop_fields=drop_fields), instance, overrode)
 
 
 def convert_row(
@@ -418,7 +400,7 @@ class _Spool:
     """Converted lines on disk with their offsets, so ``--shuffle`` never holds rows in memory."""
 
     def __init__(self, files: AtomicFiles, output: Path) -> None:
-        self._writer: TempFile = files.scratch(output, f"{output} (the rows spooled beside it)")
+        self._writer = files.scratch(output, f"{output} (the rows spooled beside it)")
         self._ends = array("q")
         self._repos: list[str] = []
 
@@ -480,7 +462,7 @@ def _convert_swe(
         repos=wanted_repos,
         exclude_repos=split_names(options.exclude_repos),
         instance_ids=(
-            read_instance_ids(options.instance_ids)
+            frozenset(read_instance_ids(options.instance_ids))
             if isinstance(options.instance_ids, Path)
             else frozenset(options.instance_ids)
             if options.instance_ids
@@ -504,7 +486,7 @@ def _convert_swe(
     seen_ids: set[str] = set()
     seen_repos: set[str] = set()
     found_ids: set[str] = set()
-    failing = False
+    fail = options.on_error == "fail"  # then every row is still checked, to report each bad one
     output = files.open(options.output.expanduser())
     holdout = files.open(options.holdout_output.expanduser()) if options.holdout_output else None
     spool = _Spool(files, options.output.expanduser()) if options.shuffle else None
@@ -514,18 +496,11 @@ def _convert_swe(
             progress(report.rows_read, source.total)
         if raw.data is None:
             _record_problem(report, raw, [raw.error or "unreadable"], "invalid: unreadable row")
-            failing = options.on_error == "fail"
             continue
         prepared = _prepare(raw.data, routing, drop_fields)
         if isinstance(prepared, list):
             first = prepared[0]
-            _record_problem(
-                report,
-                raw,
-                [str(problem) for problem in prepared],
-                f"invalid: {first.field} {first.rule}",
-            )
-            failing = options.on_error == "fail"
+            _record_problem(report, raw, [str(problem) for problem in prepared], f"invalid: {first.field} {first.rule}")
             continue
         row, instance, overrode = prepared
         if instance.instance_id in seen_ids:
@@ -547,11 +522,10 @@ def _convert_swe(
             line = encode_row(row)
         except ValueError as error:
             _record_problem(report, raw, [f"cannot be written as JSON: {error}"], "invalid: not JSON")
-            failing = options.on_error == "fail"
             continue
         report.overridden_rows += overrode
-        if failing:
-            continue  # keep validating to report every bad row; nothing will be written
+        if fail and report.problem_count:
+            continue
         if spool is not None:
             spool.add(line, instance.repo)
         elif holdout is not None and report.holdout_written < options.holdout:
@@ -577,7 +551,7 @@ def _convert_swe(
         report.missing_instance_ids = sorted(selection.instance_ids - found_ids)
     if wanted_repos and not report.stopped_early:
         report.unmatched_repos = sorted(wanted_repos - seen_repos)
-    if failing:
+    if fail and report.problem_count:
         raise ConvertError(
             f"{counted(report.problem_count, 'bad row')}; nothing written (--on-error skip writes the good rows)",
             report,
@@ -601,11 +575,7 @@ def _convert_swe(
 
 
 def _write_shuffled(
-    spool: _Spool,
-    options: ConvertOptions,
-    report: ConvertReport,
-    output: AtomicFile,
-    holdout: AtomicFile | None,
+    spool: _Spool, options: ConvertOptions, report: ConvertReport, output: AtomicFile, holdout: AtomicFile | None
 ) -> None:
     order = list(range(len(spool)))
     random.Random(report.seed).shuffle(order)
@@ -651,7 +621,7 @@ def _convert_environments(
     holdouts: dict[Path, AtomicFile] = {}
     positions: dict[str, list[int]] = {}
     seen: set[str] = set()
-    failing = False
+    fail = options.on_error == "fail"  # then every row is still checked, to report each bad one
     output = files.open(options.output.expanduser())
     spool = _Spool(files, options.output.expanduser())
     for entry in inputs:
@@ -662,12 +632,10 @@ def _convert_environments(
                 progress(report.rows_read, None)
             if raw.data is None:
                 _record_problem(report, raw, [raw.error or "unreadable"], "invalid: unreadable row")
-                failing = options.on_error == "fail"
                 continue
             environment = entry.name or environment_of_row(raw.data)
             if isinstance(environment, FieldProblem):
                 _record_problem(report, raw, [str(environment)], _problem_key(environment))
-                failing = options.on_error == "fail"
                 continue
             if environment == SWE_ENVIRONMENT:  # convert's SWE-bench output, mixed in as is
                 checked = checked_swe_prompt_row(raw.data)
@@ -678,7 +646,6 @@ def _convert_environments(
                 row = to_environment_row(raw.data, environment, task_id)
             if isinstance(row, FieldProblem):
                 _record_problem(report, raw, [str(row)], _problem_key(row), who=task_id)
-                failing = options.on_error == "fail"
                 continue
             if task_id in seen:
                 report.skipped[_DUPLICATE_TASK] += 1
@@ -690,16 +657,15 @@ def _convert_environments(
                 line = encode_row(row)
             except ValueError as error:
                 _record_problem(report, raw, [f"cannot be written as JSON: {error}"], "invalid: not JSON", task_id)
-                failing = options.on_error == "fail"
                 continue
-            if failing:
-                continue  # keep checking to report every bad row; nothing will be written
+            if fail and report.problem_count:
+                continue
             positions.setdefault(environment, []).append(len(spool))
             spool.add(line, environment)
             report.usable_by_env[environment] += 1
     if progress is not None:
         progress(report.rows_read, report.rows_read)
-    if failing:
+    if fail and report.problem_count:
         raise ConvertError(
             f"{counted(report.problem_count, 'bad row')}; nothing written (--on-error skip writes the good rows)",
             report,

@@ -1,9 +1,5 @@
-"""NeMo-Gym environment task rows (``responses_create_params``) as Miles prompt rows. Pure functions.
-
-Which environment a row belongs to, its task id, its prompt (the same messages the
-``simple_agent`` loop sends, so Miles' prompt is the episode's first turn), and how weights
-become row counts. The rules and why: docs/data-and-checks.md; the flags: docs/commands.md.
-"""
+"""NeMo-Gym environment task rows as Miles prompt rows: a row's environment, task id and prompt (what
+``simple_agent`` sends first), and weights as row counts (docs/data-and-checks.md). Pure."""
 
 from __future__ import annotations
 
@@ -26,8 +22,6 @@ from miles_nemogym.episode.record import (
 from miles_nemogym.settings import environment_name_problem, short_name
 
 __all__ = [
-    "ID_FIELDS",
-    "EnvironmentInput",
     "apportion",
     "chat_prompt",
     "env_mark_problem",
@@ -126,9 +120,8 @@ def task_key(row: Mapping[str, Any], index: int) -> str:
 
 
 def chat_prompt(row: Mapping[str, Any]) -> list[dict[str, Any]] | FieldProblem:
-    """The task row's input messages, or why the row cannot run (checked as the episode will
-    build its first chat request: the same rules, so a row that passes here is never masked
-    as ``invalid_request``)."""
+    """The task row's input messages, or why the row cannot run (by the episode's own first-request
+    rules, so a row that passes is never masked as ``invalid_request``)."""
     params = row.get(_PARAMS)
     if not isinstance(params, Mapping):
         rule = "missing" if params is None else "wrong_type"
@@ -153,9 +146,8 @@ def chat_prompt(row: Mapping[str, Any]) -> list[dict[str, Any]] | FieldProblem:
 
 
 def env_mark_problem(row: Mapping[str, Any], *, swe_row: bool = False) -> FieldProblem | None:
-    """Why a row's own ``nemogym_env`` cannot stay: the trainer routes a row by that mark and runs
-    it as a SWE-bench row when the mark is not a non-empty string; a SWE-bench row (``swe_row``)
-    may carry only ``swe``."""
+    """Why a row's own ``nemogym_env`` cannot stay (the trainer routes by it): not a non-empty string,
+    or on a SWE-bench row (``swe_row``) anything but ``swe``."""
     if ENV_KEY not in row:
         return None
     value = row[ENV_KEY]

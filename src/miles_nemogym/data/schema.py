@@ -1,9 +1,5 @@
-"""What a SWE-bench task row must hold before it may become a Miles prompt row.
-
-A row missing what the server and the SWE-bench grader read would cost a paid episode
-that can only score 0, so it is refused here (docs/data-and-checks.md). Pure: a mapping
-in, a :class:`SweBenchInstance` or a list of :class:`FieldProblem` out.
-"""
+"""What a SWE-bench task row must hold before it may become a Miles prompt row: a row missing what
+the server and the grader read would cost a paid episode that can only score 0."""
 
 from __future__ import annotations
 
@@ -16,6 +12,17 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, T
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from miles_nemogym import validation
+
+__all__ = [
+    "NEVER_DROPPED",
+    "SUBSETS",
+    "TEST_LIST_FIELDS",
+    "FieldProblem",
+    "Subset",
+    "SweBenchInstance",
+    "decode_test_list",
+    "validate_instance",
+]
 
 REQUIRED_FIELDS: tuple[str, ...] = (
     "instance_id",
@@ -50,9 +57,7 @@ def _decode_test_list(value: Any) -> Any:
             return json.loads(value)
         except json.JSONDecodeError as error:
             raise PydanticCustomError(
-                "test_list_json",
-                "is a string but not a JSON list of test names ({error})",
-                {"error": str(error)},
+                "test_list_json", "is a string but not a JSON list of test names ({error})", {"error": str(error)}
             ) from None
     return value
 

@@ -1,31 +1,34 @@
-"""Which valid rows go to the output: repo filters, an id list, and ``--gradeable-only``.
-
-The converter's selection flags. Pure: :meth:`Selection.reason_to_drop` decides one
-row from its typed instance; :func:`read_instance_ids` is the one helper that reads a file.
-``--limit``, ``--shuffle`` and ``--holdout`` act on the stream of selected rows and
-live in :mod:`miles_nemogym.data.convert`.
-"""
+"""Which valid SWE-bench rows go to the output: ``--repos``, ``--exclude-repos``, ``--instance-ids``
+and ``--gradeable-only`` (``--limit``, ``--shuffle`` and ``--holdout`` act later, in ``convert``)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from miles_nemogym.data.gradeable import GradeTables
 from miles_nemogym.data.schema import SweBenchInstance
 from miles_nemogym.errors import MilesNemoGymError
+from miles_nemogym.pins import SWEBENCH_VERSION
+
+__all__ = [
+    "Selection",
+    "instance_ids_option",
+    "load_grade_tables",
+    "parse_instance_ids",
+    "read_instance_ids",
+    "split_names",
+]
 
 
 class InstanceIdsError(MilesNemoGymError, ValueError):
     """An ``--instance-ids`` value (list or file) that names no usable id; the message says which."""
 
 
-_NOT_IN_REPOS = "not in --repos"
-_IN_EXCLUDED_REPOS = "in --exclude-repos"
-_NOT_IN_INSTANCE_IDS = "not in --instance-ids"
-_NOT_GRADEABLE = "not gradeable"
+class SwebenchMissingError(MilesNemoGymError, RuntimeError):
+    """``--gradeable-only`` was asked for but ``swebench`` is not importable."""
 
 
 def split_names(values: Iterable[str]) -> frozenset[str]:
@@ -33,17 +36,24 @@ def split_names(values: Iterable[str]) -> frozenset[str]:
     return frozenset(part.strip() for value in values for part in value.split(",") if part.strip())
 
 
-def read_instance_ids(path: Path) -> frozenset[str]:
-    """The ids in a file: one per line (commas and blanks also separate), ``#`` starts a comment."""
-    return frozenset(_file_ids(path))
+def read_instance_ids(path: Path) -> list[str]:
+    """The ids in a file, in order, each once: one per line (commas and blanks also separate), ``#``
+    starts a comment."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise InstanceIdsError(f"--instance-ids {path}: cannot read the file ({error})") from None
+    ids = _split_ids("\n".join(line.split("#", 1)[0] for line in text.splitlines()))
+    if not ids:
+        raise InstanceIdsError(f"--instance-ids {path}: holds no instance ids (one per line expected)")
+    return ids
 
 
 def parse_instance_ids(value: str) -> list[str]:
-    """``--instance-ids`` as every command takes it: a file of ids (as ``read_instance_ids``)
-    or a comma-separated list; in the order given, each once. ``ValueError`` when it holds none."""
+    """``--instance-ids`` as every command takes it: a file of ids or a comma-separated list."""
     path = Path(value).expanduser()
     if path.is_file():
-        return _file_ids(path)
+        return read_instance_ids(path)
     ids = _split_ids(value)
     if not ids:
         raise InstanceIdsError(f"--instance-ids {value!r}: no instance ids given")
@@ -51,31 +61,56 @@ def parse_instance_ids(value: str) -> list[str]:
 
 
 def instance_ids_option(value: str | None) -> Path | tuple[str, ...] | None:
-    """``--instance-ids`` for ``convert``: a file stays a path (so an output onto it is refused),
-    a list becomes its ids."""
+    """``--instance-ids`` for ``convert``: a file stays a path (so an output onto it is refused)."""
     if value is None:
         return None
     path = Path(value).expanduser()
     return path if path.is_file() else tuple(parse_instance_ids(value))
 
 
-def _file_ids(path: Path) -> list[str]:
-    ids = _ids_in_file(path)
-    if not ids:
-        raise InstanceIdsError(f"--instance-ids {path}: holds no instance ids (one per line expected)")
-    return ids
-
-
-def _ids_in_file(path: Path) -> list[str]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise InstanceIdsError(f"--instance-ids {path}: cannot read the file ({error})") from None
-    return _split_ids("\n".join(line.split("#", 1)[0] for line in text.splitlines()))
-
-
 def _split_ids(text: str) -> list[str]:
     return list(dict.fromkeys(item for item in re.split(r"[\s,]+", text) if item))
+
+
+@dataclass(frozen=True)
+class GradeTables:
+    """The three ``swebench`` lookups the grader performs, as key sets (no ``make_test_spec``,
+    which needs the network; docs/data-and-checks.md)."""
+
+    versions_by_repo: Mapping[str, frozenset[str]]
+    repos_with_ext: frozenset[str]
+    repos_with_parser: frozenset[str]
+    swebench_version: str
+
+    def why_not_gradeable(self, repo: str, version: str) -> str | None:
+        versions = self.versions_by_repo.get(repo)
+        if versions is None:
+            return "repo unknown to swebench"
+        if version not in versions:
+            return "version unknown to swebench"
+        if repo not in self.repos_with_ext or repo not in self.repos_with_parser:
+            return "no swebench log parser"
+        return None
+
+
+def load_grade_tables() -> GradeTables:
+    """The tables of the installed ``swebench``; raises :class:`SwebenchMissingError`."""
+    try:
+        import swebench
+        from swebench.harness.constants import MAP_REPO_TO_EXT, MAP_REPO_VERSION_TO_SPECS
+        from swebench.harness.log_parsers import MAP_REPO_TO_PARSER
+    except ImportError as error:
+        raise SwebenchMissingError(
+            f"--gradeable-only needs the swebench package the server grades with ({error}); "
+            f"install it with: pip install 'swebench=={SWEBENCH_VERSION}'"
+        ) from None
+    specs: Mapping[str, Mapping[Any, Any]] = MAP_REPO_VERSION_TO_SPECS
+    return GradeTables(
+        versions_by_repo={repo: frozenset(map(str, table)) for repo, table in specs.items()},
+        repos_with_ext=frozenset(MAP_REPO_TO_EXT),
+        repos_with_parser=frozenset(MAP_REPO_TO_PARSER),
+        swebench_version=str(getattr(swebench, "__version__", "unknown")),
+    )
 
 
 @dataclass(frozen=True)
@@ -88,15 +123,12 @@ class Selection:
     grade_tables: GradeTables | None = None
 
     def reason_to_drop(self, instance: SweBenchInstance) -> str | None:
-        """The skip reason for a row, or ``None`` to keep it. Reasons are stable names."""
+        """The skip reason for a row (a stable name), or ``None`` to keep it."""
         if self.repos and instance.repo not in self.repos:
-            return _NOT_IN_REPOS
+            return "not in --repos"
         if instance.repo in self.exclude_repos:
-            return _IN_EXCLUDED_REPOS
+            return "in --exclude-repos"
         if self.instance_ids is not None and instance.instance_id not in self.instance_ids:
-            return _NOT_IN_INSTANCE_IDS
-        if self.grade_tables is not None:
-            why = self.grade_tables.why_not_gradeable(instance.repo, instance.version)
-            if why is not None:
-                return f"{_NOT_GRADEABLE}: {why}"
-        return None
+            return "not in --instance-ids"
+        why = self.grade_tables.why_not_gradeable(instance.repo, instance.version) if self.grade_tables else None
+        return None if why is None else f"not gradeable: {why}"

@@ -1,9 +1,5 @@
-"""Read task rows one at a time from a dataset id, a local folder, or a JSONL/JSON/parquet file.
-
-The one row reader: the converter, the scan and the launcher's data check read through it.
-Every reader streams (one row, or one parquet batch, in memory); the readers and why:
-docs/data-and-checks.md.
-"""
+"""The one row reader (convert, scan, the launcher's data check): task rows one at a time from a
+dataset id, a folder, or a JSONL/JSON/parquet file, streaming (docs/data-and-checks.md)."""
 
 from __future__ import annotations
 
@@ -13,12 +9,14 @@ import os
 import re
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from miles_nemogym.errors import MilesNemoGymError
+
+__all__ = ["RawRow", "SourceError", "open_file", "open_source"]
 
 _PARQUET_BATCH_ROWS = 64  # as fast as larger batches, with a lower peak RSS (bench/README.md, "Converter")
 _JSON_CHUNK = 1 << 20
@@ -47,17 +45,17 @@ class RawRow:
         return f"{name}:{self.line}" if self.line is not None else f"{name} row {self.index + 1}"
 
 
+@dataclass(frozen=True)
 class RowSource:
     """An input opened for streaming. ``total`` is the row count when known cheaply."""
 
-    def __init__(self, name: str, kind: str, total: int | None, rows: Iterator[RawRow]) -> None:
-        self.name = name
-        self.kind = kind
-        self.total = total
-        self._rows = rows
+    name: str
+    kind: str
+    total: int | None
+    rows: Iterator[RawRow]
 
     def __iter__(self) -> Iterator[RawRow]:
-        return self._rows
+        return self.rows
 
 
 def _decoded_row(index: int, line: int | None, value: Any) -> RawRow:
@@ -155,28 +153,32 @@ def _parquet_source(path: Path) -> RowSource:
     import pyarrow.parquet as pq
 
     try:
-        # pre_buffer would cache every column chunk read so far (RSS grew with the file);
-        # unbuffered, threadless reads keep memory at about one row group.
+        # Unbuffered, threadless reads keep memory at about one row group (pre_buffer grew with the file).
         parquet = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
     except Exception as error:
         raise SourceError(f"{path}: not a readable parquet file ({error})") from None
 
-    def rows() -> Iterator[RawRow]:
-        index = 0
+    def values() -> Iterator[Any]:
         with parquet:
-            batches = parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, use_threads=False)
-            while True:
-                try:
-                    batch = next(batches)
-                except StopIteration:
-                    return
-                except Exception as error:
-                    raise SourceError(f"{path}: unreadable after {index} rows ({error})") from None
-                for value in batch.to_pylist():
-                    yield RawRow(index, None, value)
-                    index += 1
+            for batch in parquet.iter_batches(batch_size=_PARQUET_BATCH_ROWS, use_threads=False):
+                yield from batch.to_pylist()
 
-    return RowSource(str(path), "parquet", parquet.metadata.num_rows, rows())
+    rows = _guarded(values(), lambda index, error: f"{path}: unreadable after {index} rows ({error})")
+    return RowSource(str(path), "parquet", parquet.metadata.num_rows, rows)
+
+
+def _guarded(values: Iterator[Any], failed: Callable[[int, Exception], str]) -> Iterator[RawRow]:
+    """``values`` as rows; a reader's error after ``index`` rows as a :class:`SourceError`."""
+    index = 0
+    while True:
+        try:
+            value = next(values)
+        except StopIteration:
+            return
+        except Exception as error:  # the readers raise many kinds (casting, network, files)
+            raise SourceError(failed(index, error)) from None
+        yield RawRow(index, None, dict(value))
+        index += 1
 
 
 _HUB_PROBE_TIMEOUT_S = 5.0
@@ -184,15 +186,9 @@ _HUB_HINT = "; without access to the hub, download it elsewhere and pass the fol
 
 
 def _hub_unreachable(timeout_s: float = _HUB_PROBE_TIMEOUT_S) -> str | None:
-    """Why the dataset hub (``$HF_ENDPOINT``) cannot be reached, or None when it answers.
-
-    Checked before ``datasets`` is asked: its client retries an unreachable hub for
-    half a minute, logging each attempt, before failing with the same outcome.
-    """
-    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") or os.environ.get("HF_DATASETS_OFFLINE", "") not in (
-        "",
-        "0",
-    ):
+    """Why the dataset hub (``$HF_ENDPOINT``) cannot be reached, or None when it answers (asked first:
+    ``datasets`` retries an unreachable hub for half a minute before failing the same way)."""
+    if any(os.environ.get(name, "") not in ("", "0") for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
         return None  # offline mode reads the local cache only
     endpoint = os.environ.get("HF_ENDPOINT", "").strip() or "https://huggingface.co"
     try:
@@ -227,22 +223,11 @@ def _datasets_source(spec: str, split: str, *, local: bool) -> RowSource:
     if info_splits and split in info_splits and info_splits[split].num_examples:
         total = int(info_splits[split].num_examples)
 
-    def rows() -> Iterator[RawRow]:
-        index = 0
-        values = iter(dataset)
-        while True:
-            try:
-                value = next(values)
-            except StopIteration:
-                return
-            except Exception as error:  # datasets raises many kinds (casting, network, files)
-                raise SourceError(
-                    f"{spec}: reading failed after {index} rows ({type(error).__name__}: {error})"
-                ) from None
-            yield RawRow(index, None, dict(value))
-            index += 1
-
-    return RowSource(spec, "folder" if local else "hub", total, rows())
+    rows = _guarded(
+        iter(dataset),
+        lambda index, error: f"{spec}: reading failed after {index} rows ({type(error).__name__}: {error})",
+    )
+    return RowSource(spec, "folder" if local else "hub", total, rows)
 
 
 def open_file(path: Path) -> RowSource:

@@ -1,8 +1,6 @@
 """The launcher's entry point: recipe -> preflight -> checkpoint -> Ray -> job -> exit code.
 
-Nothing heavy starts until the recipe is valid and every check passed; ``--dry-run``
-prints the command and environment and stops. Side effects sit behind ``Actions``
-(``RayActions`` is the real one); why this order: docs/launcher.md.
+Side effects sit behind ``Actions`` (``RayActions`` is the real one); why this order: docs/launcher.md.
 """
 
 from __future__ import annotations
@@ -26,22 +24,31 @@ from typing import Any, Protocol, get_args, get_origin
 from miles_nemogym import fit
 from miles_nemogym.checks import CheckResult, Status, report
 from miles_nemogym.errors import MilesNemoGymError
-from miles_nemogym.launcher import checks as launch_checks
-from miles_nemogym.launcher import command as cmd
-from miles_nemogym.launcher.config import ConfigError, LauncherConfig, load_config, read_yaml
-from miles_nemogym.launcher.families import Parsers, UnknownFamilyError, resolve
+from miles_nemogym.launcher._checks import locate_miles, run_preflight
+from miles_nemogym.launcher._command import (
+    ENVS_ENV,
+    EPISODE_DIR_ENV,
+    DuplicateFlagError,
+    GroupSettingError,
+    Job,
+    MilesInstall,
+    build_job,
+    checkpoint_command,
+    entrypoint,
+    eval_config_document,
+    layout_lines,
+    render,
+)
+from miles_nemogym.launcher._config import ConfigError, LauncherConfig, load_config, read_yaml
+from miles_nemogym.launcher._families import Parsers, UnknownFamilyError, resolve
 from miles_nemogym.redaction import redact_url
 
-EXIT_OK = 0
-_EXIT_JOB_FAILED = 1
-EXIT_USAGE = 2
-"""Bad recipe or a failed preflight: nothing was started."""
-EXIT_INTERRUPTED = 130
+__all__ = ["main"]
+
+EXIT_OK, _EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130  # 2: nothing was started
 
 Preflight = Callable[..., list[CheckResult]]
 """``run_preflight``'s shape: ``(config, *, environ, miles_root) -> results``."""
-
-# --- command line ------------------------------------------------------------------------
 
 _FLAGS: dict[str, tuple[str, ...]] = {
     "hf_checkpoint": ("--hf-checkpoint", "--model"),
@@ -49,64 +56,38 @@ _FLAGS: dict[str, tuple[str, ...]] = {
     "nemo_gym_envs": ("--nemo-gym-env", "--nemo-gym-envs"),
 }
 """Fields whose flags are not just ``--field-name``: the first is the one ``--help`` leads with."""
-_RETIRED: dict[str, str] = {
-    "--env": (
-        "--env is not a launcher flag (everywhere else --env names a NeMo-Gym environment): give a "
-        "job environment variable as --extra-env NAME=VALUE, an environment's resources server as "
-        "--nemo-gym-env NAME=URL (NAME as `miles-nemogym serve --env NAME` starts it)"
-    ),
-}
-"""Spellings the launcher no longer takes, with what to use."""
+_RETIRED_ENV = (
+    "--env is not a launcher flag (everywhere else --env names a NeMo-Gym environment): give a "
+    "job environment variable as --extra-env NAME=VALUE, an environment's resources server as "
+    "--nemo-gym-env NAME=URL (NAME as `miles-nemogym serve --env NAME` starts it)"
+)
+_SHELL_SPLIT = ("extra_args", "ray_start_args")
 _REPEATED: dict[str, str] = {
     "eval_data": "[NAME=]FILE",
     "nemo_gym_envs": "NAME=URL[,max_steps=N]",
     "tools_not_served": "NAME",
+    "extra_env": "NAME=VALUE",
+    **dict.fromkeys(_SHELL_SPLIT, "'--flag value ...'"),
 }
 """Fields whose flag is given once per item, with the item's form."""
 
+_SECTIONS = {"mode": "run", "hf_checkpoint": "model", "prompt_data": "data", "rollout_gpus_per_engine": "rollout",
+             "fully_async": "fully async", "miles_root": "training", "num_nodes": "cluster", "eval_data": "eval",
+             "store_episodes": "NeMo-Gym"}  # fmt: skip
+"""The first field of each ``--help`` section; the recipe's fields come section by section."""
 
-def _is_bool(annotation: Any) -> bool:
-    return annotation is bool
+
+def _groups() -> dict[str, tuple[str, ...]]:
+    groups: dict[str, tuple[str, ...]] = {}
+    title = ""
+    for name in LauncherConfig.model_fields:
+        title = _SECTIONS.get(name, title)
+        groups[title] = (*groups.get(title, ()), name)
+    return groups
 
 
-GROUPS: dict[str, tuple[str, ...]] = {
-    "run": ("mode", "preflight_only", "skip_prepare"),
-    "model": (
-        "hf_checkpoint", "megatron_model_type", "model_family", "tito_model", "reasoning_parser",
-        "tool_call_parser", "base_dir", "ref_load", "save_dir", "save_interval",
-    ),
-    "data": ("prompt_data",),
-    "rollout": (
-        "num_rollout", "rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len",
-        "rollout_temperature", "rollout_top_p", "rollout_gpus_per_engine", "sglang_mem_fraction_static",
-        "over_sampling_batch_size", "rollout_submission_granularity", "pause_generation_mode",
-        "update_weight_transfer_mode",
-    ),
-    "fully async": (
-        "fully_async", "async_max_concurrent_samples", "max_weight_staleness", "async_unused_samples_handler",
-        "async_data_buffer_capacity_factor",
-    ),
-    "training": (
-        "global_batch_size", "max_seq_len", "balance_data", "kl_loss_coef", "kl_loss_type", "entropy_coef",
-        "eps_clip", "eps_clip_high", "lr", "weight_decay", "adam_beta1", "adam_beta2", "tensor_parallel",
-        "pipeline_parallel", "context_parallel", "miles_root", "megatron_path", "wandb_project",
-        "wandb_group", "extra_args", "extra_env",
-    ),
-    "cluster": (
-        "num_nodes", "gpus_per_node", "colocate", "actor_num_nodes", "actor_gpus_per_node", "rollout_num_gpus",
-        "ray_address", "master_addr", "ray_port", "ray_dashboard_port", "ray_start_args", "keep_ray",
-    ),
-    "eval": (
-        "eval_data", "eval_name", "eval_interval", "eval_samples_per_prompt", "eval_temperature", "eval_top_p",
-        "eval_max_response_len",
-    ),
-    "NeMo-Gym": (
-        "nemo_gym_url", "nemo_gym_envs", "tools_not_served", "router_external_host", "session_server_ip",
-        "session_server_port",
-        "session_server_version", "store_episodes", "episode_dir",
-    ),
-}  # fmt: skip
-"""Each recipe field's section in ``--help`` (every field is in exactly one)."""
+GROUPS = _groups()
+"""Each recipe field's section in ``--help``."""
 
 _DESCRIPTION = (
     "GRPO with Miles on NeMo-Gym environments: SWE-bench through mini_swe_agent_2, and resources "
@@ -115,11 +96,6 @@ _DESCRIPTION = (
     "MILES_ROUTER_EXTERNAL_HOST, RAY_ADDRESS, MASTER_ADDR) < --config "
     "YAML < flags."
 )
-
-
-def _plain(text: str) -> str:
-    """A docstring's reStructuredText literals as plain text, and ``%`` safe for argparse."""
-    return text.replace("``", "").replace("%", "%%")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,28 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
     for name, field in LauncherConfig.model_fields.items():
         group = section_of[name]
         flags = _FLAGS.get(name, (f"--{name.replace('_', '-')}",))
-        help_text = _plain(field.description or "")
+        help_text = (field.description or "").replace("``", "").replace("%", "%%")  # plain text for argparse
         if field.default_factory is None and field.default not in (None, False, [], {}):
             help_text += f" [default: {field.default}]"
         annotation = field.annotation
-        if _is_bool(annotation):
+        if annotation is bool:
             group.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, help=help_text)
-        elif name in ("extra_args", "ray_start_args"):
-            group.add_argument(
-                *flags,
-                dest=name,
-                action="append",
-                metavar="'--flag value ...'",
-                help=help_text + " (shell-split; repeatable)",
-            )
         elif name in _REPEATED:
-            group.add_argument(
-                *flags, dest=name, action="append", metavar=_REPEATED[name], help=help_text + " (repeatable)"
-            )
-        elif name == "extra_env":
-            group.add_argument(
-                *flags, dest=name, action="append", metavar="NAME=VALUE", help=help_text + " (repeatable)"
-            )
+            repeated = " (shell-split; repeatable)" if name in _SHELL_SPLIT else " (repeatable)"
+            group.add_argument(*flags, dest=name, action="append", metavar=_REPEATED[name], help=help_text + repeated)
         else:
             metavar = "VALUE"
             if get_origin(annotation) is not None and not isinstance(annotation, types.UnionType):
@@ -178,14 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_cli(argv: Sequence[str]) -> tuple[dict[str, Any], Path | None, bool]:
     """``(field values given on the command line, --config path, --dry-run)``."""
-    for token in argv:
-        retired = _RETIRED.get(token.split("=", 1)[0])
-        if retired is not None:
-            raise ConfigError(retired)
+    if any(token.split("=", 1)[0] == "--env" for token in argv):
+        raise ConfigError(_RETIRED_ENV)
     namespace = vars(build_parser().parse_args(list(argv)))
     config_path = namespace.pop("config", None)
     dry_run = bool(namespace.pop("dry_run", False))
-    for name in ("extra_args", "ray_start_args"):
+    for name in _SHELL_SPLIT:
         if name in namespace:
             tokens: list[str] = []
             for chunk in namespace[name]:
@@ -231,9 +192,6 @@ def load(argv: Sequence[str]) -> tuple[LauncherConfig, Parsers, bool]:
     return config, parsers, dry_run
 
 
-# --- Miles' model arguments --------------------------------------------------------------
-
-
 class ModelArgsError(MilesNemoGymError, RuntimeError):
     pass
 
@@ -257,9 +215,6 @@ def load_model_args(miles_root: Path, model_type: str) -> tuple[str, ...]:
     return tuple(shlex.split(str(text)))
 
 
-# --- side effects ------------------------------------------------------------------------
-
-
 class Actions(Protocol):
     """What the launcher does to the world; every method may block."""
 
@@ -275,13 +230,7 @@ class Actions(Protocol):
 
     def stop_ray_head(self) -> None: ...
 
-    def submit(self, job: cmd.Job, address: str, submission_id: str) -> int: ...
-
-
-def _ray_cli() -> str:
-    """The ``ray`` command of the Ray this interpreter imports (its venv may not be on PATH)."""
-    beside = Path(sys.executable).with_name("ray")
-    return str(beside) if beside.exists() else "ray"
+    def submit(self, job: Job, address: str, submission_id: str) -> int: ...
 
 
 class RayActions:
@@ -306,22 +255,11 @@ class RayActions:
         # --block keeps `ray start` in the foreground as the parent of the head's processes,
         # so stopping it stops exactly this head: `ray stop` would stop every Ray on the
         # node, a NeMo-Gym server's own included.
-        argv = [
-            _ray_cli(),
-            "start",
-            "--head",
-            "--block",
-            "--node-ip-address",
-            config.master_addr,
-            "--port",
-            str(config.ray_port),
-            "--dashboard-port",
-            str(config.ray_dashboard_port),
-            "--num-gpus",
-            str(config.gpus_per_node),
-            "--disable-usage-stats",
-            *config.ray_start_args,
-        ]
+        ray = Path(sys.executable).with_name("ray")  # this interpreter's Ray (its venv may not be on PATH)
+        argv = [str(ray) if ray.exists() else "ray", "start", "--head", "--block",
+                "--node-ip-address", config.master_addr, "--port", str(config.ray_port),
+                "--dashboard-port", str(config.ray_dashboard_port), "--num-gpus", str(config.gpus_per_node),
+                "--disable-usage-stats", *config.ray_start_args]  # fmt: skip
         print("+ " + shlex.join(argv), flush=True)
         self._head = subprocess.Popen(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
 
@@ -339,7 +277,7 @@ class RayActions:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
 
-    def submit(self, job: cmd.Job, address: str, submission_id: str) -> int:
+    def submit(self, job: Job, address: str, submission_id: str) -> int:
         import asyncio
 
         from ray.job_submission import JobStatus, JobSubmissionClient
@@ -351,9 +289,7 @@ class RayActions:
         while True:
             try:
                 client.submit_job(
-                    entrypoint=cmd.entrypoint(job),
-                    runtime_env={"env_vars": job.env},
-                    submission_id=submission_id,
+                    entrypoint=entrypoint(job), runtime_env={"env_vars": job.env}, submission_id=submission_id
                 )
                 break
             except RuntimeError as error:
@@ -381,42 +317,51 @@ class RayActions:
         return EXIT_OK if status == JobStatus.SUCCEEDED else _EXIT_JOB_FAILED
 
 
-# --- orchestration -----------------------------------------------------------------------
+def _dry_run(config: LauncherConfig, parsers: Parsers, job: Job, miles: MilesInstall, why: str | None) -> int:
+    """Print the command, its environment, layout, servers and store; nothing checked or started."""
+    width = fit.terminal_width()
+
+    def wrapped(*lines: str) -> None:
+        print(fit.wrap_all(list(lines), width, indent="#     "))
+
+    print(f"# model family {parsers.family}: --tito-model {parsers.tito_model}")
+    if why is not None:
+        wrapped(f"# Miles not usable here ({why}): its checkout and model arguments are placeholders")
+    print(render(job))
+    wrapped(*layout_lines(config))
+    print(f"# NeMo-Gym server: {redact_url(config.nemo_gym_url)} (from {config.gym_url_origin})")
+    if not config.nemo_gym_envs:
+        wrapped(f"# environments: none ({config.envs_origin}): rows run through the server above")
+    else:
+        lines = [f"# environments (from {config.envs_origin}; the job's {ENVS_ENV} above):"]
+        for name, server in config.nemo_gym_envs.items():
+            steps = "no max_steps" if server.max_steps is None else f"max_steps {server.max_steps}"
+            served = ", tools not served" if name in config.tools_not_served else ""
+            lines.append(f"#   {name}: {redact_url(server.url)} ({steps}{served})")
+        wrapped(*lines)
+    if config.eval_data:
+        print("# --eval-config above, decoded (Miles' eval config; its metadata_overrides mark eval episodes):")
+        print("#   " + json.dumps(eval_config_document(config), sort_keys=True))
+    episode_dir = job.env.get(EPISODE_DIR_ENV)
+    store = f"# episode store: {episode_dir} (browse: miles-nemogym episodes {episode_dir})"
+    wrapped(store if episode_dir else "# episode store: off")
+    if not config.skip_prepare:
+        print("# checkpoint conversion when the torch_dist target is missing")
+        print(shlex.join(redact_url(word) for word in checkpoint_command(config, miles)))
+    print(f"# Ray job submission address: {redact_url(_ray_address(config))}")
+    wrapped(
+        "# a dry run checks nothing: the same command with --preflight-only instead of --dry-run checks "
+        "this machine (Miles, GPUs, data, checkpoint, ports, Ray) and says what to fix"
+    )
+    return EXIT_OK
 
 
 def _print_results(results: list[CheckResult]) -> None:
     print("\n".join(report(results, fit.terminal_width())), flush=True)
 
 
-def _environment_lines(config: LauncherConfig) -> list[str]:
-    """The dry run's account of the environments: each one's server and max_steps, and their origin."""
-    servers = config.nemo_gym_envs
-    if not servers:
-        return [f"# environments: none ({config.envs_origin}): rows run through the server above"]
-    lines = [f"# environments (from {config.envs_origin}; the job's {cmd.ENVS_ENV} above):"]
-    for name, server in servers.items():
-        steps = "no max_steps" if server.max_steps is None else f"max_steps {server.max_steps}"
-        served = ", tools not served" if name in config.tools_not_served else ""
-        lines.append(f"#   {name}: {redact_url(server.url)} ({steps}{served})")
-    return lines
-
-
-_PREFLIGHT_HINT = (
-    "# a dry run checks nothing: the same command with --preflight-only instead of --dry-run checks "
-    "this machine (Miles, GPUs, data, checkpoint, ports, Ray) and says what to fix"
-)
-
-
 def _ray_address(config: LauncherConfig) -> str:
     return config.ray_address or f"http://{config.master_addr}:{config.ray_dashboard_port}"
-
-
-def _placeholder_install(config: LauncherConfig) -> cmd.MilesInstall:
-    """For a dry run without Miles: names what would be filled in."""
-    return cmd.MilesInstall(
-        root=config.miles_root or Path("<miles checkout>"),
-        model_args=(f"<arguments of scripts/models/{config.megatron_model_type}.py>",),
-    )
 
 
 def execute(
@@ -426,58 +371,34 @@ def execute(
     dry_run: bool,
     environ: Mapping[str, str],
     actions: Actions,
-    checks: Preflight = launch_checks.run_preflight,
+    checks: Preflight = run_preflight,
     miles_root: Path | None = None,
 ) -> int:
     """Run the recipe; returns the process exit code."""
-    root = miles_root if miles_root is not None else launch_checks.locate_miles(config.miles_root)
+    root = miles_root if miles_root is not None else locate_miles(config.miles_root)
+    install: MilesInstall | None = None
+    load_error: str | None = "the 'miles' package is not importable"
     try:
-        install = (
-            cmd.MilesInstall(root, load_model_args(root, config.megatron_model_type)) if root is not None else None
-        )
-    except ModelArgsError as error:
-        # Preflight names the missing piece with its fix; this message is the fallback.
-        load_error: str | None = str(error)
-        install = None
-    else:
-        load_error = None if install is not None else "the 'miles' package is not importable"
+        if root is not None:
+            install, load_error = MilesInstall(root, load_model_args(root, config.megatron_model_type)), None
+    except ModelArgsError as error:  # preflight names the missing piece with its fix; this is the fallback
+        load_error = str(error)
+    placeholder = MilesInstall(  # for a dry run without Miles: names what would be filled in
+        config.miles_root or Path("<miles checkout>"),
+        (f"<arguments of scripts/models/{config.megatron_model_type}.py>",),
+    )
     try:
-        job = cmd.build_job(config, parsers, install or _placeholder_install(config), environ, cwd=Path.cwd())
-    except (cmd.DuplicateFlagError, cmd.GroupSettingError) as error:
+        job = build_job(config, parsers, install or placeholder, environ, cwd=Path.cwd())
+    except (DuplicateFlagError, GroupSettingError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
-
     if dry_run:
-        print(f"# model family {parsers.family}: --tito-model {parsers.tito_model}")
-        width = fit.terminal_width()
-        if install is None:
-            note = f"# Miles not usable here ({load_error}): its checkout and model arguments are placeholders"
-            print(fit.wrap_all([note], width, indent="#     "))
-        print(cmd.render(job))
-        print(fit.wrap_all(cmd.layout_lines(config), width, indent="#     "))
-        print(f"# NeMo-Gym server: {redact_url(config.nemo_gym_url)} (from {config.gym_url_origin})")
-        print(fit.wrap_all(_environment_lines(config), width, indent="#     "))
-        if config.eval_data:
-            print("# --eval-config above, decoded (Miles' eval config; its metadata_overrides mark eval episodes):")
-            print("#   " + json.dumps(cmd.eval_config_document(config), sort_keys=True))
-        episode_dir = job.env.get(cmd.EPISODE_DIR_ENV)
-        store = f"# episode store: {episode_dir} (browse: miles-nemogym episodes {episode_dir})"
-        print(fit.wrap_all([store if episode_dir else "# episode store: off"], width, indent="#     "))
-        if not config.skip_prepare:
-            print("# checkpoint conversion when the torch_dist target is missing")
-            print(
-                shlex.join(
-                    redact_url(word) for word in cmd.checkpoint_command(config, install or _placeholder_install(config))
-                )
-            )
-        print(f"# Ray job submission address: {redact_url(_ray_address(config))}")
-        print(fit.wrap_all([_PREFLIGHT_HINT], width, indent="#     "))
-        return EXIT_OK
+        return _dry_run(config, parsers, job, install or placeholder, load_error)
 
     results: list[CheckResult] = checks(config, environ=environ, miles_root=root)
     _print_results(results)
     if any(result.status is not Status.passed for result in results) or install is None:
-        if install is None and load_error is not None:
+        if install is None:
             print(f"error: {load_error}", file=sys.stderr)
         print("preflight failed: nothing was started", file=sys.stderr)
         return EXIT_USAGE
@@ -490,7 +411,7 @@ def execute(
         if tracker.is_file():
             print(f"checkpoint {config.resolved_ref_load} exists; conversion skipped", flush=True)
         else:
-            argv = cmd.checkpoint_command(config, install)
+            argv = checkpoint_command(config, install)
             print("+ " + shlex.join(argv), flush=True)
             code = actions.convert_checkpoint(argv, {**environ, "PYTHONPATH": job.env["PYTHONPATH"]})
             if code != 0:

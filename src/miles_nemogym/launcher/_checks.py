@@ -1,10 +1,5 @@
-"""Checks run before the launcher spends GPU time; each failure comes with its fix.
-
-In seconds on the launching node: Miles, Megatron, the hooks, GPUs, prompt and eval data,
-the episode folder, checkpoint, session port, cluster, the environments the rows use, then
-the NeMo-Gym checks (:mod:`miles_nemogym.checks`, as ``doctor`` runs them) and each
-environment's resources server with the tools its rows use (docs/launcher.md).
-"""
+"""Checks run on the launching node before any GPU time is spent, each failure with its fix; then
+the NeMo-Gym checks of :mod:`miles_nemogym.checks`, as ``doctor`` runs them (docs/launcher.md)."""
 
 from __future__ import annotations
 
@@ -27,15 +22,14 @@ from typing import Any
 
 from miles_nemogym import checks, server_probe
 from miles_nemogym.checks import CheckResult, Status
+from miles_nemogym.data.environments import chat_prompt
+from miles_nemogym.data.schema import FieldProblem, validate_instance
 from miles_nemogym.data.sources import SourceError, open_file
 from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, Task
-from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.fit import counted
-from miles_nemogym.launcher.command import EPISODE_DIR_ENV, MilesInstall, hooks, job_environment, job_episode_dir
-from miles_nemogym.launcher.config import LauncherConfig
+from miles_nemogym.launcher._command import EPISODE_DIR_ENV, MilesInstall, hooks, job_environment, job_episode_dir
+from miles_nemogym.launcher._config import LEGACY_ROLLOUT_ENV, LauncherConfig
 from miles_nemogym.settings import ENV_VARS, Settings
-
-LEGACY_ROLLOUT_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
 
 _ROWS_CHECKED = 5
 
@@ -43,7 +37,8 @@ GpuCounter = Callable[[Mapping[str, str]], "tuple[int | None, str]"]
 """``count(environ) -> (number of visible GPUs or None, how it was counted)``."""
 
 
-# --- Miles, Megatron, hooks --------------------------------------------------------------
+def _failed(name: str, detail: str, fix: str) -> CheckResult:
+    return CheckResult(name, Status.failed, detail, fix)
 
 
 def _check_legacy_rollout(config: LauncherConfig, environ: Mapping[str, str]) -> CheckResult:
@@ -53,9 +48,8 @@ def _check_legacy_rollout(config: LauncherConfig, environ: Mapping[str, str]) ->
         kind = "fully async (FullyAsyncRolloutFn)" if config.fully_async else "class-based (agentic)"
         return CheckResult(name, Status.passed, f"{kind} rollout")
     also = "; and --fully-async needs the class-based rollout API" if config.fully_async else ""
-    return CheckResult(
+    return _failed(
         name,
-        Status.failed,
         f"{LEGACY_ROLLOUT_ENV}={value!r} selects Miles' legacy rollout, which does not register "
         f"--custom-agent-function-path or --max-seq-len: {config.train_script_name} would stop with "
         f"'unrecognized arguments'{also}",
@@ -79,9 +73,8 @@ def locate_miles(configured: Path | None) -> Path | None:
 def _check_miles(root: Path | None, config: LauncherConfig) -> CheckResult:
     name = "Miles"
     if root is None:
-        return CheckResult(
+        return _failed(
             name,
-            Status.failed,
             "the 'miles' package is not importable",
             "install Miles from its repository (git clone https://github.com/radixark/miles && "
             "pip install -e miles) in this environment, or pass --miles-root <checkout>",
@@ -110,7 +103,7 @@ def _check_miles(root: Path | None, config: LauncherConfig) -> CheckResult:
             f"pass --megatron-model-type with the name of a file in {root / 'scripts' / 'models'} "
             "(without .py) that matches --hf-checkpoint"
         )
-    return CheckResult(name, Status.failed, f"{root}: missing {', '.join(map(str, missing))}", fix)
+    return _failed(name, f"{root}: missing {', '.join(map(str, missing))}", fix)
 
 
 def _check_megatron(config: LauncherConfig) -> CheckResult:
@@ -123,9 +116,8 @@ def _check_megatron(config: LauncherConfig) -> CheckResult:
         installed = False
     if installed:
         return CheckResult(name, Status.passed, "the 'megatron' package is importable")
-    return CheckResult(
+    return _failed(
         name,
-        Status.failed,
         f"no checkout at {config.megatron_path} and no importable 'megatron' package",
         "pass --megatron-path <Megatron-LM checkout> (Miles' docker image has it at /root/Megatron-LM)",
     )
@@ -139,24 +131,19 @@ def _check_hooks(paths: Sequence[str]) -> CheckResult:
         try:
             module = importlib.import_module(module_name)
         except Exception as error:
-            return CheckResult(
+            return _failed(
                 name,
-                Status.failed,
                 f"{path}: importing {module_name} failed ({type(error).__name__}: {error})",
                 "install miles-nemogym in the training environment (pip install -e '.[train]' from its clone) "
                 "with the same version as this launcher",
             )
         if not callable(getattr(module, attribute, None)):
-            return CheckResult(
+            return _failed(
                 name,
-                Status.failed,
                 f"{path}: {module_name} has no callable {attribute!r}",
                 "reinstall miles-nemogym: the installed copy does not match this launcher",
             )
     return CheckResult(name, Status.passed, ", ".join(paths))
-
-
-# --- GPUs --------------------------------------------------------------------------------
 
 
 def _count_gpus(environ: Mapping[str, str]) -> tuple[int | None, str]:
@@ -192,43 +179,19 @@ def _check_gpus(config: LauncherConfig, environ: Mapping[str, str], counter: Gpu
     name = "GPUs"
     count, how = counter(environ)
     if count is None:
-        return CheckResult(
+        return _failed(
             name,
-            Status.failed,
             f"cannot count GPUs: {how}",
             "run on a GPU node with the NVIDIA driver installed (nvidia-smi must work)",
         )
     if count < config.gpus_per_node:
-        return CheckResult(
+        return _failed(
             name,
-            Status.failed,
             f"{count} visible ({how}), the recipe needs {config.gpus_per_node} per node",
             f"run on a node with {config.gpus_per_node} GPUs, free or expose them "
             "(CUDA_VISIBLE_DEVICES), or lower --gpus-per-node (and --tensor-parallel to match)",
         )
     return CheckResult(name, Status.passed, f"{count} visible ({how}); {config.gpus_per_node} used")
-
-
-# --- data and checkpoint -----------------------------------------------------------------
-
-
-class _DataError(MilesNemoGymError, ValueError):
-    pass
-
-
-def _first_rows(path: Path, count: int) -> list[Any]:
-    """The first ``count`` rows, read by the converter's reader (:func:`data.sources.open_file`)."""
-    if path.suffix not in (".jsonl", ".parquet"):
-        raise _DataError("Miles reads prompt data from .jsonl or .parquet files only")
-    rows: list[Any] = []
-    try:
-        for raw in itertools.islice(open_file(path), count):
-            if raw.error is not None:
-                raise _DataError(f"{raw.where()}: {raw.error}")
-            rows.append(raw.data)
-    except SourceError as error:
-        raise _DataError(str(error)) from None
-    return rows
 
 
 _CONVERT = "miles-nemogym convert --input princeton-nlp/SWE-bench_Verified"
@@ -237,21 +200,27 @@ _CONVERT = "miles-nemogym convert --input princeton-nlp/SWE-bench_Verified"
 def _check_data(name: str, flag: str, path: Path, fix: str) -> CheckResult:
     """A file of prompt rows as Miles reads them: its first rows carry a prompt and an instance."""
     if path.is_dir():
-        return CheckResult(name, Status.failed, f"{flag} {path} is a folder, not a file", fix)
+        return _failed(name, f"{flag} {path} is a folder, not a file", fix)
     if not path.exists():
-        return CheckResult(name, Status.failed, f"{flag} {path} does not exist", fix)
+        return _failed(name, f"{flag} {path} does not exist", fix)
     if not path.is_file():
-        return CheckResult(name, Status.failed, f"{flag} {path} is not a regular file", fix)
-    try:
-        rows = _first_rows(path, _ROWS_CHECKED)
-    except (OSError, _DataError) as error:
-        return CheckResult(name, Status.failed, f"{flag} {path}: {error}", fix)
+        return _failed(name, f"{flag} {path} is not a regular file", fix)
+    if path.suffix not in (".jsonl", ".parquet"):
+        return _failed(name, f"{flag} {path}: Miles reads prompt data from .jsonl or .parquet files only", fix)
+    rows: list[Any] = []
+    try:  # the first rows, read by the converter's reader
+        for raw in itertools.islice(open_file(path), _ROWS_CHECKED):
+            if raw.error is not None:
+                return _failed(name, f"{flag} {path}: {raw.where()}: {raw.error}", fix)
+            rows.append(raw.data)
+    except (OSError, SourceError) as error:
+        return _failed(name, f"{flag} {path}: {error}", fix)
     if not rows:
-        return CheckResult(name, Status.failed, f"{flag} {path} has no rows", fix)
+        return _failed(name, f"{flag} {path} has no rows", fix)
     for number, row in enumerate(rows, start=1):
         problem = _row_problem(row)
         if problem is not None:
-            return CheckResult(name, Status.failed, f"{flag} {path} row {number}: {problem}", fix)
+            return _failed(name, f"{flag} {path} row {number}: {problem}", fix)
     return CheckResult(name, Status.passed, f"{path}: first {counted(len(rows), 'row')} carry a prompt and a task")
 
 
@@ -289,9 +258,6 @@ def _row_problem(row: Any) -> str | None:
     environment = Task.of(metadata).environment
     if environment != SWE_ENVIRONMENT:
         # The converter's own rule: what the episode's first chat request is built from.
-        from miles_nemogym.data.environments import chat_prompt
-        from miles_nemogym.data.schema import FieldProblem
-
         problem = chat_prompt(metadata)
         if isinstance(problem, FieldProblem):
             return (
@@ -300,8 +266,6 @@ def _row_problem(row: Any) -> str | None:
             )
         return None
     # The converter's own rules: what the server and the SWE-bench grader read.
-    from miles_nemogym.data.schema import validate_instance
-
     checked = validate_instance(metadata)
     if isinstance(checked, list):
         instance = metadata.get("instance_id", "?")
@@ -358,9 +322,8 @@ def check_episode_dir(config: LauncherConfig, environ: Mapping[str, str]) -> Che
             given = EPISODE_DIR_ENV
         else:
             given = "<--save-dir>/episodes"
-        return CheckResult(
+        return _failed(
             name,
-            Status.failed,
             f"{given} {folder}: {problem}",
             "pass --episode-dir <a folder this user can write> (created if missing), or --no-store-episodes",
         )
@@ -374,16 +337,12 @@ def _check_checkpoint(config: LauncherConfig) -> CheckResult:
     if tracker.is_file():
         return CheckResult(name, Status.passed, f"{target} exists")
     if config.skip_prepare:
-        return CheckResult(
+        return _failed(
             name,
-            Status.failed,
             f"{target} holds no converted checkpoint ({tracker.name} missing) and --skip-prepare is set",
             "drop --skip-prepare so the launcher converts --hf-checkpoint, or pass --ref-load <torch_dist dir>",
         )
     return CheckResult(name, Status.passed, f"{target} will be converted from {config.hf_checkpoint}")
-
-
-# --- network -----------------------------------------------------------------------------
 
 
 def _check_session_port(config: LauncherConfig) -> CheckResult:
@@ -394,9 +353,8 @@ def _check_session_port(config: LauncherConfig) -> CheckResult:
         try:
             probe.bind(("0.0.0.0", port))
         except OSError as error:
-            return CheckResult(
+            return _failed(
                 name,
-                Status.failed,
                 f"port {port} cannot be bound on this node ({error.strerror or error})",
                 "stop what holds it (a previous run's session server?) or pass --session-server-port <free port>",
             )
@@ -406,9 +364,8 @@ def _check_session_port(config: LauncherConfig) -> CheckResult:
 def check_cluster(config: LauncherConfig) -> CheckResult:
     name = "Ray cluster"
     if config.num_nodes > 1 and not config.ray_address:
-        return CheckResult(
+        return _failed(
             name,
-            Status.failed,
             f"--num-nodes {config.num_nodes} needs a running multi-node Ray cluster",
             "start it (`ray start --head --num-gpus N` here, `ray start --address <head>:6379 "
             "--num-gpus N` on each worker) and set RAY_ADDRESS=http://<head>:8265 (or --ray-address)",
@@ -416,8 +373,6 @@ def check_cluster(config: LauncherConfig) -> CheckResult:
     where = config.ray_address or "a local head (reused if running, else started)"
     return CheckResult(name, Status.passed, f"{counted(config.num_nodes, 'node')} via {where}")
 
-
-# --- environments ------------------------------------------------------------------------
 
 _PARSED_PER_ENVIRONMENT = 200
 """Rows of each environment parsed for their tools in a JSONL file; the rest are only counted."""

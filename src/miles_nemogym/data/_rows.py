@@ -1,8 +1,5 @@
-"""Map one validated SWE-bench task row to one Miles prompt row, and decide its subset/split.
-
-The prompt row shape and the subset/split rule (flag, then row, then dataset name) are
-explained in docs/data-and-checks.md. Pure functions: no I/O.
-"""
+"""One validated SWE-bench task row -> one Miles prompt row, with its subset and split (flag, then
+row, then dataset name; docs/data-and-checks.md). Pure."""
 
 from __future__ import annotations
 
@@ -54,10 +51,8 @@ def _lookup(name: str) -> DatasetKind | None:
 
 
 def infer_kind(source: str) -> DatasetKind:
-    """Subset and default split implied by a hub id (``princeton-nlp/SWE-bench_Lite``) or a path.
-
-    For a path, the file stem is tried first, then each parent folder, nearest first.
-    """
+    """Subset and default split implied by a hub id (``princeton-nlp/SWE-bench_Lite``) or a path (its
+    stem first, then each parent folder, nearest first)."""
     found = _lookup(source)
     if found is None and ("/" in source or "\\" in source or "." in source):
         path = PurePath(source)
@@ -110,28 +105,17 @@ def resolve_routing(row: Mapping[str, Any], routing: Routing) -> tuple[str, str,
 
 
 def to_prompt_row(
-    row: Mapping[str, Any],
-    instance: SweBenchInstance,
-    *,
-    subset: str,
-    split: str,
-    drop_fields: Collection[str] = (),
+    row: Mapping[str, Any], instance: SweBenchInstance, *, subset: str, split: str, drop_fields: Collection[str] = ()
 ) -> dict[str, Any]:
-    """The Miles prompt row: ``{"prompt": [user message], "metadata": {instance…, subset, split}}``.
-
-    ``row`` gives every field in order (minus ``drop_fields`` and the routing keys);
-    ``instance`` gives the decoded test lists."""
-    # Routing and secrets come from the trainer's environment, never from data: a key
-    # copied from a row would sit in the output file in clear.
+    """``{"prompt": [user message], "metadata": {row…, subset, split}}``: the row's fields in order but
+    ``drop_fields`` and the routing keys (secrets come from the trainer, never from data), the
+    instance's decoded test lists."""
     metadata = {key: value for key, value in row.items() if key not in drop_fields and key not in ROUTING_KEYS}
     metadata["FAIL_TO_PASS"] = instance.FAIL_TO_PASS
     metadata["PASS_TO_PASS"] = instance.PASS_TO_PASS
     metadata["subset"] = subset
     metadata["split"] = split
-    return {
-        "prompt": [{"role": "user", "content": instance.problem_statement}],
-        "metadata": metadata,
-    }
+    return {"prompt": [{"role": "user", "content": instance.problem_statement}], "metadata": metadata}
 
 
 def checked_swe_prompt_row(row: Mapping[str, Any]) -> tuple[str, dict[str, Any]] | FieldProblem:

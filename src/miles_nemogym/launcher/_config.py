@@ -1,9 +1,4 @@
-"""The launcher's typed recipe: every value the training command is built from.
-
-Defaults (upstream's 4-GPU smoke scale), then a YAML recipe, then flags; unknown keys
-are errors. Each field's docstring is its ``--help`` text; the defaults' origin is in
-docs/launcher.md.
-"""
+"""The launcher's typed recipe: defaults < YAML < flags; each field's docstring is its ``--help``."""
 
 from __future__ import annotations
 
@@ -27,14 +22,8 @@ from pydantic import (
 )
 
 from miles_nemogym.errors import MilesNemoGymError
-from miles_nemogym.settings import (
-    EnvironmentServer,
-    Settings,
-    environment_name_problem,
-    parse_environments,
-    short_name,
-)
-from miles_nemogym.validation import describe
+from miles_nemogym.settings import EnvironmentServer, Settings, environment_name_problem, parse_environments, short_name
+from miles_nemogym.validation import describe, message
 from miles_nemogym.yaml_file import YamlFileError, read_mapping
 
 
@@ -47,7 +36,7 @@ def _env(name: str) -> str | None:
     return value or None
 
 
-_LEGACY_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
+LEGACY_ROLLOUT_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
 _ENVS_VAR = "NEMO_GYM_ENVS"
 _SET_NAME = r"^[A-Za-z0-9_.-]+$"
 _SET_NAME_RE = re.compile(_SET_NAME)
@@ -73,25 +62,23 @@ def _eval_sets(value: Any, default_name: str) -> Any:
     return sets
 
 
-def _environments_variable() -> Any:
-    """NEMO_GYM_ENVS as given: validated with the other values, so a bad one is named as a field."""
+def _envs_variable() -> Any:  # NEMO_GYM_ENVS as given: validated as a field, so a bad one is named
     return _env(_ENVS_VAR) or {}
 
 
 def _environments(value: Any) -> Any:
-    """``nemo_gym_envs`` given as NEMO_GYM_ENVS text, a mapping, or a list of NAME=URL[,max_steps=N]
-    or JSON-object items (the flag, repeated), validated by the plugin's own settings (one
-    definition of the variable)."""
+    """NEMO_GYM_ENVS text, a mapping, or a list of NAME=URL[,max_steps=N] or JSON-object items (the
+    flag, repeated), parsed by the plugin's own settings."""
     if value is None:
         return {}
     if isinstance(value, str):  # NEMO_GYM_ENVS's own form
-        return _parse_settings_envs(value) if value.strip() else {}
+        return parse_environments(value) if value.strip() else {}
     if isinstance(value, list):
         merged: dict[str, Any] = {}
         for item in value:
             text = str(item).strip()
             if text.startswith("{"):
-                merged.update(_parse_settings_envs(text))
+                merged.update(parse_environments(text))
                 continue
             name, sep, rest = text.partition("=")
             url, _, steps = rest.partition(",max_steps=")
@@ -110,12 +97,8 @@ def _environments(value: Any) -> Any:
             str(name): server.model_dump(exclude_none=True) if isinstance(server, EnvironmentServer) else server
             for name, server in value.items()
         }
-        return _parse_settings_envs(json.dumps(plain)) if plain else {}
+        return parse_environments(json.dumps(plain)) if plain else {}
     return value
-
-
-def _parse_settings_envs(text: str) -> dict[str, EnvironmentServer]:
-    return parse_environments(text)  # the one parser of the variable; its ValueError names what is wrong
 
 
 def _is_number(annotation: Any) -> bool:
@@ -127,7 +110,20 @@ def _is_number(annotation: Any) -> bool:
     return False
 
 
-ASYNC_ONLY = frozenset(
+_REFUSED_MODES: dict[tuple[str | None, Any], str] = {
+    (
+        "pause_generation_mode",
+        "abort",
+    ): "abort kills every running episode at each weight update; Miles refuses it with its "
+    "session server (and with --fully-async): use in_place or retract",
+    (
+        "update_weight_transfer_mode",
+        "disk-delta",
+    ): "disk-delta needs folders this launcher does not set (--update-weight-disk-dir, "
+    "--update-weight-local-checkpoint-dir): use broadcast or p2p",
+}
+"""Miles' pause and weight-transfer modes this recipe refuses, with why and what to use."""
+_ASYNC_ONLY = frozenset(
     {
         "async_max_concurrent_samples",
         "max_weight_staleness",
@@ -144,7 +140,7 @@ class LauncherConfig(BaseModel):
     # No inf/NaN: ``rollout_temperature: .inf`` in YAML is a typo, never a setting.
     model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True, allow_inf_nan=False)
 
-    # --- what to run -----------------------------------------------------------------------
+    # --- run (each section is one of --help's, by run.py's _SECTIONS) -----------------------
     mode: Literal["normal", "debug_rollout_only"] = "normal"
     """``debug_rollout_only``: rollouts without training (Miles' --debug-rollout-only)."""
     preflight_only: bool = False
@@ -152,106 +148,63 @@ class LauncherConfig(BaseModel):
     skip_prepare: bool = False
     """Do not convert the HF checkpoint to torch_dist (the target must then exist)."""
 
-    # --- model -----------------------------------------------------------------------------
+    # --- model ------------------------------------------------------------------------------
     hf_checkpoint: str = "Qwen/Qwen3-4B-Instruct-2507"
     """HF id or local folder: the policy, its tokenizer and the conversion source."""
     megatron_model_type: str = "qwen3-4B-Instruct-2507"
     """Name of the model's argument script in Miles' ``scripts/models/`` (without .py)."""
     model_family: str | None = None
-    """Family in ``miles_nemogym.launcher.families``; guessed from ``hf_checkpoint`` if unset."""
+    """A model family of docs/launcher.md ("Model families and parsers"); guessed from ``hf_checkpoint`` if unset."""
     tito_model: str | None = None
     """Override the family's Miles --tito-model."""
     reasoning_parser: str | None = None
     """Override the family's SGLang reasoning parser (``none`` for no parser)."""
     tool_call_parser: str | None = None
     """Override the family's SGLang tool-call parser."""
-
-    # --- paths -----------------------------------------------------------------------------
     base_dir: Path = Path("/root")
     """Where the converted checkpoint and the run's saves go by default."""
     ref_load: Path | None = None
     """torch_dist checkpoint (default ``<base_dir>/<model name>_torch_dist``)."""
     save_dir: Path | None = None
     """Where training saves (default ``<base_dir>/<model name>_nemogym``)."""
+    save_interval: int = Field(default=1000, ge=1)
+    """Save a checkpoint every N rollout steps."""
+
+    # --- data -------------------------------------------------------------------------------
     prompt_data: Path = Path("/root/swe_verified.jsonl")
     """Miles prompt data (``miles-nemogym convert`` output): JSONL or parquet."""
-    miles_root: Path | None = None
-    """Miles checkout (holding train.py); default: where the importable ``miles`` package lives."""
-    megatron_path: Path = Path("/root/Megatron-LM")
-    """Megatron-LM checkout, put on the job's PYTHONPATH as Miles' launchers do."""
 
-    # --- cluster ---------------------------------------------------------------------------
-    num_nodes: int = Field(default=1, ge=1)
-    """Nodes in the cluster; more than 1 needs a running Ray cluster (RAY_ADDRESS)."""
-    gpus_per_node: int = Field(default=4, ge=1)
-    """GPUs on each node (Miles --num-gpus-per-node)."""
-    colocate: bool = True
-    """Training and rollout share the GPUs (Miles --colocate); unless given, off with fully_async."""
-    actor_num_nodes: int | None = Field(default=None, ge=1)
-    """Nodes that train (Miles --actor-num-nodes; default: num_nodes); when not colocated, the
-    SGLang engines take the GPUs after the training ones, e.g. the other nodes."""
-    actor_gpus_per_node: int | None = Field(default=None, ge=1)
-    """GPUs per training node (Miles --actor-num-gpus-per-node; default: gpus_per_node)."""
-    rollout_num_gpus: int | None = Field(default=None, ge=1)
-    """GPUs for the SGLang engines when not colocated (required then; Miles --rollout-num-gpus)."""
+    # --- rollout ----------------------------------------------------------------------------
     rollout_gpus_per_engine: int = Field(default=1, ge=1)
     """GPUs per SGLang engine (Miles --rollout-num-gpus-per-engine)."""
-    tensor_parallel: int = Field(default=2, ge=1)
-    """Megatron tensor-model parallel size for training."""
-    pipeline_parallel: int = Field(default=1, ge=1)
-    """Megatron pipeline-model parallel size for training."""
-    context_parallel: int = Field(default=1, ge=1)
-    """Megatron context parallel size for training."""
     sglang_mem_fraction_static: float = Field(default=0.7, gt=0, le=1)
     """Fraction of GPU memory SGLang reserves for weights and KV cache (0-1]."""
-    ray_address: str | None = Field(default_factory=lambda: _env("RAY_ADDRESS"))
-    """Ray job-submission address of an existing cluster (e.g. http://head:8265); if unset,
-    a local head is used or started."""
-    master_addr: str = Field(default_factory=lambda: _env("MASTER_ADDR") or "127.0.0.1")
-    """Address of this node for the Ray head and torch.distributed."""
-    ray_port: int = Field(default=6379, ge=1, le=65535)
-    """GCS port of a Ray head the launcher starts (workers join ``<master_addr>:<ray_port>``)."""
-    ray_dashboard_port: int = Field(default=8265, ge=1, le=65535)
-    """Job-submission (dashboard) port of the local Ray head, reused or started."""
-    ray_start_args: list[str] = Field(default_factory=list)
-    """More ``ray start --head`` arguments, e.g. other agent ports when another Ray already
-    runs on this node (a NeMo-Gym server on the same machine starts its own)."""
-    keep_ray: bool = False
-    """Leave a Ray head this launcher started running after the job."""
-
-    # --- rollout and batch -----------------------------------------------------------------
     num_rollout: int = Field(default=3, ge=1)
     """Rollout steps to run (Miles --num-rollout)."""
     rollout_batch_size: int = Field(default=2, ge=1)
     """Prompts per rollout (Miles --rollout-batch-size)."""
     n_samples_per_prompt: int = Field(default=4, ge=1)
     """Episodes per prompt: the GRPO group size (Miles --n-samples-per-prompt)."""
-    global_batch_size: int | None = Field(default=None, ge=1)
-    """Default: rollout_batch_size x n_samples_per_prompt (one optimizer step per rollout);
-    a divisor of it gives several steps per rollout."""
-    max_seq_len: int = Field(default=16384, ge=1)
-    """Longest sequence in tokens, prompt and response (Miles --max-seq-len, --max-tokens-per-gpu)."""
     rollout_max_response_len: int = Field(default=4096, ge=1)
     """Most tokens per model call in an episode (Miles --rollout-max-response-len)."""
     rollout_temperature: float = Field(default=0.8, ge=0)
     """Sampling temperature of the policy during rollouts."""
     rollout_top_p: float = Field(default=1.0, gt=0, le=1)
     """Nucleus sampling top_p of the policy during rollouts, in (0, 1]."""
-    save_interval: int = Field(default=1000, ge=1)
-    """Save a checkpoint every N rollout steps."""
     over_sampling_batch_size: int | None = Field(default=None, ge=1)
     """Prompts a synchronous rollout samples at a time, at least rollout_batch_size (Miles
     --over-sampling-batch-size); the groups still running when the batch is full are aborted."""
-    balance_data: bool = True
-    """Give each data-parallel rank a similar token count (Miles --balance-data)."""
     pause_generation_mode: Literal["in_place", "retract"] = "retract"
     """How SGLang pauses running requests for a weight update (Miles --pause-generation-mode):
     retract (recompute their KV cache) or in_place (keep it); abort is refused."""
     update_weight_transfer_mode: Literal["broadcast", "p2p"] = "broadcast"
     """How new weights reach the engines (Miles --update-weight-transfer-mode); p2p needs
     separate GPUs and retract."""
+    rollout_submission_granularity: Literal["group", "sample"] | None = None
+    """When a finished episode frees room for the next group: group or sample (Miles
+    --rollout-submission-granularity; default: Miles', sample under fully_async, else group)."""
 
-    # --- fully async -----------------------------------------------------------------------
+    # --- fully async ------------------------------------------------------------------------
     fully_async: bool = False
     """Train fully async, disaggregated (Miles' train_async.py --fully-async): the engines keep
     generating while training runs; needs separate GPUs (rollout_num_gpus)."""
@@ -267,35 +220,25 @@ class LauncherConfig(BaseModel):
     async_data_buffer_capacity_factor: float = Field(default=2.0, gt=0)
     """Finished groups held for training, as a multiple of rollout_batch_size (Miles
     --async-data-buffer-capacity-factor); generation waits when it is full."""
-    rollout_submission_granularity: Literal["group", "sample"] | None = None
-    """When a finished episode frees room for the next group: group or sample (Miles
-    --rollout-submission-granularity; default: Miles', sample under fully_async, else group)."""
 
-    # --- held-out evaluation ---------------------------------------------------------------
-    eval_data: dict[str, Path] = Field(default_factory=dict)
-    """Held-out prompt data (e.g. ``miles-nemogym convert --holdout-output``): FILE, named by
-    eval_name, or NAME=FILE, one eval set each (e.g. one per environment); unset: no eval."""
-    eval_name: str = Field(default="held_out", pattern=_SET_NAME)
-    """The name of an eval_data FILE given without NAME= in metrics (``eval/<name>``, ``nemogym-eval/<name>/*``)."""
-    eval_interval: int = Field(default=5, ge=1)
-    """Evaluate every N rollouts (and once before training, as Miles does)."""
-    eval_samples_per_prompt: int = Field(default=4, ge=1)
-    """Episodes per held-out instance: the k of pass@k."""
-    eval_temperature: float | None = Field(default=None, ge=0)
-    """Sampling temperature of eval episodes (default: rollout_temperature)."""
-    eval_top_p: float | None = Field(default=None, gt=0, le=1)
-    """top-p of eval episodes (default: rollout_top_p)."""
-    eval_max_response_len: int | None = Field(default=None, ge=1)
-    """Tokens per model turn in eval episodes (default: rollout_max_response_len)."""
-
-    # --- episode store ---------------------------------------------------------------------
-    store_episodes: bool = True
-    """Save every episode (its /run answer and record) per step and role; browse with
-    ``miles-nemogym episodes``."""
-    episode_dir: Path | None = None
-    """Where episodes are saved (NEMO_GYM_EPISODE_DIR; default ``<save_dir>/episodes``)."""
-
-    # --- GRPO ------------------------------------------------------------------------------
+    # --- training ---------------------------------------------------------------------------
+    miles_root: Path | None = None
+    """Miles checkout (holding train.py); default: where the importable ``miles`` package lives."""
+    megatron_path: Path = Path("/root/Megatron-LM")
+    """Megatron-LM checkout, put on the job's PYTHONPATH as Miles' launchers do."""
+    tensor_parallel: int = Field(default=2, ge=1)
+    """Megatron tensor-model parallel size for training."""
+    pipeline_parallel: int = Field(default=1, ge=1)
+    """Megatron pipeline-model parallel size for training."""
+    context_parallel: int = Field(default=1, ge=1)
+    """Megatron context parallel size for training."""
+    global_batch_size: int | None = Field(default=None, ge=1)
+    """Default: rollout_batch_size x n_samples_per_prompt (one optimizer step per rollout);
+    a divisor of it gives several steps per rollout."""
+    max_seq_len: int = Field(default=16384, ge=1)
+    """Longest sequence in tokens, prompt and response (Miles --max-seq-len, --max-tokens-per-gpu)."""
+    balance_data: bool = True
+    """Give each data-parallel rank a similar token count (Miles --balance-data)."""
     kl_loss_coef: float = Field(default=0.01, ge=0)
     """Weight of the KL loss against the reference model."""
     kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
@@ -314,8 +257,67 @@ class LauncherConfig(BaseModel):
     """Adam beta1, in (0, 1)."""
     adam_beta2: float = Field(default=0.98, gt=0, lt=1)
     """Adam beta2, in (0, 1)."""
+    wandb_project: str | None = None
+    """Log to Weights & Biases (the key is read from WANDB_API_KEY, never put on a command line)."""
+    wandb_group: str | None = None
+    """Weights & Biases run group (with wandb_project)."""
+    extra_args: list[str] = Field(default_factory=list)
+    """More Miles flags, appended verbatim; a flag the recipe already sets is refused."""
+    extra_env: dict[str, str] = Field(default_factory=dict)
+    """More environment variables for the job, NAME=VALUE."""
 
-    # --- session server and NeMo-Gym -------------------------------------------------------
+    # --- cluster ----------------------------------------------------------------------------
+    num_nodes: int = Field(default=1, ge=1)
+    """Nodes in the cluster; more than 1 needs a running Ray cluster (RAY_ADDRESS)."""
+    gpus_per_node: int = Field(default=4, ge=1)
+    """GPUs on each node (Miles --num-gpus-per-node)."""
+    colocate: bool = True
+    """Training and rollout share the GPUs (Miles --colocate); unless given, off with fully_async."""
+    actor_num_nodes: int | None = Field(default=None, ge=1)
+    """Nodes that train (Miles --actor-num-nodes; default: num_nodes); when not colocated, the
+    SGLang engines take the GPUs after the training ones, e.g. the other nodes."""
+    actor_gpus_per_node: int | None = Field(default=None, ge=1)
+    """GPUs per training node (Miles --actor-num-gpus-per-node; default: gpus_per_node)."""
+    rollout_num_gpus: int | None = Field(default=None, ge=1)
+    """GPUs for the SGLang engines when not colocated (required then; Miles --rollout-num-gpus)."""
+    ray_address: str | None = Field(default_factory=lambda: _env("RAY_ADDRESS"))
+    """Ray job-submission address of an existing cluster (e.g. http://head:8265); if unset,
+    a local head is used or started."""
+    master_addr: str = Field(default_factory=lambda: _env("MASTER_ADDR") or "127.0.0.1")
+    """Address of this node for the Ray head and torch.distributed."""
+    ray_port: int = Field(default=6379, ge=1, le=65535)
+    """GCS port of a Ray head the launcher starts (workers join ``<master_addr>:<ray_port>``)."""
+    ray_dashboard_port: int = Field(default=8265, ge=1, le=65535)
+    """Job-submission (dashboard) port of the local Ray head, reused or started."""
+    ray_start_args: list[str] = Field(default_factory=list)
+    """More ``ray start --head`` arguments, e.g. other agent ports when another Ray already
+    runs on this node (a NeMo-Gym server on the same machine starts its own)."""
+    keep_ray: bool = False
+    """Leave a Ray head this launcher started running after the job."""
+
+    # --- eval -------------------------------------------------------------------------------
+    eval_data: dict[str, Path] = Field(default_factory=dict)
+    """Held-out prompt data (e.g. ``miles-nemogym convert --holdout-output``): FILE, named by
+    eval_name, or NAME=FILE, one eval set each (e.g. one per environment); unset: no eval."""
+    eval_name: str = Field(default="held_out", pattern=_SET_NAME)
+    """The name of an eval_data FILE given without NAME= in metrics (``eval/<name>``, ``nemogym-eval/<name>/*``)."""
+    eval_interval: int = Field(default=5, ge=1)
+    """Evaluate every N rollouts (and once before training, as Miles does)."""
+    eval_samples_per_prompt: int = Field(default=4, ge=1)
+    """Episodes per held-out instance: the k of pass@k."""
+    eval_temperature: float | None = Field(default=None, ge=0)
+    """Sampling temperature of eval episodes (default: rollout_temperature)."""
+    eval_top_p: float | None = Field(default=None, gt=0, le=1)
+    """top-p of eval episodes (default: rollout_top_p)."""
+    eval_max_response_len: int | None = Field(default=None, ge=1)
+    """Tokens per model turn in eval episodes (default: rollout_max_response_len)."""
+
+    # --- NeMo-Gym ---------------------------------------------------------------------------
+    store_episodes: bool = True
+    """Save every episode (its /run answer and record) per step and role; browse with
+    ``miles-nemogym episodes``."""
+    episode_dir: Path | None = None
+    """Where episodes are saved (NEMO_GYM_EPISODE_DIR; default ``<save_dir>/episodes``)."""
     session_server_ip: str = "0.0.0.0"
     """Where Miles' session server listens; 0.0.0.0 lets the Gym host dial in on any interface."""
     session_server_port: int = Field(default=30000, ge=1, le=65535)
@@ -324,7 +326,7 @@ class LauncherConfig(BaseModel):
     """Miles' session server protocol: v1, or v2."""
     nemo_gym_url: str = Field(default_factory=lambda: _env("NEMO_GYM_URL") or "http://localhost:12000")
     """Base URL of the NeMo-Gym mini_swe_agent_2 server (default: NEMO_GYM_URL, else http://localhost:12000)."""
-    nemo_gym_envs: dict[str, EnvironmentServer] = Field(default_factory=_environments_variable)
+    nemo_gym_envs: dict[str, EnvironmentServer] = Field(default_factory=_envs_variable)
     """The resources server of each NeMo-Gym environment the rows name (metadata.nemogym_env):
     NAME=URL or NAME=URL,max_steps=N, NAME as in ``serve --env NAME`` and ``convert --env
     NAME=FILE``, URL where it serves (``serve`` prints them); or a NEMO_GYM_ENVS JSON object.
@@ -336,39 +338,23 @@ class LauncherConfig(BaseModel):
     router_external_host: str | None = Field(default_factory=lambda: _env("MILES_ROUTER_EXTERNAL_HOST"))
     """Address of the trainer the Gym host can dial (MILES_ROUTER_EXTERNAL_HOST)."""
 
-    # --- tracking --------------------------------------------------------------------------
-    wandb_project: str | None = None
-    """Log to Weights & Biases (the key is read from WANDB_API_KEY, never put on a command line)."""
-    wandb_group: str | None = None
-    """Weights & Biases run group (with wandb_project)."""
-
-    # --- escape hatches --------------------------------------------------------------------
-    extra_args: list[str] = Field(default_factory=list)
-    """More Miles flags, appended verbatim; a flag the recipe already sets is refused."""
-    extra_env: dict[str, str] = Field(default_factory=dict)
-    """More environment variables for the job, NAME=VALUE."""
-
     _gym_url_origin: str = PrivateAttr(default="")
     _envs_origin: str = PrivateAttr(default="")
 
     def model_post_init(self, context: Any, /) -> None:
-        if "nemo_gym_url" in self.model_fields_set:
-            self._gym_url_origin = "the recipe"
-        else:  # the default factory read the environment just now
-            self._gym_url_origin = "NEMO_GYM_URL in the environment" if _env("NEMO_GYM_URL") else "the default"
-        if "nemo_gym_envs" in self.model_fields_set:
-            self._envs_origin = "the recipe"
-        else:
-            self._envs_origin = f"{_ENVS_VAR} in the environment" if _env(_ENVS_VAR) else f"{_ENVS_VAR} unset"
+        # Where each came from (the dry run and preflight say); ``load_config`` names the flag or YAML.
+        given = self.model_fields_set
+        url_from = "NEMO_GYM_URL in the environment" if _env("NEMO_GYM_URL") else "the default"
+        self._gym_url_origin = "the recipe" if "nemo_gym_url" in given else url_from
+        envs_from = f"{_ENVS_VAR} in the environment" if _env(_ENVS_VAR) else f"{_ENVS_VAR} unset"
+        self._envs_origin = "the recipe" if "nemo_gym_envs" in given else envs_from
 
     @property
     def gym_url_origin(self) -> str:
-        """Where ``nemo_gym_url`` came from: the flag, the YAML recipe, NEMO_GYM_URL or the default."""
         return self._gym_url_origin
 
     @property
     def envs_origin(self) -> str:
-        """Where ``nemo_gym_envs`` came from: the flag, the YAML recipe, NEMO_GYM_ENVS or nowhere."""
         return self._envs_origin
 
     @model_validator(mode="before")
@@ -430,26 +416,13 @@ class LauncherConfig(BaseModel):
         try:
             return Settings.model_validate({"NEMO_GYM_URL": value}).gym_url
         except ValidationError as error:
-            raise ValueError(str(error.errors()[0]["msg"]).removeprefix("Value error, ")) from None
+            raise ValueError(message(error.errors()[0])) from None
 
-    @field_validator("pause_generation_mode", mode="before")
+    @field_validator("pause_generation_mode", "update_weight_transfer_mode", mode="before")
     @classmethod
-    def _no_abort(cls, value: Any) -> Any:
-        if value == "abort":
-            raise ValueError(
-                "abort kills every running episode at each weight update; Miles refuses it with its "
-                "session server (and with --fully-async): use in_place or retract"
-            )
-        return value
-
-    @field_validator("update_weight_transfer_mode", mode="before")
-    @classmethod
-    def _no_disk_delta(cls, value: Any) -> Any:
-        if value == "disk-delta":
-            raise ValueError(
-                "disk-delta needs folders this launcher does not set (--update-weight-disk-dir, "
-                "--update-weight-local-checkpoint-dir): use broadcast or p2p"
-            )
+    def _refused_modes(cls, value: Any, info: ValidationInfo) -> Any:
+        if (info.field_name, value) in _REFUSED_MODES:
+            raise ValueError(_REFUSED_MODES[info.field_name, value])
         return value
 
     @field_validator("reasoning_parser", "tito_model", "tool_call_parser", "model_family")
@@ -460,8 +433,10 @@ class LauncherConfig(BaseModel):
     @field_validator("extra_env")
     @classmethod
     def _no_legacy_rollout(cls, value: dict[str, str]) -> dict[str, str]:
-        if _LEGACY_ENV in value:
-            raise ValueError(f"{_LEGACY_ENV} selects Miles' legacy rollout, which has no agentic flags; remove it")
+        if LEGACY_ROLLOUT_ENV in value:
+            raise ValueError(
+                f"{LEGACY_ROLLOUT_ENV} selects Miles' legacy rollout, which has no agentic flags; remove it"
+            )
         if _ENVS_VAR in value:
             raise ValueError(
                 f"give the environments' servers as nemo_gym_envs (--nemo-gym-env NAME=URL), not {_ENVS_VAR}"
@@ -556,7 +531,7 @@ class LauncherConfig(BaseModel):
         """What Miles refuses or ignores next to --fully-async, and the knobs only it reads."""
         problems: list[str] = []
         if not self.fully_async:
-            only_async = sorted(ASYNC_ONLY & self.model_fields_set)
+            only_async = sorted(_ASYNC_ONLY & self.model_fields_set)
             if only_async:
                 one = len(only_async) == 1
                 problems.append(
@@ -593,7 +568,7 @@ class LauncherConfig(BaseModel):
             )
         return problems
 
-    # --- derived values --------------------------------------------------------------------
+    # --- derived values ---------------------------------------------------------------------
 
     @property
     def model_name(self) -> str:
@@ -640,21 +615,6 @@ class LauncherConfig(BaseModel):
         return self.global_batch_size or self.rollout_batch_size * self.n_samples_per_prompt
 
 
-def _describe_error(
-    error: ValidationError, flags: Collection[str] = (), recipe: bool = False, source: str = "recipe"
-) -> str:
-    """A ``ValidationError`` as one line per field: ``--flag / key: problem``; a field the
-    problem names is spelled as the user gave it (``as_given``)."""
-
-    def label(loc: Sequence[int | str]) -> str:
-        path = ".".join(str(part) for part in loc)
-        return f"--{str(loc[0]).replace('_', '-')} / {source} key {path!r}" if loc else source
-
-    unknown = "unknown setting (see `examples/swebench_grpo/run.py --help` for the valid ones)"
-    text = describe(error, label=label, unknown_key=unknown, separator="\n  ")
-    return "invalid launcher configuration:\n  " + as_given(text, flags, recipe)
-
-
 _FIELD_NAME = re.compile(
     r"(?<![\w'-])("
     + "|".join(sorted((n for n in LauncherConfig.model_fields if "_" in n), key=len, reverse=True))
@@ -663,16 +623,21 @@ _FIELD_NAME = re.compile(
 """A recipe field's name in a message (the ones with ``_``; a bare ``colocate`` reads as a word)."""
 
 
-def as_given(message: str, flags: Collection[str], recipe: bool) -> str:
-    """``message`` with each field named as the user sets it: one given as a flag (or any, without
-    a ``--config`` ``recipe``) as its flag, ``rollout_num_gpus`` -> ``--rollout-num-gpus``; else
-    as the recipe's key."""
+def _describe_error(error: ValidationError, flags: Collection[str], recipe: bool) -> str:
+    """One line per field, ``--flag / recipe key 'key': problem``; each field the problem names is
+    spelled as the user set it: as its flag if given as one (or without a ``--config`` recipe)."""
+
+    def label(loc: Sequence[int | str]) -> str:
+        path = ".".join(str(part) for part in loc)
+        return f"--{str(loc[0]).replace('_', '-')} / recipe key {path!r}" if loc else "recipe"
 
     def spelled(match: re.Match[str]) -> str:
         name = match.group(1)
         return "--" + name.replace("_", "-") if name in flags or not recipe else name
 
-    return _FIELD_NAME.sub(spelled, message)
+    unknown = "unknown setting (see `examples/swebench_grpo/run.py --help` for the valid ones)"
+    text = describe(error, label=label, unknown_key=unknown, separator="\n  ")
+    return "invalid launcher configuration:\n  " + _FIELD_NAME.sub(spelled, text)
 
 
 def load_config(yaml_values: dict[str, Any] | None, cli_values: dict[str, Any]) -> LauncherConfig:
@@ -682,14 +647,10 @@ def load_config(yaml_values: dict[str, Any] | None, cli_values: dict[str, Any]) 
         config = LauncherConfig.model_validate(merged)
     except ValidationError as error:
         raise ConfigError(_describe_error(error, set(cli_values), yaml_values is not None)) from None
-    if "nemo_gym_url" in cli_values:
-        config._gym_url_origin = "--nemo-gym-url"
-    elif "nemo_gym_url" in merged:
-        config._gym_url_origin = "nemo_gym_url in the --config recipe"
-    if "nemo_gym_envs" in cli_values:
-        config._envs_origin = "--nemo-gym-env"
-    elif "nemo_gym_envs" in merged:
-        config._envs_origin = "nemo_gym_envs in the --config recipe"
+    for name, flag, origin in (("nemo_gym_url", "--nemo-gym-url", "_gym_url_origin"),
+                               ("nemo_gym_envs", "--nemo-gym-env", "_envs_origin")):  # fmt: skip
+        if name in merged:
+            setattr(config, origin, flag if name in cli_values else f"{name} in the --config recipe")
     return config
 
 

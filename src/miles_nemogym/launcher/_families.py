@@ -1,0 +1,95 @@
+"""Model family -> Miles ``--tito-model`` and the SGLang parsers it needs (docs/launcher.md)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from miles_nemogym.errors import MilesNemoGymError
+
+
+@dataclass(frozen=True)
+class Parsers:
+    """The values the command line gets: a Miles ``TITOTokenizerType`` and SGLang's parsers."""
+
+    family: str
+    tito_model: str
+    reasoning_parser: str | None
+    tool_call_parser: str
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    name: str
+    tito_model: str
+    reasoning_parser: str | None
+    tool_call_parser: str
+    patterns: tuple[str, ...]
+    """Regular expressions matched against the lower-cased checkpoint name."""
+
+
+# The first family whose pattern matches wins (Qwen3-Next before Qwen3).
+FAMILIES: tuple[ModelFamily, ...] = (
+    ModelFamily("qwen3-next", "qwennext", "qwen3", "qwen25", (r"qwen3-next", r"qwen3-.*thinking-2507")),
+    ModelFamily("qwen3.5", "qwen35", "qwen3", "qwen3_coder", (r"qwen3\.5",)),
+    ModelFamily("qwen3", "qwen3", "qwen3", "qwen25", (r"qwen3(?![.\d])",)),
+    ModelFamily("glm4.7", "glm47", "glm45", "glm47", (r"glm-?4\.7", r"glm-?5")),
+    ModelFamily("nemotron3", "nemotron3", "nemotron_3", "qwen3_coder", (r"nemotron-?3",)),
+    ModelFamily("kimi-k2.6", "kimi26", "kimi_k2", "kimi_k2_raw_id", (r"kimi-?k2\.6",)),
+    ModelFamily("minimax-m2.5", "minimax_m25", "minimax-append-think", "minimax-m2", (r"minimax-?m2\.5",)),
+    ModelFamily("minimax-m2.7", "minimax_m27", "minimax-append-think", "minimax-m2", (r"minimax-?m2\.7",)),
+    ModelFamily("deepseek-v3.2", "deepseekv32", "deepseek-v3", "deepseekv32", (r"deepseek-v3\.2",)),
+    ModelFamily("deepseek-v4", "deepseekv4", "deepseek-v4", "deepseekv4", (r"deepseek-v4",)),
+    ModelFamily("inkling", "inkling", "inkling", "inkling", (r"inkling",)),
+)
+_BY_NAME = {family.name: family for family in FAMILIES}
+
+
+class UnknownFamilyError(MilesNemoGymError, ValueError):
+    """The model family cannot be told; the message names the override flags."""
+
+
+def detect(checkpoint: str) -> ModelFamily | None:
+    """The family whose pattern matches the checkpoint's last path component, if any."""
+    name = checkpoint.rstrip("/").rsplit("/", 1)[-1].lower()
+    return next((f for f in FAMILIES if any(re.search(p, name) for p in f.patterns)), None)
+
+
+def resolve(
+    checkpoint: str,
+    *,
+    family: str | None = None,
+    tito_model: str | None = None,
+    reasoning_parser: str | None = None,
+    tool_call_parser: str | None = None,
+) -> Parsers:
+    """Family values with per-value overrides (``reasoning_parser="none"``: no parser); without a
+    known family, all three values must be given."""
+    known = ", ".join(_BY_NAME)
+    chosen = detect(checkpoint) if family is None else _BY_NAME.get(family.lower())
+    if chosen is None and family is not None:
+        raise UnknownFamilyError(
+            f"--model-family {family!r} is not one of: {known}; pass one of those, or set "
+            "--tito-model, --reasoning-parser and --tool-call-parser yourself"
+        )
+    reasoning = None if reasoning_parser is None or reasoning_parser.lower() == "none" else reasoning_parser
+    if chosen is None:
+        given = {
+            "--tito-model": tito_model,
+            "--reasoning-parser": reasoning_parser,
+            "--tool-call-parser": tool_call_parser,
+        }
+        missing = [flag for flag, value in given.items() if value is None]
+        if missing or tito_model is None or tool_call_parser is None:
+            raise UnknownFamilyError(
+                f"cannot tell the model family of {checkpoint!r} (known: {known}); pass --model-family, or all "
+                f"of --tito-model, --reasoning-parser and --tool-call-parser (missing: {', '.join(missing)}; "
+                "'--reasoning-parser none' for a model without reasoning output)"
+            )
+        return Parsers("custom", tito_model, reasoning, tool_call_parser)
+    return Parsers(
+        chosen.name,
+        tito_model or chosen.tito_model,
+        reasoning if reasoning_parser is not None else chosen.reasoning_parser,
+        tool_call_parser or chosen.tool_call_parser,
+    )
