@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
-from miles_nemogym.gym.catalog import BENCHMARK_PREPARED, BENCHMARK_SHIPPED, NOT_YET, entry_support, load_catalog
+from miles_nemogym.gym.catalog import BENCHMARK_PREPARED, BENCHMARK_SHIPPED, entry_support, load_catalog
 from miles_nemogym.gym.venv import ensure_gym_venv
 from tests.support import environments_table as table
 
@@ -76,7 +76,10 @@ def test_the_docs_table_is_the_scripts_output_over_the_whole_catalog() -> None:
     assert len(rows) == len(entries) == 385
     assert rows["resources_servers/mcqa"].status == table.TESTED
     assert rows["gpqa"].status == table.BENCHMARK_TESTED and "graded by `gpqa` (`mcqa` with" in rows["gpqa"].needs
-    assert rows["gdpval"].status == NOT_YET  # a benchmark of another agent (stirrup_agent)
+    # Benchmarks of other agents: refused for nemo-gym's reason (gdpval: its own rollout driver),
+    # or played by their environment's agent (gdp_pdf).
+    assert rows["gdpval"].status == table.REFUSED and "rollout driver" in rows["gdpval"].needs
+    assert rows["gdp_pdf"].status == table.BENCHMARK_TESTED
     assert rows["aime25"].status == rows["gsm8k"].status == table.BENCHMARK_TESTED
     assert rows["aime24"].status == BENCHMARK_PREPARED
     # The benchmark whose data ships, and its grader: played here through the stand-in judge.
