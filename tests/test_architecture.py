@@ -38,6 +38,29 @@ def test_the_runtime_imports_no_tool(shape: Shape) -> None:
     assert "miles_nemogym.agent" in shape.runtime and "miles_nemogym.cli.main" in shape.tools
 
 
+def test_rooms_import_only_each_others_api(shape: Shape) -> None:
+    assert shape.crossings() == []
+
+
+def test_the_measurement_sees_a_room_reaching_into_another(tmp_path: Path) -> None:
+    package = tmp_path / "src" / "miles_nemogym"
+    (package / "scan").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "scan" / "__init__.py").write_text("")
+    (package / "scan" / "_runner.py").write_text("def run():\n    pass\n")
+    (package / "scan" / "entry.py").write_text(
+        "from miles_nemogym.scan._runner import run\n__all__ = ['go']\nhelper = 1\n"
+    )
+    (package / "cli.py").write_text(
+        "from miles_nemogym.scan import _runner\nfrom miles_nemogym.scan.entry import helper, go\n"
+    )
+    made = measure(tmp_path)
+    assert made.crossings() == [
+        "miles_nemogym.cli -> miles_nemogym.scan._runner",
+        "miles_nemogym.cli -> miles_nemogym.scan.entry.helper",
+    ]
+
+
 def test_the_measurement_sees_a_cycle_and_a_lazy_import(tmp_path: Path) -> None:
     """The rules above can fail: a cycle made through a function-level import is found."""
     package = tmp_path / "src" / "miles_nemogym"

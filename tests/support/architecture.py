@@ -27,6 +27,8 @@ class Module:
     path: Path
     lines: int
     imports: set[str] = field(default_factory=set)
+    names: set[tuple[str, str]] = field(default_factory=set)
+    """(module, name) of every ``from module import name`` of a package module's name."""
     public: list[str] = field(default_factory=list)
     """Its public names: ``__all__`` where it declares one, else its top-level names without ``_``."""
     declares_all: bool = False
@@ -99,6 +101,8 @@ def read_package(root: Path) -> dict[str, Module]:
                     found = resolve(target)
                     if found is not None and found != name:
                         module.imports.add(found)
+                        if isinstance(node, ast.ImportFrom) and found != target:  # a name, not a module
+                            module.names.add((found, target.rpartition(".")[2]))
     return modules
 
 
@@ -186,6 +190,20 @@ class Shape:
     def unit_cycles(self) -> list[list[str]]:
         return cycles(self.unit_arrows())
 
+    def crossings(self) -> list[str]:
+        """Imports across rooms of what is not the other room's API: a private module (``_x``), or
+        a name its module's ``__all__`` leaves out. Within a room, siblings share their internals."""
+        found = []
+        for name, module in self.modules.items():
+            for other in module.imports:
+                if unit(other) != unit(name) and self.modules[other].private:
+                    found.append(f"{name} -> {other}")
+            for other, imported in module.names:
+                target = self.modules[other]
+                if unit(other) != unit(name) and target.declares_all and imported not in target.public:
+                    found.append(f"{name} -> {other}.{imported}")
+        return sorted(found)
+
     def runtime_importing_tools(self) -> list[str]:
         return sorted(f"{n} -> {o}" for n in self.runtime for o in self.modules[n].imports if o not in self.runtime)
 
@@ -215,7 +233,8 @@ def figures_table(shape: Shape) -> str:
     lines.append(
         f"Modules declaring `__all__`: {declared} of {len(files)}. Import cycles between modules: "
         f"{len(shape.module_cycles())}; between rooms: {len(shape.unit_cycles())}. Runtime modules "
-        f"importing a tool: {len(shape.runtime_importing_tools())}."
+        f"importing a tool: {len(shape.runtime_importing_tools())}. Imports across rooms of a private "
+        f"module or of a name outside `__all__`: {len(shape.crossings())}."
     )
     return "\n".join(lines) + "\n"
 

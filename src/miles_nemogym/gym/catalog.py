@@ -44,6 +44,8 @@ from miles_nemogym.settings import short_name
 __all__ = [
     "BENCHMARK_PREPARED",
     "BENCHMARK_SHIPPED",
+    "NOT_YET",
+    "REFUSED",
     "CatalogDataset",
     "CatalogEntry",
     "Support",
