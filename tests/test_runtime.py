@@ -128,6 +128,8 @@ PURE_CACHES = {
     "miles_nemogym.gym.environments._catalog_folders",  # keyed by the wheel's path
     "miles_nemogym.gym.environments._folder_servers",  # keyed by the wheel's path
     "miles_nemogym.gym.environments._benchmark_environments",  # keyed by the wheel's path
+    "miles_nemogym.gym.environments._server_configs",  # keyed by the wheel's path
+    "miles_nemogym.gym.environments._agent_configs_of",  # keyed by the wheel's path
     "miles_nemogym.gym.environments._config_names",  # keyed by the wheel's path
     "miles_nemogym.gym.environments._shipped_environments",  # keyed by the wheel's path
     "miles_nemogym.gym.environments._refused_folders",  # keyed by the wheel's path

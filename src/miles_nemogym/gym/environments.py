@@ -440,9 +440,19 @@ def _config_rows(config: str) -> str:
     return _rows_of(config)
 
 
+@functools.lru_cache(maxsize=4)
+def _server_configs(wheel: Path) -> dict[str, tuple[str, ...]]:
+    """Each resources server's configs in the wheel at ``wheel`` (``resources_servers/X/configs/*.yaml``)."""
+    found: dict[str, list[str]] = {}
+    with zipfile.ZipFile(wheel) as archive:
+        for member in filter(_is_server_config, archive.namelist()):
+            found.setdefault(member.split("/")[1], []).append(member)
+    return {server: tuple(sorted(members)) for server, members in found.items()}
+
+
 def _config_member(name: str, archive: zipfile.ZipFile) -> str:
     folder = f"{_GROUP}/{name}/configs/"
-    found = sorted(m for m in archive.namelist() if m.startswith(folder) and m.endswith(".yaml") and m.count("/") == 3)
+    found = list(_server_configs(Path(str(archive.filename))).get(name, ()))
     named = f"{folder}{name}.yaml"
     if named in found:
         return named
@@ -564,17 +574,27 @@ def _driver(config: Mapping[str, Any], instance: str, routed: bool) -> str | Non
 
 def _agent_configs(archive: zipfile.ZipFile) -> dict[str, str]:
     """``X`` -> the shipped config holding agent ``X_simple_agent`` (how rows name environments)."""
+    return _agent_configs_of(Path(str(archive.filename)))
+
+
+@functools.lru_cache(maxsize=4)
+def _agent_configs_of(wheel: Path) -> dict[str, str]:
     found: dict[str, str] = {}
-    for member in archive.namelist():
-        parts = member.split("/")
-        if len(parts) != 4 or parts[0] != _GROUP or parts[2] != "configs" or not member.endswith(".yaml"):
-            continue
+    with zipfile.ZipFile(wheel) as archive:
+        members = archive.namelist()
+        reads = {member: archive.read(member) for member in members if _is_server_config(member)}
+    for member, text in reads.items():
         with contextlib.suppress(yaml.YAMLError, UnicodeDecodeError):
-            config = load_yaml(archive.read(member))
+            config = load_yaml(text)
             for key, entry in config.items() if isinstance(config, dict) else ():
                 if str(key).endswith(AGENT_SUFFIX) and _agent(entry) is not None:
                     found.setdefault(str(key)[: -len(AGENT_SUFFIX)], member)
     return found
+
+
+def _is_server_config(member: str) -> bool:
+    parts = member.split("/")
+    return len(parts) == 4 and parts[0] == _GROUP and parts[2] == "configs" and member.endswith(".yaml")
 
 
 def check_shipped(names: Sequence[str]) -> None:
