@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
+from miles_nemogym.gym._judge_gate import JudgeGate
 from miles_nemogym.gym.composition import (
     JUDGE_INSTANCE,
     JUDGE_KEY_ENV,
@@ -26,7 +27,6 @@ from miles_nemogym.gym.composition import (
     shipped_config,
 )
 from miles_nemogym.gym.environments import plan, refusals
-from miles_nemogym.gym.judge_gate import JudgeGate
 from miles_nemogym.gym.venv import child_environment
 from tests.support.judge_model import JudgeModel
 from tests.support.threaded import serving_in_thread

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 import yaml
 
+from miles_nemogym.gym._judge_gate import CONNECT_TIMEOUT_S
 from miles_nemogym.gym.composition import JUDGE_INSTANCE, JUDGE_KEY_ENV, Judge
 from miles_nemogym.gym.config import ConfigRefusal
 from miles_nemogym.gym.environments import EnvironmentServers, compose_each, plan, refusals, shipped_environments
-from miles_nemogym.gym.judge_gate import CONNECT_TIMEOUT_S
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, ensure_gym_venv
 from miles_nemogym.gym.wheel import read_member
 from miles_nemogym.settings import Settings

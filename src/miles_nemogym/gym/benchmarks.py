@@ -20,15 +20,7 @@ from miles_nemogym.episode.record import BENCHMARK_KEY
 from miles_nemogym.gym.catalog import CatalogEntry, benchmark_grader, entry_support
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, run_in_gym
 
-__all__ = [
-    "BENCHMARK_KEY",
-    "BenchmarkError",
-    "BenchmarkMark",
-    "benchmark_mark",
-    "file_benchmark",
-    "materialize",
-    "shipped_data",
-]
+__all__ = ["BenchmarkError", "BenchmarkMark", "benchmark_mark", "file_benchmark", "materialize", "shipped_data"]
 
 _MATERIALIZE = """
 import sys

@@ -46,17 +46,13 @@ __all__ = [
     "BENCHMARK_SHIPPED",
     "NOT_YET",
     "REFUSED",
-    "CatalogDataset",
     "CatalogEntry",
-    "Support",
     "UnknownCatalogNameError",
     "benchmark_grader",
     "entry_support",
     "find",
     "load_catalog",
-    "read_catalog",
     "served_name",
-    "support",
 ]
 
 _RESOURCES = "resources_servers/"

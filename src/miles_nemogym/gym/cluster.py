@@ -19,6 +19,8 @@ from typing import Any
 
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv
 
+__all__ = ["unreachable"]
+
 _EPISODE_CPUS = 0.25
 """The CPU each ``mini_swe_agent_2`` episode task asks Ray for (nemo-gym 0.7.0 ``app.py``)."""
 

@@ -38,6 +38,8 @@ import yaml
 from miles_nemogym.episode.record import AGENT_SUFFIX
 from miles_nemogym.fit import counted
 from miles_nemogym.gym import wheel as gym_wheel
+from miles_nemogym.gym._judge_gate import JudgeGate
+from miles_nemogym.gym._logs import ServerLog, run_secrets
 from miles_nemogym.gym.composition import (
     JUDGE_INSTANCE,
     JUDGE_KEY_ENV,
@@ -55,8 +57,6 @@ from miles_nemogym.gym.composition import (
 )
 from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config, parse_configs
 from miles_nemogym.gym.harness import HARNESSES, NOT_RUN_HERE, cli_bin
-from miles_nemogym.gym.judge_gate import JudgeGate
-from miles_nemogym.gym.logs import ServerLog, run_secrets
 from miles_nemogym.gym.server import (
     MARKER_ENV,
     advertised_url,
@@ -84,30 +84,19 @@ from miles_nemogym.transport import connect_host
 from miles_nemogym.yaml_file import load as load_yaml
 
 __all__ = [
-    "PLAYED_AGENTS",
-    "POLICY_MODEL",
-    "ROUTING_MODEL",
-    "ROUTING_ROOT",
     "EnvironmentPlan",
     "EnvironmentServers",
     "UnknownEnvironmentError",
-    "benchmark_environments",
-    "catalog_folders",
     "check_shipped",
-    "compose_each",
-    "config_refusal",
     "environment_needs",
-    "environment_python",
     "example_rows_member",
     "judged_plans",
     "missing_requirements",
     "overlay_path",
     "overlay_python",
     "plan",
-    "plan_config",
     "refusals",
     "setting",
-    "shipped_environments",
 ]
 
 _GROUP = "resources_servers"

@@ -19,6 +19,8 @@ from typing import Any
 
 from miles_nemogym.redaction import REDACTED
 
+__all__ = ["missing", "redacted"]
+
 # The CLI each provider drives (docker, enroot, apptainer: `_require_<name>` in its provider.py).
 _BINARIES = {"docker": "docker", "enroot": "enroot", "apptainer": "apptainer"}
 

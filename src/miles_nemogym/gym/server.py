@@ -27,12 +27,14 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 
+from miles_nemogym.gym._logs import ServerLog, run_secrets
 from miles_nemogym.gym.cluster import ClusterNode, check_cluster
 from miles_nemogym.gym.config import ServeOptions, compose_config_yaml, instance_name
-from miles_nemogym.gym.logs import ServerLog, run_secrets
 from miles_nemogym.gym.providers import node_binaries
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, child_environment, ensure_gym_venv
 from miles_nemogym.transport import bracket, connect_host, is_wildcard
+
+__all__ = ["GymServer", "advertised_url", "free_port", "port_free"]
 
 MARKER_ENV = "MILES_NEMOGYM_GYM_SERVER_ID"
 """Set in the server's environment; inherited by Ray, so stragglers can be found."""

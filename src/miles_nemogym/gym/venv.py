@@ -27,6 +27,8 @@ from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.pins import GYM_PYTHON, MINI_SWE_AGENT_VERSION, NEMO_GYM_VERSION, SWEBENCH_VERSION
 
+__all__ = ["GymEnvironmentError", "GymVenv", "cached_gym_venv", "ensure_gym_venv", "find_gym_python"]
+
 GYM_PYTHON_ENV = "MILES_NEMOGYM_GYM_PYTHON"
 """Names the Python 3.13 interpreter explicitly (skips the search)."""
 
