@@ -22,9 +22,7 @@ from miles_nemogym.episode.record import (
 from miles_nemogym.settings import environment_name_problem, short_name
 
 __all__ = [
-    "apportion",
     "chat_prompt",
-    "env_mark_problem",
     "environment_of_row",
     "is_environment_row",
     "parse_env_option",

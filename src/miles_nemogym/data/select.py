@@ -13,14 +13,7 @@ from miles_nemogym.data.schema import SweBenchInstance
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.pins import SWEBENCH_VERSION
 
-__all__ = [
-    "Selection",
-    "instance_ids_option",
-    "load_grade_tables",
-    "parse_instance_ids",
-    "read_instance_ids",
-    "split_names",
-]
+__all__ = ["instance_ids_option", "parse_instance_ids"]
 
 
 class InstanceIdsError(MilesNemoGymError, ValueError):

@@ -16,7 +16,7 @@ from typing import Any, BinaryIO
 
 from miles_nemogym.errors import MilesNemoGymError
 
-__all__ = ["RawRow", "SourceError", "open_file", "open_source"]
+__all__ = ["SourceError", "open_file"]
 
 _PARQUET_BATCH_ROWS = 64  # as fast as larger batches, with a lower peak RSS (bench/README.md, "Converter")
 _JSON_CHUNK = 1 << 20

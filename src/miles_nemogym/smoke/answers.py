@@ -9,7 +9,7 @@ from typing import Any
 
 from miles_nemogym.smoke.policy import Answer
 
-__all__ = ["GOLD", "PLAIN", "PLAIN_ANSWER", "WRONG", "Answers", "answers"]
+__all__ = ["GOLD", "WRONG", "Answers", "answers"]
 
 Answers = dict[str, tuple[Answer, ...]]
 """``{"gold": turns, "wrong": turns}``; empty when the row carries no gold."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-__all__ = ["Answer", "RecordingPolicy"]
+__all__ = ["RecordingPolicy"]
 
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 _DEFAULT_LOOK_AROUND = ("pwd", "ls -la")

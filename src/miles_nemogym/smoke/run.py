@@ -24,16 +24,7 @@ from miles_nemogym.smoke.policy import RecordingPolicy
 from miles_nemogym.store import reader
 from miles_nemogym.transport import close_pools
 
-__all__ = [
-    "OFFLINE_REASON",
-    "SmokeEpisode",
-    "SmokeReport",
-    "expected_offline",
-    "file_as_step",
-    "is_offline_failure",
-    "run_rows",
-    "run_smoke",
-]
+__all__ = ["OFFLINE_REASON", "SmokeEpisode", "SmokeReport", "expected_offline", "is_offline_failure", "run_smoke"]
 
 # What Miles' rollout would pass as request_kwargs (already renamed to OpenAI names).
 _SMOKE_SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 1024, "top_k": 50, "seed": 1234}

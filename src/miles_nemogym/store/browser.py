@@ -17,21 +17,14 @@ from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text
 from miles_nemogym.store.reader import StoredEpisode
 
 __all__ = [
-    "PASS_RATE",
-    "SWE_RESOLVE_RATE",
-    "LongText",
-    "Row",
     "environment_rows",
     "episode_list_text",
     "episode_parts",
     "filed_label",
-    "fmt",
     "printable",
     "quality_label",
-    "rate_name",
     "select",
     "several_environments",
-    "split_head",
     "step_label",
     "step_rows",
     "table_text",

@@ -20,7 +20,7 @@ from miles_nemogym.episode.record import EVAL, SWE_ENVIRONMENT, TRAIN, pass_at_k
 from miles_nemogym.store.browser import SWE_RESOLVE_RATE, printable, quality_label, rate_name
 from miles_nemogym.store.reader import StoredEpisode
 
-__all__ = ["plots", "plots_html", "svg"]
+__all__ = ["plots", "svg"]
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord, parse_record, passed, verdict
 from miles_nemogym.store.writer import ROLES
 
-__all__ = ["Store", "StoredEpisode", "load"]
+__all__ = ["StoredEpisode", "load"]
 
 UNFILED = "no step has trained or dropped it yet"
 """``StoredEpisode.not_trained`` of a sealed episode no filing names, in a role with filings

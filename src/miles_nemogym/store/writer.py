@@ -31,7 +31,7 @@ import pydantic_core
 
 from miles_nemogym.episode.record import EpisodeRecord
 
-__all__ = ["ROLES", "Stores", "entry_for", "session_id"]
+__all__ = ["Stores", "entry_for", "session_id"]
 
 logger = logging.getLogger(__name__)
 
