@@ -260,8 +260,7 @@ def _short(reason: str) -> str:
         (r"its agent '[^']+' \((\w+)\) (builds|posts) .*", r"its agent `\1` drops the rollout id (nemo-gym 0.7.0)"),
         (r"calls model server '([^']+)', not policy_model", r"an agent of its calls `\1`, not `policy_model`"),
         (r"reads (\S+) .*the nemo-gym 0.7.0 wheel does not ship", r"a file the wheel does not ship: `\1`"),
-        (r"its agent \w+: its CLI \(npm (`[^`]+`)\) is not one serve installs", r"its CLI (npm \1) not run here yet"),
-        (r"its CLI installs by a shell script from (\S+) ", r"its CLI installs by a script from \1, not npm"),
+        (r"its agent \w+: (its CLI[^;]*)", r"\1"),
     )
     for pattern, replacement in patterns:
         found = re.search(pattern, reason)

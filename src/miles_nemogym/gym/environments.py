@@ -105,9 +105,9 @@ __all__ = [
 
 _GROUP = "resources_servers"
 _CATALOG = "environments"
-PLAYED_AGENTS = ("simple_agent", "gymnasium_agent", "opencode_agent")
+PLAYED_AGENTS = ("simple_agent", "gymnasium_agent", *HARNESSES)
 """The agent kinds of an ``environments/`` folder this package serves by the folder's name: the
-``simple_agent`` loop it plays in-process, the ``gymnasium_agent`` and ``opencode_agent`` it routes
+``simple_agent`` loop it plays in-process, the ``gymnasium_agent`` and the harnesses it routes
 (as it does the resources servers' own configs of either)."""
 POLICY_KEY_ENV = "NEMO_GYM_POLICY_API_KEY"
 _READY = "miles-nemogym-envs.json"
