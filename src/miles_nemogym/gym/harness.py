@@ -83,8 +83,8 @@ NOT_RUN_HERE: dict[str, str] = {
     "nemo-gym 0.7.0 cannot turn into the chat completion Miles' session server serves (responses_converter.py)",
     "cline_agent": "its CLI's pinned version (npm `cline@3.0.55`) is not in the npm registry it was tried "
     "against (ETARGET, 3.0.57 and later are): untried",
-    "openclaw_agent": "its CLI (npm `openclaw` 2026.6.11) needs Node.js >= 22.19 (its engines); serve installs "
-    "no Node.js and the host it was tried on has Node.js 20",
+    "openclaw_agent": "its CLI (npm `openclaw` 2026.6.11) needs Node.js >= 22.19 (on 20 it exits at start); "
+    "serve installs no Node.js and the host it was tried on has Node.js 20",
     "pi_agent": "its CLI (npm `@earendil-works/pi-coding-agent` 0.80.2) does not start: npm resolves its "
     "`@earendil-works/pi-ai` ^0.80.2 to 0.80.10, which lacks the `getOAuthApiKey` it imports",
     "prime_agent": "its CLI installs by a shell script from app.primeintellect.ai (setup_prime_agent.py), "
