@@ -25,7 +25,7 @@ from miles_nemogym.smoke.answers import GOLD, WRONG, answers
 SIMPLE = ("abstention", "arc_agi", "calendar", "calendar_v2", "circle_click", "circle_count", "code_gen", "ether0")
 SIMPLE += ("instruction_following", "reasoning_gym", "workplace_assistant")
 GYMNASIUM = ("blackjack", "indian_banking", "wordle")
-HARNESS = ("opencode_math", "opencode_reasoning_gym", "kilocode_math")
+HARNESS = ("opencode_math", "opencode_reasoning_gym", "kilocode_math", "cline_math")
 
 
 def _kinds(member: str) -> tuple[set[str], set[str]]:
@@ -100,6 +100,8 @@ def test_environments_reports_the_folders_as_served_refused_or_judged_and_others
     assert opencode.status == catalog.ROUTED and "to install opencode-ai@1.17.11 once" in opencode.needs
     kilo = entry_support(entry("kilocode_math"))  # the version serve pins over nemo-gym's 7.4.15
     assert kilo.status == catalog.ROUTED and "to install @kilocode/cli@7.7.7 once" in kilo.needs
+    cline = entry_support(entry("cline_math"))  # likewise over its 3.0.55
+    assert cline.status == catalog.ROUTED and "to install cline@3.0.57 once" in cline.needs
 
 
 # The five folders of nemo-gym 0.7.0's environments/ no other rule served: each refused for what the
@@ -136,7 +138,6 @@ def test_the_last_five_folders_are_refused_for_a_requirement_beyond_pypi_or_serv
 _HARNESS_REFUSALS = {
     "claude_code_math": "its CLI (npm `@anthropic-ai/claude-code`) has no pinned version",
     "codex_reasoning_gym": "its CLI (npm `@openai/codex` 0.144.4) sends `include` in every /v1/responses call",
-    "cline_math": "its CLI's pinned version (npm `cline@3.0.55`) is not in the npm registry it was tried against",
     "openclaw_reasoning_gym": "its CLI (npm `openclaw` 2026.6.11) needs Node.js >= 22.19",
     "pi_math": "its CLI (npm `@earendil-works/pi-coding-agent` 0.80.2) does not start",
     "prime_agent_math": "its CLI installs by a shell script from app.primeintellect.ai (setup_prime_agent.py)",

@@ -27,9 +27,10 @@ TOOL_SIMULATION = ("swe_pivot",)
 HARNESS = ("opencode_math",)
 """Environments of ``environments/`` played by a harness agent running its CLI (``opencode_agent``:
 the ``opencode`` CLI, installed from npm by ``serve``)."""
-HARNESS_RUN = ("kilocode_math",)
+HARNESS_RUN = ("kilocode_math", "cline_math")
 """Harness environments played through their agent's own ``/run`` against a scripted session
-(``kilocode_agent``: the ``kilo`` CLI, installed from npm by ``serve``)."""
+(``kilocode_agent``: the ``kilo`` CLI, ``cline_agent``: the ``cline`` CLI, installed from npm by
+``serve``)."""
 AGENTS = GYMNASIUM + TOOL_SIMULATION + HARNESS + HARNESS_RUN
 """Every environment played by an agent other than ``simple_agent`` that the integration tests drive."""
 ROUTED_SIMPLE = ENVIRONMENTS

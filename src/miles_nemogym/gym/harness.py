@@ -1,14 +1,14 @@
 """The agent CLIs NeMo-Gym's harness agents run, and what ``serve`` changes in their config.
 
 ``opencode_agent`` runs the ``opencode`` CLI (npm ``opencode-ai``), ``kilocode_agent`` the ``kilo``
-CLI (npm ``@kilocode/cli``, an OpenCode fork), each the version its config pins (kilo: the one
-pinned here, below). ``serve`` installs it once per version into this package's cache (``npm
-install --prefix``, no root, no global install) and puts it on the agent's ``PATH``, where the
-agent's own setup (``ensure_opencode``, ``ensure_kilo``) finds it. Its config gets ``model_server:
-policy_model`` (the agent's own option: its CLI's provider URL is then the routing model's, with
-the rollout id) and the CLI's title agent disabled (a second conversation on the sample's
-session). Every other harness agent is refused for what it lacks (``NOT_RUN_HERE``). Why:
-docs/environments.md, "Harness environments".
+CLI (npm ``@kilocode/cli``, an OpenCode fork), ``cline_agent`` the ``cline`` CLI, each the version
+its config pins (kilo's and cline's: the one pinned here, below). ``serve`` installs it once per
+version into this package's cache (``npm install --prefix``, no root, no global install) and puts
+it on the agent's ``PATH``, where the agent's own setup (``ensure_opencode``, ``ensure_kilo``,
+``ensure_cline``) finds it. Its config gets ``model_server: policy_model`` (the agent's own option:
+its CLI's provider URL is then the routing model's, with the rollout id) and OpenCode's and Kilo's
+title agent disabled (a second conversation on the sample's session). Every other harness agent
+is refused for what it lacks (``NOT_RUN_HERE``). Why: docs/environments.md, "Harness environments".
 """
 
 from __future__ import annotations
@@ -73,6 +73,15 @@ HARNESSES: dict[str, Harness] = {
             "kilo_config": {"agent": {"title": {"disable": True}}},
         },
     ),
+    "cline_agent": Harness(
+        kind="cline_agent",
+        package="cline",
+        command="cline",
+        version_field="cline_version",
+        # nemo-gym pins 3.0.55, which npm's registry did not hold where this was proven; 3.0.57 runs
+        # cline_math end to end (tests/integration/test_harness_cli_agents.py).
+        layer={"model_server": _POLICY_MODEL, "cline_version": "3.0.57"},
+    ),
 }
 
 
@@ -81,8 +90,6 @@ NOT_RUN_HERE: dict[str, str] = {
     "claude_code_version is null); serve installs a pinned CLI only",
     "codex_agent": "its CLI (npm `@openai/codex` 0.144.4) sends `include` in every /v1/responses call, which "
     "nemo-gym 0.7.0 cannot turn into the chat completion Miles' session server serves (responses_converter.py)",
-    "cline_agent": "its CLI's pinned version (npm `cline@3.0.55`) is not in the npm registry it was tried "
-    "against (ETARGET, 3.0.57 and later are): untried",
     "openclaw_agent": "its CLI (npm `openclaw` 2026.6.11) needs Node.js >= 22.19 (on 20 it exits at start); "
     "serve installs no Node.js and the host it was tried on has Node.js 20",
     "pi_agent": "its CLI (npm `@earendil-works/pi-coding-agent` 0.80.2) does not start: npm resolves its "
