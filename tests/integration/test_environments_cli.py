@@ -78,8 +78,8 @@ def test_the_docs_table_is_the_scripts_output_over_the_whole_catalog() -> None:
     assert rows["gpqa"].status == NOT_YET
     assert rows["aime25"].status == rows["gsm8k"].status == table.BENCHMARK_TESTED
     assert rows["aegis_v4_safety"].status == BENCHMARK_SHIPPED and rows["aime24"].status == BENCHMARK_PREPARED
-    # The harness environments: opencode's run here, every other one refused with what it lacks.
-    assert rows["opencode_math"].status == table.TESTED
+    # The harness environments: opencode's, kilocode's and cline's run here, every other one refused.
+    assert rows["opencode_math"].status == rows["kilocode_math"].status == rows["cline_math"].status == table.TESTED
     assert rows["claude_code_math"].status == rows["hermes_reasoning_gym"].status == table.REFUSED
     # environments/ folders by their own names: played here, routed, or refused with the reason.
     assert rows["calendar_v2"].status == rows["arc_agi"].status == table.TESTED
