@@ -25,7 +25,7 @@ from miles_nemogym.smoke.answers import GOLD, WRONG, answers
 SIMPLE = ("abstention", "arc_agi", "calendar", "calendar_v2", "circle_click", "circle_count", "code_gen", "ether0")
 SIMPLE += ("instruction_following", "reasoning_gym", "workplace_assistant")
 GYMNASIUM = ("blackjack", "indian_banking", "wordle")
-OPENCODE = ("opencode_math", "opencode_reasoning_gym")
+HARNESS = ("opencode_math", "opencode_reasoning_gym", "kilocode_math", "cline_math")
 
 
 def _kinds(member: str) -> tuple[set[str], set[str]]:
@@ -37,9 +37,9 @@ def _kinds(member: str) -> tuple[set[str], set[str]]:
     )
 
 
-def test_the_folders_played_by_simple_agent_gymnasium_agent_or_opencode_are_environments() -> None:
+def test_the_folders_played_by_simple_agent_gymnasium_agent_or_a_run_harness_are_environments() -> None:
     folders = catalog_folders()
-    assert sorted(folders) == sorted((*SIMPLE, *GYMNASIUM, *OPENCODE))
+    assert sorted(folders) == sorted((*SIMPLE, *GYMNASIUM, *HARNESS))
     assert "claude_code_math" not in folders and "example_single_tool_call" not in folders
 
 
@@ -98,6 +98,10 @@ def test_environments_reports_the_folders_as_served_refused_or_judged_and_others
     assert "user_sim_base_url" in entry_support(entry("indian_banking")).needs
     opencode = entry_support(entry("opencode_math"))
     assert opencode.status == catalog.ROUTED and "to install opencode-ai@1.17.11 once" in opencode.needs
+    kilo = entry_support(entry("kilocode_math"))  # the version serve pins over nemo-gym's 7.4.15
+    assert kilo.status == catalog.ROUTED and "to install @kilocode/cli@7.7.7 once" in kilo.needs
+    cline = entry_support(entry("cline_math"))  # likewise over its 3.0.55
+    assert cline.status == catalog.ROUTED and "to install cline@3.0.57 once" in cline.needs
 
 
 # The five folders of nemo-gym 0.7.0's environments/ no other rule served: each refused for what the
@@ -132,13 +136,11 @@ def test_the_last_five_folders_are_refused_for_a_requirement_beyond_pypi_or_serv
 
 # Each other harness of nemo-gym 0.7.0's environments/, refused for what it lacks here.
 _HARNESS_REFUSALS = {
-    "claude_code_math": "its CLI (npm `@anthropic-ai/claude-code`) not run here yet",
-    "codex_reasoning_gym": "its CLI (npm `@openai/codex`) not run here yet",
-    "cline_math": "its CLI (npm `cline`) not run here yet",
-    "kilocode_math": "its CLI (npm `@kilocode/cli`) not run here yet",
-    "openclaw_reasoning_gym": "its CLI (npm `openclaw`) not run here yet",
-    "pi_math": "its CLI (npm `@earendil-works/pi-coding-agent`) not run here yet",
-    "prime_agent_math": "its CLI installs by a script from app.primeintellect.ai, not npm",
+    "claude_code_math": "its CLI (npm `@anthropic-ai/claude-code`) has no pinned version",
+    "codex_reasoning_gym": "its CLI (npm `@openai/codex` 0.144.4) sends `include` in every /v1/responses call",
+    "openclaw_reasoning_gym": "its CLI (npm `openclaw` 2026.6.11) needs Node.js >= 22.19",
+    "pi_math": "its CLI (npm `@earendil-works/pi-coding-agent` 0.80.2) does not start",
+    "prime_agent_math": "its CLI installs by a shell script from app.primeintellect.ai (setup_prime_agent.py)",
     "hermes_math": "a requirement beyond PyPI: `hermes-agent @ git+https://github.com/cmunley1/hermes-agent@26bb847a`",
     "nemo_fabric_deepagents_math": "a requirement beyond PyPI: `hermes-agent @ git+https://github.com/NousResearch",
     "simple_strands_reasoning_gym": "a requirement beyond PyPI: `simple-strands-agent @ git+https://github.com/",

@@ -317,7 +317,9 @@ def test_server_logs_are_private_scrubbed_of_keys_and_never_written_through_a_li
 def test_a_harness_environment_this_package_does_not_run_exits_2_naming_what_it_lacks() -> None:
     code, said = _serve("--no-swe", "--env", "codex_math", "--session-server", "127.0.0.1:8000")
     assert code == 2
-    assert "environment 'codex_math': its agent codex_agent: its CLI (npm `@openai/codex`) is not one serve" in said
+    assert (
+        "environment 'codex_math': its agent codex_agent: its CLI (npm `@openai/codex` 0.144.4) sends `include`" in said
+    )
 
 
 def test_the_opencode_cli_needs_npm_until_it_is_in_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

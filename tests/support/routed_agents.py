@@ -27,7 +27,11 @@ TOOL_SIMULATION = ("swe_pivot",)
 HARNESS = ("opencode_math",)
 """Environments of ``environments/`` played by a harness agent running its CLI (``opencode_agent``:
 the ``opencode`` CLI, installed from npm by ``serve``)."""
-AGENTS = GYMNASIUM + TOOL_SIMULATION + HARNESS
+HARNESS_RUN = ("kilocode_math", "cline_math")
+"""Harness environments played through their agent's own ``/run`` against a scripted session
+(``kilocode_agent``: the ``kilo`` CLI, ``cline_agent``: the ``cline`` CLI, installed from npm by
+``serve``)."""
+AGENTS = GYMNASIUM + TOOL_SIMULATION + HARNESS + HARNESS_RUN
 """Every environment played by an agent other than ``simple_agent`` that the integration tests drive."""
 ROUTED_BENCHMARKS = ("gdp_pdf",)
 """Benchmarks played by their own agent (not ``simple_agent``) the integration tests drive by name

@@ -269,8 +269,7 @@ def _short(reason: str) -> str:
         ),
         (r"calls model server '([^']+)', not policy_model", r"an agent of its calls `\1`, not `policy_model`"),
         (r"reads (\S+) .*the nemo-gym 0.7.0 wheel does not ship", r"a file the wheel does not ship: `\1`"),
-        (r"its agent \w+: its CLI \(npm (`[^`]+`)\) is not one serve installs", r"its CLI (npm \1) not run here yet"),
-        (r"its CLI installs by a shell script from (\S+) ", r"its CLI installs by a script from \1, not npm"),
+        (r"its agent \w+: (its CLI[^;]*)", r"\1"),
         (
             r"calls policy_model itself \((\w+)\)",
             r"its resources server calls `policy_model` itself (`\1`), no rollout id",

@@ -104,9 +104,9 @@ _CATALOG = "environments"
 _BENCHMARKS = "benchmarks"
 BENCHMARK_SUFFIX = ".benchmark"
 """Added to a benchmark's environment name that an environment already has (``aalcr.benchmark``)."""
-PLAYED_AGENTS = ("simple_agent", "gymnasium_agent", "opencode_agent")
+PLAYED_AGENTS = ("simple_agent", "gymnasium_agent", *HARNESSES)
 """The agent kinds of an ``environments/`` folder this package serves by the folder's name: the
-``simple_agent`` loop it plays in-process, the ``gymnasium_agent`` and ``opencode_agent`` it routes
+``simple_agent`` loop it plays in-process, the ``gymnasium_agent`` and the harnesses it routes
 (as it does the resources servers' own configs of either)."""
 POLICY_KEY_ENV = "NEMO_GYM_POLICY_API_KEY"
 _READY = "miles-nemogym-envs.json"

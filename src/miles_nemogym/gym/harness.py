@@ -1,12 +1,14 @@
 """The agent CLIs NeMo-Gym's harness agents run, and what ``serve`` changes in their config.
 
-``opencode_agent`` runs the ``opencode`` CLI (npm package ``opencode-ai``, the version its config
-pins). ``serve`` installs it once per version into this package's cache (``npm install
---prefix``, no root, no global install) and puts it on the agent's ``PATH``, where the agent's own
-setup (``ensure_opencode``) finds it. Its config gets ``model_server: policy_model`` (the agent's
-own option: its CLI's provider URL is then the routing model's, with the rollout id) and
-OpenCode's title agent disabled (a second conversation on the sample's session). Why:
-docs/environments.md, "Harness environments".
+``opencode_agent`` runs the ``opencode`` CLI (npm ``opencode-ai``), ``kilocode_agent`` the ``kilo``
+CLI (npm ``@kilocode/cli``, an OpenCode fork), ``cline_agent`` the ``cline`` CLI, each the version
+its config pins (kilo's and cline's: the one pinned here, below). ``serve`` installs it once per
+version into this package's cache (``npm install --prefix``, no root, no global install) and puts
+it on the agent's ``PATH``, where the agent's own setup (``ensure_opencode``, ``ensure_kilo``,
+``ensure_cline``) finds it. Its config gets ``model_server: policy_model`` (the agent's own option:
+its CLI's provider URL is then the routing model's, with the rollout id) and OpenCode's and Kilo's
+title agent disabled (a second conversation on the sample's session). Every other harness agent
+is refused for what it lacks (``NOT_RUN_HERE``). Why: docs/environments.md, "Harness environments".
 """
 
 from __future__ import annotations
@@ -57,24 +59,41 @@ HARNESSES: dict[str, Harness] = {
         command="opencode",
         version_field="opencode_version",
         layer={"model_server": _POLICY_MODEL, "opencode_config": {"agent": {"title": {"disable": True}}}},
-    )
+    ),
+    "kilocode_agent": Harness(
+        kind="kilocode_agent",
+        package="@kilocode/cli",
+        command="kilo",
+        version_field="kilo_version",
+        # nemo-gym pins 7.4.15, which npm's registry did not hold (nor 7.5.6's platform binary) where
+        # this was proven; 7.7.7 runs kilocode_math end to end (tests/integration/test_harness_cli_agents.py).
+        layer={
+            "model_server": _POLICY_MODEL,
+            "kilo_version": "7.7.7",
+            "kilo_config": {"agent": {"title": {"disable": True}}},
+        },
+    ),
+    "cline_agent": Harness(
+        kind="cline_agent",
+        package="cline",
+        command="cline",
+        version_field="cline_version",
+        # nemo-gym pins 3.0.55, which npm's registry did not hold where this was proven; 3.0.57 runs
+        # cline_math end to end (tests/integration/test_harness_cli_agents.py).
+        layer={"model_server": _POLICY_MODEL, "cline_version": "3.0.57"},
+    ),
 }
 
 
-def _not_installed(package: str) -> str:
-    return (
-        f"its CLI (npm `{package}`) is not one serve installs yet: only opencode's `opencode-ai` is "
-        "installed, run and tested here"
-    )
-
-
 NOT_RUN_HERE: dict[str, str] = {
-    "claude_code_agent": _not_installed("@anthropic-ai/claude-code") + "; its config pins no claude_code_version",
-    "codex_agent": _not_installed("@openai/codex"),
-    "cline_agent": _not_installed("cline"),
-    "kilocode_agent": _not_installed("@kilocode/cli"),
-    "openclaw_agent": _not_installed("openclaw"),
-    "pi_agent": _not_installed("@earendil-works/pi-coding-agent"),
+    "claude_code_agent": "its CLI (npm `@anthropic-ai/claude-code`) has no pinned version (its config's "
+    "claude_code_version is null); serve installs a pinned CLI only",
+    "codex_agent": "its CLI (npm `@openai/codex` 0.144.4) sends `include` in every /v1/responses call, which "
+    "nemo-gym 0.7.0 cannot turn into the chat completion Miles' session server serves (responses_converter.py)",
+    "openclaw_agent": "its CLI (npm `openclaw` 2026.6.11) needs Node.js >= 22.19 (on 20 it exits at start); "
+    "serve installs no Node.js and the host it was tried on has Node.js 20",
+    "pi_agent": "its CLI (npm `@earendil-works/pi-coding-agent` 0.80.2) does not start: npm resolves its "
+    "`@earendil-works/pi-ai` ^0.80.2 to 0.80.10, which lacks the `getOAuthApiKey` it imports",
     "prime_agent": "its CLI installs by a shell script from app.primeintellect.ai (setup_prime_agent.py), "
     "not from npm; serve runs no installer script",
 }
@@ -92,8 +111,13 @@ def _root() -> Path:
     return gym_wheel.cache_dir() / "npm"
 
 
+def _key(harness: Harness, version: str) -> str:
+    """The cache folder's name: ``opencode-ai-1.17.11``, ``kilocode-cli-7.4.15`` (a scope's ``@``/``/`` dropped)."""
+    return f"{harness.package.lstrip('@').replace('/', '-')}-{version}"
+
+
 def _cached(harness: Harness, version: str) -> Path | None:
-    bin_dir = _root() / f"{harness.package}-{version}" / "node_modules" / ".bin"
+    bin_dir = _root() / _key(harness, version) / "node_modules" / ".bin"
     return bin_dir if (bin_dir / harness.command).exists() else None
 
 
@@ -127,7 +151,7 @@ def cli_bin(kind: str, block: Mapping[str, Any], progress: Progress) -> Path:
             f"{kind} runs the {harness.command!r} CLI, which serve installs with npm: npm is not on PATH; "
             "install Node.js and npm (Debian: apt-get install nodejs npm), then serve again"
         )
-    key = f"{harness.package}-{version}"
+    key = _key(harness, version)
     install = [npm, "install", "--prefix", "FOLDER", "--no-audit", "--no-fund", f"{harness.package}@{version}"]
     with build_lock(_root() / f"{key}.lock"):
         if _cached(harness, version) is None:
