@@ -5,7 +5,7 @@ Changed: every server block's ``datasets`` is dropped (``serve`` reads no datase
 parser rejects some shipped entries, e.g. spartqa's licence names); with a judge endpoint, each
 resources server's ``judge_model_server`` points at one model server of this package's
 (``vllm_model`` at the endpoint; ``serve`` gives it its judge relay's URL, and the relay holds the
-key and any password: ``gym/_judge_gate.py``); a harness agent gets ``gym/harness.py``'s layer.
+key and any password: ``gym/_judge_gate.py``); a harness agent gets ``gym/_harness.py``'s layer.
 Refused: a judge the config turns on with no endpoint given, an agent that drops the rollout id
 in nemo-gym 0.7.0, an agent calling a model other than ``policy_model`` (nothing to route its
 calls to), a resources server that calls ``policy_model`` or reads ``${policy_base_url}`` itself
@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from miles_nemogym.gym import wheel as gym_wheel
-from miles_nemogym.gym.harness import HARNESSES, cli_need, harness_layer
+from miles_nemogym.gym._harness import HARNESSES, cli_need, harness_layer
 from miles_nemogym.redaction import redact_url
 from miles_nemogym.yaml_file import load as load_yaml
 

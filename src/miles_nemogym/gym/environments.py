@@ -38,6 +38,7 @@ import yaml
 from miles_nemogym.episode.record import AGENT_SUFFIX
 from miles_nemogym.fit import counted
 from miles_nemogym.gym import wheel as gym_wheel
+from miles_nemogym.gym._harness import HARNESSES, NOT_RUN_HERE, cli_bin
 from miles_nemogym.gym._judge_gate import JudgeGate
 from miles_nemogym.gym._logs import ServerLog, run_secrets
 from miles_nemogym.gym.composition import (
@@ -56,7 +57,6 @@ from miles_nemogym.gym.composition import (
     shipped_config,
 )
 from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config, parse_configs
-from miles_nemogym.gym.harness import HARNESSES, NOT_RUN_HERE, cli_bin
 from miles_nemogym.gym.server import (
     MARKER_ENV,
     advertised_url,
@@ -966,7 +966,7 @@ class EnvironmentServers:
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self._tmp: Path | None = None
         self._cli_bins: dict[str, Path] = {}
-        """Harness agent instance -> the folder of its CLI (``gym/harness.py``), put first on its PATH."""
+        """Harness agent instance -> the folder of its CLI (``gym/_harness.py``), put first on its PATH."""
 
     def urls(self, advertised: bool = False) -> dict[str, str]:
         """Environment name -> its resources server's base URL (``advertised``: for other machines)."""
