@@ -127,13 +127,21 @@ def test_a_benchmark_in_task_containers_is_refused_first_for_them_naming_what_el
         assert need in found.needs, found.needs
 
 
-def test_a_benchmark_whose_config_changes_its_environment_is_not_served_yet_naming_the_setting() -> None:
-    # scicode's benchmark config points its server at SciCode's test data, which `serve --env scicode` does not.
+def test_a_benchmark_whose_server_reads_a_file_the_wheel_does_not_ship_is_refused_as_wordle_is() -> None:
+    # scicode's benchmark config points its server at SciCode's test data, staged by hand.
     scicode = benchmark("scicode", "scicode_agent", "scicode", "benchmarks/scicode/config.yaml", repeats=8)
     assert benchmark_grader(scicode) is None
     found = entry_support(scicode)
-    assert found.status == catalog.NOT_YET
-    assert found.needs == "its config changes what `serve --env scicode` serves (`test_data_fpath`)"
+    assert found.status == catalog.REFUSED
+    assert found.needs == "a file the wheel does not ship: `benchmarks/scicode/data/test_data.h5`"
+    # The rule reads the setting: a file the wheel holds, or none (the environment's own config), is fine.
+    server = {"scicode": {"resources_servers": {"scicode": {"test_data_fpath": None}}}}
+    assert refusal("scicode", server, None) is None
+    shipped = "benchmarks/scicode/config.yaml"
+    server["scicode"]["resources_servers"]["scicode"]["test_data_fpath"] = shipped
+    assert refusal("scicode", server, None) is None
+    server["scicode"]["resources_servers"]["scicode"]["test_data_fpath"] = "benchmarks/scicode/data/none.h5"
+    assert "reads benchmarks/scicode/data/none.h5 (its test_data_fpath)" in str(refusal("scicode", server, None))
 
 
 def test_environments_folders_and_benchmarks_are_refused_by_one_rule() -> None:

@@ -55,6 +55,7 @@ _ID_DROPPED = {
     "_ng_rollout_id is an excluded field, so the /ng-rollout/<id> prefix is never added",
 }
 # Resources servers whose app reads a file nemo-gym 0.7.0's wheel does not ship (their app.py).
+_WHEEL_FOLDERS = ("resources_servers/", "benchmarks/", "responses_api_agents/")
 _NOT_SHIPPED = {
     "wordle": "resources_servers/wordle/data/guesses.txt (its generate_data.py downloads the word list)",
 }
@@ -265,6 +266,16 @@ def _policy_use(name: str, instance: str, kind: str, block: Mapping[str, Any]) -
     return None
 
 
+def _unshipped_file(block: Mapping[str, Any]) -> str | None:
+    """A file a resources server's settings point into the wheel (``test_data_fpath:
+    benchmarks/scicode/data/test_data.h5``) that the wheel does not hold, or None."""
+    for key, value in block.items():
+        named = str(key).endswith("_fpath") and isinstance(value, str) and value.startswith(_WHEEL_FOLDERS)
+        if named and not gym_wheel.ships(value):
+            return f"{value} (its {key})"
+    return None
+
+
 def refusal(name: str, config: Mapping[str, Any], judge: Judge | None) -> str | None:
     """Why ``serve`` cannot serve environment ``name`` as shipped, or None."""
     driver = config.get("rollout_collection_driver")
@@ -274,9 +285,10 @@ def refusal(name: str, config: Mapping[str, Any], judge: Judge | None) -> str | 
             f"(rollout_collection_driver: {driver}), not one agent's /run per row; this package refuses it"
         )
     for instance, group, kind, block in server_blocks(config):
-        if group == "resources_servers" and kind in _NOT_SHIPPED:
+        missing = (_NOT_SHIPPED.get(kind) or _unshipped_file(block)) if group == "resources_servers" else None
+        if missing:
             return (
-                f"environment {name!r}: its resources server {instance!r} ({kind}) reads {_NOT_SHIPPED[kind]}, "
+                f"environment {name!r}: its resources server {instance!r} ({kind}) reads {missing}, "
                 "which the nemo-gym 0.7.0 wheel does not ship; this package downloads no data, so it refuses it"
             )
         if group == "resources_servers":

@@ -72,6 +72,18 @@ def _archive(path: Path, mtime_ns: int, size: int) -> zipfile.ZipFile:
     return zipfile.ZipFile(path)
 
 
+@lru_cache(maxsize=2)
+def _members(path: Path, mtime_ns: int, size: int) -> frozenset[str]:
+    return frozenset(_archive(path, mtime_ns, size).namelist())
+
+
+def ships(member: str, version: str = NEMO_GYM_VERSION) -> bool:
+    """Whether the wheel holds ``member`` (a path inside it, ``resources_servers/x/data/y``)."""
+    path = wheel_path(version)
+    stat = path.stat()
+    return member in _members(path, stat.st_mtime_ns, stat.st_size)
+
+
 @contextlib.contextmanager
 def opened(version: str = NEMO_GYM_VERSION) -> Iterator[zipfile.ZipFile]:
     """The cached wheel, opened once per process and file version (reading its index of ~5,000
