@@ -160,6 +160,15 @@ def test_every_other_harness_environment_is_refused_by_name_with_what_it_lacks(n
     assert "not an environment nemo-gym ships" not in str(refused.value)
 
 
+def test_a_resources_server_folder_without_a_server_is_refused_with_its_own_description() -> None:
+    # gymnasium ships base.py, a class other servers import, and a config saying so.
+    with pytest.raises(GymEnvironmentError) as refused:
+        plan(["gymnasium"])
+    assert "entrypoint is base.py" in str(refused.value) and "Not a standalone server" in str(refused.value)
+    with pytest.raises(GymEnvironmentError, match="is not an environment nemo-gym ships"):
+        plan(["gymnasiun"])  # a misspelt name is still told apart from it
+
+
 def test_examples_and_convert_take_an_environments_folder_by_name(tmp_path: Path) -> None:
     rows = tmp_path / "calendar_v2.jsonl"
     written = CliRunner().invoke(app, ["examples", "--env", "calendar_v2", "--output", str(rows)])

@@ -124,6 +124,7 @@ PURE_CACHES = {
     "miles_nemogym.filters._output_type",  # an import
     "miles_nemogym.salvage._miles_post_process",  # an import
     "miles_nemogym.gym.wheel._archive",  # keyed by the wheel's path, mtime and size
+    "miles_nemogym.gym.wheel._members",  # keyed by the wheel's path, mtime and size
     "miles_nemogym.gym.composition._member",  # a member of the pinned wheel
     "miles_nemogym.gym.environments._catalog_folders",  # keyed by the wheel's path
     "miles_nemogym.gym.environments._folder_servers",  # keyed by the wheel's path

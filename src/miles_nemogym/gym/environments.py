@@ -615,6 +615,10 @@ def _check_shipped(names: Sequence[str], shipped: Sequence[str], archive: zipfil
     refused = refused_folders() if unknown else {}
     if any(n in refused for n in unknown):
         raise GymEnvironmentError("; ".join(refused[n] for n in unknown if n in refused))
+    folders = _server_configs(Path(str(archive.filename)))
+    base = [n for n in unknown if n in folders]  # a folder with configs but no app.py
+    if base:
+        raise GymEnvironmentError("; ".join(f"environment {n!r}: {_no_server(n, folders[n], archive)}" for n in base))
     if unknown:
         lines = []
         for name in unknown:
@@ -623,6 +627,17 @@ def _check_shipped(names: Sequence[str], shipped: Sequence[str], archive: zipfil
             lines.append(f"{name!r} is not an environment nemo-gym ships ({hint})")
         raise UnknownEnvironmentError("; ".join(lines), len(shipped))
     return agents
+
+
+def _no_server(name: str, configs: Sequence[str], archive: zipfile.ZipFile) -> str:
+    """Why a resources-server folder without ``app.py`` is served by nothing: its config's entrypoint
+    and description (``gymnasium``: a base class other servers import)."""
+    config = load_yaml(archive.read(configs[0]))
+    block = ((config.get(name) or {}).get("resources_servers") or {}).get(name) if isinstance(config, dict) else None
+    said = block if isinstance(block, dict) else {}
+    entry = said.get("entrypoint") or "no app.py"
+    about = f" ({said['description']})" if said.get("description") else ""
+    return f"its folder has no app.py, its entrypoint is {entry}{about}: not a server on its own"
 
 
 def _close_names(name: str, known: Collection[str]) -> list[str]:
