@@ -367,17 +367,6 @@ def _grading(entry: CatalogEntry) -> tuple[str | None, str]:
     return entry.resources_server, ""
 
 
-def _ships(member: str | None) -> bool:
-    if member is None:
-        return False
-    with gym_wheel.opened() as archive:
-        try:
-            archive.getinfo(member)
-        except KeyError:
-            return False
-    return True
-
-
 def _benchmark_support(entry: CatalogEntry) -> Support:
     if _played_by_an_agent(entry):
         return _agent_benchmark_support(entry)
@@ -394,7 +383,7 @@ def _runnable(entry: CatalogEntry, agent: str, grader: str, named: str, first: s
     found = support(grader)
     if found.status == REFUSED:
         return Support(status=REFUSED, agent=agent, needs=f"{named}: {found.needs}")
-    shipped = _ships(entry.data_file)
+    shipped = entry.data_file is not None and gym_wheel.ships(entry.data_file)
     needs = [first]
     if not shipped:
         needs.append(f"its prepared file (`gym eval prepare --benchmark {entry.name}`)")

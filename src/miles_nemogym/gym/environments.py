@@ -433,7 +433,7 @@ def _config_rows(config: str) -> str:
 def _server_configs(wheel: Path) -> dict[str, tuple[str, ...]]:
     """Each resources server's configs in the wheel at ``wheel`` (``resources_servers/X/configs/*.yaml``)."""
     found: dict[str, list[str]] = {}
-    with zipfile.ZipFile(wheel) as archive:
+    with gym_wheel.opened() as archive:
         for member in filter(_is_server_config, archive.namelist()):
             found.setdefault(member.split("/")[1], []).append(member)
     return {server: tuple(sorted(members)) for server, members in found.items()}
@@ -569,9 +569,8 @@ def _agent_configs(archive: zipfile.ZipFile) -> dict[str, str]:
 @functools.lru_cache(maxsize=4)
 def _agent_configs_of(wheel: Path) -> dict[str, str]:
     found: dict[str, str] = {}
-    with zipfile.ZipFile(wheel) as archive:
-        members = archive.namelist()
-        reads = {member: archive.read(member) for member in members if _is_server_config(member)}
+    with gym_wheel.opened() as archive:
+        reads = {member: archive.read(member) for member in filter(_is_server_config, archive.namelist())}
     for member, text in reads.items():
         with contextlib.suppress(yaml.YAMLError, UnicodeDecodeError):
             config = load_yaml(text)
