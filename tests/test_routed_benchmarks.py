@@ -7,13 +7,21 @@ catalog)."""
 
 from __future__ import annotations
 
-import pytest
+import json
+from pathlib import Path
+from typing import Any
 
-from miles_nemogym.gym import catalog
+import pytest
+from typer.testing import CliRunner
+
+from miles_nemogym.cli.main import app
+from miles_nemogym.gym import catalog, venv
 from miles_nemogym.gym.benchmarks import BenchmarkError, benchmark_mark
 from miles_nemogym.gym.catalog import CatalogDataset, CatalogEntry, benchmark_grader, entry_support
 from miles_nemogym.gym.composition import refusal, shipped_config
 from miles_nemogym.gym.environments import config_refusal, plan
+from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv
+from tests.support.stand_in_gym import wheel_only_cache
 
 
 def benchmark(name: str, agent: str | None, server: str | None, config: str, repeats: int = 1) -> CatalogEntry:
@@ -152,3 +160,36 @@ def test_environments_folders_and_benchmarks_are_refused_by_one_rule() -> None:
     [p] = plan(["labbench2_vlm"])
     assert "re-reads the row" in str(refusal("labbench2_vlm", shipped_config(p.config), None))
     assert catalog.support("labbench2_vlm").status == catalog.REFUSED
+
+
+def test_convert_builds_the_server_venv_for_a_benchmark_name_before_a_first_serve_did(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A benchmark's rows need nemo-gym's catalog and prompt config: with no server venv yet, convert
+    builds it rather than reading ``gdp_pdf=FILE`` as the environment's rows, unmarked."""
+    monkeypatch.setenv("MILES_NEMOGYM_CACHE", str(wheel_only_cache(tmp_path)))
+    builds: list[str] = []
+
+    def build(sandbox: str = "local", progress: Any = None, python: Any = None) -> GymVenv:
+        builds.append(sandbox)
+        raise GymEnvironmentError("no Python 3.13 on this machine")
+
+    monkeypatch.setattr(venv, "ensure_gym_venv", build)
+    rows = tmp_path / "prepared.jsonl"
+    rows.write_text(json.dumps({"responses_create_params": {"input": "2+2?"}, "verifier_metadata": {}}) + "\n")
+    done = CliRunner().invoke(app, ["convert", "--env", f"gdp_pdf={rows}", "-o", str(tmp_path / "out.jsonl")])
+    assert (done.exit_code, builds) == (1, ["local"]), done.output
+    assert f"--env gdp_pdf={rows}: no Python 3.13 on this machine" in " ".join(done.output.split())
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_convert_of_an_environments_rows_never_builds_the_server_venv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MILES_NEMOGYM_CACHE", str(wheel_only_cache(tmp_path)))
+    monkeypatch.setattr(venv, "ensure_gym_venv", lambda *_, **__: pytest.fail("built the server venv"))
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"responses_create_params": {"input": "2+2?"}, "verifier_metadata": {}}) + "\n")
+    done = CliRunner().invoke(app, ["convert", "--env", f"mcqa={rows}", "-o", str(tmp_path / "out.jsonl"), "-q"])
+    assert done.exit_code == 0, done.output
+    assert json.loads((tmp_path / "out.jsonl").read_text())["metadata"]["nemogym_env"] == "mcqa"

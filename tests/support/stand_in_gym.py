@@ -57,12 +57,18 @@ http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
 
 
-def stand_in_cache(root: Path) -> Path:
-    """A package cache (``MILES_NEMOGYM_CACHE``) under ``root`` holding the pinned wheel (linked)
-    and a ready server venv for ``--sandbox local`` whose server is the stand-in."""
+def wheel_only_cache(root: Path) -> Path:
+    """A package cache (``MILES_NEMOGYM_CACHE``) under ``root`` holding the pinned wheel (linked) and
+    no server venv: a machine where nothing has built it yet."""
     cache = root / "cache"
     (cache / "wheels").mkdir(parents=True)
     (cache / "wheels" / wheel_path().name).symlink_to(wheel_path())
+    return cache
+
+
+def stand_in_cache(root: Path) -> Path:
+    """:func:`wheel_only_cache` and a ready server venv for ``--sandbox local`` whose server is the stand-in."""
+    cache = wheel_only_cache(root)
     venv = cache / "gym-venv" / venv_key("local")
     agent = venv / "lib" / "site-packages" / AGENT_RELATIVE_DIR
     agent.mkdir(parents=True)

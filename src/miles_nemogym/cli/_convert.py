@@ -307,14 +307,23 @@ def _benchmark_rows(
 ) -> str:
     """``value`` as given, or, when it names a NeMo-Gym benchmark, ``GRADER=ROWS[:WEIGHT]`` with
     ROWS the benchmark's rows made by :func:`miles_nemogym.gym.benchmarks.materialize`."""
+    from miles_nemogym.gym import wheel as gym_wheel
     from miles_nemogym.gym.benchmarks import BenchmarkError, benchmark_mark, materialize, shipped_data
     from miles_nemogym.gym.catalog import UnknownCatalogNameError, find, load_catalog
-    from miles_nemogym.gym.venv import GymEnvironmentError, cached_gym_venv
+    from miles_nemogym.gym.venv import GymEnvironmentError, cached_gym_venv, ensure_gym_venv
 
     name, sep, rest = value.partition("=")
     gym = cached_gym_venv()
     if gym is None:
-        return value  # no server venv yet: environment names only (checked below)
+        # The catalog and the benchmark's prompt config run in the server venv: build it (once,
+        # minutes) only for a name the wheel has benchmark files for; else an environment name.
+        files = f"benchmarks/{name.strip()}"
+        if not any(gym_wheel.ships(f"{files}{tail}") for tail in (".yaml", "/config.yaml", "/manifest.yaml")):
+            return value
+        try:
+            gym = ensure_gym_venv(progress=lambda line: err.print(line, highlight=False, markup=False))
+        except GymEnvironmentError as error:
+            fail(err, f"error: --env {value}: {error}", 1, highlight=False, markup=False)
     try:
         entries = load_catalog(gym)
         entry = find(name.strip(), entries, "benchmark")
