@@ -164,10 +164,18 @@ def test_an_outage_past_the_timeout_stops_the_run_with_one_clear_error(
 
 @pytest.mark.parametrize("handler", ["drop", "retry"])
 def test_stale_groups_are_dropped_counted_and_regenerated_only_under_retry(
-    miles_driver: MilesDriver, prompts: list[dict[str, Any]], sympy_result: dict[str, Any], handler: str
+    miles_driver: MilesDriver, rows: dict[str, dict[str, Any]], sympy_result: dict[str, Any], handler: str
 ) -> None:
+    # Twice the groups a drain takes in flight from the start, none answered before all their
+    # episodes called the policy: all at weight version 0, before drain 0 could end. Drain 0
+    # trains two of them; the other two are consumed at version 1 or later, stale at staleness 0.
+    # One prompt per group of that wave: each instance's script goes to one group's episodes.
+    wave = 2 * PROMPTS
+    prompts = list(rows.values())[:wave]
     gym = scripted(sympy_result, prompts, [1.0, START_ERROR, 0.0, 0.5])
+    gym.first_wave = wave * N
     extra = ["--max-weight-staleness", "0", "--async-unused-samples-handler", handler]
+    extra += ["--async-max-concurrent-samples", str(wave * N)]
     result = run(miles_driver, gym, prompts, 3, *extra).check()
     drains = result.drains
     assert all(d.finished and d.error is None for d in drains), drains[-1].raw.get("traceback")
@@ -181,7 +189,7 @@ def test_stale_groups_are_dropped_counted_and_regenerated_only_under_retry(
         assert tracked["nemogym/buffer/groups_dropped_stale"] == tracked["rollout/fully_async/stale_groups_filtered"]
         stale += tracked["nemogym/buffer/groups_dropped_stale"]
         regenerated += tracked["nemogym/buffer/groups_regenerated"]
-    assert stale > 0  # the worker kept generating between drains: last step's groups went stale
+    assert stale >= wave - PROMPTS  # the first wave's groups drain 0 left (later ones may go stale too)
     assert regenerated == (stale if handler == "retry" else 0.0)
     # Every /run is a new episode: a regenerated prompt is a new Miles sample, never a resend.
     sessions = [body["policy_base_url"] for body in gym.bodies]

@@ -100,6 +100,10 @@ class FaultServer:
     """Seconds between an episode's policy calls (the tool time of a turn)."""
     """Chat completions to make on the request's ``policy_base_url`` before answering, as an
     episode does: Miles' session server only turns a session with model calls into a sample."""
+    first_wave: int = 0
+    """When set, no ``/run`` is answered before this many have arrived and made their policy calls
+    (an early error waits too): a first wave of episodes that all called the policy before any of
+    them ended, whatever the load. Later ``/run`` requests are not held."""
     bodies: list[dict[str, Any]] = field(default_factory=list)
     spans: list[tuple[float, float]] = field(default_factory=list)
     """(start, end) on ``time.monotonic`` of every ``/run`` answered: how busy the server was."""
@@ -111,6 +115,8 @@ class FaultServer:
     release: threading.Event = field(default_factory=threading.Event)
     """Set (from any thread) to answer the ``hold`` requests; ``stop`` sets it."""
     _held: list[str] = field(default_factory=list)
+    _first_wave_in: asyncio.Event | None = None
+    _called: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _runner: web.AppRunner | None = None
 
@@ -169,6 +175,15 @@ class FaultServer:
                 self._held.remove(instance)
         return True
 
+    async def _await_first_wave(self) -> None:
+        """Count this ``/run`` as having made its policy calls; wait until ``first_wave`` have."""
+        if self._first_wave_in is None:
+            return
+        self._called += 1
+        if self._called >= self.first_wave:
+            self._first_wave_in.set()  # wakes every waiter at once, before any later request is read
+        await self._first_wave_in.wait()
+
     async def _run(self, request: web.Request) -> web.Response:
         body = await request.json()
         started = time.monotonic()
@@ -187,6 +202,7 @@ class FaultServer:
                 if turn and self.between_calls_s:
                     await asyncio.sleep(self.between_calls_s)
                 await call_policy(body, turn)
+            await self._await_first_wave()
             hold_s = self.hold_s if self.hold_s_for is None else self.hold_s_for(body)
             if (hold_s > 0 or mode == "hold") and not await self._hold(request, instance, mode, hold_s):
                 return web.Response(status=499)
@@ -229,6 +245,8 @@ class FaultServer:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_get("/openapi.json", self._openapi)
         app.router.add_post("/run", self._run)
+        if self.first_wave:
+            self._first_wave_in = asyncio.Event()
         self._runner = web.AppRunner(app, handler_cancellation=False)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port, backlog=2048).start()
@@ -236,6 +254,8 @@ class FaultServer:
 
     async def stop(self) -> None:
         self.release.set()
+        if self._first_wave_in is not None:
+            self._first_wave_in.set()  # a wave that never filled must not hang the shutdown
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
