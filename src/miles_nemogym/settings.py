@@ -20,10 +20,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, StrictInt, ValidationError, field_validator
 
-from miles_nemogym.errors import SettingsError, UrlError
+from miles_nemogym.errors import SettingsError, UrlError, describe
 from miles_nemogym.redaction import KeyScrubber, key_scrubber, redact_url
 from miles_nemogym.transport import check_url
-from miles_nemogym.validation import describe
 
 __all__ = [
     "ENV_VARS",

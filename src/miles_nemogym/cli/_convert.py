@@ -227,7 +227,7 @@ def _convert_command(
     )
     from miles_nemogym.data.environments import parse_env_option
     from miles_nemogym.data.select import instance_ids_option
-    from miles_nemogym.validation import problems
+    from miles_nemogym.errors import problems
 
     out, err = console(), console(stderr=True)
     with contextlib.ExitStack() as scratch:

@@ -42,8 +42,8 @@ def judge_of(console: Console, url: str | None, model: str | None) -> Judge | No
     from pydantic import ValidationError
     from rich.markup import escape
 
+    from miles_nemogym.errors import problems
     from miles_nemogym.gym.composition import Judge
-    from miles_nemogym.validation import problems
 
     if url is None and model is None:
         return None

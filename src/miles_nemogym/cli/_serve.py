@@ -146,6 +146,7 @@ def serve(
 
     from miles_nemogym.cli._console import console as cli_console
     from miles_nemogym.cli._console import step_display
+    from miles_nemogym.errors import as_flag, problems
     from miles_nemogym.gym.config import ServeOptions, load_provider_options
     from miles_nemogym.gym.environments import EnvironmentServers, plan, refusals
     from miles_nemogym.gym.server import GymServer
@@ -156,7 +157,6 @@ def serve(
         secret_problem,
     )
     from miles_nemogym.routing_root.responses_api_models.miles_routing_model.session_servers import parse_session_server
-    from miles_nemogym.validation import as_flag, problems
 
     console = cli_console(stderr=True)
     if not (math.isfinite(start_timeout) and start_timeout > 0):

@@ -102,8 +102,8 @@ def _scan(
 
     from miles_nemogym.cli._console import console
     from miles_nemogym.data.select import parse_instance_ids
+    from miles_nemogym.errors import describe
     from miles_nemogym.scan import ScanConfig, execute
-    from miles_nemogym.validation import describe
 
     err = console(stderr=True)
     try:

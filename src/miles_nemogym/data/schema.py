@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, TypeAdapter, ValidationError
 from pydantic_core import ErrorDetails, PydanticCustomError
 
-from miles_nemogym import validation
+from miles_nemogym import errors
 
 __all__ = ["SUBSETS", "TEST_LIST_FIELDS", "FieldProblem", "decode_test_list", "validate_instance"]
 
@@ -117,7 +117,7 @@ def _describe(error: ErrorDetails, field: str | None = None) -> FieldProblem:
     else:
         got = error["input"]
         shown = repr(got) if not isinstance(got, str) or len(got) <= 40 else repr(got[:40] + "…")
-        message = f"{validation.message(error)} (got {type(got).__name__} {shown})"
+        message = f"{errors.message(error)} (got {type(got).__name__} {shown})"
         if where != field:
             message = f"{where}: {message}"
     hint = _HINTS.get(field)

@@ -47,7 +47,7 @@ from miles_nemogym.episode.record import (
     shown,
     task_row,
 )
-from miles_nemogym.errors import Failed, RequestError, SettingsError, UrlError
+from miles_nemogym.errors import Failed, RequestError, SettingsError, UrlError, describe
 from miles_nemogym.redaction import redact_url
 from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout_ids import (
     SECRET_VARIABLE,
@@ -64,7 +64,6 @@ from miles_nemogym.transport import (
     pool,
     request,
 )
-from miles_nemogym.validation import describe
 
 __all__ = [
     "instance_report",

@@ -21,9 +21,8 @@ from pydantic import (
     model_validator,
 )
 
-from miles_nemogym.errors import MilesNemoGymError
+from miles_nemogym.errors import MilesNemoGymError, describe, message
 from miles_nemogym.settings import EnvironmentServer, Settings, environment_name_problem, parse_environments, short_name
-from miles_nemogym.validation import describe, message
 from miles_nemogym.yaml_file import YamlFileError, read_mapping
 
 
