@@ -48,7 +48,7 @@ from miles_nemogym.episode.delivery import deliver  # noqa: E402
 from miles_nemogym.episode.record import Task  # noqa: E402
 from miles_nemogym.gym.environments import EnvironmentServers, plan  # noqa: E402
 from miles_nemogym.gym.venv import BuildLines, ensure_gym_venv  # noqa: E402
-from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout_ids import (  # noqa: E402
+from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import (  # noqa: E402
     SECRET_VARIABLE,
     rollout_id,
 )

@@ -18,7 +18,7 @@ from aiohttp import web
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym import transport
 from miles_nemogym.episode.record import ENV_KEY, TASK_ID_KEY
-from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout_ids import (
+from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import (
     policy_url_of,
     rollout_id,
 )

@@ -37,7 +37,7 @@ def QUALIFIED(name: str) -> str:
 
 
 SECTION = "## One sample's path, measured"
-ROLLOUT_IDS = "routing_root/responses_api_models/miles_routing_model/rollout_ids"
+CONTRACT = "routing_root/responses_api_models/miles_routing_model/routing_contract"
 _ALL_FUNCTIONS = re.compile(r"functions \(all, Python (\d+\.\d+)\)")
 
 Table = dict[str, dict[str, str]]
@@ -154,7 +154,7 @@ def test_each_sample_runs_its_own_path_through_the_hooks(measured: list[PathMeas
     # A failed SWE episode's reason is redacted before it is recorded; an agent row's policy URL
     # goes out as a rollout id; the fully async buffer judges the group with the filter's rules.
     assert ("episode/record", "redaction") in failing.edges and "redaction.py" not in swe.files
-    assert ("episode/run", f"{ROLLOUT_IDS}") in agent_row.edges
+    assert ("episode/run", f"{CONTRACT}") in agent_row.edges
     assert ("buffer", "filters") in buffered.edges and "buffer.py" not in swe.files
 
 

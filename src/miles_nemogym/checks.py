@@ -14,7 +14,7 @@ from miles_nemogym import fit, pins
 from miles_nemogym.episode import run as swe_run
 from miles_nemogym.errors import RequestError
 from miles_nemogym.redaction import redact_url, redact_urls
-from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout_ids import (
+from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import (
     SECRET_VARIABLE,
     secret_problem,
 )

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout_ids import rollout_id
+from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import rollout_id
 from tests.support.routed_agents import HARNESS_RUN, RoutedAgents, running_routed_agents
 from tests.support.scripted_chat import ScriptedChat, Turn, tagged, tool
 

@@ -298,7 +298,7 @@ def test_a_harness_calls_reach_only_the_session_its_rollout_id_names(routed_agen
     import httpx
 
     from miles_nemogym.episode.run import policy_base_url
-    from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout_ids import rollout_id
+    from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import rollout_id
     from miles_nemogym.smoke.policy import RecordingPolicy
 
     chat = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}

@@ -22,7 +22,7 @@ import pytest
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.agent import run_with_settings
 from miles_nemogym.episode.record import ENV_KEY, TASK_ID_KEY
-from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout_ids import rollout_id
+from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import rollout_id
 from miles_nemogym.settings import Settings
 from miles_nemogym.transport import close_pools
 from tests.support.environment_episodes import in_process_answer_to

@@ -151,7 +151,7 @@ def serve(
     from miles_nemogym.gym.environments import EnvironmentServers, plan, refusals
     from miles_nemogym.gym.server import GymServer
     from miles_nemogym.gym.venv import GymEnvironmentError, ensure_gym_venv
-    from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout_ids import (
+    from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import (
         MIN_SECRET_CHARS,
         SECRET_VARIABLE,
         secret_problem,
@@ -400,7 +400,7 @@ def _print_ready(
     """What is serving and the lines to paste on the training node (never wrapped)."""
     import shlex
 
-    from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout_ids import SECRET_VARIABLE
+    from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import SECRET_VARIABLE
 
     what = []
     if server is not None:

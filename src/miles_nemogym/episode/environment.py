@@ -45,7 +45,7 @@ from miles_nemogym.episode.record import (
     task_row,
 )
 from miles_nemogym.errors import Failed, RequestError
-from miles_nemogym.routing_root.responses_api_models.miles_routing_model.session_answers import CONTEXT_FULL
+from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import CONTEXT_FULL
 from miles_nemogym.settings import EnvironmentServer, Settings
 from miles_nemogym.transport import Answer, Deadline, check_session_url, pool, request
 

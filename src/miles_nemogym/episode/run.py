@@ -49,7 +49,7 @@ from miles_nemogym.episode.record import (
 )
 from miles_nemogym.errors import Failed, RequestError, SettingsError, UrlError, describe
 from miles_nemogym.redaction import redact_url
-from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout_ids import (
+from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import (
     SECRET_VARIABLE,
     rollout_id,
     secret_problem,
@@ -373,7 +373,7 @@ def prepare_agent(
 ) -> AgentEpisode:
     """The episode of an agent row (``server.agent`` set) for Miles' session ``session_url``: the task
     row and its ``responses_create_params`` with the trainer's sampling, and ``_ng_rollout_id``, the
-    policy URL the agent's host dials, signed (``rollout_ids.py``); ``RequestError`` names a bad field,
+    policy URL the agent's host dials, signed (``routing_contract.py``); ``RequestError`` names a bad field,
     ``SettingsError`` a missing signing secret."""
     metadata, environment = task.metadata, task.environment
     if not isinstance(metadata, Mapping) or not metadata:

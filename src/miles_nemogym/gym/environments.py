@@ -78,7 +78,7 @@ from miles_nemogym.gym.venv import (
     gym_venv_root,
     run_build_step,
 )
-from miles_nemogym.routing_root.responses_api_models.miles_routing_model.rollout_ids import SECRET_VARIABLE
+from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import SECRET_VARIABLE
 from miles_nemogym.settings import short_name
 from miles_nemogym.transport import connect_host
 from miles_nemogym.yaml_file import load as load_yaml
@@ -963,7 +963,7 @@ class EnvironmentServers:
         """Agents are served: ``policy_model`` is the routing model, allowed ``session_servers``."""
         self.session_servers = list(session_servers)
         self.rollout_secret = (rollout_secret or os.environ.get(SECRET_VARIABLE) or secrets.token_urlsafe(32)).strip()
-        """What the routing model checks agent rows' rollout ids against (``rollout_ids.py``): given,
+        """What the routing model checks agent rows' rollout ids against (``routing_contract.py``): given,
         else ``NEMO_GYM_ROLLOUT_SECRET`` in this process, else made for this start. Handed to the
         routing model's process alone, in its environment; the trainer signs with the same value."""
         if self.routed:

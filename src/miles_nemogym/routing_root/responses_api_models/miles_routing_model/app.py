@@ -2,7 +2,7 @@
 
 Every agent ``miles-nemogym serve`` starts names this server as its ``policy_model``. The trainer
 sends each ``/run`` with ``_ng_rollout_id`` = the sample's policy URL (Miles' session URL + ``/v1``)
-signed with the secret ``serve`` gave this process (``rollout_ids.py``); the agent prefixes its
+signed with the secret ``serve`` gave this process (``routing_contract.py``); the agent prefixes its
 model calls with ``/ng-rollout/<id>/`` (run-level token capture, ``token_id_capture.all_agents``),
 NeMo-Gym's middleware strips the prefix and publishes the id as ``current_rollout_id()``, and this
 server sends the call to that session, converting Responses to chat completions exactly as
@@ -14,7 +14,7 @@ never dialled. The policy API key and the signing secret come from this process'
 
 The call is sent once: a redirect is not followed, and only a connection that was never
 established is tried again (``_SessionClient``). A session's error answer fails the agent's call
-(HTTP 502), except the context overflow ``session_answers.py`` names, which ``vllm_model`` turns
+(HTTP 502), except the context overflow ``routing_contract.py`` names, which ``vllm_model`` turns
 into an empty ``length`` turn as the in-process loop does.
 
 It replaces ``vllm_model``'s private ``_resolve_client`` (no public hook chooses the upstream per
@@ -38,8 +38,7 @@ from nemo_gym.rollout_correlation import current_rollout_id
 from nemo_gym.server_utils import get_global_aiohttp_client, is_nemo_gym_fastapi_entrypoint
 from responses_api_models.vllm_model.app import VLLMModel, VLLMModelConfig
 
-from rollout_ids import SECRET_VARIABLE, policy_url_of, secret_problem
-from session_answers import is_context_overflow
+from routing_contract import SECRET_VARIABLE, is_context_overflow, policy_url_of, secret_problem
 from session_servers import SessionServer, forward_problem, parse_session_server
 
 _KEY_VARIABLE = "NEMO_GYM_POLICY_API_KEY"
@@ -146,7 +145,7 @@ class _SessionClient(NeMoGymAsyncOpenAI):
                     status_code=502, detail="miles_routing_model: the session answered no JSON"
                 ) from None
         if is_context_overflow(status, content):
-            # vllm_model's own cut-off: an empty turn, finish_reason "length" (session_answers.py).
+            # vllm_model's own cut-off: an empty turn, finish_reason "length" (routing_contract.py).
             where = CIMultiDictProxy(CIMultiDict[str]())
             info = aiohttp.RequestInfo(response.url, method, where, response.url)
             error = aiohttp.ClientResponseError(info, (), status=status, message="context length exceeded")

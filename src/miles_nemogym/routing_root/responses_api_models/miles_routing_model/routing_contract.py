@@ -1,9 +1,19 @@
-"""The rollout id of an agent ``/run``: the sample's policy URL (Miles' session URL + ``/v1``) as
+"""What the trainer and the routing model share, standard library only: the trainer imports it and
+the routing model runs it in the server venv, where this package is not installed.
+
+**The rollout id** of an agent ``/run``: the sample's policy URL (Miles' session URL + ``/v1``) as
 unpadded base64url, a dot, and its HMAC-SHA256 under the secret ``serve`` makes for its routing
 model (``NEMO_GYM_ROLLOUT_SECRET``), also base64url. It fits NeMo-Gym's rollout-id alphabet
 (``[A-Za-z0-9._-]``, first a letter: ``aHR0c`` is ``http``); only the trainer, holding the secret,
-issues ids the routing model accepts. Standard library only: the trainer imports it, and the
-routing model runs it in the server venv, where this package is not installed."""
+issues ids the routing model accepts.
+
+**A session's HTTP error answer**, one rule on both paths (the in-process loop,
+``episode/environment.py``, and the routing model, ``app.py``): a 400 whose body says "context
+length" (vLLM's "maximum context length", SGLang's "longer than the model's context length") is the
+conversation outgrowing the context, a cut-off answered as NeMo-Gym's ``vllm_model`` answers it (an
+empty turn, ``finish_reason: length``). Every other error answer, a 400 saying "max_tokens must be
+..." included, fails the episode.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +23,15 @@ import hashlib
 import hmac
 import re
 
-__all__ = ["MIN_SECRET_CHARS", "SECRET_VARIABLE", "policy_url_of", "rollout_id", "secret_problem"]
+__all__ = [
+    "CONTEXT_FULL",
+    "MIN_SECRET_CHARS",
+    "SECRET_VARIABLE",
+    "is_context_overflow",
+    "policy_url_of",
+    "rollout_id",
+    "secret_problem",
+]
 
 SECRET_VARIABLE = "NEMO_GYM_ROLLOUT_SECRET"
 MIN_SECRET_CHARS = 32
@@ -63,3 +81,15 @@ def policy_url_of(rollout: str, secret: str) -> str | None:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         return None
+
+
+# ----------------------------------------------------------------------------- a session's error answer
+
+CONTEXT_FULL = re.compile(rb"context length", re.IGNORECASE)
+"""What a 400's body says when the prompt leaves no room to generate (the in-process loop reads it
+directly: a constant costs its sample path no file)."""
+
+
+def is_context_overflow(status: int, body: bytes) -> bool:
+    """Whether a session's answer ``status``/``body`` says the prompt leaves no room to generate."""
+    return status == 400 and CONTEXT_FULL.search(body) is not None
