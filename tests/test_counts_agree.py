@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
-from miles_nemogym.fit import counted
+from miles_nemogym.errors import counted
 from miles_nemogym.gym import environments as gym_envs
 from miles_nemogym.gym.environments import EnvironmentServers, plan
 from miles_nemogym.smoke import environments as smoke_envs

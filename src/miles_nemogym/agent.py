@@ -37,8 +37,7 @@ from miles_nemogym.episode.record import (
 )
 from miles_nemogym.episode.run import prepare as prepare_swe
 from miles_nemogym.episode.run import prepare_agent
-from miles_nemogym.errors import RequestError, SettingsError
-from miles_nemogym.fit import counted
+from miles_nemogym.errors import RequestError, SettingsError, counted
 from miles_nemogym.reward import score_record
 from miles_nemogym.runtime import Runtime, current
 from miles_nemogym.salvage import hold_failed_episode

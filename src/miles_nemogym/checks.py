@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from miles_nemogym import fit, pins
 from miles_nemogym.episode import run as swe_run
-from miles_nemogym.errors import RequestError
+from miles_nemogym.errors import RequestError, counted
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import (
     SECRET_VARIABLE,
@@ -180,7 +180,7 @@ def report(results: Sequence[CheckResult], width: int | None = None) -> list[str
             lines.append(f"{_CONTINUATION}fix: {result.fix}")
     failed = sum(result.status is Status.failed for result in results)
     if failed:
-        lines.append(f"{fit.counted(failed, 'check')} failed")
+        lines.append(f"{counted(failed, 'check')} failed")
     elif all_passed(results):
         lines.append("all checks passed")
     if width is None:
@@ -382,7 +382,7 @@ def _environment(name: str, target: Target) -> Found:
     if unserved and name not in target.tools_not_served:
         shown = ", ".join(unserved[:5]) + (f" and {len(unserved) - 5} more" if len(unserved) > 5 else "")
         return _failed(
-            f"{url} declares no POST /<tool> for {len(unserved)} of the {fit.counted(len(set(tools)), 'tool')} "
+            f"{url} declares no POST /<tool> for {len(unserved)} of the {counted(len(set(tools)), 'tool')} "
             "its rows "
             f"give the model ({shown}): each call would answer the model with a 404",
             f"{where}, the server of that environment, at the nemo-gym version the rows were written for; "
@@ -393,10 +393,10 @@ def _environment(name: str, target: Target) -> Found:
     elif name not in target.tools:  # no rows of it were read (doctor): nothing to say about their tools
         served = ""
     elif unserved:
-        tools_said = fit.counted(len(set(tools)), "tool")
+        tools_said = counted(len(set(tools)), "tool")
         served = f"{len(set(tools)) - len(unserved)} of the rows' {tools_said} (--tools-not-served)"
     else:
-        served = f"the rows' {fit.counted(len(set(tools)), 'tool')}"
+        served = f"the rows' {counted(len(set(tools)), 'tool')}"
     return _passed(
         f"{url}: POST /seed_session, /verify and {served}" if served else f"{url}: POST /seed_session and /verify"
     )

@@ -33,6 +33,7 @@ __all__ = [
     "SettingsError",
     "UrlError",
     "as_flag",
+    "counted",
     "describe",
     "message",
     "problems",
@@ -77,7 +78,14 @@ class Failed(MilesNemoGymError):
         """What the operating system said, for callers that explain a failure (doctor)."""
 
 
-# ----------------------------------------------------------------------------- a pydantic error as a message
+# ----------------------------------------------------------------------------- words of a message
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and ``noun`` agreeing in number: ``1 server``, ``2 servers``, ``0 servers``
+    (``plural`` for a noun that takes no plain ``s``: ``counted(2, "match", "matches")``)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
 
 Loc = Sequence[int | str]
 Label = Callable[[Loc], str]

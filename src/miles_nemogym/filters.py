@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from miles_nemogym.errors import RunStopped
-from miles_nemogym.fit import counted
+from miles_nemogym.errors import RunStopped, counted
 from miles_nemogym.runtime import current, streak_stop
 from miles_nemogym.salvage import HOOK_PATH, group_verdict, recover_failed_episodes
 from miles_nemogym.settings import Settings

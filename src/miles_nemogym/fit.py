@@ -10,16 +10,10 @@ import shutil
 import textwrap
 from collections.abc import Sequence
 
-__all__ = ["MIN_WIDTH", "counted", "table", "terminal_width", "wrap", "wrap_all"]
+__all__ = ["MIN_WIDTH", "table", "terminal_width", "wrap", "wrap_all"]
 
 MIN_WIDTH = 80
 _GAP = "  "
-
-
-def counted(n: int, noun: str, plural: str | None = None) -> str:
-    """``n`` and ``noun`` agreeing in number: ``1 server``, ``2 servers``, ``0 servers``
-    (``plural`` for a noun that takes no plain ``s``: ``counted(2, "match", "matches")``)."""
-    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 def terminal_width() -> int:

@@ -18,7 +18,7 @@ import typer
 
 from miles_nemogym.cli._console import fail, interrupt_on_sigterm
 from miles_nemogym.cli._options import JUDGE_MODEL_HELP, JUDGE_URL_HELP, judge_of
-from miles_nemogym.fit import counted
+from miles_nemogym.errors import counted
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -11,7 +11,7 @@ from rich import box
 from rich.table import Table
 
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text, passed, verdict
-from miles_nemogym.fit import counted
+from miles_nemogym.errors import counted
 from miles_nemogym.smoke.environments import EnvironmentEpisode, EnvironmentSmokeReport
 from miles_nemogym.smoke.run import OFFLINE_REASON, SmokeEpisode, SmokeReport, is_offline_failure
 

@@ -44,8 +44,7 @@ from miles_nemogym.data.schema import NEVER_DROPPED, SUBSETS, FieldProblem, Subs
 from miles_nemogym.data.select import Selection, load_grade_tables, read_instance_ids, split_names
 from miles_nemogym.data.sources import RawRow, SourceError, open_file, open_source
 from miles_nemogym.episode.record import AGENT_SUFFIX, SWE_ENVIRONMENT
-from miles_nemogym.errors import MilesNemoGymError
-from miles_nemogym.fit import counted
+from miles_nemogym.errors import MilesNemoGymError, counted
 
 __all__ = ["printable", "summary_notes"]
 

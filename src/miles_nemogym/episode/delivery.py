@@ -39,8 +39,7 @@ from urllib.parse import urlsplit
 
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.record import Outcome, failure, failure_of, finish
-from miles_nemogym.errors import Failed
-from miles_nemogym.fit import counted
+from miles_nemogym.errors import Failed, counted
 from miles_nemogym.redaction import redact_url
 from miles_nemogym.settings import Settings
 from miles_nemogym.transport import Deadline

@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 
 from miles_nemogym.episode.record import AGENT_SUFFIX
-from miles_nemogym.fit import counted
+from miles_nemogym.errors import counted
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym._harness import HARNESSES, NOT_RUN_HERE, cli_bin
 from miles_nemogym.gym._judge_gate import JudgeGate

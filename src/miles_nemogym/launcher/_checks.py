@@ -26,7 +26,7 @@ from miles_nemogym.data.environments import chat_prompt
 from miles_nemogym.data.schema import FieldProblem, validate_instance
 from miles_nemogym.data.sources import SourceError, open_file
 from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, Task
-from miles_nemogym.fit import counted
+from miles_nemogym.errors import counted
 from miles_nemogym.launcher._command import EPISODE_DIR_ENV, MilesInstall, hooks, job_environment, job_episode_dir
 from miles_nemogym.launcher._config import LEGACY_ROLLOUT_ENV, LauncherConfig
 from miles_nemogym.settings import ENV_VARS, Settings

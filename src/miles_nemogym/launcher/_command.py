@@ -13,8 +13,7 @@ from typing import Any
 
 from miles_nemogym import salvage
 from miles_nemogym.episode.record import eval_overrides
-from miles_nemogym.errors import MilesNemoGymError
-from miles_nemogym.fit import counted
+from miles_nemogym.errors import MilesNemoGymError, counted
 from miles_nemogym.launcher._config import LauncherConfig
 from miles_nemogym.launcher._families import Parsers
 from miles_nemogym.redaction import redact_url, redact_urls

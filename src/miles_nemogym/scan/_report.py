@@ -16,6 +16,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from rich.table import Table
 
 from miles_nemogym import fit
+from miles_nemogym.errors import counted
 from miles_nemogym.scan._results import ResultLine
 from miles_nemogym.scan._verdict import Verdict
 
@@ -74,7 +75,7 @@ def _clock(seconds: float) -> str:
 
 def header(pending: int, selected: int, where: str, how: str) -> str:
     """The scan's first lines, within 80 columns: what runs where (a URL whole), then ``how``."""
-    said = f"scan: {pending} of {fit.counted(selected, 'selected instance')} to run on {where}"
+    said = f"scan: {pending} of {counted(selected, 'selected instance')} to run on {where}"
     return "\n".join([*fit.wrap(said, fit.MIN_WIDTH, indent="  "), f"  {how}"])
 
 
@@ -208,11 +209,11 @@ def render_summary(
 
     notes = _kinds(results, by_environment=group == "environment")
     if earlier:
-        notes.append(f"{fit.counted(earlier, 'result')} from an earlier run of this results file (--resume)")
+        notes.append(f"{counted(earlier, 'result')} from an earlier run of this results file (--resume)")
     not_run = selected - overall.done
     if not_run:
         why = " (interrupted)" if interrupted else ""
-        notes.append(f"{not_run} of {fit.counted(selected, 'selected instance')} not run{why}")
+        notes.append(f"{not_run} of {counted(selected, 'selected instance')} not run{why}")
     for note in notes:
         console.print(note, soft_wrap=not console.is_terminal, highlight=False)
 
@@ -228,7 +229,7 @@ def render_summary(
             title = "not passed (golden mode: each gold answer passes, each wrong one does not)"
         else:
             title = "not 1.0 (golden mode expects 1.0 everywhere)"
-        console.print(f"[bold]{fit.counted(len(shown), 'instance')} {title}:[/]", highlight=False)
+        console.print(f"[bold]{counted(len(shown), 'instance')} {title}:[/]", highlight=False)
         for result in sorted(shown, key=lambda item: item.instance_id):
             line = f"  {result.instance_id}  reward {_rewards_text(result)}  {result.reason or '?'}"
             # On a terminal, continuations indented under the id; in a log, one whole line.

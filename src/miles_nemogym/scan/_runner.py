@@ -20,8 +20,7 @@ from miles_nemogym.agent import prepare_episode
 from miles_nemogym.episode import run as swe_run
 from miles_nemogym.episode.delivery import Episode, deliver
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome, Task
-from miles_nemogym.errors import MilesNemoGymError, RequestError
-from miles_nemogym.fit import counted
+from miles_nemogym.errors import MilesNemoGymError, RequestError, counted
 from miles_nemogym.gym.config import instance_name
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.runtime import current

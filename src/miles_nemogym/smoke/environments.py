@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from miles_nemogym.data.environments import task_key, to_environment_row
 from miles_nemogym.episode.record import EpisodeRecord, passed, read_record
-from miles_nemogym.fit import counted
+from miles_nemogym.errors import counted
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.composition import Judge
 from miles_nemogym.gym.environments import EnvironmentPlan, EnvironmentServers, plan, refusals, setting
