@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from miles_nemogym.episode.record import EpisodeRecord  # noqa: E402
 from miles_nemogym.gym import wheel  # noqa: E402
-from miles_nemogym.store.writer import EpisodeStore, entry_for  # noqa: E402
+from miles_nemogym.store import EpisodeStore, entry_for  # noqa: E402
 
 
 def answers(size: int) -> list[bytes]:

@@ -135,11 +135,11 @@ def test_the_docs_measured_path_tables_match_todays_code(measured: list[PathMeas
 def test_each_sample_runs_its_own_path_through_the_hooks(measured: list[PathMeasurement]) -> None:
     by_sample = {m.sample: m for m in measured}
     swe, environment, failing, agent_row, buffered = (by_sample[name] for name in SAMPLES)
-    hooks = {"agent.py", "reward.py", "filters.py", "salvage.py", "metrics.py", "store/writer.py"}
+    hooks = {"agent.py", "reward.py", "filters.py", "salvage.py", "metrics.py", "store/__init__.py"}
     for m in measured:
         assert hooks <= set(m.files), (m.sample, m.files)
         named = {(f.file, f.name) for f in m.functions}
-        assert ("store/writer.py", QUALIFIED("EpisodeStore._write")) in named  # the writer thread is traced
+        assert ("store/__init__.py", QUALIFIED("EpisodeStore._write")) in named  # the writer thread is traced
         assert not any(f.name.endswith("<module>") for f in m.functions)  # imports happen before tracing
     # Each kind is prepared by the agent function and attempted by the one delivery.
     assert ("agent", "episode/run") in swe.edges and ("episode/delivery", "episode/run") in swe.edges

@@ -24,7 +24,7 @@ from miles_nemogym.launcher import run as launcher_run
 from miles_nemogym.scan._report import ScanProgress, render_summary
 from miles_nemogym.scan._results import ResultLine
 from miles_nemogym.scan._verdict import Verdict
-from miles_nemogym.store.writer import EpisodeStore, entry_for
+from miles_nemogym.store import EpisodeStore, entry_for
 from tests.support import tmux
 from tests.support.episode_stores import build_store
 from tests.support.ports import free_port

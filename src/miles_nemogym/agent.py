@@ -42,7 +42,7 @@ from miles_nemogym.reward import score_record
 from miles_nemogym.runtime import Runtime, current
 from miles_nemogym.salvage import hold_failed_episode
 from miles_nemogym.settings import RewardMode, Settings
-from miles_nemogym.store.writer import entry_for, session_id
+from miles_nemogym.store import entry_for, session_id
 
 __all__ = ["abort", "prepare_episode", "run", "run_with_settings"]
 

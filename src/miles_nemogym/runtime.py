@@ -10,7 +10,7 @@ Miles calls each hook with no object of ours, so the hooks find the process's ``
     circuits         episode/delivery.Circuits   one per server: outage waits and the outage stop
     in_flight        episode/delivery.InFlight   the episodes ``agent.abort`` (and a run stop) cancel
     held             salvage.HeldEpisodes        failed episodes waiting for their ABORTED sample
-    stores           store/writer.Stores         the episode stores open in this process
+    stores           store.Stores                the episode stores open in this process
     reward_problems  Counter                     samples the reward hook scored 0.0, by reason
     logged           LoggedOnce (below)          the messages logged once
     addresses        dict                        the local address that routes to each Gym host
@@ -40,7 +40,7 @@ from miles_nemogym.episode.record import SWE_ENVIRONMENT, TRAIN
 from miles_nemogym.redaction import redact_url
 from miles_nemogym.salvage import HeldEpisodes
 from miles_nemogym.settings import Settings
-from miles_nemogym.store.writer import Stores
+from miles_nemogym.store import Stores
 
 __all__ = ["EnvironmentTally", "Runtime", "Tally", "current", "install", "streak_stop"]
 

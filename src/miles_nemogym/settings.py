@@ -191,7 +191,7 @@ class Settings(BaseModel):
 
     episode_dir: str | None = Field(default=None, alias="NEMO_GYM_EPISODE_DIR")
     """Folder of the episode store (every episode's answer and record, per step and
-    role; ``store/writer.py``). Unset: no store."""
+    role; ``store/__init__.py``). Unset: no store."""
 
     @field_validator("gym_url")
     @classmethod

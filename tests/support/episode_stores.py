@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from miles_nemogym.episode.record import EpisodeRecord
-from miles_nemogym.store.writer import EpisodeStore, entry_for
+from miles_nemogym.store import EpisodeStore, entry_for
 
 
 def record_of_result(result: dict[str, Any], episode_id: str, *, failed: str | None = None) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from miles_nemogym.episode.record import EpisodeRecord
-from miles_nemogym.store.writer import EpisodeStore, entry_for
+from miles_nemogym.store import EpisodeStore, entry_for
 from tests.support.episode_stores import build_store
 from tests.support.hostile_store import entry, write_step
 from tests.support.plot_store import build_plot_store

@@ -19,7 +19,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from miles_nemogym.store.writer import EpisodeStore
+from miles_nemogym.store import EpisodeStore
 
 
 def answer(episode_id: str, size: int) -> bytes:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text
+from miles_nemogym.store import ROLES
 from miles_nemogym.store.browser import (
     PASS_RATE,
     SWE_RESOLVE_RATE,
@@ -32,7 +33,6 @@ from miles_nemogym.store.browser import (
 )
 from miles_nemogym.store.plots import plots_html
 from miles_nemogym.store.reader import Store, StoredEpisode
-from miles_nemogym.store.writer import ROLES
 
 __all__ = ["render_html"]
 

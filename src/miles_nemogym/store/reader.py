@@ -1,4 +1,4 @@
-"""Read an episode store back (``store/writer.py`` writes it): each episode with its role and
+"""Read an episode store back (``store/__init__.py`` writes it): each episode with its role and
 step, and what could not be read and where. Never raises over what is on disk."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord, parse_record, passed, verdict
-from miles_nemogym.store.writer import ROLES
+from miles_nemogym.store import ROLES
 
 __all__ = ["StoredEpisode", "load"]
 
