@@ -22,7 +22,7 @@ from miles_nemogym.episode.record import ROW_MARKS, eval_overrides
 from miles_nemogym.errors import RunStopped
 from miles_nemogym.filters import check_run
 from miles_nemogym.runtime import current, install
-from miles_nemogym.store import reader
+from miles_nemogym.store import _reader as reader
 from tests.support.agent_fixtures import call, fast_env, server
 from tests.support.environment_episodes import MILES_KEYS, chat, env_row, envs, run_env
 from tests.support.eventually import eventually

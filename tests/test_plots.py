@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
-from miles_nemogym.store.plots import Plot, Series, plots, plots_html, svg
-from miles_nemogym.store.reader import load
+from miles_nemogym.store._plots import Plot, Series, plots, plots_html, svg
+from miles_nemogym.store.views import load
 from tests.support.episode_stores import build_env_store
 from tests.support.hostile_store import entry, write_step
 from tests.support.plot_store import ODD_KIND, ODD_SET

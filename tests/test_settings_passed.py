@@ -22,7 +22,7 @@ from miles_nemogym.cli.main import app
 from miles_nemogym.launcher import _checks as launch_checks
 from miles_nemogym.launcher._config import LauncherConfig
 from miles_nemogym.settings import SettingsError
-from miles_nemogym.smoke import run as smoke
+from miles_nemogym.smoke import _swe as smoke
 from tests.support.loopback_gym import LoopbackGym
 
 SHELL_URL = "http://127.0.0.1:9"

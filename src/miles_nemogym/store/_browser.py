@@ -14,7 +14,7 @@ from typing import Any
 
 from miles_nemogym import fit
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text
-from miles_nemogym.store.reader import StoredEpisode
+from miles_nemogym.store._reader import StoredEpisode
 
 __all__ = [
     "environment_rows",
