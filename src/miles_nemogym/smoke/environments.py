@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from miles_nemogym.data.environments import task_key, to_environment_row
+from miles_nemogym.data import task_key, to_environment_row
 from miles_nemogym.episode.record import EpisodeRecord, passed, read_record
 from miles_nemogym.fit import counted
 from miles_nemogym.gym import wheel as gym_wheel
