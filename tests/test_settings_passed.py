@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from miles_nemogym import checks, server_probe
+from miles_nemogym import checks
+from miles_nemogym.checks import _server_probe as server_probe
 from miles_nemogym.cli.main import app
 from miles_nemogym.launcher import _checks as launch_checks
 from miles_nemogym.launcher._config import LauncherConfig

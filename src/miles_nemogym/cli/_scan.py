@@ -101,7 +101,7 @@ def _scan(
     from pydantic import ValidationError
 
     from miles_nemogym.cli._console import console
-    from miles_nemogym.data.select import parse_instance_ids
+    from miles_nemogym.data import parse_instance_ids
     from miles_nemogym.scan import ScanConfig, execute
     from miles_nemogym.validation import describe
 

@@ -110,7 +110,7 @@ def _smoke(
     from miles_nemogym import checks
     from miles_nemogym.cli._console import console as cli_console
     from miles_nemogym.cli._doctor import show
-    from miles_nemogym.data.atomic import output_problem
+    from miles_nemogym.data import output_problem
     from miles_nemogym.gym import wheel as gym_wheel
 
     console = cli_console()
@@ -120,8 +120,8 @@ def _smoke(
         console.width, console.soft_wrap = 80, False
     # Before anything starts: the plugin's variables and, given one, that the real policy answers.
     target = checks.Target.from_env(policy_base_url=policy_base_url)
-    wanted = [checks.SETTINGS] if policy_base_url is None else [checks.SETTINGS, checks.POLICY_ANSWERS]
-    failed = [result for result in checks.run(wanted, target) if not result.ok]
+    wanted: list[checks.Wanted] = ["settings"] if policy_base_url is None else ["settings", "policy answers"]
+    failed = [result for result in checks.run(target, wanted) if not result.ok]
     if failed:
         show(console, failed)
         raise typer.Exit(2)
@@ -169,7 +169,7 @@ def _interrupted(console: Console, folder: Path, kept: bool) -> None:
 
 def _write_json(console: Console, path: Path, report: dict[str, Any]) -> None:
     """The report at ``path`` by ``convert``'s writer: a new file moved into place, never through a link."""
-    from miles_nemogym.data.atomic import WriteError, write_file
+    from miles_nemogym.data import WriteError, write_file
 
     try:
         write_file(path, (json.dumps(report, indent=2) + "\n").encode("utf-8"))

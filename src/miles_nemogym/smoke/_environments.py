@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from rich import box
 from rich.table import Table
 
-from miles_nemogym.data.environments import task_key, to_environment_row
+from miles_nemogym.data import task_key, to_environment_row
 from miles_nemogym.episode.record import EpisodeRecord, count_text, passed, read_record, verdict
 from miles_nemogym.fit import counted
 from miles_nemogym.gym import wheel as gym_wheel
