@@ -110,7 +110,7 @@ async def test_an_agent_ref_is_read_by_the_rule_convert_applies(
     server: FaultServer, chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # NeMo-Gym names environment X's agent X_simple_agent; a bare "mcqa" names no agent of it,
-    # as `convert` reads it too (data/environments.py), so the row is not routed there.
+    # as `convert` reads it too (data/_environments.py), so the row is not routed there.
     from miles_nemogym.data._environments import environment_of_row
 
     ref = {"type": "responses_api_agents", "name": "mcqa"}

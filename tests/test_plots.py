@@ -1,4 +1,4 @@
-"""Curves over rollout steps (``store/plots.py``): the data from a crafted store, exactly; the
+"""Curves over rollout steps (``store/_plots.py``): the data from a crafted store, exactly; the
 SVG drawn from it (well-formed, labels escaped, gaps); ``episodes --plots`` and its refusals."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Read an episode store (``store/writer.py``) and show it as text: a table per step, a
-list of episodes, one episode turn by turn (the HTML page is ``store/page.py``). Pure
+list of episodes, one episode turn by turn (the HTML page is ``store/_page.py``). Pure
 functions over loaded entries, except ``load``; the CLI (``cli/_episodes.py``) prints.
 """
 
