@@ -3,7 +3,7 @@
 
     python scripts/golden_scan.py --input data/verified.jsonl --golden --output golden.jsonl
 
-The same command and code as ``miles-nemogym scan`` (``miles_nemogym.cli.scan``); run
+The same command and code as ``miles-nemogym scan`` (``miles_nemogym.cli.main``'s ``scan``); run
 ``python scripts/golden_scan.py --help`` for the flags and exit codes. Works from a
 checkout without installing the package (its ``src/`` is put on the path), as long as
 the package's dependencies are installed.
@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 try:
-    from miles_nemogym.cli.scan import main
+    from miles_nemogym.cli.main import app
 except ImportError:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-    from miles_nemogym.cli.scan import main
+    from miles_nemogym.cli.main import app
 
 if __name__ == "__main__":
-    main()
+    app(["scan", *sys.argv[1:]], prog_name="golden_scan.py")

@@ -22,7 +22,7 @@ from miles_nemogym.episode.record import ROW_MARKS, eval_overrides
 from miles_nemogym.errors import RunStopped
 from miles_nemogym.filters import check_run
 from miles_nemogym.runtime import current, install
-from miles_nemogym.store import reader
+from miles_nemogym.store import _reader as reader
 from tests.support.agent_fixtures import call, fast_env, server
 from tests.support.environment_episodes import MILES_KEYS, chat, env_row, envs, run_env
 from tests.support.eventually import eventually
@@ -110,8 +110,8 @@ async def test_an_agent_ref_is_read_by_the_rule_convert_applies(
     server: FaultServer, chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # NeMo-Gym names environment X's agent X_simple_agent; a bare "mcqa" names no agent of it,
-    # as `convert` reads it too (data/environments.py), so the row is not routed there.
-    from miles_nemogym.data.environments import environment_of_row
+    # as `convert` reads it too (data/_environments.py), so the row is not routed there.
+    from miles_nemogym.data._environments import environment_of_row
 
     ref = {"type": "responses_api_agents", "name": "mcqa"}
     assert not isinstance(environment_of_row({"agent_ref": ref}), str)

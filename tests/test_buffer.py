@@ -138,7 +138,7 @@ async def test_the_store_files_trained_episodes_under_their_step_and_dropped_one
     server: FaultServer, sympy_row: dict[str, Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from miles_nemogym import metrics
-    from miles_nemogym.store.reader import UNFILED, load
+    from miles_nemogym.store._reader import UNFILED, load
 
     monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(tmp_path))
     episodes, _ = buffer()
@@ -185,7 +185,7 @@ async def test_in_sync_mode_no_filing_is_written_and_episodes_stay_under_the_ste
     server: FaultServer, sympy_row: dict[str, Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from miles_nemogym import metrics
-    from miles_nemogym.store.reader import load
+    from miles_nemogym.store.views import load
 
     monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(tmp_path))
     entry = await group(server, sympy_row, ["ok", "ok", "ok", "ok"])

@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
-from miles_nemogym.data.environments import parse_env_option
+from miles_nemogym.data._environments import parse_env_option
 from miles_nemogym.gym import catalog
 from miles_nemogym.gym.catalog import CatalogEntry, entry_support
 from miles_nemogym.gym.composition import server_blocks

@@ -13,7 +13,7 @@ from miles_nemogym.cli.main import app
 from miles_nemogym.errors import counted
 from miles_nemogym.gym import environments as gym_envs
 from miles_nemogym.gym.environments import EnvironmentServers, plan
-from miles_nemogym.smoke import environments as smoke_envs
+from miles_nemogym.smoke import _environments as smoke_envs
 
 
 def test_counted_agrees_in_number() -> None:

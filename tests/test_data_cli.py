@@ -198,9 +198,9 @@ def test_a_lone_surrogate_in_a_bad_rows_id_is_printed_escaped(
 # The real CLI in a child process, its reader slowed so a signal lands mid-conversion.
 SLOW_CONVERT = """
 import importlib, sys, time
-from miles_nemogym.data.sources import RowSource
+from miles_nemogym.data._sources import RowSource
 
-convert_module = importlib.import_module("miles_nemogym.data.convert")
+convert_module = importlib.import_module("miles_nemogym.data._convert")
 
 opened = convert_module.open_source
 

@@ -21,7 +21,7 @@ from miles_nemogym.data import (
     SwebenchMissingError,
     convert,
 )
-from miles_nemogym.data.sources import open_source
+from miles_nemogym.data._sources import open_source
 
 NEMO_GYM_KEYS = ("responses_create_params", "subset", "split")
 

@@ -22,11 +22,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from miles_nemogym import checks, server_probe
+from miles_nemogym import checks
 from miles_nemogym.checks import CheckResult, Status
+from miles_nemogym.checks import _server_probe as server_probe
+from miles_nemogym.checks._server_probe import FetchError, fetch_json, run_body_fields
 from miles_nemogym.cli._doctor import run_checks
 from miles_nemogym.cli.main import app
-from miles_nemogym.server_probe import FetchError, fetch_json, run_body_fields
 from tests.support.odd_http import OddServer
 from tests.support.openapi import GymStandIn, openapi_document, resources_document, serving
 from tests.support.ports import free_port

@@ -27,7 +27,7 @@ from miles_nemogym import failure_kinds as fk
 from miles_nemogym import reward
 from miles_nemogym.cli.main import app
 from miles_nemogym.settings import Settings, SettingsError
-from miles_nemogym.store import reader
+from miles_nemogym.store import _reader as reader
 from tests.support.agent_fixtures import fast_env
 from tests.support.environment_episodes import (
     ENV,

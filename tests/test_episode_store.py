@@ -26,7 +26,7 @@ from miles_nemogym import agent, metrics, transport
 from miles_nemogym import store as episode_store
 from miles_nemogym.episode.record import eval_overrides
 from miles_nemogym.runtime import current
-from miles_nemogym.store.reader import UNFILED, load
+from miles_nemogym.store._reader import UNFILED, load
 from tests.support import store_writers
 from tests.support.fault_server import FaultServer
 

@@ -12,8 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
-from miles_nemogym.smoke.run import OFFLINE_REASON
-from miles_nemogym.store.reader import load
+from miles_nemogym.store.views import OFFLINE_REASON, load
 from tests.support.episode_stores import FAILED_IDS, build_env_store, build_failed_store
 from tests.support.hostile_store import entry, write_step
 

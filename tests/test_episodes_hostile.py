@@ -72,7 +72,7 @@ def test_page_escapes_every_store_value(tmp_path: Path) -> None:
 
 
 def test_page_collapses_a_long_patch_and_output(tmp_path: Path) -> None:
-    from miles_nemogym.store.page import BLOCK_MAX_CHARS, INLINE_CHARS
+    from miles_nemogym.store._page import BLOCK_MAX_CHARS, INLINE_CHARS
 
     patch = "".join(f"+line {i} of a huge patch\n" for i in range(200_000))  # 5.3 MB
     output = "x" * 50_000
@@ -307,7 +307,7 @@ def test_a_set_aside_episode_shows_what_its_record_knows(tmp_path: Path) -> None
 
 
 def test_trim_cuts_at_word_ends() -> None:
-    from miles_nemogym.store.browser import trim
+    from miles_nemogym.store._browser import trim
 
     text = " ".join(f"word{i:04d}" for i in range(400))
     cut = trim(text, 600)

@@ -234,7 +234,7 @@ def test_screenshot_of_the_page(fixture: str, request: pytest.FixtureRequest, tm
 
 
 def test_crafted_store_content_runs_and_loads_nothing(tmp_path: Path, pixel_server: tuple[str, list[str]]) -> None:
-    from miles_nemogym.store.page import INLINE_CHARS
+    from miles_nemogym.store._page import INLINE_CHARS
 
     base, hits = pixel_server
 

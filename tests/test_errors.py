@@ -36,7 +36,7 @@ def test_each_error_is_caught_by_the_builtin_base_its_callers_catch(
     """Raised by the package's own functions, each error reaches an ``except`` on the builtin base
     callers wrote before the common base existed, and an ``except MilesNemoGymError`` as well."""
     from miles_nemogym import filters
-    from miles_nemogym.data.convert import ConvertOptions, convert, convert_row
+    from miles_nemogym.data._convert import ConvertOptions, convert, convert_row
 
     monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "soon")
     install()

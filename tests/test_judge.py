@@ -14,8 +14,9 @@ from aiohttp import web
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.run import classify_agent_http, classify_http
 from miles_nemogym.scan._verdict import Verdict, kind_of, verdict_of
-from miles_nemogym.store import browser, plots
-from miles_nemogym.store.reader import load
+from miles_nemogym.store import _browser as browser
+from miles_nemogym.store import _plots as plots
+from miles_nemogym.store.views import load
 from tests.support.agent_fixtures import fast_env
 from tests.support.environment_episodes import chat, episode
 from tests.support.fake_resources import fake_resources

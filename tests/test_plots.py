@@ -1,4 +1,4 @@
-"""Curves over rollout steps (``store/plots.py``): the data from a crafted store, exactly; the
+"""Curves over rollout steps (``store/_plots.py``): the data from a crafted store, exactly; the
 SVG drawn from it (well-formed, labels escaped, gaps); ``episodes --plots`` and its refusals."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
-from miles_nemogym.store.plots import Plot, Series, plots, plots_html, svg
-from miles_nemogym.store.reader import load
+from miles_nemogym.store._plots import Plot, Series, plots, plots_html, svg
+from miles_nemogym.store.views import load
 from tests.support.episode_stores import build_env_store
 from tests.support.hostile_store import entry, write_step
 from tests.support.plot_store import ODD_KIND, ODD_SET

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from miles_nemogym.data import ConvertOptions, convert
-from miles_nemogym.data.schema import decode_test_list
-from miles_nemogym.data.select import instance_ids_option, parse_instance_ids
-from miles_nemogym.data.sources import open_source
+from miles_nemogym.data._schema import decode_test_list
+from miles_nemogym.data._select import instance_ids_option, parse_instance_ids
+from miles_nemogym.data._sources import open_source
 from miles_nemogym.launcher._checks import check_prompt_data
 from miles_nemogym.launcher._config import LauncherConfig
 from miles_nemogym.scan._inputs import InputError, load_tasks, select

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from miles_nemogym.data.select import InstanceIdsError, parse_instance_ids
+from miles_nemogym.data._select import InstanceIdsError, parse_instance_ids
 from miles_nemogym.episode.run import RunResponse, classify_run_response
 from miles_nemogym.scan import golden_scan
 from miles_nemogym.scan._inputs import InputError, load_tasks, select

@@ -24,7 +24,7 @@ from miles_nemogym.launcher import run as launcher
 from miles_nemogym.metrics import rollout_metrics
 from miles_nemogym.runtime import current
 from miles_nemogym.settings import ENV_VARS, Settings
-from miles_nemogym.smoke import run as smoke
+from miles_nemogym.smoke import _swe as smoke
 from tests.support.fault_server import FaultServer
 from tests.support.ports import free_port as closed_port
 from tests.support.prompt_rows import converter_rows, write_jsonl

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
 from miles_nemogym.settings import ENV_VARS
-from miles_nemogym.smoke import run as smoke
+from miles_nemogym.smoke import _swe as smoke
 from tests.support.ports import free_port
 
 

@@ -12,12 +12,11 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from miles_nemogym.cli._smoke_view import environment_line, environment_tables
 from miles_nemogym.cli.main import app
 from miles_nemogym.gym.environments import plan
-from miles_nemogym.smoke import environments as smoke_envs
+from miles_nemogym.smoke import _environments as smoke_envs
+from miles_nemogym.smoke._environments import EnvironmentEpisode, EnvironmentSmokeReport, shipped_rows
 from miles_nemogym.smoke.answers import GOLD, WRONG, answers, has_rule
-from miles_nemogym.smoke.environments import EnvironmentEpisode, EnvironmentSmokeReport, shipped_rows
 from miles_nemogym.smoke.policy import FINAL_ANSWER, Answer, RecordingPolicy
 from tests.support.environment_rows import shipped_rows as raw_rows
 
@@ -121,7 +120,7 @@ def test_the_report_reads_at_80_columns_and_flags_what_did_not_come_back_as_expe
     report = EnvironmentSmokeReport(episodes=episodes, plans=[mcqa])
     assert not report.chain_worked
     assert [e.surprise is None for e in episodes] == [True, True, False, False, False]
-    tables, notes = environment_tables(report)
+    tables, notes = report.tables()
     assert notes == [
         "mcqa/2: the row's gold answer scored 0.0, not a pass",
         "mcqa/2: a wrong answer scored 1.0, a pass",
@@ -132,7 +131,7 @@ def test_the_report_reads_at_80_columns_and_flags_what_did_not_come_back_as_expe
         for table in tables:
             console.print(table)
         for episode in episodes:
-            console.print(environment_line(episode), highlight=False)
+            console.print(episode.line(), highlight=False)
         lines = console.export_text().splitlines()
         assert all(len(line) <= width for line in lines), lines
         text = "\n".join(lines)

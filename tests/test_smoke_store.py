@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
-from miles_nemogym.smoke import run as smoke
-from miles_nemogym.store import reader
+from miles_nemogym.smoke import _swe as smoke
+from miles_nemogym.store import _reader as reader
 from tests.support.loopback_gym import CRASH_CAUSE, LoopbackGym
 
 DJANGO = "django__django-10973"

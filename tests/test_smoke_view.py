@@ -9,9 +9,9 @@ from typing import Any
 from rich.console import Console
 from typer.testing import CliRunner
 
-from miles_nemogym.cli._smoke_view import build_table, episode_line, report_json, reward_text
 from miles_nemogym.cli.main import app
-from miles_nemogym.smoke.run import OFFLINE_REASON, SmokeEpisode, SmokeReport, expected_offline
+from miles_nemogym.smoke._swe import SmokeEpisode, SmokeReport, expected_offline, reward_text
+from miles_nemogym.store.views import OFFLINE_REASON
 
 # The failure reason the agent records for django/pylint without network (as a real smoke run returned it).
 OFFLINE = (
@@ -46,7 +46,7 @@ EPISODES = [
 
 def _render(width: int = 80) -> str:
     console = Console(width=width, record=True, color_system=None)
-    table, _notes = build_table(EPISODES)
+    table, _notes = SmokeReport(EPISODES).table()
     console.print(table)
     return console.export_text()
 
@@ -74,9 +74,9 @@ def test_cells_are_short_and_consistent() -> None:
 
 
 def test_reasons_are_numbered_footnotes_in_full_and_offline_ones_share_one() -> None:
-    _table, notes = build_table(EPISODES)
-    assert notes.numbers == (1, 1, None, 2, None)
-    assert notes.texts == (f"agent_run_error: {OFFLINE_REASON}", f"agent_timeout: {TIMEOUT}")
+    numbers, texts = SmokeReport(EPISODES).notes()
+    assert numbers == [1, 1, None, 2, None]
+    assert texts == [f"agent_run_error: {OFFLINE_REASON}", f"agent_timeout: {TIMEOUT}"]
 
 
 def test_rewards_read_like_the_readme() -> None:
@@ -86,16 +86,14 @@ def test_rewards_read_like_the_readme() -> None:
 
 
 def test_one_line_per_finished_episode() -> None:
-    assert episode_line(EPISODES[0]) == ("[red]✗[/red] django__django-10973  set aside: no network (expected), 34 s")
-    assert episode_line(EPISODES[2]) == (
-        "[green]✓[/green] sphinx-doc__sphinx-8595  unresolved: 3 turns, reward 0.0, 37 s"
-    )
-    assert episode_line(EPISODES[3]).endswith("set aside: agent_timeout, 34 s")
+    assert EPISODES[0].line() == ("[red]✗[/red] django__django-10973  set aside: no network (expected), 34 s")
+    assert EPISODES[2].line() == ("[green]✓[/green] sphinx-doc__sphinx-8595  unresolved: 3 turns, reward 0.0, 37 s")
+    assert EPISODES[3].line().endswith("set aside: agent_timeout, 34 s")
 
 
 def test_json_report_holds_every_episode_with_its_note(tmp_path: Path) -> None:
     report = SmokeReport(episodes=list(EPISODES), data_path=tmp_path / "p.jsonl")
-    document: dict[str, Any] = json.loads(json.dumps(report_json(report)))
+    document: dict[str, Any] = json.loads(json.dumps(report.json()))
     assert document["chain_worked"] is True
     verdicts = ["agent_run_error", "agent_run_error", "unresolved", "agent_timeout", "unresolved"]
     assert [e["verdict"] for e in document["episodes"]] == verdicts
@@ -125,9 +123,9 @@ def test_smoke_help_names_the_build_cache_and_interpreter() -> None:
 
 def test_verdict_and_turns_read_as_the_episode_store_s_views_show_them(tmp_path: Path) -> None:
     """One vocabulary: smoke's table cell is what `episodes`, `--show` and the HTML page show."""
-    from miles_nemogym.store.browser import episode_list_text, episode_parts
-    from miles_nemogym.store.page import render_html
-    from miles_nemogym.store.reader import Store, StoredEpisode
+    from miles_nemogym.store._browser import episode_list_text, episode_parts
+    from miles_nemogym.store._page import render_html
+    from miles_nemogym.store._reader import Store, StoredEpisode
 
     table = _render(120).splitlines()
     for episode in EPISODES:

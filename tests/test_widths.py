@@ -17,7 +17,6 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from miles_nemogym.checks import CheckResult, Status
-from miles_nemogym.cli import _episodes as episodes_cli
 from miles_nemogym.cli.main import app
 from miles_nemogym.episode.record import EpisodeRecord
 from miles_nemogym.launcher import run as launcher_run
@@ -25,6 +24,7 @@ from miles_nemogym.scan._report import ScanProgress, render_summary
 from miles_nemogym.scan._results import ResultLine
 from miles_nemogym.scan._verdict import Verdict
 from miles_nemogym.store import EpisodeStore, entry_for
+from miles_nemogym.store import views as episodes_cli
 from tests.support import tmux
 from tests.support.episode_stores import build_store
 from tests.support.ports import free_port

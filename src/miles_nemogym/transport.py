@@ -166,7 +166,7 @@ class Answer:
     location: str | None = None
     """A redirect's target (never followed)."""
     cookies: tuple[str, ...] = ()
-    """The names of the cookies the answer sets (a NeMo-Gym server's names itself: ``server_probe``)."""
+    """The names of the cookies the answer sets (a NeMo-Gym server names itself by them: ``checks.identify``)."""
 
 
 async def request(

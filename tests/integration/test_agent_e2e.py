@@ -31,7 +31,7 @@ from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer, free_port
 from miles_nemogym.scan import golden_scan
 from miles_nemogym.smoke.policy import RecordingPolicy
-from miles_nemogym.store import reader
+from miles_nemogym.store import _reader as reader
 from tests.integration.conftest import INTEGRATION_OPTIONS
 from tests.support.eventually import eventually
 from tests.support.held_policy import HeldPolicy

@@ -26,6 +26,7 @@ import yaml
 from typer.testing import CliRunner
 
 from miles_nemogym import agent
+from miles_nemogym.checks import identify
 from miles_nemogym.cli.main import app
 from miles_nemogym.episode.record import TASK_ID_KEY
 from miles_nemogym.gym.composition import JUDGE_INSTANCE, Judge, judged_instances, own_config
@@ -34,7 +35,6 @@ from miles_nemogym.gym.environments import benchmark_environments, compose_each,
 from miles_nemogym.gym.venv import ensure_gym_venv
 from miles_nemogym.launcher._command import eval_args, eval_config_document
 from miles_nemogym.launcher._config import LauncherConfig
-from miles_nemogym.server_probe import identify
 from miles_nemogym.settings import Settings
 from tests.support.env_scripts import BENCHMARKS, JUDGED_BENCHMARKS
 from tests.support.fault_server import FaultServer

@@ -21,7 +21,7 @@ from miles_nemogym.cli.main import app
 from miles_nemogym.gym.server import GymServer
 from miles_nemogym.launcher._command import eval_args
 from miles_nemogym.launcher._config import LauncherConfig
-from miles_nemogym.store.reader import load
+from miles_nemogym.store.views import load
 from tests.support.fault_server import FaultServer
 from tests.support.miles_harness import MilesDriver
 from tests.support.threaded import serving_in_thread

@@ -281,7 +281,7 @@ def test_an_episode_running_across_a_weight_update_carries_both_versions_and_tra
 def test_the_store_files_each_episode_under_the_step_that_trained_it_or_as_not_trained(
     miles_driver: MilesDriver, prompts: list[dict[str, Any]], sympy_result: dict[str, Any], tmp_path: Path
 ) -> None:
-    from miles_nemogym.store import reader
+    from miles_nemogym.store import _reader as reader
 
     good, bad = (row["metadata"]["instance_id"] for row in prompts)
     # Every group of ``bad`` has no valid episode: the buffer drops it (filtered) and trains only ``good``'s.

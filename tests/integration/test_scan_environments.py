@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
-from miles_nemogym.data.environments import task_key, to_environment_row
+from miles_nemogym.data._environments import task_key, to_environment_row
 from miles_nemogym.gym.environments import plan, setting
 from miles_nemogym.scan._results import read_results
 from miles_nemogym.smoke.answers import PLAIN_ANSWER

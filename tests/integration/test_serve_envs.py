@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from miles_nemogym.checks import identify
 from miles_nemogym.cli.main import app
 from miles_nemogym.gym.config import PLACEHOLDER_POLICY_URL
 from miles_nemogym.gym.environments import EnvironmentServers, plan
 from miles_nemogym.gym.venv import ensure_gym_venv
 from miles_nemogym.gym.wheel import read_member
-from miles_nemogym.server_probe import identify
 from miles_nemogym.settings import Settings
 from tests.support.ray_cluster import pids_with_environment
 from tests.support.serve_process import exported, serving

@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
+from miles_nemogym.smoke._environments import EnvironmentEpisode
 from miles_nemogym.smoke.answers import GOLD, PLAIN, WRONG
-from miles_nemogym.smoke.environments import EnvironmentEpisode
-from miles_nemogym.store import reader
+from miles_nemogym.store import _reader as reader
 from tests.support.env_scripts import SMOKED
 
 pytestmark = pytest.mark.integration

@@ -281,7 +281,7 @@ def _swe_metadata() -> dict[str, Any]:
 
 
 def _environment_metadata() -> dict[str, Any]:
-    from miles_nemogym.data.environments import to_environment_row
+    from miles_nemogym.data._environments import to_environment_row
     from tests.support.environment_rows import shipped_rows
     from tests.support.scripted_chat import tagged
 

@@ -61,7 +61,7 @@ def _print_environments(console: Console, report: ConvertReport, options: Conver
 
 
 def _print_summary(console: Console, report: ConvertReport, options: ConvertOptions) -> None:
-    from miles_nemogym.data.convert import printable, summary_notes
+    from miles_nemogym.data import printable, summary_notes
 
     # A line of its own, not the table's title: a long path is never split to the table's width.
     console.print(f"convert: {printable(report.source)} ({report.source_kind})", markup=False, highlight=False)
@@ -224,9 +224,9 @@ def _convert_command(
         SwebenchMissingError,
         WriteError,
         convert,
+        instance_ids_option,
+        parse_env_option,
     )
-    from miles_nemogym.data.environments import parse_env_option
-    from miles_nemogym.data.select import instance_ids_option
     from miles_nemogym.errors import problems
 
     out, err = console(), console(stderr=True)

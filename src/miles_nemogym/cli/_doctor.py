@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from miles_nemogym import checks
+from miles_nemogym.checks import Fetcher, fetch_json
 from miles_nemogym.cli._options import GymUrl
-from miles_nemogym.server_probe import Fetcher, fetch_json
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -50,10 +50,10 @@ def run_checks(
         fetch=fetch,
         policy_base_url=policy_base_url,
     )
-    wanted = [checks.SETTINGS, checks.GYM_ANSWERS, checks.POLICY_FIELD, checks.POLICY_HOST]
+    wanted: list[checks.Wanted] = ["settings", "gym answers", "policy field", "policy host"]
     if policy_base_url is not None:
-        wanted.append(checks.POLICY_ANSWERS)
-    return list(checks.run([*wanted, *checks.environments(target)], target))
+        wanted.append("policy answers")
+    return list(checks.run(target, wanted, environments=True))
 
 
 def _doctor(

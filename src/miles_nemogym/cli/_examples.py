@@ -55,7 +55,7 @@ def _examples(
         str | None, typer.Option("--env", metavar="NAME", help="The example rows of this NeMo-Gym environment instead.")
     ] = None,
 ) -> None:
-    from miles_nemogym.data.atomic import AtomicFiles, WriteError, output_problem
+    from miles_nemogym.data import AtomicFiles, WriteError, output_problem
     from miles_nemogym.gym import wheel as gym_wheel
     from miles_nemogym.pins import NEMO_GYM_VERSION
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, get_args
 import typer
 
 from miles_nemogym.cli._console import fail
-from miles_nemogym.data.schema import SUBSETS
+from miles_nemogym.data import SUBSETS
 from miles_nemogym.gym.config import SandboxName
 
 if TYPE_CHECKING:

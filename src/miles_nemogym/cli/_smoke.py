@@ -110,7 +110,7 @@ def _smoke(
     from miles_nemogym import checks
     from miles_nemogym.cli._console import console as cli_console
     from miles_nemogym.cli._doctor import show
-    from miles_nemogym.data.atomic import output_problem
+    from miles_nemogym.data import output_problem
     from miles_nemogym.gym import wheel as gym_wheel
 
     console = cli_console()
@@ -120,8 +120,8 @@ def _smoke(
         console.width, console.soft_wrap = 80, False
     # Before anything starts: the plugin's variables and, given one, that the real policy answers.
     target = checks.Target.from_env(policy_base_url=policy_base_url)
-    wanted = [checks.SETTINGS] if policy_base_url is None else [checks.SETTINGS, checks.POLICY_ANSWERS]
-    failed = [result for result in checks.run(wanted, target) if not result.ok]
+    wanted: list[checks.Wanted] = ["settings"] if policy_base_url is None else ["settings", "policy answers"]
+    failed = [result for result in checks.run(target, wanted) if not result.ok]
     if failed:
         show(console, failed)
         raise typer.Exit(2)
@@ -169,7 +169,7 @@ def _interrupted(console: Console, folder: Path, kept: bool) -> None:
 
 def _write_json(console: Console, path: Path, report: dict[str, Any]) -> None:
     """The report at ``path`` by ``convert``'s writer: a new file moved into place, never through a link."""
-    from miles_nemogym.data.atomic import WriteError, write_file
+    from miles_nemogym.data import WriteError, write_file
 
     try:
         write_file(path, (json.dumps(report, indent=2) + "\n").encode("utf-8"))
@@ -211,9 +211,8 @@ def _smoke_environments(
     from rich.markup import escape
 
     from miles_nemogym.cli._console import step_display
-    from miles_nemogym.cli._smoke_view import ENVIRONMENT_LEGEND, environment_json, environment_line, environment_tables
     from miles_nemogym.gym.venv import GymEnvironmentError
-    from miles_nemogym.smoke.environments import EnvironmentEpisode, check_environments, run_environment_smoke
+    from miles_nemogym.smoke import check_environments, run_environment_smoke
 
     try:
         check_environments(envs, judge)  # before anything starts: a typo or a refused environment, with the reason
@@ -229,10 +228,6 @@ def _smoke_environments(
     worked = interrupted = False
     try:
         with interrupt_on_sigterm(ctrl_c=True), step_display(console) as progress, _quiet_episode_warnings():
-
-            def finished(episode: EnvironmentEpisode) -> None:
-                console.print(environment_line(episode), highlight=False)
-
             report = run_environment_smoke(
                 envs,
                 state_dir=folder,
@@ -241,16 +236,16 @@ def _smoke_environments(
                 judge=judge,
                 policy_base_url=policy_base_url,
                 progress=progress,
-                on_episode=finished,
+                on_episode=lambda line: console.print(line, highlight=False),
             )
-        tables, notes = environment_tables(report)
+        tables, notes = report.tables()
         for table in tables:
             console.print(table)
         for number, text in enumerate(notes, 1):
             console.print(f"[{number}] {text}", highlight=False, markup=False)
-        console.print(ENVIRONMENT_LEGEND, highlight=False)
+        console.print(report.LEGEND, highlight=False)
         if json_path is not None:
-            _write_json(console, json_path, environment_json(report))
+            _write_json(console, json_path, report.json())
         worked = report.chain_worked
         if not worked:
             console.print(
@@ -287,9 +282,8 @@ def _run(
 ) -> bool:
     """The run and its report; whether the chain worked (``typer.Exit(2)`` when it could not start)."""
     from miles_nemogym.cli._console import step_display
-    from miles_nemogym.cli._smoke_view import LEGEND, build_table, episode_line, report_json
     from miles_nemogym.gym.venv import GymEnvironmentError
-    from miles_nemogym.smoke.run import SmokeEpisode, expected_offline, run_smoke
+    from miles_nemogym.smoke import expected_offline, run_smoke
 
     offline = [rows[i]["instance_id"] for i in expected_offline([row["repo"] for row in rows])]
     console.print(f"smoke: {len(rows)} SWE-bench Verified rows through the real NeMo-Gym server", highlight=False)
@@ -307,10 +301,10 @@ def _run(
                 counts["running"] = count
                 progress(f"  {count} running, 0 done")
 
-            def finished(episode: SmokeEpisode) -> None:
+            def finished(line: str) -> None:
                 counts["running"] -= 1
                 counts["done"] += 1
-                console.print(episode_line(episode), highlight=False)
+                console.print(line, highlight=False)
                 progress(f"  {counts['running']} running, {counts['done']} done")
 
             report = run_smoke(
@@ -327,17 +321,17 @@ def _run(
     except GymEnvironmentError as error:
         fail(console, f"[red]cannot start the NeMo-Gym server:[/red] {error}", highlight=False)
 
-    table, notes = build_table(report.episodes)
+    table, notes = report.table()
     console.print(table)
-    for number, text in enumerate(notes.texts, 1):
+    for number, text in enumerate(notes, 1):
         console.print(f"[{number}] {text}", highlight=False, markup=False)
-    console.print(LEGEND, highlight=False)
+    console.print(report.LEGEND, highlight=False)
     if kept:
         for name, path in (("prompt data", report.data_path), ("trajectories and results", report.results_dir)):
             console.print(f"{name}: {path}", highlight=False, soft_wrap=True)
         console.print(f"server log: {report.server_log}", highlight=False, soft_wrap=True)
     if json_path is not None:
-        _write_json(console, json_path, report_json(report))
+        _write_json(console, json_path, report.json())
     console.print(_EXPLANATION, highlight=False)
     if not report.chain_worked:
         console.print("[red]the chain did not work: no episode came back as a valid measurement[/red]")

@@ -47,9 +47,9 @@ import miles_nemogym.cli._doctor as doctor  # noqa: E402
 import miles_nemogym.cli._environments as environments  # noqa: E402
 import miles_nemogym.cli._episodes as episodes  # noqa: E402
 import miles_nemogym.cli._examples as examples  # noqa: E402
+import miles_nemogym.cli._scan as scan  # noqa: E402
 import miles_nemogym.cli._serve as serve  # noqa: E402
 import miles_nemogym.cli._smoke as smoke  # noqa: E402
-from miles_nemogym.cli import scan  # noqa: E402
 
 for _feature in (convert, doctor, environments, episodes, examples, scan, serve, smoke):
     _feature.register(app)

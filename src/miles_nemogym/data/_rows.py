@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
-from miles_nemogym.data.schema import SUBSETS, FieldProblem, SweBenchInstance, validate_instance
+from miles_nemogym.data._schema import SUBSETS, FieldProblem, SweBenchInstance, validate_instance
 from miles_nemogym.episode.record import ENV_KEY, ROUTING_KEYS
 
 # Normalised dataset names (lower case, '_'/' '/'.' → '-') and what they imply.

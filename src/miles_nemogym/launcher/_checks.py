@@ -20,11 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from miles_nemogym import checks, server_probe
+from miles_nemogym import checks
 from miles_nemogym.checks import CheckResult, Status
-from miles_nemogym.data.environments import chat_prompt
-from miles_nemogym.data.schema import FieldProblem, validate_instance
-from miles_nemogym.data.sources import SourceError, open_file
+from miles_nemogym.data import FieldProblem, SourceError, chat_prompt, open_file, validate_instance
 from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, Task
 from miles_nemogym.errors import counted
 from miles_nemogym.launcher._command import EPISODE_DIR_ENV, MilesInstall, hooks, job_environment, job_episode_dir
@@ -481,7 +479,7 @@ def _check_data_use(use: DataUse) -> CheckResult:
 
 def _unnamed_environments(config: LauncherConfig, use: DataUse | None, target: checks.Target) -> list[CheckResult]:
     """Each environment the rows name that NEMO_GYM_ENVS does not (its servers are checked by
-    :func:`checks.environments`, every one: a sample may miss an environment's rows)."""
+    :func:`checks.run`, every one: a sample may miss an environment's rows)."""
     if use is None or not isinstance(target.settings, Settings):
         return []
     return [
@@ -511,7 +509,7 @@ def run_preflight(
     miles_root: Path | None,
     hook_paths: Sequence[str] | None = None,
     gpu_counter: GpuCounter = _count_gpus,
-    fetch: server_probe.Fetcher = server_probe.fetch_json,
+    fetch: checks.Fetcher = checks.fetch_json,
     gym_timeout_s: float = checks.DEFAULT_TIMEOUT_S,
 ) -> list[CheckResult]:
     """Every launcher check, then the NeMo-Gym ones; nothing is started or written.
@@ -544,7 +542,7 @@ def run_preflight(
         tools_not_served=config.tools_not_served,
         gym_server=use is None or use.swe_rows > 0,
     )
-    gym = [checks.GYM_ANSWERS, checks.POLICY_FIELD, checks.POLICY_HOST] if target.gym_server else []
-    results += checks.run([checks.SETTINGS, *gym], target)
+    gym: list[checks.Wanted] = ["gym answers", "policy field", "policy host"] if target.gym_server else []
+    results += checks.run(target, ["settings", *gym])
     results += _unnamed_environments(config, use, target)
-    return results + list(checks.run(checks.environments(target), target))
+    return results + list(checks.run(target, [], environments=True))

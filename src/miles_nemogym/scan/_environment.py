@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -74,15 +75,10 @@ def server_problem(settings: Settings, environments: Sequence[str], policy_base_
             "NEMO_GYM_ENVS it prints"
         )
     target = checks.Target(settings, timeout_s=settings.connect_timeout_s, policy_base_url=policy_base_url)
-    wanted = [check for check in checks.environments(target) if check.name in _names(environments)]
-    if policy_base_url is not None:
-        wanted.append(checks.POLICY_ANSWERS)
-    failed = next((result for result in checks.run(wanted, target) if not result.ok), None)
+    policy: list[checks.Wanted] = [] if policy_base_url is None else ["policy answers"]
+    results = itertools.chain(checks.run(target, [], environments=environments), checks.run(target, policy))
+    failed = next((result for result in results if not result.ok), None)
     return None if failed is None else f"{failed.name}: {failed.detail}; {failed.fix}"
-
-
-def _names(environments: Sequence[str]) -> set[str]:
-    return {checks.environment_check_name(name) for name in environments}
 
 
 async def play_golden(

@@ -8,9 +8,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from miles_nemogym.data.environments import environment_of_row, is_environment_row
-from miles_nemogym.data.schema import SUBSETS, TEST_LIST_FIELDS, decode_test_list
-from miles_nemogym.data.sources import SourceError, open_file
+from miles_nemogym.data import (
+    SUBSETS,
+    TEST_LIST_FIELDS,
+    SourceError,
+    decode_test_list,
+    environment_of_row,
+    is_environment_row,
+    open_file,
+)
 from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, TASK_ID_KEY
 from miles_nemogym.errors import MilesNemoGymError
 
@@ -36,7 +42,7 @@ class ScanTask:
 
 
 def _rows(path: Path) -> Iterator[tuple[str, Any]]:
-    """``(where, row)`` for each row, read by the converter's reader (:func:`data.sources.open_file`)."""
+    """``(where, row)`` for each row, read by the converter's reader (:func:`data.open_file`)."""
     try:
         for raw in open_file(path):
             where = raw.location(str(path))

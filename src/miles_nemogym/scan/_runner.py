@@ -17,6 +17,7 @@ from rich.console import Console
 import miles_nemogym.scan._environment as environment_scan
 from miles_nemogym import checks
 from miles_nemogym.agent import prepare_episode
+from miles_nemogym.checks import FetchError, identify
 from miles_nemogym.episode import run as swe_run
 from miles_nemogym.episode.delivery import Episode, deliver
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome, Task
@@ -29,7 +30,6 @@ from miles_nemogym.scan._inputs import InputError, ScanTask, load_tasks, select
 from miles_nemogym.scan._report import ScanProgress, header, render_summary
 from miles_nemogym.scan._results import ResultLine, ResultsLock, ResultsWriter, task_digest
 from miles_nemogym.scan._verdict import Verdict, golden_pair, kind_of, reason_of, verdict_of
-from miles_nemogym.server_probe import FetchError, identify
 from miles_nemogym.settings import Settings, SettingsError
 from miles_nemogym.smoke.answers import Answers
 from miles_nemogym.smoke.policy import RecordingPolicy
@@ -300,13 +300,16 @@ def server_problem(settings: Settings, policy_base_url: str | None) -> str | Non
     scan needs ``POST /run``; an API-policy scan also that ``/run`` takes ``policy_base_url`` and
     that the policy answers (blocking: the checks run in a thread)."""
     target = checks.Target(settings, timeout_s=settings.connect_timeout_s, policy_base_url=policy_base_url)
-    wanted = [checks.GYM_ANSWERS, checks.RUN_OFFERED]
+    wanted: list[checks.Wanted] = ["gym answers", "run offered"]
     if policy_base_url is not None:
-        wanted += [checks.POLICY_FIELD, checks.POLICY_ANSWERS]
-    failed = next((result for result in checks.run(wanted, target) if not result.ok), None)
+        wanted += ["policy field", "policy answers"]
+    key, failed = next(
+        ((key, result) for key, result in zip(wanted, checks.run(target, wanted), strict=True) if not result.ok),
+        ("", None),
+    )
     if failed is None:
         return None
-    golden = ", or scan a golden server with --golden" if failed.name == checks.POLICY_FIELD.name else ""
+    golden = ", or scan a golden server with --golden" if key == "policy field" else ""
     return f"{failed.detail}; {failed.fix}{golden}"
 
 

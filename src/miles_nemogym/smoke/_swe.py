@@ -1,19 +1,24 @@
-"""``miles-nemogym smoke``: the whole chain on a laptop, no GPU and no Docker."""
+"""``miles-nemogym smoke``: the whole chain on a laptop, no GPU and no Docker, and how its
+report reads (one line per finished episode, the verdict table, its JSON)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from rich import box
+from rich.table import Table
 
 from miles_nemogym import agent
 from miles_nemogym.data import convert_row
-from miles_nemogym.episode.record import EpisodeRecord, read_record
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord, count_text, passed, read_record, verdict
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer
@@ -21,10 +26,10 @@ from miles_nemogym.gym.venv import ensure_gym_venv
 from miles_nemogym.runtime import current
 from miles_nemogym.settings import Settings
 from miles_nemogym.smoke.policy import RecordingPolicy
-from miles_nemogym.store import reader
+from miles_nemogym.store.views import load, offline_note
 from miles_nemogym.transport import close_pools
 
-__all__ = ["OFFLINE_REASON", "SmokeEpisode", "SmokeReport", "expected_offline", "is_offline_failure", "run_smoke"]
+__all__ = ["SmokeEpisode", "SmokeReport", "expected_offline", "run_smoke"]
 
 # What Miles' rollout would pass as request_kwargs (already renamed to OpenAI names).
 _SMOKE_SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 1024, "top_k": 50, "seed": 1234}
@@ -33,23 +38,17 @@ _NEEDS_NETWORK_REPOS = frozenset({"django/django", "pylint-dev/pylint"})
 """Repos whose SWE-bench eval script (swebench 4.1.0) downloads test requirements from
 GitHub while it is built: without network those episodes are set aside."""
 
-OFFLINE_REASON = (
-    "expected without network: the eval script downloads test requirements from GitHub "
-    "(raw.githubusercontent.com); the episode is set aside, not scored"
-)
-
 
 def expected_offline(repos: Sequence[str]) -> list[int]:
     """Positions of the rows that need network to be graded."""
     return [i for i, repo in enumerate(repos) if repo in _NEEDS_NETWORK_REPOS]
 
 
-def is_offline_failure(record: EpisodeRecord | None) -> bool:
-    """A set-aside episode whose reason is GitHub being unreachable from the grader."""
-    if record is None or not record.mask_sample:
-        return False
-    reason = record.failure_reason or ""
-    return "ConnectionError" in reason and "githubusercontent" in reason
+def reward_text(value: Any) -> str:
+    """``0.0``, ``1.0``, ``0.33``: one decimal unless the value needs two."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return "-"
+    return f"{value:.1f}" if round(value, 1) == round(value, 2) else f"{value:.2f}"
 
 
 @dataclass
@@ -67,9 +66,40 @@ class SmokeEpisode:
         """The episode record in the agent function's result, if it holds one."""
         return read_record(self.result).record
 
+    @property
+    def set_aside(self) -> bool:
+        record = self.record
+        return record is None or record.status != "ok"
+
+    @property
+    def verdict(self) -> str:
+        """The episode's verdict word as the episode store's views name it (``record.verdict``)."""
+        record = self.record
+        if record is None:
+            return "no record"
+        swe, won = record.env == SWE_ENVIRONMENT, passed(record, self.result.get("reward"))
+        return verdict(masked=self.set_aside, failure_kind=record.failure_kind, swe=swe, passed=won)
+
+    def line(self) -> str:
+        """The line printed as the episode finishes (rich markup)."""
+        record = self.record
+        took = f", {record.elapsed_s:.0f} s" if record else ""
+        if record is None or self.set_aside:
+            kind = "no network (expected)" if offline_note(record) else (record and record.failure_kind) or "no record"
+            return f"[red]✗[/red] {self.instance_id}  set aside: {kind}{took}"
+        return (
+            f"[green]✓[/green] {self.instance_id}  {self.verdict}: {count_text(record.turns)} turns, "
+            f"reward {reward_text(self.result.get('reward'))}{took}"
+        )
+
 
 @dataclass
 class SmokeReport:
+    LEGEND: ClassVar[str] = (
+        "verdict: resolved, unresolved, or the failure kind of an episode set aside (not trained on), "
+        "as `episodes` shows it; turns: agent turns the episode's record counts (- when it has none); "
+        "calls: requests the policy answered; F2P: FAIL_TO_PASS tests passed/failed."
+    )
     episodes: list[SmokeEpisode] = field(default_factory=list)
     data_path: Path | None = None
     results_dir: Path | None = None
@@ -88,6 +118,81 @@ class SmokeReport:
         if not records or any(record is None for record in records):
             return False
         return any(record is not None and not record.mask_sample for record in records)
+
+    def notes(self) -> tuple[list[int | None], list[str]]:
+        """The numbered reasons under the table (one per distinct reason, offline failures
+        sharing one, in row order) and which episode points at which."""
+        texts: list[str] = []
+        numbers: list[int | None] = []
+        for episode in self.episodes:
+            record = episode.record
+            if not episode.set_aside:
+                numbers.append(None)
+                continue
+            reason = offline_note(record) or (record and record.failure_reason) or "no reason given"
+            text = f"{(record and record.failure_kind) or 'no episode record'}: {reason}"
+            if text not in texts:
+                texts.append(text)
+            numbers.append(texts.index(text) + 1)
+        return numbers, texts
+
+    def table(self) -> tuple[Table, list[str]]:
+        """The verdict table (fits 80 columns) and its notes."""
+        numbers, texts = self.notes()
+        width = max([len("instance"), *(len(e.instance_id) for e in self.episodes)])
+        table = Table(
+            title="smoke: one row per episode, as the trainer stores it",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            padding=(0, 0),
+            pad_edge=False,
+        )
+        table.add_column("instance", no_wrap=True, min_width=width)
+        table.add_column("verdict", overflow="fold")  # at 80 columns a note number wraps under its kind
+        for name in ("turns", "calls", "patch", "F2P", "reward"):
+            table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
+        for episode, number in zip(self.episodes, numbers, strict=True):
+            record = episode.record
+            f2p = record.fail_to_pass if record else None
+            applied = record.patch_applied if record else None
+            table.add_row(
+                episode.instance_id,
+                f"[red]{episode.verdict}[/red] [{number}]"
+                if episode.set_aside
+                else f"[green]{episode.verdict}[/green]",
+                count_text(record.turns if record else None),
+                "-" if episode.policy_requests is None else str(episode.policy_requests),
+                "-" if applied is None else "yes" if applied else "no",
+                f"{f2p.passed}/{f2p.failed}" if f2p else "-",
+                reward_text(episode.result.get("reward")),
+            )
+        return table, texts
+
+    def json(self) -> dict[str, Any]:
+        """The run as one JSON document (``--json FILE``), for scripts."""
+        numbers, texts = self.notes()
+        return {
+            "chain_worked": self.chain_worked,
+            "prompt_data": str(self.data_path) if self.data_path else None,
+            "results_dir": str(self.results_dir) if self.results_dir else None,
+            "server_log": str(self.server_log) if self.server_log else None,
+            "episode_store": str(self.episode_dir) if self.episode_dir else None,
+            "episode_store_step": self.step,
+            "episodes": [
+                {
+                    "instance_id": episode.instance_id,
+                    "repo": episode.repo,
+                    "verdict": episode.verdict,
+                    "set_aside": episode.set_aside,
+                    "expected_offline": offline_note(episode.record) is not None,
+                    "note": texts[number - 1] if number else None,
+                    "reward": episode.result.get("reward"),
+                    "policy_calls": episode.policy_requests,
+                    "nemogym": episode.record.model_dump(mode="json") if episode.record else {},
+                }
+                for episode, number in zip(self.episodes, numbers, strict=True)
+            ],
+        }
 
 
 def _prepare_rows(limit: int | None, data_path: Path) -> list[dict[str, Any]]:
@@ -146,16 +251,16 @@ async def run_rows(
 def _finished(
     rows: Sequence[dict[str, Any]],
     calls: Callable[[int], int | None] | None,
-    on_episode: Callable[[SmokeEpisode], None] | None,
+    on_episode: Callable[[str], None] | None,
 ) -> EpisodeDone | None:
-    """``run_rows``' callback that hands ``on_episode`` each finished episode."""
+    """``run_rows``' callback that hands ``on_episode`` each finished episode's line."""
     if on_episode is None:
         return None
     report = on_episode
 
     def done(index: int, result: dict[str, Any]) -> None:
         meta = rows[index]["metadata"]
-        report(SmokeEpisode(meta["instance_id"], meta["repo"], result, calls(index) if calls else None))
+        report(SmokeEpisode(meta["instance_id"], meta["repo"], result, calls(index) if calls else None).line())
 
     return done
 
@@ -178,7 +283,7 @@ def _server_trajectory(results_dir: Path, instance_id: str, since: float) -> Pat
 
 def next_step(episode_dir: Path) -> int:
     """The train step after the last one in the store (0 for a new store): each smoke run is one step."""
-    steps = [e.step for e in reader.load(episode_dir).episodes if e.role == "train" and e.step is not None]
+    steps = [e.step for e in load(episode_dir).episodes if e.role == "train" and e.step is not None]
     return max(steps, default=-1) + 1
 
 
@@ -204,12 +309,12 @@ def run_smoke(
     step_limit: int = 10,
     concurrency: int = 5,
     progress: Callable[[str], None] | None = None,
-    on_episode: Callable[[SmokeEpisode], None] | None = None,
+    on_episode: Callable[[str], None] | None = None,
     on_running: Callable[[int], None] | None = None,
 ) -> SmokeReport:
     """Start the server, run the rows, stop everything; the server's files stay in ``state_dir``.
     Callbacks: ``progress`` (preparation steps), ``on_running`` (episode count), ``on_episode``
-    (each as it finishes). Raises ``SettingsError`` before starting when the variables are invalid."""
+    (each one's line as it finishes). Raises ``SettingsError`` before starting when the variables are invalid."""
     say = progress or (lambda _line: None)
     base_settings = Settings.from_env()
     if episode_dir is not None:

@@ -13,7 +13,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 from miles_nemogym import errors
 
-__all__ = ["SUBSETS", "TEST_LIST_FIELDS", "FieldProblem", "decode_test_list", "validate_instance"]
+__all__ = ["SUBSETS", "TEST_LIST_FIELDS", "FieldProblem", "SweBenchInstance", "decode_test_list", "validate_instance"]
 
 REQUIRED_FIELDS: tuple[str, ...] = (
     "instance_id",

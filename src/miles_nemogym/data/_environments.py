@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from miles_nemogym.data.schema import FieldProblem
+from miles_nemogym.data._schema import FieldProblem
 from miles_nemogym.episode.record import (
     AGENT_SUFFIX,
     ENV_KEY,
@@ -22,6 +22,7 @@ from miles_nemogym.episode.record import (
 from miles_nemogym.settings import environment_name_problem, short_name
 
 __all__ = [
+    "EnvironmentInput",
     "chat_prompt",
     "environment_of_row",
     "is_environment_row",

@@ -1,5 +1,5 @@
 """Read an episode store (``store/__init__.py``) and show it as text: a table per step, a
-list of episodes, one episode turn by turn (the HTML page is ``store/page.py``). Pure
+list of episodes, one episode turn by turn (the HTML page is ``store/_page.py``). Pure
 functions over loaded entries, except ``load``; the CLI (``cli/_episodes.py``) prints.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from miles_nemogym import fit
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text
-from miles_nemogym.store.reader import StoredEpisode
+from miles_nemogym.store._reader import StoredEpisode
 
 __all__ = [
     "environment_rows",

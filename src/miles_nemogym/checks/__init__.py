@@ -7,18 +7,11 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property, partial
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from miles_nemogym import fit, pins
-from miles_nemogym.episode import run as swe_run
-from miles_nemogym.errors import RequestError, counted
-from miles_nemogym.redaction import redact_url, redact_urls
-from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import (
-    SECRET_VARIABLE,
-    secret_problem,
-)
-from miles_nemogym.server_probe import (
+from miles_nemogym.checks._server_probe import (
     Fetcher,
     FetchError,
     Identifier,
@@ -29,23 +22,28 @@ from miles_nemogym.server_probe import (
     resources_routes,
     run_body_fields,
 )
+from miles_nemogym.episode import run as swe_run
+from miles_nemogym.errors import RequestError, counted
+from miles_nemogym.redaction import redact_url, redact_urls
+from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import (
+    SECRET_VARIABLE,
+    secret_problem,
+)
 from miles_nemogym.settings import Settings, SettingsError
 from miles_nemogym.transport import bracket, is_loopback, is_wildcard
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
-    "GYM_ANSWERS",
-    "POLICY_ANSWERS",
-    "POLICY_FIELD",
-    "POLICY_HOST",
-    "RUN_OFFERED",
-    "SETTINGS",
     "CheckResult",
+    "FetchError",
+    "Fetcher",
     "Status",
     "Target",
+    "Wanted",
     "all_passed",
     "environment_check_name",
-    "environments",
+    "fetch_json",
+    "identify",
     "report",
     "run",
     "start_environment_fix",
@@ -110,8 +108,8 @@ class Target:
 
     @property
     def valid(self) -> Settings:
-        """The settings, for a check that needs :data:`SETTINGS`."""
-        assert isinstance(self.settings, Settings), "a check that reads the settings needs SETTINGS"
+        """The settings, for a check that needs the settings check."""
+        assert isinstance(self.settings, Settings), "a check that reads the settings needs the settings check"
         return self.settings
 
     @cached_property
@@ -145,7 +143,7 @@ class Check:
     gives: str = ""
 
 
-def run(checks: Iterable[Check], target: Target) -> Iterator[CheckResult]:
+def _run(checks: Iterable[Check], target: Target) -> Iterator[CheckResult]:
     """Each check in order, as it finishes; one whose need ran and did not pass is SKIP, saying
     ``needs <what it gives>`` (or, when that one was skipped too, the same reason)."""
     done: dict[str, CheckResult] = {}
@@ -289,7 +287,7 @@ _NO_ANSWER = frozenset({"timeout", "dns", "refused", "connect", "certificate", "
 def _policy_answers(target: Target) -> Found:
     """``GET <policy_base_url>/models`` gets any HTTP answer from this machine (no key is sent:
     a 401 counts); an episode would only wait on a policy that does not."""
-    assert target.policy_base_url is not None, "POLICY_ANSWERS checks the target's policy_base_url"
+    assert target.policy_base_url is not None, "_POLICY_ANSWERS checks the target's policy_base_url"
     url = target.policy_base_url.strip().rstrip("/")
     try:
         target.fetch(f"{url}/models", target.timeout_s)
@@ -303,12 +301,22 @@ def _policy_answers(target: Target) -> Found:
     return _passed(f"GET {redact_url(url)}/models: an HTTP answer")
 
 
-SETTINGS = Check("settings", _settings, gives="valid settings")
-GYM_ANSWERS = Check("NeMo-Gym answers", _gym_answers, (SETTINGS,), gives="the server's answer")
-RUN_OFFERED = Check("/run offered", _run_offered, (GYM_ANSWERS,))
-POLICY_FIELD = Check("/run accepts policy_base_url", _policy_field, (GYM_ANSWERS,))
-POLICY_HOST = Check("policy host dialable from the Gym host", _policy_host, (SETTINGS,))
-POLICY_ANSWERS = Check("policy endpoint answers", _policy_answers)
+_SETTINGS = Check("settings", _settings, gives="valid settings")
+_GYM_ANSWERS = Check("NeMo-Gym answers", _gym_answers, (_SETTINGS,), gives="the server's answer")
+_RUN_OFFERED = Check("/run offered", _run_offered, (_GYM_ANSWERS,))
+_POLICY_FIELD = Check("/run accepts policy_base_url", _policy_field, (_GYM_ANSWERS,))
+_POLICY_HOST = Check("policy host dialable from the Gym host", _policy_host, (_SETTINGS,))
+_POLICY_ANSWERS = Check("policy endpoint answers", _policy_answers)
+
+Wanted = Literal["settings", "gym answers", "run offered", "policy field", "policy host", "policy answers"]
+_WANTED: dict[Wanted, Check] = {
+    "settings": _SETTINGS,
+    "gym answers": _GYM_ANSWERS,
+    "run offered": _RUN_OFFERED,
+    "policy field": _POLICY_FIELD,
+    "policy host": _POLICY_HOST,
+    "policy answers": _POLICY_ANSWERS,
+}
 
 
 def environment_check_name(name: str) -> str:
@@ -451,11 +459,23 @@ def _agent(name: str, agent: str, target: Target) -> Found:
     return _passed(f"agent {url}: POST /run")
 
 
-def environments(target: Target) -> list[Check]:
+def _environments(target: Target) -> list[Check]:
     """One check per resources server in NEMO_GYM_ENVS (none when the settings are invalid)."""
     if isinstance(target.settings, SettingsError):
         return []
     return [
-        Check(environment_check_name(name), partial(_environment, name), (SETTINGS,))
+        Check(environment_check_name(name), partial(_environment, name), (_SETTINGS,))
         for name in target.settings.environments
     ]
+
+
+def run(
+    target: Target, wanted: Iterable[Wanted], *, environments: bool | Collection[str] = False
+) -> Iterator[CheckResult]:
+    """The ``wanted`` checks in their order, as each finishes (one whose need did not pass is SKIP),
+    then with ``environments`` one per resources server in NEMO_GYM_ENVS (a collection: of those named)."""
+    chosen = [_WANTED[key] for key in wanted]
+    if environments:
+        named = None if environments is True else {environment_check_name(name) for name in environments}
+        chosen += [check for check in _environments(target) if named is None or check.name in named]
+    return _run(chosen, target)

@@ -10,7 +10,7 @@ import typer
 from miles_nemogym.cli._console import fail
 from miles_nemogym.cli._options import GymUrl, InstanceIds, subset_option
 
-__all__ = ["main", "register"]
+__all__ = ["register"]
 
 _EPILOG = (
     "Exit codes: 0 every instance passed (reward 1.0) with no infrastructure failure; "
@@ -101,7 +101,7 @@ def _scan(
     from pydantic import ValidationError
 
     from miles_nemogym.cli._console import console
-    from miles_nemogym.data.select import parse_instance_ids
+    from miles_nemogym.data import parse_instance_ids
     from miles_nemogym.errors import describe
     from miles_nemogym.scan import ScanConfig, execute
 
@@ -134,10 +134,3 @@ def _scan(
 
 def register(app: typer.Typer) -> None:
     app.command("scan", epilog=_EPILOG)(_scan)
-
-
-def main() -> None:
-    """Run ``scan`` as a stand-alone program (``scripts/golden_scan.py``)."""
-    standalone = typer.Typer(add_completion=False, rich_markup_mode=None)
-    standalone.command("scan", epilog=_EPILOG)(_scan)
-    standalone()

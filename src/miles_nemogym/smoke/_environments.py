@@ -1,4 +1,5 @@
-"""``miles-nemogym smoke --env NAME``: an environment's shipped rows end to end, no GPU."""
+"""``miles-nemogym smoke --env NAME``: an environment's shipped rows end to end, no GPU, and
+how its report reads (a line per finished episode, a table per environment, its JSON)."""
 
 from __future__ import annotations
 
@@ -7,20 +8,23 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from miles_nemogym.data.environments import task_key, to_environment_row
-from miles_nemogym.episode.record import EpisodeRecord, passed, read_record
+from rich import box
+from rich.table import Table
+
+from miles_nemogym.data import task_key, to_environment_row
+from miles_nemogym.episode.record import EpisodeRecord, count_text, passed, read_record, verdict
 from miles_nemogym.errors import counted
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.composition import Judge
 from miles_nemogym.gym.environments import EnvironmentPlan, EnvironmentServers, plan, refusals, setting
 from miles_nemogym.gym.venv import GymEnvironmentError, ensure_gym_venv
 from miles_nemogym.settings import Settings
+from miles_nemogym.smoke._swe import file_as_step, reward_text, run_rows
 from miles_nemogym.smoke.answers import GOLD, PLAIN, PLAIN_ANSWER, WRONG, answers
 from miles_nemogym.smoke.policy import Answer, RecordingPolicy
-from miles_nemogym.smoke.run import file_as_step, run_rows
 
 __all__ = ["EnvironmentEpisode", "EnvironmentSmokeReport", "check_environments", "run_environment_smoke"]
 
@@ -69,9 +73,28 @@ class EnvironmentEpisode:
             return f"a wrong answer scored {self.reward}, a pass"
         return None
 
+    @property
+    def verdict(self) -> str:
+        record = self.record
+        if record is None:
+            return "no record"
+        return verdict(masked=record.mask_sample, failure_kind=record.failure_kind, swe=False, passed=self.passed)
+
+    def line(self) -> str:
+        """The line printed as the episode finishes (rich markup)."""
+        record = self.record
+        took = f", {record.elapsed_s:.1f} s" if record else ""
+        mark = "[red]✗[/red]" if self.surprise else "[green]✓[/green]"
+        return f"{mark} {self.task_id}  {self.answer} {self.verdict}, reward {reward_text(self.reward)}{took}"
+
 
 @dataclass
 class EnvironmentSmokeReport:
+    LEGEND: ClassVar[str] = (
+        "answer: the row's gold answer, a wrong one, a plain reply (its rows carry no gold smoke can "
+        "read) or your model's; verdict: passed, failed, or the failure kind of an episode set aside; "
+        "turns: model calls the record counts; calls: requests the policy answered."
+    )
     episodes: list[EnvironmentEpisode] = field(default_factory=list)
     plans: list[EnvironmentPlan] = field(default_factory=list)
     episode_dir: Path | None = None
@@ -81,6 +104,67 @@ class EnvironmentSmokeReport:
     @property
     def chain_worked(self) -> bool:
         return bool(self.episodes) and all(episode.surprise is None for episode in self.episodes)
+
+    def tables(self) -> tuple[list[Table], list[str]]:
+        """One table per environment (fits 80 columns) and the numbered notes under them: why an
+        episode says the chain is broken (a gold answer that failed, a wrong one that passed, ...)."""
+        notes: list[str] = []
+        tables = []
+        for environment in self.plans:
+            episodes = [e for e in self.episodes if e.environment == environment.name]
+            prefix = f"{environment.name}/"
+            width = max([len("task"), *(len(e.task_id.removeprefix(prefix)) for e in episodes)])
+            table = Table(
+                title=f"{environment.name}: {counted(len(episodes), 'episode')}",
+                title_justify="left",
+                box=box.SIMPLE_HEAD,
+                padding=(0, 1, 0, 0),
+                pad_edge=False,
+            )
+            table.add_column("task", no_wrap=True, min_width=min(width, 36), max_width=36, overflow="ellipsis")
+            table.add_column("answer", no_wrap=True)
+            table.add_column("verdict", overflow="fold")
+            for name in ("turns", "calls", "reward"):
+                table.add_column(name, justify="right", no_wrap=True, min_width=len(name))
+            for episode in episodes:
+                record, shown = episode.record, episode.verdict
+                if episode.surprise:
+                    notes.append(f"{episode.task_id}: {episode.surprise}")
+                    shown = f"[red]{shown}[/red] [{len(notes)}]"
+                elif episode.passed:
+                    shown = f"[green]{shown}[/green]"
+                table.add_row(
+                    episode.task_id.removeprefix(prefix),
+                    episode.answer,
+                    shown,
+                    count_text(record.turns if record else None),
+                    "-" if episode.policy_calls is None else str(episode.policy_calls),
+                    reward_text(episode.reward),
+                )
+            tables.append(table)
+        return tables, notes
+
+    def json(self) -> dict[str, Any]:
+        """The environment run as one JSON document (``--json FILE``)."""
+        return {
+            "chain_worked": self.chain_worked,
+            "environments": [p.name for p in self.plans],
+            "episode_store": str(self.episode_dir) if self.episode_dir else None,
+            "episode_store_step": self.step,
+            "episodes": [
+                {
+                    "environment": episode.environment,
+                    "task_id": episode.task_id,
+                    "answer": episode.answer,
+                    "verdict": episode.verdict,
+                    "reward": episode.reward,
+                    "problem": episode.surprise,
+                    "policy_calls": episode.policy_calls,
+                    "nemogym": episode.record.model_dump(mode="json") if episode.record else {},
+                }
+                for episode in self.episodes
+            ],
+        }
 
 
 def shipped_rows(environment: EnvironmentPlan, limit: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
@@ -126,9 +210,10 @@ def run_environment_smoke(
     judge: Judge | None = None,
     policy_base_url: str | None = None,
     progress: Callable[[str], None] | None = None,
-    on_episode: Callable[[EnvironmentEpisode], None] | None = None,
+    on_episode: Callable[[str], None] | None = None,
 ) -> EnvironmentSmokeReport:
-    """Serve ``names``, play their shipped rows, stop everything; the servers' logs stay in ``state_dir``."""
+    """Serve ``names``, play their shipped rows (``on_episode``: each one's line as it finishes),
+    stop everything; the servers' logs stay in ``state_dir``."""
     say = progress or (lambda _line: None)
     plans = check_environments(names, judge)
     report = EnvironmentSmokeReport(plans=plans)
@@ -176,7 +261,7 @@ def run_environment_smoke(
 
             def done(index: int, result: dict[str, Any]) -> None:
                 if on_episode is not None:
-                    on_episode(episode(index, result))
+                    on_episode(episode(index, result).line())
 
             def extra(index: int, _started: float) -> dict[str, Any]:
                 return {"policy_calls": calls(index), "smoke_answer": played[index][2]}

@@ -22,16 +22,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from miles_nemogym.data._rows import (
-    DatasetKind,
-    Routing,
-    checked_swe_prompt_row,
-    infer_kind,
-    resolve_routing,
-    to_prompt_row,
-)
-from miles_nemogym.data.atomic import AtomicFile, AtomicFiles, output_problem
-from miles_nemogym.data.environments import (
+from miles_nemogym.data._atomic import AtomicFile, AtomicFiles, output_problem
+from miles_nemogym.data._environments import (
     EnvironmentInput,
     apportion,
     env_mark_problem,
@@ -40,13 +32,30 @@ from miles_nemogym.data.environments import (
     task_key,
     to_environment_row,
 )
-from miles_nemogym.data.schema import NEVER_DROPPED, SUBSETS, FieldProblem, Subset, SweBenchInstance, validate_instance
-from miles_nemogym.data.select import Selection, load_grade_tables, read_instance_ids, split_names
-from miles_nemogym.data.sources import RawRow, SourceError, open_file, open_source
+from miles_nemogym.data._rows import (
+    DatasetKind,
+    Routing,
+    checked_swe_prompt_row,
+    infer_kind,
+    resolve_routing,
+    to_prompt_row,
+)
+from miles_nemogym.data._schema import NEVER_DROPPED, SUBSETS, FieldProblem, Subset, SweBenchInstance, validate_instance
+from miles_nemogym.data._select import Selection, load_grade_tables, read_instance_ids, split_names
+from miles_nemogym.data._sources import RawRow, SourceError, open_file, open_source
 from miles_nemogym.episode.record import AGENT_SUFFIX, SWE_ENVIRONMENT
 from miles_nemogym.errors import MilesNemoGymError, counted
 
-__all__ = ["printable", "summary_notes"]
+__all__ = [
+    "ConvertError",
+    "ConvertOptions",
+    "ConvertReport",
+    "RowInvalidError",
+    "convert",
+    "convert_row",
+    "printable",
+    "summary_notes",
+]
 
 MAX_SIZE = 1_000_000
 """The largest ``--size``: memory while mixing grows with it (about 85 bytes a row; measured: bench/README.md)."""

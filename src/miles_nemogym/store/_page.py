@@ -14,7 +14,7 @@ from typing import Any
 
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text
 from miles_nemogym.store import ROLES
-from miles_nemogym.store.browser import (
+from miles_nemogym.store._browser import (
     PASS_RATE,
     SWE_RESOLVE_RATE,
     LongText,
@@ -31,8 +31,8 @@ from miles_nemogym.store.browser import (
     step_label,
     step_rows,
 )
-from miles_nemogym.store.plots import plots_html
-from miles_nemogym.store.reader import Store, StoredEpisode
+from miles_nemogym.store._plots import plots_html
+from miles_nemogym.store._reader import Store, StoredEpisode
 
 __all__ = ["render_html"]
 

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from miles_nemogym.data.schema import SweBenchInstance
+from miles_nemogym.data._schema import SweBenchInstance
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.pins import SWEBENCH_VERSION
 
-__all__ = ["instance_ids_option", "parse_instance_ids"]
+__all__ = ["SwebenchMissingError", "instance_ids_option", "parse_instance_ids"]
 
 
 class InstanceIdsError(MilesNemoGymError, ValueError):

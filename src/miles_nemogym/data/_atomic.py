@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 
 from miles_nemogym.errors import MilesNemoGymError
 
-__all__ = ["AtomicFiles", "WriteError", "output_problem", "write_file"]
+__all__ = ["AtomicFiles", "InterruptedAfterCommit", "WriteError", "output_problem", "write_file"]
 
 
 class WriteError(MilesNemoGymError, OSError):

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from miles_nemogym.episode.record import EVAL, SWE_ENVIRONMENT, TRAIN, pass_at_k, percentile
-from miles_nemogym.store.browser import SWE_RESOLVE_RATE, printable, quality_label, rate_name
-from miles_nemogym.store.reader import StoredEpisode
+from miles_nemogym.store._browser import SWE_RESOLVE_RATE, printable, quality_label, rate_name
+from miles_nemogym.store._reader import StoredEpisode
 
 __all__ = ["plots", "svg"]
 

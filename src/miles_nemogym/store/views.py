@@ -1,0 +1,351 @@
+"""The episode store's views behind one call: ``browse`` does what ``miles-nemogym episodes DIR``
+asks (a table per step, a list, one episode, the HTML page, the plots); the text, page and
+plots are ``_browser.py``, ``_page.py`` and ``_plots.py`` over ``_reader.py``'s ``load``."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import tempfile
+from collections.abc import Collection
+from pathlib import Path
+
+import typer
+
+from miles_nemogym.episode.record import EpisodeRecord
+from miles_nemogym.store._reader import StoredEpisode, load
+
+__all__ = ["browse", "load", "offline_note"]
+
+_PROBLEMS_SHOWN = 20
+"""Unreadable or odd lines or files listed one by one; past it, counted."""
+
+_ERROR_LINES_SHOWN = 8
+"""--show prints a server error's last lines (a Ray traceback runs to ~90), and where the whole one is."""
+
+OFFLINE_REASON = (
+    "expected without network: the eval script downloads test requirements from GitHub "
+    "(raw.githubusercontent.com); the episode is set aside, not scored"
+)
+
+
+def offline_note(record: EpisodeRecord | None) -> str | None:
+    """``OFFLINE_REASON`` for a set-aside episode whose reason is GitHub being unreachable from
+    the grader (smoke's expected failure without network), else None."""
+    if record is None or not record.mask_sample:
+        return None
+    reason = record.failure_reason or ""
+    return OFFLINE_REASON if "ConnectionError" in reason and "githubusercontent" in reason else None
+
+
+def browse(
+    directory: Path,
+    *,
+    show: str | None = None,
+    list_ids: bool = False,
+    instance: str | None = None,
+    kind: str | None = None,
+    step: int | None = None,
+    environments: Collection[str] | None = None,
+    html_out: Path | None = None,
+    plots_out: Path | None = None,
+) -> None:
+    """``miles-nemogym episodes``: print what is asked for, ``typer.Exit(2)`` on a refusal.
+
+    A filter that matches nothing says so on stderr and returns (no table, no page)."""
+    from miles_nemogym.fit import terminal_width, wrap_all
+    from miles_nemogym.store._browser import (
+        environment_rows,
+        episode_list_text,
+        printable,
+        quality_label,
+        select,
+        several_environments,
+        step_rows,
+        table_text,
+    )
+    from miles_nemogym.store._page import render_html
+
+    if not directory.is_dir():
+        typer.echo(f"error: {directory} is not a folder; give the episode store (NEMO_GYM_EPISODE_DIR)", err=True)
+        raise typer.Exit(2)
+    if html_out is not None:
+        _check_page_target(html_out, directory)
+    if plots_out is not None:
+        _check_plots_folder(plots_out, directory)
+    store = load(directory)  # without answers: the table reads no trajectories
+    skipped = list(store.problems)
+    try:
+        if show is not None:
+            scope = select(store.episodes, environments=environments)
+            matches = [e for e in scope if e.episode_id == show] or [e for e in scope if e.episode_id.startswith(show)]
+            if len(matches) != 1:
+                found = "no episode has that id" if not matches else f"{len(matches)} episodes start with it"
+                typer.echo(f"error: --show {show}: {found}; --list prints every episode's id", err=True)
+                raise typer.Exit(2)
+            full = load(directory, answers=True, steps={matches[0].step})
+            skipped += [problem for problem in full.problems if problem not in skipped]
+            text = _show_text(next((e for e in full.episodes if e.episode_id == matches[0].episode_id), matches[0]))
+            # A terminal would cut a word at its edge: wrapped between words there; whole lines in a pipe.
+            typer.echo(wrap_all(text.splitlines(), terminal_width(), indent="") if _stdout_is_terminal() else text)
+            return
+        if not store.episodes:
+            typer.echo(f"no episodes in {directory} (expected train/ and eval/ folders of *.jsonl.gz files)")
+            return
+        chosen = select(store.episodes, instance=instance, kind=kind, step=step, environments=environments)
+        if list_ids and chosen:
+            typer.echo(_id_list(chosen, terminal_width()))
+            return
+        if not chosen:
+            given = {"--instance": instance, "--kind": kind, "--step": step}
+            filters = " ".join(f"{name} {value}" for name, value in given.items() if value is not None)
+            filters = " ".join([filters, *(f"--env {name}" for name in environments or [])]).strip()
+            typer.echo(f"no episodes match {filters} (of {len(store.episodes)} in {directory})", err=True)
+            return
+        if plots_out is not None:
+            _write_plots(plots_out, directory, chosen)
+        if html_out is not None:
+            store = load(directory, answers=True, steps={e.step for e in chosen})
+            skipped += [problem for problem in store.problems if problem not in skipped]
+            store.episodes = select(store.episodes, instance=instance, kind=kind, step=step, environments=environments)
+            _write_page(html_out, render_html(store, f"Episodes in {directory}"))
+            typer.echo(f"wrote {html_out} ({len(store.episodes)} episodes)")
+        if html_out is not None or plots_out is not None:
+            return
+        width = terminal_width()
+        typer.echo(table_text(step_rows(chosen), width, quality_label(chosen)))
+        if several_environments(chosen):
+            typer.echo("")
+            typer.echo(table_text(environment_rows(chosen), width))
+        if instance is not None or kind is not None or step is not None:
+            typer.echo("")
+            typer.echo(episode_list_text(chosen, width))
+    finally:  # after what was asked for, so it is the last thing read
+        _warn_skipped([printable(str(problem)) for problem in skipped])
+
+
+def _id_list(chosen: list[StoredEpisode], width: int) -> str:
+    """One line per episode: its whole id (``--show`` takes it), role, step and verdict."""
+    from miles_nemogym import fit
+    from miles_nemogym.store._browser import printable, step_label
+
+    rows = [("episode", "role", "step", "verdict")] + [
+        (
+            printable(e.episode_id),
+            printable(e.role),
+            step_label(e.step),
+            printable(e.kind if e.not_trained is None else f"{e.kind}, not trained ({e.not_trained})"),
+        )
+        for e in chosen
+    ]
+    return fit.table(rows, width, drop_order=(1,))
+
+
+def _packed(items: list[str], width: int) -> list[str]:
+    """``items`` three spaces apart, as many to a line as fit ``width`` (an item never split)."""
+    lines: list[str] = []
+    for item in items:
+        if lines and len(lines[-1]) + 3 + len(item) <= width:
+            lines[-1] += "   " + item
+        else:
+            lines.append(item)
+    return lines
+
+
+def _show_header(episode: StoredEpisode, width: int) -> list[str]:
+    """``--show``'s head: who the episode is, its verdict, what each count counts (lines within
+    ``width`` unless one id is wider), and for a set-aside episode its failure with the server's
+    error cut to its last lines."""
+    from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text
+    from miles_nemogym.store._browser import filed_label
+
+    record, entry = episode.record, episode.entry
+    eval_set = entry.get("eval_set")
+    where = [f"{episode.role}/{eval_set}" if eval_set else episode.role, filed_label(episode)]
+    if episode.environment != SWE_ENVIRONMENT:
+        where.insert(0, f"environment {episode.environment}")
+    lines = [
+        *_packed([f"episode {episode.episode_id}", f"instance {episode.instance_id}"], width),
+        *_packed([*where, f"session {entry.get('session_id')}"], width),
+        *_packed(
+            [
+                f"verdict: {episode.kind}",
+                f"reward {entry.get('reward')}",
+                f"time {count_text(record.get('elapsed_s'))} s",
+                f"attempts {count_text(record.get('attempts'))}",
+            ],
+            width,
+        ),
+        f"in the trajectory the server returned: {count_text(record.get('turns'))} turns, "
+        f"{count_text(record.get('tool_calls'))} tool calls",
+    ]
+    calls = entry.get("policy_calls")
+    if isinstance(calls, int) and not isinstance(calls, bool):
+        lines.append(f"requests the policy answered (counted by the run, not the server): {calls}")
+    trajectory = entry.get("server_trajectory")
+    if isinstance(trajectory, str) and trajectory:
+        lines.append(f"the server's trajectory file: {trajectory}")
+    if episode.masked:
+        lines += _failure_lines(episode)
+    return lines
+
+
+def _failure_lines(episode: StoredEpisode) -> list[str]:
+    """The failure of a set-aside episode: its one-line reason, smoke's note when it is smoke's
+    expected no-network failure, and the server's error by its last lines and where it is whole."""
+    from miles_nemogym.episode.record import count_text
+
+    record = episode.record
+    lines = [
+        f"set aside, not trained on   HTTP status {count_text(record.get('http_status'))}",
+        f"failure: {record.get('failure_kind')}: {record.get('failure_reason')}",
+    ]
+    note = offline_note(episode.typed)
+    if note:
+        lines.append(f"note: {note}")  # smoke's own note for it
+    answer = episode.entry.get("answer")
+    metadata = answer.get("metadata") if isinstance(answer, dict) else None
+    error = metadata.get("error") if isinstance(metadata, dict) else None
+    if not isinstance(error, str) or not error.strip() or error.strip() in str(record.get("failure_reason")):
+        return lines
+    error_lines = error.strip().splitlines()
+    if len(error_lines) <= _ERROR_LINES_SHOWN:
+        return [*lines, "the server's error, whole:", *error_lines]
+    source = episode.source
+    place = "its store line" if source is None else f"line {source.line} of {source.path}"
+    return [
+        *lines,
+        f"the server's error, last {_ERROR_LINES_SHOWN} of {len(error_lines)} lines (whole: answer.metadata.error "
+        f"on {place}, or in the --html page):",
+        *error_lines[-_ERROR_LINES_SHOWN:],
+    ]
+
+
+def _show_text(episode: StoredEpisode) -> str:
+    """One episode for ``--show``: its head (``_show_header``; free text such as a failure reason
+    is whole lines, wrapped by the caller on a terminal as the rest is), then the turns,
+    patch and test report (or verify answer) as every view shows them (``episode_parts`` from
+    its first blank line), long texts trimmed."""
+    from miles_nemogym import fit
+    from miles_nemogym.store._browser import episode_parts, printable, trim
+
+    parts = episode_parts(episode)
+    body = parts[parts.index("") :] if "" in parts else []
+    rest = [p if isinstance(p, str) else p.text if p.show_limit is None else trim(p.text, p.show_limit) for p in body]
+    return printable("\n".join([*_show_header(episode, fit.MIN_WIDTH), *rest]))
+
+
+def _warn_skipped(problems: list[str]) -> None:
+    from miles_nemogym.fit import terminal_width, wrap_all
+
+    lines = [f"warning: {problem}" for problem in problems[:_PROBLEMS_SHOWN]]
+    if len(problems) > _PROBLEMS_SHOWN:
+        lines.append(f"warning: {len(problems) - _PROBLEMS_SHOWN} more unreadable or odd lines or files")
+    if not lines:
+        return
+    if _stderr_is_terminal():  # wrapped between words (a path is never split); whole lines in logs
+        typer.echo(wrap_all(lines, terminal_width()), err=True)
+    else:
+        typer.echo("\n".join(lines), err=True)
+
+
+def _stderr_is_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
+def _stdout_is_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def _refuse(message: str, option: str = "--html") -> typer.Exit:
+    typer.echo(f"error: {option} {message}", err=True)
+    return typer.Exit(2)
+
+
+def _inside(path: Path, store: Path) -> bool:
+    """Whether ``path`` (its folder resolved, its name not followed) is the store or in it."""
+    real_store = Path(os.path.realpath(store))
+    real = Path(os.path.realpath(path.parent)) / path.name
+    return real == real_store or real_store in real.parents
+
+
+def _check_page_target(out: Path, store: Path, option: str = "--html") -> None:
+    """Refuse a page target in a missing folder, inside the store, a symlink (never followed
+    nor replaced), a folder or other non-regular file, or a file without write permission."""
+
+    parent = out.parent
+    if not parent.is_dir():
+        raise _refuse(f"{out}: the folder {parent} does not exist; create it or give another path", option)
+    if _inside(out, store):
+        raise _refuse(f"{out} is inside the episode store {store}; write the {_what(option)} outside it", option)
+    try:
+        mode = out.lstat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as error:
+        raise _refuse(f"{out}: {error.strerror}", option) from None
+    if mode is not None and stat.S_ISLNK(mode):
+        raise _refuse(f"{out} is a symbolic link; give the path of a regular file", option)
+    if mode is not None and stat.S_ISDIR(mode):
+        raise _refuse(f"{out} is a folder; give a file path such as {out / 'episodes.html'}", option)
+    if mode is not None and not stat.S_ISREG(mode):
+        raise _refuse(f"{out} is not a regular file (a device, pipe or socket); give a file path", option)
+    if mode is not None and not mode & 0o222:
+        raise _refuse(f"{out} is read-only; give another path or make it writable", option)
+
+
+def _what(option: str) -> str:
+    return "page" if option == "--html" else "plots"
+
+
+def _check_plots_folder(folder: Path, store: Path) -> None:
+    """Refuse a plots folder inside the store, one that is not a folder, or a missing one whose
+    parent is missing too (each file in it is checked as a page target when written)."""
+    real_store, real = Path(os.path.realpath(store)), Path(os.path.realpath(folder))
+    if real == real_store or real_store in real.parents:  # through a link too: the files go there
+        raise _refuse(f"{folder} is inside the episode store {store}; write the plots outside it", "--plots")
+    if folder.is_dir():
+        return
+    if os.path.lexists(folder):
+        raise _refuse(f"{folder} is not a folder; give a folder for the .svg files", "--plots")
+    if not folder.parent.is_dir():
+        raise _refuse(f"{folder}: the folder {folder.parent} does not exist; create it or give another path", "--plots")
+
+
+def _write_plots(folder: Path, store: Path, chosen: list[StoredEpisode]) -> None:
+    """One standalone ``.svg`` per plot of ``chosen`` in ``folder``, each written as the page is."""
+    from miles_nemogym.store._plots import plots, svg
+
+    drawn = plots(chosen)
+    if not drawn:
+        typer.echo(f"no rollout step sealed yet in {store}: no plots written", err=True)
+        return
+    try:
+        folder.mkdir(exist_ok=True)
+    except OSError as error:
+        raise _refuse(f"{folder}: cannot make the folder: {error.strerror or error}", "--plots") from None
+    for plot in drawn:
+        out = folder / f"{plot.name}.svg"
+        _check_page_target(out, store, "--plots")
+        _write_page(out, '<?xml version="1.0" encoding="UTF-8"?>\n' + svg(plot) + "\n", "--plots")
+    typer.echo(f"wrote {len(drawn)} plots to {folder}: " + ", ".join(f"{p.name}.svg" for p in drawn))
+
+
+def _write_page(out: Path, page: str, option: str = "--html") -> None:
+    """Write ``page`` to a new file next to ``out`` and rename it over ``out``: a reader of
+    ``out`` sees the old page or the new one, never half of one, and a link put at ``out``
+    meanwhile is replaced, never written through."""
+    temporary: str | None = None
+    try:
+        descriptor, temporary = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(descriptor, 0o666 & ~umask)  # mkstemp's 0600, widened as a new file would be
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(page)
+        os.replace(temporary, out)
+    except OSError as error:
+        if temporary is not None:
+            Path(temporary).unlink(missing_ok=True)
+        raise _refuse(f"{out}: cannot write the {_what(option)}: {error.strerror or error}", option) from None
