@@ -26,10 +26,12 @@ from tests.support.hostile_session import SESSION_PORTS
 from tests.support.miles_environments import completion, prompt_row, scripts
 from tests.support.miles_harness import MilesDriver, StepResult
 from tests.support.routed_agents import (
+    BLACKJACK_REWARD,
     GYMNASIUM,
     ROUTED_SIMPLE,
     TOOL_SIMULATION,
     RoutedAgents,
+    gymnasium_scripts,
     model_base_urls,
     running_routed_agents,
 )
@@ -38,24 +40,9 @@ from tests.support.threaded import serving_in_thread
 
 pytestmark = pytest.mark.integration
 
-_RESULT_REWARD = {"win": 1.0, "draw": 0.0, "loss": -1.0, "bust": -1.0}
-
-
-def _gymnasium_scripts(env: str) -> dict[str, list[Turn]]:
-    if env == "example_multi_turn_gymnasium":  # its first row: France; two follow-ups; "Eiffel" in the last answer
-        return {
-            "gold": [Turn(content="Paris."), Turn(content="About two million."), Turn(content="The Eiffel Tower.")],
-            "wrong": [Turn(content="Paris."), Turn(content="About two million."), Turn(content="The Louvre.")],
-        }
-    if env == "openair_congestion":  # 16 steps of one action: noop, or one the guardrail rejects (penalized)
-        rejected = tool("set_prb_cap", cell_id=0, target="ue", target_id=0, max_prb=999)  # maximum 273
-        return {"noop": [Turn(tool_calls=(tool("noop"),))], "rejected": [Turn(tool_calls=(rejected,))]}
-    # blackjack deals at random: stand at once (one turn), or hit until the hand ends (bust, or 5 turns).
-    return {"stand": [Turn(content="<action>stand</action>")], "hit": [Turn(content="<action>hit</action>")]}
-
 
 def _played() -> list[tuple[str, str, list[Turn]]]:
-    return [(env, outcome, turns) for env in GYMNASIUM for outcome, turns in _gymnasium_scripts(env).items()]
+    return [(env, outcome, turns) for env in GYMNASIUM for outcome, turns in gymnasium_scripts(env).items()]
 
 
 # swe_pivot grades the one tool call of a pivot turn against the demonstrated one. Its example rows
@@ -187,7 +174,7 @@ def openair_returns(routed_agents: RoutedAgents) -> dict[str, tuple[float, int]]
     """Each openair_congestion script's (return, steps), its actions played directly."""
     found = {
         outcome: _returns_played_directly(routed_agents, "openair_congestion", turns[0].tool_calls[0])
-        for outcome, turns in _gymnasium_scripts("openair_congestion").items()
+        for outcome, turns in gymnasium_scripts("openair_congestion").items()
     }
     assert found["rejected"][0] < found["noop"][0] < 0.0, found  # the guardrail's penalty shows in the return
     return found
@@ -226,7 +213,7 @@ def test_gymnasium_agents_rewards_come_back_through_the_routing_model(
             continue
         # blackjack: the reward is the hand's result (-1 is a valid reward here), as its last step reported it.
         info = sample["metadata"]["eval_report"]["info"]
-        assert sample["reward"] == _RESULT_REWARD[info["result"]], info
+        assert sample["reward"] == BLACKJACK_REWARD[info["result"]], info
         if outcome == "stand":
             assert record["turns"] == 1 and info["result"] != "bust"
 

@@ -423,8 +423,9 @@ def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[st
             RolloutFnConstructorInput(args=args, data_source=data_source), args.rollout_function_path
         )
         reply: dict[str, Any] = {"finished": True}
+        decoder = load_tokenizer(str(tokenizer), trust_remote_code=True) if request.get("response_spans") else None
         if request.get("drains"):
-            reply["drains"] = _drains(request, args, rollout_fn, weight_version, decoder=None)
+            reply["drains"] = _drains(request, args, rollout_fn, weight_version, decoder)
             reply["rollout_s"] = time.monotonic() - started
         elif request.get("mode") == "eval":
             output = call_rollout_function(rollout_fn, RolloutFnEvalInput(rollout_id=rollout_id))
@@ -444,7 +445,6 @@ def run_step(request: dict[str, Any], tokenizer: Path, workdir: Path) -> dict[st
             output = call_rollout_function(rollout_fn, RolloutFnTrainInput(rollout_id=rollout_id))
             reply["rollout_call_s"] = time.monotonic() - called
             reply["rollout_s"] = time.monotonic() - started
-            decoder = load_tokenizer(str(tokenizer), trust_remote_code=True) if request.get("response_spans") else None
             reply.update(_train_step(args, rollout_id, output, decoder, started))
         reply["hooks"] = RECORDER.calls
         reply["tracking"] = RECORDER.tracking

@@ -13,7 +13,7 @@ driver per test session; a step over the real Gym server takes ~20-40 s)::
         extra_argv=["--max-seq-len", "4096"],      # any further Miles flags
         look_around_turns=1,             # scripted policy: N harmless commands, then submit
         scripts={"name": [text, ...]},   # prompts tagged [script:name]: these raw completions by turn
-        response_spans=False,            # train: each sample's response as [loss_mask, text] runs
+        response_spans=False,            # train (each drain too): each sample's response as [loss_mask, text] runs
         rollout_id=0,                    # the step's rollout_id (Miles gives it to the log functions)
         time_limit_s=300,                # past it: result.finished is False, driver restarted
         drains=None,                     # N: Miles' fully async rollout (--fully-async), N drains

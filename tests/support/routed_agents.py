@@ -1,8 +1,11 @@
 """NeMo-Gym environments played by their own agent server's ``/run`` (``gymnasium_agent``,
 ``tool_simulation_agent``, a routed ``simple_agent``), started as ``miles-nemogym serve --env NAME
 --routed`` starts them: the resources servers, each environment's agent, and this package's
-routing model as their ``policy_model`` (``miles_nemogym.gym.environments``). One cluster per
-test session (``routed_agents`` fixture)."""
+routing model as their ``policy_model`` (``miles_nemogym.gym.environments``):
+``running_routed_agents``. ``tests/integration/test_miles_routed_agents.py`` starts every environment
+here (~75 s on 2 cores); the ``routed_blackjack`` fixture (import it by name) starts blackjack's alone
+(~8 s), for a test that needs one routed agent. ``gymnasium_scripts``: the ``gymnasium_agent``
+environments' scripted policies."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from miles_nemogym.gym.environments import EnvironmentServers, plan
 from miles_nemogym.gym.venv import BuildLines, GymPythonNotFoundError, ensure_gym_venv
 from tests.support.env_scripts import ENVIRONMENTS
 from tests.support.hostile_session import SESSION_SERVERS
+from tests.support.scripted_chat import Turn, tool
 
 GYMNASIUM = ("blackjack", "example_multi_turn_gymnasium", "openair_congestion")
 """Environments whose config gives them ``gymnasium_agent``."""
@@ -39,6 +43,24 @@ ROUTED_BENCHMARKS = ("gdp_pdf",)
 ROUTED_SIMPLE = ENVIRONMENTS
 """The ``simple_agent`` environments of the in-process tests, all of them, here played through
 ``simple_agent``'s own ``/run``."""
+
+
+BLACKJACK_REWARD = {"win": 1.0, "draw": 0.0, "loss": -1.0, "bust": -1.0}
+"""blackjack's reward for each result its last step reports (``info["result"]``)."""
+
+
+def gymnasium_scripts(env: str) -> dict[str, list[Turn]]:
+    """The scripted policies of a ``GYMNASIUM`` environment's first example row, by outcome."""
+    if env == "example_multi_turn_gymnasium":  # its first row: France; two follow-ups; "Eiffel" in the last answer
+        return {
+            "gold": [Turn(content="Paris."), Turn(content="About two million."), Turn(content="The Eiffel Tower.")],
+            "wrong": [Turn(content="Paris."), Turn(content="About two million."), Turn(content="The Louvre.")],
+        }
+    if env == "openair_congestion":  # 16 steps of one action: noop, or one the guardrail rejects (penalized)
+        rejected = tool("set_prb_cap", cell_id=0, target="ue", target_id=0, max_prb=999)  # maximum 273
+        return {"noop": [Turn(tool_calls=(tool("noop"),))], "rejected": [Turn(tool_calls=(rejected,))]}
+    # blackjack deals at random: stand at once (one turn), or hit until the hand ends (bust, or 5 turns).
+    return {"stand": [Turn(content="<action>stand</action>")], "hit": [Turn(content="<action>hit</action>")]}
 
 
 class RoutedAgents:
@@ -79,6 +101,13 @@ def running_routed_agents(
         yield RoutedAgents(servers)
     finally:
         servers.stop(timeout=3.0)
+
+
+@pytest.fixture(scope="module")
+def routed_blackjack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RoutedAgents]:
+    """blackjack's resources server, its ``gymnasium_agent`` and the routing model, for one module."""
+    with running_routed_agents(["blackjack"], tmp_path_factory.mktemp("routed-blackjack")) as agents:
+        yield agents
 
 
 _MODEL_URLS = """
