@@ -53,9 +53,12 @@ def run(
         )  # fmt: skip
 
 
-def assert_salvaged_grpo(drain: StepResult, failed_status: str = "failed") -> None:
-    """Each group of the drain: 3 valid episodes trained as GRPO over themselves, 1 failed with
-    zero loss (status ``failed`` when salvage gave it back, Miles' own when it came with its record)."""
+def assert_salvaged_grpo(drain: StepResult, failed_status: str = "failed", *, scripted: bool = True) -> None:
+    """Each group of the drain: its valid episodes trained as GRPO over themselves, its failed ones
+    with zero loss (status ``failed`` when salvage gave it back, Miles' own when it came with its
+    record). ``scripted``: the group played its prompt's script alone, so 3 valid (1.0, 0.5, 0.0)
+    and 1 failed; False where two groups of one prompt may be in flight at once and share its
+    script (a regenerated prompt beside its next turn in the data)."""
     train, samples = drain.train_data, drain.samples
     assert len(samples) == len(train["rewards"]) == PROMPTS * N
     by_group: dict[int, list[int]] = defaultdict(list)
@@ -65,12 +68,15 @@ def assert_salvaged_grpo(drain: StepResult, failed_status: str = "failed") -> No
     for indices in by_group.values():
         failed = [i for i in indices if samples[i]["metadata"]["nemogym"]["mask_sample"]]
         valid = [i for i in indices if i not in failed]
-        assert len(failed) == 1, [samples[i]["metadata"]["nemogym"] for i in indices]
-        (f,) = failed
-        assert samples[f]["status"] == failed_status
-        assert (set(train["loss_masks"][f]), train["rewards"][f]) == ({0}, 0.0)
+        if scripted:
+            assert len(failed) == 1, [samples[i]["metadata"]["nemogym"] for i in indices]
+        assert valid, [samples[i]["metadata"]["nemogym"] for i in indices]
+        for f in failed:
+            assert samples[f]["status"] == failed_status
+            assert (set(train["loss_masks"][f]), train["rewards"][f]) == ({0}, 0.0)
         raw = [float(train["raw_reward"][i]) for i in valid]
-        assert sorted(raw) == [0.0, 0.5, 1.0]
+        if scripted:
+            assert sorted(raw) == [0.0, 0.5, 1.0]
         for i, expected in zip(valid, grpo(raw), strict=True):
             assert train["rewards"][i] == pytest.approx(expected, abs=1e-5)
 
@@ -181,7 +187,7 @@ def test_stale_groups_are_dropped_counted_and_regenerated_only_under_retry(
     assert all(d.finished and d.error is None for d in drains), drains[-1].raw.get("traceback")
     stale = regenerated = 0.0
     for k, drain in enumerate(drains):
-        assert_salvaged_grpo(drain)
+        assert_salvaged_grpo(drain, scripted=k == 0)  # later, a prompt's groups may overlap
         # Trained at staleness 0: every sample generated with the weights of its own step.
         versions = {v for sample in drain.samples for v in sample["weight_versions"]}
         assert versions == {str(k)}, versions
