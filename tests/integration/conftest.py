@@ -36,9 +36,11 @@ from miles_nemogym.gym.venv import BuildLines, GymPythonNotFoundError
 from tests.support.env_scripts import ENVIRONMENTS
 from tests.support.gym_envs import GymEnvironments, running_environments
 from tests.support.held_policy import HeldPolicy
+from tests.support.judge_model import JudgeModel
 from tests.support.miles_env import ensure_miles_env
 from tests.support.miles_harness import MilesDriver, Terminal, env_or_fail, say
 from tests.support.scripted_chat import ScriptedChat
+from tests.support.threaded import serving_in_thread
 
 # Small bounds: a scripted episode needs 3 model calls; grading on the host is seconds.
 # Eight at once: a GRPO group of the recipe (n = 8) runs whole, as in training.
@@ -111,6 +113,13 @@ def recording_policy() -> Iterator[HeldPolicy]:
     """
     with HeldPolicy(look_around_turns=2) as policy:
         yield policy
+
+
+@pytest.fixture(scope="module")
+def judge() -> Iterator[JudgeModel]:
+    """A loopback judge model (``tests/support/judge_model.py``) for a module's judged servers."""
+    with serving_in_thread(JudgeModel()) as model:
+        yield model
 
 
 @pytest.fixture(scope="session")

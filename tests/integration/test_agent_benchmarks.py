@@ -34,19 +34,12 @@ from miles_nemogym.transport import close_pools
 from tests.support.hostile_session import SESSION_SERVERS, Act, HostileSession, turn
 from tests.support.judge_model import JudgeModel
 from tests.support.routed_agents import ROUTED_BENCHMARKS
-from tests.support.threaded import serving_in_thread
 
 pytestmark = pytest.mark.integration
 
 [BENCHMARK] = ROUTED_BENCHMARKS
 TASK = "From the filing, what is the total of the two invoices?"
 CRITERION = "The total is 42 dollars"
-
-
-@pytest.fixture(scope="module")
-def judge() -> Iterator[JudgeModel]:
-    with serving_in_thread(JudgeModel()) as model:
-        yield model
 
 
 @pytest.fixture(scope="module")

@@ -130,12 +130,6 @@ def test_a_refusal_among_several_environments_shows_its_reason_not_the_config(ve
 # ----------------------------------------------------------------------------- a judged environment
 
 
-@pytest.fixture(scope="module")
-def judge() -> Iterator[JudgeModel]:
-    with serving_in_thread(JudgeModel()) as model:
-        yield model
-
-
 PASSWORD = f"pw-{uuid.uuid4().hex}"
 """The password in the judged serve's ``--judge-url``."""
 
