@@ -103,7 +103,6 @@ class ScanResult:
     selected: list[ScanTask]
     results: list[ResultLine]
     """One per selected instance that has a result, earlier runs' included, in input order."""
-    earlier: int
     interrupted: bool
 
     @property
@@ -441,8 +440,6 @@ async def _run_episodes(
             await asyncio.wait(episodes)
         if everything is not None and everything.done() and not everything.cancelled():
             everything.exception()  # retrieved: reported above or superseded by the cancellation
-        if writer is not None:
-            writer.close()
         await close_pools()
 
     if refused:
@@ -457,4 +454,4 @@ async def _run_episodes(
         golden=config.golden,
         interrupted=interrupted,
     )
-    return ScanResult(config, prepared.selected, results, len(prepared.earlier), interrupted)
+    return ScanResult(config, prepared.selected, results, interrupted)
