@@ -21,6 +21,7 @@ __all__ = [
     "episode_list_text",
     "episode_parts",
     "filed_label",
+    "known_elsewhere",
     "printable",
     "quality_label",
     "select",
@@ -419,7 +420,7 @@ def _missing_answer(episode: StoredEpisode) -> str | None:
     return "the stored answer is not a /run result"
 
 
-def _known_elsewhere(entry: dict[str, Any]) -> list[str | LongText]:
+def known_elsewhere(entry: dict[str, Any]) -> list[str | LongText]:
     """What the run that stored the episode knew beside the answer (smoke does): the calls its
     policy answered, the server's own trajectory file."""
     parts: list[str | LongText] = []
@@ -458,7 +459,7 @@ def episode_parts(episode: StoredEpisode) -> list[str | LongText]:
         error = _metadata(answer).get("error")
         if isinstance(error, str) and error.strip() and error.strip() not in str(record.get("failure_reason")):
             parts += ["the server's error, whole:", LongText(error.strip())]
-    parts += _known_elsewhere(episode.entry)
+    parts += known_elsewhere(episode.entry)
     missing = _missing_answer(episode)
     if isinstance(answer, dict) and missing:
         parts += ["", "answer (not a /run result):", LongText(_text_of(answer["text"]), 4 * _OUTPUT_MAX_CHARS)]

@@ -13,7 +13,26 @@ from pathlib import Path
 
 import typer
 
-from miles_nemogym.episode.record import EpisodeRecord
+from miles_nemogym import fit
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord, count_text
+from miles_nemogym.fit import terminal_width, wrap_all
+from miles_nemogym.store._browser import (
+    environment_rows,
+    episode_list_text,
+    episode_parts,
+    filed_label,
+    known_elsewhere,
+    printable,
+    quality_label,
+    select,
+    several_environments,
+    step_label,
+    step_rows,
+    table_text,
+    trim,
+)
+from miles_nemogym.store._page import render_html
+from miles_nemogym.store._plots import plots, svg
 from miles_nemogym.store._reader import StoredEpisode, load
 
 __all__ = ["browse", "load", "offline_note"]
@@ -54,19 +73,6 @@ def browse(
     """``miles-nemogym episodes``: print what is asked for, ``typer.Exit(2)`` on a refusal.
 
     A filter that matches nothing says so on stderr and returns (no table, no page)."""
-    from miles_nemogym.fit import terminal_width, wrap_all
-    from miles_nemogym.store._browser import (
-        environment_rows,
-        episode_list_text,
-        printable,
-        quality_label,
-        select,
-        several_environments,
-        step_rows,
-        table_text,
-    )
-    from miles_nemogym.store._page import render_html
-
     if not directory.is_dir():
         typer.echo(f"error: {directory} is not a folder; give the episode store (NEMO_GYM_EPISODE_DIR)", err=True)
         raise typer.Exit(2)
@@ -127,9 +133,6 @@ def browse(
 
 def _id_list(chosen: list[StoredEpisode], width: int) -> str:
     """One line per episode: its whole id (``--show`` takes it), role, step and verdict."""
-    from miles_nemogym import fit
-    from miles_nemogym.store._browser import printable, step_label
-
     rows = [("episode", "role", "step", "verdict")] + [
         (
             printable(e.episode_id),
@@ -157,9 +160,6 @@ def _show_header(episode: StoredEpisode, width: int) -> list[str]:
     """``--show``'s head: who the episode is, its verdict, what each count counts (lines within
     ``width`` unless one id is wider), and for a set-aside episode its failure with the server's
     error cut to its last lines."""
-    from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text
-    from miles_nemogym.store._browser import filed_label
-
     record, entry = episode.record, episode.entry
     eval_set = entry.get("eval_set")
     where = [f"{episode.role}/{eval_set}" if eval_set else episode.role, filed_label(episode)]
@@ -180,12 +180,7 @@ def _show_header(episode: StoredEpisode, width: int) -> list[str]:
         f"in the trajectory the server returned: {count_text(record.get('turns'))} turns, "
         f"{count_text(record.get('tool_calls'))} tool calls",
     ]
-    calls = entry.get("policy_calls")
-    if isinstance(calls, int) and not isinstance(calls, bool):
-        lines.append(f"requests the policy answered (counted by the run, not the server): {calls}")
-    trajectory = entry.get("server_trajectory")
-    if isinstance(trajectory, str) and trajectory:
-        lines.append(f"the server's trajectory file: {trajectory}")
+    lines += [part if isinstance(part, str) else part.text for part in known_elsewhere(entry)]
     if episode.masked:
         lines += _failure_lines(episode)
     return lines
@@ -194,8 +189,6 @@ def _show_header(episode: StoredEpisode, width: int) -> list[str]:
 def _failure_lines(episode: StoredEpisode) -> list[str]:
     """The failure of a set-aside episode: its one-line reason, smoke's note when it is smoke's
     expected no-network failure, and the server's error by its last lines and where it is whole."""
-    from miles_nemogym.episode.record import count_text
-
     record = episode.record
     lines = [
         f"set aside, not trained on   HTTP status {count_text(record.get('http_status'))}",
@@ -227,9 +220,6 @@ def _show_text(episode: StoredEpisode) -> str:
     is whole lines, wrapped by the caller on a terminal as the rest is), then the turns,
     patch and test report (or verify answer) as every view shows them (``episode_parts`` from
     its first blank line), long texts trimmed."""
-    from miles_nemogym import fit
-    from miles_nemogym.store._browser import episode_parts, printable, trim
-
     parts = episode_parts(episode)
     body = parts[parts.index("") :] if "" in parts else []
     rest = [p if isinstance(p, str) else p.text if p.show_limit is None else trim(p.text, p.show_limit) for p in body]
@@ -237,8 +227,6 @@ def _show_text(episode: StoredEpisode) -> str:
 
 
 def _warn_skipped(problems: list[str]) -> None:
-    from miles_nemogym.fit import terminal_width, wrap_all
-
     lines = [f"warning: {problem}" for problem in problems[:_PROBLEMS_SHOWN]]
     if len(problems) > _PROBLEMS_SHOWN:
         lines.append(f"warning: {len(problems) - _PROBLEMS_SHOWN} more unreadable or odd lines or files")
@@ -315,8 +303,6 @@ def _check_plots_folder(folder: Path, store: Path) -> None:
 
 def _write_plots(folder: Path, store: Path, chosen: list[StoredEpisode]) -> None:
     """One standalone ``.svg`` per plot of ``chosen`` in ``folder``, each written as the page is."""
-    from miles_nemogym.store._plots import plots, svg
-
     drawn = plots(chosen)
     if not drawn:
         typer.echo(f"no rollout step sealed yet in {store}: no plots written", err=True)
