@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,9 @@ __all__ = [
     "episode_list_text",
     "episode_parts",
     "filed_label",
+    "finite",
     "known_elsewhere",
+    "mean",
     "printable",
     "quality_label",
     "select",
@@ -79,14 +81,15 @@ def printable(text: str) -> str:
     return _TERMINAL_SEQUENCE.sub("", text.replace("\r\n", "\n"))
 
 
-def _number(value: Any) -> float | None:
+def finite(value: Any) -> float | None:
     """``value`` as a finite number, or None (a store field of the wrong type)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value) if -_INF < value < _INF else None
 
 
-def _mean(values: list[float | None]) -> float | None:
+def mean(values: Iterable[float | None]) -> float | None:
+    """The mean of the numbers among ``values`` (None: missing), or None when there are none."""
     numbers = [v for v in values if v is not None]
     return sum(numbers) / len(numbers) if numbers else None
 
@@ -122,9 +125,9 @@ def _row(role: str, step: int | None, members: list[StoredEpisode], environment:
         valid=len(valid),
         passed=sum(1 for e in valid if e.passed),
         failures=Counter(e.kind for e in members if e.masked),
-        turns_mean=_mean([_number(e.record.get("turns")) for e in valid]),
-        time_mean_s=_mean([_number(e.record.get("elapsed_s")) for e in members if e.record.get("attempts")]),
-        reward_mean=_mean([_number(e.entry.get("reward")) for e in valid]),
+        turns_mean=mean([finite(e.record.get("turns")) for e in valid]),
+        time_mean_s=mean([finite(e.record.get("elapsed_s")) for e in members if e.record.get("attempts")]),
+        reward_mean=mean([finite(e.entry.get("reward")) for e in valid]),
         environment=environment,
     )
 
