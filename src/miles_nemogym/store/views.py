@@ -251,35 +251,33 @@ def _refuse(message: str, option: str = "--html") -> typer.Exit:
     return typer.Exit(2)
 
 
-def _inside(path: Path, store: Path) -> bool:
-    """Whether ``path`` (its folder resolved, its name not followed) is the store or in it."""
+def _inside(real: Path, store: Path) -> bool:
+    """Whether ``real`` (a resolved path) is the store or in it."""
     real_store = Path(os.path.realpath(store))
-    real = Path(os.path.realpath(path.parent)) / path.name
     return real == real_store or real_store in real.parents
 
 
 def _check_page_target(out: Path, store: Path, option: str = "--html") -> None:
     """Refuse a page target in a missing folder, inside the store, a symlink (never followed
     nor replaced), a folder or other non-regular file, or a file without write permission."""
-
     parent = out.parent
     if not parent.is_dir():
         raise _refuse(f"{out}: the folder {parent} does not exist; create it or give another path", option)
-    if _inside(out, store):
+    if _inside(Path(os.path.realpath(parent)) / out.name, store):  # its name not followed
         raise _refuse(f"{out} is inside the episode store {store}; write the {_what(option)} outside it", option)
     try:
         mode = out.lstat().st_mode
     except FileNotFoundError:
-        mode = None
+        return
     except OSError as error:
         raise _refuse(f"{out}: {error.strerror}", option) from None
-    if mode is not None and stat.S_ISLNK(mode):
+    if stat.S_ISLNK(mode):
         raise _refuse(f"{out} is a symbolic link; give the path of a regular file", option)
-    if mode is not None and stat.S_ISDIR(mode):
+    if stat.S_ISDIR(mode):
         raise _refuse(f"{out} is a folder; give a file path such as {out / 'episodes.html'}", option)
-    if mode is not None and not stat.S_ISREG(mode):
+    if not stat.S_ISREG(mode):
         raise _refuse(f"{out} is not a regular file (a device, pipe or socket); give a file path", option)
-    if mode is not None and not mode & 0o222:
+    if not mode & 0o222:
         raise _refuse(f"{out} is read-only; give another path or make it writable", option)
 
 
@@ -290,8 +288,7 @@ def _what(option: str) -> str:
 def _check_plots_folder(folder: Path, store: Path) -> None:
     """Refuse a plots folder inside the store, one that is not a folder, or a missing one whose
     parent is missing too (each file in it is checked as a page target when written)."""
-    real_store, real = Path(os.path.realpath(store)), Path(os.path.realpath(folder))
-    if real == real_store or real_store in real.parents:  # through a link too: the files go there
+    if _inside(Path(os.path.realpath(folder)), store):  # through a link too: the files go there
         raise _refuse(f"{folder} is inside the episode store {store}; write the plots outside it", "--plots")
     if folder.is_dir():
         return
