@@ -1,11 +1,10 @@
-"""Read an episode store (``store/__init__.py``) and show it as text: a table per step, a
-list of episodes, one episode turn by turn (the HTML page is ``store/_page.py``). Pure
-functions over loaded entries, except ``load``; the CLI (``cli/_episodes.py``) prints.
-"""
+"""An episode store as text: a table per step, a list of episodes, one episode turn by turn
+(the HTML page is ``store/_page.py``). Pure functions over loaded entries; ``views.py`` prints."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
 from collections.abc import Collection, Iterable
@@ -17,6 +16,7 @@ from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text
 from miles_nemogym.store._reader import StoredEpisode
 
 __all__ = [
+    "cut_head",
     "environment_rows",
     "episode_list_text",
     "episode_parts",
@@ -60,8 +60,6 @@ def select(
 # Everything below reads store values as untrusted: any field may be missing, of another
 # type, or hold terminal control sequences; a view shows what it can and never raises.
 
-_INF = float("inf")
-
 _TERMINAL_SEQUENCE = re.compile(
     r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"  # CSI: cursor moves, colours, screen clear
     # OSC (title, clipboard), DCS, SOS, PM, APC: the string up to its terminator
@@ -85,7 +83,7 @@ def finite(value: Any) -> float | None:
     """``value`` as a finite number, or None (a store field of the wrong type)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value) if -_INF < value < _INF else None
+    return float(value) if math.isfinite(value) else None
 
 
 def mean(values: Iterable[float | None]) -> float | None:
@@ -244,7 +242,7 @@ def episode_list_text(episodes: list[StoredEpisode], width: int = fit.MIN_WIDTH)
     return fit.table(lines, width, drop_order=(3, 2, 5, 4))
 
 
-def _cut_head(text: str, size: int) -> str:
+def cut_head(text: str, size: int) -> str:
     """At most ``size`` characters from the start, ending at a line end, else a word end,
     when one is in the last quarter."""
     head = text[:size]
@@ -275,15 +273,8 @@ def trim(text: str, limit: int = _OUTPUT_MAX_CHARS) -> str:
     saying how much was cut."""
     if len(text) <= limit:
         return text
-    head, tail = _cut_head(text, limit // 2), _cut_tail(text, limit // 2)
+    head, tail = cut_head(text, limit // 2), _cut_tail(text, limit // 2)
     return f"{head}\n… [{len(text) - len(head) - len(tail)} characters cut] …\n{tail}"
-
-
-def split_head(text: str, size: int) -> tuple[str, str]:
-    """(the first ``size`` characters or fewer, ending at a line or word end when one is near;
-    the rest)."""
-    head = _cut_head(text, size)
-    return head, text[len(head) :]
 
 
 @dataclass
@@ -464,10 +455,9 @@ def episode_parts(episode: StoredEpisode) -> list[str | LongText]:
             parts += ["the server's error, whole:", LongText(error.strip())]
     parts += known_elsewhere(episode.entry)
     missing = _missing_answer(episode)
-    if isinstance(answer, dict) and missing:
-        parts += ["", "answer (not a /run result):", LongText(_text_of(answer["text"]), 4 * _OUTPUT_MAX_CHARS)]
-    elif answer is not None and missing:
-        parts += ["", "answer (not a /run result):", LongText(_json(answer), 4 * _OUTPUT_MAX_CHARS)]
+    if answer is not None and missing:
+        text = _text_of(answer["text"]) if isinstance(answer, dict) else _json(answer)
+        parts += ["", "answer (not a /run result):", LongText(text, 4 * _OUTPUT_MAX_CHARS)]
     for number, turn in enumerate(_turns_of(answer), 1):
         parts += ["", f"--- turn {number}"]
         if turn.thought:
