@@ -141,10 +141,6 @@ class _Prepared:
         """The environments of an environment scan's rows (empty for SWE rows)."""
         return sorted({task.environment for task in self.selected} - {SWE_ENVIRONMENT})
 
-    def release(self) -> None:
-        if self.lock is not None:
-            self.lock.release()
-
 
 def _prepare(config: ScanConfig) -> _Prepared:
     """Everything checked before the first episode; the results file is locked on return."""
@@ -291,7 +287,8 @@ async def run_scan(
     try:
         return await _run_prepared(config, prepared, console, stop or asyncio.Event())
     finally:
-        prepared.release()  # after the writer closed: the results file is complete
+        if prepared.lock is not None:
+            prepared.lock.release()  # after the last result was written: the results file is complete
 
 
 def server_problem(settings: Settings, policy_base_url: str | None) -> str | None:
