@@ -166,8 +166,8 @@ def _file_name(text: str, taken: set[str]) -> str:
 
 
 def plots(episodes: list[StoredEpisode]) -> list[Plot]:
-    """The plots of these episodes: train's three, then one per eval set (by name); a role
-    without sealed steps has none."""
+    """The plots of these episodes: train's (three, four with several environments), then one
+    per eval set (by name); a role without sealed steps has none."""
     out: list[Plot] = []
     train = _by_step([e for e in episodes if e.role == TRAIN])
     if train:
