@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 
@@ -16,23 +17,17 @@ from miles_nemogym.scan._runner import EXIT_USAGE, ScanResult, ScanUsageError, r
 from miles_nemogym.settings import Settings
 
 
-class _RedactingFilter(logging.Filter):
+def _redact(scrubber: KeyScrubber, record: logging.LogRecord) -> bool:
     """Removes the policy API key from every log record (defence in depth: nothing is
     known to log it, but a library error message could quote a request)."""
-
-    def __init__(self, scrubber: KeyScrubber) -> None:
-        super().__init__()
-        self._scrubber = scrubber
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        clean = self._scrubber.scrub_text(message)
-        if clean != message:
-            record.msg, record.args = clean, None
-        error = record.exc_info[1] if record.exc_info else None
-        if error is not None and self._scrubber.scrub_text(str(error)) != str(error):
-            record.exc_info, record.exc_text = None, None
-        return True
+    message = record.getMessage()
+    clean = scrubber.scrub_text(message)
+    if clean != message:
+        record.msg, record.args = clean, None
+    error = record.exc_info[1] if record.exc_info else None
+    if error is not None and scrubber.scrub_text(str(error)) != str(error):
+        record.exc_info, record.exc_text = None, None
+    return True
 
 
 def _install_logging(err: Console) -> logging.Handler:
@@ -43,7 +38,7 @@ def _install_logging(err: Console) -> logging.Handler:
     except Exception:  # reported by the scan itself, with its fix
         scrubber = None
     if scrubber is not None:
-        handler.addFilter(_RedactingFilter(scrubber))
+        handler.addFilter(functools.partial(_redact, scrubber))
     root = logging.getLogger()
     root.addHandler(handler)
     if root.level == logging.NOTSET or root.level > logging.WARNING:

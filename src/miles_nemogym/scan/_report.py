@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -16,6 +15,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from rich.table import Table
 
 from miles_nemogym import fit
+from miles_nemogym.episode.record import percentile
 from miles_nemogym.errors import counted
 from miles_nemogym.scan._results import ResultLine
 from miles_nemogym.scan._verdict import Verdict
@@ -50,22 +50,14 @@ class Counts:
     @property
     def p95_s(self) -> float | None:
         """Nearest-rank 95th percentile: a time some episode actually took."""
-        if not self.seconds:
-            return None
-        ordered = sorted(self.seconds)
-        return ordered[max(math.ceil(0.95 * len(ordered)) - 1, 0)]
-
-
-def _reward_text(reward: float) -> str:
-    """``1.0``, ``0.0``, ``0.25``: enough digits to tell a partial reward from a binary one."""
-    return str(round(reward, 4))
+        return percentile(self.seconds, 95) if self.seconds else None
 
 
 def _rewards_text(result: ResultLine) -> str:
-    """The reward; a golden environment row's gold and wrong rewards: ``1.0 (wrong 0.0)``."""
-    if result.wrong_reward is None:
-        return _reward_text(result.reward)
-    return f"{_reward_text(result.reward)} (wrong {_reward_text(result.wrong_reward)})"
+    """The reward (``1.0``, ``0.25``: enough digits to tell a partial reward from a binary one);
+    a golden environment row's gold and wrong rewards: ``1.0 (wrong 0.0)``."""
+    reward = str(round(result.reward, 4))
+    return reward if result.wrong_reward is None else f"{reward} (wrong {round(result.wrong_reward, 4)})"
 
 
 def _clock(seconds: float) -> str:

@@ -59,7 +59,8 @@ def task_digest(metadata: dict[str, Any]) -> str:
 
 
 class ResultsLock:
-    """The results file, opened once (never through a link) and locked from before it is read until the scan ends."""
+    """The results file, opened once (never through a link) and locked from before it is read until
+    the scan ends; ``fd`` the locked descriptor (read-write, not appending)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -67,10 +68,10 @@ class ResultsLock:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             try:
-                self._fd = os.open(path, flags | os.O_EXCL, 0o666)
+                self.fd = os.open(path, flags | os.O_EXCL, 0o666)
                 self._created = True
             except FileExistsError:
-                self._fd = os.open(path, flags, 0o666)
+                self.fd = os.open(path, flags, 0o666)
                 self._created = False
         except OSError as error:
             if error.errno == errno.ELOOP or path.is_symlink():
@@ -82,29 +83,24 @@ class ResultsLock:
                 f"--output {path}: cannot create or open the results file ({error.strerror or error}); "
                 "choose a file in a folder you can write to"
             ) from None
-        if not stat.S_ISREG(os.fstat(self._fd).st_mode):
-            os.close(self._fd)
+        if not stat.S_ISREG(os.fstat(self.fd).st_mode):
+            os.close(self.fd)
             raise InputError(f"--output {path}: is not a regular file; give a file path")
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            os.close(self._fd)
+            os.close(self.fd)
             raise InputError(
                 f"--output {path}: another scan is writing this results file (it holds the file's "
                 "lock); wait for it to finish, or give this scan another --output file"
             ) from None
-
-    @property
-    def fd(self) -> int:
-        """The locked descriptor (read-write, not appending)."""
-        return self._fd
 
     def read(self) -> dict[str, ResultLine]:
         """:func:`read_results` of the locked file."""
         chunks: list[bytes] = []
         offset = 0
         try:
-            while chunk := os.pread(self._fd, 1 << 20, offset):
+            while chunk := os.pread(self.fd, 1 << 20, offset):
                 chunks.append(chunk)
                 offset += len(chunk)
             text = b"".join(chunks).decode("utf-8")
@@ -113,14 +109,14 @@ class ResultsLock:
         return _parse_results(self.path, text)
 
     def release(self) -> None:
-        if self._fd < 0:
+        if self.fd < 0:
             return
         try:
-            if self._created and os.fstat(self._fd).st_size == 0:
+            if self._created and os.fstat(self.fd).st_size == 0:
                 self.path.unlink(missing_ok=True)
         finally:
-            os.close(self._fd)  # closing the descriptor releases the lock
-            self._fd = -1
+            os.close(self.fd)  # closing the descriptor releases the lock
+            self.fd = -1
 
 
 def read_results(path: Path) -> dict[str, ResultLine]:
@@ -159,7 +155,6 @@ class ResultsWriter:
     """Appends one line per finished instance through the lock's descriptor, durably, before it is reported."""
 
     def __init__(self, lock: ResultsLock) -> None:
-        self.path = lock.path
         self._fd = lock.fd
         size = os.fstat(self._fd).st_size
         tail = os.pread(self._fd, 1, size - 1) if size else b"\n"
@@ -187,6 +182,3 @@ class ResultsWriter:
             self._end += written
             view = view[written:]
         os.fsync(self._fd)
-
-    def close(self) -> None:
-        """Nothing to close: the lock owns the descriptor."""

@@ -103,7 +103,6 @@ class ScanResult:
     selected: list[ScanTask]
     results: list[ResultLine]
     """One per selected instance that has a result, earlier runs' included, in input order."""
-    earlier: int
     interrupted: bool
 
     @property
@@ -141,10 +140,6 @@ class _Prepared:
     def environments(self) -> list[str]:
         """The environments of an environment scan's rows (empty for SWE rows)."""
         return sorted({task.environment for task in self.selected} - {SWE_ENVIRONMENT})
-
-    def release(self) -> None:
-        if self.lock is not None:
-            self.lock.release()
 
 
 def _prepare(config: ScanConfig) -> _Prepared:
@@ -292,7 +287,8 @@ async def run_scan(
     try:
         return await _run_prepared(config, prepared, console, stop or asyncio.Event())
     finally:
-        prepared.release()  # after the writer closed: the results file is complete
+        if prepared.lock is not None:
+            prepared.lock.release()  # after the last result was written: the results file is complete
 
 
 def server_problem(settings: Settings, policy_base_url: str | None) -> str | None:
@@ -441,8 +437,6 @@ async def _run_episodes(
             await asyncio.wait(episodes)
         if everything is not None and everything.done() and not everything.cancelled():
             everything.exception()  # retrieved: reported above or superseded by the cancellation
-        if writer is not None:
-            writer.close()
         await close_pools()
 
     if refused:
@@ -457,4 +451,4 @@ async def _run_episodes(
         golden=config.golden,
         interrupted=interrupted,
     )
-    return ScanResult(config, prepared.selected, results, len(prepared.earlier), interrupted)
+    return ScanResult(config, prepared.selected, results, interrupted)

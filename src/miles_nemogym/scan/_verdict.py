@@ -45,10 +45,8 @@ WRONG_ANSWER_PASSED = "wrong_answer_passed"
 
 
 def _graded_reason(outcome: Outcome) -> str:
-    """Why a graded episode did not score 1.0, from its SWE-bench report or its verifier."""
+    """Why a graded episode without a status did not score 1.0, from its SWE-bench report or its verifier."""
     record = outcome.record
-    if record.failure_kind:  # a valid record's status
-        return short_reason(f"{record.failure_kind}: {record.failure_reason or 'no reason given'}")
     if record.env != SWE_ENVIRONMENT:
         said = f": {record.failure_reason}" if record.failure_reason else ""
         return f"{record.env}'s verifier scored {outcome.reward:g}{said}"
@@ -70,8 +68,8 @@ def reason_of(outcome: Outcome) -> str | None:
     verdict = verdict_of(outcome)
     if verdict is Verdict.passed:
         return None
-    if verdict is Verdict.infra:
-        record = outcome.record
+    record = outcome.record
+    if verdict is Verdict.infra or record.failure_kind:  # a valid record's status too
         # The classifier already reduced a crashed episode's error to its exception line.
         return short_reason(f"{record.failure_kind or 'unknown'}: {record.failure_reason or 'no reason given'}")
     return _graded_reason(outcome)

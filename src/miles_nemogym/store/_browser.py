@@ -1,14 +1,13 @@
-"""Read an episode store (``store/__init__.py``) and show it as text: a table per step, a
-list of episodes, one episode turn by turn (the HTML page is ``store/_page.py``). Pure
-functions over loaded entries, except ``load``; the CLI (``cli/_episodes.py``) prints.
-"""
+"""An episode store as text: a table per step, a list of episodes, one episode turn by turn
+(the HTML page is ``store/_page.py``). Pure functions over loaded entries; ``views.py`` prints."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,10 +16,14 @@ from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text
 from miles_nemogym.store._reader import StoredEpisode
 
 __all__ = [
+    "cut_head",
     "environment_rows",
     "episode_list_text",
     "episode_parts",
     "filed_label",
+    "finite",
+    "known_elsewhere",
+    "mean",
     "printable",
     "quality_label",
     "select",
@@ -57,8 +60,6 @@ def select(
 # Everything below reads store values as untrusted: any field may be missing, of another
 # type, or hold terminal control sequences; a view shows what it can and never raises.
 
-_INF = float("inf")
-
 _TERMINAL_SEQUENCE = re.compile(
     r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"  # CSI: cursor moves, colours, screen clear
     # OSC (title, clipboard), DCS, SOS, PM, APC: the string up to its terminator
@@ -78,14 +79,15 @@ def printable(text: str) -> str:
     return _TERMINAL_SEQUENCE.sub("", text.replace("\r\n", "\n"))
 
 
-def _number(value: Any) -> float | None:
+def finite(value: Any) -> float | None:
     """``value`` as a finite number, or None (a store field of the wrong type)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value) if -_INF < value < _INF else None
+    return float(value) if math.isfinite(value) else None
 
 
-def _mean(values: list[float | None]) -> float | None:
+def mean(values: Iterable[float | None]) -> float | None:
+    """The mean of the numbers among ``values`` (None: missing), or None when there are none."""
     numbers = [v for v in values if v is not None]
     return sum(numbers) / len(numbers) if numbers else None
 
@@ -121,9 +123,9 @@ def _row(role: str, step: int | None, members: list[StoredEpisode], environment:
         valid=len(valid),
         passed=sum(1 for e in valid if e.passed),
         failures=Counter(e.kind for e in members if e.masked),
-        turns_mean=_mean([_number(e.record.get("turns")) for e in valid]),
-        time_mean_s=_mean([_number(e.record.get("elapsed_s")) for e in members if e.record.get("attempts")]),
-        reward_mean=_mean([_number(e.entry.get("reward")) for e in valid]),
+        turns_mean=mean([finite(e.record.get("turns")) for e in valid]),
+        time_mean_s=mean([finite(e.record.get("elapsed_s")) for e in members if e.record.get("attempts")]),
+        reward_mean=mean([finite(e.entry.get("reward")) for e in valid]),
         environment=environment,
     )
 
@@ -240,7 +242,7 @@ def episode_list_text(episodes: list[StoredEpisode], width: int = fit.MIN_WIDTH)
     return fit.table(lines, width, drop_order=(3, 2, 5, 4))
 
 
-def _cut_head(text: str, size: int) -> str:
+def cut_head(text: str, size: int) -> str:
     """At most ``size`` characters from the start, ending at a line end, else a word end,
     when one is in the last quarter."""
     head = text[:size]
@@ -271,15 +273,8 @@ def trim(text: str, limit: int = _OUTPUT_MAX_CHARS) -> str:
     saying how much was cut."""
     if len(text) <= limit:
         return text
-    head, tail = _cut_head(text, limit // 2), _cut_tail(text, limit // 2)
+    head, tail = cut_head(text, limit // 2), _cut_tail(text, limit // 2)
     return f"{head}\n… [{len(text) - len(head) - len(tail)} characters cut] …\n{tail}"
-
-
-def split_head(text: str, size: int) -> tuple[str, str]:
-    """(the first ``size`` characters or fewer, ending at a line or word end when one is near;
-    the rest)."""
-    head = _cut_head(text, size)
-    return head, text[len(head) :]
 
 
 @dataclass
@@ -419,7 +414,7 @@ def _missing_answer(episode: StoredEpisode) -> str | None:
     return "the stored answer is not a /run result"
 
 
-def _known_elsewhere(entry: dict[str, Any]) -> list[str | LongText]:
+def known_elsewhere(entry: dict[str, Any]) -> list[str | LongText]:
     """What the run that stored the episode knew beside the answer (smoke does): the calls its
     policy answered, the server's own trajectory file."""
     parts: list[str | LongText] = []
@@ -458,12 +453,11 @@ def episode_parts(episode: StoredEpisode) -> list[str | LongText]:
         error = _metadata(answer).get("error")
         if isinstance(error, str) and error.strip() and error.strip() not in str(record.get("failure_reason")):
             parts += ["the server's error, whole:", LongText(error.strip())]
-    parts += _known_elsewhere(episode.entry)
+    parts += known_elsewhere(episode.entry)
     missing = _missing_answer(episode)
-    if isinstance(answer, dict) and missing:
-        parts += ["", "answer (not a /run result):", LongText(_text_of(answer["text"]), 4 * _OUTPUT_MAX_CHARS)]
-    elif answer is not None and missing:
-        parts += ["", "answer (not a /run result):", LongText(_json(answer), 4 * _OUTPUT_MAX_CHARS)]
+    if answer is not None and missing:
+        text = _text_of(answer["text"]) if isinstance(answer, dict) else _json(answer)
+        parts += ["", "answer (not a /run result):", LongText(text, 4 * _OUTPUT_MAX_CHARS)]
     for number, turn in enumerate(_turns_of(answer), 1):
         parts += ["", f"--- turn {number}"]
         if turn.thought:

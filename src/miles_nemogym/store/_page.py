@@ -19,6 +19,7 @@ from miles_nemogym.store._browser import (
     SWE_RESOLVE_RATE,
     LongText,
     Row,
+    cut_head,
     environment_rows,
     episode_parts,
     filed_label,
@@ -27,7 +28,6 @@ from miles_nemogym.store._browser import (
     quality_label,
     rate_name,
     several_environments,
-    split_head,
     step_label,
     step_rows,
 )
@@ -118,12 +118,11 @@ def _charts(rows: list[Row], quality: str) -> str:
         if not role_rows:
             continue
         labels = [step_label(r.step) for r in role_rows]
-        rates: list[float | None] = [r.pass_rate for r in role_rows]
         out.append(
             _bar_chart(
                 f"{role}: {rate} (valid episodes) per step",
                 labels,
-                [(rate, "#2ca02c", rates)],
+                [(rate, "#2ca02c", [r.pass_rate for r in role_rows])],
                 1.0,
                 lambda v: f"{v:.0%}",
             )
@@ -177,7 +176,8 @@ def _body_html(parts: list[str | LongText]) -> str:
         if isinstance(part, str):
             lines.append(part)
             continue
-        head, rest = split_head(part.text, INLINE_CHARS)
+        head = cut_head(part.text, INLINE_CHARS)
+        rest = part.text[len(head) :]
         lines.append(head)
         if not rest:
             continue

@@ -14,10 +14,9 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from miles_nemogym.episode.record import EVAL, SWE_ENVIRONMENT, TRAIN, pass_at_k, percentile
-from miles_nemogym.store._browser import SWE_RESOLVE_RATE, printable, quality_label, rate_name
+from miles_nemogym.store._browser import SWE_RESOLVE_RATE, finite, mean, printable, quality_label, rate_name
 from miles_nemogym.store._reader import StoredEpisode
 
 __all__ = ["plots", "svg"]
@@ -43,16 +42,6 @@ class Plot:
     series: tuple[Series, ...]
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
 def _valid(members: list[StoredEpisode]) -> list[StoredEpisode]:
     return [e for e in members if not e.masked]
 
@@ -73,7 +62,7 @@ def _resolve_rate(members: list[StoredEpisode]) -> float | None:
 
 
 def _reward_mean(members: list[StoredEpisode]) -> float | None:
-    return _mean([r for e in _valid(members) if (r := _number(e.entry.get("reward"))) is not None])
+    return mean(finite(e.entry.get("reward")) for e in _valid(members))
 
 
 def _environments(episodes: list[StoredEpisode]) -> list[str]:
@@ -119,7 +108,7 @@ def _train_plots(steps: dict[int, list[StoredEpisode]], rate: str) -> list[Plot]
         ),
     )
     # As nemogym/episode_time_*: episodes that were sent (attempts), valid or not.
-    times = [[t for e in m if e.record.get("attempts") and (t := _number(e.record.get("elapsed_s"))) is not None]
+    times = [[t for e in m if e.record.get("attempts") and (t := finite(e.record.get("elapsed_s"))) is not None]
              for m in groups]  # fmt: skip
     time = Plot(
         "train-episode-time",
@@ -141,8 +130,8 @@ def _pass(members: list[StoredEpisode]) -> tuple[int, float | None, float | None
     passed: dict[str, list[bool]] = defaultdict(list)
     for episode in _valid(members):
         passed[episode.instance_id].append(episode.passed)
-    at_1 = _mean([sum(v) / len(v) for v in passed.values()])
-    at_k = _mean([pass_at_k(len(v), sum(v), k) for v in passed.values() if len(v) >= k])
+    at_1 = mean([sum(v) / len(v) for v in passed.values()])
+    at_k = mean([pass_at_k(len(v), sum(v), k) for v in passed.values() if len(v) >= k])
     return k, at_1, at_k
 
 
@@ -177,8 +166,8 @@ def _file_name(text: str, taken: set[str]) -> str:
 
 
 def plots(episodes: list[StoredEpisode]) -> list[Plot]:
-    """The plots of these episodes: train's three, then one per eval set (by name); a role
-    without sealed steps has none."""
+    """The plots of these episodes: train's (three, four with several environments), then one
+    per eval set (by name); a role without sealed steps has none."""
     out: list[Plot] = []
     train = _by_step([e for e in episodes if e.role == TRAIN])
     if train:

@@ -150,7 +150,7 @@ def load(directory: Path, *, answers: bool = False, steps: Collection[int | None
     store = Store()
     for role in ROLES:
         folder = directory / role
-        groups: dict[str, dict[str, Path]] = {}
+        groups: dict[str, tuple[int | None, dict[str, Path]]] = {}  # stem -> (its step, its files by extension)
         paths = _files(folder, store.problems)
         filed = _filed([p for p in paths if _FILING.fullmatch(p.name)], store.problems)
         # An episode is filed at or after the step it was sealed under: with filings, read every
@@ -162,10 +162,8 @@ def load(directory: Path, *, answers: bool = False, steps: Collection[int | None
                 continue
             step = None if match["step"] is None else int(match["step"])
             if steps is None or step in steps or (last is not None and (step is None or step <= last)):
-                groups.setdefault(match["stem"], {})[match["ext"]] = path
-        for stem, found in groups.items():
-            match = _NAME.fullmatch(stem + ".jsonl")
-            step = None if match is None or match["step"] is None else int(match["step"])
+                groups.setdefault(match["stem"], (step, {}))[1][match["ext"]] = path
+        for step, found in groups.values():
             data = [found[ext] for ext in (".jsonl.gz", ".jsonl") if ext in found]
             if not data:
                 store.problems.append(Problem(str(found[".heads"]), None, "skipped: heads without their episodes file"))

@@ -13,7 +13,26 @@ from pathlib import Path
 
 import typer
 
-from miles_nemogym.episode.record import EpisodeRecord
+from miles_nemogym import fit
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord, count_text
+from miles_nemogym.fit import terminal_width, wrap_all
+from miles_nemogym.store._browser import (
+    environment_rows,
+    episode_list_text,
+    episode_parts,
+    filed_label,
+    known_elsewhere,
+    printable,
+    quality_label,
+    select,
+    several_environments,
+    step_label,
+    step_rows,
+    table_text,
+    trim,
+)
+from miles_nemogym.store._page import render_html
+from miles_nemogym.store._plots import plots, svg
 from miles_nemogym.store._reader import StoredEpisode, load
 
 __all__ = ["browse", "load", "offline_note"]
@@ -54,19 +73,6 @@ def browse(
     """``miles-nemogym episodes``: print what is asked for, ``typer.Exit(2)`` on a refusal.
 
     A filter that matches nothing says so on stderr and returns (no table, no page)."""
-    from miles_nemogym.fit import terminal_width, wrap_all
-    from miles_nemogym.store._browser import (
-        environment_rows,
-        episode_list_text,
-        printable,
-        quality_label,
-        select,
-        several_environments,
-        step_rows,
-        table_text,
-    )
-    from miles_nemogym.store._page import render_html
-
     if not directory.is_dir():
         typer.echo(f"error: {directory} is not a folder; give the episode store (NEMO_GYM_EPISODE_DIR)", err=True)
         raise typer.Exit(2)
@@ -127,9 +133,6 @@ def browse(
 
 def _id_list(chosen: list[StoredEpisode], width: int) -> str:
     """One line per episode: its whole id (``--show`` takes it), role, step and verdict."""
-    from miles_nemogym import fit
-    from miles_nemogym.store._browser import printable, step_label
-
     rows = [("episode", "role", "step", "verdict")] + [
         (
             printable(e.episode_id),
@@ -157,9 +160,6 @@ def _show_header(episode: StoredEpisode, width: int) -> list[str]:
     """``--show``'s head: who the episode is, its verdict, what each count counts (lines within
     ``width`` unless one id is wider), and for a set-aside episode its failure with the server's
     error cut to its last lines."""
-    from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text
-    from miles_nemogym.store._browser import filed_label
-
     record, entry = episode.record, episode.entry
     eval_set = entry.get("eval_set")
     where = [f"{episode.role}/{eval_set}" if eval_set else episode.role, filed_label(episode)]
@@ -180,12 +180,7 @@ def _show_header(episode: StoredEpisode, width: int) -> list[str]:
         f"in the trajectory the server returned: {count_text(record.get('turns'))} turns, "
         f"{count_text(record.get('tool_calls'))} tool calls",
     ]
-    calls = entry.get("policy_calls")
-    if isinstance(calls, int) and not isinstance(calls, bool):
-        lines.append(f"requests the policy answered (counted by the run, not the server): {calls}")
-    trajectory = entry.get("server_trajectory")
-    if isinstance(trajectory, str) and trajectory:
-        lines.append(f"the server's trajectory file: {trajectory}")
+    lines += [part if isinstance(part, str) else part.text for part in known_elsewhere(entry)]
     if episode.masked:
         lines += _failure_lines(episode)
     return lines
@@ -194,8 +189,6 @@ def _show_header(episode: StoredEpisode, width: int) -> list[str]:
 def _failure_lines(episode: StoredEpisode) -> list[str]:
     """The failure of a set-aside episode: its one-line reason, smoke's note when it is smoke's
     expected no-network failure, and the server's error by its last lines and where it is whole."""
-    from miles_nemogym.episode.record import count_text
-
     record = episode.record
     lines = [
         f"set aside, not trained on   HTTP status {count_text(record.get('http_status'))}",
@@ -227,9 +220,6 @@ def _show_text(episode: StoredEpisode) -> str:
     is whole lines, wrapped by the caller on a terminal as the rest is), then the turns,
     patch and test report (or verify answer) as every view shows them (``episode_parts`` from
     its first blank line), long texts trimmed."""
-    from miles_nemogym import fit
-    from miles_nemogym.store._browser import episode_parts, printable, trim
-
     parts = episode_parts(episode)
     body = parts[parts.index("") :] if "" in parts else []
     rest = [p if isinstance(p, str) else p.text if p.show_limit is None else trim(p.text, p.show_limit) for p in body]
@@ -237,8 +227,6 @@ def _show_text(episode: StoredEpisode) -> str:
 
 
 def _warn_skipped(problems: list[str]) -> None:
-    from miles_nemogym.fit import terminal_width, wrap_all
-
     lines = [f"warning: {problem}" for problem in problems[:_PROBLEMS_SHOWN]]
     if len(problems) > _PROBLEMS_SHOWN:
         lines.append(f"warning: {len(problems) - _PROBLEMS_SHOWN} more unreadable or odd lines or files")
@@ -263,35 +251,33 @@ def _refuse(message: str, option: str = "--html") -> typer.Exit:
     return typer.Exit(2)
 
 
-def _inside(path: Path, store: Path) -> bool:
-    """Whether ``path`` (its folder resolved, its name not followed) is the store or in it."""
+def _inside(real: Path, store: Path) -> bool:
+    """Whether ``real`` (a resolved path) is the store or in it."""
     real_store = Path(os.path.realpath(store))
-    real = Path(os.path.realpath(path.parent)) / path.name
     return real == real_store or real_store in real.parents
 
 
 def _check_page_target(out: Path, store: Path, option: str = "--html") -> None:
     """Refuse a page target in a missing folder, inside the store, a symlink (never followed
     nor replaced), a folder or other non-regular file, or a file without write permission."""
-
     parent = out.parent
     if not parent.is_dir():
         raise _refuse(f"{out}: the folder {parent} does not exist; create it or give another path", option)
-    if _inside(out, store):
+    if _inside(Path(os.path.realpath(parent)) / out.name, store):  # its name not followed
         raise _refuse(f"{out} is inside the episode store {store}; write the {_what(option)} outside it", option)
     try:
         mode = out.lstat().st_mode
     except FileNotFoundError:
-        mode = None
+        return
     except OSError as error:
         raise _refuse(f"{out}: {error.strerror}", option) from None
-    if mode is not None and stat.S_ISLNK(mode):
+    if stat.S_ISLNK(mode):
         raise _refuse(f"{out} is a symbolic link; give the path of a regular file", option)
-    if mode is not None and stat.S_ISDIR(mode):
+    if stat.S_ISDIR(mode):
         raise _refuse(f"{out} is a folder; give a file path such as {out / 'episodes.html'}", option)
-    if mode is not None and not stat.S_ISREG(mode):
+    if not stat.S_ISREG(mode):
         raise _refuse(f"{out} is not a regular file (a device, pipe or socket); give a file path", option)
-    if mode is not None and not mode & 0o222:
+    if not mode & 0o222:
         raise _refuse(f"{out} is read-only; give another path or make it writable", option)
 
 
@@ -302,8 +288,7 @@ def _what(option: str) -> str:
 def _check_plots_folder(folder: Path, store: Path) -> None:
     """Refuse a plots folder inside the store, one that is not a folder, or a missing one whose
     parent is missing too (each file in it is checked as a page target when written)."""
-    real_store, real = Path(os.path.realpath(store)), Path(os.path.realpath(folder))
-    if real == real_store or real_store in real.parents:  # through a link too: the files go there
+    if _inside(Path(os.path.realpath(folder)), store):  # through a link too: the files go there
         raise _refuse(f"{folder} is inside the episode store {store}; write the plots outside it", "--plots")
     if folder.is_dir():
         return
@@ -315,8 +300,6 @@ def _check_plots_folder(folder: Path, store: Path) -> None:
 
 def _write_plots(folder: Path, store: Path, chosen: list[StoredEpisode]) -> None:
     """One standalone ``.svg`` per plot of ``chosen`` in ``folder``, each written as the page is."""
-    from miles_nemogym.store._plots import plots, svg
-
     drawn = plots(chosen)
     if not drawn:
         typer.echo(f"no rollout step sealed yet in {store}: no plots written", err=True)
