@@ -245,6 +245,23 @@ def test_fields_of_the_wrong_type_still_give_every_view(tmp_path: Path) -> None:
         no_traceback(result)
 
 
+def test_numbers_too_large_for_a_float_still_give_every_view(tmp_path: Path) -> None:
+    huge = 10**400  # JSON reads it as an int that float() cannot hold
+    write_step(
+        tmp_path / "ep",
+        "train",
+        1,
+        [
+            entry("a", None, reward=huge, finished_at=huge, record={"elapsed_s": huge, "turns": huge}),
+            entry("b", None, record={"elapsed_s": 5.0}),
+        ],
+    )
+    for args in ((), ("--show", "a"), ("--list",), ("--html", tmp_path / "p.html"), ("--plots", tmp_path / "plots")):
+        result = invoke(tmp_path / "ep", *args)
+        assert result.exit_code == 0, (args, result.output)
+        no_traceback(result)
+
+
 def test_an_unreadable_step_file_is_one_clear_line(tmp_path: Path) -> None:
     (tmp_path / "ep" / "train" / "step-000001.jsonl").mkdir(parents=True)  # a folder with a step file's name
     for args in ((), ("--html", tmp_path / "p.html"), ("--show", "x")):

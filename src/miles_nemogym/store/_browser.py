@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections import Counter
 from collections.abc import Collection, Iterable
@@ -13,7 +12,7 @@ from typing import Any
 
 from miles_nemogym import fit
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text
-from miles_nemogym.store._reader import StoredEpisode
+from miles_nemogym.store._reader import StoredEpisode, finite
 
 __all__ = [
     "cut_head",
@@ -21,7 +20,6 @@ __all__ = [
     "episode_list_text",
     "episode_parts",
     "filed_label",
-    "finite",
     "known_elsewhere",
     "mean",
     "printable",
@@ -77,13 +75,6 @@ def printable(text: str) -> str:
     if not _CONTROL.search(text):
         return text
     return _TERMINAL_SEQUENCE.sub("", text.replace("\r\n", "\n"))
-
-
-def finite(value: Any) -> float | None:
-    """``value`` as a finite number, or None (a store field of the wrong type)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def mean(values: Iterable[float | None]) -> float | None:

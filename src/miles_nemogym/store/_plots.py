@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from miles_nemogym.episode.record import EVAL, SWE_ENVIRONMENT, TRAIN, pass_at_k, percentile
-from miles_nemogym.store._browser import SWE_RESOLVE_RATE, finite, mean, printable, quality_label, rate_name
-from miles_nemogym.store._reader import StoredEpisode
+from miles_nemogym.store._browser import SWE_RESOLVE_RATE, mean, printable, quality_label, rate_name
+from miles_nemogym.store._reader import StoredEpisode, finite
 
 __all__ = ["plots", "svg"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import re
 import stat
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord, parse_record, passed, verdict
 from miles_nemogym.store import ROLES
 
-__all__ = ["StoredEpisode", "load"]
+__all__ = ["StoredEpisode", "finite", "load"]
 
 UNFILED = "no step has trained or dropped it yet"
 """``StoredEpisode.not_trained`` of a sealed episode no filing names, in a role with filings
@@ -217,9 +218,19 @@ def _filed(paths: list[Path], problems: list[Problem]) -> dict[str, tuple[int, s
     return filed
 
 
+def finite(value: Any) -> float | None:
+    """``value`` as a finite number, or None (a store field of the wrong type)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past a float's range
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _time(entry: dict[str, Any]) -> float:
-    finished = entry.get("finished_at")
-    return float(finished) if isinstance(finished, int | float) and not isinstance(finished, bool) else 0.0
+    return finite(entry.get("finished_at")) or 0.0
 
 
 def _files(folder: Path, problems: list[Problem]) -> list[Path]:
