@@ -8,18 +8,10 @@ import re
 import types
 from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic.functional_validators import AfterValidator
 
 from miles_nemogym.errors import MilesNemoGymError, describe, message
 from miles_nemogym.settings import EnvironmentServer, Settings, environment_name_problem, parse_environments, short_name
@@ -39,6 +31,8 @@ LEGACY_ROLLOUT_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
 _ENVS_VAR = "NEMO_GYM_ENVS"
 _SET_NAME = r"^[A-Za-z0-9_.-]+$"
 _SET_NAME_RE = re.compile(_SET_NAME)
+# The job runs on Ray, maybe in another folder: relative paths mean the launcher's folder.
+_AbsolutePath = Annotated[Path, AfterValidator(Path.absolute)]
 
 
 def _eval_sets(value: Any, default_name: str) -> Any:
@@ -110,16 +104,14 @@ def _is_number(annotation: Any) -> bool:
 
 
 _REFUSED_MODES: dict[tuple[str | None, Any], str] = {
-    (
-        "pause_generation_mode",
-        "abort",
-    ): "abort kills every running episode at each weight update; Miles refuses it with its "
-    "session server (and with --fully-async): use in_place or retract",
-    (
-        "update_weight_transfer_mode",
-        "disk-delta",
-    ): "disk-delta needs folders this launcher does not set (--update-weight-disk-dir, "
-    "--update-weight-local-checkpoint-dir): use broadcast or p2p",
+    ("pause_generation_mode", "abort"): (
+        "abort kills every running episode at each weight update; Miles refuses it with its "
+        "session server (and with --fully-async): use in_place or retract"
+    ),
+    ("update_weight_transfer_mode", "disk-delta"): (
+        "disk-delta needs folders this launcher does not set (--update-weight-disk-dir, "
+        "--update-weight-local-checkpoint-dir): use broadcast or p2p"
+    ),
 }
 """Miles' pause and weight-transfer modes this recipe refuses, with why and what to use."""
 _ASYNC_ONLY = frozenset(
@@ -160,17 +152,17 @@ class LauncherConfig(BaseModel):
     """Override the family's SGLang reasoning parser (``none`` for no parser)."""
     tool_call_parser: str | None = None
     """Override the family's SGLang tool-call parser."""
-    base_dir: Path = Path("/root")
+    base_dir: _AbsolutePath = Path("/root")
     """Where the converted checkpoint and the run's saves go by default."""
-    ref_load: Path | None = None
+    ref_load: _AbsolutePath | None = None
     """torch_dist checkpoint (default ``<base_dir>/<model name>_torch_dist``)."""
-    save_dir: Path | None = None
+    save_dir: _AbsolutePath | None = None
     """Where training saves (default ``<base_dir>/<model name>_nemogym``)."""
     save_interval: int = Field(default=1000, ge=1)
     """Save a checkpoint every N rollout steps."""
 
     # --- data -------------------------------------------------------------------------------
-    prompt_data: Path = Path("/root/swe_verified.jsonl")
+    prompt_data: _AbsolutePath = Path("/root/swe_verified.jsonl")
     """Miles prompt data (``miles-nemogym convert`` output): JSONL or parquet."""
 
     # --- rollout ----------------------------------------------------------------------------
@@ -221,9 +213,9 @@ class LauncherConfig(BaseModel):
     --async-data-buffer-capacity-factor); generation waits when it is full."""
 
     # --- training ---------------------------------------------------------------------------
-    miles_root: Path | None = None
+    miles_root: _AbsolutePath | None = None
     """Miles checkout (holding train.py); default: where the importable ``miles`` package lives."""
-    megatron_path: Path = Path("/root/Megatron-LM")
+    megatron_path: _AbsolutePath = Path("/root/Megatron-LM")
     """Megatron-LM checkout, put on the job's PYTHONPATH as Miles' launchers do."""
     tensor_parallel: int = Field(default=2, ge=1)
     """Megatron tensor-model parallel size for training."""
@@ -295,7 +287,7 @@ class LauncherConfig(BaseModel):
     """Leave a Ray head this launcher started running after the job."""
 
     # --- eval -------------------------------------------------------------------------------
-    eval_data: dict[str, Path] = Field(default_factory=dict)
+    eval_data: dict[str, _AbsolutePath] = Field(default_factory=dict)
     """Held-out prompt data (e.g. ``miles-nemogym convert --holdout-output``): FILE, named by
     eval_name, or NAME=FILE, one eval set each (e.g. one per environment); unset: no eval."""
     eval_name: str = Field(default="held_out", pattern=_SET_NAME)
@@ -315,7 +307,7 @@ class LauncherConfig(BaseModel):
     store_episodes: bool = True
     """Save every episode (its /run answer and record) per step and role; browse with
     ``miles-nemogym episodes``."""
-    episode_dir: Path | None = None
+    episode_dir: _AbsolutePath | None = None
     """Where episodes are saved (NEMO_GYM_EPISODE_DIR; default ``<save_dir>/episodes``)."""
     session_server_ip: str = "0.0.0.0"
     """Where Miles' session server listens; 0.0.0.0 lets the Gym host dial in on any interface."""
@@ -337,8 +329,8 @@ class LauncherConfig(BaseModel):
     router_external_host: str | None = Field(default_factory=lambda: _env("MILES_ROUTER_EXTERNAL_HOST"))
     """Address of the trainer the Gym host can dial (MILES_ROUTER_EXTERNAL_HOST)."""
 
-    _gym_url_origin: str = PrivateAttr(default="")
-    _envs_origin: str = PrivateAttr(default="")
+    _gym_url_origin: str = ""
+    _envs_origin: str = ""
 
     def model_post_init(self, context: Any, /) -> None:
         # Where each came from (the dry run and preflight say); ``load_config`` names the flag or YAML.
@@ -372,20 +364,13 @@ class LauncherConfig(BaseModel):
             raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
         return value
 
-    @field_validator("base_dir", "ref_load", "save_dir", "prompt_data", "miles_root", "megatron_path",
-                     "episode_dir")  # fmt: skip
-    @classmethod
-    def _absolute(cls, value: Path | None) -> Path | None:
-        # The job runs on Ray, maybe in another folder: relative paths mean the launcher's folder.
-        return None if value is None else value.absolute()
-
     @field_validator("eval_data")
     @classmethod
-    def _absolute_sets(cls, value: dict[str, Path]) -> dict[str, Path]:
+    def _set_names(cls, value: dict[str, Path]) -> dict[str, Path]:
         bad = [name for name in value if not _SET_NAME_RE.fullmatch(name)]
         if bad:
             raise ValueError(f"eval set name {bad[0]!r}: use letters, digits, '_', '-' or '.'")
-        return {name: path.absolute() for name, path in value.items()}
+        return value
 
     @field_validator("nemo_gym_envs", mode="before")
     @classmethod
