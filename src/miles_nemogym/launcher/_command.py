@@ -14,7 +14,7 @@ from typing import Any
 from miles_nemogym import salvage
 from miles_nemogym.episode.record import eval_overrides
 from miles_nemogym.errors import MilesNemoGymError, counted
-from miles_nemogym.launcher._config import LauncherConfig
+from miles_nemogym.launcher._config import ENVS_ENV, LauncherConfig
 from miles_nemogym.launcher._families import Parsers
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.settings import ENV_VARS, EnvironmentServer
@@ -70,7 +70,6 @@ _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE
 HIDDEN = "<hidden>"
 _MIN_VALID_ENV = "NEMO_GYM_MIN_VALID_PER_GROUP"
 EPISODE_DIR_ENV = "NEMO_GYM_EPISODE_DIR"
-ENVS_ENV = "NEMO_GYM_ENVS"
 
 
 class DuplicateFlagError(MilesNemoGymError, ValueError):

@@ -28,7 +28,7 @@ def _env(name: str) -> str | None:
 
 
 LEGACY_ROLLOUT_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
-_ENVS_VAR = "NEMO_GYM_ENVS"
+ENVS_ENV = "NEMO_GYM_ENVS"
 _SET_NAME = r"^[A-Za-z0-9_.-]+$"
 _SET_NAME_RE = re.compile(_SET_NAME)
 # The job runs on Ray, maybe in another folder: relative paths mean the launcher's folder.
@@ -56,7 +56,7 @@ def _eval_sets(value: Any, default_name: str) -> Any:
 
 
 def _envs_variable() -> Any:  # NEMO_GYM_ENVS as given: validated as a field, so a bad one is named
-    return _env(_ENVS_VAR) or {}
+    return _env(ENVS_ENV) or {}
 
 
 def _environments(value: Any) -> Any:
@@ -337,7 +337,7 @@ class LauncherConfig(BaseModel):
         given = self.model_fields_set
         url_from = "NEMO_GYM_URL in the environment" if _env("NEMO_GYM_URL") else "the default"
         self._gym_url_origin = "the recipe" if "nemo_gym_url" in given else url_from
-        envs_from = f"{_ENVS_VAR} in the environment" if _env(_ENVS_VAR) else f"{_ENVS_VAR} unset"
+        envs_from = f"{ENVS_ENV} in the environment" if _env(ENVS_ENV) else f"{ENVS_ENV} unset"
         self._envs_origin = "the recipe" if "nemo_gym_envs" in given else envs_from
 
     @property
@@ -421,9 +421,9 @@ class LauncherConfig(BaseModel):
             raise ValueError(
                 f"{LEGACY_ROLLOUT_ENV} selects Miles' legacy rollout, which has no agentic flags; remove it"
             )
-        if _ENVS_VAR in value:
+        if ENVS_ENV in value:
             raise ValueError(
-                f"give the environments' servers as nemo_gym_envs (--nemo-gym-env NAME=URL), not {_ENVS_VAR}"
+                f"give the environments' servers as nemo_gym_envs (--nemo-gym-env NAME=URL), not {ENVS_ENV}"
             )
         return value
 
