@@ -35,63 +35,8 @@ _SET_NAME_RE = re.compile(_SET_NAME)
 _AbsolutePath = Annotated[Path, AfterValidator(Path.absolute)]
 
 
-def _eval_sets(value: Any, default_name: str) -> Any:
-    """``eval_data`` as ``{set name: file}``: a FILE is named ``default_name``; a list holds
-    FILE or NAME=FILE items (NAME before the first ``=``, without ``/`` but in an environment's
-    catalog spelling, ``resources_servers/mcqa``); a mapping is kept."""
-    if isinstance(value, (str, Path)):
-        value = [value]
-    if not isinstance(value, list):
-        return value  # a mapping, or something pydantic will refuse with its own message
-    sets: dict[str, Any] = {}
-    for item in value:
-        name, sep, path = str(item).partition("=")
-        name = short_name(name)  # an environment's catalog spelling names its set as the short name
-        if not (sep and _SET_NAME_RE.fullmatch(name)):
-            name, path = default_name, str(item)
-        if name in sets:
-            raise ValueError(f"two files for eval set {name!r}; name each with NAME=FILE")
-        sets[name] = path
-    return sets
-
-
 def _envs_variable() -> Any:  # NEMO_GYM_ENVS as given: validated as a field, so a bad one is named
     return _env(ENVS_ENV) or {}
-
-
-def _environments(value: Any) -> Any:
-    """NEMO_GYM_ENVS text, a mapping, or a list of NAME=URL[,max_steps=N] or JSON-object items (the
-    flag, repeated), parsed by the plugin's own settings."""
-    if value is None:
-        return {}
-    if isinstance(value, str):  # NEMO_GYM_ENVS's own form
-        return parse_environments(value) if value.strip() else {}
-    if isinstance(value, list):
-        merged: dict[str, Any] = {}
-        for item in value:
-            text = str(item).strip()
-            if text.startswith("{"):
-                merged.update(parse_environments(text))
-                continue
-            name, sep, rest = text.partition("=")
-            url, _, steps = rest.partition(",max_steps=")
-            if not (sep and name and url):
-                raise ValueError(
-                    f"{text!r}: expected NAME=URL or NAME=URL,max_steps=N (e.g. mcqa=http://gym-host:8001)"
-                )
-            if steps and not steps.strip().isdigit():
-                raise ValueError(f"{text!r}: max_steps must be a whole number, as in {name}={url},max_steps=8")
-            if name in merged:
-                raise ValueError(f"environment {name!r} is given twice; give each environment once")
-            merged[name] = {"url": url, "max_steps": int(steps)} if steps else url
-        value = merged
-    if isinstance(value, dict):
-        plain = {
-            str(name): server.model_dump(exclude_none=True) if isinstance(server, EnvironmentServer) else server
-            for name, server in value.items()
-        }
-        return parse_environments(json.dumps(plain)) if plain else {}
-    return value
 
 
 def _is_number(annotation: Any) -> bool:
@@ -351,10 +296,24 @@ class LauncherConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _name_eval_data(cls, data: Any) -> Any:
-        # FILE -> {eval_name: FILE}; NAME=FILE items (the flag, repeated) -> {NAME: FILE}.
-        if not isinstance(data, dict) or data.get("eval_data") is None:
-            return data
-        return {**data, "eval_data": _eval_sets(data["eval_data"], data.get("eval_name") or "held_out")}
+        """``eval_data`` as ``{set name: file}``: a FILE is named ``eval_name``; a list holds FILE or
+        NAME=FILE items (the flag, repeated; NAME before the first ``=``, without ``/`` but in an
+        environment's catalog spelling, ``resources_servers/mcqa``); a mapping is kept."""
+        value = data.get("eval_data") if isinstance(data, dict) else None
+        if isinstance(value, (str, Path)):
+            value = [value]
+        if not isinstance(value, list):
+            return data  # unset, a mapping, or something pydantic will refuse with its own message
+        sets: dict[str, Any] = {}
+        for item in value:
+            name, sep, path = str(item).partition("=")
+            name = short_name(name)  # an environment's catalog spelling names its set as the short name
+            if not (sep and _SET_NAME_RE.fullmatch(name)):
+                name, path = data.get("eval_name") or "held_out", str(item)
+            if name in sets:
+                raise ValueError(f"two files for eval set {name!r}; name each with NAME=FILE")
+            sets[name] = path
+        return {**data, "eval_data": sets}
 
     @field_validator("*", mode="before")
     @classmethod
@@ -375,7 +334,38 @@ class LauncherConfig(BaseModel):
     @field_validator("nemo_gym_envs", mode="before")
     @classmethod
     def _read_environments(cls, value: Any) -> Any:
-        return _environments(value)
+        """NEMO_GYM_ENVS text, a mapping, or a list of NAME=URL[,max_steps=N] or JSON-object items (the
+        flag, repeated), parsed by the plugin's own settings."""
+        if value is None:
+            return {}
+        if isinstance(value, str):  # NEMO_GYM_ENVS's own form
+            return parse_environments(value) if value.strip() else {}
+        if isinstance(value, list):
+            merged: dict[str, Any] = {}
+            for item in value:
+                text = str(item).strip()
+                if text.startswith("{"):
+                    merged.update(parse_environments(text))
+                    continue
+                name, sep, rest = text.partition("=")
+                url, _, steps = rest.partition(",max_steps=")
+                if not (sep and name and url):
+                    raise ValueError(
+                        f"{text!r}: expected NAME=URL or NAME=URL,max_steps=N (e.g. mcqa=http://gym-host:8001)"
+                    )
+                if steps and not steps.strip().isdigit():
+                    raise ValueError(f"{text!r}: max_steps must be a whole number, as in {name}={url},max_steps=8")
+                if name in merged:
+                    raise ValueError(f"environment {name!r} is given twice; give each environment once")
+                merged[name] = {"url": url, "max_steps": int(steps)} if steps else url
+            value = merged
+        if isinstance(value, dict):
+            plain = {
+                str(name): server.model_dump(exclude_none=True) if isinstance(server, EnvironmentServer) else server
+                for name, server in value.items()
+            }
+            return parse_environments(json.dumps(plain)) if plain else {}
+        return value
 
     @field_validator("tools_not_served")
     @classmethod
