@@ -239,10 +239,9 @@ def layout_lines(config: LauncherConfig) -> list[str]:
         lines.append(f"#   node {node + 1}: {', '.join(parts) or 'no GPU used'}")
     engines = (rollout or training) // config.rollout_gpus_per_engine
     lines.append(
-        f"#   training: {counted(config.actor_nodes, 'node')} x {counted(config.actor_gpus, 'GPU')},"
-        f" TP {config.tensor_parallel}"
-        f" PP {config.pipeline_parallel} CP {config.context_parallel}; rollout: {counted(engines, 'SGLang engine')}"
-        f" x {counted(config.rollout_gpus_per_engine, 'GPU')}"
+        f"#   training: {counted(config.actor_nodes, 'node')} x {counted(config.actor_gpus, 'GPU')}, "
+        f"TP {config.tensor_parallel} PP {config.pipeline_parallel} CP {config.context_parallel}; "
+        f"rollout: {counted(engines, 'SGLang engine')} x {counted(config.rollout_gpus_per_engine, 'GPU')}"
     )
     where = "on the Ray head (--pin-rollout-manager-to-head)" if config.num_nodes > 1 else "on the node"
     host = config.router_external_host or "the address there that routes to the Gym host"
@@ -259,7 +258,7 @@ def eval_config_document(config: LauncherConfig) -> dict[str, Any]:
     per prompt, any other file ``eval_samples_per_prompt`` times."""
     from miles_nemogym.gym.benchmarks import file_benchmark
 
-    marks = {name: file_benchmark(Path(path)) for name, path in config.eval_data.items()}
+    marks = {name: file_benchmark(path) for name, path in config.eval_data.items()}
     repeats = {name: mark.num_repeats for name, mark in marks.items() if mark is not None}
     datasets = [
         {
