@@ -14,12 +14,11 @@ import signal
 import subprocess
 import sys
 import time
-import types
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, get_args, get_origin
+from typing import Any, Literal, Protocol, get_args, get_origin
 
 from miles_nemogym import fit
 from miles_nemogym.checks import CheckResult, Status, report
@@ -127,10 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
             group.add_argument(*flags, dest=name, action="append", metavar=_REPEATED[name], help=help_text + repeated)
         else:
             metavar = "VALUE"
-            if get_origin(annotation) is not None and not isinstance(annotation, types.UnionType):
-                choices = get_args(annotation)
-                if choices and all(isinstance(choice, str) for choice in choices):
-                    metavar = "{" + ",".join(choices) + "}"
+            if get_origin(annotation) is Literal:
+                metavar = "{" + ",".join(get_args(annotation)) + "}"
             group.add_argument(*flags, dest=name, metavar=metavar, help=help_text)
     return parser
 
