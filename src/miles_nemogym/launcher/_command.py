@@ -323,7 +323,7 @@ def _checked_extra_args(args: list[str], extra: list[str], *, fully_async: bool 
     for token in extra:
         name = token.split("=", 1)[0]
         key = "--multi-lora-*" if name.startswith("--multi-lora-") else name
-        always, why = _REFUSED_EXTRA.get(key, (False, "")) if name.startswith("--") else (False, "")
+        always, why = _REFUSED_EXTRA.get(key, (False, ""))
         if why and (always or fully_async):
             why = why if always else f"next to --fully-async, {why}"
             raise DuplicateFlagError(f"extra_args sets {name}, which this recipe cannot run with: {why}")
