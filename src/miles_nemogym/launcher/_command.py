@@ -14,7 +14,7 @@ from typing import Any
 from miles_nemogym import salvage
 from miles_nemogym.episode.record import eval_overrides
 from miles_nemogym.errors import MilesNemoGymError, counted
-from miles_nemogym.launcher._config import LauncherConfig
+from miles_nemogym.launcher._config import ENVS_ENV, LauncherConfig
 from miles_nemogym.launcher._families import Parsers
 from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.settings import ENV_VARS, EnvironmentServer
@@ -70,7 +70,6 @@ _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE
 HIDDEN = "<hidden>"
 _MIN_VALID_ENV = "NEMO_GYM_MIN_VALID_PER_GROUP"
 EPISODE_DIR_ENV = "NEMO_GYM_EPISODE_DIR"
-ENVS_ENV = "NEMO_GYM_ENVS"
 
 
 class DuplicateFlagError(MilesNemoGymError, ValueError):
@@ -240,10 +239,9 @@ def layout_lines(config: LauncherConfig) -> list[str]:
         lines.append(f"#   node {node + 1}: {', '.join(parts) or 'no GPU used'}")
     engines = (rollout or training) // config.rollout_gpus_per_engine
     lines.append(
-        f"#   training: {counted(config.actor_nodes, 'node')} x {counted(config.actor_gpus, 'GPU')},"
-        f" TP {config.tensor_parallel}"
-        f" PP {config.pipeline_parallel} CP {config.context_parallel}; rollout: {counted(engines, 'SGLang engine')}"
-        f" x {counted(config.rollout_gpus_per_engine, 'GPU')}"
+        f"#   training: {counted(config.actor_nodes, 'node')} x {counted(config.actor_gpus, 'GPU')}, "
+        f"TP {config.tensor_parallel} PP {config.pipeline_parallel} CP {config.context_parallel}; "
+        f"rollout: {counted(engines, 'SGLang engine')} x {counted(config.rollout_gpus_per_engine, 'GPU')}"
     )
     where = "on the Ray head (--pin-rollout-manager-to-head)" if config.num_nodes > 1 else "on the node"
     host = config.router_external_host or "the address there that routes to the Gym host"
@@ -260,7 +258,7 @@ def eval_config_document(config: LauncherConfig) -> dict[str, Any]:
     per prompt, any other file ``eval_samples_per_prompt`` times."""
     from miles_nemogym.gym.benchmarks import file_benchmark
 
-    marks = {name: file_benchmark(Path(path)) for name, path in config.eval_data.items()}
+    marks = {name: file_benchmark(path) for name, path in config.eval_data.items()}
     repeats = {name: mark.num_repeats for name, mark in marks.items() if mark is not None}
     datasets = [
         {
@@ -325,7 +323,7 @@ def _checked_extra_args(args: list[str], extra: list[str], *, fully_async: bool 
     for token in extra:
         name = token.split("=", 1)[0]
         key = "--multi-lora-*" if name.startswith("--multi-lora-") else name
-        always, why = _REFUSED_EXTRA.get(key, (False, "")) if name.startswith("--") else (False, "")
+        always, why = _REFUSED_EXTRA.get(key, (False, ""))
         if why and (always or fully_async):
             why = why if always else f"next to --fully-async, {why}"
             raise DuplicateFlagError(f"extra_args sets {name}, which this recipe cannot run with: {why}")

@@ -8,18 +8,10 @@ import re
 import types
 from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic.functional_validators import AfterValidator
 
 from miles_nemogym.errors import MilesNemoGymError, describe, message
 from miles_nemogym.settings import EnvironmentServer, Settings, environment_name_problem, parse_environments, short_name
@@ -36,68 +28,15 @@ def _env(name: str) -> str | None:
 
 
 LEGACY_ROLLOUT_ENV = "MILES_USE_LEGACY_ROLLOUT_V1"
-_ENVS_VAR = "NEMO_GYM_ENVS"
+ENVS_ENV = "NEMO_GYM_ENVS"
 _SET_NAME = r"^[A-Za-z0-9_.-]+$"
 _SET_NAME_RE = re.compile(_SET_NAME)
-
-
-def _eval_sets(value: Any, default_name: str) -> Any:
-    """``eval_data`` as ``{set name: file}``: a FILE is named ``default_name``; a list holds
-    FILE or NAME=FILE items (NAME before the first ``=``, without ``/`` but in an environment's
-    catalog spelling, ``resources_servers/mcqa``); a mapping is kept."""
-    if isinstance(value, (str, Path)):
-        value = [value]
-    if not isinstance(value, list):
-        return value  # a mapping, or something pydantic will refuse with its own message
-    sets: dict[str, Any] = {}
-    for item in value:
-        name, sep, path = str(item).partition("=")
-        name = short_name(name)  # an environment's catalog spelling names its set as the short name
-        if not (sep and _SET_NAME_RE.fullmatch(name)):
-            name, path = default_name, str(item)
-        if name in sets:
-            raise ValueError(f"two files for eval set {name!r}; name each with NAME=FILE")
-        sets[name] = path
-    return sets
+# The job runs on Ray, maybe in another folder: relative paths mean the launcher's folder.
+_AbsolutePath = Annotated[Path, AfterValidator(Path.absolute)]
 
 
 def _envs_variable() -> Any:  # NEMO_GYM_ENVS as given: validated as a field, so a bad one is named
-    return _env(_ENVS_VAR) or {}
-
-
-def _environments(value: Any) -> Any:
-    """NEMO_GYM_ENVS text, a mapping, or a list of NAME=URL[,max_steps=N] or JSON-object items (the
-    flag, repeated), parsed by the plugin's own settings."""
-    if value is None:
-        return {}
-    if isinstance(value, str):  # NEMO_GYM_ENVS's own form
-        return parse_environments(value) if value.strip() else {}
-    if isinstance(value, list):
-        merged: dict[str, Any] = {}
-        for item in value:
-            text = str(item).strip()
-            if text.startswith("{"):
-                merged.update(parse_environments(text))
-                continue
-            name, sep, rest = text.partition("=")
-            url, _, steps = rest.partition(",max_steps=")
-            if not (sep and name and url):
-                raise ValueError(
-                    f"{text!r}: expected NAME=URL or NAME=URL,max_steps=N (e.g. mcqa=http://gym-host:8001)"
-                )
-            if steps and not steps.strip().isdigit():
-                raise ValueError(f"{text!r}: max_steps must be a whole number, as in {name}={url},max_steps=8")
-            if name in merged:
-                raise ValueError(f"environment {name!r} is given twice; give each environment once")
-            merged[name] = {"url": url, "max_steps": int(steps)} if steps else url
-        value = merged
-    if isinstance(value, dict):
-        plain = {
-            str(name): server.model_dump(exclude_none=True) if isinstance(server, EnvironmentServer) else server
-            for name, server in value.items()
-        }
-        return parse_environments(json.dumps(plain)) if plain else {}
-    return value
+    return _env(ENVS_ENV) or {}
 
 
 def _is_number(annotation: Any) -> bool:
@@ -110,16 +49,14 @@ def _is_number(annotation: Any) -> bool:
 
 
 _REFUSED_MODES: dict[tuple[str | None, Any], str] = {
-    (
-        "pause_generation_mode",
-        "abort",
-    ): "abort kills every running episode at each weight update; Miles refuses it with its "
-    "session server (and with --fully-async): use in_place or retract",
-    (
-        "update_weight_transfer_mode",
-        "disk-delta",
-    ): "disk-delta needs folders this launcher does not set (--update-weight-disk-dir, "
-    "--update-weight-local-checkpoint-dir): use broadcast or p2p",
+    ("pause_generation_mode", "abort"): (
+        "abort kills every running episode at each weight update; Miles refuses it with its "
+        "session server (and with --fully-async): use in_place or retract"
+    ),
+    ("update_weight_transfer_mode", "disk-delta"): (
+        "disk-delta needs folders this launcher does not set (--update-weight-disk-dir, "
+        "--update-weight-local-checkpoint-dir): use broadcast or p2p"
+    ),
 }
 """Miles' pause and weight-transfer modes this recipe refuses, with why and what to use."""
 _ASYNC_ONLY = frozenset(
@@ -160,17 +97,17 @@ class LauncherConfig(BaseModel):
     """Override the family's SGLang reasoning parser (``none`` for no parser)."""
     tool_call_parser: str | None = None
     """Override the family's SGLang tool-call parser."""
-    base_dir: Path = Path("/root")
+    base_dir: _AbsolutePath = Path("/root")
     """Where the converted checkpoint and the run's saves go by default."""
-    ref_load: Path | None = None
+    ref_load: _AbsolutePath | None = None
     """torch_dist checkpoint (default ``<base_dir>/<model name>_torch_dist``)."""
-    save_dir: Path | None = None
+    save_dir: _AbsolutePath | None = None
     """Where training saves (default ``<base_dir>/<model name>_nemogym``)."""
     save_interval: int = Field(default=1000, ge=1)
     """Save a checkpoint every N rollout steps."""
 
     # --- data -------------------------------------------------------------------------------
-    prompt_data: Path = Path("/root/swe_verified.jsonl")
+    prompt_data: _AbsolutePath = Path("/root/swe_verified.jsonl")
     """Miles prompt data (``miles-nemogym convert`` output): JSONL or parquet."""
 
     # --- rollout ----------------------------------------------------------------------------
@@ -221,9 +158,9 @@ class LauncherConfig(BaseModel):
     --async-data-buffer-capacity-factor); generation waits when it is full."""
 
     # --- training ---------------------------------------------------------------------------
-    miles_root: Path | None = None
+    miles_root: _AbsolutePath | None = None
     """Miles checkout (holding train.py); default: where the importable ``miles`` package lives."""
-    megatron_path: Path = Path("/root/Megatron-LM")
+    megatron_path: _AbsolutePath = Path("/root/Megatron-LM")
     """Megatron-LM checkout, put on the job's PYTHONPATH as Miles' launchers do."""
     tensor_parallel: int = Field(default=2, ge=1)
     """Megatron tensor-model parallel size for training."""
@@ -295,7 +232,7 @@ class LauncherConfig(BaseModel):
     """Leave a Ray head this launcher started running after the job."""
 
     # --- eval -------------------------------------------------------------------------------
-    eval_data: dict[str, Path] = Field(default_factory=dict)
+    eval_data: dict[str, _AbsolutePath] = Field(default_factory=dict)
     """Held-out prompt data (e.g. ``miles-nemogym convert --holdout-output``): FILE, named by
     eval_name, or NAME=FILE, one eval set each (e.g. one per environment); unset: no eval."""
     eval_name: str = Field(default="held_out", pattern=_SET_NAME)
@@ -315,7 +252,7 @@ class LauncherConfig(BaseModel):
     store_episodes: bool = True
     """Save every episode (its /run answer and record) per step and role; browse with
     ``miles-nemogym episodes``."""
-    episode_dir: Path | None = None
+    episode_dir: _AbsolutePath | None = None
     """Where episodes are saved (NEMO_GYM_EPISODE_DIR; default ``<save_dir>/episodes``)."""
     session_server_ip: str = "0.0.0.0"
     """Where Miles' session server listens; 0.0.0.0 lets the Gym host dial in on any interface."""
@@ -337,15 +274,15 @@ class LauncherConfig(BaseModel):
     router_external_host: str | None = Field(default_factory=lambda: _env("MILES_ROUTER_EXTERNAL_HOST"))
     """Address of the trainer the Gym host can dial (MILES_ROUTER_EXTERNAL_HOST)."""
 
-    _gym_url_origin: str = PrivateAttr(default="")
-    _envs_origin: str = PrivateAttr(default="")
+    _gym_url_origin: str = ""
+    _envs_origin: str = ""
 
     def model_post_init(self, context: Any, /) -> None:
         # Where each came from (the dry run and preflight say); ``load_config`` names the flag or YAML.
         given = self.model_fields_set
         url_from = "NEMO_GYM_URL in the environment" if _env("NEMO_GYM_URL") else "the default"
         self._gym_url_origin = "the recipe" if "nemo_gym_url" in given else url_from
-        envs_from = f"{_ENVS_VAR} in the environment" if _env(_ENVS_VAR) else f"{_ENVS_VAR} unset"
+        envs_from = f"{ENVS_ENV} in the environment" if _env(ENVS_ENV) else f"{ENVS_ENV} unset"
         self._envs_origin = "the recipe" if "nemo_gym_envs" in given else envs_from
 
     @property
@@ -359,10 +296,24 @@ class LauncherConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _name_eval_data(cls, data: Any) -> Any:
-        # FILE -> {eval_name: FILE}; NAME=FILE items (the flag, repeated) -> {NAME: FILE}.
-        if not isinstance(data, dict) or data.get("eval_data") is None:
-            return data
-        return {**data, "eval_data": _eval_sets(data["eval_data"], data.get("eval_name") or "held_out")}
+        """``eval_data`` as ``{set name: file}``: a FILE is named ``eval_name``; a list holds FILE or
+        NAME=FILE items (the flag, repeated; NAME before the first ``=``, without ``/`` but in an
+        environment's catalog spelling, ``resources_servers/mcqa``); a mapping is kept."""
+        value = data.get("eval_data") if isinstance(data, dict) else None
+        if isinstance(value, (str, Path)):
+            value = [value]
+        if not isinstance(value, list):
+            return data  # unset, a mapping, or something pydantic will refuse with its own message
+        sets: dict[str, Any] = {}
+        for item in value:
+            name, sep, path = str(item).partition("=")
+            name = short_name(name)  # an environment's catalog spelling names its set as the short name
+            if not (sep and _SET_NAME_RE.fullmatch(name)):
+                name, path = data.get("eval_name") or "held_out", str(item)
+            if name in sets:
+                raise ValueError(f"two files for eval set {name!r}; name each with NAME=FILE")
+            sets[name] = path
+        return {**data, "eval_data": sets}
 
     @field_validator("*", mode="before")
     @classmethod
@@ -372,25 +323,49 @@ class LauncherConfig(BaseModel):
             raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
         return value
 
-    @field_validator("base_dir", "ref_load", "save_dir", "prompt_data", "miles_root", "megatron_path",
-                     "episode_dir")  # fmt: skip
-    @classmethod
-    def _absolute(cls, value: Path | None) -> Path | None:
-        # The job runs on Ray, maybe in another folder: relative paths mean the launcher's folder.
-        return None if value is None else value.absolute()
-
     @field_validator("eval_data")
     @classmethod
-    def _absolute_sets(cls, value: dict[str, Path]) -> dict[str, Path]:
+    def _set_names(cls, value: dict[str, Path]) -> dict[str, Path]:
         bad = [name for name in value if not _SET_NAME_RE.fullmatch(name)]
         if bad:
             raise ValueError(f"eval set name {bad[0]!r}: use letters, digits, '_', '-' or '.'")
-        return {name: path.absolute() for name, path in value.items()}
+        return value
 
     @field_validator("nemo_gym_envs", mode="before")
     @classmethod
     def _read_environments(cls, value: Any) -> Any:
-        return _environments(value)
+        """NEMO_GYM_ENVS text, a mapping, or a list of NAME=URL[,max_steps=N] or JSON-object items (the
+        flag, repeated), parsed by the plugin's own settings."""
+        if value is None:
+            return {}
+        if isinstance(value, str):  # NEMO_GYM_ENVS's own form
+            return parse_environments(value) if value.strip() else {}
+        if isinstance(value, list):
+            merged: dict[str, Any] = {}
+            for item in value:
+                text = str(item).strip()
+                if text.startswith("{"):
+                    merged.update(parse_environments(text))
+                    continue
+                name, sep, rest = text.partition("=")
+                url, _, steps = rest.partition(",max_steps=")
+                if not (sep and name and url):
+                    raise ValueError(
+                        f"{text!r}: expected NAME=URL or NAME=URL,max_steps=N (e.g. mcqa=http://gym-host:8001)"
+                    )
+                if steps and not steps.strip().isdigit():
+                    raise ValueError(f"{text!r}: max_steps must be a whole number, as in {name}={url},max_steps=8")
+                if name in merged:
+                    raise ValueError(f"environment {name!r} is given twice; give each environment once")
+                merged[name] = {"url": url, "max_steps": int(steps)} if steps else url
+            value = merged
+        if isinstance(value, dict):
+            plain = {
+                str(name): server.model_dump(exclude_none=True) if isinstance(server, EnvironmentServer) else server
+                for name, server in value.items()
+            }
+            return parse_environments(json.dumps(plain)) if plain else {}
+        return value
 
     @field_validator("tools_not_served")
     @classmethod
@@ -436,9 +411,9 @@ class LauncherConfig(BaseModel):
             raise ValueError(
                 f"{LEGACY_ROLLOUT_ENV} selects Miles' legacy rollout, which has no agentic flags; remove it"
             )
-        if _ENVS_VAR in value:
+        if ENVS_ENV in value:
             raise ValueError(
-                f"give the environments' servers as nemo_gym_envs (--nemo-gym-env NAME=URL), not {_ENVS_VAR}"
+                f"give the environments' servers as nemo_gym_envs (--nemo-gym-env NAME=URL), not {ENVS_ENV}"
             )
         return value
 

@@ -14,19 +14,17 @@ import signal
 import subprocess
 import sys
 import time
-import types
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, get_args, get_origin
+from typing import Any, Literal, Protocol, get_args, get_origin
 
 from miles_nemogym import fit
 from miles_nemogym.checks import CheckResult, Status, report
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.launcher._checks import locate_miles, run_preflight
 from miles_nemogym.launcher._command import (
-    ENVS_ENV,
     EPISODE_DIR_ENV,
     DuplicateFlagError,
     GroupSettingError,
@@ -39,16 +37,13 @@ from miles_nemogym.launcher._command import (
     layout_lines,
     render,
 )
-from miles_nemogym.launcher._config import ConfigError, LauncherConfig, load_config, read_yaml
+from miles_nemogym.launcher._config import ENVS_ENV, ConfigError, LauncherConfig, load_config, read_yaml
 from miles_nemogym.launcher._families import Parsers, UnknownFamilyError, resolve
 from miles_nemogym.redaction import redact_url
 
 __all__ = ["main"]
 
 EXIT_OK, _EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130  # 2: nothing was started
-
-Preflight = Callable[..., list[CheckResult]]
-"""``run_preflight``'s shape: ``(config, *, environ, miles_root) -> results``."""
 
 _FLAGS: dict[str, tuple[str, ...]] = {
     "hf_checkpoint": ("--hf-checkpoint", "--model"),
@@ -131,10 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
             group.add_argument(*flags, dest=name, action="append", metavar=_REPEATED[name], help=help_text + repeated)
         else:
             metavar = "VALUE"
-            if get_origin(annotation) is not None and not isinstance(annotation, types.UnionType):
-                choices = get_args(annotation)
-                if choices and all(isinstance(choice, str) for choice in choices):
-                    metavar = "{" + ",".join(choices) + "}"
+            if get_origin(annotation) is Literal:
+                metavar = "{" + ",".join(get_args(annotation)) + "}"
             group.add_argument(*flags, dest=name, metavar=metavar, help=help_text)
     return parser
 
@@ -371,7 +364,7 @@ def execute(
     dry_run: bool,
     environ: Mapping[str, str],
     actions: Actions,
-    checks: Preflight = run_preflight,
+    checks: Callable[..., list[CheckResult]] = run_preflight,
     miles_root: Path | None = None,
 ) -> int:
     """Run the recipe; returns the process exit code."""
