@@ -205,10 +205,6 @@ class RecordingPolicy:
             current = self._scripts.get(session_id, self.default_script)
             self._scripts[session_id] = Script(**{**current.__dict__, **changes})
 
-    def script_for(self, session_id: str) -> Script:
-        with self._lock:
-            return self._scripts.get(session_id, self.default_script)
-
     def requests(self, session_id: str | None = None) -> list[RecordedRequest]:
         """Recorded requests (all, or one session's), in arrival order."""
         with self._lock:
@@ -255,7 +251,8 @@ class RecordingPolicy:
         if body.get("stream"):
             return _error(400, "the recording policy does not stream; the harness never asks to")
         turn = len(self.chat_requests(sid)) - 1
-        script = self.script_for(sid)
+        with self._lock:
+            script = self._scripts.get(sid, self.default_script)
         if script.answers:
             answer = script.answers[turn] if turn < len(script.answers) else FINAL_ANSWER
         else:  # one bash tool call running the script's command
