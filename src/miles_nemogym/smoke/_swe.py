@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from rich import box
+from rich.padding import PaddingDimensions
 from rich.table import Table
 
 from miles_nemogym import agent
@@ -50,6 +51,11 @@ def reward_text(value: Any) -> str:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
         return "-"
     return f"{value:.1f}" if round(value, 1) == round(value, 2) else f"{value:.2f}"
+
+
+def report_table(title: str, padding: PaddingDimensions) -> Table:
+    """A smoke report's table: its title on the left, a rule under the header, no outer edge."""
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=padding, pad_edge=False)
 
 
 @dataclass
@@ -141,13 +147,7 @@ class SmokeReport:
         """The verdict table (fits 80 columns) and its notes."""
         numbers, texts = self.notes()
         width = max([len("instance"), *(len(e.instance_id) for e in self.episodes)])
-        table = Table(
-            title="smoke: one row per episode, as the trainer stores it",
-            title_justify="left",
-            box=box.SIMPLE_HEAD,
-            padding=(0, 0),
-            pad_edge=False,
-        )
+        table = report_table("smoke: one row per episode, as the trainer stores it", (0, 0))
         table.add_column("instance", no_wrap=True, min_width=width)
         table.add_column("verdict", overflow="fold")  # at 80 columns a note number wraps under its kind
         for name in ("turns", "calls", "patch", "F2P", "reward"):
