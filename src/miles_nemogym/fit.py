@@ -26,13 +26,7 @@ def wrap(line: str, width: int, indent: str = "") -> list[str]:
     lines start with ``indent``; leading spaces of ``line`` are kept."""
     lead = line[: len(line) - len(line.lstrip(" "))]
     return textwrap.wrap(
-        line,
-        width,
-        initial_indent="",
-        subsequent_indent=lead + indent,
-        break_long_words=False,
-        break_on_hyphens=False,
-        drop_whitespace=True,
+        line, width, subsequent_indent=lead + indent, break_long_words=False, break_on_hyphens=False
     ) or [line]
 
 

@@ -36,10 +36,11 @@ from typing import Any
 import pytest
 
 from miles_nemogym.gym.server import GymServer
-from miles_nemogym.smoke.policy import Script, qwen_tool_call_text
+from miles_nemogym.smoke.policy import Script
 from tests.support.gym_envs import GymEnvironments
 from tests.support.miles_environments import MAX_STEPS, completion, prompt_row, scripts
 from tests.support.miles_harness import MilesDriver, StepResult, grpo
+from tests.support.qwen3_tokenizer import qwen_tool_call_text
 from tests.support.routed_agents import BLACKJACK_REWARD, RoutedAgents, gymnasium_scripts, routed_blackjack
 
 pytestmark = pytest.mark.integration

@@ -459,23 +459,18 @@ def _agent(name: str, agent: str, target: Target) -> Found:
     return _passed(f"agent {url}: POST /run")
 
 
-def _environments(target: Target) -> list[Check]:
-    """One check per resources server in NEMO_GYM_ENVS (none when the settings are invalid)."""
-    if isinstance(target.settings, SettingsError):
-        return []
-    return [
-        Check(environment_check_name(name), partial(_environment, name), (_SETTINGS,))
-        for name in target.settings.environments
-    ]
-
-
 def run(
     target: Target, wanted: Iterable[Wanted], *, environments: bool | Collection[str] = False
 ) -> Iterator[CheckResult]:
     """The ``wanted`` checks in their order, as each finishes (one whose need did not pass is SKIP),
-    then with ``environments`` one per resources server in NEMO_GYM_ENVS (a collection: of those named)."""
+    then with ``environments`` one per resources server in NEMO_GYM_ENVS (a collection: of those
+    named; none when the settings are invalid)."""
     chosen = [_WANTED[key] for key in wanted]
-    if environments:
-        named = None if environments is True else {environment_check_name(name) for name in environments}
-        chosen += [check for check in _environments(target) if named is None or check.name in named]
+    if environments and isinstance(target.settings, Settings):
+        named = None if environments is True else set(environments)
+        chosen += [
+            Check(environment_check_name(name), partial(_environment, name), (_SETTINGS,))
+            for name in target.settings.environments
+            if named is None or name in named
+        ]
     return _run(chosen, target)

@@ -15,7 +15,7 @@ import aiohttp
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.errors import Failed, MilesNemoGymError
 from miles_nemogym.redaction import redact_url
-from miles_nemogym.transport import Deadline, pool, request
+from miles_nemogym.transport import Answer, Deadline, pool, request
 
 __all__ = [
     "FetchError",
@@ -59,21 +59,21 @@ def _parse_json(body: bytes) -> Any:
         raise FetchError("not-json", "the answer is JSON nested too deeply to be an OpenAPI document") from None
 
 
-async def _fetch_json_async(url: str, timeout_s: float) -> Any:
-    """GET ``url`` and parse its JSON body through the one transport (one deadline for connect,
-    headers and the whole body, no redirects, at most ``_MAX_DOCUMENT_BYTES``); raises ``FetchError``."""
+async def _get(url: str, timeout_s: float, cap: int) -> Answer:
+    """GET ``url`` through the one transport (one deadline for connect, headers and the whole
+    body, no redirects, at most ``cap`` body bytes); raises ``FetchError``."""
     connections = await pool(1)
     try:
-        answer = await request(
-            connections.gym,
-            "GET",
-            url,
-            deadline=Deadline(timeout_s),
-            connect_timeout_s=timeout_s,
-            cap=_MAX_DOCUMENT_BYTES,
+        return await request(
+            connections.gym, "GET", url, deadline=Deadline(timeout_s), connect_timeout_s=timeout_s, cap=cap
         )
     except Failed as error:
         raise _fetch_error(error, timeout_s) from None
+
+
+async def _fetch_json_async(url: str, timeout_s: float) -> Any:
+    """GET ``url`` (at most ``_MAX_DOCUMENT_BYTES``) and parse its JSON body; raises ``FetchError``."""
+    answer = await _get(url, timeout_s, _MAX_DOCUMENT_BYTES)
     if 300 <= answer.status < 400:
         target = redact_url(answer.location or "?")
         raise FetchError("redirect", f"HTTP {answer.status} redirect to {target} (not followed)")
@@ -131,14 +131,7 @@ Identifier = Callable[[str, float], "ServerIdentity | None"]
 
 
 async def _identify_async(url: str, timeout_s: float) -> ServerIdentity | None:
-    connections = await pool(1)
-    try:
-        answer = await request(
-            connections.gym, "GET", url, deadline=Deadline(timeout_s), connect_timeout_s=timeout_s, cap=0
-        )
-    except Failed as error:
-        raise _fetch_error(error, timeout_s) from None
-    for name in answer.cookies:
+    for name in (await _get(url, timeout_s, cap=0)).cookies:
         server_class, separator, instance = name.partition(_IDENTITY_SEPARATOR)
         if separator and server_class and instance:
             return ServerIdentity(server_class, instance)
@@ -213,11 +206,16 @@ def _object(value: Any, what: str) -> Mapping[str, Any]:
     return value
 
 
+def _paths(openapi: Any) -> Mapping[str, Any]:
+    paths = openapi.get("paths") if isinstance(openapi, Mapping) else None
+    if not isinstance(paths, Mapping):
+        raise SchemaError("the document is not an OpenAPI schema (no 'paths')")
+    return paths
+
+
 def run_body_fields(openapi: Any) -> tuple[str, set[str]]:
     """The name of ``POST /run``'s JSON body schema and the fields it declares."""
-    if not isinstance(openapi, Mapping) or not isinstance(openapi.get("paths"), Mapping):
-        raise SchemaError("the document is not an OpenAPI schema (no 'paths')")
-    post = _object(openapi["paths"].get("/run"), "the document's '/run' entry").get("post")
+    post = _object(_paths(openapi).get("/run"), "the document's '/run' entry").get("post")
     if post is None:
         raise SchemaError("the server has no POST /run")
     operation = _object(post, "POST /run")
@@ -261,7 +259,5 @@ class ResourcesRoutes:
 
 def resources_routes(openapi: Any) -> ResourcesRoutes:
     """The ``POST`` paths of a fetched OpenAPI document; raises only ``SchemaError``."""
-    if not isinstance(openapi, Mapping) or not isinstance(openapi.get("paths"), Mapping):
-        raise SchemaError("the document is not an OpenAPI schema (no 'paths')")
-    posts = (str(path) for path, item in openapi["paths"].items() if isinstance(item, Mapping) and "post" in item)
+    posts = (str(path) for path, item in _paths(openapi).items() if isinstance(item, Mapping) and "post" in item)
     return ResourcesRoutes(frozenset(posts))

@@ -7,7 +7,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -147,6 +147,7 @@ def serve(
     from miles_nemogym.cli._console import console as cli_console
     from miles_nemogym.cli._console import step_display
     from miles_nemogym.errors import as_flag, problems
+    from miles_nemogym.gym import providers
     from miles_nemogym.gym.config import ServeOptions, load_provider_options
     from miles_nemogym.gym.environments import EnvironmentServers, plan, refusals
     from miles_nemogym.gym.server import GymServer
@@ -253,7 +254,7 @@ def serve(
         )
     if swe and not start_anyway:
         try:
-            missing = _provider_missing(options, state_dir)
+            missing = providers.missing(options.sandbox, _planned_config(options, state_dir))
         except GymEnvironmentError as exc:
             fail(console, f"[red]error:[/red] {escape(str(exc))}")
         if missing:
@@ -358,15 +359,13 @@ def _taken_ports(host: str, swe: list[int], first_port: int, environments: int) 
     return [port for port in wanted if not port_free(host, port)]
 
 
-def _provider_missing(options: ServeOptions, state_dir: Path | None) -> list[str]:
-    """What the sandbox provider lacks on this host, as ``--dry-run`` says it."""
-    from miles_nemogym.gym import providers
+def _planned_config(options: ServeOptions, state_dir: Path | None) -> dict[str, Any]:
+    """The SWE server's config as serve would compose it (a free port when ``--port 0``)."""
     from miles_nemogym.gym.config import planned_config
     from miles_nemogym.gym.server import free_port
 
     port = options.port or free_port(options.host)
-    config = planned_config(options, port, state_dir.resolve() if state_dir else Path("<state-dir>"))
-    return providers.missing(options.sandbox, config)
+    return planned_config(options, port, state_dir.resolve() if state_dir else Path("<state-dir>"))
 
 
 def _remove(made: Path | None) -> None:
@@ -473,15 +472,12 @@ def _dry_run(
 
     from miles_nemogym.gym import providers
     from miles_nemogym.gym.cluster import unreachable
-    from miles_nemogym.gym.config import planned_config
     from miles_nemogym.gym.environments import environment_needs
-    from miles_nemogym.gym.server import free_port
     from miles_nemogym.gym.venv import GymEnvironmentError, cached_gym_venv, find_gym_python
 
     missing: list[str] = []
     if swe:
-        port = options.port or free_port(options.host)
-        config = planned_config(options, port, state_dir.resolve() if state_dir else Path("<state-dir>"))
+        config = _planned_config(options, state_dir)
         print(f"# miles-nemogym serve --sandbox {options.sandbox} --dry-run: nothing was started.")
         print("# The server config: nemo-gym's shipped configs and serve's options (secrets hidden).")
         print(yaml.safe_dump(providers.redacted(config), sort_keys=False), end="")

@@ -130,41 +130,53 @@ def _smoke(
         fail(console, f"[red]error:[/red] --json {json_path} {problem}", highlight=False)
     judge = judge_of(console, judge_url, judge_model)
     if envs:
-        _smoke_environments(console, envs, judge, policy_base_url, limit, state_dir, keep, episode_dir, json_path)
-        return
-    if judge is not None:
-        fail(console, "[red]error:[/red] --judge-url grades --env environments; the SWE smoke has no judge")
-    try:
-        rows = gym_wheel.example_rows()[:limit]
-    except (OSError, RuntimeError) as error:  # the pinned wheel could not be downloaded or read
-        fail(console, f"[red]cannot read the example rows nemo-gym ships:[/red] {error}", highlight=False)
+        from rich.markup import escape
+
+        from miles_nemogym.gym.venv import GymEnvironmentError
+        from miles_nemogym.smoke import check_environments
+
+        try:
+            check_environments(envs, judge)  # before anything starts: a typo or a refused environment, with the reason
+        except GymEnvironmentError as error:
+            fail(console, f"[red]error:[/red] --env: {escape(str(error))}", highlight=False)
+        played = "played by your model" if policy_base_url else "played with its gold and a wrong answer"
+        console.print(f"smoke: {counted(len(envs), 'environment')}, each shipped row {played}:", highlight=False)
+        for line in textwrap.wrap(", ".join(envs), 78, break_long_words=False, break_on_hyphens=False):
+            console.print(f"  {line}", highlight=False)
+    else:
+        if judge is not None:
+            fail(console, "[red]error:[/red] --judge-url grades --env environments; the SWE smoke has no judge")
+        try:
+            rows = gym_wheel.example_rows()[:limit]
+        except (OSError, RuntimeError) as error:  # the pinned wheel could not be downloaded or read
+            fail(console, f"[red]cannot read the example rows nemo-gym ships:[/red] {error}", highlight=False)
     store = _store_path(episode_dir)
     folder = state_dir or Path(tempfile.mkdtemp(prefix="miles-nemogym-smoke-"))
     kept = state_dir is not None or keep
     worked = interrupted = False
     try:
-        with interrupt_on_sigterm(ctrl_c=True):
-            worked = _run(console, rows, folder, store, kept, policy_base_url, limit, step_limit, json_path)
+        if envs:  # its report prints once SIGTERM is back to what it was
+            worked = _run_environments(console, envs, judge, policy_base_url, limit, folder, store, json_path)
+        else:
+            with interrupt_on_sigterm(ctrl_c=True):
+                worked = _run(console, rows, folder, store, kept, policy_base_url, limit, step_limit, json_path)
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        if interrupted:
-            _interrupted(console, folder, kept)
+        if interrupted:  # the servers are stopped: the folder smoke made is removed, a kept one named
+            if kept:
+                console.print(f"interrupted; what the run wrote is in {folder}", highlight=False, soft_wrap=True)
+            else:
+                shutil.rmtree(folder, ignore_errors=True)
+                console.print("interrupted; nothing left running, nothing left behind.", highlight=False)
         elif not kept and worked:
             shutil.rmtree(folder, ignore_errors=True)
+        elif envs:
+            console.print(f"the servers' logs: {folder}", highlight=False, soft_wrap=True)
         elif not kept:
             console.print(f"kept {folder} (the server's log and trajectories) since the run failed", highlight=False)
     if not worked:
         raise typer.Exit(130 if interrupted else 1)
-
-
-def _interrupted(console: Console, folder: Path, kept: bool) -> None:
-    """After Ctrl-C or SIGTERM (the servers are stopped): the folder smoke made is removed, a kept one named."""
-    if kept:
-        console.print(f"interrupted; what the run wrote is in {folder}", highlight=False, soft_wrap=True)
-        return
-    shutil.rmtree(folder, ignore_errors=True)
-    console.print("interrupted; nothing left running, nothing left behind.", highlight=False)
 
 
 def _write_json(console: Console, path: Path, report: dict[str, Any]) -> None:
@@ -196,36 +208,24 @@ def _store_hint(console: Console, store: Path, step: int | None, errors: int) ->
     console.print(f"  miles-nemogym episodes {shlex.quote(str(store))}", highlight=False, soft_wrap=True)
 
 
-def _smoke_environments(
+def _run_environments(
     console: Console,
     envs: list[str],
     judge: Judge | None,
     policy_base_url: str | None,
     limit: int | None,
-    state_dir: Path | None,
-    keep: bool,
-    episode_dir: Path | None,
+    folder: Path,
+    store: Path,
     json_path: Path | None,
-) -> None:
-    """``smoke --env``: the environments' shipped rows, one line per episode, a table per environment."""
+) -> bool:
+    """``smoke --env``: the environments' shipped rows, one line per episode, a table per
+    environment; whether the chain worked (``typer.Exit(2)`` when the servers could not start)."""
     from rich.markup import escape
 
     from miles_nemogym.cli._console import step_display
     from miles_nemogym.gym.venv import GymEnvironmentError
-    from miles_nemogym.smoke import check_environments, run_environment_smoke
+    from miles_nemogym.smoke import run_environment_smoke
 
-    try:
-        check_environments(envs, judge)  # before anything starts: a typo or a refused environment, with the reason
-    except GymEnvironmentError as error:
-        fail(console, f"[red]error:[/red] --env: {escape(str(error))}", highlight=False)
-    store = _store_path(episode_dir)
-    folder = state_dir or Path(tempfile.mkdtemp(prefix="miles-nemogym-smoke-"))
-    kept = state_dir is not None or keep
-    played = "played by your model" if policy_base_url else "played with its gold and a wrong answer"
-    console.print(f"smoke: {counted(len(envs), 'environment')}, each shipped row {played}:", highlight=False)
-    for line in textwrap.wrap(", ".join(envs), 78, break_long_words=False, break_on_hyphens=False):
-        console.print(f"  {line}", highlight=False)
-    worked = interrupted = False
     try:
         with interrupt_on_sigterm(ctrl_c=True), step_display(console) as progress, _quiet_episode_warnings():
             report = run_environment_smoke(
@@ -238,35 +238,24 @@ def _smoke_environments(
                 progress=progress,
                 on_episode=lambda line: console.print(line, highlight=False),
             )
-        tables, notes = report.tables()
-        for table in tables:
-            console.print(table)
-        for number, text in enumerate(notes, 1):
-            console.print(f"[{number}] {text}", highlight=False, markup=False)
-        console.print(report.LEGEND, highlight=False)
-        if json_path is not None:
-            _write_json(console, json_path, report.json())
-        worked = report.chain_worked
-        if not worked:
-            console.print(
-                "[red]the chain did not work: the episodes with a note above did not come back as "
-                f"expected; the servers' logs are in {folder}[/red]",
-                highlight=False,
-            )
-        _store_hint(console, store, report.step, report.store_errors)
     except GymEnvironmentError as error:
         fail(console, f"[red]cannot start the environments' servers:[/red] {escape(str(error))}", highlight=False)
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        if interrupted:
-            _interrupted(console, folder, kept)
-        elif kept or not worked:
-            console.print(f"the servers' logs: {folder}", highlight=False, soft_wrap=True)
-        else:
-            shutil.rmtree(folder, ignore_errors=True)
-    if not worked:
-        raise typer.Exit(130 if interrupted else 1)
+    tables, notes = report.tables()
+    for table in tables:
+        console.print(table)
+    for number, text in enumerate(notes, 1):
+        console.print(f"[{number}] {text}", highlight=False, markup=False)
+    console.print(report.LEGEND, highlight=False)
+    if json_path is not None:
+        _write_json(console, json_path, report.json())
+    if not report.chain_worked:
+        console.print(
+            "[red]the chain did not work: the episodes with a note above did not come back as "
+            f"expected; the servers' logs are in {folder}[/red]",
+            highlight=False,
+        )
+    _store_hint(console, store, report.step, report.store_errors)
+    return report.chain_worked
 
 
 def _run(

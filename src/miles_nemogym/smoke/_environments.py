@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from rich import box
 from rich.table import Table
 
 from miles_nemogym.data import task_key, to_environment_row
@@ -22,7 +21,7 @@ from miles_nemogym.gym.composition import Judge
 from miles_nemogym.gym.environments import EnvironmentPlan, EnvironmentServers, plan, refusals, setting
 from miles_nemogym.gym.venv import GymEnvironmentError, ensure_gym_venv
 from miles_nemogym.settings import Settings
-from miles_nemogym.smoke._swe import file_as_step, reward_text, run_rows
+from miles_nemogym.smoke._swe import file_as_step, report_table, reward_text, run_rows
 from miles_nemogym.smoke.answers import GOLD, PLAIN, PLAIN_ANSWER, WRONG, answers
 from miles_nemogym.smoke.policy import Answer, RecordingPolicy
 
@@ -114,13 +113,7 @@ class EnvironmentSmokeReport:
             episodes = [e for e in self.episodes if e.environment == environment.name]
             prefix = f"{environment.name}/"
             width = max([len("task"), *(len(e.task_id.removeprefix(prefix)) for e in episodes)])
-            table = Table(
-                title=f"{environment.name}: {counted(len(episodes), 'episode')}",
-                title_justify="left",
-                box=box.SIMPLE_HEAD,
-                padding=(0, 1, 0, 0),
-                pad_edge=False,
-            )
+            table = report_table(f"{environment.name}: {counted(len(episodes), 'episode')}", (0, 1, 0, 0))
             table.add_column("task", no_wrap=True, min_width=min(width, 36), max_width=36, overflow="ellipsis")
             table.add_column("answer", no_wrap=True)
             table.add_column("verdict", overflow="fold")

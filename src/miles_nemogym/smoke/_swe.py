@@ -4,6 +4,7 @@ report reads (one line per finished episode, the verdict table, its JSON)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from rich import box
+from rich.padding import PaddingDimensions
 from rich.table import Table
 
 from miles_nemogym import agent
@@ -49,6 +51,11 @@ def reward_text(value: Any) -> str:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
         return "-"
     return f"{value:.1f}" if round(value, 1) == round(value, 2) else f"{value:.2f}"
+
+
+def report_table(title: str, padding: PaddingDimensions) -> Table:
+    """A smoke report's table: its title on the left, a rule under the header, no outer edge."""
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=padding, pad_edge=False)
 
 
 @dataclass
@@ -140,13 +147,7 @@ class SmokeReport:
         """The verdict table (fits 80 columns) and its notes."""
         numbers, texts = self.notes()
         width = max([len("instance"), *(len(e.instance_id) for e in self.episodes)])
-        table = Table(
-            title="smoke: one row per episode, as the trainer stores it",
-            title_justify="left",
-            box=box.SIMPLE_HEAD,
-            padding=(0, 0),
-            pad_edge=False,
-        )
+        table = report_table("smoke: one row per episode, as the trainer stores it", (0, 0))
         table.add_column("instance", no_wrap=True, min_width=width)
         table.add_column("verdict", overflow="fold")  # at 80 columns a note number wraps under its kind
         for name in ("turns", "calls", "patch", "F2P", "reward"):
@@ -248,23 +249,6 @@ async def run_rows(
         await close_pools()
 
 
-def _finished(
-    rows: Sequence[dict[str, Any]],
-    calls: Callable[[int], int | None] | None,
-    on_episode: Callable[[str], None] | None,
-) -> EpisodeDone | None:
-    """``run_rows``' callback that hands ``on_episode`` each finished episode's line."""
-    if on_episode is None:
-        return None
-    report = on_episode
-
-    def done(index: int, result: dict[str, Any]) -> None:
-        meta = rows[index]["metadata"]
-        report(SmokeEpisode(meta["instance_id"], meta["repo"], result, calls(index) if calls else None).line())
-
-    return done
-
-
 def _server_trajectory(results_dir: Path, instance_id: str, since: float) -> Path | None:
     """The trajectory file ``mini_swe_agent_2`` wrote for ``instance_id`` since ``since`` (epoch
     seconds), if any: ``<subset>/<model>/<id>/<id>_<time>_<uuid>.traj.json`` under ``results_dir``
@@ -281,16 +265,12 @@ def _server_trajectory(results_dir: Path, instance_id: str, since: float) -> Pat
     return max(found)[1] if found else None
 
 
-def next_step(episode_dir: Path) -> int:
-    """The train step after the last one in the store (0 for a new store): each smoke run is one step."""
-    steps = [e.step for e in load(episode_dir).episodes if e.role == "train" and e.step is not None]
-    return max(steps, default=-1) + 1
-
-
 def file_as_step(episode_dir: Path) -> tuple[int, int]:
-    """Seal this run's episodes in ``episode_dir`` as its next train step and close the store
-    before the run reports it: (the step, the episodes or seals it could not write)."""
-    step = next_step(episode_dir)
+    """Seal this run's episodes in ``episode_dir`` as its next train step (each smoke run is one;
+    0 for a new store) and close the store before the run reports it: (the step, the episodes or
+    seals it could not write)."""
+    steps = [e.step for e in load(episode_dir).episodes if e.role == "train" and e.step is not None]
+    step = max(steps, default=-1) + 1
     current().stores.seal_all("train", step)
     store = current().stores.get(str(episode_dir))
     store.flush()
@@ -332,41 +312,37 @@ def run_smoke(
         settings = base_settings.with_overrides(gym_url=server.url)
         results_dir = server.results_dir
 
-        def store_extra(calls: Callable[[int], int | None] | None) -> StoreExtra:
+        policy = RecordingPolicy()  # started only when no real endpoint is given
+        with policy if policy_base_url is None else contextlib.nullcontext():
+            urls = [policy.session_url() for _ in rows] if policy_base_url is None else [policy_base_url] * len(rows)
+
+            def calls(index: int) -> int | None:
+                if policy_base_url is not None:
+                    return None
+                return len(policy.chat_requests(RecordingPolicy.session_id_of(urls[index])))
+
+            def episode(index: int, result: dict[str, Any]) -> SmokeEpisode:
+                meta = rows[index]["metadata"]
+                return SmokeEpisode(meta["instance_id"], meta["repo"], result, calls(index))
+
+            def done(index: int, result: dict[str, Any]) -> None:
+                if on_episode is not None:
+                    on_episode(episode(index, result).line())
+
             def extra(index: int, started: float) -> dict[str, Any]:
-                fields: dict[str, Any] = {"policy_calls": calls(index) if calls else None}
+                fields: dict[str, Any] = {"policy_calls": calls(index)}
                 if trajectories_kept:
                     found = _server_trajectory(results_dir, rows[index]["metadata"]["instance_id"], started)
                     fields["server_trajectory"] = str(found) if found else None
                 return fields
 
-            return extra
-
-        if policy_base_url is None:
-            with RecordingPolicy(look_around_turns=2) as policy:
-                urls = [policy.session_url() for _ in rows]
-
-                def calls(index: int) -> int | None:
-                    return len(policy.chat_requests(RecordingPolicy.session_id_of(urls[index])))
-
-                say(f"running {len(rows)} episodes against the scripted recording policy")
-                if on_running:
-                    on_running(len(rows))
-                done = _finished(rows, calls, on_episode)
-                results = asyncio.run(run_rows(rows, urls, _SMOKE_SAMPLING, settings, done, store_extra(calls)))
-                counts: list[int | None] = [calls(i) for i in range(len(rows))]
-        else:
-            say(f"running {len(rows)} episodes against {policy_base_url}")
+            said = "the scripted recording policy" if policy_base_url is None else policy_base_url
+            say(f"running {len(rows)} episodes against {said}")
             if on_running:
                 on_running(len(rows))
-            urls = [policy_base_url] * len(rows)
-            done = _finished(rows, None, on_episode)
-            results = asyncio.run(run_rows(rows, urls, _SMOKE_SAMPLING, settings, done, store_extra(None)))
-            counts = [None] * len(rows)
+            results = asyncio.run(run_rows(rows, urls, _SMOKE_SAMPLING, settings, done, extra))
+            report.episodes = [episode(index, result) for index, result in enumerate(results)]
     if episode_dir is not None:
         report.episode_dir = episode_dir
         report.step, report.store_errors = file_as_step(episode_dir)
-    for row, result, count in zip(rows, results, counts, strict=True):
-        meta = row["metadata"]
-        report.episodes.append(SmokeEpisode(meta["instance_id"], meta["repo"], result, count))
     return report

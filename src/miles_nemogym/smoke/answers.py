@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from miles_nemogym.smoke.policy import Answer
+from miles_nemogym.smoke.policy import FINAL_ANSWER, Answer
 
 __all__ = ["GOLD", "WRONG", "Answers", "answers"]
 
@@ -18,6 +18,11 @@ GOLD, WRONG, PLAIN = "gold", "wrong", "plain"
 """The answers smoke plays: the row's gold, a wrong one, or (no gold known) one plain reply."""
 
 PLAIN_ANSWER = (Answer(content="This is the miles-nemogym scripted smoke policy: it does not know the answer."),)
+
+
+def _said(gold: str, wrong: str) -> Answers:
+    """A gold and a wrong answer of one message each."""
+    return {GOLD: (Answer(content=gold),), WRONG: (Answer(content=wrong),)}
 
 
 def _boxed(row: Mapping[str, Any]) -> Answers:
@@ -33,10 +38,7 @@ def _boxed(row: Mapping[str, Any]) -> Answers:
         wrong = others[0]
     else:
         wrong = str(int(gold) + 1) if gold.lstrip("-").isdigit() else "0" if gold != "0" else "1"
-    return {
-        GOLD: (Answer(content=f"The answer is \\boxed{{{gold}}}"),),
-        WRONG: (Answer(content=f"The answer is \\boxed{{{wrong}}}"),),
-    }
+    return _said(f"The answer is \\boxed{{{gold}}}", f"The answer is \\boxed{{{wrong}}}")
 
 
 def _exact(row: Mapping[str, Any]) -> Answers:
@@ -45,13 +47,13 @@ def _exact(row: Mapping[str, Any]) -> Answers:
     if not isinstance(gold, str) or not gold:
         return {}
     wrong = gold[::-1] if gold[::-1] != gold else gold + " (not quite)"
-    return {GOLD: (Answer(content=gold),), WRONG: (Answer(content=wrong),)}
+    return _said(gold, wrong)
 
 
 def _calls(calls: Sequence[tuple[str, Mapping[str, Any]]], one_turn: bool) -> tuple[Answer, ...]:
     if one_turn:
-        return (Answer(tool_calls=tuple(calls)), Answer(content="Done."))
-    return (*(Answer(tool_calls=(call,)) for call in calls), Answer(content="Done."))
+        return (Answer(tool_calls=tuple(calls)), FINAL_ANSWER)
+    return (*(Answer(tool_calls=(call,)) for call in calls), FINAL_ANSWER)
 
 
 def _expected_calls(row: Mapping[str, Any]) -> Answers:
@@ -99,7 +101,7 @@ def _synonyms(row: Mapping[str, Any]) -> Answers:
         return (
             Answer(tool_calls=lookups),
             Answer(tool_calls=(("extract_synonym_values", {"synonym_values": given}),)),
-            Answer(content="Done."),
+            FINAL_ANSWER,
         )
 
     return {GOLD: submit(values), WRONG: submit(wrong)}
@@ -112,10 +114,8 @@ def _grid(row: Mapping[str, Any]) -> Answers:
         return {}
     wrong = [list(line) for line in grid]
     wrong[0][0] = (int(wrong[0][0]) + 1) % 10
-    return {
-        GOLD: (Answer(content=f"The output grid is \\boxed{{{json.dumps(grid)}}}"),),
-        WRONG: (Answer(content=f"The output grid is \\boxed{{{json.dumps(wrong)}}}"),),
-    }
+    shown, wrong_shown = json.dumps(grid), json.dumps(wrong)
+    return _said(f"The output grid is \\boxed{{{shown}}}", f"The output grid is \\boxed{{{wrong_shown}}}")
 
 
 def _minutes(said: str) -> int:
@@ -189,7 +189,7 @@ def _calendar(row: Mapping[str, Any]) -> Answers:
             ]
         )
 
-    return {GOLD: (Answer(content=listed(0)),), WRONG: (Answer(content=listed(15)),)}
+    return _said(listed(0), listed(15))
 
 
 _RULES: dict[str, Callable[[Mapping[str, Any]], Answers]] = {

@@ -106,16 +106,9 @@ def _tool_name_and_argument(body: Mapping[str, Any]) -> tuple[str, str]:
     return "bash", "command"
 
 
-def _thought(turn: int) -> str:
+def thought(turn: int) -> str:
     """The assistant text before each scripted tool call."""
     return f"THOUGHT: step {turn + 1} of the scripted policy."
-
-
-def qwen_tool_call_text(command: str, turn: int, tool: str = "bash", argument: str = "command") -> str:
-    """The same scripted turn as raw Qwen3 completion text (``<tool_call>`` block, ``<|im_end|>``),
-    for Miles' mock SGLang engine, which parses it as SGLang's qwen25 parser does."""
-    call = json.dumps({"name": tool, "arguments": {argument: command}})
-    return f"{_thought(turn)}\n<tool_call>\n{call}\n</tool_call><|im_end|>"
 
 
 def _completion(body: Mapping[str, Any], message: dict[str, Any]) -> dict[str, Any]:
@@ -153,13 +146,6 @@ def _tool_call(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _chat_completion(body: Mapping[str, Any], command: str, turn: int) -> dict[str, Any]:
-    """An OpenAI chat.completion answering with one bash tool call running ``command``."""
-    name, argument = _tool_name_and_argument(body)
-    call = _tool_call(name, {argument: command})
-    return _completion(body, {"role": "assistant", "content": _thought(turn), "tool_calls": [call]})
-
-
 def _answer_completion(body: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
     """An OpenAI chat.completion saying ``answer``."""
     message: dict[str, Any] = {"role": "assistant", "content": answer.content}
@@ -180,18 +166,12 @@ class RecordingPolicy:
         self,
         *,
         look_around_turns: int = 2,
-        look_around_commands: tuple[str, ...] = _DEFAULT_LOOK_AROUND,
-        submit_command: str = _DEFAULT_SUBMIT_COMMAND,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
         if look_around_turns < 0:
             raise ValueError(f"look_around_turns must be >= 0, got {look_around_turns}")
-        self.default_script = Script(
-            look_around_turns=look_around_turns,
-            look_around_commands=tuple(look_around_commands),
-            submit_command=submit_command,
-        )
+        self.default_script = Script(look_around_turns=look_around_turns)
         self.host = host
         self._requested_port = port
         self._port: int | None = None
@@ -224,10 +204,6 @@ class RecordingPolicy:
         with self._lock:
             current = self._scripts.get(session_id, self.default_script)
             self._scripts[session_id] = Script(**{**current.__dict__, **changes})
-
-    def script_for(self, session_id: str) -> Script:
-        with self._lock:
-            return self._scripts.get(session_id, self.default_script)
 
     def requests(self, session_id: str | None = None) -> list[RecordedRequest]:
         """Recorded requests (all, or one session's), in arrival order."""
@@ -275,11 +251,14 @@ class RecordingPolicy:
         if body.get("stream"):
             return _error(400, "the recording policy does not stream; the harness never asks to")
         turn = len(self.chat_requests(sid)) - 1
-        script = self.script_for(sid)
+        with self._lock:
+            script = self._scripts.get(sid, self.default_script)
         if script.answers:
             answer = script.answers[turn] if turn < len(script.answers) else FINAL_ANSWER
-            return web.json_response(_answer_completion(body, answer))
-        return web.json_response(_chat_completion(body, script.command_for_turn(turn), turn))
+        else:  # one bash tool call running the script's command
+            name, argument = _tool_name_and_argument(body)
+            answer = Answer(content=thought(turn), tool_calls=((name, {argument: script.command_for_turn(turn)}),))
+        return web.json_response(_answer_completion(body, answer))
 
     async def _other(self, request: web.Request) -> web.Response:
         self._record(request, await self._read_body(request))
