@@ -61,6 +61,26 @@ def test_the_measurement_sees_a_room_reaching_into_another(tmp_path: Path) -> No
     ]
 
 
+def test_the_runtime_is_one_room_and_a_tool_sees_only_its_all(tmp_path: Path) -> None:
+    """Runtime modules share what their ``__all__`` leaves out; a tool may not, whether it
+    imports the name or reads it through its module (``fk.KIND``)."""
+    package = tmp_path / "src" / "miles_nemogym"
+    (package / "scan").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "scan" / "__init__.py").write_text("")
+    (package / "failure_kinds.py").write_text("__all__ = ['PUBLIC']\nPUBLIC = 'a'\nINTERNAL = 'b'\n")
+    (package / "agent.py").write_text(
+        "from miles_nemogym.failure_kinds import INTERNAL\n__all__ = ['run']\ndef run():\n    return INTERNAL\n"
+    )
+    (package / "scan" / "runner.py").write_text(
+        "from miles_nemogym import failure_kinds as fk\n__all__ = ['go']\n"
+        "def go():\n    return fk.PUBLIC, fk.INTERNAL\n"
+    )
+    made = measure(tmp_path)
+    assert "miles_nemogym.failure_kinds" in made.runtime
+    assert made.crossings() == ["miles_nemogym.scan.runner -> miles_nemogym.failure_kinds.INTERNAL"]
+
+
 def test_the_measurement_sees_a_cycle_and_a_lazy_import(tmp_path: Path) -> None:
     """The rules above can fail: a cycle made through a function-level import is found."""
     package = tmp_path / "src" / "miles_nemogym"

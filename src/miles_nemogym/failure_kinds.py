@@ -17,26 +17,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = [
-    "AGENT_REQUEST_FAILED",
-    "AGENT_RUN_ERROR",
-    "AGENT_TIMEOUT",
-    "CANCELLED",
-    "CLIENT_ERROR",
-    "INVALID_CONFIG",
-    "INVALID_REQUEST",
-    "POLICY_FAILED",
-    "POLICY_TIMEOUT",
-    "SEED_FAILED",
-    "TRANSPORT_PEER_DROP",
-    "TRANSPORT_TIMEOUT",
-    "TRANSPORT_TLS",
-    "TRANSPORT_UNREACHABLE",
-    "VERIFIER_ERROR",
-    "check_server_kind",
-    "is_registered",
-    "metric_label",
-]
+__all__ = ["AGENT_TIMEOUT", "TRANSPORT_TIMEOUT", "TRANSPORT_TLS", "TRANSPORT_UNREACHABLE"]
 
 # The server could not be reached at all: the request certainly never arrived.
 TRANSPORT_UNREACHABLE: Final = "transport_unreachable"

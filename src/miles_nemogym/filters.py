@@ -18,7 +18,7 @@ from miles_nemogym.runtime import current, streak_stop
 from miles_nemogym.salvage import HOOK_PATH, group_verdict, recover_failed_episodes
 from miles_nemogym.settings import Settings
 
-__all__ = ["check_episode_group", "judge_group"]
+__all__ = ["check_episode_group"]
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from functools import lru_cache
 from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["REDACTED", "KeyScrubber", "key_scrubber", "redact_url", "redact_urls", "scrub_all"]
+__all__ = ["REDACTED", "KeyScrubber", "redact_url", "redact_urls", "scrub_all"]
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from miles_nemogym.errors import SettingsError
 from miles_nemogym.runtime import current
 from miles_nemogym.settings import RewardMode
 
-__all__ = ["reward_func", "score_record"]
+__all__ = ["reward_func"]
 
 logger = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from miles_nemogym.salvage import HeldEpisodes
 from miles_nemogym.settings import Settings
 from miles_nemogym.store import Stores
 
-__all__ = ["EnvironmentTally", "Runtime", "Tally", "current", "install", "streak_stop"]
+__all__ = ["Runtime", "current", "install"]
 
 logger = logging.getLogger(__name__)
 

@@ -30,16 +30,7 @@ from miles_nemogym.episode.record import (
 )
 from miles_nemogym.failure_kinds import CANCELLED, POLICY_TIMEOUT, metric_label
 
-__all__ = [
-    "GROUP_HAS_ABORTED",
-    "HOOK_PATH",
-    "HeldEpisodes",
-    "group_verdict",
-    "hold_failed_episode",
-    "recover_failed_episodes",
-    "reward_post_process",
-    "zero_loss_samples",
-]
+__all__ = ["HOOK_PATH", "reward_post_process"]
 
 HOOK_PATH = "miles_nemogym.salvage.reward_post_process"
 """What ``--custom-reward-post-process-path`` must name for a partly failed group to be kept."""

@@ -46,8 +46,6 @@ __all__ = [
     "Answer",
     "Deadline",
     "bracket",
-    "check_session_url",
-    "check_url",
     "close_pools",
     "connect_host",
     "is_loopback",

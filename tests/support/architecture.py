@@ -85,24 +85,32 @@ def read_package(root: Path) -> dict[str, Module]:
     for name, tree in trees.items():
         module = modules[name]
         package = name if module.path.name == "__init__.py" else name.rpartition(".")[0]
+        bound: dict[str, str] = {}  # a local name bound to a package module (``... import x as fk``)
         for node in ast.walk(tree):
-            targets: list[str] = []
+            targets: list[tuple[str, str | None]] = []
             if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
+                targets = [(alias.name, alias.asname) for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
                 if node.level:
                     base = package.split(".")[: len(package.split(".")) - node.level + 1]
                     source = ".".join([*base, *([node.module] if node.module else [])])
                 else:
                     source = node.module or ""
-                targets = [f"{source}.{alias.name}" for alias in node.names]
-            for target in targets:
+                targets = [(f"{source}.{alias.name}", alias.asname or alias.name) for alias in node.names]
+            for target, local in targets:
                 if target.startswith(PACKAGE + ".") or target == PACKAGE:
                     found = resolve(target)
                     if found is not None and found != name:
                         module.imports.add(found)
                         if isinstance(node, ast.ImportFrom) and found != target:  # a name, not a module
                             module.names.add((found, target.rpartition(".")[2]))
+                        elif found == target and local is not None:
+                            bound[local] = found
+        for node in ast.walk(tree):  # ``fk.AGENT_TIMEOUT``: a name used through its module
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound:
+                other = bound[node.value.id]
+                if f"{other}.{node.attr}" not in modules:
+                    module.names.add((other, node.attr))
     return modules
 
 
@@ -190,17 +198,23 @@ class Shape:
     def unit_cycles(self) -> list[list[str]]:
         return cycles(self.unit_arrows())
 
+    def room(self, name: str) -> str:
+        """Whose internals a module may use: the runtime is one room (its modules share what
+        their ``__all__`` leaves out); a tool's room is its ``unit``."""
+        return "runtime" if name in self.runtime else unit(name)
+
     def crossings(self) -> list[str]:
-        """Imports across rooms of what is not the other room's API: a private module (``_x``), or
-        a name its module's ``__all__`` leaves out. Within a room, siblings share their internals."""
+        """Uses across rooms of what is not the other room's API: a private module (``_x``), or
+        a name its module's ``__all__`` leaves out (imported, or read through its module).
+        Within a room, modules share their internals."""
         found = []
         for name, module in self.modules.items():
             for other in module.imports:
-                if unit(other) != unit(name) and self.modules[other].private:
+                if self.room(other) != self.room(name) and self.modules[other].private:
                     found.append(f"{name} -> {other}")
             for other, imported in module.names:
                 target = self.modules[other]
-                if unit(other) != unit(name) and target.declares_all and imported not in target.public:
+                if self.room(other) != self.room(name) and target.declares_all and imported not in target.public:
                     found.append(f"{name} -> {other}.{imported}")
         return sorted(found)
 

@@ -44,7 +44,7 @@ from miles_nemogym.redaction import redact_url
 from miles_nemogym.settings import Settings
 from miles_nemogym.transport import Deadline
 
-__all__ = ["AWAITING_RESULT", "NOT_DELIVERED", "Circuits", "Episode", "InFlight", "deliver"]
+__all__ = ["Episode", "deliver"]
 
 logger = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing
 from miles_nemogym.settings import EnvironmentServer, Settings
 from miles_nemogym.transport import Answer, Deadline, check_session_url, pool, request
 
-__all__ = ["first_request", "prepare"]
+__all__ = ["first_request"]
 
 _PARAMS = "responses_create_params"
 _TOOL_OUTPUT_BYTES = 64 * 1024

@@ -65,14 +65,7 @@ from miles_nemogym.transport import (
     request,
 )
 
-__all__ = [
-    "instance_report",
-    "policy_base_url",
-    "prepare",
-    "prepare_agent",
-    "prepare_scan",
-    "responses_create_params",
-]
+__all__ = ["instance_report", "policy_base_url", "prepare_scan", "responses_create_params"]
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ import pydantic_core
 
 from miles_nemogym.episode.record import EpisodeRecord
 
-__all__ = ["Stores", "entry_for", "session_id"]
+__all__ = ["ROLES"]
 
 logger = logging.getLogger(__name__)
 
