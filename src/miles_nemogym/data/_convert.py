@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import itertools
 import json
@@ -207,18 +208,11 @@ def _file_holds_environment_rows(spec: str) -> bool:
     if not path.is_file():
         return False
     try:
-        rows = iter(open_file(path))
-        try:
-            for raw in itertools.islice(rows, _DETECT_ROWS):
-                if raw.data is not None:
-                    return is_environment_row(raw.data)
-        finally:
-            close = getattr(rows, "close", None)
-            if close is not None:
-                close()
+        with contextlib.closing(open_file(path).rows) as rows:
+            first = next((raw.data for raw in itertools.islice(rows, _DETECT_ROWS) if raw.data is not None), None)
     except (SourceError, OSError):
         return False  # the SWE path reports it
-    return False
+    return first is not None and is_environment_row(first)
 
 
 def _same_file(path: Path, other: Path) -> bool:
