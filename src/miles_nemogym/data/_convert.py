@@ -530,14 +530,8 @@ def _convert_swe(
             continue
         if spool is not None:
             spool.add(line, instance.repo)
-        elif holdout is not None and report.holdout_written < options.holdout:
-            holdout.write(line)
-            report.holdout_written += 1
-            report.holdout_by_repo[instance.repo] += 1
-        elif options.limit is None or report.written < options.limit:
-            output.write(line)
-            report.written += 1
-            report.written_by_repo[instance.repo] += 1
+        else:
+            _write_swe(line, instance.repo, options, report, output, holdout)
         if (
             spool is None
             and options.limit is not None
@@ -576,25 +570,35 @@ def _convert_swe(
     return report
 
 
+def _write_swe(
+    line: bytes,
+    repo: str,
+    options: ConvertOptions,
+    report: ConvertReport,
+    output: AtomicFile,
+    holdout: AtomicFile | None,
+) -> None:
+    """A selected row to the holdout until it holds ``--holdout`` rows, then to the output up to ``--limit``."""
+    if holdout is not None and report.holdout_written < options.holdout:
+        holdout.write(line)
+        report.holdout_written += 1
+        report.holdout_by_repo[repo] += 1
+    elif options.limit is None or report.written < options.limit:
+        output.write(line)
+        report.written += 1
+        report.written_by_repo[repo] += 1
+
+
 def _write_shuffled(
     spool: _Spool, options: ConvertOptions, report: ConvertReport, output: AtomicFile, holdout: AtomicFile | None
 ) -> None:
     order = list(range(len(spool)))
     random.Random(report.seed).shuffle(order)
-    held = order[: options.holdout]
-    rest = order[options.holdout :]
-    kept = rest if options.limit is None else rest[: options.limit]
-    if len(rest) > len(kept):
-        report.skipped["beyond --limit"] += len(rest) - len(kept)
-    if holdout is not None:
-        for line, repo in spool.lines(held):
-            holdout.write(line)
-            report.holdout_written += 1
-            report.holdout_by_repo[repo] += 1
-    for line, repo in spool.lines(kept):
-        output.write(line)
-        report.written += 1
-        report.written_by_repo[repo] += 1
+    end = len(order) if options.limit is None else options.holdout + options.limit
+    if len(order) > end:
+        report.skipped["beyond --limit"] += len(order) - end
+    for line, repo in spool.lines(order[:end]):
+        _write_swe(line, repo, options, report, output, holdout)
 
 
 def _problem_key(problem: FieldProblem) -> str:
