@@ -460,16 +460,11 @@ def _convert_swe(
     routing = Routing(options.subset, options.split, inferred, fallback_split=split_to_load)
     grade_tables = load_grade_tables() if options.gradeable_only else None
     wanted_repos = split_names(options.repos)
+    ids = options.instance_ids
     selection = Selection(
         repos=wanted_repos,
         exclude_repos=split_names(options.exclude_repos),
-        instance_ids=(
-            frozenset(read_instance_ids(options.instance_ids))
-            if isinstance(options.instance_ids, Path)
-            else frozenset(options.instance_ids)
-            if options.instance_ids
-            else None
-        ),
+        instance_ids=frozenset(read_instance_ids(ids) if isinstance(ids, Path) else ids) if ids else None,
         grade_tables=grade_tables,
     )
     drop_fields = split_names(options.drop_fields)
@@ -487,7 +482,6 @@ def _convert_swe(
 
     seen_ids: set[str] = set()
     seen_repos: set[str] = set()
-    found_ids: set[str] = set()
     fail = options.on_error == "fail"  # then every row is still checked, to report each bad one
     output = files.open(options.output.expanduser())
     holdout = files.open(options.holdout_output.expanduser()) if options.holdout_output else None
@@ -512,8 +506,6 @@ def _convert_swe(
             continue
         seen_ids.add(instance.instance_id)
         seen_repos.add(instance.repo)
-        if selection.instance_ids is not None and instance.instance_id in selection.instance_ids:
-            found_ids.add(instance.instance_id)
         reason = selection.reason_to_drop(instance)
         if reason is not None:
             report.skipped[reason] += 1
@@ -544,7 +536,7 @@ def _convert_swe(
         progress(report.rows_read, source.total)
 
     if selection.instance_ids is not None and not report.stopped_early:
-        report.missing_instance_ids = sorted(selection.instance_ids - found_ids)
+        report.missing_instance_ids = sorted(selection.instance_ids - seen_ids)
     if wanted_repos and not report.stopped_early:
         report.unmatched_repos = sorted(wanted_repos - seen_repos)
     if fail and report.problem_count:
