@@ -424,6 +424,11 @@ class _Spool:
                 yield reader.read(self._ends[position] - start), self._repos[position]
 
 
+def _bad_rows(report: ConvertReport) -> ConvertError:
+    message = f"{counted(report.problem_count, 'bad row')}; nothing written (--on-error skip writes the good rows)"
+    return ConvertError(message, report)
+
+
 def _record_problem(report: ConvertReport, raw: RawRow, problems: list[str], key: str, who: str | None = None) -> None:
     report.problem_count += 1
     report.skipped[key] += 1
@@ -540,10 +545,7 @@ def _convert_swe(
     if wanted_repos and not report.stopped_early:
         report.unmatched_repos = sorted(wanted_repos - seen_repos)
     if fail and report.problem_count:
-        raise ConvertError(
-            f"{counted(report.problem_count, 'bad row')}; nothing written (--on-error skip writes the good rows)",
-            report,
-        )
+        raise _bad_rows(report)
     if spool is not None:
         _write_shuffled(spool, options, report, output, holdout)
     if options.holdout and report.holdout_written < options.holdout:
@@ -664,10 +666,7 @@ def _convert_environments(
     if progress is not None:
         progress(report.rows_read, report.rows_read)
     if fail and report.problem_count:
-        raise ConvertError(
-            f"{counted(report.problem_count, 'bad row')}; nothing written (--on-error skip writes the good rows)",
-            report,
-        )
+        raise _bad_rows(report)
     weights = {entry.name: entry.weight for entry in inputs if entry.name and entry.weight is not None}
     empty = [name for name in weights if name not in positions]
     if empty or not positions:
