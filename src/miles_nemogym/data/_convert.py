@@ -181,11 +181,8 @@ class ConvertOptions(BaseModel):
         repeated = sorted({name for name in names if names.count(name) > 1 and name})
         if repeated:
             raise ValueError(f"--env {', '.join(repeated)} given twice; one file per environment")
-        if (
-            self.environments
-            and self.input is not None
-            and all(entry.source != self.input for entry in self.environments)
-        ):
+        sources = {entry.source for entry in self.environments}
+        if sources and self.input is not None and self.input not in sources:
             raise ValueError("--input is not read: every --env names its own file (NAME=FILE); drop --input")
         weighted = [entry.weight is not None for entry in self.environment_inputs()]
         if any(weighted) and not all(weighted):
@@ -527,14 +524,9 @@ def _convert_swe(
             continue
         if spool is not None:
             spool.add(line, instance.repo)
-        else:
-            _write_swe(line, instance.repo, options, report, output, holdout)
-        if (
-            spool is None
-            and options.limit is not None
-            and report.written >= options.limit
-            and report.holdout_written >= options.holdout
-        ):
+            continue
+        _write_swe(line, instance.repo, options, report, output, holdout)
+        if options.limit is not None and report.written >= options.limit and report.holdout_written >= options.holdout:
             report.stopped_early = True
             break
     if progress is not None:
