@@ -265,11 +265,9 @@ def _convert_command(
             try:  # each refusal below is printed once the bar is gone
                 with Progress(*columns, TimeElapsedColumn(), console=err, disable=quiet, transient=True) as bar:
                     task = bar.add_task("convert", total=None)
-
-                    def progress(done: int, total: int | None) -> None:
-                        bar.update(task, completed=done, total=total)
-
-                    report = convert(options, progress=progress)
+                    report = convert(
+                        options, progress=lambda done, total: bar.update(task, completed=done, total=total)
+                    )
             except InterruptedAfterCommit as stop:
                 written = ", ".join(map(str, stop.paths))
                 _refuse(err, f"interrupted once every file was written: {written}", 130)
