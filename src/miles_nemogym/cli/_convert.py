@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -43,20 +43,20 @@ Point Miles' --prompt-data at the output with --input-key prompt --metadata-key 
 """
 
 
-def _print_environments(console: Console, report: ConvertReport, options: ConvertOptions) -> None:
+def _refuse(err: Console, message: str, code: int = 2) -> NoReturn:
+    """``fail`` with ``message`` printed as plain text (a path's ``[...]`` is not markup)."""
+    fail(err, message, code, highlight=False, markup=False)
+
+
+def _print_environments(console: Console, report: ConvertReport) -> None:
     if not report.usable_by_env:
         return
     by_env = Table(title="per environment", title_justify="left")
     for column in ("environment", "usable rows", "written", "repeated", "held out"):
         by_env.add_column(column, justify="left" if column == "environment" else "right")
     for name, usable in report.usable_by_env.items():
-        by_env.add_row(
-            Text(name),
-            str(usable),
-            str(report.written_by_env[name]),
-            str(report.repeated_by_env[name]),
-            str(report.holdout_by_env[name]),
-        )
+        counts = (usable, report.written_by_env[name], report.repeated_by_env[name], report.holdout_by_env[name])
+        by_env.add_row(Text(name), *map(str, counts))
     console.print(by_env)
 
 
@@ -84,27 +84,24 @@ def _print_summary(console: Console, report: ConvertReport, options: ConvertOpti
         for path in held_to if options.holdout else ():
             console.print(f"held out to {path}", highlight=False, markup=False)
     if report.environments:
-        _print_environments(console, report, options)
+        _print_environments(console, report)
 
     repos = sorted(
         set(report.written_by_repo) | set(report.holdout_by_repo) | set(report.not_gradeable_by_repo),
         key=lambda repo: (-report.written_by_repo[repo], repo),
     )
     if repos and report.committed:
+        columns = {"written": report.written_by_repo}
+        if options.holdout:
+            columns["held out"] = report.holdout_by_repo
+        if options.gradeable_only:
+            columns["dropped: not gradeable"] = report.not_gradeable_by_repo
         by_repo = Table(title="per repo", title_justify="left")
         by_repo.add_column("repo")
-        by_repo.add_column("written", justify="right")
-        if options.holdout:
-            by_repo.add_column("held out", justify="right")
-        if options.gradeable_only:
-            by_repo.add_column("dropped: not gradeable", justify="right")
+        for title in columns:
+            by_repo.add_column(title, justify="right")
         for repo in repos:
-            cells: list[str | Text] = [Text(printable(repo)), str(report.written_by_repo[repo])]
-            if options.holdout:
-                cells.append(str(report.holdout_by_repo[repo]))
-            if options.gradeable_only:
-                cells.append(str(report.not_gradeable_by_repo[repo]))
-            by_repo.add_row(*cells)
+            by_repo.add_row(Text(printable(repo)), *(str(counts[repo]) for counts in columns.values()))
         console.print(by_repo)
 
     if report.problems:
@@ -121,8 +118,7 @@ def _print_summary(console: Console, report: ConvertReport, options: ConvertOpti
         )
         for duplicate in report.duplicates:
             console.print(f"  {duplicate}", highlight=False, markup=False)
-    notes = summary_notes(report, options)
-    for note in notes:
+    for note in summary_notes(report, options):
         console.print(f"note: {printable(note)}", highlight=False, markup=False)
 
 
@@ -260,7 +256,7 @@ def _convert_command(
                 err.print(f"error: {line}", highlight=False, markup=False)
             raise typer.Exit(2) from None
         except ValueError as error:  # InputError, or --instance-ids that holds no id
-            fail(err, f"error: {error}", highlight=False, markup=False)
+            _refuse(err, f"error: {error}")
 
         _check_names(err, options, own_envs or [])
 
@@ -269,24 +265,22 @@ def _convert_command(
             try:  # each refusal below is printed once the bar is gone
                 with Progress(*columns, TimeElapsedColumn(), console=err, disable=quiet, transient=True) as bar:
                     task = bar.add_task("convert", total=None)
-
-                    def progress(done: int, total: int | None) -> None:
-                        bar.update(task, completed=done, total=total)
-
-                    report = convert(options, progress=progress)
+                    report = convert(
+                        options, progress=lambda done, total: bar.update(task, completed=done, total=total)
+                    )
             except InterruptedAfterCommit as stop:
                 written = ", ".join(map(str, stop.paths))
-                fail(err, f"interrupted once every file was written: {written}", 130, highlight=False, markup=False)
+                _refuse(err, f"interrupted once every file was written: {written}", 130)
             except KeyboardInterrupt:
-                fail(err, "interrupted: nothing written, no file touched", 130, highlight=False, markup=False)
+                _refuse(err, "interrupted: nothing written, no file touched", 130)
             except ConvertError as error:
                 _print_summary(err, error.report, options)
-                fail(err, f"error: {error}", 1, highlight=False, markup=False)
+                _refuse(err, f"error: {error}", 1)
             except (SourceError, SwebenchMissingError, ValueError, WriteError) as error:
-                fail(err, f"error: {error}", 1, highlight=False, markup=False)
+                _refuse(err, f"error: {error}", 1)
             except OSError as error:  # e.g. an input that cannot be read
                 said = f"{error.filename}: {error.strerror}" if error.filename and error.strerror else str(error)
-                fail(err, f"error: {said}", 1, highlight=False, markup=False)
+                _refuse(err, f"error: {said}", 1)
         _print_summary(out, report, options)
         for mark, source in benchmarks:
             out.print(_benchmark_note(mark, source), highlight=False, markup=False)
@@ -323,7 +317,7 @@ def _benchmark_rows(
         try:
             gym = ensure_gym_venv(progress=lambda line: err.print(line, highlight=False, markup=False))
         except GymEnvironmentError as error:
-            fail(err, f"error: --env {value}: {error}", 1, highlight=False, markup=False)
+            _refuse(err, f"error: --env {value}: {error}", 1)
     try:
         entries = load_catalog(gym)
         entry = find(name.strip(), entries, "benchmark")
@@ -332,10 +326,10 @@ def _benchmark_rows(
             try:
                 find(name.strip(), entries)
             except UnknownCatalogNameError as error:
-                fail(err, f"error: --env {value}: {error}", highlight=False, markup=False)
+                _refuse(err, f"error: --env {value}: {error}")
         return value
     except GymEnvironmentError as error:
-        fail(err, f"error: --env {value}: {error}", 1, highlight=False, markup=False)
+        _refuse(err, f"error: --env {value}: {error}", 1)
     if entry.name != name.strip():
         return value
     head, colon, tail = rest.rpartition(":")
@@ -343,22 +337,20 @@ def _benchmark_rows(
     source_text = head if weighted else rest
     source = Path(source_text).expanduser() if sep else (Path(input) if input else shipped_data(gym, entry))
     if source is None:
-        fail(
+        _refuse(
             err,
             f"error: --env {value}: nemo-gym does not ship benchmark {entry.name}'s data; give its "
             f"prepared file as --env {entry.name}=FILE (`gym eval prepare --benchmark {entry.name}` writes it)",
-            highlight=False,
-            markup=False,
         )
     if not source.is_file():
-        fail(err, f"error: --env {value}: {source}: no such file", highlight=False, markup=False)
+        _refuse(err, f"error: --env {value}: {source}: no such file")
     folder = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="mng-bench-")))
     rows = folder / "rows.jsonl"
     try:
         mark = benchmark_mark(entry)
         materialize(gym, entry, source, rows)
     except BenchmarkError as error:
-        fail(err, f"error: --env {value}: {error}", highlight=False, markup=False)
+        _refuse(err, f"error: --env {value}: {error}")
     marks.append((mark, source))
     return f"{mark.environment}={rows}" + (f":{tail}" if weighted else "")
 
@@ -371,27 +363,22 @@ def _check_names(err: Console, options: ConvertOptions, own: list[str]) -> None:
     given = [entry.name for entry in options.environments if entry.name]
     for name in own:
         if name not in given:
-            fail(err, f"error: --own-env {name}: no --env names {name!r}", highlight=False, markup=False)
+            _refuse(err, f"error: --own-env {name}: no --env names {name!r}")
     names = [name for name in given if name != SWE_ENVIRONMENT and name not in own]
     if not names:
         return
     try:
         check_shipped(names)
     except UnknownEnvironmentError as error:
-        fail(
-            err,
-            f"error: --env: {error} Give the name it ships, or add --own-env NAME for an environment of your own.",
-            highlight=False,
-            markup=False,
+        _refuse(
+            err, f"error: --env: {error} Give the name it ships, or add --own-env NAME for an environment of your own."
         )
     except (OSError, RuntimeError) as error:  # the wheel could not be downloaded or read
-        fail(
+        _refuse(
             err,
             f"error: --env: cannot check the names against nemo-gym's ({error}); "
             "add --own-env NAME for each to convert without the check",
             1,
-            highlight=False,
-            markup=False,
         )
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import itertools
 import json
@@ -180,11 +181,8 @@ class ConvertOptions(BaseModel):
         repeated = sorted({name for name in names if names.count(name) > 1 and name})
         if repeated:
             raise ValueError(f"--env {', '.join(repeated)} given twice; one file per environment")
-        if (
-            self.environments
-            and self.input is not None
-            and all(entry.source != self.input for entry in self.environments)
-        ):
+        sources = {entry.source for entry in self.environments}
+        if sources and self.input is not None and self.input not in sources:
             raise ValueError("--input is not read: every --env names its own file (NAME=FILE); drop --input")
         weighted = [entry.weight is not None for entry in self.environment_inputs()]
         if any(weighted) and not all(weighted):
@@ -207,18 +205,11 @@ def _file_holds_environment_rows(spec: str) -> bool:
     if not path.is_file():
         return False
     try:
-        rows = iter(open_file(path))
-        try:
-            for raw in itertools.islice(rows, _DETECT_ROWS):
-                if raw.data is not None:
-                    return is_environment_row(raw.data)
-        finally:
-            close = getattr(rows, "close", None)
-            if close is not None:
-                close()
+        with contextlib.closing(open_file(path).rows) as rows:
+            first = next((raw.data for raw in itertools.islice(rows, _DETECT_ROWS) if raw.data is not None), None)
     except (SourceError, OSError):
         return False  # the SWE path reports it
-    return False
+    return first is not None and is_environment_row(first)
 
 
 def _same_file(path: Path, other: Path) -> bool:
@@ -430,6 +421,11 @@ class _Spool:
                 yield reader.read(self._ends[position] - start), self._repos[position]
 
 
+def _bad_rows(report: ConvertReport) -> ConvertError:
+    message = f"{counted(report.problem_count, 'bad row')}; nothing written (--on-error skip writes the good rows)"
+    return ConvertError(message, report)
+
+
 def _record_problem(report: ConvertReport, raw: RawRow, problems: list[str], key: str, who: str | None = None) -> None:
     report.problem_count += 1
     report.skipped[key] += 1
@@ -466,16 +462,11 @@ def _convert_swe(
     routing = Routing(options.subset, options.split, inferred, fallback_split=split_to_load)
     grade_tables = load_grade_tables() if options.gradeable_only else None
     wanted_repos = split_names(options.repos)
+    ids = options.instance_ids
     selection = Selection(
         repos=wanted_repos,
         exclude_repos=split_names(options.exclude_repos),
-        instance_ids=(
-            frozenset(read_instance_ids(options.instance_ids))
-            if isinstance(options.instance_ids, Path)
-            else frozenset(options.instance_ids)
-            if options.instance_ids
-            else None
-        ),
+        instance_ids=frozenset(read_instance_ids(ids) if isinstance(ids, Path) else ids) if ids else None,
         grade_tables=grade_tables,
     )
     drop_fields = split_names(options.drop_fields)
@@ -493,7 +484,6 @@ def _convert_swe(
 
     seen_ids: set[str] = set()
     seen_repos: set[str] = set()
-    found_ids: set[str] = set()
     fail = options.on_error == "fail"  # then every row is still checked, to report each bad one
     output = files.open(options.output.expanduser())
     holdout = files.open(options.holdout_output.expanduser()) if options.holdout_output else None
@@ -518,8 +508,6 @@ def _convert_swe(
             continue
         seen_ids.add(instance.instance_id)
         seen_repos.add(instance.repo)
-        if selection.instance_ids is not None and instance.instance_id in selection.instance_ids:
-            found_ids.add(instance.instance_id)
         reason = selection.reason_to_drop(instance)
         if reason is not None:
             report.skipped[reason] += 1
@@ -536,34 +524,20 @@ def _convert_swe(
             continue
         if spool is not None:
             spool.add(line, instance.repo)
-        elif holdout is not None and report.holdout_written < options.holdout:
-            holdout.write(line)
-            report.holdout_written += 1
-            report.holdout_by_repo[instance.repo] += 1
-        elif options.limit is None or report.written < options.limit:
-            output.write(line)
-            report.written += 1
-            report.written_by_repo[instance.repo] += 1
-        if (
-            spool is None
-            and options.limit is not None
-            and report.written >= options.limit
-            and report.holdout_written >= options.holdout
-        ):
+            continue
+        _write_swe(line, instance.repo, options, report, output, holdout)
+        if options.limit is not None and report.written >= options.limit and report.holdout_written >= options.holdout:
             report.stopped_early = True
             break
     if progress is not None:
         progress(report.rows_read, source.total)
 
     if selection.instance_ids is not None and not report.stopped_early:
-        report.missing_instance_ids = sorted(selection.instance_ids - found_ids)
+        report.missing_instance_ids = sorted(selection.instance_ids - seen_ids)
     if wanted_repos and not report.stopped_early:
         report.unmatched_repos = sorted(wanted_repos - seen_repos)
     if fail and report.problem_count:
-        raise ConvertError(
-            f"{counted(report.problem_count, 'bad row')}; nothing written (--on-error skip writes the good rows)",
-            report,
-        )
+        raise _bad_rows(report)
     if spool is not None:
         _write_shuffled(spool, options, report, output, holdout)
     if options.holdout and report.holdout_written < options.holdout:
@@ -582,25 +556,35 @@ def _convert_swe(
     return report
 
 
+def _write_swe(
+    line: bytes,
+    repo: str,
+    options: ConvertOptions,
+    report: ConvertReport,
+    output: AtomicFile,
+    holdout: AtomicFile | None,
+) -> None:
+    """A selected row to the holdout until it holds ``--holdout`` rows, then to the output up to ``--limit``."""
+    if holdout is not None and report.holdout_written < options.holdout:
+        holdout.write(line)
+        report.holdout_written += 1
+        report.holdout_by_repo[repo] += 1
+    elif options.limit is None or report.written < options.limit:
+        output.write(line)
+        report.written += 1
+        report.written_by_repo[repo] += 1
+
+
 def _write_shuffled(
     spool: _Spool, options: ConvertOptions, report: ConvertReport, output: AtomicFile, holdout: AtomicFile | None
 ) -> None:
     order = list(range(len(spool)))
     random.Random(report.seed).shuffle(order)
-    held = order[: options.holdout]
-    rest = order[options.holdout :]
-    kept = rest if options.limit is None else rest[: options.limit]
-    if len(rest) > len(kept):
-        report.skipped["beyond --limit"] += len(rest) - len(kept)
-    if holdout is not None:
-        for line, repo in spool.lines(held):
-            holdout.write(line)
-            report.holdout_written += 1
-            report.holdout_by_repo[repo] += 1
-    for line, repo in spool.lines(kept):
-        output.write(line)
-        report.written += 1
-        report.written_by_repo[repo] += 1
+    end = len(order) if options.limit is None else options.holdout + options.limit
+    if len(order) > end:
+        report.skipped["beyond --limit"] += len(order) - end
+    for line, repo in spool.lines(order[:end]):
+        _write_swe(line, repo, options, report, output, holdout)
 
 
 def _problem_key(problem: FieldProblem) -> str:
@@ -674,10 +658,7 @@ def _convert_environments(
     if progress is not None:
         progress(report.rows_read, report.rows_read)
     if fail and report.problem_count:
-        raise ConvertError(
-            f"{counted(report.problem_count, 'bad row')}; nothing written (--on-error skip writes the good rows)",
-            report,
-        )
+        raise _bad_rows(report)
     weights = {entry.name: entry.weight for entry in inputs if entry.name and entry.weight is not None}
     empty = [name for name in weights if name not in positions]
     if empty or not positions:

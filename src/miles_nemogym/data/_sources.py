@@ -9,7 +9,7 @@ import os
 import re
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -52,7 +52,7 @@ class RowSource:
     name: str
     kind: str
     total: int | None
-    rows: Iterator[RawRow]
+    rows: Generator[RawRow, None, None]
 
     def __iter__(self) -> Iterator[RawRow]:
         return self.rows
@@ -64,7 +64,7 @@ def _decoded_row(index: int, line: int | None, value: Any) -> RawRow:
     return RawRow(index, line, None, f"not a JSON object (got {type(value).__name__})")
 
 
-def _jsonl_rows(path: Path) -> Iterator[RawRow]:
+def _jsonl_rows(path: Path) -> Generator[RawRow, None, None]:
     index = 0
     with path.open("rb") as handle:
         for line_number, line in enumerate(handle, 1):
@@ -111,7 +111,7 @@ class _ChunkedText:
             self.more()
 
 
-def _json_rows(path: Path) -> Iterator[RawRow]:
+def _json_rows(path: Path) -> Generator[RawRow, None, None]:
     decoder = json.JSONDecoder()
     index = 0
     with path.open("rb") as handle:
@@ -167,18 +167,15 @@ def _parquet_source(path: Path) -> RowSource:
     return RowSource(str(path), "parquet", parquet.metadata.num_rows, rows)
 
 
-def _guarded(values: Iterator[Any], failed: Callable[[int, Exception], str]) -> Iterator[RawRow]:
+def _guarded(values: Iterator[Any], failed: Callable[[int, Exception], str]) -> Generator[RawRow, None, None]:
     """``values`` as rows; a reader's error after ``index`` rows as a :class:`SourceError`."""
     index = 0
-    while True:
-        try:
-            value = next(values)
-        except StopIteration:
-            return
-        except Exception as error:  # the readers raise many kinds (casting, network, files)
-            raise SourceError(failed(index, error)) from None
-        yield RawRow(index, None, dict(value))
-        index += 1
+    try:
+        for value in values:
+            yield RawRow(index, None, dict(value))
+            index += 1
+    except Exception as error:  # the readers raise many kinds (casting, network, files)
+        raise SourceError(failed(index, error)) from None
 
 
 _HUB_PROBE_TIMEOUT_S = 5.0
