@@ -150,7 +150,7 @@ no range a program can read): blackjack +1 win, 0 draw, -1 loss."""
 class UnknownEnvironmentError(GymEnvironmentError):
     """An environment name the pinned nemo-gym does not ship."""
 
-    def __init__(self, names_said: str, shipped: int) -> None:
+    def __init__(self, names_said: str) -> None:
         super().__init__(names_said)
         self.names_said = names_said
         """Each unknown name with its close matches, one line."""
@@ -223,17 +223,22 @@ def catalog_folders() -> dict[str, str]:
     return dict(_catalog_folders(gym_wheel.wheel_path()))
 
 
-@functools.lru_cache(maxsize=4)
-def _catalog_folders(wheel: Path) -> tuple[tuple[str, str], ...]:
-    found: dict[str, str] = {}
+def _folder_configs() -> list[tuple[str, dict[str, Any]]]:
+    """Each ``environments/<name>/config.yaml`` of the wheel, with its mapping (``{}`` if it is none)."""
     with gym_wheel.opened() as archive:
         configs = [
             (member, load_yaml(archive.read(member)))
             for member in sorted(archive.namelist())
             if member.count("/") == 2 and member.startswith(f"{_CATALOG}/") and member.endswith("/config.yaml")
         ]
-    for member, config in configs:
-        blocks = list(server_blocks(config if isinstance(config, dict) else {}))
+    return [(member, config if isinstance(config, dict) else {}) for member, config in configs]
+
+
+@functools.lru_cache(maxsize=4)
+def _catalog_folders(wheel: Path) -> tuple[tuple[str, str], ...]:
+    found: dict[str, str] = {}
+    for member, config in _folder_configs():
+        blocks = list(server_blocks(config))
         agents = {kind for _, group, kind, _ in blocks if group == "responses_api_agents"}
         servers = {kind for _, group, kind, _ in blocks if group == _GROUP}
         if len(servers) == 1 and agents and agents <= set(PLAYED_AGENTS):
@@ -252,15 +257,7 @@ def folder_servers() -> dict[str, str]:
 @functools.lru_cache(maxsize=4)
 def _folder_servers(wheel: Path) -> tuple[tuple[str, str], ...]:
     found: dict[str, str] = {}
-    with gym_wheel.opened() as archive:
-        configs = [
-            (member.split("/")[1], load_yaml(archive.read(member)))
-            for member in sorted(archive.namelist())
-            if member.count("/") == 2 and member.startswith(f"{_CATALOG}/") and member.endswith("/config.yaml")
-        ]
-    for name, config in configs:
-        if not isinstance(config, dict):
-            continue
+    for member, config in _folder_configs():
         paths = config.get("config_paths") or []
         parts = str(paths[0]).split("/") if len(paths) == 1 else []
         if len(parts) != 4 or parts[0] != _GROUP or parts[2] != "configs" or not parts[3].endswith(".yaml"):
@@ -268,7 +265,7 @@ def _folder_servers(wheel: Path) -> tuple[tuple[str, str], ...]:
         blocks = list(server_blocks(config))
         if all(group == _GROUP and kind == parts[1] for _, group, kind, _ in blocks):
             stem = parts[3][: -len(".yaml")]
-            found[name] = parts[1] if stem == parts[1] else stem
+            found[member.split("/")[1]] = parts[1] if stem == parts[1] else stem
     return tuple(found.items())
 
 
@@ -283,12 +280,11 @@ def config_names() -> dict[str, str]:
 def _config_names(wheel: Path) -> tuple[tuple[str, str], ...]:
     found: dict[str, list[str]] = {}
     with gym_wheel.opened() as archive:
-        for member in sorted(archive.namelist()):
+        for member in filter(_is_server_config, sorted(archive.namelist())):
             parts = member.split("/")
-            if len(parts) == 4 and parts[0] == _GROUP and parts[2] == "configs" and parts[3].endswith(".yaml"):
-                stem = parts[3][: -len(".yaml")]
-                if stem != parts[1]:
-                    found.setdefault(stem, []).append(member)
+            stem = parts[3][: -len(".yaml")]
+            if stem != parts[1]:
+                found.setdefault(stem, []).append(member)
     return tuple((stem, members[0]) for stem, members in found.items() if len(members) == 1)
 
 
@@ -306,7 +302,7 @@ def benchmark_environments() -> dict[str, tuple[str, str]]:
 def _benchmark_environments(wheel: Path) -> tuple[tuple[str, str, str], ...]:
     found: list[tuple[str, str]] = []
     with gym_wheel.opened() as archive:
-        taken = {*shipped_environments(), *catalog_folders(), *config_names(), *_agent_configs(archive)}
+        taken = {*shipped_environments(), *catalog_folders(), *config_names(), *_agent_configs_of(wheel)}
         for member in sorted(archive.namelist()):
             if not member.startswith(f"{_BENCHMARKS}/") or not member.endswith("/manifest.yaml"):
                 continue
@@ -355,19 +351,12 @@ def refused_folders() -> dict[str, str]:
 @functools.lru_cache(maxsize=4)
 def _refused_folders(wheel: Path) -> tuple[tuple[str, str], ...]:
     found: dict[str, str] = {}
-    with gym_wheel.opened() as archive:
-        configs = [
-            (member, load_yaml(archive.read(member)))
-            for member in sorted(archive.namelist())
-            if member.count("/") == 2 and member.startswith(f"{_CATALOG}/") and member.endswith("/config.yaml")
-        ]
-    for member, config in configs:
+    for member, config in _folder_configs():
         name = member.split("/")[1]
-        own = config if isinstance(config, dict) else {}
-        agents = {kind for _, group, kind, _ in server_blocks(own) if group == "responses_api_agents"}
+        agents = {kind for _, group, kind, _ in server_blocks(config) if group == "responses_api_agents"}
         if not agents or agents <= set(PLAYED_AGENTS):
             continue
-        reason = config_refusal(name, own, shipped_config(member))
+        reason = config_refusal(name, config, shipped_config(member))
         if reason:
             found[name] = reason
     return tuple(found.items())
@@ -386,16 +375,9 @@ def config_refusal(name: str, config: Mapping[str, Any], composed: Mapping[str, 
         *(("responses_api_agents", "agent", kind) for kind in agents),
         *((_GROUP, "resources server", k) for k in servers),
     ]
-    with gym_wheel.opened() as archive:
-        members = set(archive.namelist())
-        texts = {
-            (group, kind): archive.read(f"{group}/{kind}/requirements.txt").decode("utf-8")
-            for group, _, kind in parts
-            if f"{group}/{kind}/requirements.txt" in members
-        }
     for group, role, kind in parts:
         try:
-            _requirement_lines(name, texts.get((group, kind), ""))
+            _requirement_lines(name, _requirements_text(group, kind))
         except GymEnvironmentError as error:
             return str(error).replace("its requirements.txt", f"its {role} {kind}'s requirements.txt")
     for kind in agents:
@@ -480,6 +462,12 @@ def _requirement_lines(name: str, text: str) -> tuple[str, ...]:
     return tuple(lines)
 
 
+def _requirements_text(group: str, kind: str) -> str:
+    """The wheel's ``<group>/<kind>/requirements.txt`` (empty when it ships none)."""
+    member = f"{group}/{kind}/requirements.txt"
+    return gym_wheel.read_member(member).decode("utf-8") if gym_wheel.ships(member) else ""
+
+
 def _agent(entry: Any) -> dict[str, Any] | None:
     """The ``simple_agent`` block of a config entry, if it is one."""
     agent = (entry.get("responses_api_agents") or {}).get("simple_agent") if isinstance(entry, dict) else None
@@ -561,13 +549,9 @@ def _driver(config: Mapping[str, Any], instance: str, routed: bool) -> str | Non
     return found[0][0] if found else None
 
 
-def _agent_configs(archive: zipfile.ZipFile) -> dict[str, str]:
-    """``X`` -> the shipped config holding agent ``X_simple_agent`` (how rows name environments)."""
-    return _agent_configs_of(Path(str(archive.filename)))
-
-
 @functools.lru_cache(maxsize=4)
 def _agent_configs_of(wheel: Path) -> dict[str, str]:
+    """``X`` -> the shipped config holding agent ``X_simple_agent`` (how rows name environments)."""
     found: dict[str, str] = {}
     with gym_wheel.opened() as archive:
         reads = {member: archive.read(member) for member in filter(_is_server_config, archive.namelist())}
@@ -604,12 +588,12 @@ def _served_name(name: str) -> str:
 def _check_spellings(names: Sequence[str]) -> None:
     problems = [problem for n in names if (problem := _spelling_problem(n))]
     if problems:
-        raise UnknownEnvironmentError("; ".join(problems), 0)
+        raise UnknownEnvironmentError("; ".join(problems))
 
 
 def _check_shipped(names: Sequence[str], shipped: Sequence[str], archive: zipfile.ZipFile) -> dict[str, str]:
     """The shipped agents' configs :func:`plan` needs (none when every name is a folder)."""
-    agents = {} if set(names) <= set(shipped) else _agent_configs(archive)
+    agents = {} if set(names) <= set(shipped) else _agent_configs_of(Path(str(archive.filename)))
     unknown = [n for n in names if n not in shipped and n not in agents]
     refused = refused_folders() if unknown else {}
     if any(n in refused for n in unknown):
@@ -624,7 +608,7 @@ def _check_shipped(names: Sequence[str], shipped: Sequence[str], archive: zipfil
             close = _close_names(name, {*shipped, *agents})
             hint = f"did you mean {', '.join(close)}?" if close else "no similar name"
             lines.append(f"{name!r} is not an environment nemo-gym ships ({hint})")
-        raise UnknownEnvironmentError("; ".join(lines), len(shipped))
+        raise UnknownEnvironmentError("; ".join(lines))
     return agents
 
 
@@ -670,11 +654,10 @@ def plan(names: Sequence[str], *, routed: bool = False) -> list[EnvironmentPlan]
     benchmarks = benchmark_environments()
     plans: list[EnvironmentPlan] = []
     with gym_wheel.opened() as archive:
-        members = archive.namelist()
         agents = _check_shipped(names, sorted({*shipped, *folders, *stems, *benchmarks}), archive)
         for name in dict.fromkeys(names):
             if name in benchmarks:
-                plans.append(_benchmark_plan(name, benchmarks[name][1], members, archive, routed))
+                plans.append(_benchmark_plan(name, benchmarks[name][1], routed))
                 continue
             if name in shipped:
                 config = _config_member(name, archive)
@@ -688,8 +671,6 @@ def plan(names: Sequence[str], *, routed: bool = False) -> list[EnvironmentPlan]
                 if config.startswith(f"{_GROUP}/")
                 else next(kind for _, group, kind, _ in server_blocks(composed) if group == _GROUP)
             )
-            requirements = f"{_GROUP}/{folder}/requirements.txt"
-            text = archive.read(requirements).decode("utf-8") if requirements in members else ""
             if not any(group == _GROUP and kind == folder for _, group, kind, _ in server_blocks(composed)):
                 composed = shipped_config(config)  # its resources server comes from a config it pulls in
             instance, steps = _instance(name, folder, composed, config)
@@ -701,15 +682,13 @@ def plan(names: Sequence[str], *, routed: bool = False) -> list[EnvironmentPlan]
                 )
             driver = _driver(composed, instance, routed)
             reward_range = _REWARD_RANGES.get(name) if driver else None
-            needs = _requirement_lines(name, text)
+            needs = _requirement_lines(name, _requirements_text(_GROUP, folder))
             plans.append(EnvironmentPlan(name, config, instance, needs, steps, driver, reward_range))
     _check_inherited(plans)
     return plans
 
 
-def _benchmark_plan(
-    name: str, config: str, members: Collection[str], archive: zipfile.ZipFile, routed: bool
-) -> EnvironmentPlan:
+def _benchmark_plan(name: str, config: str, routed: bool) -> EnvironmentPlan:
     """Benchmark ``name`` served from its own config: the resources server its ``simple_agent``
     plays, with the settings the config gives it."""
     composed = inherited_config(config)
@@ -727,12 +706,10 @@ def _benchmark_plan(
     if len(played) != 1 or len(servers) != 1:
         raise GymEnvironmentError(f"benchmark {name!r}: {config} has no one resources server its simple_agent plays")
     instance, folder = servers[0]
-    requirements = f"{_GROUP}/{folder}/requirements.txt"
-    text = archive.read(requirements).decode("utf-8") if requirements in members else ""
     steps = played[0][1].get("max_steps")
-    driver = _driver(composed, instance, routed)
+    needs = _requirement_lines(name, _requirements_text(_GROUP, folder))
     return EnvironmentPlan(
-        name, config, instance, _requirement_lines(name, text), steps if isinstance(steps, int) else None, driver
+        name, config, instance, needs, steps if isinstance(steps, int) else None, _driver(composed, instance, routed)
     )
 
 
@@ -982,24 +959,17 @@ class EnvironmentServers:
         self._cli_bins: dict[str, Path] = {}
         """Harness agent instance -> the folder of its CLI (``gym/_harness.py``), put first on its PATH."""
 
+    def _url(self, instance: str, advertised: bool) -> str:
+        port = self.ports[instance]
+        return advertised_url(self.host, port) if advertised else f"http://{connect_host(self.host)}:{port}"
+
     def urls(self, advertised: bool = False) -> dict[str, str]:
         """Environment name -> its resources server's base URL (``advertised``: for other machines)."""
-        return {
-            p.name: advertised_url(self.host, self.ports[p.instance])
-            if advertised
-            else f"http://{connect_host(self.host)}:{self.ports[p.instance]}"
-            for p in self.plans
-        }
+        return {p.name: self._url(p.instance, advertised) for p in self.plans}
 
     def agent_urls(self, advertised: bool = False) -> dict[str, str]:
         """Environment name -> the base URL of the agent server playing it (those that have one)."""
-        return {
-            p.name: advertised_url(self.host, self.ports[p.agent])
-            if advertised
-            else f"http://{connect_host(self.host)}:{self.ports[p.agent]}"
-            for p in self.plans
-            if p.agent
-        }
+        return {p.name: self._url(p.agent, advertised) for p in self.plans if p.agent}
 
     def setting(self) -> str:
         """The ``NEMO_GYM_ENVS`` value for trainers on other machines."""
