@@ -102,11 +102,12 @@ class Judge(BaseModel):
         }
 
 
-def _merged(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+def deep_merged(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` deep-merged into ``base`` (mappings merge, everything else replaces)."""
     result = dict(base)
     for key, value in over.items():
         old = result.get(key)
-        result[key] = _merged(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+        result[key] = deep_merged(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
     return result
 
 
@@ -136,8 +137,8 @@ def _shipped(member: str, seen: tuple[str, ...]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for child in own.pop("config_paths", None) or []:
         if isinstance(child, str) and child not in seen and child != member:
-            result = _merged(result, _shipped(child, (*seen, member)))
-    return _merged(result, own)
+            result = deep_merged(result, _shipped(child, (*seen, member)))
+    return deep_merged(result, own)
 
 
 def inherited_config(member: str) -> dict[str, Any]:
@@ -151,7 +152,7 @@ def inherited_config(member: str) -> dict[str, Any]:
         source = entry.get(_INHERIT) if isinstance(entry, dict) else None
         if isinstance(source, str) and isinstance(frozen.get(source), dict):
             own = {key: value for key, value in entry.items() if key != _INHERIT}
-            result[instance] = _merged(frozen[source], own)
+            result[instance] = deep_merged(frozen[source], own)
             result.pop(source, None)
     return result
 
@@ -203,16 +204,16 @@ def overrides(config: Mapping[str, Any], judge: Judge | None) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for instance, group, kind, block in server_blocks(config):
         if "datasets" in block:
-            result = _merged(result, {instance: {group: {kind: {"datasets": None}}}})
+            result = deep_merged(result, {instance: {group: {kind: {"datasets": None}}}})
         if group == "responses_api_agents" and harness_layer(kind):
-            result = _merged(result, {instance: {group: {kind: harness_layer(kind)}}})
+            result = deep_merged(result, {instance: {group: {kind: harness_layer(kind)}}})
     if judge is None:
         return result
     redirected = set()
     for instance, group, kind, block in server_blocks(config):
         name = _ref(block.get(_JUDGE_FIELD))
         if group == "resources_servers" and name:
-            result = _merged(result, {instance: {group: {kind: {_JUDGE_FIELD: {"name": JUDGE_INSTANCE}}}}})
+            result = deep_merged(result, {instance: {group: {kind: {_JUDGE_FIELD: {"name": JUDGE_INSTANCE}}}}})
             redirected.add(name)
     if not redirected:
         return result
@@ -235,15 +236,15 @@ def layer(configs: Sequence[Mapping[str, Any]], judge: Judge | None) -> dict[str
     """The :func:`overrides` of several configs composed together, as one layer."""
     result: dict[str, Any] = {}
     for config in configs:
-        result = _merged(result, overrides(config, judge))
+        result = deep_merged(result, overrides(config, judge))
     return result
 
 
 def served(config: Mapping[str, Any], judge: Judge | None) -> dict[str, Any]:
     """``config`` with :func:`overrides` merged in, as the parser is given it (an entry the layer
     sets to null is gone)."""
-    merged = _merged(dict(config), overrides(config, judge))
-    return {key: value for key, value in merged.items() if value is not None}
+    composed = deep_merged(dict(config), overrides(config, judge))
+    return {key: value for key, value in composed.items() if value is not None}
 
 
 def _policy_use(name: str, instance: str, kind: str, block: Mapping[str, Any]) -> str | None:

@@ -14,6 +14,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from miles_nemogym.gym.composition import deep_merged
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, child_environment
 from miles_nemogym.gym.wheel import read_member
 from miles_nemogym.yaml_file import YamlFileError, read_mapping
@@ -172,19 +173,10 @@ def overrides(options: ServeOptions, port: int, state_dir: Path) -> dict[str, An
         "results_dir": str(state_dir / "results"),
         "cache_dir": str(state_dir / "cache"),
         SERVER_NAME: {"responses_api_agents": {SERVER_NAME: agent}},
+        "sandbox": sandbox,
     }
-    result["sandbox"] = sandbox
     if options.ray_address:
         result[RAY_HEAD_KEY] = options.ray_address
-    return result
-
-
-def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """``over`` deep-merged into ``base`` (mappings merge, everything else replaces)."""
-    result = dict(base)
-    for key, value in over.items():
-        old = result.get(key)
-        result[key] = _merged(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
     return result
 
 
@@ -195,14 +187,14 @@ def planned_config(options: ServeOptions, port: int, state_dir: Path) -> dict[st
     nemo-gym's parser adds only its own run-time defaults (head server, port ranges) on top;
     the integration tests check that every key here comes out of it unchanged."""
 
-    merged: dict[str, Any] = {}
+    result: dict[str, Any] = {}
     for member in (AGENT_CONFIG, provider_config_path(options.sandbox), MODEL_CONFIG):
         try:
             shipped = load_yaml(read_member(member.as_posix()))
         except KeyError:  # no config file for this provider (apptainer)
             continue
-        merged = _merged(merged, shipped or {})
-    return _merged(merged, overrides(options, port, state_dir))
+        result = deep_merged(result, shipped or {})
+    return deep_merged(result, overrides(options, port, state_dir))
 
 
 def config_paths(options: ServeOptions, site_packages: Path) -> list[Path]:
