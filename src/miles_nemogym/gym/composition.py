@@ -36,6 +36,7 @@ JUDGE_INSTANCE = "miles_nemogym_judge"
 """The composed config's instance of the judge model server ``serve`` starts."""
 JUDGE_KEY_ENV = "NEMO_GYM_JUDGE_API_KEY"
 """The judge endpoint's API key: read only from this variable, held by ``serve``'s judge relay alone."""
+POLICY_KEY_ENV = "NEMO_GYM_POLICY_API_KEY"
 _POLICY_MODEL = "policy_model"
 
 _GROUPS = ("resources_servers", "responses_api_agents", "responses_api_models", "environment_servers")

@@ -44,6 +44,7 @@ from miles_nemogym.gym._logs import ServerLog, run_secrets
 from miles_nemogym.gym.composition import (
     JUDGE_INSTANCE,
     JUDGE_KEY_ENV,
+    POLICY_KEY_ENV,
     Judge,
     config_needs,
     grader_settings,
@@ -108,7 +109,6 @@ PLAYED_AGENTS = ("simple_agent", "gymnasium_agent", *HARNESSES)
 """The agent kinds of an ``environments/`` folder this package serves by the folder's name: the
 ``simple_agent`` loop it plays in-process, the ``gymnasium_agent`` and the harnesses it routes
 (as it does the resources servers' own configs of either)."""
-POLICY_KEY_ENV = "NEMO_GYM_POLICY_API_KEY"
 _READY = "miles-nemogym-envs.json"
 # A plain PyPI requirement: a name, optional extras, version specifiers and an environment marker.
 _PYPI_LINE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\s*(\[[A-Za-z0-9._,\s-]*\])?\s*([<>=!~][^;@]*)?(;[^@]*)?")
@@ -1098,11 +1098,11 @@ class EnvironmentServers:
             env["PATH"] = os.pathsep.join([str(self._cli_bins[name]), env.get("PATH", os.defpath)])
             for variable in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME"):
                 env[variable] = str(tmp / name / variable.split("_")[1].lower())
-        key = os.environ.get(POLICY_KEY_ENV)
-        if self.routed and name == POLICY_MODEL and key:
-            env[POLICY_KEY_ENV] = key  # the routing model's alone (every other process goes without it)
         if self.routed and name == POLICY_MODEL:
-            env[SECRET_VARIABLE] = self.rollout_secret  # likewise the routing model's alone
+            # The routing model's alone (every other process goes without them).
+            if os.environ.get(POLICY_KEY_ENV):
+                env[POLICY_KEY_ENV] = os.environ[POLICY_KEY_ENV]
+            env[SECRET_VARIABLE] = self.rollout_secret
         hidden = [*run_secrets(self.judge.url if self.judge else None), self.rollout_secret]
         log = ServerLog(self.log_path(name), hidden)
         self._logs.append(log)

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 
+import yaml
+
 from miles_nemogym.gym._logs import ServerLog, run_secrets
 from miles_nemogym.gym.cluster import ClusterNode, check_cluster
 from miles_nemogym.gym.config import ServeOptions, compose_config_yaml, instance_name
@@ -354,28 +356,21 @@ class GymServer:
             self.port = self.options.port or free_port(self.options.host)
             self.config_yaml = compose_config_yaml(self.options, self._venv, self.port, state)
             env = self._environment(state, self.config_yaml)
-            if self.options.ray_address:
-                import yaml
-
-                if self._progress:
-                    self._progress(f"checking the Ray cluster at {self.options.ray_address}")
-                try:
+            try:
+                if self.options.ray_address:
+                    if self._progress:
+                        self._progress(f"checking the Ray cluster at {self.options.ray_address}")
                     binaries = node_binaries(self.options.sandbox, yaml.safe_load(self.config_yaml))
                     self.cluster_nodes = check_cluster(
                         self.options.ray_address, self._venv, state, env, binaries=binaries
                     )
-                except BaseException:
-                    self._remove_short_tmp()
-                    raise
-            app = self._venv.agent_dir / "app.py"
-            try:
                 self._log = ServerLog(self.log_path, run_secrets())
             except BaseException:
                 self._remove_short_tmp()
                 raise
             try:
                 self._process = subprocess.Popen(
-                    [str(self._venv.python), str(app)],
+                    [str(self._venv.python), str(self._venv.agent_dir / "app.py")],
                     cwd=state,
                     env=env,
                     stdin=subprocess.DEVNULL,

@@ -127,11 +127,7 @@ def gym_python_candidates(environ: Mapping[str, str] | None = None) -> list[Path
     for root in roots:
         candidates.extend(_pyenv_candidates(root))
     candidates.extend(Path(d) / name for d in SYSTEM_DIRS)
-    unique: list[Path] = []
-    for path in candidates:
-        if path not in unique and path.exists():
-            unique.append(path)
-    return unique
+    return list(dict.fromkeys(path for path in candidates if path.exists()))
 
 
 def find_gym_python(environ: Mapping[str, str] | None = None) -> Path:
