@@ -112,11 +112,8 @@ class ServeOptions(BaseModel):
 
 
 def load_provider_options(path: Path) -> dict[str, Any]:
-    """Provider options from a YAML file: the mapping that goes under ``sandbox.<provider>``.
-
-    A file whose only top-level key is ``sandbox`` is taken as a whole ``sandbox:``
-    block (e.g. copied from a nemo-gym provider config) and its inner mapping is used.
-    """
+    """Provider options from a YAML file: the mapping that goes under ``sandbox.<provider>``, or a
+    whole ``sandbox:`` block (e.g. copied from a nemo-gym provider config: ``_provider_block``)."""
     try:
         return read_mapping(
             path,
@@ -186,7 +183,6 @@ def planned_config(options: ServeOptions, port: int, state_dir: Path) -> dict[st
 
     nemo-gym's parser adds only its own run-time defaults (head server, port ranges) on top;
     the integration tests check that every key here comes out of it unchanged."""
-
     result: dict[str, Any] = {}
     for member in (AGENT_CONFIG, provider_config_path(options.sandbox), MODEL_CONFIG):
         try:
@@ -198,10 +194,8 @@ def planned_config(options: ServeOptions, port: int, state_dir: Path) -> dict[st
 
 
 def config_paths(options: ServeOptions, site_packages: Path) -> list[Path]:
-    """The shipped configs, in nemo-gym's merge order (later wins).
-
-    The provider's file is used when nemo-gym ships one (all but apptainer in 0.7.0).
-    """
+    """The shipped configs, in nemo-gym's merge order (later wins); the provider's file where
+    nemo-gym ships one (all but apptainer in 0.7.0)."""
     provider = site_packages / provider_config_path(options.sandbox)
     paths = [site_packages / AGENT_CONFIG, *([provider] if provider.is_file() else []), site_packages / MODEL_CONFIG]
     missing = [str(p) for p in paths if not p.is_file()]

@@ -300,7 +300,7 @@ def benchmark_environments() -> dict[str, tuple[str, str]]:
 
 @functools.lru_cache(maxsize=4)
 def _benchmark_environments(wheel: Path) -> tuple[tuple[str, str, str], ...]:
-    found: list[tuple[str, str]] = []
+    found: list[tuple[str, str, str]] = []
     with gym_wheel.opened() as archive:
         taken = {*shipped_environments(), *catalog_folders(), *config_names(), *_agent_configs_of(wheel)}
         for member in sorted(archive.namelist()):
@@ -314,12 +314,10 @@ def _benchmark_environments(wheel: Path) -> tuple[tuple[str, str, str], ...]:
                     posixpath.join(posixpath.dirname(member), str(manifest.get("config_path") or "config.yaml"))
                 )
                 if manifest.get("agent_server") == "simple_agent" and grader_settings(config):
-                    found.append((str(manifest.get("name")), config))
-    result = []
-    for name, config in found:
-        key = name.replace("/", ".")
-        result.append((f"{key}{BENCHMARK_SUFFIX}" if key in taken else key, name, config))
-    return tuple(result)
+                    name = str(manifest.get("name"))
+                    key = name.replace("/", ".")
+                    found.append((f"{key}{BENCHMARK_SUFFIX}" if key in taken else key, name, config))
+    return tuple(found)
 
 
 def _benchmark_key(name: str) -> str | None:

@@ -537,11 +537,9 @@ def _check_explicit_python(ready: GymVenv, report: Progress) -> None:
 
 
 def build_and_publish(root: Path, key: str, build: Callable[[Path], None]) -> Path:
-    """Run ``build`` into a fresh folder under ``root`` and publish it as ``root/key``.
-
+    """Run ``build`` into a fresh folder under ``root`` (returned) and publish it as ``root/key``.
     Call it holding the key's lock: a failed or interrupted build leaves nothing that looks
-    ready, and the debris of earlier ones is removed. Returns the built folder.
-    """
+    ready, and the debris of earlier ones is removed."""
     _remove_debris(root, key)
     build_dir = Path(tempfile.mkdtemp(dir=root, prefix=f"{key}.build-"))
     try:
