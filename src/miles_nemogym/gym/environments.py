@@ -27,7 +27,6 @@ import subprocess
 import tempfile
 import time
 import uuid
-import zipfile
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -419,9 +418,9 @@ def _server_configs(wheel: Path) -> dict[str, tuple[str, ...]]:
     return {server: tuple(sorted(members)) for server, members in found.items()}
 
 
-def _config_member(name: str, archive: zipfile.ZipFile) -> str:
+def _config_member(name: str) -> str:
     folder = f"{_GROUP}/{name}/configs/"
-    found = list(_server_configs(Path(str(archive.filename))).get(name, ()))
+    found = list(_server_configs(gym_wheel.wheel_path()).get(name, ()))
     named = f"{folder}{name}.yaml"
     if named in found:
         return named
@@ -570,10 +569,7 @@ def _is_server_config(member: str) -> bool:
 def check_shipped(names: Sequence[str]) -> None:
     """``UnknownEnvironmentError`` (one line, close matches suggested) unless nemo-gym ships every
     one of ``names``, as :func:`plan` takes them."""
-    _check_spellings(names)
-    known = sorted({*shipped_environments(), *catalog_folders(), *config_names(), *benchmark_environments()})
-    with zipfile.ZipFile(gym_wheel.wheel_path()) as archive:
-        _check_shipped([_served_name(n) for n in names], known, archive)
+    _check_shipped(names)
 
 
 def _served_name(name: str) -> str:
@@ -583,23 +579,24 @@ def _served_name(name: str) -> str:
     return _benchmark_key(name) or name
 
 
-def _check_spellings(names: Sequence[str]) -> None:
-    problems = [problem for n in names if (problem := _spelling_problem(n))]
+def _check_shipped(said: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """:func:`check_shipped`'s check: the names as :func:`plan` keys them, and the shipped agents'
+    configs it needs (none when every name is a folder)."""
+    problems = [problem for n in said if (problem := _spelling_problem(n))]
     if problems:
         raise UnknownEnvironmentError("; ".join(problems))
-
-
-def _check_shipped(names: Sequence[str], shipped: Sequence[str], archive: zipfile.ZipFile) -> dict[str, str]:
-    """The shipped agents' configs :func:`plan` needs (none when every name is a folder)."""
-    agents = {} if set(names) <= set(shipped) else _agent_configs_of(Path(str(archive.filename)))
+    names = [_served_name(n) for n in said]
+    shipped = sorted({*shipped_environments(), *catalog_folders(), *config_names(), *benchmark_environments()})
+    wheel = gym_wheel.wheel_path()
+    agents = {} if set(names) <= set(shipped) else _agent_configs_of(wheel)
     unknown = [n for n in names if n not in shipped and n not in agents]
     refused = refused_folders() if unknown else {}
     if any(n in refused for n in unknown):
         raise GymEnvironmentError("; ".join(refused[n] for n in unknown if n in refused))
-    folders = _server_configs(Path(str(archive.filename)))
+    folders = _server_configs(wheel)
     base = [n for n in unknown if n in folders]  # a folder with configs but no app.py
     if base:
-        raise GymEnvironmentError("; ".join(f"environment {n!r}: {_no_server(n, folders[n], archive)}" for n in base))
+        raise GymEnvironmentError("; ".join(f"environment {n!r}: {_no_server(n, folders[n])}" for n in base))
     if unknown:
         lines = []
         for name in unknown:
@@ -607,14 +604,13 @@ def _check_shipped(names: Sequence[str], shipped: Sequence[str], archive: zipfil
             hint = f"did you mean {', '.join(close)}?" if close else "no similar name"
             lines.append(f"{name!r} is not an environment nemo-gym ships ({hint})")
         raise UnknownEnvironmentError("; ".join(lines))
-    return agents
+    return names, agents
 
 
-def _no_server(name: str, configs: Sequence[str], archive: zipfile.ZipFile) -> str:
+def _no_server(name: str, configs: Sequence[str]) -> str:
     """Why a resources-server folder without ``app.py`` is served by nothing: its config's entrypoint
     and description (``gymnasium``: a base class other servers import)."""
-    config = load_yaml(archive.read(configs[0]))
-    block = ((config.get(name) or {}).get("resources_servers") or {}).get(name) if isinstance(config, dict) else None
+    block = ((own_config(configs[0]).get(name) or {}).get(_GROUP) or {}).get(name)
     said = block if isinstance(block, dict) else {}
     entry = said.get("entrypoint") or "no app.py"
     about = f" ({said['description']})" if said.get("description") else ""
@@ -644,44 +640,41 @@ def plan(names: Sequence[str], *, routed: bool = False) -> list[EnvironmentPlan]
     (docs/environments.md, "NeMo-Gym's catalog"). ``resources_servers/NAME`` is ``NAME``."""
     if not names:
         return []
-    _check_spellings(names)
-    names = [_served_name(n) for n in names]
+    served, agents = _check_shipped(names)
     shipped = shipped_environments()
     folders = catalog_folders()
     stems = config_names()
     benchmarks = benchmark_environments()
     plans: list[EnvironmentPlan] = []
-    with gym_wheel.opened() as archive:
-        agents = _check_shipped(names, sorted({*shipped, *folders, *stems, *benchmarks}), archive)
-        for name in dict.fromkeys(names):
-            if name in benchmarks:
-                plans.append(_benchmark_plan(name, benchmarks[name][1], routed))
-                continue
-            if name in shipped:
-                config = _config_member(name, archive)
-            elif name in folders:
-                config = folders[name]
-            else:
-                config = stems[name] if name in stems else agents[name]
-            composed = load_yaml(archive.read(config)) or {}
-            folder = (
-                config.split("/")[1]
-                if config.startswith(f"{_GROUP}/")
-                else next(kind for _, group, kind, _ in server_blocks(composed) if group == _GROUP)
+    for name in dict.fromkeys(served):
+        if name in benchmarks:
+            plans.append(_benchmark_plan(name, benchmarks[name][1], routed))
+            continue
+        if name in shipped:
+            config = _config_member(name)
+        elif name in folders:
+            config = folders[name]
+        else:
+            config = stems[name] if name in stems else agents[name]
+        composed = own_config(config)
+        folder = (
+            config.split("/")[1]
+            if config.startswith(f"{_GROUP}/")
+            else next(kind for _, group, kind, _ in server_blocks(composed) if group == _GROUP)
+        )
+        if not any(group == _GROUP and kind == folder for _, group, kind, _ in server_blocks(composed)):
+            composed = shipped_config(config)  # its resources server comes from a config it pulls in
+        instance, steps = _instance(name, folder, composed, config)
+        twin = next((p.name for p in plans if p.instance == instance), None)
+        if twin is not None:
+            raise GymEnvironmentError(
+                f"environments {twin!r} and {name!r} are both served by instance {instance!r} of "
+                f"resources_servers/{folder}; give one of them (another config needs a serve of its own)"
             )
-            if not any(group == _GROUP and kind == folder for _, group, kind, _ in server_blocks(composed)):
-                composed = shipped_config(config)  # its resources server comes from a config it pulls in
-            instance, steps = _instance(name, folder, composed, config)
-            twin = next((p.name for p in plans if p.instance == instance), None)
-            if twin is not None:
-                raise GymEnvironmentError(
-                    f"environments {twin!r} and {name!r} are both served by instance {instance!r} of "
-                    f"resources_servers/{folder}; give one of them (another config needs a serve of its own)"
-                )
-            driver = _driver(composed, instance, routed)
-            reward_range = _REWARD_RANGES.get(name) if driver else None
-            needs = _requirement_lines(name, _requirements_text(_GROUP, folder))
-            plans.append(EnvironmentPlan(name, config, instance, needs, steps, driver, reward_range))
+        driver = _driver(composed, instance, routed)
+        reward_range = _REWARD_RANGES.get(name) if driver else None
+        needs = _requirement_lines(name, _requirements_text(_GROUP, folder))
+        plans.append(EnvironmentPlan(name, config, instance, needs, steps, driver, reward_range))
     _check_inherited(plans)
     return plans
 
