@@ -37,7 +37,8 @@ JUDGE_INSTANCE = "miles_nemogym_judge"
 JUDGE_KEY_ENV = "NEMO_GYM_JUDGE_API_KEY"
 """The judge endpoint's API key: read only from this variable, held by ``serve``'s judge relay alone."""
 POLICY_KEY_ENV = "NEMO_GYM_POLICY_API_KEY"
-_POLICY_MODEL = "policy_model"
+POLICY_MODEL = "policy_model"
+"""The instance every agent calls its model through (the routing model, when agents are served)."""
 
 _GROUPS = ("resources_servers", "responses_api_agents", "responses_api_models", "environment_servers")
 _JUDGE_FIELD = "judge_model_server"
@@ -226,7 +227,7 @@ def overrides(config: Mapping[str, Any], judge: Judge | None) -> dict[str, Any]:
     }
     # A judge server the config defines and nothing else names is dropped: it would need its own
     # endpoint settings (e.g. ${judge_base_url}) to compose at all.
-    for name in redirected - still_named - {_POLICY_MODEL}:
+    for name in redirected - still_named - {POLICY_MODEL}:
         if name in config:
             result[name] = None
     result[JUDGE_INSTANCE] = judge.server()
@@ -254,9 +255,9 @@ def _policy_use(name: str, instance: str, kind: str, block: Mapping[str, Any]) -
     call, and the in-process loop's policy has no model server), or reads ``${policy_base_url}``
     (under ``serve`` the policy is each sample's Miles session, with no such server)."""
     for field, value in block.items():
-        if field != _JUDGE_FIELD and _ref(value) == _POLICY_MODEL:
+        if field != _JUDGE_FIELD and _ref(value) == POLICY_MODEL:
             return (
-                f"environment {name!r}: its resources server {instance!r} ({kind}) calls {_POLICY_MODEL} itself "
+                f"environment {name!r}: its resources server {instance!r} ({kind}) calls {POLICY_MODEL} itself "
                 f"({field}), without a rollout id, so serve has no sample's session to send those calls to"
             )
         if isinstance(value, str) and "${policy_base_url}" in value:
@@ -293,10 +294,8 @@ def refusal(name: str, config: Mapping[str, Any], judge: Judge | None) -> str | 
                 f"environment {name!r}: its resources server {instance!r} ({kind}) reads {missing}, "
                 "which the nemo-gym 0.7.0 wheel does not ship; this package downloads no data, so it refuses it"
             )
-        if group == "resources_servers":
-            found = _policy_use(name, instance, kind, block)
-            if found:
-                return found
+        if group == "resources_servers" and (found := _policy_use(name, instance, kind, block)):
+            return found
         if group != "responses_api_agents":
             continue
         if kind in _ID_DROPPED:
@@ -305,10 +304,10 @@ def refusal(name: str, config: Mapping[str, Any], judge: Judge | None) -> str | 
                 "so its calls cannot be routed to the episode's session; this package refuses it"
             )
         model = _ref(block.get("model_server"))
-        if model is not None and model != _POLICY_MODEL:
+        if model is not None and model != POLICY_MODEL:
             return (
                 f"environment {name!r}: its agent {instance!r} ({kind}) calls model server {model!r}, not "
-                f"{_POLICY_MODEL}, so serve has no policy to route its calls to"
+                f"{POLICY_MODEL}, so serve has no policy to route its calls to"
             )
     judged = judged_instances(config)
     if judged and judge is None:

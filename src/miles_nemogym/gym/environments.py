@@ -44,6 +44,7 @@ from miles_nemogym.gym.composition import (
     JUDGE_INSTANCE,
     JUDGE_KEY_ENV,
     POLICY_KEY_ENV,
+    POLICY_MODEL,
     Judge,
     config_needs,
     grader_settings,
@@ -135,8 +136,6 @@ ROUTING_ROOT = Path(__file__).parent.parent / "routing_root"
 """A ``NEMO_GYM_EXTRA_ROOTS`` root holding this package's routing model server."""
 ROUTING_MODEL = ROUTING_ROOT / "responses_api_models" / "miles_routing_model"
 _ROUTING_CONFIG = ROUTING_MODEL / "configs" / "miles_routing_model.yaml"
-POLICY_MODEL = "policy_model"
-"""The instance every agent calls its model through (the routing model, when agents are served)."""
 # Run-level token capture, the least setting under which every agent prefixes its model calls with
 # the rollout id (nemo-gym 0.7.0, base_responses_api_agent.py): no directory, no sink and
 # rebuild_response off, so no capture is written anywhere (docs/environments.md, "Routed agents").
@@ -1122,18 +1121,17 @@ class EnvironmentServers:
             0.3,
             lambda: listens([process.pid, *pids_with_marker(self._marker)], port),
         )
+        if failed is None:
+            return
+        log = f"{self.log_path(name)}:\n{self.log_tail(name)}"
         if failed == "another":
             raise GymEnvironmentError(
                 f"another program answers on port {port}, not the {name} server serve started; stop that "
-                f"program or give another --port; log {self.log_path(name)}:\n{self.log_tail(name)}"
+                f"program or give another --port; log {log}"
             )
         if failed == "exited":
-            raise GymEnvironmentError(f"{name} exited during start; log {self.log_path(name)}:\n{self.log_tail(name)}")
-        if failed == "timeout":
-            raise GymEnvironmentError(
-                f"{name} did not answer within {self.start_timeout:.0f} s; "
-                f"log {self.log_path(name)}:\n{self.log_tail(name)}"
-            )
+            raise GymEnvironmentError(f"{name} exited during start; log {log}")
+        raise GymEnvironmentError(f"{name} did not answer within {self.start_timeout:.0f} s; log {log}")
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM each server's process group, SIGKILL what is left; idempotent."""

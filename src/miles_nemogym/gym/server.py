@@ -238,8 +238,6 @@ class GymServer:
         self.cluster_nodes: list[ClusterNode] = []
         """The joined cluster's nodes (``ray_address``), as checked at start."""
 
-    # ------------------------------------------------------------------ properties
-
     @property
     def url(self) -> str:
         """``http://<host>:<port>`` as a client on this machine dials it."""
@@ -288,8 +286,6 @@ class GymServer:
         except (OSError, GymServerError):
             return "(no server log)"
         return "\n".join(text.splitlines()[-lines:])
-
-    # ------------------------------------------------------------------ start
 
     def _environment(self, state: Path, config_yaml: str) -> dict[str, str]:
         env = child_environment()
@@ -393,30 +389,26 @@ class GymServer:
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout
         failed = wait_until_answering(f"{self.url}/openapi.json", self.is_running, deadline, 0.5, self._listens)
+        if failed is None:
+            return
+        log = f"{self.log_path}:\n{self.log_tail()}"
         if failed == "exited":
             code = self._process.returncode if self._process else None
-            raise GymServerError(
-                f"the NeMo-Gym server exited during start (exit {code}); log {self.log_path}:\n{self.log_tail()}"
-            )
+            raise GymServerError(f"the NeMo-Gym server exited during start (exit {code}); log {log}")
         if failed == "another":
             raise GymServerError(
                 f"another program answers on {self.url}, not the NeMo-Gym server serve started (still not "
-                f"listening after {self.start_timeout:.0f} s); stop that program or give another --port. "
-                f"Log {self.log_path}:\n{self.log_tail()}"
+                f"listening after {self.start_timeout:.0f} s); stop that program or give another --port. Log {log}"
             )
-        if failed == "timeout":
-            raise GymServerError(
-                f"the NeMo-Gym server did not answer on {self.url} within {self.start_timeout:.0f} s; "
-                f"log {self.log_path}:\n{self.log_tail()}"
-            )
+        raise GymServerError(
+            f"the NeMo-Gym server did not answer on {self.url} within {self.start_timeout:.0f} s; log {log}"
+        )
 
     def _listens(self) -> bool | None:
         """Whether the server listening on :attr:`port` is this one (its process or one it started)."""
         if self._process is None or self.port is None:
             return False
         return listens([self._process.pid, *pids_with_marker(self._marker)], self.port)
-
-    # ------------------------------------------------------------------ stop
 
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM the server's process group, SIGKILL what is left; idempotent."""
