@@ -388,13 +388,13 @@ def entry_support(entry: CatalogEntry) -> Support:
     if entry.kind == "benchmark":
         return _benchmark_support(entry)
     name = served_name(entry)
+    if name is not None:
+        return support(name)
     agent = f"`{entry.agent}`" if entry.agent else ""
-    refused = refused_folders().get(entry.name) if entry.kind == "environment" else None
-    if name is None and refused:
+    refused = refused_folders().get(entry.name)
+    if refused:
         return Support(status=REFUSED, agent=agent, needs=_short(refused))
-    if name is None:
-        return Support(status=NOT_YET, agent=agent)
-    return support(name)
+    return Support(status=NOT_YET, agent=agent)
 
 
 # ----------------------------------------------------------------------------- benchmarks of other agents

@@ -983,9 +983,8 @@ class EnvironmentServers:
             return self.config
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if self.judge is not None and self._gate is None:
-            key = os.environ.get(JUDGE_KEY_ENV)
-            secrets = run_secrets(self.judge.url)
-            self._gate = JudgeGate(self.judge, key, secrets, self.state_dir / f"{JUDGE_INSTANCE}.relay.log")
+            relay_log = self.state_dir / f"{JUDGE_INSTANCE}.relay.log"
+            self._gate = JudgeGate(self.judge, os.environ.get(JUDGE_KEY_ENV), run_secrets(self.judge.url), relay_log)
         payload = _payload(
             self.gym.site_packages,
             self.plans,
