@@ -767,19 +767,16 @@ def _payload(
     """What nemo-gym's parser is given for ``plans``: their configs, the policy model's (the
     routing model when agents are served), and ``serve``'s layer over each (datasets dropped,
     the judge wired, every model call given its rollout id when ``routed``)."""
-    payload = layer([plan_config(p) for p in plans], judge)
-    payload.update(
-        {
-            "config_paths": [str(site_packages / p.config) for p in plans]
-            + [str(_ROUTING_CONFIG if routed else site_packages / MODEL_CONFIG)]
-            + [str(path) for path in extra_configs],
-            "policy_base_url": policy_base_url,
-            "policy_api_key": "unused",
-            "policy_model_name": "policy",
-            **(_ROLLOUT_ID_SETTING if routed else {}),
-        }
-    )
-    return payload
+    return {
+        **layer([plan_config(p) for p in plans], judge),
+        "config_paths": [str(site_packages / p.config) for p in plans]
+        + [str(_ROUTING_CONFIG if routed else site_packages / MODEL_CONFIG)]
+        + [str(path) for path in extra_configs],
+        "policy_base_url": policy_base_url,
+        "policy_api_key": "unused",
+        "policy_model_name": "policy",
+        **(_ROLLOUT_ID_SETTING if routed else {}),
+    }
 
 
 def compose_each(gym: GymVenv, plans: Sequence[EnvironmentPlan], judge: Judge | None, cwd: Path) -> dict[str, str]:
