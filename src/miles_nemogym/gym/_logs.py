@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from miles_nemogym.gym.composition import JUDGE_KEY_ENV, POLICY_KEY_ENV
 from miles_nemogym.gym.venv import GymEnvironmentError
 from miles_nemogym.redaction import scrub_all
 
@@ -25,13 +26,11 @@ _LINE_LIMIT = 1 << 20
 """A line longer than this is written in parts (all but the last ``_HELD`` bytes, scrubbed)."""
 _HELD = 64 << 10
 """More than any encoding of a key (a key's forms are a few bytes per character)."""
-_POLICY_KEY_ENV = "NEMO_GYM_POLICY_API_KEY"
-_JUDGE_KEY_ENV = "NEMO_GYM_JUDGE_API_KEY"
 
 
 def run_secrets(*urls: str | None) -> list[str]:
     """What ``serve``'s logs must never hold: the policy and judge keys, and the passwords in ``urls``."""
-    found = [os.environ.get(_POLICY_KEY_ENV), os.environ.get(_JUDGE_KEY_ENV)]
+    found = [os.environ.get(POLICY_KEY_ENV), os.environ.get(JUDGE_KEY_ENV)]
     for url in urls:
         with contextlib.suppress(ValueError):
             found.append(urlsplit(url).password if url else None)

@@ -15,7 +15,7 @@ import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -163,31 +163,18 @@ class UnknownCatalogNameError(GymEnvironmentError):
     """A name that is not in NeMo-Gym's catalog; the message names the closest ones."""
 
 
-def _cache_file(gym: GymVenv) -> Path:
-    return gym_venv_root() / f"{gym.path.name}.catalog.json"
-
-
-def read_catalog(gym: GymVenv) -> tuple[CatalogEntry, ...]:
-    """Ask nemo-gym's registry in ``gym`` for its catalog (seconds; :func:`load_catalog` caches it)."""
-    return _read(gym).entries
-
-
-def _read(gym: GymVenv) -> _Catalog:
-    done = run_in_gym(gym, _READER)
-    if done.returncode != 0:
-        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
-        raise GymEnvironmentError(f"nemo-gym's registry could not list its catalog in {gym.path}:\n{tail}")
-    return _Catalog.model_validate_json(done.stdout)
-
-
 def load_catalog(gym: GymVenv) -> tuple[CatalogEntry, ...]:
     """The catalog of ``gym``'s nemo-gym, from the cache beside the venv (read once per venv)."""
-    cache = _cache_file(gym)
+    cache = gym_venv_root() / f"{gym.path.name}.catalog.json"
     try:
         return _Catalog.model_validate_json(cache.read_bytes()).entries
     except (OSError, ValidationError):
         pass  # missing or unreadable: ask the registry again and rewrite it
-    catalog = _read(gym)
+    done = run_in_gym(gym, _READER)
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+        raise GymEnvironmentError(f"nemo-gym's registry could not list its catalog in {gym.path}:\n{tail}")
+    catalog = _Catalog.model_validate_json(done.stdout)
     data = catalog.model_dump_json().encode()
     handle, scratch = tempfile.mkstemp(dir=cache.parent, prefix=cache.name, suffix=".tmp")
     try:
@@ -287,6 +274,14 @@ def _short(reason: str) -> str:
     return reason
 
 
+def _fresh_host_needs(config: dict[str, Any]) -> list[str]:
+    """What the servers of ``config`` need on a fresh host once serve's layer is in (a judge's own
+    endpoint settings are gone), each without its server's name."""
+    judge = Judge(url="http://judge:8000/v1", model="judge")
+    bare = config_needs(served(config, judge), {}, which=lambda _: None, cache=False)
+    return [need.split(": ", 1)[1] for need in bare]
+
+
 def support(name: str) -> Support:
     """What ``serve --env NAME`` does with resources server ``name`` as the wheel ships it."""
     try:
@@ -302,10 +297,7 @@ def support(name: str) -> Support:
     agent = ", ".join(f"`{kind}`" for kind in agents) or "none in its config" + (
         f" (allowed: {', '.join(f'`{a}`' for a in allowed)})" if allowed else ""
     )
-    # What the servers need once serve's layer is in (a judge's own endpoint settings are gone).
-    judge = Judge(url="http://judge:8000/v1", model="judge")
-    bare = config_needs(served(config, judge), {}, which=lambda _: None, cache=False)  # a fresh host
-    needs = [need.split(": ", 1)[1] for need in bare]
+    needs = _fresh_host_needs(config)
     settings = [n for n in needs if n.startswith("the setting")]
     refused = refusal(name, config, None)
     if refused and "grades with a judge" not in refused:
@@ -332,22 +324,9 @@ def served_name(entry: CatalogEntry) -> str | None:
     a folder is (``folder_servers``); None for any other entry."""
     if entry.short_name is not None:
         return entry.short_name
-    if entry.kind == "environment" and entry.name in catalog_folders():
-        return entry.name
-    if entry.kind == "environment":
-        return folder_servers().get(entry.name)
-    return None
-
-
-def _overridden(entry: CatalogEntry) -> list[str]:
-    """Settings a benchmark's own config changes on its resources server (``grading_mode``, ...)."""
-    return grader_settings(entry.config)
-
-
-def _own_grader(entry: CatalogEntry) -> str | None:
-    """The environment serving a ``simple_agent`` benchmark whose config changes its grader, with
-    that config's settings (``serve --env gpqa``: mcqa with gpqa's ``grading_mode``)."""
-    return next((key for key, (name, _) in benchmark_environments().items() if name == entry.name), None)
+    if entry.kind != "environment":
+        return None
+    return entry.name if entry.name in catalog_folders() else folder_servers().get(entry.name)
 
 
 def benchmark_grader(entry: CatalogEntry) -> str | None:
@@ -360,9 +339,11 @@ def _grading(entry: CatalogEntry) -> tuple[str | None, str]:
     if entry.kind != "benchmark":
         return None, f"{entry.name!r} is an environment, not a benchmark"
     if _played_by_an_agent(entry):
-        return _agent_grader(entry)
-    if _overridden(entry):
-        own = _own_grader(entry)
+        found = _agent_benchmark_support(entry)  # not refused: the environment that plays it the same
+        return (None, found.needs) if found.status in (REFUSED, NOT_YET) else _agent_grading(entry)
+    if grader_settings(entry.config):
+        # The environment serving it with its config's settings (``serve --env gpqa``: mcqa with gpqa's grading_mode).
+        own = next((key for key, (name, _) in benchmark_environments().items() if name == entry.name), None)
         return own, "" if own else f"its config changes its grader `{entry.resources_server}`; its manifest differs"
     return entry.resources_server, ""
 
@@ -395,7 +376,7 @@ def _runnable(entry: CatalogEntry, agent: str, grader: str, named: str, first: s
 
 def _graded_by(entry: CatalogEntry, grader: str) -> str:
     """Which environment grades a benchmark, and the settings its own config gives that server."""
-    changed = _overridden(entry) if grader != entry.resources_server else []
+    changed = grader_settings(entry.config) if grader != entry.resources_server else []
     keys = ", ".join(f"`{key}`" for key in changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
     return f"graded by `{grader}`" + (f" (`{entry.resources_server}` with its config's {keys})" if changed else "")
 
@@ -407,13 +388,13 @@ def entry_support(entry: CatalogEntry) -> Support:
     if entry.kind == "benchmark":
         return _benchmark_support(entry)
     name = served_name(entry)
+    if name is not None:
+        return support(name)
     agent = f"`{entry.agent}`" if entry.agent else ""
-    refused = refused_folders().get(entry.name) if entry.kind == "environment" else None
-    if name is None and refused:
+    refused = refused_folders().get(entry.name)
+    if refused:
         return Support(status=REFUSED, agent=agent, needs=_short(refused))
-    if name is None:
-        return Support(status=NOT_YET, agent=agent)
-    return support(name)
+    return Support(status=NOT_YET, agent=agent)
 
 
 # ----------------------------------------------------------------------------- benchmarks of other agents
@@ -474,12 +455,6 @@ def _agent_grading(entry: CatalogEntry) -> tuple[str | None, str]:
     return server, ""
 
 
-def _agent_grader(entry: CatalogEntry) -> tuple[str | None, str]:
-    """:func:`_agent_grading`'s environment for a benchmark of another agent that is not refused."""
-    found = _agent_benchmark_support(entry)
-    return (None, found.needs) if found.status in (REFUSED, NOT_YET) else _agent_grading(entry)
-
-
 def _agent_benchmark_support(entry: CatalogEntry) -> Support:
     """What this package does with a benchmark of another agent: refused for what its config's
     agents and servers need (``config_refusal``, the rule of ``environments/`` folders), else
@@ -491,9 +466,7 @@ def _agent_benchmark_support(entry: CatalogEntry) -> Support:
     refused = config_refusal(entry.name, composed)
     if refused and "grades with a judge" not in refused:
         return Support(status=REFUSED, agent=agent, needs=_short(refused))
-    judge = Judge(url="http://judge:8000/v1", model="judge")
-    bare = config_needs(served(composed, judge), {}, which=lambda _: None, cache=False)
-    host = list(dict.fromkeys(need.split(": ", 1)[1].split(" (", 1)[0] for need in bare))
+    host = list(dict.fromkeys(need.split(" (", 1)[0] for need in _fresh_host_needs(composed)))
     if _SANDBOX in host:
         # Task containers: nemo-gym's own reason, whatever else it needs (listed after it).
         judged = ["a judge (`--judge-url`)"] if refused else []

@@ -36,7 +36,9 @@ JUDGE_INSTANCE = "miles_nemogym_judge"
 """The composed config's instance of the judge model server ``serve`` starts."""
 JUDGE_KEY_ENV = "NEMO_GYM_JUDGE_API_KEY"
 """The judge endpoint's API key: read only from this variable, held by ``serve``'s judge relay alone."""
-_POLICY_MODEL = "policy_model"
+POLICY_KEY_ENV = "NEMO_GYM_POLICY_API_KEY"
+POLICY_MODEL = "policy_model"
+"""The instance every agent calls its model through (the routing model, when agents are served)."""
 
 _GROUPS = ("resources_servers", "responses_api_agents", "responses_api_models", "environment_servers")
 _JUDGE_FIELD = "judge_model_server"
@@ -102,11 +104,12 @@ class Judge(BaseModel):
         }
 
 
-def _merged(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+def deep_merged(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` deep-merged into ``base`` (mappings merge, everything else replaces)."""
     result = dict(base)
     for key, value in over.items():
         old = result.get(key)
-        result[key] = _merged(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+        result[key] = deep_merged(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
     return result
 
 
@@ -136,8 +139,8 @@ def _shipped(member: str, seen: tuple[str, ...]) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for child in own.pop("config_paths", None) or []:
         if isinstance(child, str) and child not in seen and child != member:
-            result = _merged(result, _shipped(child, (*seen, member)))
-    return _merged(result, own)
+            result = deep_merged(result, _shipped(child, (*seen, member)))
+    return deep_merged(result, own)
 
 
 def inherited_config(member: str) -> dict[str, Any]:
@@ -151,7 +154,7 @@ def inherited_config(member: str) -> dict[str, Any]:
         source = entry.get(_INHERIT) if isinstance(entry, dict) else None
         if isinstance(source, str) and isinstance(frozen.get(source), dict):
             own = {key: value for key, value in entry.items() if key != _INHERIT}
-            result[instance] = _merged(frozen[source], own)
+            result[instance] = deep_merged(frozen[source], own)
             result.pop(source, None)
     return result
 
@@ -203,16 +206,16 @@ def overrides(config: Mapping[str, Any], judge: Judge | None) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for instance, group, kind, block in server_blocks(config):
         if "datasets" in block:
-            result = _merged(result, {instance: {group: {kind: {"datasets": None}}}})
+            result = deep_merged(result, {instance: {group: {kind: {"datasets": None}}}})
         if group == "responses_api_agents" and harness_layer(kind):
-            result = _merged(result, {instance: {group: {kind: harness_layer(kind)}}})
+            result = deep_merged(result, {instance: {group: {kind: harness_layer(kind)}}})
     if judge is None:
         return result
     redirected = set()
     for instance, group, kind, block in server_blocks(config):
         name = _ref(block.get(_JUDGE_FIELD))
         if group == "resources_servers" and name:
-            result = _merged(result, {instance: {group: {kind: {_JUDGE_FIELD: {"name": JUDGE_INSTANCE}}}}})
+            result = deep_merged(result, {instance: {group: {kind: {_JUDGE_FIELD: {"name": JUDGE_INSTANCE}}}}})
             redirected.add(name)
     if not redirected:
         return result
@@ -224,7 +227,7 @@ def overrides(config: Mapping[str, Any], judge: Judge | None) -> dict[str, Any]:
     }
     # A judge server the config defines and nothing else names is dropped: it would need its own
     # endpoint settings (e.g. ${judge_base_url}) to compose at all.
-    for name in redirected - still_named - {_POLICY_MODEL}:
+    for name in redirected - still_named - {POLICY_MODEL}:
         if name in config:
             result[name] = None
     result[JUDGE_INSTANCE] = judge.server()
@@ -235,15 +238,15 @@ def layer(configs: Sequence[Mapping[str, Any]], judge: Judge | None) -> dict[str
     """The :func:`overrides` of several configs composed together, as one layer."""
     result: dict[str, Any] = {}
     for config in configs:
-        result = _merged(result, overrides(config, judge))
+        result = deep_merged(result, overrides(config, judge))
     return result
 
 
 def served(config: Mapping[str, Any], judge: Judge | None) -> dict[str, Any]:
     """``config`` with :func:`overrides` merged in, as the parser is given it (an entry the layer
     sets to null is gone)."""
-    merged = _merged(dict(config), overrides(config, judge))
-    return {key: value for key, value in merged.items() if value is not None}
+    composed = deep_merged(dict(config), overrides(config, judge))
+    return {key: value for key, value in composed.items() if value is not None}
 
 
 def _policy_use(name: str, instance: str, kind: str, block: Mapping[str, Any]) -> str | None:
@@ -252,9 +255,9 @@ def _policy_use(name: str, instance: str, kind: str, block: Mapping[str, Any]) -
     call, and the in-process loop's policy has no model server), or reads ``${policy_base_url}``
     (under ``serve`` the policy is each sample's Miles session, with no such server)."""
     for field, value in block.items():
-        if field != _JUDGE_FIELD and _ref(value) == _POLICY_MODEL:
+        if field != _JUDGE_FIELD and _ref(value) == POLICY_MODEL:
             return (
-                f"environment {name!r}: its resources server {instance!r} ({kind}) calls {_POLICY_MODEL} itself "
+                f"environment {name!r}: its resources server {instance!r} ({kind}) calls {POLICY_MODEL} itself "
                 f"({field}), without a rollout id, so serve has no sample's session to send those calls to"
             )
         if isinstance(value, str) and "${policy_base_url}" in value:
@@ -291,10 +294,8 @@ def refusal(name: str, config: Mapping[str, Any], judge: Judge | None) -> str | 
                 f"environment {name!r}: its resources server {instance!r} ({kind}) reads {missing}, "
                 "which the nemo-gym 0.7.0 wheel does not ship; this package downloads no data, so it refuses it"
             )
-        if group == "resources_servers":
-            found = _policy_use(name, instance, kind, block)
-            if found:
-                return found
+        if group == "resources_servers" and (found := _policy_use(name, instance, kind, block)):
+            return found
         if group != "responses_api_agents":
             continue
         if kind in _ID_DROPPED:
@@ -303,10 +304,10 @@ def refusal(name: str, config: Mapping[str, Any], judge: Judge | None) -> str | 
                 "so its calls cannot be routed to the episode's session; this package refuses it"
             )
         model = _ref(block.get("model_server"))
-        if model is not None and model != _POLICY_MODEL:
+        if model is not None and model != POLICY_MODEL:
             return (
                 f"environment {name!r}: its agent {instance!r} ({kind}) calls model server {model!r}, not "
-                f"{_POLICY_MODEL}, so serve has no policy to route its calls to"
+                f"{POLICY_MODEL}, so serve has no policy to route its calls to"
             )
     judged = judged_instances(config)
     if judged and judge is None:

@@ -14,6 +14,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from miles_nemogym.gym.composition import deep_merged
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, child_environment
 from miles_nemogym.gym.wheel import read_member
 from miles_nemogym.yaml_file import YamlFileError, read_mapping
@@ -111,11 +112,8 @@ class ServeOptions(BaseModel):
 
 
 def load_provider_options(path: Path) -> dict[str, Any]:
-    """Provider options from a YAML file: the mapping that goes under ``sandbox.<provider>``.
-
-    A file whose only top-level key is ``sandbox`` is taken as a whole ``sandbox:``
-    block (e.g. copied from a nemo-gym provider config) and its inner mapping is used.
-    """
+    """Provider options from a YAML file: the mapping that goes under ``sandbox.<provider>``, or a
+    whole ``sandbox:`` block (e.g. copied from a nemo-gym provider config: ``_provider_block``)."""
     try:
         return read_mapping(
             path,
@@ -172,19 +170,10 @@ def overrides(options: ServeOptions, port: int, state_dir: Path) -> dict[str, An
         "results_dir": str(state_dir / "results"),
         "cache_dir": str(state_dir / "cache"),
         SERVER_NAME: {"responses_api_agents": {SERVER_NAME: agent}},
+        "sandbox": sandbox,
     }
-    result["sandbox"] = sandbox
     if options.ray_address:
         result[RAY_HEAD_KEY] = options.ray_address
-    return result
-
-
-def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """``over`` deep-merged into ``base`` (mappings merge, everything else replaces)."""
-    result = dict(base)
-    for key, value in over.items():
-        old = result.get(key)
-        result[key] = _merged(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
     return result
 
 
@@ -194,22 +183,19 @@ def planned_config(options: ServeOptions, port: int, state_dir: Path) -> dict[st
 
     nemo-gym's parser adds only its own run-time defaults (head server, port ranges) on top;
     the integration tests check that every key here comes out of it unchanged."""
-
-    merged: dict[str, Any] = {}
+    result: dict[str, Any] = {}
     for member in (AGENT_CONFIG, provider_config_path(options.sandbox), MODEL_CONFIG):
         try:
             shipped = load_yaml(read_member(member.as_posix()))
         except KeyError:  # no config file for this provider (apptainer)
             continue
-        merged = _merged(merged, shipped or {})
-    return _merged(merged, overrides(options, port, state_dir))
+        result = deep_merged(result, shipped or {})
+    return deep_merged(result, overrides(options, port, state_dir))
 
 
 def config_paths(options: ServeOptions, site_packages: Path) -> list[Path]:
-    """The shipped configs, in nemo-gym's merge order (later wins).
-
-    The provider's file is used when nemo-gym ships one (all but apptainer in 0.7.0).
-    """
+    """The shipped configs, in nemo-gym's merge order (later wins); the provider's file where
+    nemo-gym ships one (all but apptainer in 0.7.0)."""
     provider = site_packages / provider_config_path(options.sandbox)
     paths = [site_packages / AGENT_CONFIG, *([provider] if provider.is_file() else []), site_packages / MODEL_CONFIG]
     missing = [str(p) for p in paths if not p.is_file()]

@@ -27,7 +27,6 @@ import subprocess
 import tempfile
 import time
 import uuid
-import zipfile
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +43,8 @@ from miles_nemogym.gym._logs import ServerLog, run_secrets
 from miles_nemogym.gym.composition import (
     JUDGE_INSTANCE,
     JUDGE_KEY_ENV,
+    POLICY_KEY_ENV,
+    POLICY_MODEL,
     Judge,
     config_needs,
     grader_settings,
@@ -108,7 +109,6 @@ PLAYED_AGENTS = ("simple_agent", "gymnasium_agent", *HARNESSES)
 """The agent kinds of an ``environments/`` folder this package serves by the folder's name: the
 ``simple_agent`` loop it plays in-process, the ``gymnasium_agent`` and the harnesses it routes
 (as it does the resources servers' own configs of either)."""
-POLICY_KEY_ENV = "NEMO_GYM_POLICY_API_KEY"
 _READY = "miles-nemogym-envs.json"
 # A plain PyPI requirement: a name, optional extras, version specifiers and an environment marker.
 _PYPI_LINE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\s*(\[[A-Za-z0-9._,\s-]*\])?\s*([<>=!~][^;@]*)?(;[^@]*)?")
@@ -136,8 +136,6 @@ ROUTING_ROOT = Path(__file__).parent.parent / "routing_root"
 """A ``NEMO_GYM_EXTRA_ROOTS`` root holding this package's routing model server."""
 ROUTING_MODEL = ROUTING_ROOT / "responses_api_models" / "miles_routing_model"
 _ROUTING_CONFIG = ROUTING_MODEL / "configs" / "miles_routing_model.yaml"
-POLICY_MODEL = "policy_model"
-"""The instance every agent calls its model through (the routing model, when agents are served)."""
 # Run-level token capture, the least setting under which every agent prefixes its model calls with
 # the rollout id (nemo-gym 0.7.0, base_responses_api_agent.py): no directory, no sink and
 # rebuild_response off, so no capture is written anywhere (docs/environments.md, "Routed agents").
@@ -150,7 +148,7 @@ no range a program can read): blackjack +1 win, 0 draw, -1 loss."""
 class UnknownEnvironmentError(GymEnvironmentError):
     """An environment name the pinned nemo-gym does not ship."""
 
-    def __init__(self, names_said: str, shipped: int) -> None:
+    def __init__(self, names_said: str) -> None:
         super().__init__(names_said)
         self.names_said = names_said
         """Each unknown name with its close matches, one line."""
@@ -223,17 +221,22 @@ def catalog_folders() -> dict[str, str]:
     return dict(_catalog_folders(gym_wheel.wheel_path()))
 
 
-@functools.lru_cache(maxsize=4)
-def _catalog_folders(wheel: Path) -> tuple[tuple[str, str], ...]:
-    found: dict[str, str] = {}
+def _folder_configs() -> list[tuple[str, dict[str, Any]]]:
+    """Each ``environments/<name>/config.yaml`` of the wheel, with its mapping (``{}`` if it is none)."""
     with gym_wheel.opened() as archive:
         configs = [
             (member, load_yaml(archive.read(member)))
             for member in sorted(archive.namelist())
             if member.count("/") == 2 and member.startswith(f"{_CATALOG}/") and member.endswith("/config.yaml")
         ]
-    for member, config in configs:
-        blocks = list(server_blocks(config if isinstance(config, dict) else {}))
+    return [(member, config if isinstance(config, dict) else {}) for member, config in configs]
+
+
+@functools.lru_cache(maxsize=4)
+def _catalog_folders(wheel: Path) -> tuple[tuple[str, str], ...]:
+    found: dict[str, str] = {}
+    for member, config in _folder_configs():
+        blocks = list(server_blocks(config))
         agents = {kind for _, group, kind, _ in blocks if group == "responses_api_agents"}
         servers = {kind for _, group, kind, _ in blocks if group == _GROUP}
         if len(servers) == 1 and agents and agents <= set(PLAYED_AGENTS):
@@ -252,15 +255,7 @@ def folder_servers() -> dict[str, str]:
 @functools.lru_cache(maxsize=4)
 def _folder_servers(wheel: Path) -> tuple[tuple[str, str], ...]:
     found: dict[str, str] = {}
-    with gym_wheel.opened() as archive:
-        configs = [
-            (member.split("/")[1], load_yaml(archive.read(member)))
-            for member in sorted(archive.namelist())
-            if member.count("/") == 2 and member.startswith(f"{_CATALOG}/") and member.endswith("/config.yaml")
-        ]
-    for name, config in configs:
-        if not isinstance(config, dict):
-            continue
+    for member, config in _folder_configs():
         paths = config.get("config_paths") or []
         parts = str(paths[0]).split("/") if len(paths) == 1 else []
         if len(parts) != 4 or parts[0] != _GROUP or parts[2] != "configs" or not parts[3].endswith(".yaml"):
@@ -268,7 +263,7 @@ def _folder_servers(wheel: Path) -> tuple[tuple[str, str], ...]:
         blocks = list(server_blocks(config))
         if all(group == _GROUP and kind == parts[1] for _, group, kind, _ in blocks):
             stem = parts[3][: -len(".yaml")]
-            found[name] = parts[1] if stem == parts[1] else stem
+            found[member.split("/")[1]] = parts[1] if stem == parts[1] else stem
     return tuple(found.items())
 
 
@@ -283,12 +278,11 @@ def config_names() -> dict[str, str]:
 def _config_names(wheel: Path) -> tuple[tuple[str, str], ...]:
     found: dict[str, list[str]] = {}
     with gym_wheel.opened() as archive:
-        for member in sorted(archive.namelist()):
+        for member in filter(_is_server_config, sorted(archive.namelist())):
             parts = member.split("/")
-            if len(parts) == 4 and parts[0] == _GROUP and parts[2] == "configs" and parts[3].endswith(".yaml"):
-                stem = parts[3][: -len(".yaml")]
-                if stem != parts[1]:
-                    found.setdefault(stem, []).append(member)
+            stem = parts[3][: -len(".yaml")]
+            if stem != parts[1]:
+                found.setdefault(stem, []).append(member)
     return tuple((stem, members[0]) for stem, members in found.items() if len(members) == 1)
 
 
@@ -304,9 +298,9 @@ def benchmark_environments() -> dict[str, tuple[str, str]]:
 
 @functools.lru_cache(maxsize=4)
 def _benchmark_environments(wheel: Path) -> tuple[tuple[str, str, str], ...]:
-    found: list[tuple[str, str]] = []
+    found: list[tuple[str, str, str]] = []
     with gym_wheel.opened() as archive:
-        taken = {*shipped_environments(), *catalog_folders(), *config_names(), *_agent_configs(archive)}
+        taken = {*shipped_environments(), *catalog_folders(), *config_names(), *_agent_configs_of(wheel)}
         for member in sorted(archive.namelist()):
             if not member.startswith(f"{_BENCHMARKS}/") or not member.endswith("/manifest.yaml"):
                 continue
@@ -318,12 +312,10 @@ def _benchmark_environments(wheel: Path) -> tuple[tuple[str, str, str], ...]:
                     posixpath.join(posixpath.dirname(member), str(manifest.get("config_path") or "config.yaml"))
                 )
                 if manifest.get("agent_server") == "simple_agent" and grader_settings(config):
-                    found.append((str(manifest.get("name")), config))
-    result = []
-    for name, config in found:
-        key = name.replace("/", ".")
-        result.append((f"{key}{BENCHMARK_SUFFIX}" if key in taken else key, name, config))
-    return tuple(result)
+                    name = str(manifest.get("name"))
+                    key = name.replace("/", ".")
+                    found.append((f"{key}{BENCHMARK_SUFFIX}" if key in taken else key, name, config))
+    return tuple(found)
 
 
 def _benchmark_key(name: str) -> str | None:
@@ -355,19 +347,12 @@ def refused_folders() -> dict[str, str]:
 @functools.lru_cache(maxsize=4)
 def _refused_folders(wheel: Path) -> tuple[tuple[str, str], ...]:
     found: dict[str, str] = {}
-    with gym_wheel.opened() as archive:
-        configs = [
-            (member, load_yaml(archive.read(member)))
-            for member in sorted(archive.namelist())
-            if member.count("/") == 2 and member.startswith(f"{_CATALOG}/") and member.endswith("/config.yaml")
-        ]
-    for member, config in configs:
+    for member, config in _folder_configs():
         name = member.split("/")[1]
-        own = config if isinstance(config, dict) else {}
-        agents = {kind for _, group, kind, _ in server_blocks(own) if group == "responses_api_agents"}
+        agents = {kind for _, group, kind, _ in server_blocks(config) if group == "responses_api_agents"}
         if not agents or agents <= set(PLAYED_AGENTS):
             continue
-        reason = config_refusal(name, own, shipped_config(member))
+        reason = config_refusal(name, config, shipped_config(member))
         if reason:
             found[name] = reason
     return tuple(found.items())
@@ -386,16 +371,9 @@ def config_refusal(name: str, config: Mapping[str, Any], composed: Mapping[str, 
         *(("responses_api_agents", "agent", kind) for kind in agents),
         *((_GROUP, "resources server", k) for k in servers),
     ]
-    with gym_wheel.opened() as archive:
-        members = set(archive.namelist())
-        texts = {
-            (group, kind): archive.read(f"{group}/{kind}/requirements.txt").decode("utf-8")
-            for group, _, kind in parts
-            if f"{group}/{kind}/requirements.txt" in members
-        }
     for group, role, kind in parts:
         try:
-            _requirement_lines(name, texts.get((group, kind), ""))
+            _requirement_lines(name, _requirements_text(group, kind))
         except GymEnvironmentError as error:
             return str(error).replace("its requirements.txt", f"its {role} {kind}'s requirements.txt")
     for kind in agents:
@@ -439,9 +417,9 @@ def _server_configs(wheel: Path) -> dict[str, tuple[str, ...]]:
     return {server: tuple(sorted(members)) for server, members in found.items()}
 
 
-def _config_member(name: str, archive: zipfile.ZipFile) -> str:
+def _config_member(name: str) -> str:
     folder = f"{_GROUP}/{name}/configs/"
-    found = list(_server_configs(Path(str(archive.filename))).get(name, ()))
+    found = list(_server_configs(gym_wheel.wheel_path()).get(name, ()))
     named = f"{folder}{name}.yaml"
     if named in found:
         return named
@@ -478,6 +456,12 @@ def _requirement_lines(name: str, text: str) -> tuple[str, ...]:
             )
         lines.append(line)
     return tuple(lines)
+
+
+def _requirements_text(group: str, kind: str) -> str:
+    """The wheel's ``<group>/<kind>/requirements.txt`` (empty when it ships none)."""
+    member = f"{group}/{kind}/requirements.txt"
+    return gym_wheel.read_member(member).decode("utf-8") if gym_wheel.ships(member) else ""
 
 
 def _agent(entry: Any) -> dict[str, Any] | None:
@@ -561,13 +545,9 @@ def _driver(config: Mapping[str, Any], instance: str, routed: bool) -> str | Non
     return found[0][0] if found else None
 
 
-def _agent_configs(archive: zipfile.ZipFile) -> dict[str, str]:
-    """``X`` -> the shipped config holding agent ``X_simple_agent`` (how rows name environments)."""
-    return _agent_configs_of(Path(str(archive.filename)))
-
-
 @functools.lru_cache(maxsize=4)
 def _agent_configs_of(wheel: Path) -> dict[str, str]:
+    """``X`` -> the shipped config holding agent ``X_simple_agent`` (how rows name environments)."""
     found: dict[str, str] = {}
     with gym_wheel.opened() as archive:
         reads = {member: archive.read(member) for member in filter(_is_server_config, archive.namelist())}
@@ -588,10 +568,7 @@ def _is_server_config(member: str) -> bool:
 def check_shipped(names: Sequence[str]) -> None:
     """``UnknownEnvironmentError`` (one line, close matches suggested) unless nemo-gym ships every
     one of ``names``, as :func:`plan` takes them."""
-    _check_spellings(names)
-    known = sorted({*shipped_environments(), *catalog_folders(), *config_names(), *benchmark_environments()})
-    with zipfile.ZipFile(gym_wheel.wheel_path()) as archive:
-        _check_shipped([_served_name(n) for n in names], known, archive)
+    _check_shipped(names)
 
 
 def _served_name(name: str) -> str:
@@ -601,38 +578,38 @@ def _served_name(name: str) -> str:
     return _benchmark_key(name) or name
 
 
-def _check_spellings(names: Sequence[str]) -> None:
-    problems = [problem for n in names if (problem := _spelling_problem(n))]
+def _check_shipped(said: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """:func:`check_shipped`'s check: the names as :func:`plan` keys them, and the shipped agents'
+    configs it needs (none when every name is a folder)."""
+    problems = [problem for n in said if (problem := _spelling_problem(n))]
     if problems:
-        raise UnknownEnvironmentError("; ".join(problems), 0)
-
-
-def _check_shipped(names: Sequence[str], shipped: Sequence[str], archive: zipfile.ZipFile) -> dict[str, str]:
-    """The shipped agents' configs :func:`plan` needs (none when every name is a folder)."""
-    agents = {} if set(names) <= set(shipped) else _agent_configs(archive)
+        raise UnknownEnvironmentError("; ".join(problems))
+    names = [_served_name(n) for n in said]
+    shipped = sorted({*shipped_environments(), *catalog_folders(), *config_names(), *benchmark_environments()})
+    wheel = gym_wheel.wheel_path()
+    agents = {} if set(names) <= set(shipped) else _agent_configs_of(wheel)
     unknown = [n for n in names if n not in shipped and n not in agents]
     refused = refused_folders() if unknown else {}
     if any(n in refused for n in unknown):
         raise GymEnvironmentError("; ".join(refused[n] for n in unknown if n in refused))
-    folders = _server_configs(Path(str(archive.filename)))
+    folders = _server_configs(wheel)
     base = [n for n in unknown if n in folders]  # a folder with configs but no app.py
     if base:
-        raise GymEnvironmentError("; ".join(f"environment {n!r}: {_no_server(n, folders[n], archive)}" for n in base))
+        raise GymEnvironmentError("; ".join(f"environment {n!r}: {_no_server(n, folders[n])}" for n in base))
     if unknown:
         lines = []
         for name in unknown:
             close = _close_names(name, {*shipped, *agents})
             hint = f"did you mean {', '.join(close)}?" if close else "no similar name"
             lines.append(f"{name!r} is not an environment nemo-gym ships ({hint})")
-        raise UnknownEnvironmentError("; ".join(lines), len(shipped))
-    return agents
+        raise UnknownEnvironmentError("; ".join(lines))
+    return names, agents
 
 
-def _no_server(name: str, configs: Sequence[str], archive: zipfile.ZipFile) -> str:
+def _no_server(name: str, configs: Sequence[str]) -> str:
     """Why a resources-server folder without ``app.py`` is served by nothing: its config's entrypoint
     and description (``gymnasium``: a base class other servers import)."""
-    config = load_yaml(archive.read(configs[0]))
-    block = ((config.get(name) or {}).get("resources_servers") or {}).get(name) if isinstance(config, dict) else None
+    block = ((own_config(configs[0]).get(name) or {}).get(_GROUP) or {}).get(name)
     said = block if isinstance(block, dict) else {}
     entry = said.get("entrypoint") or "no app.py"
     about = f" ({said['description']})" if said.get("description") else ""
@@ -662,54 +639,46 @@ def plan(names: Sequence[str], *, routed: bool = False) -> list[EnvironmentPlan]
     (docs/environments.md, "NeMo-Gym's catalog"). ``resources_servers/NAME`` is ``NAME``."""
     if not names:
         return []
-    _check_spellings(names)
-    names = [_served_name(n) for n in names]
+    served, agents = _check_shipped(names)
     shipped = shipped_environments()
     folders = catalog_folders()
     stems = config_names()
     benchmarks = benchmark_environments()
     plans: list[EnvironmentPlan] = []
-    with gym_wheel.opened() as archive:
-        members = archive.namelist()
-        agents = _check_shipped(names, sorted({*shipped, *folders, *stems, *benchmarks}), archive)
-        for name in dict.fromkeys(names):
-            if name in benchmarks:
-                plans.append(_benchmark_plan(name, benchmarks[name][1], members, archive, routed))
-                continue
-            if name in shipped:
-                config = _config_member(name, archive)
-            elif name in folders:
-                config = folders[name]
-            else:
-                config = stems[name] if name in stems else agents[name]
-            composed = load_yaml(archive.read(config)) or {}
-            folder = (
-                config.split("/")[1]
-                if config.startswith(f"{_GROUP}/")
-                else next(kind for _, group, kind, _ in server_blocks(composed) if group == _GROUP)
+    for name in dict.fromkeys(served):
+        if name in benchmarks:
+            plans.append(_benchmark_plan(name, benchmarks[name][1], routed))
+            continue
+        if name in shipped:
+            config = _config_member(name)
+        elif name in folders:
+            config = folders[name]
+        else:
+            config = stems[name] if name in stems else agents[name]
+        composed = own_config(config)
+        folder = (
+            config.split("/")[1]
+            if config.startswith(f"{_GROUP}/")
+            else next(kind for _, group, kind, _ in server_blocks(composed) if group == _GROUP)
+        )
+        if not any(group == _GROUP and kind == folder for _, group, kind, _ in server_blocks(composed)):
+            composed = shipped_config(config)  # its resources server comes from a config it pulls in
+        instance, steps = _instance(name, folder, composed, config)
+        twin = next((p.name for p in plans if p.instance == instance), None)
+        if twin is not None:
+            raise GymEnvironmentError(
+                f"environments {twin!r} and {name!r} are both served by instance {instance!r} of "
+                f"resources_servers/{folder}; give one of them (another config needs a serve of its own)"
             )
-            requirements = f"{_GROUP}/{folder}/requirements.txt"
-            text = archive.read(requirements).decode("utf-8") if requirements in members else ""
-            if not any(group == _GROUP and kind == folder for _, group, kind, _ in server_blocks(composed)):
-                composed = shipped_config(config)  # its resources server comes from a config it pulls in
-            instance, steps = _instance(name, folder, composed, config)
-            twin = next((p.name for p in plans if p.instance == instance), None)
-            if twin is not None:
-                raise GymEnvironmentError(
-                    f"environments {twin!r} and {name!r} are both served by instance {instance!r} of "
-                    f"resources_servers/{folder}; give one of them (another config needs a serve of its own)"
-                )
-            driver = _driver(composed, instance, routed)
-            reward_range = _REWARD_RANGES.get(name) if driver else None
-            needs = _requirement_lines(name, text)
-            plans.append(EnvironmentPlan(name, config, instance, needs, steps, driver, reward_range))
+        driver = _driver(composed, instance, routed)
+        reward_range = _REWARD_RANGES.get(name) if driver else None
+        needs = _requirement_lines(name, _requirements_text(_GROUP, folder))
+        plans.append(EnvironmentPlan(name, config, instance, needs, steps, driver, reward_range))
     _check_inherited(plans)
     return plans
 
 
-def _benchmark_plan(
-    name: str, config: str, members: Collection[str], archive: zipfile.ZipFile, routed: bool
-) -> EnvironmentPlan:
+def _benchmark_plan(name: str, config: str, routed: bool) -> EnvironmentPlan:
     """Benchmark ``name`` served from its own config: the resources server its ``simple_agent``
     plays, with the settings the config gives it."""
     composed = inherited_config(config)
@@ -727,12 +696,10 @@ def _benchmark_plan(
     if len(played) != 1 or len(servers) != 1:
         raise GymEnvironmentError(f"benchmark {name!r}: {config} has no one resources server its simple_agent plays")
     instance, folder = servers[0]
-    requirements = f"{_GROUP}/{folder}/requirements.txt"
-    text = archive.read(requirements).decode("utf-8") if requirements in members else ""
     steps = played[0][1].get("max_steps")
-    driver = _driver(composed, instance, routed)
+    needs = _requirement_lines(name, _requirements_text(_GROUP, folder))
     return EnvironmentPlan(
-        name, config, instance, _requirement_lines(name, text), steps if isinstance(steps, int) else None, driver
+        name, config, instance, needs, steps if isinstance(steps, int) else None, _driver(composed, instance, routed)
     )
 
 
@@ -800,19 +767,16 @@ def _payload(
     """What nemo-gym's parser is given for ``plans``: their configs, the policy model's (the
     routing model when agents are served), and ``serve``'s layer over each (datasets dropped,
     the judge wired, every model call given its rollout id when ``routed``)."""
-    payload = layer([plan_config(p) for p in plans], judge)
-    payload.update(
-        {
-            "config_paths": [str(site_packages / p.config) for p in plans]
-            + [str(_ROUTING_CONFIG if routed else site_packages / MODEL_CONFIG)]
-            + [str(path) for path in extra_configs],
-            "policy_base_url": policy_base_url,
-            "policy_api_key": "unused",
-            "policy_model_name": "policy",
-            **(_ROLLOUT_ID_SETTING if routed else {}),
-        }
-    )
-    return payload
+    return {
+        **layer([plan_config(p) for p in plans], judge),
+        "config_paths": [str(site_packages / p.config) for p in plans]
+        + [str(_ROUTING_CONFIG if routed else site_packages / MODEL_CONFIG)]
+        + [str(path) for path in extra_configs],
+        "policy_base_url": policy_base_url,
+        "policy_api_key": "unused",
+        "policy_model_name": "policy",
+        **(_ROLLOUT_ID_SETTING if routed else {}),
+    }
 
 
 def compose_each(gym: GymVenv, plans: Sequence[EnvironmentPlan], judge: Judge | None, cwd: Path) -> dict[str, str]:
@@ -982,24 +946,17 @@ class EnvironmentServers:
         self._cli_bins: dict[str, Path] = {}
         """Harness agent instance -> the folder of its CLI (``gym/_harness.py``), put first on its PATH."""
 
+    def _url(self, instance: str, advertised: bool) -> str:
+        port = self.ports[instance]
+        return advertised_url(self.host, port) if advertised else f"http://{connect_host(self.host)}:{port}"
+
     def urls(self, advertised: bool = False) -> dict[str, str]:
         """Environment name -> its resources server's base URL (``advertised``: for other machines)."""
-        return {
-            p.name: advertised_url(self.host, self.ports[p.instance])
-            if advertised
-            else f"http://{connect_host(self.host)}:{self.ports[p.instance]}"
-            for p in self.plans
-        }
+        return {p.name: self._url(p.instance, advertised) for p in self.plans}
 
     def agent_urls(self, advertised: bool = False) -> dict[str, str]:
         """Environment name -> the base URL of the agent server playing it (those that have one)."""
-        return {
-            p.name: advertised_url(self.host, self.ports[p.agent])
-            if advertised
-            else f"http://{connect_host(self.host)}:{self.ports[p.agent]}"
-            for p in self.plans
-            if p.agent
-        }
+        return {p.name: self._url(p.agent, advertised) for p in self.plans if p.agent}
 
     def setting(self) -> str:
         """The ``NEMO_GYM_ENVS`` value for trainers on other machines."""
@@ -1023,9 +980,8 @@ class EnvironmentServers:
             return self.config
         self.state_dir.mkdir(parents=True, exist_ok=True)
         if self.judge is not None and self._gate is None:
-            key = os.environ.get(JUDGE_KEY_ENV)
-            secrets = run_secrets(self.judge.url)
-            self._gate = JudgeGate(self.judge, key, secrets, self.state_dir / f"{JUDGE_INSTANCE}.relay.log")
+            relay_log = self.state_dir / f"{JUDGE_INSTANCE}.relay.log"
+            self._gate = JudgeGate(self.judge, os.environ.get(JUDGE_KEY_ENV), run_secrets(self.judge.url), relay_log)
         payload = _payload(
             self.gym.site_packages,
             self.plans,
@@ -1128,11 +1084,11 @@ class EnvironmentServers:
             env["PATH"] = os.pathsep.join([str(self._cli_bins[name]), env.get("PATH", os.defpath)])
             for variable in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME"):
                 env[variable] = str(tmp / name / variable.split("_")[1].lower())
-        key = os.environ.get(POLICY_KEY_ENV)
-        if self.routed and name == POLICY_MODEL and key:
-            env[POLICY_KEY_ENV] = key  # the routing model's alone (every other process goes without it)
         if self.routed and name == POLICY_MODEL:
-            env[SECRET_VARIABLE] = self.rollout_secret  # likewise the routing model's alone
+            # The routing model's alone (every other process goes without them).
+            if os.environ.get(POLICY_KEY_ENV):
+                env[POLICY_KEY_ENV] = os.environ[POLICY_KEY_ENV]
+            env[SECRET_VARIABLE] = self.rollout_secret
         hidden = [*run_secrets(self.judge.url if self.judge else None), self.rollout_secret]
         log = ServerLog(self.log_path(name), hidden)
         self._logs.append(log)
@@ -1161,18 +1117,17 @@ class EnvironmentServers:
             0.3,
             lambda: listens([process.pid, *pids_with_marker(self._marker)], port),
         )
+        if failed is None:
+            return
+        log = f"{self.log_path(name)}:\n{self.log_tail(name)}"
         if failed == "another":
             raise GymEnvironmentError(
                 f"another program answers on port {port}, not the {name} server serve started; stop that "
-                f"program or give another --port; log {self.log_path(name)}:\n{self.log_tail(name)}"
+                f"program or give another --port; log {log}"
             )
         if failed == "exited":
-            raise GymEnvironmentError(f"{name} exited during start; log {self.log_path(name)}:\n{self.log_tail(name)}")
-        if failed == "timeout":
-            raise GymEnvironmentError(
-                f"{name} did not answer within {self.start_timeout:.0f} s; "
-                f"log {self.log_path(name)}:\n{self.log_tail(name)}"
-            )
+            raise GymEnvironmentError(f"{name} exited during start; log {log}")
+        raise GymEnvironmentError(f"{name} did not answer within {self.start_timeout:.0f} s; log {log}")
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM each server's process group, SIGKILL what is left; idempotent."""

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 
+import yaml
+
 from miles_nemogym.gym._logs import ServerLog, run_secrets
 from miles_nemogym.gym.cluster import ClusterNode, check_cluster
 from miles_nemogym.gym.config import ServeOptions, compose_config_yaml, instance_name
@@ -236,8 +238,6 @@ class GymServer:
         self.cluster_nodes: list[ClusterNode] = []
         """The joined cluster's nodes (``ray_address``), as checked at start."""
 
-    # ------------------------------------------------------------------ properties
-
     @property
     def url(self) -> str:
         """``http://<host>:<port>`` as a client on this machine dials it."""
@@ -286,8 +286,6 @@ class GymServer:
         except (OSError, GymServerError):
             return "(no server log)"
         return "\n".join(text.splitlines()[-lines:])
-
-    # ------------------------------------------------------------------ start
 
     def _environment(self, state: Path, config_yaml: str) -> dict[str, str]:
         env = child_environment()
@@ -354,28 +352,21 @@ class GymServer:
             self.port = self.options.port or free_port(self.options.host)
             self.config_yaml = compose_config_yaml(self.options, self._venv, self.port, state)
             env = self._environment(state, self.config_yaml)
-            if self.options.ray_address:
-                import yaml
-
-                if self._progress:
-                    self._progress(f"checking the Ray cluster at {self.options.ray_address}")
-                try:
+            try:
+                if self.options.ray_address:
+                    if self._progress:
+                        self._progress(f"checking the Ray cluster at {self.options.ray_address}")
                     binaries = node_binaries(self.options.sandbox, yaml.safe_load(self.config_yaml))
                     self.cluster_nodes = check_cluster(
                         self.options.ray_address, self._venv, state, env, binaries=binaries
                     )
-                except BaseException:
-                    self._remove_short_tmp()
-                    raise
-            app = self._venv.agent_dir / "app.py"
-            try:
                 self._log = ServerLog(self.log_path, run_secrets())
             except BaseException:
                 self._remove_short_tmp()
                 raise
             try:
                 self._process = subprocess.Popen(
-                    [str(self._venv.python), str(app)],
+                    [str(self._venv.python), str(self._venv.agent_dir / "app.py")],
                     cwd=state,
                     env=env,
                     stdin=subprocess.DEVNULL,
@@ -398,30 +389,26 @@ class GymServer:
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.start_timeout
         failed = wait_until_answering(f"{self.url}/openapi.json", self.is_running, deadline, 0.5, self._listens)
+        if failed is None:
+            return
+        log = f"{self.log_path}:\n{self.log_tail()}"
         if failed == "exited":
             code = self._process.returncode if self._process else None
-            raise GymServerError(
-                f"the NeMo-Gym server exited during start (exit {code}); log {self.log_path}:\n{self.log_tail()}"
-            )
+            raise GymServerError(f"the NeMo-Gym server exited during start (exit {code}); log {log}")
         if failed == "another":
             raise GymServerError(
                 f"another program answers on {self.url}, not the NeMo-Gym server serve started (still not "
-                f"listening after {self.start_timeout:.0f} s); stop that program or give another --port. "
-                f"Log {self.log_path}:\n{self.log_tail()}"
+                f"listening after {self.start_timeout:.0f} s); stop that program or give another --port. Log {log}"
             )
-        if failed == "timeout":
-            raise GymServerError(
-                f"the NeMo-Gym server did not answer on {self.url} within {self.start_timeout:.0f} s; "
-                f"log {self.log_path}:\n{self.log_tail()}"
-            )
+        raise GymServerError(
+            f"the NeMo-Gym server did not answer on {self.url} within {self.start_timeout:.0f} s; log {log}"
+        )
 
     def _listens(self) -> bool | None:
         """Whether the server listening on :attr:`port` is this one (its process or one it started)."""
         if self._process is None or self.port is None:
             return False
         return listens([self._process.pid, *pids_with_marker(self._marker)], self.port)
-
-    # ------------------------------------------------------------------ stop
 
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM the server's process group, SIGKILL what is left; idempotent."""

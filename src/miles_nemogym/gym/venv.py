@@ -127,11 +127,7 @@ def gym_python_candidates(environ: Mapping[str, str] | None = None) -> list[Path
     for root in roots:
         candidates.extend(_pyenv_candidates(root))
     candidates.extend(Path(d) / name for d in SYSTEM_DIRS)
-    unique: list[Path] = []
-    for path in candidates:
-        if path not in unique and path.exists():
-            unique.append(path)
-    return unique
+    return list(dict.fromkeys(path for path in candidates if path.exists()))
 
 
 def find_gym_python(environ: Mapping[str, str] | None = None) -> Path:
@@ -541,11 +537,9 @@ def _check_explicit_python(ready: GymVenv, report: Progress) -> None:
 
 
 def build_and_publish(root: Path, key: str, build: Callable[[Path], None]) -> Path:
-    """Run ``build`` into a fresh folder under ``root`` and publish it as ``root/key``.
-
+    """Run ``build`` into a fresh folder under ``root`` (returned) and publish it as ``root/key``.
     Call it holding the key's lock: a failed or interrupted build leaves nothing that looks
-    ready, and the debris of earlier ones is removed. Returns the built folder.
-    """
+    ready, and the debris of earlier ones is removed."""
     _remove_debris(root, key)
     build_dir = Path(tempfile.mkdtemp(dir=root, prefix=f"{key}.build-"))
     try:
