@@ -33,3 +33,12 @@ def test_no_module_imports_another_modules_private_names() -> None:
                 private = [alias.name for alias in node.names if alias.name.startswith("_")]
                 crossings += [f"{path.relative_to(package)}: {node.module}.{name}" for name in private]
     assert crossings == []
+
+
+def test_the_command_line_defers_what_only_some_commands_need() -> None:
+    """Every ``miles-nemogym`` command imports ``cli.main``: the YAML parser, serve's composition
+    and the episode views load only in the commands that use them."""
+    code = "import sys, json, miles_nemogym.cli.main; print(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    deferred = {"yaml", "miles_nemogym.gym.composition", "miles_nemogym.store.views"}
+    assert not set(json.loads(done.stdout)) & deferred

@@ -14,7 +14,6 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from miles_nemogym.gym.composition import deep_merged
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, child_environment
 from miles_nemogym.gym.wheel import read_member
 from miles_nemogym.yaml_file import YamlFileError, read_mapping
@@ -183,6 +182,8 @@ def planned_config(options: ServeOptions, port: int, state_dir: Path) -> dict[st
 
     nemo-gym's parser adds only its own run-time defaults (head server, port ranges) on top;
     the integration tests check that every key here comes out of it unchanged."""
+    from miles_nemogym.gym.composition import deep_merged  # here: every CLI command imports this module
+
     result: dict[str, Any] = {}
     for member in (AGENT_CONFIG, provider_config_path(options.sandbox), MODEL_CONFIG):
         try:
