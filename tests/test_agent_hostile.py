@@ -26,6 +26,7 @@ from miles_nemogym import agent, metrics, redaction, reward, transport
 from miles_nemogym.episode import run as episode_run
 from miles_nemogym.runtime import Tally, current
 from tests.support.agent_fixtures import call, fast_env, server
+from tests.support.clean_env import clean_environ
 from tests.support.eventually import eventually
 from tests.support.fault_server import FaultServer
 from tests.support.runtime_settings import UseSettings
@@ -570,6 +571,7 @@ def test_the_pool_is_closed_at_exit_of_a_miles_style_daemon_loop() -> None:
         text=True,
         timeout=120,
         check=False,
+        env=clean_environ(),  # the script names its server in NEMO_GYM_URL; nothing of the shell's
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["ok"] * 20
