@@ -20,6 +20,7 @@ pytest_plugins = [
     "tests.support.clean_env",
     "tests.support.row_fixtures",
     "tests.support.store_fixtures",
+    "tests.support.runtime_settings",
 ]
 
 

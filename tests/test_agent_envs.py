@@ -21,14 +21,16 @@ from miles_nemogym import agent, salvage, transport
 from miles_nemogym.episode.record import ROW_MARKS, eval_overrides
 from miles_nemogym.errors import RunStopped
 from miles_nemogym.filters import check_run
-from miles_nemogym.runtime import current, install
+from miles_nemogym.runtime import current
 from miles_nemogym.store import _reader as reader
-from tests.support.agent_fixtures import call, fast_env, server
+from tests.support.agent_fixtures import ROLLOUT_SECRET, call, fast_env, server
+from tests.support.clean_env import clean_environ
 from tests.support.environment_episodes import MILES_KEYS, chat, env_row, envs, run_env
 from tests.support.eventually import eventually
 from tests.support.fake_resources import fake_resources, row
 from tests.support.fault_server import FaultServer
 from tests.support.ports import free_port
+from tests.support.runtime_settings import UseSettings
 from tests.support.samples import Sample, Status
 from tests.support.scripted_chat import ScriptedChat, Turn, tag, tool
 
@@ -39,10 +41,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 async def test_an_environment_row_runs_the_loop_and_a_swe_row_runs_run(
-    server: FaultServer, chat: ScriptedChat, sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    server: FaultServer, chat: ScriptedChat, sympy_row: dict[str, Any], use_settings: UseSettings
 ) -> None:
     async with fake_resources() as fake:
-        envs(monkeypatch, mcqa=fake.url)
+        envs(use_settings, mcqa=fake.url)
         out = await run_env(chat, env_row("mcqa"))
         assert server.bodies == []  # nothing went to /run
         assert len(fake.seeded) == 1 and len(fake.verified) == 1
@@ -56,14 +58,14 @@ async def test_an_environment_row_runs_the_loop_and_a_swe_row_runs_run(
 
 
 async def test_marks_bookkeeping_and_returned_keys_never_reach_the_resources_server(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
     task = row(tag("gold"), expected_answer="B")
     previous = {"reward": 1.0, "eval_report": {"x": 1}, "nemogym": {"status": "ok"}, "agent_metrics": {"a": 1}}
     bench = {"nemogym_benchmark": {"name": "b", "environment": "mcqa", "num_repeats": 8}}  # convert's mark
     metadata = {**env_row("mcqa"), **eval_overrides("held"), **previous, **bench, "policy_api_key": "sk-row"}
     async with fake_resources() as fake:
-        envs(monkeypatch, mcqa=fake.url)
+        envs(use_settings, mcqa=fake.url)
         out = await run_env(chat, metadata)
     assert out["nemogym"]["status"] == "ok"
     assert list(fake.seeded.values()) == [task]
@@ -73,15 +75,14 @@ async def test_marks_bookkeeping_and_returned_keys_never_reach_the_resources_ser
 
 
 async def test_a_row_marked_with_an_unconfigured_environment_is_invalid_config_logged_once(
-    server: FaultServer, chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    server: FaultServer, chat: ScriptedChat, use_settings: UseSettings, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with fake_resources() as fake:
-        envs(monkeypatch, mcqa=fake.url)
+        envs(use_settings, mcqa=fake.url)
         with caplog.at_level(logging.ERROR, logger="miles_nemogym.agent"):
             outs = [await run_env(chat, env_row("xlam_fc", "unrouted", task=str(i))) for i in range(3)]
         assert len([r for r in caplog.records if "xlam_fc" in r.getMessage()]) == 1
-        monkeypatch.delenv("NEMO_GYM_ENVS")
-        install()  # settings are read once per runtime: a new run sees the change
+        use_settings(NEMO_GYM_ENVS=None)  # a new run (runtime) without it
         unset = await run_env(chat, env_row("xlam_fc"))
     for out in outs:
         record = out["nemogym"]
@@ -96,18 +97,18 @@ async def test_a_row_marked_with_an_unconfigured_environment_is_invalid_config_l
 
 
 async def test_nemo_gym_agent_ref_routes_an_unmarked_row(
-    server: FaultServer, chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    server: FaultServer, chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
     ref = {"type": "responses_api_agents", "name": "mcqa_simple_agent"}
     async with fake_resources() as fake:
-        envs(monkeypatch, mcqa=fake.url)
+        envs(use_settings, mcqa=fake.url)
         out = await run_env(chat, {**row(tag("plain")), "agent_ref": ref, "nemogym_task_id": "mcqa/7"})
     assert (out["nemogym"]["status"], out["nemogym"]["environment"]) == ("ok", "mcqa")
     assert len(fake.seeded) == 1 and server.bodies == []
 
 
 async def test_an_agent_ref_is_read_by_the_rule_convert_applies(
-    server: FaultServer, chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    server: FaultServer, chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
     # NeMo-Gym names environment X's agent X_simple_agent; a bare "mcqa" names no agent of it,
     # as `convert` reads it too (data/_environments.py), so the row is not routed there.
@@ -116,26 +117,26 @@ async def test_an_agent_ref_is_read_by_the_rule_convert_applies(
     ref = {"type": "responses_api_agents", "name": "mcqa"}
     assert not isinstance(environment_of_row({"agent_ref": ref}), str)
     async with fake_resources() as fake:
-        envs(monkeypatch, mcqa=fake.url)
+        envs(use_settings, mcqa=fake.url)
         out = await run_env(chat, {**row(tag("plain")), "agent_ref": ref, "nemogym_task_id": "mcqa/7"})
     assert out["nemogym"]["environment"] == "swe" and not fake.seeded
 
 
 async def test_an_agent_ref_naming_no_configured_environment_stays_a_swe_row(
-    server: FaultServer, sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    server: FaultServer, sympy_row: dict[str, Any], use_settings: UseSettings
 ) -> None:
-    envs(monkeypatch, mcqa="http://127.0.0.1:1")
+    envs(use_settings, mcqa="http://127.0.0.1:1")
     out = await call({**sympy_row, "agent_ref": {"type": "responses_api_agents", "name": "swe_agents"}})
     assert (out["nemogym"]["status"], out["nemogym"]["environment"]) == ("ok", "swe")
     assert len(server.bodies) == 1
 
 
 async def test_record_ledger_store_and_tool_time_of_an_environment_episode(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    chat: ScriptedChat, use_settings: UseSettings, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(tmp_path))
+    use_settings(NEMO_GYM_EPISODE_DIR=str(tmp_path))
     async with fake_resources(delay=0.05, extra={"extracted_answer": "B"}) as fake:
-        envs(monkeypatch, mcqa=fake.url)
+        envs(use_settings, mcqa=fake.url)
         started = time.monotonic()
         trained = await run_env(chat, env_row("mcqa"))
         evaluated = await run_env(chat, {**env_row("mcqa", task="2"), **eval_overrides("mcqa_holdout")})
@@ -153,15 +154,12 @@ async def test_record_ledger_store_and_tool_time_of_an_environment_episode(
     assert stored == {("train", "mcqa", "mcqa/1"), ("eval", "mcqa", "mcqa/2")}
 
 
-async def test_reward_range_applies_to_an_environment_reward(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_reward_range_applies_to_an_environment_reward(chat: ScriptedChat, use_settings: UseSettings) -> None:
     async with fake_resources(reward=2.0) as fake:
-        envs(monkeypatch, mcqa=fake.url)
+        envs(use_settings, mcqa=fake.url)
         outside = await run_env(chat, env_row("mcqa", "plain"))
-        monkeypatch.setenv("NEMO_GYM_REWARD_RANGE", "0,5")
-        monkeypatch.setenv("NEMO_GYM_REWARD_MODE", "partial")  # SWE test counts only: no effect here
-        install()  # a new run reads the changed settings
+        # A new run with changed settings; the reward mode counts SWE tests only: no effect here.
+        use_settings(NEMO_GYM_REWARD_RANGE="0,5", NEMO_GYM_REWARD_MODE="partial")
         inside = await run_env(chat, env_row("mcqa", "plain"))
     record = outside["nemogym"]
     assert (record["failure_kind"], record["server_reward"], outside["reward"]) == ("verifier_error", 2.0, 0.0)
@@ -170,10 +168,10 @@ async def test_reward_range_applies_to_an_environment_reward(
 
 
 async def test_a_failed_environment_episode_is_held_for_its_aborted_sample_by_task(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
     async with fake_resources(seed="500") as fake:
-        envs(monkeypatch, mcqa=fake.url)
+        envs(use_settings, mcqa=fake.url)
         failed = await run_env(chat, env_row("mcqa", "unseeded", task="9"))
     assert failed["nemogym"]["failure_kind"] == "miles_nemogym:seed_failed"
     assert chat.requests("unseeded") == []  # no model call: Miles returns the input sample ABORTED
@@ -187,12 +185,10 @@ async def test_a_failed_environment_episode_is_held_for_its_aborted_sample_by_ta
 
 
 @pytest.mark.parametrize("where", ["awaiting_result", "not_delivered"])
-async def test_abort_stops_an_environment_episode(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, where: str
-) -> None:
+async def test_abort_stops_an_environment_episode(chat: ScriptedChat, use_settings: UseSettings, where: str) -> None:
     async with fake_resources(delay=2) as fake:
         url = fake.url if where == "awaiting_result" else f"http://127.0.0.1:{free_port()}"
-        envs(monkeypatch, mcqa=url)
+        envs(use_settings, mcqa=url)
         task = asyncio.create_task(run_env(chat, env_row("mcqa")))
         if where == "awaiting_result":  # the seed reached the server, which holds it for 2 s
             await eventually(lambda: fake.received, "the seed request reached the server")
@@ -210,12 +206,12 @@ async def test_abort_stops_an_environment_episode(
 
 
 async def test_one_resources_server_down_holds_only_its_own_episodes_until_it_is_back(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
     port = free_port()
     down_url = f"http://127.0.0.1:{port}"
     async with fake_resources() as other:
-        envs(monkeypatch, mcqa=down_url, xlam_fc=other.url)
+        envs(use_settings, mcqa=down_url, xlam_fc=other.url)
         waiting = [asyncio.create_task(run_env(chat, env_row("mcqa", task=str(i)))) for i in range(3)]
         await eventually(lambda: current().circuits.waiting() == 3, "the three mcqa episodes wait for their server")
         finished = await asyncio.wait_for(
@@ -234,11 +230,11 @@ async def test_one_resources_server_down_holds_only_its_own_episodes_until_it_is
 
 
 async def test_a_tool_call_that_may_have_been_delivered_is_masked_not_run_again(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
     chat.script("drop", Turn(tool_calls=(tool("drop"),)), Turn(content="done"))
     async with fake_resources() as fake:
-        envs(monkeypatch, mcqa=fake.url)
+        envs(use_settings, mcqa=fake.url)
         out = await asyncio.wait_for(run_env(chat, env_row("mcqa", "drop")), 10)
     record = out["nemogym"]
     assert (record["failure_kind"], record["attempts"]) == ("transport_peer_drop", 1)
@@ -246,12 +242,12 @@ async def test_a_tool_call_that_may_have_been_delivered_is_masked_not_run_again(
 
 
 async def test_a_tool_call_to_a_server_gone_after_the_seed_is_masked_not_run_again(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
     chat.script("gone", Turn(tool_calls=(tool("echo", a=1),), delay_s=1.0), Turn(content="done"))
     port = free_port()
     async with fake_resources(port=port) as fake:
-        envs(monkeypatch, mcqa=fake.url)
+        envs(use_settings, mcqa=fake.url)
         task = asyncio.create_task(run_env(chat, env_row("mcqa", "gone")))
         await eventually(lambda: fake.seeded, "the episode's session was seeded")
     # The server is gone while the policy writes its tool call: the episode's session was there.
@@ -263,11 +259,11 @@ async def test_a_tool_call_to_a_server_gone_after_the_seed_is_masked_not_run_aga
 
 
 async def test_a_resources_outage_past_its_timeout_fails_its_episodes_and_stops_the_run(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "1")
+    use_settings(NEMO_GYM_OUTAGE_TIMEOUT="1")
     down_url = f"http://127.0.0.1:{free_port()}"
-    envs(monkeypatch, mcqa=down_url)
+    envs(use_settings, mcqa=down_url)
     out = await asyncio.wait_for(run_env(chat, env_row("mcqa")), 10)
     record = out["nemogym"]
     assert (record["failure_kind"], record["mask_sample"]) == ("transport_unreachable", True)
@@ -278,10 +274,10 @@ async def test_a_resources_outage_past_its_timeout_fails_its_episodes_and_stops_
 
 
 async def test_one_connection_pool_per_event_loop_for_environment_episodes(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
     async with fake_resources() as fake:
-        envs(monkeypatch, mcqa=fake.url)
+        envs(use_settings, mcqa=fake.url)
         first = await transport.pool(current().settings.max_concurrency)
         outs = [await run_env(chat, env_row("mcqa", "plain", task=str(i))) for i in range(5)]
         assert [out["nemogym"]["status"] for out in outs] == ["ok"] * 5 and len(fake.seeded) == 5
@@ -314,19 +310,23 @@ def test_an_environment_episode_under_asyncio_run_leaves_no_unclosed_session(tmp
         """
     )
     done = subprocess.run(
-        [sys.executable, "-X", "dev", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-X", "dev", "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=clean_environ(NEMO_GYM_CONNECT_TIMEOUT="2", NEMO_GYM_ROLLOUT_SECRET=ROLLOUT_SECRET),  # fast_env's
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok mcqa"
     assert "Unclosed" not in done.stderr, done.stderr
 
 
-async def test_a_failure_streak_names_the_servers_it_came_from(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("NEMO_GYM_MAX_FAILURE_STREAK", "3")
+async def test_a_failure_streak_names_the_servers_it_came_from(chat: ScriptedChat, use_settings: UseSettings) -> None:
+    use_settings(NEMO_GYM_MAX_FAILURE_STREAK="3")
     async with fake_resources(seed="500") as fake:
-        envs(monkeypatch, mcqa=fake.url)
+        envs(use_settings, mcqa=fake.url)
         for i in range(3):
             await run_env(chat, env_row("mcqa", "unseeded", task=str(i)))
     with pytest.raises(RunStopped, match="miles_nemogym:seed_failed x3") as stopped:
@@ -337,10 +337,10 @@ async def test_a_failure_streak_names_the_servers_it_came_from(
 
 @pytest.mark.parametrize("base_url", ["not a url", "ftp://h/sessions/s", "http://[::1/sessions/s"])
 async def test_an_environment_row_with_a_session_url_that_is_not_http_is_refused_before_anything_is_sent(
-    monkeypatch: pytest.MonkeyPatch, base_url: str
+    use_settings: UseSettings, base_url: str
 ) -> None:
     async with fake_resources() as fake:
-        envs(monkeypatch, mcqa=fake.url)
+        envs(use_settings, mcqa=fake.url)
         out = await call({**env_row("mcqa"), **MILES_KEYS}, base_url=base_url)
         assert not fake.seeded and not fake.verified
     record = out["nemogym"]

@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 
 from miles_nemogym import agent, reward, transport
-from miles_nemogym.runtime import current, install
+from miles_nemogym.runtime import current
 from tests.support.agent_fixtures import SESSION, call, fast_env, server
 from tests.support.eventually import eventually
 from tests.support.fault_server import FaultServer, ResetAfterBodyServer
 from tests.support.ports import free_port
 from tests.support.results import partially_passing
+from tests.support.runtime_settings import UseSettings
 from tests.support.samples import Sample
 
 __all__ = ["fast_env", "server"]  # fixtures used by name
@@ -40,10 +41,10 @@ async def test_graded_episode_is_a_valid_measurement(
 
 
 async def test_server_down_then_up_is_sent_again_into_one_episode(
-    sympy_row: dict[str, Any], sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    sympy_row: dict[str, Any], sympy_result: dict[str, Any], use_settings: UseSettings
 ) -> None:
     port = free_port()
-    monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{port}")
+    use_settings(NEMO_GYM_URL=f"http://127.0.0.1:{port}")
     srv = FaultServer(result=sympy_result, port=port)
     task = asyncio.create_task(call(sympy_row))
     await eventually(current().circuits.waiting, "a try found the server down")
@@ -60,10 +61,10 @@ async def test_server_down_then_up_is_sent_again_into_one_episode(
 
 
 async def test_server_down_for_good_is_unreachable_after_the_outage_timeout(
-    sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    sympy_row: dict[str, Any], use_settings: UseSettings
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")
-    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "1")
+    use_settings(NEMO_GYM_URL=f"http://127.0.0.1:{free_port()}")
+    use_settings(NEMO_GYM_OUTAGE_TIMEOUT="1")
     out = await call(sympy_row)
     await transport.close_pools()
     record = out["nemogym"]
@@ -73,10 +74,10 @@ async def test_server_down_for_good_is_unreachable_after_the_outage_timeout(
 
 
 async def test_reset_after_body_is_a_peer_drop_never_resent(
-    sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    sympy_row: dict[str, Any], use_settings: UseSettings
 ) -> None:
     srv = await ResetAfterBodyServer().start()
-    monkeypatch.setenv("NEMO_GYM_URL", srv.url)
+    use_settings(NEMO_GYM_URL=srv.url)
     try:
         out = await call(sympy_row)
     finally:
@@ -123,10 +124,10 @@ async def test_422_is_logged_once_with_a_hint(
 
 
 async def test_deadline_exceeded_is_agent_timeout(
-    server: FaultServer, sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    server: FaultServer, sympy_row: dict[str, Any], use_settings: UseSettings
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "1")
-    monkeypatch.setenv("NEMO_GYM_TIMEOUT_REWARD", "mask")  # every timeout masked (tests/test_timeouts.py: zero)
+    use_settings(NEMO_GYM_RUN_TIMEOUT="1")
+    use_settings(NEMO_GYM_TIMEOUT_REWARD="mask")  # every timeout masked (tests/test_timeouts.py: zero)
     server.hold_s = 60  # far past the deadline: the outcome can only come from it
     out = await asyncio.wait_for(call(sympy_row), 30)
     assert out["nemogym"]["failure_kind"] == "agent_timeout"
@@ -185,9 +186,9 @@ async def test_300_concurrent_runs_share_one_pool_without_queueing(
 
 
 async def test_external_host_rewrites_the_policy_url(
-    server: FaultServer, sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    server: FaultServer, sympy_row: dict[str, Any], use_settings: UseSettings
 ) -> None:
-    monkeypatch.setenv("MILES_ROUTER_EXTERNAL_HOST", "trainer-7.cluster")
+    use_settings(MILES_ROUTER_EXTERNAL_HOST="trainer-7.cluster")
     await call(sympy_row, base_url="http://0.0.0.0:30010/sessions/abc")
     assert server.bodies[-1]["policy_base_url"] == "http://trainer-7.cluster:30010/sessions/abc/v1"
 
@@ -202,11 +203,11 @@ async def test_wildcard_session_host_becomes_the_route_to_the_gym_host(
 async def test_api_key_reaches_the_server_but_never_the_sample_or_logs(
     server: FaultServer,
     sympy_row: dict[str, Any],
-    monkeypatch: pytest.MonkeyPatch,
+    use_settings: UseSettings,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     secret = "sk-test-SECRET-4242"
-    monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", secret)
+    use_settings(NEMO_GYM_POLICY_API_KEY=secret)
     server.mode = "echo_key_error"
     with caplog.at_level(logging.DEBUG):
         out = await call(sympy_row)
@@ -232,9 +233,9 @@ async def test_bad_task_row_is_recorded_not_sent(server: FaultServer, sympy_row:
 
 
 async def test_bad_configuration_is_recorded_with_the_variable_name(
-    server: FaultServer, sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    server: FaultServer, sympy_row: dict[str, Any], use_settings: UseSettings
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "1h")
+    use_settings(NEMO_GYM_RUN_TIMEOUT="1h")
     out = await call(sympy_row)
     assert out["nemogym"]["failure_kind"] == "miles_nemogym:invalid_config"
     assert "NEMO_GYM_RUN_TIMEOUT" in out["nemogym"]["failure_reason"]
@@ -242,14 +243,13 @@ async def test_bad_configuration_is_recorded_with_the_variable_name(
 
 
 def test_a_new_event_loop_gets_its_own_session(
-    sympy_row: dict[str, Any], sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    sympy_row: dict[str, Any], sympy_result: dict[str, Any], use_settings: UseSettings
 ) -> None:
     """Miles may run several loops over a process's life; a session never crosses loops."""
 
     async def once() -> None:
         srv = await FaultServer(result=sympy_result).start()
-        monkeypatch.setenv("NEMO_GYM_URL", srv.url)
-        install()  # each loop a new run: its settings name this server
+        use_settings(NEMO_GYM_URL=srv.url)  # each loop a new run: its settings name this server
         try:
             assert transport.open_pools() == 0  # the other loop's open pool is not this loop's
             out = await call(sympy_row)
@@ -290,11 +290,11 @@ async def test_a_caller_cancelled_during_abort_still_sees_its_cancellation(
 async def test_an_echoed_key_is_removed_before_any_truncation(
     server: FaultServer,
     sympy_row: dict[str, Any],
-    monkeypatch: pytest.MonkeyPatch,
+    use_settings: UseSettings,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     secret = "sk-SECRET-0123456789abcdefghij"
-    monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", secret)
+    use_settings(NEMO_GYM_POLICY_API_KEY=secret)
     server.mode = "echo_key_422"
     server.error_note = "echoed-key test: "
     with caplog.at_level(logging.DEBUG):
@@ -327,7 +327,7 @@ async def test_odd_rows_built_in_python_are_recorded_not_raised(
 async def test_returned_reward_is_final_in_each_reward_mode(
     gym_example_rows: list[dict[str, Any]],
     gym_example_rollouts: list[dict[str, Any]],
-    monkeypatch: pytest.MonkeyPatch,
+    use_settings: UseSettings,
     mode: str,
     expected: float,
 ) -> None:
@@ -336,8 +336,8 @@ async def test_returned_reward_is_final_in_each_reward_mode(
     row = next(r for r in gym_example_rows if r["instance_id"].startswith("pylint"))
     result = partially_passing(next(r for r in gym_example_rollouts if r["instance_id"] == row["instance_id"]), 4)
     srv = await FaultServer(result=result).start()
-    monkeypatch.setenv("NEMO_GYM_URL", srv.url)
-    monkeypatch.setenv("NEMO_GYM_REWARD_MODE", mode)
+    use_settings(NEMO_GYM_URL=srv.url)
+    use_settings(NEMO_GYM_REWARD_MODE=mode)
     try:
         out = await call(row)
     finally:
@@ -353,16 +353,14 @@ async def test_returned_reward_is_final_in_each_reward_mode(
 
 
 async def test_every_path_finishes_with_an_episode_id_and_the_task_instance(
-    server: FaultServer, sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    server: FaultServer, sympy_row: dict[str, Any], use_settings: UseSettings
 ) -> None:
     graded = await call(sympy_row)
     bad_route = await call(sympy_row, base_url="http://127.0.0.1:notaport/sessions/x")
-    monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens
-    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "0.2")
-    install()  # each new setting: a new run
+    # Each new setting: a new run. Nothing listens at this URL.
+    use_settings(NEMO_GYM_URL=f"http://127.0.0.1:{free_port()}", NEMO_GYM_OUTAGE_TIMEOUT="0.2")
     undelivered = await call(sympy_row)
-    monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "1h")
-    install()
+    use_settings(NEMO_GYM_RUN_TIMEOUT="1h")
     bad_settings = await call(sympy_row)
     outs = [graded, bad_route, undelivered, bad_settings]
     kinds = [out["nemogym"]["failure_kind"] for out in outs]

@@ -24,10 +24,12 @@ from aiohttp import web
 
 from miles_nemogym import agent, metrics, redaction, reward, transport
 from miles_nemogym.episode import run as episode_run
-from miles_nemogym.runtime import Tally, current, install
+from miles_nemogym.runtime import Tally, current
 from tests.support.agent_fixtures import call, fast_env, server
+from tests.support.clean_env import clean_environ
 from tests.support.eventually import eventually
 from tests.support.fault_server import FaultServer
+from tests.support.runtime_settings import UseSettings
 from tests.support.samples import Sample
 
 __all__ = ["fast_env", "server"]  # fixtures used by name
@@ -59,11 +61,11 @@ def assert_no_key_fragment(*texts: str) -> None:
 async def test_an_escaped_echo_cut_by_truncation_leaks_no_piece_of_the_key(
     server: FaultServer,
     sympy_row: dict[str, Any],
-    monkeypatch: pytest.MonkeyPatch,
+    use_settings: UseSettings,
     caplog: pytest.LogCaptureFixture,
     form: str,
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", KEY)
+    use_settings(NEMO_GYM_POLICY_API_KEY=KEY)
     encoded = {
         "slash": KEY.replace("/", "\\/"),
         "unicode": "".join(f"\\u{ord(c):04x}" for c in KEY),
@@ -83,9 +85,9 @@ async def test_an_escaped_echo_cut_by_truncation_leaks_no_piece_of_the_key(
 
 
 async def test_a_key_used_as_an_object_key_in_the_result_is_redacted(
-    server: FaultServer, sympy_row: dict[str, Any], sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    server: FaultServer, sympy_row: dict[str, Any], sympy_result: dict[str, Any], use_settings: UseSettings
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", KEY)
+    use_settings(NEMO_GYM_POLICY_API_KEY=KEY)
 
     def answer(body: dict[str, Any]) -> web.Response:
         metadata = {**sympy_result["metadata"], "echo": {KEY: 1, "plain " + KEY: 2}}
@@ -103,13 +105,13 @@ async def test_a_key_used_as_an_object_key_in_the_result_is_redacted(
 async def test_an_undecodable_result_holding_the_key_is_scrubbed(
     server: FaultServer,
     sympy_row: dict[str, Any],
-    monkeypatch: pytest.MonkeyPatch,
+    use_settings: UseSettings,
     caplog: pytest.LogCaptureFixture,
     answer: str,
 ) -> None:
     """A 200 answer is scrubbed only in the parts kept; one that does not parse is
     scrubbed whole before its error is quoted."""
-    monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", KEY)
+    use_settings(NEMO_GYM_POLICY_API_KEY=KEY)
     server.respond = lambda body: json_answer(answer % KEY.replace("/", "\\/"))
     with caplog.at_level(logging.DEBUG):
         out = await call(sympy_row)
@@ -141,12 +143,12 @@ def test_the_scrubber_removes_every_encoding_and_nothing_else(encoded: str) -> N
 async def test_a_short_key_is_sent_not_redacted_and_never_fails_the_sample(
     server: FaultServer,
     sympy_row: dict[str, Any],
-    monkeypatch: pytest.MonkeyPatch,
+    use_settings: UseSettings,
     caplog: pytest.LogCaptureFixture,
     short_key: str,
 ) -> None:
     # Warned once per key per process; no other test uses these keys.
-    monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", short_key)
+    use_settings(NEMO_GYM_POLICY_API_KEY=short_key)
     with caplog.at_level(logging.WARNING):
         first = await call(sympy_row)
         second = await call(sympy_row)
@@ -163,12 +165,11 @@ async def test_a_short_key_is_sent_not_redacted_and_never_fails_the_sample(
 
 
 async def test_credentials_in_urls_never_reach_reasons_or_logs(
-    server: FaultServer, sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    server: FaultServer, sympy_row: dict[str, Any], use_settings: UseSettings, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.DEBUG):
         bad_session = await call(sympy_row, base_url="http://miles:sessionpw@127.0.0.1:notaport/sessions/x")
-        monkeypatch.setenv("NEMO_GYM_URL", "http://gym:gympw@127.0.0.1:99999")
-        install()  # a new run reads it
+        use_settings(NEMO_GYM_URL="http://gym:gympw@127.0.0.1:99999")  # a new run with it
         bad_gym = await call(sympy_row)
     assert bad_session["nemogym"]["failure_kind"] == INVALID_REQUEST
     assert "miles:***@" in bad_session["nemogym"]["failure_reason"]
@@ -229,10 +230,10 @@ async def test_a_non_finite_reward_leaves_a_strict_json_record(
 
 
 async def test_the_reward_range_is_a_setting(
-    server: FaultServer, sympy_row: dict[str, Any], sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    server: FaultServer, sympy_row: dict[str, Any], sympy_result: dict[str, Any], use_settings: UseSettings
 ) -> None:
     server.respond = lambda body: web.json_response(graded(sympy_result, reward=-0.5))
-    monkeypatch.setenv("NEMO_GYM_REWARD_RANGE", "-1,1")
+    use_settings(NEMO_GYM_REWARD_RANGE="-1,1")
     out = await call(sympy_row)
     assert (out["nemogym"]["status"], out["reward"]) == ("ok", -0.5)
 
@@ -264,9 +265,9 @@ async def test_the_instance_id_is_compared_case_insensitively(
 
 
 async def test_a_gzip_bomb_is_refused_at_the_cap_without_reading_it_all(
-    server: FaultServer, sympy_row: dict[str, Any], sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    server: FaultServer, sympy_row: dict[str, Any], sympy_result: dict[str, Any], use_settings: UseSettings
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_MAX_RESULT_BYTES", str(4 * 1024 * 1024))
+    use_settings(NEMO_GYM_MAX_RESULT_BYTES=str(4 * 1024 * 1024))
     padding = " " * (256 * 1024 * 1024)  # 256 MiB decoded, ~250 KB on the wire
     bomb = gzip.compress(json.dumps(sympy_result).encode()[:-1] + b', "pad": "' + padding.encode() + b'"}', 1)
     assert len(bomb) < 2 * 1024 * 1024
@@ -294,11 +295,11 @@ def chunked_answer(text: str) -> web.Response:
 async def test_an_oversized_plain_answer_is_refused(
     server: FaultServer,
     sympy_row: dict[str, Any],
-    monkeypatch: pytest.MonkeyPatch,
+    use_settings: UseSettings,
     framing: Callable[[str], web.Response],
     at_least: str,
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_MAX_RESULT_BYTES", "2048")
+    use_settings(NEMO_GYM_MAX_RESULT_BYTES="2048")
     server.respond = lambda body: framing('{"reward": 1.0, "pad": "' + "x" * 5000 + '"}')
     out = await call(sympy_row)
     assert (out["nemogym"]["failure_kind"], out["nemogym"]["mask_sample"]) == ("agent_run_error", True)
@@ -357,9 +358,9 @@ async def test_a_large_answer_is_classified_in_a_worker_thread(
     ],
 )
 async def test_unusable_settings_are_invalid_config_before_any_request(
-    server: FaultServer, sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch, var: str, value: str
+    server: FaultServer, sympy_row: dict[str, Any], use_settings: UseSettings, var: str, value: str
 ) -> None:
-    monkeypatch.setenv(var, value)
+    use_settings(**{var: value})
     out = await call(sympy_row)
     assert out["nemogym"]["failure_kind"] == "miles_nemogym:invalid_config"
     assert var in out["nemogym"]["failure_reason"]
@@ -492,11 +493,11 @@ async def test_the_callers_cancellation_propagates_even_with_an_abort(
 
 
 async def test_abort_while_waiting_out_an_outage_counts_the_episode_as_not_delivered(
-    sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch, fast_env: None, caplog: pytest.LogCaptureFixture
+    sympy_row: dict[str, Any], use_settings: UseSettings, fast_env: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     from tests.support.ports import free_port
 
-    monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens
+    use_settings(NEMO_GYM_URL=f"http://127.0.0.1:{free_port()}")  # nothing listens
     task = asyncio.create_task(call(sympy_row))
     await eventually(current().circuits.waiting, "the episode waits out the outage")
     with caplog.at_level(logging.INFO, logger="miles_nemogym"):
@@ -510,8 +511,8 @@ async def test_abort_while_waiting_out_an_outage_counts_the_episode_as_not_deliv
 # --- the hooks never raise --------------------------------------------------------------------
 
 
-async def test_the_reward_hook_scores_under_bad_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "1h")
+async def test_the_reward_hook_scores_under_bad_settings(use_settings: UseSettings) -> None:
+    use_settings(NEMO_GYM_RUN_TIMEOUT="1h")
     ok = Sample(metadata={"reward": 1.0, "nemogym": {"mask_sample": False}})
     masked = Sample(metadata={"reward": 1.0, "nemogym": {"mask_sample": True}})
     assert await reward.reward_func(None, [ok, masked]) == [1.0, 0.0]
@@ -526,9 +527,9 @@ async def test_the_reward_hook_scores_under_bad_settings(monkeypatch: pytest.Mon
     ],
 )
 async def test_partial_mode_with_corrupted_counts_scores_the_server_reward(
-    monkeypatch: pytest.MonkeyPatch, counts: dict[str, Any], expected: float
+    use_settings: UseSettings, counts: dict[str, Any], expected: float
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_REWARD_MODE", "partial")
+    use_settings(NEMO_GYM_REWARD_MODE="partial")
     record = {
         "mask_sample": False,
         "resolved": False,
@@ -570,6 +571,7 @@ def test_the_pool_is_closed_at_exit_of_a_miles_style_daemon_loop() -> None:
         text=True,
         timeout=120,
         check=False,
+        env=clean_environ(),  # the script names its server in NEMO_GYM_URL; nothing of the shell's
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["ok"] * 20

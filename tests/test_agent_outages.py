@@ -19,9 +19,11 @@ from miles_nemogym import filters
 from miles_nemogym.episode.record import eval_overrides
 from miles_nemogym.errors import RunStopped
 from miles_nemogym.runtime import current
-from tests.support.agent_fixtures import call, fast_env
+from tests.support.agent_fixtures import ROLLOUT_SECRET, call, fast_env
+from tests.support.clean_env import clean_environ
 from tests.support.eventually import eventually
 from tests.support.outage_servers import GradingServer
+from tests.support.runtime_settings import UseSettings
 from tests.support.samples import Sample, Status
 from tests.support.tls import make_certificates
 
@@ -41,12 +43,12 @@ def rows(row: dict[str, Any], n: int) -> list[dict[str, Any]]:
 
 
 async def test_a_refused_tls_certificate_fails_within_the_timeouts_and_stops_the_run(
-    sympy_row: dict[str, Any], sympy_result: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    sympy_row: dict[str, Any], sympy_result: dict[str, Any], tmp_path: Path, use_settings: UseSettings
 ) -> None:
     server = await GradingServer(sympy_result, tls=make_certificates(tmp_path).server_context()).start()
-    monkeypatch.setenv("NEMO_GYM_URL", server.url)
-    monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "5")
-    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "2")
+    use_settings(NEMO_GYM_URL=server.url)
+    use_settings(NEMO_GYM_RUN_TIMEOUT="5")
+    use_settings(NEMO_GYM_OUTAGE_TIMEOUT="2")
     loop = asyncio.get_running_loop()
     started = loop.time()
     try:
@@ -63,13 +65,13 @@ async def test_a_refused_tls_certificate_fails_within_the_timeouts_and_stops_the
 
 
 async def test_a_flapping_server_gets_every_episode_once(
-    sympy_row: dict[str, Any], sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    sympy_row: dict[str, Any], sympy_result: dict[str, Any], use_settings: UseSettings
 ) -> None:
     """Down for 6 s (an uncapped probe backoff grows to seconds meanwhile), then up 0.5 s in
     every 2 s: the probe must still catch a window before NEMO_GYM_OUTAGE_TIMEOUT."""
     server = GradingServer(sympy_result)
-    monkeypatch.setenv("NEMO_GYM_URL", server.url)
-    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "15")
+    use_settings(NEMO_GYM_URL=server.url)
+    use_settings(NEMO_GYM_OUTAGE_TIMEOUT="15")
     tasks = rows(sympy_row, 8)
     pending = asyncio.gather(*(call(row) for row in tasks))
     try:
@@ -84,10 +86,10 @@ async def test_a_flapping_server_gets_every_episode_once(
 
 
 async def test_an_eval_episodes_outage_wait_is_charged_to_its_eval_set(
-    sympy_row: dict[str, Any], sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    sympy_row: dict[str, Any], sympy_result: dict[str, Any], use_settings: UseSettings
 ) -> None:
     server = GradingServer(sympy_result)
-    monkeypatch.setenv("NEMO_GYM_URL", server.url)
+    use_settings(NEMO_GYM_URL=server.url)
     episode = asyncio.ensure_future(call({**sympy_row, **eval_overrides("verified")}))
     try:
         # The wait is charged from when the episode's try found the server down, which comes
@@ -133,7 +135,13 @@ def test_agent_run_under_asyncio_run_leaves_no_unclosed_session(
         """
     )
     done = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-c", script, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=clean_environ(NEMO_GYM_CONNECT_TIMEOUT="2", NEMO_GYM_ROLLOUT_SECRET=ROLLOUT_SECRET),  # fast_env's
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"

@@ -29,16 +29,17 @@ from tests.support.agent_fixtures import ROLLOUT_SECRET, SESSION, call, fast_env
 from tests.support.agent_fixtures import agent_answer as answer
 from tests.support.fault_server import FaultServer
 from tests.support.ports import free_port
+from tests.support.runtime_settings import UseSettings
 
 __all__ = ["fast_env"]
 pytestmark = pytest.mark.usefixtures("fast_env")
 
 
 @pytest.fixture
-async def agent_server(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FaultServer]:
+async def agent_server(use_settings: UseSettings) -> AsyncIterator[FaultServer]:
     srv = await FaultServer(result={}, respond=answer(reward=-1.0, info={"result": "loss"})).start()
     setting = {"blackjack": {"url": "http://127.0.0.1:9", "agent": srv.url, "reward_range": [-1, 1]}}
-    monkeypatch.setenv("NEMO_GYM_ENVS", json.dumps(setting))
+    use_settings(NEMO_GYM_ENVS=json.dumps(setting))
     yield srv
     await transport.close_pools()
     await srv.stop()
@@ -61,13 +62,13 @@ def test_a_rollout_id_is_the_policy_url_signed_in_nemo_gyms_alphabet() -> None:
 
 
 async def test_an_agent_row_without_serves_rollout_secret_is_a_masked_invalid_config(
-    agent_server: FaultServer, monkeypatch: pytest.MonkeyPatch
+    agent_server: FaultServer, use_settings: UseSettings
 ) -> None:
     for value in (None, "", "too-short"):
         if value is None:
-            monkeypatch.delenv("NEMO_GYM_ROLLOUT_SECRET")
+            use_settings(NEMO_GYM_ROLLOUT_SECRET=None)
         else:
-            monkeypatch.setenv("NEMO_GYM_ROLLOUT_SECRET", value)
+            use_settings(NEMO_GYM_ROLLOUT_SECRET=value)
         record = (await call(dict(ROW)))["nemogym"]
         assert (record["mask_sample"], record["failure_kind"]) == (True, fk.INVALID_CONFIG), value
         reason = record["failure_reason"]
@@ -124,12 +125,12 @@ async def test_an_agent_answer_that_is_no_measurement_is_a_named_masked_failure(
 
 
 async def test_an_unreachable_agent_is_waited_out_as_an_outage_naming_it(
-    monkeypatch: pytest.MonkeyPatch,
+    use_settings: UseSettings,
 ) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    monkeypatch.setenv("NEMO_GYM_ENVS", json.dumps({"blackjack": {"url": "http://127.0.0.1:9", "agent": url}}))
-    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "1")
+    use_settings(NEMO_GYM_ENVS=json.dumps({"blackjack": {"url": "http://127.0.0.1:9", "agent": url}}))
+    use_settings(NEMO_GYM_OUTAGE_TIMEOUT="1")
     out = await call(dict(ROW))
     record = out["nemogym"]
     assert (record["status"], record["failure_kind"]) == ("failed", fk.TRANSPORT_UNREACHABLE), record
@@ -185,7 +186,7 @@ def test_the_launcher_hands_the_job_an_agent_row_as_given() -> None:
 
 
 async def test_a_gymnasium_environment_given_without_its_agent_is_masked_naming_the_fix(
-    monkeypatch: pytest.MonkeyPatch,
+    use_settings: UseSettings,
 ) -> None:
     async def reset(request: web.Request) -> web.Response:
         return web.json_response({})
@@ -197,7 +198,7 @@ async def test_a_gymnasium_environment_given_without_its_agent_is_masked_naming_
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
-        monkeypatch.setenv("NEMO_GYM_ENVS", json.dumps({"blackjack": f"http://127.0.0.1:{port}"}))
+        use_settings(NEMO_GYM_ENVS=json.dumps({"blackjack": f"http://127.0.0.1:{port}"}))
         out = await call(dict(ROW))
     finally:
         await transport.close_pools()

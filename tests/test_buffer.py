@@ -15,9 +15,10 @@ import pytest
 
 from miles_nemogym.buffer import EpisodeBuffer
 from miles_nemogym.errors import RunStopped
-from miles_nemogym.runtime import current, install
+from miles_nemogym.runtime import current
 from tests.support.agent_fixtures import episode, fast_env, input_sample, server
 from tests.support.fault_server import FaultServer
+from tests.support.runtime_settings import UseSettings
 from tests.support.samples import BufferArgs as Args
 from tests.support.samples import BufferConstructor as Constructor
 from tests.support.samples import BufferEntry as Entry
@@ -103,7 +104,7 @@ async def test_stale_groups_are_dropped_at_get_and_handed_to_the_unused_handler(
 
 
 async def test_put_waits_for_room_and_raises_run_stopped_on_a_failure_streak(
-    server: FaultServer, sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    server: FaultServer, sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch, use_settings: UseSettings
 ) -> None:
     episodes, _ = buffer(async_data_buffer_capacity_factor=0.5)  # one group
     await episodes.put(await group(server, sympy_row, ["ok"] * 4))
@@ -120,8 +121,7 @@ async def test_put_waits_for_room_and_raises_run_stopped_on_a_failure_streak(
     assert not second.done()
     await episodes.get()
     await asyncio.wait_for(second, 1)
-    monkeypatch.setenv("NEMO_GYM_MAX_FAILURE_STREAK", "4")
-    install()
+    use_settings(NEMO_GYM_MAX_FAILURE_STREAK="4")  # a new run
     failed = await group(server, sympy_row, ["500"] * 4, 2)
     with pytest.raises(RunStopped, match="4 NeMo-Gym episodes in a row failed"):
         await episodes.put(failed)
@@ -135,12 +135,12 @@ def test_another_group_filter_or_no_room_is_refused_naming_the_flag() -> None:
 
 
 async def test_the_store_files_trained_episodes_under_their_step_and_dropped_ones_with_the_reason(
-    server: FaultServer, sympy_row: dict[str, Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    server: FaultServer, sympy_row: dict[str, Any], tmp_path: Any, use_settings: UseSettings
 ) -> None:
     from miles_nemogym import metrics
     from miles_nemogym.store._reader import UNFILED, load
 
-    monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(tmp_path))
+    use_settings(NEMO_GYM_EPISODE_DIR=str(tmp_path))
     episodes, _ = buffer()
     early = await group(server, sympy_row, ["ok", "ok", "ok", "ok"], 0)
     later = await group(server, sympy_row, ["ok", "ok", "ok", "ok"], 1)
@@ -182,12 +182,12 @@ async def test_the_store_files_trained_episodes_under_their_step_and_dropped_one
 
 
 async def test_in_sync_mode_no_filing_is_written_and_episodes_stay_under_the_step_logged_after_them(
-    server: FaultServer, sympy_row: dict[str, Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    server: FaultServer, sympy_row: dict[str, Any], tmp_path: Any, use_settings: UseSettings
 ) -> None:
     from miles_nemogym import metrics
     from miles_nemogym.store.views import load
 
-    monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(tmp_path))
+    use_settings(NEMO_GYM_EPISODE_DIR=str(tmp_path))
     entry = await group(server, sympy_row, ["ok", "ok", "ok", "ok"])
     metrics.log_rollout(0, Args(), [])  # sync: whatever the samples, no filing
     metrics.log_rollout(1, Args(), entry.group)

@@ -16,6 +16,7 @@ from tests.support.agent_fixtures import fast_env
 from tests.support.environment_episodes import ENV, chat, env_row, envs, episode, masked, run_env
 from tests.support.fake_resources import fake_resources
 from tests.support.ports import free_port
+from tests.support.runtime_settings import UseSettings
 from tests.support.scripted_chat import ScriptedChat, Turn, tool
 from tests.support.tls import make_certificates
 
@@ -26,12 +27,10 @@ TOOL_OUTPUT_CAP = 64 * 1024
 """What the loop keeps of one tool answer."""
 
 
-async def test_a_gold_episode_seeds_calls_tools_and_verifies(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_gold_episode_seeds_calls_tools_and_verifies(chat: ScriptedChat, use_settings: UseSettings) -> None:
     chat.script("ok", Turn(content="<think>t</think>", tool_calls=(tool("echo", a=1),)), Turn(content="done"))
     async with fake_resources(delay=0.02) as fake:
-        out = await episode(monkeypatch, chat, fake.url, "ok")
+        out = await episode(use_settings, chat, fake.url, "ok")
     record = out["nemogym"]
     assert (out["reward"], record["mask_sample"], record["status"]) == (1.0, False, "ok")
     assert (record["turns"], record["tool_calls"]) == (2, 1)
@@ -46,11 +45,11 @@ async def test_a_gold_episode_seeds_calls_tools_and_verifies(
 
 
 async def test_resources_server_down_is_masked_before_any_model_call(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "1")
+    use_settings(NEMO_GYM_OUTAGE_TIMEOUT="1")
     chat.script("down", Turn(content="x"))
-    out = await asyncio.wait_for(episode(monkeypatch, chat, f"http://127.0.0.1:{free_port()}", "down"), 10)
+    out = await asyncio.wait_for(episode(use_settings, chat, f"http://127.0.0.1:{free_port()}", "down"), 10)
     assert masked(out) == (True, 0.0, fk.TRANSPORT_UNREACHABLE)
     # Nothing reached any server: the episode waited for it to come back, then gave up.
     assert "NEMO_GYM_OUTAGE_TIMEOUT=1s" in out["nemogym"]["failure_reason"]
@@ -59,12 +58,12 @@ async def test_resources_server_down_is_masked_before_any_model_call(
 
 
 async def test_an_untrusted_resources_certificate_is_transport_tls_and_undelivered(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    chat: ScriptedChat, use_settings: UseSettings, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "1")
+    use_settings(NEMO_GYM_OUTAGE_TIMEOUT="1")
     chat.script("tls", Turn(content="x"))
     async with fake_resources(tls=make_certificates(tmp_path).server_context()) as fake:
-        out = await asyncio.wait_for(episode(monkeypatch, chat, fake.url, "tls"), 10)
+        out = await asyncio.wait_for(episode(use_settings, chat, fake.url, "tls"), 10)
     assert masked(out) == (True, 0.0, fk.TRANSPORT_TLS)
     assert "NEMO_GYM_OUTAGE_TIMEOUT=1s" in out["nemogym"]["failure_reason"]  # waited: it never left
     assert current().ledger.drain().outage_wait_s > 0
@@ -72,43 +71,39 @@ async def test_an_untrusted_resources_certificate_is_transport_tls_and_undeliver
 
 
 @pytest.mark.parametrize("mode", ["500", "garbage"])
-async def test_seed_failing_or_garbage_is_masked(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, mode: str
-) -> None:
+async def test_seed_failing_or_garbage_is_masked(chat: ScriptedChat, use_settings: UseSettings, mode: str) -> None:
     chat.script(f"seed{mode}", Turn(content="x"))
     async with fake_resources(seed=mode) as fake:
-        out = await episode(monkeypatch, chat, fake.url, f"seed{mode}")
+        out = await episode(use_settings, chat, fake.url, f"seed{mode}")
     assert masked(out) == (True, 0.0, fk.SEED_FAILED)
     assert chat.requests(f"seed{mode}") == [] and fake.verified == []
 
 
 @pytest.mark.parametrize("mode", ["500", "garbage", "no_reward"])
-async def test_verify_failing_or_garbage_is_masked(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, mode: str
-) -> None:
+async def test_verify_failing_or_garbage_is_masked(chat: ScriptedChat, use_settings: UseSettings, mode: str) -> None:
     chat.script(f"verify{mode}", Turn(content="x"))
     async with fake_resources(verify=mode) as fake:
-        out = await episode(monkeypatch, chat, fake.url, f"verify{mode}")
+        out = await episode(use_settings, chat, fake.url, f"verify{mode}")
     assert masked(out) == (True, 0.0, fk.VERIFIER_ERROR)
     assert out["nemogym"]["turns"] == 1 and len(fake.verified) == 1
 
 
-async def test_verify_masking_the_sample_keeps_its_kind(chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_verify_masking_the_sample_keeps_its_kind(chat: ScriptedChat, use_settings: UseSettings) -> None:
     chat.script("masked", Turn(content="x"))
     async with fake_resources(verify="masked") as fake:
-        out = await episode(monkeypatch, chat, fake.url, "masked")
+        out = await episode(use_settings, chat, fake.url, "masked")
     assert masked(out) == (True, 0.0, "judge_failed")
     assert out["nemogym"]["failure_reason"] == "judge down"
 
 
 @pytest.mark.parametrize("code", [404, 422, 500, 503])
 async def test_tool_error_status_is_model_visible_text(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, code: int
+    chat: ScriptedChat, use_settings: UseSettings, code: int
 ) -> None:
     name = f"status{code}"
     chat.script(name, Turn(tool_calls=(tool("status", code=code),)), Turn(content="ok"))
     async with fake_resources() as fake:
-        out = await episode(monkeypatch, chat, fake.url, name)
+        out = await episode(use_settings, chat, fake.url, name)
     assert masked(out) == (False, 1.0, None)
     assert chat.requests(name)[1]["messages"][-1] == {
         "role": "tool",
@@ -118,20 +113,20 @@ async def test_tool_error_status_is_model_visible_text(
 
 
 async def test_unparseable_arguments_are_answered_to_the_model_without_calling_the_tool(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
     chat.script("badargs", Turn(tool_calls=(("echo", '{"a": 1'),)), Turn(content="ok"))
     async with fake_resources() as fake:
-        out = await episode(monkeypatch, chat, fake.url, "badargs")
+        out = await episode(use_settings, chat, fake.url, "badargs")
     assert fake.tool_calls == [] and out["reward"] == 1.0
     content = chat.requests("badargs")[1]["messages"][-1]["content"]
     assert json.loads(content)["error"].startswith("Invalid tool call arguments: JSONDecodeError(")
 
 
-async def test_max_steps_ends_the_episode_and_verifies(chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_max_steps_ends_the_episode_and_verifies(chat: ScriptedChat, use_settings: UseSettings) -> None:
     chat.script("loop", Turn(tool_calls=(tool("echo"),)))
     async with fake_resources() as fake:
-        out = await episode(monkeypatch, chat, fake.url, "loop", max_steps=3)
+        out = await episode(use_settings, chat, fake.url, "loop", max_steps=3)
     record = out["nemogym"]
     assert (record["turns"], record["tool_calls"], out["reward"]) == (3, 3, 1.0)
     # Stopped by max_steps: the third turn's tool call ran, and no fourth turn was asked for.
@@ -140,11 +135,11 @@ async def test_max_steps_ends_the_episode_and_verifies(chat: ScriptedChat, monke
 
 
 async def test_length_cut_off_runs_no_tool_and_verifies_an_incomplete_response(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
     chat.script("cut", Turn(content="<think>long", tool_calls=(tool("echo"),), finish_reason="length"))
     async with fake_resources() as fake:
-        out = await episode(monkeypatch, chat, fake.url, "cut")
+        out = await episode(use_settings, chat, fake.url, "cut")
     assert (out["nemogym"]["tool_calls"], out["nemogym"]["mask_sample"]) == (0, False)
     assert fake.tool_calls == []
     response = fake.verified[0]["response"]
@@ -152,24 +147,24 @@ async def test_length_cut_off_runs_no_tool_and_verifies_an_incomplete_response(
     assert response["incomplete_details"] == {"reason": "max_output_tokens"}
 
 
-async def test_huge_tool_output_is_capped_with_a_note(chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_huge_tool_output_is_capped_with_a_note(chat: ScriptedChat, use_settings: UseSettings) -> None:
     chat.script("huge", Turn(tool_calls=(tool("huge", size=1_000_000),)), Turn(content="ok"))
     async with fake_resources() as fake:
-        out = await episode(monkeypatch, chat, fake.url, "huge")
+        out = await episode(use_settings, chat, fake.url, "huge")
     assert out["reward"] == 1.0
     seen = chat.requests("huge")[1]["messages"][-1]["content"]
     assert seen.startswith("x" * TOOL_OUTPUT_CAP) and "x" * (TOOL_OUTPUT_CAP + 1) not in seen
     assert f"truncated to its first {TOOL_OUTPUT_CAP} bytes of at least 1000000" in seen
 
 
-async def test_concurrent_episodes_never_share_cookies(chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_concurrent_episodes_never_share_cookies(chat: ScriptedChat, use_settings: UseSettings) -> None:
     n = 50
     for i in range(n):
         chat.script(
             f"iso{i}", Turn(tool_calls=(tool("echo", i=i),)), Turn(tool_calls=(tool("echo", i=i),)), Turn(content="ok")
         )
     async with fake_resources(delay=0.01) as fake:
-        envs(monkeypatch, **{ENV: fake.url})
+        envs(use_settings, **{ENV: fake.url})
         outs = await asyncio.gather(
             *(run_env(chat, env_row(ENV, f"iso{i}", task=str(i), episode=i), session=str(i)) for i in range(n))
         )
@@ -186,42 +181,40 @@ async def test_concurrent_episodes_never_share_cookies(chat: ScriptedChat, monke
 @pytest.mark.parametrize(
     "turn", [Turn(status=500), Turn(status=400), Turn(raw=b"not json"), Turn(raw=b'{"choices": []}')]
 )
-async def test_policy_failing_or_garbage_is_masked(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, turn: Turn
-) -> None:
+async def test_policy_failing_or_garbage_is_masked(chat: ScriptedChat, use_settings: UseSettings, turn: Turn) -> None:
     chat.script("policy", turn)
     async with fake_resources() as fake:
-        out = await episode(monkeypatch, chat, fake.url, "policy")
+        out = await episode(use_settings, chat, fake.url, "policy")
     assert masked(out) == (True, 0.0, fk.POLICY_FAILED)
     assert fake.verified == []
 
 
 async def test_resources_server_dropping_a_tool_call_is_masked_not_scored(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
     chat.script("drops", Turn(tool_calls=(tool("drop"),)), Turn(content="ok"))
     async with fake_resources() as fake:
-        out = await episode(monkeypatch, chat, fake.url, "drops")
+        out = await episode(use_settings, chat, fake.url, "drops")
     assert masked(out) == (True, 0.0, fk.TRANSPORT_PEER_DROP)
     assert fake.verified == [] and out["nemogym"]["turns"] == 1 and out["nemogym"]["attempts"] == 1
 
 
 async def test_a_row_without_responses_create_params_sends_nothing(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
     async with fake_resources() as fake:
-        envs(monkeypatch, **{ENV: fake.url})
+        envs(use_settings, **{ENV: fake.url})
         out = await run_env(chat, {"question": "q", "nemogym_env": ENV, "nemogym_task_id": "t/1"})
     assert masked(out) == (True, 0.0, fk.INVALID_REQUEST)
     assert "responses_create_params" in out["nemogym"]["failure_reason"] and fake.received == []
 
 
 async def test_a_reasoning_only_last_turn_is_verified_as_incomplete(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
     chat.script("thinks", Turn(content="<think>only thoughts</think>"))
     async with fake_resources() as fake:
-        out = await episode(monkeypatch, chat, fake.url, "thinks")
+        out = await episode(use_settings, chat, fake.url, "thinks")
     assert out["nemogym"]["mask_sample"] is False and len(chat.requests("thinks")) == 1
     response = fake.verified[0]["response"]
     assert [i["type"] for i in response["output"]] == ["reasoning"]
@@ -229,13 +222,11 @@ async def test_a_reasoning_only_last_turn_is_verified_as_incomplete(
     assert response["metadata"] == {"ng_termination_reason": "incomplete_reasoning"}
 
 
-async def test_a_full_context_is_a_length_cut_off_not_a_failure(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_full_context_is_a_length_cut_off_not_a_failure(chat: ScriptedChat, use_settings: UseSettings) -> None:
     full = b'{"object": "error", "message": "This model\'s maximum context length is 32768 tokens.", "code": 400}'
     chat.script("full", Turn(tool_calls=(tool("echo"),)), Turn(status=400, raw=full))
     async with fake_resources() as fake:
-        out = await episode(monkeypatch, chat, fake.url, "full")
+        out = await episode(use_settings, chat, fake.url, "full")
     assert (*masked(out), out["nemogym"]["tool_calls"]) == (False, 1.0, None, 1)
     response = fake.verified[0]["response"]
     assert response["status"] == "incomplete"
@@ -244,27 +235,25 @@ async def test_a_full_context_is_a_length_cut_off_not_a_failure(
 
 
 async def test_a_generation_aborted_by_miles_is_cancelled_not_scored(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
     chat.script("aborted", Turn(content="", finish_reason="abort"))
     async with fake_resources() as fake:
-        out = await episode(monkeypatch, chat, fake.url, "aborted")
+        out = await episode(use_settings, chat, fake.url, "aborted")
     assert masked(out) == (True, 0.0, fk.CANCELLED)
     assert fake.verified == []
 
 
-async def test_a_row_that_is_not_json_is_an_invalid_request(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_row_that_is_not_json_is_an_invalid_request(chat: ScriptedChat, use_settings: UseSettings) -> None:
     chat.script("notjson", Turn(content="x"))
     async with fake_resources() as fake:
-        out = await episode(monkeypatch, chat, fake.url, "notjson", when=object())
+        out = await episode(use_settings, chat, fake.url, "notjson", when=object())
     assert masked(out) == (True, 0.0, fk.INVALID_REQUEST)
     assert fake.received == [] and chat.requests("notjson") == []
 
 
 async def test_a_defect_is_recorded_as_a_client_error_not_raised(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, use_settings: UseSettings
 ) -> None:
     def broken(*args: object, **kwargs: object) -> None:
         raise KeyError("boom")
@@ -272,6 +261,6 @@ async def test_a_defect_is_recorded_as_a_client_error_not_raised(
     monkeypatch.setattr(environment._Transcript, "response", broken)
     chat.script("defect", Turn(content="x"))
     async with fake_resources() as fake:
-        out = await episode(monkeypatch, chat, fake.url, "defect")
+        out = await episode(use_settings, chat, fake.url, "defect")
     assert masked(out) == (True, 0.0, fk.CLIENT_ERROR)
     assert "KeyError" in out["nemogym"]["failure_reason"]

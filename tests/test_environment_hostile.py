@@ -29,6 +29,7 @@ from miles_nemogym.cli.main import app
 from miles_nemogym.settings import Settings, SettingsError
 from miles_nemogym.store import _reader as reader
 from tests.support.agent_fixtures import fast_env
+from tests.support.clean_env import UNSET
 from tests.support.environment_episodes import (
     ENV,
     chat,
@@ -45,6 +46,7 @@ from tests.support.environment_episodes import (
 )
 from tests.support.fake_resources import fake_resources
 from tests.support.ports import free_port
+from tests.support.runtime_settings import UseSettings
 from tests.support.samples import Sample
 from tests.support.scripted_chat import ScriptedChat, Turn, tool
 
@@ -75,23 +77,23 @@ def redirect(status: int, location: str) -> Callable[[Any], web.Response]:
     ],
 )
 async def test_a_redirect_from_the_resources_server_sends_nothing_elsewhere(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, where: str, status: int, kind: str
+    chat: ScriptedChat, use_settings: UseSettings, where: str, status: int, kind: str
 ) -> None:
     chat.script(f"moved{where}{status}", Turn(content="x"))
     async with fake_resources() as other, fake_resources() as fake:
         fake.respond[where] = redirect(status, f"{other.url}/{where}")
-        out = await episode(monkeypatch, chat, fake.url, f"moved{where}{status}")
+        out = await episode(use_settings, chat, fake.url, f"moved{where}{status}")
     assert other.received == []  # neither the row (and its expected_answer) nor the session cookie
     assert masked(out) == (True, 0.0, kind)
     assert "not followed" in out["nemogym"]["failure_reason"]
 
 
 async def test_a_tools_redirect_is_its_output_to_the_model_and_sends_nothing_elsewhere(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
     async with fake_resources() as other, fake_resources() as fake:
         chat.script("movedtool", Turn(tool_calls=(tool("moved", to=f"{other.url}/echo"),)), Turn(content="done"))
-        out = await episode(monkeypatch, chat, fake.url, "movedtool")
+        out = await episode(use_settings, chat, fake.url, "movedtool")
     assert other.received == []
     assert [name for _, name, _ in fake.tool_calls] == ["moved"]
     assert chat.requests("movedtool")[1]["messages"][-1]["content"] == "moved"  # the 307's own body
@@ -103,12 +105,12 @@ async def test_a_tools_redirect_is_its_output_to_the_model_and_sends_nothing_els
 
 @pytest.mark.parametrize(("deadline", "delay"), [(1, 3600), (2, 8)], ids=["never-answers", "slower-than-deadline"])
 async def test_a_policy_slower_than_the_deadline_ends_the_episode_at_the_deadline(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, deadline: int, delay: int
+    chat: ScriptedChat, use_settings: UseSettings, deadline: int, delay: int
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", str(deadline))
+    use_settings(NEMO_GYM_RUN_TIMEOUT=str(deadline))
     chat.script(f"slow{delay}", Turn(content="x", delay_s=delay))
     async with fake_resources() as fake:
-        out, took = await within(deadline + 2, episode(monkeypatch, chat, fake.url, f"slow{delay}"))
+        out, took = await within(deadline + 2, episode(use_settings, chat, fake.url, f"slow{delay}"))
     assert masked(out) == (True, 0.0, fk.AGENT_TIMEOUT)
     assert took >= deadline - 0.1 and out["nemogym"]["elapsed_s"] < deadline + 2
     assert "NEMO_GYM_RUN_TIMEOUT" in out["nemogym"]["failure_reason"]
@@ -116,12 +118,12 @@ async def test_a_policy_slower_than_the_deadline_ends_the_episode_at_the_deadlin
 
 
 async def test_endless_tool_calls_without_max_steps_end_at_the_deadline(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "1")
+    use_settings(NEMO_GYM_RUN_TIMEOUT="1")
     chat.script("endless", Turn(tool_calls=(tool("echo"),), delay_s=0.05))  # 100 turns would take 5 s
     async with fake_resources() as fake:
-        out, _ = await within(3, episode(monkeypatch, chat, fake.url, "endless"))
+        out, _ = await within(3, episode(use_settings, chat, fake.url, "endless"))
     # The policy ran out the clock: scored 0 and trained, not set aside (NEMO_GYM_TIMEOUT_REWARD=zero).
     assert masked(out) == (False, 0.0, fk.POLICY_TIMEOUT)
     assert len(fake.tool_calls) > 1 and fake.verified == []
@@ -133,13 +135,13 @@ PASSWORD = "hunter2-pw-9f3c"
 
 
 async def test_a_url_password_never_reaches_a_log_line_or_the_record(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    chat: ScriptedChat, use_settings: UseSettings, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "1")
+    use_settings(NEMO_GYM_OUTAGE_TIMEOUT="1")
     chat.script("password", Turn(content="x"))
     with caplog.at_level(logging.DEBUG):
         out, _ = await within(
-            10, episode(monkeypatch, chat, f"http://user:{PASSWORD}@127.0.0.1:{free_port()}", "password")
+            10, episode(use_settings, chat, f"http://user:{PASSWORD}@127.0.0.1:{free_port()}", "password")
         )
     assert masked(out) == (True, 0.0, fk.TRANSPORT_UNREACHABLE)
     assert "cannot be reached" in caplog.text  # the outage line was logged
@@ -156,11 +158,11 @@ async def test_a_url_password_never_reaches_a_log_line_or_the_record(
     ids=["reward-str-float", "reward-str-int", "reward-true", "mask-str-false", "mask-zero"],
 )
 async def test_a_loosely_typed_reward_or_mask_is_a_verifier_error_not_a_reward(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, given: Any, extra: dict[str, Any]
+    chat: ScriptedChat, use_settings: UseSettings, given: Any, extra: dict[str, Any]
 ) -> None:
     chat.script("loose", Turn(content="x"))
     async with fake_resources(reward=given, extra=extra) as fake:
-        out = await episode(monkeypatch, chat, fake.url, "loose")
+        out = await episode(use_settings, chat, fake.url, "loose")
     assert masked(out) == (True, 0.0, fk.VERIFIER_ERROR)
     sample = Sample(prompt=[], metadata={**env_row(ENV), **out})
     assert await reward.reward_func(None, sample) == 0.0
@@ -170,12 +172,12 @@ async def test_a_loosely_typed_reward_or_mask_is_a_verifier_error_not_a_reward(
 
 
 async def test_a_policy_400_about_max_tokens_is_policy_failed_not_a_cut_off(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
     bad = b'{"object": "error", "message": "max_tokens must be at least 1, got -1.", "code": 400}'
     chat.script("maxtokens", Turn(tool_calls=(tool("echo"),)), Turn(status=400, raw=bad))
     async with fake_resources() as fake:
-        out = await episode(monkeypatch, chat, fake.url, "maxtokens")
+        out = await episode(use_settings, chat, fake.url, "maxtokens")
     assert masked(out) == (True, 0.0, fk.POLICY_FAILED)
     assert fake.verified == []
 
@@ -189,12 +191,12 @@ async def test_a_policy_400_about_max_tokens_is_policy_failed_not_a_cut_off(
     ids=["vllm", "sglang"],
 )
 async def test_a_policy_400_saying_the_context_is_full_is_still_a_cut_off_that_is_verified(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, message: str
+    chat: ScriptedChat, use_settings: UseSettings, message: str
 ) -> None:
     body = json.dumps({"object": "error", "message": message, "code": 400}).encode()
     chat.script("contextfull", Turn(tool_calls=(tool("echo"),)), Turn(status=400, raw=body))
     async with fake_resources() as fake:
-        out = await episode(monkeypatch, chat, fake.url, "contextfull")
+        out = await episode(use_settings, chat, fake.url, "contextfull")
     assert masked(out) == (False, 1.0, None)
     assert fake.verified[0]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
 
@@ -214,24 +216,29 @@ BAD_ENVS = {
 
 @pytest.mark.parametrize("text", BAD_ENVS.values(), ids=BAD_ENVS.keys())
 async def test_a_bad_nemo_gym_envs_is_invalid_config_and_sends_nothing(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, text: str
+    chat: ScriptedChat, use_settings: UseSettings, text: str
 ) -> None:
     chat.script("badenvs", Turn(content="x"))
     async with fake_resources() as fake:
-        monkeypatch.setenv("NEMO_GYM_ENVS", text.replace("URL", fake.url))
+        use_settings(NEMO_GYM_ENVS=text.replace("URL", fake.url))
         out = await run_env(chat, env_row(ENV, "badenvs"))
     assert masked(out) == (True, 0.0, fk.INVALID_CONFIG)
     assert "NEMO_GYM_ENVS" in out["nemogym"]["failure_reason"]
     assert fake.received == [] and chat.requests("badenvs") == []
     with pytest.raises(SettingsError, match="NEMO_GYM_ENVS"):
-        Settings.from_env()
+        Settings.from_env({"NEMO_GYM_ENVS": text.replace("URL", fake.url)})
 
 
 @pytest.mark.parametrize("text", BAD_ENVS.values(), ids=BAD_ENVS.keys())
-def test_doctor_refuses_a_bad_nemo_gym_envs(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
-    monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")
-    monkeypatch.setenv("NEMO_GYM_ENVS", text.replace("URL", f"http://127.0.0.1:{free_port()}"))
-    result = CliRunner().invoke(app, ["doctor", "--timeout", "1"], env={"COLUMNS": "200"})
+def test_doctor_refuses_a_bad_nemo_gym_envs(text: str) -> None:
+    # doctor reads the environment, as the user's shell gives it: none of the shell's variables but these
+    env = {
+        **dict.fromkeys(UNSET),
+        "COLUMNS": "200",
+        "NEMO_GYM_URL": f"http://127.0.0.1:{free_port()}",
+        "NEMO_GYM_ENVS": text.replace("URL", f"http://127.0.0.1:{free_port()}"),
+    }
+    result = CliRunner().invoke(app, ["doctor", "--timeout", "1"], env=env)
     assert result.exit_code == 1, result.output
     assert re.search(r"FAIL settings:.*NEMO_GYM_ENVS", result.output), result.output
 
@@ -252,15 +259,15 @@ def stored_answer(directory: Path) -> Any:
 
 @pytest.mark.parametrize("failing", ["verify", "policy"])
 async def test_a_failed_episode_keeps_its_transcript_in_the_store(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, failing: str
+    chat: ScriptedChat, use_settings: UseSettings, tmp_path: Path, failing: str
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(tmp_path))
+    use_settings(NEMO_GYM_EPISODE_DIR=str(tmp_path))
     last = Turn(status=500) if failing == "policy" else Turn(content="done")
     chat.script(
         f"kept{failing}", Turn(tool_calls=(tool("echo", step=1),)), Turn(tool_calls=(tool("echo", step=2),)), last
     )
     async with fake_resources(verify="500" if failing == "verify" else "ok") as fake:
-        out = await episode(monkeypatch, chat, fake.url, f"kept{failing}")
+        out = await episode(use_settings, chat, fake.url, f"kept{failing}")
     assert out["nemogym"]["mask_sample"] is True and out["nemogym"]["turns"] == (3 if failing == "verify" else 2)
     flush_store(tmp_path)
     shown = show(tmp_path, out["nemogym"]["episode_id"])
@@ -273,16 +280,16 @@ async def test_a_failed_episode_keeps_its_transcript_in_the_store(
 
 
 async def test_a_valid_episode_shows_what_the_loop_recorded_not_the_servers_echo(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    chat: ScriptedChat, use_settings: UseSettings, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(tmp_path))
+    use_settings(NEMO_GYM_EPISODE_DIR=str(tmp_path))
     chat.script("echoed", Turn(tool_calls=(tool("echo", step=1),)), Turn(content="the loop's own answer"))
     forged = {
         "output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "FORGED"}]}]
     }
     async with fake_resources() as fake:
         fake.respond["verify"] = lambda body: web.json_response({**body, "response": forged, "reward": 1.0})
-        out = await episode(monkeypatch, chat, fake.url, "echoed")
+        out = await episode(use_settings, chat, fake.url, "echoed")
     assert masked(out) == (False, 1.0, None)
     flush_store(tmp_path)
     assert "FORGED" not in json.dumps(stored_answer(tmp_path))
@@ -296,12 +303,12 @@ KEY = "sk-live-0123456789abcdef0123456789abcdef"
 
 
 async def test_a_key_echoed_by_the_verifier_never_reaches_the_returned_dict(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", KEY)
+    use_settings(NEMO_GYM_POLICY_API_KEY=KEY)
     chat.script("keyed", Turn(content=f"\\boxed{{{KEY}}}"))
     async with fake_resources(extra={"extracted_answer": KEY, "judge": {"said": f"the answer is {KEY}"}}) as fake:
-        out = await episode(monkeypatch, chat, fake.url, "keyed")
+        out = await episode(use_settings, chat, fake.url, "keyed")
     assert masked(out) == (False, 1.0, None)
     assert set(out["eval_report"]) == {"extracted_answer", "judge"}  # the fields stay, the key does not
     assert KEY not in json.dumps(out)
@@ -313,11 +320,11 @@ RESERVED = ("verify", "seed_session", "aggregate_metrics", "close_session", "", 
 
 
 async def test_a_model_calling_a_reserved_endpoint_or_a_path_sends_nothing_for_it(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
     chat.script("reserved", Turn(tool_calls=tuple((name, "{}") for name in RESERVED)), Turn(content="done"))
     async with fake_resources(prefix="/gym") as fake:  # under a prefix ".." would reach the parent folder
-        out = await episode(monkeypatch, chat, f"{fake.url}/gym", "reserved")
+        out = await episode(use_settings, chat, f"{fake.url}/gym", "reserved")
     assert [(method, path) for method, path, _ in fake.received] == [
         ("POST", "/gym/seed_session"),
         ("POST", "/gym/verify"),
@@ -332,27 +339,27 @@ async def test_a_model_calling_a_reserved_endpoint_or_a_path_sends_nothing_for_i
 
 @pytest.mark.parametrize(("where", "kind"), [("seed_session", fk.SEED_FAILED), ("verify", fk.VERIFIER_ERROR)])
 async def test_an_answer_over_max_result_bytes_is_masked_and_nothing_big_is_returned(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, where: str, kind: str
+    chat: ScriptedChat, use_settings: UseSettings, where: str, kind: str
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_MAX_RESULT_BYTES", str(1024 * 1024))
+    use_settings(NEMO_GYM_MAX_RESULT_BYTES=str(1024 * 1024))
     chat.script(f"big{where}", Turn(content="x"))
     big = json.dumps({"reward": 1.0, "blob": "x" * (4 * 1024 * 1024)}).encode()
     async with fake_resources(respond={where: raw(big)}) as fake:
-        out = await episode(monkeypatch, chat, fake.url, f"big{where}")
+        out = await episode(use_settings, chat, fake.url, f"big{where}")
     assert masked(out) == (True, 0.0, kind)
     assert "NEMO_GYM_MAX_RESULT_BYTES" in out["nemogym"]["failure_reason"]
     assert len(json.dumps(out)) < 64 * 1024
 
 
 async def test_max_concurrency_bounds_the_requests_at_a_resources_server(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_MAX_CONCURRENCY", "4")
+    use_settings(NEMO_GYM_MAX_CONCURRENCY="4")
     n = 50
     for i in range(n):
         chat.script(f"many{i}", Turn(tool_calls=(tool("echo", i=i),)), Turn(content="ok"))
     async with fake_resources(delay=0.05) as fake:
-        envs(monkeypatch, **{ENV: fake.url})
+        envs(use_settings, **{ENV: fake.url})
         outs, _ = await within(
             60,
             asyncio.gather(*(run_env(chat, env_row(ENV, f"many{i}", task=str(i)), session=str(i)) for i in range(n))),
@@ -366,13 +373,13 @@ async def test_max_concurrency_bounds_the_requests_at_a_resources_server(
 
 
 async def test_nan_and_infinity_from_verify_leave_strict_json_in_the_result_and_the_store(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    chat: ScriptedChat, use_settings: UseSettings, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(tmp_path))
+    use_settings(NEMO_GYM_EPISODE_DIR=str(tmp_path))
     chat.script("nan", Turn(content="x"))
     extra = {"score": float("nan"), "bound": float("inf"), "nested": {"low": [float("-inf")]}}
     async with fake_resources(extra=extra) as fake:
-        out = await episode(monkeypatch, chat, fake.url, "nan")
+        out = await episode(use_settings, chat, fake.url, "nan")
     assert masked(out) == (False, 1.0, None)
     assert set(out["eval_report"]) == set(extra)
     assert strict_json_problem(out) is None
@@ -385,11 +392,11 @@ async def test_nan_and_infinity_from_verify_leave_strict_json_in_the_result_and_
 
 
 async def test_terminal_escapes_in_a_rows_environment_reach_no_log_line_or_reason(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    chat: ScriptedChat, use_settings: UseSettings, caplog: pytest.LogCaptureFixture
 ) -> None:
     hostile = "\x1b]0;pwned\x07\x1b[2J\x1b[31mmcqa"
     async with fake_resources() as fake:
-        envs(monkeypatch, mcqa=fake.url)
+        envs(use_settings, mcqa=fake.url)
         with caplog.at_level(logging.INFO, logger="miles_nemogym"):
             out = await run_env(chat, env_row(hostile, nemogym_task_id="t/1"))
     record = out["nemogym"]
@@ -405,12 +412,12 @@ async def test_terminal_escapes_in_a_rows_environment_reach_no_log_line_or_reaso
 
 @pytest.mark.parametrize(("where", "kind"), [("seed_session", fk.SEED_FAILED), ("verify", fk.VERIFIER_ERROR)])
 async def test_json_nested_too_deeply_is_the_servers_failure_not_a_defect(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, where: str, kind: str
+    chat: ScriptedChat, use_settings: UseSettings, caplog: pytest.LogCaptureFixture, where: str, kind: str
 ) -> None:
     chat.script(f"deep{where}", Turn(content="x"))
     async with fake_resources(respond={where: raw(b"[" * 100_000)}) as fake:
         with caplog.at_level(logging.DEBUG):
-            out = await episode(monkeypatch, chat, fake.url, f"deep{where}")
+            out = await episode(use_settings, chat, fake.url, f"deep{where}")
     assert masked(out) == (True, 0.0, kind)
     assert [r.getMessage() for r in caplog.records if r.exc_info] == []
     assert "Traceback" not in caplog.text
@@ -428,22 +435,20 @@ def gzip_bomb() -> bytes:
     return bomb
 
 
-async def test_a_gzip_bomb_from_verify_is_refused_at_the_cap(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_gzip_bomb_from_verify_is_refused_at_the_cap(chat: ScriptedChat, use_settings: UseSettings) -> None:
     chat.script("bomb", Turn(content="x"))
     async with fake_resources(respond={"verify": raw(gzip_bomb(), **{"Content-Encoding": "gzip"})}) as fake:
-        out = await episode(monkeypatch, chat, fake.url, "bomb")
+        out = await episode(use_settings, chat, fake.url, "bomb")
     assert masked(out) == (True, 0.0, fk.VERIFIER_ERROR)
     assert len(json.dumps(out)) < 64 * 1024
 
 
 async def test_a_gzip_bomb_from_a_tool_is_cut_at_the_tool_output_cap(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
     chat.script("toolbomb", Turn(tool_calls=(tool("huge", size=0),)), Turn(content="ok"))
     async with fake_resources(respond={"huge": raw(gzip_bomb(), **{"Content-Encoding": "gzip"})}) as fake:
-        out = await episode(monkeypatch, chat, fake.url, "toolbomb")
+        out = await episode(use_settings, chat, fake.url, "toolbomb")
     assert masked(out) == (False, 1.0, None)
     seen = chat.requests("toolbomb")[1]["messages"][-1]["content"]
     assert seen.startswith('{"reward": 1.0, "pad": "') and "truncated" in seen

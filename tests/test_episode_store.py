@@ -29,25 +29,27 @@ from miles_nemogym.runtime import current
 from miles_nemogym.store._reader import UNFILED, load
 from tests.support import store_writers
 from tests.support.fault_server import FaultServer
+from tests.support.runtime_settings import UseSettings
 
 SESSION = "http://127.0.0.1:39999/sessions/s-7"
 KEY = "sk-secret-episode-store-key"
 
+# The hooks run on the settings given here (defaults unless a test gives one), never the shell's.
+pytestmark = pytest.mark.usefixtures("use_settings")
+
 
 @pytest.fixture
-def store_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def store_dir(tmp_path: Path, use_settings: UseSettings) -> Path:
     folder = tmp_path / "episodes"
-    monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(folder))
-    monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", KEY)
-    monkeypatch.delenv("MILES_ROUTER_EXTERNAL_HOST", raising=False)
+    use_settings(NEMO_GYM_EPISODE_DIR=str(folder), NEMO_GYM_POLICY_API_KEY=KEY)
     return folder
 
 
 @pytest.fixture
-async def fault_gym(sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FaultServer]:
+async def fault_gym(sympy_result: dict[str, Any], use_settings: UseSettings) -> AsyncIterator[FaultServer]:
     """A ``/run`` server answering the real sympy result (a test may set its ``mode``); NEMO_GYM_URL names it."""
     srv = await FaultServer(result=sympy_result).start()
-    monkeypatch.setenv("NEMO_GYM_URL", srv.url)
+    use_settings(NEMO_GYM_URL=srv.url)
     yield srv
     await srv.stop()
 
@@ -147,10 +149,9 @@ async def test_an_answer_echoing_the_api_key_is_stored_without_it(
 
 
 async def test_unreachable_server_episode_is_saved_without_an_answer(
-    store_dir: Path, sympy_row: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    store_dir: Path, sympy_row: dict[str, Any], use_settings: UseSettings
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_URL", "http://127.0.0.1:9")
-    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "0.5")
+    use_settings(NEMO_GYM_URL="http://127.0.0.1:9", NEMO_GYM_OUTAGE_TIMEOUT="0.5")
     try:
         await _run(sympy_row)
     finally:
@@ -183,7 +184,7 @@ async def test_a_store_that_cannot_write_is_a_warning_not_a_failed_sample(
     tmp_path: Path,
     sympy_row: dict[str, Any],
     sympy_result: dict[str, Any],
-    monkeypatch: pytest.MonkeyPatch,
+    use_settings: UseSettings,
     caplog: pytest.LogCaptureFixture,
     broken: str,
 ) -> None:
@@ -197,8 +198,7 @@ async def test_a_store_that_cannot_write_is_a_warning_not_a_failed_sample(
         folder.mkdir()
         (folder / "train").symlink_to(elsewhere)
         logged = "is a symbolic link the store did not make"
-    monkeypatch.setenv("NEMO_GYM_EPISODE_DIR", str(folder))
-    monkeypatch.delenv("NEMO_GYM_POLICY_API_KEY", raising=False)
+    use_settings(NEMO_GYM_EPISODE_DIR=str(folder))
     out = await _run(sympy_row)
     store = current().stores.get(str(folder))
     store.flush()

@@ -11,7 +11,8 @@ import pytest
 
 import miles_nemogym
 from miles_nemogym.errors import MilesNemoGymError
-from miles_nemogym.runtime import current, install
+from miles_nemogym.runtime import current
+from tests.support.runtime_settings import UseSettings
 
 
 def _package_exceptions() -> dict[str, type[BaseException]]:
@@ -30,21 +31,16 @@ def test_every_package_exception_derives_from_the_one_base() -> None:
     assert [name for name, cls in exceptions.items() if not issubclass(cls, MilesNemoGymError)] == []
 
 
-def test_each_error_is_caught_by_the_builtin_base_its_callers_catch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_each_error_is_caught_by_the_builtin_base_its_callers_catch(tmp_path: Path, use_settings: UseSettings) -> None:
     """Raised by the package's own functions, each error reaches an ``except`` on the builtin base
     callers wrote before the common base existed, and an ``except MilesNemoGymError`` as well."""
     from miles_nemogym import filters
     from miles_nemogym.data._convert import ConvertOptions, convert, convert_row
 
-    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "soon")
-    install()
+    use_settings(NEMO_GYM_OUTAGE_TIMEOUT="soon")
     with pytest.raises(ValueError, match="invalid miles-nemogym configuration") as bad_setting:
         _ = current().settings
-    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "60")
-    monkeypatch.setenv("NEMO_GYM_MAX_FAILURE_STREAK", "2")
-    install()
+    use_settings(NEMO_GYM_OUTAGE_TIMEOUT="60", NEMO_GYM_MAX_FAILURE_STREAK="2")
 
     with pytest.raises(ValueError) as bad_row:
         convert_row({"instance_id": "x"})

@@ -14,10 +14,14 @@ import pytest
 from miles_nemogym import filters
 from miles_nemogym.episode.record import failure
 from miles_nemogym.errors import RunStopped
-from miles_nemogym.runtime import current, install
+from miles_nemogym.runtime import current
 from miles_nemogym.salvage import HOOK_PATH
 from tests.support.ports import free_port
+from tests.support.runtime_settings import UseSettings
 from tests.support.salvage_samples import aborted, failed, valid
+
+# The hooks run on the settings given here (defaults unless a test gives one), never the shell's.
+pytestmark = pytest.mark.usefixtures("use_settings")
 
 
 @dataclass
@@ -59,9 +63,8 @@ def test_without_the_hook_a_partly_failed_group_is_dropped_and_said_once(caplog:
     assert current().ledger.drain().groups_dropped == 2
 
 
-def test_the_group_size_miles_asked_for_sets_the_bar(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NEMO_GYM_MIN_VALID_PER_GROUP", "3")
-    install()
+def test_the_group_size_miles_asked_for_sets_the_bar(use_settings: UseSettings) -> None:
+    use_settings(NEMO_GYM_MIN_VALID_PER_GROUP="3")
     seen = [valid("a"), valid("b"), failed("c")]  # 3 of the 4 asked for came back
     assert filters.judge_group(Args(n_samples_per_prompt=4), seen) == ("nemogym_transport_peer_drop", False)
     assert filters.judge_group(Args(n_samples_per_prompt=2), seen) == (None, True)
@@ -87,9 +90,8 @@ def test_no_reason_to_stop_by_default() -> None:
     filters.check_run(current().settings)
 
 
-async def test_a_failure_streak_stops_the_run_and_what_is_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NEMO_GYM_MAX_FAILURE_STREAK", "3")
-    install()
+async def test_a_failure_streak_stops_the_run_and_what_is_in_flight(use_settings: UseSettings) -> None:
+    use_settings(NEMO_GYM_MAX_FAILURE_STREAK="3")
     for _ in range(2):
         current().ledger.record_episode("transport_peer_drop")
     assert filters.stop_reason(current().settings) is None

@@ -14,8 +14,13 @@ import pytest
 
 from miles_nemogym import filters, metrics, reward
 from miles_nemogym.episode.record import failure
-from miles_nemogym.runtime import Tally, current, install
+from miles_nemogym.runtime import Tally, current
+from tests.support.clean_env import clean_environ
+from tests.support.runtime_settings import UseSettings
 from tests.support.samples import Sample, Status
+
+# The hooks run on the settings given here (defaults unless a test gives one), never the shell's.
+pytestmark = pytest.mark.usefixtures("use_settings")
 
 
 def sample_from(outcome_meta: dict[str, Any], status: Status = Status.COMPLETED, **extra: Any) -> Sample:
@@ -53,7 +58,7 @@ async def test_missing_or_invalid_reward_is_zero_and_counted(value: Any, problem
     assert current().reward_problems[problem] == before + 1
 
 
-async def test_partial_credit_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_partial_credit_mode(use_settings: UseSettings) -> None:
     def meta(f2p: tuple[int, int], p2p: tuple[int, int], resolved: bool = False, r: float = 0.0) -> Sample:
         record = {"mask_sample": False, "resolved": resolved,
                   "fail_to_pass": {"passed": f2p[0], "failed": f2p[1]},
@@ -62,8 +67,7 @@ async def test_partial_credit_mode(monkeypatch: pytest.MonkeyPatch) -> None:
 
     cases = [meta((1, 3), (10, 0)), meta((1, 3), (9, 1)), meta((4, 0), (10, 0), True, 1.0), meta((0, 0), (3, 0))]
     assert await reward.reward_func(None, cases) == [0.0, 0.0, 1.0, 0.0]  # binary default
-    monkeypatch.setenv("NEMO_GYM_REWARD_MODE", "partial")
-    install()  # a new run reads it
+    use_settings(NEMO_GYM_REWARD_MODE="partial")  # a new run with it
     assert await reward.reward_func(None, cases) == [0.25, 0.0, 1.0, 0.0]
 
 
@@ -82,9 +86,9 @@ def test_filter_keeps_a_group_of_valid_episodes(graded: list[dict[str, Any]]) ->
     ],
 )
 def test_with_min_valid_zero_the_filter_drops_a_group_with_one_bad_sample(
-    graded: list[dict[str, Any]], bad: Sample, reason: str, monkeypatch: pytest.MonkeyPatch
+    graded: list[dict[str, Any]], bad: Sample, reason: str, use_settings: UseSettings
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_MIN_VALID_PER_GROUP", "0")  # drop on any failure (salvage: test_integrity)
+    use_settings(NEMO_GYM_MIN_VALID_PER_GROUP="0")  # drop on any failure (salvage: test_integrity)
     group = [sample_from(m) for m in graded[:3]] + [bad]
     out = filters.check_episode_group(None, group)
     assert (out.keep, out.reason) == (False, reason)
@@ -168,7 +172,7 @@ def test_filter_returns_miles_type_when_miles_is_importable(tmp_path: Path) -> N
         "out = filters.check_episode_group(None, [Sample(metadata={})])\n"
         "print(type(out).__module__, type(out).__name__, out.keep, out.reason)\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    env = clean_environ(PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     expected = ["miles.rollout.filter_hub.base_types", "DynamicFilterOutput", "False", "nemogym_missing_record"]

@@ -21,11 +21,11 @@ from miles_nemogym.episode.record import failure
 from miles_nemogym.errors import RunStopped
 from miles_nemogym.filters import stop_reason
 from miles_nemogym.runtime import Ledger, current
-from miles_nemogym.settings import Settings
 from tests.support.agent_fixtures import call, distinct_rows, fast_env, quick_probe
 from tests.support.eventually import eventually
 from tests.support.fault_server import FaultServer
 from tests.support.ports import free_port
+from tests.support.runtime_settings import UseSettings
 from tests.support.samples import Sample, Status
 
 __all__ = ["distinct_rows", "fast_env", "quick_probe"]  # fixtures used by name
@@ -70,8 +70,8 @@ def test_without_the_post_process_hook_partly_failed_groups_are_dropped(caplog: 
     assert filters.check_episode_group(Args(4, post_process=None), group[:2]).keep is True
 
 
-def test_min_valid_zero_drops_on_any_failure(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NEMO_GYM_MIN_VALID_PER_GROUP", "0")
+def test_min_valid_zero_drops_on_any_failure(use_settings: UseSettings) -> None:
+    use_settings(NEMO_GYM_MIN_VALID_PER_GROUP="0")
     out = filters.check_episode_group(Args(4), [valid("a"), valid("b"), masked("c", "transport_peer_drop"), valid("d")])
     assert (out.keep, out.reason) == (False, "nemogym_transport_peer_drop")
     tally = current().ledger.drain()
@@ -83,18 +83,18 @@ def test_min_valid_zero_drops_on_any_failure(monkeypatch: pytest.MonkeyPatch) ->
     [("2", 2, True), ("2", 1, False), ("3", 2, False), ("4", 3, False), ("9", 3, False), ("1", 1, True)],
 )
 def test_min_valid_per_group_counts_valid_episodes(
-    monkeypatch: pytest.MonkeyPatch, min_valid: str, n_valid: int, keep: bool
+    use_settings: UseSettings, min_valid: str, n_valid: int, keep: bool
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_MIN_VALID_PER_GROUP", min_valid)
+    use_settings(NEMO_GYM_MIN_VALID_PER_GROUP=min_valid)
     group = [valid(f"v{i}") for i in range(n_valid)] + [masked(f"m{i}") for i in range(4 - n_valid)]
     out = filters.check_episode_group(Args(4), group)
     assert out.keep is keep
     assert out.reason == (None if keep else "nemogym_agent_run_error")
 
 
-def test_min_valid_is_clamped_to_the_group_size(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_min_valid_is_clamped_to_the_group_size(use_settings: UseSettings) -> None:
     # 9 > n=4 means "all four": a full group is kept, any failure drops it.
-    monkeypatch.setenv("NEMO_GYM_MIN_VALID_PER_GROUP", "9")
+    use_settings(NEMO_GYM_MIN_VALID_PER_GROUP="9")
     assert filters.check_episode_group(Args(4), [valid(f"v{i}") for i in range(4)]).keep is True
     assert filters.check_episode_group(Args(4), [valid("a"), valid("b"), valid("c"), masked("d")]).keep is False
 
@@ -184,11 +184,12 @@ async def test_outage_mid_step_waits_and_sends_each_episode_once(
     distinct_rows: list[dict[str, Any]],
     sympy_result: dict[str, Any],
     monkeypatch: pytest.MonkeyPatch,
+    use_settings: UseSettings,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setattr(circuit_module, "_WARN_EVERY_S", 0.3)
     port = free_port()
-    monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{port}")
+    use_settings(NEMO_GYM_URL=f"http://127.0.0.1:{port}")
     server = FaultServer(result=sympy_result, port=port)  # graded for each instance it is sent
     caplog.set_level(logging.WARNING, logger="miles_nemogym.episode.delivery")
     tasks = [asyncio.create_task(call(row)) for row in distinct_rows]
@@ -219,9 +220,9 @@ async def test_outage_mid_step_waits_and_sends_each_episode_once(
 
 
 async def test_abort_and_cancellation_work_while_episodes_wait(
-    distinct_rows: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+    distinct_rows: list[dict[str, Any]], use_settings: UseSettings
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_URL", f"http://127.0.0.1:{free_port()}")
+    use_settings(NEMO_GYM_URL=f"http://127.0.0.1:{free_port()}")
     waiting = [asyncio.create_task(call(row)) for row in distinct_rows[:3]]
     cancelled_by_caller = asyncio.create_task(call(distinct_rows[3]))
     await eventually(lambda: current().circuits.waiting() == 4, "all 4 episodes wait")
@@ -239,11 +240,11 @@ async def test_abort_and_cancellation_work_while_episodes_wait(
 
 
 async def test_server_down_for_good_fails_waiting_episodes_and_the_filter_stops_the_run(
-    distinct_rows: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+    distinct_rows: list[dict[str, Any]], use_settings: UseSettings
 ) -> None:
     url = f"http://user:pw@127.0.0.1:{free_port()}"
-    monkeypatch.setenv("NEMO_GYM_URL", url)
-    monkeypatch.setenv("NEMO_GYM_OUTAGE_TIMEOUT", "1.5")
+    use_settings(NEMO_GYM_URL=url)
+    use_settings(NEMO_GYM_OUTAGE_TIMEOUT="1.5")
     started = asyncio.get_running_loop().time()
     outs = await asyncio.wait_for(asyncio.gather(*(call(row) for row in distinct_rows[:3])), 10)
     elapsed = asyncio.get_running_loop().time() - started
@@ -260,17 +261,17 @@ async def test_server_down_for_good_fails_waiting_episodes_and_the_filter_stops_
 
 
 async def test_failure_streak_stops_the_run_after_stopping_in_flight_episodes(
-    distinct_rows: list[dict[str, Any]], sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    distinct_rows: list[dict[str, Any]], sympy_result: dict[str, Any], use_settings: UseSettings
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_MAX_FAILURE_STREAK", "3")
+    use_settings(NEMO_GYM_MAX_FAILURE_STREAK="3")
     holding = await FaultServer(result=sympy_result, mode="hold").start()
     failing = await FaultServer(result=sympy_result, mode="500").start()
     try:
-        monkeypatch.setenv("NEMO_GYM_URL", holding.url)
+        use_settings(NEMO_GYM_URL=holding.url)
         in_flight = asyncio.create_task(call(distinct_rows[0]))
         await eventually(lambda: holding.bodies, "the first episode reached the holding server")
-        monkeypatch.setenv("NEMO_GYM_URL", failing.url)
-        failing_server = Settings.from_env()  # the same run, its later episodes sent to another server
+        # The same run (its runtime kept), its later episodes sent to another server.
+        failing_server = current().settings.with_overrides(gym_url=failing.url)
         for row in distinct_rows[1:3]:
             assert (await call(row, settings=failing_server))["nemogym"]["failure_kind"] == "agent_run_error"
         filters.check_episode_group(Args(4), [valid("a"), valid("b")])  # 2 < 3: goes on
@@ -285,13 +286,13 @@ async def test_failure_streak_stops_the_run_after_stopping_in_flight_episodes(
         await failing.stop()
 
 
-async def test_a_valid_episode_resets_the_streak_and_zero_disables_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NEMO_GYM_MAX_FAILURE_STREAK", "2")
+async def test_a_valid_episode_resets_the_streak_and_zero_disables_it(use_settings: UseSettings) -> None:
+    use_settings(NEMO_GYM_MAX_FAILURE_STREAK="2")
     current().ledger.record_episode("agent_run_error")
     current().ledger.record_episode(None)
     current().ledger.record_episode("agent_timeout")
     assert stop_reason(current().settings) is None
     current().ledger.record_episode("agent_timeout")
     assert "agent_timeout x2" in (stop_reason(current().settings) or "")
-    monkeypatch.setenv("NEMO_GYM_MAX_FAILURE_STREAK", "0")
-    assert stop_reason(Settings.from_env()) is None
+    # The same streak (this runtime's ledger) under NEMO_GYM_MAX_FAILURE_STREAK=0: never a stop.
+    assert stop_reason(current().settings.with_overrides(max_failure_streak=0)) is None

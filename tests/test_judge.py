@@ -21,6 +21,7 @@ from tests.support.agent_fixtures import fast_env
 from tests.support.environment_episodes import chat, episode
 from tests.support.fake_resources import fake_resources
 from tests.support.hostile_store import entry, write_step
+from tests.support.runtime_settings import UseSettings
 from tests.support.scripted_chat import ScriptedChat, Turn
 
 __all__ = ["chat", "fast_env"]  # fixtures used by name
@@ -79,12 +80,12 @@ def test_an_agent_run_answer_gets_the_one_verdict(document: dict[str, Any], expe
 
 @pytest.mark.parametrize(("document", "expected"), DOCUMENTS, ids=IDS)
 async def test_a_verify_answer_gets_the_one_verdict(
-    document: dict[str, Any], expected: Verdict3, chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    document: dict[str, Any], expected: Verdict3, chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
     chat.script("judged", Turn(content="B"))
     respond = {"verify": lambda body: web.json_response({**body, **document})}
     async with fake_resources(respond=respond) as fake:
-        out = await episode(monkeypatch, chat, fake.url, "judged")
+        out = await episode(use_settings, chat, fake.url, "judged")
     assert len(fake.verified) == 1
     record = out["nemogym"]
     assert verdict3(record["mask_sample"], record["failure_kind"], out["reward"]) == expected

@@ -81,6 +81,7 @@ def test_process_wide_state_lives_in_the_runtime_or_is_declared() -> None:
     }
 
 
+@pytest.mark.usefixtures("clean_env")  # on the environment: its point is that a runtime reads it once
 async def test_a_new_runtime_is_a_fresh_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sympy_row: dict[str, Any], sympy_result: dict[str, Any]
 ) -> None:

@@ -21,6 +21,7 @@ from miles_nemogym.runtime import current
 from tests.support.agent_fixtures import call, fast_env
 from tests.support.environment_episodes import chat, episode, masked, within
 from tests.support.fake_resources import fake_resources
+from tests.support.runtime_settings import UseSettings
 from tests.support.samples import Sample
 from tests.support.scripted_chat import ScriptedChat, Turn, tool
 from tests.support.stalling import stalling_server
@@ -40,20 +41,20 @@ BY_SETTING = [("zero", POLICY), ("mask", SET_ASIDE)]
 
 
 @pytest.fixture(autouse=True)
-def one_second(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("NEMO_GYM_RUN_TIMEOUT", "1")
+def one_second(use_settings: UseSettings) -> None:
+    use_settings(NEMO_GYM_RUN_TIMEOUT="1")
 
 
 async def run_row(
-    monkeypatch: pytest.MonkeyPatch, kind: str, url: str, row: dict[str, Any], session: str | None = None
+    use_settings: UseSettings, kind: str, url: str, row: dict[str, Any], session: str | None = None
 ) -> dict[str, Any]:
     """``agent.run`` of ``row`` as a SWE ``/run`` (``kind`` ``swe``) or an agent row to the server at
     ``url``, for Miles' session ``session`` (default: one nothing listens on)."""
     if kind == "swe":
-        monkeypatch.setenv("NEMO_GYM_URL", url)
+        use_settings(NEMO_GYM_URL=url)
     else:
         setting = {"blackjack": {"url": "http://127.0.0.1:9", "agent": url, "reward_range": [-1, 1]}}
-        monkeypatch.setenv("NEMO_GYM_ENVS", json.dumps(setting))
+        use_settings(NEMO_GYM_ENVS=json.dumps(setting))
     given = {"base_url": session} if session else {}
     out, _ = await within(10, call(row if kind == "swe" else dict(AGENT_ROW), **given))
     return out
@@ -65,11 +66,11 @@ async def run_row(
 @pytest.mark.parametrize("kind", ["swe", "agent"])
 @pytest.mark.parametrize(("setting", "expected"), BY_SETTING)
 async def test_a_run_past_the_deadline_after_a_model_call_is_the_policys(
-    monkeypatch: pytest.MonkeyPatch, sympy_row: dict[str, Any], kind: str, setting: str, expected: Any
+    use_settings: UseSettings, sympy_row: dict[str, Any], kind: str, setting: str, expected: Any
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_TIMEOUT_REWARD", setting)
+    use_settings(NEMO_GYM_TIMEOUT_REWARD=setting)
     async with stalling_server("held", calls=2) as server:
-        out = await run_row(monkeypatch, kind, server.url, sympy_row, server.session_url)
+        out = await run_row(use_settings, kind, server.url, sympy_row, server.session_url)
         assert server.received.is_set()  # delivered: the server was playing the episode
     assert masked(out) == expected
     assert "NEMO_GYM_RUN_TIMEOUT=1s" in out["nemogym"]["failure_reason"]
@@ -79,23 +80,23 @@ async def test_a_run_past_the_deadline_after_a_model_call_is_the_policys(
 @pytest.mark.parametrize("kind", ["swe", "agent"])
 @pytest.mark.parametrize("asked", ["no call recorded", "session unreachable"])
 async def test_a_run_past_the_deadline_before_any_model_call_is_set_aside(
-    monkeypatch: pytest.MonkeyPatch, sympy_row: dict[str, Any], kind: str, asked: str
+    use_settings: UseSettings, sympy_row: dict[str, Any], kind: str, asked: str
 ) -> None:
     """A sandbox that never started, a server that never played: nothing of the policy's to grade."""
     async with stalling_server("held", calls=0) as server:
         session = server.session_url if asked == "no call recorded" else None
-        out = await run_row(monkeypatch, kind, server.url, sympy_row, session)
+        out = await run_row(use_settings, kind, server.url, sympy_row, session)
         assert server.received.is_set()
     assert masked(out) == SET_ASIDE
 
 
 @pytest.mark.parametrize("kind", ["swe", "agent"])
 async def test_a_run_answer_cut_mid_way_at_the_deadline_is_set_aside(
-    monkeypatch: pytest.MonkeyPatch, sympy_row: dict[str, Any], kind: str
+    use_settings: UseSettings, sympy_row: dict[str, Any], kind: str
 ) -> None:
     """The server began its answer and stopped: infrastructure, whatever the setting says."""
     async with stalling_server("mid_answer") as server:
-        out = await run_row(monkeypatch, kind, server.url, sympy_row)
+        out = await run_row(use_settings, kind, server.url, sympy_row)
     assert masked(out) == SET_ASIDE
 
 
@@ -104,46 +105,44 @@ async def test_a_run_answer_cut_mid_way_at_the_deadline_is_set_aside(
 
 @pytest.mark.parametrize(("setting", "expected"), BY_SETTING)
 async def test_a_tool_call_running_past_the_deadline_is_the_policys(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, setting: str, expected: Any
+    chat: ScriptedChat, use_settings: UseSettings, setting: str, expected: Any
 ) -> None:
-    monkeypatch.setenv("NEMO_GYM_TIMEOUT_REWARD", setting)
+    use_settings(NEMO_GYM_TIMEOUT_REWARD=setting)
     chat.script(f"longtool{setting}", Turn(tool_calls=(tool("echo"),)), Turn(content="done"))
     async with fake_resources(stall=frozenset({"echo"})) as fake:
-        out, _ = await within(10, episode(monkeypatch, chat, fake.url, f"longtool{setting}"))
+        out, _ = await within(10, episode(use_settings, chat, fake.url, f"longtool{setting}"))
         assert fake.stalled.is_set() and fake.verified == []
     assert masked(out) == expected
     assert (out["nemogym"]["turns"], out["nemogym"]["tool_calls"]) == (1, 0)
 
 
 async def test_a_later_model_call_past_the_deadline_is_the_policys(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
+    chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
     chat.script("slowsecond", Turn(tool_calls=(tool("echo"),)), Turn(content="x", delay_s=3600))
     async with fake_resources() as fake:
-        out, _ = await within(10, episode(monkeypatch, chat, fake.url, "slowsecond"))
+        out, _ = await within(10, episode(use_settings, chat, fake.url, "slowsecond"))
     assert masked(out) == POLICY
     assert len(fake.tool_calls) == 1 and fake.verified == []
 
 
 @pytest.mark.parametrize("endpoint", ["seed_session", "verify"])
 async def test_a_seed_or_verify_never_answered_is_set_aside(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch, endpoint: str
+    chat: ScriptedChat, use_settings: UseSettings, endpoint: str
 ) -> None:
     chat.script(f"stall{endpoint}", Turn(content="B"))
     async with fake_resources(stall=frozenset({endpoint})) as fake:
-        out, _ = await within(10, episode(monkeypatch, chat, fake.url, f"stall{endpoint}"))
+        out, _ = await within(10, episode(use_settings, chat, fake.url, f"stall{endpoint}"))
         assert fake.stalled.is_set()
     assert masked(out) == SET_ASIDE
     assert f"/{endpoint}" in out["nemogym"]["failure_reason"]
 
 
-async def test_a_first_model_call_never_answered_is_set_aside(
-    chat: ScriptedChat, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_first_model_call_never_answered_is_set_aside(chat: ScriptedChat, use_settings: UseSettings) -> None:
     """No turn was made: nothing of the policy's to grade (and nothing Miles could train)."""
     chat.script("nofirst", Turn(content="x", delay_s=3600))
     async with fake_resources() as fake:
-        out, _ = await within(10, episode(monkeypatch, chat, fake.url, "nofirst"))
+        out, _ = await within(10, episode(use_settings, chat, fake.url, "nofirst"))
     assert masked(out) == SET_ASIDE
 
 
@@ -151,10 +150,10 @@ async def test_a_first_model_call_never_answered_is_set_aside(
 
 
 async def test_the_hooks_train_a_policy_timeout_with_reward_0_and_count_it_by_its_status(
-    monkeypatch: pytest.MonkeyPatch, sympy_row: dict[str, Any]
+    use_settings: UseSettings, sympy_row: dict[str, Any]
 ) -> None:
     async with stalling_server("held", calls=1) as server:
-        out = await run_row(monkeypatch, "swe", server.url, sympy_row, server.session_url)
+        out = await run_row(use_settings, "swe", server.url, sympy_row, server.session_url)
     timed_out = Sample(metadata={**sympy_row, **out})
     assert await reward.reward_func(None, timed_out) == 0.0 and not current().reward_problems
     tally = current().ledger.drain()

@@ -36,6 +36,7 @@ from tests.support.hostile_session import (
     turn,
 )
 from tests.support.routed_agents import RoutedAgents, model_base_urls, model_base_urls_at, running_routed_agents
+from tests.support.runtime_settings import UseSettings
 from tests.support.serve_process import exported, serving
 
 pytestmark = pytest.mark.integration
@@ -178,7 +179,7 @@ def _routed(agents: RoutedAgents, session_url: str) -> dict[str, Any]:
     ids=["context-length-is-a-cut-off", "max-tokens-400-is-a-failure"],
 )
 def test_a_sessions_400_gets_one_rule_on_a_routed_agent_and_in_the_in_process_loop(
-    blackjack: RoutedAgents, session: HostileSession, monkeypatch: pytest.MonkeyPatch, body: bytes, trained: bool
+    blackjack: RoutedAgents, session: HostileSession, use_settings: UseSettings, body: bytes, trained: bool
 ) -> None:
     url = session.session_url(Act(status=400, body=body))
     routed = _routed(blackjack, url)["nemogym"]
@@ -186,16 +187,16 @@ def test_a_sessions_400_gets_one_rule_on_a_routed_agent_and_in_the_in_process_lo
     if not trained:  # an error to the agent, not a turn: its /run fails
         assert routed["failure_kind"] == fk.AGENT_RUN_ERROR and "HTTP 400" in routed["failure_reason"], routed
     # The in-process loop, the same session answer: the same verdict as far as the trainer sees.
-    monkeypatch.setenv("NEMO_GYM_CONNECT_TIMEOUT", "5")
-    loop = asyncio.run(_in_process(monkeypatch, body))
+    use_settings(NEMO_GYM_CONNECT_TIMEOUT="5")
+    loop = asyncio.run(_in_process(use_settings, body))
     assert loop["mask_sample"] is (not trained), loop
     if not trained:
         assert loop["failure_kind"] == fk.POLICY_FAILED, loop
 
 
-async def _in_process(monkeypatch: pytest.MonkeyPatch, body: bytes) -> dict[str, Any]:
+async def _in_process(use_settings: UseSettings, body: bytes) -> dict[str, Any]:
     try:
-        return await in_process_answer_to(monkeypatch, 400, body)
+        return await in_process_answer_to(use_settings, 400, body)
     finally:
         await close_pools()
 

@@ -17,6 +17,7 @@ from miles_nemogym.episode import delivery
 from miles_nemogym.episode.record import ENV_KEY, TASK_ID_KEY
 from miles_nemogym.settings import Settings
 from tests.support.fault_server import FaultServer
+from tests.support.runtime_settings import UseSettings
 from tests.support.samples import Sample, Status
 
 SESSION = "http://127.0.0.1:39999/sessions/s-1"
@@ -49,18 +50,9 @@ def agent_answer(**fields: Any) -> Callable[[dict[str, Any]], web.Response]:
 
 
 @pytest.fixture
-def fast_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A short connect timeout, no key, no external host, serve's rollout secret: each test sets what it needs."""
-    monkeypatch.setenv("NEMO_GYM_CONNECT_TIMEOUT", "2")
-    for name in (
-        "NEMO_GYM_POLICY_API_KEY",
-        "MILES_ROUTER_EXTERNAL_HOST",
-        "NEMO_GYM_REWARD_RANGE",
-        "NEMO_GYM_TIMEOUT_REWARD",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv("NEMO_GYM_MAX_RESULT_BYTES", raising=False)
-    monkeypatch.setenv("NEMO_GYM_ROLLOUT_SECRET", ROLLOUT_SECRET)
+def fast_env(use_settings: UseSettings) -> None:
+    """A short connect timeout and serve's rollout secret, nothing from the shell: each test sets what it needs."""
+    use_settings(NEMO_GYM_CONNECT_TIMEOUT="2", NEMO_GYM_ROLLOUT_SECRET=ROLLOUT_SECRET)
 
 
 @pytest.fixture
@@ -76,11 +68,9 @@ def distinct_rows(gym_example_rows: list[dict[str, Any]]) -> list[dict[str, Any]
 
 
 @pytest.fixture
-async def server(
-    sympy_result: dict[str, Any], monkeypatch: pytest.MonkeyPatch, fast_env: None
-) -> AsyncIterator[FaultServer]:
+async def server(sympy_result: dict[str, Any], use_settings: UseSettings, fast_env: None) -> AsyncIterator[FaultServer]:
     srv = await FaultServer(result=sympy_result).start()
-    monkeypatch.setenv("NEMO_GYM_URL", srv.url)
+    use_settings(NEMO_GYM_URL=srv.url)
     yield srv
     await transport.close_pools()
     await srv.stop()

@@ -16,6 +16,7 @@ import pytest
 
 from tests.support.agent_fixtures import call
 from tests.support.fake_resources import row
+from tests.support.runtime_settings import UseSettings
 from tests.support.scripted_chat import ScriptedChat, Turn, tag, tool
 
 MILES_KEYS = {"max_seq_len": 4096, "session_server_id": "127.0.0.1:39999", "session_server_instance_id": "i-1"}
@@ -48,9 +49,9 @@ def env_row(env: str, script: str = "gold", task: str = "1", **fields: Any) -> d
     return {**row(tag(script), expected_answer="B"), "nemogym_env": env, "nemogym_task_id": f"{env}/{task}", **fields}
 
 
-def envs(monkeypatch: pytest.MonkeyPatch, **servers: Any) -> None:
-    """``NEMO_GYM_ENVS`` naming ``servers`` (environment -> URL or ``{"url", "max_steps"}``)."""
-    monkeypatch.setenv("NEMO_GYM_ENVS", json.dumps(servers))
+def envs(use_settings: UseSettings, **servers: Any) -> None:
+    """``NEMO_GYM_ENVS`` naming ``servers`` (environment -> URL or ``{"url", "max_steps"}``): a new runtime."""
+    use_settings(NEMO_GYM_ENVS=json.dumps(servers))
 
 
 async def run_env(chat: ScriptedChat, metadata: dict[str, Any], session: str = "s") -> dict[str, Any]:
@@ -63,7 +64,7 @@ ENV = "fake"
 
 
 async def episode(
-    monkeypatch: pytest.MonkeyPatch,
+    use_settings: UseSettings,
     chat: ScriptedChat,
     url: str,
     script: str,
@@ -73,7 +74,7 @@ async def episode(
 ) -> dict[str, Any]:
     """One episode of script ``script`` against the resources server at ``url`` (environment
     ``ENV``, with ``max_steps`` when given), ``fields`` added to its row: what ``agent.run`` returned."""
-    envs(monkeypatch, **{ENV: url if max_steps is None else {"url": url, "max_steps": max_steps}})
+    envs(use_settings, **{ENV: url if max_steps is None else {"url": url, "max_steps": max_steps}})
     return await run_env(chat, env_row(ENV, script, **fields), session=script)
 
 
@@ -126,7 +127,7 @@ def strict_line_problem(line: bytes) -> str | None:
     return None
 
 
-async def in_process_answer_to(monkeypatch: pytest.MonkeyPatch, status: int, body: bytes) -> dict[str, Any]:
+async def in_process_answer_to(use_settings: UseSettings, status: int, body: bytes) -> dict[str, Any]:
     """The record ``agent.run`` returns for an in-process episode whose session answers its second
     model call with ``status`` and ``body`` (the first calls a tool)."""
     from tests.support.fake_resources import fake_resources
@@ -135,6 +136,6 @@ async def in_process_answer_to(monkeypatch: pytest.MonkeyPatch, status: int, bod
     with ScriptedChat() as policy:
         policy.script("answer", Turn(tool_calls=(tool("echo"),)), Turn(status=status, raw=body))
         async with fake_resources() as fake:
-            out = await episode(monkeypatch, policy, fake.url, "answer")
+            out = await episode(use_settings, policy, fake.url, "answer")
     record: dict[str, Any] = out["nemogym"]
     return record
