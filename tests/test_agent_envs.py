@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import agent, salvage, transport
+from miles_nemogym import agent, groups, transport
 from miles_nemogym.episode.record import ROW_MARKS, eval_overrides
 from miles_nemogym.errors import RunStopped
-from miles_nemogym.filters import check_run
+from miles_nemogym.groups import check_run
 from miles_nemogym.runtime import current
 from miles_nemogym.store import _reader as reader
 from tests.support.agent_fixtures import ROLLOUT_SECRET, call, fast_env, server
@@ -179,7 +179,7 @@ async def test_a_failed_environment_episode_is_held_for_its_aborted_sample_by_ta
     valid = Sample(prompt=[], metadata=copy.deepcopy(env_row("mcqa", task="9")), index=1, group_index=0)
     valid.metadata["nemogym"] = {"status": "ok", "episode_id": "e-valid", "environment": "mcqa"}
     valid.tokens, valid.response_length, valid.loss_mask = [1, 2, 3], 1, [1]
-    assert salvage.recover_failed_episodes(current().held, [aborted, valid]) == 1
+    assert groups.recover_failed_episodes(current().held, [aborted, valid]) == 1
     assert aborted.metadata["nemogym"]["episode_id"] == failed["nemogym"]["episode_id"]
     assert aborted.remove_sample is True
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import agent, reward, transport
+from miles_nemogym import agent, transport
 from miles_nemogym.runtime import current
 from tests.support.agent_fixtures import SESSION, call, fast_env, server
 from tests.support.eventually import eventually
@@ -346,7 +346,7 @@ async def test_returned_reward_is_final_in_each_reward_mode(
     assert out["nemogym"]["server_reward"] == 0.0
     assert out["nemogym"]["fail_to_pass"] == {"passed": 4, "failed": 6}
     assert out["reward"] == expected
-    assert await reward.reward_func(None, Sample(metadata=out)) == expected
+    assert await agent.reward_func(None, Sample(metadata=out)) == expected
 
 
 # --- one episode function: every path ends in the same finish step ------------------------------------

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from miles_nemogym import agent, metrics, redaction, reward, transport
+from miles_nemogym import agent, metrics, redaction, transport
 from miles_nemogym.episode import run as episode_run
 from miles_nemogym.runtime import Tally, current
 from tests.support.agent_fixtures import call, fast_env, server
@@ -210,7 +210,7 @@ async def test_an_invalid_server_reward_is_masked_and_scores_zero(
     assert (record["status"], record["failure_kind"], record["mask_sample"]) == ("failed", "verifier_error", True)
     assert needle in record["failure_reason"]
     assert out["reward"] == 0.0
-    assert await reward.reward_func(None, Sample(metadata=out)) == 0.0
+    assert await agent.reward_func(None, Sample(metadata=out)) == 0.0
 
 
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e999"])
@@ -515,7 +515,7 @@ async def test_the_reward_hook_scores_under_bad_settings(use_settings: UseSettin
     use_settings(NEMO_GYM_RUN_TIMEOUT="1h")
     ok = Sample(metadata={"reward": 1.0, "nemogym": {"mask_sample": False}})
     masked = Sample(metadata={"reward": 1.0, "nemogym": {"mask_sample": True}})
-    assert await reward.reward_func(None, [ok, masked]) == [1.0, 0.0]
+    assert await agent.reward_func(None, [ok, masked]) == [1.0, 0.0]
 
 
 @pytest.mark.parametrize(
@@ -537,7 +537,7 @@ async def test_partial_mode_with_corrupted_counts_scores_the_server_reward(
         "pass_to_pass": {"passed": 2, "failed": 0},
     }
     before = current().reward_problems["invalid_test_counts"]
-    value = await reward.reward_func(None, Sample(metadata={"reward": 0.0, "nemogym": record}))
+    value = await agent.reward_func(None, Sample(metadata={"reward": 0.0, "nemogym": record}))
     assert value == expected
     assert current().reward_problems["invalid_test_counts"] == before + (expected == 0.0)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import filters
+from miles_nemogym import groups
 from miles_nemogym.episode.record import eval_overrides
 from miles_nemogym.errors import RunStopped
 from miles_nemogym.runtime import current
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 class Args:
     n_samples_per_prompt = 4
-    custom_reward_post_process_path = "miles_nemogym.salvage.reward_post_process"
+    custom_reward_post_process_path = "miles_nemogym.groups.reward_post_process"
 
 
 def rows(row: dict[str, Any], n: int) -> list[dict[str, Any]]:
@@ -61,7 +61,7 @@ async def test_a_refused_tls_certificate_fails_within_the_timeouts_and_stops_the
         assert out["nemogym"]["mask_sample"] is True and "certificate" in out["nemogym"]["failure_reason"]
     assert server.bodies == []  # no byte of a /run left before the handshake
     with pytest.raises(RunStopped, match=r"miles_nemogym:transport_tls.*certificate"):
-        filters.check_episode_group(Args(), [Sample(metadata={}, status=Status.ABORTED)] * 4)
+        groups.check_episode_group(Args(), [Sample(metadata={}, status=Status.ABORTED)] * 4)
 
 
 async def test_a_flapping_server_gets_every_episode_once(

@@ -1,5 +1,5 @@
 """The environment path against hostile or careless servers, settings and rows, through its
-public surfaces (``agent.run``, ``reward.reward_func``, the CLI): redirects, a policy that never
+public surfaces (``agent.run``, ``agent.reward_func``, the CLI): redirects, a policy that never
 answers, passwords in URLs, loose rewards, a look-alike context error, bad ``NEMO_GYM_ENVS``,
 a failed episode's transcript, an echoed key, reserved endpoints as tools, size and concurrency
 caps, NaN, terminal escapes, JSON nested past any parser's depth, a gzip bomb.
@@ -23,8 +23,8 @@ import pytest
 from aiohttp import web
 from typer.testing import CliRunner
 
+from miles_nemogym import agent
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym import reward
 from miles_nemogym.cli.main import app
 from miles_nemogym.settings import Settings, SettingsError
 from miles_nemogym.store import _reader as reader
@@ -165,7 +165,7 @@ async def test_a_loosely_typed_reward_or_mask_is_a_verifier_error_not_a_reward(
         out = await episode(use_settings, chat, fake.url, "loose")
     assert masked(out) == (True, 0.0, fk.VERIFIER_ERROR)
     sample = Sample(prompt=[], metadata={**env_row(ENV), **out})
-    assert await reward.reward_func(None, sample) == 0.0
+    assert await agent.reward_func(None, sample) == 0.0
 
 
 # --- 7. a policy 400 is a full context only when it says so -------------------------------------

@@ -34,7 +34,7 @@ def test_every_package_exception_derives_from_the_one_base() -> None:
 def test_each_error_is_caught_by_the_builtin_base_its_callers_catch(tmp_path: Path, use_settings: UseSettings) -> None:
     """Raised by the package's own functions, each error reaches an ``except`` on the builtin base
     callers wrote before the common base existed, and an ``except MilesNemoGymError`` as well."""
-    from miles_nemogym import filters
+    from miles_nemogym import groups
     from miles_nemogym.data._convert import ConvertOptions, convert, convert_row
 
     use_settings(NEMO_GYM_OUTAGE_TIMEOUT="soon")
@@ -52,7 +52,7 @@ def test_each_error_is_caught_by_the_builtin_base_its_callers_catch(tmp_path: Pa
     for _ in range(2):
         current().ledger.record_episode("transport_unreachable")
     with pytest.raises(RuntimeError, match="2 NeMo-Gym episodes in a row failed") as stopped:
-        filters.check_run(current().settings)
+        groups.check_run(current().settings)
 
     caught = [bad_setting.value, bad_row.value, nothing_converted.value, stopped.value]
     assert [type(error).__name__ for error in caught] == [

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import filters, metrics, reward
+from miles_nemogym import agent, groups, metrics
 from miles_nemogym.episode.record import failure
 from miles_nemogym.runtime import Tally, current
 from tests.support.clean_env import clean_environ
@@ -37,15 +37,15 @@ def masked(kind: str = "transport_peer_drop", episode: str = "f1") -> dict[str, 
 
 async def test_reward_single_and_batch_in_order(graded: list[dict[str, Any]]) -> None:
     samples = [sample_from(m) for m in graded]
-    assert await reward.reward_func(None, samples) == [m["reward"] for m in graded]
-    assert await reward.reward_func(None, samples[0]) == graded[0]["reward"]
-    assert await reward.reward_func(None, []) == []
+    assert await agent.reward_func(None, samples) == [m["reward"] for m in graded]
+    assert await agent.reward_func(None, samples[0]) == graded[0]["reward"]
+    assert await agent.reward_func(None, []) == []
 
 
 async def test_masked_sample_scores_zero_even_with_a_reward() -> None:
     meta = masked()
     meta["reward"] = 1.0
-    assert await reward.reward_func(None, sample_from(meta)) == 0.0
+    assert await agent.reward_func(None, sample_from(meta)) == 0.0
 
 
 @pytest.mark.parametrize(
@@ -54,7 +54,7 @@ async def test_masked_sample_scores_zero_even_with_a_reward() -> None:
 async def test_missing_or_invalid_reward_is_zero_and_counted(value: Any, problem: str) -> None:
     before = current().reward_problems[problem]
     meta = {"reward": value} if value is not None else {}
-    assert await reward.reward_func(None, Sample(metadata=meta)) == 0.0
+    assert await agent.reward_func(None, Sample(metadata=meta)) == 0.0
     assert current().reward_problems[problem] == before + 1
 
 
@@ -66,13 +66,13 @@ async def test_partial_credit_mode(use_settings: UseSettings) -> None:
         return Sample(metadata={"reward": r, "nemogym": record})
 
     cases = [meta((1, 3), (10, 0)), meta((1, 3), (9, 1)), meta((4, 0), (10, 0), True, 1.0), meta((0, 0), (3, 0))]
-    assert await reward.reward_func(None, cases) == [0.0, 0.0, 1.0, 0.0]  # binary default
+    assert await agent.reward_func(None, cases) == [0.0, 0.0, 1.0, 0.0]  # binary default
     use_settings(NEMO_GYM_REWARD_MODE="partial")  # a new run with it
-    assert await reward.reward_func(None, cases) == [0.25, 0.0, 1.0, 0.0]
+    assert await agent.reward_func(None, cases) == [0.25, 0.0, 1.0, 0.0]
 
 
 def test_filter_keeps_a_group_of_valid_episodes(graded: list[dict[str, Any]]) -> None:
-    out = filters.check_episode_group(None, [sample_from(m) for m in graded])
+    out = groups.check_episode_group(None, [sample_from(m) for m in graded])
     assert (out.keep, out.reason) == (True, None)
 
 
@@ -90,10 +90,10 @@ def test_with_min_valid_zero_the_filter_drops_a_group_with_one_bad_sample(
 ) -> None:
     use_settings(NEMO_GYM_MIN_VALID_PER_GROUP="0")  # drop on any failure (salvage: test_integrity)
     group = [sample_from(m) for m in graded[:3]] + [bad]
-    out = filters.check_episode_group(None, group)
+    out = groups.check_episode_group(None, group)
     assert (out.keep, out.reason) == (False, reason)
     # Miles v2 passes a list of per-sample lists: same decision.
-    nested = filters.check_episode_group(None, [[s] for s in group])
+    nested = groups.check_episode_group(None, [[s] for s in group])
     assert (nested.keep, nested.reason) == (False, reason)
 
 
@@ -167,9 +167,9 @@ def test_filter_returns_miles_type_when_miles_is_importable(tmp_path: Path) -> N
         "    keep: bool\n    reason: str | None = None\n"
     )
     script = (
-        "from miles_nemogym import filters\n"
+        "from miles_nemogym import groups\n"
         "from tests.support.samples import Sample\n"
-        "out = filters.check_episode_group(None, [Sample(metadata={})])\n"
+        "out = groups.check_episode_group(None, [Sample(metadata={})])\n"
         "print(type(out).__module__, type(out).__name__, out.keep, out.reason)\n"
     )
     env = clean_environ(PYTHONPATH=os.pathsep.join([str(tmp_path), *sys.path]))

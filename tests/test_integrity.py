@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import agent, filters, metrics, salvage, transport
+from miles_nemogym import agent, groups, metrics, transport
 from miles_nemogym.episode import delivery as circuit_module
 from miles_nemogym.episode.record import failure
 from miles_nemogym.errors import RunStopped
-from miles_nemogym.filters import stop_reason
+from miles_nemogym.groups import stop_reason
 from miles_nemogym.runtime import Ledger, current
 from tests.support.agent_fixtures import call, distinct_rows, fast_env, quick_probe
 from tests.support.eventually import eventually
@@ -46,7 +46,7 @@ def masked(episode: str, kind: str = "agent_run_error") -> Sample:
 class Args:
     """The Miles arguments the filter reads, with the post-process hook wired as the launcher does."""
 
-    def __init__(self, n_samples_per_prompt: int, post_process: str | None = salvage.HOOK_PATH) -> None:
+    def __init__(self, n_samples_per_prompt: int, post_process: str | None = groups.POST_PROCESS_PATH) -> None:
         self.n_samples_per_prompt = n_samples_per_prompt
         self.custom_reward_post_process_path = post_process
 
@@ -56,7 +56,7 @@ class Args:
 
 def test_one_failed_episode_among_four_is_salvaged_by_default() -> None:
     group = [valid("a"), valid("b", 0.0), masked("c"), valid("d")]
-    out = filters.check_episode_group(Args(4), group)
+    out = groups.check_episode_group(Args(4), group)
     assert (out.keep, out.reason) == (True, None)
     tally = current().ledger.drain()
     assert (tally.groups_salvaged, tally.groups_dropped) == (1, 0)
@@ -65,14 +65,14 @@ def test_one_failed_episode_among_four_is_salvaged_by_default() -> None:
 def test_without_the_post_process_hook_partly_failed_groups_are_dropped(caplog: pytest.LogCaptureFixture) -> None:
     # Miles would otherwise normalise the failed episode's 0.0 into the group.
     group = [valid("a"), valid("b"), masked("c"), valid("d")]
-    out = filters.check_episode_group(Args(4, post_process=None), group)
+    out = groups.check_episode_group(Args(4, post_process=None), group)
     assert (out.keep, out.reason) == (False, "nemogym_agent_run_error")
-    assert filters.check_episode_group(Args(4, post_process=None), group[:2]).keep is True
+    assert groups.check_episode_group(Args(4, post_process=None), group[:2]).keep is True
 
 
 def test_min_valid_zero_drops_on_any_failure(use_settings: UseSettings) -> None:
     use_settings(NEMO_GYM_MIN_VALID_PER_GROUP="0")
-    out = filters.check_episode_group(Args(4), [valid("a"), valid("b"), masked("c", "transport_peer_drop"), valid("d")])
+    out = groups.check_episode_group(Args(4), [valid("a"), valid("b"), masked("c", "transport_peer_drop"), valid("d")])
     assert (out.keep, out.reason) == (False, "nemogym_transport_peer_drop")
     tally = current().ledger.drain()
     assert (tally.groups_salvaged, tally.groups_dropped) == (0, 1)
@@ -87,7 +87,7 @@ def test_min_valid_per_group_counts_valid_episodes(
 ) -> None:
     use_settings(NEMO_GYM_MIN_VALID_PER_GROUP=min_valid)
     group = [valid(f"v{i}") for i in range(n_valid)] + [masked(f"m{i}") for i in range(4 - n_valid)]
-    out = filters.check_episode_group(Args(4), group)
+    out = groups.check_episode_group(Args(4), group)
     assert out.keep is keep
     assert out.reason == (None if keep else "nemogym_agent_run_error")
 
@@ -95,17 +95,17 @@ def test_min_valid_per_group_counts_valid_episodes(
 def test_min_valid_is_clamped_to_the_group_size(use_settings: UseSettings) -> None:
     # 9 > n=4 means "all four": a full group is kept, any failure drops it.
     use_settings(NEMO_GYM_MIN_VALID_PER_GROUP="9")
-    assert filters.check_episode_group(Args(4), [valid(f"v{i}") for i in range(4)]).keep is True
-    assert filters.check_episode_group(Args(4), [valid("a"), valid("b"), valid("c"), masked("d")]).keep is False
+    assert groups.check_episode_group(Args(4), [valid(f"v{i}") for i in range(4)]).keep is True
+    assert groups.check_episode_group(Args(4), [valid("a"), valid("b"), valid("c"), masked("d")]).keep is False
 
 
 def test_v2_episodes_are_counted_once_over_their_samples(monkeypatch: pytest.MonkeyPatch) -> None:
     # Under session server v2 one episode may be several samples; min 2 needs two episodes.
     group = [[valid("a"), valid("a"), valid("a")], [masked("b"), masked("b")], [masked("c")], [masked("d")]]
-    out = filters.check_episode_group(Args(4), group)
+    out = groups.check_episode_group(Args(4), group)
     assert (out.keep, out.reason) == (False, "nemogym_agent_run_error")
     group[1] = [valid("b"), valid("b")]
-    assert filters.check_episode_group(Args(4), group).keep is True
+    assert groups.check_episode_group(Args(4), group).keep is True
 
 
 @pytest.mark.parametrize(
@@ -118,7 +118,7 @@ def test_v2_episodes_are_counted_once_over_their_samples(monkeypatch: pytest.Mon
 def test_an_aborted_or_recordless_sample_with_no_failed_episode_held_for_it_drops_its_group(
     bad: Sample, reason: str
 ) -> None:
-    out = filters.check_episode_group(Args(4), [valid("a"), valid("b"), valid("c"), bad])
+    out = groups.check_episode_group(Args(4), [valid("a"), valid("b"), valid("c"), bad])
     assert (out.keep, out.reason) == (False, reason)
 
 
@@ -252,7 +252,7 @@ async def test_server_down_for_good_fails_waiting_episodes_and_the_filter_stops_
     assert [out["nemogym"]["failure_kind"] for out in outs] == ["transport_unreachable"] * 3
     assert 1.5 <= elapsed < 4.0
     with pytest.raises(RunStopped) as stopped:
-        filters.check_episode_group(Args(4), [Sample(metadata={}, status=Status.ABORTED)] * 4)
+        groups.check_episode_group(Args(4), [Sample(metadata={}, status=Status.ABORTED)] * 4)
     message = str(stopped.value)
     assert "NEMO_GYM_OUTAGE_TIMEOUT=1.5s" in message and "127.0.0.1" in message and "pw" not in message
     # Later episodes fail at once instead of spinning the run.
@@ -274,10 +274,10 @@ async def test_failure_streak_stops_the_run_after_stopping_in_flight_episodes(
         failing_server = current().settings.with_overrides(gym_url=failing.url)
         for row in distinct_rows[1:3]:
             assert (await call(row, settings=failing_server))["nemogym"]["failure_kind"] == "agent_run_error"
-        filters.check_episode_group(Args(4), [valid("a"), valid("b")])  # 2 < 3: goes on
+        groups.check_episode_group(Args(4), [valid("a"), valid("b")])  # 2 < 3: goes on
         assert (await call(distinct_rows[3], settings=failing_server))["nemogym"]["failure_kind"] == "agent_run_error"
         with pytest.raises(RunStopped, match=r"3 NeMo-Gym episodes in a row failed.*agent_run_error x3"):
-            filters.check_episode_group(Args(4), [valid("a"), valid("b")])
+            groups.check_episode_group(Args(4), [valid("a"), valid("b")])
         out = await asyncio.wait_for(in_flight, 5)
         assert out["nemogym"]["failure_kind"] == "cancelled"
     finally:

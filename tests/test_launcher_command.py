@@ -189,11 +189,11 @@ def test_the_whole_hook_chain_is_wired_by_dotted_path() -> None:
     flags = recipe_flags(build(LauncherConfig()))
     assert one(flags, "--custom-generate-function-path") == "miles.rollout.generate_hub.agentic_tool_call.generate"
     assert one(flags, "--custom-agent-function-path") == "miles_nemogym.agent.run"
-    assert one(flags, "--custom-rm-path") == "miles_nemogym.reward.reward_func"
-    assert one(flags, "--dynamic-sampling-filter-path") == "miles_nemogym.filters.check_episode_group"
+    assert one(flags, "--custom-rm-path") == "miles_nemogym.agent.reward_func"
+    assert one(flags, "--dynamic-sampling-filter-path") == "miles_nemogym.groups.check_episode_group"
     assert one(flags, "--custom-rollout-log-function-path") == "miles_nemogym.metrics.log_rollout"
     # The filter keeps partly failed groups; this hook trains them over their valid episodes.
-    assert one(flags, "--custom-reward-post-process-path") == "miles_nemogym.salvage.reward_post_process"
+    assert one(flags, "--custom-reward-post-process-path") == "miles_nemogym.groups.reward_post_process"
     # Upstream's filter would drop our groups' bookkeeping: only ours is given.
     assert "check_no_aborted" not in " ".join(build(LauncherConfig()).argv)
 

@@ -28,14 +28,14 @@ def test_a_key_is_logged_once_by_each_memory(caplog: pytest.LogCaptureFixture) -
 async def test_the_hooks_log_a_repeated_configuration_error_through_it(
     caplog: pytest.LogCaptureFixture, use_settings: UseSettings
 ) -> None:
-    from miles_nemogym import reward
+    from miles_nemogym import agent
     from tests.support.samples import Sample
 
     use_settings(NEMO_GYM_REWARD_MODE="fractional")
-    with caplog.at_level(logging.ERROR, logger="miles_nemogym.reward"):
+    with caplog.at_level(logging.ERROR, logger="miles_nemogym.agent"):
         for _ in range(3):
-            await reward.reward_func(None, Sample(metadata={}))
+            await agent.reward_func(None, Sample(metadata={}))
         use_settings(NEMO_GYM_REWARD_MODE="fractional")  # a new runtime (as between tests) logs it again
-        await reward.reward_func(None, Sample(metadata={}))
+        await agent.reward_func(None, Sample(metadata={}))
     lines = [r.getMessage() for r in caplog.records if "NEMO_GYM_REWARD_MODE" in r.getMessage()]
     assert len(lines) == 2 and lines[0].endswith("[logged once]")

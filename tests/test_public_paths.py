@@ -83,11 +83,11 @@ def test_the_launcher_passes_every_hook_readme_lists(dry_run_command: str) -> No
     launched = flag_paths(dry_run_command)
     assert dict(launched) == {
         "--custom-agent-function-path": "miles_nemogym.agent.run",
-        "--custom-rm-path": "miles_nemogym.reward.reward_func",
-        "--dynamic-sampling-filter-path": "miles_nemogym.filters.check_episode_group",
+        "--custom-rm-path": "miles_nemogym.agent.reward_func",
+        "--dynamic-sampling-filter-path": "miles_nemogym.groups.check_episode_group",
         "--custom-rollout-log-function-path": "miles_nemogym.metrics.log_rollout",
         "--custom-eval-rollout-log-function-path": "miles_nemogym.metrics.log_eval",
-        "--custom-reward-post-process-path": "miles_nemogym.salvage.reward_post_process",
+        "--custom-reward-post-process-path": "miles_nemogym.groups.reward_post_process",
     }
     assert launched <= flag_paths(README.read_text(encoding="utf-8"))
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import metrics, reward
+from miles_nemogym import agent, metrics
 from miles_nemogym.episode.record import (
     EpisodeRecord,
     Outcome,
@@ -69,7 +69,7 @@ def test_real_results_read_back_and_score_their_reward(gym_example_rollouts: lis
         outcome = classify_http(200, json.dumps(result).encode())
         metadata = outcome.to_metadata()
         assert read_record(metadata) == RecordRead(outcome.record)
-        assert reward.score(metadata) == (outcome.reward, None)
+        assert agent.score(metadata) == (outcome.reward, None)
 
 
 def test_f2p_fraction_is_test_counts_fraction() -> None:
@@ -77,7 +77,7 @@ def test_f2p_fraction_is_test_counts_fraction() -> None:
     assert TestCounts().fraction is None
     record = EpisodeRecord.model_validate({**EVERY_FIELD, "mask_sample": False, "resolved": False, "environment": None})
     record.pass_to_pass = TestCounts(passed=7, failed=0)
-    assert reward.partial_credit(record, 0.0) == 0.75
+    assert agent.partial_credit(record, 0.0) == 0.75
     samples = [Sample(metadata={"nemogym": record.model_dump(mode="json")})]
     assert metrics.rollout_metrics(samples, Tally())["nemogym/fail_to_pass_fraction_mean"] == 0.75
 
@@ -130,7 +130,7 @@ def test_a_failed_outcome_reads_back_masked_with_its_kind() -> None:
         "transport_peer_drop",
         "reset",
     )
-    assert reward.score_record(1.0, read, RewardMode.partial) == (0.0, None)
+    assert agent.score_record(1.0, read, RewardMode.partial) == (0.0, None)
 
 
 def test_a_bare_record_reads_like_one_on_a_sample() -> None:

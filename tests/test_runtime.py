@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import miles_nemogym
-from miles_nemogym import agent, filters, metrics, reward
+from miles_nemogym import agent, groups, metrics
 from miles_nemogym.runtime import Runtime, current, install
 from miles_nemogym.settings import Settings
 from tests.support.fault_server import FaultServer
@@ -90,7 +90,7 @@ async def test_a_new_runtime_is_a_fresh_process(
     server = await FaultServer(result=sympy_result, mode="500").start()
     try:
         monkeypatch.setenv("NEMO_GYM_URL", server.url)
-        filters.check_episode_group(None, [])  # no salvage hook wired: warned once
+        groups.check_episode_group(None, [])  # no salvage hook wired: warned once
         failed = await agent.run(base_url="http://127.0.0.1:1/sessions/a", metadata=sympy_row)
     finally:
         await server.stop()
@@ -101,10 +101,10 @@ async def test_a_new_runtime_is_a_fresh_process(
     install(Runtime(Settings.from_env()))
     down = await agent.run(base_url="http://0.0.0.0:1/sessions/b", metadata=sympy_row)
     assert failed["nemogym"]["mask_sample"] and down["nemogym"]["failure_kind"] == "transport_unreachable"
-    await reward.reward_func(None, Sample(metadata={"reward": None}))
+    await agent.reward_func(None, Sample(metadata={"reward": None}))
     used = current()
     stored = used.stores.get(str(tmp_path / "episodes"))
-    assert used.ledger.streak()[0] == 1 and filters.stop_reason(used.settings) is not None
+    assert used.ledger.streak()[0] == 1 and groups.stop_reason(used.settings) is not None
     assert len(used.held) == 1 and used.reward_problems and len(used.addresses) == 1
     assert not old.logged.log(metrics.logger, 10, "salvage not wired", "x")  # already logged by the filter
     assert len(old.held) == 1 and old.ledger.streak()[0] == 1  # the first runtime kept its own
@@ -112,7 +112,7 @@ async def test_a_new_runtime_is_a_fresh_process(
     install()
 
     fresh = current()
-    assert fresh is not used and filters.stop_reason(fresh.settings) is None
+    assert fresh is not used and groups.stop_reason(fresh.settings) is None
     assert not fresh.circuits.is_open and fresh.circuits.waiting() == 0
     assert fresh.ledger.streak() == (0, {}) and fresh.ledger.drain().episodes == 0
     assert len(fresh.held) == 0 and not fresh.reward_problems and fresh.addresses == {}
@@ -122,8 +122,8 @@ async def test_a_new_runtime_is_a_fresh_process(
 
 # Caches of a pure function of their arguments and the pinned files: never stale, never reset.
 PURE_CACHES = {
-    "miles_nemogym.filters._output_type",  # an import
-    "miles_nemogym.salvage._miles_post_process",  # an import
+    "miles_nemogym.groups._output_type",  # an import
+    "miles_nemogym.groups._miles_post_process",  # an import
     "miles_nemogym.gym.wheel._archive",  # keyed by the wheel's path, mtime and size
     "miles_nemogym.gym.wheel._members",  # keyed by the wheel's path, mtime and size
     "miles_nemogym.gym.composition._member",  # a member of the pinned wheel

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import agent, filters, metrics, salvage
+from miles_nemogym import agent, groups, metrics
 from miles_nemogym.episode.record import eval_overrides
 from miles_nemogym.runtime import current
 from tests.support.agent_fixtures import TOKENS, call, episode, fast_env, input_sample, server
@@ -31,7 +31,7 @@ class Args:
     """The Miles arguments the filter reads, with the post-process hook wired as the launcher does."""
 
     n_samples_per_prompt = 4
-    custom_reward_post_process_path = salvage.HOOK_PATH
+    custom_reward_post_process_path = groups.POST_PROCESS_PATH
 
 
 async def test_a_group_whose_failed_episode_never_reached_the_policy_trains_over_the_other_three(
@@ -40,7 +40,7 @@ async def test_a_group_whose_failed_episode_never_reached_the_policy_trains_over
     modes = ["ok", "500", "ok", "ok"]
     group = [await episode(server, input_sample(sympy_row, i), mode) for i, mode in enumerate(modes)]
 
-    out = filters.check_episode_group(Args(), group)
+    out = groups.check_episode_group(Args(), group)
     assert (out.keep, out.reason) == (True, None)
     failed = group[1]
     record = failed.metadata["nemogym"]
@@ -63,7 +63,7 @@ async def test_miles_over_sampling_abort_still_drops_its_group(server: FaultServ
     # Group 0 finished, one episode failed before the policy: kept. Group 1 was still running
     # when Miles had enough groups: one episode had failed before the policy, one was aborted.
     early = [await episode(server, input_sample(sympy_row, i), m) for i, m in enumerate(["ok", "500"] * 2)]
-    assert filters.check_episode_group(Args(), early).keep is True
+    assert groups.check_episode_group(Args(), early).keep is True
     modes = ["ok", "ok", "500"]
     late = [await episode(server, input_sample(sympy_row, 4 + i, group=1), m) for i, m in enumerate(modes)]
     server.mode, server.hold_s = "ok", 30.0
@@ -76,7 +76,7 @@ async def test_miles_over_sampling_abort_still_drops_its_group(server: FaultServ
 
     # Miles does not filter group 1 after its abort; were it filtered, it would be dropped as
     # today: a cancelled episode is never given back, and the abort forgot what was held.
-    out = filters.check_episode_group(Args(), [*late, aborted])
+    out = groups.check_episode_group(Args(), [*late, aborted])
     assert (out.keep, out.reason) == (False, "group_has_aborted")
     assert [s.status for s in [*late[2:], aborted]] == [Status.ABORTED] * 2
 
@@ -91,27 +91,27 @@ async def test_each_failed_episode_is_given_back_once_and_only_to_its_own_task(
     # An eval episode failing before the policy is never held: eval samples skip the filter.
     await episode(server, input_sample({**sympy_row, **eval_overrides("swe")}, 99), "500")
 
-    assert filters.check_episode_group(Args(), late).keep is True
-    assert filters.check_episode_group(Args(), early).keep is True
+    assert groups.check_episode_group(Args(), late).keep is True
+    assert groups.check_episode_group(Args(), early).keep is True
     assert [s.status for s in early] == [Status.COMPLETED, Status.FAILED] * 2
     for task_row in (sympy_row, other):  # nothing left for the task, nothing for another task
         group = [await episode(server, input_sample(task_row, 10 + i, 2), "ok") for i in range(3)]
         aborted = copy.deepcopy(input_sample(task_row, 13, 2))
         aborted.status = Status.ABORTED
-        assert filters.check_episode_group(Args(), [*group, aborted]).reason == "group_has_aborted"
+        assert groups.check_episode_group(Args(), [*group, aborted]).reason == "group_has_aborted"
 
 
 async def test_a_group_without_enough_valid_episodes_is_still_dropped(
     server: FaultServer, sympy_row: dict[str, Any]
 ) -> None:
     group = [await episode(server, input_sample(sympy_row, i), m) for i, m in enumerate(["ok", "500", "500", "500"])]
-    out = filters.check_episode_group(Args(), group)
+    out = groups.check_episode_group(Args(), group)
     assert (out.keep, out.reason) == (False, "nemogym_agent_run_error")
     assert current().held.clear() == 0  # each was given back to its sample
 
 
 def test_held_episodes_are_bounded_the_oldest_going_first() -> None:
-    held = salvage.HeldEpisodes(limit=2)
+    held = groups.HeldEpisodes(limit=2)
     for episode_id in ("e1", "e2", "e3"):
         held.hold("task", episode_id, {"id": episode_id})
     assert [held.claim("task"), held.claim("task"), held.claim("task")] == [{"id": "e2"}, {"id": "e3"}, None]

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from miles_nemogym import agent, groups, metrics
 from miles_nemogym import failure_kinds as fk
-from miles_nemogym import metrics, reward, salvage
 from miles_nemogym.episode.record import ENV_KEY, TASK_ID_KEY
 from miles_nemogym.runtime import current
 from tests.support.agent_fixtures import call, fast_env
@@ -155,12 +155,12 @@ async def test_the_hooks_train_a_policy_timeout_with_reward_0_and_count_it_by_it
     async with stalling_server("held", calls=1) as server:
         out = await run_row(use_settings, "swe", server.url, sympy_row, server.session_url)
     timed_out = Sample(metadata={**sympy_row, **out})
-    assert await reward.reward_func(None, timed_out) == 0.0 and not current().reward_problems
+    assert await agent.reward_func(None, timed_out) == 0.0 and not current().reward_problems
     tally = current().ledger.drain()
     assert (tally.episodes, dict(tally.failures)) == (1, {})  # valid: not a failure
     logged = metrics.rollout_metrics([timed_out], tally)
     assert logged["nemogym/failure_rate"] == 0.0
     assert logged["nemogym/status_rate/miles_nemogym_policy_timeout"] == 1.0
     # Valid in its group, and held for a sample Miles may return ABORTED (no turn reached the session).
-    assert salvage.group_verdict([timed_out, timed_out], min_valid=2) == (None, False)
+    assert groups.group_verdict([timed_out, timed_out], min_valid=2) == (None, False)
     assert current().held.claim(sympy_row["instance_id"]) is not None

@@ -1,8 +1,9 @@
 """miles-nemogym: train Miles RL agents on NVIDIA NeMo-Gym environments.
 
-The hooks Miles loads by dotted path (``agent.run``/``abort``, ``reward.reward_func``,
-``filters.check_episode_group``, ``salvage.reward_post_process``, ``metrics.log_rollout``
-/ ``log_eval``) live in their own modules; this one imports nothing, on purpose.
+The hooks Miles loads by dotted path live in their own modules: per sample ``agent.run``,
+``agent.abort`` and ``agent.reward_func``; per group ``groups.check_episode_group`` and
+``groups.reward_post_process``; per step ``metrics.log_rollout`` / ``log_eval``; fully async
+``buffer.EpisodeBuffer``. This one imports nothing, on purpose.
 """
 
 __version__ = "0.1.0"

@@ -1,20 +1,25 @@
-"""Miles agent function (``--custom-agent-function-path miles_nemogym.agent.run``; Miles agentic_tool_call.py).
+"""Miles' per-sample hooks: the agent function and the reward it is scored by.
 
+    --custom-agent-function-path miles_nemogym.agent.run   (Miles agentic_tool_call.py)
     async def run(*, base_url, prompt, request_kwargs, metadata) -> {"reward", "eval_report", "nemogym", ...}
     async def abort(args) -> None   # Miles' over-sampling abort: stop every in-flight episode
+    --custom-rm-path miles_nemogym.agent.reward_func        (Miles rm_hub/__init__.py)
+    async def reward_func(args, sample | [samples]) -> float | [float]
 
 One sample, one episode: route (the row's environment: a ``NEMO_GYM_ENVS`` environment runs the
 ``simple_agent`` loop against its resources server, or its ``agent`` server's ``/run``; any other row
 is a SWE episode for ``NEMO_GYM_URL``'s ``/run``) -> prepare (its requests, checked before anything is sent) ->
 deliver (abortable, outages waited out, within ``NEMO_GYM_RUN_TIMEOUT``) -> bookkeeping (ledger,
 reward, salvage hold, store). A failed episode is recorded on the sample (``nemogym.mask_sample``),
-never raised; see docs/episode-pipeline.md. Importing this module stays cheap (no torch, sglang,
-ray, Miles).
+never raised. ``reward_func`` scores the reward ``run`` stored, under ``NEMO_GYM_REWARD_MODE``,
+and never raises either; the rules are in docs/episode-pipeline.md. Importing this module stays
+cheap (no torch, sglang, ray, Miles).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,23 +33,25 @@ from miles_nemogym.episode.record import (
     REWARD_KEY,
     SWE_ENVIRONMENT,
     UNRECOGNIZED_ENVIRONMENT,
+    EpisodeRecord,
     Outcome,
     RecordRead,
     Task,
     failure_of,
     finish,
     finite_json,
+    metadata_of,
+    read_record,
 )
 from miles_nemogym.episode.run import prepare as prepare_swe
 from miles_nemogym.episode.run import prepare_agent
 from miles_nemogym.errors import RequestError, SettingsError, counted
-from miles_nemogym.reward import score_record
+from miles_nemogym.groups import hold_failed_episode
 from miles_nemogym.runtime import Runtime, current
-from miles_nemogym.salvage import hold_failed_episode
 from miles_nemogym.settings import RewardMode, Settings
 from miles_nemogym.store import entry_for, session_id
 
-__all__ = ["abort", "prepare_episode", "run", "run_with_settings"]
+__all__ = ["abort", "prepare_episode", "reward_func", "run", "run_with_settings"]
 
 logger = logging.getLogger(__name__)
 
@@ -224,3 +231,72 @@ def _log(outcome: Outcome) -> None:
         record.attempts,
         record.failure_reason,
     )
+
+
+# -- reward_func: the reward hook, over what ``run`` stored (docs/episode-pipeline.md, "Reward") --------
+
+_TEST_COUNTS = frozenset({"fail_to_pass", "pass_to_pass"})
+
+
+def score(metadata: dict[str, Any], mode: RewardMode = RewardMode.binary) -> tuple[float, str | None]:
+    """(reward, problem) for one sample's metadata; ``problem`` is None when the reward is sound."""
+    return score_record(metadata.get(REWARD_KEY), read_record(metadata), mode)
+
+
+def score_record(reward: Any, read: RecordRead, mode: RewardMode) -> tuple[float, str | None]:
+    """(reward, problem) for a stored reward and the episode's record, by the rules in
+    docs/episode-pipeline.md ("Reward"); ``problem`` is None when the reward is sound."""
+    record = read.record
+    if record is not None and record.mask_sample:
+        return 0.0, None
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        return 0.0, "missing_reward" if reward is None else "non_numeric_reward"
+    if not math.isfinite(reward):
+        return 0.0, "non_finite_reward"
+    # Partial credit reads SWE-bench test counts: an environment's reward is its verifier's.
+    if mode is RewardMode.partial and record is not None and record.env == SWE_ENVIRONMENT and not record.resolved:
+        if read.unreadable & _TEST_COUNTS:
+            return float(reward), "invalid_test_counts"
+        return partial_credit(record, float(reward)), None
+    return float(reward), None
+
+
+def partial_credit(record: EpisodeRecord, reward: float) -> float:
+    """The partial-credit reward of an unresolved episode (``reward`` without test counts)."""
+    if record.fail_to_pass is None or record.pass_to_pass is None:
+        return reward
+    if record.pass_to_pass.failed:
+        return 0.0
+    fraction = record.fail_to_pass.fraction
+    return reward if fraction is None else fraction
+
+
+def _score_sample(sample: Any, mode: RewardMode) -> float:
+    try:
+        value, problem = score(metadata_of(sample), mode)
+    except Exception:  # a record no rule above foresaw: set aside, never crash the rollout
+        value, problem = 0.0, "unreadable_record"
+    if problem is not None:
+        current().reward_problems[problem] += 1
+        count = current().reward_problems[problem]
+        # The first few, then every 100th: enough to notice, never a flood.
+        if count <= 3 or count % 100 == 0:
+            instance = str(metadata_of(sample).get("instance_id"))[:200]
+            logger.warning("reward %s for %s: %s (%d so far)", value, instance, problem, count)
+    return value
+
+
+def _mode() -> RewardMode:
+    try:
+        return current().settings.reward_mode
+    except SettingsError as error:
+        current().logged.log(logger, logging.ERROR, f"reward {error}", "reward hook: %s; scoring in binary mode", error)
+        return RewardMode.binary
+
+
+async def reward_func(args: Any, samples: Any, **kwargs: Any) -> float | list[float]:
+    """Miles reward hook; see the module docstring."""
+    mode = _mode()
+    if isinstance(samples, list):
+        return [_score_sample(sample, mode) for sample in samples]
+    return _score_sample(samples, mode)

@@ -4,7 +4,7 @@ Miles' ``DefaultDataBuffer`` drops every group holding an ABORTED sample before 
 filter sees it, so an episode that failed before its first policy call is never salvaged and
 the run-stop check never runs. This buffer does what ``DefaultDataBuffer`` does (capacity,
 staleness at ``get``, the unused-samples handler, Miles' ``rollout/fully_async/*`` metrics)
-but sends every group through ``filters.judge_group`` first; a ``RunStopped`` raised there
+but sends every group through ``groups.judge_group`` first; a ``RunStopped`` raised there
 kills Miles' rollout worker and the next drain re-raises it. It follows Miles' ``DataBuffer``
 contract (``put``, ``get``, ``get_metrics``, built from ``DataBufferConstructorInput``)
 without importing Miles. Why and what is counted: docs/using-with-miles.md "Fully async".
@@ -19,16 +19,13 @@ from collections.abc import Callable
 from typing import Any
 
 from miles_nemogym.episode.record import TRAIN, flatten, metadata_of, record_of, strip_result
-from miles_nemogym.filters import judge_group
+from miles_nemogym.groups import FILTER_PATH, GROUP_HAS_ABORTED, judge_group
 from miles_nemogym.runtime import current
-from miles_nemogym.salvage import GROUP_HAS_ABORTED
 
 __all__ = ["EpisodeBuffer"]
 
 logger = logging.getLogger(__name__)
 
-FILTER_PATH = "miles_nemogym.filters.check_episode_group"
-"""The only ``--dynamic-sampling-filter-path`` this buffer runs with: it is that filter's home."""
 _MILES = "rollout/fully_async/"
 _OURS = "nemogym/buffer/"
 

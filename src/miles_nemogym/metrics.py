@@ -34,8 +34,8 @@ from miles_nemogym.episode.record import (
     record_of,
 )
 from miles_nemogym.failure_kinds import metric_label
+from miles_nemogym.groups import zero_loss_samples
 from miles_nemogym.runtime import EnvironmentTally, Tally, current
-from miles_nemogym.salvage import zero_loss_samples
 from miles_nemogym.settings import environment_name_problem
 
 __all__ = ["log_eval", "log_rollout"]

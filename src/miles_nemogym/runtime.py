@@ -9,7 +9,7 @@ Miles calls each hook with no object of ours, so the hooks find the process's ``
                                                  failure streak (agent.run, the filter, the log functions)
     circuits         episode/delivery.Circuits   one per server: outage waits and the outage stop
     in_flight        episode/delivery.InFlight   the episodes ``agent.abort`` (and a run stop) cancel
-    held             salvage.HeldEpisodes        failed episodes waiting for their ABORTED sample
+    held             HeldEpisodes (below)        failed episodes waiting for their ABORTED sample
     stores           store.Stores                the episode stores open in this process
     reward_problems  Counter                     samples the reward hook scored 0.0, by reason
     logged           LoggedOnce (below)          the messages logged once
@@ -24,7 +24,7 @@ record-less ABORTED samples and dropped groups), so the two hooks that see them 
 the agent function every finished episode (with its outage wait, charged to its own role),
 the group filter every group. The log functions drain it once per step. It also keeps the
 run-wide failure streak, which a drain does not reset; ``streak_stop`` says when that streak
-stops the run (``filters.check_run``, docs/episode-pipeline.md). Thread-safe.
+stops the run (``groups.check_run``, docs/episode-pipeline.md). Thread-safe.
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ import logging
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.delivery import Circuits, InFlight
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, TRAIN
 from miles_nemogym.redaction import redact_url
-from miles_nemogym.salvage import HeldEpisodes
 from miles_nemogym.settings import Settings
 from miles_nemogym.store import Stores
 
@@ -196,6 +196,43 @@ def _servers(settings: Settings, environments: dict[str, int]) -> str:
 
 _MAX_KEYS = 10_000
 """Distinct keys remembered at most; past it a message is logged every time (never lost)."""
+
+
+class HeldEpisodes:
+    """Failed train episodes of the current step whose sample may come back without them,
+    oldest first; at most ``limit`` (the oldest go first: their groups have long been seen).
+    The agent function holds them, the group filter gives them back (``groups``)."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._lock = threading.Lock()
+        self._limit = limit
+        self._episodes: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def hold(self, task: str, episode_id: str, result: dict[str, Any]) -> None:
+        with self._lock:
+            self._episodes[(task, episode_id)] = result
+            if len(self._episodes) > self._limit:
+                del self._episodes[next(iter(self._episodes))]
+
+    def release(self, task: str, episode_id: str) -> None:
+        with self._lock:
+            self._episodes.pop((task, episode_id), None)
+
+    def claim(self, task: str) -> dict[str, Any] | None:
+        """The oldest held episode of ``task``, taken out."""
+        with self._lock:
+            key = next((key for key in self._episodes if key[0] == task), None)
+            return None if key is None else self._episodes.pop(key)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._episodes)
+
+    def clear(self) -> int:
+        with self._lock:
+            count = len(self._episodes)
+            self._episodes.clear()
+            return count
 
 
 class LoggedOnce:

@@ -48,7 +48,7 @@ class TimeoutReward(str, Enum):
 
 
 class RewardMode(str, Enum):
-    """How ``miles_nemogym.reward`` turns an episode into a scalar."""
+    """How the reward hook (``agent.reward_func``) turns an episode into a scalar."""
 
     binary = "binary"
     """The server's reward: 1.0 only when SWE-bench reports the instance resolved."""

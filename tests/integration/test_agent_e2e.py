@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from miles_nemogym import agent, filters, transport
+from miles_nemogym import agent, groups, transport
 from miles_nemogym.checks import all_passed
 from miles_nemogym.cli._doctor import run_checks
 from miles_nemogym.cli.main import app
@@ -104,7 +104,7 @@ async def test_three_real_episodes_at_once_each_on_its_own_session(
     assert {r.session_id for r in recording_policy.requests()} == {
         RecordingPolicy.session_id_of(u) for u in urls.values()
     }
-    assert filters.check_episode_group(None, list(samples)).keep
+    assert groups.check_episode_group(None, list(samples)).keep
 
 
 async def test_a_crashed_episode_is_set_aside_and_a_group_of_two_left_with_one_valid_is_dropped(
@@ -121,7 +121,7 @@ async def test_a_crashed_episode_is_set_aside_and_a_group_of_two_left_with_one_v
     assert "error" in sample.metadata["eval_report"]
     assert sample.metadata["reward"] == 0.0
     ok = Sample(metadata={"nemogym": {"status": "ok", "mask_sample": False}, "reward": 1.0})
-    verdict = filters.check_episode_group(None, [ok, sample])
+    verdict = groups.check_episode_group(None, [ok, sample])
     assert (verdict.keep, verdict.reason) == (False, "nemogym_agent_run_error")
 
 

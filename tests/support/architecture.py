@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PACKAGE = "miles_nemogym"
-HOOKS = tuple(f"{PACKAGE}.{name}" for name in ("agent", "reward", "filters", "salvage", "buffer", "metrics"))
+HOOKS = tuple(f"{PACKAGE}.{name}" for name in ("agent", "groups", "buffer", "metrics"))
 """The modules Miles imports by the dotted paths users name in its flags."""
 
 

@@ -237,7 +237,7 @@ class _Args:
     """The Miles arguments the hooks read, as the launcher sets them (one sample per prompt)."""
 
     n_samples_per_prompt = 1
-    custom_reward_post_process_path = "miles_nemogym.salvage.reward_post_process"
+    custom_reward_post_process_path = "miles_nemogym.groups.reward_post_process"
 
 
 async def _hooks(
@@ -246,8 +246,7 @@ async def _hooks(
     """``agent.run`` for one row, then the hooks Miles calls on its sample (session server v1:
     the agent's dict merged into ``sample.metadata``, the reward from the reward hook): the group
     filter and salvage, or, ``buffered``, the fully async buffer's ``put``, ``get`` and metrics."""
-    from miles_nemogym import agent, filters, metrics, reward
-    from miles_nemogym import salvage as salvage_hook
+    from miles_nemogym import agent, groups, metrics
     from miles_nemogym.buffer import EpisodeBuffer
     from tests.support.samples import BufferArgs, BufferConstructor, BufferEntry, Sample
 
@@ -255,7 +254,7 @@ async def _hooks(
     sample = Sample(
         metadata={**metadata, **result}, group_index=0, index=0, tokens=[1, 2, 3], response_length=1, loss_mask=[1]
     )
-    value = await reward.reward_func(_Args(), sample)
+    value = await agent.reward_func(_Args(), sample)
     assert isinstance(value, float)
     sample.reward = value
     if buffered:
@@ -264,9 +263,9 @@ async def _hooks(
         await episodes.get(current_version=None)
         episodes.get_metrics()
     else:
-        filters.check_episode_group(_Args(), [sample])
+        groups.check_episode_group(_Args(), [sample])
         if salvage:
-            salvage_hook.reward_post_process(_Args(), [sample])
+            groups.reward_post_process(_Args(), [sample])
     metrics.log_rollout(0, _Args(), [sample])
     if result["nemogym"]["status"] != status:
         raise RuntimeError(f"the measured episode did not end {status!r}: {result['nemogym']}")
@@ -462,7 +461,7 @@ def markdown(measurements: list[PathMeasurement]) -> str:
     lines = [
         "# One sample's path, measured",
         "",
-        f"Python {measurements[0].python}; salvage hook (`salvage.reward_post_process`): {measurements[0].salvage}.",
+        f"Python {measurements[0].python}; salvage hook (`groups.reward_post_process`): {measurements[0].salvage}.",
         "",
         summary_table(measurements),
         "",

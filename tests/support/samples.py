@@ -13,7 +13,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from miles_nemogym.salvage import HOOK_PATH
+from miles_nemogym.groups import POST_PROCESS_PATH
 
 
 class Status(enum.Enum):
@@ -61,8 +61,8 @@ class BufferArgs:
     async_data_buffer_capacity_factor: float = 2.0
     async_unused_samples_handler: str = "drop"
     max_weight_staleness: int | None = None
-    dynamic_sampling_filter_path: str = "miles_nemogym.filters.check_episode_group"
-    custom_reward_post_process_path: str = HOOK_PATH
+    dynamic_sampling_filter_path: str = "miles_nemogym.groups.check_episode_group"
+    custom_reward_post_process_path: str = POST_PROCESS_PATH
 
 
 @dataclass

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from miles_nemogym import salvage
+from miles_nemogym import groups
 from miles_nemogym.episode.record import eval_overrides
 from miles_nemogym.errors import MilesNemoGymError, counted
 from miles_nemogym.launcher._config import ENVS_ENV, LauncherConfig
@@ -22,13 +22,13 @@ from miles_nemogym.settings import ENV_VARS, EnvironmentServer
 GENERATE_FUNCTION = "miles.rollout.generate_hub.agentic_tool_call.generate"
 HOOKS: tuple[tuple[str, str], ...] = (
     ("--custom-agent-function-path", "miles_nemogym.agent.run"),
-    ("--custom-rm-path", "miles_nemogym.reward.reward_func"),
-    ("--dynamic-sampling-filter-path", "miles_nemogym.filters.check_episode_group"),
+    ("--custom-rm-path", "miles_nemogym.agent.reward_func"),
+    ("--dynamic-sampling-filter-path", groups.FILTER_PATH),
     ("--custom-rollout-log-function-path", "miles_nemogym.metrics.log_rollout"),
     # nemogym-eval/<set>/* (masked episodes set aside); Miles' own eval/* still logged.
     ("--custom-eval-rollout-log-function-path", "miles_nemogym.metrics.log_eval"),
     # Trains a partly failed group over its valid episodes (the filter keeps such groups).
-    ("--custom-reward-post-process-path", salvage.HOOK_PATH),
+    ("--custom-reward-post-process-path", groups.POST_PROCESS_PATH),
 )
 """This package's hooks, each with the Miles flag that loads it."""
 ASYNC_DATA_BUFFER = "miles_nemogym.buffer.EpisodeBuffer"

@@ -1,19 +1,28 @@
-"""Train a prompt group over its valid episodes when some of its episodes failed.
+"""Miles' per-group hooks: which episodes of a finished prompt group are trained.
 
-``--custom-reward-post-process-path miles_nemogym.salvage.reward_post_process``: Miles'
-own normalisation over each group's valid samples; failed episodes get zero loss and a
-normalised reward of 0 (docs/episode-pipeline.md).
+    --dynamic-sampling-filter-path miles_nemogym.groups.check_episode_group  (Miles inference_rollout_train.py)
+    def check_episode_group(args, samples) -> DynamicFilterOutput(keep, reason)  # RunStopped ends the rollout
+    --custom-reward-post-process-path miles_nemogym.groups.reward_post_process  (Miles train_data_conversion.py)
+    def reward_post_process(args, samples) -> (raw rewards, normalised rewards), one per sample
+
+One rule, ``group_verdict``, decides for both. A group without failed episodes is Miles' as it
+is. A group with some is kept when at least ``NEMO_GYM_MIN_VALID_PER_GROUP`` of its episodes are
+valid and the post-process hook is wired: its failed episodes get zero loss and a normalised
+reward of 0, its valid ones Miles' own normalisation over themselves alone. Any other group is
+dropped with its first failure kind as the reason. The filter also raises ``RunStopped`` when the
+run must stop (``check_run``: an outage past ``NEMO_GYM_OUTAGE_TIMEOUT``, a failure streak).
 
 An episode that failed before its first policy call comes back from Miles as an ABORTED
 copy of its input sample without the agent's dict: the agent function holds such failed
-episodes (``hold_failed_episode``) and the group filter gives each back to its sample
-(``recover_failed_episodes``), so its group is salvaged like any other.
+episodes (``hold_failed_episode``) and the filter gives each back to its sample
+(``recover_failed_episodes``), so its group is salvaged like any other. Why: docs/episode-pipeline.md.
 """
 
 from __future__ import annotations
 
-import threading
+import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -28,11 +37,18 @@ from miles_nemogym.episode.record import (
     read_record,
     record_of,
 )
+from miles_nemogym.errors import RunStopped, counted
 from miles_nemogym.failure_kinds import CANCELLED, POLICY_TIMEOUT, metric_label
+from miles_nemogym.runtime import HeldEpisodes, current, streak_stop
+from miles_nemogym.settings import Settings
 
-__all__ = ["HOOK_PATH", "reward_post_process"]
+__all__ = ["FILTER_PATH", "POST_PROCESS_PATH", "check_episode_group", "reward_post_process"]
 
-HOOK_PATH = "miles_nemogym.salvage.reward_post_process"
+logger = logging.getLogger(__name__)
+
+FILTER_PATH = "miles_nemogym.groups.check_episode_group"
+"""What ``--dynamic-sampling-filter-path`` names (the fully async buffer runs with this filter only)."""
+POST_PROCESS_PATH = "miles_nemogym.groups.reward_post_process"
 """What ``--custom-reward-post-process-path`` must name for a partly failed group to be kept."""
 GROUP_HAS_ABORTED = "group_has_aborted"
 """``group_verdict``'s reason for a group still holding an ABORTED sample (nothing to give back)."""
@@ -77,13 +93,93 @@ def group_verdict(samples: Any, min_valid: int, group_size: int | None = None) -
     return None, True
 
 
+# ----------------------------------------------------------------------------- the group filter
+
+
+@dataclass
+class FilterOutput:
+    """Same shape as Miles' ``DynamicFilterOutput``, for use without Miles installed."""
+
+    keep: bool
+    reason: str | None = None
+
+
+@cache
+def _output_type() -> Any:
+    try:
+        from miles.rollout.filter_hub.base_types import DynamicFilterOutput
+    except ImportError:
+        return FilterOutput
+    return DynamicFilterOutput
+
+
+def _salvage_wired(args: Any) -> bool:
+    """Whether Miles will train a kept, partly failed group over its valid episodes; without
+    our post-process hook the failed episodes' 0.0 would train, so such groups are dropped."""
+    wired = getattr(args, "custom_reward_post_process_path", None) == POST_PROCESS_PATH
+    if not wired:
+        current().logged.log(
+            logger,
+            logging.WARNING,
+            "salvage not wired",
+            "partly failed groups are dropped: --custom-reward-post-process-path is not %s, which trains "
+            "them over their valid episodes (NEMO_GYM_MIN_VALID_PER_GROUP needs it)",
+            POST_PROCESS_PATH,
+        )
+    return wired
+
+
+def stop_reason(settings: Settings) -> str | None:
+    """Why the run must stop now (an outage past ``NEMO_GYM_OUTAGE_TIMEOUT``, a failure streak), or
+    None. Reads the process's state; changes nothing."""
+    return current().circuits.stop_error() or streak_stop(settings, current().ledger)
+
+
+def check_run(settings: Settings) -> None:
+    """Raise ``RunStopped`` if the run must stop, after stopping this process's in-flight episodes
+    (Miles' end-of-step abort does not run on that path). Miles swallows the agent function's
+    exceptions, but one from the group filter ends the rollout (``inference_rollout_train.py``)."""
+    reason = stop_reason(settings)
+    if reason is None:
+        return
+    stopped = sum(current().in_flight.abort_all().values())
+    logger.error("%s (stopped %s)", reason, counted(stopped, "in-flight episode"))
+    raise RunStopped(reason)
+
+
+def judge_group(args: Any, samples: Any) -> tuple[str | None, bool]:
+    """(drop reason or None to keep, whether kept with failed episodes) for a finished group,
+    after giving back the failed episodes salvage held for its ABORTED samples; records
+    nothing. Raises ``RunStopped`` when the run must stop (``check_run``)."""
+    settings = current().settings
+    check_run(settings)  # the one exception meant to leave this hook
+    group_size = getattr(args, "n_samples_per_prompt", None)
+    min_valid = settings.min_valid_per_group if _salvage_wired(args) else 0
+    try:
+        recover_failed_episodes(current().held, samples)  # episodes that failed before their first policy call
+        return group_verdict(samples, min_valid, group_size)
+    except Exception:  # unreadable samples are not a valid measurement; never crash the rollout
+        return "nemogym_unreadable_record", False
+
+
+def check_episode_group(args: Any, samples: Any, **kwargs: Any) -> Any:
+    """Miles filter: keep the group when it can be trained; raise ``RunStopped`` when the
+    run must stop (see the module docstring)."""
+    reason, salvaged = judge_group(args, samples)
+    current().ledger.record_group(kept=reason is None, salvaged=salvaged)
+    return _output_type()(keep=reason is None, reason=reason)
+
+
+# ----------------------------------------------------------------------------- the reward post-process
+
+
 @cache
 def _miles_post_process() -> Callable[..., tuple[list[float], list[float]]]:
     try:
         from miles.ray.rollout.train_data_conversion import _post_process_rewards
     except ImportError as error:
         raise RuntimeError(
-            "miles_nemogym.salvage.reward_post_process needs Miles' "
+            "miles_nemogym.groups.reward_post_process needs Miles' "
             "miles.ray.rollout.train_data_conversion._post_process_rewards (radixark/miles 31f1ca9); "
             f"this Miles does not provide it ({error}). Remove --custom-reward-post-process-path and set "
             "NEMO_GYM_MIN_VALID_PER_GROUP=0 to drop partly failed groups instead"
@@ -111,7 +207,7 @@ def reward_post_process(args: Any, samples: Any) -> tuple[list[float], list[floa
         group_index = getattr(sample, "group_index", None)
         if group_index is None:
             raise ValueError(
-                "miles_nemogym.salvage.reward_post_process: a sample has no group_index, so its prompt "
+                "miles_nemogym.groups.reward_post_process: a sample has no group_index, so its prompt "
                 "group cannot be told apart; set NEMO_GYM_MIN_VALID_PER_GROUP=0 (drop partly failed groups) "
                 "and remove --custom-reward-post-process-path"
             )
@@ -131,43 +227,6 @@ def zero_loss_samples(samples: Any) -> int:
 
 
 # ----------------------------------------------------------------------------- failed before the policy
-
-
-class HeldEpisodes:
-    """Failed train episodes of the current step whose sample may come back without them,
-    oldest first; at most ``limit`` (the oldest go first: their groups have long been seen).
-    The process's are the runtime's ``held``."""
-
-    def __init__(self, limit: int = 4096) -> None:
-        self._lock = threading.Lock()
-        self._limit = limit
-        self._episodes: dict[tuple[str, str], dict[str, Any]] = {}
-
-    def hold(self, task: str, episode_id: str, result: dict[str, Any]) -> None:
-        with self._lock:
-            self._episodes[(task, episode_id)] = result
-            if len(self._episodes) > self._limit:
-                del self._episodes[next(iter(self._episodes))]
-
-    def release(self, task: str, episode_id: str) -> None:
-        with self._lock:
-            self._episodes.pop((task, episode_id), None)
-
-    def claim(self, task: str) -> dict[str, Any] | None:
-        """The oldest held episode of ``task``, taken out."""
-        with self._lock:
-            key = next((key for key in self._episodes if key[0] == task), None)
-            return None if key is None else self._episodes.pop(key)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._episodes)
-
-    def clear(self) -> int:
-        with self._lock:
-            count = len(self._episodes)
-            self._episodes.clear()
-            return count
 
 
 def hold_failed_episode(held: HeldEpisodes, task: Task, result: Mapping[str, Any]) -> None:
