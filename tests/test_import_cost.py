@@ -13,7 +13,9 @@ import pytest
 FORBIDDEN = ("torch", "sglang", "ray", "datasets", "miles", "pyarrow", "httpx", "typer", "rich")
 
 
-@pytest.mark.parametrize("module", ["miles_nemogym.agent", "miles_nemogym.groups", "miles_nemogym.metrics"])
+@pytest.mark.parametrize(
+    "module", ["miles_nemogym.agent", "miles_nemogym.groups", "miles_nemogym.buffer", "miles_nemogym.metrics"]
+)
 def test_hook_import_is_light(module: str) -> None:
     code = f"import sys, json, {module}; print(json.dumps(sorted(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

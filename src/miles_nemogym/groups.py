@@ -149,7 +149,7 @@ def check_run(settings: Settings) -> None:
 
 def judge_group(args: Any, samples: Any) -> tuple[str | None, bool]:
     """(drop reason or None to keep, whether kept with failed episodes) for a finished group,
-    after giving back the failed episodes salvage held for its ABORTED samples; records
+    after giving back the failed episodes the agent function held for its ABORTED samples; records
     nothing. Raises ``RunStopped`` when the run must stop (``check_run``)."""
     settings = current().settings
     check_run(settings)  # the one exception meant to leave this hook
