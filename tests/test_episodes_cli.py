@@ -105,6 +105,20 @@ def test_html_page_is_self_contained(wheel_store: Path, tmp_path: Path) -> None:
     assert "agent_run_error 1" in text
 
 
+def test_a_reward_reads_the_same_in_the_list_show_and_page(tmp_path: Path) -> None:
+    """record.reward_text: a partial reward to 4 decimals, not as stored; a non-number as ``-``."""
+    store = tmp_path / "store"
+    write_step(store, "train", 1, [entry("third", reward=1 / 3), entry("odd", reward="many")])
+    listed = _rows(invoke(store, "--step", "1").stdout.rsplit("\n\n", 1)[1])  # a warning names the odd one
+    assert [(row[0], row[-3]) for row in listed[1:]] == [("third", "0.3333"), ("odd", "-")]
+    assert "   reward 0.3333   " in invoke(store, "--show", "third").stdout
+    assert "   reward -   " in invoke(store, "--show", "odd").stdout
+    page = tmp_path / "page.html"
+    assert invoke(store, "--html", page).exit_code == 0
+    text = page.read_text()
+    assert " · reward 0.3333 · " in text and " · reward - · " in text and "0.33333" not in text
+
+
 def test_not_a_folder_names_the_fix(tmp_path: Path) -> None:
     result = invoke(tmp_path / "missing")
     assert result.exit_code == 2 and "NEMO_GYM_EPISODE_DIR" in result.output

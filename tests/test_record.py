@@ -17,6 +17,7 @@ from miles_nemogym.episode.record import (
     failure,
     parse_record,
     read_record,
+    reward_text,
 )
 from miles_nemogym.episode.run import classify_http
 from miles_nemogym.runtime import Tally
@@ -140,3 +141,15 @@ def test_a_bare_record_reads_like_one_on_a_sample() -> None:
         == read_record({"nemogym": bare})
         == RecordRead(EpisodeRecord(status="ok"), None, frozenset({"attempts"}))
     )
+
+
+def test_one_reward_reads_the_same_in_every_view() -> None:
+    """Binary rewards with one decimal, a partial one with up to 4 (never rounded to a whole one:
+    ``1.0`` is full credit), ``-`` for what is not a number."""
+    numbers = (0, 0.0, -0.0, 1, 1.0, 0.5, 0.25, 0.125, 1 / 3, 2 / 3, -1, 1.5, 0.99996, 0.00004, -0.00004)
+    assert [reward_text(v) for v in numbers] == [
+        "0.0", "0.0", "0.0", "1.0", "1.0", "0.5", "0.25", "0.125", "0.3333", "0.6667", "-1.0", "1.5",
+        "0.9999", "0.0001", "-0.0001",
+    ]  # fmt: skip
+    for other in (None, True, False, "1.0", [1.0], math.nan, math.inf, -math.inf, 10**400):
+        assert reward_text(other) == "-", other

@@ -17,7 +17,7 @@ from miles_nemogym.data._select import InstanceIdsError, parse_instance_ids
 from miles_nemogym.episode.run import RunResponse, classify_run_response
 from miles_nemogym.scan import golden_scan
 from miles_nemogym.scan._inputs import InputError, load_tasks, select
-from miles_nemogym.scan._report import Counts, ScanProgress
+from miles_nemogym.scan._report import Counts, ScanProgress, render_summary
 from miles_nemogym.scan._results import ResultLine, ResultsLock, ResultsWriter, read_results
 from miles_nemogym.scan._runner import EXIT_FAILED
 from miles_nemogym.scan._verdict import Verdict, reason_of, verdict_of
@@ -154,10 +154,13 @@ def test_a_golden_environment_row_passes_when_its_gold_passes_and_its_wrong_answ
     assert golden_pair(_outcome(1.0), _outcome(0.0)) == (Verdict.passed, "-", None)
     verdict, kind, reason = golden_pair(_outcome(0.0), _outcome(0.0))
     assert (verdict, kind) == (Verdict.failed, "failed")
-    assert reason == "the row's gold answer did not pass: mcqa's verifier scored 0"
+    assert reason == "the row's gold answer did not pass: mcqa's verifier scored 0.0"  # record.reward_text
+    assert golden_pair(_outcome(2 / 3), _outcome(0.0))[2] == (
+        "the row's gold answer did not pass: mcqa's verifier scored 0.6667"
+    )
     verdict, kind, reason = golden_pair(_outcome(1.0), _outcome(1.0))
     assert (verdict, kind) == (Verdict.failed, "wrong_answer_passed")
-    assert reason is not None and "a wrong answer scored 1" in reason
+    assert reason is not None and reason.startswith("a wrong answer scored 1.0: ")
     verdict, kind, reason = golden_pair(_outcome(1.0), _outcome(0.0, masked=True))
     assert (verdict, kind) == (Verdict.infra, "seed_failed")
     assert reason is not None and reason.startswith("the wrong answer's episode: seed_failed: ")
@@ -268,6 +271,21 @@ def test_without_a_terminal_a_status_line_gives_done_counts_elapsed_and_eta() ->
     assert "FAIL  i4  reward 0.0  unresolved" in lines[4]
     assert lines[-1].startswith("progress 10/12 done: 9 passed, 1 failed, 0 infra failures; elapsed 0:00:0")
     assert "ETA 0:00:0" in lines[-1]
+
+
+def test_a_rows_rewards_read_as_every_view_shows_them() -> None:
+    """record.reward_text, for the gold answer's reward and the wrong one's alike."""
+    reason = "the row's gold answer did not pass: mcqa's verifier scored 0.9999"  # partial rewards never read whole
+    partial = ResultLine(instance_id="mcqa/1", verdict=Verdict.failed, reward=0.99996, wrong_reward=0.00004,
+                         failure_kind="failed", environment="mcqa", reason=reason)  # fmt: skip
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=200)
+    with ScanProgress(console, total=1, already_done=[]) as progress:
+        progress.finished(partial)
+    render_summary(console, [partial], selected=1, earlier=0, golden=True, interrupted=False)
+    lines = buffer.getvalue().splitlines()
+    assert lines[0].startswith("[1/1] FAIL  mcqa/1  reward 0.9999 (wrong 0.0001)  failed  0.0s")
+    assert f"  mcqa/1  reward 0.9999 (wrong 0.0001)  {reason}" in lines
 
 
 def test_on_a_terminal_the_live_bar_shows_the_counts() -> None:

@@ -5,6 +5,7 @@ The real chain (resources servers, agent servers, the store): tests/integration/
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import aiohttp
@@ -115,17 +116,20 @@ def test_the_report_reads_at_80_columns_and_flags_what_did_not_come_back_as_expe
         _episode("mcqa/2", GOLD, 0.0),  # gold that failed: the chain is broken
         _episode("mcqa/2", WRONG, 1.0),  # wrong that passed
         _episode("mcqa/3", GOLD, 0.0, masked=True),
+        _episode("mcqa/4", GOLD, 0.99996),  # partial credit, not a pass: shown as record.reward_text does
     ]
     (mcqa,) = plan(["mcqa"])
     report = EnvironmentSmokeReport(episodes=episodes, plans=[mcqa])
     assert not report.chain_worked
-    assert [e.surprise is None for e in episodes] == [True, True, False, False, False]
+    assert [e.surprise is None for e in episodes] == [True, True, False, False, False, False]
     tables, notes = report.tables()
     assert notes == [
         "mcqa/2: the row's gold answer scored 0.0, not a pass",
         "mcqa/2: a wrong answer scored 1.0, a pass",
         "mcqa/3: set aside (resources_server_error): verify answered 500",
+        "mcqa/4: the row's gold answer scored 0.9999, not a pass",
     ]
+    assert episodes[5].line().endswith("mcqa/4  gold failed, reward 0.9999, 0.4 s")
     for width in (80, 120):
         console = Console(width=width, record=True, color_system=None)
         for table in tables:
@@ -136,5 +140,6 @@ def test_the_report_reads_at_80_columns_and_flags_what_did_not_come_back_as_expe
         assert all(len(line) <= width for line in lines), lines
         text = "\n".join(lines)
         assert "failed [1]" in text and "passed [2]" in text and "resources_server_error" in text
+        assert re.search(r"failed \[4\] +1 +1 +0\.9999 *$", text, re.MULTILINE), text
     assert report.chain_worked is False
     assert EnvironmentSmokeReport(episodes=episodes[:2], plans=[mcqa]).chain_worked

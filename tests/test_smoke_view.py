@@ -10,7 +10,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
-from miles_nemogym.smoke._swe import SmokeEpisode, SmokeReport, expected_offline, reward_text
+from miles_nemogym.smoke._swe import SmokeEpisode, SmokeReport, expected_offline
 from miles_nemogym.store.views import OFFLINE_REASON
 
 # The failure reason the agent records for django/pylint without network (as a real smoke run returned it).
@@ -28,11 +28,12 @@ def _failed(instance_id: str, repo: str, kind: str, reason: str) -> SmokeEpisode
     return SmokeEpisode(instance_id, repo, {"reward": 0.0, "nemogym": record}, 3)
 
 
-def _graded(instance_id: str, repo: str) -> SmokeEpisode:
+def _graded(instance_id: str, repo: str, f2p_passed: int = 0, f2p_failed: int = 1) -> SmokeEpisode:
+    # The reward as NEMO_GYM_REWARD_MODE=partial gives it: the FAIL_TO_PASS pass fraction.
     record = {"status": "ok", "failure_kind": None, "failure_reason": None, "mask_sample": False, "turns": 3,
-              "tool_calls": 3, "patch_applied": True, "fail_to_pass": {"passed": 0, "failed": 1},
+              "tool_calls": 3, "patch_applied": True, "fail_to_pass": {"passed": f2p_passed, "failed": f2p_failed},
               "elapsed_s": 36.7}  # fmt: skip
-    return SmokeEpisode(instance_id, repo, {"reward": 0.0, "nemogym": record}, 3)
+    return SmokeEpisode(instance_id, repo, {"reward": f2p_passed / (f2p_passed + f2p_failed), "nemogym": record}, 3)
 
 
 EPISODES = [
@@ -40,7 +41,7 @@ EPISODES = [
     _failed("pylint-dev__pylint-4551", "pylint-dev/pylint", "agent_run_error", OFFLINE.replace("django", "pylint")),
     _graded("sphinx-doc__sphinx-8595", "sphinx-doc/sphinx"),
     _failed("sympy__sympy-20916", "sympy/sympy", "agent_timeout", TIMEOUT),
-    _graded("scikit-learn__scikit-learn-14141", "scikit-learn/scikit-learn"),
+    _graded("scikit-learn__scikit-learn-14141", "scikit-learn/scikit-learn", 1, 2),  # a partial reward, 1/3
 ]
 
 
@@ -68,6 +69,8 @@ def test_cells_are_short_and_consistent() -> None:
     assert django[1:] == ["agent_run_error", "0", "3", "-", "-", "0.0"]
     sphinx = next(line for line in lines if "sphinx-doc__sphinx-8595" in line).split()
     assert sphinx[1:] == ["unresolved", "3", "3", "yes", "0/1", "0.0"]
+    sklearn = next(line for line in lines if "scikit-learn__scikit-learn-14141" in line).split()
+    assert sklearn[1:] == ["unresolved", "3", "3", "yes", "1/2", "0.3333"]  # record.reward_text
     wide = _render(120).splitlines()
     assert next(line for line in wide if "django__django-10973" in line).split()[1:3] == ["agent_run_error", "[1]"]
     assert "None" not in "\n".join(lines)
@@ -79,16 +82,11 @@ def test_reasons_are_numbered_footnotes_in_full_and_offline_ones_share_one() -> 
     assert texts == [f"agent_run_error: {OFFLINE_REASON}", f"agent_timeout: {TIMEOUT}"]
 
 
-def test_rewards_read_like_the_readme() -> None:
-    assert [reward_text(v) for v in (0, 0.0, 1, 0.5, 1 / 3, None, float("nan"))] == [
-        "0.0", "0.0", "1.0", "0.5", "0.33", "-", "-"
-    ]  # fmt: skip
-
-
 def test_one_line_per_finished_episode() -> None:
     assert EPISODES[0].line() == ("[red]✗[/red] django__django-10973  set aside: no network (expected), 34 s")
     assert EPISODES[2].line() == ("[green]✓[/green] sphinx-doc__sphinx-8595  unresolved: 3 turns, reward 0.0, 37 s")
     assert EPISODES[3].line().endswith("set aside: agent_timeout, 34 s")
+    assert EPISODES[4].line().endswith("  unresolved: 3 turns, reward 0.3333, 37 s")
 
 
 def test_json_report_holds_every_episode_with_its_note(tmp_path: Path) -> None:
@@ -121,7 +119,7 @@ def test_smoke_help_names_the_build_cache_and_interpreter() -> None:
     assert "--json" in CliRunner().invoke(app, ["smoke", "--help"]).output
 
 
-def test_verdict_and_turns_read_as_the_episode_store_s_views_show_them(tmp_path: Path) -> None:
+def test_verdict_turns_and_reward_read_as_the_episode_store_s_views_show_them(tmp_path: Path) -> None:
     """One vocabulary: smoke's table cell is what `episodes`, `--show` and the HTML page show."""
     from miles_nemogym.store._browser import episode_list_text, episode_parts
     from miles_nemogym.store._page import render_html
@@ -135,10 +133,11 @@ def test_verdict_and_turns_read_as_the_episode_store_s_views_show_them(tmp_path:
             0, "train",
         )  # fmt: skip
         cells = next(line for line in table if episode.instance_id in line).split()
-        turns = str(episode.result["nemogym"]["turns"])
+        turns, reward = str(episode.result["nemogym"]["turns"]), cells[-1]
         assert cells[1] == stored.kind and cells[-5] == turns
-        assert episode_list_text([stored], 200).splitlines()[1].split()[-3:] == ["0.0", turns, stored.kind]
-        assert f"verdict: {stored.kind}   reward 0.0   " in str(episode_parts(stored)[1])
+        assert episode_list_text([stored], 200).splitlines()[1].split()[-3:] == [reward, turns, stored.kind]
+        assert f"verdict: {stored.kind}   reward {reward}   " in str(episode_parts(stored)[1])
         assert f"in the trajectory the server returned: {turns} turns, " in str(episode_parts(stored)[2])
         page = render_html(Store([stored]), "t")
-        assert f">{stored.kind}</span> · reward 0.0 · turns {turns} · " in page
+        assert f">{stored.kind}</span> · reward {reward} · turns {turns} · " in page
+    assert "0.3333" in table[-1] or any("scikit-learn" in line and "0.3333" in line for line in table)

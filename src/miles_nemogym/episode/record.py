@@ -49,6 +49,7 @@ __all__ = [
     "passed",
     "percentile",
     "read_record",
+    "reward_text",
     "short_reason",
     "task_row",
     "verdict",
@@ -537,6 +538,30 @@ def verdict(*, masked: bool, failure_kind: object, swe: bool, passed: bool) -> s
 def count_text(value: object) -> str:
     """A record's count (turns, tool calls) as every view shows it: ``-`` when it has none."""
     return "-" if value is None else str(value)
+
+
+_REWARD_DECIMALS = 4
+"""Enough to tell a partial reward (1/3 shows as 0.3333) from a binary one."""
+
+
+def reward_text(value: object) -> str:
+    """One episode's reward as every view shows it (smoke, scan, ``episodes``, ``--show``, the HTML
+    page): a number (not a boolean) as a float rounded to 4 decimals, written as Python writes a
+    float (``1.0``, ``0.25``, ``0.3333``, ``-1.0``), a partial reward never rounded to a whole one
+    (``0.99996`` is ``0.9999``: ``1.0`` means full credit); ``-`` for anything else (None, a
+    string, NaN, infinity, an integer beyond float range)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "-"
+    try:
+        number = float(value) + 0.0  # + 0.0: -0.0 shows as 0.0
+    except OverflowError:
+        return "-"
+    if not math.isfinite(number):
+        return "-"
+    shown = round(number, _REWARD_DECIMALS)
+    if shown.is_integer() and shown != number:  # one step back toward the partial reward
+        shown = round(shown + math.copysign(10.0**-_REWARD_DECIMALS, number - shown), _REWARD_DECIMALS)
+    return repr(shown)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from rich.table import Table
 
 from miles_nemogym import fit
-from miles_nemogym.episode.record import percentile
+from miles_nemogym.episode.record import percentile, reward_text
 from miles_nemogym.errors import counted
 from miles_nemogym.scan._results import ResultLine
 from miles_nemogym.scan._verdict import Verdict
@@ -54,10 +54,9 @@ class Counts:
 
 
 def _rewards_text(result: ResultLine) -> str:
-    """The reward (``1.0``, ``0.25``: enough digits to tell a partial reward from a binary one);
-    a golden environment row's gold and wrong rewards: ``1.0 (wrong 0.0)``."""
-    reward = str(round(result.reward, 4))
-    return reward if result.wrong_reward is None else f"{reward} (wrong {round(result.wrong_reward, 4)})"
+    """The reward (``reward_text``); a golden environment row's gold and wrong rewards: ``1.0 (wrong 0.0)``."""
+    reward = reward_text(result.reward)
+    return reward if result.wrong_reward is None else f"{reward} (wrong {reward_text(result.wrong_reward)})"
 
 
 def _clock(seconds: float) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome, passed, short_reason
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome, passed, reward_text, short_reason
 from miles_nemogym.episode.record import verdict as verdict_word
 from miles_nemogym.episode.run import instance_report
 
@@ -49,7 +49,7 @@ def _graded_reason(outcome: Outcome) -> str:
     record = outcome.record
     if record.env != SWE_ENVIRONMENT:
         said = f": {record.failure_reason}" if record.failure_reason else ""
-        return f"{record.env}'s verifier scored {outcome.reward:g}{said}"
+        return f"{record.env}'s verifier scored {reward_text(outcome.reward)}{said}"
     report = instance_report(outcome.eval_report, record.instance_id) or {}
     if report.get("patch_exists") is False or report.get("patch_is_None") is True:
         return "no patch was submitted (patch_exists=false)"
@@ -60,7 +60,7 @@ def _graded_reason(outcome: Outcome) -> str:
         return "tests failing: " + "; ".join(failing)
     if report.get("resolved") is False:
         return "not resolved (resolved=false) and no failing test reported"
-    return f"reward {outcome.reward:g} although the report says resolved"
+    return f"reward {reward_text(outcome.reward)} although the report says resolved"
 
 
 def reason_of(outcome: Outcome) -> str | None:
@@ -97,9 +97,6 @@ def golden_pair(gold: Outcome, wrong: Outcome) -> tuple[Verdict, str, str | None
     if verdict_of(gold) is not Verdict.passed:
         return Verdict.failed, kind_of(gold), f"the row's gold answer did not pass: {reason_of(gold)}"
     if verdict_of(wrong) is Verdict.passed:
-        return (
-            Verdict.failed,
-            WRONG_ANSWER_PASSED,
-            f"a wrong answer scored {wrong.reward:g}: the verifier passes an answer that is not the row's gold",
-        )
+        said = f"a wrong answer scored {reward_text(wrong.reward)}"
+        return Verdict.failed, WRONG_ANSWER_PASSED, f"{said}: the verifier passes an answer that is not the row's gold"
     return Verdict.passed, "-", None

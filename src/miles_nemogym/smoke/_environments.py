@@ -14,14 +14,14 @@ from urllib.parse import urlsplit
 from rich.table import Table
 
 from miles_nemogym.data import task_key, to_environment_row
-from miles_nemogym.episode.record import EpisodeRecord, count_text, passed, read_record, verdict
+from miles_nemogym.episode.record import EpisodeRecord, count_text, passed, read_record, reward_text, verdict
 from miles_nemogym.errors import counted
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.composition import Judge
 from miles_nemogym.gym.environments import EnvironmentPlan, EnvironmentServers, plan, refusals, setting
 from miles_nemogym.gym.venv import GymEnvironmentError, ensure_gym_venv
 from miles_nemogym.settings import Settings
-from miles_nemogym.smoke._swe import file_as_step, report_table, reward_text, run_rows
+from miles_nemogym.smoke._swe import file_as_step, report_table, run_rows
 from miles_nemogym.smoke.answers import GOLD, PLAIN, PLAIN_ANSWER, WRONG, answers
 from miles_nemogym.smoke.policy import Answer, RecordingPolicy
 
@@ -67,9 +67,9 @@ class EnvironmentEpisode:
         if record.mask_sample:
             return f"set aside ({record.failure_kind}): {record.failure_reason or 'no reason given'}"
         if self.answer == GOLD and not self.passed:
-            return f"the row's gold answer scored {self.reward}, not a pass"
+            return f"the row's gold answer scored {reward_text(self.reward)}, not a pass"
         if self.answer == WRONG and self.passed:
-            return f"a wrong answer scored {self.reward}, a pass"
+            return f"a wrong answer scored {reward_text(self.reward)}, a pass"
         return None
 
     @property

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +19,15 @@ from rich.table import Table
 
 from miles_nemogym import agent
 from miles_nemogym.data import convert_row
-from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord, count_text, passed, read_record, verdict
+from miles_nemogym.episode.record import (
+    SWE_ENVIRONMENT,
+    EpisodeRecord,
+    count_text,
+    passed,
+    read_record,
+    reward_text,
+    verdict,
+)
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer
@@ -44,13 +51,6 @@ GitHub while it is built: without network those episodes are set aside."""
 def expected_offline(repos: Sequence[str]) -> list[int]:
     """Positions of the rows that need network to be graded."""
     return [i for i, repo in enumerate(repos) if repo in _NEEDS_NETWORK_REPOS]
-
-
-def reward_text(value: Any) -> str:
-    """``0.0``, ``1.0``, ``0.33``: one decimal unless the value needs two."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        return "-"
-    return f"{value:.1f}" if round(value, 1) == round(value, 2) else f"{value:.2f}"
 
 
 def report_table(title: str, padding: PaddingDimensions) -> Table:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from miles_nemogym import fit
-from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text, reward_text
 from miles_nemogym.store._reader import StoredEpisode, finite
 
 __all__ = [
@@ -224,7 +224,7 @@ def episode_list_text(episodes: list[StoredEpisode], width: int = fit.MIN_WIDTH)
             printable(e.instance_id),
             printable(f"{e.role}{_eval_set(e)}"),
             step_label(e.step),
-            printable(str(e.entry.get("reward"))),
+            reward_text(e.entry.get("reward")),
             count_text(e.record.get("turns")),
             printable(e.kind if e.not_trained is None else f"{e.kind}, not trained ({e.not_trained})"),
         )
@@ -431,7 +431,7 @@ def episode_parts(episode: StoredEpisode) -> list[str | LongText]:
     parts: list[str | LongText] = [
         f"episode {episode.episode_id}   instance {episode.instance_id}{environment}   {episode.role}"
         f"{_eval_set(episode)}   {filed_label(episode)}   session {episode.entry.get('session_id')}",
-        f"verdict: {episode.kind}   reward {episode.entry.get('reward')}   "
+        f"verdict: {episode.kind}   reward {reward_text(episode.entry.get('reward'))}   "
         f"time {count_text(record.get('elapsed_s'))} s   attempts {count_text(record.get('attempts'))}",
         f"in the trajectory the server returned: {count_text(record.get('turns'))} turns, "
         f"{count_text(record.get('tool_calls'))} tool calls",

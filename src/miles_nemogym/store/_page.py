@@ -12,7 +12,7 @@ import html
 from collections.abc import Callable
 from typing import Any
 
-from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text, reward_text
 from miles_nemogym.store import ROLES
 from miles_nemogym.store._browser import (
     PASS_RATE,
@@ -202,7 +202,7 @@ def _episode_html(episode: StoredEpisode) -> str:
         f"{_text(episode.role)}{'/' + _text(eval_set, limit) if eval_set else ''} "
         f"{_text(filed_label(episode), limit)} · "
         f"<b>{_text(episode.instance_id, limit)}</b> · <span class={css}>{_text(episode.kind, limit)}</span> · "
-        f"reward {_text(episode.entry.get('reward'), limit)} · "
+        f"reward {_text(reward_text(episode.entry.get('reward')), limit)} · "
         f"turns {_text(count_text(episode.record.get('turns')), limit)} · "
         f"<code>{_text(episode.episode_id[:12])}</code>"
     )

@@ -14,7 +14,7 @@ from pathlib import Path
 import typer
 
 from miles_nemogym import fit
-from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord, count_text
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord, count_text, reward_text
 from miles_nemogym.fit import terminal_width, wrap_all
 from miles_nemogym.store._browser import (
     environment_rows,
@@ -171,7 +171,7 @@ def _show_header(episode: StoredEpisode, width: int) -> list[str]:
         *_packed(
             [
                 f"verdict: {episode.kind}",
-                f"reward {entry.get('reward')}",
+                f"reward {reward_text(entry.get('reward'))}",
                 f"time {count_text(record.get('elapsed_s'))} s",
                 f"attempts {count_text(record.get('attempts'))}",
             ],
