@@ -1,5 +1,6 @@
 """A command's output as a real terminal shows it: run in a detached tmux pane of a given size
-(its own tmux server, on a socket of the test's), captured once the command has finished."""
+(its own tmux server, on a socket in a folder of the test's, removed after), captured once the
+command has finished."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,25 +29,27 @@ def capture(commands: Sequence[Sequence[str]], width: int = 80, height: int = 24
     """Run ``commands`` one after the other in one ``width`` x ``height`` pane (this process's
     environment) and capture the pane with its scrollback once the last has finished."""
     assert TMUX is not None, "tmux is not installed"
-    socket, done = f"mng-test-{uuid.uuid4().hex[:12]}", f"done-{uuid.uuid4().hex[:12]}"
-    tmux = [TMUX, "-L", socket, "-f", os.devnull]
-    ran = "; ".join(shlex.join(command) for command in commands)
-    script = f"{ran}; {shlex.join([TMUX, '-L', socket, 'wait-for', '-S', done])}; sleep 600"
-    try:
-        subprocess.run(
-            [*tmux, "start-server", ";", "set-option", "-g", "history-limit", "100000", ";",  # keep every line
-             "new-session", "-d", "-x", str(width), "-y", str(height), "sh", "-c", script],
-            check=True, env={**os.environ, "TMUX": ""}, timeout=30,
-        )  # fmt: skip
-        subprocess.run([*tmux, "wait-for", done], check=True, timeout=timeout_s)
-        shown, joined = (
+    done = f"done-{uuid.uuid4().hex[:12]}"
+    # -S in a folder of ours: tmux leaves its -L sockets behind in /tmp/tmux-<uid> after kill-server.
+    with tempfile.TemporaryDirectory(prefix="mng-tmux-") as folder:
+        tmux = [TMUX, "-S", os.path.join(folder, "socket"), "-f", os.devnull]
+        ran = "; ".join(shlex.join(command) for command in commands)
+        script = f"{ran}; {shlex.join([*tmux[:3], 'wait-for', '-S', done])}; sleep 600"
+        try:
             subprocess.run(
-                [*tmux, "capture-pane", "-p", "-S", "-", *flags], check=True, capture_output=True, text=True
-            ).stdout
-            for flags in ([], ["-J"])
-        )
-    finally:
-        subprocess.run([*tmux, "kill-server"], capture_output=True, check=False, timeout=30)
+                [*tmux, "start-server", ";", "set-option", "-g", "history-limit", "100000", ";",  # keep every line
+                 "new-session", "-d", "-x", str(width), "-y", str(height), "sh", "-c", script],
+                check=True, env={**os.environ, "TMUX": ""}, timeout=30,
+            )  # fmt: skip
+            subprocess.run([*tmux, "wait-for", done], check=True, timeout=timeout_s)
+            shown, joined = (
+                subprocess.run(
+                    [*tmux, "capture-pane", "-p", "-S", "-", *flags], check=True, capture_output=True, text=True
+                ).stdout
+                for flags in ([], ["-J"])
+            )
+        finally:
+            subprocess.run([*tmux, "kill-server"], capture_output=True, check=False, timeout=30)
     return Pane(_lines(shown), [line.rstrip() for line in _lines(joined)])
 
 
