@@ -126,6 +126,25 @@ def test_broken_json_array_is_a_source_error(tmp_path: Path, example_rows: list[
     assert not output.exists()
 
 
+DEEP = "[" * 100_000 + "]" * 100_000
+"""JSON nested past the parser's recursion limit: RecursionError, not a JSONDecodeError."""
+
+
+def test_a_row_nested_too_deeply_is_a_bad_row_not_a_crash(tmp_path: Path, example_rows: list[dict[str, Any]]) -> None:
+    source = tmp_path / "deep.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in example_rows) + f'{{"x": {DEEP}}}\n')
+    report, output = run(tmp_path, source, on_error="skip")
+    assert ids(output) == [row["instance_id"] for row in example_rows]
+    assert [str(problem) for problem in report.problems] == [
+        f"row {len(example_rows) + 1} (line {len(example_rows) + 1}): not readable: JSON nested too deeply"
+    ]
+    deep_array = tmp_path / "deep.json"
+    deep_array.write_text(f"[{json.dumps(example_rows[0])}, {DEEP}]")
+    with pytest.raises(SourceError, match="row 2 is JSON nested too deeply"):
+        run(tmp_path, deep_array, output=tmp_path / "never.jsonl", on_error="skip")
+    assert not (tmp_path / "never.jsonl").exists()
+
+
 def test_json_file_that_is_not_utf8_is_a_source_error(tmp_path: Path) -> None:
     source = tmp_path / "latin1.json"
     source.write_bytes('[{"problem_statement": "caf\u00e9"}]'.encode("latin-1"))

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
 from miles_nemogym.episode.run import classify_http
+from miles_nemogym.store import EpisodeStore
 from tests.support.hostile_store import entry, run_answer, write_step
 
 SCRIPT = "<script>document.title='ran'</script><img src=x onerror=alert(1)>"
@@ -257,6 +258,41 @@ def test_numbers_too_large_for_a_float_still_give_every_view(tmp_path: Path) -> 
         ],
     )
     for args in ((), ("--show", "a"), ("--list",), ("--html", tmp_path / "p.html"), ("--plots", tmp_path / "plots")):
+        result = invoke(tmp_path / "ep", *args)
+        assert result.exit_code == 0, (args, result.output)
+        no_traceback(result)
+
+
+DEEP = "[" * 100_000
+"""Nested past the JSON parser's recursion limit (a model stuck repeating one character)."""
+
+
+def test_json_nested_too_deeply_is_skipped_or_shown_as_text_in_every_view(tmp_path: Path) -> None:
+    store = EpisodeStore(tmp_path / "store")  # the real writer inlines a JSON answer as it came
+    store.add("train", {"episode_id": "good"}, b'{"response": {"output": []}}', True)
+    store.add("train", {"episode_id": "deep"}, ('{"x": ' + DEEP + "]" * len(DEEP) + "}").encode(), True)
+    store.close()  # not sealed: every view reads the episodes' own lines
+    called = run_answer([{"type": "function_call", "name": "bash", "arguments": DEEP}])
+    write_step(tmp_path / "tool", "train", 1, [entry("ok", run_answer([])), entry("loop", called)])
+    for folder, args in [
+        (tmp_path / "store", ()),
+        (tmp_path / "store", ("--show", "good")),
+        (tmp_path / "store", ("--html", tmp_path / "a.html")),
+        (tmp_path / "tool", ("--show", "loop")),
+        (tmp_path / "tool", ("--html", tmp_path / "b.html")),
+    ]:
+        result = invoke(folder, *args)
+        assert result.exit_code == 0, (args, result.output)
+        no_traceback(result)
+    assert "JSON nested too deeply" in invoke(tmp_path / "store").output
+    assert DEEP[:50] in invoke(tmp_path / "tool", "--show", "loop").output
+
+
+def test_rewards_whose_mean_is_past_a_floats_range_still_plot(tmp_path: Path) -> None:
+    write_step(tmp_path / "ep", "train", 1, [entry("a", reward=1.7e308), entry("b", reward=1.7e308)])
+    write_step(tmp_path / "ep", "train", 2, [entry("c", reward=1.7e308)])
+    write_step(tmp_path / "ep", "train", 3, [entry("d", reward=-1.7e308)])
+    for args in (("--plots", tmp_path / "plots"), ("--html", tmp_path / "p.html"), ()):
         result = invoke(tmp_path / "ep", *args)
         assert result.exit_code == 0, (args, result.output)
         no_traceback(result)

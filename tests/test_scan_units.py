@@ -207,6 +207,20 @@ def test_results_file_survives_a_torn_last_line_and_refuses_a_foreign_file(tmp_p
         read_results(tmp_path / "foreign.jsonl")
 
 
+def test_a_whole_last_result_without_its_newline_is_kept_not_cut(tmp_path: Path) -> None:
+    """``read`` counts it as finished (``--resume`` skips it), so the writer must keep it: cutting
+    it would lose a paid result from the file and the next resume would run it again."""
+    path = tmp_path / "results.jsonl"
+    lines = [json.dumps(result(name).model_dump(mode="json")) for name in "ab"]
+    path.write_text(lines[0] + "\n" + lines[1])
+    lock = ResultsLock(path)
+    assert set(lock.read()) == {"a", "b"}
+    ResultsWriter(lock).write(result("c"))
+    lock.release()
+    assert set(read_results(path)) == {"a", "b", "c"}
+    assert path.read_text().splitlines()[:2] == lines
+
+
 def test_p95_is_a_time_some_episode_took() -> None:
     counts = Counts()
     for seconds in range(1, 21):

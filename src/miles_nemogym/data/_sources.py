@@ -74,6 +74,8 @@ def _jsonl_rows(path: Path) -> Generator[RawRow, None, None]:
                 value = json.loads(line)
             except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
                 yield RawRow(index, line_number, None, f"not valid JSON: {error}")
+            except RecursionError:
+                yield RawRow(index, line_number, None, "not readable: JSON nested too deeply")
             else:
                 yield _decoded_row(index, line_number, value)
             index += 1
@@ -134,6 +136,11 @@ def _json_rows(path: Path) -> Generator[RawRow, None, None]:
                 continue
             try:
                 value, end = decoder.raw_decode(window.text, window.pos)
+            except RecursionError:
+                raise SourceError(
+                    f"{path}: row {index + 1} is JSON nested too deeply to read; nothing past it can be read — "
+                    "fix the file or export it as JSONL (one object per line), where a bad row is skipped"
+                ) from None
             except json.JSONDecodeError as error:
                 if not window.eof:
                     window.more(at_least=2 * len(window.text))

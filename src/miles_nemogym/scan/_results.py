@@ -159,17 +159,20 @@ class ResultsWriter:
         size = os.fstat(self._fd).st_size
         tail = os.pread(self._fd, 1, size - 1) if size else b"\n"
         if tail != b"\n":
-            # Drop the torn line a crash left (``read_results`` ignored it too), so
-            # the file stays one valid result per line.
             start = max(0, size - (1 << 20))
             while True:
                 block = os.pread(self._fd, size - start, start)
                 cut = block.rfind(b"\n")
                 if cut >= 0 or start == 0:
-                    size = start + cut + 1
                     break
                 start = max(0, start - (1 << 20))
-            os.ftruncate(self._fd, size)
+            line_start = start + cut + 1
+            try:  # a whole result missing only its newline was read as finished: keep it
+                ResultLine.model_validate_json(os.pread(self._fd, size - line_start, line_start))
+                size += os.pwrite(self._fd, b"\n", size)
+            except ValidationError:  # the torn line a crash left (``read`` ignored it too)
+                size = line_start
+                os.ftruncate(self._fd, size)
         self._end = size
 
     def write(self, result: ResultLine) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
 from collections.abc import Collection, Iterable
@@ -80,7 +81,8 @@ def printable(text: str) -> str:
 def mean(values: Iterable[float | None]) -> float | None:
     """The mean of the numbers among ``values`` (None: missing), or None when there are none."""
     numbers = [v for v in values if v is not None]
-    return sum(numbers) / len(numbers) if numbers else None
+    found = sum(numbers) / len(numbers) if numbers else None
+    return found if found is None or math.isfinite(found) else None  # finite numbers past a float's range
 
 
 @dataclass
@@ -310,7 +312,7 @@ def _command(name: Any, arguments: Any) -> str:
     if isinstance(arguments, str):
         try:
             parsed = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):
             return arguments
         arguments = parsed
     command = arguments.get("command") if isinstance(arguments, dict) else None

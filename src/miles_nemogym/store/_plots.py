@@ -201,9 +201,11 @@ def _text(value: str) -> str:
 
 
 def _nice(top: float) -> float:
-    """The smallest of 1, 2, 2.5, 5 times a power of ten at or above ``top`` (> 0)."""
+    """The smallest of 1, 2, 2.5, 5 times a power of ten at or above ``top`` (> 0), or ``top``
+    itself near a float's limit."""
     power = 10.0 ** math.floor(math.log10(top))
-    return next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= top * (1 - 1e-9))
+    nice = (m * power for m in (1, 2, 2.5, 5, 10) if m * power >= top * (1 - 1e-9))
+    return next((value for value in nice if math.isfinite(value)), top)
 
 
 def _y_range(plot: Plot) -> tuple[float, float]:
@@ -265,7 +267,7 @@ def svg(plot: Plot, *, standalone: bool = True) -> str:
         return _LEFT + _PAD + (inner / 2 if last == first else (step - first) / (last - first) * inner)
 
     def y(value: float) -> float:
-        return _TOP + plot_h - (value - low) / (high - low) * plot_h
+        return _TOP + plot_h - (value / 2 - low / 2) / (high / 2 - low / 2) * plot_h  # halves: no overflow
 
     legend_h = 16 * len(plot.series)
     title = _text(plot.title)
@@ -279,7 +281,7 @@ def svg(plot: Plot, *, standalone: bool = True) -> str:
         f'<text x="{_LEFT}" y="18" font-size="13" font-weight="600">{title}</text>',
     ]
     for i in range(5):  # y grid and ticks
-        tick = low + (high - low) * i / 4
+        tick = low * ((4 - i) / 4) + high * (i / 4)  # never past a float's range, as (high - low) can be
         out.append(f'<line x1="{_LEFT}" y1="{y(tick):.1f}" x2="{_LEFT + plot_w}" y2="{y(tick):.1f}" stroke="#eee"/>')
         out.append(f'<text x="{_LEFT - 5}" y="{y(tick) + 4:.1f}" font-size="10" text-anchor="end">{fmt(tick)}</text>')
     base = _TOP + plot_h

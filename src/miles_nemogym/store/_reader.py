@@ -270,6 +270,9 @@ def _entries(paths: list[Path], answers: bool, problems: list[Problem]) -> Itera
             except ValueError:
                 problems.append(Problem(str(path), number, "skipped: not a whole JSON line (cut by a crash?)"))
                 continue
+            except RecursionError:
+                problems.append(Problem(str(path), number, "skipped: JSON nested too deeply to read"))
+                continue
             if not isinstance(entry, dict):
                 problems.append(Problem(str(path), number, f"skipped: a JSON {type(entry).__name__}, not an object"))
                 continue
