@@ -94,9 +94,10 @@ async def test_a_run_past_the_deadline_before_any_model_call_is_set_aside(
 async def test_a_run_answer_cut_mid_way_at_the_deadline_is_set_aside(
     use_settings: UseSettings, sympy_row: dict[str, Any], kind: str
 ) -> None:
-    """The server began its answer and stopped: infrastructure, whatever the setting says."""
-    async with stalling_server("mid_answer") as server:
-        out = await run_row(use_settings, kind, server.url, sympy_row)
+    """The server began its answer and stopped: infrastructure, whatever the setting says, though
+    its session recorded the episode's model calls (as it has for every episode a /run answers)."""
+    async with stalling_server("mid_answer", calls=2) as server:
+        out = await run_row(use_settings, kind, server.url, sympy_row, server.session_url)
     assert masked(out) == SET_ASIDE
 
 

@@ -65,7 +65,8 @@ class Failed(MilesNemoGymError):
     """A step of an episode failed under failure kind ``kind`` (``failure_kinds``), the one failure
     type from the transport to the record. ``resendable``: the request certainly never reached the
     server and its deadline has not passed, so the episode may be sent again; ``policy``: an
-    ``agent_timeout`` while the policy held the episode (whose timeout it is)."""
+    ``agent_timeout`` while the policy held the episode (whose timeout it is); ``answered``: the
+    server's answer had begun (its status and headers came), so a timeout is the server's."""
 
     def __init__(
         self, kind: str, reason: str, *, resendable: bool = False, policy: bool = False, os_error: OSError | None = None
@@ -74,6 +75,7 @@ class Failed(MilesNemoGymError):
         self.kind = kind
         self.resendable = resendable
         self.policy = policy
+        self.answered = False
         self.os_error = os_error
         """What the operating system said, for callers that explain a failure (doctor)."""
 

@@ -185,15 +185,20 @@ async def request(
         raise Failed(fk.AGENT_TIMEOUT, _deadline_reason(deadline), resendable=False)
     timeout = aiohttp.ClientTimeout(total=remaining, sock_connect=min(connect_timeout_s, remaining))
     sent = {**_JSON_HEADERS, **headers} if headers else _JSON_HEADERS
+    answered = False
     try:
         async with session.request(
             method, url, data=payload, headers=sent, timeout=timeout, allow_redirects=False
         ) as response:
+            answered = True
             body, over_cap, size = await _read(response, cap)
             location = response.headers.get("Location") if 300 <= response.status < 400 else None
             return Answer(response.status, body, over_cap, size, location, tuple(response.cookies))
     except Exception as error:
-        raise _failure(error, deadline, connect_timeout_s) from None
+        failed = _failure(error, deadline, connect_timeout_s)
+        if isinstance(failed, Failed):
+            failed.answered = answered
+        raise failed from None
 
 
 def _failure(error: Exception, deadline: Deadline, connect_timeout_s: float) -> Exception:

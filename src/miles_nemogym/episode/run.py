@@ -260,7 +260,8 @@ async def _post_run(
     session_url: str | None,
 ) -> Outcome:
     """POST one ``/run`` body and ``score`` the answer (in a worker thread when it is large); a
-    timeout is the policy's when its session recorded a model call (``_policy_was_called``)."""
+    timeout is the policy's when its session recorded a model call (``_policy_was_called``) and
+    the server had not begun its answer (a ``/run`` answers once the episode is over)."""
     connections = await pool(settings.max_concurrency)
     try:
         answer = await request(
@@ -273,7 +274,8 @@ async def _post_run(
             cap=settings.max_result_bytes,
         )
     except Failed as error:
-        if error.kind == fk.AGENT_TIMEOUT and settings.timeout_reward is TimeoutReward.zero and session_url:
+        policy_may_hold = error.kind == fk.AGENT_TIMEOUT and not error.answered
+        if policy_may_hold and settings.timeout_reward is TimeoutReward.zero and session_url:
             error.policy = await _policy_was_called(settings, session_url)
         raise
     if answer.over_cap:
