@@ -127,7 +127,7 @@ async def test_deadline_exceeded_is_agent_timeout(
     server: FaultServer, sympy_row: dict[str, Any], use_settings: UseSettings
 ) -> None:
     use_settings(NEMO_GYM_RUN_TIMEOUT="1")
-    use_settings(NEMO_GYM_TIMEOUT_REWARD="mask")  # every timeout masked (tests/test_timeouts.py: zero)
+    use_settings(NEMO_GYM_TIMEOUT_REWARD="mask")  # every timeout masked (tests/test_timeouts.py: the others)
     server.hold_s = 60  # far past the deadline: the outcome can only come from it
     out = await asyncio.wait_for(call(sympy_row), 30)
     assert out["nemogym"]["failure_kind"] == "agent_timeout"

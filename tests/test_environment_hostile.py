@@ -124,7 +124,7 @@ async def test_endless_tool_calls_without_max_steps_end_at_the_deadline(
     chat.script("endless", Turn(tool_calls=(tool("echo"),), delay_s=0.05))  # 100 turns would take 5 s
     async with fake_resources() as fake:
         out, _ = await within(3, episode(use_settings, chat, fake.url, "endless"))
-    # The policy ran out the clock: scored 0 and trained, not set aside (NEMO_GYM_TIMEOUT_REWARD=zero).
+    # The policy ran out the clock: scored its lowest reward (0 here) and trained, not set aside.
     assert masked(out) == (False, 0.0, fk.POLICY_TIMEOUT)
     assert len(fake.tool_calls) > 1 and fake.verified == []
 

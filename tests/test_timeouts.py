@@ -1,11 +1,11 @@
 """Whose fault is a timeout: an episode's deadline (``NEMO_GYM_RUN_TIMEOUT``) that passes while the
 policy held the episode -- a ``/run`` whose Miles session recorded a model call, an environment
-episode after its first model turn (a model or tool call) -- is scored 0 and trained as
-``miles_nemogym:policy_timeout`` (``NEMO_GYM_TIMEOUT_REWARD=zero``, the default) or set aside
-(``mask``); one waiting on infrastructure (a seed or ``/verify`` never answered, an answer cut
-mid-way, a first model call never answered, a ``/run`` whose session recorded no call or cannot be
-asked) is always set aside as ``agent_timeout``. Loopback
-servers stall on events; the deadline is one second."""
+episode after its first model turn (a model or tool call) -- is trained as
+``miles_nemogym:policy_timeout``, scored the episode's lowest reward (``NEMO_GYM_TIMEOUT_REWARD=lowest``,
+the default) or 0 (``zero``), or set aside (``mask``); one waiting on infrastructure (a seed or
+``/verify`` never answered, an answer cut mid-way, a first model call never answered, a ``/run``
+whose session recorded no call or cannot be asked) is always set aside as ``agent_timeout``.
+Loopback servers stall on events; the deadline is one second."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.record import ENV_KEY, TASK_ID_KEY
 from miles_nemogym.runtime import current
 from tests.support.agent_fixtures import call, fast_env
-from tests.support.environment_episodes import chat, episode, masked, within
+from tests.support.environment_episodes import ENV, chat, env_row, envs, episode, masked, run_env, within
 from tests.support.fake_resources import fake_resources
 from tests.support.runtime_settings import UseSettings
 from tests.support.samples import Sample
@@ -35,9 +35,10 @@ AGENT_ROW = {
     TASK_ID_KEY: "blackjack/0",
 }
 POLICY = (False, 0.0, fk.POLICY_TIMEOUT)
-"""(masked, reward trained on, kind) of a timeout graded like a step limit."""
+"""(masked, reward trained on, kind) of a timeout graded like a step limit, in a range from 0."""
 SET_ASIDE = (True, 0.0, fk.AGENT_TIMEOUT)
-BY_SETTING = [("zero", POLICY), ("mask", SET_ASIDE)]
+BY_SETTING = [(None, POLICY), ("lowest", POLICY), ("zero", POLICY), ("mask", SET_ASIDE)]
+"""Each ``NEMO_GYM_TIMEOUT_REWARD`` (None: the default) and what a policy's timeout gets in [0, 1]."""
 
 
 @pytest.fixture(autouse=True)
@@ -66,12 +67,14 @@ async def run_row(
 @pytest.mark.parametrize("kind", ["swe", "agent"])
 @pytest.mark.parametrize(("setting", "expected"), BY_SETTING)
 async def test_a_run_past_the_deadline_after_a_model_call_is_the_policys(
-    use_settings: UseSettings, sympy_row: dict[str, Any], kind: str, setting: str, expected: Any
+    use_settings: UseSettings, sympy_row: dict[str, Any], kind: str, setting: str | None, expected: Any
 ) -> None:
     use_settings(NEMO_GYM_TIMEOUT_REWARD=setting)
     async with stalling_server("held", calls=2) as server:
         out = await run_row(use_settings, kind, server.url, sympy_row, server.session_url)
         assert server.received.is_set()  # delivered: the server was playing the episode
+    if kind == "agent" and setting in (None, "lowest"):
+        expected = (False, -1.0, fk.POLICY_TIMEOUT)  # blackjack's range is [-1, 1]: a stall scores a loss
     assert masked(out) == expected
     assert "NEMO_GYM_RUN_TIMEOUT=1s" in out["nemogym"]["failure_reason"]
     assert out["nemogym"]["attempts"] == 1
@@ -106,7 +109,7 @@ async def test_a_run_answer_cut_mid_way_at_the_deadline_is_set_aside(
 
 @pytest.mark.parametrize(("setting", "expected"), BY_SETTING)
 async def test_a_tool_call_running_past_the_deadline_is_the_policys(
-    chat: ScriptedChat, use_settings: UseSettings, setting: str, expected: Any
+    chat: ScriptedChat, use_settings: UseSettings, setting: str | None, expected: Any
 ) -> None:
     use_settings(NEMO_GYM_TIMEOUT_REWARD=setting)
     chat.script(f"longtool{setting}", Turn(tool_calls=(tool("echo"),)), Turn(content="done"))
@@ -115,6 +118,20 @@ async def test_a_tool_call_running_past_the_deadline_is_the_policys(
         assert fake.stalled.is_set() and fake.verified == []
     assert masked(out) == expected
     assert (out["nemogym"]["turns"], out["nemogym"]["tool_calls"]) == (1, 0)
+
+
+@pytest.mark.parametrize(("setting", "reward"), [(None, -64.0), ("lowest", -64.0), ("zero", 0.0)])
+async def test_a_policys_timeout_scores_the_environments_lowest_reward_by_default(
+    chat: ScriptedChat, use_settings: UseSettings, setting: str | None, reward: float
+) -> None:
+    """In a range below 0, a 0 for running out the clock would beat losing: the policy would learn to stall."""
+    use_settings(NEMO_GYM_TIMEOUT_REWARD=setting)
+    chat.script(f"stall{setting}", Turn(tool_calls=(tool("echo"),)), Turn(content="done"))
+    async with fake_resources(stall=frozenset({"echo"})) as fake:
+        envs(use_settings, **{ENV: {"url": fake.url, "reward_range": [-64, 16]}})
+        out, _ = await within(10, run_env(chat, env_row(ENV, f"stall{setting}"), session=f"stall{setting}"))
+    assert masked(out) == (False, reward, fk.POLICY_TIMEOUT)
+    assert out["reward"] == reward
 
 
 async def test_a_later_model_call_past_the_deadline_is_the_policys(

@@ -36,7 +36,8 @@ AGENT_REQUEST_FAILED: Final = "agent_request_failed"
 # The episode's deadline (``NEMO_GYM_RUN_TIMEOUT``, each try's) passed while waiting.
 AGENT_TIMEOUT: Final = "agent_timeout"
 # The deadline passed while the policy held the episode (its turns, its tool calls): on a valid
-# record scored 0 (``NEMO_GYM_TIMEOUT_REWARD=zero``), a status like a step limit, not a failure.
+# record scored its lowest reward (``NEMO_GYM_TIMEOUT_REWARD=lowest``, or 0 under ``zero``), a
+# status like a step limit, not a failure.
 POLICY_TIMEOUT: Final = "miles_nemogym:policy_timeout"
 # ``abort`` stopped the episode (Miles' over-sampling abort).
 CANCELLED: Final = "cancelled"

@@ -41,8 +41,11 @@ __all__ = [
 class TimeoutReward(str, Enum):
     """What an episode whose deadline passed while the policy held it gets (docs/episode-pipeline.md)."""
 
+    lowest = "lowest"
+    """The episode's lowest reward (its reward range's low end), trained, named
+    ``miles_nemogym:policy_timeout``: graded like the worst outcome, so running out the clock never pays."""
     zero = "zero"
-    """Reward 0, trained, named ``miles_nemogym:policy_timeout``: graded like a step limit."""
+    """Reward 0, trained, named ``miles_nemogym:policy_timeout`` (above losing where a range goes below 0)."""
     mask = "mask"
     """Set aside as ``agent_timeout``, as every other timeout is."""
 
@@ -156,7 +159,7 @@ class Settings(BaseModel):
 
     reward_mode: RewardMode = Field(default=RewardMode.binary, alias="NEMO_GYM_REWARD_MODE")
 
-    timeout_reward: TimeoutReward = Field(default=TimeoutReward.zero, alias="NEMO_GYM_TIMEOUT_REWARD")
+    timeout_reward: TimeoutReward = Field(default=TimeoutReward.lowest, alias="NEMO_GYM_TIMEOUT_REWARD")
 
     reward_range_text: str = Field(default="0,1", alias="NEMO_GYM_REWARD_RANGE")
     """Inclusive range of a valid server reward, as ``low,high``; ``mini_swe_agent_2``

@@ -389,7 +389,8 @@ class _Loop:
         except Failed as failed:
             if failed.resendable:
                 raise
-            outcome = failure_of(failed, self.episode.task_id, self.settings)
+            lowest = self.episode.server.valid_rewards(self.settings.reward_range)[0]
+            outcome = failure_of(failed, self.episode.task_id, self.settings, lowest=lowest)
         else:
             outcome = self._score(verify or {})
         outcome.record.turns, outcome.record.tool_calls = self.transcript.turns, self.transcript.tool_calls

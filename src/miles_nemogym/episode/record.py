@@ -309,11 +309,13 @@ def failure(
     )
 
 
-def failure_of(error: Exception, task_id: str | None, settings: Settings | None = None) -> Outcome:
+def failure_of(
+    error: Exception, task_id: str | None, settings: Settings | None = None, *, lowest: float = 0.0
+) -> Outcome:
     """The failed ``Outcome`` of an exception, the one place a raised failure becomes one: a step
-    that failed (``Failed``: its kind; ``agent_timeout`` as ``timed_out`` rules), a bad setting or
-    request, else a defect (``client_error``, logged with its traceback). The reason is scrubbed
-    of the policy key (``settings``)."""
+    that failed (``Failed``: its kind; ``agent_timeout`` as ``timed_out`` rules, ``lowest`` the
+    episode's lowest reward), a bad setting or request, else a defect (``client_error``, logged
+    with its traceback). The reason is scrubbed of the policy key (``settings``)."""
     if isinstance(error, Failed):
         kind, reason = error.kind, str(error)
     elif isinstance(error, SettingsError):
@@ -326,8 +328,8 @@ def failure_of(error: Exception, task_id: str | None, settings: Settings | None 
     if settings is not None:
         reason = settings.scrub_text(reason)
     if kind == fk.AGENT_TIMEOUT and isinstance(error, Failed):
-        zero = settings is not None and settings.timeout_reward is TimeoutReward.zero
-        return timed_out(reason, policy=error.policy, zero=zero)
+        given = TimeoutReward.mask if settings is None else settings.timeout_reward
+        return timed_out(reason, policy=error.policy, given=given, lowest=lowest)
     return failure(kind, reason)
 
 
@@ -452,14 +454,15 @@ def judge(
     return Outcome(reward=reward or 0.0, eval_report=report, record=record)
 
 
-def timed_out(reason: str, *, policy: bool, zero: bool) -> Outcome:
-    """An episode whose deadline (``NEMO_GYM_RUN_TIMEOUT``) passed: scored 0 and trained under ``policy_timeout``
-    when the policy held the episode (``policy``) and ``NEMO_GYM_TIMEOUT_REWARD`` is ``zero``
-    (``zero``); else masked ``agent_timeout`` (docs/episode-pipeline.md, "Whose fault is a timeout")."""
-    if not (policy and zero):
+def timed_out(reason: str, *, policy: bool, given: TimeoutReward, lowest: float) -> Outcome:
+    """An episode whose deadline (``NEMO_GYM_RUN_TIMEOUT``) passed: trained under ``policy_timeout``
+    when the policy held the episode (``policy``), scored ``lowest`` (the episode's lowest reward)
+    or 0 as ``NEMO_GYM_TIMEOUT_REWARD`` (``given``) says; else, or under ``mask``, masked
+    ``agent_timeout`` (docs/episode-pipeline.md, "Whose fault is a timeout")."""
+    if not policy or given is TimeoutReward.mask:
         return failure(fk.AGENT_TIMEOUT, reason)
     record = EpisodeRecord(status="ok", failure_kind=fk.POLICY_TIMEOUT, failure_reason=short_reason(reason))
-    return Outcome(reward=0.0, record=record)
+    return Outcome(reward=lowest if given is TimeoutReward.lowest else 0.0, record=record)
 
 
 @dataclass(frozen=True)

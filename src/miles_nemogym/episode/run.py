@@ -40,6 +40,7 @@ from miles_nemogym.episode.record import (
     Task,
     TestCounts,
     failure,
+    failure_of,
     finite_json,
     judge,
     range_setting,
@@ -221,7 +222,8 @@ class SweEpisode:
                 status, body, instance_id=self.task_id, reward_range=settings.reward_range, scrub=scrub
             )
 
-        return await _post_run(settings, settings.run_url, self.payload, deadline, score, self.session_url)
+        lowest = settings.reward_range[0]
+        return await _post_run(settings, settings.run_url, self.payload, deadline, score, self.session_url, lowest)
 
 
 @dataclass(frozen=True)
@@ -248,7 +250,8 @@ class AgentEpisode:
         def score(status: int, body: bytes, scrub: Callable[[bytes], bytes] | None) -> Outcome:
             return classify_agent_http(status, body, reward_range=valid, range_name=where, scrub=scrub)
 
-        return await _post_run(self.settings, f"{self.server_url}/run", self.payload, deadline, score, self.session_url)
+        url = f"{self.server_url}/run"
+        return await _post_run(self.settings, url, self.payload, deadline, score, self.session_url, valid[0])
 
 
 async def _post_run(
@@ -258,10 +261,12 @@ async def _post_run(
     deadline: Deadline,
     score: Callable[[int, bytes, Callable[[bytes], bytes] | None], Outcome],
     session_url: str | None,
+    lowest: float,
 ) -> Outcome:
     """POST one ``/run`` body and ``score`` the answer (in a worker thread when it is large); a
     timeout is the policy's when its session recorded a model call (``_policy_was_called``) and
-    the server had not begun its answer (a ``/run`` answers once the episode is over)."""
+    the server had not begun its answer (a ``/run`` answers once the episode is over), scored by
+    ``NEMO_GYM_TIMEOUT_REWARD`` with ``lowest`` the episode's lowest reward."""
     connections = await pool(settings.max_concurrency)
     try:
         answer = await request(
@@ -274,10 +279,11 @@ async def _post_run(
             cap=settings.max_result_bytes,
         )
     except Failed as error:
-        policy_may_hold = error.kind == fk.AGENT_TIMEOUT and not error.answered
-        if policy_may_hold and settings.timeout_reward is TimeoutReward.zero and session_url:
+        if error.kind != fk.AGENT_TIMEOUT:
+            raise
+        if not error.answered and settings.timeout_reward is not TimeoutReward.mask and session_url:
             error.policy = await _policy_was_called(settings, session_url)
-        raise
+        return failure_of(error, None, settings, lowest=lowest)
     if answer.over_cap:
         return failure(
             fk.AGENT_RUN_ERROR,
