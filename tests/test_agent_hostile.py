@@ -139,6 +139,20 @@ def test_the_scrubber_removes_every_encoding_and_nothing_else(encoded: str) -> N
     assert scrubber.scrub(untouched) == untouched
 
 
+@pytest.mark.parametrize(
+    "encoded",
+    [KEY, "".join(f"\\u{ord(c):04x}" for c in KEY), json.dumps(json.dumps(KEY))[3:-3], KEY.replace("/", "%2F")],
+    ids=["plain", "unicode-escaped", "json-in-json", "url-encoded"],
+)
+def test_a_key_cut_by_a_cap_in_any_encoding_leaves_none_of_it(encoded: str) -> None:
+    scrubber = redaction.key_scrubber(KEY)
+    assert scrubber is not None
+    for cut in range(1, len(encoded)):
+        kept = scrubber.scrub_cut(f'{{"out": "done, {encoded[:cut]}'.encode())
+        assert kept.startswith(b'{"out": "done, ') and len(kept) <= len('{"out": "done, '), (cut, kept)
+    assert scrubber.scrub_cut(f"{encoded} done.".encode()) == b"*** done."  # whole: scrubbed, the end kept
+
+
 @pytest.mark.parametrize("short_key", ["ok", "1", "0", "EMPTY"])
 async def test_a_short_key_is_sent_not_redacted_and_never_fails_the_sample(
     server: FaultServer,

@@ -149,6 +149,71 @@ async def test_a_url_password_never_reaches_a_log_line_or_the_record(
     assert PASSWORD not in json.dumps(out)
 
 
+CUT_KEY = "sk-MARKER-0123456789abcdef0123456789abcdefGHIJ"
+"""A policy key; a server below echoes it where a quote, a cut or pydantic's shortening would split it."""
+PADDED = "\u00e9" * 130 + " key=" + CUT_KEY
+"""260 bytes of two-byte characters first: a cut at 300 bytes ends inside the key, under 300 characters."""
+
+
+def fragments(text: str | bytes) -> list[str]:
+    """The pieces of ``CUT_KEY`` longer than 8 characters found in ``text``."""
+    found = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+    return [CUT_KEY[i : i + 9] for i in range(len(CUT_KEY) - 8) if CUT_KEY[i : i + 9] in found]
+
+
+def _error(status: int, text: str) -> Callable[[Any], web.Response]:
+    return lambda body: web.Response(status=status, text=text)
+
+
+@pytest.mark.parametrize(
+    ("where", "answer"),
+    [
+        ("seed_session", _error(500, PADDED)),
+        ("verify", _error(500, PADDED)),
+        ("verify", lambda body: web.json_response(["x" * 175 + CUT_KEY])),
+        ("policy", Turn(status=401, raw=PADDED.encode())),
+        ("policy", Turn(raw=json.dumps({"choices": CUT_KEY * 2}).encode())),
+    ],
+    ids=["seed-500", "verify-500", "verify-not-an-object", "policy-401", "policy-unreadable"],
+)
+async def test_no_piece_of_the_key_survives_a_servers_answer_quoted_in_the_reason(
+    chat: ScriptedChat, use_settings: UseSettings, caplog: pytest.LogCaptureFixture, where: str, answer: Any
+) -> None:
+    use_settings(NEMO_GYM_POLICY_API_KEY=CUT_KEY)
+    chat.script("keyed", answer if where == "policy" else Turn(content="B"))
+    async with fake_resources() as fake:
+        if where != "policy":
+            fake.respond[where] = answer
+        with caplog.at_level(logging.WARNING):
+            out, _ = await within(10, episode(use_settings, chat, fake.url, "keyed"))
+    assert out["nemogym"]["mask_sample"] and out["nemogym"]["failure_reason"]
+    assert fragments(json.dumps(out)) == [] and fragments(caplog.text) == []
+
+
+@pytest.mark.parametrize("status", [200, 403])
+async def test_a_tool_output_keeps_no_piece_of_the_key_for_the_policy_or_the_store(
+    chat: ScriptedChat, use_settings: UseSettings, tmp_path: Path, status: int
+) -> None:
+    """A whole key (403) or one the 64 KiB cap cut in two (200) reaches neither the model nor the disk."""
+    use_settings(NEMO_GYM_POLICY_API_KEY=CUT_KEY, NEMO_GYM_EPISODE_DIR=str(tmp_path))
+    chat.script("toolkey", Turn(tool_calls=(tool("echo", a=1),)), Turn(content="B"))
+    body = b"x" * (64 * 1024 - 20) + CUT_KEY.encode() + b"tail" if status == 200 else f"Bearer {CUT_KEY}".encode()
+    async with fake_resources() as fake:
+        fake.respond["echo"] = lambda arguments: web.Response(status=status, body=body)
+        out, _ = await within(10, episode(use_settings, chat, fake.url, "toolkey"))
+    flush_store(tmp_path)
+    assert out["nemogym"]["tool_calls"] == 1
+    assert fragments(json.dumps(chat.requests("toolkey"))) == []
+    assert fragments(b"\n".join(store_lines(tmp_path))) == []
+
+
+def test_a_url_password_in_a_bad_nemo_gym_envs_is_hidden_in_the_settings_error() -> None:
+    envs = json.dumps({"mcqa": {"url": f"http://user:{PASSWORD}@gym:8001", "max_steps": "five"}})
+    with pytest.raises(SettingsError) as refused:
+        Settings.from_env({"NEMO_GYM_ENVS": envs})
+    assert "max_steps" in str(refused.value) and PASSWORD not in str(refused.value)
+
+
 # --- 6. a reward is a JSON number, mask_sample a JSON boolean ----------------------------------
 
 

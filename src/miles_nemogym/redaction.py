@@ -84,6 +84,8 @@ class KeyScrubber:
         self._plain = secret.encode("utf-8")
         self._pattern = re.compile(b"".join(_char_forms(char) for char in secret))
         self._codes = frozenset(ord(char) for char in secret)
+        self._cut_bytes = frozenset(self._plain) | frozenset(b"\\%u0123456789abcdefABCDEF")
+        """Every byte an encoding of the secret is made of."""
 
     def _has_escaped_char(self, raw: bytes) -> bool:
         """Whether one of the secret's characters appears as a \\uXXXX or %XX escape."""
@@ -102,6 +104,15 @@ class KeyScrubber:
         if self._plain not in raw.replace(b"\\", b"") and not self._has_escaped_char(raw):
             return raw
         return self._pattern.sub(REDACTED.encode(), raw)
+
+    def scrub_cut(self, raw: bytes) -> bytes:
+        """``scrub`` of text a cap cut off, also without the trailing bytes that could begin an
+        encoding of the secret (a secret cut in two matches no pattern)."""
+        raw = self.scrub(raw)
+        end = len(raw)
+        while end and raw[end - 1] in self._cut_bytes:
+            end -= 1
+        return raw[:end]
 
     def scrub_text(self, text: str) -> str:
         return self.scrub(text.encode("utf-8", "backslashreplace")).decode("utf-8", "replace")

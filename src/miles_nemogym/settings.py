@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, StrictInt, ValidationError, field_validator
 
 from miles_nemogym.errors import SettingsError, UrlError, describe
-from miles_nemogym.redaction import KeyScrubber, key_scrubber, redact_url
+from miles_nemogym.redaction import KeyScrubber, key_scrubber, redact_urls
 from miles_nemogym.transport import check_url
 
 __all__ = [
@@ -382,7 +382,7 @@ def _describe(error: ValidationError, given: Mapping[str, Any], labels: Mapping[
         var = str(loc[0]) if loc else "?"  # located by alias: the variable's name
         if labels and var in labels:
             return labels[var]
-        shown = "<hidden>" if var in _SECRET_VARS else redact_url(str(given.get(var, "<unset>")))
+        shown = "<hidden>" if var in _SECRET_VARS else redact_urls(str(given.get(var, "<unset>")))
         return f"{var}={shown!r}"
 
     return describe(error, label=label)

@@ -21,6 +21,7 @@ may be sent again (docs/environments.md).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -410,7 +411,7 @@ class _Loop:
         call's deadline is the policy's)."""
         started = time.monotonic()
         try:
-            return await request(
+            answer = await request(
                 session,
                 "POST",
                 f"{self.base}/{path}",
@@ -424,6 +425,16 @@ class _Loop:
             raise Failed(error.kind, f"/{path}: {error}", resendable=resendable, policy=tool) from None
         finally:
             self.tool_time += time.monotonic() - started
+        return self._scrubbed(answer)
+
+    def _scrubbed(self, answer: Answer) -> Answer:
+        """``answer`` without the policy key, before anything parses, quotes, cuts or keeps it (a
+        cut or shortened key matches no pattern)."""
+        scrubber = self.settings.key_scrubber()
+        if scrubber is None:
+            return answer
+        body = scrubber.scrub_cut(answer.body) if answer.over_cap else scrubber.scrub(answer.body)
+        return dataclasses.replace(answer, body=body)
 
     async def _seed(self, session: Any) -> None:
         answer = await self._post(session, "seed_session", self.episode.row, self.settings.max_result_bytes)
@@ -454,6 +465,7 @@ class _Loop:
             kind = fk.AGENT_TIMEOUT if error.kind == fk.AGENT_TIMEOUT else fk.POLICY_FAILED
             # After its first answered turn the episode is the policy's; a first call never answered is not.
             raise Failed(kind, f"the policy: {error.kind}: {error}", policy=self.transcript.turns > 0) from None
+        answer = self._scrubbed(answer)
         if answer.status == 400 and not answer.over_cap and CONTEXT_FULL.search(answer.body):
             # The conversation outgrew the context: a cut-off, as NeMo-Gym's vllm_model answers it.
             return _Choice(message=_Message(content=""), finish_reason="length"), None
@@ -487,8 +499,7 @@ class _Loop:
         answer = await self._post(session, "verify", body, self.settings.max_result_bytes)
         if answer.status != 200 or answer.over_cap:
             raise Failed(fk.VERIFIER_ERROR, _described(answer, "/verify", "its answer"))
-        scrubber = self.settings.key_scrubber()
-        parsed = _parsed(answer if scrubber is None else Answer(answer.status, scrubber.scrub(answer.body)))
+        parsed = _parsed(answer)
         if not isinstance(parsed, dict):
             raise Failed(fk.VERIFIER_ERROR, f"/verify answered a body that is not a JSON object: {answer.body[:200]!r}")
         # Our transcript stands for the echoed response: the echo can be large, and it is what we sent.
