@@ -265,13 +265,50 @@ def test_a_signal_during_convert_leaves_no_temporary_file_or_spool(
 def test_sigterm_is_an_interrupt_only_inside_a_command_and_handlers_come_back() -> None:
     import signal
 
-    from miles_nemogym.cli._console import interrupt_on_sigterm
+    from miles_nemogym.cli._console import interrupt_on_signals
 
-    term, sigint = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt), interrupt_on_sigterm(ctrl_c=True):
+    term, hup, sigint = (signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT))
+    with pytest.raises(KeyboardInterrupt), interrupt_on_signals(ctrl_c=True):
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
         signal.raise_signal(signal.SIGTERM)
-    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == (term, sigint)
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)) == (term, hup)
+    assert signal.getsignal(signal.SIGINT) == sigint
+
+
+# A command whose terminal closes: its output goes nowhere (here a pipe nobody reads any more).
+HANGUP = """
+import os, signal, sys
+from miles_nemogym.cli._console import interrupt_on_signals
+try:
+    with interrupt_on_signals():
+        print("started", flush=True)
+        signal.pause()
+except KeyboardInterrupt:
+    for _ in range(1000):
+        print("stopping the servers ...", flush=True)  # would raise BrokenPipeError on the dead pipe
+        print("stopping the servers ...", file=sys.stderr, flush=True)
+    open(sys.argv[1], "w").write("cleaned up")
+"""
+
+
+def test_a_closed_terminal_stops_a_command_as_ctrl_c_does_and_its_clean_up_runs(tmp_path: Path) -> None:
+    """``serve`` and ``smoke`` start servers in their own sessions: a hangup never reaches them,
+    so the command must stop them itself, though printing to the closed terminal would fail."""
+    marker = tmp_path / "done"
+    child = subprocess.Popen(
+        [sys.executable, "-c", HANGUP, str(marker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"started\n"
+        child.stdout.close()  # the terminal is gone
+        child.stderr.close()  # type: ignore[union-attr]
+        child.send_signal(signal.SIGHUP)
+        assert child.wait(timeout=30) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert marker.read_text() == "cleaned up"
 
 
 # --- every file or none, and the message says which --------------------------------------

@@ -1,4 +1,4 @@
-"""The commands' terminal: one output rule for every console, refusals, SIGTERM as Ctrl-C, a step display."""
+"""The commands' terminal: one output rule for every console, refusals, SIGTERM and SIGHUP as Ctrl-C, a step display."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-__all__ = ["console", "fail", "interrupt_on_sigterm", "step_display"]
+__all__ = ["console", "fail", "interrupt_on_signals", "step_display"]
 
 _UNLIMITED = 10_000
 _WORD = re.compile(r"\S+\s*")
@@ -72,15 +72,24 @@ def fail(console: Console, message: str, code: int = 2, **options: Any) -> NoRet
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    if signum == signal.SIGHUP:  # the terminal is gone: what the clean-up prints goes nowhere, never fails it
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for descriptor in (1, 2):
+            os.dup2(devnull, descriptor)
+        os.close(devnull)
     raise KeyboardInterrupt
 
 
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+"""A ``kill`` and a closed terminal: each stops a command as Ctrl-C does, so what it started stops too."""
+
+
 @contextmanager
-def interrupt_on_sigterm(*, ctrl_c: bool = False) -> Iterator[None]:
-    """Inside, SIGTERM raises ``KeyboardInterrupt``; ``ctrl_c`` also re-enables Ctrl-C (a shell
-    starts background jobs with SIGINT ignored). Off the main thread, signals stay as they are."""
+def interrupt_on_signals(*, ctrl_c: bool = False) -> Iterator[None]:
+    """Inside, SIGTERM and SIGHUP raise ``KeyboardInterrupt``; ``ctrl_c`` also re-enables Ctrl-C (a
+    shell starts background jobs with SIGINT ignored). Off the main thread, signals stay as they are."""
     try:
-        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        previous = {signum: signal.signal(signum, _raise_interrupt) for signum in _STOP_SIGNALS}
     except ValueError:  # not the main thread
         yield
         return
@@ -88,7 +97,8 @@ def interrupt_on_sigterm(*, ctrl_c: bool = False) -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         if previous_int is not None:
             signal.signal(signal.SIGINT, previous_int)
 

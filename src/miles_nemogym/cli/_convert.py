@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from miles_nemogym.cli._console import fail, interrupt_on_sigterm
+from miles_nemogym.cli._console import fail, interrupt_on_signals
 from miles_nemogym.cli._options import InstanceIds, choice, metavar, subset_option
 
 if TYPE_CHECKING:
@@ -261,7 +261,7 @@ def _convert_command(
         _check_names(err, options, own_envs or [])
 
         columns = (SpinnerColumn(), TextColumn("converting"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"))
-        with interrupt_on_sigterm():
+        with interrupt_on_signals():
             try:  # each refusal below is printed once the bar is gone
                 with Progress(*columns, TimeElapsedColumn(), console=err, disable=quiet, transient=True) as bar:
                     task = bar.add_task("convert", total=None)

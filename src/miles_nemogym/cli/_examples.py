@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from miles_nemogym.cli._console import console, interrupt_on_sigterm
+from miles_nemogym.cli._console import console, interrupt_on_signals
 
 __all__ = ["register"]
 
@@ -83,7 +83,7 @@ def _examples(
         # The converter's writer: a new file moved over the old one once complete, never the old one truncated.
         files = AtomicFiles()
         try:
-            with interrupt_on_sigterm(), files:
+            with interrupt_on_signals(), files:
                 files.open(output.expanduser()).write(text.encode("utf-8"))
                 files.commit()
         except WriteError as error:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from miles_nemogym.cli._console import fail, interrupt_on_sigterm
+from miles_nemogym.cli._console import fail, interrupt_on_signals
 from miles_nemogym.cli._options import JUDGE_MODEL_HELP, JUDGE_URL_HELP, SANDBOXES, judge_of
 
 if TYPE_CHECKING:
@@ -277,7 +277,7 @@ def serve(
     if swe and options.golden:
         console.print("[yellow]golden mode: no model calls; each /run applies the instance's gold patch.[/yellow]")
 
-    with interrupt_on_sigterm(ctrl_c=True):
+    with interrupt_on_signals(ctrl_c=True):
         server: GymServer | None = None
         environments: EnvironmentServers | None = None
         # serve's own temp state folder is removed on stop; a --state-dir (or one kept after a failure) stays.

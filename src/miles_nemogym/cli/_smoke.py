@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from miles_nemogym.cli._console import fail, interrupt_on_sigterm
+from miles_nemogym.cli._console import fail, interrupt_on_signals
 from miles_nemogym.cli._options import JUDGE_MODEL_HELP, JUDGE_URL_HELP, judge_of
 from miles_nemogym.errors import counted
 
@@ -158,7 +158,7 @@ def _smoke(
         if envs:  # its report prints once SIGTERM is back to what it was
             worked = _run_environments(console, envs, judge, policy_base_url, limit, folder, store, json_path)
         else:
-            with interrupt_on_sigterm(ctrl_c=True):
+            with interrupt_on_signals(ctrl_c=True):
                 worked = _run(console, rows, folder, store, kept, policy_base_url, limit, step_limit, json_path)
     except KeyboardInterrupt:
         interrupted = True
@@ -227,7 +227,7 @@ def _run_environments(
     from miles_nemogym.smoke import run_environment_smoke
 
     try:
-        with interrupt_on_sigterm(ctrl_c=True), step_display(console) as progress, _quiet_episode_warnings():
+        with interrupt_on_signals(ctrl_c=True), step_display(console) as progress, _quiet_episode_warnings():
             report = run_environment_smoke(
                 envs,
                 state_dir=folder,
