@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -97,6 +99,16 @@ def test_a_mistyped_or_refused_environment_is_an_error_before_anything_starts(mo
     judged = invoke("--env", "abstention")
     assert judged.exit_code == 2, judged.output
     assert "abstention" in judged.output and "judge" in judged.output
+
+
+def test_an_environment_without_rows_fails_before_starting_and_leaves_no_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where smoke makes its folder
+    out = invoke("--env", "gpqa")  # a benchmark nemo-gym ships no example rows for
+    assert out.exit_code == 2, out.output
+    assert "ships no example rows" in " ".join(out.output.split())
+    assert "logs" not in out.output and list(tmp_path.iterdir()) == []
 
 
 def _episode(task: str, answer: str, reward: float, *, masked: bool = False) -> EnvironmentEpisode:

@@ -30,8 +30,9 @@ __all__ = ["register"]
 _EXPLANATION = (
     "This run used the 'local' sandbox: commands ran on this machine, not in the SWE-bench task "
     "containers, so grading cannot resolve instances (reward 0.0 is expected). For the real "
-    "thing, run `miles-nemogym serve --sandbox docker` on a Docker host (NeMo-Gym's docker provider), "
-    "check it with `miles-nemogym scan --golden`, then train with examples/swebench_grpo/run.py."
+    "thing, on a Docker host (NeMo-Gym's docker provider): check the instances with `miles-nemogym serve "
+    "--sandbox docker --golden` and `miles-nemogym scan --golden`, then run `miles-nemogym serve --sandbox "
+    "docker` and train with examples/swebench_grpo/run.py."
 )
 
 _EPISODE_DIR = "miles-nemogym-smoke-episodes"
@@ -171,6 +172,8 @@ def _smoke(
                 console.print("interrupted; nothing left running, nothing left behind.", highlight=False)
         elif not kept and worked:
             shutil.rmtree(folder, ignore_errors=True)
+        elif envs and not kept and not any(folder.iterdir()):  # it failed before any server started
+            folder.rmdir()
         elif envs:
             console.print(f"the servers' logs: {folder}", highlight=False, soft_wrap=True)
         elif not kept:
