@@ -169,6 +169,28 @@ def test_a_resources_server_folder_without_a_server_is_refused_with_its_own_desc
         plan(["gymnasiun"])  # a misspelt name is still told apart from it
 
 
+def test_the_catalog_list_fits_80_columns_but_a_name_longer_than_the_line() -> None:
+    shown = CliRunner().invoke(app, ["environments"], env={"COLUMNS": "80"})
+    assert shown.exit_code == 0, shown.output
+    over = [line for line in shown.output.splitlines() if len(line) > 80]
+    assert all(len(line.split()) == 1 for line in over), over  # a long name alone; its label on the next line
+    assert "needs a judge" in shown.output and "eval, prepared file" in shown.output
+
+
+@pytest.mark.parametrize("name", ["blackjack", "abstention", "example_multi_turn_gymnasium"])
+def test_the_try_it_commands_fit_80_columns_and_run_when_followed(name: str) -> None:
+    shown = CliRunner().invoke(app, ["environments", name], env={"COLUMNS": "80"})
+    assert shown.exit_code == 0, shown.output
+    tried = shown.output.split("try it:")[1]
+    assert all(len(line) <= 80 for line in tried.splitlines()), tried  # (a config's path is never split)
+    commands = " ".join(tried.replace("\\\n", " ").split("\n")).split("miles-nemogym ")
+    serve = next(c.split() for c in commands if c.startswith("serve "))
+    filled = {"URL": "http://127.0.0.1:9/v1", "NAME": "judge-model", "HOST:PORT": "127.0.0.1:30000"}
+    # --no-swe: this machine has no Docker for the SWE server serve would start beside it.
+    dry = CliRunner().invoke(app, [*(filled.get(word, word) for word in serve), "--no-swe", "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+
+
 def test_examples_and_convert_take_an_environments_folder_by_name(tmp_path: Path) -> None:
     rows = tmp_path / "calendar_v2.jsonl"
     written = CliRunner().invoke(app, ["examples", "--env", "calendar_v2", "--output", str(rows)])

@@ -60,7 +60,7 @@ def _environments(
     if name:
         typer.echo(_detail(chosen[0], width))
         return
-    column = min(max(len(e.name) for e in chosen), width - 16)
+    column = min(max(len(e.name) for e in chosen), width - 4 - max(map(len, _SHORT.values())))
     for group in ("environment", "benchmark"):
         members = [e for e in chosen if e.kind == group]
         if not members:
@@ -79,8 +79,10 @@ def _detail(entry: object, width: int) -> str:
     from miles_nemogym.gym.catalog import (
         BENCHMARK_PREPARED,
         BENCHMARK_SHIPPED,
+        JUDGE,
         NOT_YET,
         REFUSED,
+        ROUTED,
         CatalogEntry,
         benchmark_grader,
         entry_support,
@@ -116,10 +118,10 @@ def _detail(entry: object, width: int) -> str:
         lines += ["try it:"]
         if found.status == BENCHMARK_PREPARED:
             lines.append(f"  gym eval prepare --benchmark {entry.name}")
-        judge = " --judge-url URL" if "judge (`--judge-url`)" in found.needs else ""
+        judge = " --judge-url URL --judge-model NAME" if "judge (`--judge-url`)" in found.needs else ""
         lines += [
-            f"  miles-nemogym serve --env {grader}{judge}",
-            f"  miles-nemogym convert --env {rows} --output {out}.jsonl",
+            *_command(f"miles-nemogym serve --env {grader}{judge}", width),
+            *_command(f"miles-nemogym convert --env {rows} --output {out}.jsonl", width),
             "  python examples/swebench_grpo/run.py ... \\",
             f"    --eval-data {out}={out}.jsonl",
         ]
@@ -128,14 +130,29 @@ def _detail(entry: object, width: int) -> str:
             lines.append(f"  ({n} sample{'s' * (n > 1)} per prompt: nemogym-eval/{out}/pass@k, reward_mean)")
     short = served_name(entry)
     if found.status not in (REFUSED, NOT_YET) and short:
+        judge = " --judge-url URL --judge-model NAME" if found.status == JUDGE else ""
+        trainer = " --session-server HOST:PORT" if found.status == ROUTED else ""  # its agent's model calls
         lines += [
             "try it:",
-            f"  miles-nemogym serve --env {short}",
-            f"  miles-nemogym smoke --env {short}",
-            f"  miles-nemogym examples --env {short} --output {short}.jsonl",
-            f"  miles-nemogym convert --env {short}={short}.jsonl --output prompts.jsonl",
+            *_command(f"miles-nemogym serve --env {short}{judge}{trainer}", width),
+            *_command(f"miles-nemogym smoke --env {short}{judge}", width),
+            *_command(f"miles-nemogym examples --env {short} --output {short}.jsonl", width),
+            *_command(f"miles-nemogym convert --env {short}={short}.jsonl --output prompts.jsonl", width),
         ]
     return "\n".join(lines)
+
+
+def _command(command: str, width: int) -> list[str]:
+    """``command`` indented, split between words with ``\\`` where it would pass ``width``."""
+    words = command.split()
+    lines, line = [], " "
+    for index, word in enumerate(words):
+        room = width - (0 if index == len(words) - 1 else 2)  # the " \\" a line that goes on ends with
+        if len(line) + 1 + len(word) > room and line.strip():
+            lines.append(f"{line} \\")
+            line = "   "
+        line += f" {word}"
+    return [*lines, line]
 
 
 def register(app: typer.Typer) -> None:
