@@ -24,14 +24,14 @@ def test_each_of_the_143_environments_has_one_row_with_a_reason_where_refused() 
     assert rows["spartqa"].status == script.TESTED  # its dataset entries no longer stop serve
     assert rows["bigcodebench"].status == script.SIMPLE
     # A judged environment graded through the stand-in judge by a test: tested, the judge still named.
-    assert rows["abstention"].status == script.TESTED and "--judge-url" in rows["abstention"].needs
+    assert rows["abstention"].status == script.TESTED_JUDGED and "--judge-url" in rows["abstention"].needs
     assert rows["mcqa"].status == script.TESTED
-    assert rows["equivalence_llm_judge"].status == script.TESTED  # in the catalog test's JUDGED_TOGETHER
+    assert rows["equivalence_llm_judge"].status == script.TESTED_JUDGED  # in the catalog test's JUDGED_TOGETHER
     assert rows["bbq"].status == rows["xstest"].status == script.JUDGE
     # Routed agents: run end to end where tests/support/routed_agents.py drives them, else not run here.
-    assert rows["blackjack"].status == script.TESTED and rows["blackjack"].agent == "`gymnasium_agent`"
-    assert rows["openair_congestion"].status == script.TESTED
-    assert rows["swe_pivot"].status == script.TESTED and rows["swe_pivot"].agent == "`tool_simulation_agent`"
+    assert rows["blackjack"].status == script.TESTED_ROUTED and rows["blackjack"].agent == "`gymnasium_agent`"
+    assert rows["openair_congestion"].status == script.TESTED_ROUTED
+    assert rows["swe_pivot"].status == script.TESTED_ROUTED and rows["swe_pivot"].agent == "`tool_simulation_agent`"
     assert rows["grl_sokoban"].status == script.ROUTED and rows["grl_sokoban"].agent == "`gymnasium_agent`"
     assert "`resources_servers/wordle/data/guesses.txt`" in rows["wordle"].needs  # a word list it downloads
     assert "harbor_agent` drops the rollout id" in rows["legal_agent_bench"].needs

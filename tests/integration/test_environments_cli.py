@@ -85,10 +85,11 @@ def test_the_docs_table_is_the_scripts_output_over_the_whole_catalog() -> None:
     # The benchmark whose data ships, and its grader: played here through the stand-in judge.
     [aegis] = [e for e in entries if e.name == "aegis_v4_safety"]
     assert entry_support(aegis).status == BENCHMARK_SHIPPED and rows[aegis.name].status == table.BENCHMARK_TESTED
-    assert rows["resources_servers/aegis_v4_safety"].status == table.TESTED
+    assert rows["resources_servers/aegis_v4_safety"].status == table.TESTED_JUDGED
     # The harness environments: opencode's, kilocode's and cline's run here, every other one refused.
-    assert rows["opencode_math"].status == rows["kilocode_math"].status == rows["cline_math"].status == table.TESTED
+    harnesses = rows["opencode_math"].status, rows["kilocode_math"].status, rows["cline_math"].status
+    assert harnesses == (table.TESTED_ROUTED,) * 3
     assert rows["claude_code_math"].status == rows["hermes_reasoning_gym"].status == table.REFUSED
     # environments/ folders by their own names: played here, routed, or refused with the reason.
     assert rows["calendar_v2"].status == rows["arc_agi"].status == table.TESTED
-    assert rows["blackjack"].status == table.TESTED and rows["wordle"].status == table.REFUSED
+    assert rows["blackjack"].status == table.TESTED_ROUTED and rows["wordle"].status == table.REFUSED
