@@ -88,6 +88,8 @@ def test_the_store_is_the_variables_and_each_run_is_the_next_step(
     assert "as train step 1;" in " ".join(done.output.split())
     document = json.loads((folder / "smoke.json").read_text(encoding="utf-8"))
     assert (document["episode_store"], document["episode_store_step"]) == (str(folder / "runs"), 1)
+    # smoke's own folder is removed after a run that worked (no --keep): the report names none of it.
+    assert (document["prompt_data"], document["results_dir"], document["server_log"]) == (None, None, None)
     table = invoke("episodes", folder / "runs").output
     steps = [line.split()[1] for line in table.splitlines() if line.startswith("train")]
     assert steps == ["0", "1"]

@@ -323,7 +323,10 @@ def _run(
             console.print(f"{name}: {path}", highlight=False, soft_wrap=True)
         console.print(f"server log: {report.server_log}", highlight=False, soft_wrap=True)
     if json_path is not None:
-        _write_json(console, json_path, report.json())
+        document = report.json()
+        if report.chain_worked and not kept:  # the folder is removed below: its paths would name nothing
+            document.update(prompt_data=None, results_dir=None, server_log=None)
+        _write_json(console, json_path, document)
     console.print(_EXPLANATION, highlight=False)
     if not report.chain_worked:
         console.print("[red]the chain did not work: no episode came back as a valid measurement[/red]")
