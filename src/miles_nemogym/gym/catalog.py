@@ -44,8 +44,10 @@ from miles_nemogym.settings import short_name
 __all__ = [
     "BENCHMARK_PREPARED",
     "BENCHMARK_SHIPPED",
+    "JUDGE",
     "NOT_YET",
     "REFUSED",
+    "ROUTED",
     "CatalogEntry",
     "UnknownCatalogNameError",
     "benchmark_grader",
