@@ -153,6 +153,14 @@ def test_a_key_cut_by_a_cap_in_any_encoding_leaves_none_of_it(encoded: str) -> N
     assert scrubber.scrub_cut(f"{encoded} done.".encode()) == b"*** done."  # whole: scrubbed, the end kept
 
 
+def test_a_cut_output_loses_at_most_what_could_begin_the_key() -> None:
+    """Hex (every byte one a key's encoding could use) cut by the cap keeps all but its tail."""
+    scrubber = redaction.key_scrubber(KEY)
+    assert scrubber is not None
+    hexdump = ("0123456789abcdef" * 8192).encode()[:65536]
+    assert len(scrubber.scrub_cut(hexdump)) == len(hexdump) - 8 * len(KEY)
+
+
 @pytest.mark.parametrize("short_key", ["ok", "1", "0", "EMPTY"])
 async def test_a_short_key_is_sent_not_redacted_and_never_fails_the_sample(
     server: FaultServer,

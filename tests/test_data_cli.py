@@ -275,36 +275,58 @@ def test_sigterm_is_an_interrupt_only_inside_a_command_and_handlers_come_back() 
     assert signal.getsignal(signal.SIGINT) == sigint
 
 
-# A command whose terminal closes: its output goes nowhere (here a pipe nobody reads any more).
+# A command whose terminal closes (``nohup``: SIGHUP ignored, given as argv[2]); SIGUSR1 asks it
+# whether it is still running, SIGTERM stops it.
 HANGUP = """
 import os, signal, sys
 from miles_nemogym.cli._console import interrupt_on_signals
+if sys.argv[2] == "nohup":
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+signal.signal(signal.SIGUSR1, lambda *_: print("still running", flush=True))
 try:
     with interrupt_on_signals():
         print("started", flush=True)
-        signal.pause()
+        while True:
+            signal.pause()
 except KeyboardInterrupt:
-    for _ in range(1000):
-        print("stopping the servers ...", flush=True)  # would raise BrokenPipeError on the dead pipe
+    for _ in range(10):
+        print("stopping the servers ...", flush=True)  # EIO on the closed terminal but for the handler
         print("stopping the servers ...", file=sys.stderr, flush=True)
     open(sys.argv[1], "w").write("cleaned up")
 """
 
 
-def test_a_closed_terminal_stops_a_command_as_ctrl_c_does_and_its_clean_up_runs(tmp_path: Path) -> None:
+def _line(terminal: int) -> bytes:
+    line = b""
+    while not line.endswith(b"\n"):
+        line += os.read(terminal, 1)
+    return line.strip()
+
+
+@pytest.mark.parametrize("shell", ["terminal", "nohup"])
+def test_a_closed_terminal_stops_a_command_as_ctrl_c_does_unless_under_nohup(tmp_path: Path, shell: str) -> None:
     """``serve`` and ``smoke`` start servers in their own sessions: a hangup never reaches them,
-    so the command must stop them itself, though printing to the closed terminal would fail."""
+    so the command must stop them itself, though printing to the closed terminal would fail;
+    under ``nohup`` the user asked it to outlive the terminal."""
     marker = tmp_path / "done"
-    child = subprocess.Popen(
-        [sys.executable, "-c", HANGUP, str(marker)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+    terminal, child_end = os.openpty()
+    child = subprocess.Popen([sys.executable, "-c", HANGUP, str(marker), shell], stdout=child_end, stderr=child_end)
+    os.close(child_end)
     try:
-        assert child.stdout is not None and child.stdout.readline() == b"started\n"
-        child.stdout.close()  # the terminal is gone
-        child.stderr.close()  # type: ignore[union-attr]
-        child.send_signal(signal.SIGHUP)
+        assert _line(terminal) == b"started"
+        if shell == "nohup":  # (its output would go to nohup.out: here the terminal stays open)
+            child.send_signal(signal.SIGHUP)
+            child.send_signal(signal.SIGUSR1)  # delivered after the SIGHUP, which it ignored
+            assert _line(terminal) == b"still running"
+            child.send_signal(signal.SIGTERM)
+        else:
+            os.close(terminal)  # the terminal is gone, then the kernel's hangup
+            terminal = -1
+            child.send_signal(signal.SIGHUP)
         assert child.wait(timeout=30) == 0
     finally:
+        if terminal >= 0:
+            os.close(terminal)
         if child.poll() is None:
             child.kill()
             child.wait()

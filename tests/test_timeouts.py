@@ -107,31 +107,37 @@ async def test_a_run_answer_cut_mid_way_at_the_deadline_is_set_aside(
 # --- the in-process loop ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("setting", "expected"), BY_SETTING)
+LOW = (False, -64.0, fk.POLICY_TIMEOUT)
+"""A policy's timeout in a range going below 0 (a game's [-64, 16]) under ``lowest``: a loss, never better."""
+
+
+@pytest.mark.parametrize(
+    ("setting", "reward_range", "expected"),
+    [
+        *((setting, None, expected) for setting, expected in BY_SETTING),
+        (None, [-64, 16], LOW),
+        ("lowest", [-64, 16], LOW),
+        ("zero", [-64, 16], POLICY),  # 0 beats losing: the policy would learn to stall
+        ("mask", [-64, 16], SET_ASIDE),
+    ],
+)
 async def test_a_tool_call_running_past_the_deadline_is_the_policys(
-    chat: ScriptedChat, use_settings: UseSettings, setting: str | None, expected: Any
+    chat: ScriptedChat,
+    use_settings: UseSettings,
+    setting: str | None,
+    reward_range: list[int] | None,
+    expected: Any,
 ) -> None:
     use_settings(NEMO_GYM_TIMEOUT_REWARD=setting)
-    chat.script(f"longtool{setting}", Turn(tool_calls=(tool("echo"),)), Turn(content="done"))
+    script = f"longtool{setting}{'below0' if reward_range else ''}"
+    chat.script(script, Turn(tool_calls=(tool("echo"),)), Turn(content="done"))
     async with fake_resources(stall=frozenset({"echo"})) as fake:
-        out, _ = await within(10, episode(use_settings, chat, fake.url, f"longtool{setting}"))
+        ranged = {"reward_range": reward_range} if reward_range else {}
+        envs(use_settings, **{ENV: {"url": fake.url, **ranged}})
+        out, _ = await within(10, run_env(chat, env_row(ENV, script), session=script))
         assert fake.stalled.is_set() and fake.verified == []
     assert masked(out) == expected
     assert (out["nemogym"]["turns"], out["nemogym"]["tool_calls"]) == (1, 0)
-
-
-@pytest.mark.parametrize(("setting", "reward"), [(None, -64.0), ("lowest", -64.0), ("zero", 0.0)])
-async def test_a_policys_timeout_scores_the_environments_lowest_reward_by_default(
-    chat: ScriptedChat, use_settings: UseSettings, setting: str | None, reward: float
-) -> None:
-    """In a range below 0, a 0 for running out the clock would beat losing: the policy would learn to stall."""
-    use_settings(NEMO_GYM_TIMEOUT_REWARD=setting)
-    chat.script(f"stall{setting}", Turn(tool_calls=(tool("echo"),)), Turn(content="done"))
-    async with fake_resources(stall=frozenset({"echo"})) as fake:
-        envs(use_settings, **{ENV: {"url": fake.url, "reward_range": [-64, 16]}})
-        out, _ = await within(10, run_env(chat, env_row(ENV, f"stall{setting}"), session=f"stall{setting}"))
-    assert masked(out) == (False, reward, fk.POLICY_TIMEOUT)
-    assert out["reward"] == reward
 
 
 async def test_a_later_model_call_past_the_deadline_is_the_policys(

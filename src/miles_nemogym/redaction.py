@@ -107,10 +107,11 @@ class KeyScrubber:
 
     def scrub_cut(self, raw: bytes) -> bytes:
         """``scrub`` of text a cap cut off, also without the trailing bytes that could begin an
-        encoding of the secret (a secret cut in two matches no pattern)."""
+        encoding of the secret (a secret cut in two matches no pattern): at most as many as its
+        longest encoding has (8 per character: ``\\\\u0073`` in JSON inside JSON)."""
         raw = self.scrub(raw)
-        end = len(raw)
-        while end and raw[end - 1] in self._cut_bytes:
+        end, floor = len(raw), max(0, len(raw) - 8 * len(self._plain))
+        while end > floor and raw[end - 1] in self._cut_bytes:
             end -= 1
         return raw[:end]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -72,10 +73,12 @@ def fail(console: Console, message: str, code: int = 2, **options: Any) -> NoRet
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    if signum == signal.SIGHUP:  # the terminal is gone: what the clean-up prints goes nowhere, never fails it
+    if signum == signal.SIGHUP:  # the terminal is gone: what the clean-up prints to it goes nowhere
         devnull = os.open(os.devnull, os.O_WRONLY)
         for descriptor in (1, 2):
-            os.dup2(devnull, descriptor)
+            # A terminal (isatty is False once it hung up); a file or a pipe (> serve.log) keeps the lines.
+            if stat.S_ISCHR(os.fstat(descriptor).st_mode):
+                os.dup2(devnull, descriptor)
         os.close(devnull)
     raise KeyboardInterrupt
 
@@ -89,7 +92,9 @@ def interrupt_on_signals(*, ctrl_c: bool = False) -> Iterator[None]:
     """Inside, SIGTERM and SIGHUP raise ``KeyboardInterrupt``; ``ctrl_c`` also re-enables Ctrl-C (a
     shell starts background jobs with SIGINT ignored). Off the main thread, signals stay as they are."""
     try:
-        previous = {signum: signal.signal(signum, _raise_interrupt) for signum in _STOP_SIGNALS}
+        # An ignored SIGHUP (nohup) stays ignored: the user asked the command to outlive the terminal.
+        stops = [s for s in _STOP_SIGNALS if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN)]
+        previous = {signum: signal.signal(signum, _raise_interrupt) for signum in stops}
     except ValueError:  # not the main thread
         yield
         return
