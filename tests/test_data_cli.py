@@ -208,7 +208,7 @@ def slow_source(spec, split):
     source = opened(spec, split)
     def rows():
         for row in source:
-            time.sleep(0.05)
+            time.sleep(0.01)
             yield row
     return RowSource(source.name, source.kind, source.total, rows())
 
