@@ -79,7 +79,10 @@ class RayCluster:
         home = self.base / "home"
         home.mkdir(exist_ok=True)
         env.update(_EPISODE_ENV)
-        env.update({"HOME": str(home), "RAY_TMPDIR": str(self.base), MARKER: f"{self.marker}-{label}"})
+        # TMPDIR too: Ray's dashboard starts multiprocessing's forkserver, whose pymp-* folder a
+        # stopped node leaves behind; in the cluster's folder it goes when the test's does.
+        env.update({"HOME": str(home), "RAY_TMPDIR": str(self.base), "TMPDIR": str(self.base)})
+        env[MARKER] = f"{self.marker}-{label}"
         return env
 
     def _start(self, name: str, arguments: list[str], attempts: int = 3) -> None:
