@@ -291,10 +291,15 @@ def test_the_store_files_each_episode_under_the_step_that_trained_it_or_as_not_t
 
     good, bad = (row["metadata"]["instance_id"] for row in prompts)
     # Every group of ``bad`` has no valid episode: the buffer drops it (filtered) and trains only ``good``'s.
-    gym = ScriptedGym(result=sympy_result, policy_calls=1, scripts={good: [1.0, 0.0, 0.5, 1.0], bad: [ERROR]})
+    # Eight groups in flight: more finish before drain 0's log than drain 0 trains. No graded
+    # answer before a ninth group starts: a group of ``bad`` is dropped before drain 0 can end.
+    in_flight = 4 * PROMPTS * N
+    gym = ScriptedGym(
+        result=sympy_result, policy_calls=1, scripts={good: [1.0, 0.0, 0.5, 1.0], bad: [ERROR]},
+        graded_after=in_flight + 1,
+    )  # fmt: skip
     store_dir = tmp_path / "episodes"
-    # Eight groups in flight: more finish before drain 0's log than drain 0 trains.
-    wide = ["--async-max-concurrent-samples", str(4 * PROMPTS * N)]
+    wide = ["--async-max-concurrent-samples", str(in_flight)]
     result = run(miles_driver, gym, prompts, 2, *wide, env={"NEMO_GYM_EPISODE_DIR": str(store_dir)}).check()
     drains = result.drains
     assert all(d.finished and d.error is None for d in drains), drains[-1].raw.get("traceback")

@@ -104,6 +104,11 @@ class FaultServer:
     """When set, no ``/run`` is answered before this many have arrived and made their policy calls
     (an early error waits too): a first wave of episodes that all called the policy before any of
     them ended, whatever the load. Later ``/run`` requests are not held."""
+    graded_after: int = 0
+    """When set, no graded answer (a reward) before this many ``/run`` requests have arrived; error
+    answers are not held. Miles submits a new group only after putting a finished one, so the
+    ``/run`` past the groups in flight proves a group of errors was judged before any graded
+    episode ended, whatever the load."""
     bodies: list[dict[str, Any]] = field(default_factory=list)
     spans: list[tuple[float, float]] = field(default_factory=list)
     """(start, end) on ``time.monotonic`` of every ``/run`` answered: how busy the server was."""
@@ -116,6 +121,7 @@ class FaultServer:
     """Set (from any thread) to answer the ``hold`` requests; ``stop`` sets it."""
     _held: list[str] = field(default_factory=list)
     _first_wave_in: asyncio.Event | None = None
+    _graded_in: asyncio.Event | None = None
     _called: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _runner: web.AppRunner | None = None
@@ -189,6 +195,8 @@ class FaultServer:
         started = time.monotonic()
         with self._lock:
             self.bodies.append(body)
+        if self._graded_in is not None and len(self.bodies) >= self.graded_after:
+            self._graded_in.set()
         peer = request.transport.get_extra_info("peername") if request.transport else None
         if peer:
             self.peers.add(tuple(peer[:2]))
@@ -203,6 +211,8 @@ class FaultServer:
                     await asyncio.sleep(self.between_calls_s)
                 await call_policy(body, turn)
             await self._await_first_wave()
+            if self._graded_in is not None and isinstance(mode, float | int):
+                await self._graded_in.wait()
             hold_s = self.hold_s if self.hold_s_for is None else self.hold_s_for(body)
             if (hold_s > 0 or mode == "hold") and not await self._hold(request, instance, mode, hold_s):
                 return web.Response(status=499)
@@ -247,6 +257,8 @@ class FaultServer:
         app.router.add_post("/run", self._run)
         if self.first_wave:
             self._first_wave_in = asyncio.Event()
+        if self.graded_after:
+            self._graded_in = asyncio.Event()
         self._runner = web.AppRunner(app, handler_cancellation=False)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port, backlog=2048).start()
@@ -256,6 +268,8 @@ class FaultServer:
         self.release.set()
         if self._first_wave_in is not None:
             self._first_wave_in.set()  # a wave that never filled must not hang the shutdown
+        if self._graded_in is not None:
+            self._graded_in.set()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
