@@ -42,8 +42,8 @@ BY_SETTING = [(None, POLICY), ("zero", POLICY), ("mask", SET_ASIDE)]
 
 
 @pytest.fixture(autouse=True)
-def one_second(use_settings: UseSettings) -> None:
-    use_settings(NEMO_GYM_RUN_TIMEOUT="1")
+def half_a_second(use_settings: UseSettings) -> None:
+    use_settings(NEMO_GYM_RUN_TIMEOUT="0.5")
 
 
 async def run_row(
@@ -76,7 +76,7 @@ async def test_a_run_past_the_deadline_after_a_model_call_is_the_policys(
     if kind == "agent" and setting is None:
         expected = (False, -1.0, fk.POLICY_TIMEOUT)  # blackjack's range is [-1, 1]: a stall scores a loss
     assert masked(out) == expected
-    assert "NEMO_GYM_RUN_TIMEOUT=1s" in out["nemogym"]["failure_reason"]
+    assert "NEMO_GYM_RUN_TIMEOUT=0.5s" in out["nemogym"]["failure_reason"]
     assert out["nemogym"]["attempts"] == 1
 
 

@@ -350,6 +350,20 @@ needs_tmux = pytest.mark.skipif(
 CLI = [sys.executable, "-m", "miles_nemogym.cli.main"]
 
 
+def in_one_process(*commands: list[str]) -> list[str]:
+    """``miles-nemogym`` run with each argument list in turn, in one Python process on the pane's
+    terminal: a process start per command would double these tests' time."""
+    code = (
+        "from miles_nemogym.cli.main import app\n"
+        f"for args in {commands!r}:\n"
+        "    try:\n"
+        "        app(args, prog_name='miles-nemogym')\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+    )
+    return [sys.executable, "-c", code]
+
+
 @needs_tmux
 def test_in_a_real_80_column_terminal_no_line_runs_past_the_edge(
     tmp_path: Path, gym_example_rollouts: list[dict[str, Any]], wide_store: Path
@@ -357,14 +371,14 @@ def test_in_a_real_80_column_terminal_no_line_runs_past_the_edge(
     """episodes --show and --step, examples' refusal and every --help, in one 80x24 tmux pane: the terminal
     wrapped no line (a word at the edge would be cut in two), and each episode is one line."""
     build_store(tmp_path / "shown", gym_example_rollouts)
-    commands = [
-        [*CLI, "episodes", str(tmp_path / "shown"), "--show", "crash0"],
-        [*CLI, "episodes", str(tmp_path / "shown"), "--show", "train0"],
-        [*CLI, "episodes", str(wide_store), "--step", "1"],
-        [*CLI, "examples", "--env", "mcq"],  # the unknown name's message, close matches on one line
-        *([*CLI, *command] for command in HELPS),
-    ]
-    pane = tmux.capture(commands, 80, 24)
+    commands = in_one_process(
+        ["episodes", str(tmp_path / "shown"), "--show", "crash0"],
+        ["episodes", str(tmp_path / "shown"), "--show", "train0"],
+        ["episodes", str(wide_store), "--step", "1"],
+        ["examples", "--env", "mcq"],  # the unknown name's message, close matches on one line
+        *HELPS,
+    )
+    pane = tmux.capture([commands], 80, 24)
     assert any("'mcq' is not an environment nemo-gym ships (did you mean mcqa," in line for line in pane.shown)
     assert sum(1 for line in pane.shown if line.startswith("Usage: ")) == len(HELPS), pane.shown[-40:]
     wrapped = [line for line in pane.joined if len(line) > 80]
@@ -403,9 +417,11 @@ def test_in_a_real_80_column_terminal_sources_and_notes_fit(tmp_path: Path) -> N
     convert = ["convert", "--env", "mcqa=mc.jsonl", "--env", "workplace_assistant=wa.jsonl", "-o", "o.jsonl"]
     commands = [
         ["cd", str(tmp_path)],  # short relative paths: a path longer than the pane is the terminal's to wrap
-        [*CLI, "examples", "--env", "mcqa", "-o", "mc.jsonl"],
-        [*CLI, "examples", "--env", "workplace_assistant", "-o", "wa.jsonl"],
-        [*CLI, *convert, "--quiet"],
+        in_one_process(
+            ["examples", "--env", "mcqa", "-o", "mc.jsonl"],
+            ["examples", "--env", "workplace_assistant", "-o", "wa.jsonl"],
+            [*convert, "--quiet"],
+        ),
     ]
     pane = tmux.capture(commands, 80, 24)
     assert sum(1 for line in pane.shown if line == "source: resources_servers/mcqa/data/example.jsonl") == 1
