@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
+from miles_nemogym.store._browser import step_rows
 from miles_nemogym.store._plots import Plot, Series, plots, plots_html, svg
 from miles_nemogym.store.views import load
 from tests.support.episode_stores import build_env_store
@@ -69,6 +70,17 @@ def test_pass_at_k_varies_with_the_samples_per_step(tmp_path: Path) -> None:
         Series("pass@1", (0.5, 1 / 3)),
         Series("pass@k (k per step: 2, 4)", (1.0, None)),
     )
+
+
+def test_the_resolve_rate_curve_counts_what_the_table_counts(tmp_path: Path) -> None:
+    """A hand-edited ``resolved`` of the wrong type is not a resolve in the table: nor on the curve."""
+    ep = tmp_path / "ep"
+    write_step(ep, "train", 1, [entry("a", record={"resolved": "false"}), entry("b", record={"resolved": False})])
+    episodes = load(ep).episodes
+    (row,) = step_rows(episodes)
+    (quality, *_) = plots(episodes)
+    assert row.pass_rate == 0.0
+    assert quality.series[1] == Series("resolve rate", (0.0,))
 
 
 def _parsed(plot: Plot) -> ET.Element:

@@ -56,9 +56,10 @@ def _by_step(episodes: list[StoredEpisode]) -> dict[int, list[StoredEpisode]]:
 
 
 def _resolve_rate(members: list[StoredEpisode]) -> float | None:
-    """Over valid SWE episodes: an environment episode is neither resolved nor unresolved."""
+    """Over valid SWE episodes: an environment episode is neither resolved nor unresolved. A
+    resolve is ``passed``, the tables' rule (a ``resolved`` of the wrong type is none)."""
     valid = [e for e in _valid(members) if e.environment == SWE_ENVIRONMENT]
-    return sum(1 for e in valid if e.record.get("resolved")) / len(valid) if valid else None
+    return sum(1 for e in valid if e.passed) / len(valid) if valid else None
 
 
 def _reward_mean(members: list[StoredEpisode]) -> float | None:
