@@ -143,6 +143,16 @@ def test_show_strips_terminal_control_sequences(tmp_path: Path) -> None:
     assert shown.count("beforeafter") >= 8 and "line 1\nline 2\tcolumn\n" in shown
 
 
+def test_the_episode_list_strips_control_sequences_from_a_count(tmp_path: Path) -> None:
+    """A count of the wrong type (a string, short enough that its column is kept) is shown as
+    text in the list: cleaned like the rest."""
+    write_step(tmp_path / "ep", "train", 1, [entry("a", record={"turns": "\x1b]0;owned\x07\x1b[2J7"})])
+    result = invoke(tmp_path / "ep", "--step", "1")
+    assert result.exit_code == 0, result.output
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", result.output), repr(result.output)
+    assert "owned" not in result.output and "2J" not in result.output
+
+
 # ----------------------------------------------------------------------------- odd content
 
 

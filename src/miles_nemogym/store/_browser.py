@@ -227,7 +227,7 @@ def episode_list_text(episodes: list[StoredEpisode], width: int = fit.MIN_WIDTH)
             printable(f"{e.role}{_eval_set(e)}"),
             step_label(e.step),
             reward_text(e.entry.get("reward")),
-            count_text(e.record.get("turns")),
+            printable(count_text(e.record.get("turns"))),  # a string of the wrong type is shown as it is
             printable(e.kind if e.not_trained is None else f"{e.kind}, not trained ({e.not_trained})"),
         )
         for e in episodes
