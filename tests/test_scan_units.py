@@ -302,6 +302,15 @@ def test_a_rows_rewards_read_as_every_view_shows_them() -> None:
     assert f"  mcqa/1  reward 0.9999 (wrong 0.0001)  {reason}" in lines
 
 
+def test_the_summary_shows_a_repo_name_as_written_never_as_markup() -> None:
+    """A repo from the input rows is text: "[internal]" stays, "[/]" does not end the scan in a traceback."""
+    results = [ResultLine(instance_id=f"i{n}", repo=repo, verdict=Verdict.passed, reward=1.0)
+               for n, repo in enumerate(["acme/[internal]tools", "acme/[/]odd"])]  # fmt: skip
+    buffer = io.StringIO()
+    render_summary(Console(file=buffer, width=200), results, selected=2, earlier=0, golden=False, interrupted=False)
+    assert "acme/[internal]tools" in buffer.getvalue() and "acme/[/]odd" in buffer.getvalue()
+
+
 def test_on_a_terminal_the_live_bar_shows_the_counts() -> None:
     buffer = io.StringIO()
     console = Console(file=buffer, width=200, force_terminal=True, color_system=None)

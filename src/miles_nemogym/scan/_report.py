@@ -191,7 +191,7 @@ def render_summary(
         for name in columns[:kept]:
             table.add_column(name, justify="left" if name == group else "right", no_wrap=True)
         for repo, counts in rows:
-            table.add_row(*cells(repo, counts)[:kept])
+            table.add_row(*cells(escape(repo), counts)[:kept])  # the input's text, never markup
         table.add_section()
         table.add_row(*cells("overall", overall)[:kept], style="bold")
         if Measurement.get(console, console.options.update_width(10_000), table).maximum <= console.width:
