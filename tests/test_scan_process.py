@@ -80,6 +80,8 @@ def test_each_result_is_on_disk_while_other_episodes_are_in_flight(
 def test_ctrl_c_cancels_in_flight_episodes_keeps_results_and_prints_the_summary(
     tmp_path: Path, gym_in_thread: FaultServer, gym_example_rows: list[dict[str, Any]]
 ) -> None:
+    tmp_path = tmp_path / "[old]"  # a path, printed as written: never read as Rich markup
+    tmp_path.mkdir()
     out = tmp_path / "results.jsonl"
     holding(gym_in_thread)
     process = start_scan(tmp_path, gym_example_rows, gym_in_thread)
@@ -97,7 +99,7 @@ def test_ctrl_c_cancels_in_flight_episodes_keeps_results_and_prints_the_summary(
     overall = next(line for line in stdout.splitlines() if "overall" in line)
     assert overall.replace("│", " ").split()[1] == "2"
     assert "3 of 5 selected instances not run (interrupted)" in stdout
-    assert "--resume" in stderr
+    assert f"in {out}; rerun with --resume to finish" in stderr
     # The client closed the held requests instead of leaving them open.
     wait_for(lambda: sorted(gym_in_thread.disconnected) == sorted(HELD), "the server to see the disconnects", 10)
 

@@ -87,7 +87,7 @@ def execute(config: ScanConfig, *, console: Console, err: Console) -> int:
     if result.interrupted:
         err.print(
             f"interrupted: {len(result.results)} of {counted(len(result.selected), 'instance')} have results"
-            + (f" in {config.output_path}; rerun with --resume to finish" if config.output_path else ""),
+            + (f" in {escape(str(config.output_path))}; rerun with --resume to finish" if config.output_path else ""),
             soft_wrap=not err.is_terminal,
             highlight=False,
         )
