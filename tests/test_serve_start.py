@@ -94,3 +94,4 @@ def test_a_failed_start_keeps_its_folder_only_when_the_log_says_something(tmp_pa
     [made] = (loud / "temp").iterdir()
     assert f"kept {made} (the logs) to look at" in " ".join(said.split())
     assert "the reason a user reads in the log" in (made / "server.log").read_text()
+    assert "cannot start [notice] [/usr/lib] (the reason" in said  # the log's tail, shown as written

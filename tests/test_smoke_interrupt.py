@@ -72,3 +72,15 @@ def test_ctrl_c_while_smoke_env_starts_leaves_no_temp_folder(tmp_path: Path) -> 
     assert code == 130, said
     assert "interrupted" in said and "✓ creating the venv" not in said
     assert list((tmp_path / "temp").iterdir()) == []
+
+
+def test_a_server_that_cannot_start_is_reported_with_its_log_as_written(tmp_path: Path) -> None:
+    """Its log's tail is text: a ``[/usr/lib]`` in it once made smoke crash with Rich's MarkupError."""
+    command = [sys.executable, "-m", "miles_nemogym.cli.main", "smoke", "--episode-dir", str(tmp_path / "store")]
+    done = subprocess.run(
+        command, env=stand_in_env(tmp_path, "exit-loud"), cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    said = done.stdout + done.stderr
+    assert done.returncode == 2, said
+    assert "cannot start the NeMo-Gym server:" in said and "MarkupError" not in said
+    assert "cannot start [notice] [/usr/lib] (the reason" in said

@@ -29,7 +29,8 @@ mode = os.environ["STAND_IN_MODE"]
 if mode == "exit-silent":
     sys.exit(1)
 if mode == "exit-loud":
-    print("stand-in: cannot start (the reason a user reads in the log)", flush=True)
+    # Brackets as pip's and paths' log lines have them: text, never Rich markup.
+    print("stand-in: cannot start [notice] [/usr/lib] (the reason a user reads in the log)", flush=True)
     sys.exit(1)
 if mode == "never-listens":
     threading.Event().wait()

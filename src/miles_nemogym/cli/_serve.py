@@ -312,7 +312,7 @@ def serve(
                     environments.start()
         except GymEnvironmentError as exc:
             _stop(server, environments)
-            console.print(f"[red]error:[/red] {exc}", highlight=False)
+            console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)  # it quotes the log
             _keep(made, console)
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
@@ -329,12 +329,13 @@ def serve(
             while (server is None or server.is_running()) and (environments is None or not environments.exited()):
                 time.sleep(1.0)
             if server is not None and not server.is_running():
-                console.print(f"[red]the server exited unexpectedly[/red]; log {server.log_path}:\n{server.log_tail()}")
+                tail = escape(f"{server.log_path}:\n{server.log_tail()}")
+                console.print(f"[red]the server exited unexpectedly[/red]; log {tail}", highlight=False)
             for name in environments.exited() if environments else []:
                 assert environments is not None
                 console.print(
-                    f"[red]{name} exited unexpectedly[/red]; log {environments.log_path(name)}:\n"
-                    f"{environments.log_tail(name)}",
+                    f"[red]{name} exited unexpectedly[/red]; log "
+                    + escape(f"{environments.log_path(name)}:\n{environments.log_tail(name)}"),
                     highlight=False,
                 )
             _keep(made, console)

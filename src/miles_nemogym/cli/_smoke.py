@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from miles_nemogym.cli._console import fail, interrupt_on_signals
 from miles_nemogym.cli._options import JUDGE_MODEL_HELP, JUDGE_URL_HELP, judge_of
@@ -128,11 +129,9 @@ def _smoke(
         raise typer.Exit(2)
     problem = output_problem(json_path) if json_path is not None else None
     if problem:  # before any server starts: a link is never written through, a device never replaced
-        fail(console, f"[red]error:[/red] --json {json_path} {problem}", highlight=False)
+        fail(console, "[red]error:[/red] --json " + escape(f"{json_path} {problem}"), highlight=False)
     judge = judge_of(console, judge_url, judge_model)
     if envs:
-        from rich.markup import escape
-
         from miles_nemogym.gym.venv import GymEnvironmentError
         from miles_nemogym.smoke import check_environments
 
@@ -150,7 +149,8 @@ def _smoke(
         try:
             rows = gym_wheel.example_rows()[:limit]
         except (OSError, RuntimeError) as error:  # the pinned wheel could not be downloaded or read
-            fail(console, f"[red]cannot read the example rows nemo-gym ships:[/red] {error}", highlight=False)
+            said = escape(str(error))
+            fail(console, f"[red]cannot read the example rows nemo-gym ships:[/red] {said}", highlight=False)
     store = _store_path(episode_dir)
     folder = state_dir or Path(tempfile.mkdtemp(prefix="miles-nemogym-smoke-"))
     kept = state_dir is not None or keep
@@ -189,7 +189,7 @@ def _write_json(console: Console, path: Path, report: dict[str, Any]) -> None:
     try:
         write_file(path, (json.dumps(report, indent=2) + "\n").encode("utf-8"))
     except WriteError as error:
-        fail(console, f"[red]error:[/red] --json: {error}", 1, highlight=False)
+        fail(console, f"[red]error:[/red] --json: {escape(str(error))}", 1, highlight=False)
     console.print(f"json: {path}", highlight=False)
 
 
@@ -223,8 +223,6 @@ def _run_environments(
 ) -> bool:
     """``smoke --env``: the environments' shipped rows, one line per episode, a table per
     environment; whether the chain worked (``typer.Exit(2)`` when the servers could not start)."""
-    from rich.markup import escape
-
     from miles_nemogym.cli._console import step_display
     from miles_nemogym.gym.venv import GymEnvironmentError
     from miles_nemogym.smoke import run_environment_smoke
@@ -311,7 +309,7 @@ def _run(
                 on_running=running,
             )
     except GymEnvironmentError as error:
-        fail(console, f"[red]cannot start the NeMo-Gym server:[/red] {error}", highlight=False)
+        fail(console, f"[red]cannot start the NeMo-Gym server:[/red] {escape(str(error))}", highlight=False)
 
     table, notes = report.table()
     console.print(table)
