@@ -177,9 +177,21 @@ def test_the_catalog_list_fits_80_columns_but_a_name_longer_than_the_line() -> N
     assert "needs a judge" in shown.output and "eval, prepared file" in shown.output
 
 
-@pytest.mark.parametrize("name", ["blackjack", "abstention", "example_multi_turn_gymnasium"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "blackjack",
+        "abstention",
+        "example_multi_turn_gymnasium",
+        # Graded by a judge and played by an agent of their own: serve needs both --judge-url and --session-server.
+        "resources_servers/gdp_pdf",
+        "resources_servers/deepsearchqa",
+        # The benchmark played and graded by that environment.
+        "gdp_pdf --kind benchmark",
+    ],
+)
 def test_the_try_it_commands_fit_80_columns_and_run_when_followed(name: str) -> None:
-    shown = CliRunner().invoke(app, ["environments", name], env={"COLUMNS": "80"})
+    shown = CliRunner().invoke(app, ["environments", *name.split()], env={"COLUMNS": "80"})
     assert shown.exit_code == 0, shown.output
     tried = shown.output.split("try it:")[1]
     assert all(len(line) <= 80 for line in tried.splitlines()), tried  # (a config's path is never split)

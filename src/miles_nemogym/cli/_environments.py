@@ -82,7 +82,6 @@ def _detail(entry: object, width: int) -> str:
         JUDGE,
         NOT_YET,
         REFUSED,
-        ROUTED,
         CatalogEntry,
         benchmark_grader,
         entry_support,
@@ -120,7 +119,7 @@ def _detail(entry: object, width: int) -> str:
             lines.append(f"  gym eval prepare --benchmark {entry.name}")
         judge = " --judge-url URL --judge-model NAME" if "judge (`--judge-url`)" in found.needs else ""
         lines += [
-            *_command(f"miles-nemogym serve --env {grader}{judge}", width),
+            *_command(f"miles-nemogym serve --env {grader}{judge}{_trainer(grader)}", width),
             *_command(f"miles-nemogym convert --env {rows} --output {out}.jsonl", width),
             "  python examples/swebench_grpo/run.py ... \\",
             f"    --eval-data {out}={out}.jsonl",
@@ -131,15 +130,23 @@ def _detail(entry: object, width: int) -> str:
     short = served_name(entry)
     if found.status not in (REFUSED, NOT_YET) and short:
         judge = " --judge-url URL --judge-model NAME" if found.status == JUDGE else ""
-        trainer = " --session-server HOST:PORT" if found.status == ROUTED else ""  # its agent's model calls
         lines += [
             "try it:",
-            *_command(f"miles-nemogym serve --env {short}{judge}{trainer}", width),
+            *_command(f"miles-nemogym serve --env {short}{judge}{_trainer(short)}", width),
             *_command(f"miles-nemogym smoke --env {short}{judge}", width),
             *_command(f"miles-nemogym examples --env {short} --output {short}.jsonl", width),
             *_command(f"miles-nemogym convert --env {short}={short}.jsonl --output prompts.jsonl", width),
         ]
     return "\n".join(lines)
+
+
+def _trainer(name: str) -> str:
+    """``--session-server`` for an environment ``serve`` plays through its agent's ``/run`` (whose model
+    calls go to the trainer's session servers), also one that needs a judge too; else nothing."""
+    from miles_nemogym.gym.environments import plan
+
+    [played] = plan([name])
+    return " --session-server HOST:PORT" if played.agent else ""
 
 
 def _command(command: str, width: int) -> list[str]:
