@@ -576,6 +576,24 @@ def test_every_row_of_a_jsonl_file_is_counted_and_a_few_per_environment_parsed(
         assert with_environments(good, swe + late, nemo_gym_envs=env_config(rare=rare.url))["environment rare"].ok
 
 
+def test_rows_marked_with_the_catalogs_spelling_are_that_environments_rows_not_swe_rows(
+    good: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The agent runs a row marked resources_servers/mcqa as an mcqa row (its short name); so does preflight,
+    # for the rows it parses and for those it only counts.
+    monkeypatch.setattr(preflight, "_PARSED_PER_ENVIRONMENT", 1)
+    rows = environment_rows("mcqa", 3)
+    for row in rows:
+        row["metadata"]["nemogym_env"] = "resources_servers/mcqa"
+    results = with_environments(good, rows)
+    assert results["rows' environments"].detail.startswith("mcqa 3 rows of 3 read")
+    failure = only_failure(results)
+    assert failure.name == "environment mcqa"
+    assert "marked nemogym_env='mcqa', which NEMO_GYM_ENVS (from NEMO_GYM_ENVS unset) does not name" in failure.detail
+    with serving(resources_document()) as mcqa:
+        assert with_environments(good, rows, nemo_gym_envs=env_config(mcqa=mcqa.url))["environment mcqa"].ok
+
+
 def test_an_environment_row_without_its_task_is_refused(good: dict[str, Any]) -> None:
     rows = environment_rows("mcqa", 1)
     del rows[0]["metadata"]["responses_create_params"]

@@ -27,7 +27,7 @@ from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, Task
 from miles_nemogym.errors import counted
 from miles_nemogym.launcher._command import EPISODE_DIR_ENV, MilesInstall, hooks, job_environment, job_episode_dir
 from miles_nemogym.launcher._config import LEGACY_ROLLOUT_ENV, LauncherConfig
-from miles_nemogym.settings import ENV_VARS, Settings
+from miles_nemogym.settings import ENV_VARS, Settings, short_name
 
 _ROWS_CHECKED = 5
 
@@ -378,8 +378,9 @@ _PARQUET_WHOLE_BYTES = 32 * 1024 * 1024
 """Parquet files up to this size are read whole; of a larger one, the first ``_PARQUET_ROWS``."""
 _PARQUET_ROWS = 2000
 _MARK_KEY = b'"' + ENV_KEY.encode() + b'"'
-_MARK = re.compile(re.escape(_MARK_KEY) + rb'\s*:\s*"([A-Za-z0-9_.-]*)"')
-"""The environment mark as JSON writes it; inside a string (a prompt quoting it) it is escaped."""
+_MARK = re.compile(re.escape(_MARK_KEY) + rb'\s*:\s*"([A-Za-z0-9_./-]*)"')
+"""The environment mark as JSON writes it (also in the catalog's spelling, ``resources_servers/mcqa``);
+inside a string (a prompt quoting it) it is escaped."""
 
 
 @dataclass
@@ -434,7 +435,7 @@ def _read_jsonl_use(path: Path, use: DataUse, source: str) -> None:
                 if line.strip():
                     use.count(SWE_ENVIRONMENT, source)
                 continue
-            environment = found.group(1).decode()
+            environment = short_name(found.group(1).decode())  # as the agent reads the mark
             if use.env_rows[environment] >= _PARSED_PER_ENVIRONMENT:
                 use.count(environment, source)
                 continue
