@@ -357,6 +357,15 @@ def test_extra_args_are_appended_but_never_duplicate_a_recipe_flag() -> None:
         build(LauncherConfig(extra_args=["--num-rollout=5"]))
 
 
+def test_wandb_without_a_group_gets_one_miles_can_suffix() -> None:
+    # Miles names the W&B run wandb_group + "_" + a random id (wandb_utils.init_wandb_primary): without
+    # --wandb-group, train.py would stop with a TypeError once the cluster runs.
+    flags = recipe_flags(build(LauncherConfig(hf_checkpoint="Qwen/Qwen3-4B-Instruct-2507", wandb_project="p")))
+    assert "--use-wandb" in flags and one(flags, "--wandb-project") == "p"
+    assert one(flags, "--wandb-group") == "Qwen3-4B-Instruct-2507"
+    assert one(recipe_flags(build(LauncherConfig(wandb_project="p", wandb_group="g"))), "--wandb-group") == "g"
+
+
 def test_job_environment() -> None:
     environ = {
         "NEMO_GYM_URL": "http://ignored-the-config-wins:1",

@@ -207,7 +207,8 @@ def train_args(config: LauncherConfig, parsers: Parsers) -> list[str]:
             "--update-weight-transfer-mode": config.update_weight_transfer_mode,
             "--use-wandb": bool(config.wandb_project),
             "--wandb-project": config.wandb_project or None,
-            "--wandb-group": (config.wandb_group or None) if config.wandb_project else None,
+            # Miles names the run <group>_<random id> and fails without a group: the model's name by default.
+            "--wandb-group": (config.wandb_group or config.model_name) if config.wandb_project else None,
             "--debug-rollout-only": config.mode == "debug_rollout_only",
         }
     )

@@ -196,7 +196,8 @@ class LauncherConfig(BaseModel):
     wandb_project: str | None = None
     """Log to Weights & Biases (the key is read from WANDB_API_KEY, never put on a command line)."""
     wandb_group: str | None = None
-    """Weights & Biases run group (with wandb_project)."""
+    """Weights & Biases run group (with wandb_project; default: the model's name), which Miles
+    names the run after."""
     extra_args: list[str] = Field(default_factory=list)
     """More Miles flags, appended verbatim; a flag the recipe already sets is refused."""
     extra_env: dict[str, str] = Field(default_factory=dict)
