@@ -237,6 +237,8 @@ def test_abort_is_refused_in_synchronous_mode_too() -> None:
         (["--colocate"], True, "set colocate in the recipe"),
         (["--eval-num-gpus", "2"], False, "never the fleet's"),
         (["--eval-num-gpus=2"], True, "evaluate on the shared engines with --eval-data instead"),
+        (["--wandb-key", "wk-secret"], False, "export WANDB_API_KEY instead"),
+        (["--wandb-key=wk-secret"], True, "shows in the job's argv"),
         (["--partial-rollout"], True, "next to --fully-async, Miles does not support it"),
         (["--rollout-function-path", "my.rollout"], True, "refuses a second rollout function"),
         (["--recompute-logprobs-via-prefill"], True, "next to --fully-async"),

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from miles_nemogym.launcher import _command as cmd
 from miles_nemogym.launcher._config import LauncherConfig, load_config
@@ -364,6 +365,8 @@ def test_wandb_without_a_group_gets_one_miles_can_suffix() -> None:
     assert "--use-wandb" in flags and one(flags, "--wandb-project") == "p"
     assert one(flags, "--wandb-group") == "Qwen3-4B-Instruct-2507"
     assert one(recipe_flags(build(LauncherConfig(wandb_project="p", wandb_group="g"))), "--wandb-group") == "g"
+    with pytest.raises(ValidationError, match="wandb_group is set without wandb_project"):
+        LauncherConfig(wandb_group="g")  # it was dropped without a word
 
 
 def test_job_environment() -> None:

@@ -52,6 +52,11 @@ _REFUSED_EXTRA: dict[str, tuple[bool, str]] = {
         "(and train.py, which exports no snapshot, stops at the first eval); evaluate on the shared "
         "engines with --eval-data instead (docs/upstream.md)",
     ),
+    "--wandb-key": (
+        True,
+        "a key on the command line shows in the job's argv and --dry-run; export WANDB_API_KEY "
+        "instead (passed to the job, never printed)",
+    ),
     "--partial-rollout": (False, "Miles does not support it; remove it"),
     "--rollout-function-path": (
         False,

@@ -452,6 +452,8 @@ class LauncherConfig(BaseModel):
                 f"n_samples_per_prompt ({samples}), or Miles drops the remainder of every rollout; "
                 "leave it unset for one optimizer step per rollout"
             )
+        if self.wandb_group and not self.wandb_project:
+            problems.append("wandb_group is set without wandb_project: set wandb_project to log to W&B")
         if self.eval_max_response_len is not None and self.eval_max_response_len > self.max_seq_len:
             problems.append(
                 f"eval_max_response_len ({self.eval_max_response_len}) exceeds max_seq_len ({self.max_seq_len})"
