@@ -296,3 +296,26 @@ async def test_a_valid_episode_resets_the_streak_and_zero_disables_it(use_settin
     assert "agent_timeout x2" in (stop_reason(current().settings) or "")
     # The same streak (this runtime's ledger) under NEMO_GYM_MAX_FAILURE_STREAK=0: never a stop.
     assert stop_reason(current().settings.with_overrides(max_failure_streak=0)) is None
+
+
+async def test_a_server_that_reports_its_episodes_cancelled_is_failing_not_aborted(
+    distinct_rows: list[dict[str, Any]], sympy_result: dict[str, Any], use_settings: UseSettings
+) -> None:
+    # NeMo-Gym's own "cancelled" (a server shutting down cancels its episodes) is a paid, failed
+    # episode: counted and in the streak, unlike the ones our abort() stops.
+    use_settings(NEMO_GYM_MAX_FAILURE_STREAK="2")
+    answer = {**sympy_result, "mask_sample": True, "failure_kind": "cancelled", "failure_reason": "shutdown"}
+    srv = await FaultServer(result=answer).start()
+    try:
+        use_settings(NEMO_GYM_URL=srv.url)
+        outs = [await call(row) for row in distinct_rows[:2]]
+    finally:
+        await transport.close_pools()
+        await srv.stop()
+    assert [(out["nemogym"]["failure_kind"], out["nemogym"]["mask_sample"]) for out in outs] == [
+        ("cancelled", True)
+    ] * 2
+    with pytest.raises(RunStopped, match="cancelled x2"):
+        groups.check_episode_group(Args(4), [valid("a"), valid("b")])
+    tally = current().ledger.drain()
+    assert (tally.episodes, tally.cancelled, dict(tally.failures)) == (2, 0, {"cancelled": 2})

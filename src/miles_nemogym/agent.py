@@ -98,7 +98,9 @@ async def run_with_settings(
     _log(outcome)
     # The ledger sees every episode, also those whose sample Miles returns without this dict.
     failure_kind = (record.failure_kind or fk.AGENT_RUN_ERROR) if record.mask_sample else None
-    runtime.ledger.record_episode(failure_kind, task.role, task.eval_set, outcome.outage_wait_s, environment=record.env)
+    runtime.ledger.record_episode(
+        failure_kind, task.role, task.eval_set, outcome.outage_wait_s, environment=record.env, aborted=outcome.aborted
+    )
     mode = settings.reward_mode if settings is not None else RewardMode.binary
     result = outcome.to_metadata()
     result[REWARD_KEY], _ = score_record(outcome.reward, RecordRead(record), mode)
@@ -203,7 +205,7 @@ def _log(outcome: Outcome) -> None:
     if record.status == "ok":
         return
     kind = record.failure_kind or "?"
-    if kind == fk.CANCELLED:  # abort() logs one line for all of them
+    if outcome.aborted:  # abort() logs one line for all of them
         logger.debug("NeMo-Gym episode cancelled: instance=%s %s", record.instance_id, record.failure_reason)
         return
     if kind in _CONFIG_KINDS:

@@ -102,12 +102,14 @@ class Ledger:
         outage_wait_s: float = 0.0,
         *,
         environment: str = SWE_ENVIRONMENT,
+        aborted: bool | None = None,
     ) -> None:
-        """One finished episode of ``environment``: ``failure_kind`` None for a valid measurement."""
+        """One finished episode of ``environment``: ``failure_kind`` None for a valid measurement;
+        ``aborted``: stopped by our abort (counted apart), None: when ``failure_kind`` is ``cancelled``."""
         with self._lock:
             tally = self._tally(_key(role, eval_set))
             tally.outage_wait_s += outage_wait_s
-            if failure_kind == fk.CANCELLED:
+            if (failure_kind == fk.CANCELLED) if aborted is None else aborted:
                 tally.cancelled += 1
                 return
             share = tally.environments.setdefault(environment, EnvironmentTally())

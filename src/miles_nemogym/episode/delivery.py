@@ -167,6 +167,7 @@ class InFlight:
             else:
                 reason = "stopped by abort() while waiting for the result; the server-side episode may run on"
             outcome = failure(fk.CANCELLED, reason)
+            outcome.aborted = True
             outcome.record.attempts = entry.attempts
             outcome.record.elapsed_s = round(loop.time() - started, 3)
             outcome.outage_wait_s = entry.outage_wait_s

@@ -270,6 +270,9 @@ class Outcome:
     """Seconds this episode waited for an unreachable server (charged to its role's tally)."""
     tool_time_s: float | None = None
     """Seconds of an environment episode spent in seed, tool and verify requests; None for ``/run``."""
+    aborted: bool = False
+    """Stopped by our abort (``abort()``, or Miles aborting the policy's generation): neither an episode
+    nor a failure. A server's own ``cancelled`` answer is a failed episode (it ran, it was paid)."""
 
     def to_metadata(self) -> dict[str, Any]:
         """The dict returned to Miles and merged into ``sample.metadata``; with ``agent_metrics``
@@ -330,7 +333,9 @@ def failure_of(
     if kind == fk.AGENT_TIMEOUT and isinstance(error, Failed):
         given = TimeoutReward.mask if settings is None else settings.timeout_reward
         return timed_out(reason, policy=error.policy, given=given, lowest=lowest)
-    return failure(kind, reason)
+    outcome = failure(kind, reason)
+    outcome.aborted = kind == fk.CANCELLED and isinstance(error, Failed)  # raised by our loop, never a server's verdict
+    return outcome
 
 
 def finish(outcome: Outcome, task_id: str | None) -> Outcome:
