@@ -13,7 +13,7 @@ from miles_nemogym import metrics
 from miles_nemogym.episode.record import pass_at_k
 from miles_nemogym.metrics import eval_set_metrics
 from miles_nemogym.runtime import Tally, current
-from tests.support.samples import Sample
+from tests.support.samples import Sample, Status
 
 P = "nemogym-eval/verified/"
 
@@ -121,3 +121,16 @@ def test_log_eval_drains_each_sets_tally_and_returns_false() -> None:
     assert metrics.log_eval(4, args, data, {}) is False
     assert current().ledger.drain("eval", "verified").episodes == 0  # drained by log_eval
     assert current().ledger.drain("train").episodes == 1  # train is not touched by eval
+
+
+def test_an_instance_whose_episodes_all_came_back_without_a_record_is_short_of_k() -> None:
+    # y's two episodes failed before their first policy call (a sandbox that never started): Miles
+    # returns eval samples ABORTED without our dict, and no filter gives the record back in eval.
+    lost = [Sample(metadata={"instance_id": "y", "repo": "c/d"}, status=Status.ABORTED) for _ in range(2)]
+    samples = [sample("x", "x1", resolved=True), sample("x", "x2"), *lost]
+    tally = Tally(episodes=4, failures=Counter({"transport_peer_drop": 2}))
+    got = eval_set_metrics("verified", samples, 2, tally)
+    assert got[P + "instances"] == 2.0  # y is an instance of the set, with no measurement
+    assert got[P + "instances_short_of_k"] == 1.0
+    assert got[P + "pass@1"] == 0.5 and got[P + "pass@2"] == 1.0  # over x alone, not a 0 for y
+    assert got[P + "swe/instances"] == 2.0 and got[P + "swe/instances_short_of_k"] == 1.0

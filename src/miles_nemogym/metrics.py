@@ -26,8 +26,10 @@ from miles_nemogym.episode.record import (
     UNRECOGNIZED_ENVIRONMENT,
     EpisodeRecord,
     SampledEpisode,
+    Task,
     distinct_episodes,
     flatten,
+    metadata_of,
     pass_at_k,
     passed,
     percentile,
@@ -80,10 +82,15 @@ def rollout_metrics(samples: Any, tally: Tally) -> dict[str, float]:
     return {_PREFIX + key: value for key, value in metrics.items()}
 
 
-def _per_environment(found: list[SampledEpisode], tally: Tally, eval_k: int | None = None) -> dict[str, float]:
+def _per_environment(
+    found: list[SampledEpisode],
+    tally: Tally,
+    eval_k: int | None = None,
+    unrecorded: dict[str, set[str]] | None = None,
+) -> dict[str, float]:
     """``<env>/*`` for each environment present: counts from the ledger, the reward mean over
     valid episodes; for train its failure rates, turns and tool calls, for an eval set
-    (``eval_k``) its pass@1 and pass@k."""
+    (``eval_k``) its pass@1 and pass@k (``unrecorded``: its tasks of samples without a record)."""
     metrics: dict[str, float] = {}
     for env, (members, share) in _environments(found, tally).items():
         valid = [e for e in members if not e.record.mask_sample]
@@ -95,7 +102,7 @@ def _per_environment(found: list[SampledEpisode], tally: Tally, eval_k: int | No
         if eval_k is None:
             here.update({**_failure_rates(share), **_means([e.record for e in valid])})
         else:
-            here.update(_pass_rates(members, eval_k))
+            here.update(_pass_rates(members, eval_k, (unrecorded or {}).get(env, set())))
         metrics.update({f"{env}/{key}": value for key, value in here.items()})
     return metrics
 
@@ -284,23 +291,36 @@ def eval_set_metrics(name: str, samples: Any, k: int, tally: Tally) -> dict[str,
     for kind, count in sorted(tally.failures.items()):
         metrics[f"masked/{metric_label(kind)}"] = float(count)
 
-    metrics.update(_pass_rates(found, k))
+    unrecorded = _unrecorded_tasks(flat)
+    metrics.update(_pass_rates(found, k, set().union(*unrecorded.values())))
     metrics.update(_reward_mean(valid))
     metrics.update(_quality([e.record for e in valid]))
     metrics.update(_resolve_rate_per_repo(valid))
-    metrics.update(_per_environment(found, tally, k))
+    metrics.update(_per_environment(found, tally, k, unrecorded))
     return {f"{_EVAL_PREFIX}{name}/{key}": value for key, value in metrics.items()}
 
 
-def _pass_rates(found: list[SampledEpisode], k: int) -> dict[str, float]:
+def _unrecorded_tasks(flat: list[Any]) -> dict[str, set[str]]:
+    """Per environment, the tasks of samples without our record: an eval episode that failed before
+    its first policy call comes back ABORTED without the agent's dict (nothing gives it back in eval)."""
+    tasks: dict[str, set[str]] = defaultdict(set)
+    for sample in flat:
+        if record_of(sample) is None:
+            task = Task.of(metadata_of(sample))
+            if task.task_id is not None:
+                tasks[_env_label(task.environment)].add(task.task_id)
+    return tasks
+
+
+def _pass_rates(found: list[SampledEpisode], k: int, unrecorded: set[str] | None = None) -> dict[str, float]:
     """pass@1 and pass@k over valid episodes, grouped by task (``instance_id``; an environment
-    row's task id); an instance whose episodes all failed has no measurement: it is short of
-    k, not a 0."""
+    row's task id); an instance whose episodes all failed (``unrecorded``: also those whose samples
+    came back without a record) has no measurement: it is short of k, not a 0."""
     by_instance: dict[str, list[bool]] = defaultdict(list)
     for episode in found:
         if not episode.record.mask_sample:
             by_instance[_task(episode)].append(passed(episode.record, episode.metadata.get(REWARD_KEY)))
-    instances = {_task(e) for e in found}
+    instances = {_task(e) for e in found} | (unrecorded or set())
     metrics = {"instances": float(len(instances))}
     if by_instance:
         metrics["pass@1"] = sum(sum(v) / len(v) for v in by_instance.values()) / len(by_instance)
