@@ -91,7 +91,7 @@ def test_a_zero_without_an_eval_report_is_not_trusted(gym_example_rollouts: list
         (422, b'{"detail": [{"loc": ["body", "x"], "msg": "bad"}]}', "agent_request_failed", '"msg": "bad"'),
         (404, b'{"detail": "Not Found"}', "agent_request_failed", "Not Found"),
         (200, b"<html>", "agent_run_error", "undecodable"),
-        (200, b'{"no_reward": 1}', "agent_run_error", "reward"),
+        (200, b'{"no_reward": 1}', "verifier_error", "reward"),  # the one judge's step 2, as from /verify
         (204, b"", "agent_run_error", "unexpected HTTP 204"),
     ],
 )

@@ -45,6 +45,9 @@ DOCUMENTS: list[tuple[dict[str, Any], Verdict3]] = [
     ({"reward": 1.0, "failure_kind": "not a kind!"}, (True, fk.VERIFIER_ERROR, 0.0)),
     ({"reward": "1"}, (True, fk.VERIFIER_ERROR, 0.0)),
     ({"reward": None}, (True, fk.VERIFIER_ERROR, 0.0)),
+    # No reward at all: step 2, whichever server; a masked answer keeps the kind it names.
+    ({}, (True, fk.VERIFIER_ERROR, 0.0)),
+    ({"mask_sample": True, "failure_kind": "session_lost"}, (True, "session_lost", 0.0)),
     ({"reward": -0.5}, (True, fk.VERIFIER_ERROR, 0.0)),
     ({"reward": 1.0}, (False, None, 1.0)),
     ({"reward": 0.0, "mask_sample": False}, (False, None, 0.0)),

@@ -159,9 +159,9 @@ class RunResponse(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    reward: Any
-    """A number in valid results; checked by the classifier (a string or a boolean is
-    not a reward, though pydantic would coerce either to a float)."""
+    reward: Any = None
+    """A number in valid results; checked by the judge (a string or a boolean is not a reward,
+    though pydantic would coerce either to a float; none at all is no reward, as from ``/verify``)."""
     instance_id: str | None = None
     metadata: dict[str, Any] | None = None
     """Graded: ``{instance_id, model_patch, eval_report}``; crashed: ``{error, traceback}``."""
