@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from miles_nemogym.checks import CheckResult, Status
 from miles_nemogym.launcher import _command as cmd
@@ -369,6 +370,19 @@ def test_given_ray_address_that_does_not_answer_is_an_error(tmp_path: Path) -> N
     assert code == 2
     assert actions.names() == ["ray_reachable"]
     assert actions.calls[0][1] == "http://head:8265"
+
+
+def test_a_ray_address_without_a_scheme_is_http_as_ray_reads_it(tmp_path: Path) -> None:
+    # The launcher asked "head:8265/api/version", which no opener can: a running cluster was "not answering".
+    actions = Recorder(ray_up=True)
+    execute(tmp_path, actions, skip_prepare=True, ray_address="head:8265")
+    assert actions.calls == [("ray_reachable", "http://head:8265"), ("submit", "http://head:8265")]
+
+
+@pytest.mark.parametrize("address", ["auto", "ray://head:10001"])
+def test_a_ray_address_that_is_not_a_dashboards_is_refused_with_the_fix(address: str) -> None:
+    with pytest.raises(ValidationError, match="give the Ray dashboard's, as in http://HEAD:8265"):
+        LauncherConfig(ray_address=address)
 
 
 class DyingHead(Recorder):

@@ -393,6 +393,20 @@ class LauncherConfig(BaseModel):
         except ValidationError as error:
             raise ValueError(message(error.errors()[0])) from None
 
+    @field_validator("ray_address")
+    @classmethod
+    def _check_ray_address(cls, value: str | None) -> str | None:
+        # Ray's job client reads an address without a scheme as http:// (parse_cluster_info); so do we.
+        if value is None or not value.strip():
+            return None
+        value = value.strip()
+        if value == "auto" or value.startswith("ray://"):
+            raise ValueError(
+                f"{value!r} (also read from RAY_ADDRESS) is not a job-submission address: give the Ray "
+                "dashboard's, as in http://HEAD:8265"
+            )
+        return value if "://" in value else f"http://{value}"
+
     @field_validator("pause_generation_mode", "update_weight_transfer_mode", mode="before")
     @classmethod
     def _refused_modes(cls, value: Any, info: ValidationInfo) -> Any:
