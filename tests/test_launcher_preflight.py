@@ -199,10 +199,14 @@ def test_too_few_gpus(good: dict[str, Any]) -> None:
     assert failure.fix is not None and "--gpus-per-node" in failure.fix
 
 
-def test_cuda_visible_devices_limits_the_count(good: dict[str, Any]) -> None:
-    environ = {**fake_nvidia_smi(good["tmp"] / "bin3", gpus(8)), "CUDA_VISIBLE_DEVICES": "0,1,2"}
+@pytest.mark.parametrize(
+    ("visible", "count"),
+    [("0,1,2", 3), ("-1", 0), ("0,1,-1,2,3", 2)],  # CUDA stops at the first invalid entry: -1 hides the rest
+)
+def test_cuda_visible_devices_limits_the_count(good: dict[str, Any], visible: str, count: int) -> None:
+    environ = {**fake_nvidia_smi(good["tmp"] / "bin3", gpus(8)), "CUDA_VISIBLE_DEVICES": visible}
     failure = only_failure(run(good, environ=environ))
-    assert "3 visible" in failure.detail and "CUDA_VISIBLE_DEVICES=0,1,2" in failure.detail
+    assert f"{count} visible" in failure.detail and f"CUDA_VISIBLE_DEVICES={visible}" in failure.detail
 
 
 def test_nvidia_smi_failing(good: dict[str, Any]) -> None:

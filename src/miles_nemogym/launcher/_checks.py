@@ -147,7 +147,7 @@ def _check_hooks(paths: Sequence[str]) -> CheckResult:
 def _count_gpus(environ: Mapping[str, str]) -> tuple[int | None, str]:
     """Visible GPUs: ``nvidia-smi`` (limited by CUDA_VISIBLE_DEVICES), else torch if installed."""
     visible = environ.get("CUDA_VISIBLE_DEVICES")
-    limit = None if visible is None else len([part for part in visible.split(",") if part.strip()])
+    limit = None if visible is None else _visible_count(visible)
     smi = shutil.which("nvidia-smi", path=environ.get("PATH"))
     if smi is not None:
         try:
@@ -171,6 +171,18 @@ def _count_gpus(environ: Mapping[str, str]) -> tuple[int | None, str]:
         torch: Any = importlib.import_module("torch")  # optional: never a dependency
         return int(torch.cuda.device_count()), "torch.cuda.device_count()"
     return None, "nvidia-smi is not on PATH and torch is not installed"
+
+
+def _visible_count(visible: str) -> int:
+    """Devices CUDA_VISIBLE_DEVICES exposes: CUDA reads its list up to the first invalid entry, so
+    ``-1`` (the usual way to hide every GPU) exposes none."""
+    count = 0
+    for part in visible.split(","):
+        part = part.strip()
+        if not part or part.startswith("-"):
+            break
+        count += 1
+    return count
 
 
 def _check_gpus(config: LauncherConfig, environ: Mapping[str, str], counter: GpuCounter) -> CheckResult:
