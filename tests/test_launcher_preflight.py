@@ -598,6 +598,17 @@ def test_rows_marked_with_the_catalogs_spelling_are_that_environments_rows_not_s
         assert with_environments(good, rows, nemo_gym_envs=env_config(mcqa=mcqa.url))["environment mcqa"].ok
 
 
+def test_rows_naming_their_environment_by_agent_ref_alone_are_that_environments_rows(good: dict[str, Any]) -> None:
+    # Counted as SWE rows, they passed with NEMO_GYM_ENVS unset; the agent runs each as an mcqa row.
+    rows = environment_rows("mcqa", 2)
+    for row in rows:
+        del row["metadata"]["nemogym_env"]
+        row["metadata"]["agent_ref"] = {"type": "responses_api_agents", "name": "mcqa_simple_agent"}
+    results = with_environments(good, rows)
+    assert results["rows' environments"].detail.startswith("mcqa 2 rows of 2 read")
+    assert only_failure(results).name == "environment mcqa"
+
+
 def test_an_environment_row_without_its_task_is_refused(good: dict[str, Any]) -> None:
     rows = environment_rows("mcqa", 1)
     del rows[0]["metadata"]["responses_create_params"]

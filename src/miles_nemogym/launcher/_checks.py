@@ -390,6 +390,7 @@ _PARQUET_WHOLE_BYTES = 32 * 1024 * 1024
 """Parquet files up to this size are read whole; of a larger one, the first ``_PARQUET_ROWS``."""
 _PARQUET_ROWS = 2000
 _MARK_KEY = b'"' + ENV_KEY.encode() + b'"'
+_AGENT_REF = b'"agent_ref"'
 _MARK = re.compile(re.escape(_MARK_KEY) + rb'\s*:\s*"([A-Za-z0-9_./-]*)"')
 """The environment mark as JSON writes it (also in the catalog's spelling, ``resources_servers/mcqa``);
 inside a string (a prompt quoting it) it is escaped."""
@@ -444,6 +445,8 @@ def _read_jsonl_use(path: Path, use: DataUse, source: str) -> None:
             at = line.find(_MARK_KEY)
             found = _MARK.match(line, at) if at >= 0 else None
             if found is None:
+                if _AGENT_REF in line and _counted_as_parsed(line, use, source):
+                    continue  # no mark, but a NeMo-Gym agent_ref the agent reads its environment from
                 if line.strip():
                     use.count(SWE_ENVIRONMENT, source)
                 continue
@@ -453,6 +456,17 @@ def _read_jsonl_use(path: Path, use: DataUse, source: str) -> None:
                 continue
             with contextlib.suppress(ValueError):
                 use.add(json.loads(line), source)
+
+
+def _counted_as_parsed(line: bytes, use: DataUse, source: str) -> bool:
+    try:
+        row = json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    if not isinstance(row, dict) or not isinstance(row.get("metadata"), dict):
+        return False
+    use.add(row, source)
+    return True
 
 
 def data_use(config: LauncherConfig) -> DataUse | None:
