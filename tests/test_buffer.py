@@ -167,7 +167,7 @@ async def test_the_store_files_trained_episodes_under_their_step_and_dropped_one
 
     stored = load(tmp_path)
     assert stored.problems == []
-    filed = {(e.step, e.not_trained): set() for e in stored.episodes}
+    filed: dict[tuple[int | None, str | None], set[str]] = {(e.step, e.not_trained): set() for e in stored.episodes}
     for e in stored.episodes:
         filed[(e.step, e.not_trained)].add(e.episode_id)
     # ``later`` finished before step 0's log but trained at step 1: filed under step 1.
@@ -194,3 +194,24 @@ async def test_in_sync_mode_no_filing_is_written_and_episodes_stay_under_the_ste
     current().stores.close()
     assert not list(tmp_path.rglob("*.filing"))
     assert {e.step for e in load(tmp_path).episodes} == {0}
+
+
+async def test_a_failed_episode_of_a_dropped_group_is_never_given_to_a_later_group_of_its_task(
+    server: FaultServer, sympy_row: dict[str, Any]
+) -> None:
+    # Fully async never calls abort(), so nothing held is forgotten between steps: the episode held
+    # for an ABORTED sample must leave with its group, mended or not. Else the prompt, regenerated,
+    # would be given the old episode's record in place of its own (filed as trained, counted twice).
+    episodes, unused = buffer(async_unused_samples_handler="retry")
+    dropped = await group(server, sympy_row, ["nonjson", "error_metadata", "error_metadata", "error_metadata"])
+    await episodes.put(dropped)  # no valid sibling to mend the ABORTED sample: dropped, regenerated
+    assert unused == [dropped.prompt_group] and len(current().held) == 0
+    lost = dropped.group[0].metadata["nemogym"]  # given back, so the store files it with its group's drop
+    assert (dropped.group[0].status, lost["http_status"]) == (Status.ABORTED, 200)  # the answer was not JSON
+    assert [reason for ids, reason in episodes._unfiled if lost["episode_id"] in ids] == ["group_has_aborted"]
+    again = await group(server, sympy_row, ["ok", "500", "ok", "ok"], 1)
+    await episodes.put(again)
+    got = await asyncio.wait_for(episodes.get(current_version=None), 1)
+    record = got.group[1].metadata["nemogym"]
+    assert got is again and (record["failure_kind"], record["http_status"]) == ("agent_run_error", 500)
+    assert record["episode_id"] != lost["episode_id"] and len(current().held) == 0

@@ -170,12 +170,14 @@ def test_an_aborted_sample_gets_its_held_episode_as_a_zero_loss_sample() -> None
     assert group_verdict(group[:2], 2, 2) == ("nemogym_transport_peer_drop", False)  # trained only with 2 valid
 
 
-def test_no_valid_sibling_no_recovery() -> None:
+def test_no_valid_sibling_no_recovery_but_the_episode_leaves_with_its_group() -> None:
     held = HeldEpisodes()
     groups.hold_failed_episode(held, Task.of({"instance_id": "t1"}), failed("e1").metadata)
     group = [failed("e2", "t2"), aborted("t1")]
     assert groups.recover_failed_episodes(held, group) == 0
-    assert group[1].status is Status.ABORTED and len(held) == 1
+    assert group[1].status is Status.ABORTED and group[1].metadata["nemogym"]["episode_id"] == "e1"
+    assert len(held) == 0  # never given to a later group of t1 (fully async never clears the holding)
+    assert group_verdict(group, 1, 2) == (GROUP_HAS_ABORTED, False)
 
 
 # -- the group filter ---------------------------------------------------------------------------

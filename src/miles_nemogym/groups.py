@@ -250,7 +250,9 @@ def recover_failed_episodes(held: HeldEpisodes, samples: Any) -> int:
     """Give each ABORTED, record-less sample of a group the failed episode the agent function
     held for its task, as a zero-loss sample Miles can convert; returns how many. Samples
     that arrived with their record release theirs. An ABORTED sample with no held episode
-    (Miles' own abort, a session-server failure) stays as it is."""
+    (Miles' own abort, a session-server failure) stays as it is. A group is judged once, so
+    what it claims leaves the holding even when no valid sibling can mend the sample: that
+    sample gets the episode's dict and stays ABORTED (its group is dropped with it)."""
     group = list(flatten(samples))
     for sample in group:
         record = record_of(sample)
@@ -260,14 +262,16 @@ def recover_failed_episodes(held: HeldEpisodes, samples: Any) -> int:
     template = next((sample for sample in group if _can_template(sample)), None)
     recovered = 0
     for sample in group:
-        if template is None or not is_aborted(sample) or RECORD_KEY in metadata_of(sample):
+        if not is_aborted(sample) or RECORD_KEY in metadata_of(sample):
             continue
         task = Task.of(metadata_of(sample)).task_id
         result = None if task is None else held.claim(task)
         if result is None:
             continue
-        _as_zero_loss_sample(sample, template, result)
-        recovered += 1
+        _give_back(sample, result)
+        if template is not None:
+            _as_zero_loss_sample(sample, template)
+            recovered += 1
     return recovered
 
 
@@ -284,16 +288,20 @@ def _can_template(sample: Any) -> bool:
     )
 
 
-def _as_zero_loss_sample(sample: Any, template: Any, result: dict[str, Any]) -> None:
-    """What Miles would have returned for an episode with one model call, with the agent's
-    dict merged in and zero loss: two tokens of a valid sibling, the last one the response
-    (every per-token field one entry long), ``remove_sample`` set, status FAILED."""
+def _give_back(sample: Any, result: dict[str, Any]) -> None:
+    """The agent's dict merged into the sample's metadata, as Miles merges it, and its reward."""
     metadata = getattr(sample, "metadata", None)
     if not isinstance(metadata, dict):
         metadata = sample.metadata = {}
     metadata.update(result)
     reward = result.get(REWARD_KEY)
     sample.reward = float(reward) if isinstance(reward, (int, float)) else 0.0
+
+
+def _as_zero_loss_sample(sample: Any, template: Any) -> None:
+    """What Miles would have returned for an episode with one model call (its dict given back)
+    and zero loss: two tokens of a valid sibling, the last one the response (every per-token
+    field one entry long), ``remove_sample`` set, status FAILED."""
     sample.tokens = list(template.tokens[:2])
     sample.response = ""
     sample.response_length = 1

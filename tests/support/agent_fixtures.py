@@ -16,7 +16,7 @@ from miles_nemogym import agent, transport
 from miles_nemogym.episode import delivery
 from miles_nemogym.episode.record import ENV_KEY, TASK_ID_KEY
 from miles_nemogym.settings import Settings
-from tests.support.fault_server import FaultServer
+from tests.support.fault_server import EARLY_ERRORS, FaultServer
 from tests.support.runtime_settings import UseSettings
 from tests.support.samples import Sample, Status
 
@@ -105,7 +105,7 @@ async def episode(server: FaultServer, sample: Sample, mode: str) -> Sample:
         request_kwargs={"max_tokens": 64},
         metadata={**sample.metadata, "session_server_id": "127.0.0.1:39999"},
     )
-    if mode == "500":  # the server failed before the episode's first model call
+    if mode in EARLY_ERRORS:  # the server failed before the episode's first model call
         aborted = copy.deepcopy(sample)
         aborted.status = Status.ABORTED
         return aborted
