@@ -132,32 +132,33 @@ def test_held_episodes_are_claimed_oldest_first_per_task_and_bounded() -> None:
 
 
 @pytest.mark.parametrize(
-    ("kind", "mask", "metadata", "kept"),
+    ("kind", "mask", "metadata", "aborted", "kept"),
     [
-        ("transport_peer_drop", True, {}, True),
-        (fk.POLICY_TIMEOUT, False, {}, True),  # a /run may time out before its first turn
-        (fk.CANCELLED, True, {}, False),  # never given back: the abort forgot it
-        ("transport_peer_drop", True, eval_overrides("held-out"), False),  # eval samples are not trained
-        (None, False, {}, False),
+        ("transport_peer_drop", True, {}, False, True),
+        (fk.POLICY_TIMEOUT, False, {}, False, True),  # a /run may time out before its first turn
+        (fk.CANCELLED, True, {}, True, False),  # our abort: never given back, the abort forgot it
+        (fk.CANCELLED, True, {}, False, True),  # the server's own verdict: a failed episode like any other
+        ("transport_peer_drop", True, eval_overrides("held-out"), False, False),  # eval samples are not trained
+        (None, False, {}, False, False),
     ],
 )
 def test_only_a_failed_train_episode_is_held(
-    kind: str | None, mask: bool, metadata: dict[str, Any], kept: bool
+    kind: str | None, mask: bool, metadata: dict[str, Any], aborted: bool, kept: bool
 ) -> None:
     sample = failed("e1", **metadata) if kind else valid("e1", **metadata)
     result = dict(sample.metadata)
     result["nemogym"] = {**result["nemogym"], "failure_kind": kind, "mask_sample": mask}
     held = HeldEpisodes()
-    groups.hold_failed_episode(held, Task.of({"instance_id": "t1", **metadata}), result)
+    groups.hold_failed_episode(held, Task.of({"instance_id": "t1", **metadata}), result, aborted=aborted)
     assert len(held) == int(kept)
 
 
 def test_an_aborted_sample_gets_its_held_episode_as_a_zero_loss_sample() -> None:
     held = HeldEpisodes()
     lost = failed("e-lost")
-    groups.hold_failed_episode(held, Task.of({"instance_id": "t1"}), lost.metadata)
+    groups.hold_failed_episode(held, Task.of({"instance_id": "t1"}), lost.metadata, aborted=False)
     returned = failed("e-back", "t2")
-    groups.hold_failed_episode(held, Task.of({"instance_id": "t2"}), returned.metadata)
+    groups.hold_failed_episode(held, Task.of({"instance_id": "t2"}), returned.metadata, aborted=False)
     group = [valid("e-ok"), aborted("t1"), aborted("t9"), returned]
     assert groups.recover_failed_episodes(held, group) == 1
     recovered, unknown = group[1], group[2]
@@ -172,7 +173,7 @@ def test_an_aborted_sample_gets_its_held_episode_as_a_zero_loss_sample() -> None
 
 def test_no_valid_sibling_no_recovery_but_the_episode_leaves_with_its_group() -> None:
     held = HeldEpisodes()
-    groups.hold_failed_episode(held, Task.of({"instance_id": "t1"}), failed("e1").metadata)
+    groups.hold_failed_episode(held, Task.of({"instance_id": "t1"}), failed("e1").metadata, aborted=False)
     group = [failed("e2", "t2"), aborted("t1")]
     assert groups.recover_failed_episodes(held, group) == 0
     assert group[1].status is Status.ABORTED and group[1].metadata["nemogym"]["episode_id"] == "e1"

@@ -17,7 +17,7 @@ import pytest
 
 from miles_nemogym import agent, groups, metrics
 from miles_nemogym.episode.record import eval_overrides
-from miles_nemogym.runtime import current
+from miles_nemogym.runtime import HeldEpisodes, current
 from tests.support.agent_fixtures import TOKENS, call, episode, fast_env, input_sample, server
 from tests.support.eventually import eventually
 from tests.support.fault_server import FaultServer
@@ -111,7 +111,27 @@ async def test_a_group_without_enough_valid_episodes_is_still_dropped(
 
 
 def test_held_episodes_are_bounded_the_oldest_going_first() -> None:
-    held = groups.HeldEpisodes(limit=2)
+    held = HeldEpisodes(limit=2)
     for episode_id in ("e1", "e2", "e3"):
         held.hold("task", episode_id, {"id": episode_id})
     assert [held.claim("task"), held.claim("task"), held.claim("task")] == [{"id": "e2"}, {"id": "e3"}, None]
+
+
+async def test_an_episode_the_server_itself_cancelled_before_the_policy_is_salvaged(
+    server: FaultServer, sympy_row: dict[str, Any]
+) -> None:
+    # NeMo-Gym's own 'cancelled' verdict is a paid, failed episode, not our abort: held and given
+    # back like any other failure, whatever its kind is named.
+    group = [await episode(server, input_sample(sympy_row, i), "ok") for i in range(3)]
+    server.result = {**server.result, "mask_sample": True, "failure_kind": "cancelled", "failure_reason": "shutdown"}
+    assert (await call({**sympy_row, "session_server_id": "127.0.0.1:39999"}))["nemogym"]["failure_kind"] == "cancelled"
+    cancelled = copy.deepcopy(input_sample(sympy_row, 3))  # no model call: Miles' ABORTED copy
+    cancelled.status = Status.ABORTED
+
+    out = groups.check_episode_group(Args(), [*group, cancelled])
+    assert (out.keep, out.reason) == (True, None)
+    assert (cancelled.status, cancelled.remove_sample, cancelled.metadata["nemogym"]["failure_kind"]) == (
+        Status.FAILED,
+        True,
+        "cancelled",
+    )

@@ -104,7 +104,7 @@ async def run_with_settings(
     mode = settings.reward_mode if settings is not None else RewardMode.binary
     result = outcome.to_metadata()
     result[REWARD_KEY], _ = score_record(outcome.reward, RecordRead(record), mode)
-    hold_failed_episode(runtime.held, task, result)  # Miles drops this dict when no model call was made
+    hold_failed_episode(runtime.held, task, result, aborted=outcome.aborted)  # Miles drops it without a model call
     if settings is not None and settings.episode_dir:
         _store(runtime, settings, outcome, float(result[REWARD_KEY]), task, base_url, store_extra)
     return result

@@ -38,7 +38,7 @@ from miles_nemogym.episode.record import (
     record_of,
 )
 from miles_nemogym.errors import RunStopped, counted
-from miles_nemogym.failure_kinds import CANCELLED, POLICY_TIMEOUT, metric_label
+from miles_nemogym.failure_kinds import POLICY_TIMEOUT, metric_label
 from miles_nemogym.runtime import HeldEpisodes, current, streak_stop
 from miles_nemogym.settings import Settings
 
@@ -229,15 +229,16 @@ def zero_loss_samples(samples: Any) -> int:
 # ----------------------------------------------------------------------------- failed before the policy
 
 
-def hold_failed_episode(held: HeldEpisodes, task: Task, result: Mapping[str, Any]) -> None:
-    """Called by the agent function with the dict it returns: keep a failed (not cancelled) or timed-out
-    train episode until the group filter sees its sample, in case Miles returns that sample
-    ABORTED without the dict (no model call recorded)."""
+def hold_failed_episode(held: HeldEpisodes, task: Task, result: Mapping[str, Any], *, aborted: bool) -> None:
+    """Called by the agent function with the dict it returns: keep a failed or timed-out train
+    episode until the group filter sees its sample, in case Miles returns that sample ABORTED
+    without the dict (no model call recorded). Not one our abort stopped (``Outcome.aborted``:
+    its group is never filtered); a server's own ``cancelled`` verdict is a failure like any other."""
     record = read_record(result).record
     if (
-        record is None
+        aborted
+        or record is None
         or not (record.mask_sample or record.failure_kind == POLICY_TIMEOUT)  # a /run may time out before a turn
-        or record.failure_kind == CANCELLED
         or record.episode_id is None
         or task.task_id is None
         or task.role != TRAIN
