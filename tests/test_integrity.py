@@ -128,10 +128,11 @@ def test_an_aborted_or_recordless_sample_with_no_failed_episode_held_for_it_drop
 def test_ledger_counts_every_episode_and_keeps_cancelled_apart() -> None:
     book = Ledger()
     for kind in [None, None, "transport_unreachable", "cancelled", "agent_run_error", "transport_unreachable"]:
-        book.record_episode(kind, outage_wait_s=2.5 if kind == "transport_unreachable" else 0.0)
+        outage = 2.5 if kind == "transport_unreachable" else 0.0
+        book.record_episode(kind, outage_wait_s=outage, aborted=kind == "cancelled")  # stopped by our abort
     book.record_group(kept=True, salvaged=True)
     book.record_group(kept=False, salvaged=False)
-    book.record_episode("cancelled", "eval", "verified", outage_wait_s=7.5)  # charged to eval, not train
+    book.record_episode("cancelled", "eval", "verified", outage_wait_s=7.5, aborted=True)  # charged to eval, not train
     tally = book.drain()
     assert tally.episodes == 5 and tally.cancelled == 1
     assert dict(tally.failures) == {"transport_unreachable": 2, "agent_run_error": 1}
@@ -161,7 +162,7 @@ def test_log_metrics_count_failures_that_left_no_record_on_a_sample() -> None:
     # Two episodes failed before their first policy call: Miles returned their samples
     # ABORTED without our dict, and the filter dropped their group.
     for kind in [None, None, None, "transport_unreachable", "miles_nemogym:invalid_request", "cancelled"]:
-        current().ledger.record_episode(kind)
+        current().ledger.record_episode(kind, aborted=kind == "cancelled")  # the last one stopped by our abort
     current().ledger.record_group(kept=False, salvaged=False)
     current().ledger.record_group(kept=True, salvaged=True)
     kept = [valid("a"), valid("b"), masked("c", "transport_peer_drop"), valid("d")]

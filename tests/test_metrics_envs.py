@@ -67,7 +67,9 @@ def test_train_metrics_per_environment_next_to_the_totals() -> None:
     ]
     record_in_ledger(samples)
     current().ledger.record_episode("verifier_error", environment="mcqa")  # returned by Miles without our record
-    current().ledger.record_episode("cancelled", environment="mcqa")  # over-sampled: neither an episode nor a failure
+    current().ledger.record_episode(
+        "cancelled", environment="mcqa", aborted=True
+    )  # over-sampled: neither an episode nor a failure
     m = rollout_metrics(samples, current().ledger.drain())
 
     # Totals: every environment's episodes; SWE's rates over the two SWE episodes only.

@@ -35,7 +35,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.delivery import Circuits, InFlight
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, TRAIN
 from miles_nemogym.redaction import redact_url
@@ -102,14 +101,14 @@ class Ledger:
         outage_wait_s: float = 0.0,
         *,
         environment: str = SWE_ENVIRONMENT,
-        aborted: bool | None = None,
+        aborted: bool = False,
     ) -> None:
         """One finished episode of ``environment``: ``failure_kind`` None for a valid measurement;
-        ``aborted``: stopped by our abort (counted apart), None: when ``failure_kind`` is ``cancelled``."""
+        ``aborted``: stopped by our abort, counted apart (a server's own ``cancelled`` is a failure)."""
         with self._lock:
             tally = self._tally(_key(role, eval_set))
             tally.outage_wait_s += outage_wait_s
-            if (failure_kind == fk.CANCELLED) if aborted is None else aborted:
+            if aborted:
                 tally.cancelled += 1
                 return
             share = tally.environments.setdefault(environment, EnvironmentTally())
