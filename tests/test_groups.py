@@ -171,6 +171,17 @@ def test_an_aborted_sample_gets_its_held_episode_as_a_zero_loss_sample() -> None
     assert group_verdict(group[:2], 2, 2) == ("nemogym_transport_peer_drop", False)  # trained only with 2 valid
 
 
+def test_a_recovered_policy_timeout_counts_as_a_sample_trained_with_zero_loss() -> None:
+    # Valid (its reward joins the group's), but its tokens are a sibling's: never trained.
+    held = HeldEpisodes()
+    result = dict(valid("e-late").metadata)
+    result["nemogym"] = {**result["nemogym"], "failure_kind": fk.POLICY_TIMEOUT, "mask_sample": False}
+    groups.hold_failed_episode(held, Task.of({"instance_id": "t1"}), result, aborted=False)
+    group = [valid("e-ok"), aborted("t1")]
+    assert groups.recover_failed_episodes(held, group) == 1
+    assert group[1].loss_mask == [0] and groups.zero_loss_samples(group) == 1
+
+
 def test_no_valid_sibling_no_recovery_but_the_episode_leaves_with_its_group() -> None:
     held = HeldEpisodes()
     groups.hold_failed_episode(held, Task.of({"instance_id": "t1"}), failed("e1").metadata, aborted=False)
