@@ -16,8 +16,8 @@ from miles_nemogym.cli.main import app
 from miles_nemogym.data._environments import parse_env_option
 from miles_nemogym.gym import catalog
 from miles_nemogym.gym.catalog import CatalogEntry, entry_support
-from miles_nemogym.gym.composition import server_blocks
-from miles_nemogym.gym.environments import catalog_folders, plan, shipped_environments
+from miles_nemogym.gym.composition import Judge, server_blocks
+from miles_nemogym.gym.environments import catalog_folders, environment_needs, plan, shipped_environments
 from miles_nemogym.gym.venv import GymEnvironmentError
 from miles_nemogym.gym.wheel import read_member
 from miles_nemogym.smoke.answers import GOLD, WRONG, answers
@@ -201,6 +201,32 @@ def test_the_try_it_commands_fit_80_columns_and_run_when_followed(name: str) -> 
     # --no-swe: this machine has no Docker for the SWE server serve would start beside it.
     dry = CliRunner().invoke(app, [*(filled.get(word, word) for word in serve), "--no-swe", "--dry-run"])
     assert dry.exit_code == 0, dry.output
+
+
+def test_no_entry_listed_as_served_needs_what_serve_does_not_configure_for_env_servers() -> None:
+    # litmus_agent, terminal_bench_4, vibench, ... were listed as served (with commands to try) while
+    # `serve --env NAME --dry-run` reported their sandbox provider missing: no command could serve them.
+    shown = CliRunner().invoke(app, ["environments", "--json"])
+    assert shown.exit_code == 0, shown.output
+    entries = [CatalogEntry.model_validate(item) for item in json.loads(shown.output)]
+    judge = Judge(url="http://judge:8000/v1", model="judge-model")
+    served = {catalog.SIMPLE, catalog.ROUTED, catalog.JUDGE, catalog.BENCHMARK_SHIPPED, catalog.BENCHMARK_PREPARED}
+    listed = [e for e in entries if entry_support(e).status in served]
+    assert len(listed) > 200
+    unservable = {}
+    for entry in listed:
+        name = catalog.served_name(entry) if entry.kind == "environment" else catalog.benchmark_grader(entry)
+        assert name is not None, entry.name
+        never = [need for need in environment_needs(plan([name]), judge) if "serve does not configure" in need]
+        if never:
+            unservable[entry.name] = never
+    assert not unservable, unservable
+    for name in ("litmus_agent", "terminal_bench_4", "vibench", "litmus-bench/config_adme_direct"):
+        found = entry_support(next(e for e in entries if name in (e.name, e.short_name)))
+        assert found.status == catalog.REFUSED, found
+        assert found.needs.startswith(("task containers: a sandbox provider", "its grader `litmus_agent`: task")), found
+        detail = CliRunner().invoke(app, ["environments", name], env={"COLUMNS": "80"})
+        assert "here: refused" in detail.output and "try it:" not in detail.output, detail.output
 
 
 def test_examples_and_convert_take_an_environments_folder_by_name(tmp_path: Path) -> None:

@@ -70,6 +70,7 @@ _GROUPS = (
     ("wheel does not ship", "a file the wheel does not ship"),
     ("`policy_model` itself", _NO_SESSION),
     ("the policy's own server", _NO_SESSION),
+    ("task containers: a sandbox provider", "task containers: a sandbox provider serve does not configure for `--env`"),
 )
 
 

@@ -304,6 +304,9 @@ def support(name: str) -> Support:
     refused = refusal(name, config, None)
     if refused and "grades with a judge" not in refused:
         return Support(status=REFUSED, agent=agent, needs=_short(refused))
+    contained = _in_task_containers(needs, judged=refused is not None)
+    if contained:
+        return Support(status=REFUSED, agent=agent, needs=contained)
     if settings:
         keys = ", ".join(f"`{n.split()[2]}`" for n in dict.fromkeys(settings))
         return Support(status=REFUSED, agent=agent, needs=f"settings serve does not set: {keys}")
@@ -411,6 +414,19 @@ _SANDBOXED = "task containers: a sandbox provider (its `sandbox_provider`), whic
 _IMAGES = {"labbench2_vlm_agent": "figures and tables", "gdp_pdf_agent": "document pages"}
 
 
+def _in_task_containers(needs: Sequence[str], *, judged: bool, policy: Sequence[str] = ()) -> str | None:
+    """Why a config is refused when its servers run tasks in containers, or None: ``needs``
+    (:func:`_fresh_host_needs`) names a sandbox provider, which ``serve --dry-run`` reports
+    missing for every ``--env`` server (``composition.config_needs``), so no command followed
+    from ``environments NAME`` could serve it. The one rule for environments and benchmarks:
+    nemo-gym's own reason first, whatever else it needs after it."""
+    host = list(dict.fromkeys(need.split(" (", 1)[0] for need in needs))
+    if _SANDBOX not in host:
+        return None
+    rest = [need for need in host if need != _SANDBOX]
+    return "; ".join([_SANDBOXED, *rest, *(["a judge (`--judge-url`)"] if judged else []), *policy])
+
+
 def _policy(kind: str) -> list[str]:
     """What the policy itself must be for an agent kind's rows."""
     seen = _IMAGES.get(kind)
@@ -468,12 +484,11 @@ def _agent_benchmark_support(entry: CatalogEntry) -> Support:
     refused = config_refusal(entry.name, composed)
     if refused and "grades with a judge" not in refused:
         return Support(status=REFUSED, agent=agent, needs=_short(refused))
-    host = list(dict.fromkeys(need.split(" (", 1)[0] for need in _fresh_host_needs(composed)))
-    if _SANDBOX in host:
-        # Task containers: nemo-gym's own reason, whatever else it needs (listed after it).
-        judged = ["a judge (`--judge-url`)"] if refused else []
-        rest = [need for need in host if need != _SANDBOX]
-        return Support(status=REFUSED, agent=agent, needs="; ".join([_SANDBOXED, *rest, *judged, *_policy(kind)]))
+    needs = _fresh_host_needs(composed)
+    host = list(dict.fromkeys(need.split(" (", 1)[0] for need in needs))
+    contained = _in_task_containers(needs, judged=refused is not None, policy=_policy(kind))
+    if contained:
+        return Support(status=REFUSED, agent=agent, needs=contained)
     grader, why = _agent_grading(entry)
     if grader is None:
         return Support(status=NOT_YET, agent=agent, needs="; ".join([why, *host]))
