@@ -343,3 +343,22 @@ def test_a_taken_port_is_refused_before_anything_starts(bare_host: Path, given: 
     taken = re.search(r"--port: ([\d, ]+) on 127\.0\.0\.1 (?:is|are) taken", said)
     assert taken and str(port + busy) in taken.group(1).split(", ") and "Nothing was started." in said
     assert "Ready" not in said and not (bare_host / "gym-venv").exists()
+
+
+def test_serve_refuses_an_environment_that_lacks_what_dry_run_names_before_starting(bare_host: Path) -> None:
+    # litmus_agent's resources server runs its tools in task containers: serve started it, said Ready,
+    # and no episode could run; --dry-run already named the sandbox it lacks.
+    dry = CliRunner().invoke(app, ["serve", "--no-swe", "--env", "litmus_agent", "--dry-run"])
+    assert dry.exit_code == 1 and "a sandbox provider (task containers)" in dry.output, dry.output
+    refused = CliRunner().invoke(app, ["serve", "--no-swe", "--env", "litmus_agent", "--port", "23456"])
+    assert refused.exit_code == 1, refused.output
+    assert "error: the environments' servers cannot run here; they lack:" in refused.stderr
+    lacking = [line[4:] for line in refused.stderr.splitlines() if line.startswith("  - ")]
+    assert lacking and all(line.startswith("litmus_agent: ") for line in lacking), lacking
+    assert "a sandbox provider (task containers)" in " ".join(lacking)
+    assert "pass --start-anyway" in refused.stderr and "Nothing was started." in refused.stderr
+    assert not (bare_host / "gym-venv").exists()
+    started = CliRunner().invoke(
+        app, ["serve", "--no-swe", "--env", "litmus_agent", "--port", "23456", "--start-anyway"]
+    )
+    assert started.exit_code == 1 and "they lack" not in started.stderr, started.output

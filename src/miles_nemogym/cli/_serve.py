@@ -117,7 +117,8 @@ def serve(
         bool,
         typer.Option(
             "--start-anyway",
-            help="Start even when the sandbox provider lacks what --dry-run checks (a Docker daemon, credentials).",
+            help="Start even when something --dry-run checks is missing (a Docker daemon, credentials, "
+            "an environment's variables or sandbox).",
         ),
     ] = False,
     session_servers: Annotated[
@@ -149,7 +150,7 @@ def serve(
     from miles_nemogym.errors import as_flag, problems
     from miles_nemogym.gym import providers
     from miles_nemogym.gym.config import ServeOptions, load_provider_options
-    from miles_nemogym.gym.environments import EnvironmentServers, plan, refusals
+    from miles_nemogym.gym.environments import EnvironmentServers, environment_needs, plan, refusals
     from miles_nemogym.gym.server import GymServer
     from miles_nemogym.gym.venv import GymEnvironmentError, ensure_gym_venv
     from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import (
@@ -268,6 +269,12 @@ def serve(
                 1,
                 highlight=False,
             )
+    lacking = environment_needs(plans, judge) if plans and not start_anyway else []
+    if lacking:  # what --dry-run reports: a server started without it fails, or never plays an episode
+        console.print("[red]error:[/red] the environments' servers cannot run here; they lack:")
+        for line in lacking:
+            console.print(f"  - {escape(line)}", highlight=False)
+        fail(console, "Provide it, or pass --start-anyway (e.g. when it comes later). Nothing was started.", 1)
     if swe and options.sandbox == "local":
         console.print(
             "[yellow]--sandbox local runs the agent's commands on this host without isolation, and "
