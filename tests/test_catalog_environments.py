@@ -160,6 +160,21 @@ def test_every_other_harness_environment_is_refused_by_name_with_what_it_lacks(n
     assert "not an environment nemo-gym ships" not in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    "name", ["reasoning_gym_claude_code_agent_model_server", "reasoning_gym_codex_agent_model_server"]
+)
+def test_a_harness_refused_in_environments_is_refused_in_a_resources_servers_config_too(name: str) -> None:
+    # These configs name the same agents as claude_code_math and codex_reasoning_gym; they were listed
+    # "routed" and serve started them.
+    config = f"resources_servers/reasoning_gym/configs/{name}.yaml"
+    found = entry_support(
+        CatalogEntry(name=f"resources_servers/reasoning_gym/{name}", kind="environment", config=config)
+    )
+    assert found.status == catalog.REFUSED and found.needs.startswith("its CLI (npm"), found
+    refused = CliRunner().invoke(app, ["serve", "--no-swe", "--env", name, "--dry-run"])
+    assert refused.exit_code == 2 and f"environment '{name}': its agent" in refused.output, refused.output
+
+
 def test_a_resources_server_folder_without_a_server_is_refused_with_its_own_description() -> None:
     # gymnasium ships base.py, a class other servers import, and a config saying so.
     with pytest.raises(GymEnvironmentError) as refused:

@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from miles_nemogym.gym import wheel as gym_wheel
-from miles_nemogym.gym._harness import HARNESSES, cli_need, harness_layer
+from miles_nemogym.gym._harness import HARNESSES, NOT_RUN_HERE, cli_need, harness_layer
 from miles_nemogym.redaction import redact_url
 from miles_nemogym.yaml_file import load as load_yaml
 
@@ -298,6 +298,8 @@ def refusal(name: str, config: Mapping[str, Any], judge: Judge | None) -> str | 
             return found
         if group != "responses_api_agents":
             continue
+        if kind in NOT_RUN_HERE:
+            return f"environment {name!r}: its agent {kind}: {NOT_RUN_HERE[kind]}"
         if kind in _ID_DROPPED:
             return (
                 f"environment {name!r}: its agent {instance!r} ({kind}) {_ID_DROPPED[kind]} in nemo-gym 0.7.0, "

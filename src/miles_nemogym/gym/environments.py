@@ -37,7 +37,7 @@ import yaml
 from miles_nemogym.episode.record import AGENT_SUFFIX
 from miles_nemogym.errors import counted
 from miles_nemogym.gym import wheel as gym_wheel
-from miles_nemogym.gym._harness import HARNESSES, NOT_RUN_HERE, cli_bin
+from miles_nemogym.gym._harness import HARNESSES, cli_bin
 from miles_nemogym.gym._judge_gate import JudgeGate
 from miles_nemogym.gym._logs import ServerLog, run_secrets
 from miles_nemogym.gym.composition import (
@@ -360,8 +360,8 @@ def _refused_folders(wheel: Path) -> tuple[tuple[str, str], ...]:
 
 def config_refusal(name: str, config: Mapping[str, Any], composed: Mapping[str, Any] | None = None) -> str | None:
     """Why this package does not run what a shipped config names as NeMo-Gym ships it, or None:
-    a requirement beyond PyPI of one of its agents or resources servers, an agent of
-    ``NOT_RUN_HERE``, else :func:`composition.refusal` of ``composed`` (``config`` with the
+    a requirement beyond PyPI of one of its agents or resources servers, else
+    :func:`composition.refusal` of ``composed`` (an agent of ``NOT_RUN_HERE`` among them; ``config`` with the
     configs it pulls in; default ``config``). The one rule for ``environments/`` folders and for
     benchmarks played by another agent than ``simple_agent``."""
     blocks = list(server_blocks(config))
@@ -376,9 +376,6 @@ def config_refusal(name: str, config: Mapping[str, Any], composed: Mapping[str, 
             _requirement_lines(name, _requirements_text(group, kind))
         except GymEnvironmentError as error:
             return str(error).replace("its requirements.txt", f"its {role} {kind}'s requirements.txt")
-    for kind in agents:
-        if kind in NOT_RUN_HERE:
-            return f"environment {name!r}: its agent {kind}: {NOT_RUN_HERE[kind]}"
     return refusal(name, config if composed is None else composed, None)
 
 
