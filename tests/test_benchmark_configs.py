@@ -97,6 +97,11 @@ def test_such_a_benchmark_runs_here_graded_by_its_own_environment() -> None:
 
 
 def test_none_of_them_is_left_not_served() -> None:
-    statuses = {name: entry_support(_entry(name)).status for _, (name, _) in benchmark_environments().items()}
+    found = {name: entry_support(_entry(name)) for _, (name, _) in benchmark_environments().items()}
+    statuses = {name: support.status for name, support in found.items()}
     assert catalog.NOT_YET not in statuses.values(), statuses
-    assert set(statuses.values()) == {catalog.BENCHMARK_PREPARED}
+    assert set(statuses.values()) == {catalog.BENCHMARK_PREPARED, catalog.REFUSED}
+    # Refused only where serve would refuse the grader: its tools run in task containers.
+    refused = {name for name, support in found.items() if support.status == catalog.REFUSED}
+    assert refused == {"litmus-bench", "litmus-bench/config_tier12"}
+    assert all("task containers" in found[name].needs for name in refused)

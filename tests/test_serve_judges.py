@@ -174,11 +174,10 @@ def test_a_password_in_the_judge_url_is_never_printed() -> None:
     assert password not in said
 
 
-def test_a_dry_run_names_what_an_environments_agent_lacks_and_exits_1() -> None:
-    code, said = _serve("--no-swe", "--dry-run", "--env", "example_mcp_weather", "--env", "swebench")
+def test_a_dry_run_names_what_an_environments_servers_lack_and_exits_1() -> None:
+    code, said = _serve("--no-swe", "--dry-run", "--env", "critpt", "--env", "swebench")
     assert code == 1, said
-    assert "example_mcp_weather: example_mcp_weather_claude_code_agent (claude_code_agent): the setting" in said
-    assert "anthropic_api_key" in said
+    assert "critpt: critpt_resources_server (critpt): the setting artificial_analysis_api_key" in said
     assert "swebench: swebench_resources_server (swebench): a sandbox provider (task containers)" in said
 
 
