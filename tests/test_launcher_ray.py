@@ -52,6 +52,8 @@ def head(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[tuple[RayA
     # Ray's socket paths must stay under 108 bytes: pytest's tmp_path is too deep.
     ray_tmp = Path(tempfile.mkdtemp(prefix="rl-", dir="/tmp"))
     monkeypatch.setenv("RAY_TMPDIR", str(ray_tmp))
+    # And multiprocessing's: the dashboard's forkserver folder outlives a stopped head.
+    monkeypatch.setenv("TMPDIR", str(ray_tmp))
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     # Every port the head opens is free-picked: another Ray (a NeMo-Gym server's) may run here.
     ports = [
