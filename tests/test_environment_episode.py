@@ -264,3 +264,48 @@ async def test_a_defect_is_recorded_as_a_client_error_not_raised(
         out = await episode(use_settings, chat, fake.url, "defect")
     assert masked(out) == (True, 0.0, fk.CLIENT_ERROR)
     assert "KeyError" in out["nemogym"]["failure_reason"]
+
+
+def _parsed_reasoning_turn(index: int, reasoning: str, content: str, *calls: tuple[str, str]) -> Turn:
+    """A turn as SGLang answers it under a ``--reasoning-parser`` (what Miles' launcher sets for
+    Qwen3 and the other families): the thinking in ``message.reasoning_content``, not in ``content``."""
+    message: dict[str, object] = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+    if calls:
+        message["tool_calls"] = [
+            {"id": f"call_{index}_{i}", "type": "function", "function": {"name": n, "arguments": a}}
+            for i, (n, a) in enumerate(calls)
+        ]
+    choice = {"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}
+    return Turn(raw=json.dumps({"model": "scripted", "choices": [choice]}).encode())
+
+
+async def test_reasoning_the_policy_returns_apart_is_verified_and_replayed(
+    chat: ScriptedChat, use_settings: UseSettings
+) -> None:
+    # NeMo-Gym 0.7.0's vllm_model (uses_reasoning_parser: true in configs/vllm_model.yaml) reads a
+    # message's reasoning_content (or reasoning) and wraps it in <think> before the converter makes
+    # a reasoning item of it (responses_api_models/vllm_model/app.py:1037-1050); simple_agent then
+    # ends on a reasoning-only turn as incomplete_reasoning (responses_api_agents/simple_agent/app.py:228-245).
+    # The history goes back with that reasoning (app.py:681-690, uses_interleaved_reasoning), and
+    # Miles' session matcher compares reasoning_content (message_matcher_hub: _TEMPLATE_RELEVANT_KEYS).
+    chat.script(
+        "parsed",
+        _parsed_reasoning_turn(0, "plan A", "", tool("echo", a=1)),
+        _parsed_reasoning_turn(1, "plan B", "\\boxed{B}"),
+    )
+    chat.script("parsed_only", _parsed_reasoning_turn(0, "still thinking", ""))
+    async with fake_resources() as fake:
+        out = await episode(use_settings, chat, fake.url, "parsed")
+        only = await episode(use_settings, chat, fake.url, "parsed_only")
+    assert (out["reward"], out["nemogym"]["tool_calls"]) == (1.0, 1)
+    replayed = chat.requests("parsed")[1]["messages"][-2]
+    assert replayed["role"] == "assistant" and replayed["reasoning_content"] == "plan A"
+    output = fake.verified[0]["response"]["output"]
+    assert [i["type"] for i in output] == ["reasoning", "function_call", "function_call_output", "reasoning", "message"]
+    assert [i["summary"][0]["text"] for i in output if i["type"] == "reasoning"] == ["plan A", "plan B"]
+    assert output[-1]["content"][0]["text"] == "\\boxed{B}"
+    assert only["nemogym"]["mask_sample"] is False
+    response = fake.verified[1]["response"]
+    assert [i["type"] for i in response["output"]] == ["reasoning"]
+    assert response["status"] == "incomplete"
+    assert response["metadata"] == {"ng_termination_reason": "incomplete_reasoning"}

@@ -14,7 +14,9 @@ a turn that calls no tool, a cut-off (``finish_reason == "length"``, its tool ca
 ``max_steps`` ends the loop. The transcript is what ``/verify`` reads, in the items NeMo-Gym's
 ``vllm_model`` makes of each chat answer (``nemo_gym/responses_converter.py``): per turn a
 ``reasoning`` item for ``<think>`` spans, a ``message`` with the rest of the text (also when
-empty), one ``function_call`` per call, then the ``function_call_output`` items. Every request
+empty), one ``function_call`` per call, then the ``function_call_output`` items; a reasoning
+parser's ``reasoning_content`` counts as a leading ``<think>`` span, as ``vllm_model`` reads it,
+and goes back to the policy with its turn. Every request
 goes through ``transport.request`` under the episode's deadline; only a seed that never left
 may be sent again (docs/environments.md).
 """
@@ -240,6 +242,9 @@ class _ToolCall(BaseModel):
 class _Message(BaseModel):
     role: str = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
+    """The thinking, when the engine runs a reasoning parser (SGLang's field; vLLM >= 0.16 says ``reasoning``)."""
+    reasoning: str | None = None
     tool_calls: list[_ToolCall] | None = None
 
 
@@ -278,10 +283,16 @@ class _Transcript:
 
     def add_turn(self, message: _Message, model: str | None) -> None:
         entry: dict[str, Any] = {"role": "assistant", "content": message.content}
+        for key in ("reasoning_content", "reasoning"):  # back as written: Miles' session matcher compares it
+            if getattr(message, key) is not None:
+                entry[key] = getattr(message, key)
         if message.tool_calls:
             entry["tool_calls"] = [call.model_dump() for call in message.tool_calls]
         self.messages.append(entry)
         content = message.content or ""
+        parsed = message.reasoning_content or message.reasoning
+        if parsed:  # vllm_model (uses_reasoning_parser) puts a parser's reasoning back in <think> first
+            content = f"<think>{parsed}</think>{content}"
         thoughts = _THINK.findall(content)
         text = _THINK.sub("", content)
         calls = message.tool_calls or []
