@@ -65,6 +65,21 @@ def test_tools_sampling_and_extra_body_trainer_wins() -> None:
     assert first_request({"input": "q", "tool_choice": "auto"}, None)[1] == {}
 
 
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_tools_strict_flag_is_not_sent_to_the_policy(strict: bool) -> None:
+    # NeMo-Gym 0.7.0's vllm_model, simple_agent's model server, drops a function tool's `strict`
+    # before the engine renders the prompt (responses_api_models/vllm_model/app.py:589-601, called
+    # at :619): chat templates that dump the whole tool (Qwen3's `tool | tojson`) would put it in
+    # every tool-bearing prompt. Most NeMo-Gym rows set it (resources_servers/*/data/example.jsonl).
+    _, body = first_request({"input": "q", "tools": [{**TOOL, "strict": strict}]}, None)
+    assert body["tools"] == [
+        {
+            "type": "function",
+            "function": {"name": "lookup", "description": "Look it up.", "parameters": TOOL["parameters"]},
+        }
+    ]
+
+
 @pytest.mark.parametrize(
     ("params", "named"),
     [

@@ -66,10 +66,14 @@ _VERIFY_OWN = frozenset({"response", "reward", "mask_sample", "failure_kind", "f
 # -- the first request: the task row as a chat-completions request ----------------------------
 # As NeMo-Gym's Responses -> Chat Completions converter does it: ``instructions`` become the
 # leading system message, a function tool ``{type, name, description, parameters, strict}``
-# becomes ``{type: "function", function: {...}}``, ``max_output_tokens`` becomes ``max_tokens``.
+# becomes ``{type: "function", function: {...}}`` without ``strict`` (``vllm_model`` strips it),
+# ``max_output_tokens`` becomes ``max_tokens``.
 # Miles' sampling keys win over the row's; the ones without a typed home are sent as top-level
 # keys (what an OpenAI client's ``extra_body`` does).
 
+_NOT_RENDERED = frozenset({"type", "defer_loading", "strict"})
+"""Tool keys the function does not get: ``strict`` too, which ``vllm_model`` drops before the
+engine so a chat template that dumps the whole tool never renders it."""
 _ROW_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "max_output_tokens": "max_tokens"}
 _PASSED = ("parallel_tool_calls", "tool_choice")
 
@@ -123,7 +127,7 @@ def _tools(params: Mapping[str, Any]) -> list[dict[str, Any]]:
                 f"{_PARAMS}.tools[{index}].name {shown(name)} names no tool a resources server can serve "
                 f"(it is empty, a path, or one of its own endpoints: {', '.join(sorted(_RESOURCES_ROUTES))})"
             )
-        function = {k: v for k, v in tool.items() if k not in ("type", "defer_loading") and v is not None}
+        function = {k: v for k, v in tool.items() if k not in _NOT_RENDERED and v is not None}
         out.append({"type": "function", "function": function})
     return out
 
