@@ -309,3 +309,19 @@ async def test_reasoning_the_policy_returns_apart_is_verified_and_replayed(
     assert [i["type"] for i in response["output"]] == ["reasoning"]
     assert response["status"] == "incomplete"
     assert response["metadata"] == {"ng_termination_reason": "incomplete_reasoning"}
+
+
+async def test_non_finite_numbers_in_tool_arguments_reach_the_tool_as_null(
+    chat: ScriptedChat, use_settings: UseSettings
+) -> None:
+    # simple_agent parses the arguments with json.loads, which reads NaN and Infinity, and posts
+    # them with nemo_gym.server_utils.request, whose orjson.dumps writes a non-finite float as null
+    # (responses_api_agents/simple_agent/app.py:264 and :273-280; nemo_gym/server_utils.py:465-466).
+    chat.script(
+        "nan", Turn(tool_calls=(("echo", '{"a": NaN, "b": [Infinity, -Infinity], "c": 1.5}'),)), Turn(content="ok")
+    )
+    async with fake_resources() as fake:
+        out = await episode(use_settings, chat, fake.url, "nan")
+    assert out["reward"] == 1.0
+    ((_, name, arguments),) = fake.tool_calls
+    assert (name, arguments) == ("echo", {"a": None, "b": [None, None], "c": 1.5})

@@ -423,14 +423,15 @@ class _Loop:
     async def _post(self, session: Any, path: str, body: Any, cap: int, *, tool: bool = False) -> Answer:
         """POST to the resources server; a transport failure ends the episode (``resendable`` only
         for a seed that never left: a tool call or verify belongs to a started episode; a ``tool``
-        call's deadline is the policy's)."""
+        call's deadline is the policy's). The body is written as NeMo-Gym's ``server_utils.request``
+        writes it (orjson): NaN and infinities, which ``json.loads`` reads in tool arguments, as null."""
         started = time.monotonic()
         try:
             answer = await request(
                 session,
                 "POST",
                 f"{self.base}/{path}",
-                payload=pydantic_core.to_json(body),
+                payload=pydantic_core.to_json(body, inf_nan_mode="null"),
                 deadline=self.deadline,
                 connect_timeout_s=self.settings.connect_timeout_s,
                 cap=cap,
