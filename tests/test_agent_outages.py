@@ -146,3 +146,33 @@ def test_agent_run_under_asyncio_run_leaves_no_unclosed_session(
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
     assert "Unclosed" not in done.stderr, done.stderr
+
+
+async def test_a_blip_long_after_an_outage_ended_waits_instead_of_stopping_the_run(
+    sympy_row: dict[str, Any], sympy_result: dict[str, Any], use_settings: UseSettings
+) -> None:
+    """A restart, then, past NEMO_GYM_OUTAGE_TIMEOUT, a one-second blip while the episode sent
+    after the restart still runs: that episode was delivered, so the first outage is over and the
+    blip's episode waits out a fresh one, instead of failing at once and stopping the run."""
+    server = GradingServer(sympy_result, held=frozenset({"long"}))
+    use_settings(NEMO_GYM_URL=server.url)
+    use_settings(NEMO_GYM_OUTAGE_TIMEOUT="2")
+    long = asyncio.ensure_future(call(dict(sympy_row, instance_id="long")))
+    try:
+        await eventually(current().circuits.waiting, "the first episode finds the server down")
+        down_at = time.monotonic()
+        await server.start()
+        await eventually(lambda: len(server.bodies) == 1, "the first episode is delivered and runs")
+        await eventually(lambda: time.monotonic() - down_at > 3, "the first outage is older than its timeout")
+        await server.stop_listening()
+        blip = asyncio.ensure_future(call(dict(sympy_row, instance_id="blip")))
+        await eventually(lambda: current().circuits.waiting() or blip.done(), "the blip's episode finds it down")
+        await server.start()
+        blipped = await asyncio.wait_for(blip, 30)
+        server.release.set()
+        first = await asyncio.wait_for(long, 30)
+    finally:
+        await server.close()
+    assert (first["nemogym"]["status"], blipped["nemogym"]["status"]) == ("ok", "ok"), blipped["nemogym"]
+    assert sorted(body["instance_id"] for body in server.bodies) == ["blip", "long"]
+    assert current().circuits.stop_error() is None

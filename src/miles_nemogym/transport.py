@@ -32,8 +32,9 @@ import socket
 import ssl
 import threading
 import weakref
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from urllib.parse import SplitResult, urlsplit
 
 import aiohttp
@@ -138,10 +139,13 @@ def check_session_url(session_url: object) -> SplitResult:
 
 
 class Deadline:
-    """The moment one try of an episode must be over (``NEMO_GYM_RUN_TIMEOUT`` from its start)."""
+    """The moment one try of an episode must be over (``NEMO_GYM_RUN_TIMEOUT`` from its start).
+    ``on_sent``, when given, is called as a request of the try to a NeMo-Gym server leaves (its
+    headers are written on a connection): the server was reached, whenever the answer comes."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, on_sent: Callable[[], None] | None = None) -> None:
         self.seconds = seconds
+        self.on_sent = on_sent
         self._at = asyncio.get_running_loop().time() + seconds
 
     def remaining(self) -> float:
@@ -188,7 +192,13 @@ async def request(
     answered = False
     try:
         async with session.request(
-            method, url, data=payload, headers=sent, timeout=timeout, allow_redirects=False
+            method,
+            url,
+            data=payload,
+            headers=sent,
+            timeout=timeout,
+            allow_redirects=False,
+            trace_request_ctx=deadline.on_sent,
         ) as response:
             answered = True
             body, over_cap, size = await _read(response, cap)
@@ -285,11 +295,32 @@ class Pool:
                 await connector.close()
 
 
-def _session(connector: aiohttp.BaseConnector | None, jar: aiohttp.abc.AbstractCookieJar) -> aiohttp.ClientSession:
-    # Timeouts are per request (``request``); no session-wide total.
+def _session(
+    connector: aiohttp.BaseConnector | None, jar: aiohttp.abc.AbstractCookieJar, *, gym: bool = True
+) -> aiohttp.ClientSession:
+    # Timeouts are per request (``request``); no session-wide total. A NeMo-Gym side's request
+    # tells its try's ``Deadline.on_sent`` when it leaves (the policy's never: another server).
     return aiohttp.ClientSession(
-        connector=connector, connector_owner=False, cookie_jar=jar, timeout=aiohttp.ClientTimeout(total=None)
+        connector=connector,
+        connector_owner=False,
+        cookie_jar=jar,
+        timeout=aiohttp.ClientTimeout(total=None),
+        trace_configs=[_sent_trace()] if gym else None,
     )
+
+
+async def _headers_sent(
+    session: aiohttp.ClientSession, context: SimpleNamespace, params: aiohttp.TraceRequestHeadersSentParams
+) -> None:
+    on_sent = context.trace_request_ctx
+    if callable(on_sent):
+        on_sent()
+
+
+def _sent_trace() -> aiohttp.TraceConfig:
+    trace = aiohttp.TraceConfig()
+    trace.on_request_headers_sent.append(_headers_sent)
+    return trace
 
 
 @functools.cache
@@ -329,7 +360,7 @@ async def pool(limit: int) -> Pool:
     if found is None or found.gym.closed:
         found = pools.by_limit[limit] = Pool(
             gym=_session(_connector(limit), aiohttp.DummyCookieJar()),
-            policy=_session(_connector(limit), aiohttp.DummyCookieJar()),
+            policy=_session(_connector(limit), aiohttp.DummyCookieJar(), gym=False),
         )
     return found
 

@@ -25,6 +25,9 @@ class GradingServer:
     tls: ssl.SSLContext | None = None
     port: int = field(default_factory=free_port)
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    held: frozenset[str] = frozenset()
+    """Instances whose ``/run`` is answered only once ``release`` is set (a long episode)."""
+    release: asyncio.Event = field(default_factory=asyncio.Event)
     _runner: web.AppRunner | None = None
     _site: web.TCPSite | None = None
     _flapping: asyncio.Task[None] | None = None
@@ -36,6 +39,8 @@ class GradingServer:
     async def _run(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.bodies.append(body)
+        if body.get("instance_id") in self.held:
+            await self.release.wait()
         answer = result_for(self.result, str(body.get("instance_id")))
         return web.json_response(answer, headers={"Connection": "close"})
 
@@ -67,6 +72,7 @@ class GradingServer:
         self._flapping = asyncio.get_running_loop().create_task(cycle())
 
     async def close(self) -> None:
+        self.release.set()
         if self._flapping is not None:
             self._flapping.cancel()
             with contextlib.suppress(asyncio.CancelledError):

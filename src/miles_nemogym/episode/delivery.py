@@ -106,7 +106,9 @@ async def _tries(episode: Episode, server: Circuit, settings: Settings, entry: _
         if started is None:
             started = loop.time()
         try:
-            outcome = await episode.attempt(Deadline(settings.run_timeout_s))
+            # Delivered as its first request leaves, not when its answer comes (a /run's, up to an
+            # hour later): the outage it tried in is over for every later try to be timed from.
+            outcome = await episode.attempt(Deadline(settings.run_timeout_s, on_sent=server.delivered))
         except Failed as failed:
             if failed.resendable:
                 last = failed
