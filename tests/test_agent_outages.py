@@ -176,3 +176,23 @@ async def test_a_blip_long_after_an_outage_ended_waits_instead_of_stopping_the_r
     assert (first["nemogym"]["status"], blipped["nemogym"]["status"]) == ("ok", "ok"), blipped["nemogym"]
     assert sorted(body["instance_id"] for body in server.bodies) == ["blip", "long"]
     assert current().circuits.stop_error() is None
+
+
+async def test_an_abort_as_the_outage_ends_still_stops_the_waiting_episode(
+    sympy_row: dict[str, Any], sympy_result: dict[str, Any], use_settings: UseSettings
+) -> None:
+    """Miles' abort() in the same loop turn as the wake-up of the episodes waiting out an outage
+    (another episode's request went out): the abort must not be lost, the episode not sent."""
+    server = GradingServer(sympy_result)
+    use_settings(NEMO_GYM_URL=server.url)
+    use_settings(NEMO_GYM_OUTAGE_TIMEOUT="60")
+    episode = asyncio.ensure_future(call(sympy_row))
+    try:
+        await eventually(current().circuits.waiting, "the episode waits out the outage")
+        current().circuits.for_url(server.url, "NEMO_GYM_URL").delivered()  # wakes the waiting episode
+        current().in_flight.abort_all()
+        out = await asyncio.wait_for(episode, 10)
+    finally:
+        await server.close()
+    assert out["nemogym"]["failure_kind"] == "cancelled", out["nemogym"]
+    assert server.bodies == []

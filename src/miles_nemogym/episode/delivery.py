@@ -319,9 +319,14 @@ class Circuit:
                         self._probing = True
                         # Kept referenced: the loop holds only a weak reference to its tasks.
                         self._probe_task = loop.create_task(self._probe_loop())
-                # Woken by the probe; the timeout re-checks that a probe still runs somewhere.
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(event.wait(), _RECHECK_S)
+                # Woken by the probe; the timer re-checks that a probe still runs somewhere. Not
+                # ``wait_for``: before Python 3.12 it swallows a cancellation (abort()) that lands
+                # as the event is set, and the aborted episode would be sent.
+                recheck = loop.call_later(_RECHECK_S, event.set)
+                try:
+                    await event.wait()
+                finally:
+                    recheck.cancel()
         finally:
             with self._lock:
                 self._waiting -= 1
