@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import groups
+from miles_nemogym import agent, groups
 from miles_nemogym.episode.record import eval_overrides
 from miles_nemogym.errors import RunStopped
 from miles_nemogym.runtime import current
@@ -196,3 +196,24 @@ async def test_an_abort_as_the_outage_ends_still_stops_the_waiting_episode(
         await server.close()
     assert out["nemogym"]["failure_kind"] == "cancelled", out["nemogym"]
     assert server.bodies == []
+
+
+async def test_an_episode_aborted_while_waiting_out_an_outage_charges_its_wait(
+    sympy_row: dict[str, Any], sympy_result: dict[str, Any], use_settings: UseSettings
+) -> None:
+    """Miles' end-of-step abort stops the episodes still waiting for a server that is down: they
+    are cancelled, and the time they waited is still in ``outage_wait_s``."""
+    server = GradingServer(sympy_result)  # never listens
+    use_settings(NEMO_GYM_URL=server.url)
+    use_settings(NEMO_GYM_OUTAGE_TIMEOUT="60")
+    episode = asyncio.ensure_future(call(sympy_row))
+    await eventually(current().circuits.waiting, "the episode waits out the outage")
+    waiting_since = time.monotonic()
+    await eventually(lambda: time.monotonic() - waiting_since > 1, "the episode has waited a second")
+    await agent.abort(None)
+    out = await asyncio.wait_for(episode, 10)
+    waited = time.monotonic() - waiting_since
+    await server.close()
+    assert out["nemogym"]["failure_kind"] == "cancelled"
+    trained = current().ledger.drain()
+    assert trained.cancelled == 1 and 1 < trained.outage_wait_s <= waited + 1, trained

@@ -91,7 +91,12 @@ async def _tries(episode: Episode, server: Circuit, settings: Settings, entry: _
     started: float | None = None
     while True:
         entry.not_delivered = True
-        gave_up_kind, waited = await server.wait()
+        waiting_since = time.monotonic()
+        try:
+            gave_up_kind, waited = await server.wait()
+        except asyncio.CancelledError:  # abort(): its cancelled record still charges the wait
+            entry.outage_wait_s += time.monotonic() - waiting_since
+            raise
         entry.outage_wait_s += waited
         if gave_up_kind is not None:
             reason = (
