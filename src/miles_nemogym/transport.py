@@ -32,7 +32,7 @@ import socket
 import ssl
 import threading
 import weakref
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from urllib.parse import SplitResult, urlsplit
@@ -140,12 +140,12 @@ def check_session_url(session_url: object) -> SplitResult:
 
 class Deadline:
     """The moment one try of an episode must be over (``NEMO_GYM_RUN_TIMEOUT`` from its start).
-    ``on_sent``, when given, is called as a request of the try to a NeMo-Gym server leaves (its
+    ``sent``, when given, is resolved as a request of the try to a NeMo-Gym server leaves (its
     headers are written on a connection): the server was reached, whenever the answer comes."""
 
-    def __init__(self, seconds: float, on_sent: Callable[[], None] | None = None) -> None:
+    def __init__(self, seconds: float, sent: asyncio.Future[None] | None = None) -> None:
         self.seconds = seconds
-        self.on_sent = on_sent
+        self.sent = sent
         self._at = asyncio.get_running_loop().time() + seconds
 
     def remaining(self) -> float:
@@ -198,7 +198,7 @@ async def request(
             headers=sent,
             timeout=timeout,
             allow_redirects=False,
-            trace_request_ctx=deadline.on_sent,
+            trace_request_ctx=deadline.sent,
         ) as response:
             answered = True
             body, over_cap, size = await _read(response, cap)
@@ -299,7 +299,7 @@ def _session(
     connector: aiohttp.BaseConnector | None, jar: aiohttp.abc.AbstractCookieJar, *, gym: bool = True
 ) -> aiohttp.ClientSession:
     # Timeouts are per request (``request``); no session-wide total. A NeMo-Gym side's request
-    # tells its try's ``Deadline.on_sent`` when it leaves (the policy's never: another server).
+    # resolves its try's ``Deadline.sent`` when it leaves (the policy's never: another server).
     return aiohttp.ClientSession(
         connector=connector,
         connector_owner=False,
@@ -312,9 +312,9 @@ def _session(
 async def _headers_sent(
     session: aiohttp.ClientSession, context: SimpleNamespace, params: aiohttp.TraceRequestHeadersSentParams
 ) -> None:
-    on_sent = context.trace_request_ctx
-    if callable(on_sent):
-        on_sent()
+    sent = context.trace_request_ctx
+    if isinstance(sent, asyncio.Future) and not sent.done():
+        sent.set_result(None)
 
 
 def _sent_trace() -> aiohttp.TraceConfig:

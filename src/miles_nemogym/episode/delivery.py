@@ -113,7 +113,9 @@ async def _tries(episode: Episode, server: Circuit, settings: Settings, entry: _
         try:
             # Delivered as its first request leaves, not when its answer comes (a /run's, up to an
             # hour later): the outage it tried in is over for every later try to be timed from.
-            outcome = await episode.attempt(Deadline(settings.run_timeout_s, on_sent=server.delivered))
+            sent: asyncio.Future[None] = loop.create_future()
+            sent.add_done_callback(lambda _: server.delivered())
+            outcome = await episode.attempt(Deadline(settings.run_timeout_s, sent=sent))
         except Failed as failed:
             if failed.resendable:
                 last = failed
