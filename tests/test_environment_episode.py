@@ -242,6 +242,8 @@ async def test_a_generation_aborted_by_miles_is_cancelled_not_scored(
         out = await episode(use_settings, chat, fake.url, "aborted")
     assert masked(out) == (True, 0.0, fk.CANCELLED)
     assert fake.verified == []
+    tally = current().ledger.drain()  # our abort: neither an episode nor a failure
+    assert (tally.cancelled, tally.episodes, dict(tally.failures)) == (1, 0, {})
 
 
 async def test_a_row_that_is_not_json_is_an_invalid_request(chat: ScriptedChat, use_settings: UseSettings) -> None:

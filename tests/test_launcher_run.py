@@ -379,10 +379,11 @@ def test_a_ray_address_without_a_scheme_is_http_as_ray_reads_it(tmp_path: Path) 
     assert actions.calls == [("ray_reachable", "http://head:8265"), ("submit", "http://head:8265")]
 
 
-@pytest.mark.parametrize("address", ["auto", "ray://head:10001"])
+@pytest.mark.parametrize("address", ["auto", "ray://head:10001", "ray://alice:s3cretpw@head:10001"])
 def test_a_ray_address_that_is_not_a_dashboards_is_refused_with_the_fix(address: str) -> None:
-    with pytest.raises(ValidationError, match="give the Ray dashboard's, as in http://HEAD:8265"):
+    with pytest.raises(ValidationError, match="give the Ray dashboard's, as in http://HEAD:8265") as refused:
         LauncherConfig(ray_address=address)
+    assert "s3cretpw" not in refused.value.errors()[0]["msg"]  # what the launcher prints: no password
 
 
 class DyingHead(Recorder):

@@ -66,15 +66,24 @@ class Failed(MilesNemoGymError):
     type from the transport to the record. ``resendable``: the request certainly never reached the
     server and its deadline has not passed, so the episode may be sent again; ``policy``: an
     ``agent_timeout`` while the policy held the episode (whose timeout it is); ``answered``: the
-    server's answer had begun (its status and headers came), so a timeout is the server's."""
+    server's answer had begun (its status and headers came), so a timeout is the server's;
+    ``aborted``: Miles aborted the policy's generation (our abort, never a server's verdict)."""
 
     def __init__(
-        self, kind: str, reason: str, *, resendable: bool = False, policy: bool = False, os_error: OSError | None = None
+        self,
+        kind: str,
+        reason: str,
+        *,
+        resendable: bool = False,
+        policy: bool = False,
+        aborted: bool = False,
+        os_error: OSError | None = None,
     ) -> None:
         super().__init__(reason)
         self.kind = kind
         self.resendable = resendable
         self.policy = policy
+        self.aborted = aborted
         self.answered = False
         self.os_error = os_error
         """What the operating system said, for callers that explain a failure (doctor)."""

@@ -389,7 +389,7 @@ class _Loop:
                     step += 1
                     choice, model = await self._chat(connections.policy)
                     if choice.finish_reason == "abort":
-                        raise Failed(fk.CANCELLED, "the policy aborted the generation")
+                        raise Failed(fk.CANCELLED, "the policy aborted the generation", aborted=True)
                     self.transcript.add_turn(choice.message, model)
                     if choice.finish_reason == "length":
                         self.cut_off = True

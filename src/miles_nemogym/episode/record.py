@@ -334,7 +334,7 @@ def failure_of(
         given = TimeoutReward.mask if settings is None else settings.timeout_reward
         return timed_out(reason, policy=error.policy, given=given, lowest=lowest)
     outcome = failure(kind, reason)
-    outcome.aborted = kind == fk.CANCELLED and isinstance(error, Failed)  # raised by our loop, never a server's verdict
+    outcome.aborted = isinstance(error, Failed) and error.aborted
     return outcome
 
 

@@ -445,8 +445,10 @@ def _read_jsonl_use(path: Path, use: DataUse, source: str) -> None:
             at = line.find(_MARK_KEY)
             found = _MARK.match(line, at) if at >= 0 else None
             if found is None:
+                # No mark, but a NeMo-Gym agent_ref the agent reads its environment from: parsed, each
+                # (data the converter wrote carries the mark; only hand-made rows come this way).
                 if _AGENT_REF in line and _counted_as_parsed(line, use, source):
-                    continue  # no mark, but a NeMo-Gym agent_ref the agent reads its environment from
+                    continue
                 if line.strip():
                     use.count(SWE_ENVIRONMENT, source)
                 continue

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic.functional_validators import AfterValidator
 
 from miles_nemogym.errors import MilesNemoGymError, describe, message
+from miles_nemogym.redaction import redact_url
 from miles_nemogym.settings import EnvironmentServer, Settings, environment_name_problem, parse_environments, short_name
 from miles_nemogym.yaml_file import YamlFileError, read_mapping
 
@@ -402,7 +403,7 @@ class LauncherConfig(BaseModel):
         value = value.strip()
         if value == "auto" or value.startswith("ray://"):
             raise ValueError(
-                f"{value!r} (also read from RAY_ADDRESS) is not a job-submission address: give the Ray "
+                f"{redact_url(value)!r} (also read from RAY_ADDRESS) is not a job-submission address: give the Ray "
                 "dashboard's, as in http://HEAD:8265"
             )
         return value if "://" in value else f"http://{value}"
