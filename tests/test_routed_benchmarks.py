@@ -121,7 +121,6 @@ def test_a_benchmark_is_refused_with_nemo_gyms_reason(entry: CatalogEntry, reaso
             ["the environment variable OPENCODE_SANDBOX_IMAGE"],
         ),
         ("job_bench/pi", "benchmarks/job_bench/pi.yaml", []),
-        ("terminal_bench_4/miniswe", "benchmarks/terminal_bench_4/miniswe.yaml", []),  # its sandbox is nested
     ],
 )
 def test_a_benchmark_in_task_containers_is_refused_first_for_them_naming_what_else_it_needs(
@@ -193,3 +192,9 @@ def test_convert_of_an_environments_rows_never_builds_the_server_venv(
     done = CliRunner().invoke(app, ["convert", "--env", f"mcqa={rows}", "-o", str(tmp_path / "out.jsonl"), "-q"])
     assert done.exit_code == 0, done.output
     assert json.loads((tmp_path / "out.jsonl").read_text())["metadata"]["nemogym_env"] == "mcqa"
+
+
+def test_a_benchmark_whose_config_connects_to_its_own_sandbox_service_names_it_as_a_need() -> None:
+    # terminal_bench_4's opensandbox block, nested in its environment: ${oc.env:OPENSANDBOX_DOMAIN,localhost}.
+    found = entry_support(benchmark("terminal_bench_4/miniswe", None, None, "benchmarks/terminal_bench_4/miniswe.yaml"))
+    assert found.status != catalog.REFUSED and "the sandbox service its config connects to" in found.needs, found

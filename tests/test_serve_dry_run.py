@@ -345,19 +345,27 @@ def test_a_taken_port_is_refused_before_anything_starts(bare_host: Path, given: 
     assert "Ready" not in said and not (bare_host / "gym-venv").exists()
 
 
-def test_serve_refuses_an_environment_that_lacks_what_dry_run_names_before_starting(bare_host: Path) -> None:
-    # litmus_agent's resources server runs its tools in task containers: serve started it, said Ready,
-    # and no episode could run; --dry-run already named the sandbox it lacks.
+def test_serve_refuses_an_environment_that_lacks_what_dry_run_names_before_starting(
+    bare_host: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # litmus_agent's resources server runs its tools in the OpenSandbox service its config connects to
+    # (${oc.env:OPENSANDBOX_DOMAIN,<a cluster's address>}): serve started it without one, said Ready,
+    # and no episode could run; --dry-run already named what it lacks.
+    need = "the sandbox service its config connects to (opensandbox): set OPENSANDBOX_API_KEY, OPENSANDBOX_DOMAIN"
     dry = CliRunner().invoke(app, ["serve", "--no-swe", "--env", "litmus_agent", "--dry-run"])
-    assert dry.exit_code == 1 and "a sandbox provider (task containers)" in dry.output, dry.output
+    assert dry.exit_code == 1 and need in dry.output, dry.output
     refused = CliRunner().invoke(app, ["serve", "--no-swe", "--env", "litmus_agent", "--port", "23456"])
     assert refused.exit_code == 1, refused.output
     assert "error: the environments' servers cannot run here; they lack:" in refused.stderr
     lacking = [line[4:] for line in refused.stderr.splitlines() if line.startswith("  - ")]
     assert lacking and all(line.startswith("litmus_agent: ") for line in lacking), lacking
-    assert "a sandbox provider (task containers)" in " ".join(lacking)
+    assert need in " ".join(lacking)
     assert "pass --start-anyway" in refused.stderr and "Nothing was started." in refused.stderr
     assert not (bare_host / "gym-venv").exists()
+    monkeypatch.setenv("OPENSANDBOX_DOMAIN", "sandboxes.example:8080")  # the user's service: nothing lacks
+    monkeypatch.setenv("OPENSANDBOX_API_KEY", "")
+    given = CliRunner().invoke(app, ["serve", "--no-swe", "--env", "litmus_agent", "--dry-run"])
+    assert given.exit_code == 0 and "nothing missing" in given.output, given.output
     started = CliRunner().invoke(
         app, ["serve", "--no-swe", "--env", "litmus_agent", "--port", "23456", "--start-anyway"]
     )

@@ -345,11 +345,9 @@ def config_needs(
                 needs.append(f"{instance} ({kind}): the environment variable {key} (an API key)")
             elif source == "select" and key not in config:
                 needs.append(f"{instance} ({kind}): the setting {key} (an API key)")
-        if _names_sandbox(block):
-            needs.append(
-                f"{instance} ({kind}): a sandbox provider (task containers), which serve does not configure "
-                "for --env servers"
-            )
+        sandbox = _sandbox_need(block, environ)
+        if sandbox:
+            needs.append(f"{instance} ({kind}): {sandbox}")
         installed = cli_need(kind, block, which, cache=cache) if group == "responses_api_agents" else None
         if installed:
             needs.append(f"{instance} ({kind}): {installed}")
@@ -363,11 +361,38 @@ def config_needs(
     return list(dict.fromkeys(needs))
 
 
-def _names_sandbox(value: Any) -> bool:
-    """A block that names a sandbox provider, at any depth (terminal_bench_4's ``environment``)."""
+def _sandbox_need(block: Mapping[str, Any], environ: Mapping[str, str]) -> str | None:
+    """What a server's task containers need here, or None. A provider it only names
+    (``sandbox_provider: sandbox``, a setting serve does not set for ``--env`` servers) can never
+    be met; one its config connects to itself (litmus_agent's ``opensandbox`` block) needs the
+    variables that say where (``${oc.env:X,...}`` in that block) set to the user's service."""
+    found = list(_sandbox_settings(block))
+    if not found:
+        return None
+    providers = [value for key, value in found if key == "sandbox_provider"]
+    if not providers or not all(isinstance(p, dict) for p in providers):
+        return "a sandbox provider (task containers), which serve does not configure for --env servers"
+    variables = list(dict.fromkeys(v for v, _ in _ENV_REFERENCE.findall(yaml.dump(providers, Dumper=_DUMPER))))
+    unset = [v for v in variables if v not in environ]
+    if variables and not unset:
+        return None
+    kinds = ", ".join(sorted({str(k) for p in providers for k in p}))
+    where = f"set {', '.join(unset)} to yours" if unset else "at the address its config names"
+    return f"the sandbox service its config connects to ({kinds}): {where}"
+
+
+def _sandbox_settings(value: Any) -> Iterator[tuple[str, Any]]:
+    """Each ``sandbox_provider`` or ``sandbox_config`` setting at any depth (terminal_bench_4's
+    ``environment``), with its value."""
     if isinstance(value, dict):
-        return any(key in ("sandbox_provider", "sandbox_config") or _names_sandbox(v) for key, v in value.items())
-    return isinstance(value, list) and any(_names_sandbox(v) for v in value)
+        for key, inner in value.items():
+            if key in ("sandbox_provider", "sandbox_config"):
+                yield key, inner
+            else:
+                yield from _sandbox_settings(inner)
+    elif isinstance(value, list):
+        for inner in value:
+            yield from _sandbox_settings(inner)
 
 
 # The CLI each harness agent runs (nemo-gym 0.7.0: ``shutil.which`` in its ``setup_<name>.py``).
