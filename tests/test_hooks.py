@@ -108,6 +108,7 @@ def test_metrics_over_distinct_episodes(graded: list[dict[str, Any]]) -> None:
     samples.append(sample_from(never_sent))
     m = metrics.rollout_metrics(samples, Tally())
     assert m["nemogym/samples"] == 10 and m["nemogym/samples_without_record"] == 1
+    assert m["nemogym/episodes_trained"] == 8  # five graded (one in two samples), three failed
     # Counts and failure rates have one source, the ledger (here empty): never the samples.
     assert m["nemogym/episodes"] == 0 and not any(key.startswith("nemogym/failure_rate") for key in m)
     assert m["nemogym/resolve_rate"] == pytest.approx(1 / 5)  # over valid episodes only
@@ -119,6 +120,15 @@ def test_metrics_over_distinct_episodes(graded: list[dict[str, Any]]) -> None:
     assert m["nemogym/episode_time_p95"] == 50.0
     assert m["nemogym/turns_mean"] == pytest.approx((5 + 5 + 10 + 20 + 22) / 5)  # the five real episodes
     assert m["nemogym/tool_calls_mean"] == pytest.approx((8 + 6 + 24 + 31 + 60) / 5)
+
+
+def test_a_session_server_v2_episode_of_several_samples_is_one_trained_episode(graded: list[dict[str, Any]]) -> None:
+    # Miles' session server v2 returns one list per episode, one sample per linear trajectory,
+    # each carrying the agent's dict; a failed episode's list as well.
+    group = [[sample_from(graded[0]), sample_from(graded[0]), sample_from(graded[0])], [sample_from(graded[1])],
+             [sample_from(masked("agent_run_error", "f1")), sample_from(masked("agent_run_error", "f1"))]]  # fmt: skip
+    m = metrics.rollout_metrics([group], Tally())
+    assert (m["nemogym/samples"], m["nemogym/episodes_trained"], m["nemogym/samples_zero_loss"]) == (6, 3, 2)
 
 
 def test_log_rollout_without_miles_logs_the_steps_metrics_once_and_drains_the_ledger(
@@ -139,8 +149,8 @@ def test_log_rollout_without_miles_logs_the_steps_metrics_once_and_drains_the_le
 def test_metrics_on_empty_rollout() -> None:
     assert metrics.rollout_metrics([], Tally()) == {
         "nemogym/samples": 0.0, "nemogym/samples_without_record": 0.0, "nemogym/samples_zero_loss": 0.0,
-        "nemogym/episodes": 0.0, "nemogym/episodes_cancelled": 0.0, "nemogym/groups_salvaged": 0.0,
-        "nemogym/groups_dropped": 0.0, "nemogym/outage_wait_s": 0.0,
+        "nemogym/episodes_trained": 0.0, "nemogym/episodes": 0.0, "nemogym/episodes_cancelled": 0.0,
+        "nemogym/groups_salvaged": 0.0, "nemogym/groups_dropped": 0.0, "nemogym/outage_wait_s": 0.0,
     }  # fmt: skip
 
 

@@ -58,13 +58,16 @@ _MEASURED = frozenset(
 def rollout_metrics(samples: Any, tally: Tally) -> dict[str, float]:
     """``nemogym/*`` of one rollout step. Counts (episodes, failures, groups, outage wait) come
     from the ledger's ``tally``, which also saw dropped groups and record-less samples; the
-    quality of valid episodes and their times from the samples. Pure."""
+    episodes the step trained (``episodes_trained``, each once however many samples it spans),
+    the quality of valid episodes and their times from the samples. Pure."""
     flat = list(flatten(samples))
     found = distinct_episodes(flat)
     metrics: dict[str, float] = {
         "samples": float(len(flat)),
         "samples_without_record": float(sum(1 for s in flat if record_of(s) is None)),
         "samples_zero_loss": float(zero_loss_samples(flat)),
+        # Under session server v2 an episode may span several samples: what the step trained, in episodes.
+        "episodes_trained": float(len(found)),
         **_counts(tally),
         **_quality([e.record for e in found if not e.record.mask_sample]),
     }

@@ -205,11 +205,16 @@ def test_stale_groups_are_dropped_counted_and_regenerated_only_under_retry(
 # -- metrics, eval per drain -------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("session_server", ["v1", "v2"])
 def test_each_drain_logs_the_groups_it_trained_and_paid_episodes_add_up(
-    miles_driver: MilesDriver, prompts: list[dict[str, Any]], sympy_result: dict[str, Any]
+    miles_driver: MilesDriver, prompts: list[dict[str, Any]], sympy_result: dict[str, Any], session_server: str
 ) -> None:
-    gym = scripted(sympy_result, prompts, [1.0, START_ERROR, 0.0, 0.5])
-    result = run(miles_driver, gym, prompts, 3).check()
+    # Each policy call a new conversation: under v2 an episode that made them comes back as two samples.
+    gym = ScriptedGym(
+        result=sympy_result, policy_calls=2,
+        scripts={row["metadata"]["instance_id"]: [1.0, START_ERROR, 0.0, 0.5] for row in prompts},
+    )  # fmt: skip
+    result = run(miles_driver, gym, prompts, 3, session_server=session_server).check()
     drains = result.drains
     assert all(d.finished and d.error is None for d in drains), drains[-1].raw.get("traceback")
     paid = trained = dropped = 0.0
@@ -217,13 +222,16 @@ def test_each_drain_logs_the_groups_it_trained_and_paid_episodes_add_up(
     for k, drain in enumerate(drains):
         tracked = drain.tracked("rollout/step")
         # What this step trained, not what was judged since the last one.
-        assert tracked["nemogym/samples"] == PROMPTS * N and tracked["nemogym/groups_salvaged"] == PROMPTS
+        assert tracked["nemogym/episodes_trained"] == PROMPTS * N and tracked["nemogym/groups_salvaged"] == PROMPTS
+        # v2: each episode that called the policy is two samples, the one failed before it one.
+        per_group = N if session_server == "v1" else 2 * (N - 1) + 1
+        assert tracked["nemogym/samples"] == PROMPTS * per_group
         if k:
             assert "rollout/fully_async/avg_staleness" in tracked  # Miles' own, next to ours
         paid += tracked["nemogym/episodes"]
-        trained += tracked["nemogym/samples"]
+        trained += tracked["nemogym/episodes_trained"]
         dropped += tracked["nemogym/buffer/episodes_dropped"]
-        seen.update(s["metadata"]["nemogym"]["episode_id"] for s in drain.samples)
+        seen.update({s["metadata"]["nemogym"]["episode_id"] for s in drain.samples})
     buffered = drains[-1].tracked("rollout/step")["nemogym/buffer/episodes_buffered"]
     assert max(seen.values()) == 1  # nothing trained twice
     # Paid = trained + dropped + still buffered + finished in a group not yet complete (at most
