@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from miles_nemogym import failure_kinds as fk
 from miles_nemogym import transport
 from miles_nemogym.episode.record import ENV_KEY, TASK_ID_KEY
+from miles_nemogym.errors import AGENT_RUN_ERROR, INVALID_CONFIG, SEED_FAILED, TRANSPORT_UNREACHABLE, VERIFIER_ERROR
 from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import (
     policy_url_of,
     rollout_id,
@@ -70,7 +70,7 @@ async def test_an_agent_row_without_serves_rollout_secret_is_a_masked_invalid_co
         else:
             use_settings(NEMO_GYM_ROLLOUT_SECRET=value)
         record = (await call(dict(ROW)))["nemogym"]
-        assert (record["mask_sample"], record["failure_kind"]) == (True, fk.INVALID_CONFIG), value
+        assert (record["mask_sample"], record["failure_kind"]) == (True, INVALID_CONFIG), value
         reason = record["failure_reason"]
         assert "NEMO_GYM_ROLLOUT_SECRET" in reason and "miles-nemogym serve" in reason, reason
         assert value is None or value == "" or value not in reason  # the value itself is never shown
@@ -103,15 +103,15 @@ async def test_an_agent_row_posts_its_agents_run_with_the_row_and_the_rollout_id
 @pytest.mark.parametrize(
     ("respond", "kind", "reason"),
     [
-        (answer(reward=2.0), fk.VERIFIER_ERROR, "outside NEMO_GYM_ENVS['blackjack'].reward_range=[-1, 1]"),
-        (answer(reward="1"), fk.VERIFIER_ERROR, "not a number"),
-        (answer(reward=0.0, mask_sample=True, failure_reason="sandbox died"), fk.VERIFIER_ERROR, "sandbox died"),
+        (answer(reward=2.0), VERIFIER_ERROR, "outside NEMO_GYM_ENVS['blackjack'].reward_range=[-1, 1]"),
+        (answer(reward="1"), VERIFIER_ERROR, "not a number"),
+        (answer(reward=0.0, mask_sample=True, failure_reason="sandbox died"), VERIFIER_ERROR, "sandbox died"),
         (
             lambda request: web.json_response("Hit an exception calling an inner server", status=500),
-            fk.AGENT_RUN_ERROR,
+            AGENT_RUN_ERROR,
             "the agent's HTTP 500",
         ),
-        (lambda request: web.Response(text="{", content_type="application/json"), fk.AGENT_RUN_ERROR, "undecodable"),
+        (lambda request: web.Response(text="{", content_type="application/json"), AGENT_RUN_ERROR, "undecodable"),
     ],
 )
 async def test_an_agent_answer_that_is_no_measurement_is_a_named_masked_failure(
@@ -133,7 +133,7 @@ async def test_an_unreachable_agent_is_waited_out_as_an_outage_naming_it(
     use_settings(NEMO_GYM_OUTAGE_TIMEOUT="1")
     out = await call(dict(ROW))
     record = out["nemogym"]
-    assert (record["status"], record["failure_kind"]) == ("failed", fk.TRANSPORT_UNREACHABLE), record
+    assert (record["status"], record["failure_kind"]) == ("failed", TRANSPORT_UNREACHABLE), record
     assert url in record["failure_reason"]
     assert current().circuits.stop_error() is not None and url in str(current().circuits.stop_error())
 
@@ -146,7 +146,7 @@ def test_the_streak_stop_names_the_agent_server_of_an_agent_row() -> None:
         }
     )
     for _ in range(2):
-        current().ledger.record_episode(fk.AGENT_RUN_ERROR, "train", None, 0.0, environment="blackjack")
+        current().ledger.record_episode(AGENT_RUN_ERROR, "train", None, 0.0, environment="blackjack")
     stop = streak_stop(settings, current().ledger)
     assert stop is not None and "the blackjack agent server at http://gym:2 (NEMO_GYM_ENVS; x2)" in stop
     assert "resources server" not in stop
@@ -204,6 +204,6 @@ async def test_a_gymnasium_environment_given_without_its_agent_is_masked_naming_
         await transport.close_pools()
         await runner.cleanup()
     record = out["nemogym"]
-    assert (record["status"], record["failure_kind"]) == ("failed", fk.SEED_FAILED), record
+    assert (record["status"], record["failure_kind"]) == ("failed", SEED_FAILED), record
     assert "HTTP 404" in record["failure_reason"]
     assert "give its agent server in NEMO_GYM_ENVS (`miles-nemogym serve --env blackjack`" in record["failure_reason"]

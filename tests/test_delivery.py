@@ -10,10 +10,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.delivery import AWAITING_RESULT, NOT_DELIVERED, Circuits, InFlight, deliver
 from miles_nemogym.episode.record import EpisodeRecord, Outcome
-from miles_nemogym.errors import Failed, SettingsError
+from miles_nemogym.errors import CANCELLED, CLIENT_ERROR, INVALID_CONFIG, TRANSPORT_UNREACHABLE, Failed, SettingsError
 from miles_nemogym.runtime import current, install
 from miles_nemogym.settings import Settings
 from miles_nemogym.transport import Deadline
@@ -22,7 +21,7 @@ from tests.support.fake_resources import fake_resources
 from tests.support.ports import free_port
 
 Try = Callable[[Deadline], Awaitable[Outcome]]
-REFUSED = Failed(fk.TRANSPORT_UNREACHABLE, "connection refused", resendable=True)
+REFUSED = Failed(TRANSPORT_UNREACHABLE, "connection refused", resendable=True)
 
 
 def graded(reward: float = 1.0) -> Outcome:
@@ -106,7 +105,7 @@ async def test_an_outage_past_its_timeout_fails_the_episode_and_stops_the_run(mo
     circuits = Circuits()
     episode = ScriptedEpisode(url, [REFUSED], setting="NEMO_GYM_ENVS")
     out = await asyncio.wait_for(deliver(episode, settings, circuits, InFlight()), 30)
-    assert (out.record.failure_kind, out.record.attempts, out.record.mask_sample) == (fk.TRANSPORT_UNREACHABLE, 1, True)
+    assert (out.record.failure_kind, out.record.attempts, out.record.mask_sample) == (TRANSPORT_UNREACHABLE, 1, True)
     assert "NEMO_GYM_OUTAGE_TIMEOUT=0.5s" in (out.record.failure_reason or "")
     assert "last try: connection refused" in (out.record.failure_reason or "")
     stop = circuits.stop_error()
@@ -114,7 +113,7 @@ async def test_an_outage_past_its_timeout_fails_the_episode_and_stops_the_run(mo
     # The next episode for that server fails at once, sending nothing.
     later = ScriptedEpisode(url, [graded()])
     again = await asyncio.wait_for(deliver(later, settings, circuits, InFlight()), 5)
-    assert (again.record.failure_kind, again.record.attempts, later.script) == (fk.TRANSPORT_UNREACHABLE, 0, [graded()])
+    assert (again.record.failure_kind, again.record.attempts, later.script) == (TRANSPORT_UNREACHABLE, 0, [graded()])
 
 
 def test_one_circuit_per_server_url() -> None:
@@ -122,18 +121,18 @@ def test_one_circuit_per_server_url() -> None:
     down = circuits.for_url("http://a:1", "NEMO_GYM_ENVS")
     assert circuits.for_url("http://a:1", "NEMO_GYM_ENVS") is down
     other = circuits.for_url("http://b:1", "NEMO_GYM_ENVS")
-    down.trip(60, fk.TRANSPORT_UNREACHABLE, "refused")
+    down.trip(60, TRANSPORT_UNREACHABLE, "refused")
     assert down.is_open and not other.is_open and circuits.is_open
     down.delivered()
     assert not down.is_open and not circuits.is_open
-    down.trip(60, fk.TRANSPORT_UNREACHABLE, "refused")
+    down.trip(60, TRANSPORT_UNREACHABLE, "refused")
     circuits.reset()
     assert not circuits.is_open and circuits.for_url("http://a:1", "NEMO_GYM_ENVS") is not down
 
 
 @pytest.mark.parametrize(
     ("error", "kind"),
-    [(SettingsError("NEMO_GYM_X is bad"), fk.INVALID_CONFIG), (KeyError("defect"), fk.CLIENT_ERROR)],
+    [(SettingsError("NEMO_GYM_X is bad"), INVALID_CONFIG), (KeyError("defect"), CLIENT_ERROR)],
 )
 async def test_an_error_on_our_side_is_a_failed_outcome_not_an_exception(
     error: Exception, kind: str, monkeypatch: pytest.MonkeyPatch
@@ -153,7 +152,7 @@ async def test_abort_all_stops_an_episode_awaiting_its_result(monkeypatch: pytes
     await asyncio.wait_for(held.started.wait(), 10)
     assert in_flight.abort_all() == Counter({AWAITING_RESULT: 1})
     out = await asyncio.wait_for(task, 10)
-    assert (out.record.failure_kind, out.record.attempts, held.cancelled) == (fk.CANCELLED, 1, True)
+    assert (out.record.failure_kind, out.record.attempts, held.cancelled) == (CANCELLED, 1, True)
     assert "the server-side episode may run on" in (out.record.failure_reason or "")
     assert in_flight.abort_all() == Counter()  # nothing left in flight
 
@@ -168,7 +167,7 @@ async def test_abort_all_from_another_thread_stops_an_episode_waiting_out_an_out
     await eventually(circuits.waiting, "the episode waits out the outage")
     assert await asyncio.to_thread(in_flight.abort_all) == Counter({NOT_DELIVERED: 1})
     out = await asyncio.wait_for(task, 10)
-    assert (out.record.failure_kind, out.record.attempts) == (fk.CANCELLED, 1)
+    assert (out.record.failure_kind, out.record.attempts) == (CANCELLED, 1)
     assert "before the request reached the server" in (out.record.failure_reason or "")
     assert circuits.waiting() == 0 and out.outage_wait_s > 0  # the wait it was cut short in is charged
 

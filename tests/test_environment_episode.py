@@ -9,8 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode import environment
+from miles_nemogym.errors import (
+    CANCELLED,
+    CLIENT_ERROR,
+    INVALID_REQUEST,
+    POLICY_FAILED,
+    SEED_FAILED,
+    TRANSPORT_PEER_DROP,
+    TRANSPORT_TLS,
+    TRANSPORT_UNREACHABLE,
+    VERIFIER_ERROR,
+)
 from miles_nemogym.runtime import current
 from tests.support.agent_fixtures import fast_env
 from tests.support.environment_episodes import ENV, chat, env_row, envs, episode, masked, run_env
@@ -50,7 +60,7 @@ async def test_resources_server_down_is_masked_before_any_model_call(
     use_settings(NEMO_GYM_OUTAGE_TIMEOUT="1")
     chat.script("down", Turn(content="x"))
     out = await asyncio.wait_for(episode(use_settings, chat, f"http://127.0.0.1:{free_port()}", "down"), 10)
-    assert masked(out) == (True, 0.0, fk.TRANSPORT_UNREACHABLE)
+    assert masked(out) == (True, 0.0, TRANSPORT_UNREACHABLE)
     # Nothing reached any server: the episode waited for it to come back, then gave up.
     assert "NEMO_GYM_OUTAGE_TIMEOUT=1s" in out["nemogym"]["failure_reason"]
     assert current().ledger.drain().outage_wait_s > 0
@@ -64,7 +74,7 @@ async def test_an_untrusted_resources_certificate_is_transport_tls_and_undeliver
     chat.script("tls", Turn(content="x"))
     async with fake_resources(tls=make_certificates(tmp_path).server_context()) as fake:
         out = await asyncio.wait_for(episode(use_settings, chat, fake.url, "tls"), 10)
-    assert masked(out) == (True, 0.0, fk.TRANSPORT_TLS)
+    assert masked(out) == (True, 0.0, TRANSPORT_TLS)
     assert "NEMO_GYM_OUTAGE_TIMEOUT=1s" in out["nemogym"]["failure_reason"]  # waited: it never left
     assert current().ledger.drain().outage_wait_s > 0
     assert fake.seeded == {} and chat.requests("tls") == []
@@ -75,7 +85,7 @@ async def test_seed_failing_or_garbage_is_masked(chat: ScriptedChat, use_setting
     chat.script(f"seed{mode}", Turn(content="x"))
     async with fake_resources(seed=mode) as fake:
         out = await episode(use_settings, chat, fake.url, f"seed{mode}")
-    assert masked(out) == (True, 0.0, fk.SEED_FAILED)
+    assert masked(out) == (True, 0.0, SEED_FAILED)
     assert chat.requests(f"seed{mode}") == [] and fake.verified == []
 
 
@@ -84,7 +94,7 @@ async def test_verify_failing_or_garbage_is_masked(chat: ScriptedChat, use_setti
     chat.script(f"verify{mode}", Turn(content="x"))
     async with fake_resources(verify=mode) as fake:
         out = await episode(use_settings, chat, fake.url, f"verify{mode}")
-    assert masked(out) == (True, 0.0, fk.VERIFIER_ERROR)
+    assert masked(out) == (True, 0.0, VERIFIER_ERROR)
     assert out["nemogym"]["turns"] == 1 and len(fake.verified) == 1
 
 
@@ -185,7 +195,7 @@ async def test_policy_failing_or_garbage_is_masked(chat: ScriptedChat, use_setti
     chat.script("policy", turn)
     async with fake_resources() as fake:
         out = await episode(use_settings, chat, fake.url, "policy")
-    assert masked(out) == (True, 0.0, fk.POLICY_FAILED)
+    assert masked(out) == (True, 0.0, POLICY_FAILED)
     assert fake.verified == []
 
 
@@ -195,7 +205,7 @@ async def test_resources_server_dropping_a_tool_call_is_masked_not_scored(
     chat.script("drops", Turn(tool_calls=(tool("drop"),)), Turn(content="ok"))
     async with fake_resources() as fake:
         out = await episode(use_settings, chat, fake.url, "drops")
-    assert masked(out) == (True, 0.0, fk.TRANSPORT_PEER_DROP)
+    assert masked(out) == (True, 0.0, TRANSPORT_PEER_DROP)
     assert fake.verified == [] and out["nemogym"]["turns"] == 1 and out["nemogym"]["attempts"] == 1
 
 
@@ -205,7 +215,7 @@ async def test_a_row_without_responses_create_params_sends_nothing(
     async with fake_resources() as fake:
         envs(use_settings, **{ENV: fake.url})
         out = await run_env(chat, {"question": "q", "nemogym_env": ENV, "nemogym_task_id": "t/1"})
-    assert masked(out) == (True, 0.0, fk.INVALID_REQUEST)
+    assert masked(out) == (True, 0.0, INVALID_REQUEST)
     assert "responses_create_params" in out["nemogym"]["failure_reason"] and fake.received == []
 
 
@@ -240,7 +250,7 @@ async def test_a_generation_aborted_by_miles_is_cancelled_not_scored(
     chat.script("aborted", Turn(content="", finish_reason="abort"))
     async with fake_resources() as fake:
         out = await episode(use_settings, chat, fake.url, "aborted")
-    assert masked(out) == (True, 0.0, fk.CANCELLED)
+    assert masked(out) == (True, 0.0, CANCELLED)
     assert fake.verified == []
     tally = current().ledger.drain()  # our abort: neither an episode nor a failure
     assert (tally.cancelled, tally.episodes, dict(tally.failures)) == (1, 0, {})
@@ -250,7 +260,7 @@ async def test_a_row_that_is_not_json_is_an_invalid_request(chat: ScriptedChat, 
     chat.script("notjson", Turn(content="x"))
     async with fake_resources() as fake:
         out = await episode(use_settings, chat, fake.url, "notjson", when=object())
-    assert masked(out) == (True, 0.0, fk.INVALID_REQUEST)
+    assert masked(out) == (True, 0.0, INVALID_REQUEST)
     assert fake.received == [] and chat.requests("notjson") == []
 
 
@@ -264,7 +274,7 @@ async def test_a_defect_is_recorded_as_a_client_error_not_raised(
     chat.script("defect", Turn(content="x"))
     async with fake_resources() as fake:
         out = await episode(use_settings, chat, fake.url, "defect")
-    assert masked(out) == (True, 0.0, fk.CLIENT_ERROR)
+    assert masked(out) == (True, 0.0, CLIENT_ERROR)
     assert "KeyError" in out["nemogym"]["failure_reason"]
 
 

@@ -24,8 +24,16 @@ from aiohttp import web
 from typer.testing import CliRunner
 
 from miles_nemogym import agent
-from miles_nemogym import failure_kinds as fk
 from miles_nemogym.cli.main import app
+from miles_nemogym.errors import (
+    AGENT_TIMEOUT,
+    INVALID_CONFIG,
+    POLICY_FAILED,
+    POLICY_TIMEOUT,
+    SEED_FAILED,
+    TRANSPORT_UNREACHABLE,
+    VERIFIER_ERROR,
+)
 from miles_nemogym.settings import Settings, SettingsError
 from miles_nemogym.store import _reader as reader
 from tests.support.agent_fixtures import fast_env
@@ -71,9 +79,9 @@ def redirect(status: int, location: str) -> Callable[[Any], web.Response]:
 @pytest.mark.parametrize(
     ("where", "status", "kind"),
     [
-        ("seed_session", 307, fk.SEED_FAILED),
-        ("verify", 307, fk.VERIFIER_ERROR),
-        ("verify", 302, fk.VERIFIER_ERROR),  # followed, it became a GET the other server answered 1.0
+        ("seed_session", 307, SEED_FAILED),
+        ("verify", 307, VERIFIER_ERROR),
+        ("verify", 302, VERIFIER_ERROR),  # followed, it became a GET the other server answered 1.0
     ],
 )
 async def test_a_redirect_from_the_resources_server_sends_nothing_elsewhere(
@@ -111,7 +119,7 @@ async def test_a_policy_slower_than_the_deadline_ends_the_episode_at_the_deadlin
     chat.script(f"slow{delay}", Turn(content="x", delay_s=delay))
     async with fake_resources() as fake:
         out, took = await within(deadline + 2, episode(use_settings, chat, fake.url, f"slow{delay}"))
-    assert masked(out) == (True, 0.0, fk.AGENT_TIMEOUT)
+    assert masked(out) == (True, 0.0, AGENT_TIMEOUT)
     assert took >= deadline - 0.1 and out["nemogym"]["elapsed_s"] < deadline + 2
     assert "NEMO_GYM_RUN_TIMEOUT" in out["nemogym"]["failure_reason"]
     assert fake.verified == []
@@ -125,7 +133,7 @@ async def test_endless_tool_calls_without_max_steps_end_at_the_deadline(
     async with fake_resources() as fake:
         out, _ = await within(3, episode(use_settings, chat, fake.url, "endless"))
     # The policy ran out the clock: scored its lowest reward (0 here) and trained, not set aside.
-    assert masked(out) == (False, 0.0, fk.POLICY_TIMEOUT)
+    assert masked(out) == (False, 0.0, POLICY_TIMEOUT)
     assert len(fake.tool_calls) > 1 and fake.verified == []
 
 
@@ -143,7 +151,7 @@ async def test_a_url_password_never_reaches_a_log_line_or_the_record(
         out, _ = await within(
             10, episode(use_settings, chat, f"http://user:{PASSWORD}@127.0.0.1:{free_port()}", "password")
         )
-    assert masked(out) == (True, 0.0, fk.TRANSPORT_UNREACHABLE)
+    assert masked(out) == (True, 0.0, TRANSPORT_UNREACHABLE)
     assert "cannot be reached" in caplog.text  # the outage line was logged
     assert PASSWORD not in caplog.text
     assert PASSWORD not in json.dumps(out)
@@ -228,7 +236,7 @@ async def test_a_loosely_typed_reward_or_mask_is_a_verifier_error_not_a_reward(
     chat.script("loose", Turn(content="x"))
     async with fake_resources(reward=given, extra=extra) as fake:
         out = await episode(use_settings, chat, fake.url, "loose")
-    assert masked(out) == (True, 0.0, fk.VERIFIER_ERROR)
+    assert masked(out) == (True, 0.0, VERIFIER_ERROR)
     sample = Sample(prompt=[], metadata={**env_row(ENV), **out})
     assert await agent.reward_func(None, sample) == 0.0
 
@@ -243,7 +251,7 @@ async def test_a_policy_400_about_max_tokens_is_policy_failed_not_a_cut_off(
     chat.script("maxtokens", Turn(tool_calls=(tool("echo"),)), Turn(status=400, raw=bad))
     async with fake_resources() as fake:
         out = await episode(use_settings, chat, fake.url, "maxtokens")
-    assert masked(out) == (True, 0.0, fk.POLICY_FAILED)
+    assert masked(out) == (True, 0.0, POLICY_FAILED)
     assert fake.verified == []
 
 
@@ -287,7 +295,7 @@ async def test_a_bad_nemo_gym_envs_is_invalid_config_and_sends_nothing(
     async with fake_resources() as fake:
         use_settings(NEMO_GYM_ENVS=text.replace("URL", fake.url))
         out = await run_env(chat, env_row(ENV, "badenvs"))
-    assert masked(out) == (True, 0.0, fk.INVALID_CONFIG)
+    assert masked(out) == (True, 0.0, INVALID_CONFIG)
     assert "NEMO_GYM_ENVS" in out["nemogym"]["failure_reason"]
     assert fake.received == [] and chat.requests("badenvs") == []
     with pytest.raises(SettingsError, match="NEMO_GYM_ENVS"):
@@ -402,7 +410,7 @@ async def test_a_model_calling_a_reserved_endpoint_or_a_path_sends_nothing_for_i
 # --- 13. NEMO_GYM_MAX_RESULT_BYTES and NEMO_GYM_MAX_CONCURRENCY apply to environments ---------------
 
 
-@pytest.mark.parametrize(("where", "kind"), [("seed_session", fk.SEED_FAILED), ("verify", fk.VERIFIER_ERROR)])
+@pytest.mark.parametrize(("where", "kind"), [("seed_session", SEED_FAILED), ("verify", VERIFIER_ERROR)])
 async def test_an_answer_over_max_result_bytes_is_masked_and_nothing_big_is_returned(
     chat: ScriptedChat, use_settings: UseSettings, where: str, kind: str
 ) -> None:
@@ -475,7 +483,7 @@ async def test_terminal_escapes_in_a_rows_environment_reach_no_log_line_or_reaso
 # --- 16. JSON nested past any parser's depth ------------------------------------------------------
 
 
-@pytest.mark.parametrize(("where", "kind"), [("seed_session", fk.SEED_FAILED), ("verify", fk.VERIFIER_ERROR)])
+@pytest.mark.parametrize(("where", "kind"), [("seed_session", SEED_FAILED), ("verify", VERIFIER_ERROR)])
 async def test_json_nested_too_deeply_is_the_servers_failure_not_a_defect(
     chat: ScriptedChat, use_settings: UseSettings, caplog: pytest.LogCaptureFixture, where: str, kind: str
 ) -> None:
@@ -504,7 +512,7 @@ async def test_a_gzip_bomb_from_verify_is_refused_at_the_cap(chat: ScriptedChat,
     chat.script("bomb", Turn(content="x"))
     async with fake_resources(respond={"verify": raw(gzip_bomb(), **{"Content-Encoding": "gzip"})}) as fake:
         out = await episode(use_settings, chat, fake.url, "bomb")
-    assert masked(out) == (True, 0.0, fk.VERIFIER_ERROR)
+    assert masked(out) == (True, 0.0, VERIFIER_ERROR)
     assert len(json.dumps(out)) < 64 * 1024
 
 

@@ -13,10 +13,9 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym import failure_kinds as fk
 from miles_nemogym import groups
 from miles_nemogym.episode.record import Task, eval_overrides, failure
-from miles_nemogym.errors import RunStopped
+from miles_nemogym.errors import CANCELLED, POLICY_TIMEOUT, RunStopped
 from miles_nemogym.groups import GROUP_HAS_ABORTED, POST_PROCESS_PATH, group_verdict
 from miles_nemogym.runtime import HeldEpisodes, current
 from tests.support.ports import free_port
@@ -135,9 +134,9 @@ def test_held_episodes_are_claimed_oldest_first_per_task_and_bounded() -> None:
     ("kind", "mask", "metadata", "aborted", "kept"),
     [
         ("transport_peer_drop", True, {}, False, True),
-        (fk.POLICY_TIMEOUT, False, {}, False, True),  # a /run may time out before its first turn
-        (fk.CANCELLED, True, {}, True, False),  # our abort: never given back, the abort forgot it
-        (fk.CANCELLED, True, {}, False, True),  # the server's own verdict: a failed episode like any other
+        (POLICY_TIMEOUT, False, {}, False, True),  # a /run may time out before its first turn
+        (CANCELLED, True, {}, True, False),  # our abort: never given back, the abort forgot it
+        (CANCELLED, True, {}, False, True),  # the server's own verdict: a failed episode like any other
         ("transport_peer_drop", True, eval_overrides("held-out"), False, False),  # eval samples are not trained
         (None, False, {}, False, False),
     ],
@@ -175,7 +174,7 @@ def test_a_recovered_policy_timeout_counts_as_a_sample_trained_with_zero_loss() 
     # Valid (its reward joins the group's), but its tokens are a sibling's: never trained.
     held = HeldEpisodes()
     result = dict(valid("e-late").metadata)
-    result["nemogym"] = {**result["nemogym"], "failure_kind": fk.POLICY_TIMEOUT, "mask_sample": False}
+    result["nemogym"] = {**result["nemogym"], "failure_kind": POLICY_TIMEOUT, "mask_sample": False}
     groups.hold_failed_episode(held, Task.of({"instance_id": "t1"}), result, aborted=False)
     group = [valid("e-ok"), aborted("t1")]
     assert groups.recover_failed_episodes(held, group) == 1

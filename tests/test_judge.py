@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.run import classify_agent_http, classify_http
+from miles_nemogym.errors import VERIFIER_ERROR
 from miles_nemogym.scan._verdict import Verdict, kind_of, verdict_of
 from miles_nemogym.store import _browser as browser
 from miles_nemogym.store import _plots as plots
@@ -37,18 +37,18 @@ DOCUMENTS: list[tuple[dict[str, Any], Verdict3]] = [
     # A valid answer keeps the server's kind as its status.
     ({"reward": 0.0, "failure_kind": "judge_failed", "mask_sample": False}, (False, "judge_failed", 0.0)),
     # Masked without a kind: the one default.
-    ({"reward": 0.5, "mask_sample": True}, (True, fk.VERIFIER_ERROR, 0.0)),
+    ({"reward": 0.5, "mask_sample": True}, (True, VERIFIER_ERROR, 0.0)),
     ({"reward": 1.0, "failure_kind": "judge_failed", "mask_sample": True}, (True, "judge_failed", 0.0)),
-    ({"reward": 1.0, "mask_sample": 0}, (True, fk.VERIFIER_ERROR, 0.0)),
-    ({"reward": 1.0, "mask_sample": "false"}, (True, fk.VERIFIER_ERROR, 0.0)),
-    ({"reward": 1.0, "failure_kind": 5}, (True, fk.VERIFIER_ERROR, 0.0)),
-    ({"reward": 1.0, "failure_kind": "not a kind!"}, (True, fk.VERIFIER_ERROR, 0.0)),
-    ({"reward": "1"}, (True, fk.VERIFIER_ERROR, 0.0)),
-    ({"reward": None}, (True, fk.VERIFIER_ERROR, 0.0)),
+    ({"reward": 1.0, "mask_sample": 0}, (True, VERIFIER_ERROR, 0.0)),
+    ({"reward": 1.0, "mask_sample": "false"}, (True, VERIFIER_ERROR, 0.0)),
+    ({"reward": 1.0, "failure_kind": 5}, (True, VERIFIER_ERROR, 0.0)),
+    ({"reward": 1.0, "failure_kind": "not a kind!"}, (True, VERIFIER_ERROR, 0.0)),
+    ({"reward": "1"}, (True, VERIFIER_ERROR, 0.0)),
+    ({"reward": None}, (True, VERIFIER_ERROR, 0.0)),
     # No reward at all: step 2, whichever server; a masked answer keeps the kind it names.
-    ({}, (True, fk.VERIFIER_ERROR, 0.0)),
+    ({}, (True, VERIFIER_ERROR, 0.0)),
     ({"mask_sample": True, "failure_kind": "session_lost"}, (True, "session_lost", 0.0)),
-    ({"reward": -0.5}, (True, fk.VERIFIER_ERROR, 0.0)),
+    ({"reward": -0.5}, (True, VERIFIER_ERROR, 0.0)),
     ({"reward": 1.0}, (False, None, 1.0)),
     ({"reward": 0.0, "mask_sample": False}, (False, None, 0.0)),
 ]

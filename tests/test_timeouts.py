@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from miles_nemogym import agent, groups, metrics
-from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.record import ENV_KEY, TASK_ID_KEY
+from miles_nemogym.errors import AGENT_TIMEOUT, POLICY_TIMEOUT
 from miles_nemogym.runtime import current
 from tests.support.agent_fixtures import call, fast_env
 from tests.support.environment_episodes import ENV, chat, env_row, envs, episode, masked, run_env, within
@@ -34,9 +34,9 @@ AGENT_ROW = {
     ENV_KEY: "blackjack",
     TASK_ID_KEY: "blackjack/0",
 }
-POLICY = (False, 0.0, fk.POLICY_TIMEOUT)
+POLICY = (False, 0.0, POLICY_TIMEOUT)
 """(masked, reward trained on, kind) of a timeout graded like a step limit, in a range from 0."""
-SET_ASIDE = (True, 0.0, fk.AGENT_TIMEOUT)
+SET_ASIDE = (True, 0.0, AGENT_TIMEOUT)
 BY_SETTING = [(None, POLICY), ("zero", POLICY), ("mask", SET_ASIDE)]
 """``NEMO_GYM_TIMEOUT_REWARD`` (None: the default, ``lowest``) and what a policy's timeout gets in [0, 1]."""
 
@@ -74,7 +74,7 @@ async def test_a_run_past_the_deadline_after_a_model_call_is_the_policys(
         out = await run_row(use_settings, kind, server.url, sympy_row, server.session_url)
         assert server.received.is_set()  # delivered: the server was playing the episode
     if kind == "agent" and setting is None:
-        expected = (False, -1.0, fk.POLICY_TIMEOUT)  # blackjack's range is [-1, 1]: a stall scores a loss
+        expected = (False, -1.0, POLICY_TIMEOUT)  # blackjack's range is [-1, 1]: a stall scores a loss
     assert masked(out) == expected
     assert "NEMO_GYM_RUN_TIMEOUT=0.5s" in out["nemogym"]["failure_reason"]
     assert out["nemogym"]["attempts"] == 1
@@ -107,7 +107,7 @@ async def test_a_run_answer_cut_mid_way_at_the_deadline_is_set_aside(
 # --- the in-process loop ---------------------------------------------------------------------
 
 
-LOW = (False, -64.0, fk.POLICY_TIMEOUT)
+LOW = (False, -64.0, POLICY_TIMEOUT)
 """A policy's timeout in a range going below 0 (a game's [-64, 16]) under ``lowest``: a loss, never better."""
 
 

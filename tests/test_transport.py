@@ -11,9 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from miles_nemogym import failure_kinds as fk
 from miles_nemogym import transport
-from miles_nemogym.errors import Failed, UrlError
+from miles_nemogym.errors import AGENT_TIMEOUT, TRANSPORT_PEER_DROP, TRANSPORT_UNREACHABLE, Failed, UrlError
 from miles_nemogym.transport import Deadline
 from tests.support.fake_resources import fake_resources
 from tests.support.odd_http import OddServer
@@ -145,7 +144,7 @@ async def test_an_answer_at_the_cap_is_whole() -> None:
 
 async def test_nothing_listening_is_unreachable_and_resendable() -> None:
     error = await failure_of(f"http://127.0.0.1:{free_port()}/run", {})
-    assert (error.kind, error.resendable) == (fk.TRANSPORT_UNREACHABLE, True)
+    assert (error.kind, error.resendable) == (TRANSPORT_UNREACHABLE, True)
     assert str(error).startswith("connection refused, nothing listens there")
     assert isinstance(error.os_error, ConnectionRefusedError)
 
@@ -153,14 +152,14 @@ async def test_nothing_listening_is_unreachable_and_resendable() -> None:
 async def test_a_connection_dropped_after_the_request_is_a_peer_drop_never_resent() -> None:
     async with fake_resources() as fake:
         error = await failure_of(f"{fake.url}/drop", {})
-    assert (error.kind, error.resendable) == (fk.TRANSPORT_PEER_DROP, False)
+    assert (error.kind, error.resendable) == (TRANSPORT_PEER_DROP, False)
     assert len(fake.tool_calls) == 1  # it arrived: resending would run it twice
 
 
 async def test_a_spent_deadline_sends_nothing() -> None:
     async with fake_resources() as fake:
         error = await failure_of(f"{fake.url}/echo", {}, seconds=-1.0)
-    assert (error.kind, error.resendable) == (fk.AGENT_TIMEOUT, False)
+    assert (error.kind, error.resendable) == (AGENT_TIMEOUT, False)
     assert "NEMO_GYM_RUN_TIMEOUT=-1s" in str(error)
     assert fake.received == []
 
@@ -170,7 +169,7 @@ async def test_a_held_answer_ends_at_the_deadline() -> None:
         started = asyncio.get_running_loop().time()
         error = await failure_of(f"{fake.url}/echo", {}, seconds=0.3)
         assert fake.stalled.is_set()
-    assert (error.kind, error.resendable) == (fk.AGENT_TIMEOUT, False)
+    assert (error.kind, error.resendable) == (AGENT_TIMEOUT, False)
     assert asyncio.get_running_loop().time() - started < 5
 
 
@@ -181,7 +180,7 @@ async def test_the_deadline_covers_the_whole_answer_not_each_read() -> None:
         error = await failure_of(server.url, seconds=0.5)
     finally:
         server.close()
-    assert (error.kind, error.resendable) == (fk.AGENT_TIMEOUT, False)
+    assert (error.kind, error.resendable) == (AGENT_TIMEOUT, False)
 
 
 # -- the pools -------------------------------------------------------------------------------------

@@ -25,7 +25,6 @@ from typing import Any
 
 import pydantic_core
 
-from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.delivery import AWAITING_RESULT, NOT_DELIVERED, Episode, deliver
 from miles_nemogym.episode.environment import prepare as prepare_environment
 from miles_nemogym.episode.record import (
@@ -45,7 +44,16 @@ from miles_nemogym.episode.record import (
 )
 from miles_nemogym.episode.run import prepare as prepare_swe
 from miles_nemogym.episode.run import prepare_agent
-from miles_nemogym.errors import RequestError, SettingsError, counted
+from miles_nemogym.errors import (
+    AGENT_REQUEST_FAILED,
+    AGENT_RUN_ERROR,
+    INVALID_CONFIG,
+    INVALID_REQUEST,
+    RequestError,
+    SettingsError,
+    counted,
+    is_registered,
+)
 from miles_nemogym.groups import hold_failed_episode
 from miles_nemogym.runtime import Runtime, current
 from miles_nemogym.settings import RewardMode, Settings
@@ -56,7 +64,7 @@ __all__ = ["abort", "prepare_episode", "reward_func", "run", "run_with_settings"
 logger = logging.getLogger(__name__)
 
 # Configuration errors repeat on every sample: each distinct message is logged once.
-_CONFIG_KINDS = frozenset({fk.INVALID_CONFIG, fk.AGENT_REQUEST_FAILED, fk.INVALID_REQUEST})
+_CONFIG_KINDS = frozenset({INVALID_CONFIG, AGENT_REQUEST_FAILED, INVALID_REQUEST})
 
 
 async def run(
@@ -97,7 +105,7 @@ async def run_with_settings(
     record.environment = task.environment
     _log(outcome)
     # The ledger sees every episode, also those whose sample Miles returns without this dict.
-    failure_kind = (record.failure_kind or fk.AGENT_RUN_ERROR) if record.mask_sample else None
+    failure_kind = (record.failure_kind or AGENT_RUN_ERROR) if record.mask_sample else None
     runtime.ledger.record_episode(
         failure_kind, task.role, task.eval_set, outcome.outage_wait_s, environment=record.env, aborted=outcome.aborted
     )
@@ -194,7 +202,7 @@ async def abort(args: Any = None) -> None:
 
 def _log(outcome: Outcome) -> None:
     record = outcome.record
-    if record.failure_kind is not None and not fk.is_registered(record.failure_kind):
+    if record.failure_kind is not None and not is_registered(record.failure_kind):
         current().logged.log(
             logger,
             logging.WARNING,

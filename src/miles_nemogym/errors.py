@@ -1,4 +1,5 @@
-"""The exceptions miles-nemogym raises on purpose, and the three an episode turns into a failure kind.
+"""The failure vocabulary: the exceptions miles-nemogym raises on purpose (three of them an episode
+turns into a failure kind), the failure kinds recorded on a sample, and a failure's words.
 
     MilesNemoGymError                every exception the package defines derives from it
     ├── RunStopped                   the run cannot go on: raised by the group filter, it ends Miles' rollout
@@ -16,16 +17,34 @@ Each subclass keeps its builtin base too (``ValueError``, ...); the other module
 A pydantic ``ValidationError`` becomes a message one way (:func:`describe`, :func:`problems`) for
 every caller: settings, the launcher's recipe, the scan/convert/serve flags, the ``/run`` body;
 only how a field is named differs (a variable, a flag, a dotted path), the one parameter.
+
+The failure kinds (``Failed.kind``, a record's ``failure_kind``) are NeMo-Gym's vocabulary, seen
+from the client. An episode that did not produce a valid measurement must say so on the sample,
+under a name that groups well in metrics and filter reasons. We reuse the names of
+``nemo_gym.failure_kinds`` (not imported: the trainer's environment does not install
+nemo-gym) so that a failure observed by this client and one reported by the server land
+under the same label, and add ``miles_nemogym:<kind>`` names, namespaced as NeMo-Gym
+asks, only for what NeMo-Gym has no name for.
+
+As in NeMo-Gym, a name says what went wrong and nothing else: whether the reward is
+masked and whether the request may be sent again are decided per occurrence: by the episode
+kinds (``episode/run.py``, ``episode/environment.py``) and the transport's table (``transport.py``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
+from typing import Final
 
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 __all__ = [
+    "AGENT_TIMEOUT",
+    "TRANSPORT_TIMEOUT",
+    "TRANSPORT_TLS",
+    "TRANSPORT_UNREACHABLE",
     "Failed",
     "MilesNemoGymError",
     "RequestError",
@@ -62,7 +81,7 @@ class RunStopped(MilesNemoGymError, RuntimeError):
 
 
 class Failed(MilesNemoGymError):
-    """A step of an episode failed under failure kind ``kind`` (``failure_kinds``), the one failure
+    """A step of an episode failed under failure kind ``kind`` (below), the one failure
     type from the transport to the record. ``resendable``: the request certainly never reached the
     server and its deadline has not passed, so the episode may be sent again; ``policy``: an
     ``agent_timeout`` while the policy held the episode (whose timeout it is); ``answered``: the
@@ -87,6 +106,119 @@ class Failed(MilesNemoGymError):
         self.answered = False
         self.os_error = os_error
         """What the operating system said, for callers that explain a failure (doctor)."""
+
+
+# ----------------------------------------------------------------------------- failure kinds
+
+# The server could not be reached at all: the request certainly never arrived.
+TRANSPORT_UNREACHABLE: Final = "transport_unreachable"
+# The connection broke after the request may have been delivered.
+TRANSPORT_PEER_DROP: Final = "transport_peer_drop"
+# Connecting took longer than the connect timeout.
+TRANSPORT_TIMEOUT: Final = "transport_timeout"
+# The TLS handshake with an ``https`` server failed (its certificate refused, expired, or for
+# another host): the request never left, and it cannot until the certificate is fixed.
+TRANSPORT_TLS: Final = "miles_nemogym:transport_tls"
+# The agent server answered and the episode broke (HTTP 5xx, ``{error, traceback}``,
+# an unreadable body).
+AGENT_RUN_ERROR: Final = "agent_run_error"
+# Something answered but the episode never ran (HTTP 4xx such as a 422 schema error).
+AGENT_REQUEST_FAILED: Final = "agent_request_failed"
+# The episode's deadline (``NEMO_GYM_RUN_TIMEOUT``, each try's) passed while waiting.
+AGENT_TIMEOUT: Final = "agent_timeout"
+# The deadline passed while the policy held the episode (its turns, its tool calls): on a valid
+# record scored its lowest reward (``NEMO_GYM_TIMEOUT_REWARD=lowest``, or 0 under ``zero``), a
+# status like a step limit, not a failure.
+POLICY_TIMEOUT: Final = "miles_nemogym:policy_timeout"
+# ``abort`` stopped the episode (Miles' over-sampling abort).
+CANCELLED: Final = "cancelled"
+
+# Before any request: the task row or sampling parameters cannot form a valid body.
+INVALID_REQUEST: Final = "miles_nemogym:invalid_request"
+# Before any request: the plugin's configuration (environment variables) is invalid.
+INVALID_CONFIG: Final = "miles_nemogym:invalid_config"
+# A defect in this plugin surfaced while running the episode (logged with its traceback).
+CLIENT_ERROR: Final = "miles_nemogym:client_error"
+
+# Environment episodes (the ``simple_agent`` loop, docs/environments.md):
+# ``POST /seed_session`` answered an error or a body that is not a JSON object.
+SEED_FAILED: Final = "miles_nemogym:seed_failed"
+# The policy's chat-completions endpoint (Miles' session URL) answered an error or garbage.
+POLICY_FAILED: Final = "miles_nemogym:policy_failed"
+# NeMo-Gym's name: ``/verify`` answered an error, a body without a finite ``reward``, or one
+# outside ``NEMO_GYM_REWARD_RANGE``. (A server may send it too.)
+VERIFIER_ERROR: Final = "verifier_error"
+
+
+# NeMo-Gym's registered names (``nemo_gym/failure_kinds.py`` in nemo-gym 0.7.0) that this
+# client does not produce itself but a server may send.
+_SERVER_KINDS: Final = frozenset(
+    {
+        "transport_local_resource",
+        "agent_command_not_allowed",
+        "judge_failed",
+        "judge_unparseable",
+        "provider_unavailable",
+        "provider_quota_exhausted",
+        "provider_oom_killed",
+        "session_lost",
+        "session_expired",
+        "session_release_failed",
+        "kill_shaped",
+        "shutdown",
+        "persistence_failed",
+        "cohort_incomplete",
+    }
+)
+_KNOWN_KINDS: Final = _SERVER_KINDS | {
+    TRANSPORT_UNREACHABLE,
+    TRANSPORT_PEER_DROP,
+    TRANSPORT_TIMEOUT,
+    TRANSPORT_TLS,
+    AGENT_RUN_ERROR,
+    AGENT_REQUEST_FAILED,
+    AGENT_TIMEOUT,
+    POLICY_TIMEOUT,
+    CANCELLED,
+    INVALID_REQUEST,
+    INVALID_CONFIG,
+    CLIENT_ERROR,
+    SEED_FAILED,
+    POLICY_FAILED,
+    VERIFIER_ERROR,
+}
+
+# NeMo-Gym's name rule: ``<domain>_<condition>``, optionally namespaced ``<server>:<kind>``.
+_NAME = re.compile(r"[a-z][a-z0-9_]*(?::[a-z][a-z0-9_]*)?")
+_NAME_MAX_CHARS = 64
+
+
+def _is_valid_name(kind: str) -> bool:
+    """Whether ``kind`` is a short identifier fit for a record, a log line and a metric key."""
+    return len(kind) <= _NAME_MAX_CHARS and _NAME.fullmatch(kind) is not None
+
+
+def check_server_kind(kind: str) -> bool:
+    """Whether a ``failure_kind`` sent by the server can be recorded as is.
+
+    Like NeMo-Gym's ``validate_failure_kind``, an unregistered but well-formed name is
+    kept (``agent.run`` warns about it once); anything else (long, multi-line, odd
+    characters) is not.
+    """
+    return kind in _KNOWN_KINDS or _is_valid_name(kind)
+
+
+def is_registered(kind: str) -> bool:
+    """Whether ``kind`` is one of NeMo-Gym's kinds or this package's."""
+    return kind in _KNOWN_KINDS
+
+
+def metric_label(kind: str) -> str:
+    """``kind`` as a metric/filter-reason suffix (``:`` is not safe in every backend).
+
+    A name that is not a short identifier (a corrupted record) becomes ``unrecognized``
+    rather than an unbounded metric key."""
+    return kind.replace(":", "_") if _is_valid_name(kind) else "unrecognized"
 
 
 # ----------------------------------------------------------------------------- words of a message

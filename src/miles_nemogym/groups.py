@@ -37,8 +37,7 @@ from miles_nemogym.episode.record import (
     read_record,
     record_of,
 )
-from miles_nemogym.errors import RunStopped, counted
-from miles_nemogym.failure_kinds import POLICY_TIMEOUT, metric_label
+from miles_nemogym.errors import POLICY_TIMEOUT, RunStopped, counted, metric_label
 from miles_nemogym.runtime import HeldEpisodes, current, streak_stop
 from miles_nemogym.settings import Settings
 

@@ -35,7 +35,7 @@ from miles_nemogym.episode.record import (
     percentile,
     record_of,
 )
-from miles_nemogym.failure_kinds import metric_label
+from miles_nemogym.errors import metric_label
 from miles_nemogym.groups import zero_loss_samples
 from miles_nemogym.runtime import EnvironmentTally, Tally, current
 from miles_nemogym.settings import environment_name_problem

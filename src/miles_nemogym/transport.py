@@ -39,8 +39,15 @@ from urllib.parse import SplitResult, urlsplit
 
 import aiohttp
 
-from miles_nemogym import failure_kinds as fk
-from miles_nemogym.errors import Failed, UrlError
+from miles_nemogym.errors import (
+    AGENT_TIMEOUT,
+    TRANSPORT_PEER_DROP,
+    TRANSPORT_TIMEOUT,
+    TRANSPORT_TLS,
+    TRANSPORT_UNREACHABLE,
+    Failed,
+    UrlError,
+)
 from miles_nemogym.redaction import redact_url, redact_urls
 
 __all__ = [
@@ -186,7 +193,7 @@ async def request(
     no HTTP answer came. ``payload`` is JSON; ``headers`` add to (or replace) the JSON ones."""
     remaining = deadline.remaining()
     if remaining <= 0:
-        raise Failed(fk.AGENT_TIMEOUT, _deadline_reason(deadline), resendable=False)
+        raise Failed(AGENT_TIMEOUT, _deadline_reason(deadline), resendable=False)
     timeout = aiohttp.ClientTimeout(total=remaining, sock_connect=min(connect_timeout_s, remaining))
     sent = {**_JSON_HEADERS, **headers} if headers else _JSON_HEADERS
     answered = False
@@ -215,24 +222,22 @@ def _failure(error: Exception, deadline: Deadline, connect_timeout_s: float) -> 
     """The one table: what went wrong -> ``Failed`` (anything else is returned as is: a defect)."""
     if isinstance(error, aiohttp.ClientSSLError):  # before ClientConnectorError, its base
         # Nothing of the request left; waiting helps only once the certificate is fixed.
-        return Failed(fk.TRANSPORT_TLS, f"TLS: {_text(error.os_error)}", resendable=True, os_error=error)
+        return Failed(TRANSPORT_TLS, f"TLS: {_text(error.os_error)}", resendable=True, os_error=error)
     if isinstance(error, aiohttp.ClientConnectorError):
-        return Failed(
-            fk.TRANSPORT_UNREACHABLE, _connect_reason(error.os_error), resendable=True, os_error=error.os_error
-        )
+        return Failed(TRANSPORT_UNREACHABLE, _connect_reason(error.os_error), resendable=True, os_error=error.os_error)
     if deadline.expired():
-        return Failed(fk.AGENT_TIMEOUT, _deadline_reason(deadline), resendable=False)
+        return Failed(AGENT_TIMEOUT, _deadline_reason(deadline), resendable=False)
     if isinstance(error, aiohttp.ConnectionTimeoutError):
         return Failed(
-            fk.TRANSPORT_TIMEOUT,
+            TRANSPORT_TIMEOUT,
             f"no connection within {connect_timeout_s:g} s (NEMO_GYM_CONNECT_TIMEOUT)",
             resendable=True,
         )
     if isinstance(error, (asyncio.TimeoutError, TimeoutError)):
-        return Failed(fk.AGENT_TIMEOUT, _deadline_reason(deadline), resendable=False)
+        return Failed(AGENT_TIMEOUT, _deadline_reason(deadline), resendable=False)
     if isinstance(error, (aiohttp.ClientError, OSError)):
         # Disconnects, resets, payload and protocol errors: the request may have arrived.
-        return Failed(fk.TRANSPORT_PEER_DROP, f"{type(error).__name__}: {_text(error)}", resendable=False)
+        return Failed(TRANSPORT_PEER_DROP, f"{type(error).__name__}: {_text(error)}", resendable=False)
     return error
 
 

@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import pytest
 
-from miles_nemogym import failure_kinds as fk
 from miles_nemogym.agent import run_with_settings
 from miles_nemogym.episode.record import ENV_KEY, TASK_ID_KEY
+from miles_nemogym.errors import AGENT_RUN_ERROR, POLICY_FAILED
 from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import rollout_id
 from miles_nemogym.settings import Settings
 from miles_nemogym.transport import close_pools
@@ -185,13 +185,13 @@ def test_a_sessions_400_gets_one_rule_on_a_routed_agent_and_in_the_in_process_lo
     routed = _routed(blackjack, url)["nemogym"]
     assert routed["mask_sample"] is (not trained), routed
     if not trained:  # an error to the agent, not a turn: its /run fails
-        assert routed["failure_kind"] == fk.AGENT_RUN_ERROR and "HTTP 400" in routed["failure_reason"], routed
+        assert routed["failure_kind"] == AGENT_RUN_ERROR and "HTTP 400" in routed["failure_reason"], routed
     # The in-process loop, the same session answer: the same verdict as far as the trainer sees.
     use_settings(NEMO_GYM_CONNECT_TIMEOUT="5")
     loop = asyncio.run(_in_process(use_settings, body))
     assert loop["mask_sample"] is (not trained), loop
     if not trained:
-        assert loop["failure_kind"] == fk.POLICY_FAILED, loop
+        assert loop["failure_kind"] == POLICY_FAILED, loop
 
 
 async def _in_process(use_settings: UseSettings, body: bytes) -> dict[str, Any]:

@@ -37,9 +37,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from miles_nemogym import failure_kinds as fk
 from miles_nemogym.episode.record import Outcome, failure, failure_of, finish
-from miles_nemogym.errors import Failed, counted
+from miles_nemogym.errors import CANCELLED, TRANSPORT_UNREACHABLE, Failed, counted
 from miles_nemogym.redaction import redact_url
 from miles_nemogym.settings import Settings
 from miles_nemogym.transport import Deadline
@@ -175,7 +174,7 @@ class InFlight:
                 reason = "stopped by abort() before the request reached the server"
             else:
                 reason = "stopped by abort() while waiting for the result; the server-side episode may run on"
-            outcome = failure(fk.CANCELLED, reason)
+            outcome = failure(CANCELLED, reason)
             outcome.aborted = True
             outcome.record.attempts = entry.attempts
             outcome.record.elapsed_s = round(loop.time() - started, 3)
@@ -249,7 +248,7 @@ class Circuit:
         """First undeliverable request with none delivered since: the outage clock."""
         self._open = False
         self._timeout_s = 0.0
-        self._kind = fk.TRANSPORT_UNREACHABLE
+        self._kind = TRANSPORT_UNREACHABLE
         self._reason = ""
         self._gave_up: str | None = None
         self._probing = False

@@ -36,7 +36,7 @@ from urllib.parse import quote
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from miles_nemogym import failure_kinds as fk
+from miles_nemogym import errors as fk
 from miles_nemogym.episode.record import (
     Outcome,
     Task,

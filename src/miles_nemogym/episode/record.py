@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from miles_nemogym import failure_kinds as fk
+from miles_nemogym import errors as fk
 from miles_nemogym.errors import Failed, RequestError, SettingsError
 from miles_nemogym.redaction import redact_urls
 from miles_nemogym.settings import SWE_ENVIRONMENT, Settings, TimeoutReward, environment_name_problem, short_name
@@ -218,7 +218,7 @@ class EpisodeRecord(BaseModel):
     episode_id: str | None = Field(
         None, description="One id per /run call; the samples Miles splits one episode into share it."
     )
-    failure_kind: str | None = Field(None, description="A name from failure_kinds.py; set for every failure.")
+    failure_kind: str | None = Field(None, description="A failure kind (errors.py); set for every failure.")
     failure_reason: str | None = Field(None, description="One bounded line saying what went wrong.")
     mask_sample: bool = Field(False, description="True: not a valid measurement; the sample is set aside.")
     http_status: int | None = Field(None, description="The HTTP status of /run's answer; None when none came.")

@@ -34,7 +34,7 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 from typing_extensions import TypedDict
 
-from miles_nemogym import failure_kinds as fk
+from miles_nemogym import errors as fk
 from miles_nemogym.episode.record import (
     Outcome,
     Task,
