@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from miles_nemogym import agent, metrics, redaction, transport
+from miles_nemogym import agent, errors, metrics, transport
 from miles_nemogym.episode import run as episode_run
 from miles_nemogym.runtime import Tally, current
 from tests.support.agent_fixtures import call, fast_env, server
@@ -132,7 +132,7 @@ async def test_an_undecodable_result_holding_the_key_is_scrubbed(
     ],
 )
 def test_the_scrubber_removes_every_encoding_and_nothing_else(encoded: str) -> None:
-    scrubber = redaction.key_scrubber(KEY)
+    scrubber = errors.key_scrubber(KEY)
     assert scrubber is not None
     assert scrubber.scrub(f'{{"{encoded}": "a {encoded} b"}}'.encode()) == b'{"***": "a *** b"}'
     untouched = json.dumps({"near": KEY[:-1], "other": "sk-live\\/SECRET", "u": "\\u0073k"}).encode()
@@ -145,7 +145,7 @@ def test_the_scrubber_removes_every_encoding_and_nothing_else(encoded: str) -> N
     ids=["plain", "unicode-escaped", "json-in-json", "url-encoded"],
 )
 def test_a_key_cut_by_a_cap_in_any_encoding_leaves_none_of_it(encoded: str) -> None:
-    scrubber = redaction.key_scrubber(KEY)
+    scrubber = errors.key_scrubber(KEY)
     assert scrubber is not None
     for cut in range(1, len(encoded)):
         kept = scrubber.scrub_cut(f'{{"out": "done, {encoded[:cut]}'.encode())
@@ -155,7 +155,7 @@ def test_a_key_cut_by_a_cap_in_any_encoding_leaves_none_of_it(encoded: str) -> N
 
 def test_a_cut_output_loses_at_most_what_could_begin_the_key() -> None:
     """Hex (every byte one a key's encoding could use) cut by the cap keeps all but its tail."""
-    scrubber = redaction.key_scrubber(KEY)
+    scrubber = errors.key_scrubber(KEY)
     assert scrubber is not None
     hexdump = ("0123456789abcdef" * 8192).encode()[:65536]
     assert len(scrubber.scrub_cut(hexdump)) == len(hexdump) - 8 * len(KEY)

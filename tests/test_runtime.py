@@ -135,7 +135,7 @@ PURE_CACHES = {
     "miles_nemogym.gym.environments._config_names",  # keyed by the wheel's path
     "miles_nemogym.gym.environments._shipped_environments",  # keyed by the wheel's path
     "miles_nemogym.gym.environments._refused_folders",  # keyed by the wheel's path
-    "miles_nemogym.redaction.key_scrubber",  # keyed by the secret
+    "miles_nemogym.errors.key_scrubber",  # keyed by the secret
 }
 # Read once per process, as a process reads its environment: the system's CA certificates
 # (~25 ms of CPU a load; a Runtime per test would load them for every test).

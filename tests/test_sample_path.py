@@ -153,7 +153,8 @@ def test_each_sample_runs_its_own_path_through_the_hooks(measured: list[PathMeas
     assert set(LABELS) == {m.sample for m in measured}
     # A failed SWE episode's reason is redacted before it is recorded; an agent row's policy URL
     # goes out as a rollout id; the fully async buffer judges the group with the filter's rules.
-    assert ("episode/record", "redaction") in failing.edges and "redaction.py" not in swe.files
+    assert ("episode/record", "errors") in failing.edges and "errors.py" not in swe.files
+    assert ("errors.py", "redact_urls") in {(f.file, f.name) for f in failing.functions}
     assert ("episode/run", f"{CONTRACT}") in agent_row.edges
     assert ("buffer", "groups") in buffered.edges and "buffer.py" not in swe.files
 

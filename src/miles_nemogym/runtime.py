@@ -37,7 +37,7 @@ from typing import Any
 
 from miles_nemogym.episode.delivery import Circuits, InFlight
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, TRAIN
-from miles_nemogym.redaction import redact_url
+from miles_nemogym.errors import redact_url
 from miles_nemogym.settings import Settings
 from miles_nemogym.store import Stores
 

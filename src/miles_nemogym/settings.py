@@ -20,8 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, StrictInt, ValidationError, field_validator
 
-from miles_nemogym.errors import SettingsError, UrlError, describe
-from miles_nemogym.redaction import KeyScrubber, key_scrubber, redact_urls
+from miles_nemogym.errors import KeyScrubber, SettingsError, UrlError, describe, key_scrubber, redact_urls
 from miles_nemogym.transport import check_url
 
 __all__ = [

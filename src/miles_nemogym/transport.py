@@ -47,8 +47,9 @@ from miles_nemogym.errors import (
     TRANSPORT_UNREACHABLE,
     Failed,
     UrlError,
+    redact_url,
+    redact_urls,
 )
-from miles_nemogym.redaction import redact_url, redact_urls
 
 __all__ = [
     "Answer",

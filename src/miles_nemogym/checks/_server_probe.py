@@ -13,8 +13,7 @@ from typing import Any
 import aiohttp
 
 from miles_nemogym import errors as fk
-from miles_nemogym.errors import Failed, MilesNemoGymError
-from miles_nemogym.redaction import redact_url
+from miles_nemogym.errors import Failed, MilesNemoGymError, redact_url
 from miles_nemogym.transport import Answer, Deadline, pool, request
 
 __all__ = [

@@ -534,9 +534,9 @@ def _plan_environments(
     judge: Judge | None,
 ) -> None:
     """Which resources servers would start where, what they would install, and the setting."""
+    from miles_nemogym.errors import redact_url
     from miles_nemogym.gym.environments import judged_plans, missing_requirements, overlay_path, overlay_python, setting
     from miles_nemogym.gym.server import advertised_url
-    from miles_nemogym.redaction import redact_url
 
     console.print("environments (each a resources server run from the server environment):", highlight=False)
     urls, agents = {}, {}

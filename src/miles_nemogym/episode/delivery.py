@@ -38,8 +38,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from miles_nemogym.episode.record import Outcome, failure, failure_of, finish
-from miles_nemogym.errors import CANCELLED, TRANSPORT_UNREACHABLE, Failed, counted
-from miles_nemogym.redaction import redact_url
+from miles_nemogym.errors import CANCELLED, TRANSPORT_UNREACHABLE, Failed, counted, redact_url
 from miles_nemogym.settings import Settings
 from miles_nemogym.transport import Deadline
 

@@ -25,8 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from miles_nemogym import errors as fk
-from miles_nemogym.errors import Failed, RequestError, SettingsError
-from miles_nemogym.redaction import redact_urls
+from miles_nemogym.errors import Failed, RequestError, SettingsError, redact_urls
 from miles_nemogym.settings import SWE_ENVIRONMENT, Settings, TimeoutReward, environment_name_problem, short_name
 
 __all__ = [

@@ -48,8 +48,7 @@ from miles_nemogym.episode.record import (
     shown,
     task_row,
 )
-from miles_nemogym.errors import Failed, RequestError, SettingsError, UrlError, describe
-from miles_nemogym.redaction import redact_url
+from miles_nemogym.errors import Failed, RequestError, SettingsError, UrlError, describe, redact_url
 from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import (
     SECRET_VARIABLE,
     rollout_id,

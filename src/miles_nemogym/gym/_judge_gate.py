@@ -22,9 +22,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from miles_nemogym.errors import redact_url, scrub_all
 from miles_nemogym.gym._logs import open_private
 from miles_nemogym.gym.composition import Judge
-from miles_nemogym.redaction import redact_url, scrub_all
 
 __all__ = ["CONNECT_TIMEOUT_S", "JudgeGate"]
 

@@ -1,7 +1,7 @@
 """The logs ``serve`` keeps for its servers: created 0600 and never through a link, keys scrubbed.
 
 A server's stdout and stderr go to a pipe, not to the file: a thread of ``serve`` reads it,
-removes every key the run holds (``redaction.KeyScrubber``, the trainer side's scrubber) and
+removes every key the run holds (``errors.KeyScrubber``, the trainer side's scrubber) and
 appends to the log. Why and the line rule: docs/environments.md, "Servers' logs".
 """
 
@@ -16,9 +16,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from miles_nemogym.errors import scrub_all
 from miles_nemogym.gym.composition import JUDGE_KEY_ENV, POLICY_KEY_ENV
 from miles_nemogym.gym.venv import GymEnvironmentError
-from miles_nemogym.redaction import scrub_all
 
 __all__ = ["ServerLog", "open_private", "run_secrets"]
 

@@ -25,9 +25,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from miles_nemogym.errors import redact_url
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym._harness import HARNESSES, NOT_RUN_HERE, cli_need, harness_layer
-from miles_nemogym.redaction import redact_url
 from miles_nemogym.yaml_file import load as load_yaml
 
 __all__ = ["Judge"]

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from miles_nemogym.redaction import REDACTED
+from miles_nemogym.errors import REDACTED
 
 __all__ = ["missing", "redacted"]
 

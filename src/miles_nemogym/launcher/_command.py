@@ -13,10 +13,9 @@ from typing import Any
 
 from miles_nemogym import groups
 from miles_nemogym.episode.record import eval_overrides
-from miles_nemogym.errors import MilesNemoGymError, counted
+from miles_nemogym.errors import MilesNemoGymError, counted, redact_url, redact_urls
 from miles_nemogym.launcher._config import ENVS_ENV, LauncherConfig
 from miles_nemogym.launcher._families import Parsers
-from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.settings import ENV_VARS, EnvironmentServer
 
 GENERATE_FUNCTION = "miles.rollout.generate_hub.agentic_tool_call.generate"

@@ -13,8 +13,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.functional_validators import AfterValidator
 
-from miles_nemogym.errors import MilesNemoGymError, describe, message
-from miles_nemogym.redaction import redact_url
+from miles_nemogym.errors import MilesNemoGymError, describe, message, redact_url
 from miles_nemogym.settings import EnvironmentServer, Settings, environment_name_problem, parse_environments, short_name
 from miles_nemogym.yaml_file import YamlFileError, read_mapping
 

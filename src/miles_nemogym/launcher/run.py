@@ -22,7 +22,7 @@ from typing import Any, Literal, Protocol, get_args, get_origin
 
 from miles_nemogym import fit
 from miles_nemogym.checks import CheckResult, Status, report
-from miles_nemogym.errors import MilesNemoGymError
+from miles_nemogym.errors import MilesNemoGymError, redact_url
 from miles_nemogym.launcher._checks import locate_miles, run_preflight
 from miles_nemogym.launcher._command import (
     EPISODE_DIR_ENV,
@@ -39,7 +39,6 @@ from miles_nemogym.launcher._command import (
 )
 from miles_nemogym.launcher._config import ENVS_ENV, ConfigError, LauncherConfig, load_config, read_yaml
 from miles_nemogym.launcher._families import Parsers, UnknownFamilyError, resolve
-from miles_nemogym.redaction import redact_url
 
 __all__ = ["main"]
 

@@ -10,8 +10,7 @@ import signal
 from rich.console import Console
 from rich.markup import escape
 
-from miles_nemogym.errors import counted
-from miles_nemogym.redaction import KeyScrubber
+from miles_nemogym.errors import KeyScrubber, counted
 from miles_nemogym.scan._config import ScanConfig
 from miles_nemogym.scan._runner import EXIT_USAGE, ScanResult, ScanUsageError, run_scan
 from miles_nemogym.settings import Settings

@@ -21,9 +21,8 @@ from miles_nemogym.checks import FetchError, identify
 from miles_nemogym.episode import run as swe_run
 from miles_nemogym.episode.delivery import Episode, deliver
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome, Task
-from miles_nemogym.errors import MilesNemoGymError, RequestError, counted
+from miles_nemogym.errors import MilesNemoGymError, RequestError, counted, redact_url, redact_urls
 from miles_nemogym.gym.config import instance_name
-from miles_nemogym.redaction import redact_url, redact_urls
 from miles_nemogym.runtime import current
 from miles_nemogym.scan._config import ScanConfig, scan_settings, usage_problems
 from miles_nemogym.scan._inputs import InputError, ScanTask, load_tasks, select
