@@ -44,7 +44,6 @@ ROOT = BENCH.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from miles_nemogym.episode import environment, run  # noqa: E402
-from miles_nemogym.episode.delivery import deliver  # noqa: E402
 from miles_nemogym.episode.record import Task  # noqa: E402
 from miles_nemogym.gym.environments import EnvironmentServers, plan  # noqa: E402
 from miles_nemogym.gym.venv import BuildLines, ensure_gym_venv  # noqa: E402
@@ -52,7 +51,7 @@ from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing
     SECRET_VARIABLE,
     rollout_id,
 )
-from miles_nemogym.runtime import current  # noqa: E402
+from miles_nemogym.runtime import current, deliver  # noqa: E402
 from miles_nemogym.settings import EnvironmentServer, Settings  # noqa: E402
 from miles_nemogym.transport import close_pools  # noqa: E402
 from tests.support.scripted_chat import ScriptedChat, Turn, tagged, tool  # noqa: E402

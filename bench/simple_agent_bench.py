@@ -13,7 +13,7 @@ The episode is the same on both: search an email, reply to it, answer (3 model t
 2 tool calls, seed and verify; reward 1.0). Clients:
 
   a  this package's loop as the agent function runs it: ``episode.environment.prepare`` then
-     ``episode.delivery.deliver`` (abortable, behind its server's circuit, the loop's pool);
+     ``runtime.deliver`` (abortable, behind its server's circuit, the loop's pool);
   b  ``POST /run`` to NeMo-Gym's ``simple_agent`` (which calls the policy through its
      ``vllm_model`` server), the upstream reference;
   c  the same HTTP requests with nothing around them (one ``aiohttp`` session, the cookie
@@ -64,10 +64,9 @@ ROOT = BENCH.parent
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from miles_nemogym.episode import environment  # noqa: E402
-from miles_nemogym.episode.delivery import deliver  # noqa: E402
 from miles_nemogym.episode.record import Outcome, Task  # noqa: E402
 from miles_nemogym.gym.venv import ensure_gym_venv  # noqa: E402
-from miles_nemogym.runtime import current  # noqa: E402
+from miles_nemogym.runtime import current, deliver  # noqa: E402
 from miles_nemogym.settings import EnvironmentServer, Settings  # noqa: E402
 from miles_nemogym.transport import close_pools  # noqa: E402
 from tests.support.gym_envs import GymEnvironments  # noqa: E402

@@ -1,4 +1,4 @@
-"""``episode/delivery.py`` on its own: ``deliver`` with a scripted ``Episode`` (no ``/run``, no
+"""Delivery on its own: ``runtime.deliver`` with a scripted ``Episode`` (no ``/run``, no
 environment loop), its own ``Circuits`` and ``InFlight``, and real loopback ports for the probe."""
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from miles_nemogym.episode.delivery import AWAITING_RESULT, NOT_DELIVERED, Circuits, InFlight, deliver
 from miles_nemogym.episode.record import EpisodeRecord, Outcome
 from miles_nemogym.errors import CANCELLED, CLIENT_ERROR, INVALID_CONFIG, TRANSPORT_UNREACHABLE, Failed, SettingsError
-from miles_nemogym.runtime import current, install
+from miles_nemogym.runtime import AWAITING_RESULT, NOT_DELIVERED, Circuits, InFlight, current, deliver, install
 from miles_nemogym.settings import Settings
 from miles_nemogym.transport import Deadline
 from tests.support.eventually import eventually

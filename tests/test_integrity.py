@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from miles_nemogym import agent, groups, metrics, transport
-from miles_nemogym.episode import delivery as circuit_module
+from miles_nemogym import runtime as circuit_module
 from miles_nemogym.episode.record import failure
 from miles_nemogym.errors import RunStopped
 from miles_nemogym.groups import stop_reason
@@ -192,7 +192,7 @@ async def test_outage_mid_step_waits_and_sends_each_episode_once(
     port = free_port()
     use_settings(NEMO_GYM_URL=f"http://127.0.0.1:{port}")
     server = FaultServer(result=sympy_result, port=port)  # graded for each instance it is sent
-    caplog.set_level(logging.WARNING, logger="miles_nemogym.episode.delivery")
+    caplog.set_level(logging.WARNING, logger="miles_nemogym.runtime")
     tasks = [asyncio.create_task(call(row)) for row in distinct_rows]
     # The server is down: every episode opened or met the circuit, and the probe says so.
     await eventually(

@@ -141,15 +141,24 @@ def test_each_sample_runs_its_own_path_through_the_hooks(measured: list[PathMeas
         named = {(f.file, f.name) for f in m.functions}
         assert ("store/__init__.py", QUALIFIED("EpisodeStore._write")) in named  # the writer thread is traced
         assert not any(f.name.endswith("<module>") for f in m.functions)  # imports happen before tracing
-    # Each kind is prepared by the agent function and attempted by the one delivery.
-    assert ("agent", "episode/run") in swe.edges and ("episode/delivery", "episode/run") in swe.edges
+    # Each kind is prepared by the agent function and attempted by the one delivery (``runtime.deliver``).
+    assert ("agent", "episode/run") in swe.edges
     assert ("agent", "episode/environment") in environment.edges
-    assert ("episode/delivery", "episode/environment") in environment.edges
+    for m, kind in ((swe, "episode/run.py"), (environment, "episode/environment.py")):
+        attempted_by = {
+            (caller.file, caller.name)
+            for caller, callee in m.calls
+            if (callee.file, callee.name.rpartition(".")[2]) == (kind, "attempt")
+        }
+        assert attempted_by == {("runtime.py", "_tries")}, (m.sample, attempted_by)
     assert "episode/environment.py" not in swe.files and "episode/run.py" not in environment.files
     for m in (swe, environment, agent_row, buffered):  # a chain starts where Miles calls: at a hook
         assert f"{m.longest_chain[0]}.py" in hooks | {"buffer.py"}, m.longest_chain
     for m in measured:  # the same transport and delivery for every kind
-        assert {"transport.py", "episode/delivery.py", "episode/record.py"} <= set(m.files), m.files
+        assert {"transport.py", "runtime.py", "episode/record.py"} <= set(m.files), m.files
+        assert {("runtime.py", "deliver"), ("runtime.py", QUALIFIED("InFlight.run"))} <= {
+            (f.file, f.name) for f in m.functions
+        }
     assert set(LABELS) == {m.sample for m in measured}
     # A failed SWE episode's reason is redacted before it is recorded; an agent row's policy URL
     # goes out as a rollout id; the fully async buffer judges the group with the filter's rules.

@@ -25,7 +25,6 @@ from typing import Any
 
 import pydantic_core
 
-from miles_nemogym.episode.delivery import AWAITING_RESULT, NOT_DELIVERED, Episode, deliver
 from miles_nemogym.episode.environment import prepare as prepare_environment
 from miles_nemogym.episode.record import (
     ENV_KEY,
@@ -55,7 +54,7 @@ from miles_nemogym.errors import (
     is_registered,
 )
 from miles_nemogym.groups import hold_failed_episode
-from miles_nemogym.runtime import Runtime, current
+from miles_nemogym.runtime import AWAITING_RESULT, NOT_DELIVERED, Episode, Runtime, current, deliver
 from miles_nemogym.settings import RewardMode, Settings
 from miles_nemogym.store import entry_for, session_id
 

@@ -1,4 +1,5 @@
-"""The runtime: what this process keeps across episodes, in one object.
+"""The runtime: what this process keeps across episodes, in one object, and ``deliver``, which runs
+every episode through it (abortable, its server's outage waited out; below).
 
 Miles calls each hook with no object of ours, so the hooks find the process's ``Runtime`` with
 ``current()``, made on first use and handed down from there:
@@ -7,8 +8,8 @@ Miles calls each hook with no object of ours, so the hooks find the process's ``
                                                  and frozen (read again only while invalid)
     ledger           Ledger (below)              every finished episode and group decision, the
                                                  failure streak (agent.run, the filter, the log functions)
-    circuits         episode/delivery.Circuits   one per server: outage waits and the outage stop
-    in_flight        episode/delivery.InFlight   the episodes ``agent.abort`` (and a run stop) cancel
+    circuits         Circuits (below)            one per server: outage waits and the outage stop
+    in_flight        InFlight (below)            the episodes ``agent.abort`` (and a run stop) cancel
     held             HeldEpisodes (below)        failed episodes waiting for their ABORTED sample
     stores           store.Stores                the episode stores open in this process
     reward_problems  Counter                     samples the reward hook scored 0.0, by reason
@@ -29,19 +30,26 @@ stops the run (``groups.check_run``, docs/episode-pipeline.md). Thread-safe.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import random
+import ssl
 import threading
+import time
 from collections import Counter
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+from urllib.parse import urlsplit
 
-from miles_nemogym.episode.delivery import Circuits, InFlight
-from miles_nemogym.episode.record import SWE_ENVIRONMENT, TRAIN
-from miles_nemogym.errors import redact_url
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, TRAIN, Outcome, failure, failure_of, finish
+from miles_nemogym.errors import CANCELLED, TRANSPORT_UNREACHABLE, Failed, counted, redact_url
 from miles_nemogym.settings import Settings
 from miles_nemogym.store import Stores
+from miles_nemogym.transport import Deadline
 
-__all__ = ["Runtime", "current", "install"]
+__all__ = ["Episode", "Runtime", "current", "deliver", "install"]
 
 logger = logging.getLogger(__name__)
 
@@ -252,6 +260,469 @@ class LoggedOnce:
                 self._seen.add(key)
         logger.log(level, message + " [logged once]", *args)
         return True
+
+
+# -- delivering one episode: abortable, waiting out its server's outage, sent again only when it
+# certainly never arrived ----------------------------------------------------------------------
+# Every episode kind (``episode/run.py``: an agent's ``POST /run``; ``episode/environment.py``: the
+# ``simple_agent`` loop) hands ``deliver`` an ``Episode``; its ``attempt`` returns the finished
+# ``Outcome`` or raises ``errors.Failed``, ``resendable`` when nothing reached the server. Then:
+#
+#     deliver(episode)
+#      ├─ in an inner task registered in ``InFlight``: ``abort_all`` (Miles' over-sampling abort,
+#      │  from any thread) cancels it and the caller gets a ``cancelled`` outcome; the caller's own
+#      │  cancellation propagates
+#      ├─ Circuit.wait: while the server's circuit is open (an outage), wait; past
+#      │  ``NEMO_GYM_OUTAGE_TIMEOUT`` fail, and ``stop_error`` stops the run
+#      ├─ attempt(Deadline(NEMO_GYM_RUN_TIMEOUT))
+#      └─ Failed, resendable: trip the circuit, wait, try again; any other ``Failed`` becomes the
+#         outcome (``record.failure_of``), and an outcome is the outcome
+#
+# The deadline is each try's: a try is sent again only when it never reached the server, so the
+# episode a server receives runs under exactly one ``NEMO_GYM_RUN_TIMEOUT``. One circuit per server
+# URL (``Circuits``), so one environment's outage holds only its own episodes. Thread-safe; why
+# each rule: docs/episode-pipeline.md.
+
+AWAITING_RESULT = "awaiting_result"
+"""An in-flight episode whose request was sent (or was being sent)."""
+NOT_DELIVERED = "not_delivered"
+"""An in-flight episode whose request has not reached the server (waiting out an outage)."""
+
+
+class Episode(Protocol):
+    """One prepared episode of any kind, as ``deliver`` runs it."""
+
+    @property
+    def server_url(self) -> str:
+        """The server whose circuit holds the episode (the URL its first request goes to)."""
+
+    @property
+    def setting(self) -> str:
+        """The variable naming that server (``NEMO_GYM_URL``, ``NEMO_GYM_ENVS``), for the stop message."""
+
+    @property
+    def task_id(self) -> str | None: ...
+
+    async def attempt(self, deadline: Deadline) -> Outcome:
+        """One try: the finished outcome, or ``Failed`` (``resendable`` when nothing reached the server)."""
+
+
+async def deliver(episode: Episode, settings: Settings, circuits: Circuits, in_flight: InFlight) -> Outcome:
+    """Run ``episode`` to its finished ``Outcome`` (see the module docstring); never raises for a
+    failed episode (a defect becomes ``client_error``); ``CancelledError`` propagates."""
+    server = circuits.for_url(episode.server_url, episode.setting)
+    try:
+        outcome = await in_flight.run(lambda entry: _tries(episode, server, settings, entry))
+    except Exception as error:
+        outcome = failure_of(error, episode.task_id, settings)
+    return finish(outcome, episode.task_id)
+
+
+async def _tries(episode: Episode, server: Circuit, settings: Settings, entry: _Entry) -> Outcome:
+    """Wait while the circuit is open, try once; a try that never reached the server trips
+    the circuit and is tried again once it closes, until ``NEMO_GYM_OUTAGE_TIMEOUT``."""
+    loop = asyncio.get_running_loop()
+    last: Failed | None = None
+    started: float | None = None
+    while True:
+        entry.not_delivered = True
+        waiting_since = time.monotonic()
+        try:
+            gave_up_kind, waited = await server.wait()
+        except asyncio.CancelledError:  # abort(): its cancelled record still charges the wait
+            entry.outage_wait_s += time.monotonic() - waiting_since
+            raise
+        entry.outage_wait_s += waited
+        if gave_up_kind is not None:
+            reason = (
+                f"the NeMo-Gym server {redact_url(server.url)} could not be reached within NEMO_GYM_OUTAGE_TIMEOUT="
+                f"{settings.outage_timeout_s:g}s (this episode waited {entry.outage_wait_s:.0f}s)"
+                + (f"; last try: {last}" if last is not None else "")
+            )
+            outcome = failure_of(Failed(last.kind if last is not None else gave_up_kind, reason), None, settings)
+            break
+        entry.attempts += 1
+        entry.not_delivered = False
+        if started is None:
+            started = loop.time()
+        try:
+            # Delivered as its first request leaves, not when its answer comes (a /run's, up to an
+            # hour later): the outage it tried in is over for every later try to be timed from.
+            sent: asyncio.Future[None] = loop.create_future()
+            sent.add_done_callback(lambda _: server.delivered())
+            outcome = await episode.attempt(Deadline(settings.run_timeout_s, sent=sent))
+        except Failed as failed:
+            if failed.resendable:
+                last = failed
+                server.trip(settings.outage_timeout_s, failed.kind, settings.scrub_text(str(failed)))
+                continue
+            outcome = failure_of(failed, episode.task_id, settings)
+        server.delivered()
+        break
+    outcome.record.attempts = entry.attempts
+    outcome.record.elapsed_s = round(loop.time() - started, 3) if started is not None else 0.0
+    outcome.outage_wait_s = entry.outage_wait_s
+    return outcome
+
+
+# -- the in-flight registry: abort ----------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Entry:
+    """Where one episode is, for ``abort_all``'s report and a cancelled record."""
+
+    task: asyncio.Task[Outcome] | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    attempts: int = 0
+    """Tries started: 0 means nothing was sent."""
+    not_delivered: bool = True
+    """Nothing of the current try has reached the server (before it, or waiting out an outage)."""
+    outage_wait_s: float = 0.0
+
+
+class InFlight:
+    """This process's episodes in flight, on any event loop: what ``abort_all`` stops."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: set[_Entry] = set()
+
+    async def run(self, tries: Callable[[_Entry], Coroutine[Any, Any, Outcome]]) -> Outcome:
+        """``tries(entry)`` in an inner task that ``abort_all`` may cancel: then a ``cancelled`` outcome."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        entry = _Entry(loop=loop)
+        task = entry.task = loop.create_task(tries(entry))
+        with self._lock:
+            self._entries.add(entry)
+        try:
+            try:
+                await _ended(task)
+            except asyncio.CancelledError:
+                # The caller's own cancellation: close the request, then propagate it.
+                task.cancel()
+                await _ended(task)
+                raise
+            if not task.cancelled():
+                return task.result()
+            if entry.not_delivered:
+                reason = "stopped by abort() before the request reached the server"
+            else:
+                reason = "stopped by abort() while waiting for the result; the server-side episode may run on"
+            outcome = failure(CANCELLED, reason)
+            outcome.aborted = True
+            outcome.record.attempts = entry.attempts
+            outcome.record.elapsed_s = round(loop.time() - started, 3)
+            outcome.outage_wait_s = entry.outage_wait_s
+            return outcome
+        finally:
+            with self._lock:
+                self._entries.discard(entry)
+
+    def abort_all(self) -> Counter[str]:
+        """Cancel every episode in flight; how many were stopped, by state (``AWAITING_RESULT``,
+        ``NOT_DELIVERED``)."""
+        with self._lock:
+            entries = list(self._entries)
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        states: Counter[str] = Counter()
+        for entry in entries:
+            if entry.task is None or entry.loop is None:
+                continue
+            states[NOT_DELIVERED if entry.not_delivered else AWAITING_RESULT] += 1
+            if entry.loop is running:
+                entry.task.cancel()
+            elif not entry.loop.is_closed():
+                entry.loop.call_soon_threadsafe(entry.task.cancel)
+        return states
+
+
+def _ended(task: asyncio.Task[Outcome]) -> asyncio.Future[None]:
+    """A future resolved when ``task`` ends, however it ends; cancelling it leaves ``task``
+    running (``asyncio.wait`` for one task, without its per-call set and closure)."""
+    ended: asyncio.Future[None] = task.get_loop().create_future()
+
+    def resolve(_: asyncio.Task[Outcome]) -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    if task.done():
+        ended.set_result(None)
+    else:
+        task.add_done_callback(resolve)
+    return ended
+
+
+# -- the circuits: waiting out an outage ------------------------------------------------------
+# Closed: send. Open (after an undeliverable request): wait while one task probes the server by
+# opening a connection the way a request does (TCP, and TLS with certificate checks for an
+# ``https`` URL). Given up (nothing delivered for ``NEMO_GYM_OUTAGE_TIMEOUT``): fail, and
+# ``stop_error`` stops the run. The outage clock runs from the first undeliverable request until
+# one is delivered, however often the probe succeeds in between.
+
+_WARN_EVERY_S = 60.0
+_PROBE_BACKOFF_S = 0.125
+_PROBE_BACKOFF_MAX_S = 0.5
+"""The probe's delay doubles up to this (jittered down to half): a server that listens for half a
+second at a time is caught in that half second."""
+_RECHECK_S = 10.0
+
+
+class Circuit:
+    """One server's circuit: closed (send), open (wait and probe) or given up (fail, stop the run)."""
+
+    def __init__(self, url: str, setting: str) -> None:
+        self.url = url
+        self._setting = setting
+        """The variable that names this server, for the stop message."""
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+        """First undeliverable request with none delivered since: the outage clock."""
+        self._open = False
+        self._timeout_s = 0.0
+        self._kind = TRANSPORT_UNREACHABLE
+        self._reason = ""
+        self._gave_up: str | None = None
+        self._probing = False
+        self._waiting = 0
+        self._wakeups: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}
+        self._probe_task: asyncio.Task[None] | None = None
+
+    @property
+    def is_open(self) -> bool:
+        with self._lock:
+            return self._open
+
+    def waiting(self) -> int:
+        """Episodes waiting for the server now."""
+        with self._lock:
+            return self._waiting
+
+    def stop_error(self) -> str | None:
+        """Why the run must stop (the outage outlasted its timeout), or None."""
+        with self._lock:
+            return self._gave_up
+
+    def trip(self, timeout_s: float, kind: str, reason: str) -> None:
+        """An undeliverable request (``kind``, ``reason``): open the circuit; the outage clock
+        keeps running from the first one since the last delivered request."""
+        with self._lock:
+            self._kind, self._reason = kind, reason
+            if self._open or self._gave_up is not None:
+                return
+            self._open = True
+            self._timeout_s = timeout_s
+            fresh = self._down_since is None
+            if fresh:
+                self._down_since = time.monotonic()
+        if fresh:
+            logger.warning(
+                "NeMo-Gym server %s cannot be reached (%s): its episodes wait (up to NEMO_GYM_OUTAGE_TIMEOUT=%gs)",
+                redact_url(self.url),
+                reason,
+                timeout_s,
+            )
+
+    def delivered(self) -> None:
+        """A request reached the server: the outage (also one that gave up) is over."""
+        if self._down_since is None and self._gave_up is None:
+            return  # the healthy path: no lock
+        with self._lock:
+            self._down_since = None
+        self._close(None)
+
+    async def wait(self) -> tuple[str | None, float]:
+        """Wait while the circuit is open: (the failure kind if the outage timed out, else
+        None; seconds waited). Returns at once when closed. Cancellation propagates."""
+        if not self._open and self._gave_up is None:
+            return None, 0.0
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        with self._lock:
+            self._waiting += 1
+        try:
+            while True:
+                with self._lock:
+                    if self._gave_up is not None:
+                        return self._kind, time.monotonic() - started
+                    if not self._open:
+                        return None, time.monotonic() - started
+                    event = self._wakeups.get(loop)
+                    if event is None or event.is_set():
+                        event = self._wakeups[loop] = asyncio.Event()
+                    probe_task = self._probe_task
+                    if self._probing and (probe_task is None or probe_task.done() or probe_task.get_loop().is_closed()):
+                        self._probing = False  # its loop went away without running its cleanup
+                    if not self._probing:
+                        self._probing = True
+                        # Kept referenced: the loop holds only a weak reference to its tasks.
+                        self._probe_task = loop.create_task(self._probe_loop())
+                # Woken by the probe; the timer re-checks that a probe still runs somewhere. Not
+                # ``wait_for``: before Python 3.12 it swallows a cancellation (abort()) that lands
+                # as the event is set, and the aborted episode would be sent.
+                recheck = loop.call_later(_RECHECK_S, event.set)
+                try:
+                    await event.wait()
+                finally:
+                    recheck.cancel()
+        finally:
+            with self._lock:
+                self._waiting -= 1
+
+    async def _probe_loop(self) -> None:
+        """The one probe: connect with capped backoff until the server answers or time runs out."""
+        attempt = 0
+        last_warning = time.monotonic()
+        try:
+            while True:
+                url = self.url
+                with self._lock:
+                    down_since, timeout_s = self._down_since, self._timeout_s
+                    is_open, kind, reason = self._open, self._kind, self._reason
+                if not is_open or down_since is None:
+                    return
+                now = time.monotonic()
+                if now - down_since >= timeout_s:
+                    self._close(
+                        f"the NeMo-Gym server {redact_url(url)} could not be reached for "
+                        f"{now - down_since:.0f}s ({kind}: {reason}; NEMO_GYM_OUTAGE_TIMEOUT={timeout_s:g}s): "
+                        f"the run stops. Start the server (or fix {self._setting}, or its TLS certificate) and "
+                        "resume from the last checkpoint; raise NEMO_GYM_OUTAGE_TIMEOUT to wait longer"
+                    )
+                    return
+                # Wait first: right after a failed /run (or a probe that let one fail again), a
+                # connection at once would only spin.
+                await asyncio.sleep(self._delay(attempt, down_since + timeout_s))
+                attempt += 1
+                error = await _connect(url, min(10.0, timeout_s))
+                if error is None:
+                    logger.info(
+                        "NeMo-Gym server %s answers a connection after %.0fs; sending %s",
+                        redact_url(url),
+                        time.monotonic() - down_since,
+                        counted(self.waiting(), "waiting episode"),
+                    )
+                    self._close(None)
+                    return
+                with self._lock:
+                    self._reason = error
+                if time.monotonic() - last_warning >= _WARN_EVERY_S:
+                    last_warning = time.monotonic()
+                    logger.warning(
+                        "NeMo-Gym server %s unreachable for %.0fs (%s); %s waiting (stop after %gs)",
+                        redact_url(url),
+                        last_warning - down_since,
+                        error,
+                        counted(self.waiting(), "episode"),
+                        timeout_s,
+                    )
+        finally:
+            with self._lock:
+                self._probing = False
+            # Another loop's waiters may still need a probe (this loop may be closing).
+            self._wake_all()
+
+    @staticmethod
+    def _delay(attempt: int, deadline: float) -> float:
+        delay = random.uniform(0.5, 1.0) * min(_PROBE_BACKOFF_MAX_S, _PROBE_BACKOFF_S * 2.0**attempt)
+        return max(0.0, min(delay, deadline - time.monotonic()))
+
+    def _close(self, gave_up: str | None) -> None:
+        with self._lock:
+            self._open = False
+            self._gave_up = gave_up
+        if gave_up:
+            logger.error("%s", gave_up)
+        self._wake_all()
+
+    def _wake_all(self) -> None:
+        with self._lock:
+            wakeups = list(self._wakeups.items())
+            self._wakeups.clear()
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        for loop, event in wakeups:
+            if loop.is_closed():
+                continue
+            if loop is running:
+                event.set()
+            else:
+                loop.call_soon_threadsafe(event.set)
+
+    def reset(self) -> None:
+        """Closed, with no outage and no stop error (tests; a new run in the same process)."""
+        with self._lock:
+            self._down_since = None
+        self._close(None)
+
+
+async def _connect(url: str, timeout_s: float) -> str | None:
+    """Open (and close) a connection to ``url``'s host as a request would: TCP, plus a TLS
+    handshake with certificate checks for ``https``. None on success, else what failed.
+    Never sends a request: ``/run`` would start a paid episode."""
+    parts = urlsplit(url)
+    host = parts.hostname or "localhost"
+    tls = parts.scheme == "https"
+    port = parts.port or (443 if tls else 80)
+    try:
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=ssl.create_default_context() if tls else None), timeout_s
+        )
+    except ssl.SSLError as error:
+        return f"TLS: {error}"
+    except (OSError, asyncio.TimeoutError) as error:
+        return f"cannot connect: {error or type(error).__name__}"
+    writer.close()
+    with contextlib.suppress(OSError, ssl.SSLError):
+        await writer.wait_closed()
+    return None
+
+
+class Circuits:
+    """The process's circuits, one per server URL, created on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_url: dict[str, Circuit] = {}
+
+    def for_url(self, url: str, setting: str) -> Circuit:
+        """The circuit of the server at ``url`` (``setting`` names the variable that set it)."""
+        with self._lock:
+            found = self._by_url.get(url)
+            if found is None:
+                found = self._by_url[url] = Circuit(url, setting)
+            return found
+
+    def _all(self) -> list[Circuit]:
+        with self._lock:
+            return list(self._by_url.values())
+
+    @property
+    def is_open(self) -> bool:
+        """Whether any server's circuit is open."""
+        return any(one.is_open for one in self._all())
+
+    def waiting(self) -> int:
+        """Episodes waiting for any server now."""
+        return sum(one.waiting() for one in self._all())
+
+    def stop_error(self) -> str | None:
+        """Why the run must stop (a server's outage outlasted its timeout), or None."""
+        return next((error for error in map(Circuit.stop_error, self._all()) if error is not None), None)
+
+    def reset(self) -> None:
+        """No circuit, so no outage and no stop error (tests; a new run in the same process)."""
+        with self._lock:
+            circuits = list(self._by_url.values())
+            self._by_url.clear()
+        for one in circuits:
+            one.reset()  # wakes whatever still waits on it
 
 
 class Runtime:

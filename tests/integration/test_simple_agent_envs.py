@@ -17,9 +17,8 @@ import pytest
 
 from miles_nemogym import agent
 from miles_nemogym.episode import environment
-from miles_nemogym.episode.delivery import deliver
 from miles_nemogym.episode.record import Outcome, Task
-from miles_nemogym.runtime import current
+from miles_nemogym.runtime import current, deliver
 from miles_nemogym.settings import EnvironmentServer, Settings
 from tests.support.env_scripts import ENVIRONMENTS, scripts
 from tests.support.gym_envs import GymEnvironments

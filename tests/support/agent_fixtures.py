@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from miles_nemogym import agent, transport
-from miles_nemogym.episode import delivery
+from miles_nemogym import agent, runtime, transport
 from miles_nemogym.episode.record import ENV_KEY, TASK_ID_KEY
 from miles_nemogym.settings import Settings
 from tests.support.fault_server import EARLY_ERRORS, FaultServer
@@ -58,7 +57,7 @@ def fast_env(use_settings: UseSettings) -> None:
 @pytest.fixture
 def quick_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     """The outage probe's backoff capped at 0.2 s (0.5 s shipped): a server that is back is seen sooner."""
-    monkeypatch.setattr(delivery, "_PROBE_BACKOFF_MAX_S", 0.2)
+    monkeypatch.setattr(runtime, "_PROBE_BACKOFF_MAX_S", 0.2)
 
 
 @pytest.fixture

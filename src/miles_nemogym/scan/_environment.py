@@ -10,11 +10,10 @@ from typing import Any
 
 from miles_nemogym import checks
 from miles_nemogym.agent import prepare_episode
-from miles_nemogym.episode.delivery import deliver
 from miles_nemogym.episode.record import Outcome, Task, task_row
 from miles_nemogym.gym.environments import plan
 from miles_nemogym.gym.venv import GymEnvironmentError
-from miles_nemogym.runtime import current
+from miles_nemogym.runtime import current, deliver
 from miles_nemogym.scan._inputs import InputError, ScanTask
 from miles_nemogym.settings import Settings
 from miles_nemogym.smoke.answers import GOLD, WRONG, Answers, answers

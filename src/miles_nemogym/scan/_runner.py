@@ -1,4 +1,4 @@
-"""Run a scan: every selected instance through ``delivery.deliver``, as training does: a SWE row's
+"""Run a scan: every selected instance through ``runtime.deliver``, as training does: a SWE row's
 ``/run`` body from ``run.prepare_scan``, an environment row's episode from ``agent.prepare_episode``
 (``scan/_environment.py``)."""
 
@@ -19,11 +19,10 @@ from miles_nemogym import checks
 from miles_nemogym.agent import prepare_episode
 from miles_nemogym.checks import FetchError, identify
 from miles_nemogym.episode import run as swe_run
-from miles_nemogym.episode.delivery import Episode, deliver
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome, Task
 from miles_nemogym.errors import MilesNemoGymError, RequestError, counted, redact_url, redact_urls
 from miles_nemogym.gym.config import instance_name
-from miles_nemogym.runtime import current
+from miles_nemogym.runtime import Episode, current, deliver
 from miles_nemogym.scan._config import ScanConfig, scan_settings, usage_problems
 from miles_nemogym.scan._inputs import InputError, ScanTask, load_tasks, select
 from miles_nemogym.scan._report import ScanProgress, header, render_summary
