@@ -20,7 +20,7 @@ from miles_nemogym.gym.composition import Judge, server_blocks
 from miles_nemogym.gym.environments import catalog_folders, environment_needs, plan, shipped_environments
 from miles_nemogym.gym.venv import GymEnvironmentError
 from miles_nemogym.gym.wheel import read_member
-from miles_nemogym.smoke.answers import GOLD, WRONG, answers
+from miles_nemogym.smoke._answers import GOLD, WRONG, answers
 
 SIMPLE = ("abstention", "arc_agi", "calendar", "calendar_v2", "circle_click", "circle_count", "code_gen", "ether0")
 SIMPLE += ("instruction_following", "reasoning_gym", "workplace_assistant")

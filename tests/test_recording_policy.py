@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from miles_nemogym.smoke.policy import (
+from miles_nemogym.smoke._policy import (
     FINAL_ANSWER,
     SCRIPTED_PATCH,
     SUBMIT_MARKER,
@@ -28,6 +28,7 @@ from miles_nemogym.smoke.policy import (
 from tests.support.eventually import eventually
 from tests.support.held_policy import HeldPolicy
 from tests.support.mini_swe_agent import BASH_TOOL
+from tests.support.policy_sessions import asked_sessions
 
 
 def harness_body(**extra: Any) -> dict[str, Any]:
@@ -117,7 +118,7 @@ async def test_each_session_records_only_its_own_requests() -> None:
         assert [r.body["seed"] for r in policy.chat_requests("a")] == [1, 1]
         assert [r.body["seed"] for r in policy.chat_requests("b")] == [2]
         assert {r.path for r in policy.requests("a")} == {"/sessions/a/v1/chat/completions"}
-        assert sorted(policy.sessions()) == ["a", "b"]
+        assert sorted(asked_sessions(policy)) == ["a", "b"]
         # Turn counting is per session: b's first answer is a first-turn answer.
         assert command_of((await chat(client, b, harness_body()))[1]) == policy.default_script.command_for_turn(1)
 
@@ -127,7 +128,6 @@ async def test_headers_body_and_authorization_are_recorded() -> None:
         await chat(client, policy.session_url("auth"), harness_body(extra_key="x"), key="sk-secret-42")
         await chat(client, policy.session_url("noauth"), harness_body(), key=None)
     (with_key,) = policy.requests("auth")
-    assert with_key.has_authorization
     assert with_key.authorization == "Bearer sk-secret-42"
     assert "sk-secret-42" not in repr(with_key)
     assert "Authorization" not in with_key.headers
@@ -135,7 +135,7 @@ async def test_headers_body_and_authorization_are_recorded() -> None:
     assert with_key.body["extra_key"] == "x"
     assert with_key.body["tools"] == [BASH_TOOL]
     (without_key,) = policy.requests("noauth")
-    assert not without_key.has_authorization
+    assert without_key.authorization is None
 
 
 async def test_tool_name_and_argument_follow_the_request() -> None:

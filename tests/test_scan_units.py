@@ -1,5 +1,5 @@
 """The scan's pure parts: input detection, selection, the results file, verdicts, statistics,
-progress lines, and the ``golden_scan`` function the integration tests call."""
+progress lines, and a golden scan called as a function."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from rich.console import Console
 
 from miles_nemogym.data._select import InstanceIdsError, parse_instance_ids
 from miles_nemogym.episode.run import RunResponse, classify_run_response
-from miles_nemogym.scan import golden_scan
 from miles_nemogym.scan._inputs import InputError, load_tasks, select
 from miles_nemogym.scan._report import Counts, ScanProgress, render_summary
 from miles_nemogym.scan._results import ResultLine, ResultsLock, ResultsWriter, read_results
@@ -23,6 +22,7 @@ from miles_nemogym.scan._runner import EXIT_FAILED
 from miles_nemogym.scan._verdict import Verdict, reason_of, verdict_of
 from tests.support.environment_rows import shipped_rows
 from tests.support.fault_server import FaultServer
+from tests.support.golden_scan import golden_scan, not_passed
 from tests.support.prompt_rows import converter_rows, write_jsonl
 
 SKLEARN = "scikit-learn__scikit-learn-14141"
@@ -334,10 +334,10 @@ def test_golden_scan_function_names_the_four_real_rows_whose_tests_fail(
 
     assert scanned.exit_code == EXIT_FAILED
     assert len(scanned.results) == 5
-    assert {item.instance_id for item in scanned.not_passed} == {row["instance_id"] for row in gym_example_rows} - {
+    assert {item.instance_id for item in not_passed(scanned)} == {row["instance_id"] for row in gym_example_rows} - {
         SKLEARN
     }
-    assert all(item.reason and "tests failing" in item.reason for item in scanned.not_passed)
+    assert all(item.reason and "tests failing" in item.reason for item in not_passed(scanned))
     assert "overall" in buffer.getvalue()
 
 

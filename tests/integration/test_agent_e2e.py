@@ -29,11 +29,11 @@ from miles_nemogym.cli.main import app
 from miles_nemogym.data import convert_row
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer, free_port
-from miles_nemogym.scan import golden_scan
-from miles_nemogym.smoke.policy import RecordingPolicy
+from miles_nemogym.smoke._policy import RecordingPolicy
 from miles_nemogym.store import _reader as reader
 from tests.integration.conftest import INTEGRATION_OPTIONS
 from tests.support.eventually import eventually
+from tests.support.golden_scan import golden_scan, not_passed
 from tests.support.held_policy import HeldPolicy
 from tests.support.samples import Sample
 
@@ -178,8 +178,8 @@ def test_golden_scan_names_each_grading_failure(
     rows.write_text("".join(json.dumps(convert_row(r)) + "\n" for r in gym_example_rows))
     result = golden_scan(rows, gym_golden_server.url, output_path=tmp_path / "golden.jsonl", concurrency=4)
     assert result.exit_code == 1
-    assert {r.instance_id for r in result.not_passed} == {r["instance_id"] for r in gym_example_rows}
-    by_id = {r.instance_id: r for r in result.not_passed}
+    assert {r.instance_id for r in not_passed(result)} == {r["instance_id"] for r in gym_example_rows}
+    by_id = {r.instance_id: r for r in not_passed(result)}
     for iid in GRADED_OFFLINE:  # graded on the host: the gold patch applies, the tests cannot pass
         assert by_id[iid].verdict.value == "failed", by_id[iid]
         assert by_id[iid].reason

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from miles_nemogym.gym.server import GymServer
-from miles_nemogym.smoke.policy import RecordingPolicy
+from miles_nemogym.smoke._policy import RecordingPolicy
 from tests.integration.test_gym_server import run_body
 
 pytestmark = pytest.mark.integration

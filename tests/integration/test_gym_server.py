@@ -21,8 +21,9 @@ import pytest
 
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer, GymServerError, free_port
-from miles_nemogym.smoke.policy import RecordingPolicy
+from miles_nemogym.smoke._policy import RecordingPolicy
 from tests.support.gym_runs import API_KEY, EXTRA_BODY, SAMPLING, assert_graded, post_run, run_body
+from tests.support.policy_sessions import asked_sessions
 from tests.support.ray_cluster import pids_with_environment
 from tests.support.serve_process import serving
 
@@ -72,7 +73,7 @@ async def test_sympy_run_reaches_its_session_with_the_trainer_params(
     # The trajectory holds the scripted bash calls, in order.
     calls = [item for item in result["response"]["output"] if item.get("type") == "function_call"]
     assert len(calls) == len(recording_policy.chat_requests(session))
-    assert recording_policy.sessions() == [session]
+    assert asked_sessions(recording_policy) == [session]
     # The server keeps each result (and the trajectory) under the fixture's results folder.
     saved = gym_server.results_dir / "verified" / "policy" / SYMPY / f"{SYMPY}.json"
     assert json.loads(saved.read_text())["metadata"] == result["metadata"]
@@ -93,7 +94,7 @@ async def test_concurrent_runs_stay_on_their_own_sessions(
         assert result["instance_id"] == iid
         assert_trainer_params_reached(recording_policy, sid)
         assert_graded(result, iid)
-    assert sorted(recording_policy.sessions()) == sorted(sessions.values())
+    assert sorted(asked_sessions(recording_policy)) == sorted(sessions.values())
 
 
 async def test_django_row_comes_back_as_error_and_traceback(

@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 
 from miles_nemogym.gym.server import GymServer
-from miles_nemogym.smoke.policy import Script
+from miles_nemogym.smoke._policy import Script
 from tests.support.gym_envs import GymEnvironments
 from tests.support.miles_environments import MAX_STEPS, completion, prompt_row, scripts
 from tests.support.miles_harness import MilesDriver, StepResult, grpo

@@ -25,6 +25,7 @@ from tests.support.fault_server import FaultServer
 from tests.support.hostile_session import SESSION_PORTS
 from tests.support.miles_environments import completion, prompt_row, scripts
 from tests.support.miles_harness import MilesDriver, StepResult
+from tests.support.policy_sessions import asked_sessions
 from tests.support.routed_agents import (
     BLACKJACK_REWARD,
     GYMNASIUM,
@@ -286,7 +287,7 @@ def test_a_harness_calls_reach_only_the_session_its_rollout_id_names(routed_agen
 
     from miles_nemogym.episode.run import policy_base_url
     from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import rollout_id
-    from miles_nemogym.smoke.policy import RecordingPolicy
+    from miles_nemogym.smoke._policy import RecordingPolicy
 
     chat = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
     secret = routed_agents.servers.rollout_secret
@@ -301,7 +302,7 @@ def test_a_harness_calls_reach_only_the_session_its_rollout_id_names(routed_agen
         assert answer.status_code == 200, answer.text
         assert answer.json()["choices"][0]["message"]["role"] == "assistant"
         # ... and the call reached that session, and nothing else.
-        assert session_server.sessions() == [s1] and len(session_server.chat_requests(s1)) == 1
+        assert asked_sessions(session_server) == [s1] and len(session_server.chat_requests(s1)) == 1
         responses = {"input": [{"role": "user", "content": "hi"}]}
         answer = httpx.post(f"{base}/responses", json=responses, timeout=60)
         assert answer.status_code == 200 and answer.json()["object"] == "response", answer.text

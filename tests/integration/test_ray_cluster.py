@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from miles_nemogym.gym.venv import ensure_gym_venv
-from miles_nemogym.smoke.policy import RecordingPolicy
+from miles_nemogym.smoke._policy import RecordingPolicy
 from tests.support.gym_runs import assert_graded, post_run, run_body
 from tests.support.ports import free_port
 from tests.support.ray_cluster import RayCluster

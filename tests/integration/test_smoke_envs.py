@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
+from miles_nemogym.smoke._answers import GOLD, PLAIN, WRONG
 from miles_nemogym.smoke._environments import EnvironmentEpisode
-from miles_nemogym.smoke.answers import GOLD, PLAIN, WRONG
 from miles_nemogym.store import _reader as reader
 from tests.support.env_scripts import SMOKED
 

@@ -21,7 +21,7 @@ ENVIRONMENTS = (
 """The 0.7.0 environments with scripts here (no network, keys or judge)."""
 SMOKED = ("calendar", "calendar_v2", "arc_agi")
 """Environments (beyond ``ENVIRONMENTS``) that ``smoke --env`` plays end to end in the integration
-tests, with the gold and wrong answers of ``miles_nemogym.smoke.answers``."""
+tests, with the gold and wrong answers of ``miles_nemogym.smoke._answers``."""
 BENCHMARKS = ("aime25", "gsm8k")
 """Benchmarks ``tests/integration/test_benchmarks.py`` converts from a prepared file and grades
 through ``agent.run`` (``aime25`` through Miles' eval step too), on ``math_with_judge``."""

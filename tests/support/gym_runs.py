@@ -8,7 +8,7 @@ from typing import Any
 
 import aiohttp
 
-from miles_nemogym.smoke.policy import SCRIPTED_PATCH
+from miles_nemogym.smoke._policy import SCRIPTED_PATCH
 
 SAMPLING = {"temperature": 0.7, "top_p": 0.9, "max_output_tokens": 512}
 EXTRA_BODY = {"top_k": 20, "seed": 7}

@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from miles_nemogym.smoke.policy import RecordingPolicy
+from miles_nemogym.smoke._policy import RecordingPolicy
 
 __all__ = ["HeldPolicy"]
 

@@ -86,7 +86,7 @@ from miles.utils.tracking_utils import tracking  # noqa: E402
 
 from miles_nemogym.launcher._command import GENERATE_FUNCTION, HOOKS  # noqa: E402
 from miles_nemogym.runtime import install  # noqa: E402
-from miles_nemogym.smoke.policy import Script  # noqa: E402
+from miles_nemogym.smoke._policy import Script  # noqa: E402
 from tests.support.qwen3_tokenizer import TOKENIZER_FORMAT, build_qwen3_tokenizer, qwen_tool_call_text  # noqa: E402
 
 ROLLOUT_FUNCTION = "miles.rollout.inference_rollout.inference_rollout_common.InferenceRolloutFn"

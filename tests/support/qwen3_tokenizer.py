@@ -110,7 +110,7 @@ def build_qwen3_tokenizer(folder: Path) -> Path:
 def qwen_tool_call_text(command: str, turn: int, tool: str = "bash", argument: str = "command") -> str:
     """The recording policy's scripted turn as raw Qwen3 completion text (``<tool_call>`` block,
     ``<|im_end|>``), for Miles' mock SGLang engine, which parses it as SGLang's qwen25 parser does."""
-    from miles_nemogym.smoke.policy import thought
+    from miles_nemogym.smoke._policy import thought
 
     call = json.dumps({"name": tool, "arguments": {argument: command}})
     return f"{thought(turn)}\n<tool_call>\n{call}\n</tool_call><|im_end|>"

@@ -98,38 +98,36 @@ def _scan(
     ] = False,
 ) -> None:
     """Run SWE-bench instances, or environment rows, through NeMo-Gym exactly as training will, and report."""
-    from pydantic import ValidationError
-
     from miles_nemogym.cli._console import console
     from miles_nemogym.data import parse_instance_ids
-    from miles_nemogym.errors import describe
-    from miles_nemogym.scan import ScanConfig, execute
+    from miles_nemogym.scan import execute
 
     err = console(stderr=True)
     try:
-        config = ScanConfig(
-            input_path=input_path,
-            output_path=output,
-            resume=resume,
-            golden=golden,
-            limit=limit,
-            instance_ids=tuple(parse_instance_ids(instance_ids)) if instance_ids is not None else None,
-            concurrency=concurrency,
-            timeout_s=timeout,
-            gym_url=gym_url,
-            policy_base_url=policy_base_url,
-            temperature=temperature,
-            top_p=top_p,
-            max_tokens=max_tokens,
-            subset=subset,
-            split=split,
-            allow_unresolved=allow_unresolved,
-        )
-    except ValidationError as error:
-        fail(err, f"scan cannot start: {describe(error)}", markup=False, highlight=False)
+        ids = tuple(parse_instance_ids(instance_ids)) if instance_ids is not None else None
     except ValueError as error:  # --instance-ids that cannot be read or holds no id
         fail(err, f"scan cannot start: {error}", markup=False, highlight=False)
-    raise typer.Exit(execute(config, console=console(), err=err))
+    code = execute(
+        console=console(),
+        err=err,
+        input_path=input_path,
+        output_path=output,
+        resume=resume,
+        golden=golden,
+        limit=limit,
+        instance_ids=ids,
+        concurrency=concurrency,
+        timeout_s=timeout,
+        gym_url=gym_url,
+        policy_base_url=policy_base_url,
+        temperature=temperature,
+        top_p=top_p,
+        max_tokens=max_tokens,
+        subset=subset,
+        split=split,
+        allow_unresolved=allow_unresolved,
+    )
+    raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:

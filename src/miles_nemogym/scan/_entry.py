@@ -6,11 +6,13 @@ import asyncio
 import functools
 import logging
 import signal
+from typing import Any
 
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from miles_nemogym.errors import KeyScrubber, counted
+from miles_nemogym.errors import KeyScrubber, counted, describe
 from miles_nemogym.scan._config import ScanConfig
 from miles_nemogym.scan._runner import EXIT_USAGE, ScanResult, ScanUsageError, run_scan
 from miles_nemogym.settings import Settings
@@ -73,8 +75,14 @@ async def _main(config: ScanConfig, console: Console, err: Console) -> ScanResul
             loop.remove_signal_handler(sig)
 
 
-def execute(config: ScanConfig, *, console: Console, err: Console) -> int:
-    """Run the scan, printing to ``console`` and ``err``, and return its exit code (see the module docstring)."""
+def execute(*, console: Console, err: Console, **options: Any) -> int:
+    """Run the scan ``options`` (``ScanConfig``'s fields) ask for, printing to ``console`` and ``err``;
+    its exit code."""
+    try:
+        config = ScanConfig(**options)
+    except ValidationError as error:
+        err.print(f"scan cannot start: {describe(error)}", markup=False, highlight=False)
+        return EXIT_USAGE
     handler = _install_logging(err)
     try:
         result = asyncio.run(_main(config, console, err))

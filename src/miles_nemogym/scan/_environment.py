@@ -16,10 +16,12 @@ from miles_nemogym.gym.venv import GymEnvironmentError
 from miles_nemogym.runtime import current, deliver
 from miles_nemogym.scan._inputs import InputError, ScanTask
 from miles_nemogym.settings import Settings
-from miles_nemogym.smoke.answers import GOLD, WRONG, Answers, answers
-from miles_nemogym.smoke.policy import RecordingPolicy
+from miles_nemogym.smoke import RecordingPolicy, golden_answers
 
-__all__ = ["CHECK_SESSION", "gold_answers", "play_golden", "server_problem", "session_base"]
+__all__ = ["CHECK_SESSION", "Answers", "gold_answers", "play_golden", "server_problem", "session_base"]
+
+Answers = dict[str, tuple[Any, ...]]
+"""A row's scripted turns by answer: ``{"gold": turns, "wrong": turns}``."""
 
 CHECK_SESSION = "http://127.0.0.1:9/sessions/check"
 """A session URL to check a golden row's episode against before the scripted policy starts."""
@@ -37,8 +39,8 @@ def gold_answers(tasks: Sequence[ScanTask]) -> dict[str, Answers]:
         ) from None
     found: dict[str, Answers] = {}
     for task in tasks:
-        known = answers(folders[task.environment], task_row(task.metadata))
-        if GOLD not in known or WRONG not in known:
+        known = golden_answers(folders[task.environment], task_row(task.metadata))
+        if not known:
             raise InputError(
                 f"{task.where}: task {task.instance_id}: no gold answer known for {task.environment}'s rows "
                 "(a golden scan reads the gold of mcqa, math_with_judge, equivalence_rule, xlam_fc, "
@@ -85,9 +87,9 @@ async def play_golden(
 ) -> tuple[Outcome, Outcome]:
     """The row's gold, then its wrong answer, each one episode of its own scripted session."""
     played = []
-    for label in (GOLD, WRONG):
+    for turns in known.values():  # gold, then wrong
         session = uuid.uuid4().hex
-        policy.configure_session(session, answers=known[label])
+        policy.configure_session(session, answers=turns)
         row = Task.of(task.metadata, task.environment)
         episode = prepare_episode(row, policy.session_url(session), request_kwargs, settings)
         outcome = await deliver(episode, settings, current().circuits, current().in_flight)

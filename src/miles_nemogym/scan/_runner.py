@@ -29,8 +29,7 @@ from miles_nemogym.scan._report import ScanProgress, header, render_summary
 from miles_nemogym.scan._results import ResultLine, ResultsLock, ResultsWriter, task_digest
 from miles_nemogym.scan._verdict import Verdict, golden_pair, kind_of, reason_of, verdict_of
 from miles_nemogym.settings import Settings, SettingsError
-from miles_nemogym.smoke.answers import Answers
-from miles_nemogym.smoke.policy import RecordingPolicy
+from miles_nemogym.smoke import RecordingPolicy
 from miles_nemogym.transport import bracket, close_pools, is_loopback
 
 __all__ = ["EXIT_USAGE", "ScanResult", "ScanUsageError", "run_scan"]
@@ -104,10 +103,6 @@ class ScanResult:
     interrupted: bool
 
     @property
-    def not_passed(self) -> list[ResultLine]:
-        return [result for result in self.results if result.verdict is not Verdict.passed]
-
-    @property
     def exit_code(self) -> int:
         if self.interrupted:
             return EXIT_INTERRUPTED
@@ -131,7 +126,7 @@ class _Prepared:
     bodies: dict[str, Episode]
     """Each pending instance's episode (a SWE row's ``/run`` body), built once before the first
     episode; a golden environment row's two are built as they are played."""
-    gold: dict[str, Answers]
+    gold: dict[str, environment_scan.Answers]
     """A golden scan of environment rows: each pending row's gold and wrong answer."""
 
     @property
@@ -212,7 +207,7 @@ def _prepare_locked(
         raise ScanUsageError(f"the sampling flags cannot be sent: {error}") from None
     pending = [task for task in selected if task.instance_id not in earlier]
     environment_rows = bool(tasks) and tasks[0].environment != SWE_ENVIRONMENT
-    gold: dict[str, Answers] = {}
+    gold: dict[str, environment_scan.Answers] = {}
     if environment_rows:
         try:
             if config.golden:

@@ -21,9 +21,9 @@ from miles_nemogym.gym.composition import Judge
 from miles_nemogym.gym.environments import EnvironmentPlan, EnvironmentServers, plan, refusals, setting
 from miles_nemogym.gym.venv import GymEnvironmentError, ensure_gym_venv
 from miles_nemogym.settings import Settings
+from miles_nemogym.smoke._answers import GOLD, PLAIN, PLAIN_ANSWER, WRONG, answers
+from miles_nemogym.smoke._policy import Answer, RecordingPolicy
 from miles_nemogym.smoke._swe import file_as_step, report_table, run_rows
-from miles_nemogym.smoke.answers import GOLD, PLAIN, PLAIN_ANSWER, WRONG, answers
-from miles_nemogym.smoke.policy import Answer, RecordingPolicy
 
 __all__ = ["EnvironmentEpisode", "EnvironmentSmokeReport", "check_environments", "run_environment_smoke"]
 

@@ -34,7 +34,7 @@ from miles_nemogym.gym.server import GymServer
 from miles_nemogym.gym.venv import ensure_gym_venv
 from miles_nemogym.runtime import current
 from miles_nemogym.settings import Settings
-from miles_nemogym.smoke.policy import RecordingPolicy
+from miles_nemogym.smoke._policy import RecordingPolicy
 from miles_nemogym.store.views import load, offline_note
 from miles_nemogym.transport import close_pools
 

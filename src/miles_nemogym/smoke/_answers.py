@@ -7,9 +7,9 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from miles_nemogym.smoke.policy import FINAL_ANSWER, Answer
+from miles_nemogym.smoke._policy import FINAL_ANSWER, Answer
 
-__all__ = ["GOLD", "WRONG", "Answers", "answers"]
+__all__ = ["GOLD", "WRONG", "Answers", "answers", "golden_answers"]
 
 Answers = dict[str, tuple[Answer, ...]]
 """``{"gold": turns, "wrong": turns}``; empty when the row carries no gold."""
@@ -215,6 +215,7 @@ def answers(server: str, row: Mapping[str, Any]) -> Answers:
         return {}
 
 
-def has_rule(server: str) -> bool:
-    """Whether smoke knows where ``server``'s rows keep their gold."""
-    return server in _RULES
+def golden_answers(server: str, row: Mapping[str, Any]) -> Answers:
+    """``row``'s gold and wrong answers (in that order) when both are known, else ``{}``."""
+    known = answers(server, row)
+    return {GOLD: known[GOLD], WRONG: known[WRONG]} if GOLD in known and WRONG in known else {}

@@ -17,7 +17,7 @@ from aiohttp import web
 __all__ = ["RecordingPolicy"]
 
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-_DEFAULT_LOOK_AROUND = ("pwd", "ls -la")
+_LOOK_AROUND = ("pwd", "ls -la")
 
 _SCRIPTED_PATCH_FILE = "miles_nemogym_scripted.txt"
 SCRIPTED_PATCH = (
@@ -33,7 +33,7 @@ empty. ``git diff`` would submit nothing: the ``local`` sandbox's workspace is a
 folder and a container's /testbed is unchanged by a policy that only looks around."""
 
 # Must exit 0: mini-swe-agent only accepts a submission from a successful command.
-_DEFAULT_SUBMIT_COMMAND = f"echo {SUBMIT_MARKER}; cat <<'MILES_NEMOGYM_PATCH'\n{SCRIPTED_PATCH}MILES_NEMOGYM_PATCH"
+_SUBMIT_COMMAND = f"echo {SUBMIT_MARKER}; cat <<'MILES_NEMOGYM_PATCH'\n{SCRIPTED_PATCH}MILES_NEMOGYM_PATCH"
 
 
 @dataclass(frozen=True)
@@ -49,10 +49,6 @@ class RecordedRequest:
     """The parsed JSON body, or the raw text when it was not JSON."""
     authorization: str | None = field(default=None, repr=False)
     """The ``Authorization`` header as sent (a secret: never printed by ``repr``)."""
-
-    @property
-    def has_authorization(self) -> bool:
-        return self.authorization is not None
 
     @property
     def is_chat_completion(self) -> bool:
@@ -76,15 +72,13 @@ class Script:
     """How the policy answers in one session."""
 
     look_around_turns: int = 2
-    look_around_commands: tuple[str, ...] = _DEFAULT_LOOK_AROUND
-    submit_command: str = _DEFAULT_SUBMIT_COMMAND
     answers: tuple[Answer, ...] = ()
     """Turns to play instead of the bash script (then ``FINAL_ANSWER``)."""
 
     def command_for_turn(self, turn: int) -> str:
-        if turn < self.look_around_turns and self.look_around_commands:
-            return self.look_around_commands[turn % len(self.look_around_commands)]
-        return self.submit_command
+        if turn < self.look_around_turns:
+            return _LOOK_AROUND[turn % len(_LOOK_AROUND)]
+        return _SUBMIT_COMMAND
 
 
 def _estimate_tokens(value: Any) -> int:
@@ -212,14 +206,6 @@ class RecordingPolicy:
 
     def chat_requests(self, session_id: str) -> list[RecordedRequest]:
         return [r for r in self.requests(session_id) if r.is_chat_completion]
-
-    def sessions(self) -> list[str]:
-        with self._lock:
-            seen: dict[str, None] = {}
-            for r in self._records:
-                if r.session_id is not None:
-                    seen.setdefault(r.session_id)
-            return list(seen)
 
     def _record(self, request: web.Request, body: Any) -> RecordedRequest:
         headers = {k: v for k, v in request.headers.items() if k.lower() != "authorization"}
