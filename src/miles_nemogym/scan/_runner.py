@@ -285,9 +285,7 @@ async def run_scan(
 
 
 def server_problem(settings: Settings, policy_base_url: str | None) -> str | None:
-    """The scan's gate: the first server check that fails, as one sentence with its fix. A golden
-    scan needs ``POST /run``; an API-policy scan also that ``/run`` takes ``policy_base_url`` and
-    that the policy answers (blocking: the checks run in a thread)."""
+    """The scan's gate: the first server check that fails, as one sentence with its fix (blocking)."""
     target = checks.Target(settings, timeout_s=settings.connect_timeout_s, policy_base_url=policy_base_url)
     wanted: list[checks.Wanted] = ["gym answers", "run offered"]
     if policy_base_url is not None:

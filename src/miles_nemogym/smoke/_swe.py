@@ -293,8 +293,7 @@ def run_smoke(
     on_running: Callable[[int], None] | None = None,
 ) -> SmokeReport:
     """Start the server, run the rows, stop everything; the server's files stay in ``state_dir``.
-    Callbacks: ``progress`` (preparation steps), ``on_running`` (episode count), ``on_episode``
-    (each one's line as it finishes). Raises ``SettingsError`` before starting when the variables are invalid."""
+    Callbacks: ``progress`` (preparation steps), ``on_running`` (episode count), ``on_episode`` (its line)."""
     say = progress or (lambda _line: None)
     base_settings = Settings.from_env()
     if episode_dir is not None:

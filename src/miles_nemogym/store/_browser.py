@@ -421,12 +421,8 @@ def known_elsewhere(entry: dict[str, Any]) -> list[str | LongText]:
 
 
 def episode_parts(episode: StoredEpisode) -> list[str | LongText]:
-    """One episode as the views show it, top to bottom: header, failure, each turn (thought,
-    commands, outputs), the submitted patch, the test report, as stored: a view makes what it
-    shows ``printable``. A set-aside episode shows its failure reason whole (the server's error
-    as sent, when the record's line is cut) and what its record counted (HTTP status, policy
-    turns, tool calls); "-" is a count the record lacks. The policy calls and the server's
-    trajectory file show when the entry carries them."""
+    """One episode as the views show it, top to bottom: header, failure, each turn, the submitted
+    patch, the test report, as stored (a view makes what it shows ``printable``)."""
     record, answer = episode.record, episode.entry.get("answer")
     swe = episode.environment == SWE_ENVIRONMENT
     environment = "" if swe else f"   environment {episode.environment}"

@@ -1,10 +1,5 @@
-"""Curves over rollout steps, from an episode store's heads alone (no trajectories): train
-reward mean and resolve rate (SWE episodes), train reward mean per environment (when there
-are several), each eval set's pass@1 and pass@k (and pass@1 per environment), train failure
-rate by kind, train episode time p50/p95/max. ``plots`` is the data (pure); ``svg`` draws one plot as a
-self-contained SVG (no scripts, no links), every label escaped. The HTML page inlines them;
-``miles-nemogym episodes DIR --plots OUT`` writes each as a file.
-"""
+"""Curves over rollout steps from an episode store's heads alone: ``plots`` is the data (pure),
+``svg`` draws one plot as a self-contained SVG (no scripts, no links), every label escaped."""
 
 from __future__ import annotations
 

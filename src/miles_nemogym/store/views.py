@@ -216,10 +216,8 @@ def _failure_lines(episode: StoredEpisode) -> list[str]:
 
 
 def _show_text(episode: StoredEpisode) -> str:
-    """One episode for ``--show``: its head (``_show_header``; free text such as a failure reason
-    is whole lines, wrapped by the caller on a terminal as the rest is), then the turns,
-    patch and test report (or verify answer) as every view shows them (``episode_parts`` from
-    its first blank line), long texts trimmed."""
+    """One episode for ``--show``: its head (``_show_header``), then the turns, patch and test
+    report (or verify answer) as every view shows them, long texts trimmed."""
     parts = episode_parts(episode)
     body = parts[parts.index("") :] if "" in parts else []
     rest = [p if isinstance(p, str) else p.text if p.show_limit is None else trim(p.text, p.show_limit) for p in body]
