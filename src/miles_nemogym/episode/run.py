@@ -1,17 +1,12 @@
-"""Episodes played by a NeMo-Gym agent server's own ``POST /run``: the SWE episode (``mini_swe_agent_2``,
-which runs mini-swe-agent in a task container against the sample's policy URL and grades it with
-SWE-bench) and the agent row (an ``NEMO_GYM_ENVS`` environment with an ``agent``: ``gymnasium_agent``,
-``tool_simulation_agent``, a ``simple_agent``..., whose model calls ``serve``'s routing model sends to
-the sample's session, found from the body's ``_ng_rollout_id``).
+"""Episodes played by a NeMo-Gym agent server's own ``POST /run``: the SWE episode
+(``mini_swe_agent_2``, graded with SWE-bench) and the agent row (an ``NEMO_GYM_ENVS`` environment
+with an ``agent``, its model calls routed to the sample's session by the body's ``_ng_rollout_id``).
 
-    prepare(row)  -> the /run body: the task row, the trainer's sampling (``temperature``, ``top_p``
-                     and ``max_output_tokens`` typed, every other key in ``metadata.extra_body``) and
-                     the policy URL the Gym host dials (Miles' session URL + ``/v1``, a wildcard host
-                     made dialable) -- SWE: as ``policy_base_url``; an agent row: encoded as the
-                     rollout id -- validated as the server validates it and encoded once
+    prepare(row)  -> the /run body (the task row, the trainer's sampling, the policy URL the Gym
+                     host dials), validated as the server validates it and encoded once
     attempt       -> POST /run (``transport.request``, ``NEMO_GYM_MAX_RESULT_BYTES``)
-    score         -> the server answers HTTP 200 also for a crashed episode, with ``reward: 0.0``:
-                     every answer becomes a valid measurement or a named, masked failure
+    score         -> a valid measurement or a named, masked failure (HTTP 200 also comes for a
+                     crashed episode, with ``reward: 0.0``)
 
 ``/run`` is not idempotent: ``deliver`` sends it again only when it certainly never arrived.
 Why each rule: docs/episode-pipeline.md.
@@ -25,7 +20,7 @@ import logging
 import math
 import re
 import socket
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -91,9 +86,7 @@ class ResponsesCreateParams(BaseModel):
     parallel_tool_calls: bool | None = None
     tool_choice: str | dict[str, Any] | None = None
     metadata: dict[str, StrictStr] | None = None
-    """Free-form ``dict[str, str]``. ``extra_body`` (a JSON object as a string) is merged
-    into every chat-completions request the harness sends; ``chat_template_kwargs``
-    (JSON string) goes inside it."""
+    """``extra_body`` (a JSON object as a string) is merged into every chat request the harness sends."""
 
     # Accepted by the server's schema, unused by mini_swe_agent_2.
     background: bool | None = None
@@ -134,18 +127,14 @@ class RunRequest(BaseModel):
 
 
 class OutputItem(TypedDict, total=False):
-    """One item of the trajectory; only its type and role are read (to count turns and tool calls).
-
-    A TypedDict, not a model: a dict per item validates much faster than a model instance,
-    which matters for a runaway trajectory of a million items."""
+    """One item of the trajectory (type and role count turns and tool calls); a TypedDict, not a
+    model: a runaway trajectory of a million items validates much faster as dicts."""
 
     type: str | None
     role: str | None
 
 
 class _ResponseObject(BaseModel):
-    """The part of the Responses object in a ``/run`` result that the plugin reads."""
-
     model_config = ConfigDict(extra="ignore")
 
     output: list[OutputItem] = Field(default_factory=list)
@@ -159,16 +148,13 @@ class RunResponse(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     reward: Any = None
-    """A number in valid results; checked by the judge (a string or a boolean is not a reward,
-    though pydantic would coerce either to a float; none at all is no reward, as from ``/verify``)."""
+    """Checked by the judge: pydantic would coerce a string or a boolean to a float."""
     instance_id: str | None = None
     metadata: dict[str, Any] | None = None
     """Graded: ``{instance_id, model_patch, eval_report}``; crashed: ``{error, traceback}``."""
     response: _ResponseObject | None = None
-    mask_sample: Any = False
-    """A boolean in valid results; checked by the classifier (``"false"`` or ``0`` is no answer)."""
+    mask_sample: Any = False  # checked by the judge, as failure_kind is
     failure_kind: Any = None
-    """A kind name in valid results; checked by the judge, as ``mask_sample`` is."""
     failure_reason: Any = None
 
 
@@ -387,15 +373,10 @@ def prepare_agent(
             f"{problem}: environment {environment!r} is played by an agent server whose routing model forwards "
             f"only calls the trainer signed; export the {SECRET_VARIABLE} line `miles-nemogym serve` printed"
         )
-    agent = str(server.agent)
-    policy = policy_base_url(session_url, agent, settings.external_host, addresses)
-    body = task_row(metadata)
-    body["responses_create_params"] = responses_create_params(metadata.get("responses_create_params"), request_kwargs)
+    policy = policy_base_url(session_url, str(server.agent), settings.external_host, addresses)
+    body = _row_body(metadata, request_kwargs)
     body[ROLLOUT_ID_KEY] = rollout_id(policy, secret)
-    for key, value in body.items():
-        problem = _json_problem_or_cycle(value)
-        if problem:
-            raise RequestError(f"the task row in metadata cannot be sent as JSON: metadata[{key!r}] holds {problem}")
+    _check_sendable(body)
     return AgentEpisode(_encode(body), task.task_id, environment, server, settings, session_url)
 
 
@@ -436,12 +417,10 @@ def _dialable_netloc(
     elif is_wildcard(host):
         gym = urlsplit(gym_url)
         target = (gym.hostname or "localhost", gym.port or 80)
-        if addresses is None:
-            host = routable_local_address(*target)
-        else:
-            if target not in addresses:
-                addresses[target] = routable_local_address(*target)
-            host = addresses[target]
+        addresses = {} if addresses is None else addresses
+        if target not in addresses:
+            addresses[target] = routable_local_address(*target)
+        host = addresses[target]
     return bracket(host) + (f":{parts.port}" if parts.port else "")
 
 
@@ -495,8 +474,7 @@ def build_run_body(
             "sample metadata is empty: the task instance (instance_id, repo, base_commit, ...) "
             "must be in each prompt row's 'metadata'; convert the data with `miles-nemogym convert`"
         )
-    body = task_row(metadata)
-    body["responses_create_params"] = responses_create_params(metadata.get("responses_create_params"), request_kwargs)
+    body = _row_body(metadata, request_kwargs)
     if policy_base_url is not None:
         body["policy_base_url"] = policy_base_url
     if policy_api_key:
@@ -505,11 +483,22 @@ def build_run_body(
         RunRequest.model_validate(body)
     except ValidationError as error:
         raise RequestError(describe(error, "metadata", unknown_key=_UNKNOWN_KEY)) from None
+    _check_sendable(body)
+    return body
+
+
+def _row_body(metadata: Mapping[str, Any], request_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The task row as the server gets it, its ``responses_create_params`` merged with the trainer's sampling."""
+    body = task_row(metadata)
+    body["responses_create_params"] = responses_create_params(metadata.get("responses_create_params"), request_kwargs)
+    return body
+
+
+def _check_sendable(body: Mapping[str, Any]) -> None:
     for key, value in body.items():
         problem = _json_problem_or_cycle(value)
         if problem:
             raise RequestError(f"the task row in metadata cannot be sent as JSON: metadata[{key!r}] holds {problem}")
-    return body
 
 
 def responses_create_params(
@@ -553,10 +542,7 @@ def responses_create_params(
 
 
 def _split_sampling(request_kwargs: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Split Miles' sampling parameters into typed fields and ``extra_body`` keys.
-
-    ``None`` values mean "not set" in Miles and are dropped; every other key is kept.
-    """
+    """Miles' sampling parameters as (typed fields, ``extra_body`` keys); None means "not set" in Miles."""
     if request_kwargs is not None and not isinstance(request_kwargs, Mapping):
         raise RequestError(
             f"request_kwargs must be a dict of sampling parameters (Miles' sampling_params), "
@@ -580,7 +566,12 @@ def _row_extra_body(raw: Any) -> dict[str, Any]:
     if raw is None:
         return {}
     if isinstance(raw, str):
-        return _json_object(raw, where)
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise RequestError(f"{where} must be a JSON object encoded as a string: {error}") from None
+        if not isinstance(raw, dict):
+            raise RequestError(f"{where} must be a JSON object, got {type(raw).__name__}")
     if isinstance(raw, Mapping):
         return dict(raw)
     raise RequestError(f"{where} must be a JSON object encoded as a string")
@@ -594,16 +585,6 @@ def _check_json_value(key: str, value: Any) -> None:
             f"request_kwargs[{key!r}] = {value!r} cannot be sent as JSON; pass numbers, strings, "
             "booleans or lists of them"
         )
-
-
-def _json_object(text: str, where: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise RequestError(f"{where} must be a JSON object encoded as a string: {error}") from None
-    if not isinstance(value, dict):
-        raise RequestError(f"{where} must be a JSON object, got {type(value).__name__}")
-    return value
 
 
 def _json_problem_or_cycle(value: Any) -> str | None:
@@ -750,9 +731,7 @@ def classify_agent_http(
     outcome = judge(
         parsed, reward_range=reward_range, range_name=range_name, report=report, who="the agent", http_status=status
     )
-    outcome.record.turns, outcome.record.tool_calls = _count_turns(
-        response.response.output if response.response else []
-    )
+    outcome.record.turns, outcome.record.tool_calls = _count_turns(response)
     outcome.answer_is_json = True
     return outcome
 
@@ -760,13 +739,7 @@ def classify_agent_http(
 def _scrub_kept(response: RunResponse, scrub: Callable[[bytes], bytes]) -> RunResponse | None:
     """``response`` with ``scrub`` applied to the parts the outcome keeps or quotes (re-encoded,
     since parsing decoded their escapes); None when they cannot be re-encoded."""
-    kept = {
-        "reward": response.reward,
-        "instance_id": response.instance_id,
-        "metadata": response.metadata,
-        "failure_kind": response.failure_kind,
-        "failure_reason": response.failure_reason,
-    }
+    kept = response.model_dump(include={"reward", "instance_id", "metadata", "failure_kind", "failure_reason"})
     try:
         encoded = pydantic_core.to_json(kept, inf_nan_mode="constants")
     except pydantic_core.PydanticSerializationError:
@@ -829,9 +802,7 @@ def classify_run_response(
         broken=broken,
         graded=graded,
     )
-    outcome.record.turns, outcome.record.tool_calls = _count_turns(
-        response.response.output if response.response else []
-    )
+    outcome.record.turns, outcome.record.tool_calls = _count_turns(response)
     return outcome
 
 
@@ -860,14 +831,14 @@ def _error_summary(error: object) -> str:
     return lines[-1] if lines else "no error text"
 
 
-def _count_turns(output: Sequence[OutputItem]) -> tuple[int, int]:
-    """(model turns, tool calls) in a Responses ``output`` list: a turn is a run of items
-    (message, reasoning, function_call...) ending where ``function_call_output`` answers it, or
-    a user message follows it (a game's observation, a scripted user's next question)."""
+def _count_turns(response: RunResponse) -> tuple[int, int]:
+    """(model turns, tool calls) in the trajectory: a turn is a run of items (message, reasoning,
+    function_call...) ending where ``function_call_output`` answers it, or a user message follows
+    it (a game's observation, a scripted user's next question)."""
     turns = 0
     tool_calls = 0
     in_turn = False
-    for item in output:
+    for item in response.response.output if response.response else []:
         kind = item.get("type")
         if kind == "function_call_output" or item.get("role") == "user":
             in_turn = False
