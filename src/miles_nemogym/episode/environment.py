@@ -8,17 +8,10 @@ of ``NEMO_GYM_ENVS``, every model call going to the sample's own Miles session.
                      POST /verify with the row and the Responses-format transcript
     score         -> the verifier's reward, or a masked failure under its kind
 
-The semantics are those of NeMo-Gym 0.7.0's ``responses_api_agents/simple_agent/app.py``:
-arguments that are not JSON and tool answers of any HTTP status are model-visible tool outputs;
-a turn that calls no tool, a cut-off (``finish_reason == "length"``, its tool calls not run) or
-``max_steps`` ends the loop. The transcript is what ``/verify`` reads, in the items NeMo-Gym's
-``vllm_model`` makes of each chat answer (``nemo_gym/responses_converter.py``): per turn a
-``reasoning`` item for ``<think>`` spans, a ``message`` with the rest of the text (also when
-empty), one ``function_call`` per call, then the ``function_call_output`` items; a reasoning
-parser's ``reasoning_content`` counts as a leading ``<think>`` span, as ``vllm_model`` reads it,
-and goes back to the policy with its turn. Every request
-goes through ``transport.request`` under the episode's deadline; only a seed that never left
-may be sent again (docs/environments.md).
+The semantics are those of NeMo-Gym 0.7.0's ``simple_agent``, the transcript the items its
+``vllm_model`` makes of each chat answer; every request goes through ``transport.request`` under
+the episode's deadline; only a seed that never left may be sent again. Each rule and where it
+differs on purpose: docs/environments.md ("One episode").
 """
 
 from __future__ import annotations
@@ -63,17 +56,10 @@ _VERIFY_OWN = frozenset({"response", "reward", "mask_sample", "failure_kind", "f
 """``/verify``'s answer echoes the request; these are the loop's own fields, not the environment's."""
 
 
-# -- the first request: the task row as a chat-completions request ----------------------------
-# As NeMo-Gym's Responses -> Chat Completions converter does it: ``instructions`` become the
-# leading system message, a function tool ``{type, name, description, parameters, strict}``
-# becomes ``{type: "function", function: {...}}`` without ``strict`` (``vllm_model`` strips it),
-# ``max_output_tokens`` becomes ``max_tokens``.
-# Miles' sampling keys win over the row's; the ones without a typed home are sent as top-level
-# keys (what an OpenAI client's ``extra_body`` does).
+# -- the first request: the task row as a chat-completions request, as NeMo-Gym's converter makes it
 
 _NOT_RENDERED = frozenset({"type", "defer_loading", "strict"})
-"""Tool keys the function does not get: ``strict`` too, which ``vllm_model`` drops before the
-engine so a chat template that dumps the whole tool never renders it."""
+"""Tool keys the function does not get (``vllm_model`` drops ``strict`` before the engine)."""
 _ROW_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "max_output_tokens": "max_tokens"}
 _PASSED = ("parallel_tool_calls", "tool_choice")
 
@@ -171,14 +157,12 @@ class EnvironmentEpisode:
     environment: str
     server: EnvironmentServer
     row: dict[str, Any]
-    """The task row as the resources server gets it (``record.task_row``: no marks, no keys of ours)."""
+    """The task row as the resources server gets it (``record.task_row``)."""
     task_id: str | None
     chat_url: str
     messages: list[dict[str, Any]]
-    body: dict[str, Any]
-    """The first chat-completions body but its messages."""
-    tools: frozenset[str]
-    """The tools the row offers: the only names the model may call."""
+    body: dict[str, Any]  # the first chat-completions body but its messages
+    tools: frozenset[str]  # the tools the row offers: the only names the model may call
     settings: Settings
     setting = "NEMO_GYM_ENVS"
 
@@ -233,8 +217,7 @@ def prepare(
 
 class _FunctionCall(BaseModel):
     name: StrictStr
-    arguments: StrictStr = ""
-    """The raw string the model wrote."""
+    arguments: StrictStr = ""  # the raw string the model wrote
 
 
 class _ToolCall(BaseModel):
@@ -373,8 +356,7 @@ class _Loop:
         self.transcript = _Transcript(episode.messages)
         self.tool_time = 0.0
         self.cut_off = False
-        self.verified_response: dict[str, Any] | None = None
-        """The response ``/verify`` was sent (it echoes it back; we keep ours)."""
+        self.verified_response: dict[str, Any] | None = None  # what /verify was sent (we keep ours, not its echo)
         key = self.settings.policy_api_key
         self.policy_headers = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else None
 

@@ -1,15 +1,8 @@
 """What an episode leaves on its sample: the ``Outcome`` every episode kind ends in, the record
-(``metadata["nemogym"]``) with its one reader, the one "passed" rule and the estimators over it
-(pass@k, the nearest-rank percentile: a curve on the episodes page is the logged metric), the marks
-on a row (environment, task id, train/eval) and the row as servers get it, and how the hooks read
-Miles ``Sample`` objects.
-
-The agent function writes the record (``Outcome.to_metadata``); the reward hook, the group
-filter, salvage, the metrics, the episode store and the smoke run read it back with
-``read_record``, so every field is named here only. An outcome is a valid measurement or a
-named, masked failure (``failure``), never a silent 0.0 (docs/episode-pipeline.md). Samples
-are read without importing Miles (``miles/utils/types.py`` at 31f1ca9): only
-``Sample.metadata`` and ``Sample.status``, nested lists accepted.
+(``metadata["nemogym"]``) with its one reader, the one judge, the one "passed" rule and the
+estimators over it (pass@k, the nearest-rank percentile), the marks on a row and the row as servers
+get it, and how the hooks read Miles ``Sample`` objects (only ``metadata`` and ``status``, without
+importing Miles). Every field is named here only (docs/episode-pipeline.md).
 """
 
 from __future__ import annotations
@@ -56,36 +49,28 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+# The sample.metadata keys of the agent function's dict: the record, the final reward, the server's
+# result metadata, and the dict whose ``total_tool_time`` Miles reads as ``non_generation_time``.
 RECORD_KEY = "nemogym"
-"""The ``sample.metadata`` key holding the record."""
 REWARD_KEY = "reward"
-"""The ``sample.metadata`` key holding the episode's final reward."""
 _EVAL_REPORT_KEY = "eval_report"
-"""The ``sample.metadata`` key holding the server's result metadata."""
 _AGENT_METRICS_KEY = "agent_metrics"
-"""The key of the agent function's dict whose ``total_tool_time`` Miles reads as the sample's
-``non_generation_time`` (``miles/rollout/generate_hub/agentic_tool_call.py`` at 31f1ca9)."""
 
 # Miles' ``--eval-config`` adds ``metadata_overrides`` to every eval sample (Miles
 # ``miles/utils/eval_config.py`` at 31f1ca9); the launcher sets these two marks.
 _ROLE_KEY = "nemogym_role"
 _EVAL_SET_KEY = "nemogym_eval_set"
 _ROLE_KEYS = frozenset({_ROLE_KEY, _EVAL_SET_KEY})
-"""The train/eval marks: ours, never sent to the server as task fields."""
 TRAIN = "train"
 EVAL = "eval"
 
 # `miles-nemogym convert` marks each NeMo-Gym task row with its environment and a task id.
 ENV_KEY = "nemogym_env"
-"""The ``sample.metadata`` mark naming the row's environment (a ``NEMO_GYM_ENVS`` name)."""
-TASK_ID_KEY = "nemogym_task_id"
-"""The ``sample.metadata`` mark holding the row's task id (an environment row has no ``instance_id``)."""
-BENCHMARK_KEY = "nemogym_benchmark"
-"""The mark of a benchmark's row (``convert --env BENCHMARK``): its name, grader, repeats, reward range."""
+TASK_ID_KEY = "nemogym_task_id"  # an environment row has no instance_id
+BENCHMARK_KEY = "nemogym_benchmark"  # a benchmark's row: its name, grader, repeats, reward range
 ROW_MARKS = _ROLE_KEYS | {ENV_KEY, TASK_ID_KEY, BENCHMARK_KEY}
 """Every mark of ours on a row: never sent to a server as task fields."""
-ROUTING_KEYS = frozenset({"policy_base_url", "policy_api_key"})
-"""Routing and secrets come from the plugin, never from a data row."""
+ROUTING_KEYS = frozenset({"policy_base_url", "policy_api_key"})  # the plugin's, never a data row's
 # Keys Miles adds to sample.metadata for its own bookkeeping (agentic_tool_call.py).
 _MILES_BOOKKEEPING_KEYS = frozenset({"max_seq_len", "session_server_id", "session_server_instance_id"})
 # Keys the agent function returns and Miles merges back into sample.metadata. A sample that is
@@ -100,15 +85,9 @@ def task_row(metadata: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in metadata.items() if key not in _NOT_SENT_KEYS}
 
 
-AGENT_SUFFIX = "_simple_agent"
-"""NeMo-Gym names environment X's ``simple_agent`` ``X_simple_agent`` (in its configs and in
-rows' ``agent_ref``): the one rule from an agent's name to an environment's."""
-UNRECOGNIZED_ENVIRONMENT = "unrecognized"
-"""What a row's environment is counted as when its mark is not an environment name."""
-
-
-_AGENT_REF_KEY = "agent_ref"
-"""NeMo-Gym's row field naming the agent that runs it: ``{"type": "responses_api_agents", "name": ...}``."""
+AGENT_SUFFIX = "_simple_agent"  # NeMo-Gym names environment X's simple_agent X_simple_agent
+UNRECOGNIZED_ENVIRONMENT = "unrecognized"  # a row's environment when its mark is not an environment name
+_AGENT_REF_KEY = "agent_ref"  # NeMo-Gym's row field naming the agent that runs it
 
 
 @dataclass(frozen=True)
@@ -116,17 +95,13 @@ class Task:
     """A sample's row, read once where the agent function starts (``Task.of``): every later step
     of the episode receives this, never the metadata again."""
 
-    metadata: Any
-    """The row as Miles gave it (checked by each episode kind, never changed)."""
+    metadata: Any  # the row as Miles gave it (checked by each episode kind, never changed)
     environment: str
     """Its ``nemogym_env`` mark, else the environment its NeMo-Gym ``agent_ref`` names, else
     ``swe``; a mark that is not an environment name reads as ``unrecognized``."""
-    task_id: str | None
-    """Its ``nemogym_task_id`` mark, else its ``instance_id``; printable (escaped)."""
-    role: str
-    """``train``, or ``eval`` for a sample Miles' ``--eval-config`` marked."""
-    eval_set: str | None
-    """The eval set's name (``eval`` when the mark names none); None for training."""
+    task_id: str | None  # its nemogym_task_id mark, else its instance_id; printable (escaped)
+    role: str  # train, or eval for a sample Miles' --eval-config marked
+    eval_set: str | None  # the eval set's name (eval when the mark names none); None for training
 
     @classmethod
     def of(cls, metadata: Any, environment: str | None = None) -> Task:
@@ -161,8 +136,7 @@ def _environment_of(metadata: Mapping[str, Any]) -> str:
 
 
 def _agent_ref_environment(ref: Any) -> str | None:
-    """The environment a NeMo-Gym ``agent_ref`` names: ``X`` for ``{"type": "responses_api_agents",
-    "name": "X_simple_agent"}``; None for any other value."""
+    """``X`` for ``{"type": "responses_api_agents", "name": "X_simple_agent"}``; None for any other value."""
     if not isinstance(ref, Mapping) or ref.get("type") != "responses_api_agents":
         return None
     return agent_environment(ref.get("name"))
@@ -263,12 +237,9 @@ class Outcome:
     """What the episode store keeps of the episode (it scrubs the key): ``/run``'s answer as
     received, or an environment episode's ``/verify`` answer with the loop's own transcript as
     its ``response`` (a document, encoded only when a store is on)."""
-    answer_is_json: bool = False
-    """Whether ``answer`` is one JSON object."""
-    outage_wait_s: float = 0.0
-    """Seconds this episode waited for an unreachable server (charged to its role's tally)."""
-    tool_time_s: float | None = None
-    """Seconds of an environment episode spent in seed, tool and verify requests; None for ``/run``."""
+    answer_is_json: bool = False  # whether answer is one JSON object
+    outage_wait_s: float = 0.0  # seconds waited for an unreachable server (charged to its role's tally)
+    tool_time_s: float | None = None  # an environment episode's seed, tool and verify requests; None for /run
     aborted: bool = False
     """Stopped by our abort (``abort()``, or Miles aborting the policy's generation): neither an episode
     nor a failure. A server's own ``cancelled`` answer is a failed episode (it ran, it was paid)."""
@@ -474,10 +445,8 @@ class RecordRead:
     """A sample's record as read: the typed record, or why there is none."""
 
     record: EpisodeRecord | None
-    problem: str | None = None
-    """Why ``record`` is None: ``missing_record`` or ``not_an_object``."""
-    unreadable: frozenset[str] = frozenset()
-    """Fields present with a wrong type or value, read as their default instead."""
+    problem: str | None = None  # why record is None: missing_record or not_an_object
+    unreadable: frozenset[str] = frozenset()  # fields of a wrong type or value, read as their default
 
 
 _STATUSES = ("ok", "failed")
@@ -514,9 +483,7 @@ def parse_record(raw: Any) -> RecordRead:
     return RecordRead(EpisodeRecord.model_validate(readable, strict=True), unreadable=frozenset(unreadable))
 
 
-PASS_REWARD = 1.0
-"""An episode of a resources-server environment passes with this reward or more (full credit);
-partial credit shows in the reward mean, not in pass@k (docs/episode-store.md)."""
+PASS_REWARD = 1.0  # an environment episode passes with full credit; partial credit shows in the reward mean
 
 
 def passed(record: EpisodeRecord, reward: object) -> bool:
@@ -532,9 +499,8 @@ def passed(record: EpisodeRecord, reward: object) -> bool:
 
 
 def verdict(*, masked: bool, failure_kind: object, swe: bool, passed: bool) -> str:
-    """The one verdict word every view shows (smoke, ``episodes``, ``--show``, the HTML page):
-    a set-aside episode's failure kind (``masked`` when it names none); else ``resolved`` or
-    ``unresolved`` for SWE, ``passed`` or ``failed`` for another environment."""
+    """The one verdict word every view shows: a set-aside episode's failure kind (``masked`` when it
+    names none); else ``resolved`` or ``unresolved`` for SWE, ``passed`` or ``failed`` for another."""
     if masked:
         return str(failure_kind or "masked")
     if swe:
@@ -547,16 +513,13 @@ def count_text(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-_REWARD_DECIMALS = 4
-"""Enough to tell a partial reward (1/3 shows as 0.3333) from a binary one."""
+_REWARD_DECIMALS = 4  # enough to tell a partial reward (1/3 shows as 0.3333) from a binary one
 
 
 def reward_text(value: object) -> str:
-    """One episode's reward as every view shows it (smoke, scan, ``episodes``, ``--show``, the HTML
-    page): a number (not a boolean) as a float rounded to 4 decimals, written as Python writes a
-    float (``1.0``, ``0.25``, ``0.3333``, ``-1.0``), a partial reward never rounded to a whole one
-    (``0.99996`` is ``0.9999``: ``1.0`` means full credit); ``-`` for anything else (None, a
-    string, NaN, infinity, an integer beyond float range)."""
+    """One episode's reward as every view shows it: a number (not a boolean) rounded to 4 decimals
+    (``1.0``, ``0.3333``), a partial reward never rounded to a whole one (``0.99996`` is ``0.9999``:
+    ``1.0`` means full credit); ``-`` for anything else (None, a string, NaN, infinity, a huge int)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return "-"
     try:
@@ -630,10 +593,8 @@ class SampledEpisode:
     """One distinct episode among a rollout's samples."""
 
     record: EpisodeRecord
-    unreadable: frozenset[str]
-    """Record fields of a wrong type or value (see ``read_record``)."""
-    metadata: dict[str, Any]
-    """The metadata of its first sample (the task row: ``repo``, ...)."""
+    unreadable: frozenset[str]  # record fields of a wrong type or value (see read_record)
+    metadata: dict[str, Any]  # the metadata of its first sample (the task row: repo, ...)
 
 
 def distinct_episodes(samples: Iterable[Any]) -> list[SampledEpisode]:
