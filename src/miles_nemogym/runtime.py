@@ -18,14 +18,8 @@ Miles calls each hook with no object of ours, so the hooks find the process's ``
 
 ``install`` replaces it with a fresh one, or one a caller built (tests build
 ``Runtime(Settings(...))``; a new run in the same process), closing the old one's stores.
-The connection pools are per event loop and close with it (``transport``).
-
-The ledger is the runtime's own record. Counted from samples, failures vanish (Miles drops
-record-less ABORTED samples and dropped groups), so the two hooks that see them write here:
-the agent function every finished episode (with its outage wait, charged to its own role),
-the group filter every group. The log functions drain it once per step. It also keeps the
-run-wide failure streak, which a drain does not reset; ``streak_stop`` says when that streak
-stops the run (``groups.check_run``, docs/episode-pipeline.md). Thread-safe.
+The connection pools are per event loop and close with it (``transport``). Why the ledger
+counts what samples would lose: docs/episode-pipeline.md ("Metrics"). Thread-safe.
 """
 
 from __future__ import annotations
@@ -66,18 +60,13 @@ class EnvironmentTally:
 class Tally:
     """What one role (train, or one eval set) did since the last drain."""
 
-    episodes: int = 0
-    """Finished episodes that are a measurement or a failure (cancelled ones excluded)."""
-    failures: Counter[str] = field(default_factory=Counter)
-    """Failed episodes by failure kind."""
-    cancelled: int = 0
-    """Episodes stopped by ``abort()`` (Miles' end-of-step abort of over-sampled episodes)."""
+    episodes: int = 0  # finished episodes that are a measurement or a failure (cancelled ones excluded)
+    failures: Counter[str] = field(default_factory=Counter)  # failed episodes by failure kind
+    cancelled: int = 0  # episodes stopped by abort() (Miles' end-of-step abort of over-sampled episodes)
     groups_salvaged: int = 0
     groups_dropped: int = 0
-    outage_wait_s: float = 0.0
-    """Seconds episodes spent waiting for an unreachable server, summed over episodes."""
-    environments: dict[str, EnvironmentTally] = field(default_factory=dict)
-    """The episodes and failures above, per environment (``swe`` for SWE rows)."""
+    outage_wait_s: float = 0.0  # seconds episodes waited for an unreachable server, summed
+    environments: dict[str, EnvironmentTally] = field(default_factory=dict)  # the above per environment
 
 
 def _key(role: str, eval_set: str | None) -> str:
@@ -153,17 +142,9 @@ class Ledger:
             return dict(self._streak_envs)
 
     def drain(self, role: str = TRAIN, eval_set: str | None = None) -> Tally:
-        """What ``role`` (and ``eval_set``) did since the last drain; starts a new period."""
+        """What ``role`` (and ``eval_set``) did since the last drain (the failure streak stays)."""
         with self._lock:
             return self._tallies.pop(_key(role, eval_set), None) or Tally()
-
-    def reset(self) -> None:
-        """Forget everything, the streak included (tests; a new run in the same process)."""
-        with self._lock:
-            self._tallies.clear()
-            self._streak = 0
-            self._streak_kinds.clear()
-            self._streak_envs.clear()
 
 
 # -- the failure streak's stop ------------------------------------------------------------------
@@ -203,8 +184,7 @@ def _servers(settings: Settings, environments: dict[str, int]) -> str:
     return ", ".join(named) or f"the server at {redact_url(settings.gym_url)}"
 
 
-_MAX_KEYS = 10_000
-"""Distinct keys remembered at most; past it a message is logged every time (never lost)."""
+_MAX_KEYS = 10_000  # distinct keys remembered at most; past it a message is logged every time
 
 
 class HeldEpisodes:
@@ -283,10 +263,8 @@ class LoggedOnce:
 # URL (``Circuits``), so one environment's outage holds only its own episodes. Thread-safe; why
 # each rule: docs/episode-pipeline.md.
 
-AWAITING_RESULT = "awaiting_result"
-"""An in-flight episode whose request was sent (or was being sent)."""
-NOT_DELIVERED = "not_delivered"
-"""An in-flight episode whose request has not reached the server (waiting out an outage)."""
+AWAITING_RESULT = "awaiting_result"  # an in-flight episode whose request was sent (or was being sent)
+NOT_DELIVERED = "not_delivered"  # an in-flight episode whose request has not reached the server
 
 
 class Episode(Protocol):
@@ -374,10 +352,8 @@ class _Entry:
 
     task: asyncio.Task[Outcome] | None = None
     loop: asyncio.AbstractEventLoop | None = None
-    attempts: int = 0
-    """Tries started: 0 means nothing was sent."""
-    not_delivered: bool = True
-    """Nothing of the current try has reached the server (before it, or waiting out an outage)."""
+    attempts: int = 0  # tries started: 0 means nothing was sent
+    not_delivered: bool = True  # nothing of the current try has reached the server
     outage_wait_s: float = 0.0
 
 
@@ -457,18 +433,11 @@ def _ended(task: asyncio.Task[Outcome]) -> asyncio.Future[None]:
     return ended
 
 
-# -- the circuits: waiting out an outage ------------------------------------------------------
-# Closed: send. Open (after an undeliverable request): wait while one task probes the server by
-# opening a connection the way a request does (TCP, and TLS with certificate checks for an
-# ``https`` URL). Given up (nothing delivered for ``NEMO_GYM_OUTAGE_TIMEOUT``): fail, and
-# ``stop_error`` stops the run. The outage clock runs from the first undeliverable request until
-# one is delivered, however often the probe succeeds in between.
+# -- the circuits: waiting out an outage (docs/episode-pipeline.md, "The circuit waits out an outage") --
 
 _WARN_EVERY_S = 60.0
 _PROBE_BACKOFF_S = 0.125
-_PROBE_BACKOFF_MAX_S = 0.5
-"""The probe's delay doubles up to this (jittered down to half): a server that listens for half a
-second at a time is caught in that half second."""
+_PROBE_BACKOFF_MAX_S = 0.5  # the probe's delay doubles up to this (jittered down to half)
 _RECHECK_S = 10.0
 
 
@@ -477,11 +446,9 @@ class Circuit:
 
     def __init__(self, url: str, setting: str) -> None:
         self.url = url
-        self._setting = setting
-        """The variable that names this server, for the stop message."""
+        self._setting = setting  # the variable that names this server, for the stop message
         self._lock = threading.Lock()
-        self._down_since: float | None = None
-        """First undeliverable request with none delivered since: the outage clock."""
+        self._down_since: float | None = None  # the outage clock: first undeliverable request, none delivered since
         self._open = False
         self._timeout_s = 0.0
         self._kind = TRANSPORT_UNREACHABLE
@@ -655,12 +622,6 @@ class Circuit:
             else:
                 loop.call_soon_threadsafe(event.set)
 
-    def reset(self) -> None:
-        """Closed, with no outage and no stop error (tests; a new run in the same process)."""
-        with self._lock:
-            self._down_since = None
-        self._close(None)
-
 
 async def _connect(url: str, timeout_s: float) -> str | None:
     """Open (and close) a connection to ``url``'s host as a request would: TCP, plus a TLS
@@ -722,7 +683,7 @@ class Circuits:
             circuits = list(self._by_url.values())
             self._by_url.clear()
         for one in circuits:
-            one.reset()  # wakes whatever still waits on it
+            one.delivered()  # no outage, no stop error; wakes whatever still waits on it
 
 
 class Runtime:
@@ -752,8 +713,7 @@ class Runtime:
         self.stores.close()
 
 
-_process: list[Runtime] = []
-"""This process's runtime, once made: the one module-level holder."""
+_process: list[Runtime] = []  # this process's runtime, once made: the one module-level holder
 
 
 def current() -> Runtime:
