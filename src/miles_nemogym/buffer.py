@@ -1,13 +1,10 @@
 """Miles' fully async data buffer: ``--custom-async-data-buffer-path miles_nemogym.buffer.EpisodeBuffer``.
 
-Miles' ``DefaultDataBuffer`` drops every group holding an ABORTED sample before the group
-filter sees it, so an episode that failed before its first policy call is never salvaged and
-the run-stop check never runs. This buffer does what ``DefaultDataBuffer`` does (capacity,
-staleness at ``get``, the unused-samples handler, Miles' ``rollout/fully_async/*`` metrics)
-but sends every group through ``groups.judge_group`` first; a ``RunStopped`` raised there
-kills Miles' rollout worker and the next drain re-raises it. It follows Miles' ``DataBuffer``
-contract (``put``, ``get``, ``get_metrics``, built from ``DataBufferConstructorInput``)
-without importing Miles. Why and what is counted: docs/using-with-miles.md "Fully async".
+Miles' ``DefaultDataBuffer`` drops every group holding an ABORTED sample before the group filter
+sees it. This buffer does what it does (capacity, staleness at ``get``, the unused-samples handler,
+Miles' ``rollout/fully_async/*`` metrics) but sends every group through ``groups.judge_group``
+first; a ``RunStopped`` raised there kills Miles' rollout worker. It follows Miles' ``DataBuffer``
+contract without importing Miles. Why and what is counted: docs/using-with-miles.md "Fully async".
 """
 
 from __future__ import annotations
@@ -55,8 +52,7 @@ class EpisodeBuffer:
         self._cond = asyncio.Condition()
         self._current_version: int | None = None
         self._window: Counter[str] = Counter()
-        self._unfiled: list[tuple[list[str], str]] = []
-        """Dropped episodes and why, handed to the store with the window they are counted in."""
+        self._unfiled: list[tuple[list[str], str]] = []  # dropped episodes and why, for the store
         self._consumed_staleness: list[int] = []
 
     async def put(self, input: Any) -> None:

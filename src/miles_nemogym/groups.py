@@ -5,17 +5,12 @@
     --custom-reward-post-process-path miles_nemogym.groups.reward_post_process  (Miles train_data_conversion.py)
     def reward_post_process(args, samples) -> (raw rewards, normalised rewards), one per sample
 
-One rule, ``group_verdict``, decides for both. A group without failed episodes is Miles' as it
-is. A group with some is kept when at least ``NEMO_GYM_MIN_VALID_PER_GROUP`` of its episodes are
-valid and the post-process hook is wired: its failed episodes get zero loss and a normalised
-reward of 0, its valid ones Miles' own normalisation over themselves alone. Any other group is
-dropped with its first failure kind as the reason. The filter also raises ``RunStopped`` when the
-run must stop (``check_run``: an outage past ``NEMO_GYM_OUTAGE_TIMEOUT``, a failure streak).
-
-An episode that failed before its first policy call comes back from Miles as an ABORTED
-copy of its input sample without the agent's dict: the agent function holds such failed
-episodes (``hold_failed_episode``) and the filter gives each back to its sample
-(``recover_failed_episodes``), so its group is salvaged like any other. Why: docs/episode-pipeline.md.
+One rule, ``group_verdict``, decides for both: a group with failed episodes is kept when at least
+``NEMO_GYM_MIN_VALID_PER_GROUP`` of its episodes are valid and the post-process hook is wired (its
+failed episodes get zero loss, its valid ones Miles' normalisation over themselves alone). The
+filter also raises ``RunStopped`` when the run must stop (``check_run``), and gives the failed
+episodes the agent function held back to their ABORTED samples (``recover_failed_episodes``).
+Why: docs/episode-pipeline.md ("Reward, filter, salvage, metrics").
 """
 
 from __future__ import annotations
@@ -45,23 +40,15 @@ __all__ = ["FILTER_PATH", "POST_PROCESS_PATH", "check_episode_group", "reward_po
 
 logger = logging.getLogger(__name__)
 
-FILTER_PATH = "miles_nemogym.groups.check_episode_group"
-"""What ``--dynamic-sampling-filter-path`` names (the fully async buffer runs with this filter only)."""
-POST_PROCESS_PATH = "miles_nemogym.groups.reward_post_process"
-"""What ``--custom-reward-post-process-path`` must name for a partly failed group to be kept."""
-GROUP_HAS_ABORTED = "group_has_aborted"
-"""``group_verdict``'s reason for a group still holding an ABORTED sample (nothing to give back)."""
+FILTER_PATH = "miles_nemogym.groups.check_episode_group"  # --dynamic-sampling-filter-path
+POST_PROCESS_PATH = "miles_nemogym.groups.reward_post_process"  # --custom-reward-post-process-path
+GROUP_HAS_ABORTED = "group_has_aborted"  # the reason for a group still holding an ABORTED sample
 
 
 def _is_masked(sample: Any) -> bool:
     """Whether the sample's episode is not a valid measurement (our record says so)."""
     record = record_of(sample)
     return record is not None and record.mask_sample
-
-
-def _effective_min_valid(min_valid: int, group_size: int) -> int:
-    """``NEMO_GYM_MIN_VALID_PER_GROUP`` clamped to the group's size (0 stays 0)."""
-    return min(min_valid, group_size)
 
 
 def group_verdict(samples: Any, min_valid: int, group_size: int | None = None) -> tuple[str | None, bool]:
@@ -86,7 +73,8 @@ def group_verdict(samples: Any, min_valid: int, group_size: int | None = None) -
     if not failed:
         return None, False
     first_kind = next(iter(failed.values()))
-    needed = _effective_min_valid(min_valid, group_size if group_size is not None else len(valid) + len(failed))
+    # NEMO_GYM_MIN_VALID_PER_GROUP clamped to the group's size (0 stays 0)
+    needed = min(min_valid, group_size if group_size is not None else len(valid) + len(failed))
     if needed == 0 or len(valid) < needed:
         return "nemogym_" + first_kind, False
     return None, True
@@ -232,8 +220,7 @@ def zero_loss_samples(samples: Any) -> int:
 def hold_failed_episode(held: HeldEpisodes, task: Task, result: Mapping[str, Any], *, aborted: bool) -> None:
     """Called by the agent function with the dict it returns: keep a failed or timed-out train
     episode until the group filter sees its sample, in case Miles returns that sample ABORTED
-    without the dict (no model call recorded). Not one our abort stopped (``Outcome.aborted``:
-    its group is never filtered); a server's own ``cancelled`` verdict is a failure like any other."""
+    without the dict. Not one our abort stopped (``Outcome.aborted``: its group is never filtered)."""
     record = read_record(result).record
     if (
         aborted
@@ -249,11 +236,9 @@ def hold_failed_episode(held: HeldEpisodes, task: Task, result: Mapping[str, Any
 
 def recover_failed_episodes(held: HeldEpisodes, samples: Any) -> int:
     """Give each ABORTED, record-less sample of a group the failed episode the agent function
-    held for its task, as a zero-loss sample Miles can convert; returns how many. Samples
-    that arrived with their record release theirs. An ABORTED sample with no held episode
-    (Miles' own abort, a session-server failure) stays as it is. A group is judged once, so
-    what it claims leaves the holding even when no valid sibling can mend the sample: that
-    sample gets the episode's dict and stays ABORTED (its group is dropped with it)."""
+    held for its task, as a zero-loss sample Miles can convert; returns how many. Samples that
+    arrived with their record release theirs. What a group claims leaves the holding even when no
+    valid sibling can mend the sample: it gets the episode's dict and stays ABORTED."""
     group = list(flatten(samples))
     for sample in group:
         record = record_of(sample)

@@ -62,8 +62,7 @@ _ENV_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 SWE_ENVIRONMENT = "swe"
 """The environment of rows run through ``mini_swe_agent_2``'s ``/run`` (``NEMO_GYM_URL``);
 reserved: ``NEMO_GYM_ENVS`` cannot name it."""
-_MAX_STEPS_LIMIT = 10_000
-"""The largest ``max_steps`` accepted: more model turns than any context holds."""
+_MAX_STEPS_LIMIT = 10_000  # the largest max_steps accepted: more model turns than any context holds
 
 
 class EnvironmentServer(BaseModel):
@@ -74,17 +73,11 @@ class EnvironmentServer(BaseModel):
     url: str
     """Base URL of the resources server (``/seed_session``, ``/<tool>``, ``/verify`` are appended)."""
     max_steps: StrictInt | None = Field(default=None, ge=1, le=_MAX_STEPS_LIMIT)
-    """Most model turns per episode (``simple_agent``'s ``max_steps``); None: no limit but the
-    episode's deadline (``NEMO_GYM_RUN_TIMEOUT``). A JSON integer: ``true``, ``"5"`` or ``2.0`` is refused."""
-
+    """Most model turns per episode (``simple_agent``'s); None: only the deadline. A JSON integer."""
     agent: str | None = None
-    """Base URL of the NeMo-Gym agent server that plays this environment's rows through its own
-    ``/run`` (``gymnasium_agent``, ``tool_simulation_agent``, a ``simple_agent`` ...), its model calls
-    routed to the sample's session by ``serve``'s routing model; unset: the ``simple_agent`` loop runs
-    in the rollout process against ``url``."""
+    """The agent server that plays the rows through its own ``/run``; unset: the ``simple_agent`` loop here."""
     reward_range: tuple[float, float] | None = None
-    """Inclusive range of a valid reward in this environment, as ``[low, high]`` (blackjack's is
-    ``[-1, 1]``); unset: ``NEMO_GYM_REWARD_RANGE``."""
+    """Inclusive range of a valid reward, ``[low, high]`` (blackjack: ``[-1, 1]``); unset: NEMO_GYM_REWARD_RANGE."""
 
     @field_validator("url")
     @classmethod
@@ -125,75 +118,42 @@ class EnvironmentServer(BaseModel):
 
 
 class Settings(BaseModel):
-    """The plugin's configuration; each field's alias is the environment variable it comes from."""
+    """The plugin's configuration; each field's alias is the environment variable it comes from
+    (what each means: README.md, "Settings")."""
 
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
     gym_url: str = Field(default="http://localhost:12000", alias="NEMO_GYM_URL")
     """Base URL of the NeMo-Gym ``mini_swe_agent_2`` server (``/run`` is appended)."""
-
     run_timeout_s: float = Field(default=3600.0, gt=0, alias="NEMO_GYM_RUN_TIMEOUT", allow_inf_nan=False)
-    """The deadline of every try of an episode, of every kind: a ``/run`` (time queued behind the
-    server's concurrency limit included; the server has no episode limit of its own), or an
-    environment episode's seed, model calls, tools and ``/verify`` together."""
-
+    """The deadline of every try of an episode: a ``/run``, or an environment episode's requests together."""
     connect_timeout_s: float = Field(default=10.0, gt=0, alias="NEMO_GYM_CONNECT_TIMEOUT", allow_inf_nan=False)
-    """Seconds to open a connection to any server, the policy included."""
-
     max_concurrency: int = Field(default=4096, ge=1, alias="NEMO_GYM_MAX_CONCURRENCY")
-    """Most connections this process holds open to the NeMo-Gym servers (``/run`` and the
-    resources servers together); the policy's pool has the same size. A request waiting for a
-    connection waits under its deadline."""
-
+    """Most connections held open to the NeMo-Gym servers; the policy's pool has the same size."""
     policy_api_key: SecretStr | None = Field(default=None, alias="NEMO_GYM_POLICY_API_KEY")
     """Bearer token the harness sends to the policy endpoint. Never logged or returned."""
-
     rollout_secret: SecretStr | None = Field(default=None, alias="NEMO_GYM_ROLLOUT_SECRET")
-    """What agent rows' rollout ids are signed with: the value ``miles-nemogym serve`` prints for its
-    routing model, which forwards only calls whose id it signed. Never logged or returned."""
-
+    """What agent rows' rollout ids are signed with (``serve`` prints it). Never logged or returned."""
     external_host: str | None = Field(default=None, alias="MILES_ROUTER_EXTERNAL_HOST")
-    """Host the NeMo-Gym server can dial to reach this node's session server. The
-    name is the upstream Miles example's, kept for compatibility."""
-
+    """Host the NeMo-Gym server dials to reach this node's session server (the upstream example's name)."""
     reward_mode: RewardMode = Field(default=RewardMode.binary, alias="NEMO_GYM_REWARD_MODE")
-
     timeout_reward: TimeoutReward = Field(default=TimeoutReward.lowest, alias="NEMO_GYM_TIMEOUT_REWARD")
-
     reward_range_text: str = Field(default="0,1", alias="NEMO_GYM_REWARD_RANGE")
-    """Inclusive range of a valid server reward, as ``low,high``; ``mini_swe_agent_2``
-    rewards are 0.0 or 1.0. A reward outside it is not a measurement: the sample is masked.
-    (A string, parsed by ``reward_range``, so the variable's form is the one shown.)"""
-
+    """Inclusive range of a valid server reward, ``low,high`` (a string, so the variable's form is
+    the one shown; parsed by ``reward_range``). A reward outside it masks the sample."""
     max_result_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, alias="NEMO_GYM_MAX_RESULT_BYTES")
-    """Largest decoded answer read from ``/run``, ``/seed_session``, ``/verify`` or the policy.
-    Real ``/run`` results are ~100 KB; the cap stops a compressed or runaway answer from
-    exhausting the rollout process's memory."""
-
+    """Largest decoded answer read from any server (real ``/run`` results are ~100 KB)."""
     min_valid_per_group: int = Field(default=2, ge=0, alias="NEMO_GYM_MIN_VALID_PER_GROUP")
-    """Valid episodes a prompt group needs to be trained when some of its episodes failed
-    (GRPO over the valid ones; the failed ones get zero loss). Clamped to the group's size;
-    0 drops a group on any failure."""
-
+    """Valid episodes a partly failed group needs to be trained; clamped to its size, 0 drops it."""
     outage_timeout_s: float = Field(default=900.0, gt=0, alias="NEMO_GYM_OUTAGE_TIMEOUT", allow_inf_nan=False)
-    """Seconds a NeMo-Gym server (``NEMO_GYM_URL``'s or a resources server) gets no ``/run`` or
-    seed delivered (down, refusing connections, or its TLS certificate refused) before its
-    waiting episodes fail and the run stops."""
-
+    """Seconds a server gets no request delivered before its waiting episodes fail and the run stops."""
     max_failure_streak: int = Field(default=64, ge=0, alias="NEMO_GYM_MAX_FAILURE_STREAK")
     """Consecutive failed episodes, with no valid one between, that stop the run (0: never)."""
-
     environments_text: str | None = Field(default=None, alias="NEMO_GYM_ENVS")
-    """Resources servers of the ``simple_agent``-style environments, as a JSON object from
-    environment name to base URL or to ``{"url": ..., "max_steps": N, "agent": ..., "reward_range":
-    [low, high]}``, such as ``{"mcqa": "http://gym-host:8001", "blackjack": {"url":
-    "http://gym-host:8002", "agent": "http://gym-host:8003", "reward_range": [-1, 1]}}``. A row
-    marked with one of these names runs against its server (through its ``agent``'s ``/run`` when
-    given); other rows go to ``NEMO_GYM_URL``'s ``/run`` (SWE). (A string, parsed by ``environments``.)"""
-
+    """The environments' servers, a JSON object from name to base URL or to ``{"url", "max_steps",
+    "agent", "reward_range"}`` (a string, parsed by ``environments``); other rows are SWE rows."""
     episode_dir: str | None = Field(default=None, alias="NEMO_GYM_EPISODE_DIR")
-    """Folder of the episode store (every episode's answer and record, per step and
-    role; ``store/__init__.py``). Unset: no store."""
+    """Folder of the episode store (``store/__init__.py``). Unset: no store."""
 
     @field_validator("gym_url")
     @classmethod
