@@ -95,8 +95,7 @@ def check_url(url: object) -> SplitResult:
 
 # -- host names as they appear in URLs and bind addresses (the policy URL, doctor, serve) ----------
 
-_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
-"""Bind addresses meaning "every interface"; no peer can dial them."""
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})  # bind addresses meaning "every interface": not dialable
 
 
 def _unbracket(host: str) -> str:
@@ -168,15 +167,11 @@ class Answer:
     """An HTTP answer, its decoded body read up to the caller's cap."""
 
     status: int
-    body: bytes
-    """The decoded body; when ``over_cap``, only what was read before the cap was passed."""
+    body: bytes  # when over_cap, only what was read before the cap was passed
     over_cap: bool = False
-    size: int = 0
-    """Decoded bytes seen (or declared by ``Content-Length``) when the read stopped."""
-    location: str | None = None
-    """A redirect's target (never followed)."""
-    cookies: tuple[str, ...] = ()
-    """The names of the cookies the answer sets (a NeMo-Gym server names itself by them: ``checks.identify``)."""
+    size: int = 0  # decoded bytes seen (or declared by Content-Length) when the read stopped
+    location: str | None = None  # a redirect's target (never followed)
+    cookies: tuple[str, ...] = ()  # the names of the cookies it sets (checks.identify reads them)
 
 
 async def request(
@@ -283,10 +278,8 @@ async def _read(response: aiohttp.ClientResponse, cap: int) -> tuple[bytes, bool
 class Pool:
     """One event loop's connections, for one ``NEMO_GYM_MAX_CONCURRENCY``."""
 
-    gym: aiohttp.ClientSession
-    """Cookie-less, at most ``limit`` connections: ``/run`` and every NeMo-Gym server."""
-    policy: aiohttp.ClientSession
-    """Cookie-less, a pool of its own: the policy (Miles' session server), never sent a cookie."""
+    gym: aiohttp.ClientSession  # cookie-less, at most limit connections: /run and every NeMo-Gym server
+    policy: aiohttp.ClientSession  # cookie-less, a pool of its own: the policy (Miles' session server)
 
     def episode(self) -> aiohttp.ClientSession:
         """A session with a cookie jar of its own on the NeMo-Gym side's connections: a resources
@@ -361,7 +354,9 @@ async def pool(limit: int) -> Pool:
     if pools.guard is None:
         pools.guard = _closed_at_shutdown(pools)
         await pools.guard.__anext__()  # the loop now tracks it (loop.shutdown_asyncgens)
-        _register_exit_close()
+        if not _exit_registered.is_set():
+            _exit_registered.set()
+            atexit.register(_close_at_exit)
     found = pools.by_limit.get(limit)
     if found is None or found.gym.closed:
         found = pools.by_limit[limit] = Pool(
@@ -403,12 +398,6 @@ def open_pools() -> int:
 
 
 _exit_registered = threading.Event()
-
-
-def _register_exit_close() -> None:
-    if not _exit_registered.is_set():
-        _exit_registered.set()
-        atexit.register(_close_at_exit)
 
 
 def _close_at_exit() -> None:

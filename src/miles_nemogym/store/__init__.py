@@ -2,13 +2,10 @@
 module is its writing side (what the runtime imports); ``reader`` reads it back, ``browser`` and
 ``page`` show it as text or as one HTML page, ``plots`` draws its curves.
 
-Each store (one per folder per process) has one writer thread that appends each episode as
-one JSON line to a file only it created, ``<role>/pending-<file id>.jsonl``. Sealing a step
-renames those files to ``step-N-<file id>.jsonl``, writes their heads (the lines without the
-answer) to a new ``.heads`` file, then compresses each into a new ``.jsonl.gz`` and removes the
-plain one. Under fully async a seal also writes the step's filing, ``step-N-<file id>.filing``:
-the episodes that step trained and those the buffer dropped since, with the reason. Layout,
-crash behaviour, permissions and symlinks: docs/episode-store.md.
+Each store (one per folder per process) has one writer thread that appends each episode as one
+JSON line to ``<role>/pending-<file id>.jsonl``; sealing a step renames, indexes (``.heads``) and
+compresses those files, and under fully async writes the step's ``.filing``. Layout, crash
+behaviour, permissions and symlinks: docs/episode-store.md.
 """
 
 from __future__ import annotations
@@ -38,11 +35,8 @@ __all__ = ["ROLES"]
 logger = logging.getLogger(__name__)
 
 ROLES = ("train", "eval")
-MAX_PENDING_BYTES = 256 * 1024 * 1024
-"""Raw answers queued for the writer, at most; past it an episode is kept without its answer."""
-_MAX_HEADS_BYTES = 32 * 1024 * 1024
-"""Heads held per file until its seal, at most; past it the step gets no ``.heads`` file (the
-reader then reads the whole file)."""
+MAX_PENDING_BYTES = 256 * 1024 * 1024  # raw answers queued, at most; past it an episode is kept without one
+_MAX_HEADS_BYTES = 32 * 1024 * 1024  # heads held per file, at most; past it the step gets no .heads file
 _COMPRESS_LEVEL = 1  # zlib level 1: ~4x smaller on trajectories at a fraction of level 6's CPU
 _FILE_MODE = 0o600  # owner-only; the umask can take bits away, never add them
 _DIR_MODE = 0o700
@@ -129,8 +123,7 @@ class _Role:
     dir_fd: int
     path: Path
     files: list[_File] = field(default_factory=list)
-    not_trained: list[tuple[str, str]] = field(default_factory=list)
-    """(episode id, reason) dropped since the role's last filing."""
+    not_trained: list[tuple[str, str]] = field(default_factory=list)  # (episode id, reason) since the last filing
 
 
 class EpisodeStore:
@@ -138,16 +131,14 @@ class EpisodeStore:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+        # In every file name it creates: a restarted process never appends to a file an earlier one left.
         self.writer_id = f"{os.getpid()}-{secrets.token_hex(4)}"
-        """In every file name this writer creates: a restarted process (same pid or not) never
-        appends to a file an earlier one left."""
         self.answers_dropped = 0
         self.lines_written = 0
         self.write_errors = 0
         self._queue: queue.SimpleQueue[_Entry | _Request | object] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._warned: set[str] = set()
-        """The kinds of write error warned about (each once)."""
+        self._warned: set[str] = set()  # the kinds of write error warned about (each once)
         self._pending_bytes = 0
         self._files_made = 0
         self._roles: dict[str, _Role] = {}  # the writer thread's only
