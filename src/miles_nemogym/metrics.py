@@ -2,11 +2,8 @@
 each also per environment (``nemogym/<env>/*``, ``nemogym-eval/<set>/<env>/*``).
 
 ``--custom-rollout-log-function-path miles_nemogym.metrics.log_rollout`` and
-``--custom-eval-rollout-log-function-path miles_nemogym.metrics.log_eval`` (Miles
-``miles/ray/rollout/metrics.py``). Rates are over distinct episodes, quality rates over
-valid ones; SWE's (resolve rate, patch applied, per repo) over SWE episodes only, an
-environment episode's quality being its reward. What each metric means and why is in
-docs/using-with-miles.md and docs/episode-pipeline.md.
+``--custom-eval-rollout-log-function-path miles_nemogym.metrics.log_eval``. What each metric
+means and why: docs/using-with-miles.md and docs/episode-pipeline.md ("Metrics").
 """
 
 from __future__ import annotations
@@ -72,8 +69,7 @@ def rollout_metrics(samples: Any, tally: Tally) -> dict[str, float]:
         **_quality([e.record for e in found if not e.record.mask_sample]),
     }
     # Only episodes that were sent have a duration; a row rejected before sending has none.
-    records = [e.record for e in found]
-    times = [r.elapsed_s for r in records if r.attempts and "elapsed_s" in r.model_fields_set]
+    times = [e.record.elapsed_s for e in found if e.record.attempts and "elapsed_s" in e.record.model_fields_set]
     if times:
         metrics["episode_time_p50"] = percentile(times, 50)
         metrics["episode_time_p95"] = percentile(times, 95)
@@ -146,15 +142,14 @@ def _reward_mean(valid: list[SampledEpisode]) -> dict[str, float]:
 
 def _counts(tally: Tally) -> dict[str, float]:
     """The ledger's counts of one period; failure rates over episodes that ran (not cancelled)."""
-    metrics: dict[str, float] = {
+    return {
         "episodes": float(tally.episodes),
         "episodes_cancelled": float(tally.cancelled),
         "groups_salvaged": float(tally.groups_salvaged),
         "groups_dropped": float(tally.groups_dropped),
         "outage_wait_s": round(tally.outage_wait_s, 3),
+        **_failure_rates(tally),
     }
-    metrics.update(_failure_rates(tally))
-    return metrics
 
 
 def _failure_rates(counts: Tally | EnvironmentTally) -> dict[str, float]:
@@ -167,10 +162,8 @@ def _failure_rates(counts: Tally | EnvironmentTally) -> dict[str, float]:
 
 
 def _quality(valid: list[EpisodeRecord]) -> dict[str, float]:
-    """Rates over valid episodes only: a resolve rate diluted by crashed containers would read
-    as a policy regression; SWE's over SWE episodes only (an environment episode is neither
-    resolved nor unresolved); ``status_rate/<kind>``: valid episodes whose record names a kind
-    (their status). Shared by the rollout and the eval metrics."""
+    """Rates over valid episodes only, SWE's over SWE episodes only; ``status_rate/<kind>``: valid
+    episodes whose record names a kind (their status). Shared by the rollout and the eval metrics."""
     swe = [r for r in valid if r.env == SWE_ENVIRONMENT]
     metrics = {}
     if swe:
@@ -179,7 +172,6 @@ def _quality(valid: list[EpisodeRecord]) -> dict[str, float]:
     fractions = [f for f in (r.fail_to_pass.fraction for r in swe if r.fail_to_pass) if f is not None]
     if fractions:
         metrics["fail_to_pass_fraction_mean"] = sum(fractions) / len(fractions)
-    # A valid episode's status (trained): counted, never a failure.
     for kind, count in sorted(Counter(r.failure_kind for r in valid if r.failure_kind).items()):
         metrics[f"status_rate/{metric_label(kind)}"] = count / len(valid)
     return {**metrics, **_means(valid)}
@@ -272,9 +264,6 @@ def log_eval(rollout_id: int, args: Any, data: Any, extra_metrics: Any = None) -
 
 
 # -- eval: nemogym-eval/<set>/* -----------------------------------------------------------------
-# pass@1 and pass@k over valid episodes only, grouped by ``instance_id`` (Miles' eval
-# ``index`` is a running counter); masked episodes counted by kind, from the ledger. A pass
-# is a resolved SWE episode or an environment episode with a passing reward.
 
 
 def eval_set_metrics(name: str, samples: Any, k: int, tally: Tally) -> dict[str, float]:
