@@ -46,7 +46,6 @@ GROUP_HAS_ABORTED = "group_has_aborted"  # the reason for a group still holding 
 
 
 def _is_masked(sample: Any) -> bool:
-    """Whether the sample's episode is not a valid measurement (our record says so)."""
     record = record_of(sample)
     return record is not None and record.mask_sample
 

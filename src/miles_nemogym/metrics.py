@@ -178,7 +178,6 @@ def _quality(valid: list[EpisodeRecord]) -> dict[str, float]:
 
 
 def _means(valid: list[EpisodeRecord]) -> dict[str, float]:
-    """Turns and tool calls per valid episode, of every environment."""
     metrics = {}
     for key, values in (
         ("turns_mean", [float(r.turns) for r in valid if r.turns is not None]),

@@ -137,7 +137,6 @@ class Ledger:
             return self._streak, dict(self._streak_kinds)
 
     def streak_environments(self) -> dict[str, int]:
-        """The environments of the failure streak's episodes."""
         with self._lock:
             return dict(self._streak_envs)
 
@@ -465,7 +464,6 @@ class Circuit:
             return self._open
 
     def waiting(self) -> int:
-        """Episodes waiting for the server now."""
         with self._lock:
             return self._waiting
 
@@ -666,11 +664,9 @@ class Circuits:
 
     @property
     def is_open(self) -> bool:
-        """Whether any server's circuit is open."""
         return any(one.is_open for one in self._all())
 
     def waiting(self) -> int:
-        """Episodes waiting for any server now."""
         return sum(one.waiting() for one in self._all())
 
     def stop_error(self) -> str | None:
@@ -709,7 +705,6 @@ class Runtime:
         return self._settings
 
     def close(self) -> None:
-        """Close every store (what was queued is written)."""
         self.stores.close()
 
 
@@ -717,7 +712,6 @@ _process: list[Runtime] = []  # this process's runtime, once made: the one modul
 
 
 def current() -> Runtime:
-    """This process's runtime, made on first use."""
     if not _process:
         _process.append(Runtime())
     return _process[0]

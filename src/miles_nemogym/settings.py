@@ -113,7 +113,6 @@ class EnvironmentServer(BaseModel):
         return low, high
 
     def valid_rewards(self, default: tuple[float, float]) -> tuple[float, float]:
-        """This environment's reward range, else ``default`` (``NEMO_GYM_REWARD_RANGE``)."""
         return default if self.reward_range is None else self.reward_range
 
 

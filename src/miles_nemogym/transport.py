@@ -109,12 +109,10 @@ def bracket(host: str) -> str:
 
 
 def is_wildcard(host: str | None) -> bool:
-    """True for a missing host or an "every interface" address."""
     return host is None or _unbracket(host) in _WILDCARD_HOSTS
 
 
 def is_loopback(host: str | None) -> bool:
-    """True for ``localhost`` and loopback IP literals (bracketed or not)."""
     if host is None:
         return False
     if host == "localhost":

@@ -177,7 +177,6 @@ class TestCounts(BaseModel):
 
     @property
     def fraction(self) -> float | None:
-        """The share of passing tests; None when the category has no tests."""
         total = self.passed + self.failed
         return self.passed / total if total else None
 
@@ -214,7 +213,6 @@ class EpisodeRecord(BaseModel):
 
     @property
     def env(self) -> str:
-        """``environment``, with ``swe`` for records that have none."""
         return self.environment or SWE_ENVIRONMENT
 
 
@@ -564,7 +562,6 @@ def flatten(samples: Any) -> Iterator[Any]:
 
 
 def metadata_of(sample: Any) -> dict[str, Any]:
-    """``sample.metadata``, or an empty dict when it has none."""
     metadata = getattr(sample, "metadata", None)
     return metadata if isinstance(metadata, dict) else {}
 
@@ -577,7 +574,6 @@ def strip_result(metadata: dict[str, Any]) -> None:
 
 
 def record_of(sample: Any) -> EpisodeRecord | None:
-    """The episode record the agent function wrote on ``sample``, if any."""
     return read_record(metadata_of(sample)).record
 
 

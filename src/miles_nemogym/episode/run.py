@@ -72,8 +72,7 @@ logger = logging.getLogger(__name__)
 
 
 class ResponsesCreateParams(BaseModel):
-    """The ``responses_create_params`` the server accepts (nemo-gym's
-    ``NeMoGymResponseCreateParamsNonStreaming``, ``extra="forbid"``): the fields
+    """nemo-gym's ``NeMoGymResponseCreateParamsNonStreaming`` (``extra="forbid"``): the fields
     ``mini_swe_agent_2`` uses typed, the rest of the server's schema untyped."""
 
     model_config = ConfigDict(extra="forbid")
@@ -141,9 +140,8 @@ class _ResponseObject(BaseModel):
 
 
 class RunResponse(BaseModel):
-    """A ``/run`` result (nemo-gym's ``BaseVerifyResponse`` + ``mini_swe_agent_2``'s fields).
-    Unread parts (the echoed prompt, the trajectory's contents: most of the bytes) are not
-    built into objects, which would tax the rollout loop's garbage collector."""
+    """A ``/run`` result (nemo-gym's ``BaseVerifyResponse`` + ``mini_swe_agent_2``'s fields); unread
+    parts (most of the bytes) are not built into objects, which would tax the loop's garbage collector."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -199,7 +197,6 @@ class SweEpisode:
         return self.settings.gym_url
 
     async def attempt(self, deadline: Deadline) -> Outcome:
-        """One ``POST /run``, its answer scored as ``classify_http`` scores it."""
         settings = self.settings
 
         def score(status: int, body: bytes, scrub: Callable[[bytes], bytes] | None) -> Outcome:
@@ -228,7 +225,6 @@ class AgentEpisode:
         return str(self.server.agent)
 
     async def attempt(self, deadline: Deadline) -> Outcome:
-        """One ``POST <agent>/run``, scored as ``classify_agent_http`` scores it."""
         valid = self.server.valid_rewards(self.settings.reward_range)
         where = range_setting(self.environment, self.server)
 
@@ -358,9 +354,8 @@ def prepare_agent(
     addresses: MutableMapping[tuple[str, int], str] | None = None,
 ) -> AgentEpisode:
     """The episode of an agent row (``server.agent`` set) for Miles' session ``session_url``: the task
-    row and its ``responses_create_params`` with the trainer's sampling, and ``_ng_rollout_id``, the
-    policy URL the agent's host dials, signed (``routing_contract.py``); ``RequestError`` names a bad field,
-    ``SettingsError`` a missing signing secret."""
+    row, and as ``_ng_rollout_id`` the policy URL the agent's host dials, signed (``routing_contract.py``);
+    ``RequestError`` names a bad field, ``SettingsError`` a missing signing secret."""
     metadata, environment = task.metadata, task.environment
     if not isinstance(metadata, Mapping) or not metadata:
         raise RequestError(
@@ -389,12 +384,9 @@ def policy_base_url(
     external_host: str | None = None,
     addresses: MutableMapping[tuple[str, int], str] | None = None,
 ) -> str:
-    """``session_url`` + ``/v1`` with its host made dialable from the Gym server.
-
-    ``external_host`` (``MILES_ROUTER_EXTERNAL_HOST``) replaces the host whatever it is,
-    as upstream does; otherwise only a wildcard host is replaced (by the local address routed
-    to the Gym host, kept in ``addresses`` when given).
-    """
+    """``session_url`` + ``/v1`` with its host made dialable from the Gym server: ``external_host``
+    (``MILES_ROUTER_EXTERNAL_HOST``) whatever it is, as upstream does; else only a wildcard host is
+    replaced, by the local address routed to the Gym host (kept in ``addresses`` when given)."""
     parts = check_session_url(session_url)
     try:
         netloc = _dialable_netloc(parts.netloc, gym_url, external_host, addresses)
@@ -460,10 +452,8 @@ def build_run_body(
     policy_base_url: str | None,
     policy_api_key: str | None = None,
 ) -> dict[str, Any]:
-    """The JSON body of ``POST /run`` for one episode. ``metadata`` is not mutated.
-
-    ``policy_base_url`` None leaves routing to the server's configured model (scan mode).
-    """
+    """The JSON body of ``POST /run`` for one episode; ``policy_base_url`` None leaves routing to
+    the server's configured model (scan mode)."""
     if metadata is not None and not isinstance(metadata, Mapping):
         raise RequestError(
             f"sample metadata must be a dict holding the task instance (instance_id, repo, ...), "
@@ -488,7 +478,6 @@ def build_run_body(
 
 
 def _row_body(metadata: Mapping[str, Any], request_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The task row as the server gets it, its ``responses_create_params`` merged with the trainer's sampling."""
     body = task_row(metadata)
     body["responses_create_params"] = responses_create_params(metadata.get("responses_create_params"), request_kwargs)
     return body

@@ -430,7 +430,6 @@ class Stores:
         atexit.register(self.close)
 
     def get(self, directory: str) -> EpisodeStore:
-        """The store for ``directory``, started on first use."""
         with self._lock:
             store = self._by_folder.get(directory)
             if store is None:
