@@ -267,15 +267,14 @@ NOT_DELIVERED = "not_delivered"  # an in-flight episode whose request has not re
 
 
 class Episode(Protocol):
-    """One prepared episode of any kind, as ``deliver`` runs it."""
+    """One prepared episode of any kind, as ``deliver`` runs it: ``server_url`` is the server whose
+    circuit holds it (where its first request goes), ``setting`` the variable naming that server."""
 
     @property
-    def server_url(self) -> str:
-        """The server whose circuit holds the episode (the URL its first request goes to)."""
+    def server_url(self) -> str: ...
 
     @property
-    def setting(self) -> str:
-        """The variable naming that server (``NEMO_GYM_URL``, ``NEMO_GYM_ENVS``), for the stop message."""
+    def setting(self) -> str: ...
 
     @property
     def task_id(self) -> str | None: ...
@@ -400,20 +399,25 @@ class InFlight:
         ``NOT_DELIVERED``)."""
         with self._lock:
             entries = list(self._entries)
-        try:
-            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
         states: Counter[str] = Counter()
         for entry in entries:
             if entry.task is None or entry.loop is None:
                 continue
             states[NOT_DELIVERED if entry.not_delivered else AWAITING_RESULT] += 1
-            if entry.loop is running:
-                entry.task.cancel()
-            elif not entry.loop.is_closed():
-                entry.loop.call_soon_threadsafe(entry.task.cancel)
+            _call_on(entry.loop, entry.task.cancel)
         return states
+
+
+def _call_on(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:
+    """``callback`` on ``loop``: at once from the loop's own thread, else thread-safely; never on a closed loop."""
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if loop is running:
+        callback()
+    elif not loop.is_closed():
+        loop.call_soon_threadsafe(callback)
 
 
 def _ended(task: asyncio.Task[Outcome]) -> asyncio.Future[None]:
@@ -608,17 +612,8 @@ class Circuit:
         with self._lock:
             wakeups = list(self._wakeups.items())
             self._wakeups.clear()
-        try:
-            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
         for loop, event in wakeups:
-            if loop.is_closed():
-                continue
-            if loop is running:
-                event.set()
-            else:
-                loop.call_soon_threadsafe(event.set)
+            _call_on(loop, event.set)
 
 
 async def _connect(url: str, timeout_s: float) -> str | None:
