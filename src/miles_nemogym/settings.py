@@ -87,12 +87,7 @@ class EnvironmentServer(BaseModel):
     @field_validator("agent")
     @classmethod
     def _check_agent(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        value = _check_http_url(value, "http://gym-host:8002")
-        if value.endswith("/run"):
-            raise ValueError("give the agent server's base URL; '/run' is appended by the plugin")
-        return value
+        return None if value is None else _check_http_url(value, "http://gym-host:8002", "the agent server")
 
     @field_validator("reward_range", mode="before")
     @classmethod
@@ -157,18 +152,14 @@ class Settings(BaseModel):
     @field_validator("gym_url")
     @classmethod
     def _check_url(cls, value: str) -> str:
-        value = _check_http_url(value, "http://gym-host:12000")
-        if value.endswith("/run"):
-            raise ValueError("give the server's base URL; '/run' is appended by the plugin")
-        return value
+        return _check_http_url(value, "http://gym-host:12000", "the server")
 
     @field_validator("environments_text")
     @classmethod
     def _check_environments(cls, value: str | None) -> str | None:
-        if value is None or not value.strip():
-            return None
-        parse_environments(value)
-        return value.strip()
+        if value is not None:  # stripped and not blank: _blank_is_unset ran first
+            parse_environments(value)
+        return value
 
     @cached_property
     def environments(self) -> Mapping[str, EnvironmentServer]:
@@ -191,9 +182,7 @@ class Settings(BaseModel):
     )
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
-        if isinstance(value, str) and not value.strip():
-            return None
-        return value.strip() if isinstance(value, str) else value
+        return (value.strip() or None) if isinstance(value, str) else value
 
     @property
     def run_url(self) -> str:
@@ -231,12 +220,15 @@ class Settings(BaseModel):
             raise SettingsError("invalid miles-nemogym configuration: " + _describe(error, aliased, named)) from None
 
 
-def _check_http_url(value: str, example: str) -> str:
+def _check_http_url(value: str, example: str, run_appended_to: str | None = None) -> str:
     try:
         check_url(value)
     except UrlError as error:  # reported by pydantic for the variable that holds the value
         raise ValueError(f"{error}; expected an http(s) URL such as {example}") from None
-    return value.strip().rstrip("/")
+    value = value.strip().rstrip("/")
+    if run_appended_to and value.endswith("/run"):
+        raise ValueError(f"give {run_appended_to}'s base URL; '/run' is appended by the plugin")
+    return value
 
 
 def short_name(name: str) -> str:
