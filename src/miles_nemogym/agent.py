@@ -6,14 +6,10 @@
     --custom-rm-path miles_nemogym.agent.reward_func        (Miles rm_hub/__init__.py)
     async def reward_func(args, sample | [samples]) -> float | [float]
 
-One sample, one episode: route (the row's environment: a ``NEMO_GYM_ENVS`` environment runs the
-``simple_agent`` loop against its resources server, or its ``agent`` server's ``/run``; any other row
-is a SWE episode for ``NEMO_GYM_URL``'s ``/run``) -> prepare (its requests, checked before anything is sent) ->
-deliver (abortable, outages waited out, within ``NEMO_GYM_RUN_TIMEOUT``) -> bookkeeping (ledger,
-reward, salvage hold, store). A failed episode is recorded on the sample (``nemogym.mask_sample``),
-never raised. ``reward_func`` scores the reward ``run`` stored, under ``NEMO_GYM_REWARD_MODE``,
-and never raises either; the rules are in docs/episode-pipeline.md. Importing this module stays
-cheap (no torch, sglang, ray, Miles).
+One sample, one episode: route (by the row's environment: ``prepare_episode``) -> prepare (checked
+before anything is sent) -> deliver (abortable, outages waited out) -> bookkeeping (ledger, reward,
+salvage hold, store). A failed episode is recorded on the sample, never raised; ``reward_func``
+never raises either (docs/episode-pipeline.md). Importing this module stays cheap (no torch, Miles).
 """
 
 from __future__ import annotations

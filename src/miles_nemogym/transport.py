@@ -15,10 +15,8 @@ table turns what went wrong into a failure kind, each with one meaning:
     the deadline (NEMO_GYM_RUN_TIMEOUT) passed   agent_timeout                 no
     the connection broke once it was made        transport_peer_drop           no: it may have arrived
 
-Requests share one connection pool per event loop (``pool``): the NeMo-Gym servers' side,
-at most ``NEMO_GYM_MAX_CONCURRENCY`` connections, and the policy's, each without cookies;
-an environment episode gets a session of its own with a cookie jar, on the NeMo-Gym side's
-connections. The pools close when their loop shuts down (docs/episode-pipeline.md).
+Requests share one connection pool per event loop (``pool``), closed when the loop shuts down
+(docs/episode-pipeline.md, "One pool per event loop").
 """
 
 from __future__ import annotations

@@ -184,12 +184,8 @@ class TestCounts(BaseModel):
 class EpisodeRecord(BaseModel):
     """What happened to one ``/run`` episode, on every sample it produced."""
 
-    status: Literal["ok", "failed"] = Field(
-        description="ok: a measurement (the server graded it, or the policy ran out the deadline); failed: none."
-    )
-    episode_id: str | None = Field(
-        None, description="One id per /run call; the samples Miles splits one episode into share it."
-    )
+    status: Literal["ok", "failed"] = Field(description="ok: a measurement (graded, or a policy timeout); failed: none")
+    episode_id: str | None = Field(None, description="One id per episode; the samples Miles splits it into share it.")
     failure_kind: str | None = Field(None, description="A failure kind (errors.py); set for every failure.")
     failure_reason: str | None = Field(None, description="One bounded line saying what went wrong.")
     mask_sample: bool = Field(False, description="True: not a valid measurement; the sample is set aside.")
@@ -197,19 +193,14 @@ class EpisodeRecord(BaseModel):
     attempts: int = Field(0, ge=0, description="Requests started; 0 means nothing was sent.")
     elapsed_s: float = Field(0.0, ge=0, allow_inf_nan=False, description="Seconds from the first send to the end.")
     instance_id: str | None = Field(None, description="The task instance the episode was for.")
-    server_reward: float | None = Field(
-        None, allow_inf_nan=False, description="The reward the server sent, kept for diagnosis even when unused."
-    )
+    server_reward: float | None = Field(None, allow_inf_nan=False, description="The server's reward, even when unused.")
     resolved: bool | None = Field(None, description="Whether SWE-bench grading resolved the instance.")
     patch_applied: bool | None = Field(None, description="Whether the agent's patch applied to the repository.")
     fail_to_pass: TestCounts | None = Field(None, description="FAIL_TO_PASS tests after the patch.")
     pass_to_pass: TestCounts | None = Field(None, description="PASS_TO_PASS tests after the patch.")
     turns: int | None = Field(None, ge=0, description="Model turns of the episode.")
     tool_calls: int | None = Field(None, ge=0, description="Tool calls the model made.")
-    environment: str | None = Field(
-        None,
-        description="The episode's environment: a NEMO_GYM_ENVS name or 'swe'; None (older records) reads as 'swe'.",
-    )
+    environment: str | None = Field(None, description="A NEMO_GYM_ENVS name or 'swe'; None (older records): 'swe'.")
 
     @property
     def env(self) -> str:
