@@ -113,41 +113,29 @@ class EnvironmentServer(BaseModel):
 
 class Settings(BaseModel):
     """The plugin's configuration; each field's alias is the environment variable it comes from
-    (what each means: README.md, "Settings")."""
+    (what each means: README.md, "Settings"). The secrets are never logged or returned."""
 
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
     gym_url: str = Field(default="http://localhost:12000", alias="NEMO_GYM_URL")
-    """Base URL of the NeMo-Gym ``mini_swe_agent_2`` server (``/run`` is appended)."""
     run_timeout_s: float = Field(default=3600.0, gt=0, alias="NEMO_GYM_RUN_TIMEOUT", allow_inf_nan=False)
-    """The deadline of every try of an episode: a ``/run``, or an environment episode's requests together."""
     connect_timeout_s: float = Field(default=10.0, gt=0, alias="NEMO_GYM_CONNECT_TIMEOUT", allow_inf_nan=False)
     max_concurrency: int = Field(default=4096, ge=1, alias="NEMO_GYM_MAX_CONCURRENCY")
-    """Most connections held open to the NeMo-Gym servers; the policy's pool has the same size."""
     policy_api_key: SecretStr | None = Field(default=None, alias="NEMO_GYM_POLICY_API_KEY")
-    """Bearer token the harness sends to the policy endpoint. Never logged or returned."""
     rollout_secret: SecretStr | None = Field(default=None, alias="NEMO_GYM_ROLLOUT_SECRET")
-    """What agent rows' rollout ids are signed with (``serve`` prints it). Never logged or returned."""
     external_host: str | None = Field(default=None, alias="MILES_ROUTER_EXTERNAL_HOST")
     """Host the NeMo-Gym server dials to reach this node's session server (the upstream example's name)."""
     reward_mode: RewardMode = Field(default=RewardMode.binary, alias="NEMO_GYM_REWARD_MODE")
     timeout_reward: TimeoutReward = Field(default=TimeoutReward.lowest, alias="NEMO_GYM_TIMEOUT_REWARD")
     reward_range_text: str = Field(default="0,1", alias="NEMO_GYM_REWARD_RANGE")
-    """Inclusive range of a valid server reward, ``low,high`` (a string, so the variable's form is
-    the one shown; parsed by ``reward_range``). A reward outside it masks the sample."""
+    """``low,high``, kept as text so an error shows the variable's form; parsed by ``reward_range``."""
     max_result_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, alias="NEMO_GYM_MAX_RESULT_BYTES")
-    """Largest decoded answer read from any server (real ``/run`` results are ~100 KB)."""
     min_valid_per_group: int = Field(default=2, ge=0, alias="NEMO_GYM_MIN_VALID_PER_GROUP")
-    """Valid episodes a partly failed group needs to be trained; clamped to its size, 0 drops it."""
     outage_timeout_s: float = Field(default=900.0, gt=0, alias="NEMO_GYM_OUTAGE_TIMEOUT", allow_inf_nan=False)
-    """Seconds a server gets no request delivered before its waiting episodes fail and the run stops."""
     max_failure_streak: int = Field(default=64, ge=0, alias="NEMO_GYM_MAX_FAILURE_STREAK")
-    """Consecutive failed episodes, with no valid one between, that stop the run (0: never)."""
     environments_text: str | None = Field(default=None, alias="NEMO_GYM_ENVS")
-    """The environments' servers, a JSON object from name to base URL or to ``{"url", "max_steps",
-    "agent", "reward_range"}`` (a string, parsed by ``environments``); other rows are SWE rows."""
+    """A JSON object (name -> URL or ``{"url", "max_steps", "agent", "reward_range"}``), parsed by ``environments``."""
     episode_dir: str | None = Field(default=None, alias="NEMO_GYM_EPISODE_DIR")
-    """Folder of the episode store (``store/__init__.py``). Unset: no store."""
 
     @field_validator("gym_url")
     @classmethod
