@@ -44,12 +44,6 @@ _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _encode_head(entry: dict[str, Any]) -> bytes:
-    """``entry`` as one compact JSON object (pydantic-core takes the record model as it is;
-    non-finite numbers become null, so the line stays strict JSON)."""
-    return pydantic_core.to_json(entry, inf_nan_mode="null")
-
-
 def _line(head: bytes, answer: bytes | None, answer_is_json: bool) -> bytes:
     """One store line: ``head``'s fields, then ``answer`` (last, so a line reads head first)."""
     if answer is None:
@@ -158,7 +152,8 @@ class EpisodeStore:
         """Queue one finished episode; never blocks, never raises. ``scrub`` (removing the
         policy API key from the raw answer) runs on the writer thread."""
         try:
-            head = _encode_head(entry)  # now: the record may change once this returns
+            # Encoded now (the record may change once this returns); non-finite numbers as null: strict JSON.
+            head = pydantic_core.to_json(entry, inf_nan_mode="null")
             size = len(answer) if answer else 0
             with self._lock:
                 dropped = size > 0 and self._pending_bytes + size > MAX_PENDING_BYTES
@@ -167,8 +162,8 @@ class EpisodeStore:
                 else:
                     self._pending_bytes += size
             if dropped:
-                head = _encode_head({**entry, "answer_dropped": "the store's writer was behind; raw answer not kept"})
-                answer = None
+                entry = {**entry, "answer_dropped": "the store's writer was behind; raw answer not kept"}
+                head, answer = pydantic_core.to_json(entry, inf_nan_mode="null"), None
             self._queue.put(_Entry(role, head, answer, answer_is_json, scrub))
         except Exception as error:  # an entry that cannot be encoded: the sample is unaffected
             self.write_errors += 1
