@@ -121,9 +121,8 @@ def _tools(params: Mapping[str, Any]) -> list[dict[str, Any]]:
 def first_request(
     params: Mapping[str, Any], request_kwargs: Mapping[str, Any] | None
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(the chat messages, the first chat-completions body without them) of a row's
-    ``responses_create_params``; ``RequestError`` names the field that cannot be sent. Also
-    ``miles-nemogym convert``'s check: a row it writes is never masked here."""
+    """(the chat messages, the first chat-completions body without them) of a row's params;
+    ``RequestError`` names the field that cannot be sent (also ``convert``'s check of a row)."""
     messages = _messages(params)
     body: dict[str, Any] = {}
     for row_key, chat_key in _ROW_SAMPLING.items():
@@ -403,10 +402,9 @@ class _Loop:
         return self.transcript.response(self.episode.row[_PARAMS], cut_off=self.cut_off)
 
     async def _post(self, session: Any, path: str, body: Any, cap: int, *, tool: bool = False) -> Answer:
-        """POST to the resources server; a transport failure ends the episode (``resendable`` only
-        for a seed that never left: a tool call or verify belongs to a started episode; a ``tool``
-        call's deadline is the policy's). The body is written as NeMo-Gym's ``server_utils.request``
-        writes it (orjson): NaN and infinities, which ``json.loads`` reads in tool arguments, as null."""
+        """POST to the resources server; a transport failure ends the episode (``resendable`` only for
+        a seed that never left; a ``tool`` call's deadline is the policy's). The body is written as
+        NeMo-Gym's orjson writes it: NaN and infinities (``json.loads`` reads them in arguments) as null."""
         started = time.monotonic()
         try:
             answer = await request(

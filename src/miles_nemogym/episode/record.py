@@ -144,8 +144,7 @@ def _agent_ref_environment(ref: Any) -> str | None:
 
 def agent_environment(agent: Any) -> str | None:
     """The one rule from a NeMo-Gym agent's name to its environment: ``X`` for ``X_simple_agent``
-    (how NeMo-Gym names environment X's agent, in its configs and rows), when ``X`` is an
-    environment name; None for any other value."""
+    when ``X`` is an environment name; None for any other value."""
     if not isinstance(agent, str) or not agent.endswith(AGENT_SUFFIX):
         return None
     name = agent.removesuffix(AGENT_SUFFIX)
@@ -274,10 +273,9 @@ def failure(
 def failure_of(
     error: Exception, task_id: str | None, settings: Settings | None = None, *, lowest: float = 0.0
 ) -> Outcome:
-    """The failed ``Outcome`` of an exception, the one place a raised failure becomes one: a step
-    that failed (``Failed``: its kind; ``agent_timeout`` as ``timed_out`` rules, ``lowest`` the
-    episode's lowest reward), a bad setting or request, else a defect (``client_error``, logged
-    with its traceback). The reason is scrubbed of the policy key (``settings``)."""
+    """The failed ``Outcome`` of an exception, the one place a raised failure becomes one: ``Failed``
+    (its kind; ``agent_timeout`` as ``timed_out`` rules), a bad setting or request, else a defect
+    (``client_error``, logged with its traceback). The reason is scrubbed of the policy key."""
     if isinstance(error, Failed):
         kind, reason = error.kind, str(error)
     elif isinstance(error, SettingsError):
@@ -419,10 +417,9 @@ def judge(
 
 
 def timed_out(reason: str, *, policy: bool, given: TimeoutReward, lowest: float) -> Outcome:
-    """An episode whose deadline (``NEMO_GYM_RUN_TIMEOUT``) passed: trained under ``policy_timeout``
-    when the policy held the episode (``policy``), scored ``lowest`` (the episode's lowest reward)
-    or 0 as ``NEMO_GYM_TIMEOUT_REWARD`` (``given``) says; else, or under ``mask``, masked
-    ``agent_timeout`` (docs/episode-pipeline.md, "Whose fault is a timeout")."""
+    """An episode whose deadline passed: trained under ``policy_timeout`` when the policy held it,
+    scored ``lowest`` or 0 as ``given`` says; else, or under ``mask``, masked ``agent_timeout``
+    (docs/episode-pipeline.md, "Whose fault is a timeout")."""
     if not policy or given is TimeoutReward.mask:
         return failure(fk.AGENT_TIMEOUT, reason)
     record = EpisodeRecord(status="ok", failure_kind=fk.POLICY_TIMEOUT, failure_reason=short_reason(reason))
@@ -442,9 +439,8 @@ _STATUSES = ("ok", "failed")
 
 
 def read_record(metadata: Any) -> RecordRead:
-    """The typed record in a sample's metadata, or why there is none; never raises. A wrong
-    field is named in ``unreadable`` and read as its default; a non-bool ``mask_sample``
-    sets the record aside (docs/episode-pipeline.md)."""
+    """The typed record in a sample's metadata, or why there is none; never raises. A wrong field is
+    named in ``unreadable`` and read as its default; a non-bool ``mask_sample`` sets the record aside."""
     return parse_record(metadata.get(RECORD_KEY) if isinstance(metadata, Mapping) else None)
 
 

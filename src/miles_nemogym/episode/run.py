@@ -283,9 +283,8 @@ async def _post_run(
 
 
 async def _policy_was_called(settings: Settings, session_url: str) -> bool:
-    """Whether Miles' session at ``session_url`` recorded an answered model call (its ``GET
-    /sessions/<id>``: ``records``, each with the ``status_code`` the policy answered). Anything
-    else -- no answer, an error, no such call -- says the time was not the policy's."""
+    """Whether Miles' session (``GET /sessions/<id>``) recorded a model call the policy answered;
+    anything else -- no answer, an error, no such call -- says the time was not the policy's."""
     connections = await pool(settings.max_concurrency)
     try:
         answer = await request(
@@ -321,9 +320,8 @@ def prepare(
     session_url: str,
     addresses: MutableMapping[tuple[str, int], str] | None = None,
 ) -> SweEpisode:
-    """The episode of one SWE row for Miles' session ``session_url`` (its ``base_url``), the key
-    (``NEMO_GYM_POLICY_API_KEY``) sent with it; ``RequestError`` names the bad field. ``addresses``
-    caches the local address routed to each Gym host (the runtime's)."""
+    """The episode of one SWE row for Miles' session ``session_url``, the policy key sent with it;
+    ``RequestError`` names the bad field. ``addresses``: the runtime's routed local addresses."""
     policy = policy_base_url(session_url, settings.gym_url, settings.external_host, addresses)
     episode = prepare_scan(task, request_kwargs, settings, policy_url=policy, send_api_key=True)
     return replace(episode, session_url=session_url)
@@ -699,9 +697,8 @@ def classify_agent_http(
     range_name: str,
     scrub: Callable[[bytes], bytes] | None = None,
 ) -> Outcome:
-    """The ``Outcome`` of an agent server's ``/run`` answer (NeMo-Gym's ``BaseVerifyResponse``:
-    ``reward``, the trajectory in ``response``, the agent's own fields): a named failure for an
-    HTTP error or an undecodable answer, else ``judge``'s verdict."""
+    """The ``Outcome`` of an agent server's ``/run`` answer (NeMo-Gym's ``BaseVerifyResponse``): a
+    named failure for an HTTP error or an undecodable answer, else ``judge``'s verdict."""
     if scrub is not None:
         body = scrub(body)
     if status != 200:
@@ -796,9 +793,7 @@ def classify_run_response(
 
 
 def instance_report(metadata: dict[str, Any] | None, instance_id: str | None) -> dict[str, Any] | None:
-    """The SWE-bench report of this instance inside the server's metadata, if graded.
-
-    With no ``instance_id`` to look for, a lone report is taken as the episode's."""
+    """The SWE-bench report of this instance in the server's metadata, if graded (a lone one without an id)."""
     if not metadata or not isinstance(metadata.get("eval_report"), dict):
         return None
     reports: dict[str, Any] = metadata["eval_report"]
@@ -821,9 +816,8 @@ def _error_summary(error: object) -> str:
 
 
 def _count_turns(response: RunResponse) -> tuple[int, int]:
-    """(model turns, tool calls) in the trajectory: a turn is a run of items (message, reasoning,
-    function_call...) ending where ``function_call_output`` answers it, or a user message follows
-    it (a game's observation, a scripted user's next question)."""
+    """(model turns, tool calls) in the trajectory: a turn is a run of items ending where
+    ``function_call_output`` answers it or a user message (a game's observation) follows it."""
     turns = 0
     tool_calls = 0
     in_turn = False
