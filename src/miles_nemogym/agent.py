@@ -81,9 +81,8 @@ async def run_with_settings(
     metadata: Mapping[str, Any] | None = None,
     store_extra: Callable[[], Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """``run`` with settings passed by our own callers (smoke); None: the runtime's.
-    ``store_extra`` gives fields the caller alone knows for the episode's store entry, asked once
-    the episode is over (smoke: the policy calls it counted, the server's trajectory file)."""
+    """``run`` with settings passed by our own callers (smoke); None: the runtime's. ``store_extra``
+    gives the episode's store entry fields the caller alone knows, asked once the episode is over."""
     runtime = current()
     settings: Settings | None = None
     task = Task.of(metadata)  # the one read of the sample's metadata
@@ -120,9 +119,8 @@ def prepare_episode(
     settings: Settings,
     addresses: dict[tuple[str, int], str] | None = None,
 ) -> Episode:
-    """The task's episode, by its environment, for the session ``base_url`` (no ``/v1``);
-    ``SettingsError``/``RequestError`` name what is wrong; ``addresses``: the runtime's routed
-    addresses. ``scan`` routes environment rows here too."""
+    """The task's episode, by its environment, for the session ``base_url`` (no ``/v1``; ``scan``'s
+    environment rows too); ``SettingsError``/``RequestError`` name what is wrong."""
     environment = task.environment
     if environment == SWE_ENVIRONMENT:
         return prepare_swe(task, request_kwargs, settings, session_url=base_url, addresses=addresses)
@@ -180,9 +178,8 @@ def _store(
 
 
 async def abort(args: Any = None) -> None:
-    """Miles' over-sampling abort hook: stop every in-flight episode of this process at once
-    (``/run`` and environment episodes); each stopped ``run`` returns a ``cancelled`` outcome
-    (the server's sandbox, or resources-server session, expires on its own)."""
+    """Miles' over-sampling abort hook: stop every in-flight episode of this process at once; each
+    stopped ``run`` returns a ``cancelled`` outcome (the server-side session expires on its own)."""
     runtime = current()
     states = runtime.in_flight.abort_all()
     runtime.held.clear()  # the step's groups have all been filtered

@@ -123,8 +123,7 @@ def stop_reason(settings: Settings) -> str | None:
 
 def check_run(settings: Settings) -> None:
     """Raise ``RunStopped`` if the run must stop, after stopping this process's in-flight episodes
-    (Miles' end-of-step abort does not run on that path). Miles swallows the agent function's
-    exceptions, but one from the group filter ends the rollout (``inference_rollout_train.py``)."""
+    (Miles' end-of-step abort does not run on that path; an exception of the filter ends the rollout)."""
     reason = stop_reason(settings)
     if reason is None:
         return
@@ -134,9 +133,8 @@ def check_run(settings: Settings) -> None:
 
 
 def judge_group(args: Any, samples: Any) -> tuple[str | None, bool]:
-    """(drop reason or None to keep, whether kept with failed episodes) for a finished group,
-    after giving back the failed episodes the agent function held for its ABORTED samples; records
-    nothing. Raises ``RunStopped`` when the run must stop (``check_run``)."""
+    """``group_verdict`` of a finished group, after giving its ABORTED samples the failed episodes
+    held for them; records nothing. Raises ``RunStopped`` when the run must stop (``check_run``)."""
     settings = current().settings
     check_run(settings)  # the one exception meant to leave this hook
     group_size = getattr(args, "n_samples_per_prompt", None)
@@ -174,9 +172,8 @@ def _miles_post_process() -> Callable[..., tuple[list[float], list[float]]]:
 
 
 def reward_post_process(args: Any, samples: Any) -> tuple[list[float], list[float]]:
-    """Miles reward post-process hook: (raw rewards, normalised rewards), one per sample.
-    Failed episodes: ``remove_sample``, 0.0 and 0.0; each group's valid samples normalised
-    by Miles over themselves alone. Without failed samples: exactly Miles' default."""
+    """Miles reward post-process hook: (raw rewards, normalised rewards), one per sample. Failed
+    episodes: ``remove_sample``, 0.0 and 0.0; each group's valid samples normalised by Miles alone."""
     flat = list(flatten(samples))
     miles_post_process = _miles_post_process()
     masked = [_is_masked(sample) for sample in flat]
@@ -284,9 +281,8 @@ def _give_back(sample: Any, result: dict[str, Any]) -> None:
 
 
 def _as_zero_loss_sample(sample: Any, template: Any) -> None:
-    """What Miles would have returned for an episode with one model call (its dict given back)
-    and zero loss: two tokens of a valid sibling, the last one the response (every per-token
-    field one entry long), ``remove_sample`` set, status FAILED."""
+    """What Miles would have returned for an episode with one model call, with zero loss: two tokens
+    of a valid sibling, the last one the response, ``remove_sample`` set, status FAILED."""
     sample.tokens = list(template.tokens[:2])
     sample.response = ""
     sample.response_length = 1

@@ -53,10 +53,8 @@ _MEASURED = frozenset(
 
 
 def rollout_metrics(samples: Any, tally: Tally) -> dict[str, float]:
-    """``nemogym/*`` of one rollout step. Counts (episodes, failures, groups, outage wait) come
-    from the ledger's ``tally``, which also saw dropped groups and record-less samples; the
-    episodes the step trained (``episodes_trained``, each once however many samples it spans),
-    the quality of valid episodes and their times from the samples. Pure."""
+    """``nemogym/*`` of one rollout step: counts from the ledger's ``tally`` (it also saw dropped
+    groups and record-less samples), what the step trained and its quality from the samples. Pure."""
     flat = list(flatten(samples))
     found = distinct_episodes(flat)
     metrics: dict[str, float] = {
@@ -87,9 +85,8 @@ def _per_environment(
     eval_k: int | None = None,
     unrecorded: dict[str, set[str]] | None = None,
 ) -> dict[str, float]:
-    """``<env>/*`` for each environment present: counts from the ledger, the reward mean over
-    valid episodes; for train its failure rates, turns and tool calls, for an eval set
-    (``eval_k``) its pass@1 and pass@k (``unrecorded``: its tasks of samples without a record)."""
+    """``<env>/*`` for each environment present: counts, reward mean; for train failure rates, turns
+    and tool calls, for an eval set (``eval_k``) pass@k (``unrecorded``: tasks without a record)."""
     metrics: dict[str, float] = {}
     for env, (members, share) in _environments(found, tally).items():
         valid = [e for e in members if not e.record.mask_sample]
@@ -304,9 +301,8 @@ def _unrecorded_tasks(flat: list[Any]) -> dict[str, set[str]]:
 
 
 def _pass_rates(found: list[SampledEpisode], k: int, unrecorded: set[str] | None = None) -> dict[str, float]:
-    """pass@1 and pass@k over valid episodes, grouped by task (``instance_id``; an environment
-    row's task id); an instance whose episodes all failed (``unrecorded``: also those whose samples
-    came back without a record) has no measurement: it is short of k, not a 0."""
+    """pass@1 and pass@k over valid episodes, grouped by task; an instance whose episodes all failed
+    (``unrecorded``: also those without a record) has no measurement: it is short of k, not a 0."""
     by_instance: dict[str, list[bool]] = defaultdict(list)
     for episode in found:
         if not episode.record.mask_sample:

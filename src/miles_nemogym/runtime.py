@@ -187,9 +187,8 @@ _MAX_KEYS = 10_000  # distinct keys remembered at most; past it a message is log
 
 
 class HeldEpisodes:
-    """Failed train episodes of the current step whose sample may come back without them,
-    oldest first; at most ``limit`` (the oldest go first: their groups have long been seen).
-    The agent function holds them, the group filter gives them back (``groups``)."""
+    """Failed train episodes whose sample may come back without them, oldest first; at most ``limit``
+    (the oldest go first). The agent function holds them, the group filter gives them back."""
 
     def __init__(self, limit: int = 4096) -> None:
         self._lock = threading.Lock()
@@ -617,9 +616,8 @@ class Circuit:
 
 
 async def _connect(url: str, timeout_s: float) -> str | None:
-    """Open (and close) a connection to ``url``'s host as a request would: TCP, plus a TLS
-    handshake with certificate checks for ``https``. None on success, else what failed.
-    Never sends a request: ``/run`` would start a paid episode."""
+    """Open (and close) a connection to ``url``'s host as a request would (TCP, TLS for ``https``),
+    never sending one (``/run`` would start a paid episode); None on success, else what failed."""
     parts = urlsplit(url)
     host = parts.hostname or "localhost"
     tls = parts.scheme == "https"

@@ -221,9 +221,7 @@ def _check_http_url(value: str, example: str, run_appended_to: str | None = None
 
 def short_name(name: str) -> str:
     """The name this package keys an environment by: ``mcqa`` for ``resources_servers/mcqa``,
-    ``lmarena_v2`` for ``resources_servers/arena/lmarena_v2`` (how NeMo-Gym's catalog spells a
-    resources server's config: its last part, the config's stem, is the name nemo-gym's registry
-    itself gives that workload); any other name as given."""
+    ``lmarena_v2`` for ``resources_servers/arena/lmarena_v2`` (the catalog's spelling); else as given."""
     head, slash, tail = name.partition("/")
     parts = tail.split("/")
     return parts[-1] if slash and head == "resources_servers" and len(parts) <= 2 and all(parts) else name

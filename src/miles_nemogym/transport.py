@@ -71,9 +71,8 @@ _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json
 
 
 def check_url(url: object) -> SplitResult:
-    """The parts of ``url`` when it is an ``http(s)`` URL with a host, a valid port and no query
-    or fragment (the package appends paths to it); else ``UrlError`` saying what is wrong (the
-    caller names the setting or argument and shows the form it expects)."""
+    """The parts of ``url`` when it is an ``http(s)`` URL with a host, a valid port and no query or
+    fragment (paths are appended to it); else ``UrlError`` saying what is wrong (the caller names it)."""
     if not isinstance(url, str):
         raise UrlError(f"must be a string, got {type(url).__name__}")
     text = url.strip()
@@ -142,9 +141,8 @@ def check_session_url(session_url: object) -> SplitResult:
 
 
 class Deadline:
-    """The moment one try of an episode must be over (``NEMO_GYM_RUN_TIMEOUT`` from its start).
-    ``sent``, when given, is resolved as a request of the try to a NeMo-Gym server leaves (its
-    headers are written on a connection): the server was reached, whenever the answer comes."""
+    """The moment one try of an episode must be over (``NEMO_GYM_RUN_TIMEOUT`` from its start);
+    ``sent`` is resolved as a request of the try to a NeMo-Gym server leaves (the server was reached)."""
 
     def __init__(self, seconds: float, sent: asyncio.Future[None] | None = None) -> None:
         self.seconds = seconds
@@ -397,9 +395,8 @@ _exit_registered = threading.Event()
 
 
 def _close_at_exit() -> None:
-    """Close every loop's pools at interpreter exit, on their own loops: Miles runs its loop
-    forever on a daemon thread (``miles/utils/async_utils.py`` at 31f1ca9), which never shuts
-    down its async generators, and aiohttp would report "Unclosed connector"."""
+    """Close every loop's pools at interpreter exit, on their own loops: Miles runs its loop forever on
+    a daemon thread, which never shuts down its async generators ("Unclosed connector")."""
     for loop, pools in list(_pools.items()):
         if not pools.by_limit or loop.is_closed():
             continue

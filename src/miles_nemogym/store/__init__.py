@@ -170,9 +170,8 @@ class EpisodeStore:
             self._warn(type(error).__name__, f"an episode could not be encoded ({error})")
 
     def seal(self, role: str, step: int, timeout_s: float = 30.0, trained: list[str] | None = None) -> None:
-        """File every episode of ``role`` queued so far under rollout ``step``; waits until
-        they are renamed (compression follows on the writer thread). With ``trained`` (fully
-        async), also write the step's filing: those episodes, and the ones dropped since."""
+        """File every episode of ``role`` queued so far under rollout ``step``, waiting until they are
+        renamed; with ``trained`` (fully async), also write the step's filing."""
         if not self._request(_Request(role, step, trained), timeout_s):
             logger.warning("episode store: sealing %s step %d is still running after %.0fs", role, step, timeout_s)
 
