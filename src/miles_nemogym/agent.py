@@ -210,9 +210,7 @@ def _log(outcome: Outcome) -> None:
         return
     if kind in _CONFIG_KINDS:
         message = record.failure_reason or kind
-        hint = ""
-        if record.http_status == 422:
-            hint = " — is NEMO_GYM_URL a mini_swe_agent_2 server from nemo-gym >= 0.6?"
+        hint = " — is NEMO_GYM_URL a mini_swe_agent_2 server from nemo-gym >= 0.6?" if record.http_status == 422 else ""
         current().logged.log(
             logger,
             logging.ERROR,

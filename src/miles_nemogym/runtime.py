@@ -172,10 +172,9 @@ def _servers(settings: Settings, environments: dict[str, int]) -> str:
     named = []
     for name, count in sorted(environments.items(), key=lambda kv: -kv[1]):
         server = servers.get(name)
-        if server is not None and server.agent is not None:
-            named.append(f"the {name} agent server at {redact_url(server.agent)} (NEMO_GYM_ENVS; x{count})")
-        elif server is not None:
-            named.append(f"the {name} resources server at {redact_url(server.url)} (NEMO_GYM_ENVS; x{count})")
+        if server is not None:
+            role, url = ("agent", server.agent) if server.agent is not None else ("resources", server.url)
+            named.append(f"the {name} {role} server at {redact_url(url)} (NEMO_GYM_ENVS; x{count})")
         elif name == SWE_ENVIRONMENT:
             named.append(f"the server at {redact_url(settings.gym_url)} (NEMO_GYM_URL; x{count})")
         else:

@@ -394,8 +394,7 @@ class _Loop:
         outcome.tool_time_s = round(self.tool_time, 6)
         # What the store keeps (encoded only when a store is on): the verifier's answer, with the
         # response the loop recorded, also when the episode ended before /verify.
-        response = self.verified_response or self._response()
-        outcome.answer = {**(verify or {}), "response": response}
+        outcome.answer = {**(verify or {}), "response": self.verified_response or self._response()}
         return outcome
 
     def _response(self) -> dict[str, Any]:
