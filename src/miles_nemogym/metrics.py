@@ -80,10 +80,7 @@ def rollout_metrics(samples: Any, tally: Tally) -> dict[str, float]:
 
 
 def _per_environment(
-    found: list[SampledEpisode],
-    tally: Tally,
-    eval_k: int | None = None,
-    unrecorded: dict[str, set[str]] | None = None,
+    found: list[SampledEpisode], tally: Tally, eval_k: int | None = None, unrecorded: dict[str, set[str]] | None = None
 ) -> dict[str, float]:
     """``<env>/*`` for each environment present: counts, reward mean; for train failure rates, turns
     and tool calls, for an eval set (``eval_k``) pass@k (``unrecorded``: tasks without a record)."""
@@ -186,11 +183,7 @@ def _means(valid: list[EpisodeRecord]) -> dict[str, float]:
 
 
 def log_rollout(
-    rollout_id: int,
-    args: Any,
-    samples: Any,
-    rollout_extra_metrics: Any = None,
-    rollout_time: float | None = None,
+    rollout_id: int, args: Any, samples: Any, rollout_extra_metrics: Any = None, rollout_time: float | None = None
 ) -> bool:
     """Miles rollout log function: log ``nemogym/*`` metrics; returns False (Miles logs too)."""
     tally = current().ledger.drain()

@@ -837,10 +837,7 @@ def _count_turns(response: RunResponse) -> tuple[int, int]:
 def _test_counts(status: Any) -> TestCounts | None:
     if not isinstance(status, dict):
         return None
-    return TestCounts(
-        passed=len(status.get("success") or []),
-        failed=len(status.get("failure") or []),
-    )
+    return TestCounts(passed=len(status.get("success") or []), failed=len(status.get("failure") or []))
 
 
 def _same_instance(a: str, b: str) -> bool:

@@ -461,13 +461,7 @@ def session_id(base_url: str) -> str | None:
 
 
 def entry_for(
-    *,
-    record: EpisodeRecord,
-    reward: float,
-    role: str,
-    eval_set: str | None,
-    session: str | None,
-    repo: str | None,
+    *, record: EpisodeRecord, reward: float, role: str, eval_set: str | None, session: str | None, repo: str | None
 ) -> dict[str, Any]:
     """The store's fields for one episode (the raw answer is added by the writer). Pure."""
     return {
