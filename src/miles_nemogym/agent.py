@@ -244,8 +244,7 @@ def score(metadata: dict[str, Any], mode: RewardMode = RewardMode.binary) -> tup
 
 
 def score_record(reward: Any, read: RecordRead, mode: RewardMode) -> tuple[float, str | None]:
-    """(reward, problem) for a stored reward and the episode's record, by the rules in
-    docs/episode-pipeline.md ("Reward"); ``problem`` is None when the reward is sound."""
+    """(reward, problem or None) of a stored reward and its record (docs/episode-pipeline.md, "Reward")."""
     record = read.record
     if record is not None and record.mask_sample:
         return 0.0, None

@@ -122,8 +122,7 @@ class EpisodeBuffer:
         return metrics
 
     def _drop(self, kind: str, reason: str, entry: Any) -> None:
-        """Count a group that will not train; aborted and stale ones go to Miles' unused handler
-        (``retry`` regenerates their prompts: new episodes, counted as regenerated)."""
+        """Count a group that will not train; aborted and stale ones go to Miles' unused handler."""
         current().ledger.record_group(kept=False, salvaged=False)
         records = [record_of(sample) for sample in flatten(entry.group)]
         dropped = list(dict.fromkeys(r.episode_id for r in records if r is not None and r.episode_id))

@@ -51,8 +51,7 @@ def _is_masked(sample: Any) -> bool:
 
 
 def group_verdict(samples: Any, min_valid: int, group_size: int | None = None) -> tuple[str | None, bool]:
-    """(drop reason or None to keep, whether a kept group holds failed episodes). Pure.
-    ``group_size``: the episodes the group was meant to have (default: those seen)."""
+    """(drop reason or None to keep, kept with failed episodes). Pure; ``group_size``: default those seen."""
     group = list(flatten(samples))
     # An ABORTED sample carries no reward or logprobs next to the others: Miles could not
     # assemble it, so the group cannot be trained as it is.
@@ -116,8 +115,7 @@ def _salvage_wired(args: Any) -> bool:
 
 
 def stop_reason(settings: Settings) -> str | None:
-    """Why the run must stop now (an outage past ``NEMO_GYM_OUTAGE_TIMEOUT``, a failure streak), or
-    None. Reads the process's state; changes nothing."""
+    """Why the run must stop now (an outage past its timeout, a failure streak), or None; changes nothing."""
     return current().circuits.stop_error() or streak_stop(settings, current().ledger)
 
 
@@ -147,8 +145,7 @@ def judge_group(args: Any, samples: Any) -> tuple[str | None, bool]:
 
 
 def check_episode_group(args: Any, samples: Any, **kwargs: Any) -> Any:
-    """Miles filter: keep the group when it can be trained; raise ``RunStopped`` when the
-    run must stop (see the module docstring)."""
+    """Miles filter: keep the group when it can be trained; raise ``RunStopped`` when the run must stop."""
     reason, salvaged = judge_group(args, samples)
     current().ledger.record_group(kept=reason is None, salvaged=salvaged)
     return _output_type()(keep=reason is None, reason=reason)

@@ -103,8 +103,7 @@ def _per_environment(
 def _environments(
     found: list[SampledEpisode], tally: Tally
 ) -> dict[str, tuple[list[SampledEpisode], EnvironmentTally]]:
-    """Per environment present (in the samples or the ledger), in name order: its episodes
-    among the samples and the ledger's counts of it."""
+    """Per environment present (in the samples or the ledger), by name: its episodes and the ledger's counts."""
     members: dict[str, list[SampledEpisode]] = defaultdict(list)
     for episode in found:
         members[_env_label(episode.record.env)].append(episode)
@@ -220,8 +219,7 @@ def _trained(samples: Any) -> list[str] | None:
 
 
 def _seal(role: str, rollout_id: Any, trained: list[str] | None = None) -> None:
-    """File ``role``'s stored episodes under this step (and, fully async, the episodes it
-    ``trained``); the store never fails a log call."""
+    """File ``role``'s stored episodes under this step (fully async: and what it ``trained``); never raises."""
     try:
         current().stores.seal_all(role, int(rollout_id), trained)
     except Exception:

@@ -393,8 +393,7 @@ class InFlight:
                 self._entries.discard(entry)
 
     def abort_all(self) -> Counter[str]:
-        """Cancel every episode in flight; how many were stopped, by state (``AWAITING_RESULT``,
-        ``NOT_DELIVERED``)."""
+        """Cancel every episode in flight; how many were stopped, by state (awaiting result, not delivered)."""
         with self._lock:
             entries = list(self._entries)
         states: Counter[str] = Counter()
@@ -475,8 +474,7 @@ class Circuit:
             return self._gave_up
 
     def trip(self, timeout_s: float, kind: str, reason: str) -> None:
-        """An undeliverable request (``kind``, ``reason``): open the circuit; the outage clock
-        keeps running from the first one since the last delivered request."""
+        """An undeliverable request: open the circuit (the outage clock runs from the first since delivery)."""
         with self._lock:
             self._kind, self._reason = kind, reason
             if self._open or self._gave_up is not None:
@@ -503,8 +501,7 @@ class Circuit:
         self._close(None)
 
     async def wait(self) -> tuple[str | None, float]:
-        """Wait while the circuit is open: (the failure kind if the outage timed out, else
-        None; seconds waited). Returns at once when closed. Cancellation propagates."""
+        """Wait while the circuit is open: (the kind if the outage timed out, else None; seconds waited)."""
         if not self._open and self._gave_up is None:
             return None, 0.0
         loop = asyncio.get_running_loop()
@@ -690,8 +687,7 @@ class Runtime:
 
     @property
     def settings(self) -> Settings:
-        """The settings given, else the environment's, read on first use; raises ``SettingsError``
-        (and reads again next time) while they are invalid."""
+        """The settings given, else the environment's (read again while invalid: ``SettingsError``)."""
         if self._settings is None:
             self._settings = Settings.from_env()
         return self._settings
@@ -710,8 +706,7 @@ def current() -> Runtime:
 
 
 def install(runtime: Runtime | None = None) -> Runtime:
-    """Make ``runtime`` (default: a fresh one, reading the environment on first use) this
-    process's, closing the one it replaces; returns it."""
+    """Make ``runtime`` (default: a fresh one) this process's, closing the one it replaces; returns it."""
     for old in _process:
         old.close()
     _process[:] = [runtime or Runtime()]

@@ -151,8 +151,7 @@ class Settings(BaseModel):
 
     @cached_property
     def environments(self) -> Mapping[str, EnvironmentServer]:
-        """Environment name -> its resources server (empty when ``NEMO_GYM_ENVS`` is unset);
-        parsed once per settings object (the agent asks on every episode)."""
+        """Environment name -> its server (empty when ``NEMO_GYM_ENVS`` is unset), parsed once."""
         return MappingProxyType(parse_environments(self.environments_text) if self.environments_text else {})
 
     @field_validator("reward_range_text")
@@ -187,8 +186,7 @@ class Settings(BaseModel):
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """The plugin's variables in ``environ`` (default: this process's environment), validated;
-        ``SettingsError`` names each bad variable and its value (a secret hidden)."""
+        """The variables in ``environ`` (default: os.environ), validated; ``SettingsError`` names each bad one."""
         source = os.environ if environ is None else environ
         given = {name: source[name] for name in ENV_VARS if name in source}
         try:

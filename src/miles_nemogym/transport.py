@@ -339,8 +339,7 @@ _pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopPools] = weakr
 
 
 async def pool(limit: int) -> Pool:
-    """This loop's pool for at most ``limit`` NeMo-Gym connections, opened on first use and
-    closed when the loop shuts down (and at interpreter exit)."""
+    """This loop's pool for at most ``limit`` NeMo-Gym connections, opened on first use, closed with the loop."""
     loop = asyncio.get_running_loop()
     pools = _pools.get(loop)
     if pools is None:

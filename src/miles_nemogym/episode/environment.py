@@ -256,8 +256,7 @@ _COPIED = ("temperature", "top_p", "max_output_tokens", "instructions", "metadat
 
 
 class _Transcript:
-    """The conversation, kept twice: the chat history sent back to the policy, and the
-    Responses-format output items ``/verify`` reads."""
+    """The conversation twice: the chat history sent back to the policy, the items ``/verify`` reads."""
 
     def __init__(self, messages: list[dict[str, Any]]) -> None:
         self.messages = list(messages)
@@ -423,8 +422,7 @@ class _Loop:
         return self._scrubbed(answer)
 
     def _scrubbed(self, answer: Answer) -> Answer:
-        """``answer`` without the policy key, before anything parses, quotes, cuts or keeps it (a
-        cut or shortened key matches no pattern)."""
+        """``answer`` without the policy key, before anything reads it (a cut key matches no pattern)."""
         scrubber = self.settings.key_scrubber()
         if scrubber is None:
             return answer

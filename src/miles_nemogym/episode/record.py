@@ -80,8 +80,7 @@ _NOT_SENT_KEYS = _MILES_BOOKKEEPING_KEYS | _RESULT_KEYS | ROUTING_KEYS | ROW_MAR
 
 
 def task_row(metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """The task row in a sample's metadata as a server gets it: without our marks, Miles'
-    bookkeeping keys, the keys the agent function returned, and routing or secrets."""
+    """The task row as a server gets it: without our marks, Miles' keys, the agent's result, routing."""
     return {key: value for key, value in metadata.items() if key not in _NOT_SENT_KEYS}
 
 
@@ -92,8 +91,7 @@ _AGENT_REF_KEY = "agent_ref"  # NeMo-Gym's row field naming the agent that runs 
 
 @dataclass(frozen=True)
 class Task:
-    """A sample's row, read once where the agent function starts (``Task.of``): every later step
-    of the episode receives this, never the metadata again."""
+    """A sample's row, read once where the agent function starts: later steps get this, not the metadata."""
 
     metadata: Any  # the row as Miles gave it (checked by each episode kind, never changed)
     environment: str
@@ -105,8 +103,7 @@ class Task:
 
     @classmethod
     def of(cls, metadata: Any, environment: str | None = None) -> Task:
-        """The task of a sample's ``metadata``; ``environment``: the caller's own choice (a scan's
-        ``--env``) in place of the row's marks."""
+        """The task of ``metadata``; ``environment``: the caller's choice (a scan's ``--env``) over the marks."""
         mapping: Mapping[str, Any] = metadata if isinstance(metadata, Mapping) else {}
         evaluated = mapping.get(_ROLE_KEY) == EVAL
         if environment is None:
@@ -143,8 +140,7 @@ def _agent_ref_environment(ref: Any) -> str | None:
 
 
 def agent_environment(agent: Any) -> str | None:
-    """The one rule from a NeMo-Gym agent's name to its environment: ``X`` for ``X_simple_agent``
-    when ``X`` is an environment name; None for any other value."""
+    """``X`` for NeMo-Gym's agent name ``X_simple_agent`` when ``X`` is an environment name, else None."""
     if not isinstance(agent, str) or not agent.endswith(AGENT_SUFFIX):
         return None
     name = agent.removesuffix(AGENT_SUFFIX)
@@ -233,8 +229,7 @@ class Outcome:
     nor a failure. A server's own ``cancelled`` answer is a failed episode (it ran, it was paid)."""
 
     def to_metadata(self) -> dict[str, Any]:
-        """The dict returned to Miles and merged into ``sample.metadata``; with ``agent_metrics``
-        when the tool time is known (Miles' ``non_generation_time``)."""
+        """The dict returned to Miles, merged into ``sample.metadata`` (``agent_metrics`` when timed)."""
         result = {
             REWARD_KEY: self.reward,
             _EVAL_REPORT_KEY: self.eval_report,
@@ -304,8 +299,7 @@ def finish(outcome: Outcome, task_id: str | None) -> Outcome:
 
 
 def short_reason(text: str) -> str:
-    """One line, bounded, no terminal control codes, no URL password: reasons go into sample
-    metadata, logs and terminals."""
+    """One bounded line without control codes or URL passwords: reasons go to metadata, logs, terminals."""
     line = " ".join(redact_urls(_CONTROL.sub(" ", str(text))).split())
     return line if len(line) <= _REASON_MAX_CHARS else line[: _REASON_MAX_CHARS - 1] + "…"
 
@@ -520,8 +514,7 @@ def reward_text(value: object) -> str:
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k of one instance with ``n`` valid episodes, ``c`` of them resolved
-    (Chen et al. 2021: 1 - C(n-c, k) / C(n, k)); needs ``n >= k``."""
+    """Unbiased pass@k of ``n`` valid episodes, ``c`` resolved: 1 - C(n-c, k) / C(n, k); needs ``n >= k``."""
     if n < k:
         raise ValueError(f"pass@{k} needs at least {k} episodes, got {n}")
     if n - c < k:
@@ -554,8 +547,7 @@ def metadata_of(sample: Any) -> dict[str, Any]:
 
 
 def strip_result(metadata: dict[str, Any]) -> None:
-    """Remove what the agent function's dict added to ``metadata`` (a prompt Miles regenerates
-    must not carry its last episode's record into the next one)."""
+    """Remove the agent function's dict from ``metadata`` (a regenerated prompt must not carry its record)."""
     for key in _RESULT_KEYS:
         metadata.pop(key, None)
 
@@ -581,8 +573,7 @@ class SampledEpisode:
 
 
 def distinct_episodes(samples: Iterable[Any]) -> list[SampledEpisode]:
-    """The distinct episodes among ``samples`` (one episode may span samples), in order;
-    a record without a readable ``episode_id`` is an episode of its own."""
+    """The distinct episodes among ``samples``, in order; a record without ``episode_id`` is one of its own."""
     seen: set[str] = set()
     out = []
     for sample in samples:

@@ -450,8 +450,7 @@ def build_run_body(
     policy_base_url: str | None,
     policy_api_key: str | None = None,
 ) -> dict[str, Any]:
-    """The JSON body of ``POST /run`` for one episode; ``policy_base_url`` None leaves routing to
-    the server's configured model (scan mode)."""
+    """The JSON body of ``POST /run``; ``policy_base_url`` None: the server's own model (scan mode)."""
     if metadata is not None and not isinstance(metadata, Mapping):
         raise RequestError(
             f"sample metadata must be a dict holding the task instance (instance_id, repo, ...), "

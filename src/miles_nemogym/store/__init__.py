@@ -75,8 +75,7 @@ class _Entry(NamedTuple):
 
 @dataclass
 class _Request:
-    """A seal of ``role``'s pending files under ``step``, or (``role`` empty) a flush;
-    ``trained`` (fully async): the episodes the step trained, to be filed with it."""
+    """A seal of ``role``'s files under ``step`` (``trained``: fully async's filing), or a flush (no role)."""
 
     role: str
     step: int
@@ -149,8 +148,7 @@ class EpisodeStore:
         answer_is_json: bool,
         scrub: Callable[[bytes], bytes] | None = None,
     ) -> None:
-        """Queue one finished episode; never blocks, never raises. ``scrub`` (removing the
-        policy API key from the raw answer) runs on the writer thread."""
+        """Queue one finished episode; never blocks, never raises (``scrub`` runs on the writer thread)."""
         try:
             # Encoded now (the record may change once this returns); non-finite numbers as null: strict JSON.
             head = pydantic_core.to_json(entry, inf_nan_mode="null")
@@ -170,14 +168,12 @@ class EpisodeStore:
             self._warn(type(error).__name__, f"an episode could not be encoded ({error})")
 
     def seal(self, role: str, step: int, timeout_s: float = 30.0, trained: list[str] | None = None) -> None:
-        """File every episode of ``role`` queued so far under rollout ``step``, waiting until they are
-        renamed; with ``trained`` (fully async), also write the step's filing."""
+        """File ``role``'s episodes queued so far under ``step``, once renamed (``trained``: the filing too)."""
         if not self._request(_Request(role, step, trained), timeout_s):
             logger.warning("episode store: sealing %s step %d is still running after %.0fs", role, step, timeout_s)
 
     def not_trained(self, role: str, episode_ids: list[str], reason: str) -> None:
-        """Queue ``episode_ids`` as not trained for ``reason``, filed at the next seal with
-        ``trained``; never blocks, never raises."""
+        """Queue ``episode_ids`` as not trained for ``reason``, noted in the next filing; never raises."""
         self._queue.put(_NotTrained(role, list(episode_ids), reason))
 
     def flush(self, timeout_s: float = 30.0) -> None:
@@ -431,8 +427,7 @@ class Stores:
             return store
 
     def seal_all(self, role: str, step: int, trained: list[str] | None = None) -> None:
-        """Tie ``role``'s pending episodes to ``step`` in every store; with ``trained`` (fully
-        async), write each store's filing of the step too."""
+        """Tie ``role``'s pending episodes to ``step`` in every store (with ``trained``: file them too)."""
         with self._lock:
             stores = list(self._by_folder.values())
         for store in stores:
