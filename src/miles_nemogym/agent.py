@@ -119,8 +119,7 @@ def prepare_episode(
     settings: Settings,
     addresses: dict[tuple[str, int], str] | None = None,
 ) -> Episode:
-    """The task's episode, by its environment, for the session ``base_url`` (no ``/v1``; ``scan``'s
-    environment rows too); ``SettingsError``/``RequestError`` name what is wrong."""
+    """The task's episode, by its environment, for the session ``base_url`` (no ``/v1``); raises what is wrong."""
     environment = task.environment
     if environment == SWE_ENVIRONMENT:
         return prepare_swe(task, request_kwargs, settings, session_url=base_url, addresses=addresses)

@@ -147,8 +147,7 @@ def _episodes(group: Any) -> int:
 
 
 def _staleness(group: Any, current_version: int | None) -> int | None:
-    """``current_version`` minus the oldest weight version any sample of the group was generated
-    with (Miles' ``Sample.oldest_weight_version``), or None when either is unknown."""
+    """``current_version`` minus the group's oldest sample weight version, or None when either is unknown."""
     versions = [v for s in flatten(group) if isinstance(v := getattr(s, "oldest_weight_version", None), int)]
     if not versions or current_version is None:
         return None

@@ -99,8 +99,7 @@ def _output_type() -> Any:
 
 
 def _salvage_wired(args: Any) -> bool:
-    """Whether Miles will train a kept, partly failed group over its valid episodes; without
-    our post-process hook the failed episodes' 0.0 would train, so such groups are dropped."""
+    """Whether Miles trains a partly failed group over its valid episodes (our post-process hook is wired)."""
     wired = getattr(args, "custom_reward_post_process_path", None) == POST_PROCESS_PATH
     if not wired:
         current().logged.log(

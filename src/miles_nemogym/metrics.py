@@ -235,8 +235,7 @@ def eval_k(args: Any, name: str) -> int:
 
 
 def log_eval(rollout_id: int, args: Any, data: Any, extra_metrics: Any = None) -> bool:
-    """Miles eval log function: log ``nemogym-eval/<set>/*`` for each eval set, file the eval
-    episodes under this step in the episode store; returns False (Miles logs ``eval/*`` too)."""
+    """Miles eval log function: ``nemogym-eval/<set>/*`` per set, the eval episodes filed; returns False."""
     metrics: dict[str, Any] = {}
     for name, result in (data or {}).items():
         samples = result.get("samples") if isinstance(result, dict) else None

@@ -282,8 +282,7 @@ class Episode(Protocol):
 
 
 async def deliver(episode: Episode, settings: Settings, circuits: Circuits, in_flight: InFlight) -> Outcome:
-    """Run ``episode`` to its finished ``Outcome`` (see the module docstring); never raises for a
-    failed episode (a defect becomes ``client_error``); ``CancelledError`` propagates."""
+    """Run ``episode`` to its finished ``Outcome``: never raises for a failed episode; cancellation propagates."""
     server = circuits.for_url(episode.server_url, episode.setting)
     try:
         outcome = await in_flight.run(lambda entry: _tries(episode, server, settings, entry))
@@ -293,8 +292,7 @@ async def deliver(episode: Episode, settings: Settings, circuits: Circuits, in_f
 
 
 async def _tries(episode: Episode, server: Circuit, settings: Settings, entry: _Entry) -> Outcome:
-    """Wait while the circuit is open, try once; a try that never reached the server trips
-    the circuit and is tried again once it closes, until ``NEMO_GYM_OUTAGE_TIMEOUT``."""
+    """Wait while the circuit is open, try once; an undelivered try trips the circuit and waits again."""
     loop = asyncio.get_running_loop()
     last: Failed | None = None
     started: float | None = None

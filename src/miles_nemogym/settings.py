@@ -112,8 +112,7 @@ class EnvironmentServer(BaseModel):
 
 
 class Settings(BaseModel):
-    """The plugin's configuration; each field's alias is the environment variable it comes from
-    (what each means: README.md, "Settings"). The secrets are never logged or returned."""
+    """The plugin's configuration, each field aliased by its environment variable (README.md, "Settings")."""
 
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
@@ -235,8 +234,7 @@ def environment_name_problem(name: str) -> str | None:
 
 
 def parse_environments(text: str) -> dict[str, EnvironmentServer]:
-    """``NEMO_GYM_ENVS``'s value: environment name -> its server; ``ValueError`` says what is wrong
-    (the one parser: settings, the launcher and ``doctor`` read the variable through it)."""
+    """``NEMO_GYM_ENVS``'s one parser: name -> server; ``ValueError`` says what is wrong."""
     form = (
         'a JSON object such as {"mcqa": "http://gym-host:8001", '
         '"xlam_fc": {"url": "http://gym-host:8002", "max_steps": 4}, '

@@ -131,8 +131,7 @@ _SESSION_URL = "http://<session_server_ip>:<port>/sessions/<session_id>"
 
 
 def check_session_url(session_url: object) -> SplitResult:
-    """The parts of the session URL Miles passes the agent function as ``base_url``; ``UrlError``
-    when it is not a plain http(s) URL (every episode kind calls the policy through it)."""
+    """The parts of the session URL Miles passes as ``base_url``; ``UrlError`` when it is not plain http(s)."""
     try:
         return check_url(session_url)
     except UrlError as error:
@@ -179,8 +178,7 @@ async def request(
     payload: bytes | None = None,
     headers: dict[str, str] | None = None,
 ) -> Answer:
-    """Send one request and read its answer up to ``cap`` decoded bytes; ``Failed`` when
-    no HTTP answer came. ``payload`` is JSON; ``headers`` add to (or replace) the JSON ones."""
+    """Send one request, reading its answer up to ``cap`` decoded bytes; ``Failed`` when no HTTP answer came."""
     remaining = deadline.remaining()
     if remaining <= 0:
         raise Failed(AGENT_TIMEOUT, _deadline_reason(deadline), resendable=False)
@@ -318,8 +316,7 @@ def _sent_trace() -> aiohttp.TraceConfig:
 
 @functools.cache
 def _trust_store() -> ssl.SSLContext:
-    """The system's CA certificates, loaded once per process (a load costs ~25 ms of CPU, and
-    every new loop's pool needs one); never modified after, so every pool shares it."""
+    """The system's CA certificates, loaded once per process (~25 ms of CPU) and shared by every pool."""
     return ssl.create_default_context()
 
 
@@ -360,8 +357,7 @@ async def pool(limit: int) -> Pool:
 
 
 async def _closed_at_shutdown(pools: _LoopPools) -> AsyncGenerator[None, None]:
-    """Suspended until its loop shuts down its async generators (``asyncio.run`` does, before
-    closing the loop), then closes the loop's pools there: no "Unclosed client session"."""
+    """Suspended until the loop shuts down its async generators (``asyncio.run`` does), then closes its pools."""
     try:
         yield
     finally:

@@ -324,8 +324,7 @@ _RANGE_SETTING = "NEMO_GYM_REWARD_RANGE"
 def check_reward(
     value: Any, reward_range: tuple[float, float], setting: str = _RANGE_SETTING
 ) -> tuple[float | None, str | None]:
-    """(the reward as a finite float or None, what is wrong with it or None): a JSON number (not a
-    boolean, not a string), finite and in ``reward_range`` (given by ``setting``)."""
+    """(the reward as a finite float or None, its problem or None): a number, finite, in ``reward_range``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None, f"the server's reward is not a number ({shown(value)})"
     try:
@@ -342,8 +341,7 @@ def check_reward(
 
 
 def finite_json(value: Any) -> Any:
-    """``value`` with every non-finite float replaced by its name ("nan", "inf"): what a sample
-    carries must serialize as strict JSON, and a lenient parser lets ``NaN`` or ``1e999`` in."""
+    """``value`` with every non-finite float as its name ("nan", "inf"): what a sample carries is strict JSON."""
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
     if isinstance(value, dict):

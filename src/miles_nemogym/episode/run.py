@@ -696,8 +696,7 @@ def classify_agent_http(
     range_name: str,
     scrub: Callable[[bytes], bytes] | None = None,
 ) -> Outcome:
-    """The ``Outcome`` of an agent server's ``/run`` answer (NeMo-Gym's ``BaseVerifyResponse``): a
-    named failure for an HTTP error or an undecodable answer, else ``judge``'s verdict."""
+    """The ``Outcome`` of an agent's ``/run`` answer: a named failure if HTTP or decoding fails, else ``judge``'s."""
     if scrub is not None:
         body = scrub(body)
     if status != 200:
@@ -808,8 +807,7 @@ def instance_report(metadata: dict[str, Any] | None, instance_id: str | None) ->
 
 
 def _error_summary(error: object) -> str:
-    """The exception line of a crashed episode's ``metadata.error``: the last line, since
-    the real server's errors are Ray-wrapped (colour codes and a traceback come first)."""
+    """The last line of a crashed episode's ``metadata.error`` (Ray-wrapped: colour codes, a traceback first)."""
     lines = [line.strip() for line in _ANSI.sub("", str(error)).splitlines() if line.strip()]
     return lines[-1] if lines else "no error text"
 

@@ -277,8 +277,7 @@ class EpisodeStore:
         return file
 
     def _seal(self, request: _Request) -> None:
-        """Rename the role's pending files to the step's names and write their heads; then
-        (the caller released) compress each into a new file and remove the plain one."""
+        """Rename the role's pending files to the step's, write their heads; then, released, gzip each."""
         if request.trained is not None:
             self._write_filing(request)
         role = self._roles.get(request.role)
@@ -313,8 +312,7 @@ class EpisodeStore:
                 self._warn(f"gzip {error.errno}", f"{stem}.jsonl left uncompressed (readable as it is): {error}")
 
     def _write_filing(self, request: _Request) -> None:
-        """``step-N-<file id>.filing``: one JSON line per episode the step trained, then one per
-        episode dropped since the last filing (a new file: temporary name, fsync, rename)."""
+        """``step-N-<file id>.filing``: a JSON line per episode trained, then per one dropped since (a new file)."""
         assert request.trained is not None
         self._files_made += 1
         name = f"step-{request.step:06d}-{self.writer_id}-{self._files_made}.filing"
