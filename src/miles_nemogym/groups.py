@@ -201,8 +201,7 @@ def reward_post_process(args: Any, samples: Any) -> tuple[list[float], list[floa
 
 
 def zero_loss_samples(samples: Any) -> int:
-    """How many of ``samples`` train with zero loss: failed episodes (the post-process hook removes
-    them) and recovered ones, whose tokens are a sibling's (``remove_sample`` already set)."""
+    """Samples that train with zero loss: failed episodes and recovered ones (``remove_sample`` set)."""
     return sum(1 for sample in flatten(samples) if _is_masked(sample) or getattr(sample, "remove_sample", False))
 
 

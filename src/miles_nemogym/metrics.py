@@ -172,12 +172,10 @@ def _quality(valid: list[EpisodeRecord]) -> dict[str, float]:
 
 def _means(valid: list[EpisodeRecord]) -> dict[str, float]:
     metrics = {}
-    for key, values in (
-        ("turns_mean", [float(r.turns) for r in valid if r.turns is not None]),
-        ("tool_calls_mean", [float(r.tool_calls) for r in valid if r.tool_calls is not None]),
-    ):
+    for key in ("turns", "tool_calls"):
+        values = [float(value) for r in valid if (value := getattr(r, key)) is not None]
         if values:
-            metrics[key] = sum(values) / len(values)
+            metrics[f"{key}_mean"] = sum(values) / len(values)
     return metrics
 
 
@@ -279,8 +277,7 @@ def eval_set_metrics(name: str, samples: Any, k: int, tally: Tally) -> dict[str,
 
 
 def _unrecorded_tasks(flat: list[Any]) -> dict[str, set[str]]:
-    """Per environment, the tasks of samples without our record: an eval episode that failed before
-    its first policy call comes back ABORTED without the agent's dict (nothing gives it back in eval)."""
+    """Per environment, the tasks of record-less samples (eval episodes failed before their first policy call)."""
     tasks: dict[str, set[str]] = defaultdict(set)
     for sample in flat:
         if record_of(sample) is None:

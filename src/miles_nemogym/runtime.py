@@ -146,9 +146,6 @@ class Ledger:
             return self._tallies.pop(_key(role, eval_set), None) or Tally()
 
 
-# -- the failure streak's stop ------------------------------------------------------------------
-
-
 def streak_stop(settings: Settings, ledger: Ledger) -> str | None:
     """Why the run must stop for ``ledger``'s failure streak (``NEMO_GYM_MAX_FAILURE_STREAK``), or None."""
     limit = settings.max_failure_streak

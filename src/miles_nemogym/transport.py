@@ -274,8 +274,7 @@ class Pool:
     policy: aiohttp.ClientSession  # cookie-less, a pool of its own: the policy (Miles' session server)
 
     def episode(self) -> aiohttp.ClientSession:
-        """A session with a cookie jar of its own on the NeMo-Gym side's connections: a resources
-        server keys an episode's state on its cookie (``unsafe``: loopback and IP hosts keep cookies)."""
+        """A session with its own cookie jar (``unsafe``: IP hosts too) on the gym side's connections."""
         return _session(self.gym.connector, aiohttp.CookieJar(unsafe=True))
 
     async def close(self) -> None:

@@ -315,8 +315,7 @@ class _Transcript:
         self.tool_calls += 1
 
     def response(self, params: Mapping[str, Any], *, cut_off: bool) -> dict[str, Any]:
-        """The Responses-format ``response`` (NeMo-Gym's ``NeMoGymResponse``): ``incomplete`` when
-        cut off, or, as ``simple_agent`` marks it, when the last turn was reasoning only."""
+        """NeMo-Gym's ``NeMoGymResponse``: ``incomplete`` when cut off or (as ``simple_agent``) reasoning-only."""
         thinking_only = not cut_off and not self._last_turn_answered
         response: dict[str, Any] = {
             "id": _id("resp"),
@@ -338,9 +337,6 @@ class _Transcript:
 
 def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
-
-
-# -- the loop -----------------------------------------------------------------------------
 
 
 class _Loop:

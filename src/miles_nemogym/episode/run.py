@@ -72,8 +72,7 @@ logger = logging.getLogger(__name__)
 
 
 class ResponsesCreateParams(BaseModel):
-    """nemo-gym's ``NeMoGymResponseCreateParamsNonStreaming`` (``extra="forbid"``): the fields
-    ``mini_swe_agent_2`` uses typed, the rest of the server's schema untyped."""
+    """nemo-gym's ``NeMoGymResponseCreateParamsNonStreaming``: what mini_swe_agent_2 uses typed, the rest untyped."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -126,8 +125,7 @@ class RunRequest(BaseModel):
 
 
 class OutputItem(TypedDict, total=False):
-    """One item of the trajectory (type and role count turns and tool calls); a TypedDict, not a
-    model: a runaway trajectory of a million items validates much faster as dicts."""
+    """A trajectory item (type and role are read); a TypedDict: a million items validate much faster as dicts."""
 
     type: str | None
     role: str | None
@@ -140,8 +138,7 @@ class _ResponseObject(BaseModel):
 
 
 class RunResponse(BaseModel):
-    """A ``/run`` result (nemo-gym's ``BaseVerifyResponse`` + ``mini_swe_agent_2``'s fields); unread
-    parts (most of the bytes) are not built into objects, which would tax the loop's garbage collector."""
+    """A ``/run`` result; unread parts (most of the bytes) are not built into objects: no garbage-collector tax."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -654,8 +651,7 @@ def classify_http(
     reward_range: tuple[float, float] = _DEFAULT_REWARD_RANGE,
     scrub: Callable[[bytes], bytes] | None = None,
 ) -> Outcome:
-    """The ``Outcome`` of any HTTP answer from ``/run``: status code first, then the body. ``scrub``
-    (the API key's) is applied before anything is parsed, quoted or cut."""
+    """Any HTTP answer from ``/run`` as an ``Outcome`` (status, then body), ``scrub`` applied before any read."""
     if scrub is not None and status != 200:
         body = scrub(body)
     if status >= 500:
@@ -721,8 +717,7 @@ def classify_agent_http(
 
 
 def _scrub_kept(response: RunResponse, scrub: Callable[[bytes], bytes]) -> RunResponse | None:
-    """``response`` with ``scrub`` applied to the parts the outcome keeps or quotes (re-encoded,
-    since parsing decoded their escapes); None when they cannot be re-encoded."""
+    """``response`` with its kept or quoted parts scrubbed (re-encoded); None when they cannot be re-encoded."""
     kept = response.model_dump(include={"reward", "instance_id", "metadata", "failure_kind", "failure_reason"})
     try:
         encoded = pydantic_core.to_json(kept, inf_nan_mode="constants")
