@@ -92,8 +92,7 @@ class EpisodeBuffer:
     def get_metrics(self) -> dict[str, float]:
         """Miles' ``rollout/fully_async/*`` and our ``nemogym/buffer/*`` since the last call."""
         window, self._window = self._window, Counter()
-        # Filed at the seal after this call, the same step whose metrics count them: a drop
-        # between Miles' get_metrics and our log_rollout's seal goes to the next step in both.
+        # Filed at the seal after this call, the step whose metrics count them (a later drop: the next step's).
         unfiled, self._unfiled = self._unfiled, []
         for episode_ids, reason in unfiled:
             current().stores.not_trained_all(TRAIN, episode_ids, reason)

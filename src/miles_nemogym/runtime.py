@@ -520,9 +520,8 @@ class Circuit:
                         self._probing = True
                         # Kept referenced: the loop holds only a weak reference to its tasks.
                         self._probe_task = loop.create_task(self._probe_loop())
-                # Woken by the probe; the timer re-checks that a probe still runs somewhere. Not
-                # ``wait_for``: before Python 3.12 it swallows a cancellation (abort()) that lands
-                # as the event is set, and the aborted episode would be sent.
+                # Woken by the probe; the timer re-checks that a probe still runs. Not ``wait_for``: before
+                # Python 3.12 it swallows a cancellation (abort()) landing as the event is set: a resend.
                 recheck = loop.call_later(_RECHECK_S, event.set)
                 try:
                     await event.wait()

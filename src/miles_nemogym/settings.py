@@ -41,8 +41,7 @@ class TimeoutReward(str, Enum):
     """What an episode whose deadline passed while the policy held it gets (docs/episode-pipeline.md)."""
 
     lowest = "lowest"
-    """The episode's lowest reward (its reward range's low end), trained, named
-    ``miles_nemogym:policy_timeout``: graded like the worst outcome, so running out the clock never pays."""
+    """The episode's lowest reward, trained, named ``miles_nemogym:policy_timeout``: stalling never pays."""
     zero = "zero"
     """Reward 0, trained, named ``miles_nemogym:policy_timeout`` (above losing where a range goes below 0)."""
     mask = "mask"
@@ -59,9 +58,7 @@ class RewardMode(str, Enum):
 
 
 _ENV_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-SWE_ENVIRONMENT = "swe"
-"""The environment of rows run through ``mini_swe_agent_2``'s ``/run`` (``NEMO_GYM_URL``);
-reserved: ``NEMO_GYM_ENVS`` cannot name it."""
+SWE_ENVIRONMENT = "swe"  # the rows of NEMO_GYM_URL's /run (mini_swe_agent_2); NEMO_GYM_ENVS cannot name it
 _MAX_STEPS_LIMIT = 10_000  # the largest max_steps accepted: more model turns than any context holds
 
 

@@ -288,8 +288,7 @@ class Pool:
 def _session(
     connector: aiohttp.BaseConnector | None, jar: aiohttp.abc.AbstractCookieJar, *, gym: bool = True
 ) -> aiohttp.ClientSession:
-    # Timeouts are per request (``request``); no session-wide total. A NeMo-Gym side's request
-    # resolves its try's ``Deadline.sent`` when it leaves (the policy's never: another server).
+    # Timeouts are per request; a NeMo-Gym side's request resolves its try's ``Deadline.sent`` as it leaves.
     return aiohttp.ClientSession(
         connector=connector,
         connector_owner=False,
@@ -329,8 +328,7 @@ class _LoopPools:
     guard: AsyncGenerator[None, None] | None = None
 
 
-# Keyed by loop: a session is never shared across loops, and a new limit gets a new pool
-# without breaking requests in flight on the old one.
+# Keyed by loop (a session is never shared across loops), then by limit (in-flight requests keep the old pool).
 _pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopPools] = weakref.WeakKeyDictionary()
 
 

@@ -8,10 +8,9 @@ of ``NEMO_GYM_ENVS``, every model call going to the sample's own Miles session.
                      POST /verify with the row and the Responses-format transcript
     score         -> the verifier's reward, or a masked failure under its kind
 
-The semantics are those of NeMo-Gym 0.7.0's ``simple_agent``, the transcript the items its
-``vllm_model`` makes of each chat answer; every request goes through ``transport.request`` under
-the episode's deadline; only a seed that never left may be sent again. Each rule and where it
-differs on purpose: docs/environments.md ("One episode").
+The semantics are NeMo-Gym 0.7.0's ``simple_agent``'s, the transcript what its ``vllm_model`` makes
+of each chat answer; only a seed that never left may be sent again. Each rule, and where it differs
+on purpose: docs/environments.md ("One episode").
 """
 
 from __future__ import annotations

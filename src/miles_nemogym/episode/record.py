@@ -49,8 +49,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# The sample.metadata keys of the agent function's dict: the record, the final reward, the server's
-# result metadata, and the dict whose ``total_tool_time`` Miles reads as ``non_generation_time``.
+# The keys of the agent function's dict (``agent_metrics.total_tool_time``: Miles' non_generation_time).
 RECORD_KEY = "nemogym"
 REWARD_KEY = "reward"
 _EVAL_REPORT_KEY = "eval_report"
@@ -94,9 +93,7 @@ class Task:
     """A sample's row, read once where the agent function starts: later steps get this, not the metadata."""
 
     metadata: Any  # the row as Miles gave it (checked by each episode kind, never changed)
-    environment: str
-    """Its ``nemogym_env`` mark, else the environment its NeMo-Gym ``agent_ref`` names, else
-    ``swe``; a mark that is not an environment name reads as ``unrecognized``."""
+    environment: str  # its nemogym_env mark (else unrecognized), else its agent_ref's, else swe
     task_id: str | None  # its nemogym_task_id mark, else its instance_id; printable (escaped)
     role: str  # train, or eval for a sample Miles' --eval-config marked
     eval_set: str | None  # the eval set's name (eval when the mark names none); None for training
@@ -205,8 +202,7 @@ class EpisodeRecord(BaseModel):
 # -- the outcome: what every episode kind ends in ----------------------------------------------
 
 _REASON_MAX_CHARS = 300
-# Terminal control sequences (CSI ``\x1b[...``, OSC ``\x1b]...`` up to BEL or ST) and any other
-# control character: a reason is shown in logs and terminals, and comes partly from servers and rows.
+# Terminal control sequences (CSI, OSC up to BEL or ST) and any other control character: reasons are shown.
 _CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|[\x00-\x1f\x7f-\x9f]")
 
 
@@ -224,9 +220,7 @@ class Outcome:
     answer_is_json: bool = False  # whether answer is one JSON object
     outage_wait_s: float = 0.0  # seconds waited for an unreachable server (charged to its role's tally)
     tool_time_s: float | None = None  # an environment episode's seed, tool and verify requests; None for /run
-    aborted: bool = False
-    """Stopped by our abort (``abort()``, or Miles aborting the policy's generation): neither an episode
-    nor a failure. A server's own ``cancelled`` answer is a failed episode (it ran, it was paid)."""
+    aborted: bool = False  # stopped by our abort: neither an episode nor a failure (a server's cancel is)
 
     def to_metadata(self) -> dict[str, Any]:
         """The dict returned to Miles, merged into ``sample.metadata`` (``agent_metrics`` when timed)."""

@@ -66,9 +66,8 @@ logger = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- the /run wire models
-# nemo-gym 0.7.0's ``responses_api_agents/mini_swe_agent_2/app.py``: the request strict where the
-# server is strict (422 for an unknown ``responses_create_params`` key); the answer parsed only as
-# far as the judge reads it.
+# nemo-gym 0.7.0's mini_swe_agent_2: the request strict where the server is (422 for an unknown
+# responses_create_params key); the answer parsed only as far as the judge reads it.
 
 
 class ResponsesCreateParams(BaseModel):
@@ -160,8 +159,7 @@ _JSON_SCALARS = (str, int, type(None))  # bool is an int
 
 _UNKNOWN_KEY = "the NeMo-Gym server rejects this key; remove it from the task row"
 
-# Answers above this are scored in a worker thread: a real result (about 100 KB) is scored
-# quickly on the loop, a runaway one of 100 MB would stall it for seconds.
+# Answers above this are scored in a worker thread (a runaway 100 MB one would stall the loop for seconds).
 _OFF_LOOP_BYTES = 4 * 1024 * 1024
 
 _DEFAULT_REWARD_RANGE = (0.0, 1.0)
