@@ -18,9 +18,9 @@ from miles_nemogym.data import (
     ConvertOptions,
     ConvertReport,
     SourceError,
-    SwebenchMissingError,
     convert,
 )
+from miles_nemogym.data._select import SwebenchMissingError
 from miles_nemogym.data._sources import open_source
 
 NEMO_GYM_KEYS = ("responses_create_params", "subset", "split")

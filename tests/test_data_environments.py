@@ -13,7 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
-from miles_nemogym.data import ConvertError, ConvertOptions, ConvertReport, RowInvalidError, convert, convert_row
+from miles_nemogym.data import ConvertError, ConvertOptions, ConvertReport, convert, convert_row
+from miles_nemogym.data._convert import RowInvalidError
 from miles_nemogym.data._environments import EnvironmentInput, apportion, parse_env_option
 from tests.support.environment_rows import shipped_rows, shipped_text
 from tests.support.limited_cli import run_limited

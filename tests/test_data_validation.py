@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym.data import FieldProblem, RowInvalidError, SweBenchInstance, convert_row, validate_instance
-from miles_nemogym.data._convert import encode_row
+from miles_nemogym.data import convert_row
+from miles_nemogym.data._convert import RowInvalidError, encode_row
 from miles_nemogym.data._rows import DatasetKind, Routing, infer_kind, resolve_routing, to_prompt_row
-from miles_nemogym.data._schema import REQUIRED_FIELDS
+from miles_nemogym.data._schema import REQUIRED_FIELDS, FieldProblem, SweBenchInstance, validate_instance
 from miles_nemogym.episode.run import build_run_body
 
 

@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from miles_nemogym.checks import CheckResult, Status
-from miles_nemogym.data import validate_instance
 from miles_nemogym.data._rows import to_prompt_row
+from miles_nemogym.data._schema import validate_instance
 from miles_nemogym.launcher import _checks as preflight
 from miles_nemogym.launcher._command import HOOKS
 from miles_nemogym.launcher._config import LauncherConfig

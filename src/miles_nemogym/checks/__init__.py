@@ -32,7 +32,6 @@ from miles_nemogym.settings import Settings, SettingsError
 from miles_nemogym.transport import bracket, is_loopback, is_wildcard
 
 __all__ = [
-    "DEFAULT_TIMEOUT_S",
     "CheckResult",
     "FetchError",
     "Fetcher",
@@ -40,15 +39,11 @@ __all__ = [
     "Target",
     "Wanted",
     "all_passed",
-    "environment_check_name",
-    "fetch_json",
+    "environment_failed",
     "identify",
     "report",
     "run",
-    "start_environment_fix",
 ]
-
-DEFAULT_TIMEOUT_S = 5.0
 
 
 class Status(str, Enum):
@@ -80,7 +75,7 @@ class Target:
     gym_url_origin: str = ""
     session_host: str | None = None
     """The trainer's ``--session-server-ip``; None: ``0.0.0.0``, the recipe's (every interface)."""
-    timeout_s: float = DEFAULT_TIMEOUT_S
+    timeout_s: float = 5.0
     fetch: Fetcher = fetch_json
     identify: Identifier = identify
     policy_base_url: str | None = None
@@ -318,11 +313,18 @@ _WANTED: dict[Wanted, Check] = {
 }
 
 
-def environment_check_name(name: str) -> str:
+def _environment_check_name(name: str) -> str:
     return f"environment {name}"
 
 
-def start_environment_fix(name: str) -> str:
+def environment_failed(name: str, detail: str, fix_tail: str) -> CheckResult:
+    """Environment ``name``'s check, failed with ``detail``; its fix starts its server, then ``fix_tail``."""
+    return CheckResult(
+        _environment_check_name(name), Status.failed, detail, f"{_start_environment_fix(name)} {fix_tail}"
+    )
+
+
+def _start_environment_fix(name: str) -> str:
     """Start ``name``'s server with serve when nemo-gym ships it, else correct the rows' name."""
     serve = f"start its resources server (`miles-nemogym serve --env {name}`)"
     retype = "re-run `miles-nemogym convert` with the right --env name (it refuses names nemo-gym does not ship)"
@@ -362,7 +364,7 @@ def _environment(name: str, target: Target) -> Found:
                 f"(the launcher's --nemo-gym-env {name}=http://<host>:<port>), or give the server's IP address "
                 "or a name this machine's DNS knows",
             )
-        return _failed(f"GET {url}/openapi.json: {error}", f"{start_environment_fix(name)}, or {where}")
+        return _failed(f"GET {url}/openapi.json: {error}", f"{_start_environment_fix(name)}, or {where}")
     except SchemaError as error:
         problem = str(error)
     else:
@@ -438,7 +440,7 @@ def _agent(name: str, agent: str, target: Target) -> Found:
     try:
         routes = resources_routes(target.fetch(f"{agent}/openapi.json", target.timeout_s))
     except FetchError as error:
-        return _failed(f"GET {url}/openapi.json: {error}", f"{start_environment_fix(name)}, or {where}")
+        return _failed(f"GET {url}/openapi.json: {error}", f"{_start_environment_fix(name)}, or {where}")
     except SchemaError as error:
         return _failed(f"{url} answers but is not a NeMo-Gym agent server ({error})", where)
     if "/run" not in routes.paths:
@@ -468,7 +470,7 @@ def run(
     if environments and isinstance(target.settings, Settings):
         named = None if environments is True else set(environments)
         chosen += [
-            Check(environment_check_name(name), partial(_environment, name), (_SETTINGS,))
+            Check(_environment_check_name(name), partial(_environment, name), (_SETTINGS,))
             for name in target.settings.environments
             if named is None or name in named
         ]

@@ -61,7 +61,7 @@ def _print_environments(console: Console, report: ConvertReport) -> None:
 
 
 def _print_summary(console: Console, report: ConvertReport, options: ConvertOptions) -> None:
-    from miles_nemogym.data import printable, summary_notes
+    from miles_nemogym.data import printable
 
     # A line of its own, not the table's title: a long path is never split to the table's width.
     console.print(f"convert: {printable(report.source)} ({report.source_kind})", markup=False, highlight=False)
@@ -118,8 +118,8 @@ def _print_summary(console: Console, report: ConvertReport, options: ConvertOpti
         )
         for duplicate in report.duplicates:
             console.print(f"  {duplicate}", highlight=False, markup=False)
-    for note in summary_notes(report, options):
-        console.print(f"note: {printable(note)}", highlight=False, markup=False)
+    for note in report.notes(options):
+        console.print(f"note: {note}", highlight=False, markup=False)
 
 
 def _convert_command(
@@ -212,18 +212,8 @@ def _convert_command(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from miles_nemogym.cli._console import console
-    from miles_nemogym.data import (
-        ConvertError,
-        ConvertOptions,
-        InterruptedAfterCommit,
-        SourceError,
-        SwebenchMissingError,
-        WriteError,
-        convert,
-        instance_ids_option,
-        parse_env_option,
-    )
-    from miles_nemogym.errors import problems
+    from miles_nemogym.data import ConvertError, ConvertOptions, InterruptedAfterCommit, convert
+    from miles_nemogym.errors import MilesNemoGymError, problems
 
     out, err = console(), console(stderr=True)
     with contextlib.ExitStack() as scratch:
@@ -232,10 +222,11 @@ def _convert_command(
         if input is not None and benchmarks and all("=" in value for value in env):
             input = None  # read as a benchmark's prepared file
         try:
-            options = ConvertOptions(
+            options = ConvertOptions.from_flags(
+                env=env,
+                instance_ids=instance_ids,
                 input=input,
                 output=output,
-                environments=tuple(parse_env_option(value, input) for value in env or ()),
                 size=size,
                 split=split,
                 subset=subset,
@@ -243,7 +234,6 @@ def _convert_command(
                 gradeable_only=gradeable_only,
                 repos=tuple(repos or ()),
                 exclude_repos=tuple(exclude_repos or ()),
-                instance_ids=instance_ids_option(instance_ids),
                 limit=limit,
                 shuffle=shuffle,
                 seed=seed,
@@ -276,7 +266,7 @@ def _convert_command(
             except ConvertError as error:
                 _print_summary(err, error.report, options)
                 _refuse(err, f"error: {error}", 1)
-            except (SourceError, SwebenchMissingError, ValueError, WriteError) as error:
+            except (MilesNemoGymError, ValueError) as error:  # SourceError, WriteError, no swebench...
                 _refuse(err, f"error: {error}", 1)
             except OSError as error:  # e.g. an input that cannot be read
                 said = f"{error.filename}: {error.strerror}" if error.filename and error.strerror else str(error)

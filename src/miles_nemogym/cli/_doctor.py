@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from miles_nemogym import checks
-from miles_nemogym.checks import Fetcher, fetch_json
+from miles_nemogym.checks import Fetcher
 from miles_nemogym.cli._options import GymUrl
 
 if TYPE_CHECKING:
@@ -34,8 +34,8 @@ def show(console: Console, results: Sequence[checks.CheckResult]) -> None:
 def run_checks(
     *,
     session_host: str | None = None,
-    timeout_s: float = checks.DEFAULT_TIMEOUT_S,
-    fetch: Fetcher = fetch_json,
+    timeout_s: float = checks.Target.timeout_s,
+    fetch: Fetcher = checks.Target.fetch,
     environ: Mapping[str, str] | None = None,
     gym_url_origin: str | None = None,
     policy_base_url: str | None = None,
@@ -68,7 +68,7 @@ def _doctor(
     ] = None,
     timeout: Annotated[
         float, typer.Option("--timeout", min=0.1, max=600, help="Seconds to wait for the Gym server.")
-    ] = checks.DEFAULT_TIMEOUT_S,
+    ] = checks.Target.timeout_s,
     policy_base_url: Annotated[
         str | None,
         typer.Option(

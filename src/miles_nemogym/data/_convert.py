@@ -15,7 +15,7 @@ import secrets
 import sys
 from array import array
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -30,6 +30,7 @@ from miles_nemogym.data._environments import (
     env_mark_problem,
     environment_of_row,
     is_environment_row,
+    parse_env_option,
     task_key,
     to_environment_row,
 )
@@ -42,21 +43,12 @@ from miles_nemogym.data._rows import (
     to_prompt_row,
 )
 from miles_nemogym.data._schema import NEVER_DROPPED, SUBSETS, FieldProblem, Subset, SweBenchInstance, validate_instance
-from miles_nemogym.data._select import Selection, load_grade_tables, read_instance_ids, split_names
+from miles_nemogym.data._select import Selection, instance_ids_option, load_grade_tables, read_instance_ids, split_names
 from miles_nemogym.data._sources import RawRow, SourceError, open_file, open_source
 from miles_nemogym.episode.record import AGENT_SUFFIX, SWE_ENVIRONMENT
 from miles_nemogym.errors import MilesNemoGymError, counted
 
-__all__ = [
-    "ConvertError",
-    "ConvertOptions",
-    "ConvertReport",
-    "RowInvalidError",
-    "convert",
-    "convert_row",
-    "printable",
-    "summary_notes",
-]
+__all__ = ["ConvertError", "ConvertOptions", "ConvertReport", "RowInvalidError", "convert", "convert_row", "printable"]
 
 MAX_SIZE = 1_000_000
 """The largest ``--size``: memory while mixing grows with it (about 85 bytes a row; measured: bench/README.md)."""
@@ -94,6 +86,13 @@ class ConvertOptions(BaseModel):
     holdout: int = Field(default=0, ge=0)
     holdout_output: Path | None = None
     drop_fields: tuple[str, ...] = ()
+
+    @classmethod
+    def from_flags(cls, *, env: Sequence[str] = (), instance_ids: str | None = None, **fields: Any) -> ConvertOptions:
+        """The options as the CLI gives them: ``--env NAME=FILE[:WEIGHT]`` and ``--instance-ids`` as typed
+        (``ValueError`` naming the fix for a bad one; pydantic's ``ValidationError`` for the rest)."""
+        environments = tuple(parse_env_option(value, fields.get("input")) for value in env)
+        return cls(environments=environments, instance_ids=instance_ids_option(instance_ids), **fields)
 
     def environment_mode(self) -> bool:
         """NeMo-Gym environment rows: ``--env`` given, or ``--input`` a file whose first row is one."""
@@ -272,6 +271,10 @@ class ConvertReport:
     holdout_by_env: Counter[str] = field(default_factory=Counter)
     holdout_files: dict[str, Path] = field(default_factory=dict)
 
+    def notes(self, options: ConvertOptions) -> list[str]:
+        """What a reader of the summary should know beyond the counts (the CLI prints each as ``note:``)."""
+        return [printable(note) for note in (_environment_notes if self.environments else _swe_notes)(self, options)]
+
 
 class ConvertError(MilesNemoGymError, RuntimeError):
     """Nothing was written; ``report`` says why (bad rows with ``--on-error fail``, no rows...)."""
@@ -289,10 +292,7 @@ class RowInvalidError(MilesNemoGymError, ValueError):
         self.problems = problems
 
 
-def summary_notes(report: ConvertReport, options: ConvertOptions) -> list[str]:
-    """What a reader of the summary should know beyond the counts (the CLI prints each as ``note:``)."""
-    if report.environments:
-        return _environment_notes(report, options)
+def _swe_notes(report: ConvertReport, options: ConvertOptions) -> list[str]:
     notes = [f"subset: {report.subset_rule}"]
     if report.overridden_rows:
         notes.append(

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any
 
+from miles_nemogym.data._environments import chat_prompt
 from miles_nemogym.data._schema import SUBSETS, FieldProblem, SweBenchInstance, validate_instance
-from miles_nemogym.episode.record import ENV_KEY, ROUTING_KEYS
+from miles_nemogym.episode.record import ENV_KEY, ROUTING_KEYS, SWE_ENVIRONMENT, Task
 
 # Normalised dataset names (lower case, '_'/' '/'.' → '-') and what they imply.
 _KNOWN_NAMES: dict[str, tuple[str, str]] = {
@@ -139,3 +140,31 @@ def checked_swe_prompt_row(row: Mapping[str, Any]) -> tuple[str, dict[str, Any]]
         return FieldProblem("metadata.subset", "bad_value", f"must be one of {', '.join(SUBSETS)} on a SWE-bench row")
     kept = {key: value for key, value in metadata.items() if key not in ROUTING_KEYS}
     return instance.instance_id, {**row, "metadata": kept}
+
+
+def prompt_row_problem(row: Any) -> str | None:
+    """Why ``row`` (a prompt row Miles reads) cannot run, by the converter's own rules; None when it can."""
+    if not isinstance(row, dict):
+        return "is not a JSON object"
+    prompt = row.get("prompt")
+    if not isinstance(prompt, list) or not prompt or not all(isinstance(m, dict) for m in prompt):
+        return "'prompt' must be a non-empty list of chat messages (Miles' TITO session needs one)"
+    metadata = row.get("metadata")
+    if not isinstance(metadata, dict):
+        return "'metadata' (the SWE-bench instance or the task row) is missing or not an object"
+    environment = Task.of(metadata).environment
+    if environment != SWE_ENVIRONMENT:
+        # The converter's own rule: what the episode's first chat request is built from.
+        problem = chat_prompt(metadata)
+        if isinstance(problem, FieldProblem):
+            return (
+                f"an environment row ({ENV_KEY}={environment!r}): metadata.{problem.field} {problem.message}; "
+                "convert NeMo-Gym task rows with `miles-nemogym convert --env NAME=FILE`"
+            )
+        return None
+    # The converter's own rules: what the server and the SWE-bench grader read.
+    checked = validate_instance(metadata)
+    if isinstance(checked, list):
+        instance = metadata.get("instance_id", "?")
+        return f"instance {instance}: metadata." + "; metadata.".join(map(str, checked))
+    return None

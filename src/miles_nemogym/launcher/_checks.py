@@ -22,7 +22,7 @@ from typing import Any
 
 from miles_nemogym import checks
 from miles_nemogym.checks import CheckResult, Status
-from miles_nemogym.data import FieldProblem, SourceError, chat_prompt, open_file, validate_instance
+from miles_nemogym.data import SourceError, open_file, prompt_row_problem
 from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, Task
 from miles_nemogym.errors import counted
 from miles_nemogym.launcher._command import EPISODE_DIR_ENV, MilesInstall, hooks, job_environment, job_episode_dir
@@ -228,7 +228,7 @@ def _check_data(name: str, flag: str, path: Path, fix: str) -> CheckResult:
     if not rows:
         return _failed(name, f"{flag} {path} has no rows", fix)
     for number, row in enumerate(rows, start=1):
-        problem = _row_problem(row)
+        problem = prompt_row_problem(row)
         if problem is not None:
             return _failed(name, f"{flag} {path} row {number}: {problem}", fix)
     return CheckResult(name, Status.passed, f"{path}: first {counted(len(rows), 'row')} carry a prompt and a task")
@@ -254,33 +254,6 @@ def _check_eval_data(config: LauncherConfig) -> list[CheckResult]:
         name = "eval data" if len(config.eval_data) == 1 else f"eval data {set_name}"
         results.append(_check_data(name, "--eval-data", path, fix))
     return results
-
-
-def _row_problem(row: Any) -> str | None:
-    if not isinstance(row, dict):
-        return "is not a JSON object"
-    prompt = row.get("prompt")
-    if not isinstance(prompt, list) or not prompt or not all(isinstance(m, dict) for m in prompt):
-        return "'prompt' must be a non-empty list of chat messages (Miles' TITO session needs one)"
-    metadata = row.get("metadata")
-    if not isinstance(metadata, dict):
-        return "'metadata' (the SWE-bench instance or the task row) is missing or not an object"
-    environment = Task.of(metadata).environment
-    if environment != SWE_ENVIRONMENT:
-        # The converter's own rule: what the episode's first chat request is built from.
-        problem = chat_prompt(metadata)
-        if isinstance(problem, FieldProblem):
-            return (
-                f"an environment row ({ENV_KEY}={environment!r}): metadata.{problem.field} {problem.message}; "
-                "convert NeMo-Gym task rows with `miles-nemogym convert --env NAME=FILE`"
-            )
-        return None
-    # The converter's own rules: what the server and the SWE-bench grader read.
-    checked = validate_instance(metadata)
-    if isinstance(checked, list):
-        instance = metadata.get("instance_id", "?")
-        return f"instance {instance}: metadata." + "; metadata.".join(map(str, checked))
-    return None
 
 
 def _folder_problem(folder: Path) -> str | None:
@@ -512,13 +485,11 @@ def _unnamed_environments(config: LauncherConfig, use: DataUse | None, target: c
     if use is None or not isinstance(target.settings, Settings):
         return []
     return [
-        CheckResult(
-            checks.environment_check_name(name),
-            Status.failed,
+        checks.environment_failed(
+            name,
             f"rows of {' and '.join(use.sources[name])} are marked {ENV_KEY}={name!r}, which NEMO_GYM_ENVS "
             f"(from {config.envs_origin}) does not name",
-            f"{checks.start_environment_fix(name)} and pass --nemo-gym-env {name}=http://<host>:<port> "
-            f"next to the others (or add {name} to NEMO_GYM_ENVS)",
+            f"and pass --nemo-gym-env {name}=http://<host>:<port> next to the others (or add {name} to NEMO_GYM_ENVS)",
         )
         for name in sorted(set(use.tools) - set(target.settings.environments))
     ]
@@ -538,8 +509,8 @@ def run_preflight(
     miles_root: Path | None,
     hook_paths: Sequence[str] | None = None,
     gpu_counter: GpuCounter = _count_gpus,
-    fetch: checks.Fetcher = checks.fetch_json,
-    gym_timeout_s: float = checks.DEFAULT_TIMEOUT_S,
+    fetch: checks.Fetcher = checks.Target.fetch,
+    gym_timeout_s: float = checks.Target.timeout_s,
 ) -> list[CheckResult]:
     """Every launcher check, then the NeMo-Gym ones; nothing is started or written.
     ``hook_paths``: the dotted paths to import (default: the recipe's hooks)."""
