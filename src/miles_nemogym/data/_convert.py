@@ -15,7 +15,7 @@ import secrets
 import sys
 from array import array
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -58,6 +58,7 @@ _DUPLICATE = "duplicate instance_id"
 _DUPLICATE_TASK = "duplicate task id"
 _DETECT_ROWS = 100
 _ITEM_INDEX = re.compile(r"\[\d+\]")
+_Progress = Callable[[int, int | None], None]
 
 
 class ConvertOptions(BaseModel):
@@ -436,7 +437,43 @@ def _record_problem(report: ConvertReport, raw: RawRow, problems: list[str], key
         )
 
 
-def convert(options: ConvertOptions, progress: Callable[[int, int | None], None] | None = None) -> ConvertReport:
+def _readable(
+    source: Iterable[RawRow],
+    report: ConvertReport,
+    progress: _Progress | None,
+    total: int | None,
+) -> Iterator[tuple[RawRow, Mapping[str, Any]]]:
+    """Each row read, counted (``progress`` every few hundred); an unreadable one is recorded, not yielded."""
+    for raw in source:
+        report.rows_read += 1
+        if progress is not None and report.rows_read % _PROGRESS_EVERY == 0:
+            progress(report.rows_read, total)
+        if raw.data is None:
+            _record_problem(report, raw, [raw.error or "unreadable"], "invalid: unreadable row")
+        else:
+            yield raw, raw.data
+
+
+def _first(key: str, seen: set[str], reason: str, raw: RawRow, report: ConvertReport) -> bool:
+    """Whether ``key`` is seen for the first time (then noted); a repeat is counted and listed."""
+    if key not in seen:
+        seen.add(key)
+        return True
+    report.skipped[reason] += 1
+    if len(report.duplicates) < _MAX_LISTED_PROBLEMS:
+        report.duplicates.append(RowProblem(raw.where(), key, ("kept the first",)))
+    return False
+
+
+def _encoded(row: Mapping[str, Any], raw: RawRow, report: ConvertReport, who: str | None = None) -> bytes | None:
+    try:
+        return encode_row(row)
+    except ValueError as error:
+        _record_problem(report, raw, [f"cannot be written as JSON: {error}"], "invalid: not JSON", who)
+        return None
+
+
+def convert(options: ConvertOptions, progress: _Progress | None = None) -> ConvertReport:
     """Run the conversion; returns the report once every output file is in place, or raises with
     none touched: :class:`ConvertError` (``report`` says why), ``WriteError`` (names the file and
     the OS reason), ``SourceError``, ``SwebenchMissingError``, ``ValueError`` (bad ``--instance-ids``).
@@ -452,9 +489,7 @@ def convert(options: ConvertOptions, progress: Callable[[int, int | None], None]
     return report
 
 
-def _convert_swe(
-    options: ConvertOptions, progress: Callable[[int, int | None], None] | None, files: AtomicFiles
-) -> ConvertReport:
+def _convert_swe(options: ConvertOptions, progress: _Progress | None, files: AtomicFiles) -> ConvertReport:
     """SWE-bench rows, streamed: checked, routed, selected, written (or spooled to shuffle)."""
     assert options.input is not None
     inferred = infer_kind(options.input)
@@ -488,25 +523,15 @@ def _convert_swe(
     output = files.open(options.output.expanduser())
     holdout = files.open(options.holdout_output.expanduser()) if options.holdout_output else None
     spool = _Spool(files, options.output.expanduser()) if options.shuffle else None
-    for raw in source:
-        report.rows_read += 1
-        if progress is not None and report.rows_read % _PROGRESS_EVERY == 0:
-            progress(report.rows_read, source.total)
-        if raw.data is None:
-            _record_problem(report, raw, [raw.error or "unreadable"], "invalid: unreadable row")
-            continue
-        prepared = _prepare(raw.data, routing, drop_fields)
+    for raw, data in _readable(source, report, progress, source.total):
+        prepared = _prepare(data, routing, drop_fields)
         if isinstance(prepared, list):
             first = prepared[0]
             _record_problem(report, raw, [str(problem) for problem in prepared], f"invalid: {first.field} {first.rule}")
             continue
         row, instance, overrode = prepared
-        if instance.instance_id in seen_ids:
-            report.skipped[_DUPLICATE] += 1
-            if len(report.duplicates) < _MAX_LISTED_PROBLEMS:
-                report.duplicates.append(RowProblem(raw.where(), instance.instance_id, ("kept the first",)))
+        if not _first(instance.instance_id, seen_ids, _DUPLICATE, raw, report):
             continue
-        seen_ids.add(instance.instance_id)
         seen_repos.add(instance.repo)
         reason = selection.reason_to_drop(instance)
         if reason is not None:
@@ -514,10 +539,8 @@ def _convert_swe(
             if grade_tables is not None and reason.startswith("not gradeable"):
                 report.not_gradeable_by_repo[instance.repo] += 1
             continue
-        try:
-            line = encode_row(row)
-        except ValueError as error:
-            _record_problem(report, raw, [f"cannot be written as JSON: {error}"], "invalid: not JSON")
+        line = _encoded(row, raw, report)
+        if line is None:
             continue
         report.overridden_rows += overrode
         if fail and report.problem_count:
@@ -598,9 +621,7 @@ def _copy_line(line: bytes, copy: int) -> bytes:
     return line[:-4] + b"#%d" % copy + line[-4:]
 
 
-def _convert_environments(
-    options: ConvertOptions, progress: Callable[[int, int | None], None] | None, files: AtomicFiles
-) -> ConvertReport:
+def _convert_environments(options: ConvertOptions, progress: _Progress | None, files: AtomicFiles) -> ConvertReport:
     """NeMo-Gym environment rows: read and check every row, hold out per environment, mix by weight."""
     inputs = options.environment_inputs()
     report = ConvertReport(
@@ -618,37 +639,25 @@ def _convert_environments(
     spool = _Spool(files, options.output.expanduser())
     for entry in inputs:
         source = open_source(entry.source, options.split or "train")
-        for raw in source:
-            report.rows_read += 1
-            if progress is not None and report.rows_read % _PROGRESS_EVERY == 0:
-                progress(report.rows_read, None)
-            if raw.data is None:
-                _record_problem(report, raw, [raw.error or "unreadable"], "invalid: unreadable row")
-                continue
-            environment = entry.name or environment_of_row(raw.data)
+        for raw, data in _readable(source, report, progress, None):
+            environment = entry.name or environment_of_row(data)
             if isinstance(environment, FieldProblem):
                 _record_problem(report, raw, [str(environment)], _problem_key(environment))
                 continue
             if environment == SWE_ENVIRONMENT:  # convert's SWE-bench output, mixed in as is
-                checked = checked_swe_prompt_row(raw.data)
+                checked = checked_swe_prompt_row(data)
                 task_id = f"{environment}/{checked[0] if isinstance(checked, tuple) else raw.index}"
                 row = checked[1] if isinstance(checked, tuple) else checked
             else:
-                task_id = f"{environment}/{task_key(raw.data, raw.index)}"
-                row = to_environment_row(raw.data, environment, task_id)
+                task_id = f"{environment}/{task_key(data, raw.index)}"
+                row = to_environment_row(data, environment, task_id)
             if isinstance(row, FieldProblem):
                 _record_problem(report, raw, [str(row)], _problem_key(row), who=task_id)
                 continue
-            if task_id in seen:
-                report.skipped[_DUPLICATE_TASK] += 1
-                if len(report.duplicates) < _MAX_LISTED_PROBLEMS:
-                    report.duplicates.append(RowProblem(raw.where(), task_id, ("kept the first",)))
+            if not _first(task_id, seen, _DUPLICATE_TASK, raw, report):
                 continue
-            seen.add(task_id)
-            try:
-                line = encode_row(row)
-            except ValueError as error:
-                _record_problem(report, raw, [f"cannot be written as JSON: {error}"], "invalid: not JSON", task_id)
+            line = _encoded(row, raw, report, task_id)
+            if line is None:
                 continue
             if fail and report.problem_count:
                 continue
