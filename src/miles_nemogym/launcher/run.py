@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, get_args, get_origin
 
 from miles_nemogym import fit
-from miles_nemogym.checks import CheckResult, Status, report
+from miles_nemogym.checks import CheckResult, all_passed, report
 from miles_nemogym.errors import MilesNemoGymError, redact_url
 from miles_nemogym.launcher._checks import locate_miles, run_preflight
 from miles_nemogym.launcher._command import (
@@ -389,7 +389,7 @@ def execute(
 
     results: list[CheckResult] = checks(config, environ=environ, miles_root=root)
     _print_results(results)
-    if any(result.status is not Status.passed for result in results) or install is None:
+    if not all_passed(results) or install is None:
         if install is None:
             print(f"error: {load_error}", file=sys.stderr)
         print("preflight failed: nothing was started", file=sys.stderr)
