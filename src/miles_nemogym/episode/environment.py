@@ -28,7 +28,6 @@ from urllib.parse import quote
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from miles_nemogym import errors as fk
 from miles_nemogym.episode.record import (
     Outcome,
     Task,
@@ -39,7 +38,15 @@ from miles_nemogym.episode.record import (
     shown,
     task_row,
 )
-from miles_nemogym.errors import Failed, RequestError
+from miles_nemogym.errors import (
+    AGENT_TIMEOUT,
+    CANCELLED,
+    POLICY_FAILED,
+    SEED_FAILED,
+    VERIFIER_ERROR,
+    Failed,
+    RequestError,
+)
 from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import CONTEXT_FULL
 from miles_nemogym.settings import EnvironmentServer, Settings
 from miles_nemogym.transport import Answer, Deadline, check_session_url, pool, request
@@ -364,7 +371,7 @@ class _Loop:
                     step += 1
                     choice, model = await self._chat(connections.policy)
                     if choice.finish_reason == "abort":
-                        raise Failed(fk.CANCELLED, "the policy aborted the generation", aborted=True)
+                        raise Failed(CANCELLED, "the policy aborted the generation", aborted=True)
                     self.transcript.add_turn(choice.message, model)
                     if choice.finish_reason == "length":
                         self.cut_off = True
@@ -434,7 +441,7 @@ class _Loop:
                     "...), give its agent server in NEMO_GYM_ENVS (`miles-nemogym serve --env "
                     f'{self.episode.environment}` prints the entry with its "agent")'
                 )
-            raise Failed(fk.SEED_FAILED, _described(answer, "/seed_session", "a JSON object") + hint)
+            raise Failed(SEED_FAILED, _described(answer, "/seed_session", "a JSON object") + hint)
 
     async def _chat(self, session: Any) -> tuple[_Choice, str | None]:
         body = {**self.episode.body, "messages": self.transcript.messages}
@@ -450,7 +457,7 @@ class _Loop:
                 headers=self.policy_headers,
             )
         except Failed as error:
-            kind = fk.AGENT_TIMEOUT if error.kind == fk.AGENT_TIMEOUT else fk.POLICY_FAILED
+            kind = AGENT_TIMEOUT if error.kind == AGENT_TIMEOUT else POLICY_FAILED
             # After its first answered turn the episode is the policy's; a first call never answered is not.
             raise Failed(kind, f"the policy: {error.kind}: {error}", policy=self.transcript.turns > 0) from None
         answer = self._scrubbed(answer)
@@ -458,11 +465,11 @@ class _Loop:
             # The conversation outgrew the context: a cut-off, as NeMo-Gym's vllm_model answers it.
             return _Choice(message=_Message(content=""), finish_reason="length"), None
         if answer.status != 200 or answer.over_cap:
-            raise Failed(fk.POLICY_FAILED, _described(answer, "the policy", "a chat completion"))
+            raise Failed(POLICY_FAILED, _described(answer, "the policy", "a chat completion"))
         try:
             completion = _ChatCompletion.model_validate_json(answer.body)
         except ValueError as error:  # a ValidationError, or JSON nested past pydantic's limit
-            raise Failed(fk.POLICY_FAILED, f"the policy answered an unreadable chat completion: {error}") from None
+            raise Failed(POLICY_FAILED, f"the policy answered an unreadable chat completion: {error}") from None
         return completion.choices[0], completion.model
 
     async def _call_tool(self, session: Any, call: _ToolCall) -> str:
@@ -486,10 +493,10 @@ class _Loop:
         body = {**self.episode.row, "response": self.verified_response}
         answer = await self._post(session, "verify", body, self.settings.max_result_bytes)
         if answer.status != 200 or answer.over_cap:
-            raise Failed(fk.VERIFIER_ERROR, _described(answer, "/verify", "its answer"))
+            raise Failed(VERIFIER_ERROR, _described(answer, "/verify", "its answer"))
         parsed = _parsed(answer)
         if not isinstance(parsed, dict):
-            raise Failed(fk.VERIFIER_ERROR, f"/verify answered a body that is not a JSON object: {answer.body[:200]!r}")
+            raise Failed(VERIFIER_ERROR, f"/verify answered a body that is not a JSON object: {answer.body[:200]!r}")
         # Our transcript stands for the echoed response: the echo can be large, and it is what we sent.
         return {key: value for key, value in parsed.items() if key != "response"}
 

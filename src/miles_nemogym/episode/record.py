@@ -17,8 +17,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from miles_nemogym import errors as fk
-from miles_nemogym.errors import Failed, RequestError, SettingsError, redact_urls
+from miles_nemogym.errors import (
+    AGENT_RUN_ERROR,
+    AGENT_TIMEOUT,
+    CLIENT_ERROR,
+    INVALID_CONFIG,
+    INVALID_REQUEST,
+    POLICY_TIMEOUT,
+    VERIFIER_ERROR,
+    Failed,
+    RequestError,
+    SettingsError,
+    check_server_kind,
+    redact_urls,
+)
 from miles_nemogym.settings import SWE_ENVIRONMENT, Settings, TimeoutReward, environment_name_problem, short_name
 
 __all__ = [
@@ -268,15 +280,15 @@ def failure_of(
     if isinstance(error, Failed):
         kind, reason = error.kind, str(error)
     elif isinstance(error, SettingsError):
-        kind, reason = fk.INVALID_CONFIG, str(error)
+        kind, reason = INVALID_CONFIG, str(error)
     elif isinstance(error, RequestError):
-        kind, reason = fk.INVALID_REQUEST, str(error)
+        kind, reason = INVALID_REQUEST, str(error)
     else:
         logger.error("miles-nemogym client error for %s", task_id, exc_info=error)
-        kind, reason = fk.CLIENT_ERROR, f"{type(error).__name__}: {error}"
+        kind, reason = CLIENT_ERROR, f"{type(error).__name__}: {error}"
     if settings is not None:
         reason = settings.scrub_text(reason)
-    if kind == fk.AGENT_TIMEOUT and isinstance(error, Failed):
+    if kind == AGENT_TIMEOUT and isinstance(error, Failed):
         given = TimeoutReward.mask if settings is None else settings.timeout_reward
         return timed_out(reason, policy=error.policy, given=given, lowest=lowest)
     outcome = failure(kind, reason)
@@ -368,10 +380,10 @@ def judge(
     ``agent_run_error`` for (3); a valid one keeps the server's kind and reason. ``who`` names the
     sender in reasons (docs/episode-pipeline.md, "One judge")."""
     kind, said, mask = answer.get("failure_kind"), answer.get("failure_reason"), answer.get("mask_sample", False)
-    named = kind if isinstance(kind, str) and fk.check_server_kind(kind) else None
+    named = kind if isinstance(kind, str) and check_server_kind(kind) else None
     reason = short_reason(str(said)) if said else None
     reward, problem = check_reward(answer.get("reward"), reward_range, range_name)
-    default = fk.VERIFIER_ERROR
+    default = VERIFIER_ERROR
     if not isinstance(mask, bool):
         problem = f"{who} sent a mask_sample that is not a boolean ({shown(mask)}): the reward's validity is unknown"
     elif kind is not None and named is None:
@@ -380,7 +392,7 @@ def judge(
     elif mask:
         problem = reason or f"{who} marked the sample as not a valid measurement"
     elif problem is None and broken is not None:
-        default, problem = fk.AGENT_RUN_ERROR, broken
+        default, problem = AGENT_RUN_ERROR, broken
     if problem is not None:
         return failure(
             named or default,
@@ -407,8 +419,8 @@ def timed_out(reason: str, *, policy: bool, given: TimeoutReward, lowest: float)
     scored ``lowest`` or 0 as ``given`` says; else, or under ``mask``, masked ``agent_timeout``
     (docs/episode-pipeline.md, "Whose fault is a timeout")."""
     if not policy or given is TimeoutReward.mask:
-        return failure(fk.AGENT_TIMEOUT, reason)
-    record = EpisodeRecord(status="ok", failure_kind=fk.POLICY_TIMEOUT, failure_reason=short_reason(reason))
+        return failure(AGENT_TIMEOUT, reason)
+    record = EpisodeRecord(status="ok", failure_kind=POLICY_TIMEOUT, failure_reason=short_reason(reason))
     return Outcome(reward=lowest if given is TimeoutReward.lowest else 0.0, record=record)
 
 

@@ -29,7 +29,6 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 from typing_extensions import TypedDict
 
-from miles_nemogym import errors as fk
 from miles_nemogym.episode.record import (
     Outcome,
     Task,
@@ -43,7 +42,17 @@ from miles_nemogym.episode.record import (
     shown,
     task_row,
 )
-from miles_nemogym.errors import Failed, RequestError, SettingsError, UrlError, describe, redact_url
+from miles_nemogym.errors import (
+    AGENT_REQUEST_FAILED,
+    AGENT_RUN_ERROR,
+    AGENT_TIMEOUT,
+    Failed,
+    RequestError,
+    SettingsError,
+    UrlError,
+    describe,
+    redact_url,
+)
 from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import (
     SECRET_VARIABLE,
     rollout_id,
@@ -255,14 +264,14 @@ async def _post_run(
             cap=settings.max_result_bytes,
         )
     except Failed as error:
-        if error.kind != fk.AGENT_TIMEOUT:
+        if error.kind != AGENT_TIMEOUT:
             raise
         if not error.answered and settings.timeout_reward is not TimeoutReward.mask and session_url:
             error.policy = await _policy_was_called(settings, session_url)
         return failure_of(error, None, settings, lowest=lowest)
     if answer.over_cap:
         return failure(
-            fk.AGENT_RUN_ERROR,
+            AGENT_RUN_ERROR,
             f"the /run answer exceeds NEMO_GYM_MAX_RESULT_BYTES={settings.max_result_bytes} "
             f"(at least {answer.size} bytes decoded); not read further",
             http_status=answer.status,
@@ -653,11 +662,11 @@ def classify_http(
     if scrub is not None and status != 200:
         body = scrub(body)
     if status >= 500:
-        return failure(fk.AGENT_RUN_ERROR, f"HTTP {status}: {_error_detail(body)}", http_status=status)
+        return failure(AGENT_RUN_ERROR, f"HTTP {status}: {_error_detail(body)}", http_status=status)
     if status >= 400:
-        return failure(fk.AGENT_REQUEST_FAILED, f"HTTP {status}: {_error_detail(body)}", http_status=status)
+        return failure(AGENT_REQUEST_FAILED, f"HTTP {status}: {_error_detail(body)}", http_status=status)
     if status != 200:
-        return failure(fk.AGENT_RUN_ERROR, f"unexpected HTTP {status} from /run", http_status=status)
+        return failure(AGENT_RUN_ERROR, f"unexpected HTTP {status} from /run", http_status=status)
     try:
         response = RunResponse.model_validate_json(body)
     except ValidationError as error:
@@ -666,7 +675,7 @@ def classify_http(
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "body"
         return failure(
-            fk.AGENT_RUN_ERROR,
+            AGENT_RUN_ERROR,
             f"undecodable /run result ({where}: {first['msg']}); is NEMO_GYM_URL a mini_swe_agent_2 server?",
             http_status=status,
         )
@@ -702,9 +711,9 @@ def classify_agent_http(
         response = RunResponse.model_validate(parsed)
     except (ValueError, ValidationError) as error:
         detail = error.errors()[0]["msg"] if isinstance(error, ValidationError) else str(error)
-        return failure(fk.AGENT_RUN_ERROR, f"undecodable agent /run result ({detail[:200]})", http_status=status)
+        return failure(AGENT_RUN_ERROR, f"undecodable agent /run result ({detail[:200]})", http_status=status)
     if not isinstance(parsed, dict):
-        return failure(fk.AGENT_RUN_ERROR, "the agent's /run result is not a JSON object", http_status=status)
+        return failure(AGENT_RUN_ERROR, "the agent's /run result is not a JSON object", http_status=status)
     report = finite_json({key: value for key, value in parsed.items() if key not in _ECHOED})
     outcome = judge(
         parsed, reward_range=reward_range, range_name=range_name, report=report, who="the agent", http_status=status
