@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
+from miles_nemogym.gym import server as gym_server
 from miles_nemogym.gym.environments import (
     EnvironmentPlan,
     EnvironmentServers,
@@ -24,7 +26,7 @@ from miles_nemogym.gym.environments import (
     plan,
 )
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv
-from tests.support.ports import port_in_time_wait
+from tests.support.ports import free_port, port_in_time_wait
 from tests.support.ray_cluster import pids_with_environment
 from tests.support.wheels import tiny_wheel
 
@@ -280,6 +282,63 @@ def test_a_port_in_time_wait_is_free_and_a_listening_one_is_taken(tmp_path: Path
             again.start()
     finally:
         servers.stop()
+
+
+class _Picks:
+    """Stands in for ``gym.server``'s random pick: hands out ``ports`` in turn, the last one forever."""
+
+    def __init__(self, *ports: int) -> None:
+        self.ports = list(ports)
+
+    def choice(self, _: range) -> int:
+        return self.ports.pop(0) if len(self.ports) > 1 else self.ports[0]
+
+
+def _probes(tmp_path: Path, *names: str) -> EnvironmentServers:
+    app = tmp_path / "probe" / "app.py"
+    app.parent.mkdir()
+    app.write_text(_ENVIRON_PROBE)
+    state = tmp_path / "state"
+    state.mkdir()
+    servers = EnvironmentServers(
+        _base(),
+        [_env(name) for name in names],
+        state_dir=state,
+        app_folders=dict.fromkeys(names, app.parent),
+        progress=lambda line: None,
+    )
+    servers.config = {name: {"resources_servers": {"probe": {}}} for name in names}  # composed already
+    return servers
+
+
+def test_one_start_never_hands_out_a_free_port_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # CI: mcqa failed with "[Errno 98] address already in use" starting 12 servers: each free port
+    # was picked alone, none bound until spawn, so two servers of one start could get the same one.
+    monkeypatch.setattr(gym_server, "_pick", _Picks(free_port()))  # every pick the same free port
+    servers = _probes(tmp_path, "a", "b", "c")
+    try:
+        servers.start()
+        assert len(set(servers.ports.values())) == 3, servers.ports
+    finally:
+        servers.stop()
+
+
+def test_a_free_port_taken_before_its_server_binds_it_starts_again_on_fresh_ports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as other:  # another program binds the picked port between the check and the bind
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        taken, fresh = other.getsockname()[1], free_port()
+        monkeypatch.setattr(gym_server, "_pick", _Picks(taken, fresh))
+        monkeypatch.setattr(gym_server, "port_free", lambda host, port: True)
+        servers = _probes(tmp_path, "a")
+        try:
+            servers.start()
+            assert servers.ports == {"a": fresh}
+            assert "address already in use" in servers.log_tail("a").lower()  # the first start's failure
+        finally:
+            servers.stop()
 
 
 def test_server_logs_are_private_scrubbed_of_keys_and_never_written_through_a_link(

@@ -1008,8 +1008,11 @@ class EnvironmentServers:
             raise GymEnvironmentError(f"the composed config's {instance!r} is not one server")
         return str(group), str(next(iter(kinds)))
 
-    def start(self, also: Sequence[str] = ()) -> EnvironmentServers:
-        """Install what the environments need, compose, start every server, wait until each answers."""
+    def start(self, also: Sequence[str] = (), *, again: bool = True) -> EnvironmentServers:
+        """Install what the environments need, compose, start every server, wait until each answers.
+
+        Each free port is one no other server of this start got; a server whose free port another
+        program bound before it did is started ``again`` (once), every free port picked afresh."""
         python = environment_python(self.gym, self.plans, self._progress)
         self.compose()
         if self._gate is not None:
@@ -1018,6 +1021,9 @@ class EnvironmentServers:
         served = [p.agent for p in self.plans if p.agent]
         also = list(dict.fromkeys([*also, *served, *([POLICY_MODEL] if self.routed else [])]))
         judge = [JUDGE_INSTANCE] if JUDGE_INSTANCE in self.config and JUDGE_INSTANCE not in also else []
+        given = {self.first_port + index for index in range(len(names))} if self.first_port else set()
+        self.ports = {}
+        picked: set[str] = set()
         for index, name in enumerate([*names, *also, *judge]):
             group, kind = self._where(name)
             block = self.config[name][group][kind]
@@ -1031,7 +1037,8 @@ class EnvironmentServers:
                         "give another --port, or --port 0 for free ports"
                     )
             else:
-                port = free_port(self.host)
+                port = free_port(self.host, avoid={*given, *self.ports.values()})
+                picked.add(name)
             block["host"], block["port"] = self.host, port
             self.ports[name] = port
         text = yaml.safe_dump(self.config)
@@ -1045,10 +1052,20 @@ class EnvironmentServers:
             deadline = time.monotonic() + self.start_timeout
             for name in self.ports:
                 self._wait(name, deadline)
+        except GymEnvironmentError:
+            self.stop()
+            if again and any(self._lost_port(name) for name in picked):
+                self._progress("a free port was taken before its server bound it: starting again on fresh ports")
+                return self.start(also, again=False)
+            raise
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _lost_port(self, name: str) -> bool:
+        """Whether server ``name`` failed to bind its port (uvicorn's ``[Errno 98] ... address already in use``)."""
+        return "address already in use" in self.log_tail(name).lower()
 
     def _temp_folder(self) -> Path:
         # Unix socket paths stay below ~107 bytes: a server that starts its own Ray (code_gen)

@@ -23,7 +23,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -79,18 +79,22 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port on ``host`` that nothing holds right now, outside the ephemeral range."""
+def free_port(host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
+    """A port on ``host`` that nothing holds right now, outside the ephemeral range, and not one of
+    ``avoid`` (the ports a start already handed out that nothing binds yet)."""
     bind_host = "127.0.0.1" if is_wildcard(host) else host
     ports = _listen_ports()
     for _ in range(100):
         port = _pick.choice(ports)
-        if port_free(bind_host, port):
+        if port not in avoid and port_free(bind_host, port):
             return port
     family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:  # a crowded range: any port
-        probe.bind((bind_host, 0))
-        return int(probe.getsockname()[1])
+    while True:  # a crowded range: any port the OS gives
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((bind_host, 0))
+            port = int(probe.getsockname()[1])
+        if port not in avoid:
+            return port
 
 
 def _default_route_address() -> str:
