@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import textwrap
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
+
+if TYPE_CHECKING:
+    from miles_nemogym.gym.catalog import Listed
 
 __all__ = ["register"]
 
@@ -19,17 +22,6 @@ range and the commands to try it. Reads the catalog once per NeMo-Gym server env
 (built on first use, minutes), then answers from the cache.
 """
 
-_SHORT = {
-    "simple_agent: serve --env, played in-process": "in-process",
-    "routed: serve --env, its agent's /run": "routed",
-    "needs a judge (`--judge-url`)": "needs a judge",
-    "resources server only": "no agent",
-    "refused": "refused",
-    "not served by this package yet": "not yet",
-    "benchmark: convert --env NAME (its data ships)": "eval, data ships",
-    "benchmark: convert --env NAME=FILE (prepared)": "eval, prepared file",
-}
-
 
 def _environments(
     name: Annotated[str | None, typer.Argument(help="One catalog name (or a resources server's short name).")] = None,
@@ -39,13 +31,11 @@ def _environments(
     as_json: Annotated[bool, typer.Option("--json", help="JSON for scripts, one object per entry.")] = False,
 ) -> None:
     from miles_nemogym.fit import terminal_width
-    from miles_nemogym.gym.catalog import UnknownCatalogNameError, entry_support, find, load_catalog
-    from miles_nemogym.gym.venv import GymEnvironmentError, cached_gym_venv, ensure_gym_venv
+    from miles_nemogym.gym.catalog import UnknownCatalogNameError, listing
+    from miles_nemogym.gym.venv import GymEnvironmentError
 
     try:
-        gym = cached_gym_venv() or ensure_gym_venv(progress=lambda line: typer.echo(line, err=True))
-        entries = load_catalog(gym)
-        chosen = [find(name, entries, kind)] if name else [e for e in entries if kind in (None, e.kind)]
+        chosen = listing(name, kind, progress=lambda line: typer.echo(line, err=True))
     except UnknownCatalogNameError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
@@ -53,21 +43,21 @@ def _environments(
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
     if as_json:
-        out = [{**e.model_dump(mode="json"), "here": entry_support(e).model_dump()} for e in chosen]
+        out = [{**e.entry.model_dump(mode="json"), "here": e.here.model_dump()} for e in chosen]
         typer.echo(json.dumps(out[0] if name else out, indent=None if not name else 2))
         return
     width = max(terminal_width(), 60)
     if name:
         typer.echo(_detail(chosen[0], width))
         return
-    column = min(max(len(e.name) for e in chosen), width - 4 - max(map(len, _SHORT.values())))
+    column = min(max(len(e.entry.name) for e in chosen), width - 4 - chosen[0].widest)
     for group in ("environment", "benchmark"):
-        members = [e for e in chosen if e.kind == group]
+        members = [e for e in chosen if e.entry.kind == group]
         if not members:
             continue
         typer.echo(f"{group}s ({len(members)})")
-        for entry in members:
-            here = _SHORT[entry_support(entry).status]
+        for listed in members:
+            entry, here = listed.entry, listed.short
             if len(entry.name) > column:
                 typer.echo(f"  {entry.name}\n  {'':{column}}  {here}")
             else:
@@ -75,21 +65,8 @@ def _environments(
     typer.echo("`miles-nemogym environments NAME` shows one entry and the commands to try it.")
 
 
-def _detail(entry: object, width: int) -> str:
-    from miles_nemogym.gym.catalog import (
-        BENCHMARK_PREPARED,
-        BENCHMARK_SHIPPED,
-        JUDGE,
-        NOT_YET,
-        REFUSED,
-        CatalogEntry,
-        benchmark_grader,
-        entry_support,
-        served_name,
-    )
-
-    assert isinstance(entry, CatalogEntry)
-    found = entry_support(entry)
+def _detail(listed: Listed, width: int) -> str:
+    entry, found = listed.entry, listed.here
     lines = [f"{entry.name} ({entry.kind})"]
     if entry.description:
         lines += textwrap.wrap(entry.description, width - 2, initial_indent="  ", subsequent_indent="  ")
@@ -108,14 +85,14 @@ def _detail(entry: object, width: int) -> str:
         lines.append(f"  dataset: {dataset.name}" + (f" ({extra})" if extra else ""))
     lines.append(f"here: {found.status}")
     if found.needs:
-        label = "why" if found.status == REFUSED else "needs"
+        label = "why" if listed.refused else "needs"
         lines += textwrap.wrap(found.needs, width - 2, initial_indent=f"  {label}: ", subsequent_indent="    ")
-    grader = benchmark_grader(entry)
-    if found.status in (BENCHMARK_SHIPPED, BENCHMARK_PREPARED) and grader:
-        rows = entry.name if found.status == BENCHMARK_SHIPPED else f"{entry.name}=PREPARED.jsonl"
+    grader = listed.grader
+    if listed.rows and grader:
+        rows = entry.name if listed.rows == "shipped" else f"{entry.name}=PREPARED.jsonl"
         out = entry.name.replace("/", ".")
         lines += ["try it:"]
-        if found.status == BENCHMARK_PREPARED:
+        if listed.rows == "prepared":
             lines.append(f"  gym eval prepare --benchmark {entry.name}")
         judge = " --judge-url URL --judge-model NAME" if "judge (`--judge-url`)" in found.needs else ""
         lines += [
@@ -127,9 +104,9 @@ def _detail(entry: object, width: int) -> str:
         if entry.num_repeats:
             n = entry.num_repeats
             lines.append(f"  ({n} sample{'s' * (n > 1)} per prompt: nemogym-eval/{out}/pass@k, reward_mean)")
-    short = served_name(entry)
-    if found.status not in (REFUSED, NOT_YET) and short:
-        judge = " --judge-url URL --judge-model NAME" if found.status == JUDGE else ""
+    short = listed.served
+    if short:
+        judge = " --judge-url URL --judge-model NAME" if listed.judged else ""
         lines += [
             "try it:",
             *_command(f"miles-nemogym serve --env {short}{judge}{_trainer(short)}", width),

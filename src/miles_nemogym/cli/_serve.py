@@ -535,44 +535,26 @@ def _plan_environments(
 ) -> None:
     """Which resources servers would start where, what they would install, and the setting."""
     from miles_nemogym.errors import redact_url
-    from miles_nemogym.gym.environments import judged_plans, missing_requirements, overlay_path, overlay_python, setting
-    from miles_nemogym.gym.server import advertised_url
+    from miles_nemogym.gym.environments import planned_start
 
     console.print("environments (each a resources server run from the server environment):", highlight=False)
-    urls, agents = {}, {}
     for index, p in enumerate(plans):
-        port = first_port + index if first_port else None
-        urls[p.name] = advertised_url(host, port) if port else f"http://{host}:<free port>"
         steps = f", max_steps {p.max_steps}" if p.max_steps else ""
-        where = f"port {port}" if port else "a free port"
+        where = f"port {first_port + index}" if first_port else "a free port"
         console.print(f"  {p.name}: server {p.instance} from {p.config}, on {where}{steps}", highlight=False)
         if p.agent:
-            agents[p.name] = f"http://{host}:<free port>"
             console.print(
                 f"    played by agent {p.agent} (its /run), model calls through the routing model", highlight=False
             )
-    lines = sorted({line for p in plans for line in p.requirements})
-    if not lines:
-        said = "none beyond nemo-gym"
-    elif venv is None:
-        said = f"{', '.join(lines)}; the ones the server environment lacks are installed on the first serve"
-    else:
-        needed = missing_requirements(venv, plans)
-        if not needed:
-            said = f"{', '.join(lines)}, all in the server environment"
-        elif overlay_python(venv, needed):
-            said = f"{', '.join(needed)} installed in {overlay_path(venv, needed)} (cached)"
-        else:
-            said = f"installs {', '.join(needed)} into {overlay_path(venv, needed)} on the first serve (once)"
-    console.print(f"requirements: {said}", highlight=False, soft_wrap=True)
-    judged = judged_plans(plans)
-    if judge is not None and judged:
+    planned = planned_start(plans, host, first_port, venv)
+    console.print(f"requirements: {planned.requirements}", highlight=False, soft_wrap=True)
+    if judge is not None and planned.judged:
         console.print(
-            f"judge: {', '.join(judged)} graded by {judge.model} at {redact_url(judge.url)}",
+            f"judge: {', '.join(planned.judged)} graded by {judge.model} at {redact_url(judge.url)}",
             highlight=False,
             soft_wrap=True,
         )
-    console.print(f"NEMO_GYM_ENVS='{setting(plans, urls, agents)}'", highlight=False, markup=False, soft_wrap=True)
+    console.print(f"NEMO_GYM_ENVS='{planned.setting}'", highlight=False, markup=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

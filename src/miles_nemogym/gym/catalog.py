@@ -14,8 +14,9 @@ import os
 import re
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -38,24 +39,18 @@ from miles_nemogym.gym.environments import (
     plan_config,
     refused_folders,
 )
-from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, gym_venv_root, run_in_gym
+from miles_nemogym.gym.venv import (
+    GymEnvironmentError,
+    GymVenv,
+    Progress,
+    cached_gym_venv,
+    ensure_gym_venv,
+    gym_venv_root,
+    run_in_gym,
+)
 from miles_nemogym.settings import short_name
 
-__all__ = [
-    "BENCHMARK_PREPARED",
-    "BENCHMARK_SHIPPED",
-    "JUDGE",
-    "NOT_YET",
-    "REFUSED",
-    "ROUTED",
-    "CatalogEntry",
-    "UnknownCatalogNameError",
-    "benchmark_grader",
-    "entry_support",
-    "find",
-    "load_catalog",
-    "served_name",
-]
+__all__ = ["Listed", "UnknownCatalogNameError", "find", "listing", "load_catalog"]
 
 _RESOURCES = "resources_servers/"
 
@@ -229,6 +224,18 @@ REFUSED = "refused"
 NOT_YET = "not served by this package yet"
 BENCHMARK_SHIPPED = "benchmark: convert --env NAME (its data ships)"
 BENCHMARK_PREPARED = "benchmark: convert --env NAME=FILE (prepared)"
+
+
+_SHORT = {
+    SIMPLE: "in-process",
+    ROUTED: "routed",
+    JUDGE: "needs a judge",
+    ALONE: "no agent",
+    REFUSED: "refused",
+    NOT_YET: "not yet",
+    BENCHMARK_SHIPPED: "eval, data ships",
+    BENCHMARK_PREPARED: "eval, prepared file",
+}
 
 
 class Support(BaseModel):
@@ -494,3 +501,52 @@ def _agent_benchmark_support(entry: CatalogEntry) -> Support:
         return Support(status=NOT_YET, agent=agent, needs="; ".join([why, *host]))
     played = f"played and graded by `{grader}` (routed to its agent)"
     return _runnable(entry, agent, grader, f"its environment `{grader}`", played, [*host, *_policy(kind)])
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A catalog entry and what this package does with it, as ``miles-nemogym environments`` shows it."""
+
+    entry: CatalogEntry
+    here: Support
+    widest: ClassVar[int] = max(map(len, _SHORT.values()))
+    """The longest :attr:`short`, a listing's column width."""
+
+    @property
+    def short(self) -> str:
+        """:attr:`here`'s status in a listing's column."""
+        return _SHORT[self.here.status]
+
+    @property
+    def refused(self) -> bool:
+        return self.here.status == REFUSED
+
+    @property
+    def judged(self) -> bool:
+        """An environment ``serve`` serves with a judge."""
+        return self.here.status == JUDGE
+
+    @property
+    def rows(self) -> str | None:
+        """A benchmark's evaluation rows: ``"shipped"`` (its data ships), ``"prepared"`` (a file
+        ``gym eval prepare`` writes), or None."""
+        return {BENCHMARK_SHIPPED: "shipped", BENCHMARK_PREPARED: "prepared"}.get(self.here.status)
+
+    @property
+    def grader(self) -> str | None:
+        """:func:`benchmark_grader`."""
+        return benchmark_grader(self.entry)
+
+    @property
+    def served(self) -> str | None:
+        """The name ``serve --env`` takes for it (:func:`served_name`) when this package serves it."""
+        return None if self.here.status in (REFUSED, NOT_YET) else served_name(self.entry)
+
+
+def listing(name: str | None, kind: str | None, progress: Progress) -> list[Listed]:
+    """The entry ``name`` names (:func:`find`), else every entry (of ``kind``), each with what this
+    package does with it; builds the server venv on first use (``progress`` says how far)."""
+    gym = cached_gym_venv() or ensure_gym_venv(progress=progress)
+    entries = load_catalog(gym)
+    chosen = [find(name, entries, kind)] if name else [e for e in entries if kind in (None, e.kind)]
+    return [Listed(entry, entry_support(entry)) for entry in chosen]

@@ -91,11 +91,8 @@ __all__ = [
     "check_shipped",
     "environment_needs",
     "example_rows_member",
-    "judged_plans",
-    "missing_requirements",
-    "overlay_path",
-    "overlay_python",
     "plan",
+    "planned_start",
     "refusals",
     "setting",
 ]
@@ -750,6 +747,40 @@ def judged_plans(plans: Sequence[EnvironmentPlan]) -> list[str]:
 def environment_needs(plans: Sequence[EnvironmentPlan], judge: Judge | None) -> list[str]:
     """What the servers of ``plans`` need that this host lacks (``serve --dry-run``)."""
     return [f"{p.name}: {need}" for p in plans for need in config_needs(served(plan_config(p), judge), os.environ)]
+
+
+@dataclass(frozen=True)
+class PlannedStart:
+    """What ``serve --dry-run`` says of the environments' servers, before any starts."""
+
+    requirements: str
+    """The lines they need beyond nemo-gym, and what the first serve does about them."""
+    judged: list[str]
+    """The environments graded by a judge model (:func:`judged_plans`)."""
+    setting: str
+    """``NEMO_GYM_ENVS`` with the ports a start would take (``<free port>`` where it picks one)."""
+
+
+def planned_start(plans: Sequence[EnvironmentPlan], host: str, first_port: int, gym: GymVenv | None) -> PlannedStart:
+    """:class:`PlannedStart` of ``plans`` on ``host``, the environments on the ports from ``first_port``
+    (0: free ports); ``gym``, the built server venv (None: not built yet)."""
+    free = f"http://{host}:<free port>"
+    urls = {p.name: advertised_url(host, first_port + i) if first_port else free for i, p in enumerate(plans)}
+    lines = sorted({line for p in plans for line in p.requirements})
+    if not lines:
+        said = "none beyond nemo-gym"
+    elif gym is None:
+        said = f"{', '.join(lines)}; the ones the server environment lacks are installed on the first serve"
+    else:
+        needed = missing_requirements(gym, plans)
+        if not needed:
+            said = f"{', '.join(lines)}, all in the server environment"
+        elif overlay_python(gym, needed):
+            said = f"{', '.join(needed)} installed in {overlay_path(gym, needed)} (cached)"
+        else:
+            said = f"installs {', '.join(needed)} into {overlay_path(gym, needed)} on the first serve (once)"
+    agents = {p.name: free for p in plans if p.agent}
+    return PlannedStart(said, judged_plans(plans), setting(plans, urls, agents))
 
 
 def _payload(

@@ -36,7 +36,7 @@ from miles_nemogym.gym.providers import node_binaries
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, child_environment, ensure_gym_venv
 from miles_nemogym.transport import bracket, connect_host, is_wildcard
 
-__all__ = ["GymServer", "advertised_url", "free_port", "port_free"]
+__all__ = ["GymServer", "free_port", "port_free"]
 
 MARKER_ENV = "MILES_NEMOGYM_GYM_SERVER_ID"
 """Set in the server's environment; inherited by Ray, so stragglers can be found."""
