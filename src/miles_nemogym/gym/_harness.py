@@ -1,14 +1,5 @@
 """The agent CLIs NeMo-Gym's harness agents run, and what ``serve`` changes in their config.
-
-``opencode_agent`` runs the ``opencode`` CLI (npm ``opencode-ai``), ``kilocode_agent`` the ``kilo``
-CLI (npm ``@kilocode/cli``, an OpenCode fork), ``cline_agent`` the ``cline`` CLI, each the version
-its config pins (kilo's and cline's: the one pinned here, below). ``serve`` installs it once per
-version into this package's cache (``npm install --prefix``, no root, no global install) and puts
-it on the agent's ``PATH``, where the agent's own setup (``ensure_opencode``, ``ensure_kilo``,
-``ensure_cline``) finds it. Its config gets ``model_server: policy_model`` (the agent's own option:
-its CLI's provider URL is then the routing model's, with the rollout id) and OpenCode's and Kilo's
-title agent disabled (a second conversation on the sample's session). Every other harness agent
-is refused for what it lacks (``NOT_RUN_HERE``). Why: docs/environments.md, "Harness environments".
+Why: docs/environments.md, "Harness environments".
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
 """``serve``'s loopback relay in front of the judge endpoint: the judge's model server calls it, it calls the judge.
-
-nemo-gym 0.7.0's judge model server (``vllm_model``) retries a refused connection for ever and,
-after one 401/403 whose body names a bad key, refuses every later call without sending it. The
-relay answers for the endpoint instead: unreachable is a 502 within the connect timeout, a
-refusal is passed on with a body of its own, so each call fails alone and the next one is sent.
-It alone holds the judge's key and any password in ``--judge-url``. Why: docs/environments.md, "Judges".
+Why: docs/environments.md, "Judges".
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """The logs ``serve`` keeps for its servers: created 0600 and never through a link, keys scrubbed.
-
-A server's stdout and stderr go to a pipe, not to the file: a thread of ``serve`` reads it,
-removes every key the run holds (``errors.KeyScrubber``, the trainer side's scrubber) and
-appends to the log. Why and the line rule: docs/environments.md, "Servers' logs".
+Why and the line rule: docs/environments.md, "Servers' logs".
 """
 
 from __future__ import annotations

@@ -1,10 +1,4 @@
-"""NeMo-Gym benchmarks as held-out evaluation rows.
-
-A benchmark's prepared rows (``gym eval prepare`` output, e.g. ``{"question", "expected_answer"}``)
-get its prompt config applied by nemo-gym's own ``nemo_gym.prompt.materialize_prompts``, run in
-the server venv, and a mark naming the benchmark, the environment that grades it, its repeats and
-its reward range. Why and how: docs/environments.md, "Benchmarks".
-"""
+"""NeMo-Gym benchmarks as held-out evaluation rows. Why and how: docs/environments.md, "Benchmarks"."""
 
 from __future__ import annotations
 

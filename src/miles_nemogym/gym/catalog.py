@@ -1,10 +1,5 @@
 """NeMo-Gym's catalog: every environment and benchmark ``gym list environments`` names.
-
-The catalog is nemo-gym's own answer (``nemo_gym.registry.discover_environment_catalog``, each
-entry's manifest and config read by its own loaders), asked once in the server venv and cached
-per venv key (which pins the nemo-gym version), so names here are exactly the ones its users
-copy from ``gym list environments``. Why a cache and not a scan of the wheel:
-docs/environments.md, "NeMo-Gym's catalog".
+Why a cache and not a scan of the wheel: docs/environments.md, "NeMo-Gym's catalog".
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
 """Joining a running Ray cluster (``serve --ray-address``): what is checked before the server starts.
-
-The server runs every episode as a Ray task pinned to the server environment's interpreter
-(``py_executable``) and reading and writing the state folder, so every node must have that
-interpreter at the same path, the same Python and Ray, and the state folder at the same
-path. One probe in the server environment joins the cluster as the server will and runs a
-check task on every node. Layout and why: docs/scale-out.md.
+Layout and why: docs/scale-out.md.
 """
 
 from __future__ import annotations

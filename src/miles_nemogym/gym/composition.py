@@ -1,16 +1,5 @@
 """What ``serve`` changes in a shipped environment's config before nemo-gym's parser composes it,
 and which environments it refuses, read from the wheel before anything starts.
-
-Changed: every server block's ``datasets`` is dropped (``serve`` reads no dataset, and nemo-gym's
-parser rejects some shipped entries, e.g. spartqa's licence names); with a judge endpoint, each
-resources server's ``judge_model_server`` points at one model server of this package's
-(``vllm_model`` at the endpoint; ``serve`` gives it its judge relay's URL, and the relay holds the
-key and any password: ``gym/_judge_gate.py``); a harness agent gets ``gym/_harness.py``'s layer.
-Refused: a judge the config turns on with no endpoint given, an agent that drops the rollout id
-in nemo-gym 0.7.0, an agent calling a model other than ``policy_model`` (nothing to route its
-calls to), a resources server that calls ``policy_model`` or reads ``${policy_base_url}`` itself
-(no sample's session to reach), a resources server that reads a file the wheel does not ship (a
-script of its downloads it), a config that collects rollouts with its own driver.
 Why: docs/environments.md, "Serving environments".
 """
 

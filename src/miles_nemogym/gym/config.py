@@ -1,8 +1,5 @@
 """The ``mini_swe_agent_2`` server config, composed by NeMo-Gym's own config parser.
-
-Only the overrides are ours (serve options, provider options, a placeholder policy, the
-``local`` host settings); provider secrets stay unresolved interpolations. Why:
-docs/data-and-checks.md, "Running the server".
+Why: docs/data-and-checks.md, "Running the server".
 """
 
 from __future__ import annotations

@@ -1,13 +1,5 @@
 """NeMo-Gym resources servers (``mcqa``, ``xlam_fc``, ...) started from the cached server venv.
-
-An environment is a folder ``resources_servers/<name>`` of the pinned wheel (its shipped
-``configs/<name>.yaml``, else its only config), or a folder ``environments/<name>`` whose
-``config.yaml`` gives its resources server a ``simple_agent`` or ``gymnasium_agent`` (the
-catalog's ``calendar_v2``, ``wordle``, ...). Its config is composed with the others by nemo-gym's
-own parser; each server process gets the whole config in ``NEMO_GYM_CONFIG_DICT`` and its
-instance name in ``NEMO_GYM_CONFIG_PATH``, so the servers need no head server. Requirements an
-environment lists beyond nemo-gym, and the server venv lacks, go into an overlay venv cached by
-that set of lines. Why and what it costs: docs/environments.md, "Serving environments".
+Why and what it costs: docs/environments.md, "Serving environments".
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """What a sandbox provider needs on the Gym host, found without starting anything
 (``serve --dry-run``), and the composed config with its secrets hidden.
-
-Read from the config itself where nemo-gym puts it there (an ``${oc.env:NAME}`` without a
-default is a variable the server cannot start without); the rest (binaries, credentials a
-provider's SDK finds on its own) from nemo-gym 0.7.0's provider sources. Why:
-docs/scale-out.md, "Sandboxes".
+Why: docs/scale-out.md, "Sandboxes".
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """Start and stop the real NeMo-Gym ``mini_swe_agent_2`` server as a child process.
-
-One class for ``serve``, ``smoke`` and the integration tests. Side effects stay in the
-state folder; stopping leaves no orphans (process group, then marker variable). Why:
-docs/data-and-checks.md, "Running the server". With ``ray_address`` the server joins that
-cluster (checked first) and stopping leaves the cluster running: docs/scale-out.md.
+Why: docs/data-and-checks.md, "Running the server".
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""The NeMo-Gym server's own Python 3.13 virtual environment, built once and cached.
-
-Keyed by ``miles_nemogym.pins``; built aside, patched (``patch_gym``), checked, then
-published by an atomic symlink swap under a file lock. The recipe and why:
-docs/data-and-checks.md; the patch: docs/upstream.md.
-"""
+"""The NeMo-Gym server's own Python 3.13 virtual environment, built once and cached."""
 
 from __future__ import annotations
 

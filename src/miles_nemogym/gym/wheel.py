@@ -1,8 +1,4 @@
-"""Read files shipped inside the pinned ``nemo-gym`` wheel without installing it.
-
-Its example rows and ``/run`` results are the ground truth for request and answer
-shapes, so tests, examples and ``smoke`` read them from the wheel, never from a copy.
-"""
+"""Read files shipped inside the pinned ``nemo-gym`` wheel without installing it."""
 
 from __future__ import annotations
 
