@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from miles_nemogym.gym._providers import node_binaries
 from miles_nemogym.gym.cluster import ClusterNode, check_cluster, cluster_problems
-from miles_nemogym.gym.providers import node_binaries
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv
 from tests.support.ports import free_port
 from tests.support.scripts import shell_script

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
-from miles_nemogym.gym import catalog, venv
+from miles_nemogym.gym import benchmarks, catalog
 from miles_nemogym.gym.benchmarks import BenchmarkError, benchmark_mark
 from miles_nemogym.gym.catalog import CatalogDataset, CatalogEntry, benchmark_grader, entry_support
 from miles_nemogym.gym.composition import refusal, shipped_config
@@ -173,7 +173,7 @@ def test_convert_builds_the_server_venv_for_a_benchmark_name_before_a_first_serv
         builds.append(sandbox)
         raise GymEnvironmentError("no Python 3.13 on this machine")
 
-    monkeypatch.setattr(venv, "ensure_gym_venv", build)
+    monkeypatch.setattr(benchmarks, "ensure_gym_venv", build)
     rows = tmp_path / "prepared.jsonl"
     rows.write_text(json.dumps({"responses_create_params": {"input": "2+2?"}, "verifier_metadata": {}}) + "\n")
     done = CliRunner().invoke(app, ["convert", "--env", f"gdp_pdf={rows}", "-o", str(tmp_path / "out.jsonl")])
@@ -186,7 +186,7 @@ def test_convert_of_an_environments_rows_never_builds_the_server_venv(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MILES_NEMOGYM_CACHE", str(wheel_only_cache(tmp_path)))
-    monkeypatch.setattr(venv, "ensure_gym_venv", lambda *_, **__: pytest.fail("built the server venv"))
+    monkeypatch.setattr(benchmarks, "ensure_gym_venv", lambda *_, **__: pytest.fail("built the server venv"))
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({"responses_create_params": {"input": "2+2?"}, "verifier_metadata": {}}) + "\n")
     done = CliRunner().invoke(app, ["convert", "--env", f"mcqa={rows}", "-o", str(tmp_path / "out.jsonl"), "-q"])

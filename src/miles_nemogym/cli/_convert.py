@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
@@ -291,41 +292,25 @@ def _benchmark_rows(
 ) -> str:
     """``value`` as given, or, when it names a NeMo-Gym benchmark, ``GRADER=ROWS[:WEIGHT]`` with
     ROWS the benchmark's rows made by :func:`miles_nemogym.gym.benchmarks.materialize`."""
-    from miles_nemogym.gym import wheel as gym_wheel
-    from miles_nemogym.gym.benchmarks import BenchmarkError, benchmark_mark, materialize, shipped_data
-    from miles_nemogym.gym.catalog import UnknownCatalogNameError, find, load_catalog
-    from miles_nemogym.gym.venv import GymEnvironmentError, cached_gym_venv, ensure_gym_venv
+    from miles_nemogym.gym.benchmarks import BenchmarkError, find_benchmark
+    from miles_nemogym.gym.catalog import UnknownCatalogNameError
+    from miles_nemogym.gym.venv import GymEnvironmentError
 
     name, sep, rest = value.partition("=")
-    gym = cached_gym_venv()
-    if gym is None:
-        # The catalog and the benchmark's prompt config run in the server venv: build it (once,
-        # minutes) only for a name the wheel has benchmark files for; else an environment name.
-        files = f"benchmarks/{name.strip()}"
-        if not any(gym_wheel.ships(f"{files}{tail}") for tail in (".yaml", "/config.yaml", "/manifest.yaml")):
-            return value
-        try:
-            gym = ensure_gym_venv(progress=lambda line: err.print(line, highlight=False, markup=False))
-        except GymEnvironmentError as error:
-            _refuse(err, f"error: --env {value}: {error}", 1)
-    try:
-        entries = load_catalog(gym)
-        entry = find(name.strip(), entries, "benchmark")
-    except UnknownCatalogNameError:
-        if not sep and input is None:  # neither a file of rows nor a benchmark: say what is close
-            try:
-                find(name.strip(), entries)
-            except UnknownCatalogNameError as error:
-                _refuse(err, f"error: --env {value}: {error}")
-        return value
+    try:  # strict: neither a file of rows nor a benchmark, so say what is close
+        progress = functools.partial(err.print, highlight=False, markup=False)
+        found = find_benchmark(name.strip(), progress, strict=not sep and input is None)
+    except UnknownCatalogNameError as error:
+        _refuse(err, f"error: --env {value}: {error}")
     except GymEnvironmentError as error:
         _refuse(err, f"error: --env {value}: {error}", 1)
-    if entry.name != name.strip():
+    if found is None:
         return value
+    entry = found.entry
     head, colon, tail = rest.rpartition(":")
     weighted = bool(colon and head and not Path(rest).expanduser().exists())
     source_text = head if weighted else rest
-    source = Path(source_text).expanduser() if sep else (Path(input) if input else shipped_data(gym, entry))
+    source = Path(source_text).expanduser() if sep else (Path(input) if input else found.shipped_data())
     if source is None:
         _refuse(
             err,
@@ -337,8 +322,7 @@ def _benchmark_rows(
     folder = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="mng-bench-")))
     rows = folder / "rows.jsonl"
     try:
-        mark = benchmark_mark(entry)
-        materialize(gym, entry, source, rows)
+        mark = found.rows(source, rows)
     except BenchmarkError as error:
         _refuse(err, f"error: --env {value}: {error}")
     marks.append((mark, source))

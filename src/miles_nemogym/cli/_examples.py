@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -22,31 +21,6 @@ calendar_v2): miles-nemogym convert --env mcqa=mcqa.jsonl --output prompts.jsonl
 """
 
 
-def _environment_rows(name: str) -> tuple[bytes, str]:
-    """The shipped ``example.jsonl`` of environment ``name``, as is, and where it came from."""
-    import zipfile
-
-    from miles_nemogym.gym import wheel as gym_wheel
-    from miles_nemogym.gym.environments import UnknownEnvironmentError, example_rows_member
-    from miles_nemogym.settings import environment_name_problem, short_name
-
-    name = short_name(name)
-    problem = environment_name_problem(name)
-    if problem:
-        raise ValueError(f"--env {name!r}: {problem}")
-    try:
-        member = example_rows_member(name)
-    except UnknownEnvironmentError as error:
-        raise ValueError(str(error)) from None
-    with zipfile.ZipFile(gym_wheel.wheel_path()) as wheel:
-        if member not in wheel.namelist():
-            raise ValueError(
-                f"--env {name!r}: nemo-gym ships no example rows for it (no {member} in the wheel); "
-                "write its task rows yourself, or try one that has them, e.g. --env mcqa"
-            )
-        return wheel.read(member), member
-
-
 def _examples(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Where to write the rows (default: standard output).")
@@ -56,7 +30,7 @@ def _examples(
     ] = None,
 ) -> None:
     from miles_nemogym.data import AtomicFiles, WriteError, output_problem
-    from miles_nemogym.gym import wheel as gym_wheel
+    from miles_nemogym.gym.environments import shipped_examples
     from miles_nemogym.pins import NEMO_GYM_VERSION
 
     problem = output_problem(output.expanduser()) if output is not None else None
@@ -64,13 +38,7 @@ def _examples(
         typer.echo(f"error: --output {output} {problem}", err=True)
         raise typer.Exit(2)
     try:
-        if env is None:
-            text = "".join(json.dumps(row) + "\n" for row in gym_wheel.example_rows())
-            source = gym_wheel.EXAMPLES_MEMBER
-        else:
-            data, source = _environment_rows(env)
-            text = data.decode("utf-8")
-            text += "" if not text or text.endswith("\n") else "\n"  # some ship no final newline
+        text, source, wheel = shipped_examples(env)
     except ValueError as error:
         console(stderr=True).print(f"error: {error}", markup=False, highlight=False)
         raise typer.Exit(2) from None
@@ -96,7 +64,7 @@ def _examples(
         typer.echo(f"wrote {sum(1 for line in text.splitlines() if line.strip())} rows to {output}")
     # On stderr, so `examples > rows.jsonl` stays pure JSONL; the wheel's path (its name gives the
     # version) on a line of its own, so both fit 80 columns.
-    typer.echo(f"source: {source}\n  in {gym_wheel.wheel_path()}", err=True)
+    typer.echo(f"source: {source}\n  in {wheel}", err=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -7,7 +7,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -148,10 +148,9 @@ def serve(
     from miles_nemogym.cli._console import console as cli_console
     from miles_nemogym.cli._console import step_display
     from miles_nemogym.errors import as_flag, problems
-    from miles_nemogym.gym import providers
     from miles_nemogym.gym.config import ServeOptions, load_provider_options
     from miles_nemogym.gym.environments import EnvironmentServers, environment_needs, plan, refusals
-    from miles_nemogym.gym.server import GymServer
+    from miles_nemogym.gym.server import GymServer, planned_server
     from miles_nemogym.gym.venv import GymEnvironmentError, ensure_gym_venv
     from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import (
         MIN_SECRET_CHARS,
@@ -255,7 +254,7 @@ def serve(
         )
     if swe and not start_anyway:
         try:
-            missing = providers.missing(options.sandbox, _planned_config(options, state_dir))
+            _, missing = planned_server(options, state_dir)
         except GymEnvironmentError as exc:
             fail(console, f"[red]error:[/red] {escape(str(exc))}")
         if missing:
@@ -367,15 +366,6 @@ def _taken_ports(host: str, swe: list[int], first_port: int, environments: int) 
     return [port for port in wanted if not port_free(host, port)]
 
 
-def _planned_config(options: ServeOptions, state_dir: Path | None) -> dict[str, Any]:
-    """The SWE server's config as serve would compose it (a free port when ``--port 0``)."""
-    from miles_nemogym.gym.config import planned_config
-    from miles_nemogym.gym.server import free_port
-
-    port = options.port or free_port(options.host)
-    return planned_config(options, port, state_dir.resolve() if state_dir else Path("<state-dir>"))
-
-
 def _remove(made: Path | None) -> None:
     """serve's own temp state folder (rmtree unlinks a link in it, never follows it)."""
     import shutil
@@ -478,18 +468,17 @@ def _dry_run(
     import yaml
     from rich.markup import escape
 
-    from miles_nemogym.gym import providers
     from miles_nemogym.gym.cluster import unreachable
     from miles_nemogym.gym.environments import environment_needs
+    from miles_nemogym.gym.server import planned_server
     from miles_nemogym.gym.venv import GymEnvironmentError, cached_gym_venv, find_gym_python
 
     missing: list[str] = []
     if swe:
-        config = _planned_config(options, state_dir)
+        config, missing = planned_server(options, state_dir)
         print(f"# miles-nemogym serve --sandbox {options.sandbox} --dry-run: nothing was started.")
         print("# The server config: nemo-gym's shipped configs and serve's options (secrets hidden).")
-        print(yaml.safe_dump(providers.redacted(config), sort_keys=False), end="")
-        missing = providers.missing(options.sandbox, config)
+        print(yaml.safe_dump(config, sort_keys=False), end="")
     venv = cached_gym_venv(options.sandbox if swe else "local")
     if venv is not None:
         console.print(f"server environment: {escape(str(venv.path))}", highlight=False)

@@ -5,16 +5,25 @@ from __future__ import annotations
 import json
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from miles_nemogym.episode.record import BENCHMARK_KEY
-from miles_nemogym.gym.catalog import CatalogEntry, benchmark_grader, entry_support
-from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, run_in_gym
+from miles_nemogym.gym import wheel as gym_wheel
+from miles_nemogym.gym.catalog import (
+    CatalogEntry,
+    UnknownCatalogNameError,
+    benchmark_grader,
+    entry_support,
+    find,
+    load_catalog,
+)
+from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, cached_gym_venv, ensure_gym_venv, run_in_gym
 
-__all__ = ["BenchmarkError", "BenchmarkMark", "benchmark_mark", "file_benchmark", "materialize", "shipped_data"]
+__all__ = ["BenchmarkError", "BenchmarkMark", "file_benchmark", "find_benchmark"]
 
 _MATERIALIZE = """
 import sys
@@ -64,6 +73,44 @@ def file_benchmark(path: Path) -> BenchmarkMark | None:
         return BenchmarkMark.model_validate(mark) if isinstance(mark, dict) else None
     except (OSError, UnicodeDecodeError, ValueError, AttributeError):
         return None  # an unreadable file is the launcher's checks' to name
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A benchmark of the catalog of ``gym``'s nemo-gym."""
+
+    gym: GymVenv
+    entry: CatalogEntry
+
+    def shipped_data(self) -> Path | None:
+        """:func:`shipped_data`."""
+        return shipped_data(self.gym, self.entry)
+
+    def rows(self, source: Path, output: Path) -> BenchmarkMark:
+        """Its rows from ``source`` in ``output`` (:func:`materialize`), and the mark they carry."""
+        mark = benchmark_mark(self.entry)
+        materialize(self.gym, self.entry, source, output)
+        return mark
+
+
+def find_benchmark(name: str, progress: Progress, *, strict: bool) -> Benchmark | None:
+    """The benchmark ``name`` names, else None (an environment's name, say). Its catalog is read in
+    the server venv, built (once, minutes) only for a name the wheel has benchmark files for.
+    ``strict``: ``UnknownCatalogNameError``, naming the close ones, for a name the catalog lacks."""
+    gym = cached_gym_venv()
+    if gym is None:
+        files = f"benchmarks/{name}"
+        if not any(gym_wheel.ships(f"{files}{tail}") for tail in (".yaml", "/config.yaml", "/manifest.yaml")):
+            return None
+        gym = ensure_gym_venv(progress=progress)
+    entries = load_catalog(gym)
+    try:
+        entry = find(name, entries, "benchmark")
+    except UnknownCatalogNameError:
+        if strict:
+            find(name, entries)  # not a benchmark, but an environment's name?
+        return None
+    return Benchmark(gym, entry) if entry.name == name else None
 
 
 def shipped_data(gym: GymVenv, entry: CatalogEntry) -> Path | None:

@@ -45,7 +45,7 @@ from miles_nemogym.gym.venv import (
 )
 from miles_nemogym.settings import short_name
 
-__all__ = ["Listed", "UnknownCatalogNameError", "find", "listing", "load_catalog"]
+__all__ = ["Listed", "UnknownCatalogNameError", "listing"]
 
 _RESOURCES = "resources_servers/"
 

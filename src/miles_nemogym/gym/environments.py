@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+import zipfile
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,7 +73,7 @@ from miles_nemogym.gym.venv import (
     run_build_step,
 )
 from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import SECRET_VARIABLE
-from miles_nemogym.settings import short_name
+from miles_nemogym.settings import environment_name_problem, short_name
 from miles_nemogym.transport import connect_host
 from miles_nemogym.yaml_file import load as load_yaml
 
@@ -82,11 +83,11 @@ __all__ = [
     "UnknownEnvironmentError",
     "check_shipped",
     "environment_needs",
-    "example_rows_member",
     "plan",
     "planned_start",
     "refusals",
     "setting",
+    "shipped_examples",
 ]
 
 _GROUP = "resources_servers"
@@ -381,6 +382,31 @@ def example_rows_member(name: str) -> str:
     if name not in shipped_environments() and name in config_names():
         return _config_rows(config_names()[name])
     return _rows_of(f"{_GROUP}/{name}/")
+
+
+def shipped_examples(env: str | None) -> tuple[str, str, Path]:
+    """The example rows nemo-gym ships as JSONL text, the wheel's member they come from, and the
+    wheel: SWE-bench Verified's five, or environment ``env``'s (as shipped, ending in a newline).
+    ``ValueError`` says why ``env`` has none; ``OSError``/``RuntimeError``: the wheel is unreadable."""
+    if env is None:
+        text = "".join(json.dumps(row) + "\n" for row in gym_wheel.example_rows())
+        return text, gym_wheel.EXAMPLES_MEMBER, gym_wheel.wheel_path()
+    name = short_name(env)
+    problem = environment_name_problem(name)
+    if problem:
+        raise ValueError(f"--env {name!r}: {problem}")
+    try:
+        member = example_rows_member(name)
+    except UnknownEnvironmentError as error:
+        raise ValueError(str(error)) from None
+    with zipfile.ZipFile(gym_wheel.wheel_path()) as wheel:
+        if member not in wheel.namelist():
+            raise ValueError(
+                f"--env {name!r}: nemo-gym ships no example rows for it (no {member} in the wheel); "
+                "write its task rows yourself, or try one that has them, e.g. --env mcqa"
+            )
+        text = wheel.read(member).decode("utf-8")
+    return text + ("" if not text or text.endswith("\n") else "\n"), member, gym_wheel.wheel_path()
 
 
 def _config_rows(config: str) -> str:

@@ -22,17 +22,18 @@ import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import yaml
 
 from miles_nemogym.gym._logs import ServerLog, run_secrets
+from miles_nemogym.gym._providers import missing, node_binaries, redacted
 from miles_nemogym.gym.cluster import ClusterNode, check_cluster
-from miles_nemogym.gym.config import ServeOptions, compose_config_yaml, instance_name
-from miles_nemogym.gym.providers import node_binaries
+from miles_nemogym.gym.config import ServeOptions, compose_config_yaml, instance_name, planned_config
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, child_environment, ensure_gym_venv
 from miles_nemogym.transport import bracket, connect_host, is_wildcard
 
-__all__ = ["GymServer", "free_port", "port_free"]
+__all__ = ["GymServer", "planned_server", "port_free"]
 
 MARKER_ENV = "MILES_NEMOGYM_GYM_SERVER_ID"
 """Set in the server's environment; inherited by Ray, so stragglers can be found."""
@@ -91,6 +92,14 @@ def free_port(host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
             port = int(probe.getsockname()[1])
         if port not in avoid:
             return port
+
+
+def planned_server(options: ServeOptions, state_dir: Path | None) -> tuple[dict[str, Any], list[str]]:
+    """The server's config as ``serve`` would compose it (on a free port when ``options.port`` is 0),
+    secrets hidden, and what its sandbox lacks on this host, one line each."""
+    port = options.port or free_port(options.host)
+    config = planned_config(options, port, state_dir.resolve() if state_dir else Path("<state-dir>"))
+    return redacted(config), missing(options.sandbox, config)
 
 
 def _default_route_address() -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 from miles_nemogym.errors import REDACTED
 
-__all__ = ["missing", "redacted"]
+__all__ = ["missing", "node_binaries", "redacted"]
 
 # The CLI each provider drives (docker, enroot, apptainer: `_require_<name>` in its provider.py).
 _BINARIES = {"docker": "docker", "enroot": "enroot", "apptainer": "apptainer"}
