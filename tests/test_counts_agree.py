@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from miles_nemogym.cli.main import app
 from miles_nemogym.errors import counted
 from miles_nemogym.gym import environments as gym_envs
-from miles_nemogym.gym.environments import EnvironmentServers, plan
+from miles_nemogym.gym.environments import EnvironmentServers, plan, setting
 from miles_nemogym.smoke import _environments as smoke_envs
 
 
@@ -54,6 +54,9 @@ class _Servers:
 
     def agent_urls(self) -> dict[str, str]:
         return {}
+
+    def setting(self, advertised: bool = True) -> str:
+        return setting(self.plans, self.urls(), self.agent_urls())
 
     def stop(self) -> None:
         pass

@@ -86,7 +86,6 @@ __all__ = [
     "plan",
     "planned_start",
     "refusals",
-    "setting",
     "shipped_examples",
 ]
 
@@ -1004,9 +1003,9 @@ class EnvironmentServers:
         """Environment name -> the base URL of the agent server playing it (those that have one)."""
         return {p.name: self._url(p.agent, advertised) for p in self.plans if p.agent}
 
-    def setting(self) -> str:
-        """The ``NEMO_GYM_ENVS`` value for trainers on other machines."""
-        return setting(self.plans, self.urls(advertised=True), self.agent_urls(advertised=True))
+    def setting(self, advertised: bool = True) -> str:
+        """The ``NEMO_GYM_ENVS`` value for trainers on other machines (else on this one)."""
+        return setting(self.plans, self.urls(advertised), self.agent_urls(advertised))
 
     def log_path(self, instance: str) -> Path:
         return self.state_dir / f"{instance}.log"

@@ -18,7 +18,7 @@ from miles_nemogym.episode.record import EpisodeRecord, count_text, passed, read
 from miles_nemogym.errors import counted
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.composition import Judge
-from miles_nemogym.gym.environments import EnvironmentPlan, EnvironmentServers, plan, refusals, setting
+from miles_nemogym.gym.environments import EnvironmentPlan, EnvironmentServers, plan, refusals
 from miles_nemogym.gym.venv import GymEnvironmentError, ensure_gym_venv
 from miles_nemogym.settings import Settings
 from miles_nemogym.smoke._answers import GOLD, PLAIN, PLAIN_ANSWER, WRONG, answers
@@ -230,7 +230,7 @@ def run_environment_smoke(
         try:
             servers.start()
             settings = Settings.from_env().with_overrides(
-                environments_text=setting(plans, servers.urls(), servers.agent_urls()),
+                environments_text=servers.setting(advertised=False),
                 rollout_secret=servers.rollout_secret,  # agent rows' ids, signed as the trainer signs them
             )
             if episode_dir is not None:
