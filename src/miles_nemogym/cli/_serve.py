@@ -471,7 +471,7 @@ def _dry_run(
     from miles_nemogym.gym.cluster import unreachable
     from miles_nemogym.gym.environments import environment_needs
     from miles_nemogym.gym.server import planned_server
-    from miles_nemogym.gym.venv import GymEnvironmentError, cached_gym_venv, find_gym_python
+    from miles_nemogym.gym.venv import GymEnvironmentError, planned_venv
 
     missing: list[str] = []
     if swe:
@@ -479,15 +479,12 @@ def _dry_run(
         print(f"# miles-nemogym serve --sandbox {options.sandbox} --dry-run: nothing was started.")
         print("# The server config: nemo-gym's shipped configs and serve's options (secrets hidden).")
         print(yaml.safe_dump(config, sort_keys=False), end="")
-    venv = cached_gym_venv(options.sandbox if swe else "local")
-    if venv is not None:
-        console.print(f"server environment: {escape(str(venv.path))}", highlight=False)
-    else:
-        try:
-            python = find_gym_python()
-            console.print(f"server environment: built on the first serve (2-5 minutes) with {python}", highlight=False)
-        except GymEnvironmentError as exc:
-            missing.append(str(exc).splitlines()[0])
+    try:
+        venv, where = planned_venv(options.sandbox if swe else "local")
+        console.print(f"server environment: {escape(where)}", highlight=False)
+    except GymEnvironmentError as exc:
+        venv = None
+        missing.append(str(exc).splitlines()[0])
     if swe and options.ray_address:
         refused = unreachable(options.ray_address)
         if refused:

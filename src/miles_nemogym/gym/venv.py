@@ -22,7 +22,7 @@ from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.pins import GYM_PYTHON, MINI_SWE_AGENT_VERSION, NEMO_GYM_VERSION, SWEBENCH_VERSION
 
-__all__ = ["GymEnvironmentError", "GymVenv", "cached_gym_venv", "ensure_gym_venv", "find_gym_python"]
+__all__ = ["GymEnvironmentError", "GymVenv", "ensure_gym_venv", "planned_venv"]
 
 GYM_PYTHON_ENV = "MILES_NEMOGYM_GYM_PYTHON"
 """Names the Python 3.13 interpreter explicitly (skips the search)."""
@@ -550,6 +550,15 @@ def build_and_publish(root: Path, key: str, build: Callable[[Path], None]) -> Pa
 def cached_gym_venv(sandbox: str = "local") -> GymVenv | None:
     """The server venv for ``sandbox`` when it is built; never builds."""
     return _load_ready(gym_venv_root() / venv_key(sandbox))
+
+
+def planned_venv(sandbox: str) -> tuple[GymVenv | None, str]:
+    """The server venv for ``sandbox`` if built, and where it is, or else the Python 3.13 its first
+    build would use (``GymEnvironmentError`` when there is none)."""
+    venv = cached_gym_venv(sandbox)
+    if venv is not None:
+        return venv, str(venv.path)
+    return None, f"built on the first serve (2-5 minutes) with {find_gym_python()}"
 
 
 def ensure_gym_venv(
