@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, get_args
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from miles_nemogym.cli._console import fail
 from miles_nemogym.data import SUBSETS
-from miles_nemogym.gym.config import SandboxName
+from miles_nemogym.gym.config import SANDBOXES
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -28,7 +28,6 @@ __all__ = [
     "subset_option",
 ]
 
-SANDBOXES: tuple[str, ...] = get_args(SandboxName)
 
 JUDGE_URL_HELP = (
     "Base URL of an OpenAI-compatible server (e.g. http://judge:8000/v1) that grades the --env "

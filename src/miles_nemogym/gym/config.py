@@ -16,7 +16,7 @@ from miles_nemogym.gym.wheel import read_member
 from miles_nemogym.yaml_file import YamlFileError, read_mapping
 from miles_nemogym.yaml_file import load as load_yaml
 
-__all__ = ["SandboxName", "ServeOptions", "instance_name", "load_provider_options"]
+__all__ = ["SANDBOXES", "ServeOptions", "instance_name", "load_provider_options"]
 
 SERVER_NAME = "mini_swe_agent_2"
 """The top-level config key of the agent server in nemo-gym's config."""
