@@ -33,8 +33,9 @@ from miles_nemogym.errors import (
     SEED_FAILED,
     TRANSPORT_UNREACHABLE,
     VERIFIER_ERROR,
+    SettingsError,
 )
-from miles_nemogym.settings import Settings, SettingsError
+from miles_nemogym.settings import Settings
 from miles_nemogym.store import _reader as reader
 from tests.support.agent_fixtures import fast_env
 from tests.support.clean_env import UNSET

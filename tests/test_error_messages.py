@@ -8,11 +8,11 @@ import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from miles_nemogym.episode.run import RequestError, build_run_body
-from miles_nemogym.errors import as_flag, describe, problems
+from miles_nemogym.errors import SettingsError, as_flag, describe, problems
 from miles_nemogym.launcher._config import ConfigError, load_config
 from miles_nemogym.runtime import current
 from miles_nemogym.scan._config import ScanConfig, scan_settings
-from miles_nemogym.settings import ENV_VARS, SettingsError
+from miles_nemogym.settings import ENV_VARS
 
 
 class _Options(BaseModel):

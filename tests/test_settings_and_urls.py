@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from miles_nemogym.episode.run import RequestError, policy_base_url, routable_local_address
+from miles_nemogym.errors import SettingsError
 from miles_nemogym.runtime import Runtime, current, install
-from miles_nemogym.settings import RewardMode, Settings, SettingsError
+from miles_nemogym.settings import RewardMode, Settings
 
 
 def test_defaults() -> None:

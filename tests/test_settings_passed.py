@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 from miles_nemogym import checks
 from miles_nemogym.checks import _server_probe as server_probe
 from miles_nemogym.cli.main import app
+from miles_nemogym.errors import SettingsError
 from miles_nemogym.launcher import _checks as launch_checks
 from miles_nemogym.launcher._config import LauncherConfig
-from miles_nemogym.settings import SettingsError
 from miles_nemogym.smoke import _swe as smoke
 from tests.support.loopback_gym import LoopbackGym
 

@@ -25,11 +25,9 @@ from miles_nemogym.transport import check_url
 
 __all__ = [
     "ENV_VARS",
-    "SWE_ENVIRONMENT",
     "EnvironmentServer",
     "RewardMode",
     "Settings",
-    "SettingsError",
     "TimeoutReward",
     "environment_name_problem",
     "parse_environments",

@@ -19,8 +19,9 @@ from typing import Protocol
 
 import pytest
 
+from miles_nemogym.errors import SettingsError
 from miles_nemogym.runtime import Runtime, install
-from miles_nemogym.settings import ENV_VARS, Settings, SettingsError
+from miles_nemogym.settings import ENV_VARS, Settings
 
 __all__ = ["UseSettings", "use_settings"]
 

@@ -23,12 +23,12 @@ from miles_nemogym.checks._server_probe import (
     run_body_fields,
 )
 from miles_nemogym.episode import run as swe_run
-from miles_nemogym.errors import RequestError, counted, redact_url, redact_urls
+from miles_nemogym.errors import RequestError, SettingsError, counted, redact_url, redact_urls
 from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import (
     SECRET_VARIABLE,
     secret_problem,
 )
-from miles_nemogym.settings import Settings, SettingsError
+from miles_nemogym.settings import Settings
 from miles_nemogym.transport import bracket, is_loopback, is_wildcard
 
 __all__ = [

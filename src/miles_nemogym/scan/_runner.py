@@ -20,7 +20,7 @@ from miles_nemogym.agent import prepare_episode
 from miles_nemogym.checks import FetchError, identify
 from miles_nemogym.episode import run as swe_run
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome, Task
-from miles_nemogym.errors import MilesNemoGymError, RequestError, counted, redact_url, redact_urls
+from miles_nemogym.errors import MilesNemoGymError, RequestError, SettingsError, counted, redact_url, redact_urls
 from miles_nemogym.gym.config import instance_name
 from miles_nemogym.runtime import Episode, current, deliver
 from miles_nemogym.scan._config import ScanConfig, scan_settings, usage_problems
@@ -28,7 +28,7 @@ from miles_nemogym.scan._inputs import InputError, ScanTask, load_tasks, select
 from miles_nemogym.scan._report import ScanProgress, header, render_summary
 from miles_nemogym.scan._results import ResultLine, ResultsLock, ResultsWriter, task_digest
 from miles_nemogym.scan._verdict import Verdict, golden_pair, kind_of, reason_of, verdict_of
-from miles_nemogym.settings import Settings, SettingsError
+from miles_nemogym.settings import Settings
 from miles_nemogym.smoke import RecordingPolicy
 from miles_nemogym.transport import bracket, close_pools, is_loopback
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-__all__ = ["SessionServer", "forward_problem", "parse_session_server"]
+__all__ = ["parse_session_server"]
 
 SESSION_PATH = re.compile(r"/sessions/[0-9a-f]{32}/v1")
 _PRINTABLE = re.compile(r"[!-~]+")
