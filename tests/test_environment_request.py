@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import pytest
 
 from miles_nemogym.episode.environment import first_request
+from miles_nemogym.episode.run import responses_create_params
 from miles_nemogym.errors import RequestError
 
 TOOL = {
@@ -104,6 +106,30 @@ def test_input_the_loop_cannot_send_names_the_item(params: dict[str, object], na
 def test_bad_tools_or_extra_body_name_the_field(params: dict[str, object], named: str) -> None:
     with pytest.raises(RequestError, match=re.escape(named)):
         first_request({"input": "q", **params}, None)
+
+
+@pytest.mark.parametrize(
+    "extra_body",
+    [[["top_k", 5]], 5, "[1]", "{nope", {"top_k": 5}, '{"top_k": 5}'],
+    ids=["pairs", "number", "list-text", "bad-text", "object", "object-text"],
+)
+def test_a_rows_extra_body_gets_one_verdict_on_an_environment_row_and_a_swe_row(extra_body: object) -> None:
+    """One rule for metadata.extra_body: a value the SWE path refuses is refused by the loop too
+    (a list of pairs was once sent by the loop as an object)."""
+
+    def accepted(build: Callable[[], object]) -> bool:
+        try:
+            build()
+        except RequestError:
+            return False
+        return True
+
+    row = {"input": "q", "metadata": {"extra_body": extra_body}}
+    on_environment = accepted(lambda: first_request(row, None))
+    assert on_environment == accepted(lambda: responses_create_params({"metadata": {"extra_body": extra_body}}, {}))
+    assert on_environment == (extra_body in ({"top_k": 5}, '{"top_k": 5}'))
+    if on_environment:
+        assert first_request(row, None)[1]["top_k"] == 5
 
 
 @pytest.mark.parametrize("name", ["verify", "seed_session", "aggregate_metrics", "close_session", "", ".", "..", "a/b"])

@@ -35,6 +35,7 @@ from miles_nemogym.episode.record import (
     finite_json,
     judge,
     range_setting,
+    row_extra_body,
     shown,
     task_row,
 )
@@ -134,15 +135,7 @@ def first_request(
     for row_key, chat_key in _ROW_SAMPLING.items():
         if params.get(row_key) is not None:
             body[chat_key] = params[row_key]
-    row_extra = (params.get("metadata") or {}).get("extra_body")
-    if row_extra is not None:
-        try:
-            extra = json.loads(row_extra) if isinstance(row_extra, str) else dict(row_extra)
-        except (ValueError, TypeError) as error:
-            raise RequestError(f"{_PARAMS}.metadata.extra_body must be a JSON object: {error}") from None
-        if not isinstance(extra, dict):
-            raise RequestError(f"{_PARAMS}.metadata.extra_body must be a JSON object")
-        body.update(extra)
+    body.update(row_extra_body((params.get("metadata") or {}).get("extra_body"), f"{_PARAMS}.metadata.extra_body"))
     chat_tools = _tools(params)
     if chat_tools:
         body["tools"] = chat_tools

@@ -7,6 +7,7 @@ importing Miles). Every field is named here only (docs/episode-pipeline.md).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
@@ -325,6 +326,24 @@ def range_setting(environment: str, server: Any) -> str:
 
 
 _RANGE_SETTING = "NEMO_GYM_REWARD_RANGE"
+
+
+def row_extra_body(raw: Any, where: str) -> dict[str, Any]:
+    """A row's ``metadata.extra_body`` (a JSON object, or one encoded as a string as NeMo-Gym's
+    string-valued metadata carries it) as a dict, the same for every kind of episode; ``RequestError``
+    names ``where`` otherwise."""
+    if raw is None:
+        return {}
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise RequestError(f"{where} must be a JSON object encoded as a string: {error}") from None
+        if not isinstance(raw, dict):
+            raise RequestError(f"{where} must be a JSON object, got {type(raw).__name__}")
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    raise RequestError(f"{where} must be a JSON object encoded as a string, got {type(raw).__name__}")
 
 
 def check_reward(

@@ -38,6 +38,7 @@ from miles_nemogym.episode.record import (
     finite_json,
     judge,
     range_setting,
+    row_extra_body,
     short_reason,
     shown,
     task_row,
@@ -513,7 +514,9 @@ def responses_create_params(
     # The row's extra_body is checked whether or not the trainer adds keys to it: a row
     # must not be sent or refused depending on the trainer's flags. A row may carry it as
     # an object; the server only takes it as a JSON string.
-    row_extra = _row_extra_body(metadata.get("extra_body"))
+    row_extra = row_extra_body(
+        metadata.get("extra_body"), "metadata['responses_create_params']['metadata']['extra_body']"
+    )
     if extra or isinstance(metadata.get("extra_body"), Mapping):
         merged = row_extra
         merged.update(extra)
@@ -549,22 +552,6 @@ def _split_sampling(request_kwargs: Mapping[str, Any] | None) -> tuple[dict[str,
         else:
             extra[key] = value
     return typed, extra
-
-
-def _row_extra_body(raw: Any) -> dict[str, Any]:
-    where = "metadata['responses_create_params']['metadata']['extra_body']"
-    if raw is None:
-        return {}
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as error:
-            raise RequestError(f"{where} must be a JSON object encoded as a string: {error}") from None
-        if not isinstance(raw, dict):
-            raise RequestError(f"{where} must be a JSON object, got {type(raw).__name__}")
-    if isinstance(raw, Mapping):
-        return dict(raw)
-    raise RequestError(f"{where} must be a JSON object encoded as a string")
 
 
 def _check_json_value(key: str, value: Any) -> None:
