@@ -14,8 +14,10 @@ from miles_nemogym.episode.record import (
     Outcome,
     RecordRead,
     TestCounts,
+    check_reward,
     failure,
     parse_record,
+    passed,
     read_record,
     reward_text,
 )
@@ -153,3 +155,27 @@ def test_one_reward_reads_the_same_in_every_view() -> None:
     ]  # fmt: skip
     for other in (None, True, False, "1.0", [1.0], math.nan, math.inf, -math.inf, 10**400):
         assert reward_text(other) == "-", other
+
+
+NOT_FINITE = (math.nan, math.inf, -math.inf, 10**400, -(10**400))
+"""Rewards no rule may take for a number: 10**400 is a JSON integer float() cannot hold."""
+
+
+@pytest.mark.parametrize("reward", NOT_FINITE, ids=["nan", "inf", "-inf", "huge", "-huge"])
+def test_a_reward_that_is_not_finite_is_not_one_in_any_rule(reward: float) -> None:
+    """One rule for every reader of a reward: the "passed" rule, the reward hook, the server's
+    reward check, the metrics' mean and every view's text (a huge integer once raised
+    OverflowError in the "passed" rule, the reward hook and the metrics)."""
+    record = EpisodeRecord(status="ok", env="mcqa")
+    assert passed(record, reward) is False
+    read = read_record({"nemogym": record.model_dump(mode="json")})
+    assert agent.score_record(reward, read, RewardMode.partial) == (0.0, "non_finite_reward")
+    value, problem = check_reward(reward, (0.0, 1.0))
+    assert value is None and problem is not None and "not finite" in problem
+    assert reward_text(reward) == "-"
+
+    def reward_means(value: float) -> list[str]:
+        samples = [Sample(metadata={"nemogym": record.model_dump(mode="json"), "reward": value}) for _ in range(2)]
+        return [key for key in metrics.rollout_metrics(samples, Tally()) if key.endswith("reward_mean")]
+
+    assert reward_means(1.0) and not reward_means(reward)

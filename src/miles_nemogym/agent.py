@@ -15,7 +15,6 @@ never raises either (docs/episode-pipeline.md). Importing this module stays chea
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -33,6 +32,7 @@ from miles_nemogym.episode.record import (
     Task,
     failure_of,
     finish,
+    finite,
     finite_json,
     metadata_of,
     read_record,
@@ -249,7 +249,7 @@ def score_record(reward: Any, read: RecordRead, mode: RewardMode) -> tuple[float
         return 0.0, None
     if isinstance(reward, bool) or not isinstance(reward, (int, float)):
         return 0.0, "missing_reward" if reward is None else "non_numeric_reward"
-    if not math.isfinite(reward):
+    if finite(reward) is None:
         return 0.0, "non_finite_reward"
     # Partial credit reads SWE-bench test counts: an environment's reward is its verifier's.
     if mode is RewardMode.partial and record is not None and record.env == SWE_ENVIRONMENT and not record.resolved:

@@ -9,7 +9,6 @@ means and why: docs/using-with-miles.md and docs/episode-pipeline.md ("Metrics")
 from __future__ import annotations
 
 import logging
-import math
 import re
 from collections import Counter, defaultdict
 from typing import Any
@@ -25,6 +24,7 @@ from miles_nemogym.episode.record import (
     SampledEpisode,
     Task,
     distinct_episodes,
+    finite,
     flatten,
     metadata_of,
     pass_at_k,
@@ -122,10 +122,7 @@ def _env_label(name: str) -> str:
 
 def _reward(episode: SampledEpisode) -> float | None:
     """The episode's final reward (the agent function's ``reward``), if a finite number."""
-    value = episode.metadata.get(REWARD_KEY)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value)
+    return finite(episode.metadata.get(REWARD_KEY))
 
 
 def _reward_mean(valid: list[SampledEpisode]) -> dict[str, float]:

@@ -49,6 +49,7 @@ __all__ = [
     "agent_environment",
     "count_text",
     "eval_overrides",
+    "finite",
     "parse_record",
     "pass_at_k",
     "passed",
@@ -328,6 +329,18 @@ def range_setting(environment: str, server: Any) -> str:
 _RANGE_SETTING = "NEMO_GYM_REWARD_RANGE"
 
 
+def finite(value: object) -> float | None:
+    """``value`` as a finite float, or None: not a number (a boolean is not one), NaN, an infinity,
+    or an integer past a float's range (a JSON integer can be any size). The one rule for a reward."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def row_extra_body(raw: Any, where: str) -> dict[str, Any]:
     """A row's ``metadata.extra_body`` (a JSON object, or one encoded as a string as NeMo-Gym's
     string-valued metadata carries it) as a dict, the same for every kind of episode; ``RequestError``
@@ -352,12 +365,9 @@ def check_reward(
     """(the reward as a finite float or None, its problem or None): a number, finite, in ``reward_range``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None, f"the server's reward is not a number ({shown(value)})"
-    try:
-        number = float(value)
-    except OverflowError:  # a JSON integer beyond float range
+    number = finite(value)
+    if number is None:
         return None, f"the server's reward is not finite ({shown(value)})"
-    if not math.isfinite(number):
-        return None, f"the server's reward is not finite ({number})"
     low, high = reward_range
     if not low <= number <= high:
         shown_range = f"{low:g},{high:g}" if setting == _RANGE_SETTING else f"[{low:g}, {high:g}]"
@@ -495,9 +505,8 @@ def passed(record: EpisodeRecord, reward: object) -> bool:
         return False
     if record.env == SWE_ENVIRONMENT:
         return bool(record.resolved)
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-        return False
-    return math.isfinite(reward) and reward >= PASS_REWARD
+    number = finite(reward)
+    return number is not None and number >= PASS_REWARD
 
 
 def verdict(*, masked: bool, failure_kind: object, swe: bool, passed: bool) -> str:
@@ -522,14 +531,10 @@ def reward_text(value: object) -> str:
     """One episode's reward as every view shows it: a number (not a boolean) rounded to 4 decimals
     (``1.0``, ``0.3333``), a partial reward never rounded to a whole one (``0.99996`` is ``0.9999``:
     ``1.0`` means full credit); ``-`` for anything else (None, a string, NaN, infinity, a huge int)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    number = finite(value)
+    if number is None:
         return "-"
-    try:
-        number = float(value) + 0.0  # + 0.0: -0.0 shows as 0.0
-    except OverflowError:
-        return "-"
-    if not math.isfinite(number):
-        return "-"
+    number += 0.0  # -0.0 shows as 0.0
     shown = round(number, _REWARD_DECIMALS)
     if shown.is_integer() and shown != number:  # one step back toward the partial reward
         shown = round(shown + math.copysign(10.0**-_REWARD_DECIMALS, number - shown), _REWARD_DECIMALS)

@@ -10,9 +10,9 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from miles_nemogym.episode.record import EVAL, SWE_ENVIRONMENT, TRAIN, pass_at_k, percentile
+from miles_nemogym.episode.record import EVAL, SWE_ENVIRONMENT, TRAIN, finite, pass_at_k, percentile
 from miles_nemogym.store._browser import SWE_RESOLVE_RATE, mean, printable, quality_label, rate_name
-from miles_nemogym.store._reader import StoredEpisode, finite
+from miles_nemogym.store._reader import StoredEpisode
 
 __all__ = ["plots", "svg"]
 

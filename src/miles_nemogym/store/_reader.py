@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 import os
 import re
 import stat
@@ -17,10 +16,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord, parse_record, passed, verdict
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord, finite, parse_record, passed, verdict
 from miles_nemogym.store import ROLES
 
-__all__ = ["StoredEpisode", "finite", "load"]
+__all__ = ["StoredEpisode", "load"]
 
 UNFILED = "no step has trained or dropped it yet"
 """``StoredEpisode.not_trained`` of a sealed episode no filing names, in a role with filings
@@ -216,17 +215,6 @@ def _filed(paths: list[Path], problems: list[Problem]) -> dict[str, tuple[int, s
                 continue
             filed[item.episode_id] = (int(match["step"]), None if item.trained else item.reason or "no reason given")
     return filed
-
-
-def finite(value: Any) -> float | None:
-    """``value`` as a finite number, or None (a store field of the wrong type)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:  # an integer past a float's range
-        return None
-    return number if math.isfinite(number) else None
 
 
 def _time(entry: dict[str, Any]) -> float:
