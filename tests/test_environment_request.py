@@ -137,3 +137,65 @@ def test_a_tool_named_for_a_resources_endpoint_or_a_path_is_refused(name: str) -
     tool = {**TOOL, "name": name}
     with pytest.raises(RequestError, match=re.escape("tools[1].name")):
         first_request({"input": "q", "tools": [TOOL, tool]}, None)
+
+
+# NeMo-Gym 0.7.0's simple_agent calls vllm_model, which turns the row's params into the chat body by
+# nemo_gym/responses_converter.py (ResponsesConverter.responses_to_chat_completion_create_params) and
+# then responses_api_models/vllm_model/app.py (VLLMModel._preprocess_chat_completion_create_params).
+
+
+@pytest.mark.parametrize(
+    ("text", "response_format"),
+    [
+        (
+            {"format": {"type": "json_schema", "name": "answer", "schema": {"type": "object"}, "strict": True}},
+            {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "object"}, "strict": True}},
+        ),
+        ({"format": {"type": "json_object"}}, {"type": "json_object"}),
+        ({"format": {"type": "text"}}, None),
+    ],
+)
+def test_text_format_becomes_response_format(text: dict[str, object], response_format: object) -> None:
+    _, body = first_request({"input": "q", "text": text}, None)
+    assert body.get("response_format") == response_format
+
+
+def test_a_text_format_with_no_chat_form_is_refused() -> None:
+    with pytest.raises(RequestError, match=re.escape("text.format")):
+        first_request({"input": "q", "text": {"format": {"type": "grammar"}}}, None)
+
+
+def test_reasoning_effort_is_refused_not_dropped() -> None:
+    # grl_sokoban's and grl_tetris's rows carry it; vllm_model sends it as reasoning_effort, which Miles'
+    # session server never gives the chat template (it renders the prompt itself).
+    with pytest.raises(RequestError, match=re.escape("responses_create_params.reasoning.effort")) as error:
+        first_request({"input": "q", "reasoning": {"effort": "medium"}}, None)
+    assert "chat_template_kwargs" in str(error.value)
+    assert first_request({"input": "q", "reasoning": {"effort": None}}, None)[1] == {}
+
+
+def test_a_named_tool_choice_is_spelt_as_chat_completions_spells_it() -> None:
+    params = {"input": "q", "tools": [TOOL], "tool_choice": {"type": "function", "name": "lookup"}}
+    assert first_request(params, None)[1]["tool_choice"] == {"type": "function", "function": {"name": "lookup"}}
+    with pytest.raises(RequestError, match=re.escape("tool_choice")):
+        first_request({"input": "q", "tool_choice": "required"}, None)  # a tool is required, none is offered
+
+
+def test_the_rows_own_fields_win_over_its_extra_body() -> None:
+    params = {
+        "input": "q",
+        "temperature": 0.2,
+        "metadata": {
+            "extra_body": '{"temperature": 0.9, "top_k": 5, "chat_template_kwargs": {"enable_thinking": true}}',
+            "chat_template_kwargs": '{"enable_thinking": false}',
+        },
+    }
+    _, body = first_request(params, None)
+    assert body == {"temperature": 0.2, "top_k": 5, "chat_template_kwargs": {"enable_thinking": False}}
+    assert first_request(params, {"temperature": 1.0})[1]["temperature"] == 1.0
+
+
+def test_a_row_with_audio_is_refused_not_sent_as_text() -> None:
+    # asr_with_pc's rows carry it; vllm_model splices it into the last user message.
+    with pytest.raises(RequestError, match=re.escape("metadata.audio_data")):
+        first_request({"input": "q", "metadata": {"audio_data": "data:audio/wav;base64,AAAA"}}, None)

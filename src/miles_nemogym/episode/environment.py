@@ -68,7 +68,8 @@ _VERIFY_OWN = frozenset({"response", "reward", "mask_sample", "failure_kind", "f
 _NOT_RENDERED = frozenset({"type", "defer_loading", "strict"})
 """Tool keys the function does not get (``vllm_model`` drops ``strict`` before the engine)."""
 _ROW_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "max_output_tokens": "max_tokens"}
-_PASSED = ("parallel_tool_calls", "tool_choice")
+_AUDIO = ("audio_data", "audio_path", "audio_paths")
+"""``metadata`` keys ``vllm_model`` splices into the last user message as audio: the loop sends text only."""
 
 
 def _text(content: Any, where: str) -> str:
@@ -125,21 +126,77 @@ def _tools(params: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _tool_choice(choice: Any) -> Any:
+    """A Responses ``tool_choice`` as chat-completions spells it: a named tool moves under ``function``."""
+    if choice is None or isinstance(choice, str):
+        return choice
+    if isinstance(choice, Mapping) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise RequestError(f"{_PARAMS}.tool_choice must be a string or {{type: 'function', name}}, got {shown(choice)}")
+
+
+def _format_and_reasoning(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The chat keys NeMo-Gym's converter makes of ``text.format`` and ``reasoning``;
+    ``RequestError`` names one Miles' session server cannot honour."""
+    reasoning = params.get("reasoning") or {}
+    if not isinstance(reasoning, Mapping):
+        raise RequestError(f"{_PARAMS}.reasoning must be an object")
+    for key, value in reasoning.items():
+        if value is not None:
+            raise RequestError(
+                f"{_PARAMS}.reasoning.{key} ({shown(value)}) cannot be sent: NeMo-Gym sends reasoning.effort as "
+                "reasoning_effort, but Miles' session server renders the prompt itself and gives the chat template "
+                "only chat_template_kwargs. Remove it from the row, or set what the policy's chat template reads "
+                "in metadata.chat_template_kwargs"
+            )
+    text = params.get("text") or {}
+    text_format = (text.get("format") if isinstance(text, Mapping) else None) or {"type": "text"}
+    kind = text_format.get("type") if isinstance(text_format, Mapping) else None
+    if kind == "json_schema" and "name" in text_format and "schema" in text_format:
+        schema = {
+            k: text_format[k] for k in ("name", "schema", "strict", "description") if text_format.get(k) is not None
+        }
+        return {"response_format": {"type": "json_schema", "json_schema": schema}}
+    if kind in ("json_object", "text"):
+        return {"response_format": {"type": "json_object"}} if kind == "json_object" else {}
+    raise RequestError(
+        f"{_PARAMS}.text.format must be {{type: 'text'}}, {{type: 'json_object'}} or "
+        f"{{type: 'json_schema', name, schema}}, got {shown(text_format)}"
+    )
+
+
 def first_request(
     params: Mapping[str, Any], request_kwargs: Mapping[str, Any] | None
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(the chat messages, the first chat-completions body without them) of a row's params;
     ``RequestError`` names the field that cannot be sent (also ``convert``'s check of a row)."""
     messages = _messages(params)
-    body: dict[str, Any] = {}
+    metadata = params.get("metadata") or {}
+    audio = [key for key in _AUDIO if metadata.get(key)]
+    if audio:
+        raise RequestError(
+            f"{_PARAMS}.metadata.{audio[0]} is audio NeMo-Gym's vllm_model adds to the last user message; "
+            "the environment loop sends text only: drop the row"
+        )
+    # The row's extra_body sits under every key the row itself sets, as vllm_model merges it.
+    body = row_extra_body(metadata.get("extra_body"), f"{_PARAMS}.metadata.extra_body")
+    if metadata.get("chat_template_kwargs"):
+        where = f"{_PARAMS}.metadata.chat_template_kwargs"
+        body["chat_template_kwargs"] = row_extra_body(metadata["chat_template_kwargs"], where)
     for row_key, chat_key in _ROW_SAMPLING.items():
         if params.get(row_key) is not None:
             body[chat_key] = params[row_key]
-    body.update(row_extra_body((params.get("metadata") or {}).get("extra_body"), f"{_PARAMS}.metadata.extra_body"))
+    body.update(_format_and_reasoning(params))
     chat_tools = _tools(params)
+    tool_choice = _tool_choice(params.get("tool_choice"))
     if chat_tools:
         body["tools"] = chat_tools
-        body.update({key: params[key] for key in _PASSED if params.get(key) is not None})
+        if tool_choice is not None:
+            body["tool_choice"] = tool_choice
+        if params.get("parallel_tool_calls") is not None:
+            body["parallel_tool_calls"] = params["parallel_tool_calls"]
+    elif tool_choice not in (None, "auto", "none"):
+        raise RequestError(f"{_PARAMS}.tool_choice {shown(tool_choice)} needs a tool, and the row offers none")
     body.update({key: value for key, value in (request_kwargs or {}).items() if value is not None})
     body.pop("stream", None)
     return messages, body
