@@ -165,13 +165,13 @@ def test_a_text_format_with_no_chat_form_is_refused() -> None:
         first_request({"input": "q", "text": {"format": {"type": "grammar"}}}, None)
 
 
-def test_reasoning_effort_is_refused_not_dropped() -> None:
-    # grl_sokoban's and grl_tetris's rows carry it; vllm_model sends it as reasoning_effort, which Miles'
-    # session server never gives the chat template (it renders the prompt itself).
-    with pytest.raises(RequestError, match=re.escape("responses_create_params.reasoning.effort")) as error:
-        first_request({"input": "q", "reasoning": {"effort": "medium"}}, None)
-    assert "chat_template_kwargs" in str(error.value)
+def test_reasoning_effort_is_sent_as_nemo_gym_sends_it() -> None:
+    # grl_sokoban's and grl_tetris's rows carry it; NeMo-Gym's converter sends it as reasoning_effort
+    # and refuses the reasoning fields it has no chat form for.
+    assert first_request({"input": "q", "reasoning": {"effort": "medium"}}, None)[1] == {"reasoning_effort": "medium"}
     assert first_request({"input": "q", "reasoning": {"effort": None}}, None)[1] == {}
+    with pytest.raises(RequestError, match=re.escape("responses_create_params.reasoning.summary")):
+        first_request({"input": "q", "reasoning": {"effort": "low", "summary": "auto"}}, None)
 
 
 def test_a_named_tool_choice_is_spelt_as_chat_completions_spells_it() -> None:

@@ -136,19 +136,15 @@ def _tool_choice(choice: Any) -> Any:
 
 
 def _format_and_reasoning(params: Mapping[str, Any]) -> dict[str, Any]:
-    """The chat keys NeMo-Gym's converter makes of ``text.format`` and ``reasoning``;
-    ``RequestError`` names one Miles' session server cannot honour."""
+    """The chat keys NeMo-Gym's converter makes of ``text.format`` and ``reasoning``
+    (``reasoning_effort``; a reasoning field it has no chat form for is refused, as it refuses it)."""
     reasoning = params.get("reasoning") or {}
     if not isinstance(reasoning, Mapping):
         raise RequestError(f"{_PARAMS}.reasoning must be an object")
-    for key, value in reasoning.items():
-        if value is not None:
-            raise RequestError(
-                f"{_PARAMS}.reasoning.{key} ({shown(value)}) cannot be sent: NeMo-Gym sends reasoning.effort as "
-                "reasoning_effort, but Miles' session server renders the prompt itself and gives the chat template "
-                "only chat_template_kwargs. Remove it from the row, or set what the policy's chat template reads "
-                "in metadata.chat_template_kwargs"
-            )
+    unsent = sorted(key for key, value in reasoning.items() if key != "effort" and value is not None)
+    if unsent:
+        raise RequestError(f"{_PARAMS}.reasoning.{unsent[0]} has no chat-completions form: remove it from the row")
+    effort = {"reasoning_effort": reasoning["effort"]} if reasoning.get("effort") is not None else {}
     text = params.get("text") or {}
     text_format = (text.get("format") if isinstance(text, Mapping) else None) or {"type": "text"}
     kind = text_format.get("type") if isinstance(text_format, Mapping) else None
@@ -156,9 +152,9 @@ def _format_and_reasoning(params: Mapping[str, Any]) -> dict[str, Any]:
         schema = {
             k: text_format[k] for k in ("name", "schema", "strict", "description") if text_format.get(k) is not None
         }
-        return {"response_format": {"type": "json_schema", "json_schema": schema}}
+        return {"response_format": {"type": "json_schema", "json_schema": schema}, **effort}
     if kind in ("json_object", "text"):
-        return {"response_format": {"type": "json_object"}} if kind == "json_object" else {}
+        return {"response_format": {"type": "json_object"}, **effort} if kind == "json_object" else effort
     raise RequestError(
         f"{_PARAMS}.text.format must be {{type: 'text'}}, {{type: 'json_object'}} or "
         f"{{type: 'json_schema', name, schema}}, got {shown(text_format)}"
