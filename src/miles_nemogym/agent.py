@@ -15,7 +15,7 @@ never raises either (docs/episode-pipeline.md). Importing this module stays chea
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import pydantic_core
@@ -38,7 +38,7 @@ from miles_nemogym.episode.record import (
     read_record,
 )
 from miles_nemogym.episode.run import prepare as prepare_swe
-from miles_nemogym.episode.run import prepare_agent
+from miles_nemogym.episode.run import prepare_agent, prepare_scan, responses_create_params
 from miles_nemogym.errors import (
     AGENT_REQUEST_FAILED,
     AGENT_RUN_ERROR,
@@ -54,7 +54,7 @@ from miles_nemogym.runtime import AWAITING_RESULT, NOT_DELIVERED, Episode, Runti
 from miles_nemogym.settings import RewardMode, Settings
 from miles_nemogym.store import entry_for, session_id
 
-__all__ = ["abort", "prepare_episode", "reward_func", "run", "run_with_settings"]
+__all__ = ["ScanEpisodes", "abort", "reward_func", "run", "run_with_settings"]
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +142,35 @@ def prepare_episode(
     if server.agent is not None:
         return prepare_agent(task, request_kwargs, server, settings, session_url=base_url, addresses=addresses)
     return prepare_environment(task, server, session_url=base_url, request_kwargs=request_kwargs, settings=settings)
+
+
+class ScanEpisodes:
+    """The scan's episodes for one set of sampling flags (Miles' ``request_kwargs``): each row's built
+    as training builds it and run as training runs it (``deliver``); ``RequestError`` when the
+    flags cannot be sent."""
+
+    def __init__(self, request_kwargs: Mapping[str, Any]) -> None:
+        responses_create_params(None, request_kwargs)
+        self.request_kwargs = request_kwargs
+
+    def episode(
+        self, metadata: Any, environment: str, policy: str | None, settings: Settings, *, send_api_key: bool = False
+    ) -> Callable[[], Awaitable[Outcome]]:
+        """One row's episode, ready to run on the runtime: a SWE row's ``/run`` names ``policy`` as its
+        model as given (None: the server's own; the key sent only with ``send_api_key``), an
+        environment row's is ``prepare_episode``'s for the session ``policy``. Raises what is wrong
+        with the row, as ``prepare_episode`` does."""
+        kwargs = self.request_kwargs
+        if environment == SWE_ENVIRONMENT:
+            task = Task.of(metadata)
+            episode: Episode = prepare_scan(task, kwargs, settings, policy_url=policy, send_api_key=send_api_key)
+        else:
+            episode = prepare_episode(Task.of(metadata, environment), str(policy), kwargs, settings)
+
+        async def play() -> Outcome:
+            return await deliver(episode, settings, current().circuits, current().in_flight)
+
+        return play
 
 
 def _store(

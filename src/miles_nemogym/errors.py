@@ -55,7 +55,6 @@ __all__ = [
     "TRANSPORT_TLS",
     "TRANSPORT_UNREACHABLE",
     "Failed",
-    "KeyScrubber",
     "MilesNemoGymError",
     "RequestError",
     "RunStopped",

@@ -26,7 +26,7 @@ import yaml
 from typer.testing import CliRunner
 
 from miles_nemogym import agent
-from miles_nemogym.checks import identify
+from miles_nemogym.checks._server_probe import identify
 from miles_nemogym.cli.main import app
 from miles_nemogym.episode.record import TASK_ID_KEY
 from miles_nemogym.gym.composition import JUDGE_INSTANCE, Judge, judged_instances, own_config

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from miles_nemogym.checks import identify
+from miles_nemogym.checks._server_probe import identify
 from miles_nemogym.cli.main import app
 from miles_nemogym.gym.config import PLACEHOLDER_POLICY_URL
 from miles_nemogym.gym.environments import EnvironmentServers, plan

@@ -33,17 +33,24 @@ from miles_nemogym.transport import bracket, is_loopback, is_wildcard
 
 __all__ = [
     "CheckResult",
-    "FetchError",
     "Fetcher",
     "Status",
     "Target",
     "Wanted",
     "all_passed",
     "environment_failed",
-    "identify",
+    "identity_of",
     "report",
     "run",
 ]
+
+
+def identity_of(url: str, timeout_s: float) -> ServerIdentity | None:
+    """``identify``: the NeMo-Gym server answering ``GET url``; None also when it cannot be fetched."""
+    try:
+        return identify(url, timeout_s)
+    except FetchError:
+        return None
 
 
 class Status(str, Enum):

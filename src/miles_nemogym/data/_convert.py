@@ -29,9 +29,9 @@ from miles_nemogym.data._environments import (
     apportion,
     env_mark_problem,
     environment_of_row,
+    environment_task_id,
     is_environment_row,
     parse_env_option,
-    task_key,
     to_environment_row,
 )
 from miles_nemogym.data._rows import (
@@ -649,7 +649,7 @@ def _convert_environments(options: ConvertOptions, progress: _Progress | None, f
                 task_id = f"{environment}/{checked[0] if isinstance(checked, tuple) else raw.index}"
                 row = checked[1] if isinstance(checked, tuple) else checked
             else:
-                task_id = f"{environment}/{task_key(data, raw.index)}"
+                task_id = environment_task_id(data, environment, raw.index)
                 row = to_environment_row(data, environment, task_id)
             if isinstance(row, FieldProblem):
                 _record_problem(report, raw, [str(row)], _problem_key(row), who=task_id)

@@ -25,9 +25,11 @@ __all__ = [
     "EnvironmentInput",
     "chat_prompt",
     "environment_of_row",
+    "environment_row",
+    "environment_task_id",
     "is_environment_row",
+    "named_environment",
     "parse_env_option",
-    "task_key",
     "to_environment_row",
 ]
 
@@ -82,6 +84,15 @@ def is_environment_row(row: Mapping[str, Any]) -> bool:
     return _PARAMS in row and ("agent_ref" in row or "task_source" in row or "instance_id" not in row)
 
 
+def named_environment(row: Mapping[str, Any]) -> str | None:
+    """The environment a raw NeMo-Gym task row names (``"an environment"`` when it names none), or
+    None for a row that is not one (NeMo-Gym's SWE rows carry ``agent_ref`` too, and an ``instance_id``)."""
+    if not is_environment_row(row) or "instance_id" in row:
+        return None
+    named = environment_of_row(row)
+    return named if isinstance(named, str) else "an environment"
+
+
 def environment_of_row(row: Mapping[str, Any]) -> str | FieldProblem:
     """The environment a row names through ``agent_ref.name`` or ``task_source`` (what NeMo-Gym's
     data preparation writes in 0.7.0), ``X_simple_agent`` → ``X``; or why it names none."""
@@ -116,6 +127,11 @@ def task_key(row: Mapping[str, Any], index: int) -> str:
         if (isinstance(value, str) and value) or (isinstance(value, int) and not isinstance(value, bool)):
             return str(value)
     return str(index)
+
+
+def environment_task_id(row: Mapping[str, Any], environment: str, index: int) -> str:
+    """The task id of row ``index`` of ``environment``'s rows: ``environment/`` + its own id, else its index."""
+    return f"{environment}/{task_key(row, index)}"
 
 
 def chat_prompt(row: Mapping[str, Any]) -> list[dict[str, Any]] | FieldProblem:
@@ -192,3 +208,8 @@ def apportion(total: int, weights: Sequence[float]) -> list[int]:
     for i in by_remainder[: total - sum(counts)]:
         counts[i] += 1
     return counts
+
+
+def environment_row(row: Mapping[str, Any], environment: str, index: int) -> dict[str, Any] | FieldProblem:
+    """``to_environment_row`` for row ``index`` of ``environment``'s rows, with its own task id."""
+    return to_environment_row(row, environment, environment_task_id(row, environment, index))

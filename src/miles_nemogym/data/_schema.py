@@ -13,7 +13,15 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 from miles_nemogym import errors
 
-__all__ = ["SUBSETS", "TEST_LIST_FIELDS", "FieldProblem", "SweBenchInstance", "decode_test_list", "validate_instance"]
+__all__ = [
+    "SUBSETS",
+    "TEST_LIST_FIELDS",
+    "FieldProblem",
+    "SweBenchInstance",
+    "decode_test_list",
+    "decode_test_lists",
+    "validate_instance",
+]
 
 REQUIRED_FIELDS: tuple[str, ...] = (
     "instance_id",
@@ -136,6 +144,13 @@ def decode_test_list(field: str, value: Any) -> list[str]:
         return _TEST_LIST.validate_python(value, strict=True)
     except ValidationError as error:
         raise ValueError(str(_describe(error.errors(include_url=False)[0], field))) from None
+
+
+def decode_test_lists(metadata: dict[str, Any]) -> None:
+    """``decode_test_list`` on each of ``TEST_LIST_FIELDS`` the row holds, in place."""
+    for name in TEST_LIST_FIELDS:
+        if name in metadata:
+            metadata[name] = decode_test_list(name, metadata[name])
 
 
 def validate_instance(row: Mapping[str, Any]) -> SweBenchInstance | list[FieldProblem]:

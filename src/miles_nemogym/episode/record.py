@@ -56,8 +56,6 @@ __all__ = [
     "percentile",
     "read_record",
     "reward_text",
-    "short_reason",
-    "task_row",
     "verdict",
 ]
 
@@ -212,6 +210,10 @@ class EpisodeRecord(BaseModel):
     def env(self) -> str:
         return self.environment or SWE_ENVIRONMENT
 
+    def failure_line(self) -> str:
+        """``kind: reason`` as one bounded line (``short_reason``), ``unknown`` / ``no reason given`` when unset."""
+        return short_reason(f"{self.failure_kind or 'unknown'}: {self.failure_reason or 'no reason given'}")
+
 
 # -- the outcome: what every episode kind ends in ----------------------------------------------
 
@@ -236,6 +238,10 @@ class Outcome:
     tool_time_s: float | None = None  # an environment episode's seed, tool and verify requests; None for /run
     aborted: bool = False  # stopped by our abort: neither an episode nor a failure (a server's cancel is)
 
+    def instance_report(self) -> dict[str, Any] | None:
+        """The SWE-bench report of this episode's instance in the server's ``eval_report``, if graded."""
+        return instance_report(self.eval_report, self.record.instance_id)
+
     def to_metadata(self) -> dict[str, Any]:
         """The dict returned to Miles, merged into ``sample.metadata`` (``agent_metrics`` when timed)."""
         result = {
@@ -246,6 +252,25 @@ class Outcome:
         if self.tool_time_s is not None:
             result[_AGENT_METRICS_KEY] = {"total_tool_time": self.tool_time_s}
         return result
+
+
+def instance_report(metadata: dict[str, Any] | None, instance_id: str | None) -> dict[str, Any] | None:
+    """The SWE-bench report of this instance in the server's metadata, if graded (a lone one without an id)."""
+    if not metadata or not isinstance(metadata.get("eval_report"), dict):
+        return None
+    reports: dict[str, Any] = metadata["eval_report"]
+    if instance_id is None:
+        report = next(iter(reports.values())) if len(reports) == 1 else None
+    else:
+        report = reports.get(instance_id)
+        if report is None:
+            report = next((v for k, v in reports.items() if isinstance(k, str) and same_instance(k, instance_id)), None)
+    return report if isinstance(report, dict) else None
+
+
+def same_instance(a: str, b: str) -> bool:
+    """Whether two instance ids name one instance (nemo-gym lowercases the ids it reports)."""
+    return a == b or a.casefold() == b.casefold()
 
 
 def failure(

@@ -36,9 +36,11 @@ from miles_nemogym.episode.record import (
     failure,
     failure_of,
     finite_json,
+    instance_report,
     judge,
     range_setting,
     row_extra_body,
+    same_instance,
     short_reason,
     shown,
     task_row,
@@ -70,7 +72,7 @@ from miles_nemogym.transport import (
     request,
 )
 
-__all__ = ["instance_report", "policy_base_url", "prepare_scan", "responses_create_params"]
+__all__ = ["policy_base_url"]
 
 logger = logging.getLogger(__name__)
 
@@ -749,7 +751,7 @@ def classify_run_response(
     report = instance_report(metadata, instance_id)
     if "error" in metadata:
         broken = f"server error: {_error_summary(metadata['error'])}"
-    elif sent_instance_id is not None and reported_id is not None and not _same_instance(reported_id, sent_instance_id):
+    elif sent_instance_id is not None and reported_id is not None and not same_instance(reported_id, sent_instance_id):
         broken = f"the result is for instance {shown(reported_id)}, not for {sent_instance_id!r} that was sent"
     elif report is None:
         broken = "the server's result has no SWE-bench eval report for this instance, so its reward cannot be trusted"
@@ -777,22 +779,6 @@ def classify_run_response(
     )
     outcome.record.turns, outcome.record.tool_calls = _count_turns(response)
     return outcome
-
-
-def instance_report(metadata: dict[str, Any] | None, instance_id: str | None) -> dict[str, Any] | None:
-    """The SWE-bench report of this instance in the server's metadata, if graded (a lone one without an id)."""
-    if not metadata or not isinstance(metadata.get("eval_report"), dict):
-        return None
-    reports: dict[str, Any] = metadata["eval_report"]
-    if instance_id is None:
-        report = next(iter(reports.values())) if len(reports) == 1 else None
-    else:
-        report = reports.get(instance_id)
-        if report is None:
-            report = next(
-                (v for k, v in reports.items() if isinstance(k, str) and _same_instance(k, instance_id)), None
-            )
-    return report if isinstance(report, dict) else None
 
 
 def _error_summary(error: object) -> str:
@@ -824,8 +810,3 @@ def _test_counts(status: Any) -> TestCounts | None:
     if not isinstance(status, dict):
         return None
     return TestCounts(passed=len(status.get("success") or []), failed=len(status.get("failure") or []))
-
-
-def _same_instance(a: str, b: str) -> bool:
-    """Whether two instance ids name one instance (nemo-gym lowercases the ids it reports)."""
-    return a == b or a.casefold() == b.casefold()

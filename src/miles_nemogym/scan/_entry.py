@@ -12,21 +12,21 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from miles_nemogym.errors import KeyScrubber, counted, describe
+from miles_nemogym.errors import counted, describe
 from miles_nemogym.scan._config import ScanConfig
 from miles_nemogym.scan._runner import EXIT_USAGE, ScanResult, ScanUsageError, run_scan
 from miles_nemogym.settings import Settings
 
 
-def _redact(scrubber: KeyScrubber, record: logging.LogRecord) -> bool:
+def _redact(settings: Settings, record: logging.LogRecord) -> bool:
     """Removes the policy API key from every log record (defence in depth: nothing is
     known to log it, but a library error message could quote a request)."""
     message = record.getMessage()
-    clean = scrubber.scrub_text(message)
+    clean = settings.scrub_text(message)
     if clean != message:
         record.msg, record.args = clean, None
     error = record.exc_info[1] if record.exc_info else None
-    if error is not None and scrubber.scrub_text(str(error)) != str(error):
+    if error is not None and settings.scrub_text(str(error)) != str(error):
         record.exc_info, record.exc_text = None, None
     return True
 
@@ -35,11 +35,11 @@ def _install_logging(err: Console) -> logging.Handler:
     handler = logging.StreamHandler(err.file)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     try:
-        scrubber = Settings.from_env().key_scrubber()
+        settings: Settings | None = Settings.from_env()
     except Exception:  # reported by the scan itself, with its fix
-        scrubber = None
-    if scrubber is not None:
-        handler.addFilter(functools.partial(_redact, scrubber))
+        settings = None
+    if settings is not None and settings.key_scrubber() is not None:
+        handler.addFilter(functools.partial(_redact, settings))
     root = logging.getLogger()
     root.addHandler(handler)
     if root.level == logging.NOTSET or root.level > logging.WARNING:

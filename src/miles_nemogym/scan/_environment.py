@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from miles_nemogym import checks
-from miles_nemogym.agent import prepare_episode
-from miles_nemogym.episode.record import Outcome, Task, task_row
+from miles_nemogym.agent import ScanEpisodes
+from miles_nemogym.episode.record import Outcome
 from miles_nemogym.gym.environments import plan
 from miles_nemogym.gym.venv import GymEnvironmentError
-from miles_nemogym.runtime import current, deliver
 from miles_nemogym.scan._inputs import InputError, ScanTask
 from miles_nemogym.settings import Settings
 from miles_nemogym.smoke import RecordingPolicy, golden_answers
@@ -39,7 +38,7 @@ def gold_answers(tasks: Sequence[ScanTask]) -> dict[str, Answers]:
         ) from None
     found: dict[str, Answers] = {}
     for task in tasks:
-        known = golden_answers(folders[task.environment], task_row(task.metadata))
+        known = golden_answers(folders[task.environment], task.metadata)  # it reads only the gold fields
         if not known:
             raise InputError(
                 f"{task.where}: task {task.instance_id}: no gold answer known for {task.environment}'s rows "
@@ -83,16 +82,15 @@ def server_problem(settings: Settings, environments: Sequence[str], policy_base_
 
 
 async def play_golden(
-    task: ScanTask, known: Answers, policy: RecordingPolicy, settings: Settings, request_kwargs: Mapping[str, Any]
+    task: ScanTask, known: Answers, policy: RecordingPolicy, settings: Settings, episodes: ScanEpisodes
 ) -> tuple[Outcome, Outcome]:
     """The row's gold, then its wrong answer, each one episode of its own scripted session."""
     played = []
     for turns in known.values():  # gold, then wrong
         session = uuid.uuid4().hex
         policy.configure_session(session, answers=turns)
-        row = Task.of(task.metadata, task.environment)
-        episode = prepare_episode(row, policy.session_url(session), request_kwargs, settings)
-        outcome = await deliver(episode, settings, current().circuits, current().in_flight)
+        episode = episodes.episode(task.metadata, task.environment, policy.session_url(session), settings)
+        outcome = await episode()
         outcome.record.environment = task.environment
         played.append(outcome)
     return played[0], played[1]

@@ -10,11 +10,9 @@ from typing import Any
 
 from miles_nemogym.data import (
     SUBSETS,
-    TEST_LIST_FIELDS,
     SourceError,
-    decode_test_list,
-    environment_of_row,
-    is_environment_row,
+    decode_test_lists,
+    named_environment,
     open_file,
 )
 from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, TASK_ID_KEY
@@ -92,19 +90,14 @@ def _environment_of(row: Mapping[str, Any]) -> str | None:
         mark = shape.get(ENV_KEY)
         if isinstance(mark, str) and mark and mark != SWE_ENVIRONMENT:
             return mark
-    if is_environment_row(row) and "instance_id" not in row:  # NeMo-Gym's SWE rows carry agent_ref too
-        named = environment_of_row(row)
-        return named if isinstance(named, str) else "an environment"
-    return None
+    return named_environment(row)
 
 
 def _normalise(metadata: dict[str, Any], where: str, subset: str | None, split: str | None) -> None:
-    for name in TEST_LIST_FIELDS:
-        if name in metadata:
-            try:
-                metadata[name] = decode_test_list(name, metadata[name])
-            except ValueError as error:
-                raise InputError(f"{where}: {error}") from None
+    try:
+        decode_test_lists(metadata)
+    except ValueError as error:
+        raise InputError(f"{where}: {error}") from None
     if not metadata.get("subset"):
         if subset is None:
             raise InputError(

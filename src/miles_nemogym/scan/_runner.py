@@ -1,11 +1,11 @@
-"""Run a scan: every selected instance through ``runtime.deliver``, as training does: a SWE row's
-``/run`` body from ``run.prepare_scan``, an environment row's episode from ``agent.prepare_episode``
-(``scan/_environment.py``)."""
+"""Run a scan: every selected instance through ``runtime.deliver``, as training does: each row's
+episode from ``agent.ScanEpisodes`` (a SWE row's ``/run`` body, an environment row's episode; a
+golden environment row's in ``scan/_environment.py``)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,13 +16,11 @@ from rich.console import Console
 
 import miles_nemogym.scan._environment as environment_scan
 from miles_nemogym import checks
-from miles_nemogym.agent import prepare_episode
-from miles_nemogym.checks import FetchError, identify
+from miles_nemogym.agent import ScanEpisodes
 from miles_nemogym.episode import run as swe_run
-from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome, Task
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome
 from miles_nemogym.errors import MilesNemoGymError, RequestError, SettingsError, counted, redact_url, redact_urls
 from miles_nemogym.gym.config import instance_name
-from miles_nemogym.runtime import Episode, current, deliver
 from miles_nemogym.scan._config import ScanConfig, scan_settings, usage_problems
 from miles_nemogym.scan._inputs import InputError, ScanTask, load_tasks, select
 from miles_nemogym.scan._report import ScanProgress, header, render_summary
@@ -123,11 +121,12 @@ class _Prepared:
     earlier: dict[str, ResultLine]
     digests: dict[str, str]
     lock: ResultsLock | None
-    bodies: dict[str, Episode]
+    bodies: dict[str, Callable[[], Awaitable[Outcome]]]
     """Each pending instance's episode (a SWE row's ``/run`` body), built once before the first
     episode; a golden environment row's two are built as they are played."""
     gold: dict[str, environment_scan.Answers]
     """A golden scan of environment rows: each pending row's gold and wrong answer."""
+    episodes: ScanEpisodes
 
     @property
     def environments(self) -> list[str]:
@@ -202,7 +201,7 @@ def _prepare_locked(
     earlier = {key: value for key, value in earlier.items() if key in wanted}
 
     try:
-        swe_run.responses_create_params(None, config.request_kwargs())
+        episodes = ScanEpisodes(config.request_kwargs())
     except RequestError as error:
         raise ScanUsageError(f"the sampling flags cannot be sent: {error}") from None
     pending = [task for task in selected if task.instance_id not in earlier]
@@ -218,20 +217,19 @@ def _prepare_locked(
                 base = environment_scan.session_base(str(config.policy_base_url))
         except InputError as error:
             raise ScanUsageError(str(error)) from None
-    bodies: dict[str, Episode] = {}
+    bodies: dict[str, Callable[[], Awaitable[Outcome]]] = {}
     for task in pending:  # a row that cannot form a body fails now, not as a masked episode later
         try:
             if not environment_rows:
-                bodies[task.instance_id] = swe_run.prepare_scan(
-                    Task.of(task.metadata),
-                    config.request_kwargs(),
+                bodies[task.instance_id] = episodes.episode(
+                    task.metadata,
+                    task.environment,
+                    config.policy_base_url,
                     settings,
-                    policy_url=config.policy_base_url,
                     send_api_key=config.policy_base_url is not None,
                 )
                 continue
-            row = Task.of(task.metadata, task.environment)
-            episode = prepare_episode(row, base, config.request_kwargs(), settings)
+            episode = episodes.episode(task.metadata, task.environment, base, settings)
             if not config.golden:
                 bodies[task.instance_id] = episode
         except RequestError as error:
@@ -239,7 +237,7 @@ def _prepare_locked(
             raise ScanUsageError(f"{task.where}: {what} {task.instance_id}: {error}") from None
         except SettingsError:  # not in NEMO_GYM_ENVS: the gate says so, naming every one missing
             continue
-    return _Prepared(settings, selected, pending, earlier, digests, lock, bodies, gold)
+    return _Prepared(settings, selected, pending, earlier, digests, lock, bodies, gold, episodes)
 
 
 def _result_line(
@@ -318,8 +316,8 @@ async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Consol
         await asyncio.to_thread(_refuse_a_policy_server, settings.gym_url)
         async with golden_guard(settings.gym_url, settings.external_host) as guard:
             for task in prepared.pending:  # each /run names the guard as its policy: a golden server never calls it
-                prepared.bodies[task.instance_id] = swe_run.prepare_scan(
-                    Task.of(task.metadata), config.request_kwargs(), settings, policy_url=guard.url, send_api_key=False
+                prepared.bodies[task.instance_id] = prepared.episodes.episode(
+                    task.metadata, task.environment, guard.url, settings
                 )
             return await _run_episodes(config, prepared, console, stop, None, guard)
     return await _run_episodes(config, prepared, console, stop, None)
@@ -328,10 +326,7 @@ async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Consol
 def _refuse_a_policy_server(gym_url: str) -> None:
     """``ScanUsageError`` when the SWE server names itself as one ``serve`` started without
     ``--golden``; any other server is left to the golden guard (it stops at a first model call)."""
-    try:
-        identity = identify(f"{gym_url}/openapi.json", 10.0)
-    except FetchError:
-        return
+    identity = checks.identity_of(f"{gym_url}/openapi.json", 10.0)
     if identity is not None and identity.instance == instance_name(golden=False):
         raise ScanUsageError(
             f"{gym_url}/run is not a golden server: serve started it without --golden (it answers as "
@@ -384,12 +379,10 @@ async def _run_episodes(
             wrong = None
             if policy is not None:
                 outcome, wrong = await environment_scan.play_golden(
-                    task, prepared.gold[task.instance_id], policy, prepared.settings, config.request_kwargs()
+                    task, prepared.gold[task.instance_id], policy, prepared.settings, prepared.episodes
                 )
             else:
-                outcome = await deliver(
-                    prepared.bodies[task.instance_id], prepared.settings, current().circuits, current().in_flight
-                )
+                outcome = await prepared.bodies[task.instance_id]()
                 outcome.record.environment = task.environment
             seconds = loop.time() - started
         result = _result_line(task, outcome, seconds, config, prepared.digests[task.instance_id], wrong)

@@ -5,9 +5,8 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome, passed, reward_text, short_reason
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome, passed, reward_text
 from miles_nemogym.episode.record import verdict as verdict_word
-from miles_nemogym.episode.run import instance_report
 
 __all__ = ["Verdict", "golden_pair", "kind_of", "reason_of", "verdict_of"]
 
@@ -50,7 +49,7 @@ def _graded_reason(outcome: Outcome) -> str:
     if record.env != SWE_ENVIRONMENT:
         said = f": {record.failure_reason}" if record.failure_reason else ""
         return f"{record.env}'s verifier scored {reward_text(outcome.reward)}{said}"
-    report = instance_report(outcome.eval_report, record.instance_id) or {}
+    report = outcome.instance_report() or {}
     if report.get("patch_exists") is False or report.get("patch_is_None") is True:
         return "no patch was submitted (patch_exists=false)"
     if report.get("patch_successfully_applied") is False:
@@ -71,7 +70,7 @@ def reason_of(outcome: Outcome) -> str | None:
     record = outcome.record
     if verdict is Verdict.infra or record.failure_kind:  # a valid record's status too
         # The classifier already reduced a crashed episode's error to its exception line.
-        return short_reason(f"{record.failure_kind or 'unknown'}: {record.failure_reason or 'no reason given'}")
+        return record.failure_line()
     return _graded_reason(outcome)
 
 

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from rich.table import Table
 
-from miles_nemogym.data import task_key, to_environment_row
+from miles_nemogym.data import environment_row
 from miles_nemogym.episode.record import EpisodeRecord, count_text, passed, read_record, reward_text, verdict
 from miles_nemogym.errors import counted
 from miles_nemogym.gym import wheel as gym_wheel
@@ -178,7 +178,7 @@ def shipped_rows(environment: EnvironmentPlan, limit: int) -> list[tuple[dict[st
         if not line.strip():
             continue
         raw = json.loads(line)
-        row = to_environment_row(raw, environment.name, f"{environment.name}/{task_key(raw, index)}")
+        row = environment_row(raw, environment.name, index)
         if not isinstance(row, dict):  # a FieldProblem: the shipped row cannot run as it is
             raise GymEnvironmentError(f"{environment.name}: its shipped row {index + 1} cannot run: {row}")
         rows.append((raw, row))
