@@ -232,19 +232,11 @@ def test_no_environment_server_gets_the_policy_api_key(tmp_path: Path, monkeypat
     key = f"sk-policy-{uuid.uuid4().hex}"
     monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", key)
     monkeypatch.setenv("MNG_PROBE_INHERITED", "1")
-    app = tmp_path / "probe" / "app.py"
-    app.parent.mkdir()
-    app.write_text(_ENVIRON_PROBE)
-    state = tmp_path / "state"
-    state.mkdir()
-    servers = EnvironmentServers(
-        _base(), [_env("probe")], state_dir=state, app_folders={"probe": app.parent}, progress=lambda line: None
-    )
-    servers.config = {"probe": {"resources_servers": {"probe": {}}}}  # composed already: no parser run
+    servers = _probes(tmp_path, "probe")
     try:
         servers.start()
         # Written relative to its working directory: the server's own folder, as nemo-gym runs it.
-        inherited = json.loads((app.parent / "probe.environ.json").read_text())
+        inherited = json.loads((tmp_path / "probe" / "probe.environ.json").read_text())
         assert "MNG_PROBE_INHERITED" in inherited  # the rest of the caller's environment is passed on
         assert "NEMO_GYM_POLICY_API_KEY" not in inherited
         assert pids_with_environment(key) == []
