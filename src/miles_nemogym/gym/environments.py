@@ -19,7 +19,6 @@ import subprocess
 import tempfile
 import time
 import uuid
-import zipfile
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -398,13 +397,12 @@ def shipped_examples(env: str | None) -> tuple[str, str, Path]:
         member = example_rows_member(name)
     except UnknownEnvironmentError as error:
         raise ValueError(str(error)) from None
-    with zipfile.ZipFile(gym_wheel.wheel_path()) as wheel:
-        if member not in wheel.namelist():
-            raise ValueError(
-                f"--env {name!r}: nemo-gym ships no example rows for it (no {member} in the wheel); "
-                "write its task rows yourself, or try one that has them, e.g. --env mcqa"
-            )
-        text = wheel.read(member).decode("utf-8")
+    if not gym_wheel.ships(member):
+        raise ValueError(
+            f"--env {name!r}: nemo-gym ships no example rows for it (no {member} in the wheel); "
+            "write its task rows yourself, or try one that has them, e.g. --env mcqa"
+        )
+    text = gym_wheel.read_member(member).decode("utf-8")
     return text + ("" if not text or text.endswith("\n") else "\n"), member, gym_wheel.wheel_path()
 
 
