@@ -17,11 +17,10 @@ from miles_nemogym.data import (
     ConvertError,
     ConvertOptions,
     ConvertReport,
-    SourceError,
     convert,
 )
 from miles_nemogym.data._select import SwebenchMissingError
-from miles_nemogym.data._sources import open_source
+from miles_nemogym.data._sources import SourceError, open_source
 
 NEMO_GYM_KEYS = ("responses_create_params", "subset", "split")
 

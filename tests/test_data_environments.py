@@ -75,6 +75,16 @@ def test_mcqa_rows_are_known_by_their_uuid_and_rows_without_an_id_by_their_index
     assert task_ids(read_jsonl(output)) == [f"mcqa/{row['uuid']}" for row in mcqa] + [f"rule/{i}" for i in range(5)]
 
 
+def test_convert_row_converts_one_environment_row_as_convert_does(tmp_path: Path) -> None:
+    _, output = run(tmp_path, EnvironmentInput("rule", str(shipped_file(tmp_path, "equivalence_rule"))))
+    rows = shipped_rows("equivalence_rule")
+    assert [convert_row(row, environment="rule", index=i) for i, row in enumerate(rows)] == read_jsonl(output)
+    with pytest.raises(ValueError, match=r"^responses_create_params: must be an object"):
+        convert_row({"id": 1}, environment="rule")
+    with pytest.raises(ValueError, match="for SWE-bench rows"):
+        convert_row(rows[0], environment="rule", subset="verified")
+
+
 def test_routing_keys_in_a_row_are_never_written(tmp_path: Path) -> None:
     rows = shipped_rows("mcqa")
     rows[0] |= {"policy_base_url": "http://attacker:1/v1", "policy_api_key": "sk-secret-in-data"}

@@ -29,7 +29,7 @@ def _examples(
         str | None, typer.Option("--env", metavar="NAME", help="The example rows of this NeMo-Gym environment instead.")
     ] = None,
 ) -> None:
-    from miles_nemogym.data import AtomicFiles, WriteError, output_problem
+    from miles_nemogym.data import InterruptedAfterCommit, output_problem, write_file
     from miles_nemogym.gym.environments import shipped_examples
     from miles_nemogym.pins import NEMO_GYM_VERSION
 
@@ -49,17 +49,17 @@ def _examples(
         sys.stdout.write(text)
     else:
         # The converter's writer: a new file moved over the old one once complete, never the old one truncated.
-        files = AtomicFiles()
         try:
-            with interrupt_on_signals(), files:
-                files.open(output.expanduser()).write(text.encode("utf-8"))
-                files.commit()
-        except WriteError as error:
+            with interrupt_on_signals():
+                write_file(output.expanduser(), text.encode("utf-8"))
+        except OSError as error:  # it names the file and the reason
             typer.echo(f"error: {error}", err=True)
             raise typer.Exit(1) from None
+        except InterruptedAfterCommit:
+            typer.echo(f"interrupted: {output} was written", err=True)
+            raise typer.Exit(130) from None
         except KeyboardInterrupt:
-            said = f"{output} was written" if files.committed else f"nothing written, {output} untouched"
-            typer.echo(f"interrupted: {said}", err=True)
+            typer.echo(f"interrupted: nothing written, {output} untouched", err=True)
             raise typer.Exit(130) from None
         typer.echo(f"wrote {sum(1 for line in text.splitlines() if line.strip())} rows to {output}")
     # On stderr, so `examples > rows.jsonl` stays pure JSONL; the wheel's path (its name gives the

@@ -184,11 +184,11 @@ def _smoke(
 
 def _write_json(console: Console, path: Path, report: dict[str, Any]) -> None:
     """The report at ``path`` by ``convert``'s writer: a new file moved into place, never through a link."""
-    from miles_nemogym.data import WriteError, write_file
+    from miles_nemogym.data import write_file
 
     try:
         write_file(path, (json.dumps(report, indent=2) + "\n").encode("utf-8"))
-    except WriteError as error:
+    except OSError as error:  # it names the file and the reason
         fail(console, f"[red]error:[/red] --json: {escape(str(error))}", 1, highlight=False)
     console.print(f"json: {path}", highlight=False)
 

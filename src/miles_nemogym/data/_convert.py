@@ -378,12 +378,23 @@ def _prepare(
 def convert_row(
     row: Mapping[str, Any],
     *,
+    environment: str | None = None,
+    index: int = 0,
     subset: str | None = None,
     split: str | None = None,
     dataset_name: str = "",
     drop_fields: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Convert one task row in Python (same rules as the CLI); raises :class:`RowInvalidError`."""
+    """Convert one task row in Python (same rules as the CLI): a SWE-bench row, or with ``environment``
+    a NeMo-Gym task row of it (row ``index`` of its rows: the task id when the row has no id of its own);
+    raises :class:`RowInvalidError`, a ``ValueError`` naming each problem."""
+    if environment is not None:
+        if subset or split or dataset_name or drop_fields:
+            raise ValueError("subset, split, dataset_name and drop_fields are for SWE-bench rows, not environment rows")
+        converted = to_environment_row(row, environment, environment_task_id(row, environment, index))
+        if isinstance(converted, FieldProblem):
+            raise RowInvalidError([converted])
+        return converted
     if subset is not None and subset not in SUBSETS:
         raise RowInvalidError([FieldProblem("subset", "bad_value", f"must be one of {', '.join(SUBSETS)}")])
     protected = set(drop_fields) & NEVER_DROPPED

@@ -25,7 +25,6 @@ __all__ = [
     "EnvironmentInput",
     "chat_prompt",
     "environment_of_row",
-    "environment_row",
     "environment_task_id",
     "is_environment_row",
     "named_environment",
@@ -208,8 +207,3 @@ def apportion(total: int, weights: Sequence[float]) -> list[int]:
     for i in by_remainder[: total - sum(counts)]:
         counts[i] += 1
     return counts
-
-
-def environment_row(row: Mapping[str, Any], environment: str, index: int) -> dict[str, Any] | FieldProblem:
-    """``to_environment_row`` for row ``index`` of ``environment``'s rows, with its own task id."""
-    return to_environment_row(row, environment, environment_task_id(row, environment, index))

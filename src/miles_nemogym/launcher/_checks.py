@@ -22,9 +22,9 @@ from typing import Any
 
 from miles_nemogym import checks
 from miles_nemogym.checks import CheckResult, Status
-from miles_nemogym.data import SourceError, open_file, prompt_row_problem
+from miles_nemogym.data import open_file, prompt_row_problem
 from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, Task
-from miles_nemogym.errors import counted
+from miles_nemogym.errors import MilesNemoGymError, counted
 from miles_nemogym.launcher._command import EPISODE_DIR_ENV, MilesInstall, hooks, job_environment, job_episode_dir
 from miles_nemogym.launcher._config import LEGACY_ROLLOUT_ENV, LauncherConfig
 from miles_nemogym.settings import ENV_VARS, Settings, short_name
@@ -223,7 +223,7 @@ def _check_data(name: str, flag: str, path: Path, fix: str) -> CheckResult:
             if raw.error is not None:
                 return _failed(name, f"{flag} {path}: {raw.where()}: {raw.error}", fix)
             rows.append(raw.data)
-    except (OSError, SourceError) as error:
+    except (OSError, MilesNemoGymError) as error:  # not readable (past some row)
         return _failed(name, f"{flag} {path}: {error}", fix)
     if not rows:
         return _failed(name, f"{flag} {path} has no rows", fix)
@@ -463,7 +463,7 @@ def data_use(config: LauncherConfig) -> DataUse | None:
                 for raw in rows:
                     if raw.data is not None:
                         use.add(raw.data, source)
-        except (OSError, SourceError):
+        except (OSError, MilesNemoGymError):
             continue
         read = True
     return use if read else None

@@ -8,13 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from miles_nemogym.data import (
-    SUBSETS,
-    SourceError,
-    decode_test_lists,
-    named_environment,
-    open_file,
-)
+from miles_nemogym.data import SUBSETS, decode_test_lists, named_environment, open_file
 from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, TASK_ID_KEY
 from miles_nemogym.errors import MilesNemoGymError
 
@@ -49,7 +43,9 @@ def _rows(path: Path) -> Iterator[tuple[str, Any]]:
                     f"{where}: {raw.error}; the input must be JSON Lines (one task row per line), JSON or .parquet"
                 )
             yield where, raw.data
-    except SourceError as error:
+    except InputError:
+        raise
+    except MilesNemoGymError as error:  # the file cannot be read (past some row)
         raise InputError(str(error)) from None
     except OSError as error:
         raise InputError(f"{path}: cannot open the input file ({error.strerror or error})") from None

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from rich.table import Table
 
-from miles_nemogym.data import environment_row
+from miles_nemogym.data import convert_row
 from miles_nemogym.episode.record import EpisodeRecord, count_text, passed, read_record, reward_text, verdict
 from miles_nemogym.errors import counted
 from miles_nemogym.gym import wheel as gym_wheel
@@ -178,9 +178,10 @@ def shipped_rows(environment: EnvironmentPlan, limit: int) -> list[tuple[dict[st
         if not line.strip():
             continue
         raw = json.loads(line)
-        row = environment_row(raw, environment.name, index)
-        if not isinstance(row, dict):  # a FieldProblem: the shipped row cannot run as it is
-            raise GymEnvironmentError(f"{environment.name}: its shipped row {index + 1} cannot run: {row}")
+        try:
+            row = convert_row(raw, environment=environment.name, index=index)
+        except ValueError as error:  # the shipped row cannot run as it is
+            raise GymEnvironmentError(f"{environment.name}: its shipped row {index + 1} cannot run: {error}") from None
         rows.append((raw, row))
     return rows
 
