@@ -114,3 +114,18 @@ def test_a_policy_that_does_not_answer_is_named_before_any_episode(gym: GymStand
     # Any HTTP answer counts, a 404 or an API's 401 included: the stand-in has no /v1/models.
     assert gate(gym.url, policy_base_url=f"{gym.url}/v1") is None
     assert "/v1/models" in gym.requests
+
+
+def test_a_golden_scan_refuses_the_policy_server_serve_started_and_passes_others(gym: GymStandIn) -> None:
+    settings = Settings.from_env({"NEMO_GYM_URL": gym.url})
+    gym.server_name = "SWEBenchWrapper___mini_swe_agent_2_policy"
+    assert server_problem(settings, None, golden=True) == (
+        f"{gym.url}/run is not a golden server: serve started it without --golden (it answers as "
+        "mini_swe_agent_2_policy (SWEBenchWrapper)); restart it with `miles-nemogym serve --golden` "
+        "(or scan a policy with --policy-base-url)"
+    )
+    assert server_problem(settings, None) is None
+    gym.server_name = "SWEBenchWrapper___mini_swe_agent_2_golden"
+    assert server_problem(settings, None, golden=True) is None
+    gym.server_name = None
+    assert server_problem(settings, None, golden=True) is None

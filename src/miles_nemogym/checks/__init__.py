@@ -34,23 +34,13 @@ from miles_nemogym.transport import bracket, is_loopback, is_wildcard
 __all__ = [
     "CheckResult",
     "Fetcher",
-    "Status",
     "Target",
     "Wanted",
     "all_passed",
     "environment_failed",
-    "identity_of",
     "report",
     "run",
 ]
-
-
-def identity_of(url: str, timeout_s: float) -> ServerIdentity | None:
-    """``identify``: the NeMo-Gym server answering ``GET url``; None also when it cannot be fetched."""
-    try:
-        return identify(url, timeout_s)
-    except FetchError:
-        return None
 
 
 class Status(str, Enum):
@@ -72,6 +62,14 @@ class CheckResult:
     @property
     def ok(self) -> bool:
         return self.status is Status.passed
+
+    @classmethod
+    def passed(cls, name: str, detail: str) -> CheckResult:
+        return cls(name, Status.passed, detail)
+
+    @classmethod
+    def failed(cls, name: str, detail: str, fix: str) -> CheckResult:
+        return cls(name, Status.failed, detail, fix)
 
 
 @dataclass
@@ -281,6 +279,24 @@ def _policy_host(target: Target) -> Found:
     return _passed(f"the Gym server on {gym_host} will dial the policy at {host} (from {source})")
 
 
+def _golden_server(target: Target) -> Found:
+    """The SWE server is not one ``serve`` started without ``--golden`` (a golden scan leaves any
+    other server to its guard, which stops at a first model call)."""
+    from miles_nemogym.gym.config import instance_name
+
+    url = target.valid.gym_url
+    try:
+        identity = target.identify(f"{url}/openapi.json", target.timeout_s)
+    except FetchError:
+        identity = None
+    if identity is not None and identity.instance == instance_name(golden=False):
+        return _failed(
+            f"{url}/run is not a golden server: serve started it without --golden (it answers as {identity})",
+            "restart it with `miles-nemogym serve --golden` (or scan a policy with --policy-base-url)",
+        )
+    return _passed(f"{redact_url(url)} is not a policy server `miles-nemogym serve` started")
+
+
 _NO_ANSWER = frozenset({"timeout", "dns", "refused", "connect", "certificate", "tls"})
 """Fetch failures that mean no HTTP answer at all (any status code is an answer)."""
 
@@ -308,8 +324,11 @@ _RUN_OFFERED = Check("/run offered", _run_offered, (_GYM_ANSWERS,))
 _POLICY_FIELD = Check("/run accepts policy_base_url", _policy_field, (_GYM_ANSWERS,))
 _POLICY_HOST = Check("policy host dialable from the Gym host", _policy_host, (_SETTINGS,))
 _POLICY_ANSWERS = Check("policy endpoint answers", _policy_answers)
+_GOLDEN_SERVER = Check("golden server", _golden_server, (_GYM_ANSWERS,))
 
-Wanted = Literal["settings", "gym answers", "run offered", "policy field", "policy host", "policy answers"]
+Wanted = Literal[
+    "settings", "gym answers", "run offered", "policy field", "policy host", "policy answers", "golden server"
+]
 _WANTED: dict[Wanted, Check] = {
     "settings": _SETTINGS,
     "gym answers": _GYM_ANSWERS,
@@ -317,6 +336,7 @@ _WANTED: dict[Wanted, Check] = {
     "policy field": _POLICY_FIELD,
     "policy host": _POLICY_HOST,
     "policy answers": _POLICY_ANSWERS,
+    "golden server": _GOLDEN_SERVER,
 }
 
 

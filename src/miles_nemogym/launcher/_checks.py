@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from miles_nemogym import checks
-from miles_nemogym.checks import CheckResult, Status
+from miles_nemogym.checks import CheckResult
 from miles_nemogym.data import open_file, prompt_row_problem
 from miles_nemogym.episode.record import ENV_KEY, SWE_ENVIRONMENT, Task
 from miles_nemogym.errors import MilesNemoGymError, counted
@@ -35,18 +35,14 @@ GpuCounter = Callable[[Mapping[str, str]], "tuple[int | None, str]"]
 """``count(environ) -> (number of visible GPUs or None, how it was counted)``."""
 
 
-def _failed(name: str, detail: str, fix: str) -> CheckResult:
-    return CheckResult(name, Status.failed, detail, fix)
-
-
 def _check_legacy_rollout(config: LauncherConfig, environ: Mapping[str, str]) -> CheckResult:
     name = "Miles rollout path"
     value = environ.get(LEGACY_ROLLOUT_ENV, "").strip()
     if value in ("", "0"):
         kind = "fully async (FullyAsyncRolloutFn)" if config.fully_async else "class-based (agentic)"
-        return CheckResult(name, Status.passed, f"{kind} rollout")
+        return CheckResult.passed(name, f"{kind} rollout")
     also = "; and --fully-async needs the class-based rollout API" if config.fully_async else ""
-    return _failed(
+    return CheckResult.failed(
         name,
         f"{LEGACY_ROLLOUT_ENV}={value!r} selects Miles' legacy rollout, which does not register "
         f"--custom-agent-function-path or --max-seq-len: {config.train_script_name} would stop with "
@@ -71,7 +67,7 @@ def locate_miles(configured: Path | None) -> Path | None:
 def _check_miles(root: Path | None, config: LauncherConfig) -> CheckResult:
     name = "Miles"
     if root is None:
-        return _failed(
+        return CheckResult.failed(
             name,
             "the 'miles' package is not importable",
             "install Miles from its repository (git clone https://github.com/radixark/miles && "
@@ -86,7 +82,7 @@ def _check_miles(root: Path | None, config: LauncherConfig) -> CheckResult:
         needed.insert(2, root / "miles" / "rollout" / "fully_async_rollout.py")
     missing = [path for path in needed if not path.is_file()]
     if not missing:
-        return CheckResult(name, Status.passed, f"checkout at {root}")
+        return CheckResult.passed(name, f"checkout at {root}")
     first = missing[0]
     if first.name == config.train_script_name:
         fix = (
@@ -101,20 +97,20 @@ def _check_miles(root: Path | None, config: LauncherConfig) -> CheckResult:
             f"pass --megatron-model-type with the name of a file in {root / 'scripts' / 'models'} "
             "(without .py) that matches --hf-checkpoint"
         )
-    return _failed(name, f"{root}: missing {', '.join(map(str, missing))}", fix)
+    return CheckResult.failed(name, f"{root}: missing {', '.join(map(str, missing))}", fix)
 
 
 def _check_megatron(config: LauncherConfig) -> CheckResult:
     name = "Megatron-LM"
     if config.megatron_path.is_dir():
-        return CheckResult(name, Status.passed, f"checkout at {config.megatron_path}")
+        return CheckResult.passed(name, f"checkout at {config.megatron_path}")
     try:
         installed = importlib.util.find_spec("megatron") is not None
     except (ImportError, ValueError):
         installed = False
     if installed:
-        return CheckResult(name, Status.passed, "the 'megatron' package is importable")
-    return _failed(
+        return CheckResult.passed(name, "the 'megatron' package is importable")
+    return CheckResult.failed(
         name,
         f"no checkout at {config.megatron_path} and no importable 'megatron' package",
         "pass --megatron-path <Megatron-LM checkout> (Miles' docker image has it at /root/Megatron-LM)",
@@ -129,19 +125,19 @@ def _check_hooks(paths: Sequence[str]) -> CheckResult:
         try:
             module = importlib.import_module(module_name)
         except Exception as error:
-            return _failed(
+            return CheckResult.failed(
                 name,
                 f"{path}: importing {module_name} failed ({type(error).__name__}: {error})",
                 "install miles-nemogym in the training environment (pip install -e '.[train]' from its clone) "
                 "with the same version as this launcher",
             )
         if not callable(getattr(module, attribute, None)):
-            return _failed(
+            return CheckResult.failed(
                 name,
                 f"{path}: {module_name} has no callable {attribute!r}",
                 "reinstall miles-nemogym: the installed copy does not match this launcher",
             )
-    return CheckResult(name, Status.passed, ", ".join(paths))
+    return CheckResult.passed(name, ", ".join(paths))
 
 
 def _count_gpus(environ: Mapping[str, str]) -> tuple[int | None, str]:
@@ -189,19 +185,19 @@ def _check_gpus(config: LauncherConfig, environ: Mapping[str, str], counter: Gpu
     name = "GPUs"
     count, how = counter(environ)
     if count is None:
-        return _failed(
+        return CheckResult.failed(
             name,
             f"cannot count GPUs: {how}",
             "run on a GPU node with the NVIDIA driver installed (nvidia-smi must work)",
         )
     if count < config.gpus_per_node:
-        return _failed(
+        return CheckResult.failed(
             name,
             f"{count} visible ({how}), the recipe needs {config.gpus_per_node} per node",
             f"run on a node with {config.gpus_per_node} GPUs, free or expose them "
             "(CUDA_VISIBLE_DEVICES), or lower --gpus-per-node (and --tensor-parallel to match)",
         )
-    return CheckResult(name, Status.passed, f"{count} visible ({how}); {config.gpus_per_node} used")
+    return CheckResult.passed(name, f"{count} visible ({how}); {config.gpus_per_node} used")
 
 
 _CONVERT = "miles-nemogym convert --input princeton-nlp/SWE-bench_Verified"
@@ -210,28 +206,30 @@ _CONVERT = "miles-nemogym convert --input princeton-nlp/SWE-bench_Verified"
 def _check_data(name: str, flag: str, path: Path, fix: str) -> CheckResult:
     """A file of prompt rows as Miles reads them: its first rows carry a prompt and an instance."""
     if path.is_dir():
-        return _failed(name, f"{flag} {path} is a folder, not a file", fix)
+        return CheckResult.failed(name, f"{flag} {path} is a folder, not a file", fix)
     if not path.exists():
-        return _failed(name, f"{flag} {path} does not exist", fix)
+        return CheckResult.failed(name, f"{flag} {path} does not exist", fix)
     if not path.is_file():
-        return _failed(name, f"{flag} {path} is not a regular file", fix)
+        return CheckResult.failed(name, f"{flag} {path} is not a regular file", fix)
     if path.suffix not in (".jsonl", ".parquet"):
-        return _failed(name, f"{flag} {path}: Miles reads prompt data from .jsonl or .parquet files only", fix)
+        return CheckResult.failed(
+            name, f"{flag} {path}: Miles reads prompt data from .jsonl or .parquet files only", fix
+        )
     rows: list[Any] = []
     try:  # the first rows, read by the converter's reader
         for raw in itertools.islice(open_file(path), _ROWS_CHECKED):
             if raw.error is not None:
-                return _failed(name, f"{flag} {path}: {raw.where()}: {raw.error}", fix)
+                return CheckResult.failed(name, f"{flag} {path}: {raw.where()}: {raw.error}", fix)
             rows.append(raw.data)
     except (OSError, MilesNemoGymError) as error:  # not readable (past some row)
-        return _failed(name, f"{flag} {path}: {error}", fix)
+        return CheckResult.failed(name, f"{flag} {path}: {error}", fix)
     if not rows:
-        return _failed(name, f"{flag} {path} has no rows", fix)
+        return CheckResult.failed(name, f"{flag} {path} has no rows", fix)
     for number, row in enumerate(rows, start=1):
         problem = prompt_row_problem(row)
         if problem is not None:
-            return _failed(name, f"{flag} {path} row {number}: {problem}", fix)
-    return CheckResult(name, Status.passed, f"{path}: first {counted(len(rows), 'row')} carry a prompt and a task")
+            return CheckResult.failed(name, f"{flag} {path} row {number}: {problem}", fix)
+    return CheckResult.passed(name, f"{path}: first {counted(len(rows), 'row')} carry a prompt and a task")
 
 
 def check_prompt_data(config: LauncherConfig) -> CheckResult:
@@ -243,7 +241,7 @@ def check_prompt_data(config: LauncherConfig) -> CheckResult:
 def _check_eval_data(config: LauncherConfig) -> list[CheckResult]:
     """Miles evaluates before the first training step: a bad held-out file fails once the cluster runs."""
     if not config.eval_data:
-        return [CheckResult("eval data", Status.passed, "no --eval-data: no held-out evaluation")]
+        return [CheckResult.passed("eval data", "no --eval-data: no held-out evaluation")]
     results = []
     for set_name, path in config.eval_data.items():
         fix = (
@@ -296,7 +294,7 @@ def check_episode_dir(config: LauncherConfig, environ: Mapping[str, str]) -> Che
     name = "episode store folder"
     folder = job_episode_dir(config, environ)
     if folder is None:
-        return CheckResult(name, Status.passed, "off (--no-store-episodes)")
+        return CheckResult.passed(name, "off (--no-store-episodes)")
     problem = _folder_problem(folder)
     if problem is not None:
         if config.episode_dir is not None:
@@ -305,12 +303,12 @@ def check_episode_dir(config: LauncherConfig, environ: Mapping[str, str]) -> Che
             given = EPISODE_DIR_ENV
         else:
             given = "<--save-dir>/episodes"
-        return _failed(
+        return CheckResult.failed(
             name,
             f"{given} {folder}: {problem}",
             "pass --episode-dir <a folder this user can write> (created if missing), or --no-store-episodes",
         )
-    return CheckResult(name, Status.passed, f"{folder} is writable")
+    return CheckResult.passed(name, f"{folder} is writable")
 
 
 def _check_checkpoint(config: LauncherConfig) -> CheckResult:
@@ -318,14 +316,14 @@ def _check_checkpoint(config: LauncherConfig) -> CheckResult:
     target = config.resolved_ref_load
     tracker = target / "latest_checkpointed_iteration.txt"
     if tracker.is_file():
-        return CheckResult(name, Status.passed, f"{target} exists")
+        return CheckResult.passed(name, f"{target} exists")
     if config.skip_prepare:
-        return _failed(
+        return CheckResult.failed(
             name,
             f"{target} holds no converted checkpoint ({tracker.name} missing) and --skip-prepare is set",
             "drop --skip-prepare so the launcher converts --hf-checkpoint, or pass --ref-load <torch_dist dir>",
         )
-    return CheckResult(name, Status.passed, f"{target} will be converted from {config.hf_checkpoint}")
+    return CheckResult.passed(name, f"{target} will be converted from {config.hf_checkpoint}")
 
 
 def _check_session_port(config: LauncherConfig) -> CheckResult:
@@ -336,25 +334,25 @@ def _check_session_port(config: LauncherConfig) -> CheckResult:
         try:
             probe.bind(("0.0.0.0", port))
         except OSError as error:
-            return _failed(
+            return CheckResult.failed(
                 name,
                 f"port {port} cannot be bound on this node ({error.strerror or error})",
                 "stop what holds it (a previous run's session server?) or pass --session-server-port <free port>",
             )
-    return CheckResult(name, Status.passed, f"port {port} is free")
+    return CheckResult.passed(name, f"port {port} is free")
 
 
 def check_cluster(config: LauncherConfig) -> CheckResult:
     name = "Ray cluster"
     if config.num_nodes > 1 and not config.ray_address:
-        return _failed(
+        return CheckResult.failed(
             name,
             f"--num-nodes {config.num_nodes} needs a running multi-node Ray cluster",
             "start it (`ray start --head --num-gpus N` here, `ray start --address <head>:6379 "
             "--num-gpus N` on each worker) and set RAY_ADDRESS=http://<head>:8265 (or --ray-address)",
         )
     where = config.ray_address or "a local head (reused if running, else started)"
-    return CheckResult(name, Status.passed, f"{counted(config.num_nodes, 'node')} via {where}")
+    return CheckResult.passed(name, f"{counted(config.num_nodes, 'node')} via {where}")
 
 
 _PARSED_PER_ENVIRONMENT = 200
@@ -476,7 +474,7 @@ def _check_data_use(use: DataUse) -> CheckResult:
     detail = f"{', '.join(counts) or 'no'} rows of {use.rows} {how}"
     if not use.swe_rows:
         detail += "; no SWE rows, so NEMO_GYM_URL's server is not checked"
-    return CheckResult("rows' environments", Status.passed, detail)
+    return CheckResult.passed("rows' environments", detail)
 
 
 def _unnamed_environments(config: LauncherConfig, use: DataUse | None, target: checks.Target) -> list[CheckResult]:

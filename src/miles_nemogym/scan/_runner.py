@@ -20,7 +20,6 @@ from miles_nemogym.agent import ScanEpisodes
 from miles_nemogym.episode import run as swe_run
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome
 from miles_nemogym.errors import MilesNemoGymError, RequestError, SettingsError, counted, redact_url, redact_urls
-from miles_nemogym.gym.config import instance_name
 from miles_nemogym.scan._config import ScanConfig, scan_settings, usage_problems
 from miles_nemogym.scan._inputs import InputError, ScanTask, load_tasks, select
 from miles_nemogym.scan._report import ScanProgress, header, render_summary
@@ -282,20 +281,23 @@ async def run_scan(
             prepared.lock.release()  # after the last result was written: the results file is complete
 
 
-def server_problem(settings: Settings, policy_base_url: str | None) -> str | None:
-    """The scan's gate: the first server check that fails, as one sentence with its fix (blocking)."""
+def server_problem(settings: Settings, policy_base_url: str | None, golden: bool = False) -> str | None:
+    """The scan's gate: the first server check that fails, as one sentence with its fix (blocking);
+    ``golden``: also that the server is not one ``serve`` started without ``--golden``."""
     target = checks.Target(settings, timeout_s=settings.connect_timeout_s, policy_base_url=policy_base_url)
     wanted: list[checks.Wanted] = ["gym answers", "run offered"]
     if policy_base_url is not None:
         wanted += ["policy field", "policy answers"]
+    if golden:
+        wanted.append("golden server")
     key, failed = next(
         ((key, result) for key, result in zip(wanted, checks.run(target, wanted), strict=True) if not result.ok),
         ("", None),
     )
     if failed is None:
         return None
-    golden = ", or scan a golden server with --golden" if key == "policy field" else ""
-    return f"{failed.detail}; {failed.fix}{golden}"
+    hint = ", or scan a golden server with --golden" if key == "policy field" else ""
+    return f"{failed.detail}; {failed.fix}{hint}"
 
 
 async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Console, stop: asyncio.Event) -> ScanResult:
@@ -305,7 +307,7 @@ async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Consol
                 environment_scan.server_problem, prepared.settings, prepared.environments, config.policy_base_url
             )
         else:
-            problem = await asyncio.to_thread(server_problem, prepared.settings, config.policy_base_url)
+            problem = await asyncio.to_thread(server_problem, prepared.settings, config.policy_base_url, config.golden)
         if problem is not None:
             raise ScanUsageError(problem)
     if prepared.gold:
@@ -313,7 +315,6 @@ async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Consol
             return await _run_episodes(config, prepared, console, stop, policy)
     if config.golden and prepared.pending and not prepared.environments:
         settings = prepared.settings
-        await asyncio.to_thread(_refuse_a_policy_server, settings.gym_url)
         async with golden_guard(settings.gym_url, settings.external_host) as guard:
             for task in prepared.pending:  # each /run names the guard as its policy: a golden server never calls it
                 prepared.bodies[task.instance_id] = prepared.episodes.episode(
@@ -321,17 +322,6 @@ async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Consol
                 )
             return await _run_episodes(config, prepared, console, stop, None, guard)
     return await _run_episodes(config, prepared, console, stop, None)
-
-
-def _refuse_a_policy_server(gym_url: str) -> None:
-    """``ScanUsageError`` when the SWE server names itself as one ``serve`` started without
-    ``--golden``; any other server is left to the golden guard (it stops at a first model call)."""
-    identity = checks.identity_of(f"{gym_url}/openapi.json", 10.0)
-    if identity is not None and identity.instance == instance_name(golden=False):
-        raise ScanUsageError(
-            f"{gym_url}/run is not a golden server: serve started it without --golden (it answers as "
-            f"{identity}); restart it with `miles-nemogym serve --golden` (or scan a policy with --policy-base-url)"
-        )
 
 
 async def _run_episodes(
