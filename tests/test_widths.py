@@ -288,7 +288,7 @@ def test_a_word_longer_than_the_width_is_kept_whole() -> None:
     from miles_nemogym import fit
 
     path = "/very/long/" + "x" * 100
-    assert fit.wrap(f"note: written to {path} today", 80) == ["note: written to", path, "today"]
+    assert fit.wrap([f"note: written to {path} today"], 80) == ["note: written to", path, "today"]
     assert json.dumps(fit.table([["a", path]], 80).splitlines()) == json.dumps([f"a  {path}"])
     assert fit.table([["x", "kind_a 1, kind_b 2"]], 14).splitlines() == ["x  kind_a 1,", "   kind_b 2"]
     assert fit.table([["x", "resolved  reward 1.0"]], 14).splitlines() == ["x  resolved", "   reward 1.0"]

@@ -10,7 +10,7 @@ import shutil
 import textwrap
 from collections.abc import Sequence
 
-__all__ = ["MIN_WIDTH", "table", "terminal_width", "wrap", "wrap_all"]
+__all__ = ["MIN_WIDTH", "table", "terminal_width", "wrap"]
 
 MIN_WIDTH = 80
 _GAP = "  "
@@ -21,18 +21,16 @@ def terminal_width() -> int:
     return max(shutil.get_terminal_size((MIN_WIDTH, 24)).columns, MIN_WIDTH)
 
 
-def wrap(line: str, width: int, indent: str = "") -> list[str]:
-    """``line`` in pieces of at most ``width`` columns, broken only at spaces; continuation
-    lines start with ``indent``; leading spaces of ``line`` are kept."""
-    lead = line[: len(line) - len(line.lstrip(" "))]
-    return textwrap.wrap(
-        line, width, subsequent_indent=lead + indent, break_long_words=False, break_on_hyphens=False
-    ) or [line]
-
-
-def wrap_all(lines: Sequence[str], width: int, indent: str = "    ") -> str:
-    """Every line wrapped by :func:`wrap`, joined with newlines."""
-    return "\n".join(piece for line in lines for piece in wrap(line, width, indent))
+def wrap(lines: list[str], width: int, indent: str = "") -> list[str]:
+    """Each of ``lines`` in pieces of at most ``width`` columns, broken only at spaces; continuation
+    lines start with ``indent``; a line's leading spaces are kept."""
+    pieces: list[str] = []
+    for line in lines:
+        lead = line[: len(line) - len(line.lstrip(" "))]
+        pieces += textwrap.wrap(
+            line, width, subsequent_indent=lead + indent, break_long_words=False, break_on_hyphens=False
+        ) or [line]
+    return pieces
 
 
 def table(rows: Sequence[Sequence[str]], width: int, drop_order: Sequence[int] = ()) -> str:

@@ -182,7 +182,7 @@ def report(results: Sequence[CheckResult], width: int | None = None) -> list[str
         lines.append("all checks passed")
     if width is None:
         return lines
-    return [piece for line in lines for piece in fit.wrap(line, width, indent=_CONTINUATION)]
+    return fit.wrap(lines, width, indent=_CONTINUATION)
 
 
 def _settings(target: Target) -> Found:

@@ -314,7 +314,7 @@ def _dry_run(config: LauncherConfig, parsers: Parsers, job: Job, miles: MilesIns
     width = fit.terminal_width()
 
     def wrapped(*lines: str) -> None:
-        print(fit.wrap_all(list(lines), width, indent="#     "))
+        print("\n".join(fit.wrap(list(lines), width, indent="#     ")))
 
     print(f"# model family {parsers.family}: --tito-model {parsers.tito_model}")
     if why is not None:

@@ -67,7 +67,7 @@ def _clock(seconds: float) -> str:
 def header(pending: int, selected: int, where: str, how: str) -> str:
     """The scan's first lines, within 80 columns: what runs where (a URL whole), then ``how``."""
     said = f"scan: {pending} of {counted(selected, 'selected instance')} to run on {where}"
-    return "\n".join([*fit.wrap(said, fit.MIN_WIDTH, indent="  "), f"  {how}"])
+    return "\n".join([*fit.wrap([said], fit.MIN_WIDTH, indent="  "), f"  {how}"])
 
 
 class ScanProgress:
@@ -224,5 +224,5 @@ def render_summary(
         for result in sorted(shown, key=lambda item: item.instance_id):
             line = f"  {result.instance_id}  reward {_rewards_text(result)}  {result.reason or '?'}"
             # On a terminal, continuations indented under the id; in a log, one whole line.
-            for piece in fit.wrap(line, console.width, indent="    ") if console.is_terminal else [line]:
+            for piece in fit.wrap([line], console.width, indent="    ") if console.is_terminal else [line]:
                 console.print(piece, soft_wrap=True, markup=False, highlight=False)

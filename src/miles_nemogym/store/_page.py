@@ -12,8 +12,7 @@ import html
 from collections.abc import Callable
 from typing import Any
 
-from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text, reward_text
-from miles_nemogym.store import ROLES
+from miles_nemogym.episode.record import EVAL, SWE_ENVIRONMENT, TRAIN, count_text, reward_text
 from miles_nemogym.store._browser import (
     PASS_RATE,
     SWE_RESOLVE_RATE,
@@ -113,7 +112,7 @@ def _bar_chart(
 def _charts(rows: list[Row], quality: str) -> str:
     rate = rate_name(quality)
     out = []
-    for role in ROLES:
+    for role in (TRAIN, EVAL):
         role_rows = [r for r in rows if r.role == role]
         if not role_rows:
             continue

@@ -16,8 +16,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord, finite, parse_record, passed, verdict
-from miles_nemogym.store import ROLES
+from miles_nemogym.episode.record import (
+    EVAL,
+    SWE_ENVIRONMENT,
+    TRAIN,
+    EpisodeRecord,
+    finite,
+    parse_record,
+    passed,
+    verdict,
+)
 
 __all__ = ["StoredEpisode", "load"]
 
@@ -148,7 +156,7 @@ def load(directory: Path, *, answers: bool = False, steps: Collection[int | None
     """The episodes under ``directory`` (of ``steps`` only, if given; None stands for pending),
     ordered by role, step, then finish time; with ``answers``, each with its ``/run`` answer."""
     store = Store()
-    for role in ROLES:
+    for role in (TRAIN, EVAL):
         folder = directory / role
         groups: dict[str, tuple[int | None, dict[str, Path]]] = {}  # stem -> (its step, its files by extension)
         paths = _files(folder, store.problems)

@@ -15,7 +15,7 @@ import typer
 
 from miles_nemogym import fit
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord, count_text, reward_text
-from miles_nemogym.fit import terminal_width, wrap_all
+from miles_nemogym.fit import terminal_width
 from miles_nemogym.store._browser import (
     environment_rows,
     episode_list_text,
@@ -94,7 +94,7 @@ def browse(
             skipped += [problem for problem in full.problems if problem not in skipped]
             text = _show_text(next((e for e in full.episodes if e.episode_id == matches[0].episode_id), matches[0]))
             # A terminal would cut a word at its edge: wrapped between words there; whole lines in a pipe.
-            typer.echo(wrap_all(text.splitlines(), terminal_width(), indent="") if _stdout_is_terminal() else text)
+            typer.echo("\n".join(fit.wrap(text.splitlines(), terminal_width())) if _stdout_is_terminal() else text)
             return
         if not store.episodes:
             typer.echo(f"no episodes in {directory} (expected train/ and eval/ folders of *.jsonl.gz files)")
@@ -230,10 +230,9 @@ def _warn_skipped(problems: list[str]) -> None:
         lines.append(f"warning: {len(problems) - _PROBLEMS_SHOWN} more unreadable or odd lines or files")
     if not lines:
         return
-    if _stderr_is_terminal():  # wrapped between words (a path is never split); whole lines in logs
-        typer.echo(wrap_all(lines, terminal_width()), err=True)
-    else:
-        typer.echo("\n".join(lines), err=True)
+    # Wrapped between words on a terminal (a path is never split); whole lines in logs.
+    shown = fit.wrap(lines, terminal_width(), indent="    ") if _stderr_is_terminal() else lines
+    typer.echo("\n".join(shown), err=True)
 
 
 def _stderr_is_terminal() -> bool:
