@@ -486,8 +486,9 @@ def _encoded(row: Mapping[str, Any], raw: RawRow, report: ConvertReport, who: st
 
 def convert(options: ConvertOptions, progress: _Progress | None = None) -> ConvertReport:
     """Run the conversion; returns the report once every output file is in place, or raises with
-    none touched: :class:`ConvertError` (``report`` says why), ``WriteError`` (names the file and
-    the OS reason), ``SourceError``, ``SwebenchMissingError``, ``ValueError`` (bad ``--instance-ids``).
+    none touched: :class:`ConvertError` (``report`` says why) or another ``MilesNemoGymError``:
+    ``WriteError`` (an ``OSError`` naming the file and the reason), ``SourceError``,
+    ``SwebenchMissingError``; or ``ValueError`` (bad ``--instance-ids``).
 
     Ctrl-C raises ``KeyboardInterrupt`` with nothing written, or ``InterruptedAfterCommit`` when it
     came while the files were moved into place (they all were). ``progress(rows_read,
