@@ -243,9 +243,7 @@ def _convert_command(
                 drop_fields=tuple(drop_fields or ()),
             )
         except ValidationError as error:
-            for line in problems(error):
-                err.print(f"error: {line}", highlight=False, markup=False)
-            raise typer.Exit(2) from None
+            _refuse(err, "\n".join(f"error: {line}" for line in problems(error)))
         except ValueError as error:  # InputError, or --instance-ids that holds no id
             _refuse(err, f"error: {error}")
 
@@ -260,8 +258,7 @@ def _convert_command(
                         options, progress=lambda done, total: bar.update(task, completed=done, total=total)
                     )
             except InterruptedAfterCommit as stop:
-                written = ", ".join(map(str, stop.paths))
-                _refuse(err, f"interrupted once every file was written: {written}", 130)
+                _refuse(err, f"interrupted once every file was written: {', '.join(map(str, stop.paths))}", 130)
             except KeyboardInterrupt:
                 _refuse(err, "interrupted: nothing written, no file touched", 130)
             except ConvertError as error:
