@@ -449,10 +449,7 @@ def _record_problem(report: ConvertReport, raw: RawRow, problems: list[str], key
 
 
 def _readable(
-    source: Iterable[RawRow],
-    report: ConvertReport,
-    progress: _Progress | None,
-    total: int | None,
+    source: Iterable[RawRow], report: ConvertReport, progress: _Progress | None, total: int | None
 ) -> Iterator[tuple[RawRow, Mapping[str, Any]]]:
     """Each row read, counted (``progress`` every few hundred); an unreadable one is recorded, not yielded."""
     for raw in source:
