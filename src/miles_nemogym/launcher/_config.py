@@ -5,12 +5,20 @@ from __future__ import annotations
 import json
 import os
 import re
-import types
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.functional_validators import AfterValidator
 
 from miles_nemogym.errors import MilesNemoGymError, describe, message, redact_url
@@ -33,19 +41,6 @@ _SET_NAME = r"^[A-Za-z0-9_.-]+$"
 _SET_NAME_RE = re.compile(_SET_NAME)
 # The job runs on Ray, maybe in another folder: relative paths mean the launcher's folder.
 _AbsolutePath = Annotated[Path, AfterValidator(Path.absolute)]
-
-
-def _envs_variable() -> Any:  # NEMO_GYM_ENVS as given: validated as a field, so a bad one is named
-    return _env(ENVS_ENV) or {}
-
-
-def _is_number(annotation: Any) -> bool:
-    """``int``/``float`` fields, optional or not (pydantic would take ``true`` as 1 there)."""
-    if annotation in (int, float):
-        return True
-    if get_origin(annotation) in (Union, types.UnionType):
-        return any(_is_number(arg) for arg in get_args(annotation))
-    return False
 
 
 _REFUSED_MODES: dict[tuple[str | None, Any], str] = {
@@ -263,7 +258,7 @@ class LauncherConfig(BaseModel):
     """Miles' session server protocol: v1, or v2."""
     nemo_gym_url: str = Field(default_factory=lambda: _env("NEMO_GYM_URL") or "http://localhost:12000")
     """Base URL of the NeMo-Gym mini_swe_agent_2 server (default: NEMO_GYM_URL, else http://localhost:12000)."""
-    nemo_gym_envs: dict[str, EnvironmentServer] = Field(default_factory=_envs_variable)
+    nemo_gym_envs: dict[str, EnvironmentServer] = Field(default_factory=lambda: _env(ENVS_ENV) or {})
     """The resources server of each NeMo-Gym environment the rows name (metadata.nemogym_env):
     NAME=URL or NAME=URL,max_steps=N, NAME as in ``serve --env NAME`` and ``convert --env
     NAME=FILE``, URL where it serves (``serve`` prints them); or a NEMO_GYM_ENVS JSON object.
@@ -275,24 +270,22 @@ class LauncherConfig(BaseModel):
     router_external_host: str | None = Field(default_factory=lambda: _env("MILES_ROUTER_EXTERNAL_HOST"))
     """Address of the trainer the Gym host can dial (MILES_ROUTER_EXTERNAL_HOST)."""
 
-    _gym_url_origin: str = ""
-    _envs_origin: str = ""
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
 
     def model_post_init(self, context: Any, /) -> None:
         # Where each came from (the dry run and preflight say); ``load_config`` names the flag or YAML.
-        given = self.model_fields_set
-        url_from = "NEMO_GYM_URL in the environment" if _env("NEMO_GYM_URL") else "the default"
-        self._gym_url_origin = "the recipe" if "nemo_gym_url" in given else url_from
-        envs_from = f"{ENVS_ENV} in the environment" if _env(ENVS_ENV) else f"{ENVS_ENV} unset"
-        self._envs_origin = "the recipe" if "nemo_gym_envs" in given else envs_from
+        url = "NEMO_GYM_URL in the environment" if _env("NEMO_GYM_URL") else "the default"
+        envs = f"{ENVS_ENV} in the environment" if _env(ENVS_ENV) else f"{ENVS_ENV} unset"
+        for name, origin in (("nemo_gym_url", url), ("nemo_gym_envs", envs)):
+            self._origins[name] = "the recipe" if name in self.model_fields_set else origin
 
     @property
     def gym_url_origin(self) -> str:
-        return self._gym_url_origin
+        return self._origins["nemo_gym_url"]
 
     @property
     def envs_origin(self) -> str:
-        return self._envs_origin
+        return self._origins["nemo_gym_envs"]
 
     @model_validator(mode="before")
     @classmethod
@@ -319,8 +312,9 @@ class LauncherConfig(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        # YAML's ``num_rollout: true`` would otherwise become 1 rollout without a word.
-        if isinstance(value, bool) and info.field_name and _is_number(cls.model_fields[info.field_name].annotation):
+        # YAML's ``num_rollout: true`` would otherwise become 1 rollout without a word (``int | None`` too).
+        annotation = cls.model_fields[str(info.field_name)].annotation
+        if isinstance(value, bool) and {int, float} & {annotation, *get_args(annotation)}:
             raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
         return value
 
@@ -337,10 +331,8 @@ class LauncherConfig(BaseModel):
     def _read_environments(cls, value: Any) -> Any:
         """NEMO_GYM_ENVS text, a mapping, or a list of NAME=URL[,max_steps=N] or JSON-object items (the
         flag, repeated), parsed by the plugin's own settings."""
-        if value is None:
-            return {}
-        if isinstance(value, str):  # NEMO_GYM_ENVS's own form
-            return parse_environments(value) if value.strip() else {}
+        if value is None or isinstance(value, str):  # unset, or NEMO_GYM_ENVS's own form
+            return parse_environments(value) if value and value.strip() else {}
         if isinstance(value, list):
             merged: dict[str, Any] = {}
             for item in value:
@@ -397,9 +389,9 @@ class LauncherConfig(BaseModel):
     @classmethod
     def _check_ray_address(cls, value: str | None) -> str | None:
         # Ray's job client reads an address without a scheme as http:// (parse_cluster_info); so do we.
-        if value is None or not value.strip():
+        value = value.strip() if value else None
+        if not value:
             return None
-        value = value.strip()
         if value == "auto" or value.startswith("ray://"):
             raise ValueError(
                 f"{redact_url(value)!r} (also read from RAY_ADDRESS) is not a job-submission address: give the Ray "
@@ -597,9 +589,7 @@ class LauncherConfig(BaseModel):
 
     @property
     def resolved_episode_dir(self) -> Path | None:
-        if not self.store_episodes:
-            return None
-        return self.episode_dir or self.resolved_save_dir / "episodes"
+        return (self.episode_dir or self.resolved_save_dir / "episodes") if self.store_episodes else None
 
     @property
     def resolved_global_batch_size(self) -> int:
@@ -614,34 +604,28 @@ _FIELD_NAME = re.compile(
 """A recipe field's name in a message (the ones with ``_``; a bare ``colocate`` reads as a word)."""
 
 
-def _describe_error(error: ValidationError, flags: Collection[str], recipe: bool) -> str:
-    """One line per field, ``--flag / recipe key 'key': problem``; each field the problem names is
-    spelled as the user set it: as its flag if given as one (or without a ``--config`` recipe)."""
+def load_config(yaml_values: dict[str, Any] | None, cli_values: dict[str, Any]) -> LauncherConfig:
+    """Defaults < YAML < CLI, validated once; raises ``ConfigError`` naming every bad field, one line
+    each (``--flag / recipe key 'key': problem``), each field a problem names spelled as the user set
+    it: as its flag if given as one (or without a ``--config`` recipe)."""
+    merged: dict[str, Any] = {**(yaml_values or {}), **cli_values}
 
     def label(loc: Sequence[int | str]) -> str:
-        path = ".".join(str(part) for part in loc)
-        return f"--{str(loc[0]).replace('_', '-')} / recipe key {path!r}" if loc else "recipe"
+        return f"--{str(loc[0]).replace('_', '-')} / recipe key {'.'.join(map(str, loc))!r}" if loc else "recipe"
 
     def spelled(match: re.Match[str]) -> str:
         name = match.group(1)
-        return "--" + name.replace("_", "-") if name in flags or not recipe else name
+        return "--" + name.replace("_", "-") if name in cli_values or yaml_values is None else name
 
-    unknown = "unknown setting (see `examples/swebench_grpo/run.py --help` for the valid ones)"
-    text = describe(error, label=label, unknown_key=unknown, separator="\n  ")
-    return "invalid launcher configuration:\n  " + _FIELD_NAME.sub(spelled, text)
-
-
-def load_config(yaml_values: dict[str, Any] | None, cli_values: dict[str, Any]) -> LauncherConfig:
-    """Defaults < YAML < CLI, validated once; raises ``ConfigError`` naming every bad field."""
-    merged: dict[str, Any] = {**(yaml_values or {}), **cli_values}
     try:
         config = LauncherConfig.model_validate(merged)
     except ValidationError as error:
-        raise ConfigError(_describe_error(error, set(cli_values), yaml_values is not None)) from None
-    for name, flag, origin in (("nemo_gym_url", "--nemo-gym-url", "_gym_url_origin"),
-                               ("nemo_gym_envs", "--nemo-gym-env", "_envs_origin")):  # fmt: skip
+        unknown = "unknown setting (see `examples/swebench_grpo/run.py --help` for the valid ones)"
+        text = describe(error, label=label, unknown_key=unknown, separator="\n  ")
+        raise ConfigError("invalid launcher configuration:\n  " + _FIELD_NAME.sub(spelled, text)) from None
+    for name, flag in (("nemo_gym_url", "--nemo-gym-url"), ("nemo_gym_envs", "--nemo-gym-env")):
         if name in merged:
-            setattr(config, origin, flag if name in cli_values else f"{name} in the --config recipe")
+            config._origins[name] = flag if name in cli_values else f"{name} in the --config recipe"
     return config
 
 
