@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from miles_nemogym.errors import MilesNemoGymError
+from miles_nemogym.launcher._config import ConfigError
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
 _BY_NAME = {family.name: family for family in FAMILIES}
 
 
-class UnknownFamilyError(MilesNemoGymError, ValueError):
+class UnknownFamilyError(ConfigError):
     """The model family cannot be told; the message names the override flags."""
 
 
