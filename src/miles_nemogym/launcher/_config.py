@@ -58,15 +58,9 @@ _REFUSED_MODES: dict[tuple[str | None, Any], str] = {
     ),
 }
 """Miles' pause and weight-transfer modes this recipe refuses, with why and what to use."""
-_ASYNC_ONLY = frozenset(
-    {
-        "async_max_concurrent_samples",
-        "max_weight_staleness",
-        "async_unused_samples_handler",
-        "async_data_buffer_capacity_factor",
-    }
-)
-"""Fields only Miles' fully async rollout reads: refused without ``fully_async``."""
+ASYNC_ONLY = ("async_max_concurrent_samples", "max_weight_staleness", "async_unused_samples_handler",
+              "async_data_buffer_capacity_factor")  # fmt: skip
+"""Fields only Miles' fully async rollout reads (its flags of the same names): refused without ``fully_async``."""
 
 
 class LauncherConfig(BaseModel):
@@ -518,7 +512,7 @@ class LauncherConfig(BaseModel):
         """What Miles refuses or ignores next to --fully-async, and the knobs only it reads."""
         problems: list[str] = []
         if not self.fully_async:
-            only_async = sorted(_ASYNC_ONLY & self.model_fields_set)
+            only_async = sorted(self.model_fields_set.intersection(ASYNC_ONLY))
             if only_async:
                 one = len(only_async) == 1
                 problems.append(
