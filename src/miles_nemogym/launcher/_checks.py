@@ -218,16 +218,15 @@ def _check_eval_data(config: LauncherConfig) -> list[CheckResult]:
     """Miles evaluates before the first training step: a bad held-out file fails once the cluster runs."""
     if not config.eval_data:
         return [CheckResult("eval data", Status.passed, "no --eval-data: no held-out evaluation")]
-    results = []
-    for set_name, path in config.eval_data.items():
-        fix = (
-            f"write a held-out set with `{_CONVERT} --output <train.jsonl> --holdout N --holdout-output {path}` "
-            f"and pass that file as --eval-data {set_name}={path}, or leave --eval-data unset to train without "
-            "evaluation"
-        )
-        name = "eval data" if len(config.eval_data) == 1 else f"eval data {set_name}"
-        results.append(_check_data(name, "--eval-data", path, fix))
-    return results
+    fix = (
+        f"write a held-out set with `{_CONVERT} --output <train.jsonl> --holdout N --holdout-output {{path}}` "
+        "and pass that file as --eval-data {name}={path}, or leave --eval-data unset to train without evaluation"
+    )
+    one = len(config.eval_data) == 1
+    return [
+        _check_data("eval data" if one else f"eval data {name}", "--eval-data", path, fix.format(name=name, path=path))
+        for name, path in config.eval_data.items()
+    ]
 
 
 def _folder_problem(folder: Path) -> str | None:
@@ -437,10 +436,10 @@ def _check_data_use(use: DataUse) -> CheckResult:
     counts = [f"SWE {use.swe_rows}"] if use.swe_rows else []
     counts += [f"{name} {count}" for name, count in sorted(use.env_rows.items())]
     how = "read (the first rows of a large parquet file)" if use.sampled else "read"
-    detail = f"{', '.join(counts) or 'no'} rows of {use.rows} {how}"
-    if not use.swe_rows:
-        detail += "; no SWE rows, so NEMO_GYM_URL's server is not checked"
-    return CheckResult("rows' environments", Status.passed, detail)
+    gym = "" if use.swe_rows else "; no SWE rows, so NEMO_GYM_URL's server is not checked"
+    return CheckResult(
+        "rows' environments", Status.passed, f"{', '.join(counts) or 'no'} rows of {use.rows} {how}{gym}"
+    )
 
 
 def _unnamed_environments(config: LauncherConfig, use: DataUse | None, target: checks.Target) -> list[CheckResult]:
