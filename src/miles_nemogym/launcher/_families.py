@@ -74,13 +74,13 @@ def resolve(
         )
     reasoning = None if reasoning_parser is None or reasoning_parser.lower() == "none" else reasoning_parser
     if chosen is None:
-        given = {
-            "--tito-model": tito_model,
-            "--reasoning-parser": reasoning_parser,
-            "--tool-call-parser": tool_call_parser,
-        }
-        missing = [flag for flag, value in given.items() if value is None]
-        if missing or tito_model is None or tool_call_parser is None:
+        given = (
+            ("--tito-model", tito_model),
+            ("--reasoning-parser", reasoning_parser),
+            ("--tool-call-parser", tool_call_parser),
+        )
+        missing = [flag for flag, value in given if value is None]
+        if tito_model is None or reasoning_parser is None or tool_call_parser is None:
             raise UnknownFamilyError(
                 f"cannot tell the model family of {checkpoint!r} (known: {known}); pass --model-family, or all "
                 f"of --tito-model, --reasoning-parser and --tool-call-parser (missing: {', '.join(missing)}; "

@@ -124,9 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
             repeated = " (shell-split; repeatable)" if name in _SHELL_SPLIT else " (repeatable)"
             group.add_argument(*flags, dest=name, action="append", metavar=_REPEATED[name], help=help_text + repeated)
         else:
-            metavar = "VALUE"
-            if get_origin(annotation) is Literal:
-                metavar = "{" + ",".join(get_args(annotation)) + "}"
+            metavar = "{" + ",".join(get_args(annotation)) + "}" if get_origin(annotation) is Literal else "VALUE"
             group.add_argument(*flags, dest=name, metavar=metavar, help=help_text)
     return parser
 
