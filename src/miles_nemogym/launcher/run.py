@@ -154,10 +154,9 @@ def parse_cli(argv: Sequence[str]) -> tuple[dict[str, Any], Path | None, bool]:
         if bad is not None:
             raise ConfigError(f"--extra-env {bad!r}: expected NAME=VALUE")
         namespace["extra_env"] = dict(item.partition("=")[::2] for item in namespace["extra_env"])
-    for name, value in list(namespace.items()):
-        # "none" on the command line clears an optional value.
-        if isinstance(value, str) and value.lower() == "none" and name != "reasoning_parser":
-            namespace[name] = None
+    # "none" on the command line clears an optional value.
+    cleared = [name for name, value in namespace.items() if isinstance(value, str) and value.lower() == "none"]
+    namespace.update(dict.fromkeys(set(cleared) - {"reasoning_parser"}))
     return namespace, config_path, dry_run
 
 
