@@ -17,6 +17,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import Any
 
@@ -51,16 +52,18 @@ def _check_legacy_rollout(config: LauncherConfig, environ: Mapping[str, str]) ->
     )
 
 
-def locate_miles(configured: Path | None) -> Path | None:
-    """The Miles checkout: the configured one, else the importable package's parent."""
-    if configured is not None:
-        return configured
+def _spec(name: str) -> ModuleSpec | None:
     try:
-        spec = importlib.util.find_spec("miles")
+        return importlib.util.find_spec(name)
     except (ImportError, ValueError):
         return None
+
+
+def locate_miles(configured: Path | None) -> Path | None:
+    """The Miles checkout: the configured one, else the importable package's parent."""
+    spec = _spec("miles") if configured is None else None
     if spec is None or not spec.submodule_search_locations:
-        return None
+        return configured
     return Path(next(iter(spec.submodule_search_locations))).resolve().parent
 
 
@@ -73,42 +76,29 @@ def _check_miles(root: Path | None, config: LauncherConfig) -> CheckResult:
             "install Miles from its repository (git clone https://github.com/radixark/miles && "
             "pip install -e miles) in this environment, or pass --miles-root <checkout>",
         )
-    needed = [
-        root / config.train_script_name,
-        root / "miles" / "rollout" / "generate_hub" / "agentic_tool_call.py",
-        root / "scripts" / "models" / f"{config.megatron_model_type}.py",
-    ]
-    if config.fully_async:
-        needed.insert(2, root / "miles" / "rollout" / "fully_async_rollout.py")
+    update, models = "update Miles: this checkout predates the {} rollout the recipe needs", root / "scripts" / "models"
+    needed = {  # each file, with the fix when it is the first one missing
+        root / config.train_script_name: (
+            "Miles must be a repository checkout (pip install -e <checkout>), not a bare package; "
+            "or pass --miles-root <checkout>"
+        ),
+        root / "miles/rollout/generate_hub/agentic_tool_call.py": update.format("agentic tool-call"),
+        **({root / "miles/rollout/fully_async_rollout.py": update.format("fully async")} if config.fully_async else {}),
+        models / f"{config.megatron_model_type}.py": (
+            f"pass --megatron-model-type with the name of a file in {models} (without .py) that matches --hf-checkpoint"
+        ),
+    }
     missing = [path for path in needed if not path.is_file()]
     if not missing:
         return CheckResult.passed(name, f"checkout at {root}")
-    first = missing[0]
-    if first.name == config.train_script_name:
-        fix = (
-            "Miles must be a repository checkout (pip install -e <checkout>), not a bare package; "
-            "or pass --miles-root <checkout>"
-        )
-    elif first.name in ("agentic_tool_call.py", "fully_async_rollout.py"):
-        what = "agentic tool-call" if first.name == "agentic_tool_call.py" else "fully async"
-        fix = f"update Miles: this checkout predates the {what} rollout the recipe needs"
-    else:
-        fix = (
-            f"pass --megatron-model-type with the name of a file in {root / 'scripts' / 'models'} "
-            "(without .py) that matches --hf-checkpoint"
-        )
-    return CheckResult.failed(name, f"{root}: missing {', '.join(map(str, missing))}", fix)
+    return CheckResult.failed(name, f"{root}: missing {', '.join(map(str, missing))}", needed[missing[0]])
 
 
 def _check_megatron(config: LauncherConfig) -> CheckResult:
     name = "Megatron-LM"
     if config.megatron_path.is_dir():
         return CheckResult.passed(name, f"checkout at {config.megatron_path}")
-    try:
-        installed = importlib.util.find_spec("megatron") is not None
-    except (ImportError, ValueError):
-        installed = False
-    if installed:
+    if _spec("megatron") is not None:
         return CheckResult.passed(name, "the 'megatron' package is importable")
     return CheckResult.failed(
         name,
@@ -143,16 +133,14 @@ def _check_hooks(paths: Sequence[str]) -> CheckResult:
 def _count_gpus(environ: Mapping[str, str]) -> tuple[int | None, str]:
     """Visible GPUs: ``nvidia-smi`` (limited by CUDA_VISIBLE_DEVICES), else torch if installed."""
     visible = environ.get("CUDA_VISIBLE_DEVICES")
-    limit = None if visible is None else _visible_count(visible)
+    limit = None
+    if visible is not None:  # CUDA reads its list up to the first invalid entry: "-1" (hide every GPU) exposes none
+        limit = len(list(itertools.takewhile(lambda part: part and part[0] != "-", map(str.strip, visible.split(",")))))
     smi = shutil.which("nvidia-smi", path=environ.get("PATH"))
     if smi is not None:
         try:
             done = subprocess.run(
-                [smi, "--query-gpu=index", "--format=csv,noheader"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=False,
+                [smi, "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
             )
         except (OSError, subprocess.TimeoutExpired) as error:
             return None, f"nvidia-smi failed to run ({error})"
@@ -163,22 +151,10 @@ def _count_gpus(environ: Mapping[str, str]) -> tuple[int | None, str]:
         count = found if limit is None else min(found, limit)
         note = "" if limit is None else f", CUDA_VISIBLE_DEVICES={visible}"
         return count, f"nvidia-smi lists {found}{note}"
-    if importlib.util.find_spec("torch") is not None:
+    if _spec("torch") is not None:
         torch: Any = importlib.import_module("torch")  # optional: never a dependency
         return int(torch.cuda.device_count()), "torch.cuda.device_count()"
     return None, "nvidia-smi is not on PATH and torch is not installed"
-
-
-def _visible_count(visible: str) -> int:
-    """Devices CUDA_VISIBLE_DEVICES exposes: CUDA reads its list up to the first invalid entry, so
-    ``-1`` (the usual way to hide every GPU) exposes none."""
-    count = 0
-    for part in visible.split(","):
-        part = part.strip()
-        if not part or part.startswith("-"):
-            break
-        count += 1
-    return count
 
 
 def _check_gpus(config: LauncherConfig, environ: Mapping[str, str], counter: GpuCounter) -> CheckResult:
@@ -205,30 +181,26 @@ _CONVERT = "miles-nemogym convert --input princeton-nlp/SWE-bench_Verified"
 
 def _check_data(name: str, flag: str, path: Path, fix: str) -> CheckResult:
     """A file of prompt rows as Miles reads them: its first rows carry a prompt and an instance."""
-    if path.is_dir():
-        return CheckResult.failed(name, f"{flag} {path} is a folder, not a file", fix)
-    if not path.exists():
-        return CheckResult.failed(name, f"{flag} {path} does not exist", fix)
+    given = f"{flag} {path}"
     if not path.is_file():
-        return CheckResult.failed(name, f"{flag} {path} is not a regular file", fix)
+        what = "is a folder, not a file" if path.is_dir() else "is not a regular file"
+        what = what if path.exists() else "does not exist"
+        return CheckResult.failed(name, f"{given} {what}", fix)
     if path.suffix not in (".jsonl", ".parquet"):
-        return CheckResult.failed(
-            name, f"{flag} {path}: Miles reads prompt data from .jsonl or .parquet files only", fix
-        )
+        return CheckResult.failed(name, f"{given}: Miles reads prompt data from .jsonl or .parquet files only", fix)
     rows: list[Any] = []
     try:  # the first rows, read by the converter's reader
         for raw in itertools.islice(open_file(path), _ROWS_CHECKED):
             if raw.error is not None:
-                return CheckResult.failed(name, f"{flag} {path}: {raw.where()}: {raw.error}", fix)
+                return CheckResult.failed(name, f"{given}: {raw.where()}: {raw.error}", fix)
             rows.append(raw.data)
-    except (OSError, MilesNemoGymError) as error:  # not readable (past some row)
-        return CheckResult.failed(name, f"{flag} {path}: {error}", fix)
+    except (OSError, MilesNemoGymError) as error:
+        return CheckResult.failed(name, f"{given}: {error}", fix)
     if not rows:
-        return CheckResult.failed(name, f"{flag} {path} has no rows", fix)
+        return CheckResult.failed(name, f"{given} has no rows", fix)
     for number, row in enumerate(rows, start=1):
-        problem = prompt_row_problem(row)
-        if problem is not None:
-            return CheckResult.failed(name, f"{flag} {path} row {number}: {problem}", fix)
+        if (problem := prompt_row_problem(row)) is not None:
+            return CheckResult.failed(name, f"{given} row {number}: {problem}", fix)
     return CheckResult.passed(name, f"{path}: first {counted(len(rows), 'row')} carry a prompt and a task")
 
 
@@ -242,16 +214,15 @@ def _check_eval_data(config: LauncherConfig) -> list[CheckResult]:
     """Miles evaluates before the first training step: a bad held-out file fails once the cluster runs."""
     if not config.eval_data:
         return [CheckResult.passed("eval data", "no --eval-data: no held-out evaluation")]
-    results = []
-    for set_name, path in config.eval_data.items():
-        fix = (
-            f"write a held-out set with `{_CONVERT} --output <train.jsonl> --holdout N --holdout-output {path}` "
-            f"and pass that file as --eval-data {set_name}={path}, or leave --eval-data unset to train without "
-            "evaluation"
-        )
-        name = "eval data" if len(config.eval_data) == 1 else f"eval data {set_name}"
-        results.append(_check_data(name, "--eval-data", path, fix))
-    return results
+    fix = (
+        f"write a held-out set with `{_CONVERT} --output <train.jsonl> --holdout N --holdout-output {{path}}` "
+        "and pass that file as --eval-data {name}={path}, or leave --eval-data unset to train without evaluation"
+    )
+    one = len(config.eval_data) == 1
+    return [
+        _check_data("eval data" if one else f"eval data {name}", "--eval-data", path, fix.format(name=name, path=path))
+        for name, path in config.eval_data.items()
+    ]
 
 
 def _folder_problem(folder: Path) -> str | None:
@@ -296,19 +267,16 @@ def check_episode_dir(config: LauncherConfig, environ: Mapping[str, str]) -> Che
     if folder is None:
         return CheckResult.passed(name, "off (--no-store-episodes)")
     problem = _folder_problem(folder)
-    if problem is not None:
-        if config.episode_dir is not None:
-            given = "--episode-dir"
-        elif environ.get(EPISODE_DIR_ENV, "").strip():
-            given = EPISODE_DIR_ENV
-        else:
-            given = "<--save-dir>/episodes"
-        return CheckResult.failed(
-            name,
-            f"{given} {folder}: {problem}",
-            "pass --episode-dir <a folder this user can write> (created if missing), or --no-store-episodes",
-        )
-    return CheckResult.passed(name, f"{folder} is writable")
+    if problem is None:
+        return CheckResult.passed(name, f"{folder} is writable")
+    given = (
+        "--episode-dir" if config.episode_dir else EPISODE_DIR_ENV if environ.get(EPISODE_DIR_ENV, "").strip() else ""
+    )
+    return CheckResult.failed(
+        name,
+        f"{given or '<--save-dir>/episodes'} {folder}: {problem}",
+        "pass --episode-dir <a folder this user can write> (created if missing), or --no-store-episodes",
+    )
 
 
 def _check_checkpoint(config: LauncherConfig) -> CheckResult:
@@ -391,21 +359,29 @@ class DataUse:
             self.sources[environment].append(source)
         self.tools.setdefault(environment, set())
 
-    def add(self, row: Any, source: str) -> None:
-        """Count a parsed row and note the tools it gives the model."""
+    def add(self, row: Any, source: str) -> bool:
+        """Count a parsed row and note the tools it gives the model; False: not a row (no metadata)."""
         metadata = row.get("metadata") if isinstance(row, dict) else None
         if not isinstance(metadata, dict):
-            return
+            return False
         environment = Task.of(metadata).environment
         self.count(environment, source)
         if environment == SWE_ENVIRONMENT:
-            return
+            return True
         params = metadata.get("responses_create_params")
         tools = params.get("tools") if isinstance(params, dict) else None
         for tool in tools if isinstance(tools, list) else []:
             function = isinstance(tool, dict) and tool.get("type", "function") == "function"
             if function and isinstance(tool.get("name"), str):
                 self.tools[environment].add(tool["name"])
+        return True
+
+
+def _parsed(line: bytes) -> Any:
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError):
+        return None
 
 
 def _read_jsonl_use(path: Path, use: DataUse, source: str) -> None:
@@ -418,28 +394,14 @@ def _read_jsonl_use(path: Path, use: DataUse, source: str) -> None:
             if found is None:
                 # No mark, but a NeMo-Gym agent_ref the agent reads its environment from: parsed, each
                 # (data the converter wrote carries the mark; only hand-made rows come this way).
-                if _AGENT_REF in line and _counted_as_parsed(line, use, source):
-                    continue
-                if line.strip():
+                if not (_AGENT_REF in line and use.add(_parsed(line), source)) and line.strip():
                     use.count(SWE_ENVIRONMENT, source)
                 continue
             environment = short_name(found.group(1).decode())  # as the agent reads the mark
             if use.env_rows[environment] >= _PARSED_PER_ENVIRONMENT:
                 use.count(environment, source)
-                continue
-            with contextlib.suppress(ValueError):
-                use.add(json.loads(line), source)
-
-
-def _counted_as_parsed(line: bytes, use: DataUse, source: str) -> bool:
-    try:
-        row = json.loads(line)
-    except (ValueError, RecursionError):
-        return False
-    if not isinstance(row, dict) or not isinstance(row.get("metadata"), dict):
-        return False
-    use.add(row, source)
-    return True
+            else:
+                use.add(_parsed(line), source)
 
 
 def data_use(config: LauncherConfig) -> DataUse | None:
@@ -447,9 +409,8 @@ def data_use(config: LauncherConfig) -> DataUse | None:
     checks name why); unreadable rows are left out (the data checks report the first ones)."""
     use = DataUse()
     read = False
-    files = [("--prompt-data", config.prompt_data)]
-    files += [(f"--eval-data {name}", path) for name, path in config.eval_data.items()]
-    for source, path in files:
+    eval_files = ((f"--eval-data {name}", path) for name, path in config.eval_data.items())
+    for source, path in [("--prompt-data", config.prompt_data), *eval_files]:
         try:
             if path.suffix == ".jsonl":
                 _read_jsonl_use(path, use, source)
@@ -471,10 +432,8 @@ def _check_data_use(use: DataUse) -> CheckResult:
     counts = [f"SWE {use.swe_rows}"] if use.swe_rows else []
     counts += [f"{name} {count}" for name, count in sorted(use.env_rows.items())]
     how = "read (the first rows of a large parquet file)" if use.sampled else "read"
-    detail = f"{', '.join(counts) or 'no'} rows of {use.rows} {how}"
-    if not use.swe_rows:
-        detail += "; no SWE rows, so NEMO_GYM_URL's server is not checked"
-    return CheckResult.passed("rows' environments", detail)
+    gym = "" if use.swe_rows else "; no SWE rows, so NEMO_GYM_URL's server is not checked"
+    return CheckResult.passed("rows' environments", f"{', '.join(counts) or 'no'} rows of {use.rows} {how}{gym}")
 
 
 def _unnamed_environments(config: LauncherConfig, use: DataUse | None, target: checks.Target) -> list[CheckResult]:
@@ -483,7 +442,7 @@ def _unnamed_environments(config: LauncherConfig, use: DataUse | None, target: c
     if use is None or not isinstance(target.settings, Settings):
         return []
     return [
-        checks.environment_failed(
+        checks.environmentCheckResult.failed(
             name,
             f"rows of {' and '.join(use.sources[name])} are marked {ENV_KEY}={name!r}, which NEMO_GYM_ENVS "
             f"(from {config.envs_origin}) does not name",

@@ -7,14 +7,14 @@ import json
 import re
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from miles_nemogym import groups
 from miles_nemogym.episode.record import eval_overrides
 from miles_nemogym.errors import MilesNemoGymError, counted, redact_url, redact_urls
-from miles_nemogym.launcher._config import ENVS_ENV, LauncherConfig
+from miles_nemogym.launcher._config import ASYNC_ONLY, ENVS_ENV, LauncherConfig
 from miles_nemogym.launcher._families import Parsers
 from miles_nemogym.settings import ENV_VARS, EnvironmentServer
 
@@ -119,6 +119,10 @@ def _flags(flags: Mapping[str, object]) -> list[str]:
 
 def train_args(config: LauncherConfig, parsers: Parsers) -> list[str]:
     """Miles' flags for the recipe, each at most once, in upstream's grouping."""
+
+    def same(*names: str) -> dict[str, object]:  # recipe fields named as Miles' flags
+        return {"--" + name.replace("_", "-"): getattr(config, name) for name in names}
+
     fully_async = config.fully_async
     args = _flags(
         {
@@ -132,38 +136,21 @@ def train_args(config: LauncherConfig, parsers: Parsers) -> list[str]:
             "--input-key": "prompt",
             "--metadata-key": "metadata",
             "--rollout-shuffle": True,
-            "--num-rollout": config.num_rollout,
-            "--rollout-batch-size": config.rollout_batch_size,
-            "--n-samples-per-prompt": config.n_samples_per_prompt,
-            "--rollout-temperature": config.rollout_temperature,
-            "--rollout-top-p": config.rollout_top_p,
-            "--rollout-max-response-len": config.rollout_max_response_len,
-            "--max-seq-len": config.max_seq_len,
+            **same("num_rollout", "rollout_batch_size", "n_samples_per_prompt", "rollout_temperature", "rollout_top_p"),
+            **same("rollout_max_response_len", "max_seq_len"),
             "--global-batch-size": config.resolved_global_batch_size,
-            "--over-sampling-batch-size": config.over_sampling_batch_size,
-            "--rollout-submission-granularity": config.rollout_submission_granularity,
-            "--balance-data": config.balance_data,
+            **same("over_sampling_batch_size", "rollout_submission_granularity", "balance_data", "fully_async"),
             # fully async only
-            "--fully-async": fully_async,
-            "--async-max-concurrent-samples": config.async_max_concurrent_samples if fully_async else None,
-            "--max-weight-staleness": config.max_weight_staleness if fully_async else None,
-            "--async-unused-samples-handler": config.async_unused_samples_handler if fully_async else None,
-            "--async-data-buffer-capacity-factor": config.async_data_buffer_capacity_factor if fully_async else None,
+            **(same(*ASYNC_ONLY) if fully_async else {}),
             # GRPO
             "--advantage-estimator": "grpo",
             "--use-kl-loss": True,
-            "--kl-loss-coef": config.kl_loss_coef,
-            "--kl-loss-type": config.kl_loss_type,
-            "--entropy-coef": config.entropy_coef,
-            "--eps-clip": config.eps_clip,
-            "--eps-clip-high": config.eps_clip_high,
+            **same("kl_loss_coef", "kl_loss_type", "entropy_coef", "eps_clip", "eps_clip_high"),
             # optimizer (Megatron-LM)
             "--optimizer": "adam",
             "--lr": config.lr,
             "--lr-decay-style": "constant",
-            "--weight-decay": config.weight_decay,
-            "--adam-beta1": config.adam_beta1,
-            "--adam-beta2": config.adam_beta2,
+            **same("weight_decay", "adam_beta1", "adam_beta2"),
             # parallelism and memory (Megatron-LM)
             "--tensor-model-parallel-size": config.tensor_parallel,
             "--pipeline-model-parallel-size": config.pipeline_parallel,
@@ -177,15 +164,14 @@ def train_args(config: LauncherConfig, parsers: Parsers) -> list[str]:
             "--max-tokens-per-gpu": config.max_seq_len,
             # SGLang engines
             "--rollout-num-gpus-per-engine": config.rollout_gpus_per_engine,
-            "--sglang-mem-fraction-static": config.sglang_mem_fraction_static,
+            **same("sglang_mem_fraction_static"),
             "--sglang-reasoning-parser": parsers.reasoning_parser,
             "--sglang-tool-call-parser": parsers.tool_call_parser,
             # the agentic rollout chain
             "--custom-generate-function-path": GENERATE_FUNCTION,
             **dict(hooks(config)),
             "--use-session-server": "v2" if config.session_server_version == "v2" else True,
-            "--session-server-ip": config.session_server_ip,
-            "--session-server-port": config.session_server_port,
+            **same("session_server_ip", "session_server_port"),
             "--tito-model": parsers.tito_model,
             # Agent harnesses (opencode) replay earlier tool calls with their arguments re-serialized; Miles'
             # loose_tool_call matcher compares those as JSON, strict would roll the session back and train
@@ -207,8 +193,7 @@ def train_args(config: LauncherConfig, parsers: Parsers) -> list[str]:
             # CPU actor Ray may place on any node: on the head, they are where the Gym hosts dial.
             "--pin-rollout-manager-to-head": config.num_nodes > 1,
             # weight updates
-            "--pause-generation-mode": config.pause_generation_mode,
-            "--update-weight-transfer-mode": config.update_weight_transfer_mode,
+            **same("pause_generation_mode", "update_weight_transfer_mode"),
             "--use-wandb": bool(config.wandb_project),
             "--wandb-project": config.wandb_project or None,
             # Miles names the run <group>_<random id> and fails without a group: the model's name by default.
@@ -353,7 +338,10 @@ def job_episode_dir(config: LauncherConfig, environ: Mapping[str, str]) -> Path 
 
 def job_environment(config: LauncherConfig, miles: MilesInstall, environ: Mapping[str, str]) -> Job:
     """The job's environment; ``environ`` is the launcher's (for forwarded variables)."""
-    env = {name: environ[name] for name in _FORWARDED_ENV if environ.get(name)}
+    # The recipe's environments and episode folder, never a stale forwarded value.
+    env = {
+        name: environ[name] for name in _FORWARDED_ENV if environ.get(name) and name not in (ENVS_ENV, EPISODE_DIR_ENV)
+    }
     pythonpath = [str(miles.root), str(config.megatron_path), *environ.get("PYTHONPATH", "").split(":")]
     env.update(
         {
@@ -370,13 +358,9 @@ def job_environment(config: LauncherConfig, miles: MilesInstall, environ: Mappin
     )
     if config.router_external_host:
         env["MILES_ROUTER_EXTERNAL_HOST"] = config.router_external_host
-    # The recipe's environments and episode folder, never a stale forwarded value.
-    env.pop(ENVS_ENV, None)
     if config.nemo_gym_envs:
         env[ENVS_ENV] = environments_value(config.nemo_gym_envs)
-    episode_dir = job_episode_dir(config, environ)
-    env.pop(EPISODE_DIR_ENV, None)
-    if episode_dir is not None:
+    if (episode_dir := job_episode_dir(config, environ)) is not None:
         env[EPISODE_DIR_ENV] = str(episode_dir)
     env.update(config.extra_env)
     return Job(argv=[], env=env, secret_names=frozenset(name for name in env if _SECRET_NAME.search(name)))
@@ -389,7 +373,7 @@ def build_job(
     base = job_environment(config, miles, environ)
     _check_min_valid(base.env, config.n_samples_per_prompt)
     argv = ["python3", str(miles.root / config.train_script_name), *miles.model_args, *train_args(config, parsers)]
-    return Job(argv=argv, env=base.env, secret_names=base.secret_names, cwd=cwd)
+    return replace(base, argv=argv, cwd=cwd)
 
 
 def entrypoint(job: Job) -> str:

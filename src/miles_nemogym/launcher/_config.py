@@ -5,12 +5,20 @@ from __future__ import annotations
 import json
 import os
 import re
-import types
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.functional_validators import AfterValidator
 
 from miles_nemogym.errors import MilesNemoGymError, describe, message, redact_url
@@ -39,15 +47,6 @@ def _envs_variable() -> Any:  # NEMO_GYM_ENVS as given: validated as a field, so
     return _env(ENVS_ENV) or {}
 
 
-def _is_number(annotation: Any) -> bool:
-    """``int``/``float`` fields, optional or not (pydantic would take ``true`` as 1 there)."""
-    if annotation in (int, float):
-        return True
-    if get_origin(annotation) in (Union, types.UnionType):
-        return any(_is_number(arg) for arg in get_args(annotation))
-    return False
-
-
 _REFUSED_MODES: dict[tuple[str | None, Any], str] = {
     ("pause_generation_mode", "abort"): (
         "abort kills every running episode at each weight update; Miles refuses it with its "
@@ -59,15 +58,9 @@ _REFUSED_MODES: dict[tuple[str | None, Any], str] = {
     ),
 }
 """Miles' pause and weight-transfer modes this recipe refuses, with why and what to use."""
-_ASYNC_ONLY = frozenset(
-    {
-        "async_max_concurrent_samples",
-        "max_weight_staleness",
-        "async_unused_samples_handler",
-        "async_data_buffer_capacity_factor",
-    }
-)
-"""Fields only Miles' fully async rollout reads: refused without ``fully_async``."""
+ASYNC_ONLY = ("async_max_concurrent_samples", "max_weight_staleness", "async_unused_samples_handler",
+              "async_data_buffer_capacity_factor")  # fmt: skip
+"""Fields only Miles' fully async rollout reads (its flags of the same names): refused without ``fully_async``."""
 
 
 class LauncherConfig(BaseModel):
@@ -275,24 +268,22 @@ class LauncherConfig(BaseModel):
     router_external_host: str | None = Field(default_factory=lambda: _env("MILES_ROUTER_EXTERNAL_HOST"))
     """Address of the trainer the Gym host can dial (MILES_ROUTER_EXTERNAL_HOST)."""
 
-    _gym_url_origin: str = ""
-    _envs_origin: str = ""
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
 
     def model_post_init(self, context: Any, /) -> None:
         # Where each came from (the dry run and preflight say); ``load_config`` names the flag or YAML.
-        given = self.model_fields_set
-        url_from = "NEMO_GYM_URL in the environment" if _env("NEMO_GYM_URL") else "the default"
-        self._gym_url_origin = "the recipe" if "nemo_gym_url" in given else url_from
-        envs_from = f"{ENVS_ENV} in the environment" if _env(ENVS_ENV) else f"{ENVS_ENV} unset"
-        self._envs_origin = "the recipe" if "nemo_gym_envs" in given else envs_from
+        url = "NEMO_GYM_URL in the environment" if _env("NEMO_GYM_URL") else "the default"
+        envs = f"{ENVS_ENV} in the environment" if _env(ENVS_ENV) else f"{ENVS_ENV} unset"
+        for name, origin in (("nemo_gym_url", url), ("nemo_gym_envs", envs)):
+            self._origins[name] = "the recipe" if name in self.model_fields_set else origin
 
     @property
     def gym_url_origin(self) -> str:
-        return self._gym_url_origin
+        return self._origins["nemo_gym_url"]
 
     @property
     def envs_origin(self) -> str:
-        return self._envs_origin
+        return self._origins["nemo_gym_envs"]
 
     @model_validator(mode="before")
     @classmethod
@@ -319,8 +310,9 @@ class LauncherConfig(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        # YAML's ``num_rollout: true`` would otherwise become 1 rollout without a word.
-        if isinstance(value, bool) and info.field_name and _is_number(cls.model_fields[info.field_name].annotation):
+        # YAML's ``num_rollout: true`` would otherwise become 1 rollout without a word (``int | None`` too).
+        annotation = cls.model_fields[str(info.field_name)].annotation
+        if isinstance(value, bool) and {int, float} & {annotation, *get_args(annotation)}:
             raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
         return value
 
@@ -337,10 +329,8 @@ class LauncherConfig(BaseModel):
     def _read_environments(cls, value: Any) -> Any:
         """NEMO_GYM_ENVS text, a mapping, or a list of NAME=URL[,max_steps=N] or JSON-object items (the
         flag, repeated), parsed by the plugin's own settings."""
-        if value is None:
-            return {}
-        if isinstance(value, str):  # NEMO_GYM_ENVS's own form
-            return parse_environments(value) if value.strip() else {}
+        if value is None or isinstance(value, str):  # unset, or NEMO_GYM_ENVS's own form
+            return parse_environments(value) if value and value.strip() else {}
         if isinstance(value, list):
             merged: dict[str, Any] = {}
             for item in value:
@@ -397,9 +387,9 @@ class LauncherConfig(BaseModel):
     @classmethod
     def _check_ray_address(cls, value: str | None) -> str | None:
         # Ray's job client reads an address without a scheme as http:// (parse_cluster_info); so do we.
-        if value is None or not value.strip():
+        value = value.strip() if value else None
+        if not value:
             return None
-        value = value.strip()
         if value == "auto" or value.startswith("ray://"):
             raise ValueError(
                 f"{redact_url(value)!r} (also read from RAY_ADDRESS) is not a job-submission address: give the Ray "
@@ -522,7 +512,7 @@ class LauncherConfig(BaseModel):
         """What Miles refuses or ignores next to --fully-async, and the knobs only it reads."""
         problems: list[str] = []
         if not self.fully_async:
-            only_async = sorted(_ASYNC_ONLY & self.model_fields_set)
+            only_async = sorted(self.model_fields_set.intersection(ASYNC_ONLY))
             if only_async:
                 one = len(only_async) == 1
                 problems.append(
@@ -597,9 +587,7 @@ class LauncherConfig(BaseModel):
 
     @property
     def resolved_episode_dir(self) -> Path | None:
-        if not self.store_episodes:
-            return None
-        return self.episode_dir or self.resolved_save_dir / "episodes"
+        return (self.episode_dir or self.resolved_save_dir / "episodes") if self.store_episodes else None
 
     @property
     def resolved_global_batch_size(self) -> int:
@@ -614,34 +602,28 @@ _FIELD_NAME = re.compile(
 """A recipe field's name in a message (the ones with ``_``; a bare ``colocate`` reads as a word)."""
 
 
-def _describe_error(error: ValidationError, flags: Collection[str], recipe: bool) -> str:
-    """One line per field, ``--flag / recipe key 'key': problem``; each field the problem names is
-    spelled as the user set it: as its flag if given as one (or without a ``--config`` recipe)."""
+def load_config(yaml_values: dict[str, Any] | None, cli_values: dict[str, Any]) -> LauncherConfig:
+    """Defaults < YAML < CLI, validated once; raises ``ConfigError`` naming every bad field, one line
+    each (``--flag / recipe key 'key': problem``), each field a problem names spelled as the user set
+    it: as its flag if given as one (or without a ``--config`` recipe)."""
+    merged: dict[str, Any] = {**(yaml_values or {}), **cli_values}
 
     def label(loc: Sequence[int | str]) -> str:
-        path = ".".join(str(part) for part in loc)
-        return f"--{str(loc[0]).replace('_', '-')} / recipe key {path!r}" if loc else "recipe"
+        return f"--{str(loc[0]).replace('_', '-')} / recipe key {'.'.join(map(str, loc))!r}" if loc else "recipe"
 
     def spelled(match: re.Match[str]) -> str:
         name = match.group(1)
-        return "--" + name.replace("_", "-") if name in flags or not recipe else name
+        return "--" + name.replace("_", "-") if name in cli_values or yaml_values is None else name
 
-    unknown = "unknown setting (see `examples/swebench_grpo/run.py --help` for the valid ones)"
-    text = describe(error, label=label, unknown_key=unknown, separator="\n  ")
-    return "invalid launcher configuration:\n  " + _FIELD_NAME.sub(spelled, text)
-
-
-def load_config(yaml_values: dict[str, Any] | None, cli_values: dict[str, Any]) -> LauncherConfig:
-    """Defaults < YAML < CLI, validated once; raises ``ConfigError`` naming every bad field."""
-    merged: dict[str, Any] = {**(yaml_values or {}), **cli_values}
     try:
         config = LauncherConfig.model_validate(merged)
     except ValidationError as error:
-        raise ConfigError(_describe_error(error, set(cli_values), yaml_values is not None)) from None
-    for name, flag, origin in (("nemo_gym_url", "--nemo-gym-url", "_gym_url_origin"),
-                               ("nemo_gym_envs", "--nemo-gym-env", "_envs_origin")):  # fmt: skip
+        unknown = "unknown setting (see `examples/swebench_grpo/run.py --help` for the valid ones)"
+        text = describe(error, label=label, unknown_key=unknown, separator="\n  ")
+        raise ConfigError("invalid launcher configuration:\n  " + _FIELD_NAME.sub(spelled, text)) from None
+    for name, flag in (("nemo_gym_url", "--nemo-gym-url"), ("nemo_gym_envs", "--nemo-gym-env")):
         if name in merged:
-            setattr(config, origin, flag if name in cli_values else f"{name} in the --config recipe")
+            config._origins[name] = flag if name in cli_values else f"{name} in the --config recipe"
     return config
 
 

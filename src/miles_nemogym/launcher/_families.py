@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from miles_nemogym.errors import MilesNemoGymError
+from miles_nemogym.launcher._config import ConfigError
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
 _BY_NAME = {family.name: family for family in FAMILIES}
 
 
-class UnknownFamilyError(MilesNemoGymError, ValueError):
+class UnknownFamilyError(ConfigError):
     """The model family cannot be told; the message names the override flags."""
 
 
@@ -74,13 +74,13 @@ def resolve(
         )
     reasoning = None if reasoning_parser is None or reasoning_parser.lower() == "none" else reasoning_parser
     if chosen is None:
-        given = {
-            "--tito-model": tito_model,
-            "--reasoning-parser": reasoning_parser,
-            "--tool-call-parser": tool_call_parser,
-        }
-        missing = [flag for flag, value in given.items() if value is None]
-        if missing or tito_model is None or tool_call_parser is None:
+        given = (
+            ("--tito-model", tito_model),
+            ("--reasoning-parser", reasoning_parser),
+            ("--tool-call-parser", tool_call_parser),
+        )
+        missing = [flag for flag, value in given if value is None]
+        if tito_model is None or reasoning_parser is None or tool_call_parser is None:
             raise UnknownFamilyError(
                 f"cannot tell the model family of {checkpoint!r} (known: {known}); pass --model-family, or all "
                 f"of --tito-model, --reasoning-parser and --tool-call-parser (missing: {', '.join(missing)}; "

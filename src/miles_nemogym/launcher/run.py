@@ -38,7 +38,7 @@ from miles_nemogym.launcher._command import (
     render,
 )
 from miles_nemogym.launcher._config import ENVS_ENV, ConfigError, LauncherConfig, load_config, read_yaml
-from miles_nemogym.launcher._families import Parsers, UnknownFamilyError, resolve
+from miles_nemogym.launcher._families import Parsers, resolve
 
 __all__ = ["main"]
 
@@ -124,9 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
             repeated = " (shell-split; repeatable)" if name in _SHELL_SPLIT else " (repeatable)"
             group.add_argument(*flags, dest=name, action="append", metavar=_REPEATED[name], help=help_text + repeated)
         else:
-            metavar = "VALUE"
-            if get_origin(annotation) is Literal:
-                metavar = "{" + ",".join(get_args(annotation)) + "}"
+            metavar = "{" + ",".join(get_args(annotation)) + "}" if get_origin(annotation) is Literal else "VALUE"
             group.add_argument(*flags, dest=name, metavar=metavar, help=help_text)
     return parser
 
@@ -152,17 +150,13 @@ def parse_cli(argv: Sequence[str]) -> tuple[dict[str, Any], Path | None, bool]:
                     ) from None
             namespace[name] = tokens
     if "extra_env" in namespace:
-        pairs = {}
-        for item in namespace["extra_env"]:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise ConfigError(f"--extra-env {item!r}: expected NAME=VALUE")
-            pairs[key] = value
-        namespace["extra_env"] = pairs
-    for name, value in list(namespace.items()):
-        # "none" on the command line clears an optional value.
-        if isinstance(value, str) and value.lower() == "none" and name != "reasoning_parser":
-            namespace[name] = None
+        bad = next((item for item in namespace["extra_env"] if item.find("=") < 1), None)
+        if bad is not None:
+            raise ConfigError(f"--extra-env {bad!r}: expected NAME=VALUE")
+        namespace["extra_env"] = dict(item.partition("=")[::2] for item in namespace["extra_env"])
+    # "none" on the command line clears an optional value.
+    cleared = [name for name, value in namespace.items() if isinstance(value, str) and value.lower() == "none"]
+    namespace.update(dict.fromkeys(set(cleared) - {"reasoning_parser"}))
     return namespace, config_path, dry_run
 
 
@@ -171,16 +165,10 @@ def load(argv: Sequence[str]) -> tuple[LauncherConfig, Parsers, bool]:
     cli_values, config_path, dry_run = parse_cli(argv)
     yaml_values = read_yaml(config_path) if config_path is not None else None
     config = load_config(yaml_values, cli_values)
-    try:
-        parsers = resolve(
-            config.hf_checkpoint,
-            family=config.model_family,
-            tito_model=config.tito_model,
-            reasoning_parser=config.reasoning_parser,
-            tool_call_parser=config.tool_call_parser,
-        )
-    except UnknownFamilyError as error:
-        raise ConfigError(str(error)) from None
+    overrides = ("model_family", "tito_model", "reasoning_parser", "tool_call_parser")
+    parsers = resolve(
+        config.hf_checkpoint, **{name.removeprefix("model_"): getattr(config, name) for name in overrides}
+    )
     return config, parsers, dry_run
 
 
@@ -411,24 +399,19 @@ def execute(
                 return _EXIT_JOB_FAILED
 
     address = _ray_address(config)
-    started_head = False
-    reachable = actions.ray_reachable(address)
-    if reachable and not config.ray_address:
+    start_head = not actions.ray_reachable(address)
+    if start_head and config.ray_address:
+        print(f"error: no Ray cluster answers at {redact_url(address)}; start it or unset RAY_ADDRESS", file=sys.stderr)
+        return EXIT_USAGE
+    if not start_head and not config.ray_address:
         # Could be a previous run's head, or the Ray of a NeMo-Gym server on this node.
         print(
             f"a Ray cluster already answers at {redact_url(address)}: submitting to it (stop it, or set "
             "RAY_ADDRESS / --ray-dashboard-port to choose another)",
             flush=True,
         )
-    if not reachable:
-        if config.ray_address:
-            print(
-                f"error: no Ray cluster answers at {redact_url(address)}; start it or unset RAY_ADDRESS",
-                file=sys.stderr,
-            )
-            return EXIT_USAGE
+    if start_head:
         actions.start_ray_head(config)
-        started_head = True
         # A loaded node has taken over 120 s to bring the dashboard up; a head that dies says so at once.
         deadline = time.monotonic() + 300
         while not actions.ray_reachable(address):
@@ -447,7 +430,7 @@ def execute(
     try:
         return actions.submit(job, address, submission_id)
     finally:
-        if started_head and not config.keep_ray:
+        if start_head and not config.keep_ray:
             actions.stop_ray_head()
 
 
