@@ -442,7 +442,7 @@ def _unnamed_environments(config: LauncherConfig, use: DataUse | None, target: c
     if use is None or not isinstance(target.settings, Settings):
         return []
     return [
-        checks.environmentCheckResult.failed(
+        checks.environment_failed(
             name,
             f"rows of {' and '.join(use.sources[name])} are marked {ENV_KEY}={name!r}, which NEMO_GYM_ENVS "
             f"(from {config.envs_origin}) does not name",
