@@ -43,7 +43,7 @@ from miles_nemogym.settings import Settings
 from miles_nemogym.store import Stores
 from miles_nemogym.transport import Deadline
 
-__all__ = ["Runtime", "current", "install"]
+__all__ = ["current"]
 
 logger = logging.getLogger(__name__)
 

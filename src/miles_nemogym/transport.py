@@ -50,15 +50,12 @@ from miles_nemogym.errors import (
 )
 
 __all__ = [
-    "Answer",
-    "Deadline",
     "bracket",
     "close_pools",
     "connect_host",
+    "get",
     "is_loopback",
     "is_wildcard",
-    "pool",
-    "request",
 ]
 
 logger = logging.getLogger(__name__)
@@ -204,6 +201,14 @@ async def request(
         if isinstance(failed, Failed):
             failed.answered = answered
         raise failed from None
+
+
+async def get(url: str, timeout_s: float, cap: int) -> Answer:
+    """One ``GET`` (a server check's) on this loop's one-connection pool, ``timeout_s`` for all of it."""
+    connections = await pool(1)
+    return await request(
+        connections.gym, "GET", url, deadline=Deadline(timeout_s), connect_timeout_s=timeout_s, cap=cap
+    )
 
 
 def _failure(error: Exception, deadline: Deadline, connect_timeout_s: float) -> Exception:
