@@ -12,7 +12,7 @@ import html
 from collections.abc import Callable
 from typing import Any
 
-from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text, reward_text
+from miles_nemogym.episode.record import SWE_ENVIRONMENT
 from miles_nemogym.store import ROLES
 from miles_nemogym.store._browser import (
     PASS_RATE,
@@ -32,7 +32,7 @@ from miles_nemogym.store._browser import (
     step_rows,
 )
 from miles_nemogym.store._plots import plots_html
-from miles_nemogym.store._reader import Store, StoredEpisode
+from miles_nemogym.store._reader import Store, StoredEpisode, count_text, reward_text
 
 __all__ = ["render_html"]
 
