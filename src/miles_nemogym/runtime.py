@@ -85,10 +85,7 @@ class Ledger:
         self._streak_envs: Counter[str] = Counter()
 
     def _tally(self, key: str) -> Tally:
-        tally = self._tallies.get(key)
-        if tally is None:
-            tally = self._tallies[key] = Tally()
-        return tally
+        return self._tallies.setdefault(key, Tally())
 
     def record_episode(
         self,

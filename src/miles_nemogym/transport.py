@@ -148,9 +148,6 @@ class Deadline:
     def remaining(self) -> float:
         return self._at - asyncio.get_running_loop().time()
 
-    def expired(self) -> bool:
-        return self.remaining() <= 0
-
 
 @dataclass(frozen=True)
 class Answer:
@@ -218,7 +215,7 @@ def _failure(error: Exception, deadline: Deadline, connect_timeout_s: float) -> 
         return Failed(TRANSPORT_TLS, f"TLS: {_text(error.os_error)}", resendable=True, os_error=error)
     if isinstance(error, aiohttp.ClientConnectorError):
         return Failed(TRANSPORT_UNREACHABLE, _connect_reason(error.os_error), resendable=True, os_error=error.os_error)
-    if deadline.expired():
+    if deadline.remaining() <= 0:
         return Failed(AGENT_TIMEOUT, _deadline_reason(deadline), resendable=False)
     if isinstance(error, aiohttp.ConnectionTimeoutError):
         return Failed(
