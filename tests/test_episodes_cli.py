@@ -106,7 +106,7 @@ def test_html_page_is_self_contained(wheel_store: Path, tmp_path: Path) -> None:
 
 
 def test_a_reward_reads_the_same_in_the_list_show_and_page(tmp_path: Path) -> None:
-    """record.reward_text: a partial reward to 4 decimals, not as stored; a non-number as ``-``."""
+    """store.views.reward_text: a partial reward to 4 decimals, not as stored; a non-number as ``-``."""
     store = tmp_path / "store"
     write_step(store, "train", 1, [entry("third", reward=1 / 3), entry("odd", reward="many")])
     listed = _rows(invoke(store, "--step", "1").stdout.rsplit("\n\n", 1)[1])  # a warning names the odd one

@@ -68,7 +68,7 @@ def test_page_escapes_every_store_value(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     text = page.read_text()
     assert "<script" not in text and "<img" not in text
-    assert text.count(" · reward - · ") == 3  # a reward that is no number: record.reward_text, never its markup
+    assert text.count(" · reward - · ") == 3  # a reward that is no number: store.views.reward_text, never its markup
     assert text.count(SCRIPT.replace("<", "&lt;").replace(">", "&gt;").replace("'", "&#x27;")) >= 20
 
 

@@ -289,7 +289,7 @@ def test_crafted_store_content_runs_and_loads_nothing(tmp_path: Path, pixel_serv
     assert seen["title"] == f"Episodes in {store}"
     # Each summary field is cut at 200 characters; the opened episode has them whole.
     assert seen["summaries"][1].startswith(f"train/{payload('set')[:199]}… step 1 · {payload('instance')[:199]}… ")
-    assert " · resolved · reward - · turns " in seen["summaries"][1]  # a reward that is no number: record.reward_text
+    assert " · resolved · reward - · turns " in seen["summaries"][1]  # no number: store.views.reward_text
     assert seen["summaries"][2].startswith(f"train step 1 · repo__x-1 · {payload('kind')[:199]}… · reward 0.0")
     opened = seen["texts"][1]
     for field in ("instance", "session", "turns", "thought", "command", "output"):

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from miles_nemogym.cli._serve import as_flag
 from miles_nemogym.episode.run import RequestError, build_run_body
-from miles_nemogym.errors import SettingsError, as_flag, describe, problems
+from miles_nemogym.errors import SettingsError, describe, problems
 from miles_nemogym.launcher._config import ConfigError, load_config
 from miles_nemogym.runtime import current
 from miles_nemogym.scan._config import ScanConfig, scan_settings

@@ -19,11 +19,11 @@ from miles_nemogym.episode.record import (
     parse_record,
     passed,
     read_record,
-    reward_text,
 )
 from miles_nemogym.episode.run import classify_http
 from miles_nemogym.runtime import Tally
 from miles_nemogym.settings import RewardMode
+from miles_nemogym.store.views import reward_text
 from tests.support.samples import Sample
 
 # A value for every field, none of them the default: a field renamed or retyped on one

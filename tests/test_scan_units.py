@@ -154,7 +154,7 @@ def test_a_golden_environment_row_passes_when_its_gold_passes_and_its_wrong_answ
     assert golden_pair(_outcome(1.0), _outcome(0.0)) == (Verdict.passed, "-", None)
     verdict, kind, reason = golden_pair(_outcome(0.0), _outcome(0.0))
     assert (verdict, kind) == (Verdict.failed, "failed")
-    assert reason == "the row's gold answer did not pass: mcqa's verifier scored 0.0"  # record.reward_text
+    assert reason == "the row's gold answer did not pass: mcqa's verifier scored 0.0"  # store.views.reward_text
     assert golden_pair(_outcome(2 / 3), _outcome(0.0))[2] == (
         "the row's gold answer did not pass: mcqa's verifier scored 0.6667"
     )
@@ -288,7 +288,7 @@ def test_without_a_terminal_a_status_line_gives_done_counts_elapsed_and_eta() ->
 
 
 def test_a_rows_rewards_read_as_every_view_shows_them() -> None:
-    """record.reward_text, for the gold answer's reward and the wrong one's alike."""
+    """store.views.reward_text, for the gold answer's reward and the wrong one's alike."""
     reason = "the row's gold answer did not pass: mcqa's verifier scored 0.9999"  # partial rewards never read whole
     partial = ResultLine(instance_id="mcqa/1", verdict=Verdict.failed, reward=0.99996, wrong_reward=0.00004,
                          failure_kind="failed", environment="mcqa", reason=reason)  # fmt: skip

@@ -128,7 +128,7 @@ def test_the_report_reads_at_80_columns_and_flags_what_did_not_come_back_as_expe
         _episode("mcqa/2", GOLD, 0.0),  # gold that failed: the chain is broken
         _episode("mcqa/2", WRONG, 1.0),  # wrong that passed
         _episode("mcqa/3", GOLD, 0.0, masked=True),
-        _episode("mcqa/4", GOLD, 0.99996),  # partial credit, not a pass: shown as record.reward_text does
+        _episode("mcqa/4", GOLD, 0.99996),  # partial credit, not a pass: shown as store.views.reward_text does
     ]
     (mcqa,) = plan(["mcqa"])
     report = EnvironmentSmokeReport(episodes=episodes, plans=[mcqa])

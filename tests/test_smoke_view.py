@@ -70,7 +70,7 @@ def test_cells_are_short_and_consistent() -> None:
     sphinx = next(line for line in lines if "sphinx-doc__sphinx-8595" in line).split()
     assert sphinx[1:] == ["unresolved", "3", "3", "yes", "0/1", "0.0"]
     sklearn = next(line for line in lines if "scikit-learn__scikit-learn-14141" in line).split()
-    assert sklearn[1:] == ["unresolved", "3", "3", "yes", "1/2", "0.3333"]  # record.reward_text
+    assert sklearn[1:] == ["unresolved", "3", "3", "yes", "1/2", "0.3333"]  # store.views.reward_text
     wide = _render(120).splitlines()
     assert next(line for line in wide if "django__django-10973" in line).split()[1:3] == ["agent_run_error", "[1]"]
     assert "None" not in "\n".join(lines)

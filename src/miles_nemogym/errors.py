@@ -52,15 +52,11 @@ __all__ = [
     "AGENT_TIMEOUT",
     "REDACTED",
     "TRANSPORT_TIMEOUT",
-    "TRANSPORT_TLS",
-    "TRANSPORT_UNREACHABLE",
     "Failed",
     "MilesNemoGymError",
     "RequestError",
     "RunStopped",
     "SettingsError",
-    "UrlError",
-    "as_flag",
     "counted",
     "describe",
     "message",
@@ -255,11 +251,6 @@ def _dotted(prefix: str = "") -> Label:
         return ".".join(str(part) for part in ([prefix] if prefix else []) + list(loc))
 
     return label
-
-
-def as_flag(loc: Loc) -> str:
-    """Name a field by the command-line flag that sets it (``step_limit`` → ``--step-limit``)."""
-    return "--" + "-".join(str(part) for part in loc).replace("_", "-")
 
 
 def message(item: ErrorDetails, *, unknown_key: str | None = None) -> str:

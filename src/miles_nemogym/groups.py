@@ -36,7 +36,7 @@ from miles_nemogym.errors import POLICY_TIMEOUT, RunStopped, counted, metric_lab
 from miles_nemogym.runtime import HeldEpisodes, current, streak_stop
 from miles_nemogym.settings import Settings
 
-__all__ = ["FILTER_PATH", "POST_PROCESS_PATH", "check_episode_group", "reward_post_process"]
+__all__ = ["check_episode_group", "reward_post_process"]
 
 logger = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from miles_nemogym.settings import Settings
 from miles_nemogym.store import Stores
 from miles_nemogym.transport import Deadline
 
-__all__ = ["Runtime", "current", "install"]
+__all__ = ["current"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,10 +85,7 @@ class Ledger:
         self._streak_envs: Counter[str] = Counter()
 
     def _tally(self, key: str) -> Tally:
-        tally = self._tallies.get(key)
-        if tally is None:
-            tally = self._tallies[key] = Tally()
-        return tally
+        return self._tallies.setdefault(key, Tally())
 
     def record_episode(
         self,

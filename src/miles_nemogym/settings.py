@@ -26,9 +26,7 @@ from miles_nemogym.transport import check_url
 __all__ = [
     "ENV_VARS",
     "EnvironmentServer",
-    "RewardMode",
     "Settings",
-    "TimeoutReward",
     "environment_name_problem",
     "parse_environments",
     "short_name",

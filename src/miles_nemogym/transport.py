@@ -50,15 +50,12 @@ from miles_nemogym.errors import (
 )
 
 __all__ = [
-    "Answer",
-    "Deadline",
     "bracket",
     "close_pools",
     "connect_host",
+    "get",
     "is_loopback",
     "is_wildcard",
-    "pool",
-    "request",
 ]
 
 logger = logging.getLogger(__name__)
@@ -151,9 +148,6 @@ class Deadline:
     def remaining(self) -> float:
         return self._at - asyncio.get_running_loop().time()
 
-    def expired(self) -> bool:
-        return self.remaining() <= 0
-
 
 @dataclass(frozen=True)
 class Answer:
@@ -206,6 +200,14 @@ async def request(
         raise failed from None
 
 
+async def get(url: str, timeout_s: float, cap: int) -> Answer:
+    """One ``GET`` (a server check's) on this loop's one-connection pool, ``timeout_s`` for all of it."""
+    connections = await pool(1)
+    return await request(
+        connections.gym, "GET", url, deadline=Deadline(timeout_s), connect_timeout_s=timeout_s, cap=cap
+    )
+
+
 def _failure(error: Exception, deadline: Deadline, connect_timeout_s: float) -> Exception:
     """The one table: what went wrong -> ``Failed`` (anything else is returned as is: a defect)."""
     if isinstance(error, aiohttp.ClientSSLError):  # before ClientConnectorError, its base
@@ -213,7 +215,7 @@ def _failure(error: Exception, deadline: Deadline, connect_timeout_s: float) -> 
         return Failed(TRANSPORT_TLS, f"TLS: {_text(error.os_error)}", resendable=True, os_error=error)
     if isinstance(error, aiohttp.ClientConnectorError):
         return Failed(TRANSPORT_UNREACHABLE, _connect_reason(error.os_error), resendable=True, os_error=error.os_error)
-    if deadline.expired():
+    if deadline.remaining() <= 0:
         return Failed(AGENT_TIMEOUT, _deadline_reason(deadline), resendable=False)
     if isinstance(error, aiohttp.ConnectionTimeoutError):
         return Failed(

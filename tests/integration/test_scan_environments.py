@@ -97,7 +97,7 @@ def test_an_api_policy_scan_reports_per_environment_and_resumes(
     assert len(lines) == ROWS * len(GRADED)
     for line in lines.values():
         assert (line.verdict.value, line.failure_kind, line.mode) == ("failed", "failed", "policy"), line
-        assert line.reason == f"{line.environment}'s verifier scored 0.0"  # record.reward_text
+        assert line.reason == f"{line.environment}'s verifier scored 0.0"  # store.views.reward_text
         assert line.wrong_reward is None and line.seconds > 0
     assert len(chats) == ROWS * len(GRADED)  # one model call per row: each run once, across the two scans
     assert all(chat.authorization == f"Bearer {KEY}" for chat in chats)

@@ -12,16 +12,8 @@ from typing import Any
 
 import aiohttp
 
-from miles_nemogym.errors import (
-    AGENT_TIMEOUT,
-    TRANSPORT_TIMEOUT,
-    TRANSPORT_TLS,
-    TRANSPORT_UNREACHABLE,
-    Failed,
-    MilesNemoGymError,
-    redact_url,
-)
-from miles_nemogym.transport import Answer, Deadline, pool, request
+from miles_nemogym.errors import AGENT_TIMEOUT, TRANSPORT_TIMEOUT, Failed, MilesNemoGymError, redact_url
+from miles_nemogym.transport import get
 
 __all__ = [
     "FetchError",
@@ -65,21 +57,13 @@ def _parse_json(body: bytes) -> Any:
         raise FetchError("not-json", "the answer is JSON nested too deeply to be an OpenAPI document") from None
 
 
-async def _get(url: str, timeout_s: float, cap: int) -> Answer:
-    """GET ``url`` through the one transport (one deadline for connect, headers and the whole
-    body, no redirects, at most ``cap`` body bytes); raises ``FetchError``."""
-    connections = await pool(1)
+async def _fetch_json_async(url: str, timeout_s: float) -> Any:
+    """GET ``url`` through the one transport (one deadline for connect, headers and the whole body,
+    no redirects, at most ``_MAX_DOCUMENT_BYTES``) and parse its JSON body; raises ``FetchError``."""
     try:
-        return await request(
-            connections.gym, "GET", url, deadline=Deadline(timeout_s), connect_timeout_s=timeout_s, cap=cap
-        )
+        answer = await get(url, timeout_s, _MAX_DOCUMENT_BYTES)
     except Failed as error:
         raise _fetch_error(error, timeout_s) from None
-
-
-async def _fetch_json_async(url: str, timeout_s: float) -> Any:
-    """GET ``url`` (at most ``_MAX_DOCUMENT_BYTES``) and parse its JSON body; raises ``FetchError``."""
-    answer = await _get(url, timeout_s, _MAX_DOCUMENT_BYTES)
     if 300 <= answer.status < 400:
         target = redact_url(answer.location or "?")
         raise FetchError("redirect", f"HTTP {answer.status} redirect to {target} (not followed)")
@@ -93,19 +77,18 @@ async def _fetch_json_async(url: str, timeout_s: float) -> Any:
 
 
 def _fetch_error(error: Failed, timeout_s: float) -> FetchError:
-    """The transport's failure in the words of a server check (each kind has its fix in ``checks``)."""
+    """The transport's failure in the words of a server check (each kind has its fix in ``checks``),
+    by what the operating system said (``os_error``: a TLS failure's is aiohttp's SSL error)."""
     cause = error.os_error
-    if error.kind == TRANSPORT_TLS:
+    if isinstance(cause, aiohttp.ClientSSLError):
         if isinstance(cause, aiohttp.ClientConnectorCertificateError):
             reason = getattr(cause.certificate_error, "verify_message", "") or str(cause.certificate_error)
             return FetchError("certificate", f"the server's TLS certificate failed verification ({reason})")
         return FetchError("tls", f"the TLS handshake failed ({error})")
-    if error.kind == TRANSPORT_UNREACHABLE:
-        if isinstance(cause, socket.gaierror):
-            return FetchError("dns", f"host name does not resolve ({cause})")
-        if isinstance(cause, ConnectionRefusedError):
-            return FetchError("refused", "connection refused (nothing listens on that port)")
-        return FetchError("connect", str(error))
+    if isinstance(cause, socket.gaierror):
+        return FetchError("dns", f"host name does not resolve ({cause})")
+    if isinstance(cause, ConnectionRefusedError):
+        return FetchError("refused", "connection refused (nothing listens on that port)")
     if error.kind in (AGENT_TIMEOUT, TRANSPORT_TIMEOUT):
         return FetchError("timeout", f"no complete answer within {timeout_s:g} s")
     return FetchError("connect", str(error))
@@ -137,7 +120,11 @@ Identifier = Callable[[str, float], "ServerIdentity | None"]
 
 
 async def _identify_async(url: str, timeout_s: float) -> ServerIdentity | None:
-    for name in (await _get(url, timeout_s, cap=0)).cookies:
+    try:
+        cookies = (await get(url, timeout_s, cap=0)).cookies
+    except Failed as error:
+        raise _fetch_error(error, timeout_s) from None
+    for name in cookies:
         server_class, separator, instance = name.partition(_IDENTITY_SEPARATOR)
         if separator and server_class and instance:
             return ServerIdentity(server_class, instance)

@@ -6,6 +6,7 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -147,7 +148,7 @@ def serve(
 
     from miles_nemogym.cli._console import console as cli_console
     from miles_nemogym.cli._console import step_display
-    from miles_nemogym.errors import as_flag, problems
+    from miles_nemogym.errors import problems
     from miles_nemogym.gym.config import ServeOptions, load_provider_options
     from miles_nemogym.gym.environments import EnvironmentServers, environment_needs, plan, refusals
     from miles_nemogym.gym.server import GymServer, planned_server
@@ -355,6 +356,11 @@ def serve(
             _stop(server, environments)
     _remove(made)
     console.print("stopped." if made is None else f"stopped; removed {made}.", highlight=False)
+
+
+def as_flag(loc: Sequence[int | str]) -> str:
+    """Name a field by the command-line flag that sets it (``step_limit`` → ``--step-limit``)."""
+    return "--" + "-".join(str(part) for part in loc).replace("_", "-")
 
 
 def _taken_ports(host: str, swe: list[int], first_port: int, environments: int) -> list[int]:

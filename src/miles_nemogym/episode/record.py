@@ -38,16 +38,13 @@ __all__ = [
     "AGENT_SUFFIX",
     "BENCHMARK_KEY",
     "ENV_KEY",
-    "EVAL",
     "ROUTING_KEYS",
     "SWE_ENVIRONMENT",
     "TASK_ID_KEY",
-    "TRAIN",
     "EpisodeRecord",
     "Outcome",
     "Task",
     "agent_environment",
-    "count_text",
     "eval_overrides",
     "finite",
     "parse_record",
@@ -55,8 +52,6 @@ __all__ = [
     "passed",
     "percentile",
     "read_record",
-    "reward_text",
-    "verdict",
 ]
 
 logger = logging.getLogger(__name__)
@@ -138,14 +133,10 @@ def _environment_of(metadata: Mapping[str, Any]) -> str:
         if not isinstance(name, str) or (name != SWE_ENVIRONMENT and environment_name_problem(name) is not None):
             return UNRECOGNIZED_ENVIRONMENT
         return name
-    return _agent_ref_environment(metadata.get(_AGENT_REF_KEY)) or SWE_ENVIRONMENT
-
-
-def _agent_ref_environment(ref: Any) -> str | None:
-    """``X`` for ``{"type": "responses_api_agents", "name": "X_simple_agent"}``; None for any other value."""
-    if not isinstance(ref, Mapping) or ref.get("type") != "responses_api_agents":
-        return None
-    return agent_environment(ref.get("name"))
+    ref = metadata.get(_AGENT_REF_KEY)  # ``X`` for {"type": "responses_api_agents", "name": "X_simple_agent"}
+    if isinstance(ref, Mapping) and ref.get("type") == "responses_api_agents":
+        return agent_environment(ref.get("name")) or SWE_ENVIRONMENT
+    return SWE_ENVIRONMENT
 
 
 def agent_environment(agent: Any) -> str | None:
@@ -532,38 +523,6 @@ def passed(record: EpisodeRecord, reward: object) -> bool:
         return bool(record.resolved)
     number = finite(reward)
     return number is not None and number >= PASS_REWARD
-
-
-def verdict(*, masked: bool, failure_kind: object, swe: bool, passed: bool) -> str:
-    """The one verdict word every view shows: a set-aside episode's failure kind (``masked`` when it
-    names none); else ``resolved`` or ``unresolved`` for SWE, ``passed`` or ``failed`` for another."""
-    if masked:
-        return str(failure_kind or "masked")
-    if swe:
-        return "resolved" if passed else "unresolved"
-    return "passed" if passed else "failed"
-
-
-def count_text(value: object) -> str:
-    """A record's count (turns, tool calls) as every view shows it: ``-`` when it has none."""
-    return "-" if value is None else str(value)
-
-
-_REWARD_DECIMALS = 4  # enough to tell a partial reward (1/3 shows as 0.3333) from a binary one
-
-
-def reward_text(value: object) -> str:
-    """One episode's reward as every view shows it: a number (not a boolean) rounded to 4 decimals
-    (``1.0``, ``0.3333``), a partial reward never rounded to a whole one (``0.99996`` is ``0.9999``:
-    ``1.0`` means full credit); ``-`` for anything else (None, a string, NaN, infinity, a huge int)."""
-    number = finite(value)
-    if number is None:
-        return "-"
-    number += 0.0  # -0.0 shows as 0.0
-    shown = round(number, _REWARD_DECIMALS)
-    if shown.is_integer() and shown != number:  # one step back toward the partial reward
-        shown = round(shown + math.copysign(10.0**-_REWARD_DECIMALS, number - shown), _REWARD_DECIMALS)
-    return repr(shown)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

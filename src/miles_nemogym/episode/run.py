@@ -22,6 +22,7 @@ import re
 import socket
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -62,15 +63,7 @@ from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing
     secret_problem,
 )
 from miles_nemogym.settings import EnvironmentServer, Settings, TimeoutReward
-from miles_nemogym.transport import (
-    Deadline,
-    bracket,
-    check_session_url,
-    is_loopback,
-    is_wildcard,
-    pool,
-    request,
-)
+from miles_nemogym.transport import Deadline, bracket, check_session_url, is_loopback, is_wildcard, pool, request
 
 __all__ = ["policy_base_url"]
 
@@ -205,12 +198,7 @@ class SweEpisode:
 
     async def attempt(self, deadline: Deadline) -> Outcome:
         settings = self.settings
-
-        def score(status: int, body: bytes, scrub: Callable[[bytes], bytes] | None) -> Outcome:
-            return classify_http(
-                status, body, instance_id=self.task_id, reward_range=settings.reward_range, scrub=scrub
-            )
-
+        score = partial(classify_http, instance_id=self.task_id, reward_range=settings.reward_range)
         lowest = settings.reward_range[0]
         return await _post_run(settings, settings.run_url, self.payload, deadline, score, self.session_url, lowest)
 
@@ -234,10 +222,7 @@ class AgentEpisode:
     async def attempt(self, deadline: Deadline) -> Outcome:
         valid = self.server.valid_rewards(self.settings.reward_range)
         where = range_setting(self.environment, self.server)
-
-        def score(status: int, body: bytes, scrub: Callable[[bytes], bytes] | None) -> Outcome:
-            return classify_agent_http(status, body, reward_range=valid, range_name=where, scrub=scrub)
-
+        score = partial(classify_agent_http, reward_range=valid, range_name=where)
         url = f"{self.server_url}/run"
         return await _post_run(self.settings, url, self.payload, deadline, score, self.session_url, valid[0])
 
@@ -247,7 +232,7 @@ async def _post_run(
     url: str,
     payload: bytes,
     deadline: Deadline,
-    score: Callable[[int, bytes, Callable[[bytes], bytes] | None], Outcome],
+    score: Callable[..., Outcome],
     session_url: str | None,
     lowest: float,
 ) -> Outcome:
@@ -280,11 +265,11 @@ async def _post_run(
             http_status=answer.status,
         )
     scrubber = settings.key_scrubber()
-    scrub = None if scrubber is None else scrubber.scrub
+    scored = partial(score, answer.status, answer.body, scrub=None if scrubber is None else scrubber.scrub)
     if len(answer.body) > _OFF_LOOP_BYTES:
-        outcome = await asyncio.get_running_loop().run_in_executor(None, score, answer.status, answer.body, scrub)
+        outcome = await asyncio.get_running_loop().run_in_executor(None, scored)
     else:
-        outcome = score(answer.status, answer.body, scrub)
+        outcome = scored()
     outcome.answer = answer.body  # kept for the episode store (scrubbed there)
     return outcome
 
@@ -298,7 +283,6 @@ async def _policy_was_called(settings: Settings, session_url: str) -> bool:
             connections.policy,
             "GET",
             session_url.strip().rstrip("/"),
-            payload=None,
             deadline=Deadline(settings.connect_timeout_s),
             connect_timeout_s=settings.connect_timeout_s,
             cap=settings.max_result_bytes,

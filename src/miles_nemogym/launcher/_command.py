@@ -11,7 +11,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from miles_nemogym import groups
 from miles_nemogym.episode.record import eval_overrides
 from miles_nemogym.errors import MilesNemoGymError, counted, redact_url, redact_urls
 from miles_nemogym.launcher._config import ASYNC_ONLY, ENVS_ENV, LauncherConfig
@@ -22,12 +21,12 @@ GENERATE_FUNCTION = "miles.rollout.generate_hub.agentic_tool_call.generate"
 HOOKS: tuple[tuple[str, str], ...] = (
     ("--custom-agent-function-path", "miles_nemogym.agent.run"),
     ("--custom-rm-path", "miles_nemogym.agent.reward_func"),
-    ("--dynamic-sampling-filter-path", groups.FILTER_PATH),
+    ("--dynamic-sampling-filter-path", "miles_nemogym.groups.check_episode_group"),
     ("--custom-rollout-log-function-path", "miles_nemogym.metrics.log_rollout"),
     # nemogym-eval/<set>/* (masked episodes set aside); Miles' own eval/* still logged.
     ("--custom-eval-rollout-log-function-path", "miles_nemogym.metrics.log_eval"),
     # Trains a partly failed group over its valid episodes (the filter keeps such groups).
-    ("--custom-reward-post-process-path", groups.POST_PROCESS_PATH),
+    ("--custom-reward-post-process-path", "miles_nemogym.groups.reward_post_process"),
 )
 """This package's hooks, each with the Miles flag that loads it."""
 ASYNC_DATA_BUFFER = "miles_nemogym.buffer.EpisodeBuffer"

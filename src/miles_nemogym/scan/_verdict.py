@@ -5,8 +5,9 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome, passed, reward_text
-from miles_nemogym.episode.record import verdict as verdict_word
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome, passed
+from miles_nemogym.store.views import reward_text
+from miles_nemogym.store.views import verdict as verdict_word
 
 __all__ = ["Verdict", "golden_pair", "kind_of", "reason_of", "verdict_of"]
 

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from rich.table import Table
 
 from miles_nemogym.data import convert_row
-from miles_nemogym.episode.record import EpisodeRecord, count_text, passed, read_record, reward_text, verdict
+from miles_nemogym.episode.record import EpisodeRecord, passed, read_record
 from miles_nemogym.errors import counted
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.composition import Judge
@@ -24,6 +24,7 @@ from miles_nemogym.settings import Settings
 from miles_nemogym.smoke._answers import GOLD, PLAIN, PLAIN_ANSWER, WRONG, answers
 from miles_nemogym.smoke._policy import Answer, RecordingPolicy
 from miles_nemogym.smoke._swe import file_as_step, report_table, run_rows
+from miles_nemogym.store.views import count_text, reward_text, verdict
 
 __all__ = ["EnvironmentEpisode", "EnvironmentSmokeReport", "check_environments", "run_environment_smoke"]
 

@@ -19,15 +19,7 @@ from rich.table import Table
 
 from miles_nemogym import agent
 from miles_nemogym.data import convert_row
-from miles_nemogym.episode.record import (
-    SWE_ENVIRONMENT,
-    EpisodeRecord,
-    count_text,
-    passed,
-    read_record,
-    reward_text,
-    verdict,
-)
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord, passed, read_record
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.server import GymServer
@@ -35,7 +27,7 @@ from miles_nemogym.gym.venv import ensure_gym_venv
 from miles_nemogym.runtime import current
 from miles_nemogym.settings import Settings
 from miles_nemogym.smoke._policy import RecordingPolicy
-from miles_nemogym.store.views import load, offline_note
+from miles_nemogym.store.views import count_text, load, offline_note, reward_text, verdict
 from miles_nemogym.transport import close_pools
 
 __all__ = ["SmokeEpisode", "SmokeReport", "expected_offline", "run_smoke"]
@@ -80,7 +72,7 @@ class SmokeEpisode:
 
     @property
     def verdict(self) -> str:
-        """The episode's verdict word as the episode store's views name it (``record.verdict``)."""
+        """The episode's verdict word as the episode store's views name it (``store.views.verdict``)."""
         record = self.record
         if record is None:
             return "no record"

@@ -28,12 +28,14 @@ from typing import Any, NamedTuple
 
 import pydantic_core
 
-from miles_nemogym.episode.record import EpisodeRecord
+from miles_nemogym.episode.record import EVAL, TRAIN, EpisodeRecord
 
-__all__: list[str] = []
+__all__ = ["ROLES"]
 
 logger = logging.getLogger(__name__)
 
+ROLES = (TRAIN, EVAL)
+"""The roles an episode is stored under (``store._plots`` unpacks them: train first)."""
 MAX_PENDING_BYTES = 256 * 1024 * 1024  # raw answers queued, at most; past it an episode is kept without one
 _MAX_HEADS_BYTES = 32 * 1024 * 1024  # heads held per file, at most; past it the step gets no .heads file
 _COMPRESS_LEVEL = 1  # zlib level 1: ~4x smaller on trajectories at a fraction of level 6's CPU

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from miles_nemogym import fit
-from miles_nemogym.episode.record import SWE_ENVIRONMENT, count_text, finite, reward_text
-from miles_nemogym.store._reader import StoredEpisode
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, finite
+from miles_nemogym.store._reader import StoredEpisode, count_text, reward_text
 
 __all__ = [
     "cut_head",

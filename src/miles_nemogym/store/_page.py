@@ -12,7 +12,8 @@ import html
 from collections.abc import Callable
 from typing import Any
 
-from miles_nemogym.episode.record import EVAL, SWE_ENVIRONMENT, TRAIN, count_text, reward_text
+from miles_nemogym.episode.record import SWE_ENVIRONMENT
+from miles_nemogym.store import ROLES
 from miles_nemogym.store._browser import (
     PASS_RATE,
     SWE_RESOLVE_RATE,
@@ -31,7 +32,7 @@ from miles_nemogym.store._browser import (
     step_rows,
 )
 from miles_nemogym.store._plots import plots_html
-from miles_nemogym.store._reader import Store, StoredEpisode
+from miles_nemogym.store._reader import Store, StoredEpisode, count_text, reward_text
 
 __all__ = ["render_html"]
 
@@ -112,7 +113,7 @@ def _bar_chart(
 def _charts(rows: list[Row], quality: str) -> str:
     rate = rate_name(quality)
     out = []
-    for role in (TRAIN, EVAL):
+    for role in ROLES:
         role_rows = [r for r in rows if r.role == role]
         if not role_rows:
             continue

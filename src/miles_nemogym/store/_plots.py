@@ -10,11 +10,14 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from miles_nemogym.episode.record import EVAL, SWE_ENVIRONMENT, TRAIN, finite, pass_at_k, percentile
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, finite, pass_at_k, percentile
+from miles_nemogym.store import ROLES
 from miles_nemogym.store._browser import SWE_RESOLVE_RATE, mean, printable, quality_label, rate_name
 from miles_nemogym.store._reader import StoredEpisode
 
 __all__ = ["plots", "svg"]
+
+TRAIN, EVAL = ROLES
 
 
 @dataclass(frozen=True)

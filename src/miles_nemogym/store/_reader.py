@@ -1,10 +1,12 @@
 """Read an episode store back (``store/__init__.py`` writes it): each episode with its role and
-step, and what could not be read and where. Never raises over what is on disk."""
+step, and what could not be read and where. Never raises over what is on disk. Also the words
+every view shows of an episode (``verdict``, ``reward_text``, ``count_text``: smoke and scan too)."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import re
 import stat
@@ -16,18 +18,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from miles_nemogym.episode.record import (
-    EVAL,
-    SWE_ENVIRONMENT,
-    TRAIN,
-    EpisodeRecord,
-    finite,
-    parse_record,
-    passed,
-    verdict,
-)
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord, finite, parse_record, passed
+from miles_nemogym.store import ROLES
 
-__all__ = ["StoredEpisode", "load"]
+__all__ = ["StoredEpisode", "count_text", "load", "reward_text", "verdict"]
 
 UNFILED = "no step has trained or dropped it yet"
 """``StoredEpisode.not_trained`` of a sealed episode no filing names, in a role with filings
@@ -37,6 +31,38 @@ UNFILED = "no step has trained or dropped it yet"
 _NAME = re.compile(r"(?P<stem>(?:step-(?P<step>\d+)|pending)(?:-[\w-]*)?)(?P<ext>\.heads|\.jsonl|\.jsonl\.gz)")
 # step-000005-<file id>.filing: the episodes step 5 trained, and those dropped before it
 _FILING = re.compile(r"step-(?P<step>\d+)-[\w-]+\.filing")
+
+
+def verdict(*, masked: bool, failure_kind: object, swe: bool, passed: bool) -> str:
+    """The one verdict word every view shows: a set-aside episode's failure kind (``masked`` when it
+    names none); else ``resolved`` or ``unresolved`` for SWE, ``passed`` or ``failed`` for another."""
+    if masked:
+        return str(failure_kind or "masked")
+    if swe:
+        return "resolved" if passed else "unresolved"
+    return "passed" if passed else "failed"
+
+
+def count_text(value: object) -> str:
+    """A record's count (turns, tool calls) as every view shows it: ``-`` when it has none."""
+    return "-" if value is None else str(value)
+
+
+_REWARD_DECIMALS = 4  # enough to tell a partial reward (1/3 shows as 0.3333) from a binary one
+
+
+def reward_text(value: object) -> str:
+    """One episode's reward as every view shows it: a number (not a boolean) rounded to 4 decimals
+    (``1.0``, ``0.3333``), a partial reward never rounded to a whole one (``0.99996`` is ``0.9999``:
+    ``1.0`` means full credit); ``-`` for anything else (None, a string, NaN, infinity, a huge int)."""
+    number = finite(value)
+    if number is None:
+        return "-"
+    number += 0.0  # -0.0 shows as 0.0
+    shown = round(number, _REWARD_DECIMALS)
+    if shown.is_integer() and shown != number:  # one step back toward the partial reward
+        shown = round(shown + math.copysign(10.0**-_REWARD_DECIMALS, number - shown), _REWARD_DECIMALS)
+    return repr(shown)
 
 
 @dataclass(frozen=True)
@@ -156,7 +182,7 @@ def load(directory: Path, *, answers: bool = False, steps: Collection[int | None
     """The episodes under ``directory`` (of ``steps`` only, if given; None stands for pending),
     ordered by role, step, then finish time; with ``answers``, each with its ``/run`` answer."""
     store = Store()
-    for role in (TRAIN, EVAL):
+    for role in ROLES:
         folder = directory / role
         groups: dict[str, tuple[int | None, dict[str, Path]]] = {}  # stem -> (its step, its files by extension)
         paths = _files(folder, store.problems)

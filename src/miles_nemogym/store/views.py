@@ -14,7 +14,7 @@ from pathlib import Path
 import typer
 
 from miles_nemogym import fit
-from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord, count_text, reward_text
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord
 from miles_nemogym.fit import terminal_width
 from miles_nemogym.store._browser import (
     environment_rows,
@@ -33,9 +33,9 @@ from miles_nemogym.store._browser import (
 )
 from miles_nemogym.store._page import render_html
 from miles_nemogym.store._plots import plots, svg
-from miles_nemogym.store._reader import StoredEpisode, load
+from miles_nemogym.store._reader import StoredEpisode, count_text, load, reward_text, verdict
 
-__all__ = ["browse", "load", "offline_note"]
+__all__ = ["browse", "count_text", "load", "offline_note", "reward_text", "verdict"]
 
 _PROBLEMS_SHOWN = 20
 """Unreadable or odd lines or files listed one by one; past it, counted."""
