@@ -20,16 +20,20 @@ __all__ = [
     "environment_rows",
     "episode_list_text",
     "episode_parts",
+    "failure_lines",
     "filed_label",
+    "head_groups",
     "known_elsewhere",
     "mean",
     "printable",
     "quality_label",
     "select",
+    "server_error",
     "several_environments",
     "step_label",
     "step_rows",
     "table_text",
+    "trajectory_counts",
     "trim",
 ]
 
@@ -420,28 +424,56 @@ def known_elsewhere(entry: dict[str, Any]) -> list[str | LongText]:
     return parts
 
 
+def head_groups(episode: StoredEpisode) -> list[list[str]]:
+    """Who the episode is, where it is filed, its verdict: the views' first lines (``--show`` packs
+    each group within its width, the page puts the first two on one line)."""
+    record, entry = episode.record, episode.entry
+    where = [f"{episode.role}{_eval_set(episode)}", filed_label(episode), f"session {entry.get('session_id')}"]
+    if episode.environment != SWE_ENVIRONMENT:
+        where.insert(0, f"environment {episode.environment}")
+    return [
+        [f"episode {episode.episode_id}", f"instance {episode.instance_id}"],
+        where,
+        [f"verdict: {episode.kind}", f"reward {reward_text(entry.get('reward'))}",
+         f"time {count_text(record.get('elapsed_s'))} s", f"attempts {count_text(record.get('attempts'))}"],
+    ]  # fmt: skip
+
+
+def trajectory_counts(episode: StoredEpisode) -> str:
+    record = episode.record
+    turns, calls = count_text(record.get("turns")), count_text(record.get("tool_calls"))
+    return f"in the trajectory the server returned: {turns} turns, {calls} tool calls"
+
+
+def failure_lines(episode: StoredEpisode) -> tuple[str, str]:
+    """A set-aside episode's first lines: its HTTP status, its failure kind and reason."""
+    record = episode.record
+    return (
+        f"set aside, not trained on   HTTP status {count_text(record.get('http_status'))}",
+        f"failure: {record.get('failure_kind')}: {record.get('failure_reason')}",
+    )
+
+
+def server_error(episode: StoredEpisode) -> str | None:
+    """The server's error in the answer (stripped), unless the failure reason already holds it."""
+    error = _metadata(episode.entry.get("answer")).get("error")
+    if isinstance(error, str) and error.strip() and error.strip() not in str(episode.record.get("failure_reason")):
+        return error.strip()
+    return None
+
+
 def episode_parts(episode: StoredEpisode) -> list[str | LongText]:
     """One episode as the views show it, top to bottom: header, failure, each turn, the submitted
     patch, the test report, as stored (a view makes what it shows ``printable``)."""
-    record, answer = episode.record, episode.entry.get("answer")
-    swe = episode.environment == SWE_ENVIRONMENT
-    environment = "" if swe else f"   environment {episode.environment}"
-    parts: list[str | LongText] = [
-        f"episode {episode.episode_id}   instance {episode.instance_id}{environment}   {episode.role}"
-        f"{_eval_set(episode)}   {filed_label(episode)}   session {episode.entry.get('session_id')}",
-        f"verdict: {episode.kind}   reward {reward_text(episode.entry.get('reward'))}   "
-        f"time {count_text(record.get('elapsed_s'))} s   attempts {count_text(record.get('attempts'))}",
-        f"in the trajectory the server returned: {count_text(record.get('turns'))} turns, "
-        f"{count_text(record.get('tool_calls'))} tool calls",
-    ]
+    answer, swe = episode.entry.get("answer"), episode.environment == SWE_ENVIRONMENT
+    who, where, verdict = head_groups(episode)
+    parts: list[str | LongText] = ["   ".join(who + where), "   ".join(verdict), trajectory_counts(episode)]
     if episode.masked:
-        parts += [
-            f"set aside, not trained on   HTTP status {count_text(record.get('http_status'))}",
-            LongText(f"failure: {record.get('failure_kind')}: {record.get('failure_reason')}"),
-        ]
-        error = _metadata(answer).get("error")
-        if isinstance(error, str) and error.strip() and error.strip() not in str(record.get("failure_reason")):
-            parts += ["the server's error, whole:", LongText(error.strip())]
+        set_aside, failure = failure_lines(episode)
+        parts += [set_aside, LongText(failure)]
+        error = server_error(episode)
+        if error is not None:
+            parts += ["the server's error, whole:", LongText(error)]
     parts += known_elsewhere(episode.entry)
     missing = _missing_answer(episode)
     if answer is not None and missing:

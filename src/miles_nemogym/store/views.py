@@ -14,21 +14,24 @@ from pathlib import Path
 import typer
 
 from miles_nemogym import fit
-from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord
+from miles_nemogym.episode.record import EpisodeRecord
 from miles_nemogym.fit import terminal_width
 from miles_nemogym.store._browser import (
     environment_rows,
     episode_list_text,
     episode_parts,
-    filed_label,
+    failure_lines,
+    head_groups,
     known_elsewhere,
     printable,
     quality_label,
     select,
+    server_error,
     several_environments,
     step_label,
     step_rows,
     table_text,
+    trajectory_counts,
     trim,
 )
 from miles_nemogym.store._page import render_html
@@ -160,27 +163,9 @@ def _show_header(episode: StoredEpisode, width: int) -> list[str]:
     """``--show``'s head: who the episode is, its verdict, what each count counts (lines within
     ``width`` unless one id is wider), and for a set-aside episode its failure with the server's
     error cut to its last lines."""
-    record, entry = episode.record, episode.entry
-    eval_set = entry.get("eval_set")
-    where = [f"{episode.role}/{eval_set}" if eval_set else episode.role, filed_label(episode)]
-    if episode.environment != SWE_ENVIRONMENT:
-        where.insert(0, f"environment {episode.environment}")
-    lines = [
-        *_packed([f"episode {episode.episode_id}", f"instance {episode.instance_id}"], width),
-        *_packed([*where, f"session {entry.get('session_id')}"], width),
-        *_packed(
-            [
-                f"verdict: {episode.kind}",
-                f"reward {reward_text(entry.get('reward'))}",
-                f"time {count_text(record.get('elapsed_s'))} s",
-                f"attempts {count_text(record.get('attempts'))}",
-            ],
-            width,
-        ),
-        f"in the trajectory the server returned: {count_text(record.get('turns'))} turns, "
-        f"{count_text(record.get('tool_calls'))} tool calls",
-    ]
-    lines += [part if isinstance(part, str) else part.text for part in known_elsewhere(entry)]
+    lines = [line for group in head_groups(episode) for line in _packed(group, width)]
+    lines.append(trajectory_counts(episode))
+    lines += [part if isinstance(part, str) else part.text for part in known_elsewhere(episode.entry)]
     if episode.masked:
         lines += _failure_lines(episode)
     return lines
@@ -189,20 +174,14 @@ def _show_header(episode: StoredEpisode, width: int) -> list[str]:
 def _failure_lines(episode: StoredEpisode) -> list[str]:
     """The failure of a set-aside episode: its one-line reason, smoke's note when it is smoke's
     expected no-network failure, and the server's error by its last lines and where it is whole."""
-    record = episode.record
-    lines = [
-        f"set aside, not trained on   HTTP status {count_text(record.get('http_status'))}",
-        f"failure: {record.get('failure_kind')}: {record.get('failure_reason')}",
-    ]
+    lines = list(failure_lines(episode))
     note = offline_note(episode.typed)
     if note:
         lines.append(f"note: {note}")  # smoke's own note for it
-    answer = episode.entry.get("answer")
-    metadata = answer.get("metadata") if isinstance(answer, dict) else None
-    error = metadata.get("error") if isinstance(metadata, dict) else None
-    if not isinstance(error, str) or not error.strip() or error.strip() in str(record.get("failure_reason")):
+    error = server_error(episode)
+    if error is None:
         return lines
-    error_lines = error.strip().splitlines()
+    error_lines = error.splitlines()
     if len(error_lines) <= _ERROR_LINES_SHOWN:
         return [*lines, "the server's error, whole:", *error_lines]
     source = episode.source
@@ -243,6 +222,9 @@ def _stdout_is_terminal() -> bool:
     return sys.stdout.isatty()
 
 
+_WHAT = {"--html": "page", "--plots": "plots"}
+
+
 def _refuse(message: str, option: str = "--html") -> typer.Exit:
     typer.echo(f"error: {option} {message}", err=True)
     return typer.Exit(2)
@@ -261,7 +243,7 @@ def _check_page_target(out: Path, store: Path, option: str = "--html") -> None:
     if not parent.is_dir():
         raise _refuse(f"{out}: the folder {parent} does not exist; create it or give another path", option)
     if _inside(Path(os.path.realpath(parent)) / out.name, store):  # its name not followed
-        raise _refuse(f"{out} is inside the episode store {store}; write the {_what(option)} outside it", option)
+        raise _refuse(f"{out} is inside the episode store {store}; write the {_WHAT[option]} outside it", option)
     try:
         mode = out.lstat().st_mode
     except FileNotFoundError:
@@ -276,10 +258,6 @@ def _check_page_target(out: Path, store: Path, option: str = "--html") -> None:
         raise _refuse(f"{out} is not a regular file (a device, pipe or socket); give a file path", option)
     if not mode & 0o222:
         raise _refuse(f"{out} is read-only; give another path or make it writable", option)
-
-
-def _what(option: str) -> str:
-    return "page" if option == "--html" else "plots"
 
 
 def _check_plots_folder(folder: Path, store: Path) -> None:
@@ -328,4 +306,4 @@ def _write_page(out: Path, page: str, option: str = "--html") -> None:
     except OSError as error:
         if temporary is not None:
             Path(temporary).unlink(missing_ok=True)
-        raise _refuse(f"{out}: cannot write the {_what(option)}: {error.strerror or error}", option) from None
+        raise _refuse(f"{out}: cannot write the {_WHAT[option]}: {error.strerror or error}", option) from None
