@@ -114,9 +114,9 @@ class SmokeReport:
     def chain_worked(self) -> bool:
         """Every episode came back with a record, and at least one is a valid measurement."""
         records = [episode.record for episode in self.episodes]
-        if not records or any(record is None for record in records):
-            return False
-        return any(record is not None and not record.mask_sample for record in records)
+        return all(r is not None for r in records) and any(
+            record is not None and not record.mask_sample for record in records
+        )
 
     def notes(self) -> tuple[list[int | None], list[str]]:
         """The numbered reasons under the table (one per distinct reason, offline failures
@@ -186,14 +186,6 @@ class SmokeReport:
                 for episode, number in zip(self.episodes, numbers, strict=True)
             ],
         }
-
-
-def _prepare_rows(limit: int | None, data_path: Path) -> list[dict[str, Any]]:
-    """nemo-gym's example rows as Miles prompt rows, written where the user can see them."""
-    rows = [convert_row(row) for row in gym_wheel.example_rows()][:limit]
-    data_path.parent.mkdir(parents=True, exist_ok=True)
-    data_path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return rows
 
 
 EpisodeDone = Callable[[int, dict[str, Any]], None]
@@ -292,7 +284,9 @@ def run_smoke(
         base_settings = base_settings.with_overrides(episode_dir=str(episode_dir))
     data_path = state_dir / "smoke_prompts.jsonl"
     report = SmokeReport(data_path=data_path)
-    rows = _prepare_rows(limit, data_path)
+    rows = [convert_row(row) for row in gym_wheel.example_rows()][:limit]  # as Miles prompt rows, kept to see
+    data_path.parent.mkdir(parents=True, exist_ok=True)
+    data_path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     say(f"converted {len(rows)} SWE-bench Verified rows -> {data_path}")
     options = ServeOptions(sandbox="local", port=0, concurrency=concurrency, step_limit=step_limit)
     venv = ensure_gym_venv(options.sandbox, progress=say)
