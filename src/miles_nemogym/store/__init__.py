@@ -224,8 +224,12 @@ class EpisodeStore:
             answer = item.scrub(item.answer) if item.scrub and item.answer else item.answer
             line = _line(item.head, answer, item.answer_is_json)
             role = self._role(item.role)
-            file = self._open_file(role)
-            assert file.fd is not None
+            file = role.files[-1] if role.files else _File("", None)
+            if file.fd is None:  # a new file: none yet, or the last one closed; listed once made
+                self._files_made += 1
+                file = _File(f"{self.writer_id}-{self._files_made}", None)
+                file.fd = _open_no_link(file.name, _NEW_FILE | os.O_APPEND, _FILE_MODE, role.dir_fd, role.path)
+                role.files.append(file)
             try:
                 _write_all(file.fd, line)
             except OSError:  # never append after a partial line: cut back to the last whole one, else a new file
@@ -263,15 +267,6 @@ class EpisodeStore:
         finally:
             os.close(top)
         return role
-
-    def _open_file(self, role: _Role) -> _File:
-        if role.files and role.files[-1].fd is not None:
-            return role.files[-1]
-        self._files_made += 1
-        file = _File(f"{self.writer_id}-{self._files_made}", None)
-        file.fd = _open_no_link(file.name, _NEW_FILE | os.O_APPEND, _FILE_MODE, role.dir_fd, role.path)
-        role.files.append(file)
-        return file
 
     def _seal(self, request: _Request) -> None:
         """Rename the role's pending files to the step's, write their heads; then, released, gzip each."""

@@ -27,6 +27,7 @@ __all__ = [
     "mean",
     "printable",
     "quality_label",
+    "row_cells",
     "select",
     "server_error",
     "several_environments",
@@ -171,6 +172,22 @@ def step_label(step: int | None) -> str:
     return "pending" if step is None else str(step)
 
 
+def row_cells(row: Row) -> tuple[str, ...]:
+    """A table row's cells, printable: role, step or environment, episodes, valid, rate, mean turns,
+    mean time (per environment: mean reward), failures by kind."""
+    per_environment = row.environment is not None
+    return (
+        row.role,
+        printable(str(row.environment)) if per_environment else step_label(row.step),
+        str(row.episodes),
+        str(row.valid),
+        fmt(row.pass_rate, "{:.1%}"),
+        fmt(row.turns_mean, "{:.1f}"),
+        fmt(row.reward_mean, "{:.2f}") if per_environment else fmt(row.time_mean_s, "{:.1f}"),
+        printable(", ".join(f"{kind} {count}" for kind, count in sorted(row.failures.items())) or "-"),
+    )
+
+
 def table_text(rows: list[Row], width: int = fit.MIN_WIDTH, quality: str = "resolved") -> str:
     """The per-step table (its rate headed ``rate_name(quality)``), or for ``environment_rows`` the
     per-environment one, within ``width``: failures wrap, then the means, valid count, reward go."""
@@ -181,16 +198,8 @@ def table_text(rows: list[Row], width: int = fit.MIN_WIDTH, quality: str = "reso
         else ("role", "step", "episodes", "valid", rate_name(quality), "mean turns", "mean s", "failures by kind")
     ]
     for row in rows:
-        turns = fmt(row.turns_mean, "{:.1f}")
-        second, sixth, seventh = (
-            (printable(str(row.environment)), fmt(row.reward_mean, "{:.2f}"), turns)
-            if per_environment
-            else (step_label(row.step), turns, fmt(row.time_mean_s, "{:.1f}"))
-        )
-        lines.append(
-            (row.role, second, str(row.episodes), str(row.valid), fmt(row.pass_rate, "{:.1%}"), sixth, seventh,
-             printable(", ".join(f"{kind} {count}" for kind, count in sorted(row.failures.items())) or "-"))
-        )  # fmt: skip
+        *head, turns, last, failures = row_cells(row)
+        lines.append((*head, last, turns, failures) if per_environment else (*head, turns, last, failures))
     return fit.table(lines, width, drop_order=(6, 3, 5) if per_environment else (5, 6, 3))
 
 
@@ -299,9 +308,10 @@ def _command(name: Any, arguments: Any) -> str:
     """A bash call as its command line; another tool's call as its name and JSON arguments."""
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
+            parsed = json.loads(arguments)
         except (ValueError, RecursionError):
             return arguments
+        arguments = parsed
     command = arguments.get("command") if isinstance(arguments, dict) else None
     if isinstance(command, str):
         return command
