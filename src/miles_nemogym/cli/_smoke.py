@@ -57,11 +57,9 @@ interpreter is found on PATH, in pyenv or /usr/bin, or named by MILES_NEMOGYM_GY
 def _quiet_episode_warnings() -> Iterator[None]:
     """The agent logs each failed episode as a WARNING for trainers; here the table shows
     every one of them with its reason, so the raw lines would only repeat it, unexplained."""
-    logger = logging.getLogger("miles_nemogym")
-    handler = logging.NullHandler()
-    previous = logger.propagate
+    logger, handler = logging.getLogger("miles_nemogym"), logging.NullHandler()
+    previous, logger.propagate = logger.propagate, False
     logger.addHandler(handler)
-    logger.propagate = False
     try:
         yield
     finally:

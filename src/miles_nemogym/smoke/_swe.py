@@ -119,8 +119,7 @@ class SmokeReport:
         )
 
     def notes(self) -> tuple[list[int | None], list[str]]:
-        """The numbered reasons under the table (one per distinct reason, offline failures
-        sharing one, in row order) and which episode points at which."""
+        """Which note each episode points at, and the notes (one per distinct reason, in row order)."""
         texts: list[str] = []
         numbers: list[int | None] = []
         for episode in self.episodes:
@@ -234,9 +233,8 @@ async def run_rows(
 
 
 def _server_trajectory(results_dir: Path, instance_id: str, since: float) -> Path | None:
-    """The trajectory file ``mini_swe_agent_2`` wrote for ``instance_id`` since ``since`` (epoch
-    seconds), if any: ``<subset>/<model>/<id>/<id>_<time>_<uuid>.traj.json`` under ``results_dir``
-    (nemo-gym 0.7.0 ``_run_mini_swe_v2``, instance id lower-cased); the newest when several."""
+    """The newest trajectory file ``mini_swe_agent_2`` wrote for ``instance_id`` since ``since``, if any:
+    ``<subset>/<model>/<id>/<id>_<time>_<uuid>.traj.json`` (nemo-gym 0.7.0, the id lower-cased)."""
     name = instance_id.lower()
     found = []
     for path in results_dir.rglob(f"{name}_*.traj.json"):
@@ -250,9 +248,8 @@ def _server_trajectory(results_dir: Path, instance_id: str, since: float) -> Pat
 
 
 def file_as_step(episode_dir: Path) -> tuple[int, int]:
-    """Seal this run's episodes in ``episode_dir`` as its next train step (each smoke run is one;
-    0 for a new store) and close the store before the run reports it: (the step, the episodes or
-    seals it could not write)."""
+    """Seal this run's episodes as the store's next train step (0 when new) and close the store:
+    (the step, the episodes or seals it could not write)."""
     steps = [e.step for e in load(episode_dir).episodes if e.role == "train" and e.step is not None]
     step = max(steps, default=-1) + 1
     current().stores.seal_all("train", step)

@@ -186,11 +186,9 @@ def _warn_skipped(problems: list[str]) -> None:
     lines = [f"warning: {problem}" for problem in problems[:_PROBLEMS_SHOWN]]
     if len(problems) > _PROBLEMS_SHOWN:
         lines.append(f"warning: {len(problems) - _PROBLEMS_SHOWN} more unreadable or odd lines or files")
-    if not lines:
-        return
-    # Wrapped between words on a terminal (a path is never split); whole lines in logs.
-    shown = fit.wrap(lines, terminal_width(), indent="    ") if _stderr_is_terminal() else lines
-    typer.echo("\n".join(shown), err=True)
+    if lines:  # wrapped between words on a terminal (a path is never split); whole lines in logs
+        shown = fit.wrap(lines, terminal_width(), indent="    ") if _stderr_is_terminal() else lines
+        typer.echo("\n".join(shown), err=True)
 
 
 def _stderr_is_terminal() -> bool:
