@@ -224,12 +224,15 @@ class EpisodeStore:
             answer = item.scrub(item.answer) if item.scrub and item.answer else item.answer
             line = _line(item.head, answer, item.answer_is_json)
             role = self._role(item.role)
-            file = role.files[-1] if role.files else _File("", None)
-            if file.fd is None:  # a new file: none yet, or the last one closed; listed once made
+            if (
+                not role.files or role.files[-1].fd is None
+            ):  # none yet, or the last closed: a new file, listed once made
                 self._files_made += 1
-                file = _File(f"{self.writer_id}-{self._files_made}", None)
-                file.fd = _open_no_link(file.name, _NEW_FILE | os.O_APPEND, _FILE_MODE, role.dir_fd, role.path)
-                role.files.append(file)
+                new = _File(f"{self.writer_id}-{self._files_made}", None)
+                new.fd = _open_no_link(new.name, _NEW_FILE | os.O_APPEND, _FILE_MODE, role.dir_fd, role.path)
+                role.files.append(new)
+            file = role.files[-1]
+            assert file.fd is not None
             try:
                 _write_all(file.fd, line)
             except OSError:  # never append after a partial line: cut back to the last whole one, else a new file
