@@ -74,48 +74,25 @@ def _train_plots(steps: dict[int, list[StoredEpisode]], rate: str) -> list[Plot]
     series = [Series("reward mean", tuple(_reward_mean(m) for m in groups))]
     if SWE_ENVIRONMENT in environments:
         series.append(Series(rate, tuple(_resolve_rate(m) for m in groups)))
-    quality = Plot(
-        "train-reward-resolve-rate",
-        f"train: {' and '.join(s.name for s in series)} (valid episodes)",
-        "reward",
-        order,
-        tuple(series),
-    )
-    per_environment = Plot(
-        "train-reward-per-environment",
-        "train: reward mean per environment (valid episodes)",
-        "reward",
-        order,
-        tuple(
-            Series(env, tuple(_reward_mean([e for e in m if e.environment == env]) for m in groups))
-            for env in environments
-        ),
-    )
+    title = f"train: {' and '.join(s.name for s in series)} (valid episodes)"
+    quality = Plot("train-reward-resolve-rate", title, "reward", order, tuple(series))
+    means = [
+        Series(env, tuple(_reward_mean([e for e in m if e.environment == env]) for m in groups)) for env in environments
+    ]
+    title = "train: reward mean per environment (valid episodes)"
+    per_environment = Plot("train-reward-per-environment", title, "reward", order, tuple(means))
     kinds = [Counter(e.kind for e in m if e.masked) for m in groups]
     names = sorted({kind for counts in kinds for kind in counts})
-    failures = Plot(
-        "train-failure-rate",
-        "train: failure rate (set-aside episodes) by kind" + ("" if names else " (none failed)"),
-        "rate",
-        order,
-        (
-            Series("all kinds", tuple(sum(c.values()) / len(m) for c, m in zip(kinds, groups, strict=True))),
-            *(Series(k, tuple(c[k] / len(m) for c, m in zip(kinds, groups, strict=True))) for k in names),
-        ),
-    )
+    rates = [Series("all kinds", tuple(sum(c.values()) / len(m) for c, m in zip(kinds, groups, strict=True)))]
+    rates += [Series(k, tuple(c[k] / len(m) for c, m in zip(kinds, groups, strict=True))) for k in names]
+    title = "train: failure rate (set-aside episodes) by kind" + ("" if names else " (none failed)")
+    failures = Plot("train-failure-rate", title, "rate", order, tuple(rates))
     # As nemogym/episode_time_*: episodes that were sent (attempts), valid or not.
     times = [[t for e in m if e.record.get("attempts") and (t := finite(e.record.get("elapsed_s"))) is not None]
              for m in groups]  # fmt: skip
-    time = Plot(
-        "train-episode-time",
-        "train: episode time percentiles",
-        "s",
-        order,
-        tuple(
-            Series(label, tuple(percentile(t, q) if t else None for t in times))
-            for label, q in (("p50", 50), ("p95", 95), ("max", 100))
-        ),
-    )
+    percentiles = [Series(label, tuple(percentile(t, q) if t else None for t in times))
+                   for label, q in (("p50", 50), ("p95", 95), ("max", 100))]  # fmt: skip
+    time = Plot("train-episode-time", "train: episode time percentiles", "s", order, tuple(percentiles))
     return [quality, *([per_environment] if len(environments) > 1 else []), failures, time]
 
 
