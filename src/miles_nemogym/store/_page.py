@@ -205,17 +205,12 @@ def render_html(store: Store, title: str) -> str:
     per_environment = ""
     if several_environments(store.episodes):
         per_environment = f"<h2>Per environment</h2>{_table_html(environment_rows(store.episodes), quality)}"
-    cut = (
-        f"<p class=failed>Unreadable or odd lines or files: {_text('; '.join(map(str, store.problems)))}</p>"
-        if store.problems
-        else ""
-    )
+    problems = "; ".join(map(str, store.problems))
+    cut = f"<p class=failed>Unreadable or odd lines or files: {_text(problems)}</p>" if problems else ""
     episodes = "".join(_episode_html(e) for e in store.episodes)
-    swe_only = (
-        f" The plots' {SWE_RESOLVE_RATE} is over valid SWE-bench episodes alone."
-        if quality != "resolved" and any(e.environment == SWE_ENVIRONMENT for e in store.episodes)
-        else ""
-    )
+    swe_only = ""
+    if quality != "resolved" and any(e.environment == SWE_ENVIRONMENT for e in store.episodes):
+        swe_only = f" The plots' {SWE_RESOLVE_RATE} is over valid SWE-bench episodes alone."
     return (
         f"<!doctype html><html><head><meta charset=utf-8><title>{_text(title)}</title>"
         f"<style>{_CSS}</style></head><body><h1>{_text(title)}</h1>"

@@ -83,14 +83,12 @@ class StoredEpisode:
 
     entry: dict[str, Any]
     step: int | None
-    """The rollout step (fully async: the step that trained it, or during which it was
-    dropped); None for an episode not yet tied to a step (pending file)."""
+    """The rollout step (fully async: that trained it, or it was dropped during); None: pending."""
     role: str
     not_trained: str | None = None
     """Fully async: why the buffer dropped its group (the step's filing says so); else None."""
     source: Problem | None = None
-    """Where its line was read: the file and line number (``reason`` empty), so a view that
-    shows part of a long field can say where the whole one is."""
+    """The file and line it was read from (``reason`` empty): where a view says the whole of a field is."""
 
     @property
     def record(self) -> dict[str, Any]:
