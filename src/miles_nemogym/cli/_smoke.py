@@ -23,6 +23,7 @@ from miles_nemogym.errors import counted
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.table import Table
 
     from miles_nemogym.gym.composition import Judge
 
@@ -56,11 +57,9 @@ interpreter is found on PATH, in pyenv or /usr/bin, or named by MILES_NEMOGYM_GY
 def _quiet_episode_warnings() -> Iterator[None]:
     """The agent logs each failed episode as a WARNING for trainers; here the table shows
     every one of them with its reason, so the raw lines would only repeat it, unexplained."""
-    logger = logging.getLogger("miles_nemogym")
-    handler = logging.NullHandler()
-    previous = logger.propagate
+    logger, handler = logging.getLogger("miles_nemogym"), logging.NullHandler()
+    previous, logger.propagate = logger.propagate, False
     logger.addHandler(handler)
-    logger.propagate = False
     try:
         yield
     finally:
@@ -151,7 +150,8 @@ def _smoke(
         except (OSError, RuntimeError) as error:  # the pinned wheel could not be downloaded or read
             said = escape(str(error))
             fail(console, f"[red]cannot read the example rows nemo-gym ships:[/red] {said}", highlight=False)
-    store = _store_path(episode_dir)
+    store = episode_dir or Path(os.environ.get("NEMO_GYM_EPISODE_DIR", "").strip() or _EPISODE_DIR)
+    store = Path(os.path.abspath(store.expanduser()))  # the closing hint works from any folder (no link resolved)
     folder = state_dir or Path(tempfile.mkdtemp(prefix="miles-nemogym-smoke-"))
     kept = state_dir is not None or keep
     worked = interrupted = False
@@ -193,9 +193,13 @@ def _write_json(console: Console, path: Path, report: dict[str, Any]) -> None:
     console.print(f"json: {path}", highlight=False)
 
 
-def _store_path(episode_dir: Path | None) -> Path:
-    store = episode_dir or Path(os.environ.get("NEMO_GYM_EPISODE_DIR", "").strip() or _EPISODE_DIR)
-    return Path(os.path.abspath(store.expanduser()))  # the closing hint works from any folder (no link resolved)
+def _print_tables(console: Console, tables: list[Table], notes: list[str], legend: str) -> None:
+    """The report's tables, their numbered notes, the legend."""
+    for table in tables:
+        console.print(table)
+    for number, text in enumerate(notes, 1):
+        console.print(f"[{number}] {text}", highlight=False, markup=False)
+    console.print(legend, highlight=False)
 
 
 def _store_hint(console: Console, store: Path, step: int | None, errors: int) -> None:
@@ -241,12 +245,7 @@ def _run_environments(
             )
     except GymEnvironmentError as error:
         fail(console, f"[red]cannot start the environments' servers:[/red] {escape(str(error))}", highlight=False)
-    tables, notes = report.tables()
-    for table in tables:
-        console.print(table)
-    for number, text in enumerate(notes, 1):
-        console.print(f"[{number}] {text}", highlight=False, markup=False)
-    console.print(report.LEGEND, highlight=False)
+    _print_tables(console, *report.tables(), report.LEGEND)
     if json_path is not None:
         _write_json(console, json_path, report.json())
     if not report.chain_worked:
@@ -312,10 +311,7 @@ def _run(
         fail(console, f"[red]cannot start the NeMo-Gym server:[/red] {escape(str(error))}", highlight=False)
 
     table, notes = report.table()
-    console.print(table)
-    for number, text in enumerate(notes, 1):
-        console.print(f"[{number}] {text}", highlight=False, markup=False)
-    console.print(report.LEGEND, highlight=False)
+    _print_tables(console, [table], notes, report.LEGEND)
     if kept:
         for name, path in (("prompt data", report.data_path), ("trajectories and results", report.results_dir)):
             console.print(f"{name}: {path}", highlight=False, soft_wrap=True)

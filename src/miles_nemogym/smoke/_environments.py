@@ -60,8 +60,7 @@ class EnvironmentEpisode:
 
     @property
     def surprise(self) -> str | None:
-        """Why this episode says the chain is broken, or None: a gold answer that did not pass,
-        a wrong one that did, an episode set aside or without a record."""
+        """Why this episode says the chain is broken (gold did not pass, wrong did, set aside, no record), or None."""
         record = self.record
         if record is None:
             return "no episode record came back"
@@ -106,8 +105,7 @@ class EnvironmentSmokeReport:
         return bool(self.episodes) and all(episode.surprise is None for episode in self.episodes)
 
     def tables(self) -> tuple[list[Table], list[str]]:
-        """One table per environment (fits 80 columns) and the numbered notes under them: why an
-        episode says the chain is broken (a gold answer that failed, a wrong one that passed, ...)."""
+        """One table per environment (fits 80 columns) and the numbered notes under them (``surprise``)."""
         notes: list[str] = []
         tables = []
         for environment in self.plans:
@@ -162,8 +160,7 @@ class EnvironmentSmokeReport:
 
 
 def shipped_rows(environment: EnvironmentPlan, limit: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """The first ``limit`` example rows the wheel ships for the environment: each as shipped and
-    as ``convert --env`` writes it."""
+    """The first ``limit`` rows the wheel ships for the environment, as shipped and as ``convert --env`` writes."""
     member = environment.rows
     try:
         text = gym_wheel.read_member(member).decode("utf-8")

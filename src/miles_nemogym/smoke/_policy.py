@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -50,10 +51,6 @@ class RecordedRequest:
     authorization: str | None = field(default=None, repr=False)
     """The ``Authorization`` header as sent (a secret: never printed by ``repr``)."""
 
-    @property
-    def is_chat_completion(self) -> bool:
-        return self.method == "POST" and self.path.endswith("/v1/chat/completions")
-
 
 @dataclass(frozen=True)
 class Answer:
@@ -76,9 +73,7 @@ class Script:
     """Turns to play instead of the bash script (then ``FINAL_ANSWER``)."""
 
     def command_for_turn(self, turn: int) -> str:
-        if turn < self.look_around_turns:
-            return _LOOK_AROUND[turn % len(_LOOK_AROUND)]
-        return _SUBMIT_COMMAND
+        return _LOOK_AROUND[turn % len(_LOOK_AROUND)] if turn < self.look_around_turns else _SUBMIT_COMMAND
 
 
 def _estimate_tokens(value: Any) -> int:
@@ -105,8 +100,15 @@ def thought(turn: int) -> str:
     return f"THOUGHT: step {turn + 1} of the scripted policy."
 
 
-def _completion(body: Mapping[str, Any], message: dict[str, Any]) -> dict[str, Any]:
-    """An OpenAI chat.completion carrying the assistant ``message``, its usage estimated."""
+def _completion(body: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
+    """An OpenAI chat.completion saying ``answer``, its usage estimated."""
+    message: dict[str, Any] = {"role": "assistant", "content": answer.content}
+    if answer.tool_calls:
+        message["tool_calls"] = [
+            {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+             "function": {"name": name, "arguments": json.dumps(dict(arguments))}}
+            for name, arguments in answer.tool_calls
+        ]  # fmt: skip
     prompt_tokens = _estimate_tokens(body.get("messages", []))
     completion_tokens = _estimate_tokens(message.get("content") or "") + sum(
         _estimate_tokens(call["function"]) for call in message.get("tool_calls", [])
@@ -132,22 +134,6 @@ def _completion(body: Mapping[str, Any], message: dict[str, Any]) -> dict[str, A
     }
 
 
-def _tool_call(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "id": f"call_{uuid.uuid4().hex[:24]}",
-        "type": "function",
-        "function": {"name": name, "arguments": json.dumps(dict(arguments))},
-    }
-
-
-def _answer_completion(body: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
-    """An OpenAI chat.completion saying ``answer``."""
-    message: dict[str, Any] = {"role": "assistant", "content": answer.content}
-    if answer.tool_calls:
-        message["tool_calls"] = [_tool_call(name, arguments) for name, arguments in answer.tool_calls]
-    return _completion(body, message)
-
-
 def _error(status: int, message: str) -> web.Response:
     payload = {"error": {"message": message, "type": "invalid_request_error", "code": status}}
     return web.json_response(payload, status=status)
@@ -156,13 +142,7 @@ def _error(status: int, message: str) -> web.Response:
 class RecordingPolicy:
     """The loopback policy server. ``session_url()`` gives Miles' ``base_url`` shape."""
 
-    def __init__(
-        self,
-        *,
-        look_around_turns: int = 2,
-        host: str = "127.0.0.1",
-        port: int = 0,
-    ) -> None:
+    def __init__(self, *, look_around_turns: int = 2, host: str = "127.0.0.1", port: int = 0) -> None:
         if look_around_turns < 0:
             raise ValueError(f"look_around_turns must be >= 0, got {look_around_turns}")
         self.default_script = Script(look_around_turns=look_around_turns)
@@ -205,7 +185,7 @@ class RecordingPolicy:
             return [r for r in self._records if session_id is None or r.session_id == session_id]
 
     def chat_requests(self, session_id: str) -> list[RecordedRequest]:
-        return [r for r in self.requests(session_id) if r.is_chat_completion]
+        return [r for r in self.requests(session_id) if r.method == "POST" and r.path.endswith("/v1/chat/completions")]
 
     def _record(self, request: web.Request, body: Any) -> RecordedRequest:
         headers = {k: v for k, v in request.headers.items() if k.lower() != "authorization"}
@@ -223,10 +203,9 @@ class RecordingPolicy:
 
     async def _read_body(self, request: web.Request) -> Any:
         text = await request.text()
-        try:
+        with contextlib.suppress(json.JSONDecodeError):
             return json.loads(text) if text else None
-        except json.JSONDecodeError:
-            return text
+        return text
 
     async def _chat(self, request: web.Request) -> web.Response:
         body = await self._read_body(request)
@@ -244,7 +223,7 @@ class RecordingPolicy:
         else:  # one bash tool call running the script's command
             name, argument = _tool_name_and_argument(body)
             answer = Answer(content=thought(turn), tool_calls=((name, {argument: script.command_for_turn(turn)}),))
-        return web.json_response(_answer_completion(body, answer))
+        return web.json_response(_completion(body, answer))
 
     async def _other(self, request: web.Request) -> web.Response:
         self._record(request, await self._read_body(request))
@@ -261,11 +240,9 @@ class RecordingPolicy:
     async def start(self) -> RecordingPolicy:
         if self._runner is not None:
             raise RuntimeError("the recording policy is already started")
-        self._loop = asyncio.get_running_loop()
         runner = web.AppRunner(self._app(), access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self._requested_port)
-        await site.start()
+        await web.TCPSite(runner, self.host, self._requested_port).start()
         self._runner = runner
         self._port = int(runner.addresses[0][1])
         return self
@@ -283,44 +260,27 @@ class RecordingPolicy:
     ) -> None:
         await self.stop()
 
-    def start_in_thread(self, timeout: float = 30.0) -> RecordingPolicy:
-        """Serve from a background thread with its own event loop (for sync callers)."""
-        ready = threading.Event()
-        failure: list[BaseException] = []
-        loop = asyncio.new_event_loop()
-
-        def serve() -> None:
-            asyncio.set_event_loop(loop)
-            try:
-                loop.run_until_complete(self.start())
-            except BaseException as exc:
-                failure.append(exc)
-                ready.set()
-                return
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(self.stop())
-            loop.close()
-
-        self._thread = threading.Thread(target=serve, name="recording-policy", daemon=True)
-        self._thread.start()
-        if not ready.wait(timeout):
-            raise RuntimeError("the recording policy did not start in time")
-        if failure:
-            raise failure[0]
-        return self
-
-    def stop_thread(self, timeout: float = 30.0) -> None:
-        if self._thread is None or self._loop is None:
-            return
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout)
-        self._thread = None
-
     def __enter__(self) -> RecordingPolicy:
-        return self.start_in_thread()
+        """Serve from a background thread with its own event loop (for sync callers)."""
+        self._loop = loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=loop.run_forever, name="recording-policy", daemon=True)
+        self._thread.start()
+        try:
+            asyncio.run_coroutine_threadsafe(self.start(), loop).result(30.0)
+        except BaseException as error:
+            self.__exit__(None, None, None)
+            if isinstance(error, TimeoutError):
+                raise RuntimeError("the recording policy did not start in time") from None
+            raise
+        return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.stop_thread()
+        if self._thread is None or self._loop is None:
+            return
+        asyncio.run_coroutine_threadsafe(self.stop(), self._loop).result(30.0)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(30.0)
+        self._loop.close()
+        self._thread = None

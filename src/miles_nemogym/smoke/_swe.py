@@ -114,13 +114,12 @@ class SmokeReport:
     def chain_worked(self) -> bool:
         """Every episode came back with a record, and at least one is a valid measurement."""
         records = [episode.record for episode in self.episodes]
-        if not records or any(record is None for record in records):
-            return False
-        return any(record is not None and not record.mask_sample for record in records)
+        return all(r is not None for r in records) and any(
+            record is not None and not record.mask_sample for record in records
+        )
 
     def notes(self) -> tuple[list[int | None], list[str]]:
-        """The numbered reasons under the table (one per distinct reason, offline failures
-        sharing one, in row order) and which episode points at which."""
+        """Which note each episode points at, and the notes (one per distinct reason, in row order)."""
         texts: list[str] = []
         numbers: list[int | None] = []
         for episode in self.episodes:
@@ -188,14 +187,6 @@ class SmokeReport:
         }
 
 
-def _prepare_rows(limit: int | None, data_path: Path) -> list[dict[str, Any]]:
-    """nemo-gym's example rows as Miles prompt rows, written where the user can see them."""
-    rows = [convert_row(row) for row in gym_wheel.example_rows()][:limit]
-    data_path.parent.mkdir(parents=True, exist_ok=True)
-    data_path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return rows
-
-
 EpisodeDone = Callable[[int, dict[str, Any]], None]
 """Called with (row position, agent result) as each episode finishes."""
 StoreExtra = Callable[[int, float], Mapping[str, Any]]
@@ -242,9 +233,8 @@ async def run_rows(
 
 
 def _server_trajectory(results_dir: Path, instance_id: str, since: float) -> Path | None:
-    """The trajectory file ``mini_swe_agent_2`` wrote for ``instance_id`` since ``since`` (epoch
-    seconds), if any: ``<subset>/<model>/<id>/<id>_<time>_<uuid>.traj.json`` under ``results_dir``
-    (nemo-gym 0.7.0 ``_run_mini_swe_v2``, instance id lower-cased); the newest when several."""
+    """The newest trajectory file ``mini_swe_agent_2`` wrote for ``instance_id`` since ``since``, if any:
+    ``<subset>/<model>/<id>/<id>_<time>_<uuid>.traj.json`` (nemo-gym 0.7.0, the id lower-cased)."""
     name = instance_id.lower()
     found = []
     for path in results_dir.rglob(f"{name}_*.traj.json"):
@@ -258,9 +248,8 @@ def _server_trajectory(results_dir: Path, instance_id: str, since: float) -> Pat
 
 
 def file_as_step(episode_dir: Path) -> tuple[int, int]:
-    """Seal this run's episodes in ``episode_dir`` as its next train step (each smoke run is one;
-    0 for a new store) and close the store before the run reports it: (the step, the episodes or
-    seals it could not write)."""
+    """Seal this run's episodes as the store's next train step (0 when new) and close the store:
+    (the step, the episodes or seals it could not write)."""
     steps = [e.step for e in load(episode_dir).episodes if e.role == "train" and e.step is not None]
     step = max(steps, default=-1) + 1
     current().stores.seal_all("train", step)
@@ -292,7 +281,9 @@ def run_smoke(
         base_settings = base_settings.with_overrides(episode_dir=str(episode_dir))
     data_path = state_dir / "smoke_prompts.jsonl"
     report = SmokeReport(data_path=data_path)
-    rows = _prepare_rows(limit, data_path)
+    rows = [convert_row(row) for row in gym_wheel.example_rows()][:limit]  # as Miles prompt rows, kept to see
+    data_path.parent.mkdir(parents=True, exist_ok=True)
+    data_path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     say(f"converted {len(rows)} SWE-bench Verified rows -> {data_path}")
     options = ServeOptions(sandbox="local", port=0, concurrency=concurrency, step_limit=step_limit)
     venv = ensure_gym_venv(options.sandbox, progress=say)

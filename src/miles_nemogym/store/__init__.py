@@ -47,21 +47,14 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 def _line(head: bytes, answer: bytes | None, answer_is_json: bool) -> bytes:
     """One store line: ``head``'s fields, then ``answer`` (last, so a line reads head first)."""
-    if answer is None:
-        value = b"null"
-    elif answer_is_json and b"\n" not in answer and b"\r" not in answer:
-        value = answer  # inlined byte for byte
-    else:
-        value = _one_line(answer, answer_is_json)
+    value = b"null" if answer is None else answer  # a JSON answer on one line: inlined byte for byte
+    if answer is not None and (not answer_is_json or b"\n" in answer or b"\r" in answer):
+        value = b""
+        if answer_is_json:  # with line breaks: re-encoded compactly
+            with contextlib.suppress(ValueError):
+                value = json.dumps(json.loads(answer), separators=(",", ":")).encode()
+        value = value or json.dumps({"text": answer.decode("utf-8", "replace")}).encode()  # not JSON: as text
     return head[:-1] + (b',"answer":' if head != b"{}" else b'"answer":') + value + b"}\n"
-
-
-def _one_line(answer: bytes, answer_is_json: bool) -> bytes:
-    """A JSON answer with line breaks re-encoded compactly; anything else as ``{"text": ...}``."""
-    if answer_is_json:
-        with contextlib.suppress(ValueError):
-            return json.dumps(json.loads(answer), separators=(",", ":")).encode()
-    return json.dumps({"text": answer.decode("utf-8", "replace")}).encode()
 
 
 class _Entry(NamedTuple):
@@ -231,12 +224,22 @@ class EpisodeStore:
             answer = item.scrub(item.answer) if item.scrub and item.answer else item.answer
             line = _line(item.head, answer, item.answer_is_json)
             role = self._role(item.role)
-            file = self._open_file(role)
+            if (
+                not role.files or role.files[-1].fd is None
+            ):  # none yet, or the last closed: a new file, listed once made
+                self._files_made += 1
+                new = _File(f"{self.writer_id}-{self._files_made}", None)
+                new.fd = _open_no_link(new.name, _NEW_FILE | os.O_APPEND, _FILE_MODE, role.dir_fd, role.path)
+                role.files.append(new)
+            file = role.files[-1]
             assert file.fd is not None
             try:
                 _write_all(file.fd, line)
-            except OSError:
-                _cut_back(file)  # never append after a partial line
+            except OSError:  # never append after a partial line: cut back to the last whole one, else a new file
+                try:
+                    os.ftruncate(file.fd, file.size)
+                except OSError:
+                    _close(file)
                 raise
             file.size += len(line)
             if file.heads is not None:
@@ -268,15 +271,6 @@ class EpisodeStore:
             os.close(top)
         return role
 
-    def _open_file(self, role: _Role) -> _File:
-        if role.files and role.files[-1].fd is not None:
-            return role.files[-1]
-        self._files_made += 1
-        file = _File(f"{self.writer_id}-{self._files_made}", None)
-        file.fd = _open_no_link(file.name, _NEW_FILE | os.O_APPEND, _FILE_MODE, role.dir_fd, role.path)
-        role.files.append(file)
-        return file
-
     def _seal(self, request: _Request) -> None:
         """Rename the role's pending files to the step's, write their heads; then, released, gzip each."""
         if request.trained is not None:
@@ -304,8 +298,8 @@ class EpisodeStore:
         request.done.set()  # the log function goes on; the episodes are filed under the step
         for stem in sealed:
             try:
-                with _opened(os.open(stem + ".jsonl", os.O_RDONLY | os.O_NOFOLLOW, dir_fd=role.dir_fd)) as source:
-                    _write_new(role.dir_fd, stem + ".jsonl.gz", _gzip(source))
+                with open(os.open(stem + ".jsonl", os.O_RDONLY | os.O_NOFOLLOW, dir_fd=role.dir_fd), "rb", 0) as source:
+                    _write_new(role.dir_fd, stem + ".jsonl.gz", _gzip(source.fileno()))
                 _fsync(role.dir_fd)
                 os.unlink(stem + ".jsonl", dir_fd=role.dir_fd)
             except OSError as error:
@@ -358,27 +352,10 @@ def _close(file: _File) -> None:
         file.fd = None
 
 
-def _cut_back(file: _File) -> None:
-    """After a failed write: cut the file back to its last whole line, else stop using it."""
-    assert file.fd is not None
-    try:
-        os.ftruncate(file.fd, file.size)
-    except OSError:
-        _close(file)  # its tail may hold a partial line: the next episode starts a new file
-
-
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
-
-
-@contextlib.contextmanager
-def _opened(fd: int) -> Iterator[int]:
-    try:
-        yield fd
-    finally:
-        os.close(fd)
 
 
 def _gzip(fd: int, chunk: int = 1 << 20) -> Iterator[bytes]:
@@ -394,7 +371,7 @@ def _write_new(dir_fd: int, name: str, chunks: Iterable[bytes]) -> None:
     temporary = f".{name}.tmp-{secrets.token_hex(4)}"
     fd = os.open(temporary, _NEW_FILE, _FILE_MODE, dir_fd=dir_fd)
     try:
-        with _opened(fd):
+        with open(fd, "wb", 0):  # closes fd
             for chunk in chunks:
                 _write_all(fd, chunk)
             os.fsync(fd)
@@ -427,17 +404,17 @@ class Stores:
 
     def seal_all(self, role: str, step: int, trained: list[str] | None = None) -> None:
         """Tie ``role``'s pending episodes to ``step`` in every store (with ``trained``: file them too)."""
-        with self._lock:
-            stores = list(self._by_folder.values())
-        for store in stores:
+        for store in self._all():
             store.seal(role, step, trained=trained)
 
     def not_trained_all(self, role: str, episode_ids: list[str], reason: str) -> None:
         """Note ``episode_ids`` as not trained for ``reason`` in every store (filed at the next seal)."""
-        with self._lock:
-            stores = list(self._by_folder.values())
-        for store in stores:
+        for store in self._all():
             store.not_trained(role, episode_ids, reason)
+
+    def _all(self) -> list[EpisodeStore]:
+        with self._lock:
+            return list(self._by_folder.values())
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Close every store (what is queued is written) and forget them."""

@@ -20,21 +20,26 @@ __all__ = [
     "environment_rows",
     "episode_list_text",
     "episode_parts",
+    "failure_lines",
     "filed_label",
+    "head_groups",
     "known_elsewhere",
     "mean",
     "printable",
     "quality_label",
+    "row_cells",
     "select",
+    "server_error",
     "several_environments",
     "step_label",
     "step_rows",
     "table_text",
+    "trajectory_counts",
     "trim",
+    "verdict_label",
 ]
 
-_OUTPUT_MAX_CHARS = 600
-"""A command's output is trimmed to this in ``--show`` (head and tail kept)."""
+_OUTPUT_MAX_CHARS = 600  # a command's output is trimmed to this in --show (head and tail kept)
 
 
 def select(
@@ -70,9 +75,8 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def printable(text: str) -> str:
-    """``text`` without terminal control sequences or other control characters (newline and
-    tab kept, CRLF read as a newline): store content cannot move the cursor, clear the
-    screen, set the title or write the clipboard of whoever reads it."""
+    """``text`` without terminal control sequences or control characters (newline and tab kept, CRLF
+    read as a newline): store content cannot move the cursor, set the title or write the clipboard."""
     if not _CONTROL.search(text):
         return text
     return _TERMINAL_SEQUENCE.sub("", text.replace("\r\n", "\n"))
@@ -87,8 +91,7 @@ def mean(values: Iterable[float | None]) -> float | None:
 
 @dataclass
 class Row:
-    """One line of the per-step table (``environment`` None) or of the per-environment one
-    (``step`` None)."""
+    """One line of the per-step table (``environment`` None) or of the per-environment one (``step`` None)."""
 
     role: str
     step: int | None
@@ -124,8 +127,7 @@ def _row(role: str, step: int | None, members: list[StoredEpisode], environment:
 
 
 def step_rows(episodes: list[StoredEpisode]) -> list[Row]:
-    """Per (role, step): episodes, pass rate over valid ones, failures by kind, turns, time
-    (a number of the wrong type counts as missing)."""
+    """Per (role, step): episodes, pass rate over valid ones, failures by kind, turns, time."""
     groups: dict[tuple[str, int | None], list[StoredEpisode]] = {}
     for episode in episodes:
         groups.setdefault((episode.role, episode.step), []).append(episode)
@@ -154,8 +156,7 @@ SWE_RESOLVE_RATE = "SWE resolve rate"
 
 
 def rate_name(quality: str) -> str:
-    """The one name of the rate over every valid episode, for ``quality`` (``quality_label``):
-    the text table, the HTML table, its charts and the plots all say it the same way."""
+    """The one name of the rate over every valid episode for ``quality`` (``quality_label``), in every view."""
     return RESOLVE_RATE if quality == "resolved" else PASS_RATE
 
 
@@ -171,11 +172,25 @@ def step_label(step: int | None) -> str:
     return "pending" if step is None else str(step)
 
 
+def row_cells(row: Row) -> tuple[str, ...]:
+    """A table row's cells, printable: role, step or environment, episodes, valid, rate, mean turns,
+    mean time (per environment: mean reward), failures by kind."""
+    per_environment = row.environment is not None
+    return (
+        row.role,
+        printable(str(row.environment)) if per_environment else step_label(row.step),
+        str(row.episodes),
+        str(row.valid),
+        fmt(row.pass_rate, "{:.1%}"),
+        fmt(row.turns_mean, "{:.1f}"),
+        fmt(row.reward_mean, "{:.2f}") if per_environment else fmt(row.time_mean_s, "{:.1f}"),
+        printable(", ".join(f"{kind} {count}" for kind, count in sorted(row.failures.items())) or "-"),
+    )
+
+
 def table_text(rows: list[Row], width: int = fit.MIN_WIDTH, quality: str = "resolved") -> str:
-    """The per-step table (its rate headed ``rate_name(quality)``), or for
-    ``environment_rows`` the per-environment one (``reward``: the mean over valid episodes),
-    within ``width`` columns: failures wrap, then the means (the turns first), the valid
-    count and, per environment, the reward are left out."""
+    """The per-step table (its rate headed ``rate_name(quality)``), or for ``environment_rows`` the
+    per-environment one, within ``width``: failures wrap, then the means, valid count, reward go."""
     per_environment = bool(rows) and rows[0].environment is not None
     lines: list[tuple[str, ...]] = [
         ("role", "environment", "episodes", "valid", PASS_RATE, "reward", "mean turns", "failures by kind")
@@ -183,16 +198,8 @@ def table_text(rows: list[Row], width: int = fit.MIN_WIDTH, quality: str = "reso
         else ("role", "step", "episodes", "valid", rate_name(quality), "mean turns", "mean s", "failures by kind")
     ]
     for row in rows:
-        turns = fmt(row.turns_mean, "{:.1f}")
-        second, sixth, seventh = (
-            (printable(str(row.environment)), fmt(row.reward_mean, "{:.2f}"), turns)
-            if per_environment
-            else (step_label(row.step), turns, fmt(row.time_mean_s, "{:.1f}"))
-        )
-        lines.append(
-            (row.role, second, str(row.episodes), str(row.valid), fmt(row.pass_rate, "{:.1%}"), sixth, seventh,
-             printable(", ".join(f"{kind} {count}" for kind, count in sorted(row.failures.items())) or "-"))
-        )  # fmt: skip
+        *head, turns, last, failures = row_cells(row)
+        lines.append((*head, last, turns, failures) if per_environment else (*head, turns, last, failures))
     return fit.table(lines, width, drop_order=(6, 3, 5) if per_environment else (5, 6, 3))
 
 
@@ -202,8 +209,7 @@ def _eval_set(episode: StoredEpisode) -> str:
 
 
 def _short_ids(ids: list[str], size: int = 12) -> dict[str, str]:
-    """Each id cut to the shortest prefix of at least ``size`` characters that tells the listed ones
-    apart (``--show`` takes a prefix; ids are uuid4 hex, so 12 almost always do)."""
+    """Each id cut to its shortest prefix, of at least ``size`` characters, that tells the ids apart."""
     while len({i[:size] for i in ids}) < len(set(ids)):
         size += 1
     return {i: i[:size] for i in ids}
@@ -215,10 +221,14 @@ def filed_label(episode: StoredEpisode) -> str:
     return label if episode.not_trained is None else f"{label} not trained ({episode.not_trained})"
 
 
+def verdict_label(episode: StoredEpisode) -> str:
+    """The verdict, and under fully async why a dropped episode was not trained."""
+    return episode.kind if episode.not_trained is None else f"{episode.kind}, not trained ({episode.not_trained})"
+
+
 def episode_list_text(episodes: list[StoredEpisode], width: int = fit.MIN_WIDTH) -> str:
-    """One line per episode within ``width`` columns, under a header: id (a prefix ``--show``
-    takes), instance, role, step, reward, turns and verdict; step, role, turns, then reward go
-    first when the line would not fit (a long failure kind)."""
+    """One line per episode within ``width``: id prefix, instance, role, step, reward, turns, verdict
+    (step, role, turns, then reward go first when a line would not fit)."""
     short = _short_ids([e.episode_id for e in episodes])
     lines = [("episode", "instance", "role", "step", "reward", "turns", "verdict")] + [
         (
@@ -228,7 +238,7 @@ def episode_list_text(episodes: list[StoredEpisode], width: int = fit.MIN_WIDTH)
             step_label(e.step),
             reward_text(e.entry.get("reward")),
             printable(count_text(e.record.get("turns"))),  # a string of the wrong type is shown as it is
-            printable(e.kind if e.not_trained is None else f"{e.kind}, not trained ({e.not_trained})"),
+            printable(verdict_label(e)),
         )
         for e in episodes
     ]
@@ -236,8 +246,7 @@ def episode_list_text(episodes: list[StoredEpisode], width: int = fit.MIN_WIDTH)
 
 
 def cut_head(text: str, size: int) -> str:
-    """At most ``size`` characters from the start, ending at a line end, else a word end,
-    when one is in the last quarter."""
+    """At most ``size`` characters from the start, ending at a line (else word) end in the last quarter."""
     head = text[:size]
     if len(text) <= size:
         return head
@@ -249,8 +258,7 @@ def cut_head(text: str, size: int) -> str:
 
 
 def _cut_tail(text: str, size: int) -> str:
-    """At most ``size`` characters from the end, starting at a line start, else a word
-    start, when one is in the first quarter."""
+    """At most ``size`` characters from the end, starting at a line (else word) start in the first quarter."""
     if len(text) <= size:
         return text
     tail = text[len(text) - size :]
@@ -262,8 +270,7 @@ def _cut_tail(text: str, size: int) -> str:
 
 
 def trim(text: str, limit: int = _OUTPUT_MAX_CHARS) -> str:
-    """``text`` cut in the middle to at most ``limit`` characters (at word ends when it can),
-    saying how much was cut."""
+    """``text`` cut in the middle to at most ``limit`` characters (at word ends when it can), saying how much."""
     if len(text) <= limit:
         return text
     head, tail = cut_head(text, limit // 2), _cut_tail(text, limit // 2)
@@ -278,33 +285,23 @@ class Turn:
 
 
 def _text_of(value: Any) -> str:
-    """The text in a Responses content value: a string, or a list of parts (``{"text": ...}``
-    or strings); anything else as JSON."""
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        texts = []
-        for part in value:
-            if isinstance(part, str):
-                texts.append(part)
-            elif isinstance(part, dict) and isinstance(part.get("text"), str):
-                texts.append(part["text"])
-            elif isinstance(part, dict) and isinstance(part.get("output"), str):
-                texts.append(part["output"])
-            elif part is not None:
-                texts.append(_json(part))
-        return "\n".join(texts)
-    return _json(value)
+    """The text in a Responses content value: a string, or a list of parts (strings, ``{"text": ...}``
+    or ``{"output": ...}``, anything else as JSON); anything else as JSON."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    if not isinstance(value, list):
+        return _json(value)
+    texts = []
+    for part in value:
+        if isinstance(part, dict):
+            part = next((part[key] for key in ("text", "output") if isinstance(part.get(key), str)), part)
+        if part is not None:
+            texts.append(part if isinstance(part, str) else _json(part))
+    return "\n".join(texts)
 
 
 def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, default=repr)
-
-
-def _message_text(item: dict[str, Any]) -> str:
-    return "\n".join(text for text in (_text_of(item.get("content")), _text_of(item.get("summary"))) if text)
 
 
 def _command(name: Any, arguments: Any) -> str:
@@ -323,28 +320,24 @@ def _command(name: Any, arguments: Any) -> str:
 
 
 def _turns_of(answer: Any) -> list[Turn]:
-    """The episode's turns from the ``/run`` answer's Responses ``output``: a turn is the
-    model's items up to the harness's ``function_call_output`` answers. An item of an
-    unexpected shape is shown as its JSON."""
+    """The turns in the ``/run`` answer's Responses ``output``: the model's items up to the harness's
+    ``function_call_output`` answers (an item of an unexpected shape shown as its JSON)."""
     response = answer.get("response") if isinstance(answer, dict) else None
     output = response.get("output") if isinstance(response, dict) else None
     turns: list[Turn] = []
     current: Turn | None = None
     for item in output if isinstance(output, list) else []:
         kind = item.get("type") if isinstance(item, dict) else None
-        if kind == "function_call_output":
-            if current is None:
-                current = Turn()
-                turns.append(current)
-            current.outputs.append(_text_of(item.get("output")))
-            continue
-        if current is None or current.outputs:
+        if current is None or (current.outputs and kind != "function_call_output"):
             current = Turn()
             turns.append(current)
-        if kind == "function_call":
+        if kind == "function_call_output":
+            current.outputs.append(_text_of(item.get("output")))
+        elif kind == "function_call":
             current.commands.append(_command(item.get("name"), item.get("arguments")))
         else:
-            text = _message_text(item) if isinstance(item, dict) else _json(item)
+            texts = (_text_of(item.get("content")), _text_of(item.get("summary"))) if isinstance(item, dict) else ()
+            text = "\n".join(t for t in texts if t) if isinstance(item, dict) else _json(item)
             current.thought = f"{current.thought}\n{text}".strip() if current.thought else text
     return turns
 
@@ -354,25 +347,16 @@ def _metadata(answer: Any) -> dict[str, Any]:
     return metadata if isinstance(metadata, dict) else {}
 
 
-def _patch_of(answer: Any) -> str | None:
-    patch = _metadata(answer).get("model_patch")
-    return patch if isinstance(patch, str) else None
-
-
-def _report_of(answer: Any, instance_id: str) -> dict[str, Any] | None:
-    reports = _metadata(answer).get("eval_report")
-    if not isinstance(reports, dict):
-        return None
-    report = reports.get(instance_id) or (next(iter(reports.values())) if len(reports) == 1 else None)
-    return report if isinstance(report, dict) else None
-
-
 def _names(value: Any) -> list[str]:
     return [str(name) for name in value] if isinstance(value, list) else []
 
 
-def _report_lines(report: dict[str, Any] | None) -> list[str]:
-    if report is None:
+def _report_lines(answer: Any, instance_id: str) -> list[str]:
+    reports = _metadata(answer).get("eval_report")
+    report = None
+    if isinstance(reports, dict):
+        report = reports.get(instance_id) or (next(iter(reports.values())) if len(reports) == 1 else None)
+    if not isinstance(report, dict):
         return ["(no test report)"]
     lines = [f"resolved: {report.get('resolved')}   patch applied: {report.get('patch_successfully_applied')}"]
     tests = report.get("tests_status")
@@ -387,8 +371,7 @@ def _report_lines(report: dict[str, Any] | None) -> list[str]:
 
 @dataclass(frozen=True)
 class LongText:
-    """A part of an episode's view that can be any size (a thought, command, output, patch):
-    ``--show`` trims it to ``show_limit`` characters (None: whole); the page collapses it."""
+    """A part of any size: ``--show`` trims it to ``show_limit`` characters (None: whole), the page collapses it."""
 
     text: str
     show_limit: int | None = None
@@ -408,8 +391,7 @@ def _missing_answer(episode: StoredEpisode) -> str | None:
 
 
 def known_elsewhere(entry: dict[str, Any]) -> list[str | LongText]:
-    """What the run that stored the episode knew beside the answer (smoke does): the calls its
-    policy answered, the server's own trajectory file."""
+    """What smoke stored beside the answer: the calls its policy answered, the server's trajectory file."""
     parts: list[str | LongText] = []
     calls = entry.get("policy_calls")
     if isinstance(calls, int) and not isinstance(calls, bool):
@@ -420,28 +402,55 @@ def known_elsewhere(entry: dict[str, Any]) -> list[str | LongText]:
     return parts
 
 
+def head_groups(episode: StoredEpisode) -> list[list[str]]:
+    """Who the episode is, where it is filed, its verdict: the views' first lines (``--show`` packs
+    each group within its width, the page puts the first two on one line)."""
+    record, entry = episode.record, episode.entry
+    where = [f"{episode.role}{_eval_set(episode)}", filed_label(episode), f"session {entry.get('session_id')}"]
+    if episode.environment != SWE_ENVIRONMENT:
+        where.insert(0, f"environment {episode.environment}")
+    return [
+        [f"episode {episode.episode_id}", f"instance {episode.instance_id}"],
+        where,
+        [f"verdict: {episode.kind}", f"reward {reward_text(entry.get('reward'))}",
+         f"time {count_text(record.get('elapsed_s'))} s", f"attempts {count_text(record.get('attempts'))}"],
+    ]  # fmt: skip
+
+
+def trajectory_counts(episode: StoredEpisode) -> str:
+    record = episode.record
+    turns, calls = count_text(record.get("turns")), count_text(record.get("tool_calls"))
+    return f"in the trajectory the server returned: {turns} turns, {calls} tool calls"
+
+
+def failure_lines(episode: StoredEpisode) -> tuple[str, str]:
+    """A set-aside episode's first lines: its HTTP status, its failure kind and reason."""
+    record = episode.record
+    return (
+        f"set aside, not trained on   HTTP status {count_text(record.get('http_status'))}",
+        f"failure: {record.get('failure_kind')}: {record.get('failure_reason')}",
+    )
+
+
+def server_error(episode: StoredEpisode) -> str | None:
+    """The server's error in the answer (stripped), unless the failure reason already holds it."""
+    error = _metadata(episode.entry.get("answer")).get("error")
+    if isinstance(error, str) and error.strip() and error.strip() not in str(episode.record.get("failure_reason")):
+        return error.strip()
+    return None
+
+
 def episode_parts(episode: StoredEpisode) -> list[str | LongText]:
-    """One episode as the views show it, top to bottom: header, failure, each turn, the submitted
-    patch, the test report, as stored (a view makes what it shows ``printable``)."""
-    record, answer = episode.record, episode.entry.get("answer")
-    swe = episode.environment == SWE_ENVIRONMENT
-    environment = "" if swe else f"   environment {episode.environment}"
-    parts: list[str | LongText] = [
-        f"episode {episode.episode_id}   instance {episode.instance_id}{environment}   {episode.role}"
-        f"{_eval_set(episode)}   {filed_label(episode)}   session {episode.entry.get('session_id')}",
-        f"verdict: {episode.kind}   reward {reward_text(episode.entry.get('reward'))}   "
-        f"time {count_text(record.get('elapsed_s'))} s   attempts {count_text(record.get('attempts'))}",
-        f"in the trajectory the server returned: {count_text(record.get('turns'))} turns, "
-        f"{count_text(record.get('tool_calls'))} tool calls",
-    ]
+    """One episode top to bottom: header, failure, turns, patch, test report (a view makes it ``printable``)."""
+    answer, swe = episode.entry.get("answer"), episode.environment == SWE_ENVIRONMENT
+    who, where, verdict = head_groups(episode)
+    parts: list[str | LongText] = ["   ".join(who + where), "   ".join(verdict), trajectory_counts(episode)]
     if episode.masked:
-        parts += [
-            f"set aside, not trained on   HTTP status {count_text(record.get('http_status'))}",
-            LongText(f"failure: {record.get('failure_kind')}: {record.get('failure_reason')}"),
-        ]
-        error = _metadata(answer).get("error")
-        if isinstance(error, str) and error.strip() and error.strip() not in str(record.get("failure_reason")):
-            parts += ["the server's error, whole:", LongText(error.strip())]
+        set_aside, failure = failure_lines(episode)
+        parts += [set_aside, LongText(failure)]
+        error = server_error(episode)
+        if error is not None:
+            parts += ["the server's error, whole:", LongText(error)]
     parts += known_elsewhere(episode.entry)
     missing = _missing_answer(episode)
     if answer is not None and missing:
@@ -457,9 +466,10 @@ def episode_parts(episode: StoredEpisode) -> list[str | LongText]:
             parts += ["output:", LongText(output, _OUTPUT_MAX_CHARS)]
     if not swe:
         return [*parts, "", "--- verify", *_verify_lines(answer, missing)]
-    patch = _patch_of(answer)
-    parts += ["", "--- patch", LongText(patch) if patch else f"(no patch: {missing})" if missing else "(no patch)"]
-    report = [f"(no test report: {missing})"] if missing else _report_lines(_report_of(answer, episode.instance_id))
+    patch = _metadata(answer).get("model_patch")
+    no_patch = f"(no patch: {missing})" if missing else "(no patch)"
+    parts += ["", "--- patch", LongText(patch) if isinstance(patch, str) and patch else no_patch]
+    report = [f"(no test report: {missing})"] if missing else _report_lines(answer, episode.instance_id)
     parts += ["", "--- test report", *report]
     return parts
 
@@ -468,8 +478,7 @@ _VERIFY_SHOWN_ELSEWHERE = frozenset({"response", "responses_create_params"})
 
 
 def _verify_lines(answer: Any, missing: str | None) -> list[str | LongText]:
-    """An environment episode's ``/verify`` answer but the transcript (shown as turns) and the
-    request: its reward and the fields its resources server adds (an extracted answer, ...)."""
+    """An environment episode's ``/verify`` answer but the transcript (shown as turns) and the request."""
     if missing or not isinstance(answer, dict):
         return [f"(no verify answer: {missing})"]
     fields = [(key, value) for key, value in answer.items() if key not in _VERIFY_SHOWN_ELSEWHERE]

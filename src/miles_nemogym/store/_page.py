@@ -23,10 +23,10 @@ from miles_nemogym.store._browser import (
     environment_rows,
     episode_parts,
     filed_label,
-    fmt,
     printable,
     quality_label,
     rate_name,
+    row_cells,
     several_environments,
     step_label,
     step_rows,
@@ -66,8 +66,7 @@ def _bar_chart(
     value_text: Callable[[float], str],
     integer_axis: bool = False,
 ) -> str:
-    """An inline SVG bar chart: one group of bars per label, one bar per series, each bar
-    labelled with its value; a None value (nothing to show) leaves a gap marked ``-``."""
+    """An inline SVG bar chart: a group of bars per label, a bar per series labelled with its value (None: ``-``)."""
     width, height, left, bottom, top = 520, 220, 40, 30, 34
     plot_w, plot_h = width - left - 10, height - bottom - top
     group_w = plot_w / max(1, len(labels))
@@ -118,14 +117,9 @@ def _charts(rows: list[Row], quality: str) -> str:
         if not role_rows:
             continue
         labels = [step_label(r.step) for r in role_rows]
+        title = f"{role}: {rate} (valid episodes) per step"
         out.append(
-            _bar_chart(
-                f"{role}: {rate} (valid episodes) per step",
-                labels,
-                [(rate, "#2ca02c", [r.pass_rate for r in role_rows])],
-                1.0,
-                lambda v: f"{v:.0%}",
-            )
+            _bar_chart(title, labels, [(rate, "#2ca02c", [r.pass_rate for r in role_rows])], 1.0, "{:.0%}".format)
         )
         kinds = sorted({k for r in role_rows for k in r.failures})
         series: list[tuple[str, str, list[float | None]]] = [
@@ -134,7 +128,7 @@ def _charts(rows: list[Row], quality: str) -> str:
         ]
         top = max([v for _, _, values in series for v in values if v is not None], default=0.0)
         title = f"{role}: failed episodes by kind per step" + ("" if series else " (none failed)")
-        out.append(_bar_chart(title, labels, series, max(1.0, top), lambda v: f"{v:g}", integer_axis=True))
+        out.append(_bar_chart(title, labels, series, max(1.0, top), "{:g}".format, integer_axis=True))
     return "".join(out)
 
 
@@ -149,27 +143,22 @@ def _text(value: Any, limit: int | None = None) -> str:
 def _table_html(rows: list[Row], quality: str) -> str:
     per_environment = rows[0].environment is not None if rows else False
     rate = PASS_RATE if per_environment else rate_name(quality)
-    second = "environment" if per_environment else "step"
-    headers = ["role", second, "episodes", "valid", rate, "failures by kind", "mean turns"]
-    headers.append("mean reward" if per_environment else "mean time s")
+    headers = ["role", "environment" if per_environment else "step", "episodes", "valid", rate, "failures by kind"]
+    headers += ["mean turns", "mean reward" if per_environment else "mean time s"]
     head = "".join(f"<th>{_text(h)}</th>" for h in headers)
     body = []
     for r in rows:
-        failures = ", ".join(f"{k} {c}" for k, c in sorted(r.failures.items())) or "-"
-        label = _text(r.environment) if per_environment else step_label(r.step)
-        last = fmt(r.reward_mean, "{:.2f}") if per_environment else fmt(r.time_mean_s, "{:.1f}")
+        role, second, *counts, turns, last, failures = row_cells(r)
+        numbers = "".join(f"<td class=num>{n}</td>" for n in counts)  # episodes, valid, rate
         body.append(
-            f"<tr><td>{_text(r.role)}</td><td>{label}</td><td class=num>{r.episodes}</td>"
-            f"<td class=num>{r.valid}</td><td class=num>{fmt(r.pass_rate, '{:.1%}')}</td>"
-            f"<td>{_text(failures)}</td><td class=num>{fmt(r.turns_mean, '{:.1f}')}</td>"
-            f"<td class=num>{last}</td></tr>"
+            f"<tr><td>{_text(role)}</td><td>{_text(second)}</td>{numbers}<td>{_text(failures)}</td>"
+            f"<td class=num>{turns}</td><td class=num>{last}</td></tr>"
         )
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
 def _body_html(parts: list[str | LongText]) -> str:
-    """An episode's parts as ``<pre>`` blocks; a long part's start ends its block and the rest
-    follows collapsed (cleaned and escaped per block: an episode has hundreds of parts)."""
+    """An episode's parts as ``<pre>`` blocks; a long part's start ends its block, the rest follows collapsed."""
     out: list[str] = []
     lines: list[str] = []
     for part in parts:
@@ -216,17 +205,12 @@ def render_html(store: Store, title: str) -> str:
     per_environment = ""
     if several_environments(store.episodes):
         per_environment = f"<h2>Per environment</h2>{_table_html(environment_rows(store.episodes), quality)}"
-    cut = (
-        f"<p class=failed>Unreadable or odd lines or files: {_text('; '.join(map(str, store.problems)))}</p>"
-        if store.problems
-        else ""
-    )
+    problems = "; ".join(map(str, store.problems))
+    cut = f"<p class=failed>Unreadable or odd lines or files: {_text(problems)}</p>" if problems else ""
     episodes = "".join(_episode_html(e) for e in store.episodes)
-    swe_only = (
-        f" The plots' {SWE_RESOLVE_RATE} is over valid SWE-bench episodes alone."
-        if quality != "resolved" and any(e.environment == SWE_ENVIRONMENT for e in store.episodes)
-        else ""
-    )
+    swe_only = ""
+    if quality != "resolved" and any(e.environment == SWE_ENVIRONMENT for e in store.episodes):
+        swe_only = f" The plots' {SWE_RESOLVE_RATE} is over valid SWE-bench episodes alone."
     return (
         f"<!doctype html><html><head><meta charset=utf-8><title>{_text(title)}</title>"
         f"<style>{_CSS}</style></head><body><h1>{_text(title)}</h1>"

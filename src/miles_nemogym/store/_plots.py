@@ -30,8 +30,7 @@ class Series:
 
 @dataclass(frozen=True)
 class Plot:
-    """One chart: its file name (``name``.svg), title, y axis (``unit``: ``rate`` 0–100 %,
-    ``reward``, ``s``), the rollout steps on its x axis and its curves."""
+    """One chart (``name``.svg): y axis ``unit`` ``rate`` (0–100 %), ``reward`` or ``s``; x: rollout steps."""
 
     name: str
     title: str
@@ -54,8 +53,7 @@ def _by_step(episodes: list[StoredEpisode]) -> dict[int, list[StoredEpisode]]:
 
 
 def _resolve_rate(members: list[StoredEpisode]) -> float | None:
-    """Over valid SWE episodes: an environment episode is neither resolved nor unresolved. A
-    resolve is ``passed``, the tables' rule (a ``resolved`` of the wrong type is none)."""
+    """Over valid SWE episodes (another environment's are neither); a resolve is ``passed``, the tables' rule."""
     valid = [e for e in _valid(members) if e.environment == SWE_ENVIRONMENT]
     return sum(1 for e in valid if e.passed) / len(valid) if valid else None
 
@@ -69,56 +67,32 @@ def _environments(episodes: list[StoredEpisode]) -> list[str]:
 
 
 def _train_plots(steps: dict[int, list[StoredEpisode]], rate: str) -> list[Plot]:
-    """Train's plots; ``rate`` names the resolve rate (the tables' name when it is the same
-    quantity as their rate, ``SWE_RESOLVE_RATE`` when it covers only part of the store)."""
+    """Train's plots; ``rate`` names the resolve rate (``SWE_RESOLVE_RATE`` when it covers part of the store)."""
     order = tuple(steps)
     groups = list(steps.values())
     environments = _environments([e for m in groups for e in m])
     series = [Series("reward mean", tuple(_reward_mean(m) for m in groups))]
     if SWE_ENVIRONMENT in environments:
         series.append(Series(rate, tuple(_resolve_rate(m) for m in groups)))
-    quality = Plot(
-        "train-reward-resolve-rate",
-        f"train: {' and '.join(s.name for s in series)} (valid episodes)",
-        "reward",
-        order,
-        tuple(series),
-    )
-    per_environment = Plot(
-        "train-reward-per-environment",
-        "train: reward mean per environment (valid episodes)",
-        "reward",
-        order,
-        tuple(
-            Series(env, tuple(_reward_mean([e for e in m if e.environment == env]) for m in groups))
-            for env in environments
-        ),
-    )
+    title = f"train: {' and '.join(s.name for s in series)} (valid episodes)"
+    quality = Plot("train-reward-resolve-rate", title, "reward", order, tuple(series))
+    means = [
+        Series(env, tuple(_reward_mean([e for e in m if e.environment == env]) for m in groups)) for env in environments
+    ]
+    title = "train: reward mean per environment (valid episodes)"
+    per_environment = Plot("train-reward-per-environment", title, "reward", order, tuple(means))
     kinds = [Counter(e.kind for e in m if e.masked) for m in groups]
     names = sorted({kind for counts in kinds for kind in counts})
-    failures = Plot(
-        "train-failure-rate",
-        "train: failure rate (set-aside episodes) by kind" + ("" if names else " (none failed)"),
-        "rate",
-        order,
-        (
-            Series("all kinds", tuple(sum(c.values()) / len(m) for c, m in zip(kinds, groups, strict=True))),
-            *(Series(k, tuple(c[k] / len(m) for c, m in zip(kinds, groups, strict=True))) for k in names),
-        ),
-    )
+    rates = [Series("all kinds", tuple(sum(c.values()) / len(m) for c, m in zip(kinds, groups, strict=True)))]
+    rates += [Series(k, tuple(c[k] / len(m) for c, m in zip(kinds, groups, strict=True))) for k in names]
+    title = "train: failure rate (set-aside episodes) by kind" + ("" if names else " (none failed)")
+    failures = Plot("train-failure-rate", title, "rate", order, tuple(rates))
     # As nemogym/episode_time_*: episodes that were sent (attempts), valid or not.
     times = [[t for e in m if e.record.get("attempts") and (t := finite(e.record.get("elapsed_s"))) is not None]
              for m in groups]  # fmt: skip
-    time = Plot(
-        "train-episode-time",
-        "train: episode time percentiles",
-        "s",
-        order,
-        tuple(
-            Series(label, tuple(percentile(t, q) if t else None for t in times))
-            for label, q in (("p50", 50), ("p95", 95), ("max", 100))
-        ),
-    )
+    percentiles = [Series(label, tuple(percentile(t, q) if t else None for t in times))
+                   for label, q in (("p50", 50), ("p95", 95), ("max", 100))]  # fmt: skip
+    time = Plot("train-episode-time", "train: episode time percentiles", "s", order, tuple(percentiles))
     return [quality, *([per_environment] if len(environments) > 1 else []), failures, time]
 
 
@@ -188,10 +162,8 @@ def plots(episodes: list[StoredEpisode]) -> list[Plot]:
 _COLOURS = ("#1f77b4", "#2ca02c", "#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf")
 _NOT_XML = re.compile("[\ud800-\udfff\ufffe\uffff]")
 _WIDTH, _HEIGHT, _LEFT, _RIGHT, _TOP, _BOTTOM = 560, 270, 56, 16, 40, 44
-_PAD = 24
-"""Space between the y axis (and the right end) and the first (last) step."""
-_LABELLED_STEPS = 12
-"""Up to this many steps every point is labelled with its value; past it, the last one."""
+_PAD = 24  # between the y axis (the right end) and the first (last) step
+_LABELLED_STEPS = 12  # up to this many steps every point is labelled with its value; past it, the last one
 
 
 def _text(value: str) -> str:
@@ -200,8 +172,7 @@ def _text(value: str) -> str:
 
 
 def _nice(top: float) -> float:
-    """The smallest of 1, 2, 2.5, 5 times a power of ten at or above ``top`` (> 0), or ``top``
-    itself near a float's limit."""
+    """The smallest 1, 2, 2.5 or 5 times a power of ten at or above ``top`` (> 0); ``top`` near a float's limit."""
     power = 10.0 ** math.floor(math.log10(top))
     nice = (m * power for m in (1, 2, 2.5, 5, 10) if m * power >= top * (1 - 1e-9))
     return next((value for value in nice if math.isfinite(value)), top)
@@ -226,15 +197,7 @@ def _value_text(unit: str) -> Callable[[float], str]:
     return lambda v: f"{v:.2f}".rstrip("0").rstrip(".") if v != int(v) else f"{v:.0f}"
 
 
-def _x_ticks(steps: tuple[int, ...]) -> list[int]:
-    if len(steps) <= _LABELLED_STEPS:
-        return list(steps)
-    stride = math.ceil(len(steps) / 8)
-    return sorted({*steps[::stride], steps[-1]})
-
-
-_LINE = 11
-"""Height of a value label's line: labels of one step this far apart never overlap."""
+_LINE = 11  # height of a value label's line: labels of one step this far apart never overlap
 
 
 def _label_y(point_y: float, n: int, taken: list[float]) -> float:
@@ -252,10 +215,9 @@ def _label_y(point_y: float, n: int, taken: list[float]) -> float:
 
 
 def svg(plot: Plot, *, standalone: bool = True) -> str:
-    """``plot`` as an SVG element (with its namespace when ``standalone``, a file's root;
-    without, for inlining in HTML, which needs none and so names no URL): axes with ticks and
-    labels, one line per series broken where a step has no value (the step's tick stays), each
-    point with a tooltip, values written next to the points, a legend with each latest value."""
+    """``plot`` as an SVG element (its namespace only when ``standalone``: inline HTML needs none, so
+    names no URL): one line per series broken where a step has no value, each point with a tooltip
+    and (``_LABELLED_STEPS``) its value, a legend with each latest value."""
     fmt = _value_text(plot.unit)
     low, high = _y_range(plot)
     plot_w, plot_h = _WIDTH - _LEFT - _RIGHT, _HEIGHT - _TOP - _BOTTOM
@@ -286,7 +248,8 @@ def svg(plot: Plot, *, standalone: bool = True) -> str:
     base = _TOP + plot_h
     out.append(f'<line x1="{_LEFT}" y1="{base}" x2="{_LEFT + plot_w}" y2="{base}" stroke="#888"/>')
     out.append(f'<line x1="{_LEFT}" y1="{_TOP}" x2="{_LEFT}" y2="{base}" stroke="#888"/>')
-    for step in _x_ticks(plot.steps):
+    every = len(plot.steps) <= _LABELLED_STEPS  # then every step is a tick, past it about 8 and the last
+    for step in plot.steps if every else sorted({*plot.steps[:: math.ceil(len(plot.steps) / 8)], plot.steps[-1]}):
         out.append(f'<line x1="{x(step):.1f}" y1="{base}" x2="{x(step):.1f}" y2="{base + 4}" stroke="#888"/>')
         out.append(f'<text x="{x(step):.1f}" y="{base + 15}" font-size="10" text-anchor="middle">{step}</text>')
     out.append(
@@ -297,7 +260,6 @@ def svg(plot: Plot, *, standalone: bool = True) -> str:
         f'<text transform="translate(13 {_TOP + plot_h / 2:.1f}) rotate(-90)" font-size="11" '
         f'text-anchor="middle">{y_label}</text>'
     )
-    every = len(plot.steps) <= _LABELLED_STEPS
     radius = 3 if len(plot.steps) <= 60 else 1.5
     labels: list[str] = []  # drawn last, haloed, so no line crosses a value
     placed: dict[int, list[tuple[str, float]]] = defaultdict(list)  # per step: (text, y) of its labels

@@ -83,14 +83,12 @@ class StoredEpisode:
 
     entry: dict[str, Any]
     step: int | None
-    """The rollout step (fully async: the step that trained it, or during which it was
-    dropped); None for an episode not yet tied to a step (pending file)."""
+    """The rollout step (fully async: that trained it, or it was dropped during); None: pending."""
     role: str
     not_trained: str | None = None
     """Fully async: why the buffer dropped its group (the step's filing says so); else None."""
     source: Problem | None = None
-    """Where its line was read: the file and line number (``reason`` empty), so a view that
-    shows part of a long field can say where the whole one is."""
+    """The file and line it was read from (``reason`` empty): where a view says the whole of a field is."""
 
     @property
     def record(self) -> dict[str, Any]:
@@ -118,9 +116,7 @@ class StoredEpisode:
 
     @property
     def kind(self) -> str:
-        """The failure kind of a masked episode (``masked`` when it names none); else, for SWE,
-        ``resolved`` or ``unresolved``, for another environment ``passed`` or ``failed``
-        (``record.passed``)."""
+        """A masked episode's failure kind (else ``masked``); else resolved/unresolved (SWE) or passed/failed."""
         return verdict(
             masked=self.masked,
             failure_kind=self.record.get("failure_kind"),
@@ -218,7 +214,9 @@ def load(directory: Path, *, answers: bool = False, steps: Collection[int | None
                 episode.source = Problem(str(path), number, "")
                 if steps is None or episode.step in steps:
                     store.episodes.append(episode)
-    store.episodes.sort(key=lambda e: (e.role, 1 << 60 if e.step is None else e.step, _time(e.entry)))
+    store.episodes.sort(
+        key=lambda e: (e.role, 1 << 60 if e.step is None else e.step, finite(e.entry.get("finished_at")) or 0.0)
+    )
     return store
 
 
@@ -239,8 +237,6 @@ def _filed(paths: list[Path], problems: list[Problem]) -> dict[str, tuple[int, s
         match = _FILING.fullmatch(path.name)
         assert match is not None
         for number, line in _lines(path, problems):
-            if not line.strip():
-                continue
             try:
                 item = _Filed.model_validate_json(line)
             except ValidationError as error:
@@ -249,10 +245,6 @@ def _filed(paths: list[Path], problems: list[Problem]) -> dict[str, tuple[int, s
                 continue
             filed[item.episode_id] = (int(match["step"]), None if item.trained else item.reason or "no reason given")
     return filed
-
-
-def _time(entry: dict[str, Any]) -> float:
-    return finite(entry.get("finished_at")) or 0.0
 
 
 def _files(folder: Path, problems: list[Problem]) -> list[Path]:
@@ -285,15 +277,12 @@ def _files(folder: Path, problems: list[Problem]) -> list[Path]:
 def _entries(paths: list[Path], answers: bool, problems: list[Problem]) -> Iterator[tuple[Path, int, dict[str, Any]]]:
     for path in paths:
         for number, line in _lines(path, problems):
-            if not line.strip():
-                continue
             try:
                 entry = json.loads(line)
-            except ValueError:
-                problems.append(Problem(str(path), number, "skipped: not a whole JSON line (cut by a crash?)"))
-                continue
-            except RecursionError:
-                problems.append(Problem(str(path), number, "skipped: JSON nested too deeply to read"))
+            except (ValueError, RecursionError) as error:
+                deep = isinstance(error, RecursionError)
+                why = "JSON nested too deeply to read" if deep else "not a whole JSON line (cut by a crash?)"
+                problems.append(Problem(str(path), number, f"skipped: {why}"))
                 continue
             if not isinstance(entry, dict):
                 problems.append(Problem(str(path), number, f"skipped: a JSON {type(entry).__name__}, not an object"))
@@ -309,8 +298,8 @@ def _entries(paths: list[Path], answers: bool, problems: list[Problem]) -> Itera
 
 
 def _lines(path: Path, problems: list[Problem]) -> Iterator[tuple[int, bytes]]:
-    """``path``'s lines, numbered from 1, gunzipped if it ends in ``.gz``; a damaged or cut
-    gzip stream ends the file with a problem, keeping the lines before it."""
+    """``path``'s lines but blank ones, numbered from 1, gunzipped if it ends in ``.gz``; a damaged
+    or cut gzip stream ends the file with a problem, keeping the lines before it."""
     number = 0
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -320,6 +309,7 @@ def _lines(path: Path, problems: list[Problem]) -> Iterator[tuple[int, bytes]]:
                 return
             handle = gzip.GzipFile(fileobj=raw) if path.name.endswith(".gz") else raw
             for number, line in enumerate(handle, 1):
-                yield number, line
+                if line.strip():
+                    yield number, line
     except (OSError, EOFError, zlib.error) as error:
         problems.append(Problem(str(path), number + 1, f"skipped from here on: unreadable ({error})"))

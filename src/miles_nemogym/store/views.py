@@ -14,22 +14,26 @@ from pathlib import Path
 import typer
 
 from miles_nemogym import fit
-from miles_nemogym.episode.record import SWE_ENVIRONMENT, EpisodeRecord
+from miles_nemogym.episode.record import EpisodeRecord
 from miles_nemogym.fit import terminal_width
 from miles_nemogym.store._browser import (
     environment_rows,
     episode_list_text,
     episode_parts,
-    filed_label,
+    failure_lines,
+    head_groups,
     known_elsewhere,
     printable,
     quality_label,
     select,
+    server_error,
     several_environments,
     step_label,
     step_rows,
     table_text,
+    trajectory_counts,
     trim,
+    verdict_label,
 )
 from miles_nemogym.store._page import render_html
 from miles_nemogym.store._plots import plots, svg
@@ -37,11 +41,8 @@ from miles_nemogym.store._reader import StoredEpisode, count_text, load, reward_
 
 __all__ = ["browse", "count_text", "load", "offline_note", "reward_text", "verdict"]
 
-_PROBLEMS_SHOWN = 20
-"""Unreadable or odd lines or files listed one by one; past it, counted."""
-
-_ERROR_LINES_SHOWN = 8
-"""--show prints a server error's last lines (a Ray traceback runs to ~90), and where the whole one is."""
+_PROBLEMS_SHOWN = 20  # unreadable or odd lines or files listed one by one; past it, counted
+_ERROR_LINES_SHOWN = 8  # --show prints a server error's last lines (a Ray traceback runs to ~90)
 
 OFFLINE_REASON = (
     "expected without network: the eval script downloads test requirements from GitHub "
@@ -50,8 +51,7 @@ OFFLINE_REASON = (
 
 
 def offline_note(record: EpisodeRecord | None) -> str | None:
-    """``OFFLINE_REASON`` for a set-aside episode whose reason is GitHub being unreachable from
-    the grader (smoke's expected failure without network), else None."""
+    """``OFFLINE_REASON`` for an episode set aside as GitHub was unreachable from the grader, else None."""
     if record is None or not record.mask_sample:
         return None
     reason = record.failure_reason or ""
@@ -70,9 +70,8 @@ def browse(
     html_out: Path | None = None,
     plots_out: Path | None = None,
 ) -> None:
-    """``miles-nemogym episodes``: print what is asked for, ``typer.Exit(2)`` on a refusal.
-
-    A filter that matches nothing says so on stderr and returns (no table, no page)."""
+    """``miles-nemogym episodes``: print what is asked for, ``typer.Exit(2)`` on a refusal; a filter
+    that matches nothing says so on stderr and returns (no table, no page)."""
     if not directory.is_dir():
         typer.echo(f"error: {directory} is not a folder; give the episode store (NEMO_GYM_EPISODE_DIR)", err=True)
         raise typer.Exit(2)
@@ -100,8 +99,9 @@ def browse(
             typer.echo(f"no episodes in {directory} (expected train/ and eval/ folders of *.jsonl.gz files)")
             return
         chosen = select(store.episodes, instance=instance, kind=kind, step=step, environments=environments)
-        if list_ids and chosen:
-            typer.echo(_id_list(chosen, terminal_width()))
+        if list_ids and chosen:  # whole ids (--show takes them), role, step and verdict
+            rows = [tuple(map(printable, (e.episode_id, e.role, step_label(e.step), verdict_label(e)))) for e in chosen]
+            typer.echo(fit.table([("episode", "role", "step", "verdict"), *rows], terminal_width(), drop_order=(1,)))
             return
         if not chosen:
             given = {"--instance": instance, "--kind": kind, "--step": step}
@@ -131,20 +131,6 @@ def browse(
         _warn_skipped([printable(str(problem)) for problem in skipped])
 
 
-def _id_list(chosen: list[StoredEpisode], width: int) -> str:
-    """One line per episode: its whole id (``--show`` takes it), role, step and verdict."""
-    rows = [("episode", "role", "step", "verdict")] + [
-        (
-            printable(e.episode_id),
-            printable(e.role),
-            step_label(e.step),
-            printable(e.kind if e.not_trained is None else f"{e.kind}, not trained ({e.not_trained})"),
-        )
-        for e in chosen
-    ]
-    return fit.table(rows, width, drop_order=(1,))
-
-
 def _packed(items: list[str], width: int) -> list[str]:
     """``items`` three spaces apart, as many to a line as fit ``width`` (an item never split)."""
     lines: list[str] = []
@@ -157,52 +143,25 @@ def _packed(items: list[str], width: int) -> list[str]:
 
 
 def _show_header(episode: StoredEpisode, width: int) -> list[str]:
-    """``--show``'s head: who the episode is, its verdict, what each count counts (lines within
-    ``width`` unless one id is wider), and for a set-aside episode its failure with the server's
-    error cut to its last lines."""
-    record, entry = episode.record, episode.entry
-    eval_set = entry.get("eval_set")
-    where = [f"{episode.role}/{eval_set}" if eval_set else episode.role, filed_label(episode)]
-    if episode.environment != SWE_ENVIRONMENT:
-        where.insert(0, f"environment {episode.environment}")
-    lines = [
-        *_packed([f"episode {episode.episode_id}", f"instance {episode.instance_id}"], width),
-        *_packed([*where, f"session {entry.get('session_id')}"], width),
-        *_packed(
-            [
-                f"verdict: {episode.kind}",
-                f"reward {reward_text(entry.get('reward'))}",
-                f"time {count_text(record.get('elapsed_s'))} s",
-                f"attempts {count_text(record.get('attempts'))}",
-            ],
-            width,
-        ),
-        f"in the trajectory the server returned: {count_text(record.get('turns'))} turns, "
-        f"{count_text(record.get('tool_calls'))} tool calls",
-    ]
-    lines += [part if isinstance(part, str) else part.text for part in known_elsewhere(entry)]
+    """``--show``'s head (lines within ``width`` unless one id is wider), a set-aside episode's failure."""
+    lines = [line for group in head_groups(episode) for line in _packed(group, width)]
+    lines.append(trajectory_counts(episode))
+    lines += [part if isinstance(part, str) else part.text for part in known_elsewhere(episode.entry)]
     if episode.masked:
         lines += _failure_lines(episode)
     return lines
 
 
 def _failure_lines(episode: StoredEpisode) -> list[str]:
-    """The failure of a set-aside episode: its one-line reason, smoke's note when it is smoke's
-    expected no-network failure, and the server's error by its last lines and where it is whole."""
-    record = episode.record
-    lines = [
-        f"set aside, not trained on   HTTP status {count_text(record.get('http_status'))}",
-        f"failure: {record.get('failure_kind')}: {record.get('failure_reason')}",
-    ]
+    """A set-aside episode's failure, smoke's no-network note, the server's error's last lines and where it is."""
+    lines = list(failure_lines(episode))
     note = offline_note(episode.typed)
     if note:
         lines.append(f"note: {note}")  # smoke's own note for it
-    answer = episode.entry.get("answer")
-    metadata = answer.get("metadata") if isinstance(answer, dict) else None
-    error = metadata.get("error") if isinstance(metadata, dict) else None
-    if not isinstance(error, str) or not error.strip() or error.strip() in str(record.get("failure_reason")):
+    error = server_error(episode)
+    if error is None:
         return lines
-    error_lines = error.strip().splitlines()
+    error_lines = error.splitlines()
     if len(error_lines) <= _ERROR_LINES_SHOWN:
         return [*lines, "the server's error, whole:", *error_lines]
     source = episode.source
@@ -216,8 +175,7 @@ def _failure_lines(episode: StoredEpisode) -> list[str]:
 
 
 def _show_text(episode: StoredEpisode) -> str:
-    """One episode for ``--show``: its head (``_show_header``), then the turns, patch and test
-    report (or verify answer) as every view shows them, long texts trimmed."""
+    """One episode for ``--show``: its head (``_show_header``), then the rest as every view shows it, trimmed."""
     parts = episode_parts(episode)
     body = parts[parts.index("") :] if "" in parts else []
     rest = [p if isinstance(p, str) else p.text if p.show_limit is None else trim(p.text, p.show_limit) for p in body]
@@ -228,11 +186,9 @@ def _warn_skipped(problems: list[str]) -> None:
     lines = [f"warning: {problem}" for problem in problems[:_PROBLEMS_SHOWN]]
     if len(problems) > _PROBLEMS_SHOWN:
         lines.append(f"warning: {len(problems) - _PROBLEMS_SHOWN} more unreadable or odd lines or files")
-    if not lines:
-        return
-    # Wrapped between words on a terminal (a path is never split); whole lines in logs.
-    shown = fit.wrap(lines, terminal_width(), indent="    ") if _stderr_is_terminal() else lines
-    typer.echo("\n".join(shown), err=True)
+    if lines:  # wrapped between words on a terminal (a path is never split); whole lines in logs
+        shown = fit.wrap(lines, terminal_width(), indent="    ") if _stderr_is_terminal() else lines
+        typer.echo("\n".join(shown), err=True)
 
 
 def _stderr_is_terminal() -> bool:
@@ -241,6 +197,9 @@ def _stderr_is_terminal() -> bool:
 
 def _stdout_is_terminal() -> bool:
     return sys.stdout.isatty()
+
+
+_WHAT = {"--html": "page", "--plots": "plots"}
 
 
 def _refuse(message: str, option: str = "--html") -> typer.Exit:
@@ -255,13 +214,12 @@ def _inside(real: Path, store: Path) -> bool:
 
 
 def _check_page_target(out: Path, store: Path, option: str = "--html") -> None:
-    """Refuse a page target in a missing folder, inside the store, a symlink (never followed
-    nor replaced), a folder or other non-regular file, or a file without write permission."""
+    """Refuse a page target in a missing folder, in the store, a link, not a regular file, or read-only."""
     parent = out.parent
     if not parent.is_dir():
         raise _refuse(f"{out}: the folder {parent} does not exist; create it or give another path", option)
     if _inside(Path(os.path.realpath(parent)) / out.name, store):  # its name not followed
-        raise _refuse(f"{out} is inside the episode store {store}; write the {_what(option)} outside it", option)
+        raise _refuse(f"{out} is inside the episode store {store}; write the {_WHAT[option]} outside it", option)
     try:
         mode = out.lstat().st_mode
     except FileNotFoundError:
@@ -278,13 +236,8 @@ def _check_page_target(out: Path, store: Path, option: str = "--html") -> None:
         raise _refuse(f"{out} is read-only; give another path or make it writable", option)
 
 
-def _what(option: str) -> str:
-    return "page" if option == "--html" else "plots"
-
-
 def _check_plots_folder(folder: Path, store: Path) -> None:
-    """Refuse a plots folder inside the store, one that is not a folder, or a missing one whose
-    parent is missing too (each file in it is checked as a page target when written)."""
+    """Refuse a plots folder in the store, not a folder, or missing in a missing parent (files: as pages)."""
     if _inside(Path(os.path.realpath(folder)), store):  # through a link too: the files go there
         raise _refuse(f"{folder} is inside the episode store {store}; write the plots outside it", "--plots")
     if folder.is_dir():
@@ -313,9 +266,8 @@ def _write_plots(folder: Path, store: Path, chosen: list[StoredEpisode]) -> None
 
 
 def _write_page(out: Path, page: str, option: str = "--html") -> None:
-    """Write ``page`` to a new file next to ``out`` and rename it over ``out``: a reader of
-    ``out`` sees the old page or the new one, never half of one, and a link put at ``out``
-    meanwhile is replaced, never written through."""
+    """Write ``page`` to a new file next to ``out``, renamed over it: a reader sees the old page or the new,
+    never half of one, and a link put at ``out`` meanwhile is replaced, never written through."""
     temporary: str | None = None
     try:
         descriptor, temporary = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
@@ -328,4 +280,4 @@ def _write_page(out: Path, page: str, option: str = "--html") -> None:
     except OSError as error:
         if temporary is not None:
             Path(temporary).unlink(missing_ok=True)
-        raise _refuse(f"{out}: cannot write the {_what(option)}: {error.strerror or error}", option) from None
+        raise _refuse(f"{out}: cannot write the {_WHAT[option]}: {error.strerror or error}", option) from None
