@@ -341,15 +341,13 @@ def _start_environment_fix(name: str) -> str:
 
     if wheel.cached_wheel() is None:  # a preflight downloads nothing to word a fix
         return f"{serve} if nemo-gym ships it; if the name is misspelt, {retype}"
-    from miles_nemogym.gym.environments import UnknownEnvironmentError, check_shipped
+    from miles_nemogym.gym.environments import check_shipped
 
     try:
-        check_shipped([name])
-    except UnknownEnvironmentError as unknown:
-        return f"{unknown.names_said}: {retype}; if {name!r} is your own environment, start its resources server"
+        unknown = check_shipped([name])
     except (OSError, RuntimeError, ValueError, zipfile.BadZipFile):  # an unreadable cached wheel: say both
         return f"{serve} if nemo-gym ships it; if the name is misspelt, {retype}"
-    return serve
+    return f"{unknown}: {retype}; if {name!r} is your own environment, start its resources server" if unknown else serve
 
 
 def _environment(name: str, target: Target) -> Found:

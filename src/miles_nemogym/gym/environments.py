@@ -76,17 +76,7 @@ from miles_nemogym.settings import environment_name_problem, short_name
 from miles_nemogym.transport import connect_host
 from miles_nemogym.yaml_file import load as load_yaml
 
-__all__ = [
-    "EnvironmentPlan",
-    "EnvironmentServers",
-    "UnknownEnvironmentError",
-    "check_shipped",
-    "environment_needs",
-    "plan",
-    "planned_start",
-    "refusals",
-    "shipped_examples",
-]
+__all__ = ["EnvironmentPlan", "EnvironmentServers", "check_shipped", "plan", "refusals", "shipped_examples"]
 
 _GROUP = "resources_servers"
 _CATALOG = "environments"
@@ -177,6 +167,10 @@ class EnvironmentPlan:
         if len(parts) == 4 and parts[0] == _GROUP and parts[3] != f"{parts[1]}.yaml":
             return _config_rows(self.config)
         return _rows_of(self.config)
+
+    def rows_text(self) -> str | None:
+        """Its example rows as the wheel ships them (:attr:`rows`; None: it ships none)."""
+        return gym_wheel.read_member(self.rows).decode("utf-8") if gym_wheel.ships(self.rows) else None
 
 
 def _rows_of(config: str) -> str:
@@ -370,7 +364,7 @@ def config_refusal(name: str, config: Mapping[str, Any], composed: Mapping[str, 
 def example_rows_member(name: str) -> str:
     """Where the wheel keeps environment ``name``'s example rows (``UnknownEnvironmentError`` if
     nemo-gym does not ship it): its ``environments/`` folder's when it is no resources server."""
-    check_shipped([name])
+    _check_shipped([name])
     name = _served_name(name)
     if name in benchmark_environments():
         return _rows_of(benchmark_environments()[name][1])  # none in 0.7.0: convert --env BENCHMARK=FILE
@@ -574,10 +568,14 @@ def _is_server_config(member: str) -> bool:
     return len(parts) == 4 and parts[0] == _GROUP and parts[2] == "configs" and member.endswith(".yaml")
 
 
-def check_shipped(names: Sequence[str]) -> None:
-    """``UnknownEnvironmentError`` (one line, close matches suggested) unless nemo-gym ships every
-    one of ``names``, as :func:`plan` takes them."""
-    _check_shipped(names)
+def check_shipped(names: Sequence[str]) -> str | None:
+    """None when nemo-gym ships every one of ``names``, as :func:`plan` takes them, else why not
+    (one line, close matches suggested); ``GymEnvironmentError`` for one this package refuses."""
+    try:
+        _check_shipped(names)
+    except UnknownEnvironmentError as unknown:
+        return unknown.names_said
+    return None
 
 
 def _served_name(name: str) -> str:

@@ -20,7 +20,7 @@ from miles_nemogym.agent import ScanEpisodes
 from miles_nemogym.episode import run as swe_run
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome
 from miles_nemogym.errors import MilesNemoGymError, RequestError, SettingsError, counted, redact_url, redact_urls
-from miles_nemogym.gym.config import instance_name
+from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.scan._config import ScanConfig, scan_settings, usage_problems
 from miles_nemogym.scan._inputs import InputError, ScanTask, load_tasks, select
 from miles_nemogym.scan._report import ScanProgress, header, render_summary
@@ -327,7 +327,7 @@ def _refuse_a_policy_server(gym_url: str) -> None:
     """``ScanUsageError`` when the SWE server names itself as one ``serve`` started without
     ``--golden``; any other server is left to the golden guard (it stops at a first model call)."""
     identity = checks.identity_of(f"{gym_url}/openapi.json", 10.0)
-    if identity is not None and identity.instance == instance_name(golden=False):
+    if identity is not None and identity.instance == ServeOptions(golden=False).instance_name:
         raise ScanUsageError(
             f"{gym_url}/run is not a golden server: serve started it without --golden (it answers as "
             f"{identity}); restart it with `miles-nemogym serve --golden` (or scan a policy with --policy-base-url)"
