@@ -186,8 +186,23 @@ def serve(
         console.print(f"[red]error:[/red] {escape(line)}", highlight=False)
     if serve.problems:
         raise typer.Exit(2)
-    if dry_run:
-        raise typer.Exit(_dry_run(serve, state_dir, console))
+    if dry_run:  # the composed SWE config on stdout; the environments' plan and what is missing on stderr
+        missing: list[str] = []
+        try:
+            for kind, text in serve.dry_run(state_dir):
+                if kind == "config":
+                    print(text, end="")
+                elif kind == "missing":
+                    missing.append(text)
+                else:
+                    console.print(text, highlight=False, markup=False, soft_wrap=True if kind == "value" else None)
+        except GymEnvironmentError as exc:
+            fail(console, f"[red]error:[/red] {escape(str(exc))}")
+        what = f"the {options.sandbox} sandbox" if swe else "the environments"
+        console.print(f"[red]missing for {what}:[/red]" if missing else f"[green]nothing missing for {what}.[/green]")
+        for line in missing:
+            console.print(f"  - {escape(line)}", highlight=False)
+        raise typer.Exit(1 if missing else 0)
     refusal = serve.refusal(state_dir, anyway=start_anyway)
     if refusal is not None:
         fail(console, f"[red]error:[/red] {escape(refusal[1])}", refusal[0], highlight=False)
@@ -291,34 +306,6 @@ def _print_ready(console: Console, serve: Serve, took: float) -> None:
     if environments is not None:
         logs.append(f"environments' logs: {environments.state_dir}/<name>.log")
     console.print("\n" + "\n".join(logs) + "\nPress Ctrl-C to stop.", highlight=False)
-
-
-def _dry_run(serve: Serve, state_dir: Path | None, console: Console) -> int:
-    """Print the composed SWE config (stdout), the environments' plan and what is missing
-    (stderr); 1 when something is."""
-    from rich.markup import escape
-
-    from miles_nemogym.gym.venv import GymEnvironmentError
-
-    missing: list[str] = []
-    try:
-        for kind, text in serve.dry_run(state_dir):
-            if kind == "config":
-                print(text, end="")
-            elif kind == "missing":
-                missing.append(text)
-            else:
-                console.print(text, highlight=False, markup=False, soft_wrap=True if kind == "value" else None)
-    except GymEnvironmentError as exc:
-        fail(console, f"[red]error:[/red] {escape(str(exc))}")
-    what = f"the {serve.options.sandbox} sandbox" if serve.swe else "the environments"
-    if not missing:
-        console.print(f"[green]nothing missing for {what}.[/green]")
-        return 0
-    console.print(f"[red]missing for {what}:[/red]")
-    for line in missing:
-        console.print(f"  - {escape(line)}", highlight=False)
-    return 1
 
 
 def register(app: typer.Typer) -> None:

@@ -14,18 +14,22 @@ import yaml
 
 from miles_nemogym.errors import redact_url
 from miles_nemogym.gym.cluster import unreachable
-from miles_nemogym.gym.composition import Judge
+from miles_nemogym.gym.composition import Judge, judged_instances
 from miles_nemogym.gym.config import ServeOptions
 from miles_nemogym.gym.environments import (
     EnvironmentPlan,
     EnvironmentServers,
     environment_needs,
+    missing_requirements,
+    overlay_path,
+    overlay_python,
     plan,
-    planned_start,
+    plan_config,
     refusals,
+    setting,
 )
-from miles_nemogym.gym.server import GymServer, planned_server, port_free
-from miles_nemogym.gym.venv import GymEnvironmentError, Progress, ensure_gym_venv, planned_venv
+from miles_nemogym.gym.server import GymServer, advertised_url, planned_server, port_free
+from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, ensure_gym_venv, planned_venv
 from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import (
     MIN_SECRET_CHARS,
     SECRET_VARIABLE,
@@ -34,6 +38,22 @@ from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing
 from miles_nemogym.routing_root.responses_api_models.miles_routing_model.session_servers import parse_session_server
 
 __all__ = ["Serve"]
+
+
+def _requirements(plans: Sequence[EnvironmentPlan], gym: GymVenv | None) -> str:
+    """The lines ``plans`` need beyond nemo-gym, and what the first serve does about them (``gym``:
+    the built server venv, None: not built yet)."""
+    lines = sorted({line for p in plans for line in p.requirements})
+    if not lines:
+        return "none beyond nemo-gym"
+    if gym is None:
+        return f"{', '.join(lines)}; the ones the server environment lacks are installed on the first serve"
+    needed = missing_requirements(gym, plans)
+    if not needed:
+        return f"{', '.join(lines)}, all in the server environment"
+    if overlay_python(gym, needed):
+        return f"{', '.join(needed)} installed in {overlay_path(gym, needed)} (cached)"
+    return f"installs {', '.join(needed)} into {overlay_path(gym, needed)} on the first serve (once)"
 
 
 def _played(agents: Sequence[str]) -> str:
@@ -136,12 +156,14 @@ class Serve:
             yield "line", f"  {p.name}: server {p.instance} from {p.config}, on {where}{steps}"
             if p.agent:
                 yield "line", f"    played by agent {p.agent} (its /run), model calls through the routing model"
-        planned = planned_start(self.plans, options.host, self.first_port, venv)
-        yield "value", f"requirements: {planned.requirements}"
-        if self.judge is not None and planned.judged:
-            judged = ", ".join(planned.judged)
-            yield "value", f"judge: {judged} graded by {self.judge.model} at {redact_url(self.judge.url)}"
-        yield "value", f"NEMO_GYM_ENVS='{planned.setting}'"
+        requirements = _requirements(self.plans, venv)
+        judged = [p.name for p in self.plans if judged_instances(plan_config(p))]
+        free, host, first = f"http://{options.host}:<free port>", options.host, self.first_port
+        urls = {p.name: advertised_url(host, first + i) if first else free for i, p in enumerate(self.plans)}
+        yield "value", f"requirements: {requirements}"
+        if self.judge is not None and judged:
+            yield "value", f"judge: {', '.join(judged)} graded by {self.judge.model} at {redact_url(self.judge.url)}"
+        yield "value", f"NEMO_GYM_ENVS='{setting(self.plans, urls, {p.name: free for p in self.plans if p.agent})}'"
         yield from (("missing", need) for need in environment_needs(self.plans, self.judge))
         agents = self._agents()
         if agents and not self.session_servers:
@@ -152,7 +174,7 @@ class Serve:
         """Why nothing may start, with the exit code: 2 a taken port or a config that does not
         compose, 1 what ``--dry-run`` names as missing (unless ``anyway``); None: start."""
         options, fix = self.options, "pass --start-anyway (e.g. when it comes later). Nothing was started."
-        ports = [*([options.port] if self.swe and options.port else [])]
+        ports = [options.port] if self.swe and options.port else []
         ports += range(self.first_port, self.first_port + len(self.plans)) if self.first_port else []
         taken = [port for port in ports if not port_free(options.host, port)]
         if taken:
