@@ -127,14 +127,14 @@ PURE_CACHES = {
     "miles_nemogym.gym.wheel._archive",  # keyed by the wheel's path, mtime and size
     "miles_nemogym.gym.wheel._members",  # keyed by the wheel's path, mtime and size
     "miles_nemogym.gym.composition._member",  # a member of the pinned wheel
-    "miles_nemogym.gym.environments._catalog_folders",  # keyed by the wheel's path
-    "miles_nemogym.gym.environments._folder_servers",  # keyed by the wheel's path
-    "miles_nemogym.gym.environments._benchmark_environments",  # keyed by the wheel's path
+    "miles_nemogym.gym.environments.catalog_folders",  # keyed by the wheel's path
+    "miles_nemogym.gym.environments.folder_servers",  # keyed by the wheel's path
+    "miles_nemogym.gym.environments.benchmark_environments",  # keyed by the wheel's path
     "miles_nemogym.gym.environments._server_configs",  # keyed by the wheel's path
     "miles_nemogym.gym.environments._agent_configs_of",  # keyed by the wheel's path
-    "miles_nemogym.gym.environments._config_names",  # keyed by the wheel's path
-    "miles_nemogym.gym.environments._shipped_environments",  # keyed by the wheel's path
-    "miles_nemogym.gym.environments._refused_folders",  # keyed by the wheel's path
+    "miles_nemogym.gym.environments.config_names",  # keyed by the wheel's path
+    "miles_nemogym.gym.environments.shipped_environments",  # keyed by the wheel's path
+    "miles_nemogym.gym.environments.refused_folders",  # keyed by the wheel's path
     "miles_nemogym.errors.key_scrubber",  # keyed by the secret
 }
 # Read once per process, as a process reads its environment: the system's CA certificates

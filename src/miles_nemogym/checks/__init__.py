@@ -282,14 +282,14 @@ def _policy_host(target: Target) -> Found:
 def _golden_server(target: Target) -> Found:
     """The SWE server is not one ``serve`` started without ``--golden`` (a golden scan leaves any
     other server to its guard, which stops at a first model call)."""
-    from miles_nemogym.gym.config import instance_name
+    from miles_nemogym.gym.config import ServeOptions
 
     url = target.valid.gym_url
     try:
         identity = target.identify(f"{url}/openapi.json", target.timeout_s)
     except FetchError:
         identity = None
-    if identity is not None and identity.instance == instance_name(golden=False):
+    if identity is not None and identity.instance == ServeOptions(golden=False).instance_name:
         return _failed(
             f"{url}/run is not a golden server: serve started it without --golden (it answers as {identity})",
             "restart it with `miles-nemogym serve --golden` (or scan a policy with --policy-base-url)",
@@ -361,15 +361,13 @@ def _start_environment_fix(name: str) -> str:
 
     if wheel.cached_wheel() is None:  # a preflight downloads nothing to word a fix
         return f"{serve} if nemo-gym ships it; if the name is misspelt, {retype}"
-    from miles_nemogym.gym.environments import UnknownEnvironmentError, check_shipped
+    from miles_nemogym.gym.environments import check_shipped
 
     try:
-        check_shipped([name])
-    except UnknownEnvironmentError as unknown:
-        return f"{unknown.names_said}: {retype}; if {name!r} is your own environment, start its resources server"
+        unknown = check_shipped([name])
     except (OSError, RuntimeError, ValueError, zipfile.BadZipFile):  # an unreadable cached wheel: say both
         return f"{serve} if nemo-gym ships it; if the name is misspelt, {retype}"
-    return serve
+    return f"{unknown}: {retype}; if {name!r} is your own environment, start its resources server" if unknown else serve
 
 
 def _environment(name: str, target: Target) -> Found:

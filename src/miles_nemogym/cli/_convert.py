@@ -18,7 +18,6 @@ from miles_nemogym.cli._options import InstanceIds, choice, metavar, subset_opti
 
 if TYPE_CHECKING:
     from miles_nemogym.data import ConvertOptions, ConvertReport
-    from miles_nemogym.gym.benchmarks import BenchmarkMark
 
 __all__ = ["register"]
 
@@ -218,7 +217,7 @@ def _convert_command(
 
     out, err = console(), console(stderr=True)
     with contextlib.ExitStack() as scratch:
-        benchmarks: list[tuple[BenchmarkMark, Path]] = []
+        benchmarks: list[str] = []  # the note each benchmark's rows get under the summary
         env = [_benchmark_rows(err, value, input, scratch, benchmarks) for value in env or ()]
         if input is not None and benchmarks and all("=" in value for value in env):
             input = None  # read as a benchmark's prepared file
@@ -270,26 +269,16 @@ def _convert_command(
                 said = f"{error.filename}: {error.strerror}" if error.filename and error.strerror else str(error)
                 _refuse(err, f"error: {said}", 1)
         _print_summary(out, report, options)
-        for mark, source in benchmarks:
-            out.print(_benchmark_note(mark, source), highlight=False, markup=False)
-
-
-def _benchmark_note(mark: BenchmarkMark, source: Path) -> str:
-    span = " to ".join(map(str, mark.reward_range)) if mark.reward_range else "unknown"
-    better = {True: ", higher is better", False: ", lower is better", None: ""}[mark.higher_is_better]
-    return (
-        f"benchmark {mark.name} (the rows of {source}, its prompt config applied by nemo-gym): "
-        f"graded by {mark.environment}, {mark.num_repeats} samples per prompt, "
-        f"reward {span}{better}; evaluate with --eval-data {mark.name.replace('/', '.')}=FILE"
-    )
+        for note in benchmarks:
+            out.print(note, highlight=False, markup=False)
 
 
 def _benchmark_rows(
-    err: Console, value: str, input: str | None, scratch: contextlib.ExitStack, marks: list[tuple[BenchmarkMark, Path]]
+    err: Console, value: str, input: str | None, scratch: contextlib.ExitStack, notes: list[str]
 ) -> str:
     """``value`` as given, or, when it names a NeMo-Gym benchmark, ``GRADER=ROWS[:WEIGHT]`` with
     ROWS the benchmark's rows made by :func:`miles_nemogym.gym.benchmarks.materialize`."""
-    from miles_nemogym.gym.benchmarks import BenchmarkError, find_benchmark
+    from miles_nemogym.gym.benchmarks import find_benchmark
     from miles_nemogym.gym.catalog import UnknownCatalogNameError
     from miles_nemogym.gym.venv import GymEnvironmentError
 
@@ -320,16 +309,22 @@ def _benchmark_rows(
     rows = folder / "rows.jsonl"
     try:
         mark = found.rows(source, rows)
-    except BenchmarkError as error:
+    except GymEnvironmentError as error:  # a benchmark that cannot become rows here
         _refuse(err, f"error: --env {value}: {error}")
-    marks.append((mark, source))
+    span = " to ".join(map(str, mark.reward_range)) if mark.reward_range else "unknown"
+    better = {True: ", higher is better", False: ", lower is better", None: ""}[mark.higher_is_better]
+    notes.append(
+        f"benchmark {mark.name} (the rows of {source}, its prompt config applied by nemo-gym): "
+        f"graded by {mark.environment}, {mark.num_repeats} samples per prompt, "
+        f"reward {span}{better}; evaluate with --eval-data {mark.name.replace('/', '.')}=FILE"
+    )
     return f"{mark.environment}={rows}" + (f":{tail}" if weighted else "")
 
 
 def _check_names(err: Console, options: ConvertOptions, own: list[str]) -> None:
     """Each --env name is one nemo-gym ships, unless --own-env says it is the user's; else exit 2."""
     from miles_nemogym.episode.record import SWE_ENVIRONMENT
-    from miles_nemogym.gym.environments import UnknownEnvironmentError, check_shipped
+    from miles_nemogym.gym.environments import check_shipped
 
     given = [entry.name for entry in options.environments if entry.name]
     for name in own:
@@ -339,11 +334,7 @@ def _check_names(err: Console, options: ConvertOptions, own: list[str]) -> None:
     if not names:
         return
     try:
-        check_shipped(names)
-    except UnknownEnvironmentError as error:
-        _refuse(
-            err, f"error: --env: {error} Give the name it ships, or add --own-env NAME for an environment of your own."
-        )
+        unknown = check_shipped(names)
     except (OSError, RuntimeError) as error:  # the wheel could not be downloaded or read
         _refuse(
             err,
@@ -351,6 +342,9 @@ def _check_names(err: Console, options: ConvertOptions, own: list[str]) -> None:
             "add --own-env NAME for each to convert without the check",
             1,
         )
+    if unknown:
+        own_fix = "Give the name it ships, or add --own-env NAME for an environment of your own."
+        _refuse(err, f"error: --env: {unknown} {own_fix}")
 
 
 def register(app: typer.Typer) -> None:

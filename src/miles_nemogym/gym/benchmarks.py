@@ -23,7 +23,7 @@ from miles_nemogym.gym.catalog import (
 )
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, cached_gym_venv, ensure_gym_venv, run_in_gym
 
-__all__ = ["BenchmarkError", "BenchmarkMark", "file_benchmark", "find_benchmark"]
+__all__ = ["file_benchmark", "find_benchmark"]
 
 _MATERIALIZE = """
 import sys

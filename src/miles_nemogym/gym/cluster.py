@@ -14,7 +14,7 @@ from typing import Any
 
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv
 
-__all__ = ["unreachable"]
+__all__: list[str] = []
 
 _EPISODE_CPUS = 0.25
 """The CPU each ``mini_swe_agent_2`` episode task asks Ray for (nemo-gym 0.7.0 ``app.py``)."""

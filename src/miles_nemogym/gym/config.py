@@ -16,7 +16,7 @@ from miles_nemogym.gym.wheel import read_member
 from miles_nemogym.yaml_file import YamlFileError, read_mapping
 from miles_nemogym.yaml_file import load as load_yaml
 
-__all__ = ["SANDBOXES", "ServeOptions", "instance_name", "load_provider_options"]
+__all__ = ["SANDBOXES", "ServeOptions"]
 
 SERVER_NAME = "mini_swe_agent_2"
 """The top-level config key of the agent server in nemo-gym's config."""
@@ -78,7 +78,7 @@ class ServeOptions(BaseModel):
     policy_model_name: str = Field(default="policy", min_length=1)
     provider_options: dict[str, Any] = Field(
         default_factory=dict,
-        description="merged over the provider's shipped block `sandbox.<provider>`",
+        description="merged over the provider's shipped block `sandbox.<provider>`; a path: a YAML file of them",
     )
     ray_address: str | None = Field(default=None, description="host:port of a running Ray cluster to join")
 
@@ -98,6 +98,16 @@ class ServeOptions(BaseModel):
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"{value!r} is not host:port; give the head node's GCS address, e.g. 10.0.0.1:6379")
         return value
+
+    @field_validator("provider_options", mode="before")
+    @classmethod
+    def _provider_file(cls, value: Any) -> Any:
+        return load_provider_options(value) if isinstance(value, Path) else value
+
+    @property
+    def instance_name(self) -> str:
+        """:func:`instance_name` of these options."""
+        return instance_name(self.golden)
 
     @field_validator("host")
     @classmethod

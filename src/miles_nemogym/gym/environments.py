@@ -5,6 +5,7 @@ Why and what it costs: docs/environments.md, "Serving environments".
 from __future__ import annotations
 
 import contextlib
+import copy
 import difflib
 import functools
 import hashlib
@@ -19,10 +20,10 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -41,7 +42,6 @@ from miles_nemogym.gym.composition import (
     config_needs,
     grader_settings,
     inherited_config,
-    judged_instances,
     layer,
     own_config,
     refusal,
@@ -76,18 +76,9 @@ from miles_nemogym.settings import environment_name_problem, short_name
 from miles_nemogym.transport import connect_host
 from miles_nemogym.yaml_file import load as load_yaml
 
-__all__ = [
-    "EnvironmentPlan",
-    "EnvironmentServers",
-    "UnknownEnvironmentError",
-    "check_shipped",
-    "environment_needs",
-    "plan",
-    "planned_start",
-    "refusals",
-    "shipped_examples",
-]
+__all__ = ["EnvironmentPlan", "EnvironmentServers", "check_shipped", "plan", "refusals", "shipped_examples"]
 
+_T = TypeVar("_T")
 _GROUP = "resources_servers"
 _CATALOG = "environments"
 _BENCHMARKS = "benchmarks"
@@ -134,12 +125,7 @@ no range a program can read): blackjack +1 win, 0 draw, -1 loss."""
 
 
 class UnknownEnvironmentError(GymEnvironmentError):
-    """An environment name the pinned nemo-gym does not ship."""
-
-    def __init__(self, names_said: str) -> None:
-        super().__init__(names_said)
-        self.names_said = names_said
-        """Each unknown name with its close matches, one line."""
+    """An environment name the pinned nemo-gym does not ship: each with its close matches, one line."""
 
 
 @dataclass(frozen=True)
@@ -178,6 +164,10 @@ class EnvironmentPlan:
             return _config_rows(self.config)
         return _rows_of(self.config)
 
+    def rows_text(self) -> str | None:
+        """Its example rows as the wheel ships them (:attr:`rows`; None: it ships none)."""
+        return gym_wheel.read_member(self.rows).decode("utf-8") if gym_wheel.ships(self.rows) else None
+
 
 def _rows_of(config: str) -> str:
     """``resources_servers/X/data/example.jsonl`` for ``resources_servers/X/configs/...``,
@@ -185,28 +175,28 @@ def _rows_of(config: str) -> str:
     return "/".join([*config.split("/")[:2], "data", "example.jsonl"])
 
 
+def _per_wheel(read: Callable[[], _T]) -> Callable[[], _T]:
+    """``read()`` kept per pinned wheel (its path keys the cache), each caller given its own copy."""
+    kept = functools.lru_cache(maxsize=4)(lambda wheel: read())
+
+    @functools.wraps(read)
+    def per_wheel() -> _T:
+        return copy.copy(kept(gym_wheel.wheel_path()))
+
+    per_wheel.cache_clear = kept.cache_clear  # type: ignore[attr-defined]
+    return per_wheel
+
+
+@_per_wheel
 def shipped_environments() -> list[str]:
     """Every resources server the pinned wheel ships (a ``resources_servers/<name>/app.py``)."""
-    return list(_shipped_environments(gym_wheel.wheel_path()))
-
-
-@functools.lru_cache(maxsize=4)
-def _shipped_environments(wheel: Path) -> tuple[str, ...]:
     with gym_wheel.opened() as archive:
         names = {
             parts[1]
             for parts in (member.split("/") for member in archive.namelist())
             if len(parts) == 3 and parts[0] == _GROUP and parts[2] == "app.py"
         }
-    return tuple(sorted(names))
-
-
-def catalog_folders() -> dict[str, str]:
-    """Each folder of the wheel's ``environments/`` whose own config pairs its one resources
-    server with an agent of ``PLAYED_AGENTS``: its name -> its ``config.yaml``. (A config that only
-    pulls in a resources server's, as ``example_single_tool_call``'s, is that server:
-    ``folder_servers``.)"""
-    return dict(_catalog_folders(gym_wheel.wheel_path()))
+    return sorted(names)
 
 
 def _folder_configs() -> list[tuple[str, dict[str, Any]]]:
@@ -220,8 +210,12 @@ def _folder_configs() -> list[tuple[str, dict[str, Any]]]:
     return [(member, config if isinstance(config, dict) else {}) for member, config in configs]
 
 
-@functools.lru_cache(maxsize=4)
-def _catalog_folders(wheel: Path) -> tuple[tuple[str, str], ...]:
+@_per_wheel
+def catalog_folders() -> dict[str, str]:
+    """Each folder of the wheel's ``environments/`` whose own config pairs its one resources
+    server with an agent of ``PLAYED_AGENTS``: its name -> its ``config.yaml``. (A config that only
+    pulls in a resources server's, as ``example_single_tool_call``'s, is that server:
+    ``folder_servers``.)"""
     found: dict[str, str] = {}
     for member, config in _folder_configs():
         blocks = list(server_blocks(config))
@@ -229,19 +223,15 @@ def _catalog_folders(wheel: Path) -> tuple[tuple[str, str], ...]:
         servers = {kind for _, group, kind, _ in blocks if group == _GROUP}
         if len(servers) == 1 and agents and agents <= set(PLAYED_AGENTS):
             found[member.split("/")[1]] = member
-    return tuple(found.items())
+    return found
 
 
+@_per_wheel
 def folder_servers() -> dict[str, str]:
     """Each folder of the wheel's ``environments/`` whose config is one resources server's config
     (it pulls in ``resources_servers/X/configs/C.yaml`` and adds no agent, at most datasets of
     ``X``'s own instances, as ``example_single_tool_call``'s and ``nemo_user_sim``'s): its name ->
     the name ``--env`` takes for that config (``X``, or ``C`` when it is not named after ``X``)."""
-    return dict(_folder_servers(gym_wheel.wheel_path()))
-
-
-@functools.lru_cache(maxsize=4)
-def _folder_servers(wheel: Path) -> tuple[tuple[str, str], ...]:
     found: dict[str, str] = {}
     for member, config in _folder_configs():
         paths = config.get("config_paths") or []
@@ -252,18 +242,14 @@ def _folder_servers(wheel: Path) -> tuple[tuple[str, str], ...]:
         if all(group == _GROUP and kind == parts[1] for _, group, kind, _ in blocks):
             stem = parts[3][: -len(".yaml")]
             found[member.split("/")[1]] = parts[1] if stem == parts[1] else stem
-    return tuple(found.items())
+    return found
 
 
+@_per_wheel
 def config_names() -> dict[str, str]:
     """``CONFIG`` -> ``resources_servers/NAME/configs/CONFIG.yaml`` for each config of the wheel
     not named after its resources server: the catalog's ``resources_servers/NAME/CONFIG``, whose
     short name is ``CONFIG`` (``settings.short_name``). A stem two servers share names neither."""
-    return dict(_config_names(gym_wheel.wheel_path()))
-
-
-@functools.lru_cache(maxsize=4)
-def _config_names(wheel: Path) -> tuple[tuple[str, str], ...]:
     found: dict[str, list[str]] = {}
     with gym_wheel.opened() as archive:
         for member in filter(_is_server_config, sorted(archive.namelist())):
@@ -271,9 +257,10 @@ def _config_names(wheel: Path) -> tuple[tuple[str, str], ...]:
             stem = parts[3][: -len(".yaml")]
             if stem != parts[1]:
                 found.setdefault(stem, []).append(member)
-    return tuple((stem, members[0]) for stem, members in found.items() if len(members) == 1)
+    return {stem: members[0] for stem, members in found.items() if len(members) == 1}
 
 
+@_per_wheel
 def benchmark_environments() -> dict[str, tuple[str, str]]:
     """Each ``simple_agent`` benchmark of the wheel whose own config changes its grader's settings
     (``gpqa`` sets mcqa's ``grading_mode``): the environment name ``serve --env`` takes for it ->
@@ -281,14 +268,9 @@ def benchmark_environments() -> dict[str, tuple[str, str]]:
     (``apex25.config_with_system``), plus ``.benchmark`` where an environment has that name
     (``aalcr.benchmark``). Name, config and agent are the benchmark's manifest's (nemo-gym's
     catalog reads the same fields)."""
-    return {key: (name, member) for key, name, member in _benchmark_environments(gym_wheel.wheel_path())}
-
-
-@functools.lru_cache(maxsize=4)
-def _benchmark_environments(wheel: Path) -> tuple[tuple[str, str, str], ...]:
-    found: list[tuple[str, str, str]] = []
+    found: dict[str, tuple[str, str]] = {}
     with gym_wheel.opened() as archive:
-        taken = {*shipped_environments(), *catalog_folders(), *config_names(), *_agent_configs_of(wheel)}
+        taken = {*shipped_environments(), *catalog_folders(), *config_names(), *_agent_configs_of()}
         for member in sorted(archive.namelist()):
             if not member.startswith(f"{_BENCHMARKS}/") or not member.endswith("/manifest.yaml"):
                 continue
@@ -302,8 +284,8 @@ def _benchmark_environments(wheel: Path) -> tuple[tuple[str, str, str], ...]:
                 if manifest.get("agent_server") == "simple_agent" and grader_settings(config):
                     name = str(manifest.get("name"))
                     key = name.replace("/", ".")
-                    found.append((f"{key}{BENCHMARK_SUFFIX}" if key in taken else key, name, config))
-    return tuple(found)
+                    found[f"{key}{BENCHMARK_SUFFIX}" if key in taken else key] = (name, config)
+    return found
 
 
 def _benchmark_key(name: str) -> str | None:
@@ -325,15 +307,11 @@ def _spelling_problem(said: str) -> str | None:
     return f"{said!r} is not a config nemo-gym ships (no {_GROUP}/{parts[1]}/configs/{parts[2]}.yaml)"
 
 
+@_per_wheel
 def refused_folders() -> dict[str, str]:
     """Each folder of the wheel's ``environments/`` whose agent this package refuses to run: its
     name -> why (a harness of ``NOT_RUN_HERE``, a requirement beyond PyPI of one of its agents or
     resources servers, an agent that drops the rollout id)."""
-    return dict(_refused_folders(gym_wheel.wheel_path()))
-
-
-@functools.lru_cache(maxsize=4)
-def _refused_folders(wheel: Path) -> tuple[tuple[str, str], ...]:
     found: dict[str, str] = {}
     for member, config in _folder_configs():
         name = member.split("/")[1]
@@ -343,7 +321,7 @@ def _refused_folders(wheel: Path) -> tuple[tuple[str, str], ...]:
         reason = config_refusal(name, config, shipped_config(member))
         if reason:
             found[name] = reason
-    return tuple(found.items())
+    return found
 
 
 def config_refusal(name: str, config: Mapping[str, Any], composed: Mapping[str, Any] | None = None) -> str | None:
@@ -361,7 +339,7 @@ def config_refusal(name: str, config: Mapping[str, Any], composed: Mapping[str, 
     ]
     for group, role, kind in parts:
         try:
-            _requirement_lines(name, _requirements_text(group, kind))
+            _requirement_lines(name, group, kind)
         except GymEnvironmentError as error:
             return str(error).replace("its requirements.txt", f"its {role} {kind}'s requirements.txt")
     return refusal(name, config if composed is None else composed, None)
@@ -370,7 +348,7 @@ def config_refusal(name: str, config: Mapping[str, Any], composed: Mapping[str, 
 def example_rows_member(name: str) -> str:
     """Where the wheel keeps environment ``name``'s example rows (``UnknownEnvironmentError`` if
     nemo-gym does not ship it): its ``environments/`` folder's when it is no resources server."""
-    check_shipped([name])
+    _check_shipped([name])
     name = _served_name(name)
     if name in benchmark_environments():
         return _rows_of(benchmark_environments()[name][1])  # none in 0.7.0: convert --env BENCHMARK=FILE
@@ -416,9 +394,9 @@ def _config_rows(config: str) -> str:
     return _rows_of(config)
 
 
-@functools.lru_cache(maxsize=4)
-def _server_configs(wheel: Path) -> dict[str, tuple[str, ...]]:
-    """Each resources server's configs in the wheel at ``wheel`` (``resources_servers/X/configs/*.yaml``)."""
+@_per_wheel
+def _server_configs() -> dict[str, tuple[str, ...]]:
+    """Each resources server's configs in the wheel (``resources_servers/X/configs/*.yaml``)."""
     found: dict[str, list[str]] = {}
     with gym_wheel.opened() as archive:
         for member in filter(_is_server_config, archive.namelist()):
@@ -428,7 +406,7 @@ def _server_configs(wheel: Path) -> dict[str, tuple[str, ...]]:
 
 def _config_member(name: str) -> str:
     folder = f"{_GROUP}/{name}/configs/"
-    found = list(_server_configs(gym_wheel.wheel_path()).get(name, ()))
+    found = list(_server_configs().get(name, ()))
     named = f"{folder}{name}.yaml"
     if named in found:
         return named
@@ -448,8 +426,11 @@ def _config_member(name: str) -> str:
     )
 
 
-def _requirement_lines(name: str, text: str) -> tuple[str, ...]:
-    """The lines beyond nemo-gym; a line that needs more than PyPI is refused, naming it."""
+def _requirement_lines(name: str, group: str, kind: str) -> tuple[str, ...]:
+    """The lines of the wheel's ``<group>/<kind>/requirements.txt`` (if any) beyond nemo-gym; a line
+    that needs more than PyPI is refused, naming it."""
+    member = f"{group}/{kind}/requirements.txt"
+    text = gym_wheel.read_member(member).decode("utf-8") if gym_wheel.ships(member) else ""
     lines: list[str] = []
     for raw in text.splitlines():
         line = raw.split(" #", 1)[0].strip()
@@ -465,12 +446,6 @@ def _requirement_lines(name: str, text: str) -> tuple[str, ...]:
             )
         lines.append(line)
     return tuple(lines)
-
-
-def _requirements_text(group: str, kind: str) -> str:
-    """The wheel's ``<group>/<kind>/requirements.txt`` (empty when it ships none)."""
-    member = f"{group}/{kind}/requirements.txt"
-    return gym_wheel.read_member(member).decode("utf-8") if gym_wheel.ships(member) else ""
 
 
 def _agent(entry: Any) -> dict[str, Any] | None:
@@ -554,8 +529,8 @@ def _driver(config: Mapping[str, Any], instance: str, routed: bool) -> str | Non
     return found[0][0] if found else None
 
 
-@functools.lru_cache(maxsize=4)
-def _agent_configs_of(wheel: Path) -> dict[str, str]:
+@_per_wheel
+def _agent_configs_of() -> dict[str, str]:
     """``X`` -> the shipped config holding agent ``X_simple_agent`` (how rows name environments)."""
     found: dict[str, str] = {}
     with gym_wheel.opened() as archive:
@@ -574,10 +549,14 @@ def _is_server_config(member: str) -> bool:
     return len(parts) == 4 and parts[0] == _GROUP and parts[2] == "configs" and member.endswith(".yaml")
 
 
-def check_shipped(names: Sequence[str]) -> None:
-    """``UnknownEnvironmentError`` (one line, close matches suggested) unless nemo-gym ships every
-    one of ``names``, as :func:`plan` takes them."""
-    _check_shipped(names)
+def check_shipped(names: Sequence[str]) -> str | None:
+    """None when nemo-gym ships every one of ``names``, as :func:`plan` takes them, else why not
+    (one line, close matches suggested); ``GymEnvironmentError`` for one this package refuses."""
+    try:
+        _check_shipped(names)
+    except UnknownEnvironmentError as unknown:
+        return str(unknown)
+    return None
 
 
 def _served_name(name: str) -> str:
@@ -595,13 +574,12 @@ def _check_shipped(said: Sequence[str]) -> tuple[list[str], dict[str, str]]:
         raise UnknownEnvironmentError("; ".join(problems))
     names = [_served_name(n) for n in said]
     shipped = sorted({*shipped_environments(), *catalog_folders(), *config_names(), *benchmark_environments()})
-    wheel = gym_wheel.wheel_path()
-    agents = {} if set(names) <= set(shipped) else _agent_configs_of(wheel)
+    agents = {} if set(names) <= set(shipped) else _agent_configs_of()
     unknown = [n for n in names if n not in shipped and n not in agents]
     refused = refused_folders() if unknown else {}
     if any(n in refused for n in unknown):
         raise GymEnvironmentError("; ".join(refused[n] for n in unknown if n in refused))
-    folders = _server_configs(wheel)
+    folders = _server_configs()
     base = [n for n in unknown if n in folders]  # a folder with configs but no app.py
     if base:
         raise GymEnvironmentError("; ".join(f"environment {n!r}: {_no_server(n, folders[n])}" for n in base))
@@ -681,7 +659,7 @@ def plan(names: Sequence[str], *, routed: bool = False) -> list[EnvironmentPlan]
             )
         driver = _driver(composed, instance, routed)
         reward_range = _REWARD_RANGES.get(name) if driver else None
-        needs = _requirement_lines(name, _requirements_text(_GROUP, folder))
+        needs = _requirement_lines(name, _GROUP, folder)
         plans.append(EnvironmentPlan(name, config, instance, needs, steps, driver, reward_range))
     _check_inherited(plans)
     return plans
@@ -706,7 +684,7 @@ def _benchmark_plan(name: str, config: str, routed: bool) -> EnvironmentPlan:
         raise GymEnvironmentError(f"benchmark {name!r}: {config} has no one resources server its simple_agent plays")
     instance, folder = servers[0]
     steps = played[0][1].get("max_steps")
-    needs = _requirement_lines(name, _requirements_text(_GROUP, folder))
+    needs = _requirement_lines(name, _GROUP, folder)
     return EnvironmentPlan(
         name, config, instance, needs, steps if isinstance(steps, int) else None, _driver(composed, instance, routed)
     )
@@ -754,48 +732,9 @@ def refusals(plans: Sequence[EnvironmentPlan], judge: Judge | None) -> list[str]
     return [reason for reason in found if reason]
 
 
-def judged_plans(plans: Sequence[EnvironmentPlan]) -> list[str]:
-    """The names of ``plans`` whose configs grade with a judge model."""
-    return [p.name for p in plans if judged_instances(plan_config(p))]
-
-
 def environment_needs(plans: Sequence[EnvironmentPlan], judge: Judge | None) -> list[str]:
     """What the servers of ``plans`` need that this host lacks (``serve --dry-run``)."""
     return [f"{p.name}: {need}" for p in plans for need in config_needs(served(plan_config(p), judge), os.environ)]
-
-
-@dataclass(frozen=True)
-class PlannedStart:
-    """What ``serve --dry-run`` says of the environments' servers, before any starts."""
-
-    requirements: str
-    """The lines they need beyond nemo-gym, and what the first serve does about them."""
-    judged: list[str]
-    """The environments graded by a judge model (:func:`judged_plans`)."""
-    setting: str
-    """``NEMO_GYM_ENVS`` with the ports a start would take (``<free port>`` where it picks one)."""
-
-
-def planned_start(plans: Sequence[EnvironmentPlan], host: str, first_port: int, gym: GymVenv | None) -> PlannedStart:
-    """:class:`PlannedStart` of ``plans`` on ``host``, the environments on the ports from ``first_port``
-    (0: free ports); ``gym``, the built server venv (None: not built yet)."""
-    free = f"http://{host}:<free port>"
-    urls = {p.name: advertised_url(host, first_port + i) if first_port else free for i, p in enumerate(plans)}
-    lines = sorted({line for p in plans for line in p.requirements})
-    if not lines:
-        said = "none beyond nemo-gym"
-    elif gym is None:
-        said = f"{', '.join(lines)}; the ones the server environment lacks are installed on the first serve"
-    else:
-        needed = missing_requirements(gym, plans)
-        if not needed:
-            said = f"{', '.join(lines)}, all in the server environment"
-        elif overlay_python(gym, needed):
-            said = f"{', '.join(needed)} installed in {overlay_path(gym, needed)} (cached)"
-        else:
-            said = f"installs {', '.join(needed)} into {overlay_path(gym, needed)} on the first serve (once)"
-    agents = {p.name: free for p in plans if p.agent}
-    return PlannedStart(said, judged_plans(plans), setting(plans, urls, agents))
 
 
 def _payload(

@@ -33,7 +33,7 @@ from miles_nemogym.gym.config import ServeOptions, compose_config_yaml, instance
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, child_environment, ensure_gym_venv
 from miles_nemogym.transport import bracket, connect_host, is_wildcard
 
-__all__ = ["GymServer", "planned_server", "port_free"]
+__all__ = ["GymServer"]
 
 MARKER_ENV = "MILES_NEMOGYM_GYM_SERVER_ID"
 """Set in the server's environment; inherited by Ray, so stragglers can be found."""

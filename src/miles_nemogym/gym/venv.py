@@ -22,7 +22,7 @@ from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.pins import GYM_PYTHON, MINI_SWE_AGENT_VERSION, NEMO_GYM_VERSION, SWEBENCH_VERSION
 
-__all__ = ["GymEnvironmentError", "GymVenv", "ensure_gym_venv", "planned_venv"]
+__all__ = ["GymEnvironmentError", "ensure_gym_venv"]
 
 GYM_PYTHON_ENV = "MILES_NEMOGYM_GYM_PYTHON"
 """Names the Python 3.13 interpreter explicitly (skips the search)."""

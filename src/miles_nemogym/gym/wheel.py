@@ -17,7 +17,7 @@ from typing import Any
 
 from miles_nemogym.pins import NEMO_GYM_VERSION
 
-__all__ = ["cached_wheel", "example_rows", "read_member"]
+__all__ = ["cached_wheel", "example_rows"]
 
 EXAMPLES_MEMBER = "responses_api_agents/mini_swe_agent_2/data/example.jsonl"
 _ROLLOUTS_MEMBER = "responses_api_agents/mini_swe_agent_2/data/example_rollouts.jsonl"

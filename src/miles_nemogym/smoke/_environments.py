@@ -16,7 +16,6 @@ from rich.table import Table
 from miles_nemogym.data import convert_row
 from miles_nemogym.episode.record import EpisodeRecord, passed, read_record
 from miles_nemogym.errors import counted
-from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.composition import Judge
 from miles_nemogym.gym.environments import EnvironmentPlan, EnvironmentServers, plan, refusals
 from miles_nemogym.gym.venv import GymEnvironmentError, ensure_gym_venv
@@ -160,15 +159,14 @@ class EnvironmentSmokeReport:
 
 
 def shipped_rows(environment: EnvironmentPlan, limit: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """The first ``limit`` rows the wheel ships for the environment, as shipped and as ``convert --env`` writes."""
-    member = environment.rows
-    try:
-        text = gym_wheel.read_member(member).decode("utf-8")
-    except KeyError:
+    """The first ``limit`` example rows the wheel ships for the environment: each as shipped and
+    as ``convert --env`` writes it."""
+    text = environment.rows_text()
+    if text is None:
         raise GymEnvironmentError(
-            f"{environment.name}: nemo-gym ships no example rows for it (no {member}); "
+            f"{environment.name}: nemo-gym ships no example rows for it (no {environment.rows}); "
             "smoke needs them: try an environment that ships some, e.g. --env mcqa"
-        ) from None
+        )
     rows: list[tuple[dict[str, Any], dict[str, Any]]] = []
     for index, line in enumerate(text.splitlines()):
         if len(rows) == limit:
