@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import types
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -507,8 +508,9 @@ def measure_all_fresh(samples: Sequence[str]) -> list[PathMeasurement]:
                     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=stdout, stderr=stderr, text=True)
                 started.append((sample, process, out, err))
             measurements = []
+            deadline = time.monotonic() + 120 * len(samples)  # side by side on a busy machine: the serial budget
             for sample, process, out, err in started:
-                returncode = process.wait(timeout=120)
+                returncode = process.wait(timeout=max(deadline - time.monotonic(), 1))
                 if returncode != 0:
                     raise RuntimeError(
                         f"measuring the {sample} sample failed (exit {returncode}):\n{err.read_text()[-4000:]}"
