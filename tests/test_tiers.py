@@ -46,7 +46,7 @@ def test_the_unit_tier_collects_no_slow_test() -> None:
 @pytest.mark.parametrize(
     ("markexpr", "cores", "expected"),
     [
-        ("not integration", 2, 4),  # the unit tier: two workers per core
+        ("not integration", 2, 2),  # the unit tier: one worker per core
         ("not integration or lint", 16, 4),  # at most UNIT_WORKERS
         ("not integration", 1, 0),  # one core: no worker processes
         ("not integration", None, 0),

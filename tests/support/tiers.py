@@ -8,13 +8,12 @@ as CI runs it) or by an ``-m`` expression that names its mark (``-m lint``,
 
 Workers (pytest-xdist, ``-n auto`` in pyproject.toml): a run whose ``-m`` expression leaves out
 every integration test (``-m "not integration"``, ``-m "not integration or lint"``) runs on up
-to ``UNIT_WORKERS`` processes, ``WORKERS_PER_CORE`` per core (a worker spends much of its time
-waiting on subprocesses, loopback servers and deadlines: a second one per core runs meanwhile);
-any other run (the full ``python -m pytest``, a path, ``-m integration``) stays in one process,
-so the real NeMo-Gym server, Miles and Ray are started once and never share the cores with other
-tests. ``-n N`` on the command line, or ``PYTEST_XDIST_AUTO_NUM_WORKERS``, decides instead. A
-worker starts with ``COLUMNS=80`` and ``LINES=24`` set (execnet's doing); it gets the run's own
-values back, so output widths are the same with or without workers.
+to ``UNIT_WORKERS`` processes, one per core; any other run (the full ``python -m pytest``, a
+path, ``-m integration``) stays in one process, so the real NeMo-Gym server, Miles and Ray are
+started once and never share the cores with other tests. ``-n N`` on the command line, or
+``PYTEST_XDIST_AUTO_NUM_WORKERS``, decides instead. A worker starts with ``COLUMNS=80`` and
+``LINES=24`` set (execnet's doing); it gets the run's own values back, so output widths are the
+same with or without workers.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ import pytest
 SLOW_TIERS = ("lint", "ray", "bench")
 UNIT_WORKERS = 4
 """At most this many workers: past it, each worker's collection (~6 s of CPU) costs more than it saves."""
-WORKERS_PER_CORE = 2
 
 
 def left_out(markexpr: str, marks: set[str]) -> bool:
@@ -60,7 +58,7 @@ def workers(markexpr: str, cores: int | None) -> int:
     """How many xdist workers a run with this ``-m`` expression gets on ``cores`` cores (0: none)."""
     if not without_integration(markexpr) or not cores or cores < 2:
         return 0
-    return min(cores * WORKERS_PER_CORE, UNIT_WORKERS)
+    return min(cores, UNIT_WORKERS)
 
 
 @pytest.hookimpl(optionalhook=True)
