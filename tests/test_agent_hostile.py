@@ -7,7 +7,6 @@ Each test is one protection; it fails if that protection is removed.
 from __future__ import annotations
 
 import asyncio
-import gzip
 import json
 import logging
 import math
@@ -29,6 +28,7 @@ from tests.support.agent_fixtures import call, fast_env, server
 from tests.support.clean_env import clean_environ
 from tests.support.eventually import eventually
 from tests.support.fault_server import FaultServer
+from tests.support.gzip_bomb import gzip_bomb
 from tests.support.runtime_settings import UseSettings
 from tests.support.samples import Sample
 
@@ -290,9 +290,7 @@ async def test_a_gzip_bomb_is_refused_at_the_cap_without_reading_it_all(
     server: FaultServer, sympy_row: dict[str, Any], sympy_result: dict[str, Any], use_settings: UseSettings
 ) -> None:
     use_settings(NEMO_GYM_MAX_RESULT_BYTES=str(4 * 1024 * 1024))
-    padding = " " * (256 * 1024 * 1024)  # 256 MiB decoded, ~250 KB on the wire
-    bomb = gzip.compress(json.dumps(sympy_result).encode()[:-1] + b', "pad": "' + padding.encode() + b'"}', 1)
-    assert len(bomb) < 2 * 1024 * 1024
+    bomb = gzip_bomb(json.dumps(sympy_result).encode()[:-1])  # 256 MiB decoded
     server.respond = lambda body: web.Response(
         body=bomb, headers={"Content-Encoding": "gzip", "Content-Type": "application/json"}
     )

@@ -10,8 +10,6 @@ Each test is one protection; it fails if that protection is removed.
 from __future__ import annotations
 
 import asyncio
-import functools
-import gzip
 import json
 import logging
 import re
@@ -54,6 +52,7 @@ from tests.support.environment_episodes import (
     within,
 )
 from tests.support.fake_resources import fake_resources
+from tests.support.gzip_bomb import gzip_bomb
 from tests.support.ports import free_port
 from tests.support.runtime_settings import UseSettings
 from tests.support.samples import Sample
@@ -501,17 +500,13 @@ async def test_json_nested_too_deeply_is_the_servers_failure_not_a_defect(
 # (cookies per episode under concurrency: test_environment_episode.py's 50 concurrent episodes)
 
 
-@functools.cache
-def gzip_bomb() -> bytes:
-    """A JSON object of 256 MiB decoded, a few hundred KB on the wire."""
-    bomb = gzip.compress(b'{"reward": 1.0, "pad": "' + b" " * (256 * 1024 * 1024) + b'"}', 1)
-    assert len(bomb) < 2 * 1024 * 1024
-    return bomb
+OPENING = b'{"reward": 1.0'
+"""The verify answer the gzip bombs below open with."""
 
 
 async def test_a_gzip_bomb_from_verify_is_refused_at_the_cap(chat: ScriptedChat, use_settings: UseSettings) -> None:
     chat.script("bomb", Turn(content="x"))
-    async with fake_resources(respond={"verify": raw(gzip_bomb(), **{"Content-Encoding": "gzip"})}) as fake:
+    async with fake_resources(respond={"verify": raw(gzip_bomb(OPENING), **{"Content-Encoding": "gzip"})}) as fake:
         out = await episode(use_settings, chat, fake.url, "bomb")
     assert masked(out) == (True, 0.0, VERIFIER_ERROR)
     assert len(json.dumps(out)) < 64 * 1024
@@ -521,7 +516,7 @@ async def test_a_gzip_bomb_from_a_tool_is_cut_at_the_tool_output_cap(
     chat: ScriptedChat, use_settings: UseSettings
 ) -> None:
     chat.script("toolbomb", Turn(tool_calls=(tool("huge", size=0),)), Turn(content="ok"))
-    async with fake_resources(respond={"huge": raw(gzip_bomb(), **{"Content-Encoding": "gzip"})}) as fake:
+    async with fake_resources(respond={"huge": raw(gzip_bomb(OPENING), **{"Content-Encoding": "gzip"})}) as fake:
         out = await episode(use_settings, chat, fake.url, "toolbomb")
     assert masked(out) == (False, 1.0, None)
     seen = chat.requests("toolbomb")[1]["messages"][-1]["content"]

@@ -23,7 +23,7 @@ from tests.support.sample_path import (
     PathMeasurement,
     Tracer,
     files_table,
-    measure_fresh,
+    measure_all_fresh,
     summary_table,
 )
 
@@ -45,7 +45,7 @@ Table = dict[str, dict[str, str]]
 
 @pytest.fixture(scope="module")
 def measured() -> list[PathMeasurement]:
-    return [measure_fresh(sample) for sample in SAMPLES]
+    return measure_all_fresh(SAMPLES)
 
 
 def section(text: str) -> str:

@@ -318,9 +318,10 @@ def test_one_start_never_hands_out_a_free_port_twice(tmp_path: Path, monkeypatch
 def test_a_free_port_taken_before_its_server_binds_it_starts_again_on_fresh_ports(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with socket.socket() as other:  # another program binds the picked port between the check and the bind
+    # Another program binds the picked port between the check and the bind. Bound, not listening: a
+    # listener that never accepts would hold serve's readiness probe for its whole 5 s read timeout.
+    with socket.socket() as other:
         other.bind(("127.0.0.1", 0))
-        other.listen()
         taken, fresh = other.getsockname()[1], free_port()
         monkeypatch.setattr(gym_server, "_pick", _Picks(taken, fresh))
         monkeypatch.setattr(gym_server, "port_free", lambda host, port: True)

@@ -27,8 +27,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -481,6 +482,13 @@ def markdown(measurements: list[PathMeasurement]) -> str:
 
 def measure_fresh(sample: str) -> PathMeasurement:
     """``measure(sample)`` in a new interpreter running this checkout's ``src``."""
+    [measurement] = measure_all_fresh([sample])
+    return measurement
+
+
+def measure_all_fresh(samples: Sequence[str]) -> list[PathMeasurement]:
+    """:func:`measure_fresh` for each of ``samples``, the interpreters running side by side (each
+    has its own loopback servers, ports and episode folder)."""
     env = {
         name: value
         for name, value in os.environ.items()
@@ -489,18 +497,31 @@ def measure_fresh(sample: str) -> PathMeasurement:
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT / "src"), str(ROOT), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.support.sample_path", sample],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"measuring the {sample} sample failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
-    return PathMeasurement.from_json(json.loads(done.stdout.splitlines()[-1]))
+    with tempfile.TemporaryDirectory(prefix="sample-path-out-") as folder:
+        started = []
+        try:
+            for sample in samples:
+                # Its output to files: a pipe a side-by-side process fills while its sibling is read would stall it.
+                out, err = Path(folder, f"{sample}.out"), Path(folder, f"{sample}.err")
+                with out.open("w") as stdout, err.open("w") as stderr:
+                    command = [sys.executable, "-m", "tests.support.sample_path", sample]
+                    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=stdout, stderr=stderr, text=True)
+                started.append((sample, process, out, err))
+            measurements = []
+            deadline = time.monotonic() + 120 * len(samples)  # side by side on a busy machine: the serial budget
+            for sample, process, out, err in started:
+                returncode = process.wait(timeout=max(deadline - time.monotonic(), 1))
+                if returncode != 0:
+                    raise RuntimeError(
+                        f"measuring the {sample} sample failed (exit {returncode}):\n{err.read_text()[-4000:]}"
+                    )
+                measurements.append(PathMeasurement.from_json(json.loads(out.read_text().splitlines()[-1])))
+            return measurements
+        finally:
+            for _, process, _, _ in started:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
 
 
 if __name__ == "__main__":
