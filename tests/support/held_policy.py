@@ -72,5 +72,5 @@ class HeldPolicy(RecordingPolicy):
         await self.stop()
 
     def __enter__(self) -> HeldPolicy:
-        self.start_in_thread()
+        super().__enter__()
         return self
