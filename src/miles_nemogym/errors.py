@@ -52,6 +52,8 @@ __all__ = [
     "AGENT_TIMEOUT",
     "REDACTED",
     "TRANSPORT_TIMEOUT",
+    "TRANSPORT_TLS",
+    "TRANSPORT_UNREACHABLE",
     "Failed",
     "MilesNemoGymError",
     "RequestError",

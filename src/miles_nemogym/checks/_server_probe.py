@@ -12,7 +12,15 @@ from typing import Any
 
 import aiohttp
 
-from miles_nemogym.errors import AGENT_TIMEOUT, TRANSPORT_TIMEOUT, Failed, MilesNemoGymError, redact_url
+from miles_nemogym.errors import (
+    AGENT_TIMEOUT,
+    TRANSPORT_TIMEOUT,
+    TRANSPORT_TLS,
+    TRANSPORT_UNREACHABLE,
+    Failed,
+    MilesNemoGymError,
+    redact_url,
+)
 from miles_nemogym.transport import get
 
 __all__ = [
@@ -77,18 +85,19 @@ async def _fetch_json_async(url: str, timeout_s: float) -> Any:
 
 
 def _fetch_error(error: Failed, timeout_s: float) -> FetchError:
-    """The transport's failure in the words of a server check (each kind has its fix in ``checks``),
-    by what the operating system said (``os_error``: a TLS failure's is aiohttp's SSL error)."""
+    """The transport's failure in the words of a server check (each kind has its fix in ``checks``)."""
     cause = error.os_error
-    if isinstance(cause, aiohttp.ClientSSLError):
+    if error.kind == TRANSPORT_TLS:
         if isinstance(cause, aiohttp.ClientConnectorCertificateError):
             reason = getattr(cause.certificate_error, "verify_message", "") or str(cause.certificate_error)
             return FetchError("certificate", f"the server's TLS certificate failed verification ({reason})")
         return FetchError("tls", f"the TLS handshake failed ({error})")
-    if isinstance(cause, socket.gaierror):
-        return FetchError("dns", f"host name does not resolve ({cause})")
-    if isinstance(cause, ConnectionRefusedError):
-        return FetchError("refused", "connection refused (nothing listens on that port)")
+    if error.kind == TRANSPORT_UNREACHABLE:
+        if isinstance(cause, socket.gaierror):
+            return FetchError("dns", f"host name does not resolve ({cause})")
+        if isinstance(cause, ConnectionRefusedError):
+            return FetchError("refused", "connection refused (nothing listens on that port)")
+        return FetchError("connect", str(error))
     if error.kind in (AGENT_TIMEOUT, TRANSPORT_TIMEOUT):
         return FetchError("timeout", f"no complete answer within {timeout_s:g} s")
     return FetchError("connect", str(error))
