@@ -30,7 +30,6 @@ PACKAGE = Path(miles_nemogym.__file__).parent
 DECLARED = {
     "miles_nemogym.runtime._process",  # the process's one Runtime
     "miles_nemogym.transport._pools",  # per event loop, closed with it (transport.close_pools)
-    "miles_nemogym.transport._exit_registered",
     "miles_nemogym.gym.server._LIVE",  # `serve`'s running servers, stopped at exit
 }
 
@@ -66,8 +65,7 @@ def test_process_wide_state_lives_in_the_runtime_or_is_declared() -> None:
         for node in ast.walk(source):
             if isinstance(node, ast.Global):
                 found.update(f"{module.__name__}.{name}" for name in node.names)
-    found.discard("miles_nemogym.transport._exit_registered")  # an Event is not found by _mutable
-    assert found == DECLARED - {"miles_nemogym.transport._exit_registered"}
+    assert found == DECLARED
     fresh = Runtime()
     assert {name for name, value in vars(fresh).items() if _mutable(value) or isinstance(value, dict)} == {
         "ledger",

@@ -6,10 +6,9 @@
     --custom-rm-path miles_nemogym.agent.reward_func        (Miles rm_hub/__init__.py)
     async def reward_func(args, sample | [samples]) -> float | [float]
 
-One sample, one episode: route (by the row's environment: ``prepare_episode``) -> prepare (checked
-before anything is sent) -> deliver (abortable, outages waited out) -> bookkeeping (ledger, reward,
-salvage hold, store). A failed episode is recorded on the sample, never raised; ``reward_func``
-never raises either (docs/episode-pipeline.md). Importing this module stays cheap (no torch, Miles).
+One sample, one episode: prepared by its environment (``prepare_episode``), delivered, then booked
+(ledger, reward, salvage hold, store). A failure is recorded on the sample, never raised, and
+``reward_func`` never raises (docs/episode-pipeline.md). Importing this stays cheap (no torch, Miles).
 """
 
 from __future__ import annotations
@@ -81,8 +80,7 @@ async def run_with_settings(
     metadata: Mapping[str, Any] | None = None,
     store_extra: Callable[[], Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """``run`` with settings passed by our own callers (smoke); None: the runtime's. ``store_extra``
-    gives the episode's store entry fields the caller alone knows, asked once the episode is over."""
+    """``run`` with our own callers' settings (smoke; None: the runtime's) and store entry fields (``store_extra``)."""
     runtime = current()
     settings: Settings | None = None
     task = Task.of(metadata)  # the one read of the sample's metadata
@@ -145,9 +143,8 @@ def prepare_episode(
 
 
 class ScanEpisodes:
-    """The scan's episodes for one set of sampling flags (Miles' ``request_kwargs``): each row's built
-    as training builds it and run as training runs it (``deliver``); ``RequestError`` when the
-    flags cannot be sent."""
+    """The scan's episodes for one set of sampling flags, built and delivered as training's; ``RequestError``
+    when the flags cannot be sent."""
 
     def __init__(self, request_kwargs: Mapping[str, Any]) -> None:
         responses_create_params(None, request_kwargs)
@@ -156,10 +153,8 @@ class ScanEpisodes:
     def episode(
         self, metadata: Any, environment: str, policy: str | None, settings: Settings, *, send_api_key: bool = False
     ) -> Callable[[], Awaitable[Outcome]]:
-        """One row's episode, ready to run on the runtime: a SWE row's ``/run`` names ``policy`` as its
-        model as given (None: the server's own; the key sent only with ``send_api_key``), an
-        environment row's is ``prepare_episode``'s for the session ``policy``. Raises what is wrong
-        with the row, as ``prepare_episode`` does."""
+        """One row's episode, ready to run: a SWE row's ``/run`` names ``policy`` as its model (None: the
+        server's own), an environment row's is ``prepare_episode``'s for the session ``policy``."""
         kwargs = self.request_kwargs
         if environment == SWE_ENVIRONMENT:
             task = Task.of(metadata)
@@ -206,8 +201,7 @@ def _store(
 
 
 async def abort(args: Any = None) -> None:
-    """Miles' over-sampling abort hook: stop every in-flight episode of this process at once; each
-    stopped ``run`` returns a ``cancelled`` outcome (the server-side session expires on its own)."""
+    """Miles' over-sampling abort hook: every in-flight episode of this process returns ``cancelled``."""
     runtime = current()
     states = runtime.in_flight.abort_all()
     runtime.held.clear()  # the step's groups have all been filtered

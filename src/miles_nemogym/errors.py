@@ -1,39 +1,9 @@
-"""The failure vocabulary: the exceptions miles-nemogym raises on purpose (three of them an episode
-turns into a failure kind), the failure kinds recorded on a sample, and a failure's words, which
-never show a secret.
-
-    MilesNemoGymError                every exception the package defines derives from it
-    ├── RunStopped                   the run cannot go on: raised by the group filter, it ends Miles' rollout
-    ├── Failed                       a request got no usable answer (no HTTP answer, or one that is
-    │                                not what the step needs) → an episode under it: its ``kind``
-    ├── SettingsError                a NEMO_GYM_* variable (or a flag standing in for one) is malformed
-    │                                → an episode under it: ``miles_nemogym:invalid_config``
-    └── RequestError                 the task row, the sampling keys or Miles' session URL cannot
-        │                            form the episode's requests → ``miles_nemogym:invalid_request``
-        └── UrlError                 a URL that is not a plain http(s) base URL (``transport.check_url``)
-
-Each subclass keeps its builtin base too (``ValueError``, ...); the other modules' errors
-(``FetchError``, ``ConvertError``, ...) derive from ``MilesNemoGymError`` directly.
-
-A pydantic ``ValidationError`` becomes a message one way (:func:`describe`, :func:`problems`) for
-every caller: settings, the launcher's recipe, the scan/convert/serve flags, the ``/run`` body;
-only how a field is named differs (a variable, a flag, a dotted path), the one parameter.
-
-The failure kinds (``Failed.kind``, a record's ``failure_kind``) are NeMo-Gym's vocabulary, seen
-from the client. An episode that did not produce a valid measurement must say so on the sample,
-under a name that groups well in metrics and filter reasons. We reuse the names of
-``nemo_gym.failure_kinds`` (not imported: the trainer's environment does not install
-nemo-gym) so that a failure observed by this client and one reported by the server land
-under the same label, and add ``miles_nemogym:<kind>`` names, namespaced as NeMo-Gym
-asks, only for what NeMo-Gym has no name for.
-
-As in NeMo-Gym, a name says what went wrong and nothing else: whether the reward is
-masked and whether the request may be sent again are decided per occurrence: by the episode
-kinds (``episode/run.py``, ``episode/environment.py``) and the transport's table (``transport.py``).
-
-What may be shown of a secret: ``redact_url`` / ``redact_urls`` hide URL passwords wherever a URL is
-printed, logged or recorded. ``KeyScrubber`` removes the policy API key, in every encoding a server may
-echo it, from outside text before anything parses, quotes or cuts it (docs/episode-pipeline.md).
+"""The failure vocabulary: the exceptions miles-nemogym raises on purpose (each derives from
+``MilesNemoGymError`` and keeps its builtin base; ``Failed``, ``SettingsError`` and ``RequestError``
+become an episode's failure kind), the failure kinds recorded on a sample (NeMo-Gym's names, not
+imported, plus ``miles_nemogym:<kind>`` for what it has no name for: docs/using-with-miles.md), a
+pydantic ``ValidationError`` as one message (``describe``), and a failure's words, which never show a
+secret (``redact_url(s)``; ``KeyScrubber``: docs/episode-pipeline.md, "Redaction").
 """
 
 from __future__ import annotations
@@ -88,17 +58,11 @@ class UrlError(RequestError):
 
 
 class RunStopped(MilesNemoGymError, RuntimeError):
-    """The run cannot go on (an outage past ``NEMO_GYM_OUTAGE_TIMEOUT``, a failure streak): the one
-    exception meant to leave a hook (the group filter's, which ends Miles' rollout)."""
+    """The run cannot go on (an outage, a failure streak): the one exception meant to leave a hook."""
 
 
 class Failed(MilesNemoGymError):
-    """A step of an episode failed under failure kind ``kind`` (below), the one failure
-    type from the transport to the record. ``resendable``: the request certainly never reached the
-    server and its deadline has not passed, so the episode may be sent again; ``policy``: an
-    ``agent_timeout`` while the policy held the episode (whose timeout it is); ``answered``: the
-    server's answer had begun (its status and headers came), so a timeout is the server's;
-    ``aborted``: Miles aborted the policy's generation (our abort, never a server's verdict)."""
+    """A step of an episode failed under failure kind ``kind``: one failure type from transport to record."""
 
     def __init__(
         self,
@@ -112,53 +76,32 @@ class Failed(MilesNemoGymError):
     ) -> None:
         super().__init__(reason)
         self.kind = kind
-        self.resendable = resendable
-        self.policy = policy
-        self.aborted = aborted
-        self.answered = False
-        self.os_error = os_error
-        """What the operating system said, for callers that explain a failure (doctor)."""
+        self.resendable = resendable  # it certainly never reached the server, within its deadline: may be re-sent
+        self.policy = policy  # an agent_timeout while the policy held the episode (the timeout is the policy's)
+        self.aborted = aborted  # Miles aborted the policy's generation (our abort, never a server's verdict)
+        self.answered = False  # the server's answer had begun (status and headers), so a timeout is the server's
+        self.os_error = os_error  # what the operating system said, for callers that explain a failure (doctor)
 
 
 # ----------------------------------------------------------------------------- failure kinds
+# When each is recorded: docs/using-with-miles.md (the failure_kind table).
 
-# The server could not be reached at all: the request certainly never arrived.
-TRANSPORT_UNREACHABLE: Final = "transport_unreachable"
-# The connection broke after the request may have been delivered.
-TRANSPORT_PEER_DROP: Final = "transport_peer_drop"
-# Connecting took longer than the connect timeout.
-TRANSPORT_TIMEOUT: Final = "transport_timeout"
-# The TLS handshake with an ``https`` server failed (its certificate refused, expired, or for
-# another host): the request never left, and it cannot until the certificate is fixed.
-TRANSPORT_TLS: Final = "miles_nemogym:transport_tls"
-# The agent server answered and the episode broke (HTTP 5xx, ``{error, traceback}``,
-# an unreadable body).
-AGENT_RUN_ERROR: Final = "agent_run_error"
-# Something answered but the episode never ran (HTTP 4xx such as a 422 schema error).
-AGENT_REQUEST_FAILED: Final = "agent_request_failed"
-# The episode's deadline (``NEMO_GYM_RUN_TIMEOUT``, each try's) passed while waiting.
-AGENT_TIMEOUT: Final = "agent_timeout"
-# The deadline passed while the policy held the episode (its turns, its tool calls): on a valid
-# record scored its lowest reward (``NEMO_GYM_TIMEOUT_REWARD=lowest``, or 0 under ``zero``), a
-# status like a step limit, not a failure.
+TRANSPORT_UNREACHABLE: Final = "transport_unreachable"  # never reached the server: certainly not delivered
+TRANSPORT_PEER_DROP: Final = "transport_peer_drop"  # the connection broke after the request may have arrived
+TRANSPORT_TIMEOUT: Final = "transport_timeout"  # connecting outlasted the connect timeout
+TRANSPORT_TLS: Final = "miles_nemogym:transport_tls"  # the TLS handshake failed: never sent until it is fixed
+AGENT_RUN_ERROR: Final = "agent_run_error"  # the server answered and the episode broke (5xx, {error, traceback})
+AGENT_REQUEST_FAILED: Final = "agent_request_failed"  # something answered but the episode never ran (4xx)
+AGENT_TIMEOUT: Final = "agent_timeout"  # the try's deadline (NEMO_GYM_RUN_TIMEOUT) passed while waiting
+# The deadline passed while the policy held the episode: a status on a valid record (NEMO_GYM_TIMEOUT_REWARD).
 POLICY_TIMEOUT: Final = "miles_nemogym:policy_timeout"
-# ``abort`` stopped the episode (Miles' over-sampling abort).
-CANCELLED: Final = "cancelled"
-
-# Before any request: the task row or sampling parameters cannot form a valid body.
-INVALID_REQUEST: Final = "miles_nemogym:invalid_request"
-# Before any request: the plugin's configuration (environment variables) is invalid.
-INVALID_CONFIG: Final = "miles_nemogym:invalid_config"
-# A defect in this plugin surfaced while running the episode (logged with its traceback).
-CLIENT_ERROR: Final = "miles_nemogym:client_error"
-
-# Environment episodes (the ``simple_agent`` loop, docs/environments.md):
-# ``POST /seed_session`` answered an error or a body that is not a JSON object.
-SEED_FAILED: Final = "miles_nemogym:seed_failed"
-# The policy's chat-completions endpoint (Miles' session URL) answered an error or garbage.
-POLICY_FAILED: Final = "miles_nemogym:policy_failed"
-# NeMo-Gym's name: ``/verify`` answered an error, a body without a finite ``reward``, or one
-# outside ``NEMO_GYM_REWARD_RANGE``. (A server may send it too.)
+CANCELLED: Final = "cancelled"  # abort() stopped the episode (Miles' over-sampling abort)
+INVALID_REQUEST: Final = "miles_nemogym:invalid_request"  # before any request: the row or sampling keys
+INVALID_CONFIG: Final = "miles_nemogym:invalid_config"  # before any request: an environment variable
+CLIENT_ERROR: Final = "miles_nemogym:client_error"  # a defect in this plugin (logged with its traceback)
+SEED_FAILED: Final = "miles_nemogym:seed_failed"  # POST /seed_session answered an error or no JSON object
+POLICY_FAILED: Final = "miles_nemogym:policy_failed"  # the policy's chat completions answered an error or garbage
+# NeMo-Gym's: /verify answered an error, no finite reward, or one outside the reward range (a server may send it).
 VERIFIER_ERROR: Final = "verifier_error"
 
 
@@ -211,12 +154,7 @@ def _is_valid_name(kind: str) -> bool:
 
 
 def check_server_kind(kind: str) -> bool:
-    """Whether a ``failure_kind`` sent by the server can be recorded as is.
-
-    Like NeMo-Gym's ``validate_failure_kind``, an unregistered but well-formed name is
-    kept (``agent.run`` warns about it once); anything else (long, multi-line, odd
-    characters) is not.
-    """
+    """Whether a server's ``failure_kind`` is recorded as is: registered or well-formed (NeMo-Gym's rule)."""
     return kind in _KNOWN_KINDS or _is_valid_name(kind)
 
 
@@ -226,10 +164,7 @@ def is_registered(kind: str) -> bool:
 
 
 def metric_label(kind: str) -> str:
-    """``kind`` as a metric/filter-reason suffix (``:`` is not safe in every backend).
-
-    A name that is not a short identifier (a corrupted record) becomes ``unrecognized``
-    rather than an unbounded metric key."""
+    """``kind`` as a metric/filter-reason suffix (no ``:``); ``unrecognized`` for a malformed one."""
     return kind.replace(":", "_") if _is_valid_name(kind) else "unrecognized"
 
 
@@ -237,8 +172,7 @@ def metric_label(kind: str) -> str:
 
 
 def counted(n: int, noun: str, plural: str | None = None) -> str:
-    """``n`` and ``noun`` agreeing in number: ``1 server``, ``2 servers``, ``0 servers``
-    (``plural`` for a noun that takes no plain ``s``: ``counted(2, "match", "matches")``)."""
+    """``n`` and ``noun`` agreeing in number: ``1 server``, ``2 servers``, ``counted(2, "match", "matches")``."""
     return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
@@ -287,14 +221,11 @@ def describe(
 
 
 # ----------------------------------------------------------------------------- what may be shown of a secret
-REDACTED = "***"
-"""What stands in for a hidden secret."""
+REDACTED = "***"  # what stands in for a hidden secret
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")
 
+# A shorter key (local servers often take ``EMPTY``) cannot be told apart from ordinary text: not redacted.
 _MIN_SECRET_CHARS = 8
-"""A shorter key (local servers often take ``EMPTY``) cannot be told apart from ordinary
-text, so replacing it would rewrite words and numbers of the answer; it is treated as
-non-secret (with one warning) instead."""
 
 
 def redact_url(url: str) -> str:
@@ -327,11 +258,8 @@ def _hex(value: int, width: int) -> bytes:
 
 
 def _char_forms(char: str) -> bytes:
-    """A regex matching ``char`` as a server may echo it in JSON, URL or nested-JSON text:
-    literal, after backslashes (``\\/``), ``\\uXXXX`` in either case, ``%XX``.
-
-    Every alternative starts with a literal byte so the regex engine can skip ahead to
-    candidates (a scrub runs on every answer)."""
+    """A regex matching ``char`` as a server may echo it: literal, after backslashes (``\\/``), ``\\uXXXX``
+    in either case, ``%XX``; each alternative starts with a literal byte, so the engine skips ahead."""
     literal = re.escape(char.encode("utf-8"))
     escaped = [literal]
     code = ord(char)
@@ -354,13 +282,10 @@ class KeyScrubber:
         self._plain = secret.encode("utf-8")
         self._pattern = re.compile(b"".join(_char_forms(char) for char in secret))
         self._codes = frozenset(ord(char) for char in secret)
-        self._cut_bytes = frozenset(self._plain) | frozenset(b"\\%u0123456789abcdefABCDEF")
-        """Every byte an encoding of the secret is made of."""
+        self._cut_bytes = frozenset(self._plain) | frozenset(b"\\%u0123456789abcdefABCDEF")  # of any encoding
 
     def _has_escaped_char(self, raw: bytes) -> bool:
-        """Whether one of the secret's characters appears as a \\uXXXX or %XX escape."""
-        # Patterns with a literal prefix: the engine jumps between candidates at C speed
-        # (an alternation of the escapes themselves would scan every position).
+        """Whether one of the secret's characters appears as a \\uXXXX or %XX escape (literal-prefix patterns: fast)."""
         for introducer, pattern in ((b"\\u", _UNICODE_ESCAPE), (b"%", _PERCENT_ESCAPE)):
             if introducer in raw and any(int(m.group(1), 16) in self._codes for m in pattern.finditer(raw)):
                 return True
@@ -368,17 +293,15 @@ class KeyScrubber:
 
     def scrub(self, raw: bytes) -> bytes:
         """``raw`` with every encoding of the secret replaced by ``***``."""
-        # The full pattern is the slow part. It can only match where the secret is spelled
-        # out, maybe with backslashes in between (\/), or where one of its characters is
-        # escaped as \uXXXX/%XX: both are checked first, far more cheaply.
+        # The full pattern (slow) can only match where the secret is spelled out, maybe with
+        # backslashes in between (\/), or one of its characters is escaped: both checked first, cheaply.
         if self._plain not in raw.replace(b"\\", b"") and not self._has_escaped_char(raw):
             return raw
         return self._pattern.sub(REDACTED.encode(), raw)
 
     def scrub_cut(self, raw: bytes) -> bytes:
-        """``scrub`` of text a cap cut off, also without the trailing bytes that could begin an
-        encoding of the secret (a secret cut in two matches no pattern): at most as many as its
-        longest encoding has (8 per character: ``\\\\u0073`` in JSON inside JSON)."""
+        """``scrub`` of text a cap cut off, without the trailing bytes that could begin an encoding of
+        the secret: at most its longest encoding's (8 per character: ``\\\\u0073`` in JSON inside JSON)."""
         raw = self.scrub(raw)
         end, floor = len(raw), max(0, len(raw) - 8 * len(self._plain))
         while end > floor and raw[end - 1] in self._cut_bytes:

@@ -6,11 +6,9 @@
     def reward_post_process(args, samples) -> (raw rewards, normalised rewards), one per sample
 
 One rule, ``group_verdict``, decides for both: a group with failed episodes is kept when at least
-``NEMO_GYM_MIN_VALID_PER_GROUP`` of its episodes are valid and the post-process hook is wired (its
-failed episodes get zero loss, its valid ones Miles' normalisation over themselves alone). The
-filter also raises ``RunStopped`` when the run must stop (``check_run``), and gives the failed
-episodes the agent function held back to their ABORTED samples (``recover_failed_episodes``).
-Why: docs/episode-pipeline.md ("Reward, filter, salvage, metrics").
+``NEMO_GYM_MIN_VALID_PER_GROUP`` are valid and the post-process hook is wired (failed episodes get zero
+loss). The filter also stops the run (``check_run``) and gives ABORTED samples their held failed
+episodes (``recover_failed_episodes``). Why: docs/episode-pipeline.md ("Reward, filter, salvage, metrics").
 """
 
 from __future__ import annotations
@@ -119,8 +117,7 @@ def stop_reason(settings: Settings) -> str | None:
 
 
 def check_run(settings: Settings) -> None:
-    """Raise ``RunStopped`` if the run must stop, after stopping this process's in-flight episodes
-    (Miles' end-of-step abort does not run on that path; an exception of the filter ends the rollout)."""
+    """Raise ``RunStopped`` if the run must stop, after stopping this process's in-flight episodes."""
     reason = stop_reason(settings)
     if reason is None:
         return
@@ -130,8 +127,7 @@ def check_run(settings: Settings) -> None:
 
 
 def judge_group(args: Any, samples: Any) -> tuple[str | None, bool]:
-    """``group_verdict`` of a finished group, after giving its ABORTED samples the failed episodes
-    held for them; records nothing. Raises ``RunStopped`` when the run must stop (``check_run``)."""
+    """``group_verdict`` of a finished group, held episodes given back; records nothing (``check_run`` may raise)."""
     settings = current().settings
     check_run(settings)  # the one exception meant to leave this hook
     group_size = getattr(args, "n_samples_per_prompt", None)
@@ -168,8 +164,7 @@ def _miles_post_process() -> Callable[..., tuple[list[float], list[float]]]:
 
 
 def reward_post_process(args: Any, samples: Any) -> tuple[list[float], list[float]]:
-    """Miles reward post-process hook: (raw rewards, normalised rewards), one per sample. Failed
-    episodes: ``remove_sample``, 0.0 and 0.0; each group's valid samples normalised by Miles alone."""
+    """Miles' hook: failed episodes ``remove_sample``, 0.0 and 0.0; each group's valid ones normalised by Miles."""
     flat = list(flatten(samples))
     miles_post_process = _miles_post_process()
     masked = [_is_masked(sample) for sample in flat]
@@ -209,9 +204,8 @@ def zero_loss_samples(samples: Any) -> int:
 
 
 def hold_failed_episode(held: HeldEpisodes, task: Task, result: Mapping[str, Any], *, aborted: bool) -> None:
-    """Called by the agent function with the dict it returns: keep a failed or timed-out train
-    episode until the group filter sees its sample, in case Miles returns that sample ABORTED
-    without the dict. Not one our abort stopped (``Outcome.aborted``: its group is never filtered)."""
+    """Keep the agent function's dict of a failed or timed-out train episode until the filter sees its
+    sample, which Miles may return ABORTED without it; not one our abort stopped (never filtered)."""
     record = read_record(result).record
     if (
         aborted
@@ -226,10 +220,8 @@ def hold_failed_episode(held: HeldEpisodes, task: Task, result: Mapping[str, Any
 
 
 def recover_failed_episodes(held: HeldEpisodes, samples: Any) -> int:
-    """Give each ABORTED, record-less sample of a group the failed episode the agent function
-    held for its task, as a zero-loss sample Miles can convert; returns how many. Samples that
-    arrived with their record release theirs. What a group claims leaves the holding even when no
-    valid sibling can mend the sample: it gets the episode's dict and stays ABORTED."""
+    """Give each ABORTED, record-less sample its task's held episode, as a zero-loss sample; returns how many.
+    Samples with their record release theirs; one no valid sibling can mend gets the dict and stays ABORTED."""
     group = list(flatten(samples))
     for sample in group:
         record = record_of(sample)
@@ -276,8 +268,7 @@ def _give_back(sample: Any, result: dict[str, Any]) -> None:
 
 
 def _as_zero_loss_sample(sample: Any, template: Any) -> None:
-    """What Miles would have returned for an episode with one model call, with zero loss: two tokens
-    of a valid sibling, the last one the response, ``remove_sample`` set, status FAILED."""
+    """What Miles returns for an episode with one model call, with zero loss: a valid sibling's first two tokens."""
     sample.tokens = list(template.tokens[:2])
     sample.response = ""
     sample.response_length = 1

@@ -1,25 +1,7 @@
-"""The runtime: what this process keeps across episodes, in one object, and ``deliver``, which runs
-every episode through it (abortable, its server's outage waited out; below).
-
-Miles calls each hook with no object of ours, so the hooks find the process's ``Runtime`` with
-``current()``, made on first use and handed down from there:
-
-    settings         settings.Settings           the NEMO_GYM_* variables, read once on first use
-                                                 and frozen (read again only while invalid)
-    ledger           Ledger (below)              every finished episode and group decision, the
-                                                 failure streak (agent.run, the filter, the log functions)
-    circuits         Circuits (below)            one per server: outage waits and the outage stop
-    in_flight        InFlight (below)            the episodes ``agent.abort`` (and a run stop) cancel
-    held             HeldEpisodes (below)        failed episodes waiting for their ABORTED sample
-    stores           store.Stores                the episode stores open in this process
-    reward_problems  Counter                     samples the reward hook scored 0.0, by reason
-    logged           LoggedOnce (below)          the messages logged once
-    addresses        dict                        the local address that routes to each Gym host
-
-``install`` replaces it with a fresh one, or one a caller built (tests build
-``Runtime(Settings(...))``; a new run in the same process), closing the old one's stores.
-The connection pools are per event loop and close with it (``transport``). Why the ledger
-counts what samples would lose: docs/episode-pipeline.md ("Metrics"). Thread-safe.
+"""The runtime: what this process keeps across episodes (``Runtime``, which the hooks find with
+``current()``; ``install`` replaces it, closing the old one's stores), and ``deliver``, which runs every
+episode through it: abortable, its server's outage waited out. Thread-safe; why each rule:
+docs/episode-pipeline.md ("Delivering", "Metrics").
 """
 
 from __future__ import annotations
@@ -233,26 +215,8 @@ class LoggedOnce:
         return True
 
 
-# -- delivering one episode: abortable, waiting out its server's outage, sent again only when it
-# certainly never arrived ----------------------------------------------------------------------
-# Every episode kind (``episode/run.py``: an agent's ``POST /run``; ``episode/environment.py``: the
-# ``simple_agent`` loop) hands ``deliver`` an ``Episode``; its ``attempt`` returns the finished
-# ``Outcome`` or raises ``errors.Failed``, ``resendable`` when nothing reached the server. Then:
-#
-#     deliver(episode)
-#      ├─ in an inner task registered in ``InFlight``: ``abort_all`` (Miles' over-sampling abort,
-#      │  from any thread) cancels it and the caller gets a ``cancelled`` outcome; the caller's own
-#      │  cancellation propagates
-#      ├─ Circuit.wait: while the server's circuit is open (an outage), wait; past
-#      │  ``NEMO_GYM_OUTAGE_TIMEOUT`` fail, and ``stop_error`` stops the run
-#      ├─ attempt(Deadline(NEMO_GYM_RUN_TIMEOUT))
-#      └─ Failed, resendable: trip the circuit, wait, try again; any other ``Failed`` becomes the
-#         outcome (``record.failure_of``), and an outcome is the outcome
-#
-# The deadline is each try's: a try is sent again only when it never reached the server, so the
-# episode a server receives runs under exactly one ``NEMO_GYM_RUN_TIMEOUT``. One circuit per server
-# URL (``Circuits``), so one environment's outage holds only its own episodes. Thread-safe; why
-# each rule: docs/episode-pipeline.md.
+# -- delivering one episode: abortable (``InFlight``), waiting out its server's outage (``Circuit``), sent
+# again only when it certainly never arrived; each try under its own NEMO_GYM_RUN_TIMEOUT ------------
 
 AWAITING_RESULT = "awaiting_result"  # an in-flight episode whose request was sent (or was being sent)
 NOT_DELIVERED = "not_delivered"  # an in-flight episode whose request has not reached the server
@@ -663,18 +627,18 @@ class Circuits:
 
 
 class Runtime:
-    """Everything the hooks keep across episodes (see the module docstring)."""
+    """Everything the hooks keep across episodes; tests build ``Runtime(Settings(...))``."""
 
     def __init__(self, settings: Settings | None = None) -> None:
-        self._settings = settings
-        self.ledger = Ledger()
-        self.circuits = Circuits()
-        self.in_flight = InFlight()
-        self.held = HeldEpisodes()
-        self.stores = Stores()
-        self.reward_problems: Counter[str] = Counter()
-        self.logged = LoggedOnce()
-        self.addresses: dict[tuple[str, int], str] = {}
+        self._settings = settings  # the NEMO_GYM_* variables, read on first use (again only while invalid)
+        self.ledger = Ledger()  # every finished episode and group decision, the failure streak
+        self.circuits = Circuits()  # one per server: outage waits and the outage stop
+        self.in_flight = InFlight()  # the episodes abort() (and a run stop) cancel
+        self.held = HeldEpisodes()  # failed episodes waiting for their ABORTED sample
+        self.stores = Stores()  # the episode stores open in this process
+        self.reward_problems: Counter[str] = Counter()  # samples the reward hook scored 0.0, by reason
+        self.logged = LoggedOnce()  # the messages logged once
+        self.addresses: dict[tuple[str, int], str] = {}  # the local address that routes to each Gym host
 
     @property
     def settings(self) -> Settings:

@@ -1,9 +1,6 @@
-"""Every environment variable the plugin reads, validated in one place.
-
-Miles gives our hooks no configuration object, so they read the rollout process's
-environment once (the runtime's ``settings``) and pass the ``Settings`` down; everything else
-(smoke, launcher, doctor, scan) builds its own with ``from_env``/``with_overrides``.
-A bad value fails with a message naming the variable and the form it expects.
+"""Every environment variable the plugin reads, validated in one place: the hooks read the process's
+once (the runtime's ``settings``), the tools build their own (``from_env``, ``with_overrides``); a bad
+value fails with a message naming the variable and the form it expects.
 """
 
 from __future__ import annotations
@@ -36,21 +33,16 @@ __all__ = [
 class TimeoutReward(str, Enum):
     """What an episode whose deadline passed while the policy held it gets (docs/episode-pipeline.md)."""
 
-    lowest = "lowest"
-    """The episode's lowest reward, trained, named ``miles_nemogym:policy_timeout``: stalling never pays."""
-    zero = "zero"
-    """Reward 0, trained, named ``miles_nemogym:policy_timeout`` (above losing where a range goes below 0)."""
-    mask = "mask"
-    """Set aside as ``agent_timeout``, as every other timeout is."""
+    lowest = "lowest"  # the episode's lowest reward, trained, as miles_nemogym:policy_timeout: stalling never pays
+    zero = "zero"  # reward 0, trained, as miles_nemogym:policy_timeout (above losing where a range goes below 0)
+    mask = "mask"  # set aside as agent_timeout, as every other timeout is
 
 
 class RewardMode(str, Enum):
     """How the reward hook (``agent.reward_func``) turns an episode into a scalar."""
 
-    binary = "binary"
-    """The server's reward: 1.0 only when SWE-bench reports the instance resolved."""
-    partial = "partial"
-    """Fraction of FAIL_TO_PASS tests passing, when every PASS_TO_PASS test passes."""
+    binary = "binary"  # the server's reward: 1.0 only when SWE-bench reports the instance resolved
+    partial = "partial"  # the fraction of FAIL_TO_PASS tests passing, when every PASS_TO_PASS test passes
 
 
 _ENV_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -63,14 +55,10 @@ class EnvironmentServer(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    url: str
-    """Base URL of the resources server (``/seed_session``, ``/<tool>``, ``/verify`` are appended)."""
-    max_steps: StrictInt | None = Field(default=None, ge=1, le=_MAX_STEPS_LIMIT)
-    """Most model turns per episode (``simple_agent``'s); None: only the deadline. A JSON integer."""
-    agent: str | None = None
-    """The agent server that plays the rows through its own ``/run``; unset: the ``simple_agent`` loop here."""
-    reward_range: tuple[float, float] | None = None
-    """Inclusive range of a valid reward, ``[low, high]`` (blackjack: ``[-1, 1]``); unset: NEMO_GYM_REWARD_RANGE."""
+    url: str  # the resources server's base URL (/seed_session, /<tool>, /verify are appended)
+    max_steps: StrictInt | None = Field(default=None, ge=1, le=_MAX_STEPS_LIMIT)  # most model turns; None: no limit
+    agent: str | None = None  # the agent server that plays the rows by its /run; unset: the simple_agent loop here
+    reward_range: tuple[float, float] | None = None  # a valid reward's inclusive [low, high]; unset: the variable's
 
     @field_validator("url")
     @classmethod
@@ -115,18 +103,15 @@ class Settings(BaseModel):
     max_concurrency: int = Field(default=4096, ge=1, alias="NEMO_GYM_MAX_CONCURRENCY")
     policy_api_key: SecretStr | None = Field(default=None, alias="NEMO_GYM_POLICY_API_KEY")
     rollout_secret: SecretStr | None = Field(default=None, alias="NEMO_GYM_ROLLOUT_SECRET")
-    external_host: str | None = Field(default=None, alias="MILES_ROUTER_EXTERNAL_HOST")
-    """Host the NeMo-Gym server dials to reach this node's session server (the upstream example's name)."""
+    external_host: str | None = Field(default=None, alias="MILES_ROUTER_EXTERNAL_HOST")  # dialled by NeMo-Gym
     reward_mode: RewardMode = Field(default=RewardMode.binary, alias="NEMO_GYM_REWARD_MODE")
     timeout_reward: TimeoutReward = Field(default=TimeoutReward.lowest, alias="NEMO_GYM_TIMEOUT_REWARD")
-    reward_range_text: str = Field(default="0,1", alias="NEMO_GYM_REWARD_RANGE")
-    """``low,high``, kept as text so an error shows the variable's form; parsed by ``reward_range``."""
+    reward_range_text: str = Field(default="0,1", alias="NEMO_GYM_REWARD_RANGE")  # low,high: see reward_range
     max_result_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, alias="NEMO_GYM_MAX_RESULT_BYTES")
     min_valid_per_group: int = Field(default=2, ge=0, alias="NEMO_GYM_MIN_VALID_PER_GROUP")
     outage_timeout_s: float = Field(default=900.0, gt=0, alias="NEMO_GYM_OUTAGE_TIMEOUT", allow_inf_nan=False)
     max_failure_streak: int = Field(default=64, ge=0, alias="NEMO_GYM_MAX_FAILURE_STREAK")
-    environments_text: str | None = Field(default=None, alias="NEMO_GYM_ENVS")
-    """A JSON object (name -> URL or ``{"url", "max_steps", "agent", "reward_range"}``), parsed by ``environments``."""
+    environments_text: str | None = Field(default=None, alias="NEMO_GYM_ENVS")  # JSON: see ``environments``
     episode_dir: str | None = Field(default=None, alias="NEMO_GYM_EPISODE_DIR")
 
     @field_validator("gym_url")
@@ -187,8 +172,8 @@ class Settings(BaseModel):
             raise SettingsError("invalid miles-nemogym configuration: " + _describe(error, given)) from None
 
     def with_overrides(self, labels: Mapping[str, str] | None = None, **changes: Any) -> Settings:
-        """These settings with ``changes`` (by field name) applied and validated like the variables;
-        in a ``SettingsError``, ``labels`` names a field (e.g. by its CLI flag) instead of its variable."""
+        """These settings with ``changes`` (by field name) validated like the variables; ``labels`` names
+        a field in a ``SettingsError`` (e.g. by its CLI flag) instead of its variable."""
         values = self.model_dump(by_alias=True)
         aliased = {_alias(name): value for name, value in changes.items()}
         try:
@@ -210,8 +195,7 @@ def _check_http_url(value: str, example: str, run_appended_to: str | None = None
 
 
 def short_name(name: str) -> str:
-    """The name this package keys an environment by: ``mcqa`` for ``resources_servers/mcqa``,
-    ``lmarena_v2`` for ``resources_servers/arena/lmarena_v2`` (the catalog's spelling); else as given."""
+    """An environment's key: ``name`` of ``resources_servers/[group/]name`` (the catalog's spelling), else as given."""
     head, slash, tail = name.partition("/")
     parts = tail.split("/")
     return parts[-1] if slash and head == "resources_servers" and len(parts) <= 2 and all(parts) else name

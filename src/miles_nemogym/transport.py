@@ -1,22 +1,8 @@
-"""Where and how the package connects: one HTTP transport for every request it makes (``/run``,
-a resources server's ``/seed_session``, tools and ``/verify``, the policy's chat completions, the
-servers' probes), the rule for a URL it sends to, and what host names mean (wildcard, loopback).
-
-The same rules for every request: only an ``http(s)`` URL without query or fragment is sent
-to (``check_url``); a redirect is never followed (a 3xx is an answer like any other); the
-decoded answer is read up to a cap, so a compressed bomb stops there; one deadline covers
-queueing for a connection, connecting and the whole answer; certificates are checked; and one
-table turns what went wrong into a failure kind, each with one meaning:
-
-    what went wrong                              kind                          may be sent again
-    could not connect (refused, DNS, no route)   transport_unreachable         yes: it never left
-    the TLS handshake failed                     miles_nemogym:transport_tls   yes: it never left
-    connecting outlasted NEMO_GYM_CONNECT_TIMEOUT transport_timeout            yes: it never left
-    the deadline (NEMO_GYM_RUN_TIMEOUT) passed   agent_timeout                 no
-    the connection broke once it was made        transport_peer_drop           no: it may have arrived
-
-Requests share one connection pool per event loop (``pool``), closed when the loop shuts down
-(docs/episode-pipeline.md, "One pool per event loop").
+"""One HTTP transport for every request the package makes (``/run``, a resources server's seed, tools
+and ``/verify``, the policy's chat completions, the servers' probes), the rule for a URL it sends to,
+and what host names mean (wildcard, loopback). No redirect followed, the answer read up to a cap, one
+deadline for all of it, certificates checked, and one table (``_failure``) from what went wrong to a
+failure kind and whether it may be sent again: docs/episode-pipeline.md ("Delivering").
 """
 
 from __future__ import annotations
@@ -28,7 +14,6 @@ import ipaddress
 import logging
 import socket
 import ssl
-import threading
 import weakref
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
@@ -92,18 +77,13 @@ def check_url(url: object) -> SplitResult:
 _WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})  # bind addresses meaning "every interface": not dialable
 
 
-def _unbracket(host: str) -> str:
-    """``[::1]`` → ``::1``; other hosts unchanged."""
-    return host.strip("[]")
-
-
 def bracket(host: str) -> str:
     """The host as it goes into a URL: IPv6 literals in brackets."""
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def is_wildcard(host: str | None) -> bool:
-    return host is None or _unbracket(host) in _WILDCARD_HOSTS
+    return host is None or host.strip("[]") in _WILDCARD_HOSTS
 
 
 def is_loopback(host: str | None) -> bool:
@@ -112,7 +92,7 @@ def is_loopback(host: str | None) -> bool:
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(_unbracket(host)).is_loopback
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
 
@@ -120,7 +100,7 @@ def is_loopback(host: str | None) -> bool:
 def connect_host(host: str) -> str:
     """Where a client on this machine reaches a server bound to ``host`` (URL form)."""
     if is_wildcard(host):
-        return "[::1]" if _unbracket(host) == "::" else "127.0.0.1"
+        return "[::1]" if host.strip("[]") == "::" else "127.0.0.1"
     return bracket(host)
 
 
@@ -291,12 +271,14 @@ def _session(
     connector: aiohttp.BaseConnector | None, jar: aiohttp.abc.AbstractCookieJar, *, gym: bool = True
 ) -> aiohttp.ClientSession:
     # Timeouts are per request; a NeMo-Gym side's request resolves its try's ``Deadline.sent`` as it leaves.
+    trace = aiohttp.TraceConfig()
+    trace.on_request_headers_sent.append(_headers_sent)
     return aiohttp.ClientSession(
         connector=connector,
         connector_owner=False,
         cookie_jar=jar,
         timeout=aiohttp.ClientTimeout(total=None),
-        trace_configs=[_sent_trace()] if gym else None,
+        trace_configs=[trace] if gym else None,
     )
 
 
@@ -306,12 +288,6 @@ async def _headers_sent(
     sent = context.trace_request_ctx
     if isinstance(sent, asyncio.Future) and not sent.done():
         sent.set_result(None)
-
-
-def _sent_trace() -> aiohttp.TraceConfig:
-    trace = aiohttp.TraceConfig()
-    trace.on_request_headers_sent.append(_headers_sent)
-    return trace
 
 
 @functools.cache
@@ -343,9 +319,6 @@ async def pool(limit: int) -> Pool:
     if pools.guard is None:
         pools.guard = _closed_at_shutdown(pools)
         await pools.guard.__anext__()  # the loop now tracks it (loop.shutdown_asyncgens)
-        if not _exit_registered.is_set():
-            _exit_registered.set()
-            atexit.register(_close_at_exit)
     found = pools.by_limit.get(limit)
     if found is None or found.gym.closed:
         found = pools.by_limit[limit] = Pool(
@@ -385,9 +358,7 @@ def open_pools() -> int:
     return 0 if pools is None else sum(not one.gym.closed for one in pools.by_limit.values())
 
 
-_exit_registered = threading.Event()
-
-
+@atexit.register
 def _close_at_exit() -> None:
     """Close every loop's pools at interpreter exit, on their own loops: Miles runs its loop forever on
     a daemon thread, which never shuts down its async generators ("Unclosed connector")."""

@@ -1,24 +1,10 @@
 """miles-nemogym's routing policy model: NeMo-Gym's ``vllm_model`` whose upstream is chosen per call.
 
-Every agent ``miles-nemogym serve`` starts names this server as its ``policy_model``. The trainer
-sends each ``/run`` with ``_ng_rollout_id`` = the sample's policy URL (Miles' session URL + ``/v1``)
-signed with the secret ``serve`` gave this process (``routing_contract.py``); the agent prefixes its
-model calls with ``/ng-rollout/<id>/`` (run-level token capture, ``token_id_capture.all_agents``),
-NeMo-Gym's middleware strips the prefix and publishes the id as ``current_rollout_id()``, and this
-server sends the call to that session, converting Responses to chat completions exactly as
-``vllm_model`` does (it is ``vllm_model``). A call whose id is missing, unsigned or forged, or names
-anything but ``/sessions/<id>/v1`` on one of ``session_servers`` (or this server itself) is refused
-with HTTP 403 before anything is sent: there is no default model. The configured ``base_url`` is
-never dialled. The policy API key and the signing secret come from this process's environment
-(given to this process alone by ``serve``), never from the config.
-
-The call is sent once: a redirect is not followed, and only a connection that was never
-established is tried again (``_SessionClient``). A session's error answer fails the agent's call
-(HTTP 502), except the context overflow ``routing_contract.py`` names, which ``vllm_model`` turns
-into an empty ``length`` turn as the in-process loop does.
-
-It replaces ``vllm_model``'s private ``_resolve_client`` (no public hook chooses the upstream per
-call in nemo-gym 0.7.0): docs/upstream.md; ``_check_upstream`` refuses to start if that seam moved.
+Each call goes to the Miles session its signed rollout id names (``routing_contract.py``), on one of
+``session_servers`` (``session_servers.py``), sent once (``_SessionClient``); anything else is refused
+with HTTP 403 before anything is sent, and the configured ``base_url`` is never dialled. The key and
+the secret come from this process's environment. It replaces ``vllm_model``'s private
+``_resolve_client`` (``_check_upstream``). Why each rule: docs/environments.md ("Routed agents").
 """
 
 from __future__ import annotations
@@ -42,17 +28,14 @@ from routing_contract import SECRET_VARIABLE, is_context_overflow, policy_url_of
 from session_servers import SessionServer, forward_problem, parse_session_server
 
 _KEY_VARIABLE = "NEMO_GYM_POLICY_API_KEY"
-_CONNECTION_TRIES = 3
-"""Tries to open a connection to a session server; only a connection never established is tried
-again (nothing was sent), so no turn runs twice. ``vllm_model``'s default retries for ever."""
+_CONNECTION_TRIES = 3  # tries to connect to a session server (nothing sent before): no turn runs twice
 _RETRY_PAUSE_S = 0.5
+# What vllm_model is handed for a context overflow (its own check matches "context length").
 _OVERFLOW_BODY = b'{"error": "the session answered: the prompt exceeds the model\'s context length"}'
-"""What ``vllm_model`` is handed for a context overflow (its own check matches "context length")."""
 
 
 def _check_upstream() -> None:
-    """Fail at start-up, naming the seam, if ``vllm_model`` no longer resolves its client through
-    ``_resolve_client(request)`` on every path that calls the engine."""
+    """Fail at start-up unless ``vllm_model`` calls ``_resolve_client(request)`` on every path to the engine."""
     resolve = getattr(VLLMModel, "_resolve_client", None)
     if not callable(resolve) or list(inspect.signature(resolve).parameters) != ["self", "request"]:
         raise RuntimeError(
@@ -86,9 +69,8 @@ _SECRET = _rollout_secret()
 
 
 class _SessionClient(NeMoGymAsyncOpenAI):
-    """The client of one call's session. Each request is sent at most once (``_send``); the chat
-    answer gets ``top_logprobs`` on each token's log-prob (Miles' session server leaves it out;
-    NeMo-Gym's chat model requires it)."""
+    """One call's session client, each request sent at most once (``_send``); chat answers get the
+    ``top_logprobs`` NeMo-Gym's chat model requires (Miles' session server leaves it out)."""
 
     async def create_chat_completion(self, **kwargs: Any) -> Any:
         answer = await self._send("POST", f"{self.base_url}/chat/completions", kwargs)
@@ -112,9 +94,8 @@ class _SessionClient(NeMoGymAsyncOpenAI):
         return await self._send("GET", f"{self.base_url}/models", None)
 
     async def _send(self, method: str, url: str, body: dict[str, Any] | None) -> Any:
-        """One request through NeMo-Gym's shared aiohttp session, redirects not followed. Tried
-        again only after ``ClientConnectorError`` (the connection was never established); a
-        failure after that (reset, disconnect) may have delivered the call and fails it."""
+        """One request, redirects not followed; tried again only when no connection was established
+        (``ClientConnectorError``): a later failure may have delivered the call and fails it."""
         headers = {**self.default_headers, "Authorization": f"Bearer {self.api_key}"}
         data = None if body is None else json.dumps(body).encode("utf-8")
         if data is not None:

@@ -1,18 +1,9 @@
-"""What the trainer and the routing model share, standard library only: the trainer imports it and
-the routing model runs it in the server venv, where this package is not installed.
-
-**The rollout id** of an agent ``/run``: the sample's policy URL (Miles' session URL + ``/v1``) as
-unpadded base64url, a dot, and its HMAC-SHA256 under the secret ``serve`` makes for its routing
-model (``NEMO_GYM_ROLLOUT_SECRET``), also base64url. It fits NeMo-Gym's rollout-id alphabet
-(``[A-Za-z0-9._-]``, first a letter: ``aHR0c`` is ``http``); only the trainer, holding the secret,
-issues ids the routing model accepts.
-
-**A session's HTTP error answer**, one rule on both paths (the in-process loop,
-``episode/environment.py``, and the routing model, ``app.py``): a 400 whose body says "context
-length" (vLLM's "maximum context length", SGLang's "longer than the model's context length") is the
-conversation outgrowing the context, a cut-off answered as NeMo-Gym's ``vllm_model`` answers it (an
-empty turn, ``finish_reason: length``). Every other error answer, a 400 saying "max_tokens must be
-..." included, fails the episode.
+"""What the trainer and the routing model share, standard library only (the routing model runs in the
+server venv, where this package is not installed): the rollout id of an agent ``/run`` (the sample's
+policy URL, unpadded base64url, ``.``, its HMAC-SHA256 under ``NEMO_GYM_ROLLOUT_SECRET``; only the
+trainer issues ids the routing model accepts), and the one rule for a session's error answer on both
+paths: a 400 saying "context length" is a cut-off (an empty ``length`` turn), any other fails the
+episode. Why: docs/environments.md ("Routed agents").
 """
 
 from __future__ import annotations
@@ -37,8 +28,7 @@ SECRET_VARIABLE = "NEMO_GYM_ROLLOUT_SECRET"
 MIN_SECRET_CHARS = 32
 MAX_ID_CHARS = 2048
 _PART = re.compile(r"[A-Za-z0-9_-]+")
-_DOMAIN = b"miles-nemogym rollout id v1\x00"
-"""Signed with the URL, so a MAC made for anything else never passes as a rollout id's."""
+_DOMAIN = b"miles-nemogym rollout id v1\x00"  # signed with the URL: no other MAC passes as a rollout id's
 
 
 def secret_problem(secret: str | None) -> str | None:
@@ -85,9 +75,8 @@ def policy_url_of(rollout: str, secret: str) -> str | None:
 
 # ----------------------------------------------------------------------------- a session's error answer
 
+# A 400's body when the prompt leaves no room to generate (the in-process loop reads it directly).
 CONTEXT_FULL = re.compile(rb"context length", re.IGNORECASE)
-"""What a 400's body says when the prompt leaves no room to generate (the in-process loop reads it
-directly: a constant costs its sample path no file)."""
 
 
 def is_context_overflow(status: int, body: bytes) -> bool:

@@ -15,8 +15,7 @@ from urllib.parse import urlsplit
 __all__ = ["parse_session_server"]
 
 SESSION_PATH = re.compile(r"/sessions/[0-9a-f]{32}/v1")
-_PRINTABLE = re.compile(r"[!-~]+")
-"""No space, tab, newline or control character (``urlsplit`` silently drops some), no non-ASCII."""
+_PRINTABLE = re.compile(r"[!-~]+")  # no space or control character (urlsplit drops some), no non-ASCII
 _ENTRY = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(?P<first>[0-9]{1,5})(?:-(?P<last>[0-9]{1,5}))?")
 _WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 HOST_PORT_HELP = "give HOST:PORT (e.g. 10.0.0.5:30000), or a range HOST:PORT-PORT (e.g. 10.0.0.5:30000-30007)"
