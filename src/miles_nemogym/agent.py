@@ -307,17 +307,13 @@ def _score_sample(sample: Any, mode: RewardMode) -> float:
     return value
 
 
-def _mode() -> RewardMode:
-    try:
-        return current().settings.reward_mode
-    except SettingsError as error:
-        current().logged.log(logger, logging.ERROR, f"reward {error}", "reward hook: %s; scoring in binary mode", error)
-        return RewardMode.binary
-
-
 async def reward_func(args: Any, samples: Any, **kwargs: Any) -> float | list[float]:
     """Miles reward hook; see the module docstring."""
-    mode = _mode()
+    try:
+        mode = current().settings.reward_mode
+    except SettingsError as error:
+        current().logged.log(logger, logging.ERROR, f"reward {error}", "reward hook: %s; scoring in binary mode", error)
+        mode = RewardMode.binary
     if isinstance(samples, list):
         return [_score_sample(sample, mode) for sample in samples]
     return _score_sample(samples, mode)

@@ -237,7 +237,13 @@ def recover_failed_episodes(held: HeldEpisodes, samples: Any) -> int:
         result = None if task is None else held.claim(task)
         if result is None:
             continue
-        _give_back(sample, result)
+        # The agent's dict merged into the sample's metadata, as Miles merges it, and its reward.
+        metadata = getattr(sample, "metadata", None)
+        if not isinstance(metadata, dict):
+            metadata = sample.metadata = {}
+        metadata.update(result)
+        reward = result.get(REWARD_KEY)
+        sample.reward = float(reward) if isinstance(reward, (int, float)) else 0.0
         if template is not None:
             _as_zero_loss_sample(sample, template)
             recovered += 1
@@ -255,16 +261,6 @@ def _can_template(sample: Any) -> bool:
         and len(tokens) >= 2
         and getattr(sample, "response_length", 0) >= 1
     )
-
-
-def _give_back(sample: Any, result: dict[str, Any]) -> None:
-    """The agent's dict merged into the sample's metadata, as Miles merges it, and its reward."""
-    metadata = getattr(sample, "metadata", None)
-    if not isinstance(metadata, dict):
-        metadata = sample.metadata = {}
-    metadata.update(result)
-    reward = result.get(REWARD_KEY)
-    sample.reward = float(reward) if isinstance(reward, (int, float)) else 0.0
 
 
 def _as_zero_loss_sample(sample: Any, template: Any) -> None:

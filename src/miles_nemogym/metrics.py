@@ -120,13 +120,9 @@ def _env_label(name: str) -> str:
     return name if name == SWE_ENVIRONMENT or environment_name_problem(name) is None else UNRECOGNIZED_ENVIRONMENT
 
 
-def _reward(episode: SampledEpisode) -> float | None:
-    """The episode's final reward (the agent function's ``reward``), if a finite number."""
-    return finite(episode.metadata.get(REWARD_KEY))
-
-
 def _reward_mean(valid: list[SampledEpisode]) -> dict[str, float]:
-    rewards = [r for r in map(_reward, valid) if r is not None]
+    """The mean of the episodes' final rewards (the agent function's ``reward``) that are finite numbers."""
+    rewards = [r for e in valid if (r := finite(e.metadata.get(REWARD_KEY))) is not None]
     return {"reward_mean": sum(rewards) / len(rewards)} if rewards else {}
 
 

@@ -62,12 +62,8 @@ class Ledger:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tallies: dict[str, Tally] = {}
-        self._streak = 0
-        self._streak_kinds: Counter[str] = Counter()
-        self._streak_envs: Counter[str] = Counter()
-
-    def _tally(self, key: str) -> Tally:
-        return self._tallies.setdefault(key, Tally())
+        self._streak_kinds: Counter[str] = Counter()  # the failure streak's episodes by kind
+        self._streak_envs: Counter[str] = Counter()  # and by environment
 
     def record_episode(
         self,
@@ -82,7 +78,7 @@ class Ledger:
         """One finished episode of ``environment``: ``failure_kind`` None for a valid measurement;
         ``aborted``: stopped by our abort, counted apart (a server's own ``cancelled`` is a failure)."""
         with self._lock:
-            tally = self._tally(_key(role, eval_set))
+            tally = self._tallies.setdefault(_key(role, eval_set), Tally())
             tally.outage_wait_s += outage_wait_s
             if aborted:
                 tally.cancelled += 1
@@ -91,20 +87,18 @@ class Ledger:
             tally.episodes += 1
             share.episodes += 1
             if failure_kind is None:
-                self._streak = 0
                 self._streak_kinds.clear()
                 self._streak_envs.clear()
                 return
             tally.failures[failure_kind] += 1
             share.failures[failure_kind] += 1
-            self._streak += 1
             self._streak_kinds[failure_kind] += 1
             self._streak_envs[environment] += 1
 
     def record_group(self, *, kept: bool, salvaged: bool) -> None:
         """One training group decided by the filter: dropped, or kept with failed episodes in it."""
         with self._lock:
-            tally = self._tally(TRAIN)
+            tally = self._tallies.setdefault(TRAIN, Tally())
             if not kept:
                 tally.groups_dropped += 1
             elif salvaged:
@@ -113,7 +107,7 @@ class Ledger:
     def streak(self) -> tuple[int, dict[str, int]]:
         """(consecutive failed episodes with no valid one since, their kinds)."""
         with self._lock:
-            return self._streak, dict(self._streak_kinds)
+            return self._streak_kinds.total(), dict(self._streak_kinds)
 
     def streak_environments(self) -> dict[str, int]:
         with self._lock:
@@ -223,8 +217,9 @@ NOT_DELIVERED = "not_delivered"  # an in-flight episode whose request has not re
 
 
 class Episode(Protocol):
-    """One prepared episode of any kind, as ``deliver`` runs it: ``server_url`` is the server whose
-    circuit holds it (where its first request goes), ``setting`` the variable naming that server."""
+    """One prepared episode of any kind, as ``deliver`` runs it: ``server_url`` is the server whose circuit
+    holds it, ``setting`` the variable naming it; ``attempt`` is one try: the finished outcome, or ``Failed``
+    (``resendable`` when nothing reached the server)."""
 
     @property
     def server_url(self) -> str: ...
@@ -235,8 +230,7 @@ class Episode(Protocol):
     @property
     def task_id(self) -> str | None: ...
 
-    async def attempt(self, deadline: Deadline) -> Outcome:
-        """One try: the finished outcome, or ``Failed`` (``resendable`` when nothing reached the server)."""
+    async def attempt(self, deadline: Deadline) -> Outcome: ...
 
 
 async def deliver(episode: Episode, settings: Settings, circuits: Circuits, in_flight: InFlight) -> Outcome:
@@ -393,7 +387,7 @@ def _ended(task: asyncio.Task[Outcome]) -> asyncio.Future[None]:
 
 _WARN_EVERY_S = 60.0
 _PROBE_BACKOFF_S = 0.125
-_PROBE_BACKOFF_MAX_S = 0.5  # the probe's delay doubles up to this (jittered down to half)
+_PROBE_BACKOFF_MAX_S = 0.5  # the probe's delay doubles up to this
 _RECHECK_S = 10.0
 
 
@@ -514,8 +508,9 @@ class Circuit:
                     )
                     return
                 # Wait first: right after a failed /run (or a probe that let one fail again), a
-                # connection at once would only spin.
-                await asyncio.sleep(self._delay(attempt, down_since + timeout_s))
+                # connection at once would only spin. Capped backoff, jittered down to half.
+                delay = random.uniform(0.5, 1.0) * min(_PROBE_BACKOFF_MAX_S, _PROBE_BACKOFF_S * 2.0**attempt)
+                await asyncio.sleep(max(0.0, min(delay, down_since + timeout_s - time.monotonic())))
                 attempt += 1
                 error = await _connect(url, min(10.0, timeout_s))
                 if error is None:
@@ -544,11 +539,6 @@ class Circuit:
                 self._probing = False
             # Another loop's waiters may still need a probe (this loop may be closing).
             self._wake_all()
-
-    @staticmethod
-    def _delay(attempt: int, deadline: float) -> float:
-        delay = random.uniform(0.5, 1.0) * min(_PROBE_BACKOFF_MAX_S, _PROBE_BACKOFF_S * 2.0**attempt)
-        return max(0.0, min(delay, deadline - time.monotonic()))
 
     def _close(self, gave_up: str | None) -> None:
         with self._lock:
