@@ -29,6 +29,7 @@ from tests.support.environment_episodes import MILES_KEYS, chat, env_row, envs, 
 from tests.support.eventually import eventually
 from tests.support.fake_resources import fake_resources, row
 from tests.support.fault_server import FaultServer
+from tests.support.pools import open_pools
 from tests.support.ports import free_port
 from tests.support.runtime_settings import UseSettings
 from tests.support.samples import Sample, Status
@@ -283,9 +284,9 @@ async def test_one_connection_pool_per_event_loop_for_environment_episodes(
         assert [out["nemogym"]["status"] for out in outs] == ["ok"] * 5 and len(fake.seeded) == 5
         assert len(fake.peers) == 1  # one pool: each episode reused the previous one's connection
         assert await transport.pool(current().settings.max_concurrency) is first
-        assert transport.open_pools() == 1
+        assert open_pools() == 1
         await transport.close_pools()
-        assert transport.open_pools() == 0
+        assert open_pools() == 0
 
 
 def test_an_environment_episode_under_asyncio_run_leaves_no_unclosed_session(tmp_path: Path) -> None:

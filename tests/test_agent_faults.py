@@ -17,6 +17,7 @@ from miles_nemogym.runtime import current
 from tests.support.agent_fixtures import SESSION, call, fast_env, server
 from tests.support.eventually import eventually
 from tests.support.fault_server import FaultServer, ResetAfterBodyServer
+from tests.support.pools import open_pools
 from tests.support.ports import free_port
 from tests.support.results import partially_passing
 from tests.support.runtime_settings import UseSettings
@@ -178,7 +179,7 @@ async def test_300_concurrent_runs_share_one_pool_without_queueing(
     results = await asyncio.gather(*tasks)
     assert all(r["nemogym"]["status"] == "ok" for r in results)
     assert server.peak_in_flight == 300
-    assert transport.open_pools() == 1
+    assert open_pools() == 1
     # Keep-alive: a second wave reuses the first wave's connections.
     first_peers = set(server.peers)
     await asyncio.gather(*(call(sympy_row) for _ in range(50)))
@@ -251,10 +252,10 @@ def test_a_new_event_loop_gets_its_own_session(
         srv = await FaultServer(result=sympy_result).start()
         use_settings(NEMO_GYM_URL=srv.url)  # each loop a new run: its settings name this server
         try:
-            assert transport.open_pools() == 0  # the other loop's open pool is not this loop's
+            assert open_pools() == 0  # the other loop's open pool is not this loop's
             out = await call(sympy_row)
             assert out["nemogym"]["status"] == "ok"
-            assert transport.open_pools() == 1
+            assert open_pools() == 1
         finally:
             await srv.stop()
 

@@ -16,6 +16,7 @@ from miles_nemogym.errors import AGENT_TIMEOUT, TRANSPORT_PEER_DROP, TRANSPORT_U
 from miles_nemogym.transport import Deadline
 from tests.support.fake_resources import fake_resources
 from tests.support.odd_http import OddServer
+from tests.support.pools import open_pools
 from tests.support.ports import free_port
 
 CAP = 1024
@@ -190,9 +191,9 @@ async def test_one_pool_per_limit_on_a_loop_closed_together() -> None:
     first = await transport.pool(4)
     assert await transport.pool(4) is first
     other = await transport.pool(8)
-    assert other is not first and transport.open_pools() == 2
+    assert other is not first and open_pools() == 2
     await transport.close_pools()
-    assert transport.open_pools() == 0 and first.gym.closed and other.policy.closed
+    assert open_pools() == 0 and first.gym.closed and other.policy.closed
     assert await transport.pool(4) is not first  # a closed pool is opened anew
 
 

@@ -156,8 +156,7 @@ _MAX_KEYS = 10_000  # distinct keys remembered at most; past it a message is log
 
 
 class HeldEpisodes:
-    """Failed train episodes whose sample may come back without them, oldest first; at most ``limit``
-    (the oldest go first). The agent function holds them, the group filter gives them back."""
+    """Failed train episodes whose sample may come back without them; at most ``limit``, the oldest go first."""
 
     def __init__(self, limit: int = 4096) -> None:
         self._lock = threading.Lock()

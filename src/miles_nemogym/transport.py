@@ -316,7 +316,6 @@ async def pool(limit: int) -> Pool:
     pools = _pools.get(loop)
     if pools is None:
         pools = _pools[loop] = _LoopPools()
-    if pools.guard is None:
         pools.guard = _closed_at_shutdown(pools)
         await pools.guard.__anext__()  # the loop now tracks it (loop.shutdown_asyncgens)
     found = pools.by_limit.get(limit)
@@ -350,12 +349,6 @@ async def close_pools() -> None:
         await _close_all(pools)
         if pools.guard is not None:
             await pools.guard.aclose()
-
-
-def open_pools() -> int:
-    """How many open pools this event loop holds (one per ``NEMO_GYM_MAX_CONCURRENCY`` used)."""
-    pools = _pools.get(asyncio.get_running_loop())
-    return 0 if pools is None else sum(not one.gym.closed for one in pools.by_limit.values())
 
 
 @atexit.register
