@@ -143,8 +143,7 @@ def prepare_episode(
 
 
 class ScanEpisodes:
-    """The scan's episodes for one set of sampling flags, built and delivered as training's; ``RequestError``
-    when the flags cannot be sent."""
+    """The scan's episodes for one set of sampling flags, built and run as training's (``RequestError``: bad flags)."""
 
     def __init__(self, request_kwargs: Mapping[str, Any]) -> None:
         responses_create_params(None, request_kwargs)

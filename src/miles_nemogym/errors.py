@@ -190,8 +190,7 @@ def _dotted(prefix: str = "") -> Label:
 
 
 def message(item: ErrorDetails, *, unknown_key: str | None = None) -> str:
-    """What is wrong with one field: pydantic's text without its "Value error, " prefix;
-    ``unknown_key`` replaces it for a key the model forbids."""
+    """Pydantic's text for one field without "Value error, "; ``unknown_key`` for a key the model forbids."""
     if unknown_key is not None and item["type"] == "extra_forbidden":
         return unknown_key
     return str(item["msg"]).removeprefix("Value error, ")

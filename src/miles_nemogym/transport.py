@@ -53,8 +53,7 @@ _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json
 
 
 def check_url(url: object) -> SplitResult:
-    """The parts of ``url`` when it is an ``http(s)`` URL with a host, a valid port and no query or
-    fragment (paths are appended to it); else ``UrlError`` saying what is wrong (the caller names it)."""
+    """The parts of an ``http(s)`` base URL with a host, a valid port, no query or fragment; else ``UrlError``."""
     if not isinstance(url, str):
         raise UrlError(f"must be a string, got {type(url).__name__}")
     text = url.strip()
