@@ -9,7 +9,6 @@ episode. Why: docs/environments.md ("Routed agents").
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 import re
@@ -63,14 +62,10 @@ def policy_url_of(rollout: str, secret: str) -> str | None:
         return None
     try:
         raw = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
-    except (binascii.Error, ValueError):
+        url = raw.decode("utf-8")
+    except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors
         return None
-    if not hmac.compare_digest(mac, _mac(secret, raw)):
-        return None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
+    return url if hmac.compare_digest(mac, _mac(secret, raw)) else None
 
 
 # ----------------------------------------------------------------------------- a session's error answer
