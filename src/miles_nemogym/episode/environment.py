@@ -5,6 +5,7 @@ session. Each rule: docs/environments.md ("One episode")."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import re
 import time
@@ -394,9 +395,7 @@ class _Loop:
         try:
             async with connections.episode() as session:
                 await self._seed(session)
-                step = 0
-                while True:
-                    step += 1
+                for step in itertools.count(1):
                     choice, model = await self._chat(connections.policy)
                     if choice.finish_reason == "abort":
                         raise Failed(CANCELLED, "the policy aborted the generation", aborted=True)

@@ -136,11 +136,9 @@ class RunResponse(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    reward: Any = None
-    """Checked by the judge: pydantic would coerce a string or a boolean to a float."""
+    reward: Any = None  # checked by the judge: pydantic would coerce a string or a boolean to a float
     instance_id: str | None = None
-    metadata: dict[str, Any] | None = None
-    """Graded: ``{instance_id, model_patch, eval_report}``; crashed: ``{error, traceback}``."""
+    metadata: dict[str, Any] | None = None  # graded: {instance_id, model_patch, eval_report}; crashed: {error, ...}
     response: _ResponseObject | None = None
     mask_sample: Any = False  # checked by the judge, as failure_kind is
     failure_kind: Any = None
@@ -428,8 +426,26 @@ def responses_create_params(
         )
     params: dict[str, Any] = dict(row_params or {})
     params.setdefault("input", [])
-    typed, extra = _split_sampling(request_kwargs)
-    params.update(typed)
+    if request_kwargs is not None and not isinstance(request_kwargs, Mapping):
+        raise RequestError(
+            f"request_kwargs must be a dict of sampling parameters (Miles' sampling_params), "
+            f"got {type(request_kwargs).__name__}"
+        )
+    extra: dict[str, Any] = {}  # the trainer's keys without a typed field: extra_body's
+    for key, value in (request_kwargs or {}).items():
+        if value is None:  # "not set" in Miles
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise RequestError(f"request_kwargs[{key!r}] must be finite, got {value!r}")
+        if _json_problem_or_cycle(value):
+            raise RequestError(
+                f"request_kwargs[{key!r}] = {value!r} cannot be sent as JSON; pass numbers, strings, "
+                "booleans or lists of them"
+            )
+        if key in _TYPED_SAMPLING:
+            params[_TYPED_SAMPLING[key]] = value
+        else:
+            extra[key] = value
 
     row_metadata = params.get("metadata") or {}
     if not isinstance(row_metadata, Mapping):
@@ -440,10 +456,9 @@ def responses_create_params(
         metadata.get("extra_body"), "metadata['responses_create_params']['metadata']['extra_body']"
     )
     if extra or isinstance(metadata.get("extra_body"), Mapping):
-        merged = row_extra
-        merged.update(extra)
+        row_extra.update(extra)
         try:
-            metadata["extra_body"] = json.dumps(merged, sort_keys=True, allow_nan=False)
+            metadata["extra_body"] = json.dumps(row_extra, sort_keys=True, allow_nan=False)
         except (TypeError, ValueError) as error:
             raise RequestError(f"responses_create_params.metadata.extra_body cannot be sent as JSON: {error}") from None
     if metadata:
@@ -454,36 +469,6 @@ def responses_create_params(
     except ValidationError as error:
         raise RequestError(describe(error, "responses_create_params", unknown_key=_UNKNOWN_KEY)) from None
     return model.model_dump(exclude_none=True)
-
-
-def _split_sampling(request_kwargs: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Miles' sampling parameters as (typed fields, ``extra_body`` keys); None means "not set" in Miles."""
-    if request_kwargs is not None and not isinstance(request_kwargs, Mapping):
-        raise RequestError(
-            f"request_kwargs must be a dict of sampling parameters (Miles' sampling_params), "
-            f"got {type(request_kwargs).__name__}"
-        )
-    typed: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
-    for key, value in (request_kwargs or {}).items():
-        if value is None:
-            continue
-        _check_json_value(key, value)
-        if key in _TYPED_SAMPLING:
-            typed[_TYPED_SAMPLING[key]] = value
-        else:
-            extra[key] = value
-    return typed, extra
-
-
-def _check_json_value(key: str, value: Any) -> None:
-    if isinstance(value, float) and not math.isfinite(value):
-        raise RequestError(f"request_kwargs[{key!r}] must be finite, got {value!r}")
-    if _json_problem_or_cycle(value):
-        raise RequestError(
-            f"request_kwargs[{key!r}] = {value!r} cannot be sent as JSON; pass numbers, strings, "
-            "booleans or lists of them"
-        )
 
 
 def _json_problem_or_cycle(value: Any) -> str | None:
@@ -561,10 +546,9 @@ def classify_http(
     """Any HTTP answer from ``/run`` as an ``Outcome`` (status, then body), ``scrub`` applied before any read."""
     if scrub is not None and status != 200:
         body = scrub(body)
-    if status >= 500:
-        return failure(AGENT_RUN_ERROR, f"HTTP {status}: {_error_detail(body)}", http_status=status)
     if status >= 400:
-        return failure(AGENT_REQUEST_FAILED, f"HTTP {status}: {_error_detail(body)}", http_status=status)
+        kind = AGENT_RUN_ERROR if status >= 500 else AGENT_REQUEST_FAILED
+        return failure(kind, f"HTTP {status}: {_error_detail(body)}", http_status=status)
     if status != 200:
         return failure(AGENT_RUN_ERROR, f"unexpected HTTP {status} from /run", http_status=status)
     try:
