@@ -520,16 +520,12 @@ def _unencodable(value: Any, where: str) -> str | None:
             return where
         return None
     if isinstance(value, Mapping):
-        for key, item in value.items():
-            found = _unencodable(key, f"{where} (a key)") or _unencodable(item, f"{where}[{key!r}]")
-            if found:
-                return found
+        found = (_unencodable(k, f"{where} (a key)") or _unencodable(v, f"{where}[{k!r}]") for k, v in value.items())
     elif isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            found = _unencodable(item, f"{where}[{index}]")
-            if found:
-                return found
-    return None
+        found = (_unencodable(item, f"{where}[{index}]") for index, item in enumerate(value))
+    else:
+        return None
+    return next(filter(None, found), None)
 
 
 # -- score: what came back -----------------------------------------------------------------
