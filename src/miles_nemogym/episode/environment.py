@@ -233,7 +233,6 @@ def prepare(
         pydantic_core.to_json(row)
     except pydantic_core.PydanticSerializationError as error:
         raise RequestError(f"the task row cannot be sent as JSON: {error}") from None
-    tools = frozenset(tool["function"]["name"] for tool in body.get("tools", []))
     return EnvironmentEpisode(
         environment=task.environment,
         server=server,
@@ -242,7 +241,7 @@ def prepare(
         chat_url=f"{session_url.strip().rstrip('/')}/v1/chat/completions",
         messages=messages,
         body=body,
-        tools=tools,
+        tools=frozenset(tool["function"]["name"] for tool in body.get("tools", [])),
         settings=settings,
     )
 

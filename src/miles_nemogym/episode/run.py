@@ -348,8 +348,7 @@ def routable_local_address(target_host: str, target_port: int = 80) -> str:
         address = "127.0.0.1"
     else:
         try:
-            infos = socket.getaddrinfo(target_host, target_port, type=socket.SOCK_DGRAM)
-            family, _, _, _, sockaddr = infos[0]
+            family, _, _, _, sockaddr = socket.getaddrinfo(target_host, target_port, type=socket.SOCK_DGRAM)[0]
             with socket.socket(family, socket.SOCK_DGRAM) as probe:
                 probe.connect(sockaddr)
                 address = str(probe.getsockname()[0])
@@ -654,12 +653,7 @@ def classify_run_response(
             "pass_to_pass": _test_counts(tests.get("PASS_TO_PASS")),
         }
     outcome = judge(
-        {
-            "reward": response.reward,
-            "mask_sample": response.mask_sample,
-            "failure_kind": response.failure_kind,
-            "failure_reason": response.failure_reason,
-        },
+        response.model_dump(include={"reward", "mask_sample", "failure_kind", "failure_reason"}),
         reward_range=reward_range,
         report=metadata,
         http_status=http_status,
