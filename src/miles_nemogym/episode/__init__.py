@@ -1,4 +1,2 @@
-"""One episode of either kind: ``swe`` (``POST /run``) and ``environment`` (the ``simple_agent``
-loop), each prepared then run by ``runtime.deliver`` (abort, the circuits, the resend rule), ending in
-``record``'s ``Outcome`` and the record on every sample with its one reader. Imports no hook
-and no tool."""
+"""One episode: ``run`` (a ``POST /run``: SWE or an agent row) or ``environment`` (the ``simple_agent``
+loop), run by ``runtime.deliver`` and ending in ``record``'s ``Outcome``. Imports no hook and no tool."""

@@ -1,21 +1,11 @@
-"""The environment episode: NeMo-Gym's ``simple_agent`` loop, run here against a resources server
-of ``NEMO_GYM_ENVS``, every model call going to the sample's own Miles session.
-
-    prepare(row)  -> the task row as the server gets it, the first chat request, the tools offered
-    attempt       -> POST /seed_session (a session cookie of its own)
-                     up to max_steps turns: POST <session>/v1/chat/completions; each tool call
-                     POSTed to /<tool> with the cookie, its answer the tool output
-                     POST /verify with the row and the Responses-format transcript
-    score         -> the verifier's reward, or a masked failure under its kind
-
-The semantics are NeMo-Gym 0.7.0's ``simple_agent``'s, the transcript what its ``vllm_model`` makes
-of each chat answer; only a seed that never left may be sent again. Each rule, and where it differs
-on purpose: docs/environments.md ("One episode").
-"""
+"""The environment episode: NeMo-Gym 0.7.0's ``simple_agent`` loop (seed, chat turns and tool calls,
+verify) run here against a ``NEMO_GYM_ENVS`` resources server, model calls to the sample's Miles
+session. Each rule: docs/environments.md ("One episode")."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import re
 import time
@@ -55,21 +45,18 @@ from miles_nemogym.transport import Answer, Deadline, check_session_url, pool, r
 __all__ = ["first_request"]
 
 _PARAMS = "responses_create_params"
-_TOOL_OUTPUT_BYTES = 64 * 1024
-"""A longer tool answer is cut here and a note appended (``simple_agent`` has no cap)."""
+_TOOL_OUTPUT_BYTES = 64 * 1024  # a longer tool answer is cut here, with a note (simple_agent has no cap)
+# The resources server's own endpoints: never a tool.
 _RESOURCES_ROUTES = frozenset({"seed_session", "verify", "close_session", "aggregate_metrics", "reverify_mode"})
-"""The resources server's own endpoints: never a tool."""
+# /verify's answer echoes the request; these are the loop's own fields, not the environment's.
 _VERIFY_OWN = frozenset({"response", "reward", "mask_sample", "failure_kind", "failure_reason"})
-"""``/verify``'s answer echoes the request; these are the loop's own fields, not the environment's."""
 
 
 # -- the first request: the task row as a chat-completions request, as NeMo-Gym's converter makes it
 
-_NOT_RENDERED = frozenset({"type", "defer_loading", "strict"})
-"""Tool keys the function does not get (``vllm_model`` drops ``strict`` before the engine)."""
+_NOT_RENDERED = frozenset({"type", "defer_loading", "strict"})  # tool keys the function does not get
 _ROW_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "max_output_tokens": "max_tokens"}
-_AUDIO = ("audio_data", "audio_path", "audio_paths")
-"""``metadata`` keys ``vllm_model`` splices into the last user message as audio: the loop sends text only."""
+_AUDIO = ("audio_data", "audio_path", "audio_paths")  # metadata keys vllm_model adds as audio: not sent
 
 
 def _text(content: Any, where: str) -> str:
@@ -136,8 +123,7 @@ def _tool_choice(choice: Any) -> Any:
 
 
 def _format_and_reasoning(params: Mapping[str, Any]) -> dict[str, Any]:
-    """The chat keys NeMo-Gym's converter makes of ``text.format`` and ``reasoning``
-    (``reasoning_effort``; a reasoning field it has no chat form for is refused, as it refuses it)."""
+    """The chat keys NeMo-Gym's converter makes of ``text.format`` and ``reasoning`` (or refuses, as it does)."""
     reasoning = params.get("reasoning") or {}
     if not isinstance(reasoning, Mapping):
         raise RequestError(f"{_PARAMS}.reasoning must be an object")
@@ -164,8 +150,7 @@ def _format_and_reasoning(params: Mapping[str, Any]) -> dict[str, Any]:
 def first_request(
     params: Mapping[str, Any], request_kwargs: Mapping[str, Any] | None
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(the chat messages, the first chat-completions body without them) of a row's params;
-    ``RequestError`` names the field that cannot be sent (also ``convert``'s check of a row)."""
+    """(the chat messages, the first chat-completions body without them); ``RequestError`` names a bad field."""
     messages = _messages(params)
     metadata = params.get("metadata") or {}
     audio = [key for key in _AUDIO if metadata.get(key)]
@@ -207,8 +192,7 @@ class EnvironmentEpisode:
 
     environment: str
     server: EnvironmentServer
-    row: dict[str, Any]
-    """The task row as the resources server gets it (``record.task_row``)."""
+    row: dict[str, Any]  # the task row as the resources server gets it (record.task_row)
     task_id: str | None
     chat_url: str
     messages: list[dict[str, Any]]
@@ -249,7 +233,6 @@ def prepare(
         pydantic_core.to_json(row)
     except pydantic_core.PydanticSerializationError as error:
         raise RequestError(f"the task row cannot be sent as JSON: {error}") from None
-    tools = frozenset(tool["function"]["name"] for tool in body.get("tools", []))
     return EnvironmentEpisode(
         environment=task.environment,
         server=server,
@@ -258,7 +241,7 @@ def prepare(
         chat_url=f"{session_url.strip().rstrip('/')}/v1/chat/completions",
         messages=messages,
         body=body,
-        tools=tools,
+        tools=frozenset(tool["function"]["name"] for tool in body.get("tools", [])),
         settings=settings,
     )
 
@@ -280,8 +263,7 @@ class _ToolCall(BaseModel):
 class _Message(BaseModel):
     role: str = "assistant"
     content: str | None = None
-    reasoning_content: str | None = None
-    """The thinking, when the engine runs a reasoning parser (SGLang's field; vLLM >= 0.16 says ``reasoning``)."""
+    reasoning_content: str | None = None  # a reasoning parser's thinking (SGLang; vLLM >= 0.16: reasoning)
     reasoning: str | None = None
     tool_calls: list[_ToolCall] | None = None
 
@@ -412,9 +394,7 @@ class _Loop:
         try:
             async with connections.episode() as session:
                 await self._seed(session)
-                step = 0
-                while True:
-                    step += 1
+                for step in itertools.count(1):
                     choice, model = await self._chat(connections.policy)
                     if choice.finish_reason == "abort":
                         raise Failed(CANCELLED, "the policy aborted the generation", aborted=True)
@@ -439,8 +419,7 @@ class _Loop:
             outcome = self._score(verify or {})
         outcome.record.turns, outcome.record.tool_calls = self.transcript.turns, self.transcript.tool_calls
         outcome.tool_time_s = round(self.tool_time, 6)
-        # What the store keeps (encoded only when a store is on): the verifier's answer, with the
-        # response the loop recorded, also when the episode ended before /verify.
+        # For the store: the verifier's answer with the loop's response, also when it ended before /verify.
         outcome.answer = {**(verify or {}), "response": self.verified_response or self._response()}
         return outcome
 
@@ -448,9 +427,8 @@ class _Loop:
         return self.transcript.response(self.episode.row[_PARAMS], cut_off=self.cut_off)
 
     async def _post(self, session: Any, path: str, body: Any, cap: int, *, tool: bool = False) -> Answer:
-        """POST to the resources server; a transport failure ends the episode (``resendable`` only for
-        a seed that never left; a ``tool`` call's deadline is the policy's). The body is written as
-        NeMo-Gym's orjson writes it: NaN and infinities (``json.loads`` reads them in arguments) as null."""
+        """POST to the resources server (NaN as null, as NeMo-Gym's orjson); only a seed that never left is
+        ``resendable``, and a ``tool`` call's deadline is the policy's."""
         started = time.monotonic()
         try:
             answer = await request(

@@ -1,9 +1,6 @@
-"""What an episode leaves on its sample: the ``Outcome`` every episode kind ends in, the record
-(``metadata["nemogym"]``) with its one reader, the one judge, the one "passed" rule and the
-estimators over it (pass@k, the nearest-rank percentile), the marks on a row and the row as servers
-get it, and how the hooks read Miles ``Sample`` objects (only ``metadata`` and ``status``, without
-importing Miles). Every field is named here only (docs/episode-pipeline.md).
-"""
+"""What an episode leaves on its sample: the ``Outcome``, the record (``metadata["nemogym"]``) and its
+one reader, the one judge, the "passed" rule with pass@k, a row's marks, and how hooks read Miles
+samples (docs/episode-pipeline.md)."""
 
 from __future__ import annotations
 
@@ -74,13 +71,11 @@ EVAL = "eval"
 ENV_KEY = "nemogym_env"
 TASK_ID_KEY = "nemogym_task_id"  # an environment row has no instance_id
 BENCHMARK_KEY = "nemogym_benchmark"  # a benchmark's row: its name, grader, repeats, reward range
-ROW_MARKS = _ROLE_KEYS | {ENV_KEY, TASK_ID_KEY, BENCHMARK_KEY}
-"""Every mark of ours on a row: never sent to a server as task fields."""
+ROW_MARKS = _ROLE_KEYS | {ENV_KEY, TASK_ID_KEY, BENCHMARK_KEY}  # our marks: never sent as task fields
 ROUTING_KEYS = frozenset({"policy_base_url", "policy_api_key"})  # the plugin's, never a data row's
 # Keys Miles adds to sample.metadata for its own bookkeeping (agentic_tool_call.py).
 _MILES_BOOKKEEPING_KEYS = frozenset({"max_seq_len", "session_server_id", "session_server_instance_id"})
-# Keys the agent function returns and Miles merges back into sample.metadata. A sample that is
-# retried or re-rolled carries them; they must never be sent as task fields.
+# Keys the agent function returns (Miles merges them into sample.metadata): never sent as task fields.
 _RESULT_KEYS = frozenset({REWARD_KEY, _EVAL_REPORT_KEY, RECORD_KEY, _AGENT_METRICS_KEY})
 _NOT_SENT_KEYS = _MILES_BOOKKEEPING_KEYS | _RESULT_KEYS | ROUTING_KEYS | ROW_MARKS
 
@@ -220,10 +215,7 @@ class Outcome:
     reward: float
     record: EpisodeRecord
     eval_report: dict[str, Any] = field(default_factory=dict)
-    answer: bytes | dict[str, Any] | None = None
-    """What the episode store keeps of the episode (it scrubs the key): ``/run``'s answer as
-    received, or an environment episode's ``/verify`` answer with the loop's own transcript as
-    its ``response`` (a document, encoded only when a store is on)."""
+    answer: bytes | dict[str, Any] | None = None  # for the episode store: /run's bytes, or /verify's + transcript
     answer_is_json: bool = False  # whether answer is one JSON object
     outage_wait_s: float = 0.0  # seconds waited for an unreachable server (charged to its role's tally)
     tool_time_s: float | None = None  # an environment episode's seed, tool and verify requests; None for /run
@@ -292,9 +284,7 @@ def failure(
 def failure_of(
     error: Exception, task_id: str | None, settings: Settings | None = None, *, lowest: float = 0.0
 ) -> Outcome:
-    """The failed ``Outcome`` of an exception, the one place a raised failure becomes one: ``Failed``
-    (its kind; ``agent_timeout`` as ``timed_out`` rules), a bad setting or request, else a defect
-    (``client_error``, logged with its traceback). The reason is scrubbed of the policy key."""
+    """The failed ``Outcome`` of any exception (a defect is ``client_error``, logged), scrubbed of the key."""
     if isinstance(error, Failed):
         kind, reason = error.kind, str(error)
     elif isinstance(error, SettingsError):
@@ -337,17 +327,16 @@ def shown(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+_RANGE_SETTING = "NEMO_GYM_REWARD_RANGE"
+
+
 def range_setting(environment: str, server: Any) -> str:
     """The setting that gives ``environment``'s reward range (``server``: its ``EnvironmentServer``)."""
     return f"NEMO_GYM_ENVS[{environment!r}].reward_range" if server.reward_range is not None else _RANGE_SETTING
 
 
-_RANGE_SETTING = "NEMO_GYM_REWARD_RANGE"
-
-
 def finite(value: object) -> float | None:
-    """``value`` as a finite float, or None: not a number (a boolean is not one), NaN, an infinity,
-    or an integer past a float's range (a JSON integer can be any size). The one rule for a reward."""
+    """``value`` as a finite float, or None (a boolean, NaN, an int past a float's range): the rule for a reward."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     try:
@@ -358,9 +347,7 @@ def finite(value: object) -> float | None:
 
 
 def row_extra_body(raw: Any, where: str) -> dict[str, Any]:
-    """A row's ``metadata.extra_body`` (a JSON object, or one encoded as a string as NeMo-Gym's
-    string-valued metadata carries it) as a dict, the same for every kind of episode; ``RequestError``
-    names ``where`` otherwise."""
+    """A row's ``metadata.extra_body`` (an object, or one as a JSON string) as a dict; else ``RequestError``."""
     if raw is None:
         return {}
     if isinstance(raw, str):
@@ -417,13 +404,8 @@ def judge(
     broken: str | None = None,
     graded: Mapping[str, Any] | None = None,
 ) -> Outcome:
-    """The one judge: a server's parsed answer (SWE ``/run``, an agent's ``/run``, ``/verify``) becomes
-    the verdict by one rule in one order: (1) its ``mask_sample`` (a real boolean; true masks) and
-    ``failure_kind`` (a kind name), (2) its reward (``check_reward``), (3) the kind's own fields:
-    ``broken`` says why they make it no measurement, ``graded`` fills a valid record (SWE's report).
-    A masked verdict carries the kind the server named, else ``verifier_error`` for (1) and (2),
-    ``agent_run_error`` for (3); a valid one keeps the server's kind and reason. ``who`` names the
-    sender in reasons (docs/episode-pipeline.md, "One judge")."""
+    """The one judge of a server's parsed answer (docs/episode-pipeline.md, "One judge"): ``broken`` says why
+    the kind's own fields make it no measurement, ``graded`` fills a valid record."""
     kind, said, mask = answer.get("failure_kind"), answer.get("failure_reason"), answer.get("mask_sample", False)
     named = kind if isinstance(kind, str) and check_server_kind(kind) else None
     reason = short_reason(str(said)) if said else None
@@ -460,9 +442,7 @@ def judge(
 
 
 def timed_out(reason: str, *, policy: bool, given: TimeoutReward, lowest: float) -> Outcome:
-    """An episode whose deadline passed: trained under ``policy_timeout`` when the policy held it,
-    scored ``lowest`` or 0 as ``given`` says; else, or under ``mask``, masked ``agent_timeout``
-    (docs/episode-pipeline.md, "Whose fault is a timeout")."""
+    """An episode past its deadline (docs/episode-pipeline.md, "Whose fault is a timeout")."""
     if not policy or given is TimeoutReward.mask:
         return failure(AGENT_TIMEOUT, reason)
     record = EpisodeRecord(status="ok", failure_kind=POLICY_TIMEOUT, failure_reason=short_reason(reason))
@@ -482,8 +462,7 @@ _STATUSES = ("ok", "failed")
 
 
 def read_record(metadata: Any) -> RecordRead:
-    """The typed record in a sample's metadata, or why there is none; never raises. A wrong field is
-    named in ``unreadable`` and read as its default; a non-bool ``mask_sample`` sets the record aside."""
+    """The typed record in a sample's metadata, or why there is none; never raises."""
     return parse_record(metadata.get(RECORD_KEY) if isinstance(metadata, Mapping) else None)
 
 
@@ -515,8 +494,7 @@ PASS_REWARD = 1.0  # an environment episode passes with full credit; partial cre
 
 
 def passed(record: EpisodeRecord, reward: object) -> bool:
-    """The one "passed" rule (metrics, the episode store's views and curves): a valid episode
-    that resolved its SWE instance, or of another environment scored ``PASS_REWARD`` or more."""
+    """The one "passed" rule: valid, and SWE resolved or another environment's reward >= ``PASS_REWARD``."""
     if record.mask_sample:
         return False
     if record.env == SWE_ENVIRONMENT:

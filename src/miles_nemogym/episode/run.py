@@ -1,16 +1,6 @@
-"""Episodes played by a NeMo-Gym agent server's own ``POST /run``: the SWE episode
-(``mini_swe_agent_2``, graded with SWE-bench) and the agent row (an ``NEMO_GYM_ENVS`` environment
-with an ``agent``, its model calls routed to the sample's session by the body's ``_ng_rollout_id``).
-
-    prepare(row)  -> the /run body (the task row, the trainer's sampling, the policy URL the Gym
-                     host dials), validated as the server validates it and encoded once
-    attempt       -> POST /run (``transport.request``, ``NEMO_GYM_MAX_RESULT_BYTES``)
-    score         -> a valid measurement or a named, masked failure (HTTP 200 also comes for a
-                     crashed episode, with ``reward: 0.0``)
-
-``/run`` is not idempotent: ``deliver`` sends it again only when it certainly never arrived.
-Why each rule: docs/episode-pipeline.md.
-"""
+"""Episodes played by an agent server's own ``POST /run``: SWE (``mini_swe_agent_2``) and an agent
+row (routed by ``_ng_rollout_id``); prepare the body once, POST it, score the answer. Why each rule:
+docs/episode-pipeline.md."""
 
 from __future__ import annotations
 
@@ -146,11 +136,9 @@ class RunResponse(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    reward: Any = None
-    """Checked by the judge: pydantic would coerce a string or a boolean to a float."""
+    reward: Any = None  # checked by the judge: pydantic would coerce a string or a boolean to a float
     instance_id: str | None = None
-    metadata: dict[str, Any] | None = None
-    """Graded: ``{instance_id, model_patch, eval_report}``; crashed: ``{error, traceback}``."""
+    metadata: dict[str, Any] | None = None  # graded: {instance_id, model_patch, eval_report}; crashed: {error, ...}
     response: _ResponseObject | None = None
     mask_sample: Any = False  # checked by the judge, as failure_kind is
     failure_kind: Any = None
@@ -170,10 +158,8 @@ _OFF_LOOP_BYTES = 4 * 1024 * 1024
 _DEFAULT_REWARD_RANGE = (0.0, 1.0)
 _ERROR_DETAIL_CHARS = 300
 
-ROLLOUT_ID_KEY = "_ng_rollout_id"
-"""The ``/run`` body's rollout id (nemo-gym's alias field, kept from ``/verify``)."""
-_ECHOED = frozenset({"response", "responses_create_params", "reward"})
-"""Parts of an agent's answer not kept as its report: the trajectory, the echoed request, the reward."""
+ROLLOUT_ID_KEY = "_ng_rollout_id"  # the /run body's rollout id (nemo-gym's alias field, kept from /verify)
+_ECHOED = frozenset({"response", "responses_create_params", "reward"})  # not kept as an agent's report
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -182,101 +168,59 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 @dataclass(frozen=True)
-class SweEpisode:
-    """One SWE episode's ``/run`` body, encoded once; the same bytes go out on every try."""
+class RunEpisode:
+    """One ``/run`` body (a SWE row's, or an agent row's for its agent server), encoded once: the same
+    bytes go out on every try."""
 
     payload: bytes
     task_id: str | None
     settings: Settings
-    session_url: str | None = None
-    """Miles' session (``base_url``), asked on a timeout whether the policy was called; None: a scan."""
-    setting = "NEMO_GYM_URL"
-
-    @property
-    def server_url(self) -> str:
-        return self.settings.gym_url
+    server_url: str
+    setting: str  # the variable naming the server
+    score: Callable[..., Outcome]  # the answer's scorer: (status, body, scrub=...)
+    lowest: float  # the episode's lowest reward
+    session_url: str | None = None  # Miles' session, asked on a timeout whether the policy was called; None: a scan
 
     async def attempt(self, deadline: Deadline) -> Outcome:
+        """POST the body and score the answer (in a worker thread when large); a timeout is the policy's
+        when its session recorded a model call and the server had not begun its answer."""
         settings = self.settings
-        score = partial(classify_http, instance_id=self.task_id, reward_range=settings.reward_range)
-        lowest = settings.reward_range[0]
-        return await _post_run(settings, settings.run_url, self.payload, deadline, score, self.session_url, lowest)
-
-
-@dataclass(frozen=True)
-class AgentEpisode:
-    """One agent row's ``/run`` body for its environment's agent server, encoded once."""
-
-    payload: bytes
-    task_id: str | None
-    environment: str
-    server: EnvironmentServer
-    settings: Settings
-    session_url: str
-    setting = "NEMO_GYM_ENVS"
-
-    @property
-    def server_url(self) -> str:
-        return str(self.server.agent)
-
-    async def attempt(self, deadline: Deadline) -> Outcome:
-        valid = self.server.valid_rewards(self.settings.reward_range)
-        where = range_setting(self.environment, self.server)
-        score = partial(classify_agent_http, reward_range=valid, range_name=where)
-        url = f"{self.server_url}/run"
-        return await _post_run(self.settings, url, self.payload, deadline, score, self.session_url, valid[0])
-
-
-async def _post_run(
-    settings: Settings,
-    url: str,
-    payload: bytes,
-    deadline: Deadline,
-    score: Callable[..., Outcome],
-    session_url: str | None,
-    lowest: float,
-) -> Outcome:
-    """POST one ``/run`` body and ``score`` the answer (in a worker thread when it is large); a
-    timeout is the policy's when its session recorded a model call (``_policy_was_called``) and
-    the server had not begun its answer (a ``/run`` answers once the episode is over), scored by
-    ``NEMO_GYM_TIMEOUT_REWARD`` with ``lowest`` the episode's lowest reward."""
-    connections = await pool(settings.max_concurrency)
-    try:
-        answer = await request(
-            connections.gym,
-            "POST",
-            url,
-            payload=payload,
-            deadline=deadline,
-            connect_timeout_s=settings.connect_timeout_s,
-            cap=settings.max_result_bytes,
-        )
-    except Failed as error:
-        if error.kind != AGENT_TIMEOUT:
-            raise
-        if not error.answered and settings.timeout_reward is not TimeoutReward.mask and session_url:
-            error.policy = await _policy_was_called(settings, session_url)
-        return failure_of(error, None, settings, lowest=lowest)
-    if answer.over_cap:
-        return failure(
-            AGENT_RUN_ERROR,
-            f"the /run answer exceeds NEMO_GYM_MAX_RESULT_BYTES={settings.max_result_bytes} "
-            f"(at least {answer.size} bytes decoded); not read further",
-            http_status=answer.status,
-        )
-    scrubber = settings.key_scrubber()
-    scored = partial(score, answer.status, answer.body, scrub=None if scrubber is None else scrubber.scrub)
-    if len(answer.body) > _OFF_LOOP_BYTES:
-        outcome = await asyncio.get_running_loop().run_in_executor(None, scored)
-    else:
-        outcome = scored()
-    outcome.answer = answer.body  # kept for the episode store (scrubbed there)
-    return outcome
+        connections = await pool(settings.max_concurrency)
+        try:
+            answer = await request(
+                connections.gym,
+                "POST",
+                f"{self.server_url}/run",
+                payload=self.payload,
+                deadline=deadline,
+                connect_timeout_s=settings.connect_timeout_s,
+                cap=settings.max_result_bytes,
+            )
+        except Failed as error:
+            if error.kind != AGENT_TIMEOUT:
+                raise
+            if not error.answered and settings.timeout_reward is not TimeoutReward.mask and self.session_url:
+                error.policy = await _policy_was_called(settings, self.session_url)
+            return failure_of(error, None, settings, lowest=self.lowest)
+        if answer.over_cap:
+            return failure(
+                AGENT_RUN_ERROR,
+                f"the /run answer exceeds NEMO_GYM_MAX_RESULT_BYTES={settings.max_result_bytes} "
+                f"(at least {answer.size} bytes decoded); not read further",
+                http_status=answer.status,
+            )
+        scrubber = settings.key_scrubber()
+        scored = partial(self.score, answer.status, answer.body, scrub=None if scrubber is None else scrubber.scrub)
+        if len(answer.body) > _OFF_LOOP_BYTES:
+            outcome = await asyncio.get_running_loop().run_in_executor(None, scored)
+        else:
+            outcome = scored()
+        outcome.answer = answer.body  # kept for the episode store (scrubbed there)
+        return outcome
 
 
 async def _policy_was_called(settings: Settings, session_url: str) -> bool:
-    """Whether Miles' session (``GET /sessions/<id>``) recorded a model call the policy answered;
-    anything else -- no answer, an error, no such call -- says the time was not the policy's."""
+    """Whether Miles' session (``GET /sessions/<id>``) recorded a model call the policy answered."""
     connections = await pool(settings.max_concurrency)
     try:
         answer = await request(
@@ -310,9 +254,8 @@ def prepare(
     *,
     session_url: str,
     addresses: MutableMapping[tuple[str, int], str] | None = None,
-) -> SweEpisode:
-    """The episode of one SWE row for Miles' session ``session_url``, the policy key sent with it;
-    ``RequestError`` names the bad field. ``addresses``: the runtime's routed local addresses."""
+) -> RunEpisode:
+    """The episode of one SWE row for Miles' session ``session_url``, the policy key sent with it."""
     policy = policy_base_url(session_url, settings.gym_url, settings.external_host, addresses)
     episode = prepare_scan(task, request_kwargs, settings, policy_url=policy, send_api_key=True)
     return replace(episode, session_url=session_url)
@@ -325,12 +268,14 @@ def prepare_scan(
     *,
     policy_url: str | None,
     send_api_key: bool,
-) -> SweEpisode:
-    """``prepare`` for the scan: the policy is ``policy_url`` as given (``--policy-base-url``), or
-    None: the server's own model (a golden scan); ``send_api_key`` False keeps the key at home."""
+) -> RunEpisode:
+    """``prepare`` for the scan: ``policy_url`` as given, or None for the server's own model (a golden scan)."""
     key = settings.policy_api_key.get_secret_value() if settings.policy_api_key and send_api_key else None
     body = build_run_body(task.metadata, request_kwargs, policy_base_url=policy_url, policy_api_key=key)
-    return SweEpisode(_encode(body), task.task_id, settings)
+    score = partial(classify_http, instance_id=task.task_id, reward_range=settings.reward_range)
+    return RunEpisode(
+        _encode(body), task.task_id, settings, settings.gym_url, "NEMO_GYM_URL", score, settings.reward_range[0]
+    )
 
 
 def prepare_agent(
@@ -341,10 +286,9 @@ def prepare_agent(
     *,
     session_url: str,
     addresses: MutableMapping[tuple[str, int], str] | None = None,
-) -> AgentEpisode:
-    """The episode of an agent row (``server.agent`` set) for Miles' session ``session_url``: the task
-    row, and as ``_ng_rollout_id`` the policy URL the agent's host dials, signed (``routing_contract.py``);
-    ``RequestError`` names a bad field, ``SettingsError`` a missing signing secret."""
+) -> RunEpisode:
+    """The episode of an agent row for Miles' session ``session_url``: the task row, and as
+    ``_ng_rollout_id`` the policy URL the agent's host dials, signed (``routing_contract.py``)."""
     metadata, environment = task.metadata, task.environment
     if not isinstance(metadata, Mapping) or not metadata:
         raise RequestError(
@@ -361,7 +305,11 @@ def prepare_agent(
     body = _row_body(metadata, request_kwargs)
     body[ROLLOUT_ID_KEY] = rollout_id(policy, secret)
     _check_sendable(body)
-    return AgentEpisode(_encode(body), task.task_id, environment, server, settings, session_url)
+    valid = server.valid_rewards(settings.reward_range)
+    score = partial(classify_agent_http, reward_range=valid, range_name=range_setting(environment, server))
+    return RunEpisode(
+        _encode(body), task.task_id, settings, str(server.agent), "NEMO_GYM_ENVS", score, valid[0], session_url
+    )
 
 
 # -- the policy URL -----------------------------------------------------------------------
@@ -373,36 +321,25 @@ def policy_base_url(
     external_host: str | None = None,
     addresses: MutableMapping[tuple[str, int], str] | None = None,
 ) -> str:
-    """``session_url`` + ``/v1`` with its host made dialable from the Gym server: ``external_host``
-    (``MILES_ROUTER_EXTERNAL_HOST``) whatever it is, as upstream does; else only a wildcard host is
-    replaced, by the local address routed to the Gym host (kept in ``addresses`` when given)."""
+    """``session_url`` + ``/v1`` with its host dialable from the Gym server: ``external_host``
+    (``MILES_ROUTER_EXTERNAL_HOST``) if set, as upstream does; else only a wildcard host is replaced,
+    by the local address routed to the Gym host (found once per Gym host, kept in ``addresses``)."""
     parts = check_session_url(session_url)
-    try:
-        netloc = _dialable_netloc(parts.netloc, gym_url, external_host, addresses)
-    except ValueError as error:  # urlsplit's own: a bad port
+    try:  # urlsplit's own ValueError: a bad port
+        host, port = external_host or parts.hostname or "", parts.port
+        if not external_host and is_wildcard(host):
+            gym = urlsplit(gym_url)
+            target = (gym.hostname or "localhost", gym.port or 80)
+            addresses = {} if addresses is None else addresses
+            if target not in addresses:
+                addresses[target] = routable_local_address(*target)
+            host = addresses[target]
+    except ValueError as error:
         raise UrlError(f"base_url {redact_url(session_url)!r} is malformed ({error})") from None
     path = parts.path.rstrip("/")
     if not path.endswith("/v1"):
         path += "/v1"
-    return urlunsplit((parts.scheme, netloc, path, "", ""))
-
-
-def _dialable_netloc(
-    netloc: str, gym_url: str, external_host: str | None, addresses: MutableMapping[tuple[str, int], str] | None
-) -> str:
-    """The session URL's netloc made dialable (the routed address found once per Gym host in ``addresses``)."""
-    parts = urlsplit(f"//{netloc}")
-    host = parts.hostname or ""
-    if external_host:
-        host = external_host
-    elif is_wildcard(host):
-        gym = urlsplit(gym_url)
-        target = (gym.hostname or "localhost", gym.port or 80)
-        addresses = {} if addresses is None else addresses
-        if target not in addresses:
-            addresses[target] = routable_local_address(*target)
-        host = addresses[target]
-    return bracket(host) + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, bracket(host) + (f":{port}" if port else ""), path, "", ""))
 
 
 def routable_local_address(target_host: str, target_port: int = 80) -> str:
@@ -411,8 +348,7 @@ def routable_local_address(target_host: str, target_port: int = 80) -> str:
         address = "127.0.0.1"
     else:
         try:
-            infos = socket.getaddrinfo(target_host, target_port, type=socket.SOCK_DGRAM)
-            family, _, _, _, sockaddr = infos[0]
+            family, _, _, _, sockaddr = socket.getaddrinfo(target_host, target_port, type=socket.SOCK_DGRAM)[0]
             with socket.socket(family, socket.SOCK_DGRAM) as probe:
                 probe.connect(sockaddr)
                 address = str(probe.getsockname()[0])
@@ -481,8 +417,7 @@ def _check_sendable(body: Mapping[str, Any]) -> None:
 def responses_create_params(
     row_params: Mapping[str, Any] | None, request_kwargs: Mapping[str, Any] | None
 ) -> dict[str, Any]:
-    """Merge a row's own ``responses_create_params`` with the trainer's sampling: the trainer
-    wins on every key it sets (also inside ``extra_body``); keys only the row sets are kept."""
+    """A row's ``responses_create_params`` with the trainer's sampling over it (also inside ``extra_body``)."""
     if row_params is not None and not isinstance(row_params, Mapping):
         raise RequestError(
             "metadata['responses_create_params'] must be an object (NeMo-Gym's row format), "
@@ -490,24 +425,39 @@ def responses_create_params(
         )
     params: dict[str, Any] = dict(row_params or {})
     params.setdefault("input", [])
-    typed, extra = _split_sampling(request_kwargs)
-    params.update(typed)
+    if request_kwargs is not None and not isinstance(request_kwargs, Mapping):
+        raise RequestError(
+            f"request_kwargs must be a dict of sampling parameters (Miles' sampling_params), "
+            f"got {type(request_kwargs).__name__}"
+        )
+    extra: dict[str, Any] = {}  # the trainer's keys without a typed field: extra_body's
+    for key, value in (request_kwargs or {}).items():
+        if value is None:  # "not set" in Miles
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise RequestError(f"request_kwargs[{key!r}] must be finite, got {value!r}")
+        if _json_problem_or_cycle(value):
+            raise RequestError(
+                f"request_kwargs[{key!r}] = {value!r} cannot be sent as JSON; pass numbers, strings, "
+                "booleans or lists of them"
+            )
+        if key in _TYPED_SAMPLING:
+            params[_TYPED_SAMPLING[key]] = value
+        else:
+            extra[key] = value
 
     row_metadata = params.get("metadata") or {}
     if not isinstance(row_metadata, Mapping):
         raise RequestError("metadata['responses_create_params']['metadata'] must be a dict[str, str]")
     metadata = dict(row_metadata)
-    # The row's extra_body is checked whether or not the trainer adds keys to it: a row
-    # must not be sent or refused depending on the trainer's flags. A row may carry it as
-    # an object; the server only takes it as a JSON string.
+    # Checked even when the trainer adds nothing; the server only takes it as a JSON string.
     row_extra = row_extra_body(
         metadata.get("extra_body"), "metadata['responses_create_params']['metadata']['extra_body']"
     )
     if extra or isinstance(metadata.get("extra_body"), Mapping):
-        merged = row_extra
-        merged.update(extra)
+        row_extra.update(extra)
         try:
-            metadata["extra_body"] = json.dumps(merged, sort_keys=True, allow_nan=False)
+            metadata["extra_body"] = json.dumps(row_extra, sort_keys=True, allow_nan=False)
         except (TypeError, ValueError) as error:
             raise RequestError(f"responses_create_params.metadata.extra_body cannot be sent as JSON: {error}") from None
     if metadata:
@@ -520,36 +470,6 @@ def responses_create_params(
     return model.model_dump(exclude_none=True)
 
 
-def _split_sampling(request_kwargs: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Miles' sampling parameters as (typed fields, ``extra_body`` keys); None means "not set" in Miles."""
-    if request_kwargs is not None and not isinstance(request_kwargs, Mapping):
-        raise RequestError(
-            f"request_kwargs must be a dict of sampling parameters (Miles' sampling_params), "
-            f"got {type(request_kwargs).__name__}"
-        )
-    typed: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
-    for key, value in (request_kwargs or {}).items():
-        if value is None:
-            continue
-        _check_json_value(key, value)
-        if key in _TYPED_SAMPLING:
-            typed[_TYPED_SAMPLING[key]] = value
-        else:
-            extra[key] = value
-    return typed, extra
-
-
-def _check_json_value(key: str, value: Any) -> None:
-    if isinstance(value, float) and not math.isfinite(value):
-        raise RequestError(f"request_kwargs[{key!r}] must be finite, got {value!r}")
-    if _json_problem_or_cycle(value):
-        raise RequestError(
-            f"request_kwargs[{key!r}] = {value!r} cannot be sent as JSON; pass numbers, strings, "
-            "booleans or lists of them"
-        )
-
-
 def _json_problem_or_cycle(value: Any) -> str | None:
     try:
         return _json_problem(value)
@@ -558,37 +478,28 @@ def _json_problem_or_cycle(value: Any) -> str | None:
 
 
 def _json_problem(value: Any) -> str | None:
-    """What stops ``json.dumps(value, allow_nan=False)`` from succeeding, or None; a walk,
-    cheaper than serializing on the per-sample path. Raises ``RecursionError`` on a cycle."""
+    """What stops ``json.dumps(value, allow_nan=False)``, or None (a walk: cheaper than serializing)."""
     if isinstance(value, _JSON_SCALARS):
         return None
     if isinstance(value, float):
         return None if math.isfinite(value) else f"a non-finite number ({value!r})"
     if isinstance(value, (list, tuple)):
-        for item in value:
-            if not isinstance(item, str):
-                problem = _json_problem(item)
-                if problem:
-                    return problem
-        return None
+        return next(filter(None, map(_json_problem, value)), None)
     if isinstance(value, dict):
         for key, item in value.items():
-            if not isinstance(key, _JSON_SCALARS):
-                if not isinstance(key, float):
-                    return f"a key of type {type(key).__name__}"
-                if not math.isfinite(key):
-                    return f"a non-finite key ({key!r})"
-            if not isinstance(item, str):
-                problem = _json_problem(item)
-                if problem:
-                    return problem
+            if not isinstance(key, (*_JSON_SCALARS, float)):
+                return f"a key of type {type(key).__name__}"
+            if isinstance(key, float) and not math.isfinite(key):
+                return f"a non-finite key ({key!r})"
+            problem = _json_problem(item)
+            if problem:
+                return problem
         return None
     return f"a value of type {type(value).__name__}"
 
 
 def _encode(body: Mapping[str, Any]) -> bytes:
-    """The ``/run`` body as JSON bytes (pydantic-core's encoder); ``RequestError`` names
-    a field that cannot be (text that is not valid Unicode: ``build_run_body`` checked the rest)."""
+    """The ``/run`` body as JSON bytes; ``RequestError`` names a string that is not valid Unicode."""
     try:
         return pydantic_core.to_json(body)
     except pydantic_core.PydanticSerializationError:
@@ -608,16 +519,12 @@ def _unencodable(value: Any, where: str) -> str | None:
             return where
         return None
     if isinstance(value, Mapping):
-        for key, item in value.items():
-            found = _unencodable(key, f"{where} (a key)") or _unencodable(item, f"{where}[{key!r}]")
-            if found:
-                return found
+        found = (_unencodable(k, f"{where} (a key)") or _unencodable(v, f"{where}[{k!r}]") for k, v in value.items())
     elif isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            found = _unencodable(item, f"{where}[{index}]")
-            if found:
-                return found
-    return None
+        found = (_unencodable(item, f"{where}[{index}]") for index, item in enumerate(value))
+    else:
+        return None
+    return next(filter(None, found), None)
 
 
 # -- score: what came back -----------------------------------------------------------------
@@ -634,10 +541,9 @@ def classify_http(
     """Any HTTP answer from ``/run`` as an ``Outcome`` (status, then body), ``scrub`` applied before any read."""
     if scrub is not None and status != 200:
         body = scrub(body)
-    if status >= 500:
-        return failure(AGENT_RUN_ERROR, f"HTTP {status}: {_error_detail(body)}", http_status=status)
     if status >= 400:
-        return failure(AGENT_REQUEST_FAILED, f"HTTP {status}: {_error_detail(body)}", http_status=status)
+        kind = AGENT_RUN_ERROR if status >= 500 else AGENT_REQUEST_FAILED
+        return failure(kind, f"HTTP {status}: {_error_detail(body)}", http_status=status)
     if status != 200:
         return failure(AGENT_RUN_ERROR, f"unexpected HTTP {status} from /run", http_status=status)
     try:
@@ -725,8 +631,7 @@ def classify_run_response(
     sent_instance_id: str | None = None,
     reward_range: tuple[float, float] = _DEFAULT_REWARD_RANGE,
 ) -> Outcome:
-    """``judge``'s verdict of a ``/run`` result that parsed, its own fields a graded SWE episode's: no
-    ``metadata.error``, the instance that was sent (``sent_instance_id``), its SWE-bench report."""
+    """``judge``'s verdict of a parsed ``/run`` result, with SWE's own checks (docs/episode-pipeline.md)."""
     metadata = finite_json(response.metadata or {})
     raw_id = response.instance_id or metadata.get("instance_id")
     reported_id = None if raw_id is None else str(raw_id)
@@ -748,12 +653,7 @@ def classify_run_response(
             "pass_to_pass": _test_counts(tests.get("PASS_TO_PASS")),
         }
     outcome = judge(
-        {
-            "reward": response.reward,
-            "mask_sample": response.mask_sample,
-            "failure_kind": response.failure_kind,
-            "failure_reason": response.failure_reason,
-        },
+        response.model_dump(include={"reward", "mask_sample", "failure_kind", "failure_reason"}),
         reward_range=reward_range,
         report=metadata,
         http_status=http_status,
@@ -772,8 +672,7 @@ def _error_summary(error: object) -> str:
 
 
 def _count_turns(response: RunResponse) -> tuple[int, int]:
-    """(model turns, tool calls) in the trajectory: a turn is a run of items ending where
-    ``function_call_output`` answers it or a user message (a game's observation) follows it."""
+    """(model turns, tool calls): a turn ends at a ``function_call_output`` or a user message."""
     turns = 0
     tool_calls = 0
     in_turn = False
