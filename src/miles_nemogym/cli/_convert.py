@@ -276,8 +276,7 @@ def _convert_command(
 def _benchmark_rows(
     err: Console, value: str, input: str | None, scratch: contextlib.ExitStack, notes: list[str]
 ) -> str:
-    """``value`` as given, or, when it names a NeMo-Gym benchmark, ``GRADER=ROWS[:WEIGHT]`` with
-    ROWS the benchmark's rows made by :func:`miles_nemogym.gym.benchmarks.materialize`."""
+    """``value`` as given, or for a NeMo-Gym benchmark ``GRADER=ROWS[:WEIGHT]`` (ROWS: its rows, materialized)."""
     from miles_nemogym.gym.benchmarks import find_benchmark
     from miles_nemogym.gym.catalog import UnknownCatalogNameError
     from miles_nemogym.gym.venv import GymEnvironmentError
@@ -348,5 +347,4 @@ def _check_names(err: Console, options: ConvertOptions, own: list[str]) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``convert`` to the root command."""
     app.command("convert", help=_HELP)(_convert_command)

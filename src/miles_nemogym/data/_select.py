@@ -30,8 +30,7 @@ def split_names(values: Iterable[str]) -> frozenset[str]:
 
 
 def read_instance_ids(path: Path) -> list[str]:
-    """The ids in a file, in order, each once: one per line (commas and blanks also separate), ``#``
-    starts a comment."""
+    """The ids in a file, in order, each once: one per line (or comma/blank separated), ``#`` a comment."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
