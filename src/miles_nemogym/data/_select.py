@@ -74,16 +74,6 @@ class GradeTables:
     repos_with_parser: frozenset[str]
     swebench_version: str
 
-    def why_not_gradeable(self, repo: str, version: str) -> str | None:
-        versions = self.versions_by_repo.get(repo)
-        if versions is None:
-            return "repo unknown to swebench"
-        if version not in versions:
-            return "version unknown to swebench"
-        if repo not in self.repos_with_ext or repo not in self.repos_with_parser:
-            return "no swebench log parser"
-        return None
-
 
 def load_grade_tables() -> GradeTables:
     """The tables of the installed ``swebench``; raises :class:`SwebenchMissingError`."""
@@ -122,5 +112,14 @@ class Selection:
             return "in --exclude-repos"
         if self.instance_ids is not None and instance.instance_id not in self.instance_ids:
             return "not in --instance-ids"
-        why = self.grade_tables.why_not_gradeable(instance.repo, instance.version) if self.grade_tables else None
-        return None if why is None else f"not gradeable: {why}"
+        tables = self.grade_tables
+        if tables is None:
+            return None
+        versions = tables.versions_by_repo.get(instance.repo)
+        if versions is None:
+            return "not gradeable: repo unknown to swebench"
+        if instance.version not in versions:
+            return "not gradeable: version unknown to swebench"
+        if instance.repo not in tables.repos_with_ext or instance.repo not in tables.repos_with_parser:
+            return "not gradeable: no swebench log parser"
+        return None
