@@ -1,6 +1,5 @@
-"""Output files that appear at their paths all together, or not at all (docs/data-and-checks.md,
-"Atomic output"): each is written beside its path, then all are renamed in one short step during
-which Ctrl-C and SIGTERM wait; any failure removes every temporary file and the folders made."""
+"""Output files that appear at their paths all together, or not at all: written beside them, renamed in one
+short step Ctrl-C and SIGTERM wait for (docs/data-and-checks.md, "Atomic output")."""
 
 from __future__ import annotations
 

@@ -66,8 +66,7 @@ def _split_ids(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class GradeTables:
-    """The three ``swebench`` lookups the grader performs, as key sets (no ``make_test_spec``,
-    which needs the network; docs/data-and-checks.md)."""
+    """The three ``swebench`` lookups the grader performs, as key sets (docs/data-and-checks.md)."""
 
     versions_by_repo: Mapping[str, frozenset[str]]
     repos_with_ext: frozenset[str]
