@@ -48,18 +48,6 @@ def _refuse(err: Console, message: str, code: int = 2) -> NoReturn:
     fail(err, message, code, highlight=False, markup=False)
 
 
-def _print_environments(console: Console, report: ConvertReport) -> None:
-    if not report.usable_by_env:
-        return
-    by_env = Table(title="per environment", title_justify="left")
-    for column in ("environment", "usable rows", "written", "repeated", "held out"):
-        by_env.add_column(column, justify="left" if column == "environment" else "right")
-    for name, usable in report.usable_by_env.items():
-        counts = (usable, report.written_by_env[name], report.repeated_by_env[name], report.holdout_by_env[name])
-        by_env.add_row(Text(name), *map(str, counts))
-    console.print(by_env)
-
-
 def _print_summary(console: Console, report: ConvertReport, options: ConvertOptions) -> None:
     from miles_nemogym.data import printable
 
@@ -83,8 +71,14 @@ def _print_summary(console: Console, report: ConvertReport, options: ConvertOpti
         held_to: list[Path | None] = [*sorted(set(report.holdout_files.values()))] or [options.holdout_output]
         for path in held_to if options.holdout else ():
             console.print(f"held out to {path}", highlight=False, markup=False)
-    if report.environments:
-        _print_environments(console, report)
+    if report.usable_by_env:  # NeMo-Gym environment rows
+        by_env = Table(title="per environment", title_justify="left")
+        for column in ("environment", "usable rows", "written", "repeated", "held out"):
+            by_env.add_column(column, justify="left" if column == "environment" else "right")
+        for name, usable in report.usable_by_env.items():
+            row = (usable, report.written_by_env[name], report.repeated_by_env[name], report.holdout_by_env[name])
+            by_env.add_row(Text(name), *map(str, row))
+        console.print(by_env)
 
     repos = sorted(
         set(report.written_by_repo) | set(report.holdout_by_repo) | set(report.not_gradeable_by_repo),
@@ -276,8 +270,7 @@ def _convert_command(
 def _benchmark_rows(
     err: Console, value: str, input: str | None, scratch: contextlib.ExitStack, notes: list[str]
 ) -> str:
-    """``value`` as given, or, when it names a NeMo-Gym benchmark, ``GRADER=ROWS[:WEIGHT]`` with
-    ROWS the benchmark's rows made by :func:`miles_nemogym.gym.benchmarks.materialize`."""
+    """``value`` as given, or for a NeMo-Gym benchmark ``GRADER=ROWS[:WEIGHT]`` (ROWS: its rows, materialized)."""
     from miles_nemogym.gym.benchmarks import find_benchmark
     from miles_nemogym.gym.catalog import UnknownCatalogNameError
     from miles_nemogym.gym.venv import GymEnvironmentError
@@ -348,5 +341,4 @@ def _check_names(err: Console, options: ConvertOptions, own: list[str]) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``convert`` to the root command."""
     app.command("convert", help=_HELP)(_convert_command)

@@ -36,12 +36,9 @@ def _environments(
 
     try:
         chosen = listing(name, kind, progress=lambda line: typer.echo(line, err=True))
-    except UnknownCatalogNameError as error:
+    except (UnknownCatalogNameError, GymEnvironmentError) as error:
         typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(2) from None
-    except GymEnvironmentError as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(2 if isinstance(error, UnknownCatalogNameError) else 1) from None
     if as_json:
         out = [{**e.entry.model_dump(mode="json"), "here": e.here.model_dump()} for e in chosen]
         typer.echo(json.dumps(out[0] if name else out, indent=None if not name else 2))
@@ -118,8 +115,7 @@ def _detail(listed: Listed, width: int) -> str:
 
 
 def _trainer(name: str) -> str:
-    """``--session-server`` for an environment ``serve`` plays through its agent's ``/run`` (whose model
-    calls go to the trainer's session servers), also one that needs a judge too; else nothing."""
+    """``--session-server`` when ``serve`` plays ``name`` through its agent's ``/run`` (judged or not), else nothing."""
     from miles_nemogym.gym.environments import plan
 
     [played] = plan([name])

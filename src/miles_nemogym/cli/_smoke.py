@@ -9,7 +9,7 @@ import shlex
 import shutil
 import tempfile
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -54,14 +54,20 @@ interpreter is found on PATH, in pyenv or /usr/bin, or named by MILES_NEMOGYM_GY
 
 
 @contextmanager
-def _quiet_episode_warnings() -> Iterator[None]:
-    """The agent logs each failed episode as a WARNING for trainers; here the table shows
-    every one of them with its reason, so the raw lines would only repeat it, unexplained."""
+def _running(console: Console, servers: str) -> Iterator[Callable[[str], None]]:
+    """The step display, the agent's warnings off (the table shows each failed episode with its
+    reason); ``typer.Exit(2)`` when ``servers`` cannot start."""
+    from miles_nemogym.cli._console import step_display
+    from miles_nemogym.gym.venv import GymEnvironmentError
+
     logger, handler = logging.getLogger("miles_nemogym"), logging.NullHandler()
     previous, logger.propagate = logger.propagate, False
     logger.addHandler(handler)
     try:
-        yield
+        with step_display(console) as progress:
+            yield progress
+    except GymEnvironmentError as error:
+        fail(console, f"[red]cannot start {servers}:[/red] {escape(str(error))}", highlight=False)
     finally:
         logger.removeHandler(handler)
         logger.propagate = previous
@@ -225,26 +231,20 @@ def _run_environments(
     store: Path,
     json_path: Path | None,
 ) -> bool:
-    """``smoke --env``: the environments' shipped rows, one line per episode, a table per
-    environment; whether the chain worked (``typer.Exit(2)`` when the servers could not start)."""
-    from miles_nemogym.cli._console import step_display
-    from miles_nemogym.gym.venv import GymEnvironmentError
+    """``smoke --env``: a line per episode, a table per environment; whether the chain worked."""
     from miles_nemogym.smoke import run_environment_smoke
 
-    try:
-        with interrupt_on_signals(ctrl_c=True), step_display(console) as progress, _quiet_episode_warnings():
-            report = run_environment_smoke(
-                envs,
-                state_dir=folder,
-                episode_dir=store,
-                limit=limit or 5,
-                judge=judge,
-                policy_base_url=policy_base_url,
-                progress=progress,
-                on_episode=lambda line: console.print(line, highlight=False),
-            )
-    except GymEnvironmentError as error:
-        fail(console, f"[red]cannot start the environments' servers:[/red] {escape(str(error))}", highlight=False)
+    with interrupt_on_signals(ctrl_c=True), _running(console, "the environments' servers") as progress:
+        report = run_environment_smoke(
+            envs,
+            state_dir=folder,
+            episode_dir=store,
+            limit=limit or 5,
+            judge=judge,
+            policy_base_url=policy_base_url,
+            progress=progress,
+            on_episode=lambda line: console.print(line, highlight=False),
+        )
     _print_tables(console, *report.tables(), report.LEGEND)
     if json_path is not None:
         _write_json(console, json_path, report.json())
@@ -269,9 +269,7 @@ def _run(
     step_limit: int,
     json_path: Path | None,
 ) -> bool:
-    """The run and its report; whether the chain worked (``typer.Exit(2)`` when it could not start)."""
-    from miles_nemogym.cli._console import step_display
-    from miles_nemogym.gym.venv import GymEnvironmentError
+    """The run and its report; whether the chain worked."""
     from miles_nemogym.smoke import expected_offline, run_smoke
 
     offline = [rows[i]["instance_id"] for i in expected_offline([row["repo"] for row in rows])]
@@ -283,32 +281,29 @@ def _run(
             highlight=False,
         )
     counts = {"running": 0, "done": 0}
-    try:
-        with step_display(console) as progress, _quiet_episode_warnings():
+    with _running(console, "the NeMo-Gym server") as progress:
 
-            def running(count: int) -> None:
-                counts["running"] = count
-                progress(f"  {count} running, 0 done")
+        def running(count: int) -> None:
+            counts["running"] = count
+            progress(f"  {count} running, 0 done")
 
-            def finished(line: str) -> None:
-                counts["running"] -= 1
-                counts["done"] += 1
-                console.print(line, highlight=False)
-                progress(f"  {counts['running']} running, {counts['done']} done")
+        def finished(line: str) -> None:
+            counts["running"] -= 1
+            counts["done"] += 1
+            console.print(line, highlight=False)
+            progress(f"  {counts['running']} running, {counts['done']} done")
 
-            report = run_smoke(
-                state_dir=folder,
-                episode_dir=store,
-                trajectories_kept=kept,
-                limit=limit,
-                policy_base_url=policy_base_url,
-                step_limit=step_limit,
-                progress=progress,
-                on_episode=finished,
-                on_running=running,
-            )
-    except GymEnvironmentError as error:
-        fail(console, f"[red]cannot start the NeMo-Gym server:[/red] {escape(str(error))}", highlight=False)
+        report = run_smoke(
+            state_dir=folder,
+            episode_dir=store,
+            trajectories_kept=kept,
+            limit=limit,
+            policy_base_url=policy_base_url,
+            step_limit=step_limit,
+            progress=progress,
+            on_episode=finished,
+            on_running=running,
+        )
 
     table, notes = report.table()
     _print_tables(console, [table], notes, report.LEGEND)

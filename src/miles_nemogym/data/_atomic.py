@@ -1,6 +1,5 @@
-"""Output files that appear at their paths all together, or not at all (docs/data-and-checks.md,
-"Atomic output"): each is written beside its path, then all are renamed in one short step during
-which Ctrl-C and SIGTERM wait; any failure removes every temporary file and the folders made."""
+"""Output files that appear at their paths all together, or not at all: written beside them, renamed in one
+short step Ctrl-C and SIGTERM wait for (docs/data-and-checks.md, "Atomic output")."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ class WriteError(MilesNemoGymError, OSError):
 
 
 class InterruptedAfterCommit(MilesNemoGymError, KeyboardInterrupt):
-    """Ctrl-C or SIGTERM arrived while the files were moved into place: every one of them was
-    (``except KeyboardInterrupt`` catches it, as any Ctrl-C)."""
+    """Ctrl-C or SIGTERM arrived while the files were moved into place, and every one of them was."""
 
     def __init__(self, paths: Sequence[Path]) -> None:
         super().__init__(", ".join(map(str, paths)))
@@ -125,8 +123,7 @@ class AtomicFiles:
         self._made_folders.extend(missing)
 
     def open(self, path: Path) -> AtomicFile:
-        """A new member at ``path`` (its folder made if missing); :class:`WriteError` if ``path``
-        is a link, a folder or a device, or cannot be written."""
+        """A new member at ``path`` (its folder made if missing); :class:`WriteError` if it cannot be one."""
         problem = output_problem(path)
         if problem:
             raise WriteError(f"cannot write {path}: it {problem}")
@@ -141,9 +138,8 @@ class AtomicFiles:
         return self._scratch[-1]
 
     def commit(self) -> None:
-        """Finish every file, then move them all into place, the first one opened last.
-        :class:`WriteError` names the file that failed and those already moved;
-        :class:`InterruptedAfterCommit` if a signal waited for the moves."""
+        """Finish every file, then move them all into place, the first one opened last (:class:`WriteError`
+        names the file that failed and those already moved)."""
         if self.committed:
             return
         for file in self._files:
@@ -201,8 +197,7 @@ class AtomicFiles:
 
 @contextlib.contextmanager
 def _held_signals() -> Iterator[list[int]]:
-    """Inside, SIGINT and SIGTERM wait (recorded); handlers left ignored or set outside Python stay,
-    and off the main thread nothing changes."""
+    """Inside, SIGINT and SIGTERM wait (recorded); ignored or non-Python handlers and other threads are left alone."""
     held: list[int] = []
 
     def hold(signum: int, frame: FrameType | None) -> None:
@@ -222,8 +217,7 @@ def _held_signals() -> Iterator[list[int]]:
 
 
 def _deliver(held: list[int], written: Sequence[Path]) -> None:
-    """Raise the first held signal now, with its own handler; after a commit its
-    ``KeyboardInterrupt`` becomes :class:`InterruptedAfterCommit`."""
+    """Raise the first held signal with its own handler (after a commit: :class:`InterruptedAfterCommit`)."""
     if not held:
         return
     try:

@@ -29,9 +29,9 @@ from miles_nemogym.data._environments import (
     apportion,
     env_mark_problem,
     environment_of_row,
-    environment_task_id,
     is_environment_row,
     parse_env_option,
+    task_key,
     to_environment_row,
 )
 from miles_nemogym.data._rows import (
@@ -90,8 +90,7 @@ class ConvertOptions(BaseModel):
 
     @classmethod
     def from_flags(cls, *, env: Sequence[str] = (), instance_ids: str | None = None, **fields: Any) -> ConvertOptions:
-        """The options as the CLI gives them: ``--env NAME=FILE[:WEIGHT]`` and ``--instance-ids`` as typed
-        (``ValueError`` naming the fix for a bad one; pydantic's ``ValidationError`` for the rest)."""
+        """The options as the CLI gives them (``ValueError`` naming the fix for bad ``--env``/``--instance-ids``)."""
         environments = tuple(parse_env_option(value, fields.get("input")) for value in env)
         return cls(environments=environments, instance_ids=instance_ids_option(instance_ids), **fields)
 
@@ -241,8 +240,7 @@ class RowProblem:
 
 @dataclass
 class ConvertReport:
-    """What happened, for the summary table and for Python callers (the ``*_by_env`` counts are
-    for NeMo-Gym environment rows, the ``*_by_repo`` ones for SWE-bench rows)."""
+    """What happened, for the summary and Python callers (``environments``: ``*_by_env`` counts, else ``*_by_repo``)."""
 
     source: str = ""
     source_kind: str = ""
@@ -265,7 +263,6 @@ class ConvertReport:
     swebench_version: str | None = None
     committed: bool = False
     environments: bool = False
-    """NeMo-Gym environment rows (the ``*_by_env`` counts), not SWE-bench rows."""
     usable_by_env: Counter[str] = field(default_factory=Counter)
     written_by_env: Counter[str] = field(default_factory=Counter)
     repeated_by_env: Counter[str] = field(default_factory=Counter)
@@ -385,13 +382,12 @@ def convert_row(
     dataset_name: str = "",
     drop_fields: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Convert one task row in Python (same rules as the CLI): a SWE-bench row, or with ``environment``
-    a NeMo-Gym task row of it (row ``index`` of its rows: the task id when the row has no id of its own);
-    raises :class:`RowInvalidError`, a ``ValueError`` naming each problem."""
+    """One SWE-bench row, or with ``environment`` a NeMo-Gym task row (``index``: its task id if it has no id),
+    by the CLI's rules; :class:`RowInvalidError`, a ``ValueError``, names each problem."""
     if environment is not None:
         if subset or split or dataset_name or drop_fields:
             raise ValueError("subset, split, dataset_name and drop_fields are for SWE-bench rows, not environment rows")
-        converted = to_environment_row(row, environment, environment_task_id(row, environment, index))
+        converted = to_environment_row(row, environment, f"{environment}/{task_key(row, index)}")
         if isinstance(converted, FieldProblem):
             raise RowInvalidError([converted])
         return converted
@@ -482,14 +478,9 @@ def _encoded(row: Mapping[str, Any], raw: RawRow, report: ConvertReport, who: st
 
 
 def convert(options: ConvertOptions, progress: _Progress | None = None) -> ConvertReport:
-    """Run the conversion; returns the report once every output file is in place, or raises with
-    none touched: :class:`ConvertError` (``report`` says why) or another ``MilesNemoGymError``:
-    ``WriteError`` (an ``OSError`` naming the file and the reason), ``SourceError``,
-    ``SwebenchMissingError``; or ``ValueError`` (bad ``--instance-ids``).
-
-    Ctrl-C raises ``KeyboardInterrupt`` with nothing written, or ``InterruptedAfterCommit`` when it
-    came while the files were moved into place (they all were). ``progress(rows_read,
-    total_or_None)`` is called every few hundred rows."""
+    """The report once every output file is in place; else none is touched and it raises ``ConvertError``
+    (``report`` says why), another ``MilesNemoGymError`` or ``ValueError``; Ctrl-C while the files are moved
+    raises ``InterruptedAfterCommit`` (all were). ``progress(rows_read, total_or_None)`` every few hundred rows."""
     convert_rows = _convert_environments if options.environment_mode() else _convert_swe
     with AtomicFiles() as files:
         report = convert_rows(options, progress, files)
@@ -571,7 +562,13 @@ def _convert_swe(options: ConvertOptions, progress: _Progress | None, files: Ato
     if fail and report.problem_count:
         raise _bad_rows(report)
     if spool is not None:
-        _write_shuffled(spool, options, report, output, holdout)
+        order = list(range(len(spool)))
+        random.Random(report.seed).shuffle(order)
+        end = len(order) if options.limit is None else options.holdout + options.limit
+        if len(order) > end:
+            report.skipped["beyond --limit"] += len(order) - end
+        for line, repo in spool.lines(order[:end]):
+            _write_swe(line, repo, options, report, output, holdout)
     if options.holdout and report.holdout_written < options.holdout:
         raise ConvertError(
             f"only {counted(report.holdout_written, 'selected row')}, fewer than --holdout {options.holdout}; "
@@ -605,18 +602,6 @@ def _write_swe(
         output.write(line)
         report.written += 1
         report.written_by_repo[repo] += 1
-
-
-def _write_shuffled(
-    spool: _Spool, options: ConvertOptions, report: ConvertReport, output: AtomicFile, holdout: AtomicFile | None
-) -> None:
-    order = list(range(len(spool)))
-    random.Random(report.seed).shuffle(order)
-    end = len(order) if options.limit is None else options.holdout + options.limit
-    if len(order) > end:
-        report.skipped["beyond --limit"] += len(order) - end
-    for line, repo in spool.lines(order[:end]):
-        _write_swe(line, repo, options, report, output, holdout)
 
 
 def _problem_key(problem: FieldProblem) -> str:
@@ -658,7 +643,7 @@ def _convert_environments(options: ConvertOptions, progress: _Progress | None, f
                 task_id = f"{environment}/{checked[0] if isinstance(checked, tuple) else raw.index}"
                 row = checked[1] if isinstance(checked, tuple) else checked
             else:
-                task_id = environment_task_id(data, environment, raw.index)
+                task_id = f"{environment}/{task_key(data, raw.index)}"
                 row = to_environment_row(data, environment, task_id)
             if isinstance(row, FieldProblem):
                 _record_problem(report, raw, [str(row)], _problem_key(row), who=task_id)

@@ -25,7 +25,6 @@ __all__ = [
     "EnvironmentInput",
     "chat_prompt",
     "environment_of_row",
-    "environment_task_id",
     "is_environment_row",
     "named_environment",
     "parse_env_option",
@@ -78,8 +77,7 @@ def parse_env_option(value: str, default_source: str | None) -> EnvironmentInput
 
 
 def is_environment_row(row: Mapping[str, Any]) -> bool:
-    """A NeMo-Gym environment task row (vs a SWE-bench row, which may carry
-    ``responses_create_params`` too): it has them and names an agent, or has no ``instance_id``."""
+    """Has ``responses_create_params`` and names an agent, or has no ``instance_id`` (unlike a SWE-bench row)."""
     return _PARAMS in row and ("agent_ref" in row or "task_source" in row or "instance_id" not in row)
 
 
@@ -120,17 +118,12 @@ def environment_of_row(row: Mapping[str, Any]) -> str | FieldProblem:
 
 
 def task_key(row: Mapping[str, Any], index: int) -> str:
-    """The row's own id (the first of ``ID_FIELDS`` that is a string or an integer), else its index."""
+    """The row's own id (first of ``ID_FIELDS`` that is a str or int), else its index; a task id is ``env/key``."""
     for field in ID_FIELDS:
         value = row.get(field)
         if (isinstance(value, str) and value) or (isinstance(value, int) and not isinstance(value, bool)):
             return str(value)
     return str(index)
-
-
-def environment_task_id(row: Mapping[str, Any], environment: str, index: int) -> str:
-    """The task id of row ``index`` of ``environment``'s rows: ``environment/`` + its own id, else its index."""
-    return f"{environment}/{task_key(row, index)}"
 
 
 def chat_prompt(row: Mapping[str, Any]) -> list[dict[str, Any]] | FieldProblem:
@@ -182,8 +175,7 @@ def env_mark_problem(row: Mapping[str, Any], *, swe_row: bool = False) -> FieldP
 
 
 def to_environment_row(row: Mapping[str, Any], environment: str, task_id: str) -> dict[str, Any] | FieldProblem:
-    """``{"prompt": the input messages, "metadata": {the row…, nemogym_env, nemogym_task_id}}``,
-    or why the row cannot run (``chat_prompt``, a bad ``nemogym_env`` of its own)."""
+    """``{"prompt": the input messages, "metadata": {the row…, nemogym_env, nemogym_task_id}}``, or why not."""
     problem = env_mark_problem(row)
     if problem:
         return problem

@@ -13,17 +13,6 @@ from miles_nemogym.data._environments import chat_prompt
 from miles_nemogym.data._schema import SUBSETS, FieldProblem, SweBenchInstance, validate_instance
 from miles_nemogym.episode.record import ENV_KEY, ROUTING_KEYS, SWE_ENVIRONMENT, Task
 
-# Normalised dataset names (lower case, '_'/' '/'.' → '-') and what they imply.
-_KNOWN_NAMES: dict[str, tuple[str, str]] = {
-    "swe-bench": ("verified", "test"),
-    "swe-bench-lite": ("verified", "test"),
-    "swe-bench-verified": ("verified", "test"),
-    "swe-gym": ("gym", "train"),
-    "swe-gym-lite": ("gym", "train"),
-}
-# A file stem may carry the split and shard: "swe-bench-verified-test-00000-of-00001".
-_SPLIT_SUFFIX = re.compile(r"-(test|train|dev|validation)(-.*)?$")
-
 
 @dataclass(frozen=True)
 class DatasetKind:
@@ -33,22 +22,24 @@ class DatasetKind:
     split: str | None
 
 
+# Normalised dataset names (lower case, '_'/' '/'.' → '-') and what they imply.
+_KNOWN_NAMES = {
+    **dict.fromkeys(("swe-bench", "swe-bench-lite", "swe-bench-verified"), DatasetKind("verified", "test")),
+    **dict.fromkeys(("swe-gym", "swe-gym-lite"), DatasetKind("gym", "train")),
+}
+# A file stem may carry the split and shard: "swe-bench-verified-test-00000-of-00001".
+_SPLIT_SUFFIX = re.compile(r"-(test|train|dev|validation)(-.*)?$")
+
+
 def _normalise(name: str) -> str:
-    name = name.lower()
     # Hugging Face cache folders look like "datasets--princeton-nlp--SWE-bench_Verified".
-    if "--" in name:
-        name = name.rsplit("--", 1)[-1]
-    name = name.rsplit("/", 1)[-1]
+    name = name.lower().rsplit("--", 1)[-1].rsplit("/", 1)[-1]
     return re.sub(r"[_ .]+", "-", name).strip("-")
 
 
 def _lookup(name: str) -> DatasetKind | None:
     normalised = _normalise(name)
-    for candidate in (normalised, _SPLIT_SUFFIX.sub("", normalised)):
-        if candidate in _KNOWN_NAMES:
-            subset, split = _KNOWN_NAMES[candidate]
-            return DatasetKind(subset, split)
-    return None
+    return _KNOWN_NAMES.get(normalised) or _KNOWN_NAMES.get(_SPLIT_SUFFIX.sub("", normalised))
 
 
 def infer_kind(source: str) -> DatasetKind:
@@ -108,9 +99,8 @@ def resolve_routing(row: Mapping[str, Any], routing: Routing) -> tuple[str, str,
 def to_prompt_row(
     row: Mapping[str, Any], instance: SweBenchInstance, *, subset: str, split: str, drop_fields: Collection[str] = ()
 ) -> dict[str, Any]:
-    """``{"prompt": [user message], "metadata": {row…, subset, split}}``: the row's fields in order but
-    ``drop_fields`` and the routing keys (secrets come from the trainer, never from data), the
-    instance's decoded test lists."""
+    """``{"prompt": [user message], "metadata": {row…, subset, split}}``: the row's fields but ``drop_fields``
+    and the routing keys (secrets come from the trainer, never from data), test lists decoded."""
     metadata = {key: value for key, value in row.items() if key not in drop_fields and key not in ROUTING_KEYS}
     metadata["FAIL_TO_PASS"] = instance.FAIL_TO_PASS
     metadata["PASS_TO_PASS"] = instance.PASS_TO_PASS

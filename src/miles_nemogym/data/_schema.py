@@ -23,29 +23,11 @@ __all__ = [
     "validate_instance",
 ]
 
-REQUIRED_FIELDS: tuple[str, ...] = (
-    "instance_id",
-    "repo",
-    "base_commit",
-    "problem_statement",
-    "version",
-    "patch",
-    "test_patch",
-    "FAIL_TO_PASS",
-    "PASS_TO_PASS",
-)
-"""Fields every row must carry (the server, the grader and golden scans read them)."""
-
-_ROUTING_FIELDS: tuple[str, ...] = ("subset", "split")
-"""Fields the converter sets on every output row (the server picks the image by subset)."""
-
 Subset = Literal["verified", "gym"]
 """``verified`` → official SWE-bench images; ``gym`` → SWE-Gym images (``mini_swe_agent_2`` picks by it)."""
 SUBSETS: tuple[str, ...] = get_args(Subset)
 
 TEST_LIST_FIELDS: tuple[str, ...] = ("FAIL_TO_PASS", "PASS_TO_PASS")
-
-NEVER_DROPPED: frozenset[str] = frozenset(REQUIRED_FIELDS + _ROUTING_FIELDS)
 
 
 def _decode_test_list(value: Any) -> Any:
@@ -84,6 +66,14 @@ class SweBenchInstance(BaseModel):
     subset: StrictStr | None = None
     split: StrictStr | None = None
     responses_create_params: dict[str, Any] | None = None
+
+
+REQUIRED_FIELDS: tuple[str, ...] = tuple(
+    name for name, spec in SweBenchInstance.model_fields.items() if spec.is_required()
+)
+"""Fields every row must carry (the server, the grader and golden scans read them)."""
+NEVER_DROPPED: frozenset[str] = frozenset({*REQUIRED_FIELDS, "subset", "split"})
+"""What ``--drop-fields`` may not drop: the required fields and the routing ones the converter sets."""
 
 
 @dataclass(frozen=True)

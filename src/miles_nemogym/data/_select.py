@@ -30,8 +30,7 @@ def split_names(values: Iterable[str]) -> frozenset[str]:
 
 
 def read_instance_ids(path: Path) -> list[str]:
-    """The ids in a file, in order, each once: one per line (commas and blanks also separate), ``#``
-    starts a comment."""
+    """The ids in a file, in order, each once: one per line (or comma/blank separated), ``#`` a comment."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
@@ -67,23 +66,12 @@ def _split_ids(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class GradeTables:
-    """The three ``swebench`` lookups the grader performs, as key sets (no ``make_test_spec``,
-    which needs the network; docs/data-and-checks.md)."""
+    """The three ``swebench`` lookups the grader performs, as key sets (docs/data-and-checks.md)."""
 
     versions_by_repo: Mapping[str, frozenset[str]]
     repos_with_ext: frozenset[str]
     repos_with_parser: frozenset[str]
     swebench_version: str
-
-    def why_not_gradeable(self, repo: str, version: str) -> str | None:
-        versions = self.versions_by_repo.get(repo)
-        if versions is None:
-            return "repo unknown to swebench"
-        if version not in versions:
-            return "version unknown to swebench"
-        if repo not in self.repos_with_ext or repo not in self.repos_with_parser:
-            return "no swebench log parser"
-        return None
 
 
 def load_grade_tables() -> GradeTables:
@@ -123,5 +111,14 @@ class Selection:
             return "in --exclude-repos"
         if self.instance_ids is not None and instance.instance_id not in self.instance_ids:
             return "not in --instance-ids"
-        why = self.grade_tables.why_not_gradeable(instance.repo, instance.version) if self.grade_tables else None
-        return None if why is None else f"not gradeable: {why}"
+        tables = self.grade_tables
+        if tables is None:
+            return None
+        versions = tables.versions_by_repo.get(instance.repo)
+        if versions is None:
+            return "not gradeable: repo unknown to swebench"
+        if instance.version not in versions:
+            return "not gradeable: version unknown to swebench"
+        if instance.repo not in tables.repos_with_ext or instance.repo not in tables.repos_with_parser:
+            return "not gradeable: no swebench log parser"
+        return None

@@ -185,18 +185,17 @@ def _guarded(values: Iterator[Any], failed: Callable[[int, Exception], str]) -> 
         raise SourceError(failed(index, error)) from None
 
 
-_HUB_PROBE_TIMEOUT_S = 5.0
 _HUB_HINT = "; without access to the hub, download it elsewhere and pass the folder or a parquet/JSONL file"
 
 
-def _hub_unreachable(timeout_s: float = _HUB_PROBE_TIMEOUT_S) -> str | None:
+def _hub_unreachable() -> str | None:
     """Why the dataset hub (``$HF_ENDPOINT``) cannot be reached, or None when it answers (asked first:
     ``datasets`` retries an unreachable hub for half a minute before failing the same way)."""
     if any(os.environ.get(name, "") not in ("", "0") for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
         return None  # offline mode reads the local cache only
     endpoint = os.environ.get("HF_ENDPOINT", "").strip() or "https://huggingface.co"
     try:
-        with urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout_s):
+        with urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=5.0):
             return None
     except urllib.error.HTTPError:
         return None  # any HTTP answer: the hub is there
