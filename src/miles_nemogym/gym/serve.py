@@ -1,5 +1,4 @@
-"""What ``miles-nemogym serve`` runs: the SWE server and the ``--env`` environments' servers,
-planned, checked, shown (``--dry-run``) and started as one; the command parses and prints."""
+"""What ``miles-nemogym serve`` runs (the SWE and ``--env`` servers): planned, checked, shown, started."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -42,6 +42,15 @@ _MAX_SOCKET_BASE = 32
 
 class GymServerError(GymEnvironmentError):
     """The server did not start, or died; the message carries its log tail."""
+
+
+_T = TypeVar("_T")
+
+
+def _started(value: _T | None) -> _T:
+    if value is None:
+        raise GymServerError("the server is not started")
+    return value
 
 
 _EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -225,29 +234,21 @@ class GymServer:
     @property
     def url(self) -> str:
         """``http://<host>:<port>`` as a client on this machine dials it."""
-        if self.port is None:
-            raise GymServerError("the server is not started")
-        return f"http://{connect_host(self.options.host)}:{self.port}"
+        return f"http://{connect_host(self.options.host)}:{_started(self.port)}"
 
     @property
     def advertised_url(self) -> str:
         """The ``NEMO_GYM_URL`` to give trainers (see :func:`advertised_url`)."""
-        if self.port is None:
-            raise GymServerError("the server is not started")
-        return advertised_url(self.options.host, self.port)
+        return advertised_url(self.options.host, _started(self.port))
 
     @property
     def log_path(self) -> Path:
-        if self.state_dir is None:
-            raise GymServerError("the server is not started")
-        return self.state_dir / "server.log"
+        return _started(self.state_dir) / "server.log"
 
     @property
     def results_dir(self) -> Path:
         """Where the server writes each episode's results (``<subset>/<policy model name>/<instance_id>/``)."""
-        if self.state_dir is None:
-            raise GymServerError("the server is not started")
-        return self.state_dir / "results"
+        return _started(self.state_dir) / "results"
 
     @property
     def pid(self) -> int | None:
@@ -255,9 +256,7 @@ class GymServer:
 
     @property
     def venv(self) -> GymVenv:
-        if self._venv is None:
-            raise GymServerError("the server is not started")
-        return self._venv
+        return _started(self._venv)
 
     def is_running(self) -> bool:
         return self._process is not None and self._process.poll() is None

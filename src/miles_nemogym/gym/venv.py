@@ -160,12 +160,13 @@ def _distribution_name(requirement: str) -> str:
     return (match.group(0) if match else requirement).lower().replace("_", "-")
 
 
-def _provider_requirements(sandbox: str) -> list[str]:
-    """The SDK requirements ``sandbox`` needs beyond the base venv (specs from the wheel)."""
+def requirements(sandbox: str = "local") -> list[str]:
+    """Everything installed before nemo-gym itself (which goes in with ``--no-deps``), ``sandbox``'s SDK last."""
+    declared = _requires_dist()
     wanted = set(_PROVIDER_SDKS.get(sandbox, ()))
     specs = [
         req.split(";", 1)[0].strip()
-        for req, extra in _requires_dist()
+        for req, extra in declared
         if extra in _SDK_EXTRAS and _distribution_name(req) in wanted
     ]
     if len(specs) != len(wanted):
@@ -173,19 +174,14 @@ def _provider_requirements(sandbox: str) -> list[str]:
             f"nemo-gym {NEMO_GYM_VERSION}'s `sandbox` extra does not list {sorted(wanted)} "
             f"for provider {sandbox!r}; this package's _PROVIDER_SDKS table is out of date."
         )
-    return specs
-
-
-def requirements(sandbox: str = "local") -> list[str]:
-    """Everything installed before nemo-gym itself (which goes in with ``--no-deps``)."""
-    base = [req for req, extra in _requires_dist() if extra is None]
+    base = [req for req, extra in declared if extra is None]
     pinned = [
         f"mini-swe-agent=={MINI_SWE_AGENT_VERSION}",
         f"swebench=={SWEBENCH_VERSION}",
         # Imported by the sandbox layer on every provider, but listed only in an extra.
         "tenacity>=9.1.4",
     ]
-    return base + pinned + _provider_requirements(sandbox)
+    return base + pinned + specs
 
 
 def venv_key(sandbox: str = "local") -> str:
@@ -315,12 +311,6 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def _build_log_path(what: str) -> Path:
-    """Where ``run_build_step`` keeps a step's full output when the caller names no log file."""
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", what).strip("-").lower() or "build"
-    return gym_wheel.cache_dir() / "logs" / f"{slug}.log"
-
-
 class _PipCount:
     """pip's output as counts for the progress line: requirements collected, then the install."""
 
@@ -357,7 +347,8 @@ class _PipCount:
 def run_build_step(command: Sequence[str], progress: Progress, what: str, *, log_path: Path | None = None) -> None:
     """Run a build step, its output appended to ``log_path`` and each line to ``progress`` indented (a detail);
     a failure names the log and carries its last lines."""
-    log_file = log_path or _build_log_path(what)
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", what).strip("-").lower() or "build"
+    log_file = log_path or gym_wheel.cache_dir() / "logs" / f"{slug}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     tail: list[str] = []
     count = _PipCount(command)

@@ -82,8 +82,7 @@ def ships(member: str, version: str = NEMO_GYM_VERSION) -> bool:
 
 @contextlib.contextmanager
 def opened(version: str = NEMO_GYM_VERSION) -> Iterator[zipfile.ZipFile]:
-    """The cached wheel, opened once per process and file version (reading its index of ~5,000
-    members takes ~0.2 s; ``serve`` and the environments' table read it many times)."""
+    """The cached wheel, opened once per process and file version (its ~5,000-member index takes ~0.2 s)."""
     path = wheel_path(version)
     stat = path.stat()
     yield _archive(path, stat.st_mtime_ns, stat.st_size)
