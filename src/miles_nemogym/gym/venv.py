@@ -275,11 +275,10 @@ _NOT_INHERITED = frozenset(
         "RAY_ADDRESS",
         # Each server is given its composed config explicitly.
         "NEMO_GYM_CONFIG_DICT",
-        # No child needs the policy API key: the SWE server gets it per request, in the /run body.
+        # Each key reaches only the one that needs it: the SWE server gets the policy key in the /run body,
+        # the judge's model server the judge's key, the routing model the rollout secret (gym/environments.py).
         "NEMO_GYM_POLICY_API_KEY",
-        # The judge's key goes to the judge's model server alone (gym/environments.py adds it there).
         "NEMO_GYM_JUDGE_API_KEY",
-        # The rollout-id signing secret goes to the routing model alone (gym/environments.py).
         "NEMO_GYM_ROLLOUT_SECRET",
     }
 )

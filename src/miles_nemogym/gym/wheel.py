@@ -40,12 +40,11 @@ def cached_wheel(version: str = NEMO_GYM_VERSION) -> Path | None:
 
 def wheel_path(version: str = NEMO_GYM_VERSION) -> Path:
     """The cached wheel, downloaded with pip on first use."""
-    target_dir = cache_dir() / "wheels"
-    target = target_dir / f"nemo_gym-{version}-py3-none-any.whl"
+    target = cache_dir() / "wheels" / f"nemo_gym-{version}-py3-none-any.whl"
     if target.exists():
         return target
-    target_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target_dir) as tmp:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         command = [
             sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
             "--ignore-requires-python", "--disable-pip-version-check",
