@@ -200,10 +200,7 @@ def gym_venv_root() -> Path:
 
 PATCHED_FILE = AGENT_RELATIVE_DIR / "app.py"
 
-# nemo-gym 0.7.0 rewrites one config file per instance on every /run and the run's Ray task
-# reads it back later: a concurrent run of the same instance truncates it under the reader
-# (the task crashes) or replaces it with its own sampling parameters (the task runs with
-# another episode's seed). Named by content and renamed into place, it is neither.
+# Concurrent runs of one instance share (and truncate) this config file: docs/upstream.md, "Patched".
 _CONFIG_WRITE = """\
                 config_path = config_output_dir / f"{instance_id}.sandbox.yaml"
                 config_path.write_text(yaml.safe_dump(config, sort_keys=False))
