@@ -1,5 +1,4 @@
-"""The one reader of a YAML file that must hold a mapping (the launcher recipe, ``serve``'s provider
-options), so both name the flag, the file and the fix alike."""
+"""The one reader of a YAML file that must hold a mapping (launcher recipe, ``serve --provider-config``)."""
 
 from __future__ import annotations
 

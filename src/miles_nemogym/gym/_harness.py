@@ -88,8 +88,7 @@ NOT_RUN_HERE: dict[str, str] = {
     "prime_agent": "its CLI installs by a shell script from app.primeintellect.ai (setup_prime_agent.py), "
     "not from npm; serve runs no installer script",
 }
-"""Harness agents (nemo-gym 0.7.0, their ``setup_*.py``) whose environments ``serve`` refuses, and
-why; a harness agent whose own requirements need more than PyPI is refused for that line."""
+"""Harness agents (nemo-gym 0.7.0, their ``setup_*.py``) whose environments ``serve`` refuses, and why."""
 
 
 def harness_layer(kind: str) -> dict[str, Any]:
@@ -115,8 +114,7 @@ def _cached(harness: Harness, version: str) -> Path | None:
 def cli_need(
     kind: str, block: Mapping[str, Any], which: Callable[[str], str | None] = shutil.which, *, cache: bool = True
 ) -> str | None:
-    """What installing a ``kind`` agent's CLI needs that this host lacks, or None (``cache``: one
-    already in this package's cache needs nothing)."""
+    """What installing a ``kind`` agent's CLI needs that this host lacks (``cache``: a cached one needs nothing)."""
     harness = HARNESSES.get(kind)
     if harness is None:
         return None
@@ -143,17 +141,15 @@ def cli_bin(kind: str, block: Mapping[str, Any], progress: Progress) -> Path:
             "install Node.js and npm (Debian: apt-get install nodejs npm), then serve again"
         )
     key = _key(harness, version)
-    install = [npm, "install", "--prefix", "FOLDER", "--no-audit", "--no-fund", f"{harness.package}@{version}"]
+
+    def install(folder: Path) -> None:
+        command = [npm, "install", "--prefix", str(folder), "--no-audit", "--no-fund", f"{harness.package}@{version}"]
+        run_build_step(command, progress, f"npm-{key}")
+
     with build_lock(_root() / f"{key}.lock"):
         if _cached(harness, version) is None:
             progress(f"installing {harness.package}@{version} from npm into {_root()} (once)")
-            build_and_publish(
-                _root(),
-                key,
-                lambda folder: run_build_step(
-                    [str(folder) if part == "FOLDER" else part for part in install], progress, f"npm-{key}"
-                ),
-            )
+            build_and_publish(_root(), key, install)
     found = _cached(harness, version)
     if found is None:
         raise GymEnvironmentError(

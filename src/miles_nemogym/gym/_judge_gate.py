@@ -32,10 +32,8 @@ _PASSED_HEADERS = ("Content-Type", "Accept")
 
 
 class JudgeGate:
-    """The relay for ``judge``, listening on loopback from construction; :meth:`start` serves, :meth:`stop` ends.
-
-    :attr:`judge` is what the composed config names (the relay's URL, no password); ``log``
-    (created 0600, never through a link) gets one line per failed call, keys scrubbed."""
+    """The relay for ``judge`` (:attr:`judge`: its URL, no password), listening on loopback; ``log`` gets failures.
+    :meth:`start` serves, :meth:`stop` ends."""
 
     def __init__(self, judge: Judge, key: str | None, secrets: Iterable[str], log: Path) -> None:
         parts = urlsplit(judge.url)

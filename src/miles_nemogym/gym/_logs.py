@@ -54,8 +54,7 @@ def open_private(path: Path) -> int:
 
 
 class ServerLog:
-    """One server's log: give :attr:`child_end` as the process's stdout and stderr, then call
-    :meth:`started`; :meth:`close` once the process is gone."""
+    """One server's log: :attr:`child_end` is the process's stdout and stderr; :meth:`started`, then :meth:`close`."""
 
     def __init__(self, path: Path, secrets: Iterable[str]) -> None:
         self.path = path

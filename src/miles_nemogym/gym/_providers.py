@@ -1,5 +1,4 @@
-"""What a sandbox provider needs on the Gym host, found without starting anything
-(``serve --dry-run``), and the composed config with its secrets hidden.
+"""What a sandbox provider lacks on this host (``serve --dry-run``), and the config with secrets hidden.
 Why: docs/scale-out.md, "Sandboxes".
 """
 
@@ -69,8 +68,7 @@ def _required_variables(block: dict[str, Any], sandbox: str, environ: Mapping[st
 
 
 def node_binaries(sandbox: str, config: dict[str, Any]) -> list[str]:
-    """The CLI ``sandbox`` runs on whichever node runs an episode (none for SDK providers, local,
-    or an apptainer given by ``bin_path``)."""
+    """The CLI ``sandbox`` runs on whichever node runs an episode (none for SDKs, local, or ``bin_path``)."""
     block = (config.get("sandbox") or {}).get(sandbox) or {}
     name = _BINARIES.get(sandbox)
     return [name] if name and not (sandbox == "apptainer" and block.get("bin_path")) else []
@@ -156,9 +154,7 @@ def missing(
 
 
 def redacted(value: Any, key: str = "") -> Any:
-    """``value`` with every secret-named setting's literal value replaced by ``***``.
-
-    ``${...}`` interpolations stay: they name a variable or setting, not its value."""
+    """``value`` with every secret-named setting's literal value (not a ``${...}``) replaced by ``***``."""
     if isinstance(value, dict):
         secret_map = key.lower().endswith("headers")
         return {k: (REDACTED if secret_map and v else redacted(v, str(k))) for k, v in value.items()}

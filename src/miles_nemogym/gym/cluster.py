@@ -1,6 +1,4 @@
-"""Joining a running Ray cluster (``serve --ray-address``): what is checked before the server starts.
-Layout and why: docs/scale-out.md.
-"""
+"""What ``serve --ray-address`` checks of a running Ray cluster before the server starts (docs/scale-out.md)."""
 
 from __future__ import annotations
 
@@ -134,9 +132,8 @@ def check_cluster(
     binaries: Sequence[str] = (),
     timeout: float = 120.0,
 ) -> list[ClusterNode]:
-    """The cluster's live nodes, once every one can run this server's episodes; else an error
-    naming each problem and its fix. ``binaries`` must be on every node's PATH (the sandbox's CLI).
-    Connects as the server will; starts nothing that outlives it."""
+    """The cluster's live nodes once each can run this server's episodes (``binaries`` on its PATH), else an
+    error naming each problem and its fix; connects as the server will."""
     refused = unreachable(address)
     if refused:
         raise GymEnvironmentError(

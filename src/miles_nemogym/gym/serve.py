@@ -1,5 +1,4 @@
-"""What ``miles-nemogym serve`` runs: the SWE server and the ``--env`` environments' servers,
-planned, checked, shown (``--dry-run``) and started as one; the command parses and prints."""
+"""What ``miles-nemogym serve`` runs (the SWE and ``--env`` servers): planned, checked, shown, started."""
 
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ from pathlib import Path
 import yaml
 
 from miles_nemogym.errors import redact_url
+from miles_nemogym.gym import venv as gym_venv
 from miles_nemogym.gym.cluster import unreachable
 from miles_nemogym.gym.composition import Judge, judged_instances
 from miles_nemogym.gym.config import ServeOptions
@@ -29,7 +29,7 @@ from miles_nemogym.gym.environments import (
     setting,
 )
 from miles_nemogym.gym.server import GymServer, advertised_url, planned_server, port_free
-from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, ensure_gym_venv, planned_venv
+from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, ensure_gym_venv
 from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import (
     MIN_SECRET_CHARS,
     SECRET_VARIABLE,
@@ -41,8 +41,7 @@ __all__ = ["Serve"]
 
 
 def _requirements(plans: Sequence[EnvironmentPlan], gym: GymVenv | None) -> str:
-    """The lines ``plans`` need beyond nemo-gym, and what the first serve does about them (``gym``:
-    the built server venv, None: not built yet)."""
+    """The lines ``plans`` need beyond nemo-gym, and what the first serve does about them (``gym`` None: unbuilt)."""
     lines = sorted({line for p in plans for line in p.requirements})
     if not lines:
         return "none beyond nemo-gym"
@@ -62,8 +61,7 @@ def _played(agents: Sequence[str]) -> str:
 
 
 class Serve:
-    """One ``serve``: the SWE server (``swe``) on ``options.port``, the environments of ``envs`` on
-    the ports after it (0: free ones). :attr:`problems` says why it goes no further."""
+    """One ``serve``: the SWE server on ``options.port``, ``envs`` on the ports after it; see :attr:`problems`."""
 
     def __init__(
         self,
@@ -122,9 +120,7 @@ class Serve:
         return []
 
     def dry_run(self, state_dir: Path | None) -> Iterator[tuple[str, str]]:
-        """What ``--dry-run`` shows, in order, as (kind, text): ``config`` the composed SWE config
-        (standard output), ``line`` and ``value`` (a value is never wrapped), ``missing`` one thing
-        this host lacks."""
+        """What ``--dry-run`` shows as (kind, text): ``config``, ``line``, ``value`` (unwrapped) or ``missing``."""
         options = self.options
         if self.swe:
             config, missing = planned_server(options, state_dir)
@@ -135,11 +131,11 @@ class Serve:
                 + yaml.safe_dump(config, sort_keys=False),
             )
             yield from (("missing", line) for line in missing)
+        venv = gym_venv.cached_gym_venv(options.sandbox if self.swe else "local")
         try:
-            venv, where = planned_venv(options.sandbox if self.swe else "local")
+            where = venv.path if venv else f"built on the first serve (2-5 minutes) with {gym_venv.find_gym_python()}"
             yield "line", f"server environment: {where}"
         except GymEnvironmentError as exc:
-            venv = None
             yield "missing", str(exc).splitlines()[0]
         if self.swe and options.ray_address:
             refused = unreachable(options.ray_address)
@@ -171,8 +167,7 @@ class Serve:
             yield "missing", f"--session-server HOST:PORT: {said}"
 
     def refusal(self, state_dir: Path | None, *, anyway: bool) -> tuple[int, str] | None:
-        """Why nothing may start, with the exit code: 2 a taken port or a config that does not
-        compose, 1 what ``--dry-run`` names as missing (unless ``anyway``); None: start."""
+        """Why nothing may start and the exit code (2 a taken port or bad config, 1 a lack); None: start."""
         options, fix = self.options, "pass --start-anyway (e.g. when it comes later). Nothing was started."
         ports = [options.port] if self.swe and options.port else []
         ports += range(self.first_port, self.first_port + len(self.plans)) if self.first_port else []
@@ -201,9 +196,7 @@ class Serve:
         return None
 
     def start(self, state_dir: Path | None, progress: Progress, start_timeout: float) -> None:
-        """Build the server venv, start every server, each answering before it returns; on any
-        failure what started is stopped (its logs stay: :meth:`keep`). Without ``state_dir`` the
-        state goes in a temp folder of serve's own, removed by :meth:`remove`."""
+        """Build the server venv and start every server, stopping all on a failure (state: :meth:`keep`)."""
         self._made = None if state_dir else Path(tempfile.mkdtemp(prefix="mng-gym-")).resolve()
         state = state_dir.resolve() if state_dir else self._made
         assert state is not None
@@ -256,8 +249,7 @@ class Serve:
             self.server.stop()
 
     def keep(self) -> Path | None:
-        """After a failure: serve's own state folder when a file in it holds anything (its logs, to
-        look at), else removed (None)."""
+        """After a failure: serve's own state folder if any file in it holds anything, else removed (None)."""
         made = self._made
         if made is not None and any(path.is_file() and path.stat().st_size for path in made.rglob("*")):
             self._made = None

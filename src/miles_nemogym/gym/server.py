@@ -1,6 +1,4 @@
-"""Start and stop the real NeMo-Gym ``mini_swe_agent_2`` server as a child process.
-Why: docs/data-and-checks.md, "Running the server".
-"""
+"""The real NeMo-Gym ``mini_swe_agent_2`` server as a child process (docs/data-and-checks.md, "Running the server")."""
 
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
-from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -38,15 +35,22 @@ __all__ = ["GymServer"]
 MARKER_ENV = "MILES_NEMOGYM_GYM_SERVER_ID"
 """Set in the server's environment; inherited by Ray, so stragglers can be found."""
 
-# Unix socket paths must stay below ~107 bytes. Ray puts its session sockets ~70 bytes
-# below RAY_TMPDIR, and multiprocessing's forkserver (Ray's dashboard) its socket below
-# TMPDIR; past the limit the dashboard fails only after a 60 s timeout. A longer state
-# folder (pytest's tmp_path) therefore gets a short temp folder, removed on stop.
+# Unix socket paths stay below ~107 bytes: Ray's sockets go ~70 bytes below RAY_TMPDIR (past the limit its
+# dashboard fails after 60 s), so a longer state folder gets a short temp folder, removed on stop.
 _MAX_SOCKET_BASE = 32
 
 
 class GymServerError(GymEnvironmentError):
     """The server did not start, or died; the message carries its log tail."""
+
+
+_T = TypeVar("_T")
+
+
+def _started(value: _T | None) -> _T:
+    if value is None:
+        raise GymServerError("the server is not started")
+    return value
 
 
 _EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -55,8 +59,7 @@ _pick = random.Random()  # a private generator: a test seeding ``random`` does n
 
 
 def _listen_ports() -> range:
-    """Ports a server may take: below the OS's ephemeral range, so an outgoing connection
-    never grabs one between picking it and the server's bind (it did, starting 23 servers)."""
+    """Ports a server may take: below the OS's ephemeral range, where no outgoing connection takes one."""
     try:
         low, high = (int(part) for part in _EPHEMERAL_RANGE.read_text().split())
     except (OSError, ValueError):
@@ -65,8 +68,7 @@ def _listen_ports() -> range:
 
 
 def port_free(host: str, port: int) -> bool:
-    """Whether a server could bind ``host:port`` now, binding as uvicorn does (``SO_REUSEADDR``):
-    a port left in TIME_WAIT by a server that stopped is free, a port something listens on is not."""
+    """Whether a server could bind ``host:port`` now, as uvicorn binds (``SO_REUSEADDR``: TIME_WAIT is free)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -77,8 +79,7 @@ def port_free(host: str, port: int) -> bool:
 
 
 def free_port(host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
-    """A port on ``host`` that nothing holds right now, outside the ephemeral range, and not one of
-    ``avoid`` (the ports a start already handed out that nothing binds yet)."""
+    """A port on ``host`` that nothing holds now, outside the ephemeral range, and not one of ``avoid``."""
     bind_host = "127.0.0.1" if is_wildcard(host) else host
     ports = _listen_ports()
     for _ in range(100):
@@ -95,8 +96,7 @@ def free_port(host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
 
 
 def planned_server(options: ServeOptions, state_dir: Path | None) -> tuple[dict[str, Any], list[str]]:
-    """The server's config as ``serve`` would compose it (on a free port when ``options.port`` is 0),
-    secrets hidden, and what its sandbox lacks on this host, one line each."""
+    """The server's config as ``serve`` would compose it, secrets hidden, and what its sandbox lacks here."""
     port = options.port or free_port(options.host)
     config = planned_config(options, port, state_dir.resolve() if state_dir else Path("<state-dir>"))
     return redacted(config), missing(options.sandbox, config)
@@ -129,8 +129,7 @@ def pids_with_marker(marker: str) -> list[int]:
 
 
 def kill_marked(marker: str) -> None:
-    """SIGKILL every process whose environment carries ``MARKER_ENV=marker`` (what outlived its
-    process group, e.g. Ray's daemons), until none is left or 5 s passed."""
+    """SIGKILL every process carrying ``MARKER_ENV=marker`` (e.g. Ray's daemons) until none is left or 5 s passed."""
     for _ in range(20):
         stragglers = pids_with_marker(marker)
         if not stragglers:
@@ -152,29 +151,19 @@ def answers(url: str) -> bool:
         return False  # nothing there yet, or something that is not an HTTP server (another's port)
 
 
-def _listening_inodes(port: int) -> set[str] | None:
-    """Inodes of the sockets listening on ``port`` (Linux ``/proc/net/tcp``, ``tcp6``); None without them."""
-    found: set[str] = set()
+def listens(pids: Iterable[int], port: int) -> bool | None:
+    """Whether one of ``pids`` holds the socket listening on ``port``; None where Linux's ``/proc`` cannot tell."""
     tables = [Path("/proc/net/tcp"), Path("/proc/net/tcp6")]
     if not any(table.exists() for table in tables):
         return None
+    wanted: set[str] = set()
     for table in tables:
         with contextlib.suppress(OSError):
             for line in table.read_text().splitlines()[1:]:
                 fields = line.split()
                 # local_address is HEX_IP:HEX_PORT; state 0A is LISTEN.
                 if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                    found.add(fields[9])
-    return found
-
-
-def listens(pids: Iterable[int], port: int) -> bool | None:
-    """Whether one of ``pids`` holds the socket listening on ``port``: the server answering there is
-    theirs, not another program's. None where Linux's ``/proc`` cannot tell."""
-    inodes = _listening_inodes(port)
-    if inodes is None:
-        return None
-    wanted = {f"socket:[{inode}]" for inode in inodes}
+                    wanted.add(f"socket:[{fields[9]}]")
     for pid in pids:
         with contextlib.suppress(OSError):
             for fd in Path(f"/proc/{pid}/fd").iterdir():
@@ -191,9 +180,8 @@ def wait_until_answering(
     interval: float,
     ours: Callable[[], bool | None] | None = None,
 ) -> str | None:
-    """Poll ``url`` until the started process answers it (None), the process stops running (``"exited"``)
-    or ``deadline`` (a ``time.monotonic`` value) passes (``"timeout"``, or ``"another"`` when something
-    answered that ``ours`` says is not the started process); the caller says which server."""
+    """Poll ``url`` until the started process answers (None), stops (``"exited"``) or ``deadline`` passes
+    (``"timeout"``, or ``"another"`` when what answered is not ours)."""
     stranger = False
     while True:
         if not running():
@@ -208,17 +196,13 @@ def wait_until_answering(
 
 
 def advertised_url(host: str, port: int) -> str:
-    """The URL to give other machines for a server bound to ``host``: the host as a client here
-    dials it, or this machine's routed address when the server listens on every interface."""
+    """The URL other machines reach a server bound to ``host`` by (the routed address for a wildcard)."""
     shown = bracket(_default_route_address()) if is_wildcard(host) else connect_host(host)
     return f"http://{shown}:{port}"
 
 
 class GymServer:
-    """The ``mini_swe_agent_2`` server as a context manager (``with GymServer(options) as server``).
-
-    ``state_dir`` (default: a new temp folder) holds the log, results, workspaces and temp
-    files; it is kept after stop for inspection."""
+    """The ``mini_swe_agent_2`` server as a context manager; ``state_dir`` (default: a temp folder) is kept."""
 
     def __init__(
         self,
@@ -250,31 +234,21 @@ class GymServer:
     @property
     def url(self) -> str:
         """``http://<host>:<port>`` as a client on this machine dials it."""
-        if self.port is None:
-            raise GymServerError("the server is not started")
-        return f"http://{connect_host(self.options.host)}:{self.port}"
+        return f"http://{connect_host(self.options.host)}:{_started(self.port)}"
 
     @property
     def advertised_url(self) -> str:
-        """The ``NEMO_GYM_URL`` to give trainers: :attr:`url`, or this machine's routed address
-        when the server listens on every interface."""
-        if self.port is None:
-            raise GymServerError("the server is not started")
-        return advertised_url(self.options.host, self.port)
+        """The ``NEMO_GYM_URL`` to give trainers (see :func:`advertised_url`)."""
+        return advertised_url(self.options.host, _started(self.port))
 
     @property
     def log_path(self) -> Path:
-        if self.state_dir is None:
-            raise GymServerError("the server is not started")
-        return self.state_dir / "server.log"
+        return _started(self.state_dir) / "server.log"
 
     @property
     def results_dir(self) -> Path:
-        """Where the server writes each episode's trajectory and result
-        (``<subset>/<policy model name>/<instance_id>/``)."""
-        if self.state_dir is None:
-            raise GymServerError("the server is not started")
-        return self.state_dir / "results"
+        """Where the server writes each episode's results (``<subset>/<policy model name>/<instance_id>/``)."""
+        return _started(self.state_dir) / "results"
 
     @property
     def pid(self) -> int | None:
@@ -282,9 +256,7 @@ class GymServer:
 
     @property
     def venv(self) -> GymVenv:
-        if self._venv is None:
-            raise GymServerError("the server is not started")
-        return self._venv
+        return _started(self._venv)
 
     def is_running(self) -> bool:
         return self._process is not None and self._process.poll() is None
@@ -354,8 +326,7 @@ class GymServer:
                 raise GymServerError("this GymServer is already started")
             if self._venv is None:
                 self._venv = ensure_gym_venv(self.options.sandbox, progress=self._progress)
-            state = self._given_state_dir or Path(tempfile.mkdtemp(prefix="mng-gym-"))
-            state = state.resolve()
+            state = (self._given_state_dir or Path(tempfile.mkdtemp(prefix="mng-gym-"))).resolve()
             state.mkdir(parents=True, exist_ok=True)
             self.state_dir = state
             self.port = self.options.port or free_port(self.options.host)
@@ -449,12 +420,7 @@ class GymServer:
     def __enter__(self) -> GymServer:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 

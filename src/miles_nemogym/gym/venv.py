@@ -33,9 +33,8 @@ _RECIPE_REVISION = 2
 READY_MARKER = "miles-nemogym-venv.json"
 AGENT_RELATIVE_DIR = Path("responses_api_agents") / "mini_swe_agent_2"
 
-# The SDK each provider imports at run time, from nemo-gym's `sandbox` extra (openshell's
-# from its own `openshell` extra). The docker, apptainer, enroot and local providers drive
-# CLIs or subprocesses and need none.
+# The SDK each provider imports at run time, from nemo-gym's `sandbox` (or `openshell`) extra; the
+# other providers drive CLIs or subprocesses.
 _PROVIDER_SDKS: dict[str, tuple[str, ...]] = {
     "daytona": ("daytona",),
     "e2b": ("e2b",),
@@ -79,9 +78,6 @@ class GymVenv:
         return self.site_packages / AGENT_RELATIVE_DIR
 
 
-# ----------------------------------------------------------------------------- interpreter
-
-
 def _probe(candidate: Path) -> str | None:
     """``None`` when ``candidate`` is a working Python 3.13 with venv support, else why not."""
     code = "import sys, venv, ensurepip; print('%d.%d' % sys.version_info[:2])"
@@ -98,16 +94,6 @@ def _probe(candidate: Path) -> str | None:
     return None
 
 
-def _pyenv_candidates(root: Path) -> list[Path]:
-    versions = root / "versions"
-    if not versions.is_dir():
-        return []
-    found = [p / "bin" / f"python{GYM_PYTHON}" for p in versions.glob(f"{GYM_PYTHON}*")]
-    # Newest patch release first: "3.13.10" must sort after "3.13.9".
-    found.sort(key=lambda p: [int(n) for n in re.findall(r"\d+", p.parent.parent.name)], reverse=True)
-    return [p for p in found if p.exists()]
-
-
 def gym_python_candidates(environ: Mapping[str, str] | None = None) -> list[Path]:
     """Where a Python 3.13 is looked for, in order (without the explicit env var)."""
     env = os.environ if environ is None else environ
@@ -120,17 +106,16 @@ def gym_python_candidates(environ: Mapping[str, str] | None = None) -> list[Path
     if env.get("HOME"):
         roots.append(Path(env["HOME"]) / ".pyenv")
     for root in roots:
-        candidates.extend(_pyenv_candidates(root))
+        found = [p / "bin" / name for p in (root / "versions").glob(f"{GYM_PYTHON}*")]
+        # Newest patch release first: "3.13.10" must sort after "3.13.9".
+        found.sort(key=lambda p: [int(n) for n in re.findall(r"\d+", p.parent.parent.name)], reverse=True)
+        candidates.extend(found)
     candidates.extend(Path(d) / name for d in SYSTEM_DIRS)
     return list(dict.fromkeys(path for path in candidates if path.exists()))
 
 
 def find_gym_python(environ: Mapping[str, str] | None = None) -> Path:
-    """A working Python 3.13: ``$MILES_NEMOGYM_GYM_PYTHON``, else the first that runs.
-
-    pyenv shims answer to ``python3.13`` even when that version is not selected and
-    then fail, so every candidate is actually run before it is trusted.
-    """
+    """A working Python 3.13: ``$MILES_NEMOGYM_GYM_PYTHON``, else the first candidate that runs (shims may not)."""
     env = os.environ if environ is None else environ
     explicit = env.get(GYM_PYTHON_ENV)
     if explicit:
@@ -157,14 +142,10 @@ def find_gym_python(environ: Mapping[str, str] | None = None) -> Path:
     )
 
 
-# ----------------------------------------------------------------------------- recipe
-
-
 def _requires_dist() -> list[tuple[str, str | None]]:
     """(requirement, extra or None) for every ``Requires-Dist`` of the pinned wheel."""
     member = f"nemo_gym-{NEMO_GYM_VERSION}.dist-info/METADATA"
-    # METADATA is an email-style header block (with folded multi-line fields such as
-    # License) followed by the README; the stdlib header parser reads it correctly.
+    # Email-style headers (folded multi-line fields) followed by the README.
     headers = email.parser.HeaderParser().parsestr(gym_wheel.read_member(member).decode("utf-8"))
     found: list[tuple[str, str | None]] = []
     for value in headers.get_all("Requires-Dist") or []:
@@ -179,12 +160,13 @@ def _distribution_name(requirement: str) -> str:
     return (match.group(0) if match else requirement).lower().replace("_", "-")
 
 
-def _provider_requirements(sandbox: str) -> list[str]:
-    """The SDK requirements ``sandbox`` needs beyond the base venv (specs from the wheel)."""
+def requirements(sandbox: str = "local") -> list[str]:
+    """Everything installed before nemo-gym itself (which goes in with ``--no-deps``), ``sandbox``'s SDK last."""
+    declared = _requires_dist()
     wanted = set(_PROVIDER_SDKS.get(sandbox, ()))
     specs = [
         req.split(";", 1)[0].strip()
-        for req, extra in _requires_dist()
+        for req, extra in declared
         if extra in _SDK_EXTRAS and _distribution_name(req) in wanted
     ]
     if len(specs) != len(wanted):
@@ -192,19 +174,14 @@ def _provider_requirements(sandbox: str) -> list[str]:
             f"nemo-gym {NEMO_GYM_VERSION}'s `sandbox` extra does not list {sorted(wanted)} "
             f"for provider {sandbox!r}; this package's _PROVIDER_SDKS table is out of date."
         )
-    return specs
-
-
-def requirements(sandbox: str = "local") -> list[str]:
-    """Everything installed before nemo-gym itself (which goes in with ``--no-deps``)."""
-    base = [req for req, extra in _requires_dist() if extra is None]
+    base = [req for req, extra in declared if extra is None]
     pinned = [
         f"mini-swe-agent=={MINI_SWE_AGENT_VERSION}",
         f"swebench=={SWEBENCH_VERSION}",
         # Imported by the sandbox layer on every provider, but listed only in an extra.
         "tenacity>=9.1.4",
     ]
-    return base + pinned + _provider_requirements(sandbox)
+    return base + pinned + specs
 
 
 def venv_key(sandbox: str = "local") -> str:
@@ -221,14 +198,9 @@ def gym_venv_root() -> Path:
     return gym_wheel.cache_dir() / "gym-venv"
 
 
-# ----------------------------------------------------------------------------- patch
-
 PATCHED_FILE = AGENT_RELATIVE_DIR / "app.py"
 
-# nemo-gym 0.7.0 rewrites one config file per instance on every /run and the run's Ray task
-# reads it back later: a concurrent run of the same instance truncates it under the reader
-# (the task crashes) or replaces it with its own sampling parameters (the task runs with
-# another episode's seed). Named by content and renamed into place, it is neither.
+# Concurrent runs of one instance share (and truncate) this config file: docs/upstream.md, "Patched".
 _CONFIG_WRITE = """\
                 config_path = config_output_dir / f"{instance_id}.sandbox.yaml"
                 config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -246,10 +218,7 @@ _CONFIG_WRITE_PATCHED = """\
 
 
 def patch_gym(site_packages: Path) -> None:
-    """Apply this package's fix to the installed nemo-gym (docs/upstream.md, "Patched").
-
-    Refuses, naming the file, when the installed code is not the exact text the patch was
-    written for (another nemo-gym version, or already patched)."""
+    """Apply this package's fix to the installed nemo-gym (docs/upstream.md, "Patched"); refuses other text."""
     app = site_packages / PATCHED_FILE
     text = app.read_text(encoding="utf-8")
     if text.count(_CONFIG_WRITE) != 1:
@@ -261,9 +230,6 @@ def patch_gym(site_packages: Path) -> None:
     staged = app.with_name(f".{app.name}.patching")
     staged.write_text(text.replace(_CONFIG_WRITE, _CONFIG_WRITE_PATCHED), encoding="utf-8")
     os.replace(staged, app)
-
-
-# ----------------------------------------------------------------------------- build
 
 
 def _load_ready(link: Path) -> GymVenv | None:
@@ -287,8 +253,7 @@ def _load_ready(link: Path) -> GymVenv | None:
 
 @contextmanager
 def build_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (created, with its folder, if missing) for the block:
-    one process builds a cached folder while the others wait, then find it ready."""
+    """Hold an exclusive ``flock`` on ``path`` (created with its folder) for the block: one process builds."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -307,25 +272,22 @@ _NOT_INHERITED = frozenset(
         "RAY_ADDRESS",
         # Each server is given its composed config explicitly.
         "NEMO_GYM_CONFIG_DICT",
-        # No child needs the policy API key: the SWE server gets it per request, in the /run body.
+        # Each key reaches only the one that needs it: the SWE server gets the policy key in the /run body,
+        # the judge's model server the judge's key, the routing model the rollout secret (gym/environments.py).
         "NEMO_GYM_POLICY_API_KEY",
-        # The judge's key goes to the judge's model server alone (gym/environments.py adds it there).
         "NEMO_GYM_JUDGE_API_KEY",
-        # The rollout-id signing secret goes to the routing model alone (gym/environments.py).
         "NEMO_GYM_ROLLOUT_SECRET",
     }
 )
 
 
 def child_environment() -> dict[str, str]:
-    """This process's environment as every process started in the server venv gets it (the servers,
-    nemo-gym's parser, builds): without what would redirect it, and without the policy API key."""
+    """This process's environment as every process started in the server venv gets it (minus ``_NOT_INHERITED``)."""
     return {name: value for name, value in os.environ.items() if name not in _NOT_INHERITED}
 
 
 def run_in_gym(gym: GymVenv, code: str, argv: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` with ``argv`` in ``gym``'s interpreter, from its site-packages (where nemo-gym
-    finds its servers and benchmarks), with a child's environment; text output captured, 300 s cap."""
+    """Run ``code`` with ``argv`` in ``gym``'s interpreter from its site-packages (output captured, 300 s cap)."""
     return subprocess.run(
         [str(gym.python), "-c", code, *argv],
         capture_output=True,
@@ -345,16 +307,8 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def _build_log_path(what: str) -> Path:
-    """Where ``run_build_step`` keeps a step's full output when the caller names no log file."""
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", what).strip("-").lower() or "build"
-    return gym_wheel.cache_dir() / "logs" / f"{slug}.log"
-
-
 class _PipCount:
-    """pip's output as counts for the progress line: how many of the requirements named on the
-    command line are collected, packages in all, then the install (pip prints nothing per
-    package while installing)."""
+    """pip's output as counts for the progress line: requirements collected, then the install."""
 
     def __init__(self, command: Sequence[str]) -> None:
         words = list(command)
@@ -387,11 +341,10 @@ class _PipCount:
 
 
 def run_build_step(command: Sequence[str], progress: Progress, what: str, *, log_path: Path | None = None) -> None:
-    """Run a build step; its full output goes to ``log_path`` (appended), not the terminal.
-
-    ``progress`` gets each output line indented (a detail, never a step); a failure names
-    the log and carries its last lines. Every environment this package builds runs pip here."""
-    log_file = log_path or _build_log_path(what)
+    """Run a build step, its output appended to ``log_path`` and each line to ``progress`` indented (a detail);
+    a failure names the log and carries its last lines."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", what).strip("-").lower() or "build"
+    log_file = log_path or gym_wheel.cache_dir() / "logs" / f"{slug}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     tail: list[str] = []
     count = _PipCount(command)
@@ -430,20 +383,19 @@ def _build(python: Path, target: Path, sandbox: str, progress: Progress) -> None
     log_path.unlink(missing_ok=True)  # one build's log, not every attempt's
     progress(f"note: pip's full log: {log_path}")
     progress(f"creating the venv with {python}")
-    run_build_step([str(python), "-m", "venv", str(target)], progress, "python -m venv", log_path=log_path)
+
+    def step(command: list[str], what: str) -> None:
+        run_build_step(command, progress, what, log_path=log_path)
+
+    step([str(python), "-m", "venv", str(target)], "python -m venv")
     venv_python = target / "bin" / "python"
     pip = [str(venv_python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
     reqs = requirements(sandbox)
     progress(f"installing {len(reqs)} requirements of nemo-gym {NEMO_GYM_VERSION} (takes minutes)")
-    run_build_step([*pip, *reqs], progress, "pip install of nemo-gym's requirements", log_path=log_path)
+    step([*pip, *reqs], "pip install of nemo-gym's requirements")
     wheel = gym_wheel.wheel_path()
     progress(f"installing {wheel.name}")
-    run_build_step(
-        [*pip, "--no-deps", "--ignore-requires-python", str(wheel)],
-        progress,
-        "pip install of nemo-gym",
-        log_path=log_path,
-    )
+    step([*pip, "--no-deps", "--ignore-requires-python", str(wheel)], "pip install of nemo-gym")
     progress("checking that the server imports")
     # Prove the server's imports work before publishing the venv as ready.
     check = (
@@ -458,12 +410,7 @@ def _build(python: Path, target: Path, sandbox: str, progress: Progress) -> None
     site = json.loads(done.stdout.strip().splitlines()[-1])["site_packages"]
     progress("patching nemo-gym (docs/upstream.md)")
     patch_gym(Path(site))
-    run_build_step(
-        [str(venv_python), "-m", "py_compile", str(Path(site) / PATCHED_FILE)],
-        progress,
-        "compiling the patched nemo-gym",
-        log_path=log_path,
-    )
+    step([str(venv_python), "-m", "py_compile", str(Path(site) / PATCHED_FILE)], "compiling the patched nemo-gym")
     # Relative, so it holds through the published symlink as well as the build folder.
     marker = {
         "site_packages": os.path.relpath(site, target),
@@ -477,17 +424,6 @@ def _build(python: Path, target: Path, sandbox: str, progress: Progress) -> None
     (target / READY_MARKER).write_text(json.dumps(marker, indent=2))
 
 
-def _publish(root: Path, build_dir: Path, key: str) -> None:
-    link = root / key
-    staged = root / f"{key}.link-{os.getpid()}"
-    if staged.is_symlink() or staged.exists():
-        staged.unlink()
-    staged.symlink_to(build_dir.name)
-    if link.exists() and not link.is_symlink():
-        shutil.rmtree(link)  # an unmarked real folder under our name is debris
-    os.replace(staged, link)
-
-
 def _remove_debris(root: Path, key: str) -> None:
     """Unpublished build folders of ``key`` (a crash, or a replaced build)."""
     link = root / key
@@ -498,9 +434,7 @@ def _remove_debris(root: Path, key: str) -> None:
 
 
 class BuildLines:
-    """A ``Progress`` for a log or a test session (no live line): each step as ``[tag] step``,
-    and the count under it at most every ``every_s`` seconds, the install's start and end always
-    (pip's own lines are in the build log). ``stream`` None: ``sys.stderr`` when printing."""
+    """A ``Progress`` with no live line: ``[tag] step``, details at most every ``every_s`` (install start/end: all)."""
 
     def __init__(self, tag: str, stream: TextIO | None = None, every_s: float = 15.0) -> None:
         self._tag, self._stream, self._every_s = tag, stream, every_s
@@ -517,24 +451,8 @@ class BuildLines:
         print(f"[{self._tag}] {line}", file=self._stream or sys.stderr, flush=True)
 
 
-def _check_explicit_python(ready: GymVenv, report: Progress) -> None:
-    """``$MILES_NEMOGYM_GYM_PYTHON`` is checked even when a cached venv makes it unneeded:
-    a wrong value must not pass silently today and fail on the next rebuild."""
-    explicit = os.environ.get(GYM_PYTHON_ENV)
-    if not explicit:
-        return
-    chosen = find_gym_python()  # raises, naming the variable, when it is not a Python 3.13
-    if ready.built_with and Path(ready.built_with).resolve() != chosen.resolve():
-        report(
-            f"note: the cached server environment was built with {ready.built_with}, not "
-            f"{GYM_PYTHON_ENV}={explicit}; remove {ready.path} to rebuild it with that interpreter"
-        )
-
-
 def build_and_publish(root: Path, key: str, build: Callable[[Path], None]) -> Path:
-    """Run ``build`` into a fresh folder under ``root`` (returned) and publish it as ``root/key``.
-    Call it holding the key's lock: a failed or interrupted build leaves nothing that looks
-    ready, and the debris of earlier ones is removed."""
+    """Run ``build`` into a fresh folder under ``root`` (returned), publish it as ``root/key``; hold the key's lock."""
     _remove_debris(root, key)
     build_dir = Path(tempfile.mkdtemp(dir=root, prefix=f"{key}.build-"))
     try:
@@ -542,7 +460,13 @@ def build_and_publish(root: Path, key: str, build: Callable[[Path], None]) -> Pa
     except BaseException:
         shutil.rmtree(build_dir, ignore_errors=True)
         raise
-    _publish(root, build_dir, key)
+    link, staged = root / key, root / f"{key}.link-{os.getpid()}"
+    if staged.is_symlink() or staged.exists():
+        staged.unlink()
+    staged.symlink_to(build_dir.name)
+    if link.exists() and not link.is_symlink():
+        shutil.rmtree(link)  # an unmarked real folder under our name is debris
+    os.replace(staged, link)
     _remove_debris(root, key)
     return build_dir
 
@@ -552,32 +476,26 @@ def cached_gym_venv(sandbox: str = "local") -> GymVenv | None:
     return _load_ready(gym_venv_root() / venv_key(sandbox))
 
 
-def planned_venv(sandbox: str) -> tuple[GymVenv | None, str]:
-    """The server venv for ``sandbox`` if built, and where it is, or else the Python 3.13 its first
-    build would use (``GymEnvironmentError`` when there is none)."""
-    venv = cached_gym_venv(sandbox)
-    if venv is not None:
-        return venv, str(venv.path)
-    return None, f"built on the first serve (2-5 minutes) with {find_gym_python()}"
-
-
 def ensure_gym_venv(
     sandbox: str = "local",
     progress: Progress | None = None,
     python: Path | None = None,
 ) -> GymVenv:
-    """The ready server venv for ``sandbox``; builds it (minutes) on first use.
-
-    ``progress`` gets build steps and pip's output as indented details (full output in
-    ``<cache>/gym-venv/<key>.build.log``); ``python`` overrides the interpreter search."""
+    """The ready server venv for ``sandbox``, built (minutes) on first use; ``python`` overrides the search."""
     report = progress or BuildLines("gym-venv")
     root = gym_venv_root()
     key = venv_key(sandbox)
     link = root / key
     ready = _load_ready(link)
     if ready:
-        if python is None:
-            _check_explicit_python(ready, report)
+        explicit = os.environ.get(GYM_PYTHON_ENV) if python is None else None
+        # Checked even when unneeded: a wrong value must not pass today and fail on the next rebuild.
+        chosen = find_gym_python() if explicit else None
+        if chosen and ready.built_with and Path(ready.built_with).resolve() != chosen.resolve():
+            report(
+                f"note: the cached server environment was built with {ready.built_with}, not "
+                f"{GYM_PYTHON_ENV}={explicit}; remove {ready.path} to rebuild it with that interpreter"
+            )
         report(f"using the cached NeMo-Gym server environment {link} (Python: {ready.built_with or 'unrecorded'})")
         return ready
     with build_lock(root / f"{key}.lock"):

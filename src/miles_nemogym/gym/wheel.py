@@ -40,12 +40,11 @@ def cached_wheel(version: str = NEMO_GYM_VERSION) -> Path | None:
 
 def wheel_path(version: str = NEMO_GYM_VERSION) -> Path:
     """The cached wheel, downloaded with pip on first use."""
-    target_dir = cache_dir() / "wheels"
-    target = target_dir / f"nemo_gym-{version}-py3-none-any.whl"
+    target = cache_dir() / "wheels" / f"nemo_gym-{version}-py3-none-any.whl"
     if target.exists():
         return target
-    target_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target_dir) as tmp:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         command = [
             sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
             "--ignore-requires-python", "--disable-pip-version-check",
@@ -82,8 +81,7 @@ def ships(member: str, version: str = NEMO_GYM_VERSION) -> bool:
 
 @contextlib.contextmanager
 def opened(version: str = NEMO_GYM_VERSION) -> Iterator[zipfile.ZipFile]:
-    """The cached wheel, opened once per process and file version (reading its index of ~5,000
-    members takes ~0.2 s; ``serve`` and the environments' table read it many times)."""
+    """The cached wheel, opened once per process and file version (its ~5,000-member index takes ~0.2 s)."""
     path = wheel_path(version)
     stat = path.stat()
     yield _archive(path, stat.st_mtime_ns, stat.st_size)
