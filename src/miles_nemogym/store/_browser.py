@@ -1,5 +1,4 @@
-"""An episode store as text: a table per step, a list of episodes, one episode turn by turn
-(the HTML page is ``store/_page.py``). Pure functions over loaded entries; ``views.py`` prints."""
+"""An episode store as text: a table per step, a list of episodes, one episode turn by turn. Pure."""
 
 from __future__ import annotations
 
@@ -75,8 +74,7 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def printable(text: str) -> str:
-    """``text`` without terminal control sequences or control characters (newline and tab kept, CRLF
-    read as a newline): store content cannot move the cursor, set the title or write the clipboard."""
+    """``text`` without terminal control sequences or characters (newline, tab kept; CRLF as newline)."""
     if not _CONTROL.search(text):
         return text
     return _TERMINAL_SEQUENCE.sub("", text.replace("\r\n", "\n"))
@@ -97,8 +95,7 @@ class Row:
     step: int | None
     episodes: int
     valid: int
-    passed: int
-    """Valid episodes that resolved (SWE) or passed (another environment)."""
+    passed: int  # valid episodes that resolved (SWE) or passed (another environment)
     failures: Counter[str]
     turns_mean: float | None
     time_mean_s: float | None
@@ -147,12 +144,9 @@ def quality_label(episodes: list[StoredEpisode]) -> str:
     return "resolved" if all(e.environment == SWE_ENVIRONMENT for e in episodes) else "passed"
 
 
-PASS_RATE = "pass rate"
-"""Valid episodes that passed (resolved, for a SWE-bench one) over valid episodes, of every environment."""
-RESOLVE_RATE = "resolve rate"
-"""The pass rate of a store whose episodes are all SWE-bench's: resolved over valid episodes."""
-SWE_RESOLVE_RATE = "SWE resolve rate"
-"""Resolved over valid SWE-bench episodes alone, in a store that holds other environments too."""
+PASS_RATE = "pass rate"  # passed (SWE: resolved) over valid episodes, of every environment
+RESOLVE_RATE = "resolve rate"  # the pass rate of a store whose episodes are all SWE-bench's
+SWE_RESOLVE_RATE = "SWE resolve rate"  # over valid SWE-bench episodes alone, beside other environments
 
 
 def rate_name(quality: str) -> str:
@@ -173,8 +167,7 @@ def step_label(step: int | None) -> str:
 
 
 def row_cells(row: Row) -> tuple[str, ...]:
-    """A table row's cells, printable: role, step or environment, episodes, valid, rate, mean turns,
-    mean time (per environment: mean reward), failures by kind."""
+    """Printable cells: role, step (or environment), episodes, valid, rate, turns, time (or reward), failures."""
     per_environment = row.environment is not None
     return (
         row.role,
@@ -189,8 +182,7 @@ def row_cells(row: Row) -> tuple[str, ...]:
 
 
 def table_text(rows: list[Row], width: int = fit.MIN_WIDTH, quality: str = "resolved") -> str:
-    """The per-step table (its rate headed ``rate_name(quality)``), or for ``environment_rows`` the
-    per-environment one, within ``width``: failures wrap, then the means, valid count, reward go."""
+    """The per-step (or per-environment) table within ``width``: failures wrap, then columns go."""
     per_environment = bool(rows) and rows[0].environment is not None
     lines: list[tuple[str, ...]] = [
         ("role", "environment", "episodes", "valid", PASS_RATE, "reward", "mean turns", "failures by kind")
@@ -227,8 +219,7 @@ def verdict_label(episode: StoredEpisode) -> str:
 
 
 def episode_list_text(episodes: list[StoredEpisode], width: int = fit.MIN_WIDTH) -> str:
-    """One line per episode within ``width``: id prefix, instance, role, step, reward, turns, verdict
-    (step, role, turns, then reward go first when a line would not fit)."""
+    """One line per episode within ``width``: id prefix, instance, role, step, reward, turns, verdict."""
     short = _short_ids([e.episode_id for e in episodes])
     lines = [("episode", "instance", "role", "step", "reward", "turns", "verdict")] + [
         (
@@ -285,8 +276,7 @@ class Turn:
 
 
 def _text_of(value: Any) -> str:
-    """The text in a Responses content value: a string, or a list of parts (strings, ``{"text": ...}``
-    or ``{"output": ...}``, anything else as JSON); anything else as JSON."""
+    """The text of a Responses content value (a string, or parts with ``text``/``output``); else its JSON."""
     if value is None or isinstance(value, str):
         return value or ""
     if not isinstance(value, list):
@@ -320,8 +310,7 @@ def _command(name: Any, arguments: Any) -> str:
 
 
 def _turns_of(answer: Any) -> list[Turn]:
-    """The turns in the ``/run`` answer's Responses ``output``: the model's items up to the harness's
-    ``function_call_output`` answers (an item of an unexpected shape shown as its JSON)."""
+    """The turns in the ``/run`` answer's ``output``: the model's items up to the tools' outputs."""
     response = answer.get("response") if isinstance(answer, dict) else None
     output = response.get("output") if isinstance(response, dict) else None
     turns: list[Turn] = []
@@ -371,7 +360,7 @@ def _report_lines(answer: Any, instance_id: str) -> list[str]:
 
 @dataclass(frozen=True)
 class LongText:
-    """A part of any size: ``--show`` trims it to ``show_limit`` characters (None: whole), the page collapses it."""
+    """A part of any size: ``--show`` trims it to ``show_limit`` (None: whole), the page collapses it."""
 
     text: str
     show_limit: int | None = None
@@ -403,8 +392,7 @@ def known_elsewhere(entry: dict[str, Any]) -> list[str | LongText]:
 
 
 def head_groups(episode: StoredEpisode) -> list[list[str]]:
-    """Who the episode is, where it is filed, its verdict: the views' first lines (``--show`` packs
-    each group within its width, the page puts the first two on one line)."""
+    """Who the episode is, where it is filed, its verdict: the views' first lines."""
     record, entry = episode.record, episode.entry
     where = [f"{episode.role}{_eval_set(episode)}", filed_label(episode), f"session {entry.get('session_id')}"]
     if episode.environment != SWE_ENVIRONMENT:
