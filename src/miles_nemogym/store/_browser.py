@@ -224,23 +224,16 @@ def cut_head(text: str, size: int) -> str:
     return head
 
 
-def _cut_tail(text: str, size: int) -> str:
-    """At most ``size`` characters from the end, starting at a line (else word) start in the first quarter."""
-    if len(text) <= size:
-        return text
-    tail = text[len(text) - size :]
-    for separator in ("\n", " "):
-        start = tail.find(separator)
-        if 0 <= start <= size // 4:
-            return tail[start + 1 :]
-    return tail
-
-
 def trim(text: str, limit: int = _OUTPUT_MAX_CHARS) -> str:
     """``text`` cut in the middle to at most ``limit`` characters (at word ends when it can), saying how much."""
     if len(text) <= limit:
         return text
-    head, tail = cut_head(text, limit // 2), _cut_tail(text, limit // 2)
+    head, tail = cut_head(text, limit // 2), text[len(text) - limit // 2 :]
+    for separator in ("\n", " "):  # the tail starts at a line (else word) start in its first quarter
+        start = tail.find(separator)
+        if 0 <= start <= limit // 8:
+            tail = tail[start + 1 :]
+            break
     return f"{head}\n… [{len(text) - len(head) - len(tail)} characters cut] …\n{tail}"
 
 
