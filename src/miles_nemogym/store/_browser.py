@@ -280,8 +280,7 @@ def _command(name: Any, arguments: Any) -> str:
 
 def _turns_of(answer: Any) -> list[Turn]:
     """The turns in the ``/run`` answer's ``output``: the model's items up to the tools' outputs."""
-    response = answer.get("response") if isinstance(answer, dict) else None
-    output = response.get("output") if isinstance(response, dict) else None
+    output = _dict(answer, "response").get("output")
     turns: list[Turn] = []
     current: Turn | None = None
     for item in output if isinstance(output, list) else []:
@@ -300,9 +299,10 @@ def _turns_of(answer: Any) -> list[Turn]:
     return turns
 
 
-def _metadata(answer: Any) -> dict[str, Any]:
-    metadata = answer.get("metadata") if isinstance(answer, dict) else None
-    return metadata if isinstance(metadata, dict) else {}
+def _dict(value: Any, key: str) -> dict[str, Any]:
+    """``value[key]`` when both are dicts (store values are untrusted), else an empty dict."""
+    found = value.get(key) if isinstance(value, dict) else None
+    return found if isinstance(found, dict) else {}
 
 
 def _names(value: Any) -> list[str]:
@@ -310,17 +310,13 @@ def _names(value: Any) -> list[str]:
 
 
 def _report_lines(answer: Any, instance_id: str) -> list[str]:
-    reports = _metadata(answer).get("eval_report")
-    report = None
-    if isinstance(reports, dict):
-        report = reports.get(instance_id) or (next(iter(reports.values())) if len(reports) == 1 else None)
+    reports = _dict(_dict(answer, "metadata"), "eval_report")
+    report = reports.get(instance_id) or (next(iter(reports.values())) if len(reports) == 1 else None)
     if not isinstance(report, dict):
         return ["(no test report)"]
     lines = [f"resolved: {report.get('resolved')}   patch applied: {report.get('patch_successfully_applied')}"]
-    tests = report.get("tests_status")
     for category in ("FAIL_TO_PASS", "PASS_TO_PASS"):
-        status = tests.get(category) if isinstance(tests, dict) else None
-        status = status if isinstance(status, dict) else {}
+        status = _dict(report.get("tests_status"), category)
         passed, failed = _names(status.get("success")), _names(status.get("failure"))
         lines.append(f"{category}: {len(passed)} passed, {len(failed)} failed")
         lines.extend(f"  FAILED {name}" for name in failed[:20])
@@ -391,7 +387,7 @@ def failure_lines(episode: StoredEpisode) -> tuple[str, str]:
 
 def server_error(episode: StoredEpisode) -> str | None:
     """The server's error in the answer (stripped), unless the failure reason already holds it."""
-    error = _metadata(episode.entry.get("answer")).get("error")
+    error = _dict(episode.entry.get("answer"), "metadata").get("error")
     if isinstance(error, str) and error.strip() and error.strip() not in str(episode.record.get("failure_reason")):
         return error.strip()
     return None
@@ -423,7 +419,7 @@ def episode_parts(episode: StoredEpisode) -> list[str | LongText]:
             parts += ["output:", LongText(output, _OUTPUT_MAX_CHARS)]
     if not swe:
         return [*parts, "", "--- verify", *_verify_lines(answer, missing)]
-    patch = _metadata(answer).get("model_patch")
+    patch = _dict(answer, "metadata").get("model_patch")
     no_patch = f"(no patch: {missing})" if missing else "(no patch)"
     parts += ["", "--- patch", LongText(patch) if isinstance(patch, str) and patch else no_patch]
     report = [f"(no test report: {missing})"] if missing else _report_lines(answer, episode.instance_id)
