@@ -196,11 +196,9 @@ def load(directory: Path, *, answers: bool = False, steps: Collection[int | None
                         continue
                     seen.add(episode_id)
                 filing = filed.get(episode_id) if isinstance(episode_id, str) else None
-                if filing is None:  # where it was sealed; in a role with filings, not trained yet
-                    episode = StoredEpisode(entry, step, role, UNFILED if filed and step is not None else None)
-                else:
-                    episode = StoredEpisode(entry, filing[0], role, filing[1])
-                episode.source = Problem(str(path), number, "")
+                # Unfiled: where it was sealed; in a role with filings, not trained yet.
+                at, why = filing or (step, UNFILED if filed and step is not None else None)
+                episode = StoredEpisode(entry, at, role, why, Problem(str(path), number, ""))
                 if steps is None or episode.step in steps:
                     store.episodes.append(episode)
     store.episodes.sort(
