@@ -1,12 +1,10 @@
-"""Plain text fitted to a terminal's width: lines wrapped between words, tables that drop columns.
-
-80 columns is the floor: a narrower or unknown terminal gets 80. A word longer than the
-width (a path, an instance id) is kept whole on its own line, never split.
-"""
+"""Plain text fitted to a terminal's width (at least 80): lines wrapped between words, tables that
+drop columns; a word wider than the width (a path, an id) is kept whole on its own line."""
 
 from __future__ import annotations
 
 import shutil
+import sys
 import textwrap
 from collections.abc import Sequence
 
@@ -22,8 +20,8 @@ def terminal_width() -> int:
 
 
 def wrap(lines: list[str], width: int, indent: str = "") -> list[str]:
-    """Each of ``lines`` in pieces of at most ``width`` columns, broken only at spaces; continuation
-    lines start with ``indent``; a line's leading spaces are kept."""
+    """Each of ``lines`` in pieces of at most ``width`` columns, broken only at spaces, continued after
+    its leading spaces and ``indent``."""
     pieces: list[str] = []
     for line in lines:
         lead = line[: len(line) - len(line.lstrip(" "))]
@@ -34,13 +32,9 @@ def wrap(lines: list[str], width: int, indent: str = "") -> list[str]:
 
 
 def table(rows: Sequence[Sequence[str]], width: int, drop_order: Sequence[int] = ()) -> str:
-    """``rows`` (a header is just the first) as aligned columns two spaces apart within ``width``.
-
-    The last column wraps between its items (``a 1, b 2`` at the commas, ``x  y`` at the double
-    spaces, else at spaces; continuations aligned under it); while the table is still too
-    wide, the columns in ``drop_order`` (indexes, least wanted first) are left out. Other
-    cells are never cut, so an id stays whole.
-    """
+    """``rows`` (a header is just the first) as columns two spaces apart within ``width``: the last
+    column wraps between its items (``_items``); while still too wide, the columns in ``drop_order``
+    (least wanted first) are left out. Other cells are never cut, so an id stays whole."""
     keep = list(range(len(rows[0]))) if rows else []
     droppable = list(drop_order)
     while True:
@@ -48,13 +42,9 @@ def table(rows: Sequence[Sequence[str]], width: int, drop_order: Sequence[int] =
         text = _render(cells, width) if cells else ""
         if text is not None:
             return text
-        if not droppable:
-            return _natural(cells)  # too wide whatever is dropped: the kept columns uncut
+        if not droppable:  # too wide whatever is dropped: the kept columns uncut
+            return _render(cells, sys.maxsize) or ""
         keep.remove(droppable.pop(0))
-
-
-def _widths(lines: Sequence[Sequence[str]]) -> list[int]:
-    return [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
 
 
 def _items(cell: str) -> tuple[list[str], str]:
@@ -80,7 +70,7 @@ def _fill(cell: str, room: int) -> list[str]:
 
 def _render(lines: Sequence[Sequence[str]], width: int) -> str | None:
     """The table, or None when it does not fit even with its last column wrapped."""
-    widths = _widths(lines)
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     start = sum(widths[:-1]) + len(_GAP) * (len(widths) - 1)
     room = width - start
     needed = 0
@@ -97,10 +87,3 @@ def _render(lines: Sequence[Sequence[str]], width: int) -> str | None:
         out.append((prefix + pieces[0]).rstrip())
         out += [(" " * len(prefix) + piece).rstrip() for piece in pieces[1:]]
     return "\n".join(out)
-
-
-def _natural(lines: Sequence[Sequence[str]]) -> str:
-    widths = _widths(lines)
-    return "\n".join(
-        _GAP.join(cell.ljust(size) for cell, size in zip(line, widths, strict=True)).rstrip() for line in lines
-    )

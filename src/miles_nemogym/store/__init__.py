@@ -1,12 +1,5 @@
-"""The episode store: every episode the agent function ran, on disk by role and step. This package
-module is its writing side (what the runtime imports); ``reader`` reads it back, ``browser`` and
-``page`` show it as text or as one HTML page, ``plots`` draws its curves.
-
-Each store (one per folder per process) has one writer thread that appends each episode as one
-JSON line to ``<role>/pending-<file id>.jsonl``; sealing a step renames, indexes (``.heads``) and
-compresses those files, and under fully async writes the step's ``.filing``. Layout, crash
-behaviour, permissions and symlinks: docs/episode-store.md.
-"""
+"""The episode store's writing side: one writer thread per folder appends each episode to
+``<role>/pending-<file id>.jsonl`` and seals steps. Layout and guarantees: docs/episode-store.md."""
 
 from __future__ import annotations
 
@@ -132,8 +125,6 @@ class EpisodeStore:
         self._thread = threading.Thread(target=self._work, name="nemogym-episode-store", daemon=True)
         self._thread.start()
 
-    # ------------------------------------------------------------------ any thread
-
     def add(
         self,
         role: str,
@@ -186,8 +177,6 @@ class EpisodeStore:
         self._queue.put(request)
         return request.done.wait(timeout_s)
 
-    # ------------------------------------------------------------------ writer thread
-
     def _work(self) -> None:
         while True:
             item = self._queue.get()
@@ -200,20 +189,20 @@ class EpisodeStore:
                 return
             if isinstance(item, _Entry):
                 self._write(item)
-            elif isinstance(item, _NotTrained):
-                try:
+                continue
+            try:
+                if isinstance(item, _NotTrained):
                     self._role(item.role).not_trained.extend((i, item.reason) for i in item.episode_ids)
-                except Exception as error:  # the store must never take the rollout down
-                    self.write_errors += 1
-                    self._warn(f"filing {type(error).__name__}", f"dropped episodes could not be noted: {error}")
-            elif isinstance(item, _Request):
-                try:
-                    if item.role:
-                        self._seal(item)
-                except Exception as error:  # the store must never take the rollout down
-                    self.write_errors += 1
+                elif isinstance(item, _Request) and item.role:
+                    self._seal(item)
+            except Exception as error:  # the store must never take the rollout down
+                self.write_errors += 1
+                if isinstance(item, _Request):
                     self._warn(f"seal {type(error).__name__}", f"sealing step {item.step} failed: {error}")
-                finally:
+                else:
+                    self._warn(f"filing {type(error).__name__}", f"dropped episodes could not be noted: {error}")
+            finally:
+                if isinstance(item, _Request):
                     item.done.set()
 
     def _write(self, item: _Entry) -> None:
@@ -224,9 +213,7 @@ class EpisodeStore:
             answer = item.scrub(item.answer) if item.scrub and item.answer else item.answer
             line = _line(item.head, answer, item.answer_is_json)
             role = self._role(item.role)
-            if (
-                not role.files or role.files[-1].fd is None
-            ):  # none yet, or the last closed: a new file, listed once made
+            if not role.files or role.files[-1].fd is None:  # none yet, or the last closed: a new file
                 self._files_made += 1
                 new = _File(f"{self.writer_id}-{self._files_made}", None)
                 new.fd = _open_no_link(new.name, _NEW_FILE | os.O_APPEND, _FILE_MODE, role.dir_fd, role.path)

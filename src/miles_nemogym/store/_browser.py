@@ -1,5 +1,4 @@
-"""An episode store as text: a table per step, a list of episodes, one episode turn by turn
-(the HTML page is ``store/_page.py``). Pure functions over loaded entries; ``views.py`` prints."""
+"""An episode store as text: a table per step, a list of episodes, one episode turn by turn. Pure."""
 
 from __future__ import annotations
 
@@ -14,30 +13,6 @@ from typing import Any
 from miles_nemogym import fit
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, finite
 from miles_nemogym.store._reader import StoredEpisode, count_text, reward_text
-
-__all__ = [
-    "cut_head",
-    "environment_rows",
-    "episode_list_text",
-    "episode_parts",
-    "failure_lines",
-    "filed_label",
-    "head_groups",
-    "known_elsewhere",
-    "mean",
-    "printable",
-    "quality_label",
-    "row_cells",
-    "select",
-    "server_error",
-    "several_environments",
-    "step_label",
-    "step_rows",
-    "table_text",
-    "trajectory_counts",
-    "trim",
-    "verdict_label",
-]
 
 _OUTPUT_MAX_CHARS = 600  # a command's output is trimmed to this in --show (head and tail kept)
 
@@ -75,8 +50,7 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def printable(text: str) -> str:
-    """``text`` without terminal control sequences or control characters (newline and tab kept, CRLF
-    read as a newline): store content cannot move the cursor, set the title or write the clipboard."""
+    """``text`` without terminal control sequences or characters (newline, tab kept; CRLF as newline)."""
     if not _CONTROL.search(text):
         return text
     return _TERMINAL_SEQUENCE.sub("", text.replace("\r\n", "\n"))
@@ -97,8 +71,7 @@ class Row:
     step: int | None
     episodes: int
     valid: int
-    passed: int
-    """Valid episodes that resolved (SWE) or passed (another environment)."""
+    passed: int  # valid episodes that resolved (SWE) or passed (another environment)
     failures: Counter[str]
     turns_mean: float | None
     time_mean_s: float | None
@@ -147,12 +120,9 @@ def quality_label(episodes: list[StoredEpisode]) -> str:
     return "resolved" if all(e.environment == SWE_ENVIRONMENT for e in episodes) else "passed"
 
 
-PASS_RATE = "pass rate"
-"""Valid episodes that passed (resolved, for a SWE-bench one) over valid episodes, of every environment."""
-RESOLVE_RATE = "resolve rate"
-"""The pass rate of a store whose episodes are all SWE-bench's: resolved over valid episodes."""
-SWE_RESOLVE_RATE = "SWE resolve rate"
-"""Resolved over valid SWE-bench episodes alone, in a store that holds other environments too."""
+PASS_RATE = "pass rate"  # passed (SWE: resolved) over valid episodes, of every environment
+RESOLVE_RATE = "resolve rate"  # the pass rate of a store whose episodes are all SWE-bench's
+SWE_RESOLVE_RATE = "SWE resolve rate"  # over valid SWE-bench episodes alone, beside other environments
 
 
 def rate_name(quality: str) -> str:
@@ -173,8 +143,7 @@ def step_label(step: int | None) -> str:
 
 
 def row_cells(row: Row) -> tuple[str, ...]:
-    """A table row's cells, printable: role, step or environment, episodes, valid, rate, mean turns,
-    mean time (per environment: mean reward), failures by kind."""
+    """Printable cells: role, step (or environment), episodes, valid, rate, turns, time (or reward), failures."""
     per_environment = row.environment is not None
     return (
         row.role,
@@ -189,8 +158,7 @@ def row_cells(row: Row) -> tuple[str, ...]:
 
 
 def table_text(rows: list[Row], width: int = fit.MIN_WIDTH, quality: str = "resolved") -> str:
-    """The per-step table (its rate headed ``rate_name(quality)``), or for ``environment_rows`` the
-    per-environment one, within ``width``: failures wrap, then the means, valid count, reward go."""
+    """The per-step (or per-environment) table within ``width``: failures wrap, then columns go."""
     per_environment = bool(rows) and rows[0].environment is not None
     lines: list[tuple[str, ...]] = [
         ("role", "environment", "episodes", "valid", PASS_RATE, "reward", "mean turns", "failures by kind")
@@ -227,8 +195,7 @@ def verdict_label(episode: StoredEpisode) -> str:
 
 
 def episode_list_text(episodes: list[StoredEpisode], width: int = fit.MIN_WIDTH) -> str:
-    """One line per episode within ``width``: id prefix, instance, role, step, reward, turns, verdict
-    (step, role, turns, then reward go first when a line would not fit)."""
+    """One line per episode within ``width``: id prefix, instance, role, step, reward, turns, verdict."""
     short = _short_ids([e.episode_id for e in episodes])
     lines = [("episode", "instance", "role", "step", "reward", "turns", "verdict")] + [
         (
@@ -257,23 +224,16 @@ def cut_head(text: str, size: int) -> str:
     return head
 
 
-def _cut_tail(text: str, size: int) -> str:
-    """At most ``size`` characters from the end, starting at a line (else word) start in the first quarter."""
-    if len(text) <= size:
-        return text
-    tail = text[len(text) - size :]
-    for separator in ("\n", " "):
-        start = tail.find(separator)
-        if 0 <= start <= size // 4:
-            return tail[start + 1 :]
-    return tail
-
-
 def trim(text: str, limit: int = _OUTPUT_MAX_CHARS) -> str:
     """``text`` cut in the middle to at most ``limit`` characters (at word ends when it can), saying how much."""
     if len(text) <= limit:
         return text
-    head, tail = cut_head(text, limit // 2), _cut_tail(text, limit // 2)
+    head, tail = cut_head(text, limit // 2), text[len(text) - limit // 2 :]
+    for separator in ("\n", " "):  # the tail starts at a line (else word) start in its first quarter
+        start = tail.find(separator)
+        if 0 <= start <= limit // 8:
+            tail = tail[start + 1 :]
+            break
     return f"{head}\n… [{len(text) - len(head) - len(tail)} characters cut] …\n{tail}"
 
 
@@ -285,8 +245,7 @@ class Turn:
 
 
 def _text_of(value: Any) -> str:
-    """The text in a Responses content value: a string, or a list of parts (strings, ``{"text": ...}``
-    or ``{"output": ...}``, anything else as JSON); anything else as JSON."""
+    """The text of a Responses content value (a string, or parts with ``text``/``output``); else its JSON."""
     if value is None or isinstance(value, str):
         return value or ""
     if not isinstance(value, list):
@@ -320,10 +279,8 @@ def _command(name: Any, arguments: Any) -> str:
 
 
 def _turns_of(answer: Any) -> list[Turn]:
-    """The turns in the ``/run`` answer's Responses ``output``: the model's items up to the harness's
-    ``function_call_output`` answers (an item of an unexpected shape shown as its JSON)."""
-    response = answer.get("response") if isinstance(answer, dict) else None
-    output = response.get("output") if isinstance(response, dict) else None
+    """The turns in the ``/run`` answer's ``output``: the model's items up to the tools' outputs."""
+    output = _dict(answer, "response").get("output")
     turns: list[Turn] = []
     current: Turn | None = None
     for item in output if isinstance(output, list) else []:
@@ -342,9 +299,10 @@ def _turns_of(answer: Any) -> list[Turn]:
     return turns
 
 
-def _metadata(answer: Any) -> dict[str, Any]:
-    metadata = answer.get("metadata") if isinstance(answer, dict) else None
-    return metadata if isinstance(metadata, dict) else {}
+def _dict(value: Any, key: str) -> dict[str, Any]:
+    """``value[key]`` when both are dicts (store values are untrusted), else an empty dict."""
+    found = value.get(key) if isinstance(value, dict) else None
+    return found if isinstance(found, dict) else {}
 
 
 def _names(value: Any) -> list[str]:
@@ -352,17 +310,13 @@ def _names(value: Any) -> list[str]:
 
 
 def _report_lines(answer: Any, instance_id: str) -> list[str]:
-    reports = _metadata(answer).get("eval_report")
-    report = None
-    if isinstance(reports, dict):
-        report = reports.get(instance_id) or (next(iter(reports.values())) if len(reports) == 1 else None)
+    reports = _dict(_dict(answer, "metadata"), "eval_report")
+    report = reports.get(instance_id) or (next(iter(reports.values())) if len(reports) == 1 else None)
     if not isinstance(report, dict):
         return ["(no test report)"]
     lines = [f"resolved: {report.get('resolved')}   patch applied: {report.get('patch_successfully_applied')}"]
-    tests = report.get("tests_status")
     for category in ("FAIL_TO_PASS", "PASS_TO_PASS"):
-        status = tests.get(category) if isinstance(tests, dict) else None
-        status = status if isinstance(status, dict) else {}
+        status = _dict(report.get("tests_status"), category)
         passed, failed = _names(status.get("success")), _names(status.get("failure"))
         lines.append(f"{category}: {len(passed)} passed, {len(failed)} failed")
         lines.extend(f"  FAILED {name}" for name in failed[:20])
@@ -371,7 +325,7 @@ def _report_lines(answer: Any, instance_id: str) -> list[str]:
 
 @dataclass(frozen=True)
 class LongText:
-    """A part of any size: ``--show`` trims it to ``show_limit`` characters (None: whole), the page collapses it."""
+    """A part of any size: ``--show`` trims it to ``show_limit`` (None: whole), the page collapses it."""
 
     text: str
     show_limit: int | None = None
@@ -403,8 +357,7 @@ def known_elsewhere(entry: dict[str, Any]) -> list[str | LongText]:
 
 
 def head_groups(episode: StoredEpisode) -> list[list[str]]:
-    """Who the episode is, where it is filed, its verdict: the views' first lines (``--show`` packs
-    each group within its width, the page puts the first two on one line)."""
+    """Who the episode is, where it is filed, its verdict: the views' first lines."""
     record, entry = episode.record, episode.entry
     where = [f"{episode.role}{_eval_set(episode)}", filed_label(episode), f"session {entry.get('session_id')}"]
     if episode.environment != SWE_ENVIRONMENT:
@@ -434,7 +387,7 @@ def failure_lines(episode: StoredEpisode) -> tuple[str, str]:
 
 def server_error(episode: StoredEpisode) -> str | None:
     """The server's error in the answer (stripped), unless the failure reason already holds it."""
-    error = _metadata(episode.entry.get("answer")).get("error")
+    error = _dict(episode.entry.get("answer"), "metadata").get("error")
     if isinstance(error, str) and error.strip() and error.strip() not in str(episode.record.get("failure_reason")):
         return error.strip()
     return None
@@ -466,7 +419,7 @@ def episode_parts(episode: StoredEpisode) -> list[str | LongText]:
             parts += ["output:", LongText(output, _OUTPUT_MAX_CHARS)]
     if not swe:
         return [*parts, "", "--- verify", *_verify_lines(answer, missing)]
-    patch = _metadata(answer).get("model_patch")
+    patch = _dict(answer, "metadata").get("model_patch")
     no_patch = f"(no patch: {missing})" if missing else "(no patch)"
     parts += ["", "--- patch", LongText(patch) if isinstance(patch, str) and patch else no_patch]
     report = [f"(no test report: {missing})"] if missing else _report_lines(answer, episode.instance_id)

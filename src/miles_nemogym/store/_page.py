@@ -1,10 +1,5 @@
-"""``miles-nemogym episodes --html``: one self-contained page (no scripts, no network) with
-the per-step table (and the per-environment one when there are several), bar charts per
-role (resolve or pass rate, failed episodes by kind, per step) and every episode as a
-collapsed line that expands to its ``--show`` view. Every value from the store is escaped;
-a long thought, command, output or patch shows its first ``INLINE_CHARS`` and keeps the
-rest, up to ``BLOCK_MAX_CHARS``, behind a collapsed "show all". Pure.
-"""
+"""``miles-nemogym episodes --html``: one self-contained page (no scripts, no network) of tables,
+charts, plots and every episode expandable to its ``--show`` view; every store value escaped. Pure."""
 
 from __future__ import annotations
 
@@ -36,10 +31,8 @@ from miles_nemogym.store._reader import Store, StoredEpisode, count_text, reward
 
 __all__ = ["render_html"]
 
-INLINE_CHARS = 1_000
-"""A long part of an episode shows this much (cut at a line or word end when near)."""
-BLOCK_MAX_CHARS = 200_000
-"""At most this much of one part is on the page (the rest is counted, the store has it)."""
+INLINE_CHARS = 1_000  # a long part of an episode shows this much, the rest behind "show all"
+BLOCK_MAX_CHARS = 200_000  # at most this much of one part is on the page (the rest is counted)
 _SUMMARY_FIELD_CHARS = 200
 
 _KIND_COLOURS = ("#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")

@@ -97,8 +97,7 @@ def _train_plots(steps: dict[int, list[StoredEpisode]], rate: str) -> list[Plot]
 
 
 def _pass(members: list[StoredEpisode]) -> tuple[int, float | None, float | None]:
-    """(k, pass@1, pass@k) of one eval set's step: k is the most episodes any instance has
-    there; both over valid episodes per instance, pass@k over instances with k valid ones."""
+    """(k: most episodes of one instance, pass@1, pass@k over instances with k valid ones) of a step."""
     k = max(Counter(e.instance_id for e in members).values())
     passed: dict[str, list[bool]] = defaultdict(list)
     for episode in _valid(members):
@@ -139,8 +138,7 @@ def _file_name(text: str, taken: set[str]) -> str:
 
 
 def plots(episodes: list[StoredEpisode]) -> list[Plot]:
-    """The plots of these episodes: train's (three, four with several environments), then one
-    per eval set (by name); a role without sealed steps has none."""
+    """Train's plots (three, four with several environments), then one per eval set; none unsealed."""
     out: list[Plot] = []
     train = _by_step([e for e in episodes if e.role == TRAIN])
     if train:
@@ -201,9 +199,8 @@ _LINE = 11  # height of a value label's line: labels of one step this far apart 
 
 
 def _label_y(point_y: float, n: int, taken: list[float]) -> float:
-    """Where series ``n``'s value label goes for a point at ``point_y``: above it (two series'
-    labels at alternate heights), below when that would reach into the title, and moved on by
-    a line while it would overlap a label ``taken`` at the same step."""
+    """Where series ``n``'s value label goes for a point at ``point_y``: above it (or below, clear of the
+    title), alternating heights, a line on while it would overlap a label ``taken`` at the same step."""
     above = point_y - 7 - _LINE * (n % 2)
     step = -_LINE if above > _TOP - 6 else _LINE
     label_y = above if above > _TOP - 6 else point_y + 14 + _LINE * (n % 2)  # not into the title
@@ -215,9 +212,8 @@ def _label_y(point_y: float, n: int, taken: list[float]) -> float:
 
 
 def svg(plot: Plot, *, standalone: bool = True) -> str:
-    """``plot`` as an SVG element (its namespace only when ``standalone``: inline HTML needs none, so
-    names no URL): one line per series broken where a step has no value, each point with a tooltip
-    and (``_LABELLED_STEPS``) its value, a legend with each latest value."""
+    """``plot`` as SVG (its namespace only ``standalone``): a line per series broken where a step has no
+    value, points with tooltips and values (``_LABELLED_STEPS``), a legend with each latest value."""
     fmt = _value_text(plot.unit)
     low, high = _y_range(plot)
     plot_w, plot_h = _WIDTH - _LEFT - _RIGHT, _HEIGHT - _TOP - _BOTTOM

@@ -1,6 +1,5 @@
-"""Read an episode store back (``store/__init__.py`` writes it): each episode with its role and
-step, and what could not be read and where. Never raises over what is on disk. Also the words
-every view shows of an episode (``verdict``, ``reward_text``, ``count_text``: smoke and scan too)."""
+"""Read an episode store back, each episode with its role and step and each problem with its place;
+never raises over what is on disk. Also the words every view (smoke and scan too) shows of one."""
 
 from __future__ import annotations
 
@@ -23,9 +22,7 @@ from miles_nemogym.store import ROLES
 
 __all__ = ["StoredEpisode", "count_text", "load", "reward_text", "verdict"]
 
-UNFILED = "no step has trained or dropped it yet"
-"""``StoredEpisode.not_trained`` of a sealed episode no filing names, in a role with filings
-(fully async: its group was in flight or buffered at the last step)."""
+UNFILED = "no step has trained or dropped it yet"  # a sealed episode no filing names, in a role with filings
 
 # step-000005-<file id>.jsonl.gz (older stores: step-000005.jsonl.gz), pending-<file id>.jsonl
 _NAME = re.compile(r"(?P<stem>(?:step-(?P<step>\d+)|pending)(?:-[\w-]*)?)(?P<ext>\.heads|\.jsonl|\.jsonl\.gz)")
@@ -34,8 +31,7 @@ _FILING = re.compile(r"step-(?P<step>\d+)-[\w-]+\.filing")
 
 
 def verdict(*, masked: bool, failure_kind: object, swe: bool, passed: bool) -> str:
-    """The one verdict word every view shows: a set-aside episode's failure kind (``masked`` when it
-    names none); else ``resolved`` or ``unresolved`` for SWE, ``passed`` or ``failed`` for another."""
+    """The verdict word every view shows: the failure kind (else ``masked``), resolved/unresolved, passed/failed."""
     if masked:
         return str(failure_kind or "masked")
     if swe:
@@ -52,9 +48,8 @@ _REWARD_DECIMALS = 4  # enough to tell a partial reward (1/3 shows as 0.3333) fr
 
 
 def reward_text(value: object) -> str:
-    """One episode's reward as every view shows it: a number (not a boolean) rounded to 4 decimals
-    (``1.0``, ``0.3333``), a partial reward never rounded to a whole one (``0.99996`` is ``0.9999``:
-    ``1.0`` means full credit); ``-`` for anything else (None, a string, NaN, infinity, a huge int)."""
+    """A reward as every view shows it: 4 decimals, a partial one never rounded to a whole one (``0.99996``
+    is ``0.9999``); ``-`` for anything but a finite number (None, a boolean, a string, NaN)."""
     number = finite(value)
     if number is None:
         return "-"
@@ -82,13 +77,10 @@ class StoredEpisode:
     """One episode as stored (``entry``: the line's fields; ``answer`` only when loaded)."""
 
     entry: dict[str, Any]
-    step: int | None
-    """The rollout step (fully async: that trained it, or it was dropped during); None: pending."""
+    step: int | None  # the rollout step (fully async: that trained it, or it was dropped during); None: pending
     role: str
-    not_trained: str | None = None
-    """Fully async: why the buffer dropped its group (the step's filing says so); else None."""
-    source: Problem | None = None
-    """The file and line it was read from (``reason`` empty): where a view says the whole of a field is."""
+    not_trained: str | None = None  # fully async: why the buffer dropped its group (its step's filing says)
+    source: Problem | None = None  # the file and line it was read from (``reason`` empty)
 
     @property
     def record(self) -> dict[str, Any]:
@@ -116,7 +108,6 @@ class StoredEpisode:
 
     @property
     def kind(self) -> str:
-        """A masked episode's failure kind (else ``masked``); else resolved/unresolved (SWE) or passed/failed."""
         return verdict(
             masked=self.masked,
             failure_kind=self.record.get("failure_kind"),
@@ -126,8 +117,7 @@ class StoredEpisode:
 
     @property
     def masked(self) -> bool:
-        """Set aside, not trained on: the typed record says so, or there is no readable record (a
-        ``mask_sample`` that is not a boolean reads as set aside, as ``record.parse_record`` rules)."""
+        """Set aside, not trained on: the typed record says so, or there is no readable record."""
         record = self.typed
         return record is None or record.mask_sample
 
@@ -141,8 +131,7 @@ class StoredEpisode:
 @dataclass
 class Store:
     episodes: list[StoredEpisode] = field(default_factory=list)
-    problems: list[Problem] = field(default_factory=list)
-    """What was skipped or found odd, in the order found."""
+    problems: list[Problem] = field(default_factory=list)  # what was skipped or found odd, in order
 
 
 class _Record(BaseModel):
@@ -175,8 +164,8 @@ class _Head(BaseModel):
 
 
 def load(directory: Path, *, answers: bool = False, steps: Collection[int | None] | None = None) -> Store:
-    """The episodes under ``directory`` (of ``steps`` only, if given; None stands for pending),
-    ordered by role, step, then finish time; with ``answers``, each with its ``/run`` answer."""
+    """The episodes under ``directory`` (of ``steps`` only, if given; None: pending) by role, step, finish
+    time; with ``answers``, each with its ``/run`` answer."""
     store = Store()
     for role in ROLES:
         folder = directory / role
@@ -207,11 +196,9 @@ def load(directory: Path, *, answers: bool = False, steps: Collection[int | None
                         continue
                     seen.add(episode_id)
                 filing = filed.get(episode_id) if isinstance(episode_id, str) else None
-                if filing is None:  # where it was sealed; in a role with filings, not trained yet
-                    episode = StoredEpisode(entry, step, role, UNFILED if filed and step is not None else None)
-                else:
-                    episode = StoredEpisode(entry, filing[0], role, filing[1])
-                episode.source = Problem(str(path), number, "")
+                # Unfiled: where it was sealed; in a role with filings, not trained yet.
+                at, why = filing or (step, UNFILED if filed and step is not None else None)
+                episode = StoredEpisode(entry, at, role, why, Problem(str(path), number, ""))
                 if steps is None or episode.step in steps:
                     store.episodes.append(episode)
     store.episodes.sort(
@@ -230,8 +217,7 @@ class _Filed(BaseModel):
 
 
 def _filed(paths: list[Path], problems: list[Problem]) -> dict[str, tuple[int, str | None]]:
-    """Episode id -> (its filed step, the reason it was not trained, None when trained), from
-    the filings in ``paths`` (by name, so by step: a later filing of an episode wins)."""
+    """Episode id -> (its filed step, why not trained or None), from ``paths`` by step (the latest wins)."""
     filed: dict[str, tuple[int, str | None]] = {}
     for path in paths:
         match = _FILING.fullmatch(path.name)
@@ -298,8 +284,7 @@ def _entries(paths: list[Path], answers: bool, problems: list[Problem]) -> Itera
 
 
 def _lines(path: Path, problems: list[Problem]) -> Iterator[tuple[int, bytes]]:
-    """``path``'s lines but blank ones, numbered from 1, gunzipped if it ends in ``.gz``; a damaged
-    or cut gzip stream ends the file with a problem, keeping the lines before it."""
+    """``path``'s non-blank lines, numbered from 1, gunzipped if ``.gz``; damage ends it with a problem."""
     number = 0
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)

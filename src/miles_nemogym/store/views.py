@@ -1,6 +1,5 @@
-"""The episode store's views behind one call: ``browse`` does what ``miles-nemogym episodes DIR``
-asks (a table per step, a list, one episode, the HTML page, the plots); the text, page and
-plots are ``_browser.py``, ``_page.py`` and ``_plots.py`` over ``_reader.py``'s ``load``."""
+"""``browse``: what ``miles-nemogym episodes DIR`` asks (a table per step, a list, one episode, the
+HTML page, the plots), drawn by ``_browser``, ``_page`` and ``_plots`` over ``_reader.load``."""
 
 from __future__ import annotations
 
@@ -142,16 +141,6 @@ def _packed(items: list[str], width: int) -> list[str]:
     return lines
 
 
-def _show_header(episode: StoredEpisode, width: int) -> list[str]:
-    """``--show``'s head (lines within ``width`` unless one id is wider), a set-aside episode's failure."""
-    lines = [line for group in head_groups(episode) for line in _packed(group, width)]
-    lines.append(trajectory_counts(episode))
-    lines += [part if isinstance(part, str) else part.text for part in known_elsewhere(episode.entry)]
-    if episode.masked:
-        lines += _failure_lines(episode)
-    return lines
-
-
 def _failure_lines(episode: StoredEpisode) -> list[str]:
     """A set-aside episode's failure, smoke's no-network note, the server's error's last lines and where it is."""
     lines = list(failure_lines(episode))
@@ -175,11 +164,17 @@ def _failure_lines(episode: StoredEpisode) -> list[str]:
 
 
 def _show_text(episode: StoredEpisode) -> str:
-    """One episode for ``--show``: its head (``_show_header``), then the rest as every view shows it, trimmed."""
+    """One episode for ``--show``: its head (within 80 columns unless one id is wider, a set-aside episode's
+    failure), then the rest as every view shows it, trimmed."""
+    head = [line for group in head_groups(episode) for line in _packed(group, fit.MIN_WIDTH)]
+    head.append(trajectory_counts(episode))
+    head += [part if isinstance(part, str) else part.text for part in known_elsewhere(episode.entry)]
+    if episode.masked:
+        head += _failure_lines(episode)
     parts = episode_parts(episode)
     body = parts[parts.index("") :] if "" in parts else []
     rest = [p if isinstance(p, str) else p.text if p.show_limit is None else trim(p.text, p.show_limit) for p in body]
-    return printable("\n".join([*_show_header(episode, fit.MIN_WIDTH), *rest]))
+    return printable("\n".join([*head, *rest]))
 
 
 def _warn_skipped(problems: list[str]) -> None:
