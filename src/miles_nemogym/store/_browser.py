@@ -14,6 +14,35 @@ from miles_nemogym import fit
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, finite
 from miles_nemogym.store._reader import StoredEpisode, count_text, reward_text
 
+__all__ = [
+    "PASS_RATE",
+    "SWE_RESOLVE_RATE",
+    "LongText",
+    "Row",
+    "cut_head",
+    "environment_rows",
+    "episode_list_text",
+    "episode_parts",
+    "failure_lines",
+    "filed_label",
+    "head_groups",
+    "known_elsewhere",
+    "mean",
+    "printable",
+    "quality_label",
+    "rate_name",
+    "row_cells",
+    "select",
+    "server_error",
+    "several_environments",
+    "step_label",
+    "step_rows",
+    "table_text",
+    "trajectory_counts",
+    "trim",
+    "verdict_label",
+]
+
 _OUTPUT_MAX_CHARS = 600  # a command's output is trimmed to this in --show (head and tail kept)
 
 
