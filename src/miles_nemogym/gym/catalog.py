@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from miles_nemogym.data._atomic import write_file
+from miles_nemogym.data import write_file
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.composition import (
     Judge,
