@@ -436,14 +436,12 @@ def _agent_grading(entry: CatalogEntry) -> tuple[str | None, str]:
     if kind not in agents:
         played = next(iter(agents), "simple_agent")
         return None, f"its agent `{kind}` is not the one `serve --env {server}` starts (`{played}`)"
-    base_server = base[p.instance]["resources_servers"][p.resources_server]
-    base_agent = agents[kind]
-    changed: set[str] = set()
-    for _, group, k, block in server_blocks(shipped_config(entry.config)):
-        if group == "resources_servers" and k == p.resources_server:
-            changed.update(_changed(block, base_server))
-        elif group == "responses_api_agents" and k == kind:
-            changed.update(_changed(block, base_agent))
+    bases = {
+        ("resources_servers", p.resources_server): base[p.instance]["resources_servers"][p.resources_server],
+        ("responses_api_agents", kind): agents[kind],
+    }
+    blocks = server_blocks(shipped_config(entry.config))
+    changed = {key for _, g, k, block in blocks if (g, k) in bases for key in _changed(block, bases[g, k])}
     if changed:
         keys = ", ".join(f"`{key}`" for key in sorted(changed))
         return None, f"its config changes what `serve --env {server}` serves ({keys})"

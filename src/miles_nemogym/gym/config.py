@@ -138,9 +138,8 @@ def _provider_block(options: ServeOptions) -> dict[str, Any]:
                 f"provider options: the `sandbox` block names {unknown}, but the server runs the "
                 f"{options.sandbox!r} provider; put its options under `sandbox.{options.sandbox}`"
             )
-    else:
-        block = {options.sandbox: dict(given)} if given else {}
-    return block
+        return block
+    return {options.sandbox: dict(given)} if given else {}
 
 
 def overrides(options: ServeOptions, port: int, state_dir: Path) -> dict[str, Any]:
@@ -162,9 +161,8 @@ def overrides(options: ServeOptions, port: int, state_dir: Path) -> dict[str, An
     sandbox.setdefault(options.sandbox, {})
     if options.sandbox == "local":
         agent["sandbox_environment_kwargs"] = dict(LOCAL_ENVIRONMENT_KWARGS)
-        local = dict(sandbox.get("local") or {})
-        local.setdefault("workspace_root", str(state_dir / "workspaces"))
-        sandbox["local"] = local
+        sandbox["local"] = dict(sandbox.get("local") or {})
+        sandbox["local"].setdefault("workspace_root", str(state_dir / "workspaces"))
     result: dict[str, Any] = {
         "policy_base_url": PLACEHOLDER_POLICY_URL,
         "policy_api_key": "unused",

@@ -303,18 +303,12 @@ def refused_folders() -> dict[str, str]:
 
 def config_refusal(name: str, config: Mapping[str, Any], composed: Mapping[str, Any] | None = None) -> str | None:
     """Why this package does not run a shipped config: a requirement beyond PyPI, else ``refusal`` of ``composed``."""
-    blocks = list(server_blocks(config))
-    agents = sorted({kind for _, group, kind, _ in blocks if group == "responses_api_agents"})
-    servers = sorted({kind for _, group, kind, _ in blocks if group == _GROUP})
-    parts = [
-        *(("responses_api_agents", "agent", kind) for kind in agents),
-        *((_GROUP, "resources server", k) for k in servers),
-    ]
-    for group, role, kind in parts:
-        try:
-            _requirement_lines(name, group, kind)
-        except GymEnvironmentError as error:
-            return str(error).replace("its requirements.txt", f"its {role} {kind}'s requirements.txt")
+    for group, role in (("responses_api_agents", "agent"), (_GROUP, "resources server")):
+        for kind in sorted({k for _, g, k, _ in server_blocks(config) if g == group}):
+            try:
+                _requirement_lines(name, group, kind)
+            except GymEnvironmentError as error:
+                return str(error).replace("its requirements.txt", f"its {role} {kind}'s requirements.txt")
     return refusal(name, config if composed is None else composed, None)
 
 
@@ -902,8 +896,7 @@ class EnvironmentServers:
             self._extra_configs,
             routed=self.routed,
         )
-        text = parse_config(self.gym, payload, self.state_dir, "environments' config", self._extra_env)
-        composed = load_yaml(text)
+        composed = load_yaml(parse_config(self.gym, payload, self.state_dir, "environments' config", self._extra_env))
         if not isinstance(composed, dict):
             raise GymEnvironmentError(f"nemo-gym's parser returned no config for {[p.name for p in self.plans]}")
         if self.routed:
@@ -964,15 +957,14 @@ class EnvironmentServers:
             deadline = time.monotonic() + self.start_timeout
             for name in self.ports:
                 self._wait(name, deadline)
-        except GymEnvironmentError:
+        except BaseException as error:
             self.stop()
             # uvicorn's "[Errno 98] ... address already in use": another program bound the free port first
-            if again and any("address already in use" in self.log_tail(name).lower() for name in picked):
+            if not isinstance(error, GymEnvironmentError) or not again:
+                raise
+            if any("address already in use" in self.log_tail(name).lower() for name in picked):
                 self._progress("a free port was taken before its server bound it: starting again on fresh ports")
                 return self.start(also, again=False)
-            raise
-        except BaseException:
-            self.stop()
             raise
         return self
 
