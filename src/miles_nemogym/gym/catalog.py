@@ -1,6 +1,5 @@
-"""NeMo-Gym's catalog: every environment and benchmark ``gym list environments`` names.
-Why a cache and not a scan of the wheel: docs/environments.md, "NeMo-Gym's catalog".
-"""
+"""NeMo-Gym's catalog: every environment and benchmark ``gym list environments`` names
+(why a cache and not a scan of the wheel: docs/environments.md, "NeMo-Gym's catalog")."""
 
 from __future__ import annotations
 
@@ -339,16 +338,6 @@ def _grading(entry: CatalogEntry) -> tuple[str | None, str]:
     return entry.resources_server, ""
 
 
-def _benchmark_support(entry: CatalogEntry) -> Support:
-    if _played_by_an_agent(entry):
-        return _agent_benchmark_support(entry)
-    grader, why = _grading(entry)
-    if grader is None:
-        agent = entry.agent_server or entry.agent
-        return Support(status=NOT_YET, agent=f"`{agent}`" if agent else "", needs=why)
-    return _runnable(entry, "`simple_agent`", grader, f"its grader `{grader}`", _graded_by(entry, grader), [])
-
-
 def _runnable(entry: CatalogEntry, agent: str, grader: str, named: str, first: str, more: list[str]) -> Support:
     """A benchmark ``grader`` plays or grades: refused as that environment is, else eval rows and their needs."""
     found = support(grader)
@@ -373,8 +362,14 @@ def _graded_by(entry: CatalogEntry, grader: str) -> str:
 
 def entry_support(entry: CatalogEntry) -> Support:
     """What this package does with a catalog entry (benchmarks as eval rows, environments by :func:`support`)."""
+    if entry.kind == "benchmark" and _played_by_an_agent(entry):
+        return _agent_benchmark_support(entry)
     if entry.kind == "benchmark":
-        return _benchmark_support(entry)
+        grader, why = _grading(entry)
+        if grader is None:
+            agent = entry.agent_server or entry.agent
+            return Support(status=NOT_YET, agent=f"`{agent}`" if agent else "", needs=why)
+        return _runnable(entry, "`simple_agent`", grader, f"its grader `{grader}`", _graded_by(entry, grader), [])
     name = served_name(entry)
     if name is not None:
         return support(name)

@@ -1,7 +1,5 @@
-"""What ``serve`` changes in a shipped environment's config before nemo-gym's parser composes it,
-and which environments it refuses, read from the wheel before anything starts.
-Why: docs/environments.md, "Serving environments".
-"""
+"""What ``serve`` changes in a shipped environment's config before nemo-gym's parser composes it, and which
+environments it refuses, read from the wheel (why: docs/environments.md, "Serving environments")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The ``mini_swe_agent_2`` server config, composed by NeMo-Gym's own config parser.
-Why: docs/data-and-checks.md, "Running the server".
-"""
+"""The ``mini_swe_agent_2`` server config, composed by NeMo-Gym's own config parser
+(why: docs/data-and-checks.md, "Running the server")."""
 
 from __future__ import annotations
 
@@ -43,9 +42,8 @@ MODEL_CONFIG = Path("responses_api_models/vllm_model/configs/vllm_model.yaml")
 # so a /run that forgot policy_base_url fails fast instead of reaching something real.
 PLACEHOLDER_POLICY_URL = "http://127.0.0.1:9/v1"
 
-# What the local provider needs on a plain host (docs/upstream.md, NeMo-Gym): `cwd: ""` gives each
-# episode its own temporary workspace instead of creating /testbed on the host; the
-# local provider refuses any `user`; there is no conda to activate.
+# What the local provider needs on a plain host (docs/upstream.md, NeMo-Gym): `cwd: ""` gives each episode
+# its own temporary workspace, not /testbed on the host; it refuses any `user`; there is no conda to activate.
 LOCAL_ENVIRONMENT_KWARGS: dict[str, Any] = {
     "cwd": "",
     "activate_conda": False,
@@ -201,10 +199,8 @@ def config_paths(options: ServeOptions, site_packages: Path) -> list[Path]:
     return paths
 
 
-# Runs inside the server venv: nemo-gym's own parser, offline (no port probing, no
-# exporters), no CLI and no env.yaml, so only what we pass in shapes the result. Each payload
-# of the list is parsed on its own; a refusal is its error, without the config dump some carry
-# (an almost-server's reasons are what the parser printed before raising).
+# Runs inside the server venv: nemo-gym's own parser, offline, no CLI and no env.yaml, each payload on its own;
+# a refusal is its error without the config dump (an almost-server's reasons: what the parser printed).
 _COMPOSER = """
 import contextlib, io, json, sys
 from omegaconf import OmegaConf

@@ -1,6 +1,5 @@
-"""NeMo-Gym resources servers (``mcqa``, ``xlam_fc``, ...) started from the cached server venv.
-Why and what it costs: docs/environments.md, "Serving environments".
-"""
+"""NeMo-Gym resources servers (``mcqa``, ``xlam_fc``, ...) started from the cached server venv
+(why and what it costs: docs/environments.md, "Serving environments")."""
 
 from __future__ import annotations
 
@@ -113,9 +112,8 @@ ROUTING_ROOT = Path(__file__).parent.parent / "routing_root"
 """A ``NEMO_GYM_EXTRA_ROOTS`` root holding this package's routing model server."""
 ROUTING_MODEL = ROUTING_ROOT / "responses_api_models" / "miles_routing_model"
 _ROUTING_CONFIG = ROUTING_MODEL / "configs" / "miles_routing_model.yaml"
-# Run-level token capture, the least setting under which every agent prefixes its model calls with
-# the rollout id (nemo-gym 0.7.0, base_responses_api_agent.py): no directory, no sink and
-# rebuild_response off, so no capture is written anywhere (docs/environments.md, "Routed agents").
+# The least token capture under which every agent prefixes its model calls with the rollout id (nemo-gym
+# 0.7.0, base_responses_api_agent.py); it writes nothing anywhere (docs/environments.md, "Routed agents").
 _ROLLOUT_ID_SETTING = {"token_id_capture": {"enabled": True, "all_agents": True, "rebuild_response": False}}
 _REWARD_RANGES = {"blackjack": (-1.0, 1.0)}  # +1 win, 0 draw, -1 loss: the wheel states no range a program reads
 
@@ -969,9 +967,8 @@ class EnvironmentServers:
         return self
 
     def _spawn(self, python: Path, name: str, folder: Path, config_yaml: str) -> None:
-        # Unix socket paths stay below ~107 bytes: a server that starts its own Ray (code_gen)
-        # puts sockets ~70 bytes below RAY_TMPDIR, so a deep --state-dir would break it. A short
-        # folder of the run's own, removed on stop.
+        # Unix socket paths stay below ~107 bytes and a server's own Ray (code_gen) puts sockets ~70 bytes
+        # below RAY_TMPDIR, so a deep --state-dir would break it: a short folder of the run's, removed on stop.
         if self._tmp is None:
             self._tmp = Path(tempfile.mkdtemp(prefix="mng-envs-", dir="/tmp" if os.path.isdir("/tmp") else None))
         tmp = self._tmp
