@@ -300,14 +300,7 @@ def support(name: str) -> Support:
         return Support(status=REFUSED, agent=agent, needs=f"settings serve does not set: {keys}")
     extra = [f"PyPI: {len(p.requirements)} requirement{'s' * (len(p.requirements) > 1)}"] if p.requirements else []
     needed = "; ".join(dict.fromkeys([*[n.split(" (", 1)[0] for n in needs], *extra]))  # "a sandbox provider"
-    if refused:
-        status = JUDGE
-    elif "simple_agent" in agents:
-        status = SIMPLE
-    elif agents:
-        status = ROUTED
-    else:
-        status = ALONE
+    status = JUDGE if refused else SIMPLE if "simple_agent" in agents else ROUTED if agents else ALONE
     return Support(status=status, agent=agent, needs=needed)
 
 

@@ -538,7 +538,7 @@ def _check_shipped(said: Sequence[str]) -> tuple[list[str], dict[str, str]]:
         raise GymEnvironmentError("; ".join(f"environment {n!r}: {_no_server(n, folders[n])}" for n in base))
     if unknown:
         known = {*shipped, *agents}
-        hints = (f"{name!r} is not an environment nemo-gym ships ({_close_names(name, known)})" for name in unknown)
+        hints = (f"{name!r} is not an environment nemo-gym ships ({_close_hint(name, known)})" for name in unknown)
         raise UnknownEnvironmentError("; ".join(hints))
     return names, agents
 
@@ -552,7 +552,7 @@ def _no_server(name: str, configs: Sequence[str]) -> str:
     return f"its folder has no app.py, its entrypoint is {entry}{about}: not a server on its own"
 
 
-def _close_names(name: str, known: Collection[str]) -> str:
+def _close_hint(name: str, known: Collection[str]) -> str:
     """Up to three of ``known`` like ``name`` as a hint, case ignored, one differing in case only first."""
     by_lower: dict[str, list[str]] = {}
     for known_name in sorted(known):
