@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -83,19 +81,17 @@ class Benchmark:
     entry: CatalogEntry
 
     def shipped_data(self) -> Path | None:
-        """:func:`shipped_data`."""
-        return shipped_data(self.gym, self.entry)
+        """Its prepared file when the nemo-gym wheel ships it."""
+        path = self.gym.site_packages / self.entry.data_file if self.entry.data_file else None
+        return path if path is not None and path.is_file() else None
 
     def rows(self, source: Path, output: Path) -> BenchmarkMark:
         """Its rows from ``source`` in ``output`` (:func:`materialize`), and the mark they carry."""
-        mark = benchmark_mark(self.entry)
-        materialize(self.gym, self.entry, source, output)
-        return mark
+        return materialize(self.gym, self.entry, source, output)
 
 
 def find_benchmark(name: str, progress: Progress, *, strict: bool) -> Benchmark | None:
-    """The benchmark ``name`` names, else None (an environment's name, say). Its catalog is read in
-    the server venv, built (once, minutes) only for a name the wheel has benchmark files for.
+    """The benchmark ``name`` names, else None; the server venv is built only for a name with benchmark files.
     ``strict``: ``UnknownCatalogNameError``, naming the close ones, for a name the catalog lacks."""
     gym = cached_gym_venv()
     if gym is None:
@@ -113,15 +109,9 @@ def find_benchmark(name: str, progress: Progress, *, strict: bool) -> Benchmark 
     return Benchmark(gym, entry) if entry.name == name else None
 
 
-def shipped_data(gym: GymVenv, entry: CatalogEntry) -> Path | None:
-    """The benchmark's prepared file when the nemo-gym wheel ships it."""
-    path = gym.site_packages / entry.data_file if entry.data_file else None
-    return path if path is not None and path.is_file() else None
-
-
-def materialize(gym: GymVenv, entry: CatalogEntry, source: Path, output: Path) -> int:
+def materialize(gym: GymVenv, entry: CatalogEntry, source: Path, output: Path) -> BenchmarkMark:
     """Write ``source``'s rows to ``output`` with the benchmark's prompt config applied (by
-    nemo-gym's ``materialize_prompts`` in ``gym``) and its mark added; the number of rows."""
+    nemo-gym's ``materialize_prompts`` in ``gym``) and its mark added; that mark."""
     mark = benchmark_mark(entry)
     prompt = entry.prompt_config or next((d.prompt_config for d in entry.datasets if d.prompt_config), None)
     with tempfile.TemporaryDirectory(prefix="mng-bench-") as scratch:
@@ -129,25 +119,17 @@ def materialize(gym: GymVenv, entry: CatalogEntry, source: Path, output: Path) -
         if prompt is None:
             rendered = source  # rows that carry their own input
         else:
-            _run(gym, [str(source.resolve()), prompt, str(rendered)], entry, source)
+            done = run_in_gym(gym, _MATERIALIZE, [str(source.resolve()), prompt, str(rendered)])
+            if done.returncode != 0:
+                tail = done.stderr.strip().splitlines()[-1:] or ["(no message)"]
+                raise BenchmarkError(
+                    f"--env {entry.name}={source}: nemo-gym could not apply the benchmark's prompt config "
+                    f"{entry.prompt_config}: {tail[0]}; "
+                    f"give the file `gym eval prepare --benchmark {entry.name}` writes"
+                )
         rows = [json.loads(line) for line in rendered.read_text(encoding="utf-8").splitlines() if line.strip()]
+    marked = mark.model_dump(mode="json")
     with output.open("w", encoding="utf-8") as out:
-        for row in rows:
-            out.write(json.dumps(_marked(row, mark)) + "\n")
-    return len(rows)
-
-
-def _marked(row: Any, mark: BenchmarkMark) -> Any:
-    if not isinstance(row, dict):
-        return row  # convert names the bad row
-    return {**row, BENCHMARK_KEY: mark.model_dump(mode="json")}
-
-
-def _run(gym: GymVenv, argv: Sequence[str], entry: CatalogEntry, source: Path) -> None:
-    done = run_in_gym(gym, _MATERIALIZE, argv)
-    if done.returncode != 0:
-        tail = done.stderr.strip().splitlines()[-1:] or ["(no message)"]
-        raise BenchmarkError(
-            f"--env {entry.name}={source}: nemo-gym could not apply the benchmark's prompt config "
-            f"{entry.prompt_config}: {tail[0]}; give the file `gym eval prepare --benchmark {entry.name}` writes"
-        )
+        for row in rows:  # not a mapping: convert names the bad row
+            out.write(json.dumps({**row, BENCHMARK_KEY: marked} if isinstance(row, dict) else row) + "\n")
+    return mark

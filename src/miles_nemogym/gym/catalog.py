@@ -1,20 +1,17 @@
-"""NeMo-Gym's catalog: every environment and benchmark ``gym list environments`` names.
-Why a cache and not a scan of the wheel: docs/environments.md, "NeMo-Gym's catalog".
-"""
+"""NeMo-Gym's catalog: every environment and benchmark ``gym list environments`` names
+(why a cache and not a scan of the wheel: docs/environments.md, "NeMo-Gym's catalog")."""
 
 from __future__ import annotations
 
 import difflib
-import os
 import re
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from miles_nemogym.data import write_file
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.composition import (
     Judge,
@@ -167,22 +164,12 @@ def load_catalog(gym: GymVenv) -> tuple[CatalogEntry, ...]:
         tail = "\n".join(done.stderr.strip().splitlines()[-5:])
         raise GymEnvironmentError(f"nemo-gym's registry could not list its catalog in {gym.path}:\n{tail}")
     catalog = _Catalog.model_validate_json(done.stdout)
-    data = catalog.model_dump_json().encode()
-    handle, scratch = tempfile.mkstemp(dir=cache.parent, prefix=cache.name, suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-        os.replace(scratch, cache)
-    except BaseException:
-        Path(scratch).unlink(missing_ok=True)
-        raise
+    write_file(cache, catalog.model_dump_json().encode())
     return catalog.entries
 
 
 def find(name: str, entries: Sequence[CatalogEntry], kind: str | None = None) -> CatalogEntry:
-    """The entry ``name`` names: its catalog name, or a resources server's short name (``mcqa``).
-
-    ``UnknownCatalogNameError`` names the closest catalog names (case ignored) otherwise."""
+    """The entry ``name`` (or a short name, ``mcqa``) names; ``UnknownCatalogNameError`` names close ones."""
     pool = [e for e in entries if kind is None or e.kind == kind]
     for matches in (
         [e for e in pool if e.name == name],
@@ -279,8 +266,7 @@ def _short(reason: str) -> str:
 
 
 def _fresh_host_needs(config: dict[str, Any]) -> list[str]:
-    """What the servers of ``config`` need on a fresh host once serve's layer is in (a judge's own
-    endpoint settings are gone), each without its server's name."""
+    """What ``config``'s servers need on a fresh host under serve's layer, without their servers' names."""
     judge = Judge(url="http://judge:8000/v1", model="judge")
     bare = config_needs(served(config, judge), {}, which=lambda _: None, cache=False)
     return [need.split(": ", 1)[1] for need in bare]
@@ -314,21 +300,12 @@ def support(name: str) -> Support:
         return Support(status=REFUSED, agent=agent, needs=f"settings serve does not set: {keys}")
     extra = [f"PyPI: {len(p.requirements)} requirement{'s' * (len(p.requirements) > 1)}"] if p.requirements else []
     needed = "; ".join(dict.fromkeys([*[n.split(" (", 1)[0] for n in needs], *extra]))  # "a sandbox provider"
-    if refused:
-        status = JUDGE
-    elif "simple_agent" in agents:
-        status = SIMPLE
-    elif agents:
-        status = ROUTED
-    else:
-        status = ALONE
+    status = JUDGE if refused else SIMPLE if "simple_agent" in agents else ROUTED if agents else ALONE
     return Support(status=status, agent=agent, needs=needed)
 
 
 def served_name(entry: CatalogEntry) -> str | None:
-    """The name ``--env`` takes for a catalog entry: a resources server's short name, or the name
-    of an ``environments/`` folder it plays (``catalog_folders``), or of the resources server config
-    a folder is (``folder_servers``); None for any other entry."""
+    """The name ``--env`` takes for a catalog entry (short name, ``catalog_folders``, ``folder_servers``), or None."""
     if entry.short_name is not None:
         return entry.short_name
     if entry.kind != "environment":
@@ -337,8 +314,7 @@ def served_name(entry: CatalogEntry) -> str | None:
 
 
 def benchmark_grader(entry: CatalogEntry) -> str | None:
-    """The environment (``serve --env`` name) that grades benchmark ``entry`` here, or None:
-    why none does is :func:`entry_support`'s ``needs``."""
+    """The ``serve --env`` name that grades benchmark ``entry`` here, or None (why: :func:`entry_support`)."""
     return _grading(entry)[0]
 
 
@@ -355,19 +331,8 @@ def _grading(entry: CatalogEntry) -> tuple[str | None, str]:
     return entry.resources_server, ""
 
 
-def _benchmark_support(entry: CatalogEntry) -> Support:
-    if _played_by_an_agent(entry):
-        return _agent_benchmark_support(entry)
-    grader, why = _grading(entry)
-    if grader is None:
-        agent = entry.agent_server or entry.agent
-        return Support(status=NOT_YET, agent=f"`{agent}`" if agent else "", needs=why)
-    return _runnable(entry, "`simple_agent`", grader, f"its grader `{grader}`", _graded_by(entry, grader), [])
-
-
 def _runnable(entry: CatalogEntry, agent: str, grader: str, named: str, first: str, more: list[str]) -> Support:
-    """A benchmark ``grader`` plays or grades: refused for what that environment is refused for
-    (``named`` in the reason), else eval rows with what they need, ``first`` first."""
+    """A benchmark ``grader`` plays or grades: refused as that environment is, else eval rows and their needs."""
     found = support(grader)
     if found.status == REFUSED:
         return Support(status=REFUSED, agent=agent, needs=f"{named}: {found.needs}")
@@ -389,11 +354,15 @@ def _graded_by(entry: CatalogEntry, grader: str) -> str:
 
 
 def entry_support(entry: CatalogEntry) -> Support:
-    """What this package does with a catalog entry: a benchmark as held-out evaluation rows
-    (:func:`benchmark_grader`), one it serves by name (:func:`served_name`) as :func:`support`
-    says; any other entry is not served by it yet."""
+    """What this package does with a catalog entry (benchmarks as eval rows, environments by :func:`support`)."""
+    if entry.kind == "benchmark" and _played_by_an_agent(entry):
+        return _agent_benchmark_support(entry)
     if entry.kind == "benchmark":
-        return _benchmark_support(entry)
+        grader, why = _grading(entry)
+        if grader is None:
+            agent = entry.agent_server or entry.agent
+            return Support(status=NOT_YET, agent=f"`{agent}`" if agent else "", needs=why)
+        return _runnable(entry, "`simple_agent`", grader, f"its grader `{grader}`", _graded_by(entry, grader), [])
     name = served_name(entry)
     if name is not None:
         return support(name)
@@ -417,11 +386,7 @@ _IMAGES = {"labbench2_vlm_agent": "figures and tables", "gdp_pdf_agent": "docume
 
 
 def _in_task_containers(needs: Sequence[str], *, judged: bool, policy: Sequence[str] = ()) -> str | None:
-    """Why a config is refused when its servers run tasks in containers, or None: ``needs``
-    (:func:`_fresh_host_needs`) names a sandbox provider, which ``serve --dry-run`` reports
-    missing for every ``--env`` server (``composition.config_needs``), so no command followed
-    from ``environments NAME`` could serve it. The one rule for environments and benchmarks:
-    nemo-gym's own reason first, whatever else it needs after it."""
+    """Why a config whose ``needs`` name a sandbox provider (never set for ``--env``) is refused, or None."""
     host = list(dict.fromkeys(need.split(" (", 1)[0] for need in needs))
     if _SANDBOX not in host:
         return None
@@ -445,9 +410,7 @@ def _changed(block: dict[str, object], base: dict[str, object]) -> list[str]:
 
 
 def _agent_grading(entry: CatalogEntry) -> tuple[str | None, str]:
-    """The environment ``serve --env`` serves that plays and grades benchmark ``entry`` as its own
-    config does: its resources server's, with the same agent kind (routed to that agent's
-    ``/run``), neither changed by the benchmark's config (its datasets and labels aside); or why none."""
+    """The environment playing and grading benchmark ``entry`` as its config does, or (None, why not)."""
     kind = entry.agent_server or entry.agent
     server = entry.resources_server
     if not kind or not server:
@@ -461,14 +424,12 @@ def _agent_grading(entry: CatalogEntry) -> tuple[str | None, str]:
     if kind not in agents:
         played = next(iter(agents), "simple_agent")
         return None, f"its agent `{kind}` is not the one `serve --env {server}` starts (`{played}`)"
-    base_server = base[p.instance]["resources_servers"][p.resources_server]
-    base_agent = agents[kind]
-    changed: set[str] = set()
-    for _, group, k, block in server_blocks(shipped_config(entry.config)):
-        if group == "resources_servers" and k == p.resources_server:
-            changed.update(_changed(block, base_server))
-        elif group == "responses_api_agents" and k == kind:
-            changed.update(_changed(block, base_agent))
+    bases = {
+        ("resources_servers", p.resources_server): base[p.instance]["resources_servers"][p.resources_server],
+        ("responses_api_agents", kind): agents[kind],
+    }
+    blocks = server_blocks(shipped_config(entry.config))
+    changed = {key for _, g, k, block in blocks if (g, k) in bases for key in _changed(block, bases[g, k])}
     if changed:
         keys = ", ".join(f"`{key}`" for key in sorted(changed))
         return None, f"its config changes what `serve --env {server}` serves ({keys})"
@@ -476,10 +437,7 @@ def _agent_grading(entry: CatalogEntry) -> tuple[str | None, str]:
 
 
 def _agent_benchmark_support(entry: CatalogEntry) -> Support:
-    """What this package does with a benchmark of another agent: refused for what its config's
-    agents and servers need (``config_refusal``, the rule of ``environments/`` folders), else
-    converted for the environment that plays it the same (:func:`_agent_grading`), whose
-    ``NEMO_GYM_ENVS`` entry names the agent its rows are routed to."""
+    """What this package does with a benchmark of another agent (docs/environments.md, "Benchmarks of other agents")."""
     kind = entry.agent_server or entry.agent or ""
     agent = f"`{kind}`" if kind else ""
     composed = shipped_config(entry.config)
@@ -523,8 +481,7 @@ class Listed:
 
     @property
     def rows(self) -> str | None:
-        """A benchmark's evaluation rows: ``"shipped"`` (its data ships), ``"prepared"`` (a file
-        ``gym eval prepare`` writes), or None."""
+        """A benchmark's evaluation rows: ``"shipped"``, ``"prepared"`` (``gym eval prepare``), or None."""
         return {BENCHMARK_SHIPPED: "shipped", BENCHMARK_PREPARED: "prepared"}.get(self.here.status)
 
     @property
@@ -539,8 +496,7 @@ class Listed:
 
 
 def listing(name: str | None, kind: str | None, progress: Progress) -> list[Listed]:
-    """The entry ``name`` names (:func:`find`), else every entry (of ``kind``), each with what this
-    package does with it; builds the server venv on first use (``progress`` says how far)."""
+    """The entry ``name`` names, else every entry (of ``kind``), each with what this package does with it."""
     gym = cached_gym_venv() or ensure_gym_venv(progress=progress)
     entries = load_catalog(gym)
     chosen = [find(name, entries, kind)] if name else [e for e in entries if kind in (None, e.kind)]

@@ -1,7 +1,5 @@
-"""What ``serve`` changes in a shipped environment's config before nemo-gym's parser composes it,
-and which environments it refuses, read from the wheel before anything starts.
-Why: docs/environments.md, "Serving environments".
-"""
+"""What ``serve`` changes in a shipped environment's config before nemo-gym's parser composes it, and which
+environments it refuses, read from the wheel (why: docs/environments.md, "Serving environments")."""
 
 from __future__ import annotations
 
@@ -133,10 +131,8 @@ def _shipped(member: str, seen: tuple[str, ...]) -> dict[str, Any]:
 
 
 def inherited_config(member: str) -> dict[str, Any]:
-    """:func:`shipped_config` with each top-level ``_inherit_from: SOURCE`` applied as nemo-gym's
-    parser applies it (a benchmark's config: ``gpqa_mcqa_resources_server`` inherits ``mcqa``):
-    the instance becomes SOURCE's block with its own keys merged over it, and SOURCE is gone. What
-    ``serve`` reads before composing (judge, needs); the servers get nemo-gym's own composition."""
+    """:func:`shipped_config` with each ``_inherit_from: SOURCE`` applied (SOURCE's block under the
+    instance's own keys, SOURCE gone), as nemo-gym's parser applies it."""
     frozen = shipped_config(member)
     result = dict(frozen)
     for instance, entry in frozen.items():
@@ -149,16 +145,9 @@ def inherited_config(member: str) -> dict[str, Any]:
 
 
 def grader_settings(member: str) -> list[str]:
-    """The settings a config's resources servers set in the config itself (``grading_mode``, ...):
-    a benchmark's config that sets any changes its grader from the resources server's own config."""
-    keys = {
-        key
-        for _, group, _, block in server_blocks(own_config(member))
-        if group == "resources_servers"
-        for key in block
-        if key != _INHERIT
-    }
-    return sorted(keys)
+    """The settings a config's resources servers set in the config itself (``grading_mode``, ...)."""
+    blocks = server_blocks(own_config(member))
+    return sorted({key for _, group, _, block in blocks if group == "resources_servers" for key in block} - {_INHERIT})
 
 
 def server_blocks(config: Mapping[str, Any]) -> Iterator[tuple[str, str, str, dict[str, Any]]]:
@@ -180,8 +169,7 @@ def _ref(value: Any) -> str | None:
 
 
 def judged_instances(config: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    """``(instance, kind, judge model server name)`` of each resources server that grades with a
-    model: it names a ``judge_model_server`` and no switch of its turns that judge off."""
+    """``(instance, kind, judge name)`` of each resources server whose ``judge_model_server`` is not switched off."""
     found = []
     for instance, group, kind, block in server_blocks(config):
         name = _ref(block.get(_JUDGE_FIELD))
@@ -232,17 +220,13 @@ def layer(configs: Sequence[Mapping[str, Any]], judge: Judge | None) -> dict[str
 
 
 def served(config: Mapping[str, Any], judge: Judge | None) -> dict[str, Any]:
-    """``config`` with :func:`overrides` merged in, as the parser is given it (an entry the layer
-    sets to null is gone)."""
+    """``config`` with :func:`overrides` merged in, as the parser is given it (null entries gone)."""
     composed = deep_merged(dict(config), overrides(config, judge))
     return {key: value for key, value in composed.items() if value is not None}
 
 
 def _policy_use(name: str, instance: str, kind: str, block: Mapping[str, Any]) -> str | None:
-    """Why a resources server that reaches the policy itself cannot be served, or None: it calls
-    ``policy_model`` for a role other than its judge (no rollout id: the routing model refuses the
-    call, and the in-process loop's policy has no model server), or reads ``${policy_base_url}``
-    (under ``serve`` the policy is each sample's Miles session, with no such server)."""
+    """Why a resources server that calls ``policy_model`` or reads ``${policy_base_url}`` itself is refused."""
     for field, value in block.items():
         if field != _JUDGE_FIELD and _ref(value) == POLICY_MODEL:
             return (
@@ -259,8 +243,7 @@ def _policy_use(name: str, instance: str, kind: str, block: Mapping[str, Any]) -
 
 
 def _unshipped_file(block: Mapping[str, Any]) -> str | None:
-    """A file a resources server's settings point into the wheel (``test_data_fpath:
-    benchmarks/scicode/data/test_data.h5``) that the wheel does not hold, or None."""
+    """A ``*_fpath`` a resources server's settings point into the wheel that the wheel lacks, or None."""
     for key, value in block.items():
         named = str(key).endswith("_fpath") and isinstance(value, str) and value.startswith(_WHEEL_FOLDERS)
         if named and not gym_wheel.ships(value):
@@ -317,9 +300,7 @@ def config_needs(
     *,
     cache: bool = True,
 ) -> list[str]:
-    """What a config's servers need on this host that it lacks: variables (``${oc.env:X}``
-    without default), settings nothing sets (``${x}``), sandboxes (containers), an agent's CLI
-    (``cache``: one installed in this package's cache counts)."""
+    """What a config's servers need that this host lacks: variables, settings, sandboxes, agents' CLIs."""
     needs: list[str] = []
     for instance, group, kind, block in server_blocks(config):
         text = yaml.dump(block, Dumper=_DUMPER)
@@ -351,10 +332,7 @@ def config_needs(
 
 
 def _sandbox_need(block: Mapping[str, Any], environ: Mapping[str, str]) -> str | None:
-    """What a server's task containers need here, or None. A provider it only names
-    (``sandbox_provider: sandbox``, a setting serve does not set for ``--env`` servers) can never
-    be met; one its config connects to itself (litmus_agent's ``opensandbox`` block) needs the
-    variables that say where (``${oc.env:X,...}`` in that block) set to the user's service."""
+    """What a server's task containers need here, or None (docs/environments.md, "Benchmarks of other agents")."""
     found = list(_sandbox_settings(block))
     if not found:
         return None
@@ -371,8 +349,7 @@ def _sandbox_need(block: Mapping[str, Any], environ: Mapping[str, str]) -> str |
 
 
 def _sandbox_settings(value: Any) -> Iterator[tuple[str, Any]]:
-    """Each ``sandbox_provider`` or ``sandbox_config`` setting at any depth (terminal_bench_4's
-    ``environment``), with its value."""
+    """Each ``sandbox_provider`` or ``sandbox_config`` setting at any depth, with its value."""
     if isinstance(value, dict):
         for key, inner in value.items():
             if key in ("sandbox_provider", "sandbox_config"):

@@ -1,6 +1,5 @@
-"""The ``mini_swe_agent_2`` server config, composed by NeMo-Gym's own config parser.
-Why: docs/data-and-checks.md, "Running the server".
-"""
+"""The ``mini_swe_agent_2`` server config, composed by NeMo-Gym's own config parser
+(why: docs/data-and-checks.md, "Running the server")."""
 
 from __future__ import annotations
 
@@ -23,10 +22,7 @@ SERVER_NAME = "mini_swe_agent_2"
 
 
 def instance_name(golden: bool) -> str:
-    """The name serve starts the agent server under (``NEMO_GYM_CONFIG_PATH``, a copy of the
-    ``SERVER_NAME`` block): nemo-gym names its session cookie ``<Class>___<name>`` on every
-    answer, so a golden scan can tell a ``serve --golden`` server from one without it before its
-    first episode."""
+    """The instance serve starts the agent server as: its session cookie tells a ``--golden`` server apart."""
     return f"{SERVER_NAME}_{'golden' if golden else 'policy'}"
 
 
@@ -46,9 +42,8 @@ MODEL_CONFIG = Path("responses_api_models/vllm_model/configs/vllm_model.yaml")
 # so a /run that forgot policy_base_url fails fast instead of reaching something real.
 PLACEHOLDER_POLICY_URL = "http://127.0.0.1:9/v1"
 
-# What the local provider needs on a plain host (docs/upstream.md, NeMo-Gym): `cwd: ""` gives each
-# episode its own temporary workspace instead of creating /testbed on the host; the
-# local provider refuses any `user`; there is no conda to activate.
+# What the local provider needs on a plain host (docs/upstream.md, NeMo-Gym): `cwd: ""` gives each episode
+# its own temporary workspace, not /testbed on the host; it refuses any `user`; there is no conda to activate.
 LOCAL_ENVIRONMENT_KWARGS: dict[str, Any] = {
     "cwd": "",
     "activate_conda": False,
@@ -118,8 +113,7 @@ class ServeOptions(BaseModel):
 
 
 def load_provider_options(path: Path) -> dict[str, Any]:
-    """Provider options from a YAML file: the mapping that goes under ``sandbox.<provider>``, or a
-    whole ``sandbox:`` block (e.g. copied from a nemo-gym provider config: ``_provider_block``)."""
+    """Provider options from a YAML file: those under ``sandbox.<provider>``, or a whole ``sandbox:`` block."""
     try:
         return read_mapping(
             path,
@@ -142,9 +136,8 @@ def _provider_block(options: ServeOptions) -> dict[str, Any]:
                 f"provider options: the `sandbox` block names {unknown}, but the server runs the "
                 f"{options.sandbox!r} provider; put its options under `sandbox.{options.sandbox}`"
             )
-    else:
-        block = {options.sandbox: dict(given)} if given else {}
-    return block
+        return block
+    return {options.sandbox: dict(given)} if given else {}
 
 
 def overrides(options: ServeOptions, port: int, state_dir: Path) -> dict[str, Any]:
@@ -166,9 +159,8 @@ def overrides(options: ServeOptions, port: int, state_dir: Path) -> dict[str, An
     sandbox.setdefault(options.sandbox, {})
     if options.sandbox == "local":
         agent["sandbox_environment_kwargs"] = dict(LOCAL_ENVIRONMENT_KWARGS)
-        local = dict(sandbox.get("local") or {})
-        local.setdefault("workspace_root", str(state_dir / "workspaces"))
-        sandbox["local"] = local
+        sandbox["local"] = dict(sandbox.get("local") or {})
+        sandbox["local"].setdefault("workspace_root", str(state_dir / "workspaces"))
     result: dict[str, Any] = {
         "policy_base_url": PLACEHOLDER_POLICY_URL,
         "policy_api_key": "unused",
@@ -184,11 +176,7 @@ def overrides(options: ServeOptions, port: int, state_dir: Path) -> dict[str, An
 
 
 def planned_config(options: ServeOptions, port: int, state_dir: Path) -> dict[str, Any]:
-    """The config ``serve`` hands nemo-gym, from the wheel alone (no server venv): the shipped
-    agent, provider and model configs merged in nemo-gym's order, then :func:`overrides`.
-
-    nemo-gym's parser adds only its own run-time defaults (head server, port ranges) on top;
-    the integration tests check that every key here comes out of it unchanged."""
+    """The config ``serve`` hands nemo-gym, from the wheel alone: the shipped configs, then :func:`overrides`."""
     from miles_nemogym.gym.composition import deep_merged  # here: every CLI command imports this module
 
     result: dict[str, Any] = {}
@@ -202,8 +190,7 @@ def planned_config(options: ServeOptions, port: int, state_dir: Path) -> dict[st
 
 
 def config_paths(options: ServeOptions, site_packages: Path) -> list[Path]:
-    """The shipped configs, in nemo-gym's merge order (later wins); the provider's file where
-    nemo-gym ships one (all but apptainer in 0.7.0)."""
+    """The shipped configs in nemo-gym's merge order; the provider's where it ships one (not apptainer)."""
     provider = site_packages / provider_config_path(options.sandbox)
     paths = [site_packages / AGENT_CONFIG, *([provider] if provider.is_file() else []), site_packages / MODEL_CONFIG]
     missing = [str(p) for p in paths if not p.is_file()]
@@ -212,10 +199,8 @@ def config_paths(options: ServeOptions, site_packages: Path) -> list[Path]:
     return paths
 
 
-# Runs inside the server venv: nemo-gym's own parser, offline (no port probing, no
-# exporters), no CLI and no env.yaml, so only what we pass in shapes the result. Each payload
-# of the list is parsed on its own; a refusal is its error, without the config dump some carry
-# (an almost-server's reasons are what the parser printed before raising).
+# Runs inside the server venv: nemo-gym's own parser, offline, no CLI and no env.yaml, each payload on its own;
+# a refusal is its error without the config dump (an almost-server's reasons: what the parser printed).
 _COMPOSER = """
 import contextlib, io, json, sys
 from omegaconf import OmegaConf
@@ -249,8 +234,7 @@ _REASON_CHARS = 4000
 def parse_configs(
     venv: GymVenv, payloads: list[dict[str, Any]], cwd: Path, what: str, extra_env: dict[str, str] | None = None
 ) -> list[str]:
-    """Each payload through nemo-gym's parser, in one process: the composed YAML, or the
-    parser's reason for refusing it (a :class:`ConfigRefusal`); ``what`` names them in errors."""
+    """Each payload through nemo-gym's parser, in one process: its YAML, or a :class:`ConfigRefusal`."""
     done = subprocess.run(
         [str(venv.python), "-c", _COMPOSER],
         input=json.dumps(payloads),
@@ -278,9 +262,7 @@ class ConfigRefusal(str):
 def parse_config(
     venv: GymVenv, payload: dict[str, Any], cwd: Path, what: str, extra_env: dict[str, str] | None = None
 ) -> str:
-    """``payload`` (``config_paths`` plus overrides) through nemo-gym's own parser in ``venv``, as
-    the YAML each server process gets in ``NEMO_GYM_CONFIG_DICT``; ``what`` names it in errors;
-    ``extra_env`` is added to the parser's environment (``NEMO_GYM_EXTRA_ROOTS``)."""
+    """``payload`` through nemo-gym's parser in ``venv``: the ``NEMO_GYM_CONFIG_DICT`` YAML."""
     [answer] = parse_configs(venv, [payload], cwd, what, extra_env)
     if isinstance(answer, ConfigRefusal):
         raise GymEnvironmentError(f"nemo-gym rejected the {what}: {answer}")

@@ -1,6 +1,5 @@
-"""NeMo-Gym resources servers (``mcqa``, ``xlam_fc``, ...) started from the cached server venv.
-Why and what it costs: docs/environments.md, "Serving environments".
-"""
+"""NeMo-Gym resources servers (``mcqa``, ``xlam_fc``, ...) started from the cached server venv
+(why and what it costs: docs/environments.md, "Serving environments")."""
 
 from __future__ import annotations
 
@@ -85,9 +84,7 @@ _BENCHMARKS = "benchmarks"
 BENCHMARK_SUFFIX = ".benchmark"
 """Added to a benchmark's environment name that an environment already has (``aalcr.benchmark``)."""
 PLAYED_AGENTS = ("simple_agent", "gymnasium_agent", *HARNESSES)
-"""The agent kinds of an ``environments/`` folder this package serves by the folder's name: the
-``simple_agent`` loop it plays in-process, the ``gymnasium_agent`` and the harnesses it routes
-(as it does the resources servers' own configs of either)."""
+"""The agent kinds of an ``environments/`` folder this package serves by the folder's name."""
 _READY = "miles-nemogym-envs.json"
 # A plain PyPI requirement: a name, optional extras, version specifiers and an environment marker.
 _PYPI_LINE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\s*(\[[A-Za-z0-9._,\s-]*\])?\s*([<>=!~][^;@]*)?(;[^@]*)?")
@@ -115,13 +112,10 @@ ROUTING_ROOT = Path(__file__).parent.parent / "routing_root"
 """A ``NEMO_GYM_EXTRA_ROOTS`` root holding this package's routing model server."""
 ROUTING_MODEL = ROUTING_ROOT / "responses_api_models" / "miles_routing_model"
 _ROUTING_CONFIG = ROUTING_MODEL / "configs" / "miles_routing_model.yaml"
-# Run-level token capture, the least setting under which every agent prefixes its model calls with
-# the rollout id (nemo-gym 0.7.0, base_responses_api_agent.py): no directory, no sink and
-# rebuild_response off, so no capture is written anywhere (docs/environments.md, "Routed agents").
+# The least token capture under which every agent prefixes its model calls with the rollout id (nemo-gym
+# 0.7.0, base_responses_api_agent.py); it writes nothing anywhere (docs/environments.md, "Routed agents").
 _ROLLOUT_ID_SETTING = {"token_id_capture": {"enabled": True, "all_agents": True, "rebuild_response": False}}
-_REWARD_RANGES = {"blackjack": (-1.0, 1.0)}
-"""Environments whose rewards leave ``[0, 1]``, as their config describes them (the wheel states
-no range a program can read): blackjack +1 win, 0 draw, -1 loss."""
+_REWARD_RANGES = {"blackjack": (-1.0, 1.0)}  # +1 win, 0 draw, -1 loss: the wheel states no range a program reads
 
 
 class UnknownEnvironmentError(GymEnvironmentError):
@@ -142,9 +136,7 @@ class EnvironmentPlan:
     max_steps: int | None
     """``max_steps`` of the ``simple_agent`` the config pairs with it, if set."""
     agent: str | None = None
-    """The instance of the agent server whose ``/run`` plays its rows (``gymnasium_agent``, ...,
-    or its ``simple_agent`` when routed), its model calls sent through the routing model; None:
-    the ``simple_agent`` loop runs in the rollout process."""
+    """The agent instance whose ``/run`` plays its rows; None: the in-process ``simple_agent`` loop."""
     reward_range: tuple[float, float] | None = None
     """Its valid rewards when they are not ``[0, 1]`` (``_REWARD_RANGES``)."""
 
@@ -157,8 +149,7 @@ class EnvironmentPlan:
 
     @property
     def rows(self) -> str:
-        """Its example rows in the wheel: ``data/example.jsonl`` of its config's folder (a config
-        not named after its server: its ``example`` dataset's file)."""
+        """Its example rows' member of the wheel."""
         parts = self.config.split("/")
         if len(parts) == 4 and parts[0] == _GROUP and parts[3] != f"{parts[1]}.yaml":
             return _config_rows(self.config)
@@ -170,8 +161,7 @@ class EnvironmentPlan:
 
 
 def _rows_of(config: str) -> str:
-    """``resources_servers/X/data/example.jsonl`` for ``resources_servers/X/configs/...``,
-    ``environments/X/data/example.jsonl`` for ``environments/X/config.yaml``."""
+    """``<group>/X/data/example.jsonl`` for a config under ``<group>/X/``."""
     return "/".join([*config.split("/")[:2], "data", "example.jsonl"])
 
 
@@ -212,10 +202,7 @@ def _folder_configs() -> list[tuple[str, dict[str, Any]]]:
 
 @_per_wheel
 def catalog_folders() -> dict[str, str]:
-    """Each folder of the wheel's ``environments/`` whose own config pairs its one resources
-    server with an agent of ``PLAYED_AGENTS``: its name -> its ``config.yaml``. (A config that only
-    pulls in a resources server's, as ``example_single_tool_call``'s, is that server:
-    ``folder_servers``.)"""
+    """Each ``environments/`` folder pairing one resources server with ``PLAYED_AGENTS``: name -> its config."""
     found: dict[str, str] = {}
     for member, config in _folder_configs():
         blocks = list(server_blocks(config))
@@ -228,10 +215,7 @@ def catalog_folders() -> dict[str, str]:
 
 @_per_wheel
 def folder_servers() -> dict[str, str]:
-    """Each folder of the wheel's ``environments/`` whose config is one resources server's config
-    (it pulls in ``resources_servers/X/configs/C.yaml`` and adds no agent, at most datasets of
-    ``X``'s own instances, as ``example_single_tool_call``'s and ``nemo_user_sim``'s): its name ->
-    the name ``--env`` takes for that config (``X``, or ``C`` when it is not named after ``X``)."""
+    """Each ``environments/`` folder that is one resources server's config: name -> that config's ``--env`` name."""
     found: dict[str, str] = {}
     for member, config in _folder_configs():
         paths = config.get("config_paths") or []
@@ -247,9 +231,7 @@ def folder_servers() -> dict[str, str]:
 
 @_per_wheel
 def config_names() -> dict[str, str]:
-    """``CONFIG`` -> ``resources_servers/NAME/configs/CONFIG.yaml`` for each config of the wheel
-    not named after its resources server: the catalog's ``resources_servers/NAME/CONFIG``, whose
-    short name is ``CONFIG`` (``settings.short_name``). A stem two servers share names neither."""
+    """``CONFIG`` -> its member, for each config not named after its server (a stem two share names neither)."""
     found: dict[str, list[str]] = {}
     with gym_wheel.opened() as archive:
         for member in filter(_is_server_config, sorted(archive.namelist())):
@@ -262,12 +244,7 @@ def config_names() -> dict[str, str]:
 
 @_per_wheel
 def benchmark_environments() -> dict[str, tuple[str, str]]:
-    """Each ``simple_agent`` benchmark of the wheel whose own config changes its grader's settings
-    (``gpqa`` sets mcqa's ``grading_mode``): the environment name ``serve --env`` takes for it ->
-    (its catalog name, its config). The name is the catalog name with ``/`` as ``.``
-    (``apex25.config_with_system``), plus ``.benchmark`` where an environment has that name
-    (``aalcr.benchmark``). Name, config and agent are the benchmark's manifest's (nemo-gym's
-    catalog reads the same fields)."""
+    """Each ``simple_agent`` benchmark whose config changes its grader: its ``--env`` name -> (catalog name, config)."""
     found: dict[str, tuple[str, str]] = {}
     with gym_wheel.opened() as archive:
         taken = {*shipped_environments(), *catalog_folders(), *config_names(), *_agent_configs_of()}
@@ -309,9 +286,7 @@ def _spelling_problem(said: str) -> str | None:
 
 @_per_wheel
 def refused_folders() -> dict[str, str]:
-    """Each folder of the wheel's ``environments/`` whose agent this package refuses to run: its
-    name -> why (a harness of ``NOT_RUN_HERE``, a requirement beyond PyPI of one of its agents or
-    resources servers, an agent that drops the rollout id)."""
+    """Each ``environments/`` folder whose agent this package refuses to run: name -> why."""
     found: dict[str, str] = {}
     for member, config in _folder_configs():
         name = member.split("/")[1]
@@ -325,29 +300,18 @@ def refused_folders() -> dict[str, str]:
 
 
 def config_refusal(name: str, config: Mapping[str, Any], composed: Mapping[str, Any] | None = None) -> str | None:
-    """Why this package does not run what a shipped config names as NeMo-Gym ships it, or None:
-    a requirement beyond PyPI of one of its agents or resources servers, else
-    :func:`composition.refusal` of ``composed`` (an agent of ``NOT_RUN_HERE`` among them; ``config`` with the
-    configs it pulls in; default ``config``). The one rule for ``environments/`` folders and for
-    benchmarks played by another agent than ``simple_agent``."""
-    blocks = list(server_blocks(config))
-    agents = sorted({kind for _, group, kind, _ in blocks if group == "responses_api_agents"})
-    servers = sorted({kind for _, group, kind, _ in blocks if group == _GROUP})
-    parts = [
-        *(("responses_api_agents", "agent", kind) for kind in agents),
-        *((_GROUP, "resources server", k) for k in servers),
-    ]
-    for group, role, kind in parts:
-        try:
-            _requirement_lines(name, group, kind)
-        except GymEnvironmentError as error:
-            return str(error).replace("its requirements.txt", f"its {role} {kind}'s requirements.txt")
+    """Why this package does not run a shipped config: a requirement beyond PyPI, else ``refusal`` of ``composed``."""
+    for group, role in (("responses_api_agents", "agent"), (_GROUP, "resources server")):
+        for kind in sorted({k for _, g, k, _ in server_blocks(config) if g == group}):
+            try:
+                _requirement_lines(name, group, kind)
+            except GymEnvironmentError as error:
+                return str(error).replace("its requirements.txt", f"its {role} {kind}'s requirements.txt")
     return refusal(name, config if composed is None else composed, None)
 
 
 def example_rows_member(name: str) -> str:
-    """Where the wheel keeps environment ``name``'s example rows (``UnknownEnvironmentError`` if
-    nemo-gym does not ship it): its ``environments/`` folder's when it is no resources server."""
+    """Where the wheel keeps environment ``name``'s example rows (``UnknownEnvironmentError``: not shipped)."""
     _check_shipped([name])
     name = _served_name(name)
     if name in benchmark_environments():
@@ -361,8 +325,7 @@ def example_rows_member(name: str) -> str:
 
 
 def shipped_examples(env: str | None) -> tuple[str, str, Path]:
-    """The example rows nemo-gym ships as JSONL text, the wheel's member they come from, and the
-    wheel: SWE-bench Verified's five, or environment ``env``'s (as shipped, ending in a newline).
+    """The example rows of ``env`` (None: SWE-bench Verified's) as JSONL, their member and the wheel.
     ``ValueError`` says why ``env`` has none; ``OSError``/``RuntimeError``: the wheel is unreadable."""
     if env is None:
         text = "".join(json.dumps(row) + "\n" for row in gym_wheel.example_rows())
@@ -385,8 +348,7 @@ def shipped_examples(env: str | None) -> tuple[str, str, Path]:
 
 
 def _config_rows(config: str) -> str:
-    """A resources server's config's example rows: its ``example`` dataset's file (a server with
-    several configs keeps one file per config), else its folder's ``data/example.jsonl``."""
+    """A config's ``example`` dataset's file, else its folder's ``data/example.jsonl``."""
     for _, group, _, block in server_blocks(shipped_config(config)):
         for dataset in block.get("datasets") or () if group == "responses_api_agents" else ():
             if isinstance(dataset, dict) and dataset.get("type") == "example" and dataset.get("jsonl_fpath"):
@@ -427,8 +389,7 @@ def _config_member(name: str) -> str:
 
 
 def _requirement_lines(name: str, group: str, kind: str) -> tuple[str, ...]:
-    """The lines of the wheel's ``<group>/<kind>/requirements.txt`` (if any) beyond nemo-gym; a line
-    that needs more than PyPI is refused, naming it."""
+    """``<group>/<kind>/requirements.txt``'s lines beyond nemo-gym; one needing more than PyPI is refused."""
     member = f"{group}/{kind}/requirements.txt"
     text = gym_wheel.read_member(member).decode("utf-8") if gym_wheel.ships(member) else ""
     lines: list[str] = []
@@ -455,9 +416,7 @@ def _agent(entry: Any) -> dict[str, Any] | None:
 
 
 def _instance(name: str, folder: str, config: Mapping[str, Any], member: str) -> tuple[str, int | None]:
-    """The instance (top-level key) serving ``name`` and the ``max_steps`` of its ``simple_agent``:
-    the one ``<name>_simple_agent`` drives, else the config's only ``folder`` resources server, else
-    the only one of them an agent of the config plays."""
+    """The instance serving ``name`` (docs/environments.md, "Serving environments") and its ``max_steps``."""
     named = _agent(config.get(f"{name}{AGENT_SUFFIX}"))
     served = (named or {}).get("resources_server") or {}
     if served.get("name") in config:
@@ -473,12 +432,11 @@ def _instance(name: str, folder: str, config: Mapping[str, Any], member: str) ->
         instances = [i for i in instances if i in played] or instances
     if len(instances) != 1:
         raise GymEnvironmentError(_instances_refusal(name, folder, member, instances))
-    for entry in config.values():
-        agent = _agent(entry)
-        if agent is not None and (agent.get("resources_server") or {}).get("name") == instances[0]:
-            steps = agent.get("max_steps")
-            return instances[0], steps if isinstance(steps, int) else None
-    return instances[0], None
+    playing = (
+        a for e in config.values() if (a := _agent(e)) and (a.get("resources_server") or {}).get("name") == instances[0]
+    )
+    steps = next(playing, {}).get("max_steps")
+    return instances[0], steps if isinstance(steps, int) else None
 
 
 def _agent_blocks(config: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -512,9 +470,7 @@ def _instances_refusal(name: str, folder: str, member: str, instances: Sequence[
 
 
 def _driver(config: Mapping[str, Any], instance: str, routed: bool) -> str | None:
-    """The agent instance whose ``/run`` plays ``instance``'s rows: None when a ``simple_agent``
-    drives it (the loop runs in the rollout process) unless ``routed``; else the config's first
-    agent naming it."""
+    """The agent instance whose ``/run`` plays ``instance``'s rows; None for a ``simple_agent`` unless ``routed``."""
     found: list[tuple[str, str]] = []
     for key, entry in config.items():
         agents = entry.get("responses_api_agents") if isinstance(entry, dict) else None
@@ -550,8 +506,7 @@ def _is_server_config(member: str) -> bool:
 
 
 def check_shipped(names: Sequence[str]) -> str | None:
-    """None when nemo-gym ships every one of ``names``, as :func:`plan` takes them, else why not
-    (one line, close matches suggested); ``GymEnvironmentError`` for one this package refuses."""
+    """None when nemo-gym ships all ``names``, else why not; ``GymEnvironmentError`` for one it refuses."""
     try:
         _check_shipped(names)
     except UnknownEnvironmentError as unknown:
@@ -560,15 +515,13 @@ def check_shipped(names: Sequence[str]) -> str | None:
 
 
 def _served_name(name: str) -> str:
-    """``name`` as :func:`plan` keys it: a resources server's short name, a benchmark's
-    :func:`benchmark_environments` name, else as given."""
+    """``name`` as :func:`plan` keys it (short name, or a :func:`benchmark_environments` name)."""
     name = short_name(name)
     return _benchmark_key(name) or name
 
 
 def _check_shipped(said: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-    """:func:`check_shipped`'s check: the names as :func:`plan` keys them, and the shipped agents'
-    configs it needs (none when every name is a folder)."""
+    """:func:`check_shipped`'s check: the names as :func:`plan` keys them, and the agents' configs it needs."""
     problems = [problem for n in said if (problem := _spelling_problem(n))]
     if problems:
         raise UnknownEnvironmentError("; ".join(problems))
@@ -584,18 +537,14 @@ def _check_shipped(said: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     if base:
         raise GymEnvironmentError("; ".join(f"environment {n!r}: {_no_server(n, folders[n])}" for n in base))
     if unknown:
-        lines = []
-        for name in unknown:
-            close = _close_names(name, {*shipped, *agents})
-            hint = f"did you mean {', '.join(close)}?" if close else "no similar name"
-            lines.append(f"{name!r} is not an environment nemo-gym ships ({hint})")
-        raise UnknownEnvironmentError("; ".join(lines))
+        known = {*shipped, *agents}
+        hints = (f"{name!r} is not an environment nemo-gym ships ({_close_hint(name, known)})" for name in unknown)
+        raise UnknownEnvironmentError("; ".join(hints))
     return names, agents
 
 
 def _no_server(name: str, configs: Sequence[str]) -> str:
-    """Why a resources-server folder without ``app.py`` is served by nothing: its config's entrypoint
-    and description (``gymnasium``: a base class other servers import)."""
+    """Why a resources-server folder without ``app.py`` (``gymnasium``) is served by nothing."""
     block = ((own_config(configs[0]).get(name) or {}).get(_GROUP) or {}).get(name)
     said = block if isinstance(block, dict) else {}
     entry = said.get("entrypoint") or "no app.py"
@@ -603,27 +552,19 @@ def _no_server(name: str, configs: Sequence[str]) -> str:
     return f"its folder has no app.py, its entrypoint is {entry}{about}: not a server on its own"
 
 
-def _close_names(name: str, known: Collection[str]) -> list[str]:
-    """Up to three of ``known`` like ``name``, case ignored (``MCQA`` finds ``mcqa``); one that
-    differs in case only comes first."""
+def _close_hint(name: str, known: Collection[str]) -> str:
+    """Up to three of ``known`` like ``name`` as a hint, case ignored, one differing in case only first."""
     by_lower: dict[str, list[str]] = {}
     for known_name in sorted(known):
         by_lower.setdefault(known_name.lower(), []).append(known_name)
     close = difflib.get_close_matches(name.lower(), sorted(by_lower), n=3, cutoff=0.5)
-    return [spelled for lowered in close for spelled in by_lower[lowered]][:3]
+    spelled = [spelled for lowered in close for spelled in by_lower[lowered]][:3]
+    return f"did you mean {', '.join(spelled)}?" if spelled else "no similar name"
 
 
 def plan(names: Sequence[str], *, routed: bool = False) -> list[EnvironmentPlan]:
-    """``names`` (duplicates dropped) as the wheel ships them; an unknown name lists close matches.
-    An environment its config gives another agent than ``simple_agent`` is played by that agent's
-    ``/run`` (``EnvironmentPlan.agent``); ``routed``: a ``simple_agent`` one too.
-
-    A name is a folder of ``resources_servers/`` (its ``configs/<name>.yaml``, else its only
-    config), or ``X`` of a shipped agent ``X_simple_agent`` (its config: what rows prepared by
-    NeMo-Gym name in ``agent_ref``, e.g. ``lc_equivalence_rule``, ``lmarena_v2``), or a folder of
-    ``environments/`` (:func:`catalog_folders`; its ``config.yaml``). A name that is both keeps the
-    ``resources_servers/`` config: in nemo-gym 0.7.0 the two pair the same server, agent and rows
-    (docs/environments.md, "NeMo-Gym's catalog"). ``resources_servers/NAME`` is ``NAME``."""
+    """``names`` (duplicates dropped) as the wheel ships them (docs/environments.md, "Serving environments");
+    ``routed``: a ``simple_agent`` one is played by its agent's ``/run`` too."""
     if not names:
         return []
     served, agents = _check_shipped(names)
@@ -636,12 +577,7 @@ def plan(names: Sequence[str], *, routed: bool = False) -> list[EnvironmentPlan]
         if name in benchmarks:
             plans.append(_benchmark_plan(name, benchmarks[name][1], routed))
             continue
-        if name in shipped:
-            config = _config_member(name)
-        elif name in folders:
-            config = folders[name]
-        else:
-            config = stems[name] if name in stems else agents[name]
+        config = _config_member(name) if name in shipped else folders.get(name) or stems.get(name) or agents[name]
         composed = own_config(config)
         folder = (
             config.split("/")[1]
@@ -666,8 +602,7 @@ def plan(names: Sequence[str], *, routed: bool = False) -> list[EnvironmentPlan]
 
 
 def _benchmark_plan(name: str, config: str, routed: bool) -> EnvironmentPlan:
-    """Benchmark ``name`` served from its own config: the resources server its ``simple_agent``
-    plays, with the settings the config gives it."""
+    """Benchmark ``name`` served from its own config: the resources server its ``simple_agent`` plays."""
     composed = inherited_config(config)
     played = [
         (str(block["resources_server"].get("name")), block)
@@ -691,8 +626,7 @@ def _benchmark_plan(name: str, config: str, routed: bool) -> EnvironmentPlan:
 
 
 def _check_inherited(plans: Sequence[EnvironmentPlan]) -> None:
-    """A benchmark's config moves the instance it inherits (nemo-gym's ``_inherit_from``) into its
-    own: that instance is not served beside it."""
+    """A benchmark's ``_inherit_from`` moves the instance it inherits: that one is not served beside it."""
     for p in plans:
         for instance, entry in own_config(p.config).items() if p.config.startswith(f"{_BENCHMARKS}/") else ():
             source = entry.get("_inherit_from") if isinstance(entry, dict) else None
@@ -706,21 +640,17 @@ def _check_inherited(plans: Sequence[EnvironmentPlan]) -> None:
 
 
 def plan_config(p: EnvironmentPlan) -> dict[str, Any]:
-    """The config ``serve`` reads for plan ``p`` before nemo-gym composes it (a benchmark's config
-    with its ``_inherit_from`` applied: :func:`inherited_config`)."""
+    """The config ``serve`` reads for plan ``p`` before nemo-gym composes it."""
     return inherited_config(p.config) if p.config.startswith(f"{_BENCHMARKS}/") else shipped_config(p.config)
 
 
 def setting(plans: Sequence[EnvironmentPlan], urls: Mapping[str, str], agents: Mapping[str, str]) -> str:
-    """The ``NEMO_GYM_ENVS`` value: each environment's URL, with ``max_steps`` where its config sets it,
-    and for one played by an agent server, that server's URL (``agents``) and its reward range."""
+    """The ``NEMO_GYM_ENVS`` value: each URL, with ``max_steps``, or its agent's URL and reward range."""
     value: dict[str, Any] = {}
     for p in plans:
         if p.agent:
-            entry: dict[str, Any] = {"url": urls[p.name], "agent": agents[p.name]}
-            if p.reward_range:
-                entry["reward_range"] = list(p.reward_range)
-            value[p.name] = entry
+            reward = {"reward_range": list(p.reward_range)} if p.reward_range else {}
+            value[p.name] = {"url": urls[p.name], "agent": agents[p.name], **reward}
         else:
             value[p.name] = {"url": urls[p.name], "max_steps": p.max_steps} if p.max_steps else urls[p.name]
     return json.dumps(value)
@@ -746,9 +676,7 @@ def _payload(
     *,
     routed: bool = False,
 ) -> dict[str, Any]:
-    """What nemo-gym's parser is given for ``plans``: their configs, the policy model's (the
-    routing model when agents are served), and ``serve``'s layer over each (datasets dropped,
-    the judge wired, every model call given its rollout id when ``routed``)."""
+    """What nemo-gym's parser is given for ``plans``: their configs, the policy model's, and ``serve``'s layer."""
     return {
         **layer([plan_config(p) for p in plans], judge),
         "config_paths": [str(site_packages / p.config) for p in plans]
@@ -762,8 +690,7 @@ def _payload(
 
 
 def compose_each(gym: GymVenv, plans: Sequence[EnvironmentPlan], judge: Judge | None, cwd: Path) -> dict[str, str]:
-    """Each plan's config composed on its own, as ``serve --env`` composes it, in one parser
-    process: name -> the composed YAML or the parser's reason (a ``ConfigRefusal``)."""
+    """Each plan's config composed on its own, in one parser process: name -> YAML or a ``ConfigRefusal``."""
     answers = parse_configs(gym, [_payload(gym.site_packages, [p], judge) for p in plans], cwd, "environments' configs")
     return {p.name: answer for p, answer in zip(plans, answers, strict=True)}
 
@@ -837,8 +764,7 @@ def _build_overlay(gym: GymVenv, requirements: Sequence[str], target: Path, log:
 
 
 def environment_python(gym: GymVenv, plans: Sequence[EnvironmentPlan], progress: Progress | None = None) -> Path:
-    """The interpreter that runs these environments: the server venv's when it has every
-    requirement, else the overlay venv's for the missing ones (built once, file-locked)."""
+    """The server venv's interpreter, else the overlay venv's for the missing requirements (built once)."""
     report = progress or BuildLines("gym-envs")
     requirements = missing_requirements(gym, plans)
     if not requirements:
@@ -869,9 +795,7 @@ def environment_python(gym: GymVenv, plans: Sequence[EnvironmentPlan], progress:
 
 
 class EnvironmentServers:
-    """The resources servers of ``plans`` as child processes; ``start(also=...)`` adds other
-    instances of the same composed config (e.g. a ``simple_agent``). Logs go to
-    ``state_dir/<instance>.log``."""
+    """The resources servers of ``plans`` (and ``start(also=...)``'s instances) as child processes."""
 
     def __init__(
         self,
@@ -909,9 +833,7 @@ class EnvironmentServers:
         """Agents are served: ``policy_model`` is the routing model, allowed ``session_servers``."""
         self.session_servers = list(session_servers)
         self.rollout_secret = (rollout_secret or os.environ.get(SECRET_VARIABLE) or secrets.token_urlsafe(32)).strip()
-        """What the routing model checks agent rows' rollout ids against (``routing_contract.py``): given,
-        else ``NEMO_GYM_ROLLOUT_SECRET`` in this process, else made for this start. Handed to the
-        routing model's process alone, in its environment; the trainer signs with the same value."""
+        """What the routing model checks rollout ids against (given, else ``NEMO_GYM_ROLLOUT_SECRET``, else new)."""
         if self.routed:
             self._app_folders.setdefault(POLICY_MODEL, ROUTING_MODEL)
             self._extra_env["NEMO_GYM_EXTRA_ROOTS"] = str(ROUTING_ROOT)
@@ -972,8 +894,7 @@ class EnvironmentServers:
             self._extra_configs,
             routed=self.routed,
         )
-        text = parse_config(self.gym, payload, self.state_dir, "environments' config", self._extra_env)
-        composed = load_yaml(text)
+        composed = load_yaml(parse_config(self.gym, payload, self.state_dir, "environments' config", self._extra_env))
         if not isinstance(composed, dict):
             raise GymEnvironmentError(f"nemo-gym's parser returned no config for {[p.name for p in self.plans]}")
         if self.routed:
@@ -994,10 +915,7 @@ class EnvironmentServers:
         return str(group), str(next(iter(kinds)))
 
     def start(self, also: Sequence[str] = (), *, again: bool = True) -> EnvironmentServers:
-        """Install what the environments need, compose, start every server, wait until each answers.
-
-        Each free port is one no other server of this start got; a server whose free port another
-        program bound before it did is started ``again`` (once), every free port picked afresh."""
+        """Install, compose, start every server and wait until each answers; ``again``: retry a lost free port."""
         python = environment_python(self.gym, self.plans, self._progress)
         self.compose()
         if self._gate is not None:
@@ -1037,31 +955,23 @@ class EnvironmentServers:
             deadline = time.monotonic() + self.start_timeout
             for name in self.ports:
                 self._wait(name, deadline)
-        except GymEnvironmentError:
+        except BaseException as error:
             self.stop()
-            if again and any(self._lost_port(name) for name in picked):
+            # uvicorn's "[Errno 98] ... address already in use": another program bound the free port first
+            if not isinstance(error, GymEnvironmentError) or not again:
+                raise
+            if any("address already in use" in self.log_tail(name).lower() for name in picked):
                 self._progress("a free port was taken before its server bound it: starting again on fresh ports")
                 return self.start(also, again=False)
             raise
-        except BaseException:
-            self.stop()
-            raise
         return self
 
-    def _lost_port(self, name: str) -> bool:
-        """Whether server ``name`` failed to bind its port (uvicorn's ``[Errno 98] ... address already in use``)."""
-        return "address already in use" in self.log_tail(name).lower()
-
-    def _temp_folder(self) -> Path:
-        # Unix socket paths stay below ~107 bytes: a server that starts its own Ray (code_gen)
-        # puts sockets ~70 bytes below RAY_TMPDIR, so a deep --state-dir would break it. A short
-        # folder of the run's own, removed on stop.
+    def _spawn(self, python: Path, name: str, folder: Path, config_yaml: str) -> None:
+        # Unix socket paths stay below ~107 bytes and a server's own Ray (code_gen) puts sockets ~70 bytes
+        # below RAY_TMPDIR, so a deep --state-dir would break it: a short folder of the run's, removed on stop.
         if self._tmp is None:
             self._tmp = Path(tempfile.mkdtemp(prefix="mng-envs-", dir="/tmp" if os.path.isdir("/tmp") else None))
-        return self._tmp
-
-    def _spawn(self, python: Path, name: str, folder: Path, config_yaml: str) -> None:
-        tmp = self._temp_folder()
+        tmp = self._tmp
         env = child_environment()
         env.update(
             {
@@ -1118,15 +1028,12 @@ class EnvironmentServers:
         )
         if failed is None:
             return
-        log = f"{self.log_path(name)}:\n{self.log_tail(name)}"
-        if failed == "another":
-            raise GymEnvironmentError(
-                f"another program answers on port {port}, not the {name} server serve started; stop that "
-                f"program or give another --port; log {log}"
-            )
-        if failed == "exited":
-            raise GymEnvironmentError(f"{name} exited during start; log {log}")
-        raise GymEnvironmentError(f"{name} did not answer within {self.start_timeout:.0f} s; log {log}")
+        why = {
+            "another": f"another program answers on port {port}, not the {name} server serve started; stop that "
+            "program or give another --port",
+            "exited": f"{name} exited during start",
+        }.get(failed, f"{name} did not answer within {self.start_timeout:.0f} s")
+        raise GymEnvironmentError(f"{why}; log {self.log_path(name)}:\n{self.log_tail(name)}")
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM each server's process group, SIGKILL what is left; idempotent."""
