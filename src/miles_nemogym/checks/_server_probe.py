@@ -21,7 +21,7 @@ from miles_nemogym.errors import (
     MilesNemoGymError,
     redact_url,
 )
-from miles_nemogym.transport import get
+from miles_nemogym.transport import Answer, get
 
 __all__ = [
     "FetchError",
@@ -55,23 +55,17 @@ _MAX_SCHEMA_NODES = 10_000
 _MAX_REF_HOPS = 64
 
 
-def _parse_json(body: bytes) -> Any:
-    """``body`` as JSON; raises ``FetchError("not-json")`` (also for absurd nesting)."""
+def _get(url: str, timeout_s: float, cap: int) -> Answer:
+    """GET ``url`` through the one transport: one deadline for all of it, no redirects, ``cap`` body bytes."""
     try:
-        return json.loads(body)
-    except ValueError:
-        raise FetchError("not-json", "the answer is not JSON") from None
-    except RecursionError:
-        raise FetchError("not-json", "the answer is JSON nested too deeply to be an OpenAPI document") from None
-
-
-async def _fetch_json_async(url: str, timeout_s: float) -> Any:
-    """GET ``url`` through the one transport (one deadline for connect, headers and the whole body,
-    no redirects, at most ``_MAX_DOCUMENT_BYTES``) and parse its JSON body; raises ``FetchError``."""
-    try:
-        answer = await get(url, timeout_s, _MAX_DOCUMENT_BYTES)
+        return asyncio.run(get(url, timeout_s, cap))
     except Failed as error:
         raise _fetch_error(error, timeout_s) from None
+
+
+def fetch_json(url: str, timeout_s: float) -> Any:
+    """GET ``url`` (at most ``_MAX_DOCUMENT_BYTES``) and parse its JSON body; raises ``FetchError``."""
+    answer = _get(url, timeout_s, _MAX_DOCUMENT_BYTES)
     if 300 <= answer.status < 400:
         target = redact_url(answer.location or "?")
         raise FetchError("redirect", f"HTTP {answer.status} redirect to {target} (not followed)")
@@ -81,7 +75,12 @@ async def _fetch_json_async(url: str, timeout_s: float) -> Any:
         raise FetchError(
             "too-large", f"the answer is over {_MAX_DOCUMENT_BYTES // (1024 * 1024)} MB, not an OpenAPI document"
         )
-    return _parse_json(answer.body)
+    try:
+        return json.loads(answer.body)
+    except ValueError:
+        raise FetchError("not-json", "the answer is not JSON") from None
+    except RecursionError:
+        raise FetchError("not-json", "the answer is JSON nested too deeply to be an OpenAPI document") from None
 
 
 def _fetch_error(error: Failed, timeout_s: float) -> FetchError:
@@ -97,15 +96,9 @@ def _fetch_error(error: Failed, timeout_s: float) -> FetchError:
             return FetchError("dns", f"host name does not resolve ({cause})")
         if isinstance(cause, ConnectionRefusedError):
             return FetchError("refused", "connection refused (nothing listens on that port)")
-        return FetchError("connect", str(error))
     if error.kind in (AGENT_TIMEOUT, TRANSPORT_TIMEOUT):
         return FetchError("timeout", f"no complete answer within {timeout_s:g} s")
     return FetchError("connect", str(error))
-
-
-def fetch_json(url: str, timeout_s: float) -> Any:
-    """Blocking :func:`_fetch_json_async` (the checks run outside an event loop)."""
-    return asyncio.run(_fetch_json_async(url, timeout_s))
 
 
 _IDENTITY_SEPARATOR = "___"
@@ -128,22 +121,14 @@ Identifier = Callable[[str, float], "ServerIdentity | None"]
 """``identify(url, timeout_s) -> ServerIdentity | None``; raises ``FetchError``."""
 
 
-async def _identify_async(url: str, timeout_s: float) -> ServerIdentity | None:
-    try:
-        cookies = (await get(url, timeout_s, cap=0)).cookies
-    except Failed as error:
-        raise _fetch_error(error, timeout_s) from None
-    for name in cookies:
+def identify(url: str, timeout_s: float) -> ServerIdentity | None:
+    """The NeMo-Gym server answering ``GET url``, from the session cookie it sets; None when the
+    answer names none (not a NeMo-Gym server, or one that names its cookie otherwise)."""
+    for name in _get(url, timeout_s, 0).cookies:
         server_class, separator, instance = name.partition(_IDENTITY_SEPARATOR)
         if separator and server_class and instance:
             return ServerIdentity(server_class, instance)
     return None
-
-
-def identify(url: str, timeout_s: float) -> ServerIdentity | None:
-    """The NeMo-Gym server answering ``GET url``, from the session cookie it sets; None when the
-    answer names none (not a NeMo-Gym server, or one that names its cookie otherwise)."""
-    return asyncio.run(_identify_async(url, timeout_s))
 
 
 class SchemaError(MilesNemoGymError, ValueError):

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections import Counter
@@ -226,8 +225,7 @@ def _check_eval_data(config: LauncherConfig) -> list[CheckResult]:
 
 
 def _folder_problem(folder: Path) -> str | None:
-    """Why episodes could not be written under ``folder``, by doing what the store does
-    (create the missing folders, write a file) and undoing it; None when that works."""
+    """Why the store could not write under ``folder``, found by doing it (mkdir, write a file) and undoing it."""
     missing: list[Path] = []
     existing = folder
     while not existing.exists() and not existing.is_symlink():
@@ -295,19 +293,16 @@ def _check_checkpoint(config: LauncherConfig) -> CheckResult:
 
 
 def _check_session_port(config: LauncherConfig) -> CheckResult:
-    name = "session server port"
-    port = config.session_server_port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the session server binds (uvicorn)
-        try:
-            probe.bind(("0.0.0.0", port))
-        except OSError as error:
-            return CheckResult.failed(
-                name,
-                f"port {port} cannot be bound on this node ({error.strerror or error})",
-                "stop what holds it (a previous run's session server?) or pass --session-server-port <free port>",
-            )
-    return CheckResult.passed(name, f"port {port} is free")
+    from miles_nemogym.gym.server import port_free  # binds as the session server does (uvicorn)
+
+    name, port = "session server port", config.session_server_port
+    if port_free("0.0.0.0", port):
+        return CheckResult.passed(name, f"port {port} is free")
+    return CheckResult.failed(
+        name,
+        f"port {port} cannot be bound on this node",
+        "stop what holds it (a previous run's session server?) or pass --session-server-port <free port>",
+    )
 
 
 def check_cluster(config: LauncherConfig) -> CheckResult:
@@ -337,8 +332,7 @@ inside a string (a prompt quoting it) it is escaped."""
 
 @dataclass
 class DataUse:
-    """What the data's rows run: every row of a JSONL file, of a parquet file up to
-    ``_PARQUET_WHOLE_BYTES`` (else its first rows)."""
+    """What the data's rows run: every row of a JSONL file, of a parquet file up to ``_PARQUET_WHOLE_BYTES``."""
 
     rows: int = 0
     swe_rows: int = 0
@@ -385,8 +379,7 @@ def _parsed(line: bytes) -> Any:
 
 
 def _read_jsonl_use(path: Path, use: DataUse, source: str) -> None:
-    """Every line: a line without the environment mark is a SWE row (not parsed); the first
-    ``_PARSED_PER_ENVIRONMENT`` rows of each environment are parsed for their tools."""
+    """Every line: one without the environment mark is a SWE row; each environment's first rows give its tools."""
     with path.open("rb") as handle:
         for line in handle:
             at = line.find(_MARK_KEY)
@@ -405,8 +398,7 @@ def _read_jsonl_use(path: Path, use: DataUse, source: str) -> None:
 
 
 def data_use(config: LauncherConfig) -> DataUse | None:
-    """What the prompt data and every eval set run; None when no file could be read (the data
-    checks name why); unreadable rows are left out (the data checks report the first ones)."""
+    """What the prompt data and eval sets run, unreadable rows left out; None when no file could be read."""
     use = DataUse()
     read = False
     eval_files = ((f"--eval-data {name}", path) for name, path in config.eval_data.items())
@@ -437,8 +429,7 @@ def _check_data_use(use: DataUse) -> CheckResult:
 
 
 def _unnamed_environments(config: LauncherConfig, use: DataUse | None, target: checks.Target) -> list[CheckResult]:
-    """Each environment the rows name that NEMO_GYM_ENVS does not (its servers are checked by
-    :func:`checks.run`, every one: a sample may miss an environment's rows)."""
+    """A failure for each environment the rows name that NEMO_GYM_ENVS does not."""
     if use is None or not isinstance(target.settings, Settings):
         return []
     return [
@@ -453,8 +444,7 @@ def _unnamed_environments(config: LauncherConfig, use: DataUse | None, target: c
 
 
 def plugin_environment(config: LauncherConfig, environ: Mapping[str, str]) -> dict[str, str]:
-    """The plugin's variables exactly as the job will see them (``command.job_environment``:
-    forwarded from ``environ``, the recipe's Gym URL and external host, its ``extra_env``)."""
+    """The plugin's variables exactly as the job will see them (``job_environment``)."""
     job = job_environment(config, MilesInstall(root=Path(), model_args=()), environ)
     return {name: value for name, value in job.env.items() if name in ENV_VARS}
 
@@ -469,8 +459,7 @@ def run_preflight(
     fetch: checks.Fetcher = checks.Target.fetch,
     gym_timeout_s: float = checks.Target.timeout_s,
 ) -> list[CheckResult]:
-    """Every launcher check, then the NeMo-Gym ones; nothing is started or written.
-    ``hook_paths``: the dotted paths to import (default: the recipe's hooks)."""
+    """Every launcher check, then the NeMo-Gym ones; nothing is started or written."""
     if hook_paths is None:
         hook_paths = [path for _, path in hooks(config)]
     results = [

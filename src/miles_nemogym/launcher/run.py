@@ -1,7 +1,4 @@
-"""The launcher's entry point: recipe -> preflight -> checkpoint -> Ray -> job -> exit code.
-
-Side effects sit behind ``Actions`` (``RayActions`` is the real one); why this order: docs/launcher.md.
-"""
+"""The launcher: recipe -> preflight -> checkpoint -> Ray -> job -> exit code; side effects behind ``Actions``."""
 
 from __future__ import annotations
 
@@ -93,8 +90,7 @@ _DESCRIPTION = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """One flag per recipe field (``--field-name``), plus --config and --dry-run, grouped by topic;
-    flags default to "not given" so only what the user typed overrides the YAML."""
+    """One flag per recipe field, plus --config and --dry-run, by section; a flag not typed leaves the YAML's value."""
     parser = argparse.ArgumentParser(
         prog="examples/swebench_grpo/run.py",
         usage="%(prog)s [--config FILE] [--dry-run | --preflight-only] [FLAG VALUE ...]",
@@ -204,9 +200,7 @@ class Actions(Protocol):
 
     def start_ray_head(self, config: LauncherConfig) -> None: ...
 
-    def ray_head_exit(self) -> int | None:
-        """The exit code of the head ``start_ray_head`` started; None while it runs."""
-        ...
+    def ray_head_exit(self) -> int | None: ...  # of the head start_ray_head started; None while it runs
 
     def stop_ray_head(self) -> None: ...
 
