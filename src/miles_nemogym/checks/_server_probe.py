@@ -102,8 +102,7 @@ def _fetch_error(error: Failed, timeout_s: float) -> FetchError:
 
 
 _IDENTITY_SEPARATOR = "___"
-"""A NeMo-Gym server's session cookie is named ``<ServerClass>___<instance name>`` (0.7.0
-``SimpleServer.get_session_middleware_key``) and set on every answer, ``/openapi.json``'s too."""
+"""NeMo-Gym servers set a ``<ServerClass>___<instance>`` session cookie on every answer (get_session_middleware_key)."""
 
 
 @dataclass(frozen=True)
@@ -122,8 +121,7 @@ Identifier = Callable[[str, float], "ServerIdentity | None"]
 
 
 def identify(url: str, timeout_s: float) -> ServerIdentity | None:
-    """The NeMo-Gym server answering ``GET url``, from the session cookie it sets; None when the
-    answer names none (not a NeMo-Gym server, or one that names its cookie otherwise)."""
+    """The NeMo-Gym server answering ``GET url``, by its session cookie's name; None when none names it."""
     for name in _get(url, timeout_s, 0).cookies:
         server_class, separator, instance = name.partition(_IDENTITY_SEPARATOR)
         if separator and server_class and instance:

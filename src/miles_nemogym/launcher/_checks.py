@@ -326,8 +326,7 @@ _PARQUET_ROWS = 2000
 _MARK_KEY = b'"' + ENV_KEY.encode() + b'"'
 _AGENT_REF = b'"agent_ref"'
 _MARK = re.compile(re.escape(_MARK_KEY) + rb'\s*:\s*"([A-Za-z0-9_./-]*)"')
-"""The environment mark as JSON writes it (also in the catalog's spelling, ``resources_servers/mcqa``);
-inside a string (a prompt quoting it) it is escaped."""
+"""The environment mark as JSON writes it (escaped inside a string, e.g. a prompt quoting it)."""
 
 
 @dataclass

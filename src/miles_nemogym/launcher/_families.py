@@ -63,8 +63,7 @@ def resolve(
     reasoning_parser: str | None = None,
     tool_call_parser: str | None = None,
 ) -> Parsers:
-    """Family values with per-value overrides (``reasoning_parser="none"``: no parser); without a
-    known family, all three values must be given."""
+    """Family values with per-value overrides (reasoning parser ``none``: none); no known family: all three given."""
     known = ", ".join(_BY_NAME)
     chosen = detect(checkpoint) if family is None else _BY_NAME.get(family.lower())
     if chosen is None and family is not None:
