@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import zipfile
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -344,8 +345,6 @@ def _start_environment_fix(name: str) -> str:
     """Start ``name``'s server with serve when nemo-gym ships it, else correct the rows' name."""
     serve = f"start its resources server (`miles-nemogym serve --env {name}`)"
     retype = "re-run `miles-nemogym convert` with the right --env name (it refuses names nemo-gym does not ship)"
-    import zipfile
-
     from miles_nemogym.gym import wheel
 
     if wheel.cached_wheel() is None:  # a preflight downloads nothing to word a fix
@@ -400,13 +399,12 @@ def _environment(name: str, target: Target) -> Found:
             f"to the address `miles-nemogym serve --env {name}` prints for {name}; this one serves "
             f"{identity.instance}'s rows",
         )
-    unserved = routes.unserved_tools(tools)
+    unserved, said = routes.unserved_tools(tools), counted(len(set(tools)), "tool")
     if unserved and name not in target.tools_not_served:
         shown = ", ".join(unserved[:5]) + (f" and {len(unserved) - 5} more" if len(unserved) > 5 else "")
         return _failed(
-            f"{url} declares no POST /<tool> for {len(unserved)} of the {counted(len(set(tools)), 'tool')} "
-            "its rows "
-            f"give the model ({shown}): each call would answer the model with a 404",
+            f"{url} declares no POST /<tool> for {len(unserved)} of the {said} its rows give the model ({shown}): "
+            "each call would answer the model with a 404",
             f"{where}, the server of that environment, at the nemo-gym version the rows were written for; "
             f"if its verifier only reads the calls (as xlam_fc's does), pass --tools-not-served {name}",
         )
@@ -415,10 +413,9 @@ def _environment(name: str, target: Target) -> Found:
     elif name not in target.tools:  # no rows of it were read (doctor): nothing to say about their tools
         served = ""
     elif unserved:
-        tools_said = counted(len(set(tools)), "tool")
-        served = f"{len(set(tools)) - len(unserved)} of the rows' {tools_said} (--tools-not-served)"
+        served = f"{len(set(tools)) - len(unserved)} of the rows' {said} (--tools-not-served)"
     else:
-        served = f"the rows' {counted(len(set(tools)), 'tool')}"
+        served = f"the rows' {said}"
     return _passed(
         f"{url}: POST /seed_session, /verify and {served}" if served else f"{url}: POST /seed_session and /verify"
     )
@@ -426,8 +423,6 @@ def _environment(name: str, target: Target) -> Found:
 
 def _serves(identity: ServerIdentity, name: str) -> bool:
     """Whether ``identity`` is ``name``'s server: by the cached wheel's config, else its name holds ``name``."""
-    import zipfile
-
     from miles_nemogym.gym import wheel
 
     if identity.instance == name:

@@ -133,16 +133,6 @@ class SchemaError(MilesNemoGymError, ValueError):
     """The OpenAPI document does not describe a usable ``POST /run``."""
 
 
-def _lookup(document: Mapping[str, Any], ref: str) -> Any:
-    target: Any = document
-    for part in ref[2:].split("/"):
-        part = part.replace("~1", "/").replace("~0", "~")
-        if not isinstance(target, Mapping) or part not in target:
-            raise SchemaError(f"the /run body schema's $ref {ref!r} does not resolve")
-        target = target[part]
-    return target
-
-
 def _resolve(document: Mapping[str, Any], schema: Any) -> Mapping[str, Any]:
     """Follow local ``$ref`` pointers (``#/components/schemas/X``) to a schema object."""
     seen: set[str] = set()
@@ -157,7 +147,12 @@ def _resolve(document: Mapping[str, Any], schema: Any) -> Mapping[str, Any]:
         if ref in seen or len(seen) >= _MAX_REF_HOPS:
             raise SchemaError("the /run body schema's $ref chain does not end")
         seen.add(ref)
-        schema = _lookup(document, ref)
+        schema = document
+        for part in ref[2:].split("/"):
+            part = part.replace("~1", "/").replace("~0", "~")
+            if not isinstance(schema, Mapping) or part not in schema:
+                raise SchemaError(f"the /run body schema's $ref {ref!r} does not resolve")
+            schema = schema[part]
 
 
 def _properties(document: Mapping[str, Any], schema: Mapping[str, Any]) -> set[str]:

@@ -239,8 +239,8 @@ class LauncherConfig(BaseModel):
     """Base URL of the NeMo-Gym mini_swe_agent_2 server (default: NEMO_GYM_URL, else http://localhost:12000)."""
     # NEMO_GYM_ENVS as given: validated as the field, so a bad one is named.
     nemo_gym_envs: dict[str, EnvironmentServer] = Field(default_factory=lambda: _env(ENVS_ENV) or {})
-    """Each environment's resources server: NAME=URL[,max_steps=N] (NAME as ``serve --env NAME`` starts it, which
-    prints URL) or a NEMO_GYM_ENVS JSON object; the job gets them as NEMO_GYM_ENVS (default: NEMO_GYM_ENVS)."""
+    """Each environment's resources server: NAME=URL[,max_steps=N], NAME as in ``serve --env NAME`` and ``convert
+    --env NAME=FILE``, URL as serve prints; or a NEMO_GYM_ENVS JSON object (default: NEMO_GYM_ENVS, the job's too)."""
     tools_not_served: list[str] = Field(default_factory=list)
     """Environments whose server serves no route for the rows' tools as its verifier only reads the calls (xlam_fc):
     preflight accepts them; each call then gets the server's 404, as under NeMo-Gym's simple_agent."""

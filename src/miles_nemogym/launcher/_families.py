@@ -71,7 +71,6 @@ def resolve(
             f"--model-family {family!r} is not one of: {known}; pass one of those, or set "
             "--tito-model, --reasoning-parser and --tool-call-parser yourself"
         )
-    reasoning = None if reasoning_parser is None or reasoning_parser.lower() == "none" else reasoning_parser
     if chosen is None:
         given = (
             ("--tito-model", tito_model),
@@ -79,16 +78,17 @@ def resolve(
             ("--tool-call-parser", tool_call_parser),
         )
         missing = [flag for flag, value in given if value is None]
-        if tito_model is None or reasoning_parser is None or tool_call_parser is None:
+        if missing:
             raise UnknownFamilyError(
                 f"cannot tell the model family of {checkpoint!r} (known: {known}); pass --model-family, or all "
                 f"of --tito-model, --reasoning-parser and --tool-call-parser (missing: {', '.join(missing)}; "
                 "'--reasoning-parser none' for a model without reasoning output)"
             )
-        return Parsers("custom", tito_model, reasoning, tool_call_parser)
+        chosen = ModelFamily("custom", "", None, "", ())
+    reasoning = chosen.reasoning_parser if reasoning_parser is None else reasoning_parser
     return Parsers(
         chosen.name,
         tito_model or chosen.tito_model,
-        reasoning if reasoning_parser is not None else chosen.reasoning_parser,
+        None if reasoning is None or reasoning.lower() == "none" else reasoning,
         tool_call_parser or chosen.tool_call_parser,
     )
