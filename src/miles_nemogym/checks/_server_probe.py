@@ -6,9 +6,9 @@ import asyncio
 import json
 import re
 import socket
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -21,7 +21,7 @@ from miles_nemogym.errors import (
     MilesNemoGymError,
     redact_url,
 )
-from miles_nemogym.transport import Answer, get
+from miles_nemogym.transport import get
 
 __all__ = [
     "FetchError",
@@ -44,6 +44,7 @@ class FetchError(MilesNemoGymError, Exception):
         self.kind = kind
 
 
+_T = TypeVar("_T")
 Fetcher = Callable[[str, float], Any]
 """``fetch(url, timeout_s) -> parsed JSON``; raises ``FetchError``."""
 
@@ -55,17 +56,17 @@ _MAX_SCHEMA_NODES = 10_000
 _MAX_REF_HOPS = 64
 
 
-def _get(url: str, timeout_s: float, cap: int) -> Answer:
-    """GET ``url`` through the one transport: one deadline for all of it, no redirects, ``cap`` body bytes."""
+def _blocking(call: Coroutine[Any, Any, _T], timeout_s: float) -> _T:
+    """Run one transport call (the checks run outside an event loop); its failure as a ``FetchError``."""
     try:
-        return asyncio.run(get(url, timeout_s, cap))
+        return asyncio.run(call)
     except Failed as error:
         raise _fetch_error(error, timeout_s) from None
 
 
 def fetch_json(url: str, timeout_s: float) -> Any:
-    """GET ``url`` (at most ``_MAX_DOCUMENT_BYTES``) and parse its JSON body; raises ``FetchError``."""
-    answer = _get(url, timeout_s, _MAX_DOCUMENT_BYTES)
+    """GET ``url`` through the one transport (one deadline, no redirects, at most ``_MAX_DOCUMENT_BYTES``) as JSON."""
+    answer = _blocking(get(url, timeout_s, _MAX_DOCUMENT_BYTES), timeout_s)
     if 300 <= answer.status < 400:
         target = redact_url(answer.location or "?")
         raise FetchError("redirect", f"HTTP {answer.status} redirect to {target} (not followed)")
@@ -122,7 +123,7 @@ Identifier = Callable[[str, float], "ServerIdentity | None"]
 
 def identify(url: str, timeout_s: float) -> ServerIdentity | None:
     """The NeMo-Gym server answering ``GET url``, by its session cookie's name; None when none names it."""
-    for name in _get(url, timeout_s, 0).cookies:
+    for name in _blocking(get(url, timeout_s, cap=0), timeout_s).cookies:
         server_class, separator, instance = name.partition(_IDENTITY_SEPARATOR)
         if separator and server_class and instance:
             return ServerIdentity(server_class, instance)

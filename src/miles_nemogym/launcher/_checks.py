@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import tempfile
 from collections import Counter
@@ -293,16 +294,19 @@ def _check_checkpoint(config: LauncherConfig) -> CheckResult:
 
 
 def _check_session_port(config: LauncherConfig) -> CheckResult:
-    from miles_nemogym.gym.server import port_free  # binds as the session server does (uvicorn)
-
-    name, port = "session server port", config.session_server_port
-    if port_free("0.0.0.0", port):
-        return CheckResult.passed(name, f"port {port} is free")
-    return CheckResult.failed(
-        name,
-        f"port {port} cannot be bound on this node",
-        "stop what holds it (a previous run's session server?) or pass --session-server-port <free port>",
-    )
+    name = "session server port"
+    port = config.session_server_port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the session server binds (uvicorn)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as error:
+            return CheckResult.failed(
+                name,
+                f"port {port} cannot be bound on this node ({error.strerror or error})",
+                "stop what holds it (a previous run's session server?) or pass --session-server-port <free port>",
+            )
+    return CheckResult.passed(name, f"port {port} is free")
 
 
 def check_cluster(config: LauncherConfig) -> CheckResult:

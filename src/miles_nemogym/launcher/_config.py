@@ -43,6 +43,10 @@ _SET_NAME_RE = re.compile(_SET_NAME)
 _AbsolutePath = Annotated[Path, AfterValidator(Path.absolute)]
 
 
+def _envs_variable() -> Any:  # NEMO_GYM_ENVS as given: validated as a field, so a bad one is named
+    return _env(ENVS_ENV) or {}
+
+
 _REFUSED_MODES: dict[tuple[str | None, Any], str] = {
     ("pause_generation_mode", "abort"): (
         "abort kills every running episode at each weight update; Miles refuses it with its "
@@ -237,8 +241,7 @@ class LauncherConfig(BaseModel):
     """Miles' session server protocol: v1, or v2."""
     nemo_gym_url: str = Field(default_factory=lambda: _env("NEMO_GYM_URL") or "http://localhost:12000")
     """Base URL of the NeMo-Gym mini_swe_agent_2 server (default: NEMO_GYM_URL, else http://localhost:12000)."""
-    # NEMO_GYM_ENVS as given: validated as the field, so a bad one is named.
-    nemo_gym_envs: dict[str, EnvironmentServer] = Field(default_factory=lambda: _env(ENVS_ENV) or {})
+    nemo_gym_envs: dict[str, EnvironmentServer] = Field(default_factory=_envs_variable)
     """Each environment's resources server: NAME=URL[,max_steps=N], NAME as in ``serve --env NAME`` and ``convert
     --env NAME=FILE``, URL as serve prints; or a NEMO_GYM_ENVS JSON object (default: NEMO_GYM_ENVS, the job's too)."""
     tools_not_served: list[str] = Field(default_factory=list)
