@@ -43,11 +43,9 @@ _REFUSED_EXTRA: dict[str, tuple[bool, str]] = {
     "--colocate": (True, "set colocate in the recipe (--colocate / --no-colocate) instead"),
     "--eval-num-gpus": (
         True,
-        "Miles' dedicated eval fleet cannot serve this package's episodes: they reach the policy "
-        "through Miles' session servers, which forward to the training engines' router, never the "
-        "fleet's, so eval would run on the training engines under the snapshot's weight version "
-        "(and train.py, which exports no snapshot, stops at the first eval); evaluate on the shared "
-        "engines with --eval-data instead (docs/upstream.md)",
+        "Miles' dedicated eval fleet cannot serve this package's episodes: they reach the policy through "
+        "Miles' session servers, which forward to the training engines' router, never the fleet's; "
+        "evaluate on the shared engines with --eval-data instead (docs/upstream.md)",
     ),
     "--wandb-key": (
         True,
