@@ -132,19 +132,17 @@ def parse_cli(argv: Sequence[str]) -> tuple[dict[str, Any], Path | None, bool]:
     namespace = vars(build_parser().parse_args(list(argv)))
     config_path = namespace.pop("config", None)
     dry_run = bool(namespace.pop("dry_run", False))
-    for name in _SHELL_SPLIT:
-        if name in namespace:
-            tokens: list[str] = []
-            for chunk in namespace[name]:
-                try:
-                    tokens += shlex.split(chunk)
-                except ValueError as error:  # e.g. "No closing quotation"
-                    flag = "--" + name.replace("_", "-")
-                    raise ConfigError(
-                        f"{flag} {chunk!r}: cannot split it as shell words ({error}); close the quote, "
-                        f"e.g. {flag} '--flag \"a b\"'"
-                    ) from None
-            namespace[name] = tokens
+    for name in (name for name in _SHELL_SPLIT if name in namespace):
+        chunks, namespace[name] = namespace[name], []
+        for chunk in chunks:
+            try:
+                namespace[name] += shlex.split(chunk)
+            except ValueError as error:  # e.g. "No closing quotation"
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(
+                    f"{flag} {chunk!r}: cannot split it as shell words ({error}); close the quote, "
+                    f"e.g. {flag} '--flag \"a b\"'"
+                ) from None
     if "extra_env" in namespace:
         bad = next((item for item in namespace["extra_env"] if item.find("=") < 1), None)
         if bad is not None:
