@@ -178,9 +178,7 @@ def report(results: Sequence[CheckResult], width: int | None = None) -> list[str
         lines.append(f"{counted(failed, 'check')} failed")
     elif all_passed(results):
         lines.append("all checks passed")
-    if width is None:
-        return lines
-    return fit.wrap(lines, width, indent=_CONTINUATION)
+    return lines if width is None else fit.wrap(lines, width, indent=_CONTINUATION)
 
 
 def _settings(target: Target) -> Found:

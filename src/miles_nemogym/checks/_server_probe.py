@@ -233,9 +233,7 @@ class ResourcesRoutes:
 
     def unserved_tools(self, tools: Iterable[str]) -> list[str]:
         """The tools (by name) whose calls no declared route takes, sorted."""
-        if self.any_tool is not None:
-            return []
-        return sorted({tool for tool in tools if f"/{tool}" not in self.paths})
+        return [] if self.any_tool is not None else sorted({tool for tool in tools if f"/{tool}" not in self.paths})
 
 
 def resources_routes(openapi: Any) -> ResourcesRoutes:

@@ -323,9 +323,7 @@ def job_episode_dir(config: LauncherConfig, environ: Mapping[str, str]) -> Path 
     if config.resolved_episode_dir is None:
         return None
     given = environ.get(EPISODE_DIR_ENV, "").strip()
-    if config.episode_dir is None and given:
-        return Path(given).absolute()
-    return config.resolved_episode_dir
+    return Path(given).absolute() if config.episode_dir is None and given else config.resolved_episode_dir
 
 
 def job_environment(config: LauncherConfig, miles: MilesInstall, environ: Mapping[str, str]) -> Job:
