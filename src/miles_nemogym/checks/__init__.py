@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import zipfile
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -85,8 +86,7 @@ class Target:
     identify: Identifier = identify
     policy_base_url: str | None = None
     tools: Mapping[str, Collection[str]] = field(default_factory=dict)
-    """Environment -> the tool names its rows give the model, for each environment whose rows were
-    read (the launcher's; doctor reads no rows)."""
+    """Environment -> the tool names its rows give the model, for each one whose rows were read (doctor reads none)."""
     tools_not_served: Collection[str] = ()
     gym_server: bool = True
     """False when no row is a SWE row: NEMO_GYM_URL's server is not used."""
@@ -143,8 +143,7 @@ class Check:
 
 
 def _run(checks: Iterable[Check], target: Target) -> Iterator[CheckResult]:
-    """Each check in order, as it finishes; one whose need ran and did not pass is SKIP, saying
-    ``needs <what it gives>`` (or, when that one was skipped too, the same reason)."""
+    """Each check in order, as it finishes; one whose need did not pass is SKIP, ``needs <what it gives>``."""
     done: dict[str, CheckResult] = {}
     for check in checks:
         need = next((need for need in check.needs if need.name in done and not done[need.name].ok), None)
@@ -168,8 +167,7 @@ _CONTINUATION = "     "
 
 
 def report(results: Sequence[CheckResult], width: int | None = None) -> list[str]:
-    """The checks as plain-text lines: ``PASS name: detail``, a ``fix:`` under each failure, a
-    summary; with ``width``, each line wrapped between words to it (:func:`fit.wrap`)."""
+    """``PASS name: detail`` lines, a ``fix:`` under each failure, a summary; wrapped to ``width`` if given."""
     lines: list[str] = []
     for result in results:
         lines.append(f"{_MARKS[result.status]} {result.name}: {result.detail}")
@@ -180,9 +178,7 @@ def report(results: Sequence[CheckResult], width: int | None = None) -> list[str
         lines.append(f"{counted(failed, 'check')} failed")
     elif all_passed(results):
         lines.append("all checks passed")
-    if width is None:
-        return lines
-    return fit.wrap(lines, width, indent=_CONTINUATION)
+    return lines if width is None else fit.wrap(lines, width, indent=_CONTINUATION)
 
 
 def _settings(target: Target) -> Found:
@@ -280,8 +276,7 @@ def _policy_host(target: Target) -> Found:
 
 
 def _golden_server(target: Target) -> Found:
-    """The SWE server is not one ``serve`` started without ``--golden`` (a golden scan leaves any
-    other server to its guard, which stops at a first model call)."""
+    """The SWE server is not one ``serve`` started without ``--golden`` (others: the scan's guard stops them)."""
     from miles_nemogym.gym.config import ServeOptions
 
     url = target.valid.gym_url
@@ -302,8 +297,7 @@ _NO_ANSWER = frozenset({"timeout", "dns", "refused", "connect", "certificate", "
 
 
 def _policy_answers(target: Target) -> Found:
-    """``GET <policy_base_url>/models`` gets any HTTP answer from this machine (no key is sent:
-    a 401 counts); an episode would only wait on a policy that does not."""
+    """``GET <policy_base_url>/models`` gets any HTTP answer (no key is sent: a 401 counts)."""
     assert target.policy_base_url is not None, "_POLICY_ANSWERS checks the target's policy_base_url"
     url = target.policy_base_url.strip().rstrip("/")
     try:
@@ -340,23 +334,15 @@ _WANTED: dict[Wanted, Check] = {
 }
 
 
-def _environment_check_name(name: str) -> str:
-    return f"environment {name}"
-
-
 def environment_failed(name: str, detail: str, fix_tail: str) -> CheckResult:
     """Environment ``name``'s check, failed with ``detail``; its fix starts its server, then ``fix_tail``."""
-    return CheckResult(
-        _environment_check_name(name), Status.failed, detail, f"{_start_environment_fix(name)} {fix_tail}"
-    )
+    return CheckResult(f"environment {name}", Status.failed, detail, f"{_start_environment_fix(name)} {fix_tail}")
 
 
 def _start_environment_fix(name: str) -> str:
     """Start ``name``'s server with serve when nemo-gym ships it, else correct the rows' name."""
     serve = f"start its resources server (`miles-nemogym serve --env {name}`)"
     retype = "re-run `miles-nemogym convert` with the right --env name (it refuses names nemo-gym does not ship)"
-    import zipfile
-
     from miles_nemogym.gym import wheel
 
     if wheel.cached_wheel() is None:  # a preflight downloads nothing to word a fix
@@ -371,8 +357,7 @@ def _start_environment_fix(name: str) -> str:
 
 
 def _environment(name: str, target: Target) -> Found:
-    """Environment ``name``'s resources server answers, declares ``POST /seed_session`` and
-    ``/verify``, and (unless it is in ``tools_not_served``) a route for each tool its rows use."""
+    """``name``'s resources server answers with ``/seed_session``, ``/verify`` and a route per tool its rows use."""
     server = target.valid.environments[name]
     if server.agent is not None:
         return _agent(name, server.agent, target)
@@ -412,13 +397,12 @@ def _environment(name: str, target: Target) -> Found:
             f"to the address `miles-nemogym serve --env {name}` prints for {name}; this one serves "
             f"{identity.instance}'s rows",
         )
-    unserved = routes.unserved_tools(tools)
+    unserved, said = routes.unserved_tools(tools), counted(len(set(tools)), "tool")
     if unserved and name not in target.tools_not_served:
         shown = ", ".join(unserved[:5]) + (f" and {len(unserved) - 5} more" if len(unserved) > 5 else "")
         return _failed(
-            f"{url} declares no POST /<tool> for {len(unserved)} of the {counted(len(set(tools)), 'tool')} "
-            "its rows "
-            f"give the model ({shown}): each call would answer the model with a 404",
+            f"{url} declares no POST /<tool> for {len(unserved)} of the {said} its rows give the model ({shown}): "
+            "each call would answer the model with a 404",
             f"{where}, the server of that environment, at the nemo-gym version the rows were written for; "
             f"if its verifier only reads the calls (as xlam_fc's does), pass --tools-not-served {name}",
         )
@@ -427,21 +411,16 @@ def _environment(name: str, target: Target) -> Found:
     elif name not in target.tools:  # no rows of it were read (doctor): nothing to say about their tools
         served = ""
     elif unserved:
-        tools_said = counted(len(set(tools)), "tool")
-        served = f"{len(set(tools)) - len(unserved)} of the rows' {tools_said} (--tools-not-served)"
+        served = f"{len(set(tools)) - len(unserved)} of the rows' {said} (--tools-not-served)"
     else:
-        served = f"the rows' {counted(len(set(tools)), 'tool')}"
+        served = f"the rows' {said}"
     return _passed(
         f"{url}: POST /seed_session, /verify and {served}" if served else f"{url}: POST /seed_session and /verify"
     )
 
 
 def _serves(identity: ServerIdentity, name: str) -> bool:
-    """Whether the server named ``identity`` is environment ``name``'s: its instance is the one
-    nemo-gym's config for ``name`` names (read from the cached wheel), or without the wheel
-    (nothing is downloaded here) one whose name holds ``name`` (``lc_equivalence_rule``)."""
-    import zipfile
-
+    """Whether ``identity`` is ``name``'s server: by the cached wheel's config, else its name holds ``name``."""
     from miles_nemogym.gym import wheel
 
     if identity.instance == name:
@@ -458,8 +437,7 @@ def _serves(identity: ServerIdentity, name: str) -> bool:
 
 
 def _agent(name: str, agent: str, target: Target) -> Found:
-    """Environment ``name``'s agent server answers and declares ``POST /run`` (its resources server
-    is the agent's to reach)."""
+    """Environment ``name``'s agent server answers and declares ``POST /run`` (its resources server is its own)."""
     url = redact_url(agent)
     where = f"correct its agent URL in NEMO_GYM_ENVS ({name}.agent)"
     try:
@@ -488,14 +466,12 @@ def _agent(name: str, agent: str, target: Target) -> Found:
 def run(
     target: Target, wanted: Iterable[Wanted], *, environments: bool | Collection[str] = False
 ) -> Iterator[CheckResult]:
-    """The ``wanted`` checks in their order, as each finishes (one whose need did not pass is SKIP),
-    then with ``environments`` one per resources server in NEMO_GYM_ENVS (a collection: of those
-    named; none when the settings are invalid)."""
+    """The ``wanted`` checks as each finishes, then with ``environments`` one per NEMO_GYM_ENVS server named."""
     chosen = [_WANTED[key] for key in wanted]
     if environments and isinstance(target.settings, Settings):
         named = None if environments is True else set(environments)
         chosen += [
-            Check(_environment_check_name(name), partial(_environment, name), (_SETTINGS,))
+            Check(f"environment {name}", partial(_environment, name), (_SETTINGS,))
             for name in target.settings.environments
             if named is None or name in named
         ]

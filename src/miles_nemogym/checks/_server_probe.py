@@ -6,9 +6,9 @@ import asyncio
 import json
 import re
 import socket
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -44,6 +44,7 @@ class FetchError(MilesNemoGymError, Exception):
         self.kind = kind
 
 
+_T = TypeVar("_T")
 Fetcher = Callable[[str, float], Any]
 """``fetch(url, timeout_s) -> parsed JSON``; raises ``FetchError``."""
 
@@ -55,23 +56,17 @@ _MAX_SCHEMA_NODES = 10_000
 _MAX_REF_HOPS = 64
 
 
-def _parse_json(body: bytes) -> Any:
-    """``body`` as JSON; raises ``FetchError("not-json")`` (also for absurd nesting)."""
+def _blocking(call: Coroutine[Any, Any, _T], timeout_s: float) -> _T:
+    """Run one transport call (the checks run outside an event loop); its failure as a ``FetchError``."""
     try:
-        return json.loads(body)
-    except ValueError:
-        raise FetchError("not-json", "the answer is not JSON") from None
-    except RecursionError:
-        raise FetchError("not-json", "the answer is JSON nested too deeply to be an OpenAPI document") from None
-
-
-async def _fetch_json_async(url: str, timeout_s: float) -> Any:
-    """GET ``url`` through the one transport (one deadline for connect, headers and the whole body,
-    no redirects, at most ``_MAX_DOCUMENT_BYTES``) and parse its JSON body; raises ``FetchError``."""
-    try:
-        answer = await get(url, timeout_s, _MAX_DOCUMENT_BYTES)
+        return asyncio.run(call)
     except Failed as error:
         raise _fetch_error(error, timeout_s) from None
+
+
+def fetch_json(url: str, timeout_s: float) -> Any:
+    """GET ``url`` through the one transport (one deadline, no redirects, at most ``_MAX_DOCUMENT_BYTES``) as JSON."""
+    answer = _blocking(get(url, timeout_s, _MAX_DOCUMENT_BYTES), timeout_s)
     if 300 <= answer.status < 400:
         target = redact_url(answer.location or "?")
         raise FetchError("redirect", f"HTTP {answer.status} redirect to {target} (not followed)")
@@ -81,7 +76,12 @@ async def _fetch_json_async(url: str, timeout_s: float) -> Any:
         raise FetchError(
             "too-large", f"the answer is over {_MAX_DOCUMENT_BYTES // (1024 * 1024)} MB, not an OpenAPI document"
         )
-    return _parse_json(answer.body)
+    try:
+        return json.loads(answer.body)
+    except ValueError:
+        raise FetchError("not-json", "the answer is not JSON") from None
+    except RecursionError:
+        raise FetchError("not-json", "the answer is JSON nested too deeply to be an OpenAPI document") from None
 
 
 def _fetch_error(error: Failed, timeout_s: float) -> FetchError:
@@ -97,20 +97,13 @@ def _fetch_error(error: Failed, timeout_s: float) -> FetchError:
             return FetchError("dns", f"host name does not resolve ({cause})")
         if isinstance(cause, ConnectionRefusedError):
             return FetchError("refused", "connection refused (nothing listens on that port)")
-        return FetchError("connect", str(error))
     if error.kind in (AGENT_TIMEOUT, TRANSPORT_TIMEOUT):
         return FetchError("timeout", f"no complete answer within {timeout_s:g} s")
     return FetchError("connect", str(error))
 
 
-def fetch_json(url: str, timeout_s: float) -> Any:
-    """Blocking :func:`_fetch_json_async` (the checks run outside an event loop)."""
-    return asyncio.run(_fetch_json_async(url, timeout_s))
-
-
 _IDENTITY_SEPARATOR = "___"
-"""A NeMo-Gym server's session cookie is named ``<ServerClass>___<instance name>`` (0.7.0
-``SimpleServer.get_session_middleware_key``) and set on every answer, ``/openapi.json``'s too."""
+"""NeMo-Gym servers set a ``<ServerClass>___<instance>`` session cookie on every answer (get_session_middleware_key)."""
 
 
 @dataclass(frozen=True)
@@ -128,36 +121,17 @@ Identifier = Callable[[str, float], "ServerIdentity | None"]
 """``identify(url, timeout_s) -> ServerIdentity | None``; raises ``FetchError``."""
 
 
-async def _identify_async(url: str, timeout_s: float) -> ServerIdentity | None:
-    try:
-        cookies = (await get(url, timeout_s, cap=0)).cookies
-    except Failed as error:
-        raise _fetch_error(error, timeout_s) from None
-    for name in cookies:
+def identify(url: str, timeout_s: float) -> ServerIdentity | None:
+    """The NeMo-Gym server answering ``GET url``, by its session cookie's name; None when none names it."""
+    for name in _blocking(get(url, timeout_s, cap=0), timeout_s).cookies:
         server_class, separator, instance = name.partition(_IDENTITY_SEPARATOR)
         if separator and server_class and instance:
             return ServerIdentity(server_class, instance)
     return None
 
 
-def identify(url: str, timeout_s: float) -> ServerIdentity | None:
-    """The NeMo-Gym server answering ``GET url``, from the session cookie it sets; None when the
-    answer names none (not a NeMo-Gym server, or one that names its cookie otherwise)."""
-    return asyncio.run(_identify_async(url, timeout_s))
-
-
 class SchemaError(MilesNemoGymError, ValueError):
     """The OpenAPI document does not describe a usable ``POST /run``."""
-
-
-def _lookup(document: Mapping[str, Any], ref: str) -> Any:
-    target: Any = document
-    for part in ref[2:].split("/"):
-        part = part.replace("~1", "/").replace("~0", "~")
-        if not isinstance(target, Mapping) or part not in target:
-            raise SchemaError(f"the /run body schema's $ref {ref!r} does not resolve")
-        target = target[part]
-    return target
 
 
 def _resolve(document: Mapping[str, Any], schema: Any) -> Mapping[str, Any]:
@@ -174,7 +148,12 @@ def _resolve(document: Mapping[str, Any], schema: Any) -> Mapping[str, Any]:
         if ref in seen or len(seen) >= _MAX_REF_HOPS:
             raise SchemaError("the /run body schema's $ref chain does not end")
         seen.add(ref)
-        schema = _lookup(document, ref)
+        schema = document
+        for part in ref[2:].split("/"):
+            part = part.replace("~1", "/").replace("~0", "~")
+            if not isinstance(schema, Mapping) or part not in schema:
+                raise SchemaError(f"the /run body schema's $ref {ref!r} does not resolve")
+            schema = schema[part]
 
 
 def _properties(document: Mapping[str, Any], schema: Mapping[str, Any]) -> set[str]:
@@ -254,9 +233,7 @@ class ResourcesRoutes:
 
     def unserved_tools(self, tools: Iterable[str]) -> list[str]:
         """The tools (by name) whose calls no declared route takes, sorted."""
-        if self.any_tool is not None:
-            return []
-        return sorted({tool for tool in tools if f"/{tool}" not in self.paths})
+        return [] if self.any_tool is not None else sorted({tool for tool in tools if f"/{tool}" not in self.paths})
 
 
 def resources_routes(openapi: Any) -> ResourcesRoutes:

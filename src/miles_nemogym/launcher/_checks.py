@@ -226,8 +226,7 @@ def _check_eval_data(config: LauncherConfig) -> list[CheckResult]:
 
 
 def _folder_problem(folder: Path) -> str | None:
-    """Why episodes could not be written under ``folder``, by doing what the store does
-    (create the missing folders, write a file) and undoing it; None when that works."""
+    """Why the store could not write under ``folder``, found by doing it (mkdir, write a file) and undoing it."""
     missing: list[Path] = []
     existing = folder
     while not existing.exists() and not existing.is_symlink():
@@ -331,14 +330,12 @@ _PARQUET_ROWS = 2000
 _MARK_KEY = b'"' + ENV_KEY.encode() + b'"'
 _AGENT_REF = b'"agent_ref"'
 _MARK = re.compile(re.escape(_MARK_KEY) + rb'\s*:\s*"([A-Za-z0-9_./-]*)"')
-"""The environment mark as JSON writes it (also in the catalog's spelling, ``resources_servers/mcqa``);
-inside a string (a prompt quoting it) it is escaped."""
+"""The environment mark as JSON writes it (escaped inside a string, e.g. a prompt quoting it)."""
 
 
 @dataclass
 class DataUse:
-    """What the data's rows run: every row of a JSONL file, of a parquet file up to
-    ``_PARQUET_WHOLE_BYTES`` (else its first rows)."""
+    """What the data's rows run: every row of a JSONL file, of a parquet file up to ``_PARQUET_WHOLE_BYTES``."""
 
     rows: int = 0
     swe_rows: int = 0
@@ -385,8 +382,7 @@ def _parsed(line: bytes) -> Any:
 
 
 def _read_jsonl_use(path: Path, use: DataUse, source: str) -> None:
-    """Every line: a line without the environment mark is a SWE row (not parsed); the first
-    ``_PARSED_PER_ENVIRONMENT`` rows of each environment are parsed for their tools."""
+    """Every line: one without the environment mark is a SWE row; each environment's first rows give its tools."""
     with path.open("rb") as handle:
         for line in handle:
             at = line.find(_MARK_KEY)
@@ -405,8 +401,7 @@ def _read_jsonl_use(path: Path, use: DataUse, source: str) -> None:
 
 
 def data_use(config: LauncherConfig) -> DataUse | None:
-    """What the prompt data and every eval set run; None when no file could be read (the data
-    checks name why); unreadable rows are left out (the data checks report the first ones)."""
+    """What the prompt data and eval sets run, unreadable rows left out; None when no file could be read."""
     use = DataUse()
     read = False
     eval_files = ((f"--eval-data {name}", path) for name, path in config.eval_data.items())
@@ -437,8 +432,7 @@ def _check_data_use(use: DataUse) -> CheckResult:
 
 
 def _unnamed_environments(config: LauncherConfig, use: DataUse | None, target: checks.Target) -> list[CheckResult]:
-    """Each environment the rows name that NEMO_GYM_ENVS does not (its servers are checked by
-    :func:`checks.run`, every one: a sample may miss an environment's rows)."""
+    """A failure for each environment the rows name that NEMO_GYM_ENVS does not."""
     if use is None or not isinstance(target.settings, Settings):
         return []
     return [
@@ -453,8 +447,7 @@ def _unnamed_environments(config: LauncherConfig, use: DataUse | None, target: c
 
 
 def plugin_environment(config: LauncherConfig, environ: Mapping[str, str]) -> dict[str, str]:
-    """The plugin's variables exactly as the job will see them (``command.job_environment``:
-    forwarded from ``environ``, the recipe's Gym URL and external host, its ``extra_env``)."""
+    """The plugin's variables exactly as the job will see them (``job_environment``)."""
     job = job_environment(config, MilesInstall(root=Path(), model_args=()), environ)
     return {name: value for name, value in job.env.items() if name in ENV_VARS}
 
@@ -469,8 +462,7 @@ def run_preflight(
     fetch: checks.Fetcher = checks.Target.fetch,
     gym_timeout_s: float = checks.Target.timeout_s,
 ) -> list[CheckResult]:
-    """Every launcher check, then the NeMo-Gym ones; nothing is started or written.
-    ``hook_paths``: the dotted paths to import (default: the recipe's hooks)."""
+    """Every launcher check, then the NeMo-Gym ones; nothing is started or written."""
     if hook_paths is None:
         hook_paths = [path for _, path in hooks(config)]
     results = [

@@ -30,8 +30,7 @@ HOOKS: tuple[tuple[str, str], ...] = (
 )
 """This package's hooks, each with the Miles flag that loads it."""
 ASYNC_DATA_BUFFER = "miles_nemogym.buffer.EpisodeBuffer"
-"""Fully async: replaces Miles' DefaultDataBuffer, which drops a group with an aborted episode
-before the group filter sees it (docs/using-with-miles.md)."""
+"""Fully async: replaces Miles' DefaultDataBuffer, which drops a group with an aborted episode (docs/upstream.md)."""
 
 
 def hooks(config: LauncherConfig) -> tuple[tuple[str, str], ...]:
@@ -44,11 +43,9 @@ _REFUSED_EXTRA: dict[str, tuple[bool, str]] = {
     "--colocate": (True, "set colocate in the recipe (--colocate / --no-colocate) instead"),
     "--eval-num-gpus": (
         True,
-        "Miles' dedicated eval fleet cannot serve this package's episodes: they reach the policy "
-        "through Miles' session servers, which forward to the training engines' router, never the "
-        "fleet's, so eval would run on the training engines under the snapshot's weight version "
-        "(and train.py, which exports no snapshot, stops at the first eval); evaluate on the shared "
-        "engines with --eval-data instead (docs/upstream.md)",
+        "Miles' dedicated eval fleet cannot serve this package's episodes: they reach the policy through "
+        "Miles' session servers, which forward to the training engines' router, never the fleet's; "
+        "evaluate on the shared engines with --eval-data instead (docs/upstream.md)",
     ),
     "--wandb-key": (
         True,
@@ -205,8 +202,7 @@ def train_args(config: LauncherConfig, parsers: Parsers) -> list[str]:
 
 
 def layout_lines(config: LauncherConfig) -> list[str]:
-    """Which GPUs of which node train and which generate, as Miles places them: one placement
-    group over the GPUs, ordered by node IP then GPU index, training first, the engines next."""
+    """Which GPUs of which node train and which generate, as Miles places them (node IP order, training first)."""
     mode = "fully async (train_async.py)" if config.fully_async else "synchronous (train.py)"
     split = "colocated" if config.colocated else "disaggregated"
     lines = [
@@ -242,9 +238,7 @@ def layout_lines(config: LauncherConfig) -> list[str]:
 
 
 def eval_config_document(config: LauncherConfig) -> dict[str, Any]:
-    """Miles' ``--eval-config`` for the held-out sets: each one's ``metadata_overrides`` mark its
-    samples as eval of that set; a NeMo-Gym benchmark's rows are sampled its ``num_repeats`` times
-    per prompt, any other file ``eval_samples_per_prompt`` times."""
+    """Miles' ``--eval-config``: per set, its ``metadata_overrides`` and samples per prompt (a benchmark's repeats)."""
     from miles_nemogym.gym.benchmarks import file_benchmark
 
     marks = {name: file_benchmark(path) for name, path in config.eval_data.items()}
@@ -325,14 +319,11 @@ def _checked_extra_args(args: list[str], extra: list[str], *, fully_async: bool 
 
 
 def job_episode_dir(config: LauncherConfig, environ: Mapping[str, str]) -> Path | None:
-    """Where the job's episodes go: the recipe's folder, else the caller's NEMO_GYM_EPISODE_DIR,
-    else ``<save_dir>/episodes``; None when the store is off."""
+    """The recipe's episode folder, else the caller's NEMO_GYM_EPISODE_DIR, else ``<save_dir>/episodes``; None: off."""
     if config.resolved_episode_dir is None:
         return None
     given = environ.get(EPISODE_DIR_ENV, "").strip()
-    if config.episode_dir is None and given:
-        return Path(given).absolute()
-    return config.resolved_episode_dir
+    return Path(given).absolute() if config.episode_dir is None and given else config.resolved_episode_dir
 
 
 def job_environment(config: LauncherConfig, miles: MilesInstall, environ: Mapping[str, str]) -> Job:
@@ -389,8 +380,7 @@ def checkpoint_command(config: LauncherConfig, miles: MilesInstall) -> list[str]
 
 
 def render(job: Job) -> str:
-    """The job as text a user can read and re-run: env lines, then the command, one ``--flag value``
-    per line (secrets and URL passwords hidden: the job itself gets the real values)."""
+    """The job as text to read and re-run, one ``--flag value`` a line, secrets and URL passwords hidden."""
     lines = ["# environment of the job"]
     lines += [f"{name}={shlex.quote(value)}" for name, value in sorted(job.display_env().items())]
     lines += ["# command"]

@@ -121,34 +121,25 @@ class LauncherConfig(BaseModel):
     rollout_top_p: float = Field(default=1.0, gt=0, le=1)
     """Nucleus sampling top_p of the policy during rollouts, in (0, 1]."""
     over_sampling_batch_size: int | None = Field(default=None, ge=1)
-    """Prompts a synchronous rollout samples at a time, at least rollout_batch_size (Miles
-    --over-sampling-batch-size); the groups still running when the batch is full are aborted."""
+    """Prompts a synchronous rollout samples at once, >= rollout_batch_size; groups running at a full batch abort."""
     pause_generation_mode: Literal["in_place", "retract"] = "retract"
-    """How SGLang pauses running requests for a weight update (Miles --pause-generation-mode):
-    retract (recompute their KV cache) or in_place (keep it); abort is refused."""
+    """How SGLang pauses requests to update weights: retract (recompute KV cache) or in_place (keep it); no abort."""
     update_weight_transfer_mode: Literal["broadcast", "p2p"] = "broadcast"
-    """How new weights reach the engines (Miles --update-weight-transfer-mode); p2p needs
-    separate GPUs and retract."""
+    """How new weights reach the engines (Miles --update-weight-transfer-mode); p2p needs separate GPUs and retract."""
     rollout_submission_granularity: Literal["group", "sample"] | None = None
-    """When a finished episode frees room for the next group: group or sample (Miles
-    --rollout-submission-granularity; default: Miles', sample under fully_async, else group)."""
+    """When a finished episode frees room for the next group: group or sample (default: sample if fully_async)."""
 
     # --- fully async ------------------------------------------------------------------------
     fully_async: bool = False
-    """Train fully async, disaggregated (Miles' train_async.py --fully-async): the engines keep
-    generating while training runs; needs separate GPUs (rollout_num_gpus)."""
+    """Train fully async (train_async.py): engines generate while training runs, on GPUs of their own."""
     async_max_concurrent_samples: int | None = Field(default=None, ge=1)
-    """Episodes in flight, at least n_samples_per_prompt (Miles --async-max-concurrent-samples;
-    default: rollout_batch_size groups)."""
+    """Episodes in flight, at least n_samples_per_prompt (default: rollout_batch_size groups)."""
     max_weight_staleness: int | None = Field(default=None, ge=0)
-    """Most weight versions a group may lag before it is not trained (Miles
-    --max-weight-staleness; default: no limit)."""
+    """Most weight versions a group may lag and still be trained (default: no limit)."""
     async_unused_samples_handler: Literal["drop", "retry"] = "drop"
-    """A group fully async does not train (aborted, too stale): drop it, or retry its prompt
-    (Miles --async-unused-samples-handler)."""
+    """A group fully async does not train (aborted, too stale): drop it, or retry its prompt."""
     async_data_buffer_capacity_factor: float = Field(default=2.0, gt=0)
-    """Finished groups held for training, as a multiple of rollout_batch_size (Miles
-    --async-data-buffer-capacity-factor); generation waits when it is full."""
+    """Finished groups held for training, in rollout_batch_size units; generation waits when it is full."""
 
     # --- training ---------------------------------------------------------------------------
     miles_root: _AbsolutePath | None = None
@@ -162,8 +153,7 @@ class LauncherConfig(BaseModel):
     context_parallel: int = Field(default=1, ge=1)
     """Megatron context parallel size for training."""
     global_batch_size: int | None = Field(default=None, ge=1)
-    """Default: rollout_batch_size x n_samples_per_prompt (one optimizer step per rollout);
-    a divisor of it gives several steps per rollout."""
+    """Default: rollout_batch_size x n_samples_per_prompt (one optimizer step per rollout); a divisor: several."""
     max_seq_len: int = Field(default=16384, ge=1)
     """Longest sequence in tokens, prompt and response (Miles --max-seq-len, --max-tokens-per-gpu)."""
     balance_data: bool = True
@@ -189,8 +179,7 @@ class LauncherConfig(BaseModel):
     wandb_project: str | None = None
     """Log to Weights & Biases (the key is read from WANDB_API_KEY, never put on a command line)."""
     wandb_group: str | None = None
-    """Weights & Biases run group (with wandb_project; default: the model's name), which Miles
-    names the run after."""
+    """Weights & Biases run group, which Miles names the run after (with wandb_project; default: the model's name)."""
     extra_args: list[str] = Field(default_factory=list)
     """More Miles flags, appended verbatim; a flag the recipe already sets is refused."""
     extra_env: dict[str, str] = Field(default_factory=dict)
@@ -204,15 +193,13 @@ class LauncherConfig(BaseModel):
     colocate: bool = True
     """Training and rollout share the GPUs (Miles --colocate); unless given, off with fully_async."""
     actor_num_nodes: int | None = Field(default=None, ge=1)
-    """Nodes that train (Miles --actor-num-nodes; default: num_nodes); when not colocated, the
-    SGLang engines take the GPUs after the training ones, e.g. the other nodes."""
+    """Nodes that train (default: num_nodes); when not colocated, the engines take the GPUs after the training ones."""
     actor_gpus_per_node: int | None = Field(default=None, ge=1)
     """GPUs per training node (Miles --actor-num-gpus-per-node; default: gpus_per_node)."""
     rollout_num_gpus: int | None = Field(default=None, ge=1)
     """GPUs for the SGLang engines when not colocated (required then; Miles --rollout-num-gpus)."""
     ray_address: str | None = Field(default_factory=lambda: _env("RAY_ADDRESS"))
-    """Ray job-submission address of an existing cluster (e.g. http://head:8265); if unset,
-    a local head is used or started."""
+    """Job-submission address of a running Ray cluster (http://head:8265); unset: a local head, reused or started."""
     master_addr: str = Field(default_factory=lambda: _env("MASTER_ADDR") or "127.0.0.1")
     """Address of this node for the Ray head and torch.distributed."""
     ray_port: int = Field(default=6379, ge=1, le=65535)
@@ -220,8 +207,7 @@ class LauncherConfig(BaseModel):
     ray_dashboard_port: int = Field(default=8265, ge=1, le=65535)
     """Job-submission (dashboard) port of the local Ray head, reused or started."""
     ray_start_args: list[str] = Field(default_factory=list)
-    """More ``ray start --head`` arguments, e.g. other agent ports when another Ray already
-    runs on this node (a NeMo-Gym server on the same machine starts its own)."""
+    """More ``ray start --head`` arguments, e.g. other ports when another Ray (a NeMo-Gym server's) runs here."""
     keep_ray: bool = False
     """Leave a Ray head this launcher started running after the job."""
 
@@ -244,8 +230,7 @@ class LauncherConfig(BaseModel):
 
     # --- NeMo-Gym ---------------------------------------------------------------------------
     store_episodes: bool = True
-    """Save every episode (its /run answer and record) per step and role; browse with
-    ``miles-nemogym episodes``."""
+    """Save every episode (its /run answer and record) per step and role; browse with ``miles-nemogym episodes``."""
     episode_dir: _AbsolutePath | None = None
     """Where episodes are saved (NEMO_GYM_EPISODE_DIR; default ``<save_dir>/episodes``)."""
     session_server_ip: str = "0.0.0.0"
@@ -257,14 +242,11 @@ class LauncherConfig(BaseModel):
     nemo_gym_url: str = Field(default_factory=lambda: _env("NEMO_GYM_URL") or "http://localhost:12000")
     """Base URL of the NeMo-Gym mini_swe_agent_2 server (default: NEMO_GYM_URL, else http://localhost:12000)."""
     nemo_gym_envs: dict[str, EnvironmentServer] = Field(default_factory=_envs_variable)
-    """The resources server of each NeMo-Gym environment the rows name (metadata.nemogym_env):
-    NAME=URL or NAME=URL,max_steps=N, NAME as in ``serve --env NAME`` and ``convert --env
-    NAME=FILE``, URL where it serves (``serve`` prints them); or a NEMO_GYM_ENVS JSON object.
-    The job gets them as NEMO_GYM_ENVS (default: NEMO_GYM_ENVS)."""
+    """Each environment's resources server: NAME=URL[,max_steps=N], NAME as in ``serve --env NAME`` and ``convert
+    --env NAME=FILE``, URL as serve prints; or a NEMO_GYM_ENVS JSON object (default: NEMO_GYM_ENVS, the job's too)."""
     tools_not_served: list[str] = Field(default_factory=list)
-    """Environments whose server does not serve the rows' tools because its verifier only reads
-    the calls (e.g. xlam_fc): preflight accepts them; each call then answers the model with the
-    server's 404, as under NeMo-Gym's simple_agent."""
+    """Environments whose server serves no route for the rows' tools as its verifier only reads the calls (xlam_fc):
+    preflight accepts them; each call then gets the server's 404, as under NeMo-Gym's simple_agent."""
     router_external_host: str | None = Field(default_factory=lambda: _env("MILES_ROUTER_EXTERNAL_HOST"))
     """Address of the trainer the Gym host can dial (MILES_ROUTER_EXTERNAL_HOST)."""
 
@@ -288,9 +270,7 @@ class LauncherConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _name_eval_data(cls, data: Any) -> Any:
-        """``eval_data`` as ``{set name: file}``: a FILE is named ``eval_name``; a list holds FILE or
-        NAME=FILE items (the flag, repeated; NAME before the first ``=``, without ``/`` but in an
-        environment's catalog spelling, ``resources_servers/mcqa``); a mapping is kept."""
+        """``eval_data`` as ``{set name: file}``: FILE is named ``eval_name``; a list holds FILE or NAME=FILE items."""
         value = data.get("eval_data") if isinstance(data, dict) else None
         if isinstance(value, (str, Path)):
             value = [value]
@@ -299,7 +279,7 @@ class LauncherConfig(BaseModel):
         sets: dict[str, Any] = {}
         for item in value:
             name, sep, path = str(item).partition("=")
-            name = short_name(name)  # an environment's catalog spelling names its set as the short name
+            name = short_name(name)  # ``resources_servers/mcqa`` names the set ``mcqa``
             if not (sep and _SET_NAME_RE.fullmatch(name)):
                 name, path = data.get("eval_name") or "held_out", str(item)
             if name in sets:
@@ -327,8 +307,7 @@ class LauncherConfig(BaseModel):
     @field_validator("nemo_gym_envs", mode="before")
     @classmethod
     def _read_environments(cls, value: Any) -> Any:
-        """NEMO_GYM_ENVS text, a mapping, or a list of NAME=URL[,max_steps=N] or JSON-object items (the
-        flag, repeated), parsed by the plugin's own settings."""
+        """NEMO_GYM_ENVS text, a mapping, or the flag's NAME=URL[,max_steps=N] or JSON items, as the plugin parses."""
         if value is None or isinstance(value, str):  # unset, or NEMO_GYM_ENVS's own form
             return parse_environments(value) if value and value.strip() else {}
         if isinstance(value, list):
@@ -603,9 +582,7 @@ _FIELD_NAME = re.compile(
 
 
 def load_config(yaml_values: dict[str, Any] | None, cli_values: dict[str, Any]) -> LauncherConfig:
-    """Defaults < YAML < CLI, validated once; raises ``ConfigError`` naming every bad field, one line
-    each (``--flag / recipe key 'key': problem``), each field a problem names spelled as the user set
-    it: as its flag if given as one (or without a ``--config`` recipe)."""
+    """Defaults < YAML < CLI, validated once; ``ConfigError`` names every bad field as the user set it, one a line."""
     merged: dict[str, Any] = {**(yaml_values or {}), **cli_values}
 
     def label(loc: Sequence[int | str]) -> str:

@@ -63,8 +63,7 @@ def resolve(
     reasoning_parser: str | None = None,
     tool_call_parser: str | None = None,
 ) -> Parsers:
-    """Family values with per-value overrides (``reasoning_parser="none"``: no parser); without a
-    known family, all three values must be given."""
+    """Family values with per-value overrides (reasoning parser ``none``: none); no known family: all three given."""
     known = ", ".join(_BY_NAME)
     chosen = detect(checkpoint) if family is None else _BY_NAME.get(family.lower())
     if chosen is None and family is not None:
@@ -72,7 +71,6 @@ def resolve(
             f"--model-family {family!r} is not one of: {known}; pass one of those, or set "
             "--tito-model, --reasoning-parser and --tool-call-parser yourself"
         )
-    reasoning = None if reasoning_parser is None or reasoning_parser.lower() == "none" else reasoning_parser
     if chosen is None:
         given = (
             ("--tito-model", tito_model),
@@ -80,16 +78,17 @@ def resolve(
             ("--tool-call-parser", tool_call_parser),
         )
         missing = [flag for flag, value in given if value is None]
-        if tito_model is None or reasoning_parser is None or tool_call_parser is None:
+        if missing:
             raise UnknownFamilyError(
                 f"cannot tell the model family of {checkpoint!r} (known: {known}); pass --model-family, or all "
                 f"of --tito-model, --reasoning-parser and --tool-call-parser (missing: {', '.join(missing)}; "
                 "'--reasoning-parser none' for a model without reasoning output)"
             )
-        return Parsers("custom", tito_model, reasoning, tool_call_parser)
+        chosen = ModelFamily("custom", "", None, "", ())
+    reasoning = chosen.reasoning_parser if reasoning_parser is None else reasoning_parser
     return Parsers(
         chosen.name,
         tito_model or chosen.tito_model,
-        reasoning if reasoning_parser is not None else chosen.reasoning_parser,
+        None if reasoning is None or reasoning.lower() == "none" else reasoning,
         tool_call_parser or chosen.tool_call_parser,
     )

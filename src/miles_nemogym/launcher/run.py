@@ -1,7 +1,4 @@
-"""The launcher's entry point: recipe -> preflight -> checkpoint -> Ray -> job -> exit code.
-
-Side effects sit behind ``Actions`` (``RayActions`` is the real one); why this order: docs/launcher.md.
-"""
+"""The launcher: recipe -> preflight -> checkpoint -> Ray -> job -> exit code; side effects behind ``Actions``."""
 
 from __future__ import annotations
 
@@ -93,8 +90,7 @@ _DESCRIPTION = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """One flag per recipe field (``--field-name``), plus --config and --dry-run, grouped by topic;
-    flags default to "not given" so only what the user typed overrides the YAML."""
+    """One flag per recipe field, plus --config and --dry-run, by section; a flag not typed leaves the YAML's value."""
     parser = argparse.ArgumentParser(
         prog="examples/swebench_grpo/run.py",
         usage="%(prog)s [--config FILE] [--dry-run | --preflight-only] [FLAG VALUE ...]",
@@ -136,19 +132,17 @@ def parse_cli(argv: Sequence[str]) -> tuple[dict[str, Any], Path | None, bool]:
     namespace = vars(build_parser().parse_args(list(argv)))
     config_path = namespace.pop("config", None)
     dry_run = bool(namespace.pop("dry_run", False))
-    for name in _SHELL_SPLIT:
-        if name in namespace:
-            tokens: list[str] = []
-            for chunk in namespace[name]:
-                try:
-                    tokens += shlex.split(chunk)
-                except ValueError as error:  # e.g. "No closing quotation"
-                    flag = "--" + name.replace("_", "-")
-                    raise ConfigError(
-                        f"{flag} {chunk!r}: cannot split it as shell words ({error}); close the quote, "
-                        f"e.g. {flag} '--flag \"a b\"'"
-                    ) from None
-            namespace[name] = tokens
+    for name in (name for name in _SHELL_SPLIT if name in namespace):
+        chunks, namespace[name] = namespace[name], []
+        for chunk in chunks:
+            try:
+                namespace[name] += shlex.split(chunk)
+            except ValueError as error:  # e.g. "No closing quotation"
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(
+                    f"{flag} {chunk!r}: cannot split it as shell words ({error}); close the quote, "
+                    f"e.g. {flag} '--flag \"a b\"'"
+                ) from None
     if "extra_env" in namespace:
         bad = next((item for item in namespace["extra_env"] if item.find("=") < 1), None)
         if bad is not None:
@@ -204,9 +198,7 @@ class Actions(Protocol):
 
     def start_ray_head(self, config: LauncherConfig) -> None: ...
 
-    def ray_head_exit(self) -> int | None:
-        """The exit code of the head ``start_ray_head`` started; None while it runs."""
-        ...
+    def ray_head_exit(self) -> int | None: ...  # of the head start_ray_head started; None while it runs
 
     def stop_ray_head(self) -> None: ...
 
