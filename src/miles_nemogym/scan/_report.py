@@ -55,7 +55,7 @@ class Counts:
 
 
 def _rewards_text(result: ResultLine) -> str:
-    """The reward (``reward_text``); a golden environment row's gold and wrong rewards: ``1.0 (wrong 0.0)``."""
+    """The reward; a golden environment row's gold and wrong rewards: ``1.0 (wrong 0.0)``."""
     reward = reward_text(result.reward)
     return reward if result.wrong_reward is None else f"{reward} (wrong {reward_text(result.wrong_reward)})"
 
@@ -149,8 +149,7 @@ class ScanProgress:
 
 
 def _kinds(results: list[ResultLine], *, by_environment: bool) -> list[str]:
-    """``not passed, by kind: failed 3, miles_nemogym:policy_failed 1``, a line per environment
-    for environment rows (``mcqa: ...``); none when everything passed."""
+    """``not passed, by kind: failed 3, ...``, environment rows' a line per environment (``mcqa: ...``)."""
     counted: dict[str, Counter[str]] = {}
     for result in results:
         if result.verdict is not Verdict.passed:
@@ -170,8 +169,7 @@ def _seconds(value: float | None) -> str:
 def render_summary(
     console: Console, results: list[ResultLine], *, selected: int, earlier: int, golden: bool, interrupted: bool
 ) -> None:
-    """The per-repo (environment rows: per-environment) and overall table, then every instance
-    that did not pass, with its reason."""
+    """The per-repo (or per-environment) and overall table, then each instance that did not pass and why."""
     by_repo: dict[str, Counts] = {}
     overall = Counts()
     for result in results:

@@ -9,19 +9,15 @@ from typing import Any
 
 from miles_nemogym.smoke._policy import FINAL_ANSWER, Answer
 
-__all__ = ["GOLD", "WRONG", "Answers", "answers", "golden_answers"]
+__all__ = ["GOLD", "WRONG", "Answers", "answers"]
 
-Answers = dict[str, tuple[Answer, ...]]
-"""``{"gold": turns, "wrong": turns}``; empty when the row carries no gold."""
-
-GOLD, WRONG, PLAIN = "gold", "wrong", "plain"
-"""The answers smoke plays: the row's gold, a wrong one, or (no gold known) one plain reply."""
+Answers = dict[str, tuple[Answer, ...]]  # {"gold": turns, "wrong": turns}; empty when the row carries no gold
+GOLD, WRONG, PLAIN = "gold", "wrong", "plain"  # PLAIN: one plain reply, when no gold is known
 
 PLAIN_ANSWER = (Answer(content="This is the miles-nemogym scripted smoke policy: it does not know the answer."),)
 
 
 def _said(gold: str, wrong: str) -> Answers:
-    """A gold and a wrong answer of one message each."""
     return {GOLD: (Answer(content=gold),), WRONG: (Answer(content=wrong),)}
 
 
@@ -69,8 +65,7 @@ def _expected_calls(row: Mapping[str, Any]) -> Answers:
 
 
 def _ground_truth(row: Mapping[str, Any]) -> Answers:
-    """workplace_assistant: the state after ``ground_truth``'s calls is graded; wrong: no call,
-    which leaves the state as it was (no answer when the truth is to change nothing)."""
+    """workplace_assistant: the state after ``ground_truth``'s calls is graded; wrong: no call (none if none is due)."""
     calls = []
     for call in row.get("ground_truth") or []:
         if not isinstance(call, Mapping) or not isinstance(call.get("name"), str):
@@ -165,8 +160,8 @@ def _schedule(events: list[Mapping[str, Any]], taken: list[tuple[int, int]]) -> 
 
 
 def _calendar(row: Mapping[str, Any]) -> Answers:
-    """calendar: a schedule meeting every constraint of ``exp_cal_state``, as the JSON list its
-    server grades; wrong: the same with one event 15 minutes longer (its duration no longer the asked one)."""
+    """calendar: a schedule meeting every constraint of ``exp_cal_state``, as the JSON list its server
+    grades; wrong: the same with one event 15 minutes longer than asked."""
     state = row.get("exp_cal_state")
     state = json.loads(state) if isinstance(state, str) else state
     if not isinstance(state, Mapping) or not state:
@@ -205,7 +200,7 @@ _RULES: dict[str, Callable[[Mapping[str, Any]], Answers]] = {
 
 
 def answers(server: str, row: Mapping[str, Any]) -> Answers:
-    """The gold and wrong answers of ``row`` of resources server ``server``; ``{}`` when unknown."""
+    """The gold and wrong answers (in that order) of ``row`` of resources server ``server``; ``{}`` when unknown."""
     rule = _RULES.get(server)
     if rule is None:
         return {}
@@ -213,9 +208,3 @@ def answers(server: str, row: Mapping[str, Any]) -> Answers:
         return rule(row)
     except (KeyError, TypeError, ValueError):  # a row of another shape than the shipped ones
         return {}
-
-
-def golden_answers(server: str, row: Mapping[str, Any]) -> Answers:
-    """``row``'s gold and wrong answers (in that order) when both are known, else ``{}``."""
-    known = answers(server, row)
-    return {GOLD: known[GOLD], WRONG: known[WRONG]} if GOLD in known and WRONG in known else {}

@@ -29,9 +29,8 @@ SCRIPTED_PATCH = (
     "@@ -0,0 +1 @@\n"
     "+written by the miles-nemogym scripted policy\n"
 )
-"""A patch that applies to any repository (it adds one file), so a submission is never
-empty. ``git diff`` would submit nothing: the ``local`` sandbox's workspace is an empty
-folder and a container's /testbed is unchanged by a policy that only looks around."""
+"""Applies to any repository (it adds a file), so a submission is never empty, as ``git diff`` of a policy that
+only looks around would be."""
 
 # Must exit 0: mini-swe-agent only accepts a submission from a successful command.
 _SUBMIT_COMMAND = f"echo {SUBMIT_MARKER}; cat <<'MILES_NEMOGYM_PATCH'\n{SCRIPTED_PATCH}MILES_NEMOGYM_PATCH"
@@ -39,17 +38,14 @@ _SUBMIT_COMMAND = f"echo {SUBMIT_MARKER}; cat <<'MILES_NEMOGYM_PATCH'\n{SCRIPTED
 
 @dataclass(frozen=True)
 class RecordedRequest:
-    """One request the policy received."""
+    """One request the policy received: ``body`` parsed as JSON (else its text), ``Authorization`` apart."""
 
     session_id: str | None
     method: str
     path: str
     headers: dict[str, str]
-    """All headers except ``Authorization`` (see ``authorization``)."""
     body: Any
-    """The parsed JSON body, or the raw text when it was not JSON."""
-    authorization: str | None = field(default=None, repr=False)
-    """The ``Authorization`` header as sent (a secret: never printed by ``repr``)."""
+    authorization: str | None = field(default=None, repr=False)  # a secret: never printed by repr
 
 
 @dataclass(frozen=True)
@@ -60,8 +56,7 @@ class Answer:
     tool_calls: tuple[tuple[str, Mapping[str, Any]], ...] = ()
 
 
-FINAL_ANSWER = Answer(content="Done.")
-"""What a session with ``answers`` says once they are played: no tool call, so the loop ends."""
+FINAL_ANSWER = Answer(content="Done.")  # said once a session's answers are played: no tool call ends the loop
 
 
 @dataclass(frozen=True)
@@ -69,8 +64,7 @@ class Script:
     """How the policy answers in one session."""
 
     look_around_turns: int = 2
-    answers: tuple[Answer, ...] = ()
-    """Turns to play instead of the bash script (then ``FINAL_ANSWER``)."""
+    answers: tuple[Answer, ...] = ()  # turns to play instead of the bash script (then FINAL_ANSWER)
 
     def command_for_turn(self, turn: int) -> str:
         return _LOOK_AROUND[turn % len(_LOOK_AROUND)] if turn < self.look_around_turns else _SUBMIT_COMMAND
