@@ -47,8 +47,7 @@ class GoldenGuard:
 
 @asynccontextmanager
 async def golden_guard(gym_url: str, external_host: str | None) -> AsyncIterator[GoldenGuard]:
-    """A :class:`GoldenGuard` until the block ends: on loopback for a server on this machine, else on
-    every interface, its URL's host the one that routes to the Gym host (or ``MILES_ROUTER_EXTERNAL_HOST``)."""
+    """A :class:`GoldenGuard` on loopback for a local server, else on every interface (its URL routable)."""
     guard = GoldenGuard()
     host = "127.0.0.1" if is_loopback(urlsplit(gym_url).hostname or "") and not external_host else "0.0.0.0"
     app = web.Application()
@@ -118,18 +117,18 @@ def _prepare(config: ScanConfig) -> _Prepared:
     problems = usage_problems(config)
     if problems:
         raise ScanUsageError("; ".join(problems))
+    lock = None
     try:
         settings = scan_settings(config)
         tasks = load_tasks(config.input_path, subset=config.subset, split=config.split, golden=config.golden)
         selected = select(tasks, list(config.instance_ids) if config.instance_ids else None, config.limit)
         lock = ResultsLock(config.output_path) if config.output_path else None
-    except (SettingsError, InputError) as error:
-        raise ScanUsageError(redact_urls(str(error))) from None  # a settings error quotes the bad URL
-    try:
         return _prepare_locked(config, settings, tasks, selected, lock)
-    except BaseException:
+    except BaseException as error:
         if lock is not None:
             lock.release()
+        if isinstance(error, SettingsError | InputError):
+            raise ScanUsageError(redact_urls(str(error))) from None  # a settings error quotes the bad URL
         raise
 
 
@@ -157,10 +156,7 @@ def _foreign_results(config: ScanConfig, earlier: dict[str, ResultLine], digests
 def _prepare_locked(
     config: ScanConfig, settings: Settings, tasks: list[ScanTask], selected: list[ScanTask], lock: ResultsLock | None
 ) -> _Prepared:
-    try:
-        earlier = lock.read() if lock is not None else {}
-    except InputError as error:
-        raise ScanUsageError(str(error)) from None
+    earlier = lock.read() if lock is not None else {}  # an InputError: _prepare says it
     digests = {task.instance_id: task_digest(task.metadata) for task in tasks}
     if earlier and not config.resume:
         raise ScanUsageError(
@@ -214,8 +210,7 @@ def _prepare_locked(
 def _result_line(
     task: ScanTask, outcome: Outcome, seconds: float, config: ScanConfig, digest: str, wrong: Outcome | None = None
 ) -> ResultLine:
-    """One instance's line; ``wrong``: a golden environment row's wrong-answer episode (``outcome``
-    is its gold's)."""
+    """One instance's line; ``wrong``: a golden environment row's wrong answer (``outcome`` its gold)."""
     if wrong is None:
         verdict, kind, reason = verdict_of(outcome), kind_of(outcome), reason_of(outcome)
     else:
@@ -241,8 +236,7 @@ def _result_line(
 async def run_scan(
     config: ScanConfig, *, console: Console | None = None, stop: asyncio.Event | None = None
 ) -> ScanResult:
-    """Run the scan ``config`` describes, printing progress and summary; ``ScanUsageError`` (before any
-    episode) when it cannot start. ``stop`` (or cancelling the caller) cancels in-flight episodes."""
+    """Run and print the scan; ``ScanUsageError`` when it cannot start; ``stop`` cancels in-flight episodes."""
     console, stop = console or Console(), stop or asyncio.Event()
     prepared = _prepare(config)
     try:
@@ -275,8 +269,7 @@ async def run_scan(
 
 
 def server_problem(settings: Settings, policy_base_url: str | None, golden: bool = False) -> str | None:
-    """The scan's gate: the first server check that fails, as one sentence with its fix (blocking);
-    ``golden``: also that the server is not one ``serve`` started without ``--golden``."""
+    """The scan's gate: the first server check that fails (``golden``: also a non-golden server), with its fix."""
     target = checks.Target(settings, timeout_s=settings.connect_timeout_s, policy_base_url=policy_base_url)
     wanted: list[checks.Wanted] = ["gym answers", "run offered"]
     if policy_base_url is not None:

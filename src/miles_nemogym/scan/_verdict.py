@@ -85,8 +85,7 @@ def kind_of(outcome: Outcome) -> str:
 
 
 def golden_pair(gold: Outcome, wrong: Outcome) -> tuple[Verdict, str, str | None]:
-    """(verdict, kind, reason) of an environment row's gold and wrong episodes: infra when either was
-    set aside, failed when the gold did not pass or the wrong answer did."""
+    """(verdict, kind, reason) of an environment row's gold and wrong answers: failed unless only the gold passed."""
     if verdict_of(gold) is Verdict.infra:
         return Verdict.infra, kind_of(gold), reason_of(gold)
     if verdict_of(wrong) is Verdict.infra:

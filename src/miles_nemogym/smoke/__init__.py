@@ -1,6 +1,4 @@
-"""``miles-nemogym smoke``: the whole chain on a laptop, on SWE-bench rows (``_swe.py``) or an
-environment's shipped rows (``_environments.py``), against the scripted policy (``_policy.py``)
-playing each row's answers (``_answers.py``); a golden scan plays the same answers."""
+"""``miles-nemogym smoke``: the whole chain on a laptop, against the scripted policy (also the golden scan's)."""
 
 from miles_nemogym.smoke._answers import answers
 from miles_nemogym.smoke._environments import check_environments, run_environment_smoke

@@ -160,8 +160,7 @@ def _schedule(events: list[Mapping[str, Any]], taken: list[tuple[int, int]]) -> 
 
 
 def _calendar(row: Mapping[str, Any]) -> Answers:
-    """calendar: a schedule meeting every constraint of ``exp_cal_state``, as the JSON list its server
-    grades; wrong: the same with one event 15 minutes longer than asked."""
+    """calendar: a JSON schedule meeting ``exp_cal_state``'s constraints; wrong: one event 15 minutes longer."""
     state = row.get("exp_cal_state")
     state = json.loads(state) if isinstance(state, str) else state
     if not isinstance(state, Mapping) or not state:

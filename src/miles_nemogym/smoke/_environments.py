@@ -198,8 +198,7 @@ def run_environment_smoke(
     progress: Callable[[str], None] | None = None,
     on_episode: Callable[[str], None] | None = None,
 ) -> EnvironmentSmokeReport:
-    """Serve ``names``, play their shipped rows (``on_episode``: each one's line as it finishes),
-    stop everything; the servers' logs stay in ``state_dir``."""
+    """Serve ``names`` and play their shipped rows (``on_episode``: each line); logs stay in ``state_dir``."""
     say = progress or (lambda _line: None)
     plans = check_environments(names, judge)
     report = EnvironmentSmokeReport(plans=plans)

@@ -187,8 +187,7 @@ async def run_rows(
     on_done: Callable[[int, dict[str, Any]], None] | None = None,
     store_extra: Callable[[int, float], Mapping[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every row through the agent function at once, as Miles' ``agentic_tool_call`` calls it; ``on_done``
-    gets (position, result) as each finishes, ``store_extra`` (position, start time) its store entry's extras."""
+    """Every row through the agent function at once, as Miles' ``agentic_tool_call`` calls it."""
 
     async def one(index: int, row: dict[str, Any], url: str) -> dict[str, Any]:
         started = time.time()
@@ -258,8 +257,7 @@ def run_smoke(
     on_episode: Callable[[str], None] | None = None,
     on_running: Callable[[int], None] | None = None,
 ) -> SmokeReport:
-    """Start the server, run the rows, stop everything; the server's files stay in ``state_dir``.
-    Callbacks: ``progress`` (preparation steps), ``on_running`` (episode count), ``on_episode`` (its line)."""
+    """Serve SWE-bench rows and play them (``on_episode``: each line); the server's files stay in ``state_dir``."""
     say = progress or (lambda _line: None)
     base_settings = Settings.from_env()
     if episode_dir is not None:
