@@ -6,7 +6,6 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from types import TracebackType
 
 from rich.console import Console
 from rich.markup import escape
@@ -104,7 +103,7 @@ class ScanProgress:
             self._progress.start()
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(self, *_: object) -> None:
         if self._progress is not None:
             self._progress.stop()
 

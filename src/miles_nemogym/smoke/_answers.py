@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from miles_nemogym.smoke._policy import FINAL_ANSWER, Answer
@@ -46,12 +46,6 @@ def _exact(row: Mapping[str, Any]) -> Answers:
     return _said(gold, wrong)
 
 
-def _calls(calls: Sequence[tuple[str, Mapping[str, Any]]], one_turn: bool) -> tuple[Answer, ...]:
-    if one_turn:
-        return (Answer(tool_calls=tuple(calls)), FINAL_ANSWER)
-    return (*(Answer(tool_calls=(call,)) for call in calls), FINAL_ANSWER)
-
-
 def _expected_calls(row: Mapping[str, Any]) -> Answers:
     """xlam_fc: the calls in ``expected_answers``, made at once; wrong: none of them."""
     calls = [
@@ -61,7 +55,8 @@ def _expected_calls(row: Mapping[str, Any]) -> Answers:
     ]
     if not calls:
         return {}
-    return {GOLD: _calls(calls, one_turn=True), WRONG: (Answer(content="I will not call any tool."),)}
+    gold = (Answer(tool_calls=tuple(calls)), FINAL_ANSWER)  # every call in one turn
+    return {GOLD: gold, WRONG: (Answer(content="I will not call any tool."),)}
 
 
 def _ground_truth(row: Mapping[str, Any]) -> Answers:
@@ -81,7 +76,8 @@ def _ground_truth(row: Mapping[str, Any]) -> Answers:
         calls.append((str(call["name"]), dict(arguments)))
     if not calls:
         return {}
-    return {GOLD: _calls(calls, one_turn=False), WRONG: (Answer(content="I will not change anything."),)}
+    gold = (*(Answer(tool_calls=(call,)) for call in calls), FINAL_ANSWER)  # a call per turn
+    return {GOLD: gold, WRONG: (Answer(content="I will not change anything."),)}
 
 
 def _synonyms(row: Mapping[str, Any]) -> Answers:

@@ -10,7 +10,6 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
@@ -181,12 +180,11 @@ class RecordingPolicy:
         return [r for r in self.requests(session_id) if r.method == "POST" and r.path.endswith("/v1/chat/completions")]
 
     def _record(self, request: web.Request, body: Any) -> RecordedRequest:
-        headers = {k: v for k, v in request.headers.items() if k.lower() != "authorization"}
         record = RecordedRequest(
             session_id=request.match_info.get("session_id"),
             method=request.method,
             path=request.path,
-            headers=headers,
+            headers={k: v for k, v in request.headers.items() if k.lower() != "authorization"},
             body=body,
             authorization=request.headers.get("Authorization"),
         )
@@ -248,9 +246,7 @@ class RecordingPolicy:
     async def __aenter__(self) -> RecordingPolicy:
         return await self.start()
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def __aexit__(self, *_: object) -> None:
         await self.stop()
 
     def __enter__(self) -> RecordingPolicy:
@@ -261,15 +257,13 @@ class RecordingPolicy:
         try:
             asyncio.run_coroutine_threadsafe(self.start(), loop).result(30.0)
         except BaseException as error:
-            self.__exit__(None, None, None)
+            self.__exit__()
             if isinstance(error, TimeoutError):
                 raise RuntimeError("the recording policy did not start in time") from None
             raise
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *_: object) -> None:
         if self._thread is None or self._loop is None:
             return
         asyncio.run_coroutine_threadsafe(self.stop(), self._loop).result(30.0)
