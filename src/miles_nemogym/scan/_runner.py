@@ -344,32 +344,25 @@ async def _run_episodes(
         progress.finished(result)
 
     episodes = [asyncio.ensure_future(one(task)) for task in prepared.pending]
+    everything = asyncio.gather(*episodes)
+    waiters: set[asyncio.Future[Any]] = {everything, asyncio.ensure_future(stop.wait())}
+    if guard is not None:
+        waiters.add(asyncio.ensure_future(guard.called.wait()))
     interrupted = False
-    everything: asyncio.Future[list[None]] | None = None
     try:
         with progress:
-            if episodes:
-                everything = asyncio.gather(*episodes)
-                stopper: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
-                waiters: set[asyncio.Future[Any]] = {everything, stopper}
-                if guard is not None:
-                    waiters.add(asyncio.ensure_future(guard.called.wait()))
-                try:
-                    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for waiter in waiters - {everything}:
-                        waiter.cancel()
-                if everything.done():
-                    everything.result()  # a failure to write the results file ends the scan
-                else:
-                    interrupted = True  # by ``stop``, or by the guard
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            if everything.done():
+                everything.result()  # a failure to write the results file ends the scan
+            else:
+                interrupted = True  # by ``stop``, or by the guard
     finally:
-        for episode in episodes:
-            episode.cancel()
+        for future in [*episodes, *waiters - {everything}]:
+            future.cancel()
         if episodes:
             # Cancelled episodes close their connections; none of them writes a line.
             await asyncio.wait(episodes)
-        if everything is not None and everything.done() and not everything.cancelled():
+        if everything.done() and not everything.cancelled():
             everything.exception()  # retrieved: reported above or superseded by the cancellation
         await close_pools()
 
