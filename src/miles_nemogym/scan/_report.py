@@ -206,11 +206,7 @@ def render_summary(
     for note in notes:
         console.print(note, soft_wrap=not console.is_terminal, highlight=False)
 
-    shown = (
-        [r for r in results if r.verdict is not Verdict.passed]
-        if golden
-        else [r for r in results if r.verdict is Verdict.infra]
-    )
+    shown = [r for r in results if r.verdict is Verdict.infra or (golden and r.verdict is Verdict.failed)]
     if shown:
         if not golden:
             title = "infrastructure failures"

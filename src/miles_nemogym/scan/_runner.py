@@ -54,8 +54,7 @@ async def golden_guard(gym_url: str, external_host: str | None) -> AsyncIterator
     app.router.add_route("*", "/{path:.*}", guard._answer)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, 0)
-    await site.start()
+    await web.TCPSite(runner, host, 0).start()
     try:
         port = runner.addresses[0][1]
         guard.url = swe_run.policy_base_url(f"http://{bracket(host)}:{port}/golden-check", gym_url, external_host)

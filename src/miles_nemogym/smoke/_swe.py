@@ -106,9 +106,7 @@ class SmokeReport:
     def chain_worked(self) -> bool:
         """Every episode came back with a record, at least one a valid measurement."""
         records = [episode.record for episode in self.episodes]
-        return all(r is not None for r in records) and any(
-            record is not None and not record.mask_sample for record in records
-        )
+        return all(r is not None for r in records) and any(r is not None and not r.mask_sample for r in records)
 
     def notes(self) -> tuple[list[int | None], list[str]]:
         """Which note each episode points at, and the notes (one per distinct reason, in row order)."""
