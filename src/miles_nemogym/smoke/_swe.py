@@ -110,19 +110,14 @@ class SmokeReport:
 
     def notes(self) -> tuple[list[int | None], list[str]]:
         """Which note each episode points at, and the notes (one per distinct reason, in row order)."""
-        texts: list[str] = []
+        texts: dict[str, int] = {}  # each distinct note's number
         numbers: list[int | None] = []
         for episode in self.episodes:
             record = episode.record
-            if not episode.set_aside:
-                numbers.append(None)
-                continue
             reason = offline_note(record) or (record and record.failure_reason) or "no reason given"
             text = f"{(record and record.failure_kind) or 'no episode record'}: {reason}"
-            if text not in texts:
-                texts.append(text)
-            numbers.append(texts.index(text) + 1)
-        return numbers, texts
+            numbers.append(texts.setdefault(text, len(texts) + 1) if episode.set_aside else None)
+        return numbers, list(texts)
 
     def table(self) -> tuple[Table, list[str]]:
         """The verdict table (fits 80 columns) and its notes."""
