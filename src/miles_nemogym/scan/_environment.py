@@ -58,7 +58,7 @@ def session_base(policy_base_url: str) -> str:
 
 
 def server_problem(settings: Settings, environments: Sequence[str], policy_base_url: str | None) -> str | None:
-    """An environment scan's gate (its environments in ``NEMO_GYM_ENVS`` answer, as does an API policy)."""
+    """An environment scan's gate: its first failure (``NEMO_GYM_ENVS``, a server, the policy), with its fix."""
     missing = [name for name in environments if name not in settings.environments]
     if missing:
         configured = ", ".join(sorted(settings.environments)) or "nothing: it is unset"

@@ -52,7 +52,7 @@ def task_digest(metadata: dict[str, Any]) -> str:
 
 
 class ResultsLock:
-    """The results file, opened once (never through a link) and locked (``fd``) from before it is read to the end."""
+    """The results file, opened once (never through a link), locked (``fd``) from its read until the scan ends."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

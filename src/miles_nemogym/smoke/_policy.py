@@ -28,7 +28,7 @@ SCRIPTED_PATCH = (
     "@@ -0,0 +1 @@\n"
     "+written by the miles-nemogym scripted policy\n"
 )
-"""Applies to any repository (it adds a file): a submission is never empty, as a looking-around ``git diff`` is."""
+"""Adds one file, so it applies to any repository: ``git diff`` of a policy that only looks around submits nothing."""
 
 # Must exit 0: mini-swe-agent only accepts a submission from a successful command.
 _SUBMIT_COMMAND = f"echo {SUBMIT_MARKER}; cat <<'MILES_NEMOGYM_PATCH'\n{SCRIPTED_PATCH}MILES_NEMOGYM_PATCH"
