@@ -17,12 +17,12 @@ from miles_nemogym.data._select import InstanceIdsError, parse_instance_ids
 from miles_nemogym.episode.run import RunResponse, classify_run_response
 from miles_nemogym.scan._inputs import InputError, load_tasks, select
 from miles_nemogym.scan._report import Counts, ScanProgress, render_summary
-from miles_nemogym.scan._results import ResultLine, ResultsLock, ResultsWriter, read_results
+from miles_nemogym.scan._results import ResultLine, ResultsLock, ResultsWriter
 from miles_nemogym.scan._runner import EXIT_FAILED
 from miles_nemogym.scan._verdict import Verdict, reason_of, verdict_of
 from tests.support.environment_rows import shipped_rows
 from tests.support.fault_server import FaultServer
-from tests.support.golden_scan import golden_scan, not_passed
+from tests.support.golden_scan import golden_scan, not_passed, read_results
 from tests.support.prompt_rows import converter_rows, write_jsonl
 
 SKLEARN = "scikit-learn__scikit-learn-14141"

@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 from miles_nemogym.cli.main import app
 from miles_nemogym.data._environments import task_key, to_environment_row
 from miles_nemogym.gym.environments import plan, setting
-from miles_nemogym.scan._results import read_results
 from miles_nemogym.smoke._answers import PLAIN_ANSWER
 from miles_nemogym.smoke._policy import RecordingPolicy
 from tests.support.environment_rows import shipped_rows
+from tests.support.golden_scan import read_results
 from tests.support.gym_envs import GymEnvironments
 from tests.support.prompt_rows import write_jsonl
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 
 from miles_nemogym.scan._config import ScanConfig
-from miles_nemogym.scan._results import ResultLine
+from miles_nemogym.scan._results import ResultLine, ResultsLock
 from miles_nemogym.scan._runner import ScanResult, run_scan
 from miles_nemogym.scan._verdict import Verdict
 
@@ -31,3 +31,12 @@ def golden_scan(
 def not_passed(result: ScanResult) -> list[ResultLine]:
     """The results of ``result`` whose verdict is not ``passed``."""
     return [line for line in result.results if line.verdict is not Verdict.passed]
+
+
+def read_results(path: Path) -> dict[str, ResultLine]:
+    """The results file's lines by instance id, read as a scan reads it (under its lock)."""
+    lock = ResultsLock(path)
+    try:
+        return lock.read()
+    finally:
+        lock.release()

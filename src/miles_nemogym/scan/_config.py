@@ -27,19 +27,15 @@ class ScanConfig(BaseModel):
     limit: int | None = Field(default=None, ge=1)
     instance_ids: tuple[str, ...] | None = None
     concurrency: int = Field(default=4, ge=1)
-    timeout_s: float | None = Field(default=None, gt=0)
-    """Each episode's deadline; ``None`` keeps ``NEMO_GYM_RUN_TIMEOUT``."""
-    gym_url: str | None = None
-    """``None`` keeps ``NEMO_GYM_URL``."""
+    timeout_s: float | None = Field(default=None, gt=0)  # None keeps NEMO_GYM_RUN_TIMEOUT
+    gym_url: str | None = None  # None keeps NEMO_GYM_URL
     policy_base_url: str | None = None
     temperature: float | None = None
     top_p: float | None = Field(default=None, ge=0, le=1)
     max_tokens: int | None = Field(default=None, ge=1)
     subset: str | None = None
     split: str | None = None
-    allow_unresolved: bool = False
-    """Exit 0 even when graded episodes scored below 1.0 (API-policy scans: a model that
-    fails a task is not a broken server); infrastructure failures still exit 1."""
+    allow_unresolved: bool = False  # a model failing a task is not a broken server; infra failures still exit 1
 
     @field_validator("policy_base_url")
     @classmethod

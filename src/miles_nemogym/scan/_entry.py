@@ -19,8 +19,7 @@ from miles_nemogym.settings import Settings
 
 
 def _redact(settings: Settings, record: logging.LogRecord) -> bool:
-    """Removes the policy API key from every log record (defence in depth: nothing is
-    known to log it, but a library error message could quote a request)."""
+    """Removes the policy API key from every log record (in case a library's error quotes a request)."""
     message = record.getMessage()
     clean = settings.scrub_text(message)
     if clean != message:
@@ -76,8 +75,7 @@ async def _main(config: ScanConfig, console: Console, err: Console) -> ScanResul
 
 
 def execute(*, console: Console, err: Console, **options: Any) -> int:
-    """Run the scan ``options`` (``ScanConfig``'s fields) ask for, printing to ``console`` and ``err``;
-    its exit code."""
+    """Run the scan ``options`` (``ScanConfig``'s fields) ask for, on ``console`` and ``err``; its exit code."""
     try:
         config = ScanConfig(**options)
     except ValidationError as error:

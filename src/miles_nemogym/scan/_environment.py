@@ -1,5 +1,4 @@
-"""A scan of environment rows: each row through the agent function's own environment path, on the
-``NEMO_GYM_ENVS`` servers training will use."""
+"""A scan of environment rows, each through the agent function's environment path on the ``NEMO_GYM_ENVS`` servers."""
 
 from __future__ import annotations
 
@@ -15,15 +14,12 @@ from miles_nemogym.gym.environments import plan
 from miles_nemogym.gym.venv import GymEnvironmentError
 from miles_nemogym.scan._inputs import InputError, ScanTask
 from miles_nemogym.settings import Settings
-from miles_nemogym.smoke import RecordingPolicy, golden_answers
+from miles_nemogym.smoke import RecordingPolicy, answers
 
 __all__ = ["CHECK_SESSION", "Answers", "gold_answers", "play_golden", "server_problem", "session_base"]
 
-Answers = dict[str, tuple[Any, ...]]
-"""A row's scripted turns by answer: ``{"gold": turns, "wrong": turns}``."""
-
-CHECK_SESSION = "http://127.0.0.1:9/sessions/check"
-"""A session URL to check a golden row's episode against before the scripted policy starts."""
+Answers = dict[str, tuple[Any, ...]]  # a row's scripted turns by answer: {"gold": turns, "wrong": turns}
+CHECK_SESSION = "http://127.0.0.1:9/sessions/check"  # checks a golden row's episode before the policy starts
 
 
 def gold_answers(tasks: Sequence[ScanTask]) -> dict[str, Answers]:
@@ -38,7 +34,7 @@ def gold_answers(tasks: Sequence[ScanTask]) -> dict[str, Answers]:
         ) from None
     found: dict[str, Answers] = {}
     for task in tasks:
-        known = golden_answers(folders[task.environment], task.metadata)  # it reads only the gold fields
+        known = answers(folders[task.environment], task.metadata)  # it reads only the gold fields
         if not known:
             raise InputError(
                 f"{task.where}: task {task.instance_id}: no gold answer known for {task.environment}'s rows "
@@ -52,8 +48,7 @@ def gold_answers(tasks: Sequence[ScanTask]) -> dict[str, Answers]:
 
 
 def session_base(policy_base_url: str) -> str:
-    """The session-style base URL of an API policy (``.../v1`` without ``/v1``): the environment
-    loop posts to ``<base>/v1/chat/completions``, as to a Miles session."""
+    """An API policy's URL without ``/v1``: environment rows post to ``<base>/v1/chat/completions``, as to a session."""
     if not policy_base_url.endswith("/v1"):
         raise InputError(
             f"--policy-base-url {policy_base_url}: environment rows call <it>/chat/completions as "
@@ -63,8 +58,7 @@ def session_base(policy_base_url: str) -> str:
 
 
 def server_problem(settings: Settings, environments: Sequence[str], policy_base_url: str | None) -> str | None:
-    """The gate of an environment scan: every environment is in ``NEMO_GYM_ENVS`` and its server
-    answers (``checks``), and an API policy answers; the first failure as one sentence with its fix."""
+    """An environment scan's gate: its first failure (``NEMO_GYM_ENVS``, a server, the policy), with its fix."""
     missing = [name for name in environments if name not in settings.environments]
     if missing:
         configured = ", ".join(sorted(settings.environments)) or "nothing: it is unset"

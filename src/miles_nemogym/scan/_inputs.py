@@ -1,5 +1,4 @@
-"""Read the task rows a scan runs: converter output or raw SWE-bench / NeMo-Gym SWE rows, or
-environment rows as ``convert --env`` writes them (one kind per file)."""
+"""Read a scan's task rows: converter output, raw SWE-bench rows, or ``convert --env``'s environment rows."""
 
 from __future__ import annotations
 
@@ -23,18 +22,15 @@ class InputError(MilesNemoGymError, ValueError):
 class ScanTask:
     """One instance to scan: the ``metadata`` the agent function would receive for it."""
 
-    instance_id: str
-    """The SWE-bench instance id, or an environment row's ``nemogym_task_id``: the results' key."""
+    instance_id: str  # the SWE-bench instance id, or an environment row's nemogym_task_id
     repo: str
     metadata: dict[str, Any]
-    where: str
-    """``<file>:<line>`` (or ``<file> row <n>``), for error messages."""
-    environment: str = SWE_ENVIRONMENT
-    """``swe``, or the environment (``NEMO_GYM_ENVS`` name) an environment row belongs to."""
+    where: str  # ``<file>:<line>`` (or ``<file> row <n>``), for error messages
+    environment: str = SWE_ENVIRONMENT  # or the NEMO_GYM_ENVS name of an environment row's environment
 
 
 def _rows(path: Path) -> Iterator[tuple[str, Any]]:
-    """``(where, row)`` for each row, read by the converter's reader (:func:`data.open_file`)."""
+    """``(where, row)`` for each row, read by :func:`data.open_file`."""
     try:
         for raw in open_file(path):
             where = raw.location(str(path))
@@ -79,8 +75,7 @@ def _task_metadata(row: Any, where: str) -> tuple[str, dict[str, Any]]:
 
 
 def _environment_of(row: Mapping[str, Any]) -> str | None:
-    """The environment a row belongs to when it is not a SWE-bench row (``convert --env``'s mark,
-    or a raw NeMo-Gym task row), else None; ``"an environment"`` when the row names none."""
+    """A non-SWE row's environment (``convert --env``'s mark, or a raw NeMo-Gym row's: ``"an environment"`` unnamed)."""
     inner = row.get("metadata")
     for shape in (row, inner if isinstance(inner, Mapping) else {}):
         mark = shape.get(ENV_KEY)
@@ -161,19 +156,13 @@ def load_tasks(
 
 
 def select(tasks: list[ScanTask], instance_ids: list[str] | None, limit: int | None) -> list[ScanTask]:
-    """The tasks to scan, in input order. Unknown ids are an error: a typo would otherwise
-    shrink the scan silently."""
-    selected = tasks
+    """The tasks to scan, in input order; an unknown id is an error (a typo must not shrink the scan)."""
     if instance_ids is not None:
-        wanted = set(instance_ids)
         known = {task.instance_id for task in tasks}
         missing = [item for item in instance_ids if item not in known]
         if missing:
             shown = ", ".join(missing[:10]) + (f" (+{len(missing) - 10} more)" if len(missing) > 10 else "")
             raise InputError(f"--instance-ids: not in the input file: {shown}")
-        selected = [task for task in tasks if task.instance_id in wanted]
-    if limit is not None:
-        if limit < 1:
-            raise InputError(f"--limit {limit}: must be at least 1")
-        selected = selected[:limit]
-    return selected
+        wanted = set(instance_ids)
+        tasks = [task for task in tasks if task.instance_id in wanted]
+    return tasks[:limit]  # ScanConfig checks limit >= 1

@@ -6,7 +6,6 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from types import TracebackType
 
 from rich.console import Console
 from rich.markup import escape
@@ -55,7 +54,7 @@ class Counts:
 
 
 def _rewards_text(result: ResultLine) -> str:
-    """The reward (``reward_text``); a golden environment row's gold and wrong rewards: ``1.0 (wrong 0.0)``."""
+    """The reward; a golden environment row's gold and wrong rewards: ``1.0 (wrong 0.0)``."""
     reward = reward_text(result.reward)
     return reward if result.wrong_reward is None else f"{reward} (wrong {reward_text(result.wrong_reward)})"
 
@@ -104,7 +103,7 @@ class ScanProgress:
             self._progress.start()
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(self, *_: object) -> None:
         if self._progress is not None:
             self._progress.stop()
 
@@ -149,8 +148,7 @@ class ScanProgress:
 
 
 def _kinds(results: list[ResultLine], *, by_environment: bool) -> list[str]:
-    """``not passed, by kind: failed 3, miles_nemogym:policy_failed 1``, a line per environment
-    for environment rows (``mcqa: ...``); none when everything passed."""
+    """``not passed, by kind: failed 3, ...``, environment rows' a line per environment (``mcqa: ...``)."""
     counted: dict[str, Counter[str]] = {}
     for result in results:
         if result.verdict is not Verdict.passed:
@@ -170,8 +168,7 @@ def _seconds(value: float | None) -> str:
 def render_summary(
     console: Console, results: list[ResultLine], *, selected: int, earlier: int, golden: bool, interrupted: bool
 ) -> None:
-    """The per-repo (environment rows: per-environment) and overall table, then every instance
-    that did not pass, with its reason."""
+    """The per-repo (or per-environment) and overall table, then each instance that did not pass and why."""
     by_repo: dict[str, Counts] = {}
     overall = Counts()
     for result in results:
@@ -209,11 +206,7 @@ def render_summary(
     for note in notes:
         console.print(note, soft_wrap=not console.is_terminal, highlight=False)
 
-    shown = (
-        [r for r in results if r.verdict is not Verdict.passed]
-        if golden
-        else [r for r in results if r.verdict is Verdict.infra]
-    )
+    shown = [r for r in results if r.verdict is Verdict.infra or (golden and r.verdict is Verdict.failed)]
     if shown:
         if not golden:
             title = "infrastructure failures"

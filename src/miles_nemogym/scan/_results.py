@@ -20,9 +20,8 @@ from miles_nemogym.scan._verdict import Verdict
 __all__ = ["Mode", "ResultLine", "ResultsLock", "ResultsWriter", "task_digest"]
 
 Mode = Literal["golden", "policy", "server"]
-"""``golden``: the server applies gold patches (every reward must be 1.0); ``policy``:
-episodes driven by ``--policy-base-url``; ``server``: the server's configured model (results files
-of earlier versions only: a scan now names its model)."""
+"""``golden``: gold patches (every reward must be 1.0); ``policy``: ``--policy-base-url``'s model;
+``server``: the server's own model (older results files only)."""
 
 
 class ResultLine(BaseModel):
@@ -39,17 +38,11 @@ class ResultLine(BaseModel):
     reason: str | None = None
     mode: Mode | None = None
     finished_at: str | None = None
-    task_sha256: str | None = None
-    """:func:`task_digest` of the row this instance ran from (absent in older files)."""
-    nemogym: dict[str, Any] = Field(default_factory=dict)
-    """The episode record, exactly as the agent function stores it on a sample."""
-    eval_report: dict[str, Any] = Field(default_factory=dict)
-    """The server's result metadata: the SWE-bench report, or its error and traceback; an
-    environment row's: what its verifier answered besides the reward."""
-    environment: str | None = None
-    """An environment row's environment (``NEMO_GYM_ENVS`` name); None: a SWE-bench instance."""
-    wrong_reward: float | None = None
-    """A golden scan of environment rows: the reward of the wrong answer (``reward`` is the gold's)."""
+    task_sha256: str | None = None  # task_digest of the row it ran from (absent in older files)
+    nemogym: dict[str, Any] = Field(default_factory=dict)  # the episode record, as stored on a sample
+    eval_report: dict[str, Any] = Field(default_factory=dict)  # the server's or verifier's result metadata
+    environment: str | None = None  # an environment row's NEMO_GYM_ENVS name; None: a SWE-bench instance
+    wrong_reward: float | None = None  # a golden scan of environment rows: the wrong answer's reward
 
 
 def task_digest(metadata: dict[str, Any]) -> str:
@@ -59,8 +52,7 @@ def task_digest(metadata: dict[str, Any]) -> str:
 
 
 class ResultsLock:
-    """The results file, opened once (never through a link) and locked from before it is read until
-    the scan ends; ``fd`` the locked descriptor (read-write, not appending)."""
+    """The results file, opened once (never through a link), locked (``fd``) from its read until the scan ends."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -96,14 +88,9 @@ class ResultsLock:
             ) from None
 
     def read(self) -> dict[str, ResultLine]:
-        """:func:`read_results` of the locked file."""
-        chunks: list[bytes] = []
-        offset = 0
+        """The lines already in the locked file, by instance id."""
         try:
-            while chunk := os.pread(self.fd, 1 << 20, offset):
-                chunks.append(chunk)
-                offset += len(chunk)
-            text = b"".join(chunks).decode("utf-8")
+            text = _contents(self.fd).decode("utf-8")
         except (OSError, UnicodeDecodeError) as error:
             raise InputError(f"--output {self.path}: cannot read the results file ({error})") from None
         return _parse_results(self.path, text)
@@ -119,15 +106,10 @@ class ResultsLock:
             self.fd = -1
 
 
-def read_results(path: Path) -> dict[str, ResultLine]:
-    """The lines already in ``path`` by instance id (empty when the file does not exist)."""
-    if not path.exists():
-        return {}
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise InputError(f"--output {path}: cannot read the results file ({error})") from None
-    return _parse_results(path, text)
+def _contents(fd: int) -> bytes:
+    with open(fd, "rb", closefd=False) as file:  # writes are positioned (pwrite): the offset is free to move
+        file.seek(0)
+        return file.read()
 
 
 def _parse_results(path: Path, text: str) -> dict[str, ResultLine]:
@@ -156,24 +138,16 @@ class ResultsWriter:
 
     def __init__(self, lock: ResultsLock) -> None:
         self._fd = lock.fd
-        size = os.fstat(self._fd).st_size
-        tail = os.pread(self._fd, 1, size - 1) if size else b"\n"
-        if tail != b"\n":
-            start = max(0, size - (1 << 20))
-            while True:
-                block = os.pread(self._fd, size - start, start)
-                cut = block.rfind(b"\n")
-                if cut >= 0 or start == 0:
-                    break
-                start = max(0, start - (1 << 20))
-            line_start = start + cut + 1
+        self._end = os.fstat(self._fd).st_size
+        if self._end and os.pread(self._fd, 1, self._end - 1) != b"\n":
+            data = _contents(self._fd)
+            line_start = data.rfind(b"\n") + 1
             try:  # a whole result missing only its newline was read as finished: keep it
-                ResultLine.model_validate_json(os.pread(self._fd, size - line_start, line_start))
-                size += os.pwrite(self._fd, b"\n", size)
+                ResultLine.model_validate_json(data[line_start:])
+                self._end += os.pwrite(self._fd, b"\n", self._end)
             except ValidationError:  # the torn line a crash left (``read`` ignored it too)
-                size = line_start
-                os.ftruncate(self._fd, size)
-        self._end = size
+                self._end = line_start
+                os.ftruncate(self._fd, line_start)
 
     def write(self, result: ResultLine) -> None:
         if result.finished_at is None:

@@ -1,6 +1,4 @@
-"""Run a scan: every selected instance through ``runtime.deliver``, as training does: each row's
-episode from ``agent.ScanEpisodes`` (a SWE row's ``/run`` body, an environment row's episode; a
-golden environment row's in ``scan/_environment.py``)."""
+"""Run a scan: each selected row's episode from ``agent.ScanEpisodes``, run as training runs it."""
 
 from __future__ import annotations
 
@@ -34,21 +32,11 @@ __all__ = ["EXIT_USAGE", "ScanResult", "ScanUsageError", "run_scan"]
 
 @dataclass
 class GoldenGuard:
-    """A golden scan's check that the server is golden: a policy endpoint no golden server calls.
-
-    ``url``: the ``policy_base_url`` to send; ``called`` is set by the first request to it."""
+    """A policy endpoint (``url``) no golden server calls; ``called`` is set by the first request to it."""
 
     url: str = ""
     called: asyncio.Event = field(default_factory=asyncio.Event)
     request_line: str = ""
-
-    def problem(self, run_url: str) -> str:
-        """What the scan says when ``called``: the server is not golden, and the fix."""
-        return (
-            f"{run_url} is not a golden server: its /run called a model ({self.request_line} on the check endpoint "
-            "a golden scan sends as policy_base_url), so it plays the task with a model instead of applying the "
-            "gold patch; restart it with `miles-nemogym serve --golden` (or scan a policy with --policy-base-url)"
-        )
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         if not self.called.is_set():
@@ -59,17 +47,14 @@ class GoldenGuard:
 
 @asynccontextmanager
 async def golden_guard(gym_url: str, external_host: str | None) -> AsyncIterator[GoldenGuard]:
-    """A :class:`GoldenGuard` listening until the block ends: on loopback for a server on this
-    machine, else on every interface, its URL's host the address that routes to the Gym host
-    (or ``MILES_ROUTER_EXTERNAL_HOST``)."""
+    """A :class:`GoldenGuard` on loopback for a local server, else on every interface (its URL routable)."""
     guard = GoldenGuard()
     host = "127.0.0.1" if is_loopback(urlsplit(gym_url).hostname or "") and not external_host else "0.0.0.0"
     app = web.Application()
     app.router.add_route("*", "/{path:.*}", guard._answer)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, 0)
-    await site.start()
+    await web.TCPSite(runner, host, 0).start()
     try:
         port = runner.addresses[0][1]
         guard.url = swe_run.policy_base_url(f"http://{bracket(host)}:{port}/golden-check", gym_url, external_host)
@@ -81,8 +66,7 @@ async def golden_guard(gym_url: str, external_host: str | None) -> AsyncIterator
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
-"""128 + SIGINT, the shell's convention for a run stopped by Ctrl-C."""
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
 
 
 class ScanUsageError(MilesNemoGymError, ValueError):
@@ -95,8 +79,7 @@ class ScanResult:
 
     config: ScanConfig
     selected: list[ScanTask]
-    results: list[ResultLine]
-    """One per selected instance that has a result, earlier runs' included, in input order."""
+    results: list[ResultLine]  # one per selected instance with a result (earlier runs' too), in input order
     interrupted: bool
 
     @property
@@ -115,21 +98,16 @@ class ScanResult:
 class _Prepared:
     settings: Settings
     selected: list[ScanTask]
-    pending: list[ScanTask]
-    """The selected instances without a result yet: the ones this scan runs."""
+    pending: list[ScanTask]  # the selected instances without a result yet
     earlier: dict[str, ResultLine]
     digests: dict[str, str]
     lock: ResultsLock | None
-    bodies: dict[str, Callable[[], Awaitable[Outcome]]]
-    """Each pending instance's episode (a SWE row's ``/run`` body), built once before the first
-    episode; a golden environment row's two are built as they are played."""
-    gold: dict[str, environment_scan.Answers]
-    """A golden scan of environment rows: each pending row's gold and wrong answer."""
+    bodies: dict[str, Callable[[], Awaitable[Outcome]]]  # built before the first episode (not golden env rows')
+    gold: dict[str, environment_scan.Answers]  # a golden scan of environment rows: each row's gold and wrong
     episodes: ScanEpisodes
 
     @property
     def environments(self) -> list[str]:
-        """The environments of an environment scan's rows (empty for SWE rows)."""
         return sorted({task.environment for task in self.selected} - {SWE_ENVIRONMENT})
 
 
@@ -138,18 +116,18 @@ def _prepare(config: ScanConfig) -> _Prepared:
     problems = usage_problems(config)
     if problems:
         raise ScanUsageError("; ".join(problems))
+    lock = None
     try:
         settings = scan_settings(config)
         tasks = load_tasks(config.input_path, subset=config.subset, split=config.split, golden=config.golden)
         selected = select(tasks, list(config.instance_ids) if config.instance_ids else None, config.limit)
         lock = ResultsLock(config.output_path) if config.output_path else None
-    except (SettingsError, InputError) as error:
-        raise ScanUsageError(redact_urls(str(error))) from None  # a settings error quotes the bad URL
-    try:
         return _prepare_locked(config, settings, tasks, selected, lock)
-    except BaseException:
+    except BaseException as error:
         if lock is not None:
             lock.release()
+        if isinstance(error, SettingsError | InputError):
+            raise ScanUsageError(redact_urls(str(error))) from None  # a settings error quotes the bad URL
         raise
 
 
@@ -177,10 +155,7 @@ def _foreign_results(config: ScanConfig, earlier: dict[str, ResultLine], digests
 def _prepare_locked(
     config: ScanConfig, settings: Settings, tasks: list[ScanTask], selected: list[ScanTask], lock: ResultsLock | None
 ) -> _Prepared:
-    try:
-        earlier = lock.read() if lock is not None else {}
-    except InputError as error:
-        raise ScanUsageError(str(error)) from None
+    earlier = lock.read() if lock is not None else {}  # an InputError: _prepare says it
     digests = {task.instance_id: task_digest(task.metadata) for task in tasks}
     if earlier and not config.resume:
         raise ScanUsageError(
@@ -204,8 +179,9 @@ def _prepare_locked(
     except RequestError as error:
         raise ScanUsageError(f"the sampling flags cannot be sent: {error}") from None
     pending = [task for task in selected if task.instance_id not in earlier]
-    environment_rows = bool(tasks) and tasks[0].environment != SWE_ENVIRONMENT
+    environment_rows = tasks[0].environment != SWE_ENVIRONMENT
     gold: dict[str, environment_scan.Answers] = {}
+    base = config.policy_base_url  # an environment row's: the session URL its episode is checked against
     if environment_rows:
         try:
             if config.golden:
@@ -219,31 +195,21 @@ def _prepare_locked(
     bodies: dict[str, Callable[[], Awaitable[Outcome]]] = {}
     for task in pending:  # a row that cannot form a body fails now, not as a masked episode later
         try:
-            if not environment_rows:
-                bodies[task.instance_id] = episodes.episode(
-                    task.metadata,
-                    task.environment,
-                    config.policy_base_url,
-                    settings,
-                    send_api_key=config.policy_base_url is not None,
-                )
-                continue
-            episode = episodes.episode(task.metadata, task.environment, base, settings)
-            if not config.golden:
-                bodies[task.instance_id] = episode
+            episode = episodes.episode(task.metadata, task.environment, base, settings, send_api_key=base is not None)
         except RequestError as error:
             what = "task" if environment_rows else "instance"
             raise ScanUsageError(f"{task.where}: {what} {task.instance_id}: {error}") from None
         except SettingsError:  # not in NEMO_GYM_ENVS: the gate says so, naming every one missing
             continue
+        if not gold:
+            bodies[task.instance_id] = episode
     return _Prepared(settings, selected, pending, earlier, digests, lock, bodies, gold, episodes)
 
 
 def _result_line(
     task: ScanTask, outcome: Outcome, seconds: float, config: ScanConfig, digest: str, wrong: Outcome | None = None
 ) -> ResultLine:
-    """One instance's line; ``wrong``: a golden environment row's wrong-answer episode (``outcome``
-    is its gold's)."""
+    """One instance's line; ``wrong``: a golden environment row's wrong answer (``outcome`` its gold)."""
     if wrong is None:
         verdict, kind, reason = verdict_of(outcome), kind_of(outcome), reason_of(outcome)
     else:
@@ -269,21 +235,40 @@ def _result_line(
 async def run_scan(
     config: ScanConfig, *, console: Console | None = None, stop: asyncio.Event | None = None
 ) -> ScanResult:
-    """Run the scan ``config`` describes, printing progress and summary; ``ScanUsageError``
-    (before any episode) when it cannot start. ``stop`` cancels in-flight episodes and
-    returns ``interrupted``; cancelling the caller does the same, then propagates."""
-    console = console or Console()
+    """Run and print the scan; ``ScanUsageError`` when it cannot start; ``stop`` cancels in-flight episodes."""
+    console, stop = console or Console(), stop or asyncio.Event()
     prepared = _prepare(config)
     try:
-        return await _run_prepared(config, prepared, console, stop or asyncio.Event())
+        if prepared.pending:
+            if prepared.environments:
+                problem = await asyncio.to_thread(
+                    environment_scan.server_problem, prepared.settings, prepared.environments, config.policy_base_url
+                )
+            else:
+                problem = await asyncio.to_thread(
+                    server_problem, prepared.settings, config.policy_base_url, config.golden
+                )
+            if problem is not None:
+                raise ScanUsageError(problem)
+        if prepared.gold:
+            with RecordingPolicy(look_around_turns=0) as policy:
+                return await _run_episodes(config, prepared, console, stop, policy)
+        if config.golden and prepared.pending and not prepared.environments:
+            settings = prepared.settings
+            async with golden_guard(settings.gym_url, settings.external_host) as guard:
+                for task in prepared.pending:  # each /run names the guard as its policy: a golden server never calls it
+                    prepared.bodies[task.instance_id] = prepared.episodes.episode(
+                        task.metadata, task.environment, guard.url, settings
+                    )
+                return await _run_episodes(config, prepared, console, stop, None, guard)
+        return await _run_episodes(config, prepared, console, stop, None)
     finally:
         if prepared.lock is not None:
             prepared.lock.release()  # after the last result was written: the results file is complete
 
 
 def server_problem(settings: Settings, policy_base_url: str | None, golden: bool = False) -> str | None:
-    """The scan's gate: the first server check that fails, as one sentence with its fix (blocking);
-    ``golden``: also that the server is not one ``serve`` started without ``--golden``."""
+    """The scan's gate: the first server check that fails (``golden``: also a non-golden server), with its fix."""
     target = checks.Target(settings, timeout_s=settings.connect_timeout_s, policy_base_url=policy_base_url)
     wanted: list[checks.Wanted] = ["gym answers", "run offered"]
     if policy_base_url is not None:
@@ -298,30 +283,6 @@ def server_problem(settings: Settings, policy_base_url: str | None, golden: bool
         return None
     hint = ", or scan a golden server with --golden" if key == "policy field" else ""
     return f"{failed.detail}; {failed.fix}{hint}"
-
-
-async def _run_prepared(config: ScanConfig, prepared: _Prepared, console: Console, stop: asyncio.Event) -> ScanResult:
-    if prepared.pending:
-        if prepared.environments:
-            problem = await asyncio.to_thread(
-                environment_scan.server_problem, prepared.settings, prepared.environments, config.policy_base_url
-            )
-        else:
-            problem = await asyncio.to_thread(server_problem, prepared.settings, config.policy_base_url, config.golden)
-        if problem is not None:
-            raise ScanUsageError(problem)
-    if prepared.gold:
-        with RecordingPolicy(look_around_turns=0) as policy:
-            return await _run_episodes(config, prepared, console, stop, policy)
-    if config.golden and prepared.pending and not prepared.environments:
-        settings = prepared.settings
-        async with golden_guard(settings.gym_url, settings.external_host) as guard:
-            for task in prepared.pending:  # each /run names the guard as its policy: a golden server never calls it
-                prepared.bodies[task.instance_id] = prepared.episodes.episode(
-                    task.metadata, task.environment, guard.url, settings
-                )
-            return await _run_episodes(config, prepared, console, stop, None, guard)
-    return await _run_episodes(config, prepared, console, stop, None)
 
 
 async def _run_episodes(
@@ -382,40 +343,34 @@ async def _run_episodes(
         progress.finished(result)
 
     episodes = [asyncio.ensure_future(one(task)) for task in prepared.pending]
-    interrupted = refused = False
-    everything: asyncio.Future[list[None]] | None = None
+    everything = asyncio.gather(*episodes)
+    waiters: set[asyncio.Future[Any]] = {everything, asyncio.ensure_future(stop.wait())}
+    if guard is not None:
+        waiters.add(asyncio.ensure_future(guard.called.wait()))
+    interrupted = False
     try:
         with progress:
-            if episodes:
-                everything = asyncio.gather(*episodes)
-                stopper: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
-                waiters: set[asyncio.Future[Any]] = {everything, stopper}
-                if guard is not None:
-                    waiters.add(asyncio.ensure_future(guard.called.wait()))
-                try:
-                    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    for waiter in waiters - {everything}:
-                        waiter.cancel()
-                if everything.done():
-                    everything.result()  # a failure to write the results file ends the scan
-                elif guard is not None and guard.called.is_set():
-                    refused = True
-                else:
-                    interrupted = True
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            if everything.done():
+                everything.result()  # a failure to write the results file ends the scan
+            else:
+                interrupted = True  # by ``stop``, or by the guard
     finally:
-        for episode in episodes:
-            episode.cancel()
+        for future in [*episodes, *waiters - {everything}]:
+            future.cancel()
         if episodes:
             # Cancelled episodes close their connections; none of them writes a line.
             await asyncio.wait(episodes)
-        if everything is not None and everything.done() and not everything.cancelled():
+        if everything.done() and not everything.cancelled():
             everything.exception()  # retrieved: reported above or superseded by the cancellation
         await close_pools()
 
-    if refused:
-        assert guard is not None
-        raise ScanUsageError(guard.problem(where))
+    if interrupted and guard is not None and guard.called.is_set():
+        raise ScanUsageError(
+            f"{where} is not a golden server: its /run called a model ({guard.request_line} on the check endpoint "
+            "a golden scan sends as policy_base_url), so it plays the task with a model instead of applying the "
+            "gold patch; restart it with `miles-nemogym serve --golden` (or scan a policy with --policy-base-url)"
+        )
     results = [finished[task.instance_id] for task in prepared.selected if task.instance_id in finished]
     render_summary(
         console,

@@ -40,8 +40,7 @@ def _failing(report: dict[str, Any], category: str) -> str | None:
     return f"{category} {len(failing)}/{total} failing: {names}{more}"
 
 
-WRONG_ANSWER_PASSED = "wrong_answer_passed"
-"""A golden environment scan's kind for a row whose wrong answer passed: the verifier passes it."""
+WRONG_ANSWER_PASSED = "wrong_answer_passed"  # a golden environment row whose wrong answer passed
 
 
 def _graded_reason(outcome: Outcome) -> str:
@@ -76,8 +75,7 @@ def reason_of(outcome: Outcome) -> str | None:
 
 
 def kind_of(outcome: Outcome) -> str:
-    """The short label of the per-instance line: ``-``, the failure kind (or a valid record's
-    status), else ``unresolved`` or ``failed``."""
+    """The line's label: ``-``, the failure kind (or a valid record's status), ``unresolved`` or ``failed``."""
     verdict = verdict_of(outcome)
     if verdict is Verdict.passed:
         return "-"
@@ -87,9 +85,7 @@ def kind_of(outcome: Outcome) -> str:
 
 
 def golden_pair(gold: Outcome, wrong: Outcome) -> tuple[Verdict, str, str | None]:
-    """(verdict, kind, reason) of an environment row whose gold and wrong answer were played:
-    infra when either episode was set aside, failed when the gold did not pass or the wrong
-    answer did."""
+    """(verdict, kind, reason) of an environment row's gold and wrong answers: failed unless only the gold passed."""
     if verdict_of(gold) is Verdict.infra:
         return Verdict.infra, kind_of(gold), reason_of(gold)
     if verdict_of(wrong) is Verdict.infra:

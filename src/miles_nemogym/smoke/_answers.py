@@ -4,24 +4,20 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from miles_nemogym.smoke._policy import FINAL_ANSWER, Answer
 
-__all__ = ["GOLD", "WRONG", "Answers", "answers", "golden_answers"]
+__all__ = ["GOLD", "WRONG", "Answers", "answers"]
 
-Answers = dict[str, tuple[Answer, ...]]
-"""``{"gold": turns, "wrong": turns}``; empty when the row carries no gold."""
-
-GOLD, WRONG, PLAIN = "gold", "wrong", "plain"
-"""The answers smoke plays: the row's gold, a wrong one, or (no gold known) one plain reply."""
+Answers = dict[str, tuple[Answer, ...]]  # {"gold": turns, "wrong": turns}; empty when the row carries no gold
+GOLD, WRONG, PLAIN = "gold", "wrong", "plain"  # PLAIN: one plain reply, when no gold is known
 
 PLAIN_ANSWER = (Answer(content="This is the miles-nemogym scripted smoke policy: it does not know the answer."),)
 
 
 def _said(gold: str, wrong: str) -> Answers:
-    """A gold and a wrong answer of one message each."""
     return {GOLD: (Answer(content=gold),), WRONG: (Answer(content=wrong),)}
 
 
@@ -50,12 +46,6 @@ def _exact(row: Mapping[str, Any]) -> Answers:
     return _said(gold, wrong)
 
 
-def _calls(calls: Sequence[tuple[str, Mapping[str, Any]]], one_turn: bool) -> tuple[Answer, ...]:
-    if one_turn:
-        return (Answer(tool_calls=tuple(calls)), FINAL_ANSWER)
-    return (*(Answer(tool_calls=(call,)) for call in calls), FINAL_ANSWER)
-
-
 def _expected_calls(row: Mapping[str, Any]) -> Answers:
     """xlam_fc: the calls in ``expected_answers``, made at once; wrong: none of them."""
     calls = [
@@ -65,12 +55,12 @@ def _expected_calls(row: Mapping[str, Any]) -> Answers:
     ]
     if not calls:
         return {}
-    return {GOLD: _calls(calls, one_turn=True), WRONG: (Answer(content="I will not call any tool."),)}
+    gold = (Answer(tool_calls=tuple(calls)), FINAL_ANSWER)  # every call in one turn
+    return {GOLD: gold, WRONG: (Answer(content="I will not call any tool."),)}
 
 
 def _ground_truth(row: Mapping[str, Any]) -> Answers:
-    """workplace_assistant: the state after ``ground_truth``'s calls is graded; wrong: no call,
-    which leaves the state as it was (no answer when the truth is to change nothing)."""
+    """workplace_assistant: the state after ``ground_truth``'s calls is graded; wrong: no call (none if none is due)."""
     calls = []
     for call in row.get("ground_truth") or []:
         if not isinstance(call, Mapping) or not isinstance(call.get("name"), str):
@@ -86,7 +76,8 @@ def _ground_truth(row: Mapping[str, Any]) -> Answers:
         calls.append((str(call["name"]), dict(arguments)))
     if not calls:
         return {}
-    return {GOLD: _calls(calls, one_turn=False), WRONG: (Answer(content="I will not change anything."),)}
+    gold = (*(Answer(tool_calls=(call,)) for call in calls), FINAL_ANSWER)  # a call per turn
+    return {GOLD: gold, WRONG: (Answer(content="I will not change anything."),)}
 
 
 def _synonyms(row: Mapping[str, Any]) -> Answers:
@@ -165,8 +156,7 @@ def _schedule(events: list[Mapping[str, Any]], taken: list[tuple[int, int]]) -> 
 
 
 def _calendar(row: Mapping[str, Any]) -> Answers:
-    """calendar: a schedule meeting every constraint of ``exp_cal_state``, as the JSON list its
-    server grades; wrong: the same with one event 15 minutes longer (its duration no longer the asked one)."""
+    """calendar: a JSON schedule meeting ``exp_cal_state``'s constraints; wrong: one event 15 minutes longer."""
     state = row.get("exp_cal_state")
     state = json.loads(state) if isinstance(state, str) else state
     if not isinstance(state, Mapping) or not state:
@@ -205,7 +195,7 @@ _RULES: dict[str, Callable[[Mapping[str, Any]], Answers]] = {
 
 
 def answers(server: str, row: Mapping[str, Any]) -> Answers:
-    """The gold and wrong answers of ``row`` of resources server ``server``; ``{}`` when unknown."""
+    """The gold and wrong answers (in that order) of ``row`` of resources server ``server``; ``{}`` when unknown."""
     rule = _RULES.get(server)
     if rule is None:
         return {}
@@ -213,9 +203,3 @@ def answers(server: str, row: Mapping[str, Any]) -> Answers:
         return rule(row)
     except (KeyError, TypeError, ValueError):  # a row of another shape than the shipped ones
         return {}
-
-
-def golden_answers(server: str, row: Mapping[str, Any]) -> Answers:
-    """``row``'s gold and wrong answers (in that order) when both are known, else ``{}``."""
-    known = answers(server, row)
-    return {GOLD: known[GOLD], WRONG: known[WRONG]} if GOLD in known and WRONG in known else {}

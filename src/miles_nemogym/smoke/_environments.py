@@ -1,5 +1,4 @@
-"""``miles-nemogym smoke --env NAME``: an environment's shipped rows end to end, no GPU, and
-how its report reads (a line per finished episode, a table per environment, its JSON)."""
+"""``miles-nemogym smoke --env NAME``: an environment's shipped rows end to end, no GPU, and its report."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ from miles_nemogym.store.views import count_text, reward_text, verdict
 
 __all__ = ["EnvironmentEpisode", "EnvironmentSmokeReport", "check_environments", "run_environment_smoke"]
 
-MODEL = "model"
-"""The answer label of an episode a real model played (``--policy-base-url``)."""
+MODEL = "model"  # the answer label of an episode a real model played (--policy-base-url)
 
 _SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 1024, "seed": 1234}
 
@@ -39,8 +37,7 @@ class EnvironmentEpisode:
 
     environment: str
     task_id: str
-    answer: str
-    """``gold``, ``wrong``, ``plain`` (the rows carry no gold) or ``model``."""
+    answer: str  # gold, wrong, plain (the rows carry no gold) or model
     result: dict[str, Any]
     policy_calls: int | None = None
 
@@ -159,8 +156,7 @@ class EnvironmentSmokeReport:
 
 
 def shipped_rows(environment: EnvironmentPlan, limit: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """The first ``limit`` example rows the wheel ships for the environment: each as shipped and
-    as ``convert --env`` writes it."""
+    """The environment's first ``limit`` shipped rows, each as shipped and as ``convert --env`` writes it."""
     text = environment.rows_text()
     if text is None:
         raise GymEnvironmentError(
@@ -183,7 +179,7 @@ def shipped_rows(environment: EnvironmentPlan, limit: int) -> list[tuple[dict[st
 
 
 def check_environments(names: Sequence[str], judge: Judge | None = None) -> list[EnvironmentPlan]:
-    """The plans of ``names``, or ``GymEnvironmentError`` naming each that smoke cannot run."""
+    """The plans of ``names``; ``GymEnvironmentError`` naming each that smoke cannot run."""
     plans = plan(names)
     refused = refusals(plans, judge)
     if refused:
@@ -202,8 +198,7 @@ def run_environment_smoke(
     progress: Callable[[str], None] | None = None,
     on_episode: Callable[[str], None] | None = None,
 ) -> EnvironmentSmokeReport:
-    """Serve ``names``, play their shipped rows (``on_episode``: each one's line as it finishes),
-    stop everything; the servers' logs stay in ``state_dir``."""
+    """Serve ``names`` and play their shipped rows (``on_episode``: each line); logs stay in ``state_dir``."""
     say = progress or (lambda _line: None)
     plans = check_environments(names, judge)
     report = EnvironmentSmokeReport(plans=plans)

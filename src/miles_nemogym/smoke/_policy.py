@@ -10,7 +10,6 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
@@ -29,9 +28,7 @@ SCRIPTED_PATCH = (
     "@@ -0,0 +1 @@\n"
     "+written by the miles-nemogym scripted policy\n"
 )
-"""A patch that applies to any repository (it adds one file), so a submission is never
-empty. ``git diff`` would submit nothing: the ``local`` sandbox's workspace is an empty
-folder and a container's /testbed is unchanged by a policy that only looks around."""
+"""Adds one file, so it applies to any repository: ``git diff`` of a policy that only looks around submits nothing."""
 
 # Must exit 0: mini-swe-agent only accepts a submission from a successful command.
 _SUBMIT_COMMAND = f"echo {SUBMIT_MARKER}; cat <<'MILES_NEMOGYM_PATCH'\n{SCRIPTED_PATCH}MILES_NEMOGYM_PATCH"
@@ -39,17 +36,14 @@ _SUBMIT_COMMAND = f"echo {SUBMIT_MARKER}; cat <<'MILES_NEMOGYM_PATCH'\n{SCRIPTED
 
 @dataclass(frozen=True)
 class RecordedRequest:
-    """One request the policy received."""
+    """One request the policy received: ``body`` parsed as JSON (else its text), ``Authorization`` apart."""
 
     session_id: str | None
     method: str
     path: str
     headers: dict[str, str]
-    """All headers except ``Authorization`` (see ``authorization``)."""
     body: Any
-    """The parsed JSON body, or the raw text when it was not JSON."""
-    authorization: str | None = field(default=None, repr=False)
-    """The ``Authorization`` header as sent (a secret: never printed by ``repr``)."""
+    authorization: str | None = field(default=None, repr=False)  # a secret: never printed by repr
 
 
 @dataclass(frozen=True)
@@ -60,8 +54,7 @@ class Answer:
     tool_calls: tuple[tuple[str, Mapping[str, Any]], ...] = ()
 
 
-FINAL_ANSWER = Answer(content="Done.")
-"""What a session with ``answers`` says once they are played: no tool call, so the loop ends."""
+FINAL_ANSWER = Answer(content="Done.")  # said once a session's answers are played: no tool call ends the loop
 
 
 @dataclass(frozen=True)
@@ -69,8 +62,7 @@ class Script:
     """How the policy answers in one session."""
 
     look_around_turns: int = 2
-    answers: tuple[Answer, ...] = ()
-    """Turns to play instead of the bash script (then ``FINAL_ANSWER``)."""
+    answers: tuple[Answer, ...] = ()  # turns to play instead of the bash script (then FINAL_ANSWER)
 
     def command_for_turn(self, turn: int) -> str:
         return _LOOK_AROUND[turn % len(_LOOK_AROUND)] if turn < self.look_around_turns else _SUBMIT_COMMAND
@@ -188,12 +180,11 @@ class RecordingPolicy:
         return [r for r in self.requests(session_id) if r.method == "POST" and r.path.endswith("/v1/chat/completions")]
 
     def _record(self, request: web.Request, body: Any) -> RecordedRequest:
-        headers = {k: v for k, v in request.headers.items() if k.lower() != "authorization"}
         record = RecordedRequest(
             session_id=request.match_info.get("session_id"),
             method=request.method,
             path=request.path,
-            headers=headers,
+            headers={k: v for k, v in request.headers.items() if k.lower() != "authorization"},
             body=body,
             authorization=request.headers.get("Authorization"),
         )
@@ -255,9 +246,7 @@ class RecordingPolicy:
     async def __aenter__(self) -> RecordingPolicy:
         return await self.start()
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def __aexit__(self, *_: object) -> None:
         await self.stop()
 
     def __enter__(self) -> RecordingPolicy:
@@ -268,15 +257,13 @@ class RecordingPolicy:
         try:
             asyncio.run_coroutine_threadsafe(self.start(), loop).result(30.0)
         except BaseException as error:
-            self.__exit__(None, None, None)
+            self.__exit__()
             if isinstance(error, TimeoutError):
                 raise RuntimeError("the recording policy did not start in time") from None
             raise
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *_: object) -> None:
         if self._thread is None or self._loop is None:
             return
         asyncio.run_coroutine_threadsafe(self.stop(), self._loop).result(30.0)

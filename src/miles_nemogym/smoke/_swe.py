@@ -1,5 +1,4 @@
-"""``miles-nemogym smoke``: the whole chain on a laptop, no GPU and no Docker, and how its
-report reads (one line per finished episode, the verdict table, its JSON)."""
+"""``miles-nemogym smoke``: the whole chain on a laptop, no GPU and no Docker, and its report (lines, table, JSON)."""
 
 from __future__ import annotations
 
@@ -35,9 +34,8 @@ __all__ = ["SmokeEpisode", "SmokeReport", "expected_offline", "run_smoke"]
 # What Miles' rollout would pass as request_kwargs (already renamed to OpenAI names).
 _SMOKE_SAMPLING: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 1024, "top_k": 50, "seed": 1234}
 
+# Repos whose SWE-bench eval script (swebench 4.1.0) downloads test requirements: offline, they are set aside.
 _NEEDS_NETWORK_REPOS = frozenset({"django/django", "pylint-dev/pylint"})
-"""Repos whose SWE-bench eval script (swebench 4.1.0) downloads test requirements from
-GitHub while it is built: without network those episodes are set aside."""
 
 
 def expected_offline(repos: Sequence[str]) -> list[int]:
@@ -57,12 +55,10 @@ class SmokeEpisode:
     instance_id: str
     repo: str
     result: dict[str, Any]
-    policy_requests: int | None
-    """Chat requests the recording policy received on this episode's session (None with a real endpoint)."""
+    policy_requests: int | None  # chat requests on its scripted session (None with a real endpoint)
 
     @property
     def record(self) -> EpisodeRecord | None:
-        """The episode record in the agent function's result, if it holds one."""
         return read_record(self.result).record
 
     @property
@@ -72,7 +68,6 @@ class SmokeEpisode:
 
     @property
     def verdict(self) -> str:
-        """The episode's verdict word as the episode store's views name it (``store.views.verdict``)."""
         record = self.record
         if record is None:
             return "no record"
@@ -103,36 +98,26 @@ class SmokeReport:
     data_path: Path | None = None
     results_dir: Path | None = None
     server_log: Path | None = None
-    episode_dir: Path | None = None
-    """The episode store the run wrote (``miles-nemogym episodes`` reads it); None: none."""
-    step: int | None = None
-    """The train step this run's episodes are filed under in ``episode_dir``."""
-    store_errors: int = 0
-    """Episodes or seals the store could not write."""
+    episode_dir: Path | None = None  # the episode store the run wrote
+    step: int | None = None  # the train step its episodes are filed under there
+    store_errors: int = 0  # episodes or seals the store could not write
 
     @property
     def chain_worked(self) -> bool:
-        """Every episode came back with a record, and at least one is a valid measurement."""
+        """Every episode came back with a record, at least one a valid measurement."""
         records = [episode.record for episode in self.episodes]
-        return all(r is not None for r in records) and any(
-            record is not None and not record.mask_sample for record in records
-        )
+        return all(r is not None for r in records) and any(r is not None and not r.mask_sample for r in records)
 
     def notes(self) -> tuple[list[int | None], list[str]]:
         """Which note each episode points at, and the notes (one per distinct reason, in row order)."""
-        texts: list[str] = []
+        texts: dict[str, int] = {}  # each distinct note's number
         numbers: list[int | None] = []
         for episode in self.episodes:
             record = episode.record
-            if not episode.set_aside:
-                numbers.append(None)
-                continue
             reason = offline_note(record) or (record and record.failure_reason) or "no reason given"
             text = f"{(record and record.failure_kind) or 'no episode record'}: {reason}"
-            if text not in texts:
-                texts.append(text)
-            numbers.append(texts.index(text) + 1)
-        return numbers, texts
+            numbers.append(texts.setdefault(text, len(texts) + 1) if episode.set_aside else None)
+        return numbers, list(texts)
 
     def table(self) -> tuple[Table, list[str]]:
         """The verdict table (fits 80 columns) and its notes."""
@@ -187,19 +172,13 @@ class SmokeReport:
         }
 
 
-EpisodeDone = Callable[[int, dict[str, Any]], None]
-"""Called with (row position, agent result) as each episode finishes."""
-StoreExtra = Callable[[int, float], Mapping[str, Any]]
-"""Called with (row position, episode start time) as an episode is stored: the entry's extra fields."""
-
-
 async def run_rows(
     rows: Sequence[dict[str, Any]],
     session_urls: Sequence[str],
     sampling: dict[str, Any],
     settings: Settings,
-    on_done: EpisodeDone | None = None,
-    store_extra: StoreExtra | None = None,
+    on_done: Callable[[int, dict[str, Any]], None] | None = None,
+    store_extra: Callable[[int, float], Mapping[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every row through the agent function at once, as Miles' ``agentic_tool_call`` calls it."""
 
@@ -233,8 +212,7 @@ async def run_rows(
 
 
 def _server_trajectory(results_dir: Path, instance_id: str, since: float) -> Path | None:
-    """The newest trajectory file ``mini_swe_agent_2`` wrote for ``instance_id`` since ``since``, if any:
-    ``<subset>/<model>/<id>/<id>_<time>_<uuid>.traj.json`` (nemo-gym 0.7.0, the id lower-cased)."""
+    """The newest ``<subset>/<model>/<id>/<id>_<time>_<uuid>.traj.json`` since ``since`` (nemo-gym 0.7.0)."""
     name = instance_id.lower()
     found = []
     for path in results_dir.rglob(f"{name}_*.traj.json"):
@@ -248,8 +226,7 @@ def _server_trajectory(results_dir: Path, instance_id: str, since: float) -> Pat
 
 
 def file_as_step(episode_dir: Path) -> tuple[int, int]:
-    """Seal this run's episodes as the store's next train step (0 when new) and close the store:
-    (the step, the episodes or seals it could not write)."""
+    """Seal this run's episodes as the store's next train step (0 when new), close the store: (step, write errors)."""
     steps = [e.step for e in load(episode_dir).episodes if e.role == "train" and e.step is not None]
     step = max(steps, default=-1) + 1
     current().stores.seal_all("train", step)
@@ -273,8 +250,7 @@ def run_smoke(
     on_episode: Callable[[str], None] | None = None,
     on_running: Callable[[int], None] | None = None,
 ) -> SmokeReport:
-    """Start the server, run the rows, stop everything; the server's files stay in ``state_dir``.
-    Callbacks: ``progress`` (preparation steps), ``on_running`` (episode count), ``on_episode`` (its line)."""
+    """Serve SWE-bench rows and play them (``on_episode``: each line); the server's files stay in ``state_dir``."""
     say = progress or (lambda _line: None)
     base_settings = Settings.from_env()
     if episode_dir is not None:
