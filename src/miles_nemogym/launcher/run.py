@@ -85,7 +85,7 @@ _DESCRIPTION = (
     "servers' environments; synchronous (train.py), or fully async on separate training and rollout GPUs "
     "(--fully-async: train_async.py). Values, later wins: defaults < environment (NEMO_GYM_URL, NEMO_GYM_ENVS, "
     "MILES_ROUTER_EXTERNAL_HOST, RAY_ADDRESS, MASTER_ADDR) < --config "
-    "YAML < flags."
+    "YAML < flags. A flag named as a Miles flag sets that Miles flag."
 )
 
 
