@@ -130,8 +130,9 @@ def test_a_golden_scan_refuses_rows_without_a_known_gold(tmp_path: Path) -> None
     known = gold_answers(mcqa)
     assert set(known["mcqa/0"]) == {"gold", "wrong"}
     game = load_tasks(write_jsonl(tmp_path / "bj.jsonl", [_converted(shipped_rows("blackjack")[0], "blackjack", 0)]))
-    with pytest.raises(InputError, match=r"no gold answer known for blackjack's rows.*--policy-base-url"):
+    with pytest.raises(InputError, match=r"no gold answer known for blackjack's rows.*--policy-base-url") as refused:
         gold_answers(game)
+    assert all(name in str(refused.value) for name in ("mcqa", "xlam_fc", "arc_agi", "calendar"))  # every rule named
     own = load_tasks(write_jsonl(tmp_path / "own.jsonl", [_converted(shipped_rows("mcqa")[0], "my_quiz", 0)]))
     with pytest.raises(InputError, match=r"my_quiz.*scan your own environment with --policy-base-url"):
         gold_answers(own)

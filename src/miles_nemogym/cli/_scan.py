@@ -44,8 +44,7 @@ def _scan(
             "--golden",
             help="The server runs with run_golden: true; every reward must be 1.0, each other one is "
             "reported with its reason. Environment rows: each row's gold answer must pass and a wrong "
-            "one must not (mcqa, math_with_judge, equivalence_rule, xlam_fc, workplace_assistant, "
-            "example_multi_step).",
+            "one must not (a row without a known gold answer is refused, naming the environments that have one).",
         ),
     ] = False,
     policy_base_url: Annotated[

@@ -14,7 +14,7 @@ from miles_nemogym.gym.environments import plan
 from miles_nemogym.gym.venv import GymEnvironmentError
 from miles_nemogym.scan._inputs import InputError, ScanTask
 from miles_nemogym.settings import Settings
-from miles_nemogym.smoke import RecordingPolicy, answers
+from miles_nemogym.smoke import ANSWERED, RecordingPolicy, answers
 
 __all__ = ["CHECK_SESSION", "Answers", "gold_answers", "play_golden", "server_problem", "session_base"]
 
@@ -38,8 +38,7 @@ def gold_answers(tasks: Sequence[ScanTask]) -> dict[str, Answers]:
         if not known:
             raise InputError(
                 f"{task.where}: task {task.instance_id}: no gold answer known for {task.environment}'s rows "
-                "(a golden scan reads the gold of mcqa, math_with_judge, equivalence_rule, xlam_fc, "
-                "workplace_assistant and example_multi_step rows); scan it with --policy-base-url URL "
+                f"(a golden scan reads the gold of {', '.join(ANSWERED)} rows); scan it with --policy-base-url URL "
                 "(a model), or see its rows score with `miles-nemogym smoke --env "
                 f"{task.environment}`"
             )

@@ -9,7 +9,7 @@ from typing import Any
 
 from miles_nemogym.smoke._policy import FINAL_ANSWER, Answer
 
-__all__ = ["GOLD", "WRONG", "Answers", "answers"]
+__all__ = ["ANSWERED", "GOLD", "WRONG", "Answers", "answers"]
 
 Answers = dict[str, tuple[Answer, ...]]  # {"gold": turns, "wrong": turns}; empty when the row carries no gold
 GOLD, WRONG, PLAIN = "gold", "wrong", "plain"  # PLAIN: one plain reply, when no gold is known
@@ -192,6 +192,7 @@ _RULES: dict[str, Callable[[Mapping[str, Any]], Answers]] = {
     "arc_agi": _grid,
     "calendar": _calendar,
 }
+ANSWERED = tuple(_RULES)  # the resources servers whose rows have a gold and a wrong answer here
 
 
 def answers(server: str, row: Mapping[str, Any]) -> Answers:
