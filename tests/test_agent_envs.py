@@ -24,6 +24,7 @@ from miles_nemogym.groups import check_run
 from miles_nemogym.runtime import current
 from miles_nemogym.store import _reader as reader
 from tests.support.agent_fixtures import ROLLOUT_SECRET, call, fast_env, server
+from tests.support.circuits import is_open, waiting_episodes
 from tests.support.clean_env import clean_environ
 from tests.support.environment_episodes import MILES_KEYS, chat, env_row, envs, run_env
 from tests.support.eventually import eventually
@@ -194,7 +195,7 @@ async def test_abort_stops_an_environment_episode(chat: ScriptedChat, use_settin
         if where == "awaiting_result":  # the seed reached the server, which holds it for 2 s
             await eventually(lambda: fake.received, "the seed request reached the server")
         else:  # nothing listens: the episode waits out the outage, nothing delivered
-            await eventually(current().circuits.waiting, "the episode waits for the server")
+            await eventually(lambda: waiting_episodes(current().circuits), "the episode waits for the server")
         assert not task.done()
         await agent.abort()
         out = await asyncio.wait_for(task, 5)
@@ -214,14 +215,16 @@ async def test_one_resources_server_down_holds_only_its_own_episodes_until_it_is
     async with fake_resources() as other:
         envs(use_settings, mcqa=down_url, xlam_fc=other.url)
         waiting = [asyncio.create_task(run_env(chat, env_row("mcqa", task=str(i)))) for i in range(3)]
-        await eventually(lambda: current().circuits.waiting() == 3, "the three mcqa episodes wait for their server")
+        await eventually(
+            lambda: waiting_episodes(current().circuits) == 3, "the three mcqa episodes wait for their server"
+        )
         finished = await asyncio.wait_for(
             asyncio.gather(*(run_env(chat, env_row("xlam_fc", task=str(i))) for i in range(3))), 10
         )
         assert [out["nemogym"]["status"] for out in finished] == ["ok"] * 3
         assert not any(task.done() for task in waiting)
-        assert current().circuits.for_url(down_url, "NEMO_GYM_ENVS").is_open
-        assert not current().circuits.for_url(other.url, "NEMO_GYM_ENVS").is_open
+        assert is_open(current().circuits.for_url(down_url, "NEMO_GYM_ENVS"))
+        assert not is_open(current().circuits.for_url(other.url, "NEMO_GYM_ENVS"))
         async with fake_resources(port=port) as back:
             outs = await asyncio.wait_for(asyncio.gather(*waiting), 10)
     assert [out["nemogym"]["status"] for out in outs] == ["ok"] * 3
@@ -256,7 +259,7 @@ async def test_a_tool_call_to_a_server_gone_after_the_seed_is_masked_not_run_aga
     record = out["nemogym"]
     assert (record["failure_kind"], record["attempts"], record["turns"]) == ("transport_unreachable", 1, 1)
     assert len(fake.seeded) == 1 and fake.tool_calls == []
-    assert not current().circuits.for_url(fake.url, "NEMO_GYM_ENVS").is_open
+    assert not is_open(current().circuits.for_url(fake.url, "NEMO_GYM_ENVS"))
 
 
 async def test_a_resources_outage_past_its_timeout_fails_its_episodes_and_stops_the_run(

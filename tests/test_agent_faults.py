@@ -15,6 +15,7 @@ import pytest
 from miles_nemogym import agent, transport
 from miles_nemogym.runtime import current
 from tests.support.agent_fixtures import SESSION, call, fast_env, server
+from tests.support.circuits import waiting_episodes
 from tests.support.eventually import eventually
 from tests.support.fault_server import FaultServer, ResetAfterBodyServer
 from tests.support.pools import open_pools
@@ -48,7 +49,7 @@ async def test_server_down_then_up_is_sent_again_into_one_episode(
     use_settings(NEMO_GYM_URL=f"http://127.0.0.1:{port}")
     srv = FaultServer(result=sympy_result, port=port)
     task = asyncio.create_task(call(sympy_row))
-    await eventually(current().circuits.waiting, "a try found the server down")
+    await eventually(lambda: waiting_episodes(current().circuits), "a try found the server down")
     assert not task.done()
     await srv.start()
     try:

@@ -25,6 +25,7 @@ from miles_nemogym import agent, errors, metrics, transport
 from miles_nemogym.episode import run as episode_run
 from miles_nemogym.runtime import Tally, current
 from tests.support.agent_fixtures import call, fast_env, server
+from tests.support.circuits import waiting_episodes
 from tests.support.clean_env import clean_environ
 from tests.support.eventually import eventually
 from tests.support.fault_server import FaultServer
@@ -519,7 +520,7 @@ async def test_abort_while_waiting_out_an_outage_counts_the_episode_as_not_deliv
 
     use_settings(NEMO_GYM_URL=f"http://127.0.0.1:{free_port()}")  # nothing listens
     task = asyncio.create_task(call(sympy_row))
-    await eventually(current().circuits.waiting, "the episode waits out the outage")
+    await eventually(lambda: waiting_episodes(current().circuits), "the episode waits out the outage")
     with caplog.at_level(logging.INFO, logger="miles_nemogym"):
         await agent.abort(None)
         out = await asyncio.wait_for(task, 5)

@@ -20,6 +20,7 @@ from miles_nemogym.episode.record import eval_overrides
 from miles_nemogym.errors import RunStopped
 from miles_nemogym.runtime import current
 from tests.support.agent_fixtures import ROLLOUT_SECRET, call, fast_env
+from tests.support.circuits import waiting_episodes
 from tests.support.clean_env import clean_environ
 from tests.support.eventually import eventually
 from tests.support.outage_servers import GradingServer
@@ -94,7 +95,7 @@ async def test_an_eval_episodes_outage_wait_is_charged_to_its_eval_set(
     try:
         # The wait is charged from when the episode's try found the server down, which comes
         # after its preparation (long on a loaded machine): the outage is timed from there.
-        await eventually(current().circuits.waiting, "the episode waits out the outage")
+        await eventually(lambda: waiting_episodes(current().circuits), "the episode waits out the outage")
         waiting_since = time.monotonic()
         await asyncio.sleep(1.0)
         down_s = time.monotonic() - waiting_since
@@ -159,14 +160,16 @@ async def test_a_blip_long_after_an_outage_ended_waits_instead_of_stopping_the_r
     use_settings(NEMO_GYM_OUTAGE_TIMEOUT="2")
     long = asyncio.ensure_future(call(dict(sympy_row, instance_id="long")))
     try:
-        await eventually(current().circuits.waiting, "the first episode finds the server down")
+        await eventually(lambda: waiting_episodes(current().circuits), "the first episode finds the server down")
         down_at = time.monotonic()
         await server.start()
         await eventually(lambda: len(server.bodies) == 1, "the first episode is delivered and runs")
         await eventually(lambda: time.monotonic() - down_at > 3, "the first outage is older than its timeout")
         await server.stop_listening()
         blip = asyncio.ensure_future(call(dict(sympy_row, instance_id="blip")))
-        await eventually(lambda: current().circuits.waiting() or blip.done(), "the blip's episode finds it down")
+        await eventually(
+            lambda: waiting_episodes(current().circuits) or blip.done(), "the blip's episode finds it down"
+        )
         await server.start()
         blipped = await asyncio.wait_for(blip, 30)
         server.release.set()
@@ -188,7 +191,7 @@ async def test_an_abort_as_the_outage_ends_still_stops_the_waiting_episode(
     use_settings(NEMO_GYM_OUTAGE_TIMEOUT="60")
     episode = asyncio.ensure_future(call(sympy_row))
     try:
-        await eventually(current().circuits.waiting, "the episode waits out the outage")
+        await eventually(lambda: waiting_episodes(current().circuits), "the episode waits out the outage")
         current().circuits.for_url(server.url, "NEMO_GYM_URL").delivered()  # wakes the waiting episode
         current().in_flight.abort_all()
         out = await asyncio.wait_for(episode, 10)
@@ -207,7 +210,7 @@ async def test_an_episode_aborted_while_waiting_out_an_outage_charges_its_wait(
     use_settings(NEMO_GYM_URL=server.url)
     use_settings(NEMO_GYM_OUTAGE_TIMEOUT="60")
     episode = asyncio.ensure_future(call(sympy_row))
-    await eventually(current().circuits.waiting, "the episode waits out the outage")
+    await eventually(lambda: waiting_episodes(current().circuits), "the episode waits out the outage")
     waiting_since = time.monotonic()
     await eventually(lambda: time.monotonic() - waiting_since > 1, "the episode has waited a second")
     await agent.abort(None)

@@ -17,6 +17,7 @@ from miles_nemogym.buffer import EpisodeBuffer
 from miles_nemogym.errors import RunStopped
 from miles_nemogym.runtime import current
 from tests.support.agent_fixtures import episode, fast_env, input_sample, server
+from tests.support.circuits import held_count
 from tests.support.fault_server import FaultServer
 from tests.support.runtime_settings import UseSettings
 from tests.support.samples import BufferArgs as Args
@@ -205,7 +206,7 @@ async def test_a_failed_episode_of_a_dropped_group_is_never_given_to_a_later_gro
     episodes, unused = buffer(async_unused_samples_handler="retry")
     dropped = await group(server, sympy_row, ["nonjson", "error_metadata", "error_metadata", "error_metadata"])
     await episodes.put(dropped)  # no valid sibling to mend the ABORTED sample: dropped, regenerated
-    assert unused == [dropped.prompt_group] and len(current().held) == 0
+    assert unused == [dropped.prompt_group] and held_count(current().held) == 0
     lost = dropped.group[0].metadata["nemogym"]  # given back, so the store files it with its group's drop
     assert (dropped.group[0].status, lost["http_status"]) == (Status.ABORTED, 200)  # the answer was not JSON
     assert [reason for ids, reason in episodes._unfiled if lost["episode_id"] in ids] == ["group_has_aborted"]
@@ -214,4 +215,4 @@ async def test_a_failed_episode_of_a_dropped_group_is_never_given_to_a_later_gro
     got = await asyncio.wait_for(episodes.get(current_version=None), 1)
     record = got.group[1].metadata["nemogym"]
     assert got is again and (record["failure_kind"], record["http_status"]) == ("agent_run_error", 500)
-    assert record["episode_id"] != lost["episode_id"] and len(current().held) == 0
+    assert record["episode_id"] != lost["episode_id"] and held_count(current().held) == 0

@@ -15,6 +15,7 @@ from miles_nemogym.errors import CANCELLED, CLIENT_ERROR, INVALID_CONFIG, TRANSP
 from miles_nemogym.runtime import AWAITING_RESULT, NOT_DELIVERED, Circuits, InFlight, current, deliver, install
 from miles_nemogym.settings import Settings
 from miles_nemogym.transport import Deadline
+from tests.support.circuits import is_open, waiting_episodes
 from tests.support.eventually import eventually
 from tests.support.fake_resources import fake_resources
 from tests.support.ports import free_port
@@ -83,7 +84,7 @@ async def test_a_delivered_episode_is_finished_with_its_own_id_and_one_attempt(m
     assert first.record.episode_id and first.record.episode_id != second.record.episode_id
     assert first.outage_wait_s == 0.0 and first.record.elapsed_s >= 0.0
     assert 110 < episode.deadlines[0] <= 120  # the try gets the whole NEMO_GYM_RUN_TIMEOUT
-    assert not circuits.is_open and circuits.stop_error() is None
+    assert not is_open(circuits) and circuits.stop_error() is None
 
 
 async def test_an_undelivered_try_waits_for_the_server_then_is_sent_again(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -95,7 +96,7 @@ async def test_an_undelivered_try_waits_for_the_server_then_is_sent_again(monkey
         assert listening.received == []
     assert (out.record.status, out.record.attempts) == ("ok", 2)
     assert out.outage_wait_s > 0  # charged to the episode's tally
-    assert not circuits.for_url(listening.url, "NEMO_GYM_URL").is_open and circuits.stop_error() is None
+    assert not is_open(circuits.for_url(listening.url, "NEMO_GYM_URL")) and circuits.stop_error() is None
 
 
 async def test_an_outage_past_its_timeout_fails_the_episode_and_stops_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -121,12 +122,12 @@ def test_one_circuit_per_server_url() -> None:
     assert circuits.for_url("http://a:1", "NEMO_GYM_ENVS") is down
     other = circuits.for_url("http://b:1", "NEMO_GYM_ENVS")
     down.trip(60, TRANSPORT_UNREACHABLE, "refused")
-    assert down.is_open and not other.is_open and circuits.is_open
+    assert is_open(down) and not is_open(other) and is_open(circuits)
     down.delivered()
-    assert not down.is_open and not circuits.is_open
+    assert not is_open(down) and not is_open(circuits)
     down.trip(60, TRANSPORT_UNREACHABLE, "refused")
     circuits.reset()
-    assert not circuits.is_open and circuits.for_url("http://a:1", "NEMO_GYM_ENVS") is not down
+    assert not is_open(circuits) and circuits.for_url("http://a:1", "NEMO_GYM_ENVS") is not down
 
 
 @pytest.mark.parametrize(
@@ -163,12 +164,12 @@ async def test_abort_all_from_another_thread_stops_an_episode_waiting_out_an_out
     circuits, in_flight = Circuits(), InFlight()
     url = f"http://127.0.0.1:{free_port()}"
     task = asyncio.create_task(deliver(ScriptedEpisode(url, [REFUSED, graded()]), settings, circuits, in_flight))
-    await eventually(circuits.waiting, "the episode waits out the outage")
+    await eventually(lambda: waiting_episodes(circuits), "the episode waits out the outage")
     assert await asyncio.to_thread(in_flight.abort_all) == Counter({NOT_DELIVERED: 1})
     out = await asyncio.wait_for(task, 10)
     assert (out.record.failure_kind, out.record.attempts) == (CANCELLED, 1)
     assert "before the request reached the server" in (out.record.failure_reason or "")
-    assert circuits.waiting() == 0 and out.outage_wait_s > 0  # the wait it was cut short in is charged
+    assert waiting_episodes(circuits) == 0 and out.outage_wait_s > 0  # the wait it was cut short in is charged
 
 
 async def test_the_callers_cancellation_propagates_and_cancels_the_try(monkeypatch: pytest.MonkeyPatch) -> None:

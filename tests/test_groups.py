@@ -18,6 +18,7 @@ from miles_nemogym.episode.record import Task, eval_overrides, failure
 from miles_nemogym.errors import CANCELLED, POLICY_TIMEOUT, RunStopped
 from miles_nemogym.groups import GROUP_HAS_ABORTED, POST_PROCESS_PATH, group_verdict
 from miles_nemogym.runtime import HeldEpisodes, current
+from tests.support.circuits import held_count
 from tests.support.ports import free_port
 from tests.support.runtime_settings import UseSettings
 from tests.support.salvage_samples import aborted, failed, valid
@@ -122,12 +123,12 @@ def test_held_episodes_are_claimed_oldest_first_per_task_and_bounded() -> None:
     held = HeldEpisodes(limit=3)
     for task, episode in [("t1", "e1"), ("t2", "e2"), ("t1", "e3"), ("t1", "e4")]:
         held.hold(task, episode, {"episode": episode})
-    assert len(held) == 3  # e1, the oldest, made room
+    assert held_count(held) == 3  # e1, the oldest, made room
     held.release("t2", "e2")
     assert held.claim("t2") is None
     assert [held.claim("t1"), held.claim("t1"), held.claim("t1")] == [{"episode": "e3"}, {"episode": "e4"}, None]
     held.hold("t3", "e5", {})
-    assert held.clear() == 1 and len(held) == 0
+    assert held.clear() == 1 and held_count(held) == 0
 
 
 @pytest.mark.parametrize(
@@ -149,7 +150,7 @@ def test_only_a_failed_train_episode_is_held(
     result["nemogym"] = {**result["nemogym"], "failure_kind": kind, "mask_sample": mask}
     held = HeldEpisodes()
     groups.hold_failed_episode(held, Task.of({"instance_id": "t1", **metadata}), result, aborted=aborted)
-    assert len(held) == int(kept)
+    assert held_count(held) == int(kept)
 
 
 def test_an_aborted_sample_gets_its_held_episode_as_a_zero_loss_sample() -> None:
@@ -166,7 +167,7 @@ def test_an_aborted_sample_gets_its_held_episode_as_a_zero_loss_sample() -> None
     assert (recovered.rollout_log_probs, recovered.weight_versions) == ([0.0], ["3"])
     assert (recovered.remove_sample, recovered.status, recovered.reward) == (True, Status.FAILED, 0.0)
     assert unknown.status is Status.ABORTED and "nemogym" not in unknown.metadata  # Miles' own abort: as it was
-    assert len(held) == 0  # t2's came back with its sample: released
+    assert held_count(held) == 0  # t2's came back with its sample: released
     assert group_verdict(group[:2], 2, 2) == ("nemogym_transport_peer_drop", False)  # trained only with 2 valid
 
 
@@ -187,7 +188,7 @@ def test_no_valid_sibling_no_recovery_but_the_episode_leaves_with_its_group() ->
     group = [failed("e2", "t2"), aborted("t1")]
     assert groups.recover_failed_episodes(held, group) == 0
     assert group[1].status is Status.ABORTED and group[1].metadata["nemogym"]["episode_id"] == "e1"
-    assert len(held) == 0  # never given to a later group of t1 (fully async never clears the holding)
+    assert held_count(held) == 0  # never given to a later group of t1 (fully async never clears the holding)
     assert group_verdict(group, 1, 2) == (GROUP_HAS_ABORTED, False)
 
 
@@ -250,7 +251,7 @@ def test_a_failed_episode_held_for_its_aborted_sample_is_given_back_before_the_v
     current().held.hold("t9", "e-lost", lost.metadata)
     group = [valid("a"), valid("b"), valid("c"), aborted("t9")]
     assert groups.check_episode_group(Args(), group).keep is True
-    assert group[3].metadata["nemogym"]["episode_id"] == "e-lost" and len(current().held) == 0
+    assert group[3].metadata["nemogym"]["episode_id"] == "e-lost" and held_count(current().held) == 0
     unheld = [valid("a"), valid("b"), valid("c"), aborted("t8")]  # Miles' own abort: nothing to give back
     assert groups.check_episode_group(Args(), unheld).reason == "group_has_aborted"
 

@@ -17,11 +17,12 @@ import pytest
 
 from miles_nemogym import agent, groups, metrics, transport
 from miles_nemogym import runtime as circuit_module
-from miles_nemogym.episode.record import failure
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, failure
 from miles_nemogym.errors import RunStopped
 from miles_nemogym.groups import stop_reason
 from miles_nemogym.runtime import Ledger, current
 from tests.support.agent_fixtures import call, distinct_rows, fast_env, quick_probe
+from tests.support.circuits import is_open, waiting_episodes
 from tests.support.eventually import eventually
 from tests.support.fault_server import FaultServer
 from tests.support.ports import free_port
@@ -139,7 +140,11 @@ def test_ledger_counts_every_episode_and_keeps_cancelled_apart() -> None:
     assert (tally.groups_salvaged, tally.groups_dropped, tally.outage_wait_s) == (1, 1, 5.0)
     assert book.drain("eval", "verified").outage_wait_s == 7.5
     assert book.drain().episodes == 0  # a new period
-    assert book.streak() == (3, {"agent_run_error": 1, "transport_unreachable": 2})  # cancelled: not in it
+    assert book.streak() == (
+        3,
+        {"agent_run_error": 1, "transport_unreachable": 2},
+        {SWE_ENVIRONMENT: 3},
+    )  # cancelled: not in it
 
 
 def test_ledger_is_thread_safe() -> None:
@@ -196,10 +201,10 @@ async def test_outage_mid_step_waits_and_sends_each_episode_once(
     tasks = [asyncio.create_task(call(row)) for row in distinct_rows]
     # The server is down: every episode opened or met the circuit, and the probe says so.
     await eventually(
-        lambda: current().circuits.waiting() == len(distinct_rows), f"all {len(distinct_rows)} episodes wait"
+        lambda: waiting_episodes(current().circuits) == len(distinct_rows), f"all {len(distinct_rows)} episodes wait"
     )
     all_waiting = time.monotonic()
-    assert current().circuits.is_open
+    assert is_open(current().circuits)
     counted = f"{len(distinct_rows)} episodes waiting"
     await eventually(lambda: counted in caplog.text, "the probe's warning counts them")
     await asyncio.sleep(max(0.0, all_waiting + 1.0 - time.monotonic()))
@@ -214,7 +219,7 @@ async def test_outage_mid_step_waits_and_sends_each_episode_once(
     assert [out["nemogym"]["status"] for out in outs] == ["ok"] * len(distinct_rows)
     # Nothing lost, none twice; the probe never POSTed /run.
     assert sorted(body["instance_id"] for body in server.bodies) == sorted(row["instance_id"] for row in distinct_rows)
-    assert not current().circuits.is_open and current().circuits.stop_error() is None
+    assert not is_open(current().circuits) and current().circuits.stop_error() is None
     tally = current().ledger.drain()
     assert tally.episodes == len(distinct_rows) and not tally.failures
     assert tally.outage_wait_s >= len(distinct_rows) * down_s
@@ -226,7 +231,7 @@ async def test_abort_and_cancellation_work_while_episodes_wait(
     use_settings(NEMO_GYM_URL=f"http://127.0.0.1:{free_port()}")
     waiting = [asyncio.create_task(call(row)) for row in distinct_rows[:3]]
     cancelled_by_caller = asyncio.create_task(call(distinct_rows[3]))
-    await eventually(lambda: current().circuits.waiting() == 4, "all 4 episodes wait")
+    await eventually(lambda: waiting_episodes(current().circuits) == 4, "all 4 episodes wait")
     cancelled_by_caller.cancel()
     with pytest.raises(asyncio.CancelledError):
         await cancelled_by_caller
@@ -234,10 +239,10 @@ async def test_abort_and_cancellation_work_while_episodes_wait(
     outs = await asyncio.wait_for(asyncio.gather(*waiting), 5)
     await transport.close_pools()
     assert [out["nemogym"]["failure_kind"] for out in outs] == ["cancelled"] * 3
-    assert current().circuits.waiting() == 0
+    assert waiting_episodes(current().circuits) == 0
     tally = current().ledger.drain()
     assert (tally.episodes, tally.cancelled) == (0, 3)
-    assert current().ledger.streak() == (0, {})  # an abort is not a failure
+    assert current().ledger.streak() == (0, {}, {})  # an abort is not a failure
 
 
 async def test_server_down_for_good_fails_waiting_episodes_and_the_filter_stops_the_run(

@@ -19,6 +19,7 @@ import miles_nemogym
 from miles_nemogym import agent, groups, metrics
 from miles_nemogym.runtime import Runtime, current, install
 from miles_nemogym.settings import Settings
+from tests.support.circuits import held_count, is_open, waiting_episodes
 from tests.support.fault_server import FaultServer
 from tests.support.ports import free_port
 from tests.support.samples import Sample
@@ -103,17 +104,17 @@ async def test_a_new_runtime_is_a_fresh_process(
     used = current()
     stored = used.stores.get(str(tmp_path / "episodes"))
     assert used.ledger.streak()[0] == 1 and groups.stop_reason(used.settings) is not None
-    assert len(used.held) == 1 and used.reward_problems and len(used.addresses) == 1
+    assert held_count(used.held) == 1 and used.reward_problems and len(used.addresses) == 1
     assert not old.logged.log(metrics.logger, 10, "salvage not wired", "x")  # already logged by the filter
-    assert len(old.held) == 1 and old.ledger.streak()[0] == 1  # the first runtime kept its own
+    assert held_count(old.held) == 1 and old.ledger.streak()[0] == 1  # the first runtime kept its own
 
     install()
 
     fresh = current()
     assert fresh is not used and groups.stop_reason(fresh.settings) is None
-    assert not fresh.circuits.is_open and fresh.circuits.waiting() == 0
-    assert fresh.ledger.streak() == (0, {}) and fresh.ledger.drain().episodes == 0
-    assert len(fresh.held) == 0 and not fresh.reward_problems and fresh.addresses == {}
+    assert not is_open(fresh.circuits) and waiting_episodes(fresh.circuits) == 0
+    assert fresh.ledger.streak() == (0, {}, {}) and fresh.ledger.drain().episodes == 0
+    assert held_count(fresh.held) == 0 and not fresh.reward_problems and fresh.addresses == {}
     assert fresh.stores.get(str(tmp_path / "episodes")) is not stored  # the old one was closed
     assert fresh.logged.log(metrics.logger, 10, "salvage not wired", "x")  # logged again, once
 

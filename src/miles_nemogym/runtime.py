@@ -23,7 +23,7 @@ from miles_nemogym.episode.record import SWE_ENVIRONMENT, TRAIN, Outcome, failur
 from miles_nemogym.errors import CANCELLED, TRANSPORT_UNREACHABLE, Failed, counted, redact_url
 from miles_nemogym.settings import Settings
 from miles_nemogym.store import Stores
-from miles_nemogym.transport import Deadline
+from miles_nemogym.transport import Deadline, _trust_store
 
 __all__ = ["current"]
 
@@ -104,14 +104,10 @@ class Ledger:
             elif salvaged:
                 tally.groups_salvaged += 1
 
-    def streak(self) -> tuple[int, dict[str, int]]:
-        """(consecutive failed episodes with no valid one since, their kinds)."""
+    def streak(self) -> tuple[int, dict[str, int], dict[str, int]]:
+        """(consecutive failed episodes with no valid one since, their kinds, their environments)."""
         with self._lock:
-            return self._streak_kinds.total(), dict(self._streak_kinds)
-
-    def streak_environments(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._streak_envs)
+            return self._streak_kinds.total(), dict(self._streak_kinds), dict(self._streak_envs)
 
     def drain(self, role: str = TRAIN, eval_set: str | None = None) -> Tally:
         """What ``role`` (and ``eval_set``) did since the last drain (the failure streak stays)."""
@@ -124,14 +120,14 @@ def streak_stop(settings: Settings, ledger: Ledger) -> str | None:
     limit = settings.max_failure_streak
     if not limit:
         return None
-    count, kinds = ledger.streak()
+    count, kinds, environments = ledger.streak()
     if count < limit:
         return None
     seen = ", ".join(f"{kind} x{n}" for kind, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
     return (
         f"{count} NeMo-Gym episodes in a row failed with no valid one between them "
         f"(NEMO_GYM_MAX_FAILURE_STREAK={limit}): {seen}. The run stops; fix "
-        f"{_servers(settings, ledger.streak_environments())} (see the failure kinds in the README) and "
+        f"{_servers(settings, environments)} (see the failure kinds in the README) and "
         "resume from the last checkpoint, or set NEMO_GYM_MAX_FAILURE_STREAK=0 to never stop"
     )
 
@@ -178,10 +174,6 @@ class HeldEpisodes:
         with self._lock:
             key = next((key for key in self._episodes if key[0] == task), None)
             return None if key is None else self._episodes.pop(key)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._episodes)
 
     def clear(self) -> int:
         with self._lock:
@@ -408,11 +400,6 @@ class Circuit:
         self._wakeups: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}
         self._probe_task: asyncio.Task[None] | None = None
 
-    @property
-    def is_open(self) -> bool:
-        with self._lock:
-            return self._open
-
     def waiting(self) -> int:
         with self._lock:
             return self._waiting
@@ -564,7 +551,7 @@ async def _connect(url: str, timeout_s: float) -> str | None:
     port = parts.port or (443 if tls else 80)
     try:
         _, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, ssl=ssl.create_default_context() if tls else None), timeout_s
+            asyncio.open_connection(host, port, ssl=_trust_store() if tls else None), timeout_s
         )
     except ssl.SSLError as error:
         return f"TLS: {error}"
@@ -591,20 +578,13 @@ class Circuits:
                 found = self._by_url[url] = Circuit(url, setting)
             return found
 
-    def _all(self) -> list[Circuit]:
+    def all(self) -> list[Circuit]:
         with self._lock:
             return list(self._by_url.values())
 
-    @property
-    def is_open(self) -> bool:
-        return any(one.is_open for one in self._all())
-
-    def waiting(self) -> int:
-        return sum(one.waiting() for one in self._all())
-
     def stop_error(self) -> str | None:
         """Why the run must stop (a server's outage outlasted its timeout), or None."""
-        return next((error for error in map(Circuit.stop_error, self._all()) if error is not None), None)
+        return next((error for error in map(Circuit.stop_error, self.all()) if error is not None), None)
 
     def reset(self) -> None:
         """No circuit, so no outage and no stop error (tests; a new run in the same process)."""
