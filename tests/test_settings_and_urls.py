@@ -12,7 +12,7 @@ from miles_nemogym.settings import RewardMode, Settings
 
 def test_defaults() -> None:
     s = Settings.from_env({})
-    assert s.run_url == "http://localhost:12000/run"
+    assert s.gym_url == "http://localhost:12000"
     assert s.run_timeout_s == 3600 and s.reward_mode is RewardMode.binary
 
 

@@ -148,10 +148,6 @@ class Settings(BaseModel):
     def _blank_is_unset(cls, value: object) -> object:
         return (value.strip() or None) if isinstance(value, str) else value
 
-    @property
-    def run_url(self) -> str:
-        return f"{self.gym_url}/run"
-
     def key_scrubber(self) -> KeyScrubber | None:
         """What removes the policy API key from outside text; None when there is nothing to hide."""
         return None if self.policy_api_key is None else key_scrubber(self.policy_api_key.get_secret_value())

@@ -218,17 +218,14 @@ def prepare(
     settings: Settings,
 ) -> EnvironmentEpisode:
     """The episode of an environment row for ``server``; ``RequestError`` names what is wrong."""
-    metadata = task.metadata
-    if not isinstance(metadata, Mapping):
-        raise RequestError(f"sample metadata must be a dict holding the task row, got {type(metadata).__name__}")
+    row = task_row(task.metadata)
     if request_kwargs is not None and not isinstance(request_kwargs, Mapping):
         raise RequestError(f"request_kwargs must be a dict of sampling parameters, got {type(request_kwargs).__name__}")
     check_session_url(session_url)
-    params = metadata.get(_PARAMS)
+    params = row.get(_PARAMS)
     if not isinstance(params, Mapping):
         raise RequestError(f"the task row has no {_PARAMS} object")
     messages, body = first_request(params, request_kwargs)
-    row = task_row(metadata)
     try:
         pydantic_core.to_json(row)
     except pydantic_core.PydanticSerializationError as error:

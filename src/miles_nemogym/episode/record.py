@@ -80,8 +80,13 @@ _RESULT_KEYS = frozenset({REWARD_KEY, _EVAL_REPORT_KEY, RECORD_KEY, _AGENT_METRI
 _NOT_SENT_KEYS = _MILES_BOOKKEEPING_KEYS | _RESULT_KEYS | ROUTING_KEYS | ROW_MARKS
 
 
-def task_row(metadata: Mapping[str, Any]) -> dict[str, Any]:
+def task_row(metadata: object) -> dict[str, Any]:
     """The task row as a server gets it: without our marks, Miles' keys, the agent's result, routing."""
+    if not isinstance(metadata, Mapping) or not metadata:
+        raise RequestError(
+            "sample metadata must be a dict holding the task row (a SWE row: instance_id, repo, base_commit, ...), "
+            f"got {type(metadata).__name__ if metadata else 'nothing'}; convert the data with `miles-nemogym convert`"
+        )
     return {key: value for key, value in metadata.items() if key not in _NOT_SENT_KEYS}
 
 
@@ -220,10 +225,6 @@ class Outcome:
     outage_wait_s: float = 0.0  # seconds waited for an unreachable server (charged to its role's tally)
     tool_time_s: float | None = None  # an environment episode's seed, tool and verify requests; None for /run
     aborted: bool = False  # stopped by our abort: neither an episode nor a failure (a server's cancel is)
-
-    def instance_report(self) -> dict[str, Any] | None:
-        """The SWE-bench report of this episode's instance in the server's ``eval_report``, if graded."""
-        return instance_report(self.eval_report, self.record.instance_id)
 
     def to_metadata(self) -> dict[str, Any]:
         """The dict returned to Miles, merged into ``sample.metadata`` (``agent_metrics`` when timed)."""

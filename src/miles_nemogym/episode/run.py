@@ -289,11 +289,7 @@ def prepare_agent(
 ) -> RunEpisode:
     """The episode of an agent row for Miles' session ``session_url``: the task row, and as
     ``_ng_rollout_id`` the policy URL the agent's host dials, signed (``routing_contract.py``)."""
-    metadata, environment = task.metadata, task.environment
-    if not isinstance(metadata, Mapping) or not metadata:
-        raise RequestError(
-            "sample metadata must be a dict holding the task row; convert the data with `miles-nemogym convert`"
-        )
+    environment = task.environment
     secret = settings.rollout_secret.get_secret_value() if settings.rollout_secret else ""
     problem = secret_problem(secret)
     if problem:
@@ -302,7 +298,7 @@ def prepare_agent(
             f"only calls the trainer signed; export the {SECRET_VARIABLE} line `miles-nemogym serve` printed"
         )
     policy = policy_base_url(session_url, str(server.agent), settings.external_host, addresses)
-    body = _row_body(metadata, request_kwargs)
+    body = _row_body(task.metadata, request_kwargs)
     body[ROLLOUT_ID_KEY] = rollout_id(policy, secret)
     _check_sendable(body)
     valid = server.valid_rewards(settings.reward_range)
@@ -378,16 +374,6 @@ def build_run_body(
     policy_api_key: str | None = None,
 ) -> dict[str, Any]:
     """The JSON body of ``POST /run``; ``policy_base_url`` None: the server's own model (scan mode)."""
-    if metadata is not None and not isinstance(metadata, Mapping):
-        raise RequestError(
-            f"sample metadata must be a dict holding the task instance (instance_id, repo, ...), "
-            f"got {type(metadata).__name__}; convert the data with `miles-nemogym convert`"
-        )
-    if not metadata:
-        raise RequestError(
-            "sample metadata is empty: the task instance (instance_id, repo, base_commit, ...) "
-            "must be in each prompt row's 'metadata'; convert the data with `miles-nemogym convert`"
-        )
     body = _row_body(metadata, request_kwargs)
     if policy_base_url is not None:
         body["policy_base_url"] = policy_base_url
@@ -401,9 +387,9 @@ def build_run_body(
     return body
 
 
-def _row_body(metadata: Mapping[str, Any], request_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+def _row_body(metadata: object, request_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
     body = task_row(metadata)
-    body["responses_create_params"] = responses_create_params(metadata.get("responses_create_params"), request_kwargs)
+    body["responses_create_params"] = responses_create_params(body.get("responses_create_params"), request_kwargs)
     return body
 
 

@@ -298,7 +298,7 @@ async def _run_episodes(
     semaphore = asyncio.Semaphore(config.concurrency)
     loop = asyncio.get_running_loop()
     progress = ScanProgress(console, len(prepared.selected), prepared.earlier.values())
-    where = redact_url(prepared.settings.run_url)
+    where = redact_url(f"{prepared.settings.gym_url}/run")
     if prepared.environments:
         servers = prepared.settings.environments
         where = "NEMO_GYM_ENVS " + ", ".join(
