@@ -467,6 +467,7 @@ async def test_a_well_formed_unregistered_kind_is_kept_and_warned_once(
         outs = [await call(sympy_row) for _ in range(3)]
     assert [o["nemogym"]["failure_kind"] for o in outs] == ["swe:eval_image_missing"] * 3
     assert sum("unregistered failure_kind" in r.getMessage() for r in caplog.records) == 1
+    assert all(map(errors.check_server_kind, errors._KNOWN_KINDS))  # a registered kind is always kept as is
 
 
 # --- abort and cancellation -------------------------------------------------------------------

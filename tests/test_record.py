@@ -10,6 +10,7 @@ import pytest
 
 from miles_nemogym import agent, metrics
 from miles_nemogym.episode.record import (
+    REWARD_KEY,
     EpisodeRecord,
     Outcome,
     RecordRead,
@@ -72,7 +73,10 @@ def test_real_results_read_back_and_score_their_reward(gym_example_rollouts: lis
         outcome = classify_http(200, json.dumps(result).encode())
         metadata = outcome.to_metadata()
         assert read_record(metadata) == RecordRead(outcome.record)
-        assert agent.score(metadata) == (outcome.reward, None)
+        assert agent.score_record(metadata[REWARD_KEY], read_record(metadata), RewardMode.binary) == (
+            outcome.reward,
+            None,
+        )
 
 
 def test_f2p_fraction_is_test_counts_fraction() -> None:

@@ -259,11 +259,6 @@ def _log(outcome: Outcome) -> None:
 _TEST_COUNTS = frozenset({"fail_to_pass", "pass_to_pass"})
 
 
-def score(metadata: dict[str, Any], mode: RewardMode = RewardMode.binary) -> tuple[float, str | None]:
-    """(reward, problem) for one sample's metadata; ``problem`` is None when the reward is sound."""
-    return score_record(metadata.get(REWARD_KEY), read_record(metadata), mode)
-
-
 def score_record(reward: Any, read: RecordRead, mode: RewardMode) -> tuple[float, str | None]:
     """(reward, problem or None) of a stored reward and its record (docs/episode-pipeline.md, "Reward")."""
     record = read.record
@@ -292,8 +287,9 @@ def partial_credit(record: EpisodeRecord, reward: float) -> float:
 
 
 def _score_sample(sample: Any, mode: RewardMode) -> float:
+    metadata = metadata_of(sample)
     try:
-        value, problem = score(metadata_of(sample), mode)
+        value, problem = score_record(metadata.get(REWARD_KEY), read_record(metadata), mode)
     except Exception:  # a record no rule above foresaw: set aside, never crash the rollout
         value, problem = 0.0, "unreadable_record"
     if problem is not None:
@@ -301,7 +297,7 @@ def _score_sample(sample: Any, mode: RewardMode) -> float:
         count = current().reward_problems[problem]
         # The first few, then every 100th: enough to notice, never a flood.
         if count <= 3 or count % 100 == 0:
-            instance = str(metadata_of(sample).get("instance_id"))[:200]
+            instance = str(metadata.get("instance_id"))[:200]
             logger.warning("reward %s for %s: %s (%d so far)", value, instance, problem, count)
     return value
 

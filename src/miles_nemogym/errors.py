@@ -148,14 +148,10 @@ _NAME = re.compile(r"[a-z][a-z0-9_]*(?::[a-z][a-z0-9_]*)?")
 _NAME_MAX_CHARS = 64
 
 
-def _is_valid_name(kind: str) -> bool:
-    """Whether ``kind`` is a short identifier fit for a record, a log line and a metric key."""
-    return len(kind) <= _NAME_MAX_CHARS and _NAME.fullmatch(kind) is not None
-
-
 def check_server_kind(kind: str) -> bool:
-    """Whether a server's ``failure_kind`` is recorded as is: registered or well-formed (NeMo-Gym's rule)."""
-    return kind in _KNOWN_KINDS or _is_valid_name(kind)
+    """Whether a server's ``failure_kind`` is recorded as is: a short identifier fit for a record, a log
+    line and a metric key (NeMo-Gym's rule; every registered kind follows it)."""
+    return len(kind) <= _NAME_MAX_CHARS and _NAME.fullmatch(kind) is not None
 
 
 def is_registered(kind: str) -> bool:
@@ -165,7 +161,7 @@ def is_registered(kind: str) -> bool:
 
 def metric_label(kind: str) -> str:
     """``kind`` as a metric/filter-reason suffix (no ``:``); ``unrecognized`` for a malformed one."""
-    return kind.replace(":", "_") if _is_valid_name(kind) else "unrecognized"
+    return kind.replace(":", "_") if check_server_kind(kind) else "unrecognized"
 
 
 # ----------------------------------------------------------------------------- words of a message
