@@ -215,10 +215,8 @@ def parse_environments(text: str) -> dict[str, EnvironmentServer]:
     )
     try:
         raw = json.loads(text, object_pairs_hook=_refuse_duplicates)
-    except _DuplicateKey as duplicate:
-        raise ValueError(
-            f"the key {duplicate.name!r} is given twice (JSON would silently keep the last); give it once"
-        ) from None
+    except SettingsError as duplicate:
+        raise ValueError(str(duplicate)) from None
     except (ValueError, RecursionError):
         raise ValueError(f"not JSON; expected {form}") from None
     if not isinstance(raw, dict) or not raw:
@@ -241,17 +239,12 @@ def parse_environments(text: str) -> dict[str, EnvironmentServer]:
     return servers
 
 
-class _DuplicateKey(SettingsError):
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-
 def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """``json.loads``' object hook: a key given twice is refused (JSON itself would keep the last)."""
     seen: dict[str, Any] = {}
     for key, value in pairs:
         if key in seen:
-            raise _DuplicateKey(key)
+            raise SettingsError(f"the key {key!r} is given twice (JSON would silently keep the last); give it once")
         seen[key] = value
     return seen
 
