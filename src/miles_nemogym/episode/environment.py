@@ -513,11 +513,9 @@ class _Loop:
         self.verified_response = self._response()
         body = {**self.episode.row, "response": self.verified_response}
         answer = await self._post(session, "verify", body, self.settings.max_result_bytes)
-        if answer.status != 200 or answer.over_cap:
-            raise Failed(VERIFIER_ERROR, _described(answer, "/verify", "its answer"))
-        parsed = _parsed(answer)
+        parsed = _parsed(answer) if answer.status == 200 and not answer.over_cap else None
         if not isinstance(parsed, dict):
-            raise Failed(VERIFIER_ERROR, f"/verify answered a body that is not a JSON object: {answer.body[:200]!r}")
+            raise Failed(VERIFIER_ERROR, _described(answer, "/verify", "a JSON object"))
         # Our transcript stands for the echoed response: the echo can be large, and it is what we sent.
         return {key: value for key, value in parsed.items() if key != "response"}
 
