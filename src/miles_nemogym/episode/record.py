@@ -226,6 +226,10 @@ class Outcome:
     tool_time_s: float | None = None  # an environment episode's seed, tool and verify requests; None for /run
     aborted: bool = False  # stopped by our abort: neither an episode nor a failure (a server's cancel is)
 
+    def instance_report(self) -> dict[str, Any] | None:
+        """The SWE-bench report of this episode's instance in the server's ``eval_report``, if graded."""
+        return instance_report(self.eval_report, self.record.instance_id)
+
     def to_metadata(self) -> dict[str, Any]:
         """The dict returned to Miles, merged into ``sample.metadata`` (``agent_metrics`` when timed)."""
         result = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome, instance_report, passed
+from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome, passed
 from miles_nemogym.store.views import reward_text
 from miles_nemogym.store.views import verdict as verdict_word
 
@@ -49,7 +49,7 @@ def _graded_reason(outcome: Outcome) -> str:
     if record.env != SWE_ENVIRONMENT:
         said = f": {record.failure_reason}" if record.failure_reason else ""
         return f"{record.env}'s verifier scored {reward_text(outcome.reward)}{said}"
-    report = instance_report(outcome.eval_report, outcome.record.instance_id) or {}
+    report = outcome.instance_report() or {}
     if report.get("patch_exists") is False or report.get("patch_is_None") is True:
         return "no patch was submitted (patch_exists=false)"
     if report.get("patch_successfully_applied") is False:
