@@ -138,7 +138,7 @@ PURE_CACHES = {
 }
 # Read once per process, as a process reads its environment: the system's CA certificates
 # (~25 ms of CPU a load; a Runtime per test would load them for every test).
-PROCESS_CACHES = {"miles_nemogym.transport._trust_store"}
+PROCESS_CACHES = {"miles_nemogym.transport.trust_store"}
 
 
 def test_every_module_cache_is_pure() -> None:

@@ -34,7 +34,7 @@ from miles_nemogym.episode.record import (
 )
 from miles_nemogym.errors import metric_label
 from miles_nemogym.groups import zero_loss_samples
-from miles_nemogym.runtime import EnvironmentTally, Tally, current
+from miles_nemogym.runtime import Tally, current
 from miles_nemogym.settings import environment_name_problem
 
 __all__ = ["log_eval", "log_rollout"]
@@ -100,14 +100,12 @@ def _per_environment(
     return metrics
 
 
-def _environments(
-    found: list[SampledEpisode], tally: Tally
-) -> dict[str, tuple[list[SampledEpisode], EnvironmentTally]]:
+def _environments(found: list[SampledEpisode], tally: Tally) -> dict[str, tuple[list[SampledEpisode], Tally]]:
     """Per environment present (in the samples or the ledger), by name: its episodes and the ledger's counts."""
     members: dict[str, list[SampledEpisode]] = defaultdict(list)
     for episode in found:
         members[_env_label(episode.record.env)].append(episode)
-    shares: dict[str, EnvironmentTally] = defaultdict(EnvironmentTally)
+    shares: dict[str, Tally] = defaultdict(Tally)
     for name, counted in tally.environments.items():
         share = shares[_env_label(name)]
         share.episodes += counted.episodes
@@ -138,7 +136,7 @@ def _counts(tally: Tally) -> dict[str, float]:
     }
 
 
-def _failure_rates(counts: Tally | EnvironmentTally) -> dict[str, float]:
+def _failure_rates(counts: Tally) -> dict[str, float]:
     if not counts.episodes:
         return {}
     metrics = {"failure_rate": sum(counts.failures.values()) / counts.episodes}

@@ -23,19 +23,11 @@ from miles_nemogym.episode.record import SWE_ENVIRONMENT, TRAIN, Outcome, failur
 from miles_nemogym.errors import CANCELLED, TRANSPORT_UNREACHABLE, Failed, counted, redact_url
 from miles_nemogym.settings import Settings
 from miles_nemogym.store import Stores
-from miles_nemogym.transport import Deadline, _trust_store
+from miles_nemogym.transport import Deadline, trust_store
 
 __all__ = ["current"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class EnvironmentTally:
-    """One environment's share of a ``Tally``'s episodes and failures."""
-
-    episodes: int = 0
-    failures: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass
@@ -48,7 +40,7 @@ class Tally:
     groups_salvaged: int = 0
     groups_dropped: int = 0
     outage_wait_s: float = 0.0  # seconds episodes waited for an unreachable server, summed
-    environments: dict[str, EnvironmentTally] = field(default_factory=dict)  # the above per environment
+    environments: dict[str, Tally] = field(default_factory=dict)  # episodes and failures per environment
 
 
 def _key(role: str, eval_set: str | None) -> str:
@@ -83,7 +75,7 @@ class Ledger:
             if aborted:
                 tally.cancelled += 1
                 return
-            share = tally.environments.setdefault(environment, EnvironmentTally())
+            share = tally.environments.setdefault(environment, Tally())
             tally.episodes += 1
             share.episodes += 1
             if failure_kind is None:
@@ -551,7 +543,7 @@ async def _connect(url: str, timeout_s: float) -> str | None:
     port = parts.port or (443 if tls else 80)
     try:
         _, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, ssl=_trust_store() if tls else None), timeout_s
+            asyncio.open_connection(host, port, ssl=trust_store() if tls else None), timeout_s
         )
     except ssl.SSLError as error:
         return f"TLS: {error}"

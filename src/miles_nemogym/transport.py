@@ -290,13 +290,13 @@ async def _headers_sent(
 
 
 @functools.cache
-def _trust_store() -> ssl.SSLContext:
+def trust_store() -> ssl.SSLContext:
     """The system's CA certificates, loaded once per process (~25 ms of CPU) and shared by every pool."""
     return ssl.create_default_context()
 
 
 def _connector(limit: int) -> aiohttp.TCPConnector:
-    return aiohttp.TCPConnector(limit=limit, limit_per_host=0, keepalive_timeout=_KEEPALIVE_S, ssl=_trust_store())
+    return aiohttp.TCPConnector(limit=limit, limit_per_host=0, keepalive_timeout=_KEEPALIVE_S, ssl=trust_store())
 
 
 @dataclass
