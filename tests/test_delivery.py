@@ -15,7 +15,7 @@ from miles_nemogym.errors import CANCELLED, CLIENT_ERROR, INVALID_CONFIG, TRANSP
 from miles_nemogym.runtime import AWAITING_RESULT, NOT_DELIVERED, Circuits, InFlight, current, deliver, install
 from miles_nemogym.settings import Settings
 from miles_nemogym.transport import Deadline
-from tests.support.circuits import is_open, waiting_episodes
+from tests.support.circuits import is_open, reset, waiting_episodes
 from tests.support.eventually import eventually
 from tests.support.fake_resources import fake_resources
 from tests.support.ports import free_port
@@ -126,7 +126,7 @@ def test_one_circuit_per_server_url() -> None:
     down.delivered()
     assert not is_open(down) and not is_open(circuits)
     down.trip(60, TRANSPORT_UNREACHABLE, "refused")
-    circuits.reset()
+    reset(circuits)
     assert not is_open(circuits) and circuits.for_url("http://a:1", "NEMO_GYM_ENVS") is not down
 
 

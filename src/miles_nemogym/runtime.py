@@ -578,14 +578,6 @@ class Circuits:
         """Why the run must stop (a server's outage outlasted its timeout), or None."""
         return next((error for error in map(Circuit.stop_error, self.all()) if error is not None), None)
 
-    def reset(self) -> None:
-        """No circuit, so no outage and no stop error (tests; a new run in the same process)."""
-        with self._lock:
-            circuits = list(self._by_url.values())
-            self._by_url.clear()
-        for one in circuits:
-            one.delivered()  # no outage, no stop error; wakes whatever still waits on it
-
 
 class Runtime:
     """Everything the hooks keep across episodes; tests build ``Runtime(Settings(...))``."""
