@@ -14,7 +14,6 @@ import posixpath
 import re
 import secrets
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -48,15 +47,14 @@ from miles_nemogym.gym.composition import (
     server_blocks,
     shipped_config,
 )
-from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config, parse_configs
+from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config
 from miles_nemogym.gym.server import (
     MARKER_ENV,
     advertised_url,
     free_port,
-    kill_marked,
-    listens,
-    pids_with_marker,
     port_free,
+    spawn,
+    terminate,
     wait_until_answering,
 )
 from miles_nemogym.gym.venv import (
@@ -689,12 +687,6 @@ def _payload(
     }
 
 
-def compose_each(gym: GymVenv, plans: Sequence[EnvironmentPlan], judge: Judge | None, cwd: Path) -> dict[str, str]:
-    """Each plan's config composed on its own, in one parser process: name -> YAML or a ``ConfigRefusal``."""
-    answers = parse_configs(gym, [_payload(gym.site_packages, [p], judge) for p in plans], cwd, "environments' configs")
-    return {p.name: answer for p, answer in zip(plans, answers, strict=True)}
-
-
 # ----------------------------------------------------------------------------- requirements
 
 
@@ -1001,31 +993,13 @@ class EnvironmentServers:
         hidden = [*run_secrets(self.judge.url if self.judge else None), self.rollout_secret]
         log = ServerLog(self.log_path(name), hidden)
         self._logs.append(log)
-        try:
-            self._processes[name] = subprocess.Popen(
-                [str(python), str(folder / "app.py")],
-                # In its own folder, as nemo-gym's launcher runs it: servers open files relative to it
-                # (equivalence_llm_judge's prompt_templates/...).
-                cwd=folder,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log.child_end,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # stop() signals it and its children as one group
-            )
-        finally:
-            log.started()
+        # In its own folder, as nemo-gym's launcher runs it: servers open files relative to it
+        # (equivalence_llm_judge's prompt_templates/...).
+        self._processes[name] = spawn([str(python), str(folder / "app.py")], folder, env, log)
 
     def _wait(self, name: str, deadline: float) -> None:
-        url = f"http://{connect_host(self.host)}:{self.ports[name]}/openapi.json"
-        process, port = self._processes[name], self.ports[name]
-        failed = wait_until_answering(
-            url,
-            lambda: process.poll() is None,
-            deadline,
-            0.3,
-            lambda: listens([process.pid, *pids_with_marker(self._marker)], port),
-        )
+        port = self.ports[name]
+        failed = wait_until_answering(self._processes[name], self.host, port, self._marker, deadline, 0.3)
         if failed is None:
             return
         why = {
@@ -1037,19 +1011,8 @@ class EnvironmentServers:
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM each server's process group, SIGKILL what is left; idempotent."""
-        for process in self._processes.values():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for process in self._processes.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=5)
         if self._processes:
-            kill_marked(self._marker)
+            terminate(self._processes.values(), self._marker, timeout)
         self._processes.clear()
         for log in self._logs:
             log.close()
