@@ -30,7 +30,7 @@ from miles_nemogym.errors import counted
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym._harness import HARNESSES, cli_bin
 from miles_nemogym.gym._judge_gate import JudgeGate
-from miles_nemogym.gym._logs import ServerLog, run_secrets
+from miles_nemogym.gym._logs import ServerLog, log_tail, run_secrets
 from miles_nemogym.gym.composition import (
     JUDGE_INSTANCE,
     JUDGE_KEY_ENV,
@@ -861,10 +861,9 @@ class EnvironmentServers:
     def log_path(self, instance: str) -> Path:
         return self.state_dir / f"{instance}.log"
 
-    def log_tail(self, instance: str, lines: int = 40) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_path(instance).read_text(errors="replace").splitlines()[-lines:])
-        return "(no log)"
+    def log_tail(self, instance: str) -> str:
+        """Its log's path, then the log's last lines."""
+        return log_tail(self.log_path(instance))
 
     def exited(self) -> list[str]:
         """Started instances whose process has exited."""
@@ -1007,7 +1006,7 @@ class EnvironmentServers:
             "program or give another --port",
             "exited": f"{name} exited during start",
         }.get(failed, f"{name} did not answer within {self.start_timeout:.0f} s")
-        raise GymEnvironmentError(f"{why}; log {self.log_path(name)}:\n{self.log_tail(name)}")
+        raise GymEnvironmentError(f"{why}; log {self.log_tail(name)}")
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM each server's process group, SIGKILL what is left; idempotent."""

@@ -13,6 +13,7 @@ import yaml
 
 from miles_nemogym.errors import redact_url
 from miles_nemogym.gym import venv as gym_venv
+from miles_nemogym.gym._logs import log_tail
 from miles_nemogym.gym.cluster import unreachable
 from miles_nemogym.gym.composition import Judge, judged_instances
 from miles_nemogym.gym.config import ServeOptions
@@ -236,9 +237,9 @@ class Serve:
             time.sleep(1.0)
         exited = []
         if server is not None and not server.is_running():
-            exited.append(("the server", f"{server.log_path}:\n{server.log_tail()}"))
+            exited.append(("the server", log_tail(server.log_path, 60)))
         if envs is not None:
-            exited += [(name, f"{envs.log_path(name)}:\n{envs.log_tail(name)}") for name in envs.exited()]
+            exited += [(name, envs.log_tail(name)) for name in envs.exited()]
         return exited
 
     def stop(self) -> None:

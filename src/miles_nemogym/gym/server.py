@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from miles_nemogym.gym._logs import ServerLog, run_secrets
+from miles_nemogym.gym._logs import ServerLog, log_tail, run_secrets
 from miles_nemogym.gym._providers import missing, node_binaries, redacted
 from miles_nemogym.gym.cluster import ClusterNode, check_cluster
 from miles_nemogym.gym.config import ServeOptions, compose_config_yaml, instance_name, planned_config
@@ -292,13 +292,6 @@ class GymServer:
     def is_running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
-    def log_tail(self, lines: int = 60) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except (OSError, GymServerError):
-            return "(no server log)"
-        return "\n".join(text.splitlines()[-lines:])
-
     def _environment(self, state: Path, config_yaml: str) -> dict[str, str]:
         env = child_environment()
         base = state
@@ -390,7 +383,7 @@ class GymServer:
         failed = wait_until_answering(process, self.options.host, _started(self.port), self._marker, deadline, 0.5)
         if failed is None:
             return
-        log = f"{self.log_path}:\n{self.log_tail()}"
+        log = log_tail(self.log_path, 60)
         if failed == "exited":
             raise GymServerError(f"the NeMo-Gym server exited during start (exit {process.returncode}); log {log}")
         if failed == "another":
