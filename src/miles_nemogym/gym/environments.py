@@ -719,12 +719,8 @@ def overlay_path(gym: GymVenv, requirements: Sequence[str]) -> Path:
     return gym_venv_root() / f"{gym.path.name}.envs-{digest}"
 
 
-def overlay_python(gym: GymVenv, requirements: Sequence[str]) -> Path | None:
-    """The cached overlay venv's interpreter for ``requirements``, if built (never builds)."""
-    return _ready_python(overlay_path(gym, requirements))
-
-
-def _ready_python(link: Path) -> Path | None:
+def ready_python(link: Path) -> Path | None:
+    """The interpreter of the overlay venv at ``link`` if it is built (never builds)."""
     python = link / "bin" / "python"
     return python if (link / _READY).is_file() and python.exists() else None
 
@@ -762,13 +758,13 @@ def environment_python(gym: GymVenv, plans: Sequence[EnvironmentPlan], progress:
     if not requirements:
         return gym.python
     link = overlay_path(gym, requirements)
-    ready = _ready_python(link)
+    ready = ready_python(link)
     if ready:
         report(f"using the cached environments' requirements {link}")
         return ready
     root = link.parent
     with build_lock(root / f"{link.name}.lock"):
-        ready = _ready_python(link)
+        ready = ready_python(link)
         if ready:
             return ready
         log = root / f"{link.name}.build.log"
@@ -776,7 +772,7 @@ def environment_python(gym: GymVenv, plans: Sequence[EnvironmentPlan], progress:
         report(f"installing the environments' requirements into {link} (once; pip's log: {log})")
         started = time.monotonic()
         build_and_publish(root, link.name, lambda target: _build_overlay(gym, requirements, target, log, report))
-    ready = _ready_python(link)
+    ready = ready_python(link)
     if ready is None:
         raise GymEnvironmentError(f"the overlay venv built for {requirements} is not usable through {link}")
     report(f"environments' requirements ready (installed in {time.monotonic() - started:.0f} s): {link}")

@@ -23,9 +23,9 @@ from miles_nemogym.gym.environments import (
     environment_needs,
     missing_requirements,
     overlay_path,
-    overlay_python,
     plan,
     plan_config,
+    ready_python,
     refusals,
     setting,
 )
@@ -51,9 +51,10 @@ def _requirements(plans: Sequence[EnvironmentPlan], gym: GymVenv | None) -> str:
     needed = missing_requirements(gym, plans)
     if not needed:
         return f"{', '.join(lines)}, all in the server environment"
-    if overlay_python(gym, needed):
-        return f"{', '.join(needed)} installed in {overlay_path(gym, needed)} (cached)"
-    return f"installs {', '.join(needed)} into {overlay_path(gym, needed)} on the first serve (once)"
+    link = overlay_path(gym, needed)
+    if ready_python(link):
+        return f"{', '.join(needed)} installed in {link} (cached)"
+    return f"installs {', '.join(needed)} into {link} on the first serve (once)"
 
 
 def _played(agents: Sequence[str]) -> str:
