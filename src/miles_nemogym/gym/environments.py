@@ -62,8 +62,7 @@ from miles_nemogym.gym.venv import (
     GymEnvironmentError,
     GymVenv,
     Progress,
-    build_and_publish,
-    build_lock,
+    build_once,
     child_environment,
     gym_venv_root,
     run_build_step,
@@ -762,21 +761,14 @@ def environment_python(gym: GymVenv, plans: Sequence[EnvironmentPlan], progress:
     if ready:
         report(f"using the cached environments' requirements {link}")
         return ready
-    root = link.parent
-    with build_lock(root / f"{link.name}.lock"):
-        ready = ready_python(link)
-        if ready:
-            return ready
-        log = root / f"{link.name}.build.log"
+    log = link.parent / f"{link.name}.build.log"
+
+    def build(target: Path) -> None:
         log.unlink(missing_ok=True)
         report(f"installing the environments' requirements into {link} (once; pip's log: {log})")
-        started = time.monotonic()
-        build_and_publish(root, link.name, lambda target: _build_overlay(gym, requirements, target, log, report))
-    ready = ready_python(link)
-    if ready is None:
-        raise GymEnvironmentError(f"the overlay venv built for {requirements} is not usable through {link}")
-    report(f"environments' requirements ready (installed in {time.monotonic() - started:.0f} s): {link}")
-    return ready
+        _build_overlay(gym, requirements, target, log, report)
+
+    return build_once(link, ready_python, build, report, f"overlay venv for {requirements}")
 
 
 # ----------------------------------------------------------------------------- processes

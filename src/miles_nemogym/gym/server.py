@@ -285,10 +285,6 @@ class GymServer:
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
 
-    @property
-    def venv(self) -> GymVenv:
-        return _started(self._venv)
-
     def is_running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
@@ -305,7 +301,7 @@ class GymServer:
             {
                 "NEMO_GYM_CONFIG_DICT": config_yaml,
                 "NEMO_GYM_CONFIG_PATH": instance_name(self.options.golden),
-                "PYTHONPATH": str(self.venv.agent_dir),
+                "PYTHONPATH": str(_started(self._venv).agent_dir),
                 "PYTHONUNBUFFERED": "1",
                 MARKER_ENV: self._marker,
                 # Ray: no usage report, own temp; a private Ray is on loopback with no
