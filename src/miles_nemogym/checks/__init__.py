@@ -277,14 +277,14 @@ def _policy_host(target: Target) -> Found:
 
 def _golden_server(target: Target) -> Found:
     """The SWE server is not one ``serve`` started without ``--golden`` (others: the scan's guard stops them)."""
-    from miles_nemogym.gym.config import instance_name
+    from miles_nemogym.gym.config import ServeOptions
 
     url = target.valid.gym_url
     try:
         identity = target.identify(f"{url}/openapi.json", target.timeout_s)
     except FetchError:
         identity = None
-    if identity is not None and identity.instance == instance_name(golden=False):
+    if identity is not None and identity.instance == ServeOptions(golden=False).instance_name:
         return _failed(
             f"{url}/run is not a golden server: serve started it without --golden (it answers as {identity})",
             "restart it with `miles-nemogym serve --golden` (or scan a policy with --policy-base-url)",

@@ -99,6 +99,11 @@ class ServeOptions(BaseModel):
     def _provider_file(cls, value: Any) -> Any:
         return load_provider_options(value) if isinstance(value, Path) else value
 
+    @property
+    def instance_name(self) -> str:
+        """:func:`instance_name` of these options."""
+        return instance_name(self.golden)
+
     @field_validator("host")
     @classmethod
     def _host_not_empty(cls, value: str) -> str:
