@@ -89,10 +89,10 @@ def test_such_a_benchmark_runs_here_graded_by_its_own_environment() -> None:
     gpqa = entry_support(_entry("gpqa"))
     assert gpqa.status == catalog.BENCHMARK_PREPARED
     assert gpqa.needs.startswith("graded by `gpqa` (`mcqa` with its config's `grading_mode`); its prepared file")
-    assert benchmark_grader(_entry("gpqa")) == "gpqa"
+    assert benchmark_grader(_entry("gpqa"))[0] == "gpqa"
     arxiv = entry_support(_entry("arxivmath_0526"))
     assert arxiv.status == catalog.BENCHMARK_PREPARED and "a judge (`--judge-url`)" in arxiv.needs
-    assert benchmark_grader(_entry("aime25")) == "math_with_judge"  # unchanged grader: its own name
+    assert benchmark_grader(_entry("aime25"))[0] == "math_with_judge"  # unchanged grader: its own name
     assert entry_support(_entry("aime25")).needs.startswith("graded by `math_with_judge`;")
 
 

@@ -230,7 +230,7 @@ def test_no_entry_listed_as_served_needs_what_serve_does_not_configure_for_env_s
     assert len(listed) > 200
     unservable = {}
     for entry in listed:
-        name = catalog.served_name(entry) if entry.kind == "environment" else catalog.benchmark_grader(entry)
+        name = catalog.served_name(entry) if entry.kind == "environment" else catalog.benchmark_grader(entry)[0]
         assert name is not None, entry.name
         never = [need for need in environment_needs(plan([name]), judge) if "serve does not configure" in need]
         if never:

@@ -43,7 +43,7 @@ GDP_PDF = benchmark("gdp_pdf", "gdp_pdf_agent", "gdp_pdf", "benchmarks/gdp_pdf/c
 
 
 def test_a_benchmark_whose_config_is_its_environments_is_converted_for_it_and_routed_to_its_agent() -> None:
-    assert benchmark_grader(GDP_PDF) == "gdp_pdf"
+    assert benchmark_grader(GDP_PDF)[0] == "gdp_pdf"
     found = entry_support(GDP_PDF)
     assert (found.status, found.agent) == (catalog.BENCHMARK_PREPARED, "`gdp_pdf_agent`")
     assert "played and graded by `gdp_pdf` (routed to its agent)" in found.needs
@@ -137,7 +137,7 @@ def test_a_benchmark_in_task_containers_is_refused_first_for_them_naming_what_el
 def test_a_benchmark_whose_server_reads_a_file_the_wheel_does_not_ship_is_refused_as_wordle_is() -> None:
     # scicode's benchmark config points its server at SciCode's test data, staged by hand.
     scicode = benchmark("scicode", "scicode_agent", "scicode", "benchmarks/scicode/config.yaml", repeats=8)
-    assert benchmark_grader(scicode) is None
+    assert benchmark_grader(scicode)[0] is None
     found = entry_support(scicode)
     assert found.status == catalog.REFUSED
     assert found.needs == "a file the wheel does not ship: `benchmarks/scicode/data/test_data.h5`"

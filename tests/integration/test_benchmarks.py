@@ -31,14 +31,14 @@ from miles_nemogym.cli.main import app
 from miles_nemogym.episode.record import TASK_ID_KEY
 from miles_nemogym.gym.composition import JUDGE_INSTANCE, Judge, judged_instances, own_config
 from miles_nemogym.gym.config import ConfigRefusal
-from miles_nemogym.gym.environments import benchmark_environments, compose_each, plan, plan_config
+from miles_nemogym.gym.environments import benchmark_environments, plan, plan_config
 from miles_nemogym.gym.venv import ensure_gym_venv
 from miles_nemogym.launcher._command import eval_args, eval_config_document
 from miles_nemogym.launcher._config import LauncherConfig
 from miles_nemogym.settings import Settings
 from tests.support.env_scripts import BENCHMARKS, JUDGED_BENCHMARKS
 from tests.support.fault_server import FaultServer
-from tests.support.gym_envs import GymEnvironments
+from tests.support.gym_envs import GymEnvironments, compose_each
 from tests.support.judge_model import JudgeModel
 from tests.support.miles_environments import completion
 from tests.support.miles_harness import MilesDriver

@@ -22,11 +22,12 @@ import yaml
 from miles_nemogym.gym._judge_gate import CONNECT_TIMEOUT_S
 from miles_nemogym.gym.composition import JUDGE_INSTANCE, JUDGE_KEY_ENV, Judge
 from miles_nemogym.gym.config import ConfigRefusal
-from miles_nemogym.gym.environments import EnvironmentServers, compose_each, plan, refusals, shipped_environments
+from miles_nemogym.gym.environments import EnvironmentServers, plan, refusals, shipped_environments
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, ensure_gym_venv
 from miles_nemogym.gym.wheel import read_member
 from miles_nemogym.settings import Settings
 from tests.support import environments_table
+from tests.support.gym_envs import compose_each
 from tests.support.judge_model import JUDGED_ENVIRONMENTS, JudgeModel
 from tests.support.ports import free_port
 from tests.support.ray_cluster import pids_with_environment

@@ -13,13 +13,15 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from miles_nemogym.gym.environments import EnvironmentServers, plan
+from miles_nemogym.gym.composition import Judge
+from miles_nemogym.gym.config import parse_configs
+from miles_nemogym.gym.environments import EnvironmentPlan, EnvironmentServers, _payload, plan
 from miles_nemogym.gym.venv import BuildLines, GymEnvironmentError, GymPythonNotFoundError, GymVenv, ensure_gym_venv
 
 MODEL = "policy_model"
@@ -131,3 +133,9 @@ def running_environments(envs: list[str], policy_v1_url: str, state_dir: Path) -
         yield servers
     finally:
         servers.stop()
+
+
+def compose_each(gym: GymVenv, plans: Sequence[EnvironmentPlan], judge: Judge | None, cwd: Path) -> dict[str, str]:
+    """Each plan's config composed on its own, in one parser process: name -> YAML or a ``ConfigRefusal``."""
+    answers = parse_configs(gym, [_payload(gym.site_packages, [p], judge) for p in plans], cwd, "environments' configs")
+    return {p.name: answer for p, answer in zip(plans, answers, strict=True)}

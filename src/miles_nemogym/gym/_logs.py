@@ -17,7 +17,7 @@ from miles_nemogym.errors import scrub_all
 from miles_nemogym.gym.composition import JUDGE_KEY_ENV, POLICY_KEY_ENV
 from miles_nemogym.gym.venv import GymEnvironmentError
 
-__all__ = ["ServerLog", "open_private", "run_secrets"]
+__all__ = ["ServerLog", "log_tail", "open_private", "run_secrets"]
 
 _LINE_LIMIT = 1 << 20
 """A line longer than this is written in parts (all but the last ``_HELD`` bytes, scrubbed)."""
@@ -32,6 +32,14 @@ def run_secrets(*urls: str | None) -> list[str]:
         with contextlib.suppress(ValueError):
             found.append(urlsplit(url).password if url else None)
     return [secret for secret in dict.fromkeys(found) if secret]
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    """``path``, then its last ``lines`` lines (or that there is no log)."""
+    try:
+        return f"{path}:\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"{path}: (no log)"
 
 
 def open_private(path: Path) -> int:

@@ -49,7 +49,7 @@ class BenchmarkMark(BaseModel):
 
 def benchmark_mark(entry: CatalogEntry) -> BenchmarkMark:
     """The mark of ``entry``'s rows; ``BenchmarkError`` if this package does not run it."""
-    environment = benchmark_grader(entry)
+    environment = benchmark_grader(entry)[0]
     if environment is None:
         raise BenchmarkError(f"benchmark {entry.name!r} does not run here: {entry_support(entry).needs}")
     return BenchmarkMark(

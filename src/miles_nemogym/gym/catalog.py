@@ -313,12 +313,8 @@ def served_name(entry: CatalogEntry) -> str | None:
     return entry.name if entry.name in catalog_folders() else folder_servers().get(entry.name)
 
 
-def benchmark_grader(entry: CatalogEntry) -> str | None:
-    """The ``serve --env`` name that grades benchmark ``entry`` here, or None (why: :func:`entry_support`)."""
-    return _grading(entry)[0]
-
-
-def _grading(entry: CatalogEntry) -> tuple[str | None, str]:
+def benchmark_grader(entry: CatalogEntry) -> tuple[str | None, str]:
+    """The ``serve --env`` name that grades benchmark ``entry`` here, or (None, why not)."""
     if entry.kind != "benchmark":
         return None, f"{entry.name!r} is an environment, not a benchmark"
     if _played_by_an_agent(entry):
@@ -358,7 +354,7 @@ def entry_support(entry: CatalogEntry) -> Support:
     if entry.kind == "benchmark" and _played_by_an_agent(entry):
         return _agent_benchmark_support(entry)
     if entry.kind == "benchmark":
-        grader, why = _grading(entry)
+        grader, why = benchmark_grader(entry)
         if grader is None:
             agent = entry.agent_server or entry.agent
             return Support(status=NOT_YET, agent=f"`{agent}`" if agent else "", needs=why)
@@ -487,7 +483,7 @@ class Listed:
     @property
     def grader(self) -> str | None:
         """:func:`benchmark_grader`."""
-        return benchmark_grader(self.entry)
+        return benchmark_grader(self.entry)[0]
 
     @property
     def served(self) -> str | None:

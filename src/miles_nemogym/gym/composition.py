@@ -115,18 +115,14 @@ def own_config(member: str) -> dict[str, Any]:
     return dict(_member(member))
 
 
-def shipped_config(member: str) -> dict[str, Any]:
-    """A config of the wheel with the configs it names in ``config_paths`` merged under it
-    (as nemo-gym merges them: a config after what it pulls in), before nemo-gym's parser."""
-    return _shipped(member, ())
-
-
-def _shipped(member: str, seen: tuple[str, ...]) -> dict[str, Any]:
+def shipped_config(member: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A config of the wheel with the configs it names in ``config_paths`` (but not those in ``seen``) merged
+    under it (as nemo-gym merges them: a config after what it pulls in), before nemo-gym's parser."""
     own = dict(_member(member))
     result: dict[str, Any] = {}
     for child in own.pop("config_paths", None) or []:
         if isinstance(child, str) and child not in seen and child != member:
-            result = deep_merged(result, _shipped(child, (*seen, member)))
+            result = deep_merged(result, shipped_config(child, (*seen, member)))
     return deep_merged(result, own)
 
 
@@ -362,5 +358,5 @@ def _sandbox_settings(value: Any) -> Iterator[tuple[str, Any]]:
 
 
 # The CLI each harness agent runs (nemo-gym 0.7.0: ``shutil.which`` in its ``setup_<name>.py``).
-_AGENT_CLIS = {"claude_code_agent": "claude", "codex_agent": "codex", "opencode_agent": "opencode"}
+_AGENT_CLIS = {"claude_code_agent": "claude", "codex_agent": "codex"}
 _SET_BY_SERVE: Sequence[str] = ("policy_base_url", "policy_api_key", "policy_model_name")

@@ -14,7 +14,6 @@ import posixpath
 import re
 import secrets
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -31,7 +30,7 @@ from miles_nemogym.errors import counted
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym._harness import HARNESSES, cli_bin
 from miles_nemogym.gym._judge_gate import JudgeGate
-from miles_nemogym.gym._logs import ServerLog, run_secrets
+from miles_nemogym.gym._logs import ServerLog, log_tail, run_secrets
 from miles_nemogym.gym.composition import (
     JUDGE_INSTANCE,
     JUDGE_KEY_ENV,
@@ -48,15 +47,14 @@ from miles_nemogym.gym.composition import (
     server_blocks,
     shipped_config,
 )
-from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config, parse_configs
+from miles_nemogym.gym.config import MODEL_CONFIG, PLACEHOLDER_POLICY_URL, parse_config
 from miles_nemogym.gym.server import (
     MARKER_ENV,
     advertised_url,
     free_port,
-    kill_marked,
-    listens,
-    pids_with_marker,
     port_free,
+    spawn,
+    terminate,
     wait_until_answering,
 )
 from miles_nemogym.gym.venv import (
@@ -64,8 +62,7 @@ from miles_nemogym.gym.venv import (
     GymEnvironmentError,
     GymVenv,
     Progress,
-    build_and_publish,
-    build_lock,
+    build_once,
     child_environment,
     gym_venv_root,
     run_build_step,
@@ -689,12 +686,6 @@ def _payload(
     }
 
 
-def compose_each(gym: GymVenv, plans: Sequence[EnvironmentPlan], judge: Judge | None, cwd: Path) -> dict[str, str]:
-    """Each plan's config composed on its own, in one parser process: name -> YAML or a ``ConfigRefusal``."""
-    answers = parse_configs(gym, [_payload(gym.site_packages, [p], judge) for p in plans], cwd, "environments' configs")
-    return {p.name: answer for p, answer in zip(plans, answers, strict=True)}
-
-
 # ----------------------------------------------------------------------------- requirements
 
 
@@ -727,12 +718,8 @@ def overlay_path(gym: GymVenv, requirements: Sequence[str]) -> Path:
     return gym_venv_root() / f"{gym.path.name}.envs-{digest}"
 
 
-def overlay_python(gym: GymVenv, requirements: Sequence[str]) -> Path | None:
-    """The cached overlay venv's interpreter for ``requirements``, if built (never builds)."""
-    return _ready_python(overlay_path(gym, requirements))
-
-
-def _ready_python(link: Path) -> Path | None:
+def ready_python(link: Path) -> Path | None:
+    """The interpreter of the overlay venv at ``link`` if it is built (never builds)."""
     python = link / "bin" / "python"
     return python if (link / _READY).is_file() and python.exists() else None
 
@@ -770,25 +757,18 @@ def environment_python(gym: GymVenv, plans: Sequence[EnvironmentPlan], progress:
     if not requirements:
         return gym.python
     link = overlay_path(gym, requirements)
-    ready = _ready_python(link)
+    ready = ready_python(link)
     if ready:
         report(f"using the cached environments' requirements {link}")
         return ready
-    root = link.parent
-    with build_lock(root / f"{link.name}.lock"):
-        ready = _ready_python(link)
-        if ready:
-            return ready
-        log = root / f"{link.name}.build.log"
+    log = link.parent / f"{link.name}.build.log"
+
+    def build(target: Path) -> None:
         log.unlink(missing_ok=True)
         report(f"installing the environments' requirements into {link} (once; pip's log: {log})")
-        started = time.monotonic()
-        build_and_publish(root, link.name, lambda target: _build_overlay(gym, requirements, target, log, report))
-    ready = _ready_python(link)
-    if ready is None:
-        raise GymEnvironmentError(f"the overlay venv built for {requirements} is not usable through {link}")
-    report(f"environments' requirements ready (installed in {time.monotonic() - started:.0f} s): {link}")
-    return ready
+        _build_overlay(gym, requirements, target, log, report)
+
+    return build_once(link, ready_python, build, report, f"overlay venv for {requirements}")
 
 
 # ----------------------------------------------------------------------------- processes
@@ -869,10 +849,9 @@ class EnvironmentServers:
     def log_path(self, instance: str) -> Path:
         return self.state_dir / f"{instance}.log"
 
-    def log_tail(self, instance: str, lines: int = 40) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_path(instance).read_text(errors="replace").splitlines()[-lines:])
-        return "(no log)"
+    def log_tail(self, instance: str) -> str:
+        """Its log's path, then the log's last lines."""
+        return log_tail(self.log_path(instance))
 
     def exited(self) -> list[str]:
         """Started instances whose process has exited."""
@@ -1001,31 +980,13 @@ class EnvironmentServers:
         hidden = [*run_secrets(self.judge.url if self.judge else None), self.rollout_secret]
         log = ServerLog(self.log_path(name), hidden)
         self._logs.append(log)
-        try:
-            self._processes[name] = subprocess.Popen(
-                [str(python), str(folder / "app.py")],
-                # In its own folder, as nemo-gym's launcher runs it: servers open files relative to it
-                # (equivalence_llm_judge's prompt_templates/...).
-                cwd=folder,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log.child_end,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # stop() signals it and its children as one group
-            )
-        finally:
-            log.started()
+        # In its own folder, as nemo-gym's launcher runs it: servers open files relative to it
+        # (equivalence_llm_judge's prompt_templates/...).
+        self._processes[name] = spawn([str(python), str(folder / "app.py")], folder, env, log)
 
     def _wait(self, name: str, deadline: float) -> None:
-        url = f"http://{connect_host(self.host)}:{self.ports[name]}/openapi.json"
-        process, port = self._processes[name], self.ports[name]
-        failed = wait_until_answering(
-            url,
-            lambda: process.poll() is None,
-            deadline,
-            0.3,
-            lambda: listens([process.pid, *pids_with_marker(self._marker)], port),
-        )
+        port = self.ports[name]
+        failed = wait_until_answering(self._processes[name], self.host, port, self._marker, deadline, 0.3)
         if failed is None:
             return
         why = {
@@ -1033,23 +994,12 @@ class EnvironmentServers:
             "program or give another --port",
             "exited": f"{name} exited during start",
         }.get(failed, f"{name} did not answer within {self.start_timeout:.0f} s")
-        raise GymEnvironmentError(f"{why}; log {self.log_path(name)}:\n{self.log_tail(name)}")
+        raise GymEnvironmentError(f"{why}; log {self.log_tail(name)}")
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM each server's process group, SIGKILL what is left; idempotent."""
-        for process in self._processes.values():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for process in self._processes.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=5)
         if self._processes:
-            kill_marked(self._marker)
+            terminate(self._processes.values(), self._marker, timeout)
         self._processes.clear()
         for log in self._logs:
             log.close()

@@ -13,6 +13,7 @@ import yaml
 
 from miles_nemogym.errors import redact_url
 from miles_nemogym.gym import venv as gym_venv
+from miles_nemogym.gym._logs import log_tail
 from miles_nemogym.gym.cluster import unreachable
 from miles_nemogym.gym.composition import Judge, judged_instances
 from miles_nemogym.gym.config import ServeOptions
@@ -22,9 +23,9 @@ from miles_nemogym.gym.environments import (
     environment_needs,
     missing_requirements,
     overlay_path,
-    overlay_python,
     plan,
     plan_config,
+    ready_python,
     refusals,
     setting,
 )
@@ -50,9 +51,10 @@ def _requirements(plans: Sequence[EnvironmentPlan], gym: GymVenv | None) -> str:
     needed = missing_requirements(gym, plans)
     if not needed:
         return f"{', '.join(lines)}, all in the server environment"
-    if overlay_python(gym, needed):
-        return f"{', '.join(needed)} installed in {overlay_path(gym, needed)} (cached)"
-    return f"installs {', '.join(needed)} into {overlay_path(gym, needed)} on the first serve (once)"
+    link = overlay_path(gym, needed)
+    if ready_python(link):
+        return f"{', '.join(needed)} installed in {link} (cached)"
+    return f"installs {', '.join(needed)} into {link} on the first serve (once)"
 
 
 def _played(agents: Sequence[str]) -> str:
@@ -236,9 +238,9 @@ class Serve:
             time.sleep(1.0)
         exited = []
         if server is not None and not server.is_running():
-            exited.append(("the server", f"{server.log_path}:\n{server.log_tail()}"))
+            exited.append(("the server", log_tail(server.log_path, 60)))
         if envs is not None:
-            exited += [(name, f"{envs.log_path(name)}:\n{envs.log_tail(name)}") for name in envs.exited()]
+            exited += [(name, envs.log_tail(name)) for name in envs.exited()]
         return exited
 
     def stop(self) -> None:

@@ -17,13 +17,13 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
-from miles_nemogym.gym._logs import ServerLog, run_secrets
+from miles_nemogym.gym._logs import ServerLog, log_tail, run_secrets
 from miles_nemogym.gym._providers import missing, node_binaries, redacted
 from miles_nemogym.gym.cluster import ClusterNode, check_cluster
 from miles_nemogym.gym.config import ServeOptions, compose_config_yaml, instance_name, planned_config
@@ -174,25 +174,56 @@ def listens(pids: Iterable[int], port: int) -> bool | None:
 
 
 def wait_until_answering(
-    url: str,
-    running: Callable[[], bool],
-    deadline: float,
-    interval: float,
-    ours: Callable[[], bool | None] | None = None,
+    process: subprocess.Popen[bytes], host: str, port: int, marker: str, deadline: float, interval: float
 ) -> str | None:
-    """Poll ``url`` until the started process answers (None), stops (``"exited"``) or ``deadline`` passes
-    (``"timeout"``, or ``"another"`` when what answered is not ours)."""
+    """Poll ``host:port`` until ``process`` answers (None), exits (``"exited"``) or ``deadline`` passes
+    (``"timeout"``, or ``"another"`` when what listens there is neither it nor a process ``marker`` marks)."""
     stranger = False
     while True:
-        if not running():
+        if process.poll() is not None:
             return "exited"
-        if answers(url):
-            stranger = ours is not None and ours() is False
-            if not stranger and running():
+        if answers(f"http://{connect_host(host)}:{port}/openapi.json"):
+            stranger = listens([process.pid, *pids_with_marker(marker)], port) is False
+            if not stranger and process.poll() is None:
                 return None
         if time.monotonic() > deadline:
             return "another" if stranger else "timeout"
         time.sleep(interval)
+
+
+def spawn(command: list[str], cwd: Path, env: Mapping[str, str], log: ServerLog) -> subprocess.Popen[bytes]:
+    """Start ``command`` writing to ``log``, in its own process group: Ctrl-C in a terminal does not reach it
+    directly, and :func:`terminate` signals it and its children (Ray) as one."""
+    try:
+        return subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log.child_end,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    finally:
+        log.started()
+
+
+def terminate(processes: Iterable[subprocess.Popen[bytes]], marker: str, timeout: float) -> None:
+    """SIGTERM each process' group, SIGKILL what is left after ``timeout``, then every process ``marker`` marks."""
+    processes = list(processes)
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        # The leader may be gone while Ray daemons in its group or elsewhere live on.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=5)
+    kill_marked(marker)
 
 
 def advertised_url(host: str, port: int) -> str:
@@ -254,19 +285,8 @@ class GymServer:
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
 
-    @property
-    def venv(self) -> GymVenv:
-        return _started(self._venv)
-
     def is_running(self) -> bool:
         return self._process is not None and self._process.poll() is None
-
-    def log_tail(self, lines: int = 60) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except (OSError, GymServerError):
-            return "(no server log)"
-        return "\n".join(text.splitlines()[-lines:])
 
     def _environment(self, state: Path, config_yaml: str) -> dict[str, str]:
         env = child_environment()
@@ -281,7 +301,7 @@ class GymServer:
             {
                 "NEMO_GYM_CONFIG_DICT": config_yaml,
                 "NEMO_GYM_CONFIG_PATH": instance_name(self.options.golden),
-                "PYTHONPATH": str(self.venv.agent_dir),
+                "PYTHONPATH": str(_started(self._venv).agent_dir),
                 "PYTHONUNBUFFERED": "1",
                 MARKER_ENV: self._marker,
                 # Ray: no usage report, own temp; a private Ray is on loopback with no
@@ -344,20 +364,8 @@ class GymServer:
             except BaseException:
                 self._remove_short_tmp()
                 raise
-            try:
-                self._process = subprocess.Popen(
-                    [str(self._venv.python), str(self._venv.agent_dir / "app.py")],
-                    cwd=state,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=self._log.child_end,
-                    stderr=subprocess.STDOUT,
-                    # Own process group: Ctrl-C in a terminal does not reach it
-                    # directly, and stop() can signal it and its Ray as one.
-                    start_new_session=True,
-                )
-            finally:
-                self._log.started()
+            command = [str(self._venv.python), str(self._venv.agent_dir / "app.py")]
+            self._process = spawn(command, state, env, self._log)
             _LIVE.add(self)
         try:
             self._wait_ready()
@@ -367,14 +375,13 @@ class GymServer:
         return self
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.start_timeout
-        failed = wait_until_answering(f"{self.url}/openapi.json", self.is_running, deadline, 0.5, self._listens)
+        process, deadline = _started(self._process), time.monotonic() + self.start_timeout
+        failed = wait_until_answering(process, self.options.host, _started(self.port), self._marker, deadline, 0.5)
         if failed is None:
             return
-        log = f"{self.log_path}:\n{self.log_tail()}"
+        log = log_tail(self.log_path, 60)
         if failed == "exited":
-            code = self._process.returncode if self._process else None
-            raise GymServerError(f"the NeMo-Gym server exited during start (exit {code}); log {log}")
+            raise GymServerError(f"the NeMo-Gym server exited during start (exit {process.returncode}); log {log}")
         if failed == "another":
             raise GymServerError(
                 f"another program answers on {self.url}, not the NeMo-Gym server serve started (still not "
@@ -384,29 +391,12 @@ class GymServer:
             f"the NeMo-Gym server did not answer on {self.url} within {self.start_timeout:.0f} s; log {log}"
         )
 
-    def _listens(self) -> bool | None:
-        """Whether the server listening on :attr:`port` is this one (its process or one it started)."""
-        if self._process is None or self.port is None:
-            return False
-        return listens([self._process.pid, *pids_with_marker(self._marker)], self.port)
-
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM the server's process group, SIGKILL what is left; idempotent."""
         with self._lock:
-            process = self._process
-            if process is None:
+            if self._process is None:
                 return
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(process.pid, signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=timeout)
-            # The leader may be gone while Ray daemons in its group or elsewhere live on.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=5)
-            kill_marked(self._marker)
+            terminate([self._process], self._marker, timeout)
             if self._log is not None:
                 self._log.close()
             self._remove_short_tmp()

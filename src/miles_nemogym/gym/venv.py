@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, TypeVar
 
 from miles_nemogym.errors import MilesNemoGymError
 from miles_nemogym.gym import wheel as gym_wheel
@@ -48,6 +48,7 @@ _SDK_EXTRAS = ("sandbox", "openshell")
 SYSTEM_DIRS: tuple[str, ...] = ("/usr/local/bin", "/usr/bin", "/opt/homebrew/bin")
 
 Progress = Callable[[str], None]
+_T = TypeVar("_T")
 
 
 class GymEnvironmentError(MilesNemoGymError, RuntimeError):
@@ -483,9 +484,7 @@ def ensure_gym_venv(
 ) -> GymVenv:
     """The ready server venv for ``sandbox``, built (minutes) on first use; ``python`` overrides the search."""
     report = progress or BuildLines("gym-venv")
-    root = gym_venv_root()
-    key = venv_key(sandbox)
-    link = root / key
+    link = gym_venv_root() / venv_key(sandbox)
     ready = _load_ready(link)
     if ready:
         explicit = os.environ.get(GYM_PYTHON_ENV) if python is None else None
@@ -498,16 +497,27 @@ def ensure_gym_venv(
             )
         report(f"using the cached NeMo-Gym server environment {link} (Python: {ready.built_with or 'unrecorded'})")
         return ready
-    with build_lock(root / f"{key}.lock"):
-        ready = _load_ready(link)  # another process may have built it while we waited
-        if ready:
-            return ready
+
+    def build(target: Path) -> None:
         interpreter = python or find_gym_python()
         report("first run: building the NeMo-Gym server environment (2-5 minutes, once)")
+        _build(interpreter, target, sandbox, report)
+
+    return build_once(link, _load_ready, build, report, "NeMo-Gym server environment")
+
+
+def build_once(
+    link: Path, ready: Callable[[Path], _T | None], build: Callable[[Path], None], progress: Progress, what: str
+) -> _T:
+    """``ready(link)`` once ``build`` made it, published as ``link`` under its lock (or another process did)."""
+    with build_lock(link.parent / f"{link.name}.lock"):
+        found = ready(link)  # another process may have built it while we waited
+        if found:
+            return found
         started = time.monotonic()
-        build_dir = build_and_publish(root, key, lambda target: _build(interpreter, target, sandbox, report))
-    ready = _load_ready(link)
-    if ready is None:
-        raise GymVenvBuildError(f"the venv built at {build_dir} is not usable through {link}")
-    report(f"NeMo-Gym server environment ready (built in {time.monotonic() - started:.0f} s): {link}")
-    return ready
+        build_dir = build_and_publish(link.parent, link.name, build)
+    found = ready(link)
+    if found is None:
+        raise GymVenvBuildError(f"the {what} built at {build_dir} is not usable through {link}")
+    progress(f"{what} ready (built in {time.monotonic() - started:.0f} s): {link}")
+    return found
