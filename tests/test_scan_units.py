@@ -124,7 +124,7 @@ def test_a_file_mixing_swe_and_environment_rows_is_refused(
 
 
 def test_a_golden_scan_refuses_rows_without_a_known_gold(tmp_path: Path) -> None:
-    from miles_nemogym.scan._environment import gold_answers
+    from miles_nemogym.scan._runner import gold_answers
 
     mcqa = load_tasks(write_jsonl(tmp_path / "mcqa.jsonl", [_converted(shipped_rows("mcqa")[0], "mcqa", 0)]))
     known = gold_answers(mcqa)
@@ -360,7 +360,7 @@ def test_log_lines_written_during_a_scan_never_carry_the_api_key(monkeypatch: py
 
 
 def test_an_api_policy_for_environment_rows_is_its_v1_url() -> None:
-    from miles_nemogym.scan._environment import session_base
+    from miles_nemogym.scan._runner import session_base
 
     assert session_base("https://api.example.com/openai/v1") == "https://api.example.com/openai"
     with pytest.raises(InputError, match=r"give the URL ending in /v1"):
