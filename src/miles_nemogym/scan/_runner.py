@@ -321,7 +321,7 @@ async def run_scan(
 def server_problem(
     settings: Settings, policy_base_url: str | None, golden: bool = False, environments: Sequence[str] = ()
 ) -> str | None:
-    """The scan's gate: its first failing check (``environments``: NEMO_GYM_ENVS first; ``golden``: a golden server), with its fix."""
+    """The scan's gate: its first failing check (``environments``: NEMO_GYM_ENVS first), with its fix."""
     missing = [name for name in environments if name not in settings.environments]
     if missing:
         configured = ", ".join(sorted(settings.environments)) or "nothing: it is unset"
