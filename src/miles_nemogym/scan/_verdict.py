@@ -9,7 +9,7 @@ from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome, passed
 from miles_nemogym.store.views import reward_text
 from miles_nemogym.store.views import verdict as verdict_word
 
-__all__ = ["Verdict", "golden_pair", "kind_of", "reason_of", "verdict_of"]
+__all__ = ["Verdict", "golden_pair", "judge"]
 
 _MAX_TEST_NAMES = 3
 
@@ -18,13 +18,6 @@ class Verdict(str, Enum):
     passed = "passed"
     failed = "failed"
     infra = "infra"
-
-
-def verdict_of(outcome: Outcome) -> Verdict:
-    """Infra for a set-aside episode, else passed by the one "passed" rule (``record.passed``)."""
-    if outcome.record.mask_sample:
-        return Verdict.infra
-    return Verdict.passed if passed(outcome.record, outcome.reward) else Verdict.failed
 
 
 def _failing(report: dict[str, Any], category: str) -> str | None:
@@ -62,37 +55,31 @@ def _graded_reason(outcome: Outcome) -> str:
     return f"reward {reward_text(outcome.reward)} although the report says resolved"
 
 
-def reason_of(outcome: Outcome) -> str | None:
-    """``None`` for a passed instance, else one line saying why it did not pass."""
-    verdict = verdict_of(outcome)
-    if verdict is Verdict.passed:
-        return None
+def judge(outcome: Outcome) -> tuple[Verdict, str, str | None]:
+    """(verdict, kind, reason): infra for a set-aside episode, else passed by the one "passed" rule
+    (``record.passed``); kind is ``-``, the failure kind (or a valid record's status), ``unresolved`` or ``failed``;
+    reason is ``None`` for a passed instance, else one line saying why it did not pass."""
     record = outcome.record
-    if verdict is Verdict.infra or record.failure_kind:  # a valid record's status too
+    if not record.mask_sample and passed(record, outcome.reward):
+        return Verdict.passed, "-", None
+    verdict = Verdict.infra if record.mask_sample else Verdict.failed
+    if record.mask_sample or record.failure_kind:  # a valid record's status too
         # The classifier already reduced a crashed episode's error to its exception line.
-        return record.failure_line()
-    return _graded_reason(outcome)
-
-
-def kind_of(outcome: Outcome) -> str:
-    """The line's label: ``-``, the failure kind (or a valid record's status), ``unresolved`` or ``failed``."""
-    verdict = verdict_of(outcome)
-    if verdict is Verdict.passed:
-        return "-"
-    if verdict is Verdict.infra or outcome.record.failure_kind:  # a valid record's status
-        return outcome.record.failure_kind or "unknown"
-    return verdict_word(masked=False, failure_kind=None, swe=outcome.record.env == SWE_ENVIRONMENT, passed=False)
+        return verdict, record.failure_kind or "unknown", record.failure_line()
+    kind = verdict_word(masked=False, failure_kind=None, swe=record.env == SWE_ENVIRONMENT, passed=False)
+    return verdict, kind, _graded_reason(outcome)
 
 
 def golden_pair(gold: Outcome, wrong: Outcome) -> tuple[Verdict, str, str | None]:
     """(verdict, kind, reason) of an environment row's gold and wrong answers: failed unless only the gold passed."""
-    if verdict_of(gold) is Verdict.infra:
-        return Verdict.infra, kind_of(gold), reason_of(gold)
-    if verdict_of(wrong) is Verdict.infra:
-        return Verdict.infra, kind_of(wrong), f"the wrong answer's episode: {reason_of(wrong)}"
-    if verdict_of(gold) is not Verdict.passed:
-        return Verdict.failed, kind_of(gold), f"the row's gold answer did not pass: {reason_of(gold)}"
-    if verdict_of(wrong) is Verdict.passed:
+    (gold_verdict, gold_kind, gold_reason), (wrong_verdict, wrong_kind, wrong_reason) = judge(gold), judge(wrong)
+    if gold_verdict is Verdict.infra:
+        return gold_verdict, gold_kind, gold_reason
+    if wrong_verdict is Verdict.infra:
+        return Verdict.infra, wrong_kind, f"the wrong answer's episode: {wrong_reason}"
+    if gold_verdict is not Verdict.passed:
+        return Verdict.failed, gold_kind, f"the row's gold answer did not pass: {gold_reason}"
+    if wrong_verdict is Verdict.passed:
         said = f"a wrong answer scored {reward_text(wrong.reward)}"
         return Verdict.failed, WRONG_ANSWER_PASSED, f"{said}: the verifier passes an answer that is not the row's gold"
     return Verdict.passed, "-", None
