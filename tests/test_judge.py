@@ -13,7 +13,7 @@ from aiohttp import web
 
 from miles_nemogym.episode.run import classify_agent_http, classify_http
 from miles_nemogym.errors import VERIFIER_ERROR
-from miles_nemogym.scan._verdict import Verdict, judge
+from miles_nemogym.scan._results import Verdict, judge
 from miles_nemogym.store import _browser as browser
 from miles_nemogym.store import _plots as plots
 from miles_nemogym.store.views import load

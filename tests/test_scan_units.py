@@ -17,9 +17,8 @@ from miles_nemogym.data._select import InstanceIdsError, parse_instance_ids
 from miles_nemogym.episode.run import RunResponse, classify_run_response
 from miles_nemogym.scan._inputs import InputError, load_tasks, select
 from miles_nemogym.scan._report import Counts, ScanProgress, render_summary
-from miles_nemogym.scan._results import ResultLine, ResultsLock, ResultsWriter
+from miles_nemogym.scan._results import ResultLine, ResultsLock, ResultsWriter, Verdict, judge
 from miles_nemogym.scan._runner import EXIT_FAILED
-from miles_nemogym.scan._verdict import Verdict, judge
 from tests.support.environment_rows import shipped_rows
 from tests.support.fault_server import FaultServer
 from tests.support.golden_scan import golden_scan, not_passed, read_results
@@ -150,7 +149,7 @@ def _outcome(reward: float, *, masked: bool = False, environment: str = "mcqa") 
 
 
 def test_a_golden_environment_row_passes_when_its_gold_passes_and_its_wrong_answer_does_not() -> None:
-    from miles_nemogym.scan._verdict import golden_pair
+    from miles_nemogym.scan._results import golden_pair
 
     assert golden_pair(_outcome(1.0), _outcome(0.0)) == (Verdict.passed, "-", None)
     verdict, kind, reason = golden_pair(_outcome(0.0), _outcome(0.0))

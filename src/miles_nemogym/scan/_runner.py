@@ -24,8 +24,7 @@ from miles_nemogym.gym.venv import GymEnvironmentError
 from miles_nemogym.scan._config import ScanConfig, scan_settings, usage_problems
 from miles_nemogym.scan._inputs import InputError, ScanTask, load_tasks, select
 from miles_nemogym.scan._report import ScanProgress, header, render_summary
-from miles_nemogym.scan._results import ResultLine, ResultsLock, ResultsWriter, task_digest
-from miles_nemogym.scan._verdict import Verdict, golden_pair, judge
+from miles_nemogym.scan._results import ResultLine, ResultsLock, ResultsWriter, Verdict, golden_pair, judge, task_digest
 from miles_nemogym.settings import Settings
 from miles_nemogym.smoke import ANSWERED, RecordingPolicy, answers
 from miles_nemogym.transport import bracket, close_pools, is_loopback
