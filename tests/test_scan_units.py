@@ -344,7 +344,7 @@ def test_golden_scan_function_names_the_four_real_rows_whose_tests_fail(
 def test_log_lines_written_during_a_scan_never_carry_the_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
     import logging
 
-    from miles_nemogym.scan._entry import _install_logging
+    from miles_nemogym.scan import _install_logging
 
     secret = "sk-log-test-0123456789"
     monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", secret)
