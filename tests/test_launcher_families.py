@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from miles_nemogym.launcher._families import FAMILIES, ModelFamily, Parsers, UnknownFamilyError, detect, resolve
+from miles_nemogym.launcher._families import FAMILIES, Parsers, UnknownFamilyError, detect, resolve
 
 
 @pytest.mark.parametrize(
@@ -28,7 +28,7 @@ from miles_nemogym.launcher._families import FAMILIES, ModelFamily, Parsers, Unk
 )
 def test_detect(checkpoint: str, family: str) -> None:
     found = detect(checkpoint)
-    assert found is not None and found.name == family
+    assert found is not None and found.family == family
 
 
 @pytest.mark.parametrize(
@@ -55,14 +55,14 @@ def test_qwen3_values_are_miles_bindings() -> None:
     )
 
 
-@pytest.mark.parametrize("family", FAMILIES, ids=lambda family: family.name)
-def test_each_family_is_chosen_by_its_name_and_by_a_checkpoint_named_after_it(family: ModelFamily) -> None:
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda family: family.family)
+def test_each_family_is_chosen_by_its_name_and_by_a_checkpoint_named_after_it(family: Parsers) -> None:
     """No family shadows another: not by a repeated name (--model-family would reach the other)
     nor by an earlier pattern (detection would never reach it)."""
-    by_flag = resolve("org/custom-model", family=family.name.upper())
-    assert by_flag == Parsers(family.name, family.tito_model, family.reasoning_parser, family.tool_call_parser)
+    by_flag = resolve("org/custom-model", family=family.family.upper())
+    assert by_flag == Parsers(family.family, family.tito_model, family.reasoning_parser, family.tool_call_parser)
     assert by_flag.tool_call_parser  # SGLang gets one for every family
-    assert resolve(f"org/{family.name}-7B") == by_flag
+    assert resolve(f"org/{family.family}-7B") == by_flag
 
 
 def test_explicit_family_beats_detection_and_overrides_beat_family() -> None:

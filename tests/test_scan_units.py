@@ -17,9 +17,8 @@ from miles_nemogym.data._select import InstanceIdsError, parse_instance_ids
 from miles_nemogym.episode.run import RunResponse, classify_run_response
 from miles_nemogym.scan._inputs import InputError, load_tasks, select
 from miles_nemogym.scan._report import Counts, ScanProgress, render_summary
-from miles_nemogym.scan._results import ResultLine, ResultsLock, ResultsWriter
+from miles_nemogym.scan._results import ResultLine, ResultsLock, ResultsWriter, Verdict, judge
 from miles_nemogym.scan._runner import EXIT_FAILED
-from miles_nemogym.scan._verdict import Verdict, reason_of, verdict_of
 from tests.support.environment_rows import shipped_rows
 from tests.support.fault_server import FaultServer
 from tests.support.golden_scan import golden_scan, not_passed, read_results
@@ -124,7 +123,7 @@ def test_a_file_mixing_swe_and_environment_rows_is_refused(
 
 
 def test_a_golden_scan_refuses_rows_without_a_known_gold(tmp_path: Path) -> None:
-    from miles_nemogym.scan._environment import gold_answers
+    from miles_nemogym.scan._runner import gold_answers
 
     mcqa = load_tasks(write_jsonl(tmp_path / "mcqa.jsonl", [_converted(shipped_rows("mcqa")[0], "mcqa", 0)]))
     known = gold_answers(mcqa)
@@ -150,7 +149,7 @@ def _outcome(reward: float, *, masked: bool = False, environment: str = "mcqa") 
 
 
 def test_a_golden_environment_row_passes_when_its_gold_passes_and_its_wrong_answer_does_not() -> None:
-    from miles_nemogym.scan._verdict import golden_pair
+    from miles_nemogym.scan._results import golden_pair
 
     assert golden_pair(_outcome(1.0), _outcome(0.0)) == (Verdict.passed, "-", None)
     verdict, kind, reason = golden_pair(_outcome(0.0), _outcome(0.0))
@@ -237,17 +236,17 @@ def test_p95_is_a_time_some_episode_took() -> None:
 def test_verdicts_and_reasons_follow_the_agents_classification(gym_example_rollouts: list[dict[str, Any]]) -> None:
     by_id = {row["instance_id"]: row for row in gym_example_rollouts}
     passed = classify_run_response(RunResponse.model_validate(by_id[SKLEARN]))
-    assert verdict_of(passed) is Verdict.passed and reason_of(passed) is None
+    assert judge(passed)[0] is Verdict.passed and judge(passed)[2] is None
 
     unapplied = copy.deepcopy(by_id[SKLEARN])
     unapplied["reward"] = 0.0
     unapplied["metadata"]["eval_report"][SKLEARN].update(patch_successfully_applied=False, resolved=False)
     outcome = classify_run_response(RunResponse.model_validate(unapplied))
-    assert verdict_of(outcome) is Verdict.failed
-    assert reason_of(outcome) == "the patch did not apply (patch_successfully_applied=false)"
+    assert judge(outcome)[0] is Verdict.failed
+    assert judge(outcome)[2] == "the patch did not apply (patch_successfully_applied=false)"
 
     pylint = classify_run_response(RunResponse.model_validate(by_id["pylint-dev__pylint-4551"]))
-    pylint_reason = reason_of(pylint) or ""
+    pylint_reason = judge(pylint)[2] or ""
     assert "FAIL_TO_PASS 10/10 failing" in pylint_reason
     assert "(+7 more)" in pylint_reason
 
@@ -262,8 +261,8 @@ def test_verdicts_and_reasons_follow_the_agents_classification(gym_example_rollo
         },
     )
     outcome = classify_run_response(RunResponse.model_validate(crashed))
-    assert verdict_of(outcome) is Verdict.infra
-    assert reason_of(outcome) == (
+    assert judge(outcome)[0] is Verdict.infra
+    assert judge(outcome)[2] == (
         "agent_run_error: server error: requests.exceptions.ConnectionError: "
         "Failed to resolve 'raw.githubusercontent.com'"
     )
@@ -271,8 +270,8 @@ def test_verdicts_and_reasons_follow_the_agents_classification(gym_example_rollo
     masked = copy.deepcopy(by_id[SKLEARN])
     masked.update(mask_sample=True, failure_kind="provider_oom_killed", failure_reason="sandbox OOM")
     outcome = classify_run_response(RunResponse.model_validate(masked))
-    assert verdict_of(outcome) is Verdict.infra  # even with reward 1.0: not a measurement
-    assert reason_of(outcome) == "provider_oom_killed: sandbox OOM"
+    assert judge(outcome)[0] is Verdict.infra  # even with reward 1.0: not a measurement
+    assert judge(outcome)[2] == "provider_oom_killed: sandbox OOM"
 
 
 def test_without_a_terminal_a_status_line_gives_done_counts_elapsed_and_eta() -> None:
@@ -345,7 +344,7 @@ def test_golden_scan_function_names_the_four_real_rows_whose_tests_fail(
 def test_log_lines_written_during_a_scan_never_carry_the_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
     import logging
 
-    from miles_nemogym.scan._entry import _install_logging
+    from miles_nemogym.scan import _install_logging
 
     secret = "sk-log-test-0123456789"
     monkeypatch.setenv("NEMO_GYM_POLICY_API_KEY", secret)
@@ -360,7 +359,7 @@ def test_log_lines_written_during_a_scan_never_carry_the_api_key(monkeypatch: py
 
 
 def test_an_api_policy_for_environment_rows_is_its_v1_url() -> None:
-    from miles_nemogym.scan._environment import session_base
+    from miles_nemogym.scan._runner import session_base
 
     assert session_base("https://api.example.com/openai/v1") == "https://api.example.com/openai"
     with pytest.raises(InputError, match=r"give the URL ending in /v1"):

@@ -21,8 +21,7 @@ from miles_nemogym.cli.main import app
 from miles_nemogym.episode.record import EpisodeRecord
 from miles_nemogym.launcher import run as launcher_run
 from miles_nemogym.scan._report import ScanProgress, render_summary
-from miles_nemogym.scan._results import ResultLine
-from miles_nemogym.scan._verdict import Verdict
+from miles_nemogym.scan._results import ResultLine, Verdict
 from miles_nemogym.store import EpisodeStore, entry_for
 from miles_nemogym.store import views as episodes_cli
 from tests.support import tmux

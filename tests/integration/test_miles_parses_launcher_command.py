@@ -132,7 +132,7 @@ def recipes(work: Path) -> dict[str, LauncherConfig]:
     }
     cases = {"default": LauncherConfig.model_validate(base)}
     for family in FAMILIES:
-        cases[f"family-{family.name}"] = LauncherConfig.model_validate({**base, "model_family": family.name})
+        cases[f"family-{family.family}"] = LauncherConfig.model_validate({**base, "model_family": family.family})
     cases["eval-store-wandb-v2-separate-gpus"] = LauncherConfig.model_validate(
         {
             **base,
@@ -157,8 +157,8 @@ def recipes(work: Path) -> dict[str, LauncherConfig]:
         {**base, "eval_data": {"mcqa": held_out, "swe": held_out}, "nemo_gym_envs": {"mcqa": "http://gym:8001"}}
     )
     for family in FAMILIES:
-        cases[f"async-family-{family.name}"] = LauncherConfig.model_validate(
-            {**base, **ASYNC_SPLIT, "model_family": family.name}
+        cases[f"async-family-{family.family}"] = LauncherConfig.model_validate(
+            {**base, **ASYNC_SPLIT, "model_family": family.family}
         )
     cases["async-every-knob-v2-eval"] = LauncherConfig.model_validate(
         {
@@ -253,9 +253,9 @@ def _bypassing_the_launcher(job: cmd.Job, change: str) -> cmd.Job:
     return cmd.Job(argv=argv, env=env)
 
 
-ACCEPTED = ["default", *(f"family-{family.name}" for family in FAMILIES)]
+ACCEPTED = ["default", *(f"family-{family.family}" for family in FAMILIES)]
 ACCEPTED += ["eval-store-wandb-v2-separate-gpus", "debug-rollout-only"]
-ASYNC_ACCEPTED = [f"async-family-{family.name}" for family in FAMILIES]
+ASYNC_ACCEPTED = [f"async-family-{family.family}" for family in FAMILIES]
 ASYNC_ACCEPTED += ["async-every-knob-v2-eval", "async-two-nodes"]
 ACCEPTED += [*ASYNC_ACCEPTED, "sync-over-sampling"]
 

@@ -8,9 +8,8 @@ from pathlib import Path
 from rich.console import Console
 
 from miles_nemogym.scan._config import ScanConfig
-from miles_nemogym.scan._results import ResultLine, ResultsLock
+from miles_nemogym.scan._results import ResultLine, ResultsLock, Verdict
 from miles_nemogym.scan._runner import ScanResult, run_scan
-from miles_nemogym.scan._verdict import Verdict
 
 
 def golden_scan(

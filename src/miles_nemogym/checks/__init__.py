@@ -298,7 +298,7 @@ _NO_ANSWER = frozenset({"timeout", "dns", "refused", "connect", "certificate", "
 
 def _policy_answers(target: Target) -> Found:
     """``GET <policy_base_url>/models`` gets any HTTP answer (no key is sent: a 401 counts)."""
-    assert target.policy_base_url is not None, "_POLICY_ANSWERS checks the target's policy_base_url"
+    assert target.policy_base_url is not None, "the policy answers check needs the target's policy_base_url"
     url = target.policy_base_url.strip().rstrip("/")
     try:
         target.fetch(f"{url}/models", target.timeout_s)
@@ -314,11 +314,6 @@ def _policy_answers(target: Target) -> Found:
 
 _SETTINGS = Check("settings", _settings, gives="valid settings")
 _GYM_ANSWERS = Check("NeMo-Gym answers", _gym_answers, (_SETTINGS,), gives="the server's answer")
-_RUN_OFFERED = Check("/run offered", _run_offered, (_GYM_ANSWERS,))
-_POLICY_FIELD = Check("/run accepts policy_base_url", _policy_field, (_GYM_ANSWERS,))
-_POLICY_HOST = Check("policy host dialable from the Gym host", _policy_host, (_SETTINGS,))
-_POLICY_ANSWERS = Check("policy endpoint answers", _policy_answers)
-_GOLDEN_SERVER = Check("golden server", _golden_server, (_GYM_ANSWERS,))
 
 Wanted = Literal[
     "settings", "gym answers", "run offered", "policy field", "policy host", "policy answers", "golden server"
@@ -326,11 +321,11 @@ Wanted = Literal[
 _WANTED: dict[Wanted, Check] = {
     "settings": _SETTINGS,
     "gym answers": _GYM_ANSWERS,
-    "run offered": _RUN_OFFERED,
-    "policy field": _POLICY_FIELD,
-    "policy host": _POLICY_HOST,
-    "policy answers": _POLICY_ANSWERS,
-    "golden server": _GOLDEN_SERVER,
+    "run offered": Check("/run offered", _run_offered, (_GYM_ANSWERS,)),
+    "policy field": Check("/run accepts policy_base_url", _policy_field, (_GYM_ANSWERS,)),
+    "policy host": Check("policy host dialable from the Gym host", _policy_host, (_SETTINGS,)),
+    "policy answers": Check("policy endpoint answers", _policy_answers),
+    "golden server": Check("golden server", _golden_server, (_GYM_ANSWERS,)),
 }
 
 

@@ -10,9 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from miles_nemogym.scan._results import Mode
 from miles_nemogym.settings import Settings
 
-__all__ = ["API_KEY_ENV", "ScanConfig", "scan_settings", "usage_problems"]
-
-API_KEY_ENV = "NEMO_GYM_POLICY_API_KEY"
+__all__ = ["ScanConfig", "scan_settings", "usage_problems"]
 
 
 class ScanConfig(BaseModel):
@@ -67,7 +65,7 @@ def usage_problems(config: ScanConfig) -> list[str]:
         problems.append(
             "say which model answers: --golden (a server started with `miles-nemogym serve --golden` "
             "applies the gold patches, no model) or --policy-base-url URL (an OpenAI-compatible "
-            f"endpoint ending in /v1, its key in {API_KEY_ENV}); `miles-nemogym serve` configures "
+            "endpoint ending in /v1, its key in NEMO_GYM_POLICY_API_KEY); `miles-nemogym serve` configures "
             "no model of its own, so a scan with neither would only wait on one that cannot answer"
         )
     if config.golden and config.policy_base_url:
@@ -82,15 +80,14 @@ def usage_problems(config: ScanConfig) -> list[str]:
     return problems
 
 
-def scan_settings(config: ScanConfig, base: Settings | None = None) -> Settings:
-    """``base`` (default: read from the environment) with this scan's flags; raises ``SettingsError``."""
+def scan_settings(config: ScanConfig) -> Settings:
+    """The settings read from the environment, with this scan's flags; raises ``SettingsError``."""
     changes: dict[str, object] = {"max_concurrency": config.concurrency}
     if config.gym_url is not None:
         changes["gym_url"] = config.gym_url
     if config.timeout_s is not None:
         changes["run_timeout_s"] = config.timeout_s
-    settings = Settings.from_env() if base is None else base
-    return settings.with_overrides(labels=_FLAGS, **changes)
+    return Settings.from_env().with_overrides(labels=_FLAGS, **changes)
 
 
 _FLAGS = {"gym_url": "--gym-url / NEMO_GYM_URL", "run_timeout_s": "--timeout", "max_concurrency": "--concurrency"}

@@ -16,8 +16,7 @@ from rich.table import Table
 from miles_nemogym import fit
 from miles_nemogym.episode.record import percentile
 from miles_nemogym.errors import counted
-from miles_nemogym.scan._results import ResultLine
-from miles_nemogym.scan._verdict import Verdict
+from miles_nemogym.scan._results import ResultLine, Verdict
 from miles_nemogym.store.views import reward_text
 
 __all__ = ["ScanProgress", "header", "render_summary"]

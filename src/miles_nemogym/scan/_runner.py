@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import itertools
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,19 +14,19 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from rich.console import Console
 
-import miles_nemogym.scan._environment as environment_scan
 from miles_nemogym import checks
 from miles_nemogym.agent import ScanEpisodes
 from miles_nemogym.episode import run as swe_run
 from miles_nemogym.episode.record import SWE_ENVIRONMENT, Outcome
 from miles_nemogym.errors import MilesNemoGymError, RequestError, SettingsError, counted, redact_url, redact_urls
+from miles_nemogym.gym.environments import plan
+from miles_nemogym.gym.venv import GymEnvironmentError
 from miles_nemogym.scan._config import ScanConfig, scan_settings, usage_problems
 from miles_nemogym.scan._inputs import InputError, ScanTask, load_tasks, select
 from miles_nemogym.scan._report import ScanProgress, header, render_summary
-from miles_nemogym.scan._results import ResultLine, ResultsLock, ResultsWriter, task_digest
-from miles_nemogym.scan._verdict import Verdict, golden_pair, kind_of, reason_of, verdict_of
+from miles_nemogym.scan._results import ResultLine, ResultsLock, ResultsWriter, Verdict, golden_pair, judge, task_digest
 from miles_nemogym.settings import Settings
-from miles_nemogym.smoke import RecordingPolicy
+from miles_nemogym.smoke import ANSWERED, RecordingPolicy, answers
 from miles_nemogym.transport import bracket, close_pools, is_loopback
 
 __all__ = ["EXIT_USAGE", "ScanResult", "ScanUsageError", "run_scan"]
@@ -61,6 +63,59 @@ async def golden_guard(gym_url: str, external_host: str | None) -> AsyncIterator
         yield guard
     finally:
         await runner.cleanup()
+
+
+Answers = dict[str, tuple[Any, ...]]  # a row's scripted turns by answer: {"gold": turns, "wrong": turns}
+CHECK_SESSION = "http://127.0.0.1:9/sessions/check"  # checks a golden row's episode before the policy starts
+
+
+def gold_answers(tasks: Sequence[ScanTask]) -> dict[str, Answers]:
+    """Each row's gold and wrong answer, by task id; ``InputError`` for the first row that has none."""
+    names = sorted({task.environment for task in tasks})
+    try:
+        folders = {environment.name: environment.resources_server for environment in plan(names)}
+    except GymEnvironmentError as error:
+        raise InputError(
+            f"a golden scan of environment rows plays the gold answers of environments nemo-gym ships; {error}; "
+            "scan your own environment with --policy-base-url"
+        ) from None
+    found: dict[str, Answers] = {}
+    for task in tasks:
+        known = answers(folders[task.environment], task.metadata)  # it reads only the gold fields
+        if not known:
+            raise InputError(
+                f"{task.where}: task {task.instance_id}: no gold answer known for {task.environment}'s rows "
+                f"(a golden scan reads the gold of {', '.join(ANSWERED)} rows); scan it with --policy-base-url URL "
+                "(a model), or see its rows score with `miles-nemogym smoke --env "
+                f"{task.environment}`"
+            )
+        found[task.instance_id] = known
+    return found
+
+
+def session_base(policy_base_url: str) -> str:
+    """An API policy's URL without ``/v1``: environment rows post to ``<base>/v1/chat/completions``, as to a session."""
+    if not policy_base_url.endswith("/v1"):
+        raise InputError(
+            f"--policy-base-url {policy_base_url}: environment rows call <it>/chat/completions as "
+            "OpenAI-compatible APIs serve it under /v1; give the URL ending in /v1"
+        )
+    return policy_base_url.removesuffix("/v1")
+
+
+async def play_golden(
+    task: ScanTask, known: Answers, policy: RecordingPolicy, settings: Settings, episodes: ScanEpisodes
+) -> tuple[Outcome, Outcome]:
+    """The row's gold, then its wrong answer, each one episode of its own scripted session."""
+    played = []
+    for turns in known.values():  # gold, then wrong
+        session = uuid.uuid4().hex
+        policy.configure_session(session, answers=turns)
+        episode = episodes.episode(task.metadata, task.environment, policy.session_url(session), settings)
+        outcome = await episode()
+        outcome.record.environment = task.environment
+        played.append(outcome)
+    return played[0], played[1]
 
 
 EXIT_OK = 0
@@ -103,7 +158,7 @@ class _Prepared:
     digests: dict[str, str]
     lock: ResultsLock | None
     bodies: dict[str, Callable[[], Awaitable[Outcome]]]  # built before the first episode (not golden env rows')
-    gold: dict[str, environment_scan.Answers]  # a golden scan of environment rows: each row's gold and wrong
+    gold: dict[str, Answers]  # a golden scan of environment rows: each row's gold and wrong
     episodes: ScanEpisodes
 
     @property
@@ -180,16 +235,16 @@ def _prepare_locked(
         raise ScanUsageError(f"the sampling flags cannot be sent: {error}") from None
     pending = [task for task in selected if task.instance_id not in earlier]
     environment_rows = tasks[0].environment != SWE_ENVIRONMENT
-    gold: dict[str, environment_scan.Answers] = {}
+    gold: dict[str, Answers] = {}
     base = config.policy_base_url  # an environment row's: the session URL its episode is checked against
     if environment_rows:
         try:
             if config.golden:
                 settings = settings.with_overrides(policy_api_key=None)  # the scripted policy needs no key
-                gold = environment_scan.gold_answers(pending)
-                base = environment_scan.CHECK_SESSION
+                gold = gold_answers(pending)
+                base = CHECK_SESSION
             else:
-                base = environment_scan.session_base(str(config.policy_base_url))
+                base = session_base(str(config.policy_base_url))
         except InputError as error:
             raise ScanUsageError(str(error)) from None
     bodies: dict[str, Callable[[], Awaitable[Outcome]]] = {}
@@ -210,10 +265,7 @@ def _result_line(
     task: ScanTask, outcome: Outcome, seconds: float, config: ScanConfig, digest: str, wrong: Outcome | None = None
 ) -> ResultLine:
     """One instance's line; ``wrong``: a golden environment row's wrong answer (``outcome`` its gold)."""
-    if wrong is None:
-        verdict, kind, reason = verdict_of(outcome), kind_of(outcome), reason_of(outcome)
-    else:
-        verdict, kind, reason = golden_pair(outcome, wrong)
+    verdict, kind, reason = judge(outcome) if wrong is None else golden_pair(outcome, wrong)
     environment = None if task.environment == SWE_ENVIRONMENT else task.environment
     return ResultLine(
         task_sha256=digest,
@@ -240,14 +292,9 @@ async def run_scan(
     prepared = _prepare(config)
     try:
         if prepared.pending:
-            if prepared.environments:
-                problem = await asyncio.to_thread(
-                    environment_scan.server_problem, prepared.settings, prepared.environments, config.policy_base_url
-                )
-            else:
-                problem = await asyncio.to_thread(
-                    server_problem, prepared.settings, config.policy_base_url, config.golden
-                )
+            problem = await asyncio.to_thread(
+                server_problem, prepared.settings, config.policy_base_url, config.golden, prepared.environments
+            )
             if problem is not None:
                 raise ScanUsageError(problem)
         if prepared.gold:
@@ -267,9 +314,25 @@ async def run_scan(
             prepared.lock.release()  # after the last result was written: the results file is complete
 
 
-def server_problem(settings: Settings, policy_base_url: str | None, golden: bool = False) -> str | None:
-    """The scan's gate: the first server check that fails (``golden``: also a non-golden server), with its fix."""
+def server_problem(
+    settings: Settings, policy_base_url: str | None, golden: bool = False, environments: Sequence[str] = ()
+) -> str | None:
+    """The scan's gate: its first failing check (``environments``: NEMO_GYM_ENVS first), with its fix."""
+    missing = [name for name in environments if name not in settings.environments]
+    if missing:
+        configured = ", ".join(sorted(settings.environments)) or "nothing: it is unset"
+        return (
+            f"the rows' {'environment' if len(missing) == 1 else 'environments'} {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not in NEMO_GYM_ENVS (it names {configured}); "
+            f"start them with `miles-nemogym serve --env {' --env '.join(missing)}` and export the "
+            "NEMO_GYM_ENVS it prints"
+        )
     target = checks.Target(settings, timeout_s=settings.connect_timeout_s, policy_base_url=policy_base_url)
+    if environments:
+        policy: list[checks.Wanted] = [] if policy_base_url is None else ["policy answers"]
+        results = itertools.chain(checks.run(target, [], environments=environments), checks.run(target, policy))
+        failed = next((result for result in results if not result.ok), None)
+        return None if failed is None else f"{failed.name}: {failed.detail}; {failed.fix}"
     wanted: list[checks.Wanted] = ["gym answers", "run offered"]
     if policy_base_url is not None:
         wanted += ["policy field", "policy answers"]
@@ -329,7 +392,7 @@ async def _run_episodes(
             started = loop.time()
             wrong = None
             if policy is not None:
-                outcome, wrong = await environment_scan.play_golden(
+                outcome, wrong = await play_golden(
                     task, prepared.gold[task.instance_id], policy, prepared.settings, prepared.episodes
                 )
             else:
