@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 import stat
 import sys
-import tempfile
 from collections.abc import Collection
 from pathlib import Path
 
 import typer
 
 from miles_nemogym import fit
+from miles_nemogym.data import write_file
 from miles_nemogym.episode.record import EpisodeRecord
 from miles_nemogym.fit import terminal_width
 from miles_nemogym.store._browser import (
@@ -261,18 +261,9 @@ def _write_plots(folder: Path, store: Path, chosen: list[StoredEpisode]) -> None
 
 
 def _write_page(out: Path, page: str, option: str = "--html") -> None:
-    """Write ``page`` to a new file next to ``out``, renamed over it: a reader sees the old page or the new,
-    never half of one, and a link put at ``out`` meanwhile is replaced, never written through."""
-    temporary: str | None = None
+    """``page`` as a new file renamed over ``out``: a reader sees the old page or the new, and a link put
+    at ``out`` meanwhile is replaced, never written through."""
     try:
-        descriptor, temporary = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(descriptor, 0o666 & ~umask)  # mkstemp's 0600, widened as a new file would be
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(page)
-        os.replace(temporary, out)
-    except OSError as error:
-        if temporary is not None:
-            Path(temporary).unlink(missing_ok=True)
-        raise _refuse(f"{out}: cannot write the {_WHAT[option]}: {error.strerror or error}", option) from None
+        write_file(out, page.encode())
+    except OSError as error:  # WriteError: "cannot write OUT: why"
+        raise _refuse(f"{error} (the {_WHAT[option]})", option) from None
