@@ -16,7 +16,6 @@ from miles_nemogym.data import write_file
 from miles_nemogym.episode.record import EpisodeRecord
 from miles_nemogym.fit import terminal_width
 from miles_nemogym.store._browser import (
-    environment_rows,
     episode_list_text,
     episode_parts,
     failure_lines,
@@ -28,7 +27,7 @@ from miles_nemogym.store._browser import (
     server_error,
     several_environments,
     step_label,
-    step_rows,
+    summary_rows,
     table_text,
     trajectory_counts,
     trim,
@@ -119,10 +118,10 @@ def browse(
         if html_out is not None or plots_out is not None:
             return
         width = terminal_width()
-        typer.echo(table_text(step_rows(chosen), width, quality_label(chosen)))
+        typer.echo(table_text(summary_rows(chosen), width, quality_label(chosen)))
         if several_environments(chosen):
             typer.echo("")
-            typer.echo(table_text(environment_rows(chosen), width))
+            typer.echo(table_text(summary_rows(chosen, per_environment=True), width))
         if instance is not None or kind is not None or step is not None:
             typer.echo("")
             typer.echo(episode_list_text(chosen, width))
