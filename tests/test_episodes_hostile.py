@@ -436,7 +436,8 @@ def test_html_refuses_what_is_not_a_regular_file(one_episode_store: Path, tmp_pa
     read_only.write_text("old")
     read_only.chmod(0o444)
     refused(one_episode_store, read_only, "is read-only")
-    refused(one_episode_store, "/sys/episodes.html", "cannot write the page")  # a folder no one can create files in
+    # A folder no one can create files in:
+    refused(one_episode_store, "/sys/episodes.html", "cannot write /sys/episodes.html: ")
     assert outside.read_text() == "keep" and read_only.read_text() == "old" and not (tmp_path / "nowhere.html").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "dangling.html",

@@ -116,7 +116,7 @@ def test_the_store_reads_mask_sample_through_the_typed_record(tmp_path: Path, ma
     odd, fine = load(tmp_path).episodes
     assert (odd.masked, odd.kind, odd.passed) == (True, "masked", False)
     assert (fine.masked, fine.kind, fine.passed) == (False, "resolved", True)
-    (row,) = browser.step_rows([odd, fine])
+    (row,) = browser.summary_rows([odd, fine])
     assert (row.episodes, row.valid, row.passed, row.failures) == (2, 1, 1, {"masked": 1})
     assert "set aside, not trained on" in browser.episode_parts(odd)[3]
     quality, failures, _ = plots.plots([odd, fine])

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from miles_nemogym.cli.main import app
-from miles_nemogym.store._browser import step_rows
+from miles_nemogym.store._browser import summary_rows
 from miles_nemogym.store._plots import Plot, Series, plots, plots_html, svg
 from miles_nemogym.store.views import load
 from tests.support.episode_stores import build_env_store
@@ -77,7 +77,7 @@ def test_the_resolve_rate_curve_counts_what_the_table_counts(tmp_path: Path) -> 
     ep = tmp_path / "ep"
     write_step(ep, "train", 1, [entry("a", record={"resolved": "false"}), entry("b", record={"resolved": False})])
     episodes = load(ep).episodes
-    (row,) = step_rows(episodes)
+    (row,) = summary_rows(episodes)
     (quality, *_) = plots(episodes)
     assert row.pass_rate == 0.0
     assert quality.series[1] == Series("resolve rate", (0.0,))

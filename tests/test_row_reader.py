@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from miles_nemogym.data import ConvertOptions, convert
-from miles_nemogym.data._schema import decode_test_list
+from miles_nemogym.data import ConvertOptions, convert, decode_test_lists
 from miles_nemogym.data._select import instance_ids_option, parse_instance_ids
 from miles_nemogym.data._sources import open_source
 from miles_nemogym.launcher._checks import check_prompt_data
@@ -44,12 +43,13 @@ def test_a_bad_line_reads_the_same_everywhere(tmp_path: Path, line: str, error: 
 
 
 def test_fail_to_pass_is_decoded_once_for_converter_and_scan() -> None:
-    assert decode_test_list("FAIL_TO_PASS", '["t1", "t2"]') == ["t1", "t2"]
-    assert decode_test_list("PASS_TO_PASS", []) == []
+    row: dict[str, Any] = {"FAIL_TO_PASS": '["t1", "t2"]', "PASS_TO_PASS": []}
+    decode_test_lists(row)
+    assert row == {"FAIL_TO_PASS": ["t1", "t2"], "PASS_TO_PASS": []}
     with pytest.raises(ValueError, match=r"^FAIL_TO_PASS: is a string but not a JSON list of test names"):
-        decode_test_list("FAIL_TO_PASS", "[broken")
+        decode_test_lists({"FAIL_TO_PASS": "[broken"})
     with pytest.raises(ValueError, match=r"^PASS_TO_PASS: Input should be a valid list \(got int 3\); give a list"):
-        decode_test_list("PASS_TO_PASS", 3)
+        decode_test_lists({"PASS_TO_PASS": 3})
 
 
 def test_convert_and_scan_read_one_instance_ids_grammar(tmp_path: Path, gym_example_rows: list[dict[str, Any]]) -> None:

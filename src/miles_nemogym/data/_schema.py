@@ -15,10 +15,8 @@ from miles_nemogym import errors
 
 __all__ = [
     "SUBSETS",
-    "TEST_LIST_FIELDS",
     "FieldProblem",
     "SweBenchInstance",
-    "decode_test_list",
     "decode_test_lists",
     "validate_instance",
 ]
@@ -26,8 +24,6 @@ __all__ = [
 Subset = Literal["verified", "gym"]
 """``verified`` → official SWE-bench images; ``gym`` → SWE-Gym images (``mini_swe_agent_2`` picks by it)."""
 SUBSETS: tuple[str, ...] = get_args(Subset)
-
-TEST_LIST_FIELDS: tuple[str, ...] = ("FAIL_TO_PASS", "PASS_TO_PASS")
 
 
 def _decode_test_list(value: Any) -> Any:
@@ -127,20 +123,15 @@ def _describe(error: ErrorDetails, field: str | None = None) -> FieldProblem:
 _TEST_LIST: TypeAdapter[list[str]] = TypeAdapter(_TestList)
 
 
-def decode_test_list(field: str, value: Any) -> list[str]:
-    """A ``FAIL_TO_PASS``/``PASS_TO_PASS`` value as a list (JSON strings decoded, as the converter
-    writes it); ``ValueError`` names the field and the fix."""
-    try:
-        return _TEST_LIST.validate_python(value, strict=True)
-    except ValidationError as error:
-        raise ValueError(str(_describe(error.errors(include_url=False)[0], field))) from None
-
-
 def decode_test_lists(metadata: dict[str, Any]) -> None:
-    """``decode_test_list`` on each of ``TEST_LIST_FIELDS`` the row holds, in place."""
-    for name in TEST_LIST_FIELDS:
+    """The row's ``FAIL_TO_PASS``/``PASS_TO_PASS`` as lists, in place (JSON strings decoded, as the converter
+    writes them); ``ValueError`` names the field and the fix."""
+    for name in ("FAIL_TO_PASS", "PASS_TO_PASS"):
         if name in metadata:
-            metadata[name] = decode_test_list(name, metadata[name])
+            try:
+                metadata[name] = _TEST_LIST.validate_python(metadata[name], strict=True)
+            except ValidationError as error:
+                raise ValueError(str(_describe(error.errors(include_url=False)[0], name))) from None
 
 
 def validate_instance(row: Mapping[str, Any]) -> SweBenchInstance | list[FieldProblem]:

@@ -20,7 +20,6 @@ __all__ = [
     "LongText",
     "Row",
     "cut_head",
-    "environment_rows",
     "episode_list_text",
     "episode_parts",
     "failure_lines",
@@ -36,7 +35,7 @@ __all__ = [
     "server_error",
     "several_environments",
     "step_label",
-    "step_rows",
+    "summary_rows",
     "table_text",
     "trajectory_counts",
     "trim",
@@ -128,20 +127,16 @@ def _row(role: str, step: int | None, members: list[StoredEpisode], environment:
     )
 
 
-def step_rows(episodes: list[StoredEpisode]) -> list[Row]:
-    """Per (role, step): episodes, pass rate over valid ones, failures by kind, turns, time."""
-    groups: dict[tuple[str, int | None], list[StoredEpisode]] = {}
-    for episode in episodes:
-        groups.setdefault((episode.role, episode.step), []).append(episode)
-    return [_row(role, step, members) for (role, step), members in groups.items()]
-
-
-def environment_rows(episodes: list[StoredEpisode]) -> list[Row]:
-    """Per (role, environment), environments by name: the same counts over every step shown."""
-    groups: dict[tuple[str, str], list[StoredEpisode]] = {}
-    for episode in sorted(episodes, key=lambda e: (e.role, e.environment)):
-        groups.setdefault((episode.role, episode.environment), []).append(episode)
-    return [_row(role, None, members, environment) for (role, environment), members in groups.items()]
+def summary_rows(episodes: list[StoredEpisode], per_environment: bool = False) -> list[Row]:
+    """Per (role, step), or per (role, environment) by name over every step shown: episodes, pass rate
+    over valid ones, failures by kind, turns, time."""
+    groups: dict[tuple[str, Any], list[StoredEpisode]] = {}
+    for episode in sorted(episodes, key=lambda e: (e.role, e.environment)) if per_environment else episodes:
+        groups.setdefault((episode.role, episode.environment if per_environment else episode.step), []).append(episode)
+    return [
+        _row(role, None, members, key) if per_environment else _row(role, key, members)
+        for (role, key), members in groups.items()
+    ]
 
 
 def quality_label(episodes: list[StoredEpisode]) -> str:

@@ -15,7 +15,6 @@ from miles_nemogym.store._browser import (
     LongText,
     Row,
     cut_head,
-    environment_rows,
     episode_parts,
     filed_label,
     printable,
@@ -24,7 +23,7 @@ from miles_nemogym.store._browser import (
     row_cells,
     several_environments,
     step_label,
-    step_rows,
+    summary_rows,
 )
 from miles_nemogym.store._plots import plots_html
 from miles_nemogym.store._reader import Store, StoredEpisode, count_text, reward_text
@@ -194,10 +193,11 @@ def _episode_html(episode: StoredEpisode) -> str:
 
 def render_html(store: Store, title: str) -> str:
     """One self-contained page: per-step table, charts, every episode expandable."""
-    rows, quality = step_rows(store.episodes), quality_label(store.episodes)
+    rows, quality = summary_rows(store.episodes), quality_label(store.episodes)
     per_environment = ""
     if several_environments(store.episodes):
-        per_environment = f"<h2>Per environment</h2>{_table_html(environment_rows(store.episodes), quality)}"
+        by_environment = summary_rows(store.episodes, per_environment=True)
+        per_environment = f"<h2>Per environment</h2>{_table_html(by_environment, quality)}"
     problems = "; ".join(map(str, store.problems))
     cut = f"<p class=failed>Unreadable or odd lines or files: {_text(problems)}</p>" if problems else ""
     episodes = "".join(_episode_html(e) for e in store.episodes)

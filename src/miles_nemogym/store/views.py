@@ -6,17 +6,16 @@ from __future__ import annotations
 import os
 import stat
 import sys
-import tempfile
 from collections.abc import Collection
 from pathlib import Path
 
 import typer
 
 from miles_nemogym import fit
+from miles_nemogym.data import write_file
 from miles_nemogym.episode.record import EpisodeRecord
 from miles_nemogym.fit import terminal_width
 from miles_nemogym.store._browser import (
-    environment_rows,
     episode_list_text,
     episode_parts,
     failure_lines,
@@ -28,7 +27,7 @@ from miles_nemogym.store._browser import (
     server_error,
     several_environments,
     step_label,
-    step_rows,
+    summary_rows,
     table_text,
     trajectory_counts,
     trim,
@@ -119,10 +118,10 @@ def browse(
         if html_out is not None or plots_out is not None:
             return
         width = terminal_width()
-        typer.echo(table_text(step_rows(chosen), width, quality_label(chosen)))
+        typer.echo(table_text(summary_rows(chosen), width, quality_label(chosen)))
         if several_environments(chosen):
             typer.echo("")
-            typer.echo(table_text(environment_rows(chosen), width))
+            typer.echo(table_text(summary_rows(chosen, per_environment=True), width))
         if instance is not None or kind is not None or step is not None:
             typer.echo("")
             typer.echo(episode_list_text(chosen, width))
@@ -261,18 +260,9 @@ def _write_plots(folder: Path, store: Path, chosen: list[StoredEpisode]) -> None
 
 
 def _write_page(out: Path, page: str, option: str = "--html") -> None:
-    """Write ``page`` to a new file next to ``out``, renamed over it: a reader sees the old page or the new,
-    never half of one, and a link put at ``out`` meanwhile is replaced, never written through."""
-    temporary: str | None = None
+    """``page`` as a new file renamed over ``out``: a reader sees the old page or the new, and a link put
+    at ``out`` meanwhile is replaced, never written through."""
     try:
-        descriptor, temporary = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(descriptor, 0o666 & ~umask)  # mkstemp's 0600, widened as a new file would be
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(page)
-        os.replace(temporary, out)
-    except OSError as error:
-        if temporary is not None:
-            Path(temporary).unlink(missing_ok=True)
-        raise _refuse(f"{out}: cannot write the {_WHAT[option]}: {error.strerror or error}", option) from None
+        write_file(out, page.encode())
+    except OSError as error:  # WriteError: "cannot write OUT: why"
+        raise _refuse(f"{error} (the {_WHAT[option]})", option) from None
