@@ -23,6 +23,18 @@ from miles_nemogym.errors import (
 )
 from miles_nemogym.transport import get
 
+__all__ = [
+    "FetchError",
+    "Fetcher",
+    "Identifier",
+    "SchemaError",
+    "ServerIdentity",
+    "fetch_json",
+    "identify",
+    "resources_routes",
+    "run_body_fields",
+]
+
 
 class FetchError(MilesNemoGymError, Exception):
     """The URL could not be fetched as JSON; ``kind`` says why in one word."""
