@@ -117,7 +117,6 @@ def _print_summary(console: Console, report: ConvertReport, options: ConvertOpti
 
 
 def _convert_command(
-    ctx: typer.Context,
     output: Annotated[Path, typer.Option("--output", "-o", help="Output JSONL (written atomically).")],
     input: Annotated[
         str | None,
@@ -211,15 +210,31 @@ def _convert_command(
     from miles_nemogym.errors import MilesNemoGymError, problems
 
     out, err = console(), console(stderr=True)
-    # ConvertOptions takes every flag by its name but these two.
-    flags = {name: value for name, value in ctx.params.items() if name not in ("own_envs", "quiet")}
     with contextlib.ExitStack() as scratch:
         benchmarks: list[str] = []  # the note each benchmark's rows get under the summary
-        flags["env"] = [_benchmark_rows(err, value, input, scratch, benchmarks) for value in env or ()]
-        if input is not None and benchmarks and all("=" in value for value in flags["env"]):
-            flags["input"] = None  # read as a benchmark's prepared file
+        env = [_benchmark_rows(err, value, input, scratch, benchmarks) for value in env or ()]
+        if input is not None and benchmarks and all("=" in value for value in env):
+            input = None  # read as a benchmark's prepared file
         try:
-            options = ConvertOptions.from_flags(**flags)
+            options = ConvertOptions.from_flags(
+                env=env,
+                instance_ids=instance_ids,
+                input=input,
+                output=output,
+                size=size,
+                split=split,
+                subset=subset,
+                on_error=on_error,
+                gradeable_only=gradeable_only,
+                repos=tuple(repos or ()),
+                exclude_repos=tuple(exclude_repos or ()),
+                limit=limit,
+                shuffle=shuffle,
+                seed=seed,
+                holdout=holdout,
+                holdout_output=holdout_output,
+                drop_fields=tuple(drop_fields or ()),
+            )
         except ValidationError as error:
             _refuse(err, "\n".join(f"error: {line}" for line in problems(error)))
         except ValueError as error:  # InputError, or --instance-ids that holds no id

@@ -11,7 +11,6 @@ __all__ = ["register"]
 
 
 def episodes(
-    ctx: typer.Context,
     directory: Annotated[
         Path, typer.Argument(help="The episode store folder (NEMO_GYM_EPISODE_DIR, or the launcher's --episode-dir).")
     ],
@@ -56,7 +55,17 @@ def episodes(
     A filter that matches nothing says so on stderr and exits 0 (no table, no page)."""
     from miles_nemogym.store.views import browse
 
-    browse(**ctx.params)  # every flag, by its name
+    browse(
+        directory,
+        show=show,
+        list_ids=list_ids,
+        instance=instance,
+        kind=kind,
+        step=step,
+        environments=environments,
+        html_out=html_out,
+        plots_out=plots_out,
+    )
 
 
 def register(app: typer.Typer) -> None:
