@@ -13,7 +13,7 @@ from aiohttp import web
 
 from miles_nemogym.episode.run import classify_agent_http, classify_http
 from miles_nemogym.errors import VERIFIER_ERROR
-from miles_nemogym.scan._results import Verdict, judge
+from miles_nemogym.scan._results import Verdict, verdict_of
 from miles_nemogym.store import _browser as browser
 from miles_nemogym.store import _plots as plots
 from miles_nemogym.store.views import load
@@ -100,12 +100,12 @@ def test_the_scan_passes_by_the_one_passed_rule() -> None:
     answer["metadata"]["eval_report"][INSTANCE]["resolved"] = False
     outcome = classify_http(200, json.dumps(answer).encode(), instance_id=INSTANCE)
     assert (outcome.record.mask_sample, outcome.reward, outcome.record.resolved) == (False, 1.0, False)
-    assert judge(outcome)[0] is Verdict.failed
+    assert verdict_of(outcome)[0] is Verdict.failed
 
 
 def test_the_scan_names_a_valid_records_status() -> None:
     outcome = classify_http(200, swe_answer({"reward": 0.0, "failure_kind": "judge_failed"}), instance_id=INSTANCE)
-    assert judge(outcome)[:2] == (Verdict.failed, "judge_failed")
+    assert verdict_of(outcome)[:2] == (Verdict.failed, "judge_failed")
 
 
 @pytest.mark.parametrize("mask", [0, 1, "false", None], ids=repr)

@@ -17,7 +17,7 @@ from miles_nemogym.data._select import InstanceIdsError, parse_instance_ids
 from miles_nemogym.episode.run import RunResponse, classify_run_response
 from miles_nemogym.scan._inputs import InputError, load_tasks, select
 from miles_nemogym.scan._report import Counts, ScanProgress, render_summary
-from miles_nemogym.scan._results import ResultLine, ResultsLock, ResultsWriter, Verdict, judge
+from miles_nemogym.scan._results import ResultLine, ResultsLock, ResultsWriter, Verdict, verdict_of
 from miles_nemogym.scan._runner import EXIT_FAILED
 from tests.support.environment_rows import shipped_rows
 from tests.support.fault_server import FaultServer
@@ -236,17 +236,17 @@ def test_p95_is_a_time_some_episode_took() -> None:
 def test_verdicts_and_reasons_follow_the_agents_classification(gym_example_rollouts: list[dict[str, Any]]) -> None:
     by_id = {row["instance_id"]: row for row in gym_example_rollouts}
     passed = classify_run_response(RunResponse.model_validate(by_id[SKLEARN]))
-    assert judge(passed)[0] is Verdict.passed and judge(passed)[2] is None
+    assert verdict_of(passed)[0] is Verdict.passed and verdict_of(passed)[2] is None
 
     unapplied = copy.deepcopy(by_id[SKLEARN])
     unapplied["reward"] = 0.0
     unapplied["metadata"]["eval_report"][SKLEARN].update(patch_successfully_applied=False, resolved=False)
     outcome = classify_run_response(RunResponse.model_validate(unapplied))
-    assert judge(outcome)[0] is Verdict.failed
-    assert judge(outcome)[2] == "the patch did not apply (patch_successfully_applied=false)"
+    assert verdict_of(outcome)[0] is Verdict.failed
+    assert verdict_of(outcome)[2] == "the patch did not apply (patch_successfully_applied=false)"
 
     pylint = classify_run_response(RunResponse.model_validate(by_id["pylint-dev__pylint-4551"]))
-    pylint_reason = judge(pylint)[2] or ""
+    pylint_reason = verdict_of(pylint)[2] or ""
     assert "FAIL_TO_PASS 10/10 failing" in pylint_reason
     assert "(+7 more)" in pylint_reason
 
@@ -261,8 +261,8 @@ def test_verdicts_and_reasons_follow_the_agents_classification(gym_example_rollo
         },
     )
     outcome = classify_run_response(RunResponse.model_validate(crashed))
-    assert judge(outcome)[0] is Verdict.infra
-    assert judge(outcome)[2] == (
+    assert verdict_of(outcome)[0] is Verdict.infra
+    assert verdict_of(outcome)[2] == (
         "agent_run_error: server error: requests.exceptions.ConnectionError: "
         "Failed to resolve 'raw.githubusercontent.com'"
     )
@@ -270,8 +270,8 @@ def test_verdicts_and_reasons_follow_the_agents_classification(gym_example_rollo
     masked = copy.deepcopy(by_id[SKLEARN])
     masked.update(mask_sample=True, failure_kind="provider_oom_killed", failure_reason="sandbox OOM")
     outcome = classify_run_response(RunResponse.model_validate(masked))
-    assert judge(outcome)[0] is Verdict.infra  # even with reward 1.0: not a measurement
-    assert judge(outcome)[2] == "provider_oom_killed: sandbox OOM"
+    assert verdict_of(outcome)[0] is Verdict.infra  # even with reward 1.0: not a measurement
+    assert verdict_of(outcome)[2] == "provider_oom_killed: sandbox OOM"
 
 
 def test_without_a_terminal_a_status_line_gives_done_counts_elapsed_and_eta() -> None:

@@ -21,7 +21,7 @@ from miles_nemogym.scan._inputs import InputError
 from miles_nemogym.store.views import reward_text
 from miles_nemogym.store.views import verdict as verdict_word
 
-__all__ = ["Mode", "ResultLine", "ResultsLock", "ResultsWriter", "Verdict", "golden_pair", "judge", "task_digest"]
+__all__ = ["Mode", "ResultLine", "ResultsLock", "ResultsWriter", "Verdict", "golden_pair", "task_digest", "verdict_of"]
 
 _MAX_TEST_NAMES = 3
 
@@ -67,7 +67,7 @@ def _graded_reason(outcome: Outcome) -> str:
     return f"reward {reward_text(outcome.reward)} although the report says resolved"
 
 
-def judge(outcome: Outcome) -> tuple[Verdict, str, str | None]:
+def verdict_of(outcome: Outcome) -> tuple[Verdict, str, str | None]:
     """(verdict, kind, reason): infra for a set-aside episode, else passed by the one "passed" rule
     (``record.passed``); kind is ``-``, the failure kind (or a valid record's status), ``unresolved`` or ``failed``;
     reason is ``None`` for a passed instance, else one line saying why it did not pass."""
@@ -84,7 +84,8 @@ def judge(outcome: Outcome) -> tuple[Verdict, str, str | None]:
 
 def golden_pair(gold: Outcome, wrong: Outcome) -> tuple[Verdict, str, str | None]:
     """(verdict, kind, reason) of an environment row's gold and wrong answers: failed unless only the gold passed."""
-    (gold_verdict, gold_kind, gold_reason), (wrong_verdict, wrong_kind, wrong_reason) = judge(gold), judge(wrong)
+    gold_verdict, gold_kind, gold_reason = verdict_of(gold)
+    wrong_verdict, wrong_kind, wrong_reason = verdict_of(wrong)
     if gold_verdict is Verdict.infra:
         return gold_verdict, gold_kind, gold_reason
     if wrong_verdict is Verdict.infra:

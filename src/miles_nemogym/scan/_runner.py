@@ -24,7 +24,15 @@ from miles_nemogym.gym.venv import GymEnvironmentError
 from miles_nemogym.scan._config import ScanConfig, scan_settings, usage_problems
 from miles_nemogym.scan._inputs import InputError, ScanTask, load_tasks, select
 from miles_nemogym.scan._report import ScanProgress, header, render_summary
-from miles_nemogym.scan._results import ResultLine, ResultsLock, ResultsWriter, Verdict, golden_pair, judge, task_digest
+from miles_nemogym.scan._results import (
+    ResultLine,
+    ResultsLock,
+    ResultsWriter,
+    Verdict,
+    golden_pair,
+    task_digest,
+    verdict_of,
+)
 from miles_nemogym.settings import Settings
 from miles_nemogym.smoke import ANSWERED, RecordingPolicy, answers
 from miles_nemogym.transport import bracket, close_pools, is_loopback
@@ -265,7 +273,7 @@ def _result_line(
     task: ScanTask, outcome: Outcome, seconds: float, config: ScanConfig, digest: str, wrong: Outcome | None = None
 ) -> ResultLine:
     """One instance's line; ``wrong``: a golden environment row's wrong answer (``outcome`` its gold)."""
-    verdict, kind, reason = judge(outcome) if wrong is None else golden_pair(outcome, wrong)
+    verdict, kind, reason = verdict_of(outcome) if wrong is None else golden_pair(outcome, wrong)
     environment = None if task.environment == SWE_ENVIRONMENT else task.environment
     return ResultLine(
         task_sha256=digest,
