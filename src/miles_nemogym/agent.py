@@ -36,8 +36,8 @@ from miles_nemogym.episode.record import (
     metadata_of,
     read_record,
 )
-from miles_nemogym.episode.run import prepare as prepare_swe
-from miles_nemogym.episode.run import prepare_agent, prepare_scan, responses_create_params
+from miles_nemogym.episode.run import policy_base_url, prepare_agent, responses_create_params
+from miles_nemogym.episode.run import prepare as prepare_run
 from miles_nemogym.errors import (
     AGENT_REQUEST_FAILED,
     AGENT_RUN_ERROR,
@@ -120,7 +120,8 @@ def prepare_episode(
     """The task's episode, by its environment, for the session ``base_url`` (no ``/v1``); raises what is wrong."""
     environment = task.environment
     if environment == SWE_ENVIRONMENT:
-        return prepare_swe(task, request_kwargs, settings, session_url=base_url, addresses=addresses)
+        policy = policy_base_url(base_url, settings.gym_url, settings.external_host, addresses)
+        return prepare_run(task, request_kwargs, settings, policy_url=policy, send_api_key=True, session_url=base_url)
     if environment == UNRECOGNIZED_ENVIRONMENT:
         raise RequestError(
             f"metadata[{ENV_KEY!r}] must name an environment (letters, digits, '_', '-' or '.', at most 128, "
@@ -157,7 +158,7 @@ class ScanEpisodes:
         kwargs = self.request_kwargs
         if environment == SWE_ENVIRONMENT:
             task = Task.of(metadata)
-            episode: Episode = prepare_scan(task, kwargs, settings, policy_url=policy, send_api_key=send_api_key)
+            episode: Episode = prepare_run(task, kwargs, settings, policy_url=policy, send_api_key=send_api_key)
         else:
             episode = prepare_episode(Task.of(metadata, environment), str(policy), kwargs, settings)
 

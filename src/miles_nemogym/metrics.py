@@ -120,8 +120,11 @@ def _env_label(name: str) -> str:
 
 def _reward_mean(valid: list[SampledEpisode]) -> dict[str, float]:
     """The mean of the episodes' final rewards (the agent function's ``reward``) that are finite numbers."""
-    rewards = [r for e in valid if (r := finite(e.metadata.get(REWARD_KEY))) is not None]
-    return {"reward_mean": sum(rewards) / len(rewards)} if rewards else {}
+    return _mean("reward_mean", [r for e in valid if (r := finite(e.metadata.get(REWARD_KEY))) is not None])
+
+
+def _mean(key: str, values: list[float]) -> dict[str, float]:
+    return {key: sum(values) / len(values)} if values else {}
 
 
 def _counts(tally: Tally) -> dict[str, float]:
@@ -149,25 +152,22 @@ def _quality(valid: list[EpisodeRecord]) -> dict[str, float]:
     """Rates over valid episodes only, SWE's over SWE episodes only; ``status_rate/<kind>``: valid
     episodes whose record names a kind (their status). Shared by the rollout and the eval metrics."""
     swe = [r for r in valid if r.env == SWE_ENVIRONMENT]
-    metrics = {}
-    if swe:
-        metrics["resolve_rate"] = sum(1 for r in swe if r.resolved) / len(swe)
-        metrics["patch_applied_rate"] = sum(1 for r in swe if r.patch_applied) / len(swe)
     fractions = [f for f in (r.fail_to_pass.fraction for r in swe if r.fail_to_pass) if f is not None]
-    if fractions:
-        metrics["fail_to_pass_fraction_mean"] = sum(fractions) / len(fractions)
+    metrics = {
+        **_mean("resolve_rate", [float(bool(r.resolved)) for r in swe]),
+        **_mean("patch_applied_rate", [float(bool(r.patch_applied)) for r in swe]),
+        **_mean("fail_to_pass_fraction_mean", fractions),
+    }
     for kind, count in sorted(Counter(r.failure_kind for r in valid if r.failure_kind).items()):
         metrics[f"status_rate/{metric_label(kind)}"] = count / len(valid)
     return {**metrics, **_means(valid)}
 
 
 def _means(valid: list[EpisodeRecord]) -> dict[str, float]:
-    metrics = {}
-    for key in ("turns", "tool_calls"):
-        values = [float(value) for r in valid if (value := getattr(r, key)) is not None]
-        if values:
-            metrics[f"{key}_mean"] = sum(values) / len(values)
-    return metrics
+    return {
+        **_mean("turns_mean", [float(r.turns) for r in valid if r.turns is not None]),
+        **_mean("tool_calls_mean", [float(r.tool_calls) for r in valid if r.tool_calls is not None]),
+    }
 
 
 def log_rollout(

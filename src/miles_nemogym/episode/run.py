@@ -11,7 +11,7 @@ import math
 import re
 import socket
 from collections.abc import Callable, Mapping, MutableMapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -252,29 +252,17 @@ def prepare(
     request_kwargs: Mapping[str, Any] | None,
     settings: Settings,
     *,
-    session_url: str,
-    addresses: MutableMapping[tuple[str, int], str] | None = None,
-) -> RunEpisode:
-    """The episode of one SWE row for Miles' session ``session_url``, the policy key sent with it."""
-    policy = policy_base_url(session_url, settings.gym_url, settings.external_host, addresses)
-    episode = prepare_scan(task, request_kwargs, settings, policy_url=policy, send_api_key=True)
-    return replace(episode, session_url=session_url)
-
-
-def prepare_scan(
-    task: Task,
-    request_kwargs: Mapping[str, Any] | None,
-    settings: Settings,
-    *,
     policy_url: str | None,
     send_api_key: bool,
+    session_url: str | None = None,
 ) -> RunEpisode:
-    """``prepare`` for the scan: ``policy_url`` as given, or None for the server's own model (a golden scan)."""
+    """The episode of one SWE row naming ``policy_url`` as its model (None: the server's own, a golden scan)."""
     key = settings.policy_api_key.get_secret_value() if settings.policy_api_key and send_api_key else None
     body = build_run_body(task.metadata, request_kwargs, policy_base_url=policy_url, policy_api_key=key)
     score = partial(classify_http, instance_id=task.task_id, reward_range=settings.reward_range)
+    lowest = settings.reward_range[0]
     return RunEpisode(
-        _encode(body), task.task_id, settings, settings.gym_url, "NEMO_GYM_URL", score, settings.reward_range[0]
+        _encode(body), task.task_id, settings, settings.gym_url, "NEMO_GYM_URL", score, lowest, session_url
     )
 
 
