@@ -279,8 +279,6 @@ async def _tries(episode: Episode, server: Circuit, settings: Settings, entry: _
 class _Entry:
     """Where one episode is, for ``abort_all``'s report and a cancelled record."""
 
-    task: asyncio.Task[Outcome] | None = None
-    loop: asyncio.AbstractEventLoop | None = None
     attempts: int = 0  # tries started: 0 means nothing was sent
     not_delivered: bool = True  # nothing of the current try has reached the server
     outage_wait_s: float = 0.0
@@ -291,16 +289,16 @@ class InFlight:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._entries: set[_Entry] = set()
+        self._tasks: dict[_Entry, asyncio.Task[Outcome]] = {}
 
     async def run(self, tries: Callable[[_Entry], Coroutine[Any, Any, Outcome]]) -> Outcome:
         """``tries(entry)`` in an inner task that ``abort_all`` may cancel: then a ``cancelled`` outcome."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        entry = _Entry(loop=loop)
-        task = entry.task = loop.create_task(tries(entry))
+        entry = _Entry()
+        task = loop.create_task(tries(entry))
         with self._lock:
-            self._entries.add(entry)
+            self._tasks[entry] = task
         try:
             try:
                 await _ended(task)
@@ -323,18 +321,16 @@ class InFlight:
             return outcome
         finally:
             with self._lock:
-                self._entries.discard(entry)
+                del self._tasks[entry]
 
     def abort_all(self) -> Counter[str]:
         """Cancel every episode in flight; how many were stopped, by state (awaiting result, not delivered)."""
         with self._lock:
-            entries = list(self._entries)
+            running = list(self._tasks.items())
         states: Counter[str] = Counter()
-        for entry in entries:
-            if entry.task is None or entry.loop is None:
-                continue
+        for entry, task in running:
             states[NOT_DELIVERED if entry.not_delivered else AWAITING_RESULT] += 1
-            _call_on(entry.loop, entry.task.cancel)
+            _call_on(task.get_loop(), task.cancel)
         return states
 
 
