@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from miles_nemogym.episode.record import TRAIN, flatten, metadata_of, record_of, strip_result
+from miles_nemogym.episode.record import TRAIN, distinct_episodes, flatten, metadata_of, strip_result
 from miles_nemogym.groups import FILTER_PATH, GROUP_HAS_ABORTED, judge_group
 from miles_nemogym.runtime import current
 
@@ -123,8 +123,7 @@ class EpisodeBuffer:
     def _drop(self, kind: str, reason: str, entry: Any) -> None:
         """Count a group that will not train; aborted and stale ones go to Miles' unused handler."""
         current().ledger.record_group(kept=False, salvaged=False)
-        records = [record_of(sample) for sample in flatten(entry.group)]
-        dropped = list(dict.fromkeys(r.episode_id for r in records if r is not None and r.episode_id))
+        dropped = [e.record.episode_id for e in distinct_episodes(flatten(entry.group)) if e.record.episode_id]
         self._unfiled.append((dropped, reason))
         episodes = _episodes(entry.group)
         self._window[f"groups_dropped_{kind}"] += 1

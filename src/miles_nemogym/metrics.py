@@ -19,11 +19,11 @@ from miles_nemogym.episode.record import (
     SWE_ENVIRONMENT,
     TASK_ID_KEY,
     TRAIN,
-    UNRECOGNIZED_ENVIRONMENT,
     EpisodeRecord,
     SampledEpisode,
     Task,
     distinct_episodes,
+    env_label,
     finite,
     flatten,
     metadata_of,
@@ -35,7 +35,6 @@ from miles_nemogym.episode.record import (
 from miles_nemogym.errors import metric_label
 from miles_nemogym.groups import zero_loss_samples
 from miles_nemogym.runtime import Tally, current
-from miles_nemogym.settings import environment_name_problem
 
 __all__ = ["log_eval", "log_rollout"]
 
@@ -104,18 +103,13 @@ def _environments(found: list[SampledEpisode], tally: Tally) -> dict[str, tuple[
     """Per environment present (in the samples or the ledger), by name: its episodes and the ledger's counts."""
     members: dict[str, list[SampledEpisode]] = defaultdict(list)
     for episode in found:
-        members[_env_label(episode.record.env)].append(episode)
+        members[env_label(episode.record.env)].append(episode)
     shares: dict[str, Tally] = defaultdict(Tally)
     for name, counted in tally.environments.items():
-        share = shares[_env_label(name)]
+        share = shares[env_label(name)]
         share.episodes += counted.episodes
         share.failures.update(counted.failures)
     return {name: (members.get(name, []), shares[name]) for name in sorted(set(members) | set(shares))}
-
-
-def _env_label(name: str) -> str:
-    """An environment name as a metric path segment (NEMO_GYM_ENVS names all are; a corrupted record's may not be)."""
-    return name if name == SWE_ENVIRONMENT or environment_name_problem(name) is None else UNRECOGNIZED_ENVIRONMENT
 
 
 def _reward_mean(valid: list[SampledEpisode]) -> dict[str, float]:
@@ -274,7 +268,7 @@ def _unrecorded_tasks(flat: list[Any]) -> dict[str, set[str]]:
         if record_of(sample) is None:
             task = Task.of(metadata_of(sample))
             if task.task_id is not None:
-                tasks[_env_label(task.environment)].add(task.task_id)
+                tasks[env_label(task.environment)].add(task.task_id)
     return tasks
 
 

@@ -128,15 +128,17 @@ class Task:
 
 def _environment_of(metadata: Mapping[str, Any]) -> str:
     if ENV_KEY in metadata:
-        name = metadata[ENV_KEY]
-        name = short_name(name) if isinstance(name, str) else name  # the catalog's spelling: its short name
-        if not isinstance(name, str) or (name != SWE_ENVIRONMENT and environment_name_problem(name) is not None):
-            return UNRECOGNIZED_ENVIRONMENT
-        return name
+        name = metadata[ENV_KEY]  # the catalog's spelling is its short name
+        return env_label(short_name(name)) if isinstance(name, str) else UNRECOGNIZED_ENVIRONMENT
     ref = metadata.get(_AGENT_REF_KEY)  # ``X`` for {"type": "responses_api_agents", "name": "X_simple_agent"}
     if isinstance(ref, Mapping) and ref.get("type") == "responses_api_agents":
         return agent_environment(ref.get("name")) or SWE_ENVIRONMENT
     return SWE_ENVIRONMENT
+
+
+def env_label(name: str) -> str:
+    """``name`` if it is ``swe`` or can name an environment, else ``unrecognized`` (a row's mark, a metric path)."""
+    return name if name == SWE_ENVIRONMENT or environment_name_problem(name) is None else UNRECOGNIZED_ENVIRONMENT
 
 
 def agent_environment(agent: Any) -> str | None:
@@ -463,9 +465,6 @@ class RecordRead:
     unreadable: frozenset[str] = frozenset()  # fields of a wrong type or value, read as their default
 
 
-_STATUSES = ("ok", "failed")
-
-
 def read_record(metadata: Any) -> RecordRead:
     """The typed record in a sample's metadata, or why there is none; never raises."""
     return parse_record(metadata.get(RECORD_KEY) if isinstance(metadata, Mapping) else None)
@@ -482,7 +481,7 @@ def parse_record(raw: Any) -> RecordRead:
     if not isinstance(fields.get("mask_sample", False), bool):
         fields["mask_sample"] = True  # unknown validity: never train on it
         unreadable.add("mask_sample")
-    if fields.get("status") not in _STATUSES:
+    if fields.get("status") not in ("ok", "failed"):
         if "status" in fields:
             unreadable.add("status")
         fields["status"] = "failed" if fields.get("mask_sample") else "ok"
