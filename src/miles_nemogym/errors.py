@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Iterable, Sequence
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Final
 from urllib.parse import urlsplit, urlunsplit
 
@@ -176,13 +176,9 @@ Loc = Sequence[int | str]
 Label = Callable[[Loc], str]
 
 
-def _dotted(prefix: str = "") -> Label:
-    """Name a field by its dotted path, under ``prefix`` when given (``metadata.repo``)."""
-
-    def label(loc: Loc) -> str:
-        return ".".join(str(part) for part in ([prefix] if prefix else []) + list(loc))
-
-    return label
+def _dotted(prefix: str, loc: Loc) -> str:
+    """A field's dotted path, under ``prefix`` when given (``metadata.repo``)."""
+    return ".".join(str(part) for part in ([prefix] if prefix else []) + list(loc))
 
 
 def message(item: ErrorDetails, *, unknown_key: str | None = None) -> str:
@@ -194,7 +190,7 @@ def message(item: ErrorDetails, *, unknown_key: str | None = None) -> str:
 
 def problems(error: ValidationError, label: Label | None = None, *, unknown_key: str | None = None) -> list[str]:
     """One ``<field>: <problem>`` line per error (just ``<problem>`` when the field has no name)."""
-    name = label or _dotted()
+    name = label or partial(_dotted, "")
     lines = []
     for item in error.errors(include_url=False):
         field = name(item["loc"])
@@ -212,7 +208,7 @@ def describe(
     separator: str = "; ",
 ) -> str:
     """:func:`problems` in one string; ``prefix`` names the fields' parent unless ``label`` is given."""
-    return separator.join(problems(error, label or _dotted(prefix), unknown_key=unknown_key))
+    return separator.join(problems(error, label or partial(_dotted, prefix), unknown_key=unknown_key))
 
 
 # ----------------------------------------------------------------------------- what may be shown of a secret
