@@ -102,14 +102,10 @@ def _per_environment(
 def _environments(found: list[SampledEpisode], tally: Tally) -> dict[str, tuple[list[SampledEpisode], Tally]]:
     """Per environment present (in the samples or the ledger), by name: its episodes and the ledger's counts."""
     members: dict[str, list[SampledEpisode]] = defaultdict(list)
-    for episode in found:
+    for episode in found:  # a record's name may be corrupted; the ledger's are Task.of's labels already
         members[env_label(episode.record.env)].append(episode)
-    shares: dict[str, Tally] = defaultdict(Tally)
-    for name, counted in tally.environments.items():
-        share = shares[env_label(name)]
-        share.episodes += counted.episodes
-        share.failures.update(counted.failures)
-    return {name: (members.get(name, []), shares[name]) for name in sorted(set(members) | set(shares))}
+    shares = tally.environments
+    return {name: (members.get(name, []), shares.get(name) or Tally()) for name in sorted({*members, *shares})}
 
 
 def _reward_mean(valid: list[SampledEpisode]) -> dict[str, float]:
