@@ -164,9 +164,6 @@ def metric_label(kind: str) -> str:
     return kind.replace(":", "_") if check_server_kind(kind) else "unrecognized"
 
 
-# ----------------------------------------------------------------------------- words of a message
-
-
 def counted(n: int, noun: str, plural: str | None = None) -> str:
     """``n`` and ``noun`` agreeing in number: ``1 server``, ``2 servers``, ``counted(2, "match", "matches")``."""
     return f"{n} {noun if n == 1 else plural or noun + 's'}"

@@ -76,9 +76,6 @@ def group_verdict(samples: Any, min_valid: int, group_size: int | None = None) -
     return None, True
 
 
-# ----------------------------------------------------------------------------- the group filter
-
-
 @dataclass
 class FilterOutput:
     """Same shape as Miles' ``DynamicFilterOutput``, for use without Miles installed."""
@@ -144,9 +141,6 @@ def check_episode_group(args: Any, samples: Any, **kwargs: Any) -> Any:
     reason, salvaged = judge_group(args, samples)
     current().ledger.record_group(kept=reason is None, salvaged=salvaged)
     return _output_type()(keep=reason is None, reason=reason)
-
-
-# ----------------------------------------------------------------------------- the reward post-process
 
 
 @cache

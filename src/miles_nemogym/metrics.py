@@ -228,9 +228,6 @@ def log_eval(rollout_id: int, args: Any, data: Any, extra_metrics: Any = None) -
     return False
 
 
-# -- eval: nemogym-eval/<set>/* -----------------------------------------------------------------
-
-
 def eval_set_metrics(name: str, samples: Any, k: int, tally: Tally) -> dict[str, float]:
     """``nemogym-eval/<name>/*`` of one eval set: counts from the ledger's ``tally`` of the set
     (it also saw episodes Miles returned without our record), pass@k and quality from the samples."""

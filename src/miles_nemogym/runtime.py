@@ -272,9 +272,6 @@ async def _tries(episode: Episode, server: Circuit, settings: Settings, entry: _
     return outcome
 
 
-# -- the in-flight registry: abort ----------------------------------------------------------
-
-
 @dataclass(eq=False)
 class _Entry:
     """Where one episode is, for ``abort_all``'s report and a cancelled record."""

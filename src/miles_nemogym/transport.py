@@ -244,9 +244,6 @@ async def _read(response: aiohttp.ClientResponse, cap: int) -> tuple[bytes, bool
     return b"".join(chunks), False, size
 
 
-# -- the pools: one per event loop ------------------------------------------------------------
-
-
 @dataclass(eq=False)
 class Pool:
     """One event loop's connections, for one ``NEMO_GYM_MAX_CONCURRENCY``."""

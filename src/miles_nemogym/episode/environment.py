@@ -183,9 +183,6 @@ def first_request(
     return messages, body
 
 
-# -- prepare ------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class EnvironmentEpisode:
     """One environment episode, checked before anything is sent (``deliver`` runs it)."""
@@ -243,9 +240,6 @@ def prepare(
     )
 
 
-# -- what the loop reads: a chat answer and a /verify answer ----------------------------------
-
-
 class _FunctionCall(BaseModel):
     name: StrictStr
     arguments: StrictStr = ""  # the raw string the model wrote
@@ -278,8 +272,6 @@ class _ChatCompletion(BaseModel):
     model: str | None = None
     choices: list[_Choice] = Field(min_length=1)
 
-
-# -- the transcript -----------------------------------------------------------------------
 
 _THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 # responses_create_params fields NeMo-Gym copies onto the Response it builds.

@@ -523,9 +523,6 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-# -- reading Miles samples --------------------------------------------------------------
-
-
 def flatten(samples: Any) -> Iterator[Any]:
     """Every sample in ``samples``: one sample, a list of them, or a list of lists."""
     if isinstance(samples, (list, tuple)):

@@ -164,9 +164,6 @@ _ECHOED = frozenset({"response", "responses_create_params", "reward"})  # not ke
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
-# -- prepare ------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class RunEpisode:
     """One ``/run`` body (a SWE row's, or an agent row's for its agent server), encoded once: the same
@@ -296,9 +293,6 @@ def prepare_agent(
     )
 
 
-# -- the policy URL -----------------------------------------------------------------------
-
-
 def policy_base_url(
     session_url: str,
     gym_url: str,
@@ -349,9 +343,6 @@ def routable_local_address(target_host: str, target_port: int = 80) -> str:
         address,
     )
     return address
-
-
-# -- the /run body -------------------------------------------------------------------------
 
 
 def build_run_body(
@@ -499,9 +490,6 @@ def _unencodable(value: Any, where: str) -> str | None:
     else:
         return None
     return next(filter(None, found), None)
-
-
-# -- score: what came back -----------------------------------------------------------------
 
 
 def classify_http(
