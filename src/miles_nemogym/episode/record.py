@@ -110,11 +110,9 @@ class Task:
         """The task of ``metadata``; ``environment``: the caller's choice (a scan's ``--env``) over the marks."""
         mapping: Mapping[str, Any] = metadata if isinstance(metadata, Mapping) else {}
         evaluated = mapping.get(_ROLE_KEY) == EVAL
-        if environment is None:
-            environment = _environment_of(mapping) if isinstance(metadata, Mapping) else SWE_ENVIRONMENT
         return cls(
             metadata=metadata,
-            environment=environment,
+            environment=_environment_of(mapping) if environment is None else environment,  # no row: swe
             task_id=_task_id_of(mapping),
             role=EVAL if evaluated else TRAIN,
             eval_set=str(mapping.get(_EVAL_SET_KEY) or "eval") if evaluated else None,
