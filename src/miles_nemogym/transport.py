@@ -233,15 +233,12 @@ async def _read(response: aiohttp.ClientResponse, cap: int) -> tuple[bytes, bool
         body = await response.read()  # its length is known and allowed: one read, not a chunk loop
         return body, False, len(body)
     # Its size is unknown, encoded or over the cap: read up to the cap (a tool's output keeps its head).
-    chunks: list[bytes] = []
-    size = 0
+    seen = bytearray()
     async for chunk in response.content.iter_any():
-        size += len(chunk)
-        if size > cap:
-            chunks.append(chunk[: cap - (size - len(chunk))])
-            return b"".join(chunks), True, max(size, declared or 0)
-        chunks.append(chunk)
-    return b"".join(chunks), False, size
+        seen += chunk
+        if len(seen) > cap:
+            return bytes(seen[:cap]), True, max(len(seen), declared or 0)
+    return bytes(seen), False, len(seen)
 
 
 @dataclass(eq=False)
