@@ -76,17 +76,11 @@ class EnvironmentServer(BaseModel):
         expected = "expected [low, high]: two finite JSON numbers with low <= high, such as [-1, 1]"
         if value is None:
             return None
-        if not isinstance(value, (list, tuple)) or len(value) != 2:
+        if not isinstance(value, (list, tuple)) or any(
+            isinstance(end, bool) or not isinstance(end, (int, float)) for end in value
+        ):
             raise ValueError(expected)
-        if any(isinstance(end, bool) or not isinstance(end, (int, float)) for end in value):
-            raise ValueError(expected)
-        try:
-            low, high = float(value[0]), float(value[1])  # a huge JSON integer overflows a float
-        except OverflowError:
-            raise ValueError(expected) from None
-        if not (math.isfinite(low) and math.isfinite(high) and low <= high):
-            raise ValueError(expected)
-        return low, high
+        return _range(value, expected)
 
     def valid_rewards(self, default: tuple[float, float]) -> tuple[float, float]:
         return default if self.reward_range is None else self.reward_range
@@ -250,13 +244,16 @@ def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _parse_range(text: str) -> tuple[float, float]:
-    expected = "expected two finite numbers 'low,high' with low <= high, such as 0,1"
-    low_text, sep, high_text = text.partition(",")
+    return _range(text.split(","), "expected two finite numbers 'low,high' with low <= high, such as 0,1")
+
+
+def _range(ends: Sequence[Any], expected: str) -> tuple[float, float]:
+    """Two finite numbers ``low <= high`` (texts, or JSON numbers), else ``ValueError(expected)``."""
     try:
-        low, high = float(low_text), float(high_text)
-    except ValueError:
+        low, high = map(float, ends)  # a huge JSON integer overflows a float
+    except (ValueError, OverflowError):
         raise ValueError(expected) from None
-    if not (sep and math.isfinite(low) and math.isfinite(high) and low <= high):
+    if not (math.isfinite(low) and math.isfinite(high) and low <= high):
         raise ValueError(expected)
     return low, high
 
