@@ -495,19 +495,21 @@ def _convert_swe(options: ConvertOptions, progress: _Progress | None, files: Ato
     inferred = infer_kind(options.input)
     split_to_load = options.split or inferred.split or "test"
     routing = Routing(options.subset, options.split, inferred, fallback_split=split_to_load)
-    grade_tables = load_grade_tables() if options.gradeable_only else None
+    versions_by_repo, parsed_repos, swebench_version = (
+        load_grade_tables() if options.gradeable_only else (None, (), None)
+    )
     wanted_repos = split_names(options.repos)
     ids = options.instance_ids
     selection = Selection(
         repos=wanted_repos,
         exclude_repos=split_names(options.exclude_repos),
         instance_ids=frozenset(read_instance_ids(ids) if isinstance(ids, Path) else ids) if ids else None,
-        grade_tables=grade_tables,
+        versions_by_repo=versions_by_repo,
+        parsed_repos=frozenset(parsed_repos),
     )
     drop_fields = split_names(options.drop_fields)
     source = open_source(options.input, split_to_load)
-    report = ConvertReport(source=source.name, source_kind=source.kind)
-    report.swebench_version = grade_tables.swebench_version if grade_tables else None
+    report = ConvertReport(source=source.name, source_kind=source.kind, swebench_version=swebench_version)
     if options.subset:
         report.subset_rule = f"--subset {options.subset}, for every row"
     elif inferred.subset:
@@ -536,7 +538,7 @@ def _convert_swe(options: ConvertOptions, progress: _Progress | None, files: Ato
         reason = selection.reason_to_drop(instance)
         if reason is not None:
             report.skipped[reason] += 1
-            if grade_tables is not None and reason.startswith("not gradeable"):
+            if reason.startswith("not gradeable"):
                 report.not_gradeable_by_repo[instance.repo] += 1
             continue
         line = _encoded(row, raw, report)
