@@ -54,8 +54,6 @@ MAX_SIZE = 1_000_000
 """The largest ``--size``: memory while mixing grows with it (about 85 bytes a row; measured: bench/README.md)."""
 _MAX_LISTED_PROBLEMS = 50
 _PROGRESS_EVERY = 200
-_DUPLICATE = "duplicate instance_id"
-_DUPLICATE_TASK = "duplicate task id"
 _DETECT_ROWS = 100
 _ITEM_INDEX = re.compile(r"\[\d+\]")
 _Progress = Callable[[int, int | None], None]
@@ -532,7 +530,7 @@ def _convert_swe(options: ConvertOptions, progress: _Progress | None, files: Ato
             _record_problem(report, raw, [str(problem) for problem in prepared], f"invalid: {first.field} {first.rule}")
             continue
         row, instance, overrode = prepared
-        if not _first(instance.instance_id, seen_ids, _DUPLICATE, raw, report):
+        if not _first(instance.instance_id, seen_ids, "duplicate instance_id", raw, report):
             continue
         seen_repos.add(instance.repo)
         reason = selection.reason_to_drop(instance)
@@ -650,7 +648,7 @@ def _convert_environments(options: ConvertOptions, progress: _Progress | None, f
             if isinstance(row, FieldProblem):
                 _record_problem(report, raw, [str(row)], _problem_key(row), who=task_id)
                 continue
-            if not _first(task_id, seen, _DUPLICATE_TASK, raw, report):
+            if not _first(task_id, seen, "duplicate task id", raw, report):
                 continue
             line = _encoded(row, raw, report, task_id)
             if line is None:

@@ -102,10 +102,7 @@ def to_prompt_row(
     """``{"prompt": [user message], "metadata": {row…, subset, split}}``: the row's fields but ``drop_fields``
     and the routing keys (secrets come from the trainer, never from data), test lists decoded."""
     metadata = {key: value for key, value in row.items() if key not in drop_fields and key not in ROUTING_KEYS}
-    metadata["FAIL_TO_PASS"] = instance.FAIL_TO_PASS
-    metadata["PASS_TO_PASS"] = instance.PASS_TO_PASS
-    metadata["subset"] = subset
-    metadata["split"] = split
+    metadata.update(FAIL_TO_PASS=instance.FAIL_TO_PASS, PASS_TO_PASS=instance.PASS_TO_PASS, subset=subset, split=split)
     return {"prompt": [{"role": "user", "content": instance.problem_statement}], "metadata": metadata}
 
 
