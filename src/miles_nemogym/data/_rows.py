@@ -45,13 +45,9 @@ def _lookup(name: str) -> DatasetKind | None:
 def infer_kind(source: str) -> DatasetKind:
     """Subset and default split implied by a hub id (``princeton-nlp/SWE-bench_Lite``) or a path (its
     stem first, then each parent folder, nearest first)."""
-    found = _lookup(source)
-    if found is None and ("/" in source or "\\" in source or "." in source):
-        path = PurePath(source)
-        for part in [path.stem, *(parent.name for parent in path.parents)]:
-            if part and (found := _lookup(part)) is not None:
-                break
-    return found or DatasetKind(None, None)
+    path = PurePath(source)  # a bare name is its own stem
+    parts = [source, path.stem, *(parent.name for parent in path.parents)]
+    return next((found for part in parts if part and (found := _lookup(part))), DatasetKind(None, None))
 
 
 @dataclass(frozen=True)

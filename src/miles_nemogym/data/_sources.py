@@ -196,11 +196,8 @@ def _datasets_source(spec: str, split: str, *, local: bool) -> RowSource:
         where = "the folder" if local else "the dataset hub"
         hint = "" if local else _HUB_HINT
         raise SourceError(f"{spec}: cannot load it from {where} ({type(error).__name__}: {error}){hint}") from None
-    total: int | None = None
-    info_splits = getattr(getattr(dataset, "info", None), "splits", None)
-    if info_splits and split in info_splits and info_splits[split].num_examples:
-        total = int(info_splits[split].num_examples)
-
+    splits = getattr(getattr(dataset, "info", None), "splits", None) or {}
+    total = int(splits[split].num_examples) if split in splits and splits[split].num_examples else None
     rows = _guarded(
         iter(dataset),
         lambda index, error: f"{spec}: reading failed after {index} rows ({type(error).__name__}: {error})",
