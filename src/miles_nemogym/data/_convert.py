@@ -35,7 +35,6 @@ from miles_nemogym.data._environments import (
     to_environment_row,
 )
 from miles_nemogym.data._rows import (
-    DatasetKind,
     Routing,
     checked_swe_prompt_row,
     infer_kind,
@@ -394,7 +393,7 @@ def convert_row(
     protected = set(drop_fields) & NEVER_DROPPED
     if protected:
         raise ValueError(f"cannot drop required fields: {', '.join(sorted(protected))}")
-    routing = Routing(subset, split, infer_kind(dataset_name) if dataset_name else DatasetKind(None, None))
+    routing = Routing(subset, split, infer_kind(dataset_name))
     prepared = _prepare(row, routing, frozenset(drop_fields))
     if isinstance(prepared, list):
         raise RowInvalidError(prepared)
@@ -555,9 +554,8 @@ def _convert_swe(options: ConvertOptions, progress: _Progress | None, files: Ato
     if progress is not None:
         progress(report.rows_read, source.total)
 
-    if selection.instance_ids is not None and not report.stopped_early:
-        report.missing_instance_ids = sorted(selection.instance_ids - seen_ids)
-    if wanted_repos and not report.stopped_early:
+    if not report.stopped_early:  # else the rows not read may hold them
+        report.missing_instance_ids = sorted((selection.instance_ids or frozenset()) - seen_ids)
         report.unmatched_repos = sorted(wanted_repos - seen_repos)
     if fail and report.problem_count:
         raise _bad_rows(report)
