@@ -173,9 +173,7 @@ def _convert_command(
     gradeable_only: Annotated[
         bool, typer.Option("--gradeable-only", help="Keep only rows the installed swebench package can grade.")
     ] = False,
-    repos: Annotated[
-        list[str] | None, typer.Option("--repos", help="Keep only these repos (repeat or comma-separate).")
-    ] = None,
+    repos: Annotated[list[str] | None, typer.Option(help="Keep only these repos (repeat or comma-separate).")] = None,
     exclude_repos: Annotated[
         list[str] | None, typer.Option("--exclude-repos", help="Drop these repos (repeat or comma-separate).")
     ] = None,
