@@ -158,16 +158,8 @@ class ConvertOptions(BaseModel):
         return self
 
     def _check_environment_flags(self) -> None:
-        swe_only = {
-            "--subset": self.subset,
-            "--gradeable-only": self.gradeable_only,
-            "--repos": self.repos,
-            "--exclude-repos": self.exclude_repos,
-            "--instance-ids": self.instance_ids,
-            "--limit": self.limit,
-            "--drop-fields": self.drop_fields,
-        }
-        given = [flag for flag, value in swe_only.items() if value]
+        swe_only = ("subset", "gradeable_only", "repos", "exclude_repos", "instance_ids", "limit", "drop_fields")
+        given = ["--" + name.replace("_", "-") for name in swe_only if getattr(self, name)]
         if given:
             raise ValueError(
                 f"{', '.join(given)}: SWE-bench flags; NeMo-Gym environment rows take --env, --size, "
