@@ -174,9 +174,8 @@ def _hub_unreachable() -> str | None:
             return None
     except urllib.error.HTTPError:
         return None  # any HTTP answer: the hub is there
-    except (urllib.error.URLError, OSError) as error:
-        reason = getattr(error, "reason", error)
-        return f"{endpoint} does not answer: {reason}"
+    except OSError as error:  # URLError is one
+        return f"{endpoint} does not answer: {getattr(error, 'reason', error)}"
 
 
 def _datasets_source(spec: str, split: str, *, local: bool) -> RowSource:
