@@ -286,8 +286,7 @@ def _benchmark_rows(
     entry = found.entry
     head, colon, tail = rest.rpartition(":")
     weighted = bool(colon and head and not Path(rest).expanduser().exists())
-    source_text = head if weighted else rest
-    source = Path(source_text).expanduser() if sep else (Path(input) if input else found.shipped_data())
+    source = Path(head if weighted else rest).expanduser() if sep else (Path(input) if input else found.shipped_data())
     if source is None:
         _refuse(
             err,
