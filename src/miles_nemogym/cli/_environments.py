@@ -41,7 +41,7 @@ def _environments(
         out = [{**e.entry.model_dump(mode="json"), "here": e.here.model_dump()} for e in chosen]
         typer.echo(json.dumps(out[0] if name else out, indent=None if not name else 2))
         return
-    width = max(terminal_width(), 60)
+    width = terminal_width()  # at least fit.MIN_WIDTH
     if name:
         typer.echo(_detail(chosen[0], width))
         return
