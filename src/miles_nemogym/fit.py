@@ -73,11 +73,8 @@ def _render(lines: Sequence[Sequence[str]], width: int) -> str | None:
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     start = sum(widths[:-1]) + len(_GAP) * (len(widths) - 1)
     room = width - start
-    needed = 0
-    for line in lines:
-        items, separator = _items(line[-1])
-        needed = max(needed, *(len(item) + len(separator.rstrip()) for item in items))
-    if room < needed:
+    cells = [_items(line[-1]) for line in lines]
+    if room < max(len(item) + len(separator.rstrip()) for items, separator in cells for item in items):
         return None
     out = []
     for line in lines:

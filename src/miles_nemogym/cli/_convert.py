@@ -173,9 +173,7 @@ def _convert_command(
     gradeable_only: Annotated[
         bool, typer.Option("--gradeable-only", help="Keep only rows the installed swebench package can grade.")
     ] = False,
-    repos: Annotated[
-        list[str] | None, typer.Option("--repos", help="Keep only these repos (repeat or comma-separate).")
-    ] = None,
+    repos: Annotated[list[str] | None, typer.Option(help="Keep only these repos (repeat or comma-separate).")] = None,
     exclude_repos: Annotated[
         list[str] | None, typer.Option("--exclude-repos", help="Drop these repos (repeat or comma-separate).")
     ] = None,
@@ -288,8 +286,7 @@ def _benchmark_rows(
     entry = found.entry
     head, colon, tail = rest.rpartition(":")
     weighted = bool(colon and head and not Path(rest).expanduser().exists())
-    source_text = head if weighted else rest
-    source = Path(source_text).expanduser() if sep else (Path(input) if input else found.shipped_data())
+    source = Path(head if weighted else rest).expanduser() if sep else (Path(input) if input else found.shipped_data())
     if source is None:
         _refuse(
             err,

@@ -25,9 +25,7 @@ range and the commands to try it. Reads the catalog once per NeMo-Gym server env
 
 def _environments(
     name: Annotated[str | None, typer.Argument(help="One catalog name (or a resources server's short name).")] = None,
-    kind: Annotated[
-        Literal["environment", "benchmark"] | None, typer.Option("--kind", help="Only this kind of entry.")
-    ] = None,
+    kind: Annotated[Literal["environment", "benchmark"] | None, typer.Option(help="Only this kind of entry.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON for scripts, one object per entry.")] = False,
 ) -> None:
     from miles_nemogym.fit import terminal_width
@@ -43,7 +41,7 @@ def _environments(
         out = [{**e.entry.model_dump(mode="json"), "here": e.here.model_dump()} for e in chosen]
         typer.echo(json.dumps(out[0] if name else out, indent=None if not name else 2))
         return
-    width = max(terminal_width(), 60)
+    width = terminal_width()  # at least fit.MIN_WIDTH
     if name:
         typer.echo(_detail(chosen[0], width))
         return

@@ -95,7 +95,7 @@ class AtomicFile:
             self.temp_path.unlink(missing_ok=True)
 
 
-class AtomicFiles:
+class AtomicFiles(contextlib.AbstractContextManager["AtomicFiles"]):
     """Files committed together or not at all (``with AtomicFiles() as files``: leaving the block
     without :meth:`commit` removes them). :meth:`scratch` files (a spool) are always removed."""
 
@@ -182,9 +182,6 @@ class AtomicFiles:
         for temporary in self._scratch:
             temporary.remove()
         self._scratch.clear()
-
-    def __enter__(self) -> AtomicFiles:
-        return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None

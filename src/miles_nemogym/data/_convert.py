@@ -35,7 +35,6 @@ from miles_nemogym.data._environments import (
     to_environment_row,
 )
 from miles_nemogym.data._rows import (
-    DatasetKind,
     Routing,
     checked_swe_prompt_row,
     infer_kind,
@@ -54,8 +53,6 @@ MAX_SIZE = 1_000_000
 """The largest ``--size``: memory while mixing grows with it (about 85 bytes a row; measured: bench/README.md)."""
 _MAX_LISTED_PROBLEMS = 50
 _PROGRESS_EVERY = 200
-_DUPLICATE = "duplicate instance_id"
-_DUPLICATE_TASK = "duplicate task id"
 _DETECT_ROWS = 100
 _ITEM_INDEX = re.compile(r"\[\d+\]")
 _Progress = Callable[[int, int | None], None]
@@ -161,16 +158,8 @@ class ConvertOptions(BaseModel):
         return self
 
     def _check_environment_flags(self) -> None:
-        swe_only = {
-            "--subset": self.subset,
-            "--gradeable-only": self.gradeable_only,
-            "--repos": self.repos,
-            "--exclude-repos": self.exclude_repos,
-            "--instance-ids": self.instance_ids,
-            "--limit": self.limit,
-            "--drop-fields": self.drop_fields,
-        }
-        given = [flag for flag, value in swe_only.items() if value]
+        swe_only = ("subset", "gradeable_only", "repos", "exclude_repos", "instance_ids", "limit", "drop_fields")
+        given = ["--" + name.replace("_", "-") for name in swe_only if getattr(self, name)]
         if given:
             raise ValueError(
                 f"{', '.join(given)}: SWE-bench flags; NeMo-Gym environment rows take --env, --size, "
@@ -396,7 +385,7 @@ def convert_row(
     protected = set(drop_fields) & NEVER_DROPPED
     if protected:
         raise ValueError(f"cannot drop required fields: {', '.join(sorted(protected))}")
-    routing = Routing(subset, split, infer_kind(dataset_name) if dataset_name else DatasetKind(None, None))
+    routing = Routing(subset, split, infer_kind(dataset_name))
     prepared = _prepare(row, routing, frozenset(drop_fields))
     if isinstance(prepared, list):
         raise RowInvalidError(prepared)
@@ -495,19 +484,21 @@ def _convert_swe(options: ConvertOptions, progress: _Progress | None, files: Ato
     inferred = infer_kind(options.input)
     split_to_load = options.split or inferred.split or "test"
     routing = Routing(options.subset, options.split, inferred, fallback_split=split_to_load)
-    grade_tables = load_grade_tables() if options.gradeable_only else None
+    versions_by_repo, parsed_repos, swebench_version = (
+        load_grade_tables() if options.gradeable_only else (None, (), None)
+    )
     wanted_repos = split_names(options.repos)
     ids = options.instance_ids
     selection = Selection(
         repos=wanted_repos,
         exclude_repos=split_names(options.exclude_repos),
         instance_ids=frozenset(read_instance_ids(ids) if isinstance(ids, Path) else ids) if ids else None,
-        grade_tables=grade_tables,
+        versions_by_repo=versions_by_repo,
+        parsed_repos=frozenset(parsed_repos),
     )
     drop_fields = split_names(options.drop_fields)
     source = open_source(options.input, split_to_load)
-    report = ConvertReport(source=source.name, source_kind=source.kind)
-    report.swebench_version = grade_tables.swebench_version if grade_tables else None
+    report = ConvertReport(source=source.name, source_kind=source.kind, swebench_version=swebench_version)
     if options.subset:
         report.subset_rule = f"--subset {options.subset}, for every row"
     elif inferred.subset:
@@ -530,13 +521,13 @@ def _convert_swe(options: ConvertOptions, progress: _Progress | None, files: Ato
             _record_problem(report, raw, [str(problem) for problem in prepared], f"invalid: {first.field} {first.rule}")
             continue
         row, instance, overrode = prepared
-        if not _first(instance.instance_id, seen_ids, _DUPLICATE, raw, report):
+        if not _first(instance.instance_id, seen_ids, "duplicate instance_id", raw, report):
             continue
         seen_repos.add(instance.repo)
         reason = selection.reason_to_drop(instance)
         if reason is not None:
             report.skipped[reason] += 1
-            if grade_tables is not None and reason.startswith("not gradeable"):
+            if reason.startswith("not gradeable"):
                 report.not_gradeable_by_repo[instance.repo] += 1
             continue
         line = _encoded(row, raw, report)
@@ -555,9 +546,8 @@ def _convert_swe(options: ConvertOptions, progress: _Progress | None, files: Ato
     if progress is not None:
         progress(report.rows_read, source.total)
 
-    if selection.instance_ids is not None and not report.stopped_early:
-        report.missing_instance_ids = sorted(selection.instance_ids - seen_ids)
-    if wanted_repos and not report.stopped_early:
+    if not report.stopped_early:  # else the rows not read may hold them
+        report.missing_instance_ids = sorted((selection.instance_ids or frozenset()) - seen_ids)
         report.unmatched_repos = sorted(wanted_repos - seen_repos)
     if fail and report.problem_count:
         raise _bad_rows(report)
@@ -648,7 +638,7 @@ def _convert_environments(options: ConvertOptions, progress: _Progress | None, f
             if isinstance(row, FieldProblem):
                 _record_problem(report, raw, [str(row)], _problem_key(row), who=task_id)
                 continue
-            if not _first(task_id, seen, _DUPLICATE_TASK, raw, report):
+            if not _first(task_id, seen, "duplicate task id", raw, report):
                 continue
             line = _encoded(row, raw, report, task_id)
             if line is None:

@@ -45,13 +45,9 @@ def _lookup(name: str) -> DatasetKind | None:
 def infer_kind(source: str) -> DatasetKind:
     """Subset and default split implied by a hub id (``princeton-nlp/SWE-bench_Lite``) or a path (its
     stem first, then each parent folder, nearest first)."""
-    found = _lookup(source)
-    if found is None and ("/" in source or "\\" in source or "." in source):
-        path = PurePath(source)
-        for part in [path.stem, *(parent.name for parent in path.parents)]:
-            if part and (found := _lookup(part)) is not None:
-                break
-    return found or DatasetKind(None, None)
+    path = PurePath(source)  # a bare name is its own stem
+    parts = [source, path.stem, *(parent.name for parent in path.parents)]
+    return next((found for part in parts if part and (found := _lookup(part))), DatasetKind(None, None))
 
 
 @dataclass(frozen=True)
@@ -102,10 +98,7 @@ def to_prompt_row(
     """``{"prompt": [user message], "metadata": {row…, subset, split}}``: the row's fields but ``drop_fields``
     and the routing keys (secrets come from the trainer, never from data), test lists decoded."""
     metadata = {key: value for key, value in row.items() if key not in drop_fields and key not in ROUTING_KEYS}
-    metadata["FAIL_TO_PASS"] = instance.FAIL_TO_PASS
-    metadata["PASS_TO_PASS"] = instance.PASS_TO_PASS
-    metadata["subset"] = subset
-    metadata["split"] = split
+    metadata.update(FAIL_TO_PASS=instance.FAIL_TO_PASS, PASS_TO_PASS=instance.PASS_TO_PASS, subset=subset, split=split)
     return {"prompt": [{"role": "user", "content": instance.problem_statement}], "metadata": metadata}
 
 

@@ -114,9 +114,8 @@ def _describe(error: ErrorDetails, field: str | None = None) -> FieldProblem:
         message = f"{errors.message(error)} (got {type(got).__name__} {shown})"
         if where != field:
             message = f"{where}: {message}"
-    hint = _HINTS.get(field)
-    if hint:
-        message = f"{message}; {hint}"
+    if field in _HINTS:
+        message = f"{message}; {_HINTS[field]}"
     return FieldProblem(field=field, rule=rule, message=message)
 
 

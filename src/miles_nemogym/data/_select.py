@@ -64,18 +64,9 @@ def _split_ids(text: str) -> list[str]:
     return list(dict.fromkeys(item for item in re.split(r"[\s,]+", text) if item))
 
 
-@dataclass(frozen=True)
-class GradeTables:
-    """The three ``swebench`` lookups the grader performs, as key sets (docs/data-and-checks.md)."""
-
-    versions_by_repo: Mapping[str, frozenset[str]]
-    repos_with_ext: frozenset[str]
-    repos_with_parser: frozenset[str]
-    swebench_version: str
-
-
-def load_grade_tables() -> GradeTables:
-    """The tables of the installed ``swebench``; raises :class:`SwebenchMissingError`."""
+def load_grade_tables() -> tuple[dict[str, frozenset[str]], frozenset[str], str]:
+    """The installed ``swebench``'s versions by repo, the repos it can parse a log of, and its version (the
+    lookups the grader performs: docs/data-and-checks.md); raises :class:`SwebenchMissingError`."""
     try:
         import swebench
         from swebench.harness.constants import MAP_REPO_TO_EXT, MAP_REPO_VERSION_TO_SPECS
@@ -86,22 +77,22 @@ def load_grade_tables() -> GradeTables:
             f"install it with: pip install 'swebench=={SWEBENCH_VERSION}'"
         ) from None
     specs: Mapping[str, Mapping[Any, Any]] = MAP_REPO_VERSION_TO_SPECS
-    return GradeTables(
-        versions_by_repo={repo: frozenset(map(str, table)) for repo, table in specs.items()},
-        repos_with_ext=frozenset(MAP_REPO_TO_EXT),
-        repos_with_parser=frozenset(MAP_REPO_TO_PARSER),
-        swebench_version=str(getattr(swebench, "__version__", "unknown")),
+    return (
+        {repo: frozenset(map(str, table)) for repo, table in specs.items()},
+        frozenset(MAP_REPO_TO_EXT) & frozenset(MAP_REPO_TO_PARSER),
+        str(getattr(swebench, "__version__", "unknown")),
     )
 
 
 @dataclass(frozen=True)
 class Selection:
-    """Row filters; an empty ``repos`` and a ``None`` id set mean "no restriction"."""
+    """Row filters; an empty ``repos`` and a ``None`` id set or version table mean "no restriction"."""
 
     repos: frozenset[str] = frozenset()
     exclude_repos: frozenset[str] = frozenset()
     instance_ids: frozenset[str] | None = None
-    grade_tables: GradeTables | None = None
+    versions_by_repo: Mapping[str, frozenset[str]] | None = None  # --gradeable-only: swebench's tables
+    parsed_repos: frozenset[str] = frozenset()
 
     def reason_to_drop(self, instance: SweBenchInstance) -> str | None:
         """The skip reason for a row (a stable name), or ``None`` to keep it."""
@@ -111,14 +102,13 @@ class Selection:
             return "in --exclude-repos"
         if self.instance_ids is not None and instance.instance_id not in self.instance_ids:
             return "not in --instance-ids"
-        tables = self.grade_tables
-        if tables is None:
+        if self.versions_by_repo is None:
             return None
-        versions = tables.versions_by_repo.get(instance.repo)
+        versions = self.versions_by_repo.get(instance.repo)
         if versions is None:
             return "not gradeable: repo unknown to swebench"
         if instance.version not in versions:
             return "not gradeable: version unknown to swebench"
-        if instance.repo not in tables.repos_with_ext or instance.repo not in tables.repos_with_parser:
+        if instance.repo not in self.parsed_repos:
             return "not gradeable: no swebench log parser"
         return None

@@ -12,7 +12,7 @@ import urllib.request
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from miles_nemogym.errors import MilesNemoGymError
 
@@ -81,79 +81,54 @@ def _jsonl_rows(path: Path) -> Generator[RawRow, None, None]:
             index += 1
 
 
-class _ChunkedText:
-    """A growing text window over a UTF-8 file, for incremental ``raw_decode``."""
-
-    def __init__(self, handle: BinaryIO) -> None:
-        self._handle = handle
-        self._decoder = codecs.getincrementaldecoder("utf-8-sig")()
-        self.text = ""
-        self.pos = 0
-        self.eof = False
-
-    def more(self, at_least: int = _JSON_CHUNK) -> None:
-        raw = self._handle.read(max(at_least, _JSON_CHUNK))
-        self.eof = not raw
-        try:
-            decoded = self._decoder.decode(raw, final=self.eof)
-        except UnicodeDecodeError as error:
-            raise SourceError(f"{self._handle.name}: not UTF-8 text ({error.reason})") from None
-        self.text = self.text[self.pos :] + decoded
-        self.pos = 0
-
-    def skip_space(self) -> bool:
-        """Advance past whitespace; False at end of input."""
-        while True:
-            while self.pos < len(self.text) and self.text[self.pos] in " \t\r\n":
-                self.pos += 1
-            if self.pos < len(self.text):
-                return True
-            if self.eof:
-                return False
-            self.more()
-
-
 def _json_rows(path: Path) -> Generator[RawRow, None, None]:
-    decoder = json.JSONDecoder()
-    index = 0
+    """A JSON array or sequence of values, by ``raw_decode`` over a window of the file that grows while a
+    value does not fit in it."""
+    decoder, utf8 = json.JSONDecoder(), codecs.getincrementaldecoder("utf-8-sig")()
+    text, pos, wanted, eof, index = "", 0, 0, False, 0
+    state = "start"  # then "array", "values" (a sequence of them) or "closed" (past the array's ']')
     with path.open("rb") as handle:
-        window = _ChunkedText(handle)
-        window.more()
-        if not window.skip_space():
-            return
-        in_array = window.text[window.pos] == "["
-        if in_array:
-            window.pos += 1
-        while window.skip_space():
-            char = window.text[window.pos]
-            if in_array and char == "]":
-                window.pos += 1
-                if window.skip_space():
-                    raise SourceError(f"{path}: unexpected data after the closing ']' of the JSON array")
-                return
-            if in_array and char == ",":
-                window.pos += 1
+        while True:
+            while pos < len(text) and text[pos] in " \t\r\n":
+                pos += 1
+            if pos == len(text) or wanted:
+                if eof:
+                    break
+                raw = handle.read(max(wanted, _JSON_CHUNK))
+                eof, wanted = not raw, 0
+                try:
+                    text, pos = text[pos:] + utf8.decode(raw, final=eof), 0
+                except UnicodeDecodeError as error:
+                    raise SourceError(f"{path}: not UTF-8 text ({error.reason})") from None
                 continue
-            try:
-                value, end = decoder.raw_decode(window.text, window.pos)
-            except RecursionError:
-                raise SourceError(
-                    f"{path}: row {index + 1} is JSON nested too deeply to read; nothing past it can be read — "
-                    "fix the file or export it as JSONL (one object per line), where a bad row is skipped"
-                ) from None
-            except json.JSONDecodeError as error:
-                if not window.eof:
-                    window.more(at_least=2 * len(window.text))
+            if state == "closed":
+                raise SourceError(f"{path}: unexpected data after the closing ']' of the JSON array")
+            if state == "start":
+                state = "array" if text[pos] == "[" else "values"
+                pos += state == "array"
+            elif state == "array" and text[pos] in "],":
+                state = "closed" if text[pos] == "]" else state
+                pos += 1
+            else:
+                try:
+                    value, pos = decoder.raw_decode(text, pos)
+                except RecursionError:
+                    raise SourceError(
+                        f"{path}: row {index + 1} is JSON nested too deeply to read; nothing past it can be read — "
+                        "fix the file or export it as JSONL (one object per line), where a bad row is skipped"
+                    ) from None
+                except json.JSONDecodeError as error:
+                    if eof:
+                        raise SourceError(
+                            f"{path}: not valid JSON after {index} rows ({error.msg}); nothing past that "
+                            "point can be read — fix the file or export it as JSONL (one object per line)"
+                        ) from None
+                    wanted = 2 * len(text)
                     continue
-                raise SourceError(
-                    f"{path}: not valid JSON after {index} rows ({error.msg}); nothing past that "
-                    "point can be read — fix the file or export it as JSONL (one object per line)"
-                ) from None
-            window.pos = end
-            yield _decoded_row(index, None, value)
-            index += 1
-        if in_array:
-            raise SourceError(f"{path}: the JSON array is not closed (file truncated?)")
+                yield _decoded_row(index, None, value)
+                index += 1
+    if state == "array":
+        raise SourceError(f"{path}: the JSON array is not closed (file truncated?)")
 
 
 def _parquet_source(path: Path) -> RowSource:
@@ -199,9 +174,8 @@ def _hub_unreachable() -> str | None:
             return None
     except urllib.error.HTTPError:
         return None  # any HTTP answer: the hub is there
-    except (urllib.error.URLError, OSError) as error:
-        reason = getattr(error, "reason", error)
-        return f"{endpoint} does not answer: {reason}"
+    except OSError as error:  # URLError is one
+        return f"{endpoint} does not answer: {getattr(error, 'reason', error)}"
 
 
 def _datasets_source(spec: str, split: str, *, local: bool) -> RowSource:
@@ -221,11 +195,8 @@ def _datasets_source(spec: str, split: str, *, local: bool) -> RowSource:
         where = "the folder" if local else "the dataset hub"
         hint = "" if local else _HUB_HINT
         raise SourceError(f"{spec}: cannot load it from {where} ({type(error).__name__}: {error}){hint}") from None
-    total: int | None = None
-    info_splits = getattr(getattr(dataset, "info", None), "splits", None)
-    if info_splits and split in info_splits and info_splits[split].num_examples:
-        total = int(info_splits[split].num_examples)
-
+    splits = getattr(getattr(dataset, "info", None), "splits", None) or {}
+    total = int(splits[split].num_examples) if split in splits and splits[split].num_examples else None
     rows = _guarded(
         iter(dataset),
         lambda index, error: f"{spec}: reading failed after {index} rows ({type(error).__name__}: {error})",
