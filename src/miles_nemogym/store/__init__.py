@@ -70,17 +70,6 @@ class _Request:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-class _NotTrained(NamedTuple):
-    """Episodes the fully async buffer dropped, filed with the next seal of ``role``."""
-
-    role: str
-    episode_ids: list[str]
-    reason: str
-
-
-_STOP = object()
-
-
 @dataclass
 class _File:
     """One file this writer created and appends to; ``heads`` are its lines' heads, in order."""
@@ -116,7 +105,8 @@ class EpisodeStore:
         self.answers_dropped = 0
         self.lines_written = 0
         self.write_errors = 0
-        self._queue: queue.SimpleQueue[_Entry | _Request | object] = queue.SimpleQueue()
+        # None stops the writer; a function (noting dropped episodes) runs on its thread.
+        self._queue: queue.SimpleQueue[_Entry | _Request | Callable[[], None] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._warned: set[str] = set()  # the kinds of write error warned about (each once)
         self._pending_bytes = 0
@@ -159,7 +149,8 @@ class EpisodeStore:
 
     def not_trained(self, role: str, episode_ids: list[str], reason: str) -> None:
         """Queue ``episode_ids`` as not trained for ``reason``, noted in the next filing; never raises."""
-        self._queue.put(_NotTrained(role, list(episode_ids), reason))
+        noted = [(episode_id, reason) for episode_id in episode_ids]
+        self._queue.put(lambda: self._role(role).not_trained.extend(noted))
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Wait until everything queued so far is written (and sealed steps compressed)."""
@@ -168,7 +159,7 @@ class EpisodeStore:
     def close(self, timeout_s: float = 30.0) -> None:
         """Write what is queued and stop the writer thread; its files stay pending."""
         self.flush(timeout_s)
-        self._queue.put(_STOP)
+        self._queue.put(None)
         self._thread.join(timeout_s)
 
     def _request(self, request: _Request, timeout_s: float) -> bool:
@@ -180,7 +171,7 @@ class EpisodeStore:
     def _work(self) -> None:
         while True:
             item = self._queue.get()
-            if item is _STOP:
+            if item is None:
                 for role in self._roles.values():
                     for file in role.files:
                         _close(file)
@@ -191,9 +182,9 @@ class EpisodeStore:
                 self._write(item)
                 continue
             try:
-                if isinstance(item, _NotTrained):
-                    self._role(item.role).not_trained.extend((i, item.reason) for i in item.episode_ids)
-                elif isinstance(item, _Request) and item.role:
+                if not isinstance(item, _Request):
+                    item()
+                elif item.role:
                     self._seal(item)
             except Exception as error:  # the store must never take the rollout down
                 self.write_errors += 1
