@@ -164,9 +164,12 @@ _PAD = 24  # between the y axis (the right end) and the first (last) step
 _LABELLED_STEPS = 12  # up to this many steps every point is labelled with its value; past it, the last one
 
 
-def _text(value: str) -> str:
-    """Store text as SVG/HTML text: printable, valid XML characters, escaped."""
-    return html.escape(_NOT_XML.sub("\ufffd", printable(value)).replace("\n", " "))
+def page_text(value: object, limit: int | None = None) -> str:
+    """Store text as page (HTML, SVG) text: printable, valid XML characters, at most ``limit``, escaped."""
+    text = _NOT_XML.sub("\ufffd", printable(str(value)))
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return html.escape(text)
 
 
 def _nice(top: float) -> float:
@@ -227,7 +230,7 @@ def svg(plot: Plot, *, standalone: bool = True) -> str:
         return _TOP + plot_h - (value / 2 - low / 2) / (high / 2 - low / 2) * plot_h  # halves: no overflow
 
     legend_h = 16 * len(plot.series)
-    title = _text(plot.title)
+    title = page_text(plot.title.replace("\n", " "))
     namespace = ' xmlns="http://www.w3.org/2000/svg"' if standalone else ""
     out = [
         f'<svg{namespace} width="{_WIDTH}" height="{_HEIGHT + legend_h}" '
@@ -269,7 +272,7 @@ def svg(plot: Plot, *, standalone: bool = True) -> str:
         )
     for n, series in enumerate(plot.series):
         colour = _COLOURS[n % len(_COLOURS)]
-        name = _text(series.name)
+        name = page_text(series.name.replace("\n", " "))
         dash = ' stroke-dasharray="6 3"' if n % 2 else ""  # a series under another still shows
         runs: list[list[tuple[float, float]]] = [[]]
         for step, value in zip(plot.steps, series.values, strict=True):
