@@ -62,15 +62,11 @@ def _reward_mean(members: list[StoredEpisode]) -> float | None:
     return mean(finite(e.entry.get("reward")) for e in _valid(members))
 
 
-def _environments(episodes: list[StoredEpisode]) -> list[str]:
-    return sorted({e.environment for e in episodes})
-
-
 def _train_plots(steps: dict[int, list[StoredEpisode]], rate: str) -> list[Plot]:
     """Train's plots; ``rate`` names the resolve rate (``SWE_RESOLVE_RATE`` when it covers part of the store)."""
     order = tuple(steps)
     groups = list(steps.values())
-    environments = _environments([e for m in groups for e in m])
+    environments = sorted({e.environment for m in groups for e in m})
     series = [Series("reward mean", tuple(_reward_mean(m) for m in groups))]
     if SWE_ENVIRONMENT in environments:
         series.append(Series(rate, tuple(_resolve_rate(m) for m in groups)))
@@ -116,7 +112,7 @@ def _eval_plot(eval_set: str, steps: dict[int, list[StoredEpisode]], name: str) 
         label = f"pass@{ks.pop()}" if len(ks) == 1 else f"pass@k (k per step: {per_step})"
         series.append(Series(label, tuple(at_k for _, _, at_k in found)))
     title = f"eval {eval_set}: {' and '.join(s.name for s in series)}"
-    environments = _environments([e for m in steps.values() for e in m])
+    environments = sorted({e.environment for m in steps.values() for e in m})
     if len(environments) > 1:  # each environment's pass@1 (its own instances), beside the set's
         title += " (and pass@1 per environment)"
         for env in environments:
