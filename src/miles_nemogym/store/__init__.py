@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -17,7 +18,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pydantic_core
 
@@ -48,16 +49,6 @@ def _line(head: bytes, answer: bytes | None, answer_is_json: bool) -> bytes:
                 value = json.dumps(json.loads(answer), separators=(",", ":")).encode()
         value = value or json.dumps({"text": answer.decode("utf-8", "replace")}).encode()  # not JSON: as text
     return head[:-1] + (b',"answer":' if head != b"{}" else b'"answer":') + value + b"}\n"
-
-
-class _Entry(NamedTuple):
-    """One queued episode: its encoded head, the raw answer and the scrubber to apply."""
-
-    role: str
-    head: bytes
-    answer: bytes | None
-    answer_is_json: bool
-    scrub: Callable[[bytes], bytes] | None
 
 
 @dataclass
@@ -105,8 +96,8 @@ class EpisodeStore:
         self.answers_dropped = 0
         self.lines_written = 0
         self.write_errors = 0
-        # None stops the writer; a function (noting dropped episodes) runs on its thread.
-        self._queue: queue.SimpleQueue[_Entry | _Request | Callable[[], None] | None] = queue.SimpleQueue()
+        # None stops the writer; a function (writing an episode, noting dropped ones) runs on its thread.
+        self._queue: queue.SimpleQueue[_Request | Callable[[], None] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._warned: set[str] = set()  # the kinds of write error warned about (each once)
         self._pending_bytes = 0
@@ -137,7 +128,7 @@ class EpisodeStore:
             if dropped:
                 entry = {**entry, "answer_dropped": "the store's writer was behind; raw answer not kept"}
                 head, answer = pydantic_core.to_json(entry, inf_nan_mode="null"), None
-            self._queue.put(_Entry(role, head, answer, answer_is_json, scrub))
+            self._queue.put(functools.partial(self._write, role, head, answer, answer_is_json, scrub))
         except Exception as error:  # an entry that cannot be encoded: the sample is unaffected
             self.write_errors += 1
             self._warn(type(error).__name__, f"an episode could not be encoded ({error})")
@@ -178,9 +169,6 @@ class EpisodeStore:
                     os.close(role.dir_fd)
                 self._roles.clear()
                 return
-            if isinstance(item, _Entry):
-                self._write(item)
-                continue
             try:
                 if not isinstance(item, _Request):
                     item()
@@ -196,14 +184,15 @@ class EpisodeStore:
                 if isinstance(item, _Request):
                     item.done.set()
 
-    def _write(self, item: _Entry) -> None:
-        if item.answer:
+    def _write(
+        self, name: str, head: bytes, raw: bytes | None, answer_is_json: bool, scrub: Callable[[bytes], bytes] | None
+    ) -> None:
+        if raw:
             with self._lock:
-                self._pending_bytes -= len(item.answer)
+                self._pending_bytes -= len(raw)
         try:
-            answer = item.scrub(item.answer) if item.scrub and item.answer else item.answer
-            line = _line(item.head, answer, item.answer_is_json)
-            role = self._role(item.role)
+            line = _line(head, scrub(raw) if scrub and raw else raw, answer_is_json)
+            role = self._role(name)
             if not role.files or role.files[-1].fd is None:  # none yet, or the last closed: a new file
                 self._files_made += 1
                 new = _File(f"{self.writer_id}-{self._files_made}", None)
@@ -221,8 +210,8 @@ class EpisodeStore:
                 raise
             file.size += len(line)
             if file.heads is not None:
-                file.heads.append(item.head + b"\n")
-                file.heads_bytes += len(item.head) + 1
+                file.heads.append(head + b"\n")
+                file.heads_bytes += len(head) + 1
                 if file.heads_bytes > _MAX_HEADS_BYTES:  # never sealed? memory stays bounded
                     file.heads = None
             self.lines_written += 1
