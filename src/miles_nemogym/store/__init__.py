@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -17,7 +18,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pydantic_core
 
@@ -50,16 +51,6 @@ def _line(head: bytes, answer: bytes | None, answer_is_json: bool) -> bytes:
     return head[:-1] + (b',"answer":' if head != b"{}" else b'"answer":') + value + b"}\n"
 
 
-class _Entry(NamedTuple):
-    """One queued episode: its encoded head, the raw answer and the scrubber to apply."""
-
-    role: str
-    head: bytes
-    answer: bytes | None
-    answer_is_json: bool
-    scrub: Callable[[bytes], bytes] | None
-
-
 @dataclass
 class _Request:
     """A seal of ``role``'s files under ``step`` (``trained``: fully async's filing), or a flush (no role)."""
@@ -68,17 +59,6 @@ class _Request:
     step: int
     trained: list[str] | None = None
     done: threading.Event = field(default_factory=threading.Event)
-
-
-class _NotTrained(NamedTuple):
-    """Episodes the fully async buffer dropped, filed with the next seal of ``role``."""
-
-    role: str
-    episode_ids: list[str]
-    reason: str
-
-
-_STOP = object()
 
 
 @dataclass
@@ -116,7 +96,8 @@ class EpisodeStore:
         self.answers_dropped = 0
         self.lines_written = 0
         self.write_errors = 0
-        self._queue: queue.SimpleQueue[_Entry | _Request | object] = queue.SimpleQueue()
+        # None stops the writer; a function (writing an episode, noting dropped ones) runs on its thread.
+        self._queue: queue.SimpleQueue[_Request | Callable[[], None] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._warned: set[str] = set()  # the kinds of write error warned about (each once)
         self._pending_bytes = 0
@@ -147,7 +128,7 @@ class EpisodeStore:
             if dropped:
                 entry = {**entry, "answer_dropped": "the store's writer was behind; raw answer not kept"}
                 head, answer = pydantic_core.to_json(entry, inf_nan_mode="null"), None
-            self._queue.put(_Entry(role, head, answer, answer_is_json, scrub))
+            self._queue.put(functools.partial(self._write, role, head, answer, answer_is_json, scrub))
         except Exception as error:  # an entry that cannot be encoded: the sample is unaffected
             self.write_errors += 1
             self._warn(type(error).__name__, f"an episode could not be encoded ({error})")
@@ -159,7 +140,8 @@ class EpisodeStore:
 
     def not_trained(self, role: str, episode_ids: list[str], reason: str) -> None:
         """Queue ``episode_ids`` as not trained for ``reason``, noted in the next filing; never raises."""
-        self._queue.put(_NotTrained(role, list(episode_ids), reason))
+        noted = [(episode_id, reason) for episode_id in episode_ids]
+        self._queue.put(lambda: self._role(role).not_trained.extend(noted))
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Wait until everything queued so far is written (and sealed steps compressed)."""
@@ -168,7 +150,7 @@ class EpisodeStore:
     def close(self, timeout_s: float = 30.0) -> None:
         """Write what is queued and stop the writer thread; its files stay pending."""
         self.flush(timeout_s)
-        self._queue.put(_STOP)
+        self._queue.put(None)
         self._thread.join(timeout_s)
 
     def _request(self, request: _Request, timeout_s: float) -> bool:
@@ -180,20 +162,17 @@ class EpisodeStore:
     def _work(self) -> None:
         while True:
             item = self._queue.get()
-            if item is _STOP:
+            if item is None:
                 for role in self._roles.values():
                     for file in role.files:
                         _close(file)
                     os.close(role.dir_fd)
                 self._roles.clear()
                 return
-            if isinstance(item, _Entry):
-                self._write(item)
-                continue
             try:
-                if isinstance(item, _NotTrained):
-                    self._role(item.role).not_trained.extend((i, item.reason) for i in item.episode_ids)
-                elif isinstance(item, _Request) and item.role:
+                if not isinstance(item, _Request):
+                    item()
+                elif item.role:
                     self._seal(item)
             except Exception as error:  # the store must never take the rollout down
                 self.write_errors += 1
@@ -205,14 +184,15 @@ class EpisodeStore:
                 if isinstance(item, _Request):
                     item.done.set()
 
-    def _write(self, item: _Entry) -> None:
-        if item.answer:
+    def _write(
+        self, name: str, head: bytes, raw: bytes | None, answer_is_json: bool, scrub: Callable[[bytes], bytes] | None
+    ) -> None:
+        if raw:
             with self._lock:
-                self._pending_bytes -= len(item.answer)
+                self._pending_bytes -= len(raw)
         try:
-            answer = item.scrub(item.answer) if item.scrub and item.answer else item.answer
-            line = _line(item.head, answer, item.answer_is_json)
-            role = self._role(item.role)
+            line = _line(head, scrub(raw) if scrub and raw else raw, answer_is_json)
+            role = self._role(name)
             if not role.files or role.files[-1].fd is None:  # none yet, or the last closed: a new file
                 self._files_made += 1
                 new = _File(f"{self.writer_id}-{self._files_made}", None)
@@ -230,8 +210,8 @@ class EpisodeStore:
                 raise
             file.size += len(line)
             if file.heads is not None:
-                file.heads.append(item.head + b"\n")
-                file.heads_bytes += len(item.head) + 1
+                file.heads.append(head + b"\n")
+                file.heads_bytes += len(head) + 1
                 if file.heads_bytes > _MAX_HEADS_BYTES:  # never sealed? memory stays bounded
                     file.heads = None
             self.lines_written += 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable
-from typing import Any
 
 from miles_nemogym.episode.record import SWE_ENVIRONMENT
 from miles_nemogym.store import ROLES
@@ -17,7 +16,6 @@ from miles_nemogym.store._browser import (
     cut_head,
     episode_parts,
     filed_label,
-    printable,
     quality_label,
     rate_name,
     row_cells,
@@ -25,7 +23,7 @@ from miles_nemogym.store._browser import (
     step_label,
     summary_rows,
 )
-from miles_nemogym.store._plots import plots_html
+from miles_nemogym.store._plots import page_text, plots_html
 from miles_nemogym.store._reader import Store, StoredEpisode, count_text, reward_text
 
 __all__ = ["render_html"]
@@ -80,7 +78,7 @@ def _bar_chart(
             x = x0 + j * bar_w
             shown = "-" if value is None else value_text(value)
             h = 0.0 if value is None or y_max <= 0 else value / y_max * plot_h
-            tip = f"{_text(name)} step {_text(label)}: {shown}"
+            tip = f"{page_text(name)} step {page_text(label)}: {shown}"
             if h > 0:
                 parts.append(
                     f'<rect x="{x:.1f}" y="{base - h:.1f}" width="{bar_w - 2:.1f}" height="{h:.1f}" '
@@ -95,7 +93,7 @@ def _bar_chart(
         )
     parts.append("</svg>")
     legend = "".join(
-        f'<span><svg width="10" height="10"><rect width="10" height="10" fill="{c}"/></svg> {_text(n)}</span>'
+        f'<span><svg width="10" height="10"><rect width="10" height="10" fill="{c}"/></svg> {page_text(n)}</span>'
         for n, c, _ in series
     )
     return f'<div class="chart">{"".join(parts)}<div class="legend">{legend}</div></div>'
@@ -124,26 +122,18 @@ def _charts(rows: list[Row], quality: str) -> str:
     return "".join(out)
 
 
-def _text(value: Any, limit: int | None = None) -> str:
-    """A store value as page text: printable, escaped, at most ``limit`` characters."""
-    text = printable(str(value))
-    if limit is not None and len(text) > limit:
-        text = text[: limit - 1] + "…"
-    return html.escape(text)
-
-
 def _table_html(rows: list[Row], quality: str) -> str:
     per_environment = rows[0].environment is not None if rows else False
     rate = PASS_RATE if per_environment else rate_name(quality)
     headers = ["role", "environment" if per_environment else "step", "episodes", "valid", rate, "failures by kind"]
     headers += ["mean turns", "mean reward" if per_environment else "mean time s"]
-    head = "".join(f"<th>{_text(h)}</th>" for h in headers)
+    head = "".join(f"<th>{page_text(h)}</th>" for h in headers)
     body = []
     for r in rows:
         role, second, *counts, turns, last, failures = row_cells(r)
         numbers = "".join(f"<td class=num>{n}</td>" for n in counts)  # episodes, valid, rate
         body.append(
-            f"<tr><td>{_text(role)}</td><td>{_text(second)}</td>{numbers}<td>{_text(failures)}</td>"
+            f"<tr><td>{page_text(role)}</td><td>{page_text(second)}</td>{numbers}<td>{page_text(failures)}</td>"
             f"<td class=num>{turns}</td><td class=num>{last}</td></tr>"
         )
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
@@ -165,13 +155,13 @@ def _body_html(parts: list[str | LongText]) -> str:
         left_out = max(0, len(part.text) - BLOCK_MAX_CHARS)
         note = f"\n[{left_out:,} more characters are not on this page; the store file has them]" if left_out else ""
         out += [
-            f"<pre>{_text(chr(10).join(lines))}</pre>",
+            f"<pre>{page_text(chr(10).join(lines))}</pre>",
             f"<details class=more><summary>show all ({len(rest):,} more characters)</summary>"
-            f"<pre>{_text(rest[: len(rest) - left_out])}{note}</pre></details>",
+            f"<pre>{page_text(rest[: len(rest) - left_out])}{note}</pre></details>",
         ]
         lines = []
     if lines:
-        out.append(f"<pre>{_text(chr(10).join(lines))}</pre>")
+        out.append(f"<pre>{page_text(chr(10).join(lines))}</pre>")
     return "".join(out)
 
 
@@ -180,12 +170,12 @@ def _episode_html(episode: StoredEpisode) -> str:
     eval_set = episode.entry.get("eval_set")
     limit = _SUMMARY_FIELD_CHARS
     summary = (
-        f"{_text(episode.role)}{'/' + _text(eval_set, limit) if eval_set else ''} "
-        f"{_text(filed_label(episode), limit)} · "
-        f"<b>{_text(episode.instance_id, limit)}</b> · <span class={css}>{_text(episode.kind, limit)}</span> · "
-        f"reward {_text(reward_text(episode.entry.get('reward')), limit)} · "
-        f"turns {_text(count_text(episode.record.get('turns')), limit)} · "
-        f"<code>{_text(episode.episode_id[:12])}</code>"
+        f"{page_text(episode.role)}{'/' + page_text(eval_set, limit) if eval_set else ''} "
+        f"{page_text(filed_label(episode), limit)} · "
+        f"<b>{page_text(episode.instance_id, limit)}</b> · <span class={css}>{page_text(episode.kind, limit)}</span> · "
+        f"reward {page_text(reward_text(episode.entry.get('reward')), limit)} · "
+        f"turns {page_text(count_text(episode.record.get('turns')), limit)} · "
+        f"<code>{page_text(episode.episode_id[:12])}</code>"
     )
     body = _body_html(episode_parts(episode))
     return f"<details><summary>{summary}</summary><div class=episode>{body}</div></details>"
@@ -199,14 +189,14 @@ def render_html(store: Store, title: str) -> str:
         by_environment = summary_rows(store.episodes, per_environment=True)
         per_environment = f"<h2>Per environment</h2>{_table_html(by_environment, quality)}"
     problems = "; ".join(map(str, store.problems))
-    cut = f"<p class=failed>Unreadable or odd lines or files: {_text(problems)}</p>" if problems else ""
+    cut = f"<p class=failed>Unreadable or odd lines or files: {page_text(problems)}</p>" if problems else ""
     episodes = "".join(_episode_html(e) for e in store.episodes)
     swe_only = ""
     if quality != "resolved" and any(e.environment == SWE_ENVIRONMENT for e in store.episodes):
         swe_only = f" The plots' {SWE_RESOLVE_RATE} is over valid SWE-bench episodes alone."
     return (
-        f"<!doctype html><html><head><meta charset=utf-8><title>{_text(title)}</title>"
-        f"<style>{_CSS}</style></head><body><h1>{_text(title)}</h1>"
+        f"<!doctype html><html><head><meta charset=utf-8><title>{page_text(title)}</title>"
+        f"<style>{_CSS}</style></head><body><h1>{page_text(title)}</h1>"
         f"<p>{len(store.episodes)} episodes. The {rate_name(quality)} is over "
         "valid episodes; failed (masked) episodes are counted by kind and are not policy failures."
         f"{swe_only}</p>"

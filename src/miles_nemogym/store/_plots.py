@@ -62,15 +62,11 @@ def _reward_mean(members: list[StoredEpisode]) -> float | None:
     return mean(finite(e.entry.get("reward")) for e in _valid(members))
 
 
-def _environments(episodes: list[StoredEpisode]) -> list[str]:
-    return sorted({e.environment for e in episodes})
-
-
 def _train_plots(steps: dict[int, list[StoredEpisode]], rate: str) -> list[Plot]:
     """Train's plots; ``rate`` names the resolve rate (``SWE_RESOLVE_RATE`` when it covers part of the store)."""
     order = tuple(steps)
     groups = list(steps.values())
-    environments = _environments([e for m in groups for e in m])
+    environments = sorted({e.environment for m in groups for e in m})
     series = [Series("reward mean", tuple(_reward_mean(m) for m in groups))]
     if SWE_ENVIRONMENT in environments:
         series.append(Series(rate, tuple(_resolve_rate(m) for m in groups)))
@@ -116,7 +112,7 @@ def _eval_plot(eval_set: str, steps: dict[int, list[StoredEpisode]], name: str) 
         label = f"pass@{ks.pop()}" if len(ks) == 1 else f"pass@k (k per step: {per_step})"
         series.append(Series(label, tuple(at_k for _, _, at_k in found)))
     title = f"eval {eval_set}: {' and '.join(s.name for s in series)}"
-    environments = _environments([e for m in steps.values() for e in m])
+    environments = sorted({e.environment for m in steps.values() for e in m})
     if len(environments) > 1:  # each environment's pass@1 (its own instances), beside the set's
         title += " (and pass@1 per environment)"
         for env in environments:
@@ -164,9 +160,12 @@ _PAD = 24  # between the y axis (the right end) and the first (last) step
 _LABELLED_STEPS = 12  # up to this many steps every point is labelled with its value; past it, the last one
 
 
-def _text(value: str) -> str:
-    """Store text as SVG/HTML text: printable, valid XML characters, escaped."""
-    return html.escape(_NOT_XML.sub("\ufffd", printable(value)).replace("\n", " "))
+def page_text(value: object, limit: int | None = None) -> str:
+    """Store text as page (HTML, SVG) text: printable, valid XML characters, at most ``limit``, escaped."""
+    text = _NOT_XML.sub("\ufffd", printable(str(value)))
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return html.escape(text)
 
 
 def _nice(top: float) -> float:
@@ -227,7 +226,7 @@ def svg(plot: Plot, *, standalone: bool = True) -> str:
         return _TOP + plot_h - (value / 2 - low / 2) / (high / 2 - low / 2) * plot_h  # halves: no overflow
 
     legend_h = 16 * len(plot.series)
-    title = _text(plot.title)
+    title = page_text(plot.title.replace("\n", " "))
     namespace = ' xmlns="http://www.w3.org/2000/svg"' if standalone else ""
     out = [
         f'<svg{namespace} width="{_WIDTH}" height="{_HEIGHT + legend_h}" '
@@ -269,7 +268,7 @@ def svg(plot: Plot, *, standalone: bool = True) -> str:
         )
     for n, series in enumerate(plot.series):
         colour = _COLOURS[n % len(_COLOURS)]
-        name = _text(series.name)
+        name = page_text(series.name.replace("\n", " "))
         dash = ' stroke-dasharray="6 3"' if n % 2 else ""  # a series under another still shows
         runs: list[list[tuple[float, float]]] = [[]]
         for step, value in zip(plot.steps, series.values, strict=True):

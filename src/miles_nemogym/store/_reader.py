@@ -171,7 +171,7 @@ def load(directory: Path, *, answers: bool = False, steps: Collection[int | None
         folder = directory / role
         groups: dict[str, tuple[int | None, dict[str, Path]]] = {}  # stem -> (its step, its files by extension)
         paths = _files(folder, store.problems)
-        filed = _filed([p for p in paths if _FILING.fullmatch(p.name)], store.problems)
+        filed = _filed([(p, int(m["step"])) for p in paths if (m := _FILING.fullmatch(p.name))], store.problems)
         # An episode is filed at or after the step it was sealed under: with filings, read every
         # sealed step up to the last asked for (and pending), then keep the episodes by their filed step.
         last = max((s for s in steps or () if s is not None), default=-1) if filed else None
@@ -216,12 +216,10 @@ class _Filed(BaseModel):
     reason: str | None = None
 
 
-def _filed(paths: list[Path], problems: list[Problem]) -> dict[str, tuple[int, str | None]]:
-    """Episode id -> (its filed step, why not trained or None), from ``paths`` by step (the latest wins)."""
+def _filed(paths: list[tuple[Path, int]], problems: list[Problem]) -> dict[str, tuple[int, str | None]]:
+    """Episode id -> (its filed step, why not trained or None), from the (filing, step) ``paths`` (the latest wins)."""
     filed: dict[str, tuple[int, str | None]] = {}
-    for path in paths:
-        match = _FILING.fullmatch(path.name)
-        assert match is not None
+    for path, step in paths:
         for number, line in _lines(path, problems):
             try:
                 item = _Filed.model_validate_json(line)
@@ -229,7 +227,7 @@ def _filed(paths: list[Path], problems: list[Problem]) -> dict[str, tuple[int, s
                 reason = error.errors()[0]["msg"]
                 problems.append(Problem(str(path), number, f"skipped: not a filing line ({reason})"))
                 continue
-            filed[item.episode_id] = (int(match["step"]), None if item.trained else item.reason or "no reason given")
+            filed[item.episode_id] = (step, None if item.trained else item.reason or "no reason given")
     return filed
 
 
