@@ -8,7 +8,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,13 +134,21 @@ def _error(status: int, message: str) -> web.Response:
 class RecordingPolicy:
     """The loopback policy server. ``session_url()`` gives Miles' ``base_url`` shape."""
 
-    def __init__(self, *, look_around_turns: int = 2, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        look_around_turns: int = 2,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        on_request: Callable[[RecordedRequest], None] | None = None,
+    ) -> None:
         if look_around_turns < 0:
             raise ValueError(f"look_around_turns must be >= 0, got {look_around_turns}")
         self.default_script = Script(look_around_turns=look_around_turns)
         self.host = host
         self._requested_port = port
         self._port: int | None = None
+        self._on_request = on_request  # called in the server's event loop
         self._scripts: dict[str, Script] = {}
         self._records: list[RecordedRequest] = []
         self._lock = threading.Lock()
@@ -190,6 +198,8 @@ class RecordingPolicy:
         )
         with self._lock:
             self._records.append(record)
+        if self._on_request is not None:
+            self._on_request(record)
         return record
 
     async def _read_body(self, request: web.Request) -> Any:
