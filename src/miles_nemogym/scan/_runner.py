@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -82,9 +81,7 @@ async def play_golden(
     """The row's gold, then its wrong answer, each one episode of its own scripted session."""
     played = []
     for turns in known.values():  # gold, then wrong
-        session = uuid.uuid4().hex
-        policy.configure_session(session, answers=turns)
-        episode = episodes.episode(task.metadata, task.environment, policy.session_url(session), settings)
+        episode = episodes.episode(task.metadata, task.environment, policy.session_url(answers=turns), settings)
         outcome = await episode()
         outcome.record.environment = task.environment
         played.append(outcome)

@@ -227,12 +227,7 @@ def run_environment_smoke(
             )
             if episode_dir is not None:
                 settings = settings.with_overrides(episode_dir=str(episode_dir))
-            if policy_base_url is None:
-                urls = [policy.session_url() for _ in played]
-                for url, (_, _, _, turns) in zip(urls, played, strict=True):
-                    policy.configure_session(RecordingPolicy.session_id_of(url), answers=turns)
-            else:
-                urls = [policy_base_url] * len(played)
+            urls = [policy_base_url or policy.session_url(answers=turns) for *_, turns in played]
 
             def calls(index: int) -> int | None:
                 if policy_base_url is not None:

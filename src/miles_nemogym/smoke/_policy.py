@@ -162,11 +162,13 @@ class RecordingPolicy:
             raise RuntimeError("the recording policy is not started")
         return f"http://{self.host}:{self._port}"
 
-    def session_url(self, session_id: str | None = None) -> str:
-        """Miles' ``base_url`` for a session (no ``/v1``); a new id when none is given."""
+    def session_url(self, session_id: str | None = None, **script: Any) -> str:
+        """Miles' ``base_url`` for a session (no ``/v1``; a new id when none is given), ``script`` its changes."""
         sid = session_id or uuid.uuid4().hex
         if "/" in sid:
             raise ValueError(f"session id must not contain '/': {sid!r}")
+        if script:
+            self.configure_session(sid, **script)
         return f"{self.url}/sessions/{sid}"
 
     @staticmethod
