@@ -189,7 +189,11 @@ class RecordingPolicy:
     def chat_requests(self, session_id: str) -> list[RecordedRequest]:
         return [r for r in self.requests(session_id) if r.method == "POST" and r.path.endswith("/v1/chat/completions")]
 
-    def _record(self, request: web.Request, body: Any) -> RecordedRequest:
+    async def _record(self, request: web.Request) -> RecordedRequest:
+        text = await request.text()
+        body: Any = text
+        with contextlib.suppress(json.JSONDecodeError):
+            body = json.loads(text) if text else None
         record = RecordedRequest(
             session_id=request.match_info.get("session_id"),
             method=request.method,
@@ -204,16 +208,9 @@ class RecordingPolicy:
             self._on_request(record)
         return record
 
-    async def _read_body(self, request: web.Request) -> Any:
-        text = await request.text()
-        with contextlib.suppress(json.JSONDecodeError):
-            return json.loads(text) if text else None
-        return text
-
     async def _chat(self, request: web.Request) -> web.Response:
-        body = await self._read_body(request)
-        record = self._record(request, body)
-        sid = record.session_id or ""
+        record = await self._record(request)
+        body, sid = record.body, record.session_id or ""
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return _error(400, "body must be a JSON object with a `messages` list")
         if body.get("stream"):
@@ -229,21 +226,18 @@ class RecordingPolicy:
         return web.json_response(_completion(body, answer))
 
     async def _other(self, request: web.Request) -> web.Response:
-        self._record(request, await self._read_body(request))
+        await self._record(request)
         served = "POST /sessions/<id>/v1/chat/completions"
         return _error(404, f"the recording policy serves only {served}, not {request.method} {request.path}")
-
-    def _app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_post("/sessions/{session_id}/v1/chat/completions", self._chat)
-        app.router.add_route("*", "/sessions/{session_id}/{tail:.*}", self._other)
-        app.router.add_route("*", "/{tail:.*}", self._other)
-        return app
 
     async def start(self) -> RecordingPolicy:
         if self._runner is not None:
             raise RuntimeError("the recording policy is already started")
-        runner = web.AppRunner(self._app(), access_log=None)
+        app = web.Application()
+        app.router.add_post("/sessions/{session_id}/v1/chat/completions", self._chat)
+        app.router.add_route("*", "/sessions/{session_id}/{tail:.*}", self._other)
+        app.router.add_route("*", "/{tail:.*}", self._other)
+        runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, self.host, self._requested_port).start()
         self._runner = runner
