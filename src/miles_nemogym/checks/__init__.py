@@ -360,7 +360,7 @@ def _environment(name: str, target: Target) -> Found:
     url = redact_url(server.url)
     where = f"correct its URL in NEMO_GYM_ENVS (the launcher's --nemo-gym-env {name}=http://<host>:<port>)"
     try:
-        routes = resources_routes(target.fetch(f"{server.url}/openapi.json", target.timeout_s))
+        paths, any_tool = resources_routes(target.fetch(f"{server.url}/openapi.json", target.timeout_s))
     except FetchError as error:
         if error.kind == "dns":
             return _failed(
@@ -373,7 +373,7 @@ def _environment(name: str, target: Target) -> Found:
     except SchemaError as error:
         problem = str(error)
     else:
-        missing = routes.missing_routes()
+        missing = [path for path in ("/seed_session", "/verify") if path not in paths]
         problem = f"no POST {', '.join(missing)}" if missing else ""
     if problem:
         return _failed(
@@ -392,7 +392,8 @@ def _environment(name: str, target: Target) -> Found:
             f"to the address `miles-nemogym serve --env {name}` prints for {name}; this one serves "
             f"{identity.instance}'s rows",
         )
-    unserved, said = routes.unserved_tools(tools), counted(len(set(tools)), "tool")
+    unserved = [] if any_tool else sorted({tool for tool in tools if f"/{tool}" not in paths})
+    said = counted(len(set(tools)), "tool")
     if unserved and name not in target.tools_not_served:
         shown = ", ".join(unserved[:5]) + (f" and {len(unserved) - 5} more" if len(unserved) > 5 else "")
         return _failed(
@@ -401,8 +402,8 @@ def _environment(name: str, target: Target) -> Found:
             f"{where}, the server of that environment, at the nemo-gym version the rows were written for; "
             f"if its verifier only reads the calls (as xlam_fc's does), pass --tools-not-served {name}",
         )
-    if routes.any_tool is not None:
-        served = f"every tool (POST {routes.any_tool})"
+    if any_tool is not None:
+        served = f"every tool (POST {any_tool})"
     elif name not in target.tools:  # no rows of it were read (doctor): nothing to say about their tools
         served = ""
     elif unserved:
@@ -436,12 +437,12 @@ def _agent(name: str, agent: str, target: Target) -> Found:
     url = redact_url(agent)
     where = f"correct its agent URL in NEMO_GYM_ENVS ({name}.agent)"
     try:
-        routes = resources_routes(target.fetch(f"{agent}/openapi.json", target.timeout_s))
+        paths, _ = resources_routes(target.fetch(f"{agent}/openapi.json", target.timeout_s))
     except FetchError as error:
         return _failed(f"GET {url}/openapi.json: {error}", f"{_start_environment_fix(name)}, or {where}")
     except SchemaError as error:
         return _failed(f"{url} answers but is not a NeMo-Gym agent server ({error})", where)
-    if "/run" not in routes.paths:
+    if "/run" not in paths:
         return _failed(
             f"{url} answers but is not a NeMo-Gym agent server (no POST /run)",
             f"{where}: the agent server's own address (`miles-nemogym serve --env {name}` prints it)",
