@@ -207,16 +207,12 @@ def _prepare_locked(
     environment_rows = tasks[0].environment != SWE_ENVIRONMENT
     gold: dict[str, Answers] = {}
     base = config.policy_base_url  # an environment row's: the session URL its episode is checked against
-    if environment_rows:
-        try:
-            if config.golden:
-                settings = settings.with_overrides(policy_api_key=None)  # the scripted policy needs no key
-                gold = gold_answers(pending)
-                base = CHECK_SESSION
-            else:
-                base = session_base(str(config.policy_base_url))
-        except InputError as error:
-            raise ScanUsageError(str(error)) from None
+    if environment_rows and config.golden:  # an InputError: _prepare says it
+        settings = settings.with_overrides(policy_api_key=None)  # the scripted policy needs no key
+        gold = gold_answers(pending)
+        base = CHECK_SESSION
+    elif environment_rows:
+        base = session_base(str(config.policy_base_url))
     bodies: dict[str, Callable[[], Awaitable[Outcome]]] = {}
     for task in pending:  # a row that cannot form a body fails now, not as a masked episode later
         try:
