@@ -142,21 +142,6 @@ class Check:
     gives: str = ""
 
 
-def _run(checks: Iterable[Check], target: Target) -> Iterator[CheckResult]:
-    """Each check in order, as it finishes; one whose need did not pass is SKIP, ``needs <what it gives>``."""
-    done: dict[str, CheckResult] = {}
-    for check in checks:
-        need = next((need for need in check.needs if need.name in done and not done[need.name].ok), None)
-        if need is None:
-            result = CheckResult(check.name, *check.test(target))
-        else:
-            blocked = done[need.name]
-            why = blocked.detail if blocked.status is Status.skipped else f"needs {need.gives}"
-            result = CheckResult(check.name, Status.skipped, why)
-        done[check.name] = result
-        yield result
-
-
 def all_passed(results: Sequence[CheckResult]) -> bool:
     return bool(results) and all(result.ok for result in results)
 
@@ -462,7 +447,8 @@ def _agent(name: str, agent: str, target: Target) -> Found:
 def run(
     target: Target, wanted: Iterable[Wanted], *, environments: bool | Collection[str] = False
 ) -> Iterator[CheckResult]:
-    """The ``wanted`` checks as each finishes, then with ``environments`` one per NEMO_GYM_ENVS server named."""
+    """The ``wanted`` checks as each finishes, then with ``environments`` one per NEMO_GYM_ENVS server named;
+    one whose need did not pass is SKIP, ``needs <what it gives>``."""
     chosen = [_WANTED[key] for key in wanted]
     if environments and isinstance(target.settings, Settings):
         named = None if environments is True else set(environments)
@@ -471,4 +457,14 @@ def run(
             for name in target.settings.environments
             if named is None or name in named
         ]
-    return _run(chosen, target)
+    done: dict[str, CheckResult] = {}
+    for check in chosen:
+        need = next((need for need in check.needs if need.name in done and not done[need.name].ok), None)
+        if need is None:
+            result = CheckResult(check.name, *check.test(target))
+        else:
+            blocked = done[need.name]
+            why = blocked.detail if blocked.status is Status.skipped else f"needs {need.gives}"
+            result = CheckResult(check.name, Status.skipped, why)
+        done[check.name] = result
+        yield result
