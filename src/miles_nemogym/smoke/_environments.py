@@ -230,9 +230,7 @@ def run_environment_smoke(
             urls = [policy_base_url or policy.session_url(answers=turns) for *_, turns in played]
 
             def calls(index: int) -> int | None:
-                if policy_base_url is not None:
-                    return None
-                return len(policy.chat_requests(RecordingPolicy.session_id_of(urls[index])))
+                return None if policy_base_url else len(policy.chat_requests(policy.session_id_of(urls[index])))
 
             def episode(index: int, result: dict[str, Any]) -> EnvironmentEpisode:
                 environment, row, label, _ = played[index]
