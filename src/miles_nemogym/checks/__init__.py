@@ -146,7 +146,6 @@ def all_passed(results: Sequence[CheckResult]) -> bool:
     return bool(results) and all(result.ok for result in results)
 
 
-_MARKS = {Status.passed: "PASS", Status.failed: "FAIL", Status.skipped: "SKIP"}
 _CONTINUATION = "     "
 """Under the detail of a ``PASS``/``FAIL`` line, as the ``fix:`` lines are."""
 
@@ -155,7 +154,7 @@ def report(results: Sequence[CheckResult], width: int | None = None) -> list[str
     """``PASS name: detail`` lines, a ``fix:`` under each failure, a summary; wrapped to ``width`` if given."""
     lines: list[str] = []
     for result in results:
-        lines.append(f"{_MARKS[result.status]} {result.name}: {result.detail}")
+        lines.append(f"{result.status.value.upper()} {result.name}: {result.detail}")
         if result.fix and not result.ok:
             lines.append(f"{_CONTINUATION}fix: {result.fix}")
     failed = sum(result.status is Status.failed for result in results)
