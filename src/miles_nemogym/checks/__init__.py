@@ -142,26 +142,10 @@ class Check:
     gives: str = ""
 
 
-def _run(checks: Iterable[Check], target: Target) -> Iterator[CheckResult]:
-    """Each check in order, as it finishes; one whose need did not pass is SKIP, ``needs <what it gives>``."""
-    done: dict[str, CheckResult] = {}
-    for check in checks:
-        need = next((need for need in check.needs if need.name in done and not done[need.name].ok), None)
-        if need is None:
-            result = CheckResult(check.name, *check.test(target))
-        else:
-            blocked = done[need.name]
-            why = blocked.detail if blocked.status is Status.skipped else f"needs {need.gives}"
-            result = CheckResult(check.name, Status.skipped, why)
-        done[check.name] = result
-        yield result
-
-
 def all_passed(results: Sequence[CheckResult]) -> bool:
     return bool(results) and all(result.ok for result in results)
 
 
-_MARKS = {Status.passed: "PASS", Status.failed: "FAIL", Status.skipped: "SKIP"}
 _CONTINUATION = "     "
 """Under the detail of a ``PASS``/``FAIL`` line, as the ``fix:`` lines are."""
 
@@ -170,7 +154,7 @@ def report(results: Sequence[CheckResult], width: int | None = None) -> list[str
     """``PASS name: detail`` lines, a ``fix:`` under each failure, a summary; wrapped to ``width`` if given."""
     lines: list[str] = []
     for result in results:
-        lines.append(f"{_MARKS[result.status]} {result.name}: {result.detail}")
+        lines.append(f"{result.status.value.upper()} {result.name}: {result.detail}")
         if result.fix and not result.ok:
             lines.append(f"{_CONTINUATION}fix: {result.fix}")
     failed = sum(result.status is Status.failed for result in results)
@@ -360,7 +344,7 @@ def _environment(name: str, target: Target) -> Found:
     url = redact_url(server.url)
     where = f"correct its URL in NEMO_GYM_ENVS (the launcher's --nemo-gym-env {name}=http://<host>:<port>)"
     try:
-        routes = resources_routes(target.fetch(f"{server.url}/openapi.json", target.timeout_s))
+        paths, any_tool = resources_routes(target.fetch(f"{server.url}/openapi.json", target.timeout_s))
     except FetchError as error:
         if error.kind == "dns":
             return _failed(
@@ -373,7 +357,7 @@ def _environment(name: str, target: Target) -> Found:
     except SchemaError as error:
         problem = str(error)
     else:
-        missing = routes.missing_routes()
+        missing = [path for path in ("/seed_session", "/verify") if path not in paths]
         problem = f"no POST {', '.join(missing)}" if missing else ""
     if problem:
         return _failed(
@@ -392,7 +376,8 @@ def _environment(name: str, target: Target) -> Found:
             f"to the address `miles-nemogym serve --env {name}` prints for {name}; this one serves "
             f"{identity.instance}'s rows",
         )
-    unserved, said = routes.unserved_tools(tools), counted(len(set(tools)), "tool")
+    unserved = [] if any_tool else sorted({tool for tool in tools if f"/{tool}" not in paths})
+    said = counted(len(set(tools)), "tool")
     if unserved and name not in target.tools_not_served:
         shown = ", ".join(unserved[:5]) + (f" and {len(unserved) - 5} more" if len(unserved) > 5 else "")
         return _failed(
@@ -401,8 +386,8 @@ def _environment(name: str, target: Target) -> Found:
             f"{where}, the server of that environment, at the nemo-gym version the rows were written for; "
             f"if its verifier only reads the calls (as xlam_fc's does), pass --tools-not-served {name}",
         )
-    if routes.any_tool is not None:
-        served = f"every tool (POST {routes.any_tool})"
+    if any_tool is not None:
+        served = f"every tool (POST {any_tool})"
     elif name not in target.tools:  # no rows of it were read (doctor): nothing to say about their tools
         served = ""
     elif unserved:
@@ -436,12 +421,12 @@ def _agent(name: str, agent: str, target: Target) -> Found:
     url = redact_url(agent)
     where = f"correct its agent URL in NEMO_GYM_ENVS ({name}.agent)"
     try:
-        routes = resources_routes(target.fetch(f"{agent}/openapi.json", target.timeout_s))
+        paths, _ = resources_routes(target.fetch(f"{agent}/openapi.json", target.timeout_s))
     except FetchError as error:
         return _failed(f"GET {url}/openapi.json: {error}", f"{_start_environment_fix(name)}, or {where}")
     except SchemaError as error:
         return _failed(f"{url} answers but is not a NeMo-Gym agent server ({error})", where)
-    if "/run" not in routes.paths:
+    if "/run" not in paths:
         return _failed(
             f"{url} answers but is not a NeMo-Gym agent server (no POST /run)",
             f"{where}: the agent server's own address (`miles-nemogym serve --env {name}` prints it)",
@@ -461,7 +446,8 @@ def _agent(name: str, agent: str, target: Target) -> Found:
 def run(
     target: Target, wanted: Iterable[Wanted], *, environments: bool | Collection[str] = False
 ) -> Iterator[CheckResult]:
-    """The ``wanted`` checks as each finishes, then with ``environments`` one per NEMO_GYM_ENVS server named."""
+    """The ``wanted`` checks as each finishes, then with ``environments`` one per NEMO_GYM_ENVS server named;
+    one whose need did not pass is SKIP, ``needs <what it gives>``."""
     chosen = [_WANTED[key] for key in wanted]
     if environments and isinstance(target.settings, Settings):
         named = None if environments is True else set(environments)
@@ -470,4 +456,14 @@ def run(
             for name in target.settings.environments
             if named is None or name in named
         ]
-    return _run(chosen, target)
+    done: dict[str, CheckResult] = {}
+    for check in chosen:
+        need = next((need for need in check.needs if need.name in done and not done[need.name].ok), None)
+        if need is None:
+            result = CheckResult(check.name, *check.test(target))
+        else:
+            blocked = done[need.name]
+            why = blocked.detail if blocked.status is Status.skipped else f"needs {need.gives}"
+            result = CheckResult(check.name, Status.skipped, why)
+        done[check.name] = result
+        yield result

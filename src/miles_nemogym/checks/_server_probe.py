@@ -6,7 +6,7 @@ import asyncio
 import json
 import re
 import socket
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -212,31 +212,12 @@ def run_body_fields(openapi: Any) -> tuple[str, set[str]]:
 
 _ANY_NAME = re.compile(r"^/\{[^/{}]+\}$")
 """A path of one parameter (``/{tool_name}``): FastAPI routes every tool name there."""
-RESOURCES_ROUTES = ("/seed_session", "/verify")
-"""What every episode of a resources-server environment calls besides its tools."""
 
 
-@dataclass(frozen=True)
-class ResourcesRoutes:
-    """The ``POST`` routes a resources server's OpenAPI document declares."""
-
-    paths: frozenset[str]
-
-    @property
-    def any_tool(self) -> str | None:
-        """The catch-all route (``/{tool_name}``) that takes every tool's calls, if declared."""
-        return next((path for path in sorted(self.paths) if _ANY_NAME.match(path)), None)
-
-    def missing_routes(self) -> list[str]:
-        """Of ``/seed_session`` and ``/verify``, those not declared."""
-        return [path for path in RESOURCES_ROUTES if path not in self.paths]
-
-    def unserved_tools(self, tools: Iterable[str]) -> list[str]:
-        """The tools (by name) whose calls no declared route takes, sorted."""
-        return [] if self.any_tool is not None else sorted({tool for tool in tools if f"/{tool}" not in self.paths})
-
-
-def resources_routes(openapi: Any) -> ResourcesRoutes:
-    """The ``POST`` paths of a fetched OpenAPI document; raises only ``SchemaError``."""
-    posts = (str(path) for path, item in _paths(openapi).items() if isinstance(item, Mapping) and "post" in item)
-    return ResourcesRoutes(frozenset(posts))
+def resources_routes(openapi: Any) -> tuple[frozenset[str], str | None]:
+    """The ``POST`` paths of a fetched OpenAPI document, and the one taking every tool's calls (``/{tool_name}``)
+    if it declares one; raises only ``SchemaError``."""
+    posts = frozenset(
+        str(path) for path, item in _paths(openapi).items() if isinstance(item, Mapping) and "post" in item
+    )
+    return posts, next((path for path in sorted(posts) if _ANY_NAME.match(path)), None)

@@ -280,18 +280,14 @@ def _run(
             "eval scripts download test requirements from GitHub.",
             highlight=False,
         )
-    counts = {"running": 0, "done": 0}
+    done = 0
     with _running(console, "the NeMo-Gym server") as progress:
 
-        def running(count: int) -> None:
-            counts["running"] = count
-            progress(f"  {count} running, 0 done")
-
         def finished(line: str) -> None:
-            counts["running"] -= 1
-            counts["done"] += 1
+            nonlocal done
+            done += 1
             console.print(line, highlight=False)
-            progress(f"  {counts['running']} running, {counts['done']} done")
+            progress(f"  {len(rows) - done} running, {done} done")
 
         report = run_smoke(
             state_dir=folder,
@@ -302,7 +298,7 @@ def _run(
             step_limit=step_limit,
             progress=progress,
             on_episode=finished,
-            on_running=running,
+            on_running=lambda count: progress(f"  {count} running, 0 done"),
         )
 
     table, notes = report.table()

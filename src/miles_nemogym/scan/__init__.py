@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import signal
@@ -35,12 +36,10 @@ def _redact(settings: Settings, record: logging.LogRecord) -> bool:
 def _install_logging(err: Console) -> logging.Handler:
     handler = logging.StreamHandler(err.file)
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    try:
-        settings: Settings | None = Settings.from_env()
-    except Exception:  # reported by the scan itself, with its fix
-        settings = None
-    if settings is not None and settings.key_scrubber() is not None:
-        handler.addFilter(functools.partial(_redact, settings))
+    with contextlib.suppress(Exception):  # settings that cannot be read: the scan reports them, with their fix
+        settings = Settings.from_env()
+        if settings.key_scrubber() is not None:
+            handler.addFilter(functools.partial(_redact, settings))
     root = logging.getLogger()
     root.addHandler(handler)
     if root.level == logging.NOTSET or root.level > logging.WARNING:

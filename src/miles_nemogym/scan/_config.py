@@ -82,12 +82,9 @@ def usage_problems(config: ScanConfig) -> list[str]:
 
 def scan_settings(config: ScanConfig) -> Settings:
     """The settings read from the environment, with this scan's flags; raises ``SettingsError``."""
-    changes: dict[str, object] = {"max_concurrency": config.concurrency}
-    if config.gym_url is not None:
-        changes["gym_url"] = config.gym_url
-    if config.timeout_s is not None:
-        changes["run_timeout_s"] = config.timeout_s
-    return Settings.from_env().with_overrides(labels=_FLAGS, **changes)
+    given = {"gym_url": config.gym_url, "run_timeout_s": config.timeout_s}  # None keeps the variable's
+    changes = {key: value for key, value in given.items() if value is not None}
+    return Settings.from_env().with_overrides(labels=_FLAGS, max_concurrency=config.concurrency, **changes)
 
 
 _FLAGS = {"gym_url": "--gym-url / NEMO_GYM_URL", "run_timeout_s": "--timeout", "max_concurrency": "--concurrency"}

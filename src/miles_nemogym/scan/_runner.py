@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from aiohttp import web
 from rich.console import Console
 
 from miles_nemogym import checks
@@ -35,42 +32,9 @@ from miles_nemogym.scan._results import (
 )
 from miles_nemogym.settings import Settings
 from miles_nemogym.smoke import ANSWERED, RecordingPolicy, answers
-from miles_nemogym.transport import bracket, close_pools, is_loopback
+from miles_nemogym.transport import close_pools, is_loopback
 
 __all__ = ["EXIT_USAGE", "ScanResult", "ScanUsageError", "run_scan"]
-
-
-@dataclass
-class GoldenGuard:
-    """A policy endpoint (``url``) no golden server calls; ``called`` is set by the first request to it."""
-
-    url: str = ""
-    called: asyncio.Event = field(default_factory=asyncio.Event)
-    request_line: str = ""
-
-    async def _answer(self, request: web.Request) -> web.StreamResponse:
-        if not self.called.is_set():
-            self.request_line = f"{request.method} {request.path}"
-            self.called.set()
-        return web.json_response({"error": {"message": "a golden scan's server must not call a model"}}, status=400)
-
-
-@asynccontextmanager
-async def golden_guard(gym_url: str, external_host: str | None) -> AsyncIterator[GoldenGuard]:
-    """A :class:`GoldenGuard` on loopback for a local server, else on every interface (its URL routable)."""
-    guard = GoldenGuard()
-    host = "127.0.0.1" if is_loopback(urlsplit(gym_url).hostname or "") and not external_host else "0.0.0.0"
-    app = web.Application()
-    app.router.add_route("*", "/{path:.*}", guard._answer)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, host, 0).start()
-    try:
-        port = runner.addresses[0][1]
-        guard.url = swe_run.policy_base_url(f"http://{bracket(host)}:{port}/golden-check", gym_url, external_host)
-        yield guard
-    finally:
-        await runner.cleanup()
 
 
 Answers = dict[str, tuple[Any, ...]]  # a row's scripted turns by answer: {"gold": turns, "wrong": turns}
@@ -117,9 +81,7 @@ async def play_golden(
     """The row's gold, then its wrong answer, each one episode of its own scripted session."""
     played = []
     for turns in known.values():  # gold, then wrong
-        session = uuid.uuid4().hex
-        policy.configure_session(session, answers=turns)
-        episode = episodes.episode(task.metadata, task.environment, policy.session_url(session), settings)
+        episode = episodes.episode(task.metadata, task.environment, policy.session_url(answers=turns), settings)
         outcome = await episode()
         outcome.record.environment = task.environment
         played.append(outcome)
@@ -245,16 +207,12 @@ def _prepare_locked(
     environment_rows = tasks[0].environment != SWE_ENVIRONMENT
     gold: dict[str, Answers] = {}
     base = config.policy_base_url  # an environment row's: the session URL its episode is checked against
-    if environment_rows:
-        try:
-            if config.golden:
-                settings = settings.with_overrides(policy_api_key=None)  # the scripted policy needs no key
-                gold = gold_answers(pending)
-                base = CHECK_SESSION
-            else:
-                base = session_base(str(config.policy_base_url))
-        except InputError as error:
-            raise ScanUsageError(str(error)) from None
+    if environment_rows and config.golden:  # an InputError: _prepare says it
+        settings = settings.with_overrides(policy_api_key=None)  # the scripted policy needs no key
+        gold = gold_answers(pending)
+        base = CHECK_SESSION
+    elif environment_rows:
+        base = session_base(str(config.policy_base_url))
     bodies: dict[str, Callable[[], Awaitable[Outcome]]] = {}
     for task in pending:  # a row that cannot form a body fails now, not as a masked episode later
         try:
@@ -310,12 +268,18 @@ async def run_scan(
                 return await _run_episodes(config, prepared, console, stop, policy)
         if config.golden and prepared.pending and not prepared.environments:
             settings = prepared.settings
-            async with golden_guard(settings.gym_url, settings.external_host) as guard:
-                for task in prepared.pending:  # each /run names the guard as its policy: a golden server never calls it
+            local = is_loopback(urlsplit(settings.gym_url).hostname or "") and not settings.external_host
+            # Each /run names the guard as its policy (on loopback only for a local server): a golden server
+            # never calls it, so its first request ends the scan.
+            called = asyncio.Event()
+            host = "127.0.0.1" if local else "0.0.0.0"
+            async with RecordingPolicy(host=host, on_request=lambda _: called.set()) as guard:
+                url = swe_run.policy_base_url(f"{guard.url}/golden-check", settings.gym_url, settings.external_host)
+                for task in prepared.pending:
                     prepared.bodies[task.instance_id] = prepared.episodes.episode(
-                        task.metadata, task.environment, guard.url, settings
+                        task.metadata, task.environment, url, settings
                     )
-                return await _run_episodes(config, prepared, console, stop, None, guard)
+                return await _run_episodes(config, prepared, console, stop, None, (guard, called))
         return await _run_episodes(config, prepared, console, stop, None)
     finally:
         if prepared.lock is not None:
@@ -362,7 +326,7 @@ async def _run_episodes(
     console: Console,
     stop: asyncio.Event,
     policy: RecordingPolicy | None,
-    guard: GoldenGuard | None = None,
+    guard: tuple[RecordingPolicy, asyncio.Event] | None = None,
 ) -> ScanResult:
     finished: dict[str, ResultLine] = dict(prepared.earlier)
     writer = ResultsWriter(prepared.lock) if prepared.lock is not None else None
@@ -417,7 +381,7 @@ async def _run_episodes(
     everything = asyncio.gather(*episodes)
     waiters: set[asyncio.Future[Any]] = {everything, asyncio.ensure_future(stop.wait())}
     if guard is not None:
-        waiters.add(asyncio.ensure_future(guard.called.wait()))
+        waiters.add(asyncio.ensure_future(guard[1].wait()))
     interrupted = False
     try:
         with progress:
@@ -436,11 +400,13 @@ async def _run_episodes(
             everything.exception()  # retrieved: reported above or superseded by the cancellation
         await close_pools()
 
-    if interrupted and guard is not None and guard.called.is_set():
+    called = guard[0].requests() if interrupted and guard is not None else []
+    if called:
         raise ScanUsageError(
-            f"{where} is not a golden server: its /run called a model ({guard.request_line} on the check endpoint "
-            "a golden scan sends as policy_base_url), so it plays the task with a model instead of applying the "
-            "gold patch; restart it with `miles-nemogym serve --golden` (or scan a policy with --policy-base-url)"
+            f"{where} is not a golden server: its /run called a model ({called[0].method} {called[0].path} on the "
+            "check endpoint a golden scan sends as policy_base_url), so it plays the task with a model instead of "
+            "applying the gold patch; restart it with `miles-nemogym serve --golden` (or scan a policy with "
+            "--policy-base-url)"
         )
     results = [finished[task.instance_id] for task in prepared.selected if task.instance_id in finished]
     render_summary(

@@ -227,17 +227,10 @@ def run_environment_smoke(
             )
             if episode_dir is not None:
                 settings = settings.with_overrides(episode_dir=str(episode_dir))
-            if policy_base_url is None:
-                urls = [policy.session_url() for _ in played]
-                for url, (_, _, _, turns) in zip(urls, played, strict=True):
-                    policy.configure_session(RecordingPolicy.session_id_of(url), answers=turns)
-            else:
-                urls = [policy_base_url] * len(played)
+            urls = [policy_base_url or policy.session_url(answers=turns) for *_, turns in played]
 
             def calls(index: int) -> int | None:
-                if policy_base_url is not None:
-                    return None
-                return len(policy.chat_requests(RecordingPolicy.session_id_of(urls[index])))
+                return None if policy_base_url else len(policy.chat_requests(policy.session_id_of(urls[index])))
 
             def episode(index: int, result: dict[str, Any]) -> EnvironmentEpisode:
                 environment, row, label, _ = played[index]

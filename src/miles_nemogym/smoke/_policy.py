@@ -8,7 +8,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,13 +134,21 @@ def _error(status: int, message: str) -> web.Response:
 class RecordingPolicy:
     """The loopback policy server. ``session_url()`` gives Miles' ``base_url`` shape."""
 
-    def __init__(self, *, look_around_turns: int = 2, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        look_around_turns: int = 2,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        on_request: Callable[[RecordedRequest], None] | None = None,
+    ) -> None:
         if look_around_turns < 0:
             raise ValueError(f"look_around_turns must be >= 0, got {look_around_turns}")
         self.default_script = Script(look_around_turns=look_around_turns)
         self.host = host
         self._requested_port = port
         self._port: int | None = None
+        self._on_request = on_request  # called in the server's event loop
         self._scripts: dict[str, Script] = {}
         self._records: list[RecordedRequest] = []
         self._lock = threading.Lock()
@@ -154,11 +162,13 @@ class RecordingPolicy:
             raise RuntimeError("the recording policy is not started")
         return f"http://{self.host}:{self._port}"
 
-    def session_url(self, session_id: str | None = None) -> str:
-        """Miles' ``base_url`` for a session (no ``/v1``); a new id when none is given."""
+    def session_url(self, session_id: str | None = None, **script: Any) -> str:
+        """Miles' ``base_url`` for a session (no ``/v1``; a new id when none is given), ``script`` its changes."""
         sid = session_id or uuid.uuid4().hex
         if "/" in sid:
             raise ValueError(f"session id must not contain '/': {sid!r}")
+        if script:
+            self.configure_session(sid, **script)
         return f"{self.url}/sessions/{sid}"
 
     @staticmethod
@@ -179,7 +189,11 @@ class RecordingPolicy:
     def chat_requests(self, session_id: str) -> list[RecordedRequest]:
         return [r for r in self.requests(session_id) if r.method == "POST" and r.path.endswith("/v1/chat/completions")]
 
-    def _record(self, request: web.Request, body: Any) -> RecordedRequest:
+    async def _record(self, request: web.Request) -> RecordedRequest:
+        text = await request.text()
+        body: Any = text
+        with contextlib.suppress(json.JSONDecodeError):
+            body = json.loads(text) if text else None
         record = RecordedRequest(
             session_id=request.match_info.get("session_id"),
             method=request.method,
@@ -190,18 +204,13 @@ class RecordingPolicy:
         )
         with self._lock:
             self._records.append(record)
+        if self._on_request is not None:
+            self._on_request(record)
         return record
 
-    async def _read_body(self, request: web.Request) -> Any:
-        text = await request.text()
-        with contextlib.suppress(json.JSONDecodeError):
-            return json.loads(text) if text else None
-        return text
-
     async def _chat(self, request: web.Request) -> web.Response:
-        body = await self._read_body(request)
-        record = self._record(request, body)
-        sid = record.session_id or ""
+        record = await self._record(request)
+        body, sid = record.body, record.session_id or ""
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return _error(400, "body must be a JSON object with a `messages` list")
         if body.get("stream"):
@@ -217,21 +226,18 @@ class RecordingPolicy:
         return web.json_response(_completion(body, answer))
 
     async def _other(self, request: web.Request) -> web.Response:
-        self._record(request, await self._read_body(request))
+        await self._record(request)
         served = "POST /sessions/<id>/v1/chat/completions"
         return _error(404, f"the recording policy serves only {served}, not {request.method} {request.path}")
-
-    def _app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_post("/sessions/{session_id}/v1/chat/completions", self._chat)
-        app.router.add_route("*", "/sessions/{session_id}/{tail:.*}", self._other)
-        app.router.add_route("*", "/{tail:.*}", self._other)
-        return app
 
     async def start(self) -> RecordingPolicy:
         if self._runner is not None:
             raise RuntimeError("the recording policy is already started")
-        runner = web.AppRunner(self._app(), access_log=None)
+        app = web.Application()
+        app.router.add_post("/sessions/{session_id}/v1/chat/completions", self._chat)
+        app.router.add_route("*", "/sessions/{session_id}/{tail:.*}", self._other)
+        app.router.add_route("*", "/{tail:.*}", self._other)
+        runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, self.host, self._requested_port).start()
         self._runner = runner

@@ -275,9 +275,7 @@ def run_smoke(
             urls = [policy.session_url() for _ in rows] if policy_base_url is None else [policy_base_url] * len(rows)
 
             def calls(index: int) -> int | None:
-                if policy_base_url is not None:
-                    return None
-                return len(policy.chat_requests(RecordingPolicy.session_id_of(urls[index])))
+                return None if policy_base_url else len(policy.chat_requests(policy.session_id_of(urls[index])))
 
             def episode(index: int, result: dict[str, Any]) -> SmokeEpisode:
                 meta = rows[index]["metadata"]
