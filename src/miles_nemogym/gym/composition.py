@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from miles_nemogym.errors import redact_url
 from miles_nemogym.gym import wheel as gym_wheel
-from miles_nemogym.gym._harness import HARNESSES, NOT_RUN_HERE, cli_need, harness_layer
+from miles_nemogym.gym._harness import HARNESSES, NOT_RUN_HERE, cli_need
 from miles_nemogym.yaml_file import load as load_yaml
 
 __all__ = ["Judge"]
@@ -177,20 +177,17 @@ def judged_instances(config: Mapping[str, Any]) -> list[tuple[str, str, str]]:
 def overrides(config: Mapping[str, Any], judge: Judge | None) -> dict[str, Any]:
     """The layer ``serve`` merges over ``config`` (nemo-gym's parser merges it last)."""
     result: dict[str, Any] = {}
+    redirected = set()
     for instance, group, kind, block in server_blocks(config):
         if "datasets" in block:
             result = deep_merged(result, {instance: {group: {kind: {"datasets": None}}}})
-        if group == "responses_api_agents" and harness_layer(kind):
-            result = deep_merged(result, {instance: {group: {kind: harness_layer(kind)}}})
-    if judge is None:
-        return result
-    redirected = set()
-    for instance, group, kind, block in server_blocks(config):
+        if group == "responses_api_agents" and kind in HARNESSES:
+            result = deep_merged(result, {instance: {group: {kind: dict(HARNESSES[kind].layer)}}})
         name = _ref(block.get(_JUDGE_FIELD))
-        if group == "resources_servers" and name:
+        if judge is not None and group == "resources_servers" and name:
             result = deep_merged(result, {instance: {group: {kind: {_JUDGE_FIELD: {"name": JUDGE_INSTANCE}}}}})
             redirected.add(name)
-    if not redirected:
+    if judge is None or not redirected:
         return result
     still_named = {
         _ref(value)
@@ -317,7 +314,6 @@ def config_needs(
         installed = cli_need(kind, block, which, cache=cache) if group == "responses_api_agents" else None
         if installed:
             needs.append(f"{instance} ({kind}): {installed}")
-            continue
         command = str(block.get("command") or _AGENT_CLIS.get(kind, "")) if group == "responses_api_agents" else ""
         if command and kind not in HARNESSES and which(command) is None:
             needs.append(
