@@ -189,12 +189,9 @@ def shipped_environments() -> list[str]:
 def _folder_configs() -> list[tuple[str, dict[str, Any]]]:
     """Each ``environments/<name>/config.yaml`` of the wheel, with its mapping (``{}`` if it is none)."""
     with gym_wheel.opened() as archive:
-        configs = [
-            (member, load_yaml(archive.read(member)))
-            for member in sorted(archive.namelist())
-            if member.count("/") == 2 and member.startswith(f"{_CATALOG}/") and member.endswith("/config.yaml")
-        ]
-    return [(member, config if isinstance(config, dict) else {}) for member, config in configs]
+        names = sorted(archive.namelist())
+    configs = [m for m in names if m.count("/") == 2 and m.startswith(f"{_CATALOG}/") and m.endswith("/config.yaml")]
+    return [(member, own_config(member)) for member in configs]
 
 
 @_per_wheel
@@ -243,32 +240,21 @@ def config_names() -> dict[str, str]:
 def benchmark_environments() -> dict[str, tuple[str, str]]:
     """Each ``simple_agent`` benchmark whose config changes its grader: its ``--env`` name -> (catalog name, config)."""
     found: dict[str, tuple[str, str]] = {}
+    taken = {*shipped_environments(), *catalog_folders(), *config_names(), *_agent_configs_of()}
     with gym_wheel.opened() as archive:
-        taken = {*shipped_environments(), *catalog_folders(), *config_names(), *_agent_configs_of()}
-        for member in sorted(archive.namelist()):
-            if not member.startswith(f"{_BENCHMARKS}/") or not member.endswith("/manifest.yaml"):
-                continue
-            with contextlib.suppress(yaml.YAMLError, UnicodeDecodeError):
-                manifest = load_yaml(archive.read(member))
-                if not isinstance(manifest, dict) or manifest.get("kind") != "benchmark":
-                    continue
-                config = posixpath.normpath(
-                    posixpath.join(posixpath.dirname(member), str(manifest.get("config_path") or "config.yaml"))
-                )
-                if manifest.get("agent_server") == "simple_agent" and grader_settings(config):
-                    name = str(manifest.get("name"))
-                    key = name.replace("/", ".")
+        names = sorted(archive.namelist())
+    for member in (m for m in names if m.startswith(f"{_BENCHMARKS}/") and m.endswith("/manifest.yaml")):
+        with contextlib.suppress(yaml.YAMLError, UnicodeDecodeError):
+            manifest = own_config(member)
+            config = posixpath.normpath(
+                posixpath.join(posixpath.dirname(member), str(manifest.get("config_path") or "config.yaml"))
+            )
+            if manifest.get("kind") == "benchmark" and manifest.get("agent_server") == "simple_agent":
+                name = str(manifest.get("name"))
+                key = name.replace("/", ".")
+                if grader_settings(config):
                     found[f"{key}{BENCHMARK_SUFFIX}" if key in taken else key] = (name, config)
     return found
-
-
-def _benchmark_key(name: str) -> str | None:
-    """The :func:`benchmark_environments` name ``name`` gives (as served, or its catalog name), or None."""
-    served = benchmark_environments()
-    if name in served:
-        return name
-    dotted = name.replace("/", ".")
-    return next((key for key, (catalog, _) in served.items() if catalog == name and key == dotted), None)
 
 
 def _spelling_problem(said: str) -> str | None:
@@ -468,14 +454,11 @@ def _instances_refusal(name: str, folder: str, member: str, instances: Sequence[
 
 def _driver(config: Mapping[str, Any], instance: str, routed: bool) -> str | None:
     """The agent instance whose ``/run`` plays ``instance``'s rows; None for a ``simple_agent`` unless ``routed``."""
-    found: list[tuple[str, str]] = []
-    for key, entry in config.items():
-        agents = entry.get("responses_api_agents") if isinstance(entry, dict) else None
-        if not isinstance(agents, dict) or len(agents) != 1:
-            continue
-        kind, block = next(iter(agents.items()))
-        if isinstance(block, dict) and (block.get("resources_server") or {}).get("name") == instance:
-            found.append((str(key), str(kind)))
+    found = [
+        (key, kind)
+        for key, group, kind, block in server_blocks(config)
+        if group == "responses_api_agents" and (block.get("resources_server") or {}).get("name") == instance
+    ]
     simple = [key for key, kind in found if kind == "simple_agent"]
     if simple:
         return simple[0] if routed else None
@@ -487,11 +470,10 @@ def _agent_configs_of() -> dict[str, str]:
     """``X`` -> the shipped config holding agent ``X_simple_agent`` (how rows name environments)."""
     found: dict[str, str] = {}
     with gym_wheel.opened() as archive:
-        reads = {member: archive.read(member) for member in filter(_is_server_config, archive.namelist())}
-    for member, text in reads.items():
+        members = list(filter(_is_server_config, archive.namelist()))
+    for member in members:
         with contextlib.suppress(yaml.YAMLError, UnicodeDecodeError):
-            config = load_yaml(text)
-            for key, entry in config.items() if isinstance(config, dict) else ():
+            for key, entry in own_config(member).items():
                 if str(key).endswith(AGENT_SUFFIX) and _agent(entry) is not None:
                     found.setdefault(str(key)[: -len(AGENT_SUFFIX)], member)
     return found
@@ -512,9 +494,14 @@ def check_shipped(names: Sequence[str]) -> str | None:
 
 
 def _served_name(name: str) -> str:
-    """``name`` as :func:`plan` keys it (short name, or a :func:`benchmark_environments` name)."""
+    """``name`` as :func:`plan` keys it (short name, or a :func:`benchmark_environments` name: as served, or
+    its catalog name)."""
     name = short_name(name)
-    return _benchmark_key(name) or name
+    served = benchmark_environments()
+    if name in served:
+        return name
+    dotted = name.replace("/", ".")
+    return next((key for key, (catalog, _) in served.items() if catalog == name and key == dotted), name)
 
 
 def _check_shipped(said: Sequence[str]) -> tuple[list[str], dict[str, str]]:
