@@ -178,12 +178,7 @@ def _per_wheel(read: Callable[[], _T]) -> Callable[[], _T]:
 def shipped_environments() -> list[str]:
     """Every resources server the pinned wheel ships (a ``resources_servers/<name>/app.py``)."""
     with gym_wheel.opened() as archive:
-        names = {
-            parts[1]
-            for parts in (member.split("/") for member in archive.namelist())
-            if len(parts) == 3 and parts[0] == _GROUP and parts[2] == "app.py"
-        }
-    return sorted(names)
+        return sorted({m.split("/")[1] for m in archive.namelist() if re.fullmatch(rf"{_GROUP}/[^/]*/app\.py", m)})
 
 
 def _folder_configs() -> list[tuple[str, dict[str, Any]]]:
@@ -213,9 +208,9 @@ def folder_servers() -> dict[str, str]:
     found: dict[str, str] = {}
     for member, config in _folder_configs():
         paths = config.get("config_paths") or []
-        parts = str(paths[0]).split("/") if len(paths) == 1 else []
-        if len(parts) != 4 or parts[0] != _GROUP or parts[2] != "configs" or not parts[3].endswith(".yaml"):
+        if len(paths) != 1 or not _is_server_config(str(paths[0])):
             continue
+        parts = str(paths[0]).split("/")
         blocks = list(server_blocks(config))
         if all(group == _GROUP and kind == parts[1] for _, group, kind, _ in blocks):
             stem = parts[3][: -len(".yaml")]
@@ -480,8 +475,7 @@ def _agent_configs_of() -> dict[str, str]:
 
 
 def _is_server_config(member: str) -> bool:
-    parts = member.split("/")
-    return len(parts) == 4 and parts[0] == _GROUP and parts[2] == "configs" and member.endswith(".yaml")
+    return re.fullmatch(rf"{_GROUP}/[^/]*/configs/[^/]*\.yaml", member) is not None
 
 
 def check_shipped(names: Sequence[str]) -> str | None:
@@ -538,11 +532,8 @@ def _no_server(name: str, configs: Sequence[str]) -> str:
 
 def _close_hint(name: str, known: Collection[str]) -> str:
     """Up to three of ``known`` like ``name`` as a hint, case ignored, one differing in case only first."""
-    by_lower: dict[str, list[str]] = {}
-    for known_name in sorted(known):
-        by_lower.setdefault(known_name.lower(), []).append(known_name)
-    close = difflib.get_close_matches(name.lower(), sorted(by_lower), n=3, cutoff=0.5)
-    spelled = [spelled for lowered in close for spelled in by_lower[lowered]][:3]
+    close = difflib.get_close_matches(name.lower(), sorted({k.lower() for k in known}), n=3, cutoff=0.5)
+    spelled = [k for lowered in close for k in sorted(known) if k.lower() == lowered][:3]
     return f"did you mean {', '.join(spelled)}?" if spelled else "no similar name"
 
 
@@ -938,22 +929,20 @@ class EnvironmentServers:
         if self._tmp is None:
             self._tmp = Path(tempfile.mkdtemp(prefix="mng-envs-", dir="/tmp" if os.path.isdir("/tmp") else None))
         tmp = self._tmp
-        env = child_environment()
-        env.update(
-            {
-                "NEMO_GYM_CONFIG_DICT": config_yaml,
-                "NEMO_GYM_CONFIG_PATH": name,
-                "PYTHONPATH": str(folder),
-                "PYTHONUNBUFFERED": "1",
-                "TMPDIR": str(tmp),
-                "RAY_TMPDIR": str(tmp),
-                "RAY_AUTH_MODE": "disabled",  # a server's private Ray writes no token into ~/.ray
-                "PIP_NO_INDEX": "1",
-                "RAY_USAGE_STATS_ENABLED": "0",
-                MARKER_ENV: self._marker,
-                **self._extra_env,
-            }
-        )
+        env = {
+            **child_environment(),
+            "NEMO_GYM_CONFIG_DICT": config_yaml,
+            "NEMO_GYM_CONFIG_PATH": name,
+            "PYTHONPATH": str(folder),
+            "PYTHONUNBUFFERED": "1",
+            "TMPDIR": str(tmp),
+            "RAY_TMPDIR": str(tmp),
+            "RAY_AUTH_MODE": "disabled",  # a server's private Ray writes no token into ~/.ray
+            "PIP_NO_INDEX": "1",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            MARKER_ENV: self._marker,
+            **self._extra_env,
+        }
         if name in self._cli_bins:
             # The harness' CLI, and its own config and cache folders this run's (not the user's home).
             env["PATH"] = os.pathsep.join([str(self._cli_bins[name]), env.get("PATH", os.defpath)])
