@@ -66,6 +66,7 @@ from miles_nemogym.gym.venv import (
     child_environment,
     gym_venv_root,
     run_build_step,
+    run_in_gym,
 )
 from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import SECRET_VARIABLE
 from miles_nemogym.settings import environment_name_problem, short_name
@@ -92,7 +93,7 @@ import json, sys
 from importlib.metadata import PackageNotFoundError, version
 from packaging.requirements import Requirement
 out = []
-for line in json.loads(sys.stdin.read()):
+for line in json.loads(sys.argv[1]):
     req = Requirement(line)
     if req.marker is not None and not req.marker.evaluate():
         out.append(True)
@@ -664,26 +665,15 @@ def _payload(
     }
 
 
-# ----------------------------------------------------------------------------- requirements
-
-
 def missing_requirements(gym: GymVenv, plans: Sequence[EnvironmentPlan]) -> list[str]:
     """The requirement lines of ``plans`` the server venv does not satisfy (sorted, unique)."""
-    return _unsatisfied(gym.python, sorted({line for p in plans for line in p.requirements}))
+    return _unsatisfied(gym, sorted({line for p in plans for line in p.requirements}))
 
 
-def _unsatisfied(python: Path, lines: list[str]) -> list[str]:
+def _unsatisfied(venv: GymVenv, lines: list[str]) -> list[str]:
     if not lines:
         return []
-    done = subprocess.run(
-        [str(python), "-c", _SATISFIED],
-        input=json.dumps(lines),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=child_environment(),
-    )
+    done = run_in_gym(venv, _SATISFIED, [json.dumps(lines)])
     if done.returncode != 0:
         raise GymEnvironmentError(f"could not read the requirements {lines}: {done.stderr.strip()[-2000:]}")
     satisfied = json.loads(done.stdout.strip().splitlines()[-1])
@@ -721,35 +711,31 @@ def _build_overlay(gym: GymVenv, requirements: Sequence[str], target: Path, log:
     progress(f"installing {', '.join(requirements)}")
     pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input", *requirements]
     run_build_step(pip, progress, "pip install of the environments' requirements", log_path=log)
-    left = _unsatisfied(python, list(requirements))
+    left = _unsatisfied(GymVenv(target, python, site_packages), list(requirements))
     if left:
         raise GymEnvironmentError(f"after installing, the overlay venv still lacks {left}; pip's log: {log}")
     marker = {"gym": gym.path.name, "requirements": list(requirements)}
     (target / _READY).write_text(json.dumps(marker, indent=2))
 
 
-def environment_python(gym: GymVenv, plans: Sequence[EnvironmentPlan], progress: Progress | None = None) -> Path:
+def environment_python(gym: GymVenv, plans: Sequence[EnvironmentPlan], progress: Progress) -> Path:
     """The server venv's interpreter, else the overlay venv's for the missing requirements (built once)."""
-    report = progress or BuildLines("gym-envs")
     requirements = missing_requirements(gym, plans)
     if not requirements:
         return gym.python
     link = overlay_path(gym, requirements)
     ready = ready_python(link)
     if ready:
-        report(f"using the cached environments' requirements {link}")
+        progress(f"using the cached environments' requirements {link}")
         return ready
     log = link.parent / f"{link.name}.build.log"
 
     def build(target: Path) -> None:
         log.unlink(missing_ok=True)
-        report(f"installing the environments' requirements into {link} (once; pip's log: {log})")
-        _build_overlay(gym, requirements, target, log, report)
+        progress(f"installing the environments' requirements into {link} (once; pip's log: {log})")
+        _build_overlay(gym, requirements, target, log, progress)
 
-    return build_once(link, ready_python, build, report, f"overlay venv for {requirements}")
-
-
-# ----------------------------------------------------------------------------- processes
+    return build_once(link, ready_python, build, progress, f"overlay venv for {requirements}")
 
 
 class EnvironmentServers:
