@@ -212,10 +212,8 @@ def folder_servers() -> dict[str, str]:
         if len(paths) != 1 or not _is_server_config(str(paths[0])):
             continue
         parts = str(paths[0]).split("/")
-        blocks = list(server_blocks(config))
-        if all(group == _GROUP and kind == parts[1] for _, group, kind, _ in blocks):
-            stem = parts[3][: -len(".yaml")]
-            found[member.split("/")[1]] = parts[1] if stem == parts[1] else stem
+        if all(group == _GROUP and kind == parts[1] for _, group, kind, _ in server_blocks(config)):
+            found[member.split("/")[1]] = parts[3][: -len(".yaml")]
     return found
 
 
@@ -698,13 +696,8 @@ def _build_overlay(gym: GymVenv, requirements: Sequence[str], target: Path, log:
     run_build_step(
         [str(gym.python), "-m", "venv", "--without-pip", str(target)], progress, "python -m venv", log_path=log
     )
-    where = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-        capture_output=True,
-        text=True,
-        env=child_environment(),
-        check=True,
-    )
+    where = run_in_gym(GymVenv(target, python, target), "import sysconfig; print(sysconfig.get_path('purelib'))")
+    where.check_returncode()
     # The server venv stays where it is: the overlay sees its packages after its own.
     site_packages = Path(where.stdout.strip())
     (site_packages / "miles_nemogym_gym.pth").write_text(f"import site; site.addsitedir({str(gym.site_packages)!r})\n")
