@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from functools import lru_cache
+from functools import lru_cache, reduce
 from typing import Any
 
 import yaml
@@ -119,11 +119,8 @@ def shipped_config(member: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
     """A config of the wheel with the configs it names in ``config_paths`` (but not those in ``seen``) merged
     under it (as nemo-gym merges them: a config after what it pulls in), before nemo-gym's parser."""
     own = dict(_member(member))
-    result: dict[str, Any] = {}
-    for child in own.pop("config_paths", None) or []:
-        if isinstance(child, str) and child not in seen and child != member:
-            result = deep_merged(result, shipped_config(child, (*seen, member)))
-    return deep_merged(result, own)
+    children = [c for c in own.pop("config_paths", None) or [] if isinstance(c, str) and c not in seen and c != member]
+    return reduce(deep_merged, [*(shipped_config(child, (*seen, member)) for child in children), own], {})
 
 
 def inherited_config(member: str) -> dict[str, Any]:
@@ -206,10 +203,7 @@ def overrides(config: Mapping[str, Any], judge: Judge | None) -> dict[str, Any]:
 
 def layer(configs: Sequence[Mapping[str, Any]], judge: Judge | None) -> dict[str, Any]:
     """The :func:`overrides` of several configs composed together, as one layer."""
-    result: dict[str, Any] = {}
-    for config in configs:
-        result = deep_merged(result, overrides(config, judge))
-    return result
+    return reduce(deep_merged, (overrides(config, judge) for config in configs), {})
 
 
 def served(config: Mapping[str, Any], judge: Judge | None) -> dict[str, Any]:
