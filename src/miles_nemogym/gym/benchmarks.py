@@ -117,8 +117,7 @@ def find_benchmark(name: str, progress: Progress, *, strict: bool) -> Benchmark 
     ``strict``: ``UnknownCatalogNameError``, naming the close ones, for a name the catalog lacks."""
     gym = cached_gym_venv()
     if gym is None:
-        files = f"benchmarks/{name}"
-        if not any(gym_wheel.ships(f"{files}{tail}") for tail in (".yaml", "/config.yaml", "/manifest.yaml")):
+        if not any(gym_wheel.ships(f"benchmarks/{name}{tail}") for tail in (".yaml", "/config.yaml", "/manifest.yaml")):
             return None
         gym = ensure_gym_venv(progress=progress)
     entries = load_catalog(gym)
