@@ -13,7 +13,7 @@ from typing import Any
 from miles_nemogym.gym import wheel as gym_wheel
 from miles_nemogym.gym.venv import GymEnvironmentError, Progress, build_and_publish, build_lock, run_build_step
 
-__all__ = ["HARNESSES", "NOT_RUN_HERE", "Harness", "cli_bin", "cli_need", "harness_layer"]
+__all__ = ["HARNESSES", "NOT_RUN_HERE", "Harness", "cli_bin", "cli_need"]
 
 _POLICY_MODEL = {"type": "responses_api_models", "name": "policy_model"}
 
@@ -89,12 +89,6 @@ NOT_RUN_HERE: dict[str, str] = {
     "not from npm; serve runs no installer script",
 }
 """Harness agents (nemo-gym 0.7.0, their ``setup_*.py``) whose environments ``serve`` refuses, and why."""
-
-
-def harness_layer(kind: str) -> dict[str, Any]:
-    """What ``serve`` merges over a ``kind`` agent's block (empty for any other agent)."""
-    harness = HARNESSES.get(kind)
-    return dict(harness.layer) if harness else {}
 
 
 def _root() -> Path:

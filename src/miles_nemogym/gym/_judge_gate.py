@@ -39,7 +39,10 @@ class JudgeGate:
         parts = urlsplit(judge.url)
         self._upstream = parts
         self._shown = redact_url(judge.url)
-        self._authorization = _authorization(key, parts.username, parts.password)
+        self._authorization = {"Authorization": f"Bearer {key}"} if key else {}
+        if not key and parts.password is not None:
+            pair = f"{unquote(parts.username or '')}:{unquote(parts.password)}".encode()
+            self._authorization = {"Authorization": "Basic " + base64.b64encode(pair).decode("ascii")}
         self.scrub = scrub_all(secrets)
         self.log = log
         self._log = open_private(log)
@@ -73,7 +76,7 @@ class JudgeGate:
                 return self._failed(502, f"the judge endpoint {self._shown} is unreachable: {_reason(error)}")
             if connection.sock is not None:
                 connection.sock.settimeout(_READ_TIMEOUT_S)
-            sent = {**headers, **({"Authorization": self._authorization} if self._authorization else {})}
+            sent = {**headers, **self._authorization}
             try:
                 connection.request(method, path, body=body, headers=sent)
                 response = connection.getresponse()
@@ -100,15 +103,6 @@ class JudgeGate:
             os.write(self._log, self.scrub(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {message}\n".encode()))
         document = {"error": {"message": plain or message, "type": "judge_endpoint_error"}}
         return status, "application/json", json.dumps(document).encode()
-
-
-def _authorization(key: str | None, user: str | None, password: str | None) -> str | None:
-    if key:
-        return f"Bearer {key}"
-    if password is not None:
-        pair = f"{unquote(user or '')}:{unquote(password)}".encode()
-        return "Basic " + base64.b64encode(pair).decode("ascii")
-    return None
 
 
 def _reason(error: BaseException) -> str:

@@ -126,16 +126,6 @@ def _aws_credentials(environ: Mapping[str, str]) -> list[str]:
     ]
 
 
-def _e2b_key(block: dict[str, Any], environ: Mapping[str, str]) -> list[str]:
-    connection = block.get("connection") or {}
-    if _env_value(connection.get("api_key"), environ) or connection.get("api_headers") or environ.get("E2B_API_KEY"):
-        return []
-    return [
-        "E2B_API_KEY (environment variable; or sandbox.e2b.connection.api_key, or connection.api_headers "
-        "for a gateway, in --provider-config)"
-    ]
-
-
 def missing(
     sandbox: str,
     config: dict[str, Any],
@@ -147,7 +137,12 @@ def missing(
     block: dict[str, Any] = dict((config.get("sandbox") or {}).get(sandbox) or {})
     found = _binary(sandbox, block, which) + _required_variables(block, sandbox, env)
     if sandbox == "e2b":
-        found += _e2b_key(block, env)
+        connection = block.get("connection") or {}
+        if not (_env_value(connection.get("api_key"), env) or connection.get("api_headers") or env.get("E2B_API_KEY")):
+            found.append(
+                "E2B_API_KEY (environment variable; or sandbox.e2b.connection.api_key, or connection.api_headers "
+                "for a gateway, in --provider-config)"
+            )
     if sandbox == "ecs_fargate":
         found += _aws_credentials(env)
     return found

@@ -86,8 +86,30 @@ class Benchmark:
         return path if path is not None and path.is_file() else None
 
     def rows(self, source: Path, output: Path) -> BenchmarkMark:
-        """Its rows from ``source`` in ``output`` (:func:`materialize`), and the mark they carry."""
-        return materialize(self.gym, self.entry, source, output)
+        """Write ``source``'s rows to ``output`` with its prompt config applied (by nemo-gym's
+        ``materialize_prompts`` in :attr:`gym`) and its mark added; that mark."""
+        entry = self.entry
+        mark = benchmark_mark(entry)
+        prompt = entry.prompt_config or next((d.prompt_config for d in entry.datasets if d.prompt_config), None)
+        with tempfile.TemporaryDirectory(prefix="mng-bench-") as scratch:
+            rendered = Path(scratch) / "rendered.jsonl"
+            if prompt is None:
+                rendered = source  # rows that carry their own input
+            else:
+                done = run_in_gym(self.gym, _MATERIALIZE, [str(source.resolve()), prompt, str(rendered)])
+                if done.returncode != 0:
+                    tail = done.stderr.strip().splitlines()[-1:] or ["(no message)"]
+                    raise BenchmarkError(
+                        f"--env {entry.name}={source}: nemo-gym could not apply the benchmark's prompt config "
+                        f"{entry.prompt_config}: {tail[0]}; "
+                        f"give the file `gym eval prepare --benchmark {entry.name}` writes"
+                    )
+            rows = [json.loads(line) for line in rendered.read_text(encoding="utf-8").splitlines() if line.strip()]
+        marked = mark.model_dump(mode="json")
+        with output.open("w", encoding="utf-8") as out:
+            for row in rows:  # not a mapping: convert names the bad row
+                out.write(json.dumps({**row, BENCHMARK_KEY: marked} if isinstance(row, dict) else row) + "\n")
+        return mark
 
 
 def find_benchmark(name: str, progress: Progress, *, strict: bool) -> Benchmark | None:
@@ -95,8 +117,7 @@ def find_benchmark(name: str, progress: Progress, *, strict: bool) -> Benchmark 
     ``strict``: ``UnknownCatalogNameError``, naming the close ones, for a name the catalog lacks."""
     gym = cached_gym_venv()
     if gym is None:
-        files = f"benchmarks/{name}"
-        if not any(gym_wheel.ships(f"{files}{tail}") for tail in (".yaml", "/config.yaml", "/manifest.yaml")):
+        if not any(gym_wheel.ships(f"benchmarks/{name}{tail}") for tail in (".yaml", "/config.yaml", "/manifest.yaml")):
             return None
         gym = ensure_gym_venv(progress=progress)
     entries = load_catalog(gym)
@@ -107,29 +128,3 @@ def find_benchmark(name: str, progress: Progress, *, strict: bool) -> Benchmark 
             find(name, entries)  # not a benchmark, but an environment's name?
         return None
     return Benchmark(gym, entry) if entry.name == name else None
-
-
-def materialize(gym: GymVenv, entry: CatalogEntry, source: Path, output: Path) -> BenchmarkMark:
-    """Write ``source``'s rows to ``output`` with the benchmark's prompt config applied (by
-    nemo-gym's ``materialize_prompts`` in ``gym``) and its mark added; that mark."""
-    mark = benchmark_mark(entry)
-    prompt = entry.prompt_config or next((d.prompt_config for d in entry.datasets if d.prompt_config), None)
-    with tempfile.TemporaryDirectory(prefix="mng-bench-") as scratch:
-        rendered = Path(scratch) / "rendered.jsonl"
-        if prompt is None:
-            rendered = source  # rows that carry their own input
-        else:
-            done = run_in_gym(gym, _MATERIALIZE, [str(source.resolve()), prompt, str(rendered)])
-            if done.returncode != 0:
-                tail = done.stderr.strip().splitlines()[-1:] or ["(no message)"]
-                raise BenchmarkError(
-                    f"--env {entry.name}={source}: nemo-gym could not apply the benchmark's prompt config "
-                    f"{entry.prompt_config}: {tail[0]}; "
-                    f"give the file `gym eval prepare --benchmark {entry.name}` writes"
-                )
-        rows = [json.loads(line) for line in rendered.read_text(encoding="utf-8").splitlines() if line.strip()]
-    marked = mark.model_dump(mode="json")
-    with output.open("w", encoding="utf-8") as out:
-        for row in rows:  # not a mapping: convert names the bad row
-            out.write(json.dumps({**row, BENCHMARK_KEY: marked} if isinstance(row, dict) else row) + "\n")
-    return mark

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from functools import lru_cache
+from functools import lru_cache, reduce
 from typing import Any
 
 import yaml
@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from miles_nemogym.errors import redact_url
 from miles_nemogym.gym import wheel as gym_wheel
-from miles_nemogym.gym._harness import HARNESSES, NOT_RUN_HERE, cli_need, harness_layer
+from miles_nemogym.gym._harness import HARNESSES, NOT_RUN_HERE, cli_need
 from miles_nemogym.yaml_file import load as load_yaml
 
 __all__ = ["Judge"]
@@ -119,11 +119,8 @@ def shipped_config(member: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
     """A config of the wheel with the configs it names in ``config_paths`` (but not those in ``seen``) merged
     under it (as nemo-gym merges them: a config after what it pulls in), before nemo-gym's parser."""
     own = dict(_member(member))
-    result: dict[str, Any] = {}
-    for child in own.pop("config_paths", None) or []:
-        if isinstance(child, str) and child not in seen and child != member:
-            result = deep_merged(result, shipped_config(child, (*seen, member)))
-    return deep_merged(result, own)
+    children = [c for c in own.pop("config_paths", None) or [] if isinstance(c, str) and c not in seen and c != member]
+    return reduce(deep_merged, [*(shipped_config(child, (*seen, member)) for child in children), own], {})
 
 
 def inherited_config(member: str) -> dict[str, Any]:
@@ -177,20 +174,17 @@ def judged_instances(config: Mapping[str, Any]) -> list[tuple[str, str, str]]:
 def overrides(config: Mapping[str, Any], judge: Judge | None) -> dict[str, Any]:
     """The layer ``serve`` merges over ``config`` (nemo-gym's parser merges it last)."""
     result: dict[str, Any] = {}
+    redirected = set()
     for instance, group, kind, block in server_blocks(config):
         if "datasets" in block:
             result = deep_merged(result, {instance: {group: {kind: {"datasets": None}}}})
-        if group == "responses_api_agents" and harness_layer(kind):
-            result = deep_merged(result, {instance: {group: {kind: harness_layer(kind)}}})
-    if judge is None:
-        return result
-    redirected = set()
-    for instance, group, kind, block in server_blocks(config):
+        if group == "responses_api_agents" and kind in HARNESSES:
+            result = deep_merged(result, {instance: {group: {kind: dict(HARNESSES[kind].layer)}}})
         name = _ref(block.get(_JUDGE_FIELD))
-        if group == "resources_servers" and name:
+        if judge is not None and group == "resources_servers" and name:
             result = deep_merged(result, {instance: {group: {kind: {_JUDGE_FIELD: {"name": JUDGE_INSTANCE}}}}})
             redirected.add(name)
-    if not redirected:
+    if judge is None or not redirected:
         return result
     still_named = {
         _ref(value)
@@ -209,10 +203,7 @@ def overrides(config: Mapping[str, Any], judge: Judge | None) -> dict[str, Any]:
 
 def layer(configs: Sequence[Mapping[str, Any]], judge: Judge | None) -> dict[str, Any]:
     """The :func:`overrides` of several configs composed together, as one layer."""
-    result: dict[str, Any] = {}
-    for config in configs:
-        result = deep_merged(result, overrides(config, judge))
-    return result
+    return reduce(deep_merged, (overrides(config, judge) for config in configs), {})
 
 
 def served(config: Mapping[str, Any], judge: Judge | None) -> dict[str, Any]:
@@ -317,7 +308,6 @@ def config_needs(
         installed = cli_need(kind, block, which, cache=cache) if group == "responses_api_agents" else None
         if installed:
             needs.append(f"{instance} ({kind}): {installed}")
-            continue
         command = str(block.get("command") or _AGENT_CLIS.get(kind, "")) if group == "responses_api_agents" else ""
         if command and kind not in HARNESSES and which(command) is None:
             needs.append(

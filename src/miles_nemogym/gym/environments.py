@@ -66,6 +66,7 @@ from miles_nemogym.gym.venv import (
     child_environment,
     gym_venv_root,
     run_build_step,
+    run_in_gym,
 )
 from miles_nemogym.routing_root.responses_api_models.miles_routing_model.routing_contract import SECRET_VARIABLE
 from miles_nemogym.settings import environment_name_problem, short_name
@@ -92,7 +93,7 @@ import json, sys
 from importlib.metadata import PackageNotFoundError, version
 from packaging.requirements import Requirement
 out = []
-for line in json.loads(sys.stdin.read()):
+for line in json.loads(sys.argv[1]):
     req = Requirement(line)
     if req.marker is not None and not req.marker.evaluate():
         out.append(True)
@@ -178,23 +179,15 @@ def _per_wheel(read: Callable[[], _T]) -> Callable[[], _T]:
 def shipped_environments() -> list[str]:
     """Every resources server the pinned wheel ships (a ``resources_servers/<name>/app.py``)."""
     with gym_wheel.opened() as archive:
-        names = {
-            parts[1]
-            for parts in (member.split("/") for member in archive.namelist())
-            if len(parts) == 3 and parts[0] == _GROUP and parts[2] == "app.py"
-        }
-    return sorted(names)
+        return sorted({m.split("/")[1] for m in archive.namelist() if re.fullmatch(rf"{_GROUP}/[^/]*/app\.py", m)})
 
 
 def _folder_configs() -> list[tuple[str, dict[str, Any]]]:
     """Each ``environments/<name>/config.yaml`` of the wheel, with its mapping (``{}`` if it is none)."""
     with gym_wheel.opened() as archive:
-        configs = [
-            (member, load_yaml(archive.read(member)))
-            for member in sorted(archive.namelist())
-            if member.count("/") == 2 and member.startswith(f"{_CATALOG}/") and member.endswith("/config.yaml")
-        ]
-    return [(member, config if isinstance(config, dict) else {}) for member, config in configs]
+        names = sorted(archive.namelist())
+    configs = [m for m in names if m.count("/") == 2 and m.startswith(f"{_CATALOG}/") and m.endswith("/config.yaml")]
+    return [(member, own_config(member)) for member in configs]
 
 
 @_per_wheel
@@ -216,13 +209,11 @@ def folder_servers() -> dict[str, str]:
     found: dict[str, str] = {}
     for member, config in _folder_configs():
         paths = config.get("config_paths") or []
-        parts = str(paths[0]).split("/") if len(paths) == 1 else []
-        if len(parts) != 4 or parts[0] != _GROUP or parts[2] != "configs" or not parts[3].endswith(".yaml"):
+        if len(paths) != 1 or not _is_server_config(str(paths[0])):
             continue
-        blocks = list(server_blocks(config))
-        if all(group == _GROUP and kind == parts[1] for _, group, kind, _ in blocks):
-            stem = parts[3][: -len(".yaml")]
-            found[member.split("/")[1]] = parts[1] if stem == parts[1] else stem
+        parts = str(paths[0]).split("/")
+        if all(group == _GROUP and kind == parts[1] for _, group, kind, _ in server_blocks(config)):
+            found[member.split("/")[1]] = parts[3][: -len(".yaml")]
     return found
 
 
@@ -243,32 +234,21 @@ def config_names() -> dict[str, str]:
 def benchmark_environments() -> dict[str, tuple[str, str]]:
     """Each ``simple_agent`` benchmark whose config changes its grader: its ``--env`` name -> (catalog name, config)."""
     found: dict[str, tuple[str, str]] = {}
+    taken = {*shipped_environments(), *catalog_folders(), *config_names(), *_agent_configs_of()}
     with gym_wheel.opened() as archive:
-        taken = {*shipped_environments(), *catalog_folders(), *config_names(), *_agent_configs_of()}
-        for member in sorted(archive.namelist()):
-            if not member.startswith(f"{_BENCHMARKS}/") or not member.endswith("/manifest.yaml"):
-                continue
-            with contextlib.suppress(yaml.YAMLError, UnicodeDecodeError):
-                manifest = load_yaml(archive.read(member))
-                if not isinstance(manifest, dict) or manifest.get("kind") != "benchmark":
-                    continue
-                config = posixpath.normpath(
-                    posixpath.join(posixpath.dirname(member), str(manifest.get("config_path") or "config.yaml"))
-                )
-                if manifest.get("agent_server") == "simple_agent" and grader_settings(config):
-                    name = str(manifest.get("name"))
-                    key = name.replace("/", ".")
+        names = sorted(archive.namelist())
+    for member in (m for m in names if m.startswith(f"{_BENCHMARKS}/") and m.endswith("/manifest.yaml")):
+        with contextlib.suppress(yaml.YAMLError, UnicodeDecodeError):
+            manifest = own_config(member)
+            config = posixpath.normpath(
+                posixpath.join(posixpath.dirname(member), str(manifest.get("config_path") or "config.yaml"))
+            )
+            if manifest.get("kind") == "benchmark" and manifest.get("agent_server") == "simple_agent":
+                name = str(manifest.get("name"))
+                key = name.replace("/", ".")
+                if grader_settings(config):
                     found[f"{key}{BENCHMARK_SUFFIX}" if key in taken else key] = (name, config)
     return found
-
-
-def _benchmark_key(name: str) -> str | None:
-    """The :func:`benchmark_environments` name ``name`` gives (as served, or its catalog name), or None."""
-    served = benchmark_environments()
-    if name in served:
-        return name
-    dotted = name.replace("/", ".")
-    return next((key for key, (catalog, _) in served.items() if catalog == name and key == dotted), None)
 
 
 def _spelling_problem(said: str) -> str | None:
@@ -468,14 +448,11 @@ def _instances_refusal(name: str, folder: str, member: str, instances: Sequence[
 
 def _driver(config: Mapping[str, Any], instance: str, routed: bool) -> str | None:
     """The agent instance whose ``/run`` plays ``instance``'s rows; None for a ``simple_agent`` unless ``routed``."""
-    found: list[tuple[str, str]] = []
-    for key, entry in config.items():
-        agents = entry.get("responses_api_agents") if isinstance(entry, dict) else None
-        if not isinstance(agents, dict) or len(agents) != 1:
-            continue
-        kind, block = next(iter(agents.items()))
-        if isinstance(block, dict) and (block.get("resources_server") or {}).get("name") == instance:
-            found.append((str(key), str(kind)))
+    found = [
+        (key, kind)
+        for key, group, kind, block in server_blocks(config)
+        if group == "responses_api_agents" and (block.get("resources_server") or {}).get("name") == instance
+    ]
     simple = [key for key, kind in found if kind == "simple_agent"]
     if simple:
         return simple[0] if routed else None
@@ -487,19 +464,17 @@ def _agent_configs_of() -> dict[str, str]:
     """``X`` -> the shipped config holding agent ``X_simple_agent`` (how rows name environments)."""
     found: dict[str, str] = {}
     with gym_wheel.opened() as archive:
-        reads = {member: archive.read(member) for member in filter(_is_server_config, archive.namelist())}
-    for member, text in reads.items():
+        members = list(filter(_is_server_config, archive.namelist()))
+    for member in members:
         with contextlib.suppress(yaml.YAMLError, UnicodeDecodeError):
-            config = load_yaml(text)
-            for key, entry in config.items() if isinstance(config, dict) else ():
+            for key, entry in own_config(member).items():
                 if str(key).endswith(AGENT_SUFFIX) and _agent(entry) is not None:
                     found.setdefault(str(key)[: -len(AGENT_SUFFIX)], member)
     return found
 
 
 def _is_server_config(member: str) -> bool:
-    parts = member.split("/")
-    return len(parts) == 4 and parts[0] == _GROUP and parts[2] == "configs" and member.endswith(".yaml")
+    return re.fullmatch(rf"{_GROUP}/[^/]*/configs/[^/]*\.yaml", member) is not None
 
 
 def check_shipped(names: Sequence[str]) -> str | None:
@@ -512,9 +487,14 @@ def check_shipped(names: Sequence[str]) -> str | None:
 
 
 def _served_name(name: str) -> str:
-    """``name`` as :func:`plan` keys it (short name, or a :func:`benchmark_environments` name)."""
+    """``name`` as :func:`plan` keys it (short name, or a :func:`benchmark_environments` name: as served, or
+    its catalog name)."""
     name = short_name(name)
-    return _benchmark_key(name) or name
+    served = benchmark_environments()
+    if name in served:
+        return name
+    dotted = name.replace("/", ".")
+    return next((key for key, (catalog, _) in served.items() if catalog == name and key == dotted), name)
 
 
 def _check_shipped(said: Sequence[str]) -> tuple[list[str], dict[str, str]]:
@@ -551,11 +531,8 @@ def _no_server(name: str, configs: Sequence[str]) -> str:
 
 def _close_hint(name: str, known: Collection[str]) -> str:
     """Up to three of ``known`` like ``name`` as a hint, case ignored, one differing in case only first."""
-    by_lower: dict[str, list[str]] = {}
-    for known_name in sorted(known):
-        by_lower.setdefault(known_name.lower(), []).append(known_name)
-    close = difflib.get_close_matches(name.lower(), sorted(by_lower), n=3, cutoff=0.5)
-    spelled = [spelled for lowered in close for spelled in by_lower[lowered]][:3]
+    close = difflib.get_close_matches(name.lower(), sorted({k.lower() for k in known}), n=3, cutoff=0.5)
+    spelled = [k for lowered in close for k in sorted(known) if k.lower() == lowered][:3]
     return f"did you mean {', '.join(spelled)}?" if spelled else "no similar name"
 
 
@@ -686,26 +663,15 @@ def _payload(
     }
 
 
-# ----------------------------------------------------------------------------- requirements
-
-
 def missing_requirements(gym: GymVenv, plans: Sequence[EnvironmentPlan]) -> list[str]:
     """The requirement lines of ``plans`` the server venv does not satisfy (sorted, unique)."""
-    return _unsatisfied(gym.python, sorted({line for p in plans for line in p.requirements}))
+    return _unsatisfied(gym, sorted({line for p in plans for line in p.requirements}))
 
 
-def _unsatisfied(python: Path, lines: list[str]) -> list[str]:
+def _unsatisfied(venv: GymVenv, lines: list[str]) -> list[str]:
     if not lines:
         return []
-    done = subprocess.run(
-        [str(python), "-c", _SATISFIED],
-        input=json.dumps(lines),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=child_environment(),
-    )
+    done = run_in_gym(venv, _SATISFIED, [json.dumps(lines)])
     if done.returncode != 0:
         raise GymEnvironmentError(f"could not read the requirements {lines}: {done.stderr.strip()[-2000:]}")
     satisfied = json.loads(done.stdout.strip().splitlines()[-1])
@@ -730,48 +696,39 @@ def _build_overlay(gym: GymVenv, requirements: Sequence[str], target: Path, log:
     run_build_step(
         [str(gym.python), "-m", "venv", "--without-pip", str(target)], progress, "python -m venv", log_path=log
     )
-    where = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-        capture_output=True,
-        text=True,
-        env=child_environment(),
-        check=True,
-    )
+    where = run_in_gym(GymVenv(target, python, target), "import sysconfig; print(sysconfig.get_path('purelib'))")
+    where.check_returncode()
     # The server venv stays where it is: the overlay sees its packages after its own.
     site_packages = Path(where.stdout.strip())
     (site_packages / "miles_nemogym_gym.pth").write_text(f"import site; site.addsitedir({str(gym.site_packages)!r})\n")
     progress(f"installing {', '.join(requirements)}")
     pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input", *requirements]
     run_build_step(pip, progress, "pip install of the environments' requirements", log_path=log)
-    left = _unsatisfied(python, list(requirements))
+    left = _unsatisfied(GymVenv(target, python, site_packages), list(requirements))
     if left:
         raise GymEnvironmentError(f"after installing, the overlay venv still lacks {left}; pip's log: {log}")
     marker = {"gym": gym.path.name, "requirements": list(requirements)}
     (target / _READY).write_text(json.dumps(marker, indent=2))
 
 
-def environment_python(gym: GymVenv, plans: Sequence[EnvironmentPlan], progress: Progress | None = None) -> Path:
+def environment_python(gym: GymVenv, plans: Sequence[EnvironmentPlan], progress: Progress) -> Path:
     """The server venv's interpreter, else the overlay venv's for the missing requirements (built once)."""
-    report = progress or BuildLines("gym-envs")
     requirements = missing_requirements(gym, plans)
     if not requirements:
         return gym.python
     link = overlay_path(gym, requirements)
     ready = ready_python(link)
     if ready:
-        report(f"using the cached environments' requirements {link}")
+        progress(f"using the cached environments' requirements {link}")
         return ready
     log = link.parent / f"{link.name}.build.log"
 
     def build(target: Path) -> None:
         log.unlink(missing_ok=True)
-        report(f"installing the environments' requirements into {link} (once; pip's log: {log})")
-        _build_overlay(gym, requirements, target, log, report)
+        progress(f"installing the environments' requirements into {link} (once; pip's log: {log})")
+        _build_overlay(gym, requirements, target, log, progress)
 
-    return build_once(link, ready_python, build, report, f"overlay venv for {requirements}")
-
-
-# ----------------------------------------------------------------------------- processes
+    return build_once(link, ready_python, build, progress, f"overlay venv for {requirements}")
 
 
 class EnvironmentServers:
@@ -951,22 +908,20 @@ class EnvironmentServers:
         if self._tmp is None:
             self._tmp = Path(tempfile.mkdtemp(prefix="mng-envs-", dir="/tmp" if os.path.isdir("/tmp") else None))
         tmp = self._tmp
-        env = child_environment()
-        env.update(
-            {
-                "NEMO_GYM_CONFIG_DICT": config_yaml,
-                "NEMO_GYM_CONFIG_PATH": name,
-                "PYTHONPATH": str(folder),
-                "PYTHONUNBUFFERED": "1",
-                "TMPDIR": str(tmp),
-                "RAY_TMPDIR": str(tmp),
-                "RAY_AUTH_MODE": "disabled",  # a server's private Ray writes no token into ~/.ray
-                "PIP_NO_INDEX": "1",
-                "RAY_USAGE_STATS_ENABLED": "0",
-                MARKER_ENV: self._marker,
-                **self._extra_env,
-            }
-        )
+        env = {
+            **child_environment(),
+            "NEMO_GYM_CONFIG_DICT": config_yaml,
+            "NEMO_GYM_CONFIG_PATH": name,
+            "PYTHONPATH": str(folder),
+            "PYTHONUNBUFFERED": "1",
+            "TMPDIR": str(tmp),
+            "RAY_TMPDIR": str(tmp),
+            "RAY_AUTH_MODE": "disabled",  # a server's private Ray writes no token into ~/.ray
+            "PIP_NO_INDEX": "1",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            MARKER_ENV: self._marker,
+            **self._extra_env,
+        }
         if name in self._cli_bins:
             # The harness' CLI, and its own config and cache folders this run's (not the user's home).
             env["PATH"] = os.pathsep.join([str(self._cli_bins[name]), env.get("PATH", os.defpath)])
