@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, child_environment
+from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, child_environment, run_in_gym
 from miles_nemogym.gym.wheel import read_member
 from miles_nemogym.yaml_file import YamlFileError, read_mapping
 from miles_nemogym.yaml_file import load as load_yaml
@@ -235,16 +234,8 @@ def parse_configs(
     venv: GymVenv, payloads: list[dict[str, Any]], cwd: Path, what: str, extra_env: dict[str, str] | None = None
 ) -> list[str]:
     """Each payload through nemo-gym's parser, in one process: its YAML, or a :class:`ConfigRefusal`."""
-    done = subprocess.run(
-        [str(venv.python), "-c", _COMPOSER],
-        input=json.dumps(payloads),
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**child_environment(), **(extra_env or {})},
-        timeout=300 + 5 * len(payloads),
-        check=False,
-    )
+    env = {**child_environment(), **(extra_env or {})}
+    done = run_in_gym(venv, _COMPOSER, stdin=json.dumps(payloads), cwd=cwd, env=env, timeout=300 + 5 * len(payloads))
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         raise GymEnvironmentError(f"nemo-gym rejected the {what}:\n{done.stderr.strip()[-3000:]}")

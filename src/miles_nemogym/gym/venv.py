@@ -287,15 +287,26 @@ def child_environment() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if name not in _NOT_INHERITED}
 
 
-def run_in_gym(gym: GymVenv, code: str, argv: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` with ``argv`` in ``gym``'s interpreter from its site-packages (output captured, 300 s cap)."""
+def run_in_gym(
+    gym: GymVenv,
+    code: str,
+    argv: Sequence[str] = (),
+    *,
+    stdin: str | None = None,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` with ``argv`` in ``gym``'s interpreter, output captured; by default from its site-packages
+    with :func:`child_environment`, capped at 300 s."""
     return subprocess.run(
         [str(gym.python), "-c", code, *argv],
+        input=stdin,
         capture_output=True,
         text=True,
-        env=child_environment(),
-        cwd=gym.site_packages,
-        timeout=300,
+        env=child_environment() if env is None else dict(env),
+        cwd=gym.site_packages if cwd is None else cwd,
+        timeout=timeout,
         check=False,
     )
 
