@@ -20,11 +20,6 @@ SERVER_NAME = "mini_swe_agent_2"
 """The top-level config key of the agent server in nemo-gym's config."""
 
 
-def instance_name(golden: bool) -> str:
-    """The instance serve starts the agent server as: its session cookie tells a ``--golden`` server apart."""
-    return f"{SERVER_NAME}_{'golden' if golden else 'policy'}"
-
-
 # Every provider nemo-gym 0.7.0 registers (`nemo_gym/sandbox/providers/registry.py`).
 SandboxName = Literal[
     "docker", "daytona", "e2b", "ecs_fargate", "opensandbox", "openshell", "enroot", "apptainer", "local"
@@ -100,8 +95,8 @@ class ServeOptions(BaseModel):
 
     @property
     def instance_name(self) -> str:
-        """:func:`instance_name` of these options."""
-        return instance_name(self.golden)
+        """The instance serve starts the agent server as: its session cookie tells a ``--golden`` server apart."""
+        return f"{SERVER_NAME}_{'golden' if self.golden else 'policy'}"
 
     @field_validator("host")
     @classmethod
@@ -266,5 +261,5 @@ def compose_config_yaml(options: ServeOptions, venv: GymVenv, port: int, state_d
     payload = overrides(options, port, state_dir)
     payload["config_paths"] = [str(p) for p in config_paths(options, venv.site_packages)]
     composed = load_yaml(parse_config(venv, payload, state_dir, f"server config for sandbox {options.sandbox!r}"))
-    composed[instance_name(options.golden)] = composed[SERVER_NAME]
+    composed[options.instance_name] = composed[SERVER_NAME]
     return json.dumps(composed)  # JSON is YAML: what nemo-gym and every reader of it parse
