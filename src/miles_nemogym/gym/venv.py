@@ -234,11 +234,8 @@ def patch_gym(site_packages: Path) -> None:
 
 
 def _load_ready(link: Path) -> GymVenv | None:
-    marker = link / READY_MARKER
-    if not marker.is_file():
-        return None
     try:
-        data = json.loads(marker.read_text())
+        data = json.loads((link / READY_MARKER).read_text())
         venv = GymVenv(
             path=link,
             python=link / "bin" / "python",
@@ -473,8 +470,7 @@ def build_and_publish(root: Path, key: str, build: Callable[[Path], None]) -> Pa
         shutil.rmtree(build_dir, ignore_errors=True)
         raise
     link, staged = root / key, root / f"{key}.link-{os.getpid()}"
-    if staged.is_symlink() or staged.exists():
-        staged.unlink()
+    staged.unlink(missing_ok=True)
     staged.symlink_to(build_dir.name)
     if link.exists() and not link.is_symlink():
         shutil.rmtree(link)  # an unmarked real folder under our name is debris
