@@ -115,10 +115,7 @@ def pids_with_marker(marker: str) -> list[int]:
     """Processes (Linux ``/proc``) whose environment carries ``MARKER_ENV=marker``."""
     needle = f"{MARKER_ENV}={marker}".encode()
     found: list[int] = []
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return found
-    for entry in proc.iterdir():
+    for entry in Path("/proc").glob("[0-9]*"):  # none where there is no /proc
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         with contextlib.suppress(OSError):
