@@ -332,7 +332,6 @@ class GymServer:
             if self._venv is None:
                 self._venv = ensure_gym_venv(self.options.sandbox, progress=self._progress)
             state = (self._given_state_dir or Path(tempfile.mkdtemp(prefix="mng-gym-"))).resolve()
-            state.mkdir(parents=True, exist_ok=True)
             self.state_dir = state
             self.port = self.options.port or free_port(self.options.host)
             self.config_yaml = compose_config_yaml(self.options, self._venv, self.port, state)
