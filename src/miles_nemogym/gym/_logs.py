@@ -69,7 +69,6 @@ class ServerLog:
         self._scrub = scrub_all(secrets)
         self._file = open_private(path)
         self._read_end, self.child_end = os.pipe()
-        os.set_inheritable(self._read_end, False)
         self._thread = threading.Thread(target=self._copy, name=f"log {path.name}", daemon=True)
         self._thread.start()
 

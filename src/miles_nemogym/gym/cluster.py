@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv
+from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, run_in_gym
 
 __all__: list[str] = []
 
@@ -141,18 +141,8 @@ def check_cluster(
             "printed on the head node, reachable from this machine."
         )
     try:
-        done = subprocess.run(
-            [str(venv.python), "-c", _PROBE],
-            input=json.dumps(
-                {"address": address, "state_dir": str(state_dir), "binaries": list(binaries), "timeout": timeout}
-            ),
-            capture_output=True,
-            text=True,
-            cwd=state_dir,
-            env=dict(env),
-            timeout=timeout + 120,
-            check=False,
-        )
+        payload = {"address": address, "state_dir": str(state_dir), "binaries": list(binaries), "timeout": timeout}
+        done = run_in_gym(venv, _PROBE, stdin=json.dumps(payload), cwd=state_dir, env=env, timeout=timeout + 120)
     except (subprocess.TimeoutExpired, OSError) as exc:
         raise GymEnvironmentError(f"--ray-address {address}: the cluster check did not finish: {exc}") from None
     try:

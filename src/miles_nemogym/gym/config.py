@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, child_environment
+from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, child_environment, run_in_gym
 from miles_nemogym.gym.wheel import read_member
 from miles_nemogym.yaml_file import YamlFileError, read_mapping
 from miles_nemogym.yaml_file import load as load_yaml
@@ -19,11 +18,6 @@ __all__ = ["SANDBOXES", "ServeOptions"]
 
 SERVER_NAME = "mini_swe_agent_2"
 """The top-level config key of the agent server in nemo-gym's config."""
-
-
-def instance_name(golden: bool) -> str:
-    """The instance serve starts the agent server as: its session cookie tells a ``--golden`` server apart."""
-    return f"{SERVER_NAME}_{'golden' if golden else 'policy'}"
 
 
 # Every provider nemo-gym 0.7.0 registers (`nemo_gym/sandbox/providers/registry.py`).
@@ -101,8 +95,8 @@ class ServeOptions(BaseModel):
 
     @property
     def instance_name(self) -> str:
-        """:func:`instance_name` of these options."""
-        return instance_name(self.golden)
+        """The instance serve starts the agent server as: its session cookie tells a ``--golden`` server apart."""
+        return f"{SERVER_NAME}_{'golden' if self.golden else 'policy'}"
 
     @field_validator("host")
     @classmethod
@@ -235,16 +229,8 @@ def parse_configs(
     venv: GymVenv, payloads: list[dict[str, Any]], cwd: Path, what: str, extra_env: dict[str, str] | None = None
 ) -> list[str]:
     """Each payload through nemo-gym's parser, in one process: its YAML, or a :class:`ConfigRefusal`."""
-    done = subprocess.run(
-        [str(venv.python), "-c", _COMPOSER],
-        input=json.dumps(payloads),
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**child_environment(), **(extra_env or {})},
-        timeout=300 + 5 * len(payloads),
-        check=False,
-    )
+    env = {**child_environment(), **(extra_env or {})}
+    done = run_in_gym(venv, _COMPOSER, stdin=json.dumps(payloads), cwd=cwd, env=env, timeout=300 + 5 * len(payloads))
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         raise GymEnvironmentError(f"nemo-gym rejected the {what}:\n{done.stderr.strip()[-3000:]}")
@@ -275,5 +261,5 @@ def compose_config_yaml(options: ServeOptions, venv: GymVenv, port: int, state_d
     payload = overrides(options, port, state_dir)
     payload["config_paths"] = [str(p) for p in config_paths(options, venv.site_packages)]
     composed = load_yaml(parse_config(venv, payload, state_dir, f"server config for sandbox {options.sandbox!r}"))
-    composed[instance_name(options.golden)] = composed[SERVER_NAME]
+    composed[options.instance_name] = composed[SERVER_NAME]
     return json.dumps(composed)  # JSON is YAML: what nemo-gym and every reader of it parse

@@ -199,9 +199,8 @@ class Serve:
 
     def start(self, state_dir: Path | None, progress: Progress, start_timeout: float) -> None:
         """Build the server venv and start every server, stopping all on a failure (state: :meth:`keep`)."""
-        self._made = None if state_dir else Path(tempfile.mkdtemp(prefix="mng-gym-")).resolve()
-        state = state_dir.resolve() if state_dir else self._made
-        assert state is not None
+        state = (state_dir or Path(tempfile.mkdtemp(prefix="mng-gym-"))).resolve()
+        self._made = None if state_dir else state
         try:
             venv = ensure_gym_venv(self.options.sandbox if self.swe else "local", progress=progress)
             self.started = time.monotonic()

@@ -7,7 +7,6 @@ import contextlib
 import http.client
 import os
 import random
-import shutil
 import signal
 import socket
 import subprocess
@@ -26,7 +25,7 @@ import yaml
 from miles_nemogym.gym._logs import ServerLog, log_tail, run_secrets
 from miles_nemogym.gym._providers import missing, node_binaries, redacted
 from miles_nemogym.gym.cluster import ClusterNode, check_cluster
-from miles_nemogym.gym.config import ServeOptions, compose_config_yaml, instance_name, planned_config
+from miles_nemogym.gym.config import ServeOptions, compose_config_yaml, planned_config
 from miles_nemogym.gym.venv import GymEnvironmentError, GymVenv, Progress, child_environment, ensure_gym_venv
 from miles_nemogym.transport import bracket, connect_host, is_wildcard
 
@@ -116,10 +115,7 @@ def pids_with_marker(marker: str) -> list[int]:
     """Processes (Linux ``/proc``) whose environment carries ``MARKER_ENV=marker``."""
     needle = f"{MARKER_ENV}={marker}".encode()
     found: list[int] = []
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return found
-    for entry in proc.iterdir():
+    for entry in Path("/proc").glob("[0-9]*"):  # none where there is no /proc
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         with contextlib.suppress(OSError):
@@ -243,18 +239,16 @@ class GymServer:
         venv: GymVenv | None = None,
         progress: Progress | None = None,
         start_timeout: float = 240.0,
-        extra_env: Mapping[str, str] | None = None,
     ) -> None:
         self.options = options or ServeOptions()
         self._given_state_dir = state_dir
         self._venv = venv
         self._progress = progress
         self.start_timeout = start_timeout
-        self._extra_env = dict(extra_env or {})
         self._process: subprocess.Popen[bytes] | None = None
         self._log: ServerLog | None = None
         self._marker = uuid.uuid4().hex
-        self._short_tmp: Path | None = None
+        self._short_tmp: tempfile.TemporaryDirectory[str] | None = None
         self._lock = threading.Lock()
         self.state_dir: Path | None = None
         self.port: int | None = None
@@ -289,54 +283,45 @@ class GymServer:
         return self._process is not None and self._process.poll() is None
 
     def _environment(self, state: Path, config_yaml: str) -> dict[str, str]:
-        env = child_environment()
         base = state
         if len(str(state)) > _MAX_SOCKET_BASE:
-            self._short_tmp = Path(tempfile.mkdtemp(prefix="mng-", dir="/tmp"))
-            base = self._short_tmp
+            self._short_tmp = tempfile.TemporaryDirectory(prefix="mng-", dir="/tmp", ignore_cleanup_errors=True)
+            base = Path(self._short_tmp.name)
         tmp, ray_tmp = base / "tmp", base / "ray"
         tmp.mkdir(parents=True, exist_ok=True)
         ray_tmp.mkdir(parents=True, exist_ok=True)
-        env.update(
-            {
-                "NEMO_GYM_CONFIG_DICT": config_yaml,
-                "NEMO_GYM_CONFIG_PATH": instance_name(self.options.golden),
-                "PYTHONPATH": str(_started(self._venv).agent_dir),
-                "PYTHONUNBUFFERED": "1",
-                MARKER_ENV: self._marker,
-                # Ray: no usage report, own temp; a private Ray is on loopback with no
-                # auth tokens to manage (a joined cluster keeps the caller's RAY_AUTH_MODE).
-                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-                "RAY_USAGE_STATS_ENABLED": "0",
-                "RAY_TMPDIR": str(ray_tmp),
-                "TMPDIR": str(tmp),
-                "TEMP": str(tmp),
-                "TMP": str(tmp),
-                "MSWEA_SILENT_STARTUP": "1",
-                "MSWEA_GLOBAL_CONFIG_DIR": str(state / "mswea"),
-                # litellm would otherwise fetch its model price map from the internet.
-                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-                # Nothing at run time may install packages behind the user's back.
-                "PIP_NO_INDEX": "1",
-            }
-        )
+        env = {
+            **child_environment(),
+            "NEMO_GYM_CONFIG_DICT": config_yaml,
+            "NEMO_GYM_CONFIG_PATH": self.options.instance_name,
+            "PYTHONPATH": str(_started(self._venv).agent_dir),
+            "PYTHONUNBUFFERED": "1",
+            MARKER_ENV: self._marker,
+            # Ray: no usage report, own temp; a private Ray is on loopback with no
+            # auth tokens to manage (a joined cluster keeps the caller's RAY_AUTH_MODE).
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_TMPDIR": str(ray_tmp),
+            "TMPDIR": str(tmp),
+            "TEMP": str(tmp),
+            "TMP": str(tmp),
+            "MSWEA_SILENT_STARTUP": "1",
+            "MSWEA_GLOBAL_CONFIG_DIR": str(state / "mswea"),
+            # litellm would otherwise fetch its model price map from the internet.
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            # Nothing at run time may install packages behind the user's back.
+            "PIP_NO_INDEX": "1",
+        }
         if not self.options.ray_address:
             env["RAY_AUTH_MODE"] = "disabled"
         if self.options.sandbox == "local":
             home = state / "home"
-            for sub in ("", ".config", ".cache", ".local/share", ".local/state"):
-                (home / sub).mkdir(parents=True, exist_ok=True)
-            env.update(
-                {
-                    "HOME": str(home),
-                    "GIT_CONFIG_GLOBAL": str(home / ".gitconfig"),
-                    "XDG_CONFIG_HOME": str(home / ".config"),
-                    "XDG_CACHE_HOME": str(home / ".cache"),
-                    "XDG_DATA_HOME": str(home / ".local/share"),
-                    "XDG_STATE_HOME": str(home / ".local/state"),
-                }
-            )
-        env.update(self._extra_env)
+            xdg = {"CONFIG": ".config", "CACHE": ".cache", "DATA": ".local/share", "STATE": ".local/state"}
+            folders = {"HOME": home, **{f"XDG_{name}_HOME": home / sub for name, sub in xdg.items()}}
+            for folder in folders.values():
+                folder.mkdir(parents=True, exist_ok=True)
+            env |= {name: str(folder) for name, folder in folders.items()}
+            env["GIT_CONFIG_GLOBAL"] = str(home / ".gitconfig")
         return env
 
     def start(self) -> GymServer:
@@ -347,7 +332,6 @@ class GymServer:
             if self._venv is None:
                 self._venv = ensure_gym_venv(self.options.sandbox, progress=self._progress)
             state = (self._given_state_dir or Path(tempfile.mkdtemp(prefix="mng-gym-"))).resolve()
-            state.mkdir(parents=True, exist_ok=True)
             self.state_dir = state
             self.port = self.options.port or free_port(self.options.host)
             self.config_yaml = compose_config_yaml(self.options, self._venv, self.port, state)
@@ -362,7 +346,8 @@ class GymServer:
                     )
                 self._log = ServerLog(self.log_path, run_secrets())
             except BaseException:
-                self._remove_short_tmp()
+                if self._short_tmp is not None:
+                    self._short_tmp.cleanup()
                 raise
             command = [str(self._venv.python), str(self._venv.agent_dir / "app.py")]
             self._process = spawn(command, state, env, self._log)
@@ -399,13 +384,9 @@ class GymServer:
             terminate([self._process], self._marker, timeout)
             if self._log is not None:
                 self._log.close()
-            self._remove_short_tmp()
+            if self._short_tmp is not None:
+                self._short_tmp.cleanup()
             _LIVE.discard(self)
-
-    def _remove_short_tmp(self) -> None:
-        if self._short_tmp is not None:
-            shutil.rmtree(self._short_tmp, ignore_errors=True)
-            self._short_tmp = None
 
     def __enter__(self) -> GymServer:
         return self.start()

@@ -234,11 +234,8 @@ def patch_gym(site_packages: Path) -> None:
 
 
 def _load_ready(link: Path) -> GymVenv | None:
-    marker = link / READY_MARKER
-    if not marker.is_file():
-        return None
     try:
-        data = json.loads(marker.read_text())
+        data = json.loads((link / READY_MARKER).read_text())
         venv = GymVenv(
             path=link,
             python=link / "bin" / "python",
@@ -287,15 +284,26 @@ def child_environment() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if name not in _NOT_INHERITED}
 
 
-def run_in_gym(gym: GymVenv, code: str, argv: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` with ``argv`` in ``gym``'s interpreter from its site-packages (output captured, 300 s cap)."""
+def run_in_gym(
+    gym: GymVenv,
+    code: str,
+    argv: Sequence[str] = (),
+    *,
+    stdin: str | None = None,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` with ``argv`` in ``gym``'s interpreter, output captured; by default from its site-packages
+    with :func:`child_environment`, capped at 300 s."""
     return subprocess.run(
         [str(gym.python), "-c", code, *argv],
+        input=stdin,
         capture_output=True,
         text=True,
-        env=child_environment(),
-        cwd=gym.site_packages,
-        timeout=300,
+        env=child_environment() if env is None else dict(env),
+        cwd=gym.site_packages if cwd is None else cwd,
+        timeout=timeout,
         check=False,
     )
 
@@ -462,8 +470,7 @@ def build_and_publish(root: Path, key: str, build: Callable[[Path], None]) -> Pa
         shutil.rmtree(build_dir, ignore_errors=True)
         raise
     link, staged = root / key, root / f"{key}.link-{os.getpid()}"
-    if staged.is_symlink() or staged.exists():
-        staged.unlink()
+    staged.unlink(missing_ok=True)
     staged.symlink_to(build_dir.name)
     if link.exists() and not link.is_symlink():
         shutil.rmtree(link)  # an unmarked real folder under our name is debris

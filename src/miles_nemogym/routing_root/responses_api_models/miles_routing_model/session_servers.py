@@ -29,9 +29,6 @@ class SessionServer:
     first: int
     last: int
 
-    def allows(self, host: str, port: int) -> bool:
-        return host == self.host and self.first <= port <= self.last
-
 
 def parse_session_server(text: str) -> SessionServer:
     """``HOST:PORT`` or ``HOST:PORT-PORT`` as a ``SessionServer``; ``ValueError`` says what to give."""
@@ -62,7 +59,7 @@ def forward_problem(url: str, allowed: Sequence[SessionServer], own: tuple[str, 
     host, port = parts.hostname, port or (443 if parts.scheme == "https" else 80)
     if own is not None and port == own[1] and (host == own[0] or own[0] in _WILDCARDS or _loopback(host)):
         return "it names this routing model's own address"
-    if not any(server.allows(host, port) for server in allowed):
+    if not any(server.host == host and server.first <= port <= server.last for server in allowed):
         shown = ", ".join(_shown(server) for server in allowed) or "none"
         return f"{parts.netloc} is not one of the session servers this model serves ({shown})"
     return None
