@@ -104,7 +104,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--dry-run",
         action="store_true",
-        default=False,
         help="print the exact command and job environment, then exit 0 (nothing started)",
     )
     for name, field in LauncherConfig.model_fields.items():
@@ -348,29 +347,28 @@ def execute(
 ) -> int:
     """Run the recipe; returns the process exit code."""
     root = miles_root if miles_root is not None else locate_miles(config.miles_root)
-    install: MilesInstall | None = None
-    load_error: str | None = "the 'miles' package is not importable"
-    try:
-        if root is not None:
-            install, load_error = MilesInstall(root, load_model_args(root, config.megatron_model_type)), None
-    except ModelArgsError as error:  # preflight names the missing piece with its fix; this is the fallback
-        load_error = str(error)
-    placeholder = MilesInstall(  # for a dry run without Miles: names what would be filled in
+    miles = MilesInstall(  # for a dry run without Miles: names what would be filled in
         config.miles_root or Path("<miles checkout>"),
         (f"<arguments of scripts/models/{config.megatron_model_type}.py>",),
     )
+    load_error: str | None = "the 'miles' package is not importable"
     try:
-        job = build_job(config, parsers, install or placeholder, environ, cwd=Path.cwd())
+        if root is not None:
+            miles, load_error = MilesInstall(root, load_model_args(root, config.megatron_model_type)), None
+    except ModelArgsError as error:  # preflight names the missing piece with its fix; this is the fallback
+        load_error = str(error)
+    try:
+        job = build_job(config, parsers, miles, environ, cwd=Path.cwd())
     except (DuplicateFlagError, GroupSettingError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     if dry_run:
-        return _dry_run(config, parsers, job, install or placeholder, load_error)
+        return _dry_run(config, parsers, job, miles, load_error)
 
     results: list[CheckResult] = checks(config, environ=environ, miles_root=root)
     _print_results(results)
-    if not all_passed(results) or install is None:
-        if install is None:
+    if not all_passed(results) or load_error is not None:
+        if load_error is not None:
             print(f"error: {load_error}", file=sys.stderr)
         print("preflight failed: nothing was started", file=sys.stderr)
         return EXIT_USAGE
@@ -383,7 +381,7 @@ def execute(
         if tracker.is_file():
             print(f"checkpoint {config.resolved_ref_load} exists; conversion skipped", flush=True)
         else:
-            argv = checkpoint_command(config, install)
+            argv = checkpoint_command(config, miles)
             print("+ " + shlex.join(argv), flush=True)
             code = actions.convert_checkpoint(argv, {**environ, "PYTHONPATH": job.env["PYTHONPATH"]})
             if code != 0:
