@@ -458,7 +458,6 @@ def run_preflight(
     hook_paths: Sequence[str] | None = None,
     gpu_counter: GpuCounter = _count_gpus,
     fetch: checks.Fetcher = checks.Target.fetch,
-    gym_timeout_s: float = checks.Target.timeout_s,
 ) -> list[CheckResult]:
     """Every launcher check, then the NeMo-Gym ones; nothing is started or written."""
     if hook_paths is None:
@@ -483,7 +482,6 @@ def run_preflight(
         plugin_environment(config, environ),
         config.gym_url_origin,
         session_host=config.session_server_ip,
-        timeout_s=gym_timeout_s,
         fetch=fetch,
         tools=use.tools if use is not None else {},
         tools_not_served=config.tools_not_served,
