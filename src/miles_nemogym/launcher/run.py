@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -207,6 +206,8 @@ class Actions(Protocol):
 class RayActions:
     """The real thing: subprocesses and Ray's job-submission client (``ray[default]``)."""
 
+    _head: subprocess.Popen[bytes] | None = None  # the `ray start --head` this launcher started
+
     def convert_checkpoint(self, argv: list[str], env: Mapping[str, str]) -> int:
         return subprocess.run(argv, env=dict(env), check=False).returncode
 
@@ -216,11 +217,8 @@ class RayActions:
         try:
             with opener.open(url, timeout=3) as response:
                 return bool(response.status == 200)
-        except (urllib.error.URLError, OSError):
+        except OSError:  # URLError included
             return False
-
-    def __init__(self) -> None:
-        self._head: subprocess.Popen[bytes] | None = None
 
     def start_ray_head(self, config: LauncherConfig) -> None:
         # --block keeps `ray start` in the foreground as the parent of the head's processes,
