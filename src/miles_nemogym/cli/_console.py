@@ -98,14 +98,13 @@ def interrupt_on_signals(*, ctrl_c: bool = False) -> Iterator[None]:
     except ValueError:  # not the main thread
         yield
         return
-    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler) if ctrl_c else None
+    if ctrl_c:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        if previous_int is not None:
-            signal.signal(signal.SIGINT, previous_int)
 
 
 _RESERVED = 14  # spinner, elapsed time and the gaps between columns

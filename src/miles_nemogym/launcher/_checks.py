@@ -337,24 +337,20 @@ _MARK = re.compile(re.escape(_MARK_KEY) + rb'\s*:\s*"([A-Za-z0-9_./-]*)"')
 class DataUse:
     """What the data's rows run: every row of a JSONL file, of a parquet file up to ``_PARQUET_WHOLE_BYTES``."""
 
-    rows: int = 0
-    swe_rows: int = 0
     sampled: bool = False
     env_rows: Counter[str] = field(default_factory=Counter)
+    """Environment (``swe``: NEMO_GYM_URL's rows) -> its rows."""
     tools: dict[str, set[str]] = field(default_factory=dict)
     """Environment -> the names of the function tools its rows give the model."""
     sources: dict[str, list[str]] = field(default_factory=dict)
     """Environment -> the flags whose files have its rows (``--prompt-data``, ``--eval-data NAME``)."""
 
     def count(self, environment: str, source: str) -> None:
-        self.rows += 1
-        if environment == SWE_ENVIRONMENT:
-            self.swe_rows += 1
-            return
         self.env_rows[environment] += 1
-        if source not in self.sources.setdefault(environment, []):
-            self.sources[environment].append(source)
-        self.tools.setdefault(environment, set())
+        if environment != SWE_ENVIRONMENT:
+            self.tools.setdefault(environment, set())
+            if source not in self.sources.setdefault(environment, []):
+                self.sources[environment].append(source)
 
     def add(self, row: Any, source: str) -> bool:
         """Count a parsed row and note the tools it gives the model; False: not a row (no metadata)."""
@@ -424,11 +420,13 @@ def data_use(config: LauncherConfig) -> DataUse | None:
 
 
 def _check_data_use(use: DataUse) -> CheckResult:
-    counts = [f"SWE {use.swe_rows}"] if use.swe_rows else []
-    counts += [f"{name} {count}" for name, count in sorted(use.env_rows.items())]
+    swe = use.env_rows[SWE_ENVIRONMENT]
+    counts = [f"SWE {swe}"] if swe else []
+    counts += [f"{name} {count}" for name, count in sorted(use.env_rows.items()) if name != SWE_ENVIRONMENT]
     how = "read (the first rows of a large parquet file)" if use.sampled else "read"
-    gym = "" if use.swe_rows else "; no SWE rows, so NEMO_GYM_URL's server is not checked"
-    return CheckResult.passed("rows' environments", f"{', '.join(counts) or 'no'} rows of {use.rows} {how}{gym}")
+    gym = "" if swe else "; no SWE rows, so NEMO_GYM_URL's server is not checked"
+    total = use.env_rows.total()
+    return CheckResult.passed("rows' environments", f"{', '.join(counts) or 'no'} rows of {total} {how}{gym}")
 
 
 def _unnamed_environments(config: LauncherConfig, use: DataUse | None, target: checks.Target) -> list[CheckResult]:
@@ -460,7 +458,6 @@ def run_preflight(
     hook_paths: Sequence[str] | None = None,
     gpu_counter: GpuCounter = _count_gpus,
     fetch: checks.Fetcher = checks.Target.fetch,
-    gym_timeout_s: float = checks.Target.timeout_s,
 ) -> list[CheckResult]:
     """Every launcher check, then the NeMo-Gym ones; nothing is started or written."""
     if hook_paths is None:
@@ -485,11 +482,10 @@ def run_preflight(
         plugin_environment(config, environ),
         config.gym_url_origin,
         session_host=config.session_server_ip,
-        timeout_s=gym_timeout_s,
         fetch=fetch,
         tools=use.tools if use is not None else {},
         tools_not_served=config.tools_not_served,
-        gym_server=use is None or use.swe_rows > 0,
+        gym_server=use is None or use.env_rows[SWE_ENVIRONMENT] > 0,
     )
     gym: list[checks.Wanted] = ["gym answers", "policy field", "policy host"] if target.gym_server else []
     results += checks.run(target, ["settings", *gym])

@@ -404,11 +404,11 @@ class LauncherConfig(BaseModel):
     @model_validator(mode="after")
     def _check_consistency(self) -> LauncherConfig:
         problems: list[str] = []
-        if self.rollout_max_response_len > self.max_seq_len:
-            problems.append(
-                f"rollout_max_response_len ({self.rollout_max_response_len}) exceeds max_seq_len "
-                f"({self.max_seq_len}); lower it or raise max_seq_len"
-            )
+        for name in ("rollout_max_response_len", "eval_max_response_len"):
+            if (length := getattr(self, name)) is not None and length > self.max_seq_len:
+                problems.append(
+                    f"{name} ({length}) exceeds max_seq_len ({self.max_seq_len}); lower it or raise max_seq_len"
+                )
         if self.eps_clip_high < self.eps_clip:
             problems.append(f"eps_clip_high ({self.eps_clip_high}) is below eps_clip ({self.eps_clip})")
         problems += self._layout_problems()
@@ -437,10 +437,6 @@ class LauncherConfig(BaseModel):
             )
         if self.wandb_group and not self.wandb_project:
             problems.append("wandb_group is set without wandb_project: set wandb_project to log to W&B")
-        if self.eval_max_response_len is not None and self.eval_max_response_len > self.max_seq_len:
-            problems.append(
-                f"eval_max_response_len ({self.eval_max_response_len}) exceeds max_seq_len ({self.max_seq_len})"
-            )
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -104,7 +103,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--dry-run",
         action="store_true",
-        default=False,
         help="print the exact command and job environment, then exit 0 (nothing started)",
     )
     for name, field in LauncherConfig.model_fields.items():
@@ -208,6 +206,8 @@ class Actions(Protocol):
 class RayActions:
     """The real thing: subprocesses and Ray's job-submission client (``ray[default]``)."""
 
+    _head: subprocess.Popen[bytes] | None = None  # the `ray start --head` this launcher started
+
     def convert_checkpoint(self, argv: list[str], env: Mapping[str, str]) -> int:
         return subprocess.run(argv, env=dict(env), check=False).returncode
 
@@ -217,11 +217,8 @@ class RayActions:
         try:
             with opener.open(url, timeout=3) as response:
                 return bool(response.status == 200)
-        except (urllib.error.URLError, OSError):
+        except OSError:  # URLError included
             return False
-
-    def __init__(self) -> None:
-        self._head: subprocess.Popen[bytes] | None = None
 
     def start_ray_head(self, config: LauncherConfig) -> None:
         # --block keeps `ray start` in the foreground as the parent of the head's processes,
@@ -348,29 +345,28 @@ def execute(
 ) -> int:
     """Run the recipe; returns the process exit code."""
     root = miles_root if miles_root is not None else locate_miles(config.miles_root)
-    install: MilesInstall | None = None
-    load_error: str | None = "the 'miles' package is not importable"
-    try:
-        if root is not None:
-            install, load_error = MilesInstall(root, load_model_args(root, config.megatron_model_type)), None
-    except ModelArgsError as error:  # preflight names the missing piece with its fix; this is the fallback
-        load_error = str(error)
-    placeholder = MilesInstall(  # for a dry run without Miles: names what would be filled in
+    miles = MilesInstall(  # for a dry run without Miles: names what would be filled in
         config.miles_root or Path("<miles checkout>"),
         (f"<arguments of scripts/models/{config.megatron_model_type}.py>",),
     )
+    load_error: str | None = "the 'miles' package is not importable"
     try:
-        job = build_job(config, parsers, install or placeholder, environ, cwd=Path.cwd())
+        if root is not None:
+            miles, load_error = MilesInstall(root, load_model_args(root, config.megatron_model_type)), None
+    except ModelArgsError as error:  # preflight names the missing piece with its fix; this is the fallback
+        load_error = str(error)
+    try:
+        job = build_job(config, parsers, miles, environ, cwd=Path.cwd())
     except (DuplicateFlagError, GroupSettingError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     if dry_run:
-        return _dry_run(config, parsers, job, install or placeholder, load_error)
+        return _dry_run(config, parsers, job, miles, load_error)
 
     results: list[CheckResult] = checks(config, environ=environ, miles_root=root)
     _print_results(results)
-    if not all_passed(results) or install is None:
-        if install is None:
+    if not all_passed(results) or load_error is not None:
+        if load_error is not None:
             print(f"error: {load_error}", file=sys.stderr)
         print("preflight failed: nothing was started", file=sys.stderr)
         return EXIT_USAGE
@@ -383,7 +379,7 @@ def execute(
         if tracker.is_file():
             print(f"checkpoint {config.resolved_ref_load} exists; conversion skipped", flush=True)
         else:
-            argv = checkpoint_command(config, install)
+            argv = checkpoint_command(config, miles)
             print("+ " + shlex.join(argv), flush=True)
             code = actions.convert_checkpoint(argv, {**environ, "PYTHONPATH": job.env["PYTHONPATH"]})
             if code != 0:
