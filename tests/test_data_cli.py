@@ -153,6 +153,18 @@ def test_output_that_is_a_symlink_exits_2_and_the_link_and_its_target_stay(tmp_p
     assert link.is_symlink() and not (tmp_path / "out.jsonl").exists()
 
 
+def test_output_that_is_a_symlink_loop_exits_2_with_the_fix_not_a_traceback(
+    tmp_path: Path, example_jsonl: Path
+) -> None:
+    loop = tmp_path / "loop.jsonl"
+    loop.symlink_to(loop)
+    result = invoke("-i", example_jsonl, "-o", loop)
+    assert result.exit_code == 2, result.output
+    message = " ".join(result.stderr.split())
+    assert f"{loop} is a symbolic link" in message and "points back to itself: remove it or give a new path" in message
+    assert loop.is_symlink()
+
+
 def test_output_that_is_a_pipe_exits_2_and_stays_a_pipe(tmp_path: Path, example_jsonl: Path) -> None:
     # A named pipe stands in for /dev/null, which a root run of the old code replaced by a file.
     pipe = tmp_path / "pipe"

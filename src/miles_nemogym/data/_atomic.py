@@ -32,10 +32,11 @@ class InterruptedAfterCommit(MilesNemoGymError, KeyboardInterrupt):
 def output_problem(path: Path) -> str | None:
     """Why ``path`` cannot be an output: the rename would replace a link, a folder or a device."""
     if path.is_symlink():
-        return (
-            "is a symbolic link; the output would replace the link itself, not write through it: "
-            f"give its target ({path.resolve()}) or a new path"
-        )
+        try:
+            fix = f"give its target ({path.resolve()}) or a new path"
+        except (RuntimeError, OSError):  # a link loop: resolve() raises (RuntimeError up to 3.12)
+            fix = "it points back to itself: remove it or give a new path"
+        return f"is a symbolic link; the output would replace the link itself, not write through it: {fix}"
     if path.is_dir():
         return "is a folder; name a file"
     if path.exists() and not path.is_file():
