@@ -374,6 +374,20 @@ def test_converted_swe_rows_mix_in_as_is_and_raw_ones_are_refused(
     assert "metadata.test_patch" in str(missing.value.report.problems[0])
 
 
+def test_convert_output_of_rows_marked_swe_mixes_in_and_other_marks_are_refused(
+    tmp_path: Path, gym_example_rows: list[dict[str, Any]]
+) -> None:
+    marked = [convert_row(dict(row, nemogym_env="swe")) for row in gym_example_rows]
+    swe = write_jsonl(tmp_path / "swe.jsonl", marked)
+    _, output = run(tmp_path, EnvironmentInput("swe", str(swe), 1), output=tmp_path / "o.jsonl")
+    assert sorted(map(json.dumps, read_jsonl(output))) == sorted(map(json.dumps, marked))
+    marked[0]["metadata"]["nemogym_env"] = "mcqa"
+    other = write_jsonl(tmp_path / "other.jsonl", marked)
+    with pytest.raises(ConvertError) as caught:
+        run(tmp_path, EnvironmentInput("swe", str(other), 1), output=tmp_path / "t.jsonl")
+    assert "nemogym_env: is 'mcqa': swe=FILE takes convert's output" in str(caught.value.report.problems[0])
+
+
 def test_a_size_past_the_bound_names_the_flag_the_limit_and_the_fix(
     tmp_path: Path, gym_example_rows: list[dict[str, Any]]
 ) -> None:

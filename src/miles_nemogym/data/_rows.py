@@ -113,11 +113,11 @@ def checked_swe_prompt_row(row: Mapping[str, Any]) -> tuple[str, dict[str, Any]]
     instance = validate_instance(metadata)
     if isinstance(instance, list):
         return FieldProblem(f"metadata.{instance[0].field}", instance[0].rule, instance[0].message)
-    if ENV_KEY in metadata:
+    if metadata.get(ENV_KEY, SWE_ENVIRONMENT) != SWE_ENVIRONMENT:  # convert keeps a row's own "swe" mark
         return FieldProblem(
             f"metadata.{ENV_KEY}",
             "bad_value",
-            f"is {metadata[ENV_KEY]!r}: swe=FILE takes convert's output for SWE-bench rows, which carry no such mark",
+            f"is {metadata[ENV_KEY]!r}: swe=FILE takes convert's output for SWE-bench rows, marked 'swe' or not at all",
         )
     if metadata.get("subset") not in SUBSETS:
         return FieldProblem("metadata.subset", "bad_value", f"must be one of {', '.join(SUBSETS)} on a SWE-bench row")
