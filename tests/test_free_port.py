@@ -27,3 +27,14 @@ def test_a_held_port_is_never_picked(monkeypatch: pytest.MonkeyPatch) -> None:
         assert port != held
         with socket.socket() as check:
             check.bind(("127.0.0.1", port))
+
+
+def test_a_bracketed_ipv6_host_falls_back_to_a_port_the_os_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket(socket.AF_INET6) as holder:
+        holder.bind(("::1", 0))
+        held = holder.getsockname()[1]
+        monkeypatch.setattr(server, "_listen_ports", lambda: range(held, held + 1))
+        port = free_port("[::1]")  # the crowded-range fallback binds the host without its brackets
+        assert port != held
+        with socket.socket(socket.AF_INET6) as check:
+            check.bind(("::1", port))

@@ -79,7 +79,7 @@ def port_free(host: str, port: int) -> bool:
 
 def free_port(host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
     """A port on ``host`` that nothing holds now, outside the ephemeral range, and not one of ``avoid``."""
-    bind_host = "127.0.0.1" if is_wildcard(host) else host
+    bind_host = "127.0.0.1" if is_wildcard(host) else host.strip("[]")  # "[::1]" as a URL writes it
     ports = _listen_ports()
     for _ in range(100):
         port = _pick.choice(ports)
