@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from rich.console import Console
 from rich.markup import escape
 from rich.measure import Measurement
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from miles_nemogym import fit
@@ -81,26 +81,30 @@ class ScanProgress:
         self._started_with = self.counts.done
         self._started = time.monotonic()
         self._last_status = self._started
-        self._progress = Progress(
-            TextColumn("[bold]scan"),
-            BarColumn(bar_width=20),
-            TextColumn("{task.completed}/{task.total} done:"),
-            TextColumn("{task.description}"),
-            TextColumn("elapsed"),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            console=console,
-            disable=not console.is_terminal,  # a log gets a status line now and then instead
-        )
-        self._task = self._progress.add_task(self._counts_text(), total=total, completed=self.counts.done)
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+        if console.is_terminal:
+            self._progress = Progress(
+                TextColumn("[bold]scan"),
+                BarColumn(bar_width=20),
+                TextColumn("{task.completed}/{task.total} done:"),
+                TextColumn("{task.description}"),
+                TextColumn("elapsed"),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=console,
+            )
+            self._task = self._progress.add_task(self._counts_text(), total=total, completed=self.counts.done)
 
     def __enter__(self) -> ScanProgress:
-        self._progress.start()
+        if self._progress is not None:
+            self._progress.start()
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._progress.stop()
+        if self._progress is not None:
+            self._progress.stop()
 
     def _counts_text(self) -> str:
         return (
@@ -133,7 +137,7 @@ class ScanProgress:
             reason = result.reason.removeprefix(f"{kind}: ")
             line += f"  [dim]{escape(reason)}[/]"
         self.console.print(line, soft_wrap=not self.console.is_terminal, highlight=False)
-        if not self._progress.disable:
+        if self._progress is not None and self._task is not None:
             self._progress.update(self._task, advance=1, description=self._counts_text())
             return
         now = time.monotonic()
