@@ -7,6 +7,7 @@ import contextlib
 import http.client
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -248,7 +249,7 @@ class GymServer:
         self._process: subprocess.Popen[bytes] | None = None
         self._log: ServerLog | None = None
         self._marker = uuid.uuid4().hex
-        self._short_tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._short_tmp: Path | None = None
         self._lock = threading.Lock()
         self.state_dir: Path | None = None
         self.port: int | None = None
@@ -285,8 +286,8 @@ class GymServer:
     def _environment(self, state: Path, config_yaml: str) -> dict[str, str]:
         base = state
         if len(str(state)) > _MAX_SOCKET_BASE:
-            self._short_tmp = tempfile.TemporaryDirectory(prefix="mng-", dir="/tmp", ignore_cleanup_errors=True)
-            base = Path(self._short_tmp.name)
+            # Removed by stop(), after the server: a TemporaryDirectory's exit hook could run before _stop_all.
+            self._short_tmp = base = Path(tempfile.mkdtemp(prefix="mng-", dir="/tmp"))
         tmp, ray_tmp = base / "tmp", base / "ray"
         tmp.mkdir(parents=True, exist_ok=True)
         ray_tmp.mkdir(parents=True, exist_ok=True)
@@ -347,7 +348,7 @@ class GymServer:
                 self._log = ServerLog(self.log_path, run_secrets())
             except BaseException:
                 if self._short_tmp is not None:
-                    self._short_tmp.cleanup()
+                    shutil.rmtree(self._short_tmp, ignore_errors=True)
                 raise
             command = [str(self._venv.python), str(self._venv.agent_dir / "app.py")]
             self._process = spawn(command, state, env, self._log)
@@ -385,7 +386,7 @@ class GymServer:
             if self._log is not None:
                 self._log.close()
             if self._short_tmp is not None:
-                self._short_tmp.cleanup()
+                shutil.rmtree(self._short_tmp, ignore_errors=True)
             _LIVE.discard(self)
 
     def __enter__(self) -> GymServer:
