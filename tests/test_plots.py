@@ -246,3 +246,9 @@ def test_distinct_labels_of_one_step_never_overlap() -> None:
     assert sorted(text for text, _, _ in labels) == ["34 s", "35 s"]  # 35.4 s reads "35 s" too: once
     (_, x1, y1), (_, x2, y2) = labels
     assert x1 == x2 and abs(y1 - y2) >= 11  # a line apart: font-size 10
+
+
+def test_a_newline_inside_an_escape_sequence_ends_it_and_the_text_after_it_stays() -> None:
+    plot = Plot("p", "title\x1b]0;t\nkept", "rate", (1,), (Series("x\x1b[\nA", (0.5,)),))
+    drawn = svg(plot)
+    assert "title kept" in drawn and "x A" in drawn

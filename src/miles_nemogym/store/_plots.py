@@ -226,7 +226,7 @@ def svg(plot: Plot, *, standalone: bool = True) -> str:
         return _TOP + plot_h - (value / 2 - low / 2) / (high / 2 - low / 2) * plot_h  # halves: no overflow
 
     legend_h = 16 * len(plot.series)
-    title = page_text(plot.title.replace("\n", " "))
+    title = page_text(plot.title).replace("\n", " ")
     namespace = ' xmlns="http://www.w3.org/2000/svg"' if standalone else ""
     out = [
         f'<svg{namespace} width="{_WIDTH}" height="{_HEIGHT + legend_h}" '
@@ -268,7 +268,7 @@ def svg(plot: Plot, *, standalone: bool = True) -> str:
         )
     for n, series in enumerate(plot.series):
         colour = _COLOURS[n % len(_COLOURS)]
-        name = page_text(series.name.replace("\n", " "))
+        name = page_text(series.name).replace("\n", " ")
         dash = ' stroke-dasharray="6 3"' if n % 2 else ""  # a series under another still shows
         runs: list[list[tuple[float, float]]] = [[]]
         for step, value in zip(plot.steps, series.values, strict=True):
