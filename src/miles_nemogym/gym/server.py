@@ -347,8 +347,7 @@ class GymServer:
                     )
                 self._log = ServerLog(self.log_path, run_secrets())
             except BaseException:
-                if self._short_tmp is not None:
-                    shutil.rmtree(self._short_tmp, ignore_errors=True)
+                self._remove_short_tmp()
                 raise
             command = [str(self._venv.python), str(self._venv.agent_dir / "app.py")]
             self._process = spawn(command, state, env, self._log)
@@ -385,9 +384,13 @@ class GymServer:
             terminate([self._process], self._marker, timeout)
             if self._log is not None:
                 self._log.close()
-            if self._short_tmp is not None:
-                shutil.rmtree(self._short_tmp, ignore_errors=True)
+            self._remove_short_tmp()
             _LIVE.discard(self)
+
+    def _remove_short_tmp(self) -> None:
+        if self._short_tmp is not None:
+            shutil.rmtree(self._short_tmp, ignore_errors=True)
+            self._short_tmp = None
 
     def __enter__(self) -> GymServer:
         return self.start()
